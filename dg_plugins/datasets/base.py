@@ -1,0 +1,53 @@
+"""The MultipleDomainDataset contract (protocol spec 5.2) and dataset registration."""
+
+from __future__ import annotations
+
+from dg_plugins import catalog
+from dg_plugins.registry import DATASETS
+
+
+class MultipleDomainDataset:
+    """A list of per-environment torch datasets yielding ``(x_tensor, int_label)``.
+
+    Class attributes as DomainBed: ``ENVIRONMENTS`` (display labels, in environment order),
+    ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (an upper bound: the train loop picks the
+    actual worker count from the machine, and 0 for in-memory data), ``INPUT_SHAPE``.
+    Instances set ``datasets``, ``input_shape`` (tuple) and ``num_classes``. Constructor signature:
+    ``(root, test_envs, hparams)``.
+    """
+
+    N_STEPS = 5001
+    CHECKPOINT_FREQ = 100
+    N_WORKERS = 8
+    ENVIRONMENTS: list[str] | None = None
+    INPUT_SHAPE: tuple | None = None
+    #: True when every environment is an in-memory tensor dataset (loaded in-process, no workers).
+    IN_MEMORY = False
+
+    datasets: list
+    input_shape: tuple
+    num_classes: int
+
+    def __getitem__(self, index):
+        return self.datasets[index]
+
+    def __len__(self) -> int:
+        return len(self.datasets)
+
+
+def register_dataset(name: str | None = None):
+    """Class decorator: add a dataset to the registry and to the table catalog."""
+
+    def add(cls):
+        key = name or cls.__name__
+        if not cls.ENVIRONMENTS:
+            raise ValueError(f"dataset {key!r} must define ENVIRONMENTS")
+        catalog.declare_dataset(key, cls.ENVIRONMENTS)
+        DATASETS.register(key, cls)
+        return cls
+
+    return add
+
+
+def num_environments(name: str) -> int:
+    return len(DATASETS.get(name).ENVIRONMENTS)

@@ -1,0 +1,34 @@
+"""Debug28 / Debug224: DomainBed's fake datasets (protocol spec 5.3), for tests."""
+
+import torch
+from torch.utils.data import TensorDataset
+
+from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+
+
+class _Debug(MultipleDomainDataset):
+    """3 environments of 16 ``randn`` images with labels in {0, 1}, drawn from the global torch RNG
+    (train seeds it with ``--seed`` first). ``root``, ``test_envs`` and ``hparams`` are ignored."""
+
+    ENVIRONMENTS = ["0", "1", "2"]
+    IN_MEMORY = True
+    SAMPLES_PER_ENV = 16
+
+    def __init__(self, root=None, test_envs=(), hparams=None):
+        self.input_shape = tuple(self.INPUT_SHAPE)
+        self.num_classes = 2
+        self.datasets = [
+            TensorDataset(torch.randn(self.SAMPLES_PER_ENV, *self.INPUT_SHAPE),
+                          torch.randint(0, self.num_classes, (self.SAMPLES_PER_ENV,)))
+            for _ in self.ENVIRONMENTS
+        ]
+
+
+@register_dataset()
+class Debug28(_Debug):
+    INPUT_SHAPE = (3, 28, 28)
+
+
+@register_dataset()
+class Debug224(_Debug):
+    INPUT_SHAPE = (3, 224, 224)
