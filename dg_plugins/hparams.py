@@ -25,6 +25,9 @@ Space = dict[str, tuple[Any, RandomFn]]
 #: Datasets that get DomainBed's small-image lr/batch/weight-decay rules (28x28 inputs).
 SMALL_IMAGE_DATASETS = {"Debug28", "RotatedMNIST", "ColoredMNIST", "RotatedMNIST5k"}
 
+#: Datasets whose 28x28 CNN is narrowed for CPUs (``mnist_cnn_width`` 32 instead of 128).
+COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
+
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
 
 
@@ -67,6 +70,8 @@ def base_space(dataset: str) -> Space:
         "vit_arch": ("vit_small_patch16_224.augreg_in21k_ft_in1k",
                      _constant("vit_small_patch16_224.augreg_in21k_ft_in1k")),
     }
+    cnn_width = 32 if dataset in COMPACT_CNN_DATASETS else 128
+    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width))
     if small:
         space["lr"] = (1e-3, _log_uniform(-4.5, -2.5))
         space["weight_decay"] = (0.0, _constant(0.0))

@@ -50,4 +50,8 @@ def register_dataset(name: str | None = None):
 
 
 def num_environments(name: str) -> int:
-    return len(DATASETS.get(name).ENVIRONMENTS)
+    environments = DATASETS.get(name).ENVIRONMENTS
+    if not environments:  # e.g. the generic ImageFolder, whose domains are found at construction
+        raise ValueError(f"dataset {name!r} has no fixed ENVIRONMENTS (they are discovered from "
+                         "the data when it is built)")
+    return len(environments)

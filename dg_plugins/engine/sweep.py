@@ -1,0 +1,374 @@
+"""Sweep jobs: enumeration, identity (md5 folder names), command strings, states (spec 8.1, 8.2).
+
+Everything here is torch-free so that enumeration, dry runs and deletes stay fast. A job's folder
+name depends only on its train-args dict (spec 8.2, 13 item 6), so it matches DomainBed's for the
+same arguments; the command string is not hashed (spec 2.7), so the interpreter, the train module
+and an appended ``--resume`` never change a job's identity.
+
+Deviations from DomainBed (spec 12 item 13), all documented on the functions below:
+
+* commands start with ``shlex.quote(sys.executable)``, not the bare word ``python`` from PATH;
+* the launch order is shuffled with ``random.Random(seed)`` (DomainBed: unseeded numpy RNG, and its
+  ``--seed`` is unused);
+* extra job kinds (``single_source``) and pass-through train args (``checkpoint_freq``,
+  ``uda_holdout_fraction``) enter the args dict only when requested, so default hashes stay
+  DomainBed's.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import sys
+from typing import Callable, Iterable, Sequence
+
+from dg_plugins import catalog
+from dg_plugins.registry import UnknownNameError
+from dg_plugins.seeds import seed_hash
+
+#: The module our job commands run (``python -m <module>``).
+TRAIN_MODULE = "dg_plugins.scripts.train"
+
+NOT_LAUNCHED = "Not launched"
+INCOMPLETE = "Incomplete"
+DONE = "Done"
+
+#: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
+OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction")
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+
+def num_environments(dataset: str) -> int:
+    """Environment count of a dataset: the torch-free catalog first, then the dataset registry
+    (imported only for names the catalog does not know). Unknown names raise, listing choices."""
+    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
+    if envs is not None:
+        return len(envs)
+    from dg_plugins.registry import DATASETS
+    import dg_plugins.datasets  # noqa: F401  (fills the registry)
+
+    if dataset in DATASETS:
+        return len(DATASETS.get(dataset).ENVIRONMENTS)
+    choices = sorted(set(catalog.DATASET_ENVIRONMENTS) | set(DATASETS))
+    raise UnknownNameError(f"unknown dataset {dataset!r}; known datasets: {', '.join(choices)}")
+
+
+def check_algorithms(names: Iterable[str]) -> None:
+    """Raise for algorithm names neither in the catalog (DomainBed's names and declared ones) nor
+    in the algorithm registry; the registry (torch) is imported only when the catalog misses."""
+    unknown = [n for n in names if n not in catalog.ALGORITHM_ORDER]
+    if not unknown:
+        return
+    from dg_plugins.registry import ALGORITHMS
+    import dg_plugins.algorithms  # noqa: F401  (fills the registry)
+
+    unknown = [n for n in unknown if n not in ALGORITHMS]
+    if unknown:
+        choices = list(dict.fromkeys(list(catalog.ALGORITHM_ORDER) + ALGORITHMS.list()))
+        raise UnknownNameError(
+            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; known algorithms: "
+            f"{', '.join(choices)}"
+        )
+
+
+def default_datasets() -> list[str]:
+    """DomainBed's rule (spec 8.1): every catalog dataset whose name lacks "Debug" — DomainBed's
+    16 plus dg_plugins' statically declared ones (e.g. RotatedMNIST5k). Like DomainBed's default
+    it includes datasets whose files may be absent; pass ``--datasets`` in practice."""
+    return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
+
+
+def default_algorithms() -> list[str]:
+    """Every algorithm registered in dg_plugins (imports dg_plugins.algorithms, hence torch)."""
+    from dg_plugins.registry import ALGORITHMS
+    import dg_plugins.algorithms  # noqa: F401
+
+    return ALGORITHMS.list()
+
+
+# --------------------------------------------------------------------------------------------
+# Enumeration (spec 8.2)
+
+
+def test_env_combinations(n_envs: int) -> list[list[int]]:
+    """DomainBed's combinations: for each i, ``[i]`` then ``[i, j]`` for every j > i."""
+    if n_envs < 3:
+        raise ValueError(
+            f"test-environment pairs need a dataset with >= 3 environments, got {n_envs}; "
+            "use --single_test_envs or --single_source"
+        )
+    combos = []
+    for i in range(n_envs):
+        combos.append([i])
+        combos.extend([i, j] for j in range(i + 1, n_envs))
+    return combos
+
+
+def single_source_test_envs(n_envs: int) -> list[list[int]]:
+    """Single-source DG: for each source env s (in order), test on every other env."""
+    if n_envs < 2:
+        raise ValueError(f"single-source jobs need >= 2 environments, got {n_envs}")
+    return [[j for j in range(n_envs) if j != source] for source in range(n_envs)]
+
+
+def test_env_lists(n_envs: int, single_test_envs: bool = False,
+                   single_source: bool = False) -> list[list[int]]:
+    """The ``test_envs`` values of one (dataset, algorithm): pairs (default), singles or
+    single-source complements."""
+    if single_test_envs and single_source:
+        raise ValueError("--single_test_envs and --single_source are mutually exclusive")
+    if single_source:
+        return single_source_test_envs(n_envs)
+    if single_test_envs:
+        return [[i] for i in range(n_envs)]
+    return test_env_combinations(n_envs)
+
+
+def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequence[str],
+                   n_hparams_from: int, n_hparams: int, steps: int | None, data_dir: str,
+                   task: str, holdout_fraction: float, single_test_envs: bool,
+                   hparams: str | None, *, single_source: bool = False,
+                   checkpoint_freq: int | None = None,
+                   uda_holdout_fraction: float | None = None,
+                   n_envs: Callable[[str], int] = num_environments) -> list[dict]:
+    """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
+    test_envs, hparams_seed (spec 8.2). ``n_hparams`` is an exclusive upper bound as in DomainBed.
+
+    Keys as DomainBed (dataset, algorithm, test_envs, holdout_fraction, hparams_seed, data_dir,
+    task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None.
+    """
+    optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
+                "uda_holdout_fraction": uda_holdout_fraction}
+    env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
+                 for d in dict.fromkeys(dataset_names)}
+    args_list = []
+    for trial_seed in range(n_trials):
+        for dataset in dataset_names:
+            for algorithm in algorithms:
+                for test_envs in env_lists[dataset]:
+                    for hparams_seed in range(n_hparams_from, n_hparams):
+                        train_args = {
+                            "dataset": dataset,
+                            "algorithm": algorithm,
+                            "test_envs": list(test_envs),
+                            "holdout_fraction": holdout_fraction,
+                            "hparams_seed": hparams_seed,
+                            "data_dir": data_dir,
+                            "task": task,
+                            "trial_seed": trial_seed,
+                            "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed,
+                                              trial_seed),
+                        }
+                        train_args.update({k: v for k, v in optional.items() if v is not None})
+                        args_list.append(train_args)
+    return args_list
+
+
+# --------------------------------------------------------------------------------------------
+# Identity and commands
+
+
+def job_folder_name(train_args: dict) -> str:
+    """md5 hex of ``json.dumps(train_args, sort_keys=True)``, the dict WITHOUT ``output_dir``."""
+    return hashlib.md5(json.dumps(train_args, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def format_flag_value(value) -> str:
+    """Lists: space-joined ``str`` of the items; strings: ``shlex.quote``; others: ``str``."""
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
+
+
+def python_executable() -> str:
+    """The interpreter job commands use: this one, quoted. DomainBed uses the bare word
+    ``python`` from PATH, which picks a wrong interpreter when the venv is not activated."""
+    return shlex.quote(sys.executable)
+
+
+def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
+    """``<python> -m <module>`` then ``--key value`` for every item of ``args`` (which should hold
+    ``output_dir``) sorted by key, single-space joined (spec 8.2). ``python`` defaults to
+    :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
+    parts = [python or python_executable(), "-m", module]
+    parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
+    return " ".join(parts)
+
+
+class Job:
+    """One training run of a sweep: its folder, command and on-disk state (spec 8.2)."""
+
+    NOT_LAUNCHED = NOT_LAUNCHED
+    INCOMPLETE = INCOMPLETE
+    DONE = DONE
+
+    def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
+                 python: str | None = None):
+        self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
+        self.train_args = copy.deepcopy(train_args)
+        self.train_args["output_dir"] = self.output_dir
+        self.command_str = build_command(self.train_args, module, python)
+        self.state = self.refresh_state()
+
+    def refresh_state(self) -> str:
+        """Done if ``<dir>/done`` exists, Incomplete if ``<dir>`` exists, else Not launched."""
+        if os.path.exists(os.path.join(self.output_dir, "done")):
+            self.state = DONE
+        elif os.path.exists(self.output_dir):
+            self.state = INCOMPLETE
+        else:
+            self.state = NOT_LAUNCHED
+        return self.state
+
+    def command(self, resume: bool = False) -> str:
+        """The command string; with ``resume``, ``--resume`` appended (train then continues from
+        the last checkpoint in output_dir)."""
+        return self.command_str + (" --resume" if resume else "")
+
+    def __str__(self) -> str:
+        a = self.train_args
+        info = (a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"])
+        return f"{self.state}: {self.output_dir} {info}"
+
+    def __repr__(self) -> str:
+        return f"Job({self})"
+
+
+def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
+              python: str | None = None) -> list[Job]:
+    return [Job(args, sweep_output_dir, module, python) for args in args_list]
+
+
+def summary_line(jobs: Sequence[Job]) -> str:
+    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."``"""
+    counts = {state: sum(job.state == state for job in jobs)
+              for state in (DONE, INCOMPLETE, NOT_LAUNCHED)}
+    return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
+            f"{counts[NOT_LAUNCHED]} not launched.")
+
+
+# --------------------------------------------------------------------------------------------
+# Actions
+
+
+def launch(jobs: Sequence[Job], launcher_fn: Callable[[list], None], seed: int = 0,
+           resume_incomplete: bool = True) -> list[str]:
+    """Shuffle with ``random.Random(seed)``, create every job folder (so they turn Incomplete),
+    then hand the command strings to ``launcher_fn``. Jobs already Incomplete get ``--resume``
+    when ``resume_incomplete``. Returns the commands, in launch order."""
+    print("Launching...")
+    order = list(jobs)
+    random.Random(seed).shuffle(order)
+    commands = []
+    for job in order:
+        resume = resume_incomplete and job.state == INCOMPLETE
+        os.makedirs(job.output_dir, exist_ok=True)
+        commands.append(job.command(resume=resume))
+    launcher_fn(commands)
+    print(f"Launched {len(order)} jobs!")
+    return commands
+
+
+def delete(jobs: Sequence[Job]) -> None:
+    """Remove each job's folder (and only that)."""
+    print("Deleting...")
+    for job in jobs:
+        if os.path.isdir(job.output_dir):
+            shutil.rmtree(job.output_dir)
+        job.refresh_state()
+    print(f"Deleted {len(jobs)} jobs!")
+
+
+class ConfirmationError(RuntimeError):
+    """No answer could be read for the confirmation prompt."""
+
+
+def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
+    """``Are you sure? (y/n) ``; True when the answer starts with y (case-insensitive).
+
+    stdin is read even when it is not a terminal, so ``yes | sweep ...`` works; end of input
+    (e.g. stdin is /dev/null under nohup or a batch script) raises :class:`ConfirmationError`
+    telling the user to pass ``--skip_confirmation`` rather than failing with a traceback.
+    """
+    try:
+        answer = (input_fn or input)("Are you sure? (y/n) ")
+    except EOFError:
+        print()
+        raise ConfirmationError(
+            "no answer to the confirmation prompt (stdin reached end of input); pass "
+            "--skip_confirmation to run without asking"
+        ) from None
+    return answer.strip().lower()[:1] == "y"
+
+
+def select_jobs(jobs: Sequence[Job], action: str, resume: bool = False) -> list[Job]:
+    """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
+    ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder."""
+    if action == "launch":
+        wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
+    elif action == "delete_incomplete":
+        wanted = {INCOMPLETE}
+    elif action == "delete_all":
+        wanted = {INCOMPLETE, DONE}
+    else:
+        raise ValueError(f"unknown sweep action {action!r}; choices: launch, delete_incomplete, "
+                         "delete_all")
+    return [job for job in jobs if job.state in wanted]
+
+
+def run_action(action: str, jobs: Sequence[Job], *,
+               launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
+               resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
+               input_fn: Callable[[str], str] | None = None) -> int:
+    """The sweep CLI's main flow after enumeration (spec 8.2 "Main flow"): print every job and
+    the summary line, select, confirm, act. Returns a process exit code.
+
+    With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
+    (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher
+    is not called.
+    """
+    for job in jobs:
+        print(job)
+    print(summary_line(jobs))
+    selected = select_jobs(jobs, action, resume)
+    verb = "launch" if action == "launch" else "delete"
+    print(f"About to {verb} {len(selected)} jobs.")
+    if action == "launch" and resume:
+        n_resumed = sum(job.state == INCOMPLETE for job in selected)
+        print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
+    if dry_run:
+        print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
+        for job in selected:
+            if verb == "launch":
+                print(job.command(resume=resume and job.state == INCOMPLETE))
+            else:
+                print(f"would delete {job.output_dir}")
+        return 0
+    if not selected:
+        return 0
+    if not skip_confirmation:
+        try:
+            confirmed = ask_for_confirmation(input_fn)
+        except ConfirmationError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if not confirmed:
+            print("Nevermind!")
+            return 0
+    if verb == "launch":
+        if launcher_fn is None:
+            raise ValueError("launching needs a launcher function")
+        launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
+    else:
+        delete(selected)
+    return 0

@@ -1,0 +1,90 @@
+"""Offline-safe loading of pretrained backbone weights.
+
+Weights come from the libraries' normal sources (torchvision's download server, the Hugging Face
+Hub for timm and open_clip) and their caches. Offline, those downloads hang or retry (~46 s for the
+hub); here we check cache and reachability first and fail at once with a message that says how to
+provide weights: pre-fill the cache, point ``pretrained_path`` at a local checkpoint, or set
+``pretrained`` false for random initialisation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+import torch
+
+HUB_HOST = "huggingface.co"
+
+
+class PretrainedWeightsUnavailable(RuntimeError):
+    """Pretrained weights are neither cached nor downloadable."""
+
+
+def offline_requested() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "DG_PLUGINS_OFFLINE"))
+
+
+def host_reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavailable:
+    return PretrainedWeightsUnavailable(
+        f"pretrained weights for {what} are not cached and cannot be downloaded ({reason}). "
+        f"Fixes: run once with network access to fill the cache ({where}); or pass a local "
+        "checkpoint with --hparams '{\"pretrained_path\": \"/path/to/weights.pth\"}'; or train "
+        "from random initialisation with --hparams '{\"pretrained\": false}'. "
+        "(HF_HUB_OFFLINE=1 makes hub look-ups fail at once instead of retrying.)"
+    )
+
+
+def check_url_available(url: str, what: str) -> None:
+    """Raise unless the torch.hub cache holds ``url``'s file or its host is reachable."""
+    cached = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(url).path))
+    if os.path.exists(cached):
+        return
+    host = urlparse(url).hostname or ""
+    if offline_requested():
+        raise _unavailable(what, cached, "offline mode is set")
+    if not host_reachable(host):
+        raise _unavailable(what, cached, f"{host} is unreachable")
+
+
+def check_hub_available(repo_id: str, what: str) -> None:
+    """Raise unless the Hugging Face cache holds ``repo_id`` or the hub is reachable."""
+    from huggingface_hub import constants
+
+    cache_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
+    if os.path.isdir(cache_dir):
+        return
+    if offline_requested():
+        raise _unavailable(what, cache_dir, "offline mode is set")
+    if not host_reachable(HUB_HOST):
+        raise _unavailable(what, cache_dir, f"{HUB_HOST} is unreachable")
+
+
+def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:
+    """Load a local checkpoint into ``model`` (a state_dict, or a dict holding one under
+    ``state_dict``/``model``; a ``module.`` prefix is stripped). Keys other than the classifier
+    head must match; a mismatch raises with the offending keys."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"pretrained_path {path!r} does not exist (expected a .pth/.pt "
+                                "file holding the backbone's state_dict)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.startswith(tuple(ignore_prefixes))}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(tuple(ignore_prefixes))]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path!r} does not fit the backbone: missing keys "
+                         f"{missing[:5]}, unexpected keys {list(unexpected)[:5]}")

@@ -1,0 +1,185 @@
+"""``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...`` (spec 8.1).
+
+DomainBed's flags and defaults, plus (see ``--help``): ``delete_all``, ``--dry_run``, ``--resume``,
+``--single_source``, ``--checkpoint_freq``, ``--uda_holdout_fraction`` and the ``--slurm_*``
+options of the ``submitit`` launcher. Folder names equal DomainBed's for the same arguments
+(extra train args enter the hashed dict only when given). ``--command_launcher`` is required only
+to launch (DomainBed requires it for every command). ``--seed`` seeds the launch order.
+Does not import torch unless the default ``--algorithms`` (the registry) or an uncatalogued
+dataset name needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dg_plugins.engine import sweep
+from dg_plugins.engine.launchers import SUBMITIT_CLUSTERS, configure_submitit
+from dg_plugins.registry import LAUNCHERS, UnknownNameError
+
+TASKS = ("domain_generalization", "domain_adaptation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.sweep",
+        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep.")
+    parser.add_argument("command", choices=["launch", "delete_incomplete", "delete_all"],
+                        help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
+                             "delete_incomplete: remove Incomplete job folders; delete_all: "
+                             "remove every existing folder of this sweep's jobs (nothing else)")
+    # DomainBed's flags (spec 8.1)
+    parser.add_argument("--datasets", nargs="+", type=str, default=None,
+                        help="default: every catalog dataset without 'Debug' in its name "
+                             "(DomainBed's rule)")
+    parser.add_argument("--algorithms", nargs="+", type=str, default=None,
+                        help="default: every algorithm registered in dg_plugins")
+    parser.add_argument("--task", type=str, default="domain_generalization", choices=TASKS)
+    parser.add_argument("--n_hparams_from", type=int, default=0)
+    parser.add_argument("--n_hparams", type=int, default=20,
+                        help="exclusive upper bound of hparams_seed (as DomainBed), not a count")
+    parser.add_argument("--output_dir", type=str, required=True)
+    parser.add_argument("--data_dir", type=str, required=True,
+                        help="passed verbatim; the string is part of each job's identity")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the launch order")
+    parser.add_argument("--n_trials", type=int, default=3)
+    parser.add_argument("--command_launcher", type=str, default=None,
+                        help="a registered launcher: " + ", ".join(_launcher_names()))
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--hparams", type=str, default=None,
+                        help="JSON object passed verbatim to train (part of the job identity)")
+    parser.add_argument("--holdout_fraction", type=float, default=0.2)
+    parser.add_argument("--single_test_envs", action="store_true")
+    parser.add_argument("--skip_confirmation", action="store_true")
+    # dg_plugins additions
+    extra = parser.add_argument_group("dg_plugins additions")
+    extra.add_argument("--single_source", action="store_true",
+                       help="train on one environment and test on all others: one job per "
+                            "source environment")
+    extra.add_argument("--checkpoint_freq", type=int, default=None,
+                       help="passed to train (hashed only when given)")
+    extra.add_argument("--uda_holdout_fraction", type=float, default=None,
+                       help="passed to train (hashed only when given); needed by "
+                            "--task domain_adaptation")
+    extra.add_argument("--resume", action="store_true",
+                       help="launch also relaunches Incomplete jobs, with --resume appended to "
+                            "their commands (do not use while those jobs are still running)")
+    extra.add_argument("--dry_run", action="store_true",
+                       help="print the jobs and the commands to launch (or folders to delete) "
+                            "without creating, deleting or asking anything")
+    slurm = parser.add_argument_group(
+        "submitit launcher", "each flag overrides the DG_SLURM_<NAME> environment variable")
+    slurm.add_argument("--slurm_cluster", choices=SUBMITIT_CLUSTERS, default=None,
+                       help="submitit backend (default slurm; local/debug run on this machine)")
+    slurm.add_argument("--slurm_partition", type=str, default=None)
+    slurm.add_argument("--slurm_time", type=int, default=None,
+                       help="time limit per job in minutes (default 1440)")
+    slurm.add_argument("--slurm_gpus_per_node", type=int, default=None,
+                       help="default 1 on Slurm, 0 on local/debug")
+    slurm.add_argument("--slurm_cpus_per_task", type=int, default=None)
+    slurm.add_argument("--slurm_mem_gb", type=float, default=None)
+    slurm.add_argument("--slurm_array_parallelism", type=int, default=None,
+                       help="max array tasks running at once (default 256)")
+    slurm.add_argument("--slurm_log_dir", type=str, default=None,
+                       help="submitit logs (default <output_dir>/submitit_logs)")
+    slurm.add_argument("--slurm_wait", dest="slurm_wait", action="store_const", const=True,
+                       default=None, help="wait for the jobs (default on local/debug)")
+    slurm.add_argument("--slurm_no_wait", dest="slurm_wait", action="store_const", const=False,
+                       help="return after submission (default on Slurm)")
+    slurm.add_argument("--slurm_extra", type=str, default=None,
+                       help='JSON object of more executor parameters, e.g. '
+                            '\'{"slurm_account": "abc", "slurm_qos": "high"}\'')
+    return parser
+
+
+def _launcher_names() -> list[str]:
+    import dg_plugins.engine.launchers  # noqa: F401  (registers the built-in launchers)
+
+    return LAUNCHERS.list()
+
+
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject bad combinations with a message naming the value and the fix (exits via
+    ``parser.error``)."""
+    if args.n_hparams <= args.n_hparams_from:
+        parser.error(f"--n_hparams ({args.n_hparams}) must be greater than --n_hparams_from "
+                     f"({args.n_hparams_from}): hparams seeds run over "
+                     "range(n_hparams_from, n_hparams)")
+    if args.n_hparams_from < 0:
+        parser.error(f"--n_hparams_from must be >= 0, got {args.n_hparams_from}")
+    if args.n_trials < 1:
+        parser.error(f"--n_trials must be >= 1, got {args.n_trials}")
+    if not 0 <= args.holdout_fraction < 1:
+        parser.error(f"--holdout_fraction must be in [0, 1), got {args.holdout_fraction}")
+    if args.uda_holdout_fraction is not None and not 0 <= args.uda_holdout_fraction < 1:
+        parser.error(f"--uda_holdout_fraction must be in [0, 1), got {args.uda_holdout_fraction}")
+    if args.task == "domain_adaptation" and not args.uda_holdout_fraction:
+        parser.error("--task domain_adaptation needs --uda_holdout_fraction > 0 (train has no "
+                     "unlabeled target data otherwise)")
+    if args.single_source and args.single_test_envs:
+        parser.error("--single_source and --single_test_envs are mutually exclusive")
+    if args.checkpoint_freq is not None and args.checkpoint_freq < 1:
+        parser.error(f"--checkpoint_freq must be >= 1, got {args.checkpoint_freq}")
+    for flag, text in (("--hparams", args.hparams), ("--slurm_extra", args.slurm_extra)):
+        if text is not None:
+            try:
+                ok = isinstance(json.loads(text), dict)
+            except json.JSONDecodeError:
+                ok = False
+            if not ok:
+                parser.error(f"{flag} must be a JSON object, got {text!r}")
+    try:
+        for dataset in args.datasets:
+            sweep.num_environments(dataset)
+        sweep.check_algorithms(args.algorithms)
+    except UnknownNameError as err:
+        parser.error(str(err))
+    if args.command == "launch" and args.command_launcher is None and not args.dry_run:
+        parser.error("launch needs --command_launcher; choices: " + ", ".join(_launcher_names()))
+    if args.command_launcher is not None and args.command_launcher not in _launcher_names():
+        parser.error(f"unknown --command_launcher {args.command_launcher!r}; choices: "
+                     + ", ".join(_launcher_names()))
+
+
+def configure_slurm(args: argparse.Namespace) -> None:
+    """Hand the ``--slurm_*`` flags that were given to the submitit launcher (earlier settings
+    are cleared; unset flags leave the DG_SLURM_* environment in charge)."""
+    configure_submitit(
+        reset=True,
+        cluster=args.slurm_cluster, partition=args.slurm_partition, time_min=args.slurm_time,
+        gpus_per_node=args.slurm_gpus_per_node, cpus_per_task=args.slurm_cpus_per_task,
+        mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
+        log_dir=args.slurm_log_dir, wait=args.slurm_wait,
+        extra=json.loads(args.slurm_extra) if args.slurm_extra else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.datasets is None:
+        args.datasets = sweep.default_datasets()
+    if args.algorithms is None:
+        args.algorithms = sweep.default_algorithms()
+    validate(parser, args)
+    configure_slurm(args)
+    try:
+        args_list = sweep.make_args_list(
+            n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
+            n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
+            data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
+            single_test_envs=args.single_test_envs, hparams=args.hparams,
+            single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
+            uda_holdout_fraction=args.uda_holdout_fraction)
+    except ValueError as err:
+        parser.error(str(err))
+    jobs = sweep.make_jobs(args_list, args.output_dir)
+    launcher_fn = LAUNCHERS.get(args.command_launcher) if args.command_launcher else None
+    return sweep.run_action(
+        args.command, jobs, launcher_fn=launcher_fn, seed=args.seed, resume=args.resume,
+        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""``python -m dg_plugins.scripts.train``: one DomainBed-compatible training job.
+
+DomainBed's flags and defaults (protocol spec 7.1) plus ``--device``, ``--resume`` and
+``--n_workers``. Bad input (unknown algorithm or dataset, malformed --hparams, test_envs out of
+range, missing data) exits with status 2 and a message naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train one domain-generalization job "
+                                "(DomainBed-compatible output folder).")
+    p.add_argument("--data_dir", type=str)
+    p.add_argument("--dataset", type=str, default="RotatedMNIST")
+    p.add_argument("--algorithm", type=str, default="ERM")
+    p.add_argument("--task", type=str, default="domain_generalization",
+                   choices=["domain_generalization", "domain_adaptation"])
+    p.add_argument("--hparams", type=str, help="JSON-serialized hparams dict")
+    p.add_argument("--hparams_seed", type=int, default=0,
+                   help="Seed for random hparams (0 means 'default hparams')")
+    p.add_argument("--trial_seed", type=int, default=0,
+                   help="Trial number (used for seeding split_dataset and random_hparams).")
+    p.add_argument("--seed", type=int, default=0, help="Seed for everything else")
+    p.add_argument("--steps", type=int, default=None,
+                   help="Number of steps. Default is dataset-dependent.")
+    p.add_argument("--checkpoint_freq", type=int, default=None,
+                   help="Checkpoint every N steps. Default is dataset-dependent.")
+    p.add_argument("--test_envs", type=int, nargs="+", default=[0])
+    p.add_argument("--output_dir", type=str, default="train_output")
+    p.add_argument("--holdout_fraction", type=float, default=0.2)
+    p.add_argument("--uda_holdout_fraction", type=float, default=0,
+                   help="For domain adaptation, % of test to use unlabeled for training.")
+    p.add_argument("--skip_model_save", action="store_true")
+    p.add_argument("--save_model_every_checkpoint", action="store_true")
+    # dg_plugins additions
+    p.add_argument("--device", type=str, default=None,
+                   help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted job from output_dir/checkpoint.pt")
+    p.add_argument("--n_workers", type=int, default=None,
+                   help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
+                   "in-memory datasets always load in-process)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from dg_plugins.engine import train
+
+    try:
+        train.run(args)
+    except train.user_errors() as err:
+        if not getattr(err, "reported_in_output_dir", False):
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Image-folder datasets (protocol spec 5.5, 5.6) on the shared pacs_mini fixture and on small
+trees written by the tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dg_plugins import catalog
+from dg_plugins.datasets import image_folder
+from dg_plugins.datasets.base import num_environments
+from dg_plugins.datasets.image_folder import (
+    PACS, ImageFolder, ImageFolderEnvironment, make_image_folder_dataset,
+)
+from dg_plugins.registry import DATASETS
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+PACS_MINI = FIXTURES / "pacs_mini"
+needs_pacs_mini = pytest.mark.skipif(
+    not (PACS_MINI / "PACS").is_dir(),
+    reason=f"shared fixture {PACS_MINI}/PACS is absent (tests expect shared/ beside the repo)",
+)
+MEAN = torch.tensor(image_folder.IMAGENET_MEAN).view(3, 1, 1)
+STD = torch.tensor(image_folder.IMAGENET_STD).view(3, 1, 1)
+
+
+def make_tree(root, layout, size=(40, 30), mode="RGB"):
+    """Write ``layout`` = {domain: {class: [file names]}} as small images under ``root``."""
+    for domain, classes in layout.items():
+        for class_name, files in classes.items():
+            folder = root / domain / class_name
+            folder.mkdir(parents=True, exist_ok=True)
+            for index, name in enumerate(files):
+                color = (index * 40) % 256 if mode == "L" else (200, 10 * index, 30)
+                Image.new(mode, size, color=color).save(folder / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pacs_mini():
+    if not (PACS_MINI / "PACS").is_dir():
+        pytest.skip(f"shared fixture {PACS_MINI}/PACS is absent")
+    return PACS(str(PACS_MINI), [0], {"data_augmentation": True})
+
+
+# --- pacs_mini: environments, union class indices, transforms -------------------------------
+
+
+@needs_pacs_mini
+def test_pacs_environments_and_union_class_indices(pacs_mini):
+    assert PACS.ENVIRONMENTS == ["A", "C", "P", "S"] == catalog.DATASET_ENVIRONMENTS["PACS"]
+    assert pacs_mini.environment_folders == ["art_painting", "cartoon", "photo", "sketch"]
+    assert len(pacs_mini) == 4 and pacs_mini.input_shape == (3, 224, 224)
+    classes = ["dog", "elephant", "giraffe", "guitar", "horse", "house", "person"]
+    assert pacs_mini.classes == classes and pacs_mini.num_classes == 7
+    missing = {"art_painting": "house", "cartoon": "guitar", "photo": "giraffe", "sketch": "person"}
+    for folder, env in zip(pacs_mini.environment_folders, pacs_mini.datasets):
+        assert isinstance(env, ImageFolderEnvironment) and env.classes == classes
+        assert len(env) == 10 and env.targets == [label for _, label in env.samples]
+        for path, label in env.samples:  # every label is the union index of its class folder
+            assert Path(path).parent.name == classes[label]
+            assert Path(path).parent.parent.name == folder
+        present = {classes[label] for label in env.targets}
+        assert present == set(classes) - {missing[folder]}
+    person = classes.index("person")
+    for env in pacs_mini.datasets[:3]:  # 'person' keeps index 6 although sketch lacks it
+        assert person in env.targets
+    assert person not in pacs_mini.datasets[3].targets
+
+
+@needs_pacs_mini
+def test_plain_transform_resizes_and_normalizes(pacs_mini):
+    env = pacs_mini.datasets[0]  # test env: plain transform
+    x, label = env[0]
+    assert isinstance(label, int) and x.shape == (3, 224, 224) and x.dtype == torch.float32
+    path = env.samples[0][0]
+    with Image.open(path) as image:
+        rgb = image.convert("RGB").resize((224, 224), Image.BILINEAR)
+    pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32)).permute(2, 0, 1) / 255
+    unnormalized = x * STD + MEAN
+    assert unnormalized.min() >= -1e-5 and unnormalized.max() <= 1 + 1e-5
+    # torchvision resizes with antialiasing, PIL's resize here without: close, not identical.
+    assert (unnormalized - pixels).abs().mean() < 0.02
+    assert torch.equal(env[0][0], x)  # deterministic
+
+
+@needs_pacs_mini
+def test_augmentation_only_on_training_environments(pacs_mini):
+    assert pacs_mini.augmented_envs == [1, 2, 3]
+    assert pacs_mini.datasets[0].transform is pacs_mini.plain_transform
+    train_env = pacs_mini.datasets[1]
+    assert train_env.transform is pacs_mini.augment_transform
+    torch.manual_seed(0)
+    first = train_env[0][0]
+    torch.manual_seed(1)
+    second = train_env[0][0]
+    assert first.shape == (3, 224, 224) and not torch.equal(first, second)
+    plain_view = train_env.with_transform(pacs_mini.plain_transform)
+    assert plain_view.samples is train_env.samples
+    assert train_env.transform is pacs_mini.augment_transform
+    assert torch.equal(plain_view[0][0], plain_view[0][0])
+
+
+@needs_pacs_mini
+@pytest.mark.parametrize("hparams", [{"data_augmentation": False}, {}, None])
+def test_no_augmentation_when_disabled(hparams):
+    dataset = PACS(str(PACS_MINI), [], hparams)
+    assert dataset.augmented_envs == [] and dataset.augment_transform is None
+    assert all(env.transform is dataset.plain_transform for env in dataset.datasets)
+
+
+@needs_pacs_mini
+def test_generic_image_folder_discovers_environments():
+    dataset = DATASETS.get("ImageFolder")(str(PACS_MINI / "PACS"), [], {})
+    assert dataset.ENVIRONMENTS == ["art_painting", "cartoon", "photo", "sketch"]
+    assert ImageFolder.ENVIRONMENTS is None and dataset.num_classes == 7
+    with pytest.raises(ValueError, match="no fixed ENVIRONMENTS"):
+        num_environments("ImageFolder")
+
+
+# --- trees written by the tests -----------------------------------------------------------------
+
+
+def test_union_classes_extensions_hidden_entries_and_grayscale(tmp_path):
+    root = make_tree(tmp_path / "tree", {
+        "d1": {"cat": ["a.jpg", "b.PNG"], "dog": ["c.JPEG"]},
+        "d2": {"dog": ["d.bmp", "e.webp", "f.gif"], "zebra": ["g.png"]},
+    })
+    make_tree(root, {"d2": {"cat": ["h.png"]}}, mode="L")  # grayscale, converted to RGB
+    (root / "d1" / "cat" / "notes.txt").write_text("not an image")
+    (root / "d1" / "cat" / ".hidden.jpg").write_bytes(b"")  # macOS-style resource fork: skipped
+    (root / ".cache" / "x").mkdir(parents=True)  # hidden folder: not an environment
+    (root / "d1" / ".thumbs").mkdir()  # hidden class folder: not a class
+    (root / "README.md").write_text("stray file: ignored")
+    dataset = ImageFolder(str(root), [], None)
+    assert dataset.ENVIRONMENTS == ["d1", "d2"]
+    assert dataset.classes == ["cat", "dog", "zebra"] and dataset.num_classes == 3
+    d1, d2 = dataset.datasets
+    assert [(Path(p).name, label) for p, label in d1.samples] == [
+        ("a.jpg", 0), ("b.PNG", 0), ("c.JPEG", 1)]
+    assert [(Path(p).name, label) for p, label in d2.samples] == [
+        ("h.png", 0), ("d.bmp", 1), ("e.webp", 1), ("f.gif", 1), ("g.png", 2)]
+    for env in dataset.datasets:
+        for index in range(len(env)):
+            x, label = env[index]
+            assert x.shape == (3, 224, 224) and label == env.samples[index][1]
+
+
+def test_make_image_folder_dataset(tmp_path):
+    make_tree(tmp_path / "my_data",
+              {"b_dom": {"k": ["1.jpg"]}, "a_dom": {"k": ["2.jpg"], "j": ["3.jpg"]}})
+    discovered = make_image_folder_dataset("MyTree", "my_data", data_dir=str(tmp_path),
+                                           register=False)
+    assert discovered.ENVIRONMENTS == ["a_dom", "b_dom"] and discovered.__module__ == __name__
+    built = discovered(str(tmp_path), [1], {"data_augmentation": True})
+    assert built.classes == ["j", "k"] and built.augmented_envs == [0]
+    assert [len(env) for env in built.datasets] == [2, 1]
+    # labels paired with folder names are put in sorted-folder order
+    labelled = make_image_folder_dataset("MyTreeLabels", "my_data", ["B", "A"],
+                                         env_folders=["b_dom", "a_dom"], checkpoint_freq=7,
+                                         register=False)
+    assert labelled.ENVIRONMENTS == ["A", "B"] and labelled.ENV_FOLDERS == ("a_dom", "b_dom")
+    assert labelled.CHECKPOINT_FREQ == 7
+    registered = make_image_folder_dataset("DgTestRegisteredTree", "my_data", ["A", "B"])
+    try:
+        assert DATASETS.get("DgTestRegisteredTree") is registered
+        assert num_environments("DgTestRegisteredTree") == 2
+        assert catalog.DATASET_ENVIRONMENTS["DgTestRegisteredTree"] == ["A", "B"]
+    finally:
+        DATASETS.unregister("DgTestRegisteredTree")
+    with pytest.raises(ValueError, match="give environments"):
+        make_image_folder_dataset("Nothing", "my_data", register=False)
+
+
+def test_known_datasets_folders_and_settings():
+    expected = {
+        "VLCS": ("VLCS", 300), "PACS": ("PACS", 300), "OfficeHome": ("office_home", 300),
+        "TerraIncognita": ("terra_incognita", 300), "DomainNet": ("domain_net", 1000),
+    }
+    for name, (folder, checkpoint_freq) in expected.items():
+        cls = DATASETS.get(name)
+        assert cls.FOLDER_NAME == folder and cls.CHECKPOINT_FREQ == checkpoint_freq
+        assert cls.ENVIRONMENTS == catalog.DATASET_ENVIRONMENTS[name]
+        assert len(cls.ENV_FOLDERS) == len(cls.ENVIRONMENTS)
+        assert list(cls.ENV_FOLDERS) == sorted(cls.ENV_FOLDERS) and cls.INPUT_SHAPE == (3, 224, 224)
+
+
+# --- clear errors ------------------------------------------------------------------------------
+
+PACS_LAYOUT = os.path.join("<data_dir>", "PACS", "<domain>", "<class>", "<image>.jpg")
+
+
+def test_missing_data_dir_and_dataset_folder(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        PACS(None, [], {})
+    assert "--data_dir" in str(error.value) and PACS_LAYOUT in str(error.value)
+    assert "art_painting, cartoon, photo, sketch" in str(error.value)
+    with pytest.raises(FileNotFoundError) as error:
+        PACS(str(tmp_path), [], {})
+    assert str(tmp_path / "PACS") in str(error.value) and PACS_LAYOUT in str(error.value)
+
+
+def test_bad_layouts_are_explained(tmp_path):
+    (tmp_path / "PACS").mkdir()
+    (tmp_path / "PACS" / "readme.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no domain folders") as error:
+        PACS(str(tmp_path), [], {})
+    assert PACS_LAYOUT in str(error.value)
+
+    flat = tmp_path / "flat"  # images directly in the domain folders: no class level
+    for domain in ("x", "y"):
+        (flat / domain).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(flat / domain / "a.jpg")
+    with pytest.raises(FileNotFoundError, match="no class folders") as error:
+        ImageFolder(str(flat), [], {})
+    assert str(flat / "x") in str(error.value)
+    assert "<domain>/<class>" in str(error.value).replace(os.sep, "/")
+
+    empty = tmp_path / "empty"
+    (empty / "x" / "cat").mkdir(parents=True)
+    (empty / "x" / "cat" / "a.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="no image files") as error:
+        ImageFolder(str(empty), [], {})
+    assert str(empty / "x") in str(error.value) and ".jpg" in str(error.value)
+
+    three = make_tree(tmp_path / "three" / "PACS", {d: {"dog": ["a.jpg"]} for d in ("a", "b", "c")})
+    with pytest.raises(ValueError, match="has 3 domain folders") as error:
+        PACS(str(three.parent), [], {})
+    assert "4 environments" in str(error.value) and "art_painting" in str(error.value)
+
+
+def test_nonstandard_domain_names_warn(tmp_path):
+    make_tree(tmp_path / "PACS", {d: {"dog": ["a.jpg"]} for d in ("w", "x", "y", "z")})
+    with pytest.warns(UserWarning, match="differ from the standard"):
+        dataset = PACS(str(tmp_path), [], {})
+    assert dataset.environment_folders == ["w", "x", "y", "z"]
+
+
+def test_importing_datasets_loads_no_image_libraries():
+    code = ("import sys, dg_plugins.datasets; print(sorted(m for m in "
+            "('torchvision', 'PIL', 'timm', 'mlxtend') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,130 @@
+"""The train CLI: DomainBed's output folder, resume, NaN guard, no hang, clear errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dg_plugins.engine import train
+from dg_plugins.scripts.train import build_parser, main
+
+TINY = '{"batch_size": 8}'
+TIMING_KEYS = {"step_time", "mem_gb"}
+CONTRACT_KEYS = {"args", "hparams", "step", "epoch", "step_time", "mem_gb", "loss"}
+DOMAINBED_ARGS = {"algorithm", "checkpoint_freq", "data_dir", "dataset", "holdout_fraction",
+                  "hparams", "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed",
+                  "skip_model_save", "steps", "task", "test_envs", "trial_seed",
+                  "uda_holdout_fraction"}
+
+
+def args_for(out, *extra):
+    return build_parser().parse_args(["--dataset", "Debug28", "--output_dir", str(out),
+                                      "--hparams", TINY, *extra])
+
+
+def records(folder):
+    with open(os.path.join(folder, "results.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def without_timing(recs):
+    """Records minus wall-clock keys and the output folder (which differs between two runs)."""
+    return [{k: ({**v, "output_dir": None} if k == "args" else v)
+             for k, v in r.items() if k not in TIMING_KEYS} for r in recs]
+
+
+def test_cli_writes_domainbed_output_folder(tmp_path):
+    out = tmp_path / "job"
+    proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "Debug28",
+                           "--steps", "5", "--checkpoint_freq", "2", "--hparams", TINY,
+                           "--test_envs", "0", "--output_dir", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == ["done", "err.txt", "model.pkl", "out.txt", "results.jsonl"]
+    assert (out / "done").read_bytes() == b"done"
+    recs = records(out)
+    assert [r["step"] for r in recs] == [0, 2, 4]
+    for r in recs:
+        assert CONTRACT_KEYS <= set(r)
+        assert {f"env{i}_{s}_acc" for i in range(3) for s in ("in", "out")} <= set(r)
+        assert set(r["args"]) == DOMAINBED_ARGS
+        assert r["hparams"]["batch_size"] == 8
+    with open(out / "results.jsonl") as f:
+        assert f.read().endswith("\n")
+    model = torch.load(out / "model.pkl", weights_only=False)
+    assert set(model) == {"args", "model_input_shape", "model_num_classes", "model_num_domains",
+                          "model_hparams", "model_dict"}
+    assert model["model_num_domains"] == 2
+    assert "HParams:" in (out / "out.txt").read_text()
+
+
+def test_batch_larger_than_split_does_not_hang(tmp_path):
+    """Debug28 in-splits have 13 samples; the default small-image batch is 64 (DomainBed hangs)."""
+    args = build_parser().parse_args(["--dataset", "Debug28", "--steps", "2",
+                                      "--output_dir", str(tmp_path)])
+    assert train.run(args) == "done"
+    assert records(tmp_path)[-1]["hparams"]["batch_size"] == 64
+    assert "drawn with replacement" in (tmp_path / "err.txt").read_text()
+
+
+def test_resume_gives_the_same_records(tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert train.run(args_for(full, "--steps", "9", "--checkpoint_freq", "3")) == "done"
+    assert train.run(args_for(cut, "--steps", "9", "--checkpoint_freq", "3"),
+                     stop_after_step=3) == "stopped"
+    assert not (cut / "done").exists() and len(records(cut)) == 2
+    assert train.run(args_for(cut, "--steps", "9", "--checkpoint_freq", "3", "--resume")) == "done"
+    assert without_timing(records(cut)) == without_timing(records(full))
+    assert not (cut / "checkpoint.pt").exists()
+    assert train.run(args_for(cut, "--steps", "9", "--resume")) == "already done"
+
+
+def test_resume_after_sigkill(tmp_path):
+    """A real kill -9 in the middle of a run, then --resume: same records as an uninterrupted run."""
+    common = ["--dataset", "RotatedMNIST5k", "--steps", "40", "--checkpoint_freq", "4",
+              "--hparams", '{"batch_size": 32}']
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(common + ["--output_dir", str(full)]) == 0
+    cmd = [sys.executable, "-m", "dg_plugins.scripts.train", *common, "--output_dir", str(cut)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (cut / "checkpoint.pt").exists() and len(records(cut)) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "done").exists(), "run finished before it could be killed"
+    assert main(common + ["--output_dir", str(cut), "--resume"]) == 0
+    assert without_timing(records(cut)) == without_timing(records(full))
+
+
+def test_nan_loss_stops_without_done(tmp_path):
+    import nan_algorithm  # noqa: F401  (registers NaNAfterTwoSteps)
+
+    args = args_for(tmp_path, "--algorithm", "NaNAfterTwoSteps", "--steps", "5")
+    with pytest.raises(train.NonFiniteLossError, match="loss=nan at step 2"):
+        train.run(args)
+    assert not (tmp_path / "done").exists()
+    assert "loss=nan" in (tmp_path / "err.txt").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--algorithm", "NoSuchAlgo"], "unknown algorithm 'NoSuchAlgo'; registered algorithms: ERM"),
+    (["--dataset", "NoSuchSet"], "unknown dataset 'NoSuchSet'; registered datasets: Debug28"),
+    (["--hparams", "{batch_size: 8}"], "--hparams is not valid JSON"),
+    (["--hparams", "[1, 2]"], "--hparams must be a JSON object"),
+    (["--test_envs", "3"], "--test_envs [3] out of range: Debug28 has 3 environments"),
+    (["--test_envs", "0", "1", "2"], "leaves no training environment"),
+])
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, argv, message):
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--steps", "1"]
+    assert main(base + argv) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists(), "nothing is written for input rejected up front"
