@@ -40,6 +40,10 @@ DOMAINBED_DATASETS: dict[str, list[str]] = {
     "SpawriousM2M_hard": _SPAWRIOUS_ENVS,
 }
 
+#: dg_plugins' built-in algorithms (registered by importing dg_plugins.algorithms), listed here so
+#: that sweeps validate names without importing torch; tests check it matches the registry.
+BUILTIN_ALGORITHMS = ["ERM"]
+
 #: Every algorithm name in table order: DomainBed's, then dg_plugins' own as declared.
 ALGORITHM_ORDER: list[str] = list(DOMAINBED_ALGORITHMS)
 #: Every dataset in table order with its environment labels: DomainBed's, then dg_plugins'.

@@ -62,20 +62,24 @@ def num_environments(dataset: str) -> int:
 
 
 def check_algorithms(names: Iterable[str]) -> None:
-    """Raise for algorithm names neither in the catalog (DomainBed's names and declared ones) nor
-    in the algorithm registry; the registry (torch) is imported only when the catalog misses."""
-    unknown = [n for n in names if n not in catalog.ALGORITHM_ORDER]
-    if not unknown:
+    """Raise for names that dg_plugins' train cannot run: neither built in (catalog, no torch) nor
+    in the algorithm registry (imported, hence torch, only for other names). DomainBed's own
+    algorithms (IRM, CORAL, ...) are not reimplemented here: they run through the bridge."""
+    names = [n for n in names if n not in catalog.BUILTIN_ALGORITHMS]
+    if not names:
         return
     from dg_plugins.registry import ALGORITHMS
     import dg_plugins.algorithms  # noqa: F401  (fills the registry)
 
-    unknown = [n for n in unknown if n not in ALGORITHMS]
+    unknown = [n for n in names if n not in ALGORITHMS]
     if unknown:
-        choices = list(dict.fromkeys(list(catalog.ALGORITHM_ORDER) + ALGORITHMS.list()))
+        domainbed_only = [n for n in unknown if n in catalog.DOMAINBED_ALGORITHMS]
+        hint = (f" ({', '.join(domainbed_only)} are DomainBed's own: run them with "
+                "'python -m dg_plugins.scripts.domainbed sweep ...' and a DomainBed checkout)"
+                if domainbed_only else "")
         raise UnknownNameError(
-            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; known algorithms: "
-            f"{', '.join(choices)}"
+            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; registered algorithms: "
+            f"{', '.join(ALGORITHMS.list())}{hint}"
         )
 
 

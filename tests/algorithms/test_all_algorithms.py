@@ -23,6 +23,14 @@ def minibatches(dataset, batch_size, envs):
     return out
 
 
+def test_catalog_lists_every_builtin_algorithm():
+    """Sweeps validate names against catalog.BUILTIN_ALGORITHMS without importing torch."""
+    from dg_plugins import catalog
+
+    builtin = [n for n, cls in ALGORITHMS.items() if cls.__module__.startswith("dg_plugins.")]
+    assert sorted(catalog.BUILTIN_ALGORITHMS) == sorted(builtin)
+
+
 @pytest.fixture(params=CASES, ids=[f"{a}-{d}" for a, d in CASES])
 def built(request):
     algorithm_name, dataset_name = request.param
