@@ -1,0 +1,390 @@
+"""Install dg_plugins' algorithms, datasets, hparams and launchers into a DomainBed checkout.
+
+:func:`install` patches the importable ``domainbed`` package in this process only (protocol spec
+2.6); DomainBed's files are never edited or copied. Only names DomainBed does not already define
+are added: its ERM, Debug28, PACS, ... stay authoritative. What changes:
+
+* ``domainbed.algorithms``: our algorithm classes become module attributes (so
+  ``get_algorithm_class`` finds them) and their names are appended to ``ALGORITHMS``.
+* ``domainbed.datasets``: the same for our dataset classes and ``DATASETS`` (collect_results only
+  reports listed datasets). In-memory datasets (``IN_MEMORY``) are installed as a subclass with
+  ``N_WORKERS = 0``: DomainBed would otherwise start ``N_WORKERS`` loader processes per split for
+  tensors that are already in memory (dg_plugins' own train loop also loads them in-process).
+* ``domainbed.hparams_registry._hparams`` is wrapped: our algorithms get our hparam spaces
+  (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does); DomainBed's algorithms keep
+  DomainBed's registry, except that on our small-image datasets
+  (:data:`dg_plugins.hparams.SMALL_IMAGE_DATASETS`, e.g. RotatedMNIST5k) it is asked with the
+  proxy name ``Debug28`` so that they get DomainBed's small-image lr / batch_size / weight_decay
+  rules rather than the large-image ones it applies to unknown names.
+* ``domainbed.command_launchers.REGISTRY``: our launchers (e.g. ``submitit``) under names DomainBed
+  lacks, wrapped by :func:`rewriting_launcher` so that each job runs through our train entry.
+
+DomainBed's sweep starts every job as ``python -m domainbed.scripts.train ...`` in a new process,
+which would not see these patches. The entry ``python -m dg_plugins.scripts.domainbed sweep``
+therefore wraps every launcher (:func:`route_launchers_through_entry`) so that the command becomes
+``<this python> -m dg_plugins.scripts.domainbed train ...``; job folders keep DomainBed's names,
+which hash the job's arguments only.
+
+Locating DomainBed: ``import domainbed`` as is; otherwise the checkout named by the environment
+variable ``DOMAINBED_ROOT``. Extra plugin modules (e.g. your own algorithms) named in
+``DG_PLUGINS_IMPORT`` (comma-separated) are imported before installing, here and in every job.
+
+This is the only dg_plugins module that imports ``domainbed``, and only when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+import re
+import shlex
+import sys
+import warnings
+import weakref
+from types import ModuleType
+from typing import Callable, Iterable
+
+from dg_plugins import catalog
+from dg_plugins import hparams as dg_hparams
+from dg_plugins.registry import ALGORITHMS, DATASETS, LAUNCHERS
+
+#: Environment variable naming the root of a DomainBed checkout (the folder holding domainbed/).
+DOMAINBED_ROOT_ENV = "DOMAINBED_ROOT"
+#: Environment variable: comma-separated modules to import before installing (user plugins).
+PLUGINS_ENV = "DG_PLUGINS_IMPORT"
+#: The module run by ``python -m`` for every rewritten job.
+ENTRY_MODULE = "dg_plugins.scripts.domainbed"
+#: DomainBed dataset whose hparams rules our small-image datasets borrow (it is in DomainBed's
+#: small-image list and has no other dataset-specific rule).
+SMALL_IMAGE_PROXY = "Debug28"
+DOMAINBED_URL = "https://github.com/facebookresearch/DomainBed"
+
+# DomainBed's job command prefix (spec 8.2): the bare word python, then the train module.
+_TRAIN_COMMAND = re.compile(r"(?<![\w./-])python3?\s+-m\s+domainbed\.scripts\.train(?=\s|$)")
+
+# Per target module: the objects we installed there, by name (decides "ours" vs DomainBed's).
+_INSTALLED: "weakref.WeakKeyDictionary[ModuleType, dict]" = weakref.WeakKeyDictionary()
+# Our dataset class -> the class installed into DomainBed for it (cached for idempotency).
+_DATASET_VIEWS: dict[type, type] = {}
+
+
+@dataclasses.dataclass
+class InstallReport:
+    """What :func:`install` did. ``skipped_*``: our names DomainBed already defines (its own stay)."""
+
+    domainbed_path: str = ""
+    algorithms: list[str] = dataclasses.field(default_factory=list)
+    datasets: list[str] = dataclasses.field(default_factory=list)
+    launchers: list[str] = dataclasses.field(default_factory=list)
+    skipped_algorithms: list[str] = dataclasses.field(default_factory=list)
+    skipped_datasets: list[str] = dataclasses.field(default_factory=list)
+    skipped_launchers: list[str] = dataclasses.field(default_factory=list)
+    plugins: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        def names(items):
+            return ", ".join(items) or "(none)"
+
+        return "\n".join([
+            f"DomainBed: {self.domainbed_path}",
+            f"plugin modules: {names(self.plugins)}",
+            f"installed algorithms: {names(self.algorithms)}",
+            f"installed datasets: {names(self.datasets)}",
+            f"installed launchers: {names(self.launchers)}",
+            f"DomainBed's own (not replaced): algorithms {names(self.skipped_algorithms)}; "
+            f"datasets {names(self.skipped_datasets)}; launchers {names(self.skipped_launchers)}",
+        ])
+
+
+# ------------------------------------------------------------------------------------------------
+# Locating DomainBed
+
+
+class DomainBedImportError(ImportError):
+    """DomainBed cannot be imported (not found, or a dependency missing); the message says how to
+    fix it."""
+
+
+def _export_to_children(root: str) -> None:
+    """Put ``root`` on PYTHONPATH so that processes started from here import the same DomainBed."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+def locate_domainbed() -> ModuleType:
+    """Import and return the ``domainbed`` package: as found on ``sys.path``, otherwise from
+    ``$DOMAINBED_ROOT``. Raises :class:`DomainBedImportError` naming the fix."""
+    import dg_plugins.compat  # noqa: F401  (torchvision must import beside the CPU torch first)
+
+    try:
+        import domainbed
+    except ModuleNotFoundError as err:
+        if err.name != "domainbed":
+            raise
+        root = os.environ.get(DOMAINBED_ROOT_ENV)
+        if not root:
+            raise DomainBedImportError(
+                "cannot import domainbed: DomainBed is not on the Python path and "
+                f"${DOMAINBED_ROOT_ENV} is not set. Get a checkout (git clone {DOMAINBED_URL}) "
+                f"and set {DOMAINBED_ROOT_ENV}=/path/to/DomainBed (the folder that contains "
+                "domainbed/), or add that folder to PYTHONPATH."
+            ) from None
+        root = os.path.abspath(os.path.expanduser(root))
+        if not os.path.isfile(os.path.join(root, "domainbed", "__init__.py")):
+            raise DomainBedImportError(
+                f"{DOMAINBED_ROOT_ENV}={root!r} is not a DomainBed checkout: "
+                f"{os.path.join(root, 'domainbed', '__init__.py')} does not exist. Set "
+                f"{DOMAINBED_ROOT_ENV} to the folder that contains domainbed/ "
+                f"(git clone {DOMAINBED_URL})."
+            ) from None
+        sys.path.insert(0, root)
+        import domainbed
+    if not hasattr(domainbed, "__path__"):
+        raise DomainBedImportError(
+            f"'domainbed' resolves to {domainbed.__file__}, not DomainBed's package. Run the entry "
+            "as `python -m dg_plugins.scripts.domainbed`, not as a file path."
+        )
+    _export_to_children(os.path.dirname(os.path.dirname(os.path.abspath(domainbed.__file__))))
+    return domainbed
+
+
+def domainbed_modules() -> dict[str, ModuleType]:
+    """DomainBed's ``algorithms``, ``datasets``, ``hparams_registry`` and ``command_launchers``."""
+    domainbed = locate_domainbed()
+    modules = {}
+    for name in ("algorithms", "datasets", "hparams_registry", "command_launchers"):
+        try:
+            modules[name] = importlib.import_module(f"domainbed.{name}")
+        except ModuleNotFoundError as err:
+            if err.name and err.name.startswith("domainbed"):
+                raise DomainBedImportError(
+                    f"the domainbed package at {os.path.dirname(domainbed.__file__)} has no "
+                    f"module {err.name!r}; is it a DomainBed checkout? ({DOMAINBED_URL})"
+                ) from err
+            raise DomainBedImportError(
+                f"DomainBed ({os.path.dirname(domainbed.__file__)}) needs the package "
+                f"{err.name!r}, which is not installed: pip install {err.name} "
+                "(DomainBed imports wilds, timm and torchvision at import time)"
+            ) from err
+    return modules
+
+
+# ------------------------------------------------------------------------------------------------
+# Plugin modules
+
+
+def plugin_modules_from_env() -> list[str]:
+    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+
+
+def add_plugin_modules(modules: Iterable[str]) -> list[str]:
+    """Add modules to ``$DG_PLUGINS_IMPORT`` (so that child processes import them too)."""
+    merged = plugin_modules_from_env()
+    merged += [m for m in modules if m and m not in merged]
+    if merged:
+        os.environ[PLUGINS_ENV] = ",".join(merged)
+    return merged
+
+
+def import_plugins(modules: Iterable[str] = ()) -> list[str]:
+    """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and those named in
+    ``$DG_PLUGINS_IMPORT`` (modules that register more algorithms/datasets through
+    :mod:`dg_plugins.registry`). Returns the extra modules imported."""
+    import dg_plugins.algorithms  # noqa: F401  (each import registers)
+    import dg_plugins.datasets  # noqa: F401
+    import dg_plugins.engine.launchers  # noqa: F401
+
+    names = list(dict.fromkeys([*modules, *plugin_modules_from_env()]))
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name and not name.startswith(f"{err.name}."):
+                raise  # the plugin exists but one of its own imports failed
+            raise ImportError(
+                f"plugin module {name!r} (from --import or ${PLUGINS_ENV}) cannot be imported: "
+                f"{err}. It must be importable by name, e.g. its folder on PYTHONPATH."
+            ) from err
+    return names
+
+
+# ------------------------------------------------------------------------------------------------
+# Registration into (DomainBed-like) modules
+
+
+def _record(module: ModuleType) -> dict:
+    return _INSTALLED.setdefault(module, {})
+
+
+def is_installed(module: ModuleType, name: str) -> bool:
+    """True when ``module.<name>`` is an object this bridge installed (not DomainBed's own)."""
+    installed = _INSTALLED.get(module, {})
+    return name in installed and vars(module).get(name) is installed[name]
+
+
+def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Iterable[str],
+                 kind: str) -> tuple[list[str], list[str]]:
+    """Set ``module.<name> = obj`` and append ``name`` to ``module.<list_name>`` for each entry
+    whose name the module does not define itself. Returns (installed, skipped) names."""
+    names_list = getattr(module, list_name)
+    record = _record(module)
+    installed, skipped = [], []
+    for name, obj in entries.items():
+        if name in vars(module) and not is_installed(module, name):
+            skipped.append(name)
+            if name not in known:
+                warnings.warn(
+                    f"dg_plugins {kind} {name!r} is not installed into {module.__name__}: that "
+                    f"module already defines {name!r}, which stays authoritative. Register ours "
+                    "under another name to use it with DomainBed.", stacklevel=3)
+            continue
+        setattr(module, name, obj)
+        record[name] = obj
+        if name not in names_list:
+            names_list.append(name)
+        installed.append(name)
+    return installed, skipped
+
+
+def register_algorithms(algorithms_module: ModuleType,
+                        entries: dict | None = None) -> tuple[list[str], list[str]]:
+    """Install algorithm classes (default: all of :data:`dg_plugins.registry.ALGORITHMS`)."""
+    entries = dict(ALGORITHMS.items()) if entries is None else entries
+    return _add_entries(algorithms_module, "ALGORITHMS", entries,
+                        catalog.DOMAINBED_ALGORITHMS, "algorithm")
+
+
+def domainbed_view(cls: type) -> type:
+    """The class DomainBed gets for our dataset ``cls``: ``cls`` itself, or for in-memory data a
+    subclass with ``N_WORKERS = 0`` (same name and behaviour, no loader processes)."""
+    if not getattr(cls, "IN_MEMORY", False) or getattr(cls, "N_WORKERS", 0) == 0:
+        return cls
+    if cls not in _DATASET_VIEWS:
+        _DATASET_VIEWS[cls] = type(cls.__name__, (cls,), {
+            "N_WORKERS": 0,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": f"{cls.__name__} for DomainBed's train loop: in-memory, so loaded without "
+                       "worker processes (N_WORKERS = 0).\n\n" + (cls.__doc__ or ""),
+        })
+    return _DATASET_VIEWS[cls]
+
+
+def register_datasets(datasets_module: ModuleType,
+                      entries: dict | None = None) -> tuple[list[str], list[str]]:
+    """Install dataset classes (default: all of :data:`dg_plugins.registry.DATASETS` that have
+    fixed ``ENVIRONMENTS``, which DomainBed's sweep and collect_results need)."""
+    if entries is None:
+        entries = {name: cls for name, cls in DATASETS.items() if getattr(cls, "ENVIRONMENTS", None)}
+    entries = {name: domainbed_view(cls) for name, cls in entries.items()}
+    return _add_entries(datasets_module, "DATASETS", entries, catalog.DOMAINBED_DATASETS, "dataset")
+
+
+def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
+                  datasets_module: ModuleType) -> Callable:
+    """Wrap ``hparams_module._hparams`` (once): installed algorithms get
+    :func:`dg_plugins.hparams.draw`; DomainBed's algorithms keep DomainBed's registry, asked with
+    :data:`SMALL_IMAGE_PROXY` for our installed small-image datasets."""
+    current = hparams_module._hparams
+    if getattr(current, "dg_plugins_original", None) is not None:
+        return current
+    original = current
+
+    @functools.wraps(original)
+    def _hparams(algorithm, dataset, random_seed):
+        if is_installed(algorithms_module, algorithm):
+            return dg_hparams.draw(algorithm, dataset, random_seed)
+        if (dataset in dg_hparams.SMALL_IMAGE_DATASETS
+                and is_installed(datasets_module, dataset)):
+            dataset = SMALL_IMAGE_PROXY
+        return original(algorithm, dataset, random_seed)
+
+    _hparams.dg_plugins_original = original
+    hparams_module._hparams = _hparams
+    return _hparams
+
+
+def rewrite_command(command: str, python: str | None = None,
+                    plugins: Iterable[str] | None = None) -> str:
+    """``python -m domainbed.scripts.train ARGS`` -> ``<python> -m dg_plugins.scripts.domainbed
+    [--import M1,M2] train ARGS`` (default: this interpreter and ``$DG_PLUGINS_IMPORT``). Other
+    commands are returned unchanged."""
+    python = sys.executable if python is None else python
+    plugins = plugin_modules_from_env() if plugins is None else list(plugins)
+    imports = f" --import {shlex.quote(','.join(plugins))}" if plugins else ""
+    replacement = f"{shlex.quote(python)} -m {ENTRY_MODULE}{imports} train"
+    return _TRAIN_COMMAND.sub(lambda _: replacement, command, count=1)
+
+
+def rewriting_launcher(launcher: Callable) -> Callable:
+    """``launcher`` with every command passed through :func:`rewrite_command` (no double wrap)."""
+    if getattr(launcher, "dg_plugins_rewrites", False):
+        return launcher
+
+    @functools.wraps(launcher)
+    def launch(commands):
+        return launcher([rewrite_command(c) for c in commands])
+
+    launch.dg_plugins_rewrites = True
+    launch.dg_plugins_launcher = launcher
+    return launch
+
+
+def register_launchers(launchers_module: ModuleType,
+                       entries: dict | None = None) -> tuple[list[str], list[str]]:
+    """Add our launchers (default: :data:`dg_plugins.registry.LAUNCHERS`) to
+    ``launchers_module.REGISTRY`` under names it lacks, as rewriting launchers."""
+    entries = dict(LAUNCHERS.items()) if entries is None else entries
+    registry = launchers_module.REGISTRY
+    record = _record(launchers_module).setdefault("REGISTRY", {})
+    installed, skipped = [], []
+    for name, launcher in entries.items():
+        ours = name in record and registry.get(name) is record[name]
+        if name in registry and not ours:
+            skipped.append(name)
+            continue
+        if not ours or record[name].dg_plugins_launcher is not launcher:
+            record[name] = registry[name] = rewriting_launcher(launcher)
+        installed.append(name)
+    return installed, skipped
+
+
+def route_launchers_through_entry(launchers_module: ModuleType | None = None) -> list[str]:
+    """Wrap every launcher in DomainBed's ``REGISTRY`` (its own included) with
+    :func:`rewriting_launcher`, in this process. Used by the sweep entry. Returns the names."""
+    if launchers_module is None:
+        launchers_module = domainbed_modules()["command_launchers"]
+    registry = launchers_module.REGISTRY
+    for name, launcher in list(registry.items()):
+        registry[name] = rewriting_launcher(launcher)
+    return list(registry)
+
+
+def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
+                 hparams_module: ModuleType, launchers_module: ModuleType,
+                 report: InstallReport | None = None) -> InstallReport:
+    """Register every registered dg_plugins algorithm, dataset and launcher into the given
+    DomainBed-like modules (see :func:`install`). Idempotent."""
+    report = InstallReport() if report is None else report
+    report.algorithms, report.skipped_algorithms = register_algorithms(algorithms_module)
+    report.datasets, report.skipped_datasets = register_datasets(datasets_module)
+    patch_hparams(hparams_module, algorithms_module, datasets_module)
+    report.launchers, report.skipped_launchers = register_launchers(launchers_module)
+    return report
+
+
+def install(plugins: Iterable[str] = ()) -> InstallReport:
+    """Import dg_plugins (plus ``plugins`` and ``$DG_PLUGINS_IMPORT`` modules), locate DomainBed
+    and register everything DomainBed does not define itself. Idempotent; call again after
+    registering more. Raises :class:`DomainBedImportError` (an ImportError) when DomainBed cannot
+    be imported; when it is not found, the message names ``DOMAINBED_ROOT``."""
+    modules = domainbed_modules()
+    report = InstallReport(
+        domainbed_path=os.path.dirname(os.path.abspath(modules["algorithms"].__file__)),
+        plugins=import_plugins(plugins),
+    )
+    return install_into(modules["algorithms"], modules["datasets"], modules["hparams_registry"],
+                        modules["command_launchers"], report)

@@ -1,0 +1,24 @@
+"""pytest plugin: ``python -m pytest -p dg_plugins.bridge_pytest ...`` runs :func:`dg_plugins.bridge.install`
+before collection, so DomainBed's own test modules (which expand ``ALGORITHMS`` and ``DATASETS``
+when imported, e.g. ``domainbed/test/test_hparams_registry.py``) include dg_plugins' algorithms and
+datasets, and those of the modules named in ``$DG_PLUGINS_IMPORT``.
+"""
+
+from __future__ import annotations
+
+_report = None
+
+
+def pytest_configure(config) -> None:
+    global _report
+    from dg_plugins import bridge
+
+    _report = bridge.install()
+
+
+def pytest_report_header(config) -> list[str]:
+    if _report is None:
+        return []
+    return [f"dg_plugins bridge: DomainBed at {_report.domainbed_path}; installed algorithms: "
+            f"{', '.join(_report.algorithms) or '(none)'}; datasets: "
+            f"{', '.join(_report.datasets) or '(none)'}"]

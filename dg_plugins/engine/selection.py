@@ -1,0 +1,284 @@
+"""DomainBed's model selection (protocol spec 9.2-9.4), vectorised with pandas.
+
+Records (a DataFrame from :mod:`dg_plugins.engine.records`) are grouped per
+``(trial_seed, dataset, algorithm, test_env)``: a record joins one group per entry of its
+``args.test_envs``, so pair runs land in two groups (:func:`group_records`). In each group every
+``args.hparams_seed`` is a run; a method scores each run (``val_acc`` plus the record that gives the
+test accuracy), and the group's selection is the run with the best ``val_acc``.
+
+The three methods (``METHODS``, keyed by their ``--selection`` name):
+
+* ``iid``, *training-domain validation set*: checkpoints of the single-test-env run; val_acc is the
+  mean ``env{i}_out_acc`` over the training environments (i runs 0, 1, ... while the key exists);
+  the run keeps its best checkpoint (early stopping).
+* ``loo``, *leave-one-domain-out cross-validation*: per step, the single-test-env record and the
+  pair runs ``[t, j]``; val_acc is the mean over j != t of the pair run's ``env{j}_in_acc``. A step
+  counts only with exactly one single-test-env record and every j present; the run keeps its best
+  step.
+* ``oracle``, *test-domain validation set (oracle)*: the last checkpoint of the single-test-env
+  run (largest step); val_acc is its ``env{t}_out_acc``.
+
+Exact DomainBed semantics kept: within a run the earliest checkpoint (IID: first in record order;
+LOO: smallest step) wins ties, and a NaN val_acc behaves as under Python's ``max`` (a leading NaN
+wins, later NaNs never do); across runs ties go to the largest hparams_seed and NaN counts as -inf;
+the oracle's last checkpoint is the last record of the largest step; when pair runs repeat an
+environment at a step the last record wins; LOO's environment count is read from the first record
+of the step. Means are taken with numpy in DomainBed's order, so values are bit-identical.
+
+The test accuracy is read from the chosen record with a *test key template* (default
+``env{t}_in_acc``; e.g. ``env{t}_in_ip_acc`` reports the IP subset with the same selection).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.engine.records import acc_columns, leading_count
+
+#: Default test key template: the in split of the test environment (spec 9.4).
+TEST_KEY = "env{t}_in_acc"
+#: Per-run score columns a method returns.
+RUN_COLUMNS = ["group", "hparams_seed", "record", "step", "val_acc"]
+#: Columns of :func:`select`.
+SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_seed", "step",
+                    "val_acc", "test_acc", "record", "group"]
+
+
+class GroupedRecords:
+    """Records plus their group memberships (spec 9.2), computed once and shared by all methods.
+
+    ``members``: one row per (record, test_env in its args.test_envs), in DomainBed's order, with
+    columns ``group`` (ids numbered by first appearance, as DomainBed's dict fills), ``record``
+    (row position in ``records``), ``test_env``, ``n_test_envs``, ``hparams_seed``, ``step``.
+    ``groups``: ``trial_seed, dataset, algorithm, test_env`` per group id.
+    """
+
+    def __init__(self, records: pd.DataFrame) -> None:
+        self.records = records.reset_index(drop=True)
+        envs = self.records["args.test_envs"]
+        counts = np.fromiter((len(e) for e in envs), dtype=np.int64, count=len(envs))
+        record = np.repeat(np.arange(len(envs)), counts)
+        members = pd.DataFrame({
+            "trial_seed": self.records["args.trial_seed"].to_numpy()[record],
+            "dataset": self.records["args.dataset"].to_numpy()[record],
+            "algorithm": self.records["args.algorithm"].to_numpy()[record],
+            "test_env": np.fromiter(itertools.chain.from_iterable(envs), dtype=np.int64,
+                                    count=int(counts.sum())),
+            "record": record,
+            "n_test_envs": counts[record],
+            "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
+            "step": self.records["step"].to_numpy()[record],
+        })
+        keys = ["trial_seed", "dataset", "algorithm", "test_env"]
+        members["group"] = members.groupby(keys, sort=False, dropna=False).ngroup()
+        self.groups = members.drop_duplicates("group").set_index("group")[keys].sort_index()
+        self.members = members.drop(columns=keys[:3])
+        self._matrices: dict[str, np.ndarray] = {}
+        self._width = len(acc_columns(self.records, "in"))
+
+    def accs(self, key: str) -> np.ndarray:
+        """``records[key.format(t=i)]`` for every environment i as a (records x envs) float array,
+        NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
+        if key not in self._matrices:
+            columns = [key.format(t=i) for i in range(self._width)]
+            self._matrices[key] = self.records.reindex(columns=columns).to_numpy(
+                dtype=float, na_value=np.nan)
+        return self._matrices[key]
+
+    def single(self) -> pd.DataFrame:
+        """Memberships of single-test-env records (the only ones IID and oracle look at)."""
+        return self.members[self.members["n_test_envs"] == 1]
+
+
+def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
+    """Group records per (trial_seed, dataset, algorithm, test_env) (spec 9.2)."""
+    return records if isinstance(records, GroupedRecords) else GroupedRecords(records)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``matrix[rows, cols]`` with NaN where ``cols`` is past the matrix width."""
+    inside = (cols >= 0) & (cols < matrix.shape[1])
+    out = np.full(len(rows), np.nan)
+    out[inside] = matrix[rows[inside], cols[inside]]
+    return out
+
+
+def _reduce_rows(values: np.ndarray, widths: np.ndarray, skip: np.ndarray,
+                 total: Callable) -> np.ndarray:
+    """``total(values[r, [i for i in range(widths[r]) if i != skip[r]]])`` per row r, computed on
+    contiguous blocks of rows sharing (width, skip) so that numpy sums in the same order as on
+    each row's list (bit-identical to DomainBed's per-record ``np.mean``/``np.sum``)."""
+    out = np.full(len(values), np.nan)
+    for width, left_out in set(zip(widths.tolist(), skip.tolist())):
+        rows = np.flatnonzero((widths == width) & (skip == left_out))
+        cols = [i for i in range(width) if i != left_out]
+        # An empty mean (one-environment dataset) is NaN, silently, as in DomainBed's Q.mean.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out[rows] = total(values[np.ix_(rows, cols)])
+    return out
+
+
+def _python_max_key(frame: pd.DataFrame, by: list[str], value: str, order: str) -> np.ndarray:
+    """A NaN-free key whose largest value per ``by`` group is the row that Python's ``max`` picks
+    when iterating the group in ``order``: a NaN first row wins (nothing compares greater), any
+    later NaN never does."""
+    key = frame[value].to_numpy(dtype=float).copy()
+    nan = np.isnan(key)
+    if nan.any():
+        first = ~frame.sort_values(order, kind="stable").duplicated(by).reindex(frame.index)
+        key[nan & first.to_numpy()] = np.inf
+        key[nan & ~first.to_numpy()] = -np.inf
+    return key
+
+
+def _best(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
+          ties_to_largest: bool) -> pd.DataFrame:
+    """Per ``by`` group, the row with the largest ``key``; among equal keys the row with the
+    smallest (or largest) ``tiebreak``. The one place where every selection step picks a row."""
+    ranked = frame.assign(_key=key).sort_values(
+        [*by, "_key", tiebreak], ascending=[True] * len(by) + [False, not ties_to_largest],
+        kind="stable")
+    return ranked.drop_duplicates(by).drop(columns="_key")
+
+
+def _best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
+    """Per run (group, hparams_seed), the first candidate with the maximal val_acc in ``order``
+    (``Q.argmax``: earliest checkpoint on ties)."""
+    by = ["group", "hparams_seed"]
+    key = _python_max_key(candidates, by, "val_acc", order)
+    return _best(candidates, by, key, order, ties_to_largest=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# The three methods: each scores every run of every group.
+
+
+def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    single = grouped.single()
+    rows = single["record"].to_numpy()
+    out = grouped.accs("env{t}_out_acc")[rows]
+    n_envs = leading_count(~np.isnan(out))
+    candidates = single.assign(val_acc=_reduce_rows(out, n_envs, single["test_env"].to_numpy(),
+                                                    lambda block: np.mean(block, axis=1)))
+    return _best_checkpoint(candidates, "record")[RUN_COLUMNS]
+
+
+def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    single = grouped.single()
+    last = _best(single, ["group", "hparams_seed"], single["step"].to_numpy(dtype=float),
+                 "record", ties_to_largest=True)
+    val = _at(grouped.accs("env{t}_out_acc"), last["record"].to_numpy(),
+              last["test_env"].to_numpy())
+    return last.assign(val_acc=val)[RUN_COLUMNS]
+
+
+def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    members = grouped.members
+    step_id = members.groupby(["group", "hparams_seed", "step"], sort=False, dropna=False).ngroup()
+    per_step = members.groupby(step_id.to_numpy(), sort=False)
+    # DomainBed reads the environment count from the first record of the step ...
+    first = per_step["record"].transform("min").to_numpy()
+    n_envs_of_record = leading_count(~np.isnan(grouped.accs("env{t}_out_acc")))
+    # ... and needs exactly one single-test-env record at the step.
+    singles = (members["n_test_envs"] == 1).groupby(step_id.to_numpy()).transform("sum")
+    members = members.assign(_step=step_id.to_numpy(), _n_envs=n_envs_of_record[first],
+                             _singles=singles.to_numpy())
+    single = members[(members["n_test_envs"] == 1) & (members["_singles"] == 1)]
+
+    # Validation accuracies: the pair run [t, j] gives env{j}_in_acc (the last such record wins);
+    # -1 marks a missing environment, as in DomainBed.
+    pairs = members[members["n_test_envs"] == 2]
+    envs = grouped.records["args.test_envs"].to_numpy()[pairs["record"].to_numpy()]
+    t = pairs["test_env"].to_numpy()
+    other = np.array([e[1] if e[0] == te else e[0] for e, te in zip(envs, t)], dtype=np.int64)
+    keep = other != t
+    pairs, other = pairs[keep], other[keep]
+    value = _at(grouped.accs("env{t}_in_acc"), pairs["record"].to_numpy(), other)
+    value[np.isnan(value)] = -1.0
+    width = max(int(members["_n_envs"].to_numpy().max(initial=0)), int(other.max(initial=-1)) + 1)
+    val_accs = np.full((int(members["_step"].to_numpy().max(initial=-1)) + 1, width), -1.0)
+    pair_order = np.argsort(pairs["record"].to_numpy(), kind="stable")  # later records overwrite
+    inside = other[pair_order] < width
+    val_accs[pairs["_step"].to_numpy()[pair_order][inside], other[pair_order][inside]] = \
+        value[pair_order][inside]
+
+    step_rows = single["_step"].to_numpy()
+    n_envs = single["_n_envs"].to_numpy()
+    test_env = single["test_env"].to_numpy()
+    per_step = val_accs[step_rows]
+    missing = _reduce_rows(per_step == -1.0, n_envs, test_env, lambda block: block.any(axis=1))
+    sums = _reduce_rows(per_step, n_envs, test_env, lambda block: np.sum(block, axis=1))
+    with np.errstate(all="ignore"):
+        val = sums / (n_envs - 1)
+    ok = missing == 0
+    candidates = single[ok].assign(val_acc=val[ok])
+    return _best_checkpoint(candidates, "step")[RUN_COLUMNS]
+
+
+@dataclass(frozen=True)
+class SelectionMethod:
+    """A model-selection method: ``key`` for ``--selection``, ``name`` as DomainBed prints it,
+    ``runs(grouped)`` the per-run scores (columns ``RUN_COLUMNS``; ``record`` is the row whose
+    test accuracy the run reports)."""
+
+    key: str
+    name: str
+    runs: Callable[[GroupedRecords], pd.DataFrame]
+
+
+IID = SelectionMethod("iid", "training-domain validation set", _iid_runs)
+LOO = SelectionMethod("loo", "leave-one-domain-out cross-validation", _loo_runs)
+ORACLE = SelectionMethod("oracle", "test-domain validation set (oracle)", _oracle_runs)
+#: Methods by ``--selection`` key, in DomainBed's output order.
+METHODS: dict[str, SelectionMethod] = {m.key: m for m in (IID, LOO, ORACLE)}
+
+
+def get_method(key: str) -> SelectionMethod:
+    """The method for a ``--selection`` key (or DomainBed name)."""
+    for method in METHODS.values():
+        if key in (method.key, method.name):
+            return method
+    raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(METHODS)}")
+
+
+def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
+           test_key: str = TEST_KEY) -> pd.DataFrame:
+    """The chosen run of every group that has one (spec 9.4 ``hparams_accs``/``sweep_acc``).
+
+    One row per group, in group order (first appearance), with ``trial_seed, dataset, algorithm,
+    test_env, hparams_seed, step, val_acc, test_acc``, ``record`` (the chosen row of ``records``:
+    its ``hparams``, ``job`` and ``args.output_dir`` tell which run was picked) and ``group``.
+    ``test_acc`` is ``test_key.format(t=test_env)`` of that record, NaN when the record lacks it.
+    Ties between runs go to the largest hparams_seed; a NaN val_acc ranks lowest.
+    """
+    grouped = group_records(records)
+    method = get_method(method) if isinstance(method, str) else method
+    runs = method.runs(grouped)
+    val = runs["val_acc"].to_numpy(dtype=float)
+    key = np.where(np.isnan(val), -np.inf, val)
+    chosen = _best(runs, ["group"], key, "hparams_seed", ties_to_largest=True)
+    chosen = chosen.sort_values("group").reset_index(drop=True)
+    test = _at(grouped.accs(test_key), chosen["record"].to_numpy(),
+               grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
+    info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
+    chosen = chosen.reset_index(drop=True).assign(test_acc=test)
+    return pd.concat([info, chosen], axis=1)[SELECTED_COLUMNS]
+
+
+def sweep_accs(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
+               test_key: str = TEST_KEY) -> pd.DataFrame:
+    """:func:`select` without the groups whose chosen record lacks the test key (DomainBed drops
+    groups whose ``sweep_acc`` is None before making tables)."""
+    chosen = select(records, method, test_key)
+    return chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)

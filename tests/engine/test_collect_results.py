@@ -1,0 +1,265 @@
+"""collect_results: DomainBed's tables byte for byte, plus our formats and tables
+(dg_plugins.engine.tables, dg_plugins.scripts.collect_results; protocol spec 6.5, 9.5)."""
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dg_plugins.engine import selection, tables
+from dg_plugins.engine.records import load_records
+from dg_plugins.scripts import benchmark_collect, collect_results
+
+FIXTURE = "domainbed_sweep_data"
+EXPECTED = {"text": "domainbed_sweep_data.expected_tables.txt",
+            "latex": "domainbed_sweep_data.expected_tables_latex.txt"}
+
+
+@pytest.fixture
+def sweep(shared_fixtures, tmp_path):
+    """A writable copy of the fixture sweep (40 VLCS jobs, ERM, 200 records)."""
+    target = tmp_path / "sweep"
+    shutil.copytree(shared_fixtures / FIXTURE, target)
+    for name in ("results.txt", "results.tex"):
+        (target / name).unlink(missing_ok=True)
+    return target
+
+
+def expected(shared_fixtures, fmt):
+    return (shared_fixtures / EXPECTED[fmt]).read_text()
+
+
+def rewrite(sweep, change):
+    """Apply ``change(record) -> record or None (dropped)`` to every record of the sweep."""
+    for path in sweep.glob("*/results.jsonl"):
+        records = [change(json.loads(line)) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records if r))
+
+
+def run(capsys, *argv):
+    status = collect_results.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# --------------------------------------------------------------------------------------------------
+# Formatting helpers
+
+
+def test_format_mean():
+    assert tables.format_mean([0.1, 0.2, 0.3])[2] == "20.0 +/- 4.7"
+    assert tables.format_mean([0.1, 0.2, 0.3], latex=True)[2] == "20.0 $\\pm$ 4.7"
+    assert tables.format_mean([]) == (None, None, "X")
+    mean, err, _ = tables.format_mean([0.5, 0.7])
+    assert mean == pytest.approx(60.0) and err == pytest.approx(100 * 0.1 / 2 ** 0.5)
+
+
+def test_format_row_truncates_and_keeps_the_trailing_space():
+    assert tables.format_row(["Algorithm", "a_very_long_cell", 0.5], colwidth=6) == (
+        "Algori  a_very  0.5000 ")
+    assert tables.format_row(["\\textbf{C1}", "x"], colwidth=10, latex=True) == (
+        "\\textbf{C1 & x          \\\\")
+
+
+def test_cli_lists_match_the_modules():
+    assert collect_results.SELECTION_KEYS == tuple(selection.METHODS)
+    assert collect_results.FORMATS == tables.FORMATS
+
+
+# --------------------------------------------------------------------------------------------------
+# Parity with DomainBed's golden output
+
+
+@pytest.mark.parametrize("fmt", ["text", "latex"])
+def test_cli_prints_domainbeds_tables_byte_for_byte(shared_fixtures, sweep, fmt):
+    command = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
+               str(sweep)] + (["--latex"] if fmt == "latex" else [])
+    result = subprocess.run(command, capture_output=True, check=True)
+    assert result.stdout.decode() == expected(shared_fixtures, fmt)
+    written = sweep / ("results.tex" if fmt == "latex" else "results.txt")
+    assert written.read_text() == expected(shared_fixtures, fmt)
+
+
+def test_in_process_output_and_overwrite(shared_fixtures, sweep, capsys):
+    (sweep / "results.txt").write_text("old content that must go\n" * 100)
+    status, out, err = run(capsys, "--input_dir", sweep)
+    assert status == 0 and out == expected(shared_fixtures, "text") and err == ""
+    assert (sweep / "results.txt").read_text() == out
+    status, out, _ = run(capsys, "--input_dir", sweep, "--format", "latex", "--no_save")
+    assert out == expected(shared_fixtures, "latex")
+
+
+def test_no_torch_import(sweep):
+    code = ("import sys; from dg_plugins.scripts.collect_results import main; "
+            f"main(['--input_dir', {str(sweep)!r}, '--no_save']); "
+            "heavy = {'torch', 'torchvision', 'timm', 'dg_plugins.datasets', "
+            "'dg_plugins.algorithms'} & set(sys.modules); assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_selection_subset(shared_fixtures, sweep, capsys):
+    _, out, _ = run(capsys, "--input_dir", sweep, "--selection", "oracle", "iid", "--no_save")
+    # the golden text: "Total records", then 2 tables per method, separated by empty lines
+    blocks = expected(shared_fixtures, "text").rstrip("\n").split("\n\n")
+    assert out == "\n\n".join([blocks[0], *blocks[5:7], *blocks[1:3]]) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Robustness and differences from DomainBed
+
+
+def test_corrupt_lines_are_skipped_and_tables_still_printed(shared_fixtures, sweep, capsys):
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    path = jobs[0] / "results.jsonl"
+    path.write_text(path.read_text() + '{"args": {"algorithm": "ERM", "dat')
+    path = jobs[1] / "results.jsonl"
+    path.write_text("garbage\n" + path.read_text().rstrip("\n"))  # and no final newline
+    status, out, err = run(capsys, "--input_dir", sweep, "--no_save")
+    assert status == 0
+    assert out == expected(shared_fixtures, "text")
+    assert f"line 6 of {jobs[0] / 'results.jsonl'}" in err
+    assert f"line 1 of {jobs[1] / 'results.jsonl'}" in err
+
+
+def test_unknown_dataset_is_shown_after_known_ones(sweep, capsys):
+    def change(record):
+        if record["args"]["trial_seed"] == 1:
+            record["args"]["dataset"] = "MyData"
+        return record
+
+    rewrite(sweep, change)
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save")
+    lines = out.splitlines()
+    header = lines.index("-------- Dataset: MyData, model selection method: "
+                         "training-domain validation set")
+    assert lines.index("-------- Dataset: VLCS, model selection method: "
+                       "training-domain validation set") < header
+    assert lines[header + 1].split() == ["Algorithm", "0", "1", "2", "3", "Avg"]
+    assert lines[header + 2].split()[:4] == ["ERM", "98.3", "+/-", "0.0"]  # one trial
+    averages = lines.index("-------- Averages, model selection method: "
+                           "training-domain validation set")
+    assert lines[averages + 1].split() == ["Algorithm", "VLCS", "MyData", "Avg"]
+
+
+def test_missing_environment_shows_x_but_averages_keep_a_number(sweep, capsys):
+    rewrite(sweep, lambda r: None if r["args"]["test_envs"] == [0] else r)
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid")
+    lines = out.splitlines()
+    row = lines[lines.index("-------- Dataset: VLCS, model selection method: "
+                            "training-domain validation set") + 2]
+    assert row.split()[:2] == ["ERM", "X"] and row.split()[-1] == "X"
+    averages = lines[lines.index("-------- Averages, model selection method: "
+                                 "training-domain validation set") + 2]
+    assert averages.split()[1] != "X" and averages.split()[-1] != "X"  # DomainBed's quirk
+
+
+def test_algorithm_order_known_first_then_first_appearance(sweep, capsys):
+    def change(record):
+        record["args"]["algorithm"] = {0: "Zeta", 1: "CORAL"}[record["args"]["trial_seed"]]
+        return record
+
+    rewrite(sweep, change)
+    (sweep / "extra").mkdir()
+    record = json.loads(next(sweep.glob("*/results.jsonl")).read_text().splitlines()[0])
+    record["args"].update(algorithm="ERM", trial_seed=5)
+    (sweep / "extra" / "results.jsonl").write_text(json.dumps(record) + "\n")
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "oracle")
+    rows = [line.split()[0] for line in out.splitlines()[4:7]]
+    assert rows == ["ERM", "CORAL", "Zeta"]
+
+
+def test_empty_and_missing_input_dirs(tmp_path, capsys):
+    status, out, err = run(capsys, "--input_dir", tmp_path)
+    assert status == 1 and out == "" and "no records" in err and str(tmp_path) in err
+    assert not (tmp_path / "results.txt").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        collect_results.main(["--input_dir", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    assert "missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        collect_results.main(["--input_dir", str(tmp_path), "--latex", "--format", "csv"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Beyond DomainBed: formats, hparams table, IP/OOP tables
+
+
+def test_markdown_and_csv_files(sweep, capsys):
+    status, out, _ = run(capsys, "--input_dir", sweep, "--format", "markdown")
+    assert status == 0 and (sweep / "results.md").read_text() == out
+    assert "| Algorithm | C | L | S | V | Avg |" in out
+    assert "| ERM | 98.0 ± 0.2 | 64.2 ± 0.8 | 74.1 ± 0.4 | 77.1 ± 0.2 | 78.3 |" in out
+    status, out, _ = run(capsys, "--input_dir", sweep, "--format", "csv")
+    assert (sweep / "results.csv").read_text() == out
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 3 * (5 + 2)  # 3 methods x (VLCS: 4 envs + Avg; Averages: VLCS + Avg)
+    cell = next(r for r in rows if r["selection"] == "iid" and r["column"] == "C")
+    assert cell["table"] == "VLCS" and cell["text"] == "98.0 +/- 0.2" and cell["n"] == "2"
+    assert float(cell["mean"]) == pytest.approx(97.97, abs=0.01)
+
+
+def test_hparams_table(sweep, capsys):
+    status, out, _ = run(capsys, "--input_dir", sweep, "--hparams_table")
+    assert status == 0
+    assert "-------- Selected hparams, model selection method: leave-one-domain-out" in out
+    rows = list(csv.DictReader(io.StringIO((sweep / "selected_hparams.csv").read_text())))
+    assert len(rows) == 3 * 4 * 2  # methods x test envs x trials
+    records = load_records(str(sweep))
+    for method in selection.METHODS.values():
+        for choice in selection.select(records, method).itertuples():
+            row = next(r for r in rows if r["selection"] == method.key
+                       and int(r["test_env"]) == choice.test_env
+                       and int(r["trial_seed"]) == choice.trial_seed)
+            picked = records.iloc[choice.record]
+            assert int(row["hparams_seed"]) == choice.hparams_seed
+            assert int(row["step"]) == choice.step == picked["step"]
+            assert json.loads(row["hparams"]) == picked["hparams"]
+            assert row["job"] == picked["job"]
+            assert f"{row['test_env_label']} ({row['test_env']})" in out
+    # the default output does not have it
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save")
+    assert "Selected hparams" not in out
+
+
+def test_ip_oop_tables_only_when_the_keys_exist(shared_fixtures, sweep, capsys):
+    golden = expected(shared_fixtures, "text")
+
+    def change(record):
+        for i in range(4):
+            record[f"env{i}_in_ip_acc"] = 1.0
+            record[f"env{i}_in_oop_acc"] = 0.25
+        return record
+
+    rewrite(sweep, change)
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save")
+    assert out.startswith(golden) and out != golden
+    extra = out[len(golden):]
+    assert extra.count("test accuracy: env{t}_in_ip_acc") == 6  # 3 methods x (VLCS, Averages)
+    assert extra.count("test accuracy: env{t}_in_oop_acc") == 6
+    assert "ERM                   100.0 +/- 0.0" in extra and "25.0 +/- 0.0" in extra
+    _, latex, _ = run(capsys, "--input_dir", sweep, "--no_save", "--latex")
+    assert latex.endswith("\\end{document}\n")
+    assert ("\\subsection{Model selection: training-domain validation set (IP: in-pretraining"
+            in latex)
+
+
+def test_report_api(sweep):
+    records = load_records(str(sweep))
+    report = tables.build_report(records, [selection.LOO])
+    (table, averages), = [t for _, _, _, t in report.sections]
+    assert table.title == "VLCS" and table.col_labels == ["C", "L", "S", "V", "Avg"]
+    assert table.rows["ERM"][0].text() == "96.9 +/- 1.0" and table.rows["ERM"][-1].text() == "77.1"
+    assert averages.rows["ERM"][0].n == 2
+    assert tables.subset_keys(records) == []
+
+
+def test_benchmark_smoke(tmp_path, capsys):
+    out_dir = tmp_path / "bench"
+    assert benchmark_collect.main(["--jobs", "60", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 60 jobs, 300 records" in out and "records/s" in out
+    assert len(load_records(str(out_dir))) == 300
