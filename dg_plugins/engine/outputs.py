@@ -58,15 +58,14 @@ class Tee:
         self.file.close()
 
 
-def format_row(row, colwidth: int = 10, latex: bool = False) -> str:
-    """DomainBed's ``print_row`` line (spec 6.5): floats to 10 decimals, each cell left-justified
-    and cut to ``colwidth``, joined by two spaces (``" & "`` in LaTeX), ending with a space (text)
-    or `` \\\\`` (LaTeX)."""
-
+def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
+    """One line as DomainBed's ``print_row`` prints it (spec 6.5), without the newline: floats
+    with 10 decimals, every cell padded and truncated to ``colwidth``, joined by two spaces (text,
+    then a trailing space) or `` & `` (LaTeX, then `` \\\\``). Shared by train's progress rows
+    and collect_results' tables."""
     def cell(value) -> str:
         if isinstance(value, (float, np.floating)):
-            value = "{:.10f}".format(value)
+            value = f"{value:.10f}"
         return str(value).ljust(colwidth)[:colwidth]
 
-    sep, end = (" & ", "\\\\") if latex else ("  ", "")
-    return sep.join(cell(v) for v in row) + " " + end
+    return (" & " if latex else "  ").join(cell(v) for v in cells) + (" \\\\" if latex else " ")

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
+from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import environment_count
 from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                          select, sweep_accs)
@@ -77,18 +78,6 @@ def format_mean(data, latex: bool = False) -> tuple:
     err = 100 * np.std(np.asarray(data) / np.sqrt(len(data)))
     sign = "$\\pm$" if latex else "+/-"
     return mean, err, f"{mean:.1f} {sign} {err:.1f}"
-
-
-def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
-    """One line as DomainBed's ``print_row`` prints it, without the newline: floats with 10
-    decimals, every cell padded and truncated to ``colwidth``, joined by two spaces (text, then a
-    trailing space) or `` & `` (LaTeX, then `` \\\\``)."""
-    def cell(value) -> str:
-        if isinstance(value, (float, np.floating)):
-            value = f"{value:.10f}"
-        return str(value).ljust(colwidth)[:colwidth]
-
-    return (" & " if latex else "  ").join(cell(v) for v in cells) + (" \\\\" if latex else " ")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -317,8 +306,12 @@ class Report:
 
 
 def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
-                 hparams_table: bool = False) -> Report:
-    """Select and tabulate (the standard tables per method, then the subset keys' tables)."""
+                 hparams_table: bool = False, single_source: str = "auto") -> Report:
+    """Select and tabulate: the standard tables per method, then the subset keys' tables, then
+    single-source tables (``single_source``: ``auto`` where unambiguous, ``on``, ``off``; see
+    :mod:`dg_plugins.engine.single_source`)."""
+    from dg_plugins.engine import single_source as sdg
+
     grouped = group_records(records)
     report = Report(len(grouped.records))
     for method in methods:
@@ -327,6 +320,13 @@ def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
         for method in methods:
             report.sections.append((method, key, f"{label}: {description}",
                                     results_tables(grouped, method, key)))
+    if single_source != "off":
+        datasets = (sdg.single_source_datasets(grouped.records) if single_source == "auto"
+                    else None)
+        for method in [m for m in methods if m in sdg.METHODS]:
+            tables = sdg.single_source_tables(grouped.records, method, datasets)
+            if tables:
+                report.sections.append((method, "single_source", sdg.DESCRIPTION, tables))
     if hparams_table:
         report.hparams = selected_hparams(grouped, methods)
     return report

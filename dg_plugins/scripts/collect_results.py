@@ -21,6 +21,8 @@ Beyond DomainBed:
   ``selected_hparams.csv`` in the sweep folder;
 * records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get IP/OOP tables after the
   standard ones (same selection, that test key);
+* single-source runs (``sweep --single_source``) get their own tables after the others
+  (``--single_source auto|on|off``; see :mod:`dg_plugins.engine.single_source`);
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
   warning (see :mod:`dg_plugins.engine.records`).
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
@@ -70,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hparams_table", action="store_true",
                         help="also print the selected run (hparams_seed, step, accuracies, "
                              "hparams) of every group, and write it to selected_hparams.csv")
+    parser.add_argument("--single_source", choices=("auto", "on", "off"), default="auto",
+                        help="tables for single-source runs (sweep --single_source: trained on "
+                             "one environment, tested on the others): auto (default) shows them "
+                             "where unambiguous (datasets with >= 4 environments, or a 3-"
+                             "environment dataset without single-test-env runs), on, off")
     parser.add_argument("--no_save", action="store_true",
                         help="print only; do not write results files into --input_dir")
     args = parser.parse_args(argv)
@@ -105,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     report = tables.build_report(records, [METHODS[key] for key in args.selection],
-                                 hparams_table=args.hparams_table)
+                                 hparams_table=args.hparams_table,
+                                 single_source=args.single_source)
     text = tables.render(report, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()

@@ -1,0 +1,149 @@
+"""Single-source DG results: jobs trained on one environment and tested on all the others.
+
+``sweep --single_source`` runs one job per source environment s with ``test_envs`` = every
+environment but s. DomainBed's selection methods only score single-test-environment runs, so these
+jobs get their own tables, laid out like GMoE's single-source table (ICLR 2023, Table 3): per
+dataset, selection method and source, rows are algorithms and columns the environments; the
+source's column holds its in-domain validation accuracy (``env{s}_out_acc``, labelled
+``<env> (source)``), every other column the target accuracy (``env{t}_in_acc``), and ``Avg`` is the
+mean over the targets. Cells are means over trial seeds with DomainBed's error (:func:`format_mean`).
+
+Selection per (trial_seed, dataset, algorithm, source); each hparams seed is a run:
+
+* ``iid`` (training-domain validation set): a checkpoint's val_acc is ``env{s}_out_acc``; a run
+  keeps its earliest best checkpoint (early stopping, as DomainBed's IID method);
+* ``oracle`` (test-domain validation set): the run's last checkpoint; val_acc is the mean of the
+  targets' ``env{t}_out_acc``.
+
+Across runs the best val_acc wins, ties to the largest hparams_seed (DomainBed's rule).
+
+Which records count: those whose ``test_envs`` leave exactly one environment. On a 3-environment
+dataset that is also what DomainBed's leave-one-domain-out pair runs look like, so by default
+(:func:`single_source_datasets`) such a dataset only gets these tables when it has no
+single-test-environment record (a pure single-source sweep); datasets with 4 or more environments
+get them whenever such records exist. ``collect_results --single_source`` forces them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.engine.records import acc_matrix, leading_count
+from dg_plugins.engine.selection import IID, ORACLE, SelectionMethod, _best, _best_checkpoint
+
+#: The selection methods that apply to single-source runs (LOO needs several sources).
+METHODS = (IID, ORACLE)
+DESCRIPTION = "single source: trained on one environment, tested on the others"
+
+
+def single_source_runs(records: pd.DataFrame) -> pd.DataFrame:
+    """The single-source records, with columns ``record`` (row position), ``trial_seed``,
+    ``dataset``, ``algorithm``, ``source``, ``hparams_seed``, ``step``, ``n_envs``."""
+    records = records.reset_index(drop=True)
+    n_envs = leading_count(~np.isnan(acc_matrix(records, "in")))
+    test_envs = records["args.test_envs"].tolist()
+    sources = []
+    for envs, n in zip(test_envs, n_envs.tolist()):
+        left = set(range(n)) - set(envs)
+        sources.append(left.pop() if n >= 3 and len(envs) == n - 1 and len(left) == 1 else -1)
+    frame = pd.DataFrame({
+        "record": np.arange(len(records)),
+        "trial_seed": records["args.trial_seed"].to_numpy(),
+        "dataset": records["args.dataset"].to_numpy(),
+        "algorithm": records["args.algorithm"].to_numpy(),
+        "source": np.asarray(sources, dtype=np.int64),
+        "hparams_seed": records["args.hparams_seed"].to_numpy(),
+        "step": records["step"].to_numpy(),
+        "n_envs": n_envs,
+    })
+    return frame[frame["source"] >= 0].reset_index(drop=True)
+
+
+def single_source_datasets(records: pd.DataFrame) -> list[str]:
+    """Datasets whose single-source records are reported by default (see the module docstring)."""
+    runs = single_source_runs(records)
+    singles = {d for d, envs in zip(records["args.dataset"], records["args.test_envs"])
+               if len(envs) == 1}
+    out = []
+    for dataset, rows in runs.groupby("dataset", sort=False):
+        if rows["n_envs"].max() >= 4 or dataset not in singles:
+            out.append(dataset)
+    return out
+
+
+def select_single_source(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
+    """The chosen run per (trial_seed, dataset, algorithm, source): one row with ``hparams_seed``,
+    ``step``, ``val_acc``, ``record`` and ``acc{i}`` per environment (the source's out-split
+    accuracy, the targets' in-split accuracies)."""
+    if method not in METHODS:
+        raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
+                         f"not {method.key!r}")
+    records = records.reset_index(drop=True)
+    runs = single_source_runs(records)
+    if runs.empty:
+        return runs.assign(val_acc=[], group=[])
+    keys = ["trial_seed", "dataset", "algorithm", "source"]
+    runs["group"] = runs.groupby(keys, sort=False).ngroup()
+    in_acc, out_acc = acc_matrix(records, "in"), acc_matrix(records, "out")
+    rows, source = runs["record"].to_numpy(), runs["source"].to_numpy()
+    width = in_acc.shape[1]
+    target_mask = (np.arange(width)[None, :] != source[:, None]) & (
+        np.arange(width)[None, :] < runs["n_envs"].to_numpy()[:, None])
+    if method is IID:
+        runs["val_acc"] = out_acc[rows, source]
+        best = _best_checkpoint(runs, "record")
+    else:
+        last = _best(runs, ["group", "hparams_seed"], runs["step"].to_numpy(dtype=float),
+                     "record", ties_to_largest=True)
+        last_rows = last["record"].to_numpy()
+        mask = target_mask[last.index.to_numpy()]
+        with np.errstate(all="ignore"):
+            val = np.nansum(np.where(mask, out_acc[last_rows], 0.0), axis=1) / mask.sum(axis=1)
+        best = last.assign(val_acc=val)
+    val = best["val_acc"].to_numpy(dtype=float)
+    chosen = _best(best, ["group"], np.where(np.isnan(val), -np.inf, val), "hparams_seed",
+                   ties_to_largest=True).sort_values("group").reset_index(drop=True)
+    chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
+    accs = in_acc[chosen_rows].copy()
+    accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]
+    for i in range(width):
+        chosen[f"acc{i}"] = accs[:, i]
+    return chosen
+
+
+def single_source_tables(records: pd.DataFrame, method: SelectionMethod,
+                         datasets: list[str] | None = None) -> list:
+    """One :class:`dg_plugins.engine.tables.Table` per (dataset, source environment), for
+    ``datasets`` (default: every dataset with single-source runs)."""
+    from dg_plugins.engine import tables
+
+    chosen = select_single_source(records, method)
+    if datasets is None:
+        datasets = sorted(set(chosen["dataset"]), key=str)
+    algorithms = tables.algorithm_order(records)
+    out = []
+    for dataset in [d for d in tables.dataset_order(records) if d in datasets]:
+        labels = tables.environment_labels(records, dataset)
+        of_dataset = chosen[chosen["dataset"] == dataset]
+        for source in sorted(set(of_dataset["source"].tolist())):
+            at_source = of_dataset[of_dataset["source"] == source]
+            rows = {}
+            for algorithm in algorithms:
+                mine = at_source[at_source["algorithm"] == algorithm]
+                if mine.empty:
+                    continue
+                cells = [tables._mean_cell(_finite(mine[f"acc{i}"])) for i in range(len(labels))]
+                targets = [c for i, c in enumerate(cells) if i != source]
+                rows[algorithm] = cells + [tables._avg_cell(targets)]
+            col_labels = [f"{label} (source)" if i == source else label
+                          for i, label in enumerate(labels)]
+            header = (f"Dataset: {dataset}, single source: {labels[source]}, "
+                      f"model selection method: {method.name}")
+            out.append(tables.Table(f"{dataset}, source {labels[source]}", header,
+                                    [*col_labels, "Avg"], rows, 20, method, "single_source"))
+    return out
+
+
+def _finite(values: pd.Series) -> list[float]:
+    return [float(v) for v in values if not np.isnan(v)]
