@@ -104,6 +104,14 @@ def test_resume_after_sigkill(tmp_path):
     assert without_timing(records(cut)) == without_timing(records(full))
 
 
+def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["--dataset", "PACS", "--output_dir", str(out)]) == 2
+    message = (out / "err.txt").read_text()
+    assert "error: " in message and "<data_dir>/PACS/<domain>/<class>" in message
+    assert not (out / "done").exists()
+
+
 def test_nan_loss_stops_without_done(tmp_path):
     import nan_algorithm  # noqa: F401  (registers NaNAfterTwoSteps)
 

@@ -1,0 +1,95 @@
+"""Registry behaviour and DomainBed-compatible hparams (protocol spec 4, Appendix C)."""
+
+import json
+
+import pytest
+
+from dg_plugins import hparams
+from dg_plugins.registry import Registry, UnknownNameError
+from dg_plugins.seeds import seed_hash
+
+
+def test_registry_register_get_list_and_duplicates():
+    reg = Registry("widget")
+
+    @reg.register()
+    class Alpha:
+        pass
+
+    reg.register("Beta2", object())
+    reg.register("Alpha", Alpha)  # re-registering the same object is a no-op
+    assert reg.get("Alpha") is Alpha and "Beta2" in reg and len(reg) == 2
+    assert reg.list() == ["Alpha", "Beta2"] and reg.list("B*") == ["Beta2"]
+    with pytest.raises(ValueError, match="widget name 'Alpha' is already registered"):
+        reg.register("Alpha", object())
+    with pytest.raises(UnknownNameError, match="unknown widget 'Gamma'; registered widgets: "
+                                               "Alpha, Beta2"):
+        reg.get("Gamma")
+
+
+def test_seed_hash_golden_values():
+    assert seed_hash(1, 0) == 785910682
+    assert seed_hash(0, "lr") == 1017368932
+    assert seed_hash("VLCS", "ERM", [1, 2], 1, 0) == 360234358
+
+
+def test_base_defaults_are_domainbeds():
+    small, large = hparams.default_hparams("ERM", "Debug28"), hparams.default_hparams("ERM", "PACS")
+    assert (small["lr"], small["batch_size"], small["weight_decay"]) == (1e-3, 64, 0.0)
+    assert (large["lr"], large["batch_size"], large["weight_decay"]) == (5e-5, 32, 0.0)
+    for key, value in {"data_augmentation": True, "resnet18": False, "resnet50_augmix": True,
+                       "dinov2": False, "vit": False, "vit_attn_tune": False, "freeze_bn": False,
+                       "lars": False, "linear_steps": 500, "resnet_dropout": 0.0,
+                       "vit_dropout": 0.0, "class_balanced": False,
+                       "nonlinear_classifier": False}.items():
+        assert large[key] == value, key
+    assert large["pretrained"] is True and large["mnist_cnn_width"] == 128
+    assert hparams.default_hparams("ERM", "RotatedMNIST5k")["mnist_cnn_width"] == 32
+
+
+def test_random_draws_match_domainbed_golden_values():
+    vlcs = hparams.random_hparams("ERM", "VLCS", seed_hash(1, 0))
+    assert vlcs["batch_size"] == 39 and vlcs["resnet_dropout"] == 0.5
+    assert vlcs["lr"] == 2.7028930742148706e-05
+    assert vlcs["weight_decay"] == 0.00044832883881609976
+    debug = hparams.random_hparams("ERM", "Debug28", seed_hash(1, 0))
+    assert (debug["lr"], debug["batch_size"], debug["weight_decay"]) == (
+        0.00011906162909279594, 372, 0.0)
+
+
+def test_fixture_sweep_hparams_are_reproduced(shared_fixtures):
+    """Every job of DomainBed's own sweep has the hparams our registry gives for its seeds."""
+    folder = shared_fixtures / "domainbed_sweep_data"
+    checked = 0
+    for results in folder.glob("*/results.jsonl"):
+        record = json.loads(results.read_text().splitlines()[0])
+        a = record["args"]
+        ours = hparams.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"],
+                                   a["trial_seed"], a["hparams"])
+        assert {k: ours[k] for k in record["hparams"]} == record["hparams"], results
+        checked += 1
+    assert checked >= 40
+
+
+def test_draws_depend_only_on_seed_and_name_and_are_json_native():
+    hparams.algorithm_hparams("TestOnlyAlgo")(lambda dataset: {
+        "extra": (2, lambda r: r.choice([1, 2, 3])),
+        "lr": (0.5, lambda r: 10 ** r.uniform(-5, -3.5)),  # overrides the base entry
+    })
+    with_extra = hparams.random_hparams("TestOnlyAlgo", "PACS", 7)
+    base = hparams.random_hparams("ERM", "PACS", 7)
+    assert with_extra["lr"] == base["lr"]  # same (seed, name) -> same draw
+    assert with_extra["batch_size"] == base["batch_size"]
+    assert type(with_extra["extra"]) is int
+    json.dumps(with_extra)
+    assert hparams.default_hparams("TestOnlyAlgo", "PACS")["lr"] == 0.5
+    assert hparams.random_hparams("ERM", "PACS", 7) == base  # stable
+
+
+def test_job_hparams_and_overrides():
+    assert hparams.job_hparams("ERM", "PACS", 0, 5) == hparams.default_hparams("ERM", "PACS")
+    assert hparams.job_hparams("ERM", "PACS", 1, 0) == hparams.random_hparams(
+        "ERM", "PACS", seed_hash(1, 0))
+    assert hparams.job_hparams("ERM", "PACS", 0, 0, '{"lr": 0.1, "new": 1}')["new"] == 1
+    with pytest.raises(ValueError, match="not valid JSON.*Expected an object"):
+        hparams.parse_overrides("{'lr': 0.1}")
