@@ -262,7 +262,8 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
 
     start_step, last_keys = 0, None
     if args.resume and os.path.exists(checkpoint_path):
-        state = torch.load(checkpoint_path, map_location=device, weights_only=False)
+        # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
+        state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
         algorithm.load_state_dict(state["model"])
         for name, opt in algorithm.optimizers().items():
             opt.load_state_dict(state["optimizers"][name])
