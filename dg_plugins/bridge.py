@@ -114,6 +114,17 @@ def _export_to_children(root: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
+def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[list[str], dict]:
+    """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from the checkout
+    at ``root`` in a subprocess, with nothing of dg_plugins installed except the torchvision
+    compat step (benchmarks and interop tests compare against DomainBed as it is)."""
+    code = ("import dg_plugins.compat, runpy, sys; "
+            f"sys.argv = [{script!r}] + sys.argv[1:]; "
+            f"runpy.run_module('domainbed.scripts.{script}', run_name='__main__')")
+    parts = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [sys.executable, "-c", code, *args], {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
+
+
 def locate_domainbed() -> ModuleType:
     """Import and return the ``domainbed`` package: as found on ``sys.path``, otherwise from
     ``$DOMAINBED_ROOT``. Raises :class:`DomainBedImportError` naming the fix."""

@@ -203,7 +203,7 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no)")
 
 
-def _parse_json_object(text: str) -> dict:
+def parse_json_object(text: str) -> dict:
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {text!r}")
@@ -211,7 +211,7 @@ def _parse_json_object(text: str) -> dict:
 
 
 _PARSERS = {"time_min": int, "gpus_per_node": int, "cpus_per_task": int, "mem_gb": float,
-            "array_parallelism": int, "wait": _parse_bool, "extra": _parse_json_object}
+            "array_parallelism": int, "wait": _parse_bool, "extra": parse_json_object}
 
 
 def options_from_env(environ=None) -> SubmititOptions:

@@ -52,11 +52,11 @@ def num_environments(dataset: str) -> int:
     envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
     if envs is not None:
         return len(envs)
+    from dg_plugins.datasets import num_environments as registered_environments
     from dg_plugins.registry import DATASETS
-    import dg_plugins.datasets  # noqa: F401  (fills the registry)
 
     if dataset in DATASETS:
-        return len(DATASETS.get(dataset).ENVIRONMENTS)
+        return registered_environments(dataset)
     choices = sorted(set(catalog.DATASET_ENVIRONMENTS) | set(DATASETS))
     raise UnknownNameError(f"unknown dataset {dataset!r}; known datasets: {', '.join(choices)}")
 

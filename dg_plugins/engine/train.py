@@ -139,6 +139,10 @@ class Splits:
 
     def __init__(self, dataset, args, hparams):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
+
+        def weights(split):
+            return data.class_balanced_weights(split) if hparams["class_balanced"] else None
+
         for env_i, env in enumerate(dataset):
             out, in_ = data.split_dataset(env, int(len(env) * args.holdout_fraction),
                                           seed_hash(args.trial_seed, env_i))
@@ -146,8 +150,6 @@ class Splits:
             if env_i in args.test_envs:
                 uda, in_ = data.split_dataset(in_, int(len(in_) * args.uda_holdout_fraction),
                                               seed_hash(args.trial_seed, env_i))
-            weights = (lambda split: data.class_balanced_weights(split)
-                       if hparams["class_balanced"] else None)
             self.in_splits.append((in_, weights(in_)))
             self.out_splits.append((out, weights(out)))
             if uda is not None and len(uda):
@@ -261,6 +263,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
     checkpoint_path = os.path.join(args.output_dir, CHECKPOINT_FILE)
 
     start_step, last_keys = 0, None
+    n_records = _already_written_records(results_path)  # the file's line count, kept up to date
     if args.resume and os.path.exists(checkpoint_path):
         # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
         state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
@@ -271,12 +274,14 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
         start_step, last_keys = state["next_step"], state["last_keys"]
-        _truncate_records(results_path, state["n_records"])
-        print(f"Resuming from step {start_step} ({state['n_records']} records kept)")
+        n_records = state["n_records"]
+        _truncate_records(results_path, n_records)
+        print(f"Resuming from step {start_step} ({n_records} records kept)")
     elif args.resume:
+        n_records = 0
         _truncate_records(results_path, 0)
         print("No checkpoint to resume from; starting from step 0")
-    elif _already_written_records(results_path):
+    elif n_records:
         print(f"warning: {results_path} already has records; appending (use --resume to continue "
               "an interrupted job, or a fresh --output_dir)", file=sys.stderr)
 
@@ -322,6 +327,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
             results["args"] = record_args
             with open(results_path, "a") as f:
                 f.write(json.dumps(results, sort_keys=True) + "\n")
+            n_records += 1
             accumulated = {}
             if args.save_model_every_checkpoint:
                 save_model(args, algorithm, dataset, hparams, record_args,
@@ -332,7 +338,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
                 "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
                 "streams": [s.state_dict() for s in train_streams + uda_streams],
                 "rng": rng_state(),
-                "n_records": _already_written_records(results_path),
+                "n_records": n_records,
                 "last_keys": last_keys,
             }, checkpoint_path)
             if stop_after_step is not None and step >= stop_after_step:

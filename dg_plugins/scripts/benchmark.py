@@ -154,8 +154,6 @@ def benchmark_algorithms(args) -> list[dict]:
 
 TRAIN_JOB = ["--dataset", "Debug28", "--algorithm", "ERM", "--steps", "9",
              "--hparams", '{"batch_size": 8}', "--test_envs", "0"]
-DOMAINBED_TRAIN = ("import dg_plugins.compat, runpy, sys; sys.argv = ['train'] + sys.argv[1:]; "
-                   "runpy.run_module('domainbed.scripts.train', run_name='__main__')")
 
 
 def _timed(cmd, env) -> float:
@@ -169,15 +167,16 @@ def _timed(cmd, env) -> float:
 
 def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
     """Median wall time of the same small train job, ours vs DomainBed's, alternating."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [domainbed_root, env.get("PYTHONPATH")]))
+    from dg_plugins.bridge import unpatched_script_command
+
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             ours.append(_timed([sys.executable, "-m", "dg_plugins.scripts.train", *TRAIN_JOB,
-                                "--output_dir", os.path.join(tmp, f"ours{i}")], env))
-            theirs.append(_timed([sys.executable, "-c", DOMAINBED_TRAIN, *TRAIN_JOB,
-                                  "--output_dir", os.path.join(tmp, f"domainbed{i}")], env))
+                                "--output_dir", os.path.join(tmp, f"ours{i}")], None))
+            theirs.append(_timed(*unpatched_script_command(
+                "train", [*TRAIN_JOB, "--output_dir", os.path.join(tmp, f"domainbed{i}")],
+                domainbed_root)))
     ratio = statistics.median(ours) / statistics.median(theirs)
     print(f"\nTrain job wall time (ERM, Debug28, 9 steps, batch 8, {os.cpu_count()} cpus, median "
           f"of {repeats}, alternating): dg_plugins {statistics.median(ours):.2f} s, DomainBed "

@@ -45,12 +45,6 @@ from dg_plugins import catalog
 #: that ordering is exercised) and one name DomainBed does not know.
 ALGORITHMS = ["CORAL", "ERM", "Mixup", "IRM", "dgp_Unlisted", "GroupDRO", "MMD", "SagNet"]
 
-_DOMAINBED_COLLECT = (
-    "import sys, runpy, dg_plugins.compat; "
-    "sys.argv = ['collect_results', '--input_dir', sys.argv[1]]; "
-    "runpy.run_module('domainbed.scripts.collect_results', run_name='__main__')"
-)
-
 
 def builtin_template(seed: int = 0) -> list[list[dict]]:
     """A VLCS-shaped sweep in DomainBed's record format: for each trial (2) and hparams seed (2),
@@ -196,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{'installed' if records._orjson else 'not installed (json module)'}")
         ours_cmd = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
                     out_dir]
-        env = dict(os.environ)
         if args.domainbed:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.domainbed,
-                                                              env.get("PYTHONPATH")]))
-        theirs_cmd = [sys.executable, "-c", _DOMAINBED_COLLECT, out_dir]
+            from dg_plugins.bridge import unpatched_script_command
+
+            theirs_cmd, env = unpatched_script_command("collect_results",
+                                                       ["--input_dir", out_dir], args.domainbed)
         ours_runs, theirs_runs = [], []
         for _ in range(args.repeats):  # alternate, so both see the same machine state
             ours_runs.append(timed(ours_cmd))

@@ -12,11 +12,11 @@ dataset name needs it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from dg_plugins.engine import sweep
-from dg_plugins.engine.launchers import SUBMITIT_CLUSTERS, configure_submitit
+from dg_plugins.engine.launchers import SUBMITIT_CLUSTERS, configure_submitit, parse_json_object
+from dg_plugins.hparams import parse_overrides
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 
 TASKS = ("domain_generalization", "domain_adaptation")
@@ -122,14 +122,15 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--single_source and --single_test_envs are mutually exclusive")
     if args.checkpoint_freq is not None and args.checkpoint_freq < 1:
         parser.error(f"--checkpoint_freq must be >= 1, got {args.checkpoint_freq}")
-    for flag, text in (("--hparams", args.hparams), ("--slurm_extra", args.slurm_extra)):
-        if text is not None:
-            try:
-                ok = isinstance(json.loads(text), dict)
-            except json.JSONDecodeError:
-                ok = False
-            if not ok:
-                parser.error(f"{flag} must be a JSON object, got {text!r}")
+    try:
+        parse_overrides(args.hparams)  # the same check and message as train's
+    except ValueError as err:
+        parser.error(str(err))
+    if args.slurm_extra is not None:
+        try:
+            parse_json_object(args.slurm_extra)
+        except ValueError as err:  # JSONDecodeError is a ValueError
+            parser.error(f"--slurm_extra must be a JSON object: {err}")
     try:
         for dataset in args.datasets:
             sweep.num_environments(dataset)
@@ -152,7 +153,7 @@ def configure_slurm(args: argparse.Namespace) -> None:
         gpus_per_node=args.slurm_gpus_per_node, cpus_per_task=args.slurm_cpus_per_task,
         mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
         log_dir=args.slurm_log_dir, wait=args.slurm_wait,
-        extra=json.loads(args.slurm_extra) if args.slurm_extra else None)
+        extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,11 +4,11 @@ DomainBed checkout in DOMAINBED_ROOT, plus wilds, which DomainBed imports)."""
 import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 
-from dg_plugins.engine.sweep import job_folder_name, make_args_list
+from dg_plugins.bridge import unpatched_script_command
+from dg_plugins.engine.sweep import Job, make_args_list
 
 DOMAINBED_ROOT = os.environ.get("DOMAINBED_ROOT")
 pytestmark = [
@@ -17,9 +17,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("wilds") is None,
                        reason="DomainBed needs the wilds package (pip install wilds)"),
 ]
-RUN_DOMAINBED_COLLECT = ("import dg_plugins.compat, runpy, sys; sys.argv = ['collect_results'] + "
-                         "sys.argv[1:]; runpy.run_module('domainbed.scripts.collect_results', "
-                         "run_name='__main__')")
 
 
 def test_domainbed_collect_results_reads_our_jobs(tmp_path):
@@ -29,18 +26,12 @@ def test_domainbed_collect_results_reads_our_jobs(tmp_path):
                           task="domain_generalization", holdout_fraction=0.2,
                           single_test_envs=True, hparams='{"batch_size": 8}')
     for train_args in jobs:
-        out = sweep_dir / job_folder_name(train_args)
-        cmd = [sys.executable, "-m", "dg_plugins.scripts.train", "--output_dir", str(out)]
-        for key, value in sorted(train_args.items()):
-            cmd += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}",
-                                                                                   str(value)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-        assert (out / "done").exists()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [DOMAINBED_ROOT,
-                                                               os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", RUN_DOMAINBED_COLLECT, "--input_dir",
-                           str(sweep_dir)], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=tmp_path)
+        job = Job(train_args, str(sweep_dir))
+        subprocess.run(job.command_str, shell=True, check=True, capture_output=True, timeout=300)
+        assert os.path.exists(os.path.join(job.output_dir, "done"))
+    cmd, env = unpatched_script_command("collect_results", ["--input_dir", str(sweep_dir)],
+                                        DOMAINBED_ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Total records: 6" in proc.stdout  # 3 jobs x records at steps 0 and 2
     lines = proc.stdout.splitlines()
