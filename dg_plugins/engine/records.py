@@ -25,26 +25,33 @@ form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``
 ``env0_in_ip_acc``, ...), NaN where a record lacks the key. Other keys (loss, epoch, ...) are
 dropped. The ``hparams`` dicts are shared between the rows of a job: treat them as read-only.
 
-Speed (spec 12 item 5; ``python -m dg_plugins.scripts.benchmark_collect``): no torch; the ``args``
-object, which repeats verbatim on every line of a job, is decoded once per job
-(:class:`_LineParser`); the rows of a job are collected in one go; and with many files and an idle
-CPU a forked worker reads part of the folder (:func:`start_loading`). numpy and pandas are imported
-only when the DataFrame is made, so a caller can start loading before paying for their import.
-If ``orjson`` is installed (it is not a dependency), lines are parsed with it, about 4x faster;
-lines it rejects (NaN, Infinity, lone surrogates) go to :mod:`json`. Its one difference from
-:mod:`json`: integers beyond 64 bits become floats.
+Speed (spec 12 item 5; ``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
+parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
+NaN, Infinity or lone surrogates, go to :mod:`json`, and without orjson everything does; its one
+difference from :mod:`json`: integers beyond 64 bits become floats); files are read with small
+plain ``os.read`` calls; the rows of a job are collected in one go and their ``args`` stored once;
+and with many files and two CPUs a forked worker reads the folder from the front while this
+process reads it from the back (:class:`_Claims`), after importing pandas meanwhile: numpy and
+pandas are imported only when the DataFrame is made, so a caller can start loading first
+(:func:`start_loading`).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import math
+import mmap
 import os
 import pickle
 import re
+import select
 import signal
+import struct
 import sys
 import threading
+from array import array
+from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -52,7 +59,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-try:  # optional: about 4x faster parsing when installed (not a dependency)
+try:  # a dependency, but parsing falls back to json without it
     import orjson as _orjson
 except ImportError:
     _orjson = None
@@ -68,8 +75,9 @@ RESULTS_FILE = "results.jsonl"
 MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
 #: A forked worker helps from this many entries on (below, fork + transfer cost more than it saves).
 PARALLEL_MIN_FILES = 1000
-_WORKER_SHARE = 0.65  # the parent also imports pandas meanwhile, so the worker takes more files
-_READ_SIZE = 1 << 20
+# Read size: results files are a few KB. A buffer above glibc's mmap threshold (128 KiB) makes
+# every os.read map and unmap fresh pages: 1 MiB reads cost 3-6x more time on 10,000 files.
+_READ_SIZE = 1 << 16
 _JSON_SPACE = " \t\r\n"
 
 Warn = Callable[[str], None]
@@ -80,78 +88,33 @@ def _print_warning(message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Parsing one line
+# Parsing lines
 
 
-class _LineParser:
-    """``json.loads`` that decodes a job's ``args`` once instead of on every line.
+def parse_line(line: str):
+    """The JSON value of ``line`` (orjson when importable, else :mod:`json`); raises
+    ``ValueError`` if it is not valid JSON."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(line)
+        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
+            pass
+    return json.loads(line)
 
-    DomainBed writes sorted-key records, so a line starts with ``{"args": {...}`` and all lines of
-    a job repeat the same args text. After decoding that prefix once (``raw_decode``), a line
-    starting with the same text is parsed with the args replaced by a short sentinel string, and
-    the decoded args dict (shared by those records) is put back. The top-level ``args`` of such a
-    line is necessarily that text, so the result equals ``json.loads(line)`` (the sentinel check
-    also covers a repeated ``args`` key). Other lines are parsed in full. The C scanner is called
-    directly: ``json.loads``' Python wrapping costs about as much as decoding the args.
-    """
 
-    PREFIX = '{"args": '
-    SENTINEL = "\x00dg_plugins cached args\x00"
-
-    def __init__(self) -> None:
-        decoder = json.JSONDecoder()
-        self._scan_once = decoder.scan_once
-        self._raw_decode = decoder.raw_decode
-        self._replaced = self.PREFIX + json.dumps(self.SENTINEL)
-        self._known: tuple[str, dict] | None = None  # (line prefix up to the end of args, args)
-
-    def parse(self, line: str):
-        """The JSON value of ``line``; raises ``ValueError`` if it is not valid JSON."""
-        if _orjson is not None:
-            try:
-                return _orjson.loads(line)
-            except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
-                pass
-        known = self._known
-        if known is None or not line.startswith(known[0]):
-            known = self._learn(line)
-        if known is not None:
-            reduced = self._replaced + line[len(known[0]):]
-            try:
-                record, end = self._scan_once(reduced, 0)
-            except (ValueError, StopIteration):
-                record = end = None
-            if (type(record) is dict and record.get("args") == self.SENTINEL
-                    and (end == len(reduced) or not reduced[end:].strip(_JSON_SPACE))):
-                record["args"] = known[1]
-                return record
-        return json.loads(line)
-
-    def _learn(self, line: str):
-        if line.startswith(self.PREFIX):
-            try:
-                args, end = self._raw_decode(line, len(self.PREFIX))
-            except ValueError:
-                return None
-            if type(args) is dict:
-                self._known = (line[:end], args)
-                return self._known
-        return None
-
-    def parse_file(self, text: str, where: Callable[[int], str], problems: list[str]):
-        """``(line numbers, values)`` of the non-blank lines of a file; invalid lines are
-        reported to ``problems`` and left out."""
-        numbers, records = [], []
-        parse = self.parse
-        for number, line in enumerate(text.split("\n"), 1):
-            if not line.strip(_JSON_SPACE):
-                continue
-            try:
-                records.append(parse(line))
-                numbers.append(number)
-            except ValueError as error:
-                problems.append(f"skipping {where(number)}: not valid JSON ({error})")
-        return numbers, records
+def _parse_file(text: str, where: Callable[[int], str], problems: list[str]):
+    """``(line numbers, values)`` of the non-blank lines of a file; invalid lines are reported
+    to ``problems`` and left out."""
+    numbers, records = [], []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip(_JSON_SPACE):
+            continue
+        try:
+            records.append(parse_line(line))
+            numbers.append(number)
+        except ValueError as error:
+            problems.append(f"skipping {where(number)}: not valid JSON ({error})")
+    return numbers, records
 
 
 # --------------------------------------------------------------------------------------------------
@@ -223,18 +186,25 @@ def _arg_row(args) -> tuple | str:
 class _Columns:
     """Rows collected column by column (picklable, so that a worker can send them back).
 
-    ``layouts`` maps a record's key tuple to ``[acc keys, row positions, acc value tuples]``:
-    records with the same keys are turned into one float block at the end."""
+    Rows come in *segments*: runs of consecutive records of one job sharing ``args``, stored once
+    per segment (``jobs``, ``arg_rows``, ``sizes``) and repeated with numpy in :meth:`frame`.
+    ``layouts`` maps a record's key tuple to ``[acc keys, row positions, acc values]`` (positions
+    as ``array('q')``, values as a flat ``array('d')``, row-major): records with the same keys
+    become one float block."""
 
     def __init__(self) -> None:
         self.jobs: list = []
-        self.lines: list[int] = []
         self.arg_rows: list[tuple] = []
-        self.hparams: list = []
+        self.sizes: list[int] = []
+        self.lines: list[int] = []
         self.steps: list = []
+        self.hparams: list = []
         self.layouts: dict[tuple, list] = {}
         self.problems: list[str] = []
         self._getters: dict[tuple, Callable] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
 
     def __getstate__(self):  # the getters (lambdas) are rebuilt where needed, not pickled
         return {k: v for k, v in self.__dict__.items() if k != "_getters"}
@@ -243,16 +213,13 @@ class _Columns:
         self.__dict__.update(state, _getters={})
 
     def extend(self, other: "_Columns") -> None:
-        offset = len(self.steps)
-        for name in ("jobs", "lines", "arg_rows", "hparams", "steps", "problems"):
+        offset = len(self)
+        for name in ("jobs", "arg_rows", "sizes", "lines", "steps", "hparams", "problems"):
             getattr(self, name).extend(getattr(other, name))
-        for keys, (acc_keys, positions, rows) in other.layouts.items():
-            if keys not in self.layouts:
-                self.layouts[keys] = [acc_keys, [], []]
-                self._getters[keys] = other._getters.get(keys) or _getter(acc_keys)
-            mine = self.layouts[keys]
+        for keys, (acc_keys, positions, values) in other.layouts.items():
+            mine = self._layout(keys, acc_keys)
             mine[1].extend(p + offset for p in positions)
-            mine[2].extend(rows)
+            mine[2].extend(values)
 
     def add(self, job, numbers, records: list, where: Callable[[int], str]) -> None:
         """Add the parsed lines of one job (``numbers``: their line numbers); unusable ones
@@ -293,62 +260,93 @@ class _Columns:
         self._append(job, numbers, records, row)
         return True
 
+    def _layout(self, keys: tuple, acc_keys: list[str] | None = None) -> list:
+        layout = self.layouts.get(keys)
+        if layout is None:
+            if acc_keys is None:
+                acc_keys = [k for k in keys if ACC_KEY.fullmatch(k)]
+            layout = self.layouts[keys] = [acc_keys, array("q"), array("d")]
+            self._getters[keys] = _getter(acc_keys)
+        return layout
+
     def _append(self, job, numbers, records: list, row: tuple) -> None:
         """Append valid records that share ``args`` (``row``) and keys."""
         keys = tuple(records[0])
-        layout = self.layouts.get(keys)
-        if layout is None:
-            acc_keys = [k for k in keys if ACC_KEY.fullmatch(k)]
-            layout = self.layouts[keys] = [acc_keys, [], []]
-            self._getters[keys] = _getter(acc_keys)
-        start = len(self.steps)
-        layout[1].extend(range(start, start + len(records)))
-        layout[2].extend(map(self._getters[keys], records))
+        _, positions, values = self._layout(keys)
+        start = len(self)
+        positions.extend(range(start, start + len(records)))
+        flat = chain.from_iterable(map(self._getters[keys], records))
+        size = len(values)
+        try:
+            values.extend(flat)
+        except (TypeError, OverflowError):  # a non-numeric accuracy: keep what is numeric
+            del values[size:]
+            values.extend(map(_number, chain.from_iterable(map(self._getters[keys], records))))
         self.steps.extend(map(_get_step, records))
         # One hparams object per job when they are equal (less memory, faster worker transfer).
         first = records[0].get("hparams")
         self.hparams.extend(first if hparams == first else hparams
                             for hparams in map(_get_hparams, records))
-        self.jobs.extend([job] * len(records))
         self.lines.extend(numbers)
-        self.arg_rows.extend([row] * len(records))
+        if self.arg_rows and self.jobs[-1] == job and self.arg_rows[-1] is row:
+            self.sizes[-1] += len(records)
+        else:
+            self.jobs.append(job)
+            self.arg_rows.append(row)
+            self.sizes.append(len(records))
 
     def frame(self) -> "pd.DataFrame":
         import numpy as np
         import pandas as pd
 
         columns: dict[str, object] = {}
+        sizes = np.array(self.sizes, dtype=np.int64)
         values = list(zip(*self.arg_rows)) if self.arg_rows else [()] * len(ARG_COLUMNS)
         for name, column in zip(ARG_COLUMNS, values):
             # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
-            columns[name] = list(column) if name.endswith("_seed") else _object_array(column)
+            if name.endswith("_seed"):
+                columns[name] = pd.Series(list(column)).to_numpy().repeat(sizes)
+            else:
+                columns[name] = _object_array(column, sizes)
         columns["step"] = self.steps
         columns["hparams"] = _object_array(self.hparams)
-        columns["job"] = _object_array(self.jobs)
-        columns["line"] = self.lines
+        columns["job"] = _object_array(self.jobs, sizes)
+        columns["line"] = np.array(self.lines, dtype=np.int64)
         acc_keys = sorted({k for layout in self.layouts.values() for k in layout[0]},
                           key=_acc_sort_key)
         index = {key: i for i, key in enumerate(acc_keys)}
-        accs = np.full((len(self.steps), len(acc_keys)), np.nan)
-        for keys, positions, rows in self.layouts.values():
+        accs = np.full((len(self), len(acc_keys)), np.nan)
+        for keys, positions, flat in self.layouts.values():
             if keys:
-                block = _as_floats(rows)
+                block = np.frombuffer(flat, dtype=float).reshape(len(positions), len(keys))
                 if len(keys) == len(acc_keys) and len(positions) == len(accs):
                     accs[:, [index[k] for k in keys]] = block
                 else:
-                    accs[np.ix_(positions, [index[k] for k in keys])] = block
+                    rows = np.frombuffer(positions, dtype=np.int64)
+                    accs[np.ix_(rows, [index[k] for k in keys])] = block
         for i, key in enumerate(acc_keys):
             columns[key] = accs[:, i]
         return pd.DataFrame(columns)
 
 
-def _object_array(values) -> "pd.Series":
-    """A Series of Python objects (pandas would otherwise convert strings to its string dtype,
-    slower to iterate)."""
+def _object_array(values, repeats: "np.ndarray | None" = None) -> "pd.Series":
+    """A Series of Python objects, each value repeated ``repeats[i]`` times if given (pandas
+    would otherwise convert strings to its string dtype, slower to iterate)."""
     import numpy as np
     import pandas as pd
 
-    return pd.Series(np.fromiter(values, dtype=object, count=len(values)), dtype=object, copy=False)
+    array = np.fromiter(values, dtype=object, count=len(values))
+    if repeats is not None:
+        array = array.repeat(repeats)
+    return pd.Series(array, dtype=object, copy=False)
+
+
+def _number(value) -> float:
+    """An accuracy value as a float; NaN if it is not a number."""
+    try:
+        return float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        return math.nan
 
 
 def _acc_sort_key(key: str):
@@ -356,21 +354,10 @@ def _acc_sort_key(key: str):
     return int(match.group(1)), match.group(2)
 
 
-def _as_floats(rows: list[tuple]) -> "np.ndarray":
-    import numpy as np
-
-    try:
-        return np.array(rows, dtype=float).reshape(len(rows), -1)
-    except (TypeError, ValueError):  # a non-numeric accuracy: keep what is numeric
-        def number(value):
-            return float(value) if isinstance(value, (int, float)) else np.nan
-        return np.array([[number(v) for v in row] for row in rows], dtype=float)
-
-
-def _scan(files: Iterable[tuple[str, str]]) -> _Columns:
-    """Read and parse the given ``(entry, path)`` files into columns (problems collected)."""
-    columns = _Columns()
-    parser = _LineParser()
+def _scan(files: Iterable[tuple[str, str]], columns: _Columns | None = None) -> _Columns:
+    """Read and parse the given ``(entry, path)`` files into ``columns`` (default: new ones;
+    problems collected) and return them."""
+    columns = _Columns() if columns is None else columns
     collecting = gc.isenabled()
     gc.disable()  # the cyclic GC would rescan the growing columns again and again (~10% time)
     try:
@@ -382,7 +369,7 @@ def _scan(files: Iterable[tuple[str, str]]) -> _Columns:
             def where(number, path=path):
                 return f"line {number} of {path}"
 
-            numbers, records = parser.parse_file(text, where, columns.problems)
+            numbers, records = _parse_file(text, where, columns.problems)
             columns.add(entry, numbers, records, where)
     finally:
         if collecting:
@@ -394,13 +381,70 @@ def _scan(files: Iterable[tuple[str, str]]) -> _Columns:
 # Loading, optionally with a forked worker
 
 
-class _Worker:
-    """A forked child that scans some files and pickles its :class:`_Columns` into a pipe. If
-    anything goes wrong with it, :meth:`result` scans those files in this process instead."""
+class _Claims:
+    """The files not yet taken, shared by this process and a forked worker: the worker takes
+    chunks from the front, this process from the back, until they meet. Whichever is faster
+    (the parent also imports pandas meanwhile; reading speed varies with the page cache) simply
+    takes more. The bounds are two int64 in shared memory; a byte in a pipe is the lock (whoever
+    has read it holds it), waited for with a timeout so that a side that died holding it cannot
+    block the other."""
 
-    def __init__(self, files: list[tuple[str, str]]) -> None:
-        self.files, self.pid, self._read_fd = files, None, None
+    CHUNK = 64  # files per claim: ~3 ms of work, so the two sides end within a few ms
+
+    def __init__(self, n_files: int) -> None:
+        self._bounds = mmap.mmap(-1, 16)  # MAP_SHARED: the forked worker sees the same page
+        struct.pack_into("qq", self._bounds, 0, 0, n_files)
+        self._lock_read, self._lock_write = os.pipe()
+        os.write(self._lock_write, b"L")
+
+    def bounds(self) -> tuple[int, int]:
+        """``(front, back)``: files ``[0, front)`` went to the worker, ``[back, n)`` to us."""
+        return struct.unpack_from("qq", self._bounds)
+
+    def take(self, from_front: bool, other_alive: Callable[[], bool]) -> tuple[int, int] | None:
+        """Claim the next chunk ``(start, end)`` from one end, or None when nothing is left."""
+        locked = self._acquire(other_alive)
+        try:
+            front, back = self.bounds()
+            if front >= back:
+                return None
+            if from_front:
+                start, end = front, min(back, front + self.CHUNK)
+                struct.pack_into("q", self._bounds, 0, end)
+            else:
+                start, end = max(front, back - self.CHUNK), back
+                struct.pack_into("q", self._bounds, 8, start)
+            return start, end
+        finally:
+            if locked:
+                os.write(self._lock_write, b"L")
+
+    def _acquire(self, other_alive: Callable[[], bool]) -> bool:
+        """Take the lock; False (go on unlocked) if the other side is gone."""
+        while True:
+            ready, _, _ = select.select([self._lock_read], [], [], 0.2)
+            if ready:
+                os.read(self._lock_read, 1)
+                return True
+            if not other_alive():
+                return False
+
+    def close(self) -> None:
+        for fd in (self._lock_read, self._lock_write):
+            os.close(fd)
+        self._bounds.close()
+
+
+class _Worker:
+    """A forked child that scans the chunks it claims from the front of ``files`` and pickles
+    its :class:`_Columns` into a pipe. If anything goes wrong with it, :meth:`result` scans the
+    files it claimed in this process instead."""
+
+    def __init__(self, files: list[tuple[str, str]], claims: _Claims) -> None:
+        self.files, self.claims = files, claims
+        self.pid, self.status, self._read_fd = None, None, None
         read_fd, write_fd = os.pipe()
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError:
@@ -411,7 +455,11 @@ class _Worker:
             status = 1
             try:
                 os.close(read_fd)
-                payload = pickle.dumps(_scan(files), protocol=pickle.HIGHEST_PROTOCOL)
+                columns = _Columns()
+                alive = lambda: os.getppid() == parent  # noqa: E731
+                while (chunk := claims.take(True, alive)) is not None:
+                    _scan(files[chunk[0]:chunk[1]], columns)
+                payload = pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
                 with os.fdopen(write_fd, "wb") as pipe:
                     pipe.write(payload)
                 status = 0
@@ -420,29 +468,41 @@ class _Worker:
         os.close(write_fd)
         self.pid, self._read_fd = pid, read_fd
 
+    def alive(self) -> bool:
+        """Whether the child still runs (reaping it, and keeping its status, if it ended)."""
+        if self.pid is None or self.status is not None:
+            return False
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid:
+            self.status = status
+        return not pid
+
     def result(self) -> _Columns:
+        """The child's columns (files ``[0, front)``), once this process took its last chunk."""
         if self.pid is None:
-            return _scan(self.files)
+            return _Columns()
         try:
             with os.fdopen(self._read_fd, "rb") as pipe:
                 payload = pipe.read()
         finally:
             self._read_fd = None
-            _, status = os.waitpid(self.pid, 0)
+            if self.status is None:
+                self.status = os.waitpid(self.pid, 0)[1]
             self.pid = None
         try:
-            if status == 0:
+            if self.status == 0:
                 return pickle.loads(payload)
         except Exception:  # noqa: BLE001 - a broken transfer: redo the work here
             pass
-        return _scan(self.files)
+        return _scan(self.files[:self.claims.bounds()[0]])
 
     def close(self) -> None:
         """Stop and reap the child if its result was never collected."""
         if self.pid is not None:
             os.close(self._read_fd)
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            if self.status is None:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
             self.pid = None
 
     def __del__(self) -> None:
@@ -463,28 +523,62 @@ class Loading:
         if parallel is None:
             parallel = (len(self.files) >= PARALLEL_MIN_FILES and _usable_cpus() >= 2
                         and threading.active_count() == 1)  # forking beside threads is unsafe
-        self._worker = None
-        self._mine = self.files
+        self._claims = self._worker = None
         if parallel and hasattr(os, "fork") and len(self.files) > 1:
-            split = max(1, int(len(self.files) * (1 - _WORKER_SHARE)))
-            self._mine = self.files[:split]
-            self._worker = _Worker(self.files[split:])
+            self._claims = _Claims(len(self.files))
+            self._worker = _Worker(self.files, self._claims)
 
     def result(self) -> "pd.DataFrame":
-        files = self._mine
-        if self.progress:
-            import tqdm  # only for terminals: its import costs 0.1 s
-
-            files = tqdm.tqdm(files, ncols=80, leave=False)
-        columns = _scan(files)
-        if self._worker is not None:
-            columns.extend(self._worker.result())
+        if self._worker is None:
+            columns = _scan(self._with_progress(self.files))
+        else:
+            columns = self._result_with_worker()
         for message in columns.problems[:MAX_WARNINGS]:
             self.warn(message)
         if len(columns.problems) > MAX_WARNINGS:
             self.warn(f"{len(columns.problems) - MAX_WARNINGS} more problems not shown "
                       f"({len(columns.problems)} lines or files skipped in total)")
         return columns.frame()
+
+    def _result_with_worker(self) -> _Columns:
+        """Take chunks from the back until the worker and this process meet, then join the
+        worker's columns (the front) and ours, in listing order."""
+        bar = self._progress_bar()
+        mine: list[_Columns] = []  # from the back: reversed at the end
+        try:
+            while (chunk := self._claims.take(False, self._worker.alive)) is not None:
+                mine.append(_scan(self.files[chunk[0]:chunk[1]]))
+                if bar is not None:
+                    front, back = self._claims.bounds()
+                    bar.update(front + len(self.files) - back - bar.n)
+            columns = self._worker.result()
+        finally:
+            if bar is not None:
+                bar.close()
+            self._worker.close()
+            self._claims.close()
+        for part in reversed(mine):
+            columns.extend(part)
+        return columns
+
+    def _with_progress(self, files: list) -> Iterable:
+        bar = self._progress_bar()
+        if bar is None:
+            return files
+
+        def advancing():
+            with bar:
+                for item in files:
+                    yield item
+                    bar.update()
+        return advancing()
+
+    def _progress_bar(self):
+        if not self.progress:
+            return None
+        import tqdm  # only for terminals: its import costs 0.1 s
+
+        return tqdm.tqdm(total=len(self.files), ncols=80, leave=False)
 
 
 def _usable_cpus() -> int:

@@ -29,42 +29,59 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dg_plugins.engine.records import acc_matrix, leading_count
-from dg_plugins.engine.selection import IID, ORACLE, SelectionMethod, _best, _best_checkpoint
+from dg_plugins.engine.records import leading_count
+from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod, _best,
+                                         _best_checkpoint, group_records)
 
 #: The selection methods that apply to single-source runs (LOO needs several sources).
 METHODS = (IID, ORACLE)
 DESCRIPTION = "single source: trained on one environment, tested on the others"
 
 
-def single_source_runs(records: pd.DataFrame) -> pd.DataFrame:
+def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
     """The single-source records, with columns ``record`` (row position), ``trial_seed``,
-    ``dataset``, ``algorithm``, ``source``, ``hparams_seed``, ``step``, ``n_envs``."""
-    records = records.reset_index(drop=True)
-    n_envs = leading_count(~np.isnan(acc_matrix(records, "in")))
-    test_envs = records["args.test_envs"].tolist()
-    sources = []
-    for envs, n in zip(test_envs, n_envs.tolist()):
-        left = set(range(n)) - set(envs)
-        sources.append(left.pop() if n >= 3 and len(envs) == n - 1 and len(left) == 1 else -1)
-    frame = pd.DataFrame({
-        "record": np.arange(len(records)),
-        "trial_seed": records["args.trial_seed"].to_numpy(),
-        "dataset": records["args.dataset"].to_numpy(),
-        "algorithm": records["args.algorithm"].to_numpy(),
-        "source": np.asarray(sources, dtype=np.int64),
-        "hparams_seed": records["args.hparams_seed"].to_numpy(),
-        "step": records["step"].to_numpy(),
-        "n_envs": n_envs,
+    ``dataset``, ``algorithm``, ``source``, ``hparams_seed``, ``step``, ``n_envs``. Computed once
+    per :class:`GroupedRecords` (treat the result as read-only)."""
+    grouped = group_records(records)
+    if "single_source_runs" not in grouped.memo:
+        grouped.memo["single_source_runs"] = _single_source_runs(grouped)
+    return grouped.memo["single_source_runs"]
+
+
+def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    records = grouped.records
+    n_envs = leading_count(~np.isnan(grouped.accs("env{t}_in_acc")))
+    # The source of each distinct (test_envs, environment count) pair, spread to the records.
+    width = int(n_envs.max(initial=0)) + 1
+    pairs, pair_of_record = np.unique(grouped.test_envs_code * width + n_envs, return_inverse=True)
+    sources = np.array([_source(grouped.distinct_test_envs[pair // width], pair % width)
+                        for pair in pairs.tolist()], dtype=np.int64)[pair_of_record.ravel()]
+    keep = np.flatnonzero(sources >= 0)
+    return pd.DataFrame({
+        "record": keep,
+        "trial_seed": records["args.trial_seed"].to_numpy()[keep],
+        "dataset": records["args.dataset"].to_numpy()[keep],
+        "algorithm": records["args.algorithm"].to_numpy()[keep],
+        "source": sources[keep],
+        "hparams_seed": records["args.hparams_seed"].to_numpy()[keep],
+        "step": records["step"].to_numpy()[keep],
+        "n_envs": n_envs[keep],
     })
-    return frame[frame["source"] >= 0].reset_index(drop=True)
 
 
-def single_source_datasets(records: pd.DataFrame) -> list[str]:
+def _source(test_envs: tuple, n_envs: int) -> int:
+    """The one training environment of a single-source run, or -1 for another kind of run."""
+    left = set(range(n_envs)) - set(test_envs)
+    return left.pop() if n_envs >= 3 and len(test_envs) == n_envs - 1 and len(left) == 1 else -1
+
+
+def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
     """Datasets whose single-source records are reported by default (see the module docstring)."""
-    runs = single_source_runs(records)
-    singles = {d for d, envs in zip(records["args.dataset"], records["args.test_envs"])
-               if len(envs) == 1}
+    grouped = group_records(records)
+    runs = single_source_runs(grouped)
+    if runs.empty:
+        return []
+    singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
     out = []
     for dataset, rows in runs.groupby("dataset", sort=False):
         if rows["n_envs"].max() >= 4 or dataset not in singles:
@@ -72,20 +89,21 @@ def single_source_datasets(records: pd.DataFrame) -> list[str]:
     return out
 
 
-def select_single_source(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
+def select_single_source(records: pd.DataFrame | GroupedRecords,
+                         method: SelectionMethod) -> pd.DataFrame:
     """The chosen run per (trial_seed, dataset, algorithm, source): one row with ``hparams_seed``,
     ``step``, ``val_acc``, ``record`` and ``acc{i}`` per environment (the source's out-split
     accuracy, the targets' in-split accuracies)."""
     if method not in METHODS:
         raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
                          f"not {method.key!r}")
-    records = records.reset_index(drop=True)
-    runs = single_source_runs(records)
+    grouped = group_records(records)
+    runs = single_source_runs(grouped)
     if runs.empty:
         return runs.assign(val_acc=[], group=[])
     keys = ["trial_seed", "dataset", "algorithm", "source"]
-    runs["group"] = runs.groupby(keys, sort=False).ngroup()
-    in_acc, out_acc = acc_matrix(records, "in"), acc_matrix(records, "out")
+    runs = runs.assign(group=runs.groupby(keys, sort=False).ngroup())
+    in_acc, out_acc = grouped.accs("env{t}_in_acc"), grouped.accs("env{t}_out_acc")
     rows, source = runs["record"].to_numpy(), runs["source"].to_numpy()
     width = in_acc.shape[1]
     target_mask = (np.arange(width)[None, :] != source[:, None]) & (
@@ -112,19 +130,22 @@ def select_single_source(records: pd.DataFrame, method: SelectionMethod) -> pd.D
     return chosen
 
 
-def single_source_tables(records: pd.DataFrame, method: SelectionMethod,
+def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
                          datasets: list[str] | None = None) -> list:
     """One :class:`dg_plugins.engine.tables.Table` per (dataset, source environment), for
     ``datasets`` (default: every dataset with single-source runs)."""
     from dg_plugins.engine import tables
 
-    chosen = select_single_source(records, method)
+    if datasets is not None and not datasets:
+        return []
+    grouped = group_records(records)
+    chosen = select_single_source(grouped, method)
     if datasets is None:
         datasets = sorted(set(chosen["dataset"]), key=str)
-    algorithms = tables.algorithm_order(records)
+    algorithms = tables.algorithm_order(grouped)
     out = []
-    for dataset in [d for d in tables.dataset_order(records) if d in datasets]:
-        labels = tables.environment_labels(records, dataset)
+    for dataset in [d for d in tables.dataset_order(grouped) if d in datasets]:
+        labels = tables.environment_labels(grouped.records, dataset)
         of_dataset = chosen[chosen["dataset"] == dataset]
         for source in sorted(set(of_dataset["source"].tolist())):
             at_source = of_dataset[of_dataset["source"] == source]

@@ -127,17 +127,17 @@ def _avg_cell(cells: list[Cell]) -> Cell:
     return Cell(sum(means) / len(means))
 
 
-def algorithm_order(records: pd.DataFrame) -> list[str]:
+def algorithm_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
     """Table rows: known algorithms in catalog order, then unknown ones by first appearance."""
-    present = list(pd.unique(records["args.algorithm"]))
+    present = group_records(records).algorithms
     known, seen = set(catalog.ALGORITHM_ORDER), set(present)
     return [a for a in catalog.ALGORITHM_ORDER if a in seen] + [
         a for a in present if a not in known]
 
 
-def dataset_order(records: pd.DataFrame) -> list[str]:
+def dataset_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
     """Table order: catalog datasets in catalog order, then unknown ones alphabetically."""
-    present = set(pd.unique(records["args.dataset"]))
+    present = set(group_records(records).datasets)
     known = [d for d in catalog.DATASET_ENVIRONMENTS if d in present]
     return known + sorted(present - set(known), key=str)
 
@@ -164,7 +164,7 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     grouped = group_records(records)
     frame = grouped.records
     chosen = sweep_accs(grouped, method, test_key)
-    algorithms, datasets = algorithm_order(frame), dataset_order(frame)
+    algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     # Accuracies per cell, in group order (first appearance), as DomainBed lists them.
     per_cell = {key: list(values) for key, values in
                 chosen.groupby(["dataset", "algorithm", "test_env"], sort=False)["test_acc"]}
@@ -213,7 +213,7 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
     val_acc, test_acc, job, output_dir, hparams`` (hparams as sorted-key JSON), in table order."""
     grouped = group_records(records)
     frame = grouped.records
-    algorithms, datasets = algorithm_order(frame), dataset_order(frame)
+    algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     labels = {d: environment_labels(frame, d) for d in datasets}
     parts = []
     for method in methods:
@@ -321,10 +321,9 @@ def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
             report.sections.append((method, key, f"{label}: {description}",
                                     results_tables(grouped, method, key)))
     if single_source != "off":
-        datasets = (sdg.single_source_datasets(grouped.records) if single_source == "auto"
-                    else None)
+        datasets = sdg.single_source_datasets(grouped) if single_source == "auto" else None
         for method in [m for m in methods if m in sdg.METHODS]:
-            tables = sdg.single_source_tables(grouped.records, method, datasets)
+            tables = sdg.single_source_tables(grouped, method, datasets)
             if tables:
                 report.sections.append((method, "single_source", sdg.DESCRIPTION, tables))
     if hparams_table:

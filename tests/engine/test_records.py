@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -43,27 +44,31 @@ def test_fixture_columns_and_values(sweep):
     assert row["env2_out_acc"] == record["env2_out_acc"]
 
 
-def test_parser_matches_json_loads():
+@pytest.mark.parametrize("use_orjson", [True, False], ids=["orjson", "json"])
+def test_parse_line_matches_json_loads(use_orjson, monkeypatch):
+    if not use_orjson:
+        monkeypatch.setattr(R, "_orjson", None)
+    elif R._orjson is None:
+        pytest.skip("orjson is not importable")
     args = {"algorithm": "ERM", "hparams": '{"lr": 1}', "test_envs": [0], "trial_seed": 0}
     base = json.dumps({"args": args, "env0_in_acc": 0.5, "step": 1}, sort_keys=True)
     lines = [
         base,
-        base,  # reuses the decoded args
-        json.dumps({"args": dict(args, trial_seed=1), "step": 2}),  # other args
+        json.dumps({"args": dict(args, trial_seed=1), "step": 2}),
         base[:-1] + ', "args": {"x": 1}}',  # a repeated key: the last one wins, as in json
-        '{"acc": 1, "args": {"a": 1}, "step": 0}',  # args not first
         '  {"args": {"a": 1}, "step": 0}  ',  # surrounding whitespace
-        '{"args": {"a": 1}}',
-        '{"args": [1, 2], "step": 3}',
+        '{"args": {"a": 1}, "env0_in_acc": NaN, "step": 0}',  # NaN: orjson rejects, json reads
+        '{"args": {"a": 1}, "env0_in_acc": Infinity, "step": 0}',
+        '{"s": "\\ud800"}',  # a lone surrogate
         "[1, 2]",
         '"text"',
     ]
-    parser = R._LineParser()
     for line in lines:
-        assert parser.parse(line) == json.loads(line)
+        value, expected = R.parse_line(line), json.loads(line)
+        assert json.dumps(value) == json.dumps(expected)  # NaN != NaN, so compare the texts
     for bad in [base[:-1], base + "x", base + " {}", '{"args": {"a": 1}, "step"', ""]:
         with pytest.raises(ValueError):
-            parser.parse(bad)
+            R.parse_line(bad)
 
 
 def test_records_of_one_job_share_args(sweep):
@@ -173,6 +178,55 @@ def test_no_torch_or_pandas_at_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_claims_from_both_ends_are_disjoint_and_cover_every_file(monkeypatch):
+    monkeypatch.setattr(R._Claims, "CHUNK", 3)
+    claims = R._Claims(20)
+    taken, from_front = [], True
+    while (chunk := claims.take(from_front, lambda: True)) is not None:
+        taken.append(chunk)
+        from_front = not from_front
+    claims.close()
+    assert taken[:4] == [(0, 3), (17, 20), (3, 6), (14, 17)]
+    covered = sorted(i for start, end in taken for i in range(start, end))
+    assert covered == list(range(20))
+
+
+def test_a_side_that_died_holding_the_claims_lock_does_not_block_the_other():
+    claims = R._Claims(10)
+    os.read(claims._lock_read, 1)  # the lock is held by a side that is gone
+    assert claims.take(False, lambda: False) == (0, 10)
+    claims.close()
+
+
+@pytest.mark.parametrize("chunk", [1, 64])
+def test_worker_and_parent_share_the_files_and_give_the_serial_frame(sweep, chunk,
+                                                                      monkeypatch):
+    monkeypatch.setattr(R._Claims, "CHUNK", chunk)
+    expected = R.load_records(str(sweep), parallel=False)
+    loading = R.start_loading(str(sweep), parallel=True)
+    frame = loading.result()
+    assert frame.equals(expected)
+
+
+def test_files_claimed_by_a_worker_that_dies_are_read_by_this_process(sweep, monkeypatch):
+    monkeypatch.setattr(R._Claims, "CHUNK", 2)
+    expected = R.load_records(str(sweep), parallel=False)
+    parent, scan = os.getpid(), R._scan
+
+    def scan_then_die_in_the_worker(files, columns=None):
+        out = scan(files, columns)
+        if os.getpid() != parent:
+            os._exit(3)  # the worker dies after its first chunk, its result never sent
+        return out
+
+    monkeypatch.setattr(R, "_scan", scan_then_die_in_the_worker)
+    loading = R.start_loading(str(sweep), parallel=True)
+    while loading._worker.alive():
+        time.sleep(0.01)
+    assert loading._claims.bounds()[0] == 2  # it had claimed the first two files
+    assert loading.result().equals(expected)
+
+
 def test_an_uncollected_worker_is_reaped(sweep):
     import gc
 
@@ -185,20 +239,15 @@ def test_an_uncollected_worker_is_reaped(sweep):
         os.waitpid(pid, os.WNOHANG)
 
 
-def test_optional_orjson_path_gives_the_same_frame(sweep, monkeypatch):
-    """With orjson installed lines go through it; lines it rejects (NaN) fall back to json.
-    A stand-in with orjson's behaviour checks the wiring without installing orjson."""
-    class FakeOrjson:
-        @staticmethod
-        def loads(line):
-            if "NaN" in line:
-                raise ValueError("orjson rejects NaN")
-            return json.loads(line)
-
+def test_orjson_and_json_give_the_same_frame(sweep, monkeypatch):
+    """Lines go through orjson; lines it rejects (NaN) fall back to json; without orjson, json
+    reads everything: the frames are equal."""
+    if R._orjson is None:
+        pytest.skip("orjson is not importable")
     path = job_dirs(sweep)[0] / "results.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:-1] + [lines[-1].replace('"loss": ', '"loss": NaN, "x": ')])
                     + "\n")
-    expected = R.load_records(str(sweep), parallel=False)
-    monkeypatch.setattr(R, "_orjson", FakeOrjson)
-    assert R.load_records(str(sweep), parallel=False).equals(expected)
+    with_orjson = R.load_records(str(sweep), parallel=False)
+    monkeypatch.setattr(R, "_orjson", None)
+    assert R.load_records(str(sweep), parallel=False).equals(with_orjson)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dg_plugins.engine import train
+from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
 
 TINY = '{"batch_size": 8}'
@@ -112,10 +113,18 @@ def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):
     assert not (out / "done").exists()
 
 
-def test_nan_loss_stops_without_done(tmp_path):
-    import nan_algorithm  # noqa: F401  (registers NaNAfterTwoSteps)
+@pytest.fixture
+def nan_algorithm():
+    """``NaNAfterTwoSteps`` registered for one test only (other tests list the registry)."""
+    from nan_algorithm import NaNAfterTwoSteps
 
-    args = args_for(tmp_path, "--algorithm", "NaNAfterTwoSteps", "--steps", "5")
+    ALGORITHMS.register("NaNAfterTwoSteps", NaNAfterTwoSteps)
+    yield "NaNAfterTwoSteps"
+    ALGORITHMS.unregister("NaNAfterTwoSteps")
+
+
+def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
+    args = args_for(tmp_path, "--algorithm", nan_algorithm, "--steps", "5")
     with pytest.raises(train.NonFiniteLossError, match="loss=nan at step 2"):
         train.run(args)
     assert not (tmp_path / "done").exists()
