@@ -59,9 +59,8 @@ class GroupedRecords:
     ``groups``: ``trial_seed, dataset, algorithm, test_env`` per group id. ``algorithms`` and
     ``datasets``: the distinct values of those args in first-appearance order.
 
-    Grouping works on integer codes (one ``pd.factorize`` per key column, then of the combined
-    code): the same ids as ``groupby(keys, sort=False, dropna=False).ngroup()``, several times
-    faster on string columns.
+    Grouping works on integer codes (:func:`group_ids`), several times faster than pandas'
+    groupby on string columns.
     """
 
     def __init__(self, records: pd.DataFrame) -> None:
@@ -79,9 +78,7 @@ class GroupedRecords:
             codes[name], uniques[name] = pd.factorize(values, use_na_sentinel=False)
         self.algorithms: list = list(uniques["algorithm"])
         self.datasets: list = list(uniques["dataset"])
-        group = np.zeros(len(record), dtype=np.int64)
-        for code in (*(codes[name][record] for name in key_values), pd.factorize(test_env)[0]):
-            group = pd.factorize(group * (int(code.max(initial=0)) + 1) + code)[0]
+        group = group_ids(*(codes[name][record] for name in key_values), test_env)
         firsts = np.unique(group, return_index=True)[1]
         self.groups = pd.DataFrame({
             **{name: values[record[firsts]] for name, values in key_values.items()},
@@ -110,6 +107,17 @@ class GroupedRecords:
     def single(self) -> pd.DataFrame:
         """Memberships of single-test-env records (the only ones IID and oracle look at)."""
         return self.members[self.members["n_test_envs"] == 1]
+
+
+def group_ids(*keys: np.ndarray) -> np.ndarray:
+    """Per row, the id of its combination of ``keys`` values, numbered by first appearance: the
+    same ids as ``groupby(keys, sort=False, dropna=False).ngroup()``, from one ``pd.factorize``
+    per key and per combination step (the combined code stays below rows**2)."""
+    ids = np.zeros(len(keys[0]) if keys else 0, dtype=np.int64)
+    for key in keys:
+        code = pd.factorize(key, use_na_sentinel=False)[0]
+        ids = pd.factorize(ids * (int(code.max(initial=-1)) + 1) + code)[0]
+    return ids
 
 
 def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,15 +223,15 @@ def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
 
 def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
     members = grouped.members
-    step_id = members.groupby(["group", "hparams_seed", "step"], sort=False, dropna=False).ngroup()
-    per_step = members.groupby(step_id.to_numpy(), sort=False)
-    # DomainBed reads the environment count from the first record of the step ...
-    first = per_step["record"].transform("min").to_numpy()
+    step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
+    # DomainBed reads the environment count from the first record of the step (members are in
+    # record order, so a step's first member has its smallest record) ...
+    first = members["record"].to_numpy()[np.unique(step_id, return_index=True)[1]][step_id]
     n_envs_of_record = leading_count(~np.isnan(grouped.accs("env{t}_out_acc")))
     # ... and needs exactly one single-test-env record at the step.
-    singles = (members["n_test_envs"] == 1).groupby(step_id.to_numpy()).transform("sum")
-    members = members.assign(_step=step_id.to_numpy(), _n_envs=n_envs_of_record[first],
-                             _singles=singles.to_numpy())
+    is_single = members["n_test_envs"].to_numpy() == 1
+    singles = np.bincount(step_id, weights=is_single, minlength=1)[step_id]
+    members = members.assign(_step=step_id, _n_envs=n_envs_of_record[first], _singles=singles)
     single = members[(members["n_test_envs"] == 1) & (members["_singles"] == 1)]
 
     # Validation accuracies: the pair run [t, j] gives env{j}_in_acc (the last such record wins);

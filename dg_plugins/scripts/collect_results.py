@@ -32,9 +32,10 @@ Exit status: 0 on success; 1 when the folder holds no record (a message on stder
 written; DomainBed would print ``Total records: 0`` and empty tables); 2 for a bad argument,
 including an ``--input_dir`` that does not exist.
 
-No torch import: on a sweep of 10,000 jobs (50,000 records) this takes about 2.5 s of CPU where
-DomainBed's collect_results takes about 12 s, 8 of them importing torch and wilds (measured on a
-2-CPU machine with ``python -m dg_plugins.scripts.benchmark_collect``).
+No torch import, orjson parsing, two processes reading: on a sweep of 10,000 jobs (50,000
+records) this takes about 1.0-1.1 s wall (1.5 s of CPU) where DomainBed's collect_results takes
+12-14 s, most of it importing torch and wilds: about 12x (measured on a 2-CPU machine with
+``python -m dg_plugins.scripts.benchmark_collect``; see ``results/benchmarks.md``).
 """
 
 from __future__ import annotations

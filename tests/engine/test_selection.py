@@ -5,6 +5,7 @@ import random
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dg_plugins.engine.records import records_frame
@@ -222,3 +223,19 @@ def test_same_choices_as_domainbed_on_random_sweeps(domainbed_selection):
                     (float(r.val_acc).hex(), float(r.test_acc).hex(), r.hparams_seed)
                     for r in select(grouped, METHODS[key]).itertuples()}
             assert ours == expected, (seed, key)
+
+
+def test_group_ids_equal_pandas_ngroup_in_first_appearance_order():
+    from dg_plugins.engine.selection import group_ids
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({
+        "name": rng.choice(["VLCS", "PACS", "D"], 300).astype(object),
+        "seed": rng.integers(-2, 3, 300),
+        "step": rng.choice([0.0, 300.0, np.nan], 300),
+        "big": rng.integers(0, 2**40, 300) * rng.integers(0, 2, 300),
+    })
+    keys = ["name", "seed", "step", "big"]
+    expected = frame.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    assert (group_ids(*(frame[k].to_numpy() for k in keys)) == expected).all()
+    assert group_ids(np.array([5, 5, 2, 5, 2])).tolist() == [0, 0, 1, 0, 1]
