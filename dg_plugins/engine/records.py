@@ -430,9 +430,16 @@ class _Claims:
                 return False
 
     def close(self) -> None:
-        for fd in (self._lock_read, self._lock_write):
-            os.close(fd)
-        self._bounds.close()
+        if not self._bounds.closed:
+            for fd in (self._lock_read, self._lock_write):
+                os.close(fd)
+            self._bounds.close()
+
+    def __del__(self) -> None:  # a Loading dropped without its result
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class _Worker:
