@@ -632,22 +632,28 @@ def records_frame(records: Iterable[dict]) -> "pd.DataFrame":
 # Queries used by selection and tables
 
 
-def acc_columns(records: pd.DataFrame, split: str) -> list[str]:
-    """Column names ``env{i}_{split}_acc`` for i = 0..W-1 where W is one more than the largest
-    environment index of any accuracy column; some may be absent from ``records``."""
+def acc_width(records: pd.DataFrame) -> int:
+    """One more than the largest environment index of any accuracy column (0 if none)."""
     width = 0
     for column in records.columns:
         match = ACC_KEY.fullmatch(column)
         if match:
             width = max(width, int(match.group(1)) + 1)
-    return [f"env{i}_{split}_acc" for i in range(width)]
+    return width
 
 
-def acc_matrix(records: pd.DataFrame, split: str) -> np.ndarray:
-    """``records[env{i}_{split}_acc]`` for every i as a float array (NaN where absent)."""
+def acc_columns(records: pd.DataFrame, split: str) -> list[str]:
+    """Column names ``env{i}_{split}_acc`` for i = 0..W-1 (W: :func:`acc_width`); some may be
+    absent from ``records``."""
+    return [f"env{i}_{split}_acc" for i in range(acc_width(records))]
+
+
+def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
+    """``records[key.format(t=i)]`` for i = 0..W-1 (W: :func:`acc_width`) as a (records x W)
+    float array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
     import numpy as np
 
-    columns = acc_columns(records, split)
+    columns = [key.format(t=i) for i in range(acc_width(records))]
     return records.reindex(columns=columns).to_numpy(dtype=float, na_value=np.nan)
 
 
@@ -668,4 +674,4 @@ def environment_count(records: pd.DataFrame) -> int:
 
     if not len(records):
         return 0
-    return int(leading_count(~np.isnan(acc_matrix(records, "in"))).max())
+    return int(leading_count(~np.isnan(acc_matrix(records, "env{t}_in_acc"))).max())

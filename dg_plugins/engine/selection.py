@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from dg_plugins.engine.records import acc_columns, leading_count
+from dg_plugins.engine.records import acc_matrix, leading_count
 
 #: Default test key template: the in split of the test environment (spec 9.4).
 TEST_KEY = "env{t}_in_acc"
@@ -92,16 +92,13 @@ class GroupedRecords:
             "group": group,
         })
         self._matrices: dict[str, np.ndarray] = {}
-        self._width = len(acc_columns(self.records, "in"))
         self.memo: dict[str, object] = {}  # derived values other modules compute once per sweep
 
     def accs(self, key: str) -> np.ndarray:
         """``records[key.format(t=i)]`` for every environment i as a (records x envs) float array,
         NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
         if key not in self._matrices:
-            columns = [key.format(t=i) for i in range(self._width)]
-            self._matrices[key] = self.records.reindex(columns=columns).to_numpy(
-                dtype=float, na_value=np.nan)
+            self._matrices[key] = acc_matrix(self.records, key)
         return self._matrices[key]
 
     def single(self) -> pd.DataFrame:

@@ -31,7 +31,7 @@ import pandas as pd
 
 from dg_plugins.engine.records import leading_count
 from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod, _best,
-                                         _best_checkpoint, group_records)
+                                         _best_checkpoint, group_ids, group_records)
 
 #: The selection methods that apply to single-source runs (LOO needs several sources).
 METHODS = (IID, ORACLE)
@@ -102,7 +102,7 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
     if runs.empty:
         return runs.assign(val_acc=[], group=[])
     keys = ["trial_seed", "dataset", "algorithm", "source"]
-    runs = runs.assign(group=runs.groupby(keys, sort=False).ngroup())
+    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in keys)))
     in_acc, out_acc = grouped.accs("env{t}_in_acc"), grouped.accs("env{t}_out_acc")
     rows, source = runs["record"].to_numpy(), runs["source"].to_numpy()
     width = in_acc.shape[1]
