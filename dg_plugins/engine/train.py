@@ -30,6 +30,7 @@ from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import data
 from dg_plugins.engine.outputs import Tee, atomic_torch_save, atomic_write_bytes, format_row
 from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_hash
 
 #: The keys of ``args`` in records: DomainBed's train CLI, exactly (spec 7.5).
@@ -84,12 +85,6 @@ def check_test_envs(args, environments) -> None:
     if len(set(args.test_envs)) >= n_envs:
         raise ValueError(f"--test_envs {args.test_envs} leaves no training environment in "
                          f"{args.dataset} ({n_envs} environments)")
-
-
-def pick_device(name: str | None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def seed_everything(seed: int) -> None:

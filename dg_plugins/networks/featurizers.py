@@ -64,7 +64,7 @@ class ResNet(nn.Module):
         local_path = hparams.get("pretrained_path")
         download = use_pretrained and not local_path
         if hparams["resnet50_augmix"]:
-            self.network = _timm_model(TIMM_AUGMIX_RESNET, download)
+            self.network = weights.timm_model(TIMM_AUGMIX_RESNET, download)
             self.n_outputs = 2048
         else:
             arch = "resnet18" if hparams["resnet18"] else "resnet50"
@@ -106,17 +106,6 @@ def _torchvision_resnet(arch: str, download: bool):
     return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 
-def _timm_model(name: str, download: bool, **kwargs):
-    from dg_plugins import compat  # noqa: F401  (before timm)
-    import timm
-
-    if download:
-        cfg = timm.models.get_pretrained_cfg(name.split(".")[0] if "." not in name else name)
-        repo = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
-        weights.check_hub_available(repo or name, f"timm {name}")
-    return timm.create_model(name, pretrained=download, **kwargs)
-
-
 class ViT(nn.Module):
     """A timm Vision Transformer featurizer (dg_plugins addition; DomainBed only has DINOv2 via
     torch.hub). ``vit_arch`` names the timm model; with ``dinov2`` the model is timm's DINOv2
@@ -133,7 +122,7 @@ class ViT(nn.Module):
         download = use_pretrained and not local_path
         self.dinov2 = bool(hparams["dinov2"])
         arch = "vit_base_patch14_dinov2.lvd142m" if self.dinov2 else hparams["vit_arch"]
-        self.network = _timm_model(arch, download, num_classes=0, img_size=input_shape[1])
+        self.network = weights.timm_model(arch, download, num_classes=0, img_size=input_shape[1])
         if use_pretrained and local_path:
             weights.load_local_weights(self.network, local_path)
         width = self.network.num_features

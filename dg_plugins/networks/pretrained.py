@@ -88,3 +88,16 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
     if missing or unexpected:
         raise ValueError(f"checkpoint {path!r} does not fit the backbone: missing keys "
                          f"{missing[:5]}, unexpected keys {list(unexpected)[:5]}")
+
+
+def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
+    """``timm.create_model(name, pretrained=download, **kwargs)``, failing fast (with the fixes in
+    the message) when the weights are neither cached nor downloadable."""
+    from dg_plugins import compat  # noqa: F401  (before timm)
+    import timm
+
+    if download:
+        cfg = timm.models.get_pretrained_cfg(name)
+        repo = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+        check_hub_available(repo or name, f"timm {name}")
+    return timm.create_model(name, pretrained=download, **kwargs)

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -157,12 +156,12 @@ TRAIN_JOB = ["--dataset", "Debug28", "--algorithm", "ERM", "--steps", "9",
 
 
 def _timed(cmd, env) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
+    from dg_plugins.runtime import timed_command
+
+    wall, _, proc = timed_command(cmd, env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
-    return time.perf_counter() - start
+    return wall
 
 
 def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:

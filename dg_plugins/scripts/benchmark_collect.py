@@ -29,10 +29,8 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ import time
 import numpy as np
 
 from dg_plugins import catalog
+from dg_plugins.runtime import timed_command
 
 #: Algorithm names the replicas cycle through: DomainBed's (shuffled against its table order, so
 #: that ordering is exercised) and one name DomainBed does not know.
@@ -139,18 +138,6 @@ def folder_size(path: str) -> int:
                for root, _, names in os.walk(path) for name in names)
 
 
-def timed(command: list[str], env: dict | None = None):
-    """Run ``command``; returns (wall seconds, CPU seconds of it and its children, result)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env,
-                            cwd=tempfile.gettempdir())
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,12 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                                                        ["--input_dir", out_dir], args.domainbed)
         ours_runs, theirs_runs = [], []
         for _ in range(args.repeats):  # alternate, so both see the same machine state
-            ours_runs.append(timed(ours_cmd))
+            ours_runs.append(timed_command(ours_cmd))
             if ours_runs[-1][2].returncode != 0:
                 print(ours_runs[-1][2].stderr, file=sys.stderr)
                 raise SystemExit("dg_plugins collect_results failed")
             if args.domainbed:
-                theirs_runs.append(timed(theirs_cmd, env))
+                theirs_runs.append(timed_command(theirs_cmd, env))
                 if theirs_runs[-1][2].returncode != 0:
                     print(theirs_runs[-1][2].stderr[-3000:], file=sys.stderr)
                     raise SystemExit("DomainBed collect_results failed")

@@ -1,0 +1,48 @@
+"""Run-time helpers shared by train, the benchmarks and the scoring scripts: the torch device to
+use, and wall/CPU timing of a child process. No torch import at module import."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import tempfile
+import time
+
+
+def pick_device(name: str | None = None):
+    """``torch.device(name)``, or cuda when available and cpu otherwise. A cuda device asked for on
+    a machine without one raises with the fix, instead of failing at the first tensor move."""
+    import torch
+
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r} is not a torch device ({err}); use cpu, cuda or "
+                         "cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r} asked for CUDA but no CUDA device is available; "
+                         "use --device cpu (or leave --device out to pick automatically)")
+    return device
+
+
+def synchronize(device) -> None:
+    """Wait for queued kernels on ``device`` (a no-op on CPU), before reading a timer."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_command(command: list[str], env: dict | None = None, cwd: str | None = None):
+    """Run ``command`` to completion; returns ``(wall seconds, CPU seconds of the child and its
+    children, CompletedProcess)`` with stdout and stderr captured as text."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env,
+                            cwd=cwd or tempfile.gettempdir())
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, result
