@@ -48,12 +48,15 @@ from typing import Callable, Iterable
 
 from dg_plugins import catalog
 from dg_plugins import hparams as dg_hparams
+from dg_plugins.engine import plugins as plugins_lib
 from dg_plugins.registry import ALGORITHMS, DATASETS, LAUNCHERS
 
 #: Environment variable naming the root of a DomainBed checkout (the folder holding domainbed/).
 DOMAINBED_ROOT_ENV = "DOMAINBED_ROOT"
 #: Environment variable: comma-separated modules to import before installing (user plugins).
-PLUGINS_ENV = "DG_PLUGINS_IMPORT"
+PLUGINS_ENV = plugins_lib.PLUGINS_ENV
+plugin_modules_from_env = plugins_lib.modules_from_env
+add_plugin_modules = plugins_lib.add_modules
 #: The module run by ``python -m`` for every rewritten job.
 ENTRY_MODULE = "dg_plugins.scripts.domainbed"
 #: DomainBed dataset whose hparams rules our small-image datasets borrow (it is in DomainBed's
@@ -187,39 +190,13 @@ def domainbed_modules() -> dict[str, ModuleType]:
 # Plugin modules
 
 
-def plugin_modules_from_env() -> list[str]:
-    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-
-
-def add_plugin_modules(modules: Iterable[str]) -> list[str]:
-    """Add modules to ``$DG_PLUGINS_IMPORT`` (so that child processes import them too)."""
-    merged = plugin_modules_from_env()
-    merged += [m for m in modules if m and m not in merged]
-    if merged:
-        os.environ[PLUGINS_ENV] = ",".join(merged)
-    return merged
-
-
 def import_plugins(modules: Iterable[str] = ()) -> list[str]:
     """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and those named in
-    ``$DG_PLUGINS_IMPORT`` (modules that register more algorithms/datasets through
-    :mod:`dg_plugins.registry`). Returns the extra modules imported."""
-    import dg_plugins.algorithms  # noqa: F401  (each import registers)
-    import dg_plugins.datasets  # noqa: F401
-    import dg_plugins.engine.launchers  # noqa: F401
+    ``$DG_PLUGINS_IMPORT`` (see :func:`dg_plugins.engine.plugins.load`). Returns the extra
+    modules imported."""
+    import dg_plugins.engine.launchers  # noqa: F401  (registers the launchers)
 
-    names = list(dict.fromkeys([*modules, *plugin_modules_from_env()]))
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name != name and not name.startswith(f"{err.name}."):
-                raise  # the plugin exists but one of its own imports failed
-            raise ImportError(
-                f"plugin module {name!r} (from --import or ${PLUGINS_ENV}) cannot be imported: "
-                f"{err}. It must be importable by name, e.g. its folder on PYTHONPATH."
-            ) from err
-    return names
+    return plugins_lib.load(modules)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,12 +1,19 @@
-"""Names and environment labels of DomainBed's algorithms and datasets, without importing torch.
+"""Names and environment labels of DomainBed's and dg_plugins' algorithms and datasets, without
+importing torch.
 
-collect_results orders table rows and columns by these lists (protocol spec 2.5, 5.1, 9.5) and must
-stay fast, so it cannot import the dataset classes. dg_plugins' own datasets and algorithms append
-their names here when they are declared (:func:`declare_dataset`, :func:`declare_algorithm`); their
-torch classes register separately in :mod:`dg_plugins.registry`.
+collect_results orders table rows and columns by these lists (DomainBed orders them by
+``algorithms.ALGORITHMS`` and ``datasets.DATASETS``) and sweeps validate names with them; both must
+stay fast, so neither imports the torch classes. dg_plugins' built-in algorithm names are *derived*
+from the source of ``dg_plugins/algorithms/`` (:func:`builtin_algorithms`: every class decorated
+with ``@register_algorithm``), so adding a method file is the only edit; a test checks the result
+against the registry. Datasets and algorithms registered at run time also append themselves here
+(:func:`declare_dataset`, :func:`declare_algorithm`).
 """
 
 from __future__ import annotations
+
+import os
+import re
 
 #: DomainBed's ``algorithms.ALGORITHMS`` (b93c22a), in its order.
 DOMAINBED_ALGORITHMS = [
@@ -40,14 +47,45 @@ DOMAINBED_DATASETS: dict[str, list[str]] = {
     "SpawriousM2M_hard": _SPAWRIOUS_ENVS,
 }
 
-#: dg_plugins' built-in algorithms (registered by importing dg_plugins.algorithms), listed here so
-#: that sweeps validate names without importing torch; tests check it matches the registry.
-BUILTIN_ALGORITHMS = ["ERM"]
+ALGORITHMS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "algorithms")
+#: The module imported first (the template and every table's baseline); the rest in name order.
+FIRST_ALGORITHM_MODULE = "erm"
+_REGISTRATION = re.compile(
+    r"^@register_algorithm\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
+    r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
 
-#: Every algorithm name in table order: DomainBed's, then dg_plugins' own as declared.
-ALGORITHM_ORDER: list[str] = list(DOMAINBED_ALGORITHMS)
+
+def algorithm_modules() -> list[str]:
+    """The modules of ``dg_plugins.algorithms`` that may define algorithms, in import order:
+    ``erm`` first, then every other module (``base`` and private ``_*`` excluded) by name."""
+    names = sorted(f[:-3] for f in os.listdir(ALGORITHMS_PACKAGE)
+                   if f.endswith(".py") and not f.startswith("_") and f != "base.py")
+    if FIRST_ALGORITHM_MODULE in names:
+        names.remove(FIRST_ALGORITHM_MODULE)
+        names.insert(0, FIRST_ALGORITHM_MODULE)
+    return names
+
+
+def builtin_algorithms() -> list[str]:
+    """Names registered by ``@register_algorithm`` in dg_plugins' algorithm modules, in registry
+    order, found by reading their source (no import, no torch)."""
+    found = []
+    for module in algorithm_modules():
+        with open(os.path.join(ALGORITHMS_PACKAGE, module + ".py"), encoding="utf-8") as f:
+            source = f.read()
+        found += [name or cls for name, cls in _REGISTRATION.findall(source)]
+    return found
+
+
+#: dg_plugins' built-in algorithms (see :func:`builtin_algorithms`).
+BUILTIN_ALGORITHMS = builtin_algorithms()
+
+#: Every algorithm name in table order: DomainBed's, then dg_plugins' own, then those declared.
+ALGORITHM_ORDER: list[str] = list(dict.fromkeys(DOMAINBED_ALGORITHMS + BUILTIN_ALGORITHMS))
 #: Every dataset in table order with its environment labels: DomainBed's, then dg_plugins'.
 DATASET_ENVIRONMENTS: dict[str, list[str]] = dict(DOMAINBED_DATASETS)
+#: A dataset's default ``backbone`` hparam when it is not "auto" (e.g. LeNet for 32x32 digits).
+DATASET_BACKBONES: dict[str, str] = {}
 
 
 def declare_algorithm(name: str) -> None:
@@ -55,13 +93,15 @@ def declare_algorithm(name: str) -> None:
         ALGORITHM_ORDER.append(name)
 
 
-def declare_dataset(name: str, environments: list[str]) -> None:
+def declare_dataset(name: str, environments: list[str], backbone: str | None = None) -> None:
     known = DATASET_ENVIRONMENTS.get(name)
     if known is not None and list(known) != list(environments):
         raise ValueError(
             f"dataset {name!r} is declared with environments {known}, not {list(environments)}"
         )
     DATASET_ENVIRONMENTS[name] = list(environments)
+    if backbone is not None:
+        DATASET_BACKBONES[name] = backbone
 
 
 # dg_plugins' built-in offline benchmark, declared here so that collect_results labels its columns

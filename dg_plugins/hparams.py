@@ -1,10 +1,16 @@
-"""Hyperparameter spaces, seeded per name exactly as DomainBed seeds them (protocol spec 4).
+"""Hyperparameter spaces, seeded per name exactly as DomainBed seeds them
+(``domainbed/hparams_registry.py``), and validation of user overrides.
 
-A space maps each hparam name to ``(default, random_fn)``; ``random_fn`` takes a
-``numpy.random.RandomState`` seeded with ``seed_hash(random_seed, name)``, so a name's random draw
-depends only on the seed and the name, never on which other hparams exist. The base space (every
-algorithm, every dataset) reproduces DomainBed's base hparams and draws; each algorithm declares its
-own space beside its class with :func:`algorithm_hparams`. Values are cast to JSON-native Python
+A space maps each hparam name to ``(default, random_fn)`` or ``(default, random_fn, check)``.
+``random_fn`` takes a ``numpy.random.RandomState`` seeded with ``seed_hash(random_seed, name)``, so
+a name's random draw depends only on the seed and the name, never on which other hparams exist.
+``check`` (optional) is a callable returning ``None`` for a valid value or a short description of
+what is wrong; the value's type is always checked against the default's (see :func:`validate`).
+
+The base space (every algorithm, every dataset) reproduces DomainBed's base hparams and draws; each
+algorithm declares its own space as a ``hparam_space(dataset)`` static method on its class, attached
+when the class is registered (``dg_plugins.algorithms.register_algorithm``); plugins that register
+classes some other way can use :func:`algorithm_hparams`. Values are cast to JSON-native Python
 types (DomainBed leaks ``numpy.int64`` from ``choice``; the values are identical).
 
 No torch import here: sweeps and collect_results use this module without the deep-learning stack.
@@ -12,15 +18,18 @@ No torch import here: sweeps and collect_results use this module without the dee
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any, Callable
 
 import numpy as np
 
+from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
 
 RandomFn = Callable[[np.random.RandomState], Any]
-Space = dict[str, tuple[Any, RandomFn]]
+Check = Callable[[Any], "str | None"]
+Space = dict[str, tuple]
 
 #: Datasets that get DomainBed's small-image lr/batch/weight-decay rules (28x28 inputs).
 SMALL_IMAGE_DATASETS = {"Debug28", "RotatedMNIST", "ColoredMNIST", "RotatedMNIST5k"}
@@ -28,7 +37,14 @@ SMALL_IMAGE_DATASETS = {"Debug28", "RotatedMNIST", "ColoredMNIST", "RotatedMNIST
 #: Datasets whose 28x28 CNN is narrowed for CPUs (``mnist_cnn_width`` 32 instead of 128).
 COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
 
+#: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
+BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
+
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
+
+
+class HparamError(ValueError):
+    """An hparam override with an unknown name, a wrong type or an out-of-range value."""
 
 
 def _constant(value: Any) -> RandomFn:
@@ -47,8 +63,41 @@ def _int_pow2(low: float, high: float) -> RandomFn:
     return lambda r: int(2 ** r.uniform(low, high))
 
 
+# Value checks for the optional third element of a space entry -------------------------------------
+
+def positive(value) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def non_negative(value) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+def probability(value) -> str | None:
+    """A dropout-like rate: in [0, 1)."""
+    return None if 0 <= value < 1 else "must be in [0, 1)"
+
+
+def unit_interval(value) -> str | None:
+    return None if 0 <= value <= 1 else "must be in [0, 1]"
+
+
+def one_of(*choices) -> Check:
+    def check(value) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
+    return check
+
+
+def multiple_of(n: int) -> Check:
+    def check(value) -> str | None:
+        return None if value > 0 and value % n == 0 else f"must be a positive multiple of {n}"
+    return check
+
+
 def base_space(dataset: str) -> Space:
-    """DomainBed's base hparams (protocol spec 4.3) plus dg_plugins' backbone options."""
+    """DomainBed's base hparams (``_hparams`` in ``domainbed/hparams_registry.py``) plus
+    dg_plugins' backbone options (``backbone``, ``pretrained``, ``pretrained_path``, ``vit_arch``,
+    ``mnist_cnn_width``)."""
     small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
@@ -59,42 +108,56 @@ def base_space(dataset: str) -> Space:
         "vit_attn_tune": (False, _constant(False)),
         "freeze_bn": (False, _constant(False)),
         "lars": (False, _constant(False)),
-        "linear_steps": (500, _constant(500)),
-        "resnet_dropout": (0.0, _choice([0.0, 0.1, 0.5])),
-        "vit_dropout": (0.0, _choice([0.0, 0.1, 0.5])),
+        "linear_steps": (500, _constant(500), positive),
+        "resnet_dropout": (0.0, _choice([0.0, 0.1, 0.5]), probability),
+        "vit_dropout": (0.0, _choice([0.0, 0.1, 0.5]), probability),
         "class_balanced": (False, _constant(False)),
         "nonlinear_classifier": (False, _choice([False, False])),
-        # dg_plugins additions (not in DomainBed): backbone weights and the timm ViT to build.
+        # dg_plugins additions (not in DomainBed): which backbone, its weights, the timm ViT.
         "pretrained": (True, _constant(True)),
         "pretrained_path": (None, _constant(None)),
         "vit_arch": ("vit_small_patch16_224.augreg_in21k_ft_in1k",
                      _constant("vit_small_patch16_224.augreg_in21k_ft_in1k")),
     }
+    backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
+    space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))
     cnn_width = 32 if dataset in COMPACT_CNN_DATASETS else 128
-    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width))
+    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), multiple_of(16))
     if small:
-        space["lr"] = (1e-3, _log_uniform(-4.5, -2.5))
-        space["weight_decay"] = (0.0, _constant(0.0))
-        space["batch_size"] = (64, _int_pow2(3, 9))
+        space["lr"] = (1e-3, _log_uniform(-4.5, -2.5), positive)
+        space["weight_decay"] = (0.0, _constant(0.0), non_negative)
+        space["batch_size"] = (64, _int_pow2(3, 9), positive)
     else:
-        space["lr"] = (5e-5, _log_uniform(-5, -3.5))
-        space["weight_decay"] = (0.0, _log_uniform(-6, -2))
+        space["lr"] = (5e-5, _log_uniform(-5, -3.5), positive)
+        space["weight_decay"] = (0.0, _log_uniform(-6, -2), non_negative)
         if dataset == "DomainNet":
-            space["batch_size"] = (32, _int_pow2(3, 5))
+            space["batch_size"] = (32, _int_pow2(3, 5), positive)
         else:
-            space["batch_size"] = (32, _int_pow2(3, 5.5))
+            space["batch_size"] = (32, _int_pow2(3, 5.5), positive)
     return space
 
 
-def algorithm_hparams(algorithm: str):
-    """Decorator declaring ``algorithm``'s own space: ``fn(dataset) -> {name: (default, fn)}``.
+def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
+    """Attach ``space_fn(dataset) -> {name: (default, random_fn[, check])}`` to ``algorithm``.
+    Its entries override base entries of the same name (e.g. a method's own default lr).
+    Declaring another function for a name that has one raises."""
+    current = _ALGORITHM_SPACES.get(algorithm)
+    if current is not None and current is not space_fn and _origin(current) != _origin(space_fn):
+        raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
+    _ALGORITHM_SPACES[algorithm] = space_fn
 
-    Entries override base entries of the same name (e.g. a method's own default lr)."""
+
+def _origin(fn) -> tuple:
+    """Where a function was defined (the same after a module reload)."""
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+
+
+def algorithm_hparams(algorithm: str):
+    """Decorator form of :func:`declare_space`, for plugins that register an algorithm class
+    without ``register_algorithm`` (classes registered with it declare ``hparam_space`` instead)."""
 
     def register(fn: Callable[[str], Space]) -> Callable[[str], Space]:
-        if algorithm in _ALGORITHM_SPACES and _ALGORITHM_SPACES[algorithm] is not fn:
-            raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
-        _ALGORITHM_SPACES[algorithm] = fn
+        declare_space(algorithm, fn)
         return fn
 
     return register
@@ -118,14 +181,15 @@ def _python(value: Any) -> Any:
 def draw(algorithm: str, dataset: str, random_seed: int) -> dict[str, tuple[Any, Any]]:
     """DomainBed's ``_hparams``: ``{name: (default, random draw)}``; every draw is evaluated."""
     out = {}
-    for name, (default, random_fn) in space(algorithm, dataset).items():
+    for name, entry in space(algorithm, dataset).items():
+        default, random_fn = entry[0], entry[1]
         rng = np.random.RandomState(seed_hash(random_seed, name))
         out[name] = (default, _python(random_fn(rng)))
     return out
 
 
 def default_hparams(algorithm: str, dataset: str) -> dict[str, Any]:
-    return {name: default for name, (default, _) in draw(algorithm, dataset, 0).items()}
+    return {name: entry[0] for name, entry in space(algorithm, dataset).items()}
 
 
 def random_hparams(algorithm: str, dataset: str, seed: int) -> dict[str, Any]:
@@ -151,13 +215,80 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
     return value
 
 
+_TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a number",
+               str: "a string"}
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """``value`` converted to the type of ``default`` (int -> float only), or HparamError."""
+    def wrong(expected: str) -> HparamError:
+        return HparamError(f"hparam {name!r} must be {expected} like its default {default!r}, "
+                           f"got {value!r} ({type(value).__name__})")
+
+    if default is None:  # optional settings (e.g. a path): any JSON scalar, or null
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise wrong("null or a single value")
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise wrong(_TYPE_NAMES[bool])
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong(_TYPE_NAMES[int])
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(_TYPE_NAMES[float])
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise wrong(_TYPE_NAMES[str])
+        return value
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(default):
+            raise wrong(f"a list of {len(default)} values")
+        return [_coerce(f"{name}[{i}]", v, d) for i, (v, d) in enumerate(zip(value, default))]
+    return value
+
+
+def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Check ``overrides`` against ``algorithm``'s space on ``dataset`` (base space included):
+    every name must exist (an unknown one raises, listing the closest valid names), every value
+    must have its default's type (ints are accepted for floats) and pass the entry's check.
+    Returns the overrides with ints converted to floats where the default is a float."""
+    entries = space(algorithm, dataset)
+    unknown = [name for name in overrides if name not in entries]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(entries), n=3, cutoff=0.6)
+            hints.append(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
+                                        if close else ""))
+        raise HparamError(
+            f"unknown hparam(s) {', '.join(hints)} for {algorithm} on {dataset}. Valid names: "
+            f"{', '.join(sorted(entries))}. (An algorithm's own hparams are declared in its "
+            "hparam_space.)")
+    checked = {}
+    for name, value in overrides.items():
+        entry = entries[name]
+        value = _coerce(name, value, entry[0])
+        check = entry[2] if len(entry) > 2 else None
+        problem = check(value) if check is not None and value is not None else None
+        if problem:
+            raise HparamError(f"hparam {name!r} {problem}, got {value!r}")
+        checked[name] = value
+    return checked
+
+
 def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int,
                 overrides: str | None = None) -> dict[str, Any]:
-    """The hparams a train job uses (protocol spec 4.1): defaults for ``hparams_seed == 0``,
-    otherwise the draw for ``seed_hash(hparams_seed, trial_seed)``; then the JSON overrides."""
+    """The hparams a train job uses, as DomainBed's train.py computes them: the defaults for
+    ``hparams_seed == 0``, otherwise the draw for ``seed_hash(hparams_seed, trial_seed)``; then the
+    JSON overrides, validated by :func:`validate`."""
     if hparams_seed == 0:
         hp = default_hparams(algorithm, dataset)
     else:
         hp = random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
-    hp.update(parse_overrides(overrides))
+    hp.update(validate(algorithm, dataset, parse_overrides(overrides)))
     return hp

@@ -2,13 +2,14 @@
 
 A plugin registers by importing its module: ``@ALGORITHMS.register("DMG")`` on the class. Names are
 unique per registry; registering a taken name raises. ``get`` of an unknown name raises
-:class:`UnknownNameError` listing the registered choices.
+:class:`UnknownNameError` listing the registered choices and the closest names ("did you mean").
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
-from typing import Any, Callable
+from typing import Any
 
 
 class UnknownNameError(KeyError):
@@ -47,8 +48,10 @@ class Registry:
             return self._entries[name]
         except KeyError:
             choices = ", ".join(self._entries) or "(none registered)"
+            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; registered {self.kind}s: {choices}"
+                f"unknown {self.kind} {name!r}{hint}; registered {self.kind}s: {choices}"
             ) from None
 
     def list(self, pattern: str = "*") -> list[str]:
@@ -70,6 +73,4 @@ class Registry:
 
 ALGORITHMS = Registry("algorithm")
 DATASETS = Registry("dataset")
-LAUNCHERS: Registry = Registry("launcher")
-
-LauncherFn = Callable[[list], None]
+LAUNCHERS = Registry("launcher")

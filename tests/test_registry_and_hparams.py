@@ -1,4 +1,5 @@
-"""Registry behaviour and DomainBed-compatible hparams (protocol spec 4, Appendix C)."""
+"""Registry behaviour, DomainBed-compatible hparams (``domainbed/hparams_registry.py``) and the
+validation of hparam overrides."""
 
 import json
 
@@ -25,6 +26,8 @@ def test_registry_register_get_list_and_duplicates():
     with pytest.raises(UnknownNameError, match="unknown widget 'Gamma'; registered widgets: "
                                                "Alpha, Beta2"):
         reg.get("Gamma")
+    with pytest.raises(UnknownNameError, match=r"unknown widget 'Alpah' \(did you mean 'Alpha'\?\)"):
+        reg.get("Alpah")
 
 
 def test_seed_hash_golden_values():
@@ -90,6 +93,70 @@ def test_job_hparams_and_overrides():
     assert hparams.job_hparams("ERM", "PACS", 0, 5) == hparams.default_hparams("ERM", "PACS")
     assert hparams.job_hparams("ERM", "PACS", 1, 0) == hparams.random_hparams(
         "ERM", "PACS", seed_hash(1, 0))
-    assert hparams.job_hparams("ERM", "PACS", 0, 0, '{"lr": 0.1, "new": 1}')["new"] == 1
+    assert hparams.job_hparams("ERM", "PACS", 0, 0, '{"lr": 1, "batch_size": 8}') == {
+        **hparams.default_hparams("ERM", "PACS"), "lr": 1.0, "batch_size": 8}
+    with pytest.raises(hparams.HparamError, match="unknown hparam"):
+        hparams.job_hparams("ERM", "PACS", 0, 0, '{"lr": 0.1, "new": 1}')
     with pytest.raises(ValueError, match="not valid JSON.*Expected an object"):
         hparams.parse_overrides("{'lr': 0.1}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"lrr": 0.1}, r"unknown hparam\(s\) 'lrr' \(did you mean 'lr'\?\) for ERM on PACS\. "
+                   r"Valid names: .*batch_size"),
+    ({"batch_size": "64"}, "'batch_size' must be an integer like its default 32, got '64'"),
+    ({"batch_size": 8.0}, "'batch_size' must be an integer"),
+    ({"batch_size": True}, "'batch_size' must be an integer"),
+    ({"batch_size": 0}, "hparam 'batch_size' must be > 0, got 0"),
+    ({"lr": "0.1"}, "'lr' must be a number"),
+    ({"lr": -1e-3}, "'lr' must be > 0"),
+    ({"resnet18": 1}, "'resnet18' must be a boolean"),
+    ({"resnet_dropout": 1.0}, r"'resnet_dropout' must be in \[0, 1\)"),
+    ({"backbone": "vgg"}, "'backbone' must be one of 'auto', 'mnist_cnn', 'lenet', 'resnet', 'vit'"),
+    ({"vit_arch": 3}, "'vit_arch' must be a string"),
+])
+def test_bad_overrides_are_rejected_with_the_fix(overrides, message):
+    with pytest.raises(hparams.HparamError, match=message):
+        hparams.validate("ERM", "PACS", overrides)
+
+
+def test_valid_overrides_are_coerced_to_the_default_type():
+    checked = hparams.validate("ERM", "PACS", {"lr": 1, "batch_size": 16, "pretrained_path": "w.pt",
+                                              "weight_decay": 0})
+    assert checked == {"lr": 1.0, "batch_size": 16, "pretrained_path": "w.pt",
+                       "weight_decay": 0.0}
+    assert type(checked["lr"]) is float and type(checked["weight_decay"]) is float
+    assert hparams.validate("ERM", "PACS", {"pretrained_path": None}) == {"pretrained_path": None}
+
+
+def test_list_defaults_check_length_and_items():
+    hparams.declare_space("TestListAlgo", lambda dataset: {
+        "betas": ((0.9, 0.95), lambda r: (0.9, 0.95))})
+    assert hparams.validate("TestListAlgo", "PACS", {"betas": [0.5, 1]}) == {"betas": [0.5, 1.0]}
+    with pytest.raises(hparams.HparamError, match="'betas' must be a list of 2 values"):
+        hparams.validate("TestListAlgo", "PACS", {"betas": [0.5]})
+    with pytest.raises(hparams.HparamError, match=r"'betas\[1\]' must be a number"):
+        hparams.validate("TestListAlgo", "PACS", {"betas": [0.5, "x"]})
+
+
+def test_an_algorithms_space_attaches_at_registration():
+    import torch.nn as nn
+
+    from dg_plugins.algorithms import Algorithm, register_algorithm
+    from dg_plugins.registry import ALGORITHMS
+
+    @register_algorithm("TestSpaceAlgo")
+    class TestSpaceAlgo(Algorithm):
+        @staticmethod
+        def hparam_space(dataset):
+            return {"test_weight": (0.5, lambda r: r.uniform(0, 1), hparams.unit_interval),
+                    "lr": (0.123, lambda r: 0.123)}
+
+    try:
+        assert hparams.default_hparams("TestSpaceAlgo", "PACS")["test_weight"] == 0.5
+        assert hparams.default_hparams("TestSpaceAlgo", "PACS")["lr"] == 0.123
+        with pytest.raises(hparams.HparamError, match=r"'test_weight' must be in \[0, 1\]"):
+            hparams.validate("TestSpaceAlgo", "PACS", {"test_weight": 2.0})
+        assert isinstance(TestSpaceAlgo((3, 28, 28), 2, 2, {}), nn.Module)
+    finally:
+        ALGORITHMS.unregister("TestSpaceAlgo")

@@ -1,27 +1,55 @@
-"""The Algorithm contract (protocol spec 2) and ERM.
+"""The Algorithm contract (DomainBed's ``Algorithm`` in ``domainbed/algorithms.py``), the ERM-shaped
+base class, registration, and small helpers every method shares.
 
-An ``Algorithm`` is an ``nn.Module`` built as ``(input_shape, num_classes, num_domains, hparams)``;
-``update(minibatches, unlabeled=None)`` does one optimisation step on one ``(x, y)`` batch per source
-environment (its list index is the domain label) and returns a dict of Python floats;
-``predict(x)`` returns ``[N, num_classes]`` logits. Every tensor a method keeps must be a parameter,
-buffer or submodule so that ``.to(device)`` and ``state_dict()`` carry it; step counters are buffers.
+The contract
+------------
+An ``Algorithm`` is an ``nn.Module`` built as ``(input_shape, num_classes, num_domains, hparams)``
+(``num_domains`` = number of *training* environments; 1 in single-source runs).
+``update(minibatches, unlabeled=None)`` does one optimisation step on one ``(x, y)`` batch per
+source environment (its list index is the domain label, see :func:`split_minibatches`) and returns
+a dict of Python floats whose keys are the same at every call (records need a fixed schema: return
+0.0 for a term that is switched off or not started yet). ``predict(x)`` returns
+``[N, num_classes]`` logits; the train loop calls it in eval mode (``algorithm.eval()``) and puts
+the algorithm back in train mode after.
+
+Every tensor a method keeps must be a parameter, buffer or submodule, so that ``.to(device)`` and
+``state_dict()`` carry it (step counters are buffers, never Python ints), and every trainable
+parameter must be in exactly one optimizer returned by :meth:`Algorithm.optimizers` (optimizers
+and LR schedulers are found among the attributes of the algorithm and its submodules, also inside
+lists and dicts; they are saved in resume checkpoints).
+
+What a method file declares (see ``erm.py``, the template)
+----------------------------------------------------------
+* ``@register_algorithm("Name")`` on the class: the single act that makes the method known to
+  train, sweep, collect_results, the bridge and every contract test.
+* ``hparam_space(dataset)`` (a static method): ``{name: (default, random_fn[, check])}`` for the
+  method's own hparams (see :mod:`dg_plugins.hparams`); attached at registration. Names must be
+  unique to the method (prefix them: ``dmg_lambda_overlap``), except base names it overrides.
+* ``TINY_TEST_HPARAMS``: overrides that make the method CPU-test sized (tiny backbones, few inner
+  steps). The contract tests and the benchmark smoke test apply them on top of the defaults.
+* ``GRADIENT_EXEMPT``: ``{parameter-name prefix: reason}`` for trainable parameters that
+  legitimately get no gradient from a few ``update`` calls (the contract test checks the rest).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from dg_plugins import catalog
+from dg_plugins import hparams as hparams_lib
 from dg_plugins.registry import ALGORITHMS
 
 
 def register_algorithm(name: str | None = None):
-    """Class decorator: add an Algorithm to the registry and to collect_results' row order."""
+    """Class decorator: register an Algorithm under ``name`` (default: the class name), attach its
+    ``hparam_space`` and add it to collect_results' row order."""
 
     def add(cls):
         key = name or cls.__name__
+        space_fn = getattr(cls, "hparam_space", None)
+        if space_fn is not None:
+            hparams_lib.declare_space(key, space_fn)
         catalog.declare_algorithm(key)
         ALGORITHMS.register(key, cls)
         return cls
@@ -29,8 +57,35 @@ def register_algorithm(name: str | None = None):
     return add
 
 
+def _collect(root: nn.Module, kind: type) -> dict[str, object]:
+    """Instances of ``kind`` held by ``root`` or its submodules, directly or in lists, tuples and
+    dicts, named by attribute path (``optimizer``, ``disc.optimizer``, ``opts.0``, ``opts.gen``)."""
+    found: dict[str, object] = {}
+    seen: set[int] = set()
+    for prefix, module in root.named_modules():
+        for attr, value in vars(module).items():
+            if attr.startswith("_"):
+                continue
+            items = [(attr, value)]
+            if isinstance(value, (list, tuple)):
+                items = [(f"{attr}.{i}", v) for i, v in enumerate(value)]
+            elif isinstance(value, dict):
+                items = [(f"{attr}.{k}", v) for k, v in value.items()]
+            for name, item in items:
+                if isinstance(item, kind) and id(item) not in seen:
+                    seen.add(id(item))
+                    found[f"{prefix}.{name}" if prefix else name] = item
+    return found
+
+
 class Algorithm(nn.Module):
-    """Base class: DomainBed's contract plus :meth:`optimizers` for resumable checkpoints."""
+    """Base class: DomainBed's contract plus :meth:`optimizers` / :meth:`schedulers` for resumable
+    checkpoints. See the module docstring for what a method declares."""
+
+    #: hparam overrides making the method CPU-test sized (contract tests, smoke benchmarks).
+    TINY_TEST_HPARAMS: dict = {}
+    #: ``{parameter-name prefix: reason}``: trainable parameters allowed to get no gradient.
+    GRADIENT_EXEMPT: dict = {}
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__()
@@ -39,6 +94,11 @@ class Algorithm(nn.Module):
         self.num_domains = num_domains
         self.hparams = hparams
 
+    @staticmethod
+    def hparam_space(dataset: str) -> dict:
+        """The method's own hparams on ``dataset`` (none here)."""
+        return {}
+
     def update(self, minibatches, unlabeled=None) -> dict:
         raise NotImplementedError
 
@@ -46,9 +106,47 @@ class Algorithm(nn.Module):
         raise NotImplementedError
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimizer the algorithm holds, by attribute name (saved in resume checkpoints).
-        The default finds them among the instance attributes; override for other layouts."""
-        return {k: v for k, v in vars(self).items() if isinstance(v, torch.optim.Optimizer)}
+        """Every optimizer the algorithm holds, by attribute path (saved in resume checkpoints)."""
+        return _collect(self, torch.optim.Optimizer)
+
+    def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
+        """Every LR scheduler the algorithm holds, by attribute path (saved in resume checkpoints)."""
+        return _collect(self, torch.optim.lr_scheduler.LRScheduler)
+
+
+class FeatureClassifier(Algorithm):
+    """An ERM-shaped algorithm: ``featurizer`` (``n_outputs`` features) then ``classifier``, with
+    the features/head split of timm models: :meth:`features` and :meth:`predict` =
+    ``classifier(features(x))``. ``network`` is ``Sequential(featurizer, classifier)`` as in
+    DomainBed. Methods that extend ERM subclass this and override :meth:`update` (and
+    :meth:`features` when they change the representation)."""
+
+    def __init__(self, input_shape, num_classes, num_domains, hparams, featurizer=None):
+        super().__init__(input_shape, num_classes, num_domains, hparams)
+        from dg_plugins import networks
+
+        self.featurizer = featurizer or networks.Featurizer(self.input_shape, hparams)
+        self.classifier = networks.Classifier(self.featurizer.n_outputs, num_classes,
+                                              hparams["nonlinear_classifier"])
+        self.network = nn.Sequential(self.featurizer, self.classifier)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.featurizer(x)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[(x_0, y_0), (x_1, y_1), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]`` is the
+    index of the minibatch (the source environment) sample ``j`` came from."""
+    if not minibatches:
+        raise ValueError("update() got no minibatches (one (x, y) pair per source environment)")
+    x = torch.cat([xi for xi, _ in minibatches])
+    y = torch.cat([yi for _, yi in minibatches])
+    domain = torch.cat([torch.full((len(yi),), i, dtype=torch.long, device=yi.device)
+                        for i, (_, yi) in enumerate(minibatches)])
+    return x, y, domain
 
 
 def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
@@ -57,28 +155,10 @@ def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
                             weight_decay=hparams["weight_decay"])
 
 
-@register_algorithm()
-class ERM(Algorithm):
-    """Empirical risk minimisation: cross-entropy on the pooled source batches."""
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """``zero_grad``, ``backward``, ``step``: the three lines every update ends with."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
 
-    def __init__(self, input_shape, num_classes, num_domains, hparams):
-        super().__init__(input_shape, num_classes, num_domains, hparams)
-        from dg_plugins import networks
 
-        self.featurizer = networks.Featurizer(self.input_shape, hparams)
-        self.classifier = networks.Classifier(self.featurizer.n_outputs, num_classes,
-                                              hparams["nonlinear_classifier"])
-        self.network = nn.Sequential(self.featurizer, self.classifier)
-        self.optimizer = adam(self.network.parameters(), hparams)
-
-    def update(self, minibatches, unlabeled=None):
-        x = torch.cat([xi for xi, _ in minibatches])
-        y = torch.cat([yi for _, yi in minibatches])
-        loss = F.cross_entropy(self.predict(x), y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return {"loss": loss.item()}
-
-    def predict(self, x):
-        return self.network(x)

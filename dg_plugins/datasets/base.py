@@ -1,4 +1,5 @@
-"""The MultipleDomainDataset contract (protocol spec 5.2) and dataset registration."""
+"""The MultipleDomainDataset contract (DomainBed's ``domainbed/datasets.py``) and dataset
+registration."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ class MultipleDomainDataset:
 
     Class attributes as DomainBed: ``ENVIRONMENTS`` (display labels, in environment order),
     ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (an upper bound: the train loop picks the
-    actual worker count from the machine, and 0 for in-memory data), ``INPUT_SHAPE``.
+    actual worker count from the machine, and 0 for in-memory data), ``INPUT_SHAPE``; and
+    ``DEFAULT_BACKBONE`` (dg_plugins): the default of the ``backbone`` hparam on this dataset
+    (None: "auto", chosen from the input shape).
     Instances set ``datasets``, ``input_shape`` (tuple) and ``num_classes``. Constructor signature:
     ``(root, test_envs, hparams)``.
     """
@@ -21,6 +24,7 @@ class MultipleDomainDataset:
     N_WORKERS = 8
     ENVIRONMENTS: list[str] | None = None
     INPUT_SHAPE: tuple | None = None
+    DEFAULT_BACKBONE: str | None = None
     #: True when every environment is an in-memory tensor dataset (loaded in-process, no workers).
     IN_MEMORY = False
 
@@ -42,7 +46,7 @@ def register_dataset(name: str | None = None):
         key = name or cls.__name__
         if not cls.ENVIRONMENTS:
             raise ValueError(f"dataset {key!r} must define ENVIRONMENTS")
-        catalog.declare_dataset(key, cls.ENVIRONMENTS)
+        catalog.declare_dataset(key, cls.ENVIRONMENTS, cls.DEFAULT_BACKBONE)
         DATASETS.register(key, cls)
         return cls
 

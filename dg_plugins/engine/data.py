@@ -43,6 +43,17 @@ def split_dataset(dataset: Dataset, n: int, seed: int = 0):
     return SplitDataset(dataset, keys[:n]), SplitDataset(dataset, keys[n:])
 
 
+def env_indices(dataset: Dataset) -> np.ndarray:
+    """The positions, in the underlying environment dataset, of the items of ``dataset`` (a
+    possibly nested :class:`SplitDataset`; a plain dataset maps to ``0..len-1``)."""
+    index = None
+    while isinstance(dataset, SplitDataset):
+        keys = np.asarray(dataset.keys, dtype=np.int64)
+        index = keys if index is None else keys[index]
+        dataset = dataset.underlying
+    return np.arange(len(dataset)) if index is None else index
+
+
 def tensor_view(dataset: Dataset):
     """``(tensors, index)`` when ``dataset`` is a (nested) split of a TensorDataset, else None."""
     index = None

@@ -39,6 +39,8 @@ DOMAINBED_ARG_KEYS = (
     "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed", "skip_model_save",
     "steps", "task", "test_envs", "trial_seed", "uda_holdout_fraction",
 )
+#: dg_plugins' own train flags that enter the records' ``args`` only when given.
+EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset")
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULTS_FILE = "results.jsonl"
 
@@ -56,9 +58,11 @@ def user_errors() -> tuple:
 
 
 def load_plugins() -> None:
-    """Import the built-in algorithm and dataset modules (they register on import)."""
-    import dg_plugins.algorithms  # noqa: F401
-    import dg_plugins.datasets  # noqa: F401
+    """Import the built-in algorithms and datasets, and the plugin modules named in
+    ``$DG_PLUGINS_IMPORT`` (they register on import)."""
+    from dg_plugins.engine import plugins
+
+    plugins.load()
 
 
 def validate(args) -> None:
@@ -66,7 +70,7 @@ def validate(args) -> None:
     load_plugins()
     dataset_cls = DATASETS.get(args.dataset)
     ALGORITHMS.get(args.algorithm)
-    hparams_lib.parse_overrides(args.hparams)
+    hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
     if dataset_cls.ENVIRONMENTS:  # datasets that find their environments on disk check later
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     if not 0 <= args.holdout_fraction < 1:
@@ -129,11 +133,42 @@ def print_environment() -> None:
     print("\tPIL: {}".format(PIL.__version__))
 
 
-class Splits:
-    """Every environment's in/out(/uda) split, named as DomainBed names them (spec 7.2 step 6)."""
+def args_for_records(args) -> dict:
+    """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given."""
+    out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
+    out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
+    return out
 
-    def __init__(self, dataset, args, hparams):
+
+def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
+    """Named index subsets of test environments to evaluate besides the whole splits:
+    ``{env index: {subset name: [item indices of that environment]}}``. Today: the IP/OOP split
+    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`)."""
+    if getattr(args, "alignment_scores", None) is None:
+        if getattr(args, "alignment_threshold", None) is not None or getattr(
+                args, "alignment_preset", None) is not None:
+            raise ValueError("--alignment_threshold / --alignment_preset need --alignment_scores "
+                             "FILE (a score file from dg_plugins.scripts.alignment_scores)")
+        return {}
+    from dg_plugins import alignment
+
+    return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
+                                 threshold=args.alignment_threshold,
+                                 preset=args.alignment_preset, data_dir=args.data_dir)
+
+
+class Splits:
+    """Every environment's in/out(/uda) split, named as DomainBed's train.py names them, and the
+    named subsets of test environments to evaluate (``subsets``, see :func:`evaluation_subsets`).
+    """
+
+    def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
+        self.subsets = subsets or {}
+        bad = [i for i in self.subsets if i not in args.test_envs]
+        if bad:
+            raise ValueError(f"evaluation subsets are defined for environments {bad}, which are "
+                             f"not test environments ({args.test_envs})")
 
         def weights(split):
             return data.class_balanced_weights(split) if hparams["class_balanced"] else None
@@ -154,11 +189,35 @@ class Splits:
                              "--uda_holdout_fraction > 0")
 
     def eval_named(self):
-        """``(name, split)`` in DomainBed's order: all in, all out, then uda by position."""
-        named = [(f"env{i}_in", s) for i, (s, _) in enumerate(self.in_splits)]
-        named += [(f"env{i}_out", s) for i, (s, _) in enumerate(self.out_splits)]
-        named += [(f"env{i}_uda", s) for i, (s, _) in enumerate(self.uda_splits)]
+        """``(name, split, env index)`` in DomainBed's order: all in, all out, then uda by
+        position (uda splits have no env index here: None)."""
+        named = [(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
+        named += [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
+        named += [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)]
         return named
+
+    def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
+        """Boolean masks over ``split``'s items for each named subset of environment ``env``."""
+        if env is None or env not in self.subsets:
+            return {}
+        positions = data.env_indices(split)
+        return {name: np.isin(positions, np.asarray(indices, dtype=np.int64))
+                for name, indices in self.subsets[env].items()}
+
+
+def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[str, float]:
+    """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's), and
+    for every named subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the
+    subset is empty) and ``env{i}_{in,out}_{name}_count``."""
+    out = {}
+    for name, split, env in splits.eval_named():
+        masks = splits.subset_masks(split, env)
+        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks)
+        out[name + "_acc"] = accs[""]
+        for subset, mask in masks.items():
+            out[f"{name}_{subset}_acc"] = accs[subset]
+            out[f"{name}_{subset}_count"] = int(mask.sum())
+    return out
 
 
 def _already_written_records(path: str) -> int:
@@ -208,7 +267,7 @@ def run(args, stop_after_step: int | None = None) -> str:
 
 def _run(args, done_path, stop_after_step, progress_stream) -> str:
     print_environment()
-    record_args = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
+    record_args = args_for_records(args)
     print("Args:")
     for k, v in sorted(record_args.items()):
         print("\t{}: {}".format(k, v))
@@ -223,7 +282,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
     dataset_cls = DATASETS.get(args.dataset)
     dataset = dataset_cls(args.data_dir, args.test_envs, hparams)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
-    splits = Splits(dataset, args, hparams)
+    splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
 
     in_memory = getattr(dataset, "IN_MEMORY", False)
     workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
@@ -265,6 +324,8 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
         algorithm.load_state_dict(state["model"])
         for name, opt in algorithm.optimizers().items():
             opt.load_state_dict(state["optimizers"][name])
+        for name, scheduler in algorithm.schedulers().items():
+            scheduler.load_state_dict(state["schedulers"][name])
         for stream, s in zip(train_streams + uda_streams, state["streams"]):
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
@@ -308,9 +369,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
             results = {"step": step, "epoch": step / steps_per_epoch}
             for key, values in accumulated.items():
                 results[key] = float(np.mean(values))
-            for name, split in splits.eval_named():
-                results[name + "_acc"] = data.accuracy(algorithm, split, device,
-                                                       num_workers=workers)[""]
+            results.update(evaluate(algorithm, splits, device, num_workers=workers))
             results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                                  if device.type == "cuda" else 0.0)
             keys = sorted(results.keys())
@@ -331,6 +390,7 @@ def _run(args, done_path, stop_after_step, progress_stream) -> str:
                 "next_step": step + 1,
                 "model": algorithm.state_dict(),
                 "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
+                "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
                 "streams": [s.state_dict() for s in train_streams + uda_streams],
                 "rng": rng_state(),
                 "n_records": n_records,

@@ -1,18 +1,88 @@
-"""Featurizers chosen from the input shape and hparams as DomainBed does (protocol spec 3)."""
+"""Featurizers (backbones) and heads, chosen from the input shape and hparams as DomainBed's
+``networks.Featurizer`` does (``domainbed/networks.py``), plus a ``backbone`` hparam for other
+choices and shapes.
+
+Every convolutional featurizer here is a :class:`StagedFeaturizer`: ``stem -> stages (named, in
+order) -> pool``, so a method can act on the input of a given stage and on the pooled feature
+without re-walking the network (``forward_stages(x, start=..., stop=..., hooks=...)``), and
+exposes ``n_outputs`` (the feature width) like every featurizer.
+"""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from dg_plugins.networks import pretrained as weights
 
+Hook = Callable[[torch.Tensor], torch.Tensor]
 
-class MNIST_CNN(nn.Module):
-    """DomainBed's 28x28 CNN (spec 3.2): four 3x3 convs (64, 128 s2, 128, 128), each followed by
-    ReLU and GroupNorm(8); global average pooling to a 128-d feature. ``width`` (hparam
-    ``mnist_cnn_width``, DomainBed's 128 by default) scales it: convs (width/2, width, width,
-    width) and a ``width``-d feature; the CPU benchmark RotatedMNIST5k uses 32 (16x fewer FLOPs)."""
+
+class StagedFeaturizer(nn.Module):
+    """A featurizer split into ``stem``, named ``stages`` and ``pool``.
+
+    Subclasses implement :meth:`stem`, :meth:`stage` and :meth:`pool` and set ``stage_names``,
+    ``stage_widths`` (name -> channels or features of the stage's *input*) and ``n_outputs``.
+    ``forward(x) == forward_stages(x)``.
+    """
+
+    stage_names: tuple[str, ...] = ()
+    stage_widths: dict[str, int]
+    n_outputs: int
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stage(self, name: str) -> nn.Module:
+        raise NotImplementedError
+
+    def pool(self, h: torch.Tensor) -> torch.Tensor:
+        """The last stage's output -> the ``[N, n_outputs]`` feature (pooling, dropout)."""
+        raise NotImplementedError
+
+    def check_stage(self, name: str) -> str:
+        if name not in self.stage_names:
+            raise ValueError(f"{type(self).__name__} has no stage {name!r}; its stages are "
+                             f"{', '.join(self.stage_names)}")
+        return name
+
+    def forward_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None,
+                       hooks: dict[str, Hook] | None = None) -> torch.Tensor:
+        """Run part of the network.
+
+        ``start=None``: ``x`` is the image (the stem runs first); else ``x`` is the input of stage
+        ``start``. ``stop=None``: run to the pooled feature; else return the input of stage
+        ``stop`` (before its hook). ``hooks[name]`` transforms the input of stage ``name`` before
+        the stage runs (e.g. a channel mask)."""
+        hooks = hooks or {}
+        for name in hooks:
+            self.check_stage(name)
+        names = list(self.stage_names)
+        first = names.index(self.check_stage(start)) if start is not None else 0
+        last = names.index(self.check_stage(stop)) if stop is not None else len(names)
+        if first > last:
+            raise ValueError(f"stage {start!r} comes after stage {stop!r}")
+        h = self.stem(x) if start is None else x
+        for name in names[first:last]:
+            if name in hooks:
+                h = hooks[name](h)
+            h = self.stage(name)(h)
+        return h if stop is not None else self.pool(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_stages(x)
+
+
+class MNIST_CNN(StagedFeaturizer):
+    """DomainBed's 28x28 CNN (``MNIST_CNN`` in ``domainbed/networks.py``): four 3x3 convs (64,
+    128 stride 2, 128, 128), each followed by ReLU and GroupNorm(8); global average pooling to a
+    128-d feature. ``width`` (hparam ``mnist_cnn_width``, DomainBed's 128 by default) scales it:
+    convs (width/2, width, width, width) and a ``width``-d feature; the CPU benchmark
+    RotatedMNIST5k uses 32 (16x fewer FLOPs). Stages ``block1``..``block4`` (conv, ReLU, norm)."""
+
+    stage_names = ("block1", "block2", "block3", "block4")
 
     def __init__(self, input_shape, width: int = 128):
         super().__init__()
@@ -22,16 +92,56 @@ class MNIST_CNN(nn.Module):
         half = width // 2
         widths = [(input_shape[0], half, 1), (half, width, 2), (width, width, 1), (width, width, 1)]
         self.n_outputs = width
-        layers = []
-        for c_in, c_out, stride in widths:
-            layers += [nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1), nn.ReLU(),
-                       nn.GroupNorm(8, c_out)]
-        self.body = nn.Sequential(*layers)
+        self.blocks = nn.ModuleDict({
+            name: nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1), nn.ReLU(),
+                                nn.GroupNorm(8, c_out))
+            for name, (c_in, c_out, stride) in zip(self.stage_names, widths)
+        })
+        self.stage_widths = {name: c_in for name, (c_in, _, _) in zip(self.stage_names, widths)}
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.activation = nn.Identity()
 
-    def forward(self, x):
-        return self.activation(self.avgpool(self.body(x)).flatten(1))
+    def stem(self, x):
+        return x
+
+    def stage(self, name):
+        return self.blocks[name]
+
+    def pool(self, h):
+        return self.avgpool(h).flatten(1)
+
+
+class LeNet(StagedFeaturizer):
+    """The LeNet-style ConvNet of single-source digits DG (used by ADA, M-ADA, PDEN and MPBM for
+    MNIST -> SVHN/MNIST-M/SYN/USPS at 32x32): conv 5x5 (64) -> ReLU -> max-pool 2 -> conv 5x5 (128)
+    -> ReLU -> max-pool 2 -> fc 1024 -> ReLU -> fc 1024 -> ReLU; the classifier head (fc to the
+    classes) is separate. Stages ``conv1``, ``conv2``, ``fc1`` (flattens first), ``fc2``. Works for
+    any input of at least 16x16 (the flattened size follows the input)."""
+
+    stage_names = ("conv1", "conv2", "fc1", "fc2")
+
+    def __init__(self, input_shape, width: int = 1024):
+        super().__init__()
+        channels, height, width_px = input_shape
+        if min(height, width_px) < 16:
+            raise ValueError(f"LeNet needs inputs of at least 16x16 pixels, got {input_shape}")
+        flat_h, flat_w = ((height - 4) // 2 - 4) // 2, ((width_px - 4) // 2 - 4) // 2
+        self.layers = nn.ModuleDict({
+            "conv1": nn.Sequential(nn.Conv2d(channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2)),
+            "conv2": nn.Sequential(nn.Conv2d(64, 128, 5), nn.ReLU(), nn.MaxPool2d(2)),
+            "fc1": nn.Sequential(nn.Flatten(), nn.Linear(128 * flat_h * flat_w, width), nn.ReLU()),
+            "fc2": nn.Sequential(nn.Linear(width, width), nn.ReLU()),
+        })
+        self.stage_widths = {"conv1": channels, "conv2": 64, "fc1": 128, "fc2": width}
+        self.n_outputs = width
+
+    def stem(self, x):
+        return x
+
+    def stage(self, name):
+        return self.layers[name]
+
+    def pool(self, h):
+        return h
 
 
 _TORCHVISION_RESNETS = {
@@ -43,7 +153,7 @@ TIMM_AUGMIX_RESNET = "resnet50.ram_in1k"
 
 def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     """A bias-free 7x7/2 conv for ``channels`` inputs; input channel i copies the pretrained filter
-    of channel ``i % 3`` (spec 3.3)."""
+    of channel ``i % 3`` (as DomainBed's ResNet does for non-RGB inputs)."""
     new = nn.Conv2d(channels, conv.out_channels, kernel_size=7, stride=2, padding=3, bias=False)
     with torch.no_grad():
         for i in range(channels):
@@ -51,12 +161,16 @@ def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
     return new
 
 
-class ResNet(nn.Module):
-    """ResNet-18/50 featurizer (spec 3.3). ``resnet18`` picks torchvision's ResNet-18 (else
-    ResNet-50); ``resnet50_augmix`` (DomainBed's default) replaces it by timm's
-    ``resnet50.ram_in1k``. Unlike DomainBed we do not download the torchvision weights that the
-    augmix model then discards. ``pretrained`` false builds random-init weights; ``pretrained_path``
-    loads a local checkpoint. ``freeze_bn`` keeps BatchNorm statistics frozen across ``train()``."""
+class ResNet(StagedFeaturizer):
+    """ResNet-18/50 featurizer (DomainBed's ``ResNet`` in ``domainbed/networks.py``).
+    ``resnet18`` picks torchvision's ResNet-18 (else ResNet-50); ``resnet50_augmix`` (DomainBed's
+    default) replaces it by timm's ``resnet50.ram_in1k``. Unlike DomainBed we do not download the
+    torchvision weights that the augmix model then discards. ``pretrained`` false builds
+    random-init weights; ``pretrained_path`` loads a local checkpoint. ``freeze_bn`` keeps
+    BatchNorm statistics frozen across ``train()``. Stages ``layer1``..``layer4``; the stem is
+    conv1, bn1, ReLU, max-pool; the pool is global average pooling then ``resnet_dropout``."""
+
+    stage_names = ("layer1", "layer2", "layer3", "layer4")
 
     def __init__(self, input_shape, hparams):
         super().__init__()
@@ -74,13 +188,28 @@ class ResNet(nn.Module):
         if input_shape[0] != 3:
             self.network.conv1 = _adapt_input_channels(self.network.conv1, input_shape[0])
         self.network.fc = nn.Identity()
+        self.stage_widths = {name: self._first_conv(getattr(self.network, name)).in_channels
+                             for name in self.stage_names}
         self.freeze_bn = hparams["freeze_bn"]
         self.dropout = nn.Dropout(hparams["resnet_dropout"])
-        self.activation = nn.Identity()
         self._freeze_bn_stats()
 
-    def forward(self, x):
-        return self.activation(self.dropout(self.network(x)))
+    @staticmethod
+    def _first_conv(layer: nn.Module) -> nn.Conv2d:
+        return next(m for m in layer.modules() if isinstance(m, nn.Conv2d))
+
+    def stem(self, x):
+        net = self.network
+        act = net.act1 if hasattr(net, "act1") else net.relu  # timm / torchvision names
+        return net.maxpool(act(net.bn1(net.conv1(x))))
+
+    def stage(self, name):
+        return getattr(self.network, name)
+
+    def pool(self, h):
+        net = self.network
+        pooled = net.global_pool(h) if hasattr(net, "global_pool") else net.avgpool(h).flatten(1)
+        return self.dropout(pooled)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -110,7 +239,8 @@ class ViT(nn.Module):
     """A timm Vision Transformer featurizer (dg_plugins addition; DomainBed only has DINOv2 via
     torch.hub). ``vit_arch`` names the timm model; with ``dinov2`` the model is timm's DINOv2
     ViT-B/14 and the feature is DomainBed's recipe: the class tokens of the last 4 blocks plus the
-    mean patch token of the last block (spec 3.4). ``vit_attn_tune`` trains attention weights only.
+    mean patch token of the last block (DomainBed's ``DinoV2``). ``vit_attn_tune`` trains
+    attention weights only.
     """
 
     def __init__(self, input_shape, hparams):
@@ -141,18 +271,50 @@ class ViT(nn.Module):
         return self.dropout(torch.cat(class_tokens + [mean_patch], dim=-1))
 
 
+#: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32).
+AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet or vit"}
+
+
+def backbone_for(input_shape, hparams) -> str:
+    """The backbone ``Featurizer`` builds: ``hparams["backbone"]`` unless it is "auto" (the
+    default), then by input size: 28x28 -> ``mnist_cnn``; 32x32 -> ``lenet``; 224x224 -> ``vit``
+    when ``hparams["vit"]`` (DomainBed's flag) else ``resnet``. Other sizes raise, naming the
+    backbones that can take them."""
+    choice = hparams.get("backbone", "auto")
+    shape = tuple(input_shape)
+    if choice != "auto":
+        return choice
+    size = shape[1:3] if len(shape) == 3 else None
+    if size == (28, 28):
+        return "mnist_cnn"
+    if size == (32, 32):
+        return "lenet"
+    if size == (224, 224):
+        return "vit" if hparams.get("vit") else "resnet"
+    raise ValueError(
+        f"no automatic backbone for input shape {shape} (automatic: (C, 28, 28) -> mnist_cnn, "
+        "(C, 32, 32) -> lenet, (C, 224, 224) -> resnet, or vit with hparam 'vit'). Choose one "
+        "with the hparam 'backbone': 'resnet' (any size >= 32), 'mnist_cnn' (any size), "
+        "'lenet' (any size >= 16) or 'vit' (sizes divisible by the ViT's patch)")
+
+
 def Featurizer(input_shape, hparams) -> nn.Module:
-    """The featurizer for ``input_shape`` (spec 3.1): 28x28 -> MNIST_CNN; 224x224 -> ViT when
-    ``vit`` else ResNet. Other shapes raise with the supported list."""
+    """The featurizer for ``input_shape`` and ``hparams`` (see :func:`backbone_for`)."""
     input_shape = tuple(input_shape)
-    if len(input_shape) == 3 and input_shape[1:3] == (28, 28):
+    if len(input_shape) != 3:
+        raise ValueError(f"featurizers take (channels, height, width) inputs, got {input_shape}")
+    choice = backbone_for(input_shape, hparams)
+    if choice == "mnist_cnn":
         return MNIST_CNN(input_shape, hparams.get("mnist_cnn_width", 128))
-    if len(input_shape) == 3 and input_shape[1:3] == (224, 224):
-        return ViT(input_shape, hparams) if hparams["vit"] else ResNet(input_shape, hparams)
-    raise NotImplementedError(
-        f"no featurizer for input shape {input_shape}; supported: (C, 28, 28) -> MNIST CNN, "
-        "(C, 224, 224) -> ResNet or ViT (hparam 'vit')"
-    )
+    if choice == "lenet":
+        return LeNet(input_shape)
+    if choice == "resnet":
+        return ResNet(input_shape, hparams)
+    if choice == "vit":
+        return ViT(input_shape, hparams)
+    from dg_plugins.hparams import BACKBONES
+
+    raise ValueError(f"unknown backbone {choice!r}; choices: {', '.join(BACKBONES)}")
 
 
 def Classifier(in_features: int, out_features: int, is_nonlinear: bool = False) -> nn.Module:

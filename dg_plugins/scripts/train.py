@@ -44,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n_workers", type=int, default=None,
                    help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
                    "in-memory datasets always load in-process)")
+    alignment = p.add_argument_group(
+        "IP/OOP evaluation", "split every test environment by CLIP alignment score and record "
+        "env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts.alignment_scores)")
+    alignment.add_argument("--alignment_scores", type=str, default=None,
+                           help="score file (CSV) written by dg_plugins.scripts.alignment_scores")
+    alignment.add_argument("--alignment_threshold", type=float, default=None,
+                           help="IP if score >= threshold, else OOP (default 0.4)")
+    alignment.add_argument("--alignment_preset", type=str, default=None,
+                           help="a named split rule, e.g. teterwak2025 (cleaning cuts + threshold)")
     return p
 
 

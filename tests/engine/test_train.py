@@ -136,6 +136,10 @@ def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
     (["--dataset", "NoSuchSet"], "unknown dataset 'NoSuchSet'; registered datasets: Debug28"),
     (["--hparams", "{batch_size: 8}"], "--hparams is not valid JSON"),
     (["--hparams", "[1, 2]"], "--hparams must be a JSON object"),
+    (["--hparams", '{"lrr": 0.1}'], "unknown hparam(s) 'lrr' (did you mean 'lr'?) for ERM"),
+    (["--hparams", '{"batch_size": "64"}'], "'batch_size' must be an integer"),
+    (["--hparams", '{"batch_size": 0}'], "hparam 'batch_size' must be > 0, got 0"),
+    (["--hparams", '{"lr": "0.1"}'], "'lr' must be a number"),
     (["--test_envs", "3"], "--test_envs [3] out of range: Debug28 has 3 environments"),
     (["--test_envs", "0", "1", "2"], "leaves no training environment"),
 ])

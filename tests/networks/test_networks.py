@@ -1,4 +1,5 @@
-"""Featurizer choice, random-init and local-checkpoint backbones, offline fail-fast."""
+"""Featurizer choice, stage access, random-init and local-checkpoint backbones, offline
+fail-fast."""
 
 import time
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.networks import (MNIST_CNN, Classifier, Featurizer, PretrainedWeightsUnavailable,
-                                 ResNet, ViT)
+from dg_plugins.networks import (MNIST_CNN, Classifier, Featurizer, LeNet,
+                                 PretrainedWeightsUnavailable, ResNet, ViT, backbone_for)
 
 
 def hp(dataset="PACS", **overrides):
@@ -17,11 +18,79 @@ def hp(dataset="PACS", **overrides):
     return h
 
 
-def test_featurizer_is_chosen_by_input_shape():
+def test_featurizer_is_chosen_by_input_shape_or_the_backbone_hparam():
     assert isinstance(Featurizer((2, 28, 28), hp("Debug28")), MNIST_CNN)
+    assert isinstance(Featurizer((3, 32, 32), hp()), LeNet)
     assert isinstance(Featurizer((3, 224, 224), hp()), ResNet)
-    with pytest.raises(NotImplementedError, match=r"input shape \(3, 64, 64\).*supported"):
+    assert backbone_for((3, 224, 224), hp(vit=True)) == "vit"
+    with pytest.raises(ValueError, match=r"no automatic backbone for input shape \(3, 64, 64\)"
+                                         r".*hparam 'backbone'"):
         Featurizer((3, 64, 64), hp())
+    assert isinstance(Featurizer((3, 64, 64), hp(backbone="resnet")), ResNet)
+    net = Featurizer((3, 64, 64), hp(backbone="mnist_cnn"))
+    assert isinstance(net, MNIST_CNN) and net(torch.randn(2, 3, 64, 64)).shape == (2, 128)
+
+
+def test_a_dataset_names_its_default_backbone():
+    from dg_plugins import catalog
+
+    catalog.declare_dataset("TestDigits32", ["a", "b"], backbone="lenet")
+    assert hparams_lib.default_hparams("ERM", "TestDigits32")["backbone"] == "lenet"
+    assert hparams_lib.default_hparams("ERM", "PACS")["backbone"] == "auto"
+
+
+@pytest.mark.parametrize("make, shape, stage", [
+    (lambda: MNIST_CNN((1, 28, 28), width=32), (2, 1, 28, 28), "block4"),
+    (lambda: LeNet((3, 32, 32)), (2, 3, 32, 32), "fc1"),
+    (lambda: ResNet((3, 224, 224), hp()), (2, 3, 224, 224), "layer3"),
+])
+def test_stages_compose_to_the_whole_network_and_hooks_see_stage_inputs(make, shape, stage):
+    torch.manual_seed(0)
+    net = make().eval()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        whole = net(x)
+        h = net.forward_stages(x, stop=stage)
+        assert h.shape[1] == net.stage_widths[stage]
+        torch.testing.assert_close(net.forward_stages(h, start=stage), whole)
+        seen = {}
+
+        def zero_half(t, name=stage):
+            seen[name] = t.shape
+            t = t.clone()
+            t[:, : t.shape[1] // 2] = 0
+            return t
+
+        hooked = net.forward_stages(x, hooks={stage: zero_half})
+        assert seen[stage] == h.shape and not torch.allclose(hooked, whole)
+        manual = net.forward_stages(zero_half(h), start=stage)
+        torch.testing.assert_close(hooked, manual)
+    assert whole.shape == (2, net.n_outputs)
+    with pytest.raises(ValueError, match="has no stage 'nope'; its stages are"):
+        net.forward_stages(x, stop="nope")
+
+
+def test_resnet_stage_widths_match_torchvision_and_timm_layouts():
+    assert ResNet((3, 224, 224), hp()).stage_widths == {
+        "layer1": 64, "layer2": 64, "layer3": 128, "layer4": 256}
+    timm_r50 = ResNet((3, 224, 224), hp(resnet50_augmix=True))
+    assert timm_r50.stage_widths == {"layer1": 64, "layer2": 256, "layer3": 512, "layer4": 1024}
+    timm_r50.eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(timm_r50(x), timm_r50.network(x))
+
+
+def test_lenet_layout():
+    net = LeNet((3, 32, 32))
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == [
+        (3, 64, (5, 5)), (64, 128, (5, 5))]
+    assert [(m.in_features, m.out_features) for m in linears] == [(128 * 5 * 5, 1024),
+                                                                  (1024, 1024)]
+    with pytest.raises(ValueError, match="at least 16x16"):
+        LeNet((3, 12, 12))
 
 
 def test_mnist_cnn_matches_domainbeds_layout_and_width_option():
