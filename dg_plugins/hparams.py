@@ -116,8 +116,9 @@ def base_space(dataset: str) -> Space:
         # dg_plugins additions (not in DomainBed): which backbone, its weights, the timm ViT.
         "pretrained": (True, _constant(True)),
         "pretrained_path": (None, _constant(None)),
-        "vit_arch": ("vit_small_patch16_224.augreg_in21k_ft_in1k",
-                     _constant("vit_small_patch16_224.augreg_in21k_ft_in1k")),
+        # "auto": timm's vit_small_patch16_224.augreg_in21k_ft_in1k at 224x224, a small ViT at
+        # 28x28 (dg_plugins.networks.vit); or any timm ViT name or preset.
+        "vit_arch": ("auto", _constant("auto")),
     }
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
     space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))

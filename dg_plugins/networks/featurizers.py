@@ -10,69 +10,12 @@ exposes ``n_outputs`` (the feature width) like every featurizer.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn as nn
 
 from dg_plugins.networks import pretrained as weights
-
-Hook = Callable[[torch.Tensor], torch.Tensor]
-
-
-class StagedFeaturizer(nn.Module):
-    """A featurizer split into ``stem``, named ``stages`` and ``pool``.
-
-    Subclasses implement :meth:`stem`, :meth:`stage` and :meth:`pool` and set ``stage_names``,
-    ``stage_widths`` (name -> channels or features of the stage's *input*) and ``n_outputs``.
-    ``forward(x) == forward_stages(x)``.
-    """
-
-    stage_names: tuple[str, ...] = ()
-    stage_widths: dict[str, int]
-    n_outputs: int
-
-    def stem(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def stage(self, name: str) -> nn.Module:
-        raise NotImplementedError
-
-    def pool(self, h: torch.Tensor) -> torch.Tensor:
-        """The last stage's output -> the ``[N, n_outputs]`` feature (pooling, dropout)."""
-        raise NotImplementedError
-
-    def check_stage(self, name: str) -> str:
-        if name not in self.stage_names:
-            raise ValueError(f"{type(self).__name__} has no stage {name!r}; its stages are "
-                             f"{', '.join(self.stage_names)}")
-        return name
-
-    def forward_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None,
-                       hooks: dict[str, Hook] | None = None) -> torch.Tensor:
-        """Run part of the network.
-
-        ``start=None``: ``x`` is the image (the stem runs first); else ``x`` is the input of stage
-        ``start``. ``stop=None``: run to the pooled feature; else return the input of stage
-        ``stop`` (before its hook). ``hooks[name]`` transforms the input of stage ``name`` before
-        the stage runs (e.g. a channel mask)."""
-        hooks = hooks or {}
-        for name in hooks:
-            self.check_stage(name)
-        names = list(self.stage_names)
-        first = names.index(self.check_stage(start)) if start is not None else 0
-        last = names.index(self.check_stage(stop)) if stop is not None else len(names)
-        if first > last:
-            raise ValueError(f"stage {start!r} comes after stage {stop!r}")
-        h = self.stem(x) if start is None else x
-        for name in names[first:last]:
-            if name in hooks:
-                h = hooks[name](h)
-            h = self.stage(name)(h)
-        return h if stop is not None else self.pool(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_stages(x)
+from dg_plugins.networks.staged import StagedFeaturizer
+from dg_plugins.networks.vit import ViTFeaturizer
 
 
 class MNIST_CNN(StagedFeaturizer):
@@ -235,42 +178,6 @@ def _torchvision_resnet(arch: str, download: bool):
     return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 
-class ViT(nn.Module):
-    """A timm Vision Transformer featurizer (dg_plugins addition; DomainBed only has DINOv2 via
-    torch.hub). ``vit_arch`` names the timm model; with ``dinov2`` the model is timm's DINOv2
-    ViT-B/14 and the feature is DomainBed's recipe: the class tokens of the last 4 blocks plus the
-    mean patch token of the last block (DomainBed's ``DinoV2``). ``vit_attn_tune`` trains
-    attention weights only.
-    """
-
-    def __init__(self, input_shape, hparams):
-        super().__init__()
-        if input_shape[0] != 3:
-            raise ValueError(f"ViT featurizers need 3-channel input, got shape {input_shape}")
-        use_pretrained = hparams.get("pretrained", True)
-        local_path = hparams.get("pretrained_path")
-        download = use_pretrained and not local_path
-        self.dinov2 = bool(hparams["dinov2"])
-        arch = "vit_base_patch14_dinov2.lvd142m" if self.dinov2 else hparams["vit_arch"]
-        self.network = weights.timm_model(arch, download, num_classes=0, img_size=input_shape[1])
-        if use_pretrained and local_path:
-            weights.load_local_weights(self.network, local_path)
-        width = self.network.num_features
-        self.n_outputs = 5 * width if self.dinov2 else width
-        self.dropout = nn.Dropout(hparams["vit_dropout"])
-        if hparams["vit_attn_tune"]:
-            for name, p in self.network.named_parameters():
-                p.requires_grad_("attn" in name)
-
-    def forward(self, x):
-        if not self.dinov2:
-            return self.dropout(self.network(x))
-        blocks = self.network.get_intermediate_layers(x, n=4, return_prefix_tokens=True, norm=True)
-        class_tokens = [prefix[:, 0] for _, prefix in blocks]
-        mean_patch = blocks[-1][0].mean(dim=1)
-        return self.dropout(torch.cat(class_tokens + [mean_patch], dim=-1))
-
-
 #: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32).
 AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet or vit"}
 
@@ -311,7 +218,7 @@ def Featurizer(input_shape, hparams) -> nn.Module:
     if choice == "resnet":
         return ResNet(input_shape, hparams)
     if choice == "vit":
-        return ViT(input_shape, hparams)
+        return ViTFeaturizer(input_shape, hparams)
     from dg_plugins.hparams import BACKBONES
 
     raise ValueError(f"unknown backbone {choice!r}; choices: {', '.join(BACKBONES)}")

@@ -51,6 +51,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 from dg_plugins.networks import pretrained as weights
+from dg_plugins.networks.staged import StagedFeaturizer
 
 # --------------------------------------------------------------------------------------------
 # Presets and architecture choice
@@ -555,7 +556,7 @@ def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
 # ERM's ViT featurizer
 # --------------------------------------------------------------------------------------------
 
-class ViTFeaturizer(nn.Module):
+class ViTFeaturizer(StagedFeaturizer):
     """A timm ViT featurizer: ``forward(x)`` returns the pooled feature ``[B, n_outputs]``.
 
     hparams:
@@ -572,7 +573,14 @@ class ViTFeaturizer(nn.Module):
     The feature is timm's pooled pre-logits (the final-normed class token for class-token ViTs);
     ``network`` is the timm model (no head). Unlike DomainBed's DinoV2, inputs with other than 3
     channels are accepted (pretrained patch filters are adapted; see :func:`create_vit`).
+
+    Stages (the :class:`~dg_plugins.networks.staged.StagedFeaturizer` interface): the stem is
+    :func:`embed_tokens`, stage ``blockI`` is ``network.blocks[I]`` (input ``[B, tokens, width]``,
+    so a channel hook acts on the last dimension), the pool is :func:`pool_tokens` then dropout.
+    The DINOv2 recipe pools over several blocks and has no stage access.
     """
+
+    channel_dim = -1
 
     def __init__(self, input_shape: Sequence[int], hparams: Mapping):
         super().__init__()
@@ -583,10 +591,24 @@ class ViTFeaturizer(nn.Module):
                                   pretrained_path=hparams.get("pretrained_path"), num_classes=0)
         width = self.network.num_features
         self.n_outputs = 5 * width if self.dinov2 else width
+        self.stage_names = tuple(f"block{i}" for i in range(len(self.network.blocks)))
+        self.stage_widths = {name: self.network.embed_dim for name in self.stage_names}
         self.dropout = nn.Dropout(hparams["vit_dropout"])
         if hparams["vit_attn_tune"]:
             for name, p in self.network.named_parameters():
                 p.requires_grad_("attn" in name)
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dinov2:
+            raise ValueError("the DINOv2 featurizer pools over several blocks and has no stage "
+                             "access; use another vit_arch (hparam dinov2 false)")
+        return embed_tokens(self.network, x)
+
+    def stage(self, name: str) -> nn.Module:
+        return self.network.blocks[self.stage_names.index(self.check_stage(name))]
+
+    def pool(self, h: torch.Tensor) -> torch.Tensor:
+        return self.dropout(pool_tokens(self.network, final_norm(self.network, h)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.dinov2:

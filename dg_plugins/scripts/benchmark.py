@@ -1,11 +1,21 @@
-"""``python -m dg_plugins.scripts.benchmark``: cost of each registered algorithm relative to ERM.
+"""``python -m dg_plugins.scripts.benchmark``: cost of registered algorithms relative to a
+baseline algorithm (default ERM), measured in one process.
 
-For every registered algorithm (or those matching ``--algorithms``), on the same dataset shape,
-backbone and batch, in one process: the median wall time of a training step (``update``) over
-``--steps`` repeated steps after ``--warmup``, and the peak memory of a step — persistent tensors
-(parameters, buffers, optimizer state) plus the peak of the step's own allocations. On CUDA the
-peak is ``torch.cuda.max_memory_allocated``; on CPU it is computed from the torch profiler's
-allocation events. Ratios are against ERM measured in the same run.
+For the baseline and every algorithm matching ``--algorithms`` (a shell pattern or a
+comma-separated list), on the same dataset shape and batch (``--batch_size`` per environment x
+``--num_domains`` environments): the median wall time of a training step (``update``) over
+``--steps`` steps after ``--warmup``; with ``--predict`` the median time of ``predict`` on one
+batch in eval mode; the peak memory of a step (persistent tensors: parameters, buffers, optimizer
+state; plus the peak of the step's own allocations: ``torch.cuda.max_memory_allocated`` on CUDA,
+the torch profiler's allocation events on CPU); and the parameter counts (all / trainable).
+Ratios are against the baseline measured in the same run.
+
+``--hparams`` (JSON) applies to the algorithms and, unless ``--baseline_hparams`` is given, to
+the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``. Examples::
+
+    # DMG vs ERM on the same ResNet-18, 224x224, with predict cost
+    python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms DMG --predict \
+        --hparams '{"resnet18": true, "resnet50_augmix": false}' --batch_size 16
 
 With ``--domainbed PATH`` it also times a whole train job (ERM, Debug28, 9 steps, batch 8) with
 dg_plugins' train and with DomainBed's (a checkout at PATH), alternating, and prints the median
@@ -92,62 +102,122 @@ def _step_peak_bytes(algorithm, batches, device) -> int:
     return peak
 
 
-def measure_algorithm(name: str, dataset, hparams: dict, steps: int, warmup: int,
-                      device) -> dict:
+def _median_time(fn, steps: int, device) -> float:
+    from dg_plugins.runtime import synchronize
+
+    times = []
+    for _ in range(steps):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_algorithm(name: str, dataset, hparams: dict, steps: int, warmup: int, device,
+                      num_domains: int = 2, predict: bool = False) -> dict:
     import torch
 
     from dg_plugins.registry import ALGORITHMS
 
     torch.manual_seed(0)
-    envs = list(range(min(2, len(dataset))))
-    algorithm = ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, len(envs), hparams)
+    envs = [i % len(dataset) for i in range(num_domains)]
+    algorithm = ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, num_domains,
+                                     hparams)
     algorithm.to(device)
     batches = _minibatches(dataset, hparams["batch_size"], envs, device)
     for _ in range(warmup):
         algorithm.update(batches, None)
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        algorithm.update(batches, None)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    peak = _persistent_bytes(algorithm) + _step_peak_bytes(algorithm, batches, device)
-    return {"step_s": statistics.median(times), "peak_bytes": peak}
+    row = {"step_s": _median_time(lambda: algorithm.update(batches, None), steps, device)}
+    row["peak_bytes"] = (_persistent_bytes(algorithm)
+                         + _step_peak_bytes(algorithm, batches, device))
+    row["params"] = sum(p.numel() for p in algorithm.parameters())
+    row["trainable"] = sum(p.numel() for p in algorithm.parameters() if p.requires_grad)
+    if predict:
+        x = batches[0][0]
+        algorithm.eval()
+        with torch.no_grad():
+            for _ in range(max(1, warmup)):
+                algorithm.predict(x)
+            row["predict_s"] = _median_time(lambda: algorithm.predict(x), steps, device)
+        algorithm.train()
+    return row
+
+
+def _names(pattern: str, baseline: str) -> list[str]:
+    from dg_plugins.registry import ALGORITHMS
+
+    if "," in pattern or pattern in ALGORITHMS:
+        names = [n.strip() for n in pattern.split(",") if n.strip()]
+        for n in names:
+            ALGORITHMS.get(n)  # unknown names raise with the choices
+    else:
+        names = ALGORITHMS.list(pattern)
+    ALGORITHMS.get(baseline)
+    return [baseline] + [n for n in names if n != baseline]
+
+
+def _device_label(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def benchmark_algorithms(args) -> list[dict]:
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.engine import plugins
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+    from dg_plugins.runtime import pick_device
+
     import torch
 
-    import dg_plugins.algorithms  # noqa: F401
-    import dg_plugins.datasets  # noqa: F401
-    from dg_plugins import hparams as hparams_lib
-    from dg_plugins.registry import ALGORITHMS, DATASETS
-
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    plugins.load()
+    device = pick_device(args.device)
     torch.manual_seed(0)
     dataset = DATASETS.get(args.dataset)(args.data_dir, [], {})
-    names = ["ERM"] + [n for n in ALGORITHMS.list(args.algorithms) if n != "ERM"]
+    names = _names(args.algorithms, args.baseline)
+    overrides = hparams_lib.parse_overrides(args.hparams)
+    baseline_overrides = (overrides if args.baseline_hparams is None
+                          else hparams_lib.parse_overrides(args.baseline_hparams))
     rows = []
-    for name in names:
+    for index, name in enumerate(names):
+        changes = {"batch_size": args.batch_size, "pretrained": args.pretrained}
+        if args.tiny:
+            changes.update(ALGORITHMS.get(name).TINY_TEST_HPARAMS)
+        changes.update(baseline_overrides if index == 0 else overrides)
         hp = hparams_lib.default_hparams(name, args.dataset)
-        hp.update(batch_size=args.batch_size, pretrained=args.pretrained)
-        hp.update(hparams_lib.parse_overrides(args.hparams))
-        rows.append({"algorithm": name, **measure_algorithm(name, dataset, hp, args.steps,
-                                                            args.warmup, device)})
-    erm = rows[0]
+        hp.update(hparams_lib.validate(name, args.dataset, changes))
+        rows.append({"algorithm": name, **measure_algorithm(
+            name, dataset, hp, args.steps, args.warmup, device, args.num_domains, args.predict)})
+    base = rows[0]
     for row in rows:
-        row["time_ratio"] = row["step_s"] / erm["step_s"]
-        row["mem_ratio"] = row["peak_bytes"] / erm["peak_bytes"]
-    print(f"Per-step cost relative to ERM: dataset {args.dataset}, batch {args.batch_size} per "
-          f"environment x 2 environments, device {device}, median of {args.steps} steps after "
-          f"{args.warmup} warm-up steps, one process")
-    print(f"{'algorithm':<12} {'step ms':>9} {'x ERM':>7} {'peak MiB':>9} {'x ERM':>7}")
+        row["time_ratio"] = row["step_s"] / base["step_s"]
+        row["mem_ratio"] = row["peak_bytes"] / base["peak_bytes"]
+        if args.predict:
+            row["predict_ratio"] = row["predict_s"] / base["predict_s"]
+    print(f"Per-step cost relative to {args.baseline}: dataset {args.dataset} "
+          f"{tuple(dataset.input_shape)}, batch {args.batch_size} per environment x "
+          f"{args.num_domains} environments, device {_device_label(device)}, median of "
+          f"{args.steps} steps after {args.warmup} warm-up steps, one process")
+    print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
+          f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
+    header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7}"
+    if args.predict:
+        header += f" {'predict ms':>10} {'x base':>7}"
+    header += f" {'peak MiB':>9} {'x base':>7} {'params M':>9} {'trainable M':>11}"
+    print(header)
     for row in rows:
-        print(f"{row['algorithm']:<12} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f} "
-              f"{row['peak_bytes'] / 2**20:>9.1f} {row['mem_ratio']:>7.2f}")
+        line = f"{row['algorithm']:<14} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f}"
+        if args.predict:
+            line += f" {1000 * row['predict_s']:>10.1f} {row['predict_ratio']:>7.2f}"
+        line += (f" {row['peak_bytes'] / 2**20:>9.1f} {row['mem_ratio']:>7.2f}"
+                 f" {row['params'] / 1e6:>9.3f} {row['trainable'] / 1e6:>11.3f}")
+        print(line)
     return rows
 
 
@@ -187,11 +257,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="Debug28")
     p.add_argument("--data_dir", default=None)
-    p.add_argument("--algorithms", default="*", help="shell pattern over registered names")
-    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--algorithms", default="*",
+                   help="shell pattern over registered names, or a comma-separated list")
+    p.add_argument("--baseline", default="ERM", help="the algorithm ratios are taken against")
+    p.add_argument("--batch_size", type=int, default=8, help="per environment")
+    p.add_argument("--num_domains", type=int, default=2, help="source environments per step")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--predict", action="store_true", help="also time predict() on one batch")
     p.add_argument("--hparams", default=None, help="JSON overrides for every algorithm")
+    p.add_argument("--baseline_hparams", default=None,
+                   help="JSON overrides for the baseline (default: --hparams)")
+    p.add_argument("--tiny", action="store_true",
+                   help="apply each algorithm's TINY_TEST_HPARAMS first (smoke runs)")
     p.add_argument("--pretrained", action="store_true",
                    help="use pretrained backbones (default: random init, no download)")
     p.add_argument("--device", default=None)

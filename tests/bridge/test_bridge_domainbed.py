@@ -39,9 +39,11 @@ PLUGIN_MODULE = "plugin_fixture_alg"
 TEST_ALGORITHM = "BridgeTestAlg"
 TEST_DATASET = "BridgeTestData"
 BENCHMARK = "RotatedMNIST5k"
-#: Every algorithm of ours that DomainBed lacks (a method joins by registering) + the test one.
+#: Every built-in algorithm of ours that DomainBed lacks (a method joins by registering) + the
+#: test one.
 PLUGIN_ALGORITHMS = list(dict.fromkeys(
-    [n for n in ALGORITHMS.list() if n not in catalog.DOMAINBED_ALGORITHMS] + [TEST_ALGORITHM]))
+    [n for n in catalog.BUILTIN_ALGORITHMS if n not in catalog.DOMAINBED_ALGORITHMS]
+    + [TEST_ALGORITHM]))
 SWEEP_HPARAMS = '{"batch_size": 8}'  # Debug-sized environments: DomainBed hangs on bigger batches
 TIMEOUT = 900
 

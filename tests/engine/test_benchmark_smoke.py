@@ -1,11 +1,25 @@
-"""The benchmark harness runs and reports ratios against ERM (no timing assertion)."""
+"""The benchmark harness runs every registered algorithm and reports ratios against the baseline
+(no timing assertion: speed targets are met in benchmark runs, never in unit tests)."""
 
+import pytest
+
+from dg_plugins.registry import ALGORITHMS, UnknownNameError
 from dg_plugins.scripts import benchmark
 
 
-def test_benchmark_prints_ratios(capsys):
-    assert benchmark.main(["--steps", "1", "--warmup", "0", "--algorithms", "ERM"]) == 0
+def test_benchmark_prints_ratios_for_every_algorithm(capsys):
+    assert benchmark.main(["--steps", "1", "--warmup", "0", "--tiny", "--predict"]) == 0
     out = capsys.readouterr().out
     assert "Per-step cost relative to ERM" in out
-    erm = next(line for line in out.splitlines() if line.startswith("ERM "))
-    assert erm.split()[2] == "1.00" and erm.split()[4] == "1.00"
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ALGORITHMS}
+    assert set(rows) >= {n for n, cls in ALGORITHMS.items()
+                         if cls.__module__.startswith("dg_plugins.")}
+    erm = rows["ERM"]
+    assert erm[2] == "1.00" and erm[4] == "1.00" and erm[6] == "1.00"  # step, predict, memory
+    assert float(erm[7]) > 0  # parameters, in millions
+
+
+def test_benchmark_baseline_and_names_are_checked():
+    with pytest.raises(UnknownNameError, match="did you mean 'ERM'"):
+        benchmark.main(["--steps", "1", "--baseline", "ERN"])

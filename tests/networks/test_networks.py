@@ -8,7 +8,8 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.networks import (MNIST_CNN, Classifier, Featurizer, LeNet,
-                                 PretrainedWeightsUnavailable, ResNet, ViT, backbone_for)
+                                 PretrainedWeightsUnavailable, ResNet, ViTFeaturizer,
+                                 backbone_for)
 
 
 def hp(dataset="PACS", **overrides):
@@ -43,6 +44,7 @@ def test_a_dataset_names_its_default_backbone():
     (lambda: MNIST_CNN((1, 28, 28), width=32), (2, 1, 28, 28), "block4"),
     (lambda: LeNet((3, 32, 32)), (2, 3, 32, 32), "fc1"),
     (lambda: ResNet((3, 224, 224), hp()), (2, 3, 224, 224), "layer3"),
+    (lambda: ViTFeaturizer((1, 28, 28), hp(vit_arch="auto")), (2, 1, 28, 28), "block5"),
 ])
 def test_stages_compose_to_the_whole_network_and_hooks_see_stage_inputs(make, shape, stage):
     torch.manual_seed(0)
@@ -51,15 +53,15 @@ def test_stages_compose_to_the_whole_network_and_hooks_see_stage_inputs(make, sh
     with torch.no_grad():
         whole = net(x)
         h = net.forward_stages(x, stop=stage)
-        assert h.shape[1] == net.stage_widths[stage]
+        assert h.shape[net.channel_dim] == net.stage_widths[stage]
         torch.testing.assert_close(net.forward_stages(h, start=stage), whole)
         seen = {}
 
         def zero_half(t, name=stage):
             seen[name] = t.shape
-            t = t.clone()
+            t = t.clone().movedim(net.channel_dim, 1)
             t[:, : t.shape[1] // 2] = 0
-            return t
+            return t.movedim(1, net.channel_dim)
 
         hooked = net.forward_stages(x, hooks={stage: zero_half})
         assert seen[stage] == h.shape and not torch.allclose(hooked, whole)
@@ -145,7 +147,7 @@ def test_offline_pretrained_weights_fail_fast_with_the_fixes(overrides, what):
 
 def test_timm_vit_featurizer():
     net = Featurizer((3, 224, 224), hp(vit=True, vit_arch="vit_tiny_patch16_224"))
-    assert isinstance(net, ViT) and net.n_outputs == 192
+    assert isinstance(net, ViTFeaturizer) and net.n_outputs == 192
     assert net(torch.randn(2, 3, 224, 224)).shape == (2, 192)
 
 

@@ -1,0 +1,71 @@
+"""The staged-featurizer interface: ``stem -> named stages -> pool``, so that a method can act on
+the input of a given stage (e.g. DMG's channel masks) and on the pooled feature without re-walking
+the network by hand."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+Hook = Callable[[torch.Tensor], torch.Tensor]
+
+
+class StagedFeaturizer(nn.Module):
+    """A featurizer split into ``stem``, named ``stages`` and ``pool``.
+
+    Subclasses implement :meth:`stem`, :meth:`stage` and :meth:`pool` and set ``stage_names``,
+    ``stage_widths`` (name -> channels or features of the stage's *input*, along
+    ``channel_dim``) and ``n_outputs``.
+    ``forward(x) == forward_stages(x)``.
+    """
+
+    stage_names: tuple[str, ...] = ()
+    stage_widths: dict[str, int]
+    n_outputs: int
+    #: The dimension of a stage input that ``stage_widths`` counts: 1 for ``[N, C, H, W]`` maps
+    #: and ``[N, F]`` vectors, -1 for ``[N, tokens, width]`` transformer tokens.
+    channel_dim: int = 1
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stage(self, name: str) -> nn.Module:
+        raise NotImplementedError
+
+    def pool(self, h: torch.Tensor) -> torch.Tensor:
+        """The last stage's output -> the ``[N, n_outputs]`` feature (pooling, dropout)."""
+        raise NotImplementedError
+
+    def check_stage(self, name: str) -> str:
+        if name not in self.stage_names:
+            raise ValueError(f"{type(self).__name__} has no stage {name!r}; its stages are "
+                             f"{', '.join(self.stage_names)}")
+        return name
+
+    def forward_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None,
+                       hooks: dict[str, Hook] | None = None) -> torch.Tensor:
+        """Run part of the network.
+
+        ``start=None``: ``x`` is the image (the stem runs first); else ``x`` is the input of stage
+        ``start``. ``stop=None``: run to the pooled feature; else return the input of stage
+        ``stop`` (before its hook). ``hooks[name]`` transforms the input of stage ``name`` before
+        the stage runs (e.g. a channel mask)."""
+        hooks = hooks or {}
+        for name in hooks:
+            self.check_stage(name)
+        names = list(self.stage_names)
+        first = names.index(self.check_stage(start)) if start is not None else 0
+        last = names.index(self.check_stage(stop)) if stop is not None else len(names)
+        if first > last:
+            raise ValueError(f"stage {start!r} comes after stage {stop!r}")
+        h = self.stem(x) if start is None else x
+        for name in names[first:last]:
+            if name in hooks:
+                h = hooks[name](h)
+            h = self.stage(name)(h)
+        return h if stop is not None else self.pool(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_stages(x)
