@@ -1,11 +1,21 @@
 """Datasets: importing this package registers every built-in dataset (no torchvision import:
-image transforms load lazily when an image dataset is built)."""
+image transforms load lazily when an image dataset is built).
+
+Every module of this package (``base`` and private ``_*`` modules excluded) is imported here, in
+name order, and its ``@register_dataset`` classes register themselves: adding a dataset is adding
+one file.
+"""
+
+import importlib
+import pkgutil
 
 from dg_plugins.datasets.base import MultipleDomainDataset, num_environments, register_dataset
-from dg_plugins.datasets import debug  # noqa: F401  (registers Debug28, Debug224)
-from dg_plugins.datasets import mnist  # noqa: F401  (ColoredMNIST, RotatedMNIST, RotatedMNIST5k)
-from dg_plugins.datasets import image_folder  # noqa: F401  (VLCS ... DomainNet, ImageFolder)
-from dg_plugins.datasets.image_folder import (
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)
+                      if m.name != "base" and not m.name.startswith("_")):
+    importlib.import_module(f"{__name__}.{_module}")
+
+from dg_plugins.datasets.image_folder import (  # noqa: E402
     ImageFolderEnvironment, MultipleEnvironmentImageFolder, make_image_folder_dataset,
 )
 
