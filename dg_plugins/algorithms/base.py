@@ -105,6 +105,24 @@ class Algorithm(nn.Module):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # Unsupervised DG (UDG) protocol: self-supervised pretraining on unlabelled source domains,
+    # then fine-tuning on a labelled fraction (dg_plugins.algorithms.udg builds the fine-tuner).
+
+    def pretrain_update(self, images: list[torch.Tensor]) -> dict:
+        """One self-supervised step on unlabelled image batches, one per source environment (its
+        list index is the domain label); returns a dict of floats like :meth:`update`. Only
+        algorithms with a self-supervised phase (DisMAE, MAE) implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
+
+    def pretrained_state(self) -> dict[str, torch.Tensor]:
+        """The weights fine-tuning starts from after :meth:`pretrain_update` steps (e.g. the
+        semantic encoder), in the key names of the fine-tuning model."""
+        raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
+
+    @classmethod
+    def supports_pretraining(cls) -> bool:
+        return cls.pretrain_update is not Algorithm.pretrain_update
+
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimizer the algorithm holds, by attribute path (saved in resume checkpoints)."""
         return _collect(self, torch.optim.Optimizer)
