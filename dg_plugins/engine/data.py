@@ -73,6 +73,16 @@ def worker_budget(dataset_n_workers: int) -> int:
     return max(0, min(dataset_n_workers, os.cpu_count() or 1))
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers ignore SIGTERM/SIGINT: a signal to the whole process group (Ctrl-C, a
+    sweep forwarding Slurm's SIGTERM) must reach only the train process, which stops at a step
+    boundary and then ends its workers itself."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _collate(items):
     xs, ys = zip(*items)
     return torch.stack(list(xs)), torch.as_tensor(ys)
@@ -129,7 +139,8 @@ class BatchStream:
         if self._loader_iter is None:
             loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(self),
                                 num_workers=self.num_workers, collate_fn=_collate,
-                                persistent_workers=True, prefetch_factor=2)
+                                persistent_workers=True, prefetch_factor=2,
+                                worker_init_fn=_ignore_stop_signals)
             self._loader_iter = iter(loader)
             self._consumed_at_start = self.drawn
             self._consumed = 0
@@ -160,7 +171,8 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int):
             yield tensors[0][picked], tensors[1][picked]
         return
     yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                          collate_fn=_collate)
+                          collate_fn=_collate,
+                          worker_init_fn=_ignore_stop_signals if num_workers else None)
 
 
 @torch.no_grad()

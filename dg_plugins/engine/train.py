@@ -1,13 +1,23 @@
-"""One training job, DomainBed-compatible (protocol spec 7), resumable.
+"""One training job, DomainBed-compatible (``domainbed/scripts/train.py``), resumable.
 
 ``run(args)`` takes the parsed train CLI namespace (see :mod:`dg_plugins.scripts.train`) and
 writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``results.jsonl``
 (one sorted-key JSON record per checkpoint), ``model.pkl`` and, last, ``done``. Beyond DomainBed:
 
-* ``checkpoint.pt`` (atomic) after every record: model, optimizers, batch streams, RNG states and
-  the record count. ``--resume`` continues from it and writes the same records (timing aside) as an
-  uninterrupted run with the same seed; records written after the checkpoint are dropped first.
-  It is deleted once the job is done.
+* ``checkpoint.pt`` (atomic) after every record: model, optimizers, LR schedulers, batch streams,
+  RNG states, the record count, the job's args and hparams. ``--resume`` continues from it and
+  writes the same records (timing aside) as an uninterrupted run with the same seed; records
+  written after the checkpoint are dropped first. It is deleted once the job is done.
+* Guarantees (each tested): bad input (unknown names, mistyped or out-of-range hparams,
+  non-positive ``--steps``/``--checkpoint_freq``) is rejected before anything is written; a
+  finished job is never rerun over (``--force`` starts it over); a folder holding records of an
+  interrupted run is continued only with ``--resume`` and only with the same arguments and hparams
+  (the differences are listed otherwise; ``output_dir`` and ``data_dir`` may change); every record
+  is fsynced before the checkpoint that counts it, and resume checks that the kept records are
+  complete and as many as counted; one process at a time holds a job folder (an exclusive lock,
+  released when the process dies); leftover temporary files of an interrupted atomic write are
+  removed; SIGTERM/SIGINT stop the job at the next step boundary with a checkpoint and exit status
+  143/130, so ``--resume`` continues exactly there.
 * A NaN/inf value returned by ``update`` stops the job with an error (no ``done``).
 * ``--device`` (default: cuda when available), in-process loading of in-memory data, a progress
   bar on a terminal.
@@ -15,10 +25,13 @@ writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``r
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -33,7 +46,7 @@ from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_hash
 
-#: The keys of ``args`` in records: DomainBed's train CLI, exactly (spec 7.5).
+#: The keys of ``args`` in records: DomainBed's train CLI, exactly.
 DOMAINBED_ARG_KEYS = (
     "algorithm", "checkpoint_freq", "data_dir", "dataset", "holdout_fraction", "hparams",
     "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed", "skip_model_save",
@@ -43,10 +56,30 @@ DOMAINBED_ARG_KEYS = (
 EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset")
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULTS_FILE = "results.jsonl"
+DONE_FILE = "done"
+LOCK_FILE = ".lock"
+#: Record args that may differ between a checkpoint and the resuming command (paths).
+RESUMABLE_ARG_CHANGES = ("output_dir", "data_dir")
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
+
+
+class JobStateError(ValueError):
+    """The output folder's state does not allow the requested run (done, interrupted, busy, or
+    inconsistent); the message says what to do."""
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT stopped the job at a step boundary after a checkpoint; exit with
+    ``128 + signum``."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; a "
+                         "checkpoint was written: rerun the same command with --resume to continue")
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 def user_errors() -> tuple:
@@ -71,6 +104,11 @@ def validate(args) -> None:
     dataset_cls = DATASETS.get(args.dataset)
     ALGORITHMS.get(args.algorithm)
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
+    for flag in ("steps", "checkpoint_freq"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} must be a positive integer, got {value} (leave it out for "
+                             "the dataset's default)")
     if dataset_cls.ENVIRONMENTS:  # datasets that find their environments on disk check later
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     if not 0 <= args.holdout_fraction < 1:
@@ -220,198 +258,452 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[st
     return out
 
 
-def _already_written_records(path: str) -> int:
+# --------------------------------------------------------------------------------------------------
+# The output folder: lock, temporary files, records
+
+
+class FolderLock:
+    """An exclusive ``flock`` on ``<output_dir>/.lock`` for the life of the job: a second train
+    process on the same folder (or a ``--resume`` while the job still runs) fails at once with a
+    clear message. The kernel releases the lock when the process dies, however it dies (a killed
+    job leaves the empty lock file behind; it is reused)."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, LOCK_FILE)
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no locking
+            return self
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            self.fd = None
+            raise JobStateError(
+                f"{os.path.dirname(self.path)} is in use by another train process (pid {holder}); "
+                "wait for it to finish, or use another --output_dir") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            # Unlink while still holding the lock, so the finished folder has DomainBed's exact
+            # layout. Safe with non-blocking locks: a process that opened the old file meanwhile
+            # fails (the job was still running); one that opens after gets a fresh file.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+
+
+def remove_temporary_files(folder: str) -> list[str]:
+    """Delete the temp files (``.tmp-*``) that an atomic write interrupted by a kill leaves behind
+    (a checkpoint's can be hundreds of MB). Only called while holding the folder lock."""
+    removed = sorted(glob.glob(os.path.join(glob.escape(folder), ".tmp-*")))
+    for path in removed:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return removed
+
+
+def read_record_lines(path: str) -> list[bytes]:
+    """The lines of ``results.jsonl`` (each with its newline; a torn last line without one is
+    returned as it is)."""
     if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return sum(1 for _ in f)
+        return []
+    with open(path, "rb") as f:
+        return f.read().splitlines(keepends=True)
 
 
-def _truncate_records(path: str, keep: int) -> None:
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = f.readlines()
-    if len(lines) != keep:
-        atomic_write_bytes(path, "".join(lines[:keep]).encode())
+def append_record(path: str, record: dict) -> None:
+    """Append one JSON line and fsync it, so that a checkpoint written afterwards never counts a
+    record the disk does not hold."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    with open(path, "ab") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def run(args, stop_after_step: int | None = None) -> str:
-    """Run one job. Returns "done", "already done" or "stopped" (``stop_after_step`` simulates an
-    interruption right after that step's checkpoint; tests use it)."""
-    validate(args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    done_path = os.path.join(args.output_dir, "done")
-    if args.resume and os.path.exists(done_path):
-        print(f"{args.output_dir} is already done; nothing to resume.")
-        return "already done"
-
-    real_stdout, real_stderr = sys.stdout, sys.stderr
-    sys.stdout = Tee(os.path.join(args.output_dir, "out.txt"), real_stdout)
-    sys.stderr = Tee(os.path.join(args.output_dir, "err.txt"), sys.stdout)
-    try:
-        return _run(args, done_path, stop_after_step, progress_stream=real_stderr)
-    except user_errors() as err:
-        print(f"error: {err}", file=sys.stderr)  # lands in err.txt and out.txt
-        err.reported_in_output_dir = True
-        raise
-    except BaseException:
-        traceback.print_exc()
-        raise
-    finally:
-        tees = (sys.stdout, sys.stderr)
-        sys.stdout, sys.stderr = real_stdout, real_stderr
-        for tee in tees:
-            tee.close()
+def keep_counted_records(path: str, counted: int) -> None:
+    """On resume: the first ``counted`` lines must be complete JSON records; later lines (written
+    after the checkpoint, possibly torn) are dropped."""
+    lines = read_record_lines(path)
+    complete = 0
+    for line in lines[:counted]:
+        if not line.endswith(b"\n"):
+            break
+        try:
+            json.loads(line)
+        except ValueError:
+            break
+        complete += 1
+    if complete < counted:
+        raise JobStateError(
+            f"{path} holds {complete} complete records but the checkpoint counts {counted}: a "
+            "record was lost or damaged (a crash or a full disk?), so the job cannot continue "
+            "consistently. Start it over with --force (or move the folder away).")
+    if len(lines) != counted:
+        atomic_write_bytes(path, b"".join(lines[:counted]))
 
 
-def _run(args, done_path, stop_after_step, progress_stream) -> str:
-    print_environment()
-    record_args = args_for_records(args)
-    print("Args:")
-    for k, v in sorted(record_args.items()):
-        print("\t{}: {}".format(k, v))
-    hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
-                                      args.trial_seed, args.hparams)
-    print("HParams:")
-    for k, v in sorted(hparams.items()):
-        print("\t{}: {}".format(k, v))
+# --------------------------------------------------------------------------------------------------
+# Checkpoints (one save/load pair)
 
-    seed_everything(args.seed)
-    device = pick_device(args.device)
-    dataset_cls = DATASETS.get(args.dataset)
-    dataset = dataset_cls(args.data_dir, args.test_envs, hparams)
-    check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
-    splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
 
-    in_memory = getattr(dataset, "IN_MEMORY", False)
-    workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
-        dataset.N_WORKERS if args.n_workers is None else args.n_workers)
-    train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
-    per_loader_workers = 0 if workers == 0 else max(1, workers // len(train_envs))
-    batch_size = hparams["batch_size"]
-    train_streams = [
-        data.BatchStream(splits.in_splits[i][0], batch_size, seed_hash(args.seed, "train", i),
-                         splits.in_splits[i][1], per_loader_workers)
-        for i in train_envs
-    ]
-    uda_streams = [
-        data.BatchStream(split, batch_size, seed_hash(args.seed, "uda", k), weights,
-                         per_loader_workers)
-        for k, (split, weights) in enumerate(splits.uda_splits)
-    ]
-    for i, stream in zip(train_envs, train_streams):
-        if batch_size > len(stream.dataset):
-            print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
-                  f"({len(stream.dataset)} samples); batches repeat samples (drawn with "
-                  "replacement)", file=sys.stderr)
+def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records: int,
+                    last_keys, accumulated: dict, record_args: dict, hparams: dict) -> None:
+    atomic_torch_save({
+        "next_step": next_step,
+        "model": algorithm.state_dict(),
+        "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
+        "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
+        "streams": [s.state_dict() for s in streams],
+        "rng": rng_state(),
+        "n_records": n_records,
+        "last_keys": last_keys,
+        "accumulated": accumulated,
+        "args": record_args,
+        "hparams": hparams,
+    }, path)
 
-    algorithm = ALGORITHMS.get(args.algorithm)(dataset.input_shape, dataset.num_classes,
-                                               len(train_envs), hparams)
-    algorithm.to(device)
 
-    n_steps = args.steps or dataset.N_STEPS
-    checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
-    steps_per_epoch = min(len(split) / batch_size for split, _ in splits.in_splits)
-    results_path = os.path.join(args.output_dir, RESULTS_FILE)
-    checkpoint_path = os.path.join(args.output_dir, CHECKPOINT_FILE)
+def load_checkpoint(path: str, algorithm, streams) -> dict:
+    """Restore the algorithm, optimizers, schedulers, streams and RNG states from ``path``; returns
+    the checkpoint's bookkeeping (``next_step``, ``n_records``, ``last_keys``, ``accumulated``)."""
+    # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    algorithm.load_state_dict(state["model"])
+    for name, opt in algorithm.optimizers().items():
+        opt.load_state_dict(state["optimizers"][name])
+    for name, scheduler in algorithm.schedulers().items():
+        scheduler.load_state_dict(state["schedulers"][name])
+    for stream, s in zip(streams, state["streams"]):
+        stream.load_state_dict(s)
+    set_rng_state(state["rng"])
+    return state
 
-    start_step, last_keys = 0, None
-    n_records = _already_written_records(results_path)  # the file's line count, kept up to date
-    if args.resume and os.path.exists(checkpoint_path):
-        # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
-        state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        algorithm.load_state_dict(state["model"])
-        for name, opt in algorithm.optimizers().items():
-            opt.load_state_dict(state["optimizers"][name])
-        for name, scheduler in algorithm.schedulers().items():
-            scheduler.load_state_dict(state["schedulers"][name])
-        for stream, s in zip(train_streams + uda_streams, state["streams"]):
-            stream.load_state_dict(s)
-        set_rng_state(state["rng"])
-        start_step, last_keys = state["next_step"], state["last_keys"]
-        n_records = state["n_records"]
-        _truncate_records(results_path, n_records)
-        print(f"Resuming from step {start_step} ({n_records} records kept)")
-    elif args.resume:
-        n_records = 0
-        _truncate_records(results_path, 0)
-        print("No checkpoint to resume from; starting from step 0")
-    elif n_records:
-        print(f"warning: {results_path} already has records; appending (use --resume to continue "
-              "an interrupted job, or a fresh --output_dir)", file=sys.stderr)
 
-    accumulated: dict[str, list[float]] = {}
-    progress = None
-    if progress_stream.isatty():
-        from tqdm import tqdm
-        progress = tqdm(total=n_steps, initial=start_step, file=progress_stream, leave=False,
-                        desc=f"{args.algorithm} on {args.dataset}")
+def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
+    """What differs between the run that wrote the checkpoint and this command (paths that may
+    move, :data:`RESUMABLE_ARG_CHANGES`, excluded)."""
+    old_args, old_hparams = state.get("args"), state.get("hparams")
+    if old_args is None or old_hparams is None:  # an older checkpoint without its arguments
+        return []
+    diffs = []
+    for key in sorted(set(old_args) | set(record_args)):
+        if key in RESUMABLE_ARG_CHANGES:
+            continue
+        if old_args.get(key) != record_args.get(key):
+            diffs.append(f"--{key}: {old_args.get(key)!r} in the checkpoint, "
+                         f"{record_args.get(key)!r} now")
+    for key in sorted(set(old_hparams) | set(hparams)):
+        if old_hparams.get(key) != hparams.get(key):
+            diffs.append(f"hparam {key}: {old_hparams.get(key)!r} in the checkpoint, "
+                         f"{hparams.get(key)!r} now")
+    return diffs
 
-    for step in range(start_step, n_steps):
-        step_start = time.time()
+
+# --------------------------------------------------------------------------------------------------
+# Signals
+
+
+class StopRequest:
+    """Turns SIGTERM/SIGINT into a request to stop at the next step boundary (after a checkpoint);
+    a second signal of the same kind while stopping raises at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+        self.signum = signum
+        print(f"received {signal.Signals(signum).name}: stopping after this step with a "
+              "checkpoint", file=sys.stderr)
+
+    def __enter__(self) -> "StopRequest":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------------------
+# The job
+
+
+class Job:
+    """One training run, in steps: :meth:`build` (hparams, data, splits, streams, algorithm),
+    :meth:`restore` (resume), :meth:`train_step`, :meth:`write_record` (evaluate + append),
+    :meth:`checkpoint`, :meth:`finish`."""
+
+    def __init__(self, args, stop: StopRequest, progress_stream=None):
+        self.args = args
+        self.stop = stop
+        self.progress_stream = progress_stream
+        self.record_args = args_for_records(args)
+        self.results_path = os.path.join(args.output_dir, RESULTS_FILE)
+        self.checkpoint_path = os.path.join(args.output_dir, CHECKPOINT_FILE)
+        self.start_step = 0
+        self.n_records = 0
+        self.last_keys = None
+        self.accumulated: dict[str, list[float]] = {}
+
+    # build ----------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        args = self.args
+        print_environment()
+        print("Args:")
+        for k, v in sorted(self.record_args.items()):
+            print("\t{}: {}".format(k, v))
+        self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
+                                               args.trial_seed, args.hparams)
+        print("HParams:")
+        for k, v in sorted(self.hparams.items()):
+            print("\t{}: {}".format(k, v))
+
+        seed_everything(args.seed)
+        self.device = pick_device(args.device)
+        dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, self.hparams)
+        check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
+        self.dataset = dataset
+        self.splits = Splits(dataset, args, self.hparams, evaluation_subsets(args, dataset))
+        in_memory = getattr(dataset, "IN_MEMORY", False)
+        self.workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
+            dataset.N_WORKERS if args.n_workers is None else args.n_workers)
+        self.train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
+        self.algorithm = ALGORITHMS.get(args.algorithm)(
+            dataset.input_shape, dataset.num_classes, len(self.train_envs), self.hparams)
+        self.algorithm.to(self.device)
+        self.streams = self.make_streams(self.hparams["batch_size"])
+        self.n_steps = args.steps or dataset.N_STEPS
+        self.checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
+        self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
+                                   for split, _ in self.splits.in_splits)
+
+    def make_streams(self, batch_size: int) -> list:
+        """Training streams of the source environments' in-splits, then uda streams."""
+        per_loader = 0 if self.workers == 0 else max(1, self.workers // len(self.train_envs))
+        streams = []
+        for i in self.train_envs:
+            split, weights = self.splits.in_splits[i]
+            if batch_size > len(split):
+                print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
+                      f"({len(split)} samples); batches repeat samples (drawn with replacement)",
+                      file=sys.stderr)
+            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "train", i),
+                                            weights, per_loader))
+        self.n_train_streams = len(streams)
+        for k, (split, weights) in enumerate(self.splits.uda_splits):
+            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "uda", k),
+                                            weights, per_loader))
+        return streams
+
+    # resume -----------------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Continue from ``checkpoint.pt`` with ``--resume`` (after checking that it was written
+        by the same configuration), or start from step 0."""
+        if not self.args.resume:
+            return
+        if not os.path.exists(self.checkpoint_path):
+            keep_counted_records(self.results_path, 0)
+            print("No checkpoint to resume from; starting from step 0")
+            return
+        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        diffs = checkpoint_differences(state, self.record_args, self.hparams)
+        if diffs:
+            raise JobStateError(
+                "--resume with other arguments than the interrupted run would mix two "
+                "configurations in one results file:\n  " + "\n  ".join(diffs)
+                + "\nRerun with the original arguments, or start over with --force.")
+        keep_counted_records(self.results_path, state["n_records"])
+        state = load_checkpoint(self.checkpoint_path, self.algorithm, self.streams)
+        self.start_step, self.n_records = state["next_step"], state["n_records"]
+        self.last_keys = state["last_keys"]
+        self.accumulated = state.get("accumulated", {})
+        print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
+
+    # train ------------------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> None:
+        start = time.time()
+        device = self.device
+        train_streams = self.streams[:self.n_train_streams]
         minibatches = [(x.to(device), y.to(device)) for x, y in map(next, train_streams)]
-        unlabeled = ([next(s)[0].to(device) for s in uda_streams]
-                     if args.task == "domain_adaptation" else None)
-        step_vals = algorithm.update(minibatches, unlabeled)
-        accumulated.setdefault("step_time", []).append(time.time() - step_start)
-        for key, value in step_vals.items():
+        unlabeled = ([next(s)[0].to(device) for s in self.streams[self.n_train_streams:]]
+                     if self.args.task == "domain_adaptation" else None)
+        values = self.algorithm.update(minibatches, unlabeled)
+        self.accumulated.setdefault("step_time", []).append(time.time() - start)
+        for key, value in values.items():
             value = float(value)
             if not math.isfinite(value):
                 raise NonFiniteLossError(
-                    f"{args.algorithm}.update returned {key}={value} at step {step}; training "
-                    "diverged (try a lower lr). The job stops without 'done'.")
-            accumulated.setdefault(key, []).append(value)
-        if progress is not None:
-            progress.update(1)
+                    f"{self.args.algorithm}.update returned {key}={value} at step {step}; "
+                    "training diverged (try a lower lr). The job stops without 'done'.")
+            self.accumulated.setdefault(key, []).append(value)
 
-        if step % checkpoint_freq == 0 or step == n_steps - 1:
-            results = {"step": step, "epoch": step / steps_per_epoch}
-            for key, values in accumulated.items():
-                results[key] = float(np.mean(values))
-            results.update(evaluate(algorithm, splits, device, num_workers=workers))
-            results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
-                                 if device.type == "cuda" else 0.0)
-            keys = sorted(results.keys())
-            if keys != last_keys:
-                print(format_row(keys, colwidth=12))
-                last_keys = keys
-            print(format_row([results[k] for k in keys], colwidth=12))
-            results["hparams"] = hparams
-            results["args"] = record_args
-            with open(results_path, "a") as f:
-                f.write(json.dumps(results, sort_keys=True) + "\n")
-            n_records += 1
-            accumulated = {}
-            if args.save_model_every_checkpoint:
-                save_model(args, algorithm, dataset, hparams, record_args,
-                           f"model_step{step}.pkl", len(train_envs))
-            atomic_torch_save({
-                "next_step": step + 1,
-                "model": algorithm.state_dict(),
-                "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
-                "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
-                "streams": [s.state_dict() for s in train_streams + uda_streams],
-                "rng": rng_state(),
-                "n_records": n_records,
-                "last_keys": last_keys,
-            }, checkpoint_path)
-            if stop_after_step is not None and step >= stop_after_step:
+    def write_record(self, step: int) -> None:
+        results = {"step": step, "epoch": step / self.steps_per_epoch}
+        for key, values in self.accumulated.items():
+            results[key] = float(np.mean(values))
+        results.update(evaluate(self.algorithm, self.splits, self.device,
+                                num_workers=self.workers))
+        results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
+                             if self.device.type == "cuda" else 0.0)
+        keys = sorted(results.keys())
+        if keys != self.last_keys:
+            print(format_row(keys, colwidth=12))
+            self.last_keys = keys
+        print(format_row([results[k] for k in keys], colwidth=12))
+        results["hparams"] = self.hparams
+        results["args"] = self.record_args
+        append_record(self.results_path, results)
+        self.n_records += 1
+        self.accumulated = {}
+        if self.args.save_model_every_checkpoint:
+            self.save_model(f"model_step{step}.pkl")
+
+    def checkpoint(self, next_step: int) -> None:
+        save_checkpoint(self.checkpoint_path, next_step=next_step, algorithm=self.algorithm,
+                        streams=self.streams, n_records=self.n_records, last_keys=self.last_keys,
+                        accumulated=self.accumulated, record_args=self.record_args,
+                        hparams=self.hparams)
+
+    def save_model(self, filename: str) -> None:
+        save_model(self.args, self.algorithm, self.dataset, self.hparams, self.record_args,
+                   filename, len(self.train_envs))
+
+    def finish(self) -> None:
+        self.save_model("model.pkl")
+        atomic_write_bytes(os.path.join(self.args.output_dir, DONE_FILE), b"done")
+        if os.path.exists(self.checkpoint_path):
+            os.unlink(self.checkpoint_path)
+
+    def run(self, stop_after_step: int | None = None) -> str:
+        self.build()
+        self.restore()
+        progress = None
+        if self.progress_stream is not None and self.progress_stream.isatty():
+            from tqdm import tqdm
+            progress = tqdm(total=self.n_steps, initial=self.start_step, leave=False,
+                            file=self.progress_stream,
+                            desc=f"{self.args.algorithm} on {self.args.dataset}")
+        try:
+            for step in range(self.start_step, self.n_steps):
+                self.train_step(step)
                 if progress is not None:
-                    progress.close()
-                return "stopped"
+                    progress.update(1)
+                recorded = step % self.checkpoint_freq == 0 or step == self.n_steps - 1
+                if recorded:
+                    self.write_record(step)
+                if recorded or self.stop.signum is not None:
+                    self.checkpoint(step + 1)
+                if self.stop.signum is not None:
+                    raise Interrupted(self.stop.signum, step)
+                if recorded and stop_after_step is not None and step >= stop_after_step:
+                    return "stopped"
+        finally:
+            if progress is not None:
+                progress.close()
+        self.finish()
+        return "done"
 
-    if progress is not None:
-        progress.close()
-    save_model(args, algorithm, dataset, hparams, record_args, "model.pkl", len(train_envs))
-    atomic_write_bytes(done_path, b"done")
-    if os.path.exists(checkpoint_path):
-        os.unlink(checkpoint_path)
-    return "done"
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def prepare_output_dir(args) -> None:
+    """Decide, under the folder lock, whether this run may proceed: a finished job is rerun only
+    with ``--force`` (which first removes ``done``, the records, models and checkpoint); a folder
+    with records of an interrupted run needs ``--resume`` (or ``--force``)."""
+    folder = args.output_dir
+    done = os.path.exists(os.path.join(folder, DONE_FILE))
+    records = read_record_lines(os.path.join(folder, RESULTS_FILE))
+    if getattr(args, "force", False):
+        if done or records or os.path.exists(os.path.join(folder, CHECKPOINT_FILE)):
+            print(f"--force: starting {folder} over (removing done, records, models and the "
+                  "checkpoint)", file=sys.stderr)
+        for name in [DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, "model.pkl"] + [
+                os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder),
+                                                                    "model_step*.pkl"))]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+        return
+    if done:
+        raise JobStateError(
+            f"{folder} holds a finished job ('done' exists); nothing was changed. To run it "
+            "again from scratch pass --force (its records and model are replaced), or choose "
+            "another --output_dir.")
+    if records and not args.resume:
+        raise JobStateError(
+            f"{folder} holds {len(records)} records of an interrupted run; continue it with "
+            "--resume (same arguments), or start over with --force.")
+
+
+def run(args, stop_after_step: int | None = None) -> str:
+    """Run one job. Returns "done", "already done" (``--resume`` of a finished job) or "stopped"
+    (``stop_after_step`` simulates an interruption right after that step's checkpoint; tests use
+    it). Raises :class:`Interrupted` on SIGTERM/SIGINT (after a checkpoint)."""
+    validate(args)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with FolderLock(args.output_dir):
+        if args.resume and not getattr(args, "force", False) and os.path.exists(
+                os.path.join(args.output_dir, DONE_FILE)):
+            print(f"{args.output_dir} is already done; nothing to resume.")
+            return "already done"
+        prepare_output_dir(args)
+        removed = remove_temporary_files(args.output_dir)
+        real_stdout, real_stderr = sys.stdout, sys.stderr
+        sys.stdout = Tee(os.path.join(args.output_dir, "out.txt"), real_stdout)
+        sys.stderr = Tee(os.path.join(args.output_dir, "err.txt"), sys.stdout)
+        try:
+            for path in removed:
+                print(f"removed a leftover temporary file of an interrupted write: {path}",
+                      file=sys.stderr)
+            with StopRequest() as stop:
+                return Job(args, stop, progress_stream=real_stderr).run(stop_after_step)
+        except user_errors() as err:
+            print(f"error: {err}", file=sys.stderr)  # lands in err.txt and out.txt
+            err.reported_in_output_dir = True
+            raise
+        except Interrupted as err:
+            print(f"stopped: {err}", file=sys.stderr)
+            err.reported_in_output_dir = True
+            raise
+        except BaseException as err:
+            traceback.print_exc()
+            with contextlib.suppress(AttributeError):
+                err.reported_in_output_dir = True
+            raise
+        finally:
+            tees = (sys.stdout, sys.stderr)
+            sys.stdout, sys.stderr = real_stdout, real_stderr
+            for tee in tees:
+                tee.close()
 
 
 def save_model(args, algorithm, dataset, hparams, record_args, filename, num_domains) -> None:
-    """DomainBed's model.pkl (spec 7.4), written atomically; skipped with --skip_model_save."""
+    """DomainBed's model.pkl (as ``domainbed/scripts/train.py`` writes it), written atomically;
+    skipped with --skip_model_save."""
     if args.skip_model_save:
         return
     atomic_torch_save({

@@ -1,8 +1,11 @@
 """``python -m dg_plugins.scripts.train``: one DomainBed-compatible training job.
 
-DomainBed's flags and defaults (protocol spec 7.1) plus ``--device``, ``--resume`` and
-``--n_workers``. Bad input (unknown algorithm or dataset, malformed --hparams, test_envs out of
-range, missing data) exits with status 2 and a message naming the problem and the fix.
+DomainBed's flags and defaults (``domainbed/scripts/train.py``) plus ``--device``, ``--resume``,
+``--force``, ``--n_workers`` and the IP/OOP evaluation flags. Exit status: 0 done; 2 bad input
+(unknown algorithm or dataset, malformed or unknown --hparams, test_envs out of range, missing
+data, a folder that is done, busy or holds another run), with a one-line message naming the
+problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT after writing a checkpoint (continue
+with --resume); 1 any other failure (its traceback is printed once, and kept in err.txt).
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=str, default=None,
                    help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted job from output_dir/checkpoint.pt")
+                   help="continue an interrupted job from output_dir/checkpoint.pt (the same "
+                   "arguments and hparams are required)")
+    p.add_argument("--force", action="store_true",
+                   help="start the job over even if output_dir holds a finished or interrupted "
+                   "run (its done, records, models and checkpoint are removed first)")
     p.add_argument("--n_workers", type=int, default=None,
                    help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
                    "in-memory datasets always load in-process)")
@@ -66,6 +73,12 @@ def main(argv=None) -> int:
         if not getattr(err, "reported_in_output_dir", False):
             print(f"error: {err}", file=sys.stderr)
         return 2
+    except train.Interrupted as err:
+        return err.exit_code
+    except Exception as err:  # already printed (with its traceback) by train.run
+        if not getattr(err, "reported_in_output_dir", False):
+            raise
+        return 1
     return 0
 
 
