@@ -43,8 +43,8 @@ def setting_digest(setting: dict) -> str:
 
 
 def image_key(path: str, class_name: str) -> str:
-    """The cache key of one image: absolute path, size, mtime (ns) and the prompt's class."""
-    path = os.path.abspath(path)
+    """The cache key of one image: absolute path (``path`` must be absolute), size, mtime (ns)
+    and the prompt's class."""
     st = os.stat(path)
     return f"{path}\t{st.st_size}\t{st.st_mtime_ns}\t{class_name}"
 

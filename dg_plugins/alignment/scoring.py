@@ -408,7 +408,8 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
     keys = None
     if use_cache and loaded is None:  # an injected model is not described by the setting
         cache = ScoreCache(setting, cache_dir)
-        keys = [image_key(p, c) for p, c in zip(items["abs_path"], items["class"])]
+        keys = [image_key(p, c) for p, c in zip(items["abs_path"].tolist(),
+                                                 items["class"].tolist())]
         scores = cache.lookup(keys)
     todo = np.flatnonzero(np.isnan(scores))
     run = ScoreRun(table=None, n_images=n, n_cached=n - len(todo), n_computed=len(todo),

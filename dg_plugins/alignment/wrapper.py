@@ -94,12 +94,13 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     lookup = {p: k for k, p in enumerate(paths)}
     depths = sorted({p.count("/") + 1 for p in paths}, reverse=True)
     matched = np.full(len(samples), -1, dtype=np.int64)
+    root = getattr(env, "root", None)
+    mapper = _PathMapper(str(root) if root else None, data_dir)
     for item, (path, _) in enumerate(samples):
-        k = None
-        if data_dir is not None:
-            k = lookup.get(relative_path(path, data_dir))
+        absolute, relative = mapper(path)
+        k = lookup.get(relative) if data_dir is not None else None
         if k is None:
-            parts = relative_path(path, None).split("/")
+            parts = absolute.replace(os.sep, "/").split("/")
             for depth in depths:
                 k = lookup.get("/".join(parts[-depth:]))
                 if k is not None:
@@ -245,6 +246,34 @@ def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
     return split.subsets()
 
 
+class _PathMapper:
+    """Absolute and data_dir-relative forms of many paths sharing a few prefixes, fast: paths
+    under ``prefix`` (a folder as the dataset spells it) are mapped by string slicing, others by
+    :func:`os.path.abspath` / :func:`relative_path`."""
+
+    def __init__(self, prefix: str | None, data_dir: str | None):
+        self.prefix = os.path.join(prefix, "") if prefix else None
+        self.prefix_abs = os.path.join(os.path.normpath(os.path.abspath(prefix)), "") \
+            if prefix else None
+        self.data_dir = data_dir
+        root = os.path.join(os.path.normpath(os.path.abspath(data_dir)), "") if data_dir else None
+        self.rel_prefix = None
+        if root and self.prefix_abs and self.prefix_abs.startswith(root):
+            self.rel_prefix = self.prefix_abs[len(root):].replace(os.sep, "/")
+
+    def __call__(self, path: str) -> tuple[str, str]:
+        p = self.prefix
+        tail = path[len(p):] if p and path.startswith(p) else None
+        parts = tail.split(os.sep) if tail else ()
+        if parts and "" not in parts and "." not in parts and ".." not in parts:
+            absolute = self.prefix_abs + tail
+            if self.rel_prefix is not None:
+                return absolute, self.rel_prefix + tail.replace(os.sep, "/")
+            return absolute, relative_path(absolute, self.data_dir)
+        absolute = os.path.normpath(os.path.abspath(path))
+        return absolute, relative_path(absolute, self.data_dir)
+
+
 def image_items(dataset, envs, data_dir: str | None):
     """One row per image of the environments ``envs``, in item order: ``env``, ``env_name``,
     ``path`` (relative to ``data_dir``, ``/`` separators), ``abs_path``, ``label``, ``class``
@@ -262,13 +291,16 @@ def image_items(dataset, envs, data_dir: str | None):
             raise ValueError(f"environment {env_index} of {type(dataset).__name__} has no class "
                              "names (classes); the prompt needs the class folder name")
         name = env_folder_name(env) or str(env_index)
-        for path, label in samples:
-            columns["env"].append(int(env_index))
-            columns["env_name"].append(name)
-            columns["path"].append(relative_path(path, data_dir))
-            columns["abs_path"].append(os.path.abspath(path))
-            columns["label"].append(int(label))
-            columns["class"].append(classes[label])
+        root = getattr(env, "root", None)
+        mapper = _PathMapper(str(root) if root else None, data_dir)
+        mapped = [mapper(path) for path, _ in samples]
+        labels = [int(label) for _, label in samples]
+        columns["env"] += [int(env_index)] * len(samples)
+        columns["env_name"] += [name] * len(samples)
+        columns["abs_path"] += [a for a, _ in mapped]
+        columns["path"] += [r for _, r in mapped]
+        columns["label"] += labels
+        columns["class"] += [classes[label] for label in labels]
     frame = pd.DataFrame(columns)
     frame["env"] = frame["env"].astype("int64")
     frame["label"] = frame["label"].astype("int64")

@@ -48,3 +48,16 @@ def scores_file(pacs, pacs_dir, tmp_path_factory):
 @pytest.fixture
 def cache_dir(tmp_path):
     return str(tmp_path / "cache")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Run these tests' tiny models on one intra-op thread, restored afterwards: on a shared,
+    loaded 2-core machine, two OpenMP threads spin-waiting for each other made them ~6x slower
+    (330 s instead of 50 s for this folder), and tiny models gain nothing from a second thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
