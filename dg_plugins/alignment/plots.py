@@ -66,6 +66,7 @@ def plot_alignment(scores: pd.DataFrame, out: str, predictions: pd.DataFrame | N
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     scored = scores[scores["score"].notna()]
     if scored.empty:
@@ -87,6 +88,7 @@ def plot_alignment(scores: pd.DataFrame, out: str, predictions: pd.DataFrame | N
         ax.hist(values, bins=edges, color="#4C72B0", edgecolor="white")
         ax.set_title(f"env {env}: {name} ({len(values)} images)", fontsize=9)
         ax.set_ylabel("images" if col == 0 else "")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if rule is not None:
             ax.axvline(rule.threshold, color="#C44E52", linestyle="-", linewidth=1.2,
                        label=f"IP >= {rule.threshold:g}")
@@ -108,7 +110,7 @@ def plot_alignment(scores: pd.DataFrame, out: str, predictions: pd.DataFrame | N
                 if count:
                     ax2.text(x, acc * 100 + 2, str(int(count)), ha="center", fontsize=6)
             ax2.set_ylim(0, 110)
-            ax2.set_ylabel("accuracy (%)" if col == 0 else "")
+            ax2.set_ylabel("accuracy (%), n per bar" if col == 0 else "")
             ax2.set_xlabel("AlignmentScore (cosine)")
             if rule is not None:
                 ax2.axvline(rule.threshold, color="#C44E52", linewidth=1.2)
