@@ -371,7 +371,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
     (open_clip's ``preprocess_val``) or a callable on PIL images. Scores already in the cache
     (:mod:`dg_plugins.alignment.cache`) are read; only the others are computed, and the model is
     loaded only then. ``loaded``: an already built ``(model, preprocess, tokenizer)`` to use
-    (tests, benchmarks). Returns a :class:`ScoreRun` whose ``table`` is ready for
+    (tests, benchmarks); the cache is then bypassed, since the setting cannot describe it. Returns a :class:`ScoreRun` whose ``table`` is ready for
     :func:`~dg_plugins.alignment.scores_file.write_scores`.
     """
     import open_clip
