@@ -1,0 +1,147 @@
+"""A persistent cache of alignment scores, so that rescoring the same images reads instead of
+recomputing.
+
+One file per *setting* (everything a score depends on besides the image: model name and its
+architecture config, pretrained tag or checkpoint sha256 or random-init seed, prompt, image
+transform): ``<cache_dir>/<sha256 of the setting>[:24].npz``. Inside, per image, a key (absolute
+path, file size, modification time in ns, class name: a changed or moved image, or another class,
+misses) and its float32 score, plus the setting itself and a sha256 digest of the payload.
+
+A file that cannot be read, whose digest does not match its payload, or whose stored setting
+differs from the expected one is *corrupt*: it is reported on stderr (and counted in
+:attr:`ScoreCache.corrupt`), ignored, and overwritten by the recomputed scores; it is never used.
+Writes are atomic (temp file + rename); concurrent writers lose each other's additions, never the
+file's integrity.
+
+Default folder: ``$DG_PLUGINS_CACHE/alignment`` or ``~/.cache/dg_plugins/alignment``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import zipfile
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("DG_PLUGINS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
+    return os.path.join(base, "alignment")
+
+
+def setting_digest(setting: dict) -> str:
+    blob = json.dumps(setting, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def image_key(path: str, class_name: str) -> str:
+    """The cache key of one image: absolute path (``path`` must be absolute), size, mtime (ns)
+    and the prompt's class."""
+    st = os.stat(path)
+    return f"{path}\t{st.st_size}\t{st.st_mtime_ns}\t{class_name}"
+
+
+def _payload_digest(keys_blob: bytes, scores: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(keys_blob)
+    h.update(np.ascontiguousarray(scores, dtype="<f4").tobytes())
+    return h.hexdigest()
+
+
+class ScoreCache:
+    """The scores of one setting: ``lookup(keys)`` then ``update(keys, scores)`` and ``save()``.
+
+    ``status`` after :meth:`load`: ``"absent"``, ``"loaded"`` or ``"corrupt"`` (with ``problem``).
+    """
+
+    def __init__(self, setting: dict, cache_dir: str | None = None):
+        self.setting = json.loads(json.dumps(setting, sort_keys=True, default=str))
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.path = os.path.join(self.cache_dir, setting_digest(self.setting)[:24] + ".npz")
+        self.entries: dict[str, float] = {}
+        self.status = "absent"
+        self.problem = ""
+        self.dirty = False
+        self.load()
+
+    @property
+    def corrupt(self) -> bool:
+        return self.status == "corrupt"
+
+    def load(self) -> None:
+        self.entries, self.dirty = {}, False
+        if not os.path.exists(self.path):
+            self.status = "absent"
+            return
+        try:
+            with np.load(self.path, allow_pickle=False) as data:
+                version = int(data["version"])
+                setting = json.loads(bytes(data["setting"]).decode())
+                keys_blob = bytes(data["keys"])
+                scores = np.asarray(data["scores"], dtype=np.float32)
+                digest = bytes(data["digest"]).decode()
+            if version != FORMAT_VERSION:
+                raise ValueError(f"format version {version}, expected {FORMAT_VERSION}")
+            if setting != self.setting:
+                raise ValueError("its stored setting differs from the file name's")
+            if digest != _payload_digest(keys_blob, scores):
+                raise ValueError("its checksum does not match its content")
+            keys = keys_blob.decode().split("\n") if keys_blob else []
+            if len(keys) != len(scores):
+                raise ValueError(f"{len(keys)} keys for {len(scores)} scores")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
+                UnicodeDecodeError, json.JSONDecodeError) as err:
+            self.status, self.problem = "corrupt", str(err) or type(err).__name__
+            print(f"warning: alignment score cache {self.path} is corrupt ({self.problem}); "
+                  "ignoring it and recomputing its scores (it will be overwritten)",
+                  file=sys.stderr)
+            self.dirty = True
+            return
+        self.entries = dict(zip(keys, scores.tolist()))
+        self.status = "loaded"
+
+    def lookup(self, keys: list[str]) -> np.ndarray:
+        """Scores of ``keys`` (NaN where not cached)."""
+        get = self.entries.get
+        return np.asarray([get(k, np.nan) for k in keys], dtype=np.float64)
+
+    def update(self, keys, scores) -> None:
+        for key, score in zip(keys, np.asarray(scores, dtype=np.float32).tolist()):
+            self.entries[key] = score
+        self.dirty = True
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        keys = list(self.entries)
+        if any("\n" in k for k in keys):
+            raise ValueError("image paths with newlines cannot be cached")
+        keys_blob = "\n".join(keys).encode()
+        scores = np.asarray([self.entries[k] for k in keys], dtype="<f4")
+        buffer = io.BytesIO()
+        np.savez(buffer, version=np.int64(FORMAT_VERSION),
+                 setting=np.frombuffer(json.dumps(self.setting, sort_keys=True).encode(),
+                                       dtype=np.uint8),
+                 keys=np.frombuffer(keys_blob, dtype=np.uint8), scores=scores,
+                 digest=np.frombuffer(_payload_digest(keys_blob, scores).encode(),
+                                      dtype=np.uint8))
+        os.makedirs(self.cache_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(buffer.getvalue())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self.dirty = False
+        self.status = "loaded"

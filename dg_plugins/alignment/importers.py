@@ -1,0 +1,177 @@
+"""Import the authors' released IP/OOP material into a score file (Teterwak et al., ICLR 2025).
+
+Two formats, each read *as documented* (neither release could be downloaded here, so both are
+implemented from their description and tested on files generated in that format only):
+
+1. **Per-split score arrays** (:func:`import_score_arrays`): what the authors' evaluator writes
+   with ``--dump_scores`` (``dg_openclip/domainbed/evaluator.py``), and presumably the ``.npy``
+   files of the ``clipscores`` folder of ``PTeterwak/DomainBed_EasyHard``: one file per target
+   domain and split, ``<domain folder>_<in|out>.npy``, an array of rows ``(score, is_correct)``
+   (``is_correct`` is the authors' model's hit on that image) in the order of that split's items.
+   The arrays carry no paths: the rows are put back on images by rebuilding the split the way
+   DomainBed and the authors' code do (the items of the domain in ImageFolder order, shuffled by
+   ``RandomState(seed_hash(trial_seed, env_index))``, the first ``int(len * holdout_fraction)``
+   being ``out``; their defaults: holdout 0.2, trial seed 0). The lengths are checked; the order
+   cannot be, so a different image set or folder order silently misplaces scores: prefer (2)
+   when you have it. The ``is_correct`` column is kept as ``reference_correct``.
+2. **Per-image split folders** (:func:`import_split_dirs`): the IP (``easy``) and OOP (``hard``)
+   copies of a dataset in DomainBed's layout (``DomainBed_OOP`` / ``DomainBed_EasyHard``, once
+   extracted). An image is IP or OOP when the same ``<domain>/<class>/<file>`` exists in that copy,
+   and dropped (cleaned away) when in neither. The file gets a fixed ``subset`` column; no score.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.alignment.scores_file import ScoreTable
+from dg_plugins.alignment.wrapper import env_folder_name, image_items, relative_path
+from dg_plugins.seeds import seed_hash
+
+AUTHORS_SETTING = {"model": "ViT-B-16", "pretrained": "laion400m_e32",
+                   "prompt": "A photo of {}.",
+                   "transform": "DomainBed eval (Resize((224, 224)), ToTensor, ImageNet "
+                                "Normalize), as the authors' evaluator"}
+
+
+def _split_keys(n: int, env_index: int, holdout_fraction: float, trial_seed: int):
+    keys = np.random.RandomState(seed_hash(trial_seed, env_index)).permutation(n)
+    n_out = int(n * holdout_fraction)
+    return keys[n_out:], keys[:n_out]  # in, out
+
+
+def _load_rows(path: str) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read score array {path!r}: {err}") from None
+    array = np.asarray(array, dtype=np.float64)
+    if array.ndim == 1:
+        array = np.stack([array, np.full(len(array), np.nan)], axis=1)
+    if array.ndim != 2 or array.shape[1] < 1 or not np.isfinite(array[:, 0]).all():
+        raise ValueError(f"score array {path!r} has shape {array.shape}; expected rows of "
+                         "(score, is_correct) with finite scores")
+    return array
+
+
+def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
+                        holdout_fraction: float = 0.2, trial_seed: int = 0,
+                        dataset_name: str | None = None) -> ScoreTable:
+    """A score table from ``<folder>/<domain>_in.npy`` and ``_out.npy`` (see the module
+    docstring). ``envs`` default: every environment whose two files exist."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"score array folder {folder!r} does not exist")
+    chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
+    frames = []
+    for env_index in chosen:
+        name = env_folder_name(dataset[env_index]) or str(env_index)
+        paths = {s: os.path.join(folder, f"{name}_{s}.npy") for s in ("in", "out")}
+        present = {s: os.path.exists(p) for s, p in paths.items()}
+        if not any(present.values()):
+            if envs is not None:
+                raise FileNotFoundError(f"no score arrays for environment {env_index}: expected "
+                                        f"{paths['in']} and {paths['out']}")
+            continue
+        if not all(present.values()):
+            lacking = [p for s, p in paths.items() if not present[s]]
+            raise FileNotFoundError(f"environment {env_index} ({name}): {lacking[0]} is missing "
+                                    "(both the in and the out array are needed to cover the "
+                                    "domain)")
+        items = image_items(dataset, [env_index], data_dir)
+        in_keys, out_keys = _split_keys(len(items), env_index, holdout_fraction, trial_seed)
+        rows = {s: _load_rows(p) for s, p in paths.items()}
+        for split, keys in (("in", in_keys), ("out", out_keys)):
+            if len(rows[split]) != len(keys):
+                raise ValueError(
+                    f"{paths[split]} has {len(rows[split])} rows but the {split} split of "
+                    f"environment {env_index} ({name}) has {len(keys)} images (domain of "
+                    f"{len(items)} images, holdout_fraction {holdout_fraction}); the arrays were "
+                    "made with another holdout fraction or another copy of the data")
+        scores = np.empty(len(items))
+        correct = np.empty(len(items))
+        for split, keys in (("in", in_keys), ("out", out_keys)):
+            scores[keys] = rows[split][:, 0]
+            correct[keys] = rows[split][:, 1] if rows[split].shape[1] > 1 else np.nan
+        items = items.drop(columns=["abs_path"])
+        items["score"] = scores
+        items["reference_correct"] = correct
+        frames.append(items)
+    if not frames:
+        raise FileNotFoundError(f"no <domain>_in.npy / <domain>_out.npy score arrays in {folder} "
+                                "for the domains "
+                                f"{[env_folder_name(dataset[i]) for i in range(len(dataset))]}")
+    meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
+            "source": f"imported score arrays from {os.path.abspath(folder)} (holdout_fraction "
+                      f"{holdout_fraction}, trial_seed {trial_seed})",
+            "data_dir": os.path.abspath(data_dir) if data_dir else None}
+    return ScoreTable(pd.concat(frames, ignore_index=True), meta)
+
+
+def _find_env_folder(root: str, env_name: str, dataset) -> str | None:
+    candidates = [os.path.join(root, env_name)]
+    for folder in (getattr(type(dataset), "FOLDER_NAME", None),
+                   os.path.basename(os.path.normpath(str(getattr(dataset, "root", "") or "")))):
+        if folder:
+            candidates.append(os.path.join(root, folder, env_name))
+    return next((c for c in candidates if os.path.isdir(c)), None)
+
+
+def _files_under(folder: str) -> set[str]:
+    from dg_plugins.datasets.image_folder import list_images
+
+    return {relative_path(p, folder) for p in list_images(folder)}
+
+
+def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, envs=None,
+                      dataset_name: str | None = None) -> ScoreTable:
+    """A fixed-subset table from an IP copy and an OOP copy of the dataset (see the module
+    docstring). Each copy is a data_dir (holding e.g. ``PACS/<domain>/...``) or the dataset folder
+    itself (holding ``<domain>/...``)."""
+    for folder in (ip_dir, oop_dir):
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"split folder {folder!r} does not exist")
+    chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
+    frames = []
+    for env_index in chosen:
+        env = dataset[env_index]
+        name = env_folder_name(env)
+        env_root = getattr(env, "root", None)
+        if name is None or env_root is None:
+            raise ValueError(f"environment {env_index} has no folder (root); split folders can "
+                             "only be matched to image-folder datasets")
+        found = {s: _find_env_folder(d, name, dataset) for s, d in (("ip", ip_dir),
+                                                                     ("oop", oop_dir))}
+        if not any(found.values()):
+            if envs is not None:
+                raise FileNotFoundError(f"neither {ip_dir} nor {oop_dir} has a folder for "
+                                        f"environment {env_index} ({name})")
+            continue
+        files = {s: (_files_under(f) if f else set()) for s, f in found.items()}
+        both = files["ip"] & files["oop"]
+        if both:
+            raise ValueError(f"{len(both)} images of {name} are in both the IP and the OOP "
+                             f"folder, e.g. {sorted(both)[:3]}")
+        items = image_items(dataset, [env_index], data_dir)
+        within = [relative_path(p, env_root) for p in items["abs_path"]]
+        known = set(within)
+        extra = (files["ip"] | files["oop"]) - known
+        if extra:
+            raise ValueError(f"{len(extra)} images of the split folders for {name} are not in "
+                             f"this dataset, e.g. {sorted(extra)[:3]}; the split was made for "
+                             "another copy of the data (or the class folders differ)")
+        subset = np.where([w in files["ip"] for w in within], "ip",
+                          np.where([w in files["oop"] for w in within], "oop", "drop"))
+        items = items.drop(columns=["abs_path"])
+        items["score"] = np.nan
+        items["subset"] = subset
+        frames.append(items)
+    if not frames:
+        raise FileNotFoundError(f"no domain folders of this dataset under {ip_dir} or {oop_dir}")
+    meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
+            "source": f"imported split folders IP={os.path.abspath(ip_dir)} "
+                      f"OOP={os.path.abspath(oop_dir)}",
+            "data_dir": os.path.abspath(data_dir) if data_dir else None}
+    return ScoreTable(pd.concat(frames, ignore_index=True), meta)

@@ -1,0 +1,468 @@
+"""AlignmentScore of every image of a dataset's environments, with open_clip.
+
+The score (Teterwak et al., ICLR 2025, arXiv 2412.02856, Eq. 1) is the raw cosine similarity
+between the image embedding and the text embedding of the prompt for the image's *true* class::
+
+    AlignmentScore(x, y) = <f_I(x), f_T(t_y)> / (||f_I(x)|| ||f_T(t_y)||)
+
+in [-1, 1]: no logit scale, no softmax over classes, no rescaling. Faithful defaults, as the
+authors' scorer (``dg_openclip/domainbed/evaluator.py``, ``--dump_scores``) computes it:
+
+* model ``ViT-B-16`` with pretrained tag ``laion400m_e32`` (OpenCLIP ViT-B/16 on LAION-400M, 32
+  epochs), tokenizer ``open_clip.get_tokenizer('ViT-B-16')``;
+* prompt ``"A photo of {}."`` filled with the class *folder name* exactly as it is (underscores
+  kept, e.g. ``"A photo of aircraft_carrier."``), one prompt per image: its ground-truth class;
+* the dataset's evaluation transform (DomainBed's: ``Resize((224, 224))``, ``ToTensor``,
+  ImageNet mean/std), not CLIP's own preprocessing (``transform="clip"`` selects that instead).
+
+Deviation, on purpose: images are scored in batches (the authors used batch 1); each image's
+score does not depend on its batch. Text embeddings are computed once per class. Images are
+decoded in DataLoader workers; nothing runs per image in Python on the scoring path.
+
+Weights: a tag is fetched by open_clip from the Hugging Face Hub (or its release URL) into the
+usual caches. Offline, :func:`check_weights_available` fails at once with the fixes instead of
+hanging: fill the cache on a machine with network access, or pass a local checkpoint file as
+``pretrained`` (e.g. ``open_clip_pytorch_model.bin`` of ``timm/vit_base_patch16_clip_224.
+laion400m_e32``). ``pretrained="none"`` builds a randomly initialised model (seeded): for tests and
+benchmarks only, its scores measure nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import dg_plugins.compat  # noqa: F401  (must precede torchvision / open_clip imports)
+from dg_plugins.alignment.cache import ScoreCache, image_key
+from dg_plugins.alignment.scores_file import ScoreTable
+from dg_plugins.alignment.wrapper import image_items
+from dg_plugins.networks.pretrained import (HUB_HOST, PretrainedWeightsUnavailable,
+                                            host_reachable, offline_requested)
+
+DEFAULT_MODEL = "ViT-B-16"
+DEFAULT_PRETRAINED = "laion400m_e32"
+DEFAULT_PROMPT = "A photo of {}."
+RANDOM_INIT = ("none", "random", "")
+TRANSFORMS = ("dataset", "clip")
+CLIP_CACHE = os.path.expanduser("~/.cache/clip")  # open_clip's folder for URL downloads
+
+
+# --------------------------------------------------------------------------------------------------
+# Model and weights
+
+
+def is_random_init(pretrained) -> bool:
+    return pretrained is None or str(pretrained).lower() in RANDOM_INIT
+
+
+def add_model_config(path: str) -> str:
+    """Register an open_clip model config (a JSON file with ``embed_dim``, ``vision_cfg``,
+    ``text_cfg``) under its file name stem; returns that model name."""
+    import open_clip
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model config {path!r} does not exist")
+    with open(path) as f:
+        cfg = json.load(f)
+    missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in cfg]
+    if missing:
+        raise ValueError(f"model config {path!r} lacks {missing} (an open_clip model config has "
+                         "embed_dim, vision_cfg and text_cfg)")
+    open_clip.add_model_config(path)
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def model_config(model_name: str) -> dict:
+    """The open_clip architecture config of ``model_name`` (raises with the valid names)."""
+    import open_clip
+
+    if model_name.startswith(("hf-hub:", "local-dir:")):
+        return {"source": model_name}
+    cfg = open_clip.get_model_config(model_name)
+    if cfg is None:
+        raise ValueError(f"unknown open_clip model {model_name!r}; choose one of "
+                         f"open_clip.list_models() (e.g. ViT-B-16, ViT-B-32, ViT-L-14, RN50), "
+                         "or register a config file with --model_config")
+    return cfg
+
+
+def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavailable:
+    return PretrainedWeightsUnavailable(
+        f"CLIP weights for {what} are not cached and cannot be downloaded ({reason}). Fixes: run "
+        f"once with network access to fill the cache ({where}); or download the checkpoint "
+        "elsewhere and pass the file with --pretrained /path/to/open_clip_pytorch_model.bin (for "
+        "ViT-B-16 laion400m_e32: huggingface.co/timm/vit_base_patch16_clip_224.laion400m_e32); "
+        "or, for a smoke test only, --pretrained none (random weights: the scores mean nothing). "
+        "(HF_HUB_OFFLINE=1 makes hub look-ups fail at once instead of retrying.)")
+
+
+def check_weights_available(model_name: str, pretrained) -> None:
+    """Fail fast, with the fixes, when ``pretrained`` names weights that are neither a local file,
+    nor in the open_clip / Hugging Face caches, nor downloadable now."""
+    import open_clip
+
+    if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
+        return
+    if model_name.startswith("hf-hub:"):
+        repo = model_name[len("hf-hub:"):]
+        _check_hub(repo, f"{model_name}")
+        return
+    if os.path.isfile(str(pretrained)):
+        return
+    cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
+    if not cfg:
+        if os.sep in str(pretrained) or str(pretrained).endswith((".pt", ".pth", ".bin",
+                                                                  ".safetensors")):
+            raise FileNotFoundError(f"--pretrained {pretrained!r}: no such checkpoint file")
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        raise ValueError(f"--pretrained {pretrained!r} is neither a checkpoint file nor a "
+                         f"pretrained tag of {model_name}; its tags: {', '.join(tags) or 'none'} "
+                         "(or 'none' for random weights)")
+    if cfg.get("file"):
+        return
+    if cfg.get("hf_hub"):
+        repo = os.path.split(cfg["hf_hub"])[0] if not cfg["hf_hub"].endswith("/") \
+            else cfg["hf_hub"].rstrip("/")
+        _check_hub(repo, f"{model_name} {pretrained}")
+    elif cfg.get("url"):
+        cached = os.path.join(CLIP_CACHE, os.path.basename(cfg["url"]))
+        if os.path.exists(cached):
+            return
+        host = cfg["url"].split("/")[2]
+        if offline_requested():
+            raise _unavailable(f"{model_name} {pretrained}", cached, "offline mode is set")
+        if not host_reachable(host):
+            raise _unavailable(f"{model_name} {pretrained}", cached, f"{host} is unreachable")
+
+
+def _check_hub(repo: str, what: str) -> None:
+    from huggingface_hub import constants
+
+    cache_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
+    if os.path.isdir(cache_dir):
+        return
+    if offline_requested():
+        raise _unavailable(what, cache_dir, "offline mode is set")
+    if not host_reachable(HUB_HOST):
+        raise _unavailable(what, cache_dir, f"{HUB_HOST} is unreachable")
+
+
+def file_sha256(path: str, memo_dir: str | None = None) -> str:
+    """sha256 of a file, memoised per (path, size, mtime) in ``memo_dir`` when given."""
+    path = os.path.abspath(path)
+    st = os.stat(path)
+    memo_key = f"{path}\t{st.st_size}\t{st.st_mtime_ns}"
+    memo_path = os.path.join(memo_dir, "checkpoint_sha256.json") if memo_dir else None
+    memo = {}
+    if memo_path and os.path.exists(memo_path):
+        try:
+            with open(memo_path) as f:
+                memo = json.load(f)
+        except (OSError, ValueError):
+            memo = {}
+        if isinstance(memo, dict) and isinstance(memo.get(memo_key), str):
+            return memo[memo_key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    if memo_path:
+        try:
+            os.makedirs(memo_dir, exist_ok=True)
+            memo = memo if isinstance(memo, dict) else {}
+            memo[memo_key] = digest
+            tmp = memo_path + f".{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(memo, f)
+            os.replace(tmp, memo_path)
+        except OSError:
+            pass
+    return digest
+
+
+def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, device="cpu",
+              seed: int = 0):
+    """``(model, preprocess_val, tokenizer)`` from open_clip, in eval mode on ``device``.
+    ``pretrained``: a tag, a checkpoint file, or ``none`` (random init, seeded by ``seed``)."""
+    import open_clip
+    import torch
+
+    model_config(model_name)
+    check_weights_available(model_name, pretrained)
+    random_init = is_random_init(pretrained)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                model_name, pretrained=None if random_init else str(pretrained))
+        except RuntimeError as err:
+            raise PretrainedWeightsUnavailable(
+                f"open_clip could not load {model_name} with pretrained={pretrained!r}: {err}"
+            ) from err
+    tokenizer = open_clip.get_tokenizer(model_name)
+    model.eval().to(device)
+    return model, preprocess, tokenizer
+
+
+def format_prompt(prompt: str, class_name: str) -> str:
+    return prompt.replace("{}", class_name)
+
+
+def check_prompt(prompt: str) -> None:
+    if prompt.count("{}") != 1:
+        raise ValueError(f"--prompt {prompt!r} must contain exactly one '{{}}' (the class name "
+                         "goes there), e.g. 'A photo of {}.'")
+
+
+# --------------------------------------------------------------------------------------------------
+# The scorer
+
+
+class AlignmentScorer:
+    """Scores batches of images against the prompts of their true classes.
+
+    ``class_names``: the classes, by index; their prompt embeddings are computed once, here
+    (L2-normalised). :meth:`score_batch` takes images ``[B, 3, H, W]`` and class indices ``[B]``
+    and returns ``[B]`` raw cosines, on the model's device.
+    """
+
+    def __init__(self, model, tokenizer, class_names, prompt: str = DEFAULT_PROMPT,
+                 device=None):
+        import torch
+
+        check_prompt(prompt)
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(
+            model.parameters()).device
+        self.prompts = [format_prompt(prompt, name) for name in class_names]
+        self.image_size = _image_size(model)
+        with torch.inference_mode():
+            tokens = tokenizer(self.prompts).to(self.device)
+            text = model.encode_text(tokens)
+            self.text_features = torch.nn.functional.normalize(text.float(), dim=-1)
+
+    def score_batch(self, images, class_index):
+        import torch
+
+        with torch.inference_mode():
+            if self.image_size is not None and tuple(images.shape[-2:]) != self.image_size:
+                raise ValueError(
+                    f"the model expects {self.image_size[0]}x{self.image_size[1]} images but the "
+                    f"transform gives {images.shape[-2]}x{images.shape[-1]}; use the model's own "
+                    "preprocessing (--transform clip) or a model made for this size")
+            images = images.to(self.device, non_blocking=True)
+            class_index = class_index.to(self.device, non_blocking=True)
+            features = torch.nn.functional.normalize(self.model.encode_image(images).float(),
+                                                     dim=-1)
+            return (features * self.text_features[class_index]).sum(dim=-1)
+
+    def score_batches(self, batches) -> np.ndarray:
+        """Scores of an iterable of ``(images, class_index)`` batches, concatenated (one device
+        to host copy at the end)."""
+        import torch
+
+        out = [self.score_batch(x, y) for x, y in batches]
+        return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
+
+
+def _image_size(model):
+    size = getattr(getattr(model, "visual", None), "image_size", None)
+    if size is None:
+        return None
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+class _ImageFiles:
+    """Torch dataset of ``(transform(RGB image), position)`` for a list of image files."""
+
+    def __init__(self, paths, transform):
+        self.paths = list(paths)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        from dg_plugins.datasets.image_folder import load_rgb_image
+
+        return self.transform(load_rgb_image(self.paths[index])), index
+
+
+def dataset_eval_transform(dataset, envs):
+    """The dataset's evaluation transform: ``plain_transform`` (dg_plugins' image datasets), else
+    the transform of the first scored environment (DomainBed's datasets: build the dataset with
+    ``hparams['data_augmentation'] = False`` so that every environment has the eval transform)."""
+    transform = getattr(dataset, "plain_transform", None)
+    if transform is None and envs:
+        transform = getattr(dataset[envs[0]], "transform", None)
+    if transform is None:
+        raise ValueError(f"{type(dataset).__name__} exposes no evaluation transform "
+                         "(plain_transform, or a transform on its environments); use "
+                         "--transform clip")
+    return transform
+
+
+def transform_descriptor(kind, transform) -> str:
+    if kind == "clip":
+        return "open_clip preprocess_val of the model and pretrained weights"
+    text = " ".join(repr(transform).split())
+    return ("dataset-eval: " if kind == "dataset" else "custom: ") + text
+
+
+@dataclass
+class ScoreRun:
+    """What :func:`score_dataset` did."""
+
+    table: ScoreTable
+    n_images: int = 0
+    n_cached: int = 0
+    n_computed: int = 0
+    cache_status: str = "disabled"
+    cache_path: str | None = None
+    seconds: float = 0.0
+    scoring_seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+
+def _progress(total: int, desc: str):
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="img", leave=False, file=sys.stderr)
+    return _PlainProgress(total, desc)
+
+
+class _PlainProgress:
+    """A plain progress log (one line per ~10%) when stderr is not a terminal."""
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.done, self.next = total, desc, 0, 0.1
+        self.start = time.perf_counter()
+
+    def update(self, n):
+        self.done += n
+        if self.total and self.done / self.total >= self.next:
+            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+            print(f"{self.desc}: {self.done}/{self.total} images ({rate:.1f} img/s)",
+                  file=sys.stderr)
+            while self.done / self.total >= self.next:
+                self.next += 0.1
+
+    def close(self):
+        pass
+
+
+def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
+                  model: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED,
+                  prompt: str = DEFAULT_PROMPT, transform="dataset", batch_size: int = 64,
+                  device=None, num_workers: int | None = None, cache_dir: str | None = None,
+                  use_cache: bool = True, seed: int = 0, dataset_name: str | None = None,
+                  loaded=None) -> ScoreRun:
+    """AlignmentScore of every image of the environments ``envs`` (default: all) of ``dataset``.
+
+    ``transform``: ``"dataset"`` (the dataset's evaluation transform, faithful), ``"clip"``
+    (open_clip's ``preprocess_val``) or a callable on PIL images. Scores already in the cache
+    (:mod:`dg_plugins.alignment.cache`) are read; only the others are computed, and the model is
+    loaded only then. ``loaded``: an already built ``(model, preprocess, tokenizer)`` to use
+    (tests, benchmarks); the cache is then bypassed, since the setting cannot describe it. Returns a :class:`ScoreRun` whose ``table`` is ready for
+    :func:`~dg_plugins.alignment.scores_file.write_scores`.
+    """
+    import open_clip
+    import torch
+
+    from dg_plugins.runtime import pick_device
+
+    start = time.perf_counter()
+    check_prompt(prompt)
+    envs = list(range(len(dataset))) if envs is None else [int(e) for e in envs]
+    if isinstance(transform, str) and transform not in TRANSFORMS:
+        raise ValueError(f"transform {transform!r}: choose from {', '.join(TRANSFORMS)}")
+    kind = transform if isinstance(transform, str) else "custom"
+    items = image_items(dataset, envs, data_dir)  # first: rejects datasets without image files
+    image_transform = (dataset_eval_transform(dataset, envs) if kind == "dataset"
+                       else transform if kind == "custom" else None)
+    random_init = is_random_init(pretrained)
+    setting = {"model": model, "model_config": model_config(model), "prompt": prompt,
+               "transform": transform_descriptor(kind, image_transform)}
+    sha = None
+    if random_init:
+        setting.update(pretrained="none", seed=int(seed))
+    elif os.path.isfile(str(pretrained)):
+        from dg_plugins.alignment.cache import default_cache_dir
+
+        sha = file_sha256(str(pretrained), cache_dir or default_cache_dir())
+        setting.update(pretrained="file", pretrained_sha256=sha)
+    else:
+        setting.update(pretrained=str(pretrained))
+
+    n = len(items)
+    scores = np.full(n, np.nan)
+    cache = None
+    keys = None
+    if use_cache and loaded is None:  # an injected model is not described by the setting
+        cache = ScoreCache(setting, cache_dir)
+        keys = [image_key(p, c) for p, c in zip(items["abs_path"].tolist(),
+                                                 items["class"].tolist())]
+        scores = cache.lookup(keys)
+    todo = np.flatnonzero(np.isnan(scores))
+    run = ScoreRun(table=None, n_images=n, n_cached=n - len(todo), n_computed=len(todo),
+                   cache_status=cache.status if cache is not None else "disabled",
+                   cache_path=cache.path if cache is not None else None)
+
+    if len(todo):
+        device = pick_device(device)
+        clip_model, preprocess, tokenizer = loaded or load_clip(model, pretrained, device, seed)
+        if kind == "clip":
+            image_transform = preprocess
+        class_names = sorted(set(items["class"]))
+        class_of = {name: k for k, name in enumerate(class_names)}
+        scorer = AlignmentScorer(clip_model, tokenizer, class_names, prompt, device)
+        class_index = torch.as_tensor([class_of[c] for c in items["class"]], dtype=torch.long)
+        files = _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform)
+        if num_workers is None:
+            num_workers = min(8, os.cpu_count() or 1)
+        num_workers = max(0, min(num_workers, -(-len(todo) // batch_size)))
+        loader = torch.utils.data.DataLoader(
+            files, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+            pin_memory=device.type == "cuda")
+        todo_t = torch.as_tensor(todo, dtype=torch.long)
+        progress = _progress(len(todo), f"scoring {len(todo)} images")
+        results = []
+        score_start = time.perf_counter()
+        try:
+            for images, position in loader:
+                labels = class_index[todo_t[position]]
+                results.append(scorer.score_batch(images, labels))
+                progress.update(len(position))
+        finally:
+            progress.close()
+        computed = torch.cat(results).cpu().numpy().astype(np.float64)
+        run.scoring_seconds = time.perf_counter() - score_start
+        scores[todo] = computed
+        if cache is not None:
+            cache.update([keys[i] for i in todo], computed)
+            cache.save()
+    elif cache is not None and cache.dirty:
+        cache.save()
+
+    frame = items.drop(columns=["abs_path"]).copy()
+    frame["score"] = scores.astype(np.float32).astype(np.float64)
+    meta = {"dataset": dataset_name or type(dataset).__name__, "model": model,
+            "pretrained": "none" if random_init else str(pretrained),
+            "pretrained_sha256": sha, "prompt": prompt,
+            "transform": setting["transform"], "data_dir": os.path.abspath(data_dir)
+            if data_dir else None, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "open_clip": getattr(open_clip, "__version__", "?")}
+    if random_init:
+        meta["seed"] = int(seed)
+        run.notes.append("random weights (--pretrained none): these scores measure nothing")
+    run.table = ScoreTable(frame, meta)
+    run.seconds = time.perf_counter() - start
+    return run

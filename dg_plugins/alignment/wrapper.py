@@ -1,0 +1,307 @@
+"""IP/OOP index subsets of a dataset's target environments (the dataset wrapper), and
+:func:`env_subsets`, the function ``train --alignment_scores`` calls.
+
+Works for any ``MultipleDomainDataset`` whose environments list their images as torchvision's
+``ImageFolder`` does (``samples``: ``(path, label)`` pairs, ``classes``, ``root``): dg_plugins'
+image-folder datasets (PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, ``ImageFolder``, any
+:func:`~dg_plugins.datasets.make_image_folder_dataset`) and DomainBed's own image datasets (a
+``domainbed.datasets`` instance, e.g. through :mod:`dg_plugins.bridge`). In-memory datasets
+(RotatedMNIST, Debug28, ...) have no image paths and are rejected with a clear error.
+
+Score rows are matched to environment items by image path: the path relative to ``data_dir``
+when given, else by the trailing path components the file stores (so a score file written on
+another machine still matches). Every item of a target environment must have exactly one row, and
+every row of that environment must match an item, with the same class; otherwise ValueError says
+which images differ and how to fix it (rescore).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from dg_plugins.alignment.rule import SUBSETS, SplitRule, lopsided_warnings, resolve_rule
+from dg_plugins.alignment.scores_file import ScoreTable, read_scores
+
+_SHOW = 5  # examples shown in mismatch messages
+
+
+def env_samples(env) -> list | None:
+    """The ``(path, label)`` list of an environment, or None for one without image files."""
+    samples = getattr(env, "samples", None)
+    if samples is None:
+        samples = getattr(env, "imgs", None)
+    if samples is None:
+        return None
+    return list(samples)
+
+
+def env_folder_name(env) -> str | None:
+    root = getattr(env, "root", None)
+    return os.path.basename(os.path.normpath(str(root))) if root else None
+
+
+def env_class_names(env) -> list[str] | None:
+    classes = getattr(env, "classes", None)
+    return list(classes) if classes is not None else None
+
+
+def relative_path(path: str, data_dir: str | None) -> str:
+    """``path`` relative to ``data_dir`` with ``/`` separators (as the score file stores it)."""
+    path = os.path.normpath(os.path.abspath(path))
+    if data_dir is not None:
+        path = os.path.relpath(path, os.path.abspath(data_dir))
+    return path.replace(os.sep, "/")
+
+
+def no_paths_error(dataset, env_index: int) -> ValueError:
+    return ValueError(
+        f"environment {env_index} of {type(dataset).__name__} has no image paths (an in-memory "
+        "dataset such as RotatedMNIST or Debug28?); IP/OOP alignment scores exist only for image "
+        "datasets whose environments list their files (samples), e.g. PACS, VLCS, OfficeHome, "
+        "TerraIncognita, DomainNet or ImageFolder")
+
+
+def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None) -> np.ndarray:
+    """Row positions (into ``table.frame``) of the items of environment ``env_index``, in item
+    order. Raises ValueError when the file and the environment disagree."""
+    frame = table.frame
+    where = f"alignment score file {table.path!r}" if table.path else "alignment scores"
+    if not 0 <= env_index < len(dataset):
+        raise ValueError(f"environment {env_index} is out of range: the dataset has "
+                         f"{len(dataset)} environments")
+    env = dataset[env_index]
+    samples = env_samples(env)
+    if samples is None:
+        raise no_paths_error(dataset, env_index)
+    name = env_folder_name(env)
+    positions = np.flatnonzero(frame["env"].to_numpy() == env_index)
+    if len(positions) == 0:
+        have = sorted(set(frame["env"].tolist()))
+        raise ValueError(f"{where} has no scores for environment {env_index} ({name}); it scores "
+                         f"environments {have}. Score it: python -m "
+                         "dg_plugins.scripts.alignment_scores ... --envs "
+                         f"{env_index}")
+    if "env_name" in frame.columns and name is not None:
+        names = set(frame["env_name"].to_numpy()[positions].tolist())
+        if names != {name}:
+            raise ValueError(f"{where}: environment {env_index} is {sorted(names)} in the file but "
+                             f"{name!r} in the dataset; the file was made for another dataset or "
+                             "another folder layout. Rescore this dataset")
+    paths = frame["path"].to_numpy()[positions]
+    lookup = {p: k for k, p in enumerate(paths)}
+    depths = sorted({p.count("/") + 1 for p in paths}, reverse=True)
+    matched = np.full(len(samples), -1, dtype=np.int64)
+    root = getattr(env, "root", None)
+    mapper = _PathMapper(str(root) if root else None, data_dir)
+    for item, (path, _) in enumerate(samples):
+        absolute, relative = mapper(path)
+        k = lookup.get(relative) if data_dir is not None else None
+        if k is None:
+            parts = absolute.replace(os.sep, "/").split("/")
+            for depth in depths:
+                k = lookup.get("/".join(parts[-depth:]))
+                if k is not None:
+                    break
+        if k is not None:
+            matched[item] = k
+    missing = np.flatnonzero(matched < 0)
+    if len(missing):
+        examples = [relative_path(samples[i][0], data_dir) for i in missing[:_SHOW]]
+        raise ValueError(f"{where}: {len(missing)} of the {len(samples)} images of environment "
+                         f"{env_index} ({name}) have no score, e.g. {examples}. The file was made "
+                         "for other data (or another --data_dir); rescore this dataset with "
+                         "python -m dg_plugins.scripts.alignment_scores")
+    counts = np.bincount(matched, minlength=len(paths))
+    if (counts > 1).any():
+        raise ValueError(f"{where}: score rows of environment {env_index} match several images "
+                         f"(e.g. {paths[np.flatnonzero(counts > 1)[0]]!r}); pass --data_dir so "
+                         "that paths match exactly")
+    if (counts == 0).any():
+        extra = paths[np.flatnonzero(counts == 0)[:_SHOW]].tolist()
+        raise ValueError(f"{where}: {int((counts == 0).sum())} scored images of environment "
+                         f"{env_index} ({name}) are not in the dataset, e.g. {extra}; the file was "
+                         "made for other data. Rescore this dataset")
+    rows = positions[matched]
+    labels = np.asarray([label for _, label in samples], dtype=np.int64)
+    classes = env_class_names(env)
+    if "class" in frame.columns and classes is not None:
+        theirs = frame["class"].to_numpy()[rows]
+        ours = np.asarray([classes[label] for label in labels], dtype=object)
+        differ = np.flatnonzero(theirs != ours)
+        what = [f"{paths[matched[i]]}: {theirs[i]!r} in the file, {ours[i]!r} in the dataset"
+                for i in differ[:_SHOW]]
+    else:
+        theirs = frame["label"].to_numpy()[rows]
+        differ = np.flatnonzero(theirs != labels)
+        what = [f"{paths[matched[i]]}: {theirs[i]} in the file, {labels[i]} in the dataset"
+                for i in differ[:_SHOW]]
+    if len(differ):
+        raise ValueError(f"{where}: {len(differ)} images of environment {env_index} ({name}) have "
+                         f"another class than in the dataset ({'; '.join(what)}); rescore this "
+                         "dataset")
+    return rows
+
+
+class AlignmentSplit:
+    """IP / OOP / dropped index subsets of the target environments ``envs`` of ``dataset``.
+
+    ``scores``: a score file path or a :class:`ScoreTable`; ``rule``: a :class:`SplitRule`
+    (default: IP iff score >= 0.4), ignored for a file with fixed subsets. Attributes:
+    ``assignment[env]`` (subset name per item), ``scores[env]`` (score per item, NaN when
+    unknown). :meth:`indices` / :meth:`subset` give the items of one subset (a
+    ``torch.utils.data.Subset`` of the environment for the latter); the IP, OOP and dropped index
+    lists of an environment partition its items.
+    """
+
+    def __init__(self, dataset, scores, envs, rule: SplitRule | None = None,
+                 data_dir: str | None = None):
+        self.dataset = dataset
+        self.table = scores if isinstance(scores, ScoreTable) else read_scores(scores)
+        self.rule = None if self.table.fixed_subsets else (rule or SplitRule())
+        self.envs = [int(e) for e in envs]
+        self.assignment: dict[int, np.ndarray] = {}
+        self.scores: dict[int, np.ndarray] = {}
+        frame = self.table.frame
+        for env in self.envs:
+            rows = match_rows(self.table, dataset, env, data_dir)
+            self.scores[env] = frame["score"].to_numpy()[rows]
+            if self.rule is None:
+                self.assignment[env] = frame["subset"].to_numpy()[rows].astype(object)
+            else:
+                self.assignment[env] = self.rule.assign(self.scores[env])
+
+    def indices(self, env: int, subset: str) -> list[int]:
+        if subset not in SUBSETS:
+            raise ValueError(f"unknown subset {subset!r}; choose from {', '.join(SUBSETS)}")
+        return np.flatnonzero(self.assignment[env] == subset).tolist()
+
+    def subset(self, env: int, name: str):
+        import torch.utils.data
+
+        return torch.utils.data.Subset(self.dataset[env], self.indices(env, name))
+
+    def subsets(self, names=("ip", "oop")) -> dict[int, dict[str, list[int]]]:
+        return {env: {name: self.indices(env, name) for name in names} for env in self.envs}
+
+    def counts(self, env: int) -> dict[str, int]:
+        return {name: int((self.assignment[env] == name).sum()) for name in SUBSETS}
+
+    def rule_text(self) -> str:
+        if self.rule is None:
+            source = self.table.meta.get("source", "the file's subset column")
+            return f"fixed subsets from {source}"
+        return self.rule.describe()
+
+    def report(self) -> str:
+        """A table of count and fraction of IP / OOP / dropped images per environment."""
+        lines = [f"IP/OOP split ({self.rule_text()}):",
+                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} "
+                 f"{'dropped':>15}"]
+        for env in self.envs:
+            counts = self.counts(env)
+            total = sum(counts.values())
+            cells = [f"{counts[n]} ({100 * counts[n] / total if total else 0:.1f}%)"
+                     for n in SUBSETS]
+            name = env_folder_name(self.dataset[env]) or "-"
+            lines.append(f"  {env:<4} {name:<20} {total:>7} {cells[0]:>15} {cells[1]:>15} "
+                         f"{cells[2]:>15}")
+        return "\n".join(lines)
+
+    def warnings(self) -> list[str]:
+        if self.rule is None:
+            return []
+        out = []
+        for env in self.envs:
+            name = env_folder_name(self.dataset[env]) or str(env)
+            out += lopsided_warnings(f"env {env} ({name})", self.counts(env), self.rule)
+        return out
+
+
+def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
+                data_dir=None) -> dict[int, dict[str, list[int]]]:
+    """For each test environment, ``{"ip": [item indices], "oop": [item indices]}`` (dropped items
+    in neither), from the score file ``scores_file`` under the rule given by ``threshold`` /
+    ``preset`` (both None: IP iff score >= 0.4). Prints the per-environment counts and fractions
+    (and a warning for a lopsided split) on stdout.
+
+    Raises ValueError for a score file that does not match the dataset (missing images, other
+    environments, other classes), an in-memory dataset without image paths, an unknown preset, a
+    threshold together with a preset, or a rule for a file whose subsets are fixed."""
+    table = read_scores(scores_file)
+    if table.fixed_subsets:
+        if threshold is not None or preset is not None:
+            raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "
+                             f"({table.meta.get('source', 'imported')}); --alignment_threshold / "
+                             "--alignment_preset do not apply to it: leave them out")
+        rule = None
+    else:
+        rule = resolve_rule(threshold, preset)
+    split = AlignmentSplit(dataset, table, test_envs, rule, data_dir=data_dir)
+    print(split.report())
+    for warning in split.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    return split.subsets()
+
+
+class _PathMapper:
+    """Absolute and data_dir-relative forms of many paths sharing a few prefixes, fast: paths
+    under ``prefix`` (a folder as the dataset spells it) are mapped by string slicing, others by
+    :func:`os.path.abspath` / :func:`relative_path`."""
+
+    def __init__(self, prefix: str | None, data_dir: str | None):
+        self.prefix = os.path.join(prefix, "") if prefix else None
+        self.prefix_abs = os.path.join(os.path.normpath(os.path.abspath(prefix)), "") \
+            if prefix else None
+        self.data_dir = data_dir
+        root = os.path.join(os.path.normpath(os.path.abspath(data_dir)), "") if data_dir else None
+        self.rel_prefix = None
+        if root and self.prefix_abs and self.prefix_abs.startswith(root):
+            self.rel_prefix = self.prefix_abs[len(root):].replace(os.sep, "/")
+
+    def __call__(self, path: str) -> tuple[str, str]:
+        p = self.prefix
+        tail = path[len(p):] if p and path.startswith(p) else None
+        parts = tail.split(os.sep) if tail else ()
+        if parts and "" not in parts and "." not in parts and ".." not in parts:
+            absolute = self.prefix_abs + tail
+            if self.rel_prefix is not None:
+                return absolute, self.rel_prefix + tail.replace(os.sep, "/")
+            return absolute, relative_path(absolute, self.data_dir)
+        absolute = os.path.normpath(os.path.abspath(path))
+        return absolute, relative_path(absolute, self.data_dir)
+
+
+def image_items(dataset, envs, data_dir: str | None):
+    """One row per image of the environments ``envs``, in item order: ``env``, ``env_name``,
+    ``path`` (relative to ``data_dir``, ``/`` separators), ``abs_path``, ``label``, ``class``
+    (the class folder name: the word the prompt uses)."""
+    import pandas as pd
+
+    columns = {k: [] for k in ("env", "env_name", "path", "abs_path", "label", "class")}
+    for env_index in envs:
+        env = dataset[env_index]
+        samples = env_samples(env)
+        if samples is None:
+            raise no_paths_error(dataset, env_index)
+        classes = env_class_names(env)
+        if classes is None:
+            raise ValueError(f"environment {env_index} of {type(dataset).__name__} has no class "
+                             "names (classes); the prompt needs the class folder name")
+        name = env_folder_name(env) or str(env_index)
+        root = getattr(env, "root", None)
+        mapper = _PathMapper(str(root) if root else None, data_dir)
+        mapped = [mapper(path) for path, _ in samples]
+        labels = [int(label) for _, label in samples]
+        columns["env"] += [int(env_index)] * len(samples)
+        columns["env_name"] += [name] * len(samples)
+        columns["abs_path"] += [a for a, _ in mapped]
+        columns["path"] += [r for _, r in mapped]
+        columns["label"] += labels
+        columns["class"] += [classes[label] for label in labels]
+    frame = pd.DataFrame(columns)
+    frame["env"] = frame["env"].astype("int64")
+    frame["label"] = frame["label"].astype("int64")
+    return frame

@@ -1,0 +1,200 @@
+"""``python -m dg_plugins.scripts.alignment_scores``: CLIP AlignmentScore of every image of a
+dataset, written as a score file for ``train --alignment_scores`` and ``alignment_eval``.
+
+    python -m dg_plugins.scripts.alignment_scores --dataset PACS --data_dir /data \
+        [--envs 0 3] [--model ViT-B-16] [--pretrained laion400m_e32 | /path/ckpt.bin | none] \
+        [--prompt "A photo of {}."] [--transform dataset | clip] [--batch_size 64] \
+        [--device cuda] [--out scores.csv] [--preset teterwak2025 | --threshold 0.4]
+
+Defaults are the authors' (OpenCLIP ViT-B-16 laion400m_e32, prompt "A photo of {}." with the
+class folder name, the dataset's evaluation transform; see :mod:`dg_plugins.alignment.scoring`).
+The file format is described in :mod:`dg_plugins.alignment.scores_file`. Scores are cached (see
+:mod:`dg_plugins.alignment.cache`): a rerun with the same setting reads them (``--no_cache`` to
+recompute, ``--cache_dir`` to move the cache). After writing, it prints the count and fraction of
+IP / OOP / dropped images per environment under the chosen rule (``--threshold`` default 0.4,
+``--drop_below``, ``--drop_above``, or ``--preset teterwak2025``: drop < 0.15 and > 0.40, IP at
+0.21, the paper's split). The rule is not stored in the file: train and alignment_eval take it.
+
+Importing the authors' released splits instead of scoring (see
+:mod:`dg_plugins.alignment.importers`): ``--import_score_arrays DIR`` (``<domain>_in.npy`` /
+``_out.npy`` arrays of (score, is_correct) rows, with ``--holdout_fraction`` / ``--trial_seed``
+of the run that wrote them) or ``--import_split_dirs IP_DIR OOP_DIR`` (the IP and OOP copies of
+the dataset; the file then carries fixed subsets).
+
+Works for every image dataset whose environments list their files: PACS, VLCS, OfficeHome,
+TerraIncognita, DomainNet, the generic ImageFolder (``--dataset ImageFolder --data_dir
+<domains folder>``), and registered ones (``--import`` plugin modules or ``$DG_PLUGINS_IMPORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dg_plugins.alignment.scoring import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
+
+    p = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.alignment_scores",
+        description="CLIP AlignmentScore (raw image-text cosine for the true class) of every "
+        "image of a dataset, for IP/OOP evaluation.")
+    p.add_argument("--dataset", required=True, help="registered dataset name, e.g. PACS")
+    p.add_argument("--data_dir", required=True,
+                   help="the data folder, as for train (paths in the file are relative to it)")
+    p.add_argument("--envs", nargs="+", default=None,
+                   help="environments to score: indices, labels (e.g. A) or folder names "
+                   "(default: all)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="open_clip model name")
+    p.add_argument("--model_config", default=None,
+                   help="a JSON open_clip model config to register; --model defaults to its "
+                   "file name stem")
+    p.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
+                   help="open_clip pretrained tag, a local checkpoint file, or none (random "
+                   "weights: for tests only)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT,
+                   help="text prompt; {} is replaced by the class folder name")
+    p.add_argument("--transform", default="dataset", choices=["dataset", "clip"],
+                   help="dataset: the dataset's evaluation transform (the authors'); clip: the "
+                   "model's own preprocessing")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    p.add_argument("--num_workers", type=int, default=None,
+                   help="image decoding workers (default: min(8, CPUs))")
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights (--pretrained none)")
+    p.add_argument("--out", default=None, help="output CSV (default: "
+                   "alignment_scores_<dataset>_<model>_<pretrained>.csv)")
+    p.add_argument("--cache_dir", default=None, help="score cache folder (default: "
+                   "$DG_PLUGINS_CACHE/alignment or ~/.cache/dg_plugins/alignment)")
+    p.add_argument("--no_cache", action="store_true", help="neither read nor write the cache")
+    rule = p.add_argument_group("split rule (for the printed counts)")
+    rule.add_argument("--threshold", type=float, default=None,
+                      help="IP if score >= threshold (default 0.4)")
+    rule.add_argument("--drop_below", type=float, default=None)
+    rule.add_argument("--drop_above", type=float, default=None)
+    rule.add_argument("--preset", default=None, help="named rule, e.g. teterwak2025")
+    imp = p.add_argument_group("import the authors' released splits instead of scoring")
+    imp.add_argument("--import_score_arrays", metavar="DIR", default=None)
+    imp.add_argument("--holdout_fraction", type=float, default=0.2,
+                     help="of the run that wrote the arrays (authors: 0.2)")
+    imp.add_argument("--trial_seed", type=int, default=0,
+                     help="of the run that wrote the arrays (authors: 0)")
+    imp.add_argument("--import_split_dirs", nargs=2, metavar=("IP_DIR", "OOP_DIR"), default=None)
+    p.add_argument("--import", dest="plugins", nargs="*", default=[],
+                   help="plugin modules registering datasets")
+    return p
+
+
+def build_dataset(name: str, data_dir: str, plugins=()):
+    """The dataset with every environment on its evaluation transform (no augmentation)."""
+    from dg_plugins.engine import plugins as plugins_lib
+    from dg_plugins.registry import DATASETS
+
+    plugins_lib.load(plugins)
+    return DATASETS.get(name)(data_dir, [], {"data_augmentation": False})
+
+
+def resolve_envs(dataset, envs) -> list[int]:
+    from dg_plugins.alignment.wrapper import env_folder_name
+
+    if envs is None:
+        return list(range(len(dataset)))
+    labels = list(getattr(dataset, "ENVIRONMENTS", None) or [])
+    folders = [env_folder_name(dataset[i]) for i in range(len(dataset))]
+    out = []
+    for env in envs:
+        if env.lstrip("-").isdigit() and 0 <= int(env) < len(dataset):
+            out.append(int(env))
+        elif env in labels:
+            out.append(labels.index(env))
+        elif env in folders:
+            out.append(folders.index(env))
+        else:
+            raise ValueError(f"--envs {env!r} is not an environment of the dataset: use an index "
+                             f"0..{len(dataset) - 1}, a label {labels} or a folder name {folders}")
+    return list(dict.fromkeys(out))
+
+
+def print_summary(dataset, table, envs, rule, data_dir) -> None:
+    import numpy as np
+
+    from dg_plugins.alignment.wrapper import AlignmentSplit
+
+    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir)
+    print(split.report())
+    if not table.fixed_subsets:
+        for env in envs:
+            s = split.scores[env]
+            print(f"  env {env}: score mean {np.mean(s):.4f}, min {np.min(s):.4f}, "
+                  f"max {np.max(s):.4f}")
+    for warning in split.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from dg_plugins.alignment import resolve_rule, write_scores
+    from dg_plugins.alignment import importers, scoring
+    from dg_plugins.engine.train import user_errors
+
+    try:
+        model = args.model
+        if args.model_config:
+            registered = scoring.add_model_config(args.model_config)
+            if model == scoring.DEFAULT_MODEL:
+                model = registered
+        if args.import_score_arrays and args.import_split_dirs:
+            raise ValueError("give --import_score_arrays or --import_split_dirs, not both")
+        imported = bool(args.import_score_arrays or args.import_split_dirs)
+        rule = None if args.import_split_dirs else resolve_rule(
+            args.threshold, args.preset, args.drop_below, args.drop_above)
+        if args.import_split_dirs and any(v is not None for v in (
+                args.threshold, args.preset, args.drop_below, args.drop_above)):
+            raise ValueError("imported split folders carry fixed subsets; leave out --threshold, "
+                             "--preset, --drop_below and --drop_above")
+        dataset = build_dataset(args.dataset, args.data_dir, args.plugins)
+        envs = resolve_envs(dataset, args.envs)
+        if args.import_score_arrays:
+            table = importers.import_score_arrays(
+                dataset, args.import_score_arrays, args.data_dir,
+                envs if args.envs else None, args.holdout_fraction, args.trial_seed,
+                dataset_name=args.dataset)
+        elif args.import_split_dirs:
+            table = importers.import_split_dirs(dataset, *args.import_split_dirs, args.data_dir,
+                                                envs if args.envs else None,
+                                                dataset_name=args.dataset)
+        else:
+            run = scoring.score_dataset(
+                dataset, envs, args.data_dir, model=model, pretrained=args.pretrained,
+                prompt=args.prompt, transform=args.transform, batch_size=args.batch_size,
+                device=args.device, num_workers=args.num_workers, cache_dir=args.cache_dir,
+                use_cache=not args.no_cache, seed=args.seed, dataset_name=args.dataset)
+            table = run.table
+        if imported:
+            envs = sorted(set(table.frame["env"].tolist()))
+        out = args.out or "alignment_scores_{}_{}_{}.csv".format(
+            args.dataset, model.replace("/", "-"),
+            "none" if scoring.is_random_init(args.pretrained) and not imported
+            else os.path.splitext(os.path.basename(str(args.pretrained)))[0])
+        write_scores(out, table.frame, table.meta)
+        table.path = out
+        if imported:
+            print(f"wrote {len(table.frame)} rows to {out} ({table.meta['source']})")
+        else:
+            rate = (run.n_computed / run.scoring_seconds if run.scoring_seconds else float("nan"))
+            cache = (f"read {run.n_cached} from the cache {run.cache_path} ({run.cache_status})"
+                     if run.cache_path else "cache disabled")
+            print(f"wrote {run.n_images} scores to {out} in {run.seconds:.1f} s: computed "
+                  f"{run.n_computed} ({rate:.1f} images/s), {cache}")
+            for note in run.notes:
+                print(f"warning: {note}", file=sys.stderr)
+        print_summary(dataset, table, envs, rule, args.data_dir)
+    except user_errors() as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Scoring: the score is the raw cosine of open_clip's normalised embeddings for the true class's
+prompt (folder name), on the dataset's evaluation transform; batches, checkpoints, offline."""
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dg_plugins.alignment import scoring
+from dg_plugins.datasets.image_folder import ImageFolder, load_rgb_image
+from dg_plugins.networks.pretrained import PretrainedWeightsUnavailable
+
+
+def direct_cosines(model, tokenizer, transform, paths, class_names, prompt="A photo of {}."):
+    """Cosines computed one image at a time from open_clip's own normalised embeddings."""
+    out = []
+    with torch.no_grad():
+        for path, name in zip(paths, class_names):
+            image = model.encode_image(transform(load_rgb_image(path))[None], normalize=True)
+            text = model.encode_text(tokenizer([prompt.replace("{}", name)]), normalize=True)
+            out.append(float((image * text).sum()))
+    return np.asarray(out)
+
+
+def test_score_is_the_raw_cosine_for_the_true_class(pacs, pacs_dir, tiny_model):
+    run = scoring.score_dataset(pacs, [0, 3], pacs_dir, model=tiny_model, pretrained="none",
+                                seed=3, batch_size=7, num_workers=0, use_cache=False)
+    frame = run.table.frame
+    assert run.n_computed == len(frame) == len(pacs[0]) + len(pacs[3])
+    model, _, tokenizer = scoring.load_clip(tiny_model, "none", "cpu", seed=3)
+    paths = [os.path.join(pacs_dir, p) for p in frame["path"]]
+    expected = direct_cosines(model, tokenizer, pacs.plain_transform, paths, frame["class"])
+    np.testing.assert_allclose(frame["score"], expected, atol=2e-6)
+    # the true class: the class folder of each image, and the label the dataset gives it
+    assert all(p.split("/")[-2] == c for p, c in zip(frame["path"], frame["class"]))
+    assert [pacs.classes[y] for y in frame["label"]] == list(frame["class"])
+    # not a softmax over classes, not scaled: a prompt of another class gives another cosine
+    wrong = direct_cosines(model, tokenizer, pacs.plain_transform, paths[:3], ["house"] * 3)
+    assert not np.allclose(wrong, expected[:3])
+    assert -1 <= frame["score"].min() and frame["score"].max() <= 1
+
+
+def test_batch_size_and_workers_do_not_change_scores(pacs, pacs_dir, tiny_model):
+    one = scoring.score_dataset(pacs, [1], pacs_dir, model=tiny_model, pretrained="none",
+                                batch_size=1, num_workers=0, use_cache=False).table.frame
+    many = scoring.score_dataset(pacs, [1], pacs_dir, model=tiny_model, pretrained="none",
+                                 batch_size=16, num_workers=2, use_cache=False).table.frame
+    np.testing.assert_allclose(one["score"], many["score"], atol=2e-6)
+    assert list(one["path"]) == list(many["path"])
+
+
+def test_prompts_use_the_class_folder_name_as_it_is(tmp_path, pacs_dir, tiny_model):
+    source = os.path.join(pacs_dir, "PACS", "photo", "dog")
+    image = os.path.join(source, sorted(os.listdir(source))[0])
+    for domain in ("d1", "d2"):
+        for cls in ("aircraft_carrier", "The Eiffel Tower"):
+            os.makedirs(tmp_path / domain / cls)
+            shutil.copy(image, tmp_path / domain / cls / "x.jpg")
+    dataset = ImageFolder(str(tmp_path), [], {"data_augmentation": False})
+    model, _, tokenizer = scoring.load_clip(tiny_model, "none")
+    scorer = scoring.AlignmentScorer(model, tokenizer, dataset.classes)
+    assert scorer.prompts == ["A photo of The Eiffel Tower.", "A photo of aircraft_carrier."]
+    custom = scoring.AlignmentScorer(model, tokenizer, dataset.classes, prompt="a {} photo")
+    assert custom.prompts[1] == "a aircraft_carrier photo"
+    run = scoring.score_dataset(dataset, None, str(tmp_path), model=tiny_model,
+                                pretrained="none", num_workers=0, use_cache=False)
+    frame = run.table.frame
+    assert set(frame["class"]) == {"aircraft_carrier", "The Eiffel Tower"}
+    # same image, two classes: the two prompts give two different scores, as computed directly
+    expected = direct_cosines(model, tokenizer, dataset.plain_transform,
+                              [str(tmp_path / p) for p in frame["path"]], frame["class"])
+    np.testing.assert_allclose(frame["score"], expected, atol=2e-6)
+    assert frame["score"].nunique() == 2
+    with pytest.raises(ValueError, match="exactly one"):
+        scoring.AlignmentScorer(model, tokenizer, dataset.classes, prompt="A photo")
+
+
+def test_the_evaluation_transform_is_the_datasets(pacs, pacs_dir, tiny_model):
+    from torchvision import transforms
+
+    default = scoring.score_dataset(pacs, [2], pacs_dir, model=tiny_model, pretrained="none",
+                                    num_workers=0, use_cache=False).table
+    explicit = scoring.score_dataset(pacs, [2], pacs_dir, model=tiny_model, pretrained="none",
+                                     transform=pacs.plain_transform, num_workers=0,
+                                     use_cache=False).table
+    np.testing.assert_array_equal(default.frame["score"], explicit.frame["score"])
+    text = default.meta["transform"]
+    assert text.startswith("dataset-eval:") and "Resize(size=(224, 224)" in text
+    assert "Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))" in text
+    # another transform (no ImageNet normalisation; CLIP's own preprocessing) changes the scores
+    other = transforms.Compose([transforms.Resize((224, 224)), transforms.ToTensor()])
+    unnormalised = scoring.score_dataset(pacs, [2], pacs_dir, model=tiny_model,
+                                         pretrained="none", transform=other, num_workers=0,
+                                         use_cache=False).table
+    clip = scoring.score_dataset(pacs, [2], pacs_dir, model=tiny_model, pretrained="none",
+                                 transform="clip", num_workers=0, use_cache=False).table
+    for changed in (unnormalised, clip):
+        assert np.abs(changed.frame["score"] - default.frame["score"]).max() > 1e-4
+    assert clip.meta["transform"].startswith("open_clip preprocess_val")
+
+
+def test_local_checkpoint_as_pretrained(tmp_path, pacs, pacs_dir, tiny_model, cache_dir):
+    model, _, tokenizer = scoring.load_clip(tiny_model, "none", seed=11)
+    checkpoint = tmp_path / "tiny.pt"
+    torch.save(model.state_dict(), checkpoint)
+    run = scoring.score_dataset(pacs, [0], pacs_dir, model=tiny_model,
+                                pretrained=str(checkpoint), num_workers=0, cache_dir=cache_dir)
+    frame = run.table.frame
+    expected = direct_cosines(model, tokenizer, pacs.plain_transform,
+                              [os.path.join(pacs_dir, p) for p in frame["path"]], frame["class"])
+    np.testing.assert_allclose(frame["score"], expected, atol=2e-6)
+    assert run.table.meta["pretrained"] == str(checkpoint)
+    assert len(run.table.meta["pretrained_sha256"]) == 64
+    # another checkpoint at the same path: another hash, so the cache misses
+    other, _, _ = scoring.load_clip(tiny_model, "none", seed=12)
+    time.sleep(0.01)
+    torch.save(other.state_dict(), checkpoint)
+    again = scoring.score_dataset(pacs, [0], pacs_dir, model=tiny_model,
+                                  pretrained=str(checkpoint), num_workers=0, cache_dir=cache_dir)
+    assert again.n_computed == len(frame)
+    assert again.table.meta["pretrained_sha256"] != run.table.meta["pretrained_sha256"]
+
+
+def test_offline_fails_fast_with_the_fix(pacs, pacs_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_hub_cache"))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_hub_cache"))
+    start = time.perf_counter()
+    with pytest.raises(PretrainedWeightsUnavailable) as err:
+        scoring.score_dataset(pacs, [0], pacs_dir, use_cache=False)  # ViT-B-16 laion400m_e32
+    assert time.perf_counter() - start < 5
+    message = str(err.value)
+    assert "--pretrained /path/to/" in message and "laion400m_e32" in message
+    assert "offline" in message
+    with pytest.raises(ValueError, match="neither a checkpoint file nor a pretrained tag.*"
+                                         "laion400m_e32"):
+        scoring.check_weights_available("ViT-B-16", "laion5000")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        scoring.check_weights_available("ViT-B-16", str(tmp_path / "missing.bin"))
+    with pytest.raises(ValueError, match="unknown open_clip model"):
+        scoring.model_config("ViT-X-99")
+
+
+def test_cli_offline_exits_with_the_message(pacs_dir, tmp_path, monkeypatch, capsys):
+    from dg_plugins.scripts import alignment_scores
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    code = alignment_scores.main(["--dataset", "PACS", "--data_dir", pacs_dir, "--out",
+                                  str(tmp_path / "s.csv"), "--cache_dir", str(tmp_path / "c")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: CLIP weights for ViT-B-16 laion400m_e32 are not cached" in err
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_in_memory_dataset_is_rejected():
+    from dg_plugins.datasets.debug import Debug28
+
+    with pytest.raises(ValueError, match="no image paths"):
+        scoring.score_dataset(Debug28(None, [], {}), [0], None, pretrained="none")
