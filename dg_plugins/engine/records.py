@@ -23,17 +23,15 @@ One row per record, in load order. Columns (DomainBed's selector names):
 entry name under ``input_dir``), ``line`` (1-based line number) and one float column per key of the
 form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
 ``env0_in_ip_acc``, ...), NaN where a record lacks the key. Other keys (loss, epoch, ...) are
-dropped. The ``hparams`` dicts are shared between the rows of a job: treat them as read-only.
+dropped.
 
 Speed (spec 12 item 5; ``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
 parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
 NaN, Infinity or lone surrogates, go to :mod:`json`, and without orjson everything does; its one
 difference from :mod:`json`: integers beyond 64 bits become floats); files are read with small
-plain ``os.read`` calls; the rows of a job are collected in one go and their ``args`` stored once;
-and with many files and two CPUs a forked worker reads the folder from the front while this
-process reads it from the back (:class:`_Claims`), after importing pandas meanwhile: numpy and
-pandas are imported only when the DataFrame is made, so a caller can start loading first
-(:func:`start_loading`).
+plain ``os.read`` calls; and records are stored column by column (:class:`_Columns`): the ``args``
+of a job once per :class:`_Segment`, the accuracies of records sharing a key set in one flat float
+:class:`_AccBlock`, turned into numpy arrays in one go.
 """
 
 from __future__ import annotations
@@ -41,40 +39,44 @@ from __future__ import annotations
 import gc
 import json
 import math
-import mmap
 import os
-import pickle
 import re
-import select
-import signal
-import struct
 import sys
-import threading
 from array import array
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, NamedTuple
 
-if TYPE_CHECKING:
-    import numpy as np
-    import pandas as pd
+import numpy as np
+import pandas as pd
 
 try:  # a dependency, but parsing falls back to json without it
     import orjson as _orjson
 except ImportError:
     _orjson = None
 
+
+class _ArgValues(NamedTuple):
+    """The ``args`` of a record that become columns (``args.<name>``)."""
+
+    trial_seed: object
+    dataset: object
+    algorithm: object
+    test_envs: tuple
+    hparams_seed: object
+    output_dir: object  # optional: only the hparams table shows it
+
+
 #: The arguments a record must carry (spec 9.6), read from its ``args`` dict.
-REQUIRED_ARGS = ("trial_seed", "dataset", "algorithm", "test_envs", "hparams_seed")
-#: Columns read from ``args`` (``output_dir`` is optional: only the hparams table shows it).
-ARG_COLUMNS = tuple(f"args.{name}" for name in (*REQUIRED_ARGS, "output_dir"))
+REQUIRED_ARGS = _ArgValues._fields[:5]
+#: Columns read from ``args``.
+ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
 #: Record keys kept as float columns: ``env{i}_<anything>_acc``.
 ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
 
 RESULTS_FILE = "results.jsonl"
 MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
-#: A forked worker helps from this many entries on (below, fork + transfer cost more than it saves).
-PARALLEL_MIN_FILES = 1000
 # Read size: results files are a few KB. A buffer above glibc's mmap threshold (128 KiB) makes
 # every os.read map and unmap fresh pages: 1 MiB reads cost 3-6x more time on 10,000 files.
 _READ_SIZE = 1 << 16
@@ -88,48 +90,42 @@ def _print_warning(message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Parsing lines
+# Loading
 
 
-def parse_line(line: str):
-    """The JSON value of ``line`` (orjson when importable, else :mod:`json`); raises
-    ``ValueError`` if it is not valid JSON."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(line)
-        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
-            pass
-    return json.loads(line)
-
-
-def _parse_file(text: str, where: Callable[[int], str], problems: list[str]):
-    """``(line numbers, values)`` of the non-blank lines of a file; invalid lines are reported
-    to ``problems`` and left out."""
-    numbers, records = [], []
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip(_JSON_SPACE):
-            continue
-        try:
-            records.append(parse_line(line))
-            numbers.append(number)
-        except ValueError as error:
-            problems.append(f"skipping {where(number)}: not valid JSON ({error})")
-    return numbers, records
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading files
-
-
-def result_files(input_dir: str) -> list[tuple[str, str]]:
-    """``(entry, path of its results.jsonl)`` for every entry of ``input_dir`` in ``os.listdir``
-    order (spec 9.1). Raises ``FileNotFoundError`` / ``NotADirectoryError`` naming ``input_dir``."""
+def load_records(input_dir: str, warn: Warn = _print_warning,
+                 progress: bool | None = None) -> pd.DataFrame:
+    """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame (module docstring;
+    spec 9.1). Problems go to ``warn`` (default: stderr); ``progress`` shows a tqdm bar on stderr
+    (default: when stderr is a terminal).
+    Raises ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
     if not os.path.exists(input_dir):
         raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
     if not os.path.isdir(input_dir):
         raise NotADirectoryError(f"input directory {input_dir!r} is not a directory")
-    return [(entry, os.path.join(input_dir, entry, RESULTS_FILE))
-            for entry in os.listdir(input_dir)]
+    entries = os.listdir(input_dir)  # DomainBed's order (spec 9.1)
+    if sys.stderr.isatty() if progress is None else progress:
+        import tqdm  # only for terminals: its import costs 0.1 s
+
+        entries = tqdm.tqdm(entries, ncols=80, leave=False)
+    columns = _Columns()
+    collecting = gc.isenabled()
+    gc.disable()  # the cyclic GC would rescan the growing columns again and again (~10% time)
+    try:
+        for entry in entries:
+            path = os.path.join(input_dir, entry, RESULTS_FILE)
+            text = _read_text(path, columns.problems)
+            if text is not None:
+                columns.add_file(entry, path, text)
+    finally:
+        if collecting:
+            gc.enable()
+    for message in columns.problems[:MAX_WARNINGS]:
+        warn(message)
+    if len(columns.problems) > MAX_WARNINGS:
+        warn(f"{len(columns.problems) - MAX_WARNINGS} more problems not shown "
+             f"({len(columns.problems)} lines or files skipped in total)")
+    return columns.frame()
 
 
 def _read_text(path: str, problems: list[str]) -> str | None:
@@ -153,11 +149,60 @@ def _read_text(path: str, problems: list[str]) -> str | None:
     return b"".join(chunks).decode("utf-8", "surrogateescape")
 
 
-_get_step = itemgetter("step")
+def parse_line(line: str):
+    """The JSON value of ``line`` (orjson when importable, else :mod:`json`); raises
+    ``ValueError`` if it is not valid JSON."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(line)
+        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
+            pass
+    return json.loads(line)
 
 
-def _get_hparams(record: dict):
-    return record.get("hparams")
+def _arg_values(args) -> _ArgValues | str:
+    """The column values of an ``args`` dict, or why it is unusable (spec 9.6)."""
+    if type(args) is not dict:
+        return "no 'args' object"
+    missing = [name for name in REQUIRED_ARGS if name not in args]
+    if missing:
+        return "missing " + ", ".join(f"args.{name}" for name in missing)
+    envs = args["test_envs"]
+    if not isinstance(envs, list) or not all(type(e) is int for e in envs):
+        return "args.test_envs is not a list of int"
+    return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
+                      args["hparams_seed"], args.get("output_dir"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The column store
+
+
+@dataclass(slots=True)
+class _Segment:
+    """``size`` consecutive rows of one job with the same ``args``: stored once, repeated by
+    :meth:`_Columns.frame`."""
+
+    job: str
+    args: _ArgValues
+    size: int
+
+
+@dataclass(slots=True)
+class _AccBlock:
+    """The accuracies of all records with one key set: ``keys`` (their ``env{i}_*_acc`` keys, in
+    record order), the records' row positions, and their values row-major (rows x keys)."""
+
+    keys: list[str]
+    rows: array = field(default_factory=lambda: array("q"))
+    values: array = field(default_factory=lambda: array("d"))
+    get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
+
+    def __post_init__(self) -> None:
+        self.get = _getter(self.keys)
+
+    def matrix(self) -> np.ndarray:
+        return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
 
 
 def _getter(keys: list[str]) -> Callable[[dict], tuple]:
@@ -169,176 +214,126 @@ def _getter(keys: list[str]) -> Callable[[dict], tuple]:
     return lambda record: ()
 
 
-def _arg_row(args) -> tuple | str:
-    """The ``ARG_COLUMNS`` values of an ``args`` dict, or why it is unusable (spec 9.6)."""
-    if type(args) is not dict:
-        return "no 'args' object"
-    missing = [name for name in REQUIRED_ARGS if name not in args]
-    if missing:
-        return "missing " + ", ".join(f"args.{name}" for name in missing)
-    envs = args["test_envs"]
-    if not isinstance(envs, list) or not all(type(e) is int for e in envs):
-        return "args.test_envs is not a list of int"
-    return (*(args[name] for name in REQUIRED_ARGS[:3]), tuple(envs), args["hparams_seed"],
-            args.get("output_dir"))
+_get_step = itemgetter("step")
+
+
+def _get_hparams(record: dict):
+    return record.get("hparams")
 
 
 class _Columns:
-    """Rows collected column by column (picklable, so that a worker can send them back).
-
-    Rows come in *segments*: runs of consecutive records of one job sharing ``args``, stored once
-    per segment (``jobs``, ``arg_rows``, ``sizes``) and repeated with numpy in :meth:`frame`.
-    ``layouts`` maps a record's key tuple to ``[acc keys, row positions, acc values]`` (positions
-    as ``array('q')``, values as a flat ``array('d')``, row-major): records with the same keys
-    become one float block."""
+    """Records collected column by column, then made into a DataFrame by :meth:`frame`:
+    ``segments`` (job and ``args``), ``lines``, ``steps``, ``hparams`` (one entry per row) and the
+    accuracies in ``blocks`` (by the records' full key tuple). Unusable lines go to ``problems``."""
 
     def __init__(self) -> None:
-        self.jobs: list = []
-        self.arg_rows: list[tuple] = []
-        self.sizes: list[int] = []
+        self.segments: list[_Segment] = []
         self.lines: list[int] = []
         self.steps: list = []
         self.hparams: list = []
-        self.layouts: dict[tuple, list] = {}
+        self.blocks: dict[tuple, _AccBlock] = {}
         self.problems: list[str] = []
-        self._getters: dict[tuple, Callable] = {}
 
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def __getstate__(self):  # the getters (lambdas) are rebuilt where needed, not pickled
-        return {k: v for k, v in self.__dict__.items() if k != "_getters"}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _getters={})
-
-    def extend(self, other: "_Columns") -> None:
-        offset = len(self)
-        for name in ("jobs", "arg_rows", "sizes", "lines", "steps", "hparams", "problems"):
-            getattr(self, name).extend(getattr(other, name))
-        for keys, (acc_keys, positions, values) in other.layouts.items():
-            mine = self._layout(keys, acc_keys)
-            mine[1].extend(p + offset for p in positions)
-            mine[2].extend(values)
-
-    def add(self, job, numbers, records: list, where: Callable[[int], str]) -> None:
-        """Add the parsed lines of one job (``numbers``: their line numbers); unusable ones
-        become problems."""
+    def add_file(self, job: str, path: str, text: str) -> None:
+        """Add the records of one ``results.jsonl``; unusable lines become problems."""
+        numbers, records = [], []
+        for number, line in enumerate(text.split("\n"), 1):
+            if not line.strip(_JSON_SPACE):
+                continue
+            try:
+                records.append(parse_line(line))
+                numbers.append(number)
+            except ValueError as error:
+                self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
         if records and self._add_uniform(job, numbers, records):
             return
-        arg_rows: dict[int, tuple] = {}  # id(args) -> (args, row or reason); args kept alive
-        for number, record in zip(numbers, records):
+        for number, record in zip(numbers, records):  # line by line
             if type(record) is not dict:
-                self.problems.append(f"skipping {where(number)}: not a JSON object")
+                self.problems.append(f"skipping line {number} of {path}: not a JSON object")
                 continue
-            args = record.get("args")
-            known = arg_rows.get(id(args))
-            if known is None:
-                known = arg_rows[id(args)] = (args, _arg_row(args))
-            row = known[1]
-            if type(row) is str or "step" not in record:
-                reason = row if type(row) is str else "missing step"
-                self.problems.append(f"skipping {where(number)}: {reason}")
+            args = _arg_values(record.get("args"))
+            if type(args) is str or "step" not in record:
+                reason = args if type(args) is str else "missing step"
+                self.problems.append(f"skipping line {number} of {path}: {reason}")
                 continue
-            self._append(job, [number], [record], row)
+            self._append(job, [number], [record], args)
 
-    def _add_uniform(self, job, numbers, records: list) -> bool:
+    def _add_uniform(self, job: str, numbers: list[int], records: list) -> bool:
         """The usual case in one go: valid records with the same keys and ``args``."""
         first = records[0]
         if type(first) is not dict or "step" not in first or "args" not in first:
             return False
-        args, keys = first.get("args"), first.keys()
+        args, keys = first["args"], first.keys()
         for record in records:
-            if type(record) is not dict or record.keys() != keys:
+            if type(record) is not dict or record.keys() != keys or record["args"] != args:
                 return False
-            other = record["args"]
-            if other is not args and other != args:
-                return False
-        row = _arg_row(args)
-        if type(row) is str:
+        values = _arg_values(args)
+        if type(values) is str:
             return False
-        self._append(job, numbers, records, row)
+        self._append(job, numbers, records, values)
         return True
 
-    def _layout(self, keys: tuple, acc_keys: list[str] | None = None) -> list:
-        layout = self.layouts.get(keys)
-        if layout is None:
-            if acc_keys is None:
-                acc_keys = [k for k in keys if ACC_KEY.fullmatch(k)]
-            layout = self.layouts[keys] = [acc_keys, array("q"), array("d")]
-            self._getters[keys] = _getter(acc_keys)
-        return layout
-
-    def _append(self, job, numbers, records: list, row: tuple) -> None:
-        """Append valid records that share ``args`` (``row``) and keys."""
+    def _append(self, job: str, numbers: list[int], records: list, args: _ArgValues) -> None:
+        """Append valid records that share ``args`` and keys."""
         keys = tuple(records[0])
-        _, positions, values = self._layout(keys)
-        start = len(self)
-        positions.extend(range(start, start + len(records)))
-        flat = chain.from_iterable(map(self._getters[keys], records))
-        size = len(values)
+        block = self.blocks.get(keys)
+        if block is None:
+            block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)])
+        start = len(self.steps)
+        block.rows.extend(range(start, start + len(records)))
+        size = len(block.values)
         try:
-            values.extend(flat)
+            block.values.extend(chain.from_iterable(map(block.get, records)))
         except (TypeError, OverflowError):  # a non-numeric accuracy: keep what is numeric
-            del values[size:]
-            values.extend(map(_number, chain.from_iterable(map(self._getters[keys], records))))
+            del block.values[size:]
+            block.values.extend(map(_number, chain.from_iterable(map(block.get, records))))
         self.steps.extend(map(_get_step, records))
-        # One hparams object per job when they are equal (less memory, faster worker transfer).
-        first = records[0].get("hparams")
-        self.hparams.extend(first if hparams == first else hparams
-                            for hparams in map(_get_hparams, records))
+        self.hparams.extend(map(_get_hparams, records))
         self.lines.extend(numbers)
-        if self.arg_rows and self.jobs[-1] == job and self.arg_rows[-1] is row:
-            self.sizes[-1] += len(records)
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.job == job and last.args is args:
+            last.size += len(records)
         else:
-            self.jobs.append(job)
-            self.arg_rows.append(row)
-            self.sizes.append(len(records))
+            self.segments.append(_Segment(job, args, len(records)))
 
-    def frame(self) -> "pd.DataFrame":
-        import numpy as np
-        import pandas as pd
-
+    def frame(self) -> pd.DataFrame:
         columns: dict[str, object] = {}
-        sizes = np.array(self.sizes, dtype=np.int64)
-        values = list(zip(*self.arg_rows)) if self.arg_rows else [()] * len(ARG_COLUMNS)
-        for name, column in zip(ARG_COLUMNS, values):
+        sizes = np.array([segment.size for segment in self.segments], dtype=np.int64)
+        args = list(zip(*(segment.args for segment in self.segments))) or [()] * len(ARG_COLUMNS)
+        for name, values in zip(ARG_COLUMNS, args):
             # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
             if name.endswith("_seed"):
-                columns[name] = pd.Series(list(column)).to_numpy().repeat(sizes)
+                columns[name] = pd.Series(list(values)).to_numpy().repeat(sizes)
             else:
-                columns[name] = _object_array(column, sizes)
+                columns[name] = _object_series(values, sizes)
         columns["step"] = self.steps
-        columns["hparams"] = _object_array(self.hparams)
-        columns["job"] = _object_array(self.jobs, sizes)
+        columns["hparams"] = _object_series(self.hparams)
+        columns["job"] = _object_series([segment.job for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
-        acc_keys = sorted({k for layout in self.layouts.values() for k in layout[0]},
+        acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
                           key=_acc_sort_key)
-        index = {key: i for i, key in enumerate(acc_keys)}
-        accs = np.full((len(self), len(acc_keys)), np.nan)
-        for keys, positions, flat in self.layouts.values():
-            if keys:
-                block = np.frombuffer(flat, dtype=float).reshape(len(positions), len(keys))
-                if len(keys) == len(acc_keys) and len(positions) == len(accs):
-                    accs[:, [index[k] for k in keys]] = block
+        position = {key: i for i, key in enumerate(acc_keys)}
+        accs = np.full((len(self.steps), len(acc_keys)), np.nan)
+        for block in self.blocks.values():
+            if block.keys:
+                where = [position[key] for key in block.keys]
+                if len(block.rows) == len(accs):  # every record has these keys
+                    accs[:, where] = block.matrix()
                 else:
-                    rows = np.frombuffer(positions, dtype=np.int64)
-                    accs[np.ix_(rows, [index[k] for k in keys])] = block
+                    rows = np.frombuffer(block.rows, dtype=np.int64)
+                    accs[np.ix_(rows, where)] = block.matrix()
         for i, key in enumerate(acc_keys):
             columns[key] = accs[:, i]
         return pd.DataFrame(columns)
 
 
-def _object_array(values, repeats: "np.ndarray | None" = None) -> "pd.Series":
+def _object_series(values, repeats: np.ndarray | None = None) -> pd.Series:
     """A Series of Python objects, each value repeated ``repeats[i]`` times if given (pandas
     would otherwise convert strings to its string dtype, slower to iterate)."""
-    import numpy as np
-    import pandas as pd
-
-    array = np.fromiter(values, dtype=object, count=len(values))
+    values = np.fromiter(values, dtype=object, count=len(values))
     if repeats is not None:
-        array = array.repeat(repeats)
-    return pd.Series(array, dtype=object, copy=False)
+        values = values.repeat(repeats)
+    return pd.Series(values, dtype=object, copy=False)
 
 
 def _number(value) -> float:
@@ -352,280 +347,6 @@ def _number(value) -> float:
 def _acc_sort_key(key: str):
     match = ACC_KEY.fullmatch(key)
     return int(match.group(1)), match.group(2)
-
-
-def _scan(files: Iterable[tuple[str, str]], columns: _Columns | None = None) -> _Columns:
-    """Read and parse the given ``(entry, path)`` files into ``columns`` (default: new ones;
-    problems collected) and return them."""
-    columns = _Columns() if columns is None else columns
-    collecting = gc.isenabled()
-    gc.disable()  # the cyclic GC would rescan the growing columns again and again (~10% time)
-    try:
-        for entry, path in files:
-            text = _read_text(path, columns.problems)
-            if text is None:
-                continue
-
-            def where(number, path=path):
-                return f"line {number} of {path}"
-
-            numbers, records = _parse_file(text, where, columns.problems)
-            columns.add(entry, numbers, records, where)
-    finally:
-        if collecting:
-            gc.enable()
-    return columns
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading, optionally with a forked worker
-
-
-class _Claims:
-    """The files not yet taken, shared by this process and a forked worker: the worker takes
-    chunks from the front, this process from the back, until they meet. Whichever is faster
-    (the parent also imports pandas meanwhile; reading speed varies with the page cache) simply
-    takes more. The bounds are two int64 in shared memory; a byte in a pipe is the lock (whoever
-    has read it holds it), waited for with a timeout so that a side that died holding it cannot
-    block the other."""
-
-    CHUNK = 64  # files per claim: ~3 ms of work, so the two sides end within a few ms
-
-    def __init__(self, n_files: int) -> None:
-        self._bounds = mmap.mmap(-1, 16)  # MAP_SHARED: the forked worker sees the same page
-        struct.pack_into("qq", self._bounds, 0, 0, n_files)
-        self._lock_read, self._lock_write = os.pipe()
-        os.write(self._lock_write, b"L")
-
-    def bounds(self) -> tuple[int, int]:
-        """``(front, back)``: files ``[0, front)`` went to the worker, ``[back, n)`` to us."""
-        return struct.unpack_from("qq", self._bounds)
-
-    def take(self, from_front: bool, other_alive: Callable[[], bool]) -> tuple[int, int] | None:
-        """Claim the next chunk ``(start, end)`` from one end, or None when nothing is left."""
-        locked = self._acquire(other_alive)
-        try:
-            front, back = self.bounds()
-            if front >= back:
-                return None
-            if from_front:
-                start, end = front, min(back, front + self.CHUNK)
-                struct.pack_into("q", self._bounds, 0, end)
-            else:
-                start, end = max(front, back - self.CHUNK), back
-                struct.pack_into("q", self._bounds, 8, start)
-            return start, end
-        finally:
-            if locked:
-                os.write(self._lock_write, b"L")
-
-    def _acquire(self, other_alive: Callable[[], bool]) -> bool:
-        """Take the lock; False (go on unlocked) if the other side is gone."""
-        while True:
-            ready, _, _ = select.select([self._lock_read], [], [], 0.2)
-            if ready:
-                os.read(self._lock_read, 1)
-                return True
-            if not other_alive():
-                return False
-
-    def close(self) -> None:
-        if not self._bounds.closed:
-            for fd in (self._lock_read, self._lock_write):
-                os.close(fd)
-            self._bounds.close()
-
-    def __del__(self) -> None:  # a Loading dropped without its result
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-class _Worker:
-    """A forked child that scans the chunks it claims from the front of ``files`` and pickles
-    its :class:`_Columns` into a pipe. If anything goes wrong with it, :meth:`result` scans the
-    files it claimed in this process instead."""
-
-    def __init__(self, files: list[tuple[str, str]], claims: _Claims) -> None:
-        self.files, self.claims = files, claims
-        self.pid, self.status, self._read_fd = None, None, None
-        read_fd, write_fd = os.pipe()
-        parent = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(read_fd)
-            os.close(write_fd)
-            return
-        if pid == 0:  # the child: never returns
-            status = 1
-            try:
-                os.close(read_fd)
-                columns = _Columns()
-                alive = lambda: os.getppid() == parent  # noqa: E731
-                while (chunk := claims.take(True, alive)) is not None:
-                    _scan(files[chunk[0]:chunk[1]], columns)
-                payload = pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
-                with os.fdopen(write_fd, "wb") as pipe:
-                    pipe.write(payload)
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write_fd)
-        self.pid, self._read_fd = pid, read_fd
-
-    def alive(self) -> bool:
-        """Whether the child still runs (reaping it, and keeping its status, if it ended)."""
-        if self.pid is None or self.status is not None:
-            return False
-        pid, status = os.waitpid(self.pid, os.WNOHANG)
-        if pid:
-            self.status = status
-        return not pid
-
-    def result(self) -> _Columns:
-        """The child's columns (files ``[0, front)``), once this process took its last chunk."""
-        if self.pid is None:
-            return _Columns()
-        try:
-            with os.fdopen(self._read_fd, "rb") as pipe:
-                payload = pipe.read()
-        finally:
-            self._read_fd = None
-            if self.status is None:
-                self.status = os.waitpid(self.pid, 0)[1]
-            self.pid = None
-        try:
-            if self.status == 0:
-                return pickle.loads(payload)
-        except Exception:  # noqa: BLE001 - a broken transfer: redo the work here
-            pass
-        return _scan(self.files[:self.claims.bounds()[0]])
-
-    def close(self) -> None:
-        """Stop and reap the child if its result was never collected."""
-        if self.pid is not None:
-            os.close(self._read_fd)
-            if self.status is None:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            self.pid = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-class Loading:
-    """Records being loaded (see :func:`start_loading`); :meth:`result` gives the DataFrame."""
-
-    def __init__(self, input_dir: str, warn: Warn, progress: bool | None,
-                 parallel: bool | None) -> None:
-        self.files = result_files(input_dir)
-        self.warn = warn
-        self.progress = sys.stderr.isatty() if progress is None else progress
-        if parallel is None:
-            parallel = (len(self.files) >= PARALLEL_MIN_FILES and _usable_cpus() >= 2
-                        and threading.active_count() == 1)  # forking beside threads is unsafe
-        self._claims = self._worker = None
-        if parallel and hasattr(os, "fork") and len(self.files) > 1:
-            self._claims = _Claims(len(self.files))
-            self._worker = _Worker(self.files, self._claims)
-
-    def result(self) -> "pd.DataFrame":
-        if self._worker is None:
-            columns = _scan(self._with_progress(self.files))
-        else:
-            columns = self._result_with_worker()
-        for message in columns.problems[:MAX_WARNINGS]:
-            self.warn(message)
-        if len(columns.problems) > MAX_WARNINGS:
-            self.warn(f"{len(columns.problems) - MAX_WARNINGS} more problems not shown "
-                      f"({len(columns.problems)} lines or files skipped in total)")
-        return columns.frame()
-
-    def _result_with_worker(self) -> _Columns:
-        """Take chunks from the back until the worker and this process meet, then join the
-        worker's columns (the front) and ours, in listing order."""
-        bar = self._progress_bar()
-        mine: list[_Columns] = []  # from the back: reversed at the end
-        try:
-            while (chunk := self._claims.take(False, self._worker.alive)) is not None:
-                mine.append(_scan(self.files[chunk[0]:chunk[1]]))
-                if bar is not None:
-                    front, back = self._claims.bounds()
-                    bar.update(front + len(self.files) - back - bar.n)
-            columns = self._worker.result()
-        finally:
-            if bar is not None:
-                bar.close()
-            self._worker.close()
-            self._claims.close()
-        for part in reversed(mine):
-            columns.extend(part)
-        return columns
-
-    def _with_progress(self, files: list) -> Iterable:
-        bar = self._progress_bar()
-        if bar is None:
-            return files
-
-        def advancing():
-            with bar:
-                for item in files:
-                    yield item
-                    bar.update()
-        return advancing()
-
-    def _progress_bar(self):
-        if not self.progress:
-            return None
-        import tqdm  # only for terminals: its import costs 0.1 s
-
-        return tqdm.tqdm(total=len(self.files), ncols=80, leave=False)
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on. The worker is used whenever there are two: measured on a
-    2-CPU machine under a load average of 1-2, it still cut the whole run from ~2.0 s to ~1.4 s
-    (10,000 jobs), so no load-average gate (a lagging 1-minute average kept it off)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def start_loading(input_dir: str, warn: Warn = _print_warning, progress: bool | None = None,
-                  parallel: bool | None = None) -> Loading:
-    """Start loading ``input_dir`` (listing it and, if ``parallel``, forking a worker that reads
-    part of it) and return at once; ``.result()`` finishes and returns the DataFrame. Lets a
-    caller import pandas while the worker reads. Raises like :func:`result_files`."""
-    return Loading(input_dir, warn, progress, parallel)
-
-
-def load_records(input_dir: str, warn: Warn = _print_warning, progress: bool | None = None,
-                 parallel: bool | None = None) -> "pd.DataFrame":
-    """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame (module docstring;
-    spec 9.1). Problems go to ``warn`` (default: stderr); ``progress`` shows a tqdm bar on stderr
-    (default: when stderr is a terminal); ``parallel`` forks a worker for part of the files
-    (default: from ``PARALLEL_MIN_FILES`` files on, with two or more usable CPUs and no other
-    thread running; the result is the same).
-    Raises ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
-    return start_loading(input_dir, warn, progress, parallel).result()
-
-
-def records_frame(records: Iterable[dict]) -> "pd.DataFrame":
-    """The records DataFrame (module docstring) of in-memory record dicts (``job`` is None,
-    ``line`` counts from 1). Raises ValueError on an unusable record."""
-    columns = _Columns()
-    records = list(records)
-    columns.add(None, range(1, len(records) + 1), records, lambda number: f"record {number}")
-    if columns.problems:
-        raise ValueError(columns.problems[0])
-    return columns.frame()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -642,17 +363,9 @@ def acc_width(records: pd.DataFrame) -> int:
     return width
 
 
-def acc_columns(records: pd.DataFrame, split: str) -> list[str]:
-    """Column names ``env{i}_{split}_acc`` for i = 0..W-1 (W: :func:`acc_width`); some may be
-    absent from ``records``."""
-    return [f"env{i}_{split}_acc" for i in range(acc_width(records))]
-
-
 def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
     """``records[key.format(t=i)]`` for i = 0..W-1 (W: :func:`acc_width`) as a (records x W)
     float array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
-    import numpy as np
-
     columns = [key.format(t=i) for i in range(acc_width(records))]
     return records.reindex(columns=columns).to_numpy(dtype=float, na_value=np.nan)
 
@@ -660,8 +373,6 @@ def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
 def leading_count(present: np.ndarray) -> np.ndarray:
     """Per row, how many consecutive True values start the row (DomainBed counts environments
     by probing ``env0_..``, ``env1_..`` until a key is missing; spec 9.4)."""
-    import numpy as np
-
     if present.shape[1] == 0:
         return np.zeros(len(present), dtype=int)
     return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))
@@ -670,8 +381,6 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 def environment_count(records: pd.DataFrame) -> int:
     """Number of environments seen in ``records``: the largest count of consecutive
     ``env{i}_in_acc`` keys of any record (used for datasets the catalog does not know)."""
-    import numpy as np
-
     if not len(records):
         return 0
     return int(leading_count(~np.isnan(acc_matrix(records, "env{t}_in_acc"))).max())

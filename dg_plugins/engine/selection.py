@@ -137,7 +137,7 @@ def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared pieces
+# Shared pieces (the public ones are also used by dg_plugins.engine.single_source)
 
 
 def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -177,8 +177,8 @@ def _python_max_key(frame: pd.DataFrame, by: list[str], value: str, order: str) 
     return key
 
 
-def _best(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
-          ties_to_largest: bool) -> pd.DataFrame:
+def best_rows(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
+              ties_to_largest: bool) -> pd.DataFrame:
     """Per ``by`` group, the row with the largest ``key``; among equal keys the row with the
     smallest (or largest) ``tiebreak``. The one place where every selection step picks a row."""
     ranked = frame.assign(_key=key).sort_values(
@@ -187,12 +187,28 @@ def _best(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
     return ranked.drop_duplicates(by).drop(columns="_key")
 
 
-def _best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
+def best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
     """Per run (group, hparams_seed), the first candidate with the maximal val_acc in ``order``
     (``Q.argmax``: earliest checkpoint on ties)."""
     by = ["group", "hparams_seed"]
     key = _python_max_key(candidates, by, "val_acc", order)
-    return _best(candidates, by, key, order, ties_to_largest=False)
+    return best_rows(candidates, by, key, order, ties_to_largest=False)
+
+
+def last_checkpoint(candidates: pd.DataFrame) -> pd.DataFrame:
+    """Per run (group, hparams_seed), the last record of its largest step (the oracle's
+    checkpoint)."""
+    return best_rows(candidates, ["group", "hparams_seed"],
+                     candidates["step"].to_numpy(dtype=float), "record", ties_to_largest=True)
+
+
+def best_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per group, the run with the best ``val_acc`` (NaN ranks lowest; ties go to the largest
+    hparams_seed, as DomainBed's ``hparams_accs`` sorts), in group order."""
+    val = runs["val_acc"].to_numpy(dtype=float)
+    chosen = best_rows(runs, ["group"], np.where(np.isnan(val), -np.inf, val), "hparams_seed",
+                       ties_to_largest=True)
+    return chosen.sort_values("group").reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,13 +222,11 @@ def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
     n_envs = leading_count(~np.isnan(out))
     candidates = single.assign(val_acc=_reduce_rows(out, n_envs, single["test_env"].to_numpy(),
                                                     lambda block: np.mean(block, axis=1)))
-    return _best_checkpoint(candidates, "record")[RUN_COLUMNS]
+    return best_checkpoint(candidates, "record")[RUN_COLUMNS]
 
 
 def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
-    single = grouped.single()
-    last = _best(single, ["group", "hparams_seed"], single["step"].to_numpy(dtype=float),
-                 "record", ties_to_largest=True)
+    last = last_checkpoint(grouped.single())
     val = _at(grouped.accs("env{t}_out_acc"), last["record"].to_numpy(),
               last["test_env"].to_numpy())
     return last.assign(val_acc=val)[RUN_COLUMNS]
@@ -260,7 +274,7 @@ def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
         val = sums / (n_envs - 1)
     ok = missing == 0
     candidates = single[ok].assign(val_acc=val[ok])
-    return _best_checkpoint(candidates, "step")[RUN_COLUMNS]
+    return best_checkpoint(candidates, "step")[RUN_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -301,15 +315,11 @@ def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str
     """
     grouped = group_records(records)
     method = get_method(method) if isinstance(method, str) else method
-    runs = method.runs(grouped)
-    val = runs["val_acc"].to_numpy(dtype=float)
-    key = np.where(np.isnan(val), -np.inf, val)
-    chosen = _best(runs, ["group"], key, "hparams_seed", ties_to_largest=True)
-    chosen = chosen.sort_values("group").reset_index(drop=True)
+    chosen = best_run(method.runs(grouped))
     test = _at(grouped.accs(test_key), chosen["record"].to_numpy(),
                grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
     info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
-    chosen = chosen.reset_index(drop=True).assign(test_acc=test)
+    chosen = chosen.assign(test_acc=test)
     return pd.concat([info, chosen], axis=1)[SELECTED_COLUMNS]
 
 

@@ -1,21 +1,20 @@
-"""Single-source DG results: jobs trained on one environment and tested on all the others.
+"""Model selection for single-source DG runs: jobs trained on one environment and tested on all
+the others.
 
 ``sweep --single_source`` runs one job per source environment s with ``test_envs`` = every
 environment but s. DomainBed's selection methods only score single-test-environment runs, so these
-jobs get their own tables, laid out like GMoE's single-source table (ICLR 2023, Table 3): per
-dataset, selection method and source, rows are algorithms and columns the environments; the
-source's column holds its in-domain validation accuracy (``env{s}_out_acc``, labelled
-``<env> (source)``), every other column the target accuracy (``env{t}_in_acc``), and ``Avg`` is the
-mean over the targets. Cells are means over trial seeds with DomainBed's error (:func:`format_mean`).
-
-Selection per (trial_seed, dataset, algorithm, source); each hparams seed is a run:
+jobs get their own selection here (and their own tables,
+:func:`dg_plugins.engine.tables.single_source_tables`). Per (trial_seed, dataset, algorithm,
+source), each hparams seed is a run:
 
 * ``iid`` (training-domain validation set): a checkpoint's val_acc is ``env{s}_out_acc``; a run
   keeps its earliest best checkpoint (early stopping, as DomainBed's IID method);
 * ``oracle`` (test-domain validation set): the run's last checkpoint; val_acc is the mean of the
   targets' ``env{t}_out_acc``.
 
-Across runs the best val_acc wins, ties to the largest hparams_seed (DomainBed's rule).
+Across runs the best val_acc wins, ties to the largest hparams_seed (DomainBed's rule,
+:func:`dg_plugins.engine.selection.best_run`). The chosen run reports the source's in-domain
+validation accuracy (``env{s}_out_acc``) and every target's ``env{t}_in_acc``.
 
 Which records count: those whose ``test_envs`` leave exactly one environment. On a 3-environment
 dataset that is also what DomainBed's leave-one-domain-out pair runs look like, so by default
@@ -30,12 +29,12 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.engine.records import leading_count
-from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod, _best,
-                                         _best_checkpoint, group_ids, group_records)
+from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
+                                         best_checkpoint, best_run, group_ids, group_records,
+                                         last_checkpoint)
 
 #: The selection methods that apply to single-source runs (LOO needs several sources).
 METHODS = (IID, ORACLE)
-DESCRIPTION = "single source: trained on one environment, tested on the others"
 
 
 def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
@@ -110,61 +109,18 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
         np.arange(width)[None, :] < runs["n_envs"].to_numpy()[:, None])
     if method is IID:
         runs["val_acc"] = out_acc[rows, source]
-        best = _best_checkpoint(runs, "record")
+        scored = best_checkpoint(runs, "record")
     else:
-        last = _best(runs, ["group", "hparams_seed"], runs["step"].to_numpy(dtype=float),
-                     "record", ties_to_largest=True)
+        last = last_checkpoint(runs)
         last_rows = last["record"].to_numpy()
         mask = target_mask[last.index.to_numpy()]
         with np.errstate(all="ignore"):
             val = np.nansum(np.where(mask, out_acc[last_rows], 0.0), axis=1) / mask.sum(axis=1)
-        best = last.assign(val_acc=val)
-    val = best["val_acc"].to_numpy(dtype=float)
-    chosen = _best(best, ["group"], np.where(np.isnan(val), -np.inf, val), "hparams_seed",
-                   ties_to_largest=True).sort_values("group").reset_index(drop=True)
+        scored = last.assign(val_acc=val)
+    chosen = best_run(scored)
     chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
     accs = in_acc[chosen_rows].copy()
     accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]
     for i in range(width):
         chosen[f"acc{i}"] = accs[:, i]
     return chosen
-
-
-def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
-                         datasets: list[str] | None = None) -> list:
-    """One :class:`dg_plugins.engine.tables.Table` per (dataset, source environment), for
-    ``datasets`` (default: every dataset with single-source runs)."""
-    from dg_plugins.engine import tables
-
-    if datasets is not None and not datasets:
-        return []
-    grouped = group_records(records)
-    chosen = select_single_source(grouped, method)
-    if datasets is None:
-        datasets = sorted(set(chosen["dataset"]), key=str)
-    algorithms = tables.algorithm_order(grouped)
-    out = []
-    for dataset in [d for d in tables.dataset_order(grouped) if d in datasets]:
-        labels = tables.environment_labels(grouped.records, dataset)
-        of_dataset = chosen[chosen["dataset"] == dataset]
-        for source in sorted(set(of_dataset["source"].tolist())):
-            at_source = of_dataset[of_dataset["source"] == source]
-            rows = {}
-            for algorithm in algorithms:
-                mine = at_source[at_source["algorithm"] == algorithm]
-                if mine.empty:
-                    continue
-                cells = [tables._mean_cell(_finite(mine[f"acc{i}"])) for i in range(len(labels))]
-                targets = [c for i, c in enumerate(cells) if i != source]
-                rows[algorithm] = cells + [tables._avg_cell(targets)]
-            col_labels = [f"{label} (source)" if i == source else label
-                          for i, label in enumerate(labels)]
-            header = (f"Dataset: {dataset}, single source: {labels[source]}, "
-                      f"model selection method: {method.name}")
-            out.append(tables.Table(f"{dataset}, source {labels[source]}", header,
-                                    [*col_labels, "Avg"], rows, 20, method, "single_source"))
-    return out
-
-
-def _finite(values: pd.Series) -> list[float]:
-    return [float(v) for v in values if not np.isnan(v)]

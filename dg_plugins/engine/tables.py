@@ -1,14 +1,22 @@
-"""Results tables: DomainBed's collect_results output, byte for byte, plus Markdown, CSV, IP/OOP and
-selected-hparams tables (protocol spec 6.5, 9.5).
+"""Results tables: DomainBed's collect_results output, byte for byte, plus Markdown, CSV, IP/OOP,
+single-source and selected-hparams tables (protocol spec 6.5, 9.5).
+
+Structure: selection modules choose runs (:mod:`dg_plugins.engine.selection` for DomainBed's
+methods, :mod:`dg_plugins.engine.single_source` for single-source runs); this module turns their
+choices into :class:`Table` objects, groups them into a :class:`Report` of :class:`Section` (one
+method and test key each; :func:`build_report`) and renders the report (:func:`render`). Imports go
+one way: tables -> single_source -> selection -> records. A new kind of table (say, one row per
+algorithm and label fraction) is a selection function in a lower module, a ``..._tables`` function
+here like :func:`single_source_tables`, and one more :class:`Section` in :func:`build_report`.
 
 Per selection method: one table per dataset (rows: algorithms; columns: the dataset's environments
-and ``Avg``) and an Averages table (columns: datasets and ``Avg``). A cell is
-:func:`format_mean` over trial seeds of the groups' selected test accuracies; ``Avg`` is the plain
-mean of the row's cell means, or ``X`` when a cell is missing. DomainBed's quirks are kept: the
-population std divided by sqrt(n) as error, the Averages table averaging each trial over whatever
-test environments it has (a dataset can show ``X`` in its own table and a number in the Averages),
-``print_row``'s truncation of every cell to the column width and its trailing space (text) or
-`` \\\\`` (LaTeX).
+and ``Avg``) and an Averages table (columns: datasets and ``Avg``). A cell (:meth:`Cell.of`) is
+DomainBed's ``format_mean`` over trial seeds of the groups' selected test accuracies; ``Avg`` is the
+plain mean of the row's cell means, or ``X`` when a cell is missing (:meth:`Cell.average`).
+DomainBed's quirks are kept: the population std divided by sqrt(n) as error, the Averages table
+averaging each trial over whatever test environments it has (a dataset can show ``X`` in its own
+table and a number in the Averages), ``print_row``'s truncation of every cell to the column width
+and its trailing space (text) or `` \\\\`` (LaTeX).
 
 Ordering: algorithms in :data:`dg_plugins.catalog.ALGORITHM_ORDER` order, then unknown ones by
 first appearance in the records (as DomainBed); datasets in
@@ -17,24 +25,32 @@ dataset it does not know, unknown datasets follow the known ones in alphabetical
 environment columns labelled ``0, 1, ...`` (the environment count read from the records'
 ``env{i}_in_acc`` keys).
 
-Formats (:func:`render`): ``text`` and ``latex`` are DomainBed's; ``markdown`` makes GitHub tables
-(``A ± B`` cells); ``csv`` is one tidy table with a row per cell: ``selection, selection_name,
-test_key, table, algorithm, column, mean, err, n, text`` (mean and err in percent; ``table`` is the
-dataset or ``Averages``; ``n`` the number of trials, empty for ``Avg``).
+Formats (:func:`render`, one function each): ``text`` and ``latex`` are DomainBed's; ``markdown``
+makes GitHub tables (``A ± B`` cells); ``csv`` is one tidy table with a row per cell:
+``selection, selection_name, test_key, table, algorithm, column, mean, err, n, text`` (mean and err
+in percent; ``table`` is the dataset or ``Averages``; ``n`` the number of trials, empty for
+``Avg``).
 
 Extra test keys: :func:`subset_keys` finds ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` columns
 (accuracy of the test environment's in split on its in-pretraining / out-of-pretraining subset);
-their tables come after the standard ones, with the same selection (the run and checkpoint each
+their sections come after the standard ones, with the same selection (the run and checkpoint each
 method picks) reporting that key instead of ``env{t}_in_acc``. Without such keys the output is
 exactly DomainBed's.
+
+Single-source tables (:func:`single_source_tables`), after those: laid out like GMoE's
+single-source table (ICLR 2023, Table 3): per dataset, selection method and source, rows are
+algorithms and columns the environments; the source's column holds its in-domain validation
+accuracy (``env{s}_out_acc``, labelled ``<env> (source)``), every other column the target accuracy
+(``env{t}_in_acc``), and ``Avg`` is the mean over the targets.
 
 Selected hparams (:func:`selected_hparams`): per method, dataset, algorithm, test environment and
 trial, the run the method chose (hparams_seed, step, val/test accuracy, job folder, hparams). With
 ``Report.hparams`` set, :func:`render` appends it (text/markdown/LaTeX: an aligned plain-text
 table; csv: a second CSV after an empty line); :func:`hparams_csv` gives the file.
 
-API: ``build_report(records, methods, hparams_table) -> Report``, ``render(report, fmt) -> str``,
-``results_tables(records, method, test_key) -> [Table]``, ``tidy_cells(report) -> DataFrame``.
+API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
+``render(report, fmt) -> str``, ``results_tables(records, method, test_key) -> [Table]``,
+``single_source_tables(records, method, datasets) -> [Table]``, ``tidy_cells(report) -> DataFrame``.
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -51,33 +68,31 @@ from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import environment_count
 from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                          select, sweep_accs)
+from dg_plugins.engine.single_source import METHODS as SINGLE_SOURCE_METHODS
+from dg_plugins.engine.single_source import select_single_source, single_source_datasets
 
-#: Extra test keys reported when present: (template, short label, description).
-SUBSET_KEYS = [
-    ("env{t}_in_ip_acc", "IP", "in-pretraining subset of the test environment"),
-    ("env{t}_in_oop_acc", "OOP", "out-of-pretraining subset of the test environment"),
-]
+
+class SubsetKey(NamedTuple):
+    """An extra test key: its template (in ``t``), a short label and a description."""
+
+    template: str
+    label: str
+    description: str
+
+
+#: Extra test keys reported when present.
+SUBSET_KEYS = (
+    SubsetKey("env{t}_in_ip_acc", "IP", "in-pretraining subset of the test environment"),
+    SubsetKey("env{t}_in_oop_acc", "OOP", "out-of-pretraining subset of the test environment"),
+)
+#: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
+SINGLE_SOURCE_KEY = "single_source"
+SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
 FORMATS = ("text", "latex", "markdown", "csv")
 #: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
 RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
                  "csv": "results.csv"}
 HPARAMS_FILE = "selected_hparams.csv"
-
-
-# --------------------------------------------------------------------------------------------------
-# DomainBed's cell and row formatting (spec 6.5, 9.5)
-
-
-def format_mean(data, latex: bool = False) -> tuple:
-    """``(mean, err, text)`` in percent: err is the population std of ``data / sqrt(n)``; text is
-    ``"20.0 +/- 4.7"`` (LaTeX: ``$\\pm$``), or ``(None, None, "X")`` for no data (spec 9.5)."""
-    data = list(data)
-    if not data:
-        return None, None, "X"
-    mean = 100 * np.mean(data)
-    err = 100 * np.std(np.asarray(data) / np.sqrt(len(data)))
-    sign = "$\\pm$" if latex else "+/-"
-    return mean, err, f"{mean:.1f} {sign} {err:.1f}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,39 +107,79 @@ class Cell:
     err: float | None = None
     n: int | None = None
 
-    def text(self, style: str = "text") -> str:
+    @classmethod
+    def of(cls, accuracies) -> Cell:
+        """DomainBed's ``format_mean`` (spec 9.5) of accuracies in [0, 1]: the mean in percent
+        and, as error, the population std of ``accuracies / sqrt(n)``; no values, no mean."""
+        accuracies = list(accuracies)
+        if not accuracies:
+            return cls(n=0)
+        mean = 100 * np.mean(accuracies)
+        err = 100 * np.std(np.asarray(accuracies) / np.sqrt(len(accuracies)))
+        return cls(mean, err, len(accuracies))
+
+    @classmethod
+    def average(cls, cells: list[Cell]) -> Cell:
+        """``Avg``: the plain mean of the cells' means (no error, no n); absent if any is."""
+        means = [cell.mean for cell in cells]
+        if not means or any(mean is None for mean in means):
+            return cls()
+        return cls(sum(means) / len(means))
+
+    def text(self, sign: str = "+/-") -> str:
+        """``"20.0 +/- 4.7"`` (``sign`` between mean and error), ``"78.3"`` without error, ``"X"``
+        when absent."""
         if self.mean is None:
             return "X"
         if self.err is None:
             return f"{self.mean:.1f}"
-        sign = {"text": "+/-", "latex": "$\\pm$", "markdown": "±", "csv": "+/-"}[style]
         return f"{self.mean:.1f} {sign} {self.err:.1f}"
 
 
 @dataclass
 class Table:
-    """One results table. ``title`` is the dataset name or ``Averages``; ``header`` the text-mode
-    header; ``rows`` maps each algorithm to its cells (one per column label after ``Algorithm``)."""
+    """One results table. ``title`` names it (dataset, ``Averages``, ``<dataset>, source <env>``);
+    ``header`` is the text format's header line; ``rows`` maps each algorithm to its cells (one
+    per column label after ``Algorithm``); ``colwidth`` is DomainBed's print width."""
 
     title: str
     header: str
     col_labels: list[str]
     rows: dict[str, list[Cell]]
     colwidth: int
+
+
+@dataclass
+class Section:
+    """The tables of one selection method for one test key. ``test_key``: :data:`TEST_KEY`, a
+    :data:`SUBSET_KEYS` template or :data:`SINGLE_SOURCE_KEY`; ``subtitle``: empty for DomainBed's
+    standard tables, else what the section shows (printed after the method name)."""
+
     method: SelectionMethod
-    test_key: str = TEST_KEY
+    test_key: str
+    subtitle: str
+    tables: list[Table]
+
+    @property
+    def title(self) -> str:
+        return f"Model selection: {self.method.name}" + (
+            f" ({self.subtitle})" if self.subtitle else "")
 
 
-def _mean_cell(values: list) -> Cell:
-    mean, err, _ = format_mean(values)
-    return Cell(mean, err, len(values)) if values else Cell(n=0)
+@dataclass
+class Report:
+    """Everything collect_results prints: the sections (the standard tables of each method, then
+    the IP/OOP and single-source ones, if any), then optionally the selected hparams of
+    ``methods``."""
+
+    n_records: int
+    methods: list[SelectionMethod]
+    sections: list[Section] = field(default_factory=list)
+    hparams: pd.DataFrame | None = None
 
 
-def _avg_cell(cells: list[Cell]) -> Cell:
-    means = [c.mean for c in cells]
-    if not means or any(m is None for m in means):
-        return Cell()
-    return Cell(sum(means) / len(means))
+# --------------------------------------------------------------------------------------------------
+# Ordering
 
 
 def algorithm_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
@@ -150,6 +205,10 @@ def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
     return [str(i) for i in range(environment_count(rows))]
 
 
+# --------------------------------------------------------------------------------------------------
+# Tables
+
+
 def _header(prefix: str, method: SelectionMethod, test_key: str) -> str:
     header = f"{prefix}, model selection method: {method.name}"
     if test_key != TEST_KEY:
@@ -162,7 +221,6 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     """The per-dataset tables and the Averages table of one method (spec 9.5); the test
     accuracy of each chosen record is read with ``test_key`` (a template in ``t``)."""
     grouped = group_records(records)
-    frame = grouped.records
     chosen = sweep_accs(grouped, method, test_key)
     algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     # Accuracies per cell, in group order (first appearance), as DomainBed lists them.
@@ -174,32 +232,68 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
 
     tables = []
     for dataset in datasets:
-        labels = environment_labels(frame, dataset)
+        labels = environment_labels(grouped.records, dataset)
         rows = {}
         for algorithm in algorithms:
-            cells = [_mean_cell(per_cell.get((dataset, algorithm, env), []))
+            cells = [Cell.of(per_cell.get((dataset, algorithm, env), []))
                      for env in range(len(labels))]
-            rows[algorithm] = cells + [_avg_cell(cells)]
+            rows[algorithm] = cells + [Cell.average(cells)]
         tables.append(Table(dataset, _header(f"Dataset: {dataset}", method, test_key),
-                            [*labels, "Avg"], rows, 20, method, test_key))
+                            [*labels, "Avg"], rows, 20))
     rows = {}
     for algorithm in algorithms:
-        cells = [_mean_cell([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
+        cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
                  for ds in datasets]
-        rows[algorithm] = cells + [_avg_cell(cells)]
+        rows[algorithm] = cells + [Cell.average(cells)]
     tables.append(Table("Averages", _header("Averages", method, test_key), [*datasets, "Avg"],
-                        rows, 25, method, test_key))
+                        rows, 25))
     return tables
 
 
-def subset_keys(records: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """The entries of :data:`SUBSET_KEYS` whose key exists for some environment in ``records``."""
+def subset_keys(records: pd.DataFrame) -> list[SubsetKey]:
+    """The :data:`SUBSET_KEYS` whose key exists for some environment in ``records``."""
     found = []
-    for entry in SUBSET_KEYS:
-        pattern = re.compile(re.escape(entry[0]).replace(re.escape("{t}"), r"\d+"))
+    for subset in SUBSET_KEYS:
+        pattern = re.compile(re.escape(subset.template).replace(re.escape("{t}"), r"\d+"))
         if any(pattern.fullmatch(str(column)) for column in records.columns):
-            found.append(entry)
+            found.append(subset)
     return found
+
+
+def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
+                         datasets: list[str] | None = None) -> list[Table]:
+    """One table per (dataset, source environment) of the single-source runs (module docstring;
+    selection: :func:`dg_plugins.engine.single_source.select_single_source`), for ``datasets``
+    (default: every dataset with single-source runs)."""
+    if datasets is not None and not datasets:
+        return []
+    grouped = group_records(records)
+    chosen = select_single_source(grouped, method)
+    if datasets is None:
+        datasets = sorted(set(chosen["dataset"]), key=str)
+    algorithms = algorithm_order(grouped)
+    tables = []
+    for dataset in [d for d in dataset_order(grouped) if d in datasets]:
+        labels = environment_labels(grouped.records, dataset)
+        of_dataset = chosen[chosen["dataset"] == dataset]
+        for source in sorted(set(of_dataset["source"].tolist())):
+            at_source = of_dataset[of_dataset["source"] == source]
+            rows = {}
+            for algorithm in algorithms:
+                mine = at_source[at_source["algorithm"] == algorithm]
+                if mine.empty:
+                    continue
+                cells = [Cell.of(float(v) for v in mine[f"acc{i}"] if not np.isnan(v))
+                         for i in range(len(labels))]
+                rows[algorithm] = cells + [
+                    Cell.average([c for i, c in enumerate(cells) if i != source])]
+            col_labels = [f"{label} (source)" if i == source else label
+                          for i, label in enumerate(labels)]
+            header = (f"Dataset: {dataset}, single source: {labels[source]}, "
+                      f"model selection method: {method.name}")
+            tables.append(Table(f"{dataset}, source {labels[source]}", header,
+                                [*col_labels, "Avg"], rows, 20))
+    return tables
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,172 +334,163 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
                   "hparams"]].reset_index(drop=True)
 
 
-def _hparams_text_lines(table: pd.DataFrame, method: SelectionMethod) -> list[str]:
-    rows = table[table["selection"] == method.key]
+# --------------------------------------------------------------------------------------------------
+# The report
+
+
+def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+                 hparams_table: bool = False, single_source: str = "auto") -> Report:
+    """Select and tabulate: the standard tables per method, then the subset keys' tables, then
+    single-source tables (``single_source``: ``auto`` where unambiguous, see
+    :func:`dg_plugins.engine.single_source.single_source_datasets`; ``on``; ``off``)."""
+    if single_source not in ("auto", "on", "off"):
+        raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
+    methods = list(dict.fromkeys(methods))
+    grouped = group_records(records)
+    report = Report(len(grouped.records), methods)
+    for method in methods:
+        report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method)))
+    for subset in subset_keys(grouped.records):
+        for method in methods:
+            report.sections.append(Section(method, subset.template,
+                                           f"{subset.label}: {subset.description}",
+                                           results_tables(grouped, method, subset.template)))
+    if single_source != "off":
+        datasets = single_source_datasets(grouped) if single_source == "auto" else None
+        for method in [m for m in methods if m in SINGLE_SOURCE_METHODS]:
+            tables = single_source_tables(grouped, method, datasets)
+            if tables:
+                report.sections.append(Section(method, SINGLE_SOURCE_KEY,
+                                               SINGLE_SOURCE_DESCRIPTION, tables))
+    if hparams_table:
+        report.hparams = selected_hparams(grouped, methods)
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering: one function per format
+
+
+def render(report: Report, fmt: str = "text") -> str:
+    """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
+    DomainBed's collect_results byte for byte when there are no subset keys, no single-source
+    runs and no hparams table."""
+    if fmt not in _RENDERERS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    return _RENDERERS[fmt](report)
+
+
+def _render_text(report: Report) -> str:
+    """DomainBed's output (its ``print_table`` per table), then the selected hparams."""
+    lines = [f"Total records: {report.n_records}"]
+    for section in report.sections:
+        for table in section.tables:
+            lines += ["", f"-------- {table.header}",
+                      format_row(["Algorithm", *table.col_labels], table.colwidth)]
+            lines += [format_row([algorithm, *(cell.text() for cell in cells)], table.colwidth)
+                      for algorithm, cells in table.rows.items()]
+    lines += _hparams_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def _render_latex(report: Report) -> str:
+    """DomainBed's ``--latex`` output, then the selected hparams verbatim."""
+    lines = ["\\documentclass{article}", "\\usepackage{booktabs}", "\\usepackage{adjustbox}",
+             "\\begin{document}", "\\section{Full DomainBed results}",
+             f"% Total records: {report.n_records}"]
+    for section in report.sections:
+        lines += ["", f"\\subsection{{{section.title}}}"]
+        for table in section.tables:
+            labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
+                      for label in ["Algorithm", *table.col_labels]]
+            lines += ["", f"\\subsubsection{{{table.title}}}", "", "\\begin{center}",
+                      "\\adjustbox{max width=\\textwidth}{%",
+                      "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
+                      format_row(labels, table.colwidth, latex=True), "\\midrule"]
+            lines += [format_row([algorithm, *(cell.text("$\\pm$") for cell in cells)],
+                                 table.colwidth, latex=True)
+                      for algorithm, cells in table.rows.items()]
+            lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
+    hparams = _hparams_lines(report)
+    if hparams:
+        lines += ["", "\\subsection{Selected hparams}", "\\begin{verbatim}", *hparams,
+                  "\\end{verbatim}"]
+    lines.append("\\end{document}")
+    return "\n".join(lines) + "\n"
+
+
+def _render_markdown(report: Report) -> str:
+    """GitHub tables, one heading per section and table, then the selected hparams as code."""
+    def row(values) -> str:
+        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |"
+
+    lines = ["# Results", "", f"Total records: {report.n_records}"]
+    for section in report.sections:
+        lines += ["", f"## {section.title}"]
+        for table in section.tables:
+            lines += ["", f"### {table.header}", "", row(["Algorithm", *table.col_labels]),
+                      "|:--" + "|--:" * len(table.col_labels) + "|"]
+            lines += [row([algorithm, *(cell.text("±") for cell in cells)])
+                      for algorithm, cells in table.rows.items()]
+    hparams = _hparams_lines(report)
+    if hparams:
+        lines += ["", "## Selected hparams", "", "```", *hparams, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _render_csv(report: Report) -> str:
+    """:func:`tidy_cells` as CSV, then the selected hparams as a second CSV after an empty line."""
+    cells = tidy_cells(report)
+    cells["n"] = cells["n"].astype("Int64")
+    text = cells.to_csv(index=False, lineterminator="\n", float_format="%.10g")
+    if report.hparams is not None:
+        text += "\n" + hparams_csv(report)
+    return text
+
+
+_RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_markdown,
+              "csv": _render_csv}
+
+
+def tidy_cells(report: Report) -> pd.DataFrame:
+    """Every cell of every table, one row each (the ``csv`` format's columns)."""
+    rows = []
+    for section in report.sections:
+        method = section.method
+        for table in section.tables:
+            for algorithm, cells in table.rows.items():
+                for column, cell in zip(table.col_labels, cells):
+                    rows.append((method.key, method.name, section.test_key, table.title,
+                                 algorithm, column, cell.mean, cell.err, cell.n, cell.text()))
+    return pd.DataFrame(rows, columns=["selection", "selection_name", "test_key", "table",
+                                       "algorithm", "column", "mean", "err", "n", "text"])
+
+
+def _hparams_lines(report: Report) -> list[str]:
+    """The selected hparams as aligned plain text, one block per method (each after an empty
+    line); none without ``report.hparams``."""
+    if report.hparams is None:
+        return []
     head = ["Dataset", "Algorithm", "Test env", "Trial", "hparams_seed", "Step", "Val acc",
             "Test acc", "Job", "hparams"]
-    body = [[r.dataset, r.algorithm, f"{r.test_env_label} ({r.test_env})", r.trial_seed,
-             r.hparams_seed, r.step, _percent(r.val_acc), _percent(r.test_acc), r.job, r.hparams]
-            for r in rows.itertuples()]
-    body = [[str(v) for v in row] for row in [head, *body]]
-    widths = [max(len(row[i]) for row in body) for i in range(len(head) - 1)]
-    return [f"-------- Selected hparams, model selection method: {method.name}"] + [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1] for row in body]
+    lines = []
+    for method in report.methods:
+        chosen = report.hparams[report.hparams["selection"] == method.key]
+        body = [[r.dataset, r.algorithm, f"{r.test_env_label} ({r.test_env})", r.trial_seed,
+                 r.hparams_seed, r.step, _percent(r.val_acc), _percent(r.test_acc), r.job,
+                 r.hparams] for r in chosen.itertuples()]
+        body = [[str(v) for v in row] for row in [head, *body]]
+        widths = [max(len(row[i]) for row in body) for i in range(len(head) - 1)]
+        lines += ["", f"-------- Selected hparams, model selection method: {method.name}"]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
+                  for row in body]
+    return lines
 
 
 def _percent(value) -> str:
     return "X" if value is None or np.isnan(value) else f"{100 * value:.1f}"
 
 
-# --------------------------------------------------------------------------------------------------
-# Rendering
-
-
-def _text_table(table: Table, latex: bool) -> list[str]:
-    """DomainBed's ``print_table`` (spec 9.5)."""
-    style = "latex" if latex else "text"
-    lines = [""]
-    if latex:
-        lines += ["\\begin{center}", "\\adjustbox{max width=\\textwidth}{%",
-                  "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule"]
-        labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
-                  for label in ["Algorithm", *table.col_labels]]
-    else:
-        lines.append(f"-------- {table.header}")
-        labels = ["Algorithm", *table.col_labels]
-    lines.append(format_row(labels, table.colwidth, latex))
-    if latex:
-        lines.append("\\midrule")
-    for algorithm, cells in table.rows.items():
-        row = [algorithm, *(cell.text(style) for cell in cells)]
-        lines.append(format_row(row, table.colwidth, latex))
-    if latex:
-        lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
-    return lines
-
-
-def _markdown_table(table: Table) -> list[str]:
-    def escape(value) -> str:
-        return str(value).replace("|", "\\|")
-
-    return ["", f"### {table.header}", "",
-            "| " + " | ".join(escape(v) for v in ["Algorithm", *table.col_labels]) + " |",
-            "|:--" + "|--:" * len(table.col_labels) + "|"] + [
-        "| " + " | ".join([escape(a), *(c.text("markdown") for c in cells)]) + " |"
-        for a, cells in table.rows.items()]
-
-
-@dataclass
-class Report:
-    """Everything collect_results prints: the standard tables of each method, then the
-    IP/OOP tables (if any), then optionally the selected hparams."""
-
-    n_records: int
-    sections: list[tuple[SelectionMethod, str, str, list[Table]]] = field(default_factory=list)
-    hparams: pd.DataFrame | None = None
-
-
-def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
-                 hparams_table: bool = False, single_source: str = "auto") -> Report:
-    """Select and tabulate: the standard tables per method, then the subset keys' tables, then
-    single-source tables (``single_source``: ``auto`` where unambiguous, ``on``, ``off``; see
-    :mod:`dg_plugins.engine.single_source`)."""
-    from dg_plugins.engine import single_source as sdg
-
-    grouped = group_records(records)
-    report = Report(len(grouped.records))
-    for method in methods:
-        report.sections.append((method, TEST_KEY, "", results_tables(grouped, method)))
-    for key, label, description in subset_keys(grouped.records):
-        for method in methods:
-            report.sections.append((method, key, f"{label}: {description}",
-                                    results_tables(grouped, method, key)))
-    if single_source != "off":
-        datasets = sdg.single_source_datasets(grouped) if single_source == "auto" else None
-        for method in [m for m in methods if m in sdg.METHODS]:
-            tables = sdg.single_source_tables(grouped, method, datasets)
-            if tables:
-                report.sections.append((method, "single_source", sdg.DESCRIPTION, tables))
-    if hparams_table:
-        report.hparams = selected_hparams(grouped, methods)
-    return report
-
-
-def render(report: Report, fmt: str = "text") -> str:
-    """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
-    DomainBed's collect_results byte for byte when there are no subset keys and no hparams
-    table."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    if fmt == "csv":
-        return _render_csv(report)
-    lines: list[str] = []
-    if fmt == "latex":
-        lines += ["\\documentclass{article}", "\\usepackage{booktabs}", "\\usepackage{adjustbox}",
-                  "\\begin{document}", "\\section{Full DomainBed results}",
-                  f"% Total records: {report.n_records}"]
-    elif fmt == "markdown":
-        lines += ["# Results", "", f"Total records: {report.n_records}"]
-    else:
-        lines.append(f"Total records: {report.n_records}")
-    for method, _key, subset, tables in report.sections:
-        title = f"Model selection: {method.name}" + (f" ({subset})" if subset else "")
-        if fmt == "latex":
-            lines += ["", f"\\subsection{{{title}}}"]
-        elif fmt == "markdown":
-            lines += ["", f"## {title}"]
-        for table in tables:
-            if fmt == "latex":
-                lines += ["", f"\\subsubsection{{{table.title}}}"]
-                lines += _text_table(table, latex=True)
-            elif fmt == "markdown":
-                lines += _markdown_table(table)
-            else:
-                lines += _text_table(table, latex=False)
-    if report.hparams is not None:
-        lines += _render_hparams(report, fmt)
-    if fmt == "latex":
-        lines.append("\\end{document}")
-    return "\n".join(lines) + "\n"
-
-
-def _render_hparams(report: Report, fmt: str) -> list[str]:
-    methods = list(dict.fromkeys(m for m, _, _, _ in report.sections))
-    lines = []
-    if fmt == "latex":
-        lines += ["", "\\subsection{Selected hparams}", "\\begin{verbatim}"]
-    elif fmt == "markdown":
-        lines += ["", "## Selected hparams", "", "```"]
-    for method in methods:
-        lines += [""] + _hparams_text_lines(report.hparams, method)
-    if fmt == "latex":
-        lines.append("\\end{verbatim}")
-    elif fmt == "markdown":
-        lines.append("```")
-    return lines
-
-
-def tidy_cells(report: Report) -> pd.DataFrame:
-    """Every cell of every table, one row each (the ``csv`` format's columns)."""
-    rows = []
-    for method, key, _subset, tables in report.sections:
-        for table in tables:
-            for algorithm, cells in table.rows.items():
-                for column, cell in zip(table.col_labels, cells):
-                    rows.append((method.key, method.name, key, table.title, algorithm, column,
-                                 cell.mean, cell.err, cell.n, cell.text("csv")))
-    return pd.DataFrame(rows, columns=["selection", "selection_name", "test_key", "table",
-                                       "algorithm", "column", "mean", "err", "n", "text"])
-
-
-def _render_csv(report: Report) -> str:
-    cells = tidy_cells(report)
-    cells["n"] = cells["n"].astype("Int64")
-    text = cells.to_csv(index=False, lineterminator="\n", float_format="%.10g")
-    if report.hparams is not None:
-        text += "\n" + report.hparams.to_csv(index=False, lineterminator="\n")
-    return text
-
-
 def hparams_csv(report: Report) -> str:
+    """The ``selected_hparams.csv`` file of a report built with ``hparams_table``."""
     return report.hparams.to_csv(index=False, lineterminator="\n")

@@ -12,8 +12,8 @@
    algorithm names (DomainBed's and one unknown name), shifted hparams seeds, and accuracies
    jittered with a seeded RNG.
 2. Times ``python -m dg_plugins.scripts.collect_results --input_dir DIR`` as a whole subprocess
-   (interpreter start and imports included) and prints the wall time, the CPU time (user + system,
-   the process and its children: collect_results forks a reader on large sweeps) and records/s.
+   (interpreter start and imports included) and prints the wall time, the CPU time (user + system
+   of the process and its children) and records/s.
 3. With ``--domainbed PATH`` (or env ``DOMAINBED_ROOT``), also times DomainBed's own collect_results
    on the same folder in the same run (``python -c`` importing :mod:`dg_plugins.compat` first, so
    that torchvision imports beside a CPU torch, then running ``domainbed.scripts.collect_results``),
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -169,12 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{folder_size(out_dir) / 1e6:.1f} MB to {out_dir} in "
                   f"{time.perf_counter() - start:.1f} s (template: {template_dir or 'built-in'})")
 
-        from dg_plugins.engine import records
-
-        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-              f"collect_results reads with a forked worker when >= 2 CPUs are usable "
-              f"({records._usable_cpus()} here); orjson "
-              f"{'installed' if records._orjson else 'not installed (json module)'}")
+        orjson = importlib.util.find_spec("orjson") is not None
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; orjson "
+              f"{'installed' if orjson else 'not installed (collect_results parses with json)'}")
         ours_cmd = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
                     out_dir]
         if args.domainbed:

@@ -32,9 +32,9 @@ Exit status: 0 on success; 1 when the folder holds no record (a message on stder
 written; DomainBed would print ``Total records: 0`` and empty tables); 2 for a bad argument,
 including an ``--input_dir`` that does not exist.
 
-No torch import, orjson parsing, two processes reading: on a sweep of 10,000 jobs (50,000
-records) this takes about 1.0-1.1 s wall (1.5 s of CPU) where DomainBed's collect_results takes
-12-14 s, most of it importing torch and wilds: about 12x (measured on a 2-CPU machine with
+No torch import, orjson parsing, a column store: on a sweep of 10,000 jobs (50,000 records) this
+takes about 0.6-0.7 s wall where DomainBed's collect_results takes 8-10 s, most of it importing
+torch and wilds: about 13x (measured on a 2-CPU machine with
 ``python -m dg_plugins.scripts.benchmark_collect``; see ``results/benchmarks.md``).
 """
 
@@ -44,13 +44,9 @@ import argparse
 import os
 import sys
 
-from dg_plugins.engine.records import start_loading
-
-# pandas (0.5 s to import) is imported only after the records started loading: a forked worker
-# reads part of a large sweep meanwhile (dg_plugins.engine.records). Hence these copies, checked
-# against the modules by the tests.
-SELECTION_KEYS = ("iid", "loo", "oracle")  # dg_plugins.engine.selection.METHODS
-FORMATS = ("text", "latex", "markdown", "csv")  # dg_plugins.engine.tables.FORMATS
+from dg_plugins.engine import tables
+from dg_plugins.engine.records import load_records
+from dg_plugins.engine.selection import METHODS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,11 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input_dir", required=True,
                         help="sweep folder holding <job>/results.jsonl (one level)")
     parser.add_argument("--latex", action="store_true", help="same as --format latex")
-    parser.add_argument("--format", choices=FORMATS, default=None,
+    parser.add_argument("--format", choices=tables.FORMATS, default=None,
                         help="text (default, DomainBed's), latex (DomainBed's --latex), markdown, "
                              "or csv (one tidy row per cell)")
-    parser.add_argument("--selection", nargs="+", choices=SELECTION_KEYS,
-                        default=list(SELECTION_KEYS),
+    parser.add_argument("--selection", nargs="+", choices=list(METHODS), default=list(METHODS),
                         metavar="METHOD",
                         help="model-selection methods, in print order: iid (training-domain "
                              "validation), loo (leave-one-domain-out), oracle (test-domain); "
@@ -102,11 +97,7 @@ def _write(path: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    loading = start_loading(args.input_dir)
-    from dg_plugins.engine import tables
-    from dg_plugins.engine.selection import METHODS
-
-    records = loading.result()
+    records = load_records(args.input_dir)
     if not len(records):
         print(f"error: no records in {args.input_dir!r}: expected "
               f"{os.path.join(args.input_dir, '<job>', 'results.jsonl')} files (one folder level)",

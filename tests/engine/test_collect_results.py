@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from dg_plugins.engine import selection, tables
+from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import load_records
 from dg_plugins.scripts import benchmark_collect, collect_results
 
@@ -50,24 +51,24 @@ def run(capsys, *argv):
 # Formatting helpers
 
 
-def test_format_mean():
-    assert tables.format_mean([0.1, 0.2, 0.3])[2] == "20.0 +/- 4.7"
-    assert tables.format_mean([0.1, 0.2, 0.3], latex=True)[2] == "20.0 $\\pm$ 4.7"
-    assert tables.format_mean([]) == (None, None, "X")
-    mean, err, _ = tables.format_mean([0.5, 0.7])
-    assert mean == pytest.approx(60.0) and err == pytest.approx(100 * 0.1 / 2 ** 0.5)
+def test_cells_are_domainbeds_format_mean():
+    cell = tables.Cell.of([0.1, 0.2, 0.3])
+    assert cell.text() == "20.0 +/- 4.7" and cell.text("$\\pm$") == "20.0 $\\pm$ 4.7"
+    assert cell.n == 3
+    assert tables.Cell.of([]).text() == "X" and tables.Cell.of([]).n == 0
+    cell = tables.Cell.of([0.5, 0.7])
+    assert cell.mean == pytest.approx(60.0) and cell.err == pytest.approx(100 * 0.1 / 2 ** 0.5)
+    average = tables.Cell.average([tables.Cell.of([0.5]), tables.Cell.of([0.7, 0.8])])
+    assert average.mean == pytest.approx(62.5) and average.text() == "62.5"
+    assert average.n is None and average.err is None
+    assert tables.Cell.average([tables.Cell.of([0.5]), tables.Cell.of([])]).text() == "X"
 
 
 def test_format_row_truncates_and_keeps_the_trailing_space():
-    assert tables.format_row(["Algorithm", "a_very_long_cell", 0.5], colwidth=6) == (
+    assert format_row(["Algorithm", "a_very_long_cell", 0.5], colwidth=6) == (
         "Algori  a_very  0.5000 ")
-    assert tables.format_row(["\\textbf{C1}", "x"], colwidth=10, latex=True) == (
+    assert format_row(["\\textbf{C1}", "x"], colwidth=10, latex=True) == (
         "\\textbf{C1 & x          \\\\")
-
-
-def test_cli_lists_match_the_modules():
-    assert collect_results.SELECTION_KEYS == tuple(selection.METHODS)
-    assert collect_results.FORMATS == tables.FORMATS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,11 +251,48 @@ def test_ip_oop_tables_only_when_the_keys_exist(shared_fixtures, sweep, capsys):
 def test_report_api(sweep):
     records = load_records(str(sweep))
     report = tables.build_report(records, [selection.LOO])
-    (table, averages), = [t for _, _, _, t in report.sections]
+    [section] = report.sections
+    assert (section.method, section.test_key, section.subtitle) == (selection.LOO,
+                                                                    selection.TEST_KEY, "")
+    assert section.title == "Model selection: leave-one-domain-out cross-validation"
+    table, averages = section.tables
     assert table.title == "VLCS" and table.col_labels == ["C", "L", "S", "V", "Avg"]
     assert table.rows["ERM"][0].text() == "96.9 +/- 1.0" and table.rows["ERM"][-1].text() == "77.1"
     assert averages.rows["ERM"][0].n == 2
     assert tables.subset_keys(records) == []
+    with pytest.raises(ValueError, match="choose from text, latex, markdown, csv"):
+        tables.render(report, "html")
+    with pytest.raises(ValueError, match="auto, on or off"):
+        tables.build_report(records, [selection.LOO], single_source="yes")
+
+
+def test_every_format_renders_every_section(sweep):
+    """Standard, IP/OOP and single-source sections all reach each format's output."""
+    def change(record):
+        for i in range(4):
+            record[f"env{i}_in_ip_acc"] = 0.5
+        if record["args"]["test_envs"] == [0, 1]:  # a pair run, made single-source (VLCS: 4 envs)
+            record["args"]["test_envs"] = [0, 1, 2]
+        return record
+
+    rewrite(sweep, change)
+    report = tables.build_report(load_records(str(sweep)), [selection.IID, selection.ORACLE])
+    assert [(s.method.key, s.test_key) for s in report.sections] == [
+        ("iid", "env{t}_in_acc"), ("oracle", "env{t}_in_acc"), ("iid", "env{t}_in_ip_acc"),
+        ("oracle", "env{t}_in_ip_acc"), ("iid", "single_source"), ("oracle", "single_source")]
+    assert [t.title for t in report.sections[-1].tables] == ["VLCS, source V"]
+    outputs = {fmt: tables.render(report, fmt) for fmt in tables.FORMATS}
+    cells = list(csv.DictReader(io.StringIO(outputs["csv"])))
+    for section in report.sections:
+        for table in section.tables:
+            assert f"-------- {table.header}\n" in outputs["text"]
+            assert f"\\subsubsection{{{table.title}}}" in outputs["latex"]
+            assert f"### {table.header}\n" in outputs["markdown"]
+            assert sum(c["test_key"] == section.test_key and c["table"] == table.title
+                       and c["selection"] == section.method.key for c in cells) == (
+                len(table.rows) * len(table.col_labels))
+        assert outputs["latex"].count(f"\\subsection{{{section.title}}}") == 1
+        assert outputs["markdown"].count(f"## {section.title}\n") == 1
 
 
 def test_benchmark_smoke(tmp_path, capsys):

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ def job_dirs(sweep):
 
 
 def test_fixture_columns_and_values(sweep):
-    frame = R.load_records(str(sweep), parallel=False)
+    frame = R.load_records(str(sweep))
     assert len(frame) == 200
     for column in (*R.ARG_COLUMNS, "step", "hparams", "job", "line",
                    *(f"env{i}_{s}_acc" for i in range(4) for s in ("in", "out"))):
@@ -71,8 +70,8 @@ def test_parse_line_matches_json_loads(use_orjson, monkeypatch):
             R.parse_line(bad)
 
 
-def test_records_of_one_job_share_args(sweep):
-    frame = R.load_records(str(sweep), parallel=False)
+def test_every_record_of_a_job_is_a_row(sweep):
+    frame = R.load_records(str(sweep))
     first_job = frame[frame["job"] == frame["job"].iloc[0]]
     assert len(first_job) == 5
 
@@ -86,7 +85,7 @@ def test_truncated_and_malformed_lines_are_skipped_with_a_warning(sweep):
     with open(no_args, "a") as handle:
         handle.write(json.dumps({"step": 5, "env0_in_acc": 0.1}) + "\n")
     warnings = []
-    frame = R.load_records(str(sweep), warn=warnings.append, parallel=False)
+    frame = R.load_records(str(sweep), warn=warnings.append)
     assert len(frame) == 200
     assert any(f"line 3 of {killed}" in w and "not valid JSON" in w for w in warnings)
     assert any(f"line 7 of {killed}" in w for w in warnings)  # the truncated last line
@@ -98,7 +97,7 @@ def test_warnings_go_to_stderr_and_are_capped(sweep, capsys):
     path = job_dirs(sweep)[0] / "results.jsonl"
     with open(path, "a") as handle:
         handle.write("{broken\n" * (R.MAX_WARNINGS + 5))
-    frame = R.load_records(str(sweep), parallel=False)
+    frame = R.load_records(str(sweep))
     assert len(frame) == 200
     err = capsys.readouterr().err
     assert err.count("warning: skipping line") == R.MAX_WARNINGS
@@ -109,7 +108,7 @@ def test_last_line_without_newline_is_parsed(sweep):
     path = job_dirs(sweep)[0] / "results.jsonl"
     path.write_text(path.read_text().rstrip("\n"))
     warnings = []
-    frame = R.load_records(str(sweep), warn=warnings.append, parallel=False)
+    frame = R.load_records(str(sweep), warn=warnings.append)
     assert len(frame) == 200 and warnings == []
     assert (frame["job"] == path.parent.name).sum() == 5
 
@@ -120,14 +119,14 @@ def test_blank_lines_and_non_job_entries_are_ignored(sweep):
     (sweep / "notes.txt").write_text("not a job")
     (sweep / "empty_job").mkdir()
     warnings = []
-    assert len(R.load_records(str(sweep), warn=warnings.append, parallel=False)) == 200
+    assert len(R.load_records(str(sweep), warn=warnings.append)) == 200
     assert warnings == []
 
 
 def test_incomplete_jobs_are_included(sweep):
     for job in job_dirs(sweep)[:3]:
         os.remove(job / "done")
-    assert len(R.load_records(str(sweep), parallel=False)) == 200
+    assert len(R.load_records(str(sweep))) == 200
 
 
 def test_missing_input_dir_is_named(tmp_path):
@@ -143,100 +142,97 @@ def test_empty_dir_gives_an_empty_frame(tmp_path):
     assert len(frame) == 0 and "args.dataset" in frame.columns
 
 
-def test_forked_worker_gives_the_same_frame_and_warnings(sweep):
-    path = job_dirs(sweep)[-1] / "results.jsonl"
-    with open(path, "a") as handle:
-        handle.write("{half a line\n")
-    warned = {True: [], False: []}
-    frames = {parallel: R.load_records(str(sweep), warn=warned[parallel].append,
-                                       parallel=parallel) for parallel in (True, False)}
-    assert frames[True].equals(frames[False])
-    assert len(warned[True]) == 1 and warned[True] == warned[False]
+def write_job(root, name, lines):
+    (root / name).mkdir(parents=True)
+    (root / name / "results.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
-def test_extra_accuracy_keys_become_columns():
-    args = {"trial_seed": 0, "dataset": "D", "algorithm": "A", "test_envs": [1],
-            "hparams_seed": 0}
-    frame = R.records_frame([
-        {"args": args, "step": 0, "env0_in_acc": 0.5, "env1_in_ip_acc": 0.25, "loss": 1.0},
-        {"args": args, "step": 1, "env0_in_acc": 0.75, "env0_out_acc": 1},
-    ])
+ARGS = {"trial_seed": 0, "dataset": "D", "algorithm": "A", "test_envs": [1], "hparams_seed": 0}
+
+
+def test_extra_accuracy_keys_become_columns(tmp_path):
+    write_job(tmp_path, "job", [
+        json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.5, "env1_in_ip_acc": 0.25,
+                    "loss": 1.0}),
+        json.dumps({"args": ARGS, "step": 1, "env0_in_acc": 0.75, "env0_out_acc": 1})])
+    frame = R.load_records(str(tmp_path))
     assert frame["env1_in_ip_acc"].tolist()[0] == 0.25 and np.isnan(frame["env1_in_ip_acc"][1])
     assert frame["env0_out_acc"].tolist()[1] == 1.0
-    assert R.acc_columns(frame, "in") == ["env0_in_acc", "env1_in_acc"]
+    assert [c for c in frame.columns if c.endswith("_acc")] == [
+        "env0_in_acc", "env0_out_acc", "env1_in_ip_acc"]  # environment, then split order
+    assert "loss" not in frame.columns
     assert R.environment_count(frame) == 1
-    with pytest.raises(ValueError, match="record 1: missing args.dataset"):
-        R.records_frame([{"args": {"trial_seed": 0}, "step": 0}])
 
 
-def test_no_torch_or_pandas_at_import():
+def reference_frame(root):
+    """The records DataFrame built the plain way: json per line, one dict per row."""
+    rows = []
+    for entry in os.listdir(root):
+        path = root / entry / "results.jsonl"
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text().split("\n"), 1):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            args = record.get("args") if isinstance(record, dict) else None
+            if (not isinstance(args, dict) or "step" not in record
+                    or any(k not in args for k in R.REQUIRED_ARGS)
+                    or not all(type(e) is int for e in args["test_envs"])):
+                continue
+            row = {f"args.{k}": args.get(k) for k in (*R.REQUIRED_ARGS, "output_dir")}
+            row["args.test_envs"] = tuple(args["test_envs"])
+            row.update(step=record["step"], hparams=record.get("hparams"), job=entry,
+                       line=number)
+            for key, value in record.items():
+                if R.ACC_KEY.fullmatch(key):
+                    row[key] = float(value) if isinstance(value, (int, float)) else np.nan
+            rows.append(row)
+    return rows
+
+
+def test_column_store_matches_a_plain_loader_on_mixed_records(tmp_path):
+    """Jobs whose records change keys, args, or hold bad values go record by record; the frame
+    is the one a plain per-record loader gives (values, order, NaN for absent keys)."""
+    other = dict(ARGS, test_envs=[0, 2], output_dir="out")
+    write_job(tmp_path, "uniform", [json.dumps({"args": ARGS, "step": s, "env0_in_acc": s / 10,
+                                                "env1_in_acc": 0.5, "hparams": {"lr": s}})
+                                    for s in range(3)])
+    write_job(tmp_path, "mixed", [
+        json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.1}),
+        json.dumps({"args": other, "step": 1, "env0_in_acc": 0.2, "env2_out_acc": 0.3}),
+        json.dumps({"args": other, "step": 2, "env0_in_acc": "high", "env2_out_acc": True}),
+        '{"args": {"trial_seed": 0}, "step": 3}',
+        "[1, 2]",
+        json.dumps({"args": ARGS, "step": 4, "env0_in_acc": float("nan"), "env3_in_acc": 1e400}),
+        json.dumps({"args": dict(ARGS, test_envs=["0"]), "step": 5}),
+        json.dumps({"args": ARGS, "env0_in_acc": 0.9}),  # no step
+    ])
+    write_job(tmp_path, "resumed", [json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.4})]
+              * 2 + [json.dumps({"args": other, "step": 0, "env0_in_acc": 0.6})])
+    warnings = []
+    frame = R.load_records(str(tmp_path), warn=warnings.append)
+    expected = reference_frame(tmp_path)
+    assert len(frame) == len(expected) == 10 and len(warnings) == 4
+    for i, row in enumerate(expected):
+        got = frame.iloc[i]
+        for key in frame.columns:
+            value = row.get(key, np.nan)
+            if isinstance(value, float) and np.isnan(value):
+                assert np.isnan(got[key]), (i, key)
+            else:
+                assert got[key] == value, (i, key)
+        assert all(key in frame.columns for key in row)
+
+
+def test_no_torch_at_import():
     import subprocess
     import sys
 
     code = ("import sys, dg_plugins.engine.records; "
-            "assert not {'torch', 'pandas', 'numpy'} & set(sys.modules), sys.modules.keys()")
+            "assert not {'torch', 'torchvision'} & set(sys.modules), sys.modules.keys()")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_claims_from_both_ends_are_disjoint_and_cover_every_file(monkeypatch):
-    monkeypatch.setattr(R._Claims, "CHUNK", 3)
-    claims = R._Claims(20)
-    taken, from_front = [], True
-    while (chunk := claims.take(from_front, lambda: True)) is not None:
-        taken.append(chunk)
-        from_front = not from_front
-    claims.close()
-    assert taken[:4] == [(0, 3), (17, 20), (3, 6), (14, 17)]
-    covered = sorted(i for start, end in taken for i in range(start, end))
-    assert covered == list(range(20))
-
-
-def test_a_side_that_died_holding_the_claims_lock_does_not_block_the_other():
-    claims = R._Claims(10)
-    os.read(claims._lock_read, 1)  # the lock is held by a side that is gone
-    assert claims.take(False, lambda: False) == (0, 10)
-    claims.close()
-
-
-@pytest.mark.parametrize("chunk", [1, 64])
-def test_worker_and_parent_share_the_files_and_give_the_serial_frame(sweep, chunk,
-                                                                      monkeypatch):
-    monkeypatch.setattr(R._Claims, "CHUNK", chunk)
-    expected = R.load_records(str(sweep), parallel=False)
-    loading = R.start_loading(str(sweep), parallel=True)
-    frame = loading.result()
-    assert frame.equals(expected)
-
-
-def test_files_claimed_by_a_worker_that_dies_are_read_by_this_process(sweep, monkeypatch):
-    monkeypatch.setattr(R._Claims, "CHUNK", 2)
-    expected = R.load_records(str(sweep), parallel=False)
-    parent, scan = os.getpid(), R._scan
-
-    def scan_then_die_in_the_worker(files, columns=None):
-        out = scan(files, columns)
-        if os.getpid() != parent:
-            os._exit(3)  # the worker dies after its first chunk, its result never sent
-        return out
-
-    monkeypatch.setattr(R, "_scan", scan_then_die_in_the_worker)
-    loading = R.start_loading(str(sweep), parallel=True)
-    while loading._worker.alive():
-        time.sleep(0.01)
-    assert loading._claims.bounds()[0] == 2  # it had claimed the first two files
-    assert loading.result().equals(expected)
-
-
-def test_an_uncollected_worker_is_reaped(sweep):
-    import gc
-
-    loading = R.start_loading(str(sweep), parallel=True)
-    pid = loading._worker.pid
-    assert pid
-    del loading
-    gc.collect()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def test_orjson_and_json_give_the_same_frame(sweep, monkeypatch):
@@ -248,6 +244,6 @@ def test_orjson_and_json_give_the_same_frame(sweep, monkeypatch):
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:-1] + [lines[-1].replace('"loss": ', '"loss": NaN, "x": ')])
                     + "\n")
-    with_orjson = R.load_records(str(sweep), parallel=False)
+    with_orjson = R.load_records(str(sweep))
     monkeypatch.setattr(R, "_orjson", None)
-    assert R.load_records(str(sweep), parallel=False).equals(with_orjson)
+    assert R.load_records(str(sweep)).equals(with_orjson)

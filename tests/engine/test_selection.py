@@ -1,18 +1,29 @@
 """DomainBed's model-selection methods (dg_plugins.engine.selection; protocol spec 9.2-9.4)."""
 
+import json
 import os
 import random
 import sys
+import tempfile
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from dg_plugins.engine.records import records_frame
+from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
                                          select)
 
 N_ENVS = 3
+
+
+def frame_of(records):
+    """The DataFrame collect_results loads from a sweep holding ``records`` (one job folder)."""
+    with tempfile.TemporaryDirectory() as root:
+        os.mkdir(os.path.join(root, "job"))
+        with open(os.path.join(root, "job", "results.jsonl"), "w") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in records)
+        return load_records(root)
 
 
 def record(test_envs, step, hparams_seed=0, trial=0, dataset="D", algorithm="A", accs=None,
@@ -31,7 +42,7 @@ def record(test_envs, step, hparams_seed=0, trial=0, dataset="D", algorithm="A",
 
 def chosen(records, method, **where):
     """The selection row of the group matching ``where`` (None if that group has none)."""
-    table = select(records_frame(records), method)
+    table = select(frame_of(records), method)
     for key, value in where.items():
         table = table[table[key] == value]
     assert len(table) <= 1
@@ -105,7 +116,7 @@ def test_leave_one_out_uses_the_pair_runs_in_split():
     assert row["val_acc"] == pytest.approx(((0.2 + 0.1) + (0.3 + 0.1)) / 2)
     assert row["test_acc"] == 0.5
     # a pair run lands in both of its groups
-    grouped = group_records(records_frame(loo_sweep()))
+    grouped = group_records(frame_of(loo_sweep()))
     assert len(grouped.groups) == 3
     assert (grouped.members.groupby("record").size() == 2).sum() == 6  # the pair records
 
@@ -127,13 +138,13 @@ def test_leave_one_out_skips_steps_with_duplicated_single_records():
 def test_no_result_leaves_the_group_out():
     records = [record([0, 1], 0)]  # only a pair run: no single-test-env record anywhere
     for method in METHODS.values():
-        assert select(records_frame(records), method).empty
+        assert select(frame_of(records), method).empty
 
 
 def test_test_key_template_reports_another_accuracy_with_the_same_choice():
     records = [record([1], 0, accs={"env1_in_ip_acc": 0.11, "env0_out_acc": 0.9}),
                record([1], 100, accs={"env1_in_ip_acc": 0.22})]
-    frame = records_frame(records)
+    frame = frame_of(records)
     standard = select(frame, IID)
     ip = select(frame, IID, test_key="env{t}_in_ip_acc")
     assert standard["step"].tolist() == ip["step"].tolist() == [0]
@@ -143,7 +154,7 @@ def test_test_key_template_reports_another_accuracy_with_the_same_choice():
 
 def test_selected_run_is_identified():
     records = [record([0], 0, hparams_seed=3, accs={"env1_out_acc": 0.9})]
-    frame = records_frame(records)
+    frame = frame_of(records)
     row = select(frame, IID).iloc[0]
     picked = frame.iloc[row["record"]]
     assert picked["hparams"] == {"lr": 3} and picked["args.output_dir"] == "out/3/[0]"
@@ -209,7 +220,7 @@ def test_same_choices_as_domainbed_on_random_sweeps(domainbed_selection):
     theirs_by_key, reporting, Q = domainbed_selection
     for seed in range(40):
         records = random_sweep(random.Random(seed))
-        grouped = group_records(records_frame(records))
+        grouped = group_records(frame_of(records))
         for key, theirs in theirs_by_key.items():
             expected = {}
             for group in reporting.get_grouped_records(Q(records)):

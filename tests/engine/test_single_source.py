@@ -1,16 +1,28 @@
-"""Single-source tables: selection semantics on synthetic records, when the tables appear, and a
-real ``sweep --single_source`` run through collect_results."""
+"""Single-source selection and tables: selection semantics on synthetic records, when the tables
+appear, and a real ``sweep --single_source`` run through collect_results."""
 
+import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from dg_plugins.engine import tables
-from dg_plugins.engine.records import records_frame
+from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import IID, LOO, ORACLE
-from dg_plugins.engine.single_source import (select_single_source, single_source_datasets,
-                                             single_source_tables)
+from dg_plugins.engine.single_source import select_single_source, single_source_datasets
+from dg_plugins.engine.tables import single_source_tables
+
+
+def frame_of(records):
+    """The DataFrame collect_results loads from a sweep holding ``records`` (one job folder)."""
+    with tempfile.TemporaryDirectory() as root:
+        os.mkdir(os.path.join(root, "job"))
+        with open(os.path.join(root, "job", "results.jsonl"), "w") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in records)
+        return load_records(root)
 
 
 def record(source, step, n_envs=4, hparams_seed=0, trial=0, dataset="D", accs=None):
@@ -28,14 +40,14 @@ def test_iid_keeps_the_best_source_validation_checkpoint():
     recs = [record(0, 0, accs={"env0_out_acc": 0.6, "env1_in_acc": 0.1}),
             record(0, 100, accs={"env0_out_acc": 0.9, "env1_in_acc": 0.3, "env2_in_acc": 0.4}),
             record(0, 200, accs={"env0_out_acc": 0.9, "env1_in_acc": 0.8})]  # tie: earliest wins
-    row = select_single_source(records_frame(recs), IID).iloc[0]
+    row = select_single_source(frame_of(recs), IID).iloc[0]
     assert (row["source"], row["step"], row["val_acc"]) == (0, 100, 0.9)
     assert (row["acc0"], row["acc1"], row["acc2"]) == (0.9, 0.3, 0.4)  # source column: out acc
 
 
 def test_oracle_takes_the_last_step_and_target_validation():
     recs = [record(1, 0, accs={"env0_out_acc": 1.0}), record(1, 50, accs={"env2_in_acc": 0.7})]
-    row = select_single_source(records_frame(recs), ORACLE).iloc[0]
+    row = select_single_source(frame_of(recs), ORACLE).iloc[0]
     assert row["step"] == 50 and row["acc2"] == 0.7
     assert row["val_acc"] == pytest.approx(0.5)  # mean of targets 0, 2, 3 out accs at step 50
 
@@ -43,18 +55,18 @@ def test_oracle_takes_the_last_step_and_target_validation():
 def test_hparams_ties_go_to_the_largest_seed_and_best_wins():
     recs = [record(0, 0, hparams_seed=s, accs={"env0_out_acc": v, "env1_in_acc": s / 10})
             for s, v in [(0, 0.7), (1, 0.7), (2, 0.6)]]
-    assert select_single_source(records_frame(recs), IID).iloc[0]["hparams_seed"] == 1
+    assert select_single_source(frame_of(recs), IID).iloc[0]["hparams_seed"] == 1
 
 
 def test_loo_does_not_apply():
     with pytest.raises(ValueError, match="single-source selection supports"):
-        select_single_source(records_frame([record(0, 0)]), LOO)
+        select_single_source(frame_of([record(0, 0)]), LOO)
 
 
 def test_table_layout_and_trial_means():
     recs = [record(2, 0, trial=t, accs={"env0_in_acc": a, "env2_out_acc": 0.9})
             for t, a in [(0, 0.2), (1, 0.4)]]
-    [table] = single_source_tables(records_frame(recs), IID)
+    [table] = single_source_tables(frame_of(recs), IID)
     assert table.header == "Dataset: D, single source: 2, model selection method: " \
                            "training-domain validation set"
     assert table.col_labels == ["0", "1", "2 (source)", "3", "Avg"]
@@ -70,12 +82,12 @@ def test_tables_appear_only_where_unambiguous():
     standard = [record(0, 0, n_envs=3), {**record(0, 0, n_envs=3),
                                          "args": {**record(0, 0, n_envs=3)["args"],
                                                   "test_envs": [0]}}]
-    assert single_source_datasets(records_frame(standard)) == []
-    assert single_source_datasets(records_frame([record(0, 0, n_envs=3)])) == ["D"]
-    assert single_source_datasets(records_frame([record(0, 0, n_envs=4)])) == ["D"]
-    report = tables.build_report(records_frame(standard), [IID])
+    assert single_source_datasets(frame_of(standard)) == []
+    assert single_source_datasets(frame_of([record(0, 0, n_envs=3)])) == ["D"]
+    assert single_source_datasets(frame_of([record(0, 0, n_envs=4)])) == ["D"]
+    report = tables.build_report(frame_of(standard), [IID])
     assert "single source" not in tables.render(report)
-    report = tables.build_report(records_frame(standard), [IID], single_source="on")
+    report = tables.build_report(frame_of(standard), [IID], single_source="on")
     assert "single source: 0" in tables.render(report)
 
 
