@@ -11,6 +11,10 @@ Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBe
 * Images are decoded with PIL and converted to RGB, lazily, one item at a time. Hidden files are
   skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
 * Missing or badly laid-out data raises FileNotFoundError / ValueError showing the expected layout.
+* An image that cannot be decoded (truncated, garbage, zero bytes, unreadable) raises
+  :class:`UnreadableImageError` naming the file, the dataset and environment, and the fix, also
+  when raised in a DataLoader worker. ``python -m dg_plugins.scripts.check_data`` decodes every
+  image of a dataset up front and lists the unreadable ones (:func:`image_error` is its check).
 
 Kept from DomainBed for compatibility: samples are ordered class by class, then by sorted path
 (torchvision's ImageFolder order, so in/out splits match DomainBed's when every domain has every
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
 import warnings
 
@@ -69,11 +74,62 @@ def augment_transform():
 
 
 def load_rgb_image(path: str):
-    """Decode an image file with PIL and convert it to RGB."""
+    """Decode an image file with PIL and convert it to RGB (``convert`` decodes the whole image,
+    so a truncated file fails here rather than later)."""
     from PIL import Image
 
     with Image.open(path) as image:
         return image.convert("RGB")
+
+
+def image_error(path: str) -> str | None:
+    """None when ``path`` decodes as training decodes it (:func:`load_rgb_image`), else the error
+    as ``"<ExceptionType>: <message>"``. Used by ``dg_plugins.scripts.check_data``."""
+    try:
+        load_rgb_image(path)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (PIL raises OSError, SyntaxError, ValueError, ...)
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def check_data_command(dataset: str, data_dir: str | None) -> str:
+    """The command line that checks every image of ``dataset`` (for error messages)."""
+    import shlex
+
+    command = f"python -m dg_plugins.scripts.check_data --dataset {shlex.quote(dataset)}"
+    return command + (f" --data_dir {shlex.quote(data_dir)}" if data_dir is not None else "")
+
+
+class UnreadableImageError(OSError, ValueError):
+    """An image file that PIL cannot decode (truncated, garbage, empty, unreadable).
+
+    The message names the file, the dataset and environment when known, the decoder's error and
+    the fix; ``path`` holds the file. It is an OSError (what PIL raises) and a ValueError (bad
+    input data: train reports it as one line). DataLoader workers re-raise a worker's exception
+    as ``type(msg)`` with the worker's formatted traceback as ``msg``; this class then keeps its
+    own message (plus the worker named) and stores that traceback in ``worker_traceback``.
+    """
+
+    _MARK = "UnreadableImageError: "
+
+    def __init__(self, message: str, path: str | None = None):
+        self.worker_traceback = None
+        if message.startswith("Caught UnreadableImageError") and self._MARK in message:
+            # Re-raised from a DataLoader worker: "Caught <type> in DataLoader worker process
+            # <i>.\nOriginal Traceback ... <module>.UnreadableImageError: <message>"
+            where = message.split("\n", 1)[0][len("Caught UnreadableImageError "):].rstrip(".")
+            self.worker_traceback = message
+            message = f"{message.rsplit(self._MARK, 1)[1].strip()} (raised {where})"
+        super().__init__(message)
+        if path is None:
+            match = re.match(r"cannot decode image file (.*?) \((?:dataset|environment) ", message)
+            path = match.group(1) if match else None
+        self.path = path
+
+    def __reduce__(self):
+        return type(self), (str(self), self.path)
 
 
 def visible_subfolders(folder: str) -> list[str]:
@@ -115,16 +171,48 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
             for path in list_images(os.path.join(root, name))
         ]
         self.targets = [label for _, label in self.samples]
+        #: Set by MultipleEnvironmentImageFolder, for error messages: the dataset's name, this
+        #: environment's label, and the data_dir to pass to the check command.
+        self.dataset_name: str | None = None
+        self.environment: str | None = None
+        self.data_dir: str | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int):
         path, label = self.samples[index]
-        image = load_rgb_image(path)
+        image = self.load(path)
         if self.transform is not None:
             image = self.transform(image)
         return image, label
+
+    def load(self, path: str):
+        """The RGB PIL image of ``path``; a file PIL cannot decode raises
+        :class:`UnreadableImageError` naming it."""
+        try:
+            return load_rgb_image(path)
+        except MemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001  (PIL raises OSError, SyntaxError, ValueError...)
+            raise UnreadableImageError(self.describe_error(path, err), path) from err
+
+    def describe_error(self, path: str, err: BaseException) -> str:
+        """``cannot decode image file <path> (dataset D, environment E): <error>. <fix>``."""
+        where = []
+        if self.dataset_name:
+            where.append(f"dataset {self.dataset_name}")
+        folder = os.path.basename(os.path.normpath(self.root))
+        if self.environment and self.environment != folder:
+            where.append(f"environment {self.environment} ({folder})")
+        else:
+            where.append(f"environment {self.environment or folder}")
+        fix = "Remove or replace this file"
+        if self.dataset_name:
+            fix += (f"; to list every unreadable image of the dataset before a run, use "
+                    f"{check_data_command(self.dataset_name, self.data_dir)}")
+        return (f"cannot decode image file {path} ({', '.join(where)}): "
+                f"{type(err).__name__}: {err}. {fix}.")
 
     def with_transform(self, transform) -> "ImageFolderEnvironment":
         """A view of the same samples with another transform (e.g. an unaugmented out split)."""
@@ -175,6 +263,11 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             env_dataset.transform = self.augment_transform if augmented else self.plain_transform
         if self.ENVIRONMENTS is None:  # the generic dataset: labels are the folder names
             self.ENVIRONMENTS = list(self.environment_folders)
+        data_dir = getattr(self, "data_dir", root)
+        for label, env_dataset in zip(self.ENVIRONMENTS, self.datasets):
+            env_dataset.dataset_name = type(self).__name__
+            env_dataset.environment = label
+            env_dataset.data_dir = data_dir
         self.input_shape = tuple(self.INPUT_SHAPE)
         self.num_classes = len(self.classes)
 
@@ -227,6 +320,7 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
     (missing key or ``hparams=None``: no augmentation)."""
 
     def __init__(self, root, test_envs, hparams):
+        self.data_dir = root  # the --data_dir of train and check_data
         if root is not None and self.FOLDER_NAME:
             root = os.path.join(root, self.FOLDER_NAME)
         augment = bool((hparams or {}).get("data_augmentation", False))

@@ -12,7 +12,11 @@ Deviations from DomainBed (spec 12 item 13), all documented on the functions bel
   ``--seed`` is unused);
 * extra job kinds (``single_source``) and pass-through train args (``checkpoint_freq``,
   ``uda_holdout_fraction``) enter the args dict only when requested, so default hashes stay
-  DomainBed's.
+  DomainBed's;
+* a launch that finds Incomplete jobs says how to continue them (``--resume``) or clear them
+  (``delete_incomplete``), with the exact command line; a sweep stopped by a signal (see
+  :mod:`dg_plugins.engine.launchers`) lists the interrupted jobs, says how to continue them and
+  returns 128 + signal.
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ import sys
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
+from dg_plugins.engine.launchers import LaunchInterrupted, signal_name
 from dg_plugins.registry import UnknownNameError
 from dg_plugins.seeds import seed_hash
 
 #: The module our job commands run (``python -m <module>``).
 TRAIN_MODULE = "dg_plugins.scripts.train"
+#: The sweep's own command-line module (for the command lines the sweep suggests).
+SWEEP_MODULE = "dg_plugins.scripts.sweep"
+ACTIONS = ("launch", "delete_incomplete", "delete_all")
 
 NOT_LAUNCHED = "Not launched"
 INCOMPLETE = "Incomplete"
@@ -239,10 +247,14 @@ class Job:
         the last checkpoint in output_dir)."""
         return self.command_str + (" --resume" if resume else "")
 
-    def __str__(self) -> str:
+    def describe(self) -> str:
+        """``<output_dir> (dataset, algorithm, test_envs, hparams_seed)``."""
         a = self.train_args
         info = (a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"])
-        return f"{self.state}: {self.output_dir} {info}"
+        return f"{self.output_dir} {info}"
+
+    def __str__(self) -> str:
+        return f"{self.state}: {self.describe()}"
 
     def __repr__(self) -> str:
         return f"Job({self})"
@@ -330,16 +342,85 @@ def select_jobs(jobs: Sequence[Job], action: str, resume: bool = False) -> list[
     return [job for job in jobs if job.state in wanted]
 
 
+def _is_flag_abbreviation(word: str, flag: str) -> bool:
+    """``word`` is ``flag`` or an abbreviation argparse accepts for it (e.g. ``--res``)."""
+    return word.startswith("--") and len(word) > 3 and flag.startswith(word)
+
+
+def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
+                  resume: bool = False, drop: Sequence[str] = ()) -> str:
+    """A sweep command line to suggest: ``command_line`` (the sweep CLI's arguments as given)
+    with its action replaced by ``action``, ``--resume``, ``--dry_run`` and the ``drop`` flags
+    removed, and ``--resume`` appended when ``resume``; the interpreter is this one (as in job
+    commands). Without ``command_line``, a template with ``<your flags>``."""
+    head = f"{python_executable()} -m {SWEEP_MODULE}"
+    if command_line is None:
+        return f"{head} {action} <your flags>" + (" --resume" if resume else "")
+    removed = ("--resume", "--dry_run", *drop)
+    words = [w for w in command_line
+             if not any(_is_flag_abbreviation(w, flag) for flag in removed)]
+    for i, word in enumerate(words):
+        if word in ACTIONS:
+            words[i] = action
+            break
+    return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
+
+
+def incomplete_note(jobs: Sequence[Job], command_line: Sequence[str] | None) -> list[str]:
+    """For a launch without ``--resume``: lines saying that the Incomplete jobs are skipped and
+    how to continue or clear them (empty when there are none)."""
+    n = sum(job.state == INCOMPLETE for job in jobs)
+    if not n:
+        return []
+    return [
+        f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done'): they were "
+        "interrupted or failed, or may still be running. This launch skips them.",
+        "  To continue them from their last checkpoint (once none of them is still running):",
+        f"    {sweep_command(command_line, 'launch', resume=True)}",
+        "  To delete them, so that the next launch starts them over:",
+        f"    {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}",
+    ]
+
+
+def report_interruption(err: LaunchInterrupted, selected: Sequence[Job],
+                        command_line: Sequence[str] | None) -> None:
+    """Print which jobs a stop signal interrupted and the command that continues them (the
+    launcher has printed its own summary and notes, e.g. jobs killed or how to cancel them)."""
+    by_command = {}
+    for job in selected:
+        by_command[job.command(resume=False)] = job
+        by_command[job.command(resume=True)] = job
+    name = signal_name(err.signum)
+    resume_line = sweep_command(command_line, "launch", resume=True)
+    if err.remote:
+        print(f"Sweep stopped waiting ({name}): {len(err.interrupted)} job(s) are still running "
+              "on the cluster (see above to cancel them).")
+        print("Once they have ended, continue those that did not finish with:")
+        print(f"  {resume_line}")
+        return
+    print(f"Sweep stopped by {name}: {len(err.interrupted)} job(s) interrupted, "
+          f"{len(err.not_started)} not started.")
+    for command in err.interrupted:
+        job = by_command.get(command)
+        print(f"  interrupted: {job.describe() if job is not None else command}")
+    if err.interrupted or err.not_started:
+        print("To continue them (interrupted jobs resume from their last checkpoint):")
+        print(f"  {resume_line}")
+
+
 def run_action(action: str, jobs: Sequence[Job], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
-               input_fn: Callable[[str], str] | None = None) -> int:
+               input_fn: Callable[[str], str] | None = None,
+               command_line: Sequence[str] | None = None) -> int:
     """The sweep CLI's main flow after enumeration (spec 8.2 "Main flow"): print every job and
-    the summary line, select, confirm, act. Returns a process exit code.
+    the summary line, select, confirm, act. Returns a process exit code: 0, 2 when no answer
+    could be read for the prompt, or 128 + signal when a stop signal interrupted the launch
+    (:class:`~dg_plugins.engine.launchers.LaunchInterrupted`).
 
     With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
     (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher
-    is not called.
+    is not called. ``command_line`` (the CLI's arguments) makes the suggested commands exact.
     """
     for job in jobs:
         print(job)
@@ -350,6 +431,9 @@ def run_action(action: str, jobs: Sequence[Job], *,
     if action == "launch" and resume:
         n_resumed = sum(job.state == INCOMPLETE for job in selected)
         print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
+    if action == "launch" and not resume:
+        for line in incomplete_note(jobs, command_line):
+            print(line)
     if dry_run:
         print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
         for job in selected:
@@ -372,7 +456,11 @@ def run_action(action: str, jobs: Sequence[Job], *,
     if verb == "launch":
         if launcher_fn is None:
             raise ValueError("launching needs a launcher function")
-        launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
+        try:
+            launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
+        except LaunchInterrupted as err:
+            report_interruption(err, selected, command_line)
+            return err.code
     else:
         delete(selected)
     return 0

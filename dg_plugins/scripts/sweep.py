@@ -1,12 +1,18 @@
 """``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...`` (spec 8.1).
 
 DomainBed's flags and defaults, plus (see ``--help``): ``delete_all``, ``--dry_run``, ``--resume``,
-``--single_source``, ``--checkpoint_freq``, ``--uda_holdout_fraction`` and the ``--slurm_*``
-options of the ``submitit`` launcher. Folder names equal DomainBed's for the same arguments
+``--single_source``, ``--checkpoint_freq``, ``--uda_holdout_fraction``, ``--stop_grace_period``
+and the ``--slurm_*`` options of the ``submitit`` launcher. Folder names equal DomainBed's for the same arguments
 (extra train args enter the hashed dict only when given). ``--command_launcher`` is required only
 to launch (DomainBed requires it for every command). ``--seed`` seeds the launch order.
 Does not import torch unless the default ``--algorithms`` (the registry) or an uncatalogued
 dataset name needs it.
+
+SIGTERM or SIGINT (Ctrl-C) while the ``local`` or ``multi_gpu`` launcher runs jobs: the signal is
+forwarded to the running jobs (train stops at its next checkpoint), no further job starts, the
+sweep lists the interrupted jobs and the command that continues them (``--resume``) and exits
+with 143 (SIGTERM) or 130 (SIGINT). With ``submitit`` on Slurm the jobs keep running on the
+cluster (see :mod:`dg_plugins.engine.launchers`). Exit status otherwise: 0, or 2 on bad input.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ import argparse
 import sys
 
 from dg_plugins.engine import sweep
-from dg_plugins.engine.launchers import SUBMITIT_CLUSTERS, configure_submitit, parse_json_object
+from dg_plugins.engine.launchers import (
+    DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV, SUBMITIT_CLUSTERS, configure_stop,
+    configure_submitit, parse_json_object,
+)
 from dg_plugins.hparams import parse_overrides
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 
@@ -66,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
+    extra.add_argument("--stop_grace_period", type=float, default=None, metavar="SECONDS",
+                       help="after SIGTERM/SIGINT, how long the local and multi_gpu launchers "
+                            "wait for running jobs to stop at a checkpoint before SIGKILL "
+                            f"(default ${STOP_GRACE_PERIOD_ENV} or "
+                            f"{DEFAULT_STOP_GRACE_PERIOD_S:g}); the sweep then exits with "
+                            "128 + the signal number (143 SIGTERM, 130 SIGINT)")
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
                             "without creating, deleting or asking anything")
@@ -120,6 +135,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                      "unlabeled target data otherwise)")
     if args.single_source and args.single_test_envs:
         parser.error("--single_source and --single_test_envs are mutually exclusive")
+    if args.stop_grace_period is not None and not args.stop_grace_period >= 0:
+        parser.error(f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}")
     if args.checkpoint_freq is not None and args.checkpoint_freq < 1:
         parser.error(f"--checkpoint_freq must be >= 1, got {args.checkpoint_freq}")
     try:
@@ -157,6 +174,7 @@ def configure_slurm(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.datasets is None:
@@ -165,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         args.algorithms = sweep.default_algorithms()
     validate(parser, args)
     configure_slurm(args)
+    configure_stop(args.stop_grace_period)
     try:
         args_list = sweep.make_args_list(
             n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
@@ -179,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     launcher_fn = LAUNCHERS.get(args.command_launcher) if args.command_launcher else None
     return sweep.run_action(
         args.command, jobs, launcher_fn=launcher_fn, seed=args.seed, resume=args.resume,
-        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation)
+        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv)
 
 
 if __name__ == "__main__":

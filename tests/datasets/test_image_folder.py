@@ -2,6 +2,7 @@
 trees written by the tests."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,91 @@ def test_importing_datasets_loads_no_image_libraries():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+# --- corrupt images (issue 14 item 4) ----------------------------------------------------------
+
+
+def writable_copy(source: Path, target: Path) -> Path:
+    """Copy a (read-only) fixture tree and make the copy writable."""
+    shutil.copytree(source, target, copy_function=shutil.copyfile)
+    for folder, _, _ in os.walk(target):
+        os.chmod(folder, 0o755)
+    return target
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(np.random.RandomState(0).bytes(4000))
+
+
+def zero_bytes(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def dangling_link(path: Path) -> None:
+    """Listed like an image, but cannot be opened (a link whose target is gone)."""
+    path.unlink()
+    path.symlink_to(path.parent / "moved_away.jpg")
+
+
+CORRUPTIONS = {"truncated": truncate, "garbage": garbage, "zero_bytes": zero_bytes,
+               "unreadable": dangling_link}
+
+
+@needs_pacs_mini
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=list(CORRUPTIONS))
+def test_decode_errors_name_the_file_and_the_fix(tmp_path, corrupt):
+    """Real PACS images corrupted four ways: the error names the file, the dataset, the
+    environment, the decoder's error, and the fix (including the check command)."""
+    data_dir = writable_copy(PACS_MINI, tmp_path / "data with space")
+    env = PACS(str(data_dir), [], None).datasets[1]
+    path, _ = env.samples[0]
+    assert env[0][0].shape == (3, 224, 224)  # readable before
+    corrupt(Path(path))
+    with pytest.raises(OSError) as info:
+        env[0]
+    error = info.value
+    assert isinstance(error, image_folder.UnreadableImageError) and isinstance(error, ValueError)
+    message = str(error)
+    assert message.startswith(f"cannot decode image file {path} (dataset PACS, "
+                              "environment C (cartoon)): ")
+    assert "Remove or replace this file" in message
+    assert ("python -m dg_plugins.scripts.check_data --dataset PACS --data_dir "
+            f"'{data_dir}'") in message
+    assert error.path == path and error.__cause__ is not None
+    assert type(error.__cause__).__name__ in message  # the decoder's own error is kept
+
+
+def test_decode_error_in_a_dataloader_worker_names_the_file(tmp_path):
+    """A truncated JPEG read by a DataLoader worker: the error re-raised in the main process
+    is still an UnreadableImageError whose message is the clear one (no worker traceback in
+    it), names the file and the worker."""
+    root = make_tree(tmp_path / "tree", {"d1": {"cat": ["a.jpg", "b.jpg"]}, "d2": {"cat": ["c.jpg"]}},
+                     size=(64, 64))
+    dataset = ImageFolder(str(root), [], None)
+    env = dataset.datasets[0]
+    path = env.samples[1][0]
+    truncate(Path(path))
+    loader = torch.utils.data.DataLoader(env, batch_size=2, num_workers=1)
+    with pytest.raises(image_folder.UnreadableImageError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert message.startswith(f"cannot decode image file {path} (dataset ImageFolder, "
+                              "environment d1): ")
+    assert "OSError: " in message and "Traceback" not in message
+    assert message.endswith("(raised in DataLoader worker process 0)")
+    assert "--dataset ImageFolder --data_dir " in message and info.value.path == path
+    assert "Traceback" in info.value.worker_traceback
+
+
+def test_image_error_reports_only_broken_files(tmp_path):
+    root = make_tree(tmp_path, {"d": {"c": ["ok.jpg", "bad.jpg", "ok.png"]}})
+    garbage(root / "d" / "c" / "bad.jpg")
+    assert image_folder.image_error(str(root / "d" / "c" / "ok.jpg")) is None
+    assert image_folder.image_error(str(root / "d" / "c" / "ok.png")) is None
+    assert image_folder.image_error(str(root / "d" / "c" / "bad.jpg")).startswith(
+        "UnidentifiedImageError: cannot identify image file")

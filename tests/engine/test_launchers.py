@@ -5,7 +5,10 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +191,252 @@ def test_sweep_through_submitit_local_with_real_jobs(tmp_path, capfd):
     assert any((out_dir / "submitit_logs").iterdir())
     assert sweep_cli.main(argv) == 0
     assert "3 jobs: 3 done, 0 incomplete, 0 not launched." in capfd.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop signals (issue 14 item 10): SIGTERM / SIGINT to a sweep reach its running jobs once, no
+# further job starts, the sweep waits for them (bounded), says how to continue, exits 128+sig.
+
+FAKE_TRAIN = '''
+"""A stand-in for train: traps SIGTERM/SIGINT, "writes a checkpoint", exits 128 + signal."""
+import os, signal, sys, time
+argv = sys.argv[1:]
+out = argv[argv.index("--output_dir") + 1]
+stubborn = os.environ.get("FAKE_TRAIN_MODE") == "stubborn"
+
+def on_signal(signum, frame):
+    with open(os.path.join(out, "signals"), "a") as f:
+        f.write(f"{signum}\\n")
+    if not stubborn:
+        time.sleep(float(os.environ.get("FAKE_TRAIN_STEP_S", "0.3")))  # finish the step
+        open(os.path.join(out, "checkpoint"), "w").write("step 7")
+        sys.exit(128 + signum)
+
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+with open(os.path.join(out, "pid.tmp"), "w") as f:  # closed here, not in a destructor, where
+    f.write(str(os.getpid()))                        # the handler's SystemExit would be ignored
+os.replace(os.path.join(out, "pid.tmp"), os.path.join(out, "pid"))
+deadline = time.time() + 20
+while time.time() < deadline:
+    time.sleep(0.02)
+open(os.path.join(out, "done"), "w").write("done")
+'''
+
+# The sweep CLI, with jobs that run the fake train module instead of dg_plugins' train.
+SWEEP_DRIVER = '''
+import sys
+from dg_plugins.engine import sweep
+from dg_plugins.scripts import sweep as cli
+make_jobs = sweep.make_jobs
+sweep.make_jobs = lambda args_list, out: make_jobs(args_list, out, module="fake_train")
+sys.exit(cli.main(sys.argv[1:]))
+'''
+
+
+def sweep_argv(tmp_path, launcher, *extra):
+    """Three Debug28 jobs (single source), all Not launched."""
+    return ["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--n_hparams", "1",
+            "--n_trials", "1", "--single_source", "--output_dir", str(tmp_path / "out"),
+            "--data_dir", str(tmp_path / "data"), "--command_launcher", launcher,
+            "--skip_confirmation", *extra]
+
+
+def start_sweep(tmp_path, argv, mode="graceful", env=None, new_session=False):
+    (tmp_path / "fake").mkdir(exist_ok=True)
+    (tmp_path / "fake" / "fake_train.py").write_text(FAKE_TRAIN)
+    paths = [str(tmp_path / "fake"), *sys.path]
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), FAKE_TRAIN_MODE=mode,
+                   **(env or {}))
+    # Output to files, not pipes: waiting for a pipe's end would also wait for the jobs (they
+    # inherit it), hiding whether the sweep itself waited for them.
+    with open(tmp_path / "sweep.out", "w") as out, open(tmp_path / "sweep.err", "w") as err:
+        return subprocess.Popen([sys.executable, "-c", SWEEP_DRIVER, *argv], env=environ,
+                                stdout=out, stderr=err, start_new_session=new_session)
+
+
+def finish(tmp_path, proc, timeout=60):
+    """Wait for the sweep process only; return its (stdout, stderr)."""
+    proc.wait(timeout=timeout)
+    return (tmp_path / "sweep.out").read_text(), (tmp_path / "sweep.err").read_text()
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+def started_jobs(tmp_path, n=1):
+    return wait_for(lambda: (lambda found: found if len(found) >= n else None)(
+        sorted(p.parent for p in (tmp_path / "out").glob("*/pid"))))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # an unreaped zombie is not alive
+        return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+
+
+def expected_resume_line(argv):
+    return " ".join([shlex.quote(sys.executable), "-m", "dg_plugins.scripts.sweep",
+                     shlex.join(argv + ["--resume"])])
+
+
+def check_interrupted_sweep(tmp_path, proc, argv, signum, n_running, checkpoint=True,
+                            forwarded=None):
+    stdout, stderr = finish(tmp_path, proc)
+    assert proc.returncode == 128 + signum, stdout + stderr
+    jobs = sorted(p.parent for p in (tmp_path / "out").glob("*/pid"))
+    assert len(jobs) == n_running  # no job started after the signal
+    for job in jobs:  # forwarded exactly once
+        assert (job / "signals").read_text() == f"{forwarded or signum}\n"
+        assert (job / "checkpoint").exists() == checkpoint and not (job / "done").exists()
+        assert not alive(int((job / "pid").read_text()))  # nothing orphaned
+    name = signal.Signals(signum).name
+    assert f"Sweep stopped by {name}: {n_running} job(s) interrupted, " \
+           f"{3 - n_running} not started." in stdout
+    for job in jobs:
+        assert f"  interrupted: {job} " in stdout
+    assert "To continue them (interrupted jobs resume from their last checkpoint):" in stdout
+    assert expected_resume_line(argv) in stdout
+    assert "Launched" not in stdout and "Traceback" not in stderr
+    return stdout, stderr
+
+
+@pytest.mark.parametrize("signum, forwarded", [
+    (signal.SIGTERM, None), (signal.SIGINT, None),
+    (signal.SIGHUP, signal.SIGTERM),  # the terminal closed: the job must still stop cleanly
+])
+def test_signal_to_local_sweep_stops_the_running_job(tmp_path, signum, forwarded):
+    argv = sweep_argv(tmp_path, "local")
+    proc = start_sweep(tmp_path, argv)
+    started_jobs(tmp_path)
+    os.kill(proc.pid, signum)
+    check_interrupted_sweep(tmp_path, proc, argv, signum, n_running=1, forwarded=forwarded)
+
+
+def test_ctrl_c_to_the_whole_process_group_reaches_the_job_once(tmp_path):
+    """A terminal's Ctrl-C signals the sweep's whole process group: the job, in its own
+    group, gets the forwarded SIGINT only, not a second copy."""
+    argv = sweep_argv(tmp_path, "local")
+    proc = start_sweep(tmp_path, argv, new_session=True)
+    started_jobs(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    check_interrupted_sweep(tmp_path, proc, argv, signal.SIGINT, n_running=1)
+
+
+def test_job_ignoring_the_signal_is_killed_after_the_grace_period(tmp_path):
+    argv = sweep_argv(tmp_path, "local", "--stop_grace_period", "1")
+    proc = start_sweep(tmp_path, argv, mode="stubborn")
+    started_jobs(tmp_path)
+    start = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    stdout, _ = check_interrupted_sweep(tmp_path, proc, argv, signal.SIGTERM, n_running=1,
+                                        checkpoint=False)
+    assert 1.0 <= time.monotonic() - start < 20
+    assert "still running after the 1 s grace period: killed (SIGKILL)" in stdout
+
+
+def test_signal_to_multi_gpu_sweep_stops_every_running_job(tmp_path):
+    argv = sweep_argv(tmp_path, "multi_gpu")
+    proc = start_sweep(tmp_path, argv, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    started_jobs(tmp_path, n=2)
+    os.kill(proc.pid, signal.SIGTERM)
+    check_interrupted_sweep(tmp_path, proc, argv, signal.SIGTERM, n_running=2)
+
+
+def test_signal_to_submitit_local_sweep_leaves_no_local_process(tmp_path):
+    """submitit's local executor runs the jobs on this machine: the signal reaches them (through
+    submitit's controller and our task wrapper), they stop at a checkpoint and nothing is left
+    running; the sweep exits 143."""
+    pytest.importorskip("submitit")
+    argv = sweep_argv(tmp_path, "submitit", "--slurm_cluster", "local", "--slurm_time", "5")
+    proc = start_sweep(tmp_path, argv)
+    started_jobs(tmp_path, n=3)  # the local executor starts every job at once
+    os.kill(proc.pid, signal.SIGTERM)
+    stdout, stderr = finish(tmp_path, proc, timeout=90)
+    assert proc.returncode == 143, stdout + stderr
+    for job in sorted(p.parent for p in (tmp_path / "out").glob("*/pid")):
+        assert (job / "signals").read_text() == "15\n" and (job / "checkpoint").exists()
+        assert not alive(int((job / "pid").read_text()))
+    assert "Sweep stopped by SIGTERM: 3 job(s) interrupted, 0 not started." in stdout
+    assert expected_resume_line(argv) in stdout
+
+
+def test_signal_to_submitit_debug_sweep_stops_the_running_job(tmp_path):
+    """The debug executor runs jobs one by one inside the sweep: the running one gets the signal,
+    the others never start."""
+    pytest.importorskip("submitit")
+    argv = sweep_argv(tmp_path, "submitit", "--slurm_cluster", "debug")
+    proc = start_sweep(tmp_path, argv)
+    started_jobs(tmp_path)
+    os.kill(proc.pid, signal.SIGTERM)
+    check_interrupted_sweep(tmp_path, proc, argv, signal.SIGTERM, n_running=1)
+
+
+SLURM_WAIT_DRIVER = '''
+import sys, time
+from dg_plugins.engine import launchers
+
+class SlurmJob:  # a job that runs on the cluster: waiting on it blocks
+    job_id = "4242_0"
+    def exception(self):
+        print("waiting", flush=True)
+        time.sleep(60)
+
+try:
+    launchers._wait_slurm(["cmd a", "cmd b"], [SlurmJob(), SlurmJob()])
+except launchers.LaunchInterrupted as err:
+    print(err.code, err.remote, err.interrupted, err.not_started, err.notes)
+    raise
+'''
+
+
+def test_signal_while_waiting_for_slurm_jobs_stops_only_the_waiting():
+    """On Slurm the jobs live on the cluster: a signal ends the wait at once (no local child
+    to stop), names them and says how to cancel them; the status is 128 + signal."""
+    proc = subprocess.Popen([sys.executable, "-c", SLURM_WAIT_DRIVER], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "waiting\n"
+    os.kill(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert stdout.strip() == ("130 True ['cmd a', 'cmd b'] [] ['the jobs keep running on the "
+                              "cluster; cancel them with: scancel 4242']")
+
+
+def test_is_simple_command():
+    assert launchers.is_simple_command(f"{PY} -m x --hparams '{{\"a\": 1}}' --test_envs 0 1")
+    for command in ("cd /tmp && python x", "A=1 python x", "python x > log", "echo $HOME",
+                    "python x; python y", 'python "x"', "exit 3", ""):
+        assert not launchers.is_simple_command(command), command
+
+
+def test_compound_command_is_waited_for_as_a_whole(tmp_path):
+    """A command that keeps the shell as parent (here ``cd ... && python ...``): the signal
+    reaches the job through its process group; the launcher returns only once the job itself
+    (not just the shell, which SIGTERM kills at once) has stopped."""
+    (tmp_path / "out" / "job").mkdir(parents=True)
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    command = (f"cd {shlex.quote(str(tmp_path))} && {PY} fake_train.py "
+               f"--output_dir {shlex.quote(str(tmp_path / 'out' / 'job'))}")
+    driver = ("import sys; from dg_plugins.engine import launchers; "
+              "launchers.local_launcher(sys.argv[1:])")
+    with open(tmp_path / "sweep.out", "w") as out, open(tmp_path / "sweep.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", driver, command], stdout=out, stderr=err,
+                                env=dict(os.environ, FAKE_TRAIN_STEP_S="1.5"))
+    [job] = started_jobs(tmp_path)
+    os.kill(proc.pid, signal.SIGTERM)
+    stdout, stderr = finish(tmp_path, proc)
+    assert proc.returncode == 143, stderr
+    assert (job / "signals").read_text() == "15\n" and (job / "checkpoint").exists()
+    assert not alive(int((job / "pid").read_text()))
+    assert "local launcher: stopped by SIGTERM: 1 interrupted, 0 not started" in stdout

@@ -251,6 +251,37 @@ def test_cli_resume_relaunches_incomplete_with_flag(tmp_path, capsys):
     assert "(3 of them are Incomplete and will run with --resume.)" in out
 
 
+def test_relaunch_says_how_to_continue_or_clear_incomplete_jobs(tmp_path, capsys):
+    """A launch that finds Incomplete jobs (and no --resume) says how many, why they may be
+    Incomplete, and gives the exact command lines that continue (--resume) or delete them."""
+    argv = cli(tmp_path, "--steps", "5")
+    sweep_cli.main(argv)
+    names = job_dirs(tmp_path)
+    (tmp_path / "out" / names[0] / "done").write_text("")
+    capsys.readouterr()
+    assert sweep_cli.main(argv + ["--dry_run"]) == 0
+    assert sweep_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    head = f"{shlex.quote(sys.executable)} -m dg_plugins.scripts.sweep"
+    resume = f"{head} {shlex.join(argv + ['--resume'])}"
+    delete = f"{head} {shlex.join(['delete_incomplete'] + argv[1:])}".replace(
+        " --skip_confirmation", "")  # deleting asks for confirmation
+    for run in out.split("About to launch 0 jobs.\n")[1:]:  # the dry run, then the launch
+        lines = run.splitlines()
+        assert lines[0].startswith("Note: 5 job(s) are Incomplete")
+        assert "interrupted or failed, or may still be running" in lines[0]
+        assert lines[2] == f"    {resume}" and lines[4] == f"    {delete}"
+    assert "--dry_run" not in out.split("About to launch 0 jobs.")[1]
+    # the suggested commands do what they say
+    capsys.readouterr()
+    assert sweep_cli.main(shlex.split(resume)[3:] + ["--dry_run"]) == 0
+    assert "(5 of them are Incomplete and will run with --resume.)" in capsys.readouterr().out
+    assert sweep_cli.main(shlex.split(delete)[3:] + ["--skip_confirmation"]) == 0
+    assert job_dirs(tmp_path) == names[:1]
+    sweep_cli.main(argv)
+    assert "Incomplete" not in capsys.readouterr().out.split("About to launch")[1]
+
+
 def test_cli_dry_run_creates_nothing(tmp_path, capsys):
     assert sweep_cli.main(cli(tmp_path, "--dry_run", launcher=None)) == 0
     out = capsys.readouterr().out
