@@ -184,7 +184,7 @@ def test_eval_only_never_touches_records_it_cannot_score(runs, scores_file, tmp_
 
 
 def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
-    from dg_plugins.engine.tables import format_mean
+    from dg_plugins.engine.tables import Cell
     from dg_plugins.scripts import collect_results
 
     assert collect_results.main(["--input_dir", str(runs["sweep"]), "--selection", "oracle",
@@ -199,7 +199,7 @@ def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
         for env in (0, 1):  # oracle: the last checkpoint of each trial
             values = [records(runs["jobs"][(env, trial)])[-1][f"env{env}_in_{subset}_acc"]
                       for trial in (0, 1)]
-            assert format_mean(values)[2] in row
+            assert Cell.of(values).text() in row
 
 
 def test_plot_from_eval_only_predictions(runs, scores_file, tmp_path, capsys):
