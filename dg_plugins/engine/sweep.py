@@ -11,7 +11,7 @@ Deviations from DomainBed (spec 12 item 13), all documented on the functions bel
 * the launch order is shuffled with ``random.Random(seed)`` (DomainBed: unseeded numpy RNG, and its
   ``--seed`` is unused);
 * extra job kinds (``single_source``) and pass-through train args (``checkpoint_freq``,
-  ``uda_holdout_fraction``) enter the args dict only when requested, so default hashes stay
+  ``uda_holdout_fraction``, the IP/OOP ``alignment_*`` flags) enter the args dict only when requested, so default hashes stay
   DomainBed's;
 * a launch that finds Incomplete jobs says how to continue them (``--resume``) or clear them
   (``delete_incomplete``), with the exact command line; a sweep stopped by a signal (see
@@ -47,7 +47,8 @@ INCOMPLETE = "Incomplete"
 DONE = "Done"
 
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
-OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction")
+OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
+                       "alignment_scores", "alignment_threshold", "alignment_preset")
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,9 +77,10 @@ def check_algorithms(names: Iterable[str]) -> None:
     names = [n for n in names if n not in catalog.BUILTIN_ALGORITHMS]
     if not names:
         return
+    from dg_plugins.engine import plugins
     from dg_plugins.registry import ALGORITHMS
-    import dg_plugins.algorithms  # noqa: F401  (fills the registry)
 
+    plugins.load()  # dg_plugins' own modules and those in $DG_PLUGINS_IMPORT register
     unknown = [n for n in names if n not in ALGORITHMS]
     if unknown:
         domainbed_only = [n for n in unknown if n in catalog.DOMAINBED_ALGORITHMS]
@@ -99,11 +101,37 @@ def default_datasets() -> list[str]:
 
 
 def default_algorithms() -> list[str]:
-    """Every algorithm registered in dg_plugins (imports dg_plugins.algorithms, hence torch)."""
+    """Every algorithm registered in dg_plugins, plugins of ``$DG_PLUGINS_IMPORT`` included
+    (imports dg_plugins.algorithms, hence torch)."""
+    from dg_plugins.engine import plugins
     from dg_plugins.registry import ALGORITHMS
-    import dg_plugins.algorithms  # noqa: F401
 
+    plugins.load()
     return ALGORITHMS.list()
+
+
+def check_hparams(hparams: str | None, algorithms: Iterable[str],
+                  datasets: Iterable[str]) -> None:
+    """Validate ``--hparams`` (a JSON object) against the space of every (algorithm, dataset)
+    pair of the sweep, as train does for one job (:func:`dg_plugins.hparams.validate`): a typo
+    or a wrong type fails here, before any job is created, not in every job. Raises
+    :class:`~dg_plugins.hparams.HparamError` naming the pair. Imports the algorithms (torch) only
+    when ``hparams`` is given."""
+    from dg_plugins import hparams as hparams_lib
+
+    overrides = hparams_lib.parse_overrides(hparams)
+    if not overrides:
+        return
+    from dg_plugins.engine import plugins
+
+    plugins.load()
+    for algorithm in dict.fromkeys(algorithms):
+        for dataset in dict.fromkeys(datasets):
+            try:
+                hparams_lib.validate(algorithm, dataset, overrides)
+            except hparams_lib.HparamError as err:
+                raise hparams_lib.HparamError(
+                    f"--hparams for {algorithm} on {dataset}: {err}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,15 +178,22 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                    hparams: str | None, *, single_source: bool = False,
                    checkpoint_freq: int | None = None,
                    uda_holdout_fraction: float | None = None,
+                   extra_args: dict | None = None,
                    n_envs: Callable[[str], int] = num_environments) -> list[dict]:
     """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
     test_envs, hparams_seed (spec 8.2). ``n_hparams`` is an exclusive upper bound as in DomainBed.
 
     Keys as DomainBed (dataset, algorithm, test_envs, holdout_fraction, hparams_seed, data_dir,
-    task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None.
+    task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None
+    (``extra_args``: the others of them, e.g. the IP/OOP ``alignment_*`` flags, passed to every
+    job as given).
     """
     optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
-                "uda_holdout_fraction": uda_holdout_fraction}
+                "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
+    unknown = set(optional) - set(OPTIONAL_TRAIN_ARGS)
+    if unknown:
+        raise ValueError(f"not pass-through train args: {sorted(unknown)}; known: "
+                         f"{', '.join(OPTIONAL_TRAIN_ARGS)}")
     env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
                  for d in dict.fromkeys(dataset_names)}
     args_list = []

@@ -18,6 +18,7 @@ cluster (see :mod:`dg_plugins.engine.launchers`). Exit status otherwise: 0, or 2
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dg_plugins.engine import sweep
@@ -25,7 +26,7 @@ from dg_plugins.engine.launchers import (
     DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV, SUBMITIT_CLUSTERS, configure_stop,
     configure_submitit, parse_json_object,
 )
-from dg_plugins.hparams import parse_overrides
+from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 
 TASKS = ("domain_generalization", "domain_adaptation")
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--uda_holdout_fraction", type=float, default=None,
                        help="passed to train (hashed only when given); needed by "
                             "--task domain_adaptation")
+    extra.add_argument("--alignment_scores", type=str, default=None, metavar="FILE",
+                       help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
+                       "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
+    extra.add_argument("--alignment_threshold", type=float, default=None,
+                       help="IP/OOP split threshold passed to every job (train's default: 0.4)")
+    extra.add_argument("--alignment_preset", type=str, default=None,
+                       help="IP/OOP split preset passed to every job (e.g. teterwak2025)")
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
@@ -148,11 +156,21 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parse_json_object(args.slurm_extra)
         except ValueError as err:  # JSONDecodeError is a ValueError
             parser.error(f"--slurm_extra must be a JSON object: {err}")
+    if args.alignment_scores is None and (args.alignment_threshold is not None
+                                          or args.alignment_preset is not None):
+        parser.error("--alignment_threshold / --alignment_preset need --alignment_scores FILE "
+                     "(a score file from python -m dg_plugins.scripts.alignment_scores)")
+    if args.alignment_scores is not None:
+        if not os.path.isfile(args.alignment_scores):
+            parser.error(f"--alignment_scores {args.alignment_scores!r} is not a file; write one "
+                         "with python -m dg_plugins.scripts.alignment_scores")
+        args.alignment_scores = os.path.abspath(args.alignment_scores)
     try:
         for dataset in args.datasets:
             sweep.num_environments(dataset)
         sweep.check_algorithms(args.algorithms)
-    except UnknownNameError as err:
+        sweep.check_hparams(args.hparams, args.algorithms, args.datasets)
+    except (UnknownNameError, HparamError) as err:
         parser.error(str(err))
     if args.command == "launch" and args.command_launcher is None and not args.dry_run:
         parser.error("launch needs --command_launcher; choices: " + ", ".join(_launcher_names()))
@@ -191,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
             single_test_envs=args.single_test_envs, hparams=args.hparams,
             single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
-            uda_holdout_fraction=args.uda_holdout_fraction)
+            uda_holdout_fraction=args.uda_holdout_fraction,
+            extra_args={name: getattr(args, name) for name in
+                        ("alignment_scores", "alignment_threshold", "alignment_preset")
+                        if getattr(args, name) is not None})
     except ValueError as err:
         parser.error(str(err))
     jobs = sweep.make_jobs(args_list, args.output_dir)

@@ -333,6 +333,10 @@ def test_cli_subprocess_prompt_no_torch(tmp_path):
     (["--single_source", "--single_test_envs"], "mutually exclusive"),
     (["--hparams", "[1]"], "--hparams must be a JSON object"),
     (["--task", "domain_adaptation"], "needs --uda_holdout_fraction"),
+    (["--hparams", '{"lrr": 0.1}'], "--hparams for ERM on .*'lrr'.*lr"),
+    (["--hparams", '{"batch_size": 0}'], "--hparams for ERM on .*batch_size"),
+    (["--alignment_threshold", "0.3"], "need --alignment_scores FILE"),
+    (["--alignment_scores", "no_such_scores.csv"], "is not a file"),
 ])
 def test_cli_errors(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -356,6 +360,16 @@ def test_cli_pass_through_flags(tmp_path, capsys):
                and "--steps 3 " in c for c in commands)
     assert sorted(c.split("--test_envs ")[1].split(" --")[0] for c in commands) == [
         "0 1", "0 2", "1 2"]
+
+
+def test_cli_alignment_flags_reach_every_job(tmp_path, capsys):
+    scores = tmp_path / "scores.csv"
+    scores.write_text("env,path,label,score\n")
+    sweep_cli.main(cli(tmp_path, "--alignment_scores", str(scores), "--alignment_threshold",
+                       "0.3"))
+    commands = [l for l in capsys.readouterr().out.splitlines() if l.startswith("Dummy")]
+    assert commands and all(f"--alignment_scores {scores} --alignment_threshold 0.3" in c
+                            for c in commands)
 
 
 # ---------------------------------------------------------------------------------------------
