@@ -64,7 +64,7 @@ ENTRY_MODULE = "dg_plugins.scripts.domainbed"
 SMALL_IMAGE_PROXY = "Debug28"
 DOMAINBED_URL = "https://github.com/facebookresearch/DomainBed"
 
-# DomainBed's job command prefix (spec 8.2): the bare word python, then the train module.
+# DomainBed's job command prefix (``domainbed/scripts/sweep.py``): the bare word python, then the train module.
 _TRAIN_COMMAND = re.compile(r"(?<![\w./-])python3?\s+-m\s+domainbed\.scripts\.train(?=\s|$)")
 
 # Per target module: the objects we installed there, by name (decides "ours" vs DomainBed's).

@@ -1,4 +1,4 @@
-"""DomainBed's seed derivation (protocol spec 6.1), shared by hparams, splits and sweeps."""
+"""DomainBed's seed derivation (``seed_hash`` in ``domainbed/lib/misc.py``), shared by hparams, splits and sweeps."""
 
 import hashlib
 

@@ -1,4 +1,4 @@
-"""Debug28 / Debug224: DomainBed's fake datasets (protocol spec 5.3), for tests."""
+"""Debug28 / Debug224: DomainBed's fake datasets (``domainbed/datasets.py``), for tests."""
 
 import torch
 from torch.utils.data import TensorDataset

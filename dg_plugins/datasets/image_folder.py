@@ -1,4 +1,4 @@
-"""Image-folder datasets (protocol spec 5.5, 5.6): VLCS, PACS, OfficeHome, TerraIncognita,
+"""Image-folder datasets (``domainbed/datasets.py``): VLCS, PACS, OfficeHome, TerraIncognita,
 DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any other tree.
 
 Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBed, all deliberate:
@@ -19,7 +19,7 @@ Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBe
 Kept from DomainBed for compatibility: samples are ordered class by class, then by sorted path
 (torchvision's ImageFolder order, so in/out splits match DomainBed's when every domain has every
 class), and augmentation is chosen per environment before train splits in/out, so a training
-environment's out (validation) split is augmented too (spec 5.5, spec 12 item 8). Use
+environment's out (validation) split is augmented too (as DomainBed's ``MultipleEnvironmentImageFolder`` does). Use
 :meth:`ImageFolderEnvironment.with_transform` to get a differently transformed view.
 
 No torchvision or PIL import at module import: both load when a transform or image is first needed.
@@ -222,7 +222,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
 
 
 class MultipleEnvironmentImageFolder(MultipleDomainDataset):
-    """DomainBed's base (spec 5.5) with the same signature: ``root`` is the dataset folder itself,
+    """DomainBed's base (``MultipleEnvironmentImageFolder``) with the same signature: ``root`` is the dataset folder itself,
     ``augment`` selects the augment transform for every environment not in ``test_envs``.
 
     Instance attributes besides the contract: ``root``, ``environment_folders`` (the sorted domain

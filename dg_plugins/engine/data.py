@@ -1,4 +1,4 @@
-"""Splits, training batch streams and evaluation for the train loop (protocol spec 6.2-6.4).
+"""Splits, training batch streams and evaluation for the train loop (``domainbed/scripts/train.py``, ``domainbed/lib/misc.py``).
 
 Differences from DomainBed, by design:
 * Training batches are drawn i.i.d. with replacement from each environment's in-split (DomainBed's
@@ -35,7 +35,7 @@ class SplitDataset(Dataset):
 
 
 def split_dataset(dataset: Dataset, n: int, seed: int = 0):
-    """``(first n, rest)`` of a ``RandomState(seed)`` shuffle of the indices (spec 6.2); train.py
+    """``(first n, rest)`` of a ``RandomState(seed)`` shuffle of the indices (``misc.split_dataset``); train.py
     uses the first part as the holdout ("out") split."""
     if n > len(dataset):
         raise ValueError(f"cannot hold out {n} of {len(dataset)} samples")
@@ -178,7 +178,7 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int):
 @torch.no_grad()
 def accuracy(algorithm, dataset: Dataset, device, batch_size: int = 64, num_workers: int = 0,
              subsets: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """Top-1 accuracy of ``algorithm.predict`` on ``dataset`` (spec 6.3), in eval mode, restoring
+    """Top-1 accuracy of ``algorithm.predict`` on ``dataset`` (``misc.accuracy``), in eval mode, restoring
     train mode after. ``subsets`` maps a name to a boolean mask over the dataset's items; each named
     subset's accuracy is returned too (NaN when it is empty). Key ``""`` is the whole dataset."""
     algorithm.eval()
@@ -201,7 +201,7 @@ def accuracy(algorithm, dataset: Dataset, device, batch_size: int = 64, num_work
 
 
 def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
-    """Per-sample weights ``1 / (count[c] * n_classes_present)`` (spec 6.5), summing to 1."""
+    """Per-sample weights ``1 / (count[c] * n_classes_present)`` (``misc.make_weights_for_balanced_classes``), summing to 1."""
     view = tensor_view(dataset)
     labels = (view[0][1][view[1]] if view is not None
               else torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))]))

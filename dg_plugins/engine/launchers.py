@@ -1,9 +1,9 @@
-"""Command launchers (spec 8.3): each is ``fn(commands: list[str]) -> None``.
+"""Command launchers (``domainbed/command_launchers.py``): each is ``fn(commands: list[str]) -> None``.
 
 Importing this module registers ``dummy``, ``local``, ``multi_gpu`` and ``submitit`` in
 :data:`dg_plugins.registry.LAUNCHERS`. No launcher imports torch or submitit at module import.
 
-Differences from DomainBed's launchers (spec 8.3, 12 item 3):
+Differences from DomainBed's launchers (``domainbed/command_launchers.py``):
 
 * ``local`` reports progress and prints the failed commands at the end (DomainBed ignores exit
   codes); a failing job never stops the others and nothing is raised.

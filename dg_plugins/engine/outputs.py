@@ -84,7 +84,7 @@ class Tee:
 
 
 def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
-    """One line as DomainBed's ``print_row`` prints it (spec 6.5), without the newline: floats
+    """One line as DomainBed's ``print_row`` prints it (``domainbed/lib/misc.py``), without the newline: floats
     with 10 decimals, every cell padded and truncated to ``colwidth``, joined by two spaces (text,
     then a trailing space) or `` & `` (LaTeX, then `` \\\\``). Shared by train's progress rows
     and collect_results' tables."""

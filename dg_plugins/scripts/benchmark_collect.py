@@ -4,7 +4,7 @@
         [--template SWEEP_DIR] [--keep]
 
 1. Writes ``--jobs`` job folders in DomainBed's record format (``results.jsonl`` with one
-   sorted-key JSON line per checkpoint, plus ``done``; spec 7.4-7.5). The jobs replicate a template
+   sorted-key JSON line per checkpoint, plus ``done``; ``domainbed/scripts/train.py``). The jobs replicate a template
    sweep (``--template``; default DomainBed's ``domainbed/misc/test_sweep_data`` when a DomainBed
    checkout is known, else a built-in VLCS-shaped template with the same structure: 2 hparams
    seeds x 2 trials x 10 test-environment sets x 5 checkpoints). Each replica gets another
@@ -20,7 +20,7 @@
    prints the ratios, and checks that both printed the same tables (stdout; the results.txt files
    both write into the folder are ignored).
 
-Wall times are printed, never asserted (DESIGN.md section 6).
+Wall times are printed, never asserted.
 """
 
 from __future__ import annotations

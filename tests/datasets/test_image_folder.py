@@ -1,4 +1,4 @@
-"""Image-folder datasets (protocol spec 5.5, 5.6) on the shared pacs_mini fixture and on small
+"""Image-folder datasets (``domainbed/datasets.py``) on the shared pacs_mini fixture and on small
 trees written by the tests."""
 
 import os

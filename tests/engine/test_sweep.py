@@ -1,4 +1,4 @@
-"""Sweep enumeration, identity, command strings, states and the sweep CLI (spec 8, Appendix C)."""
+"""Sweep enumeration, identity, command strings, states and the sweep CLI (``domainbed/scripts/sweep.py``)."""
 
 import importlib.util
 import io
