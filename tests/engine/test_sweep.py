@@ -399,3 +399,26 @@ def test_end_to_end_local_launch_then_relaunch(tmp_path, capfd):
     assert records[0]["args"]["seed"] == sweep.seed_hash("Debug28", "ERM", [0], 0, 0)
     assert sweep_cli.main(argv) == 0
     assert "3 jobs: 3 done, 0 incomplete, 0 not launched." in capfd.readouterr().out
+
+
+@pytest.mark.skipif(not HAS_TRAIN, reason="dg_plugins.scripts.train not available yet")
+def test_plugin_algorithm_in_one_test_file_runs_through_a_sweep(tmp_path, capfd, monkeypatch):
+    """A test-only algorithm (tests/plugins/toy_two_heads.py, one file) named in
+    $DG_PLUGINS_IMPORT is accepted by the sweep and trained by its jobs (child processes)."""
+    plugins_dir = Path(__file__).resolve().parents[1] / "plugins"
+    monkeypatch.setenv("DG_PLUGINS_IMPORT", "toy_two_heads")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(plugins_dir), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    argv = cli(tmp_path, "--steps", "2", "--hparams", '{"batch_size": 4}', launcher="local")
+    argv[argv.index("ERM")] = "ToyTwoHeads"
+    argv += ["--single_test_envs"]
+    names = [sweep.job_folder_name(a) for a in debug_args(
+        algorithms=["ToyTwoHeads"], single_test_envs=True, steps=2, hparams='{"batch_size": 4}',
+        data_dir=str(tmp_path / "data"))]
+    for name in names[1:]:  # run one job only
+        (tmp_path / "out" / name).mkdir(parents=True)
+        (tmp_path / "out" / name / "done").write_text("")
+    assert sweep_cli.main(argv) == 0
+    assert "all 1 commands succeeded" in capfd.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "out" / names[0] / "results.jsonl").open()]
+    assert records[-1]["args"]["algorithm"] == "ToyTwoHeads"
