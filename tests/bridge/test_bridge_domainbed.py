@@ -294,6 +294,8 @@ def test_domainbed_collect_results_reports_plugin_rows(trained, swept, sweep_dir
 def test_domainbeds_own_hparams_tests_include_ours(db, tmp_path):
     """DomainBed's test_hparams_registry, run with our pytest plugin, also covers our algorithms
     and datasets (it expands ALGORITHMS x DATASETS when imported)."""
+    pytest.importorskip("parameterized", reason="DomainBed's test modules import 'parameterized' "
+                        "(pip install parameterized)")
     test_file = Path(db.algorithms.__file__).parent / "test" / "test_hparams_registry.py"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
