@@ -75,11 +75,20 @@ def augment_transform():
 
 def load_rgb_image(path: str):
     """Decode an image file with PIL and convert it to RGB (``convert`` decodes the whole image,
-    so a truncated file fails here rather than later)."""
-    from PIL import Image
+    so a truncated file fails here rather than later).
 
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    Truncated files always fail, whatever PIL's process-wide ``ImageFile.LOAD_TRUNCATED_IMAGES``
+    says: DomainBed's ``domainbed/datasets.py`` sets it to True when imported (e.g. through the
+    bridge), which would otherwise turn a truncated image into silently padded pixels."""
+    from PIL import Image, ImageFile
+
+    saved = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = saved
 
 
 def image_error(path: str) -> str | None:

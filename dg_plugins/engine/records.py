@@ -1,16 +1,17 @@
-"""Load a sweep's ``results.jsonl`` records into a pandas DataFrame (protocol spec 7.5, 9.1, 9.6).
+"""Load a sweep's ``results.jsonl`` records into a pandas DataFrame (the records ``domainbed/scripts/train.py`` writes, read as
+``domainbed/lib/reporting.py``'s ``load_records`` reads them).
 
 Like DomainBed's loader, :func:`load_records` reads ``<input_dir>/<entry>/results.jsonl`` for every
 entry of ``os.listdir(input_dir)`` (one level, in listing order, so ties are broken as DomainBed
 breaks them on the same folder) and keeps the records of incomplete jobs (no ``done`` file) and of
-appended re-runs, as DomainBed does (spec 9.1, 12 item 2). Differences:
+appended re-runs, as DomainBed does (``reporting.load_records``). Differences:
 
 * a line that is not valid JSON (a job killed mid-write, a truncated copy) is skipped with a
   warning on stderr naming the file and the line number; DomainBed crashes on it. At most
   ``MAX_WARNINGS`` warnings are shown, then a count;
 * a final line without a newline is parsed as is (DomainBed drops the last character of every line,
-  spec 9.1); blank lines are ignored;
-* a record lacking a required key (spec 9.6: ``args`` with trial_seed, dataset, algorithm,
+  ``line[:-1]`` in ``reporting.load_records``); blank lines are ignored;
+* a record lacking a required key (what ``domainbed/scripts/collect_results.py`` reads: ``args`` with trial_seed, dataset, algorithm,
   test_envs as a list of int, hparams_seed; ``step``) is skipped with a warning (DomainBed crashes
   or misgroups);
 * an entry whose ``results.jsonl`` exists but cannot be read (e.g. permissions) gets a warning
@@ -25,7 +26,7 @@ form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``
 ``env0_in_ip_acc``, ...), NaN where a record lacks the key. Other keys (loss, epoch, ...) are
 dropped.
 
-Speed (spec 12 item 5; ``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
+Speed (``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
 parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
 NaN, Infinity or lone surrogates, go to :mod:`json`, and without orjson everything does; its one
 difference from :mod:`json`: integers beyond 64 bits become floats); files are read with small
@@ -68,7 +69,7 @@ class _ArgValues(NamedTuple):
     output_dir: object  # optional: only the hparams table shows it
 
 
-#: The arguments a record must carry (spec 9.6), read from its ``args`` dict.
+#: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
 REQUIRED_ARGS = _ArgValues._fields[:5]
 #: Columns read from ``args``.
 ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
@@ -96,14 +97,14 @@ def _print_warning(message: str) -> None:
 def load_records(input_dir: str, warn: Warn = _print_warning,
                  progress: bool | None = None) -> pd.DataFrame:
     """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame (module docstring;
-    spec 9.1). Problems go to ``warn`` (default: stderr); ``progress`` shows a tqdm bar on stderr
+    ``reporting.load_records``). Problems go to ``warn`` (default: stderr); ``progress`` shows a tqdm bar on stderr
     (default: when stderr is a terminal).
     Raises ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
     if not os.path.exists(input_dir):
         raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
     if not os.path.isdir(input_dir):
         raise NotADirectoryError(f"input directory {input_dir!r} is not a directory")
-    entries = os.listdir(input_dir)  # DomainBed's order (spec 9.1)
+    entries = os.listdir(input_dir)  # DomainBed's order (reporting.load_records)
     if sys.stderr.isatty() if progress is None else progress:
         import tqdm  # only for terminals: its import costs 0.1 s
 
@@ -161,7 +162,7 @@ def parse_line(line: str):
 
 
 def _arg_values(args) -> _ArgValues | str:
-    """The column values of an ``args`` dict, or why it is unusable (spec 9.6)."""
+    """The column values of an ``args`` dict, or why it is unusable for ``domainbed/scripts/collect_results.py``."""
     if type(args) is not dict:
         return "no 'args' object"
     missing = [name for name in REQUIRED_ARGS if name not in args]
@@ -372,7 +373,7 @@ def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
 
 def leading_count(present: np.ndarray) -> np.ndarray:
     """Per row, how many consecutive True values start the row (DomainBed counts environments
-    by probing ``env0_..``, ``env1_..`` until a key is missing; spec 9.4)."""
+    by probing ``env0_..``, ``env1_..`` until a key is missing; ``domainbed/model_selection.py``)."""
     if present.shape[1] == 0:
         return np.zeros(len(present), dtype=int)
     return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))

@@ -1,4 +1,5 @@
-"""DomainBed's model selection (protocol spec 9.2-9.4), vectorised with pandas.
+"""DomainBed's model selection (``domainbed/model_selection.py`` and
+``domainbed/lib/reporting.py``'s ``get_grouped_records``), vectorised with pandas.
 
 Records (a DataFrame from :mod:`dg_plugins.engine.records`) are grouped per
 ``(trial_seed, dataset, algorithm, test_env)``: a record joins one group per entry of its
@@ -40,7 +41,7 @@ import pandas as pd
 
 from dg_plugins.engine.records import acc_matrix, leading_count
 
-#: Default test key template: the in split of the test environment (spec 9.4).
+#: Default test key template: the in split of the test environment (``model_selection.py``).
 TEST_KEY = "env{t}_in_acc"
 #: Per-run score columns a method returns.
 RUN_COLUMNS = ["group", "hparams_seed", "record", "step", "val_acc"]
@@ -50,7 +51,7 @@ SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_s
 
 
 class GroupedRecords:
-    """Records plus their group memberships (spec 9.2), computed once and shared by all methods
+    """Records plus their group memberships (``reporting.get_grouped_records``), computed once and shared by all methods
     and tables.
 
     ``members``: one row per (record, test_env in its args.test_envs), in DomainBed's order, with
@@ -132,7 +133,7 @@ def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarr
 
 
 def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
-    """Group records per (trial_seed, dataset, algorithm, test_env) (spec 9.2)."""
+    """Group records per (trial_seed, dataset, algorithm, test_env) (``reporting.get_grouped_records``)."""
     return records if isinstance(records, GroupedRecords) else GroupedRecords(records)
 
 
@@ -305,7 +306,7 @@ def get_method(key: str) -> SelectionMethod:
 
 def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
            test_key: str = TEST_KEY) -> pd.DataFrame:
-    """The chosen run of every group that has one (spec 9.4 ``hparams_accs``/``sweep_acc``).
+    """The chosen run of every group that has one (``model_selection.py``'s ``hparams_accs``/``sweep_acc``).
 
     One row per group, in group order (first appearance), with ``trial_seed, dataset, algorithm,
     test_env, hparams_seed, step, val_acc, test_acc``, ``record`` (the chosen row of ``records``:

@@ -1,11 +1,11 @@
-"""Sweep jobs: enumeration, identity (md5 folder names), command strings, states (spec 8.1, 8.2).
+"""Sweep jobs: enumeration, identity (md5 folder names), command strings, states (``domainbed/scripts/sweep.py``).
 
 Everything here is torch-free so that enumeration, dry runs and deletes stay fast. A job's folder
-name depends only on its train-args dict (spec 8.2, 13 item 6), so it matches DomainBed's for the
-same arguments; the command string is not hashed (spec 2.7), so the interpreter, the train module
+name depends only on its train-args dict (``sweep.Job``'s md5 of the sorted args JSON), so it matches DomainBed's for the
+same arguments; the command string is not hashed, so the interpreter, the train module
 and an appended ``--resume`` never change a job's identity.
 
-Deviations from DomainBed (spec 12 item 13), all documented on the functions below:
+Deviations from DomainBed, all documented on the functions below:
 
 * commands start with ``shlex.quote(sys.executable)``, not the bare word ``python`` from PATH;
 * the launch order is shuffled with ``random.Random(seed)`` (DomainBed: unseeded numpy RNG, and its
@@ -94,7 +94,7 @@ def check_algorithms(names: Iterable[str]) -> None:
 
 
 def default_datasets() -> list[str]:
-    """DomainBed's rule (spec 8.1): every catalog dataset whose name lacks "Debug" — DomainBed's
+    """DomainBed's rule (``sweep.py``'s ``--datasets`` default): every catalog dataset whose name lacks "Debug" — DomainBed's
     16 plus dg_plugins' statically declared ones (e.g. RotatedMNIST5k). Like DomainBed's default
     it includes datasets whose files may be absent; pass ``--datasets`` in practice."""
     return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
@@ -135,7 +135,7 @@ def check_hparams(hparams: str | None, algorithms: Iterable[str],
 
 
 # --------------------------------------------------------------------------------------------
-# Enumeration (spec 8.2)
+# Enumeration (``sweep.make_args_list``)
 
 
 def test_env_combinations(n_envs: int) -> list[list[int]]:
@@ -181,7 +181,7 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                    extra_args: dict | None = None,
                    n_envs: Callable[[str], int] = num_environments) -> list[dict]:
     """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
-    test_envs, hparams_seed (spec 8.2). ``n_hparams`` is an exclusive upper bound as in DomainBed.
+    test_envs, hparams_seed (``sweep.make_args_list``). ``n_hparams`` is an exclusive upper bound as in DomainBed.
 
     Keys as DomainBed (dataset, algorithm, test_envs, holdout_fraction, hparams_seed, data_dir,
     task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None
@@ -245,7 +245,7 @@ def python_executable() -> str:
 
 def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
     """``<python> -m <module>`` then ``--key value`` for every item of ``args`` (which should hold
-    ``output_dir``) sorted by key, single-space joined (spec 8.2). ``python`` defaults to
+    ``output_dir``) sorted by key, single-space joined (``sweep.Job``). ``python`` defaults to
     :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
     parts = [python or python_executable(), "-m", module]
     parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
@@ -253,7 +253,7 @@ def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = N
 
 
 class Job:
-    """One training run of a sweep: its folder, command and on-disk state (spec 8.2)."""
+    """One training run of a sweep: its folder, command and on-disk state (``sweep.Job``)."""
 
     NOT_LAUNCHED = NOT_LAUNCHED
     INCOMPLETE = INCOMPLETE
@@ -448,7 +448,7 @@ def run_action(action: str, jobs: Sequence[Job], *,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
                input_fn: Callable[[str], str] | None = None,
                command_line: Sequence[str] | None = None) -> int:
-    """The sweep CLI's main flow after enumeration (spec 8.2 "Main flow"): print every job and
+    """The sweep CLI's main flow after enumeration (``sweep.py``'s ``__main__``): print every job and
     the summary line, select, confirm, act. Returns a process exit code: 0, 2 when no answer
     could be read for the prompt, or 128 + signal when a stop signal interrupted the launch
     (:class:`~dg_plugins.engine.launchers.LaunchInterrupted`).

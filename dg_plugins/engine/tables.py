@@ -1,5 +1,7 @@
 """Results tables: DomainBed's collect_results output, byte for byte, plus Markdown, CSV, IP/OOP,
-single-source and selected-hparams tables (protocol spec 6.5, 9.5).
+single-source and selected-hparams tables (``print_results_tables`` of
+``domainbed/scripts/collect_results.py``, with ``format_mean`` and ``print_table`` of
+``domainbed/lib/misc.py``).
 
 Structure: selection modules choose runs (:mod:`dg_plugins.engine.selection` for DomainBed's
 methods, :mod:`dg_plugins.engine.single_source` for single-source runs); this module turns their
@@ -109,7 +111,7 @@ class Cell:
 
     @classmethod
     def of(cls, accuracies) -> Cell:
-        """DomainBed's ``format_mean`` (spec 9.5) of accuracies in [0, 1]: the mean in percent
+        """DomainBed's ``format_mean`` (``collect_results.py``) of accuracies in [0, 1]: the mean in percent
         and, as error, the population std of ``accuracies / sqrt(n)``; no values, no mean."""
         accuracies = list(accuracies)
         if not accuracies:
@@ -218,7 +220,7 @@ def _header(prefix: str, method: SelectionMethod, test_key: str) -> str:
 
 def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
                    test_key: str = TEST_KEY) -> list[Table]:
-    """The per-dataset tables and the Averages table of one method (spec 9.5); the test
+    """The per-dataset tables and the Averages table of one method (``collect_results.print_results_tables``); the test
     accuracy of each chosen record is read with ``test_key`` (a template in ``t``)."""
     grouped = group_records(records)
     chosen = sweep_accs(grouped, method, test_key)

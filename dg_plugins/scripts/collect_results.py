@@ -1,4 +1,4 @@
-"""Print the results tables of a sweep, as DomainBed's collect_results does (protocol spec 9.5).
+"""Print the results tables of a sweep, as DomainBed's collect_results does (``domainbed/scripts/collect_results.py``).
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
         [--selection iid loo oracle] [--hparams_table] [--no_save]

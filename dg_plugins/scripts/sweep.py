@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...`` (spec 8.1).
+"""``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...`` (``domainbed/scripts/sweep.py``).
 
 DomainBed's flags and defaults, plus (see ``--help``): ``delete_all``, ``--dry_run``, ``--resume``,
 ``--single_source``, ``--checkpoint_freq``, ``--uda_holdout_fraction``, ``--stop_grace_period``
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
                              "delete_incomplete: remove Incomplete job folders; delete_all: "
                              "remove every existing folder of this sweep's jobs (nothing else)")
-    # DomainBed's flags (spec 8.1)
+    # DomainBed's flags (domainbed/scripts/sweep.py)
     parser.add_argument("--datasets", nargs="+", type=str, default=None,
                         help="default: every catalog dataset without 'Debug' in its name "
                              "(DomainBed's rule)")

@@ -307,6 +307,23 @@ def test_decode_errors_name_the_file_and_the_fix(tmp_path, corrupt):
     assert type(error.__cause__).__name__ in message  # the decoder's own error is kept
 
 
+@needs_pacs_mini
+def test_truncated_images_fail_even_when_pil_is_told_to_load_them(tmp_path, monkeypatch):
+    """DomainBed's datasets.py sets PIL's process-wide LOAD_TRUNCATED_IMAGES to True on import
+    (the bridge imports it): a truncated image must still fail in our datasets, and the global
+    flag is left as it was."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    data_dir = writable_copy(PACS_MINI, tmp_path / "data")
+    env = PACS(str(data_dir), [], None).datasets[1]
+    truncate(Path(env.samples[0][0]))
+    with pytest.raises(image_folder.UnreadableImageError):
+        env[0]
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is True
+    assert image_folder.image_error(env.samples[0][0]) is not None
+
+
 def test_decode_error_in_a_dataloader_worker_names_the_file(tmp_path):
     """A truncated JPEG read by a DataLoader worker: the error re-raised in the main process
     is still an UnreadableImageError whose message is the clear one (no worker traceback in
