@@ -246,8 +246,15 @@ def test_predict_averages_the_soft_mask_logits_and_runs_the_trunk_once():
 
 
 def test_mask_ens_is_chosen_by_hparam():
-    algorithm, _ = resnet(dmg_test_ensemble="masks")
-    assert algorithm.test_ensemble == "masks"
+    algorithm, _ = resnet(num_domains=2, dmg_test_ensemble="masks")
+    with torch.no_grad():
+        for p in algorithm.mask_logits:
+            p.normal_(0, 2)
+    algorithm.eval()
+    x = torch.randn(2, *RESNET_SHAPE)
+    mean_masks = [torch.sigmoid(p.detach()).mean(0, keepdim=True) for p in algorithm.mask_logits]
+    with torch.no_grad():
+        torch.testing.assert_close(algorithm.predict(x), resnet_by_hand(algorithm, x, mean_masks))
 
 
 def test_vit_masks_broadcast_over_tokens():
