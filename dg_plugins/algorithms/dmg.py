@@ -56,7 +56,7 @@ DomainBed mapping and choices
 * ``update`` reports ``loss``, ``ce``, ``overlap`` (the soft-IoU term before ``lambda_O``) and
   ``iou_hard``: the mean over masked layers of the mean pairwise IoU of the masks thresholded at
   0.5 (``1[m^d > 0.5]``, the paper's specialisation measure, Fig. 4-5; two empty masks count as
-  IoU 1). Both are 0.0 with a single source domain (no pairs).
+  IoU 1), both for the masks before the step. Both are 0.0 with a single source domain (no pairs).
 
 Paper-faithful configuration (PACS; appendix 7.5 and the official config)
 --------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def hard_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def pairwise_mean(fn, probs: torch.Tensor) -> torch.Tensor:
-    """Mean of ``fn(probs[i], probs[j])`` over pairs ``i < j`` of rows (0 with fewer than 2 rows)."""
+    """Mean of ``fn(probs[i], probs[j])`` over row pairs ``i < j`` (0 with fewer than 2 rows)."""
     pairs = list(itertools.combinations(range(probs.shape[0]), 2))
     if not pairs:
         return probs.new_zeros(())
