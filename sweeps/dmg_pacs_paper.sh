@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # DMG (Chattopadhyay, Balaji, Hoffman, ECCV 2020) in its paper setting: PACS, ImageNet-pretrained
 # torchvision ResNet-18 and ResNet-50, leave-one-domain-out (each of A, C, P, S held out once),
-# 3 trials, the paper-faithful hparams (appendix 7.5 and the official PACS config): Adam lr 1e-4
-# for the network and the masks, weight decay 1e-5, batch 64 (21 per source domain x 3 = 63),
+# 3 trials, the paper-faithful hparams (the paper's implementation details and the official PACS
+# config): Adam lr 1e-4 for the network and the masks, weight decay 1e-5, batch 64 (21 per source
+# domain x 3 = 63),
 # lambda_O 0.1, lambda_S 0, masks on the inputs of layer3, layer4 and fc. ERM ("Aggregate*", the
 # authors' own baseline) runs with the same network hparams. 5001 steps ~ 50 epochs of the ~6k
 # training images of three PACS domains at batch 63, the paper's budget.

@@ -3,7 +3,7 @@ Balance Specificity and Invariance for In and Out of Domain Generalization", ECC
 code github.com/prithv1/DMG).
 
 Every source domain ``d`` owns a vector of mask logits ``m~^d`` per masked layer; its keep
-probabilities are ``m^d = sigmoid(m~^d)`` (paper, section 3.2). A training sample of domain ``d``
+probabilities are ``m^d = sigmoid(m~^d)`` (the paper's Fig. 2). A training sample of domain ``d``
 draws a binary mask ``b ~ Bernoulli(m^d)`` (per sample, per channel; one variable per channel is
 shared over the spatial positions of a conv map, or over the tokens of a ViT) and the layer's
 activations are multiplied by it. The sampled mask is differentiated with the straight-through
@@ -12,7 +12,7 @@ Objective (paper Eq. 2 and 3, in the official code's form)::
 
     L = mean_i CE(f(x_i; b_i), y_i)
         + lambda_O * sum_layers mean_{d_i < d_j} sIoU(m^{d_i}, m^{d_j})
-        + lambda_S * sum_layers sum_d ||m^d||_1                           (appendix 7.2, off)
+        + lambda_S * sum_layers sum_d ||m^d||_1                           (paper Fig. 6, off)
 
     sIoU(a, b) = (sum_k a_k b_k + eps) / (sum_k (a_k + b_k - a_k b_k) + eps),   eps = 1e-6
 
@@ -20,11 +20,11 @@ The soft IoU acts on the probabilities, is averaged over domain pairs (the paper
 the two differ only by the effective ``lambda_O``) and summed over masked layers. With a single
 source domain there is no pair and the overlap term is 0.
 
-Inference ("soft-scale", paper section 3.2 and the official code): for each source domain the
+Inference ("soft-scale", as in the paper and the official code): for each source domain the
 activations are scaled by its probabilities ``m^d`` (no sampling) and the *logits* of the
 ``num_domains`` passes are averaged (the code's ``scores.mean(0)``). The network below the first
 masked layer is run once; only the masked tail is repeated per domain. ``dmg_test_ensemble
-"masks"`` is the appendix's Mask-Ens (average the soft masks, one pass, appendix 7.3);
+"masks"`` is the paper's Mask-Ens (average the soft masks, one pass; paper Table 5);
 :meth:`DMG.predict_known_domain` is DMG-KD (the known domain's soft mask, paper Table 3).
 
 Masked layers (hparam ``dmg_mask_layers``)
@@ -58,8 +58,8 @@ DomainBed mapping and choices
   0.5 (``1[m^d > 0.5]``, the paper's specialisation measure, Fig. 4-5; two empty masks count as
   IoU 1), both for the masks before the step. Both are 0.0 with a single source domain (no pairs).
 
-Paper-faithful configuration (PACS; appendix 7.5 and the official config)
---------------------------------------------------------------------------
+Paper-faithful configuration (PACS; the paper's implementation details and the official config)
+-----------------------------------------------------------------------------------------------
 ImageNet-pretrained torchvision ResNet-18 or ResNet-50 (``resnet18`` true/false,
 ``resnet50_augmix`` false), Adam lr 1e-4 for network and masks (``lr`` 1e-4, ``dmg_mask_lr``
 1e-4), batch 64 (pooled in the paper; here ``batch_size`` 21 per source domain x 3 = 63 is the
@@ -67,8 +67,8 @@ closest per-domain split), ``weight_decay`` 1e-5, ``dmg_lambda_overlap`` 0.1,
 ``dmg_lambda_sparsity`` 0, ``dmg_mask_layers`` ``layer3,layer4,fc``; see
 ``sweeps/dmg_pacs_paper.sh``. Not reproduced: the per-epoch exponential decay 0.99 of the network's
 lr and the paper's pooled (unbalanced) batches; DomainBed's PACS augmentation replaces the paper's
-(``RandomResizedCrop(224, scale 0.8-1)``, flip, ``ColorJitter(0.4, 0.4, 0.4, 0.4)``; DomainBed also
-converts 10% of images to grayscale and uses scale 0.7-1).
+(``RandomResizedCrop(224, scale 0.8-1)``, flip, ``ColorJitter(0.4, 0.4, 0.4, 0.4)``; DomainBed's
+``domainbed/datasets.py`` uses scale 0.7-1, jitter 0.3 and ``RandomGrayscale`` (p 0.1)).
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ class DMG(FeatureClassifier):
     def hparam_space(dataset: str) -> dict:
         """DMG's own hparams: ``dmg_lambda_overlap`` (lambda_O, paper default 0.1; sweeps draw
         10^U(-5, 0), the paper's sweep range {0, 1e-5, ..., 1}), ``dmg_lambda_sparsity``
-        (lambda_S, 0; the appendix's L1 alternative), ``dmg_mask_lr`` (``None`` = the job's lr),
-        ``dmg_mask_layers`` ("auto", see the module docstring) and ``dmg_test_ensemble``
+        (lambda_S, 0; the paper's L1 alternative, Fig. 6), ``dmg_mask_lr`` (``None`` = the job's
+        lr), ``dmg_mask_layers`` ("auto", see the module docstring) and ``dmg_test_ensemble``
         ("logits" = Pred-Ens, the paper's default; "masks" = Mask-Ens)."""
         return {
             "dmg_lambda_overlap": (0.1, lambda r: float(10 ** r.uniform(-5, 0)),
@@ -204,7 +204,8 @@ class DMG(FeatureClassifier):
         self.mask_fc = FC in self.mask_layers
         widths = [self.featurizer.n_outputs if name == FC else self.featurizer.stage_widths[name]
                   for name in self.mask_layers]
-        # Mask logits m~^d ~ U(0, 1) (appendix 7.5): one [num_domains, width] tensor per layer.
+        # Mask logits m~^d ~ U(0, 1) (the paper's implementation details): one
+        # [num_domains, width] tensor per masked layer.
         self.mask_logits = nn.ParameterList(
             [nn.Parameter(torch.rand(num_domains, width)) for width in widths])
         self.lambda_overlap = float(hparams["dmg_lambda_overlap"])
