@@ -170,7 +170,9 @@ class MPBM(FeatureClassifier):
         for the rest; random ranges around them for sweeps."""
         pixels = dataset in PIXEL_DATASETS
         eta = 1.0 if pixels else 2.0 / 255.0
-        warmup = 200 if pixels else 1000
+        # warm-up: 10% of the CPU-sized MNIST datasets' runs, 1000 steps elsewhere (the 5001- and
+        # 10001-step image and digits runs)
+        warmup = 100 if dataset in hp_lib.SMALL_IMAGE_DATASETS else 1000
         return {
             "mpbm_nb": (5, _int_choice([3, 5, 8]), hp_lib.positive),
             "mpbm_T": (5, _int_choice([3, 5]), hp_lib.non_negative),
