@@ -382,3 +382,17 @@ def test_resume_across_the_warmup_boundary_gives_the_records_of_an_uninterrupted
     assert train.run(args(cut, "--resume")) == "done"
     got, expected = records(cut), records(full)
     assert got == expected and expected[-1]["disc"] > 0
+
+
+@pytest.mark.parametrize("backbone, shape, extra", [
+    ("lenet", (3, 32, 32), {}),
+    ("vit", (3, 224, 224), {"vit_arch": "dg_vit_test_patch32_224"}),
+])
+def test_full_steps_run_on_lenet_and_vit(backbone, shape, extra):
+    """The MNIST CNN and ResNet-18 are covered by the contract tests (Debug28 / Debug224)."""
+    algorithm, _, _ = make(input_shape=shape, backbone=backbone, mpbm_T=1, **extra)
+    torch.manual_seed(6)
+    x, y = torch.rand(4, *shape), torch.randint(0, 2, (4,))
+    out = algorithm.update([(x, y)])
+    assert out["mix"] > 0 and out["gen"] > 0 and out["disc"] > 0
+    assert algorithm.generator.query.weight.shape == (algorithm.featurizer.n_outputs,) * 2
