@@ -1,0 +1,257 @@
+"""Digits: the single-source DG digits benchmark (ADA, M-ADA, PDEN, MPBM): train on the first
+10,000 MNIST training digits, test on SVHN, MNIST-M, SYN (synthetic digits) and USPS, every image
+a 32x32 RGB tensor in [0, 1] (grey digits are repeated over the three channels; MNIST 28x28 and
+USPS 16x16 are resized bilinearly). The default backbone is the LeNet-style ConvNet of that
+literature (``dg_plugins.networks.LeNet``). Single-source use: ``--test_envs 1 2 3 4`` (or the
+sweep's ``--single_source``, whose source-0 jobs are the benchmark).
+
+Nothing is downloaded. Every domain is read from local files under ``<data_dir>/digits/``; for
+each domain the first of these that exists is used (see :data:`LAYOUT`):
+
+* ``<data_dir>/digits/<domain>.npz``: the generic form, arrays ``x`` (``[N, H, W]``,
+  ``[N, H, W, C]`` or ``[N, C, H, W]``; uint8 0-255 or floats in [0, 1]) and ``y`` (``[N]``,
+  digits 0-9), e.g. written with ``numpy.savez``;
+* the domain's released files (the test split of each target, the training split of MNIST):
+  ``mnist/train-images-idx3-ubyte[.gz]`` + ``train-labels-idx1-ubyte[.gz]`` (MNIST IDX; the
+  standard ``<data_dir>/MNIST/raw/`` is also searched), ``svhn/test_32x32.mat`` (SVHN format 2,
+  label 10 meaning digit 0; needs scipy), ``syn/synth_test_32x32.mat`` (Ganin & Lempitsky's
+  synthetic digits, same layout; needs scipy), ``mnist_m/mnist_m_test_labels.txt`` with the PNGs
+  it names in ``mnist_m/mnist_m_test/`` (the MNIST-M release: lines ``<file>.png <digit>``),
+  ``usps/zip.test[.gz]`` (the USPS test set of Hastie, Tibshirani & Friedman: one line per digit,
+  the label then 256 grey values in [-1, 1]);
+* an image folder ``<data_dir>/digits/<domain>/<digit 0-9>/<image>`` (any PIL-readable format).
+
+A missing domain raises FileNotFoundError listing, for that domain, every path looked for.
+Environments are in-memory tensor datasets (about 0.6 GB of float32 for the full test sets).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.datasets.mnist import MNIST_SEARCH_FOLDERS, read_idx
+
+FOLDER_NAME = "digits"
+SIZE = 32
+#: Source images taken from MNIST's training set (the benchmark's "first 10k").
+MNIST_SOURCE_COUNT = 10_000
+
+#: Released-format files per domain, relative to ``<data_dir>/digits/<domain>/`` (for messages).
+LAYOUT = {
+    "mnist": "train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] (MNIST IDX)",
+    "svhn": "test_32x32.mat (SVHN format 2)",
+    "mnist_m": "mnist_m_test_labels.txt and the PNGs it names in mnist_m_test/",
+    "syn": "synth_test_32x32.mat (synthetic digits, SVHN-like .mat)",
+    "usps": "zip.test or zip.test.gz (USPS, label then 256 values in [-1, 1] per line)",
+}
+
+
+def _open_maybe_gzip(path: str):
+    with open(path, "rb") as handle:
+        magic = handle.read(2)
+    return gzip.open(path, "rt") if magic == b"\x1f\x8b" else open(path, "r")
+
+
+def _first_existing(*paths: str) -> str | None:
+    return next((p for p in paths if os.path.isfile(p)), None)
+
+
+def to_rgb32(images: np.ndarray) -> torch.Tensor:
+    """``[N, H, W]``, ``[N, H, W, C]`` or ``[N, C, H, W]`` images (uint8 0-255, or floats in
+    [0, 1]) as float32 ``[N, 3, 32, 32]`` in [0, 1]: 1 channel repeated to 3, other sizes resized
+    bilinearly."""
+    array = np.asarray(images)
+    if array.ndim == 3:
+        array = array[:, None]
+    elif array.ndim == 4 and array.shape[-1] in (1, 3) and array.shape[1] not in (1, 3):
+        array = array.transpose(0, 3, 1, 2)
+    if array.ndim != 4 or array.shape[1] not in (1, 3):
+        raise ValueError(f"digit images must be [N, H, W], [N, H, W, C] or [N, C, H, W] with 1 or "
+                         f"3 channels, got shape {images.shape}")
+    x = torch.from_numpy(np.ascontiguousarray(array)).float()
+    if array.dtype == np.uint8:
+        x = x / 255.0
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    if tuple(x.shape[2:]) != (SIZE, SIZE):
+        x = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", align_corners=False,
+                          antialias=True)
+    return x.clamp(0.0, 1.0).contiguous()
+
+
+def _labels(y) -> torch.Tensor:
+    labels = torch.as_tensor(np.asarray(y).reshape(-1).astype(np.int64))
+    labels = torch.where(labels == 10, torch.zeros_like(labels), labels)  # SVHN: 10 is digit 0
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(f"digit labels must be 0-9 (10 is read as 0), got range "
+                         f"{int(labels.min())}..{int(labels.max())}")
+    return labels
+
+
+def load_npz(path: str):
+    with np.load(path) as data:
+        if "x" not in data or "y" not in data:
+            raise ValueError(f"{path} must hold arrays 'x' (images) and 'y' (labels 0-9); it has "
+                             f"{sorted(data.files)}")
+        x, y = data["x"], data["y"]
+    if len(x) != len(y):
+        raise ValueError(f"{path}: {len(x)} images but {len(y)} labels")
+    return x, y
+
+
+def load_mat(path: str):
+    """SVHN-format .mat: ``X`` ``[32, 32, 3, N]`` uint8, ``y`` ``[N, 1]``."""
+    try:
+        from scipy.io import loadmat
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            f"reading {path} needs scipy (pip install scipy), or convert it to a .npz with "
+            "arrays x and y") from err
+    data = loadmat(path)
+    if "X" not in data or "y" not in data:
+        raise ValueError(f"{path} must hold 'X' [32, 32, 3, N] and 'y' [N, 1] (SVHN format 2)")
+    return np.transpose(data["X"], (3, 0, 1, 2)), data["y"]
+
+
+def load_label_list(folder: str, list_file: str, image_folder: str):
+    """MNIST-M release: ``list_file`` lines ``<name>.png <digit>``, images in ``image_folder``."""
+    from PIL import Image
+
+    images, labels = [], []
+    with open(list_file) as handle:
+        for line in handle:
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2:
+                raise ValueError(f"{list_file}: expected '<file> <digit>' lines, got {line!r}")
+            with Image.open(os.path.join(image_folder, parts[0])) as image:
+                images.append(np.asarray(image.convert("RGB")))
+            labels.append(int(parts[1]))
+    return np.stack(images), np.asarray(labels)
+
+
+def load_usps_zip(path: str):
+    """Hastie et al.'s ``zip.test``: per line the digit then 256 values in [-1, 1] (16x16)."""
+    with _open_maybe_gzip(path) as handle:
+        rows = np.loadtxt(handle, dtype=np.float64, ndmin=2)
+    if rows.shape[1] != 257:
+        raise ValueError(f"{path}: expected 257 values per line (label + 16x16), got "
+                         f"{rows.shape[1]}")
+    images = ((rows[:, 1:] + 1.0) / 2.0).reshape(-1, 16, 16).astype(np.float32)
+    return images, rows[:, 0].round()
+
+
+def load_image_folder(folder: str):
+    from PIL import Image
+
+    images, labels = [], []
+    for digit in range(10):
+        sub = os.path.join(folder, str(digit))
+        if not os.path.isdir(sub):
+            continue
+        for name in sorted(os.listdir(sub)):
+            if name.startswith("."):
+                continue
+            with Image.open(os.path.join(sub, name)) as image:
+                images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE),
+                                                                     Image.BILINEAR)))
+            labels.append(digit)
+    if not images:
+        return None
+    return np.stack(images), np.asarray(labels)
+
+
+def _released(domain: str, root: str, data_dir: str):
+    """``(loader, path)`` for the domain's released files when present, else None."""
+    folder = os.path.join(root, domain)
+    if domain == "mnist":
+        folders = [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]
+        for candidate in folders:
+            images = _first_existing(*(os.path.join(candidate, "train-images-idx3-ubyte" + s)
+                                       for s in ("", ".gz")))
+            labels = _first_existing(*(os.path.join(candidate, "train-labels-idx1-ubyte" + s)
+                                       for s in ("", ".gz")))
+            if images and labels:
+                return (lambda: (read_idx(images), read_idx(labels))), images
+        return None
+    if domain in ("svhn", "syn"):
+        path = os.path.join(folder, "test_32x32.mat" if domain == "svhn"
+                            else "synth_test_32x32.mat")
+        return ((lambda: load_mat(path)), path) if os.path.isfile(path) else None
+    if domain == "mnist_m":
+        list_file = os.path.join(folder, "mnist_m_test_labels.txt")
+        if os.path.isfile(list_file):
+            return (lambda: load_label_list(folder, list_file,
+                                            os.path.join(folder, "mnist_m_test"))), list_file
+        return None
+    path = _first_existing(os.path.join(folder, "zip.test"), os.path.join(folder, "zip.test.gz"))
+    return ((lambda: load_usps_zip(path)), path) if path else None
+
+
+def expected_layout(domain: str, data_dir: str) -> str:
+    root = os.path.join(data_dir, FOLDER_NAME)
+    lines = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
+             f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
+             f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
+    if domain == "mnist":
+        lines.insert(2, f"  or the MNIST IDX training files in "
+                        f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
+    return "\n".join(lines)
+
+
+def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images ``[N, 3, 32, 32]`` in [0, 1] and labels ``[N]`` of one domain (the first 10,000 for
+    MNIST), from the first layout found (module docstring)."""
+    root = os.path.join(data_dir, FOLDER_NAME)
+    npz = os.path.join(root, domain + ".npz")
+    if os.path.isfile(npz):
+        x, y = load_npz(npz)
+    else:
+        released = _released(domain, root, data_dir)
+        if released is not None:
+            x, y = released[0]()
+        else:
+            folder = os.path.join(root, domain)
+            found = load_image_folder(folder) if os.path.isdir(folder) else None
+            if found is None:
+                raise FileNotFoundError(
+                    f"Digits domain {domain!r} not found. dg_plugins never downloads; put one of "
+                    f"these in place:\n{expected_layout(domain, data_dir)}")
+            x, y = found
+    if domain == "mnist":
+        x, y = x[:MNIST_SOURCE_COUNT], y[:MNIST_SOURCE_COUNT]
+    if len(x) != len(y):
+        raise ValueError(f"Digits domain {domain!r}: {len(x)} images but {len(y)} labels")
+    return to_rgb32(x), _labels(y)
+
+
+@register_dataset()
+class Digits(MultipleDomainDataset):
+    """MNIST (first 10k training digits) -> SVHN, MNIST-M, SYN, USPS at 32x32 RGB in [0, 1]; see
+    the module docstring for the files. ``test_envs`` and ``hparams`` are ignored (no
+    augmentation). 10,001 steps and a checkpoint every 500 (the SDG papers train about 10k
+    iterations of batch 32)."""
+
+    ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
+    INPUT_SHAPE = (3, SIZE, SIZE)
+    DEFAULT_BACKBONE = "lenet"
+    IN_MEMORY = True
+    N_STEPS = 10001
+    CHECKPOINT_FREQ = 500
+    N_WORKERS = 0
+
+    def __init__(self, root, test_envs=(), hparams=None):
+        if not root:
+            raise FileNotFoundError("Digits needs --data_dir: the folder holding digits/ (see "
+                                    "dg_plugins.datasets.digits for the layout)")
+        self.datasets = [TensorDataset(*load_domain(domain, root)) for domain in self.ENVIRONMENTS]
+        self.input_shape = self.INPUT_SHAPE
+        self.num_classes = 10
