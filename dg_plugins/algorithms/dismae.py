@@ -342,10 +342,9 @@ class _MaskedAutoencoder(Algorithm):
         """The semantic encoder's weights (keys of :func:`build_encoder`'s ViT), detached copies."""
         return {k: v.detach().clone() for k, v in self.encoder.state_dict().items()}
 
-    def finetune_encoder(self) -> nn.Module:
-        """A fresh (randomly initialised) ViT with the semantic encoder's architecture, for UDG
-        fine-tuning: load :meth:`pretrained_state` into it."""
-        return build_encoder(self.input_shape, self.hparams)
+    #: ``(input_shape, hparams) -> ViT``: a fresh backbone with the semantic encoder's
+    #: architecture, for UDG fine-tuning (it loads :meth:`pretrained_state` exactly).
+    build_finetune_encoder = staticmethod(build_encoder)
 
     def _update(self, x, y, domain) -> dict:
         raise NotImplementedError
