@@ -27,13 +27,23 @@ CLASSES = sorted([
 
 @register_dataset()
 class DomainNet20(DomainNet):
-    """DomainNet restricted to :data:`CLASSES` (see the module docstring)."""
+    """DomainNet restricted to :data:`CLASSES` (see the module docstring): DomainNet is read as
+    usual, then every environment keeps only the samples of the 20 classes, relabelled by their
+    index in :data:`CLASSES`. A domain lacking one of the class folders is an error."""
 
-    def _find_class_folders(self, env: str) -> list[str]:
-        present = set(super()._find_class_folders(env))
-        missing = [c for c in CLASSES if c not in present]
-        if missing:
-            raise FileNotFoundError(
-                f"DomainNet-20 class folder(s) {missing} missing in "
-                f"{os.path.join(self.root, env)}. {self.expected_layout()}")
-        return list(CLASSES)
+    def __init__(self, root, test_envs, hparams):
+        super().__init__(root, test_envs, hparams)
+        index = {name: i for i, name in enumerate(CLASSES)}
+        for folder, env in zip(self.environment_folders, self.datasets):
+            present = set(self._find_class_folders(folder))
+            missing = [c for c in CLASSES if c not in present]
+            if missing:
+                raise FileNotFoundError(
+                    f"DomainNet-20 class folder(s) {missing} missing in "
+                    f"{os.path.join(self.root, folder)}. {self.expected_layout()}")
+            env.samples = [(path, index[env.classes[label]]) for path, label in env.samples
+                           if env.classes[label] in index]
+            env.targets = [label for _, label in env.samples]
+            env.classes, env.class_to_idx = list(CLASSES), dict(index)
+        self.classes, self.class_to_idx = list(CLASSES), dict(index)
+        self.num_classes = len(CLASSES)

@@ -170,3 +170,21 @@ def test_udg_end_to_end_through_sweep_and_collect_results(tmp_path, capsys, monk
     assert collect_results.main(["--input_dir", str(alone), "--no_save"]) == 0
     assert capsys.readouterr().out.replace("Total records: 4", "") == \
         standard.replace("Total records: 28", "")
+
+
+def test_domainnet20_reads_domainbeds_layout_and_keeps_the_20_classes(tmp_path):
+    from dg_plugins.datasets.domainnet20 import CLASSES, DomainNet20
+
+    root = tmp_path / "domain_net"
+    for domain in ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"):
+        for cls in [*CLASSES, "zebra"]:
+            (root / domain / cls).mkdir(parents=True)
+            (root / domain / cls / "a.jpg").write_bytes(b"")
+    dataset = DomainNet20(str(tmp_path), [0, 1, 3], {})
+    assert dataset.num_classes == 20 and len(CLASSES) == 20
+    assert [len(env) for env in dataset] == [20] * 6  # the extra class is ignored
+    assert dataset.ENVIRONMENTS == ["clip", "info", "paint", "quick", "real", "sketch"]
+    (root / "real" / "bee" / "a.jpg").unlink()
+    (root / "real" / "bee").rmdir()
+    with pytest.raises(FileNotFoundError, match="bee"):
+        DomainNet20(str(tmp_path), [], {})
