@@ -20,7 +20,8 @@ appended re-runs, as DomainBed does (``reporting.load_records``). Differences:
 
 One row per record, in load order. Columns (DomainBed's selector names):
 ``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
-``args.hparams_seed``, ``args.output_dir``, ``step``, ``hparams`` (the record's dict), ``job`` (the
+``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN otherwise),
+``step``, ``hparams`` (the record's dict), ``job`` (the
 entry name under ``input_dir``), ``line`` (1-based line number) and one float column per key of the
 form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
 ``env0_in_ip_acc``, ...), NaN where a record lacks the key. Other keys (loss, epoch, ...) are
@@ -67,6 +68,7 @@ class _ArgValues(NamedTuple):
     test_envs: tuple
     hparams_seed: object
     output_dir: object  # optional: only the hparams table shows it
+    label_fraction: float  # optional: UDG jobs (dg_plugins.engine.udg); NaN otherwise
 
 
 #: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
@@ -172,7 +174,15 @@ def _arg_values(args) -> _ArgValues | str:
     if not isinstance(envs, list) or not all(type(e) is int for e in envs):
         return "args.test_envs is not a list of int"
     return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
-                      args["hparams_seed"], args.get("output_dir"))
+                      args["hparams_seed"], args.get("output_dir"),
+                      _fraction(args.get("label_fraction")))
+
+
+def _fraction(value) -> float:
+    """``args.label_fraction`` as a float; NaN when absent (every non-UDG record) or not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return math.nan
 
 
 # --------------------------------------------------------------------------------------------------

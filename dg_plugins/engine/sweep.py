@@ -48,7 +48,8 @@ DONE = "Done"
 
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
-                       "alignment_scores", "alignment_threshold", "alignment_preset")
+                       "alignment_scores", "alignment_threshold", "alignment_preset",
+                       "pretrain_steps")
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,6 +173,20 @@ def test_env_lists(n_envs: int, single_test_envs: bool = False,
     return test_env_combinations(n_envs)
 
 
+def check_test_env_sets(test_env_sets, n_envs: int, dataset: str) -> list[list[int]]:
+    """Explicit ``test_envs`` lists, checked against ``dataset``'s environment count."""
+    sets = []
+    for envs in test_env_sets:
+        envs = [int(e) for e in envs]
+        bad = [e for e in envs if not 0 <= e < n_envs]
+        if not envs or bad or len(set(envs)) >= n_envs or len(set(envs)) != len(envs):
+            raise ValueError(f"test environment set {envs} does not fit {dataset} ({n_envs} "
+                             f"environments, indices 0..{n_envs - 1}; distinct, at least one "
+                             "left for training)")
+        sets.append(envs)
+    return sets
+
+
 def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequence[str],
                    n_hparams_from: int, n_hparams: int, steps: int | None, data_dir: str,
                    task: str, holdout_fraction: float, single_test_envs: bool,
@@ -179,7 +194,9 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                    checkpoint_freq: int | None = None,
                    uda_holdout_fraction: float | None = None,
                    extra_args: dict | None = None,
-                   n_envs: Callable[[str], int] = num_environments) -> list[dict]:
+                   n_envs: Callable[[str], int] = num_environments,
+                   test_env_sets: Sequence[Sequence[int]] | None = None,
+                   label_fractions: Sequence[float] | None = None) -> list[dict]:
     """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
     test_envs, hparams_seed (``sweep.make_args_list``). ``n_hparams`` is an exclusive upper bound as in DomainBed.
 
@@ -187,6 +204,11 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None
     (``extra_args``: the others of them, e.g. the IP/OOP ``alignment_*`` flags, passed to every
     job as given).
+
+    ``test_env_sets``: explicit ``test_envs`` lists used for every dataset instead of DomainBed's
+    combinations. ``label_fractions`` (the UDG protocol, :mod:`dg_plugins.engine.udg`): one job
+    per fraction (innermost loop) with ``label_fraction`` in its args; the jobs of one
+    configuration differ only in it and share their ``seed``, hence their pretraining.
     """
     optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
                 "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
@@ -194,8 +216,13 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     if unknown:
         raise ValueError(f"not pass-through train args: {sorted(unknown)}; known: "
                          f"{', '.join(OPTIONAL_TRAIN_ARGS)}")
-    env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
-                 for d in dict.fromkeys(dataset_names)}
+    if test_env_sets is not None:
+        env_lists = {d: check_test_env_sets(test_env_sets, n_envs(d), d)
+                     for d in dict.fromkeys(dataset_names)}
+    else:
+        env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
+                     for d in dict.fromkeys(dataset_names)}
+    fractions = [None] if label_fractions is None else list(label_fractions)
     args_list = []
     for trial_seed in range(n_trials):
         for dataset in dataset_names:
@@ -215,7 +242,11 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                                               trial_seed),
                         }
                         train_args.update({k: v for k, v in optional.items() if v is not None})
-                        args_list.append(train_args)
+                        for fraction in fractions:
+                            job_args = dict(train_args)
+                            if fraction is not None:
+                                job_args["label_fraction"] = fraction
+                            args_list.append(job_args)
     return args_list
 
 
@@ -286,6 +317,8 @@ class Job:
         """``<output_dir> (dataset, algorithm, test_envs, hparams_seed)``."""
         a = self.train_args
         info = (a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"])
+        if "label_fraction" in a:  # UDG jobs
+            info += (f"label_fraction {a['label_fraction']}",)
         return f"{self.output_dir} {info}"
 
     def __str__(self) -> str:

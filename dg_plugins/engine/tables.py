@@ -52,7 +52,14 @@ table; csv: a second CSV after an empty line); :func:`hparams_csv` gives the fil
 
 API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
 ``render(report, fmt) -> str``, ``results_tables(records, method, test_key) -> [Table]``,
-``single_source_tables(records, method, datasets) -> [Table]``, ``tidy_cells(report) -> DataFrame``.
+``single_source_tables(records, method, datasets) -> [Table]``, ``udg_tables(records, method) ->
+[Table]``, ``tidy_cells(report) -> DataFrame``.
+
+UDG tables (:func:`udg_tables`): records with ``args.label_fraction`` (the UDG protocol,
+:mod:`dg_plugins.engine.udg`) are left out of every other table and reported, per selection method
+that applies (training-domain validation on the sources' held-out data, oracle), in one table per
+(dataset, test environment set): rows ``<algorithm> <label fraction>``, columns the target
+environments and ``Avg`` (mean over the targets per trial, then mean +/- error over trials).
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMeth
                                          select, sweep_accs)
 from dg_plugins.engine.single_source import METHODS as SINGLE_SOURCE_METHODS
 from dg_plugins.engine.single_source import select_single_source, single_source_datasets
+from dg_plugins.engine.udg_selection import METHODS as UDG_METHODS
+from dg_plugins.engine.udg_selection import is_udg, select_udg
 
 
 class SubsetKey(NamedTuple):
@@ -90,6 +99,10 @@ SUBSET_KEYS = (
 #: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
+#: ``Section.test_key`` of UDG sections (dg_plugins.engine.udg).
+UDG_KEY = "udg"
+UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
+                   "labelled fraction")
 FORMATS = ("text", "latex", "markdown", "csv")
 #: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
 RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
@@ -298,6 +311,47 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
     return tables
 
 
+def fraction_label(fraction: float) -> str:
+    """``0.01`` -> ``1%``, ``1.0`` -> ``100%``."""
+    return f"{100 * float(fraction):g}%"
+
+
+def udg_tables(records: pd.DataFrame, method: SelectionMethod) -> list[Table]:
+    """UDG tables (:mod:`dg_plugins.engine.udg_selection`): one per (dataset, test environment
+    set); rows ``<algorithm> <label fraction>`` (algorithms in table order, fractions ascending),
+    columns the target environments and ``Avg``. A target cell is the mean +/- error over trials
+    of the chosen run's ``env{t}_in_acc`` (:meth:`Cell.of`); ``Avg`` is :meth:`Cell.of` of the
+    per-trial mean over the targets (so it has an error bar too). ``records``: UDG records."""
+    chosen = select_udg(records, method)
+    if chosen.empty:
+        return []
+    algorithms = algorithm_order(records)
+    tables = []
+    for dataset in dataset_order(records):
+        labels = environment_labels(records, dataset)
+        of_dataset = chosen[chosen["dataset"] == dataset]
+        for envs in sorted(set(of_dataset["test_envs"].tolist())):
+            mine = of_dataset[of_dataset["test_envs"] == envs]
+            names = [labels[t] if t < len(labels) else str(t) for t in envs]
+            rows = {}
+            for algorithm in algorithms:
+                for fraction in sorted(set(mine.loc[mine["algorithm"] == algorithm,
+                                                    "label_fraction"].tolist())):
+                    runs = mine[(mine["algorithm"] == algorithm)
+                                & (mine["label_fraction"] == fraction)]
+                    accs = runs[[f"acc{t}" for t in envs]].to_numpy(dtype=float)
+                    cells = [Cell.of(v for v in accs[:, i] if not np.isnan(v))
+                             for i in range(len(envs))]
+                    complete = accs[~np.isnan(accs).any(axis=1)]
+                    rows[f"{algorithm} {fraction_label(fraction)}"] = cells + [
+                        Cell.of(complete.mean(axis=1))]
+            header = (f"Dataset: {dataset}, UDG, test environments: {', '.join(names)}, "
+                      f"model selection method: {method.name}")
+            tables.append(Table(f"{dataset}, UDG targets {', '.join(names)}", header,
+                                [*names, "Avg"], rows, 20))
+    return tables
+
+
 # --------------------------------------------------------------------------------------------------
 # Selected hparams (which run each method picked)
 
@@ -348,6 +402,25 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     methods = list(dict.fromkeys(methods))
+    frame = records.records if isinstance(records, GroupedRecords) else records
+    udg = is_udg(frame)
+    if udg.any():  # UDG records get their own tables only (dg_plugins.engine.udg)
+        udg_records = frame[udg].reset_index(drop=True)
+        report = Report(len(frame), methods)
+        if not udg.all():
+            standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
+                                        hparams_table, single_source)
+            report.sections, report.hparams = standard.sections, standard.hparams
+        for method in [m for m in methods if m in UDG_METHODS]:
+            tables = udg_tables(udg_records, method)
+            if tables:
+                report.sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables))
+        return report
+    return _standard_report(records, methods, hparams_table, single_source)
+
+
+def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+                     hparams_table: bool, single_source: str) -> Report:
     grouped = group_records(records)
     report = Report(len(grouped.records), methods)
     for method in methods:

@@ -52,8 +52,10 @@ DOMAINBED_ARG_KEYS = (
     "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed", "skip_model_save",
     "steps", "task", "test_envs", "trial_seed", "uda_holdout_fraction",
 )
-#: dg_plugins' own train flags that enter the records' ``args`` only when given.
-EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset")
+#: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
+#: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg`).
+EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
+                  "label_fraction", "pretrain_steps")
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULTS_FILE = "results.jsonl"
 DONE_FILE = "done"
@@ -116,6 +118,11 @@ def validate(args) -> None:
     if not 0 <= args.uda_holdout_fraction < 1:
         raise ValueError(f"--uda_holdout_fraction must be in [0, 1), got "
                          f"{args.uda_holdout_fraction}")
+    if getattr(args, "label_fraction", None) is not None or getattr(
+            args, "pretrain_steps", None) is not None:
+        from dg_plugins.engine import udg
+
+        udg.validate(args)
 
 
 def check_test_envs(args, environments) -> None:
@@ -489,21 +496,36 @@ class Job:
         self.workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
             dataset.N_WORKERS if args.n_workers is None else args.n_workers)
         self.train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
-        self.algorithm = ALGORITHMS.get(args.algorithm)(
-            dataset.input_shape, dataset.num_classes, len(self.train_envs), self.hparams)
+        self.algorithm = self.make_algorithm()
         self.algorithm.to(self.device)
-        self.streams = self.make_streams(self.hparams["batch_size"])
+        self.streams = self.make_streams(self.batch_size())
         self.n_steps = args.steps or dataset.N_STEPS
         self.checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
         self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
                                    for split, _ in self.splits.in_splits)
+
+    # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg, does).
+
+    def make_algorithm(self):
+        """The model this job trains (``--algorithm``, built for the source environments)."""
+        return ALGORITHMS.get(self.args.algorithm)(
+            self.dataset.input_shape, self.dataset.num_classes, len(self.train_envs),
+            self.hparams)
+
+    def batch_size(self) -> int:
+        """Samples per source environment per step."""
+        return self.hparams["batch_size"]
+
+    def train_split(self, env: int):
+        """``(split, sampling weights)`` that environment ``env``'s training stream draws from."""
+        return self.splits.in_splits[env]
 
     def make_streams(self, batch_size: int) -> list:
         """Training streams of the source environments' in-splits, then uda streams."""
         per_loader = 0 if self.workers == 0 else max(1, self.workers // len(self.train_envs))
         streams = []
         for i in self.train_envs:
-            split, weights = self.splits.in_splits[i]
+            split, weights = self.train_split(i)
             if batch_size > len(split):
                 print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
                       f"({len(split)} samples); batches repeat samples (drawn with replacement)",
@@ -680,7 +702,10 @@ def run(args, stop_after_step: int | None = None) -> str:
                 print(f"removed a leftover temporary file of an interrupted write: {path}",
                       file=sys.stderr)
             with StopRequest() as stop:
-                return Job(args, stop, progress_stream=real_stderr).run(stop_after_step)
+                job_kind = Job
+                if getattr(args, "label_fraction", None) is not None:
+                    from dg_plugins.engine.udg import UDGJob as job_kind
+                return job_kind(args, stop, progress_stream=real_stderr).run(stop_after_step)
         except user_errors() as err:
             print(f"error: {err}", file=sys.stderr)  # lands in err.txt and out.txt
             err.reported_in_output_dir = True

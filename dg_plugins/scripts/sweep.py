@@ -1,7 +1,9 @@
 """``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...`` (``domainbed/scripts/sweep.py``).
 
 DomainBed's flags and defaults, plus (see ``--help``): ``delete_all``, ``--dry_run``, ``--resume``,
-``--single_source``, ``--checkpoint_freq``, ``--uda_holdout_fraction``, ``--stop_grace_period``
+``--single_source``, ``--test_env_sets``, ``--checkpoint_freq``, ``--uda_holdout_fraction``,
+the UDG protocol's ``--label_fractions``/``--pretrain_steps`` (see :mod:`dg_plugins.engine.udg`),
+``--stop_grace_period``
 and the ``--slurm_*`` options of the ``submitit`` launcher. Folder names equal DomainBed's for the same arguments
 (extra train args enter the hashed dict only when given). ``--command_launcher`` is required only
 to launch (DomainBed requires it for every command). ``--seed`` seeds the launch order.
@@ -89,6 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default ${STOP_GRACE_PERIOD_ENV} or "
                             f"{DEFAULT_STOP_GRACE_PERIOD_S:g}); the sweep then exits with "
                             "128 + the signal number (143 SIGTERM, 130 SIGINT)")
+    extra.add_argument("--test_env_sets", nargs="+", type=str, default=None, metavar="I,J,..",
+                       help="explicit test-environment sets, e.g. '0,1,2' '3,4,5' (instead of "
+                            "DomainBed's combinations; hashed like any test_envs)")
+    udg = parser.add_argument_group(
+        "unsupervised DG (UDG)", "pretrain once per configuration on the unlabelled source "
+        "domains, fine-tune per label fraction (see dg_plugins.engine.udg)")
+    udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
+                     help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
+    udg.add_argument("--pretrain_steps", type=int, default=None,
+                     help="UDG pretraining steps passed to every job (hashed only when given)")
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
                             "without creating, deleting or asking anything")
@@ -145,6 +157,23 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--single_source and --single_test_envs are mutually exclusive")
     if args.stop_grace_period is not None and not args.stop_grace_period >= 0:
         parser.error(f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}")
+    if args.label_fractions is not None:
+        bad = [f for f in args.label_fractions if not 0 < f <= 1]
+        if bad or len(set(args.label_fractions)) != len(args.label_fractions):
+            parser.error(f"--label_fractions must be distinct values in (0, 1], got "
+                         f"{args.label_fractions}")
+    if args.pretrain_steps is not None and (args.label_fractions is None
+                                            or args.pretrain_steps < 1):
+        parser.error("--pretrain_steps needs --label_fractions and must be >= 1")
+    if args.test_env_sets is not None:
+        try:
+            args.test_env_sets = [[int(e) for e in text.split(",") if e.strip()]
+                                  for text in args.test_env_sets]
+        except ValueError:
+            parser.error(f"--test_env_sets takes comma-separated indices such as 0,1,2; got "
+                         f"{args.test_env_sets}")
+        if args.single_source or args.single_test_envs:
+            parser.error("--test_env_sets replaces --single_source/--single_test_envs")
     if args.checkpoint_freq is not None and args.checkpoint_freq < 1:
         parser.error(f"--checkpoint_freq must be >= 1, got {args.checkpoint_freq}")
     try:
@@ -211,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
             uda_holdout_fraction=args.uda_holdout_fraction,
             extra_args={name: getattr(args, name) for name in
-                        ("alignment_scores", "alignment_threshold", "alignment_preset")
-                        if getattr(args, name) is not None})
+                        ("alignment_scores", "alignment_threshold", "alignment_preset",
+                         "pretrain_steps")
+                        if getattr(args, name) is not None},
+            test_env_sets=args.test_env_sets, label_fractions=args.label_fractions)
     except ValueError as err:
         parser.error(str(err))
     jobs = sweep.make_jobs(args_list, args.output_dir)

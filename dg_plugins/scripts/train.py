@@ -1,7 +1,9 @@
 """``python -m dg_plugins.scripts.train``: one DomainBed-compatible training job.
 
 DomainBed's flags and defaults (``domainbed/scripts/train.py``) plus ``--device``, ``--resume``,
-``--force``, ``--n_workers`` and the IP/OOP evaluation flags. Exit status: 0 done; 2 bad input
+``--force``, ``--n_workers``, the IP/OOP evaluation flags and the UDG flags (``--label_fraction``,
+``--pretrain_steps``, ``--udg_pretrain_dir``, ``--udg_pretrain``; see
+:mod:`dg_plugins.engine.udg`). Exit status: 0 done; 2 bad input
 (unknown algorithm or dataset, malformed or unknown --hparams, test_envs out of range, missing
 data, a folder that is done, busy or holds another run), with a one-line message naming the
 problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT after writing a checkpoint (continue
@@ -60,6 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
                            help="IP if score >= threshold, else OOP (default 0.4)")
     alignment.add_argument("--alignment_preset", type=str, default=None,
                            help="a named split rule, e.g. teterwak2025 (cleaning cuts + threshold)")
+    udg = p.add_argument_group(
+        "unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source domains "
+        "(shared by every label fraction), then fine-tuning on a labelled fraction; see "
+        "dg_plugins.engine.udg")
+    udg.add_argument("--label_fraction", type=float, default=None,
+                     help="fine-tune on this fraction (0, 1] of each source in-split's labels "
+                     "(UDG job); algorithms without pretraining (ERM) train from scratch on it")
+    udg.add_argument("--pretrain_steps", type=int, default=None,
+                     help="self-supervised pretraining steps (default: the dataset's N_STEPS)")
+    udg.add_argument("--udg_pretrain_dir", type=str, default=None,
+                     help="where pretrainings are kept, one folder per (dataset, test_envs, "
+                     "algorithm, hparams, trial, seed, steps) hash (default: "
+                     "<parent of output_dir>/udg_pretrain)")
+    udg.add_argument("--udg_pretrain", choices=("run", "require"), default="run",
+                     help="run: pretrain when missing (or wait for the job doing it); require: "
+                     "fail with a message if the pretraining is not done")
     return p
 
 

@@ -1,0 +1,113 @@
+"""Fine-tuning for the unsupervised-DG (UDG) protocol (DARLING's DomainNet protocol as DisMAE's
+release runs it, ``train_finetune.py`` / ``models_finetune.py``): a ViT backbone taken from a
+self-supervised pretraining (:meth:`Algorithm.pretrained_state`, e.g. DisMAE's semantic encoder)
+plus a classification head, trained on a labelled fraction of the source domains.
+
+Per label fraction (the release's settings; :func:`finetune_settings`):
+
+===============  ======  ===================  =========================================
+label fraction    mode    lr                   batch per domain
+===============  ======  ===================  =========================================
+0.01              linear  0.025                32
+0.05              linear  0.05                 64
+0.1               full    5e-5                 12
+1.0               full    5e-5                 12
+===============  ======  ===================  =========================================
+
+Other fractions take the row of the largest listed fraction not above them (0.01's below 0.01).
+``linear`` (fractions below 0.1) is a linear probe: the backbone is frozen (no gradient, eval
+mode) and the head is ``BatchNorm1d(D, affine=False)`` then ``Linear(D, classes)``; ``full``
+fine-tunes backbone and a ``Linear`` head. Head weights: truncated normal, std 0.01; biases 0.
+Optimiser: AdamW (betas 0.9/0.95, weight decay 0.05 except biases/norms/1-D), constant lr.
+The hparams ``udg_ft_lr``, ``udg_ft_batch_size`` (null: the table) and ``udg_ft_mode``
+(``auto``: the table; ``linear``; ``full``) override the table. The feature is the backbone's
+final-normed class token (timm's pooled pre-logits).
+
+This class is built by the UDG job (:mod:`dg_plugins.engine.udg`), not registered: records keep
+the pretraining algorithm's name (``DisMAE``, ``MAE``) so that tables show it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dg_plugins.algorithms.base import Algorithm, split_minibatches
+
+#: label fraction -> (mode, lr, batch size per domain), from the release's fine-tuning scripts.
+FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
+                  0.1: ("full", 5e-5, 12), 1.0: ("full", 5e-5, 12)}
+#: Below this fraction the backbone is frozen (linear probe).
+LINEAR_PROBE_BELOW = 0.1
+
+
+def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
+    """``(mode, lr, batch size per domain)`` for ``label_fraction``: the table's row (see the
+    module docstring), then the ``udg_ft_*`` hparam overrides."""
+    if not 0 < label_fraction <= 1:
+        raise ValueError(f"label_fraction must be in (0, 1], got {label_fraction}")
+    keys = sorted(FINETUNE_TABLE)
+    row = keys[0]
+    for key in keys:
+        if key <= label_fraction + 1e-12:
+            row = key
+    mode, lr, batch = FINETUNE_TABLE[row]
+    mode = "linear" if label_fraction < LINEAR_PROBE_BELOW else "full"
+    if hparams.get("udg_ft_mode", "auto") != "auto":
+        mode = hparams["udg_ft_mode"]
+    if hparams.get("udg_ft_lr") is not None:
+        lr = float(hparams["udg_ft_lr"])
+    if hparams.get("udg_ft_batch_size") is not None:
+        batch = int(hparams["udg_ft_batch_size"])
+    if lr <= 0 or batch <= 0:
+        raise ValueError(f"udg_ft_lr ({lr}) and udg_ft_batch_size ({batch}) must be positive")
+    return mode, lr, batch
+
+
+class FineTuner(Algorithm):
+    """``head(backbone(x))`` trained with cross-entropy on the labelled batches (see the module
+    docstring). ``backbone``: a timm ViT without head (e.g. DisMAE's :func:`build_encoder`),
+    already holding the pretrained weights."""
+
+    def __init__(self, input_shape, num_classes, num_domains, hparams, backbone: nn.Module,
+                 label_fraction: float):
+        super().__init__(input_shape, num_classes, num_domains, hparams)
+        from dg_plugins.algorithms.dismae import decay_groups
+
+        self.mode, self.lr, self.batch_size = finetune_settings(label_fraction, hparams)
+        self.backbone = backbone
+        width = backbone.num_features
+        linear = nn.Linear(width, num_classes)
+        nn.init.trunc_normal_(linear.weight, std=0.01)
+        nn.init.zeros_(linear.bias)
+        if self.mode == "linear":
+            self.backbone.requires_grad_(False)
+            self.head = nn.Sequential(nn.BatchNorm1d(width, affine=False), linear)
+        else:
+            self.head = nn.Sequential(linear)
+        self.optimizer = torch.optim.AdamW(decay_groups(self.named_parameters(), 0.05),
+                                           lr=self.lr, betas=(0.9, 0.95))
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.mode == "linear":
+            self.backbone.eval()  # frozen: always inference behaviour
+        return self
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "linear":
+            with torch.no_grad():
+                return self.backbone(x)
+        return self.backbone(x)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def update(self, minibatches, unlabeled=None) -> dict:
+        x, y, _ = split_minibatches(minibatches)
+        loss = F.cross_entropy(self.predict(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": loss.item()}

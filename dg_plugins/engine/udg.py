@@ -1,0 +1,309 @@
+"""The unsupervised-DG (UDG) protocol inside the train/sweep/collect_results machinery.
+
+A UDG job is an ordinary train job given ``--label_fraction F`` (see ``python -m
+dg_plugins.scripts.train --help``, group "unsupervised DG"). It runs in two phases:
+
+1. **Pretraining** (algorithms with a self-supervised phase, :meth:`Algorithm.pretrain_update`:
+   DisMAE, MAE): ``--pretrain_steps`` steps on *unlabelled* batches of every source environment's
+   in-split (one batch of ``batch_size`` per environment per step, labels never read). It is kept
+   in ``<udg_pretrain_dir>/<key>/``, ``key`` the md5 of :func:`pretrain_identity`: (dataset,
+   test_envs, algorithm, the job's hparams without the fine-tuning ones, trial_seed, seed,
+   holdout_fraction, pretrain_steps). Every label fraction of a sweep has the same key (the sweep
+   gives them the same seed), so pretraining runs **once** and is reused. The folder holds
+   ``results.jsonl`` (loss records), ``checkpoint.pt`` while it runs, ``pretrained.pt`` (the
+   weights fine-tuning starts from, :meth:`Algorithm.pretrained_state`), ``identity.json`` and
+   ``done``. Concurrency: the folder is taken with train's exclusive :class:`FolderLock`; a job that
+   finds it taken waits (polling) and then reuses the result, so parallel jobs (multi_gpu, Slurm)
+   never pretrain twice or mix. An interrupted pretraining (killed, SIGTERM) is continued from its
+   checkpoint by the next job that needs it. ``--udg_pretrain require`` makes a fine-tuning job
+   fail, saying so, when its pretraining is not done instead of running it.
+2. **Fine-tuning** (:class:`dg_plugins.algorithms.udg.FineTuner`): a fresh backbone of the
+   pretraining's architecture loads ``pretrained.pt`` (exactly the semantic encoder's keys) and is
+   linear-probed or fine-tuned with the label fraction's lr/batch for ``--steps`` steps on the
+   *labelled subset* of each source in-split. Records, checkpoints, ``--resume``, model.pkl and
+   ``done`` are those of an ordinary job (the fine-tuner's state); evaluation covers every split.
+
+Algorithms without pretraining (ERM, ...) train as usual, from their own initialisation and with
+their own hparams, on the labelled subsets only: the "from scratch on the labelled fraction"
+baseline. (Pass ``"pretrained": false`` for an ImageNet-free ResNet/ViT baseline.)
+
+Labelled subset (:func:`labelled_subset`): the first ``max(1, round(F * n))`` items of a
+permutation of the environment's in-split drawn from ``seed_hash(trial_seed, env, "udg_labels")``:
+fixed by the trial, identical for every algorithm (the in-split itself depends only on trial_seed
+and holdout_fraction), nested across fractions (the 1% subset lies inside the 5% one). The
+out-splits of the source environments (``--holdout_fraction``) are the validation data of
+training-domain model selection; the target environments are evaluated on their in-splits, as in
+DomainBed. Fine-tuning sees no target data.
+
+Determinism: pretraining is seeded from ``seed_hash(seed, "udg_pretrain")`` and fine-tuning from
+``seed_hash(seed, "udg_finetune")`` after the pretrained weights are in place, so a job's records
+are the same whether it ran the pretraining itself or reused it.
+
+Tables: ``collect_results`` shows UDG records (those with ``args.label_fraction``) in their own
+tables (rows algorithm x label fraction, columns target environments + average; see
+:mod:`dg_plugins.engine.udg_selection`), never in the standard ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.engine import data
+from dg_plugins.engine import train as train_lib
+from dg_plugins.engine.outputs import atomic_torch_save, atomic_write_bytes
+from dg_plugins.registry import ALGORITHMS
+from dg_plugins.seeds import seed_hash
+
+PRETRAIN_DIRNAME = "udg_pretrain"
+PRETRAINED_FILE = "pretrained.pt"
+IDENTITY_FILE = "identity.json"
+#: Seconds between two looks at a pretraining folder another job holds.
+POLL_SECONDS = 5.0
+#: hparams that only affect fine-tuning (not part of the pretraining's identity).
+FINETUNE_HPARAMS = ("udg_ft_lr", "udg_ft_batch_size", "udg_ft_mode")
+
+
+class PretrainingMissing(FileNotFoundError):
+    """``--udg_pretrain require`` and the job's pretraining is not done."""
+
+
+def validate(args) -> None:
+    fraction = getattr(args, "label_fraction", None)
+    if fraction is None:
+        raise ValueError("--pretrain_steps is a UDG flag: give --label_fraction too (a fraction "
+                         "in (0, 1] of the source labels to fine-tune on)")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--label_fraction must be in (0, 1], got {fraction}")
+    steps = getattr(args, "pretrain_steps", None)
+    if steps is not None and steps < 1:
+        raise ValueError(f"--pretrain_steps must be a positive integer, got {steps}")
+    if args.task != "domain_generalization":
+        raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
+                         "data are the source domains)")
+
+
+def labelled_count(n: int, fraction: float) -> int:
+    return max(1, min(n, int(round(fraction * n))))
+
+
+def labelled_subset(split, fraction: float, trial_seed: int, env: int):
+    """The labelled part of a source environment's in-split (see the module docstring)."""
+    order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
+    return data.SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
+
+
+def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
+    """What makes two jobs' pretrainings the same (paths excluded)."""
+    return {
+        "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
+        "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
+        "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
+        "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
+    }
+
+
+def pretrain_key(identity: dict) -> str:
+    return hashlib.md5(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def pretrain_root(args) -> str:
+    if getattr(args, "udg_pretrain_dir", None):
+        return args.udg_pretrain_dir
+    parent = os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep)))
+    return os.path.join(parent, PRETRAIN_DIRNAME)
+
+
+def _done(folder: str) -> bool:
+    return os.path.exists(os.path.join(folder, train_lib.DONE_FILE)) and os.path.exists(
+        os.path.join(folder, PRETRAINED_FILE))
+
+
+def load_pretrained(folder: str, identity: dict) -> dict:
+    """The pretrained weights of a finished pretraining folder, after checking its identity."""
+    with open(os.path.join(folder, IDENTITY_FILE)) as f:
+        stored = json.load(f)
+    if stored != json.loads(json.dumps(identity)):
+        raise train_lib.JobStateError(
+            f"{folder} holds another pretraining than this job's (identity differs); move it "
+            "away or pass another --udg_pretrain_dir")
+    state = torch.load(os.path.join(folder, PRETRAINED_FILE), map_location="cpu",
+                       weights_only=False)
+    return state["state"]
+
+
+class PretrainJob:
+    """The pretraining phase, run while holding the pretraining folder's lock."""
+
+    def __init__(self, parent: "UDGJob", folder: str, identity: dict):
+        self.parent = parent
+        self.folder = folder
+        self.identity = identity
+        self.checkpoint_path = os.path.join(folder, train_lib.CHECKPOINT_FILE)
+        self.results_path = os.path.join(folder, train_lib.RESULTS_FILE)
+
+    def run(self) -> None:
+        p = self.parent
+        steps = self.identity["pretrain_steps"]
+        train_lib.remove_temporary_files(self.folder)
+        atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
+                           json.dumps(self.identity, sort_keys=True, indent=1).encode())
+        train_lib.seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
+        algorithm = ALGORITHMS.get(p.args.algorithm)(
+            p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+        algorithm.to(p.device)
+        streams = [data.BatchStream(p.splits.in_splits[i][0], p.hparams["batch_size"],
+                                    seed_hash(p.args.seed, "udg_pretrain", i))
+                   for i in p.train_envs]
+        start, n_records = 0, 0
+        if os.path.exists(self.checkpoint_path):
+            state = train_lib.load_checkpoint(self.checkpoint_path, algorithm, streams)
+            start, n_records = state["next_step"], state["n_records"]
+            train_lib.keep_counted_records(self.results_path, n_records)
+            print(f"UDG pretraining: resuming {self.folder} at step {start} of {steps}")
+        else:
+            train_lib.keep_counted_records(self.results_path, 0)
+        freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
+        accumulated: dict[str, list[float]] = {}
+        for step in range(start, steps):
+            t0 = time.time()
+            images = [next(s)[0].to(p.device) for s in streams]
+            values = algorithm.pretrain_update(images)
+            accumulated.setdefault("step_time", []).append(time.time() - t0)
+            for key, value in values.items():
+                if not math.isfinite(float(value)):
+                    raise train_lib.NonFiniteLossError(
+                        f"{p.args.algorithm}.pretrain_update returned {key}={value} at step "
+                        f"{step}; pretraining diverged (try a lower lr)")
+                accumulated.setdefault(key, []).append(float(value))
+            last = step == steps - 1
+            if step % freq == 0 or last or p.stop.signum is not None:
+                record = {"step": step, **{k: float(np.mean(v)) for k, v in accumulated.items()},
+                          "udg_pretrain": self.identity}
+                train_lib.append_record(self.results_path, record)
+                n_records += 1
+                accumulated = {}
+                print(f"UDG pretraining step {step}: " + ", ".join(
+                    f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+                train_lib.save_checkpoint(
+                    self.checkpoint_path, next_step=step + 1, algorithm=algorithm,
+                    streams=streams, n_records=n_records, last_keys=None, accumulated={},
+                    record_args=self.identity, hparams=p.hparams)
+                if p.stop.signum is not None and not last:
+                    raise train_lib.Interrupted(p.stop.signum, step)
+        atomic_torch_save({"identity": self.identity,
+                           "state": {k: v.cpu() for k, v in algorithm.pretrained_state().items()}},
+                          os.path.join(self.folder, PRETRAINED_FILE))
+        atomic_write_bytes(os.path.join(self.folder, train_lib.DONE_FILE), b"done")
+        if os.path.exists(self.checkpoint_path):
+            os.unlink(self.checkpoint_path)
+
+
+class UDGJob(train_lib.Job):
+    """A UDG job: pretraining (shared, see the module docstring), then fine-tuning on the
+    labelled fraction, written like an ordinary job."""
+
+    def build(self) -> None:
+        args = self.args
+        self.fraction = float(args.label_fraction)
+        self.pretraining = ALGORITHMS.get(args.algorithm).supports_pretraining()
+        self.labelled = {}
+        super().build()
+        if self.pretraining:
+            self.steps_per_epoch = min(len(self.train_split(i)[0]) / self.finetune[2]
+                                       for i in self.train_envs)
+        else:
+            self.steps_per_epoch = min(len(self.train_split(i)[0]) / self.hparams["batch_size"]
+                                       for i in self.train_envs)
+
+    def train_split(self, env: int):
+        if env not in self.labelled:
+            split, _ = self.splits.in_splits[env]
+            subset = labelled_subset(split, self.fraction, self.args.trial_seed, env)
+            weights = data.class_balanced_weights(subset) if self.hparams["class_balanced"] \
+                else None
+            self.labelled[env] = (subset, weights)
+        return self.labelled[env]
+
+    def batch_size(self) -> int:
+        return self.finetune[2] if self.pretraining else self.hparams["batch_size"]
+
+    def make_algorithm(self):
+        if not self.pretraining:
+            print(f"UDG: {self.args.algorithm} has no self-supervised phase: trained from its "
+                  f"own initialisation on the labelled {self.fraction:g} of the source data")
+            return super().make_algorithm()
+        from dg_plugins.algorithms.udg import FineTuner, finetune_settings
+
+        self.finetune = finetune_settings(self.fraction, self.hparams)
+        resuming = self.args.resume and os.path.exists(self.checkpoint_path)
+        state = None if resuming else self.pretrained_weights()
+        train_lib.seed_everything(seed_hash(self.args.seed, "udg_finetune"))
+        cls = ALGORITHMS.get(self.args.algorithm)
+        backbone = cls.build_finetune_encoder(self.dataset.input_shape, self.hparams)
+        if state is not None:
+            backbone.load_state_dict(state, strict=True)  # exactly the pretrained keys
+        mode, lr, batch = self.finetune
+        kind = "linear probe, frozen backbone" if mode == "linear" else "full fine-tuning"
+        print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction {self.fraction:g} "
+              f"({', '.join(str(len(self.train_split(i)[0])) for i in self.train_envs)} labelled "
+              "samples per source environment)")
+        return FineTuner(self.dataset.input_shape, self.dataset.num_classes,
+                         len(self.train_envs), self.hparams, backbone, self.fraction)
+
+    def pretrained_weights(self) -> dict:
+        args = self.args
+        steps = getattr(args, "pretrain_steps", None) or self.dataset.N_STEPS
+        identity = pretrain_identity(args, self.hparams, steps)
+        folder = os.path.join(pretrain_root(args), pretrain_key(identity))
+        waited = False
+        while True:
+            if _done(folder):
+                print(f"UDG pretraining: reusing {folder}")
+                return load_pretrained(folder, identity)
+            if getattr(args, "udg_pretrain", "run") == "require":
+                state = "missing" if not os.path.isdir(folder) else "not finished"
+                raise PretrainingMissing(
+                    f"the UDG pretraining of this job is {state}: {folder} (identity: "
+                    f"{json.dumps(identity, sort_keys=True)}). Run this job (or any label "
+                    "fraction of the same sweep) without --udg_pretrain require to pretrain, or "
+                    "point --udg_pretrain_dir at the folder that holds it.")
+            os.makedirs(folder, exist_ok=True)
+            try:
+                lock = train_lib.FolderLock(folder).__enter__()
+            except train_lib.JobStateError:
+                if not waited:
+                    print(f"UDG pretraining: {folder} is being pretrained by another job; "
+                          "waiting for it", file=sys.stderr)
+                    waited = True
+                if self.stop.signum is not None:
+                    raise train_lib.Interrupted(self.stop.signum, -1)
+                time.sleep(POLL_SECONDS)
+                continue
+            try:
+                if not _done(folder):
+                    print(f"UDG pretraining: not found; running {steps} steps in {folder} "
+                          "(shared by every label fraction of this configuration)")
+                    PretrainJob(self, folder, identity).run()
+                return load_pretrained(folder, identity)
+            finally:
+                lock.__exit__(None, None, None)
+
+    def save_model(self, filename: str) -> None:
+        if self.args.skip_model_save:
+            return
+        super().save_model(filename)
+        if self.pretraining:  # say what the state dict is: the fine-tuner's, not the algorithm's
+            path = os.path.join(self.args.output_dir, filename)
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            state["udg"] = {"label_fraction": self.fraction, "mode": self.finetune[0],
+                            "model": "dg_plugins.algorithms.udg.FineTuner"}
+            atomic_torch_save(state, path)

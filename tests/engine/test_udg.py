@@ -1,0 +1,190 @@
+"""The UDG protocol (dg_plugins.engine.udg): labelled subsets, pretraining once and reused,
+fine-tuning from exactly the semantic encoder, resume, a missing pretraining, and the protocol end
+to end through sweep + collect_results on Debug28 (jobs run in-process to stay fast)."""
+
+import json
+import shlex
+import threading
+import time
+
+import pytest
+import torch
+
+import dg_plugins.datasets  # noqa: F401
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.engine import train, udg
+from dg_plugins.engine.data import SplitDataset
+from dg_plugins.scripts import collect_results
+from dg_plugins.scripts import sweep as sweep_cli
+from dg_plugins.scripts import train as train_cli
+
+TINY = {"batch_size": 4, "vit_arch": "tiny", "mnist_cnn_width": 16}
+
+
+def job_args(out, algorithm="DisMAE", fraction=0.5, *extra, hparams=TINY, pretrain_dir=None):
+    argv = ["--dataset", "Debug28", "--algorithm", algorithm, "--output_dir", str(out),
+            "--test_envs", "0", "--steps", "3", "--checkpoint_freq", "2",
+            "--label_fraction", str(fraction), "--pretrain_steps", "3",
+            "--hparams", json.dumps(hparams), *extra]
+    if pretrain_dir is not None:
+        argv += ["--udg_pretrain_dir", str(pretrain_dir)]
+    return train_cli.build_parser().parse_args(argv)
+
+
+def records(folder):
+    with open(folder / "results.jsonl") as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in ("step_time", "mem_gb",
+                                                                         "args")}
+                for line in f]
+
+
+def test_labelled_subset_is_fixed_by_trial_seed_nested_and_seed_dependent():
+    split = SplitDataset(list(range(1000)), range(200, 1000))
+    subsets = {f: udg.labelled_subset(split, f, trial_seed=3, env=1).keys
+               for f in (0.01, 0.05, 0.1, 1.0)}
+    assert [len(subsets[f]) for f in (0.01, 0.05, 0.1, 1.0)] == [8, 40, 80, 800]
+    assert udg.labelled_subset(split, 0.05, trial_seed=3, env=1).keys == subsets[0.05]
+    assert set(subsets[0.01]) < set(subsets[0.05]) < set(subsets[0.1]) < set(subsets[1.0])
+    assert udg.labelled_subset(split, 0.05, trial_seed=4, env=1).keys != subsets[0.05]
+    assert udg.labelled_subset(split, 0.05, trial_seed=3, env=2).keys != subsets[0.05]
+    assert len(udg.labelled_subset(split, 1e-6, 0, 0)) == 1  # never empty
+
+
+def test_finetuning_starts_from_exactly_the_semantic_encoder(tmp_path):
+    """Linear probe (fraction < 0.1): the frozen backbone of the finished job equals the pretrained
+    semantic encoder key for key; nothing of the variation encoder or decoder is in the model."""
+    assert train.run(job_args(tmp_path / "job", fraction=0.05)) == "done"
+    (folder,) = (tmp_path / "udg_pretrain").iterdir()
+    pretrained = torch.load(folder / "pretrained.pt", weights_only=False)["state"]
+    model = torch.load(tmp_path / "job" / "model.pkl", weights_only=False)
+    assert model["udg"]["mode"] == "linear"
+    backbone = {k[len("backbone."):]: v for k, v in model["model_dict"].items()
+                if k.startswith("backbone.")}
+    assert set(backbone) == set(pretrained)
+    assert all(torch.equal(backbone[k], pretrained[k]) for k in pretrained)
+    assert not any(k.startswith(("var_blocks", "decoder", "domain_classifier"))
+                   for k in model["model_dict"])
+    assert {k.split(".")[0] for k in model["model_dict"]} == {"backbone", "head"}
+
+
+def test_pretraining_runs_once_and_records_do_not_depend_on_who_ran_it(tmp_path, capsys):
+    alone, shared = tmp_path / "alone", tmp_path / "shared"
+    assert train.run(job_args(alone / "f100", fraction=1.0)) == "done"
+    assert train.run(job_args(shared / "f50", fraction=0.5)) == "done"
+    capsys.readouterr()
+    assert train.run(job_args(shared / "f100", fraction=1.0)) == "done"
+    assert "UDG pretraining: reusing" in capsys.readouterr().out
+    assert len(list((shared / "udg_pretrain").iterdir())) == 1
+    assert records(shared / "f100") == records(alone / "f100")
+    # another hparam that matters for pretraining: another pretraining folder
+    other = {**TINY, "dismae_lambda1": 0.01}
+    assert train.run(job_args(shared / "other", fraction=1.0, hparams=other)) == "done"
+    assert len(list((shared / "udg_pretrain").iterdir())) == 2
+
+
+def test_a_second_job_waits_for_the_pretraining_another_holds(tmp_path, monkeypatch):
+    monkeypatch.setattr(udg, "POLL_SECONDS", 0.05)
+    args = job_args(tmp_path / "job")
+    identity = udg.pretrain_identity(
+        args, hparams_lib.job_hparams("DisMAE", "Debug28", 0, 0, args.hparams), 3)
+    folder = tmp_path / "udg_pretrain" / udg.pretrain_key(identity)
+    folder.mkdir(parents=True)
+    lock = train.FolderLock(str(folder)).__enter__()
+    threading.Timer(0.6, lambda: lock.__exit__(None, None, None)).start()
+    start = time.time()
+    assert train.run(args) == "done"
+    assert time.time() - start >= 0.6
+    assert "waiting for it" in (tmp_path / "job" / "err.txt").read_text()
+    assert (folder / "done").exists()
+
+
+def test_missing_pretraining_is_reported_with_require(tmp_path, capsys):
+    code = train_cli.main(["--dataset", "Debug28", "--algorithm", "MAE", "--output_dir",
+                           str(tmp_path / "job"), "--label_fraction", "0.1", "--steps", "2",
+                           "--hparams", json.dumps(TINY), "--udg_pretrain", "require"])
+    assert code == 2
+    captured = capsys.readouterr()
+    err = captured.out + captured.err
+    assert "UDG pretraining of this job is missing" in err and "udg_pretrain" in err
+    assert "UDG pretraining of this job is missing" in (tmp_path / "job" / "err.txt").read_text()
+
+
+def test_interrupted_finetuning_resumes_to_the_same_records(tmp_path):
+    full, cut = tmp_path / "a" / "job", tmp_path / "b" / "job"
+    assert train.run(job_args(full, "MAE", 1.0)) == "done"
+    assert train.run(job_args(cut, "MAE", 1.0), stop_after_step=0) == "stopped"
+    assert train.run(job_args(cut, "MAE", 1.0, "--resume")) == "done"
+    assert records(cut) == records(full)
+
+
+def test_bad_udg_input_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="label_fraction"):
+        train.run(job_args(tmp_path / "j", fraction=1.5))
+    with pytest.raises(SystemExit):
+        sweep_cli.main(["launch", "--datasets", "Debug28", "--algorithms", "MAE",
+                        "--output_dir", str(tmp_path / "s"), "--data_dir", "x", "--dry_run",
+                        "--label_fractions", "0", "0.5"])
+
+
+def in_process_launcher(commands):
+    for command in commands:
+        assert train_cli.main(shlex.split(command)[3:]) == 0
+
+
+def test_udg_end_to_end_through_sweep_and_collect_results(tmp_path, capsys, monkeypatch):
+    from dg_plugins.registry import LAUNCHERS
+
+    import dg_plugins.engine.launchers  # noqa: F401
+
+    if "udg_test_inprocess" not in LAUNCHERS:
+        LAUNCHERS.register("udg_test_inprocess", in_process_launcher)
+    sweep_dir = tmp_path / "sweep"
+    common = ["--datasets", "Debug28", "--n_hparams", "1", "--n_trials", "2", "--steps", "3",
+              "--checkpoint_freq", "2", "--output_dir", str(sweep_dir), "--data_dir", "x",
+              "--command_launcher", "udg_test_inprocess", "--skip_confirmation",
+              "--hparams", json.dumps(TINY), "--test_env_sets", "0"]
+    assert sweep_cli.main(["launch", "--algorithms", "DisMAE", "MAE", "ERM",
+                           "--label_fractions", "0.05", "1.0", "--pretrain_steps", "3",
+                           *common]) == 0
+    pretrainings = list((sweep_dir / "udg_pretrain").iterdir())
+    assert len(pretrainings) == 4  # (DisMAE, MAE) x 2 trials, shared by both fractions
+    capsys.readouterr()
+    # an ordinary DG job in the same folder: its tables are exactly those it gets alone
+    assert sweep_cli.main(["launch", "--algorithms", "ERM", *common]) == 0
+    capsys.readouterr()
+    assert collect_results.main(["--input_dir", str(sweep_dir), "--no_save"]) == 0
+    text = capsys.readouterr().out
+    assert "Dataset: Debug28, UDG, test environments: 0, model selection method: " \
+           "training-domain validation set" in text
+    for row in ("DisMAE 5%", "DisMAE 100%", "MAE 5%", "MAE 100%", "ERM 5%", "ERM 100%"):
+        assert sum(line.startswith(row + " ") for line in text.splitlines()) == 2  # iid, oracle
+    assert "Total records: 28" in text  # 12 UDG jobs x 2 records + 2 DG jobs x 2
+    standard = text.split("\n-------- Dataset: Debug28, UDG")[0]
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for job in sweep_dir.iterdir():
+        if (job / "results.jsonl").exists() and "label_fraction" not in (
+                job / "results.jsonl").read_text():
+            (alone / job.name).symlink_to(job)
+    assert collect_results.main(["--input_dir", str(alone), "--no_save"]) == 0
+    assert capsys.readouterr().out.replace("Total records: 4", "") == \
+        standard.replace("Total records: 28", "")
+
+
+def test_domainnet20_reads_domainbeds_layout_and_keeps_the_20_classes(tmp_path):
+    from dg_plugins.datasets.domainnet20 import CLASSES, DomainNet20
+
+    root = tmp_path / "domain_net"
+    for domain in ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"):
+        for cls in [*CLASSES, "zebra"]:
+            (root / domain / cls).mkdir(parents=True)
+            (root / domain / cls / "a.jpg").write_bytes(b"")
+    dataset = DomainNet20(str(tmp_path), [0, 1, 3], {})
+    assert dataset.num_classes == 20 and len(CLASSES) == 20
+    assert [len(env) for env in dataset] == [20] * 6  # the extra class is ignored
+    assert dataset.ENVIRONMENTS == ["clip", "info", "paint", "quick", "real", "sketch"]
+    (root / "real" / "bee" / "a.jpg").unlink()
+    (root / "real" / "bee").rmdir()
+    with pytest.raises(FileNotFoundError, match="bee"):
+        DomainNet20(str(tmp_path), [], {})
