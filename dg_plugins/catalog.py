@@ -107,3 +107,6 @@ def declare_dataset(name: str, environments: list[str], backbone: str | None = N
 # dg_plugins' built-in offline benchmark, declared here so that collect_results labels its columns
 # without importing torch (its class, in dg_plugins.datasets.mnist, re-declares the same labels).
 declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
+# DomainNet restricted to the 20 classes of the UDG protocol (dg_plugins.datasets.domainnet20);
+# DomainBed's DomainNet environment labels.
+declare_dataset("DomainNet20", ["clip", "info", "paint", "quick", "real", "sketch"])
