@@ -17,10 +17,10 @@ Backbone (hparams shared by both)
     initialised). The paper's GMoE-S/16 is the default at 224.
 
 MoE placement ``gmoe_moe_layers``
-    ``"auto"`` = the last two even-indexed blocks (0-based), the paper's "last-two" placement: blocks
-    8 and 10 of the 12-block DeiT-S (the official ``moe_layers = ['F']*8 + ['S','F']*2``), 2 and 4
-    of the 6-block 28x28 ViT, 0 and 2 of the 4-block test ViT; for an odd depth ``d`` it is
-    ``d-1, d-3``. Or explicit indices ``"8,10"`` (negative ones count from the end). Every MoE
+    ``"auto"`` = the last two even-indexed blocks (0-based), the paper's "last-two" placement:
+    blocks 8 and 10 of the 12-block DeiT-S (the official ``moe_layers = ['F']*8 + ['S','F']*2``),
+    2 and 4 of the 6-block 28x28 ViT, 0 and 2 of the 4-block test ViT; for an odd depth ``d`` it
+    is ``d-1, d-3``. Or explicit indices ``"8,10"`` (negative ones count from the end). Every MoE
     layer's experts start as copies of the block's (pretrained) dense FFN; routers are random.
 
 Evaluation capacity ``gmoe_eval_capacity``

@@ -17,10 +17,11 @@ Router (:class:`CosineRouter`)
 
 Routing (:func:`route`)
     In training, Gaussian noise of std ``gate_noise / E`` is added to the logits (none in eval).
-    Scores are ``softmax`` of the (noisy) logits; each token picks its ``k`` highest-scoring experts.
-    The gate of a choice is its score, *not renormalised for k = 1*; for ``k > 1`` the ``k`` gates of
-    a token are divided by their sum (Tutel's ``normalize_gate=True``, applied before any token is
-    dropped, so a token whose second choice is dropped keeps a gate < 1 on its first).
+    Scores are ``softmax`` of the (noisy) logits; each token picks its ``k`` highest-scoring
+    experts. The gate of a choice is its score, *not renormalised for k = 1*; for ``k > 1`` the
+    ``k`` gates of a token are divided by their sum (Tutel's ``normalize_gate=True``, applied
+    before any token is dropped, so a token whose second choice is dropped keeps a gate < 1 on
+    its first).
 
 Capacity and dropping (:func:`expert_capacity`, :func:`assign_slots`)
     Each expert takes at most ``capacity = k * floor(capacity_factor * ceil(T / E))`` assignments of
@@ -34,8 +35,8 @@ Capacity and dropping (:func:`expert_capacity`, :func:`assign_slots`)
 Experts
     ``E`` FFNs ``fc2(Dropout(GELU(fc1 x)))`` (dropout on the hidden units only, as the official
     ``activation_fn``), kept as stacked weights ``w1 [E, H, D]``, ``b1 [E, H]``, ``w2 [E, D, H]``,
-    ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm ``Mlp``'s ``fc1``/``fc2`` into every
-    expert (the official ``load_pretrained``), so that at initialisation the layer computes
+    ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm ``Mlp``'s ``fc1``/``fc2`` into
+    every expert (the official ``load_pretrained``), so that at initialisation the layer computes
     ``gate * FFN(x)`` for every kept token.
 
 Output
@@ -45,9 +46,9 @@ Output
 
 Auxiliary loss (:func:`load_importance_loss`)
     Tutel's ``load_importance_loss`` (Shazeer et al. 2017): ``(CV^2(Importance) + CV^2(Load)) / 2``
-    with ``Importance_e = sum_t softmax(l_t)_e`` (clean logits), ``Load_e = sum_t Phi((softmax(l_t)_e
-    - l~_t,(k)) / sigma)`` where ``l~_t,(k)`` is the token's k-th largest *noisy* logit, ``sigma =
-    gate_noise / E`` and ``Phi`` the standard normal CDF, and ``CV^2(v) = var(v) / (mean(v)^2 +
+    with ``Importance_e = sum_t softmax(l_t)_e`` (clean logits),
+    ``Load_e = sum_t Phi((softmax(l_t)_e - l~_t,(k)) / sigma)`` where ``l~_t,(k)`` is the token's
+    k-th largest *noisy* logit, ``sigma = gate_noise / E`` and ``Phi`` the standard normal CDF, and ``CV^2(v) = var(v) / (mean(v)^2 +
     1e-10)`` (unbiased variance). Tutel's quirk is kept: the load term compares a clean
     *probability* with a noisy *logit*.
 
