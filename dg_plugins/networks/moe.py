@@ -48,9 +48,9 @@ Auxiliary loss (:func:`load_importance_loss`)
     Tutel's ``load_importance_loss`` (Shazeer et al. 2017): ``(CV^2(Importance) + CV^2(Load)) / 2``
     with ``Importance_e = sum_t softmax(l_t)_e`` (clean logits),
     ``Load_e = sum_t Phi((softmax(l_t)_e - l~_t,(k)) / sigma)`` where ``l~_t,(k)`` is the token's
-    k-th largest *noisy* logit, ``sigma = gate_noise / E`` and ``Phi`` the standard normal CDF, and ``CV^2(v) = var(v) / (mean(v)^2 +
-    1e-10)`` (unbiased variance). Tutel's quirk is kept: the load term compares a clean
-    *probability* with a noisy *logit*.
+    k-th largest *noisy* logit, ``sigma = gate_noise / E`` and ``Phi`` the standard normal CDF,
+    and ``CV^2(v) = var(v) / (mean(v)^2 + 1e-10)`` (unbiased variance). Tutel's quirk is kept:
+    the load term compares a clean *probability* with a noisy *logit*.
 
 After each forward the layer keeps the routing of that call in :attr:`MoEFFN.last_routing`
 (a :class:`RoutingStats`: aux loss, dropped fraction, load entropy, optionally the chosen experts);
