@@ -337,7 +337,8 @@ class MoEFFN(nn.Module):
         outputs = [self.expert(e, chunk) for e, chunk in enumerate(chunks) if chunk.shape[0]]
         out = torch.cat(outputs) if outputs else tokens.new_zeros(0, shape[-1])
         out = out * gates.to(out.dtype).unsqueeze(1)
-        y = torch.zeros_like(tokens).index_add_(0, ids, out)
+        # out's dtype: under autocast the experts' matmuls may run in half precision
+        y = out.new_zeros(num_tokens, shape[-1]).index_add_(0, ids, out)
 
         with torch.no_grad():
             load = torch.bincount(r.experts.reshape(-1), minlength=self.num_experts).float()

@@ -220,6 +220,16 @@ def test_top2_with_identical_experts_and_no_dropping_is_the_dense_ffn():
         torch.testing.assert_close(layer(x), mlp(x))
 
 
+def test_the_layer_runs_under_autocast_with_the_router_in_float32():
+    layer = layer_from(dense_mlp(), num_experts=3, capacity_factor=1.0)
+    x = torch.randn(2, 5, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    stats = layer.pop_routing()
+    assert y.shape == x.shape and torch.isfinite(y.float()).all()
+    assert stats.aux_loss.dtype == torch.float32
+
+
 def test_the_layer_takes_the_expert_dropout_on_hidden_units_in_training_only():
     mlp = dense_mlp()
     layer = layer_from(mlp, num_experts=2, expert_dropout=0.5, capacity_factor=10.0)
