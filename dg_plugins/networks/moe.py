@@ -34,10 +34,10 @@ Capacity and dropping (:func:`expert_capacity`, :func:`assign_slots`)
 
 Experts
     ``E`` FFNs ``fc2(Dropout(GELU(fc1 x)))`` (dropout on the hidden units only, as the official
-    ``activation_fn``), kept as stacked weights ``w1 [E, H, D]``, ``b1 [E, H]``, ``w2 [E, D, H]``,
-    ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm ``Mlp``'s ``fc1``/``fc2`` into
-    every expert (the official ``load_pretrained``), so that at initialisation the layer computes
-    ``gate * FFN(x)`` for every kept token.
+    ``activation_fn``; :func:`hidden_dropout`), kept as stacked weights ``w1 [E, H, D]``,
+    ``b1 [E, H]``, ``w2 [E, D, H]``, ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm
+    ``Mlp``'s ``fc1``/``fc2`` into every expert (the official ``load_pretrained``), so that at
+    initialisation the layer computes ``gate * FFN(x)`` for every kept token.
 
 Output
     ``y = sum_{kept choices j} g_j * Expert_{e_j}(x)`` (Eq. 3, "post-score"). Dispatch is batched:
@@ -101,8 +101,29 @@ class CosineRouter(nn.Module):
         """``x [T, D]`` -> float32 logits ``[T, E]``."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             z = F.linear(x.float(), self.proj.weight.float(), self.proj.bias.float())
-            cos = F.normalize(z, dim=1) @ F.normalize(self.codebook.float(), dim=0)
+            # normalize(z) @ normalize(C), dividing the [T, E] product by |z| instead of the
+            # [T, proj_dim] projection (the same numbers, F.normalize's eps included)
+            dots = z @ F.normalize(self.codebook.float(), dim=0)
+            cos = dots / torch.linalg.vector_norm(z, dim=1, keepdim=True).clamp(min=1e-12)
             return cos * self.scale()
+
+
+def hidden_dropout(h: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout (``F.dropout``'s result distribution) on the experts' hidden units.
+
+    On CPU the keep mask comes from 15 random bits per element, four elements per 64-bit draw
+    (keep iff the bits are below ``round((1 - p) * 2^15)``, so the drop rate is ``p`` to within
+    ``2^-16``): torch's CPU Bernoulli sampler draws one random number per element and costs more
+    than the experts' matmuls at small widths. Other devices use ``F.dropout``."""
+    if not training or p == 0.0:
+        return h
+    if h.device.type != "cpu":
+        return F.dropout(h, p, training=True)
+    n = h.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=h.device).random_()
+    bits = words.view(torch.int16)[:n].view(h.shape).bitwise_and(0x7FFF)
+    keep = bits < round((1.0 - p) * 32768)
+    return h * keep * (1.0 / (1.0 - p))
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
@@ -272,7 +293,9 @@ class MoEFFN(nn.Module):
         for w in (self.w1, self.w2):
             nn.init.trunc_normal_(w, std=0.02)
         self.act = nn.GELU()
-        self.dropout = nn.Dropout(expert_dropout)
+        if not 0.0 <= expert_dropout < 1.0:
+            raise ValueError(f"expert_dropout must be in [0, 1), got {expert_dropout}")
+        self.expert_dropout = float(expert_dropout)
         #: keep each token's first-choice expert in :attr:`last_routing` (plots)
         self.record_experts = False
         self._last_routing: RoutingStats | None = None
@@ -315,7 +338,8 @@ class MoEFFN(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on tokens ``x [n, D]``: ``fc2(Dropout(GELU(fc1 x)))``."""
-        h = self.dropout(self.act(F.linear(x, self.w1[e], self.b1[e])))
+        h = hidden_dropout(self.act(F.linear(x, self.w1[e], self.b1[e])), self.expert_dropout,
+                           self.training)
         return F.linear(h, self.w2[e], self.b2[e])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -351,4 +375,4 @@ class MoEFFN(nn.Module):
 
 
 __all__ = ["CosineRouter", "MAX_LOG_SCALE", "MoEFFN", "Routing", "RoutingStats",
-           "assign_slots", "expert_capacity", "load_importance_loss", "route"]
+           "assign_slots", "expert_capacity", "hidden_dropout", "load_importance_loss", "route"]

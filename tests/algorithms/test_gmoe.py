@@ -79,6 +79,8 @@ def test_per_dataset_lr_and_weight_decay_defaults(dataset):
         drawn = H.random_hparams(name, dataset, 3)
         assert 10 ** -5.5 <= drawn["lr"] <= 1e-4 and 1e-6 <= drawn["weight_decay"] <= 1e-4
     assert H.default_hparams("GMoE", "Debug28")["lr"] == H.default_hparams("ERM", "Debug28")["lr"]
+    assert H.default_hparams("GMoE", dataset)["gmoe_router_dim"] == 256
+    assert H.default_hparams("GMoE", "RotatedMNIST5k")["gmoe_router_dim"] == 64
 
 
 @pytest.mark.parametrize("overrides, match", [

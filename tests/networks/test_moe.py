@@ -230,6 +230,19 @@ def test_the_layer_runs_under_autocast_with_the_router_in_float32():
     assert stats.aux_loss.dtype == torch.float32
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_hidden_dropout_drops_at_rate_p_and_rescales_the_rest(p):
+    torch.manual_seed(0)
+    h = torch.rand(400, 500) + 0.5  # no zeros of its own
+    out = M.hidden_dropout(h, p, training=True)
+    dropped = out == 0
+    assert abs(dropped.float().mean().item() - p) < 0.005  # 200,000 draws: 5 standard errors
+    torch.testing.assert_close(out[~dropped], h[~dropped] / (1 - p))
+    assert dropped[:, :250].float().mean().sub(dropped[:, 250:].float().mean()).abs() < 0.01
+    assert not torch.equal(dropped, M.hidden_dropout(h, p, training=True) == 0)
+    assert M.hidden_dropout(h, p, training=False) is h and M.hidden_dropout(h, 0.0, True) is h
+
+
 def test_the_layer_takes_the_expert_dropout_on_hidden_units_in_training_only():
     mlp = dense_mlp()
     layer = layer_from(mlp, num_experts=2, expert_dropout=0.5, capacity_factor=10.0)
