@@ -153,7 +153,11 @@ class ERM_ViT(Algorithm):
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.network = build_vit(self.input_shape, num_classes, hparams)
+        self.adapt_network()
         self.optimizer = adam(self.network.parameters(), hparams)
+
+    def adapt_network(self) -> None:
+        """Change ``self.network`` before the optimizer is built (GMoE: MoE layers)."""
 
     @property
     def classifier(self) -> nn.Module:
@@ -185,12 +189,11 @@ class GMoE(ERM_ViT):
     def hparam_space(dataset: str) -> dict:
         return {**backbone_space(dataset), **moe_space(dataset)}
 
-    def __init__(self, input_shape, num_classes, num_domains, hparams):
-        Algorithm.__init__(self, input_shape, num_classes, num_domains, hparams)
+    def adapt_network(self) -> None:
         from dg_plugins.networks.moe import MoEFFN
         from dg_plugins.networks.vit import replace_ffn
 
-        self.network = build_vit(self.input_shape, num_classes, hparams)
+        hparams = self.hparams
         depth = len(self.network.blocks)
         spec = hparams["gmoe_moe_layers"]
         indices = auto_moe_layers(depth) if spec == "auto" else spec
@@ -207,7 +210,6 @@ class GMoE(ERM_ViT):
         replace_ffn(self.network, indices, lambda i, mlp: MoEFFN.from_dense(mlp, **options))
         self.moe_blocks = tuple(sorted(
             i for i, block in enumerate(self.network.blocks) if isinstance(block.mlp, MoEFFN)))
-        self.optimizer = adam(self.network.parameters(), hparams)
 
     @property
     def moe_layers(self) -> list[nn.Module]:
@@ -221,8 +223,13 @@ class GMoE(ERM_ViT):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.network(x)
-        self.pop_routing()  # routing of an evaluation pass is not kept
+        self.pop_routing()  # the routing of a pass outside update is not kept
         return logits
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        feats = super().features(x)
+        self.pop_routing()
+        return feats
 
     def update(self, minibatches, unlabeled=None):
         x, y, _ = split_minibatches(minibatches)
