@@ -108,22 +108,27 @@ class CosineRouter(nn.Module):
             return cos * self.scale()
 
 
-def hidden_dropout(h: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+def hidden_dropout(h: torch.Tensor, p: float, training: bool, *,
+                   rescale: bool = True) -> torch.Tensor:
     """Inverted dropout (``F.dropout``'s result distribution) on the experts' hidden units.
 
-    On CPU the keep mask comes from 15 random bits per element, four elements per 64-bit draw
-    (keep iff the bits are below ``round((1 - p) * 2^15)``, so the drop rate is ``p`` to within
-    ``2^-16``): torch's CPU Bernoulli sampler draws one random number per element and costs more
-    than the experts' matmuls at small widths. Other devices use ``F.dropout``."""
+    On CPU the keep mask comes from 16 random bits per element, four elements per 64-bit draw
+    (keep iff the bits, read as a signed int16, are below ``-2^15 + round((1 - p) * 2^16)``, so the
+    drop rate is ``p`` to within ``2^-17``): torch's CPU Bernoulli sampler draws one random number
+    per element and costs more than the experts' matmuls at small widths. Other devices use
+    ``F.dropout``. ``rescale=False`` returns ``h * mask`` without the ``1 / (1 - p)`` factor, for a
+    caller that folds it into the next layer's weights."""
     if not training or p == 0.0:
         return h
     if h.device.type != "cpu":
-        return F.dropout(h, p, training=True)
+        out = F.dropout(h, p, training=True)
+        return out if rescale else out * (1.0 - p)
     n = h.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=h.device).random_()
-    bits = words.view(torch.int16)[:n].view(h.shape).bitwise_and(0x7FFF)
-    keep = bits < round((1.0 - p) * 32768)
-    return h * keep * (1.0 / (1.0 - p))
+    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 3) // 4,), dtype=torch.int64,
+                          device=h.device)
+    bits = words.view(torch.int16)[:n].view(h.shape)
+    keep = bits < -32768 + round((1.0 - p) * 65536)
+    return h * keep * (1.0 / (1.0 - p)) if rescale else h * keep
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
@@ -162,6 +167,12 @@ def assign_slots(experts: torch.Tensor, priority: torch.Tensor, num_experts: int
         slots[order, j] = (before * onehot).sum(dim=1)
         offset = offset + onehot.sum(dim=0)
     return slots
+
+
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``softmax(x, dim=1)`` for ``x [T, E]`` with few columns, computed along dim 0 of the
+    transpose (on CPU a softmax over a last dimension of 6 is about 10x slower)."""
+    return F.softmax(x.t(), dim=0).t()
 
 
 def load_importance_loss(clean_probs: torch.Tensor, kth_noisy_logit: torch.Tensor,
@@ -219,7 +230,7 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
     noise_std = gate_noise / num_experts
     noisy = logits + noise_std * torch.randn_like(logits) if training and gate_noise > 0 \
         else logits
-    scores = F.softmax(noisy, dim=1)
+    scores = softmax_rows(noisy)
     top_scores, experts = torch.topk(scores, top_k, dim=1)
     gates = top_scores
     if top_k > 1:
@@ -228,7 +239,8 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
     capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
     keep = slots < capacity
     kth = noisy.gather(1, experts[:, -1:]).squeeze(1)
-    aux = load_importance_loss(F.softmax(logits, dim=1), kth, noise_std) if gate_noise > 0 \
+    clean = scores if noisy is logits else softmax_rows(logits)
+    aux = load_importance_loss(clean, kth, noise_std) if gate_noise > 0 \
         else logits.new_zeros(())
     return Routing(experts, gates, slots, keep, scores, capacity, aux)
 
@@ -338,9 +350,11 @@ class MoEFFN(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on tokens ``x [n, D]``: ``fc2(Dropout(GELU(fc1 x)))``."""
-        h = hidden_dropout(self.act(F.linear(x, self.w1[e], self.b1[e])), self.expert_dropout,
-                           self.training)
-        return F.linear(h, self.w2[e], self.b2[e])
+        p = self.expert_dropout if self.training else 0.0
+        h = hidden_dropout(self.act(F.linear(x, self.w1[e], self.b1[e])), p, self.training,
+                           rescale=False)
+        w2 = self.w2[e] * (1.0 / (1.0 - p)) if p else self.w2[e]  # the dropout's rescaling
+        return F.linear(h, w2, self.b2[e])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -375,4 +389,5 @@ class MoEFFN(nn.Module):
 
 
 __all__ = ["CosineRouter", "MAX_LOG_SCALE", "MoEFFN", "Routing", "RoutingStats",
-           "assign_slots", "expert_capacity", "hidden_dropout", "load_importance_loss", "route"]
+           "assign_slots", "expert_capacity", "hidden_dropout", "load_importance_loss", "route",
+           "softmax_rows"]

@@ -241,6 +241,23 @@ def test_hidden_dropout_drops_at_rate_p_and_rescales_the_rest(p):
     assert dropped[:, :250].float().mean().sub(dropped[:, 250:].float().mean()).abs() < 0.01
     assert not torch.equal(dropped, M.hidden_dropout(h, p, training=True) == 0)
     assert M.hidden_dropout(h, p, training=False) is h and M.hidden_dropout(h, 0.0, True) is h
+    raw = M.hidden_dropout(h, p, training=True, rescale=False)
+    assert torch.equal(raw[raw != 0], h[raw != 0])
+
+
+def test_softmax_rows_is_the_row_softmax():
+    x = torch.randn(50, 6)
+    torch.testing.assert_close(M.softmax_rows(x), torch.softmax(x, dim=1))
+
+
+def test_expert_with_dropout_is_fc2_of_the_rescaled_dropped_hidden_units():
+    layer = layer_from(dense_mlp(), num_experts=2, expert_dropout=0.3)
+    x = torch.randn(20, 8)
+    torch.manual_seed(4)
+    got = layer.expert(1, x)
+    torch.manual_seed(4)
+    h = M.hidden_dropout(torch.nn.functional.gelu(x @ layer.w1[1].T + layer.b1[1]), 0.3, True)
+    torch.testing.assert_close(got, h @ layer.w2[1].T + layer.b2[1])
 
 
 def test_the_layer_takes_the_expert_dropout_on_hidden_units_in_training_only():
