@@ -148,7 +148,10 @@ def plot_routing(images, owners, env_names, maps, num_experts, out, title=None):
     axes[0][0].set_title("image", fontsize=9)
     fig.legend(handles=[Patch(color=colors[e], label=f"expert {e}") for e in range(num_experts)],
                loc="lower center", ncol=min(num_experts, 6), fontsize=8, frameon=False)
-    fig.suptitle(title or "GMoE: first-choice expert per patch", fontsize=10)
+    import textwrap
+
+    fig.suptitle(textwrap.fill(title or "GMoE: first-choice expert per patch", 18 * cols),
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     fig.savefig(out, dpi=100)
     plt.close(fig)
