@@ -204,14 +204,15 @@ class Routing:
     """The routing of ``T`` tokens (see :func:`route`).
 
     experts, gates, slots, keep: ``[T, k]``: chosen experts (best first), their gate values
-    (float32), their slots in the experts' buffers, and whether the slot is within capacity.
+    (float32), their slots in the experts' buffers (None without a capacity factor: nothing can
+    be dropped), and whether the slot is within capacity.
     scores: ``[T, E]`` the (noisy in training) softmax scores; capacity: the capacity used;
-    aux_loss: the load/importance loss (scalar, float32).
+    aux_loss: the load/importance loss (scalar, float32; 0 when not computed).
     """
 
     experts: torch.Tensor
     gates: torch.Tensor
-    slots: torch.Tensor
+    slots: torch.Tensor | None
     keep: torch.Tensor
     scores: torch.Tensor
     capacity: int
@@ -219,9 +220,10 @@ class Routing:
 
 
 def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
-          gate_noise: float, training: bool) -> Routing:
+          gate_noise: float, training: bool, aux: bool = True) -> Routing:
     """Noisy top-k routing of ``logits [T, E]`` with capacity and batch-prioritised dropping
-    (see the module docstring). Noise is drawn only when ``training``."""
+    (see the module docstring). Noise is drawn only when ``training``; ``aux=False`` skips the
+    auxiliary loss (0)."""
     num_tokens, num_experts = logits.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}] (the number of experts), got "
@@ -235,21 +237,26 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
     gates = top_scores
     if top_k > 1:
         gates = gates / gates.sum(dim=1, keepdim=True).clamp(min=torch.finfo(gates.dtype).eps)
-    slots = assign_slots(experts, top_scores[:, 0].detach(), num_experts)
     capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
-    keep = slots < capacity
-    kth = noisy.gather(1, experts[:, -1:]).squeeze(1)
-    clean = scores if noisy is logits else softmax_rows(logits)
-    aux = load_importance_loss(clean, kth, noise_std) if gate_noise > 0 \
-        else logits.new_zeros(())
-    return Routing(experts, gates, slots, keep, scores, capacity, aux)
+    if capacity_factor is None:  # an expert gets a token at most once: nothing is dropped
+        slots, keep = None, torch.ones_like(experts, dtype=torch.bool)
+    else:
+        slots = assign_slots(experts, top_scores[:, 0].detach(), num_experts)
+        keep = slots < capacity
+    loss = logits.new_zeros(())
+    if aux and gate_noise > 0:
+        kth = noisy.gather(1, experts[:, -1:]).squeeze(1)
+        clean = scores if noisy is logits else softmax_rows(logits)
+        loss = load_importance_loss(clean, kth, noise_std)
+    return Routing(experts, gates, slots, keep, scores, capacity, loss)
 
 
 @dataclass
 class RoutingStats:
     """What one forward of :class:`MoEFFN` reports (tensors, so no device sync is forced).
 
-    aux_loss: scalar with gradient; drop_frac: fraction of the ``k * T`` assignments dropped;
+    aux_loss: scalar with gradient (computed in training mode only; 0 in eval mode);
+    drop_frac: fraction of the ``k * T`` assignments dropped;
     load_entropy: entropy (nats) of the fraction of assignments routed to each expert, before
     dropping (``ln E`` when balanced, 0 when collapsed); top1: ``[B, N]`` each token's first-choice
     expert, kept only when :attr:`MoEFFN.record_experts` is set (for plots).
@@ -362,7 +369,7 @@ class MoEFFN(nn.Module):
         num_tokens = tokens.shape[0]
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         r = route(self.router(tokens), self.top_k, factor, gate_noise=self.gate_noise,
-                  training=self.training)
+                  training=self.training, aux=self.training)
         # kept assignments, grouped by expert
         token_ids = torch.arange(num_tokens, device=x.device).unsqueeze(1).expand_as(r.experts)
         kept = r.keep.reshape(-1)

@@ -110,6 +110,14 @@ def test_route_drops_beyond_capacity_per_expert_and_keeps_the_rest():
             assert top[kept].min() >= top[chosen & ~r.keep[:, 0]].max()
 
 
+def test_without_a_capacity_factor_every_assignment_is_kept():
+    logits = torch.zeros(50, 4)
+    logits[:, 0] = 5.0  # all tokens to expert 0
+    r = M.route(logits, 2, None, gate_noise=1.0, training=False)
+    assert r.slots is None and r.keep.all() and r.capacity == 50
+    assert M.route(logits, 2, None, gate_noise=1.0, training=False, aux=False).aux_loss == 0
+
+
 # ------------------------------------------------------------------------------------------------
 # router
 
