@@ -25,10 +25,11 @@ MoE placement ``gmoe_moe_layers``
 
 Evaluation capacity ``gmoe_eval_capacity``
     Default ``None``: no token is dropped in eval mode, so a sample's logits depend only on the
-    sample (DomainBed's accuracy loop batches test images arbitrarily, and our engine's evaluation
-    batch size differs from the training one; with dropping, a test image's prediction would
-    depend on the other images of its evaluation batch). ``1.5`` reproduces the official code,
-    which keeps the training capacity rule at evaluation.
+    sample. With dropping, a test image's prediction depends on the other images of its
+    evaluation batch, and the accuracy loop (DomainBed's and ours) evaluates in batches of 64 with
+    a smaller last one, not in training batches (32 per domain x the source domains), so the
+    capacity would act differently at evaluation than in training anyway. ``1.5`` reproduces the
+    official code, which keeps the training capacity rule at evaluation.
 
 Router width ``gmoe_router_dim``: 256 (official) on the 224x224 datasets; 64 on the 28x28 ones
 (RotatedMNIST, ColoredMNIST, RotatedMNIST5k, Debug28), whose ViT is 64 wide: a 256-wide projection
