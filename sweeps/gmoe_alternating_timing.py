@@ -2,11 +2,17 @@
 
     python sweeps/gmoe_alternating_timing.py DATASET "(C,H,W)" NUM_CLASSES BATCH DOMAINS REPEATS
 """
-import statistics, sys, time, torch
+import ast
+import statistics
+import sys
+import time
+
+import torch
+
 import dg_plugins.algorithms  # noqa
 from dg_plugins import hparams as H
 from dg_plugins.registry import ALGORITHMS
-dataset, shape, classes, batch, domains, reps = sys.argv[1], eval(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+dataset, shape, classes, batch, domains, reps = sys.argv[1], ast.literal_eval(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 algs = {}
 for name in ("ERM_ViT", "GMoE"):
     hp = H.default_hparams(name, dataset); hp["pretrained"] = False
