@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output_dir", type=str, default="train_output")
     p.add_argument("--holdout_fraction", type=float, default=0.2)
     p.add_argument("--uda_holdout_fraction", type=float, default=0,
-                   help="For domain adaptation, % of test to use unlabeled for training.")
+                   help="For domain adaptation, %% of test to use unlabeled for training.")
     p.add_argument("--skip_model_save", action="store_true")
     p.add_argument("--save_model_every_checkpoint", action="store_true")
     # dg_plugins additions

@@ -149,3 +149,10 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, argv, message)
     assert main(base + argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists(), "nothing is written for input rejected up front"
+
+
+def test_train_help_renders():
+    """argparse formats every help string with %-formatting: a bare '%' crashed --help."""
+    from dg_plugins.scripts.train import build_parser
+
+    assert "--uda_holdout_fraction" in build_parser().format_help()
