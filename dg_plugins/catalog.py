@@ -110,3 +110,5 @@ declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
 # DomainNet restricted to the 20 classes of the UDG protocol (dg_plugins.datasets.domainnet20);
 # DomainBed's DomainNet environment labels.
 declare_dataset("DomainNet20", ["clip", "info", "paint", "quick", "real", "sketch"])
+# Single-source digits (dg_plugins.datasets.digits): MNIST-10k -> SVHN, MNIST-M, SYN, USPS; LeNet.
+declare_dataset("Digits", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
