@@ -239,7 +239,7 @@ class UDGJob(train_lib.Job):
     def make_algorithm(self):
         if not self.pretraining:
             print(f"UDG: {self.args.algorithm} has no self-supervised phase: trained from its "
-                  f"own initialisation on the labelled {self.fraction:g} of the source data")
+                  f"own initialisation on the labelled {self.fraction * 100:g}% of the source data")
             return super().make_algorithm()
         from dg_plugins.algorithms.udg import FineTuner, finetune_settings
 
