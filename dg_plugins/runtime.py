@@ -35,6 +35,24 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
+def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[str, float]:
+    """Median wall seconds of each ``calls[name]()``, timing the calls in turn (one of each per
+    round, ``warmup`` untimed rounds first, then ``steps`` timed ones), so that a change of machine
+    load hits every entry alike: ratios between entries stay meaningful on a shared machine."""
+    import statistics
+
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_index in range(warmup + steps):
+        for name, fn in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def timed_command(command: list[str], env: dict | None = None, cwd: str | None = None):
     """Run ``command`` to completion; returns ``(wall seconds, CPU seconds of the child and its
     children, CompletedProcess)`` with stdout and stderr captured as text."""

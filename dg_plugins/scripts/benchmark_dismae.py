@@ -16,9 +16,7 @@ trains only on epochs 0-5 and every 15th epoch up to 100: about 2% of a 501-epoc
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -44,11 +42,12 @@ def main(argv=None) -> int:
     from dg_plugins.algorithms.dismae import parameter_counts
     from dg_plugins.engine.plugins import load
     from dg_plugins.registry import ALGORITHMS
+    from dg_plugins.runtime import alternating_medians, pick_device
 
     load()
     torch.manual_seed(0)
     shape = (args.channels, args.image_size, args.image_size)
-    device = torch.device(args.device)
+    device = pick_device(args.device)
     models = {}
     for name in args.algorithms.split(","):
         hp = hparams_lib.default_hparams(name, args.dataset)
@@ -63,10 +62,6 @@ def main(argv=None) -> int:
     labels = [torch.randint(0, 20, (args.batch_size,), device=device)
               for _ in range(args.num_domains)]
     batches = list(zip(images, labels))
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
     def pretrain(model, dcls: bool | None):
         if dcls is not None:  # place the step counter in an epoch where the classifier does (not)
@@ -83,23 +78,13 @@ def main(argv=None) -> int:
         else:
             steps[name] = lambda m=model: pretrain(m, None)
     steps["ERM (ViT)"] = lambda: erm.update(batches)
-    times = {name: [] for name in steps}
-    for i in range(args.warmup + args.steps):
-        for name, fn in steps.items():
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            if i >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-
-    base = statistics.median(times["ERM (ViT)"])
+    medians = alternating_medians(steps, args.steps, args.warmup, device)
+    base = medians["ERM (ViT)"]
     print(f"Pretraining step vs ERM step of the same ViT ({args.arch}): {args.num_domains} "
           f"domains x {args.batch_size} images of {shape}, device {device}, median of "
           f"{args.steps} steps after {args.warmup} warm-up, alternating, one process")
     print(f"{'algorithm':<12} {'step s':>8} {'x ERM':>6}")
-    for name, values in times.items():
-        med = statistics.median(values)
+    for name, med in medians.items():
         print(f"{name:<12} {med:8.3f} {med / base:6.2f}")
     print("(DisMAE: a step without the domain-classifier pass, as on most epochs; DisMAE+dcls: a "
           "step of the epochs where the domain classifier trains, with its extra 15%-masked "

@@ -17,9 +17,7 @@ the share, the target and the measured ratio. Example (the benchmark of results/
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -40,7 +38,7 @@ def main(argv=None) -> int:
     import dg_plugins.datasets  # noqa: F401
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.registry import ALGORITHMS, DATASETS
-    from dg_plugins.runtime import pick_device, synchronize
+    from dg_plugins.runtime import alternating_medians, pick_device
 
     device = pick_device(args.device)
     torch.manual_seed(0)
@@ -66,17 +64,8 @@ def main(argv=None) -> int:
         "DMG predict": lambda: dmg.predict(x),
         "ERM predict": lambda: erm.predict(x),
     }
-    times = {k: [] for k in calls}
-    with torch.no_grad():
-        for step in range(args.warmup + args.steps):
-            for key, fn in calls.items():  # alternating: load changes hit every row alike
-                synchronize(device)
-                t0 = time.perf_counter()
-                fn()
-                synchronize(device)
-                if step >= args.warmup:
-                    times[key].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    with torch.no_grad():  # alternating: load changes hit every row alike
+        med = alternating_medians(calls, args.steps, args.warmup, device)
     share = med["masked tail (one domain)"] / med["full forward (unmasked)"]
     target = 1 + (args.num_domains - 1) * share
     ratio = med["DMG predict"] / med["ERM predict"]

@@ -23,3 +23,19 @@ def test_benchmark_prints_ratios_for_every_algorithm(capsys):
 def test_benchmark_baseline_and_names_are_checked():
     with pytest.raises(UnknownNameError, match="did you mean 'ERM'"):
         benchmark.main(["--steps", "1", "--baseline", "ERN"])
+
+
+def test_alternating_medians_times_the_calls_in_turn():
+    """One call of each entry per round (so load changes hit every entry alike), the warm-up
+    rounds untimed, medians in seconds."""
+    import time
+
+    from dg_plugins.runtime import alternating_medians
+
+    order = []
+    calls = {"fast": lambda: order.append("fast"),
+             "slow": lambda: (order.append("slow"), time.sleep(0.02))}
+    med = alternating_medians(calls, steps=3, warmup=1, device="cpu")
+    assert order == ["fast", "slow"] * 4
+    assert set(med) == {"fast", "slow"}
+    assert med["slow"] >= 0.02 > med["fast"]
