@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dg_plugins.engine.records import leading_count
+from dg_plugins.engine.records import acc_matrix, leading_count
 from dg_plugins.engine.selection import (IID, ORACLE, SelectionMethod, best_checkpoint, best_run,
                                          group_ids, last_checkpoint)
 
@@ -60,16 +60,9 @@ def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
     if runs.empty:
         return runs.assign(val_acc=[], group=[])
     runs["group"] = group_ids(*(runs[c].to_numpy() for c in columns))
-    out_keys = sorted((c for c in records.columns if c.startswith("env") and c.endswith(
-        "_out_acc")), key=lambda c: int(c[3:-8]))
-    width = max((int(c[3:-8]) for c in out_keys), default=-1) + 1
-    out = np.full((len(records), width), np.nan)
-    inn = np.full((len(records), width), np.nan)
-    for i in range(width):
-        if f"env{i}_out_acc" in records:
-            out[:, i] = records[f"env{i}_out_acc"].to_numpy(dtype=float)
-        if f"env{i}_in_acc" in records:
-            inn[:, i] = records[f"env{i}_in_acc"].to_numpy(dtype=float)
+    out = acc_matrix(records, "env{t}_out_acc")
+    inn = acc_matrix(records, "env{t}_in_acc")
+    width = out.shape[1]
     n_envs = leading_count(~np.isnan(out))
     targets = np.zeros((len(records), width), dtype=bool)
     for row, envs in enumerate(runs["test_envs"]):
