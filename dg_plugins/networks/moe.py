@@ -34,15 +34,18 @@ Capacity and dropping (:func:`expert_capacity`, :func:`assign_slots`)
 
 Experts
     ``E`` FFNs ``fc2(Dropout(GELU(fc1 x)))`` (dropout on the hidden units only, as the official
-    ``activation_fn``; :func:`hidden_dropout`), kept as stacked weights ``w1 [E, H, D]``,
+    ``activation_fn``; :func:`dropout_keep_mask`), kept as stacked weights ``w1 [E, H, D]``,
     ``b1 [E, H]``, ``w2 [E, D, H]``, ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm
     ``Mlp``'s ``fc1``/``fc2`` into every expert (the official ``load_pretrained``), so that at
     initialisation the layer computes ``gate * FFN(x)`` for every kept token.
 
 Output
     ``y = sum_{kept choices j} g_j * Expert_{e_j}(x)`` (Eq. 3, "post-score"). Dispatch is batched:
-    the kept assignments are sorted by expert and each expert runs one matmul pair over its
-    contiguous block of tokens; results are scattered back with one ``index_add``.
+    the kept assignments are laid out grouped by expert (each one's position is its expert's
+    offset plus its slot, so no second sort is needed), one ``index_select`` gathers their tokens,
+    each expert runs its FFN on its contiguous block of rows (a block fits in cache, which one
+    pass over all experts' hidden units would not), and one ``index_add`` scatters the gated
+    results back to the tokens.
 
 Auxiliary loss (:func:`load_importance_loss`)
     Tutel's ``load_importance_loss`` (Shazeer et al. 2017): ``(CV^2(Importance) + CV^2(Load)) / 2``
@@ -108,27 +111,104 @@ class CosineRouter(nn.Module):
             return cos * self.scale()
 
 
-def hidden_dropout(h: torch.Tensor, p: float, training: bool, *,
-                   rescale: bool = True) -> torch.Tensor:
-    """Inverted dropout (``F.dropout``'s result distribution) on the experts' hidden units.
+def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch.bool
+                      ) -> torch.Tensor:
+    """The units dropout keeps, as 1/0 (``True``/``False`` for ``dtype=torch.bool``): each unit is
+    dropped independently with probability ``p``.
 
-    On CPU the keep mask comes from 16 random bits per element, four elements per 64-bit draw
-    (keep iff the bits, read as a signed int16, are below ``-2^15 + round((1 - p) * 2^16)``, so the
-    drop rate is ``p`` to within ``2^-17``): torch's CPU Bernoulli sampler draws one random number
-    per element and costs more than the experts' matmuls at small widths. Other devices use
-    ``F.dropout``. ``rescale=False`` returns ``h * mask`` without the ``1 / (1 - p)`` factor, for a
-    caller that folds it into the next layer's weights."""
-    if not training or p == 0.0:
-        return h
-    if h.device.type != "cpu":
-        out = F.dropout(h, p, training=True)
-        return out if rescale else out * (1.0 - p)
-    n = h.numel()
+    On CPU the mask comes from 16 random bits per element, four elements per 64-bit draw (keep iff
+    the bits, read as a signed int16, are below ``-2^15 + round((1 - p) * 2^16)``, so the drop rate
+    is ``p`` to within ``2^-17``): torch's CPU Bernoulli sampler draws one random number per
+    element and costs more than the experts' matmuls at small widths. A float mask is written by
+    the comparison itself (converting a bool mask costs as much as the comparison). Other devices
+    compare ``torch.rand`` with ``p``."""
+    if torch.device(device).type != "cpu":
+        return (torch.rand(shape, device=device) >= p).to(dtype)
+    n = math.prod(shape)
     words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 3) // 4,), dtype=torch.int64,
-                          device=h.device)
-    bits = words.view(torch.int16)[:n].view(h.shape)
-    keep = bits < -32768 + round((1.0 - p) * 65536)
-    return h * keep * (1.0 / (1.0 - p)) if rescale else h * keep
+                          device=device)
+    bits = words.view(torch.int16)[:n].view(shape)
+    threshold = -32768 + round((1.0 - p) * 65536)
+    if dtype == torch.bool:
+        return bits < threshold
+    return torch.lt(bits, threshold, out=torch.empty(shape, dtype=dtype, device=device))
+
+
+class _ExpertFFNs(torch.autograd.Function):
+    """Every expert's FFN over its contiguous block of rows, forward and backward written out
+    block by block (see :func:`expert_ffns`)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, keep, counts):
+        out = x.new_empty(x.shape[0], w2.shape[1])
+        saved = []  # per expert: fc1's output (for GELU's backward), the hidden units (for fc2's)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = slice(start, start + n)
+                pre = torch.addmm(b1[e], x[rows], w1[e].t())
+                hidden = F.gelu(pre)
+                if keep is not None:
+                    hidden.mul_(keep[rows])
+                torch.addmm(b2[e], hidden, w2[e].t(), out=out[rows])
+                saved += [pre, hidden]
+            start += n
+        ctx.save_for_backward(x, w1, w2, keep, *saved)
+        ctx.counts = counts
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        x, w1, w2, keep, *saved = ctx.saved_tensors
+        need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad[:5]
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_w1, grad_b1, grad_w2, grad_b2 = (
+            torch.zeros_like(t) if need else None for t, need in (
+                (w1, need_w1), (w1[:, :, 0], need_b1), (w2, need_w2), (w2[:, :, 0], need_b2)))
+        start = 0
+        blocks = iter(saved)
+        for e, n in enumerate(ctx.counts):
+            if n:
+                rows = slice(start, start + n)
+                pre, hidden = next(blocks), next(blocks)
+                g = grad_out[rows]
+                if need_w2:
+                    torch.mm(g.t(), hidden, out=grad_w2[e])
+                if need_b2:
+                    torch.sum(g, dim=0, out=grad_b2[e])
+                grad_h = g @ w2[e]
+                if keep is not None:
+                    grad_h.mul_(keep[rows])
+                grad_pre = torch.ops.aten.gelu_backward(grad_h, pre)
+                if need_w1:
+                    torch.mm(grad_pre.t(), x[rows], out=grad_w1[e])
+                if need_b1:
+                    torch.sum(grad_pre, dim=0, out=grad_b1[e])
+                if need_x:
+                    torch.mm(grad_pre, w1[e], out=grad_x[rows])
+            start += n
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
+
+
+def expert_ffns(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                b2: torch.Tensor, counts: list[int], keep: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """Rows ``[s_e, s_e + counts[e])`` of ``x [N, D]`` (``s_e = sum(counts[:e])``) through expert
+    ``e``: ``(GELU(x w1[e]^T + b1[e]) * keep) w2[e]^T + b2[e]`` with ``w1 [E, H, D]``,
+    ``b1 [E, H]``, ``w2 [E, D, H]``, ``b2 [E, D]``, exact (erf) GELU, and ``keep [N, H]`` a
+    dropout mask of 1/0 in ``x``'s dtype (``None``: no dropout; a rescaling belongs in ``w2``).
+    Returns ``[N, D]``.
+
+    One matmul per expert and layer. The forward and the backward handle one expert's block at a
+    time (a block stays in cache, where one GELU pass over all experts' hidden units would not)
+    and write the output and the gradients in place into shared buffers: no per-expert slice of
+    the stacked weights gets its own full-size gradient, as indexing ``w1[e]`` under autograd
+    would. First-order differentiable in ``x`` and the weights. All tensors share a dtype."""
+    if sum(counts) != x.shape[0] or len(counts) != w1.shape[0]:
+        raise ValueError(f"counts {counts} must have one entry per expert ({w1.shape[0]}) and "
+                         f"sum to the {x.shape[0]} rows of x")
+    return _ExpertFFNs.apply(x, w1, b1, w2, b2, keep, counts)
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
@@ -144,6 +224,26 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
     return top_k * int(math.floor(capacity_factor * per_expert))
 
 
+def _slots_and_counts(experts: torch.Tensor, order: torch.Tensor | None,
+                      num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`assign_slots` with the tokens taken in ``order`` (``None``: token order), also
+    returning how many assignments each expert got (``[E]`` long, before any dropping)."""
+    top_k = experts.shape[1]
+    slots = torch.empty_like(experts)
+    offset = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
+    for j in range(top_k):  # k is 1 or 2: a loop over choices, never over tokens
+        column = experts[:, j] if order is None else experts[order, j]
+        onehot = F.one_hot(column, num_experts)  # [T, E], tokens in order
+        before = torch.cumsum(onehot, dim=0) + (offset - 1)  # same-expert assignments up to t
+        slot = before.gather(1, column.unsqueeze(1)).squeeze(1)
+        if order is None:
+            slots[:, j] = slot
+        else:
+            slots[order, j] = slot
+        offset = offset + onehot.sum(dim=0)
+    return slots, offset
+
+
 def assign_slots(experts: torch.Tensor, priority: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Slot of each assignment in its expert's buffer, batch-prioritised.
 
@@ -157,16 +257,7 @@ def assign_slots(experts: torch.Tensor, priority: torch.Tensor, num_experts: int
     one choice column tokens are ordered by decreasing ``priority`` (stable: ties by token index).
     An assignment is kept iff its slot is below the capacity.
     """
-    num_tokens, top_k = experts.shape
-    order = torch.argsort(-priority, stable=True)
-    slots = torch.empty_like(experts)
-    offset = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
-    for j in range(top_k):  # k is 1 or 2: a loop over choices, never over tokens
-        onehot = F.one_hot(experts[order, j], num_experts)  # [T, E] in priority order
-        before = torch.cumsum(onehot, dim=0) - onehot + offset  # same-expert assignments before
-        slots[order, j] = (before * onehot).sum(dim=1)
-        offset = offset + onehot.sum(dim=0)
-    return slots
+    return _slots_and_counts(experts, torch.argsort(-priority, stable=True), num_experts)[0]
 
 
 def softmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -207,7 +298,8 @@ class Routing:
     (float32), their slots in the experts' buffers (None without a capacity factor: nothing can
     be dropped), and whether the slot is within capacity.
     scores: ``[T, E]`` the (noisy in training) softmax scores; capacity: the capacity used;
-    aux_loss: the load/importance loss (scalar, float32; 0 when not computed).
+    aux_loss: the load/importance loss (scalar, float32; 0 when not computed); counts: ``[E]``
+    assignments each expert got before dropping (long).
     """
 
     experts: torch.Tensor
@@ -217,6 +309,7 @@ class Routing:
     scores: torch.Tensor
     capacity: int
     aux_loss: torch.Tensor
+    counts: torch.Tensor
 
 
 def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
@@ -233,22 +326,27 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
     noisy = logits + noise_std * torch.randn_like(logits) if training and gate_noise > 0 \
         else logits
     scores = softmax_rows(noisy)
-    top_scores, experts = torch.topk(scores, top_k, dim=1)
+    if top_k == 1:  # the same choice as topk, about 2x faster on a [T, E] tensor with small E
+        top_scores, experts = scores.max(dim=1, keepdim=True)
+    else:
+        top_scores, experts = torch.topk(scores, top_k, dim=1)
     gates = top_scores
     if top_k > 1:
         gates = gates / gates.sum(dim=1, keepdim=True).clamp(min=torch.finfo(gates.dtype).eps)
     capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
     if capacity_factor is None:  # an expert gets a token at most once: nothing is dropped
         slots, keep = None, torch.ones_like(experts, dtype=torch.bool)
+        counts = torch.bincount(experts.reshape(-1), minlength=num_experts)
     else:
-        slots = assign_slots(experts, top_scores[:, 0].detach(), num_experts)
+        order = torch.argsort(-top_scores[:, 0].detach(), stable=True)
+        slots, counts = _slots_and_counts(experts, order, num_experts)
         keep = slots < capacity
     loss = logits.new_zeros(())
     if aux and gate_noise > 0:
         kth = noisy.gather(1, experts[:, -1:]).squeeze(1)
         clean = scores if noisy is logits else softmax_rows(logits)
         loss = load_importance_loss(clean, kth, noise_std)
-    return Routing(experts, gates, slots, keep, scores, capacity, loss)
+    return Routing(experts, gates, slots, keep, scores, capacity, loss, counts)
 
 
 @dataclass
@@ -311,7 +409,6 @@ class MoEFFN(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(num_experts, dim))
         for w in (self.w1, self.w2):
             nn.init.trunc_normal_(w, std=0.02)
-        self.act = nn.GELU()
         if not 0.0 <= expert_dropout < 1.0:
             raise ValueError(f"expert_dropout must be in [0, 1), got {expert_dropout}")
         self.expert_dropout = float(expert_dropout)
@@ -355,13 +452,20 @@ class MoEFFN(nn.Module):
         stats, self._last_routing = self._last_routing, None
         return stats
 
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """Expert ``e`` on tokens ``x [n, D]``: ``fc2(Dropout(GELU(fc1 x)))``."""
+    def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """All experts on tokens grouped by expert (:func:`expert_ffns`): rows
+        ``[s_e, s_e + counts[e])`` of ``x [N, D]`` go through expert ``e``:
+        ``fc2(Dropout(GELU(fc1 x)))``, in training with the dropout's ``1 / (1 - p)`` folded into
+        ``fc2``'s weights. Runs in the autocast dtype when autocast is on."""
         p = self.expert_dropout if self.training else 0.0
-        h = hidden_dropout(self.act(F.linear(x, self.w1[e], self.b1[e])), p, self.training,
-                           rescale=False)
-        w2 = self.w2[e] * (1.0 / (1.0 - p)) if p else self.w2[e]  # the dropout's rescaling
-        return F.linear(h, w2, self.b2[e])
+        w2 = self.w2 * (1.0 / (1.0 - p)) if p else self.w2
+        device_type = x.device.type
+        dtype = (torch.get_autocast_dtype(device_type)
+                 if torch.is_autocast_enabled(device_type) else x.dtype)
+        keep = dropout_keep_mask((x.shape[0], self.hidden), p, x.device, dtype) if p else None
+        with torch.autocast(device_type=device_type, enabled=False):
+            return expert_ffns(*(t.to(dtype) for t in (x, self.w1, self.b1, w2, self.b2)),
+                               counts, keep)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -370,31 +474,33 @@ class MoEFFN(nn.Module):
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         r = route(self.router(tokens), self.top_k, factor, gate_noise=self.gate_noise,
                   training=self.training, aux=self.training)
-        # kept assignments, grouped by expert
-        token_ids = torch.arange(num_tokens, device=x.device).unsqueeze(1).expand_as(r.experts)
-        kept = r.keep.reshape(-1)
-        experts = r.experts.reshape(-1)[kept]
-        order = torch.argsort(experts, stable=True)
-        ids = token_ids.reshape(-1)[kept][order]
-        gates = r.gates.reshape(-1)[kept][order]
-        counts = torch.bincount(experts, minlength=self.num_experts).tolist()
-        chunks = tokens.index_select(0, ids).split(counts)
-        outputs = [self.expert(e, chunk) for e, chunk in enumerate(chunks) if chunk.shape[0]]
-        out = torch.cat(outputs) if outputs else tokens.new_zeros(0, shape[-1])
+        # lay the kept assignments out grouped by expert: position = offset of the expert's
+        # block + the assignment's slot (the kept slots of an expert are 0 .. its kept count - 1)
+        slots = r.slots
+        if slots is None:  # nothing dropped: any order within an expert will do
+            slots = _slots_and_counts(r.experts, None, self.num_experts)[0]
+        kept_counts = r.counts.clamp(max=r.capacity)
+        offsets = torch.cumsum(kept_counts, 0) - kept_counts
+        assignments = torch.nonzero(r.keep.reshape(-1)).squeeze(1)  # flat index t * k + j
+        position = (offsets[r.experts.reshape(-1)[assignments]]
+                    + slots.reshape(-1)[assignments])
+        grouped = torch.empty_like(assignments)
+        grouped[position] = assignments  # the assignment at each position of the layout
+        ids = torch.div(grouped, self.top_k, rounding_mode="floor")
+        gates = r.gates.reshape(-1)[grouped]
+        out = self.experts(tokens.index_select(0, ids), kept_counts.tolist())
         out = out * gates.to(out.dtype).unsqueeze(1)
         # out's dtype: under autocast the experts' matmuls may run in half precision
         y = out.new_zeros(num_tokens, shape[-1]).index_add_(0, ids, out)
 
         with torch.no_grad():
-            load = torch.bincount(r.experts.reshape(-1), minlength=self.num_experts).float()
-            p = load / load.sum()
-            entropy = -(p * torch.log(p.clamp(min=1e-12))).sum()
-            drop = 1.0 - r.keep.float().mean()
+            load = r.counts.float() / r.counts.sum()
+            entropy = -(load * torch.log(load.clamp(min=1e-12))).sum()
+            drop = 1.0 - kept_counts.sum().float() / r.experts.numel()
         top1 = r.experts[:, 0].reshape(shape[:-1]).detach() if self.record_experts else None
         self._last_routing = RoutingStats(r.aux_loss, drop, entropy, top1)
         return y.reshape(shape)
 
-
 __all__ = ["CosineRouter", "MAX_LOG_SCALE", "MoEFFN", "Routing", "RoutingStats",
-           "assign_slots", "expert_capacity", "hidden_dropout", "load_importance_loss", "route",
-           "softmax_rows"]
+           "assign_slots", "dropout_keep_mask", "expert_capacity", "expert_ffns",
+           "load_importance_loss", "route", "softmax_rows"]

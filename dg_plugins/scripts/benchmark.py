@@ -5,7 +5,8 @@ For the baseline and every algorithm matching ``--algorithms`` (a shell pattern 
 comma-separated list), on the same dataset shape and batch (``--batch_size`` per environment x
 ``--num_domains`` environments): the median wall time of a training step (``update``) over
 ``--steps`` steps after ``--warmup``; with ``--predict`` the median time of ``predict`` on one
-batch in eval mode; the peak memory of a step (persistent tensors: parameters, buffers, optimizer
+batch in eval mode (all algorithms are built first and timed alternately, one step of each per
+round, on one shared batch); the peak memory of a step (persistent tensors: parameters, buffers, optimizer
 state; plus the peak of the step's own allocations: ``torch.cuda.max_memory_allocated`` on CUDA,
 the torch profiler's allocation events on CPU); and the parameter counts (all / trainable).
 Ratios are against the baseline measured in the same run.
@@ -102,47 +103,49 @@ def _step_peak_bytes(algorithm, batches, device) -> int:
     return peak
 
 
-def _median_time(fn, steps: int, device) -> float:
-    from dg_plugins.runtime import synchronize
-
-    times = []
-    for _ in range(steps):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_algorithm(name: str, dataset, hparams: dict, steps: int, warmup: int, device,
-                      num_domains: int = 2, predict: bool = False) -> dict:
+def build_algorithm(name: str, dataset, hparams: dict, num_domains: int, device):
+    """The registered algorithm ``name`` for ``dataset``'s shape, seeded, on ``device``."""
     import torch
 
     from dg_plugins.registry import ALGORITHMS
 
     torch.manual_seed(0)
-    envs = [i % len(dataset) for i in range(num_domains)]
     algorithm = ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, num_domains,
                                      hparams)
-    algorithm.to(device)
-    batches = _minibatches(dataset, hparams["batch_size"], envs, device)
-    for _ in range(warmup):
-        algorithm.update(batches, None)
-    row = {"step_s": _median_time(lambda: algorithm.update(batches, None), steps, device)}
-    row["peak_bytes"] = (_persistent_bytes(algorithm)
-                         + _step_peak_bytes(algorithm, batches, device))
-    row["params"] = sum(p.numel() for p in algorithm.parameters())
-    row["trainable"] = sum(p.numel() for p in algorithm.parameters() if p.requires_grad)
+    return algorithm.to(device)
+
+
+def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, device,
+                       predict: bool = False) -> dict[str, dict]:
+    """Time every ``algorithms[name].update(batches)`` (and with ``predict`` its ``predict`` on
+    the first environment's images, in eval mode), **alternating** the algorithms step by step
+    (``runtime.alternating_medians``): a change of machine load during the run hits all of them
+    alike, so the ratios stay meaningful on a shared or noisy machine (timing one algorithm after
+    the other had moved a ratio by 0.2 between runs on the same quiet machine). Then the peak
+    memory of one step and the parameter counts of each."""
+    import torch
+
+    from dg_plugins.runtime import alternating_medians
+
+    step = alternating_medians({name: (lambda a=a: a.update(batches, None))
+                                for name, a in algorithms.items()}, steps, warmup, device)
+    rows = {name: {"step_s": step[name]} for name in algorithms}
     if predict:
         x = batches[0][0]
-        algorithm.eval()
+        for a in algorithms.values():
+            a.eval()
         with torch.no_grad():
-            for _ in range(max(1, warmup)):
-                algorithm.predict(x)
-            row["predict_s"] = _median_time(lambda: algorithm.predict(x), steps, device)
-        algorithm.train()
-    return row
+            times = alternating_medians({name: (lambda a=a: a.predict(x))
+                                         for name, a in algorithms.items()},
+                                        steps, max(1, warmup), device)
+        for name, a in algorithms.items():
+            a.train()
+            rows[name]["predict_s"] = times[name]
+    for name, a in algorithms.items():
+        rows[name]["peak_bytes"] = _persistent_bytes(a) + _step_peak_bytes(a, batches, device)
+        rows[name]["params"] = sum(p.numel() for p in a.parameters())
+        rows[name]["trainable"] = sum(p.numel() for p in a.parameters() if p.requires_grad)
+    return rows
 
 
 def _names(pattern: str, baseline: str) -> list[str]:
@@ -184,7 +187,7 @@ def benchmark_algorithms(args) -> list[dict]:
     overrides = hparams_lib.parse_overrides(args.hparams)
     baseline_overrides = (overrides if args.baseline_hparams is None
                           else hparams_lib.parse_overrides(args.baseline_hparams))
-    rows = []
+    algorithms = {}
     for index, name in enumerate(names):
         changes = {"batch_size": args.batch_size, "pretrained": args.pretrained}
         if args.tiny:
@@ -192,8 +195,13 @@ def benchmark_algorithms(args) -> list[dict]:
         changes.update(baseline_overrides if index == 0 else overrides)
         hp = hparams_lib.default_hparams(name, args.dataset)
         hp.update(hparams_lib.validate(name, args.dataset, changes))
-        rows.append({"algorithm": name, **measure_algorithm(
-            name, dataset, hp, args.steps, args.warmup, device, args.num_domains, args.predict)})
+        algorithms[name] = build_algorithm(name, dataset, hp, args.num_domains, device)
+    torch.manual_seed(0)  # one batch for all: the same images in every algorithm's steps
+    batches = _minibatches(dataset, args.batch_size,
+                           [i % len(dataset) for i in range(args.num_domains)], device)
+    measured = measure_algorithms(algorithms, batches, args.steps, args.warmup, device,
+                                  args.predict)
+    rows = [{"algorithm": name, **measured[name]} for name in names]
     base = rows[0]
     for row in rows:
         row["time_ratio"] = row["step_s"] / base["step_s"]
@@ -203,7 +211,8 @@ def benchmark_algorithms(args) -> list[dict]:
     print(f"Per-step cost relative to {args.baseline}: dataset {args.dataset} "
           f"{tuple(dataset.input_shape)}, batch {args.batch_size} per environment x "
           f"{args.num_domains} environments, device {_device_label(device)}, median of "
-          f"{args.steps} steps after {args.warmup} warm-up steps, one process")
+          f"{args.steps} steps after {args.warmup} warm-up steps, the algorithms alternating "
+          f"step by step in one process")
     print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
           f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
     header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7}"

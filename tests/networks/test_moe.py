@@ -110,6 +110,13 @@ def test_route_drops_beyond_capacity_per_expert_and_keeps_the_rest():
             assert top[kept].min() >= top[chosen & ~r.keep[:, 0]].max()
 
 
+@pytest.mark.parametrize("top_k, factor", [(1, 0.5), (2, 0.7), (2, None)])
+def test_route_counts_every_assignment_per_expert_before_dropping(top_k, factor):
+    torch.manual_seed(2)
+    r = M.route(torch.randn(40, 5) * 2, top_k, factor, gate_noise=1.0, training=False)
+    assert torch.equal(r.counts, torch.bincount(r.experts.flatten(), minlength=5))
+
+
 def test_without_a_capacity_factor_every_assignment_is_kept():
     logits = torch.zeros(50, 4)
     logits[:, 0] = 5.0  # all tokens to expert 0
@@ -239,18 +246,17 @@ def test_the_layer_runs_under_autocast_with_the_router_in_float32():
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_hidden_dropout_drops_at_rate_p_and_rescales_the_rest(p):
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_dropout_keep_mask_drops_at_rate_p_independently(p, dtype):
     torch.manual_seed(0)
-    h = torch.rand(400, 500) + 0.5  # no zeros of its own
-    out = M.hidden_dropout(h, p, training=True)
-    dropped = out == 0
+    keep = M.dropout_keep_mask((400, 500), p, "cpu", dtype)
+    assert keep.dtype == dtype and keep.shape == (400, 500)
+    dropped = keep == 0
+    assert set(keep.unique().tolist()) == {0, 1}
     assert abs(dropped.float().mean().item() - p) < 0.005  # 200,000 draws: 5 standard errors
-    torch.testing.assert_close(out[~dropped], h[~dropped] / (1 - p))
     assert dropped[:, :250].float().mean().sub(dropped[:, 250:].float().mean()).abs() < 0.01
-    assert not torch.equal(dropped, M.hidden_dropout(h, p, training=True) == 0)
-    assert M.hidden_dropout(h, p, training=False) is h and M.hidden_dropout(h, 0.0, True) is h
-    raw = M.hidden_dropout(h, p, training=True, rescale=False)
-    assert torch.equal(raw[raw != 0], h[raw != 0])
+    assert dropped[:200].float().mean().sub(dropped[200:].float().mean()).abs() < 0.01
+    assert not torch.equal(keep, M.dropout_keep_mask((400, 500), p, "cpu", dtype))
 
 
 def test_softmax_rows_is_the_row_softmax():
@@ -258,14 +264,56 @@ def test_softmax_rows_is_the_row_softmax():
     torch.testing.assert_close(M.softmax_rows(x), torch.softmax(x, dim=1))
 
 
-def test_expert_with_dropout_is_fc2_of_the_rescaled_dropped_hidden_units():
-    layer = layer_from(dense_mlp(), num_experts=2, expert_dropout=0.3)
+def test_experts_run_each_row_block_through_its_own_expert_with_rescaled_hidden_dropout():
+    layer = layer_from(dense_mlp(), num_experts=3, expert_dropout=0.3)
+    with torch.no_grad():
+        for w in (layer.w1, layer.b1, layer.w2, layer.b2):
+            w.normal_(0, 0.3)  # distinct experts
     x = torch.randn(20, 8)
+    counts = [7, 0, 13]  # expert 1 gets no row
     torch.manual_seed(4)
-    got = layer.expert(1, x)
+    got = layer.experts(x, counts)
     torch.manual_seed(4)
-    h = M.hidden_dropout(torch.nn.functional.gelu(x @ layer.w1[1].T + layer.b1[1]), 0.3, True)
-    torch.testing.assert_close(got, h @ layer.w2[1].T + layer.b2[1])
+    keep = M.dropout_keep_mask((20, 16), 0.3, "cpu", torch.float32)  # one mask for all rows
+    assert 0 < keep.mean() < 1
+    expected = []
+    for e, rows in ((0, slice(0, 7)), (2, slice(7, 20))):
+        h = torch.nn.functional.gelu(x[rows] @ layer.w1[e].T + layer.b1[e]) * keep[rows] / 0.7
+        expected.append(h @ layer.w2[e].T + layer.b2[e])
+    torch.testing.assert_close(got, torch.cat(expected))
+    assert layer.experts(x[:0], [0, 0, 0]).shape == (0, 8)
+
+
+@pytest.mark.parametrize("with_mask, x_grad", [(False, True), (True, True), (True, False)])
+def test_expert_ffns_gradients_match_finite_differences(with_mask, x_grad):
+    """The hand-written backward of the grouped experts, against torch's numerical Jacobian."""
+    torch.manual_seed(0)
+    num_experts, dim, hidden = 3, 4, 5
+    def leaf(*shape, grad=True):
+        return torch.randn(*shape, dtype=torch.double).requires_grad_(grad)
+    x = leaf(9, dim, grad=x_grad)
+    weights = (leaf(num_experts, hidden, dim), leaf(num_experts, hidden),
+               leaf(num_experts, dim, hidden), leaf(num_experts, dim))
+    keep = (torch.rand(9, hidden) > 0.3).double() if with_mask else None
+    assert torch.autograd.gradcheck(
+        lambda x, *w: M.expert_ffns(x, *w, [4, 0, 5], keep), (x, *weights))
+
+
+def test_expert_ffns_rejects_counts_that_do_not_cover_the_rows():
+    w = torch.zeros(2, 3, 3)
+    with pytest.raises(ValueError, match="sum to the 5 rows"):
+        M.expert_ffns(torch.zeros(5, 3), w, w[:, :, 0], w, w[:, :, 0], [2, 2])
+
+
+def test_expert_gradients_land_in_their_own_slice_of_the_stacked_weights():
+    layer = layer_from(dense_mlp(), num_experts=3)
+    x = torch.randn(10, 8)
+    layer.experts(x, [4, 0, 6]).sum().backward()
+    for w in (layer.w1, layer.b1, layer.w2, layer.b2):
+        assert w.grad[0].abs().sum() > 0 and w.grad[2].abs().sum() > 0
+        assert torch.all(w.grad[1] == 0)  # no row went to expert 1
+    # expert 0's fc2 bias gradient is the number of its rows, per output unit
+    torch.testing.assert_close(layer.b2.grad[0], torch.full((8,), 4.0))
 
 
 def test_the_layer_takes_the_expert_dropout_on_hidden_units_in_training_only():
