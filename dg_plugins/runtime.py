@@ -35,12 +35,11 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[str, float]:
-    """Median wall seconds of each ``calls[name]()``, timing the calls in turn (one of each per
-    round, ``warmup`` untimed rounds first, then ``steps`` timed ones), so that a change of machine
-    load hits every entry alike: ratios between entries stay meaningful on a shared machine."""
-    import statistics
-
+def alternating_times(calls: dict, steps: int, warmup: int, device) -> dict[str, list[float]]:
+    """Wall seconds of each ``calls[name]()`` in every timed round, timing the calls in turn (one
+    of each per round, ``warmup`` untimed rounds first, then ``steps`` timed ones), so that a
+    change of machine load hits every entry alike: ratios between entries stay meaningful on a
+    shared machine, and entry ``i`` of two lists are a pair measured back to back."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for round_index in range(warmup + steps):
         for name, fn in calls.items():
@@ -50,7 +49,28 @@ def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[st
             synchronize(device)
             if round_index >= warmup:
                 times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[str, float]:
+    """The median of each entry's :func:`alternating_times`."""
+    import statistics
+
+    return {name: statistics.median(values)
+            for name, values in alternating_times(calls, steps, warmup, device).items()}
+
+
+def paired_ratio(times: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Median and quartiles (low, median, high) of the per-round ratios ``times[i] / base[i]`` of
+    two :func:`alternating_times` lists: each ratio compares two calls made back to back, so a
+    slow spell of the machine cancels out of it, where it would not out of a ratio of medians."""
+    import statistics
+
+    ratios = [t / b for t, b in zip(times, base)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    low, mid, high = statistics.quantiles(ratios, n=4)
+    return low, statistics.median(ratios), high
 
 
 def timed_command(command: list[str], env: dict | None = None, cwd: str | None = None):

@@ -6,10 +6,12 @@ comma-separated list), on the same dataset shape and batch (``--batch_size`` per
 ``--num_domains`` environments): the median wall time of a training step (``update``) over
 ``--steps`` steps after ``--warmup``; with ``--predict`` the median time of ``predict`` on one
 batch in eval mode (all algorithms are built first and timed alternately, one step of each per
-round, on one shared batch); the peak memory of a step (persistent tensors: parameters, buffers, optimizer
-state; plus the peak of the step's own allocations: ``torch.cuda.max_memory_allocated`` on CUDA,
-the torch profiler's allocation events on CPU); and the parameter counts (all / trainable).
-Ratios are against the baseline measured in the same run.
+round, on one shared batch); the peak memory of a step (persistent tensors: parameters, buffers,
+optimizer state; plus the peak of the step's own allocations: ``torch.cuda.max_memory_allocated``
+on CUDA, the torch profiler's allocation events on CPU); and the parameter counts (all /
+trainable). Ratios are against the baseline measured in the same run; the step ratio is the
+median of the per-round ratios (each compares two steps made back to back) and is printed with
+their quartiles; memory and predict ratios are ratios of the two values.
 
 ``--hparams`` (JSON) applies to the algorithms and, unless ``--baseline_hparams`` is given, to
 the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``. Examples::
@@ -119,17 +121,21 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
                        predict: bool = False) -> dict[str, dict]:
     """Time every ``algorithms[name].update(batches)`` (and with ``predict`` its ``predict`` on
     the first environment's images, in eval mode), **alternating** the algorithms step by step
-    (``runtime.alternating_medians``): a change of machine load during the run hits all of them
+    (``runtime.alternating_times``): a change of machine load during the run hits all of them
     alike, so the ratios stay meaningful on a shared or noisy machine (timing one algorithm after
-    the other had moved a ratio by 0.2 between runs on the same quiet machine). Then the peak
-    memory of one step and the parameter counts of each."""
+    the other had moved a ratio by 0.2 between runs on the same quiet machine). ``step_times``
+    keeps every timed step, for ratios paired round by round. Then the peak memory of one step and
+    the parameter counts of each."""
     import torch
 
-    from dg_plugins.runtime import alternating_medians
+    import statistics
 
-    step = alternating_medians({name: (lambda a=a: a.update(batches, None))
-                                for name, a in algorithms.items()}, steps, warmup, device)
-    rows = {name: {"step_s": step[name]} for name in algorithms}
+    from dg_plugins.runtime import alternating_medians, alternating_times
+
+    step = alternating_times({name: (lambda a=a: a.update(batches, None))
+                              for name, a in algorithms.items()}, steps, warmup, device)
+    rows = {name: {"step_s": statistics.median(step[name]), "step_times": step[name]}
+            for name in algorithms}
     if predict:
         x = batches[0][0]
         for a in algorithms.values():
@@ -175,7 +181,7 @@ def benchmark_algorithms(args) -> list[dict]:
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.engine import plugins
     from dg_plugins.registry import ALGORITHMS, DATASETS
-    from dg_plugins.runtime import pick_device
+    from dg_plugins.runtime import paired_ratio, pick_device
 
     import torch
 
@@ -204,7 +210,8 @@ def benchmark_algorithms(args) -> list[dict]:
     rows = [{"algorithm": name, **measured[name]} for name in names]
     base = rows[0]
     for row in rows:
-        row["time_ratio"] = row["step_s"] / base["step_s"]
+        row["time_ratio_iqr"] = paired_ratio(row["step_times"], base["step_times"])
+        row["time_ratio"] = row["time_ratio_iqr"][1]
         row["mem_ratio"] = row["peak_bytes"] / base["peak_bytes"]
         if args.predict:
             row["predict_ratio"] = row["predict_s"] / base["predict_s"]
@@ -215,13 +222,15 @@ def benchmark_algorithms(args) -> list[dict]:
           f"step by step in one process")
     print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
           f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
-    header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7}"
+    header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7} {'(quartiles)':>13}"
     if args.predict:
         header += f" {'predict ms':>10} {'x base':>7}"
     header += f" {'peak MiB':>9} {'x base':>7} {'params M':>9} {'trainable M':>11}"
     print(header)
     for row in rows:
-        line = f"{row['algorithm']:<14} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f}"
+        low, _, high = row["time_ratio_iqr"]
+        line = (f"{row['algorithm']:<14} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f}"
+                f" {f'({low:.2f}-{high:.2f})':>13}")
         if args.predict:
             line += f" {1000 * row['predict_s']:>10.1f} {row['predict_ratio']:>7.2f}"
         line += (f" {row['peak_bytes'] / 2**20:>9.1f} {row['mem_ratio']:>7.2f}"

@@ -16,8 +16,9 @@ def test_benchmark_prints_ratios_for_every_algorithm(capsys):
     assert set(rows) >= {n for n, cls in ALGORITHMS.items()
                          if cls.__module__.startswith("dg_plugins.")}
     erm = rows["ERM"]
-    assert erm[2] == "1.00" and erm[4] == "1.00" and erm[6] == "1.00"  # step, predict, memory
-    assert float(erm[7]) > 0  # parameters, in millions
+    # step ratio and its quartiles, predict, memory
+    assert erm[2] == "1.00" and erm[3] == "(1.00-1.00)" and erm[5] == "1.00" and erm[7] == "1.00"
+    assert float(erm[8]) > 0  # parameters, in millions
 
 
 def test_benchmark_baseline_and_names_are_checked():
@@ -39,3 +40,14 @@ def test_alternating_medians_times_the_calls_in_turn():
     assert order == ["fast", "slow"] * 4
     assert set(med) == {"fast", "slow"}
     assert med["slow"] >= 0.02 > med["fast"]
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios_with_quartiles():
+    from dg_plugins.runtime import paired_ratio
+
+    base = [1.0, 2.0, 1.0, 4.0, 1.0]  # the machine slows down in rounds 2 and 4
+    times = [1.1, 2.2, 1.1, 4.4, 1.3]
+    low, mid, high = paired_ratio(times, base)
+    assert abs(mid - 1.1) < 1e-9  # a ratio of medians would say 1.1 / 1.0 here by luck only
+    assert low <= mid <= high and abs(high - 1.2) < 1e-9
+    assert paired_ratio([3.0], [2.0]) == (1.5, 1.5, 1.5)
