@@ -134,6 +134,18 @@ def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch
     return torch.lt(bits, threshold, out=torch.empty(shape, dtype=dtype, device=device))
 
 
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast runs matmuls in on ``device_type``, or None when autocast is off there
+    (``torch.get_autocast_dtype`` from torch 2.4; the per-device functions before)."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_dtype(device_type) if enabled else None
+
+
 class _ExpertFFNs(torch.autograd.Function):
     """Every expert's FFN over its contiguous block of rows, forward and backward written out
     block by block (see :func:`expert_ffns`)."""
@@ -460,8 +472,7 @@ class MoEFFN(nn.Module):
         p = self.expert_dropout if self.training else 0.0
         w2 = self.w2 * (1.0 / (1.0 - p)) if p else self.w2
         device_type = x.device.type
-        dtype = (torch.get_autocast_dtype(device_type)
-                 if torch.is_autocast_enabled(device_type) else x.dtype)
+        dtype = _autocast_dtype(device_type) or x.dtype
         keep = dropout_keep_mask((x.shape[0], self.hidden), p, x.device, dtype) if p else None
         with torch.autocast(device_type=device_type, enabled=False):
             return expert_ffns(*(t.to(dtype) for t in (x, self.w1, self.b1, w2, self.b2)),

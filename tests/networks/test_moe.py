@@ -242,7 +242,9 @@ def test_the_layer_runs_under_autocast_with_the_router_in_float32():
         y = layer(x)
     stats = layer.pop_routing()
     assert y.shape == x.shape and torch.isfinite(y.float()).all()
+    assert y.dtype == torch.bfloat16  # the experts ran in autocast's dtype, as a Linear would
     assert stats.aux_loss.dtype == torch.float32
+    assert layer(x).dtype == torch.float32 and M._autocast_dtype("cpu") is None
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
