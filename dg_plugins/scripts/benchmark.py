@@ -33,7 +33,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 
 @contextlib.contextmanager
@@ -127,8 +126,6 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
     keeps every timed step, for ratios paired round by round. Then the peak memory of one step and
     the parameter counts of each."""
     import torch
-
-    import statistics
 
     from dg_plugins.runtime import alternating_medians, alternating_times
 
