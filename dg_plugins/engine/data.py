@@ -9,11 +9,25 @@ Differences from DomainBed, by design:
 * In-memory tensor datasets are gathered in-process by tensor indexing (no worker processes).
   Other datasets use at most ``min(N_WORKERS, cpus)`` workers shared across the training loaders;
   random augmentations in worker processes are not replayed exactly after a resume.
+
+Loader workers (the lifecycle): workers ignore SIGTERM/SIGINT, so that a signal sent to the job's
+whole process group (Ctrl-C, a sweep forwarding Slurm's SIGTERM, Slurm signalling every process)
+reaches only the train process, which stops at a step boundary with a checkpoint. Because they
+ignore SIGTERM, multiprocessing's exit handler (terminate, then join) cannot end them, so the
+owner must: :meth:`BatchStream.close` and the evaluation iterator of :func:`eval_batches` shut
+their workers down through the loader's own protocol (done event, then join), and kill any that
+did not exit. The train job closes its streams on every exit path; as a last resort, an exit
+handler of this module (it runs before multiprocessing's and torch's, being registered after
+them) closes whatever worker loader is still open, so no process can hang at exit or leave a
+worker behind.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -83,6 +97,40 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+#: Worker iterators not yet shut down (see the module docstring).
+_OPEN_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _start_workers(loader: DataLoader):
+    """``iter(loader)``, tracked until :func:`shutdown_workers` ends its workers."""
+    iterator = iter(loader)
+    if getattr(iterator, "_workers", None):
+        _OPEN_WORKER_ITERATORS.add(iterator)
+    return iterator
+
+
+def shutdown_workers(iterator, timeout: float = 5.0) -> None:
+    """End the worker processes of a DataLoader iterator: the loader's own shutdown (done event,
+    a sentinel per worker, join), then SIGKILL for any worker still alive (ours ignore SIGTERM,
+    which is all the loader's fallback sends). Idempotent; a no-op for an in-process iterator."""
+    _OPEN_WORKER_ITERATORS.discard(iterator)
+    workers = list(getattr(iterator, "_workers", None) or [])
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        with contextlib.suppress(Exception):
+            shutdown()
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout)
+
+
+@atexit.register
+def _shutdown_open_workers() -> None:
+    for iterator in list(_OPEN_WORKER_ITERATORS):
+        shutdown_workers(iterator)
+
+
 def _collate(items):
     xs, ys = zip(*items)
     return torch.stack(list(xs)), torch.as_tensor(ys)
@@ -139,30 +187,51 @@ class BatchStream:
         if self._loader_iter is None:
             loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(self),
                                 num_workers=self.num_workers, collate_fn=_collate,
-                                persistent_workers=True, prefetch_factor=2,
-                                worker_init_fn=_ignore_stop_signals)
-            self._loader_iter = iter(loader)
+                                prefetch_factor=2, worker_init_fn=_ignore_stop_signals)
+            self._loader_iter = _start_workers(loader)
             self._consumed_at_start = self.drawn
             self._consumed = 0
         self._consumed += 1
         return next(self._loader_iter)
 
-    def state_dict(self) -> dict:
-        consumed = self.drawn
+    def _batches_used(self) -> int:
         if self._loader_iter is not None:  # the worker loader prefetches; count what we used
-            consumed = self._consumed_at_start + self._consumed
-        return {"seed": self.seed, "drawn": consumed}
+            return self._consumed_at_start + self._consumed
+        return self.drawn
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "drawn": self._batches_used()}
 
     def load_state_dict(self, state: dict) -> None:
+        self.close()
         self.seed = state["seed"]
         self._reset(state["drawn"])
+
+    def close(self) -> None:
+        """Shut down this stream's loader workers, if any. The stream stays usable: its position
+        is kept (prefetched batches are drawn again), and the next batch starts new workers."""
+        iterator = self._loader_iter
+        if iterator is None:
+            return
+        used = self._batches_used()
+        self._loader_iter = None
+        shutdown_workers(iterator)
+        self._reset(used)
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __iter__(self):
         return self
 
 
 def eval_batches(dataset: Dataset, batch_size: int, num_workers: int):
-    """The evaluation batches of ``dataset`` in order."""
+    """The evaluation batches of ``dataset`` in order. With workers, close the generator when
+    stopping early (``contextlib.closing``): its workers are shut down then, not at garbage
+    collection."""
     view = tensor_view(dataset)
     if view is not None:
         tensors, index = view
@@ -170,9 +239,13 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int):
             picked = index[start:start + batch_size]
             yield tensors[0][picked], tensors[1][picked]
         return
-    yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                          collate_fn=_collate,
-                          worker_init_fn=_ignore_stop_signals if num_workers else None)
+    iterator = _start_workers(DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+        collate_fn=_collate, worker_init_fn=_ignore_stop_signals if num_workers else None))
+    try:
+        yield from iterator
+    finally:
+        shutdown_workers(iterator)
 
 
 @torch.no_grad()
@@ -184,12 +257,13 @@ def accuracy(algorithm, dataset: Dataset, device, batch_size: int = 64, num_work
     algorithm.eval()
     hits = []
     try:
-        for x, y in eval_batches(dataset, batch_size, num_workers):
-            logits = algorithm.predict(x.to(device))
-            if logits.dim() != 2 or logits.size(1) < 2:
-                raise ValueError(f"predict() must return [N, num_classes>=2] logits, got shape "
-                                 f"{tuple(logits.shape)}")
-            hits.append((logits.argmax(1) == y.to(device)).cpu())
+        with contextlib.closing(eval_batches(dataset, batch_size, num_workers)) as batches:
+            for x, y in batches:
+                logits = algorithm.predict(x.to(device))
+                if logits.dim() != 2 or logits.size(1) < 2:
+                    raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
+                                     f"shape {tuple(logits.shape)}")
+                hits.append((logits.argmax(1) == y.to(device)).cpu())
     finally:
         algorithm.train()
     correct = torch.cat(hits).double() if hits else torch.zeros(0, dtype=torch.double)

@@ -495,6 +495,10 @@ class Job:
         in_memory = getattr(dataset, "IN_MEMORY", False)
         self.workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
             dataset.N_WORKERS if args.n_workers is None else args.n_workers)
+        print(f"Data: loader workers: {self.workers} (" + (
+            "in-memory dataset, loaded in-process" if in_memory else
+            f"min(--n_workers or the dataset's N_WORKERS {dataset.N_WORKERS}, "
+            f"{os.cpu_count() or 1} CPUs)") + ")")
         self.train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
         self.algorithm = self.make_algorithm()
         self.algorithm.to(self.device)
@@ -619,7 +623,20 @@ class Job:
         if os.path.exists(self.checkpoint_path):
             os.unlink(self.checkpoint_path)
 
+    def close(self) -> None:
+        """Shut down the training streams' loader workers (see :mod:`dg_plugins.engine.data`)."""
+        for stream in getattr(self, "streams", ()):
+            stream.close()
+
     def run(self, stop_after_step: int | None = None) -> str:
+        """Build, restore and train; the loader workers are shut down on every way out (done,
+        error, NaN stop, a signal, a refused resume)."""
+        try:
+            return self._run(stop_after_step)
+        finally:
+            self.close()
+
+    def _run(self, stop_after_step: int | None) -> str:
         self.build()
         self.restore()
         progress = None

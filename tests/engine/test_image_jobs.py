@@ -1,0 +1,180 @@
+"""The commands users run on an image-folder dataset, with the loader workers they get by default
+(no ``--n_workers``), started as subprocesses under a timeout, so that a hang fails the test:
+train's normal finish, a decode error in a training stream and in evaluation, a NaN stop,
+SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), and a ``local``-launcher sweep
+(normal, interrupted then resumed). After every exit no process of the command may be left
+(loader workers included)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
+from processes import command_env, finish, run, start, survivors
+
+TRAIN = "dg_plugins.scripts.train"
+SWEEP = "dg_plugins.scripts.sweep"
+COLLECT = "dg_plugins.scripts.collect_results"
+#: A tiny random-init ViT at 224x224: the dataset's real transforms, decoded in loader workers.
+HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
+                      "pretrained": False, "batch_size": 4})
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"))
+
+
+@pytest.fixture
+def broken_tree(tmp_path):
+    """A PACS tree whose ``env`` domain has only undecodable JPEGs (set by the test)."""
+
+    def make(env: int):
+        root = make_pacs_tree(tmp_path / "broken")
+        for path in (root / "PACS" / PACS_DOMAINS[env]).rglob("*.jpg"):
+            truncate_image(path)
+        return root
+
+    return make
+
+
+def train_args(data_dir, out, *extra, algorithm="ERM", steps=3):
+    return ["--dataset", "PACS", "--data_dir", data_dir, "--algorithm", algorithm,
+            "--test_envs", "0", "--steps", steps, "--hparams", HPARAMS, "--output_dir", out,
+            *extra]
+
+
+def records(folder):
+    with open(os.path.join(folder, "results.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def assert_nothing_left(env):
+    left = survivors(env)
+    assert not left, f"processes outlived their command: {left}"
+
+
+def used_workers(out_txt: str) -> int:
+    line = next(line for line in out_txt.splitlines() if "loader workers:" in line)
+    return int(line.split("loader workers:")[1].split()[0])
+
+
+def test_train_finishes_and_exits_with_default_workers(tree, tmp_path):
+    env = command_env()
+    out = tmp_path / "job"
+    code, output = run(TRAIN, *train_args(tree, out), env=env, timeout=TIMEOUT)
+    assert code == 0, output
+    assert (out / "done").exists() and len(records(out)) == 2
+    assert used_workers((out / "out.txt").read_text()) >= 1  # the default path really has workers
+    assert_nothing_left(env)
+
+
+@pytest.mark.parametrize("broken_env, where", [(1, "training stream"), (0, "evaluation")])
+def test_decode_error_names_the_file_and_exits(broken_tree, tmp_path, broken_env, where):
+    """A source domain's broken images fail in a training stream's workers; a test domain's in an
+    evaluation loader's workers. Either way the file is named and the process exits."""
+    env = command_env()
+    out = tmp_path / "job"
+    code, output = run(TRAIN, *train_args(broken_tree(broken_env), out), env=env,
+                       timeout=TIMEOUT)
+    assert code == 2, output
+    assert PACS_DOMAINS[broken_env] in output and ".jpg" in output, output
+    assert not (out / "done").exists()
+    assert_nothing_left(env)
+
+
+def test_nan_stop_exits(tree, tmp_path):
+    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    out = tmp_path / "job"
+    code, output = run(TRAIN, *train_args(tree, out, algorithm="NaNERM", steps=6), env=env,
+                       timeout=TIMEOUT)
+    assert code == 1 and "loss=nan at step 2" in output, output
+    assert not (out / "done").exists()
+    assert_nothing_left(env)
+
+
+def wait_for_records(out, n, proc, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    path = out / "results.jsonl"
+    while not (path.exists() and len(path.read_bytes().splitlines()) >= n):
+        assert proc.poll() is None, finish(proc, 1)[1]
+        assert time.monotonic() < deadline, "no record appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_run_then_resume(tree, tmp_path, signum):
+    """The signal goes to the job's whole process group (as a sweep or a terminal sends it):
+    the workers ignore it, train checkpoints at the next step and exits 128 + signum, and every
+    worker is gone; a resume with other arguments is refused; the right one finishes."""
+    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    out = tmp_path / "job"
+    args = train_args(tree, out, "--checkpoint_freq", "10", algorithm="SlowERM", steps=40)
+    proc = start(TRAIN, *args, env=env)
+    wait_for_records(out, 1, proc)
+    os.killpg(proc.pid, signum)
+    code, output = finish(proc, TIMEOUT)
+    assert code == 128 + signum, output
+    assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
+    assert_nothing_left(env)
+    if signum == signal.SIGINT:
+        return
+    refused = train_args(tree, out, "--checkpoint_freq", "10", "--resume", algorithm="SlowERM",
+                         steps=41)
+    code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
+    assert code == 2 and "--steps: 40 in the checkpoint, 41 now" in output, output
+    assert_nothing_left(env)
+    code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
+    assert code == 0, output
+    assert [r["step"] for r in records(out)] == [0, 10, 20, 30, 39]
+    assert (out / "done").exists()
+    assert_nothing_left(env)
+
+
+def sweep_args(data_dir, out, *extra, algorithms=("ERM",)):
+    return ["launch", "--datasets", "PACS", "--data_dir", data_dir, "--output_dir", out,
+            "--algorithms", *algorithms, "--command_launcher", "local", "--n_hparams", "1",
+            "--n_trials", "1", "--hparams", HPARAMS, "--skip_confirmation", *extra]
+
+
+def test_local_sweep_runs_four_jobs_and_collects(tree, tmp_path):
+    env = command_env()
+    out = tmp_path / "sweep"
+    code, output = run(SWEEP, *sweep_args(tree, out, "--single_test_envs", "--steps", "3"),
+                       env=env, timeout=4 * TIMEOUT)
+    assert code == 0, output
+    jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
+    assert len(jobs) == 4 and all((p / "done").exists() for p in jobs), output
+    assert_nothing_left(env)
+    code, tables = run(COLLECT, "--input_dir", out, env=env, timeout=TIMEOUT)
+    assert code == 0, tables
+    block = tables.split("model selection method: training-domain validation set\n")[1]
+    header, erm = block.splitlines()[:2]
+    assert header.split() == ["Algorithm", "A", "C", "P", "S", "Avg"], tables
+    assert erm.startswith("ERM ") and "X" not in erm.split(), tables  # all 4 jobs tabulated
+
+
+def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
+    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    out = tmp_path / "sweep"
+    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "40",
+                      "--checkpoint_freq", "10", algorithms=("SlowERM",))
+    proc = start(SWEEP, *args, env=env)
+    deadline = time.monotonic() + TIMEOUT
+    while not list(out.glob("*/results.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 1)[1]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)  # the sweep forwards it to the running job
+    code, output = finish(proc, TIMEOUT)
+    assert code == 143 and "--resume" in output, output
+    assert_nothing_left(env)
+    code, output = run(SWEEP, *args, "--resume", env=env, timeout=4 * TIMEOUT)
+    assert code == 0, output
+    jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
+    assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
+    assert all([r["step"] for r in records(p)] == [0, 10, 20, 30, 39] for p in jobs)
+    assert_nothing_left(env)

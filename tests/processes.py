@@ -1,0 +1,85 @@
+"""Run the package's commands as a user does (a subprocess, under a timeout so a hang fails the
+test) and find every process a command left behind.
+
+Each command gets a unique ``DG_TEST_RUN`` environment variable; every process it starts inherits
+it (loader workers under any start method), so :func:`survivors` finds them after the command
+exited, even when they were re-parented.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "DG_TEST_RUN"
+
+
+def command_env(**extra) -> dict:
+    env = dict(os.environ)
+    env[MARKER] = uuid.uuid4().hex
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(extra)
+    return env
+
+
+def module_command(module: str, *args) -> list[str]:
+    return [sys.executable, "-m", module, *map(str, args)]
+
+
+def start(module: str, *args, env: dict) -> subprocess.Popen:
+    """Start ``python -m module args`` in its own session (as a sweep starts a job), with
+    SIGINT's default disposition (a background pytest inherits it ignored)."""
+    return subprocess.Popen(
+        module_command(module, *args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    """Wait for ``proc``; on timeout kill its whole process group and fail (a hang)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{proc.args[2]} did not exit within {timeout} s (a hang); its "
+                             f"output:\n{out.decode(errors='replace')[-4000:]}") from None
+    return proc.returncode, out.decode(errors="replace")
+
+
+def run(module: str, *args, env: dict, timeout: float) -> tuple[int, str]:
+    return finish(start(module, *args, env=env), timeout)
+
+
+def survivors(env: dict, wait: float = 10.0) -> list[str]:
+    """Processes still alive that inherited ``env``'s marker, after up to ``wait`` seconds
+    (a worker may need a moment to notice its parent is gone)."""
+    needle = f"{MARKER}={env[MARKER]}".encode()
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(f"{pid}: {cmd}")
+        if not alive or time.monotonic() > deadline:
+            for line in alive:  # do not let a failing test leave them running
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            return alive
+        time.sleep(0.2)
