@@ -147,6 +147,8 @@ class JobContext:
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""
+        import contextlib
+
         import numpy as np
         import pandas as pd
         import torch
@@ -161,8 +163,9 @@ class JobContext:
                 if env is None or env not in self.args.test_envs:
                     continue
                 preds, labels = [], []
-                with torch.no_grad():
-                    for x, y in data.eval_batches(split, 64, self.workers):
+                with torch.no_grad(), contextlib.closing(
+                        data.eval_batches(split, 64, self.workers)) as batches:
+                    for x, y in batches:  # closing: workers end here, also on an error
                         preds.append(algorithm.predict(x.to(self.device)).argmax(1).cpu())
                         labels.append(torch.as_tensor(y))
                 preds = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
