@@ -56,3 +56,56 @@ def truncate_image(path) -> None:
     path = Path(path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+
+
+#: The 42 files of the PACS sample that the project's tests were written against (40 images of
+#: 227x227 RGB, JPEG except sketch's PNGs, and two stray shell scripts in the dataset folder),
+#: by relative path; :func:`pacs_sample_dir` rebuilds it with synthetic pictures.
+PACS_SAMPLE_FILES = """
+art_painting/dog/pic_195.jpg art_painting/dog/pic_304.jpg art_painting/elephant/pic_026.jpg
+art_painting/giraffe/pic_243.jpg art_painting/guitar/pic_020.jpg art_painting/guitar/pic_182.jpg
+art_painting/horse/pic_142.jpg art_painting/person/pic_165.jpg art_painting/person/pic_199.jpg
+art_painting/person/pic_497.jpg cartoon/dog/pic_112.jpg cartoon/dog/pic_137.jpg
+cartoon/dog/pic_219.jpg cartoon/elephant/pic_332.jpg cartoon/giraffe/pic_377.jpg
+cartoon/giraffe/pic_382.jpg cartoon/horse/pic_064.jpg cartoon/house/pic_040.jpg
+cartoon/person/pic_111.jpg cartoon/person/pic_180.jpg photo/dog/n02103406_1011.jpg
+photo/elephant/n02503517_6232.jpg photo/guitar/n02676566_7830.jpg photo/horse/105_0223.jpg
+photo/house/pic_046.jpg photo/house/pic_110.jpg photo/house/pic_146.jpg photo/house/pic_218.jpg
+photo/person/253_0221.jpg photo/person/253_0297.jpg sketch/dog/5302.png sketch/dog/5317.png
+sketch/dog/n02103406_3255-6.png sketch/elephant/5981.png sketch/elephant/n02503517_12688-4.png
+sketch/giraffe/n02439033_13384-2.png sketch/guitar/n02676566_8618-2.png
+sketch/guitar/n03467517_6423-3.png sketch/horse/n02374451_779-1.png sketch/house/8873.png
+""".split()
+PACS_SAMPLE_SCRIPTS = ("main.sh", "run_with_bash_copy_files_according2txt.sh")
+
+
+def make_pacs_sample(root, size: int = 227) -> Path:
+    """Write the PACS sample's layout (:data:`PACS_SAMPLE_FILES`) under ``root/PACS``; returns
+    ``root`` (the ``--data_dir``)."""
+    root = Path(root)
+    rng = random.Random(0)
+    for relative in PACS_SAMPLE_FILES:
+        domain, name, _ = relative.split("/")
+        path = root / "PACS" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draw_image(rng, PACS_CLASSES.index(name), PACS_DOMAINS.index(domain), size).save(path)
+    for script in PACS_SAMPLE_SCRIPTS:
+        (root / "PACS" / script).write_text("#!/bin/sh\n")
+    return root
+
+
+_SAMPLE: list[Path] = []
+
+
+def pacs_sample_dir() -> Path:
+    """The PACS sample, generated once per process in a temporary folder (read-only use: copy it
+    before changing anything)."""
+    if not _SAMPLE:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="dg_pacs_sample_"))
+        atexit.register(shutil.rmtree, folder, True)
+        _SAMPLE.append(make_pacs_sample(folder))
+    return _SAMPLE[0]
