@@ -188,9 +188,9 @@ class BatchStream:
             loader = DataLoader(self.dataset, batch_sampler=_IndexBatches(self),
                                 num_workers=self.num_workers, collate_fn=_collate,
                                 prefetch_factor=2, worker_init_fn=_ignore_stop_signals)
-            self._loader_iter = _start_workers(loader)
-            self._consumed_at_start = self.drawn
+            self._consumed_at_start = self.drawn  # before iter(): it prefetches at once
             self._consumed = 0
+            self._loader_iter = _start_workers(loader)
         self._consumed += 1
         return next(self._loader_iter)
 

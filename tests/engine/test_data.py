@@ -77,3 +77,65 @@ def test_class_balanced_weights():
     w = data.class_balanced_weights(env)
     assert torch.isclose(w.sum(), torch.tensor(1.0, dtype=w.dtype))
     assert torch.isclose(w[3], 3 * w[0])
+
+
+class ItemEnv(torch.utils.data.Dataset):
+    """A dataset without a tensor view, so streams and evaluation use loader workers."""
+
+    def __init__(self, n=20):
+        self.env = tensor_env(n)
+
+    def __len__(self):
+        return len(self.env)
+
+    def __getitem__(self, i):
+        return self.env[i]
+
+
+def worker_pids(iterator):
+    return [w.pid for w in iterator._workers]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_closing_a_worker_stream_ends_its_workers_and_keeps_its_position():
+    """Workers prefetch ahead; close() ends them (although they ignore SIGTERM), and the stream
+    continues with exactly the batches an uninterrupted stream draws."""
+    reference = data.BatchStream(ItemEnv(), 3, seed=5)
+    expected = [next(reference)[0].flatten().tolist() for _ in range(6)]
+    stream = data.BatchStream(ItemEnv(), 3, seed=5, num_workers=2)
+    got = [next(stream)[0].flatten().tolist() for _ in range(3)]
+    pids = worker_pids(stream._loader_iter)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert stream.state_dict()["drawn"] == 3  # what a checkpoint records: used, not prefetched
+    stream.close()
+    assert not any(alive(p) for p in pids)
+    assert stream.state_dict()["drawn"] == 3
+    got += [next(stream)[0].flatten().tolist() for _ in range(3)]  # new workers
+    stream.close()
+    assert got == expected
+
+
+def test_an_evaluation_stopped_early_ends_its_workers():
+    batches = data.eval_batches(ItemEnv(40), 4, num_workers=2)
+    next(batches)
+    iterator = batches.gi_frame.f_locals["iterator"]
+    pids = worker_pids(iterator)
+    assert all(alive(p) for p in pids)
+    batches.close()
+    assert not any(alive(p) for p in pids)
+    assert iterator not in data._OPEN_WORKER_ITERATORS
+
+
+def test_the_exit_handler_ends_worker_loaders_left_open():
+    stream = data.BatchStream(ItemEnv(), 3, seed=1, num_workers=1)
+    next(stream)
+    pids = worker_pids(stream._loader_iter)
+    data._shutdown_open_workers()
+    assert not any(alive(p) for p in pids)
