@@ -173,10 +173,14 @@ def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
                             weight_decay=hparams["weight_decay"])
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """``zero_grad``, ``backward``, ``step``: the three lines every update ends with."""
-    optimizer.zero_grad(set_to_none=True)
+def optimizer_step(optimizer, loss: torch.Tensor) -> None:
+    """``zero_grad``, ``backward``, ``step``: the three lines every update ends with.
+    ``optimizer`` is one optimizer or a sequence of them (one backward, then every step)."""
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
     loss.backward()
-    optimizer.step()
+    for opt in optimizers:
+        opt.step()
 
 

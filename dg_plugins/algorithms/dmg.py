@@ -80,8 +80,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
-from dg_plugins.algorithms.base import (FeatureClassifier, adam, register_algorithm,
-                                        split_minibatches)
+from dg_plugins.algorithms.base import (FeatureClassifier, adam, optimizer_step,
+                                        register_algorithm, split_minibatches)
 from dg_plugins.networks.featurizers import ResNet
 from dg_plugins.networks.staged import StagedFeaturizer
 
@@ -306,11 +306,7 @@ class DMG(FeatureClassifier):
         loss = ce + self.lambda_overlap * overlap
         if self.lambda_sparsity:
             loss = loss + self.lambda_sparsity * sum(p.sum() for p in probs)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.mask_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.mask_optimizer.step()
+        optimizer_step((self.optimizer, self.mask_optimizer), loss)
         return {"loss": loss.item(), "ce": ce.item(), "overlap": overlap.detach().item(),
                 "iou_hard": self.iou_hard(probs)}
 

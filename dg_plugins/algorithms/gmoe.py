@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from dg_plugins import hparams as H
 from dg_plugins.algorithms.base import Algorithm, adam, optimizer_step, register_algorithm, \
     split_minibatches
+from dg_plugins.algorithms.erm import ERM
 
 #: The DeiT-S/16 of the paper (ImageNet-1k weights ``.fb_in1k`` in timm).
 DEIT_S = "deit_small_patch16_224"
@@ -171,11 +172,9 @@ class ERM_ViT(Algorithm):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x)
 
-    def update(self, minibatches, unlabeled=None):
-        x, y, _ = split_minibatches(minibatches)
-        loss = F.cross_entropy(self.predict(x), y)
-        optimizer_step(self.optimizer, loss)
-        return {"loss": loss.item()}
+    #: ERM's update (cross-entropy on the pooled source batches, one Adam step): it reads only
+    #: ``predict`` and ``optimizer``, which this class defines.
+    update = ERM.update
 
 
 @register_algorithm("GMoE")
