@@ -194,6 +194,99 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+#: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
+FORK_ENV = "DG_PLUGINS_FORK_JOBS"
+TRAIN_MODULE = "dg_plugins.scripts.train"
+#: What a train job imports (torch, ``torch._dynamo``: the first optimizer imports it, about 2 s;
+#: timm; the algorithms and datasets): the fork server imports it once (imports only: no tensor is
+#: computed and no CUDA context made there, so its children start as cleanly as a new interpreter).
+PRELOAD = ("dg_plugins.compat", "torch", "torch._dynamo", "dg_plugins.networks.vit",
+           "dg_plugins.algorithms", "dg_plugins.datasets", TRAIN_MODULE)
+_fork_context = None
+
+
+def forkable_train_args(command: str) -> list[str] | None:
+    """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
+    ARGS`` (what the sweep writes), else None. Such a job is forked by a fork server that has
+    imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
+    start-up (several seconds) in a fresh interpreter per job. ``DG_PLUGINS_FORK_JOBS=0`` turns
+    this off."""
+    if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if not is_simple_command(command):
+        return None
+    words = shlex.split(command)
+    if len(words) < 3 or words[0] != sys.executable or words[1:3] != ["-m", TRAIN_MODULE]:
+        return None
+    return words[3:]
+
+
+def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
+                    ignored: tuple[int, ...]) -> None:
+    """The body of a forked job: this launcher's environment and folder, its own session when
+    ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
+    dispositions (one ignored by the launcher stays ignored, as across ``exec``), then train's
+    ``main``; its status becomes the process's exit code."""
+    if new_session:
+        os.setsid()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    for signum in STOP_SIGNALS:
+        if int(signum) in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        elif signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+    from dg_plugins.scripts import train
+
+    sys.argv = [train.__file__, *args]
+    sys.exit(train.main(args))
+
+
+class ForkedJob:
+    """A train job started by the fork server, with the part of ``subprocess.Popen``'s interface
+    that :class:`JobProcesses` uses (``pid``, ``poll``, ``wait``, ``returncode``: ``-N`` when
+    signal N ended it)."""
+
+    def __init__(self, process):
+        self.process = process
+        self.pid = process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self.process.is_alive():
+            self.process.join()
+            self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired([TRAIN_MODULE], timeout)
+        return self.returncode
+
+
+def fork_train(args: Sequence[str], new_session: bool) -> ForkedJob:
+    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of multiprocessing's fork
+    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`)."""
+    global _fork_context
+    import multiprocessing
+
+    if _fork_context is None:
+        _fork_context = multiprocessing.get_context("forkserver")
+        _fork_context.set_forkserver_preload(list(PRELOAD))
+    ignored = tuple(int(s) for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    process = _fork_context.Process(target=_train_in_child, name="train",
+                                    args=(list(args), dict(os.environ), os.getcwd(),
+                                          new_session, ignored))
+    process.start()
+    return ForkedJob(process)
+
+
 class JobProcesses:
     """Start jobs (shell commands) and forward stop signals to them; a context manager.
 
@@ -276,12 +369,17 @@ class JobProcesses:
     # -- jobs -----------------------------------------------------------------------------
 
     def start(self, index: int, command: str, env=None, cwd=None) -> subprocess.Popen | None:
-        """Start ``command`` through ``/bin/sh`` (None when stopping: no new job)."""
+        """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
+        (:func:`forkable_train_args`; None when stopping: no new job)."""
         if self.stopping:
             return None
-        shell_command = f"exec {command}" if is_simple_command(command) else command
-        proc = subprocess.Popen(shell_command, shell=True, env=env, cwd=cwd,
-                                start_new_session=self.forwarding)
+        train_args = forkable_train_args(command) if env is None and cwd is None else None
+        if train_args is not None:
+            proc = fork_train(train_args, new_session=self.forwarding)
+        else:
+            shell_command = f"exec {command}" if is_simple_command(command) else command
+            proc = subprocess.Popen(shell_command, shell=True, env=env, cwd=cwd,
+                                    start_new_session=self.forwarding)
         self.running[proc.pid] = (index, proc)
         if self.stopping:  # the signal came while it was starting
             self.interrupted.add(index)

@@ -450,3 +450,38 @@ def test_compound_command_is_waited_for_as_a_whole(tmp_path):
     assert (job / "signals").read_text() == "15\n" and (job / "checkpoint").exists()
     assert not alive(int((job / "pid").read_text()))
     assert "local launcher: stopped by SIGTERM: 1 interrupted, 0 not started" in stdout
+
+
+def test_forkable_train_args_accepts_only_this_interpreters_train(monkeypatch):
+    """The sweep's own train command is forked from the preloaded server; anything else (another
+    interpreter, another module, a compound command) or ``DG_PLUGINS_FORK_JOBS=0`` starts a
+    fresh process through the shell."""
+    monkeypatch.delenv(launchers.FORK_ENV, raising=False)
+    command = f"{PY} -m dg_plugins.scripts.train --dataset Debug28 --steps 3"
+    assert launchers.forkable_train_args(command) == ["--dataset", "Debug28", "--steps", "3"]
+    for other in (f"/usr/bin/python9 -m dg_plugins.scripts.train --steps 3",
+                  f"{PY} -m dg_plugins.scripts.sweep launch",
+                  f"{PY} fake_train.py --steps 3",
+                  f"cd /tmp && {PY} -m dg_plugins.scripts.train --steps 3"):
+        assert launchers.forkable_train_args(other) is None, other
+    monkeypatch.setenv(launchers.FORK_ENV, "0")
+    assert launchers.forkable_train_args(command) is None
+
+
+def test_forked_train_reports_its_exit_status_and_the_signal_that_ended_it(tmp_path):
+    """A forked job's ``returncode`` is train's exit status (2 for a usage error, as a fresh
+    interpreter gives) and ``-N`` when signal N killed it, as ``Popen`` reports."""
+    bad = launchers.fork_train(["--dataset", "Debug28", "--algorithm", "NoSuchAlgorithm",
+                                "--output_dir", str(tmp_path / "bad")], new_session=True)
+    assert bad.wait(timeout=120) == 2
+    assert not alive(bad.pid)
+    running = launchers.fork_train(["--dataset", "Debug28", "--algorithm", "ERM", "--steps",
+                                    "100000", "--output_dir", str(tmp_path / "long")],
+                                   new_session=True)
+    assert running.poll() is None
+    deadline = time.time() + 120
+    while not (tmp_path / "long" / "out.txt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(running.pid, signal.SIGKILL)
+    assert running.wait(timeout=60) == -signal.SIGKILL
+    assert not alive(running.pid)
