@@ -25,6 +25,8 @@ Beyond DomainBed:
   (``--single_source auto|on|off``; see :mod:`dg_plugins.engine.single_source`);
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
   warning (see :mod:`dg_plugins.engine.records`).
+* ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
+  checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.engine.learning`);
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
   records) is not supported.
 
@@ -44,7 +46,8 @@ import argparse
 import os
 import sys
 
-from dg_plugins.engine import tables
+from dg_plugins import catalog
+from dg_plugins.engine import learning, tables
 from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import METHODS
 
@@ -73,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "one environment, tested on the others): auto (default) shows them "
                              "where unambiguous (datasets with >= 4 environments, or a 3-"
                              "environment dataset without single-test-env runs), on, off")
+    parser.add_argument("--learning_check", action="store_true",
+                        help="instead of the tables, one row per job: source-validation and "
+                             "target accuracy at its first and last checkpoint, chance, and "
+                             "whether it learned (dg_plugins.engine.learning); printed only")
     parser.add_argument("--no_save", action="store_true",
                         help="print only; do not write results files into --input_dir")
     args = parser.parse_args(argv)
@@ -103,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{os.path.join(args.input_dir, '<job>', 'results.jsonl')} files (one folder level)",
               file=sys.stderr)
         return 1
+    if args.learning_check:
+        sys.stdout.write(learning.render(learning.learning_rows(records, catalog.DATASET_CLASSES)))
+        return 0
     report = tables.build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
                                  single_source=args.single_source)

@@ -1,0 +1,65 @@
+"""collect_results --learning_check: per job, first vs last checkpoint against chance."""
+
+import json
+
+from dg_plugins.engine import learning
+from dg_plugins.engine.records import load_records
+from dg_plugins.scripts import collect_results
+
+
+def write_job(sweep, name, algorithm, test_envs, accs_by_step, dataset="RotatedMNIST5k",
+              label_fraction=None):
+    """A job folder whose records hold, per step, ``env{i}_in_acc = env{i}_out_acc = acc[i]``."""
+    job = sweep / name
+    job.mkdir(parents=True)
+    lines = []
+    for step, accs in accs_by_step.items():
+        args = {"algorithm": algorithm, "dataset": dataset, "test_envs": test_envs,
+                "trial_seed": 0, "hparams_seed": 0, "output_dir": str(job)}
+        if label_fraction is not None:
+            args["label_fraction"] = label_fraction
+        record = {"args": args, "step": step, "hparams": {}}
+        for i, acc in enumerate(accs):
+            record[f"env{i}_in_acc"] = record[f"env{i}_out_acc"] = acc
+        lines.append(json.dumps(record))
+    (job / "results.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_rows_average_sources_and_targets_and_judge_against_chance(tmp_path):
+    write_job(tmp_path, "a", "ERM", [2], {0: [0.1, 0.1, 0.1], 50: [0.3, 0.5, 0.2],
+                                          100: [0.4, 0.6, 0.3]})
+    # improves by 8 points but stays below chance + margin (chance 10%: needs 15%)
+    write_job(tmp_path, "b", "MAE", [0], {0: [0.2, 0.02, 0.04], 100: [0.2, 0.1, 0.12]})
+    # above chance but no better than its first checkpoint
+    write_job(tmp_path, "c", "GMoE", [0], {100: [0.5, 0.5, 0.5], 0: [0.5, 0.48, 0.48]})
+    rows = learning.learning_rows(load_records(str(tmp_path)), {"RotatedMNIST5k": 10})
+    a, b, c = (rows.set_index("job").loc[name] for name in "abc")
+    assert (a.source_first, a.source_last) == (0.1, 0.5)  # mean of envs 0 and 1
+    assert (a.target_first, a.target_last) == (0.1, 0.3)
+    assert (a.first_step, a.last_step, a.learns) == (0, 100, True)
+    assert round(b.source_last, 6) == 0.11 and not b.learns
+    assert (c.first_step, c.last_step) == (0, 100) and not c.learns
+    assert a.chance == 0.1 and a.labels == ""
+
+
+def test_unknown_dataset_is_judged_by_first_vs_last_only(tmp_path):
+    write_job(tmp_path, "j", "ERM", [1], {0: [0.4, 0.4], 10: [0.5, 0.4]}, dataset="Mine")
+    [row] = learning.learning_rows(load_records(str(tmp_path)), {}).itertuples()
+    assert row.learns and row.chance != row.chance  # NaN
+
+
+def test_collect_results_prints_the_check_and_a_summary(tmp_path, capsys):
+    write_job(tmp_path, "good", "ERM", [1], {0: [0.1, 0.1], 100: [0.6, 0.3]})
+    write_job(tmp_path, "udg", "DisMAE", [1], {0: [0.1, 0.1], 100: [0.1, 0.1]},
+              label_fraction=0.1)
+    assert collect_results.main(["--input_dir", str(tmp_path), "--learning_check"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("-------- Learning check")
+    assert "Labels" in lines[1] and "Source val acc" in lines[1]
+    erm = next(line for line in lines if line.split()[0] == "ERM")
+    assert "10.0 -> 60.0" in erm and "10.0 -> 30.0" in erm and erm.split()[-2] == "yes"
+    dismae = next(line for line in lines if line.split()[0] == "DisMAE")
+    assert "10%" in dismae and dismae.split()[-2] == "NO"
+    assert lines[-1].startswith("1 of 2 jobs do not learn")
+    assert not (tmp_path / "results.txt").exists()  # printed only
