@@ -24,8 +24,8 @@ One row per record, in load order. Columns (DomainBed's selector names):
 ``step``, ``hparams`` (the record's dict), ``job`` (the
 entry name under ``input_dir``), ``line`` (1-based line number) and one float column per key of the
 form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
-``env0_in_ip_acc``, ...), NaN where a record lacks the key. Other keys (loss, epoch, ...) are
-dropped.
+``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), NaN
+where a record lacks the key. Other keys (loss, epoch, ...) are dropped.
 
 Speed (``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
 parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
@@ -77,6 +77,9 @@ REQUIRED_ARGS = _ArgValues._fields[:5]
 ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
 #: Record keys kept as float columns: ``env{i}_<anything>_acc``.
 ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
+#: Record keys kept as float columns besides accuracies: ``env{i}_<subset>_count`` (how many
+#: items a named subset of a split has; IP/OOP records), for count-weighted pooling.
+COUNT_KEY = re.compile(r"env(\d+)_(\w+)_count")
 
 RESULTS_FILE = "results.jsonl"
 MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
@@ -289,7 +292,8 @@ class _Columns:
         keys = tuple(records[0])
         block = self.blocks.get(keys)
         if block is None:
-            block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)])
+            block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)
+                                                     or COUNT_KEY.fullmatch(k)])
         start = len(self.steps)
         block.rows.extend(range(start, start + len(records)))
         size = len(block.values)
@@ -357,6 +361,9 @@ def _number(value) -> float:
 
 def _acc_sort_key(key: str):
     match = ACC_KEY.fullmatch(key)
+    if match is None:  # a count column: after the accuracies
+        match = COUNT_KEY.fullmatch(key)
+        return 1 << 30, int(match.group(1)), match.group(2)
     return int(match.group(1)), match.group(2)
 
 

@@ -36,8 +36,12 @@ in percent; ``table`` is the dataset or ``Averages``; ``n`` the number of trials
 Extra test keys: :func:`subset_keys` finds ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` columns
 (accuracy of the test environment's in split on its in-pretraining / out-of-pretraining subset);
 their sections come after the standard ones, with the same selection (the run and checkpoint each
-method picks) reporting that key instead of ``env{t}_in_acc``. Without such keys the output is
-exactly DomainBed's.
+method picks) reporting that key instead of ``env{t}_in_acc``. With the subsets' sizes
+(``env{i}_{in,out}_{ip,oop}_count``) the same subsets are also reported over the whole test
+environment, in and out splits pooled (:func:`add_pooled_subsets`, keys
+``env{t}_pooled_{ip,oop}_acc``); ``build_report(ipoop=...)`` shows the in split's, the pooled or
+both (the default); each section's header names its key. Without such keys the output is exactly
+DomainBed's.
 
 Single-source tables (:func:`single_source_tables`), after those: laid out like GMoE's
 single-source table (ICLR 2023, Table 3): per dataset, selection method and source, rows are
@@ -74,7 +78,7 @@ import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.engine.outputs import format_row
-from dg_plugins.engine.records import environment_count
+from dg_plugins.engine.records import acc_width, environment_count
 from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                          select, sweep_accs)
 from dg_plugins.engine.single_source import METHODS as SINGLE_SOURCE_METHODS
@@ -96,6 +100,19 @@ SUBSET_KEYS = (
     SubsetKey("env{t}_in_ip_acc", "IP", "in-pretraining subset of the test environment"),
     SubsetKey("env{t}_in_oop_acc", "OOP", "out-of-pretraining subset of the test environment"),
 )
+#: The same subsets over the whole test environment: its in and out splits pooled, each split's
+#: subset accuracy weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as
+#: the IP/OOP authors report each subset over the whole target domain.
+POOLED_SUBSET_KEYS = (
+    SubsetKey("env{t}_pooled_ip_acc", "IP, whole domain",
+              "in-pretraining subset of the whole test environment (in and out splits pooled, "
+              "weighted by their subset sizes)"),
+    SubsetKey("env{t}_pooled_oop_acc", "OOP, whole domain",
+              "out-of-pretraining subset of the whole test environment (in and out splits "
+              "pooled, weighted by their subset sizes)"),
+)
+#: Which IP/OOP figures collect_results shows (``--ipoop``): the in split's, the pooled, or both.
+IPOOP_CHOICES = ("in", "pooled", "both")
 #: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
@@ -224,10 +241,21 @@ def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
 # Tables
 
 
+#: What an IP/OOP table's header says after its key (which subset, over which split).
+HEADER_NOTES = {
+    "env{t}_in_ip_acc": "IP subset of the test environment's in split",
+    "env{t}_in_oop_acc": "OOP subset of the test environment's in split",
+    "env{t}_pooled_ip_acc": "IP subset of the whole test environment, in and out splits pooled",
+    "env{t}_pooled_oop_acc": "OOP subset of the whole test environment, in and out splits pooled",
+}
+
+
 def _header(prefix: str, method: SelectionMethod, test_key: str) -> str:
     header = f"{prefix}, model selection method: {method.name}"
     if test_key != TEST_KEY:
         header += f", test accuracy: {test_key}"
+        if test_key in HEADER_NOTES:
+            header += f" ({HEADER_NOTES[test_key]})"
     return header
 
 
@@ -265,10 +293,38 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     return tables
 
 
-def subset_keys(records: pd.DataFrame) -> list[SubsetKey]:
-    """The :data:`SUBSET_KEYS` whose key exists for some environment in ``records``."""
+def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with ``env{i}_pooled_{ip,oop}_acc`` columns (:data:`POOLED_SUBSET_KEYS`) added
+    where the in and out splits' subset accuracies and counts exist: ``(acc_in * n_in + acc_out
+    * n_out) / (n_in + n_out)``, an empty split (count 0, accuracy NaN) contributing nothing;
+    NaN where a record lacks a count or both subsets are empty. The input is not modified."""
+    added = {}
+    for i in range(acc_width(records)):
+        for subset in ("ip", "oop"):
+            names = [f"env{i}_{split}_{subset}_{kind}" for kind in ("acc", "count")
+                     for split in ("in", "out")]
+            if not all(name in records.columns for name in names):
+                continue
+            acc_in, acc_out, n_in, n_out = (records[name].to_numpy(dtype=float) for name in names)
+            total = n_in + n_out
+            weighted = (np.where(n_in > 0, acc_in, 0.0) * n_in
+                        + np.where(n_out > 0, acc_out, 0.0) * n_out)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                added[f"env{i}_pooled_{subset}_acc"] = np.where(total > 0, weighted / total,
+                                                                np.nan)
+    return records.assign(**added) if added else records
+
+
+def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
+    """The IP/OOP keys whose column exists for some environment in ``records``: the in split's
+    (:data:`SUBSET_KEYS`), the pooled ones (:data:`POOLED_SUBSET_KEYS`, see
+    :func:`add_pooled_subsets`) or both, by ``ipoop`` (:data:`IPOOP_CHOICES`)."""
+    if ipoop not in IPOOP_CHOICES:
+        raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
+    keys = {"in": SUBSET_KEYS, "pooled": POOLED_SUBSET_KEYS,
+            "both": SUBSET_KEYS + POOLED_SUBSET_KEYS}[ipoop]
     found = []
-    for subset in SUBSET_KEYS:
+    for subset in keys:
         pattern = re.compile(re.escape(subset.template).replace(re.escape("{t}"), r"\d+"))
         if any(pattern.fullmatch(str(column)) for column in records.columns):
             found.append(subset)
@@ -395,12 +451,16 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
 
 
 def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
-                 hparams_table: bool = False, single_source: str = "auto") -> Report:
-    """Select and tabulate: the standard tables per method, then the subset keys' tables, then
+                 hparams_table: bool = False, single_source: str = "auto",
+                 ipoop: str = "both") -> Report:
+    """Select and tabulate: the standard tables per method, then the IP/OOP subset keys' tables
+    (``ipoop``: the in split's, the pooled whole-domain ones, or both; :func:`subset_keys`), then
     single-source tables (``single_source``: ``auto`` where unambiguous, see
     :func:`dg_plugins.engine.single_source.single_source_datasets`; ``on``; ``off``)."""
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
+    if ipoop not in IPOOP_CHOICES:
+        raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
     methods = list(dict.fromkeys(methods))
     frame = records.records if isinstance(records, GroupedRecords) else records
     udg = is_udg(frame)
@@ -409,23 +469,27 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         report = Report(len(frame), methods)
         if not udg.all():
             standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
-                                        hparams_table, single_source)
+                                        hparams_table, single_source, ipoop)
             report.sections, report.hparams = standard.sections, standard.hparams
         for method in [m for m in methods if m in UDG_METHODS]:
             tables = udg_tables(udg_records, method)
             if tables:
                 report.sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables))
         return report
-    return _standard_report(records, methods, hparams_table, single_source)
+    return _standard_report(records, methods, hparams_table, single_source, ipoop)
 
 
 def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
-                     hparams_table: bool, single_source: str) -> Report:
+                     hparams_table: bool, single_source: str, ipoop: str = "both") -> Report:
+    if ipoop != "in":
+        frame = records.records if isinstance(records, GroupedRecords) else records
+        pooled = add_pooled_subsets(frame)
+        records = records if pooled is frame else pooled
     grouped = group_records(records)
     report = Report(len(grouped.records), methods)
     for method in methods:
         report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method)))
-    for subset in subset_keys(grouped.records):
+    for subset in subset_keys(grouped.records, ipoop):
         for method in methods:
             report.sections.append(Section(method, subset.template,
                                            f"{subset.label}: {subset.description}",

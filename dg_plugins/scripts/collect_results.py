@@ -20,7 +20,9 @@ Beyond DomainBed:
   with ``--format csv`` a second CSV after an empty line); it is also written to
   ``selected_hparams.csv`` in the sweep folder;
 * records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get IP/OOP tables after the
-  standard ones (same selection, that test key);
+  standard ones (same selection, that test key): ``--ipoop in`` the test environment's in split,
+  ``pooled`` the whole test environment (in and out splits, weighted by subset size), ``both``
+  (default);
 * single-source runs (``sweep --single_source``) get their own tables after the others
   (``--single_source auto|on|off``; see :mod:`dg_plugins.engine.single_source`);
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
@@ -76,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "one environment, tested on the others): auto (default) shows them "
                              "where unambiguous (datasets with >= 4 environments, or a 3-"
                              "environment dataset without single-test-env runs), on, off")
+    parser.add_argument("--ipoop", choices=tables.IPOOP_CHOICES, default="both",
+                        help="IP/OOP tables (records with env{i}_in_ip_acc keys): 'in' reports "
+                             "each subset on the test environment's in split, 'pooled' over the "
+                             "whole test environment (in and out splits pooled, weighted by "
+                             "subset size, as the IP/OOP authors report), 'both' (default); each "
+                             "table's header names its key")
     parser.add_argument("--learning_check", action="store_true",
                         help="instead of the tables, one row per job: source-validation and "
                              "target accuracy at its first and last checkpoint, chance, and "
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = tables.build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
-                                 single_source=args.single_source)
+                                 single_source=args.single_source, ipoop=args.ipoop)
     text = tables.render(report, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()

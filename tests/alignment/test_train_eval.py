@@ -200,6 +200,18 @@ def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
             values = [records(runs["jobs"][(env, trial)])[-1][f"env{env}_in_{subset}_acc"]
                       for trial in (0, 1)]
             assert Cell.of(values).text() in row
+    # the whole-domain figure: in and out splits' subset accuracies weighted by their sizes
+    pooled = [s for s in sections if s.startswith("Dataset: PACS") and "env{t}_pooled_ip_acc" in s]
+    row = next(line for line in pooled[0].splitlines() if line.startswith("ERM"))
+    for env in (0, 1):
+        values = []
+        for trial in (0, 1):
+            last = records(runs["jobs"][(env, trial)])[-1]
+            n_in, n_out = last[f"env{env}_in_ip_count"], last[f"env{env}_out_ip_count"]
+            hits = sum(last[f"env{env}_{split}_ip_acc"] * n for split, n in
+                       (("in", n_in), ("out", n_out)) if n)
+            values.append(hits / (n_in + n_out))
+        assert Cell.of(values).text() in row
 
 
 def test_plot_from_eval_only_predictions(runs, scores_file, tmp_path, capsys):

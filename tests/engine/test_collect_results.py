@@ -248,6 +248,47 @@ def test_ip_oop_tables_only_when_the_keys_exist(shared_fixtures, sweep, capsys):
             in latex)
 
 
+def test_ip_oop_pooled_over_the_whole_test_environment(shared_fixtures, sweep, capsys):
+    """With the subsets' sizes, the whole-domain figure is the in and out splits' subset
+    accuracies weighted by those sizes (an empty subset adds nothing); --ipoop picks which
+    figure is shown and each table's header names its key."""
+    golden = expected(shared_fixtures, "text")
+
+    def change(record):
+        for i in range(4):
+            record.update({f"env{i}_in_ip_acc": 1.0, f"env{i}_in_ip_count": 30,
+                           f"env{i}_out_ip_acc": 0.0, f"env{i}_out_ip_count": 10,
+                           f"env{i}_in_oop_acc": 0.5, f"env{i}_in_oop_count": 20,
+                           f"env{i}_out_oop_acc": float("nan"), f"env{i}_out_oop_count": 0})
+        return record
+
+    rewrite(sweep, change)
+    _, both, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid")
+    _, pooled, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid",
+                       "--ipoop", "pooled")
+    _, in_only, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid",
+                        "--ipoop", "in")
+    standard = run(capsys, "--input_dir", shared_fixtures / FIXTURE, "--no_save",
+                   "--selection", "iid")[1]
+    for out in (both, pooled, in_only):
+        assert out.startswith(standard)  # the standard tables are unchanged
+    assert "env{t}_pooled" not in in_only and "env{t}_in_ip_acc" in in_only
+    assert "env{t}_in_ip_acc" not in pooled
+    ip = [s for s in pooled.split("-------- ") if "test accuracy: env{t}_pooled_ip_acc" in s]
+    oop = [s for s in pooled.split("-------- ") if "test accuracy: env{t}_pooled_oop_acc" in s]
+    assert len(ip) == len(oop) == 2  # VLCS and Averages
+    assert "ERM                   75.0 +/- 0.0" in ip[0]  # (1.0 * 30 + 0.0 * 10) / 40
+    assert "ERM                   50.0 +/- 0.0" in oop[0]  # the empty out subset adds nothing
+    assert both.count("test accuracy: env{t}_pooled_ip_acc") == 2
+    assert both.count("test accuracy: env{t}_in_ip_acc") == 2
+    assert ("test accuracy: env{t}_pooled_ip_acc (IP subset of the whole test environment, in "
+            "and out splits pooled)") in pooled
+    assert "test accuracy: env{t}_in_ip_acc (IP subset of the test environment's in split)" in both
+    assert golden  # the fixture's tables exist
+    with pytest.raises(SystemExit):
+        collect_results.parse_args(["--input_dir", str(sweep), "--ipoop", "out"])
+
+
 def test_report_api(sweep):
     records = load_records(str(sweep))
     report = tables.build_report(records, [selection.LOO])
