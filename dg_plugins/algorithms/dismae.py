@@ -42,9 +42,11 @@ Losses (one ``update``; ``x`` = all source batches concatenated, domain = miniba
       weight decay 0.05) on the detached class tokens of a 15%-masked forward pass without
       gradient, with the domain labels. The release trains it for one full pass over the data on
       epochs 0-5 and every 15th epoch up to epoch 100; in steps: one SGD step after the main step
-      whenever ``epoch = step // dismae_dcls_epoch_steps`` satisfies ``epoch < 6`` or
-      ``epoch % 15 == 0 and epoch <= 100`` (``dismae_dcls_epoch_steps`` = steps per epoch, default
-      100; 0 = a step after every update). ``dcls_loss``/``dcls_acc`` are the classifier's CE and
+      whenever ``epoch = step // E`` satisfies ``epoch < 6`` or ``epoch % 15 == 0 and epoch <=
+      100``, ``E`` (:func:`dcls_epoch_steps`) being the hparam ``dismae_dcls_epoch_steps`` when
+      set (0 = a step after every update), else the run's real epoch length, which the train job
+      sets (source in-split size / batch; in UDG pretraining, the pretraining set's size / the
+      step's batch over all domains), else 100. ``dcls_loss``/``dcls_acc`` are the classifier's CE and
       accuracy on the detached class tokens of the current masked pass (reported every step).
 
 Choices where the release is unclear or hard-coded (each documented):
@@ -398,6 +400,28 @@ class MAE(_MaskedAutoencoder):
         return {"loss": loss.item(), "rec": rec.item(), **out}
 
 
+#: Steps per epoch of the domain classifier's schedule when neither the hparam nor a job gives
+#: the run's epoch length (e.g. DomainBed's train through the bridge).
+FALLBACK_EPOCH_STEPS = 100
+
+
+def _epoch_steps_check(value):
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return None if ok else "must be null (the run's epoch) or a non-negative integer"
+
+
+def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
+    """The epoch length (in steps) of the domain classifier's schedule: the hparam
+    ``dismae_dcls_epoch_steps`` when set, else the run's epoch (``Algorithm.epoch_steps``, rounded,
+    at least 1), else :data:`FALLBACK_EPOCH_STEPS`."""
+    value = hparams.get("dismae_dcls_epoch_steps")
+    if value is not None:
+        return int(value)
+    if run_epoch_steps:
+        return max(1, int(round(run_epoch_steps)))
+    return FALLBACK_EPOCH_STEPS
+
+
 def dcls_active(step: int, epoch_steps: int) -> bool:
     """Whether the domain classifier trains at ``step``: epochs 0-5, then every 15th epoch up to
     epoch 100 (the release's ``inter_ada=15``, ``max_epoch_ada=100``), an epoch being
@@ -432,7 +456,9 @@ class DisMAE(_MaskedAutoencoder):
                             "must be in (0, 1]"),
             "dismae_dcls_lr": (5e-4, lambda r: 5e-4, hp_lib.positive),
             "dismae_dcls_momentum": (0.99, lambda r: 0.99, hp_lib.unit_interval),
-            "dismae_dcls_epoch_steps": (100, lambda r: 100, hp_lib.non_negative),
+            # None: the run's epoch (Algorithm.epoch_steps, set by the job); an int: that many
+            # steps per epoch; 0: a classifier step after every update.
+            "dismae_dcls_epoch_steps": (None, lambda r: None, _epoch_steps_check),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
@@ -523,7 +549,7 @@ class DisMAE(_MaskedAutoencoder):
             logits = self.domain_classifier(latent[:, 0].detach())
             dcls_loss = F.cross_entropy(logits, domain).item()
             dcls_acc = (logits.argmax(1) == domain).float().mean().item()
-        if dcls_active(int(self.step), int(hp["dismae_dcls_epoch_steps"])):
+        if dcls_active(int(self.step), dcls_epoch_steps(hp, self.epoch_steps)):
             self.domain_classifier_step(x, domain)
         self.step += 1
         return {"loss": loss.item(), "rec": rec.item(), "ada": ada.item(), **out,
@@ -553,5 +579,6 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     return counts
 
 
-__all__ = ["DisMAE", "MAE", "MaskedDecoder", "build_encoder", "dcls_active", "decay_groups",
+__all__ = ["DisMAE", "MAE", "MaskedDecoder", "build_encoder", "dcls_active", "dcls_epoch_steps",
+           "decay_groups",
            "mae_init_", "parameter_counts", "patchify"]

@@ -49,7 +49,7 @@ DONE = "Done"
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
                        "alignment_scores", "alignment_threshold", "alignment_preset",
-                       "pretrain_steps")
+                       "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
 
 
 # --------------------------------------------------------------------------------------------

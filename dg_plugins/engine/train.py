@@ -55,7 +55,8 @@ DOMAINBED_ARG_KEYS = (
 #: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
 #: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg`).
 EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
-                  "label_fraction", "pretrain_steps")
+                  "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
+                  "udg_split")
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULTS_FILE = "results.jsonl"
 DONE_FILE = "done"
@@ -118,8 +119,9 @@ def validate(args) -> None:
     if not 0 <= args.uda_holdout_fraction < 1:
         raise ValueError(f"--uda_holdout_fraction must be in [0, 1), got "
                          f"{args.uda_holdout_fraction}")
-    if getattr(args, "label_fraction", None) is not None or getattr(
-            args, "pretrain_steps", None) is not None:
+    if any(getattr(args, name, None) is not None for name in
+           ("label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
+                  "udg_split")):
         from dg_plugins.engine import udg
 
         udg.validate(args)
@@ -507,6 +509,7 @@ class Job:
         self.checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
         self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
                                    for split, _ in self.splits.in_splits)
+        self.algorithm.epoch_steps = self.steps_per_epoch
 
     # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg, does).
 

@@ -23,6 +23,23 @@ dg_plugins.scripts.train --help``, group "unsupervised DG"). It runs in two phas
    *labelled subset* of each source in-split. Records, checkpoints, ``--resume``, model.pkl and
    ``done`` are those of an ordinary job (the fine-tuner's state); evaluation covers every split.
 
+Lengths in epochs, as DisMAE's release sets them (``script/udg_pt.sh``: 501 pretraining epochs;
+``script/udg_ft.sh``: 51 fine-tuning epochs): ``--udg_pretrain_epochs E`` replaces
+``--pretrain_steps`` and ``--udg_ft_epochs E`` replaces ``--steps``; an epoch is one pass over the
+pooled images of the source environments (the pretraining sets, or the labelled subsets) at a
+batch of ``batch_size`` per domain, ``ceil(E x images / (batch x domains))`` steps, printed. So
+fine-tuning on 100% of the labels runs 100x the steps of 1%, as in the release. (The release's
+``dataloader.py`` derives its epoch from the size of *all* domains, targets included, divided by
+the last domain index; ours counts the images the job trains on.)
+
+Splits (``--udg_split``): ``domainbed`` (the default) pretrains on the source in-splits and labels
+a fraction of them. ``release`` follows the release's ``train.py`` / ``dataloader.py``: pretraining
+on 99% of each source environment (``holdout_fraction`` 0.01 there; here the first 99% of a
+permutation of the whole environment, :func:`pretraining_set`) and fine-tuning on a fraction of
+the 90% in-split (it needs ``--holdout_fraction 0.1``; the 10% out-split stays the validation data
+of training-domain model selection, as DomainBed's holdout), so a fraction F labels 0.9 F of each
+source environment. The pretraining's identity records the split.
+
 Algorithms without pretraining (ERM, ...) train as usual, from their own initialisation and with
 their own hparams, on the labelled subsets only: the "from scratch on the labelled fraction"
 baseline. (Pass ``"pretrained": false`` for an ImageNet-free ResNet/ViT baseline.)
@@ -86,6 +103,25 @@ def validate(args) -> None:
     steps = getattr(args, "pretrain_steps", None)
     if steps is not None and steps < 1:
         raise ValueError(f"--pretrain_steps must be a positive integer, got {steps}")
+    pretrain_epochs = getattr(args, "udg_pretrain_epochs", None)
+    if pretrain_epochs is not None:
+        if not pretrain_epochs > 0:
+            raise ValueError(f"--udg_pretrain_epochs must be positive, got {pretrain_epochs}")
+        if steps is not None:
+            raise ValueError(f"--udg_pretrain_epochs {pretrain_epochs:g} and --pretrain_steps "
+                             f"{steps} both set the pretraining length; give one of them")
+    epochs = getattr(args, "udg_ft_epochs", None)
+    if epochs is not None:
+        if not epochs > 0:
+            raise ValueError(f"--udg_ft_epochs must be positive, got {epochs}")
+        if args.steps is not None:
+            raise ValueError(f"--udg_ft_epochs {epochs:g} and --steps {args.steps} both set the "
+                             "fine-tuning length; give one of them")
+    if getattr(args, "udg_split", None) == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
+        raise ValueError(
+            f"--udg_split release labels a fraction of the 90% of each source environment that "
+            f"the release trains on and keeps the other 10% for validation: pass "
+            f"--holdout_fraction 0.1 (got {args.holdout_fraction:g})")
     if args.task != "domain_generalization":
         raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
                          "data are the source domains)")
@@ -101,14 +137,38 @@ def labelled_subset(split, fraction: float, trial_seed: int, env: int):
     return data.SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
 
 
+#: Share of each source environment that ``--udg_split release`` pretrains on (the release
+#: pretrains on 99% of the source data, ``dataloader.py``).
+RELEASE_PRETRAIN_SHARE = 0.99
+
+
+def pretraining_set(job, env: int):
+    """The unlabelled images environment ``env`` contributes to pretraining: its in-split
+    (``domainbed`` split), or with ``--udg_split release`` the first 99% of a permutation of the
+    whole environment drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")`` (the release
+    pretrains on 99% of the source data; labels are never read, so the validation out-split's
+    images may be among them, as in the release)."""
+    if job.udg_split != "release":
+        return job.splits.in_splits[env][0]
+    whole = job.dataset[env]
+    order = np.random.RandomState(seed_hash(job.args.trial_seed, env, "udg_pretrain_split")) \
+        .permutation(len(whole))
+    keep = max(1, int(round(RELEASE_PRETRAIN_SHARE * len(whole))))
+    return data.SplitDataset(whole, order[:keep].tolist())
+
+
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
-    """What makes two jobs' pretrainings the same (paths excluded)."""
-    return {
+    """What makes two jobs' pretrainings the same (paths excluded; ``udg_split`` only when it is
+    ``release``, so that the identity of a default-split pretraining stays as it was)."""
+    identity = {
         "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
         "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
         "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
         "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
     }
+    if getattr(args, "udg_split", None) == "release":
+        identity["udg_split"] = "release"
+    return identity
 
 
 def pretrain_key(identity: dict) -> str:
@@ -160,9 +220,25 @@ class PretrainJob:
         algorithm = ALGORITHMS.get(p.args.algorithm)(
             p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
         algorithm.to(p.device)
-        streams = [data.BatchStream(p.splits.in_splits[i][0], p.hparams["batch_size"],
-                                    seed_hash(p.args.seed, "udg_pretrain", i))
-                   for i in p.train_envs]
+        batch = p.hparams["batch_size"]
+        sets = [pretraining_set(p, i) for i in p.train_envs]
+        # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
+        algorithm.epoch_steps = sum(len(s) for s in sets) / (batch * len(sets))
+        print(f"UDG pretraining data ({p.udg_split} split): "
+              f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
+              f"an epoch is {algorithm.epoch_steps:.1f} steps")
+        per_loader = 0 if p.workers == 0 else max(1, p.workers // len(sets))
+        streams = [data.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
+                                    num_workers=per_loader)
+                   for s, i in zip(sets, p.train_envs)]
+        try:
+            self._steps(algorithm, streams, steps)
+        finally:
+            for stream in streams:
+                stream.close()
+
+    def _steps(self, algorithm, streams, steps: int) -> None:
+        p = self.parent
         start, n_records = 0, 0
         if os.path.exists(self.checkpoint_path):
             state = train_lib.load_checkpoint(self.checkpoint_path, algorithm, streams)
@@ -214,15 +290,20 @@ class UDGJob(train_lib.Job):
     def build(self) -> None:
         args = self.args
         self.fraction = float(args.label_fraction)
+        self.udg_split = getattr(args, "udg_split", None) or "domainbed"
         self.pretraining = ALGORITHMS.get(args.algorithm).supports_pretraining()
         self.labelled = {}
         super().build()
-        if self.pretraining:
-            self.steps_per_epoch = min(len(self.train_split(i)[0]) / self.finetune[2]
-                                       for i in self.train_envs)
-        else:
-            self.steps_per_epoch = min(len(self.train_split(i)[0]) / self.hparams["batch_size"]
-                                       for i in self.train_envs)
+        sizes = [len(self.train_split(i)[0]) for i in self.train_envs]
+        batch = self.batch_size()
+        self.steps_per_epoch = min(sizes) / batch
+        epochs = getattr(args, "udg_ft_epochs", None)
+        if epochs is not None:
+            # the release's epoch: one pass over the pooled labelled sets (train_finetune.py)
+            self.n_steps = max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+            print(f"UDG fine-tuning length: {epochs:g} epochs of {sum(sizes)} labelled images "
+                  f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
+                  f"domain x {len(sizes)} domains = {self.n_steps} steps")
 
     def train_split(self, env: int):
         if env not in self.labelled:
@@ -262,6 +343,14 @@ class UDGJob(train_lib.Job):
     def pretrained_weights(self) -> dict:
         args = self.args
         steps = getattr(args, "pretrain_steps", None) or self.dataset.N_STEPS
+        epochs = getattr(args, "udg_pretrain_epochs", None)
+        if epochs is not None:
+            sizes = [len(pretraining_set(self, i)) for i in self.train_envs]
+            batch = self.hparams["batch_size"]
+            steps = max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+            print(f"UDG pretraining length: {epochs:g} epochs of {sum(sizes)} unlabelled images "
+                  f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
+                  f"domain x {len(sizes)} domains = {steps} steps")
         identity = pretrain_identity(args, self.hparams, steps)
         folder = os.path.join(pretrain_root(args), pretrain_key(identity))
         waited = False

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     import torch
 
     from dg_plugins import hparams as hparams_lib
-    from dg_plugins.algorithms.dismae import parameter_counts
+    from dg_plugins.algorithms.dismae import dcls_epoch_steps, parameter_counts
     from dg_plugins.engine.plugins import load
     from dg_plugins.registry import ALGORITHMS
     from dg_plugins.runtime import alternating_medians, pick_device
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
 
     def pretrain(model, dcls: bool | None):
         if dcls is not None:  # place the step counter in an epoch where the classifier does (not)
-            epoch_steps = max(1, int(model.hparams["dismae_dcls_epoch_steps"]))
+            epoch_steps = max(1, dcls_epoch_steps(model.hparams, model.epoch_steps))
             model.step.fill_(0 if dcls else 7 * epoch_steps)
         model.pretrain_update(images)
 

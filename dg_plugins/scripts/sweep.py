@@ -101,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
     udg.add_argument("--pretrain_steps", type=int, default=None,
                      help="UDG pretraining steps passed to every job (hashed only when given)")
+    udg.add_argument("--udg_pretrain_epochs", type=float, default=None,
+                     help="pretrain for this many epochs of the unlabelled source data instead "
+                          "of --pretrain_steps (DisMAE's release: 501)")
+    udg.add_argument("--udg_ft_epochs", type=float, default=None,
+                     help="fine-tune each job for this many epochs of its labelled data instead "
+                          "of --steps (each label fraction gets its own step count; DisMAE's "
+                          "release: 51)")
+    udg.add_argument("--udg_split", choices=("domainbed", "release"), default=None,
+                     help="release: pretrain on 99%% of each source environment, label a "
+                          "fraction of its 90%% in-split (with --holdout_fraction 0.1); see "
+                          "train --help")
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
                             "without creating, deleting or asking anything")
@@ -165,6 +176,18 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.pretrain_steps is not None and (args.label_fractions is None
                                             or args.pretrain_steps < 1):
         parser.error("--pretrain_steps needs --label_fractions and must be >= 1")
+    if args.udg_pretrain_epochs is not None and (args.udg_pretrain_epochs <= 0
+                                                 or args.pretrain_steps is not None):
+        parser.error("--udg_pretrain_epochs must be positive and replaces --pretrain_steps "
+                     "(give one of them)")
+    for name in ("udg_pretrain_epochs", "udg_ft_epochs", "udg_split"):
+        if getattr(args, name) is not None and args.label_fractions is None:
+            parser.error(f"--{name} is a UDG flag: give --label_fractions too")
+    if args.udg_ft_epochs is not None and (args.udg_ft_epochs <= 0 or args.steps is not None):
+        parser.error("--udg_ft_epochs must be positive and replaces --steps (give one of them)")
+    if args.udg_split == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
+        parser.error("--udg_split release needs --holdout_fraction 0.1 (the release labels a "
+                     "fraction of 90% of each source environment and validates on the other 10%)")
     if args.test_env_sets is not None:
         try:
             args.test_env_sets = [[int(e) for e in text.split(",") if e.strip()]
@@ -241,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             uda_holdout_fraction=args.uda_holdout_fraction,
             extra_args={name: getattr(args, name) for name in
                         ("alignment_scores", "alignment_threshold", "alignment_preset",
-                         "pretrain_steps")
+                         "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
+                         "udg_split")
                         if getattr(args, name) is not None},
             test_env_sets=args.test_env_sets, label_fractions=args.label_fractions)
     except ValueError as err:

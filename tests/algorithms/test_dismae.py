@@ -241,3 +241,21 @@ def test_mae_checkpoint_initialises_the_encoder_and_decoder(tmp_path):
         assert torch.equal(other.encoder.state_dict()[k], v), k
     assert torch.equal(other.decoder.pred.weight, donor.decoder.pred.weight)
     assert torch.equal(other.decoder.mask_token, donor.decoder.mask_token)
+
+
+def test_domain_classifier_epoch_is_the_hparam_else_the_runs_epoch():
+    """The release trains the domain classifier on epochs 0-5 and every 15th: an epoch is the
+    hparam when set, else the run's real epoch (set by the job), else 100 steps."""
+    from dg_plugins.algorithms.dismae import FALLBACK_EPOCH_STEPS, dcls_active, dcls_epoch_steps
+
+    assert dcls_epoch_steps({"dismae_dcls_epoch_steps": 7}, 41.7) == 7
+    assert dcls_epoch_steps({"dismae_dcls_epoch_steps": None}, 41.7) == 42
+    assert dcls_epoch_steps({"dismae_dcls_epoch_steps": None}, 0.3) == 1
+    assert dcls_epoch_steps({"dismae_dcls_epoch_steps": None}, None) == FALLBACK_EPOCH_STEPS
+    assert [dcls_active(s, 42) for s in (0, 251, 252, 15 * 42, 16 * 42)] == [
+        True, True, False, True, False]
+    from dg_plugins import hparams
+
+    with pytest.raises(hparams.HparamError, match="non-negative integer"):
+        hparams.validate("DisMAE", "Debug28", {"dismae_dcls_epoch_steps": -1})
+    assert hparams.validate("DisMAE", "Debug28", {"dismae_dcls_epoch_steps": 0})

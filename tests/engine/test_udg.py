@@ -188,3 +188,97 @@ def test_domainnet20_reads_domainbeds_layout_and_keeps_the_20_classes(tmp_path):
     (root / "real" / "bee").rmdir()
     with pytest.raises(FileNotFoundError, match="bee"):
         DomainNet20(str(tmp_path), [], {})
+
+
+def udg_argv(out, *extra, algorithm="DisMAE", fraction="0.5"):
+    return train_cli.build_parser().parse_args(
+        ["--dataset", "Debug28", "--algorithm", algorithm, "--output_dir", str(out),
+         "--test_envs", "0", "--checkpoint_freq", "2", "--label_fraction", fraction,
+         "--pretrain_steps", "2", "--hparams", json.dumps(TINY), *map(str, extra)])
+
+
+def test_finetuning_length_in_epochs_follows_the_labelled_set(tmp_path, capsys):
+    """``--udg_ft_epochs E``: ceil(E x pooled labelled images / (batch per domain x domains))
+    steps, so a larger label fraction fine-tunes for more steps (DisMAE's release counts epochs)."""
+    steps = {}
+    for fraction in ("0.25", "1.0"):
+        out = tmp_path / fraction
+        assert train.run(udg_argv(out, "--udg_ft_epochs", 3, algorithm="ERM",
+                                  fraction=fraction)) == "done"
+        printed = [line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("UDG fine-tuning length")]
+        assert len(printed) == 1
+        last = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+        assert last["args"]["udg_ft_epochs"] == 3
+        steps[fraction] = last["step"] + 1
+        sizes = [int(n) for n in printed[0].split("(")[1].split(" per")[0].split(", ")]
+        expected = -(-3 * sum(sizes) // (TINY["batch_size"] * len(sizes)))  # ceil
+        assert steps[fraction] == expected and f"= {expected} steps" in printed[0]
+    assert steps["1.0"] > steps["0.25"]
+    with pytest.raises(ValueError, match="--udg_ft_epochs 3 and --steps 5"):
+        train.run(udg_argv(tmp_path / "both", "--udg_ft_epochs", 3, "--steps", 5))
+
+
+def test_release_split_pretrains_on_99_percent_and_needs_a_10_percent_holdout(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--holdout_fraction 0.1"):
+        train.run(udg_argv(tmp_path / "bad", "--udg_split", "release", "--steps", 2))
+    assert train.run(udg_argv(tmp_path / "rel", "--udg_split", "release", "--holdout_fraction",
+                              0.1, "--steps", 2)) == "done"
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("UDG pretraining data"))
+    import dg_plugins.datasets.debug  # noqa: F401
+    from dg_plugins.registry import DATASETS
+
+    env_size = len(DATASETS.get("Debug28")("x", [0], hparams_lib.default_hparams(
+        "DisMAE", "Debug28"))[1])
+    share = round(0.99 * env_size)
+    assert line.startswith(f"UDG pretraining data (release split): {share}, {share} unlabelled")
+    # the classifier schedule's epoch: the pooled pretraining set at batch 4 per domain
+    assert f"an epoch is {2 * share / (4 * 2):.1f} steps" in line
+    (folder,) = (tmp_path / "udg_pretrain").iterdir()
+    assert json.loads((folder / "identity.json").read_text())["udg_split"] == "release"
+    # the default split: the in-splits (90% here), another pretraining
+    assert train.run(udg_argv(tmp_path / "dom", "--holdout_fraction", 0.1, "--steps", 2)) == \
+        "done"
+    line = next(l for l in capsys.readouterr().out.splitlines()
+                if l.startswith("UDG pretraining data"))
+    assert line.startswith("UDG pretraining data (domainbed split): "
+                           f"{env_size - int(env_size * 0.1)},")
+    assert len(list((tmp_path / "udg_pretrain").iterdir())) == 2
+
+
+def test_sweep_passes_the_udg_protocol_flags_to_every_job(tmp_path, capsys):
+    base = ["launch", "--datasets", "Debug28", "--algorithms", "MAE", "--data_dir", "x",
+            "--output_dir", str(tmp_path / "s"), "--dry_run", "--test_env_sets", "0",
+            "--n_hparams", "1", "--n_trials", "1"]
+    assert sweep_cli.main([*base, "--label_fractions", "0.1", "1.0", "--udg_ft_epochs", "51",
+                           "--udg_split", "release", "--holdout_fraction", "0.1"]) == 0
+    out = capsys.readouterr().out
+    commands = [line for line in out.splitlines() if "dg_plugins.scripts.train" in line]
+    assert len(commands) == 2
+    assert all("--udg_ft_epochs 51" in c and "--udg_split release" in c for c in commands)
+    for bad, message in ((["--udg_ft_epochs", "51"], "--label_fractions"),
+                         (["--label_fractions", "1.0", "--udg_split", "release"],
+                          "--holdout_fraction 0.1"),
+                         (["--label_fractions", "1.0", "--udg_ft_epochs", "5", "--steps", "9"],
+                          "replaces --steps")):
+        with pytest.raises(SystemExit):
+            sweep_cli.main([*base, *bad])
+        assert message in capsys.readouterr().err
+
+
+def test_pretraining_length_in_epochs(tmp_path, capsys):
+    argv = udg_argv(tmp_path / "j", "--steps", 2)
+    argv.pretrain_steps, argv.udg_pretrain_epochs = None, 2.0
+    assert train.run(argv) == "done"
+    line = next(l for l in capsys.readouterr().out.splitlines()
+                if l.startswith("UDG pretraining length"))
+    sizes = [int(n) for n in line.split("(")[1].split(" per")[0].split(", ")]
+    expected = -(-2 * sum(sizes) // (TINY["batch_size"] * len(sizes)))
+    assert line.endswith(f"= {expected} steps")
+    (folder,) = (tmp_path / "udg_pretrain").iterdir()
+    lines = (folder / "results.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == expected - 1
+    assert json.loads((folder / "identity.json").read_text())["pretrain_steps"] == expected
+    with pytest.raises(ValueError, match="give one of them"):
+        train.run(udg_argv(tmp_path / "both", "--steps", 2, "--udg_pretrain_epochs", 2))
