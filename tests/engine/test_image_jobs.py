@@ -73,6 +73,24 @@ def test_train_finishes_and_exits_with_default_workers(tree, tmp_path):
     assert_nothing_left(env)
 
 
+def test_udg_job_pretrains_with_workers_and_exits(tree, tmp_path):
+    """A UDG job (MAE, a tiny ViT): the unlabelled pretraining streams decode in loader workers
+    too; pretraining, fine-tuning and evaluation end and no worker is left."""
+    env = command_env()
+    out = tmp_path / "udg" / "job"
+    hparams = json.dumps({"vit_arch": "tiny", "batch_size": 4, "dismae_decoder_width": 32})
+    code, output = run(TRAIN, "--dataset", "PACS", "--data_dir", tree, "--algorithm", "MAE",
+                       "--test_envs", "0", "--steps", 2, "--label_fraction", 0.5,
+                       "--pretrain_steps", 2, "--hparams", hparams, "--output_dir", out,
+                       env=env, timeout=TIMEOUT)
+    assert code == 0, output
+    text = (out / "out.txt").read_text()
+    assert used_workers(text) >= 1 and "UDG pretraining data (domainbed split)" in text
+    (pretraining,) = (tmp_path / "udg" / "udg_pretrain").iterdir()
+    assert (pretraining / "done").exists() and (out / "done").exists()
+    assert_nothing_left(env)
+
+
 @pytest.mark.parametrize("broken_env, where", [(1, "training stream"), (0, "evaluation")])
 def test_decode_error_names_the_file_and_exits(broken_tree, tmp_path, broken_env, where):
     """A source domain's broken images fail in a training stream's workers; a test domain's in an
