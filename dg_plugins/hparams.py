@@ -117,8 +117,10 @@ def base_space(dataset: str) -> Space:
         # dg_plugins additions (not in DomainBed): which backbone, its weights, the timm ViT.
         "pretrained": (True, _constant(True)),
         "pretrained_path": (None, _constant(None)),
-        # "auto": timm's vit_small_patch16_224.augreg_in21k_ft_in1k at 224x224, a small ViT at
-        # 28x28 (dg_plugins.networks.vit); or any timm ViT name or preset.
+        # "auto": the featurizer's rule (dg_plugins.networks.vit.resolve_vit_arch): timm's
+        # vit_small_patch16_224.augreg_in21k_ft_in1k at 224x224, a small ViT at 28x28. DisMAE/MAE
+        # read "auto" as ViT-B/16 at 224x224 (their paper's encoder) and GMoE has its own
+        # gmoe_vit_arch. Or any timm ViT name or preset.
         "vit_arch": ("auto", _constant("auto")),
     }
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")

@@ -1,7 +1,9 @@
 """Name -> object registries for algorithms, datasets and launchers (timm-style).
 
-A plugin registers by importing its module: ``@ALGORITHMS.register("DMG")`` on the class. Names are
-unique per registry; registering a taken name raises. ``get`` of an unknown name raises
+A plugin registers by importing its module, with ``@register_algorithm("Name")``
+(:mod:`dg_plugins.algorithms.base`: it also attaches the hparam space and the table order) or
+``@register_dataset`` (:mod:`dg_plugins.datasets.base`: it also declares the environments); the
+decorators store into these registries. Names are unique per registry; registering a taken name raises. ``get`` of an unknown name raises
 :class:`UnknownNameError` listing the registered choices and the closest names ("did you mean").
 """
 

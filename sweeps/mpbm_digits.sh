@@ -7,7 +7,7 @@
 #   PYTHON=.venv/bin/python bash sweeps/mpbm_digits.sh DATA_DIR [OUTPUT_DIR] [--dry_run]
 #
 # ERM and MPBM, 3 trials, default hparams except the SDG literature's optimiser setting (Adam lr
-# 1e-4, batch 32; see the spec's reconstructed MPBM choices), source environment 0 (MNIST) only:
+# 1e-4, batch 32; see dg_plugins/algorithms/mpbm.py for the reconstructed choices), source environment 0 (MNIST) only:
 # the benchmark's direction. sweeps/mpbm_sources.py builds exactly the jobs of
 # `sweep launch --single_source` for that source (same job folders).
 # Reported in the paper (arXiv 2502.16064, from its summary): MPBM 81.3 average over the four

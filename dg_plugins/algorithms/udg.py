@@ -38,8 +38,6 @@ from dg_plugins.algorithms.base import Algorithm, split_minibatches
 #: label fraction -> (mode, lr, batch size per domain), from the release's fine-tuning scripts.
 FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
                   0.1: ("full", 5e-5, 12), 1.0: ("full", 5e-5, 12)}
-#: Below this fraction the backbone is frozen (linear probe).
-LINEAR_PROBE_BELOW = 0.1
 
 
 def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
@@ -53,7 +51,6 @@ def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
         if key <= label_fraction + 1e-12:
             row = key
     mode, lr, batch = FINETUNE_TABLE[row]
-    mode = "linear" if label_fraction < LINEAR_PROBE_BELOW else "full"
     if hparams.get("udg_ft_mode", "auto") != "auto":
         mode = hparams["udg_ft_mode"]
     if hparams.get("udg_ft_lr") is not None:

@@ -9,7 +9,8 @@ Rule (:class:`SplitRule`), applied per image:
 * else ``ip`` if ``score >= threshold`` (a score equal to the threshold is IP);
 * else ``oop``.
 
-The default rule is ``IP iff score >= 0.4`` with no cleaning cuts (the issue's default). Beware:
+The default rule is ``IP iff score >= 0.4`` with no cleaning cuts (``--alignment_threshold``
+changes it). Beware:
 typical OpenCLIP ViT-B/16 image-text cosines lie around 0.15-0.35, so at 0.4 almost every image
 is OOP; :func:`lopsided_warnings` says so when a split is that lopsided.
 

@@ -1,4 +1,6 @@
-"""Splits, training batch streams and evaluation for the train loop (``domainbed/scripts/train.py``, ``domainbed/lib/misc.py``).
+"""Data for the train loop: the in/out split of an environment, training batch streams, evaluation
+batches and accuracy (``domainbed/lib/misc.py``, ``domainbed/lib/fast_data_loader.py``). Which
+splits a job makes and evaluates is :class:`dg_plugins.engine.train.Splits`.
 
 Differences from DomainBed, by design:
 * Training batches are drawn i.i.d. with replacement from each environment's in-split (DomainBed's

@@ -616,9 +616,13 @@ class Job:
                         accumulated=self.accumulated, record_args=self.record_args,
                         hparams=self.hparams)
 
+    def model_extras(self) -> dict:
+        """Keys a job kind adds to model.pkl beside DomainBed's (none here)."""
+        return {}
+
     def save_model(self, filename: str) -> None:
         save_model(self.args, self.algorithm, self.dataset, self.hparams, self.record_args,
-                   filename, len(self.train_envs))
+                   filename, len(self.train_envs), self.model_extras())
 
     def finish(self) -> None:
         self.save_model("model.pkl")
@@ -746,9 +750,10 @@ def run(args, stop_after_step: int | None = None) -> str:
                 tee.close()
 
 
-def save_model(args, algorithm, dataset, hparams, record_args, filename, num_domains) -> None:
-    """DomainBed's model.pkl (as ``domainbed/scripts/train.py`` writes it), written atomically;
-    skipped with --skip_model_save."""
+def save_model(args, algorithm, dataset, hparams, record_args, filename, num_domains,
+               extras: dict | None = None) -> None:
+    """DomainBed's model.pkl (as ``domainbed/scripts/train.py`` writes it) plus ``extras``,
+    written atomically; skipped with --skip_model_save."""
     if args.skip_model_save:
         return
     atomic_torch_save({
@@ -758,4 +763,5 @@ def save_model(args, algorithm, dataset, hparams, record_args, filename, num_dom
         "model_num_domains": num_domains,
         "model_hparams": hparams,
         "model_dict": algorithm.state_dict(),
+        **(extras or {}),
     }, os.path.join(args.output_dir, filename))

@@ -73,7 +73,6 @@ import time
 import numpy as np
 import torch
 
-from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import data
 from dg_plugins.engine import train as train_lib
 from dg_plugins.engine.outputs import atomic_torch_save, atomic_write_bytes
@@ -386,13 +385,9 @@ class UDGJob(train_lib.Job):
             finally:
                 lock.__exit__(None, None, None)
 
-    def save_model(self, filename: str) -> None:
-        if self.args.skip_model_save:
-            return
-        super().save_model(filename)
-        if self.pretraining:  # say what the state dict is: the fine-tuner's, not the algorithm's
-            path = os.path.join(self.args.output_dir, filename)
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            state["udg"] = {"label_fraction": self.fraction, "mode": self.finetune[0],
-                            "model": "dg_plugins.algorithms.udg.FineTuner"}
-            atomic_torch_save(state, path)
+    def model_extras(self) -> dict:
+        if not self.pretraining:
+            return {}
+        # say what the state dict is: the fine-tuner's, not the algorithm's
+        return {"udg": {"label_fraction": self.fraction, "mode": self.finetune[0],
+                        "model": "dg_plugins.algorithms.udg.FineTuner"}}

@@ -5,7 +5,7 @@ the parameter counts of each part of the default model. Measured in one process,
 algorithms step by step; median over ``--steps`` after ``--warmup``.
 
 The generic ``python -m dg_plugins.scripts.benchmark`` times ``update`` (the DG variant, with its
-CE head); this script times the UDG pretraining step the issue asks about, and prints the
+CE head); this script times the UDG pretraining step, and prints the
 parameter count of the pretraining model (semantic encoder, variation blocks, decoder, domain
 classifier). DisMAE is timed on steps without and with the domain classifier's own pass (it
 trains only on epochs 0-5 and every 15th epoch up to 100: about 2% of a 501-epoch schedule)::

@@ -239,7 +239,7 @@ def test_importing_datasets_loads_no_image_libraries():
     assert result.stdout.strip() == "[]"
 
 
-# --- corrupt images (issue 14 item 4) ----------------------------------------------------------
+# --- corrupt images ----------------------------------------------------------
 
 
 def writable_copy(source: Path, target: Path) -> Path:

@@ -1,7 +1,6 @@
 """Launchers (``domainbed/command_launchers.py``): dummy, local, multi_gpu (fake GPU ids), submitit (local/debug executors
 running real commands, so the code path Slurm uses is the one exercised)."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -17,7 +16,6 @@ from dg_plugins.engine import launchers, sweep
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.scripts import sweep as sweep_cli
 
-HAS_TRAIN = importlib.util.find_spec("dg_plugins.scripts.train") is not None
 PY = shlex.quote(sys.executable)
 
 
@@ -163,7 +161,6 @@ def test_submitit_executor_runs_real_commands(tmp_path, capfd, cluster):
     assert cluster == "debug" or any((tmp_path / "logs").iterdir())
 
 
-@pytest.mark.skipif(not HAS_TRAIN, reason="dg_plugins.scripts.train not available yet")
 def test_sweep_through_submitit_local_with_real_jobs(tmp_path, capfd):
     """The sweep CLI with --command_launcher submitit on submitit's local executor: two real
     Debug28 jobs (one Incomplete, relaunched with --resume) run to Done; logs go to
@@ -194,7 +191,7 @@ def test_sweep_through_submitit_local_with_real_jobs(tmp_path, capfd):
 
 
 # ---------------------------------------------------------------------------------------------
-# Stop signals (issue 14 item 10): SIGTERM / SIGINT to a sweep reach its running jobs once, no
+# Stop signals: SIGTERM / SIGINT to a sweep reach its running jobs once, no
 # further job starts, the sweep waits for them (bounded), says how to continue, exits 128+sig.
 
 FAKE_TRAIN = '''

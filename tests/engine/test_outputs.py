@@ -1,5 +1,5 @@
-"""Output-folder helpers: atomic writes follow the umask like a plain ``open()`` (issue 14 item 9:
-``done``, ``model.pkl`` and ``checkpoint.pt`` used to be created 0600 by mkstemp)."""
+"""Output-folder helpers: atomic writes follow the umask like a plain ``open()`` (``done``,
+``model.pkl`` and ``checkpoint.pt`` must not be created 0600, as ``mkstemp`` would make them)."""
 
 import os
 import stat

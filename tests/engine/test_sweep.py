@@ -1,6 +1,5 @@
 """Sweep enumeration, identity, command strings, states and the sweep CLI (``domainbed/scripts/sweep.py``)."""
 
-import importlib.util
 import io
 import json
 import os
@@ -15,7 +14,6 @@ import pytest
 from dg_plugins.engine import launchers, sweep
 from dg_plugins.scripts import sweep as sweep_cli
 
-HAS_TRAIN = importlib.util.find_spec("dg_plugins.scripts.train") is not None
 DOMAINBED_KEYS = {"dataset", "algorithm", "test_envs", "holdout_fraction", "hparams_seed",
                   "data_dir", "task", "trial_seed", "seed"}
 
@@ -376,7 +374,6 @@ def test_cli_alignment_flags_reach_every_job(tmp_path, capsys):
 # End to end with the real train script
 
 
-@pytest.mark.skipif(not HAS_TRAIN, reason="dg_plugins.scripts.train not available yet")
 def test_end_to_end_local_launch_then_relaunch(tmp_path, capfd):
     """A real Debug28 job through the local launcher (two others pre-marked Done are skipped);
     a relaunch then finds every job Done. (test_launchers runs real jobs through submitit.)"""
@@ -401,7 +398,6 @@ def test_end_to_end_local_launch_then_relaunch(tmp_path, capfd):
     assert "3 jobs: 3 done, 0 incomplete, 0 not launched." in capfd.readouterr().out
 
 
-@pytest.mark.skipif(not HAS_TRAIN, reason="dg_plugins.scripts.train not available yet")
 def test_plugin_algorithm_in_one_test_file_runs_through_a_sweep(tmp_path, capfd, monkeypatch):
     """A test-only algorithm (tests/plugins/toy_two_heads.py, one file) named in
     $DG_PLUGINS_IMPORT is accepted by the sweep and trained by its jobs (child processes)."""

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from dg_plugins.engine import train
 from dg_plugins.registry import ALGORITHMS
@@ -64,7 +63,7 @@ def wait_for(predicate, timeout=120.0, interval=0.02):
     return False
 
 
-# item 3 ------------------------------------------------------------------------------------------
+# bad numeric flags are refused -------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag, value", [("--steps", "-5"), ("--steps", "0"),
                                          ("--checkpoint_freq", "0"), ("--checkpoint_freq", "-5")])
@@ -76,7 +75,7 @@ def test_non_positive_step_counts_are_rejected_before_anything_is_written(tmp_pa
     assert not out.exists()
 
 
-# item 4 (train's part): a crash prints its traceback once ------------------------------------------
+# a crash prints its traceback once ---------------------------------------------------------------
 
 def test_a_crash_prints_its_traceback_once(tmp_path):
     out = tmp_path / "job"
@@ -93,7 +92,7 @@ def test_a_crash_prints_its_traceback_once(tmp_path):
     assert (out / "err.txt").read_text().count("Traceback (most recent call last)") == 1
 
 
-# item 5 ------------------------------------------------------------------------------------------
+# a kill during a checkpoint write leaves no temporary file ---------------------------------------
 
 def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume(tmp_path):
     """A real kill -9 while checkpoint.pt is being written (a 64 MB buffer makes the write last):
@@ -118,7 +117,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume
         "done", "err.txt", "model.pkl", "out.txt", "results.jsonl"]
 
 
-# item 6 ------------------------------------------------------------------------------------------
+# a finished job is not rerun unless forced -------------------------------------------------------
 
 def test_rerunning_a_finished_job_refuses_and_force_starts_over(tmp_path, capsys):
     out = tmp_path / "job"
@@ -148,7 +147,7 @@ def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys):
     assert len(records(out)) == 1
 
 
-# item 7 ------------------------------------------------------------------------------------------
+# --resume refuses other arguments than the interrupted run's -------------------------------------
 
 @pytest.mark.parametrize("changed, listed", [
     (["--seed", "1"], "--seed: 0 in the checkpoint, 1 now"),
@@ -181,7 +180,7 @@ def test_resume_in_a_moved_folder_is_allowed(tmp_path):
     assert comparable(records(moved)) == comparable(records(full))
 
 
-# item 8 ------------------------------------------------------------------------------------------
+# --resume refuses records that do not match the checkpoint ---------------------------------------
 
 def test_resume_refuses_when_a_counted_record_is_missing(tmp_path, capsys):
     out = tmp_path / "job"
@@ -226,7 +225,7 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
     assert order == ["record", "checkpoint"] * 3
 
 
-# item 10 (train's part) ----------------------------------------------------------------------------
+# SIGTERM stops at a step boundary; --resume continues --------------------------------------------
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(tmp_path):
     out, full = tmp_path / "job", tmp_path / "full"
@@ -246,7 +245,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
     assert comparable(records(out)) == comparable(records(full))
 
 
-# item 11 -----------------------------------------------------------------------------------------
+# one process per job folder ----------------------------------------------------------------------
 
 def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_path):
     out = tmp_path / "job"
@@ -272,9 +271,3 @@ def _test_plugins():
 
     yield
     ALGORITHMS.unregister("BigStateERM")
-
-
-def test_fixture_algorithm_has_a_large_state():
-    from big_state_algorithm import BigStateERM
-
-    assert BigStateERM.BYTES >= 2**25 and isinstance(torch.zeros(1), torch.Tensor)
