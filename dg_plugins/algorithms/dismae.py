@@ -80,12 +80,11 @@ import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
 from dg_plugins.algorithms.base import Algorithm, register_algorithm, split_minibatches
+from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from dg_plugins.networks import vit as vitlib
 
 #: The semantic encoder ``vit_arch "auto"`` builds at 224x224 (the paper's ViT-B/16).
 DEFAULT_ARCH_224 = "vit_base_patch16_224"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 #: Mask ratio of the domain classifier's feature pass (the release's 15%).
 DCLS_MASK_RATIO = 0.15
 

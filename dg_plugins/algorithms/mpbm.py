@@ -80,12 +80,11 @@ import torch.nn.functional as F
 from dg_plugins import hparams as hp_lib
 from dg_plugins.algorithms.base import (FeatureClassifier, adam, optimizer_step,
                                         register_algorithm, split_minibatches)
+# Per-channel mean and std of ImageNet normalisation (``mpbm_clamp`` "imagenet").
+from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 
-#: Per-channel mean and std of ImageNet normalisation (``mpbm_clamp`` "imagenet").
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 #: Datasets whose inputs are [0, 1] pixels (the SGLD step default eta = 1.0 applies).
-PIXEL_DATASETS = set(hp_lib.SMALL_IMAGE_DATASETS) | {"Digits"}
+PIXEL_DATASETS = set(hp_lib.SMALL_IMAGE_DATASETS) | {"Digits", "DigitsOffline"}
 CLAMP_MODES = ("batch", "unit", "imagenet", "none")
 UPDATE_KEYS = ("loss", "sup", "mix", "gen", "adv", "disc", "disc_acc")
 

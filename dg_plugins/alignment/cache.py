@@ -23,10 +23,11 @@ import io
 import json
 import os
 import sys
-import tempfile
 import zipfile
 
 import numpy as np
+
+from dg_plugins.files import atomic_write_bytes
 
 FORMAT_VERSION = 1
 
@@ -133,15 +134,6 @@ class ScoreCache:
                  keys=np.frombuffer(keys_blob, dtype=np.uint8), scores=scores,
                  digest=np.frombuffer(_payload_digest(keys_blob, scores).encode(),
                                       dtype=np.uint8))
-        os.makedirs(self.cache_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".tmp-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buffer.getvalue())
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(self.path, buffer.getvalue())
         self.dirty = False
         self.status = "loaded"

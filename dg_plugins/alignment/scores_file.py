@@ -40,11 +40,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from dg_plugins.files import atomic_write_text
 
 MAGIC = "dg_plugins alignment scores v1"
 REQUIRED_COLUMNS = ("env", "path", "label", "score")
@@ -65,23 +66,6 @@ class ScoreTable:
         return "subset" in self.frame.columns
 
 
-def _atomic_write_text(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a shared score file private
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> None:
     """Write ``frame`` (columns :data:`COLUMNS`, plus ``subset`` and any extra) with ``meta`` as
     the header, atomically."""
@@ -97,7 +81,7 @@ def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> No
         lines.append(f"# {key}: {json.dumps(value)}")
     body = io.StringIO()
     frame[ordered].to_csv(body, index=False, float_format="%.9g", lineterminator="\n")
-    _atomic_write_text(path, "\n".join(lines) + "\n" + body.getvalue())
+    atomic_write_text(path, "\n".join(lines) + "\n" + body.getvalue())
 
 
 def read_scores(path: str) -> ScoreTable:

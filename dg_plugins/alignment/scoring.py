@@ -42,6 +42,7 @@ import dg_plugins.compat  # noqa: F401  (must precede torchvision / open_clip im
 from dg_plugins.alignment.cache import ScoreCache, image_key
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import image_items
+from dg_plugins.files import atomic_write_text
 from dg_plugins.networks.pretrained import (HUB_HOST, PretrainedWeightsUnavailable,
                                             host_reachable, offline_requested)
 
@@ -178,10 +179,7 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
             os.makedirs(memo_dir, exist_ok=True)
             memo = memo if isinstance(memo, dict) else {}
             memo[memo_key] = digest
-            tmp = memo_path + f".{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(memo, f)
-            os.replace(tmp, memo_path)
+            atomic_write_text(memo_path, json.dumps(memo))
         except OSError:
             pass
     return digest

@@ -52,7 +52,6 @@ import importlib.util
 import io
 import json
 import os
-import secrets
 import zlib
 
 import numpy as np
@@ -60,6 +59,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.files import atomic_write_bytes
 
 ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
 SIZE = 32
@@ -596,20 +596,9 @@ def cache_path(root: str | None, seed: int = SEED, sizes: dict | None = None) ->
 
 def _write_atomically(path: str, arrays: dict) -> None:
     """np.savez to a new file in the same folder (mode from the umask), fsync, rename."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_arrays(root: str | None = None, seed: int = SEED,

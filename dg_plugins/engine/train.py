@@ -41,7 +41,8 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import data
-from dg_plugins.engine.outputs import Tee, atomic_torch_save, atomic_write_bytes, format_row
+from dg_plugins.engine.outputs import Tee, format_row
+from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_hash

@@ -75,7 +75,7 @@ import torch
 
 from dg_plugins.engine import data
 from dg_plugins.engine import train as train_lib
-from dg_plugins.engine.outputs import atomic_torch_save, atomic_write_bytes
+from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.seeds import seed_hash
 

@@ -234,7 +234,7 @@ def args_mismatch(record: dict, saved: dict) -> str | None:
 def update_records(ctx: JobContext, options, load) -> list[str]:
     """Add the subset keys to the records that a saved model can score (see the module
     docstring). ``load(model file name) -> (saved dict, evaluated keys)``, memoised."""
-    from dg_plugins.engine.outputs import atomic_write_bytes
+    from dg_plugins.files import atomic_write_bytes
 
     job = ctx.job_dir
     results = os.path.join(job, "results.jsonl")

@@ -7,7 +7,7 @@ import stat
 import pytest
 import torch
 
-from dg_plugins.engine import outputs
+from dg_plugins import files
 
 
 @pytest.fixture
@@ -30,8 +30,8 @@ def test_atomic_writes_follow_the_umask(tmp_path, umask, mask):
         f.write("x")
     expected = mode(tmp_path / "plain")
     assert expected == 0o666 & ~mask
-    outputs.atomic_write_bytes(str(tmp_path / "done"), b"done")
-    outputs.atomic_torch_save({"w": torch.zeros(2)}, str(tmp_path / "model.pkl"))
+    files.atomic_write_bytes(str(tmp_path / "done"), b"done")
+    files.atomic_torch_save({"w": torch.zeros(2)}, str(tmp_path / "model.pkl"))
     assert mode(tmp_path / "done") == expected
     assert mode(tmp_path / "model.pkl") == expected
     assert (tmp_path / "done").read_bytes() == b"done"
@@ -46,7 +46,7 @@ def test_replacing_a_0600_file_heals_its_mode(tmp_path, umask):
     path = tmp_path / "checkpoint.pt"
     path.write_bytes(b"old")
     path.chmod(0o600)
-    outputs.atomic_write_bytes(str(path), b"new")
+    files.atomic_write_bytes(str(path), b"new")
     assert path.read_bytes() == b"new" and mode(path) == 0o644
 
 
@@ -54,6 +54,6 @@ def test_failed_write_leaves_no_temp_file_and_keeps_the_old(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_bytes(b"old")
     with pytest.raises(TypeError):  # not bytes: the write fails half-way
-        outputs.atomic_write_bytes(str(path), object())
+        files.atomic_write_bytes(str(path), object())
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]

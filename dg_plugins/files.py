@@ -1,0 +1,65 @@
+"""Atomic file writes, the one implementation every writer of the package uses (job folders,
+score files and caches, the DigitsOffline arrays): a new temporary file in the target's folder,
+fsync, then a rename, so a reader sees the old or the new content, never a partial file."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+
+def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
+    """Create a new, uniquely named file in ``folder``; return ``(fd, path)``.
+
+    Unlike ``tempfile.mkstemp`` (always 0600), the file is created with mode 0666 filtered by the
+    process umask (and the folder's default ACL, if any), exactly as ``open(path, "w")`` creates a
+    new file: under umask 022 it is 0644, under 002 (shared group folders) 0664.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{suffix}")
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file in {folder}")
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync and a rename, so that
+    readers see the old or the new content, never a partial file.
+
+    The file gets the permissions a plain ``open()`` would give a new file under the current
+    umask (not mkstemp's 0600), so colleagues on a shared cluster can read ``model.pkl`` or see
+    ``done``. A rewrite creates a new file, so its mode follows the umask too, whatever the mode
+    of the file it replaces.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = _create_temp_file(folder, os.path.basename(path)[-100:])
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_torch_save(obj, path: str) -> None:
+    """``torch.save`` through :func:`atomic_write_bytes` (same atomicity and permissions)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8 (newlines as given)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
