@@ -43,8 +43,8 @@ from dg_plugins.alignment.cache import ScoreCache, image_key
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import image_items
 from dg_plugins.files import atomic_write_text
-from dg_plugins.networks.pretrained import (HUB_HOST, PretrainedWeightsUnavailable,
-                                            host_reachable, offline_requested)
+from dg_plugins.networks.pretrained import (PretrainedWeightsUnavailable, check_hub_available,
+                                            check_url_available)
 
 DEFAULT_MODEL = "ViT-B-16"
 DEFAULT_PRETRAINED = "laion400m_e32"
@@ -112,7 +112,7 @@ def check_weights_available(model_name: str, pretrained) -> None:
         return
     if model_name.startswith("hf-hub:"):
         repo = model_name[len("hf-hub:"):]
-        _check_hub(repo, f"{model_name}")
+        check_hub_available(repo, model_name, _unavailable)
         return
     if os.path.isfile(str(pretrained)):
         return
@@ -130,28 +130,10 @@ def check_weights_available(model_name: str, pretrained) -> None:
     if cfg.get("hf_hub"):
         repo = os.path.split(cfg["hf_hub"])[0] if not cfg["hf_hub"].endswith("/") \
             else cfg["hf_hub"].rstrip("/")
-        _check_hub(repo, f"{model_name} {pretrained}")
+        check_hub_available(repo, f"{model_name} {pretrained}", _unavailable)
     elif cfg.get("url"):
-        cached = os.path.join(CLIP_CACHE, os.path.basename(cfg["url"]))
-        if os.path.exists(cached):
-            return
-        host = cfg["url"].split("/")[2]
-        if offline_requested():
-            raise _unavailable(f"{model_name} {pretrained}", cached, "offline mode is set")
-        if not host_reachable(host):
-            raise _unavailable(f"{model_name} {pretrained}", cached, f"{host} is unreachable")
-
-
-def _check_hub(repo: str, what: str) -> None:
-    from huggingface_hub import constants
-
-    cache_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
-    if os.path.isdir(cache_dir):
-        return
-    if offline_requested():
-        raise _unavailable(what, cache_dir, "offline mode is set")
-    if not host_reachable(HUB_HOST):
-        raise _unavailable(what, cache_dir, f"{HUB_HOST} is unreachable")
+        check_url_available(cfg["url"], f"{model_name} {pretrained}",
+                            os.path.join(CLIP_CACHE, os.path.basename(cfg["url"])), _unavailable)
 
 
 def file_sha256(path: str, memo_dir: str | None = None) -> str:

@@ -45,29 +45,35 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
     )
 
 
-def check_url_available(url: str, what: str) -> None:
-    """Raise unless the torch.hub cache holds ``url``'s file or its host is reachable."""
-    cached = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(url).path))
+def require_cached_or_reachable(what: str, cached: str, host: str,
+                                unavailable=_unavailable) -> None:
+    """Return when ``cached`` exists (a file or folder of a download cache) or ``host`` can be
+    reached now; else raise ``unavailable(what, cached, reason)`` (default: the message with the
+    fixes for a backbone; the CLIP scorer passes its own)."""
     if os.path.exists(cached):
         return
-    host = urlparse(url).hostname or ""
     if offline_requested():
-        raise _unavailable(what, cached, "offline mode is set")
+        raise unavailable(what, cached, "offline mode is set")
     if not host_reachable(host):
-        raise _unavailable(what, cached, f"{host} is unreachable")
+        raise unavailable(what, cached, f"{host} is unreachable")
 
 
-def check_hub_available(repo_id: str, what: str) -> None:
+def check_url_available(url: str, what: str, cached: str | None = None,
+                        unavailable=_unavailable) -> None:
+    """Raise unless the download cache holds ``url``'s file (default: torch.hub's) or its host is
+    reachable."""
+    if cached is None:
+        cached = os.path.join(torch.hub.get_dir(), "checkpoints",
+                              os.path.basename(urlparse(url).path))
+    require_cached_or_reachable(what, cached, urlparse(url).hostname or "", unavailable)
+
+
+def check_hub_available(repo_id: str, what: str, unavailable=_unavailable) -> None:
     """Raise unless the Hugging Face cache holds ``repo_id`` or the hub is reachable."""
     from huggingface_hub import constants
 
     cache_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
-    if os.path.isdir(cache_dir):
-        return
-    if offline_requested():
-        raise _unavailable(what, cache_dir, "offline mode is set")
-    if not host_reachable(HUB_HOST):
-        raise _unavailable(what, cache_dir, f"{HUB_HOST} is unreachable")
+    require_cached_or_reachable(what, cache_dir, HUB_HOST, unavailable)
 
 
 def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:
