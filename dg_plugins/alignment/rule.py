@@ -82,10 +82,6 @@ class SplitRule:
             cuts.append(f"score > {self.drop_above:g}")
         return text + ("; dropped: " + " or ".join(cuts) if cuts else "; nothing dropped")
 
-    def as_dict(self) -> dict:
-        return {"threshold": self.threshold, "drop_below": self.drop_below,
-                "drop_above": self.drop_above}
-
 
 #: Named split rules (see the module docstring).
 PRESETS: dict[str, SplitRule] = {

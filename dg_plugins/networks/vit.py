@@ -14,8 +14,8 @@ Building (offline-safe)
 
 Tokens
     :func:`embed_tokens` is exactly what timm's ``forward_features`` does before the blocks;
-    :func:`embed_patches` + :func:`random_masking` + :func:`prepend_prefix_tokens` (or
-    :func:`embed_masked_tokens`, all three at once) is the masked-autoencoder order of He et al.,
+    :func:`embed_patches` + :func:`random_masking` + :func:`prepend_prefix_tokens` is the
+    masked-autoencoder order of He et al.,
     "Masked Autoencoders Are Scalable Vision Learners" (CVPR 2022): patch embedding, plus position
     embedding, masking, then the class token with its own position embedding.
     :func:`run_blocks` runs a range of blocks, :func:`final_norm` and :func:`pool_tokens` finish
@@ -344,12 +344,11 @@ def num_kept_tokens(num_tokens: int, mask_ratio: float) -> int:
 
 @dataclass
 class MaskedTokens:
-    """Output of :func:`random_masking` / :func:`embed_masked_tokens`.
+    """Output of :func:`random_masking`.
 
     Attributes:
         tokens: kept tokens ``[B, K, D]`` in shuffled order
-            (``tokens[b, j] = x[b, ids_keep[b, j]]``);
-            from :func:`embed_masked_tokens` the P prefix tokens come first: ``[B, P + K, D]``.
+            (``tokens[b, j] = x[b, ids_keep[b, j]]``).
         mask: ``[B, N]``, 0 where a token is kept and 1 where it is removed (MAE's convention), in
             the original token order; ``mask.sum(1) == N - K`` for every sample.
         ids_restore: ``[B, N]``, the inverse of the shuffle: position ``n`` of the original order
@@ -394,17 +393,6 @@ def restore_order(kept: torch.Tensor, ids_restore: torch.Tensor,
     fill = fill.to(kept.dtype).reshape(-1, 1, dim).expand(batch, num - k, dim)
     shuffled = torch.cat([kept, fill], dim=1)
     return torch.gather(shuffled, 1, ids_restore.unsqueeze(-1).expand(-1, -1, dim))
-
-
-def embed_masked_tokens(vit: nn.Module, x: torch.Tensor, mask_ratio: float, *,
-                        generator: torch.Generator | None = None) -> MaskedTokens:
-    """The MAE encoder input: :func:`embed_patches` (patch embedding + position embedding), then
-    :func:`random_masking`, then :func:`prepend_prefix_tokens` (class token + its position
-    embedding). ``tokens`` is ``[B, P + K, D]``; ``mask``/``ids_*`` refer to the N patches. To mask
-    the same patch tokens twice (e.g. two encoders on independent masks), call the three steps."""
-    masked = random_masking(embed_patches(vit, x), mask_ratio, generator=generator)
-    masked.tokens = prepend_prefix_tokens(vit, masked.tokens)
-    return masked
 
 
 def run_blocks(vit: nn.Module, tokens: torch.Tensor, start: int = 0,
@@ -622,7 +610,7 @@ class ViTFeaturizer(StagedFeaturizer):
 __all__ = [
     "DEFAULT_ARCH_224", "DEFAULT_ARCH_28", "DINOV2_ARCH", "MaskedTokens", "VIT_28", "VIT_PRESETS",
     "VIT_TEST_224", "ViTDims", "ViTFeaturizer", "adapt_patch_embed_channels", "create_vit",
-    "embed_masked_tokens", "embed_patches", "embed_tokens", "final_norm",
+    "embed_patches", "embed_tokens", "final_norm",
     "install_sincos_pos_embed", "num_kept_tokens", "parse_block_indices", "pool_tokens",
     "prepend_prefix_tokens", "random_masking", "replace_ffn", "resolve_vit_arch",
     "restore_order", "run_blocks", "sincos_pos_embed_2d", "vit_dims", "vit_preset",

@@ -147,7 +147,9 @@ def test_mae_order_embedding_masks_position_embedded_patches():
     net = tiny_vit()
     x = torch.randn(3, 3, 224, 224)
     with torch.no_grad():
-        out = V.embed_masked_tokens(net, x, 0.8, generator=torch.Generator().manual_seed(0))
+        out = V.random_masking(V.embed_patches(net, x), 0.8,
+                               generator=torch.Generator().manual_seed(0))
+        out.tokens = V.prepend_prefix_tokens(net, out.tokens)
         patches = net.patch_embed(x) + net.pos_embed[:, 1:]
         kept = V.num_kept_tokens(49, 0.8)
         assert out.tokens.shape == (3, 1 + kept, 64)
@@ -157,8 +159,8 @@ def test_mae_order_embedding_masks_position_embedded_patches():
             assert torch.allclose(out.tokens[b, 1:], patches[b, out.ids_keep[b]])
         # nothing masked: the same CLS feature as the unmasked forward (attention does not care
         # about token order once positions are embedded)
-        full = V.embed_masked_tokens(net, x, 0.0)
-        cls = V.pool_tokens(net, V.final_norm(net, V.run_blocks(net, full.tokens)))
+        full = V.prepend_prefix_tokens(net, V.random_masking(V.embed_patches(net, x), 0.0).tokens)
+        cls = V.pool_tokens(net, V.final_norm(net, V.run_blocks(net, full)))
         assert torch.allclose(cls, net(x), atol=1e-5)
 
 
