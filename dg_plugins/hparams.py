@@ -257,6 +257,23 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     return value
 
 
+def check_values(entries: Space, hparams: dict[str, Any]) -> None:
+    """Run each entry's check on the value ``hparams`` holds for it (absent names and None values
+    skipped): :func:`validate`'s checks, for hparams that did not come through it (e.g. DomainBed's
+    own train through the bridge). Raises :class:`HparamError` naming the first problem."""
+    for name, entry in entries.items():
+        check = entry[2] if len(entry) > 2 else None
+        value = hparams.get(name)
+        if check is None or value is None:
+            continue
+        try:
+            problem = check(value)
+        except (TypeError, AttributeError, ValueError):
+            problem = f"has the wrong type (its default is {entry[0]!r})"
+        if problem:
+            raise HparamError(f"hparam {name!r} {problem}, got {value!r}")
+
+
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Check ``overrides`` against ``algorithm``'s space on ``dataset`` (base space included):
     every name must exist (an unknown one raises, listing the closest valid names), every value

@@ -160,3 +160,18 @@ def test_an_algorithms_space_attaches_at_registration():
         assert isinstance(TestSpaceAlgo((3, 28, 28), 2, 2, {}), nn.Module)
     finally:
         ALGORITHMS.unregister("TestSpaceAlgo")
+
+
+@pytest.mark.parametrize("algorithm, name, value", [
+    ("DMG", "dmg_lambda_overlap", -1.0), ("DMG", "dmg_mask_layers", 3),
+    ("MPBM", "mpbm_nb", 0), ("MPBM", "mpbm_clamp", "sometimes")])
+def test_an_algorithm_checks_its_hparams_however_they_were_made(algorithm, name, value):
+    """hparams that never went through validate (DomainBed's train via the bridge) still get the
+    registry's checks, once, in the base class."""
+    import dg_plugins.algorithms  # noqa: F401
+    from dg_plugins import hparams as H
+    from dg_plugins.registry import ALGORITHMS
+
+    hparams = {**H.default_hparams(algorithm, "Debug28"), name: value}
+    with pytest.raises(H.HparamError, match=f"hparam '{name}'"):
+        ALGORITHMS.get(algorithm)((3, 28, 28), 2, 2, hparams)

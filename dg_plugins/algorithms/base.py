@@ -94,6 +94,9 @@ class Algorithm(nn.Module):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__()
+        # the method's own hparams pass their checks here once, however they were made (train
+        # validates overrides; DomainBed's train through the bridge does not)
+        hparams_lib.check_values(type(self).hparam_space(""), hparams)
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
         self.num_domains = num_domains
@@ -176,6 +179,18 @@ def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
     """Adam with the job's ``lr`` and ``weight_decay``, as DomainBed's algorithms build it."""
     return torch.optim.Adam(params, lr=hparams["lr"] if lr is None else lr,
                             weight_decay=hparams["weight_decay"])
+
+
+def decay_groups(named_params, weight_decay: float) -> list[dict]:
+    """AdamW groups as MAE builds them: weight decay on parameters of 2+ dimensions that are not
+    biases; none on biases, norms and other 1-D parameters."""
+    decay, no_decay = [], []
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
 
 
 def optimizer_step(optimizer, loss: torch.Tensor) -> None:

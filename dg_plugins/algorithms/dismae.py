@@ -79,7 +79,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
-from dg_plugins.algorithms.base import Algorithm, register_algorithm, split_minibatches
+from dg_plugins.algorithms.base import (Algorithm, decay_groups, optimizer_step,
+                                        register_algorithm, split_minibatches)
 from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from dg_plugins.networks import vit as vitlib
 
@@ -184,18 +185,6 @@ class MaskedDecoder(nn.Module):
             seq.append(self.embed(extra).unsqueeze(1) + self.pos_embed[:, :1])
         h = self.norm(self.blocks(torch.cat(seq, dim=1)))
         return torch.sigmoid(self.pred(h[:, 1:1 + ids_restore.shape[1]]))
-
-
-def decay_groups(named_params, weight_decay: float) -> list[dict]:
-    """AdamW groups as MAE builds them: weight decay on parameters of 2+ dimensions that are not
-    biases; none on biases, norms and other 1-D parameters."""
-    decay, no_decay = [], []
-    for name, p in named_params:
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
 
 
 def _mask_ratio_check(value):
@@ -392,9 +381,7 @@ class MAE(_MaskedAutoencoder):
             ce = F.cross_entropy(self.classifier(latent[:, 0]), y)
             loss = rec + self.hparams["dismae_lambda2"] * ce
             out["ce"] = ce.item()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        optimizer_step(self.optimizer, loss)
         self.step += 1
         return {"loss": loss.item(), "rec": rec.item(), **out}
 
@@ -540,9 +527,7 @@ class DisMAE(_MaskedAutoencoder):
             ce = F.cross_entropy(self.classifier(latent[:, 0]), y)
             loss = loss + hp["dismae_lambda2"] * ce
             out["ce"] = ce.item()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        optimizer_step(self.optimizer, loss)
 
         with torch.no_grad():  # monitoring on the detached class tokens of this pass
             logits = self.domain_classifier(latent[:, 0].detach())
@@ -561,9 +546,7 @@ class DisMAE(_MaskedAutoencoder):
             tokens = vitlib.embed_patches(self.encoder, x)
             cls = self.semantic(tokens, DCLS_MASK_RATIO)[0][:, 0]
         loss = F.cross_entropy(self.domain_classifier(cls), domain)
-        self.dcls_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.dcls_optimizer.step()
+        optimizer_step(self.dcls_optimizer, loss)
         return loss.item()
 
 
@@ -579,5 +562,4 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 
 
 __all__ = ["DisMAE", "MAE", "MaskedDecoder", "build_encoder", "dcls_active", "dcls_epoch_steps",
-           "decay_groups",
            "mae_init_", "parameter_counts", "patchify"]

@@ -197,7 +197,6 @@ class DMG(FeatureClassifier):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        self._check_hparams(hparams)
         self.mask_layers = resolve_mask_layers(self.featurizer, hparams["dmg_mask_layers"])
         #: masked stages (the hook points), in network order; ``fc`` is handled separately.
         self.mask_stages = tuple(n for n in self.mask_layers if n != FC)
@@ -215,23 +214,6 @@ class DMG(FeatureClassifier):
         self.optimizer = adam(self.network.parameters(), hparams)
         self.mask_optimizer = adam(self.mask_logits.parameters(), hparams,
                                    lr=hparams["lr"] if mask_lr is None else float(mask_lr))
-
-    @staticmethod
-    def _check_hparams(hparams) -> None:
-        """The checks of :meth:`hparam_space` again, for hparams that did not come through
-        ``dg_plugins.hparams.validate`` (e.g. DomainBed's train via the bridge)."""
-        for name, check in (("dmg_lambda_overlap", hp_lib.non_negative),
-                            ("dmg_lambda_sparsity", hp_lib.non_negative),
-                            ("dmg_test_ensemble", hp_lib.one_of(*ENSEMBLES))):
-            problem = check(hparams[name])
-            if problem:
-                raise ValueError(f"hparam {name!r} {problem}, got {hparams[name]!r}")
-        if hparams["dmg_mask_lr"] is not None and _optional_positive(hparams["dmg_mask_lr"]):
-            raise ValueError(f"hparam 'dmg_mask_lr' {_optional_positive(hparams['dmg_mask_lr'])}, "
-                             f"got {hparams['dmg_mask_lr']!r}")
-        if not isinstance(hparams["dmg_mask_layers"], str):
-            raise ValueError(f"hparam 'dmg_mask_layers' must be a string such as 'auto' or "
-                             f"'layer3,layer4,fc', got {hparams['dmg_mask_layers']!r}")
 
     # Masks -----------------------------------------------------------------------------------
 

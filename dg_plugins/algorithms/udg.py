@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dg_plugins.algorithms.base import Algorithm, split_minibatches
+from dg_plugins.algorithms.base import Algorithm, decay_groups, optimizer_step, split_minibatches
 
 #: label fraction -> (mode, lr, batch size per domain), from the release's fine-tuning scripts.
 FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
@@ -70,8 +70,6 @@ class FineTuner(Algorithm):
     def __init__(self, input_shape, num_classes, num_domains, hparams, backbone: nn.Module,
                  label_fraction: float):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        from dg_plugins.algorithms.dismae import decay_groups
-
         self.mode, self.lr, self.batch_size = finetune_settings(label_fraction, hparams)
         self.backbone = backbone
         width = backbone.num_features
@@ -104,7 +102,5 @@ class FineTuner(Algorithm):
     def update(self, minibatches, unlabeled=None) -> dict:
         x, y, _ = split_minibatches(minibatches)
         loss = F.cross_entropy(self.predict(x), y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        optimizer_step(self.optimizer, loss)
         return {"loss": loss.item()}
