@@ -27,7 +27,7 @@ form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``
 ``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), NaN
 where a record lacks the key. Other keys (loss, epoch, ...) are dropped.
 
-Speed (``python -m dg_plugins.scripts.benchmark_collect``): no torch; lines are
+Speed (``python -m dg_plugins.scripts.benchmark collect``): no torch; lines are
 parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
 NaN, Infinity or lone surrogates, go to :mod:`json`, and without orjson everything does; its one
 difference from :mod:`json`: integers beyond 64 bits become floats); files are read with small

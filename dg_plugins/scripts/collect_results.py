@@ -39,7 +39,7 @@ including an ``--input_dir`` that does not exist.
 No torch import, orjson parsing, a column store: on a sweep of 10,000 jobs (50,000 records) this
 takes about 0.6-0.7 s wall where DomainBed's collect_results takes 8-10 s, most of it importing
 torch and wilds: about 13x (measured on a 2-CPU machine with
-``python -m dg_plugins.scripts.benchmark_collect``; see ``results/benchmarks.md``).
+``python -m dg_plugins.scripts.benchmark collect``; see ``results/benchmarks.md``).
 """
 
 from __future__ import annotations

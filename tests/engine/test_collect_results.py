@@ -13,7 +13,8 @@ import pytest
 from dg_plugins.engine import selection, tables
 from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import load_records
-from dg_plugins.scripts import benchmark_collect, collect_results
+from dg_plugins.benchmarks import collect as benchmark_collect
+from dg_plugins.scripts import collect_results
 
 FIXTURE = "domainbed_sweep_data"
 EXPECTED = {"text": "domainbed_sweep_data.expected_tables.txt",

@@ -5,7 +5,7 @@ the same seed and the same batches (default hparams, 5 source domains, test doma
 prints the CE of the last training batch, the accuracy on training domain 1 (15 degrees) and on
 the held-out domain 0. About 3 minutes on one core::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD python sweeps/dmg_underfit_diagnostic.py
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD python results/tools/dmg_underfit_diagnostic.py
 """
 
 import time

@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.dmg_tail_share``: the share of DMG's masked tail in one forward
+"""``python results/tools/dmg_tail_share.py``: the share of DMG's masked tail in one forward
 pass, and the predict cost it implies.
 
 DMG's ``predict`` runs the network below the first masked stage once and the masked tail once per
@@ -10,7 +10,7 @@ the same DMG network), the trunk (up to the first masked stage), the tail under 
 mask, DMG's ``predict`` and ERM's ``predict`` (a separate ERM with the same hparams), and prints
 the share, the target and the measured ratio. Example (the benchmark of results/dmg_benchmarks.md)::
 
-    python -m dg_plugins.scripts.dmg_tail_share --dataset Debug224 --batch_size 16 \
+    python results/tools/dmg_tail_share.py --dataset Debug224 --batch_size 16 \
         --num_domains 3 --hparams '{"resnet18": true, "resnet50_augmix": false}'
 """
 

@@ -3,7 +3,7 @@ environment order), one column per class 0-9, the first ``--per_class`` images o
 the domain's stored order. Also prints the per-domain sizes, class counts and pixel statistics,
 and the wall time of the build (0 when the arrays come from the cache).
 
-    .venv/bin/python sweeps/digits_offline_contact_sheet.py \
+    .venv/bin/python results/tools/digits_offline_contact_sheet.py \
         [--output results/digits_offline_contact_sheet.png] [--per_class 4] [--zoom 2] [--rebuild]
 
 ``--rebuild`` generates the arrays in this process without reading or writing the cache (to time

@@ -8,7 +8,7 @@ Records are loaded and selected exactly as collect_results' single-source tables
 (the mean of the per-target means), ``Avg`` here also gets its standard error, computed from each
 trial's own mean over the targets.
 
-    python sweeps/mpbm_study_table.py OUTPUT_DIR [main no_mix no_adv] [--selection iid]
+    python results/tools/mpbm_study_table.py OUTPUT_DIR [main no_mix no_adv] [--selection iid]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark: dg_plugins' collect_results against DomainBed's on a large synthetic sweep.
 
-    python -m dg_plugins.scripts.benchmark_collect [--jobs 10000] [--out DIR] [--domainbed PATH]
+    python -m dg_plugins.scripts.benchmark collect [--jobs 10000] [--out DIR] [--domainbed PATH]
         [--template SWEEP_DIR] [--keep]
 
 1. Writes ``--jobs`` job folders in DomainBed's record format (``results.jsonl`` with one
@@ -140,7 +140,9 @@ def folder_size(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.benchmark collect",
+        description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=10000, help="number of job folders (10000)")
     parser.add_argument("--out", help="where to write the sweep (default: a temporary folder, "

@@ -1,0 +1,7 @@
+"""Benchmarks behind ``python -m dg_plugins.scripts.benchmark [KIND] ...`` (one module per kind):
+:mod:`~dg_plugins.benchmarks.algorithms` (the default: per-step, predict and memory cost of the
+registered algorithms against a baseline, and train's wall time against DomainBed's),
+:mod:`~dg_plugins.benchmarks.collect` (collect_results against DomainBed's),
+:mod:`~dg_plugins.benchmarks.alignment` (the CLIP scorer's throughput) and
+:mod:`~dg_plugins.benchmarks.dismae` (DisMAE's UDG pretraining step). Each prints ratios measured
+in one run; none is imported by the library."""

@@ -1,0 +1,304 @@
+"""``python -m dg_plugins.scripts.benchmark [algorithms]``: cost of registered algorithms
+relative to a baseline algorithm (default ERM), measured in one process.
+
+For the baseline and every algorithm matching ``--algorithms`` (a shell pattern or a
+comma-separated list), on the same dataset shape and batch (``--batch_size`` per environment x
+``--num_domains`` environments): the median wall time of a training step (``update``) over
+``--steps`` steps after ``--warmup``; with ``--predict`` the median time of ``predict`` on one
+batch in eval mode (all algorithms are built first and timed alternately, one step of each per
+round, on one shared batch); the peak memory of a step (persistent tensors: parameters, buffers,
+optimizer state; plus the peak of the step's own allocations: ``torch.cuda.max_memory_allocated``
+on CUDA, the torch profiler's allocation events on CPU); and the parameter counts (all /
+trainable). Ratios are against the baseline measured in the same run; the step ratio is the
+median of the per-round ratios (each compares two steps made back to back) and is printed with
+their quartiles; memory and predict ratios are ratios of the two values.
+
+``--hparams`` (JSON) applies to the algorithms and, unless ``--baseline_hparams`` is given, to
+the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``. Examples::
+
+    # DMG vs ERM on the same ResNet-18, 224x224, with predict cost
+    python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms DMG --predict \
+        --hparams '{"resnet18": true, "resnet50_augmix": false}' --batch_size 16
+
+With ``--domainbed PATH`` it also times a whole train job (ERM, Debug28, 9 steps, batch 8) with
+dg_plugins' train and with DomainBed's (a checkout at PATH), alternating, and prints the median
+wall times and their ratio (the target is at most 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+
+
+@contextlib.contextmanager
+def _stderr_fd_silenced():
+    """The profiler's C++ side prints start/stop lines on fd 2; keep them out of the report."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _minibatches(dataset, batch_size, envs, device):
+    import torch
+
+    out = []
+    for i in envs:
+        env = dataset[i]
+        idx = torch.randint(len(env), (batch_size,))
+        items = [env[int(j)] for j in idx]
+        out.append((torch.stack([x for x, _ in items]).to(device),
+                    torch.as_tensor([y for _, y in items]).to(device)))
+    return out
+
+
+def _persistent_bytes(algorithm) -> int:
+    import torch
+
+    seen, total = set(), 0
+    tensors = list(algorithm.state_dict().values())
+    for opt in algorithm.optimizers().values():
+        for state in opt.state.values():
+            tensors += [v for v in state.values() if torch.is_tensor(v)]
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _step_peak_bytes(algorithm, batches, device) -> int:
+    """Peak bytes allocated during one update, above what was allocated before it (frees of
+    blocks allocated before, e.g. gradients released by ``zero_grad``, count negative)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        algorithm.update(batches, None)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_fd_silenced(), profile(activities=[ProfilerActivity.CPU],
+                                        profile_memory=True) as prof:
+        algorithm.update(batches, None)
+    allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                         if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in allocations:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def build_algorithm(name: str, dataset, hparams: dict, num_domains: int, device):
+    """The registered algorithm ``name`` for ``dataset``'s shape, seeded, on ``device``."""
+    import torch
+
+    from dg_plugins.registry import ALGORITHMS
+
+    torch.manual_seed(0)
+    algorithm = ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, num_domains,
+                                     hparams)
+    return algorithm.to(device)
+
+
+def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, device,
+                       predict: bool = False) -> dict[str, dict]:
+    """Time every ``algorithms[name].update(batches)`` (and with ``predict`` its ``predict`` on
+    the first environment's images, in eval mode), **alternating** the algorithms step by step
+    (``runtime.alternating_times``): a change of machine load during the run hits all of them
+    alike, so the ratios stay meaningful on a shared or noisy machine (timing one algorithm after
+    the other had moved a ratio by 0.2 between runs on the same quiet machine). ``step_times``
+    keeps every timed step, for ratios paired round by round. Then the peak memory of one step and
+    the parameter counts of each."""
+    import torch
+
+    from dg_plugins.runtime import alternating_medians, alternating_times
+
+    step = alternating_times({name: (lambda a=a: a.update(batches, None))
+                              for name, a in algorithms.items()}, steps, warmup, device)
+    rows = {name: {"step_s": statistics.median(step[name]), "step_times": step[name]}
+            for name in algorithms}
+    if predict:
+        x = batches[0][0]
+        for a in algorithms.values():
+            a.eval()
+        with torch.no_grad():
+            times = alternating_medians({name: (lambda a=a: a.predict(x))
+                                         for name, a in algorithms.items()},
+                                        steps, max(1, warmup), device)
+        for name, a in algorithms.items():
+            a.train()
+            rows[name]["predict_s"] = times[name]
+    for name, a in algorithms.items():
+        rows[name]["peak_bytes"] = _persistent_bytes(a) + _step_peak_bytes(a, batches, device)
+        rows[name]["params"] = sum(p.numel() for p in a.parameters())
+        rows[name]["trainable"] = sum(p.numel() for p in a.parameters() if p.requires_grad)
+    return rows
+
+
+def _names(pattern: str, baseline: str) -> list[str]:
+    from dg_plugins.registry import ALGORITHMS
+
+    if "," in pattern or pattern in ALGORITHMS:
+        names = [n.strip() for n in pattern.split(",") if n.strip()]
+        for n in names:
+            ALGORITHMS.get(n)  # unknown names raise with the choices
+    else:
+        names = ALGORITHMS.list(pattern)
+    ALGORITHMS.get(baseline)
+    return [baseline] + [n for n in names if n != baseline]
+
+
+def _device_label(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def benchmark_algorithms(args) -> list[dict]:
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.engine import plugins
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+    from dg_plugins.runtime import paired_ratio, pick_device
+
+    import torch
+
+    plugins.load()
+    device = pick_device(args.device)
+    torch.manual_seed(0)
+    dataset = DATASETS.get(args.dataset)(args.data_dir, [], {})
+    names = _names(args.algorithms, args.baseline)
+    overrides = hparams_lib.parse_overrides(args.hparams)
+    baseline_overrides = (overrides if args.baseline_hparams is None
+                          else hparams_lib.parse_overrides(args.baseline_hparams))
+    algorithms = {}
+    for index, name in enumerate(names):
+        changes = {"batch_size": args.batch_size, "pretrained": args.pretrained}
+        if args.tiny:
+            changes.update(ALGORITHMS.get(name).TINY_TEST_HPARAMS)
+        changes.update(baseline_overrides if index == 0 else overrides)
+        hp = hparams_lib.default_hparams(name, args.dataset)
+        hp.update(hparams_lib.validate(name, args.dataset, changes))
+        algorithms[name] = build_algorithm(name, dataset, hp, args.num_domains, device)
+    torch.manual_seed(0)  # one batch for all: the same images in every algorithm's steps
+    batches = _minibatches(dataset, args.batch_size,
+                           [i % len(dataset) for i in range(args.num_domains)], device)
+    measured = measure_algorithms(algorithms, batches, args.steps, args.warmup, device,
+                                  args.predict)
+    rows = [{"algorithm": name, **measured[name]} for name in names]
+    base = rows[0]
+    for row in rows:
+        row["time_ratio_iqr"] = paired_ratio(row["step_times"], base["step_times"])
+        row["time_ratio"] = row["time_ratio_iqr"][1]
+        row["mem_ratio"] = row["peak_bytes"] / base["peak_bytes"]
+        if args.predict:
+            row["predict_ratio"] = row["predict_s"] / base["predict_s"]
+    print(f"Per-step cost relative to {args.baseline}: dataset {args.dataset} "
+          f"{tuple(dataset.input_shape)}, batch {args.batch_size} per environment x "
+          f"{args.num_domains} environments, device {_device_label(device)}, median of "
+          f"{args.steps} steps after {args.warmup} warm-up steps, the algorithms alternating "
+          f"step by step in one process")
+    print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
+          f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
+    header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7} {'(quartiles)':>13}"
+    if args.predict:
+        header += f" {'predict ms':>10} {'x base':>7}"
+    header += f" {'peak MiB':>9} {'x base':>7} {'params M':>9} {'trainable M':>11}"
+    print(header)
+    for row in rows:
+        low, _, high = row["time_ratio_iqr"]
+        line = (f"{row['algorithm']:<14} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f}"
+                f" {f'({low:.2f}-{high:.2f})':>13}")
+        if args.predict:
+            line += f" {1000 * row['predict_s']:>10.1f} {row['predict_ratio']:>7.2f}"
+        line += (f" {row['peak_bytes'] / 2**20:>9.1f} {row['mem_ratio']:>7.2f}"
+                 f" {row['params'] / 1e6:>9.3f} {row['trainable'] / 1e6:>11.3f}")
+        print(line)
+    return rows
+
+
+TRAIN_JOB = ["--dataset", "Debug28", "--algorithm", "ERM", "--steps", "9",
+             "--hparams", '{"batch_size": 8}', "--test_envs", "0"]
+
+
+def _timed(cmd, env) -> float:
+    from dg_plugins.runtime import timed_command
+
+    wall, _, proc = timed_command(cmd, env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
+    return wall
+
+
+def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
+    """Median wall time of the same small train job, ours vs DomainBed's, alternating."""
+    from dg_plugins.bridge import unpatched_script_command
+
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            ours.append(_timed([sys.executable, "-m", "dg_plugins.scripts.train", *TRAIN_JOB,
+                                "--output_dir", os.path.join(tmp, f"ours{i}")], None))
+            theirs.append(_timed(*unpatched_script_command(
+                "train", [*TRAIN_JOB, "--output_dir", os.path.join(tmp, f"domainbed{i}")],
+                domainbed_root)))
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    print(f"\nTrain job wall time (ERM, Debug28, 9 steps, batch 8, {os.cpu_count()} cpus, median "
+          f"of {repeats}, alternating): dg_plugins {statistics.median(ours):.2f} s, DomainBed "
+          f"{statistics.median(theirs):.2f} s, ratio {ratio:.2f} (target <= 0.50)")
+    return ratio
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.benchmark [algorithms]",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="Debug28")
+    p.add_argument("--data_dir", default=None)
+    p.add_argument("--algorithms", default="*",
+                   help="shell pattern over registered names, or a comma-separated list")
+    p.add_argument("--baseline", default="ERM", help="the algorithm ratios are taken against")
+    p.add_argument("--batch_size", type=int, default=8, help="per environment")
+    p.add_argument("--num_domains", type=int, default=2, help="source environments per step")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--predict", action="store_true", help="also time predict() on one batch")
+    p.add_argument("--hparams", default=None, help="JSON overrides for every algorithm")
+    p.add_argument("--baseline_hparams", default=None,
+                   help="JSON overrides for the baseline (default: --hparams)")
+    p.add_argument("--tiny", action="store_true",
+                   help="apply each algorithm's TINY_TEST_HPARAMS first (smoke runs)")
+    p.add_argument("--pretrained", action="store_true",
+                   help="use pretrained backbones (default: random init, no download)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
+                   help="DomainBed checkout: also time its train against ours")
+    p.add_argument("--train_repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    benchmark_algorithms(args)
+    if args.domainbed:
+        benchmark_train_vs_domainbed(args.domainbed, args.train_repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
