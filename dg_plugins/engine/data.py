@@ -1,6 +1,6 @@
 """Data for the train loop: the in/out split of an environment, training batch streams, evaluation
 batches and accuracy (``domainbed/lib/misc.py``, ``domainbed/lib/fast_data_loader.py``). Which
-splits a job makes and evaluates is :class:`dg_plugins.engine.train.Splits`.
+splits a job makes and evaluates is :class:`dg_plugins.engine.splits.Splits`.
 
 Differences from DomainBed, by design:
 * Training batches are drawn i.i.d. with replacement from each environment's in-split (DomainBed's

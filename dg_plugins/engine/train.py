@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -41,7 +39,13 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import data
+from dg_plugins.engine.checkpoint import (checkpoint_differences, load_checkpoint,
+                                          save_checkpoint, seed_everything)
+from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE, FolderLock,
+                                          JobStateError, append_record, keep_counted_records,
+                                          read_record_lines, remove_temporary_files)
 from dg_plugins.engine.outputs import Tee, format_row
+from dg_plugins.engine.splits import Splits, evaluate, evaluation_subsets
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
@@ -58,21 +62,10 @@ DOMAINBED_ARG_KEYS = (
 EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
                   "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                   "udg_split")
-CHECKPOINT_FILE = "checkpoint.pt"
-RESULTS_FILE = "results.jsonl"
-DONE_FILE = "done"
-LOCK_FILE = ".lock"
-#: Record args that may differ between a checkpoint and the resuming command (paths).
-RESUMABLE_ARG_CHANGES = ("output_dir", "data_dir")
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
-
-
-class JobStateError(ValueError):
-    """The output folder's state does not allow the requested run (done, interrupted, busy, or
-    inconsistent); the message says what to do."""
 
 
 class Interrupted(Exception):
@@ -139,30 +132,6 @@ def check_test_envs(args, environments) -> None:
                          f"{args.dataset} ({n_envs} environments)")
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def print_environment() -> None:
     import PIL
 
@@ -186,238 +155,6 @@ def args_for_records(args) -> dict:
     out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
     out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
     return out
-
-
-def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
-    """Named index subsets of test environments to evaluate besides the whole splits:
-    ``{env index: {subset name: [item indices of that environment]}}``. Today: the IP/OOP split
-    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`)."""
-    if getattr(args, "alignment_scores", None) is None:
-        if getattr(args, "alignment_threshold", None) is not None or getattr(
-                args, "alignment_preset", None) is not None:
-            raise ValueError("--alignment_threshold / --alignment_preset need --alignment_scores "
-                             "FILE (a score file from dg_plugins.scripts.alignment_scores)")
-        return {}
-    from dg_plugins import alignment
-
-    return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
-                                 threshold=args.alignment_threshold,
-                                 preset=args.alignment_preset, data_dir=args.data_dir)
-
-
-class Splits:
-    """Every environment's in/out(/uda) split, named as DomainBed's train.py names them, and the
-    named subsets of test environments to evaluate (``subsets``, see :func:`evaluation_subsets`).
-    """
-
-    def __init__(self, dataset, args, hparams, subsets=None):
-        self.in_splits, self.out_splits, self.uda_splits = [], [], []
-        self.subsets = subsets or {}
-        bad = [i for i in self.subsets if i not in args.test_envs]
-        if bad:
-            raise ValueError(f"evaluation subsets are defined for environments {bad}, which are "
-                             f"not test environments ({args.test_envs})")
-
-        def weights(split):
-            return data.class_balanced_weights(split) if hparams["class_balanced"] else None
-
-        for env_i, env in enumerate(dataset):
-            out, in_ = data.split_dataset(env, int(len(env) * args.holdout_fraction),
-                                          seed_hash(args.trial_seed, env_i))
-            uda = None
-            if env_i in args.test_envs:
-                uda, in_ = data.split_dataset(in_, int(len(in_) * args.uda_holdout_fraction),
-                                              seed_hash(args.trial_seed, env_i))
-            self.in_splits.append((in_, weights(in_)))
-            self.out_splits.append((out, weights(out)))
-            if uda is not None and len(uda):
-                self.uda_splits.append((uda, weights(uda)))
-        if args.task == "domain_adaptation" and not self.uda_splits:
-            raise ValueError("Not enough unlabeled samples for domain adaptation: set "
-                             "--uda_holdout_fraction > 0")
-
-    def eval_named(self):
-        """``(name, split, env index)`` in DomainBed's order: all in, all out, then uda by
-        position (uda splits have no env index here: None)."""
-        named = [(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
-        named += [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
-        named += [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)]
-        return named
-
-    def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
-        """Boolean masks over ``split``'s items for each named subset of environment ``env``."""
-        if env is None or env not in self.subsets:
-            return {}
-        positions = data.env_indices(split)
-        return {name: np.isin(positions, np.asarray(indices, dtype=np.int64))
-                for name, indices in self.subsets[env].items()}
-
-
-def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[str, float]:
-    """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's), and
-    for every named subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the
-    subset is empty) and ``env{i}_{in,out}_{name}_count``."""
-    out = {}
-    for name, split, env in splits.eval_named():
-        masks = splits.subset_masks(split, env)
-        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks)
-        out[name + "_acc"] = accs[""]
-        for subset, mask in masks.items():
-            out[f"{name}_{subset}_acc"] = accs[subset]
-            out[f"{name}_{subset}_count"] = int(mask.sum())
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# The output folder: lock, temporary files, records
-
-
-class FolderLock:
-    """An exclusive ``flock`` on ``<output_dir>/.lock`` for the life of the job: a second train
-    process on the same folder (or a ``--resume`` while the job still runs) fails at once with a
-    clear message. The kernel releases the lock when the process dies, however it dies (a killed
-    job leaves the empty lock file behind; it is reused)."""
-
-    def __init__(self, folder: str):
-        self.path = os.path.join(folder, LOCK_FILE)
-        self.fd: int | None = None
-
-    def __enter__(self) -> "FolderLock":
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: no locking
-            return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self.fd)
-            self.fd = None
-            raise JobStateError(
-                f"{os.path.dirname(self.path)} is in use by another train process (pid {holder}); "
-                "wait for it to finish, or use another --output_dir") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            # Unlink while still holding the lock, so the finished folder has DomainBed's exact
-            # layout. Safe with non-blocking locks: a process that opened the old file meanwhile
-            # fails (the job was still running); one that opens after gets a fresh file.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            os.close(self.fd)  # closing releases the lock
-            self.fd = None
-
-
-def remove_temporary_files(folder: str) -> list[str]:
-    """Delete the temp files (``.tmp-*``) that an atomic write interrupted by a kill leaves behind
-    (a checkpoint's can be hundreds of MB). Only called while holding the folder lock."""
-    removed = sorted(glob.glob(os.path.join(glob.escape(folder), ".tmp-*")))
-    for path in removed:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    return removed
-
-
-def read_record_lines(path: str) -> list[bytes]:
-    """The lines of ``results.jsonl`` (each with its newline; a torn last line without one is
-    returned as it is)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, "rb") as f:
-        return f.read().splitlines(keepends=True)
-
-
-def append_record(path: str, record: dict) -> None:
-    """Append one JSON line and fsync it, so that a checkpoint written afterwards never counts a
-    record the disk does not hold."""
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with open(path, "ab") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def keep_counted_records(path: str, counted: int) -> None:
-    """On resume: the first ``counted`` lines must be complete JSON records; later lines (written
-    after the checkpoint, possibly torn) are dropped."""
-    lines = read_record_lines(path)
-    complete = 0
-    for line in lines[:counted]:
-        if not line.endswith(b"\n"):
-            break
-        try:
-            json.loads(line)
-        except ValueError:
-            break
-        complete += 1
-    if complete < counted:
-        raise JobStateError(
-            f"{path} holds {complete} complete records but the checkpoint counts {counted}: a "
-            "record was lost or damaged (a crash or a full disk?), so the job cannot continue "
-            "consistently. Start it over with --force (or move the folder away).")
-    if len(lines) != counted:
-        atomic_write_bytes(path, b"".join(lines[:counted]))
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkpoints (one save/load pair)
-
-
-def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records: int,
-                    last_keys, accumulated: dict, record_args: dict, hparams: dict) -> None:
-    atomic_torch_save({
-        "next_step": next_step,
-        "model": algorithm.state_dict(),
-        "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
-        "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
-        "streams": [s.state_dict() for s in streams],
-        "rng": rng_state(),
-        "n_records": n_records,
-        "last_keys": last_keys,
-        "accumulated": accumulated,
-        "args": record_args,
-        "hparams": hparams,
-    }, path)
-
-
-def load_checkpoint(path: str, algorithm, streams) -> dict:
-    """Restore the algorithm, optimizers, schedulers, streams and RNG states from ``path``; returns
-    the checkpoint's bookkeeping (``next_step``, ``n_records``, ``last_keys``, ``accumulated``)."""
-    # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    algorithm.load_state_dict(state["model"])
-    for name, opt in algorithm.optimizers().items():
-        opt.load_state_dict(state["optimizers"][name])
-    for name, scheduler in algorithm.schedulers().items():
-        scheduler.load_state_dict(state["schedulers"][name])
-    for stream, s in zip(streams, state["streams"]):
-        stream.load_state_dict(s)
-    set_rng_state(state["rng"])
-    return state
-
-
-def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
-    """What differs between the run that wrote the checkpoint and this command (paths that may
-    move, :data:`RESUMABLE_ARG_CHANGES`, excluded)."""
-    old_args, old_hparams = state.get("args"), state.get("hparams")
-    if old_args is None or old_hparams is None:  # an older checkpoint without its arguments
-        return []
-    diffs = []
-    for key in sorted(set(old_args) | set(record_args)):
-        if key in RESUMABLE_ARG_CHANGES:
-            continue
-        if old_args.get(key) != record_args.get(key):
-            diffs.append(f"--{key}: {old_args.get(key)!r} in the checkpoint, "
-                         f"{record_args.get(key)!r} now")
-    for key in sorted(set(old_hparams) | set(hparams)):
-        if old_hparams.get(key) != hparams.get(key):
-            diffs.append(f"hparam {key}: {old_hparams.get(key)!r} in the checkpoint, "
-                         f"{hparams.get(key)!r} now")
-    return diffs
 
 
 # --------------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ import time
 import numpy as np
 import torch
 
-from dg_plugins.engine import data
+from dg_plugins.engine import checkpoint, data, job_folder
 from dg_plugins.engine import train as train_lib
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.registry import ALGORITHMS
@@ -182,7 +182,7 @@ def pretrain_root(args) -> str:
 
 
 def _done(folder: str) -> bool:
-    return os.path.exists(os.path.join(folder, train_lib.DONE_FILE)) and os.path.exists(
+    return os.path.exists(os.path.join(folder, job_folder.DONE_FILE)) and os.path.exists(
         os.path.join(folder, PRETRAINED_FILE))
 
 
@@ -191,7 +191,7 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
         stored = json.load(f)
     if stored != json.loads(json.dumps(identity)):
-        raise train_lib.JobStateError(
+        raise job_folder.JobStateError(
             f"{folder} holds another pretraining than this job's (identity differs); move it "
             "away or pass another --udg_pretrain_dir")
     state = torch.load(os.path.join(folder, PRETRAINED_FILE), map_location="cpu",
@@ -206,16 +206,16 @@ class PretrainJob:
         self.parent = parent
         self.folder = folder
         self.identity = identity
-        self.checkpoint_path = os.path.join(folder, train_lib.CHECKPOINT_FILE)
-        self.results_path = os.path.join(folder, train_lib.RESULTS_FILE)
+        self.checkpoint_path = os.path.join(folder, job_folder.CHECKPOINT_FILE)
+        self.results_path = os.path.join(folder, job_folder.RESULTS_FILE)
 
     def run(self) -> None:
         p = self.parent
         steps = self.identity["pretrain_steps"]
-        train_lib.remove_temporary_files(self.folder)
+        job_folder.remove_temporary_files(self.folder)
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
-        train_lib.seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
+        checkpoint.seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
         algorithm = ALGORITHMS.get(p.args.algorithm)(
             p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
         algorithm.to(p.device)
@@ -240,12 +240,12 @@ class PretrainJob:
         p = self.parent
         start, n_records = 0, 0
         if os.path.exists(self.checkpoint_path):
-            state = train_lib.load_checkpoint(self.checkpoint_path, algorithm, streams)
+            state = checkpoint.load_checkpoint(self.checkpoint_path, algorithm, streams)
             start, n_records = state["next_step"], state["n_records"]
-            train_lib.keep_counted_records(self.results_path, n_records)
+            job_folder.keep_counted_records(self.results_path, n_records)
             print(f"UDG pretraining: resuming {self.folder} at step {start} of {steps}")
         else:
-            train_lib.keep_counted_records(self.results_path, 0)
+            job_folder.keep_counted_records(self.results_path, 0)
         freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
         accumulated: dict[str, list[float]] = {}
         for step in range(start, steps):
@@ -263,12 +263,12 @@ class PretrainJob:
             if step % freq == 0 or last or p.stop.signum is not None:
                 record = {"step": step, **{k: float(np.mean(v)) for k, v in accumulated.items()},
                           "udg_pretrain": self.identity}
-                train_lib.append_record(self.results_path, record)
+                job_folder.append_record(self.results_path, record)
                 n_records += 1
                 accumulated = {}
                 print(f"UDG pretraining step {step}: " + ", ".join(
                     f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
-                train_lib.save_checkpoint(
+                checkpoint.save_checkpoint(
                     self.checkpoint_path, next_step=step + 1, algorithm=algorithm,
                     streams=streams, n_records=n_records, last_keys=None, accumulated={},
                     record_args=self.identity, hparams=p.hparams)
@@ -277,7 +277,7 @@ class PretrainJob:
         atomic_torch_save({"identity": self.identity,
                            "state": {k: v.cpu() for k, v in algorithm.pretrained_state().items()}},
                           os.path.join(self.folder, PRETRAINED_FILE))
-        atomic_write_bytes(os.path.join(self.folder, train_lib.DONE_FILE), b"done")
+        atomic_write_bytes(os.path.join(self.folder, job_folder.DONE_FILE), b"done")
         if os.path.exists(self.checkpoint_path):
             os.unlink(self.checkpoint_path)
 
@@ -326,7 +326,7 @@ class UDGJob(train_lib.Job):
         self.finetune = finetune_settings(self.fraction, self.hparams)
         resuming = self.args.resume and os.path.exists(self.checkpoint_path)
         state = None if resuming else self.pretrained_weights()
-        train_lib.seed_everything(seed_hash(self.args.seed, "udg_finetune"))
+        checkpoint.seed_everything(seed_hash(self.args.seed, "udg_finetune"))
         cls = ALGORITHMS.get(self.args.algorithm)
         backbone = cls.build_finetune_encoder(self.dataset.input_shape, self.hparams)
         if state is not None:
@@ -366,8 +366,8 @@ class UDGJob(train_lib.Job):
                     "point --udg_pretrain_dir at the folder that holds it.")
             os.makedirs(folder, exist_ok=True)
             try:
-                lock = train_lib.FolderLock(folder).__enter__()
-            except train_lib.JobStateError:
+                lock = job_folder.FolderLock(folder).__enter__()
+            except job_folder.JobStateError:
                 if not waited:
                     print(f"UDG pretraining: {folder} is being pretrained by another job; "
                           "waiting for it", file=sys.stderr)

@@ -93,7 +93,7 @@ class JobContext:
     """One job's dataset, splits and IP/OOP subsets, rebuilt as train builds them."""
 
     def __init__(self, job_dir: str, saved: dict, options):
-        from dg_plugins.engine import data, train
+        from dg_plugins.engine import checkpoint, data, splits, train
         from dg_plugins.registry import DATASETS
         from dg_plugins.runtime import pick_device
 
@@ -108,14 +108,14 @@ class JobContext:
         args["alignment_preset"] = options.alignment_preset
         self.args = argparse.Namespace(**args)
         self.hparams = dict(saved["model_hparams"])
-        train.seed_everything(self.args.seed)
+        checkpoint.seed_everything(self.args.seed)
         self.device = pick_device(options.device)
         self.dataset = DATASETS.get(self.args.dataset)(self.args.data_dir, self.args.test_envs,
                                                        self.hparams)
         train.check_test_envs(self.args, getattr(self.dataset, "ENVIRONMENTS", None)
                               or range(len(self.dataset)))
-        self.splits = train.Splits(self.dataset, self.args, self.hparams,
-                                   train.evaluation_subsets(self.args, self.dataset))
+        self.splits = splits.Splits(self.dataset, self.args, self.hparams,
+                                   splits.evaluation_subsets(self.args, self.dataset))
         in_memory = getattr(self.dataset, "IN_MEMORY", False)
         n_workers = options.n_workers
         self.workers = 0 if in_memory or n_workers == 0 else data.worker_budget(
@@ -141,9 +141,9 @@ class JobContext:
         return algorithm.to(self.device)
 
     def evaluate(self, algorithm) -> dict:
-        from dg_plugins.engine import train
+        from dg_plugins.engine import splits
 
-        return train.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
+        return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""

@@ -206,7 +206,9 @@ def test_resume_drops_a_torn_line_after_the_counted_records(tmp_path):
 
 def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, monkeypatch):
     events = []
-    real_fsync, real_save = os.fsync, train.atomic_torch_save
+    from dg_plugins.engine import checkpoint
+
+    real_fsync, real_save = os.fsync, checkpoint.atomic_torch_save
 
     def fsync(fd):
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -217,7 +219,7 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
         return real_save(obj, path)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(train, "atomic_torch_save", save)
+    monkeypatch.setattr(checkpoint, "atomic_torch_save", save)
     assert train.run(args_for(tmp_path, "--steps", "3", "--checkpoint_freq", "1")) == "done"
     order = [kind if kind != "fsync" or not path.endswith("results.jsonl") else "record"
              for kind, path in events if kind != "save" and (kind != "fsync" or

@@ -12,7 +12,7 @@ import torch
 
 import dg_plugins.datasets  # noqa: F401
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.engine import train, udg
+from dg_plugins.engine import job_folder, train, udg
 from dg_plugins.engine.data import SplitDataset
 from dg_plugins.scripts import collect_results
 from dg_plugins.scripts import sweep as sweep_cli
@@ -89,7 +89,7 @@ def test_a_second_job_waits_for_the_pretraining_another_holds(tmp_path, monkeypa
         args, hparams_lib.job_hparams("DisMAE", "Debug28", 0, 0, args.hparams), 3)
     folder = tmp_path / "udg_pretrain" / udg.pretrain_key(identity)
     folder.mkdir(parents=True)
-    lock = train.FolderLock(str(folder)).__enter__()
+    lock = job_folder.FolderLock(str(folder)).__enter__()
     threading.Timer(0.6, lambda: lock.__exit__(None, None, None)).start()
     start = time.time()
     assert train.run(args) == "done"

@@ -1,0 +1,89 @@
+"""What a train job evaluates: every environment's in/out(/uda) split, named as DomainBed's
+``domainbed/scripts/train.py`` names them, the named subsets of test environments (the IP/OOP
+split), and the accuracy keys of one record."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dg_plugins.engine import data
+from dg_plugins.seeds import seed_hash
+
+def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
+    """Named index subsets of test environments to evaluate besides the whole splits:
+    ``{env index: {subset name: [item indices of that environment]}}``. Today: the IP/OOP split
+    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`)."""
+    if getattr(args, "alignment_scores", None) is None:
+        if getattr(args, "alignment_threshold", None) is not None or getattr(
+                args, "alignment_preset", None) is not None:
+            raise ValueError("--alignment_threshold / --alignment_preset need --alignment_scores "
+                             "FILE (a score file from dg_plugins.scripts.alignment_scores)")
+        return {}
+    from dg_plugins import alignment
+
+    return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
+                                 threshold=args.alignment_threshold,
+                                 preset=args.alignment_preset, data_dir=args.data_dir)
+
+
+class Splits:
+    """Every environment's in/out(/uda) split, named as DomainBed's train.py names them, and the
+    named subsets of test environments to evaluate (``subsets``, see :func:`evaluation_subsets`).
+    """
+
+    def __init__(self, dataset, args, hparams, subsets=None):
+        self.in_splits, self.out_splits, self.uda_splits = [], [], []
+        self.subsets = subsets or {}
+        bad = [i for i in self.subsets if i not in args.test_envs]
+        if bad:
+            raise ValueError(f"evaluation subsets are defined for environments {bad}, which are "
+                             f"not test environments ({args.test_envs})")
+
+        def weights(split):
+            return data.class_balanced_weights(split) if hparams["class_balanced"] else None
+
+        for env_i, env in enumerate(dataset):
+            out, in_ = data.split_dataset(env, int(len(env) * args.holdout_fraction),
+                                          seed_hash(args.trial_seed, env_i))
+            uda = None
+            if env_i in args.test_envs:
+                uda, in_ = data.split_dataset(in_, int(len(in_) * args.uda_holdout_fraction),
+                                              seed_hash(args.trial_seed, env_i))
+            self.in_splits.append((in_, weights(in_)))
+            self.out_splits.append((out, weights(out)))
+            if uda is not None and len(uda):
+                self.uda_splits.append((uda, weights(uda)))
+        if args.task == "domain_adaptation" and not self.uda_splits:
+            raise ValueError("Not enough unlabeled samples for domain adaptation: set "
+                             "--uda_holdout_fraction > 0")
+
+    def eval_named(self):
+        """``(name, split, env index)`` in DomainBed's order: all in, all out, then uda by
+        position (uda splits have no env index here: None)."""
+        named = [(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
+        named += [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
+        named += [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)]
+        return named
+
+    def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
+        """Boolean masks over ``split``'s items for each named subset of environment ``env``."""
+        if env is None or env not in self.subsets:
+            return {}
+        positions = data.env_indices(split)
+        return {name: np.isin(positions, np.asarray(indices, dtype=np.int64))
+                for name, indices in self.subsets[env].items()}
+
+
+def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[str, float]:
+    """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's), and
+    for every named subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the
+    subset is empty) and ``env{i}_{in,out}_{name}_count``."""
+    out = {}
+    for name, split, env in splits.eval_named():
+        masks = splits.subset_masks(split, env)
+        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks)
+        out[name + "_acc"] = accs[""]
+        for subset, mask in masks.items():
+            out[f"{name}_{subset}_acc"] = accs[subset]
+            out[f"{name}_{subset}_count"] = int(mask.sum())
+    return out
