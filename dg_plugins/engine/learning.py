@@ -21,11 +21,13 @@ MARGIN = 0.05
 
 
 def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
-                  margin: float = MARGIN) -> pd.DataFrame:
+                  margin: float = MARGIN, running: set[str] | frozenset = frozenset()
+                  ) -> pd.DataFrame:
     """One row per job: algorithm, dataset, test envs, label fraction (UDG; "" otherwise), the
-    first and last steps, source-validation and target accuracy at each, chance, and
-    ``learns`` (bool). ``num_classes``: dataset -> number of classes (for chance); a dataset it
-    lacks gets chance NaN, and then only the first-vs-last rule decides."""
+    first and last steps, source-validation and target accuracy at each, chance, ``learns``
+    (bool) and ``running`` (the job is in ``running``: not done yet, so not judged).
+    ``num_classes``: dataset -> number of classes (for chance); a dataset it lacks gets chance
+    NaN, and then only the first-vs-last rule decides."""
     source = acc_matrix(records, "env{t}_out_acc")
     target = acc_matrix(records, "env{t}_in_acc")
     rows = []
@@ -54,7 +56,7 @@ def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
             "first_step": int(steps.min()), "last_step": int(steps.max()),
             "source_first": src_first, "source_last": src_last,
             "target_first": mean(target, first, tests), "target_last": mean(target, last, tests),
-            "chance": chance, "learns": learns})
+            "chance": chance, "learns": learns, "running": job in running})
     return pd.DataFrame(rows)
 
 
@@ -76,15 +78,24 @@ def render(rows: pd.DataFrame) -> str:
         "Target acc": [f"{pct(a)} -> {pct(b)}" for a, b in
                        zip(shown["target_first"], shown["target_last"])],
         "Chance": [pct(c) for c in shown["chance"]],
-        "Learns": ["yes" if flag else "NO" for flag in shown["learns"]],
+        "Learns": ["running" if run else "yes" if flag else "NO"
+                   for flag, run in zip(shown["learns"], shown["running"])],
         "Job": shown["job"]})
     if not shown["labels"].astype(bool).any():
         table = table.drop(columns="Labels")
     text = table.to_string(index=False)
-    failing = int((~rows["learns"]).sum())
-    summary = (f"{len(rows)} jobs; every job learns (last source-validation accuracy at least "
-               f"{100 * MARGIN:.0f} points above its first checkpoint and above chance)"
-               if not failing else
-               f"{failing} of {len(rows)} jobs do not learn (last source-validation accuracy "
-               f"less than {100 * MARGIN:.0f} points above its first checkpoint or chance)")
-    return f"-------- Learning check: first -> last checkpoint, mean over environments\n{text}\n{summary}\n"
+    judged = rows[~rows["running"]]
+    failing = int((~judged["learns"]).sum())
+    running = len(rows) - len(judged)
+    note = f" ({running} still running, not judged)" if running else ""
+    if failing:
+        summary = (f"{failing} of {len(judged)} finished jobs do not learn{note} (last "
+                   f"source-validation accuracy less than {100 * MARGIN:.0f} points above its "
+                   "first checkpoint or chance)")
+    else:
+        plural = "s" if len(judged) != 1 else ""
+        summary = (f"{len(judged)} finished job{plural}{note}; every one learns (last source-validation "
+                   f"accuracy at least {100 * MARGIN:.0f} points above its first checkpoint and "
+                   "above chance)")
+    title = "-------- Learning check: first -> last checkpoint, mean over environments"
+    return f"{title}\n{text}\n{summary}\n"

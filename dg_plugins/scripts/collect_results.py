@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     if args.learning_check:
-        sys.stdout.write(learning.render(learning.learning_rows(records, catalog.DATASET_CLASSES)))
+        running = {job for job in set(records["job"])
+                   if not os.path.exists(os.path.join(args.input_dir, job, "done"))}
+        sys.stdout.write(learning.render(learning.learning_rows(
+            records, catalog.DATASET_CLASSES, running=running)))
         return 0
     report = tables.build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,

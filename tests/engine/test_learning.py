@@ -8,7 +8,7 @@ from dg_plugins.scripts import collect_results
 
 
 def write_job(sweep, name, algorithm, test_envs, accs_by_step, dataset="RotatedMNIST5k",
-              label_fraction=None):
+              label_fraction=None, done=True):
     """A job folder whose records hold, per step, ``env{i}_in_acc = env{i}_out_acc = acc[i]``."""
     job = sweep / name
     job.mkdir(parents=True)
@@ -23,6 +23,8 @@ def write_job(sweep, name, algorithm, test_envs, accs_by_step, dataset="RotatedM
             record[f"env{i}_in_acc"] = record[f"env{i}_out_acc"] = acc
         lines.append(json.dumps(record))
     (job / "results.jsonl").write_text("\n".join(lines) + "\n")
+    if done:
+        (job / "done").write_text("done")
 
 
 def test_rows_average_sources_and_targets_and_judge_against_chance(tmp_path):
@@ -61,5 +63,15 @@ def test_collect_results_prints_the_check_and_a_summary(tmp_path, capsys):
     assert "10.0 -> 60.0" in erm and "10.0 -> 30.0" in erm and erm.split()[-2] == "yes"
     dismae = next(line for line in lines if line.split()[0] == "DisMAE")
     assert "10%" in dismae and dismae.split()[-2] == "NO"
-    assert lines[-1].startswith("1 of 2 jobs do not learn")
+    assert lines[-1].startswith("1 of 2 finished jobs do not learn")
     assert not (tmp_path / "results.txt").exists()  # printed only
+
+
+def test_a_running_job_is_shown_but_not_judged(tmp_path, capsys):
+    write_job(tmp_path, "done", "ERM", [1], {0: [0.1, 0.1], 100: [0.6, 0.3]})
+    write_job(tmp_path, "busy", "DMG", [1], {0: [0.1, 0.1]}, done=False)
+    assert collect_results.main(["--input_dir", str(tmp_path), "--learning_check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    dmg = next(line for line in lines if line.split()[0] == "DMG")
+    assert dmg.split()[-2] == "running"
+    assert lines[-1].startswith("1 finished job (1 still running, not judged); every one learns")
