@@ -225,8 +225,9 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...]) -> None:
     """The body of a forked job: this launcher's environment and folder, its own session when
     ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
-    dispositions (one ignored by the launcher stays ignored, as across ``exec``), then train's
-    ``main``; its status becomes the process's exit code."""
+    dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
+    multiprocessing start method, then train's ``main``; its status becomes the process's exit
+    code."""
     if new_session:
         os.setsid()
     os.environ.clear()
@@ -239,6 +240,12 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
             signal.signal(signum, signal.default_int_handler)
         else:
             signal.signal(signum, signal.SIG_DFL)
+    # A forkserver child inherits the fork server's start method ("forkserver"); a fresh
+    # interpreter has the platform's default. Without this reset, the job's own children (loader
+    # workers) would be started by the launcher's fork server, not by the job.
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
     from dg_plugins.scripts import train
 
     sys.argv = [train.__file__, *args]

@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 from dg_plugins.engine import checkpoint, data, job_folder
-from dg_plugins.engine import train as train_lib
+from dg_plugins.engine import job as job_lib
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.seeds import seed_hash
@@ -255,7 +255,7 @@ class PretrainJob:
             accumulated.setdefault("step_time", []).append(time.time() - t0)
             for key, value in values.items():
                 if not math.isfinite(float(value)):
-                    raise train_lib.NonFiniteLossError(
+                    raise job_lib.NonFiniteLossError(
                         f"{p.args.algorithm}.pretrain_update returned {key}={value} at step "
                         f"{step}; pretraining diverged (try a lower lr)")
                 accumulated.setdefault(key, []).append(float(value))
@@ -273,7 +273,7 @@ class PretrainJob:
                     streams=streams, n_records=n_records, last_keys=None, accumulated={},
                     record_args=self.identity, hparams=p.hparams)
                 if p.stop.signum is not None and not last:
-                    raise train_lib.Interrupted(p.stop.signum, step)
+                    raise job_lib.Interrupted(p.stop.signum, step)
         atomic_torch_save({"identity": self.identity,
                            "state": {k: v.cpu() for k, v in algorithm.pretrained_state().items()}},
                           os.path.join(self.folder, PRETRAINED_FILE))
@@ -282,7 +282,7 @@ class PretrainJob:
             os.unlink(self.checkpoint_path)
 
 
-class UDGJob(train_lib.Job):
+class UDGJob(job_lib.Job):
     """A UDG job: pretraining (shared, see the module docstring), then fine-tuning on the
     labelled fraction, written like an ordinary job."""
 
@@ -373,7 +373,7 @@ class UDGJob(train_lib.Job):
                           "waiting for it", file=sys.stderr)
                     waited = True
                 if self.stop.signum is not None:
-                    raise train_lib.Interrupted(self.stop.signum, -1)
+                    raise job_lib.Interrupted(self.stop.signum, -1)
                 time.sleep(POLL_SECONDS)
                 continue
             try:

@@ -93,7 +93,7 @@ class JobContext:
     """One job's dataset, splits and IP/OOP subsets, rebuilt as train builds them."""
 
     def __init__(self, job_dir: str, saved: dict, options):
-        from dg_plugins.engine import checkpoint, data, splits, train
+        from dg_plugins.engine import checkpoint, data, job, splits
         from dg_plugins.registry import DATASETS
         from dg_plugins.runtime import pick_device
 
@@ -112,7 +112,7 @@ class JobContext:
         self.device = pick_device(options.device)
         self.dataset = DATASETS.get(self.args.dataset)(self.args.data_dir, self.args.test_envs,
                                                        self.hparams)
-        train.check_test_envs(self.args, getattr(self.dataset, "ENVIRONMENTS", None)
+        job.check_test_envs(self.args, getattr(self.dataset, "ENVIRONMENTS", None)
                               or range(len(self.dataset)))
         self.splits = splits.Splits(self.dataset, self.args, self.hparams,
                                    splits.evaluation_subsets(self.args, self.dataset))

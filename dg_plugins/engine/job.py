@@ -1,0 +1,330 @@
+"""The train loop of one job (``domainbed/scripts/train.py``'s loop): build the dataset, splits,
+algorithm and batch streams, restore a checkpoint, then step, evaluate and record at every
+checkpoint, save the model and mark the folder done. :mod:`dg_plugins.engine.train` is the entry
+point that validates the arguments, takes the folder and picks the kind of job
+(:class:`Job`, or the UDG protocol's :class:`dg_plugins.engine.udg.UDGJob`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.engine import data
+from dg_plugins.engine.checkpoint import (checkpoint_differences, load_checkpoint,
+                                          save_checkpoint, seed_everything)
+from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE,
+                                          JobStateError, append_record, keep_counted_records)
+from dg_plugins.engine.outputs import format_row
+from dg_plugins.engine.splits import Splits, evaluate, evaluation_subsets
+from dg_plugins.files import atomic_torch_save, atomic_write_bytes
+from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.runtime import pick_device
+from dg_plugins.seeds import seed_hash
+
+#: The keys of ``args`` in records: DomainBed's train CLI, exactly.
+DOMAINBED_ARG_KEYS = (
+    "algorithm", "checkpoint_freq", "data_dir", "dataset", "holdout_fraction", "hparams",
+    "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed", "skip_model_save",
+    "steps", "task", "test_envs", "trial_seed", "uda_holdout_fraction",
+)
+#: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
+#: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg`).
+EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
+                  "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
+                  "udg_split")
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT stopped the job at a step boundary after a checkpoint; exit with
+    ``128 + signum``."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; a "
+                         "checkpoint was written: rerun the same command with --resume to continue")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def check_test_envs(args, environments) -> None:
+    n_envs = len(environments)
+    bad = [t for t in args.test_envs if not 0 <= t < n_envs]
+    if bad:
+        raise ValueError(f"--test_envs {bad} out of range: {args.dataset} has {n_envs} "
+                         f"environments {list(environments)} (valid indices 0..{n_envs - 1})")
+    if len(set(args.test_envs)) >= n_envs:
+        raise ValueError(f"--test_envs {args.test_envs} leaves no training environment in "
+                         f"{args.dataset} ({n_envs} environments)")
+
+
+def print_environment() -> None:
+    import PIL
+
+    try:
+        from importlib.metadata import version
+        torchvision_version = version("torchvision")
+    except Exception:  # pragma: no cover - torchvision absent
+        torchvision_version = "n/a"
+    print("Environment:")
+    print("\tPython: {}".format(sys.version.split(" ")[0]))
+    print("\tPyTorch: {}".format(torch.__version__))
+    print("\tTorchvision: {}".format(torchvision_version))
+    print("\tCUDA: {}".format(torch.version.cuda))
+    print("\tCUDNN: {}".format(torch.backends.cudnn.version()))
+    print("\tNumPy: {}".format(np.__version__))
+    print("\tPIL: {}".format(PIL.__version__))
+
+
+def args_for_records(args) -> dict:
+    """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given."""
+    out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
+    out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The job
+
+
+class Job:
+    """One training run, in steps: :meth:`build` (hparams, data, splits, streams, algorithm),
+    :meth:`restore` (resume), :meth:`train_step`, :meth:`write_record` (evaluate + append),
+    :meth:`checkpoint`, :meth:`finish`. ``stop``: the entry point's
+    :class:`dg_plugins.engine.train.StopRequest` (its ``signum`` is set when a stop signal came)."""
+
+    def __init__(self, args, stop, progress_stream=None):
+        self.args = args
+        self.stop = stop
+        self.progress_stream = progress_stream
+        self.record_args = args_for_records(args)
+        self.results_path = os.path.join(args.output_dir, RESULTS_FILE)
+        self.checkpoint_path = os.path.join(args.output_dir, CHECKPOINT_FILE)
+        self.start_step = 0
+        self.n_records = 0
+        self.last_keys = None
+        self.accumulated: dict[str, list[float]] = {}
+
+    # build ----------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        args = self.args
+        print_environment()
+        print("Args:")
+        for k, v in sorted(self.record_args.items()):
+            print("\t{}: {}".format(k, v))
+        self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
+                                               args.trial_seed, args.hparams)
+        print("HParams:")
+        for k, v in sorted(self.hparams.items()):
+            print("\t{}: {}".format(k, v))
+
+        seed_everything(args.seed)
+        self.device = pick_device(args.device)
+        dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, self.hparams)
+        check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
+        self.dataset = dataset
+        self.splits = Splits(dataset, args, self.hparams, evaluation_subsets(args, dataset))
+        in_memory = getattr(dataset, "IN_MEMORY", False)
+        self.workers = 0 if in_memory or args.n_workers == 0 else data.worker_budget(
+            dataset.N_WORKERS if args.n_workers is None else args.n_workers)
+        print(f"Data: loader workers: {self.workers} (" + (
+            "in-memory dataset, loaded in-process" if in_memory else
+            f"min(--n_workers or the dataset's N_WORKERS {dataset.N_WORKERS}, "
+            f"{os.cpu_count() or 1} CPUs)") + ")")
+        self.train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
+        self.algorithm = self.make_algorithm()
+        self.algorithm.to(self.device)
+        self.streams = self.make_streams(self.batch_size())
+        self.n_steps = args.steps or dataset.N_STEPS
+        self.checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
+        self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
+                                   for split, _ in self.splits.in_splits)
+        self.algorithm.epoch_steps = self.steps_per_epoch
+
+    # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg, does).
+
+    def make_algorithm(self):
+        """The model this job trains (``--algorithm``, built for the source environments)."""
+        return ALGORITHMS.get(self.args.algorithm)(
+            self.dataset.input_shape, self.dataset.num_classes, len(self.train_envs),
+            self.hparams)
+
+    def batch_size(self) -> int:
+        """Samples per source environment per step."""
+        return self.hparams["batch_size"]
+
+    def train_split(self, env: int):
+        """``(split, sampling weights)`` that environment ``env``'s training stream draws from."""
+        return self.splits.in_splits[env]
+
+    def make_streams(self, batch_size: int) -> list:
+        """Training streams of the source environments' in-splits, then uda streams."""
+        per_loader = 0 if self.workers == 0 else max(1, self.workers // len(self.train_envs))
+        streams = []
+        for i in self.train_envs:
+            split, weights = self.train_split(i)
+            if batch_size > len(split):
+                print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
+                      f"({len(split)} samples); batches repeat samples (drawn with replacement)",
+                      file=sys.stderr)
+            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "train", i),
+                                            weights, per_loader))
+        self.n_train_streams = len(streams)
+        for k, (split, weights) in enumerate(self.splits.uda_splits):
+            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "uda", k),
+                                            weights, per_loader))
+        return streams
+
+    # resume -----------------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Continue from ``checkpoint.pt`` with ``--resume`` (after checking that it was written
+        by the same configuration), or start from step 0."""
+        if not self.args.resume:
+            return
+        if not os.path.exists(self.checkpoint_path):
+            keep_counted_records(self.results_path, 0)
+            print("No checkpoint to resume from; starting from step 0")
+            return
+        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        diffs = checkpoint_differences(state, self.record_args, self.hparams)
+        if diffs:
+            raise JobStateError(
+                "--resume with other arguments than the interrupted run would mix two "
+                "configurations in one results file:\n  " + "\n  ".join(diffs)
+                + "\nRerun with the original arguments, or start over with --force.")
+        keep_counted_records(self.results_path, state["n_records"])
+        state = load_checkpoint(self.checkpoint_path, self.algorithm, self.streams)
+        self.start_step, self.n_records = state["next_step"], state["n_records"]
+        self.last_keys = state["last_keys"]
+        self.accumulated = state.get("accumulated", {})
+        print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
+
+    # train ------------------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> None:
+        start = time.time()
+        device = self.device
+        train_streams = self.streams[:self.n_train_streams]
+        minibatches = [(x.to(device), y.to(device)) for x, y in map(next, train_streams)]
+        unlabeled = ([next(s)[0].to(device) for s in self.streams[self.n_train_streams:]]
+                     if self.args.task == "domain_adaptation" else None)
+        values = self.algorithm.update(minibatches, unlabeled)
+        self.accumulated.setdefault("step_time", []).append(time.time() - start)
+        for key, value in values.items():
+            value = float(value)
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"{self.args.algorithm}.update returned {key}={value} at step {step}; "
+                    "training diverged (try a lower lr). The job stops without 'done'.")
+            self.accumulated.setdefault(key, []).append(value)
+
+    def write_record(self, step: int) -> None:
+        results = {"step": step, "epoch": step / self.steps_per_epoch}
+        for key, values in self.accumulated.items():
+            results[key] = float(np.mean(values))
+        results.update(evaluate(self.algorithm, self.splits, self.device,
+                                num_workers=self.workers))
+        results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
+                             if self.device.type == "cuda" else 0.0)
+        keys = sorted(results.keys())
+        if keys != self.last_keys:
+            print(format_row(keys, colwidth=12))
+            self.last_keys = keys
+        print(format_row([results[k] for k in keys], colwidth=12))
+        results["hparams"] = self.hparams
+        results["args"] = self.record_args
+        append_record(self.results_path, results)
+        self.n_records += 1
+        self.accumulated = {}
+        if self.args.save_model_every_checkpoint:
+            self.save_model(f"model_step{step}.pkl")
+
+    def checkpoint(self, next_step: int) -> None:
+        save_checkpoint(self.checkpoint_path, next_step=next_step, algorithm=self.algorithm,
+                        streams=self.streams, n_records=self.n_records, last_keys=self.last_keys,
+                        accumulated=self.accumulated, record_args=self.record_args,
+                        hparams=self.hparams)
+
+    def model_extras(self) -> dict:
+        """Keys a job kind adds to model.pkl beside DomainBed's (none here)."""
+        return {}
+
+    def save_model(self, filename: str) -> None:
+        save_model(self.args, self.algorithm, self.dataset, self.hparams, self.record_args,
+                   filename, len(self.train_envs), self.model_extras())
+
+    def finish(self) -> None:
+        self.save_model("model.pkl")
+        atomic_write_bytes(os.path.join(self.args.output_dir, DONE_FILE), b"done")
+        if os.path.exists(self.checkpoint_path):
+            os.unlink(self.checkpoint_path)
+
+    def close(self) -> None:
+        """Shut down the training streams' loader workers (see :mod:`dg_plugins.engine.data`)."""
+        for stream in getattr(self, "streams", ()):
+            stream.close()
+
+    def run(self, stop_after_step: int | None = None) -> str:
+        """Build, restore and train; the loader workers are shut down on every way out (done,
+        error, NaN stop, a signal, a refused resume)."""
+        try:
+            return self._run(stop_after_step)
+        finally:
+            self.close()
+
+    def _run(self, stop_after_step: int | None) -> str:
+        self.build()
+        self.restore()
+        progress = None
+        if self.progress_stream is not None and self.progress_stream.isatty():
+            from tqdm import tqdm
+            progress = tqdm(total=self.n_steps, initial=self.start_step, leave=False,
+                            file=self.progress_stream,
+                            desc=f"{self.args.algorithm} on {self.args.dataset}")
+        try:
+            for step in range(self.start_step, self.n_steps):
+                self.train_step(step)
+                if progress is not None:
+                    progress.update(1)
+                recorded = step % self.checkpoint_freq == 0 or step == self.n_steps - 1
+                if recorded:
+                    self.write_record(step)
+                if recorded or self.stop.signum is not None:
+                    self.checkpoint(step + 1)
+                if self.stop.signum is not None:
+                    raise Interrupted(self.stop.signum, step)
+                if recorded and stop_after_step is not None and step >= stop_after_step:
+                    return "stopped"
+        finally:
+            if progress is not None:
+                progress.close()
+        self.finish()
+        return "done"
+
+
+def save_model(args, algorithm, dataset, hparams, record_args, filename, num_domains,
+               extras: dict | None = None) -> None:
+    """DomainBed's model.pkl (as ``domainbed/scripts/train.py`` writes it) plus ``extras``,
+    written atomically; skipped with --skip_model_save."""
+    if args.skip_model_save:
+        return
+    atomic_torch_save({
+        "args": record_args,
+        "model_input_shape": dataset.input_shape,
+        "model_num_classes": dataset.num_classes,
+        "model_num_domains": num_domains,
+        "model_hparams": hparams,
+        "model_dict": algorithm.state_dict(),
+        **(extras or {}),
+    }, os.path.join(args.output_dir, filename))
