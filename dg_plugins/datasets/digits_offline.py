@@ -33,7 +33,8 @@ without importing the packages); a missing package raises ModuleNotFoundError na
 its own ``numpy`` generator seeded by ``(SEED, domain)``. The arrays are built once and cached as
 an ``.npz`` (uint8, written atomically) named by a digest of the generator version, the seed, the
 sizes, the Pillow/FreeType versions, the generators' source code and the bytes of every source
-file, so a changed input or generator rebuilds the cache instead of reusing a stale one. Cache folder: ``<data_dir>/DigitsOffline/`` when
+file, so a changed input or generator rebuilds the cache instead of reusing a stale one. Cache
+folder: ``<data_dir>/DigitsOffline/`` when
 ``--data_dir`` is an existing folder (``builtin``, the sweeps' placeholder, is not), else
 ``$DG_PLUGINS_CACHE/digits_offline``, ``$XDG_CACHE_HOME/dg_plugins/digits_offline`` or
 ``~/.cache/dg_plugins/digits_offline``.
@@ -446,6 +447,24 @@ def _font_size_for(font_cache, font_index: int, height: float, label: int) -> in
     return int(np.clip(round(100.0 * height / glyph), 6, 400))
 
 
+def _render_number(label: int, rng, font_cache, canvas: int, *, digits, height, strokes,
+                   shift: float, warp, saturation):
+    """The number both SYN and SVHN draw: ``(text mask, ink colour, background colour, centre)``
+    for a number of ``digits[0]`` digits (probabilities ``digits[1]``) around ``label``, in a random
+    font of height ``height`` (share of the canvas), stroke weight from ``strokes``, centre shift
+    up to ``shift`` and warp ``_warp(rng, *warp)``."""
+    text, position = _number_text(label, int(rng.choice(digits[0], p=digits[1])), rng)
+    font_index = int(rng.integers(len(font_cache.paths)))
+    size = rng.uniform(*height) * canvas
+    font = font_cache.get(font_index, _font_size_for(font_cache, font_index, size, label))
+    stroke = int(rng.choice(strokes))
+    centre = (canvas / 2 + rng.uniform(-shift, shift) * canvas,
+              canvas / 2 + rng.uniform(-shift, shift) * canvas)
+    mask = _text_mask(text, position, font, canvas, centre, stroke, _warp(rng, *warp))
+    ink, back = _colour_pair(rng, saturation)
+    return mask, ink, back, centre
+
+
 def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
     """SYN-like digits: rendered numbers, rendered at 2x and reduced (anti-aliasing), then blur
     and noise."""
@@ -456,17 +475,10 @@ def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        text, position = _number_text(int(label), int(rng.choice([1, 2, 3], p=[0.3, 0.4, 0.3])),
-                                      rng)
-        font_index = int(rng.integers(len(font_cache.paths)))
-        height = rng.uniform(0.45, 0.8) * canvas
-        font = font_cache.get(font_index, _font_size_for(font_cache, font_index, height, label))
-        stroke = int(rng.choice([0, 0, 1, 2]))
-        centre = (canvas / 2 + rng.uniform(-0.06, 0.06) * canvas,
-                  canvas / 2 + rng.uniform(-0.06, 0.06) * canvas)
-        mask = _text_mask(text, position, font, canvas, centre, stroke,
-                          _warp(rng, 15.0, 0.25, (0.75, 1.2)))
-        ink, back = _colour_pair(rng, SYN_SATURATION)
+        mask, ink, back, _ = _render_number(
+            int(label), rng, font_cache, canvas, digits=([1, 2, 3], [0.3, 0.4, 0.3]),
+            height=(0.45, 0.8), strokes=[0, 0, 1, 2], shift=0.06, warp=(15.0, 0.25, (0.75, 1.2)),
+            saturation=SYN_SATURATION)
         if rng.random() < 0.5:
             background = np.broadcast_to(back, (canvas, canvas, 3))
         else:
@@ -507,17 +519,10 @@ def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndar
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        text, position = _number_text(int(label), int(rng.choice([2, 3, 4], p=[0.4, 0.4, 0.2])),
-                                      rng)
-        font_index = int(rng.integers(len(font_cache.paths)))
-        height = rng.uniform(0.55, 0.85) * canvas
-        font = font_cache.get(font_index, _font_size_for(font_cache, font_index, height, label))
-        stroke = int(rng.choice([0, 1, 2, 3]))
-        centre = (canvas / 2 + rng.uniform(-0.04, 0.04) * canvas,
-                  canvas / 2 + rng.uniform(-0.04, 0.04) * canvas)
-        mask = _text_mask(text, position, font, canvas, centre, stroke,
-                          _warp(rng, 6.0, 0.15, (0.8, 1.3)))
-        ink, paint = _colour_pair(rng, SVHN_SATURATION)
+        mask, ink, paint, centre = _render_number(
+            int(label), rng, font_cache, canvas, digits=([2, 3, 4], [0.4, 0.4, 0.2]),
+            height=(0.55, 0.85), strokes=[0, 1, 2, 3], shift=0.04, warp=(6.0, 0.15, (0.8, 1.3)),
+            saturation=SVHN_SATURATION)
         kind = rng.random()
         photo = random_patch(photos, canvas, rng).astype(np.float32)
         if kind < 0.35:  # painted wall or plate filling the crop, with some texture

@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from dg_plugins.engine import sweep
+from dg_plugins.engine import sweep, udg_flags
 from dg_plugins.engine.launchers import (
     DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV, SUBMITIT_CLUSTERS, configure_stop,
     configure_submitit, parse_json_object,
@@ -101,17 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
     udg.add_argument("--pretrain_steps", type=int, default=None,
                      help="UDG pretraining steps passed to every job (hashed only when given)")
-    udg.add_argument("--udg_pretrain_epochs", type=float, default=None,
-                     help="pretrain for this many epochs of the unlabelled source data instead "
-                          "of --pretrain_steps (DisMAE's release: 501)")
-    udg.add_argument("--udg_ft_epochs", type=float, default=None,
-                     help="fine-tune each job for this many epochs of its labelled data instead "
-                          "of --steps (each label fraction gets its own step count; DisMAE's "
-                          "release: 51)")
-    udg.add_argument("--udg_split", choices=("domainbed", "release"), default=None,
-                     help="release: pretrain on 99%% of each source environment, label a "
-                          "fraction of its 90%% in-split (with --holdout_fraction 0.1); see "
-                          "train --help")
+    udg_flags.add_protocol_arguments(udg)
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
                             "without creating, deleting or asking anything")

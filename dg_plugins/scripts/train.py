@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dg_plugins.engine import udg_flags
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train one domain-generalization job "
@@ -72,20 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(UDG job); algorithms without pretraining (ERM) train from scratch on it")
     udg.add_argument("--pretrain_steps", type=int, default=None,
                      help="self-supervised pretraining steps (default: the dataset's N_STEPS)")
-    udg.add_argument("--udg_pretrain_epochs", type=float, default=None,
-                     help="pretrain for this many epochs of the unlabelled source data instead "
-                     "of --pretrain_steps: steps = ceil(E x pretraining images / (batch per "
-                     "domain x domains)), printed (DisMAE's release: 501)")
-    udg.add_argument("--udg_ft_epochs", type=float, default=None,
-                     help="fine-tune for this many epochs of the labelled data instead of "
-                     "--steps: steps = ceil(E x labelled images of the source environments / "
-                     "(batch per domain x domains)), printed (DisMAE's release: 51)")
-    udg.add_argument("--udg_split", choices=("domainbed", "release"), default=None,
-                     help="domainbed (default): pretrain on the source in-splits, label a "
-                     "fraction of them; release (DisMAE's dataloader.py): pretrain on 99%% of "
-                     "each source environment and label a fraction of its 90%% in-split "
-                     "(needs --holdout_fraction 0.1; the 10%% out-split stays the validation "
-                     "data of model selection)")
+    udg_flags.add_protocol_arguments(udg)
     udg.add_argument("--udg_pretrain_dir", type=str, default=None,
                      help="where pretrainings are kept, one folder per (dataset, test_envs, "
                      "algorithm, hparams, trial, seed, steps) hash (default: "
