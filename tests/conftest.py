@@ -11,7 +11,7 @@ os.environ.setdefault("DG_PLUGINS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+REPO_FIXTURES = REPO / "tests" / "fixtures"
 TEST_PLUGINS = REPO / "tests" / "plugins"
 sys.path.insert(0, str(REPO / "tests"))  # test-only helper modules (e.g. plugin algorithms)
 sys.path.insert(0, str(TEST_PLUGINS))
@@ -38,8 +38,21 @@ def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
     return hp
 
 
-@pytest.fixture
-def shared_fixtures() -> Path:
-    if not SHARED_FIXTURES.is_dir():
-        pytest.skip(f"shared fixtures not found at {SHARED_FIXTURES}")
-    return SHARED_FIXTURES
+@pytest.fixture(scope="session")
+def shared_fixtures(tmp_path_factory) -> Path:
+    """A folder with DomainBed's sweep data (``domainbed_sweep_data/``) and the tables DomainBed
+    prints for it, from ``tests/fixtures`` (see its README): the sweep is unpacked once per
+    session into a temporary folder; tests copy it before changing anything."""
+    import shutil
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("fixtures")
+    with tarfile.open(REPO_FIXTURES / "domainbed_sweep_data.tar.gz") as archive:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+            archive.extractall(folder, filter="data")
+        else:
+            archive.extractall(folder)
+    for name in ("domainbed_sweep_data.expected_tables.txt",
+                 "domainbed_sweep_data.expected_tables_latex.txt"):
+        shutil.copy(REPO_FIXTURES / name, folder / name)
+    return folder
