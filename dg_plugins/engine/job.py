@@ -167,9 +167,13 @@ class Job:
         """``(split, sampling weights)`` that environment ``env``'s training stream draws from."""
         return self.splits.in_splits[env]
 
+    def loader_workers(self, n_loaders: int) -> int:
+        """Workers per training loader: the job's worker budget shared by ``n_loaders``."""
+        return 0 if self.workers == 0 else max(1, self.workers // n_loaders)
+
     def make_streams(self, batch_size: int) -> list:
         """Training streams of the source environments' in-splits, then uda streams."""
-        per_loader = 0 if self.workers == 0 else max(1, self.workers // len(self.train_envs))
+        per_loader = self.loader_workers(len(self.train_envs))
         streams = []
         for i in self.train_envs:
             split, weights = self.train_split(i)

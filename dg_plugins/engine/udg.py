@@ -141,6 +141,18 @@ def labelled_subset(split, fraction: float, trial_seed: int, env: int):
 RELEASE_PRETRAIN_SHARE = 0.99
 
 
+def epoch_steps(sizes: list[int], batch: int) -> float:
+    """Steps of one epoch (the release's): one pass over the pooled sets of ``sizes`` images at
+    ``batch`` images per set per step."""
+    return sum(sizes) / (batch * len(sizes))
+
+
+def steps_for_epochs(epochs: float, sizes: list[int], batch: int) -> int:
+    """``ceil(epochs x`` :func:`epoch_steps` ``)``, at least 1 (computed in one division, so an
+    exact number of epochs gives an exact step count)."""
+    return max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+
+
 def pretraining_set(job, env: int):
     """The unlabelled images environment ``env`` contributes to pretraining: its in-split
     (``domainbed`` split), or with ``--udg_split release`` the first 99% of a permutation of the
@@ -222,11 +234,11 @@ class PretrainJob:
         batch = p.hparams["batch_size"]
         sets = [pretraining_set(p, i) for i in p.train_envs]
         # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
-        algorithm.epoch_steps = sum(len(s) for s in sets) / (batch * len(sets))
+        algorithm.epoch_steps = epoch_steps([len(s) for s in sets], batch)
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
               f"an epoch is {algorithm.epoch_steps:.1f} steps")
-        per_loader = 0 if p.workers == 0 else max(1, p.workers // len(sets))
+        per_loader = p.loader_workers(len(sets))
         streams = [data.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
                                     num_workers=per_loader)
                    for s, i in zip(sets, p.train_envs)]
@@ -299,7 +311,7 @@ class UDGJob(job_lib.Job):
         epochs = getattr(args, "udg_ft_epochs", None)
         if epochs is not None:
             # the release's epoch: one pass over the pooled labelled sets (train_finetune.py)
-            self.n_steps = max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+            self.n_steps = steps_for_epochs(epochs, sizes, batch)
             print(f"UDG fine-tuning length: {epochs:g} epochs of {sum(sizes)} labelled images "
                   f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
                   f"domain x {len(sizes)} domains = {self.n_steps} steps")
@@ -346,7 +358,7 @@ class UDGJob(job_lib.Job):
         if epochs is not None:
             sizes = [len(pretraining_set(self, i)) for i in self.train_envs]
             batch = self.hparams["batch_size"]
-            steps = max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+            steps = steps_for_epochs(epochs, sizes, batch)
             print(f"UDG pretraining length: {epochs:g} epochs of {sum(sizes)} unlabelled images "
                   f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
                   f"domain x {len(sizes)} domains = {steps} steps")
