@@ -216,6 +216,41 @@ def best_run(runs: pd.DataFrame) -> pd.DataFrame:
 # The three methods: each scores every run of every group.
 
 
+def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
+                    targets: np.ndarray, method: SelectionMethod) -> pd.DataFrame:
+    """DomainBed's training-domain (IID) and test-domain (oracle) selection for runs evaluated on
+    several environments at once: single-source runs (one source, every other environment a
+    target) and UDG runs (several sources and targets).
+
+    ``runs``: one row per record on a RangeIndex, with ``record`` (its row of ``out_acc``, the
+    ``env{i}_out_acc`` matrix), ``group``, ``hparams_seed`` and ``step``; ``sources`` and
+    ``targets``: boolean masks, one row per run and one column per environment. IID: a
+    checkpoint's val_acc is the mean ``env{i}_out_acc`` over the sources and each run keeps its
+    earliest best checkpoint (DomainBed's ``IIDAccuracySelectionMethod``); oracle: each run's last
+    checkpoint, val_acc the mean ``env{t}_out_acc`` over the targets (``OracleSelectionMethod``).
+    Means skip missing accuracies (NaN when every one is missing). Returns the best run per group
+    (:func:`best_run`)."""
+    if method is IID:
+        rows = runs["record"].to_numpy()
+        scored = best_checkpoint(runs.assign(val_acc=_masked_mean(out_acc[rows], sources)),
+                                 "record")
+    elif method is ORACLE:
+        scored = last_checkpoint(runs)
+        rows, positions = scored["record"].to_numpy(), scored.index.to_numpy()
+        scored = scored.assign(val_acc=_masked_mean(out_acc[rows], targets[positions]))
+    else:
+        raise ValueError(f"selection by source and target masks supports 'iid' and 'oracle', "
+                         f"not {method.key!r}")
+    return best_run(scored)
+
+
+def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row means of ``values`` over ``mask``, skipping NaN."""
+    valid = mask & ~np.isnan(values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
+
+
 def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
     single = grouped.single()
     rows = single["record"].to_numpy()

@@ -30,8 +30,7 @@ import pandas as pd
 
 from dg_plugins.engine.records import leading_count
 from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
-                                         best_checkpoint, best_run, group_ids, group_records,
-                                         last_checkpoint)
+                                         group_ids, group_records, select_by_masks)
 
 #: The selection methods that apply to single-source runs (LOO needs several sources).
 METHODS = (IID, ORACLE)
@@ -103,21 +102,11 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
     keys = ["trial_seed", "dataset", "algorithm", "source"]
     runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in keys)))
     in_acc, out_acc = grouped.accs("env{t}_in_acc"), grouped.accs("env{t}_out_acc")
-    rows, source = runs["record"].to_numpy(), runs["source"].to_numpy()
-    width = in_acc.shape[1]
-    target_mask = (np.arange(width)[None, :] != source[:, None]) & (
-        np.arange(width)[None, :] < runs["n_envs"].to_numpy()[:, None])
-    if method is IID:
-        runs["val_acc"] = out_acc[rows, source]
-        scored = best_checkpoint(runs, "record")
-    else:
-        last = last_checkpoint(runs)
-        last_rows = last["record"].to_numpy()
-        mask = target_mask[last.index.to_numpy()]
-        with np.errstate(all="ignore"):
-            val = np.nansum(np.where(mask, out_acc[last_rows], 0.0), axis=1) / mask.sum(axis=1)
-        scored = last.assign(val_acc=val)
-    chosen = best_run(scored)
+    source, width = runs["source"].to_numpy(), in_acc.shape[1]
+    columns = np.arange(width)[None, :]
+    sources = columns == source[:, None]
+    targets = ~sources & (columns < runs["n_envs"].to_numpy()[:, None])
+    chosen = select_by_masks(runs, out_acc, sources, targets, method)
     chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
     accs = in_acc[chosen_rows].copy()
     accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]

@@ -23,8 +23,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.engine.records import acc_matrix, leading_count
-from dg_plugins.engine.selection import (IID, ORACLE, SelectionMethod, best_checkpoint, best_run,
-                                         group_ids, last_checkpoint)
+from dg_plugins.engine.selection import IID, ORACLE, SelectionMethod, group_ids, select_by_masks
 
 #: The methods that apply to UDG runs.
 METHODS = (IID, ORACLE)
@@ -63,23 +62,11 @@ def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
     out = acc_matrix(records, "env{t}_out_acc")
     inn = acc_matrix(records, "env{t}_in_acc")
     width = out.shape[1]
-    n_envs = leading_count(~np.isnan(out))
     targets = np.zeros((len(records), width), dtype=bool)
     for row, envs in enumerate(runs["test_envs"]):
         targets[row, [e for e in envs if e < width]] = True
-    inside = np.arange(width)[None, :] < n_envs[:, None]
-    with np.errstate(all="ignore"):
-        if method is IID:
-            mask = inside & ~targets
-            runs["val_acc"] = np.where(mask, np.nan_to_num(out), 0).sum(1) / mask.sum(1)
-            scored = best_checkpoint(runs, "record")
-        else:
-            scored = last_checkpoint(runs)
-            rows = scored["record"].to_numpy()
-            mask = targets[rows] & inside[rows]
-            scored = scored.assign(val_acc=np.where(mask, np.nan_to_num(out[rows]), 0).sum(1)
-                                   / mask.sum(1))
-    chosen = best_run(scored)
+    inside = np.arange(width)[None, :] < leading_count(~np.isnan(out))[:, None]
+    chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
     rows = chosen["record"].to_numpy()
     for t in range(width):
         chosen[f"acc{t}"] = np.where(targets[rows, t], inn[rows, t], np.nan)

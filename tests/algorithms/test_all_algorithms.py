@@ -17,7 +17,7 @@ import torch
 
 import dg_plugins.algorithms  # noqa: F401  (registers)
 import dg_plugins.datasets  # noqa: F401
-from conftest import TEST_PLUGIN_MODULES, tiny_hparams
+from conftest import TEST_PLUGIN_MODULES, VOLATILE_KEYS, read_records, tiny_hparams
 from dg_plugins import catalog
 from dg_plugins.registry import ALGORITHMS, DATASETS
 
@@ -161,14 +161,6 @@ def test_one_and_three_source_domains(name, num_domains):
         assert algorithm.predict(batches[0][0]).shape == (hp["batch_size"], dataset.num_classes)
 
 
-def _records(folder):
-    import json
-
-    with open(folder / "results.jsonl") as f:
-        return [{k: v for k, v in json.loads(line).items()
-                 if k not in ("step_time", "mem_gb", "args")} for line in f]
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_resume_round_trip_gives_the_records_of_an_uninterrupted_run(name, tmp_path):
     """train on Debug28, interrupted after a checkpoint and resumed with --resume, writes exactly
@@ -190,4 +182,4 @@ def test_resume_round_trip_gives_the_records_of_an_uninterrupted_run(name, tmp_p
     assert train.run(args(full)) == "done"
     assert train.run(args(cut), stop_after_step=2) == "stopped"
     assert train.run(args(cut, "--resume")) == "done"
-    assert _records(cut) == _records(full)
+    assert read_records(cut, VOLATILE_KEYS) == read_records(full, VOLATILE_KEYS)

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from conftest import tiny_hparams
+from conftest import VOLATILE_KEYS, read_records, tiny_hparams
 from dg_plugins.algorithms.mpbm import (MPBM, MixupAttentionGenerator, UPDATE_KEYS,
                                         soft_cross_entropy)
 from dg_plugins.hparams import HparamError
@@ -371,16 +371,11 @@ def test_resume_across_the_warmup_boundary_gives_the_records_of_an_uninterrupted
             "--test_envs", "1", "2", "--steps", "7", "--checkpoint_freq", "2",
             "--hparams", json.dumps(hp), *extra])
 
-    def records(folder):
-        with open(folder / "results.jsonl") as f:
-            return [{k: v for k, v in json.loads(line).items()
-                     if k not in ("step_time", "mem_gb", "args")} for line in f]
-
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert train.run(args(full)) == "done"
     assert train.run(args(cut), stop_after_step=2) == "stopped"  # inside the warm-up
     assert train.run(args(cut, "--resume")) == "done"
-    got, expected = records(cut), records(full)
+    got, expected = read_records(cut, VOLATILE_KEYS), read_records(full, VOLATILE_KEYS)
     assert got == expected and expected[-1]["disc"] > 0
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from dg_plugins.scripts import alignment_eval, plot_alignment
 from dg_plugins.scripts import train as train_cli
+from conftest import read_records
 
 THRESHOLD = "0.25"
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
@@ -23,11 +24,6 @@ def train(out, pacs_dir, test_env, trial_seed, *extra):
             "--checkpoint_freq", "1", "--hparams", HPARAMS, "--n_workers", "0",
             "--output_dir", str(out), *extra]
     assert train_cli.main(argv) == 0
-
-
-def records(folder):
-    with open(os.path.join(folder, "results.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +55,19 @@ def same(a, b):
 
 def test_ip_oop_keys_only_for_test_envs(runs):
     for (env, _), job in runs["jobs"].items():
-        for record in records(job):
+        for record in read_records(job):
             expected = {f"env{env}_{split}_{subset}_{kind}" for split in ("in", "out")
                         for subset in ("ip", "oop") for kind in ("acc", "count")}
             assert set(subset_keys(record)) == expected
             assert record["args"]["alignment_threshold"] == float(THRESHOLD)
-    assert all(not subset_keys(r) for r in records(runs["plain"]))
+    assert all(not subset_keys(r) for r in read_records(runs["plain"]))
 
 
 def test_ip_and_oop_recombine_to_the_env_accuracy(runs, pacs):
     for (env, _), job in runs["jobs"].items():
         sizes = {"out": int(len(pacs[env]) * 0.2)}
         sizes["in"] = len(pacs[env]) - sizes["out"]
-        for record in records(job):
+        for record in read_records(job):
             for split in ("in", "out"):
                 counts = [record[f"env{env}_{split}_{s}_count"] for s in ("ip", "oop")]
                 accs = [record[f"env{env}_{split}_{s}_acc"] for s in ("ip", "oop")]
@@ -82,7 +78,7 @@ def test_ip_and_oop_recombine_to_the_env_accuracy(runs, pacs):
                 for a, c in zip(accs, counts):
                     assert (c == 0) == math.isnan(a)
     # the split really is mixed somewhere (not all IP or all OOP)
-    first = records(runs["jobs"][(0, 0)])[0]
+    first = read_records(runs["jobs"][(0, 0)])[0]
     assert first["env0_in_ip_count"] > 0 and first["env0_in_oop_count"] > 0
 
 
@@ -93,7 +89,7 @@ def test_eval_only_matches_train_time_keys(runs, scores_file, tmp_path, capsys):
                                 "--alignment_threshold", THRESHOLD, "--out", str(out),
                                 "--n_workers", "0"]) == 0
     keys = json.loads(out.read_text())
-    final = records(job)[-1]
+    final = read_records(job)[-1]
     assert keys["model"] == "model.pkl"
     train_keys = {k: v for k, v in final.items() if k.endswith(("_acc", "_count"))}
     assert set(train_keys) <= set(keys)
@@ -124,8 +120,8 @@ def test_eval_only_adds_train_time_keys_to_every_scorable_record(runs, scores_fi
     job = copy_job(runs, tmp_path, "all_models")
     assert update(job, scores_file) == 0
     assert "updated the records of steps [0, 1, 2]" in capsys.readouterr().out
-    trained = records(runs["jobs"][(0, 0)])
-    updated = records(job)
+    trained = read_records(runs["jobs"][(0, 0)])
+    updated = read_records(job)
     assert len(updated) == len(trained) == 3
     for a, b in zip(updated, trained):
         ca, cb = comparable(a), comparable(b)
@@ -147,7 +143,7 @@ def test_eval_only_adds_train_time_keys_to_every_scorable_record(runs, scores_fi
     assert alignment_eval.main([str(job), "--alignment_scores", scores_file,
                                 "--alignment_preset", "teterwak2025", "--update_records",
                                 "--overwrite", "--n_workers", "0"]) == 0
-    record = records(job)[-1]
+    record = read_records(job)[-1]
     assert record["args"]["alignment_preset"] == "teterwak2025"
     assert "alignment_threshold" not in record["args"]
 
@@ -166,7 +162,7 @@ def test_eval_only_never_touches_records_it_cannot_score(runs, scores_file, tmp_
     assert after[:2] == lines[:2] and after[2] != lines[2] and b"env0_in_ip_acc" in after[2]
 
     tampered = copy_job(runs, tmp_path, "tampered")
-    recs = records(tampered)
+    recs = read_records(tampered)
     recs[1]["env2_in_acc"] = 0.123
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in recs)
     (tampered / "results.jsonl").write_text(text)
@@ -197,7 +193,7 @@ def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
     for section, subset in ((ip[0], "ip"), (oop[0], "oop")):
         row = next(line for line in section.splitlines() if line.startswith("ERM"))
         for env in (0, 1):  # oracle: the last checkpoint of each trial
-            values = [records(runs["jobs"][(env, trial)])[-1][f"env{env}_in_{subset}_acc"]
+            values = [read_records(runs["jobs"][(env, trial)])[-1][f"env{env}_in_{subset}_acc"]
                       for trial in (0, 1)]
             assert Cell.of(values).text() in row
     # the whole-domain figure: in and out splits' subset accuracies weighted by their sizes
@@ -206,7 +202,7 @@ def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
     for env in (0, 1):
         values = []
         for trial in (0, 1):
-            last = records(runs["jobs"][(env, trial)])[-1]
+            last = read_records(runs["jobs"][(env, trial)])[-1]
             n_in, n_out = last[f"env{env}_in_ip_count"], last[f"env{env}_out_ip_count"]
             hits = sum(last[f"env{env}_{split}_ip_acc"] * n for split, n in
                        (("in", n_in), ("out", n_out)) if n)
@@ -224,7 +220,7 @@ def test_plot_from_eval_only_predictions(runs, scores_file, tmp_path, capsys):
 
     preds = pd.read_csv(predictions)
     assert len(preds) == 2 * 10 and set(preds["split"]) == {"in", "out"}
-    final = records(runs["jobs"][(0, 0)])[-1]
+    final = read_records(runs["jobs"][(0, 0)])[-1]
     mine = preds[(preds["job"] == "erm_te0_tr0") & (preds["split"] == "in")]
     assert mine["correct"].mean() == pytest.approx(final["env0_in_acc"])
     png = tmp_path / "plot.png"

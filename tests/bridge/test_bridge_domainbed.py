@@ -6,7 +6,6 @@ them through ``DG_PLUGINS_IMPORT``. Every DomainBed process imports torch, timm 
 here), so the end-to-end part is kept to four subprocesses plus one sweep of three short jobs.
 """
 
-import json
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ from dg_plugins import bridge, catalog  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
 from dg_plugins.registry import ALGORITHMS, DATASETS  # noqa: E402
 from dg_plugins.seeds import seed_hash  # noqa: E402
+from conftest import read_records
 
 pytestmark = [
     pytest.mark.skipif(
@@ -85,10 +85,6 @@ def run_entry(*args, cwd) -> subprocess.CompletedProcess:
         f"{' '.join(args[:2])} failed ({proc.returncode})\n--- stdout\n{proc.stdout[-3000:]}\n"
         f"--- stderr\n{proc.stderr[-3000:]}")
     return proc
-
-
-def records(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,7 +247,7 @@ def swept(db, sweep_dir):
 
 def test_domainbed_train_runs_erm_on_our_benchmark(trained):
     assert (trained / "done").exists() and (trained / "model.pkl").exists()
-    (record,) = records(trained)
+    (record,) = read_records(trained)
     assert record["args"]["dataset"] == BENCHMARK and record["args"]["algorithm"] == "ERM"
     assert {f"env{i}_{s}_acc" for i in range(6) for s in ("in", "out")} <= set(record)
     assert record["hparams"]["lr"] == 1e-3  # DomainBed's small-image rule, via the proxy
@@ -264,7 +260,7 @@ def test_domainbed_sweep_completes_plugin_algorithm_jobs(swept, sweep_dir):
     for job in swept.jobs:  # DomainBed's own folder names (md5 of the job's arguments)
         folder = Path(job.output_dir)
         assert (folder / "done").exists(), (folder / "err.txt").read_text()[-3000:]
-        last = records(folder)[-1]
+        last = read_records(folder)[-1]
         assert last["step"] == 2 and last["args"]["algorithm"] == TEST_ALGORITHM
         assert "domain_loss" in last  # the plugin's own update key
         assert last["hparams"]["bridge_test_scale"] == expected_draw["bridge_test_scale"]

@@ -14,6 +14,7 @@ import pytest
 
 from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
 from processes import command_env, finish, run, start, survivors
+from conftest import read_records
 
 TRAIN = "dg_plugins.scripts.train"
 SWEEP = "dg_plugins.scripts.sweep"
@@ -48,11 +49,6 @@ def train_args(data_dir, out, *extra, algorithm="ERM", steps=3):
             *extra]
 
 
-def records(folder):
-    with open(os.path.join(folder, "results.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def assert_nothing_left(env):
     left = survivors(env)
     assert not left, f"processes outlived their command: {left}"
@@ -68,7 +64,7 @@ def test_train_finishes_and_exits_with_default_workers(tree, tmp_path):
     out = tmp_path / "job"
     code, output = run(TRAIN, *train_args(tree, out), env=env, timeout=TIMEOUT)
     assert code == 0, output
-    assert (out / "done").exists() and len(records(out)) == 2
+    assert (out / "done").exists() and len(read_records(out)) == 2
     assert used_workers((out / "out.txt").read_text()) >= 1  # the default path really has workers
     assert_nothing_left(env)
 
@@ -148,7 +144,7 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     assert_nothing_left(env)
     code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
     assert code == 0, output
-    assert [r["step"] for r in records(out)] == [0, 10, 20, 30, 39]
+    assert [r["step"] for r in read_records(out)] == [0, 10, 20, 30, 39]
     assert (out / "done").exists()
     assert_nothing_left(env)
 
@@ -194,5 +190,5 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     assert code == 0, output
     jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
     assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
-    assert all([r["step"] for r in records(p)] == [0, 10, 20, 30, 39] for p in jobs)
+    assert all([r["step"] for r in read_records(p)] == [0, 10, 20, 30, 39] for p in jobs)
     assert_nothing_left(env)

@@ -1,29 +1,19 @@
 """DomainBed's model-selection methods (dg_plugins.engine.selection; ``domainbed/model_selection.py``)."""
 
-import json
 import os
 import random
 import sys
-import tempfile
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
                                          select)
 
+from conftest import frame_of
+
 N_ENVS = 3
-
-
-def frame_of(records):
-    """The DataFrame collect_results loads from a sweep holding ``records`` (one job folder)."""
-    with tempfile.TemporaryDirectory() as root:
-        os.mkdir(os.path.join(root, "job"))
-        with open(os.path.join(root, "job", "results.jsonl"), "w") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in records)
-        return load_records(root)
 
 
 def record(test_envs, step, hparams_seed=0, trial=0, dataset="D", algorithm="A", accs=None,

@@ -1,28 +1,17 @@
 """Single-source selection and tables: selection semantics on synthetic records, when the tables
 appear, and a real ``sweep --single_source`` run through collect_results."""
 
-import json
-import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from dg_plugins.engine import tables
-from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import IID, LOO, ORACLE
 from dg_plugins.engine.single_source import select_single_source, single_source_datasets
 from dg_plugins.engine.tables import single_source_tables
 
-
-def frame_of(records):
-    """The DataFrame collect_results loads from a sweep holding ``records`` (one job folder)."""
-    with tempfile.TemporaryDirectory() as root:
-        os.mkdir(os.path.join(root, "job"))
-        with open(os.path.join(root, "job", "results.jsonl"), "w") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in records)
-        return load_records(root)
+from conftest import frame_of
 
 
 def record(source, step, n_envs=4, hparams_seed=0, trial=0, dataset="D", accs=None):

@@ -1,6 +1,5 @@
 """The train CLI: DomainBed's output folder, resume, NaN guard, no hang, clear errors."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import torch
 from dg_plugins.engine import job, train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
+from conftest import read_records
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -26,11 +26,6 @@ DOMAINBED_ARGS = {"algorithm", "checkpoint_freq", "data_dir", "dataset", "holdou
 def args_for(out, *extra):
     return build_parser().parse_args(["--dataset", "Debug28", "--output_dir", str(out),
                                       "--hparams", TINY, *extra])
-
-
-def records(folder):
-    with open(os.path.join(folder, "results.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def without_timing(recs):
@@ -48,7 +43,7 @@ def test_cli_writes_domainbed_output_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out)) == ["done", "err.txt", "model.pkl", "out.txt", "results.jsonl"]
     assert (out / "done").read_bytes() == b"done"
-    recs = records(out)
+    recs = read_records(out)
     assert [r["step"] for r in recs] == [0, 2, 4]
     for r in recs:
         assert CONTRACT_KEYS <= set(r)
@@ -69,7 +64,7 @@ def test_batch_larger_than_split_does_not_hang(tmp_path):
     args = build_parser().parse_args(["--dataset", "Debug28", "--steps", "2",
                                       "--output_dir", str(tmp_path)])
     assert train.run(args) == "done"
-    assert records(tmp_path)[-1]["hparams"]["batch_size"] == 64
+    assert read_records(tmp_path)[-1]["hparams"]["batch_size"] == 64
     assert "drawn with replacement" in (tmp_path / "err.txt").read_text()
 
 
@@ -78,9 +73,9 @@ def test_resume_gives_the_same_records(tmp_path):
     assert train.run(args_for(full, "--steps", "9", "--checkpoint_freq", "3")) == "done"
     assert train.run(args_for(cut, "--steps", "9", "--checkpoint_freq", "3"),
                      stop_after_step=3) == "stopped"
-    assert not (cut / "done").exists() and len(records(cut)) == 2
+    assert not (cut / "done").exists() and len(read_records(cut)) == 2
     assert train.run(args_for(cut, "--steps", "9", "--checkpoint_freq", "3", "--resume")) == "done"
-    assert without_timing(records(cut)) == without_timing(records(full))
+    assert without_timing(read_records(cut)) == without_timing(read_records(full))
     assert not (cut / "checkpoint.pt").exists()
     assert train.run(args_for(cut, "--steps", "9", "--resume")) == "already done"
 
@@ -95,14 +90,14 @@ def test_resume_after_sigkill(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline:
-        if (cut / "checkpoint.pt").exists() and len(records(cut)) >= 3:
+        if (cut / "checkpoint.pt").exists() and len(read_records(cut)) >= 3:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (cut / "done").exists(), "run finished before it could be killed"
     assert main(common + ["--output_dir", str(cut), "--resume"]) == 0
-    assert without_timing(records(cut)) == without_timing(records(full))
+    assert without_timing(read_records(cut)) == without_timing(read_records(full))
 
 
 def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):

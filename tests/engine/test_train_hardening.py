@@ -2,7 +2,6 @@
 finished jobs, resumes with other arguments, lost or torn records, signals, and two processes on
 one folder. Each test reproduces a failure that the host used to have."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 from dg_plugins.engine import train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
+from conftest import read_records
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -24,13 +24,6 @@ HERE = Path(__file__).resolve().parent
 def args_for(out, *extra, dataset="Debug28"):
     return build_parser().parse_args(["--dataset", dataset, "--output_dir", str(out),
                                       "--hparams", TINY, *extra])
-
-
-def records(folder):
-    path = Path(folder) / "results.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def comparable(recs):
@@ -132,9 +125,9 @@ def test_rerunning_a_finished_job_refuses_and_force_starts_over(tmp_path, capsys
     assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--force"),
                      stop_after_step=2) == "stopped"
     assert not (out / "done").exists()
-    assert [r["step"] for r in records(out)] == [0, 2]
+    assert [r["step"] for r in read_records(out)] == [0, 2]
     assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--resume")) == "done"
-    assert [r["step"] for r in records(out)] == [0, 2, 4]
+    assert [r["step"] for r in read_records(out)] == [0, 2, 4]
 
 
 def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys):
@@ -144,7 +137,7 @@ def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys):
     assert main(["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
                  "--steps", "5", "--checkpoint_freq", "2"]) == 2
     assert "records of an interrupted run; continue it with --resume" in capsys.readouterr().err
-    assert len(records(out)) == 1
+    assert len(read_records(out)) == 1
 
 
 # --resume refuses other arguments than the interrupted run's -------------------------------------
@@ -177,7 +170,7 @@ def test_resume_in_a_moved_folder_is_allowed(tmp_path):
     assert train.run(args_for(moved, "--steps", "7", "--checkpoint_freq", "2", "--resume")) == "done"
     full = tmp_path / "full"
     assert train.run(args_for(full, "--steps", "7", "--checkpoint_freq", "2")) == "done"
-    assert comparable(records(moved)) == comparable(records(full))
+    assert comparable(read_records(moved)) == comparable(read_records(full))
 
 
 # --resume refuses records that do not match the checkpoint ---------------------------------------
@@ -201,7 +194,7 @@ def test_resume_drops_a_torn_line_after_the_counted_records(tmp_path):
         f.write('{"step": 4, "env0_in_acc": 0.')  # a crash mid-append
     assert train.run(args_for(out, "--steps", "7", "--checkpoint_freq", "2", "--resume")) == "done"
     assert train.run(args_for(full, "--steps", "7", "--checkpoint_freq", "2")) == "done"
-    assert comparable(records(out)) == comparable(records(full))
+    assert comparable(read_records(out)) == comparable(read_records(full))
 
 
 def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, monkeypatch):
@@ -232,7 +225,7 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(tmp_path):
     out, full = tmp_path / "job", tmp_path / "full"
     proc = spawn(out)
-    assert wait_for(lambda: len(records(out)) >= 2)
+    assert wait_for(lambda: len(read_records(out)) >= 2)
     proc.send_signal(signal.SIGTERM)
     console = "".join(proc.communicate(timeout=120))
     assert proc.returncode == 143, console
@@ -244,7 +237,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
     assert resume.returncode == 0
     reference = spawn(full)
     reference.communicate(timeout=600)
-    assert comparable(records(out)) == comparable(records(full))
+    assert comparable(read_records(out)) == comparable(read_records(full))
 
 
 # one process per job folder ----------------------------------------------------------------------
@@ -262,7 +255,7 @@ def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_p
     assert "is in use by another train process (pid" in second.stderr
     first.communicate(timeout=600)
     assert first.returncode == 0
-    assert [r["step"] for r in records(out)] == [0, 50, 100, 149]
+    assert [r["step"] for r in read_records(out)] == [0, 50, 100, 149]
     assert not (out / ".lock").exists()
 
 

@@ -17,6 +17,7 @@ from dg_plugins.engine.data import SplitDataset
 from dg_plugins.scripts import collect_results
 from dg_plugins.scripts import sweep as sweep_cli
 from dg_plugins.scripts import train as train_cli
+from conftest import VOLATILE_KEYS, read_records
 
 TINY = {"batch_size": 4, "vit_arch": "tiny", "mnist_cnn_width": 16}
 
@@ -29,13 +30,6 @@ def job_args(out, algorithm="DisMAE", fraction=0.5, *extra, hparams=TINY, pretra
     if pretrain_dir is not None:
         argv += ["--udg_pretrain_dir", str(pretrain_dir)]
     return train_cli.build_parser().parse_args(argv)
-
-
-def records(folder):
-    with open(folder / "results.jsonl") as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in ("step_time", "mem_gb",
-                                                                         "args")}
-                for line in f]
 
 
 def test_labelled_subset_is_fixed_by_trial_seed_nested_and_seed_dependent():
@@ -75,7 +69,7 @@ def test_pretraining_runs_once_and_records_do_not_depend_on_who_ran_it(tmp_path,
     assert train.run(job_args(shared / "f100", fraction=1.0)) == "done"
     assert "UDG pretraining: reusing" in capsys.readouterr().out
     assert len(list((shared / "udg_pretrain").iterdir())) == 1
-    assert records(shared / "f100") == records(alone / "f100")
+    assert read_records(shared / "f100", VOLATILE_KEYS) == read_records(alone / "f100", VOLATILE_KEYS)
     # another hparam that matters for pretraining: another pretraining folder
     other = {**TINY, "dismae_lambda1": 0.01}
     assert train.run(job_args(shared / "other", fraction=1.0, hparams=other)) == "done"
@@ -114,7 +108,7 @@ def test_interrupted_finetuning_resumes_to_the_same_records(tmp_path):
     assert train.run(job_args(full, "MAE", 1.0)) == "done"
     assert train.run(job_args(cut, "MAE", 1.0), stop_after_step=0) == "stopped"
     assert train.run(job_args(cut, "MAE", 1.0, "--resume")) == "done"
-    assert records(cut) == records(full)
+    assert read_records(cut, VOLATILE_KEYS) == read_records(full, VOLATILE_KEYS)
 
 
 def test_bad_udg_input_is_rejected(tmp_path):
