@@ -99,16 +99,24 @@ def args_for_records(args) -> dict:
 class Job:
     """One training run, in steps: :meth:`build` (hparams, data, splits, streams, algorithm),
     :meth:`restore` (resume), :meth:`train_step`, :meth:`write_record` (evaluate + append),
-    :meth:`checkpoint`, :meth:`finish`. ``stop``: the entry point's
-    :class:`dg_plugins.engine.train.StopRequest` (its ``signum`` is set when a stop signal came)."""
+    :meth:`checkpoint`, :meth:`finish`; :meth:`run` is the one step loop of every kind of job (the
+    UDG protocol's pretraining and fine-tuning jobs are kinds of Job, :mod:`dg_plugins.engine.udg`).
+    ``stop``: the entry point's :class:`dg_plugins.engine.train.StopRequest` (its ``signum`` is
+    set when a stop signal came)."""
+
+    #: The algorithm's method a step calls and the phase it trains (named when a loss diverges).
+    UPDATE = "update"
+    PHASE = "training"
 
     def __init__(self, args, stop, progress_stream=None):
         self.args = args
         self.stop = stop
         self.progress_stream = progress_stream
         self.record_args = args_for_records(args)
-        self.results_path = os.path.join(args.output_dir, RESULTS_FILE)
-        self.checkpoint_path = os.path.join(args.output_dir, CHECKPOINT_FILE)
+        self.folder = args.output_dir
+        self.results_path = os.path.join(self.folder, RESULTS_FILE)
+        self.checkpoint_path = os.path.join(self.folder, CHECKPOINT_FILE)
+        self.resuming = bool(args.resume)
         self.start_step = 0
         self.n_records = 0
         self.last_keys = None
@@ -194,7 +202,7 @@ class Job:
     def restore(self) -> None:
         """Continue from ``checkpoint.pt`` with ``--resume`` (after checking that it was written
         by the same configuration), or start from step 0."""
-        if not self.args.resume:
+        if not self.resuming:
             return
         if not os.path.exists(self.checkpoint_path):
             keep_counted_records(self.results_path, 0)
@@ -216,21 +224,28 @@ class Job:
 
     # train ------------------------------------------------------------------------------------------
 
-    def train_step(self, step: int) -> None:
-        start = time.time()
+    def update(self) -> dict:
+        """One step of the algorithm (``Algorithm.update``) on the next batches of the streams;
+        returns its values."""
         device = self.device
         train_streams = self.streams[:self.n_train_streams]
         minibatches = [(x.to(device), y.to(device)) for x, y in map(next, train_streams)]
         unlabeled = ([next(s)[0].to(device) for s in self.streams[self.n_train_streams:]]
                      if self.args.task == "domain_adaptation" else None)
-        values = self.algorithm.update(minibatches, unlabeled)
+        return self.algorithm.update(minibatches, unlabeled)
+
+    def train_step(self, step: int) -> None:
+        """:meth:`update`, timed; its values are accumulated until the next record, and a
+        non-finite one stops the job."""
+        start = time.time()
+        values = self.update()
         self.accumulated.setdefault("step_time", []).append(time.time() - start)
         for key, value in values.items():
             value = float(value)
             if not math.isfinite(value):
                 raise NonFiniteLossError(
-                    f"{self.args.algorithm}.update returned {key}={value} at step {step}; "
-                    "training diverged (try a lower lr). The job stops without 'done'.")
+                    f"{self.args.algorithm}.{self.UPDATE} returned {key}={value} at step {step}; "
+                    f"{self.PHASE} diverged (try a lower lr). The job stops without 'done'.")
             self.accumulated.setdefault(key, []).append(value)
 
     def write_record(self, step: int) -> None:
@@ -268,9 +283,13 @@ class Job:
         save_model(self.args, self.algorithm, self.dataset, self.hparams, self.record_args,
                    filename, len(self.train_envs), self.model_extras())
 
-    def finish(self) -> None:
+    def save_outputs(self) -> None:
+        """What a finished job leaves beside ``done``: model.pkl."""
         self.save_model("model.pkl")
-        atomic_write_bytes(os.path.join(self.args.output_dir, DONE_FILE), b"done")
+
+    def finish(self) -> None:
+        self.save_outputs()
+        atomic_write_bytes(os.path.join(self.folder, DONE_FILE), b"done")
         if os.path.exists(self.checkpoint_path):
             os.unlink(self.checkpoint_path)
 

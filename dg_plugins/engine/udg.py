@@ -211,87 +211,78 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     return state["state"]
 
 
-class PretrainJob:
-    """The pretraining phase, run while holding the pretraining folder's lock."""
+class PretrainJob(job_lib.Job):
+    """The pretraining phase, a kind of job run (with :meth:`Job.run`'s loop) by the fine-tuning
+    job that needs it, while it holds the pretraining folder's lock: its steps are the algorithm's
+    ``pretrain_update`` on unlabelled batches of the pretraining sets (:func:`pretraining_set`),
+    its records the loss values with the identity, its output ``pretrained.pt``. It continues from
+    its checkpoint whenever one exists (no ``--resume`` needed: the folder's name is the hash of
+    the identity, which the checkpoint is checked against)."""
+
+    UPDATE = "pretrain_update"
+    PHASE = "pretraining"
 
     def __init__(self, parent: "UDGJob", folder: str, identity: dict):
+        super().__init__(parent.args, parent.stop)
         self.parent = parent
-        self.folder = folder
         self.identity = identity
+        self.record_args = identity
+        self.folder = folder
         self.checkpoint_path = os.path.join(folder, job_folder.CHECKPOINT_FILE)
         self.results_path = os.path.join(folder, job_folder.RESULTS_FILE)
+        self.resuming = True
 
-    def run(self) -> None:
+    def build(self) -> None:
         p = self.parent
-        steps = self.identity["pretrain_steps"]
         job_folder.remove_temporary_files(self.folder)
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
         checkpoint.seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
-        algorithm = ALGORITHMS.get(p.args.algorithm)(
+        self.device = p.device
+        self.algorithm = ALGORITHMS.get(p.args.algorithm)(
             p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
-        algorithm.to(p.device)
+        self.algorithm.to(self.device)
+        # The checkpoint is checked against the identity's hparams: jobs that share this
+        # pretraining may differ in their fine-tuning hparams.
+        self.hparams = self.identity["hparams"]
         batch = p.hparams["batch_size"]
         sets = [pretraining_set(p, i) for i in p.train_envs]
         # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
-        algorithm.epoch_steps = epoch_steps([len(s) for s in sets], batch)
+        self.algorithm.epoch_steps = epoch_steps([len(s) for s in sets], batch)
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
-              f"an epoch is {algorithm.epoch_steps:.1f} steps")
+              f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
         per_loader = p.loader_workers(len(sets))
-        streams = [data.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
-                                    num_workers=per_loader)
-                   for s, i in zip(sets, p.train_envs)]
-        try:
-            self._steps(algorithm, streams, steps)
-        finally:
-            for stream in streams:
-                stream.close()
+        self.streams = [data.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
+                                         num_workers=per_loader)
+                        for s, i in zip(sets, p.train_envs)]
+        self.n_train_streams = len(self.streams)
+        self.n_steps = self.identity["pretrain_steps"]
+        self.checkpoint_freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
 
-    def _steps(self, algorithm, streams, steps: int) -> None:
-        p = self.parent
-        start, n_records = 0, 0
+    def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
-            state = checkpoint.load_checkpoint(self.checkpoint_path, algorithm, streams)
-            start, n_records = state["next_step"], state["n_records"]
-            job_folder.keep_counted_records(self.results_path, n_records)
-            print(f"UDG pretraining: resuming {self.folder} at step {start} of {steps}")
-        else:
+            print(f"UDG pretraining: continuing {self.folder} from its checkpoint")
+            super().restore()
+        else:  # records of a run killed before its first checkpoint
             job_folder.keep_counted_records(self.results_path, 0)
-        freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
-        accumulated: dict[str, list[float]] = {}
-        for step in range(start, steps):
-            t0 = time.time()
-            images = [next(s)[0].to(p.device) for s in streams]
-            values = algorithm.pretrain_update(images)
-            accumulated.setdefault("step_time", []).append(time.time() - t0)
-            for key, value in values.items():
-                if not math.isfinite(float(value)):
-                    raise job_lib.NonFiniteLossError(
-                        f"{p.args.algorithm}.pretrain_update returned {key}={value} at step "
-                        f"{step}; pretraining diverged (try a lower lr)")
-                accumulated.setdefault(key, []).append(float(value))
-            last = step == steps - 1
-            if step % freq == 0 or last or p.stop.signum is not None:
-                record = {"step": step, **{k: float(np.mean(v)) for k, v in accumulated.items()},
-                          "udg_pretrain": self.identity}
-                job_folder.append_record(self.results_path, record)
-                n_records += 1
-                accumulated = {}
-                print(f"UDG pretraining step {step}: " + ", ".join(
-                    f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
-                checkpoint.save_checkpoint(
-                    self.checkpoint_path, next_step=step + 1, algorithm=algorithm,
-                    streams=streams, n_records=n_records, last_keys=None, accumulated={},
-                    record_args=self.identity, hparams=p.hparams)
-                if p.stop.signum is not None and not last:
-                    raise job_lib.Interrupted(p.stop.signum, step)
-        atomic_torch_save({"identity": self.identity,
-                           "state": {k: v.cpu() for k, v in algorithm.pretrained_state().items()}},
-                          os.path.join(self.folder, PRETRAINED_FILE))
-        atomic_write_bytes(os.path.join(self.folder, job_folder.DONE_FILE), b"done")
-        if os.path.exists(self.checkpoint_path):
-            os.unlink(self.checkpoint_path)
+
+    def update(self) -> dict:
+        return self.algorithm.pretrain_update([next(s)[0].to(self.device) for s in self.streams])
+
+    def write_record(self, step: int) -> None:
+        record = {"step": step, **{k: float(np.mean(v)) for k, v in self.accumulated.items()},
+                  "udg_pretrain": self.identity}
+        job_folder.append_record(self.results_path, record)
+        self.n_records += 1
+        self.accumulated = {}
+        print(f"UDG pretraining step {step}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+
+    def save_outputs(self) -> None:
+        atomic_torch_save({"identity": self.identity, "state": {
+            k: v.cpu() for k, v in self.algorithm.pretrained_state().items()}},
+            os.path.join(self.folder, PRETRAINED_FILE))
 
 
 class UDGJob(job_lib.Job):
