@@ -21,17 +21,17 @@
 #   --holdout_fraction 0.1 with --udg_split release; the 10% out-split is the validation data of
 #   training-domain model selection, as DomainBed's holdout;
 # * per-fraction mode, lr and batch (linear probe below 10%: train_finetune.py, --val_fraction <
-#   0.10 freezes the blocks): dg_plugins/algorithms/udg.py FINETUNE_TABLE;
+#   0.10 freezes the blocks): dg_plugins/algorithms/udg_finetune.py FINETUNE_TABLE;
 # * the domain classifier's schedule, epochs 0-5 and every 15th up to 100 (engine_dmae.py with
 #   train.py's --inter_ada 15 --max_epoch_ada 100): dismae_dcls_epoch_steps left null, so the
 #   epoch is the run's real one (the pretraining set at the batch above), set by the job.
 # One difference we keep: the release's dataloader.py computes an epoch from the size of all six
 # domains (targets included) divided by the last domain index; ours is one pass over the images
-# the job trains on (see dg_plugins/engine/udg.py).
+# the job trains on (see dg_plugins/engine/udg_jobs.py).
 # Splits: envs are clip info paint quick real sketch (0..5): 0,1,3 = test on clipart, infograph,
 # quickdraw (pretrain/fine-tune on painting, real, sketch); 2,4,5 = the reverse.
 # Pretraining runs once per (algorithm, split, trial) and is reused by the 4 label fractions
-# (dg_plugins.engine.udg); with a parallel launcher the other fractions wait for it.
+# (dg_plugins.engine.udg_jobs); with a parallel launcher the other fractions wait for it.
 set -euo pipefail
 PYTHON=${PYTHON:-python}
 DATA_DIR=${1:?usage: dismae_udg_domainnet20.sh DATA_DIR [OUT] [sweep flags...]}

@@ -114,7 +114,7 @@ class Algorithm(nn.Module):
         raise NotImplementedError
 
     # Unsupervised DG (UDG) protocol: self-supervised pretraining on unlabelled source domains,
-    # then fine-tuning on a labelled fraction (dg_plugins.algorithms.udg builds the fine-tuner).
+    # then fine-tuning on a labelled fraction (dg_plugins.algorithms.udg_finetune builds the fine-tuner).
 
     def pretrain_update(self, images: list[torch.Tensor]) -> dict:
         """One self-supervised step on unlabelled image batches, one per source environment (its

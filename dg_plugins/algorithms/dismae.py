@@ -65,7 +65,7 @@ Choices where the release is unclear or hard-coded (each documented):
       preset name. The variation depth (6) and decoder width (512) defaults shrink to 3 and 64 on
       28x28 datasets.
 
-UDG (see :mod:`dg_plugins.algorithms.udg`): :meth:`pretrain_update` is the same step on unlabelled
+UDG (see :mod:`dg_plugins.algorithms.udg_finetune`): :meth:`pretrain_update` is the same step on unlabelled
 images with ``lambda2 = 0``; :meth:`pretrained_state` returns the semantic encoder's weights in
 the key names of :func:`build_encoder`'s ViT (the fine-tuning model).
 """
@@ -209,7 +209,7 @@ def _shared_space(dataset: str) -> dict:
         "dismae_lambda2": (1.0, lambda r: 1.0, hp_lib.non_negative),
         "dismae_unnorm_target": (False, lambda r: False),
         "dismae_init": ("random", lambda r: "random", _init_check),
-        # UDG fine-tuning (dg_plugins.algorithms.udg): null = the per-label-fraction table.
+        # UDG fine-tuning (dg_plugins.algorithms.udg_finetune): null = the per-label-fraction table.
         "udg_ft_lr": (None, lambda r: None),
         "udg_ft_batch_size": (None, lambda r: None),
         "udg_ft_mode": ("auto", lambda r: "auto", hp_lib.one_of("auto", "linear", "full")),

@@ -2,7 +2,7 @@
 algorithm and batch streams, restore a checkpoint, then step, evaluate and record at every
 checkpoint, save the model and mark the folder done. :mod:`dg_plugins.engine.train` is the entry
 point that validates the arguments, takes the folder and picks the kind of job
-(:class:`Job`, or the UDG protocol's :class:`dg_plugins.engine.udg.UDGJob`)."""
+(:class:`Job`, or the UDG protocol's :class:`dg_plugins.engine.udg_jobs.UDGJob`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ DOMAINBED_ARG_KEYS = (
     "steps", "task", "test_envs", "trial_seed", "uda_holdout_fraction",
 )
 #: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
-#: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg`).
+#: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg_jobs`).
 EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
                   "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                   "udg_split")
@@ -99,8 +99,9 @@ def args_for_records(args) -> dict:
 class Job:
     """One training run, in steps: :meth:`build` (hparams, data, splits, streams, algorithm),
     :meth:`restore` (resume), :meth:`train_step`, :meth:`write_record` (evaluate + append),
-    :meth:`checkpoint`, :meth:`finish`; :meth:`run` is the one step loop of every kind of job (the
-    UDG protocol's pretraining and fine-tuning jobs are kinds of Job, :mod:`dg_plugins.engine.udg`).
+    :meth:`checkpoint`, :meth:`finish`; :meth:`run` is the one step loop of every kind of job
+    (the UDG protocol's pretraining and fine-tuning jobs are kinds of Job,
+    :mod:`dg_plugins.engine.udg_jobs`).
     ``stop``: the entry point's :class:`dg_plugins.engine.train.StopRequest` (its ``signum`` is
     set when a stop signal came)."""
 
@@ -159,7 +160,7 @@ class Job:
                                    for split, _ in self.splits.in_splits)
         self.algorithm.epoch_steps = self.steps_per_epoch
 
-    # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg, does).
+    # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg_jobs, does).
 
     def make_algorithm(self):
         """The model this job trains (``--algorithm``, built for the source environments)."""

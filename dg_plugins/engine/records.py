@@ -68,7 +68,7 @@ class _ArgValues(NamedTuple):
     test_envs: tuple
     hparams_seed: object
     output_dir: object  # optional: only the hparams table shows it
-    label_fraction: float  # optional: UDG jobs (dg_plugins.engine.udg); NaN otherwise
+    label_fraction: float  # optional: UDG jobs (dg_plugins.engine.udg_jobs); NaN otherwise
 
 
 #: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.

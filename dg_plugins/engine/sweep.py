@@ -1,9 +1,10 @@
 """Sweep jobs: enumeration, identity (md5 folder names), command strings, states (``domainbed/scripts/sweep.py``).
 
 Everything here is torch-free so that enumeration, dry runs and deletes stay fast. A job's folder
-name depends only on its train-args dict (``sweep.Job``'s md5 of the sorted args JSON), so it matches DomainBed's for the
-same arguments; the command string is not hashed, so the interpreter, the train module
-and an appended ``--resume`` never change a job's identity.
+name depends only on its train-args dict (the md5 of the sorted args JSON, as DomainBed's
+``sweep.Job``), so it matches DomainBed's for the same arguments; the command string is not
+hashed, so the interpreter, the train module and an appended ``--resume`` never change a job's
+identity.
 
 Deviations from DomainBed, all documented on the functions below:
 
@@ -206,7 +207,7 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     job as given).
 
     ``test_env_sets``: explicit ``test_envs`` lists used for every dataset instead of DomainBed's
-    combinations. ``label_fractions`` (the UDG protocol, :mod:`dg_plugins.engine.udg`): one job
+    combinations. ``label_fractions`` (the UDG protocol, :mod:`dg_plugins.engine.udg_jobs`): one job
     per fraction (innermost loop) with ``label_fraction`` in its args; the jobs of one
     configuration differ only in it and share their ``seed``, hence their pretraining.
     """
@@ -276,15 +277,16 @@ def python_executable() -> str:
 
 def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
     """``<python> -m <module>`` then ``--key value`` for every item of ``args`` (which should hold
-    ``output_dir``) sorted by key, single-space joined (``sweep.Job``). ``python`` defaults to
-    :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
+    ``output_dir``) sorted by key, single-space joined (as DomainBed's ``sweep.Job``). ``python``
+    defaults to :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
     parts = [python or python_executable(), "-m", module]
     parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
     return " ".join(parts)
 
 
-class Job:
-    """One training run of a sweep: its folder, command and on-disk state (``sweep.Job``)."""
+class SweepJob:
+    """One training run of a sweep: its folder, command and on-disk state (DomainBed's
+    ``sweep.Job``)."""
 
     NOT_LAUNCHED = NOT_LAUNCHED
     INCOMPLETE = INCOMPLETE
@@ -325,15 +327,15 @@ class Job:
         return f"{self.state}: {self.describe()}"
 
     def __repr__(self) -> str:
-        return f"Job({self})"
+        return f"SweepJob({self})"
 
 
 def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
-              python: str | None = None) -> list[Job]:
-    return [Job(args, sweep_output_dir, module, python) for args in args_list]
+              python: str | None = None) -> list[SweepJob]:
+    return [SweepJob(args, sweep_output_dir, module, python) for args in args_list]
 
 
-def summary_line(jobs: Sequence[Job]) -> str:
+def summary_line(jobs: Sequence[SweepJob]) -> str:
     """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."``"""
     counts = {state: sum(job.state == state for job in jobs)
               for state in (DONE, INCOMPLETE, NOT_LAUNCHED)}
@@ -345,7 +347,7 @@ def summary_line(jobs: Sequence[Job]) -> str:
 # Actions
 
 
-def launch(jobs: Sequence[Job], launcher_fn: Callable[[list], None], seed: int = 0,
+def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
            resume_incomplete: bool = True) -> list[str]:
     """Shuffle with ``random.Random(seed)``, create every job folder (so they turn Incomplete),
     then hand the command strings to ``launcher_fn``. Jobs already Incomplete get ``--resume``
@@ -363,7 +365,7 @@ def launch(jobs: Sequence[Job], launcher_fn: Callable[[list], None], seed: int =
     return commands
 
 
-def delete(jobs: Sequence[Job]) -> None:
+def delete(jobs: Sequence[SweepJob]) -> None:
     """Remove each job's folder (and only that)."""
     print("Deleting...")
     for job in jobs:
@@ -395,7 +397,7 @@ def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
     return answer.strip().lower()[:1] == "y"
 
 
-def select_jobs(jobs: Sequence[Job], action: str, resume: bool = False) -> list[Job]:
+def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
     """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
     ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder."""
     if action == "launch":
@@ -434,7 +436,7 @@ def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
     return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
 
 
-def incomplete_note(jobs: Sequence[Job], command_line: Sequence[str] | None) -> list[str]:
+def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None) -> list[str]:
     """For a launch without ``--resume``: lines saying that the Incomplete jobs are skipped and
     how to continue or clear them (empty when there are none)."""
     n = sum(job.state == INCOMPLETE for job in jobs)
@@ -450,7 +452,7 @@ def incomplete_note(jobs: Sequence[Job], command_line: Sequence[str] | None) -> 
     ]
 
 
-def report_interruption(err: LaunchInterrupted, selected: Sequence[Job],
+def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
                         command_line: Sequence[str] | None) -> None:
     """Print which jobs a stop signal interrupted and the command that continues them (the
     launcher has printed its own summary and notes, e.g. jobs killed or how to cancel them)."""
@@ -476,7 +478,7 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[Job],
         print(f"  {resume_line}")
 
 
-def run_action(action: str, jobs: Sequence[Job], *,
+def run_action(action: str, jobs: Sequence[SweepJob], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
                input_fn: Callable[[str], str] | None = None,

@@ -60,7 +60,7 @@ API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
 [Table]``, ``tidy_cells(report) -> DataFrame``.
 
 UDG tables (:func:`udg_tables`): records with ``args.label_fraction`` (the UDG protocol,
-:mod:`dg_plugins.engine.udg`) are left out of every other table and reported, per selection method
+:mod:`dg_plugins.engine.udg_jobs`) are left out of every other table and reported, per selection method
 that applies (training-domain validation on the sources' held-out data, oracle), in one table per
 (dataset, test environment set): rows ``<algorithm> <label fraction>``, columns the target
 environments and ``Avg`` (mean over the targets per trial, then mean +/- error over trials).
@@ -116,7 +116,7 @@ IPOOP_CHOICES = ("in", "pooled", "both")
 #: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
-#: ``Section.test_key`` of UDG sections (dg_plugins.engine.udg).
+#: ``Section.test_key`` of UDG sections (dg_plugins.engine.udg_jobs).
 UDG_KEY = "udg"
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
@@ -464,7 +464,7 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
     methods = list(dict.fromkeys(methods))
     frame = records.records if isinstance(records, GroupedRecords) else records
     udg = is_udg(frame)
-    if udg.any():  # UDG records get their own tables only (dg_plugins.engine.udg)
+    if udg.any():  # UDG records get their own tables only (dg_plugins.engine.udg_jobs)
         udg_records = frame[udg].reset_index(drop=True)
         report = Report(len(frame), methods)
         if not udg.all():

@@ -33,7 +33,7 @@ import sys
 import traceback
 
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.engine import udg
+from dg_plugins.engine import udg_jobs
 from dg_plugins.engine.job import Interrupted, Job, check_test_envs
 from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE, FolderLock,
                                           JobStateError, read_record_lines,
@@ -79,7 +79,7 @@ def validate(args) -> None:
     if any(getattr(args, name, None) is not None for name in
            ("label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                   "udg_split")):
-        udg.validate(args)
+        udg_jobs.validate(args)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def run(args, stop_after_step: int | None = None) -> str:
                 print(f"removed a leftover temporary file of an interrupted write: {path}",
                       file=sys.stderr)
             with StopRequest() as stop:
-                job_kind = udg.UDGJob if getattr(args, "label_fraction", None) is not None \
+                job_kind = udg_jobs.UDGJob if getattr(args, "label_fraction", None) is not None \
                     else Job
                 return job_kind(args, stop, progress_stream=real_stderr).run(stop_after_step)
         except user_errors() as err:

@@ -1,5 +1,5 @@
 """The UDG protocol's length and split flags, shared by train and sweep (which passes them to every
-job; see :mod:`dg_plugins.engine.udg`). Torch-free: the sweep's enumeration never imports torch."""
+job; see :mod:`dg_plugins.engine.udg_jobs`). Torch-free: the sweep's enumeration never imports torch."""
 
 from __future__ import annotations
 

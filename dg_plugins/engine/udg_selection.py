@@ -1,5 +1,5 @@
 """Model selection for UDG runs (records with ``args.label_fraction``; see
-:mod:`dg_plugins.engine.udg`). Torch-free, like the rest of collect_results.
+:mod:`dg_plugins.engine.udg_jobs`). Torch-free, like the rest of collect_results.
 
 A UDG run is trained on the source environments (every environment not in ``test_envs``, which
 may hold several targets, e.g. DomainNet's 3+3 split) and evaluated on the targets. Groups are

@@ -2,7 +2,7 @@
 
 DomainBed's flags and defaults, plus (see ``--help``): ``delete_all``, ``--dry_run``, ``--resume``,
 ``--single_source``, ``--test_env_sets``, ``--checkpoint_freq``, ``--uda_holdout_fraction``,
-the UDG protocol's ``--label_fractions``/``--pretrain_steps`` (see :mod:`dg_plugins.engine.udg`),
+the UDG protocol's ``--label_fractions``/``--pretrain_steps`` (see :mod:`dg_plugins.engine.udg_jobs`),
 ``--stop_grace_period``
 and the ``--slurm_*`` options of the ``submitit`` launcher. Folder names equal DomainBed's for the same arguments
 (extra train args enter the hashed dict only when given). ``--command_launcher`` is required only
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "DomainBed's combinations; hashed like any test_envs)")
     udg = parser.add_argument_group(
         "unsupervised DG (UDG)", "pretrain once per configuration on the unlabelled source "
-        "domains, fine-tune per label fraction (see dg_plugins.engine.udg)")
+        "domains, fine-tune per label fraction (see dg_plugins.engine.udg_jobs)")
     udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
     udg.add_argument("--pretrain_steps", type=int, default=None,

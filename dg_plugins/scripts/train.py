@@ -4,7 +4,7 @@ DomainBed's flags and defaults (``domainbed/scripts/train.py``) plus ``--device`
 ``--force``, ``--n_workers``, the IP/OOP evaluation flags and the UDG flags (``--label_fraction``,
 ``--pretrain_steps``, ``--udg_pretrain_epochs``, ``--udg_ft_epochs``, ``--udg_split``, ``--udg_pretrain_dir``,
 ``--udg_pretrain``; see
-:mod:`dg_plugins.engine.udg`). Exit status: 0 done; 2 bad input
+:mod:`dg_plugins.engine.udg_jobs`). Exit status: 0 done; 2 bad input
 (unknown algorithm or dataset, malformed or unknown --hparams, test_envs out of range, missing
 data, a folder that is done, busy or holds another run), with a one-line message naming the
 problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT after writing a checkpoint (continue
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     udg = p.add_argument_group(
         "unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source domains "
         "(shared by every label fraction), then fine-tuning on a labelled fraction; see "
-        "dg_plugins.engine.udg")
+        "dg_plugins.engine.udg_jobs")
     udg.add_argument("--label_fraction", type=float, default=None,
                      help="fine-tune on this fraction (0, 1] of each source in-split's labels "
                      "(UDG job); algorithms without pretraining (ERM) train from scratch on it")

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from dg_plugins.bridge import unpatched_script_command
-from dg_plugins.engine.sweep import Job, make_args_list
+from dg_plugins.engine.sweep import SweepJob, make_args_list
 
 DOMAINBED_ROOT = os.environ.get("DOMAINBED_ROOT")
 pytestmark = [
@@ -26,7 +26,7 @@ def test_domainbed_collect_results_reads_our_jobs(tmp_path):
                           task="domain_generalization", holdout_fraction=0.2,
                           single_test_envs=True, hparams='{"batch_size": 8}')
     for train_args in jobs:
-        job = Job(train_args, str(sweep_dir))
+        job = SweepJob(train_args, str(sweep_dir))
         subprocess.run(job.command_str, shell=True, check=True, capture_output=True, timeout=300)
         assert os.path.exists(os.path.join(job.output_dir, "done"))
     cmd, env = unpatched_script_command("collect_results", ["--input_dir", str(sweep_dir)],

@@ -58,7 +58,7 @@ def test_golden_job_folders():
     assert (pair["test_envs"], pair["seed"]) == ([0, 1], 2084338853)
     assert sweep.job_folder_name(first) == "c2795d74da15b21740c9af82b7158584"
     assert sweep.job_folder_name(pair) == "dd63953648534e3dfcb969a0c56698bd"
-    assert sweep.Job(first, "/out").output_dir == "/out/c2795d74da15b21740c9af82b7158584"
+    assert sweep.SweepJob(first, "/out").output_dir == "/out/c2795d74da15b21740c9af82b7158584"
 
 
 def test_golden_vlcs_job():
@@ -147,7 +147,7 @@ def test_unknown_dataset_lists_choices():
 
 
 def test_command_string_matches_domainbed_format():
-    job = sweep.Job(debug_args()[0], "/out")
+    job = sweep.SweepJob(debug_args()[0], "/out")
     domainbed_style = sweep.build_command(job.train_args, "domainbed.scripts.train", "python")
     assert domainbed_style == (
         "python -m domainbed.scripts.train --algorithm ERM --data_dir /tmp/data --dataset Debug28 "
@@ -156,7 +156,7 @@ def test_command_string_matches_domainbed_format():
     assert job.command_str == domainbed_style.replace(
         "python -m domainbed.scripts.train", f"{shlex.quote(sys.executable)} -m "
                                              "dg_plugins.scripts.train")
-    job = sweep.Job(debug_args(hparams='{"batch_size": 8}')[1], "/my out")
+    job = sweep.SweepJob(debug_args(hparams='{"batch_size": 8}')[1], "/my out")
     assert "--hparams '{\"batch_size\": 8}'" in job.command_str
     assert "--test_envs 0 1 " in job.command_str
     assert f"--output_dir '{job.output_dir}' " in job.command_str
@@ -164,11 +164,11 @@ def test_command_string_matches_domainbed_format():
 
 
 def test_job_states_and_str(tmp_path):
-    job = sweep.Job(debug_args()[0], str(tmp_path))
+    job = sweep.SweepJob(debug_args()[0], str(tmp_path))
     assert job.state == sweep.NOT_LAUNCHED
     assert str(job) == f"Not launched: {job.output_dir} ('Debug28', 'ERM', [0], 0)"
     os.makedirs(job.output_dir)
-    assert sweep.Job(debug_args()[0], str(tmp_path)).state == sweep.INCOMPLETE
+    assert sweep.SweepJob(debug_args()[0], str(tmp_path)).state == sweep.INCOMPLETE
     Path(job.output_dir, "done").write_text("done")
     assert job.refresh_state() == sweep.DONE
     assert str(job).startswith("Done: ")

@@ -1,4 +1,4 @@
-"""The UDG protocol (dg_plugins.engine.udg): labelled subsets, pretraining once and reused,
+"""The UDG protocol (dg_plugins.engine.udg_jobs): labelled subsets, pretraining once and reused,
 fine-tuning from exactly the semantic encoder, resume, a missing pretraining, and the protocol end
 to end through sweep + collect_results on Debug28 (jobs run in-process to stay fast)."""
 
@@ -12,7 +12,7 @@ import torch
 
 import dg_plugins.datasets  # noqa: F401
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.engine import job_folder, train, udg
+from dg_plugins.engine import job_folder, train, udg_jobs
 from dg_plugins.engine.data import SplitDataset
 from dg_plugins.scripts import collect_results
 from dg_plugins.scripts import sweep as sweep_cli
@@ -34,14 +34,14 @@ def job_args(out, algorithm="DisMAE", fraction=0.5, *extra, hparams=TINY, pretra
 
 def test_labelled_subset_is_fixed_by_trial_seed_nested_and_seed_dependent():
     split = SplitDataset(list(range(1000)), range(200, 1000))
-    subsets = {f: udg.labelled_subset(split, f, trial_seed=3, env=1).keys
+    subsets = {f: udg_jobs.labelled_subset(split, f, trial_seed=3, env=1).keys
                for f in (0.01, 0.05, 0.1, 1.0)}
     assert [len(subsets[f]) for f in (0.01, 0.05, 0.1, 1.0)] == [8, 40, 80, 800]
-    assert udg.labelled_subset(split, 0.05, trial_seed=3, env=1).keys == subsets[0.05]
+    assert udg_jobs.labelled_subset(split, 0.05, trial_seed=3, env=1).keys == subsets[0.05]
     assert set(subsets[0.01]) < set(subsets[0.05]) < set(subsets[0.1]) < set(subsets[1.0])
-    assert udg.labelled_subset(split, 0.05, trial_seed=4, env=1).keys != subsets[0.05]
-    assert udg.labelled_subset(split, 0.05, trial_seed=3, env=2).keys != subsets[0.05]
-    assert len(udg.labelled_subset(split, 1e-6, 0, 0)) == 1  # never empty
+    assert udg_jobs.labelled_subset(split, 0.05, trial_seed=4, env=1).keys != subsets[0.05]
+    assert udg_jobs.labelled_subset(split, 0.05, trial_seed=3, env=2).keys != subsets[0.05]
+    assert len(udg_jobs.labelled_subset(split, 1e-6, 0, 0)) == 1  # never empty
 
 
 def test_finetuning_starts_from_exactly_the_semantic_encoder(tmp_path):
@@ -77,11 +77,11 @@ def test_pretraining_runs_once_and_records_do_not_depend_on_who_ran_it(tmp_path,
 
 
 def test_a_second_job_waits_for_the_pretraining_another_holds(tmp_path, monkeypatch):
-    monkeypatch.setattr(udg, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(udg_jobs, "POLL_SECONDS", 0.05)
     args = job_args(tmp_path / "job")
-    identity = udg.pretrain_identity(
+    identity = udg_jobs.pretrain_identity(
         args, hparams_lib.job_hparams("DisMAE", "Debug28", 0, 0, args.hparams), 3)
-    folder = tmp_path / "udg_pretrain" / udg.pretrain_key(identity)
+    folder = tmp_path / "udg_pretrain" / udg_jobs.pretrain_key(identity)
     folder.mkdir(parents=True)
     lock = job_folder.FolderLock(str(folder)).__enter__()
     threading.Timer(0.6, lambda: lock.__exit__(None, None, None)).start()

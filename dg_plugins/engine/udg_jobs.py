@@ -17,7 +17,7 @@ dg_plugins.scripts.train --help``, group "unsupervised DG"). It runs in two phas
    never pretrain twice or mix. An interrupted pretraining (killed, SIGTERM) is continued from its
    checkpoint by the next job that needs it. ``--udg_pretrain require`` makes a fine-tuning job
    fail, saying so, when its pretraining is not done instead of running it.
-2. **Fine-tuning** (:class:`dg_plugins.algorithms.udg.FineTuner`): a fresh backbone of the
+2. **Fine-tuning** (:class:`dg_plugins.algorithms.udg_finetune.FineTuner`): a fresh backbone of the
    pretraining's architecture loads ``pretrained.pt`` (exactly the semantic encoder's keys) and is
    linear-probed or fine-tuned with the label fraction's lr/batch for ``--steps`` steps on the
    *labelled subset* of each source in-split. Records, checkpoints, ``--resume``, model.pkl and
@@ -324,7 +324,7 @@ class UDGJob(job_lib.Job):
             print(f"UDG: {self.args.algorithm} has no self-supervised phase: trained from its "
                   f"own initialisation on the labelled {self.fraction * 100:g}% of the source data")
             return super().make_algorithm()
-        from dg_plugins.algorithms.udg import FineTuner, finetune_settings
+        from dg_plugins.algorithms.udg_finetune import FineTuner, finetune_settings
 
         self.finetune = finetune_settings(self.fraction, self.hparams)
         resuming = self.args.resume and os.path.exists(self.checkpoint_path)
@@ -393,4 +393,4 @@ class UDGJob(job_lib.Job):
             return {}
         # say what the state dict is: the fine-tuner's, not the algorithm's
         return {"udg": {"label_fraction": self.fraction, "mode": self.finetune[0],
-                        "model": "dg_plugins.algorithms.udg.FineTuner"}}
+                        "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
