@@ -102,7 +102,7 @@ class Job:
     :meth:`checkpoint`, :meth:`finish`; :meth:`run` is the one step loop of every kind of job
     (the UDG protocol's pretraining and fine-tuning jobs are kinds of Job,
     :mod:`dg_plugins.engine.udg_jobs`).
-    ``stop``: the entry point's :class:`dg_plugins.engine.train.StopRequest` (its ``signum`` is
+    ``stop``: the entry point's :class:`dg_plugins.engine.signals.StopRequest` (its ``signum`` is
     set when a stop signal came)."""
 
     #: The algorithm's method a step calls and the phase it trains (named when a loss diverges).

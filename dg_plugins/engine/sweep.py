@@ -16,7 +16,7 @@ Deviations from DomainBed, all documented on the functions below:
   DomainBed's;
 * a launch that finds Incomplete jobs says how to continue them (``--resume``) or clear them
   (``delete_incomplete``), with the exact command line; a sweep stopped by a signal (see
-  :mod:`dg_plugins.engine.launchers`) lists the interrupted jobs, says how to continue them and
+  :mod:`dg_plugins.engine.processes`) lists the interrupted jobs, says how to continue them and
   returns 128 + signal.
 """
 
@@ -33,7 +33,8 @@ import sys
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
-from dg_plugins.engine.launchers import LaunchInterrupted, signal_name
+from dg_plugins.engine.processes import LaunchInterrupted
+from dg_plugins.engine.signals import signal_name
 from dg_plugins.registry import UnknownNameError
 from dg_plugins.seeds import seed_hash
 
@@ -486,7 +487,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
     """The sweep CLI's main flow after enumeration (``sweep.py``'s ``__main__``): print every job and
     the summary line, select, confirm, act. Returns a process exit code: 0, 2 when no answer
     could be read for the prompt, or 128 + signal when a stop signal interrupted the launch
-    (:class:`~dg_plugins.engine.launchers.LaunchInterrupted`).
+    (:class:`~dg_plugins.engine.processes.LaunchInterrupted`).
 
     With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
     (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher

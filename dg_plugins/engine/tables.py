@@ -5,8 +5,9 @@ single-source and selected-hparams tables (``print_results_tables`` of
 
 Structure: selection modules choose runs (:mod:`dg_plugins.engine.selection` for DomainBed's
 methods, :mod:`dg_plugins.engine.single_source` for single-source runs); this module turns their
-choices into :class:`Table` objects, groups them into a :class:`Report` of :class:`Section` (one
-method and test key each; :func:`build_report`) and renders the report (:func:`render`). Imports go
+choices into :class:`Table` objects and groups them into a :class:`Report` of :class:`Section`
+(one method and test key each; :func:`build_report`); :mod:`dg_plugins.engine.table_formats`
+renders a report in DomainBed's text and LaTeX, Markdown or CSV. Imports go
 one way: tables -> single_source -> selection -> records. A new kind of table (say, one row per
 algorithm and label fraction) is a selection function in a lower module, a ``..._tables`` function
 here like :func:`single_source_tables`, and one more :class:`Section` in :func:`build_report`.
@@ -27,12 +28,6 @@ dataset it does not know, unknown datasets follow the known ones in alphabetical
 environment columns labelled ``0, 1, ...`` (the environment count read from the records'
 ``env{i}_in_acc`` keys).
 
-Formats (:func:`render`, one function each): ``text`` and ``latex`` are DomainBed's; ``markdown``
-makes GitHub tables (``A ± B`` cells); ``csv`` is one tidy table with a row per cell:
-``selection, selection_name, test_key, table, algorithm, column, mean, err, n, text`` (mean and err
-in percent; ``table`` is the dataset or ``Averages``; ``n`` the number of trials, empty for
-``Avg``).
-
 Extra test keys: :func:`subset_keys` finds ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` columns
 (accuracy of the test environment's in split on its in-pretraining / out-of-pretraining subset);
 their sections come after the standard ones, with the same selection (the run and checkpoint each
@@ -50,14 +45,13 @@ accuracy (``env{s}_out_acc``, labelled ``<env> (source)``), every other column t
 (``env{t}_in_acc``), and ``Avg`` is the mean over the targets.
 
 Selected hparams (:func:`selected_hparams`): per method, dataset, algorithm, test environment and
-trial, the run the method chose (hparams_seed, step, val/test accuracy, job folder, hparams). With
-``Report.hparams`` set, :func:`render` appends it (text/markdown/LaTeX: an aligned plain-text
-table; csv: a second CSV after an empty line); :func:`hparams_csv` gives the file.
+trial, the run the method chose (hparams_seed, step, val/test accuracy, job folder, hparams), in
+``Report.hparams`` (rendered after the tables).
 
 API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
-``render(report, fmt) -> str``, ``results_tables(records, method, test_key) -> [Table]``,
+``results_tables(records, method, test_key) -> [Table]``,
 ``single_source_tables(records, method, datasets) -> [Table]``, ``udg_tables(records, method) ->
-[Table]``, ``tidy_cells(report) -> DataFrame``.
+[Table]``.
 
 UDG tables (:func:`udg_tables`): records with ``args.label_fraction`` (the UDG protocol,
 :mod:`dg_plugins.engine.udg_jobs`) are left out of every other table and reported, per selection method
@@ -77,7 +71,6 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
-from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import acc_width, environment_count
 from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                          select, sweep_accs)
@@ -120,11 +113,6 @@ SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested o
 UDG_KEY = "udg"
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
-FORMATS = ("text", "latex", "markdown", "csv")
-#: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
-RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
-                 "csv": "results.csv"}
-HPARAMS_FILE = "selected_hparams.csv"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -504,132 +492,3 @@ def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[Selec
     if hparams_table:
         report.hparams = selected_hparams(grouped, methods)
     return report
-
-
-# --------------------------------------------------------------------------------------------------
-# Rendering: one function per format
-
-
-def render(report: Report, fmt: str = "text") -> str:
-    """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
-    DomainBed's collect_results byte for byte when there are no subset keys, no single-source
-    runs and no hparams table."""
-    if fmt not in _RENDERERS:
-        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    return _RENDERERS[fmt](report)
-
-
-def _render_text(report: Report) -> str:
-    """DomainBed's output (its ``print_table`` per table), then the selected hparams."""
-    lines = [f"Total records: {report.n_records}"]
-    for section in report.sections:
-        for table in section.tables:
-            lines += ["", f"-------- {table.header}",
-                      format_row(["Algorithm", *table.col_labels], table.colwidth)]
-            lines += [format_row([algorithm, *(cell.text() for cell in cells)], table.colwidth)
-                      for algorithm, cells in table.rows.items()]
-    lines += _hparams_lines(report)
-    return "\n".join(lines) + "\n"
-
-
-def _render_latex(report: Report) -> str:
-    """DomainBed's ``--latex`` output, then the selected hparams verbatim."""
-    lines = ["\\documentclass{article}", "\\usepackage{booktabs}", "\\usepackage{adjustbox}",
-             "\\begin{document}", "\\section{Full DomainBed results}",
-             f"% Total records: {report.n_records}"]
-    for section in report.sections:
-        lines += ["", f"\\subsection{{{section.title}}}"]
-        for table in section.tables:
-            labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
-                      for label in ["Algorithm", *table.col_labels]]
-            lines += ["", f"\\subsubsection{{{table.title}}}", "", "\\begin{center}",
-                      "\\adjustbox{max width=\\textwidth}{%",
-                      "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
-                      format_row(labels, table.colwidth, latex=True), "\\midrule"]
-            lines += [format_row([algorithm, *(cell.text("$\\pm$") for cell in cells)],
-                                 table.colwidth, latex=True)
-                      for algorithm, cells in table.rows.items()]
-            lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
-    hparams = _hparams_lines(report)
-    if hparams:
-        lines += ["", "\\subsection{Selected hparams}", "\\begin{verbatim}", *hparams,
-                  "\\end{verbatim}"]
-    lines.append("\\end{document}")
-    return "\n".join(lines) + "\n"
-
-
-def _render_markdown(report: Report) -> str:
-    """GitHub tables, one heading per section and table, then the selected hparams as code."""
-    def row(values) -> str:
-        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |"
-
-    lines = ["# Results", "", f"Total records: {report.n_records}"]
-    for section in report.sections:
-        lines += ["", f"## {section.title}"]
-        for table in section.tables:
-            lines += ["", f"### {table.header}", "", row(["Algorithm", *table.col_labels]),
-                      "|:--" + "|--:" * len(table.col_labels) + "|"]
-            lines += [row([algorithm, *(cell.text("±") for cell in cells)])
-                      for algorithm, cells in table.rows.items()]
-    hparams = _hparams_lines(report)
-    if hparams:
-        lines += ["", "## Selected hparams", "", "```", *hparams, "```"]
-    return "\n".join(lines) + "\n"
-
-
-def _render_csv(report: Report) -> str:
-    """:func:`tidy_cells` as CSV, then the selected hparams as a second CSV after an empty line."""
-    cells = tidy_cells(report)
-    cells["n"] = cells["n"].astype("Int64")
-    text = cells.to_csv(index=False, lineterminator="\n", float_format="%.10g")
-    if report.hparams is not None:
-        text += "\n" + hparams_csv(report)
-    return text
-
-
-_RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_markdown,
-              "csv": _render_csv}
-
-
-def tidy_cells(report: Report) -> pd.DataFrame:
-    """Every cell of every table, one row each (the ``csv`` format's columns)."""
-    rows = []
-    for section in report.sections:
-        method = section.method
-        for table in section.tables:
-            for algorithm, cells in table.rows.items():
-                for column, cell in zip(table.col_labels, cells):
-                    rows.append((method.key, method.name, section.test_key, table.title,
-                                 algorithm, column, cell.mean, cell.err, cell.n, cell.text()))
-    return pd.DataFrame(rows, columns=["selection", "selection_name", "test_key", "table",
-                                       "algorithm", "column", "mean", "err", "n", "text"])
-
-
-def _hparams_lines(report: Report) -> list[str]:
-    """The selected hparams as aligned plain text, one block per method (each after an empty
-    line); none without ``report.hparams``."""
-    if report.hparams is None:
-        return []
-    head = ["Dataset", "Algorithm", "Test env", "Trial", "hparams_seed", "Step", "Val acc",
-            "Test acc", "Job", "hparams"]
-    lines = []
-    for method in report.methods:
-        chosen = report.hparams[report.hparams["selection"] == method.key]
-        body = [[r.dataset, r.algorithm, f"{r.test_env_label} ({r.test_env})", r.trial_seed,
-                 r.hparams_seed, r.step, _percent(r.val_acc), _percent(r.test_acc), r.job,
-                 r.hparams] for r in chosen.itertuples()]
-        body = [[str(v) for v in row] for row in [head, *body]]
-        widths = [max(len(row[i]) for row in body) for i in range(len(head) - 1)]
-        lines += ["", f"-------- Selected hparams, model selection method: {method.name}"]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
-                  for row in body]
-    return lines
-
-
-def _percent(value) -> str:
-    return "X" if value is None or np.isnan(value) else f"{100 * value:.1f}"
-
-
-def hparams_csv(report: Report) -> str:
-    """The ``selected_hparams.csv`` file of a report built with ``hparams_table``."""
-    return report.hparams.to_csv(index=False, lineterminator="\n")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import signal
 import sys
 import traceback
 
@@ -39,6 +38,7 @@ from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FI
                                           JobStateError, read_record_lines,
                                           remove_temporary_files)
 from dg_plugins.engine.outputs import Tee
+from dg_plugins.engine.signals import StopRequest
 from dg_plugins.registry import ALGORITHMS, DATASETS
 
 
@@ -80,40 +80,6 @@ def validate(args) -> None:
            ("label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                   "udg_split")):
         udg_jobs.validate(args)
-
-
-# --------------------------------------------------------------------------------------------------
-# Signals
-
-
-class StopRequest:
-    """Turns SIGTERM/SIGINT into a request to stop at the next step boundary (after a checkpoint);
-    a second signal of the same kind while stopping raises at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        if self.signum is not None:
-            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
-        self.signum = signum
-        print(f"received {signal.Signals(signum).name}: stopping after this step with a "
-              "checkpoint", file=sys.stderr)
-
-    def __enter__(self) -> "StopRequest":
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 # --------------------------------------------------------------------------------------------------

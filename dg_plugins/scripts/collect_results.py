@@ -49,7 +49,7 @@ import os
 import sys
 
 from dg_plugins import catalog
-from dg_plugins.engine import learning, tables
+from dg_plugins.engine import learning, table_formats, tables
 from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import METHODS
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input_dir", required=True,
                         help="sweep folder holding <job>/results.jsonl (one level)")
     parser.add_argument("--latex", action="store_true", help="same as --format latex")
-    parser.add_argument("--format", choices=tables.FORMATS, default=None,
+    parser.add_argument("--format", choices=table_formats.FORMATS, default=None,
                         help="text (default, DomainBed's), latex (DomainBed's --latex), markdown, "
                              "or csv (one tidy row per cell)")
     parser.add_argument("--selection", nargs="+", choices=list(METHODS), default=list(METHODS),
@@ -127,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     report = tables.build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
                                  single_source=args.single_source, ipoop=args.ipoop)
-    text = tables.render(report, args.format)
+    text = table_formats.render(report, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
     if not args.no_save:
-        _write(os.path.join(args.input_dir, tables.RESULTS_FILES[args.format]), text)
+        _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
         if report.hparams is not None:
-            _write(os.path.join(args.input_dir, tables.HPARAMS_FILE), tables.hparams_csv(report))
+            _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE), table_formats.hparams_csv(report))
     return 0
 
 

@@ -24,10 +24,10 @@ import os
 import sys
 
 from dg_plugins.engine import sweep, udg_flags
-from dg_plugins.engine.launchers import (
-    DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV, SUBMITIT_CLUSTERS, configure_stop,
-    configure_submitit, parse_json_object,
-)
+from dg_plugins.engine.signals import (DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV,
+                                       configure_stop)
+from dg_plugins.engine.submitit_launcher import (SUBMITIT_CLUSTERS, configure_submitit,
+                                                 parse_json_object)
 from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 

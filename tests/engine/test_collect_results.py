@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dg_plugins.engine import selection, tables
+from dg_plugins.engine import selection, table_formats, tables
 from dg_plugins.engine.outputs import format_row
 from dg_plugins.engine.records import load_records
 from dg_plugins.benchmarks import collect as benchmark_collect
@@ -303,7 +303,7 @@ def test_report_api(sweep):
     assert averages.rows["ERM"][0].n == 2
     assert tables.subset_keys(records) == []
     with pytest.raises(ValueError, match="choose from text, latex, markdown, csv"):
-        tables.render(report, "html")
+        table_formats.render(report, "html")
     with pytest.raises(ValueError, match="auto, on or off"):
         tables.build_report(records, [selection.LOO], single_source="yes")
 
@@ -323,7 +323,7 @@ def test_every_format_renders_every_section(sweep):
         ("iid", "env{t}_in_acc"), ("oracle", "env{t}_in_acc"), ("iid", "env{t}_in_ip_acc"),
         ("oracle", "env{t}_in_ip_acc"), ("iid", "single_source"), ("oracle", "single_source")]
     assert [t.title for t in report.sections[-1].tables] == ["VLCS, source V"]
-    outputs = {fmt: tables.render(report, fmt) for fmt in tables.FORMATS}
+    outputs = {fmt: table_formats.render(report, fmt) for fmt in table_formats.FORMATS}
     cells = list(csv.DictReader(io.StringIO(outputs["csv"])))
     for section in report.sections:
         for table in section.tables:

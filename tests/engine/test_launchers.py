@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dg_plugins.engine import launchers, sweep
+from dg_plugins.engine import launchers, processes, submitit_launcher, sweep
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.scripts import sweep as sweep_cli
 
@@ -21,11 +21,11 @@ PY = shlex.quote(sys.executable)
 
 @pytest.fixture(autouse=True)
 def _fresh_submitit_options(monkeypatch):
-    for var in launchers.SUBMITIT_ENV_VARS.values():
+    for var in submitit_launcher.SUBMITIT_ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
-    launchers.configure_submitit(reset=True)
+    submitit_launcher.configure_submitit(reset=True)
     yield
-    launchers.configure_submitit(reset=True)
+    submitit_launcher.configure_submitit(reset=True)
 
 
 def write_cmd(path: Path, text: str = "'ok'", exit_code: int = 0) -> str:
@@ -91,26 +91,27 @@ def test_multi_gpu_without_gpus_raises(monkeypatch):
 
 def test_submitit_options_precedence_and_defaults(monkeypatch):
     commands = ["python -m x --output_dir /sweeps/s1/abc --seed 1"]
-    resolved = launchers.resolve_submitit_options(commands)
+    resolved = submitit_launcher.resolve_submitit_options(commands)
     assert (resolved.cluster, resolved.time_min, resolved.gpus_per_node, resolved.wait) == (
         "slurm", 1440, 1, False)
     assert resolved.log_dir == "/sweeps/s1/submitit_logs"
-    assert launchers.resolve_submitit_options(
-        overrides=launchers.SubmititOptions(cluster="local")).wait is True
+    assert submitit_launcher.resolve_submitit_options(
+        overrides=submitit_launcher.SubmititOptions(cluster="local")).wait is True
     monkeypatch.setenv("DG_SLURM_PARTITION", "gpu")
     monkeypatch.setenv("DG_SLURM_TIME", "60")
     monkeypatch.setenv("DG_SLURM_WAIT", "yes")
     monkeypatch.setenv("DG_SLURM_EXTRA", '{"slurm_account": "lab"}')
-    launchers.configure_submitit(time_min=30)  # the sweep's --slurm_time wins over the env
-    resolved = launchers.resolve_submitit_options(commands)
+    submitit_launcher.configure_submitit(time_min=30)  # the sweep's --slurm_time wins over the env
+    resolved = submitit_launcher.resolve_submitit_options(commands)
     assert (resolved.partition, resolved.time_min, resolved.wait, resolved.extra) == (
         "gpu", 30, True, {"slurm_account": "lab"})
     monkeypatch.setenv("DG_SLURM_TIME", "soon")
     with pytest.raises(ValueError, match="DG_SLURM_TIME"):
-        launchers.resolve_submitit_options(commands)
+        submitit_launcher.resolve_submitit_options(commands)
     monkeypatch.delenv("DG_SLURM_TIME")
     with pytest.raises(ValueError, match="unknown submitit cluster"):
-        launchers.resolve_submitit_options(overrides=launchers.SubmititOptions(cluster="pbs"))
+        submitit_launcher.resolve_submitit_options(
+            overrides=submitit_launcher.SubmititOptions(cluster="pbs"))
 
 
 def test_submitit_slurm_parameters(tmp_path, monkeypatch):
@@ -122,10 +123,11 @@ def test_submitit_slurm_parameters(tmp_path, monkeypatch):
     fake_srun.write_text("#!/bin/sh\nexit 1\n")
     fake_srun.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake_srun.parent}{os.pathsep}{os.environ['PATH']}")
-    options = launchers.resolve_submitit_options(overrides=launchers.SubmititOptions(
-        cluster="slurm", partition="gpu", time_min=90, cpus_per_task=4, mem_gb=16,
-        array_parallelism=8, log_dir=str(tmp_path), extra={"slurm_qos": "high"}))
-    params = launchers.make_executor(options)._executor.parameters
+    options = submitit_launcher.resolve_submitit_options(
+        overrides=submitit_launcher.SubmititOptions(
+            cluster="slurm", partition="gpu", time_min=90, cpus_per_task=4, mem_gb=16,
+            array_parallelism=8, log_dir=str(tmp_path), extra={"slurm_qos": "high"}))
+    params = submitit_launcher.make_executor(options)._executor.parameters
     assert (params["partition"], params["time"], params["gpus_per_node"], params["cpus_per_task"],
             params["array_parallelism"], params["qos"]) == ("gpu", 90, 1, 4, 8, "high")
     assert params["mem"] == "16GB"
@@ -134,7 +136,7 @@ def test_submitit_slurm_parameters(tmp_path, monkeypatch):
 def test_submitit_missing_package_message(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "submitit", None)
     with pytest.raises(ImportError, match=r"dg_plugins\[slurm\]"):
-        launchers.submit_commands(["true"], launchers.SubmititOptions(
+        submitit_launcher.submit_commands(["true"], submitit_launcher.SubmititOptions(
             cluster="local", log_dir=str(tmp_path)))
 
 
@@ -148,7 +150,7 @@ def test_submitit_executor_runs_real_commands(tmp_path, capfd, cluster):
     cwd = os.getcwd()
     os.chdir(work)  # relative paths resolve against the directory of submission
     try:
-        launcher = launchers.make_submitit_launcher(cluster=cluster, time_min=5,
+        launcher = submitit_launcher.make_submitit_launcher(cluster=cluster, time_min=5,
                                                     log_dir=str(tmp_path / "logs"))
         launcher(commands)
     finally:
@@ -390,7 +392,7 @@ def test_signal_to_submitit_debug_sweep_stops_the_running_job(tmp_path):
 
 SLURM_WAIT_DRIVER = '''
 import sys, time
-from dg_plugins.engine import launchers
+from dg_plugins.engine import processes, submitit_launcher
 
 class SlurmJob:  # a job that runs on the cluster: waiting on it blocks
     job_id = "4242_0"
@@ -399,8 +401,8 @@ class SlurmJob:  # a job that runs on the cluster: waiting on it blocks
         time.sleep(60)
 
 try:
-    launchers._wait_slurm(["cmd a", "cmd b"], [SlurmJob(), SlurmJob()])
-except launchers.LaunchInterrupted as err:
+    submitit_launcher._wait_slurm(["cmd a", "cmd b"], [SlurmJob(), SlurmJob()])
+except processes.LaunchInterrupted as err:
     print(err.code, err.remote, err.interrupted, err.not_started, err.notes)
     raise
 '''
@@ -421,10 +423,10 @@ def test_signal_while_waiting_for_slurm_jobs_stops_only_the_waiting():
 
 
 def test_is_simple_command():
-    assert launchers.is_simple_command(f"{PY} -m x --hparams '{{\"a\": 1}}' --test_envs 0 1")
+    assert processes.is_simple_command(f"{PY} -m x --hparams '{{\"a\": 1}}' --test_envs 0 1")
     for command in ("cd /tmp && python x", "A=1 python x", "python x > log", "echo $HOME",
                     "python x; python y", 'python "x"', "exit 3", ""):
-        assert not launchers.is_simple_command(command), command
+        assert not processes.is_simple_command(command), command
 
 
 def test_compound_command_is_waited_for_as_a_whole(tmp_path):
@@ -453,26 +455,26 @@ def test_forkable_train_args_accepts_only_this_interpreters_train(monkeypatch):
     """The sweep's own train command is forked from the preloaded server; anything else (another
     interpreter, another module, a compound command) or ``DG_PLUGINS_FORK_JOBS=0`` starts a
     fresh process through the shell."""
-    monkeypatch.delenv(launchers.FORK_ENV, raising=False)
+    monkeypatch.delenv(processes.FORK_ENV, raising=False)
     command = f"{PY} -m dg_plugins.scripts.train --dataset Debug28 --steps 3"
-    assert launchers.forkable_train_args(command) == ["--dataset", "Debug28", "--steps", "3"]
+    assert processes.forkable_train_args(command) == ["--dataset", "Debug28", "--steps", "3"]
     for other in (f"/usr/bin/python9 -m dg_plugins.scripts.train --steps 3",
                   f"{PY} -m dg_plugins.scripts.sweep launch",
                   f"{PY} fake_train.py --steps 3",
                   f"cd /tmp && {PY} -m dg_plugins.scripts.train --steps 3"):
-        assert launchers.forkable_train_args(other) is None, other
-    monkeypatch.setenv(launchers.FORK_ENV, "0")
-    assert launchers.forkable_train_args(command) is None
+        assert processes.forkable_train_args(other) is None, other
+    monkeypatch.setenv(processes.FORK_ENV, "0")
+    assert processes.forkable_train_args(command) is None
 
 
 def test_forked_train_reports_its_exit_status_and_the_signal_that_ended_it(tmp_path):
     """A forked job's ``returncode`` is train's exit status (2 for a usage error, as a fresh
     interpreter gives) and ``-N`` when signal N killed it, as ``Popen`` reports."""
-    bad = launchers.fork_train(["--dataset", "Debug28", "--algorithm", "NoSuchAlgorithm",
+    bad = processes.fork_train(["--dataset", "Debug28", "--algorithm", "NoSuchAlgorithm",
                                 "--output_dir", str(tmp_path / "bad")], new_session=True)
     assert bad.wait(timeout=120) == 2
     assert not alive(bad.pid)
-    running = launchers.fork_train(["--dataset", "Debug28", "--algorithm", "ERM", "--steps",
+    running = processes.fork_train(["--dataset", "Debug28", "--algorithm", "ERM", "--steps",
                                     "100000", "--output_dir", str(tmp_path / "long")],
                                    new_session=True)
     assert running.poll() is None

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dg_plugins.engine import tables
+from dg_plugins.engine import table_formats, tables
 from dg_plugins.engine.selection import IID, LOO, ORACLE
 from dg_plugins.engine.single_source import select_single_source, single_source_datasets
 from dg_plugins.engine.tables import single_source_tables
@@ -75,9 +75,9 @@ def test_tables_appear_only_where_unambiguous():
     assert single_source_datasets(frame_of([record(0, 0, n_envs=3)])) == ["D"]
     assert single_source_datasets(frame_of([record(0, 0, n_envs=4)])) == ["D"]
     report = tables.build_report(frame_of(standard), [IID])
-    assert "single source" not in tables.render(report)
+    assert "single source" not in table_formats.render(report)
     report = tables.build_report(frame_of(standard), [IID], single_source="on")
-    assert "single source: 0" in tables.render(report)
+    assert "single source: 0" in table_formats.render(report)
 
 
 def test_sweep_single_source_end_to_end(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dg_plugins.engine import launchers, sweep
+from dg_plugins.engine import submitit_launcher, sweep
 from dg_plugins.scripts import sweep as sweep_cli
 
 DOMAINBED_KEYS = {"dataset", "algorithm", "test_envs", "holdout_fraction", "hparams_seed",
@@ -20,9 +20,9 @@ DOMAINBED_KEYS = {"dataset", "algorithm", "test_envs", "holdout_fraction", "hpar
 
 @pytest.fixture(autouse=True)
 def _fresh_submitit_options():
-    launchers.configure_submitit(reset=True)
+    submitit_launcher.configure_submitit(reset=True)
     yield
-    launchers.configure_submitit(reset=True)
+    submitit_launcher.configure_submitit(reset=True)
 
 
 def debug_args(**overrides):

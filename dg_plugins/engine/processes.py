@@ -1,0 +1,374 @@
+"""Job processes of the local, multi-GPU and submitit (local executor) launchers: starting a job in
+its own process group (or forking it from a preloaded train server), forwarding stop signals to
+it, waiting at most a grace period, and the failure and interruption summaries.
+
+Stop signals (SIGTERM: Slurm preemption, ``timeout``, ``kill``; SIGINT: Ctrl-C; SIGHUP: the
+terminal closing). DomainBed's launchers let the sweep die and leave the running job behind as an
+orphan. Here, while ``local`` or ``multi_gpu`` run jobs (:class:`JobProcesses`):
+
+* each job runs in its own session and process group, so a signal sent to the sweep's whole
+  group (a terminal's Ctrl-C) does not reach it twice; the sweep forwards the signal it receives
+  to every running job's process group (SIGHUP as SIGTERM), once per signal received;
+* no further job starts; the sweep waits for the running jobs to stop at a safe point (train
+  writes a checkpoint and exits 143 on SIGTERM), at most :func:`stop_grace_period` seconds
+  (default 60; the sweep's ``--stop_grace_period`` or ``$DG_STOP_GRACE_PERIOD``), then SIGKILLs
+  what is left of their process groups;
+* the launcher raises :class:`LaunchInterrupted`, a ``SystemExit`` with status 128 + signal
+  (143 SIGTERM, 130 SIGINT, 129 SIGHUP) naming the interrupted and never-started commands; the
+  sweep prints them and the command that continues them (``--resume``).
+
+A signal whose disposition is "ignore" when the launcher starts (e.g. SIGHUP under ``nohup``) is
+left ignored. Outside the main thread no handler can be installed: jobs then stay in the
+caller's process group, as before. A SIGKILL to the sweep cannot be forwarded.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from dg_plugins.engine.signals import STOP_SIGNALS, SignalCatcher, signal_name, stop_grace_period
+
+
+class LaunchInterrupted(SystemExit):
+    """A launcher stopped early because this process received a stop signal.
+
+    A ``SystemExit`` whose ``code`` is 128 + signal (143 SIGTERM, 130 SIGINT, 129 SIGHUP), so
+    that, uncaught, it ends the process with the conventional status; ``except Exception`` does
+    not swallow it. ``interrupted``: the commands that were running when the signal came and did
+    not finish successfully; ``not_started``: those never started; ``exit_codes``: one per
+    command (None: not run or unknown); ``remote``: the jobs keep running elsewhere (Slurm);
+    ``notes``: lines for the user (e.g. jobs that had to be killed).
+    """
+
+    def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
+                 exit_codes: Sequence[int | None] = (), remote: bool = False,
+                 notes: Sequence[str] = ()):
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.interrupted = list(interrupted)
+        self.not_started = list(not_started)
+        self.exit_codes = list(exit_codes)
+        self.remote = remote
+        self.notes = list(notes)
+
+    def __str__(self) -> str:
+        return (f"stopped by {signal_name(self.signum)}: {len(self.interrupted)} job(s) "
+                f"interrupted, {len(self.not_started)} not started")
+
+
+def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int]) -> list[int]:
+    """Print a one-line summary and every failed command; return the failed indices."""
+    failed = [i for i, code in enumerate(exit_codes) if code != 0]
+    if failed:
+        print(f"{name} launcher: {len(failed)} of {len(commands)} commands failed:", flush=True)
+        for i in failed:
+            print(f"  exit code {exit_codes[i]}: {commands[i]}", flush=True)
+    else:
+        print(f"{name} launcher: all {len(commands)} commands succeeded.", flush=True)
+    return failed
+
+
+#: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
+_SHELL_WORDS = frozenset(
+    "! { } case do done elif else esac fi for if in then until while . : alias break cd "
+    "command continue eval exec exit export hash local read readonly return set shift source "
+    "times trap type ulimit umask unalias unset wait".split())
+
+
+def is_simple_command(command: str) -> bool:
+    """True when ``command`` is a plain list of words (what the sweep builds): it equals its own
+    ``shlex`` round trip, so it holds no shell syntax, and its first word is a program."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return (bool(words) and "=" not in words[0] and words[0] not in _SHELL_WORDS
+            and shlex.join(words) == command)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (not zombie) member."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc/self"):
+        return True
+    for entry in os.listdir("/proc"):  # Linux: skip zombies nobody reaped (e.g. under a
+        if not entry.isdigit():        # container's PID 1 that does not reap)
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+#: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
+FORK_ENV = "DG_PLUGINS_FORK_JOBS"
+TRAIN_MODULE = "dg_plugins.scripts.train"
+#: What a train job imports (torch, ``torch._dynamo``: the first optimizer imports it, about 2 s;
+#: timm; the algorithms and datasets): the fork server imports it once (imports only: no tensor is
+#: computed and no CUDA context made there, so its children start as cleanly as a new interpreter).
+PRELOAD = ("dg_plugins.compat", "torch", "torch._dynamo", "dg_plugins.networks.vit",
+           "dg_plugins.algorithms", "dg_plugins.datasets", TRAIN_MODULE)
+_fork_context = None
+
+
+def forkable_train_args(command: str) -> list[str] | None:
+    """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
+    ARGS`` (what the sweep writes), else None. Such a job is forked by a fork server that has
+    imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
+    start-up (several seconds) in a fresh interpreter per job. ``DG_PLUGINS_FORK_JOBS=0`` turns
+    this off."""
+    if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if not is_simple_command(command):
+        return None
+    words = shlex.split(command)
+    if len(words) < 3 or words[0] != sys.executable or words[1:3] != ["-m", TRAIN_MODULE]:
+        return None
+    return words[3:]
+
+
+def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
+                    ignored: tuple[int, ...]) -> None:
+    """The body of a forked job: this launcher's environment and folder, its own session when
+    ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
+    dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
+    multiprocessing start method, then train's ``main``; its status becomes the process's exit
+    code."""
+    if new_session:
+        os.setsid()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    for signum in STOP_SIGNALS:
+        if int(signum) in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        elif signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+    # A forkserver child inherits the fork server's start method ("forkserver"); a fresh
+    # interpreter has the platform's default. Without this reset, the job's own children (loader
+    # workers) would be started by the launcher's fork server, not by the job.
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
+    from dg_plugins.scripts import train
+
+    sys.argv = [train.__file__, *args]
+    sys.exit(train.main(args))
+
+
+class ForkedJob:
+    """A train job started by the fork server, with the part of ``subprocess.Popen``'s interface
+    that :class:`JobProcesses` uses (``pid``, ``poll``, ``wait``, ``returncode``: ``-N`` when
+    signal N ended it)."""
+
+    def __init__(self, process):
+        self.process = process
+        self.pid = process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self.process.is_alive():
+            self.process.join()
+            self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired([TRAIN_MODULE], timeout)
+        return self.returncode
+
+
+def fork_train(args: Sequence[str], new_session: bool) -> ForkedJob:
+    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of multiprocessing's fork
+    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`)."""
+    global _fork_context
+    import multiprocessing
+
+    if _fork_context is None:
+        _fork_context = multiprocessing.get_context("forkserver")
+        _fork_context.set_forkserver_preload(list(PRELOAD))
+    ignored = tuple(int(s) for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    process = _fork_context.Process(target=_train_in_child, name="train",
+                                    args=(list(args), dict(os.environ), os.getcwd(),
+                                          new_session, ignored))
+    process.start()
+    return ForkedJob(process)
+
+
+class JobProcesses:
+    """Start jobs (shell commands) and forward stop signals to them; a context manager.
+
+    While active in the main thread, SIGTERM, SIGINT and SIGHUP (those not ignored) are caught
+    (:class:`dg_plugins.engine.signals.SignalCatcher`):
+    each one received is forwarded to the process group of every running job (SIGHUP as
+    SIGTERM), :meth:`start` refuses new jobs, and :meth:`poll` / :meth:`wait` enforce the grace
+    period: once it has passed, the jobs' process groups get SIGKILL. Each job starts in its own
+    session (hence process group) so that a terminal's Ctrl-C, sent to the sweep's group, does
+    not reach it a second time. A plain command (:func:`is_simple_command`) is ``exec``'ed by the
+    shell, so the job's own process is the group leader and its exit status is the job's; other
+    commands keep the shell as parent, and after a stop the wait lasts until the whole group has
+    exited. On leaving, previous handlers are restored; if leaving on an error, running jobs are
+    stopped (SIGTERM, grace period, SIGKILL) so that none is orphaned.
+    """
+
+    def __init__(self, grace_period_s: float | None = None, poll_interval: float = 0.05):
+        self.grace_period_s = stop_grace_period(grace_period_s)
+        self.poll_interval = poll_interval
+        self.running: dict[int, tuple[int, subprocess.Popen]] = {}  # pid -> (index, process)
+        self.signum: int | None = None
+        self.deadline: float | None = None
+        self.interrupted: set[int] = set()  # indices running when the first signal came
+        self.killed: list[int] = []  # indices SIGKILLed after the grace period
+        self.forwarding = False
+        self._announced = False
+        self._catcher = SignalCatcher(self._on_signal)
+
+    # -- context --------------------------------------------------------------------------
+
+    def __enter__(self) -> "JobProcesses":
+        self._catcher.__enter__()
+        self.forwarding = self._catcher.active
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.running:  # leaving on an error with jobs still running: stop them
+                if self.signum is None:
+                    self._on_signal(signal.SIGTERM)
+                while self.running:
+                    for pid, (_, proc) in list(self.running.items()):
+                        self.poll(proc)
+                    time.sleep(self.poll_interval)
+        finally:
+            self._catcher.__exit__(exc_type, exc, tb)
+
+    # -- signals --------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self.signum is not None
+
+    def _on_signal(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.deadline = time.monotonic() + self.grace_period_s
+            self.interrupted = {index for index, _ in self.running.values()}
+        forwarded = signal.SIGTERM if signum == signal.SIGHUP else signum
+        for pid in list(self.running):
+            _signal_group(pid, forwarded)
+
+    def announce(self, out=None) -> None:
+        """Print, once, what happens after a stop signal (called from the main loop, not from
+        the handler, so that no print is interrupted by another)."""
+        if self.stopping and not self._announced:
+            self._announced = True
+            print(f"\nReceived {signal_name(self.signum)}: forwarded to {len(self.running)} "
+                  f"running job(s); no further job starts; waiting up to "
+                  f"{self.grace_period_s:g} s for them to stop at a checkpoint.",
+                  file=out or sys.stdout, flush=True)
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def start(self, index: int, command: str, env=None, cwd=None) -> subprocess.Popen | None:
+        """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
+        (:func:`forkable_train_args`; None when stopping: no new job)."""
+        if self.stopping:
+            return None
+        train_args = forkable_train_args(command) if env is None and cwd is None else None
+        if train_args is not None:
+            proc = fork_train(train_args, new_session=self.forwarding)
+        else:
+            shell_command = f"exec {command}" if is_simple_command(command) else command
+            proc = subprocess.Popen(shell_command, shell=True, env=env, cwd=cwd,
+                                    start_new_session=self.forwarding)
+        self.running[proc.pid] = (index, proc)
+        if self.stopping:  # the signal came while it was starting
+            self.interrupted.add(index)
+            _signal_group(proc.pid, signal.SIGTERM if self.signum == signal.SIGHUP
+                          else self.signum)
+        return proc
+
+    def poll(self, proc: subprocess.Popen) -> int | None:
+        """The job's exit status once it (and, after a stop, its whole process group) has
+        exited, else None; once the grace period has passed, SIGKILL its process group."""
+        index = self.running[proc.pid][0]
+        killed = index in self.killed
+        code = proc.poll()
+        if code is not None and (killed or not self._group_pending(proc.pid)):
+            self.running.pop(proc.pid, None)
+            return code
+        if self.stopping and not killed and time.monotonic() >= self.deadline:
+            self.killed.append(index)
+            _signal_group(proc.pid, signal.SIGKILL)
+        return None
+
+    def _group_pending(self, pgid: int) -> bool:
+        """After a stop: whether other processes of the job's group (e.g. a shell's child)
+        are still running."""
+        return self.stopping and self.forwarding and _group_alive(pgid)
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        """Block until :meth:`poll` gives the job's exit status."""
+        while True:
+            code = self.poll(proc)
+            if code is not None:
+                return code
+            self.announce()
+            try:
+                proc.wait(timeout=self.poll_interval)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
+                     remote: bool = False) -> LaunchInterrupted:
+        """The :class:`LaunchInterrupted` describing this stop."""
+        interrupted = [commands[i] for i in sorted(self.interrupted)
+                       if i < len(exit_codes) and exit_codes[i] != 0]
+        not_started = [c for i, c in enumerate(commands)
+                       if (i >= len(exit_codes) or exit_codes[i] is None)
+                       and i not in self.interrupted]
+        notes = [f"still running after the {self.grace_period_s:g} s grace period: killed "
+                 f"(SIGKILL): {commands[i]}" for i in self.killed]
+        codes = list(exit_codes) + [None] * (len(commands) - len(exit_codes))
+        return LaunchInterrupted(self.signum, interrupted, not_started, codes, remote, notes)
+
+
+def report_interrupted(name: str, commands: Sequence[str], err: LaunchInterrupted) -> None:
+    """Print what a stop signal left: interrupted, not started, succeeded and failed commands."""
+    finished = [i for i, code in enumerate(err.exit_codes)
+                if code is not None and commands[i] not in err.interrupted]
+    failed = [i for i in finished if err.exit_codes[i] != 0]
+    print(f"{name} launcher: stopped by {signal_name(err.signum)}: {len(err.interrupted)} "
+          f"interrupted, {len(err.not_started)} not started, {len(finished) - len(failed)} "
+          f"succeeded, {len(failed)} failed before the signal.", flush=True)
+    for i in failed:
+        print(f"  exit code {err.exit_codes[i]}: {commands[i]}", flush=True)
+    for note in err.notes:
+        print(f"  {note}", flush=True)
