@@ -7,7 +7,8 @@
 #
 #   PYTHON=.venv/bin/python bash sweeps/digits_offline_single_source.sh [OUTPUT_DIR]
 #   env: STEPS (default 1001), CHECKPOINT_FREQ (100), TRIALS (3), MPBM_WARMUP (STEPS / 10),
-#        COLOR_JITTER (0.8), LAUNCHER (local), DRY_RUN=1 (list the jobs only)
+#        COLOR_JITTER (0.8), RECONSTRUCTED (1: also MPBM's reconstructed choices; 0: skip them),
+#        LAUNCHER (local), DRY_RUN=1 (list the jobs only)
 #
 # One sweep folder per configuration (a table shows one row per algorithm name, so MPBM's
 # ablations need folders of their own); every job is `sweep launch --test_env_sets 1,2,3,4`, i.e.
@@ -19,6 +20,12 @@
 #   OUTPUT_DIR/color_jitter  ERM with the dataset hparam digits_color_jitter = COLOR_JITTER: the
 #                            source images get random per-channel ink and background levels with
 #                            that probability (the plain-augmentation reference row).
+#   MPBM's reconstructed choices (dg_plugins/algorithms/mpbm.py, marked "rec."), one changed each:
+#   OUTPUT_DIR/gen_max       mpbm_gen_objective max: the generator maximises the model's loss on
+#                            its mixes (adversarial mixes) instead of minimising it
+#   OUTPUT_DIR/gen_query     mpbm_gen_mix_label query: L_mix^gen uses the query's label, not the
+#                            mix's soft label
+#   OUTPUT_DIR/eta_small     mpbm_eta 0.01: SGLD steps whose gradient is not drowned by the noise
 # then each folder's single-source tables (training-domain validation and oracle selection).
 # The defaults are the study's (results/digits_offline.md): ERM's source accuracy has levelled off
 # (97%) by step 600. Measured there on 2 shared CPU cores, one thread per job: an ERM job took
@@ -52,6 +59,12 @@ sweep no_mix "$MPBM, \"mpbm_lambda_mix\": 0.0" MPBM
 sweep no_adv "$MPBM, \"mpbm_lambda_adv\": 0.0" MPBM
 sweep color_jitter "$BASE, \"digits_color_jitter\": $COLOR_JITTER" ERM
 FOLDERS=(main no_mix no_adv color_jitter)
+if [[ "${RECONSTRUCTED:-1}" == 1 ]]; then
+    sweep gen_max "$MPBM, \"mpbm_gen_objective\": \"max\"" MPBM
+    sweep gen_query "$MPBM, \"mpbm_gen_mix_label\": \"query\"" MPBM
+    sweep eta_small "$BASE, \"mpbm_eta\": 0.01, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP" MPBM
+    FOLDERS+=(gen_max gen_query eta_small)
+fi
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     for folder in "${FOLDERS[@]}"; do
         echo "== $folder"
