@@ -25,7 +25,7 @@ from dg_plugins import bridge, catalog  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
 from dg_plugins.registry import ALGORITHMS, DATASETS  # noqa: E402
 from dg_plugins.seeds import seed_hash  # noqa: E402
-from conftest import read_records
+from helpers import read_records
 
 pytestmark = [
     pytest.mark.skipif(

@@ -14,7 +14,7 @@ import pytest
 
 from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
 from processes import command_env, finish, run, start, survivors
-from conftest import read_records
+from helpers import read_records
 
 TRAIN = "dg_plugins.scripts.train"
 SWEEP = "dg_plugins.scripts.sweep"

@@ -11,7 +11,7 @@ import pytest
 from dg_plugins.engine.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
                                          select)
 
-from conftest import frame_of
+from helpers import frame_of
 
 N_ENVS = 3
 

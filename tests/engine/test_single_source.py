@@ -11,7 +11,7 @@ from dg_plugins.engine.selection import IID, LOO, ORACLE
 from dg_plugins.engine.single_source import select_single_source, single_source_datasets
 from dg_plugins.engine.tables import single_source_tables
 
-from conftest import frame_of
+from helpers import frame_of
 
 
 def record(source, step, n_envs=4, hparams_seed=0, trial=0, dataset="D", accs=None):

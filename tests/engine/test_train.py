@@ -12,7 +12,7 @@ import torch
 from dg_plugins.engine import job, train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
-from conftest import read_records
+from helpers import read_records
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}

@@ -14,7 +14,7 @@ import pytest
 from dg_plugins.engine import train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
-from conftest import read_records
+from helpers import read_records
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}

@@ -17,7 +17,7 @@ from dg_plugins.engine.data import SplitDataset
 from dg_plugins.scripts import collect_results
 from dg_plugins.scripts import sweep as sweep_cli
 from dg_plugins.scripts import train as train_cli
-from conftest import VOLATILE_KEYS, read_records
+from helpers import VOLATILE_KEYS, read_records
 
 TINY = {"batch_size": 4, "vit_arch": "tiny", "mnist_cnn_width": 16}
 
