@@ -128,8 +128,10 @@ TRAIN_MODULE = "dg_plugins.scripts.train"
 #: What a train job imports (torch, ``torch._dynamo``: the first optimizer imports it, about 2 s;
 #: timm; the algorithms and datasets): the fork server imports it once (imports only: no tensor is
 #: computed and no CUDA context made there, so its children start as cleanly as a new interpreter).
+#: This module is among them, so the server holds the job body it forks (:func:`_train_in_child`)
+#: from the start even if the package on disk changes during the sweep.
 PRELOAD = ("dg_plugins.compat", "torch", "torch._dynamo", "dg_plugins.networks.vit",
-           "dg_plugins.algorithms", "dg_plugins.datasets", TRAIN_MODULE)
+           "dg_plugins.algorithms", "dg_plugins.datasets", TRAIN_MODULE, __name__)
 _fork_context = None
 
 
