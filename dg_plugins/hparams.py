@@ -117,10 +117,11 @@ def base_space(dataset: str) -> Space:
         # dg_plugins additions (not in DomainBed): which backbone, its weights, the timm ViT.
         "pretrained": (True, _constant(True)),
         "pretrained_path": (None, _constant(None)),
-        # "auto": the featurizer's rule (dg_plugins.networks.vit.resolve_vit_arch): timm's
-        # vit_small_patch16_224.augreg_in21k_ft_in1k at 224x224, a small ViT at 28x28. DisMAE/MAE
-        # read "auto" as ViT-B/16 at 224x224 (their paper's encoder) and GMoE has its own
-        # gmoe_vit_arch. Or any timm ViT name or preset.
+        # Every ViT of the package (ERM's featurizer, ERM_ViT, GMoE, DisMAE, MAE) is chosen by
+        # this one hparam and one rule (dg_plugins.networks.vit.resolve_vit_arch): "auto" is the
+        # 28x28 preset on 28x28 images and the model's paper backbone at 224x224 (featurizer
+        # ViT-S/16, GMoE and ERM_ViT DeiT-S/16, DisMAE and MAE ViT-B/16); "tiny" the 2-block
+        # presets; or any timm ViT name or preset.
         "vit_arch": ("auto", _constant("auto")),
     }
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
@@ -274,6 +275,13 @@ def check_values(entries: Space, hparams: dict[str, Any]) -> None:
             raise HparamError(f"hparam {name!r} {problem}, got {value!r}")
 
 
+#: Hparams that an earlier version named otherwise: old name -> what to use now.
+RENAMED = {
+    "gmoe_vit_arch": "vit_arch (GMoE's 'auto' is still DeiT-S/16 at 224x224)",
+    "gmoe_arch_224": "vit_arch, e.g. {\"vit_arch\": \"deit_small_patch16_224\"}",
+}
+
+
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Check ``overrides`` against ``algorithm``'s space on ``dataset`` (base space included):
     every name must exist (an unknown one raises, listing the closest valid names), every value
@@ -284,6 +292,9 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
     if unknown:
         hints = []
         for name in unknown:
+            if name in RENAMED:
+                hints.append(f"{name!r} (renamed: use {RENAMED[name]})")
+                continue
             close = difflib.get_close_matches(name, list(entries), n=3, cutoff=0.6)
             hints.append(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
                                         if close else ""))

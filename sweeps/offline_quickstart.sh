@@ -4,9 +4,9 @@
 # download, CPU only), run with the local launcher into one sweep folder, then collect_results
 # and a learning check (first vs last checkpoint of every job).
 #   PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh [OUTPUT_DIR]
-# Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101 training steps (201 for the
-# single-source pair), a checkpoint every 50 steps. Measured from a fresh clone on the project's
-# 2-core CPU machine (no GPU), 2026-11-24: install 63 s, sweeps 182 s (README, "Quick start").
+# Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101
+# training steps (201 for the single-source pair), a checkpoint every 50 steps. Its cost, measured
+# from a fresh clone: README, "Quick start".
 #   1. multi-source DG: every registered algorithm (default --algorithms, plugins included), lr 1e-3
 #      for all (DisMAE/MAE default to 1e-4, meant for long schedules: near chance at 101 steps),
 #      leave-one-domain-out on the hardest target only (75 degrees; the other columns print X,

@@ -20,22 +20,6 @@ sys.path.insert(0, str(TEST_PLUGINS))
 # test modules are collected, so the registry-driven contract tests include them.
 for _plugin in sorted(TEST_PLUGINS.glob("[!_]*.py")):
     importlib.import_module(_plugin.stem)
-TEST_PLUGIN_MODULES = [p.stem for p in sorted(TEST_PLUGINS.glob("[!_]*.py"))]
-
-
-def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
-    """Default hparams made CPU-sized: random-init backbones, ResNet-18 for 224x224 inputs,
-    batch 8, plus the algorithm's own ``TINY_TEST_HPARAMS`` (e.g. a tiny ViT), then
-    ``overrides``; every override is validated against the algorithm's space."""
-    from dg_plugins import hparams
-    from dg_plugins.registry import ALGORITHMS
-
-    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
-    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
-    changes.update(overrides)
-    hp = hparams.default_hparams(algorithm, dataset)
-    hp.update(hparams.validate(algorithm, dataset, changes))
-    return hp
 
 
 @pytest.fixture(scope="session")

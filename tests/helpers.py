@@ -1,8 +1,29 @@
-"""Helpers shared by the test modules: reading a job's records, and the DataFrame collect_results
-loads from given records."""
+"""Helpers shared by the test modules: CPU-sized hparams, the test-only plugin modules, reading a
+job's records, and the DataFrame collect_results loads from given records. (A module, not
+``conftest.py``: ``tests/alignment/conftest.py`` shadows ``from conftest import`` there.)"""
 
 import os
 from pathlib import Path
+
+#: The test-only plugin modules (``tests/plugins/``; conftest.py imports them before collection).
+TEST_PLUGIN_MODULES = [p.stem for p in
+                       sorted((Path(__file__).parent / "plugins").glob("[!_]*.py"))]
+
+
+def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
+    """Default hparams made CPU-sized: random-init backbones, ResNet-18 for 224x224 inputs,
+    batch 8, plus the algorithm's own ``TINY_TEST_HPARAMS`` (e.g. a tiny ViT), then
+    ``overrides``; every override is validated against the algorithm's space."""
+    from dg_plugins import hparams
+    from dg_plugins.registry import ALGORITHMS
+
+    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
+    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
+    changes.update(overrides)
+    hp = hparams.default_hparams(algorithm, dataset)
+    hp.update(hparams.validate(algorithm, dataset, changes))
+    return hp
+
 
 #: Record keys that differ between two runs of the same job (wall clock, memory, the folder).
 VOLATILE_KEYS = ("step_time", "mem_gb", "args")

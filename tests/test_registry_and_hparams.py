@@ -120,6 +120,15 @@ def test_bad_overrides_are_rejected_with_the_fix(overrides, message):
         hparams.validate("ERM", "PACS", overrides)
 
 
+def test_a_renamed_hparam_names_its_new_name():
+    import dg_plugins.algorithms  # noqa: F401  (registers GMoE's space)
+
+    with pytest.raises(hparams.HparamError,
+                       match=r"'gmoe_arch_224' \(renamed: use vit_arch.*deit_small_patch16_224"):
+        hparams.validate("GMoE", "PACS", {"gmoe_arch_224": "deit_small_patch16_224"})
+    assert hparams.validate("GMoE", "PACS", {"vit_arch": "tiny"}) == {"vit_arch": "tiny"}
+
+
 def test_valid_overrides_are_coerced_to_the_default_type():
     checked = hparams.validate("ERM", "PACS", {"lr": 1, "batch_size": 16, "pretrained_path": "w.pt",
                                               "weight_decay": 0})

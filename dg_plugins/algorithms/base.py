@@ -193,13 +193,15 @@ def decay_groups(named_params, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def optimizer_step(optimizer, loss: torch.Tensor) -> None:
+def optimizer_step(optimizer, loss: torch.Tensor, inputs=None) -> None:
     """``zero_grad``, ``backward``, ``step``: the three lines every update ends with.
-    ``optimizer`` is one optimizer or a sequence of them (one backward, then every step)."""
+    ``optimizer`` is one optimizer or a sequence of them (one backward, then every step).
+    ``inputs``: the only tensors that get gradients (``Tensor.backward(inputs=...)``), e.g. a
+    generator's parameters when the loss also flows through a model that must keep its own."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward(inputs=inputs)
     for opt in optimizers:
         opt.step()
 

@@ -59,10 +59,10 @@ Choices where the release is unclear or hard-coded (each documented):
       match; decoder keys are loaded where their shapes match; the variation blocks stay random.
     * One anchor per domain per step (the release's ``ada_iter=0``); any number of domains and any
       batch split.
-    * ``vit_arch`` (base hparam): ``"auto"`` is ViT-B/16 (``vit_base_patch16_224``) at 224x224 and
-      :data:`~dg_plugins.networks.vit.VIT_28` at 28x28; ``"tiny"`` is the package's CPU test size
-      (:data:`~dg_plugins.networks.vit.VIT_TEST_224` / ``VIT_28``, 2 blocks); or any timm ViT or
-      preset name. The variation depth (6) and decoder width (512) defaults shrink to 3 and 64 on
+    * ``vit_arch`` (base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as for
+      every ViT): ``"auto"`` is the paper's ViT-B/16 (``vit_base_patch16_224``) at 224x224 and
+      :data:`~dg_plugins.networks.vit.VIT_28` at 28x28; ``"tiny"`` the 2-block presets; or any
+      timm ViT or preset name. The variation depth (6) and decoder width (512) defaults shrink to 3 and 64 on
       28x28 datasets.
 
 UDG (see :mod:`dg_plugins.algorithms.udg_finetune`): :meth:`pretrain_update` is the same step on unlabelled
@@ -85,36 +85,25 @@ from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from dg_plugins.networks import vit as vitlib
 
 #: The semantic encoder ``vit_arch "auto"`` builds at 224x224 (the paper's ViT-B/16).
-DEFAULT_ARCH_224 = "vit_base_patch16_224"
+ENCODER_ARCH_224 = "vit_base_patch16_224"
 #: Mask ratio of the domain classifier's feature pass (the release's 15%).
 DCLS_MASK_RATIO = 0.15
-
-
-def _tiny_preset(input_shape) -> str:
-    shape = tuple(int(s) for s in input_shape)
-    return vitlib.VIT_28 if shape[1:] == (28, 28) else vitlib.VIT_TEST_224
 
 
 def build_encoder(input_shape, hparams) -> nn.Module:
     """The semantic encoder (and the UDG fine-tuning backbone): a timm ViT without head, with MAE's
     fixed sin-cos position embedding (a buffer) and a class token."""
-    arch = hparams.get("vit_arch", "auto")
-    overrides = {}
-    if arch == "tiny":
-        arch, overrides = _tiny_preset(input_shape), {"depth": 2}
-    vit = vitlib.create_vit(arch, input_shape, pretrained=False, num_classes=0,
-                            arch_224=DEFAULT_ARCH_224, class_token=True, global_pool="token",
-                            **overrides)
+    vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
+                            num_classes=0, arch_224=ENCODER_ARCH_224, class_token=True,
+                            global_pool="token")
     vitlib.install_sincos_pos_embed(vit)
     return vit
 
 
 def _variation_blocks(input_shape, hparams, depth: int) -> nn.Sequential:
     """``depth`` blocks shaped like the semantic encoder's (built as a ViT of that depth)."""
-    arch = hparams.get("vit_arch", "auto")
-    arch = _tiny_preset(input_shape) if arch == "tiny" else arch
-    vit = vitlib.create_vit(arch, input_shape, pretrained=False, num_classes=0,
-                            arch_224=DEFAULT_ARCH_224, depth=depth)
+    vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
+                            num_classes=0, arch_224=ENCODER_ARCH_224, depth=depth)
     return vit.blocks
 
 

@@ -10,9 +10,10 @@ batch-prioritised token dropping, Eq. 3) and adds the load-balancing loss of eac
                                                                      load loss, see moe.py)
 
 Backbone (hparams shared by both)
-    ``gmoe_vit_arch`` ``"auto"``: DeiT-S/16 (timm ``deit_small_patch16_224``; ``gmoe_arch_224``) for
-    224x224 inputs, the 28x28 preset ``dg_vit_patch4_28`` (6 blocks, width 64) for 28x28 inputs;
-    or any timm ViT / preset name. ImageNet weights when ``pretrained`` (or ``pretrained_path``);
+    ``vit_arch`` (the base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as
+    for every ViT) ``"auto"``: the paper's DeiT-S/16 (timm ``deit_small_patch16_224``) for 224x224
+    inputs, the 28x28 preset ``dg_vit_patch4_28`` (6 blocks, width 64) for 28x28 inputs; ``"tiny"``
+    the 2-block presets; or any timm ViT / preset name. ImageNet weights when ``pretrained`` (or ``pretrained_path``);
     stochastic depth ``gmoe_drop_path`` 0.1; a linear head on the class token (randomly
     initialised). The paper's GMoE-S/16 is the default at 224.
 
@@ -62,7 +63,8 @@ from dg_plugins.algorithms.base import Algorithm, adam, optimizer_step, register
     split_minibatches
 from dg_plugins.algorithms.erm import ERM
 
-#: The DeiT-S/16 of the paper (ImageNet-1k weights ``.fb_in1k`` in timm).
+#: The DeiT-S/16 of the paper (ImageNet-1k weights ``.fb_in1k`` in timm): ``vit_arch "auto"`` at
+#: 224x224.
 DEIT_S = "deit_small_patch16_224"
 
 #: (lr, weight_decay) per dataset, from the official GMoE ``hparams_registry.py``.
@@ -93,10 +95,9 @@ def _moe_layers_check(value) -> str | None:
 
 
 def backbone_space(dataset: str) -> dict:
-    """Hparams ERM_ViT and GMoE share: the ViT and the per-dataset lr / weight decay."""
+    """Hparams ERM_ViT and GMoE share: stochastic depth and the per-dataset lr / weight decay (the
+    ViT is the base hparam ``vit_arch``)."""
     space = {
-        "gmoe_vit_arch": ("auto", H._constant("auto")),
-        "gmoe_arch_224": (DEIT_S, H._constant(DEIT_S)),
         "gmoe_drop_path": (0.1, H._constant(0.1), H.probability),
     }
     if dataset in GMOE_LR_WD:
@@ -133,11 +134,11 @@ def build_vit(input_shape, num_classes: int, hparams) -> nn.Module:
     """The timm ViT (with its linear head) both algorithms train."""
     from dg_plugins.networks.vit import create_vit
 
-    return create_vit(hparams["gmoe_vit_arch"], input_shape,
+    return create_vit(hparams["vit_arch"], input_shape,
                       pretrained=hparams.get("pretrained", True),
                       pretrained_path=hparams.get("pretrained_path"),
                       drop_path_rate=hparams["gmoe_drop_path"], num_classes=num_classes,
-                      arch_224=hparams["gmoe_arch_224"])
+                      arch_224=DEIT_S)
 
 
 @register_algorithm("ERM_ViT")
@@ -145,8 +146,8 @@ class ERM_ViT(Algorithm):
     """ERM on a timm ViT (DeiT-S/16 at 224x224): GMoE's dense baseline, with GMoE's backbone and
     per-dataset hparams. ``network`` is the timm model; ``predict(x) = network(x)``."""
 
-    #: the 4-block width-64 test ViT at 224x224 (the 28x28 preset stays: it is already small)
-    TINY_TEST_HPARAMS: dict = {"gmoe_arch_224": "dg_vit_test_patch32_224"}
+    #: the 2-block width-64 presets
+    TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny"}
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
@@ -183,7 +184,7 @@ class GMoE(ERM_ViT):
     on CE + ``gmoe_aux_weight`` x the sum of the layers' load/importance losses (Li et al., ICLR
     2023, Eq. 3; module docstring for every choice). ``moe_layers`` holds the MoE modules."""
 
-    TINY_TEST_HPARAMS: dict = {"gmoe_arch_224": "dg_vit_test_patch32_224", "gmoe_router_dim": 16}
+    TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny", "gmoe_router_dim": 16}
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:

@@ -338,9 +338,7 @@ class MPBM(FeatureClassifier):
         if lambda_adv > 0:
             adv = F.softplus(-self.discriminator(z)).mean()  # -log D(z), non-saturating
             loss = loss + lambda_adv * adv
-        self.gen_optimizer.zero_grad(set_to_none=True)
-        loss.backward(inputs=list(self.generator.parameters()))
-        self.gen_optimizer.step()
+        optimizer_step(self.gen_optimizer, loss, inputs=list(self.generator.parameters()))
         return z.detach(), {"gen": gen.item(), "adv": adv.item()}
 
     def discriminator_step(self, real, fake) -> dict:

@@ -120,14 +120,14 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
                        predict: bool = False) -> dict[str, dict]:
     """Time every ``algorithms[name].update(batches)`` (and with ``predict`` its ``predict`` on
     the first environment's images, in eval mode), **alternating** the algorithms step by step
-    (``runtime.alternating_times``): a change of machine load during the run hits all of them
+    (``timing.alternating_times``): a change of machine load during the run hits all of them
     alike, so the ratios stay meaningful on a shared or noisy machine (timing one algorithm after
     the other had moved a ratio by 0.2 between runs on the same quiet machine). ``step_times``
     keeps every timed step, for ratios paired round by round. Then the peak memory of one step and
     the parameter counts of each."""
     import torch
 
-    from dg_plugins.runtime import alternating_medians, alternating_times
+    from dg_plugins.benchmarks.timing import alternating_medians, alternating_times
 
     step = alternating_times({name: (lambda a=a: a.update(batches, None))
                               for name, a in algorithms.items()}, steps, warmup, device)
@@ -178,7 +178,8 @@ def benchmark_algorithms(args) -> list[dict]:
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.engine import plugins
     from dg_plugins.registry import ALGORITHMS, DATASETS
-    from dg_plugins.runtime import paired_ratio, pick_device
+    from dg_plugins.benchmarks.timing import paired_ratio
+    from dg_plugins.runtime import pick_device
 
     import torch
 
@@ -241,7 +242,7 @@ TRAIN_JOB = ["--dataset", "Debug28", "--algorithm", "ERM", "--steps", "9",
 
 
 def _timed(cmd, env) -> float:
-    from dg_plugins.runtime import timed_command
+    from dg_plugins.benchmarks.timing import timed_command
 
     wall, _, proc = timed_command(cmd, env)
     if proc.returncode != 0:

@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from dg_plugins import catalog
-from dg_plugins.runtime import timed_command
+from dg_plugins.benchmarks.timing import timed_command
 
 #: Algorithm names the replicas cycle through: DomainBed's (shuffled against its table order, so
 #: that ordering is exercised) and one name DomainBed does not know.

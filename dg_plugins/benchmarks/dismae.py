@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     from dg_plugins.algorithms.dismae import dcls_epoch_steps, parameter_counts
     from dg_plugins.engine.plugins import load
     from dg_plugins.registry import ALGORITHMS
-    from dg_plugins.runtime import alternating_medians, pick_device
+    from dg_plugins.benchmarks.timing import alternating_medians
+    from dg_plugins.runtime import pick_device
 
     load()
     torch.manual_seed(0)

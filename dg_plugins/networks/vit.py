@@ -64,6 +64,9 @@ VIT_28 = "dg_vit_patch4_28"
 #: Tiny 224x224 ViT for CPU unit tests (Debug224): 32x32 patches -> 7x7 = 49 tokens plus CLS;
 #: width 64, 4 blocks, 2 heads (0.35M parameters, most of it the 3072x64 patch projection).
 VIT_TEST_224 = "dg_vit_test_patch32_224"
+#: The two presets above cut to 2 blocks: what ``vit_arch "tiny"`` builds (CPU tests, smoke runs).
+VIT_TINY_28 = "dg_vit_tiny_patch4_28"
+VIT_TINY_224 = "dg_vit_tiny_patch32_224"
 
 _PRESETS = {
     VIT_28: dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0,
@@ -71,6 +74,8 @@ _PRESETS = {
     VIT_TEST_224: dict(img_size=224, patch_size=32, embed_dim=64, depth=4, num_heads=2,
                        mlp_ratio=4.0, qkv_bias=True),
 }
+_PRESETS[VIT_TINY_28] = {**_PRESETS[VIT_28], "depth": 2}
+_PRESETS[VIT_TINY_224] = {**_PRESETS[VIT_TEST_224], "depth": 2}
 #: Named small ViTs that timm lacks: name -> keyword arguments of timm's ``VisionTransformer``
 #: (``img_size`` is the size the preset is meant for; :func:`create_vit` takes the size from the
 #: input shape). Read-only; :func:`vit_preset` returns a mutable copy. Methods may name a preset
@@ -79,13 +84,17 @@ _PRESETS = {
 VIT_PRESETS: Mapping[str, Mapping] = MappingProxyType(
     {name: MappingProxyType(kwargs) for name, kwargs in _PRESETS.items()})
 
-#: The timm architecture ``"auto"`` picks for 224x224 inputs unless the caller names another one
-#: (the default of the hparam ``vit_arch``; GMoE passes ``deit_small_patch16_224``).
+#: What ``"auto"`` builds for 224x224 inputs when the caller names no paper backbone: ERM's ViT
+#: featurizer (``backbone`` ``vit``, as DomainBed's ``vit`` hparam), timm's augreg ViT-S/16. The
+#: methods with a ViT of their own pass their paper's (:func:`resolve_vit_arch`).
 DEFAULT_ARCH_224 = "vit_small_patch16_224.augreg_in21k_ft_in1k"
 #: The architecture ``"auto"`` picks for 28x28 inputs.
 DEFAULT_ARCH_28 = VIT_28
 #: DomainBed's DINOv2 backbone (ViT-B/14), as a timm name; used when hparam ``dinov2`` is set.
 DINOV2_ARCH = "vit_base_patch14_dinov2.lvd142m"
+
+#: The sizes the named rules know, and what each name builds at each of them.
+_RULES = {"auto": {28: DEFAULT_ARCH_28, 224: None}, "tiny": {28: VIT_TINY_28, 224: VIT_TINY_224}}
 
 
 def vit_preset(name: str) -> dict:
@@ -97,21 +106,29 @@ def vit_preset(name: str) -> dict:
 
 def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
                      arch_224: str = DEFAULT_ARCH_224) -> str:
-    """The architecture name to build: ``arch`` itself, or for ``"auto"`` the rule by input size:
-    ``(C, 28, 28)`` -> :data:`DEFAULT_ARCH_28`, ``(C, 224, 224)`` -> ``arch_224``. Other shapes
-    with ``"auto"`` raise, listing the rules and the alternatives."""
-    if arch != "auto":
+    """The one rule by which every ViT of the package is chosen from the hparam ``vit_arch``.
+
+    * ``"auto"``: ``(C, 28, 28)`` -> :data:`DEFAULT_ARCH_28`; ``(C, 224, 224)`` -> ``arch_224``,
+      the paper backbone of the model being built: ERM's featurizer :data:`DEFAULT_ARCH_224`
+      (ViT-S/16), GMoE and ERM_ViT ``deit_small_patch16_224`` (DeiT-S/16, Li et al.), DisMAE and
+      MAE ``vit_base_patch16_224`` (ViT-B/16, Zhang et al.); each passes its own.
+    * ``"tiny"``: the 2-block presets, :data:`VIT_TINY_28` / :data:`VIT_TINY_224` (CPU tests, the
+      quick start's pretraining), whatever the model.
+    * anything else: used as given (a preset of :data:`VIT_PRESETS` or a timm ViT name, built at
+      the input's size).
+
+    ``"auto"`` and ``"tiny"`` with another input size raise, listing the rules and the fix."""
+    if arch not in _RULES:
         return arch
     shape = tuple(int(s) for s in input_shape)
-    if len(shape) == 3 and shape[1:] == (28, 28):
-        return DEFAULT_ARCH_28
-    if len(shape) == 3 and shape[1:] == (224, 224):
-        return arch_224
+    rule = {**_RULES[arch], 224: arch_224} if arch == "auto" else _RULES[arch]
+    if len(shape) == 3 and shape[1] == shape[2] and shape[1] in rule:
+        return rule[shape[1]]
+    rules = ", ".join(f"(C, {size}, {size}) -> {name!r}" for size, name in rule.items())
     raise ValueError(
-        f"vit_arch 'auto' has no rule for input shape {shape}; rules: (C, 28, 28) -> "
-        f"{DEFAULT_ARCH_28!r}, (C, 224, 224) -> {arch_224!r}. Name an architecture instead: a "
-        f"preset {sorted(VIT_PRESETS)} or a timm ViT (timm.list_models('vit_*')), which is built "
-        "at the input's size")
+        f"vit_arch {arch!r} has no rule for input shape {shape}; rules: {rules}. Name an "
+        f"architecture instead: a preset {sorted(VIT_PRESETS)} or a timm ViT "
+        "(timm.list_models('vit_*')), which is built at the input's size")
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,8 +150,8 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
 
     Args:
         arch: a timm architecture (``"deit_small_patch16_224"``, with or without a pretrained
-            tag such as ``.fb_in1k``), a preset of :data:`VIT_PRESETS`, or ``"auto"`` (see
-            :func:`resolve_vit_arch`, which uses ``arch_224`` for 224x224 inputs).
+            tag such as ``.fb_in1k``), a preset of :data:`VIT_PRESETS`, ``"auto"`` or ``"tiny"``
+            (see :func:`resolve_vit_arch`; ``arch_224`` is what ``"auto"`` means at 224x224).
         input_shape: ``(C, H, W)``; the model is built with ``img_size=(H, W)`` and ``C`` input
             channels. ``H`` and ``W`` must be multiples of the patch size.
         pretrained: load pretrained weights: from ``pretrained_path`` when given (a local
@@ -167,7 +184,7 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
     name = resolve_vit_arch(arch, shape, arch_224=arch_224)
     is_preset = name in VIT_PRESETS
     if not is_preset and not timm.is_model(name):
-        raise ValueError(f"unknown ViT architecture {name!r}: expected 'auto', a preset "
+        raise ValueError(f"unknown ViT architecture {name!r}: expected 'auto', 'tiny', a preset "
                          f"{sorted(VIT_PRESETS)} or a timm model name (timm.list_models('vit_*'))")
     local_path = pretrained_path if pretrained else None
     download = bool(pretrained) and not local_path and not is_preset
@@ -197,7 +214,7 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
 
 
 _CHOOSE_A_VIT = ("choose a ViT architecture (timm.list_models('vit_*'), 'deit_*', ...), a preset "
-                 f"{sorted(VIT_PRESETS)}, or 'auto'")
+                 f"{sorted(VIT_PRESETS)}, 'auto' or 'tiny'")
 
 
 def _check_patch_grid(vit: nn.Module, name: str, size: tuple[int, int]) -> None:
@@ -609,8 +626,8 @@ class ViTFeaturizer(StagedFeaturizer):
 
 __all__ = [
     "DEFAULT_ARCH_224", "DEFAULT_ARCH_28", "DINOV2_ARCH", "MaskedTokens", "VIT_28", "VIT_PRESETS",
-    "VIT_TEST_224", "ViTDims", "ViTFeaturizer", "adapt_patch_embed_channels", "create_vit",
-    "embed_patches", "embed_tokens", "final_norm",
+    "VIT_TEST_224", "VIT_TINY_224", "VIT_TINY_28", "ViTDims", "ViTFeaturizer",
+    "adapt_patch_embed_channels", "create_vit", "embed_patches", "embed_tokens", "final_norm",
     "install_sincos_pos_embed", "num_kept_tokens", "parse_block_indices", "pool_tokens",
     "prepend_prefix_tokens", "random_masking", "replace_ffn", "resolve_vit_arch",
     "restore_order", "run_blocks", "sincos_pos_embed_2d", "vit_dims", "vit_preset",

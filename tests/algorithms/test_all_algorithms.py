@@ -17,7 +17,7 @@ import torch
 
 import dg_plugins.algorithms  # noqa: F401  (registers)
 import dg_plugins.datasets  # noqa: F401
-from conftest import TEST_PLUGIN_MODULES, tiny_hparams
+from helpers import TEST_PLUGIN_MODULES, tiny_hparams
 from helpers import VOLATILE_KEYS, read_records
 from dg_plugins import catalog
 from dg_plugins.registry import ALGORITHMS, DATASETS

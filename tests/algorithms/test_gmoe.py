@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from conftest import tiny_hparams
+from helpers import tiny_hparams
 from dg_plugins import hparams as H
 from dg_plugins.algorithms.gmoe import ERM_ViT, GMOE_LR_WD, GMoE, auto_moe_layers
 from dg_plugins.networks.moe import MoEFFN
@@ -17,6 +17,9 @@ from dg_plugins.registry import DATASETS
 
 
 def make(cls=GMoE, dataset_name="Debug28", num_domains=2, seed=0, **overrides):
+    """The algorithm on the 6-block 28x28 ViT (vit_arch "auto" on Debug28; the contract tests'
+    "tiny" has 2 blocks, too few to show the last-two placement)."""
+    overrides.setdefault("vit_arch", "auto")
     torch.manual_seed(seed)
     dataset = DATASETS.get(dataset_name)("", [], {})
     hp = tiny_hparams(cls.__name__, dataset_name, **overrides)
@@ -49,9 +52,8 @@ def test_moe_layers_replace_the_chosen_blocks_and_copy_their_dense_ffn():
     assert explicit.moe_blocks == (5,)
 
 
-def test_deit_small_gets_moe_in_blocks_8_and_10():
-    hp = tiny_hparams("GMoE", "PACS", gmoe_arch_224="deit_small_patch16_224",
-                      gmoe_router_dim=256)
+def test_auto_at_224_is_deit_small_with_moe_in_blocks_8_and_10():
+    hp = tiny_hparams("GMoE", "PACS", vit_arch="auto", gmoe_router_dim=256)
     with torch.device("meta"):
         algorithm = GMoE((3, 224, 224), 7, 3, hp)
     assert algorithm.moe_blocks == (8, 10) and len(algorithm.network.blocks) == 12

@@ -6,7 +6,7 @@ import json
 import torch
 
 import dg_plugins.datasets  # noqa: F401
-from conftest import tiny_hparams
+from helpers import tiny_hparams
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import plot_gmoe_routing as plot
 
@@ -18,7 +18,8 @@ def test_routing_maps_are_each_patch_tokens_first_choice_expert():
 
     torch.manual_seed(0)
     dataset = DATASETS.get("Debug28")("", [], {})
-    algorithm = GMoE(dataset.input_shape, dataset.num_classes, 2, tiny_hparams("GMoE", "Debug28"))
+    hp = tiny_hparams("GMoE", "Debug28", vit_arch="auto")  # the 6-block ViT: MoE in blocks 2, 4
+    algorithm = GMoE(dataset.input_shape, dataset.num_classes, 2, hp)
     images = dataset[0].tensors[0][:3]
     maps = plot.routing_maps(algorithm, images)
     assert sorted(maps) == [2, 4]

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from conftest import tiny_hparams
+from helpers import tiny_hparams
 from helpers import VOLATILE_KEYS, read_records
 from dg_plugins.algorithms.mpbm import (MPBM, MixupAttentionGenerator, UPDATE_KEYS,
                                         soft_cross_entropy)

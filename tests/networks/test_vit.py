@@ -266,6 +266,62 @@ def test_auto_for_224_uses_the_given_timm_arch_and_other_shapes_raise():
         V.create_vit("auto", (3, 64, 64), pretrained=False)
 
 
+@pytest.mark.parametrize("shape, preset, grid", [((1, 28, 28), V.VIT_TINY_28, (7, 7)),
+                                                 ((3, 224, 224), V.VIT_TINY_224, (7, 7))])
+def test_tiny_is_the_two_block_preset_of_the_input_size(shape, preset, grid):
+    assert V.resolve_vit_arch("tiny", shape) == preset
+    assert V.resolve_vit_arch("tiny", shape, arch_224="deit_small_patch16_224") == preset
+    net = V.create_vit("tiny", shape, pretrained=False)
+    dims = V.vit_dims(net)
+    assert (dims.depth, dims.embed_dim, dims.grid_size) == (2, 64, grid)
+    with pytest.raises(ValueError, match=r"'tiny' has no rule for input shape \(3, 32, 32\)"):
+        V.create_vit("tiny", (3, 32, 32), pretrained=False)
+
+
+# Every model of the package that builds a ViT, and how to reach it: one hparam (vit_arch), one
+# rule (resolve_vit_arch), each model's paper backbone for "auto" at 224x224.
+VIT_MODELS = {
+    "ERM": (dict(backbone="vit"), lambda a: a.featurizer.network, V.DEFAULT_ARCH_224, 384),
+    "ERM_ViT": ({}, lambda a: a.network, "deit_small_patch16_224", 384),
+    "GMoE": ({}, lambda a: a.network, "deit_small_patch16_224", 384),
+    "DisMAE": ({}, lambda a: a.encoder, "vit_base_patch16_224", 768),
+    "MAE": ({}, lambda a: a.encoder, "vit_base_patch16_224", 768),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(VIT_MODELS))
+def test_every_vit_model_follows_vit_arch(algorithm):
+    import dg_plugins.algorithms  # noqa: F401  (registers the algorithms)
+    import dg_plugins.datasets  # noqa: F401
+    from helpers import tiny_hparams
+    from dg_plugins.registry import ALGORITHMS
+
+    extra, vit_of, _, _ = VIT_MODELS[algorithm]
+    cls = ALGORITHMS.get(algorithm)
+    tiny = cls((1, 28, 28), 10, 2, tiny_hparams(algorithm, "Debug28", vit_arch="tiny", **extra))
+    assert V.vit_dims(vit_of(tiny)).depth == 2
+    auto = cls((1, 28, 28), 10, 2, tiny_hparams(algorithm, "Debug28", vit_arch="auto", **extra))
+    assert V.vit_dims(vit_of(auto)).depth == V.vit_preset(V.VIT_28)["depth"]
+
+
+@pytest.mark.parametrize("algorithm", sorted(VIT_MODELS))
+def test_auto_at_224_is_each_models_paper_backbone(algorithm, monkeypatch):
+    import dg_plugins.algorithms  # noqa: F401
+    from helpers import tiny_hparams
+    from dg_plugins.registry import ALGORITHMS
+
+    extra, vit_of, paper_arch, width = VIT_MODELS[algorithm]
+    asked = []
+    resolve = V.resolve_vit_arch
+    monkeypatch.setattr(V, "resolve_vit_arch",
+                        lambda *a, **k: asked.append(resolve(*a, **k)) or asked[-1])
+    hp = tiny_hparams(algorithm, "PACS", vit_arch="auto", **extra)
+    with torch.device("meta"):
+        model = ALGORITHMS.get(algorithm)((3, 224, 224), 7, 3, hp)
+    assert asked and set(asked) == {paper_arch}
+    assert V.vit_dims(vit_of(model)).embed_dim == width
+
+
 def test_timm_arch_by_name_at_the_input_size():
     net = V.create_vit("deit_tiny_patch16_224", (1, 224, 224), pretrained=False,
                        drop_path_rate=0.1)

@@ -1,0 +1,69 @@
+"""Timing for the benchmarks: alternating per-call timings whose ratios survive a shared machine's
+changing load, paired ratios, and wall/CPU time of a child process. No torch import at module
+import."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import tempfile
+import time
+
+
+def synchronize(device) -> None:
+    """Wait for queued kernels on ``device`` (a no-op on CPU), before reading a timer."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize()
+
+
+def alternating_times(calls: dict, steps: int, warmup: int, device) -> dict[str, list[float]]:
+    """Wall seconds of each ``calls[name]()`` in every timed round, timing the calls in turn (one
+    of each per round, ``warmup`` untimed rounds first, then ``steps`` timed ones), so that a
+    change of machine load hits every entry alike: ratios between entries stay meaningful on a
+    shared machine, and entry ``i`` of two lists are a pair measured back to back."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_index in range(warmup + steps):
+        for name, fn in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[str, float]:
+    """The median of each entry's :func:`alternating_times`."""
+    import statistics
+
+    return {name: statistics.median(values)
+            for name, values in alternating_times(calls, steps, warmup, device).items()}
+
+
+def paired_ratio(times: list[float], base: list[float]) -> tuple[float, float, float]:
+    """Median and quartiles (low, median, high) of the per-round ratios ``times[i] / base[i]`` of
+    two :func:`alternating_times` lists: each ratio compares two calls made back to back, so a
+    slow spell of the machine cancels out of it, where it would not out of a ratio of medians."""
+    import statistics
+
+    ratios = [t / b for t, b in zip(times, base)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    low, median, high = statistics.quantiles(ratios, n=4)  # the middle cut is the median
+    return low, median, high
+
+
+def timed_command(command: list[str], env: dict | None = None, cwd: str | None = None):
+    """Run ``command`` to completion; returns ``(wall seconds, CPU seconds of the child and its
+    children, CompletedProcess)`` with stdout and stderr captured as text."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env,
+                            cwd=cwd or tempfile.gettempdir())
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, result
