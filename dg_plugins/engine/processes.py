@@ -24,6 +24,7 @@ caller's process group, as before. A SIGKILL to the sweep cannot be forwarded.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import signal
@@ -176,8 +177,9 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     import multiprocessing
 
     multiprocessing.set_start_method(None, force=True)
-    from dg_plugins.scripts import train
-
+    # The command's module, found by the name the command gives it (as ``-m`` finds it; the fork
+    # server has imported it): the engine itself never imports the scripts layer above it.
+    train = importlib.import_module(TRAIN_MODULE)
     sys.argv = [train.__file__, *args]
     sys.exit(train.main(args))
 
