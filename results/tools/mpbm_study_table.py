@@ -1,10 +1,12 @@
-"""Markdown table of the MPBM single-source study (sweeps/mpbm_rotatedmnist5k_study.sh): one row
+"""Markdown table of a single-source study with one sweep folder per configuration
+(sweeps/mpbm_rotatedmnist5k_study.sh, sweeps/digits_offline_single_source.sh): one row
 per configuration folder and algorithm, the source's validation accuracy, each target's test
 accuracy and the per-trial mean over targets, each as mean +- standard error over trials.
 
 Records are loaded and selected exactly as collect_results' single-source tables do it
-(``dg_plugins.engine.records.load_records``, ``dg_plugins.engine.single_source.select_single_source``). Standard error as DomainBed prints it
-(population std of the trial values / sqrt(trials)). Unlike collect_results' ``Avg`` column
+(``dg_plugins.engine.records.load_records``,
+``dg_plugins.engine.single_source.select_single_source``). Standard error as DomainBed prints
+it (population std of the trial values / sqrt(trials)). Unlike collect_results' ``Avg`` column
 (the mean of the per-target means), ``Avg`` here also gets its standard error, computed from each
 trial's own mean over the targets.
 
