@@ -62,8 +62,8 @@ Choices where the release is unclear or hard-coded (each documented):
     * ``vit_arch`` (base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as for
       every ViT): ``"auto"`` is the paper's ViT-B/16 (``vit_base_patch16_224``) at 224x224 and
       :data:`~dg_plugins.networks.vit.VIT_28` at 28x28; ``"tiny"`` the 2-block presets; or any
-      timm ViT or preset name. The variation depth (6) and decoder width (512) defaults shrink to 3 and 64 on
-      28x28 datasets.
+      timm ViT or preset name. The variation depth (6) and decoder width (512) defaults shrink to
+      3 and 64 on 28x28 datasets.
 
 UDG (see :mod:`dg_plugins.algorithms.udg_finetune`): :meth:`pretrain_update` is the same step on unlabelled
 images with ``lambda2 = 0``; :meth:`pretrained_state` returns the semantic encoder's weights in

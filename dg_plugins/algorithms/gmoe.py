@@ -13,9 +13,9 @@ Backbone (hparams shared by both)
     ``vit_arch`` (the base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as
     for every ViT) ``"auto"``: the paper's DeiT-S/16 (timm ``deit_small_patch16_224``) for 224x224
     inputs, the 28x28 preset ``dg_vit_patch4_28`` (6 blocks, width 64) for 28x28 inputs; ``"tiny"``
-    the 2-block presets; or any timm ViT / preset name. ImageNet weights when ``pretrained`` (or ``pretrained_path``);
-    stochastic depth ``gmoe_drop_path`` 0.1; a linear head on the class token (randomly
-    initialised). The paper's GMoE-S/16 is the default at 224.
+    the 2-block presets; or any timm ViT / preset name. ImageNet weights when ``pretrained`` (or
+    ``pretrained_path``); stochastic depth ``gmoe_drop_path`` 0.1; a linear head on the class token
+    (randomly initialised). The paper's GMoE-S/16 is the default at 224.
 
 MoE placement ``gmoe_moe_layers``
     ``"auto"`` = the last two even-indexed blocks (0-based), the paper's "last-two" placement:

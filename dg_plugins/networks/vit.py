@@ -93,8 +93,8 @@ DEFAULT_ARCH_28 = VIT_28
 #: DomainBed's DINOv2 backbone (ViT-B/14), as a timm name; used when hparam ``dinov2`` is set.
 DINOV2_ARCH = "vit_base_patch14_dinov2.lvd142m"
 
-#: The sizes the named rules know, and what each name builds at each of them.
-_RULES = {"auto": {28: DEFAULT_ARCH_28, 224: None}, "tiny": {28: VIT_TINY_28, 224: VIT_TINY_224}}
+#: What ``"tiny"`` builds, per input size.
+_TINY = {28: VIT_TINY_28, 224: VIT_TINY_224}
 
 
 def vit_preset(name: str) -> dict:
@@ -118,10 +118,10 @@ def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
       the input's size).
 
     ``"auto"`` and ``"tiny"`` with another input size raise, listing the rules and the fix."""
-    if arch not in _RULES:
+    if arch not in ("auto", "tiny"):
         return arch
     shape = tuple(int(s) for s in input_shape)
-    rule = {**_RULES[arch], 224: arch_224} if arch == "auto" else _RULES[arch]
+    rule = {28: DEFAULT_ARCH_28, 224: arch_224} if arch == "auto" else _TINY
     if len(shape) == 3 and shape[1] == shape[2] and shape[1] in rule:
         return rule[shape[1]]
     rules = ", ".join(f"(C, {size}, {size}) -> {name!r}" for size, name in rule.items())

@@ -15,19 +15,29 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 from collections import defaultdict
 
 import numpy as np
 
+from dg_plugins.engine.job_folder import read_record_lines
+from dg_plugins.engine.records import parse_line
+
 
 def read_sweep(sweep_dir: str) -> list[dict]:
-    records = []
-    for path in sorted(glob.glob(os.path.join(sweep_dir, "*", "results.jsonl"))):
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
-    return records
+    """Every complete record line of the sweep's job folders (a running job's torn last line is
+    left out)."""
+    return [parse_line(line)
+            for path in sorted(glob.glob(os.path.join(sweep_dir, "*", "results.jsonl")))
+            for line in read_record_lines(path) if line.endswith(b"\n")]
+
+
+def cell(values, scale=100.0, digits=1) -> str:
+    """``mean [min, max]`` of ``values`` x ``scale``; empty without values."""
+    if not values:
+        return ""
+    v = scale * np.asarray(values, dtype=float)
+    return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
 
 
 def curves(records, keys=(), every: int = 1) -> list[str]:
@@ -48,13 +58,6 @@ def curves(records, keys=(), every: int = 1) -> list[str]:
             for k in keys:
                 if record.get(k) is not None:
                     extra[k].append(record[k])
-
-        def cell(values, scale=100.0, digits=1):
-            if not values:
-                return ""
-            v = scale * np.asarray(values, dtype=float)
-            return f"{v.mean():.{digits}f} [{v.min():.{digits}f}, {v.max():.{digits}f}]"
-
         rows.append(f"| {algorithm} | {int(step)} | {len(src)} | {cell(src)} | {cell(tgt)} | "
                     + " | ".join(cell(extra[k], 1.0, 2) for k in keys) + " |")
     return rows
