@@ -1,0 +1,282 @@
+"""Test helpers for the downloader: a local HTTP server (127.0.0.1 only) that serves files from
+memory, honours ``Range: bytes=N-`` requests, logs every request, and can be told to cut the
+connection after N bytes, to ignore Range, or to answer with a wrong Content-Range; and tiny
+archives in each dataset's real archive layout (DomainBed's ``domainbed/scripts/download.py``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import socket
+import struct
+import tarfile
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+
+@dataclass
+class Request:
+    path: str
+    range: str | None
+    status: int
+    body_bytes: int  # bytes of the body actually sent
+
+
+@dataclass
+class ArchiveServer:
+    """``with ArchiveServer(files) as server``: ``server.url(name)``, ``server.log``."""
+
+    files: dict[str, bytes]
+    #: name -> N: the next response for name sends N body bytes, then the connection is cut.
+    cut_after: dict[str, int] = field(default_factory=dict)
+    ignore_range: set[str] = field(default_factory=set)
+    wrong_content_range: set[str] = field(default_factory=set)
+    log: list[Request] = field(default_factory=list)
+
+    def __enter__(self) -> "ArchiveServer":
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                header = self.headers.get("Range")
+                data = server.files.get(name)
+                if data is None:
+                    self.send_error(404)
+                    server.log.append(Request(name, header, 404, 0))
+                    return
+                start = 0
+                match = re.fullmatch(r"bytes=(\d+)-", header or "")
+                if match and name not in server.ignore_range:
+                    start = int(match.group(1))
+                    if start >= len(data):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.end_headers()
+                        server.log.append(Request(name, header, 416, 0))
+                        return
+                    self.send_response(206)
+                    first = 0 if name in server.wrong_content_range else start
+                    self.send_header("Content-Range",
+                                     f"bytes {first}-{len(data) - 1}/{len(data)}")
+                    status = 206
+                else:
+                    self.send_response(200)
+                    status = 200
+                body = data[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                cut = server.cut_after.pop(name, None)
+                if cut is not None:
+                    self.wfile.write(body[:cut])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    server.log.append(Request(name, header, status, cut))
+                    return
+                self.wfile.write(body)
+                server.log.append(Request(name, header, status, len(body)))
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def url(self, name: str) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/{name}"
+
+    def args(self, names=None, sha256: bool = False) -> list[str]:
+        """``--url NAME=URL`` for every served file (or ``names``), plus ``--sha256
+        NAME=<its sha256>`` when ``sha256`` (for files whose real checksum the table knows)."""
+        out = []
+        for name in names or self.files:
+            out += ["--url", f"{name}={self.url(name)}"]
+            if sha256:
+                out += ["--sha256", f"{name}={hashlib.sha256(self.files[name]).hexdigest()}"]
+        return out
+
+
+def closed_port_url(name: str) -> str:
+    """A URL on 127.0.0.1 where nothing listens (a refused connection, like being offline)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Archives in the real layouts
+
+_JPEG: bytes | None = None
+
+
+def tiny_jpeg() -> bytes:
+    global _JPEG
+    if _JPEG is None:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), (200, 40, 90)).save(buffer, format="JPEG")
+        _JPEG = buffer.getvalue()
+    return _JPEG
+
+
+def zip_bytes(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def tar_gz_bytes(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+PACS_CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
+VLCS_DOMAINS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
+VLCS_CLASSES = ("bird", "car", "chair", "dog", "person")
+OFFICE_DOMAINS = ("Art", "Clipart", "Product", "Real World")
+DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+
+
+def image_tree(top: str, domains, classes, per_class: int = 1) -> dict[str, bytes]:
+    return {f"{top}/{d}/{c}/img_{k}.jpg": tiny_jpeg()
+            for d in domains for c in classes for k in range(per_class)}
+
+
+def pacs_zip(per_class: int = 1) -> bytes:
+    """DomainBed's PACS.zip: ``kfold/<domain>/<class>/<image>``."""
+    return zip_bytes(image_tree("kfold", PACS_DOMAINS, PACS_CLASSES, per_class))
+
+
+def vlcs_tar_gz() -> bytes:
+    """DomainBed's VLCS.tar.gz: ``VLCS/<domain>/<class>/<image>``."""
+    return tar_gz_bytes(image_tree("VLCS", VLCS_DOMAINS, VLCS_CLASSES))
+
+
+def office_home_zip() -> bytes:
+    """DomainBed's office_home.zip: ``OfficeHomeDataset_10072016/<domain>/<class>/<image>``
+    (65 classes) and the release's two index files beside the domain folders."""
+    top = "OfficeHomeDataset_10072016"
+    members = image_tree(top, OFFICE_DOMAINS, [f"Class_{i:02d}" for i in range(65)])
+    members[f"{top}/ImageInfo.csv"] = b"artist,source,...\n"
+    members[f"{top}/imagelist.txt"] = b"Art/Class_00/img_0.jpg\n"
+    return zip_bytes(members)
+
+
+def domainnet_classes() -> list[str]:
+    from dg_plugins.datasets.domainnet20 import CLASSES
+
+    return sorted(list(CLASSES) + [f"filler_{i:03d}" for i in range(345 - len(CLASSES))])
+
+
+def domainnet_files() -> tuple[dict[str, bytes], list[str]]:
+    """The six domain zips (``<domain>/<class>/<domain>_<n>.jpg``, two images per class in
+    clipart) and a duplicates list; returns (files, the listed paths that exist)."""
+    files = {}
+    for domain in DOMAINNET_DOMAINS:
+        per_class = 2 if domain == "clipart" else 1
+        members = {f"{domain}/{c}/{domain}_{i:03d}_{k:06d}.jpg": tiny_jpeg()
+                   for i, c in enumerate(domainnet_classes()) for k in range(per_class)}
+        files[f"{domain}.zip"] = zip_bytes(members)
+    classes = domainnet_classes()
+    listed = [f"clipart/{classes[0]}/clipart_000_000001.jpg",
+              f"clipart/{classes[5]}/clipart_005_000001.jpg"]
+    absent = "sketch/not_there/sketch_999_000001.jpg"  # listed but absent: skipped
+    files["domain_net_duplicates.txt"] = ("\n".join(listed + [absent]) + "\n").encode()
+    return files, listed
+
+
+TERRA_CATEGORIES = ("bird", "bobcat", "cat", "coyote", "dog", "empty", "opossum", "rabbit",
+                    "raccoon", "squirrel")
+
+
+def terra_files() -> tuple[dict[str, bytes], dict[str, set[str]]]:
+    """The Caltech Camera Traps images tarball (``eccv_18_all_images_sm/<file>``) and the
+    annotation tarball (``eccv_18_annotation_files/<5 json files>``), with images of kept and
+    other locations, kept and other categories, an image annotated with two categories and one
+    annotated twice with the same; returns (files, expected ``location_X/category`` -> file
+    names)."""
+    categories = [{"id": i, "name": n} for i, n in enumerate(TERRA_CATEGORIES + ("deer",))]
+    cat_id = {c["name"]: c["id"] for c in categories}
+    images, annotations, expected = [], [], {}
+    n = 0
+
+    def add(location, names):
+        nonlocal n
+        n += 1
+        file_name = f"{n:04d}aaaa-23d2-11e8-a6a3-ec086b02610b.jpg"
+        images.append({"id": f"img{n}", "file_name": file_name, "location": location,
+                       "width": 8, "height": 8})
+        for name in names:
+            annotations.append({"id": f"ann{len(annotations)}", "image_id": f"img{n}",
+                                "category_id": cat_id[name]})
+            if str(location) in ("38", "46", "100", "43") and name in TERRA_CATEGORIES:
+                expected.setdefault(f"location_{location}/{name}", set()).add(file_name)
+        return file_name
+
+    for location in (38, 46, 100, 43):
+        for name in TERRA_CATEGORIES:
+            add(location, [name])
+    add(38, ["cat", "dog"])  # two categories: in both folders
+    add(46, ["bird", "bird"])  # the same category twice: once
+    add(100, ["deer"])  # a category not kept
+    add(7, ["cat"])  # a location not kept
+    add("43", ["rabbit"])  # a location stored as a string
+    image_members = {f"eccv_18_all_images_sm/{image['file_name']}": tiny_jpeg()
+                     for image in images}
+    splits = {name: {"images": [], "annotations": [], "categories": categories, "info": {}}
+              for name in ("cis_test", "cis_val", "train", "trans_test", "trans_val")}
+    order = list(splits)
+    for index, image in enumerate(images):  # spread images (and their annotations) over splits
+        split = splits[order[index % len(order)]]
+        split["images"].append(image)
+        split["annotations"] += [a for a in annotations if a["image_id"] == image["id"]]
+    annotation_members = {f"eccv_18_annotation_files/{name}_annotations.json":
+                          json.dumps(data).encode() for name, data in splits.items()}
+    files = {"eccv_18_all_images_sm.tar.gz": tar_gz_bytes(image_members),
+             "eccv_18_annotations.tar.gz": tar_gz_bytes(annotation_members)}
+    return files, expected
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def mnist_files(n_train: int = 12, n_test: int = 5) -> dict[str, bytes]:
+    """The four gzipped IDX files, with random digits."""
+    rng = np.random.RandomState(0)
+    arrays = {
+        "train-images-idx3-ubyte.gz": rng.randint(0, 256, (n_train, 28, 28)),
+        "train-labels-idx1-ubyte.gz": rng.randint(0, 10, n_train),
+        "t10k-images-idx3-ubyte.gz": rng.randint(0, 256, (n_test, 28, 28)),
+        "t10k-labels-idx1-ubyte.gz": rng.randint(0, 10, n_test),
+    }
+    return {name: gzip.compress(idx_bytes(a), mtime=0) for name, a in arrays.items()}

@@ -1,0 +1,387 @@
+"""``python -m dg_plugins.scripts.download``: every dataset kind downloaded from a local HTTP
+server (127.0.0.1 only; every file gets a ``--url`` override) serving tiny archives in the real
+archive layouts; resume after a cut connection or a failed run (Range requests, asserted on the
+server log); corrupted archives; a kill during extraction; a rerun that does nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from archive_server import (
+    ArchiveServer, DOMAINNET_DOMAINS, closed_port_url, domainnet_files, mnist_files,
+    office_home_zip, pacs_zip, terra_files, vlcs_tar_gz,
+)
+from dg_plugins.datasets import download as lib
+from dg_plugins.registry import DATASETS
+from dg_plugins.scripts import download as cli
+from processes import REPO, command_env
+
+MODULE = "dg_plugins.scripts.download"
+
+
+@pytest.fixture(autouse=True)
+def no_retry_wait(monkeypatch):
+    monkeypatch.setattr(lib, "RETRY_DELAY", 0.0)
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_clean_error(err: str, *needles: str) -> None:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def leftovers(data_dir: Path) -> list[str]:
+    """Hidden staging folders (a kill or a failure must not leave one)."""
+    return sorted(p.name for p in data_dir.iterdir() if p.name.endswith(".download-tmp"))
+
+
+def test_list_prints_the_table(capsys):
+    code, out, _ = run_main(capsys, "--list")
+    assert code == 0
+    for source in lib.SOURCES:
+        assert source.name in out and source.url in out
+    assert "PACS.zip" in out and "unknown" in out  # no checksum known for the Drive copies
+    assert "terra_incognita/" in out and "MNIST/raw/" in out
+    assert "DomainNet20" in out and "(= DomainNet)" in out
+
+
+def test_pacs_download_checks_out_and_a_rerun_sends_no_request(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    with ArchiveServer({"PACS.zip": pacs_zip()}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+        assert code == 0, err
+        assert "no checksum known" in out and "extracted layout checks out" in out
+        dataset = DATASETS.get("PACS")(str(data_dir), [], None)
+        assert dataset.num_classes == 7 and len(dataset.datasets) == 4
+        assert not (data_dir / "downloads").exists()  # archive deleted, folder removed
+        assert leftovers(data_dir) == [] and sorted(os.listdir(data_dir)) == ["PACS"]
+        requests = list(server.log)
+        assert [(r.path, r.status) for r in requests] == [("PACS.zip", 200)]
+
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+        assert code == 0, err
+        assert "PACS: already present" in out and "skipped" in out
+        assert server.log == requests  # no request reached the server
+
+
+def test_vlcs_tar_gz_and_office_home_zip(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    files = {"VLCS.tar.gz": vlcs_tar_gz(), "office_home.zip": office_home_zip()}
+    with ArchiveServer(files) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "VLCS", "officehome",
+                                  "--keep_archives", *server.args())
+    assert code == 0, err
+    vlcs = DATASETS.get("VLCS")(str(data_dir), [], None)
+    assert (vlcs.environment_folders, vlcs.num_classes) == (
+        ["Caltech101", "LabelMe", "SUN09", "VOC2007"], 5)
+    office = DATASETS.get("OfficeHome")(str(data_dir), [], None)
+    assert office.environment_folders[-1] == "Real World" and office.num_classes == 65
+    assert (data_dir / "office_home" / "ImageInfo.csv").is_file()
+    assert sorted(os.listdir(data_dir / "downloads")) == ["VLCS.tar.gz", "office_home.zip"]
+
+
+def test_mnist_files_go_to_mnist_raw(tmp_path, capsys):
+    from dg_plugins.datasets.mnist import load_mnist
+
+    data_dir = tmp_path / "data"
+    files = mnist_files()
+    with ArchiveServer(files) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "RotatedMNIST", "ColoredMNIST",
+                                  *server.args(sha256=True))
+    assert code == 0, err
+    assert "RotatedMNIST is built from MNIST's files" in out
+    assert out.count("MNIST: downloading 4 file(s)") == 1  # both names need MNIST once
+    assert out.count("sha256 verified") == 4
+    raw = data_dir / "MNIST" / "raw"
+    assert sorted(os.listdir(raw)) == sorted([*files, *(n[:-3] for n in files)])
+    images, labels = load_mnist(str(data_dir))
+    assert images.shape == (17, 28, 28) and labels.shape == (17,)
+
+
+def test_terra_incognita_is_built_from_the_annotations(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    files, expected = terra_files()
+    with ArchiveServer(files) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "TerraIncognita",
+                                  *server.args(sha256=True))
+    assert code == 0, err
+    root = data_dir / "terra_incognita"
+    found = {}
+    for path in root.rglob("*.jpg"):
+        found.setdefault(str(path.parent.relative_to(root)), set()).add(path.name)
+    assert found == expected
+    assert sorted(os.listdir(root)) == ["location_100", "location_38", "location_43",
+                                        "location_46"]
+    dataset = DATASETS.get("TerraIncognita")(str(data_dir), [], None)
+    assert dataset.num_classes == 10
+    # the image annotated "cat" and "dog" is in both folders; the doubly annotated one once
+    both = expected["location_38/cat"] & expected["location_38/dog"]
+    assert len(both) == 1
+    # one image per (location, category), the two-category one twice, the doubly annotated
+    # bird once, the location given as a string once; the deer and location 7 nowhere
+    assert sum(len(v) for v in expected.values()) == 4 * 10 + 2 + 1 + 1
+
+
+def test_domain_net_archives_duplicates_and_domainnet20(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    files, listed = domainnet_files()
+    with ArchiveServer(files) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "DomainNet20",
+                                  *server.args(sha256=True))
+    assert code == 0, err
+    assert "downloading DomainNet20 means downloading DomainNet" in out
+    assert "removed 2 duplicate files of the 3" in out
+    root = data_dir / "domain_net"
+    assert sorted(os.listdir(root)) == list(DOMAINNET_DOMAINS)
+    for path in listed:
+        assert not (root / path).exists()
+        assert (root / path.replace("_000001.jpg", "_000000.jpg")).exists()
+    assert DATASETS.get("DomainNet")(str(data_dir), [], None).num_classes == 345
+    assert DATASETS.get("DomainNet20")(str(data_dir), [], None).num_classes == 20
+    assert "DomainNet20: its 20 classes are in" in out
+
+
+def test_a_cut_connection_resumes_with_range(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    archive = pacs_zip(per_class=3)
+    cut = len(archive) // 3
+    with ArchiveServer({"PACS.zip": archive}, cut_after={"PACS.zip": cut}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 0, err
+    assert "transfer cut" in out
+    first, second = server.log
+    assert (first.range, first.status, first.body_bytes) == (None, 200, cut)
+    assert (second.range, second.status) == (f"bytes={cut}-", 206)
+    assert second.body_bytes == len(archive) - cut  # the bytes already there: not fetched again
+    assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+
+
+def test_a_failed_run_keeps_the_part_file_and_a_rerun_continues_it(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    archive = pacs_zip(per_class=3)
+    cut = len(archive) // 2
+    with ArchiveServer({"PACS.zip": archive}, cut_after={"PACS.zip": cut}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--retries", 0,
+                                  *server.args())
+        assert code == 1
+        part = data_dir / "downloads" / "PACS.zip.part"
+        assert_one_clean_error(err, "broke off", str(part), "rerun")
+        assert part.stat().st_size == cut and not (data_dir / "PACS").exists()
+
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 0, err
+    assert "continuing the partial download" in out
+    assert [(r.range, r.status) for r in server.log] == [(None, 200), (f"bytes={cut}-", 206)]
+    assert server.log[1].body_bytes == len(archive) - cut
+    assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+
+
+@pytest.mark.parametrize("mode", ["ignore_range", "wrong_content_range"])
+def test_a_server_that_does_not_resume_properly_restarts_the_file(tmp_path, capsys, mode):
+    data_dir = tmp_path / "data"
+    archive = pacs_zip()
+    downloads = data_dir / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / "PACS.zip.part").write_bytes(b"\0" * 100)  # appending to it would corrupt
+    with ArchiveServer({"PACS.zip": archive}, **{mode: {"PACS.zip"}}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 0, err
+    assert server.log[0].range == "bytes=100-"
+    if mode == "ignore_range":
+        assert "answered 200 to a Range request" in out and len(server.log) == 1
+    else:
+        assert "Content-Range" in out and server.log[1].range is None  # fresh, full request
+        assert server.log[1].body_bytes == len(archive)
+    assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+
+
+@pytest.mark.parametrize("name", ["PACS.zip", "VLCS.tar.gz"])
+def test_a_corrupted_archive_fails_cleanly(tmp_path, capsys, name):
+    data_dir = tmp_path / "data"
+    good = pacs_zip() if name == "PACS.zip" else vlcs_tar_gz()
+    if name == "PACS.zip":  # flip bytes inside an image: the CRC check fails
+        middle = len(good) // 2
+        bad = good[:middle] + bytes(b ^ 0xFF for b in good[middle:middle + 64]) + good[
+            middle + 64:]
+    else:  # a truncated tarball
+        bad = good[: len(good) * 2 // 3]
+    dataset = "PACS" if name == "PACS.zip" else "VLCS"
+    with ArchiveServer({name: bad}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, dataset, *server.args())
+    assert code == 1
+    assert_one_clean_error(err, name, "a corrupted, incomplete or wrong archive", ".corrupt", "rerun")
+    assert not (data_dir / dataset).exists() and leftovers(data_dir) == []
+    assert (data_dir / "downloads" / f"{name}.corrupt").is_file()
+    assert not (data_dir / "downloads" / name).exists()
+
+
+def test_a_checksum_mismatch_fails_cleanly(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    files = mnist_files()
+    with ArchiveServer(files) as server:
+        args = server.args(sha256=True)
+        wrong = hashlib.sha256(b"something else").hexdigest()
+        args += ["--sha256", f"t10k-labels-idx1-ubyte.gz={wrong}"]
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "MNIST", *args)
+    assert code == 1
+    assert_one_clean_error(err, "t10k-labels-idx1-ubyte.gz does not match", wrong, ".corrupt")
+    assert not (data_dir / "MNIST").exists() and leftovers(data_dir) == []
+
+
+def test_the_table_checksum_applies_to_a_mirror(tmp_path, capsys):
+    """A --url mirror must serve the original bytes: the table's size is checked (no --sha256)."""
+    data_dir = tmp_path / "data"
+    with ArchiveServer(mnist_files()) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "MNIST", *server.args())
+    assert code == 1
+    assert_one_clean_error(err, "train-images-idx3-ubyte.gz", "serves", "9912422",
+                           "--sha256 train-images-idx3-ubyte.gz=HEX")
+    assert [r.path for r in server.log] == ["train-images-idx3-ubyte.gz"]
+
+
+def test_offline_or_a_dead_link_is_one_clear_error(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    url = closed_port_url("PACS.zip")
+    code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--url", f"PACS.zip={url}")
+    assert code == 1
+    place = str(data_dir / "downloads" / "PACS.zip")
+    assert_one_clean_error(err, url, "Connection refused", f"put it at {place}", "rerun")
+    with ArchiveServer({}) as server:  # a dead link: 404
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--url",
+                                  f"PACS.zip={server.url('PACS.zip')}")
+    assert code == 1
+    assert_one_clean_error(err, "HTTP 404", f"put it at {place}")
+    assert not (data_dir / "PACS").exists()
+
+
+def test_a_file_placed_by_hand_is_used(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    (data_dir / "downloads").mkdir(parents=True)
+    (data_dir / "downloads" / "PACS.zip").write_bytes(pacs_zip())
+    code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--url",
+                              f"PACS.zip={closed_port_url('PACS.zip')}")
+    assert code == 0, err
+    assert "PACS.zip: found in" in out
+    assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+
+
+def test_google_drive_without_gdown_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gdown", None)  # import gdown raises ImportError
+    code, out, err = run_main(capsys, "--data_dir", tmp_path / "data", "PACS")
+    assert code == 1
+    assert_one_clean_error(err, "drive.google.com", "pip install 'dg_plugins[download]'",
+                           "--url PACS.zip=URL")
+
+
+def test_not_enough_disk_space_stops_before_any_request(tmp_path, capsys, monkeypatch):
+    import collections
+    import shutil
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    data_dir = tmp_path / "data"
+    with ArchiveServer(mnist_files()) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "MNIST", *server.args())
+    assert code == 1
+    needed = sum(s.size for s in lib.sources_of("MNIST")) + lib.DATASET_SPECS["MNIST"].extracted_size
+    assert_one_clean_error(err, "not enough free disk space", f"needs {lib.human_size(needed)}",
+                           f"{lib.human_size(1000)} free")
+    assert server.log == []
+
+
+def test_an_existing_folder_that_does_not_check_out_is_left_alone(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    (data_dir / "PACS" / "photos" / "dog").mkdir(parents=True)
+    with ArchiveServer({"PACS.zip": pacs_zip()}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 1
+    assert_one_clean_error(err, "exists but its layout does not check out", "move it away")
+    assert server.log == [] and os.listdir(data_dir / "PACS") == ["photos"]
+
+
+def test_bad_names_are_usage_errors(tmp_path, capsys):
+    for args, needle in ((["PAC"], "did you mean PACS"),
+                         (["PACS", "--url", "PACS.zp=http://127.0.0.1:1/x"], "did you mean "
+                                                                              "PACS.zip"),
+                         (["PACS", "--sha256", "PACS.zip=abc"], "64 hex digits")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["--data_dir", str(tmp_path), *args])
+        assert exit_info.value.code == 2
+        assert needle in capsys.readouterr().err
+    code, out, _ = run_main(capsys, "--data_dir", tmp_path, "RotatedMNIST5k")
+    assert code == 0 and "built in" in out and "nothing to download" in out
+
+
+def test_a_kill_during_extraction_leaves_nothing_complete_and_a_rerun_completes(tmp_path):
+    """The real command as a subprocess, slowed down while it extracts (a test-only hook), is
+    killed with SIGKILL once it has written files into its staging folder; the dataset folder
+    must not exist; the rerun removes the stale staging folder, reuses the downloaded archive
+    (no request) and completes."""
+    data_dir = tmp_path / "data"
+    staging = data_dir / ".PACS.download-tmp"
+    with ArchiveServer({"PACS.zip": pacs_zip()}) as server:
+        args = ["--data_dir", str(data_dir), "PACS", *server.args()]
+        env = command_env(**{lib.TEST_DELAY_ENV: "0.2"})
+        proc = subprocess.Popen([sys.executable, "-m", MODULE, *args], env=env, cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            seen = []
+            for line in proc.stdout:  # the marker line, then files under the staging folder
+                seen.append(line)
+                if "extracting PACS.zip into" in line:
+                    break
+            else:
+                raise AssertionError("no extraction marker:\n" + "".join(seen))
+            deadline = time.monotonic() + 30
+            while not any(p.is_file() for p in staging.rglob("*")):
+                assert time.monotonic() < deadline, "nothing extracted within 30 s"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        assert proc.returncode == -signal.SIGKILL
+        assert not (data_dir / "PACS").exists() and staging.is_dir()
+        requests = list(server.log)
+
+        rerun = subprocess.run([sys.executable, "-m", MODULE, *args], env=command_env(),
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert "left by an interrupted run" in rerun.stdout
+        assert "PACS.zip: found in" in rerun.stdout
+        assert server.log == requests  # the archive was complete: not fetched again
+    assert leftovers(data_dir) == []
+    assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+
+
+def test_an_archive_whose_layout_does_not_check_out_leaves_nothing(tmp_path, capsys):
+    """A PACS.zip without the class "person" (6 classes): the staged layout is rejected."""
+    from archive_server import PACS_CLASSES, PACS_DOMAINS, image_tree, zip_bytes
+
+    data_dir = tmp_path / "data"
+    six = zip_bytes(image_tree("kfold", PACS_DOMAINS, PACS_CLASSES[:-1]))
+    with ArchiveServer({"PACS.zip": six}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 1
+    assert_one_clean_error(err, "has 6 classes, the standard PACS has 7",
+                           f"Nothing was put in {data_dir / 'PACS'}")
+    assert not (data_dir / "PACS").exists() and leftovers(data_dir) == []
