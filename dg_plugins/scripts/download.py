@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except lib.DownloadError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # e.g. --data_dir not writable, or a file
+        print(f"error: {err} (check --data_dir {args.data_dir}); rerun when fixed: what was "
+              "already downloaded is kept", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: partial downloads are kept; rerun the same command to continue",
               file=sys.stderr)

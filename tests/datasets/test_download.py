@@ -29,7 +29,7 @@ MODULE = "dg_plugins.scripts.download"
 
 @pytest.fixture(autouse=True)
 def no_retry_wait(monkeypatch):
-    monkeypatch.setattr(lib, "RETRY_DELAY", 0.0)
+    monkeypatch.setattr(lib.fetch, "RETRY_DELAY", 0.0)
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:
@@ -385,3 +385,20 @@ def test_an_archive_whose_layout_does_not_check_out_leaves_nothing(tmp_path, cap
     assert_one_clean_error(err, "has 6 classes, the standard PACS has 7",
                            f"Nothing was put in {data_dir / 'PACS'}")
     assert not (data_dir / "PACS").exists() and leftovers(data_dir) == []
+
+
+def test_without_a_terminal_progress_is_a_line_per_tenth():
+    lines = []
+    report = lib.Reporter(out=lines.append, progress=False)
+    with report.transfer("PACS.zip", total=1000, initial=200) as update:
+        for _ in range(16):
+            update(50)
+    assert lines == [f"  PACS.zip: {p}% {lib.human_size(p * 10)} of 1.0 KB"
+                     for p in range(30, 101, 10)]
+
+
+def test_a_data_dir_that_is_a_file_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "data").write_text("")
+    code, out, err = run_main(capsys, "--data_dir", tmp_path / "data", "PACS")
+    assert code == 1
+    assert_one_clean_error(err, str(tmp_path / "data"))

@@ -1,0 +1,388 @@
+"""Layout checks (the dataset classes decide what a valid folder is), extraction into a staging
+folder, and each dataset's post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from typing import Iterable
+
+from dg_plugins.datasets.download.fetch import Reporter, check_free_space
+from dg_plugins.datasets.download.sources import (
+    CHUNK, DATASET_SPECS, EXTRACT_FACTOR, TERRA_ANNOTATION_FILES, TERRA_CATEGORIES, TERRA_LOCATIONS,
+    TEST_DELAY_ENV, CorruptArchive, DatasetSpec, DownloadError,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Layout checks (the dataset classes decide)
+
+
+def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
+    """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``: "ok" when the
+    dataset class reads the folder and it has the standard domain folders and class count."""
+    spec = DATASET_SPECS[dataset]
+    if dataset == "MNIST":
+        return _mnist_status(data_dir)
+    folder = os.path.join(data_dir, spec.folder)
+    if not os.path.exists(folder):
+        return "absent", f"{folder} does not exist"
+    problem = image_layout_problem(dataset, data_dir)
+    return ("broken", problem) if problem else ("ok", f"{folder} checks out")
+
+
+def image_layout_problem(dataset: str, data_dir: str) -> str | None:
+    """None when ``<data_dir>/<folder>`` reads as ``dataset``, with its standard domain folders
+    and class count, else what is wrong. Uses the dataset class's own folder checks and image
+    listing (``MultipleEnvironmentImageFolder``) without building its transforms, so no
+    torchvision import."""
+    from dg_plugins.datasets.image_folder import ImageFolderEnvironment, visible_subfolders
+    from dg_plugins.registry import DATASETS
+
+    spec = DATASET_SPECS[dataset]
+    cls = DATASETS.get(dataset)
+    root = os.path.join(data_dir, spec.folder)
+    if not os.path.isdir(root):
+        return f"{root} is not a folder"
+    reader = cls.__new__(cls)  # its folder checks only
+    reader.root = root
+    try:
+        folders = visible_subfolders(root)
+        if cls.ENV_FOLDERS and folders != sorted(cls.ENV_FOLDERS):
+            return (f"{root} has the domain folders {folders}, expected "
+                    f"{sorted(cls.ENV_FOLDERS)}")
+        folders = reader._find_environment_folders(root)
+        classes = sorted(set().union(*(reader._find_class_folders(env) for env in folders)))
+        for env in folders:
+            if not ImageFolderEnvironment(os.path.join(root, env), classes).samples:
+                return (f"no image files in the class folders of {os.path.join(root, env)}. "
+                        f"{cls.expected_layout()}")
+    except (FileNotFoundError, NotADirectoryError, ValueError, OSError) as err:
+        return str(err)
+    if spec.num_classes is not None and len(classes) != spec.num_classes:
+        return f"{root} has {len(classes)} classes, the standard {dataset} has {spec.num_classes}"
+    return None
+
+
+def domainnet20_problem(data_dir: str) -> str | None:
+    """None when every DomainNet domain folder holds DomainNet-20's class folders
+    (:data:`dg_plugins.datasets.domainnet20.CLASSES`), else what is missing."""
+    from dg_plugins.datasets.domainnet20 import CLASSES
+    from dg_plugins.datasets.image_folder import visible_subfolders
+
+    root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
+    for env in visible_subfolders(root):
+        present = set(visible_subfolders(os.path.join(root, env)))
+        missing = [c for c in CLASSES if c not in present]
+        if missing:
+            return f"DomainNet-20 class folder(s) {missing} missing in {os.path.join(root, env)}"
+    return None
+
+
+def _mnist_status(data_dir: str) -> tuple[str, str]:
+    from dg_plugins.datasets.mnist import find_mnist_files
+
+    try:
+        paths = find_mnist_files(data_dir)
+    except FileNotFoundError:
+        folder = os.path.join(data_dir, "MNIST")
+        if os.path.exists(folder):
+            return "broken", f"{folder} exists but does not hold the four MNIST files"
+        return "absent", f"no MNIST files under {data_dir}"
+    problem = mnist_files_problem(paths)
+    where = os.path.dirname(paths["train_images"])
+    return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
+
+
+def mnist_files_problem(paths: dict[str, str]) -> str | None:
+    """None when the four IDX files parse and images and labels agree (28x28 digits)."""
+    from dg_plugins.datasets.mnist import read_idx
+
+    try:
+        for split in ("train", "test"):
+            images = read_idx(paths[f"{split}_images"])
+            labels = read_idx(paths[f"{split}_labels"])
+            if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
+                return (f"MNIST {split} files disagree: images {images.shape}, labels "
+                        f"{labels.shape}")
+    except (ValueError, OSError, EOFError) as err:
+        return str(err)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Extraction and post-processing
+
+
+def _test_delay() -> None:
+    delay = os.environ.get(TEST_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
+
+
+def _safe_member(name: str) -> bool:
+    parts = name.replace("\\", "/").split("/")
+    return not (name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts)
+
+
+def extraction_size(path: str) -> int:
+    """Bytes the archive takes once extracted: exact for zip files, else estimated."""
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    return int(os.path.getsize(path) * EXTRACT_FACTOR)
+
+
+def extract(path: str, dest: str, report: Reporter) -> None:
+    """Extract a zip or tar archive (any compression) into ``dest``; a broken archive raises
+    :class:`CorruptArchive`."""
+    import gzip
+    import tarfile
+    import zipfile
+    import zlib
+
+    name = os.path.basename(path)
+    check_free_space(dest, extraction_size(path), f"extracting {name}")
+    report(f"  extracting {name} into {dest}")
+    count = 0
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    if not _safe_member(info.filename):
+                        raise CorruptArchive(f"{name} holds an unsafe path {info.filename!r}")
+                    archive.extract(info, dest)
+                    count += 1
+                    _test_delay()
+        else:
+            with tarfile.open(path, "r:*") as archive:
+                for member in archive:
+                    if not _safe_member(member.name) or not (member.isfile() or member.isdir()):
+                        continue  # links, devices and paths outside dest are skipped
+                    if hasattr(tarfile, "data_filter"):
+                        archive.extract(member, dest, filter="data")
+                    else:
+                        archive.extract(member, dest)
+                    count += 1
+                    _test_delay()
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error,
+            gzip.BadGzipFile) as err:
+        raise CorruptArchive(f"{name} does not extract: {type(err).__name__}: {err}") from None
+    except OSError as err:
+        raise DownloadError(f"could not extract {name} into {dest}: {err}") from None
+    if count == 0:
+        raise CorruptArchive(f"{name} holds no files")
+    report(f"  extracted {count} entries of {name}")
+
+
+def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[str]) -> str:
+    """The folder of an extracted archive that holds the dataset's domain folders: DomainBed's
+    ``expected_name`` when it is there, else the one folder (at most 3 levels down) holding all
+    ``env_folders``."""
+    wanted = set(env_folders)
+    if expected_name:
+        candidate = os.path.join(extracted, expected_name)
+        if os.path.isdir(candidate) and wanted <= set(os.listdir(candidate)):
+            return candidate
+    found = []
+    for folder, dirnames, _ in os.walk(extracted):
+        depth = os.path.relpath(folder, extracted).count(os.sep)
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "__MACOSX"))]
+        if wanted <= set(dirnames):
+            found.append(folder)
+        if depth >= 2:
+            dirnames[:] = []
+    if len(found) != 1:
+        raise CorruptArchive(
+            f"the archive does not hold one folder with the domain folders "
+            f"{sorted(wanted)} ({'found ' + ', '.join(found) if found else 'none found'})")
+    return found[0]
+
+
+def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging: str,
+                           report: Reporter) -> None:
+    """PACS, VLCS, OfficeHome: extract, then move the folder holding the domain folders to
+    ``<staging>/<folder>`` (DomainBed renames ``kfold``, ``VLCS``, ``OfficeHomeDataset_10072016``)."""
+    from dg_plugins.registry import DATASETS
+
+    (path,) = archives.values()
+    extracted = os.path.join(staging, "extracted")
+    os.makedirs(extracted)
+    extract(path, extracted, report)
+    root = find_root(extracted, spec.archive_root, DATASETS.get(spec.name).ENV_FOLDERS)
+    os.rename(root, os.path.join(staging, spec.folder))
+    shutil.rmtree(extracted)
+
+
+def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str,
+                       report: Reporter) -> None:
+    """Extract the six domain zips into ``<staging>/domain_net/``, then delete the files listed
+    in DomainBed's ``domain_net_duplicates.txt`` (paths relative to ``domain_net/``; listed files
+    that are absent are skipped, as DomainBed does)."""
+    target = os.path.join(staging, spec.folder)
+    os.makedirs(target)
+    for name, path in archives.items():
+        if name.endswith(".zip"):
+            extract(path, target, report)
+    with open(archives["domain_net_duplicates.txt"], encoding="utf-8") as handle:
+        listed = [line.strip() for line in handle if line.strip()]
+    removed = 0
+    for relative in listed:
+        if not _safe_member(relative):
+            raise CorruptArchive(f"domain_net_duplicates.txt lists an unsafe path {relative!r}")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(target, relative))
+            removed += 1
+    report(f"  removed {removed} duplicate files of the {len(listed)} that "
+           "domain_net_duplicates.txt lists")
+
+
+def _terra_annotations(path: str) -> dict[str, list]:
+    """The five annotation files of the annotation tarball, merged key by key (as DomainBed
+    does), read without extracting."""
+    import json
+    import tarfile
+    import zlib
+
+    merged: dict[str, list] = {}
+    found = set()
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            for member in archive:
+                base = os.path.basename(member.name)
+                if member.isfile() and base in TERRA_ANNOTATION_FILES:
+                    with archive.extractfile(member) as handle:
+                        for key, values in json.load(handle).items():
+                            merged.setdefault(key, []).extend(values)
+                    found.add(base)
+    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as err:
+        raise CorruptArchive(f"{os.path.basename(path)} does not extract: "
+                             f"{type(err).__name__}: {err}") from None
+    missing = sorted(set(TERRA_ANNOTATION_FILES) - found)
+    if missing:
+        raise CorruptArchive(f"{os.path.basename(path)} lacks {', '.join(missing)}")
+    return merged
+
+
+def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]]]:
+    """Image file name -> the ``(location_<id>, category)`` folders it goes to: images of the
+    kept locations, once per distinct kept category among their annotations (DomainBed's
+    ``download_terra_incognita``)."""
+    categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
+    images = {}
+    for image in annotations.get("images", []):
+        location = str(image["location"])
+        if location in TERRA_LOCATIONS:
+            images[image["id"]] = (image["file_name"], f"location_{location}")
+    targets: dict[str, set[tuple[str, str]]] = {}
+    for annotation in annotations.get("annotations", []):
+        entry = images.get(annotation["image_id"])
+        category = categories.get(annotation["category_id"])
+        if entry is None or category not in TERRA_CATEGORIES:
+            continue
+        file_name, location = entry
+        targets.setdefault(file_name.replace("\\", "/"), set()).add((location, category))
+    return targets
+
+
+def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging: str,
+                            report: Reporter) -> None:
+    """Read the annotation files, then stream the image tarball once and write each kept image
+    to ``<staging>/terra_incognita/location_<id>/<category>/<file>`` (hard links for an image in
+    several categories): only the kept images touch the disk."""
+    import tarfile
+    import zlib
+
+    annotations = _terra_annotations(archives["eccv_18_annotations.tar.gz"])
+    targets = terra_targets(annotations)
+    if not targets:
+        raise CorruptArchive("the annotation files list no image of locations "
+                             f"{', '.join(TERRA_LOCATIONS)} in the kept categories")
+    target = os.path.join(staging, spec.folder)
+    images_path = archives["eccv_18_all_images_sm.tar.gz"]
+    check_free_space(staging, int(os.path.getsize(images_path) * EXTRACT_FACTOR),
+                     "the TerraIncognita images (at most)")
+    report(f"  extracting {len(targets)} images of locations {', '.join(TERRA_LOCATIONS)} "
+           f"from {os.path.basename(images_path)} into {target}")
+    written = set()
+    counts: dict[str, int] = {}
+    try:
+        with tarfile.open(images_path, "r:*") as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                relative = member.name.replace("\\", "/").split("/", 1)[-1]
+                if relative not in targets or relative in written:
+                    continue
+                destinations = sorted(targets[relative])
+                first = None
+                for location, category in destinations:
+                    folder = os.path.join(target, location, category)
+                    os.makedirs(folder, exist_ok=True)
+                    dest = os.path.join(folder, os.path.basename(relative))
+                    if first is None:
+                        with archive.extractfile(member) as src, open(dest, "wb") as out:
+                            shutil.copyfileobj(src, out, CHUNK)
+                        first = dest
+                    else:
+                        try:
+                            os.link(first, dest)
+                        except OSError:
+                            shutil.copyfile(first, dest)
+                    counts[location] = counts.get(location, 0) + 1
+                written.add(relative)
+                _test_delay()
+    except (tarfile.TarError, EOFError, zlib.error) as err:
+        raise CorruptArchive(f"{os.path.basename(images_path)} does not extract: "
+                             f"{type(err).__name__}: {err}") from None
+    missing = sorted(set(targets) - written)
+    if missing:
+        raise CorruptArchive(
+            f"{len(missing)} annotated images are missing from "
+            f"{os.path.basename(images_path)} (e.g. {missing[0]})")
+    report("  images per location: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
+                  report: Reporter) -> None:
+    """Put the four gzipped IDX files and their decompressed copies in ``<staging>/MNIST/raw/``
+    (torchvision's layout)."""
+    import gzip
+    import zlib
+
+    raw = os.path.join(staging, spec.folder, "raw")
+    os.makedirs(raw)
+    for name, path in archives.items():
+        shutil.copyfile(path, os.path.join(raw, name))
+        plain = os.path.join(raw, name[:-len(".gz")])
+        try:
+            with gzip.open(path, "rb") as src, open(plain, "wb") as out:
+                shutil.copyfileobj(src, out, CHUNK)
+        except (OSError, EOFError, zlib.error) as err:
+            raise CorruptArchive(f"{name} does not decompress: {type(err).__name__}: "
+                                 f"{err}") from None
+        _test_delay()
+    report(f"  wrote the four MNIST files (gzipped and decompressed) to {raw}")
+
+
+PREPARE = {
+    "PACS": prepare_single_archive, "VLCS": prepare_single_archive,
+    "OfficeHome": prepare_single_archive, "DomainNet": prepare_domain_net,
+    "TerraIncognita": prepare_terra_incognita, "MNIST": prepare_mnist,
+}
+
+
+def staged_problem(dataset: str, staging: str) -> str | None:
+    if dataset == "MNIST":
+        from dg_plugins.datasets.mnist import find_mnist_files
+
+        try:
+            return mnist_files_problem(find_mnist_files(staging))
+        except FileNotFoundError as err:
+            return str(err).splitlines()[0]
+    return image_layout_problem(dataset, staging)

