@@ -64,10 +64,14 @@ class PaperValue:
     pm: float | None = None
 
     def text(self, sign: str = "+/-") -> str:
-        """One decimal, as collect_results prints measured cells."""
-        if self.pm is None:
-            return f"{self.mean:.1f}"
-        return f"{self.mean:.1f} {sign} {self.pm:.1f}"
+        """As the paper prints it, less trailing zeros: one decimal, or two where it gives two
+        (``72.61``), with ``sign`` before the ``±`` value."""
+        mean = _decimals(self.mean)
+        return mean if self.pm is None else f"{mean} {sign} {_decimals(self.pm)}"
+
+
+def _decimals(value: float) -> str:
+    return f"{value:.1f}" if round(value, 1) == value else f"{value:.2f}"
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,10 @@ def keys() -> list[str]:
 def unknown_key_message(key: str, known: list[str] | None = None) -> str:
     """``unknown paper key 'x'; did you mean 'y'? known keys: ...``."""
     known = keys() if known is None else known
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    close = [k for k in known if k.startswith(key) or key.startswith(k)]
+    close += [k for k in difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+              if k not in close]
+    close = close[:3]
     hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
     return f"unknown paper key {key!r}{hint}; known keys: {', '.join(known)}"
 
