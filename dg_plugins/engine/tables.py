@@ -113,6 +113,7 @@ SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
 #: ``Section.test_key`` of UDG sections (dg_plugins.engine.udg_jobs).
 UDG_KEY = "udg"
+LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
 
@@ -495,6 +496,12 @@ def _listing(items: list[str], limit: int = 8) -> str:
     return f"{', '.join(items[:limit])} and {len(items) - limit} more"
 
 
+def _envs(labels: list[str], indexes) -> str:
+    """``test environment A`` / ``test environments A, C``."""
+    plural = "s" if len(indexes) > 1 else ""
+    return f"test environment{plural} {_names(labels, indexes)}"
+
+
 def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list[str]:
     """Why cells of the standard and IP/OOP dataset tables print ``X``: per dataset, the
     algorithms without a single-test-environment record for some of its environments (every
@@ -506,15 +513,14 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list
     ran: dict[tuple, set] = {}
     for dataset, algorithm, env in zip(info["dataset"], info["algorithm"], info["test_env"]):
         ran.setdefault((dataset, algorithm), set()).add(int(env))
-    single_source = set()
+    present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
     runs = single_source_runs(grouped)
-    if not runs.empty:
-        single_source = set(zip(runs["dataset"], runs["algorithm"]))
+    single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
     notes, explained = [], set()
     for section in sections:
         if section.test_key in (SINGLE_SOURCE_KEY, UDG_KEY):
             continue
-        unscored: dict[tuple, list[str]] = {}  # (dataset, env names) -> algorithms
+        unscored: dict[str, list[str]] = {}  # dataset -> "<algorithm> at <envs>"
         for table in section.tables:
             if table.dataset is None:
                 continue
@@ -523,40 +529,40 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list
             not_run: dict[tuple, list[str]] = {}  # (envs with records, missing) -> algorithms
             for algorithm, cells in table.rows.items():
                 missing = {i for i in full if cells[i].mean is None}
-                if not missing:
-                    continue
                 have = ran.get((table.dataset, algorithm), set()) & full
                 if missing - have:
                     not_run.setdefault((frozenset(have), frozenset(missing - have)),
                                        []).append(algorithm)
                 if missing & have:
-                    unscored.setdefault((table.dataset, _names(labels, missing & have)),
-                                        []).append(algorithm)
+                    unscored.setdefault(table.dataset, []).append(
+                        f"{algorithm} at {_names(labels, missing & have)}")
             if table.dataset in explained:
                 continue
             explained.add(table.dataset)
             for (have, absent), algorithms in not_run.items():
                 who = _listing(algorithms)
-                if not have and all((table.dataset, a) in single_source for a in algorithms):
+                if have:
+                    why = (f"records exist only with {_envs(labels, have)}, none with "
+                           f"{_names(labels, absent)}")
+                elif not any((table.dataset, a) in present for a in algorithms):
+                    why = "no record of theirs is on this dataset"
+                elif all((table.dataset, a) in single_source for a in algorithms):
                     why = ("their runs on it are single-source (one training environment), "
                            "which these tables do not score: see the single-source tables")
-                elif not have:
-                    why = "they have no record with a single test environment on it"
                 else:
-                    why = (f"records exist only with test environment {_names(labels, have)}; "
-                           f"none with {_names(labels, absent)}")
+                    why = "none of their records on it has a single test environment"
                 notes.append(f"{table.dataset}: X for {who} in every method's table: {why}. "
                              "A row with an X has Avg X, as in DomainBed.")
-        for (dataset, envs), algorithms in unscored.items():
-            if section.method.key == "loo":
+        for dataset, cells in unscored.items():
+            if section.method.key == LOO_KEY:
                 why = ("leave-one-domain-out scores test environment t with the runs whose test "
                        "environments are [t, j], for every other environment j, at the same "
-                       "hparams and steps; they are missing (sweep launches them unless "
+                       "hparams and steps, and those are missing (sweep launches them unless "
                        "--single_test_envs or --test_env_sets leaves them out)")
             else:
                 why = f"the chosen records have no {section.test_key.format(t='<t>')}"
             notes.append(f"{dataset}, {section.title[len('Model selection: '):]}: X for "
-                         f"{_listing(algorithms)} at {envs} although those runs exist: {why}.")
+                         f"{'; '.join(cells)} although those runs exist: {why}.")
     return notes
 
 
@@ -585,9 +591,9 @@ def averages_notes(sections: list[Section], labels_of) -> list[str]:
                     parts = []
                     for envs in sets:
                         seeds = sorted(t for t, e in trials.items() if e == envs)
-                        parts.append(f"{_names(labels, envs)} (trial "
-                                     f"{', '.join(map(str, seeds))})")
-                    described[algorithm] = " and ".join(parts)
+                        parts.append((seeds, f"{_names(labels, envs)} (trial "
+                                             f"{', '.join(map(str, seeds))})"))
+                    described[algorithm] = " and ".join(text for _, text in sorted(parts))
                 whole = _names(labels, full)
                 if all(text == whole for text in described.values()):
                     continue
