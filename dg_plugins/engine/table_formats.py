@@ -43,7 +43,7 @@ HPARAMS_FILE = "selected_hparams.csv"
 def render(report: Report, fmt: str = "text") -> str:
     """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
     DomainBed's collect_results byte for byte when there are no subset keys, no single-source
-    runs and no hparams table."""
+    runs, no hparams table and no paper comparison."""
     if fmt not in _RENDERERS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     return _RENDERERS[fmt](report)

@@ -48,7 +48,20 @@ Selected hparams (:func:`selected_hparams`): per method, dataset, algorithm, tes
 trial, the run the method chose (hparams_seed, step, val/test accuracy, job folder, hparams), in
 ``Report.hparams`` (rendered after the tables).
 
-API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
+Paper numbers (:func:`add_paper_comparisons`, ``build_report(papers=...)``): each entry of
+:mod:`dg_plugins.reference` goes under every table it matches (:func:`paper_matches`: the same
+setting, the entry's dataset, source environment and selection method where it names them; a
+several-dataset entry also under the Averages table), as a :class:`PaperComparison`: the paper's
+rows under our columns and, for each algorithm of the table that corresponds to a paper row, ours
+minus the paper's per column. An entry that matches no table becomes a note saying what it needs.
+
+Notes (``Report.notes``; collect_results prints them on stderr): why dataset-table cells print X
+(:func:`missing_cell_notes`: which test environments have single-test-environment records per
+algorithm, or which runs the method lacks) and when an Averages cell is a mean over other test
+environments than its dataset's columns or another row's (:func:`averages_notes`). They are
+empty for a complete sweep, such as DomainBed's fixture.
+
+API: ``build_report(records, methods, hparams_table, single_source, ipoop, papers) -> Report``,
 ``results_tables(records, method, test_key) -> [Table]``,
 ``single_source_tables(records, method, datasets) -> [Table]``, ``udg_tables(records, method) ->
 [Table]``.

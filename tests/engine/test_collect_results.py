@@ -587,3 +587,15 @@ def test_notes_explain_x_cells_and_averages_over_other_domains(sweep, capsys):
     assert ("note: VLCS: X for ERM in every method's table: records exist only with test "
             "environments C, L, S, none with V. A row with an X has Avg X, as in DomainBed."
             in err.splitlines())
+
+
+def test_cli_end_to_end_with_paper_numbers_and_a_running_job(pacs):
+    (pacs / "DMG3" / "done").unlink()
+    command = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
+               str(pacs), "--selection", "iid_best", "--paper", "dmg_pacs_resnet18"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "paper [dmg_pacs_resnet18]" in result.stdout and "DMG - paper" in result.stdout
+    assert (pacs / "results.txt").read_text() == result.stdout  # notes are not in the file
+    assert result.stderr == ("note: 7 of 8 jobs done (1 running or incomplete: DMG3); the tables "
+                             "use the records written so far\n")
