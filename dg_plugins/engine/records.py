@@ -24,8 +24,13 @@ One row per record, in load order. Columns (DomainBed's selector names):
 ``step``, ``hparams`` (the record's dict), ``job`` (the
 entry name under ``input_dir``), ``line`` (1-based line number) and one float column per key of the
 form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
-``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), NaN
-where a record lacks the key. Other keys (loss, epoch, ...) are dropped.
+``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), and
+``num_classes`` (the class count the job saw, in records written since it was added; the column
+exists only when some record has it), NaN where a record lacks the key. Other keys (loss, epoch,
+...) are dropped.
+
+:func:`job_progress` counts a sweep's job folders and those with a ``done`` file, for
+collect_results' "k of n jobs done" line.
 
 Speed (``python -m dg_plugins.scripts.benchmark collect``): no torch; lines are
 parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
@@ -81,7 +86,15 @@ ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
 #: items a named subset of a split has; IP/OOP records), for count-weighted pooling.
 COUNT_KEY = re.compile(r"env(\d+)_(\w+)_count")
 
+#: Other numeric record keys kept as float columns of the same name.
+NUMBER_KEYS = ("num_classes",)
+
 RESULTS_FILE = "results.jsonl"
+DONE_FILE = "done"  # DomainBed's marker of a finished job (``domainbed/scripts/train.py``)
+#: A sweep's job folders are named by an md5 hex digest (``domainbed/scripts/sweep.py``'s ``Job``).
+JOB_FOLDER_NAME = re.compile(r"[0-9a-f]{32}")
+#: Files that only a job folder holds (a folder named otherwise counts as a job if it has one).
+JOB_FILES = (RESULTS_FILE, DONE_FILE, "out.txt", "err.txt")
 MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
 # Read size: results files are a few KB. A buffer above glibc's mmap threshold (128 KiB) makes
 # every os.read map and unmap fresh pages: 1 MiB reads cost 3-6x more time on 10,000 files.
@@ -293,7 +306,8 @@ class _Columns:
         block = self.blocks.get(keys)
         if block is None:
             block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)
-                                                     or COUNT_KEY.fullmatch(k)])
+                                                     or COUNT_KEY.fullmatch(k)
+                                                     or k in NUMBER_KEYS])
         start = len(self.steps)
         block.rows.extend(range(start, start + len(records)))
         size = len(block.values)
@@ -361,10 +375,43 @@ def _number(value) -> float:
 
 def _acc_sort_key(key: str):
     match = ACC_KEY.fullmatch(key)
-    if match is None:  # a count column: after the accuracies
-        match = COUNT_KEY.fullmatch(key)
+    if match is not None:
+        return int(match.group(1)), match.group(2)
+    match = COUNT_KEY.fullmatch(key)
+    if match is not None:  # a count column: after the accuracies
         return 1 << 30, int(match.group(1)), match.group(2)
-    return int(match.group(1)), match.group(2)
+    return 1 << 31, NUMBER_KEYS.index(key), ""  # the other numbers last
+
+
+class JobProgress(NamedTuple):
+    """Job folders of a sweep: how many there are, and the names of those without ``done``
+    (running, interrupted or failed: a folder cannot tell which)."""
+
+    total: int
+    not_done: list[str]
+
+    @property
+    def done(self) -> int:
+        return self.total - len(self.not_done)
+
+
+def job_progress(input_dir: str) -> JobProgress:
+    """Count the job folders of ``input_dir`` (one level, as :func:`load_records` reads): entries
+    that are folders named by an md5 digest (a sweep creates every job's folder when it launches,
+    ``domainbed/scripts/sweep.py``) or holding a job's files (:data:`JOB_FILES`); other folders
+    (e.g. ``udg_pretrain``) are not jobs. A job is done when its folder has ``done``."""
+    total, not_done = 0, []
+    for entry in sorted(os.listdir(input_dir)):
+        folder = os.path.join(input_dir, entry)
+        if not os.path.isdir(folder):
+            continue
+        if not (JOB_FOLDER_NAME.fullmatch(entry)
+                or any(os.path.exists(os.path.join(folder, name)) for name in JOB_FILES)):
+            continue
+        total += 1
+        if not os.path.exists(os.path.join(folder, DONE_FILE)):
+            not_done.append(entry)
+    return JobProgress(total, not_done)
 
 
 # --------------------------------------------------------------------------------------------------

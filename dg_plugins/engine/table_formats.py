@@ -9,6 +9,16 @@ in percent; ``table`` is the dataset or ``Averages``; ``n`` the number of trials
 
 Selected hparams (``Report.hparams``): text, Markdown and LaTeX append an aligned plain-text table;
 csv a second CSV after an empty line; :func:`hparams_csv` gives the ``selected_hparams.csv`` file.
+
+Paper numbers (``Table.comparisons``, from ``collect_results --paper``): under each table they
+match, a heading naming the paper, table, backbone, selection and the text the numbers were read
+from; the paper's rows (one decimal, ``-`` where the paper gives no number); then one row per
+algorithm of ours that corresponds to a paper row, ``<algorithm> - paper``: ours minus the paper's
+mean, in points (``-`` where either is absent). An entry without numbers prints that they are not
+available in the sources we have, and what the source claims instead. Text: the rows continue the
+table at its column width; LaTeX: below a rule in the same tabular; Markdown: a second table;
+csv: the same cells as extra rows, with two more columns, ``kind`` (``measured``, ``paper``,
+``difference``) and ``paper`` (the entry's key), present only when some table has a comparison.
 """
 
 from __future__ import annotations
@@ -17,7 +27,11 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.engine.outputs import format_row
-from dg_plugins.engine.tables import Report
+from dg_plugins.engine.tables import PaperComparison, Report, Table
+
+#: What a table cell prints where the paper gives no number, or no difference can be taken.
+NO_PAPER_VALUE = "-"
+NOT_AVAILABLE = "not available in the sources we have"
 
 FORMATS = ("text", "latex", "markdown", "csv")
 #: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
@@ -29,7 +43,7 @@ HPARAMS_FILE = "selected_hparams.csv"
 def render(report: Report, fmt: str = "text") -> str:
     """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
     DomainBed's collect_results byte for byte when there are no subset keys, no single-source
-    runs and no hparams table."""
+    runs, no hparams table and no paper comparison."""
     if fmt not in _RENDERERS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     return _RENDERERS[fmt](report)
@@ -44,8 +58,36 @@ def _render_text(report: Report) -> str:
                       format_row(["Algorithm", *table.col_labels], table.colwidth)]
             lines += [format_row([algorithm, *(cell.text() for cell in cells)], table.colwidth)
                       for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += _comparison_text(comparison, table)
     lines += _hparams_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def _paper_texts(values, sign: str = "+/-") -> list[str]:
+    return [NO_PAPER_VALUE if value is None else value.text(sign) for value in values]
+
+
+def _difference_texts(differences) -> list[str]:
+    return [NO_PAPER_VALUE if value is None else f"{value:+.1f}" for value in differences]
+
+
+def _mapping_text(comparison: PaperComparison, arrow: str = "<->") -> str:
+    return ", ".join(f"{ours} {arrow} {row}" for ours, row in comparison.mapping.items())
+
+
+def _comparison_text(comparison: PaperComparison, table: Table) -> list[str]:
+    """The paper's rows and ours minus the paper's, continuing the table's columns."""
+    lines = [comparison.heading, comparison.details]
+    if comparison.claim is not None:
+        return lines + [f"paper: {NOT_AVAILABLE}; the source says: {comparison.claim}"]
+    lines += [format_row([row, *_paper_texts(values)], table.colwidth)
+              for row, values in comparison.rows.items()]
+    if comparison.differences:
+        lines.append(f"difference (ours - paper), for {_mapping_text(comparison)}:")
+        lines += [format_row([f"{ours} - paper", *_difference_texts(values)], table.colwidth)
+                  for ours, values in comparison.differences.items()]
+    return lines
 
 
 def _render_latex(report: Report) -> str:
@@ -65,6 +107,8 @@ def _render_latex(report: Report) -> str:
             lines += [format_row([algorithm, *(cell.text("$\\pm$") for cell in cells)],
                                  table.colwidth, latex=True)
                       for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += _comparison_latex(comparison, table)
             lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
     hparams = _hparams_lines(report)
     if hparams:
@@ -72,6 +116,40 @@ def _render_latex(report: Report) -> str:
                   "\\end{verbatim}"]
     lines.append("\\end{document}")
     return "\n".join(lines) + "\n"
+
+
+_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"}
+_LATEX_SPECIAL.update({"~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
+                       "\\": "\\textbackslash{}"})
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
+
+
+def _comparison_latex(comparison: PaperComparison, table: Table) -> list[str]:
+    """Rows of the same tabular, below a rule: the heading across all columns, the paper's rows,
+    then ours minus the paper's."""
+    width = len(table.col_labels) + 1
+
+    def spanning(text: str) -> str:
+        return f"\\multicolumn{{{width}}}{{l}}{{\\footnotesize {_latex_escape(text)}}} \\\\"
+
+    def row(cells) -> str:
+        return " & ".join(cells) + " \\\\"
+
+    lines = ["\\midrule", spanning(comparison.heading), spanning(comparison.details.strip())]
+    if comparison.claim is not None:
+        return lines + [spanning(f"paper: {NOT_AVAILABLE}; the source says: {comparison.claim}")]
+    lines += [row([_latex_escape(name), *_paper_texts(values, "$\\pm$")])
+              for name, values in comparison.rows.items()]
+    if comparison.differences:
+        lines += ["\\midrule", spanning(f"difference (ours - paper), for "
+                                          f"{_mapping_text(comparison, '=')}")]
+        lines += [row([f"{_latex_escape(ours)} $-$ paper",
+                       *(_latex_escape(t) for t in _difference_texts(values))])
+                  for ours, values in comparison.differences.items()]
+    return lines
 
 
 def _render_markdown(report: Report) -> str:
@@ -87,6 +165,18 @@ def _render_markdown(report: Report) -> str:
                       "|:--" + "|--:" * len(table.col_labels) + "|"]
             lines += [row([algorithm, *(cell.text("±") for cell in cells)])
                       for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += ["", f"*{comparison.heading}*  ", f"*{comparison.details.strip()}*", ""]
+                if comparison.claim is not None:
+                    lines.append(f"Paper: {NOT_AVAILABLE}; the source says: {comparison.claim}")
+                    continue
+                lines += [row(["Paper row / ours − paper", *table.col_labels]),
+                          "|:--" + "|--:" * len(table.col_labels) + "|"]
+                lines += [row([name, *_paper_texts(values, "±")])
+                          for name, values in comparison.rows.items()]
+                lines += [row([f"{ours} − {comparison.mapping[ours]}",
+                               *_difference_texts(values)])
+                          for ours, values in comparison.differences.items()]
     hparams = _hparams_lines(report)
     if hparams:
         lines += ["", "## Selected hparams", "", "```", *hparams, "```"]
@@ -108,17 +198,37 @@ _RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_
 
 
 def tidy_cells(report: Report) -> pd.DataFrame:
-    """Every cell of every table, one row each (the ``csv`` format's columns)."""
+    """Every cell of every table, one row each (the ``csv`` format's columns); with paper
+    comparisons, their cells too, told apart by the ``kind`` and ``paper`` columns."""
     rows = []
+    compared = any(table.comparisons for section in report.sections for table in section.tables)
     for section in report.sections:
         method = section.method
+        head = (method.key, method.name, section.test_key)
         for table in section.tables:
+            extra = ("measured", "") if compared else ()
             for algorithm, cells in table.rows.items():
                 for column, cell in zip(table.col_labels, cells):
-                    rows.append((method.key, method.name, section.test_key, table.title,
-                                 algorithm, column, cell.mean, cell.err, cell.n, cell.text()))
-    return pd.DataFrame(rows, columns=["selection", "selection_name", "test_key", "table",
-                                       "algorithm", "column", "mean", "err", "n", "text"])
+                    rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,
+                                 cell.n, cell.text(), *extra))
+            for comparison in table.comparisons:
+                if comparison.claim is not None:
+                    rows.append((*head, table.title, "", "", None, None, None,
+                                 f"{NOT_AVAILABLE}; the source says: {comparison.claim}",
+                                 "paper", comparison.key))
+                for name, values in comparison.rows.items():
+                    for column, value in zip(table.col_labels, values):
+                        if value is not None:
+                            rows.append((*head, table.title, name, column, value.mean,
+                                         value.pm, None, value.text(), "paper", comparison.key))
+                for ours, values in comparison.differences.items():
+                    for column, value in zip(table.col_labels, values):
+                        if value is not None:
+                            rows.append((*head, table.title, ours, column, value, None, None,
+                                         f"{value:+.1f}", "difference", comparison.key))
+    columns = ["selection", "selection_name", "test_key", "table", "algorithm", "column", "mean",
+               "err", "n", "text"] + (["kind", "paper"] if compared else [])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _hparams_lines(report: Report) -> list[str]:

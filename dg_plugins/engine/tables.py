@@ -48,7 +48,20 @@ Selected hparams (:func:`selected_hparams`): per method, dataset, algorithm, tes
 trial, the run the method chose (hparams_seed, step, val/test accuracy, job folder, hparams), in
 ``Report.hparams`` (rendered after the tables).
 
-API: ``build_report(records, methods, hparams_table, single_source) -> Report``,
+Paper numbers (:func:`add_paper_comparisons`, ``build_report(papers=...)``): each entry of
+:mod:`dg_plugins.reference` goes under every table it matches (:func:`paper_matches`: the same
+setting, the entry's dataset, source environment and selection method where it names them; a
+several-dataset entry also under the Averages table), as a :class:`PaperComparison`: the paper's
+rows under our columns and, for each algorithm of the table that corresponds to a paper row, ours
+minus the paper's per column. An entry that matches no table becomes a note saying what it needs.
+
+Notes (``Report.notes``; collect_results prints them on stderr): why dataset-table cells print X
+(:func:`missing_cell_notes`: which test environments have single-test-environment records per
+algorithm, or which runs the method lacks) and when an Averages cell is a mean over other test
+environments than its dataset's columns or another row's (:func:`averages_notes`). They are
+empty for a complete sweep, such as DomainBed's fixture.
+
+API: ``build_report(records, methods, hparams_table, single_source, ipoop, papers) -> Report``,
 ``results_tables(records, method, test_key) -> [Table]``,
 ``single_source_tables(records, method, datasets) -> [Table]``, ``udg_tables(records, method) ->
 [Table]``.
@@ -72,10 +85,12 @@ import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.engine.records import acc_width, environment_count
+from dg_plugins.reference import AVG, PaperEntry, PaperValue
 from dg_plugins.engine.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                          select, sweep_accs)
 from dg_plugins.engine.single_source import METHODS as SINGLE_SOURCE_METHODS
-from dg_plugins.engine.single_source import select_single_source, single_source_datasets
+from dg_plugins.engine.single_source import (select_single_source, single_source_datasets,
+                                             single_source_runs)
 from dg_plugins.engine.udg_selection import METHODS as UDG_METHODS
 from dg_plugins.engine.udg_selection import is_udg, select_udg
 
@@ -111,6 +126,7 @@ SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
 #: ``Section.test_key`` of UDG sections (dg_plugins.engine.udg_jobs).
 UDG_KEY = "udg"
+LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
 
@@ -157,16 +173,51 @@ class Cell:
 
 
 @dataclass
+class PaperComparison:
+    """A paper's rows under one table (:func:`add_paper_comparisons`). ``key``: the entry's key in
+    :mod:`dg_plugins.reference`; ``heading``: the citation, backbone, selection and source of
+    the numbers; ``rows``: paper row -> one :class:`~dg_plugins.reference.PaperValue` or None
+    (the paper gives no number there) per table column; ``details``: its backbone, selection and
+    the text the numbers were read from; ``mapping``: each algorithm of the
+    table that corresponds to a paper row -> that row; ``differences``: algorithm -> per column
+    ours minus the paper's mean in points (None where either is absent); ``claim``: for an
+    entry without numbers, what its source says instead."""
+
+    key: str
+    heading: str
+    details: str
+    rows: dict[str, list[PaperValue | None]]
+    mapping: dict[str, str]
+    differences: dict[str, list[float | None]]
+    claim: str | None = None
+
+
+@dataclass
 class Table:
     """One results table. ``title`` names it (dataset, ``Averages``, ``<dataset>, source <env>``);
     ``header`` is the text format's header line; ``rows`` maps each algorithm to its cells (one
-    per column label after ``Algorithm``); ``colwidth`` is DomainBed's print width."""
+    per column label after ``Algorithm``); ``colwidth`` is DomainBed's print width.
+
+    For paper comparisons and notes: ``dataset`` (None for the Averages table), ``source`` (the
+    source environment's label, single-source tables), ``col_keys`` (the columns without
+    decoration: environment labels or dataset names, and ``Avg``; default ``col_labels``),
+    ``coverage`` (Averages tables: (algorithm, dataset) -> {trial_seed: the test environment
+    indexes its mean is over}), ``comparisons`` (:class:`PaperComparison`, printed under it)."""
 
     title: str
     header: str
     col_labels: list[str]
     rows: dict[str, list[Cell]]
     colwidth: int
+    dataset: str | None = None
+    source: str | None = None
+    col_keys: list[str] | None = None
+    coverage: dict | None = None
+    comparisons: list[PaperComparison] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[str]:
+        return self.col_keys if self.col_keys is not None else self.col_labels
 
 
 @dataclass
@@ -196,6 +247,10 @@ class Report:
     methods: list[SelectionMethod]
     sections: list[Section] = field(default_factory=list)
     hparams: pd.DataFrame | None = None
+    #: What a reader needs to interpret the tables (X cells, averages over differing
+    #: environments, paper entries without a matching table): collect_results prints them on
+    #: stderr, so stdout stays DomainBed's tables.
+    notes: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,14 +325,18 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
                      for env in range(len(labels))]
             rows[algorithm] = cells + [Cell.average(cells)]
         tables.append(Table(dataset, _header(f"Dataset: {dataset}", method, test_key),
-                            [*labels, "Avg"], rows, 20))
+                            [*labels, "Avg"], rows, 20, dataset=dataset))
     rows = {}
     for algorithm in algorithms:
         cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
                  for ds in datasets]
         rows[algorithm] = cells + [Cell.average(cells)]
+    coverage: dict = {}
+    for (algorithm, dataset, trial), envs in chosen.groupby(
+            ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
+        coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
     tables.append(Table("Averages", _header("Averages", method, test_key), [*datasets, "Avg"],
-                        rows, 25))
+                        rows, 25, coverage=coverage))
     return tables
 
 
@@ -351,7 +410,8 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
             header = (f"Dataset: {dataset}, single source: {labels[source]}, "
                       f"model selection method: {method.name}")
             tables.append(Table(f"{dataset}, source {labels[source]}", header,
-                                [*col_labels, "Avg"], rows, 20))
+                                [*col_labels, "Avg"], rows, 20, dataset=dataset,
+                                source=labels[source], col_keys=[*labels, "Avg"]))
     return tables
 
 
@@ -392,7 +452,7 @@ def udg_tables(records: pd.DataFrame, method: SelectionMethod) -> list[Table]:
             header = (f"Dataset: {dataset}, UDG, test environments: {', '.join(names)}, "
                       f"model selection method: {method.name}")
             tables.append(Table(f"{dataset}, UDG targets {', '.join(names)}", header,
-                                [*names, "Avg"], rows, 20))
+                                [*names, "Avg"], rows, 20, dataset=dataset))
     return tables
 
 
@@ -435,16 +495,241 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
 
 
 # --------------------------------------------------------------------------------------------------
+# Notes: what an X or an average is over (Report.notes)
+
+
+def _names(labels: list[str], indexes) -> str:
+    return ", ".join(labels[i] if i < len(labels) else str(i) for i in sorted(indexes))
+
+
+def _listing(items: list[str], limit: int = 8) -> str:
+    """``a, b, c`` (at most ``limit`` items, then ``and N more``)."""
+    if len(items) <= limit:
+        return ", ".join(items)
+    return f"{', '.join(items[:limit])} and {len(items) - limit} more"
+
+
+def _envs(labels: list[str], indexes) -> str:
+    """``test environment A`` / ``test environments A, C``."""
+    plural = "s" if len(indexes) > 1 else ""
+    return f"test environment{plural} {_names(labels, indexes)}"
+
+
+def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list[str]:
+    """Why cells of the standard and IP/OOP dataset tables print ``X``: per dataset, the
+    algorithms without a single-test-environment record for some of its environments (every
+    method's table shows X there, and Avg is X for that row); per section, the X cells whose runs
+    exist but which the method cannot score (leave-one-domain-out without the pair runs, a chosen
+    record without the section's test key)."""
+    single = grouped.single()
+    info = grouped.groups.iloc[single["group"].to_numpy()]
+    ran: dict[tuple, set] = {}
+    for dataset, algorithm, env in zip(info["dataset"], info["algorithm"], info["test_env"]):
+        ran.setdefault((dataset, algorithm), set()).add(int(env))
+    present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
+    runs = single_source_runs(grouped)
+    single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
+    notes, explained = [], set()
+    for section in sections:
+        if section.test_key in (SINGLE_SOURCE_KEY, UDG_KEY):
+            continue
+        unscored: dict[str, list[str]] = {}  # dataset -> "<algorithm> at <envs>"
+        for table in section.tables:
+            if table.dataset is None:
+                continue
+            labels = table.keys[:-1]
+            full = set(range(len(labels)))
+            not_run: dict[tuple, list[str]] = {}  # (envs with records, missing) -> algorithms
+            for algorithm, cells in table.rows.items():
+                missing = {i for i in full if cells[i].mean is None}
+                have = ran.get((table.dataset, algorithm), set()) & full
+                if missing - have:
+                    not_run.setdefault((frozenset(have), frozenset(missing - have)),
+                                       []).append(algorithm)
+                if missing & have:
+                    unscored.setdefault(table.dataset, []).append(
+                        f"{algorithm} at {_names(labels, missing & have)}")
+            if table.dataset in explained:
+                continue
+            explained.add(table.dataset)
+            for (have, absent), algorithms in not_run.items():
+                who = _listing(algorithms)
+                if have:
+                    why = (f"records exist only with {_envs(labels, have)}, none with "
+                           f"{_names(labels, absent)}")
+                elif not any((table.dataset, a) in present for a in algorithms):
+                    why = "no record of theirs is on this dataset"
+                elif all((table.dataset, a) in single_source for a in algorithms):
+                    why = ("their runs on it are single-source (one training environment), "
+                           "which these tables do not score: see the single-source tables")
+                else:
+                    why = "none of their records on it has a single test environment"
+                notes.append(f"{table.dataset}: X for {who} in every method's table: {why}. "
+                             "A row with an X has Avg X, as in DomainBed.")
+        for dataset, cells in unscored.items():
+            if section.method.key == LOO_KEY:
+                why = ("leave-one-domain-out scores test environment t with the runs whose test "
+                       "environments are [t, j], for every other environment j, at the same "
+                       "hparams and steps, and those are missing (sweep launches them unless "
+                       "--single_test_envs or --test_env_sets leaves them out)")
+            else:
+                why = f"the chosen records have no {section.test_key.format(t='<t>')}"
+            notes.append(f"{dataset}, {section.title[len('Model selection: '):]}: X for "
+                         f"{'; '.join(cells)} although those runs exist: {why}.")
+    return notes
+
+
+def averages_notes(sections: list[Section], labels_of) -> list[str]:
+    """When an Averages cell is a mean over other test environments than its dataset's columns,
+    or than another row's (DomainBed averages each trial over the test environments it has):
+    one note per dataset and pattern, naming the methods it holds for. ``labels_of(dataset)``
+    gives a dataset's environment labels."""
+    bodies: dict[str, list[str]] = {}
+    for section in sections:
+        for table in section.tables:
+            if table.coverage is None:
+                continue
+            for dataset in table.keys[:-1]:
+                labels = labels_of(dataset)
+                full = tuple(range(len(labels)))
+                described = {}
+                for algorithm in table.rows:
+                    trials = table.coverage.get((algorithm, dataset))
+                    if not trials:
+                        continue
+                    sets = sorted(set(trials.values()))
+                    if len(sets) == 1:
+                        described[algorithm] = _names(labels, sets[0])
+                        continue
+                    parts = []
+                    for envs in sets:
+                        seeds = sorted(t for t, e in trials.items() if e == envs)
+                        parts.append((seeds, f"{_names(labels, envs)} (trial "
+                                             f"{', '.join(map(str, seeds))})"))
+                    described[algorithm] = " and ".join(text for _, text in sorted(parts))
+                whole = _names(labels, full)
+                if all(text == whole for text in described.values()):
+                    continue
+                groups: dict[str, list[str]] = {}
+                for algorithm, text in described.items():
+                    groups.setdefault(text, []).append(algorithm)
+                parts = [f"{_listing(algorithms)} over {text}" for text, algorithms in
+                         groups.items()]
+                body = (f"Averages table, {dataset} column: DomainBed averages each trial over the "
+                        f"test environments it has, here {'; '.join(parts)} (the dataset has "
+                        f"{whole})")
+                if len(groups) > 1:
+                    body += ": these rows average different domains"
+                elif described:
+                    body += ", so it can show a number where the dataset's table prints X"
+                bodies.setdefault(body, []).append(section.title[len("Model selection: "):])
+    return [f"{body} [{'; '.join(dict.fromkeys(methods))}]." for body, methods in bodies.items()]
+
+
+# --------------------------------------------------------------------------------------------------
+# Paper numbers beside the tables (dg_plugins.reference)
+
+
+def _section_setting(section: Section) -> str:
+    if section.test_key == TEST_KEY:
+        return "multi_source"
+    if section.test_key == SINGLE_SOURCE_KEY:
+        return "single_source"
+    if section.test_key == UDG_KEY:
+        return "udg"
+    return "ipoop"
+
+
+def _paper_heading(entry: PaperEntry) -> tuple[str, str]:
+    """The comparison's two header lines: key and citation; backbone, selection and source."""
+    selection = entry.selection_note if entry.selection is None else (
+        f"{entry.selection} ({entry.selection_note})")
+    return (f"paper [{entry.key}]: {entry.citation()}",
+            f"  backbone: {entry.backbone}; selection: {selection}; numbers read from "
+            f"{entry.read_from} ({entry.source_kind})")
+
+
+def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue | None]:
+    """The row's values under the table's columns."""
+    cells = entry.rows[row]
+    if entry.per_dataset:
+        return [cells.get(key) for key in table.keys]
+    if table.dataset is None:  # the Averages table: one column per dataset
+        return [None if key == AVG else cells.get(key) for key in table.keys]
+    return [cells.get(table.dataset) if key == AVG else None for key in table.keys]
+
+
+def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
+    """Whether ``entry`` belongs under ``table`` of ``section``: same setting, the entry's
+    selection (if it names one), its dataset (the Averages table for a several-dataset entry
+    with numbers) and, for single-source entries that name one, the source environment."""
+    if _section_setting(section) != entry.setting:
+        return False
+    if entry.selection is not None and entry.selection != section.method.key:
+        return False
+    if table.dataset is None:
+        return (table.coverage is not None and not entry.per_dataset and entry.available
+                and any(key in entry.columns for key in table.keys))
+    if table.dataset not in entry.datasets:
+        return False
+    return entry.source is None or entry.source == table.source
+
+
+def paper_comparison(entry: PaperEntry, table: Table) -> PaperComparison:
+    """The entry's rows under ``table``, with ours minus the paper's for every algorithm of the
+    table that corresponds to a paper row."""
+    rows = {row: _paper_values(entry, table, row) for row in entry.rows}
+    mapping, differences = {}, {}
+    for algorithm, cells in table.rows.items():
+        row = entry.paper_row(algorithm)
+        if row is None:
+            continue
+        mapping[algorithm] = row
+        differences[algorithm] = [
+            None if cell.mean is None or paper is None else cell.mean - paper.mean
+            for cell, paper in zip(cells, rows[row])]
+    return PaperComparison(entry.key, *_paper_heading(entry), rows, mapping, differences,
+                           None if entry.available else entry.claim)
+
+
+def add_paper_comparisons(report: Report, entries: list[PaperEntry]) -> list[str]:
+    """Put each entry under every table it matches (:func:`paper_matches`); returns a note for
+    each entry that matches none, saying which tables it needs."""
+    notes = []
+    for entry in entries:
+        matched = False
+        for section in report.sections:
+            for table in section.tables:
+                if paper_matches(entry, section, table):
+                    table.comparisons.append(paper_comparison(entry, table))
+                    matched = True
+        if not matched:
+            where = {"multi_source": "multi-source", "single_source": "single-source",
+                     "udg": "UDG", "ipoop": "IP/OOP"}[entry.setting]
+            needs = [f"{where} tables of {', '.join(entry.datasets)}"]
+            if entry.source is not None:
+                needs.append(f"source {entry.source}")
+            if entry.selection is not None:
+                needs.append(f"selection {entry.selection} (--selection {entry.selection})")
+            notes.append(f"paper [{entry.key}]: no table here matches; it needs "
+                         f"{', '.join(needs)}.")
+    return notes
+
+
+# --------------------------------------------------------------------------------------------------
 # The report
 
 
 def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
                  hparams_table: bool = False, single_source: str = "auto",
-                 ipoop: str = "both") -> Report:
+                 ipoop: str = "both", papers: list[PaperEntry] = ()) -> Report:
     """Select and tabulate: the standard tables per method, then the IP/OOP subset keys' tables
     (``ipoop``: the in split's, the pooled whole-domain ones, or both; :func:`subset_keys`), then
     single-source tables (``single_source``: ``auto`` where unambiguous, see
-    :func:`dg_plugins.engine.single_source.single_source_datasets`; ``on``; ``off``)."""
+    :func:`dg_plugins.engine.single_source.single_source_datasets`; ``on``; ``off``). ``papers``:
+    entries of :mod:`dg_plugins.reference` to put under the tables they match
+    (:func:`add_paper_comparisons`). ``Report.notes`` explains X cells and averages over
+    differing environments (:func:`missing_cell_notes`, :func:`averages_notes`)."""
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:
@@ -459,12 +744,15 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
             standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
                                         hparams_table, single_source, ipoop)
             report.sections, report.hparams = standard.sections, standard.hparams
+            report.notes = standard.notes
         for method in [m for m in methods if m in UDG_METHODS]:
             tables = udg_tables(udg_records, method)
             if tables:
                 report.sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables))
-        return report
-    return _standard_report(records, methods, hparams_table, single_source, ipoop)
+    else:
+        report = _standard_report(records, methods, hparams_table, single_source, ipoop)
+    report.notes += add_paper_comparisons(report, list(papers))
+    return report
 
 
 def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
@@ -491,4 +779,7 @@ def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[Selec
                                                SINGLE_SOURCE_DESCRIPTION, tables))
     if hparams_table:
         report.hparams = selected_hparams(grouped, methods)
+    report.notes += missing_cell_notes(grouped, report.sections)
+    report.notes += averages_notes(report.sections,
+                                   lambda dataset: environment_labels(grouped.records, dataset))
     return report

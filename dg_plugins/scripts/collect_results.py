@@ -1,7 +1,8 @@
 """Print the results tables of a sweep, as DomainBed's collect_results does (``domainbed/scripts/collect_results.py``).
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
-        [--selection iid loo oracle] [--hparams_table] [--no_save]
+        [--selection iid loo oracle iid_best] [--paper KEY [KEY ...]] [--hparams_table]
+        [--no_save]
 
 By default the output (stdout) is byte-identical to DomainBed's collect_results on the same folder:
 ``Total records: N``, then for each model-selection method (training-domain validation, leave-one-
@@ -14,7 +15,19 @@ warning, not a crash.
 
 Beyond DomainBed:
 
-* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order);
+* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order),
+  and ``iid_best`` (training-domain validation, best checkpoint: the DMG release's rule, which
+  picks the same records as DomainBed's ``iid``; :mod:`dg_plugins.engine.selection`);
+* ``--paper KEY [KEY ...]`` prints published numbers (:mod:`dg_plugins.reference`) under each
+  table they match (setting, dataset, source environment, and selection method where the paper
+  names one), in every format: the paper's rows, then for each of our algorithms that corresponds
+  to a paper row, ours minus the paper's, in points; an entry whose source has no numbers says so
+  and prints what the source claims; an unknown key exits 2 with the close ones;
+* notes go to stderr, after the tables, so stdout stays DomainBed's: ``k of n jobs done (r running
+  or incomplete)`` when some job folder lacks ``done``; why cells print ``X`` (which test
+  environments have records, or which runs a method lacks); an Averages cell that is over other
+  test environments than its dataset's columns or another row's; paper keys that matched no
+  table;
 * ``--hparams_table`` appends, per method, the run each (dataset, algorithm, test env, trial) group
   selected: hparams_seed, step, val/test accuracy, job folder and hparams (an aligned text table;
   with ``--format csv`` a second CSV after an empty line); it is also written to
@@ -48,10 +61,10 @@ import argparse
 import os
 import sys
 
-from dg_plugins import catalog
+from dg_plugins import catalog, reference
 from dg_plugins.engine import learning, table_formats, tables
-from dg_plugins.engine.records import load_records
-from dg_plugins.engine.selection import METHODS
+from dg_plugins.engine.records import job_progress, load_records
+from dg_plugins.engine.selection import ALL_METHODS, METHODS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,11 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--format", choices=table_formats.FORMATS, default=None,
                         help="text (default, DomainBed's), latex (DomainBed's --latex), markdown, "
                              "or csv (one tidy row per cell)")
-    parser.add_argument("--selection", nargs="+", choices=list(METHODS), default=list(METHODS),
-                        metavar="METHOD",
+    parser.add_argument("--selection", nargs="+", choices=list(ALL_METHODS),
+                        default=list(METHODS), metavar="METHOD",
                         help="model-selection methods, in print order: iid (training-domain "
-                             "validation), loo (leave-one-domain-out), oracle (test-domain); "
-                             "default: all three, in that order")
+                             "validation), loo (leave-one-domain-out), oracle (test-domain), "
+                             "iid_best (training-domain validation, best checkpoint: the DMG "
+                             "release's rule, which picks the records iid picks); default: "
+                             "iid loo oracle, DomainBed's three")
     parser.add_argument("--hparams_table", action="store_true",
                         help="also print the selected run (hparams_seed, step, accuracies, "
                              "hparams) of every group, and write it to selected_hparams.csv")
@@ -88,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="instead of the tables, one row per job: source-validation and "
                              "target accuracy at its first and last checkpoint, chance, and "
                              "whether it learned (dg_plugins.engine.learning); printed only")
+    parser.add_argument("--paper", nargs="+", default=[], metavar="KEY",
+                        help="print a paper's published numbers under each table they match, "
+                             "with ours minus the paper's for every algorithm that corresponds "
+                             "to a paper row; keys: " + ", ".join(reference.keys()))
     parser.add_argument("--no_save", action="store_true",
                         help="print only; do not write results files into --input_dir")
     args = parser.parse_args(argv)
@@ -99,6 +118,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not os.path.isdir(args.input_dir):
         parser.error(f"--input_dir {args.input_dir!r} is not a directory")
     args.selection = list(dict.fromkeys(args.selection))
+    known = reference.keys()
+    for key in args.paper:
+        if key not in known:
+            parser.error(f"--paper: {reference.unknown_key_message(key, known)}")
+    if args.paper and args.learning_check:
+        parser.error("--paper compares the result tables, which --learning_check does not print; "
+                     "drop one of them")
+    args.paper = list(dict.fromkeys(args.paper))
     return args
 
 
@@ -108,6 +135,16 @@ def _write(path: str, text: str) -> None:
             handle.write(text)
     except OSError as error:
         print(f"warning: could not write {path}: {error}", file=sys.stderr)
+
+
+def _progress_notes(input_dir: str) -> list[str]:
+    """``k of n jobs done (r running or incomplete)`` when some job folder lacks ``done``."""
+    progress = job_progress(input_dir)
+    if not progress.not_done:
+        return []
+    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
+    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
+            f"incomplete: {shown}); the tables use the records written so far"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
         return 0
-    report = tables.build_report(records, [METHODS[key] for key in args.selection],
+    report = tables.build_report(records, [ALL_METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
-                                 single_source=args.single_source, ipoop=args.ipoop)
+                                 single_source=args.single_source, ipoop=args.ipoop,
+                                 papers=[reference.get(key) for key in args.paper])
     text = table_formats.render(report, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
+    for note in [*_progress_notes(args.input_dir), *report.notes]:
+        print(f"note: {note}", file=sys.stderr)
     if not args.no_save:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
         if report.hparams is not None:

@@ -4,6 +4,7 @@
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -343,3 +344,258 @@ def test_benchmark_smoke(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "wrote 60 jobs, 300 records" in out and "records/s" in out
     assert len(load_records(str(out_dir))) == 300
+
+
+# --------------------------------------------------------------------------------------------------
+# iid_best, paper numbers (--paper) and the notes on stderr
+
+
+def write_job(root, name, records, done=True):
+    """A job folder holding ``records``, with ``done`` unless told otherwise."""
+    job = root / name
+    job.mkdir(parents=True)
+    (job / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if done:
+        (job / "done").write_text("")
+
+
+def checkpoints(dataset, algorithm, test_envs, n_envs, val_and_test, trial=0, hparams_seed=0,
+                label_fraction=None):
+    """Records at steps 0, 100, ...: checkpoint k has every source ``env{i}_out_acc`` =
+    ``val_and_test[k][0]`` and every target ``env{t}_in_acc`` = ``val_and_test[k][1]``."""
+    records = []
+    for k, (val, test) in enumerate(val_and_test):
+        args = {"trial_seed": trial, "dataset": dataset, "algorithm": algorithm,
+                "test_envs": list(test_envs), "hparams_seed": hparams_seed, "output_dir": "o"}
+        if label_fraction is not None:
+            args["label_fraction"] = label_fraction
+        record = {"args": args, "step": 100 * k, "hparams": {}}
+        for i in range(n_envs):
+            record[f"env{i}_in_acc"] = test if i in test_envs else 0.95
+            record[f"env{i}_out_acc"] = 0.5 if i in test_envs else val
+        records.append(record)
+    return records
+
+
+#: Per checkpoint (source validation, target accuracy): the best validation is the middle one.
+BEST_IN_THE_MIDDLE = [(0.6, 0.70), (0.9, 0.75), (0.8, 0.80)]
+
+
+@pytest.fixture
+def pacs(tmp_path):
+    """ERM and DMG on PACS, every test environment, one trial; the best checkpoint (target 75%
+    for ERM, 80% for DMG) is not the last (80%, 85%)."""
+    root = tmp_path / "pacs"
+    for algorithm, offset in (("ERM", 0.0), ("DMG", 0.05)):
+        for t in range(4):
+            write_job(root, f"{algorithm}{t}", checkpoints(
+                "PACS", algorithm, [t], 4, [(v, a + offset) for v, a in BEST_IN_THE_MIDDLE]))
+    return root
+
+
+def block(out, header):
+    """The lines of the text table whose header line is ``-------- {header}``, up to the next
+    empty line."""
+    lines = out.splitlines()
+    start = lines.index(f"-------- {header}")
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return lines[start + 1:end]
+
+
+def cells(line):
+    return [cell.strip() for cell in re.split(r"\s{2,}", line.strip())]
+
+
+def test_iid_best_shows_the_best_checkpoint_and_leaves_iid_unchanged(shared_fixtures, sweep,
+                                                                      pacs, capsys):
+    golden = expected(shared_fixtures, "text")
+    blocks = golden.rstrip("\n").split("\n\n")
+    _, out, err = run(capsys, "--input_dir", sweep, "--selection", "iid", "--no_save")
+    assert out == "\n\n".join(blocks[:3]) + "\n" and err == ""
+    # DomainBed's IID already keeps each run's best checkpoint: iid_best picks the same records
+    _, best, _ = run(capsys, "--input_dir", sweep, "--selection", "iid_best", "--no_save")
+    assert best == out.replace("method: training-domain validation set",
+                               "method: training-domain validation set, best checkpoint")
+    _, out, _ = run(capsys, "--input_dir", pacs, "--selection", "iid_best", "oracle", "--no_save")
+    table = block(out, "Dataset: PACS, model selection method: training-domain validation set, "
+                       "best checkpoint")
+    assert cells(table[1]) == ["ERM", *["75.0 +/- 0.0"] * 4, "75.0"]
+    assert cells(table[2]) == ["DMG", *["80.0 +/- 0.0"] * 4, "80.0"]
+    oracle = block(out, "Dataset: PACS, model selection method: test-domain validation set "
+                        "(oracle)")
+    assert cells(oracle[1])[1] == "80.0 +/- 0.0"  # the last checkpoint
+
+
+def test_paper_rows_and_differences_under_the_matching_tables(pacs, capsys):
+    status, out, err = run(capsys, "--input_dir", pacs, "--selection", "iid", "iid_best",
+                           "--paper", "dmg_pacs_resnet18", "--no_save")
+    assert status == 0 and err == ""
+    # only under the iid_best tables: the entry names the DMG release's selection
+    iid = block(out, "Dataset: PACS, model selection method: training-domain validation set")
+    assert not any("paper" in line for line in iid)
+    table = block(out, "Dataset: PACS, model selection method: training-domain validation set, "
+                       "best checkpoint")
+    assert table[3].startswith("paper [dmg_pacs_resnet18]: Chattopadhyay, Balaji, Hoffman")
+    assert "numbers read from dmg_eccv2020.txt (full paper)" in table[4]
+    rows = {cells(line)[0]: cells(line)[1:] for line in table[5:]}
+    assert rows["Aggregate*"] == ["72.61", "78.46", "93.17", "65.2", "77.36"]
+    assert rows["DMG (Ours)"] == ["76.9", "80.38", "93.35", "75.21", "81.46"]
+    assert "MASF [11]" in rows  # the paper's other rows too, labelled as the paper's
+    assert ("difference (ours - paper), for ERM <-> Aggregate*, DMG <-> DMG (Ours):"
+            in table)
+    # ours minus the paper's, per column: ERM 75.0 everywhere, DMG 80.0
+    assert rows["ERM - paper"] == ["+2.4", "-3.5", "-18.2", "+9.8", "-2.4"]
+    assert rows["DMG - paper"] == ["+3.1", "-0.4", "-13.3", "+4.8", "-1.5"]
+    # without --paper nothing of it
+    _, plain, _ = run(capsys, "--input_dir", pacs, "--selection", "iid", "iid_best", "--no_save")
+    assert "paper" not in plain and out.startswith(plain.split("\n\n")[0])
+
+
+def test_paper_numbers_in_every_format(pacs, capsys):
+    argv = ["--input_dir", pacs, "--selection", "iid_best", "--paper", "dmg_pacs_resnet50",
+            "dismae_dg", "--no_save", "--format"]
+    _, markdown, _ = run(capsys, *argv, "markdown")
+    assert "| Paper row / ours − paper | A | C | P | S | Avg |" in markdown
+    assert "| Aggregate* | 75.49 | 80.67 | 93.05 | 64.29 | 78.38 |" in markdown
+    assert "| ERM − Aggregate* | -0.5 | -5.7 | -18.0 | +10.7 | -3.4 |" in markdown
+    assert "Paper: not available in the sources we have; the source says: DisMAE" in markdown
+    _, latex, _ = run(capsys, *argv, "latex")
+    assert "Aggregate* & 75.49 & 80.67 & 93.05 & 64.29 & 78.38 \\\\" in latex
+    assert "DMG $-$ paper & -2.6 & +1.9 & -14.5 & +1.7 & -3.4 \\\\" in latex
+    assert "paper [dmg\\_pacs\\_resnet50]" in latex  # escaped for LaTeX
+    assert latex.count("\\begin{tabular}") == latex.count("\\end{tabular}")
+    _, text, _ = run(capsys, *argv, "csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert {r["kind"] for r in rows} == {"measured", "paper", "difference"}
+    paper = next(r for r in rows if r["kind"] == "paper" and r["algorithm"] == "Aggregate*"
+                 and r["column"] == "S")
+    assert (paper["paper"], float(paper["mean"]), paper["table"]) == (
+        "dmg_pacs_resnet50", 64.29, "PACS")
+    diff = next(r for r in rows if r["kind"] == "difference" and r["algorithm"] == "ERM"
+                and r["column"] == "S")
+    assert float(diff["mean"]) == pytest.approx(75.0 - 64.29)
+    claim = next(r for r in rows if r["paper"] == "dismae_dg")
+    assert claim["text"].startswith("not available in the sources we have")
+    _, plain, _ = run(capsys, "--input_dir", pacs, "--no_save", "--format", "csv")
+    assert plain.splitlines()[0].endswith(",n,text")  # no extra columns without --paper
+
+
+def test_several_dataset_entries_fill_avg_and_the_averages_table(pacs, capsys):
+    _, out, _ = run(capsys, "--input_dir", pacs, "--selection", "iid", "--paper",
+                    "gmoe_domainbed", "--no_save")
+    table = block(out, "Dataset: PACS, model selection method: training-domain validation set")
+    rows = {cells(line)[0]: cells(line)[1:] for line in table[3:]}
+    assert rows["GMoE-S/16"] == ["-", "-", "-", "-", "88.1 +/- 0.1"]
+    assert rows["ERM - paper"] == ["-", "-", "-", "-", "-10.7"]  # 75.0 - 85.7 (ResNet-50 ERM)
+    averages = block(out, "Averages, model selection method: training-domain validation set")
+    rows = {cells(line)[0]: cells(line)[1:] for line in averages[3:]}
+    assert rows["ERM (ViT-S/16)"] == ["86.2 +/- 0.1", "-"]
+    assert rows["ERM - paper"] == ["-10.7", "-"]
+
+
+def test_unmatched_unknown_and_conflicting_paper_keys(pacs, capsys):
+    status, out, err = run(capsys, "--input_dir", pacs, "--paper", "dmg_pacs_resnet18",
+                           "mpbm_digits", "--no_save")
+    assert status == 0 and "paper [" not in out
+    assert ("note: paper [dmg_pacs_resnet18]: no table here matches; it needs multi-source "
+            "tables of PACS, selection iid_best (--selection iid_best).") in err
+    assert "paper [mpbm_digits]: no table here matches; it needs single-source tables of " \
+           "Digits, source mnist." in err
+    for argv, message in ((["--paper", "dmg_pacs"], "did you mean 'dmg_pacs_resnet18'"),
+                          (["--paper", "ipoop", "--learning_check"], "--learning_check")):
+        with pytest.raises(SystemExit) as exit_info:
+            collect_results.main(["--input_dir", str(pacs), *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_single_source_udg_and_ipoop_tables_get_their_entries(tmp_path, capsys):
+    root = tmp_path / "sweep"
+    # single source: GMoE trained on DomainNet's painting (env 2); MPBM on two PACS sources
+    write_job(root, "gmoe", checkpoints("DomainNet", "GMoE", [0, 1, 3, 4, 5], 6,
+                                        [(0.5, 0.2), (0.7, 0.3), (0.6, 0.4)]))
+    for source in (0, 1):
+        write_job(root, f"mpbm{source}", checkpoints(
+            "PACS", "MPBM", [t for t in range(4) if t != source], 4, [(0.5, 0.5)]))
+    # UDG on DomainNet20, targets clip, info, paint
+    write_job(root, "udg", checkpoints("DomainNet20", "DisMAE", [0, 1, 2], 6, [(0.5, 0.4)],
+                                       label_fraction=0.1))
+    _, out, err = run(capsys, "--input_dir", root, "--selection", "iid", "--paper",
+                      "gmoe_single_source_domainnet", "mpbm_pacs", "dismae_udg_domainnet20",
+                      "--no_save")
+    table = block(out, "Dataset: DomainNet, single source: paint, model selection method: "
+                       "training-domain validation set")
+    # the best source-validation checkpoint (the second): targets 30%, the source's held-out 70%
+    assert cells(table[1])[:7] == ["GMoE", "30.0 +/- 0.0", "30.0 +/- 0.0",
+                                   "70.0 +/- 0.0", "30.0 +/- 0.0", "30.0 +/- 0.0", "30.0 +/- 0.0"]
+    rows = {cells(line)[0]: cells(line)[1:] for line in table[4:]}
+    assert rows["GMoE-S/16"] == ["43.5", "16.1", "69.3", "5.3", "56.4", "38.0", "-"]
+    # the source column is compared with the paper's in-domain (IID) column: 70.0 - 69.3
+    assert rows["GMoE - paper"] == ["-13.5", "+13.9", "+0.7", "+24.7", "-26.4", "-8.0", "-"]
+    for source in ("A", "C"):  # the summary does not name MPBM's PACS source: under each
+        table = block(out, f"Dataset: PACS, single source: {source}, model selection method: "
+                           "training-domain validation set")
+        rows = {cells(line)[0]: cells(line)[1:] for line in table[4:]}
+        assert rows["MPBM"] == ["-"] * 4 + ["54.5"] and rows["MPBM - paper"][-1] == "-4.5"
+    udg = out[out.index("-------- Dataset: DomainNet20, UDG"):]
+    assert "paper [dismae_udg_domainnet20]" in udg
+    assert ("paper: not available in the sources we have; the source says: gains of 1.48% to "
+            "6.11%") in udg
+    assert "no table here matches" not in err
+
+
+def test_ipoop_entry_goes_under_the_subset_tables_only(sweep, capsys):
+    rewrite(sweep, lambda r: {**r, **{f"env{i}_in_ip_acc": 0.9 for i in range(4)}})
+    _, out, _ = run(capsys, "--input_dir", sweep, "--selection", "iid", "--paper", "ipoop",
+                    "--no_save")
+    sections = out.split("\n\n")
+    with_paper = [s for s in sections if "paper [ipoop]" in s]
+    assert len(with_paper) == 1 and "env{t}_in_ip_acc" in with_paper[0].splitlines()[0]
+    assert "not available in the sources we have" in with_paper[0]
+
+
+def test_notes_say_how_far_the_sweep_is(shared_fixtures, sweep, capsys):
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    for job in jobs[:2]:
+        (job / "done").unlink()
+    (sweep / ("f" * 32)).mkdir()  # launched, no record yet
+    (sweep / "udg_pretrain").mkdir()  # not a job folder
+    status, out, err = run(capsys, "--input_dir", sweep, "--no_save")
+    assert status == 0 and out == expected(shared_fixtures, "text")  # stdout stays DomainBed's
+    assert err.startswith("note: 38 of 41 jobs done (3 running or incomplete: ")
+    assert "the tables use the records written so far" in err
+
+
+def test_notes_explain_x_cells_and_averages_over_other_domains(sweep, capsys):
+    # trial 0 lacks test environment C (index 0); trial 1 has every one; no pair runs for S
+    rewrite(sweep, lambda r: None if (r["args"]["test_envs"] == [0] and
+                                      r["args"]["trial_seed"] == 0)
+            or (len(r["args"]["test_envs"]) == 2 and 2 in r["args"]["test_envs"]) else r)
+    _, out, err = run(capsys, "--input_dir", sweep, "--no_save")
+    row = cells(block(out, "Dataset: VLCS, model selection method: training-domain "
+                           "validation set")[1])
+    assert row[1].endswith("+/- 0.0") and row[-1] != "X"  # C: trial 1 only
+    notes = err.splitlines()
+    assert ("note: Averages table, VLCS column: DomainBed averages each trial over the test "
+            "environments it has, here ERM over L, S, V (trial 0) and C, L, S, V (trial 1) (the "
+            "dataset has C, L, S, V), so it can show a number where the dataset's table prints "
+            "X [training-domain validation set; test-domain validation set (oracle)].") in notes
+    loo = next(n for n in notes if n.startswith("note: VLCS, leave-one-domain-out"))
+    assert "X for ERM at C, L, S, V although those runs exist" in loo and "[t, j]" in loo
+    # a test environment nobody ran
+    rewrite(sweep, lambda r: None if 3 in r["args"]["test_envs"] else r)
+    _, out, err = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid")
+    assert ("note: VLCS: X for ERM in every method's table: records exist only with test "
+            "environments C, L, S, none with V. A row with an X has Avg X, as in DomainBed."
+            in err.splitlines())
+
+
+def test_cli_end_to_end_with_paper_numbers_and_a_running_job(pacs):
+    (pacs / "DMG3" / "done").unlink()
+    command = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
+               str(pacs), "--selection", "iid_best", "--paper", "dmg_pacs_resnet18"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "paper [dmg_pacs_resnet18]" in result.stdout and "DMG - paper" in result.stdout
+    assert (pacs / "results.txt").read_text() == result.stdout  # notes are not in the file
+    assert result.stderr == ("note: 7 of 8 jobs done (1 running or incomplete: DMG3); the tables "
+                             "use the records written so far\n")

@@ -164,6 +164,28 @@ def test_extra_accuracy_keys_become_columns(tmp_path):
     assert R.environment_count(frame) == 1
 
 
+def test_num_classes_is_kept_per_record(tmp_path):
+    write_job(tmp_path, "new", [json.dumps({"args": ARGS, "step": s, "env0_in_acc": 0.5,
+                                            "num_classes": 3}) for s in range(2)])
+    write_job(tmp_path, "old", [json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.5})])
+    frame = R.load_records(str(tmp_path)).set_index("job")
+    assert frame.loc["new", "num_classes"].tolist() == [3.0, 3.0]
+    assert np.isnan(frame.loc["old", "num_classes"])
+    assert R.acc_width(frame) == 1  # not an environment column
+
+
+def test_job_progress_counts_job_folders_and_done(tmp_path):
+    write_job(tmp_path, "named_by_hand", [json.dumps({"args": ARGS, "step": 0})])
+    (tmp_path / "named_by_hand" / "done").write_text("")
+    (tmp_path / ("a" * 32)).mkdir()  # launched by a sweep, not started
+    (tmp_path / ("b" * 32)).mkdir()
+    (tmp_path / ("b" * 32) / "done").write_text("")
+    (tmp_path / "udg_pretrain").mkdir()  # shared pretraining, not a job
+    (tmp_path / "results.txt").write_text("")
+    progress = R.job_progress(str(tmp_path))
+    assert (progress.total, progress.done, progress.not_done) == (3, 2, ["a" * 32])
+
+
 def reference_frame(root):
     """The records DataFrame built the plain way: json per line, one dict per row."""
     rows = []

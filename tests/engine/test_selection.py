@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dg_plugins.engine.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
-                                         select)
+from dg_plugins.engine.selection import (ALL_METHODS, IID, IID_BEST, LOO, METHODS, ORACLE,
+                                         get_method, group_records, select)
+from dg_plugins.engine.udg_selection import select_udg
 
 from helpers import frame_of
 
@@ -45,8 +46,12 @@ def test_methods_and_names():
         "training-domain validation set", "leave-one-domain-out cross-validation",
         "test-domain validation set (oracle)"]
     assert get_method("loo") is LOO and get_method("training-domain validation set") is IID
-    with pytest.raises(ValueError, match="iid, loo, oracle"):
+    with pytest.raises(ValueError, match="iid, loo, oracle, iid_best"):
         get_method("best")
+    # iid_best is ours, not DomainBed's: asked for by name, never in the default three
+    assert list(ALL_METHODS) == ["iid", "loo", "oracle", "iid_best"]
+    assert get_method("iid_best") is IID_BEST
+    assert IID_BEST.name == "training-domain validation set, best checkpoint"
 
 
 def test_oracle_takes_the_last_step():
@@ -65,6 +70,48 @@ def test_iid_early_stops_at_the_best_training_domain_validation():
     row = chosen(records, IID, test_env=0)
     assert row["step"] == 100  # the earliest of the tied best checkpoints
     assert row["val_acc"] == np.mean([0.8, 0.6]) and row["test_acc"] == 0.7
+
+
+def best_not_last(hparams_seed=0, shift=0.0):
+    """One run with test env 0 whose best source-validation checkpoint (step 100) is neither the
+    first nor the last, each checkpoint with its own target accuracy."""
+    vals = {0: (0.3, 0.4), 100: (0.9, 0.7), 200: (0.5, 0.6), 300: (0.6, 0.6)}
+    targets = {0: 0.11, 100: 0.22, 200: 0.33, 300: 0.44}
+    return [record([0], step, hparams_seed=hparams_seed, accs={
+        "env1_out_acc": vals[step][0] + shift, "env2_out_acc": vals[step][1] + shift,
+        "env0_in_acc": targets[step] + shift, "env0_out_acc": 0.99})
+        for step in (200, 0, 300, 100)]  # not in step order: the records' order is not the rule
+
+
+def test_iid_best_reports_the_best_checkpoint_not_the_last():
+    records = best_not_last()
+    row = chosen(records, IID_BEST, test_env=0)
+    assert (row["step"], row["test_acc"]) == (100, 0.22)
+    assert row["val_acc"] == np.mean([0.9, 0.7])
+    # across hparams: the run whose best checkpoint validates best, ties to the largest seed
+    records = best_not_last(0) + best_not_last(1, shift=0.05) + best_not_last(2, shift=-0.05)
+    row = chosen(records, IID_BEST, test_env=0)
+    assert (row["hparams_seed"], row["step"]) == (1, 100)
+    assert row["test_acc"] == pytest.approx(0.27)
+    # the DMG release's rule is DomainBed's IID: the same records, group by group
+    pd.testing.assert_frame_equal(select(frame_of(records), IID_BEST),
+                                  select(frame_of(records), IID))
+
+
+def test_iid_best_on_udg_runs_keeps_the_best_checkpoint():
+    """UDG runs (two targets) select through select_by_masks: mean source validation (env 1),
+    each run's best checkpoint, its targets' in-split accuracies."""
+    records = []
+    for step, val, t0, t2 in ((0, 0.3, 0.1, 0.2), (100, 0.8, 0.5, 0.6), (200, 0.4, 0.9, 0.9)):
+        rec = record([0, 2], step, accs={"env1_out_acc": val, "env0_in_acc": t0,
+                                         "env2_in_acc": t2})
+        rec["args"]["label_fraction"] = 0.1
+        records.append(rec)
+    frame = frame_of(records)
+    row = select_udg(frame, IID_BEST).iloc[0]
+    assert (row["step"], row["acc0"], row["acc2"]) == (100, 0.5, 0.6)
+    assert select_udg(frame, ORACLE).iloc[0]["step"] == 200
+    pd.testing.assert_frame_equal(select_udg(frame, IID_BEST), select_udg(frame, IID))
 
 
 def test_hparams_ties_go_to_the_largest_seed():
