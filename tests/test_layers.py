@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dg_plugins"
 
 #: The layer of each subpackage or top-level module; a module may import its own layer and below.
 LAYERS = {"bridge": 4, "bridge_pytest": 4, "scripts": 4, "benchmarks": 4, "engine": 3,
-          "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1}
+          "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1,
+          "reference": 0}
 TOP = 0  # registry, hparams, catalog, seeds, files, runtime, compat, the package itself
 
 
