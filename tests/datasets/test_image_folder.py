@@ -18,7 +18,8 @@ from dg_plugins.datasets.base import num_environments
 from dg_plugins.datasets.image_folder import (
     PACS, ImageFolder, ImageFolderEnvironment, make_image_folder_dataset,
 )
-from dg_plugins.registry import DATASETS
+import dg_plugins.algorithms  # noqa: F401  (registers every algorithm)
+from dg_plugins.registry import ALGORITHMS, DATASETS
 from image_tree import pacs_sample_dir
 
 PACS_MINI = pacs_sample_dir()
@@ -340,3 +341,186 @@ def test_image_error_reports_only_broken_files(tmp_path):
     assert image_folder.image_error(str(root / "d" / "c" / "ok.png")) is None
     assert image_folder.image_error(str(root / "d" / "c" / "bad.jpg")).startswith(
         "UnidentifiedImageError: cannot identify image file")
+
+
+# --- the augmentation hparam -----------------------------------------------------------------
+
+
+def transform_steps(compose):
+    """``[(step class name, its parameters)]`` of a torchvision Compose."""
+    from torchvision import transforms as T
+
+    described = []
+    for step in compose.transforms:
+        if isinstance(step, T.RandomResizedCrop):
+            params = (tuple(step.size), tuple(step.scale), tuple(round(r, 4) for r in step.ratio))
+        elif isinstance(step, (T.Resize, T.RandomCrop)):
+            params = step.size if isinstance(step.size, int) else tuple(step.size)
+        elif isinstance(step, T.ColorJitter):
+            params = (step.brightness, step.contrast, step.saturation, step.hue)
+        elif isinstance(step, (T.RandomHorizontalFlip, T.RandomGrayscale)):
+            params = step.p
+        elif isinstance(step, T.Normalize):
+            params = (tuple(step.mean), tuple(step.std))
+        else:
+            params = None
+        described.append((type(step).__name__, params))
+    return described
+
+
+NORMALIZE = ("Normalize", (image_folder.IMAGENET_MEAN, image_folder.IMAGENET_STD))
+RATIO = (0.75, 1.3333)
+
+
+def test_training_transforms_are_domainbeds_and_the_dmg_releases():
+    assert transform_steps(image_folder.training_transform("domainbed")) == [
+        ("RandomResizedCrop", ((224, 224), (0.7, 1.0), RATIO)), ("RandomHorizontalFlip", 0.5),
+        ("ColorJitter", ((0.7, 1.3), (0.7, 1.3), (0.7, 1.3), (-0.3, 0.3))),
+        ("RandomGrayscale", 0.1), ("ToTensor", None), NORMALIZE]
+    # prithv1/DMG@6b162b4 train_model.py lines 146-155 (PACS) and 156-165 (DomainNet)
+    assert transform_steps(image_folder.training_transform("dmg_pacs")) == [
+        ("RandomResizedCrop", ((224, 224), (0.8, 1.0), RATIO)), ("RandomHorizontalFlip", 0.5),
+        ("ColorJitter", ((0.6, 1.4), (0.6, 1.4), (0.6, 1.4), (-0.4, 0.4))),
+        ("ToTensor", None), NORMALIZE]
+    assert transform_steps(image_folder.training_transform("dmg_domainnet")) == [
+        ("Resize", 256), ("RandomCrop", (224, 224)), ("RandomHorizontalFlip", 0.5),
+        ("ToTensor", None), NORMALIZE]
+    # evaluation: DomainBed's and the release's (lines 129-144) are the same three steps
+    assert transform_steps(image_folder.plain_transform()) == [
+        ("Resize", (224, 224)), ("ToTensor", None), NORMALIZE]
+    with pytest.raises(ValueError, match="unknown augmentation 'dmg'; choices: domainbed, "
+                                         "dmg_pacs, dmg_domainnet"):
+        image_folder.training_transform("dmg")
+
+
+def test_dmg_domainnet_crops_224_from_the_image_resized_to_a_256_short_side():
+    """The mechanism: a 512x300 picture is resized to 436x256 (aspect kept, not squashed), and
+    the output is the 224x224 window of it that RandomCrop draws, mirrored when the flip draws
+    so, with no colour change."""
+    from torchvision import transforms as T
+    from torchvision.transforms import functional as TF
+
+    rng = np.random.RandomState(0)
+    picture = Image.fromarray(rng.randint(0, 256, (300, 512, 3), dtype=np.uint8))
+    resized = TF.resize(picture, 256)
+    assert resized.size == (436, 256)
+    transform = image_folder.training_transform("dmg_domainnet")
+    flips = set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        top, left, height, width = T.RandomCrop.get_params(resized, (224, 224))
+        flip = bool(torch.rand(1) < 0.5)
+        flips.add(flip)
+        window = TF.to_tensor(resized)[:, top:top + height, left:left + width]
+        expected = window.flip(-1) if flip else window
+        torch.manual_seed(seed)
+        x = transform(picture) * STD + MEAN
+        assert x.shape == (3, 224, 224)
+        torch.testing.assert_close(x, expected, atol=1e-5, rtol=0)
+    assert flips == {True, False}
+
+
+def test_augmentation_hparam_picks_the_training_environments_transform():
+    dataset = PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg_pacs"})
+    assert dataset.augmentation == "dmg_pacs" and dataset.augmented_envs == [1, 2, 3]
+    assert transform_steps(dataset.augment_transform) == transform_steps(
+        image_folder.dmg_pacs_transform())
+    assert all(dataset.datasets[i].transform is dataset.augment_transform for i in (1, 2, 3))
+    assert dataset.datasets[0].transform is dataset.plain_transform
+    default = PACS(str(PACS_MINI), [0], {"data_augmentation": True})
+    assert transform_steps(default.augment_transform) == transform_steps(
+        image_folder.augment_transform())
+    with pytest.raises(ValueError, match="unknown augmentation 'dmg'; choices"):
+        PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg"})
+    with pytest.raises(ValueError, match="'dmg_pacs' asks for an augmentation but "
+                                         "data_augmentation is false"):
+        PACS(str(PACS_MINI), [0], {"data_augmentation": False, "augmentation": "dmg_pacs"})
+
+
+def test_every_algorithm_has_the_augmentation_hparam_on_image_folder_datasets():
+    from dg_plugins import hparams
+
+    image_folders = ["VLCS", "PACS", "OfficeHome", "TerraIncognita", "DomainNet", "DomainNet20",
+                     "ImageFolder"]
+    for algorithm in ALGORITHMS.list():
+        for dataset in image_folders:
+            assert hparams.default_hparams(algorithm, dataset)["augmentation"] == "domainbed"
+        assert "augmentation" not in hparams.default_hparams(algorithm, "RotatedMNIST5k")
+    assert hparams.random_hparams("ERM", "PACS", 3)["augmentation"] == "domainbed"
+    assert hparams.validate("ERM", "DomainNet", {"augmentation": "dmg_domainnet"}) == {
+        "augmentation": "dmg_domainnet"}
+    with pytest.raises(hparams.HparamError, match="'augmentation' must be one of 'domainbed', "
+                                                  "'dmg_pacs', 'dmg_domainnet', got 'x'"):
+        hparams.validate("ERM", "OfficeHome", {"augmentation": "x"})
+    made = make_image_folder_dataset("DgTestAugmentedTree", "tree", ["a", "b"])
+    try:
+        assert hparams.default_hparams("ERM", "DgTestAugmentedTree")["augmentation"] == \
+            "domainbed"
+        assert catalog.IMAGE_FOLDER_DATASETS["DgTestAugmentedTree"] == "tree"
+    finally:
+        DATASETS.unregister(made.__name__)
+
+
+# --- decoding: bit depths and modes ------------------------------------------------------------
+
+
+def decoded(path) -> np.ndarray:
+    return np.asarray(image_folder.load_rgb_image(str(path)))
+
+
+def test_16_bit_grey_png_is_scaled_to_8_bits(tmp_path):
+    values = np.arange(0, 65536, 257 * 3, dtype=np.uint16)[:80].reshape(8, 10)
+    values[0, 0], values[0, 1], values[0, 2] = 0, 65535, 300  # black, white, very dark
+    path = tmp_path / "grey16.png"
+    Image.fromarray(values).save(path)
+    with Image.open(path) as image:
+        assert image.mode == "I;16"
+    rgb = decoded(path)
+    assert rgb.shape == (8, 10, 3) and rgb.dtype == np.uint8
+    expected = np.round(values / 257).astype(np.uint8)
+    assert all(np.array_equal(rgb[..., c], expected) for c in range(3))
+    assert [rgb[0, i].tolist() for i in range(3)] == [[0] * 3, [255] * 3, [1] * 3]
+    assert image_folder.image_error(str(path)) is None
+
+
+def test_32_bit_integer_and_float_images_are_scaled_by_their_range(tmp_path):
+    signed = np.array([[0, 2 ** 31 - 1, 2 ** 30, -5]], dtype=np.int32)
+    path = tmp_path / "int32.tif"
+    Image.fromarray(signed).save(path)
+    with Image.open(path) as image:
+        assert image.mode == "I"
+    assert decoded(path)[0, :, 0].tolist() == [0, 255, 128, 0]  # negatives clip to black
+    floats = np.array([[0.0, 1.0, 0.5, 2.0]], dtype=np.float32)
+    path = tmp_path / "float.tif"
+    Image.fromarray(floats).save(path)
+    assert decoded(path)[0, :, 1].tolist() == [0, 255, 128, 255]
+    # 16-bit data held as mode I (e.g. a 16-bit TIFF opened as I): scaled by its 16 bits
+    image = Image.fromarray(np.array([[0, 65535, 32896]], dtype=np.int32), mode="I")
+    image.format = "PNG"
+    assert np.asarray(image_folder.to_rgb(image))[0, :, 2].tolist() == [0, 255, 128]
+
+
+def test_8_bit_modes_convert_as_torchvision_loads_them(tmp_path):
+    """RGBA, LA, P, CMYK and 1-bit files decode as torchvision's ImageFolder (DomainBed) reads
+    them: PIL's convert("RGB")."""
+    from torchvision.datasets.folder import pil_loader
+
+    rgba = Image.new("RGBA", (4, 4), (200, 100, 50, 0))  # fully transparent: colour kept
+    palette = Image.new("P", (4, 4), 1)
+    palette.putpalette([0, 0, 0, 10, 200, 30] + [0] * 762)
+    one_bit = Image.new("1", (4, 4), 0)
+    one_bit.putpixel((1, 1), 1)
+    cases = {
+        "rgba.png": (rgba, (200, 100, 50)),
+        "la.png": (Image.new("LA", (4, 4), (90, 255)), (90, 90, 90)),
+        "p.png": (palette, (10, 200, 30)),
+        "cmyk.jpg": (Image.new("CMYK", (4, 4), (255, 0, 0, 0)), (0, 255, 255)),
+        "bits.png": (one_bit, (0, 0, 0)),
+    }
+    for name, (image, first_pixel) in cases.items():
+        image.save(tmp_path / name)
+        rgb = decoded(tmp_path / name)
+        assert rgb.shape == (4, 4, 3) and rgb.dtype == np.uint8, name
+        assert np.array_equal(rgb, np.asarray(pil_loader(str(tmp_path / name)))), name
+        assert np.abs(rgb[0, 0].astype(int) - first_pixel).max() <= 2, (name, rgb[0, 0])
+    assert decoded(tmp_path / "bits.png")[1, 1].tolist() == [255, 255, 255]
