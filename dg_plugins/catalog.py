@@ -247,7 +247,7 @@ def domainbed_only_datasets() -> list[str]:
     return [name for name in DOMAINBED_DATASETS if name not in implemented]
 
 
-def _close_names(name: str, choices: list[str]) -> list[str]:
+def close_names(name: str, choices: list[str]) -> list[str]:
     """Names of ``choices`` close to ``name``: same spelling up to case first, then difflib's."""
     same = [c for c in choices if c.lower() == name.lower()]
     folded = {c.lower(): c for c in choices}
@@ -270,9 +270,9 @@ def check_dataset_name(name: str, extra=()) -> None:
             f"{name} is a DomainBed dataset that dg_plugins does not implement; run it through "
             f"the bridge: {BRIDGE_SWEEP_COMMAND} (with a DomainBed checkout: set DOMAINBED_ROOT "
             "to the folder that contains domainbed/)")
-    close = _close_names(str(name), choices)
+    close = close_names(str(name), choices)
     hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-    bridged = _close_names(str(name), domainbed_only)
+    bridged = close_names(str(name), domainbed_only)
     if bridged and not close:
         hint = (f"; did you mean {', '.join(map(repr, bridged))}? (DomainBed's own: run through "
                 f"the bridge, {BRIDGE_SWEEP_COMMAND})")
