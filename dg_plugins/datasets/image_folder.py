@@ -484,7 +484,7 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
 
 @register_dataset()
 class VLCS(ImageFolderBenchmark):
-    FOLDER_NAME = "VLCS"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]  # "VLCS"
     ENVIRONMENTS = ["C", "L", "S", "V"]
     ENV_FOLDERS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
 
@@ -539,7 +539,7 @@ class PACS(ImageFolderBenchmark):
       :class:`OfficialSplitError`; a line listed twice counts twice, as in the list.
     """
 
-    FOLDER_NAME = "PACS"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]  # "PACS"
     ENVIRONMENTS = ["A", "C", "P", "S"]
     ENV_FOLDERS = ("art_painting", "cartoon", "photo", "sketch")
 
@@ -631,21 +631,21 @@ class PACS(ImageFolderBenchmark):
 
 @register_dataset()
 class OfficeHome(ImageFolderBenchmark):
-    FOLDER_NAME = "office_home"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]  # "office_home"
     ENVIRONMENTS = ["A", "C", "P", "R"]
     ENV_FOLDERS = ("Art", "Clipart", "Product", "Real World")
 
 
 @register_dataset()
 class TerraIncognita(ImageFolderBenchmark):
-    FOLDER_NAME = "terra_incognita"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]  # "terra_incognita"
     ENVIRONMENTS = ["L100", "L38", "L43", "L46"]
     ENV_FOLDERS = ("location_100", "location_38", "location_43", "location_46")
 
 
 @register_dataset()
 class DomainNet(ImageFolderBenchmark):
-    FOLDER_NAME = "domain_net"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]  # "domain_net"
     CHECKPOINT_FREQ = 1000
     ENVIRONMENTS = ["clip", "info", "paint", "quick", "real", "sketch"]
     ENV_FOLDERS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
