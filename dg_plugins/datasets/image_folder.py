@@ -495,13 +495,10 @@ DATA_SPLITS = catalog.DATA_SPLITS
 #: Where PACS's official split lists are published: the PACS authors' Google Drive folder (Li et
 #: al., ICCV 2017), subfolder ``pacs_label``.
 PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
-#: The official list kinds: the sources' training and validation images, the target's test images.
-PACS_SPLIT_KINDS = ("train", "crossval", "test")
-
-
-class OfficialSplitError(FileNotFoundError):
-    """PACS's official split lists are missing or do not match the images; the message says
-    where to put them and where to get them."""
+class OfficialSplitError(FileNotFoundError, ValueError):
+    """PACS's official split lists are missing or do not match the images (a FileNotFoundError
+    and a ValueError: train reports either as one line); the message says where to put them and
+    where to get them."""
 
 
 @register_dataset()
@@ -513,8 +510,8 @@ class PACS(ImageFolderBenchmark):
     * "official": PACS's official lists (Li et al., ICCV 2017), as the DMG release uses them
       (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214 read each source domain's "train" and
       "val" part and the target's "test" part; ``dataloaders/domain_datasets.py`` lines 59-71
-      picks ``<domain>_<part>`` files, the authors' HDF5 copies of these lists'
-      images). :meth:`predefined_split` returns them to train:
+      picks the ``<domain>_<part>`` HDF5 files of this split, which the PACS authors also
+      publish as HDF5). :meth:`predefined_split` returns them to train:
 
       - a training (source) environment: in = ``<domain>_train_kfold.txt``, out =
         ``<domain>_crossval_kfold.txt`` (the release's training and validation images);

@@ -115,8 +115,10 @@ def test_lines_that_match_no_image_or_the_wrong_class_are_refused(tmp_path):
         PACS(str(root), [0], OFFICIAL)
     path, label = good.splitlines()[0].split()
     train.write_text(good.replace(f"{path} {label}\n", f"{path} {int(label) % 7 + 1}\n", 1))
-    with pytest.raises(OfficialSplitError, match=r"disagree with the class folders.*has label"):
+    with pytest.raises(OfficialSplitError, match=r"disagree with the class folders.*has label"
+                       ) as err:
         PACS(str(root), [0], OFFICIAL)
+    assert isinstance(err.value, ValueError)  # bad input data: train reports it as one line
 
 
 def test_the_hparam_is_declared_for_pacs_only_and_checked(tmp_path):
