@@ -16,7 +16,7 @@ are added: its ERM, Debug28, PACS, ... stay authoritative. What changes:
 * ``domainbed.hparams_registry._hparams`` is wrapped: our algorithms get our hparam spaces
   (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does), less the hparams that
   only dg_plugins' class of a dataset reads when DomainBed's own class of that name is the one
-  used (e.g. PACS's ``augmentation`` and ``data_split``: :func:`check_train_args` refuses them
+  used (e.g. PACS's ``augmentation`` and ``data_split``: :func:`check_script_args` refuses them
   there); DomainBed's algorithms keep
   DomainBed's registry, except that on our small-image datasets
   (:data:`dg_plugins.hparams.SMALL_IMAGE_DATASETS`, e.g. RotatedMNIST5k) it is asked with the
@@ -337,17 +337,23 @@ def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[s
     return list(catalog.dataset_hparam_space(dataset))
 
 
-def check_train_args(argv: list[str], datasets_module: ModuleType | None = None) -> None:
-    """Refuse a DomainBed train command line (``--dataset D --hparams JSON ...``) whose
-    ``--hparams`` sets a dataset hparam that DomainBed's own class of ``D`` would silently ignore
-    (e.g. ``{"augmentation": "dmg_pacs"}`` on DomainBed's PACS): raises ValueError naming the
-    hparams and the fix (dg_plugins' own train, ``python -m dg_plugins.scripts.train``, whose PACS
-    reads them). Other arguments are left to DomainBed's parser."""
+def check_script_args(script: str, argv: list[str],
+                      datasets_module: ModuleType | None = None) -> None:
+    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` sets a dataset
+    hparam that DomainBed's own class of a dataset it runs would silently ignore (e.g.
+    ``{"augmentation": "dmg_pacs"}`` with DomainBed's PACS): raises ValueError naming the hparams,
+    the dataset and the fix (dg_plugins' own train / sweep, whose PACS reads them). The datasets
+    are train's ``--dataset`` (DomainBed's default RotatedMNIST) or sweep's ``--datasets``
+    (DomainBed's default: every dataset of ``datasets.DATASETS``). Other scripts and other
+    arguments are left to DomainBed."""
     import argparse
     import json
 
+    if script not in ("train", "sweep"):
+        return
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--dataset", default="RotatedMNIST")  # DomainBed's train default
+    parser.add_argument("--datasets", nargs="+", default=None)
     parser.add_argument("--hparams", default=None)
     known, _ = parser.parse_known_args(argv)
     if not known.hparams:
@@ -355,18 +361,23 @@ def check_train_args(argv: list[str], datasets_module: ModuleType | None = None)
     try:
         overrides = json.loads(known.hparams)
     except json.JSONDecodeError:
-        return  # DomainBed's train reports it
+        return  # DomainBed's script reports it
+    if not isinstance(overrides, dict):
+        return
     if datasets_module is None:
         datasets_module = domainbed_modules()["datasets"]
-    ignored = [n for n in ignored_dataset_hparams(known.dataset, datasets_module)
-               if isinstance(overrides, dict) and n in overrides]
-    if ignored:
-        raise ValueError(
-            f"--hparams sets {', '.join(map(repr, ignored))}, which DomainBed's own "
-            f"{known.dataset} ignores (only dg_plugins' {known.dataset} reads "
-            f"{'it' if len(ignored) == 1 else 'them'}): run the job with dg_plugins' train, "
-            "python -m dg_plugins.scripts.train, or drop "
-            f"{'it' if len(ignored) == 1 else 'them'}")
+    if script == "train":
+        datasets = [known.dataset]
+    else:
+        datasets = known.datasets or list(getattr(datasets_module, "DATASETS", []))
+    for dataset in datasets:
+        ignored = [n for n in ignored_dataset_hparams(dataset, datasets_module) if n in overrides]
+        if ignored:
+            it = "it" if len(ignored) == 1 else "them"
+            raise ValueError(
+                f"--hparams sets {', '.join(map(repr, ignored))}, which DomainBed's own "
+                f"{dataset} ignores (only dg_plugins' {dataset} reads {it}): run it with "
+                f"dg_plugins' own {script}, python -m dg_plugins.scripts.{script}, or drop {it}")
 
 
 def rewrite_command(command: str, python: str | None = None,

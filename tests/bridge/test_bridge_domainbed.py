@@ -141,7 +141,8 @@ def test_our_in_memory_datasets_load_without_workers_under_domainbed(db):
         assert dataset.N_WORKERS == 0, name
     assert db.datasets.get_dataset_class("RotatedMNIST").N_WORKERS == 8  # DomainBed's own stays
     with pytest.raises(ValueError, match="DomainBed's own PACS ignores"):
-        bridge.check_train_args(["--dataset", "PACS", "--hparams", '{"augmentation": "dmg_pacs"}'])
+        bridge.check_script_args("train", ["--dataset", "PACS", "--hparams",
+                                           '{"augmentation": "dmg_pacs"}'])
 
 
 def stray_tensors(algorithm: torch.nn.Module) -> list[str]:

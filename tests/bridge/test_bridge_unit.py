@@ -322,15 +322,25 @@ def test_a_non_package_named_domainbed_is_refused(monkeypatch):
         bridge.locate_domainbed()
 
 
-def test_train_args_setting_hparams_domainbeds_own_dataset_ignores_are_refused(plugin, fake):
+def test_hparams_that_domainbeds_own_dataset_ignores_are_refused(plugin, fake):
     (_, datasets, _, _), _ = fake
     with pytest.raises(ValueError, match=r"--hparams sets 'augmentation', 'data_split', which "
                                          r"DomainBed's own PACS ignores .*python -m "
                                          r"dg_plugins.scripts.train"):
-        bridge.check_train_args(["--dataset", "PACS", "--algorithm", "ERM", "--hparams",
-                                 '{"augmentation": "dmg_pacs", "data_split": "official", '
-                                 '"lr": 0.001}'], datasets)
-    for argv in (["--dataset", "PACS", "--hparams", '{"lr": 0.001}'],
-                 ["--dataset", "PACS"],
-                 ["--dataset", "DigitsOffline", "--hparams", '{"digits_color_jitter": 0.5}']):
-        bridge.check_train_args(argv, datasets)  # nothing ignored
+        bridge.check_script_args("train", [
+            "--dataset", "PACS", "--algorithm", "ERM", "--hparams",
+            '{"augmentation": "dmg_pacs", "data_split": "official", "lr": 0.001}'], datasets)
+    sweep_hparams = ["--hparams", '{"augmentation": "dmg_pacs"}']
+    with pytest.raises(ValueError, match=r"'augmentation', which DomainBed's own PACS ignores "
+                                         r".*dg_plugins.scripts.sweep"):
+        bridge.check_script_args("sweep", ["launch", "--datasets", "RotatedMNIST5k", "PACS",
+                                           *sweep_hparams], datasets)
+    with pytest.raises(ValueError, match="DomainBed's own PACS"):  # sweep's default: every one
+        bridge.check_script_args("sweep", ["launch", *sweep_hparams], datasets)
+    for script, argv in (("train", ["--dataset", "PACS", "--hparams", '{"lr": 0.001}']),
+                         ("train", ["--dataset", "PACS"]),
+                         ("train", ["--dataset", "DigitsOffline", "--hparams",
+                                    '{"digits_color_jitter": 0.5}']),
+                         ("sweep", ["launch", "--datasets", "RotatedMNIST5k", *sweep_hparams]),
+                         ("collect_results", ["--hparams", '{"augmentation": "dmg_pacs"}'])):
+        bridge.check_script_args(script, argv, datasets)  # nothing ignored
