@@ -60,7 +60,7 @@ class LeNet(StagedFeaturizer):
     classes) is separate. Stages ``conv1``, ``conv2``, ``fc1`` (flattens first), ``fc2``.
 
     It has no global pooling: fc1 takes the whole flattened conv2 map, so its size grows with the
-    input's area (4.5M parameters in all at 32x32; 368M at 224x224, where fc1 alone takes a
+    input's area (4.5M parameters in all at 32x32; 369M at 224x224, where fc1 alone takes a
     53x53x128 map). Inputs of at least 16x16 are accepted, but a LeNet larger than
     :data:`MAX_PARAMETERS` is refused (ValueError naming the count and the fixes): at that size it
     is a mistake (e.g. ``{"backbone": "lenet"}`` on 224x224 images), not a model anyone trains."""
