@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.script not in scripts:
         sys.exit(f"error: unknown DomainBed script {args.script!r}; choose one of: "
                  f"{', '.join(scripts)}, or info")
+    try:  # dg_plugins' dataset hparams that DomainBed's own dataset classes would ignore
+        bridge.check_script_args(args.script, args.args)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
     if args.script == "sweep":
         bridge.route_launchers_through_entry()
     sys.argv = [f"domainbed.scripts.{args.script}", *args.args]

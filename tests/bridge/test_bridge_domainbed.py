@@ -315,3 +315,16 @@ def test_domainbeds_own_hparams_tests_include_ours(db, tmp_path):
         cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{len(db.datasets.DATASETS)} passed" in proc.stdout  # our algorithm x every dataset
+
+
+def test_the_entry_refuses_dataset_hparams_domainbeds_own_dataset_ignores():
+    """``python -m dg_plugins.scripts.domainbed train --dataset PACS --hparams
+    '{"augmentation": ...}'`` would train DomainBed's PACS without the asked-for transform: the
+    entry stops first with one line naming the hparam and the fix."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dg_plugins.scripts.domainbed", "train", "--dataset", "PACS",
+         "--data_dir", "unused", "--hparams", '{"augmentation": "dmg_pacs"}'],
+        capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode != 0
+    assert "error:" in result.stderr and "augmentation" in result.stderr
+    assert "Traceback" not in result.stderr
