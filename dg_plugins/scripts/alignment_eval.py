@@ -4,17 +4,20 @@ without retraining.
     python -m dg_plugins.scripts.alignment_eval --alignment_scores scores.csv \
         [--alignment_threshold T | --alignment_preset teterwak2025] JOB_DIR [JOB_DIR ...] \
         [--data_dir DIR] [--device cuda] [--update_records [--overwrite]] \
-        [--out keys.jsonl] [--predictions preds.csv]
+        [--out keys.jsonl] [--predictions preds.csv] \
+        [--alignment_model ViT-B-16] [--alignment_pretrained laion400m_e32]
 
 For each job folder (a train ``--output_dir``) it loads ``model.pkl`` (or ``--model FILE``),
 rebuilds the dataset, the in/out(/uda) splits and the IP/OOP subsets exactly as train does
 (``engine.train``: ``seed_everything(args.seed)``, the dataset from the record ``args``, ``Splits``,
 ``evaluation_subsets``, ``evaluate``), and prints the same keys train writes with
 ``--alignment_scores``: ``env{i}_{in,out}_{ip,oop}_acc`` and ``_count`` for every test environment,
-besides ``env{i}_{in,out}_acc``. ``--data_dir`` replaces the data folder recorded in the job (data
-that moved); ``--out`` appends one JSON line per model; ``--predictions`` writes each test image's
-prediction (``env, env_name, path, split, label, prediction, correct``; paths as in score files)
-for :mod:`dg_plugins.scripts.plot_alignment`.
+besides ``env{i}_{in,out}_acc``. ``--data_dir`` replaces the data folder recorded in the job
+(data that moved; the score file must still be the one of that copy of the data, see
+:mod:`dg_plugins.alignment.provenance`); ``--alignment_model`` / ``--alignment_pretrained``
+reject a score file made by another CLIP model; ``--out`` appends one JSON line per model;
+``--predictions`` writes each test image's prediction (``env, env_name, path, split, label,
+prediction, correct``; paths as in score files) for :mod:`dg_plugins.scripts.plot_alignment`.
 
 ``--update_records`` adds those keys to the job's own records (``results.jsonl``), but only to the
 records this command can score correctly. A record's accuracies come from the model at its step;
@@ -69,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alignment_threshold", type=float, default=None,
                    help="IP if score >= threshold (default 0.4)")
     p.add_argument("--alignment_preset", default=None, help="named rule, e.g. teterwak2025")
+    p.add_argument("--alignment_model", default=None,
+                   help="the open_clip model the score file must have been made with (e.g. "
+                   "ViT-B-16); another one is an error")
+    p.add_argument("--alignment_pretrained", default=None,
+                   help="the pretrained tag the score file must have been made with (e.g. "
+                   "laion400m_e32); another one is an error")
     p.add_argument("--model", default=None,
                    help="model file to score instead of <job>/model.pkl (one job only)")
     p.add_argument("--data_dir", default=None, help="data folder (default: the job's)")
@@ -333,6 +342,11 @@ def main(argv=None) -> int:
         return 2
     try:
         plugins_lib.load(options.plugins)
+        if options.alignment_model is not None or options.alignment_pretrained is not None:
+            from dg_plugins.alignment import provenance, read_scores
+
+            provenance.check_model(read_scores(options.alignment_scores), None,
+                                   options.alignment_model, options.alignment_pretrained)
         prediction_frames = []
         for job in options.jobs:
             models = model_files(job)

@@ -35,7 +35,7 @@ def test_cli_scores_writes_the_file_and_reports_counts(tmp_path, pacs_dir, capsy
         assert f"{ip} ({100 * ip / len(scores):.1f}%)" in captured.out
     assert "random weights" in captured.err
     # rerun: read from the cache, same file content
-    assert alignment_scores.main(argv[:-2] + ["--preset", "teterwak2025"]) == 0
+    assert alignment_scores.main(argv[:-2] + ["--alignment_preset", "teterwak2025"]) == 0
     again = capsys.readouterr().out
     assert "computed 0" in again and "read 20 from the cache" in again
     assert "dropped: score < 0.15 or score > 0.4" in again
