@@ -197,7 +197,7 @@ def _check_range(path: str, frame: pd.DataFrame, header_lines: int) -> None:
     if not len(bad):
         return
     first_row_line = header_lines + 2  # the header lines, then the column names, then the rows
-    shown = ", ".join(f"line {first_row_line + int(i)}: {scores[i]!r}" for i in bad[:10])
+    shown = ", ".join(f"line {first_row_line + int(i)}: {float(scores[i])!r}" for i in bad[:10])
     more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
     raise ValueError(f"alignment score file {path!r}: {len(bad)} scores lie outside [-1, 1] "
                      f"({shown}{more}); an AlignmentScore is a cosine. The file was not written by "
