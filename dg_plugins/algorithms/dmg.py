@@ -98,6 +98,12 @@ def _optional_positive(value) -> str | None:
     return None
 
 
+def _optional_std(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return "must be a number > 0, or null for PyTorch's default classifier init"
+    return None
+
+
 def _layer_list(value) -> str | None:
     names = [n.strip() for n in value.split(",")]
     if not value.strip() or any(not n for n in names):
@@ -193,6 +199,8 @@ class DMG(FeatureClassifier):
             "dmg_mask_lr": (None, lambda r: None, _optional_positive),
             "dmg_mask_layers": ("auto", lambda r: "auto", _layer_list),
             "dmg_test_ensemble": ("logits", lambda r: "logits", hp_lib.one_of(*ENSEMBLES)),
+            "dmg_mask_lr_schedule": (False, lambda r: False),
+            "dmg_fc_init_std": (None, lambda r: None, _optional_std),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):

@@ -137,6 +137,9 @@ class Job:
         for k, v in sorted(self.hparams.items()):
             print("\t{}: {}".format(k, v))
 
+        for name, default in (("batch_sampling", "per_domain"), ("lr_schedule", "constant")):
+            if self.hparams[name] != default:  # temporary: the engine support lands next
+                raise ValueError(f"hparam {name!r} {self.hparams[name]!r} is not supported yet")
         seed_everything(args.seed)
         self.device = pick_device(args.device)
         dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, self.hparams)
@@ -257,6 +260,7 @@ class Job:
                                 num_workers=self.workers))
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
+        results["num_classes"] = int(self.dataset.num_classes)
         keys = sorted(results.keys())
         if keys != self.last_keys:
             print(format_row(keys, colwidth=12))
