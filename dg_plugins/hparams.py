@@ -40,6 +40,14 @@ COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
 
+#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.engine.data``): DomainBed's
+#: ``batch_size`` per source environment per step, or the DMG release's one shuffled batch of
+#: ``batch_size`` from the union of the source environments.
+BATCH_SAMPLINGS = ("per_domain", "pooled")
+
+#: Values of the ``lr_schedule`` hparam (see ``dg_plugins.algorithms.base.lr_factor``).
+LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
+
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
 
 
@@ -80,6 +88,11 @@ def probability(value) -> str | None:
 
 def unit_interval(value) -> str | None:
     return None if 0 <= value <= 1 else "must be in [0, 1]"
+
+
+def decay_rate(value) -> str | None:
+    """A multiplicative decay per epoch: in (0, 1]."""
+    return None if 0 < value <= 1 else "must be in (0, 1]"
 
 
 def one_of(*choices) -> Check:
@@ -123,6 +136,15 @@ def base_space(dataset: str) -> Space:
         # ViT-S/16, GMoE and ERM_ViT DeiT-S/16, DisMAE and MAE ViT-B/16); "tiny" the 2-block
         # presets; or any timm ViT name or preset.
         "vit_arch": ("auto", _constant("auto")),
+        # How training batches are formed (dg_plugins.engine.data): "per_domain" (DomainBed) or
+        # "pooled" (the DMG release: one shuffled batch from the union of the source domains).
+        "batch_sampling": ("per_domain", _constant("per_domain"), one_of(*BATCH_SAMPLINGS)),
+        # The learning-rate schedule the train job applies before each update
+        # (dg_plugins.algorithms.base.lr_factor).
+        "lr_schedule": ("constant", _constant("constant"), one_of(*LR_SCHEDULES)),
+        "lr_decay": (0.99, _constant(0.99), decay_rate),
+        "lr_inv_gamma": (1e-4, _constant(1e-4), non_negative),
+        "lr_inv_power": (0.75, _constant(0.75), non_negative),
     }
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
     space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))
