@@ -30,7 +30,10 @@ the saved models are ``model.pkl`` (the model of the final step) and, with train
 * the record's ``args`` (dataset, algorithm, test_envs, seeds, holdout fractions, task, steps) and
   ``hparams`` are the model's, and
 * re-evaluating that model gives exactly the record's own ``env{i}_{in,out,uda}_acc`` (within
-  ``--acc_tolerance``, default 0: e.g. on another device, allow 0.01);
+  ``--acc_tolerance``, default 0: e.g. on another device, allow 0.01). Augmented splits (the
+  training environments of a default image job) reproduce too: their evaluation batches are
+  functions of (split, batch index) (``dg_plugins.engine.data.eval_batches``), whatever the
+  number of loader workers;
 
 and, if the record already has IP/OOP keys that differ, only with ``--overwrite``. Every other
 record is left byte for byte as it was. The updated record gets the subset keys and, as a train-time
@@ -150,9 +153,13 @@ class JobContext:
         return algorithm.to(self.device)
 
     def evaluate(self, algorithm) -> dict:
-        from dg_plugins.engine import splits
+        """The record's accuracy keys, computed as the train job computes them: the same
+        evaluation (batches of augmented splits seeded by split and batch index,
+        ``splits.eval_seed``) under the same deterministic-algorithms setting."""
+        from dg_plugins.engine import job, splits
 
-        return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
+        with job.deterministic_algorithms():
+            return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""
@@ -163,7 +170,7 @@ class JobContext:
         import torch
 
         from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
-        from dg_plugins.engine import data
+        from dg_plugins.engine import data, splits
 
         rows = []
         algorithm.eval()
@@ -173,7 +180,8 @@ class JobContext:
                     continue
                 preds, labels = [], []
                 with torch.no_grad(), contextlib.closing(
-                        data.eval_batches(split, 64, self.workers)) as batches:
+                        data.eval_batches(split, 64, self.workers,
+                                          splits.eval_seed(name))) as batches:
                     for x, y in batches:  # closing: workers end here, also on an error
                         preds.append(algorithm.predict(x.to(self.device)).argmax(1).cpu())
                         labels.append(torch.as_tensor(y))
