@@ -212,27 +212,66 @@ def test_rates_are_readable_at_any_speed(capsys):
     assert 30.0 <= float(line.split("(")[1].split()[0]) < 35
 
 
-def test_weights_in_the_hub_cache_are_used_without_asking_the_hub(tmp_path, monkeypatch):
-    """Cache first: a cached weight file of a tag is found without any request (the probe would
-    fail the test), and open_clip then loads it with the hub client offline."""
-    import huggingface_hub.constants as constants
-
-    cache = tmp_path / "hub"
-    repo = cache / "models--timm--vit_base_patch16_clip_224.laion400m_e32"
+def fake_hub_cache(cache, repo_id: str, files: dict) -> None:
+    """A Hugging Face cache holding ``files`` (name -> bytes) of ``repo_id`` at revision main."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    (snapshot / "open_clip_pytorch_model.bin").write_bytes(b"weights")
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+
+
+def test_weights_in_the_hub_cache_are_used_without_any_request(tmp_path, monkeypatch):
+    """Cache first: cached weights are found without asking the hub, and open_clip then loads
+    them with the hub client offline, so a dead or slow endpoint costs nothing (not offline mode:
+    any socket connection fails the test)."""
+    import io
+    import json
+    import socket
+
+    import huggingface_hub.constants as constants
+
+    from alignment_helpers import TINY_CONFIG
+
+    cache = tmp_path / "hub"
+    fake_hub_cache(cache, "timm/vit_base_patch16_clip_224.laion400m_e32",
+                   {"open_clip_pytorch_model.bin": b"weights"})
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("DG_PLUGINS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(scoring, "probe_url", lambda *a, **k: pytest.fail("asked the hub"))
     assert scoring.check_weights_available("ViT-B-16", "laion400m_e32") is True
-    before = constants.HF_HUB_OFFLINE
-    with scoring.hub_offline():
-        assert constants.is_offline_mode()
-    assert constants.HF_HUB_OFFLINE == before
+
+    # an hf-hub: model (config + weights from the hub), cached: loaded with no connection at all
+    source = tmp_path / "dg-hub-tiny.json"
+    source.write_text(json.dumps(TINY_CONFIG))
+    tiny = scoring.add_model_config(str(source))
+    expected, _, _ = scoring.load_clip(tiny, "none", seed=5)
+    buffer = io.BytesIO()
+    torch.save(expected.state_dict(), buffer)
+    fake_hub_cache(cache, "dg-test/tiny-clip", {
+        "open_clip_config.json": json.dumps({"model_cfg": TINY_CONFIG}).encode(),
+        "open_clip_pytorch_model.bin": buffer.getvalue()})
+
+    attempts = []
+
+    def no_network(self, address):  # the hub client swallows errors: record the attempts
+        if isinstance(address, tuple):
+            attempts.append(address)
+            raise ConnectionRefusedError("no network in this test")
+        return connect(self, address)
+
+    connect = socket.socket.connect
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # were a request made
+    loaded, _, _ = scoring.load_clip("hf-hub:dg-test/tiny-clip", "none", seed=6)
+    assert attempts == []
+    for (name, a), b in zip(expected.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert constants.HF_HUB_OFFLINE is False  # the offline block ended with the load
 
 
 GUARD = '''"""Test guard: the process may open network connections to loopback addresses only; every
