@@ -152,13 +152,15 @@ class AlignmentSplit:
     ``scores``: a score file path or a :class:`ScoreTable`; ``rule``: a :class:`SplitRule`
     (default: IP iff score >= 0.4), ignored for a file with fixed subsets. Attributes:
     ``assignment[env]`` (subset name per item), ``scores[env]`` (score per item, NaN when
-    unknown). :meth:`indices` / :meth:`subset` give the items of one subset (a
+    unknown). ``verify_data``: check the file's data fingerprints against the images
+    (:func:`~dg_plugins.alignment.provenance.check_data`; off only for a table just made from
+    them). :meth:`indices` / :meth:`subset` give the items of one subset (a
     ``torch.utils.data.Subset`` of the environment for the latter); the IP, OOP and dropped index
     lists of an environment partition its items.
     """
 
     def __init__(self, dataset, scores, envs, rule: SplitRule | None = None,
-                 data_dir: str | None = None):
+                 data_dir: str | None = None, verify_data: bool = True):
         self.dataset = dataset
         self.table = scores if isinstance(scores, ScoreTable) else read_scores(scores)
         self.rule = None if self.table.fixed_subsets else (rule or SplitRule())
@@ -169,7 +171,7 @@ class AlignmentSplit:
         frame = self.table.frame
         for env in self.envs:
             rows = match_rows(self.table, dataset, env, data_dir)
-            note = provenance.check_data(
+            note = None if not verify_data else provenance.check_data(
                 self.table, env, env_folder_name(dataset[env]), frame["path"].to_numpy()[rows],
                 [path for path, _ in env_samples(dataset[env])], data_dir)
             if note is not None and not self.notes:  # one warning per file is enough

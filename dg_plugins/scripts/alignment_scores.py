@@ -155,7 +155,8 @@ def print_summary(dataset, table, envs, rule, data_dir) -> None:
 
     from dg_plugins.alignment.wrapper import AlignmentSplit
 
-    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir)
+    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir,
+                           verify_data=False)  # the table was just made from these images
     print(split.report())
     if not table.fixed_subsets:
         for env in envs:
