@@ -66,6 +66,7 @@ PROBE_TIMEOUT = 3.0
 HF_WEIGHTS_NAME = "open_clip_pytorch_model.bin"
 HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
 HF_CONFIG_NAME = "open_clip_config.json"
+OFFLINE_SET = "offline mode is set: HF_HUB_OFFLINE or DG_PLUGINS_OFFLINE"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def probe_url(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
     except urllib.error.HTTPError:
         return None
     except (urllib.error.URLError, OSError, ValueError) as err:  # a timeout is an OSError
-        return f"{url} did not answer within {timeout:g} s: {getattr(err, 'reason', err)}"
+        return f"{url} did not answer ({getattr(err, 'reason', err)}; {timeout:g} s allowed)"
 
 
 def hub_weight_files(filename: str) -> list[str]:
@@ -168,7 +169,7 @@ def _require_hub(repo_id: str, groups, what: str) -> bool:
         return True
     where = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
     if offline_requested():
-        raise _unavailable(what, where, "offline mode is set (HF_HUB_OFFLINE)")
+        raise _unavailable(what, where, OFFLINE_SET)
     reason = probe_url(hf_hub_url(repo_id, groups[-1][-1]))
     if reason is not None:
         raise _unavailable(what, where, f"the hub endpoint {constants.ENDPOINT} is unreachable: "
@@ -210,7 +211,7 @@ def check_weights_available(model_name: str, pretrained) -> bool:
         if os.path.isfile(cached):
             return False
         if offline_requested():
-            raise _unavailable(what, cached, "offline mode is set (HF_HUB_OFFLINE)")
+            raise _unavailable(what, cached, OFFLINE_SET)
         reason = probe_url(cfg["url"])
         if reason is not None:
             raise _unavailable(what, cached, reason)
