@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -280,6 +281,18 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     return value
 
 
+def check_finite(name: str, value: Any) -> None:
+    """Reject NaN and infinities (also inside lists): no hparam means them, and records holding
+    them would not be standard JSON (Python writes ``Infinity``/``NaN``, which other readers
+    refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HparamError(f"hparam {name!r} must be a finite number, got {value!r}; give a finite "
+                          "value (e.g. 1e6 for a large one)")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_finite(f"{name}[{i}]", item)
+
+
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     """Run each entry's check on the value ``hparams`` holds for it (absent names and None values
     skipped): :func:`validate`'s checks, for hparams that did not come through it (e.g. DomainBed's
@@ -287,6 +300,8 @@ def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     for name, entry in entries.items():
         check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
+        if name in hparams:
+            check_finite(name, value)
         if check is None or value is None:
             continue
         try:
@@ -327,6 +342,7 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
     checked = {}
     for name, value in overrides.items():
         entry = entries[name]
+        check_finite(name, value)
         value = _coerce(name, value, entry[0])
         check = entry[2] if len(entry) > 2 else None
         problem = check(value) if check is not None and value is not None else None
