@@ -62,9 +62,9 @@ SUBSET_VALUES = ("ip", "oop", "drop")
 #: A cosine of float32 unit vectors may exceed 1 by a few ulps; scores beyond 1 + this are errors.
 SCORE_SLACK = 1e-5
 #: What a score file is, for error messages about files that are not one.
-WHAT_IT_IS = ("a score file is the text CSV written by python -m dg_plugins.scripts.alignment_scores "
-              f"('# {MAGIC}' header lines, then the columns env,env_name,path,label,class,score, "
-              "one row per image)")
+WHAT_IT_IS = ("a score file is the text CSV written by python -m "
+              f"dg_plugins.scripts.alignment_scores ('# {MAGIC}' header lines, then the columns "
+              "env,env_name,path,label,class,score, one row per image)")
 
 
 @dataclass

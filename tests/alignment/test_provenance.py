@@ -98,7 +98,8 @@ def retag(path, out, **meta):
 
 def test_a_rule_defined_for_one_model_rejects_another(pacs, pacs_dir, scores_file, tmp_path):
     assert env_subsets(pacs, [0], scores_file, preset="teterwak2025", data_dir=pacs_dir)
-    other = retag(scores_file, tmp_path / "b32.csv", model="ViT-B-32", pretrained="laion2b_s34b_b79k")
+    other = retag(scores_file, tmp_path / "b32.csv", model="ViT-B-32",
+                  pretrained="laion2b_s34b_b79k")
     with pytest.raises(ValueError) as err:
         env_subsets(pacs, [0], other, preset="teterwak2025", data_dir=pacs_dir)
     message = str(err.value)
