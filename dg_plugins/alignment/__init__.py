@@ -9,7 +9,8 @@ dropping outliers; training and the evaluation-only command then report accuracy
 (``env{i}_{in,out}_{ip,oop}_acc`` and ``_count``), and collect_results prints IP and OOP tables.
 
 Modules: :mod:`.scoring` (open_clip scorer), :mod:`.cache` (persistent score cache),
-:mod:`.scores_file` (the CSV contract), :mod:`.rule` (threshold, cleaning cuts, presets),
+:mod:`.scores_file` (the CSV contract), :mod:`.provenance` (is a score file the one of this data
+copy and of the model a rule needs), :mod:`.rule` (threshold, cleaning cuts, presets),
 :mod:`.wrapper` (dataset wrapper, :func:`env_subsets`), :mod:`.importers` (the authors' released
 splits), :mod:`.plots` (accuracy vs score bins, histograms). Only the light modules are imported
 here; ``scoring`` (torch, open_clip) and ``plots`` (matplotlib) load when imported.

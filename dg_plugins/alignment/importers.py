@@ -27,6 +27,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from dg_plugins.alignment.provenance import FINGERPRINT_KEY, items_fingerprints
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import env_folder_name, image_items, relative_path
 from dg_plugins.seeds import seed_hash
@@ -65,7 +66,7 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"score array folder {folder!r} does not exist")
     chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
-    frames = []
+    frames, fingerprints = [], {}
     for env_index in chosen:
         name = env_folder_name(dataset[env_index]) or str(env_index)
         paths = {s: os.path.join(folder, f"{name}_{s}.npy") for s in ("in", "out")}
@@ -95,6 +96,7 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
         for split, keys in (("in", in_keys), ("out", out_keys)):
             scores[keys] = rows[split][:, 0]
             correct[keys] = rows[split][:, 1] if rows[split].shape[1] > 1 else np.nan
+        fingerprints.update(items_fingerprints(items))
         items = items.drop(columns=["abs_path"])
         items["score"] = scores
         items["reference_correct"] = correct
@@ -106,7 +108,8 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
     meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
             "source": f"imported score arrays from {os.path.abspath(folder)} (holdout_fraction "
                       f"{holdout_fraction}, trial_seed {trial_seed})",
-            "data_dir": os.path.abspath(data_dir) if data_dir else None}
+            "data_dir": os.path.abspath(data_dir) if data_dir else None,
+            FINGERPRINT_KEY: fingerprints}
     return ScoreTable(pd.concat(frames, ignore_index=True), meta)
 
 
@@ -134,7 +137,7 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"split folder {folder!r} does not exist")
     chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
-    frames = []
+    frames, fingerprints = [], {}
     for env_index in chosen:
         env = dataset[env_index]
         name = env_folder_name(env)
@@ -164,6 +167,7 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
                              "another copy of the data (or the class folders differ)")
         subset = np.where([w in files["ip"] for w in within], "ip",
                           np.where([w in files["oop"] for w in within], "oop", "drop"))
+        fingerprints.update(items_fingerprints(items))
         items = items.drop(columns=["abs_path"])
         items["score"] = np.nan
         items["subset"] = subset
@@ -173,5 +177,6 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
     meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
             "source": f"imported split folders IP={os.path.abspath(ip_dir)} "
                       f"OOP={os.path.abspath(oop_dir)}",
-            "data_dir": os.path.abspath(data_dir) if data_dir else None}
+            "data_dir": os.path.abspath(data_dir) if data_dir else None,
+            FINGERPRINT_KEY: fingerprints}
     return ScoreTable(pd.concat(frames, ignore_index=True), meta)

@@ -30,9 +30,17 @@ Columns (required: ``env``, ``path``, ``label``, ``score``):
   when present it is used as is and no threshold or preset applies.
 
 Header keys written by the scorer: ``dataset``, ``model``, ``pretrained`` (tag, checkpoint path,
-or ``none`` for random initialisation), ``pretrained_sha256`` (for a checkpoint file), ``seed``
-(random initialisation only), ``prompt``, ``transform``, ``data_dir``, ``created``, ``open_clip``
-(version); importers write ``source``. Unknown keys are kept, and files without a header are read.
+or ``none`` for random initialisation), ``pretrained_sha256`` (for a checkpoint file),
+``pretrained_tag`` (the open_clip tag a checkpoint file holds, as declared with
+``alignment_scores --pretrained_tag``; else null), ``seed`` (random initialisation only),
+``prompt``, ``transform``, ``data_dir``, ``data_fingerprint`` (per scored environment, the digest
+of its images' paths and byte sizes: which copy of the data was scored, see
+:mod:`dg_plugins.alignment.provenance`), ``created``, ``open_clip`` (version); importers write
+``source``. Unknown keys are kept, and files without a header are read.
+
+Checked on reading: the file must be text (a binary file, e.g. one of the authors' ``.npy``
+arrays, is named and explained), and every score must be a cosine, in [-1, 1] (up to
+:data:`SCORE_SLACK` of float32 rounding); rows outside are reported with their line numbers.
 """
 
 from __future__ import annotations
@@ -51,6 +59,12 @@ MAGIC = "dg_plugins alignment scores v1"
 REQUIRED_COLUMNS = ("env", "path", "label", "score")
 COLUMNS = ("env", "env_name", "path", "label", "class", "score")
 SUBSET_VALUES = ("ip", "oop", "drop")
+#: A cosine of float32 unit vectors may exceed 1 by a few ulps; scores beyond 1 + this are errors.
+SCORE_SLACK = 1e-5
+#: What a score file is, for error messages about files that are not one.
+WHAT_IT_IS = ("a score file is the text CSV written by python -m "
+              f"dg_plugins.scripts.alignment_scores ('# {MAGIC}' header lines, then the columns "
+              "env,env_name,path,label,class,score, one row per image)")
 
 
 @dataclass
@@ -89,27 +103,33 @@ def read_scores(path: str) -> ScoreTable:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"alignment score file {path!r} does not exist; write one with "
                                 "python -m dg_plugins.scripts.alignment_scores")
+    _check_text(path)
     meta, header_lines = {}, 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.startswith("#"):
-                break
-            header_lines += 1
-            text = line[1:].strip()
-            if text == MAGIC or not text:
-                continue
-            key, sep, raw = text.partition(":")
-            if not sep:
-                continue
-            try:
-                meta[key.strip()] = json.loads(raw.strip())
-            except json.JSONDecodeError:
-                meta[key.strip()] = raw.strip()
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.startswith("#"):
+                    break
+                header_lines += 1
+                text = line[1:].strip()
+                if text == MAGIC or not text:
+                    continue
+                key, sep, raw = text.partition(":")
+                if not sep:
+                    continue
+                try:
+                    meta[key.strip()] = json.loads(raw.strip())
+                except json.JSONDecodeError:
+                    meta[key.strip()] = raw.strip()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"alignment score file {path!r} is not UTF-8 text ({err}); "
+                         f"{WHAT_IT_IS}") from None
     try:
         frame = pd.read_csv(path, skiprows=header_lines, keep_default_na=False,
                             dtype={"path": str, "env_name": str, "class": str, "subset": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise ValueError(f"alignment score file {path!r} is not a readable CSV: {err}") from None
+        raise ValueError(f"alignment score file {path!r} is not a readable CSV ({err}); "
+                         f"{WHAT_IT_IS}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"alignment score file {path!r} lacks the columns {missing} (has "
@@ -131,9 +151,55 @@ def read_scores(path: str) -> ScoreTable:
     elif frame["score"].isna().any():
         raise ValueError(f"alignment score file {path!r}: {int(frame['score'].isna().sum())} rows "
                          "have no score and the file has no 'subset' column")
+    _check_range(path, frame, header_lines)
     duplicated = frame.duplicated(["env", "path"])
     if duplicated.any():
         first = frame[duplicated].iloc[0]
         raise ValueError(f"alignment score file {path!r}: image {first['path']!r} of env "
                          f"{first['env']} appears more than once")
     return ScoreTable(frame, meta, path)
+
+
+def _check_text(path: str) -> None:
+    """Raise ValueError naming ``path`` when it is not UTF-8 text (NUL bytes or undecodable
+    bytes in its first 64 KiB, or anywhere while decoding): e.g. an image, a ``.npy`` array, a
+    ``.npz`` cache file, or a compressed CSV passed by mistake."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    problem = None
+    if b"\0" in head:
+        problem = "it holds binary data (NUL bytes)"
+    else:
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.start < len(head) - 4:  # not just a character cut at the block's end
+                problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
+    if problem is None:
+        return
+    hint = ""
+    if head.startswith(b"\x93NUMPY"):
+        hint = (" It is a NumPy array: to import the authors' released .npy score arrays use "
+                "alignment_scores --import_score_arrays DIR.")
+    elif head.startswith(b"PK"):
+        hint = " It is a zip archive (e.g. a .npz score cache file)."
+    elif head.startswith(b"\x1f\x8b"):
+        hint = " It is gzip-compressed: decompress it first."
+    raise ValueError(f"alignment score file {path!r} is not a score file: {problem}; "
+                     f"{WHAT_IT_IS}.{hint}")
+
+
+def _check_range(path: str, frame: pd.DataFrame, header_lines: int) -> None:
+    """Raise ValueError listing the file lines whose score is not a cosine in [-1, 1]."""
+    scores = frame["score"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(np.isinf(scores) | (np.abs(scores) > 1 + SCORE_SLACK))
+    if not len(bad):
+        return
+    first_row_line = header_lines + 2  # the header lines, then the column names, then the rows
+    shown = ", ".join(f"line {first_row_line + int(i)}: {float(scores[i])!r}" for i in bad[:10])
+    more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+    raise ValueError(f"alignment score file {path!r}: {len(bad)} scores lie outside [-1, 1] "
+                     f"({shown}{more}); an AlignmentScore is a cosine. The file was not written by "
+                     "alignment_scores or was edited: re-score with python -m "
+                     "dg_plugins.scripts.alignment_scores")

@@ -20,15 +20,22 @@ score does not depend on its batch. Text embeddings are computed once per class.
 decoded in DataLoader workers; nothing runs per image in Python on the scoring path.
 
 Weights: a tag is fetched by open_clip from the Hugging Face Hub (or its release URL) into the
-usual caches. Offline, :func:`check_weights_available` fails at once with the fixes instead of
-hanging: fill the cache on a machine with network access, or pass a local checkpoint file as
-``pretrained`` (e.g. ``open_clip_pytorch_model.bin`` of ``timm/vit_base_patch16_clip_224.
-laion400m_e32``). ``pretrained="none"`` builds a randomly initialised model (seeded): for tests and
-benchmarks only, its scores measure nothing.
+usual caches. :func:`check_weights_available` decides first, without waiting: weights already in
+the cache are used without any network request (the hub is put in offline mode while open_clip
+loads them); else, with ``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once, and
+otherwise one HEAD request to the hub endpoint in use (``HF_ENDPOINT``, default huggingface.co),
+:data:`PROBE_TIMEOUT` seconds and no retries, tells whether a download can start; if it cannot,
+it fails at once with the fixes (the hub client itself would retry for minutes: 5 retries with
+backoff per file, two files tried). The fixes: pass a local checkpoint file as ``pretrained``
+(e.g. ``open_clip_pytorch_model.bin`` of ``timm/vit_base_patch16_clip_224.laion400m_e32``, with
+``pretrained_tag`` naming the tag it holds), or fill the cache on a machine with network access.
+``pretrained="none"`` builds a randomly initialised model (seeded): for tests and benchmarks
+only, its scores measure nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,11 +47,11 @@ import numpy as np
 
 import dg_plugins.compat  # noqa: F401  (must precede torchvision / open_clip imports)
 from dg_plugins.alignment.cache import ScoreCache, image_key
+from dg_plugins.alignment.provenance import FINGERPRINT_KEY, table_fingerprints
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import image_items
 from dg_plugins.files import atomic_write_text
-from dg_plugins.networks.pretrained import (PretrainedWeightsUnavailable, check_hub_available,
-                                            check_url_available)
+from dg_plugins.networks.pretrained import PretrainedWeightsUnavailable, offline_requested
 
 DEFAULT_MODEL = "ViT-B-16"
 DEFAULT_PRETRAINED = "laion400m_e32"
@@ -52,6 +59,14 @@ DEFAULT_PROMPT = "A photo of {}."
 RANDOM_INIT = ("none", "random", "")
 TRANSFORMS = ("dataset", "clip")
 CLIP_CACHE = os.path.expanduser("~/.cache/clip")  # open_clip's folder for URL downloads
+#: Seconds the hub endpoint (or a release URL's server) gets to answer the one request that tells
+#: whether weights can be downloaded now; there is no retry.
+PROBE_TIMEOUT = 3.0
+#: open_clip's default weight file names on the hub (``open_clip/constants.py``).
+HF_WEIGHTS_NAME = "open_clip_pytorch_model.bin"
+HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
+HF_CONFIG_NAME = "open_clip_config.json"
+OFFLINE_SET = "offline mode is set: HF_HUB_OFFLINE or DG_PLUGINS_OFFLINE"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,27 +110,87 @@ def model_config(model_name: str) -> dict:
 
 def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavailable:
     return PretrainedWeightsUnavailable(
-        f"CLIP weights for {what} are not cached and cannot be downloaded ({reason}). Fixes: run "
-        f"once with network access to fill the cache ({where}); or download the checkpoint "
-        "elsewhere and pass the file with --pretrained /path/to/open_clip_pytorch_model.bin (for "
-        "ViT-B-16 laion400m_e32: huggingface.co/timm/vit_base_patch16_clip_224.laion400m_e32); "
-        "or, for a smoke test only, --pretrained none (random weights: the scores mean nothing). "
-        "(HF_HUB_OFFLINE=1 makes hub look-ups fail at once instead of retrying.)")
+        f"CLIP weights for {what} are not cached and cannot be downloaded ({reason}). Fixes: "
+        "download the checkpoint elsewhere and pass the file with --pretrained "
+        "/path/to/open_clip_pytorch_model.bin --pretrained_tag TAG (for ViT-B-16 laion400m_e32: "
+        "open_clip_pytorch_model.bin of huggingface.co/timm/vit_base_patch16_clip_224."
+        "laion400m_e32, then --pretrained_tag laion400m_e32); or run once with network access to "
+        f"fill the cache ({where}); or, for a smoke test only, --pretrained none (random weights: "
+        "the scores mean nothing).")
 
 
-def check_weights_available(model_name: str, pretrained) -> None:
+def probe_url(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """One HEAD request to ``url``, no retry, redirects not followed: None when a server answered
+    (any HTTP status: it is up), else why not (refused, timed out, unknown host, ...)."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # a 3xx is an answer; the download would follow it
+
+    try:
+        opener = urllib.request.build_opener(NoRedirect)
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:  # a timeout is an OSError
+        return f"{url} did not answer ({getattr(err, 'reason', err)}; {timeout:g} s allowed)"
+
+
+def hub_weight_files(filename: str) -> list[str]:
+    """The files open_clip tries, in order, for a hub weight file (``download_pretrained_from_hf``
+    in ``open_clip/pretrained.py``: the safetensors alternative first)."""
+    if filename == HF_WEIGHTS_NAME:
+        return [HF_SAFE_WEIGHTS_NAME, filename]
+    if filename.endswith((".bin", ".pth")):
+        return [filename[:-4] + ".safetensors", filename]
+    return [filename]
+
+
+def cached_hub_file(repo_id: str, names) -> str | None:
+    """The cached path of the first of ``names`` in the Hugging Face cache, else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in names:
+        path = try_to_load_from_cache(repo_id, name)
+        if isinstance(path, str) and os.path.isfile(path):
+            return path
+    return None
+
+
+def _require_hub(repo_id: str, groups, what: str) -> bool:
+    """True when a file of every group of ``groups`` is cached; else False after checking that the
+    hub can be asked now, or raise at once with the fixes."""
+    from huggingface_hub import constants, hf_hub_url
+
+    if all(cached_hub_file(repo_id, names) for names in groups):
+        return True
+    where = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
+    if offline_requested():
+        raise _unavailable(what, where, OFFLINE_SET)
+    reason = probe_url(hf_hub_url(repo_id, groups[-1][-1]))
+    if reason is not None:
+        raise _unavailable(what, where, f"the hub endpoint {constants.ENDPOINT} is unreachable: "
+                                        f"{reason}")
+    return False
+
+
+def check_weights_available(model_name: str, pretrained) -> bool:
     """Fail fast, with the fixes, when ``pretrained`` names weights that are neither a local file,
-    nor in the open_clip / Hugging Face caches, nor downloadable now."""
+    nor in the open_clip / Hugging Face caches, nor downloadable now (see the module docstring).
+    Returns True when the weights are to be read from the hub cache (then :func:`load_clip` keeps
+    the hub offline while loading them)."""
     import open_clip
 
     if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
-        return
+        return False
     if model_name.startswith("hf-hub:"):
-        repo = model_name[len("hf-hub:"):]
-        check_hub_available(repo, model_name, _unavailable)
-        return
+        return _require_hub(model_name[len("hf-hub:"):],
+                            [[HF_CONFIG_NAME], hub_weight_files(HF_WEIGHTS_NAME)], model_name)
     if os.path.isfile(str(pretrained)):
-        return
+        return False
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if not cfg:
         if os.sep in str(pretrained) or str(pretrained).endswith((".pt", ".pth", ".bin",
@@ -126,22 +201,65 @@ def check_weights_available(model_name: str, pretrained) -> None:
                          f"pretrained tag of {model_name}; its tags: {', '.join(tags) or 'none'} "
                          "(or 'none' for random weights)")
     if cfg.get("file"):
-        return
-    if cfg.get("hf_hub"):
-        repo = os.path.split(cfg["hf_hub"])[0] if not cfg["hf_hub"].endswith("/") \
-            else cfg["hf_hub"].rstrip("/")
-        check_hub_available(repo, f"{model_name} {pretrained}", _unavailable)
-    elif cfg.get("url"):
-        check_url_available(cfg["url"], f"{model_name} {pretrained}",
-                            os.path.join(CLIP_CACHE, os.path.basename(cfg["url"])), _unavailable)
+        return False
+    what = f"{model_name} {pretrained}"
+    if cfg.get("hf_hub"):  # open_clip prefers the hub when an entry has both (download_pretrained)
+        repo_id, filename = os.path.split(cfg["hf_hub"])
+        return _require_hub(repo_id, [hub_weight_files(filename or HF_WEIGHTS_NAME)], what)
+    if cfg.get("url"):
+        cached = os.path.join(CLIP_CACHE, os.path.basename(cfg["url"]))
+        if os.path.isfile(cached):
+            return False
+        if offline_requested():
+            raise _unavailable(what, cached, OFFLINE_SET)
+        reason = probe_url(cfg["url"])
+        if reason is not None:
+            raise _unavailable(what, cached, reason)
+    return False
+
+
+@contextlib.contextmanager
+def hub_offline():
+    """Within the block, the Hugging Face client makes no request and reads its cache (what
+    ``HF_HUB_OFFLINE=1`` does; huggingface_hub reads that setting from
+    ``huggingface_hub.constants`` at each request)."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
+MEMO_NAME = "checkpoint_sha256.json"
+_SAMPLE = 1 << 16
+
+
+def _file_identity(path: str) -> str:
+    """What must be unchanged for a memoised checkpoint hash to be reused: the path, device,
+    inode, size, mtime and ctime (the kernel sets ctime at every change of the file, and
+    ``os.utime`` cannot set it back, so a file replaced with the same size and a restored mtime
+    still differs), and the sha256 of five 64 KiB blocks of its content (start, quarters, end: a
+    file system whose ctime is unreliable still shows other bytes)."""
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for k in range(5):
+            f.seek(max(0, min(st.st_size - _SAMPLE, k * st.st_size // 4)))
+            h.update(f.read(_SAMPLE))
+    return "\t".join(map(str, (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                               st.st_ctime_ns, h.hexdigest())))
 
 
 def file_sha256(path: str, memo_dir: str | None = None) -> str:
-    """sha256 of a file, memoised per (path, size, mtime) in ``memo_dir`` when given."""
+    """sha256 of a file's content, memoised in ``memo_dir`` (when given) under the file's
+    identity (:func:`_file_identity`): a replaced file is hashed again, so a score file's header
+    and the score cache never name another checkpoint's hash."""
     path = os.path.abspath(path)
-    st = os.stat(path)
-    memo_key = f"{path}\t{st.st_size}\t{st.st_mtime_ns}"
-    memo_path = os.path.join(memo_dir, "checkpoint_sha256.json") if memo_dir else None
+    memo_key = _file_identity(path)
+    memo_path = os.path.join(memo_dir, MEMO_NAME) if memo_dir else None
     memo = {}
     if memo_path and os.path.exists(memo_path):
         try:
@@ -149,7 +267,8 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
                 memo = json.load(f)
         except (OSError, ValueError):
             memo = {}
-        if isinstance(memo, dict) and isinstance(memo.get(memo_key), str):
+        memo = memo if isinstance(memo, dict) else {}
+        if isinstance(memo.get(memo_key), str):
             return memo[memo_key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -159,7 +278,8 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
     if memo_path:
         try:
             os.makedirs(memo_dir, exist_ok=True)
-            memo = memo if isinstance(memo, dict) else {}
+            prefix = path + "\t"  # older entries of this path are stale: drop them
+            memo = {k: v for k, v in memo.items() if not k.startswith(prefix)}
             memo[memo_key] = digest
             atomic_write_text(memo_path, json.dumps(memo))
         except OSError:
@@ -175,9 +295,10 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
     import torch
 
     model_config(model_name)
-    check_weights_available(model_name, pretrained)
+    from_cache = check_weights_available(model_name, pretrained)
     random_init = is_random_init(pretrained)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), (hub_offline() if from_cache
+                                             else contextlib.nullcontext()):
         torch.manual_seed(seed)
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(
@@ -319,6 +440,17 @@ def _progress(total: int, desc: str):
     return _PlainProgress(total, desc)
 
 
+def format_rate(n: int, seconds: float) -> str:
+    """Throughput of ``n`` images in ``seconds``, readable at any speed: ``"45.5 img/s"`` from 1
+    image per second up, ``"23.4 s/img"`` below (a CPU scoring ViT-B-16 on a loaded machine does
+    well under one image per second: ``"{:.1f} img/s"`` printed 0.0 there), ``"-"`` for no image
+    or no time."""
+    if n <= 0 or not seconds > 0:
+        return "-"
+    rate = n / seconds
+    return f"{rate:.1f} img/s" if rate >= 1 else f"{seconds / n:.1f} s/img"
+
+
 class _PlainProgress:
     """A plain progress log (one line per ~10%) when stderr is not a terminal."""
 
@@ -326,12 +458,14 @@ class _PlainProgress:
         self.total, self.desc, self.done, self.next = total, desc, 0, 0.1
         self.start = time.perf_counter()
 
+    def line(self) -> str:
+        return (f"{self.desc}: {self.done}/{self.total} images "
+                f"({format_rate(self.done, time.perf_counter() - self.start)})")
+
     def update(self, n):
         self.done += n
         if self.total and self.done / self.total >= self.next:
-            rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-            print(f"{self.desc}: {self.done}/{self.total} images ({rate:.1f} img/s)",
-                  file=sys.stderr)
+            print(self.line(), file=sys.stderr)
             while self.done / self.total >= self.next:
                 self.next += 0.1
 
@@ -344,15 +478,20 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
                   prompt: str = DEFAULT_PROMPT, transform="dataset", batch_size: int = 64,
                   device=None, num_workers: int | None = None, cache_dir: str | None = None,
                   use_cache: bool = True, seed: int = 0, dataset_name: str | None = None,
-                  loaded=None) -> ScoreRun:
+                  loaded=None, pretrained_tag: str | None = None) -> ScoreRun:
     """AlignmentScore of every image of the environments ``envs`` (default: all) of ``dataset``.
 
     ``transform``: ``"dataset"`` (the dataset's evaluation transform, faithful), ``"clip"``
     (open_clip's ``preprocess_val``) or a callable on PIL images. Scores already in the cache
     (:mod:`dg_plugins.alignment.cache`) are read; only the others are computed, and the model is
     loaded only then. ``loaded``: an already built ``(model, preprocess, tokenizer)`` to use
-    (tests, benchmarks); the cache is then bypassed, since the setting cannot describe it. Returns a :class:`ScoreRun` whose ``table`` is ready for
-    :func:`~dg_plugins.alignment.scores_file.write_scores`.
+    (tests, benchmarks); the cache is then bypassed, since the setting cannot describe it.
+    ``pretrained_tag``: for a checkpoint file, the open_clip tag whose weights it holds (the user's
+    declaration, recorded in the header so that a rule defined for that tag accepts the file).
+    Returns a :class:`ScoreRun` whose ``table`` is ready for
+    :func:`~dg_plugins.alignment.scores_file.write_scores`; its header records, besides the
+    setting, the data fingerprint of every scored environment
+    (:mod:`dg_plugins.alignment.provenance`).
     """
     import open_clip
     import torch
@@ -366,6 +505,11 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         raise ValueError(f"transform {transform!r}: choose from {', '.join(TRANSFORMS)}")
     kind = transform if isinstance(transform, str) else "custom"
     items = image_items(dataset, envs, data_dir)  # first: rejects datasets without image files
+    if pretrained_tag is not None and not os.path.isfile(str(pretrained)):
+        raise ValueError(f"--pretrained_tag {pretrained_tag!r} declares the weights of a "
+                         f"checkpoint file, but --pretrained {pretrained!r} is not a file (a tag "
+                         "names itself: leave --pretrained_tag out)")
+    stats = [os.stat(p) for p in items["abs_path"].tolist()]  # one stat per image, used twice
     image_transform = (dataset_eval_transform(dataset, envs) if kind == "dataset"
                        else transform if kind == "custom" else None)
     random_init = is_random_init(pretrained)
@@ -388,8 +532,8 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
     keys = None
     if use_cache and loaded is None:  # an injected model is not described by the setting
         cache = ScoreCache(setting, cache_dir)
-        keys = [image_key(p, c) for p, c in zip(items["abs_path"].tolist(),
-                                                 items["class"].tolist())]
+        keys = [image_key(p, c, st) for p, c, st in zip(items["abs_path"].tolist(),
+                                                         items["class"].tolist(), stats)]
         scores = cache.lookup(keys)
     todo = np.flatnonzero(np.isnan(scores))
     run = ScoreRun(table=None, n_images=n, n_cached=n - len(todo), n_computed=len(todo),
@@ -436,9 +580,12 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
     frame["score"] = scores.astype(np.float32).astype(np.float64)
     meta = {"dataset": dataset_name or type(dataset).__name__, "model": model,
             "pretrained": "none" if random_init else str(pretrained),
-            "pretrained_sha256": sha, "prompt": prompt,
+            "pretrained_sha256": sha, "pretrained_tag": pretrained_tag, "prompt": prompt,
             "transform": setting["transform"], "data_dir": os.path.abspath(data_dir)
-            if data_dir else None, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            if data_dir else None,
+            FINGERPRINT_KEY: table_fingerprints(frame["env"].to_numpy(), frame["path"].to_numpy(),
+                                                [st.st_size for st in stats]),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "open_clip": getattr(open_clip, "__version__", "?")}
     if random_init:
         meta["seed"] = int(seed)

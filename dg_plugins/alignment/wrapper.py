@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 
+from dg_plugins.alignment import provenance
 from dg_plugins.alignment.rule import SUBSETS, SplitRule, lopsided_warnings, resolve_rule
 from dg_plugins.alignment.scores_file import ScoreTable, read_scores
 
@@ -151,22 +152,30 @@ class AlignmentSplit:
     ``scores``: a score file path or a :class:`ScoreTable`; ``rule``: a :class:`SplitRule`
     (default: IP iff score >= 0.4), ignored for a file with fixed subsets. Attributes:
     ``assignment[env]`` (subset name per item), ``scores[env]`` (score per item, NaN when
-    unknown). :meth:`indices` / :meth:`subset` give the items of one subset (a
+    unknown). ``verify_data``: check the file's data fingerprints against the images
+    (:func:`~dg_plugins.alignment.provenance.check_data`; off only for a table just made from
+    them). :meth:`indices` / :meth:`subset` give the items of one subset (a
     ``torch.utils.data.Subset`` of the environment for the latter); the IP, OOP and dropped index
     lists of an environment partition its items.
     """
 
     def __init__(self, dataset, scores, envs, rule: SplitRule | None = None,
-                 data_dir: str | None = None):
+                 data_dir: str | None = None, verify_data: bool = True):
         self.dataset = dataset
         self.table = scores if isinstance(scores, ScoreTable) else read_scores(scores)
         self.rule = None if self.table.fixed_subsets else (rule or SplitRule())
         self.envs = [int(e) for e in envs]
         self.assignment: dict[int, np.ndarray] = {}
         self.scores: dict[int, np.ndarray] = {}
+        self.notes: list[str] = []  # provenance warnings (a file without data fingerprints)
         frame = self.table.frame
         for env in self.envs:
             rows = match_rows(self.table, dataset, env, data_dir)
+            note = None if not verify_data else provenance.check_data(
+                self.table, env, env_folder_name(dataset[env]), frame["path"].to_numpy()[rows],
+                [path for path, _ in env_samples(dataset[env])], data_dir)
+            if note is not None and not self.notes:  # one warning per file is enough
+                self.notes.append(note)
             self.scores[env] = frame["score"].to_numpy()[rows]
             if self.rule is None:
                 self.assignment[env] = frame["subset"].to_numpy()[rows].astype(object)
@@ -211,9 +220,9 @@ class AlignmentSplit:
         return "\n".join(lines)
 
     def warnings(self) -> list[str]:
+        out = list(self.notes)
         if self.rule is None:
-            return []
-        out = []
+            return out
         for env in self.envs:
             name = env_folder_name(self.dataset[env]) or str(env)
             out += lopsided_warnings(f"env {env} ({name})", self.counts(env), self.rule)
@@ -221,16 +230,19 @@ class AlignmentSplit:
 
 
 def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
-                data_dir=None) -> dict[int, dict[str, list[int]]]:
+                data_dir=None, model=None, pretrained=None) -> dict[int, dict[str, list[int]]]:
     """For each test environment, ``{"ip": [item indices], "oop": [item indices]}`` (dropped items
     in neither), from the score file ``scores_file`` under the rule given by ``threshold`` /
     ``preset`` (both None: IP iff score >= 0.4). Prints the per-environment counts and fractions
-    (and a warning for a lopsided split) on stdout.
+    (and a warning for a lopsided split, or for a file without data fingerprints) on stdout.
 
     Raises ValueError for a score file that does not match the dataset (missing images, other
-    environments, other classes), an in-memory dataset without image paths, an unknown preset, a
-    threshold together with a preset, or a rule for a file whose subsets are fixed."""
+    environments, other classes, another copy of the data: :mod:`.provenance`), that was scored
+    by another model than the named ``preset`` is defined for or than the expected ``model`` /
+    ``pretrained`` (each optional), an in-memory dataset without image paths, an unknown preset,
+    a threshold together with a preset, or a rule for a file whose subsets are fixed."""
     table = read_scores(scores_file)
+    provenance.check_model(table, preset, model, pretrained)
     if table.fixed_subsets:
         if threshold is not None or preset is not None:
             raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "

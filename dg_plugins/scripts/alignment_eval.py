@@ -4,17 +4,20 @@ without retraining.
     python -m dg_plugins.scripts.alignment_eval --alignment_scores scores.csv \
         [--alignment_threshold T | --alignment_preset teterwak2025] JOB_DIR [JOB_DIR ...] \
         [--data_dir DIR] [--device cuda] [--update_records [--overwrite]] \
-        [--out keys.jsonl] [--predictions preds.csv]
+        [--out keys.jsonl] [--predictions preds.csv] \
+        [--alignment_model ViT-B-16] [--alignment_pretrained laion400m_e32]
 
 For each job folder (a train ``--output_dir``) it loads ``model.pkl`` (or ``--model FILE``),
 rebuilds the dataset, the in/out(/uda) splits and the IP/OOP subsets exactly as train does
 (``engine.train``: ``seed_everything(args.seed)``, the dataset from the record ``args``, ``Splits``,
 ``evaluation_subsets``, ``evaluate``), and prints the same keys train writes with
 ``--alignment_scores``: ``env{i}_{in,out}_{ip,oop}_acc`` and ``_count`` for every test environment,
-besides ``env{i}_{in,out}_acc``. ``--data_dir`` replaces the data folder recorded in the job (data
-that moved); ``--out`` appends one JSON line per model; ``--predictions`` writes each test image's
-prediction (``env, env_name, path, split, label, prediction, correct``; paths as in score files)
-for :mod:`dg_plugins.scripts.plot_alignment`.
+besides ``env{i}_{in,out}_acc``. ``--data_dir`` replaces the data folder recorded in the job
+(data that moved; the score file must still be the one of that copy of the data, see
+:mod:`dg_plugins.alignment.provenance`); ``--alignment_model`` / ``--alignment_pretrained``
+reject a score file made by another CLIP model; ``--out`` appends one JSON line per model;
+``--predictions`` writes each test image's prediction (``env, env_name, path, split, label,
+prediction, correct``; paths as in score files) for :mod:`dg_plugins.scripts.plot_alignment`.
 
 ``--update_records`` adds those keys to the job's own records (``results.jsonl``), but only to the
 records this command can score correctly. A record's accuracies come from the model at its step;
@@ -27,7 +30,10 @@ the saved models are ``model.pkl`` (the model of the final step) and, with train
 * the record's ``args`` (dataset, algorithm, test_envs, seeds, holdout fractions, task, steps) and
   ``hparams`` are the model's, and
 * re-evaluating that model gives exactly the record's own ``env{i}_{in,out,uda}_acc`` (within
-  ``--acc_tolerance``, default 0: e.g. on another device, allow 0.01);
+  ``--acc_tolerance``, default 0: e.g. on another device, allow 0.01). Augmented splits (the
+  training environments of a default image job) reproduce too: their evaluation batches are
+  functions of (split, batch index) (``dg_plugins.engine.data.eval_batches``), whatever the
+  number of loader workers;
 
 and, if the record already has IP/OOP keys that differ, only with ``--overwrite``. Every other
 record is left byte for byte as it was. The updated record gets the subset keys and, as a train-time
@@ -69,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alignment_threshold", type=float, default=None,
                    help="IP if score >= threshold (default 0.4)")
     p.add_argument("--alignment_preset", default=None, help="named rule, e.g. teterwak2025")
+    p.add_argument("--alignment_model", default=None,
+                   help="the open_clip model the score file must have been made with (e.g. "
+                   "ViT-B-16); another one is an error")
+    p.add_argument("--alignment_pretrained", default=None,
+                   help="the pretrained tag the score file must have been made with (e.g. "
+                   "laion400m_e32); another one is an error")
     p.add_argument("--model", default=None,
                    help="model file to score instead of <job>/model.pkl (one job only)")
     p.add_argument("--data_dir", default=None, help="data folder (default: the job's)")
@@ -141,9 +153,13 @@ class JobContext:
         return algorithm.to(self.device)
 
     def evaluate(self, algorithm) -> dict:
-        from dg_plugins.engine import splits
+        """The record's accuracy keys, computed as the train job computes them: the same
+        evaluation (batches of augmented splits seeded by split and batch index,
+        ``splits.eval_seed``) under the same deterministic-algorithms setting."""
+        from dg_plugins.engine import job, splits
 
-        return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
+        with job.deterministic_algorithms():
+            return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""
@@ -154,7 +170,7 @@ class JobContext:
         import torch
 
         from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
-        from dg_plugins.engine import data
+        from dg_plugins.engine import data, splits
 
         rows = []
         algorithm.eval()
@@ -164,7 +180,8 @@ class JobContext:
                     continue
                 preds, labels = [], []
                 with torch.no_grad(), contextlib.closing(
-                        data.eval_batches(split, 64, self.workers)) as batches:
+                        data.eval_batches(split, 64, self.workers,
+                                          splits.eval_seed(name))) as batches:
                     for x, y in batches:  # closing: workers end here, also on an error
                         preds.append(algorithm.predict(x.to(self.device)).argmax(1).cpu())
                         labels.append(torch.as_tensor(y))
@@ -333,6 +350,11 @@ def main(argv=None) -> int:
         return 2
     try:
         plugins_lib.load(options.plugins)
+        if options.alignment_model is not None or options.alignment_pretrained is not None:
+            from dg_plugins.alignment import provenance, read_scores
+
+            provenance.check_model(read_scores(options.alignment_scores), None,
+                                   options.alignment_model, options.alignment_pretrained)
         prediction_frames = []
         for job in options.jobs:
             models = model_files(job)

@@ -4,7 +4,7 @@ dataset, written as a score file for ``train --alignment_scores`` and ``alignmen
     python -m dg_plugins.scripts.alignment_scores --dataset PACS --data_dir /data \
         [--envs 0 3] [--model ViT-B-16] [--pretrained laion400m_e32 | /path/ckpt.bin | none] \
         [--prompt "A photo of {}."] [--transform dataset | clip] [--batch_size 64] \
-        [--device cuda] [--out scores.csv] [--preset teterwak2025 | --threshold 0.4]
+        [--device cuda] [--out scores.csv] [--alignment_preset teterwak2025 | --threshold 0.4]
 
 Defaults are the authors' (OpenCLIP ViT-B-16 laion400m_e32, prompt "A photo of {}." with the
 class folder name, the dataset's evaluation transform; see :mod:`dg_plugins.alignment.scoring`).
@@ -12,8 +12,15 @@ The file format is described in :mod:`dg_plugins.alignment.scores_file`. Scores 
 :mod:`dg_plugins.alignment.cache`): a rerun with the same setting reads them (``--no_cache`` to
 recompute, ``--cache_dir`` to move the cache). After writing, it prints the count and fraction of
 IP / OOP / dropped images per environment under the chosen rule (``--threshold`` default 0.4,
-``--drop_below``, ``--drop_above``, or ``--preset teterwak2025``: drop < 0.15 and > 0.40, IP at
-0.21, the paper's split). The rule is not stored in the file: train and alignment_eval take it.
+``--drop_below``, ``--drop_above``, or ``--alignment_preset teterwak2025``: drop < 0.15 and >
+0.40, IP at 0.21, the paper's split; ``--preset`` is a deprecated spelling of it). The rule is not
+stored in the file: train and alignment_eval take it.
+
+The header records which data copy was scored (a fingerprint per environment) and which model
+scored it; train and alignment_eval reject the file for another copy of the data, or for a rule
+defined for another model (see :mod:`dg_plugins.alignment.provenance`). A local checkpoint file
+of a tag's weights (the offline way) is declared with ``--pretrained_tag TAG``, so that a rule
+defined for that tag accepts its scores.
 
 Importing the authors' released splits instead of scoring (see
 :mod:`dg_plugins.alignment.importers`): ``--import_score_arrays DIR`` (``<domain>_in.npy`` /
@@ -53,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrained", default=DEFAULT_PRETRAINED,
                    help="open_clip pretrained tag, a local checkpoint file, or none (random "
                    "weights: for tests only)")
+    p.add_argument("--pretrained_tag", default=None,
+                   help="with a checkpoint file as --pretrained: the open_clip tag whose weights "
+                   "it holds (e.g. laion400m_e32), recorded in the file's header so that a rule "
+                   "defined for that tag (--alignment_preset teterwak2025) accepts it")
     p.add_argument("--prompt", default=DEFAULT_PROMPT,
                    help="text prompt; {} is replaced by the class folder name")
     p.add_argument("--transform", default="dataset", choices=["dataset", "clip"],
@@ -73,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="IP if score >= threshold (default 0.4)")
     rule.add_argument("--drop_below", type=float, default=None)
     rule.add_argument("--drop_above", type=float, default=None)
-    rule.add_argument("--preset", default=None, help="named rule, e.g. teterwak2025")
+    add_preset_flag(rule)
     imp = p.add_argument_group("import the authors' released splits instead of scoring")
     imp.add_argument("--import_score_arrays", metavar="DIR", default=None)
     imp.add_argument("--holdout_fraction", type=float, default=0.2,
@@ -84,6 +95,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="plugins", nargs="*", default=[],
                    help="plugin modules registering datasets")
     return p
+
+
+def add_preset_flag(group) -> None:
+    """``--alignment_preset`` (the name train and alignment_eval use), and ``--preset``, its
+    hidden deprecated alias (:func:`resolve_preset_flag` warns about it)."""
+    group.add_argument("--alignment_preset", default=None,
+                       help="named rule, e.g. teterwak2025 (as in train and alignment_eval)")
+    group.add_argument("--preset", dest="deprecated_preset", default=None,
+                       help=argparse.SUPPRESS)
+
+
+def resolve_preset_flag(args, parser: argparse.ArgumentParser) -> str | None:
+    """The preset given, by ``--alignment_preset`` or the deprecated ``--preset`` (which warns on
+    stderr); both with different values is a usage error (exit 2)."""
+    old = args.deprecated_preset
+    if old is None:
+        return args.alignment_preset
+    if args.alignment_preset is not None and args.alignment_preset != old:
+        parser.error(f"--preset {old!r} and --alignment_preset {args.alignment_preset!r} name two "
+                     "rules; give --alignment_preset only")
+    print("warning: --preset is deprecated; use --alignment_preset (the name train and "
+          "alignment_eval use)", file=sys.stderr)
+    return old
 
 
 def build_dataset(name: str, data_dir: str, plugins=()):
@@ -121,7 +155,8 @@ def print_summary(dataset, table, envs, rule, data_dir) -> None:
 
     from dg_plugins.alignment.wrapper import AlignmentSplit
 
-    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir)
+    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir,
+                           verify_data=False)  # the table was just made from these images
     print(split.report())
     if not table.fixed_subsets:
         for env in envs:
@@ -133,9 +168,11 @@ def print_summary(dataset, table, envs, rule, data_dir) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.preset = resolve_preset_flag(args, parser)
     from dg_plugins.alignment import resolve_rule, write_scores
-    from dg_plugins.alignment import importers, scoring
+    from dg_plugins.alignment import importers, provenance, scoring
     from dg_plugins.engine.train import user_errors
 
     try:
@@ -152,7 +189,10 @@ def main(argv=None) -> int:
         if args.import_split_dirs and any(v is not None for v in (
                 args.threshold, args.preset, args.drop_below, args.drop_above)):
             raise ValueError("imported split folders carry fixed subsets; leave out --threshold, "
-                             "--preset, --drop_below and --drop_above")
+                             "--alignment_preset, --drop_below and --drop_above")
+        if args.pretrained_tag is not None and imported:
+            raise ValueError("--pretrained_tag declares the weights of a checkpoint file to "
+                             "score with; imported splits are not scored here: leave it out")
         dataset = build_dataset(args.dataset, args.data_dir, args.plugins)
         envs = resolve_envs(dataset, args.envs)
         if args.import_score_arrays:
@@ -169,7 +209,8 @@ def main(argv=None) -> int:
                 dataset, envs, args.data_dir, model=model, pretrained=args.pretrained,
                 prompt=args.prompt, transform=args.transform, batch_size=args.batch_size,
                 device=args.device, num_workers=args.num_workers, cache_dir=args.cache_dir,
-                use_cache=not args.no_cache, seed=args.seed, dataset_name=args.dataset)
+                use_cache=not args.no_cache, seed=args.seed, dataset_name=args.dataset,
+                pretrained_tag=args.pretrained_tag)
             table = run.table
         if imported:
             envs = sorted(set(table.frame["env"].tolist()))
@@ -182,14 +223,20 @@ def main(argv=None) -> int:
         if imported:
             print(f"wrote {len(table.frame)} rows to {out} ({table.meta['source']})")
         else:
-            rate = (run.n_computed / run.scoring_seconds if run.scoring_seconds else float("nan"))
+            rate = (f" ({scoring.format_rate(run.n_computed, run.scoring_seconds)})"
+                    if run.n_computed else "")
             cache = (f"read {run.n_cached} from the cache {run.cache_path} ({run.cache_status})"
                      if run.cache_path else "cache disabled")
             print(f"wrote {run.n_images} scores to {out} in {run.seconds:.1f} s: computed "
-                  f"{run.n_computed} ({rate:.1f} images/s), {cache}")
+                  f"{run.n_computed}{rate}, {cache}")
             for note in run.notes:
                 print(f"warning: {note}", file=sys.stderr)
         print_summary(dataset, table, envs, rule, args.data_dir)
+        try:  # the file is still valid for other rules: say now what train will reject
+            provenance.check_model(table, args.preset)
+        except ValueError as err:
+            print(f"warning: train and alignment_eval will reject this file with "
+                  f"--alignment_preset {args.preset}: {err}", file=sys.stderr)
     except user_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

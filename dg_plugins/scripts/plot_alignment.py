@@ -3,12 +3,13 @@ and, given per-image predictions, accuracy per AlignmentScore bin (the paper's F
 
     python -m dg_plugins.scripts.plot_alignment --scores scores.csv --out alignment.png \
         [--predictions preds.csv] [--envs 0 1] [--bin_width 0.02] \
-        [--threshold 0.4 | --preset teterwak2025] [--split all|in|out] [--title TEXT]
+        [--threshold 0.4 | --alignment_preset teterwak2025] [--split all|in|out] [--title TEXT]
 
 ``--predictions``: the CSV written by ``alignment_eval --predictions`` (images matched to scores on
 ``env`` and ``path``); rows of several jobs or models are pooled. ``--split``: which test splits
 count (default all: the in and out splits pooled, i.e. the whole target domain). The threshold and
-cuts of the rule are drawn as vertical lines. ``--table FILE.csv`` also writes the binned accuracy.
+cuts of the rule are drawn as vertical lines (``--preset`` is a deprecated spelling of
+``--alignment_preset``). ``--table FILE.csv`` also writes the binned accuracy.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--drop_below", type=float, default=None)
     p.add_argument("--drop_above", type=float, default=None)
-    p.add_argument("--preset", default=None)
+    from dg_plugins.scripts.alignment_scores import add_preset_flag
+
+    add_preset_flag(p)
     p.add_argument("--split", choices=("all", "in", "out"), default="all")
     p.add_argument("--title", default=None)
     p.add_argument("--table", default=None, help="also write the binned accuracy here (CSV)")
@@ -36,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from dg_plugins.scripts.alignment_scores import resolve_preset_flag
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset = resolve_preset_flag(args, parser)
     import pandas as pd
 
     from dg_plugins.alignment import read_scores, resolve_rule
@@ -44,7 +51,7 @@ def main(argv=None) -> int:
 
     try:
         table = read_scores(args.scores)
-        rule = resolve_rule(args.threshold, args.preset, args.drop_below, args.drop_above)
+        rule = resolve_rule(args.threshold, preset, args.drop_below, args.drop_above)
         predictions = None
         if args.predictions:
             predictions = pd.read_csv(args.predictions, keep_default_na=False,

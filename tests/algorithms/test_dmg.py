@@ -280,3 +280,37 @@ def test_vit_masks_broadcast_over_tokens():
             pooled = feat.pool(h)
             expected.append(algorithm.classifier(pooled * probs[1][d]))
         torch.testing.assert_close(algorithm.predict(x), (expected[0] + expected[1]) / 2)
+
+
+# The release's schedule and classifier init ------------------------------------------------
+
+def test_set_lr_factor_leaves_the_mask_optimizer_unless_dmg_mask_lr_schedule():
+    """The PACS release never steps its mask scheduler; with ``dmg_mask_lr_schedule`` (its
+    iteration mode, DomainNet) the masks follow the job's schedule too. The factor always applies
+    to the initial lr (a pure function of the step, not compounding)."""
+    for follows in (False, True):
+        algorithm, _, _ = debug28(dmg_mask_lr_schedule=follows, dmg_mask_lr=0.02)
+        for factor in (0.5, 0.25):
+            algorithm.set_lr_factor(factor)
+            assert algorithm.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * factor)
+            mask_lr = algorithm.mask_optimizer.param_groups[0]["lr"]
+            assert mask_lr == pytest.approx(0.02 * factor if follows else 0.02)
+        state = algorithm.optimizer.state_dict()["param_groups"][0]
+        assert state["initial_lr"] == 1e-3  # saved with the optimizer: a resume keeps it
+
+
+def test_dmg_fc_init_std_draws_the_classifier_from_a_small_normal_with_zero_bias():
+    """The DomainNet release's ``weights_init`` (N(0, 0.001), bias 0) on a ResNet-18's fc of
+    512 x 5 weights; the default keeps PyTorch's init (uniform, std ~ 1/sqrt(3 x 512))."""
+    algorithm, _ = resnet(dmg_fc_init_std=0.001)
+    weight, bias = algorithm.classifier.weight, algorithm.classifier.bias
+    assert weight.shape == (5, 512)
+    assert weight.std().item() == pytest.approx(0.001, rel=0.1)
+    assert weight.mean().abs().item() < 1e-4  # 5 standard errors of the mean
+    assert torch.count_nonzero(bias).item() == 0
+    default, _ = resnet()
+    assert default.classifier.weight.std().item() == pytest.approx((1 / (3 * 512)) ** 0.5,
+                                                                   rel=0.1)
+    assert torch.count_nonzero(default.classifier.bias).item() == 5
+    with pytest.raises(hp_lib.HparamError, match="'dmg_fc_init_std' must be a number > 0"):
+        hp_lib.validate("DMG", "PACS", {"dmg_fc_init_std": 0})

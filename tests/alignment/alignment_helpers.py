@@ -21,13 +21,18 @@ def fake_score(path: str) -> float:
     return 0.05 + 0.4 * int.from_bytes(digest[:4], "little") / 2**32
 
 
-def fake_table(dataset, data_dir, envs=None):
-    """A precomputed score table (pseudo scores) for the environments of ``dataset``."""
+def fake_table(dataset, data_dir, envs=None, model="ViT-B-16", pretrained="laion400m_e32"):
+    """A precomputed score table (pseudo scores) for the environments of ``dataset``, with the
+    data fingerprints the scorer records. Its header names the authors' model by default (the
+    model the teterwak2025 rule is defined for), so that the rule's tests can use it."""
     from dg_plugins.alignment import ScoreTable, image_items
+    from dg_plugins.alignment.provenance import FINGERPRINT_KEY, items_fingerprints
 
     items = image_items(dataset, range(len(dataset)) if envs is None else envs, data_dir)
     frame = items.drop(columns=["abs_path"])
     frame["score"] = np.asarray([fake_score(p) for p in frame["path"]], dtype=np.float32
                                 ).astype(np.float64)
-    return ScoreTable(frame, {"dataset": "PACS", "model": "fake", "pretrained": "none",
-                              "prompt": "A photo of {}.", "transform": "none"})
+    return ScoreTable(frame, {"dataset": "PACS", "model": model, "pretrained": pretrained,
+                              "prompt": "A photo of {}.", "transform": "none",
+                              "data_dir": str(data_dir),
+                              FINGERPRINT_KEY: items_fingerprints(items)})

@@ -35,9 +35,13 @@ def test_cli_scores_writes_the_file_and_reports_counts(tmp_path, pacs_dir, capsy
         assert f"{ip} ({100 * ip / len(scores):.1f}%)" in captured.out
     assert "random weights" in captured.err
     # rerun: read from the cache, same file content
-    assert alignment_scores.main(argv[:-2] + ["--preset", "teterwak2025"]) == 0
-    again = capsys.readouterr().out
-    assert "computed 0" in again and "read 20 from the cache" in again
+    assert alignment_scores.main(argv[:-2] + ["--alignment_preset", "teterwak2025"]) == 0
+    captured = capsys.readouterr()
+    again = captured.out
+    assert "computed 0," in again and "read 20 from the cache" in again
+    # the file is written, but the rule is defined for another model: said now, not at train time
+    assert ("will reject this file with --alignment_preset teterwak2025" in captured.err
+            and "needs scores of ViT-B-16 / laion400m_e32" in captured.err)
     assert "dropped: score < 0.15 or score > 0.4" in again
     np.testing.assert_array_equal(read_scores(str(out)).frame["score"], table.frame["score"])
     assert alignment_scores.main(argv[:2] + ["--data_dir", pacs_dir, "--envs", "Z"]) == 2
@@ -67,3 +71,28 @@ def test_plot_of_scores_alone(tmp_path, scores_file):
                             rule=resolve_rule(preset="teterwak2025"))
     assert tables == [] and out.read_bytes()[:4] == b"\x89PNG"
     assert out.stat().st_size < 300_000
+
+
+def test_one_name_for_the_rule_everywhere(tmp_path, pacs_dir, scores_file, capsys):
+    """--alignment_preset in alignment_scores and plot_alignment, as in train and alignment_eval;
+    --preset still works there, hidden, with a deprecation warning; both naming two rules is a
+    usage error."""
+    from dg_plugins.scripts import plot_alignment
+
+    for parser in (alignment_scores.build_parser(), plot_alignment.build_parser()):
+        text = parser.format_help()
+        assert "--alignment_preset" in text and "--preset" not in text.replace(
+            "--alignment_preset", "")
+    out = tmp_path / "hist.png"
+    base = ["--scores", scores_file, "--out", str(out)]
+    assert plot_alignment.main(base + ["--alignment_preset", "teterwak2025"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert plot_alignment.main(base + ["--preset", "teterwak2025"]) == 0
+    assert "warning: --preset is deprecated; use --alignment_preset" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        plot_alignment.main(base + ["--preset", "teterwak2025", "--alignment_preset", "default"])
+    assert exit_.value.code == 2 and "name two rules" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        alignment_scores.main(["--dataset", "PACS", "--data_dir", pacs_dir, "--preset", "a=1",
+                               "--alignment_preset", "default"])
+    assert exit_.value.code == 2 and "give --alignment_preset only" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def test_cli_imports_and_reports(tmp_path, pacs, pacs_dir, capsys):
     out = str(tmp_path / "imported.csv")
     assert alignment_scores.main(["--dataset", "PACS", "--data_dir", pacs_dir,
                                   "--import_score_arrays", str(tmp_path / "clipscores"),
-                                  "--preset", "teterwak2025", "--out", out]) == 0
+                                  "--alignment_preset", "teterwak2025", "--out", out]) == 0
     printed = capsys.readouterr().out
     assert f"wrote 40 rows to {out}" in printed and "IP if score >= 0.21" in printed
     assert len(read_scores(out).frame) == 40

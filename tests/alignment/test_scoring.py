@@ -165,3 +165,230 @@ def test_in_memory_dataset_is_rejected():
 
     with pytest.raises(ValueError, match="no image paths"):
         scoring.score_dataset(Debug28(None, [], {}), [0], None, pretrained="none")
+
+
+def test_a_replaced_checkpoint_of_same_size_and_mtime_is_hashed_again(
+        tmp_path, pacs, pacs_dir, tiny_model, cache_dir):
+    """The checkpoint-hash memo must not serve the old file's hash (and so the old model's cached
+    scores) for a file replaced in place with the same size and a restored mtime."""
+    checkpoint = tmp_path / "tiny.pt"
+    models = [scoring.load_clip(tiny_model, "none", seed=s)[0] for s in (21, 22)]
+    torch.save(models[0].state_dict(), checkpoint)
+    first = scoring.score_dataset(pacs, [1], pacs_dir, model=tiny_model,
+                                  pretrained=str(checkpoint), num_workers=0, cache_dir=cache_dir)
+    stat = os.stat(checkpoint)
+    (tmp_path / "new").mkdir()
+    replacement = tmp_path / "new" / "tiny.pt"  # torch.save's archive is named by the file
+    torch.save(models[1].state_dict(), replacement)
+    assert os.path.getsize(replacement) == stat.st_size  # same architecture, same size
+    os.replace(replacement, checkpoint)
+    os.utime(checkpoint, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(checkpoint).st_mtime_ns == stat.st_mtime_ns
+    again = scoring.score_dataset(pacs, [1], pacs_dir, model=tiny_model,
+                                  pretrained=str(checkpoint), num_workers=0, cache_dir=cache_dir)
+    import hashlib
+
+    assert again.table.meta["pretrained_sha256"] == hashlib.sha256(
+        checkpoint.read_bytes()).hexdigest() != first.table.meta["pretrained_sha256"]
+    assert again.n_computed == len(again.table.frame) and again.n_cached == 0
+    assert np.abs(again.table.frame["score"] - first.table.frame["score"]).max() > 1e-4
+    # the same file, untouched: the memo and the cache serve it
+    third = scoring.score_dataset(pacs, [1], pacs_dir, model=tiny_model,
+                                  pretrained=str(checkpoint), num_workers=0, cache_dir=cache_dir)
+    assert third.n_computed == 0
+    np.testing.assert_array_equal(third.table.frame["score"], again.table.frame["score"])
+
+
+def test_rates_are_readable_at_any_speed(capsys):
+    assert scoring.format_rate(455, 10) == "45.5 img/s"
+    assert scoring.format_rate(1, 1) == "1.0 img/s"
+    assert scoring.format_rate(2, 47) == "23.5 s/img"  # 0.04 img/s, printed "0.0 img/s" before
+    assert scoring.format_rate(0, 3) == "-" and scoring.format_rate(5, 0) == "-"
+    progress = scoring._PlainProgress(40, "scoring 40 images")
+    progress.start -= 120.0  # four images in two minutes: a loaded CPU scoring ViT-B-16
+    progress.update(4)  # 10%: a line
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("scoring 40 images: 4/40 images (") and line.endswith(" s/img)")
+    assert 30.0 <= float(line.split("(")[1].split()[0]) < 35
+
+
+def fake_hub_cache(cache, repo_id: str, files: dict) -> None:
+    """A Hugging Face cache holding ``files`` (name -> bytes) of ``repo_id`` at revision main."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+
+
+def test_weights_in_the_hub_cache_are_used_without_any_request(tmp_path, monkeypatch):
+    """Cache first: cached weights are found without asking the hub, and open_clip then loads
+    them with the hub client offline, so a dead or slow endpoint costs nothing (not offline mode:
+    any socket connection fails the test)."""
+    import io
+    import json
+    import socket
+
+    import huggingface_hub.constants as constants
+
+    from alignment_helpers import TINY_CONFIG
+
+    cache = tmp_path / "hub"
+    fake_hub_cache(cache, "timm/vit_base_patch16_clip_224.laion400m_e32",
+                   {"open_clip_pytorch_model.bin": b"weights"})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("DG_PLUGINS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(scoring, "probe_url", lambda *a, **k: pytest.fail("asked the hub"))
+    assert scoring.check_weights_available("ViT-B-16", "laion400m_e32") is True
+
+    # an hf-hub: model (config + weights from the hub), cached: loaded with no connection at all
+    source = tmp_path / "dg-hub-tiny.json"
+    source.write_text(json.dumps(TINY_CONFIG))
+    tiny = scoring.add_model_config(str(source))
+    expected, _, _ = scoring.load_clip(tiny, "none", seed=5)
+    buffer = io.BytesIO()
+    torch.save(expected.state_dict(), buffer)
+    fake_hub_cache(cache, "dg-test/tiny-clip", {
+        "open_clip_config.json": json.dumps({"model_cfg": TINY_CONFIG}).encode(),
+        "open_clip_pytorch_model.bin": buffer.getvalue()})
+
+    attempts = []
+
+    def no_network(self, address):  # the hub client swallows errors: record the attempts
+        if isinstance(address, tuple):
+            attempts.append(address)
+            raise ConnectionRefusedError("no network in this test")
+        return connect(self, address)
+
+    connect = socket.socket.connect
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # were a request made
+    loaded, _, _ = scoring.load_clip("hf-hub:dg-test/tiny-clip", "none", seed=6)
+    assert attempts == []
+    for (name, a), b in zip(expected.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert constants.HF_HUB_OFFLINE is False  # the offline block ended with the load
+
+
+GUARD = '''"""Test guard: the process may open network connections to loopback addresses only; every
+attempt is logged to $DG_TEST_NET_LOG (time, kind, host, port), and the exit time too."""
+import atexit, os, socket, time
+
+_LOG = os.environ["DG_TEST_NET_LOG"]
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _log(kind, host, port):
+    with open(_LOG, "a") as f:
+        f.write(f"{time.monotonic()}\\t{kind}\\t{host}\\t{port}\\n")
+
+
+_getaddrinfo = socket.getaddrinfo
+
+
+def getaddrinfo(host, port, *args, **kwargs):
+    name = host.decode() if isinstance(host, bytes) else host
+    if name is not None and name not in _LOOPBACK:
+        _log("blocked", name, port)
+        raise socket.gaierror(socket.EAI_NONAME, "blocked by the test: not a loopback address")
+    return _getaddrinfo(host, port, *args, **kwargs)
+
+
+_connect = socket.socket.connect
+
+
+def connect(self, address):
+    if isinstance(address, tuple):
+        if address[0] not in _LOOPBACK:
+            _log("blocked", address[0], address[1])
+            raise ConnectionRefusedError("blocked by the test: not a loopback address")
+        _log("connect", address[0], address[1])
+    return _connect(self, address)
+
+
+socket.getaddrinfo = getaddrinfo
+socket.socket.connect = connect
+atexit.register(_log, "exit", "-", "-")
+'''
+
+
+def test_cli_fails_at_once_when_the_hub_endpoint_does_not_answer(tmp_path):
+    """Not offline (no HF_HUB_OFFLINE), nothing cached, the hub endpoint (HF_ENDPOINT) a closed
+    port on 127.0.0.1: the scorer asks it once, without retries, and exits with the fixes, instead
+    of the hub client's minutes of retries. No other address may be contacted (a guard refuses and
+    logs any)."""
+    import socket
+
+    from image_tree import make_pacs_tree
+    from processes import command_env, run
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(GUARD)
+    log = tmp_path / "net.log"
+    env = command_env(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"),
+                      DG_TEST_NET_LOG=str(log))
+    for name in ("HF_HUB_OFFLINE", "DG_PLUGINS_OFFLINE", "HF_HUB_CACHE", "TRANSFORMERS_OFFLINE"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(guard), env["PYTHONPATH"]])
+    data_dir = make_pacs_tree(tmp_path / "data", per_class=1)
+    code, output = run("dg_plugins.scripts.alignment_scores", "--dataset", "PACS", "--data_dir",
+                       data_dir, "--cache_dir", tmp_path / "cache", "--out", tmp_path / "s.csv",
+                       env=env, timeout=120)
+    assert code == 2, output
+    assert (f"error: CLIP weights for ViT-B-16 laion400m_e32 are not cached and cannot be "
+            f"downloaded (the hub endpoint http://127.0.0.1:{port} is unreachable") in output
+    assert "--pretrained /path/to/open_clip_pytorch_model.bin --pretrained_tag" in output
+    assert not (tmp_path / "s.csv").exists()
+    events = [line.split("\t") for line in log.read_text().splitlines()]
+    assert not [e for e in events if e[1] == "blocked"], events  # only the endpoint was asked
+    asked = [float(e[0]) for e in events if e[1] == "connect" and e[3] == str(port)]
+    exited = [float(e[0]) for e in events if e[1] == "exit"]
+    assert len(asked) == 1 and len(exited) == 1, events  # one request, no retries
+    assert exited[0] - asked[0] < 10  # the hub client's retries alone take 23 s per file
+
+
+def test_the_hub_probe_asks_once_and_takes_any_answer(tmp_path):
+    """probe_url: a server that accepts but never answers is given up after the timeout (the hub
+    client itself kept retrying such an endpoint for over 6 minutes for one file); any HTTP answer,
+    an error status or a redirect (not followed), means the endpoint is up."""
+    import http.server
+    import socket
+    import threading
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel completes connections; nothing ever reads or answers
+        reason = scoring.probe_url(f"http://127.0.0.1:{silent.getsockname()[1]}/x", timeout=0.5)
+    assert reason is not None and "did not answer" in reason and "timed out" in reason
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            asked.append(self.path)
+            self.send_response(404 if self.path == "/missing" else 302)
+            self.send_header("Location", "http://192.0.2.1/elsewhere")  # never followed
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert scoring.probe_url(base + "/missing") is None
+        assert scoring.probe_url(base + "/moved") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/missing", "/moved"]  # one request each, the redirect not followed

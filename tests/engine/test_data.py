@@ -1,6 +1,7 @@
 """Splits (DomainBed's), resumable batch streams, evaluation, class-balanced weights."""
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
@@ -111,7 +112,7 @@ def test_closing_a_worker_stream_ends_its_workers_and_keeps_its_position():
     expected = [next(reference)[0].flatten().tolist() for _ in range(6)]
     stream = data.BatchStream(ItemEnv(), 3, seed=5, num_workers=2)
     got = [next(stream)[0].flatten().tolist() for _ in range(3)]
-    pids = worker_pids(stream._loader_iter)
+    pids = [w.pid for w in stream.pool.workers]
     assert len(pids) == 2 and all(alive(p) for p in pids)
     assert stream.state_dict()["drawn"] == 3  # what a checkpoint records: used, not prefetched
     stream.close()
@@ -136,6 +137,111 @@ def test_an_evaluation_stopped_early_ends_its_workers():
 def test_the_exit_handler_ends_worker_loaders_left_open():
     stream = data.BatchStream(ItemEnv(), 3, seed=1, num_workers=1)
     next(stream)
-    pids = worker_pids(stream._loader_iter)
+    pids = [w.pid for w in stream.pool.workers]
     data._shutdown_open_workers()
     assert not any(alive(p) for p in pids)
+
+
+class OfficialSplitToy:
+    """A toy multi-environment dataset whose environment 1 has a predefined in/out split (as
+    PACS's official lists), the others none."""
+
+    def __init__(self, pairs):
+        self.datasets = [tensor_env(10), tensor_env(12), tensor_env(8)]
+        self.pairs = pairs
+
+    def __len__(self):
+        return len(self.datasets)
+
+    def __getitem__(self, i):
+        return self.datasets[i]
+
+    def predefined_split(self, env_index):
+        return self.pairs.get(env_index)
+
+
+def split_args(**changes):
+    import argparse
+
+    values = dict(holdout_fraction=0.2, uda_holdout_fraction=0.5, trial_seed=0, test_envs=[1],
+                  task="domain_generalization")
+    return argparse.Namespace(**{**values, **changes})
+
+
+def test_a_predefined_split_replaces_the_random_holdout_of_its_environment(capsys):
+    from dg_plugins.engine.splits import Splits
+
+    toy = OfficialSplitToy({1: ([0, 2, 4, 6, 8, 10], [1, 3, 5])})
+    splits = Splits(toy, split_args(), {"class_balanced": False})
+    (in0, _), (in1, _), (in2, _) = splits.in_splits
+    out1 = splits.out_splits[1][0]
+    assert sorted(data.env_indices(out1).tolist()) == [1, 3, 5]
+    # test env 1: its uda half comes from the predefined in-split, as from a random one
+    uda1 = splits.uda_splits[0][0]
+    assert sorted(data.env_indices(in1).tolist() + data.env_indices(uda1).tolist()) == [
+        0, 2, 4, 6, 8, 10]
+    assert len(uda1) == 3
+    # the other environments keep DomainBed's random holdout
+    random0 = data.split_dataset(toy[0], 2, seed_hash(0, 0))
+    assert data.env_indices(splits.out_splits[0][0]).tolist() == random0[0].keys
+    assert data.env_indices(in2).tolist() == data.split_dataset(toy[2], 1, seed_hash(0, 2))[1].keys
+    assert "env1 uses the dataset's predefined split (6 in, 3 out)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pair, message", [
+    (([0, 1], [1, 2]), r"puts items \[1\] in both"),
+    (([0, 12], [1]), r"names items \[12\] outside the environment's 12 items"),
+    (([], [1]), "empty in-split"),
+    ([0, 1, 2], r"must return \(in_indices, out_indices\) or None"),
+])
+def test_a_bad_predefined_split_is_a_clear_error(pair, message):
+    from dg_plugins.engine.splits import Splits
+
+    with pytest.raises(ValueError, match=message):
+        Splits(OfficialSplitToy({1: pair}), split_args(), {"class_balanced": False})
+
+
+class Augmenting(torch.utils.data.Dataset):
+    """Items whose ``__getitem__`` draws from torch, ``random`` and ``numpy.random`` (as image
+    augmentations do)."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        import random
+
+        noise = torch.rand(1).item() + random.random() + float(np.random.rand())
+        return torch.tensor([float(i), noise]), i % 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_augmented_batches_depend_on_seed_and_batch_index_only(workers):
+    """Training and evaluation batches of an augmenting dataset are the same with and without
+    loader workers, across a close (new workers) and for a repeated evaluation, differ between
+    batches and seeds, and leave the main process's RNGs where they were."""
+    import random
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    before = (torch.rand(1), random.random(), np.random.rand())
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+
+    def train_batches(num_workers, n, seed=4):
+        stream = data.BatchStream(Augmenting(), 3, seed=seed, num_workers=num_workers)
+        got = [next(stream)[0] for _ in range(n // 2)]
+        stream.close()
+        got += [next(stream)[0] for _ in range(n - n // 2)]
+        stream.close()
+        return torch.stack(got)
+
+    def evaluation(num_workers, seed=5):
+        return torch.cat([x for x, _ in data.eval_batches(Augmenting(), 4, num_workers, seed)])
+
+    ours = train_batches(workers, 6)
+    assert torch.equal(ours, train_batches(0, 6))
+    assert not torch.equal(ours[0, :, 1], ours[1, :, 1])  # batches get different draws
+    assert not torch.equal(ours, train_batches(0, 6, seed=8))
+    assert torch.equal(evaluation(workers), evaluation(0))
+    assert torch.equal(evaluation(workers)[:, 0], torch.arange(10.0))
+    assert not torch.equal(evaluation(0), evaluation(0, seed=6))
+    assert (torch.rand(1), random.random(), np.random.rand()) == before
