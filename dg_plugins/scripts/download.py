@@ -1,13 +1,14 @@
 """``python -m dg_plugins.scripts.download --data_dir DIR DATASET [DATASET ...]``: put DomainBed's
 datasets in DomainBed's layout under ``--data_dir`` (``domainbed/scripts/download.py``).
 
-Datasets: PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, MNIST (for ColoredMNIST and
-RotatedMNIST), DomainNet20 (= DomainNet: it reads ``domain_net/``), or ``all``. A dataset whose
+Datasets: PACS, PACS_splits (PACS's official split lists, read by PACS's ``data_split``
+"official"; they need PACS), VLCS, OfficeHome, TerraIncognita, DomainNet, MNIST (for ColoredMNIST
+and RotatedMNIST), DomainNet20 (= DomainNet: it reads ``domain_net/``), or ``all``. A dataset whose
 folder already checks out is skipped; partial downloads resume; sizes and checksums are verified
 where known; extraction is atomic (see :mod:`dg_plugins.datasets.download`). ``--list`` prints
 the table of files, sizes, checksums and target folders.
 
-Google Drive sources (PACS, VLCS, OfficeHome) need the optional ``gdown``
+Google Drive sources (PACS, PACS_splits, VLCS, OfficeHome) need the optional ``gdown``
 (``pip install 'dg_plugins[download]'``), or ``--url NAME=URL`` pointing at a mirror.
 
 Exit status: 0 every dataset present; 1 a download, check or extraction failed (one message
@@ -27,8 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(skips what is already there; resumes partial downloads; verifies sizes "
                     "and checksums where known; extracts atomically).")
     parser.add_argument("datasets", nargs="*", metavar="DATASET",
-                        help="PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, DomainNet20, "
-                             "MNIST (ColoredMNIST, RotatedMNIST), or all")
+                        help="PACS, PACS_splits (PACS's official split lists, for "
+                             "--hparams '{\"data_split\": \"official\"}'; they need PACS), "
+                             "VLCS, OfficeHome, TerraIncognita, DomainNet, DomainNet20, MNIST "
+                             "(ColoredMNIST, RotatedMNIST), or all")
     parser.add_argument("--data_dir", help="the folder that train's --data_dir will name")
     parser.add_argument("--list", action="store_true",
                         help="print the table of files (sources, sizes, checksums, target "
@@ -41,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "checksums (a mirror's own copy); HEX 'none' checks no checksum; "
                              "repeatable")
     parser.add_argument("--keep_archives", action="store_true",
-                        help="keep the downloaded archives in <data_dir>/downloads/ "
-                             "(default: deleted once the dataset checks out)")
+                        help="keep the downloaded archives (and lists) in "
+                             "<data_dir>/downloads/ (default: deleted once the dataset checks "
+                             "out)")
     parser.add_argument("--retries", type=int, default=3,
                         help="attempts to continue a cut transfer before giving up (default 3; "
                              "a rerun continues too)")

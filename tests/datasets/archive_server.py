@@ -174,6 +174,24 @@ def pacs_zip(per_class: int = 1) -> bytes:
     return zip_bytes(image_tree("kfold", PACS_DOMAINS, PACS_CLASSES, per_class))
 
 
+def pacs_split_lists(per_class: int = 1, every: int = 3) -> dict[str, bytes]:
+    """PACS's twelve official split lists for the images of :func:`pacs_zip` in the official
+    format (``<domain>/<class>/<file> <label>``, labels counting the seven classes from 1): per
+    domain every ``every``-th image is in ``<domain>_crossval_kfold.txt``, the others in
+    ``<domain>_train_kfold.txt``, all of them in ``<domain>_test_kfold.txt``."""
+    files = {}
+    for domain in PACS_DOMAINS:
+        images = sorted(path.split("/", 1)[1] for path in image_tree(
+            "kfold", [domain], PACS_CLASSES, per_class))
+        crossval = images[::every]
+        parts = {"train": [p for p in images if p not in crossval], "crossval": crossval,
+                 "test": images}
+        for kind, paths in parts.items():
+            lines = [f"{p} {PACS_CLASSES.index(p.split('/')[1]) + 1}\n" for p in paths]
+            files[f"{domain}_{kind}_kfold.txt"] = "".join(lines).encode()
+    return files
+
+
 def vlcs_tar_gz() -> bytes:
     """DomainBed's VLCS.tar.gz: ``VLCS/<domain>/<class>/<image>``."""
     return tar_gz_bytes(image_tree("VLCS", VLCS_DOMAINS, VLCS_CLASSES))

@@ -17,7 +17,7 @@ import pytest
 
 from archive_server import (
     ArchiveServer, DOMAINNET_DOMAINS, closed_port_url, domainnet_files, mnist_files,
-    office_home_zip, pacs_zip, terra_files, vlcs_tar_gz,
+    office_home_zip, pacs_split_lists, pacs_zip, terra_files, vlcs_tar_gz,
 )
 from dg_plugins.datasets import download as lib
 from dg_plugins.registry import DATASETS
@@ -59,6 +59,8 @@ def test_list_prints_the_table(capsys):
     assert "PACS.zip" in out and "unknown" in out  # no checksum known for the Drive copies
     assert "terra_incognita/" in out and "MNIST/raw/" in out
     assert "DomainNet20" in out and "(= DomainNet)" in out
+    # the twelve PACS lists: one note for all, saying where the ids come from
+    assert "the 12 files above: PACS's official split list" in out and "UNVERIFIED" in out
 
 
 def test_pacs_download_checks_out_and_a_rerun_sends_no_request(tmp_path, capsys):
@@ -402,3 +404,156 @@ def test_a_data_dir_that_is_a_file_is_one_clear_error(tmp_path, capsys):
     code, out, err = run_main(capsys, "--data_dir", tmp_path / "data", "PACS")
     assert code == 1
     assert_one_clean_error(err, str(tmp_path / "data"))
+
+
+# --- PACS_splits: PACS's official split lists --------------------------------------------------
+
+OFFICIAL = {"data_split": "official"}
+
+
+def list_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith("_kfold.txt"))
+
+
+def listed_paths(data: bytes) -> list[str]:
+    return [line.split()[0] for line in data.decode().splitlines() if line.strip()]
+
+
+def test_pacs_splits_come_after_pacs_are_read_by_the_official_split_and_a_rerun_does_nothing(
+        tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    lists = pacs_split_lists(per_class=2)
+    assert len(lists) == 12 and set(lists) == {s.name for s in lib.sources_of("PACS_splits")}
+    from dg_plugins.datasets.image_folder import PACS_SPLITS_URL
+
+    assert lib.sources.PACS_AUTHORS_FOLDER == PACS_SPLITS_URL  # one folder named in both places
+    with ArchiveServer({"PACS.zip": pacs_zip(per_class=2), **lists}) as server:
+        # asked in the other order: PACS (whose images the lists name) comes first
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS_splits", "PACS",
+                                  *server.args())
+        assert code == 0, err
+        assert out.index("PACS: done") < out.index("PACS_splits: downloading 12 list(s)")
+        assert out.count("every line names an image of PACS with its class") == 12
+        assert out.count("UNVERIFIED") == 1  # the lists' long note once, then "as above"
+        assert "--hparams '{\"data_split\": \"official\"}'" in out
+        table_order = [source.name for source in lib.sources_of("PACS_splits")]
+        assert [r.path for r in server.log] == ["PACS.zip", *table_order]
+        folder = data_dir / "PACS"
+        assert list_files(folder) == sorted(lists)
+        assert all((folder / name).read_bytes() == data for name, data in lists.items())
+        assert sorted(os.listdir(data_dir)) == ["PACS"]  # no downloads/, staging or lock left
+        # PACS's data_split "official" reads them: sources train/crossval, target test/crossval
+        dataset = DATASETS.get("PACS")(str(data_dir), [3], OFFICIAL)
+        for index, domain in enumerate(dataset.environment_folders):
+            paths = dataset.datasets[index].relative_paths()
+            in_, out_ = dataset.predefined_split(index)
+            kind = "test" if index == 3 else "train"
+            assert [paths[i] for i in in_] == listed_paths(lists[f"{domain}_{kind}_kfold.txt"])
+            assert [paths[i] for i in out_] == listed_paths(lists[f"{domain}_crossval_kfold.txt"])
+        requests = list(server.log)
+
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "PACS_splits",
+                                  *server.args())
+        assert code == 0, err
+        assert "PACS: already present" in out
+        assert "PACS_splits: already present (the 12 lists in" in out
+        assert server.log == requests  # no request reached the server
+
+        # lists missing from a complete set (e.g. a run killed while moving them into place):
+        # only those are fetched, the others stay as they are
+        kept = {name: (folder / name).stat().st_ino for name in lists}
+        (folder / "sketch_test_kfold.txt").unlink()
+        (folder / "cartoon_train_kfold.txt").unlink()
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS_splits", *server.args())
+        assert code == 0, err
+        assert "2 of the 12 lists missing" in out and "downloading 2 list(s)" in out
+        assert [r.path for r in server.log[len(requests):]] == [
+            "cartoon_train_kfold.txt", "sketch_test_kfold.txt"]
+        assert list_files(folder) == sorted(lists)
+        assert all((folder / n).stat().st_ino == kept[n] for n in lists
+                   if n not in ("sketch_test_kfold.txt", "cartoon_train_kfold.txt"))
+
+
+def test_pacs_splits_without_pacs_fail_before_any_request(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    with ArchiveServer(pacs_split_lists()) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS_splits", *server.args())
+    assert code == 1
+    assert_one_clean_error(
+        err, "PACS_splits: the lists name PACS's images", f"{data_dir / 'PACS'} does not exist",
+        f"python -m dg_plugins.scripts.download --data_dir {data_dir} PACS PACS_splits")
+    assert server.log == [] and not (data_dir / "PACS").exists()
+
+
+def test_malformed_lists_put_no_list_in_place_and_a_rerun_fetches_only_them(tmp_path, capsys):
+    """A line naming no image, and a Google Drive HTML page instead of a list: PACS's list reader
+    refuses both; none of the twelve lists goes into PACS/ (nothing looks complete), the two
+    go to .corrupt, the ten good ones are kept; a rerun fetches only the two."""
+    data_dir = tmp_path / "data"
+    good = pacs_split_lists()
+    bad = dict(good)
+    bad["photo_train_kfold.txt"] = good["photo_train_kfold.txt"] + b"photo/dog/not_there.jpg 1\n"
+    bad["sketch_crossval_kfold.txt"] = (b"<!DOCTYPE html><html><head><title>Google Drive - Virus "
+                                        b"scan warning</title></head></html>\n")
+    with ArchiveServer({"PACS.zip": pacs_zip(), **bad}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "PACS_splits",
+                                  *server.args())
+        assert code == 1
+        downloads = data_dir / "downloads"
+        assert_one_clean_error(
+            err, "PACS_splits: 1 of the", f"{downloads / 'photo_train_kfold.txt'} name no image",
+            "photo/dog/not_there.jpg", "and 1 other list(s): sketch_crossval_kfold.txt",
+            f"Nothing was put in {data_dir / 'PACS'}", "rerun")
+        assert list_files(data_dir / "PACS") == [] and leftovers(data_dir) == []
+        assert sorted(p for p in os.listdir(downloads) if p.endswith(".corrupt")) == [
+            "photo_train_kfold.txt.corrupt", "sketch_crossval_kfold.txt.corrupt"]
+        assert len([p for p in os.listdir(downloads) if p.endswith("_kfold.txt")]) == 10
+        # the PACS images themselves are in place, and the official split still refuses to run
+        assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
+        with pytest.raises(FileNotFoundError, match="missing"):
+            DATASETS.get("PACS")(str(data_dir), [0], OFFICIAL)
+        requests = len(server.log)
+
+        server.files.update(good)
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS_splits", *server.args())
+    assert code == 0, err
+    assert sorted(r.path for r in server.log[requests:]) == [
+        "photo_train_kfold.txt", "sketch_crossval_kfold.txt"]
+    assert out.count("_kfold.txt: found in") == 10
+    assert list_files(data_dir / "PACS") == sorted(good)
+    DATASETS.get("PACS")(str(data_dir), [0], OFFICIAL)
+
+
+def test_a_list_already_there_that_does_not_read_is_left_alone(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    with ArchiveServer({"PACS.zip": pacs_zip(), **pacs_split_lists()}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+        assert code == 0, err
+        wrong = data_dir / "PACS" / "cartoon_crossval_kfold.txt"
+        wrong.write_text("cartoon/dog/img_0.jpg 2\n")  # dog is class 1
+        requests = list(server.log)
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS_splits", *server.args())
+    assert code == 1
+    assert_one_clean_error(err, f"{wrong}", "disagree with the class folders",
+                           "were left as they are", "move the list that does not read away")
+    assert wrong.read_text() == "cartoon/dog/img_0.jpg 2\n" and server.log == requests
+
+
+def test_the_datasets_errors_name_the_command_that_fixes_them(tmp_path, capsys):
+    """The commands that PACS's missing-folder and missing-lists errors print, run as given
+    (plus this server's --url), make the dataset and then its official split read."""
+    import re
+    import shlex
+
+    data_dir = tmp_path / "data"
+    pacs = DATASETS.get("PACS")
+    command = re.compile(r"python -m dg_plugins\.scripts\.download (--data_dir \S+ \w+)")
+    with ArchiveServer({"PACS.zip": pacs_zip(), **pacs_split_lists()}) as server:
+        for fixes in ("PACS", "PACS_splits"):
+            with pytest.raises(FileNotFoundError) as error:
+                pacs(str(data_dir), [0], OFFICIAL)
+            found = command.findall(str(error.value))
+            assert found == [f"--data_dir {data_dir} {fixes}"], str(error.value)
+            code, out, err = run_main(capsys, *shlex.split(found[0]), *server.args())
+            assert code == 0, err
+    assert len(pacs(str(data_dir), [0], OFFICIAL).predefined_split(0)[0]) > 0

@@ -197,6 +197,25 @@ def test_missing_data_dir_and_dataset_folder(tmp_path):
     assert str(tmp_path / "PACS") in str(error.value) and PACS_LAYOUT in str(error.value)
 
 
+@pytest.mark.parametrize("name, download", [
+    ("PACS", "PACS"), ("VLCS", "VLCS"), ("OfficeHome", "OfficeHome"),
+    ("TerraIncognita", "TerraIncognita"), ("DomainNet", "DomainNet"),
+    ("DomainNet20", "DomainNet"),  # it reads DomainNet's folder
+])
+def test_a_missing_dataset_folder_names_the_download_command(tmp_path, name, download):
+    data_dir = tmp_path / "my data"  # a space: the command quotes the folder
+    with pytest.raises(FileNotFoundError, match="does not exist") as error:
+        DATASETS.get(name)(str(data_dir), [], {})
+    assert (f"To download it: python -m dg_plugins.scripts.download --data_dir '{data_dir}' "
+            f"{download}") in str(error.value)
+
+
+def test_a_folder_the_downloader_does_not_provide_gets_no_download_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist") as error:
+        ImageFolder(str(tmp_path / "missing"), [], {})
+    assert "dg_plugins.scripts.download" not in str(error.value)
+
+
 def test_bad_layouts_are_explained(tmp_path):
     (tmp_path / "PACS").mkdir()
     (tmp_path / "PACS" / "readme.txt").write_text("")

@@ -112,12 +112,16 @@ def test_missing_mnist_files_raise_with_instructions(tmp_path, root):
         mnist.RotatedMNIST(root, [], {})
     message = str(error.value)
     for expected in ("train-images-idx3-ubyte[.gz]", "t10k-labels-idx1-ubyte[.gz]",
-                     "MNIST/raw", "download=True", "RotatedMNIST5k"):
+                     "MNIST/raw", "RotatedMNIST5k"):
         assert expected in message
+    # the downloader's command for this data_dir (it writes the four files to MNIST/raw/)
+    command = f"python -m dg_plugins.scripts.download --data_dir {root or '<data_dir>'} MNIST"
+    assert command in message
+    assert "never downloads" not in message and "torchvision" not in message
     if root is not None:
         assert root in message
     else:
-        assert "--data_dir" in message
+        assert "pass --data_dir" in message
 
 
 # --- ColoredMNIST ---------------------------------------------------------------------------

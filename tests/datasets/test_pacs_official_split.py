@@ -98,6 +98,8 @@ def test_missing_lists_name_the_files_the_folder_and_the_source(tmp_path):
     assert "sketch_test_kfold.txt" in message and "photo_crossval_kfold.txt" in message
     assert str(root / "PACS") in message and PACS_SPLITS_URL in message
     assert "pacs_label" in message and "data_split 'domainbed'" in message
+    assert (f"python -m dg_plugins.scripts.download --data_dir {root} PACS_splits downloads "
+            "them") in message
     PACS(str(root), [2], {"data_augmentation": True})  # the default split needs no list
     with pytest.raises(FileNotFoundError):  # an OfficialSplitError is a FileNotFoundError
         PACS(str(root), [3], OFFICIAL)

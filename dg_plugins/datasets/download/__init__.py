@@ -11,6 +11,11 @@ ten categories, one ``location_<id>/<category>/`` folder each. MNIST's four IDX 
 ``MNIST/raw/`` as torchvision lays them out (gzipped and decompressed), where
 :mod:`dg_plugins.datasets.mnist` and DomainBed's torchvision loader read them. DomainNet-20
 (:mod:`dg_plugins.datasets.domainnet20`) reads DomainNet's folder, so it needs DomainNet.
+PACS_splits is PACS's twelve official split lists ``<domain>_{train,crossval,test}_kfold.txt``
+(Li et al., ICCV 2017; folder ``pacs_label`` of the PACS authors' Google Drive), which PACS's
+dataset hparam ``data_split`` "official" reads from ``<data_dir>/PACS/`` (the DMG release's
+protocol); they are checked against PACS's images, so PACS comes first
+(:func:`download_split_lists`).
 
 :data:`SOURCES` is the one table of files: dataset, file name, URL, size and checksums where
 known, and where each value comes from (or why it is unknown).
@@ -51,19 +56,19 @@ from dg_plugins.datasets.download.fetch import (
     Expected, Reporter, check_free_space, expected_for, human_size, obtain,
 )
 from dg_plugins.datasets.download.prepare import (
-    PREPARE, dataset_status, domainnet20_problem, staged_problem,
+    PREPARE, dataset_status, domainnet20_problem, split_lists_problems, staged_problem,
 )
 from dg_plugins.datasets.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES, SOURCES_BY_NAME,
     TEST_DELAY_ENV, CorruptArchive, DatasetSpec, DownloadError, Source, UnknownDataset,
-    resolve_names, sources_of, table_lines,
+    download_command, resolve_names, sources_of, table_lines,
 )
 
 __all__ = [
     "ALIASES", "BUILT_IN", "DATASET_SPECS", "SOURCES", "TEST_DELAY_ENV", "CorruptArchive",
     "DownloadError", "Options", "Reporter", "Source", "UnknownDataset", "dataset_status",
-    "download", "download_dataset", "fetch", "human_size", "prepare", "resolve_names",
-    "sources", "sources_of", "table_lines",
+    "download", "download_command", "download_dataset", "download_split_lists", "fetch",
+    "human_size", "prepare", "resolve_names", "sources", "sources_of", "table_lines",
 ]
 
 
@@ -103,10 +108,42 @@ def extracted_size(spec: DatasetSpec, expected: dict[str, Expected]) -> int:
     return int(sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
 
 
+def _discard_downloads(paths: Iterable[str], downloads: str, dataset: str, options: Options,
+                       report: Reporter) -> None:
+    """Delete the fetched files (and ``downloads`` when it is left empty) unless asked to keep
+    them."""
+    if options.keep_archives:
+        report(f"{dataset}: the downloaded files are kept in {downloads}")
+        return
+    for path in paths:
+        os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(downloads)  # only when empty
+
+
+def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> list[str]:
+    """The files of ``paths`` that no checksum vouched for, moved to ``<file>.corrupt`` (a rerun
+    fetches them again); returns their paths."""
+    moved = [path for name, path in paths.items()
+             if not expected[name].sha256 and not expected[name].md5]
+    for path in moved:
+        os.replace(path, path + ".corrupt")
+    return moved
+
+
+def _moved_note(moved: list[str]) -> str:
+    if not moved:
+        return ""
+    return (f" {', '.join(os.path.basename(p) for p in moved)} moved to "
+            f"{', '.join(p + '.corrupt' for p in moved)};")
+
+
 def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
     """Make ``dataset`` present under ``data_dir``; returns "present" (nothing done) or
     "downloaded". Raises :class:`DownloadError`."""
     spec = DATASET_SPECS[dataset]
+    if spec.adds_to:
+        return download_split_lists(dataset, data_dir, options, report)
     target = os.path.join(data_dir, spec.folder)
     status, detail = dataset_status(dataset, data_dir)
     if status == "ok":
@@ -153,12 +190,7 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
                 raise CorruptArchive(f"the extracted files do not check out: {problem}")
         except CorruptArchive as err:
             shutil.rmtree(staging, ignore_errors=True)
-            unverified = [archives[s.name] for s in sources
-                          if not expected[s.name].sha256 and not expected[s.name].md5]
-            for path in unverified:  # no checksum vouched for them: do not reuse them
-                os.replace(path, path + ".corrupt")
-            where = (f" {', '.join(os.path.basename(p) for p in unverified)} moved to "
-                     f"{', '.join(p + '.corrupt' for p in unverified)};" if unverified else "")
+            where = _moved_note(_set_aside_unverified(archives, expected))  # not to be reused
             raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
                                 f"Nothing was put in {target};{where} rerun to download it "
                                 "again.") from None
@@ -166,13 +198,89 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
         shutil.rmtree(staging)
         os.remove(lock)
         report(f"{dataset}: done: {target} checks out")
-        if not options.keep_archives:
-            for path in archives.values():
-                os.remove(path)
-            with contextlib.suppress(OSError):
-                os.rmdir(downloads)  # only when empty
-        else:
-            report(f"{dataset}: the archives are kept in {downloads}")
+        _discard_downloads(archives.values(), downloads, dataset, options, report)
+    return "downloaded"
+
+
+def download_split_lists(dataset: str, data_dir: str, options: Options,
+                         report: Reporter) -> str:
+    """PACS_splits: PACS's twelve official split lists, plain files that go beside PACS's domain
+    folders (``<data_dir>/PACS/<domain>_{train,crossval,test}_kfold.txt``, where PACS's
+    ``data_split`` "official" reads them). They name PACS's images, so PACS must be there first
+    (else an error before any request). Only the lists missing there are fetched (into
+    ``<data_dir>/downloads/``); each is read by PACS's own list reader against the images
+    (:func:`split_lists_problems`); only when every one reads are they copied to a staging folder
+    and renamed into place one by one (a list in the PACS folder is always complete, and a rerun
+    after a kill fetches only those still missing). A list that does not read puts nothing in
+    place and is moved to ``<file>.corrupt``; a list already in the PACS folder that does not
+    read is left as it is, with an error. Returns "present" or "downloaded"."""
+    spec = DATASET_SPECS[dataset]
+    base = spec.adds_to
+    target = os.path.join(data_dir, spec.folder)
+    base_status, base_detail = dataset_status(base, data_dir)
+    if base_status != "ok":
+        raise DownloadError(
+            f"{dataset}: the lists name {base}'s images and are checked against them, but "
+            f"{base_detail}: download {base} with them: "
+            f"{download_command([base, dataset], data_dir)}")
+
+    def check() -> tuple[str, str]:
+        status, detail = dataset_status(dataset, data_dir)
+        if status == "broken":
+            raise DownloadError(
+                f"{dataset}: {detail}. The lists in {target} were left as they are: move the "
+                f"list that does not read away (or delete it), then rerun to download it.")
+        return status, detail
+
+    status, detail = check()
+    if status == "ok":
+        report(f"{dataset}: already present ({detail}); skipped")
+        return "present"
+    downloads = os.path.join(data_dir, DOWNLOADS_FOLDER)
+    os.makedirs(downloads, exist_ok=True)
+    staging = os.path.join(data_dir, f".{dataset}.download-tmp")
+    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")  # the one of the base
+    with _lock(lock, f"{base} or {dataset}"):
+        status, detail = check()  # another run may have finished meanwhile
+        if status == "ok":
+            report(f"{dataset}: already present ({detail}); skipped")
+            return "present"
+        if status == "partial":
+            report(f"{dataset}: {detail}")
+        if os.path.exists(staging):
+            report(f"{dataset}: removing {staging}, left by an interrupted run")
+            shutil.rmtree(staging)
+        missing = [s for s in sources_of(dataset)
+                   if not os.path.isfile(os.path.join(target, s.name))]
+        expected = {s.name: expected_for(s, options.sha256) for s in missing}
+        report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
+        lists = {}
+        for source in missing:
+            url = options.urls.get(source.name, source.url)
+            lists[source.name] = obtain(source, downloads, url, expected[source.name],
+                                        options.retries, report)
+        problems = split_lists_problems(data_dir, lists)
+        if problems:
+            first = next(iter(problems.values()))
+            more = (f" (and {len(problems) - 1} other list(s): "
+                    f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
+            where = _moved_note(_set_aside_unverified({n: lists[n] for n in problems}, expected))
+            raise DownloadError(
+                f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
+                f"download {'them' if len(problems) > 1 else 'it'} again.")
+        os.makedirs(staging)
+        for name, path in lists.items():
+            shutil.copyfile(path, os.path.join(staging, name))
+        for name in lists:
+            os.replace(os.path.join(staging, name), os.path.join(target, name))
+        shutil.rmtree(staging)
+        status, detail = dataset_status(dataset, data_dir)
+        if status != "ok":  # e.g. a list removed meanwhile by hand
+            raise DownloadError(f"{dataset}: after putting the lists in place: {detail}; rerun")
+        os.remove(lock)
+        report(f"{dataset}: done: {detail}; train on them with --dataset {base} --hparams "
+               "'{\"data_split\": \"official\"}'")
+        _discard_downloads(lists.values(), downloads, dataset, options, report)
     return "downloaded"
 
 

@@ -14,7 +14,9 @@ import sys
 import time
 from typing import Callable
 
-from dg_plugins.datasets.download.sources import CHUNK, DownloadError, Source, human_size
+from dg_plugins.datasets.download.sources import (
+    CHUNK, DATASET_SPECS, DownloadError, Source, human_size,
+)
 
 #: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
 RETRY_DELAY = 2.0
@@ -32,6 +34,13 @@ class Reporter:
     def __init__(self, out: Callable[[str], None] = print, progress: bool = False):
         self._out = out
         self.progress = progress
+        self._said: set[str] = set()
+
+    def first_time(self, text: str) -> bool:
+        """True the first time ``text`` is asked about (a long note is printed once a run)."""
+        new = text not in self._said
+        self._said.add(text)
+        return new
 
     def __call__(self, message: str) -> None:
         if self.progress:
@@ -288,8 +297,9 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
                                             ("md5", expected.md5)) if v)
         report(f"  {source.name}: {kinds} verified")
     else:
-        report(f"  {source.name}: no checksum known ({expected.why}); checking that the "
-               "archive opens and that its extracted layout checks out instead")
+        why = expected.why if report.first_time(expected.why) else "as above"
+        report(f"  {source.name}: no checksum known ({why}); "
+               f"{DATASET_SPECS[source.dataset].unverified_check}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,8 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     spec = DATASET_SPECS[dataset]
     if dataset == "MNIST":
         return _mnist_status(data_dir)
+    if spec.adds_to:
+        return split_lists_status(dataset, data_dir)
     folder = os.path.join(data_dir, spec.folder)
     if not os.path.exists(folder):
         return "absent", f"{folder} does not exist"
@@ -65,6 +67,66 @@ def image_layout_problem(dataset: str, data_dir: str) -> str | None:
     if spec.num_classes is not None and len(classes) != spec.num_classes:
         return f"{root} has {len(classes)} classes, the standard {dataset} has {spec.num_classes}"
     return None
+
+
+def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]:
+    """``{file name: what is wrong}`` for the official PACS split lists ``lists`` (file name of
+    the table -> the file to read, wherever it is), each read by PACS's own official-split reader
+    (``PACS._match_list``: every line must name an image of its domain under
+    ``<data_dir>/PACS`` with its class) against the images there; empty when all read. The PACS
+    folder must check out (:func:`dataset_status`). No torchvision import: the reader's folder
+    listing only, as :func:`image_layout_problem`."""
+    from dg_plugins.datasets.image_folder import PACS, ImageFolderEnvironment
+
+    root = os.path.join(data_dir, DATASET_SPECS["PACS"].folder)
+    reader = PACS.__new__(PACS)  # its folder listing and list reader only
+    reader.root = root
+    reader.environment_folders = reader._find_environment_folders(root)
+    reader.classes = sorted(set().union(*(reader._find_class_folders(env)
+                                          for env in reader.environment_folders)))
+    reader.datasets = [ImageFolderEnvironment(os.path.join(root, env), reader.classes)
+                       for env in reader.environment_folders]
+    env_of = {os.path.basename(reader.split_list_path(index, kind)): index
+              for index in range(len(reader.environment_folders))
+              for kind in ("train", "crossval", "test")}
+    problems = {}
+    for name, path in lists.items():
+        if name not in env_of:
+            problems[name] = f"{name} is not the list of a domain of {root}"
+            continue
+        try:
+            reader._match_list(env_of[name], path)
+        except (ValueError, OSError) as err:  # OfficialSplitError, UnicodeDecodeError, ...
+            problems[name] = str(err)
+    return problems
+
+
+def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
+    """``("ok" | "absent" | "partial" | "broken", detail)`` of the list files of ``dataset``
+    (PACS_splits) in the folder of the dataset they join: "ok" when all are there and read
+    (:func:`split_lists_problems`), "partial" when some are missing and those there read,
+    "broken" when one there does not read; "absent" too while the dataset they join does not
+    check out (they cannot be read without its images)."""
+    from dg_plugins.datasets.download.sources import sources_of
+
+    base_status, base_detail = dataset_status(DATASET_SPECS[dataset].adds_to, data_dir)
+    if base_status != "ok":
+        return "absent", base_detail
+    folder = os.path.join(data_dir, DATASET_SPECS[dataset].folder)
+    names = [source.name for source in sources_of(dataset)]
+    present = {n: os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))}
+    if not present:
+        return "absent", f"none of the {len(names)} lists is in {folder}"
+    problems = split_lists_problems(data_dir, present)
+    if problems:
+        name, problem = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} other list(s))" if len(problems) > 1 else ""
+        return "broken", f"{problem}{more}"
+    missing = [n for n in names if n not in present]
+    if missing:
+        return "partial", (f"{len(missing)} of the {len(names)} lists missing in {folder}: "
+                           f"{', '.join(missing)}")
+    return "ok", f"the {len(names)} lists in {folder} name its images"
 
 
 def domainnet20_problem(data_dir: str) -> str | None:

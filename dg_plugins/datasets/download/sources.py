@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 from typing import Iterable
 
 #: DomainBed commit whose ``domainbed/misc/domain_net_duplicates.txt`` lists DomainNet's
@@ -21,6 +22,35 @@ _MNIST_NOTE = ("size as on the MNIST page; md5 as in torchvision's datasets/mnis
                "pinned by several public loaders for the same mirrors")
 _CCT_NOTE = ("size and md5 as LILA publishes them (pinned by several public loaders); sha256 "
              "recorded with that size and md5 by a public release")
+#: PACS's official split lists (Li et al., ICCV 2017): the PACS authors publish them in the
+#: subfolder ``pacs_label`` of this Google Drive folder.
+PACS_AUTHORS_FOLDER = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
+_PACS_SPLITS_NOTE = (
+    "PACS's official split list, folder pacs_label of the PACS authors' Google Drive folder "
+    f"{PACS_AUTHORS_FOLDER}; Google Drive id as a public download script gives it, UNVERIFIED "
+    "here (no internet); size and sha256 not known here")
+#: Google Drive ids of PACS's twelve official split lists ``<domain>_<kind>_kfold.txt``, by
+#: (domain, kind), as a public download script gives them (see ``_PACS_SPLITS_NOTE``), in
+#: PACS's environment order.
+PACS_SPLIT_IDS = {
+    ("art_painting", "train"): "1cSo_5_cQLKoURsWwsKqFmw9neWFvDIeV",
+    ("art_painting", "crossval"): "1g7haGuvxmZA1SxPyGFZneDVi9wOm3nK4",
+    ("art_painting", "test"): "1KVe_S73jECKG9MsIujF-yqZAjPrf0y_O",
+    ("cartoon", "train"): "1EhlIyRoeZ5UPiUJs_UXGH-Ql1PS5qtYW",
+    ("cartoon", "crossval"): "1suUUrxyPOmN_dAVdhVSaG-NZDMOsl8JR",
+    ("cartoon", "test"): "14fpMKzcherr1onzp8jcyhmjJMjZSZ72h",
+    ("photo", "train"): "1RyCVv67zVITU4JYYr1XxLnG5q165yu8s",
+    ("photo", "crossval"): "1lXtOcPL-yWli_MuDZ0mQwLfq0XbzDu--",
+    ("photo", "test"): "1opW_IbwDQQmuylquX5UvRFxbj3muP5sz",
+    ("sketch", "train"): "13rWm64rW_dcdcyTFugu4fJcSCTkCB8YA",
+    ("sketch", "crossval"): "1Rs0dUTduQ320bXwHBLQT1s82gyr92J9J",
+    ("sketch", "test"): "1dFnnsWxYHvdCXmWdhPVwuJ8zgkb_wtbQ",
+}
+
+
+def pacs_split_file(domain: str, kind: str) -> str:
+    """The file name of one official list (as ``PACS.split_list_path`` names it)."""
+    return f"{domain}_{kind}_kfold.txt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +71,9 @@ class Source:
 SOURCES: tuple[Source, ...] = (
     Source("PACS", "PACS.zip", "https://drive.google.com/uc?id=1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd",
            None, None, note=_GDRIVE_NOTE),
+    *(Source("PACS_splits", pacs_split_file(domain, kind),
+             f"https://drive.google.com/uc?id={file_id}", None, None, note=_PACS_SPLITS_NOTE)
+      for (domain, kind), file_id in PACS_SPLIT_IDS.items()),
     Source("VLCS", "VLCS.tar.gz",
            "https://drive.google.com/uc?id=1skwblH1_okBwxWxmRsp9_qi15hyPpxg8",
            None, None, note=_GDRIVE_NOTE),
@@ -119,11 +152,20 @@ class DatasetSpec:
     archive_root: str | None = None
     #: Bytes the dataset's folder takes (None: about its archives' size, EXTRACT_FACTOR).
     extracted_size: int | None = None
+    #: Plain files (no archive) that join this other dataset's folder, checked against its
+    #: contents (PACS_splits: PACS's lists, beside its domain folders, must name its images).
+    adds_to: str | None = None
+    #: What is checked instead when a file of this dataset has no known checksum.
+    unverified_check: str = "checking that the archive opens and that its extracted layout "\
+                            "checks out instead"
 
 
 DATASET_SPECS: dict[str, DatasetSpec] = {
     spec.name: spec for spec in (
         DatasetSpec("PACS", "PACS", 7, archive_root="kfold"),
+        DatasetSpec("PACS_splits", "PACS", None, adds_to="PACS",
+                    unverified_check="checking instead that every line names an image of PACS "
+                                     "with its class, as data_split 'official' reads the list"),
         DatasetSpec("VLCS", "VLCS", 5, archive_root="VLCS"),
         DatasetSpec("OfficeHome", "office_home", 65, archive_root="OfficeHomeDataset_10072016"),
         DatasetSpec("TerraIncognita", "terra_incognita", 10),
@@ -181,7 +223,8 @@ class CorruptArchive(DownloadError):
 def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
     """``[(dataset, notes)]`` for the names asked, in order, each dataset once: an alias (e.g.
     DomainNet20) becomes the dataset it reads, with a note saying so; a built-in dataset stays
-    with a note that it needs no download; ``all`` means every downloadable dataset.
+    with a note that it needs no download; ``all`` means every downloadable dataset. A dataset
+    asked together with the one it adds files to (PACS_splits and PACS) comes after it.
     Case-insensitive. Raises :class:`UnknownDataset` with the closest names."""
     known = {n.lower(): n for n in [*DATASET_SPECS, *ALIASES, *BUILT_IN]}
     resolved: dict[str, list[str]] = {}
@@ -206,7 +249,31 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
             notes = resolved.setdefault(name, [])
             if note and note not in notes:
                 notes.append(note)
-    return list(resolved.items())
+    order = list(resolved)
+    for name in list(order):
+        base = DATASET_SPECS[name].adds_to if name in DATASET_SPECS else None
+        if base in order and order.index(base) > order.index(name):
+            order.remove(base)
+            order.insert(order.index(name), base)
+    return [(name, resolved[name]) for name in order]
+
+
+def download_command(datasets: str | Iterable[str], data_dir: str | None = None) -> str | None:
+    """The command line that downloads ``datasets`` (a name or names; an alias such as
+    DomainNet20 gives the dataset it reads) into ``data_dir`` (``<data_dir>`` when None), for
+    error messages; None when the downloader provides none of them."""
+    import shlex
+
+    names = [datasets] if isinstance(datasets, str) else list(datasets)
+    wanted = []
+    for name in names:
+        name = ALIASES[name][0] if name in ALIASES else name
+        if name in DATASET_SPECS and name not in wanted:
+            wanted.append(name)
+    if not wanted:
+        return None
+    folder = shlex.quote(data_dir) if data_dir is not None else "<data_dir>"
+    return f"python -m dg_plugins.scripts.download --data_dir {folder} {' '.join(wanted)}"
 
 
 def sources_of(dataset: str) -> list[Source]:
@@ -240,13 +307,15 @@ def table_lines() -> list[str]:
         lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
     lines.append("")
     lines.append("Sources and checksums:")
-    for source in SOURCES:
-        lines.append(f"  {source.name}: {source.url}")
-        if source.sha256:
-            lines.append(f"    sha256 {source.sha256}")
-        if source.md5:
-            lines.append(f"    md5 {source.md5}")
-        lines.append(f"    ({source.note})")
+    for note, group in itertools.groupby(SOURCES, key=lambda source: source.note):
+        group = list(group)
+        for source in group:
+            lines.append(f"  {source.name}: {source.url}")
+            if source.sha256:
+                lines.append(f"    sha256 {source.sha256}")
+            if source.md5:
+                lines.append(f"    md5 {source.md5}")
+        lines.append(f"    ({f'the {len(group)} files above: ' if len(group) > 1 else ''}{note})")
     for alias, (_, why) in ALIASES.items():
         lines.append(f"  {alias}: {why}.")
     return lines
