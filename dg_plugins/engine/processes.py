@@ -350,6 +350,28 @@ def forkable_train_args(command: str) -> list[str] | None:
     return words[3:]
 
 
+def _release_fork_server() -> None:
+    """In a forked job: close the job's copy of the fork server's "alive" pipe. multiprocessing
+    hands every child of the server a copy (so that the child could ask the server for processes
+    too), and the server exits only when the last copy closes: without this, the server would
+    outlive a killed launcher for as long as the job runs, and the job, which asks for SIGTERM
+    when the server dies (:func:`die_with_parent`), would train on. The job never asks the
+    launcher's server for processes (its own children use the job's start method)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    server._forkserver_alive_fd = None
+    if hasattr(server, "_forkserver_address"):
+        server._forkserver_address = None
+
+
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...], launcher_pid: int | None = None) -> None:
     """The body of a forked job: this launcher's environment and folder, its own session when
@@ -377,6 +399,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     import multiprocessing
 
     multiprocessing.set_start_method(None, force=True)
+    _release_fork_server()
     die_with_parent()
     if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
