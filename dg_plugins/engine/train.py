@@ -18,6 +18,13 @@ writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``r
   released when the process dies); leftover temporary files of an interrupted atomic write are
   removed; SIGTERM/SIGINT stop the job at the next step boundary with a checkpoint and exit status
   143/130, so ``--resume`` continues exactly there.
+* One-line errors that leave the folder as the next command expects: an output folder this
+  process cannot write (exit 2, naming the folder and the fix); a damaged ``checkpoint.pt`` on
+  ``--resume`` (exit 2, nothing changed, ``--force`` starts over); a full disk while writing a
+  checkpoint, a record or the model (exit 1: the failed write leaves no temporary file and no
+  torn record, the previous checkpoint stays valid, and ``--resume`` continues once there is
+  space). ``--force`` starts ``out.txt``/``err.txt`` over too; repeated ``--test_envs`` are
+  rejected.
 * A NaN/inf value returned by ``update`` stops the job with an error (no ``done``).
 * ``--device`` (default: cuda when available), in-process loading of in-memory data, a progress
   bar on a terminal.

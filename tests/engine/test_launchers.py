@@ -357,6 +357,22 @@ def test_job_ignoring_the_signal_is_killed_after_the_grace_period(tmp_path):
     assert "still running after the 1 s grace period: killed (SIGKILL)" in stdout
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill_9_of_the_sweep_sends_sigterm_to_its_job_started_through_the_shell(tmp_path):
+    """A job started through the shell (any command but this interpreter's train, which
+    tests/engine/test_sweep_failures.py kills the same way) gets SIGTERM from the kernel when
+    the sweep dies by SIGKILL, stops at a checkpoint and exits (it used to train on)."""
+    argv = sweep_argv(tmp_path, "local")
+    proc = start_sweep(tmp_path, argv)
+    [job] = started_jobs(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    pid = int((job / "pid").read_text())
+    wait_for(lambda: not alive(pid), timeout=30)
+    assert (job / "signals").read_text() == "15\n" and (job / "checkpoint").exists()
+    assert not (job / "done").exists()
+
+
 def test_signal_to_multi_gpu_sweep_stops_every_running_job(tmp_path):
     argv = sweep_argv(tmp_path, "multi_gpu")
     proc = start_sweep(tmp_path, argv, env={"CUDA_VISIBLE_DEVICES": "0,1"})

@@ -368,13 +368,26 @@ def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(t
     assert [r["step"] for r in read_records(out)] == [0, 2, 4]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    """The records of ``FULL_DISK_RUN`` run without interruption."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "job"
+    assert main(FULL_DISK_RUN + ["--output_dir", str(out)]) == 0
+    return read_records(out)
+
+
+FULL_DISK_RUN = ["--dataset", "Debug28", "--hparams", TINY, "--steps", "7",
+                 "--checkpoint_freq", "2"]
+
+
 @pytest.mark.parametrize("target, failing_write", [
     ("checkpoint.pt", 2),  # the checkpoint after the second record
     ("results.jsonl", 2),  # the second record
     ("model.pkl", 1),      # the model of the finished job
 ])
 def test_a_full_disk_is_a_one_line_error_and_resume_continues(tmp_path, capsys, monkeypatch,
-                                                              target, failing_write):
+                                                              uninterrupted_run, target,
+                                                              failing_write):
     """ENOSPC while writing a checkpoint, a record or the model: one line (free space, then
     --resume), exit 1; no temporary file or torn record is left, the last checkpoint stays
     valid, and --resume then writes the records of an uninterrupted run."""
@@ -382,8 +395,7 @@ def test_a_full_disk_is_a_one_line_error_and_resume_continues(tmp_path, capsys, 
 
     from dg_plugins.engine.checkpoint import checkpoint_damage
 
-    out, full = tmp_path / "job", tmp_path / "full"
-    base = ["--dataset", "Debug28", "--hparams", TINY, "--steps", "7", "--checkpoint_freq", "2"]
+    out, base = tmp_path / "job", FULL_DISK_RUN
     real_fsync, writes = os.fsync, []
 
     def fsync(fd):
@@ -406,8 +418,7 @@ def test_a_full_disk_is_a_one_line_error_and_resume_continues(tmp_path, capsys, 
     assert checkpoint_damage(str(out / "checkpoint.pt")) is None
     assert "no space left" in (out / "err.txt").read_text()
     assert main(base + ["--output_dir", str(out), "--resume"]) == 0
-    assert main(base + ["--output_dir", str(full)]) == 0
-    assert comparable(read_records(out)) == comparable(read_records(full))
+    assert comparable(read_records(out)) == comparable(uninterrupted_run)
 
 
 # issue 31: SIGTERM while a UDG job waits for another job's pretraining ---------------------------
