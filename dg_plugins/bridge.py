@@ -7,11 +7,17 @@ are added: its ERM, Debug28, PACS, ... stay authoritative. What changes:
 * ``domainbed.algorithms``: our algorithm classes become module attributes (so
   ``get_algorithm_class`` finds them) and their names are appended to ``ALGORITHMS``.
 * ``domainbed.datasets``: the same for our dataset classes and ``DATASETS`` (collect_results only
-  reports listed datasets). In-memory datasets (``IN_MEMORY``) are installed as a subclass with
-  ``N_WORKERS = 0``: DomainBed would otherwise start ``N_WORKERS`` loader processes per split for
-  tensors that are already in memory (dg_plugins' own train loop also loads them in-process).
+  reports listed datasets). DomainBed's train starts ``dataset.N_WORKERS`` loader processes per
+  split; for tensors already in memory that only costs time (dg_plugins' own train loop loads
+  them in-process). dg_plugins' in-memory datasets declare ``N_WORKERS = 0`` themselves; a
+  dataset that does not (e.g. a plugin's) is installed as a same-named subclass
+  (:func:`domainbed_view`) with ``N_WORKERS = 0`` when it says ``IN_MEMORY``, or that sets
+  ``N_WORKERS = 0`` on the instance when every environment it built is a ``TensorDataset``.
 * ``domainbed.hparams_registry._hparams`` is wrapped: our algorithms get our hparam spaces
-  (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does); DomainBed's algorithms keep
+  (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does), less the hparams that
+  only dg_plugins' class of a dataset reads when DomainBed's own class of that name is the one
+  used (e.g. PACS's ``augmentation`` and ``data_split``: :func:`check_script_args` refuses them
+  there); DomainBed's algorithms keep
   DomainBed's registry, except that on our small-image datasets
   (:data:`dg_plugins.hparams.SMALL_IMAGE_DATASETS`, e.g. RotatedMNIST5k) it is asked with the
   proxy name ``Debug28`` so that they get DomainBed's small-image lr / batch_size / weight_decay
@@ -245,19 +251,42 @@ def register_algorithms(algorithms_module: ModuleType,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
+def loads_in_process(dataset) -> bool:
+    """True when a built dataset holds its data in memory: its class says ``IN_MEMORY`` or every
+    environment is a ``torch.utils.data.TensorDataset``."""
+    if getattr(dataset, "IN_MEMORY", False):
+        return True
+    from torch.utils.data import TensorDataset
+
+    environments = list(getattr(dataset, "datasets", None) or ())
+    return bool(environments) and all(isinstance(env, TensorDataset) for env in environments)
+
+
 def domainbed_view(cls: type) -> type:
-    """The class DomainBed gets for our dataset ``cls``: ``cls`` itself, or for in-memory data a
-    subclass with ``N_WORKERS = 0`` (same name and behaviour, no loader processes)."""
-    if not getattr(cls, "IN_MEMORY", False) or getattr(cls, "N_WORKERS", 0) == 0:
+    """The class DomainBed gets for our dataset ``cls`` (same name and behaviour): ``cls`` itself
+    when its ``N_WORKERS`` is 0; for a class that says ``IN_MEMORY``, a subclass with
+    ``N_WORKERS = 0``; otherwise a subclass whose instances set ``N_WORKERS = 0`` on themselves
+    when their data is in memory (:func:`loads_in_process`), so that DomainBed's train starts no
+    loader processes for tensors."""
+    if getattr(cls, "N_WORKERS", 0) == 0:
         return cls
     if cls not in _DATASET_VIEWS:
-        _DATASET_VIEWS[cls] = type(cls.__name__, (cls,), {
-            "N_WORKERS": 0,
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-            "__doc__": f"{cls.__name__} for DomainBed's train loop: in-memory, so loaded without "
-                       "worker processes (N_WORKERS = 0).\n\n" + (cls.__doc__ or ""),
-        })
+        attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        if getattr(cls, "IN_MEMORY", False):
+            attributes["N_WORKERS"] = 0
+            what = "in-memory, so loaded without worker processes (N_WORKERS = 0)"
+        else:
+            def __init__(self, *args, **kwargs):
+                cls.__init__(self, *args, **kwargs)
+                if loads_in_process(self):
+                    self.N_WORKERS = 0
+
+            attributes["__init__"] = __init__
+            what = ("N_WORKERS = 0 on an instance whose environments are in-memory tensors "
+                    f"(else the class's {cls.N_WORKERS})")
+        attributes["__doc__"] = (f"{cls.__name__} for DomainBed's train loop: {what}.\n\n"
+                                 + (cls.__doc__ or ""))
+        _DATASET_VIEWS[cls] = type(cls.__name__, (cls,), attributes)
     return _DATASET_VIEWS[cls]
 
 
@@ -284,7 +313,10 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
     @functools.wraps(original)
     def _hparams(algorithm, dataset, random_seed):
         if is_installed(algorithms_module, algorithm):
-            return dg_hparams.draw(algorithm, dataset, random_seed)
+            drawn = dg_hparams.draw(algorithm, dataset, random_seed)
+            for name in ignored_dataset_hparams(dataset, datasets_module):
+                drawn.pop(name, None)
+            return drawn
         if (dataset in dg_hparams.SMALL_IMAGE_DATASETS
                 and is_installed(datasets_module, dataset)):
             dataset = SMALL_IMAGE_PROXY
@@ -293,6 +325,59 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
     _hparams.dg_plugins_original = original
     hparams_module._hparams = _hparams
     return _hparams
+
+
+def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[str]:
+    """The dataset hparams dg_plugins declares for ``dataset``
+    (:func:`dg_plugins.catalog.dataset_hparam_space`, e.g. PACS's ``augmentation`` and
+    ``data_split``) that the class DomainBed uses ignores: all of them when ``datasets_module``'s
+    class of that name is DomainBed's own, none when it is ours."""
+    if is_installed(datasets_module, dataset) or dataset not in vars(datasets_module):
+        return []
+    return list(catalog.dataset_hparam_space(dataset))
+
+
+def check_script_args(script: str, argv: list[str],
+                      datasets_module: ModuleType | None = None) -> None:
+    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` sets a dataset
+    hparam that DomainBed's own class of a dataset it runs would silently ignore (e.g.
+    ``{"augmentation": "dmg_pacs"}`` with DomainBed's PACS): raises ValueError naming the hparams,
+    the dataset and the fix (dg_plugins' own train / sweep, whose PACS reads them). The datasets
+    are train's ``--dataset`` (DomainBed's default RotatedMNIST) or sweep's ``--datasets``
+    (DomainBed's default: every dataset of ``datasets.DATASETS``). Other scripts and other
+    arguments are left to DomainBed."""
+    import argparse
+    import json
+
+    if script not in ("train", "sweep"):
+        return
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--dataset", default="RotatedMNIST")  # DomainBed's train default
+    parser.add_argument("--datasets", nargs="+", default=None)
+    parser.add_argument("--hparams", default=None)
+    known, _ = parser.parse_known_args(argv)
+    if not known.hparams:
+        return
+    try:
+        overrides = json.loads(known.hparams)
+    except json.JSONDecodeError:
+        return  # DomainBed's script reports it
+    if not isinstance(overrides, dict):
+        return
+    if datasets_module is None:
+        datasets_module = domainbed_modules()["datasets"]
+    if script == "train":
+        datasets = [known.dataset]
+    else:
+        datasets = known.datasets or list(getattr(datasets_module, "DATASETS", []))
+    for dataset in datasets:
+        ignored = [n for n in ignored_dataset_hparams(dataset, datasets_module) if n in overrides]
+        if ignored:
+            it = "it" if len(ignored) == 1 else "them"
+            raise ValueError(
+                f"--hparams sets {', '.join(map(repr, ignored))}, which DomainBed's own "
+                f"{dataset} ignores (only dg_plugins' {dataset} reads {it}): run it with "
+                f"dg_plugins' own {script}, python -m dg_plugins.scripts.{script}, or drop {it}")
 
 
 def rewrite_command(command: str, python: str | None = None,

@@ -6,8 +6,15 @@ collect_results orders table rows and columns by these lists (DomainBed orders t
 stay fast, so neither imports the torch classes. dg_plugins' built-in algorithm names are *derived*
 from the source of ``dg_plugins/algorithms/`` (:func:`builtin_algorithms`: every class decorated
 with ``@register_algorithm``), so adding a method file is the only edit; a test checks the result
-against the registry. Datasets and algorithms registered at run time also append themselves here
+against the registry; built-in dataset names are derived the same way (:func:`builtin_datasets`).
+Datasets and algorithms registered at run time also append themselves here
 (:func:`declare_dataset`, :func:`declare_algorithm`).
+
+Also here, for the same reason: the dataset hparams datasets read (e.g. the image-folder
+datasets' ``augmentation``, PACS's ``data_split``: :func:`dataset_hparam_space`), the folders of
+the image-folder datasets, and the checks sweep runs before launching: :func:`check_dataset_name`
+("did you mean", or the bridge for DomainBed-only datasets) and :func:`environments_of` (the
+environments of an image-folder dataset found on disk).
 """
 
 from __future__ import annotations
@@ -247,7 +254,7 @@ def domainbed_only_datasets() -> list[str]:
     return [name for name in DOMAINBED_DATASETS if name not in implemented]
 
 
-def _close_names(name: str, choices: list[str]) -> list[str]:
+def close_names(name: str, choices: list[str]) -> list[str]:
     """Names of ``choices`` close to ``name``: same spelling up to case first, then difflib's."""
     same = [c for c in choices if c.lower() == name.lower()]
     folded = {c.lower(): c for c in choices}
@@ -270,9 +277,9 @@ def check_dataset_name(name: str, extra=()) -> None:
             f"{name} is a DomainBed dataset that dg_plugins does not implement; run it through "
             f"the bridge: {BRIDGE_SWEEP_COMMAND} (with a DomainBed checkout: set DOMAINBED_ROOT "
             "to the folder that contains domainbed/)")
-    close = _close_names(str(name), choices)
+    close = close_names(str(name), choices)
     hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-    bridged = _close_names(str(name), domainbed_only)
+    bridged = close_names(str(name), domainbed_only)
     if bridged and not close:
         hint = (f"; did you mean {', '.join(map(repr, bridged))}? (DomainBed's own: run through "
                 f"the bridge, {BRIDGE_SWEEP_COMMAND})")
@@ -324,8 +331,7 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
         raise FileNotFoundError(f"no data directory given for {dataset} (pass --data_dir). "
                                 f"{layout}.")
     folder = IMAGE_FOLDER_DATASETS[dataset]
-    root = os.path.join(os.path.expanduser(data_dir), folder) if folder else os.path.expanduser(
-        data_dir)
+    root = os.path.join(data_dir, folder) if folder else data_dir
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{dataset}: dataset folder {root} does not exist. {layout}.")
     domains = _visible_subfolders(root)

@@ -109,3 +109,26 @@ def pacs_sample_dir() -> Path:
         atexit.register(shutil.rmtree, folder, True)
         _SAMPLE.append(make_pacs_sample(folder))
     return _SAMPLE[0]
+
+
+def write_pacs_split_lists(root, every: int = 3, prefix: str = "") -> dict[str, dict[str, list]]:
+    """Write PACS's official split lists for the PACS tree under ``root`` (``root/PACS``) in the
+    official format, ``<domain>/<class>/<file> <label>`` with labels counting the seven PACS
+    classes from 1: per domain, every ``every``-th image (in sorted path order) is in
+    ``<domain>_crossval_kfold.txt``, the others in ``<domain>_train_kfold.txt``, and all of them in
+    ``<domain>_test_kfold.txt`` (crossval lines first, so the test list's order differs from the
+    images'). ``prefix`` is put before every path (e.g. "pacs_data/"). Returns ``{domain: {kind:
+    [relative path, ...]}}`` as listed (without the prefix)."""
+    root = Path(root) / "PACS"
+    written = {}
+    for domain in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        images = sorted(p.relative_to(root).as_posix() for p in (root / domain).rglob("*")
+                        if p.is_file())
+        crossval = images[::every]
+        train = [p for p in images if p not in crossval]
+        lists = {"train": train, "crossval": crossval, "test": crossval + train}
+        for kind, paths in lists.items():
+            lines = [f"{prefix}{p} {PACS_CLASSES.index(p.split('/')[1]) + 1}" for p in paths]
+            (root / f"{domain}_{kind}_kfold.txt").write_text("\n".join(lines) + "\n")
+        written[domain] = lists
+    return written

@@ -12,7 +12,8 @@ class MultipleDomainDataset:
 
     Class attributes as DomainBed: ``ENVIRONMENTS`` (display labels, in environment order),
     ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (an upper bound: the train loop picks the
-    actual worker count from the machine, and 0 for in-memory data), ``INPUT_SHAPE``; and
+    actual worker count from the machine, and 0 for in-memory data; DomainBed's own train uses it
+    as is, so in-memory datasets set it to 0), ``INPUT_SHAPE``; and
     ``DEFAULT_BACKBONE`` (dg_plugins): the default of the ``backbone`` hparam on this dataset
     (None: "auto", chosen from the input shape).
     Instances set ``datasets``, ``input_shape`` (tuple) and ``num_classes``. Constructor signature:

@@ -12,6 +12,7 @@ class _Debug(MultipleDomainDataset):
 
     ENVIRONMENTS = ["0", "1", "2"]
     IN_MEMORY = True
+    N_WORKERS = 0  # tensors in memory: no loader processes (also under DomainBed's own train)
     SAMPLES_PER_ENV = 16
 
     def __init__(self, root=None, test_envs=(), hparams=None):

@@ -16,10 +16,18 @@ Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBe
   when raised in a DataLoader worker. ``python -m dg_plugins.scripts.check_data`` decodes every
   image of a dataset up front and lists the unreadable ones (:func:`image_error` is its check).
 
+* High-bit-depth images (16-bit PNG/TIFF, 32-bit integer or float images) are scaled to 8 bits
+  (:func:`to_rgb`); PIL's own conversion, which DomainBed uses, clips them (a 16-bit image turns
+  almost white).
+* The dataset hparam ``augmentation`` chooses the training transform (DomainBed's, or the DMG
+  release's for PACS or DomainNet: :func:`training_transform`); PACS's ``data_split`` can use
+  PACS's official split lists (:class:`PACS`).
+
 Kept from DomainBed for compatibility: samples are ordered class by class, then by sorted path
 (torchvision's ImageFolder order, so in/out splits match DomainBed's when every domain has every
 class), and augmentation is chosen per environment before train splits in/out, so a training
-environment's out (validation) split is augmented too (as DomainBed's ``MultipleEnvironmentImageFolder`` does). Use
+environment's out (validation) split is augmented too (as DomainBed's
+``MultipleEnvironmentImageFolder`` does; PACS's official split is the exception). Use
 :meth:`ImageFolderEnvironment.with_transform` to get a differently transformed view.
 
 No torchvision or PIL import at module import: both load when a transform or image is first needed.
@@ -46,8 +54,16 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = 224
 
 
+#: The dataset hparam choosing the training transform (values: :data:`AUGMENTATIONS`).
+AUGMENTATION_HPARAM = "augmentation"
+AUGMENTATIONS = catalog.AUGMENTATIONS
+
+
 def plain_transform():
-    """Spec 5.5: Resize to exactly 224x224, ToTensor, ImageNet Normalize."""
+    """DomainBed's evaluation transform (``domainbed/datasets.py``,
+    ``MultipleEnvironmentImageFolder``): Resize to exactly 224x224, ToTensor, ImageNet Normalize.
+    The DMG release evaluates with the same three steps (prithv1/DMG@6b162b4 ``train_model.py``
+    lines 129-144, its "val" and "test" transforms at input size 224)."""
     from torchvision import transforms
 
     return transforms.Compose([
@@ -58,8 +74,9 @@ def plain_transform():
 
 
 def augment_transform():
-    """Spec 5.5: RandomResizedCrop(224, scale 0.7-1), horizontal flip, ColorJitter(0.3 x4),
-    RandomGrayscale, ToTensor, ImageNet Normalize."""
+    """DomainBed's training transform (``domainbed/datasets.py``,
+    ``MultipleEnvironmentImageFolder``): RandomResizedCrop(224, scale 0.7-1), horizontal flip,
+    ColorJitter(0.3 x4), RandomGrayscale, ToTensor, ImageNet Normalize."""
     from torchvision import transforms
 
     return transforms.Compose([
@@ -72,9 +89,108 @@ def augment_transform():
     ])
 
 
+def dmg_pacs_transform():
+    """The DMG release's PACS training transform (prithv1/DMG@6b162b4 ``train_model.py`` lines
+    146-155): RandomResizedCrop(224, scale 0.8-1), horizontal flip, ColorJitter(0.4 x4) (no
+    random grayscale), ToTensor, ImageNet Normalize."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.RandomResizedCrop(IMAGE_SIZE, scale=(0.8, 1.0)),
+        transforms.RandomHorizontalFlip(),
+        transforms.ColorJitter(0.4, 0.4, 0.4, 0.4),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    ])
+
+
+def dmg_domainnet_transform():
+    """The DMG release's DomainNet training transform (prithv1/DMG@6b162b4 ``train_model.py``
+    lines 156-165): Resize(256) (shorter side, aspect kept), RandomCrop(224), horizontal flip,
+    ToTensor, ImageNet Normalize (no colour augmentation)."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize(256),
+        transforms.RandomCrop(IMAGE_SIZE),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    ])
+
+
+_TRAINING_TRANSFORMS = {
+    "domainbed": augment_transform,
+    "dmg_pacs": dmg_pacs_transform,
+    "dmg_domainnet": dmg_domainnet_transform,
+}
+
+
+def training_transform(augmentation: str = "domainbed"):
+    """The training transform named by the dataset hparam ``augmentation`` (see
+    :data:`AUGMENTATIONS`); an unknown name raises ValueError listing the choices."""
+    try:
+        make = _TRAINING_TRANSFORMS[augmentation]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown {AUGMENTATION_HPARAM} {augmentation!r}; choices: "
+                         f"{', '.join(AUGMENTATIONS)}") from None
+    return make()
+
+
+def high_bit_depth_max(image) -> float | None:
+    """The value that maps to white for a high-bit-depth PIL image (None for the 8-bit modes).
+
+    * ``I;16`` / ``I;16L`` / ``I;16B`` / ``I;16N`` (16-bit grey, e.g. a 16-bit PNG or TIFF):
+      65535.
+    * ``I`` (32-bit signed integers in memory): from the file when it says: PNG and PGM/PPM hold
+      at most 16 bits (65535); a TIFF's BitsPerSample and SampleFormat give ``2**bits - 1``
+      (unsigned) or ``2**(bits - 1) - 1`` (signed); otherwise the mode's own ``2**31 - 1``.
+    * ``F`` (32-bit float): 1.0 (float images are taken to lie in [0, 1]).
+    """
+    mode = image.mode
+    if mode.startswith("I;16"):
+        return 65535.0
+    if mode == "F":
+        return 1.0
+    if mode != "I":
+        return None
+    if image.format in ("PNG", "PPM"):
+        return 65535.0
+    tags = getattr(image, "tag_v2", None)
+    if image.format == "TIFF" and tags is not None and 258 in tags:
+        bits = tags[258]
+        bits = int(bits[0] if isinstance(bits, tuple) else bits)
+        sample_format = tags.get(339, 1)
+        signed = (sample_format[0] if isinstance(sample_format, tuple) else sample_format) == 2
+        if 1 <= bits <= 32:
+            return float(2 ** (bits - 1) - 1 if signed else 2 ** bits - 1)
+    return float(2 ** 31 - 1)
+
+
+def to_rgb(image):
+    """``image`` as an 8-bit RGB PIL image.
+
+    8-bit modes convert with PIL's ``convert("RGB")``, as torchvision's ImageFolder loader (hence
+    DomainBed) does: L and 1-bit (0 -> black, 1 -> white) are repeated over the three channels,
+    P maps through its palette, CMYK and YCbCr convert to RGB, and RGBA / LA / PA drop the alpha
+    channel (the colour stored under transparent pixels is kept). High-bit-depth modes (16-bit
+    grey ``I;16``, 32-bit ``I``, float ``F``) are scaled to 8 bits first, ``round(value * 255 /
+    high_bit_depth_max)`` clipped to [0, 255] (:func:`high_bit_depth_max`). Deliberate fix over
+    DomainBed: PIL's own conversion clips them instead, so a 16-bit image decodes almost white."""
+    import numpy as np
+    from PIL import Image
+
+    maximum = high_bit_depth_max(image)
+    if maximum is None:
+        return image.convert("RGB")
+    values = np.asarray(image, dtype=np.float64)
+    grey = np.clip(np.round(values * (255.0 / maximum)), 0, 255).astype(np.uint8)
+    return Image.fromarray(grey, mode="L").convert("RGB")
+
+
 def load_rgb_image(path: str):
-    """Decode an image file with PIL and convert it to RGB (``convert`` decodes the whole image,
-    so a truncated file fails here rather than later).
+    """Decode an image file with PIL and convert it to 8-bit RGB (:func:`to_rgb`; the conversion
+    decodes the whole image, so a truncated file fails here rather than later).
 
     Truncated files always fail, whatever PIL's process-wide ``ImageFile.LOAD_TRUNCATED_IMAGES``
     says: DomainBed's ``domainbed/datasets.py`` sets it to True when imported (e.g. through the
@@ -85,7 +201,7 @@ def load_rgb_image(path: str):
     ImageFile.LOAD_TRUNCATED_IMAGES = False
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return to_rgb(image)
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = saved
 
@@ -173,6 +289,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         self.classes = classes
         self.class_to_idx = {name: index for index, name in enumerate(classes)}
         self.transform = transform
+        #: Items decoded with ``eval_transform`` instead of ``transform`` (e.g. the validation
+        #: items of an official split, which its release evaluates unaugmented).
+        self.eval_indices: frozenset[int] = frozenset()
+        self.eval_transform = None
         self.samples = [
             (path, self.class_to_idx[name])
             for name in visible_subfolders(root)
@@ -191,8 +311,9 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         path, label = self.samples[index]
         image = self.load(path)
-        if self.transform is not None:
-            image = self.transform(image)
+        transform = self.eval_transform if index in self.eval_indices else self.transform
+        if transform is not None:
+            image = transform(image)
         return image, label
 
     def load(self, path: str):
@@ -223,19 +344,36 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
                 f"{type(err).__name__}: {err}. {fix}.")
 
     def with_transform(self, transform) -> "ImageFolderEnvironment":
-        """A view of the same samples with another transform (e.g. an unaugmented out split)."""
+        """A view of the same samples with ``transform`` for every item (e.g. an unaugmented out
+        split)."""
         view = copy.copy(self)
         view.transform = transform
+        view.eval_indices, view.eval_transform = frozenset(), None
         return view
+
+    def relative_paths(self) -> list[str]:
+        """Each item's path relative to the dataset folder (``<domain>/<class>/<file>``, with
+        forward slashes), in item order."""
+        parent = os.path.dirname(os.path.normpath(self.root))
+        return [os.path.relpath(path, parent).replace(os.sep, "/") for path, _ in self.samples]
 
 
 class MultipleEnvironmentImageFolder(MultipleDomainDataset):
-    """DomainBed's base (``MultipleEnvironmentImageFolder``) with the same signature: ``root`` is the dataset folder itself,
-    ``augment`` selects the augment transform for every environment not in ``test_envs``.
+    """DomainBed's base (``MultipleEnvironmentImageFolder``) with the same signature: ``root`` is
+    the dataset folder itself, ``augment`` selects the augment transform for every environment not
+    in ``test_envs``.
+
+    Which augment transform: the dataset hparam ``augmentation`` (``hparams["augmentation"]``,
+    default "domainbed"; :func:`training_transform`): "domainbed" is DomainBed's, "dmg_pacs" and
+    "dmg_domainnet" the DMG release's PACS and DomainNet training transforms. Evaluation (and
+    every item when ``augment`` is false) uses :func:`plain_transform`, which is both DomainBed's
+    and the DMG release's evaluation transform. A non-default ``augmentation`` with ``augment``
+    false raises (the run would not be augmented at all).
 
     Instance attributes besides the contract: ``root``, ``environment_folders`` (the sorted domain
-    folder names), ``classes`` / ``class_to_idx`` (union of class folders), ``augmented_envs``.
-    When the class declares ``ENVIRONMENTS``, the number of domain folders must match it.
+    folder names), ``classes`` / ``class_to_idx`` (union of class folders), ``augmented_envs``,
+    ``augmentation``, ``test_envs``. When the class declares ``ENVIRONMENTS``, the number of
+    domain folders must match it.
     """
 
     CHECKPOINT_FREQ = 300
@@ -247,6 +385,15 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
     def __init__(self, root, test_envs, augment, hparams):
         test_envs = list(test_envs or ())
+        self.test_envs = test_envs
+        self.augmentation = (hparams or {}).get(AUGMENTATION_HPARAM, "domainbed")
+        if self.augmentation not in AUGMENTATIONS:
+            training_transform(self.augmentation)  # raises, naming the choices
+        if not augment and self.augmentation != "domainbed":
+            raise ValueError(
+                f"{AUGMENTATION_HPARAM} {self.augmentation!r} asks for an augmentation but "
+                "data_augmentation is false (no environment would be augmented): drop one of "
+                "the two hparams")
         self.root = root
         self.environment_folders = self._find_environment_folders(root)
         class_folders = {env: self._find_class_folders(env) for env in self.environment_folders}
@@ -262,7 +409,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
                 )
             self.datasets.append(env_dataset)
         self.plain_transform = plain_transform()
-        self.augment_transform = augment_transform() if augment else None
+        self.augment_transform = training_transform(self.augmentation) if augment else None
         self.augmented_envs = [
             i for i in range(len(self.datasets)) if augment and i not in test_envs
         ]
@@ -337,35 +484,165 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
 
 @register_dataset()
 class VLCS(ImageFolderBenchmark):
-    FOLDER_NAME = "VLCS"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]  # "VLCS"
     ENVIRONMENTS = ["C", "L", "S", "V"]
     ENV_FOLDERS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
 
 
+#: The dataset hparam choosing PACS's in/out split (values: :data:`DATA_SPLITS`).
+DATA_SPLIT_HPARAM = "data_split"
+DATA_SPLITS = catalog.DATA_SPLITS
+#: Where PACS's official split lists are published: the PACS authors' Google Drive folder (Li et
+#: al., ICCV 2017), subfolder ``pacs_label``.
+PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
+class OfficialSplitError(FileNotFoundError, ValueError):
+    """PACS's official split lists are missing or do not match the images (a FileNotFoundError
+    and a ValueError: train reports either as one line); the message says where to put them and
+    where to get them."""
+
+
 @register_dataset()
 class PACS(ImageFolderBenchmark):
-    FOLDER_NAME = "PACS"
+    """PACS (``domainbed/datasets.py``). The dataset hparam ``data_split`` chooses the in/out
+    split of each environment:
+
+    * "domainbed" (default): DomainBed's random holdout (``--holdout_fraction``), made by train.
+    * "official": PACS's official lists (Li et al., ICCV 2017), as the DMG release uses them
+      (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214 read each source domain's "train" and
+      "val" part and the target's "test" part; ``dataloaders/domain_datasets.py`` lines 59-71
+      picks the ``<domain>_<part>`` HDF5 files of this split, which the PACS authors also
+      publish as HDF5). :meth:`predefined_split` returns them to train:
+
+      - a training (source) environment: in = ``<domain>_train_kfold.txt``, out =
+        ``<domain>_crossval_kfold.txt`` (the release's training and validation images);
+      - a test (target) environment: in = ``<domain>_test_kfold.txt`` (every image of the domain:
+        the release's target test set, "the official train+val as target test"), out =
+        ``<domain>_crossval_kfold.txt``.
+
+      So collect_results' target accuracy under training-domain validation (``env{t}_in_acc``)
+      is the release's target test accuracy, and its validation accuracy (the sources'
+      ``env{i}_out_acc``) the release's validation accuracy. The target's out split is a subset
+      of its in split: test-domain (oracle) selection on an official split selects on test
+      images. ``--holdout_fraction`` does not apply. The out (validation) items of augmented
+      environments are decoded with the plain transform, as the release evaluates validation
+      (``train_model.py`` lines 129-136); DomainBed's random split augments them.
+
+      The twelve lists go in the PACS folder beside the domain folders:
+      ``<data_dir>/PACS/<domain>_{train,crossval,test}_kfold.txt`` (see :data:`PACS_SPLITS_URL`).
+      Each line is ``<domain>/<class>/<file> <label>``, the label counting classes from 1 in
+      sorted order (dog = 1, ..., person = 7); a path is matched to an image by its part from the
+      domain folder on, so a leading folder (``pacs_data/``, ``kfold/``) does not matter. Every
+      line must match an image of its domain with the same class, else
+      :class:`OfficialSplitError`; a line listed twice counts twice, as in the list.
+    """
+
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]  # "PACS"
     ENVIRONMENTS = ["A", "C", "P", "S"]
     ENV_FOLDERS = ("art_painting", "cartoon", "photo", "sketch")
+
+    def __init__(self, root, test_envs, hparams):
+        super().__init__(root, test_envs, hparams)
+        self.data_split = (hparams or {}).get(DATA_SPLIT_HPARAM, "domainbed")
+        if self.data_split not in DATA_SPLITS:
+            raise ValueError(f"unknown {DATA_SPLIT_HPARAM} {self.data_split!r}; choices: "
+                             f"{', '.join(DATA_SPLITS)}")
+        self.official_splits: dict[int, tuple[list[int], list[int]]] = {}
+        if self.data_split == "official":
+            self._check_split_lists()
+            for index in range(len(self.datasets)):
+                self.official_splits[index] = tuple(
+                    self._match_list(index, path) for path in self.split_lists(index))
+                in_, out = self.official_splits[index]
+                env = self.datasets[index]
+                if index in self.augmented_envs:  # validation items stay unaugmented
+                    env.eval_indices = frozenset(out) - frozenset(in_)
+                    env.eval_transform = self.plain_transform
+
+    def predefined_split(self, env_index: int):
+        """``(in indices, out indices)`` of environment ``env_index`` from the official lists
+        when ``data_split`` is "official" (see the class docstring), else None (train then makes
+        DomainBed's random split)."""
+        if self.data_split != "official":
+            return None
+        in_, out = self.official_splits[env_index]
+        return list(in_), list(out)
+
+    def split_list_path(self, env_index: int, kind: str) -> str:
+        """``<dataset folder>/<domain folder>_<kind>_kfold.txt``."""
+        return os.path.join(self.root, f"{self.environment_folders[env_index]}_{kind}_kfold.txt")
+
+    def split_lists(self, env_index: int) -> tuple[str, str]:
+        """The (in, out) list files of environment ``env_index``: test and crossval for a test
+        environment, train and crossval otherwise."""
+        kind = "test" if env_index in self.test_envs else "train"
+        return (self.split_list_path(env_index, kind), self.split_list_path(env_index, "crossval"))
+
+    def _check_split_lists(self) -> None:
+        missing = [path for index in range(len(self.datasets)) for path in self.split_lists(index)
+                   if not os.path.isfile(path)]
+        if missing:
+            raise OfficialSplitError(
+                f"data_split 'official' needs PACS's official split lists; missing: "
+                f"{', '.join(missing)}. Put the twelve files <domain>_train_kfold.txt, "
+                f"<domain>_crossval_kfold.txt and <domain>_test_kfold.txt (domains "
+                f"{', '.join(self.environment_folders)}) in {self.root}; they are in the "
+                f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL} (or use "
+                "the default data_split 'domainbed')")
+
+    def _match_list(self, env_index: int, list_path: str) -> list[int]:
+        """Item indices of environment ``env_index`` named by the lines of ``list_path``."""
+        env = self.datasets[env_index]
+        folder = self.environment_folders[env_index]
+        index_of = {rel: i for i, rel in enumerate(env.relative_paths())}
+        indices, unmatched, wrong_class = [], [], []
+        with open(list_path, encoding="utf-8") as handle:
+            lines = [(n, line.split()) for n, line in enumerate(handle, 1) if line.strip()]
+        for number, fields in lines:
+            path = fields[0].replace("\\", "/")
+            parts = [p for p in path.split("/") if p not in ("", ".")]
+            if folder in parts:
+                parts = parts[parts.index(folder):]
+            index = index_of.get("/".join(parts))
+            if index is None:
+                unmatched.append(f"line {number}: {fields[0]}")
+                continue
+            if len(fields) > 1:
+                expected = env.samples[index][1] + 1
+                if fields[1] != str(expected):
+                    wrong_class.append(f"line {number}: {fields[0]} has label {fields[1]}, its "
+                                       f"class folder {self.classes[expected - 1]!r} is "
+                                       f"{expected}")
+            indices.append(index)
+        if unmatched or wrong_class:
+            problems = unmatched or wrong_class
+            what = ("name no image of" if unmatched else "disagree with the class folders of")
+            raise OfficialSplitError(
+                f"{len(problems)} of the {len(lines)} lines of {list_path} {what} "
+                f"{env.root} (e.g. {'; '.join(problems[:3])}). The lists and the images must "
+                "come from the same PACS release (lines '<domain>/<class>/<file> <label>', labels "
+                f"1-{len(self.classes)} in the class order {', '.join(self.classes)})")
+        if not indices:
+            raise OfficialSplitError(f"{list_path} lists no image")
+        return indices
 
 
 @register_dataset()
 class OfficeHome(ImageFolderBenchmark):
-    FOLDER_NAME = "office_home"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]  # "office_home"
     ENVIRONMENTS = ["A", "C", "P", "R"]
     ENV_FOLDERS = ("Art", "Clipart", "Product", "Real World")
 
 
 @register_dataset()
 class TerraIncognita(ImageFolderBenchmark):
-    FOLDER_NAME = "terra_incognita"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]  # "terra_incognita"
     ENVIRONMENTS = ["L100", "L38", "L43", "L46"]
     ENV_FOLDERS = ("location_100", "location_38", "location_43", "location_46")
 
 
 @register_dataset()
 class DomainNet(ImageFolderBenchmark):
-    FOLDER_NAME = "domain_net"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]  # "domain_net"
     CHECKPOINT_FREQ = 1000
     ENVIRONMENTS = ["clip", "info", "paint", "quick", "real", "sketch"]
     ENV_FOLDERS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")

@@ -142,6 +142,9 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
     """
 
     IN_MEMORY = True
+    #: Tensors in memory: no loader processes, also under DomainBed's own train (which starts
+    #: ``N_WORKERS`` processes per loader; DomainBed's own MNIST datasets inherit its 8).
+    N_WORKERS = 0
     NUM_CLASSES: int
     #: One construction parameter per environment, in ENVIRONMENTS order.
     ENVIRONMENT_PARAMS: tuple = ()

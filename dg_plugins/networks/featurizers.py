@@ -57,10 +57,26 @@ class LeNet(StagedFeaturizer):
     """The LeNet-style ConvNet of single-source digits DG (used by ADA, M-ADA, PDEN and MPBM for
     MNIST -> SVHN/MNIST-M/SYN/USPS at 32x32): conv 5x5 (64) -> ReLU -> max-pool 2 -> conv 5x5 (128)
     -> ReLU -> max-pool 2 -> fc 1024 -> ReLU -> fc 1024 -> ReLU; the classifier head (fc to the
-    classes) is separate. Stages ``conv1``, ``conv2``, ``fc1`` (flattens first), ``fc2``. Works for
-    any input of at least 16x16 (the flattened size follows the input)."""
+    classes) is separate. Stages ``conv1``, ``conv2``, ``fc1`` (flattens first), ``fc2``.
+
+    It has no global pooling: fc1 takes the whole flattened conv2 map, so its size grows with the
+    input's area (4.5M parameters in all at 32x32; 369M at 224x224, where fc1 alone takes a
+    53x53x128 map). Inputs of at least 16x16 are accepted, but a LeNet larger than
+    :data:`MAX_PARAMETERS` is refused (ValueError naming the count and the fixes): at that size it
+    is a mistake (e.g. ``{"backbone": "lenet"}`` on 224x224 images), not a model anyone trains."""
 
     stage_names = ("conv1", "conv2", "fc1", "fc2")
+    #: The largest LeNet built: 50M parameters (200 MB of float32 weights, 800 MB with Adam's
+    #: state); reached near 88x88 inputs.
+    MAX_PARAMETERS = 50_000_000
+
+    @staticmethod
+    def num_parameters(input_shape, width: int = 1024) -> int:
+        """The parameter count of ``LeNet(input_shape, width)``, without building it."""
+        channels, height, width_px = input_shape
+        flat_h, flat_w = ((height - 4) // 2 - 4) // 2, ((width_px - 4) // 2 - 4) // 2
+        return ((channels * 25 + 1) * 64 + (64 * 25 + 1) * 128
+                + (128 * flat_h * flat_w + 1) * width + (width + 1) * width)
 
     def __init__(self, input_shape, width: int = 1024):
         super().__init__()
@@ -68,6 +84,14 @@ class LeNet(StagedFeaturizer):
         if min(height, width_px) < 16:
             raise ValueError(f"LeNet needs inputs of at least 16x16 pixels, got {input_shape}")
         flat_h, flat_w = ((height - 4) // 2 - 4) // 2, ((width_px - 4) // 2 - 4) // 2
+        count = self.num_parameters(input_shape, width)
+        if count > self.MAX_PARAMETERS:
+            raise ValueError(
+                f"backbone 'lenet' on {tuple(input_shape)} inputs would have {count:,} parameters "
+                f"(its fc1 takes the whole {flat_h}x{flat_w}x128 conv map; LeNet is made for "
+                f"32x32 digits, where it has {self.num_parameters((channels, 32, 32), width):,}). "
+                "Use --hparams '{\"backbone\": \"resnet\"}' (or \"vit\", or \"mnist_cnn\", which "
+                "pools globally and takes any size), or give the dataset 32x32 images")
         self.layers = nn.ModuleDict({
             "conv1": nn.Sequential(nn.Conv2d(channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2)),
             "conv2": nn.Sequential(nn.Conv2d(64, 128, 5), nn.ReLU(), nn.MaxPool2d(2)),
@@ -106,12 +130,25 @@ def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
 
 class ResNet(StagedFeaturizer):
     """ResNet-18/50 featurizer (DomainBed's ``ResNet`` in ``domainbed/networks.py``).
-    ``resnet18`` picks torchvision's ResNet-18 (else ResNet-50); ``resnet50_augmix`` (DomainBed's
-    default) replaces it by timm's ``resnet50.ram_in1k``. Unlike DomainBed we do not download the
-    torchvision weights that the augmix model then discards. ``pretrained`` false builds
-    random-init weights; ``pretrained_path`` loads a local checkpoint. ``freeze_bn`` keeps
-    BatchNorm statistics frozen across ``train()``. Stages ``layer1``..``layer4``; the stem is
-    conv1, bn1, ReLU, max-pool; the pool is global average pooling then ``resnet_dropout``."""
+
+    Which network, from two DomainBed hparams:
+
+    * ``resnet18`` (default false): true builds torchvision's ResNet-18 (512-d features, ImageNet
+      weights ``IMAGENET1K_V1``); false a ResNet-50 (2048-d).
+    * ``resnet50_augmix`` (default true): only chooses the ResNet-50's weights: true timm's
+      ``resnet50.ram_in1k`` (ImageNet, AugMix-trained), false torchvision's ``IMAGENET1K_V1``
+      (DomainBed's older default). It has no effect when ``resnet18`` is true.
+
+    Deliberate difference from DomainBed (b93c22a ``domainbed/networks.py``, ``ResNet.__init__``):
+    there ``resnet18`` first builds a ResNet-18, then ``resnet50_augmix``, true by default,
+    replaces it by the timm ResNet-50, so ``{"resnet18": true}`` alone trains a ResNet-50 (only
+    ``{"resnet18": true, "resnet50_augmix": false}`` gives a ResNet-18). Here the explicit
+    ``resnet18`` choice wins. We also do not download torchvision weights that would be discarded.
+
+    ``pretrained`` false builds random-init weights; ``pretrained_path`` loads a local checkpoint.
+    ``freeze_bn`` keeps BatchNorm statistics frozen across ``train()``. Stages
+    ``layer1``..``layer4``; the stem is conv1, bn1, ReLU, max-pool; the pool is global average
+    pooling then ``resnet_dropout``."""
 
     stage_names = ("layer1", "layer2", "layer3", "layer4")
 
@@ -120,12 +157,12 @@ class ResNet(StagedFeaturizer):
         use_pretrained = hparams.get("pretrained", True)
         local_path = hparams.get("pretrained_path")
         download = use_pretrained and not local_path
-        if hparams["resnet50_augmix"]:
+        self.arch = resnet_arch(hparams)
+        if self.arch == TIMM_AUGMIX_RESNET:
             self.network = weights.timm_model(TIMM_AUGMIX_RESNET, download)
             self.n_outputs = 2048
         else:
-            arch = "resnet18" if hparams["resnet18"] else "resnet50"
-            self.network, self.n_outputs = _torchvision_resnet(arch, download)
+            self.network, self.n_outputs = _torchvision_resnet(self.arch, download)
         if use_pretrained and local_path:
             weights.load_local_weights(self.network, local_path)
         if input_shape[0] != 3:
@@ -164,6 +201,15 @@ class ResNet(StagedFeaturizer):
             for m in self.network.modules():
                 if isinstance(m, nn.BatchNorm2d):
                     m.eval()
+
+
+def resnet_arch(hparams) -> str:
+    """The network :class:`ResNet` builds: "resnet18" when ``hparams["resnet18"]``, else
+    :data:`TIMM_AUGMIX_RESNET` when ``hparams["resnet50_augmix"]``, else "resnet50" (torchvision).
+    """
+    if hparams["resnet18"]:
+        return "resnet18"
+    return TIMM_AUGMIX_RESNET if hparams["resnet50_augmix"] else "resnet50"
 
 
 def _torchvision_resnet(arch: str, download: bool):

@@ -75,7 +75,12 @@ def load_dataset(name: str, data_dir: str):
     plugins.load()
     choices = image_folder_datasets()
     if name not in DATASETS:
-        raise BadInput(f"unknown dataset {name!r}; image-folder datasets: {', '.join(choices)} "
+        from dg_plugins import catalog
+
+        close = catalog.close_names(name, choices)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise BadInput(f"unknown dataset {name!r}{hint}; image-folder datasets: "
+                       f"{', '.join(choices)} "
                        "(a dataset of your own: register it with make_image_folder_dataset in a "
                        "module named in $DG_PLUGINS_IMPORT)")
     cls = DATASETS.get(name)

@@ -113,11 +113,16 @@ def test_install_twice_then_domainbed_finds_ours_and_keeps_its_own(db):
 def test_hparams_lookup(db):
     hp = db.hparams_registry
     for dataset in ("Debug28", "PACS", BENCHMARK):  # ours, seeded DomainBed's way
-        assert hp.default_hparams(TEST_ALGORITHM, dataset) == \
-            dg_hparams.default_hparams(TEST_ALGORITHM, dataset)
+        # less the hparams that only dg_plugins' class of the dataset reads (DomainBed's PACS
+        # ignores PACS's augmentation and data_split)
+        ignored = set(catalog.dataset_hparam_space(dataset)) if dataset == "PACS" else set()
+        assert hp.default_hparams(TEST_ALGORITHM, dataset) == {
+            k: v for k, v in dg_hparams.default_hparams(TEST_ALGORITHM, dataset).items()
+            if k not in ignored}
         seed = seed_hash(3, 1)  # train.py's seed for hparams_seed 3, trial_seed 1
-        assert hp.random_hparams(TEST_ALGORITHM, dataset, seed) == \
-            dg_hparams.random_hparams(TEST_ALGORITHM, dataset, seed)
+        assert hp.random_hparams(TEST_ALGORITHM, dataset, seed) == {
+            k: v for k, v in dg_hparams.random_hparams(TEST_ALGORITHM, dataset, seed).items()
+            if k not in ignored}
     original = hp._hparams.dg_plugins_original
     # DomainBed's own algorithms: DomainBed's registry, small-image rules on our small datasets.
     for algorithm in ("ERM", "DANN", "URM"):
@@ -127,6 +132,17 @@ def test_hparams_lookup(db):
             {k: r for k, (_, r) in original(algorithm, "PACS", 5).items()}
     erm = hp.default_hparams("ERM", BENCHMARK)
     assert (erm["lr"], erm["batch_size"], erm["weight_decay"]) == (1e-3, 64, 0.0)
+
+
+def test_our_in_memory_datasets_load_without_workers_under_domainbed(db):
+    """DomainBed's train.py gives every loader ``dataset.N_WORKERS`` processes."""
+    for name in (BENCHMARK, TEST_DATASET):
+        dataset = db.datasets.get_dataset_class(name)(None, [0], {})
+        assert dataset.N_WORKERS == 0, name
+    assert db.datasets.get_dataset_class("RotatedMNIST").N_WORKERS == 8  # DomainBed's own stays
+    with pytest.raises(ValueError, match="DomainBed's own PACS ignores"):
+        bridge.check_script_args("train", ["--dataset", "PACS", "--hparams",
+                                           '{"augmentation": "dmg_pacs"}'])
 
 
 def stray_tensors(algorithm: torch.nn.Module) -> list[str]:

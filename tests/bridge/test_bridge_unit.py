@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # plugin_fixture_alg
 
 import dg_plugins.algorithms  # noqa: E402,F401  (registers)
-import dg_plugins.datasets  # noqa: E402,F401
+import dg_plugins.datasets  # noqa: E402  (registers)
 import dg_plugins.engine.launchers  # noqa: E402,F401
 from dg_plugins import bridge  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
@@ -122,23 +122,71 @@ def test_installs_missing_names_once_and_never_shadows(plugin, fake):
     assert all(getattr(DATASETS.get(n), "ENVIRONMENTS", None) for n in datasets.DATASETS[2:])
 
 
-def test_in_memory_datasets_get_no_loader_workers(plugin, fake):
-    (_, datasets, _, _), _ = fake
-    installed = datasets.get_dataset_class("RotatedMNIST5k")
-    ours = DATASETS.get("RotatedMNIST5k")
-    assert installed.N_WORKERS == 0 and ours.N_WORKERS > 0  # ours is not modified
-    assert installed.__name__ == "RotatedMNIST5k" and installed.ENVIRONMENTS == ours.ENVIRONMENTS
-    assert bridge.domainbed_view(ours) is installed  # one view per class: idempotent
+def test_in_memory_datasets_declare_no_loader_workers():
+    """DomainBed's train starts dataset.N_WORKERS loader processes per split: dg_plugins'
+    in-memory datasets say 0 themselves (RotatedMNIST5k said DomainBed's default 8)."""
+    in_memory = [n for n in DATASETS.list() if getattr(DATASETS.get(n), "IN_MEMORY", False)]
+    assert {"RotatedMNIST5k", "RotatedMNIST", "ColoredMNIST", "Debug28", "Digits",
+            "DigitsOffline"} <= set(in_memory)
+    assert {n: DATASETS.get(n).N_WORKERS for n in in_memory} == {n: 0 for n in in_memory}
+    assert DATASETS.get("PACS").N_WORKERS == 8  # image folders keep their workers
+
+
+class _TensorData(dg_plugins.datasets.MultipleDomainDataset):
+    """A plugin's in-memory dataset that leaves IN_MEMORY and N_WORKERS at their defaults."""
+
+    ENVIRONMENTS = ["a", "b"]
+
+    def __init__(self, root, test_envs, hparams):
+        import torch
+
+        self.datasets = [torch.utils.data.TensorDataset(torch.zeros(4, 1, 8, 8),
+                                                        torch.zeros(4, dtype=torch.long))
+                         for _ in self.ENVIRONMENTS]
+        self.input_shape, self.num_classes = (1, 8, 8), 2
+
+
+class _MarkedData(_TensorData):
+    IN_MEMORY = True  # says so, but keeps N_WORKERS 8
+
+
+class _FileData(_TensorData):
+    """Environments that are not tensors (e.g. files read lazily): workers stay."""
+
+    def __init__(self, root, test_envs, hparams):
+        super().__init__(root, test_envs, hparams)
+        self.datasets = [list(env) for env in self.datasets]
+
+
+def test_plugin_datasets_in_memory_get_no_loader_workers_under_domainbed():
+    (_, datasets, _, _) = make_domainbed_like()
+    entries = {"DgTestTensorData": _TensorData, "DgTestMarkedData": _MarkedData,
+               "DgTestFileData": _FileData, "RotatedMNIST5k": DATASETS.get("RotatedMNIST5k")}
+    installed, _ = bridge.register_datasets(datasets, entries)
+    assert sorted(installed) == sorted(entries)
+    get = datasets.get_dataset_class
+    assert get("RotatedMNIST5k") is DATASETS.get("RotatedMNIST5k")  # already 0: no view
+    assert get("DgTestMarkedData").N_WORKERS == 0 and _MarkedData.N_WORKERS == 8
+    tensors = get("DgTestTensorData")
+    assert tensors.__name__ == "_TensorData" and issubclass(tensors, _TensorData)
+    assert tensors.N_WORKERS == 8 and tensors(None, [0], {}).N_WORKERS == 0  # found in memory
+    assert get("DgTestFileData")(None, [0], {}).N_WORKERS == 8
+    assert bridge.domainbed_view(_TensorData) is tensors  # one view per class: idempotent
 
 
 def test_hparams_ours_for_our_algorithms_hosts_otherwise(plugin, fake):
     (_, _, hp, _), _ = fake
     assert hp._hparams.dg_plugins_original.__module__ == "fake.hparams_registry"  # wrapped once
-    for dataset in ("Debug28", "PACS", "RotatedMNIST5k"):
+    for dataset in ("Debug28", "RotatedMNIST5k"):
         assert hp.default_hparams("BridgeTestAlg", dataset) == \
             dg_hparams.default_hparams("BridgeTestAlg", dataset)
         assert hp.random_hparams("BridgeTestAlg", dataset, 123) == \
             dg_hparams.random_hparams("BridgeTestAlg", dataset, 123)
+    # DomainBed's own PACS does not read dg_plugins' PACS hparams: they are not offered there
+    ours = dg_hparams.default_hparams("BridgeTestAlg", "PACS")
+    assert {"augmentation", "data_split"} <= set(ours)
+    assert hp.default_hparams("BridgeTestAlg", "PACS") == {
+        k: v for k, v in ours.items() if k not in ("augmentation", "data_split")}
     hp.CALLS.clear()
     assert hp.default_hparams("ERM", "RotatedMNIST5k")["lr"] == 1e-3  # small-image rule via proxy
     assert hp.default_hparams("ERM", "BridgeTestData")["lr"] == 5e-5  # not small: its own name
@@ -272,3 +320,27 @@ def test_a_non_package_named_domainbed_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, "domainbed", impostor)
     with pytest.raises(bridge.DomainBedImportError, match="not DomainBed's package"):
         bridge.locate_domainbed()
+
+
+def test_hparams_that_domainbeds_own_dataset_ignores_are_refused(plugin, fake):
+    (_, datasets, _, _), _ = fake
+    with pytest.raises(ValueError, match=r"--hparams sets 'augmentation', 'data_split', which "
+                                         r"DomainBed's own PACS ignores .*python -m "
+                                         r"dg_plugins.scripts.train"):
+        bridge.check_script_args("train", [
+            "--dataset", "PACS", "--algorithm", "ERM", "--hparams",
+            '{"augmentation": "dmg_pacs", "data_split": "official", "lr": 0.001}'], datasets)
+    sweep_hparams = ["--hparams", '{"augmentation": "dmg_pacs"}']
+    with pytest.raises(ValueError, match=r"'augmentation', which DomainBed's own PACS ignores "
+                                         r".*dg_plugins.scripts.sweep"):
+        bridge.check_script_args("sweep", ["launch", "--datasets", "RotatedMNIST5k", "PACS",
+                                           *sweep_hparams], datasets)
+    with pytest.raises(ValueError, match="DomainBed's own PACS"):  # sweep's default: every one
+        bridge.check_script_args("sweep", ["launch", *sweep_hparams], datasets)
+    for script, argv in (("train", ["--dataset", "PACS", "--hparams", '{"lr": 0.001}']),
+                         ("train", ["--dataset", "PACS"]),
+                         ("train", ["--dataset", "DigitsOffline", "--hparams",
+                                    '{"digits_color_jitter": 0.5}']),
+                         ("sweep", ["launch", "--datasets", "RotatedMNIST5k", *sweep_hparams]),
+                         ("collect_results", ["--hparams", '{"augmentation": "dmg_pacs"}'])):
+        bridge.check_script_args(script, argv, datasets)  # nothing ignored

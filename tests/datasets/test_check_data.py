@@ -116,6 +116,7 @@ def test_dataset_made_with_make_image_folder_dataset(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize("dataset, data_dir, message", [
     ("NoSuchData", "data", r"unknown dataset 'NoSuchData'; image-folder datasets: .*PACS.*"
                            r"ImageFolder"),
+    ("pacs", "data", r"unknown dataset 'pacs'; did you mean 'PACS'\?; image-folder datasets: "),
     ("Debug28", "data", r"'Debug28' is not an image-folder dataset \(its data are in-memory "
                         r"tensors\), so there are no image files to check; image-folder "
                         r"datasets: .*PACS"),

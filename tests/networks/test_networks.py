@@ -75,7 +75,7 @@ def test_stages_compose_to_the_whole_network_and_hooks_see_stage_inputs(make, sh
 def test_resnet_stage_widths_match_torchvision_and_timm_layouts():
     assert ResNet((3, 224, 224), hp()).stage_widths == {
         "layer1": 64, "layer2": 64, "layer3": 128, "layer4": 256}
-    timm_r50 = ResNet((3, 224, 224), hp(resnet50_augmix=True))
+    timm_r50 = ResNet((3, 224, 224), hp(resnet18=False, resnet50_augmix=True))
     assert timm_r50.stage_widths == {"layer1": 64, "layer2": 256, "layer3": 512, "layer4": 1024}
     timm_r50.eval()
     x = torch.randn(1, 3, 224, 224)
@@ -132,7 +132,7 @@ def test_local_checkpoint_is_loaded(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, what", [
-    ({"resnet50_augmix": True}, "timm resnet50.ram_in1k"),
+    ({"resnet50_augmix": True, "resnet18": False}, "timm resnet50.ram_in1k"),
     ({"resnet50_augmix": False, "resnet18": False}, "torchvision resnet50"),
 ])
 def test_offline_pretrained_weights_fail_fast_with_the_fixes(overrides, what):
@@ -155,3 +155,31 @@ def test_classifier_heads():
     assert isinstance(Classifier(128, 7), torch.nn.Linear)
     deep = Classifier(128, 7, is_nonlinear=True)
     assert [m.out_features for m in deep if isinstance(m, torch.nn.Linear)] == [64, 32, 7]
+
+
+def test_an_explicit_resnet18_wins_over_the_resnet50_augmix_default():
+    """DomainBed (networks.py, ResNet.__init__) replaces the ResNet-18 by the timm ResNet-50 when
+    resnet50_augmix is true (its default): here resnet18 true builds a ResNet-18 either way, and
+    resnet50_augmix only picks the ResNet-50's weights."""
+    from dg_plugins.networks.featurizers import TIMM_AUGMIX_RESNET, resnet_arch
+
+    r18 = ResNet((3, 224, 224), hp(resnet18=True, resnet50_augmix=True))
+    assert r18.arch == "resnet18" and r18.n_outputs == 512
+    assert sum(p.numel() for p in r18.network.parameters()) == 11_176_512  # ResNet-18 less fc
+    assert r18(torch.randn(1, 3, 224, 224)).shape == (1, 512)
+    assert resnet_arch(hp(resnet18=False, resnet50_augmix=True)) == TIMM_AUGMIX_RESNET
+    assert resnet_arch(hp(resnet18=False, resnet50_augmix=False)) == "resnet50"
+    assert resnet_arch(hparams_lib.default_hparams("ERM", "PACS")) == TIMM_AUGMIX_RESNET
+
+
+def test_lenet_refuses_a_size_that_makes_it_huge_naming_the_count_and_the_fix():
+    for shape in [(3, 32, 32), (1, 40, 56), (3, 88, 88)]:
+        net = LeNet(shape)
+        assert LeNet.num_parameters(shape) == sum(p.numel() for p in net.parameters())
+    assert LeNet.num_parameters((3, 32, 32)) < 5_000_000
+    with pytest.raises(ValueError) as err:
+        Featurizer((3, 224, 224), hp(backbone="lenet"))
+    message = str(err.value)
+    assert f"{LeNet.num_parameters((3, 224, 224)):,} parameters" in message
+    assert LeNet.num_parameters((3, 224, 224)) > 368_000_000
+    assert "53x53x128" in message and '"backbone": "resnet"' in message and "32x32" in message
