@@ -83,6 +83,46 @@ def test_missing_data_and_weights_are_found_before_launching(tmp_path):
     assert text.count("Dummy launcher: ") == 4 and "error:" not in text
 
 
+def test_data_checks_use_each_datasets_own_lookup(tmp_path):
+    """MNIST's four files and each Digits domain are looked for where the datasets look (their
+    own messages when missing); datasets that read no files are not checked."""
+    from dg_plugins.datasets import mnist
+
+    with pytest.raises(FileNotFoundError, match="MNIST files not found"):
+        sweep.check_data("RotatedMNIST", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="Digits domain 'mnist' not found"):
+        sweep.check_data("Digits", str(tmp_path))
+    (tmp_path / "MNIST" / "raw").mkdir(parents=True)
+    for name in mnist.MNIST_FILES.values():
+        (tmp_path / "MNIST" / "raw" / (name + ".gz")).write_bytes(b"")
+    (tmp_path / "digits").mkdir()
+    for domain in ("mnist", "svhn", "mnist_m", "syn"):
+        (tmp_path / "digits" / f"{domain}.npz").write_bytes(b"")
+    sweep.check_data("ColoredMNIST", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="Digits domain 'usps' not found"):
+        sweep.check_data("Digits", str(tmp_path))
+    (tmp_path / "digits" / "usps").mkdir()
+    sweep.check_data("Digits", str(tmp_path))
+    sweep.check_data("RotatedMNIST5k", str(tmp_path / "nowhere"))
+
+
+def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_path):
+    """The weights check builds each configuration up to its first weight request: a missing
+    ``pretrained_path`` is named; an existing one is accepted without being read (it is not a
+    checkpoint at all here); small-image datasets are not probed."""
+    def jobs(dataset, hparams):
+        args = sweep.make_args_list(1, [dataset], ["ERM"], 0, 1, 3, str(tmp_path),
+                                    "domain_generalization", 0.2, True, hparams)
+        return sweep.make_jobs(args, str(tmp_path / "out"))
+
+    missing = '{"pretrained_path": "%s"}' % (tmp_path / "missing.pth")
+    [problem] = sweep.weight_problems(jobs("PACS", missing))
+    assert problem.startswith("ERM on PACS: pretrained_path ") and "does not exist" in problem
+    (tmp_path / "present.pth").write_text("not read by the check")
+    assert sweep.weight_problems(jobs("PACS", missing.replace("missing", "present"))) == []
+    assert sweep.weight_problems(jobs("RotatedMNIST5k", None)) == []
+
+
 def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
     each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
