@@ -266,3 +266,205 @@ def _test_plugins():
 
     yield
     ALGORITHMS.unregister("BigStateERM")
+
+
+# issue 31: repeated test environments, unwritable folders, stale logs ----------------------------
+
+def test_repeated_test_environments_are_rejected_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "job"
+    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--test_envs", "0", "0"]) == 2
+    assert "--test_envs 0 0 names environment(s) [0] more than once" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_unwritable_output_folder_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """The folder cannot be created (e.g. a read-only parent) or its lock file cannot be written:
+    one line naming the folder and the fix, exit 2, no traceback (simulated: the tests may run as
+    root, who may write anywhere; the next test does it for real when they do not)."""
+    import errno
+
+    out = tmp_path / "readonly" / "job"
+    real_makedirs, real_open = os.makedirs, os.open
+
+    def makedirs(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "readonly")):
+            raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "readonly"))
+        return real_makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write to the output folder ") and str(out) in err
+    assert "choose a writable --output_dir" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.setattr(os, "makedirs", real_makedirs)
+
+    def read_only_open(path, flags, *args):
+        if str(path).startswith(str(tmp_path / "existing")) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        return real_open(path, flags, *args)
+
+    (tmp_path / "existing").mkdir()
+    monkeypatch.setattr(os, "open", read_only_open)
+    assert main(["--dataset", "Debug28", "--output_dir", str(tmp_path / "existing"),
+                 "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write to the output folder {tmp_path / 'existing'} (Read-only file system" \
+        in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root may write into a read-only folder")
+def test_a_read_only_output_folder_is_a_one_line_error_for_train_and_sweep(tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", "--dataset",
+                               "Debug28", "--steps", "2", "--output_dir", str(parent / "job")],
+                              capture_output=True, text=True, env=child_env(), timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"cannot write to the output folder {parent}" in proc.stderr
+        proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.sweep", "launch",
+                               "--datasets", "Debug28", "--algorithms", "ERM", "--data_dir", "x",
+                               "--output_dir", str(parent / "sweep"), "--n_hparams", "1",
+                               "--n_trials", "1", "--command_launcher", "local",
+                               "--skip_confirmation"],
+                              capture_output=True, text=True, env=child_env(), timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"error: cannot write to the output folder {parent}" in proc.stderr
+    finally:
+        parent.chmod(0o755)
+
+
+def test_force_starts_the_logs_over(tmp_path):
+    """err.txt of a forced rerun holds only its own run (it kept the old errors)."""
+    out = tmp_path / "job"
+    assert train.run(args_for(out, "--steps", "2")) == "done"
+    with open(out / "err.txt", "a") as f:
+        f.write("error: an old failure\n")
+    assert train.run(args_for(out, "--steps", "2", "--force")) == "done"
+    assert "an old failure" not in (out / "err.txt").read_text()
+    assert (out / "out.txt").read_text().count("Args:") == 1
+
+
+# issue 31: a damaged checkpoint, a full disk -----------------------------------------------------
+
+def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(tmp_path, capsys):
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
+            "--checkpoint_freq", "2"]
+    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[:len(data) // 2])  # e.g. a copy cut short
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("out.txt", "err.txt")}
+    assert main(base + ["--resume"]) == 2
+    console = "".join(capsys.readouterr())
+    assert f"{out / 'checkpoint.pt'} is damaged and cannot be resumed from" in console
+    assert "--force" in console and "Traceback" not in console
+    assert {p.name: p.read_bytes() for p in out.iterdir()
+            if p.name not in ("out.txt", "err.txt")} == kept  # nothing changed
+    assert main(base + ["--force"]) == 0
+    assert [r["step"] for r in read_records(out)] == [0, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+    """The records of ``FULL_DISK_RUN`` run without interruption."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "job"
+    assert main(FULL_DISK_RUN + ["--output_dir", str(out)]) == 0
+    return read_records(out)
+
+
+FULL_DISK_RUN = ["--dataset", "Debug28", "--hparams", TINY, "--steps", "7",
+                 "--checkpoint_freq", "2"]
+
+
+@pytest.mark.parametrize("target, failing_write", [
+    ("checkpoint.pt", 2),  # the checkpoint after the second record
+    ("results.jsonl", 2),  # the second record
+    ("model.pkl", 1),      # the model of the finished job
+])
+def test_a_full_disk_is_a_one_line_error_and_resume_continues(tmp_path, capsys, monkeypatch,
+                                                              uninterrupted_run, target,
+                                                              failing_write):
+    """ENOSPC while writing a checkpoint, a record or the model: one line (free space, then
+    --resume), exit 1; no temporary file or torn record is left, the last checkpoint stays
+    valid, and --resume then writes the records of an uninterrupted run."""
+    import errno
+
+    from dg_plugins.engine.checkpoint import checkpoint_damage
+
+    out, base = tmp_path / "job", FULL_DISK_RUN
+    real_fsync, writes = os.fsync, []
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(target) and str(out) in path:
+            writes.append(path)
+            if len(writes) == failing_write:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert main(base + ["--output_dir", str(out)]) == 1
+    console = "".join(capsys.readouterr())
+    assert "error: no space left on the device of" in console and "Traceback" not in console
+    assert f"while writing {out / target}" in console and "--resume" in console
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert not list(out.glob(".tmp-*")) and not (out / "done").exists()
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    assert all(line.endswith("\n") for line in lines)  # no torn record
+    assert checkpoint_damage(str(out / "checkpoint.pt")) is None
+    assert "no space left" in (out / "err.txt").read_text()
+    assert main(base + ["--output_dir", str(out), "--resume"]) == 0
+    assert comparable(read_records(out)) == comparable(uninterrupted_run)
+
+
+# issue 31: SIGTERM while a UDG job waits for another job's pretraining ---------------------------
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(os.path.join(sys.argv[1], "..", "holding"), "w").close()
+time.sleep(120)
+"""
+
+
+def test_sigterm_while_waiting_for_a_pretraining_says_what_happened(tmp_path):
+    """A UDG job waiting for the pretraining another job holds is stopped by SIGTERM: it says it
+    stopped while waiting (not "after step -1; a checkpoint was written"), exits 143, and the
+    same command afterwards runs to the end."""
+    from dg_plugins.engine import udg_jobs
+
+    out = tmp_path / "sweep" / "job"
+    argv = ["--dataset", "Debug28", "--algorithm", "MAE", "--label_fraction", "0.5",
+            "--pretrain_steps", "2", "--steps", "2", "--hparams",
+            '{"batch_size": 4, "vit_arch": "tiny"}', "--output_dir", str(out)]
+    args = build_parser().parse_args(argv)
+    from dg_plugins import hparams as hparams_lib
+    hp = hparams_lib.job_hparams("MAE", "Debug28", 0, 0, args.hparams)
+    folder = Path(udg_jobs.pretrain_root(args)) / udg_jobs.pretrain_key(
+        udg_jobs.pretrain_identity(args, hp, 2))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)])
+    try:
+        assert wait_for(lambda: (folder.parent / "holding").exists(), timeout=60)
+        proc = subprocess.Popen([sys.executable, "-m", "dg_plugins.scripts.train", *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env())
+        assert wait_for(lambda: (out / "err.txt").exists()
+                        and "waiting for it" in (out / "err.txt").read_text(), timeout=300)
+        proc.send_signal(signal.SIGTERM)
+        console = proc.communicate(timeout=120)[0]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 143, console
+    message = f"stopped by SIGTERM while waiting for the UDG pretraining in {folder}"
+    assert message in console and message in (out / "err.txt").read_text()
+    assert "after step -1" not in console and "checkpoint was written" not in console
+    assert "Traceback" not in console
+    assert main(argv) == 0
+    assert (out / "done").exists() and (folder / "done").exists()

@@ -1,0 +1,302 @@
+"""What a user meets when a sweep goes wrong, run as the user runs it (``python -m
+dg_plugins.scripts.sweep`` with the local launcher, under a timeout): problems every job would meet
+are found once before launching; failed jobs make the sweep fail with a summary; a killed sweep
+takes its jobs down and a relaunch continues them; a still-running job is left alone; a script
+without a ``__main__`` guard can drive the sweep."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dg_plugins.engine import sweep
+from dg_plugins.engine.job_folder import lock_holder
+from helpers import read_records
+from image_tree import make_pacs_tree
+from processes import REPO, command_env, finish, run, start, survivors
+
+HERE = Path(__file__).resolve().parent
+SWEEP = "dg_plugins.scripts.sweep"
+
+
+def sweep_argv(out, *extra, launcher="local", data_dir="builtin", datasets=("RotatedMNIST5k",)):
+    return ["launch", "--datasets", *datasets, "--data_dir", str(data_dir), "--output_dir",
+            str(out), "--n_hparams", "1", "--n_trials", "1", "--command_launcher", launcher,
+            "--skip_confirmation", *extra]
+
+
+def wait_for(predicate, timeout=120.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def job_folders(out) -> list[Path]:
+    return sorted(p for p in Path(out).iterdir() if p.is_dir()) if Path(out).is_dir() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Problems every job would meet are found once, before launching
+
+
+def test_missing_data_and_weights_are_found_before_launching(tmp_path):
+    """PACS without its folder, and offline with empty caches: the sweep names both problems
+    (with their fixes), launches nothing and exits 2; --steps 0 likewise. With the data in place
+    and random-init weights, the same sweep launches."""
+    env = command_env(HF_HOME=str(tmp_path / "hf"), TORCH_HOME=str(tmp_path / "torch"),
+                      HF_HUB_OFFLINE="1")
+    out = tmp_path / "out"
+    data = tmp_path / "data"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--single_test_envs", "--steps", "5",
+                      launcher="dummy", data_dir=data, datasets=("PACS",))
+    code, text = run(SWEEP, *argv, env=env, timeout=180)
+    assert code == 2, text
+    assert f"error: PACS: dataset folder {data / 'PACS'} does not exist" in text
+    assert "error: ERM on PACS: pretrained weights for timm resnet50.ram_in1k are not cached" \
+        in text and "offline mode is set" in text and '{"pretrained": false}' in text
+    assert "Nothing was launched (2 problem(s) above" in text
+    assert "Traceback" not in text and "Dummy launcher" not in text and not out.exists()
+
+    code, text = run(SWEEP, *argv[:-1], "0", env=env, timeout=60)  # --steps 0
+    assert code == 2 and "--steps must be a positive integer, got 0" in text, text
+
+    make_pacs_tree(data, per_class=1, size=16)
+    code, text = run(SWEEP, *argv, "--hparams", '{"pretrained": false}', env=env, timeout=180)
+    assert code == 0, text
+    assert text.count("Dummy launcher: ") == 4 and "error:" not in text
+
+
+def test_data_checks_use_each_datasets_own_lookup(tmp_path):
+    """MNIST's four files and each Digits domain are looked for where the datasets look (their
+    own messages when missing); datasets that read no files are not checked."""
+    from dg_plugins.datasets import mnist
+
+    with pytest.raises(FileNotFoundError, match="MNIST files not found"):
+        sweep.check_data("RotatedMNIST", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="Digits domain 'mnist' not found"):
+        sweep.check_data("Digits", str(tmp_path))
+    (tmp_path / "MNIST" / "raw").mkdir(parents=True)
+    for name in mnist.MNIST_FILES.values():
+        (tmp_path / "MNIST" / "raw" / (name + ".gz")).write_bytes(b"")
+    (tmp_path / "digits").mkdir()
+    for domain in ("mnist", "svhn", "mnist_m", "syn"):
+        (tmp_path / "digits" / f"{domain}.npz").write_bytes(b"")
+    sweep.check_data("ColoredMNIST", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="Digits domain 'usps' not found"):
+        sweep.check_data("Digits", str(tmp_path))
+    (tmp_path / "digits" / "usps").mkdir()
+    sweep.check_data("Digits", str(tmp_path))
+    sweep.check_data("RotatedMNIST5k", str(tmp_path / "nowhere"))
+
+
+def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_path):
+    """The weights check builds each configuration up to its first weight request: a missing
+    ``pretrained_path`` is named; an existing one is accepted without being read (it is not a
+    checkpoint at all here); small-image datasets are not probed."""
+    def jobs(dataset, hparams):
+        args = sweep.make_args_list(1, [dataset], ["ERM"], 0, 1, 3, str(tmp_path),
+                                    "domain_generalization", 0.2, True, hparams)
+        return sweep.make_jobs(args, str(tmp_path / "out"))
+
+    missing = '{"pretrained_path": "%s"}' % (tmp_path / "missing.pth")
+    [problem] = sweep.weight_problems(jobs("PACS", missing))
+    assert problem.startswith("ERM on PACS: pretrained_path ") and "does not exist" in problem
+    (tmp_path / "present.pth").write_text("not read by the check")
+    assert sweep.weight_problems(jobs("PACS", missing.replace("missing", "present"))) == []
+    assert sweep.weight_problems(jobs("RotatedMNIST5k", None)) == []
+
+
+def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
+    """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
+    each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
+    print "Launched 2 jobs!" and exit 0)."""
+    env = command_env(DG_PLUGINS_IMPORT="big_state_algorithm")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1", "--steps", "3",
+                      "--hparams", '{"batch_size": 4}', datasets=("CrashingData",))
+    code, text = run(SWEEP, *argv, env=env, timeout=300)
+    assert code == 1, text
+    folders = job_folders(out)
+    assert len(folders) == 2
+    assert "local launcher: 2 of 2 commands failed:" in text
+    assert text.count("RuntimeError: decoder exploded on item") >= 2
+    for folder in folders:
+        assert f"log: {folder / 'err.txt'}" in text
+        assert not (folder / "done").exists()
+    assert "Sweep: 2 of 2 launched jobs failed" in text and "Launched" not in text
+    assert f"-m dg_plugins.scripts.sweep {' '.join(argv)} --resume" in text.replace("'", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# A killed sweep, a running job, a relaunch
+
+
+def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
+    """kill -9 of a local-launcher sweep while its job trains: the job gets SIGTERM from the
+    kernel, stops at a checkpoint and exits (it used to train on, holding its lock); then
+    ``sweep launch --resume`` continues it to the end, with the records of an uninterrupted
+    run's steps, and no process is left behind."""
+    env = command_env()
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "120",
+                      "--checkpoint_freq", "40", "--hparams", '{"batch_size": 8}')
+    proc = start(SWEEP, *argv, env=env)
+    [job] = wait_for(lambda: job_folders(out))
+    wait_for(lambda: len(read_records(job)) >= 3)  # training, 39 steps before its end
+    pid = int(wait_for(lambda: lock_holder(str(job))))
+    os.kill(proc.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), timeout=60)  # the job followed its launcher
+    finish(proc, timeout=30)
+    assert lock_holder(str(job)) is None and not (job / "done").exists()
+    assert "stopped: stopped by SIGTERM after step" in (job / "err.txt").read_text()
+
+    code, text = run(SWEEP, *argv, "--resume", env=env, timeout=300)
+    assert code == 0, text
+    assert "(1 of them are Incomplete and will run with --resume.)" in text
+    assert (job / "done").exists()
+    assert [r["step"] for r in read_records(job)] == [0, 40, 80, 119]
+    assert survivors(env) == []
+
+
+HOLD_LOCK = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    open(os.path.join(sys.argv[1], "holding"), "w").close()
+    time.sleep(120)
+""")
+
+
+def test_a_running_job_is_left_alone_and_reported_as_running(tmp_path):
+    """A job whose folder lock a live process holds: ``launch --resume`` neither relaunches nor
+    calls it failed (it says it is running, with the pid), ``delete_incomplete`` keeps its
+    folder; once the process is gone the job is Incomplete again."""
+    env = command_env()
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "3",
+                      launcher="dummy")
+    [job_args] = sweep.make_args_list(1, ["RotatedMNIST5k"], ["ERM"], 0, 1, 3, "builtin",
+                                      "domain_generalization", 0.2, False, None,
+                                      test_env_sets=[[5]])
+    job = out / sweep.job_folder_name(job_args)
+    job.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(job)])
+    try:
+        wait_for(lambda: (job / "holding").exists(), timeout=30)
+        code, text = run(SWEEP, *argv, "--resume", env=env, timeout=120)
+        assert code == 0, text
+        assert "1 jobs: 0 done, 0 incomplete, 1 running, 0 not launched." in text
+        assert f"running (pid {holder.pid}): {job}" in text
+        assert "About to launch 0 jobs." in text and "Dummy launcher" not in text
+        code, text = run(SWEEP, "delete_incomplete", *argv[1:], env=env, timeout=120)
+        assert code == 0 and job.is_dir(), text
+    finally:
+        holder.kill()
+        holder.wait()
+    code, text = run(SWEEP, *argv, "--resume", env=env, timeout=120)
+    assert code == 0, text
+    assert [line for line in text.splitlines() if line.startswith("Dummy launcher: ")
+            and line.endswith(f"--output_dir {job} --seed {job_args['seed']} --steps 3 --task "
+                              "domain_generalization --test_envs 5 --trial_seed 0 --resume")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and environments found by the sweep
+
+
+def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_path):
+    """``--datasets ImageFolder --data_dir D`` enumerates D's domain folders (it ended in a
+    traceback); a missing D and unknown names are one-line errors, exit 2, as train's."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    out = tmp_path / "out"
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
+                                        "--dry_run", data_dir=data, datasets=("ImageFolder",)),
+                     env=env, timeout=60)
+    assert code == 0, text
+    assert "4 jobs: 0 done, 0 incomplete, 4 not launched." in text
+    for argv, message in [
+            (sweep_argv(out, "--algorithms", "ERM", data_dir=tmp_path / "nowhere",
+                        datasets=("ImageFolder",)), "does not exist"),
+            (sweep_argv(out, "--algorithms", "ERM", datasets=("PAC",)),
+             "unknown dataset 'PAC'; did you mean 'PACS'"),
+            (sweep_argv(out, "--algorithms", "ERM", datasets=("SVIRO",)),
+             "SVIRO is a DomainBed dataset that dg_plugins does not implement; run it through "
+             "the bridge")]:
+        code, text = run(SWEEP, *argv, env=env, timeout=60)
+        assert code == 2 and message in text and "Traceback" not in text, text
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# A script without a __main__ guard
+
+
+GUARDLESS_SCRIPT = textwrap.dedent("""
+    # A user's script driving the sweep, without an `if __name__ == "__main__":` guard.
+    import sys
+    from dg_plugins.scripts import sweep
+    with open(sys.argv[1], "a") as f:
+        f.write("ran\\n")
+    code = sweep.main(sys.argv[2:])
+    print("sweep exit status", code)
+    sys.exit(code)
+""")
+
+
+def test_a_script_without_a_main_guard_can_drive_the_local_launcher(tmp_path):
+    """The script runs once (the jobs used to re-run it inside the fork server's children: the
+    job failed, its folder stayed empty, the sweep exited 0); the job is done."""
+    (tmp_path / "my_sweep.py").write_text(GUARDLESS_SCRIPT)
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "2",
+                      "--hparams", '{"batch_size": 8}')
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "my_sweep.py"),
+                             str(tmp_path / "runs"), *argv], cwd=tmp_path, env=command_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    code, text = finish(proc, timeout=300)
+    assert code == 0, text
+    assert (tmp_path / "runs").read_text() == "ran\n"
+    [job] = job_folders(out)
+    assert (job / "done").exists() and [r["step"] for r in read_records(job)] == [0, 1]
+    assert "all 1 commands succeeded" in text
+
+
+def test_only_dg_plugins_or_fileless_mains_are_forked(monkeypatch):
+    from dg_plugins.engine import processes
+
+    main = sys.modules["__main__"]
+    for spec_name, file, safe in [("dg_plugins.scripts.sweep", "/x/sweep.py", True),
+                                  ("pytest.__main__", "/x/__main__.py", True),
+                                  ("my_package.run", "/x/run.py", False),
+                                  (None, "/home/me/my_sweep.py", False),
+                                  (None, None, True)]:
+        spec = type("Spec", (), {"name": spec_name})() if spec_name else None
+        monkeypatch.setattr(main, "__spec__", spec, raising=False)
+        if file is None:
+            monkeypatch.delattr(main, "__file__", raising=False)
+        else:
+            monkeypatch.setattr(main, "__file__", file, raising=False)
+        assert processes.main_module_is_reimport_safe() is safe, (spec_name, file)
+        command = f"{sweep.python_executable()} -m dg_plugins.scripts.train --steps 3"
+        assert (processes.forkable_train_args(command) is not None) is safe
