@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -39,6 +40,14 @@ COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
 
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
+
+#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.engine.data``): DomainBed's
+#: ``batch_size`` per source environment per step, or the DMG release's one shuffled batch of
+#: ``batch_size`` from the union of the source environments.
+BATCH_SAMPLINGS = ("per_domain", "pooled")
+
+#: Values of the ``lr_schedule`` hparam (see ``dg_plugins.algorithms.base.lr_factor``).
+LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
 
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
 
@@ -82,6 +91,11 @@ def unit_interval(value) -> str | None:
     return None if 0 <= value <= 1 else "must be in [0, 1]"
 
 
+def decay_rate(value) -> str | None:
+    """A multiplicative decay per epoch: in (0, 1]."""
+    return None if 0 < value <= 1 else "must be in (0, 1]"
+
+
 def one_of(*choices) -> Check:
     def check(value) -> str | None:
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
@@ -123,6 +137,15 @@ def base_space(dataset: str) -> Space:
         # ViT-S/16, GMoE and ERM_ViT DeiT-S/16, DisMAE and MAE ViT-B/16); "tiny" the 2-block
         # presets; or any timm ViT name or preset.
         "vit_arch": ("auto", _constant("auto")),
+        # How training batches are formed (dg_plugins.engine.data): "per_domain" (DomainBed) or
+        # "pooled" (the DMG release: one shuffled batch from the union of the source domains).
+        "batch_sampling": ("per_domain", _constant("per_domain"), one_of(*BATCH_SAMPLINGS)),
+        # The learning-rate schedule the train job applies before each update
+        # (dg_plugins.algorithms.base.lr_factor).
+        "lr_schedule": ("constant", _constant("constant"), one_of(*LR_SCHEDULES)),
+        "lr_decay": (0.99, _constant(0.99), decay_rate),
+        "lr_inv_gamma": (1e-4, _constant(1e-4), non_negative),
+        "lr_inv_power": (0.75, _constant(0.75), non_negative),
     }
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
     space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))
@@ -258,6 +281,18 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     return value
 
 
+def check_finite(name: str, value: Any) -> None:
+    """Reject NaN and infinities (also inside lists): no hparam means them, and records holding
+    them would not be standard JSON (Python writes ``Infinity``/``NaN``, which other readers
+    refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HparamError(f"hparam {name!r} must be a finite number, got {value!r}; give a finite "
+                          "value (e.g. 1e6 for a large one)")
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_finite(f"{name}[{i}]", item)
+
+
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     """Run each entry's check on the value ``hparams`` holds for it (absent names and None values
     skipped): :func:`validate`'s checks, for hparams that did not come through it (e.g. DomainBed's
@@ -265,6 +300,8 @@ def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     for name, entry in entries.items():
         check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
+        if name in hparams:
+            check_finite(name, value)
         if check is None or value is None:
             continue
         try:
@@ -305,6 +342,7 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
     checked = {}
     for name, value in overrides.items():
         entry = entries[name]
+        check_finite(name, value)
         value = _coerce(name, value, entry[0])
         check = entry[2] if len(entry) > 2 else None
         problem = check(value) if check is not None and value is not None else None

@@ -114,10 +114,48 @@ def test_job_hparams_and_overrides():
     ({"resnet_dropout": 1.0}, r"'resnet_dropout' must be in \[0, 1\)"),
     ({"backbone": "vgg"}, "'backbone' must be one of 'auto', 'mnist_cnn', 'lenet', 'resnet', 'vit'"),
     ({"vit_arch": 3}, "'vit_arch' must be a string"),
+    ({"batch_sampling": "uniform"}, "'batch_sampling' must be one of 'per_domain', 'pooled'"),
+    ({"lr_schedule": "cosine"},
+     "'lr_schedule' must be one of 'constant', 'exp_epoch', 'inv_epoch', 'inv_step'"),
+    ({"lr_decay": 0}, r"'lr_decay' must be in \(0, 1\]"),
+    ({"lr_inv_gamma": -1e-4}, "'lr_inv_gamma' must be >= 0"),
 ])
 def test_bad_overrides_are_rejected_with_the_fix(overrides, message):
     with pytest.raises(hparams.HparamError, match=message):
         hparams.validate("ERM", "PACS", overrides)
+
+
+def test_the_release_protocol_hparams_have_defaults_that_change_nothing():
+    """Every algorithm on every dataset: DomainBed's per-domain batches and a constant lr."""
+    for dataset in ("PACS", "Debug28", "DomainNet"):
+        hp = hparams.default_hparams("ERM", dataset)
+        assert (hp["batch_sampling"], hp["lr_schedule"]) == ("per_domain", "constant")
+        assert (hp["lr_decay"], hp["lr_inv_gamma"], hp["lr_inv_power"]) == (0.99, 1e-4, 0.75)
+        assert hparams.random_hparams("ERM", dataset, 3)["lr_schedule"] == "constant"
+    assert hparams.validate("ERM", "PACS", {"batch_sampling": "pooled", "lr_schedule": "inv_step",
+                                            "lr_decay": 1}) == {
+        "batch_sampling": "pooled", "lr_schedule": "inv_step", "lr_decay": 1.0}
+
+
+@pytest.mark.parametrize("text", ['{"lr": Infinity}', '{"lr": NaN}', '{"weight_decay": -Infinity}',
+                                  '{"dmg_mask_lr": Infinity}'])
+def test_non_finite_numbers_are_rejected(text):
+    """Python's JSON reads Infinity and NaN, and every check of the form ``value > 0`` passes
+    Infinity; records holding it would not be standard JSON (issue 31, item 14)."""
+    import dg_plugins.algorithms  # noqa: F401  (registers DMG's space)
+
+    name = next(iter(json.loads(text)))
+    with pytest.raises(hparams.HparamError, match=f"hparam '{name}' must be a finite number"):
+        hparams.job_hparams("DMG", "PACS", 0, 0, text)
+
+
+def test_non_finite_list_items_and_built_hparams_are_rejected():
+    hparams.declare_space("TestFiniteListAlgo", lambda dataset: {
+        "betas": ((0.9, 0.95), lambda r: (0.9, 0.95))})
+    with pytest.raises(hparams.HparamError, match=r"'betas\[1\]' must be a finite number"):
+        hparams.validate("TestFiniteListAlgo", "PACS", {"betas": [0.5, float("nan")]})
+    with pytest.raises(hparams.HparamError, match="'lr' must be a finite number"):
+        hparams.check_values(hparams.space("ERM", "PACS"), {"lr": float("inf")})
 
 
 def test_a_renamed_hparam_names_its_new_name():

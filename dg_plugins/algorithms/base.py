@@ -33,6 +33,8 @@ What a method file declares (see ``erm.py``, the template)
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -139,6 +141,34 @@ class Algorithm(nn.Module):
         """Every LR scheduler the algorithm holds, by attribute path (saved in resume checkpoints)."""
         return _collect(self, torch.optim.lr_scheduler.LRScheduler)
 
+    # The job's learning-rate schedule (hparam lr_schedule, see lr_factor)
+
+    def lr_schedule_exempt(self) -> set[str]:
+        """Names (attribute paths, as :meth:`optimizers` names them) of the optimizers whose lr
+        the job's ``lr_schedule`` leaves alone (none here; DMG's mask optimizer, by default)."""
+        return set()
+
+    def set_lr_factor(self, factor: float) -> None:
+        """Set every param group's lr to its initial lr x ``factor``, in every optimizer but
+        those of :meth:`lr_schedule_exempt`. The initial lr is kept in the group's
+        ``initial_lr`` (torch's schedulers' key; saved with the optimizer's state), so the lr is
+        a pure function of the step and a resumed run sets the same values. An optimizer that a
+        torch LR scheduler of the algorithm already drives is refused (two schedules would
+        fight)."""
+        exempt = self.lr_schedule_exempt()
+        optimizers = {name: opt for name, opt in self.optimizers().items() if name not in exempt}
+        driven = {id(s.optimizer): name for name, s in self.schedulers().items()}
+        clash = [name for name, opt in optimizers.items() if id(opt) in driven]
+        if clash:
+            raise ValueError(
+                f"{type(self).__name__} schedules the lr of {', '.join(clash)} itself (torch LR "
+                f"scheduler {', '.join(driven[id(optimizers[n])] for n in clash)}); the hparam "
+                "lr_schedule must stay 'constant' for it")
+        for opt in optimizers.values():
+            for group in opt.param_groups:
+                group.setdefault("initial_lr", group["lr"])
+                group["lr"] = group["initial_lr"] * factor
+
 
 class FeatureClassifier(Algorithm):
     """An ERM-shaped algorithm: ``featurizer`` (``n_outputs`` features) then ``classifier``, with
@@ -161,6 +191,37 @@ class FeatureClassifier(Algorithm):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
+
+
+def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
+    """The factor on the initial lr at training step ``step`` (0-based) under the hparam
+    ``lr_schedule``; ``epoch = step / epoch_steps`` (:attr:`Algorithm.epoch_steps`):
+
+    * ``constant``: 1;
+    * ``exp_epoch``: ``lr_decay ** floor(epoch)`` (the DMG release's PACS schedule:
+      ``ExponentialLR(gamma=0.99)`` stepped after every epoch, ``train_model.py`` line 265 and
+      ``trainers/subnetwork_supermask_trainer.py`` lines 532-538 of github.com/prithv1/DMG at
+      6b162b4);
+    * ``inv_epoch``: ``(1 + lr_inv_gamma * floor(epoch)) ** -lr_inv_power``;
+    * ``inv_step``: ``(1 + lr_inv_gamma * step) ** -lr_inv_power`` (the release's DomainNet
+      schedule: ``InvLR(gamma=1e-4, power=0.75)``, ``utils/inverse_lr_scheduler.py``, stepped
+      after every iteration, ``configs/DomainNet/supermask_training.yml`` line 42 and the trainer's
+      lines 196-203)."""
+    schedule = hparams.get("lr_schedule", "constant")
+    if schedule == "constant":
+        return 1.0
+    if schedule == "inv_step":
+        return (1 + hparams["lr_inv_gamma"] * step) ** -hparams["lr_inv_power"]
+    if schedule not in ("exp_epoch", "inv_epoch"):
+        raise ValueError(f"hparam 'lr_schedule' {schedule!r} is not one of "
+                         f"{', '.join(hparams_lib.LR_SCHEDULES)}")
+    if not epoch_steps:
+        raise ValueError(f"lr_schedule {schedule!r} counts epochs, but the run's epoch length "
+                         "(Algorithm.epoch_steps) is not known; use 'inv_step' or 'constant'")
+    epoch = math.floor(step / epoch_steps + 1e-9)  # a boundary step is that epoch's first
+    if schedule == "exp_epoch":
+        return hparams["lr_decay"] ** epoch
+    return (1 + hparams["lr_inv_gamma"] * epoch) ** -hparams["lr_inv_power"]
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

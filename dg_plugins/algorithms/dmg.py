@@ -47,10 +47,17 @@ Explicit names are checked against the featurizer's stages (the error lists the 
 DomainBed mapping and choices
 -----------------------------
 * The domain of a sample is the index of its minibatch (DomainBed gives one batch per source
-  environment; the official code draws a pooled batch of 64 and reads the domain label).
+  environment; the official code draws a pooled batch of 64 and reads the domain label: the base
+  hparam ``batch_sampling`` "pooled" gives that, a minibatch then holding a domain's share of the
+  pooled batch, possibly 0 rows).
 * The network has DomainBed's Adam (``lr``, ``weight_decay``); the mask logits have their own Adam
   (``dmg_mask_lr``, default ``None`` = the job's ``lr``; same weight decay, as the official code
-  gives both optimizers the same settings). No LR schedule, as in DomainBed.
+  gives both optimizers the same settings). LR schedule: the base hparam ``lr_schedule``
+  (default "constant", as in DomainBed; the release's PACS config is "exp_epoch" with
+  ``lr_decay`` 0.99, its DomainNet config "inv_step"), applied to the network's optimizer and,
+  with ``dmg_mask_lr_schedule`` true, to the masks' (see :meth:`DMG.lr_schedule_exempt`).
+* Classifier init: PyTorch's default, or with ``dmg_fc_init_std`` ``s`` the DomainNet release's
+  ``N(0, s)`` weights and zero bias (its ``s`` = 0.001; :func:`init_classifier`).
 * BatchNorm stays in train mode while training (the official code's ``model.train()``, DomainBed's
   ``freeze_bn=False``). The fc mask comes after the ResNet's ``resnet_dropout``.
 * ``update`` reports ``loss``, ``ce``, ``overlap`` (the soft-IoU term before ``lambda_O``) and
@@ -65,10 +72,12 @@ ImageNet-pretrained torchvision ResNet-18 or ResNet-50 (``resnet18`` true/false,
 1e-4), batch 64 (pooled in the paper; here ``batch_size`` 21 per source domain x 3 = 63 is the
 closest per-domain split), ``weight_decay`` 1e-5, ``dmg_lambda_overlap`` 0.1,
 ``dmg_lambda_sparsity`` 0, ``dmg_mask_layers`` ``layer3,layer4,fc``; see
-``sweeps/dmg_pacs_paper.sh``. Not reproduced: the per-epoch exponential decay 0.99 of the network's
-lr and the paper's pooled (unbalanced) batches; DomainBed's PACS augmentation replaces the paper's
-(``RandomResizedCrop(224, scale 0.8-1)``, flip, ``ColorJitter(0.4, 0.4, 0.4, 0.4)``; DomainBed's
-``domainbed/datasets.py`` uses scale 0.7-1, jitter 0.3 and ``RandomGrayscale`` (p 0.1)).
+``sweeps/dmg_pacs_paper.sh``. The release's per-epoch exponential decay 0.99 of the network's
+lr and its pooled (unbalanced) batches of 64 are ``{"lr_schedule": "exp_epoch",
+"batch_sampling": "pooled", "batch_size": 64}``. DomainBed's PACS augmentation replaces the paper's
+by default (``RandomResizedCrop(224, scale 0.8-1)``, flip, ``ColorJitter(0.4, 0.4, 0.4, 0.4)``;
+DomainBed's ``domainbed/datasets.py`` uses scale 0.7-1, jitter 0.3 and ``RandomGrayscale`` (p
+0.1)).
 """
 
 from __future__ import annotations
@@ -98,6 +107,12 @@ def _optional_positive(value) -> str | None:
     return None
 
 
+def _optional_std(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return "must be a number > 0, or null for PyTorch's default classifier init"
+    return None
+
+
 def _layer_list(value) -> str | None:
     names = [n.strip() for n in value.split(",")]
     if not value.strip() or any(not n for n in names):
@@ -106,6 +121,19 @@ def _layer_list(value) -> str | None:
     if len(set(names)) != len(names):
         return "names a layer twice"
     return None
+
+
+def init_classifier(classifier: nn.Module, std: float) -> None:
+    """The DomainNet release's classifier init (``MODEL.PARAM_INIT: "custom"``): every
+    ``nn.Linear`` of ``classifier`` gets ``N(0, std)`` weights and zero bias (``weights_init``
+    in ``utils/misc.py`` lines 20-30, applied to the new fc in ``models/basic_model.py`` lines
+    56-58 of github.com/prithv1/DMG at 6b162b4, with std 0.001)."""
+    with torch.no_grad():
+        for module in classifier.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
 
 
 def soft_iou(a: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -184,8 +212,11 @@ class DMG(FeatureClassifier):
         """DMG's own hparams: ``dmg_lambda_overlap`` (lambda_O, paper default 0.1; sweeps draw
         10^U(-5, 0), the paper's sweep range {0, 1e-5, ..., 1}), ``dmg_lambda_sparsity``
         (lambda_S, 0; the paper's L1 alternative, Fig. 6), ``dmg_mask_lr`` (``None`` = the job's
-        lr), ``dmg_mask_layers`` ("auto", see the module docstring) and ``dmg_test_ensemble``
-        ("logits" = Pred-Ens, the paper's default; "masks" = Mask-Ens)."""
+        lr), ``dmg_mask_layers`` ("auto", see the module docstring), ``dmg_test_ensemble``
+        ("logits" = Pred-Ens, the paper's default; "masks" = Mask-Ens), ``dmg_mask_lr_schedule``
+        (false: the job's ``lr_schedule`` leaves the mask optimizer alone, as the PACS release;
+        true: masks follow it too, as the DomainNet release) and ``dmg_fc_init_std`` (``None``:
+        PyTorch's classifier init; a std: the DomainNet release's ``N(0, std)``, zero bias)."""
         return {
             "dmg_lambda_overlap": (0.1, lambda r: float(10 ** r.uniform(-5, 0)),
                                    hp_lib.non_negative),
@@ -193,6 +224,8 @@ class DMG(FeatureClassifier):
             "dmg_mask_lr": (None, lambda r: None, _optional_positive),
             "dmg_mask_layers": ("auto", lambda r: "auto", _layer_list),
             "dmg_test_ensemble": ("logits", lambda r: "logits", hp_lib.one_of(*ENSEMBLES)),
+            "dmg_mask_lr_schedule": (False, lambda r: False),
+            "dmg_fc_init_std": (None, lambda r: None, _optional_std),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
@@ -210,10 +243,20 @@ class DMG(FeatureClassifier):
         self.lambda_overlap = float(hparams["dmg_lambda_overlap"])
         self.lambda_sparsity = float(hparams["dmg_lambda_sparsity"])
         self.test_ensemble = hparams["dmg_test_ensemble"]
+        fc_std = hparams.get("dmg_fc_init_std")
+        if fc_std is not None:
+            init_classifier(self.classifier, float(fc_std))
         mask_lr = hparams["dmg_mask_lr"]
         self.optimizer = adam(self.network.parameters(), hparams)
         self.mask_optimizer = adam(self.mask_logits.parameters(), hparams,
                                    lr=hparams["lr"] if mask_lr is None else float(mask_lr))
+
+    def lr_schedule_exempt(self) -> set[str]:
+        """The mask optimizer keeps its lr unless ``dmg_mask_lr_schedule``: the release's PACS
+        run never steps the mask scheduler (epoch mode; the lines that would are commented out,
+        ``trainers/subnetwork_supermask_trainer.py`` 540-545), while in iteration mode (its
+        DomainNet config) both schedulers step (lines 196-203)."""
+        return set() if self.hparams.get("dmg_mask_lr_schedule") else {"mask_optimizer"}
 
     # Masks -----------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ point that validates the arguments, takes the folder and picks the kind of job
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from dg_plugins import hparams as hparams_lib
+from dg_plugins.algorithms.base import lr_factor
 from dg_plugins.engine import data
 from dg_plugins.engine.checkpoint import (checkpoint_differences, load_checkpoint,
                                           save_checkpoint, seed_everything)
@@ -137,6 +139,9 @@ class Job:
         for k, v in sorted(self.hparams.items()):
             print("\t{}: {}".format(k, v))
 
+        self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
+        if self.pooled:
+            check_pooled(args, self.hparams)
         seed_everything(args.seed)
         self.device = pick_device(args.device)
         dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, self.hparams)
@@ -156,8 +161,11 @@ class Job:
         self.streams = self.make_streams(self.batch_size())
         self.n_steps = args.steps or dataset.N_STEPS
         self.checkpoint_freq = args.checkpoint_freq or dataset.CHECKPOINT_FREQ
-        self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
-                                   for split, _ in self.splits.in_splits)
+        if self.pooled:  # an epoch is one pass over the union of the source splits
+            self.steps_per_epoch = float(self.streams[0].batches_per_epoch)
+        else:  # DomainBed's train.py: the smallest in-split (test environments' included)
+            self.steps_per_epoch = min(len(split) / self.hparams["batch_size"]
+                                       for split, _ in self.splits.in_splits)
         self.algorithm.epoch_steps = self.steps_per_epoch
 
     # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.engine.udg_jobs, does).
@@ -169,7 +177,7 @@ class Job:
             self.hparams)
 
     def batch_size(self) -> int:
-        """Samples per source environment per step."""
+        """Samples per source environment per step (``batch_sampling`` "pooled": per step)."""
         return self.hparams["batch_size"]
 
     def train_split(self, env: int):
@@ -177,25 +185,37 @@ class Job:
         return self.splits.in_splits[env]
 
     def loader_workers(self, n_loaders: int) -> int:
-        """Workers per training loader: the job's worker budget shared by ``n_loaders``."""
-        return 0 if self.workers == 0 else max(1, self.workers // n_loaders)
+        """Workers of the one pool that makes the batches of all ``n_loaders`` training streams
+        of a job (:meth:`run` gives them one :class:`dg_plugins.engine.data.WorkerPool`): the
+        job's whole worker budget."""
+        return self.workers
 
     def make_streams(self, batch_size: int) -> list:
-        """Training streams of the source environments' in-splits, then uda streams."""
-        per_loader = self.loader_workers(len(self.train_envs))
+        """Training streams of the source environments' in-splits (one per environment, or with
+        ``batch_sampling`` "pooled" one over their union), then, in domain adaptation, the uda
+        streams."""
+        workers = self.loader_workers(len(self.train_envs))
         streams = []
-        for i in self.train_envs:
-            split, weights = self.train_split(i)
-            if batch_size > len(split):
-                print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
-                      f"({len(split)} samples); batches repeat samples (drawn with replacement)",
-                      file=sys.stderr)
-            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "train", i),
-                                            weights, per_loader))
+        if self.pooled:
+            streams.append(data.PooledBatches([self.train_split(i)[0] for i in self.train_envs],
+                                              batch_size, seed_hash(self.args.seed, "pooled"),
+                                              workers))
+        else:
+            for i in self.train_envs:
+                split, weights = self.train_split(i)
+                if batch_size > len(split):
+                    print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
+                          f"({len(split)} samples); batches repeat samples (drawn with "
+                          "replacement)", file=sys.stderr)
+                streams.append(data.BatchStream(split, batch_size,
+                                                seed_hash(self.args.seed, "train", i), weights,
+                                                workers))
         self.n_train_streams = len(streams)
-        for k, (split, weights) in enumerate(self.splits.uda_splits):
-            streams.append(data.BatchStream(split, batch_size, seed_hash(self.args.seed, "uda", k),
-                                            weights, per_loader))
+        if self.args.task == "domain_adaptation":  # the only task that draws from them
+            for k, (split, weights) in enumerate(self.splits.uda_splits):
+                streams.append(data.BatchStream(split, batch_size,
+                                                seed_hash(self.args.seed, "uda", k), weights,
+                                                workers))
         return streams
 
     # resume -----------------------------------------------------------------------------------------
@@ -230,7 +250,8 @@ class Job:
         returns its values."""
         device = self.device
         train_streams = self.streams[:self.n_train_streams]
-        minibatches = [(x.to(device), y.to(device)) for x, y in map(next, train_streams)]
+        batches = next(train_streams[0]) if self.pooled else map(next, train_streams)
+        minibatches = [(x.to(device), y.to(device)) for x, y in batches]
         unlabeled = ([next(s)[0].to(device) for s in self.streams[self.n_train_streams:]]
                      if self.args.task == "domain_adaptation" else None)
         return self.algorithm.update(minibatches, unlabeled)
@@ -239,6 +260,8 @@ class Job:
         """:meth:`update`, timed; its values are accumulated until the next record, and a
         non-finite one stops the job."""
         start = time.time()
+        if self.lr_schedule != "constant":
+            self.algorithm.set_lr_factor(lr_factor(self.hparams, step, self.algorithm.epoch_steps))
         values = self.update()
         self.accumulated.setdefault("step_time", []).append(time.time() - start)
         for key, value in values.items():
@@ -253,10 +276,12 @@ class Job:
         results = {"step": step, "epoch": step / self.steps_per_epoch}
         for key, values in self.accumulated.items():
             results[key] = float(np.mean(values))
+        self.close()  # the training workers end before the evaluation's start (one budget)
         results.update(evaluate(self.algorithm, self.splits, self.device,
                                 num_workers=self.workers))
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
+        results["num_classes"] = int(self.dataset.num_classes)
         keys = sorted(results.keys())
         if keys != self.last_keys:
             print(format_row(keys, colwidth=12))
@@ -300,15 +325,27 @@ class Job:
             stream.close()
 
     def run(self, stop_after_step: int | None = None) -> str:
-        """Build, restore and train; the loader workers are shut down on every way out (done,
-        error, NaN stop, a signal, a refused resume)."""
-        try:
-            return self._run(stop_after_step)
-        finally:
-            self.close()
+        """Build, restore and train, with torch's deterministic algorithms
+        (:func:`deterministic_algorithms`); the loader workers are shut down on every way out
+        (done, error, NaN stop, a signal, a refused resume)."""
+        with deterministic_algorithms():
+            try:
+                return self._run(stop_after_step)
+            finally:
+                self.close()
 
     def _run(self, stop_after_step: int | None) -> str:
         self.build()
+        # one pool of loader workers makes every training stream's batches (the job's budget)
+        data.share_workers(self.streams, max((s.num_workers for s in self.streams), default=0))
+        self.pooled = any(isinstance(s, data.PooledBatches) for s in self.streams)
+        if self.hparams.get("batch_sampling", "per_domain") == "pooled" and not self.pooled:
+            raise ValueError(f"hparam batch_sampling 'pooled' is not supported in {self.PHASE} "
+                             f"({type(self).__name__} draws one batch per source environment); "
+                             "use 'per_domain'")
+        if hasattr(self, "steps_per_epoch"):  # a job kind may have set its own epoch in build
+            self.algorithm.epoch_steps = self.steps_per_epoch
+        self.lr_schedule = self.hparams.get("lr_schedule", "constant")
         self.restore()
         progress = None
         if self.progress_stream is not None and self.progress_stream.isatty():
@@ -335,6 +372,37 @@ class Job:
                 progress.close()
         self.finish()
         return "done"
+
+
+def check_pooled(args, hparams: dict) -> None:
+    """What ``batch_sampling`` "pooled" cannot be combined with (a clear error, not a silent
+    other run)."""
+    if hparams.get("class_balanced"):
+        raise ValueError("hparam batch_sampling 'pooled' draws every item once per epoch (the "
+                         "DMG release's loader), which class_balanced sampling cannot follow; "
+                         "use one of them")
+    if getattr(args, "label_fraction", None) is not None:
+        raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG protocol "
+                         "(--label_fraction): its pretraining draws one batch per source "
+                         "environment; use 'per_domain'")
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)`` (ops
+    without a deterministic implementation warn instead of failing), so that two runs with the
+    same seed, and a resumed run, compute the same numbers also on a multi-threaded CPU and on
+    CUDA (where ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` when unset, as cuBLAS needs for
+    deterministic results; it must be set before the first CUDA call). The previous setting is
+    restored after."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    previous = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
 def save_model(args, algorithm, dataset, hparams, record_args, filename, num_domains,

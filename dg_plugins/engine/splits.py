@@ -1,6 +1,12 @@
 """What a train job evaluates: every environment's in/out(/uda) split, named as DomainBed's
 ``domainbed/scripts/train.py`` names them, the named subsets of test environments (the IP/OOP
-split), and the accuracy keys of one record."""
+split), and the accuracy keys of one record.
+
+A dataset may define its own in/out split of an environment (e.g. PACS's official train/val
+lists): ``dataset.predefined_split(env_index) -> (in_indices, out_indices) | None``. When it
+returns a pair, :class:`Splits` uses it for that environment instead of DomainBed's random
+holdout (``--holdout_fraction`` then does not apply there; the uda holdout of a test environment
+is still drawn from its in-split)."""
 
 from __future__ import annotations
 
@@ -42,9 +48,16 @@ class Splits:
         def weights(split):
             return data.class_balanced_weights(split) if hparams["class_balanced"] else None
 
+        predefined = getattr(dataset, "predefined_split", None)
         for env_i, env in enumerate(dataset):
-            out, in_ = data.split_dataset(env, int(len(env) * args.holdout_fraction),
-                                          seed_hash(args.trial_seed, env_i))
+            pair = predefined(env_i) if predefined is not None else None
+            if pair is not None:
+                in_, out = predefined_splits(env, pair, env_i)
+                print(f"Splits: env{env_i} uses the dataset's predefined split ({len(in_)} in, "
+                      f"{len(out)} out) instead of the random holdout (--holdout_fraction)")
+            else:
+                out, in_ = data.split_dataset(env, int(len(env) * args.holdout_fraction),
+                                              seed_hash(args.trial_seed, env_i))
             uda = None
             if env_i in args.test_envs:
                 uda, in_ = data.split_dataset(in_, int(len(in_) * args.uda_holdout_fraction),
@@ -74,14 +87,43 @@ class Splits:
                 for name, indices in self.subsets[env].items()}
 
 
+def predefined_splits(env, pair, env_index: int):
+    """``(in split, out split)`` of ``env`` from a dataset's ``predefined_split`` pair of index
+    lists, after checking them (in range, disjoint, a non-empty in-split)."""
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise ValueError(f"predefined_split({env_index}) must return (in_indices, out_indices) or "
+                         f"None, got {type(pair).__name__}")
+    in_idx, out_idx = (np.asarray(p, dtype=np.int64).reshape(-1).tolist() for p in pair)
+    bad = [i for i in in_idx + out_idx if not 0 <= i < len(env)]
+    if bad:
+        raise ValueError(f"predefined_split({env_index}) names items {bad[:5]} outside the "
+                         f"environment's {len(env)} items")
+    shared = set(in_idx) & set(out_idx)
+    if shared:
+        raise ValueError(f"predefined_split({env_index}) puts items {sorted(shared)[:5]} in both "
+                         "the in- and the out-split")
+    if not in_idx:
+        raise ValueError(f"predefined_split({env_index}) gives an empty in-split")
+    return data.SplitDataset(env, in_idx), data.SplitDataset(env, out_idx)
+
+
+def eval_seed(name: str) -> int:
+    """The augmentation seed of split ``name``'s evaluation batches (``env0_out``, ...): the same
+    in every job and every re-evaluation, so an augmented split's accuracy is a function of the
+    model alone (:func:`dg_plugins.engine.data.eval_batches`)."""
+    return seed_hash("eval", name)
+
+
 def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[str, float]:
     """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's), and
     for every named subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the
-    subset is empty) and ``env{i}_{in,out}_{name}_count``."""
+    subset is empty) and ``env{i}_{in,out}_{name}_count``. Batches of augmented splits are seeded
+    by (split, batch index) (:func:`eval_seed`)."""
     out = {}
     for name, split, env in splits.eval_named():
         masks = splits.subset_masks(split, env)
-        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks)
+        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks,
+                             seed=eval_seed(name))
         out[name + "_acc"] = accs[""]
         for subset, mask in masks.items():
             out[f"{name}_{subset}_acc"] = accs[subset]

@@ -111,7 +111,7 @@ def test_closing_a_worker_stream_ends_its_workers_and_keeps_its_position():
     expected = [next(reference)[0].flatten().tolist() for _ in range(6)]
     stream = data.BatchStream(ItemEnv(), 3, seed=5, num_workers=2)
     got = [next(stream)[0].flatten().tolist() for _ in range(3)]
-    pids = worker_pids(stream._loader_iter)
+    pids = [w.pid for w in stream.pool.workers]
     assert len(pids) == 2 and all(alive(p) for p in pids)
     assert stream.state_dict()["drawn"] == 3  # what a checkpoint records: used, not prefetched
     stream.close()
@@ -136,6 +136,6 @@ def test_an_evaluation_stopped_early_ends_its_workers():
 def test_the_exit_handler_ends_worker_loaders_left_open():
     stream = data.BatchStream(ItemEnv(), 3, seed=1, num_workers=1)
     next(stream)
-    pids = worker_pids(stream._loader_iter)
+    pids = [w.pid for w in stream.pool.workers]
     data._shutdown_open_workers()
     assert not any(alive(p) for p in pids)

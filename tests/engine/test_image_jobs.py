@@ -1,8 +1,9 @@
 """The commands users run on an image-folder dataset, with the loader workers they get by default
 (no ``--n_workers``), started as subprocesses under a timeout, so that a hang fails the test:
 train's normal finish, a decode error in a training stream and in evaluation, a NaN stop,
-SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), and a ``local``-launcher sweep
-(normal, interrupted then resumed). After every exit no process of the command may be left
+SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), a ``local``-launcher sweep
+(normal, interrupted then resumed), and the job's live loader workers never above its budget.
+(Exact resume with augmentation: ``test_resume_augmentation.py``.) After every exit no process of the command may be left
 (loader workers included)."""
 
 import json
@@ -191,4 +192,40 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
     assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
     assert all([r["step"] for r in read_records(p)] == [0, 10, 20, 30, 39] for p in jobs)
+    assert_nothing_left(env)
+
+
+def live_children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of ``pid``, from /proc."""
+    children = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def test_loader_workers_never_exceed_the_budget(tree, tmp_path):
+    """A 3-source job (PACS, test env 0) with a budget of 2 loader workers: at no moment of its
+    training and evaluations does it run more than 2 child processes (it used to run one
+    training loader per source, 3 workers, and 2 more for each evaluation beside them)."""
+    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    out = tmp_path / "job"
+    proc = start(TRAIN, *train_args(tree, out, "--checkpoint_freq", "2", "--n_workers", "2",
+                                    algorithm="SlowERM", steps=5), env=env)
+    most, samples = 0, 0
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        children = live_children(proc.pid)
+        most, samples = max(most, len(children)), samples + bool(children)
+        time.sleep(0.005)
+    code, output = finish(proc, TIMEOUT)
+    assert code == 0, output
+    assert used_workers((out / "out.txt").read_text()) == 2
+    assert samples > 0, "never saw a loader worker: the test watched nothing"
+    assert most <= 2, f"the job ran {most} child processes at once (budget 2)"
     assert_nothing_left(env)

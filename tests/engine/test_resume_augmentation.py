@@ -1,0 +1,79 @@
+"""Exact resume with augmentation (issue 31, item 1): an image-folder job with the default
+augmentation and the default loader workers, run as a user runs it (a subprocess), interrupted
+by SIGTERM or killed with SIGKILL, then ``--resume``d, writes the records of an uninterrupted run;
+and a run without loader workers (``--n_workers 0``) writes them too. Before batches were seeded
+per (stream, batch index), the workers' augmentation RNGs restarted from other seeds after a
+resume and every resumed record differed."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from helpers import VOLATILE_KEYS, read_records
+from image_tree import make_pacs_tree
+from processes import command_env, finish, run, start, survivors
+
+TRAIN = "dg_plugins.scripts.train"
+TIMEOUT = 120
+#: A tiny random-init ViT at 224x224; augmentation is on (the default of every image dataset).
+HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
+                      "pretrained": False, "batch_size": 4})
+STEPS, FREQ = 7, 2  # records at steps 0, 2, 4, 6
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"), per_class=2, size=40)
+
+
+def train_args(tree, out, *extra):
+    return ["--dataset", "PACS", "--data_dir", tree, "--algorithm", "SlowERM", "--test_envs",
+            "0", "--steps", STEPS, "--checkpoint_freq", FREQ, "--hparams", HPARAMS,
+            "--output_dir", out, *extra]
+
+
+def wait_for_records(out, n, proc):
+    deadline = time.monotonic() + TIMEOUT
+    path = out / "results.jsonl"
+    while not (path.exists() and len(path.read_bytes().splitlines()) >= n):
+        assert proc.poll() is None, finish(proc, 1)[1]
+        assert time.monotonic() < deadline, "no record appeared"
+        time.sleep(0.02)
+
+
+def interrupt(proc, out, n_records, signum, env):
+    """Send ``signum`` to the job's process group once it wrote ``n_records`` records."""
+    wait_for_records(out, n_records, proc)
+    os.killpg(proc.pid, signum)
+    code, output = finish(proc, TIMEOUT)
+    assert code in (128 + signum, -signum), output
+    assert not (out / "done").exists(), "the job finished before the signal: not a resume test"
+    assert not survivors(env)
+
+
+def test_resumed_augmented_job_writes_the_records_of_an_uninterrupted_run(tree, tmp_path):
+    """Reference: an uninterrupted run without loader workers. The other run has the default
+    workers (2 here), is stopped by SIGTERM after its 2nd record, resumed, killed with SIGKILL
+    after its 3rd record (the resume then continues from the last checkpoint), resumed again."""
+    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    code, output = run(TRAIN, *train_args(tree, tmp_path / "in_process", "--n_workers", "0"),
+                       env=env, timeout=TIMEOUT)
+    assert code == 0, output
+    reference = read_records(tmp_path / "in_process", drop=VOLATILE_KEYS)
+    assert [r["step"] for r in reference] == [0, 2, 4, 6]
+    assert reference[0]["hparams"]["data_augmentation"]
+    assert "loader workers: 0" in (tmp_path / "in_process" / "out.txt").read_text()
+
+    out = tmp_path / "interrupted"
+    interrupt(start(TRAIN, *train_args(tree, out), env=env), out, 2, signal.SIGTERM, env)
+    interrupt(start(TRAIN, *train_args(tree, out, "--resume"), env=env), out, 3,
+              signal.SIGKILL, env)
+    code, output = run(TRAIN, *train_args(tree, out, "--resume"), env=env, timeout=TIMEOUT)
+    assert code == 0 and "Resuming from step" in output, output
+    assert not survivors(env)
+    text = (out / "out.txt").read_text()
+    assert text.count("Resuming from step") == 2 and "loader workers: 2" in text
+    assert read_records(out, drop=VOLATILE_KEYS) == reference
