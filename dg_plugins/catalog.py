@@ -12,6 +12,7 @@ against the registry. Datasets and algorithms registered at run time also append
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 
@@ -101,6 +102,34 @@ DATASET_BACKBONES: dict[str, str] = {}
 DATASET_HPARAMS: dict[str, dict[str, tuple]] = {}
 
 
+DATASETS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasets")
+_DATASET_REGISTRATION = re.compile(
+    r"^@register_dataset\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
+    r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
+_DIRECT_DATASET_REGISTRATION = re.compile(r"^DATASETS\.register\(\s*[\"']([^\"']+)[\"']",
+                                          re.MULTILINE)
+
+
+def builtin_datasets() -> list[str]:
+    """Names registered by dg_plugins' dataset modules (``@register_dataset`` classes and direct
+    ``DATASETS.register("Name", ...)`` calls), in module-name order, found by reading their source
+    (no import, no torch)."""
+    found = []
+    for module in sorted(f for f in os.listdir(DATASETS_PACKAGE)
+                         if f.endswith(".py") and not f.startswith("_") and f != "base.py"):
+        with open(os.path.join(DATASETS_PACKAGE, module), encoding="utf-8") as f:
+            source = f.read()
+        found += [name or cls for name, cls in _DATASET_REGISTRATION.findall(source)]
+        found += _DIRECT_DATASET_REGISTRATION.findall(source)
+    return found
+
+
+#: dg_plugins' built-in datasets (see :func:`builtin_datasets`).
+BUILTIN_DATASETS = builtin_datasets()
+#: Datasets declared at run time (:func:`declare_dataset`, e.g. a plugin's ``@register_dataset``).
+DECLARED_DATASETS: list[str] = []
+
+
 def declare_algorithm(name: str) -> None:
     if name not in ALGORITHM_ORDER:
         ALGORITHM_ORDER.append(name)
@@ -113,6 +142,8 @@ def declare_dataset(name: str, environments: list[str], backbone: str | None = N
             f"dataset {name!r} is declared with environments {known}, not {list(environments)}"
         )
     DATASET_ENVIRONMENTS[name] = list(environments)
+    if name not in DECLARED_DATASETS:
+        DECLARED_DATASETS.append(name)
     if backbone is not None:
         DATASET_BACKBONES[name] = backbone
 
@@ -137,6 +168,187 @@ def _probability(value) -> str | None:
     return None if 0 <= value <= 1 else "must be a probability in [0, 1]"
 
 
+def _one_of(*choices):
+    """A ``dg_plugins.hparams`` check accepting only ``choices`` (this module cannot import
+    ``dg_plugins.hparams``, which imports it)."""
+    def check(value) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
+    return check
+
+
+# ------------------------------------------------------------------------------------------------
+# Image-folder datasets: their folders and the dataset hparams they read
+
+#: Values of the image-folder dataset hparam ``augmentation``: which training transform the
+#: training environments get when ``data_augmentation`` is true. "domainbed": DomainBed's
+#: (``domainbed/datasets.py``); "dmg_pacs" / "dmg_domainnet": the DMG release's PACS / DomainNet
+#: training transforms (prithv1/DMG@6b162b4 ``train_model.py``; see
+#: ``dg_plugins.datasets.image_folder.training_transform``).
+AUGMENTATIONS = ("domainbed", "dmg_pacs", "dmg_domainnet")
+#: Values of PACS's dataset hparam ``data_split``: "domainbed" (DomainBed's random holdout of
+#: ``--holdout_fraction``) or "official" (PACS's official train / crossval / test lists, see
+#: ``dg_plugins.datasets.image_folder.PACS.predefined_split``).
+DATA_SPLITS = ("domainbed", "official")
+
+#: Image-folder datasets: name -> the folder under ``--data_dir`` that holds the domain folders
+#: (None: ``--data_dir`` itself, the generic ``ImageFolder``). dg_plugins' classes
+#: (``dg_plugins.datasets.image_folder``) read their ``FOLDER_NAME`` from here; datasets made by
+#: ``make_image_folder_dataset`` add themselves (:func:`declare_image_folder_dataset`).
+IMAGE_FOLDER_DATASETS: dict[str, str | None] = {
+    "VLCS": "VLCS", "PACS": "PACS", "OfficeHome": "office_home",
+    "TerraIncognita": "terra_incognita", "DomainNet": "domain_net", "DomainNet20": "domain_net",
+    "ImageFolder": None,
+}
+#: The generic image-folder dataset: ``--data_dir`` is the tree, its environments are its folders.
+GENERIC_IMAGE_FOLDER = "ImageFolder"
+
+
+def image_folder_hparam_space() -> dict[str, tuple]:
+    """The dataset hparams every image-folder dataset reads: ``augmentation``
+    (:data:`AUGMENTATIONS`, default "domainbed"; not drawn at random)."""
+    return {"augmentation": ("domainbed", lambda r: "domainbed", _one_of(*AUGMENTATIONS))}
+
+
+def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
+    """Record ``name`` as an image-folder dataset read from ``<data_dir>/<folder_name>`` (None:
+    ``data_dir`` itself) and declare its hparams (:func:`image_folder_hparam_space`)."""
+    known = IMAGE_FOLDER_DATASETS.get(name, folder_name)
+    if known != folder_name:
+        raise ValueError(f"image-folder dataset {name!r} is declared with folder {known!r}, "
+                         f"not {folder_name!r}")
+    IMAGE_FOLDER_DATASETS[name] = folder_name
+    declare_dataset_hparams(name, image_folder_hparam_space())
+
+
+# ------------------------------------------------------------------------------------------------
+# Dataset names and the environments found on disk (sweep checks its --datasets with these)
+
+#: File extensions read as images (case-insensitive) by dg_plugins' image-folder datasets.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
+)
+#: The command that runs DomainBed's own datasets (and algorithms) with dg_plugins installed.
+BRIDGE_SWEEP_COMMAND = "python -m dg_plugins.scripts.domainbed sweep ..."
+
+
+def implemented_datasets() -> list[str]:
+    """Every dataset name dg_plugins' own train can run, in table order: the built-in ones
+    (found without importing torch), the generic ``ImageFolder``, and those declared at run time
+    (plugins registered in this process)."""
+    implemented = set(BUILTIN_DATASETS) | set(DECLARED_DATASETS) | {GENERIC_IMAGE_FOLDER}
+    ordered = [name for name in DATASET_ENVIRONMENTS if name in implemented]
+    return ordered + sorted(implemented - set(ordered))
+
+
+def domainbed_only_datasets() -> list[str]:
+    """DomainBed's datasets that dg_plugins does not implement (SVIRO, WILDS, Spawrious): they run
+    through the bridge (``python -m dg_plugins.scripts.domainbed``)."""
+    implemented = set(implemented_datasets())
+    return [name for name in DOMAINBED_DATASETS if name not in implemented]
+
+
+def _close_names(name: str, choices: list[str]) -> list[str]:
+    """Names of ``choices`` close to ``name``: same spelling up to case first, then difflib's."""
+    same = [c for c in choices if c.lower() == name.lower()]
+    folded = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(name.lower(), list(folded), n=3, cutoff=0.6)
+    return list(dict.fromkeys(same + [folded[c] for c in close]))
+
+
+def check_dataset_name(name: str, extra=()) -> None:
+    """Raise ValueError unless dg_plugins' train can run dataset ``name`` (see
+    :func:`implemented_datasets`; ``extra``: more names to accept, e.g. a registry's). A DomainBed
+    dataset that dg_plugins does not implement names the bridge; any other unknown name gets the
+    closest names ("did you mean") and the choices. Torch-free: a plugin's datasets are known
+    once its module is imported (they declare themselves when registered)."""
+    choices = list(dict.fromkeys([*implemented_datasets(), *extra]))
+    if name in choices:
+        return
+    domainbed_only = domainbed_only_datasets()
+    if name in domainbed_only:
+        raise ValueError(
+            f"{name} is a DomainBed dataset that dg_plugins does not implement; run it through "
+            f"the bridge: {BRIDGE_SWEEP_COMMAND} (with a DomainBed checkout: set DOMAINBED_ROOT "
+            "to the folder that contains domainbed/)")
+    close = _close_names(str(name), choices)
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    bridged = _close_names(str(name), domainbed_only)
+    if bridged and not close:
+        hint = (f"; did you mean {', '.join(map(repr, bridged))}? (DomainBed's own: run through "
+                f"the bridge, {BRIDGE_SWEEP_COMMAND})")
+    raise ValueError(f"unknown dataset {name!r}{hint} (choices: {', '.join(choices)}; your own "
+                     f"image tree: {GENERIC_IMAGE_FOLDER} with --data_dir set to it)")
+
+
+def _visible_subfolders(folder: str) -> list[str]:
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
+def _has_image(folder: str) -> bool:
+    """True when ``folder`` holds an image file at any depth (hidden entries skipped); stops at the
+    first one found."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if any(not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS
+               for f in filenames):
+            return True
+    return False
+
+
+def image_folder_layout(dataset: str) -> str:
+    """The layout image-folder dataset ``dataset`` expects, for error messages."""
+    folder = IMAGE_FOLDER_DATASETS.get(dataset)
+    base = os.path.join("<data_dir>", folder) if folder else "<data_dir>"
+    return (f"{dataset} expects {os.path.join(base, '<domain>', '<class>', '<image>.jpg')} (one "
+            "folder per domain, one subfolder per class)")
+
+
+def environments_of(dataset: str, data_dir: str | None) -> list[str]:
+    """The environment labels of ``dataset`` as train will see them, without importing torch.
+
+    Image-folder datasets (:data:`IMAGE_FOLDER_DATASETS`) are looked up on disk: the generic
+    ``ImageFolder``'s environments are the sorted domain folders of ``data_dir`` itself (hidden
+    ones excluded); a named one's (PACS, ...) are its fixed labels, once
+    ``<data_dir>/<folder>`` is found to hold that many domain folders. Every domain folder must
+    hold a class folder with an image. A missing, empty or badly laid-out folder raises
+    FileNotFoundError / ValueError naming it and the expected layout. Other datasets: their
+    declared labels (their files are not checked here); an unknown name raises as
+    :func:`check_dataset_name`."""
+    if dataset not in IMAGE_FOLDER_DATASETS:
+        if dataset not in DATASET_ENVIRONMENTS or dataset in domainbed_only_datasets():
+            check_dataset_name(dataset)
+        return list(DATASET_ENVIRONMENTS[dataset])
+    layout = image_folder_layout(dataset)
+    if not data_dir:
+        raise FileNotFoundError(f"no data directory given for {dataset} (pass --data_dir). "
+                                f"{layout}.")
+    folder = IMAGE_FOLDER_DATASETS[dataset]
+    root = os.path.join(os.path.expanduser(data_dir), folder) if folder else os.path.expanduser(
+        data_dir)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"{dataset}: dataset folder {root} does not exist. {layout}.")
+    domains = _visible_subfolders(root)
+    if not domains:
+        raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")
+    fixed = DATASET_ENVIRONMENTS.get(dataset) if dataset != GENERIC_IMAGE_FOLDER else None
+    if fixed is not None and len(domains) != len(fixed):
+        raise ValueError(
+            f"{dataset}: {root} has {len(domains)} domain folders ({', '.join(domains)}) but "
+            f"{dataset} has {len(fixed)} environments ({', '.join(fixed)}); remove stray folders. "
+            f"{layout}.")
+    for domain in domains:
+        path = os.path.join(root, domain)
+        if not _visible_subfolders(path):
+            raise FileNotFoundError(f"{dataset}: no class folders in domain folder {path}. "
+                                    f"{layout}.")
+        if not _has_image(path):
+            raise FileNotFoundError(
+                f"{dataset}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the class "
+                f"folders of {path}. {layout}.")
+    return list(fixed) if fixed is not None else domains
+
+
 # dg_plugins' built-in offline benchmark, declared here so that collect_results labels its columns
 # without importing torch (its class, in dg_plugins.datasets.mnist, re-declares the same labels).
 declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
@@ -151,3 +363,8 @@ declare_dataset("Digits", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
 declare_dataset("DigitsOffline", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
 declare_dataset_hparams("DigitsOffline",
                         {"digits_color_jitter": (0.0, lambda r: 0.0, _probability)})
+for _name, _folder in list(IMAGE_FOLDER_DATASETS.items()):
+    declare_image_folder_dataset(_name, _folder)
+# PACS alone has official split lists (dg_plugins.datasets.image_folder.PACS.predefined_split).
+declare_dataset_hparams("PACS", {"data_split": ("domainbed", lambda r: "domainbed",
+                                                _one_of(*DATA_SPLITS))})

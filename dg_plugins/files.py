@@ -1,6 +1,8 @@
 """Atomic file writes, the one implementation every writer of the package uses (job folders,
 score files and caches, the DigitsOffline arrays): a new temporary file in the target's folder,
-fsync, then a rename, so a reader sees the old or the new content, never a partial file."""
+fsync, then a rename, so a reader sees the old or the new content, never a partial file. A
+failed write (e.g. ``ENOSPC``, a full disk) removes its temporary file, leaves the old content in
+place and raises the OSError with ``filename`` set to the target."""
 
 from __future__ import annotations
 
@@ -35,18 +37,31 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     of the file it replaces.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = _create_temp_file(folder, os.path.basename(path)[-100:])
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = _create_temp_file(folder, os.path.basename(path)[-100:])
+    except OSError as err:
+        _name(err, path)
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            _name(err, path)
         raise
+
+
+def _name(err: OSError, path: str) -> None:
+    """Make an OSError name the file being written (a failed ``write`` or ``fsync``, e.g. on a
+    full disk, names none), so that error messages can say which write failed."""
+    if err.filename is None or os.path.basename(str(err.filename)).startswith(".tmp-"):
+        err.filename = path
 
 
 def atomic_torch_save(obj, path: str) -> None:

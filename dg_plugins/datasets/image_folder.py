@@ -36,12 +36,11 @@ import warnings
 import torch.utils.data
 
 import dg_plugins.compat  # noqa: F401  (must precede any torchvision import)
+from dg_plugins import catalog
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
 from dg_plugins.registry import DATASETS
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
-)
+IMAGE_EXTENSIONS = catalog.IMAGE_EXTENSIONS
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = 224
@@ -429,5 +428,6 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
     }
     dataset_class = type(name, (ImageFolderBenchmark,), attributes)
     if register:
+        catalog.declare_image_folder_dataset(name, folder_name)
         register_dataset(name)(dataset_class)
     return dataset_class

@@ -4,11 +4,13 @@ continues exactly and refuses another configuration; and the seeding of a job's 
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import torch
 
+from dg_plugins.engine.job_folder import JobStateError
 from dg_plugins.files import atomic_torch_save
 
 #: Record args that may differ between a checkpoint and the resuming command (paths).
@@ -55,6 +57,42 @@ def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records:
         "args": record_args,
         "hparams": hparams,
     }, path)
+
+
+def checkpoint_damage(path: str) -> str | None:
+    """Why the checkpoint file ``path`` cannot be read back, or None when it is intact: it must
+    be a complete zip archive (``torch.save``'s format) whose every member matches its CRC, with
+    the pickle torch writes. Reads the file once without unpickling or building tensors."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            bad = archive.testzip()
+    except zipfile.BadZipFile as err:
+        return f"not a complete torch archive ({err}; the file has {os.path.getsize(path)} bytes)"
+    except (OSError, EOFError, ValueError, RuntimeError) as err:  # zlib errors, truncated members
+        return f"unreadable ({type(err).__name__}: {err})"
+    if bad is not None:
+        return f"member {bad} fails its CRC check (the file was changed after it was written)"
+    if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+        return "the archive holds no data.pkl (not written by torch.save)"
+    return None
+
+
+class DamagedCheckpoint(JobStateError):
+    """A checkpoint file that cannot be read back; the message names it, why, and the fix."""
+
+
+def check_checkpoint_file(path: str, fix: str) -> None:
+    """Raise :class:`DamagedCheckpoint` (``fix``: what to do, e.g. ``--force``) when ``path``
+    exists and :func:`checkpoint_damage` finds it damaged; nothing is changed on disk."""
+    if not os.path.exists(path):
+        return
+    damage = checkpoint_damage(path)
+    if damage is not None:
+        raise DamagedCheckpoint(f"{path} is damaged and cannot be resumed from: {damage}. "
+                                f"Nothing was changed. {fix}.")
 
 
 def load_checkpoint(path: str, algorithm, streams) -> dict:

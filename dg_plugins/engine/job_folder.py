@@ -24,11 +24,42 @@ class JobStateError(ValueError):
 
 
 
+class FolderBusy(JobStateError):
+    """Another live process holds the folder's lock (``holder``: its pid, or "unknown")."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
+class OutputFolderError(ValueError):
+    """The output folder cannot be created or written (permissions, a read-only file system);
+    the message names the folder and the fix."""
+
+
+def unwritable_folder_error(folder: str, err: OSError, flag: str = "--output_dir"
+                            ) -> OutputFolderError:
+    """The one-line error for an output folder this process may not write."""
+    reason = err.strerror or str(err)
+    return OutputFolderError(
+        f"cannot write to the output folder {folder} ({reason}"
+        + (f": {err.filename}" if err.filename and os.path.abspath(str(err.filename))
+           != os.path.abspath(folder) else "")
+        + f"); choose a writable {flag}, or give yourself write permission on it "
+        f"(e.g. chmod u+w {folder})")
+
+
+#: Tries, and seconds between them, before a held lock means "busy": a sweep that checks whether
+#: a job is running (:func:`lock_holder`) holds a shared lock for an instant.
+LOCK_TRIES = 5
+LOCK_RETRY_S = 0.1
+
+
 class FolderLock:
     """An exclusive ``flock`` on ``<output_dir>/.lock`` for the life of the job: a second train
     process on the same folder (or a ``--resume`` while the job still runs) fails at once with a
-    clear message. The kernel releases the lock when the process dies, however it dies (a killed
-    job leaves the empty lock file behind; it is reused)."""
+    clear message (:class:`FolderBusy`). The kernel releases the lock when the process dies,
+    however it dies (a killed job leaves the empty lock file behind; it is reused)."""
 
     def __init__(self, folder: str):
         self.path = os.path.join(folder, LOCK_FILE)
@@ -39,16 +70,27 @@ class FolderLock:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX: no locking
             return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        import time
+
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self.fd)
-            self.fd = None
-            raise JobStateError(
-                f"{os.path.dirname(self.path)} is in use by another train process (pid {holder}); "
-                "wait for it to finish, or use another --output_dir") from None
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError as err:
+            raise unwritable_folder_error(os.path.dirname(self.path), err) from None
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt + 1 < LOCK_TRIES:
+                    time.sleep(LOCK_RETRY_S)
+                    continue
+                holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                os.close(self.fd)
+                self.fd = None
+                raise FolderBusy(
+                    f"{os.path.dirname(self.path)} is in use by another train process (pid "
+                    f"{holder}); wait for it to finish, or use another --output_dir",
+                    holder) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self
@@ -62,6 +104,31 @@ class FolderLock:
                 os.unlink(self.path)
             os.close(self.fd)  # closing releases the lock
             self.fd = None
+
+
+def lock_holder(folder: str) -> str | None:
+    """Whether a live process holds ``folder``'s :class:`FolderLock`: its pid (as written in the
+    lock file; "unknown" if unreadable), or None when none does. Looks with a shared lock taken
+    and dropped at once (:class:`FolderLock` retries for that instant); creates nothing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no locking
+        return None
+    try:
+        fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDONLY)
+    except OSError:  # no lock file: nobody ever held it, or its holder ended cleanly
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def remove_temporary_files(folder: str) -> list[str]:
@@ -85,12 +152,25 @@ def read_record_lines(path: str) -> list[bytes]:
 
 def append_record(path: str, record: dict) -> None:
     """Append one JSON line and fsync it, so that a checkpoint written afterwards never counts a
-    record the disk does not hold."""
+    record the disk does not hold. A failed write (a full disk) truncates the file back to its
+    previous records, so no torn line is left, and raises with ``filename`` set to ``path``."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with open(path, "ab") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            if err.filename is None:
+                err.filename = path
+            raise
+    finally:
+        os.close(fd)
 
 
 def keep_counted_records(path: str, counted: int) -> None:

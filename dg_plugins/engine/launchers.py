@@ -5,8 +5,9 @@ Importing this module registers ``dummy``, ``local``, ``multi_gpu`` and ``submit
 
 Differences from DomainBed's launchers (``domainbed/command_launchers.py``):
 
-* ``local`` reports progress and prints the failed commands at the end (DomainBed ignores exit
-  codes); a failing job never stops the others and nothing is raised.
+* ``local`` reports progress, and at the end prints every failed job with its first error lines
+  and its err.txt, then raises :class:`~dg_plugins.engine.processes.JobsFailed` (exit status 1;
+  DomainBed ignores exit codes and ends with status 0); a failing job never stops the others.
 * ``multi_gpu`` raises when no GPU is visible (DomainBed spins forever), passes the GPU through the
   environment rather than a command prefix, and reports failures like ``local``.
 * ``submitit`` is new: one Slurm job array (or submitit's local/debug executor for testing),
@@ -28,8 +29,8 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from dg_plugins.engine.processes import (JobProcesses, LaunchInterrupted, report_exit_codes,
-                                         report_interrupted)
+from dg_plugins.engine.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
+                                         report_exit_codes, report_interrupted)
 from dg_plugins.engine.submitit_launcher import submitit_launcher
 from dg_plugins.registry import LAUNCHERS
 
@@ -84,14 +85,16 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
 
 
 def local_launcher(commands: list[str]) -> None:
-    """Run the commands serially on this machine; summarize failures at the end. A stop signal
-    ends the sweep after the running job stopped (see the module docstring)."""
+    """Run the commands serially on this machine; summarize failures at the end (raising
+    :class:`~dg_plugins.engine.processes.JobsFailed` when a job failed). A stop signal ends the
+    sweep after the running job stopped (see the module docstring)."""
+    logs = ErrorLogs(commands)
     try:
         codes = run_sequentially(commands)
     except LaunchInterrupted as err:
         report_interrupted("local", commands, err)
         raise
-    report_exit_codes("local", commands, codes)
+    report_exit_codes("local", commands, codes, logs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,12 +156,13 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
                        poll_interval: float = 1.0) -> None:
     """One job per visible GPU at a time (``gpus`` overrides :func:`visible_gpus`)."""
     gpus = visible_gpus() if gpus is None else gpus
+    logs = ErrorLogs(commands)
     try:
         codes = run_on_gpus(commands, gpus, poll_interval)
     except LaunchInterrupted as err:
         report_interrupted("multi_gpu", commands, err)
         raise
-    report_exit_codes("multi_gpu", commands, codes)
+    report_exit_codes("multi_gpu", commands, codes, logs)
 
 
 # --------------------------------------------------------------------------------------------

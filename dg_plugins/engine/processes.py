@@ -19,11 +19,26 @@ orphan. Here, while ``local`` or ``multi_gpu`` run jobs (:class:`JobProcesses`):
 
 A signal whose disposition is "ignore" when the launcher starts (e.g. SIGHUP under ``nohup``) is
 left ignored. Outside the main thread no handler can be installed: jobs then stay in the
-caller's process group, as before. A SIGKILL to the sweep cannot be forwarded.
+caller's process group, as before.
+
+A SIGKILL (or any death) of the launcher cannot be forwarded; on Linux every job asks the kernel
+for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_parent`), so it
+stops at its next checkpoint instead of training on as an orphan that holds its folder's lock;
+the next ``sweep launch --resume`` continues it. Other systems have no such call: there a job
+outlives a killed launcher, and a relaunch reports it as still running (its lock is held) and
+leaves it alone.
+
+Failures: a launcher that waited for its jobs raises :class:`JobsFailed` (a ``SystemExit`` with
+status 1) after printing, per failed job, its exit code, the first error lines its run added to
+``<output_dir>/err.txt`` and where that file is (:func:`report_exit_codes`). A job whose folder is
+done, or still held by another live train process (``.lock``), when its command ends is not
+counted as failed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib
 import os
 import shlex
@@ -63,16 +78,133 @@ class LaunchInterrupted(SystemExit):
                 f"interrupted, {len(self.not_started)} not started")
 
 
-def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int]) -> list[int]:
-    """Print a one-line summary and every failed command; return the failed indices."""
-    failed = [i for i, code in enumerate(exit_codes) if code != 0]
-    if failed:
-        print(f"{name} launcher: {len(failed)} of {len(commands)} commands failed:", flush=True)
-        for i in failed:
-            print(f"  exit code {exit_codes[i]}: {commands[i]}", flush=True)
-    else:
-        print(f"{name} launcher: all {len(commands)} commands succeeded.", flush=True)
-    return failed
+class JobsFailed(SystemExit):
+    """Some jobs of a launcher that waited for them failed: a ``SystemExit`` with status 1 (so
+    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands; ``lines``: the
+    summary printed for them; ``n_commands``: how many commands the launcher ran."""
+
+    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = ()):
+        super().__init__(1)
+        self.failed = list(failed)
+        self.n_commands = n_commands
+        self.lines = list(lines)
+
+    def __str__(self) -> str:
+        return f"{len(self.failed)} of {self.n_commands} jobs failed"
+
+
+ERROR_LOG = "err.txt"
+#: Error lines shown per failed job, and failed jobs shown in full, in a failure summary.
+ERROR_LINES_SHOWN = 3
+FAILED_JOBS_SHOWN = 10
+
+
+def command_output_dir(command: str) -> str | None:
+    """The ``--output_dir`` of a job command (what the sweep writes), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for i, word in enumerate(words[:-1]):
+        if word == "--output_dir":
+            return words[i + 1]
+    for word in words:
+        if word.startswith("--output_dir="):
+            return word.split("=", 1)[1]
+    return None
+
+
+class ErrorLogs:
+    """Where each job's ``err.txt`` ends before the launcher runs it, so that a failure summary
+    shows the lines this run added (the file is appended to across resumes)."""
+
+    def __init__(self, commands: Sequence[str]):
+        self.folders = [command_output_dir(c) for c in commands]
+        self.offsets = [self._size(folder) for folder in self.folders]
+
+    @staticmethod
+    def _size(folder: str | None) -> int:
+        try:
+            return os.path.getsize(os.path.join(folder, ERROR_LOG)) if folder else 0
+        except OSError:
+            return 0
+
+    def path(self, index: int) -> str | None:
+        folder = self.folders[index]
+        return os.path.join(folder, ERROR_LOG) if folder else None
+
+    def new_lines(self, index: int) -> list[str]:
+        """The non-empty lines job ``index`` added to its err.txt (all of it when the file
+        shrank, e.g. a ``--force`` run started it over)."""
+        path = self.path(index)
+        if path is None or not os.path.isfile(path):
+            return []
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(self.offsets[index] if self.offsets[index] <= size else 0)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:
+    """The lines that say what went wrong: train's one-line ``error: ...`` / ``stopped: ...``
+    messages when there are some, else the end of a traceback (its exception line)."""
+    marked = [line for line in lines if line.startswith(("error:", "stopped:"))]
+    if marked:
+        return marked[:n]
+    return list(lines[-n:])
+
+
+def _done(folder: str | None) -> bool:
+    return bool(folder) and os.path.exists(os.path.join(folder, "done"))
+
+
+def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
+                      logs: ErrorLogs | None = None) -> list[int]:
+    """Print a one-line summary and, per failed job, its exit code, command, first error lines
+    and err.txt; raise :class:`JobsFailed` when a job failed (return the failed indices when
+    none did: ``[]``). A nonzero exit is not a failure when the job's folder is done (another
+    process finished it) or still held by another live train process (``.lock``): the latter is
+    reported as still running."""
+    from dg_plugins.engine.job_folder import lock_holder
+
+    logs = logs or ErrorLogs(commands)
+    failed, running = [], []
+    for i, code in enumerate(exit_codes):
+        if code == 0 or _done(logs.folders[i]):
+            continue
+        holder = lock_holder(logs.folders[i]) if logs.folders[i] else None
+        (running if holder is not None else failed).append((i, holder))
+    for i, holder in running:
+        print(f"{name} launcher: still running in another process (pid {holder}), not failed: "
+              f"{logs.folders[i]}", flush=True)
+    if not failed:
+        print(f"{name} launcher: all {len(commands)} commands succeeded."
+              if not running else
+              f"{name} launcher: no command failed ({len(running)} left to the process that "
+              "holds them).", flush=True)
+        return []
+    lines = [f"{name} launcher: {len(failed)} of {len(commands)} commands failed:"]
+    for shown, (i, _) in enumerate(failed):
+        if shown == FAILED_JOBS_SHOWN:
+            lines.append(f"  ... and {len(failed) - shown} more (exit codes "
+                         f"{sorted(set(exit_codes[j] for j, _ in failed[shown:]))}; see each "
+                         "job's err.txt)")
+            break
+        lines.append(f"  exit code {exit_codes[i]}: {commands[i]}")
+        excerpt = error_excerpt(logs.new_lines(i))
+        lines += [f"      {line}" for line in excerpt]
+        path = logs.path(i)
+        if path is not None:
+            lines.append(f"      log: {path}" if os.path.isfile(path) else
+                         f"      log: no {ERROR_LOG} in {logs.folders[i]} (the job failed before "
+                         "it took its folder: see its output above)")
+    for line in lines:
+        print(line, flush=True)
+    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines)
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
@@ -136,13 +268,79 @@ PRELOAD = ("dg_plugins.compat", "torch", "torch._dynamo", "dg_plugins.networks.v
 _fork_context = None
 
 
+# --------------------------------------------------------------------------------------------
+# Jobs die with their launcher
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_libc = None
+
+
+def _load_libc():
+    """libc, loaded before any fork (a child must not load libraries between fork and exec)."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            _libc = False
+    return _libc or None
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Linux: ask the kernel to send ``signum`` to this process when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``). Returns False where the call does not
+    exist (other systems: the job then outlives a killed launcher). Called in a job's process
+    right after fork, so it only uses what was loaded before (:func:`_load_libc`). The caller
+    checks afterwards that the parent is still the one it forked from (a parent that died before
+    the request sends nothing)."""
+    libc = _load_libc()
+    return libc is not None and libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
+def _exit_if_orphaned(parent_pid: int) -> None:
+    """In a job's process before ``exec``: end at once (status 143, as a job stopped by SIGTERM
+    before its first step) when the launcher that started it has already died."""
+    if os.getppid() != parent_pid:
+        os._exit(128 + signal.SIGTERM)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main_module_is_reimport_safe() -> bool:
+    """Whether a forked job may start from this process's ``__main__``.
+
+    multiprocessing's children (the fork server's included) re-run the parent's main module as
+    ``__mp_main__`` when it is a script file (``python my_sweep.py``) or a module run with ``-m``;
+    a script that drives the sweep without an ``if __name__ == "__main__":`` guard would then
+    launch the sweep again inside each job. Safe: dg_plugins' own commands (guarded), a package's
+    ``__main__`` (multiprocessing skips it, e.g. ``python -m pytest``), and a main without a file
+    (``python -c``, an interactive session or notebook)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return (name == "__main__" or name.endswith(".__main__")
+                or name.split(".")[0] == "dg_plugins")
+    return getattr(main, "__file__", None) is None
+
+
 def forkable_train_args(command: str) -> list[str] | None:
     """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
     ARGS`` (what the sweep writes), else None. Such a job is forked by a fork server that has
     imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
     start-up (several seconds) in a fresh interpreter per job. ``DG_PLUGINS_FORK_JOBS=0`` turns
-    this off."""
+    this off, and a ``__main__`` that a forked child would re-run (a user's script, see
+    :func:`main_module_is_reimport_safe`) makes every job a fresh interpreter instead."""
     if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if not main_module_is_reimport_safe():
         return None
     if not is_simple_command(command):
         return None
@@ -153,12 +351,14 @@ def forkable_train_args(command: str) -> list[str] | None:
 
 
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
-                    ignored: tuple[int, ...]) -> None:
+                    ignored: tuple[int, ...], launcher_pid: int | None = None) -> None:
     """The body of a forked job: this launcher's environment and folder, its own session when
     ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
     dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
-    multiprocessing start method, then train's ``main``; its status becomes the process's exit
-    code."""
+    multiprocessing start method, SIGTERM when its parent (the fork server, which exits when the
+    launcher dies) dies (:func:`die_with_parent`), then train's ``main``; its status becomes the
+    process's exit code."""
+    server_pid = os.getppid()
     if new_session:
         os.setsid()
     os.environ.clear()
@@ -177,6 +377,9 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     import multiprocessing
 
     multiprocessing.set_start_method(None, force=True)
+    die_with_parent()
+    if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
+        sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
     # The command's module, found by the name the command gives it (as ``-m`` finds it; the fork
     # server has imported it): the engine itself never imports the scripts layer above it.
     train = importlib.import_module(TRAIN_MODULE)
@@ -221,7 +424,7 @@ def fork_train(args: Sequence[str], new_session: bool) -> ForkedJob:
     sys.stderr.flush()
     process = _fork_context.Process(target=_train_in_child, name="train",
                                     args=(list(args), dict(os.environ), os.getcwd(),
-                                          new_session, ignored))
+                                          new_session, ignored, os.getpid()))
     process.start()
     return ForkedJob(process)
 
@@ -310,8 +513,12 @@ class JobProcesses:
             proc = fork_train(train_args, new_session=self.forwarding)
         else:
             shell_command = f"exec {command}" if is_simple_command(command) else command
+            launcher_pid = os.getpid()
+            _load_libc()
             proc = subprocess.Popen(shell_command, shell=True, env=env, cwd=cwd,
-                                    start_new_session=self.forwarding)
+                                    start_new_session=self.forwarding,
+                                    preexec_fn=lambda: (die_with_parent(),
+                                                        _exit_if_orphaned(launcher_pid)))
         self.running[proc.pid] = (index, proc)
         if self.stopping:  # the signal came while it was starting
             self.interrupted.add(index)

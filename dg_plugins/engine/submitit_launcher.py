@@ -26,8 +26,8 @@ import subprocess
 import time
 from typing import Callable, Sequence
 
-from dg_plugins.engine.processes import (JobProcesses, LaunchInterrupted, report_exit_codes,
-                                         report_interrupted)
+from dg_plugins.engine.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
+                                         report_exit_codes, report_interrupted)
 from dg_plugins.engine.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
                                        signal_name, stop_grace_period)
 
@@ -218,7 +218,8 @@ def make_executor(options: SubmititOptions):
 
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None) -> list:
     """Submit every command as one task of a job array (``executor.map_array``); when
-    ``options.wait``, wait for all and print a failure summary. Returns the submitit jobs.
+    ``options.wait``, wait for all, print a failure summary and raise
+    :class:`~dg_plugins.engine.processes.JobsFailed` when a job failed. Returns the submitit jobs.
 
     Stop signals (see the module docstring): on Slurm, a signal while waiting raises
     :class:`LaunchInterrupted` at once with ``remote=True`` (the jobs keep running on the
@@ -231,6 +232,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
     if not commands:
         return []
     executor = make_executor(options)
+    logs = ErrorLogs(commands)
     cwd = os.getcwd()
     on_machine = options.cluster != "slurm"
     grace = stop_grace_period()
@@ -259,7 +261,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
             codes = _wait_local(commands, jobs, catcher, grace)
         else:
             codes = _wait_debug(commands, jobs)
-    report_exit_codes("submitit", commands, codes)
+    report_exit_codes("submitit", commands, codes, logs)  # raises JobsFailed if a job failed
     return jobs
 
 

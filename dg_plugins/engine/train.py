@@ -26,6 +26,7 @@ writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``r
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import sys
@@ -35,8 +36,8 @@ from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import udg_jobs
 from dg_plugins.engine.job import Interrupted, Job, check_test_envs
 from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE, FolderLock,
-                                          JobStateError, read_record_lines,
-                                          remove_temporary_files)
+                                          JobStateError, OutputFolderError, read_record_lines,
+                                          remove_temporary_files, unwritable_folder_error)
 from dg_plugins.engine.outputs import Tee
 from dg_plugins.engine.signals import StopRequest
 from dg_plugins.registry import ALGORITHMS, DATASETS
@@ -48,6 +49,63 @@ def user_errors() -> tuple:
     from dg_plugins.registry import UnknownNameError
 
     return (UnknownNameError, ValueError, FileNotFoundError, PretrainedWeightsUnavailable)
+
+
+class DiskFullError(OSError):
+    """A write of the job failed for lack of space (``ENOSPC``, ``EDQUOT``): reported as one line
+    (exit status 1); everything written before is intact (atomic writes, records trimmed back),
+    so the job continues with ``--resume`` once there is space."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _inside(path, folder: str) -> bool:
+    if path is None:
+        return False
+    path, folder = os.path.abspath(str(path)), os.path.abspath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
+    """The one-line error for an OSError met while writing job folder ``folder`` (a full disk,
+    a folder this process may not write), or None for other errors (kept with their traceback).
+    Without ``anywhere``, a permission error counts only when it names a file in ``folder`` (a
+    data file the job may not read is another matter)."""
+    if not anywhere and not _inside(err.filename, folder) and err.errno not in DISK_FULL_ERRNOS:
+        return None
+    if err.errno in DISK_FULL_ERRNOS:
+        target = err.filename or folder
+        return DiskFullError(
+            err.errno,
+            f"no space left on the device of {folder} while writing {target} ({err.strerror}); "
+            "the job stopped, and what it wrote before is intact (its last checkpoint, the "
+            "records that checkpoint counts, its model). Free space (or quota), then rerun the "
+            "same command with --resume to continue from the last checkpoint")
+    if err.errno in UNWRITABLE_ERRNOS:
+        return unwritable_folder_error(folder, err)
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        return OutputFolderError(f"--output_dir {folder} cannot be a job folder: {err.strerror} "
+                                 f"({err.filename}); choose another --output_dir")
+    return None
+
+
+@contextlib.contextmanager
+def writing(folder: str):
+    """Turn the OSErrors of writes into ``folder`` that the user can fix (a full disk, missing
+    permissions) into their one-line errors (:func:`folder_error`)."""
+    try:
+        yield
+    except OSError as err:
+        translated = folder_error(folder, err) if not isinstance(
+            err, (DiskFullError, OutputFolderError)) else None
+        if translated is None:
+            raise
+        raise translated from err
 
 
 def load_plugins() -> None:
@@ -64,6 +122,10 @@ def validate(args) -> None:
     dataset_cls = DATASETS.get(args.dataset)
     ALGORITHMS.get(args.algorithm)
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
+    duplicates = sorted({t for t in args.test_envs if args.test_envs.count(t) > 1})
+    if duplicates:
+        raise ValueError(f"--test_envs {' '.join(map(str, args.test_envs))} names environment(s) "
+                         f"{duplicates} more than once; give each test environment once")
     for flag in ("steps", "checkpoint_freq"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -112,6 +174,12 @@ def prepare_output_dir(args) -> None:
         raise JobStateError(
             f"{folder} holds {len(records)} records of an interrupted run; continue it with "
             "--resume (same arguments), or start over with --force.")
+    if args.resume:
+        from dg_plugins.engine.checkpoint import check_checkpoint_file
+
+        check_checkpoint_file(os.path.join(folder, CHECKPOINT_FILE),
+                              "Start the job over with --force (its records, models and "
+                              "checkpoint are removed first), or move the folder away")
 
 
 def run(args, stop_after_step: int | None = None) -> str:
@@ -119,17 +187,26 @@ def run(args, stop_after_step: int | None = None) -> str:
     (``stop_after_step`` simulates an interruption right after that step's checkpoint; tests use
     it). Raises :class:`Interrupted` on SIGTERM/SIGINT (after a checkpoint)."""
     validate(args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with FolderLock(args.output_dir):
+    folder = args.output_dir
+    with writing(folder):
+        os.makedirs(folder, exist_ok=True)
+    with writing(folder), FolderLock(folder):
         if args.resume and not getattr(args, "force", False) and os.path.exists(
-                os.path.join(args.output_dir, DONE_FILE)):
-            print(f"{args.output_dir} is already done; nothing to resume.")
+                os.path.join(folder, DONE_FILE)):
+            print(f"{folder} is already done; nothing to resume.")
             return "already done"
         prepare_output_dir(args)
-        removed = remove_temporary_files(args.output_dir)
+        removed = remove_temporary_files(folder)
+        # --force starts the logs over too: err.txt must not show a previous run's errors
+        mode = "w" if getattr(args, "force", False) else "a"
         real_stdout, real_stderr = sys.stdout, sys.stderr
-        sys.stdout = Tee(os.path.join(args.output_dir, "out.txt"), real_stdout)
-        sys.stderr = Tee(os.path.join(args.output_dir, "err.txt"), sys.stdout)
+        out_tee = Tee(os.path.join(folder, "out.txt"), real_stdout, mode)
+        try:
+            err_tee = Tee(os.path.join(folder, "err.txt"), out_tee, mode)
+        except BaseException:
+            out_tee.close()
+            raise
+        sys.stdout, sys.stderr = out_tee, err_tee
         try:
             for path in removed:
                 print(f"removed a leftover temporary file of an interrupted write: {path}",
@@ -146,6 +223,15 @@ def run(args, stop_after_step: int | None = None) -> str:
             print(f"stopped: {err}", file=sys.stderr)
             err.reported_in_output_dir = True
             raise
+        except OSError as err:
+            translated = folder_error(folder, err, anywhere=False)
+            if translated is None:
+                traceback.print_exc()
+                err.reported_in_output_dir = True
+                raise
+            print(f"error: {translated}", file=sys.stderr)
+            translated.reported_in_output_dir = True
+            raise translated from err
         except BaseException as err:
             traceback.print_exc()
             with contextlib.suppress(AttributeError):

@@ -67,6 +67,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -198,6 +199,12 @@ def _done(folder: str) -> bool:
         os.path.join(folder, PRETRAINED_FILE))
 
 
+def redo_pretraining(folder: str) -> str:
+    """The fix for a damaged file of a pretraining folder: start that pretraining over."""
+    return (f"Remove the pretraining folder (rm -r {folder}) and rerun: the next job that needs "
+            "it pretrains again (no other folder is touched)")
+
+
 def load_pretrained(folder: str, identity: dict) -> dict:
     """The pretrained weights of a finished pretraining folder, after checking its identity."""
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
@@ -206,9 +213,24 @@ def load_pretrained(folder: str, identity: dict) -> dict:
         raise job_folder.JobStateError(
             f"{folder} holds another pretraining than this job's (identity differs); move it "
             "away or pass another --udg_pretrain_dir")
-    state = torch.load(os.path.join(folder, PRETRAINED_FILE), map_location="cpu",
-                       weights_only=False)
+    path = os.path.join(folder, PRETRAINED_FILE)
+    checkpoint.check_checkpoint_file(path, redo_pretraining(folder))
+    state = torch.load(path, map_location="cpu", weights_only=False)
     return state["state"]
+
+
+class WaitInterrupted(job_lib.Interrupted):
+    """SIGTERM/SIGINT while this job waited for the pretraining another job runs: it had not
+    started, so nothing was written and there is nothing to resume (exit ``128 + signum``)."""
+
+    def __init__(self, signum: int, folder: str):
+        Exception.__init__(
+            self, f"stopped by {signal.Signals(signum).name} while waiting for the UDG "
+            f"pretraining in {folder} (another job runs it); this job had not started, so "
+            "there is nothing to resume: rerunning the same command (with or without --resume) "
+            "continues, reusing or finishing that pretraining")
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class PretrainJob(job_lib.Job):
@@ -262,6 +284,7 @@ class PretrainJob(job_lib.Job):
 
     def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
+            checkpoint.check_checkpoint_file(self.checkpoint_path, redo_pretraining(self.folder))
             print(f"UDG pretraining: continuing {self.folder} from its checkpoint")
             super().restore()
         else:  # records of a run killed before its first checkpoint
@@ -370,14 +393,16 @@ class UDGJob(job_lib.Job):
             os.makedirs(folder, exist_ok=True)
             try:
                 lock = job_folder.FolderLock(folder).__enter__()
-            except job_folder.JobStateError:
+            except job_folder.FolderBusy:
                 if not waited:
                     print(f"UDG pretraining: {folder} is being pretrained by another job; "
                           "waiting for it", file=sys.stderr)
                     waited = True
+                deadline = time.monotonic() + POLL_SECONDS
+                while self.stop.signum is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 if self.stop.signum is not None:
-                    raise job_lib.Interrupted(self.stop.signum, -1)
-                time.sleep(POLL_SECONDS)
+                    raise WaitInterrupted(self.stop.signum, folder)
                 continue
             try:
                 if not _done(folder):

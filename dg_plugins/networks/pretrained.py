@@ -5,10 +5,16 @@ Hub for timm and open_clip) and their caches. Offline, those downloads hang or r
 hub); here we check cache and reachability first and fail at once with a message that says how to
 provide weights: pre-fill the cache, point ``pretrained_path`` at a local checkpoint, or set
 ``pretrained`` false for random initialisation.
+
+:func:`probe_weights` answers "would building this model fail for lack of weights?" without
+loading or downloading anything: the sweep asks it once per configuration before launching
+(``dg_plugins.engine.sweep.weight_problems``), so that a sweep offline with an empty cache fails
+before any job starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from urllib.parse import urlparse
@@ -45,17 +51,72 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
     )
 
 
+class WeightsRequested(BaseException):
+    """Raised, under :func:`probe_weights`, by the first request for pretrained weights: it stops
+    the model's construction there (nothing is loaded or downloaded). ``error``: the exception
+    the request would raise in a job (None: the weights are available). A ``BaseException``, so
+    that no ``except Exception`` in a model's constructor swallows it."""
+
+    def __init__(self, what: str, error: BaseException | None):
+        super().__init__(what)
+        self.what = what
+        self.error = error
+
+
+_probing = False
+
+
+@contextlib.contextmanager
+def probing():
+    """While active, a request for pretrained weights (:func:`require_cached_or_reachable`,
+    :func:`load_local_weights`) raises :class:`WeightsRequested` instead of proceeding."""
+    global _probing
+    previous, _probing = _probing, True
+    try:
+        yield
+    finally:
+        _probing = previous
+
+
+def probe_weights(build) -> BaseException | None:
+    """Call ``build()`` (e.g. an algorithm's constructor) under :func:`probing`, on PyTorch's
+    ``meta`` device (no memory, no initialisation cost; on CPU if that fails), and return the
+    error its first request for pretrained weights would raise in a job: a
+    :class:`PretrainedWeightsUnavailable` naming the fixes, a ``FileNotFoundError`` for a missing
+    ``pretrained_path``; None when the weights are there or none are requested. Only the first
+    request of a model is seen (every model of the package loads at most one set of weights).
+    Other errors of ``build`` propagate."""
+    for device in ("meta", "cpu"):
+        try:
+            with probing(), torch.device(device):
+                build()
+        except WeightsRequested as request:
+            return request.error
+        except Exception:
+            if device == "cpu":
+                raise
+            continue
+        return None
+    return None
+
+
 def require_cached_or_reachable(what: str, cached: str, host: str,
                                 unavailable=_unavailable) -> None:
     """Return when ``cached`` exists (a file or folder of a download cache) or ``host`` can be
     reached now; else raise ``unavailable(what, cached, reason)`` (default: the message with the
-    fixes for a backbone; the CLIP scorer passes its own)."""
+    fixes for a backbone; the CLIP scorer passes its own). Under :func:`probing`, raise
+    :class:`WeightsRequested` with that outcome instead."""
+    error = None
     if os.path.exists(cached):
-        return
-    if offline_requested():
-        raise unavailable(what, cached, "offline mode is set")
-    if not host_reachable(host):
-        raise unavailable(what, cached, f"{host} is unreachable")
+        pass
+    elif offline_requested():
+        error = unavailable(what, cached, "offline mode is set")
+    elif not host_reachable(host):
+        error = unavailable(what, cached, f"{host} is unreachable")
+    if _probing:
+        raise WeightsRequested(what, error)
+    if error is not None:
+        raise error
 
 
 def check_url_available(url: str, what: str, cached: str | None = None,
@@ -81,8 +142,13 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
     ``state_dict``/``model``; a ``module.`` prefix is stripped). Keys other than the classifier
     head must match; a mismatch raises with the offending keys."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"pretrained_path {path!r} does not exist (expected a .pth/.pt "
-                                "file holding the backbone's state_dict)")
+        error = FileNotFoundError(f"pretrained_path {path!r} does not exist (expected a .pth/.pt "
+                                  "file holding the backbone's state_dict)")
+        if _probing:
+            raise WeightsRequested(path, error)
+        raise error
+    if _probing:
+        raise WeightsRequested(path, None)
     state = torch.load(path, map_location="cpu", weights_only=True)
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):

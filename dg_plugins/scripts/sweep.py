@@ -10,11 +10,20 @@ to launch (DomainBed requires it for every command). ``--seed`` seeds the launch
 Does not import torch unless the default ``--algorithms`` (the registry) or an uncatalogued
 dataset name needs it.
 
+Before launching, what every job would otherwise meet on its own is checked once (exit status 2,
+one ``error:`` line per problem, nothing launched): names, hparams and ``--steps`` (as bad input),
+then a writable output folder, each dataset's files under ``--data_dir`` and the pretrained
+weights the models load (cached, or downloadable now; nothing is downloaded by the check). A job
+whose folder lock is held by a live process is reported as running and left alone.
+
 SIGTERM or SIGINT (Ctrl-C) while the ``local`` or ``multi_gpu`` launcher runs jobs: the signal is
 forwarded to the running jobs (train stops at its next checkpoint), no further job starts, the
 sweep lists the interrupted jobs and the command that continues them (``--resume``) and exits
-with 143 (SIGTERM) or 130 (SIGINT). With ``submitit`` on Slurm the jobs keep running on the
-cluster (see :mod:`dg_plugins.engine.launchers`). Exit status otherwise: 0, or 2 on bad input.
+with 143 (SIGTERM) or 130 (SIGINT). If the sweep itself is killed (``kill -9``), its jobs get
+SIGTERM from the kernel (Linux) and stop at their next checkpoint. With ``submitit`` on Slurm the
+jobs keep running on the cluster (see :mod:`dg_plugins.engine.launchers`). Exit status
+otherwise: 0; 1 when jobs the launcher waited for failed (each listed with its first error lines
+and err.txt); 2 on bad input or a failed check.
 """
 
 from __future__ import annotations
@@ -189,6 +198,9 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error("--test_env_sets replaces --single_source/--single_test_envs")
     if args.checkpoint_freq is not None and args.checkpoint_freq < 1:
         parser.error(f"--checkpoint_freq must be >= 1, got {args.checkpoint_freq}")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be a positive integer, got {args.steps} (leave it out for "
+                     "each dataset's default)")
     try:
         parse_overrides(args.hparams)  # the same check and message as train's
     except ValueError as err:
@@ -209,11 +221,13 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.alignment_scores = os.path.abspath(args.alignment_scores)
     try:
         for dataset in args.datasets:
-            sweep.num_environments(dataset)
+            sweep.check_dataset_name(dataset)
         sweep.check_algorithms(args.algorithms)
         sweep.check_hparams(args.hparams, args.algorithms, args.datasets)
-    except (UnknownNameError, HparamError) as err:
-        parser.error(str(err))
+        for dataset in args.datasets:  # e.g. ImageFolder: its environments are found on disk
+            sweep.num_environments(dataset, args.data_dir)
+    except (UnknownNameError, HparamError, ValueError, FileNotFoundError) as err:
+        parser.error(" ".join(str(err).split()))
     if args.command == "launch" and args.command_launcher is None and not args.dry_run:
         parser.error("launch needs --command_launcher; choices: " + ", ".join(_launcher_names()))
     if args.command_launcher is not None and args.command_launcher not in _launcher_names():
@@ -257,14 +271,16 @@ def main(argv: list[str] | None = None) -> int:
                          "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                          "udg_split")
                         if getattr(args, name) is not None},
-            test_env_sets=args.test_env_sets, label_fractions=args.label_fractions)
-    except ValueError as err:
-        parser.error(str(err))
+            test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+            n_envs=lambda dataset: sweep.num_environments(dataset, args.data_dir))
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(" ".join(str(err).split()))
     jobs = sweep.make_jobs(args_list, args.output_dir)
     launcher_fn = LAUNCHERS.get(args.command_launcher) if args.command_launcher else None
     return sweep.run_action(
         args.command, jobs, launcher_fn=launcher_fn, seed=args.seed, resume=args.resume,
-        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv)
+        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv,
+        check=sweep.launch_problems)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ DomainBed's flags and defaults (``domainbed/scripts/train.py``) plus ``--device`
 ``--pretrain_steps``, ``--udg_pretrain_epochs``, ``--udg_ft_epochs``, ``--udg_split``, ``--udg_pretrain_dir``,
 ``--udg_pretrain``; see
 :mod:`dg_plugins.engine.udg_jobs`). Exit status: 0 done; 2 bad input
-(unknown algorithm or dataset, malformed or unknown --hparams, test_envs out of range, missing
-data, a folder that is done, busy or holds another run), with a one-line message naming the
-problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT after writing a checkpoint (continue
-with --resume); 1 any other failure (its traceback is printed once, and kept in err.txt).
+(unknown algorithm or dataset, malformed or unknown --hparams, test_envs out of range or repeated,
+missing data, an output folder that cannot be written, a folder that is done, busy or holds
+another run, a damaged checkpoint on --resume), with a one-line message naming the problem and
+the fix; 143 / 130 stopped by SIGTERM / SIGINT (after writing a checkpoint; continue with
+--resume); 1 a full disk (one line: free space, then --resume; what was written before is
+intact) or any other failure (its traceback is printed once, and kept in err.txt).
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ def main(argv=None) -> int:
         if not getattr(err, "reported_in_output_dir", False):
             print(f"error: {err}", file=sys.stderr)
         return 2
+    except train.DiskFullError as err:
+        if not getattr(err, "reported_in_output_dir", False):
+            print(f"error: {err}", file=sys.stderr)
+        return 1
     except train.Interrupted as err:
         return err.exit_code
     except Exception as err:  # already printed (with its traceback) by train.run

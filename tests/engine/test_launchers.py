@@ -47,7 +47,9 @@ def test_dummy_launcher(capsys):
 def test_local_launcher_runs_all_and_reports_failures(tmp_path, capfd):
     commands = [write_cmd(tmp_path / "a"), write_cmd(tmp_path / "b", exit_code=3),
                 write_cmd(tmp_path / "c")]
-    launchers.local_launcher(commands)  # does not raise
+    with pytest.raises(processes.JobsFailed) as failure:  # once every job has run
+        launchers.local_launcher(commands)
+    assert failure.value.code == 1 and failure.value.failed == [commands[1]]
     assert all((tmp_path / name).exists() for name in "abc")
     out = capfd.readouterr().out
     assert "[1/3] " in out and "[3/3] " in out  # plain progress lines (stderr is not a tty)
@@ -69,7 +71,8 @@ def test_multi_gpu_schedules_one_job_per_gpu(tmp_path, capfd):
                 f"json.dump([os.environ['CUDA_VISIBLE_DEVICES'], t0, time.time()], "
                 f"open({str(tmp_path / str(i))!r}, 'w')); sys.exit({4 if i == 2 else 0})")
         commands.append(f"{PY} -c {shlex.quote(code)}")
-    launchers.multi_gpu_launcher(commands, gpus=["5", "7"], poll_interval=0.02)
+    with pytest.raises(processes.JobsFailed):
+        launchers.multi_gpu_launcher(commands, gpus=["5", "7"], poll_interval=0.02)
     runs = [json.loads((tmp_path / str(i)).read_text()) for i in range(6)]
     assert {gpu for gpu, _, _ in runs} == {"5", "7"}
     for gpu in ("5", "7"):
@@ -152,7 +155,8 @@ def test_submitit_executor_runs_real_commands(tmp_path, capfd, cluster):
     try:
         launcher = submitit_launcher.make_submitit_launcher(cluster=cluster, time_min=5,
                                                     log_dir=str(tmp_path / "logs"))
-        launcher(commands)
+        with pytest.raises(processes.JobsFailed):
+            launcher(commands)
     finally:
         os.chdir(cwd)
     assert (work / "rel_a").read_text() == str(work)

@@ -137,7 +137,7 @@ def test_optional_args_enter_the_hash_only_when_given():
 
 
 def test_unknown_dataset_lists_choices():
-    with pytest.raises(KeyError, match="known datasets: .*Debug28"):
+    with pytest.raises(ValueError, match="unknown dataset 'NoSuchData'.*choices: .*Debug28"):
         sweep.num_environments("NoSuchData")
     assert sweep.num_environments("VLCS") == 4
 
@@ -267,7 +267,7 @@ def test_relaunch_says_how_to_continue_or_clear_incomplete_jobs(tmp_path, capsys
     for run in out.split("About to launch 0 jobs.\n")[1:]:  # the dry run, then the launch
         lines = run.splitlines()
         assert lines[0].startswith("Note: 5 job(s) are Incomplete")
-        assert "interrupted or failed, or may still be running" in lines[0]
+        assert "no live process holds it): they were interrupted or failed" in lines[0]
         assert lines[2] == f"    {resume}" and lines[4] == f"    {delete}"
     assert "--dry_run" not in out.split("About to launch 0 jobs.")[1]
     # the suggested commands do what they say
@@ -323,7 +323,7 @@ def test_cli_subprocess_prompt_no_torch(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--datasets", "NoSuchData"], "unknown dataset 'NoSuchData'; known datasets: .*VLCS"),
+    (["--datasets", "NoSuchData"], "unknown dataset 'NoSuchData'.*choices: .*VLCS"),
     (["--algorithms", "NoSuchAlgo"], "unknown algorithm.*'NoSuchAlgo'.*ERM"),
     (["--algorithms", "IRM"], "'IRM'.*DomainBed's own.*dg_plugins.scripts.domainbed sweep"),
     (["--command_launcher", "nope"], "unknown --command_launcher 'nope'; choices: .*dummy"),
