@@ -389,3 +389,39 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     averages = re.search(r"Averages, model selection method: training-domain validation set\n"
                          r".*\nERM +(\d+\.\d) \+/- 0\.0", second.stdout)
     assert averages, second.stdout[-3000:]
+
+
+def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkeypatch, capsys):
+    """A real run of a small epoch-based setting (ERM on RotatedMNIST5k, one pooled batch of 512,
+    2 epochs): the steps and checkpoint frequency derived from the recorded image counts are the
+    job's own epoch (its record at the checkpoint after one epoch says epoch 1.0), the run is
+    recorded beside the sweep, and the tables follow."""
+    import dg_plugins.datasets  # noqa: F401
+    from dg_plugins.registry import DATASETS
+    from dg_plugins.scripts import reproduce
+
+    counts = tuple(len(env) for env in DATASETS.get("RotatedMNIST5k")("builtin", [0], {}))
+    monkeypatch.setitem(ps.DATASET_SIZES, "RotatedMNIST5k", ps.Value(counts, "counted in test"))
+    v = ps.Value
+    protocol = ps.Protocol(
+        name="release", summary="pooled ERM for 2 epochs", datasets=v(("RotatedMNIST5k",), "t"),
+        test_envs=v(((0,),), "t"),
+        runs=(ps.Run(("ERM",), {"batch_size": v(512, "t"), "batch_sampling": v("pooled", "t"),
+                                 "lr_schedule": v("exp_epoch", "t"), "lr_decay": v(0.5, "t")}),),
+        groups=(ps.Group("", (), "CNN"),), n_trials=v(1, "t"), n_hparams=v(1, "t"),
+        selections=v(("iid",), "t"), epochs=v(2, "t"))
+    monkeypatch.setitem(ps.SETTINGS, "tiny", ps.Setting("tiny", "none.sh", "test", "none",
+                                                         {"release": protocol}))
+    out = tmp_path / "out"
+    code = reproduce.main(["tiny", "--data_dir", "builtin", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-3000:]
+    per_epoch = math.ceil(sum(n - int(n * 0.2) for n in counts[1:]) / 512)
+    (job,) = [p for p in (out / "release").iterdir() if p.is_dir()]
+    records = [json.loads(line) for line in (job / "results.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, per_epoch, 2 * per_epoch - 1]
+    assert records[1]["epoch"] == 1.0
+    assert records[0]["args"]["checkpoint_freq"] == per_epoch
+    assert (job / "done").exists()
+    assert "tiny (none.sh), protocol release" in (out / "release" / "reproduce.txt").read_text()
+    assert re.search(r"\| ERM +\| +\d+\.\d", printed), printed[-2000:]

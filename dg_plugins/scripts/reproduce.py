@@ -159,6 +159,8 @@ class Plan:
     calls: list[SweepCall] = field(default_factory=list)
     collects: list[list[str]] = field(default_factory=list)  # collect_results argv lists
     notes: list[str] = field(default_factory=list)
+    root: str = ""  # the protocol's output folder
+    argv: list[str] = field(default_factory=list)  # reproduce's arguments (for the record)
 
 
 def _flag_values(value) -> list[str]:
@@ -215,6 +217,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             raise UsageError(f"--pretrain_epochs: {setting.name} has no pretraining")
         sweep_flags["udg_pretrain_epochs"] = pretrain_epochs
         plan.notes.append(f"--pretrain_epochs {pretrain_epochs:g} replaces the table's length")
+    plan.root = output_dir
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
     tail = ["--resume", "--skip_confirmation"]
     if launcher:
@@ -292,9 +295,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                     plan.calls.append(SweepCall(argv + tail, name, folder))
                 group_has_calls = True
         if group_has_calls:
+            paper = ["--paper", *group.paper_keys] if group.paper_keys else []
             plan.collects.append(["--input_dir", folder, "--selection",
-                                  *protocol.selections.value, "--paper", *group.paper_keys,
-                                  *protocol.collect_flags, "--format", "markdown"])
+                                  *protocol.selections.value, *paper, *protocol.collect_flags,
+                                  "--format", "markdown"])
     return plan
 
 
@@ -347,7 +351,8 @@ def sweep_jobs(argv: list[str]):
                     ("alignment_scores", "alignment_threshold", "alignment_preset",
                      "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
                     if getattr(args, name) is not None},
-        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions)
+        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+        n_envs=lambda dataset: sweep_lib.num_environments(dataset, args.data_dir))
     return args, sweep_lib.make_jobs(args_list, args.output_dir)
 
 
@@ -490,9 +495,18 @@ def run(plan: Plan) -> int:
     from dg_plugins.scripts import collect_results, sweep as sweep_cli
 
     setting, protocol = plan.setting, plan.protocol
-    print(f"== {setting.name}, protocol {protocol.name}: {protocol.summary}", flush=True)
+    header = f"{setting.name}, protocol {protocol.name}: {protocol.summary}"
+    print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
+    if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
+        from dg_plugins.files import atomic_write_bytes
+
+        os.makedirs(plan.root, exist_ok=True)
+        atomic_write_bytes(os.path.join(plan.root, "reproduce.txt"), (
+            f"$ {shlex.join([sys.executable, '-m', 'dg_plugins.scripts.reproduce', *plan.argv])}\n"
+            + "".join(f"note: {note}\n" for note in plan.notes)
+            + ps.describe(setting, protocol)).encode())
     for argv in plan.prepare:
         from dg_plugins.scripts import alignment_scores
 
@@ -510,9 +524,14 @@ def run(plan: Plan) -> int:
             print(f"Stopped at sweep {i}/{len(plan.calls)}; rerun the same command to continue "
                   "(finished jobs are skipped, interrupted ones resume).", flush=True)
             return code
+        if code == 2:  # refused (bad input or a failed check): the next calls would be too
+            print(f"Sweep {i}/{len(plan.calls)} launched nothing (see above); fix that and "
+                  "rerun the same command.", flush=True)
+            return code
         status = status or code
     for argv in plan.collects:
-        print(f"-- tables: {_module_line('collect_results', argv)}", flush=True)
+        print(f"-- tables of {header}", flush=True)
+        print(f"-- {_module_line('collect_results', argv)}", flush=True)
         code = collect_results.main(argv)
         status = status or code
     return status
@@ -679,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                             launcher=args.command_launcher, datasets=args.datasets,
                             algorithms=args.algorithms, epochs=args.epochs,
                             pretrain_epochs=args.pretrain_epochs, hparams=hparams, extra=extra)
+        plan.argv = argv
         if hparams:
             plan.notes.append(f"--hparams {json.dumps(hparams, sort_keys=True)} added to every "
                               "run's hparams")
