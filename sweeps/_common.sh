@@ -67,11 +67,21 @@ finish_dry_run() {
 # e.g. '{"pretrained_path": "/weights/resnet18.pth"}').
 reproduce() {
     local setting=$1
-    local args=(--data_dir "${DATA_DIR:?DATA_DIR must name the data folder: DATA_DIR=/data bash sweeps/$SCRIPT.sh}"
-                --output_dir "$OUTPUT_DIR" --command_launcher "$LAUNCHER")
+    if [[ -z "${DATA_DIR:-}" ]]; then
+        echo "error: set DATA_DIR to the data folder: DATA_DIR=/data bash sweeps/$SCRIPT.sh" >&2
+        exit 2
+    fi
+    local args=(--data_dir "$DATA_DIR" --output_dir "$OUTPUT_DIR" --command_launcher "$LAUNCHER")
+    local names=()
     if [[ -n "${PROTOCOL:-}" ]]; then args+=(--protocol "$PROTOCOL"); fi
-    if [[ -n "${DATASETS:-}" ]]; then read -r -a _list <<< "$DATASETS"; args+=(--datasets "${_list[@]}"); fi
-    if [[ -n "${ALGORITHMS:-}" ]]; then read -r -a _list <<< "$ALGORITHMS"; args+=(--algorithms "${_list[@]}"); fi
+    if [[ -n "${DATASETS:-}" ]]; then
+        read -r -a names <<< "$DATASETS"
+        args+=(--datasets "${names[@]}")
+    fi
+    if [[ -n "${ALGORITHMS:-}" ]]; then
+        read -r -a names <<< "$ALGORITHMS"
+        args+=(--algorithms "${names[@]}")
+    fi
     if [[ -n "${EPOCHS:-}" ]]; then args+=(--epochs "$EPOCHS"); fi
     if [[ -n "${PRETRAIN_EPOCHS:-}" ]]; then args+=(--pretrain_epochs "$PRETRAIN_EPOCHS"); fi
     if [[ -n "${HPARAMS:-}" ]]; then args+=(--hparams "$HPARAMS"); fi

@@ -58,7 +58,9 @@ FOLDERS=(main no_mix no_adv color_jitter)
 if [[ "${RECONSTRUCTED:-1}" == 1 ]]; then
     sweep gen_max "$MPBM, \"mpbm_gen_objective\": \"max\"" MPBM
     sweep gen_query "$MPBM, \"mpbm_gen_mix_label\": \"query\"" MPBM
-    sweep eta_small "$BASE, \"mpbm_eta\": 0.01, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP" MPBM
+    sweep eta_small \
+        "$BASE, \"mpbm_eta\": 0.01, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP" \
+        MPBM
     FOLDERS+=(gen_max gen_query eta_small)
 fi
 finish_dry_run

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Offline UDG study (CPU, no download): the UDG protocol of dg_plugins.engine.udg_jobs on the built-in
-# RotatedMNIST5k. Pretrain (unlabelled) on the 4 middle rotations (15-60 degrees), fine-tune on
-# 1% / 10% / 100% of their labels, test on the extreme rotations 0 and 75 degrees; DisMAE vs MAE
-# (same ViT-28 semantic encoder and decoder) vs ERM trained from scratch on the labelled fraction
-# (the same ViT-28 architecture, backbone "vit", batch 16 per domain); default hparams, 3 trials.
+# Offline UDG study (CPU, no download): the UDG protocol of dg_plugins.engine.udg_jobs on the
+# built-in RotatedMNIST5k. Pretrain (unlabelled) on the 4 middle rotations (15-60 degrees),
+# fine-tune on 1% / 10% / 100% of their labels, test on the extreme rotations 0 and 75 degrees;
+# DisMAE vs MAE (same ViT-28 semantic encoder and decoder) vs ERM trained from scratch on the
+# labelled fraction (the same ViT-28 architecture, backbone "vit", batch 16 per domain); default
+# hparams, 3 trials.
 # Budget-sized for 2 CPU cores (about 15-20 minutes): PRETRAIN_STEPS pretraining steps (default
 # 600, about 23 epochs of the source images at 4 x 32 images per step) and STEPS fine-tuning
 # steps (default 200), checkpoints every 100 steps. DisMAE runs in one process and MAE + ERM in
@@ -35,7 +36,8 @@ status=0
 wait "$A" || status=$?
 wait "$B" || status=$?
 if [[ "$status" != 0 ]]; then
-    echo "a sweep exited with status $status (see $OUTPUT_DIR.dismae.log, $OUTPUT_DIR.mae_erm.log)" >&2
+    echo "a sweep exited with status $status (see $OUTPUT_DIR.dismae.log and" \
+         "$OUTPUT_DIR.mae_erm.log)" >&2
     exit "$status"
 fi
 "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR" --selection iid oracle \
