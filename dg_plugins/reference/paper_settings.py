@@ -206,7 +206,8 @@ _DMG_MASKS = {
     "dmg_lambda_sparsity": Value(0.0, f"{_DMG_PACS_CFG}:45 (SPARSITY_LAMBDA); {_DMG_DN_CFG}:46"),
     "dmg_mask_lr": Value(1e-4, f"{_DMG_PACS_CFG}:38 (POLICY_LEARNING_RATE); {_DMG_DN_CFG}:39"),
     "dmg_mask_layers": Value("layer3,layer4,fc", f"{DMG} run_jobs.sh:64 and :73 "
-                                                 "(MODEL.MASK_LAYERS for ResNet-18/50)"),
+                                                 "(MODEL.MASK_LAYERS for ResNet-18/50; line 2: "
+                                                 "the same commands run PACS)"),
     "dmg_test_ensemble": Value("logits", f"{_DMG_TRAINER}:314-335 (test: the mean of the "
                                          "scores under every source domain's soft mask)"),
 }
@@ -393,6 +394,9 @@ _DMG_DN_DOMAINBED = Protocol(
         Difference("No lr decay, per-domain minibatches of 12, DomainBed's augmentation and "
                    "random splits, 5001 steps (well under one epoch of the pooled sources).",
                    "DomainBed's protocol: comparable with DomainBed's tables"),
+        Difference("ERM's classifier starts from PyTorch's default init, not N(0, 0.001) (the "
+                   "paper's Aggregate uses the same init as DMG).",
+                   "dmg_fc_init_std is DMG's hparam"),
     ),
 )
 
@@ -468,16 +472,16 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
 
 _DISMAE_PT = f"{DISMAE} script/udg_pt.sh"
 _DISMAE_FT = f"{DISMAE} script/udg_ft.sh"
-_VIT_B = Value("vit_base_patch16_224", f"{_DISMAE_PT}:1 via train.py (mae_vit_cls: ViT-B/16, "
-                                       "models_dmae.py)")
+_VIT_B = Value("vit_base_patch16_224", f"{DISMAE} train.py:95 (mae_vit_cls) and "
+                                       "models_dmae.py:404-409 (ViT-B/16: width 768, depth 12)")
 _UDG_HPARAMS = {
     "batch_size": Value(96, f"{_DISMAE_PT}:4 (--batch_size 96 per domain)"),
     "vit_arch": _VIT_B,
 }
 _UDG_ERM = {
     **_UDG_HPARAMS,
-    "backbone": Value("vit", f"{DISMAE_PAPER}: the from-scratch baseline on the same ViT-B/16"),
-    "pretrained": Value(False, f"{DISMAE_PAPER}: no ImageNet weights in the UDG protocol"),
+    "backbone": Value("vit", f"{OURS}: the from-scratch baseline on DisMAE's ViT-B/16"),
+    "pretrained": Value(False, f"{OURS}: no ImageNet weights, as DisMAE's encoder (random init)"),
 }
 
 
@@ -504,8 +508,8 @@ def _dismae_udg(name: str) -> Protocol:
               Run(("ERM",), dict(_UDG_ERM))),
         groups=(Group("", ("dismae_udg_domainnet20",), "ViT-B/16"),),
         n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
-        n_hparams=Value(1, f"{_DISMAE_PT} (fixed hparams: lr 1e-4, mask ratio 0.8, lambda1 "
-                           "1e-3, lambda2 0 are DisMAE's defaults)"),
+        n_hparams=Value(1, f"{_DISMAE_PT}:5-9 (fixed hparams: lr 1e-4, mask ratio 0.8, lambda1 "
+                           "1e-3 are DisMAE's defaults; pretraining has no CE term, lambda2 0)"),
         selections=Value(("iid", "oracle"), f"{OURS}: the UDG tables' training-domain "
                                             "validation and oracle"),
         checkpoint_freq={"DomainNet20": Value(250, OURS)},
