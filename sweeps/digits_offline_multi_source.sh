@@ -4,11 +4,11 @@
 # MNIST-M-, SYN- and USPS-like held out in turn, the other four are the sources), ERM and DMG,
 # LeNet from scratch, default hparams but Adam lr 1e-3 (DomainBed's default for its small-image
 # datasets) and batch 32 per source domain. No download, CPU only.
-#
-#   PYTHON=.venv/bin/python bash sweeps/digits_offline_multi_source.sh [OUTPUT_DIR]
-#   env: STEPS (default 601), CHECKPOINT_FREQ (100), TRIALS (3), LR (0.001), LAUNCHER (local),
+#   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/digits_offline_multi_source] [DRY_RUN=1] \
+#       bash sweeps/digits_offline_multi_source.sh [sweep flags]
+#   knobs: STEPS (default 601), CHECKPOINT_FREQ (100), TRIALS (3), LR (0.001),
 #        BACKBONE (lenet, the dataset's default; or mnist_cnn: DomainBed's MNIST CNN, at
-#        MNIST_CNN_WIDTH, default 128 as DomainBed), DRY_RUN=1 (list the jobs only)
+#        MNIST_CNN_WIDTH, default 128 as DomainBed); conventions and LAUNCHER: sweeps/_common.sh
 #
 # DMG masks LeNet's fc2 input and the pooled feature (dmg_mask_layers auto), or the MNIST CNN's
 # block4 and feature; its masks learn at the job's lr. Then DomainBed's tables (training-domain
@@ -17,9 +17,7 @@
 # mean source validation accuracy is level within a point from step 300 to 600 (2 h 30 min for the
 # 30 jobs on 2 shared CPU cores, one thread per job). The study's first run (LR=0.0001
 # STEPS=301) had not converged; it is reported there too.
-set -euo pipefail
-PYTHON=${PYTHON:-python}
-OUT=${1:-sweep_output/digits_offline_multi_source}
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 STEPS=${STEPS:-601}
 CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-100}
 TRIALS=${TRIALS:-3}
@@ -33,13 +31,9 @@ if [[ "$BACKBONE" == mnist_cnn ]]; then
     HPARAMS+=", \"mnist_cnn_width\": ${MNIST_CNN_WIDTH:-128}"
 fi
 HPARAMS+="}"
-DRY=()
-[[ "${DRY_RUN:-0}" == 1 ]] && DRY=(--dry_run)
-"$PYTHON" -m dg_plugins.scripts.sweep launch --datasets DigitsOffline --data_dir builtin \
-    --output_dir "$OUT" --algorithms ERM DMG --hparams "$HPARAMS" --single_test_envs \
-    --n_hparams 1 --n_trials "$TRIALS" --steps "$STEPS" --checkpoint_freq "$CHECKPOINT_FREQ" \
-    --command_launcher "${LAUNCHER:-local}" --skip_confirmation "${DRY[@]}"
-if [[ "${DRY_RUN:-0}" != 1 ]]; then
-    "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT" --selection iid oracle \
-        --format markdown
-fi
+sweep_launch --datasets DigitsOffline --data_dir builtin --output_dir "$OUTPUT_DIR" \
+    --algorithms ERM DMG --hparams "$HPARAMS" --single_test_envs \
+    --n_hparams 1 --n_trials "$TRIALS" --steps "$STEPS" --checkpoint_freq "$CHECKPOINT_FREQ"
+finish_dry_run
+"$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR" --selection iid oracle \
+    --format markdown

@@ -5,10 +5,11 @@
 # the SDG literature's optimiser setting (Adam lr 1e-4, batch 32), default hparams otherwise. No
 # download, CPU only.
 #
-#   PYTHON=.venv/bin/python bash sweeps/digits_offline_single_source.sh [OUTPUT_DIR]
-#   env: STEPS (default 1001), CHECKPOINT_FREQ (100), TRIALS (3), MPBM_WARMUP (STEPS / 10),
-#        COLOR_JITTER (0.8), RECONSTRUCTED (1: also MPBM's reconstructed choices; 0: skip them),
-#        LAUNCHER (local), DRY_RUN=1 (list the jobs only)
+#   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/digits_offline_single_source] \
+#   [DRY_RUN=1] bash sweeps/digits_offline_single_source.sh [sweep flags]
+#   knobs: STEPS (default 1001), CHECKPOINT_FREQ (100), TRIALS (3), MPBM_WARMUP (STEPS / 10),
+#        COLOR_JITTER (0.8), RECONSTRUCTED (1: also MPBM's reconstructed choices; 0: skip them);
+#        conventions and LAUNCHER: sweeps/_common.sh
 #
 # One sweep folder per configuration (a table shows one row per algorithm name, so MPBM's
 # ablations need folders of their own); every job is `sweep launch --test_env_sets 1,2,3,4`, i.e.
@@ -30,9 +31,8 @@
 # The defaults are the study's (results/digits_offline.md): ERM's source accuracy has levelled off
 # (97%) by step 600. Measured there on 2 shared CPU cores, one thread per job: an ERM job took
 # about 4 minutes and an MPBM job 12-14 (several ERM steps per step after its warm-up).
-set -euo pipefail
-PYTHON=${PYTHON:-python}
-OUT=${1:-sweep_output/digits_offline_single_source}
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+OUT=$OUTPUT_DIR
 STEPS=${STEPS:-1001}
 CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-100}
 TRIALS=${TRIALS:-3}
@@ -40,17 +40,13 @@ MPBM_WARMUP=${MPBM_WARMUP:-$((STEPS / 10))}
 COLOR_JITTER=${COLOR_JITTER:-0.8}
 BASE='"lr": 0.0001, "batch_size": 32'
 MPBM="$BASE, \"mpbm_eta\": 1.0, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP"
-DRY=()
-[[ "${DRY_RUN:-0}" == 1 ]] && DRY=(--dry_run)
 
 sweep() {  # sweep <folder> <hparams JSON body> <algorithm>...
     local folder=$1 hparams=$2
     shift 2
-    "$PYTHON" -m dg_plugins.scripts.sweep launch --datasets DigitsOffline --data_dir builtin \
-        --output_dir "$OUT/$folder" --algorithms "$@" --hparams "{$hparams}" \
-        --test_env_sets 1,2,3,4 --n_hparams 1 --n_trials "$TRIALS" --steps "$STEPS" \
-        --checkpoint_freq "$CHECKPOINT_FREQ" --command_launcher "${LAUNCHER:-local}" \
-        --skip_confirmation "${DRY[@]}"
+    sweep_launch --datasets DigitsOffline --data_dir builtin --output_dir "$OUT/$folder" \
+        --algorithms "$@" --hparams "{$hparams}" --test_env_sets 1,2,3,4 --n_hparams 1 \
+        --n_trials "$TRIALS" --steps "$STEPS" --checkpoint_freq "$CHECKPOINT_FREQ"
 }
 
 sweep main "$BASE" ERM
@@ -62,13 +58,14 @@ FOLDERS=(main no_mix no_adv color_jitter)
 if [[ "${RECONSTRUCTED:-1}" == 1 ]]; then
     sweep gen_max "$MPBM, \"mpbm_gen_objective\": \"max\"" MPBM
     sweep gen_query "$MPBM, \"mpbm_gen_mix_label\": \"query\"" MPBM
-    sweep eta_small "$BASE, \"mpbm_eta\": 0.01, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP" MPBM
+    sweep eta_small \
+        "$BASE, \"mpbm_eta\": 0.01, \"mpbm_corr_every\": 100, \"mpbm_warmup_steps\": $MPBM_WARMUP" \
+        MPBM
     FOLDERS+=(gen_max gen_query eta_small)
 fi
-if [[ "${DRY_RUN:-0}" != 1 ]]; then
-    for folder in "${FOLDERS[@]}"; do
-        echo "== $folder"
-        "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT/$folder" \
-            --single_source on --selection iid oracle --format markdown
-    done
-fi
+finish_dry_run
+for folder in "${FOLDERS[@]}"; do
+    echo "== $folder"
+    "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT/$folder" \
+        --single_source on --selection iid oracle --format markdown
+done

