@@ -6,7 +6,8 @@
 #   PROTOCOL=release (default): the release's protocol: one pooled shuffled batch of 64, Adam 1e-4
 #     with an inverse lr decay of the network and the masks every step, weight decay 0, final layer
 #     N(0, 0.001), the release's augmentation, 10% of each domain held out for validation, 50
-#     epochs, a checkpoint every epoch, best epoch on source validation (iid_best);
+#     epochs, a checkpoint every epoch, best epoch on source validation (iid:
+#     DomainBed's training-domain validation keeps each run's best checkpoint);
 #   PROTOCOL=domainbed: DomainBed's protocol (80/20 splits, 12 images per source per step,
 #     constant lr, 5001 steps) with the paper's hparams.
 # Every value with its source, and what the host cannot express:

@@ -6,7 +6,8 @@
 #   PROTOCOL=release (default): the release's protocol: official splits, one pooled shuffled batch
 #     of 64, Adam 1e-4 (network lr x0.99 per epoch, mask lr constant), weight decay 1e-5, the
 #     release's augmentation, 150 epochs (the release's config; EPOCHS=50 is the paper's "best of
-#     50 epochs"), a checkpoint every epoch, best epoch on source validation (iid_best);
+#     50 epochs"), a checkpoint every epoch, best epoch on source validation (iid:
+#     DomainBed's training-domain validation keeps each run's best checkpoint);
 #   PROTOCOL=domainbed: DomainBed's protocol (80/20 splits, 21 images per source per step,
 #     constant lr, 5001 steps) with the paper's hparams (training-domain validation, oracle).
 # Every value with its source, and what the host cannot express:

@@ -11,27 +11,21 @@ The three methods (``METHODS``, keyed by their ``--selection`` name):
 
 * ``iid``, *training-domain validation set*: checkpoints of the single-test-env run; val_acc is the
   mean ``env{i}_out_acc`` over the training environments (i runs 0, 1, ... while the key exists);
-  the run keeps its best checkpoint (early stopping).
+  the run keeps its best checkpoint (early stopping: ``IIDAccuracySelectionMethod.run_acc`` takes
+  ``argmax('val_acc')`` over the run's checkpoints, the earliest on ties, not the last one). This
+  is also the DMG release's best-epoch rule: ``trainers/subnetwork_supermask_trainer.py`` at
+  prithv1/DMG@6b162b4 (lines 412 and 489-498) keeps ``best_so_far.pth`` whenever the mean of the
+  source domains' validation accuracies strictly beats the best so far, so the earliest best
+  epoch wins; the DMG paper settings (:mod:`dg_plugins.reference.paper_settings`) and their paper
+  numbers (:mod:`dg_plugins.reference`) therefore use ``iid``. (The release validates each domain
+  with its own thresholded mask, the host the prediction its tables report; the settings record
+  that difference.)
 * ``loo``, *leave-one-domain-out cross-validation*: per step, the single-test-env record and the
   pair runs ``[t, j]``; val_acc is the mean over j != t of the pair run's ``env{j}_in_acc``. A step
   counts only with exactly one single-test-env record and every j present; the run keeps its best
   step.
 * ``oracle``, *test-domain validation set (oracle)*: the last checkpoint of the single-test-env
   run (largest step); val_acc is its ``env{t}_out_acc``.
-
-One more method, not among DomainBed's (``EXTRA_METHODS``; collect_results prints it only when
-``--selection`` names it, so the default output stays DomainBed's):
-
-* ``iid_best``, *training-domain validation set, best checkpoint*: the rule the DMG release uses
-  to pick its epoch (``trainers/subnetwork_supermask_trainer.py`` at prithv1/DMG@6b162b4 keeps
-  ``best_so_far.pth`` whenever the mean of the source domains' validation accuracies beats the
-  best so far, strictly, so the earliest best wins): within each run the checkpoint with the
-  highest mean ``env{i}_out_acc`` over the training environments, reporting that checkpoint's
-  ``env{t}_in_acc``; across runs the best such val_acc. DomainBed's IID already keeps each run's
-  best checkpoint (``IIDAccuracySelectionMethod.run_acc``: ``argmax('val_acc')`` over the
-  checkpoints, not the last one), so ``iid_best`` chooses exactly the records ``iid`` chooses, on
-  multi-source, single-source and UDG runs alike; it exists so that a table, and the paper numbers
-  compared with it (:mod:`dg_plugins.reference`), name the release's rule.
 
 Exact DomainBed semantics kept: within a run the earliest checkpoint (IID: first in record order;
 LOO: smallest step) wins ties, and a NaN val_acc behaves as under Python's ``max`` (a leading NaN
@@ -234,7 +228,7 @@ def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray
                     targets: np.ndarray, method: SelectionMethod) -> pd.DataFrame:
     """DomainBed's training-domain (IID) and test-domain (oracle) selection for runs evaluated on
     several environments at once: single-source runs (one source, every other environment a
-    target) and UDG runs (several sources and targets); ``iid_best`` selects as IID.
+    target) and UDG runs (several sources and targets).
 
     ``runs``: one row per record on a RangeIndex, with ``record`` (its row of ``out_acc``, the
     ``env{i}_out_acc`` matrix), ``group``, ``hparams_seed`` and ``step``; ``sources`` and
@@ -244,7 +238,7 @@ def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray
     checkpoint, val_acc the mean ``env{t}_out_acc`` over the targets (``OracleSelectionMethod``).
     Means skip missing accuracies (NaN when every one is missing). Returns the best run per group
     (:func:`best_run`)."""
-    if method in TRAINING_DOMAIN_METHODS:
+    if method is IID:
         rows = runs["record"].to_numpy()
         scored = best_checkpoint(runs.assign(val_acc=_masked_mean(out_acc[rows], sources)),
                                  "record")
@@ -253,8 +247,8 @@ def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray
         rows, positions = scored["record"].to_numpy(), scored.index.to_numpy()
         scored = scored.assign(val_acc=_masked_mean(out_acc[rows], targets[positions]))
     else:
-        raise ValueError(f"selection by source and target masks supports 'iid', 'iid_best' and "
-                         f"'oracle', not {method.key!r}")
+        raise ValueError(f"selection by source and target masks supports 'iid' and 'oracle', "
+                         f"not {method.key!r}")
     return best_run(scored)
 
 
@@ -341,26 +335,16 @@ class SelectionMethod:
 IID = SelectionMethod("iid", "training-domain validation set", _iid_runs)
 LOO = SelectionMethod("loo", "leave-one-domain-out cross-validation", _loo_runs)
 ORACLE = SelectionMethod("oracle", "test-domain validation set (oracle)", _oracle_runs)
-#: The DMG release's rule (module docstring): the same records as IID, under its own name.
-IID_BEST = SelectionMethod("iid_best", "training-domain validation set, best checkpoint",
-                           _iid_runs)
-#: DomainBed's methods by ``--selection`` key, in its output order (collect_results' default).
+#: The methods by ``--selection`` key, in DomainBed's output order (collect_results' default).
 METHODS: dict[str, SelectionMethod] = {m.key: m for m in (IID, LOO, ORACLE)}
-#: Methods beyond DomainBed's, printed only when asked for.
-EXTRA_METHODS: dict[str, SelectionMethod] = {IID_BEST.key: IID_BEST}
-#: Every method by key: what ``--selection`` accepts.
-ALL_METHODS: dict[str, SelectionMethod] = {**METHODS, **EXTRA_METHODS}
-#: The methods that score a checkpoint by the training environments' validation accuracy and keep
-#: each run's earliest best checkpoint (what :func:`select_by_masks` does for "iid").
-TRAINING_DOMAIN_METHODS = (IID, IID_BEST)
 
 
 def get_method(key: str) -> SelectionMethod:
     """The method for a ``--selection`` key (or its printed name)."""
-    for method in ALL_METHODS.values():
+    for method in METHODS.values():
         if key in (method.key, method.name):
             return method
-    raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(ALL_METHODS)}")
+    raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(METHODS)}")
 
 
 def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,

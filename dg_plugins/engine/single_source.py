@@ -29,12 +29,11 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.engine.records import leading_count
-from dg_plugins.engine.selection import (IID, IID_BEST, ORACLE, GroupedRecords, SelectionMethod,
-                                         group_ids, group_records, select_by_masks)
+from dg_plugins.engine.selection import (IID, ORACLE, GroupedRecords, SelectionMethod, group_ids,
+                                         group_records, select_by_masks)
 
-#: The selection methods that apply to single-source runs (LOO needs several sources);
-#: ``iid_best`` selects as ``iid`` (:mod:`dg_plugins.engine.selection`).
-METHODS = (IID, ORACLE, IID_BEST)
+#: The selection methods that apply to single-source runs (LOO needs several sources).
+METHODS = (IID, ORACLE)
 
 
 def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:

@@ -23,11 +23,10 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.engine.records import acc_matrix, leading_count
-from dg_plugins.engine.selection import (IID, IID_BEST, ORACLE, SelectionMethod, group_ids,
-                                         select_by_masks)
+from dg_plugins.engine.selection import IID, ORACLE, SelectionMethod, group_ids, select_by_masks
 
-#: The methods that apply to UDG runs (``iid_best`` selects as ``iid``).
-METHODS = (IID, ORACLE, IID_BEST)
+#: The methods that apply to UDG runs.
+METHODS = (IID, ORACLE)
 FRACTION_COLUMN = "args.label_fraction"
 
 

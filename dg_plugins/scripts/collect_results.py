@@ -1,7 +1,7 @@
 """Print the results tables of a sweep, as DomainBed's collect_results does (``domainbed/scripts/collect_results.py``).
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
-        [--selection iid loo oracle iid_best] [--paper KEY [KEY ...]] [--hparams_table]
+        [--selection iid loo oracle] [--paper KEY [KEY ...]] [--hparams_table]
         [--no_save]
 
 By default the output (stdout) is byte-identical to DomainBed's collect_results on the same folder:
@@ -15,9 +15,9 @@ warning, not a crash.
 
 Beyond DomainBed:
 
-* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order),
-  and ``iid_best`` (training-domain validation, best checkpoint: the DMG release's rule, which
-  picks the same records as DomainBed's ``iid``; :mod:`dg_plugins.engine.selection`);
+* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order;
+  ``iid`` keeps each run's best checkpoint, which is also the DMG release's best-epoch rule:
+  :mod:`dg_plugins.engine.selection`);
 * ``--paper KEY [KEY ...]`` prints published numbers (:mod:`dg_plugins.reference`) under each
   table they match (setting, dataset, source environment, and selection method where the paper
   names one), in every format: the paper's rows, then for each of our algorithms that corresponds
@@ -64,7 +64,7 @@ import sys
 from dg_plugins import catalog, reference
 from dg_plugins.engine import learning, table_formats, tables
 from dg_plugins.engine.records import job_progress, load_records
-from dg_plugins.engine.selection import ALL_METHODS, METHODS
+from dg_plugins.engine.selection import METHODS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,13 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--format", choices=table_formats.FORMATS, default=None,
                         help="text (default, DomainBed's), latex (DomainBed's --latex), markdown, "
                              "or csv (one tidy row per cell)")
-    parser.add_argument("--selection", nargs="+", choices=list(ALL_METHODS),
+    parser.add_argument("--selection", nargs="+", choices=list(METHODS),
                         default=list(METHODS), metavar="METHOD",
                         help="model-selection methods, in print order: iid (training-domain "
-                             "validation), loo (leave-one-domain-out), oracle (test-domain), "
-                             "iid_best (training-domain validation, best checkpoint: the DMG "
-                             "release's rule, which picks the records iid picks); default: "
-                             "iid loo oracle, DomainBed's three")
+                             "validation: each run's best checkpoint by mean source validation "
+                             "accuracy, also the DMG release's best-epoch rule), loo (leave-one-"
+                             "domain-out), oracle (test-domain); default: all three, DomainBed's")
     parser.add_argument("--hparams_table", action="store_true",
                         help="also print the selected run (hparams_seed, step, accuracies, "
                              "hparams) of every group, and write it to selected_hparams.csv")
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
         return 0
-    report = tables.build_report(records, [ALL_METHODS[key] for key in args.selection],
+    report = tables.build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
                                  single_source=args.single_source, ipoop=args.ipoop,
                                  papers=[reference.get(key) for key in args.paper])

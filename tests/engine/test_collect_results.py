@@ -347,7 +347,7 @@ def test_benchmark_smoke(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------------
-# iid_best, paper numbers (--paper) and the notes on stderr
+# the best checkpoint, paper numbers (--paper) and the notes on stderr
 
 
 def write_job(root, name, records, done=True):
@@ -406,19 +406,11 @@ def cells(line):
     return [cell.strip() for cell in re.split(r"\s{2,}", line.strip())]
 
 
-def test_iid_best_shows_the_best_checkpoint_and_leaves_iid_unchanged(shared_fixtures, sweep,
-                                                                      pacs, capsys):
-    golden = expected(shared_fixtures, "text")
-    blocks = golden.rstrip("\n").split("\n\n")
-    _, out, err = run(capsys, "--input_dir", sweep, "--selection", "iid", "--no_save")
-    assert out == "\n\n".join(blocks[:3]) + "\n" and err == ""
-    # DomainBed's IID already keeps each run's best checkpoint: iid_best picks the same records
-    _, best, _ = run(capsys, "--input_dir", sweep, "--selection", "iid_best", "--no_save")
-    assert best == out.replace("method: training-domain validation set",
-                               "method: training-domain validation set, best checkpoint")
-    _, out, _ = run(capsys, "--input_dir", pacs, "--selection", "iid_best", "oracle", "--no_save")
-    table = block(out, "Dataset: PACS, model selection method: training-domain validation set, "
-                       "best checkpoint")
+def test_iid_shows_each_runs_best_checkpoint_not_the_last(pacs, capsys):
+    """DomainBed's training-domain validation keeps each run's best checkpoint by mean source
+    validation accuracy: the DMG release's best-epoch rule, so its protocol selects with iid."""
+    _, out, _ = run(capsys, "--input_dir", pacs, "--selection", "iid", "oracle", "--no_save")
+    table = block(out, "Dataset: PACS, model selection method: training-domain validation set")
     assert cells(table[1]) == ["ERM", *["75.0 +/- 0.0"] * 4, "75.0"]
     assert cells(table[2]) == ["DMG", *["80.0 +/- 0.0"] * 4, "80.0"]
     oracle = block(out, "Dataset: PACS, model selection method: test-domain validation set "
@@ -426,15 +418,28 @@ def test_iid_best_shows_the_best_checkpoint_and_leaves_iid_unchanged(shared_fixt
     assert cells(oracle[1])[1] == "80.0 +/- 0.0"  # the last checkpoint
 
 
+def test_a_removed_or_unknown_selection_key_is_a_usage_error(pacs, capsys):
+    """One name per rule: iid_best (the same records as iid) is gone and fails as any unknown
+    key does, listing the choices; nothing is written."""
+    for key in ("iid_best", "best"):
+        with pytest.raises(SystemExit) as exit_info:
+            collect_results.main(["--input_dir", str(pacs), "--selection", key])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2
+        assert f"invalid choice: '{key}'" in err and "'iid', 'loo', 'oracle'" in err
+    assert not (pacs / "results.txt").exists()
+
+
 def test_paper_rows_and_differences_under_the_matching_tables(pacs, capsys):
-    status, out, err = run(capsys, "--input_dir", pacs, "--selection", "iid", "iid_best",
+    status, out, err = run(capsys, "--input_dir", pacs, "--selection", "oracle", "iid",
                            "--paper", "dmg_pacs_resnet18", "--no_save")
     assert status == 0 and err == ""
-    # only under the iid_best tables: the entry names the DMG release's selection
-    iid = block(out, "Dataset: PACS, model selection method: training-domain validation set")
-    assert not any("paper" in line for line in iid)
-    table = block(out, "Dataset: PACS, model selection method: training-domain validation set, "
-                       "best checkpoint")
+    # only under the iid tables: the entry names the release's selection, iid's rule
+    oracle = block(out, "Dataset: PACS, model selection method: test-domain validation set "
+                        "(oracle)")
+    assert not any("paper" in line for line in oracle)
+    table = block(out, "Dataset: PACS, model selection method: training-domain validation set")
+    assert "selection: iid (best checkpoint over 50 epochs" in table[4]
     assert table[3].startswith("paper [dmg_pacs_resnet18]: Chattopadhyay, Balaji, Hoffman")
     assert "numbers read from dmg_eccv2020.txt (full paper)" in table[4]
     rows = {cells(line)[0]: cells(line)[1:] for line in table[5:]}
@@ -447,12 +452,12 @@ def test_paper_rows_and_differences_under_the_matching_tables(pacs, capsys):
     assert rows["ERM - paper"] == ["+2.4", "-3.5", "-18.2", "+9.8", "-2.4"]
     assert rows["DMG - paper"] == ["+3.1", "-0.4", "-13.3", "+4.8", "-1.5"]
     # without --paper nothing of it
-    _, plain, _ = run(capsys, "--input_dir", pacs, "--selection", "iid", "iid_best", "--no_save")
+    _, plain, _ = run(capsys, "--input_dir", pacs, "--selection", "oracle", "iid", "--no_save")
     assert "paper" not in plain and out.startswith(plain.split("\n\n")[0])
 
 
 def test_paper_numbers_in_every_format(pacs, capsys):
-    argv = ["--input_dir", pacs, "--selection", "iid_best", "--paper", "dmg_pacs_resnet50",
+    argv = ["--input_dir", pacs, "--selection", "iid", "--paper", "dmg_pacs_resnet50",
             "dismae_dg", "--no_save", "--format"]
     _, markdown, _ = run(capsys, *argv, "markdown")
     assert "| Paper row / ours − paper | A | C | P | S | Avg |" in markdown
@@ -494,11 +499,11 @@ def test_several_dataset_entries_fill_avg_and_the_averages_table(pacs, capsys):
 
 
 def test_unmatched_unknown_and_conflicting_paper_keys(pacs, capsys):
-    status, out, err = run(capsys, "--input_dir", pacs, "--paper", "dmg_pacs_resnet18",
-                           "mpbm_digits", "--no_save")
+    status, out, err = run(capsys, "--input_dir", pacs, "--selection", "loo", "oracle",
+                           "--paper", "dmg_pacs_resnet18", "mpbm_digits", "--no_save")
     assert status == 0 and "paper [" not in out
     assert ("note: paper [dmg_pacs_resnet18]: no table here matches; it needs multi-source "
-            "tables of PACS, selection iid_best (--selection iid_best).") in err
+            "tables of PACS, selection iid (--selection iid).") in err
     assert "paper [mpbm_digits]: no table here matches; it needs single-source tables of " \
            "Digits, source mnist." in err
     for argv, message in ((["--paper", "dmg_pacs"], "did you mean 'dmg_pacs_resnet18'"),
@@ -592,10 +597,12 @@ def test_notes_explain_x_cells_and_averages_over_other_domains(sweep, capsys):
 def test_cli_end_to_end_with_paper_numbers_and_a_running_job(pacs):
     (pacs / "DMG3" / "done").unlink()
     command = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
-               str(pacs), "--selection", "iid_best", "--paper", "dmg_pacs_resnet18"]
+               str(pacs), "--selection", "iid", "--paper", "dmg_pacs_resnet18"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "paper [dmg_pacs_resnet18]" in result.stdout and "DMG - paper" in result.stdout
+    table = block(result.stdout, "Dataset: PACS, model selection method: training-domain "
+                                 "validation set")
+    assert "paper [dmg_pacs_resnet18]" in table[3] and "DMG - paper" in result.stdout
     assert (pacs / "results.txt").read_text() == result.stdout  # notes are not in the file
     assert result.stderr == ("note: 7 of 8 jobs done (1 running or incomplete: DMG3); the tables "
                              "use the records written so far\n")

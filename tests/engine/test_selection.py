@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dg_plugins.engine.selection import (ALL_METHODS, IID, IID_BEST, LOO, METHODS, ORACLE,
-                                         get_method, group_records, select)
+from dg_plugins.engine.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
+                                         select)
 from dg_plugins.engine.udg_selection import select_udg
 
 from helpers import frame_of
@@ -46,12 +46,11 @@ def test_methods_and_names():
         "training-domain validation set", "leave-one-domain-out cross-validation",
         "test-domain validation set (oracle)"]
     assert get_method("loo") is LOO and get_method("training-domain validation set") is IID
-    with pytest.raises(ValueError, match="iid, loo, oracle, iid_best"):
-        get_method("best")
-    # iid_best is ours, not DomainBed's: asked for by name, never in the default three
-    assert list(ALL_METHODS) == ["iid", "loo", "oracle", "iid_best"]
-    assert get_method("iid_best") is IID_BEST
-    assert IID_BEST.name == "training-domain validation set, best checkpoint"
+    # one rule per name: the DMG release's best-epoch rule is iid (no second name for it)
+    for key in ("best", "iid_best"):
+        with pytest.raises(ValueError, match=f"unknown selection method '{key}'; choose from "
+                                             "iid, loo, oracle$"):
+            get_method(key)
 
 
 def test_oracle_takes_the_last_step():
@@ -83,22 +82,24 @@ def best_not_last(hparams_seed=0, shift=0.0):
         for step in (200, 0, 300, 100)]  # not in step order: the records' order is not the rule
 
 
-def test_iid_best_reports_the_best_checkpoint_not_the_last():
+def test_iid_reports_the_best_checkpoint_not_the_last():
+    """DomainBed's IID keeps each run's best source-validation checkpoint: the DMG release's
+    best-epoch rule (best_so_far.pth)."""
     records = best_not_last()
-    row = chosen(records, IID_BEST, test_env=0)
+    row = chosen(records, IID, test_env=0)
     assert (row["step"], row["test_acc"]) == (100, 0.22)
     assert row["val_acc"] == np.mean([0.9, 0.7])
     # across hparams: the run whose best checkpoint validates best, ties to the largest seed
     records = best_not_last(0) + best_not_last(1, shift=0.05) + best_not_last(2, shift=-0.05)
-    row = chosen(records, IID_BEST, test_env=0)
+    row = chosen(records, IID, test_env=0)
     assert (row["hparams_seed"], row["step"]) == (1, 100)
     assert row["test_acc"] == pytest.approx(0.27)
-    # the DMG release's rule is DomainBed's IID: the same records, group by group
-    pd.testing.assert_frame_equal(select(frame_of(records), IID_BEST),
-                                  select(frame_of(records), IID))
+    # the oracle reports the last checkpoint of the run its target validation picks instead
+    row = chosen(records, ORACLE, test_env=0)
+    assert row["step"] == 300
 
 
-def test_iid_best_on_udg_runs_keeps_the_best_checkpoint():
+def test_iid_on_udg_runs_keeps_the_best_checkpoint():
     """UDG runs (two targets) select through select_by_masks: mean source validation (env 1),
     each run's best checkpoint, its targets' in-split accuracies."""
     records = []
@@ -108,10 +109,9 @@ def test_iid_best_on_udg_runs_keeps_the_best_checkpoint():
         rec["args"]["label_fraction"] = 0.1
         records.append(rec)
     frame = frame_of(records)
-    row = select_udg(frame, IID_BEST).iloc[0]
+    row = select_udg(frame, IID).iloc[0]
     assert (row["step"], row["acc0"], row["acc2"]) == (100, 0.5, 0.6)
     assert select_udg(frame, ORACLE).iloc[0]["step"] == 200
-    pd.testing.assert_frame_equal(select_udg(frame, IID_BEST), select_udg(frame, IID))
 
 
 def test_hparams_ties_go_to_the_largest_seed():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dg_plugins.engine import table_formats, tables
-from dg_plugins.engine.selection import IID, IID_BEST, LOO, ORACLE
+from dg_plugins.engine.selection import IID, LOO, ORACLE
 from dg_plugins.engine.single_source import select_single_source, single_source_datasets
 from dg_plugins.engine.tables import single_source_tables
 
@@ -47,15 +47,16 @@ def test_hparams_ties_go_to_the_largest_seed_and_best_wins():
     assert select_single_source(frame_of(recs), IID).iloc[0]["hparams_seed"] == 1
 
 
-def test_iid_best_keeps_the_best_source_validation_checkpoint_not_the_last():
+def test_iid_reports_the_best_source_validation_checkpoint_not_the_last():
     recs = [record(0, 0, accs={"env0_out_acc": 0.6, "env1_in_acc": 0.1}),
             record(0, 100, accs={"env0_out_acc": 0.9, "env1_in_acc": 0.3}),
             record(0, 200, accs={"env0_out_acc": 0.7, "env1_in_acc": 0.8})]
-    row = select_single_source(frame_of(recs), IID_BEST).iloc[0]
+    row = select_single_source(frame_of(recs), IID).iloc[0]
     assert (row["step"], row["acc0"], row["acc1"]) == (100, 0.9, 0.3)
-    [table] = single_source_tables(frame_of(recs), IID_BEST)
+    [table] = single_source_tables(frame_of(recs), IID)
     assert table.rows["A"][1].text() == "30.0 +/- 0.0"  # the best checkpoint's target, not 80
-    assert "best checkpoint" in table.header
+    [table] = single_source_tables(frame_of(recs), ORACLE)
+    assert table.rows["A"][1].text() == "80.0 +/- 0.0"  # the oracle's: the last checkpoint
 
 
 def test_loo_does_not_apply():
