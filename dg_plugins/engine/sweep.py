@@ -439,40 +439,37 @@ def check_data(dataset: str, data_dir: str) -> None:
     """Raise (FileNotFoundError / ValueError, the dataset's own message and layout) when
     ``dataset``'s files are not where its jobs will look, without reading them: image-folder
     datasets through :func:`dg_plugins.catalog.environments_of` (torch-free: the folders, a class
-    folder and an image per domain); a dataset class's own ``check_data_dir(data_dir)`` when it
-    has one; MNIST's four files (:func:`dg_plugins.datasets.mnist.find_mnist_files`); each
-    Digits domain's files (:mod:`dg_plugins.datasets.digits`). Others are not checked."""
+    folder and an image per domain; a missing folder also gets the downloader's command where it
+    provides the dataset, :func:`dg_plugins.datasets.download.sources.download_command`, whose
+    import loads the datasets, hence torch, on that error path only); any other dataset through
+    its class's own ``check_data_dir(data_dir)`` (e.g. MNIST's four files, each Digits domain),
+    when it has one. Others are not checked."""
     if dataset in NO_FILE_DATASETS:
         return
     if dataset in catalog.IMAGE_FOLDER_DATASETS:
-        catalog.environments_of(dataset, data_dir)
+        try:
+            catalog.environments_of(dataset, data_dir)
+        except FileNotFoundError as err:
+            # Not for the generic tree (nothing to download), nor for a folder that is there
+            # but incomplete (the downloader leaves an existing folder alone).
+            folder = catalog.IMAGE_FOLDER_DATASETS[dataset]
+            if folder is None or data_dir and os.path.isdir(os.path.join(data_dir, folder)):
+                raise
+            from dg_plugins.datasets.download.sources import download_command
+
+            command = download_command(dataset, data_dir or None)
+            if command is None:
+                raise
+            raise FileNotFoundError(f"{err} On a machine with internet, `{command}` downloads "
+                                    "it.") from None
         return
     from dg_plugins.engine import plugins
     from dg_plugins.registry import DATASETS
 
     plugins.load()
-    cls = DATASETS.get(dataset)
-    hook = getattr(cls, "check_data_dir", None)
+    hook = getattr(DATASETS.get(dataset), "check_data_dir", None)
     if hook is not None:
         hook(data_dir)
-        return
-    from dg_plugins.datasets import digits, mnist
-
-    if isinstance(cls, type) and issubclass(cls, mnist.MultipleEnvironmentMNIST) \
-            and cls.load_digits is mnist.MultipleEnvironmentMNIST.load_digits:
-        mnist.find_mnist_files(data_dir)
-    elif isinstance(cls, type) and issubclass(cls, digits.Digits):
-        if not data_dir:
-            raise FileNotFoundError(f"{dataset} needs --data_dir: the folder holding "
-                                    f"{digits.FOLDER_NAME}/")
-        root = os.path.join(data_dir, digits.FOLDER_NAME)
-        for domain in cls.ENVIRONMENTS:
-            if not (os.path.isfile(os.path.join(root, domain + ".npz"))
-                    or digits._released(domain, root, data_dir) is not None
-                    or os.path.isdir(os.path.join(root, domain))):
-                raise FileNotFoundError(
-                    f"{dataset} domain {domain!r} not found. dg_plugins never downloads; put one "
-                    f"of these in place:\n{digits.expected_layout(domain, data_dir)}")
 
 
 def data_problems(jobs: Sequence[SweepJob]) -> list[str]:

@@ -128,17 +128,56 @@ def test_npz_and_image_folder_layouts(tmp_path):
     torch.testing.assert_close(images.mean(dim=(1, 2, 3)), torch.tensor([20 / 255, 70 / 255]))
 
 
-def test_missing_domain_names_the_expected_files(tmp_path):
+def test_missing_domain_names_the_expected_files_and_how_to_get_them(tmp_path):
+    """The downloader does not provide Digits, so the message says so and where to put the
+    files; the mnist domain's message adds the downloader's MNIST command (its IDX files are one
+    of that domain's layouts)."""
     (tmp_path / "digits").mkdir()
     with pytest.raises(FileNotFoundError) as err:
         DATASETS.get("Digits")(str(tmp_path), [], {})
     message = str(err.value)
     assert "mnist.npz" in message and "train-images-idx3-ubyte" in message
-    assert "never downloads" in message
-    with pytest.raises(FileNotFoundError, match="test_32x32.mat"):
+    assert "never downloads" not in message
+    assert ("The downloader (python -m dg_plugins.scripts.download) does not provide Digits: "
+            "get the domain's files from their publishers and put one of these in place") \
+        in message
+    assert (f"`python -m dg_plugins.scripts.download --data_dir {tmp_path} MNIST` writes them "
+            f"to {tmp_path / 'MNIST' / 'raw'}/") in message
+    with pytest.raises(FileNotFoundError, match="test_32x32.mat") as err:
         digits.load_domain("svhn", str(tmp_path))
+    assert "does not provide Digits" in str(err.value) and "MNIST" not in str(err.value)
     with pytest.raises(FileNotFoundError, match="--data_dir"):
         DATASETS.get("Digits")(None, [], {})
+
+
+def test_check_data_dir_finds_every_layout_without_reading_it(tmp_path):
+    """The check sweep runs before launching: each domain in any of its layouts (empty files
+    pass: nothing is read), an image folder only with an image in a digit folder; a missing domain
+    gives the loader's message plus the other missing domains."""
+    check = DATASETS.get("Digits").check_data_dir
+    with pytest.raises(FileNotFoundError, match="--data_dir"):
+        check(None)
+    with pytest.raises(FileNotFoundError) as err:
+        check(str(tmp_path))
+    with pytest.raises(FileNotFoundError) as loaded:
+        DATASETS.get("Digits")(str(tmp_path), [], {})
+    assert str(err.value) == (str(loaded.value) + "\nAlso missing: 'svhn', 'mnist_m', 'syn', "
+                              "'usps' (each in one of the same layouts, under its own name)")
+    base = tmp_path / "digits"
+    for path in ("MNIST/raw/train-images-idx3-ubyte.gz", "MNIST/raw/train-labels-idx1-ubyte",
+                 "digits/svhn/test_32x32.mat", "digits/mnist_m/mnist_m_test_labels.txt",
+                 "digits/syn.npz", "digits/usps/zip.test.gz"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"")
+    check(str(tmp_path))
+    (base / "usps" / "zip.test.gz").unlink()
+    (base / "usps" / "7").mkdir()
+    (base / "usps" / "7" / ".hidden").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="Digits domain 'usps' not found") as err:
+        check(str(tmp_path))
+    assert "Also missing" not in str(err.value)
+    (base / "usps" / "7" / "a.png").write_bytes(b"")
+    check(str(tmp_path))
 
 
 def test_bad_files_raise_clear_errors(tmp_path):

