@@ -229,7 +229,7 @@ class _Requests:
 class WorkerPool:
     """One set of loader workers making the batches of several training streams: each request
     is one round, the next batch of every stream (a training step draws one batch of each, so
-    the streams are consumed in lockstep; a stream drawn twice in a round raises). Workers
+    the streams are consumed in lockstep; a stream drawn a round ahead of another raises). Workers
     prefetch rounds ahead; :meth:`close` ends them and puts every stream back at the batches it
     handed out, so the next batch starts new workers exactly where the stream stood."""
 
