@@ -313,13 +313,12 @@ def test_dismae_updates_are_bit_reproducible_on_two_threads():
 def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
     """A DisMAE UDG job run as a user runs it (a subprocess, 2 CPU threads), stopped by SIGTERM
     during its pretraining and run again: the pretraining continues from its checkpoint and its
-    pretrained.pt, its records and the job's records equal those of an uninterrupted job."""
+    pretrained.pt, its records and the job's records equal those of an uninterrupted job (run
+    in this process, also on 2 threads)."""
     import os
     import signal
 
     from processes import command_env, finish, run, start, survivors
-
-    env = command_env(OMP_NUM_THREADS="2")
 
     def argv(root):
         return ["--dataset", "Debug28", "--algorithm", "DisMAE", "--output_dir", root / "job",
@@ -327,8 +326,14 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
                 "--label_fraction", "0.5", "--pretrain_steps", "8", "--hparams",
                 json.dumps(TINY)]
 
-    code, output = run("dg_plugins.scripts.train", *argv(tmp_path / "full"), env=env, timeout=240)
-    assert code == 0, output
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        uninterrupted = train_cli.build_parser().parse_args(map(str, argv(tmp_path / "full")))
+        assert train.run(uninterrupted) == "done"
+    finally:
+        torch.set_num_threads(threads)
+    env = command_env(OMP_NUM_THREADS="2")
     proc = start("dg_plugins.scripts.train", *argv(tmp_path / "cut"), env=env)
     deadline = time.monotonic() + 240
     while True:
