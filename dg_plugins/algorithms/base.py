@@ -88,10 +88,11 @@ class Algorithm(nn.Module):
     TINY_TEST_HPARAMS: dict = {}
     #: ``{parameter-name prefix: reason}``: trainable parameters allowed to get no gradient.
     GRADIENT_EXEMPT: dict = {}
-    #: Steps per epoch of the run, set by dg_plugins' train job once the data are known (the
-    #: source in-split size over the batch; in UDG pretraining, the pretraining set's); None where
-    #: no job sets it (e.g. DomainBed's own train through the bridge). Read by methods whose
-    #: schedule is in epochs (DisMAE's domain classifier).
+    #: Steps per epoch of the run, set by dg_plugins' train job once the data are known
+    #: (DomainBed's: the smallest in-split over the batch; with ``batch_sampling`` "pooled" the
+    #: batches of one pass over the source splits' union; in UDG pretraining, the pretraining
+    #: set's); None where no job sets it (e.g. DomainBed's own train through the bridge). Read
+    #: by schedules in epochs (the job's ``lr_schedule``, DisMAE's domain classifier).
     epoch_steps: float | None = None
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):

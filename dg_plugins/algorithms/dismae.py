@@ -479,7 +479,7 @@ class DisMAE(_MaskedAutoencoder):
         losses = []
         for k, d in enumerate(torch.unique(domain)):
             idx = torch.nonzero(domain == d)[:, 0]
-            logits = -errors[idx] / tau
+            logits = -errors.index_select(0, idx) / tau
             target = torch.nonzero(idx == positive[k])[0, 0]
             losses.append(torch.logsumexp(logits, 0) - logits[target])
         return torch.stack(losses)
@@ -501,11 +501,18 @@ class DisMAE(_MaskedAutoencoder):
         pred = self.decoder(latent, ids_restore, v)
         rec = self.rec_loss(pred, target, mask)
 
-        # adaptive contrastive loss: each domain's anchor decoded with every same-domain v_j
+        # adaptive contrastive loss: each domain's anchor decoded with every same-domain v_j.
+        # The anchor rows are gathered with index_select, whose backward (index_add_) adds the
+        # repeated rows' gradients in a fixed order on every device; advanced indexing
+        # (latent[anchor_of]) accumulates them with parallel atomic adds on a multi-threaded CPU,
+        # so two identical runs drifted apart (~1e-7 after a few steps) unless torch's
+        # deterministic algorithms were on.
         anchor_of, anchors = self.anchors(domain)
-        swapped = self.decoder(latent[anchor_of], ids_restore[anchor_of], v)
-        excess = F.relu((swapped - target[anchor_of]).pow(2) - hp["dismae_margin"])
-        errors = excess.mean(dim=-1).sum(dim=1) / (mask[anchor_of].sum(dim=1) + 1)
+        swapped = self.decoder(latent.index_select(0, anchor_of),
+                               ids_restore.index_select(0, anchor_of), v)
+        excess = F.relu((swapped - target.index_select(0, anchor_of)).pow(2)
+                        - hp["dismae_margin"])
+        errors = excess.mean(dim=-1).sum(dim=1) / (mask.index_select(0, anchor_of).sum(dim=1) + 1)
         terms = self.contrastive_terms(errors, domain, anchors, hp["dismae_tau"])
         weights = self.adaptive_weights(latent[anchors, 0], domain[anchors])
         ada = (weights * terms).sum()

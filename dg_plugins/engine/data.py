@@ -229,7 +229,7 @@ class _Requests:
 class WorkerPool:
     """One set of loader workers making the batches of several training streams: each request
     is one round, the next batch of every stream (a training step draws one batch of each, so
-    the streams are consumed in lockstep; a stream drawn twice in a round raises). Workers
+    the streams are consumed in lockstep; a stream drawn a round ahead of another raises). Workers
     prefetch rounds ahead; :meth:`close` ends them and puts every stream back at the batches it
     handed out, so the next batch starts new workers exactly where the stream stood."""
 
@@ -476,59 +476,89 @@ class PooledBatches(Stream):
         return [(x[part == i], y[part == i]) for i in range(len(self.splits))]
 
 
-def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int = 0):
-    """The evaluation batches of ``dataset`` in order; batch ``k``'s random draws (an augmented
-    split's transforms) are made under ``seed_hash(seed, k)`` (:func:`fetch`), so an evaluation
-    gives the same batches whichever process makes them and however often it is repeated. With
-    workers, close the generator when stopping early (``contextlib.closing``): its workers are
-    shut down then, not at garbage collection."""
-    view = tensor_view(dataset)
-    if view is not None:
-        tensors, index = view
-        for start in range(0, len(index), batch_size):
-            picked = index[start:start + batch_size]
-            yield tensors[0][picked], tensors[1][picked]
-        return
-    requests = [[(0, seed_hash(seed, k), list(range(start, min(start + batch_size,
-                                                                 len(dataset)))))]
-                for k, start in enumerate(range(0, len(dataset), batch_size))]
-    if num_workers == 0:
-        for (request,) in requests:
-            yield fetch(dataset, request[2], request[1])
-        return
-    iterator = _worker_loader([dataset], requests, num_workers)
+def eval_batches_of(datasets, batch_size: int, num_workers: int):
+    """The evaluation batches of several datasets, one after the other, as ``(dataset number,
+    x, y)``: ``datasets`` is ``[(dataset, seed), ...]``, and batch ``k`` of a dataset has its
+    random draws (an augmented split's transforms) made under ``seed_hash(seed, k)``
+    (:func:`fetch`), so an evaluation gives the same batches whichever process makes them and
+    however often it is repeated. In-memory tensor datasets are gathered in-process; the others
+    are made by one loader of ``num_workers`` workers for all of them (one start per evaluation,
+    not one per split). Close the generator when stopping early (``contextlib.closing``): the
+    workers are shut down then, not at garbage collection."""
+    plan = []  # (dataset number, tensor view or None, [(seed, indices) per batch])
+    for j, (dataset, seed) in enumerate(datasets):
+        starts = range(0, len(dataset), batch_size)
+        plan.append((j, tensor_view(dataset),
+                     [(seed_hash(seed, k), list(range(start, min(start + batch_size,
+                                                                  len(dataset)))))
+                      for k, start in enumerate(starts)]))
+    requests = [[(j, seed, indices)] for j, view, batches in plan if view is None
+                for seed, indices in batches]
+    iterator = None
+    if requests and num_workers > 0:
+        iterator = _worker_loader([dataset for dataset, _ in datasets], requests, num_workers)
     try:
-        for (batch,) in iterator:
-            yield batch
+        for j, view, batches in plan:
+            dataset = datasets[j][0]
+            for seed, indices in batches:
+                if view is not None:
+                    tensors, index = view
+                    picked = index[indices[0]:indices[-1] + 1]
+                    x, y = tensors[0][picked], tensors[1][picked]
+                elif iterator is not None:
+                    (x, y), = next(iterator)
+                else:
+                    x, y = fetch(dataset, indices, seed)
+                yield j, x, y
     finally:
-        shutdown_workers(iterator)
+        if iterator is not None:
+            shutdown_workers(iterator)
+
+
+def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int = 0):
+    """The evaluation batches ``(x, y)`` of ``dataset`` in order (:func:`eval_batches_of`, whose
+    closing rule applies)."""
+    with contextlib.closing(eval_batches_of([(dataset, seed)], batch_size, num_workers)) as each:
+        for _, x, y in each:
+            yield x, y
 
 
 @torch.no_grad()
-def accuracy(algorithm, dataset: Dataset, device, batch_size: int = 64, num_workers: int = 0,
-             subsets: dict[str, torch.Tensor] | None = None, seed: int = 0) -> dict[str, float]:
-    """Top-1 accuracy of ``algorithm.predict`` on ``dataset`` (``misc.accuracy``), in eval mode, restoring
-    train mode after. ``subsets`` maps a name to a boolean mask over the dataset's items; each named
-    subset's accuracy is returned too (NaN when it is empty). Key ``""`` is the whole dataset.
-    ``seed``: the batches' augmentation seed (:func:`eval_batches`)."""
+def accuracies(algorithm, datasets, device, batch_size: int = 64,
+               num_workers: int = 0) -> list[dict[str, float]]:
+    """Top-1 accuracy of ``algorithm.predict`` (``misc.accuracy``) on each of ``datasets``
+    (``[(dataset, seed, subsets), ...]``, their batches from :func:`eval_batches_of`: one worker
+    loader for all), in eval mode, restoring train mode after. ``subsets`` (or None) maps a name
+    to a boolean mask over the dataset's items; each named subset's accuracy is returned too (NaN
+    when it is empty). Key ``""`` is the whole dataset."""
     algorithm.eval()
-    hits = []
+    hits = [[] for _ in datasets]
     try:
-        with contextlib.closing(eval_batches(dataset, batch_size, num_workers, seed)) as batches:
-            for x, y in batches:
+        with contextlib.closing(eval_batches_of([(d, seed) for d, seed, _ in datasets],
+                                                batch_size, num_workers)) as batches:
+            for j, x, y in batches:
                 logits = algorithm.predict(x.to(device))
                 if logits.dim() != 2 or logits.size(1) < 2:
                     raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
                                      f"shape {tuple(logits.shape)}")
-                hits.append((logits.argmax(1) == y.to(device)).cpu())
+                hits[j].append((logits.argmax(1) == y.to(device)).cpu())
     finally:
         algorithm.train()
-    correct = torch.cat(hits).double() if hits else torch.zeros(0, dtype=torch.double)
-    out = {"": correct.mean().item() if len(correct) else float("nan")}
-    for name, mask in (subsets or {}).items():
-        picked = correct[torch.as_tensor(mask, dtype=torch.bool)]
-        out[name] = picked.mean().item() if len(picked) else float("nan")
+    out = []
+    for found, (_, _, subsets) in zip(hits, datasets):
+        correct = torch.cat(found).double() if found else torch.zeros(0, dtype=torch.double)
+        accs = {"": correct.mean().item() if len(correct) else float("nan")}
+        for name, mask in (subsets or {}).items():
+            picked = correct[torch.as_tensor(mask, dtype=torch.bool)]
+            accs[name] = picked.mean().item() if len(picked) else float("nan")
+        out.append(accs)
     return out
+
+
+def accuracy(algorithm, dataset: Dataset, device, batch_size: int = 64, num_workers: int = 0,
+             subsets: dict[str, torch.Tensor] | None = None, seed: int = 0) -> dict[str, float]:
+    """:func:`accuracies` of one dataset (``seed``: its batches' augmentation seed)."""
+    return accuracies(algorithm, [(dataset, seed, subsets)], device, batch_size, num_workers)[0]
 
 
 def class_balanced_weights(dataset: Dataset) -> torch.Tensor:

@@ -118,14 +118,16 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0) -> dict[st
     """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's), and
     for every named subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the
     subset is empty) and ``env{i}_{in,out}_{name}_count``. Batches of augmented splits are seeded
-    by (split, batch index) (:func:`eval_seed`)."""
+    by (split, batch index) (:func:`eval_seed`); one loader's workers make them all."""
+    named = splits.eval_named()
+    masks = [splits.subset_masks(split, env) for _, split, env in named]
+    results = data.accuracies(algorithm, [(split, eval_seed(name), subsets) for (name, split, _),
+                                          subsets in zip(named, masks)], device,
+                              num_workers=num_workers)
     out = {}
-    for name, split, env in splits.eval_named():
-        masks = splits.subset_masks(split, env)
-        accs = data.accuracy(algorithm, split, device, num_workers=num_workers, subsets=masks,
-                             seed=eval_seed(name))
+    for (name, _, _), subsets, accs in zip(named, masks, results):
         out[name + "_acc"] = accs[""]
-        for subset, mask in masks.items():
+        for subset, mask in subsets.items():
             out[f"{name}_{subset}_acc"] = accs[subset]
             out[f"{name}_{subset}_count"] = int(mask.sum())
     return out

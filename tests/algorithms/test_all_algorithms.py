@@ -95,6 +95,27 @@ def test_every_trainable_parameter_is_in_exactly_one_optimizer(name):
     assert not problems, f"{name}: " + "; ".join(problems)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
+    """``set_lr_factor`` (the job's ``lr_schedule``): every param group of every optimizer not in
+    ``lr_schedule_exempt()`` gets its initial lr x the factor (not compounding), the exempt ones
+    keep theirs; an algorithm that drives an lr with its own torch scheduler refuses clearly."""
+    algorithm, _, _ = build(name, "Debug28")
+    if algorithm.schedulers():
+        with pytest.raises(ValueError, match="lr_schedule must stay 'constant'"):
+            algorithm.set_lr_factor(0.5)
+        return
+    initial = {n: [g["lr"] for g in o.param_groups] for n, o in algorithm.optimizers().items()}
+    exempt = algorithm.lr_schedule_exempt()
+    assert exempt <= set(initial), f"{name} exempts unknown optimizers {exempt - set(initial)}"
+    for factor in (0.5, 0.1):
+        algorithm.set_lr_factor(factor)
+        for opt_name, opt in algorithm.optimizers().items():
+            scale = 1.0 if opt_name in exempt else factor
+            assert [g["lr"] for g in opt.param_groups] == pytest.approx(
+                [lr * scale for lr in initial[opt_name]]), (name, opt_name)
+
+
 @pytest.fixture(params=CASES, ids=[case_id(c) for c in CASES])
 def case(request):
     return request.param

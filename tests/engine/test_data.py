@@ -126,7 +126,7 @@ def test_closing_a_worker_stream_ends_its_workers_and_keeps_its_position():
 def test_an_evaluation_stopped_early_ends_its_workers():
     batches = data.eval_batches(ItemEnv(40), 4, num_workers=2)
     next(batches)
-    iterator = batches.gi_frame.f_locals["iterator"]
+    iterator = batches.gi_frame.f_locals["each"].gi_frame.f_locals["iterator"]
     pids = worker_pids(iterator)
     assert all(alive(p) for p in pids)
     batches.close()
@@ -245,3 +245,23 @@ def test_augmented_batches_depend_on_seed_and_batch_index_only(workers):
     assert torch.equal(evaluation(workers)[:, 0], torch.arange(10.0))
     assert not torch.equal(evaluation(0), evaluation(0, seed=6))
     assert (torch.rand(1), random.random(), np.random.rand()) == before
+
+
+def test_one_loader_evaluates_several_splits_in_order(monkeypatch):
+    """``accuracies`` of item-read and in-memory splits: one worker loader (2 workers) for all,
+    the same numbers as each split evaluated alone in-process."""
+    class Parity(torch.nn.Module):
+        def predict(self, x):  # class 1 for odd first features
+            return torch.stack([1 - x[:, 0] % 2, x[:, 0] % 2], dim=1)
+
+    splits = [(ItemEnv(9), 1, None), (tensor_env(7), 2, {"head": torch.arange(7) < 3}),
+              (Augmenting(), 3, None), (ItemEnv(5), 4, None)]
+    started = []
+    real = data._worker_loader
+    monkeypatch.setattr(data, "_worker_loader", lambda *a: started.append(a) or real(*a))
+    together = data.accuracies(Parity(), splits, "cpu", batch_size=4, num_workers=2)
+    monkeypatch.undo()
+    alone = [data.accuracy(Parity(), d, "cpu", batch_size=4, subsets=s, seed=seed)
+             for d, seed, s in splits]
+    assert together == alone and len(started) == 1
+    assert together[0][""] == 1.0 and set(together[1]) == {"", "head"}

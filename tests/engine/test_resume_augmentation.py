@@ -3,7 +3,8 @@ augmentation and the default loader workers, run as a user runs it (a subprocess
 by SIGTERM or killed with SIGKILL, then ``--resume``d, writes the records of an uninterrupted run;
 and a run without loader workers (``--n_workers 0``) writes them too. Before batches were seeded
 per (stream, batch index), the workers' augmentation RNGs restarted from other seeds after a
-resume and every resumed record differed."""
+resume and every resumed record differed. And evaluating a saved model again reproduces the
+accuracies of its record, augmented splits included."""
 
 import json
 import os
@@ -29,9 +30,9 @@ def tree(tmp_path_factory):
     return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"), per_class=2, size=40)
 
 
-def train_args(tree, out, *extra):
-    return ["--dataset", "PACS", "--data_dir", tree, "--algorithm", "SlowERM", "--test_envs",
-            "0", "--steps", STEPS, "--checkpoint_freq", FREQ, "--hparams", HPARAMS,
+def train_args(tree, out, *extra, algorithm="SlowERM", steps=STEPS):
+    return ["--dataset", "PACS", "--data_dir", tree, "--algorithm", algorithm, "--test_envs",
+            "0", "--steps", steps, "--checkpoint_freq", FREQ, "--hparams", HPARAMS,
             "--output_dir", out, *extra]
 
 
@@ -54,19 +55,26 @@ def interrupt(proc, out, n_records, signum, env):
     assert not survivors(env)
 
 
-def test_resumed_augmented_job_writes_the_records_of_an_uninterrupted_run(tree, tmp_path):
+@pytest.fixture(scope="module")
+def reference(tree, tmp_path_factory):
+    """An uninterrupted run without loader workers (its folder)."""
+    out = tmp_path_factory.mktemp("reference") / "job"
+    code, output = run(TRAIN, *train_args(tree, out, "--n_workers", "0"),
+                       env=command_env(DG_PLUGINS_IMPORT="e2e_algorithms"), timeout=TIMEOUT)
+    assert code == 0, output
+    assert "loader workers: 0" in (out / "out.txt").read_text()
+    return out
+
+
+def test_resumed_augmented_job_writes_the_records_of_an_uninterrupted_run(tree, reference,
+                                                                          tmp_path):
     """Reference: an uninterrupted run without loader workers. The other run has the default
     workers (2 here), is stopped by SIGTERM after its 2nd record, resumed, killed with SIGKILL
     after its 3rd record (the resume then continues from the last checkpoint), resumed again."""
+    expected = read_records(reference, drop=VOLATILE_KEYS)
+    assert [r["step"] for r in expected] == [0, 2, 4, 6]
+    assert expected[0]["hparams"]["data_augmentation"]
     env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
-    code, output = run(TRAIN, *train_args(tree, tmp_path / "in_process", "--n_workers", "0"),
-                       env=env, timeout=TIMEOUT)
-    assert code == 0, output
-    reference = read_records(tmp_path / "in_process", drop=VOLATILE_KEYS)
-    assert [r["step"] for r in reference] == [0, 2, 4, 6]
-    assert reference[0]["hparams"]["data_augmentation"]
-    assert "loader workers: 0" in (tmp_path / "in_process" / "out.txt").read_text()
-
     out = tmp_path / "interrupted"
     interrupt(start(TRAIN, *train_args(tree, out), env=env), out, 2, signal.SIGTERM, env)
     interrupt(start(TRAIN, *train_args(tree, out, "--resume"), env=env), out, 3,
@@ -76,4 +84,32 @@ def test_resumed_augmented_job_writes_the_records_of_an_uninterrupted_run(tree, 
     assert not survivors(env)
     text = (out / "out.txt").read_text()
     assert text.count("Resuming from step") == 2 and "loader workers: 2" in text
-    assert read_records(out, drop=VOLATILE_KEYS) == reference
+    assert read_records(out, drop=VOLATILE_KEYS) == expected
+
+
+def test_re_evaluating_a_saved_model_reproduces_its_record(tree, reference):
+    """The evaluation of an augmented split (DomainBed augments the training environments'
+    out-splits) is seeded per (split, batch): evaluating the saved model again, here with 2
+    loader workers where the job had none, gives the accuracies of its last record exactly (what
+    ``alignment_eval --update_records`` relies on)."""
+    import argparse
+
+    import torch
+
+    import dg_plugins.algorithms  # noqa: F401
+    import dg_plugins.datasets  # noqa: F401
+    from dg_plugins.engine.splits import Splits, evaluate
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+
+    record = read_records(reference)[-1]
+    saved = torch.load(reference / "model.pkl", weights_only=False)
+    hparams = saved["model_hparams"]
+    dataset = DATASETS.get("PACS")(str(tree), [0], hparams)
+    assert dataset.augmented_envs == [1, 2, 3]
+    # the job trained SlowERM (ERM that sleeps in its updates): the same network as ERM
+    algorithm = ALGORITHMS.get("ERM")(saved["model_input_shape"], saved["model_num_classes"],
+                                      saved["model_num_domains"], hparams)
+    algorithm.load_state_dict(saved["model_dict"])
+    splits = Splits(dataset, argparse.Namespace(**saved["args"]), hparams)
+    again = evaluate(algorithm, splits, torch.device("cpu"), num_workers=2)
+    assert again == {k: record[k] for k in again}

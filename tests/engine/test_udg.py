@@ -276,3 +276,84 @@ def test_pretraining_length_in_epochs(tmp_path, capsys):
     assert json.loads((folder / "identity.json").read_text())["pretrain_steps"] == expected
     with pytest.raises(ValueError, match="give one of them"):
         train.run(udg_argv(tmp_path / "both", "--steps", 2, "--udg_pretrain_epochs", 2))
+
+
+# Determinism of DisMAE's pretraining (issue 31, item 2) ---------------------------------------
+
+def test_dismae_updates_are_bit_reproducible_on_two_threads():
+    """Two identical DisMAE runs with 2 CPU threads (and torch's deterministic algorithms off, as
+    outside a train job): the same weights. The anchors' rows used to be gathered by advanced
+    indexing, whose backward adds repeated rows with parallel atomic adds on a multi-threaded
+    CPU (here: domains interleaved in the batch, as pooled batches have them; 54 samples make
+    the gathered latent 54 x 10 x 64 = 34560 elements, above the 32768 from which torch
+    parallelises that accumulation), so the runs drifted apart (~1e-5 after 3 steps)."""
+    from dg_plugins.registry import ALGORITHMS
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(False)
+    try:
+        def run():
+            torch.manual_seed(0)
+            x, domain = torch.rand(54, 3, 28, 28), torch.arange(54) % 3
+            hp = hparams_lib.default_hparams("DisMAE", "Debug28")
+            hp.update(vit_arch="tiny", dismae_lambda1=1.0)
+            model = ALGORITHMS.get("DisMAE")((3, 28, 28), 2, 3, hp)
+            for _ in range(3):
+                model._update(x, None, domain)
+            return model.state_dict()
+
+        first, second = run(), run()
+        assert all(torch.equal(first[k], second[k]) for k in first)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
+    """A DisMAE UDG job run as a user runs it (a subprocess, 2 CPU threads), stopped by SIGTERM
+    during its pretraining and run again: the pretraining continues from its checkpoint and its
+    pretrained.pt, its records and the job's records equal those of an uninterrupted job (run
+    in this process, also on 2 threads)."""
+    import os
+    import signal
+
+    from processes import command_env, finish, run, start, survivors
+
+    def argv(root):
+        return ["--dataset", "Debug28", "--algorithm", "DisMAE", "--output_dir", root / "job",
+                "--test_envs", "0", "--steps", "3", "--checkpoint_freq", "2",
+                "--label_fraction", "0.5", "--pretrain_steps", "8", "--hparams",
+                json.dumps(TINY)]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        uninterrupted = train_cli.build_parser().parse_args(map(str, argv(tmp_path / "full")))
+        assert train.run(uninterrupted) == "done"
+    finally:
+        torch.set_num_threads(threads)
+    env = command_env(OMP_NUM_THREADS="2")
+    proc = start("dg_plugins.scripts.train", *argv(tmp_path / "cut"), env=env)
+    deadline = time.monotonic() + 240
+    while True:
+        found = list((tmp_path / "cut" / "udg_pretrain").glob("*/results.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 1)[1]
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, output = finish(proc, 240)
+    assert code == 143 and "UDG pretraining" in output, output
+    (folder,) = (tmp_path / "cut" / "udg_pretrain").iterdir()
+    assert (folder / "checkpoint.pt").exists() and not (folder / "pretrained.pt").exists()
+    code, output = run("dg_plugins.scripts.train", *argv(tmp_path / "cut"), "--resume", env=env,
+                       timeout=240)
+    assert code == 0 and "continuing" in output, output
+    assert not survivors(env)
+    (full,) = (tmp_path / "full" / "udg_pretrain").iterdir()
+    weights = [torch.load(f / "pretrained.pt", weights_only=False)["state"] for f in (full, folder)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert read_records(folder, ("step_time",)) == read_records(full, ("step_time",))
+    assert read_records(tmp_path / "cut" / "job", VOLATILE_KEYS) == read_records(
+        tmp_path / "full" / "job", VOLATILE_KEYS)
