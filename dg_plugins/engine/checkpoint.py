@@ -10,11 +10,18 @@ import random
 import numpy as np
 import torch
 
+from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine.job_folder import JobStateError
 from dg_plugins.files import atomic_torch_save
 
 #: Record args that may differ between a checkpoint and the resuming command (paths).
 RESUMABLE_ARG_CHANGES = ("output_dir", "data_dir")
+#: What to do about a train job's checkpoint that cannot be resumed from (train's ``--resume``).
+RESTART_FIX = ("Start the job over with --force (its records, models and checkpoint are removed "
+               "first), or move the folder away")
+#: The bookkeeping every checkpoint holds (:func:`save_checkpoint`).
+CHECKPOINT_KEYS = ("next_step", "model", "optimizers", "schedulers", "streams", "rng",
+                   "n_records", "last_keys")
 
 
 def seed_everything(seed: int) -> None:
@@ -95,25 +102,60 @@ def check_checkpoint_file(path: str, fix: str) -> None:
                                 f"Nothing was changed. {fix}.")
 
 
-def load_checkpoint(path: str, algorithm, streams) -> dict:
-    """Restore the algorithm, optimizers, schedulers, streams and RNG states from ``path``; returns
-    the checkpoint's bookkeeping (``next_step``, ``n_records``, ``last_keys``, ``accumulated``)."""
-    # CPU: RNG states must stay CPU ByteTensors; load_state_dict copies onto the model's device
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    algorithm.load_state_dict(state["model"])
-    for name, opt in algorithm.optimizers().items():
-        opt.load_state_dict(state["optimizers"][name])
-    for name, scheduler in algorithm.schedulers().items():
-        scheduler.load_state_dict(state["schedulers"][name])
-    for stream, s in zip(streams, state["streams"]):
-        stream.load_state_dict(s)
-    set_rng_state(state["rng"])
-    return state
+def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
+    """The checkpoint ``path`` as saved, loaded once (on CPU: RNG states must stay CPU
+    ByteTensors). A file that cannot be loaded raises :class:`DamagedCheckpoint` naming the file,
+    why (:func:`checkpoint_damage` when the archive itself is damaged; else the unpickling error,
+    e.g. of a file written by an incompatible version, or the keys a checkpoint must hold), and
+    ``fix``; nothing is changed on disk. Errors of the file system (OSError) propagate."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001  (unpickling may raise anything a constructor does)
+        damage = checkpoint_damage(path) or (
+            "it cannot be unpickled (written by an incompatible version of dg_plugins, torch or "
+            f"a plugin?): {type(err).__name__}: {err}")
+    else:
+        missing = [k for k in CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+        if not missing:
+            return state
+        damage = (f"it is not a train checkpoint (it lacks {', '.join(missing)}; written by an "
+                  "incompatible version?)")
+    raise DamagedCheckpoint(f"{path} is damaged and cannot be resumed from: "
+                            f"{' '.join(str(damage).split())[:800]}. Nothing was changed. {fix}.")
+
+
+def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
+                     fix: str = RESTART_FIX) -> None:
+    """Restore the algorithm, optimizers, schedulers, streams and RNG states from ``state``
+    (:func:`read_checkpoint`); state that does not fit them (written by an incompatible version
+    of the algorithm) raises :class:`DamagedCheckpoint`."""
+    try:
+        algorithm.load_state_dict(state["model"])
+        for name, opt in algorithm.optimizers().items():
+            opt.load_state_dict(state["optimizers"][name])
+        for name, scheduler in algorithm.schedulers().items():
+            scheduler.load_state_dict(state["schedulers"][name])
+        for stream, s in zip(streams, state["streams"]):
+            stream.load_state_dict(s)
+        set_rng_state(state["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
+        reason = " ".join(str(err).split())
+        raise DamagedCheckpoint(
+            f"{path} does not fit this job's model and cannot be resumed from (written by an "
+            f"incompatible version?): {type(err).__name__}: {reason[:500]}. Nothing was "
+            f"changed on disk. {fix}.") from None
 
 
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
     """What differs between the run that wrote the checkpoint and this command (paths that may
-    move, :data:`RESUMABLE_ARG_CHANGES`, excluded)."""
+    move, :data:`RESUMABLE_ARG_CHANGES`, excluded).
+
+    An hparam the checkpoint lacks (it was written by a release before that hparam existed, e.g.
+    ``batch_sampling``, ``lr_schedule`` or a dataset's ``augmentation``) counts as unchanged when
+    its value now is its default for the job's algorithm and dataset
+    (:func:`dg_plugins.hparams.default_hparams`): the default is what that release did."""
     old_args, old_hparams = state.get("args"), state.get("hparams")
     if old_args is None or old_hparams is None:  # an older checkpoint without its arguments
         return []
@@ -124,8 +166,16 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
         if old_args.get(key) != record_args.get(key):
             diffs.append(f"--{key}: {old_args.get(key)!r} in the checkpoint, "
                          f"{record_args.get(key)!r} now")
+    defaults = None
     for key in sorted(set(old_hparams) | set(hparams)):
+        if key not in old_hparams and key in hparams:
+            if defaults is None:
+                defaults = hparams_lib.default_hparams(record_args.get("algorithm"),
+                                                       record_args.get("dataset"))
+            if key in defaults and hparams[key] == defaults[key]:
+                continue  # added after that checkpoint was written, left at its default
         if old_hparams.get(key) != hparams.get(key):
             diffs.append(f"hparam {key}: {old_hparams.get(key)!r} in the checkpoint, "
                          f"{hparams.get(key)!r} now")
     return diffs
+

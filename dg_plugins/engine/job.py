@@ -19,8 +19,8 @@ import torch
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import lr_factor
 from dg_plugins.engine import data
-from dg_plugins.engine.checkpoint import (checkpoint_differences, load_checkpoint,
-                                          save_checkpoint, seed_everything)
+from dg_plugins.engine.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
+                                          read_checkpoint, save_checkpoint, seed_everything)
 from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE,
                                           JobStateError, append_record, keep_counted_records)
 from dg_plugins.engine.outputs import format_row
@@ -222,26 +222,34 @@ class Job:
 
     def restore(self) -> None:
         """Continue from ``checkpoint.pt`` with ``--resume`` (after checking that it was written
-        by the same configuration), or start from step 0."""
+        by the same configuration), or start from step 0. The file is loaded once; one that cannot
+        be loaded or does not fit the model is a
+        :class:`~dg_plugins.engine.checkpoint.DamagedCheckpoint` (:meth:`checkpoint_fix`), and
+        nothing on disk is changed before every check has passed."""
         if not self.resuming:
             return
         if not os.path.exists(self.checkpoint_path):
             keep_counted_records(self.results_path, 0)
             print("No checkpoint to resume from; starting from step 0")
             return
-        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        state = read_checkpoint(self.checkpoint_path, self.checkpoint_fix())
         diffs = checkpoint_differences(state, self.record_args, self.hparams)
         if diffs:
             raise JobStateError(
                 "--resume with other arguments than the interrupted run would mix two "
                 "configurations in one results file:\n  " + "\n  ".join(diffs)
                 + "\nRerun with the original arguments, or start over with --force.")
+        apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
+                         self.checkpoint_fix())
         keep_counted_records(self.results_path, state["n_records"])
-        state = load_checkpoint(self.checkpoint_path, self.algorithm, self.streams)
         self.start_step, self.n_records = state["next_step"], state["n_records"]
         self.last_keys = state["last_keys"]
         self.accumulated = state.get("accumulated", {})
         print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
+
+    def checkpoint_fix(self) -> str:
+        """What to do about a checkpoint of this job that cannot be resumed from."""
+        return RESTART_FIX
 
     # train ------------------------------------------------------------------------------------------
 

@@ -173,6 +173,71 @@ def test_resume_in_a_moved_folder_is_allowed(tmp_path):
     assert comparable(read_records(moved)) == comparable(read_records(full))
 
 
+#: The base hparams added by the release that brought batch sampling and lr schedules.
+NEW_BASE_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")
+
+
+def strip_hparams(path, names):
+    """Rewrite the checkpoint ``path`` as a release before ``names`` existed wrote it."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    for name in names:
+        del state["hparams"][name]
+    torch.save(state, path)
+
+
+def test_resume_of_a_checkpoint_written_before_new_hparams_existed(tmp_path, capsys):
+    """A job interrupted before the upgrade: its checkpoint lacks the new base hparams. Left at
+    their defaults (what that release did) they are no difference and --resume continues; a
+    non-default value of a missing hparam is still refused, and nothing is changed."""
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--steps", "5",
+            "--checkpoint_freq", "2"]
+    assert train.run(build_parser().parse_args(base + ["--hparams", TINY]),
+                     stop_after_step=2) == "stopped"
+    strip_hparams(out / "checkpoint.pt", NEW_BASE_HPARAMS)
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("out.txt", "err.txt")}
+    scheduled = '{"batch_size": 8, "lr_schedule": "exp_epoch"}'
+    assert main(base + ["--hparams", scheduled, "--resume"]) == 2
+    console = "".join(capsys.readouterr())
+    listed = console.split("--resume with other arguments")[1].split("Rerun with")[0]
+    assert [line.strip() for line in listed.splitlines() if "hparam " in line] == [
+        "hparam lr_schedule: None in the checkpoint, 'exp_epoch' now"]  # the defaults: unchanged
+    assert {p.name: p.read_bytes() for p in out.iterdir()
+            if p.name not in ("out.txt", "err.txt")} == kept
+    assert main(base + ["--hparams", TINY, "--resume"]) == 0
+    assert "Resuming from step 3" in "".join(capsys.readouterr())
+    assert [r["step"] for r in read_records(out)] == [0, 2, 4]
+
+
+def test_checkpoint_differences_take_a_missing_hparam_at_its_default_as_unchanged():
+    """The rule behind the resume across the upgrade, for a dataset's hparams (PACS's
+    augmentation and data_split) and an algorithm's own (DMG's) as well: the defaults are those
+    of the job's algorithm and dataset."""
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.engine.checkpoint import checkpoint_differences
+
+    record_args = {"algorithm": "DMG", "dataset": "PACS", "seed": 0}
+    now = hparams_lib.default_hparams("DMG", "PACS")
+    added = ("augmentation", "data_split", "dmg_mask_lr_schedule", "dmg_fc_init_std",
+             *NEW_BASE_HPARAMS)
+    assert set(added) <= set(now)
+    old = {"args": dict(record_args), "hparams": {k: v for k, v in now.items() if k not in added}}
+    assert checkpoint_differences(old, record_args, now) == []
+    changed = dict(now, augmentation="dmg_pacs", batch_sampling="pooled")
+    assert checkpoint_differences(old, record_args, changed) == [
+        "hparam augmentation: None in the checkpoint, 'dmg_pacs' now",
+        "hparam batch_sampling: None in the checkpoint, 'pooled' now"]
+    # a key the checkpoint has is compared as before, default or not
+    assert checkpoint_differences({"args": record_args, "hparams": dict(now, lr_decay=0.9)},
+                                  record_args, now) == [
+        "hparam lr_decay: 0.9 in the checkpoint, 0.99 now"]
+    # a key dropped since the checkpoint was written is still a difference
+    assert checkpoint_differences({"args": record_args, "hparams": dict(now, gone=1)},
+                                  record_args, now) == ["hparam gone: 1 in the checkpoint, None now"]
+
+
 # --resume refuses records that do not match the checkpoint ---------------------------------------
 
 def test_resume_refuses_when_a_counted_record_is_missing(tmp_path, capsys):
@@ -366,6 +431,73 @@ def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(t
             if p.name not in ("out.txt", "err.txt")} == kept  # nothing changed
     assert main(base + ["--force"]) == 0
     assert [r["step"] for r in read_records(out)] == [0, 2, 4]
+
+
+def test_a_checkpoint_that_does_not_unpickle_is_a_one_line_error_and_force_recovers(tmp_path,
+                                                                                    capsys):
+    """A checkpoint that is an intact archive (every CRC matches) but does not unpickle, e.g.
+    written by an incompatible version whose classes are gone: the one-line damaged-checkpoint
+    error with --force, no traceback, nothing changed."""
+    import zipfile
+
+    from dg_plugins.engine.checkpoint import checkpoint_damage
+
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
+            "--checkpoint_freq", "2"]
+    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    path = out / "checkpoint.pt"
+    with zipfile.ZipFile(path) as archive:
+        members = [(info, archive.read(info)) for info in archive.infolist()]
+    with zipfile.ZipFile(path, "w") as archive:  # the same archive, another pickle
+        for info, data in members:
+            if info.filename.endswith("/data.pkl"):  # an instance of a class that is gone
+                data = b"\x80\x02cdg_plugins_old_release.state\nCheckpoint\n)\x81q\x00."
+            archive.writestr(info, data)
+    assert checkpoint_damage(str(path)) is None  # the archive itself is intact
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("out.txt", "err.txt")}
+    assert main(base + ["--resume"]) == 2
+    console = "".join(capsys.readouterr())
+    assert f"{path} is damaged and cannot be resumed from: it cannot be unpickled" in console
+    assert "dg_plugins_old_release" in console
+    assert "--force" in console and "Traceback" not in console
+    assert {p.name: p.read_bytes() for p in out.iterdir()
+            if p.name not in ("out.txt", "err.txt")} == kept
+    assert main(base + ["--force"]) == 0
+    assert [r["step"] for r in read_records(out)] == [0, 2, 4]
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_a_one_line_error(tmp_path, capsys):
+    """Same arguments, but a model state another version of the algorithm wrote (a parameter it
+    did not have): one line naming the file and the fix, no traceback, the records kept."""
+    import torch
+
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
+            "--checkpoint_freq", "2"]
+    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state["model"]["head_of_another_version.weight"] = torch.zeros(2)
+    torch.save(state, out / "checkpoint.pt")
+    kept = (out / "results.jsonl").read_bytes()
+    assert main(base + ["--resume"]) == 2
+    console = "".join(capsys.readouterr())
+    assert (f"{out / 'checkpoint.pt'} does not fit this job's model and cannot be resumed from"
+            in console and "head_of_another_version" in console)
+    assert "--force" in console and "Traceback" not in console
+    assert (out / "results.jsonl").read_bytes() == kept
+
+
+def test_resume_loads_the_checkpoint_once(tmp_path, monkeypatch):
+    import torch
+
+    out = tmp_path / "job"
+    assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2"),
+                     stop_after_step=2) == "stopped"
+    loads, real_load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
+    assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--resume")) == "done"
+    assert [str(p) for p in loads] == [str(out / "checkpoint.pt")]
 
 
 @pytest.fixture(scope="module")
