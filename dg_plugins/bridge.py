@@ -17,7 +17,9 @@ are added: its ERM, Debug28, PACS, ... stay authoritative. What changes:
   (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does), less the hparams that
   only dg_plugins' class of a dataset reads when DomainBed's own class of that name is the one
   used (e.g. PACS's ``augmentation`` and ``data_split``: :func:`check_script_args` refuses them
-  there); DomainBed's algorithms keep
+  there); their host-only base hparams (``batch_sampling``, ``lr_schedule``, ...:
+  :data:`HOST_ONLY_HPARAMS`) stay at their defaults, which describe what DomainBed's train loop
+  does (:func:`check_script_args` refuses other values); DomainBed's algorithms keep
   DomainBed's registry, except that on our small-image datasets
   (:data:`dg_plugins.hparams.SMALL_IMAGE_DATASETS`, e.g. RotatedMNIST5k) it is asked with the
   proxy name ``Debug28`` so that they get DomainBed's small-image lr / batch_size / weight_decay
@@ -337,15 +339,35 @@ def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[s
     return list(catalog.dataset_hparam_space(dataset))
 
 
+#: Base hparams that dg_plugins' train loop applies (:mod:`dg_plugins.engine.job`: how batches
+#: are drawn, the lr schedule set before each update) and ``domainbed/scripts/train.py``'s loop
+#: does not: at their defaults they describe what DomainBed does.
+HOST_ONLY_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")
+
+
+def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
+    """The :data:`HOST_ONLY_HPARAMS` that ``overrides`` sets to another value than its default
+    (:func:`dg_plugins.hparams.base_space`)."""
+    space = dg_hparams.base_space(dataset)
+    return [name for name in HOST_ONLY_HPARAMS
+            if name in overrides and overrides[name] != space[name][0]]
+
+
 def check_script_args(script: str, argv: list[str],
                       datasets_module: ModuleType | None = None) -> None:
-    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` sets a dataset
-    hparam that DomainBed's own class of a dataset it runs would silently ignore (e.g.
-    ``{"augmentation": "dmg_pacs"}`` with DomainBed's PACS): raises ValueError naming the hparams,
-    the dataset and the fix (dg_plugins' own train / sweep, whose PACS reads them). The datasets
-    are train's ``--dataset`` (DomainBed's default RotatedMNIST) or sweep's ``--datasets``
-    (DomainBed's default: every dataset of ``datasets.DATASETS``). Other scripts and other
-    arguments are left to DomainBed."""
+    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for
+    something DomainBed would silently not do; raises ValueError naming the hparams and the fix
+    (dg_plugins' own train / sweep, which do it):
+
+    * a non-default value of a host-only hparam (:data:`HOST_ONLY_HPARAMS`: ``batch_sampling``,
+      the ``lr_schedule`` and its ``lr_decay`` / ``lr_inv_*``), which dg_plugins' train loop
+      applies and ``domainbed/scripts/train.py``'s loop never reads, whatever the algorithm;
+    * a dataset hparam that DomainBed's own class of a dataset it runs would ignore (e.g.
+      ``{"augmentation": "dmg_pacs"}`` with DomainBed's PACS). The datasets are train's
+      ``--dataset`` (DomainBed's default RotatedMNIST) or sweep's ``--datasets`` (DomainBed's
+      default: every dataset of ``datasets.DATASETS``).
+
+    Other scripts and other arguments are left to DomainBed."""
     import argparse
     import json
 
@@ -364,6 +386,14 @@ def check_script_args(script: str, argv: list[str],
         return  # DomainBed's script reports it
     if not isinstance(overrides, dict):
         return
+    host_only = host_only_overrides(overrides, known.dataset)
+    if host_only:
+        names = ", ".join(f"{n}={overrides[n]!r}" for n in host_only)
+        raise ValueError(
+            f"--hparams sets {names}, which DomainBed's own train loop ignores (only dg_plugins' "
+            f"train applies {', '.join(HOST_ONLY_HPARAMS)}): run it with dg_plugins' own "
+            f"{script}, python -m dg_plugins.scripts.{script}, or leave "
+            f"{'it' if len(host_only) == 1 else 'them'} at the default")
     if datasets_module is None:
         datasets_module = domainbed_modules()["datasets"]
     if script == "train":

@@ -344,3 +344,31 @@ def test_hparams_that_domainbeds_own_dataset_ignores_are_refused(plugin, fake):
                          ("sweep", ["launch", "--datasets", "RotatedMNIST5k", *sweep_hparams]),
                          ("collect_results", ["--hparams", '{"augmentation": "dmg_pacs"}'])):
         bridge.check_script_args(script, argv, datasets)  # nothing ignored
+
+
+def test_host_only_hparams_are_refused_unless_at_their_defaults(plugin, fake):
+    """DomainBed's train loop draws one batch per source environment and never changes the lr:
+    batch_sampling and the lr schedule hparams are refused for train and sweep, whatever the
+    algorithm and dataset, unless left at their defaults."""
+    (_, datasets, _, _), _ = fake
+    with pytest.raises(ValueError, match=r"^--hparams sets lr_schedule='exp_epoch', "
+                                         r"lr_decay=0.9, which DomainBed's own train loop "
+                                         r"ignores .*python -m dg_plugins.scripts.train, or "
+                                         r"leave them at the default$"):
+        bridge.check_script_args("train", [
+            "--dataset", "RotatedMNIST", "--algorithm", "ERM", "--hparams",
+            '{"lr_decay": 0.9, "lr_schedule": "exp_epoch", "lr": 0.001}'], datasets)
+    for overrides in ('{"batch_sampling": "pooled"}', '{"lr_inv_gamma": 0.001}',
+                      '{"lr_inv_power": 0.5}', '{"lr_schedule": "inv_step"}'):
+        name = overrides.split('"')[1]
+        with pytest.raises(ValueError, match=rf"sets {name}=.*dg_plugins.scripts.sweep, or "
+                                             r"leave it at the default"):
+            bridge.check_script_args("sweep", ["launch", "--datasets", "RotatedMNIST5k",
+                                               "--hparams", overrides], datasets)
+    defaults = ('{"batch_sampling": "per_domain", "lr_schedule": "constant", "lr_decay": 0.99, '
+                '"lr_inv_gamma": 0.0001, "lr_inv_power": 0.75}')
+    for script, argv in (("train", ["--dataset", "PACS", "--hparams", defaults]),
+                         ("sweep", ["launch", "--datasets", "RotatedMNIST5k", "--hparams",
+                                    defaults]),
+                         ("collect_results", ["--hparams", '{"lr_schedule": "exp_epoch"}'])):
+        bridge.check_script_args(script, argv, datasets)  # nothing DomainBed ignores
