@@ -39,7 +39,7 @@ DOMAINBED_ARG_KEYS = (
 #: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
 #: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg_jobs`).
 EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
-                  "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
+                  "alignment_model", "alignment_pretrained", "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
                   "udg_split")
 
 

@@ -15,21 +15,31 @@ import numpy as np
 from dg_plugins.engine import data
 from dg_plugins.seeds import seed_hash
 
+#: The train flags that define the IP/OOP split; all but the first need ``--alignment_scores``.
+ALIGNMENT_FLAGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
+                   "alignment_model", "alignment_pretrained")
+
+
 def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
     """Named index subsets of test environments to evaluate besides the whole splits:
     ``{env index: {subset name: [item indices of that environment]}}``. Today: the IP/OOP split
-    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`)."""
+    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`), under the
+    rule ``--alignment_threshold`` / ``--alignment_preset``, from a file that must have been
+    scored by ``--alignment_model`` / ``--alignment_pretrained`` when given."""
     if getattr(args, "alignment_scores", None) is None:
-        if getattr(args, "alignment_threshold", None) is not None or getattr(
-                args, "alignment_preset", None) is not None:
-            raise ValueError("--alignment_threshold / --alignment_preset need --alignment_scores "
-                             "FILE (a score file from dg_plugins.scripts.alignment_scores)")
+        given = [f"--{flag}" for flag in ALIGNMENT_FLAGS[1:]
+                 if getattr(args, flag, None) is not None]
+        if given:
+            raise ValueError(f"{' / '.join(given)} need --alignment_scores FILE (a score file "
+                             "from dg_plugins.scripts.alignment_scores)")
         return {}
     from dg_plugins import alignment
 
     return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
                                  threshold=args.alignment_threshold,
-                                 preset=args.alignment_preset, data_dir=args.data_dir)
+                                 preset=args.alignment_preset, data_dir=args.data_dir,
+                                 model=getattr(args, "alignment_model", None),
+                                 pretrained=getattr(args, "alignment_pretrained", None))
 
 
 class Splits:

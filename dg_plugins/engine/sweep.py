@@ -60,9 +60,12 @@ DONE = "Done"
 #: An Incomplete job whose folder lock is held by a live process (it is still training).
 RUNNING = "Running"
 
+#: The IP/OOP evaluation's train flags: the score file, then the rule and the model it must fit.
+ALIGNMENT_ARGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
+                  "alignment_model", "alignment_pretrained")
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
-                       "alignment_scores", "alignment_threshold", "alignment_preset",
+                       *ALIGNMENT_ARGS,
                        "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
 
 
@@ -542,12 +545,54 @@ def weight_problems(jobs: Sequence[SweepJob]) -> list[str]:
     return problems
 
 
+def alignment_problems(jobs: Sequence[SweepJob]) -> list[str]:
+    """One line per IP/OOP configuration of ``jobs`` (score file, rule, expected model) that every
+    one of its jobs would refuse: the score file is read once
+    (:func:`dg_plugins.alignment.read_scores`: a binary or malformed file, scores out of [-1, 1]),
+    then checked against the model the rule is defined for and the expected
+    ``alignment_model`` / ``alignment_pretrained`` (:func:`dg_plugins.alignment.provenance.
+    check_model`) and the rule itself (:func:`dg_plugins.alignment.resolve_rule`). Whether the file
+    covers each dataset's images is left to the jobs (it needs the dataset). Torch-free."""
+    configs = dict.fromkeys(tuple(job.train_args.get(k) for k in ALIGNMENT_ARGS) for job in jobs
+                            if job.train_args.get("alignment_scores") is not None)
+    if not configs:
+        return []
+    from dg_plugins import alignment
+    from dg_plugins.alignment import provenance
+
+    problems, tables = [], {}
+
+    def report(err: Exception) -> None:
+        line = " ".join(str(err).split())
+        if line not in problems:
+            problems.append(line)
+
+    for scores, threshold, preset, model, pretrained in configs:
+        if scores not in tables:
+            try:
+                tables[scores] = alignment.read_scores(scores)
+            except (ValueError, FileNotFoundError) as err:
+                tables[scores] = None  # unreadable: reported once
+                report(err)
+        if tables[scores] is None:
+            continue
+        try:
+            provenance.check_model(tables[scores], preset, model, pretrained)
+            if not tables[scores].fixed_subsets:
+                alignment.resolve_rule(threshold, preset)
+        except ValueError as err:
+            report(err)
+    return problems
+
+
 def launch_problems(jobs: Sequence[SweepJob]) -> list[str]:
     """Everything that would make every one of ``jobs`` fail, found once before launching: an
     output folder that cannot be written (:func:`output_problems`), missing data
-    (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`). One line per
-    problem, each naming the fix; [] when none."""
-    return output_problems(jobs) + data_problems(jobs) + weight_problems(jobs)
+    (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`), a score file
+    the IP/OOP evaluation would refuse (:func:`alignment_problems`). One line per problem, each
+    naming the fix; [] when none."""
+    return (output_problems(jobs) + data_problems(jobs) + alignment_problems(jobs)
+            + weight_problems(jobs))
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,12 +37,13 @@ the saved models are ``model.pkl`` (the model of the final step) and, with train
 
 and, if the record already has IP/OOP keys that differ, only with ``--overwrite``. Every other
 record is left byte for byte as it was. The updated record gets the subset keys and, as a train-time
-record would, ``alignment_scores`` / ``alignment_threshold`` / ``alignment_preset`` in its
-``args``. The file is rewritten atomically, a line saying what was done is appended to the job's
-``out.txt``, and the command prints which steps were updated and which were not, and why. Note
-that IID (training-domain validation) selection may pick a checkpoint without a saved model: its
-IP/OOP cells then stay empty unless the job saved every checkpoint; oracle selection reads the last
-checkpoint, which model.pkl always covers.
+record would, ``alignment_scores`` / ``alignment_threshold`` / ``alignment_preset`` (and
+``alignment_model`` / ``alignment_pretrained`` when given) in its ``args``. The file is rewritten
+atomically, a line saying what was done is appended to the job's ``out.txt``, and the command
+prints which steps were updated and which were not, and why. Note that IID (training-domain
+validation) selection may pick a checkpoint without a saved model: its IP/OOP cells then stay
+empty unless the job saved every checkpoint; oracle selection reads the last checkpoint, which
+model.pkl always covers.
 
 Models are rebuilt with ``pretrained`` false (every weight comes from the saved state dict; no
 download needed) and loaded with ``torch.load(weights_only=False)``: only run it on your own files.
@@ -115,9 +116,8 @@ class JobContext:
             args["data_dir"] = options.data_dir
         args.setdefault("task", "domain_generalization")
         args.setdefault("uda_holdout_fraction", 0)
-        args["alignment_scores"] = options.alignment_scores
-        args["alignment_threshold"] = options.alignment_threshold
-        args["alignment_preset"] = options.alignment_preset
+        for flag in splits.ALIGNMENT_FLAGS:  # this command's, not the job's own
+            args[flag] = getattr(options, flag)
         self.args = argparse.Namespace(**args)
         self.hparams = dict(saved["model_hparams"])
         checkpoint.seed_everything(self.args.seed)
@@ -251,6 +251,7 @@ def args_mismatch(record: dict, saved: dict) -> str | None:
 def update_records(ctx: JobContext, options, load) -> list[str]:
     """Add the subset keys to the records that a saved model can score (see the module
     docstring). ``load(model file name) -> (saved dict, evaluated keys)``, memoised."""
+    from dg_plugins.engine import splits
     from dg_plugins.files import atomic_write_bytes
 
     job = ctx.job_dir
@@ -304,7 +305,7 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
             record.pop(k)
         record.update(new)
         record_args = dict(record.get("args") or {})
-        for flag in ("alignment_scores", "alignment_threshold", "alignment_preset"):
+        for flag in splits.ALIGNMENT_FLAGS:
             record_args.pop(flag, None)
             value = getattr(options, flag)
             if value is not None:

@@ -12,8 +12,10 @@ dataset name needs it.
 
 Before launching, what every job would otherwise meet on its own is checked once (exit status 2,
 one ``error:`` line per problem, nothing launched): names, hparams and ``--steps`` (as bad input),
-then a writable output folder, each dataset's files under ``--data_dir`` and the pretrained
-weights the models load (cached, or downloadable now; nothing is downloaded by the check). A job
+then a writable output folder, each dataset's files under ``--data_dir``, the pretrained
+weights the models load (cached, or downloadable now; nothing is downloaded by the check) and the
+``--alignment_scores`` file (read once: a file that is not a score file, out-of-range scores, a
+rule or an ``--alignment_model`` / ``--alignment_pretrained`` it does not fit). A job
 whose folder lock is held by a live process is reported as running and left alone.
 
 SIGTERM or SIGINT (Ctrl-C) while the ``local`` or ``multi_gpu`` launcher runs jobs: the signal is
@@ -91,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="IP/OOP split threshold passed to every job (train's default: 0.4)")
     extra.add_argument("--alignment_preset", type=str, default=None,
                        help="IP/OOP split preset passed to every job (e.g. teterwak2025)")
+    extra.add_argument("--alignment_model", type=str, default=None,
+                       help="the open_clip model the score file must have been made with (e.g. "
+                            "ViT-B-16), passed to every job (hashed only when given)")
+    extra.add_argument("--alignment_pretrained", type=str, default=None,
+                       help="the pretrained tag the score file must have been made with (e.g. "
+                            "laion400m_e32), passed to every job (hashed only when given)")
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
@@ -210,10 +218,11 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parse_json_object(args.slurm_extra)
         except ValueError as err:  # JSONDecodeError is a ValueError
             parser.error(f"--slurm_extra must be a JSON object: {err}")
-    if args.alignment_scores is None and (args.alignment_threshold is not None
-                                          or args.alignment_preset is not None):
-        parser.error("--alignment_threshold / --alignment_preset need --alignment_scores FILE "
-                     "(a score file from python -m dg_plugins.scripts.alignment_scores)")
+    alignment_rule = [f"--{name}" for name in sweep.ALIGNMENT_ARGS[1:]
+                      if getattr(args, name) is not None]
+    if args.alignment_scores is None and alignment_rule:
+        parser.error(f"{' / '.join(alignment_rule)} need --alignment_scores FILE (a score file "
+                     "from python -m dg_plugins.scripts.alignment_scores)")
     if args.alignment_scores is not None:
         if not os.path.isfile(args.alignment_scores):
             parser.error(f"--alignment_scores {args.alignment_scores!r} is not a file; write one "
@@ -267,9 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
             uda_holdout_fraction=args.uda_holdout_fraction,
             extra_args={name: getattr(args, name) for name in
-                        ("alignment_scores", "alignment_threshold", "alignment_preset",
-                         "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
-                         "udg_split")
+                        (*sweep.ALIGNMENT_ARGS, "pretrain_steps", "udg_pretrain_epochs",
+                         "udg_ft_epochs", "udg_split")
                         if getattr(args, name) is not None},
             test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
             n_envs=lambda dataset: sweep.num_environments(dataset, args.data_dir))

@@ -233,3 +233,47 @@ def test_plot_from_eval_only_predictions(runs, scores_file, tmp_path, capsys):
     assert binned["count"].sum() == len(preds)
     hits = (binned["accuracy"].fillna(0) * binned["count"]).sum()
     assert hits == pytest.approx(preds["correct"].sum())
+
+
+def test_train_checks_the_score_file_against_the_expected_clip_model(pacs, pacs_dir, scores_file,
+                                                                     tmp_path, capsys):
+    """--alignment_model / --alignment_pretrained: a score file of another CLIP model is refused
+    (one line, exit 2, no record); the file's own model trains, with both flags in the records'
+    args. The job's expectation is its own: alignment_eval judges a file by its own flags."""
+    from alignment_helpers import fake_table
+
+    from dg_plugins.alignment import write_scores
+
+    expected = ["--alignment_scores", scores_file, "--alignment_threshold", THRESHOLD,
+                "--alignment_model", "ViT-B-16"]
+    refused = tmp_path / "refused"
+    argv = ["--dataset", "PACS", "--data_dir", pacs_dir, "--algorithm", "ERM", "--steps", "1",
+            "--hparams", HPARAMS, "--n_workers", "0"]
+    assert train_cli.main(argv + ["--output_dir", str(refused), *expected,
+                                  "--alignment_pretrained", "openai"]) == 2
+    err = "".join(capsys.readouterr())  # through the job's Tee: stdout and err.txt
+    assert "does not fit the expected model (--alignment_model / --alignment_pretrained), " \
+           "which needs scores of ViT-B-16 / openai: it was scored by ViT-B-16 / laion400m_e32" \
+           in err
+    assert not (refused / "results.jsonl").exists()
+    assert train_cli.main(argv + ["--output_dir", str(tmp_path / "alone"),
+                                  "--alignment_model", "ViT-B-16"]) == 2
+    assert "--alignment_model need --alignment_scores FILE" in "".join(capsys.readouterr())
+
+    job = tmp_path / "job"
+    assert train_cli.main(argv + ["--output_dir", str(job), *expected,
+                                  "--alignment_pretrained", "laion400m_e32"]) == 0
+    record = read_records(job)[-1]
+    assert record["args"]["alignment_model"] == "ViT-B-16"
+    assert record["args"]["alignment_pretrained"] == "laion400m_e32"
+    assert "env0_in_ip_acc" in record
+
+    other = fake_table(pacs, pacs_dir, model="RN50", pretrained="openai")
+    other_file = tmp_path / "rn50_scores.csv"
+    write_scores(str(other_file), other.frame, other.meta)
+    assert alignment_eval.main([str(job), "--alignment_scores", str(other_file),
+                                "--alignment_threshold", THRESHOLD, "--n_workers", "0"]) == 0
+    assert alignment_eval.main([str(job), "--alignment_scores", str(other_file),
+                                "--alignment_model", "ViT-B-16", "--n_workers", "0"]) == 2
+    assert "which needs scores of ViT-B-16: it was scored by RN50 / openai" in \
+        capsys.readouterr().err

@@ -151,6 +151,82 @@ def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_pat
     assert sweep.weight_problems(jobs("RotatedMNIST5k", None)) == []
 
 
+def score_file(path, scores=(0.3, 0.5), **meta):
+    """A small score file (two PACS images) whose header says which CLIP model scored it."""
+    import pandas as pd
+
+    from dg_plugins.alignment import write_scores
+
+    frame = pd.DataFrame({"env": [0, 0], "env_name": ["art_painting"] * 2,
+                          "path": ["PACS/art_painting/dog/a.jpg", "PACS/art_painting/dog/b.jpg"],
+                          "label": [0, 0], "class": ["dog"] * 2, "score": list(scores)})
+    write_scores(str(path), frame, meta)
+    return str(path)
+
+
+@pytest.mark.parametrize("extra, problem", [
+    ([], "is not a score file: it holds binary data"),
+    (["--scores", "0.3", "1.5"], "1 scores lie outside [-1, 1] (line 5: 1.5)"),
+    (["--alignment_model", "ViT-L-14"], "does not fit the expected model (--alignment_model / "
+     "--alignment_pretrained), which needs scores of ViT-L-14: it was scored by ViT-B-16"),
+    (["--alignment_preset", "teterwak2025", "--alignment_threshold", "0.3"],
+     "alignment preset 'teterwak2025' sets its own threshold"),
+])
+def test_a_score_file_every_job_would_refuse_is_refused_once_before_launching(
+        tmp_path, capsys, extra, problem):
+    """The --alignment_scores file is read once before launching: a binary file, scores out of
+    [-1, 1], another CLIP model than --alignment_model, a rule that cannot be: one error line
+    for the whole sweep (not one failed job each), nothing launched."""
+    from dg_plugins.scripts import sweep as sweep_cli
+
+    if not extra:
+        scores = tmp_path / "scores.npz"
+        scores.write_bytes(b"PK\x03\x04\x00\x00binary")
+    elif extra[0] == "--scores":
+        scores = score_file(tmp_path / "scores.csv", [float(v) for v in extra[1:]],
+                            model="ViT-B-16")
+        extra = []
+    else:
+        scores = score_file(tmp_path / "scores.csv", model="ViT-B-16",
+                            pretrained="laion400m_e32")
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--alignment_scores", str(scores), *extra,
+                      launcher="dummy", datasets=("Debug28",))
+    assert sweep_cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("Not launched") >= 3  # several jobs ...
+    errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and problem in errors[0], captured.err  # ... one line
+    assert "Dummy launcher" not in captured.out and not out.exists()
+
+
+def test_the_expected_clip_model_reaches_every_job_and_its_identity_only_when_given(tmp_path,
+                                                                                   capsys):
+    from dg_plugins.scripts import sweep as sweep_cli
+
+    scores = score_file(tmp_path / "scores.csv", model="ViT-B-16", pretrained="laion400m_e32")
+    base = ["--algorithms", "ERM", "--alignment_scores", scores]
+    expected = ["--alignment_model", "ViT-B-16", "--alignment_pretrained", "laion400m_e32"]
+    assert sweep_cli.main(sweep_argv(tmp_path / "out", *base, *expected, launcher="dummy",
+                                     datasets=("Debug28",))) == 0
+    commands = [l for l in capsys.readouterr().out.splitlines() if l.startswith("Dummy")]
+    assert len(commands) >= 3 and all(
+        "--alignment_model ViT-B-16 --alignment_pretrained laion400m_e32" in c for c in commands)
+
+    def identities(*flags):
+        args = sweep.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, None, "d",
+                                    "domain_generalization", 0.2, True, None,
+                                    extra_args=dict(zip(flags[::2], flags[1::2])))
+        return [sweep.job_folder_name(a) for a in args]
+
+    plain = identities("alignment_scores", scores)
+    given = identities("alignment_scores", scores, "alignment_model", "ViT-B-16")
+    assert given != plain and len(set(given) | set(plain)) == 2 * len(plain)
+    assert all("alignment_model" not in a for a in sweep.make_args_list(
+        1, ["Debug28"], ["ERM"], 0, 1, None, "d", "domain_generalization", 0.2, True, None,
+        extra_args={"alignment_scores": scores}))
+
+
 def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
     each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
