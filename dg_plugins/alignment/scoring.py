@@ -20,11 +20,12 @@ score does not depend on its batch. Text embeddings are computed once per class.
 decoded in DataLoader workers; nothing runs per image in Python on the scoring path.
 
 Weights: a tag is fetched by open_clip from the Hugging Face Hub (or its release URL) into the
-usual caches. :func:`check_weights_available` decides first, without waiting: weights already in
-the cache are used without any network request (the hub is put in offline mode while open_clip
-loads them); else, with ``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once, and
-otherwise one HEAD request to the hub endpoint in use (``HF_ENDPOINT``, default huggingface.co),
-:data:`PROBE_TIMEOUT` seconds and no retries, tells whether a download can start; if it cannot,
+usual caches. :func:`check_weights_available` decides first, without waiting, as the backbones do
+(:mod:`dg_plugins.networks.pretrained`, the one implementation): weights already in the cache are
+used without any network request (the hub is put in offline mode while open_clip loads them);
+else, with ``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once, and otherwise one
+HEAD request to the hub endpoint in use (``HF_ENDPOINT``, default huggingface.co), a few seconds
+(``pretrained.PROBE_TIMEOUT``) and no retries, tells whether a download can start; if it cannot,
 it fails at once with the fixes (the hub client itself would retry for minutes: 5 retries with
 backoff per file, two files tried). The fixes: pass a local checkpoint file as ``pretrained``
 (e.g. ``open_clip_pytorch_model.bin`` of ``timm/vit_base_patch16_clip_224.laion400m_e32``, with
@@ -51,7 +52,8 @@ from dg_plugins.alignment.provenance import FINGERPRINT_KEY, table_fingerprints
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import image_items
 from dg_plugins.files import atomic_write_text
-from dg_plugins.networks.pretrained import PretrainedWeightsUnavailable, offline_requested
+from dg_plugins.networks.pretrained import (PretrainedWeightsUnavailable, check_hub_available,
+                                            hub_offline, require_cached_or_reachable)
 
 DEFAULT_MODEL = "ViT-B-16"
 DEFAULT_PRETRAINED = "laion400m_e32"
@@ -59,14 +61,10 @@ DEFAULT_PROMPT = "A photo of {}."
 RANDOM_INIT = ("none", "random", "")
 TRANSFORMS = ("dataset", "clip")
 CLIP_CACHE = os.path.expanduser("~/.cache/clip")  # open_clip's folder for URL downloads
-#: Seconds the hub endpoint (or a release URL's server) gets to answer the one request that tells
-#: whether weights can be downloaded now; there is no retry.
-PROBE_TIMEOUT = 3.0
 #: open_clip's default weight file names on the hub (``open_clip/constants.py``).
 HF_WEIGHTS_NAME = "open_clip_pytorch_model.bin"
 HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
 HF_CONFIG_NAME = "open_clip_config.json"
-OFFLINE_SET = "offline mode is set: HF_HUB_OFFLINE or DG_PLUGINS_OFFLINE"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,26 +117,6 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
         "the scores mean nothing).")
 
 
-def probe_url(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """One HEAD request to ``url``, no retry, redirects not followed: None when a server answered
-    (any HTTP status: it is up), else why not (refused, timed out, unknown host, ...)."""
-    import urllib.error
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None  # a 3xx is an answer; the download would follow it
-
-    try:
-        opener = urllib.request.build_opener(NoRedirect)
-        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None
-    except (urllib.error.URLError, OSError, ValueError) as err:  # a timeout is an OSError
-        return f"{url} did not answer ({getattr(err, 'reason', err)}; {timeout:g} s allowed)"
-
-
 def hub_weight_files(filename: str) -> list[str]:
     """The files open_clip tries, in order, for a hub weight file (``download_pretrained_from_hf``
     in ``open_clip/pretrained.py``: the safetensors alternative first)."""
@@ -147,34 +125,6 @@ def hub_weight_files(filename: str) -> list[str]:
     if filename.endswith((".bin", ".pth")):
         return [filename[:-4] + ".safetensors", filename]
     return [filename]
-
-
-def cached_hub_file(repo_id: str, names) -> str | None:
-    """The cached path of the first of ``names`` in the Hugging Face cache, else None."""
-    from huggingface_hub import try_to_load_from_cache
-
-    for name in names:
-        path = try_to_load_from_cache(repo_id, name)
-        if isinstance(path, str) and os.path.isfile(path):
-            return path
-    return None
-
-
-def _require_hub(repo_id: str, groups, what: str) -> bool:
-    """True when a file of every group of ``groups`` is cached; else False after checking that the
-    hub can be asked now, or raise at once with the fixes."""
-    from huggingface_hub import constants, hf_hub_url
-
-    if all(cached_hub_file(repo_id, names) for names in groups):
-        return True
-    where = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
-    if offline_requested():
-        raise _unavailable(what, where, OFFLINE_SET)
-    reason = probe_url(hf_hub_url(repo_id, groups[-1][-1]))
-    if reason is not None:
-        raise _unavailable(what, where, f"the hub endpoint {constants.ENDPOINT} is unreachable: "
-                                        f"{reason}")
-    return False
 
 
 def check_weights_available(model_name: str, pretrained) -> bool:
@@ -187,8 +137,9 @@ def check_weights_available(model_name: str, pretrained) -> bool:
     if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
         return False
     if model_name.startswith("hf-hub:"):
-        return _require_hub(model_name[len("hf-hub:"):],
-                            [[HF_CONFIG_NAME], hub_weight_files(HF_WEIGHTS_NAME)], model_name)
+        return check_hub_available(model_name[len("hf-hub:"):], model_name,
+                                   [[HF_CONFIG_NAME], hub_weight_files(HF_WEIGHTS_NAME)],
+                                   _unavailable)
     if os.path.isfile(str(pretrained)):
         return False
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
@@ -205,32 +156,12 @@ def check_weights_available(model_name: str, pretrained) -> bool:
     what = f"{model_name} {pretrained}"
     if cfg.get("hf_hub"):  # open_clip prefers the hub when an entry has both (download_pretrained)
         repo_id, filename = os.path.split(cfg["hf_hub"])
-        return _require_hub(repo_id, [hub_weight_files(filename or HF_WEIGHTS_NAME)], what)
+        return check_hub_available(repo_id, what, [hub_weight_files(filename or HF_WEIGHTS_NAME)],
+                                   _unavailable)
     if cfg.get("url"):
-        cached = os.path.join(CLIP_CACHE, os.path.basename(cfg["url"]))
-        if os.path.isfile(cached):
-            return False
-        if offline_requested():
-            raise _unavailable(what, cached, OFFLINE_SET)
-        reason = probe_url(cfg["url"])
-        if reason is not None:
-            raise _unavailable(what, cached, reason)
+        require_cached_or_reachable(what, os.path.join(CLIP_CACHE, os.path.basename(cfg["url"])),
+                                    cfg["url"], _unavailable)
     return False
-
-
-@contextlib.contextmanager
-def hub_offline():
-    """Within the block, the Hugging Face client makes no request and reads its cache (what
-    ``HF_HUB_OFFLINE=1`` does; huggingface_hub reads that setting from
-    ``huggingface_hub.constants`` at each request)."""
-    from huggingface_hub import constants
-
-    before = constants.HF_HUB_OFFLINE
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
 
 
 MEMO_NAME = "checkpoint_sha256.json"

@@ -1,10 +1,20 @@
 """Offline-safe loading of pretrained backbone weights.
 
 Weights come from the libraries' normal sources (torchvision's download server, the Hugging Face
-Hub for timm and open_clip) and their caches. Offline, those downloads hang or retry (~46 s for the
-hub); here we check cache and reachability first and fail at once with a message that says how to
-provide weights: pre-fill the cache, point ``pretrained_path`` at a local checkpoint, or set
-``pretrained`` false for random initialisation.
+Hub for timm and open_clip) and their caches. Offline, those downloads hang or retry (the hub
+client: 5 retries with backoff per file, minutes for an endpoint that does not answer); here we
+decide first, without waiting, and fail at once with a message that says how to provide weights:
+pre-fill the cache, point ``pretrained_path`` at a local checkpoint, or set ``pretrained`` false
+for random initialisation.
+
+The decision (one implementation, used by the backbones here and by the CLIP scorer,
+``dg_plugins.alignment.scoring``): weights whose *file* is in the cache
+(``huggingface_hub.try_to_load_from_cache``; torch.hub's checkpoint folder for URLs) are used
+without any network request (:func:`hub_offline` while the library loads them); else, with
+``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once; else one HEAD request to the
+server in use (for the hub: the endpoint ``HF_ENDPOINT`` names, ``huggingface_hub.constants.
+ENDPOINT``), :data:`PROBE_TIMEOUT` seconds and no retry (:func:`probe_url`), tells whether a
+download can start, and it fails at once when it cannot.
 
 :func:`probe_weights` answers "would building this model fail for lack of weights?" without
 loading or downloading anything: the sweep asks it once per configuration before launching
@@ -16,12 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from urllib.parse import urlparse
 
 import torch
 
-HUB_HOST = "huggingface.co"
+#: Seconds a download server (the hub endpoint in use, a release URL's host) gets to answer the
+#: one request that tells whether weights can be downloaded now; there is no retry.
+PROBE_TIMEOUT = 3.0
+OFFLINE_SET = "offline mode is set: HF_HUB_OFFLINE or DG_PLUGINS_OFFLINE"
+#: timm's weight file names on the hub (``timm/models/_hub.py``: ``HF_WEIGHTS_NAME``,
+#: ``HF_SAFE_WEIGHTS_NAME``, ``HF_OPEN_CLIP_WEIGHTS_NAME``, ``HF_OPEN_CLIP_SAFE_WEIGHTS_NAME``).
+TIMM_SAFE_ALTERNATIVES = {"pytorch_model.bin": "model.safetensors",
+                          "open_clip_pytorch_model.bin": "open_clip_model.safetensors"}
 
 
 class PretrainedWeightsUnavailable(RuntimeError):
@@ -33,12 +49,24 @@ def offline_requested() -> bool:
                for v in ("HF_HUB_OFFLINE", "DG_PLUGINS_OFFLINE"))
 
 
-def host_reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+def probe_url(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """One HEAD request to ``url``, no retry, redirects not followed: None when a server answered
+    (any HTTP status: it is up), else why not (refused, timed out, unknown host, ...)."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # a 3xx is an answer; the download would follow it
+
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        opener = urllib.request.build_opener(NoRedirect)
+        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as err:  # a timeout is an OSError
+        return f"{url} did not answer ({getattr(err, 'reason', err)}; {timeout:g} s allowed)"
 
 
 def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavailable:
@@ -100,41 +128,97 @@ def probe_weights(build) -> BaseException | None:
     return None
 
 
-def require_cached_or_reachable(what: str, cached: str, host: str,
-                                unavailable=_unavailable) -> None:
-    """Return when ``cached`` exists (a file or folder of a download cache) or ``host`` can be
-    reached now; else raise ``unavailable(what, cached, reason)`` (default: the message with the
-    fixes for a backbone; the CLIP scorer passes its own). Under :func:`probing`, raise
-    :class:`WeightsRequested` with that outcome instead."""
-    error = None
-    if os.path.exists(cached):
-        pass
-    elif offline_requested():
-        error = unavailable(what, cached, "offline mode is set")
-    elif not host_reachable(host):
-        error = unavailable(what, cached, f"{host} is unreachable")
+def _decided(what: str, error: BaseException | None) -> None:
+    """Under :func:`probing`, report the outcome of a weight request (:class:`WeightsRequested`);
+    else raise ``error`` when there is one."""
     if _probing:
         raise WeightsRequested(what, error)
     if error is not None:
         raise error
 
 
+def require_cached_or_reachable(what: str, cached: str, url: str,
+                                unavailable=_unavailable) -> None:
+    """Return when the file ``cached`` (a download cache's copy of ``url``) exists or ``url``'s
+    server answers one request now (:func:`probe_url`); else raise ``unavailable(what, cached,
+    reason)`` (default: the message with the fixes for a backbone; the CLIP scorer passes its
+    own). Under :func:`probing`, raise :class:`WeightsRequested` with that outcome instead."""
+    error = None
+    if not os.path.isfile(cached):
+        reason = OFFLINE_SET if offline_requested() else probe_url(url)
+        if reason is not None:
+            error = unavailable(what, cached, reason)
+    _decided(what, error)
+
+
 def check_url_available(url: str, what: str, cached: str | None = None,
                         unavailable=_unavailable) -> None:
-    """Raise unless the download cache holds ``url``'s file (default: torch.hub's) or its host is
-    reachable."""
+    """Raise unless the download cache holds ``url``'s file (default: torch.hub's) or ``url``'s
+    server answers now."""
     if cached is None:
         cached = os.path.join(torch.hub.get_dir(), "checkpoints",
                               os.path.basename(urlparse(url).path))
-    require_cached_or_reachable(what, cached, urlparse(url).hostname or "", unavailable)
+    require_cached_or_reachable(what, cached, url, unavailable)
 
 
-def check_hub_available(repo_id: str, what: str, unavailable=_unavailable) -> None:
-    """Raise unless the Hugging Face cache holds ``repo_id`` or the hub is reachable."""
+def cached_hub_file(repo_id: str, names, revision: str | None = None) -> str | None:
+    """The cached path of the first of ``names`` (files of the hub repository ``repo_id``) in the
+    Hugging Face cache, else None (a repository folder without the file is not a cached file)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in names:
+        path = try_to_load_from_cache(repo_id, name, revision=revision)
+        if isinstance(path, str) and os.path.isfile(path):
+            return path
+    return None
+
+
+def hub_cache_folder(repo_id: str) -> str:
+    """Where the Hugging Face cache keeps ``repo_id`` (named in messages)."""
     from huggingface_hub import constants
 
-    cache_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
-    require_cached_or_reachable(what, cache_dir, HUB_HOST, unavailable)
+    return os.path.join(constants.HF_HUB_CACHE, "models--" + repo_id.replace("/", "--"))
+
+
+def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailable,
+                        revision: str | None = None) -> bool:
+    """Whether hub files of ``repo_id`` can be had without waiting: True when, for every group of
+    ``groups`` (alternatives the library tries in order, e.g. a safetensors file, then the
+    pickle), one file is in the Hugging Face cache (no request made: load them under
+    :func:`hub_offline`); False when they are not, but the hub endpoint in use answers one
+    request now (a download can start); else raise ``unavailable`` at once (offline mode set, or
+    the endpoint does not answer). Under :func:`probing`, raise :class:`WeightsRequested`."""
+    from huggingface_hub import constants, hf_hub_url
+
+    groups = [list(names) for names in groups]
+    if all(cached_hub_file(repo_id, names, revision) for names in groups):
+        _decided(what, None)
+        return True
+    error = None
+    if offline_requested():
+        error = unavailable(what, hub_cache_folder(repo_id), OFFLINE_SET)
+    else:
+        reason = probe_url(hf_hub_url(repo_id, groups[-1][-1], revision=revision))
+        if reason is not None:
+            error = unavailable(what, hub_cache_folder(repo_id),
+                                f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}")
+    _decided(what, error)
+    return False
+
+
+@contextlib.contextmanager
+def hub_offline():
+    """Within the block, the Hugging Face client makes no request and reads its cache (what
+    ``HF_HUB_OFFLINE=1`` does; huggingface_hub reads that setting from
+    ``huggingface_hub.constants`` at each request)."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:
@@ -162,14 +246,37 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
                          f"{missing[:5]}, unexpected keys {list(unexpected)[:5]}")
 
 
+def timm_hub_files(filename: str | None) -> list[str]:
+    """The files timm tries, in order, for a hub weight file (``load_state_dict_from_hf`` in
+    ``timm/models/_hub.py``: the safetensors alternative first)."""
+    filename = filename or "pytorch_model.bin"
+    if filename in TIMM_SAFE_ALTERNATIVES:
+        return [TIMM_SAFE_ALTERNATIVES[filename], filename]
+    if filename.endswith(".bin"):
+        return [filename[:-4] + ".safetensors", filename]
+    return [filename]
+
+
 def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name, pretrained=download, **kwargs)``, failing fast (with the fixes in
-    the message) when the weights are neither cached nor downloadable."""
+    the message) when the weights are neither cached nor downloadable. Where timm takes them
+    (``_resolve_pretrained_source`` in ``timm/models/_builder.py``): the hub repository of the
+    model's pretrained config (weights cached there are loaded with the hub offline, so no
+    request is made), else its release URL (torch.hub's cache)."""
     from dg_plugins import compat  # noqa: F401  (before timm)
     import timm
 
-    if download:
-        cfg = timm.models.get_pretrained_cfg(name)
-        repo = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
-        check_hub_available(repo or name, f"timm {name}")
-    return timm.create_model(name, pretrained=download, **kwargs)
+    if not download:
+        return timm.create_model(name, pretrained=False, **kwargs)
+    cfg = timm.models.get_pretrained_cfg(name)
+    what = f"timm {name}"
+    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    if hub_id:
+        repo_id, _, revision = hub_id.partition("@")
+        cached = check_hub_available(repo_id, what, [timm_hub_files(cfg.hf_hub_filename)],
+                                     revision=revision or None)
+        with hub_offline() if cached else contextlib.nullcontext():
+            return timm.create_model(name, pretrained=True, **kwargs)
+    if cfg is not None and cfg.url and not cfg.file:
+        check_url_available(cfg.url, what)
+    return timm.create_model(name, pretrained=True, **kwargs)

@@ -183,3 +183,201 @@ def test_lenet_refuses_a_size_that_makes_it_huge_naming_the_count_and_the_fix():
     assert f"{LeNet.num_parameters((3, 224, 224)):,} parameters" in message
     assert LeNet.num_parameters((3, 224, 224)) > 368_000_000
     assert "53x53x128" in message and '"backbone": "resnet"' in message and "32x32" in message
+
+
+# Offline weights: the cache holds the file, else one request to the hub endpoint in use ---------
+
+def fake_hub_cache(cache, repo_id: str, files: dict) -> None:
+    """A Hugging Face cache holding ``files`` (name -> bytes) of ``repo_id`` at revision main."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    for name, data in files.items():
+        (snapshot / name).write_bytes(data)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """Not offline, an empty Hugging Face cache, the hub endpoint ``hub.use(url)``; every network
+    connection outside 127.0.0.1 is refused and recorded in ``hub.blocked``, those to 127.0.0.1
+    in ``hub.connections``."""
+    import socket
+    import types
+
+    import huggingface_hub.constants as constants
+
+    state = types.SimpleNamespace(cache=tmp_path / "hub", blocked=[], connections=[])
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("DG_PLUGINS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(state.cache))
+
+    def use(endpoint):  # what HF_ENDPOINT sets when huggingface_hub is imported
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+
+    state.use = use
+    real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "localhost"):
+            state.blocked.append(host)
+            raise socket.gaierror(socket.EAI_NONAME, "blocked by the test")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    def connect(sock, address):
+        if isinstance(address, tuple):
+            if address[0] != "127.0.0.1":
+                state.blocked.append(address)
+                raise ConnectionRefusedError("blocked by the test")
+            state.connections.append(address)
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return state
+
+
+@pytest.fixture
+def answering_server():
+    """An HTTP server on 127.0.0.1 that answers every HEAD with 404; ``.asked`` lists the paths."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            asked.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    server.asked = asked
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+AUGMIX_REPO = "timm/resnet50.ram_in1k"
+
+
+def augmix_resnet():
+    return ResNet((3, 224, 224), hp(pretrained=True, resnet50_augmix=True, resnet18=False))
+
+
+def test_a_repo_folder_without_its_weight_file_is_not_cached(hub):
+    """The cache holds the repository's folder (e.g. an interrupted download, or another file of
+    it) but not the weight file: not cached, so the endpoint in use (a closed port here) is
+    asked, and the build fails at once naming that endpoint."""
+    from dg_plugins.networks.pretrained import probe_weights
+
+    port = closed_port()
+    hub.use(f"http://127.0.0.1:{port}")
+    fake_hub_cache(hub.cache, AUGMIX_REPO, {"config.json": b"{}"})
+    error = probe_weights(augmix_resnet)
+    assert isinstance(error, PretrainedWeightsUnavailable)
+    assert (f"(the hub endpoint http://127.0.0.1:{port} is unreachable: "
+            f"http://127.0.0.1:{port}/{AUGMIX_REPO}/resolve/main/pytorch_model.bin did not "
+            "answer") in str(error)
+    assert "pretrained_path" in str(error) and hub.blocked == []
+    start = time.time()
+    with pytest.raises(PretrainedWeightsUnavailable, match=f"127.0.0.1:{port} is unreachable"):
+        augmix_resnet()
+    assert time.time() - start < 30  # one request, no retry loop
+    assert hub.blocked == []
+
+
+def test_the_probe_asks_the_hub_endpoint_in_use_once(hub, answering_server):
+    """HF_ENDPOINT names a (mirror) endpoint that answers: one HEAD request for the weight file,
+    there and nowhere else (huggingface.co is never contacted), and the weights count as
+    downloadable. Once the file is in the cache, nothing is asked at all."""
+    from dg_plugins.networks.pretrained import probe_weights
+
+    hub.use(f"http://127.0.0.1:{answering_server.server_address[1]}")
+    assert probe_weights(augmix_resnet) is None
+    assert answering_server.asked == [f"/{AUGMIX_REPO}/resolve/main/pytorch_model.bin"]
+    assert hub.blocked == []
+    fake_hub_cache(hub.cache, AUGMIX_REPO, {"model.safetensors": b"weights"})
+    hub.connections.clear()
+    assert probe_weights(augmix_resnet) is None
+    assert hub.connections == [] and len(answering_server.asked) == 1
+
+
+def test_timm_weights_in_the_cache_load_without_any_request(hub, tmp_path):
+    """Cached timm weights are loaded with the hub client offline: the endpoint (a closed port)
+    is never contacted, and the model holds the cached weights."""
+    from safetensors.torch import save_file
+
+    from dg_plugins.networks.pretrained import timm_model
+
+    name = "test_vit.r160_in1k"
+    hub.use(f"http://127.0.0.1:{closed_port()}")
+    source = timm_model(name, False)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    fake_hub_cache(hub.cache, "timm/" + name, {"model.safetensors": path.read_bytes()})
+    import huggingface_hub.constants as constants
+
+    loaded = timm_model(name, True)
+    assert hub.connections == [] and hub.blocked == []
+    assert constants.HF_HUB_OFFLINE is False  # only while loading
+    for (key, a), b in zip(source.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
+def test_the_hub_probe_asks_once_and_takes_any_answer(tmp_path):
+    """probe_url: a server that accepts but never answers is given up after the timeout (the hub
+    client itself kept retrying such an endpoint for over 6 minutes for one file); any HTTP answer,
+    an error status or a redirect (not followed), means the endpoint is up."""
+    import http.server
+
+    from dg_plugins.networks import pretrained
+    import socket
+    import threading
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel completes connections; nothing ever reads or answers
+        reason = pretrained.probe_url(f"http://127.0.0.1:{silent.getsockname()[1]}/x", timeout=0.5)
+    assert reason is not None and "did not answer" in reason and "timed out" in reason
+
+    asked = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            asked.append(self.path)
+            self.send_response(404 if self.path == "/missing" else 302)
+            self.send_header("Location", "http://192.0.2.1/elsewhere")  # never followed
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert pretrained.probe_url(base + "/missing") is None
+        assert pretrained.probe_url(base + "/moved") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/missing", "/moved"]  # one request each, the redirect not followed
