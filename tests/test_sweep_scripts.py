@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -102,7 +103,11 @@ def data(tmp_path_factory):
 def script_env(tmp: Path, data_dir: Path, log: Path, **extra) -> dict:
     site = tmp / "site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    # Threads call this at once: an atomic replace, so no process ever starts while the file is
+    # truncated (it would log nothing).
+    partial = site / f"sitecustomize.{os.getpid()}.{threading.get_ident()}.tmp"
+    partial.write_text(SITECUSTOMIZE)
+    os.replace(partial, site / "sitecustomize.py")
     env = dict(os.environ)
     env.update(PYTHON=sys.executable, DATA_DIR=str(data_dir), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),

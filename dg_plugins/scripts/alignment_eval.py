@@ -60,6 +60,8 @@ import re
 import sys
 import time
 
+from dg_plugins.engine import alignment_flags
+
 #: Record args that must agree between a record and the model that is to score it.
 JOB_ARGS = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "seed",
             "holdout_fraction", "uda_holdout_fraction", "task", "steps")
@@ -73,15 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="IP/OOP accuracy of trained models (no retraining).")
     p.add_argument("jobs", nargs="+", help="train output folders (holding model.pkl)")
     p.add_argument("--alignment_scores", required=True, help="score file (alignment_scores)")
-    p.add_argument("--alignment_threshold", type=float, default=None,
-                   help="IP if score >= threshold (default 0.4)")
-    p.add_argument("--alignment_preset", default=None, help="named rule, e.g. teterwak2025")
-    p.add_argument("--alignment_model", default=None,
-                   help="the open_clip model the score file must have been made with (e.g. "
-                   "ViT-B-16); another one is an error")
-    p.add_argument("--alignment_pretrained", default=None,
-                   help="the pretrained tag the score file must have been made with (e.g. "
-                   "laion400m_e32); another one is an error")
+    alignment_flags.add_rule_arguments(p)
     p.add_argument("--model", default=None,
                    help="model file to score instead of <job>/model.pkl (one job only)")
     p.add_argument("--data_dir", default=None, help="data folder (default: the job's)")

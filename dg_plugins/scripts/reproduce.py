@@ -333,26 +333,16 @@ def sweep_jobs(argv: list[str]):
         args.algorithms = sweep_lib.default_algorithms()
     scores = args.alignment_scores
     deferred = scores is not None and not os.path.isfile(scores)
-    if deferred:
-        saved = (args.alignment_threshold, args.alignment_preset)
-        args.alignment_scores = args.alignment_threshold = args.alignment_preset = None
+    if deferred:  # validate the rest; the score file's own flags need the file
+        saved = {name: getattr(args, name) for name in sweep_lib.ALIGNMENT_ARGS}
+        for name in saved:
+            setattr(args, name, None)
     sweep_cli.validate(parser, args)
     if deferred:
+        for name, value in saved.items():
+            setattr(args, name, value)
         args.alignment_scores = os.path.abspath(scores)
-        args.alignment_threshold, args.alignment_preset = saved
-    args_list = sweep_lib.make_args_list(
-        n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
-        n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
-        data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
-        single_test_envs=args.single_test_envs, hparams=args.hparams,
-        single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
-        uda_holdout_fraction=args.uda_holdout_fraction,
-        extra_args={name: getattr(args, name) for name in
-                    ("alignment_scores", "alignment_threshold", "alignment_preset",
-                     "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
-                    if getattr(args, name) is not None},
-        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
-        n_envs=lambda dataset: sweep_lib.num_environments(dataset, args.data_dir))
+    args_list = sweep_cli.make_args_list(args)
     return args, sweep_lib.make_jobs(args_list, args.output_dir)
 
 

@@ -34,7 +34,7 @@ import argparse
 import os
 import sys
 
-from dg_plugins.engine import sweep, udg_flags
+from dg_plugins.engine import alignment_flags, sweep, udg_flags
 from dg_plugins.engine.signals import (DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV,
                                        configure_stop)
 from dg_plugins.engine.submitit_launcher import (SUBMITIT_CLUSTERS, configure_submitit,
@@ -89,16 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--alignment_scores", type=str, default=None, metavar="FILE",
                        help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
                        "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
-    extra.add_argument("--alignment_threshold", type=float, default=None,
-                       help="IP/OOP split threshold passed to every job (train's default: 0.4)")
-    extra.add_argument("--alignment_preset", type=str, default=None,
-                       help="IP/OOP split preset passed to every job (e.g. teterwak2025)")
-    extra.add_argument("--alignment_model", type=str, default=None,
-                       help="the open_clip model the score file must have been made with (e.g. "
-                            "ViT-B-16), passed to every job (hashed only when given)")
-    extra.add_argument("--alignment_pretrained", type=str, default=None,
-                       help="the pretrained tag the score file must have been made with (e.g. "
-                            "laion400m_e32), passed to every job (hashed only when given)")
+    alignment_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
@@ -256,6 +247,24 @@ def configure_slurm(args: argparse.Namespace) -> None:
         extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None)
 
 
+def make_args_list(args: argparse.Namespace) -> list[dict]:
+    """The train args of every job of a parsed and validated ``sweep`` command line (also used
+    by :mod:`dg_plugins.scripts.reproduce` to list a paper setting's jobs)."""
+    return sweep.make_args_list(
+        n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
+        n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
+        data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
+        single_test_envs=args.single_test_envs, hparams=args.hparams,
+        single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
+        uda_holdout_fraction=args.uda_holdout_fraction,
+        extra_args={name: getattr(args, name) for name in
+                    (*sweep.ALIGNMENT_ARGS, "pretrain_steps", "udg_pretrain_epochs",
+                     "udg_ft_epochs", "udg_split")
+                    if getattr(args, name) is not None},
+        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+        n_envs=lambda dataset: sweep.num_environments(dataset, args.data_dir))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -268,19 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_slurm(args)
     configure_stop(args.stop_grace_period)
     try:
-        args_list = sweep.make_args_list(
-            n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
-            n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
-            data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
-            single_test_envs=args.single_test_envs, hparams=args.hparams,
-            single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
-            uda_holdout_fraction=args.uda_holdout_fraction,
-            extra_args={name: getattr(args, name) for name in
-                        (*sweep.ALIGNMENT_ARGS, "pretrain_steps", "udg_pretrain_epochs",
-                         "udg_ft_epochs", "udg_split")
-                        if getattr(args, name) is not None},
-            test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
-            n_envs=lambda dataset: sweep.num_environments(dataset, args.data_dir))
+        args_list = make_args_list(args)
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
     jobs = sweep.make_jobs(args_list, args.output_dir)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dg_plugins.engine import udg_flags
+from dg_plugins.engine import alignment_flags, udg_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,16 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts.alignment_scores)")
     alignment.add_argument("--alignment_scores", type=str, default=None,
                            help="score file (CSV) written by dg_plugins.scripts.alignment_scores")
-    alignment.add_argument("--alignment_threshold", type=float, default=None,
-                           help="IP if score >= threshold, else OOP (default 0.4)")
-    alignment.add_argument("--alignment_preset", type=str, default=None,
-                           help="a named split rule, e.g. teterwak2025 (cleaning cuts + threshold)")
-    alignment.add_argument("--alignment_model", type=str, default=None,
-                           help="the open_clip model the score file must have been made with "
-                           "(e.g. ViT-B-16); a file scored by another one is an error")
-    alignment.add_argument("--alignment_pretrained", type=str, default=None,
-                           help="the pretrained tag the score file must have been made with "
-                           "(e.g. laion400m_e32); a file scored with other weights is an error")
+    alignment_flags.add_rule_arguments(alignment)
     udg = p.add_argument_group(
         "unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source domains "
         "(shared by every label fraction), then fine-tuning on a labelled fraction; see "
