@@ -1,7 +1,8 @@
 """Markdown table of a single-source study with one sweep folder per configuration
-(sweeps/mpbm_rotatedmnist5k_study.sh, sweeps/digits_offline_single_source.sh): one row
-per configuration folder and algorithm, the source's validation accuracy, each target's test
-accuracy and the per-trial mean over targets, each as mean +- standard error over trials.
+(sweeps/mpbm_rotatedmnist5k_study.sh, sweeps/digits_offline_single_source.sh,
+sweeps/mpbm_digits_offline_study.sh): one row per configuration folder and algorithm, the
+source's validation accuracy, each target's test accuracy and the per-trial mean over targets,
+each as mean +- standard error over trials.
 
 Records are loaded and selected exactly as collect_results' single-source tables do it
 (``dg_plugins.engine.records.load_records``,
@@ -25,7 +26,11 @@ from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import IID, ORACLE
 from dg_plugins.engine.single_source import select_single_source
 
-LABELS = {"main": "", "no_mix": " (mpbm_lambda_mix = 0)", "no_adv": " (mpbm_lambda_adv = 0)"}
+LABELS = {"main": "", "no_mix": " (mpbm_lambda_mix = 0)", "no_adv": " (mpbm_lambda_adv = 0)",
+          # sweeps/mpbm_digits_offline_study.sh
+          "erm": "", "color_jitter": " (colour jitter 0.8)", "online": " (online)",
+          "phased": " (phased)", "phased_value": " (phased, value projection)",
+          "phased_noise": " (phased, SGLD noise scaled)"}
 
 
 def mean_se(values):
