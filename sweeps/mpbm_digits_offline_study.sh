@@ -8,7 +8,7 @@
 #   PYTHON=.venv/bin/python OUTPUT_DIR=DIR bash sweeps/mpbm_digits_offline_study.sh [sweep flags]
 #   env: PYTHON, OUTPUT_DIR (default sweep_output/mpbm_digits_offline_study), DATA_DIR (builtin),
 #        LAUNCHER (local), DRY_RUN=1 (print the jobs, their count and total steps; launch and
-#        write nothing), STEPS (1001), CHECKPOINT_FREQ (100), TRIALS (3), SGLD_NOISE (0.05: the
+#        write nothing), STEPS (1001), CHECKPOINT_FREQ (100), TRIALS (3), SGLD_NOISE (0.03: the
 #        noise scale of phased_noise), CONFIGS (the folders to run, default all six, in order),
 #        PARALLEL (1: one configuration after the other; 2: two lanes of configurations at once)
 #   positional arguments: passed to every `sweep launch` (e.g. --resume).
@@ -27,9 +27,11 @@
 #                  dataset's default budget (dg_plugins/algorithms/mpbm.py) applied to STEPS
 #   phased_value   phased with mpbm_value_proj true (a learned value projection: the mixes may
 #                  leave the per-dimension hull of the real features)
-#   phased_noise   phased with mpbm_sgld_noise SGLD_NOISE (queries that stay recognisable; the
-#                  value was picked from the diagnostics of the phased runs, see the results file)
-# Every MPBM configuration: mpbm_eta 1.0 ([0, 1] pixels), diagnostics every 50 steps (default).
+#   phased_noise   phased with mpbm_sgld_noise SGLD_NOISE (queries that stay recognisable: the
+#                  largest noise scale whose queries keep a mean correlation of at least 0.9 with
+#                  their source images under the ERM model of trial 0, measured by
+#                  results/tools/mpbm_query_noise.py; see the results file)
+# Every MPBM configuration: mpbm_eta 1.0 ([0, 1] pixels), diagnostics every 50 steps.
 # Then each folder's single-source tables (training-domain validation and oracle selection), the
 # study table with standard errors (results/tools/mpbm_study_table.py) and the diagnostics
 # (results/tools/mpbm_diagnostics.py).
@@ -41,7 +43,7 @@ DATA=${DATA_DIR:-builtin}
 STEPS=${STEPS:-1001}
 CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-100}
 TRIALS=${TRIALS:-3}
-SGLD_NOISE=${SGLD_NOISE:-0.05}
+SGLD_NOISE=${SGLD_NOISE:-0.03}
 CONFIGS=(${CONFIGS:-erm color_jitter online phased phased_value phased_noise})
 PARALLEL=${PARALLEL:-1}
 EXTRA=("$@")
