@@ -9,7 +9,7 @@
 #   env: PYTHON, OUTPUT_DIR (default sweep_output/mpbm_digits_offline_study), DATA_DIR (builtin),
 #        LAUNCHER (local), DRY_RUN=1 (print the jobs, their count and total steps; launch and
 #        write nothing), STEPS (1001), CHECKPOINT_FREQ (100), TRIALS (3), SGLD_NOISE (0.03: the
-#        noise scale of phased_noise), CONFIGS (the folders to run, default all six, in order),
+#        noise scale of phased_noise), CONFIGS (the folders to run, default all eight, in order),
 #        PARALLEL (1: one configuration after the other; 2: two lanes of configurations at once)
 #   positional arguments: passed to every `sweep launch` (e.g. --resume).
 #
@@ -31,6 +31,11 @@
 #                  largest noise scale whose queries keep a mean correlation of at least 0.9 with
 #                  their source images under the ERM model of trial 0, measured by
 #                  results/tools/mpbm_query_noise.py; see the results file)
+#   phased_no_mix  phased with mpbm_lambda_mix 0 (fine-tuning without the synthetic set: the same
+#                  seeds, batches and schedule as phased, so the pair isolates what the mixes do)
+#   online_no_mix  online with mpbm_lambda_mix 0: its f/h steps are plain ERM steps on the MPBM
+#                  jobs' seeds and batches (sweep seeds depend on the algorithm name, so the ERM
+#                  row has other ones): the seed-matched ERM control of every MPBM row
 # Every MPBM configuration: mpbm_eta 1.0 ([0, 1] pixels), diagnostics every 50 steps.
 # Then each folder's single-source tables (training-domain validation and oracle selection), the
 # study table with standard errors (results/tools/mpbm_study_table.py) and the diagnostics
@@ -44,7 +49,8 @@ STEPS=${STEPS:-1001}
 CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-100}
 TRIALS=${TRIALS:-3}
 SGLD_NOISE=${SGLD_NOISE:-0.03}
-CONFIGS=(${CONFIGS:-erm color_jitter online phased phased_value phased_noise})
+CONFIGS=(${CONFIGS:-erm color_jitter online phased phased_value phased_noise phased_no_mix
+    online_no_mix})
 PARALLEL=${PARALLEL:-1}
 EXTRA=("$@")
 DRY=()
@@ -70,8 +76,10 @@ config() {  # config <folder>: prints "<algorithm>|<hparams JSON body>"
         phased_value) echo "MPBM|$PHASED, \"mpbm_value_proj\": true, \"mpbm_sgld_noise\": 1.0" ;;
         phased_noise)
             echo "MPBM|$PHASED, \"mpbm_value_proj\": false, \"mpbm_sgld_noise\": $SGLD_NOISE" ;;
+        phased_no_mix) echo "MPBM|$PHASED, $PLAIN, \"mpbm_lambda_mix\": 0.0" ;;
+        online_no_mix) echo "MPBM|$ONLINE, $PLAIN, \"mpbm_lambda_mix\": 0.0" ;;
         *) echo "unknown configuration '$1' (erm color_jitter online phased phased_value" \
-                "phased_noise)" >&2; return 2 ;;
+                "phased_noise phased_no_mix online_no_mix)" >&2; return 2 ;;
     esac
 }
 

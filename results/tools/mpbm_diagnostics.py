@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("output_dir")
     p.add_argument("configs", nargs="*", default=["online", "phased", "phased_value",
-                                                  "phased_noise"])
+                                                  "phased_noise", "phased_no_mix",
+                                                  "online_no_mix"])
     p.add_argument("--steps", type=int, nargs="*", help="only these record steps")
     args = p.parse_args(argv)
     lines = []

@@ -30,7 +30,9 @@ LABELS = {"main": "", "no_mix": " (mpbm_lambda_mix = 0)", "no_adv": " (mpbm_lamb
           # sweeps/mpbm_digits_offline_study.sh
           "erm": "", "color_jitter": " (colour jitter 0.8)", "online": " (online)",
           "phased": " (phased)", "phased_value": " (phased, value projection)",
-          "phased_noise": " (phased, SGLD noise scaled)"}
+          "phased_noise": " (phased, SGLD noise scaled)",
+          "phased_no_mix": " (phased, mpbm_lambda_mix = 0)",
+          "online_no_mix": " (online, mpbm_lambda_mix = 0)"}
 
 
 def mean_se(values):
