@@ -68,17 +68,25 @@ the hparams), so a resumed job continues in the same phase at the same offset:
    "generate a synthetic dataset" read as a stored feature set)*. The last round's fine-tuning
    goes on until the job ends.
 
-**"online"** (the earlier reconstruction): ``mpbm_warmup_steps`` ERM steps, then every step does
-SGLD on the batch, one g step, one D step and one f/h step; in the f/h step the synthetic features
-are re-made by the updated generator with its weights (attention and ``W_V``) detached but on
-``V = f(x)`` *with* gradient, so f also learns from the mixed features *(rec.)*. ``C`` is estimated
-online, with no extra forward pass, from the real-batch features f(x) of every update (warm-up
-included): a batched Welford / Chan merge of count, mean and co-moment buffers, turned into
-``corr`` every ``mpbm_corr_every`` steps; ``mpbm_corr_window`` "round" restarts the estimate after
-each refresh, "all" keeps accumulating. Before the first refresh ``corr`` is the identity.
+**"online"** (the default; the earlier reconstruction): ``mpbm_warmup_steps`` ERM steps, then
+every step does SGLD on the batch, one g step, one D step and one f/h step; in the f/h step the
+synthetic features are re-made by the updated generator with its weights (attention and ``W_V``)
+detached but on ``V = f(x)`` *with* gradient, so f also learns from the mixed features *(rec.)*.
+``C`` is estimated online, with no extra forward pass, from the real-batch features f(x) of every
+update (warm-up included): a batched Welford / Chan merge of count, mean and co-moment buffers,
+turned into ``corr`` every ``mpbm_corr_every`` steps; ``mpbm_corr_window`` "round" restarts the
+estimate after each refresh, "all" keeps accumulating. Before the first refresh ``corr`` is the
+identity.
 
 Both: f and h use the job's Adam (``lr``, ``weight_decay``: DomainBed's convention), g and D Adam
 with ``betas=(0.5, 0.999)`` and their own learning rates ``mpbm_lr_g`` / ``mpbm_lr_d`` *(rec.)*.
+
+Defaults: "online", no value projection, ``mpbm_sgld_noise`` 1: of the four MPBM configurations of
+the DigitsOffline study (results/digits_offline.md: online, phased, phased with the value
+projection, phased with the noise scaled to 0.03), online had the best source-validation accuracy
+(97.4 +- 0.3 % against 96.8 +- 0.3-0.4 %, training-domain validation selection, 3 trials; within
+two standard errors) and the three phased ones tie, so the value projection and the noise scale
+keep the paper's reading. The choice is made on source validation, not on the targets.
 
 Diagnostics (what tells a user whether the augmentation does anything)
 ----------------------------------------------------------------------
@@ -360,7 +368,7 @@ class MPBM(FeatureClassifier):
             return value, lambda r: value, check
 
         return {
-            "mpbm_schedule": fixed("phased", hp_lib.one_of(*SCHEDULES)),
+            "mpbm_schedule": fixed("online", hp_lib.one_of(*SCHEDULES)),
             "mpbm_nb": (5, _int_choice([3, 5, 8]), hp_lib.positive),
             "mpbm_T": (5, _int_choice([3, 5]), hp_lib.non_negative),
             "mpbm_eta": (eta, lambda r: eta * 10 ** r.uniform(-1, 0), hp_lib.non_negative),
