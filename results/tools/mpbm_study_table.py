@@ -1,7 +1,8 @@
 """Markdown table of a single-source study with one sweep folder per configuration
-(sweeps/mpbm_rotatedmnist5k_study.sh, sweeps/digits_offline_single_source.sh): one row
-per configuration folder and algorithm, the source's validation accuracy, each target's test
-accuracy and the per-trial mean over targets, each as mean +- standard error over trials.
+(sweeps/mpbm_rotatedmnist5k_study.sh, sweeps/digits_offline_single_source.sh,
+sweeps/mpbm_digits_offline_study.sh): one row per configuration folder and algorithm, the
+source's validation accuracy, each target's test accuracy and the per-trial mean over targets,
+each as mean +- standard error over trials.
 
 Records are loaded and selected exactly as collect_results' single-source tables do it
 (``dg_plugins.engine.records.load_records``,
@@ -10,22 +11,37 @@ it (population std of the trial values / sqrt(trials)). Unlike collect_results' 
 (the mean of the per-target means), ``Avg`` here also gets its standard error, computed from each
 trial's own mean over the targets.
 
+``--step N`` tabulates instead the record of step N of every run (no selection: e.g. each run's
+last checkpoint), read from the job folders' ``results.jsonl``.
+
     python results/tools/mpbm_study_table.py OUTPUT_DIR [main no_mix no_adv] [--selection iid]
+    python results/tools/mpbm_study_table.py OUTPUT_DIR [configs ...] --step 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import numpy as np
+import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.engine.records import load_records
 from dg_plugins.engine.selection import IID, ORACLE
 from dg_plugins.engine.single_source import select_single_source
 
-LABELS = {"main": "", "no_mix": " (mpbm_lambda_mix = 0)", "no_adv": " (mpbm_lambda_adv = 0)"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training_curves import read_sweep  # noqa: E402  (results/tools/training_curves.py)
+
+LABELS = {"main": "", "no_mix": " (mpbm_lambda_mix = 0)", "no_adv": " (mpbm_lambda_adv = 0)",
+          # sweeps/mpbm_digits_offline_study.sh
+          "erm": "", "color_jitter": " (colour jitter 0.8)", "online": " (online)",
+          "phased": " (phased)", "phased_value": " (phased, value projection)",
+          "phased_noise": " (phased, SGLD noise scaled)",
+          "phased_no_mix": " (phased, mpbm_lambda_mix = 0)",
+          "online_no_mix": " (online, mpbm_lambda_mix = 0)"}
 
 
 def mean_se(values):
@@ -33,17 +49,40 @@ def mean_se(values):
     return f"{values.mean():.1f} ± {values.std() / np.sqrt(len(values)):.1f}"
 
 
+def records_at_step(folder: str, step: int) -> pd.DataFrame:
+    """Rows shaped like :func:`select_single_source`'s (``algorithm``, ``source``, ``n_envs``,
+    ``trial_seed``, ``dataset``, ``acc{i}``: the source's out-split and the targets' in-split
+    accuracy) from every run's record of ``step``."""
+    rows = []
+    for record in read_sweep(folder):
+        if record["step"] != step:
+            continue
+        args = record["args"]
+        n_envs = sum(1 for k in record if k.startswith("env") and k.endswith("_out_acc"))
+        (source,) = [e for e in range(n_envs) if e not in args["test_envs"]]
+        row = {"algorithm": args["algorithm"], "source": source, "n_envs": n_envs,
+               "trial_seed": args["trial_seed"], "dataset": args["dataset"]}
+        row.update({f"acc{e}": record[f"env{e}_{'out' if e == source else 'in'}_acc"]
+                    for e in range(n_envs)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("output_dir")
     p.add_argument("configs", nargs="*", default=["main", "no_mix", "no_adv"])
     p.add_argument("--selection", default="iid", choices=["iid", "oracle"])
+    p.add_argument("--step", type=int, help="each run's record of this step, no selection")
     args = p.parse_args(argv)
     method = IID if args.selection == "iid" else ORACLE
     rows, header = [], None
     for config in args.configs:
-        records = load_records(os.path.join(args.output_dir, config), progress=False)
-        chosen = select_single_source(records, method)  # collect_results' single-source choice
+        folder = os.path.join(args.output_dir, config)
+        if args.step is not None:
+            chosen = records_at_step(folder, args.step)
+        else:  # collect_results' single-source choice
+            chosen = select_single_source(load_records(folder, progress=False), method)
         for (algorithm, source), group in chosen.groupby(["algorithm", "source"], sort=True):
             n_envs = int(group["n_envs"].iloc[0])
             targets = [e for e in range(n_envs) if e != source]

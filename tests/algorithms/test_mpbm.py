@@ -15,8 +15,10 @@ import torch.nn.functional as F
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
 from helpers import tiny_hparams
 from helpers import VOLATILE_KEYS, read_records
-from dg_plugins.algorithms.mpbm import (MPBM, MixupAttentionGenerator, UPDATE_KEYS,
-                                        soft_cross_entropy)
+from dg_plugins.algorithms.mpbm import (DIAG_KEYS, LOSS_KEYS, MPBM, PHASES, UPDATE_KEYS,
+                                        MixupAttentionGenerator, image_correlation,
+                                        nearest_cosine, outside_hull_share, phase_at,
+                                        soft_cross_entropy, top_instance_share)
 from dg_plugins.hparams import HparamError
 from dg_plugins.registry import DATASETS
 
@@ -24,7 +26,8 @@ from dg_plugins.registry import DATASETS
 def make(num_domains=1, input_shape=None, **overrides):
     torch.manual_seed(0)
     dataset = DATASETS.get("Debug28")("", [], {})
-    changes = {"mnist_cnn_width": 32, "mpbm_warmup_steps": 0, "mpbm_T": 2, **overrides}
+    changes = {"mnist_cnn_width": 32, "mpbm_schedule": "online", "mpbm_warmup_steps": 0,
+               "mpbm_T": 2, **overrides}
     hp = tiny_hparams("MPBM", "Debug28", **changes)
     shape = input_shape or dataset.input_shape
     with warnings.catch_warnings():
@@ -363,7 +366,8 @@ def test_resume_across_the_warmup_boundary_gives_the_records_of_an_uninterrupted
     from dg_plugins.engine import train
     from dg_plugins.scripts.train import build_parser
 
-    hp = {"mpbm_warmup_steps": 3, "mpbm_T": 1, "mpbm_corr_every": 2, "batch_size": 8,
+    hp = {"mpbm_schedule": "online", "mpbm_warmup_steps": 3, "mpbm_T": 1, "mpbm_corr_every": 2,
+          "batch_size": 8,
           "mnist_cnn_width": 16}
 
     def args(out, *extra):
@@ -392,3 +396,290 @@ def test_full_steps_run_on_lenet_and_vit(backbone, shape, extra):
     out = algorithm.update([(x, y)])
     assert out["mix"] > 0 and out["gen"] > 0 and out["disc"] > 0
     assert algorithm.generator.query.weight.shape == (algorithm.featurizer.n_outputs,) * 2
+
+
+# -- the phased schedule ---------------------------------------------------------------------------
+
+#: 2 pre-training steps, then 2 rounds of 2 C, 2 query, 2 g/D, 2 synthetic-set (12 rows at 8 a
+#: step) and 2 fine-tuning steps; the last round's fine-tuning goes on.
+PHASED = {"mpbm_schedule": "phased", "mpbm_pretrain_steps": 2, "mpbm_corr_steps": 2,
+          "mpbm_query_steps": 2, "mpbm_gen_steps": 2, "mpbm_synth_size": 12,
+          "mpbm_finetune_steps": 2, "mpbm_rounds": 2, "mpbm_T": 1, "batch_size": 8,
+          "mnist_cnn_width": 16, "mpbm_diag_every": 0}
+SCHEDULE = (["erm"] * 2 + ["corr"] * 2 + ["query"] * 2 + ["gen"] * 2 + ["synth"] * 2
+            + ["finetune"] * 2) + (["corr"] * 2 + ["query"] * 2 + ["gen"] * 2 + ["synth"] * 2
+                                   + ["finetune"] * 4)
+
+
+def phased(**overrides):
+    return make(**{**PHASED, **overrides})
+
+
+def batches(dataset, steps, n=8, seed=0):
+    """``steps`` random batches of ``n`` rows of environment 0 (the same for a given seed)."""
+    x_all, y_all = dataset[0].tensors
+    rng = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        index = torch.randint(0, len(y_all), (n,), generator=rng)
+        yield x_all[index], y_all[index]
+
+
+def test_phase_at_walks_the_rounds_and_the_last_fine_tuning_goes_on():
+    algorithm, _, hp = phased()
+    got = [algorithm.phase(s) for s in range(len(SCHEDULE))]
+    assert [name for name, _, _ in got] == SCHEDULE
+    assert [r for _, r, _ in got] == [0, 0] + [1] * 10 + [2] * 12
+    assert [o for _, _, o in got][:12] == [0, 1] * 6 and got[-1] == ("finetune", 2, 3)
+    assert algorithm.phase(10 ** 6)[:2] == ("finetune", 2)
+    assert phase_at(5, {**hp, "mpbm_synth_size": 17}, 8) == ("query", 1, 1)
+    assert [phase_at(s, {**hp, "mpbm_synth_size": 17}, 8)[0] for s in (8, 9, 10, 11)] == \
+        ["synth"] * 3 + ["finetune"]  # ceil(17 / 8) = 3 synthetic-set steps
+    assert [phase_at(s, {**hp, "mpbm_corr_steps": 0}, 8)[0] for s in (2, 3, 4)] == \
+        ["query", "query", "gen"]  # no C phase: C stays what it was
+    online = {**hp, "mpbm_schedule": "online", "mpbm_warmup_steps": 3}
+    assert [phase_at(s, online, 8) for s in (0, 2, 3, 9)] == [
+        ("erm", 0, 0), ("erm", 0, 2), ("online", 0, 0), ("online", 0, 6)]
+
+
+def test_phased_updates_train_each_part_only_in_its_phase():
+    """f and h change only in pre-training and fine-tuning steps (the extractor is frozen while g
+    and D train, and while C, the queries and the synthetic set are made); g and D only in the
+    g/D steps; the query bank only in query steps; every update reports its phase and round."""
+    algorithm, dataset, _ = phased()
+    parts = {"network": algorithm.network, "generator": algorithm.generator,
+             "discriminator": algorithm.discriminator}
+    changes = {name: set() for name in list(parts) + ["query_bank", "corr"]}
+    for step, (x, y) in enumerate(batches(dataset, len(SCHEDULE))):
+        before = {name: copy.deepcopy(m.state_dict()) for name, m in parts.items()}
+        bank, corr = algorithm.query_bank.clone(), algorithm.corr.clone()
+        out = algorithm.update([(x, y)])
+        assert tuple(out) == UPDATE_KEYS
+        assert PHASES[int(out["phase"])] == SCHEDULE[step]
+        for name, module in parts.items():
+            if any(not torch.equal(v, before[name][k]) for k, v in module.state_dict().items()):
+                changes[name].add(SCHEDULE[step])
+        if not torch.equal(bank, algorithm.query_bank):
+            changes["query_bank"].add(SCHEDULE[step])
+        if not torch.equal(corr, algorithm.corr):
+            changes["corr"].add(SCHEDULE[step])
+        trains_f = SCHEDULE[step] in ("erm", "finetune")
+        assert (out["sup"] > 0) == trains_f and (out["mix"] > 0) == (SCHEDULE[step] == "finetune")
+        assert (out["gen"] > 0) == (out["disc"] > 0) == (SCHEDULE[step] == "gen")
+    assert changes == {"network": {"erm", "finetune"}, "generator": {"gen"},
+                       "discriminator": {"gen"}, "query_bank": {"query"}, "corr": {"corr"}}
+    assert int(algorithm.bank_count) == 16  # 2 query steps x 8 rows, restarted in round 2
+
+
+def test_corr_phase_computes_c_from_the_frozen_features_of_its_steps():
+    algorithm, dataset, _ = phased()
+    seen = []
+    algorithm.featurizer.register_forward_hook(
+        lambda m, i, o: seen.append((m.training, o.detach().clone())))
+    data = list(batches(dataset, 4))
+    for x, y in data:
+        seen.clear()
+        algorithm.update([(x, y)])
+    # steps 2 and 3 are the C phase: one eval-mode forward each, and C is their features' corrcoef
+    corr_features = []
+    algorithm2, _, _ = phased()
+    for step, (x, y) in enumerate(data):
+        if step >= 2:
+            corr_features.append(algorithm2.frozen_features(x))
+        algorithm2.update([(x, y)])
+    expected = np.corrcoef(torch.cat(corr_features).double().numpy().T)
+    expected = np.nan_to_num(expected)
+    np.fill_diagonal(expected, 1.0)
+    np.testing.assert_allclose(algorithm2.corr.numpy(), expected, atol=2e-4)
+    assert int(algorithm2.corr_refreshed_at) == 3
+    assert [training for training, _ in seen] == [False]  # step 3: one frozen forward
+
+
+def test_synthetic_set_is_made_once_per_round_from_the_generator():
+    """The set is written only in the synthetic-set steps, filled to mpbm_synth_size, stamped with
+    its round, replaced in round 2, and its rows are mixes of the generator (each in the hull of
+    real features, its soft label a distribution)."""
+    algorithm, dataset, hp = phased()
+    writes, sets = [], {}
+    for step, (x, y) in enumerate(batches(dataset, len(SCHEDULE))):
+        before = algorithm.synth_z.clone()
+        algorithm.update([(x, y)])
+        if not torch.equal(before, algorithm.synth_z):
+            writes.append(step)
+        if SCHEDULE[step] == "synth" and SCHEDULE[step + 1] == "finetune":
+            assert int(algorithm.synth_count) == 12
+            sets[int(algorithm.synth_round)] = algorithm.synth_z.clone()
+    assert writes == [8, 9, 18, 19]
+    assert set(sets) == {1, 2} and not torch.equal(sets[1], sets[2])
+    torch.testing.assert_close(algorithm.synth_y.sum(dim=1), torch.ones(12))
+    assert (algorithm.synth_y >= 0).all()
+
+
+def test_fine_tuning_trains_h_on_the_stored_set_and_f_on_real_data_only():
+    """A fine-tuning step is ``L_sup + lambda_mix CE(h(z), ytilde)`` on rows drawn from the stored
+    set: with lambda_mix 0.5 or 0 the extractor ends the step identical (stored features carry no
+    gradient to f), the classifier does not, and ``mix`` is the CE of the drawn rows."""
+    states = {}
+    for lambda_mix in (0.0, 0.5):
+        algorithm, dataset, _ = phased(mpbm_lambda_mix=lambda_mix, weight_decay=0.0)
+        data = list(batches(dataset, 11))
+        for x, y in data[:10]:
+            algorithm.update([(x, y)])
+        assert algorithm.phase()[0] == "finetune"
+        if lambda_mix:
+            torch.manual_seed(11)
+            index = torch.randint(0, 12, (8,))
+            with torch.no_grad():
+                expected = soft_cross_entropy(algorithm.classifier(algorithm.synth_z[index]),
+                                              algorithm.synth_y[index]).item()
+        torch.manual_seed(11)
+        out = algorithm.update([data[10]])
+        states[lambda_mix] = algorithm
+    assert abs(out["mix"] - expected) < 1e-5
+    assert abs(out["loss"] - (out["sup"] + 0.5 * out["mix"])) < 1e-5
+    for (name, p0), p5 in zip(states[0.0].network.named_parameters(),
+                              states[0.5].network.parameters()):
+        same = torch.equal(p0, p5)
+        assert same == name.startswith("0."), name  # network = Sequential(featurizer, classifier)
+
+
+def test_phased_resume_in_the_middle_of_a_phase_gives_the_records_of_an_uninterrupted_run(
+        tmp_path):
+    """The real train command: a job stopped after the checkpoint of step 7 (inside the g/D phase,
+    the query bank full, the generator half trained) and continued by ``train --resume`` in a new
+    process writes the records of an uninterrupted run, phases and diagnostics included."""
+    import subprocess
+    import sys
+
+    from dg_plugins.engine import train
+    from dg_plugins.scripts.train import build_parser
+
+    hp = {**PHASED, "mpbm_gen_steps": 4, "mpbm_diag_every": 3}
+    common = ["--dataset", "Debug28", "--algorithm", "MPBM", "--test_envs", "1", "2",
+              "--steps", "26", "--checkpoint_freq", "7", "--hparams", json.dumps(hp)]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert train.run(build_parser().parse_args(common + ["--output_dir", str(full)])) == "done"
+    assert train.run(build_parser().parse_args(common + ["--output_dir", str(cut)]),
+                     stop_after_step=7) == "stopped"
+    proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", *common,
+                           "--output_dir", str(cut), "--resume"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got, expected = read_records(cut, VOLATILE_KEYS), read_records(full, VOLATILE_KEYS)
+    assert got == expected
+    assert [r["step"] for r in expected] == [0, 7, 14, 21, 25]
+    full_hp = tiny_hparams("MPBM", "Debug28", **hp)
+    for previous, record in zip([-1] + [r["step"] for r in expected], expected):
+        window = [phase_at(s, full_hp, 8) for s in range(previous + 1, record["step"] + 1)]
+        assert record["phase"] == pytest.approx(np.mean([PHASES.index(p) for p, _, _ in window]))
+        assert record["round"] == pytest.approx(np.mean([r for _, r, _ in window]))
+    assert phase_at(7, full_hp, 8)[0] == "gen" and expected[-1]["round"] == 2
+    assert expected[-1]["diag_query_corr"] != 0.0
+
+
+# -- the value projection --------------------------------------------------------------------------
+
+def test_value_projection_lets_a_mix_leave_the_hull_and_is_learned_by_the_generator():
+    torch.manual_seed(7)
+    d, nb, b = 12, 4, 6
+    q, values = torch.randn(b, d), torch.randn(b, nb, d)
+    labels = F.one_hot(torch.randint(0, 3, (b, nb)), 3).float()
+    gen = MixupAttentionGenerator(d, value_projection=True)
+    z, _, weights = gen(q, values, torch.eye(d), labels)  # W_V = I: the paper's mix
+    torch.testing.assert_close(z, torch.einsum("bid,bid->bd", weights, values))
+    assert outside_hull_share(z, values) == 0.0
+    with torch.no_grad():
+        gen.value.weight.add_(0.5 * torch.randn(d, d))
+    z, _, weights = gen(q, values, torch.eye(d), labels)
+    torch.testing.assert_close(z, torch.einsum("bid,bid->bd", weights,
+                                               values @ gen.value.weight.T))
+    assert outside_hull_share(z, values) > 0.2
+
+    algorithm, dataset, _ = make(mpbm_value_proj=True, mpbm_lr_g=1e-2)
+    _, y, q, features, y_onehot, groups = step_inputs(algorithm, dataset)
+    start = algorithm.generator.value.weight.clone()
+    algorithm.generator_step(q, features, y_onehot, y, groups)
+    assert algorithm.generator.value.weight.grad.abs().sum() > 0
+    assert not torch.equal(algorithm.generator.value.weight, start)
+    # the f/h step of the online schedule: no gradient into W_V
+    algorithm.generator.zero_grad(set_to_none=True)
+    z, y_mix = algorithm.synthetic_features(q, features, y_onehot, groups)
+    soft_cross_entropy(algorithm.classifier(z), y_mix).backward()
+    assert algorithm.generator.value.weight.grad is None
+
+
+# -- diagnostics -----------------------------------------------------------------------------------
+
+def test_query_diagnostics_of_a_query_equal_to_its_source_and_of_pure_noise():
+    algorithm, dataset, _ = make(mpbm_clamp="unit")
+    x, y = batch(dataset, 8)
+    q = algorithm.query_features(x)
+    same = algorithm.query_diagnostics(x, x.clone(), y, q)
+    assert abs(same["diag_query_corr"] - 1.0) < 1e-6
+    assert same["diag_query_clamped"] == same["diag_source_clamped"]
+    algorithm.eval()
+    with torch.no_grad():
+        expected_acc = (algorithm.predict(x).argmax(1) == y).float().mean().item()
+    assert same["diag_query_acc"] == expected_acc
+    noise = torch.rand(x.shape, generator=torch.Generator().manual_seed(123))
+    other = algorithm.query_diagnostics(x, noise, y, q)
+    assert abs(other["diag_query_corr"]) < 0.05
+    corners = torch.where(noise > 0.5, 1.0, 0.0)
+    assert algorithm.query_diagnostics(x, corners, y, q)["diag_query_clamped"] == 1.0
+    assert algorithm.query_diagnostics(x, 0.2 + 0.6 * noise, y, q)["diag_query_clamped"] == 0.0
+    # an affine change of the image keeps correlation 1; a constant image has correlation 0
+    assert abs(image_correlation(0.5 * x + 0.1, x) - 1).max() < 1e-6
+    assert (image_correlation(torch.full_like(x, 0.3), x) == 0).all()
+
+
+def test_mix_diagnostics_measure_concentration_nearness_and_the_hull():
+    weights = torch.zeros(2, 4, 10)
+    weights[0, 1] = 1.0  # every dimension on instance 1: a whole-instance mix
+    weights[1, torch.arange(10) % 4, torch.arange(10)] = 1.0  # dimensions spread 3, 3, 2, 2
+    torch.testing.assert_close(top_instance_share(weights), torch.tensor([1.0, 0.3]))
+    real = torch.randn(5, 6)
+    torch.testing.assert_close(nearest_cosine(real[:3] * 2.0, real), torch.ones(3))
+    values = torch.tensor([[[0.0, 1.0], [2.0, 3.0]]])
+    assert outside_hull_share(torch.tensor([[1.0, 2.0]]), values) == 0.0
+    assert outside_hull_share(torch.tensor([[2.5, 2.0]]), values) == 0.5
+
+    # the probe on an untrained model: mixes of real features under MPBM's default generator
+    algorithm, dataset, _ = make(mpbm_diag_every=1)
+    x, y = batch(dataset, 8)
+    values = algorithm.probe(x, y)
+    assert set(values) == set(DIAG_KEYS)
+    assert 1 / 5 <= values["diag_attn_top_share"] <= 1
+    assert values["diag_synth_outside_hull"] == 0.0 and 0 < values["diag_synth_cos"] <= 1 + 1e-6
+    assert int(algorithm.diag_step) == 0
+    assert algorithm.diag.tolist() == [values[k] for k in DIAG_KEYS]
+
+
+@pytest.mark.parametrize("schedule", ["phased", "online"])
+def test_probes_report_carried_values_and_leave_the_training_unchanged(schedule):
+    """With probes every step or none, the same updates give the same parameters and losses (the
+    probe draws from its own generator and runs in eval mode); update returns the last probe's
+    values at every step, 0.0 before the first."""
+    runs = {}
+    for every in (0, 3):
+        algorithm, dataset, _ = phased(mpbm_schedule=schedule, mpbm_warmup_steps=2,
+                                       mpbm_diag_every=every)
+        outs = [algorithm.update([b]) for b in batches(dataset, 14)]
+        runs[every] = (algorithm, outs)
+    (a0, outs0), (a3, outs3) = runs[0], runs[3]
+    for k, v in a0.state_dict().items():
+        if k not in ("diag", "diag_step"):
+            assert torch.equal(v, a3.state_dict()[k]), k
+    for o0, o3 in zip(outs0, outs3):
+        assert {k: o0[k] for k in LOSS_KEYS} == {k: o3[k] for k in LOSS_KEYS}
+        assert all(o0[k] == 0.0 for k in DIAG_KEYS)
+    corr = [o["diag_query_corr"] for o in outs3]
+    assert corr[0] != 0.0 and corr[0] == corr[1] == corr[2] and corr[3] != corr[2]
+    assert int(a3.diag_step) == 12
+
+
+def test_phased_hparams_are_checked():
+    with pytest.raises(HparamError, match="mpbm_schedule"):
+        tiny_hparams("MPBM", "Debug28", mpbm_schedule="alternating")
+    with pytest.raises(HparamError, match="mpbm_query_steps"):
+        tiny_hparams("MPBM", "Debug28", mpbm_query_steps=0)
+    with pytest.raises(HparamError, match="mpbm_rounds"):
+        tiny_hparams("MPBM", "Debug28", mpbm_rounds=0)
