@@ -116,6 +116,9 @@ def base_space(dataset: str) -> Space:
     small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
+        # resnet18 true: a ResNet-18 whatever resnet50_augmix says (DomainBed builds a ResNet-50
+        # unless resnet50_augmix is false too); else a ResNet-50, timm's resnet50.ram_in1k
+        # weights when resnet50_augmix (DomainBed's default), torchvision's otherwise
         "resnet18": (False, _constant(False)),
         "resnet50_augmix": (True, _constant(True)),
         "dinov2": (False, _constant(False)),

@@ -5,13 +5,12 @@
 # batch 32, STEPS steps (1,001: ERM's source accuracy has levelled off by step 600), TRIALS trials.
 # No download, CPU only.
 #
-#   PYTHON=.venv/bin/python OUTPUT_DIR=DIR bash sweeps/mpbm_digits_offline_study.sh [sweep flags]
-#   env: PYTHON, OUTPUT_DIR (default sweep_output/mpbm_digits_offline_study), DATA_DIR (builtin),
-#        LAUNCHER (local), DRY_RUN=1 (print the jobs, their count and total steps; launch and
-#        write nothing), STEPS (1001), CHECKPOINT_FREQ (100), TRIALS (3), SGLD_NOISE (0.03: the
-#        noise scale of phased_noise), CONFIGS (the folders to run, default all eight, in order),
-#        PARALLEL (1: one configuration after the other; 2: two lanes of configurations at once)
-#   positional arguments: passed to every `sweep launch` (e.g. --resume).
+#   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/mpbm_digits_offline_study] [DRY_RUN=1] \
+#   bash sweeps/mpbm_digits_offline_study.sh [sweep flags]
+#   knobs: STEPS (1001), CHECKPOINT_FREQ (100), TRIALS (3), SGLD_NOISE (0.03: the noise scale of
+#        phased_noise), CONFIGS (the folders to run, default all eight, in order), PARALLEL (1: one
+#        configuration after the other; 2: two lanes of configurations at once);
+#        conventions and LAUNCHER: sweeps/_common.sh
 #
 # One sweep folder per configuration (a table shows one row per algorithm name); every job is
 # `sweep launch --test_env_sets 1,2,3,4`, i.e. the source-0 job of `sweep launch --single_source`:
@@ -41,10 +40,8 @@
 # study table with standard errors (results/tools/mpbm_study_table.py) and the diagnostics
 # (results/tools/mpbm_diagnostics.py).
 # Measured on 2 shared CPU cores, one thread per job (OMP_NUM_THREADS=1): see the results file.
-set -euo pipefail
-PYTHON=${PYTHON:-python}
-OUT=${OUTPUT_DIR:-sweep_output/mpbm_digits_offline_study}
-DATA=${DATA_DIR:-builtin}
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+OUT=$OUTPUT_DIR
 STEPS=${STEPS:-1001}
 CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-100}
 TRIALS=${TRIALS:-3}
@@ -52,9 +49,6 @@ SGLD_NOISE=${SGLD_NOISE:-0.03}
 CONFIGS=(${CONFIGS:-erm color_jitter online phased phased_value phased_noise phased_no_mix
     online_no_mix})
 PARALLEL=${PARALLEL:-1}
-EXTRA=("$@")
-DRY=()
-[[ "${DRY_RUN:-0}" == 1 ]] && DRY=(--dry_run)
 
 BASE='"lr": 0.0001, "batch_size": 32'
 # every MPBM hparam the study varies or relies on is explicit (the defaults may change)
@@ -88,20 +82,15 @@ sweep() {  # sweep <folder>
     spec=$(config "$1")
     algorithm=${spec%%|*}
     hparams=${spec#*|}
-    "$PYTHON" -m dg_plugins.scripts.sweep launch --datasets DigitsOffline --data_dir "$DATA" \
-        --output_dir "$OUT/$1" --algorithms "$algorithm" --hparams "{$hparams}" \
-        --test_env_sets 1,2,3,4 --n_hparams 1 --n_trials "$TRIALS" --steps "$STEPS" \
-        --checkpoint_freq "$CHECKPOINT_FREQ" --command_launcher "${LAUNCHER:-local}" \
-        --skip_confirmation "${DRY[@]}" "${EXTRA[@]}"
+    sweep_launch --datasets DigitsOffline --data_dir builtin --output_dir "$OUT/$1" \
+        --algorithms "$algorithm" --hparams "{$hparams}" --test_env_sets 1,2,3,4 --n_hparams 1 \
+        --n_trials "$TRIALS" --steps "$STEPS" --checkpoint_freq "$CHECKPOINT_FREQ"
 }
 
 for folder in "${CONFIGS[@]}"; do config "$folder" > /dev/null; done  # names checked first
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
+if [[ "$DRY_RUN" == 1 ]]; then
     for folder in "${CONFIGS[@]}"; do sweep "$folder"; done
-    jobs=$((${#CONFIGS[@]} * TRIALS))
-    echo "$jobs jobs (${#CONFIGS[@]} configurations x $TRIALS trials), $((jobs * STEPS)) steps" \
-        "in all"
-    exit 0
+    finish_dry_run
 fi
 
 lane() {  # lane <index>: the configurations i with i % PARALLEL == index, one after the other

@@ -7,6 +7,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hub look-ups fail at once instead of retrying
 os.environ.setdefault("DG_PLUGINS_OFFLINE", "1")
+# The suite runs in 2 pytest-xdist workers (setup.cfg) that start training subprocesses: one
+# torch thread per process, so that the processes never oversubscribe the cores (torch's OpenMP
+# threads spin while waiting and slow each other down by an order of magnitude when they do).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

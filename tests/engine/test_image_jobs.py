@@ -128,7 +128,7 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     worker is gone; a resume with other arguments is refused; the right one finishes."""
     env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
     out = tmp_path / "job"
-    args = train_args(tree, out, "--checkpoint_freq", "10", algorithm="SlowERM", steps=40)
+    args = train_args(tree, out, "--checkpoint_freq", "10", algorithm="SlowERM", steps=20)
     proc = start(TRAIN, *args, env=env)
     wait_for_records(out, 1, proc)
     os.killpg(proc.pid, signum)
@@ -139,13 +139,13 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     if signum == signal.SIGINT:
         return
     refused = train_args(tree, out, "--checkpoint_freq", "10", "--resume", algorithm="SlowERM",
-                         steps=41)
+                         steps=21)
     code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
-    assert code == 2 and "--steps: 40 in the checkpoint, 41 now" in output, output
+    assert code == 2 and "--steps: 20 in the checkpoint, 21 now" in output, output
     assert_nothing_left(env)
     code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
     assert code == 0, output
-    assert [r["step"] for r in read_records(out)] == [0, 10, 20, 30, 39]
+    assert [r["step"] for r in read_records(out)] == [0, 10, 19]
     assert (out / "done").exists()
     assert_nothing_left(env)
 
@@ -176,7 +176,7 @@ def test_local_sweep_runs_four_jobs_and_collects(tree, tmp_path):
 def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
     out = tmp_path / "sweep"
-    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "40",
+    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "20",
                       "--checkpoint_freq", "10", algorithms=("SlowERM",))
     proc = start(SWEEP, *args, env=env)
     deadline = time.monotonic() + TIMEOUT
@@ -191,7 +191,7 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     assert code == 0, output
     jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
     assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
-    assert all([r["step"] for r in read_records(p)] == [0, 10, 20, 30, 39] for p in jobs)
+    assert all([r["step"] for r in read_records(p)] == [0, 10, 19] for p in jobs)
     assert_nothing_left(env)
 
 

@@ -82,7 +82,7 @@ def test_resume_gives_the_same_records(tmp_path):
 
 def test_resume_after_sigkill(tmp_path):
     """A real kill -9 in the middle of a run, then --resume: same records as an uninterrupted run."""
-    common = ["--dataset", "RotatedMNIST5k", "--steps", "40", "--checkpoint_freq", "4",
+    common = ["--dataset", "RotatedMNIST5k", "--steps", "24", "--checkpoint_freq", "6",
               "--hparams", '{"batch_size": 32}']
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(common + ["--output_dir", str(full)]) == 0

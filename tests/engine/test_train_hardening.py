@@ -93,7 +93,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume
     out = tmp_path / "job"
     common = ["--algorithm", "BigStateERM"]
     for _ in range(5):  # the write window is short: retry until the kill lands inside it
-        proc = spawn(out, *common, dataset="Debug28", steps="60", freq="2", hparams=TINY)
+        proc = spawn(out, *common, dataset="Debug28", steps="20", freq="2", hparams=TINY)
         caught = wait_for(lambda: any(p.name.startswith(".tmp-") for p in out.glob(".tmp-*")),
                           timeout=180, interval=0.001)
         proc.send_signal(signal.SIGKILL)
@@ -102,7 +102,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume
             break
     leftovers = list(out.glob(".tmp-*"))
     assert leftovers, "could not kill the job during a checkpoint write"
-    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--steps", "60",
+    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--steps", "20",
                  "--checkpoint_freq", "2", "--hparams", TINY, *common, "--resume"]) == 0
     assert not list(out.glob(".tmp-*"))
     assert "removed a leftover temporary file" in (out / "err.txt").read_text()
@@ -289,7 +289,7 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(tmp_path):
     out, full = tmp_path / "job", tmp_path / "full"
-    proc = spawn(out)
+    proc = spawn(out, steps="60", freq="10")
     assert wait_for(lambda: len(read_records(out)) >= 2)
     proc.send_signal(signal.SIGTERM)
     console = "".join(proc.communicate(timeout=120))
@@ -297,10 +297,10 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
     assert "stopped by SIGTERM" in console and "--resume" in console
     assert "stopped by SIGTERM" in (out / "err.txt").read_text()
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
-    resume = spawn(out, "--resume")
+    resume = spawn(out, "--resume", steps="60", freq="10")
     resume.communicate(timeout=600)
     assert resume.returncode == 0
-    reference = spawn(full)
+    reference = spawn(full, steps="60", freq="10")
     reference.communicate(timeout=600)
     assert comparable(read_records(out)) == comparable(read_records(full))
 
