@@ -422,7 +422,7 @@ def output_problems(jobs: Sequence[SweepJob]) -> list[str]:
     process may not write, one line each with the fix."""
     problems, seen = [], set()
     for job in jobs:
-        folder = job.output_dir
+        folder = os.path.abspath(job.output_dir)  # a relative path's dirname ends in ""
         while not os.path.exists(folder) and os.path.dirname(folder) != folder:
             folder = os.path.dirname(folder)
         if folder in seen:

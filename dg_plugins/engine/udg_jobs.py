@@ -284,11 +284,14 @@ class PretrainJob(job_lib.Job):
 
     def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
-            checkpoint.check_checkpoint_file(self.checkpoint_path, redo_pretraining(self.folder))
             print(f"UDG pretraining: continuing {self.folder} from its checkpoint")
             super().restore()
         else:  # records of a run killed before its first checkpoint
             job_folder.keep_counted_records(self.results_path, 0)
+
+    def checkpoint_fix(self) -> str:
+        """A damaged pretraining checkpoint is fixed by pretraining again, not by ``--force``."""
+        return redo_pretraining(self.folder)
 
     def update(self) -> dict:
         return self.algorithm.pretrain_update([next(s)[0].to(self.device) for s in self.streams])

@@ -404,3 +404,18 @@ def test_only_dg_plugins_or_fileless_mains_are_forked(monkeypatch):
         assert processes.main_module_is_reimport_safe() is safe, (spec_name, file)
         command = f"{sweep.python_executable()} -m dg_plugins.scripts.train --steps 3"
         assert (processes.forkable_train_args(command) is not None) is safe
+
+
+def test_a_relative_output_folder_not_created_yet_is_checked_in_the_working_directory(tmp_path):
+    """The quick start's ``--output_dir sweep_output/offline_quickstart``: relative, and not there
+    yet. The pre-launch check looks for its nearest existing parent from the working directory
+    and the job runs (the check once walked up to the folder '' and refused the sweep)."""
+    env = command_env()
+    argv = sweep_argv("sweep_output/demo", "--algorithms", "ERM", "--test_env_sets", "5",
+                      "--steps", "2")
+    proc = subprocess.run([sys.executable, "-m", SWEEP, *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (job,) = job_folders(tmp_path / "sweep_output" / "demo")
+    assert (job / "done").exists()
+    assert not survivors(env)

@@ -357,3 +357,23 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
     assert read_records(folder, ("step_time",)) == read_records(full, ("step_time",))
     assert read_records(tmp_path / "cut" / "job", VOLATILE_KEYS) == read_records(
         tmp_path / "full" / "job", VOLATILE_KEYS)
+
+
+def test_a_damaged_pretraining_checkpoint_says_to_pretrain_again(tmp_path):
+    """A pretraining folder whose checkpoint cannot be read: the job that needs it stops with the
+    fix of a pretraining (remove that folder; the next job pretrains again), not train's
+    ``--force``, which would not touch the shared folder; nothing in it is changed."""
+    from dg_plugins.engine.checkpoint import DamagedCheckpoint
+
+    assert train.run(job_args(tmp_path / "a", "MAE", 0.5, pretrain_dir=tmp_path / "pre")) == "done"
+    (folder,) = (tmp_path / "pre").iterdir()
+    (folder / job_folder.DONE_FILE).unlink()
+    (folder / udg_jobs.PRETRAINED_FILE).unlink()
+    (folder / job_folder.CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(DamagedCheckpoint) as caught:
+        train.run(job_args(tmp_path / "b", "MAE", 1.0, pretrain_dir=tmp_path / "pre"))
+    message = str(caught.value)
+    assert str(folder / job_folder.CHECKPOINT_FILE) in message
+    assert f"rm -r {folder}" in message and "--force" not in message
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
