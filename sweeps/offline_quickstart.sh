@@ -9,7 +9,8 @@
 # it stopped (every launch has --resume: finished jobs are skipped, interrupted ones continue from
 # their last checkpoint), then prints the tables.
 # Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101
-# training steps (201 for the single-source pair), a checkpoint every 50 steps. Its cost, measured
+# training steps (201 for the single-source pair), a checkpoint every 100 steps (and at the last
+# step: the learning check compares the first and the last). Its cost, measured
 # from a fresh clone: README, "Quick start".
 #   1. multi-source DG: every registered algorithm (default --algorithms, plugins included), lr 1e-3
 #      for all (DisMAE/MAE default to 1e-4, meant for long schedules: near chance at 101 steps),
@@ -33,7 +34,7 @@ read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
 has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }
 sweep() {
     sweep_launch --datasets RotatedMNIST5k --data_dir builtin --output_dir "$OUTPUT_DIR" \
-        --n_hparams 1 --n_trials 1 --checkpoint_freq 50 "$@"
+        --n_hparams 1 --n_trials 1 --checkpoint_freq 100 "$@"
 }
 # 1. multi-source DG (every registered algorithm; MPBM pools the sources and says so)
 if has_part 1; then
