@@ -327,6 +327,11 @@ def nearest_cosine(synthetic: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return (F.normalize(synthetic, dim=1) @ F.normalize(real, dim=1).T).amax(dim=1)
 
 
+def discriminator_accuracy(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> float:
+    """D's accuracy over real (logit > 0) and synthetic (logit < 0) features together."""
+    return torch.cat([real_logits > 0, fake_logits < 0]).float().mean().item()
+
+
 def outside_hull_share(z: torch.Tensor, values: torch.Tensor, tol: float = 1e-5) -> float:
     """Share of the coordinates ``z[b, j]`` outside ``[min_i values[b, i, j], max_i ...]``."""
     lo, hi = values.amin(dim=1), values.amax(dim=1)
@@ -598,8 +603,7 @@ class MPBM(FeatureClassifier):
         fake_logits = self.discriminator(fake.detach())
         loss = F.softplus(-real_logits).mean() + F.softplus(fake_logits).mean()
         optimizer_step(self.disc_optimizer, loss)
-        acc = torch.cat([real_logits > 0, fake_logits < 0]).float().mean()
-        return {"disc": loss.item(), "disc_acc": acc.item()}
+        return {"disc": loss.item(), "disc_acc": discriminator_accuracy(real_logits, fake_logits)}
 
     def synthetic_features(self, q, features, y_onehot, groups):
         """The generator's mixup of ``features`` (with their gradient) under its current weights,
@@ -617,9 +621,17 @@ class MPBM(FeatureClassifier):
         features = self.featurizer(x)
         if self.hparams["mpbm_schedule"] == "online":
             self.accumulate_features(features)
-        loss = F.cross_entropy(self.classifier(features), y)
+        self.model_step(F.cross_entropy(self.classifier(features), y), None, out)
+
+    def model_step(self, sup: torch.Tensor, mix: torch.Tensor | None, out: dict) -> None:
+        """One Adam step of f, h on ``L_sup`` + ``lambda_mix L_mix^tr`` (``mix`` None: ``L_sup``
+        alone); the terms into ``out``."""
+        loss = sup
+        if mix is not None:
+            loss = sup + self.hparams["mpbm_lambda_mix"] * mix
+            out["mix"] = mix.item()
         optimizer_step(self.optimizer, loss)
-        out["loss"] = out["sup"] = loss.item()
+        out["loss"], out["sup"] = loss.item(), sup.item()
 
     def corr_step(self, x, offset: int) -> None:
         """Phase 1: the frozen f's features into the statistics; C at the phase's last step."""
@@ -680,15 +692,11 @@ class MPBM(FeatureClassifier):
         """Phase 5: one Adam step of f, h on ``L_sup + lambda_mix L_mix^tr`` with as many stored
         synthetic rows as real ones."""
         sup = F.cross_entropy(self.predict(x), y)
-        loss = sup
-        lambda_mix = self.hparams["mpbm_lambda_mix"]
-        if lambda_mix > 0 and int(self.synth_count) > 0:
+        mix = None
+        if self.hparams["mpbm_lambda_mix"] > 0 and int(self.synth_count) > 0:
             index = torch.randint(0, int(self.synth_count), (len(x),), device=x.device)
             mix = soft_cross_entropy(self.classifier(self.synth_z[index]), self.synth_y[index])
-            loss = sup + lambda_mix * mix
-            out["mix"] = mix.item()
-        optimizer_step(self.optimizer, loss)
-        out["loss"], out["sup"] = loss.item(), sup.item()
+        self.model_step(sup, mix, out)
 
     def online_step(self, x, y, out) -> None:
         """The online schedule after its warm-up: SGLD, g step, D step, f/h step."""
@@ -704,15 +712,11 @@ class MPBM(FeatureClassifier):
             out.update(self.discriminator_step(features, z))
 
         sup = F.cross_entropy(self.classifier(features), y)
-        loss = sup
-        lambda_mix = self.hparams["mpbm_lambda_mix"]
-        if lambda_mix > 0:
+        mix = None
+        if self.hparams["mpbm_lambda_mix"] > 0:
             z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
             mix = soft_cross_entropy(self.classifier(z_train), y_mix)
-            loss = sup + lambda_mix * mix
-            out["mix"] = mix.item()
-        optimizer_step(self.optimizer, loss)
-        out["loss"], out["sup"] = loss.item(), sup.item()
+        self.model_step(sup, mix, out)
 
     # -- diagnostics ------------------------------------------------------------------------------
 
@@ -737,8 +741,7 @@ class MPBM(FeatureClassifier):
                                   generator=generator)
         values = features[groups]
         z, _, weights = self.generator(q, values, self.corr, self.one_hot(y)[groups])
-        real_logits, fake_logits = self.discriminator(features), self.discriminator(z)
-        disc_acc = torch.cat([real_logits > 0, fake_logits < 0]).float().mean().item()
+        disc_acc = discriminator_accuracy(self.discriminator(features), self.discriminator(z))
         return {"diag_attn_top_share": top_instance_share(weights).mean().item(),
                 "diag_synth_cos": nearest_cosine(z, features).mean().item(),
                 "diag_synth_outside_hull": outside_hull_share(z, values),
