@@ -4,6 +4,11 @@ torch."""
 
 from __future__ import annotations
 
+#: The IP/OOP evaluation's train flags: the score file, then the rule and the model it must fit
+#: (each enters a job's args only when given).
+ALIGNMENT_ARGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
+                  "alignment_model", "alignment_pretrained")
+
 
 def add_rule_arguments(group) -> None:
     """``--alignment_threshold``, ``--alignment_preset`` (the rule splitting a score file's

@@ -19,6 +19,7 @@ import torch
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import lr_factor
 from dg_plugins.engine import data
+from dg_plugins.engine.alignment_flags import ALIGNMENT_ARGS
 from dg_plugins.engine.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                           read_checkpoint, save_checkpoint, seed_everything)
 from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE,
@@ -38,9 +39,8 @@ DOMAINBED_ARG_KEYS = (
 )
 #: dg_plugins' own train flags that enter the records' ``args`` only when given (the UDG
 #: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg_jobs`).
-EXTRA_ARG_KEYS = ("alignment_scores", "alignment_threshold", "alignment_preset",
-                  "alignment_model", "alignment_pretrained", "label_fraction", "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs",
-                  "udg_split")
+EXTRA_ARG_KEYS = (*ALIGNMENT_ARGS, "label_fraction", "pretrain_steps", "udg_pretrain_epochs",
+                  "udg_ft_epochs", "udg_split")
 
 
 class NonFiniteLossError(FloatingPointError):

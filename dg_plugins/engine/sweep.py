@@ -42,6 +42,7 @@ import sys
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
+from dg_plugins.engine.alignment_flags import ALIGNMENT_ARGS
 from dg_plugins.engine.job_folder import DONE_FILE, lock_holder
 from dg_plugins.engine.processes import JobsFailed, LaunchInterrupted
 from dg_plugins.engine.signals import signal_name
@@ -60,13 +61,13 @@ DONE = "Done"
 #: An Incomplete job whose folder lock is held by a live process (it is still training).
 RUNNING = "Running"
 
-#: The IP/OOP evaluation's train flags: the score file, then the rule and the model it must fit.
-ALIGNMENT_ARGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
-                  "alignment_model", "alignment_pretrained")
+#: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
+#: ``extra_args``).
+PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, "pretrain_steps", "udg_pretrain_epochs",
+                          "udg_ft_epochs", "udg_split")
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
-                       *ALIGNMENT_ARGS,
-                       "pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
+                       *PASSTHROUGH_TRAIN_ARGS)
 
 
 # --------------------------------------------------------------------------------------------

@@ -257,9 +257,7 @@ def make_args_list(args: argparse.Namespace) -> list[dict]:
         single_test_envs=args.single_test_envs, hparams=args.hparams,
         single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
         uda_holdout_fraction=args.uda_holdout_fraction,
-        extra_args={name: getattr(args, name) for name in
-                    (*sweep.ALIGNMENT_ARGS, "pretrain_steps", "udg_pretrain_epochs",
-                     "udg_ft_epochs", "udg_split")
+        extra_args={name: getattr(args, name) for name in sweep.PASSTHROUGH_TRAIN_ARGS
                     if getattr(args, name) is not None},
         test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
         n_envs=lambda dataset: sweep.num_environments(dataset, args.data_dir))
