@@ -24,3 +24,13 @@ def add_rule_arguments(group) -> None:
     group.add_argument("--alignment_pretrained", type=str, default=None,
                        help="the pretrained tag the score file must have been made with (e.g. "
                        "laion400m_e32); a file scored with other weights is an error")
+
+
+def rule_without_scores(args) -> str | None:
+    """The error of rule or model flags given without ``--alignment_scores`` (None when there is
+    none to report); ``args``: a namespace holding any of :data:`ALIGNMENT_ARGS`."""
+    given = [f"--{name}" for name in ALIGNMENT_ARGS[1:] if getattr(args, name, None) is not None]
+    if getattr(args, "alignment_scores", None) is not None or not given:
+        return None
+    return (f"{' / '.join(given)} need --alignment_scores FILE (a score file from python -m "
+            "dg_plugins.scripts.alignment_scores)")

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dg_plugins.engine import data
+from dg_plugins.engine import alignment_flags, data
 from dg_plugins.seeds import seed_hash
-
-#: The train flags that define the IP/OOP split; all but the first need ``--alignment_scores``.
-ALIGNMENT_FLAGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
-                   "alignment_model", "alignment_pretrained")
 
 
 def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
@@ -27,11 +23,9 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
     rule ``--alignment_threshold`` / ``--alignment_preset``, from a file that must have been
     scored by ``--alignment_model`` / ``--alignment_pretrained`` when given."""
     if getattr(args, "alignment_scores", None) is None:
-        given = [f"--{flag}" for flag in ALIGNMENT_FLAGS[1:]
-                 if getattr(args, flag, None) is not None]
-        if given:
-            raise ValueError(f"{' / '.join(given)} need --alignment_scores FILE (a score file "
-                             "from dg_plugins.scripts.alignment_scores)")
+        error = alignment_flags.rule_without_scores(args)
+        if error is not None:
+            raise ValueError(error)
         return {}
     from dg_plugins import alignment
 

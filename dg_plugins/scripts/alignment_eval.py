@@ -110,7 +110,7 @@ class JobContext:
             args["data_dir"] = options.data_dir
         args.setdefault("task", "domain_generalization")
         args.setdefault("uda_holdout_fraction", 0)
-        for flag in splits.ALIGNMENT_FLAGS:  # this command's, not the job's own
+        for flag in alignment_flags.ALIGNMENT_ARGS:  # this command's, not the job's own
             args[flag] = getattr(options, flag)
         self.args = argparse.Namespace(**args)
         self.hparams = dict(saved["model_hparams"])
@@ -299,7 +299,7 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
             record.pop(k)
         record.update(new)
         record_args = dict(record.get("args") or {})
-        for flag in splits.ALIGNMENT_FLAGS:
+        for flag in alignment_flags.ALIGNMENT_ARGS:
             record_args.pop(flag, None)
             value = getattr(options, flag)
             if value is not None:

@@ -209,11 +209,9 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parse_json_object(args.slurm_extra)
         except ValueError as err:  # JSONDecodeError is a ValueError
             parser.error(f"--slurm_extra must be a JSON object: {err}")
-    alignment_rule = [f"--{name}" for name in sweep.ALIGNMENT_ARGS[1:]
-                      if getattr(args, name) is not None]
-    if args.alignment_scores is None and alignment_rule:
-        parser.error(f"{' / '.join(alignment_rule)} need --alignment_scores FILE (a score file "
-                     "from python -m dg_plugins.scripts.alignment_scores)")
+    alignment_error = alignment_flags.rule_without_scores(args)
+    if alignment_error is not None:
+        parser.error(alignment_error)
     if args.alignment_scores is not None:
         if not os.path.isfile(args.alignment_scores):
             parser.error(f"--alignment_scores {args.alignment_scores!r} is not a file; write one "
