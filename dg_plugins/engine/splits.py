@@ -6,7 +6,10 @@ A dataset may define its own in/out split of an environment (e.g. PACS's officia
 lists): ``dataset.predefined_split(env_index) -> (in_indices, out_indices) | None``. When it
 returns a pair, :class:`Splits` uses it for that environment instead of DomainBed's random
 holdout (``--holdout_fraction`` then does not apply there; the uda holdout of a test environment
-is still drawn from its in-split)."""
+is still drawn from its in-split). A test environment's out-split may overlap its in-split (PACS's
+official ``test`` list holds every image, its ``crossval`` list a subset): neither is trained on,
+so the target's accuracy stays the release's whole-list accuracy; a training environment's may
+not (its validation items would be trained on)."""
 
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ class Splits:
         for env_i, env in enumerate(dataset):
             pair = predefined(env_i) if predefined is not None else None
             if pair is not None:
-                in_, out = predefined_splits(env, pair, env_i)
+                in_, out = predefined_splits(env, pair, env_i,
+                                             test_env=env_i in args.test_envs)
                 print(f"Splits: env{env_i} uses the dataset's predefined split ({len(in_)} in, "
                       f"{len(out)} out) instead of the random holdout (--holdout_fraction)")
             else:
@@ -91,9 +95,10 @@ class Splits:
                 for name, indices in self.subsets[env].items()}
 
 
-def predefined_splits(env, pair, env_index: int):
+def predefined_splits(env, pair, env_index: int, test_env: bool = False):
     """``(in split, out split)`` of ``env`` from a dataset's ``predefined_split`` pair of index
-    lists, after checking them (in range, disjoint, a non-empty in-split)."""
+    lists, after checking them (in range, a non-empty in-split, and disjoint unless ``env`` is a
+    test environment, whose splits are only evaluated)."""
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
         raise ValueError(f"predefined_split({env_index}) must return (in_indices, out_indices) or "
                          f"None, got {type(pair).__name__}")
@@ -103,9 +108,10 @@ def predefined_splits(env, pair, env_index: int):
         raise ValueError(f"predefined_split({env_index}) names items {bad[:5]} outside the "
                          f"environment's {len(env)} items")
     shared = set(in_idx) & set(out_idx)
-    if shared:
+    if shared and not test_env:
         raise ValueError(f"predefined_split({env_index}) puts items {sorted(shared)[:5]} in both "
-                         "the in- and the out-split")
+                         f"the in- and the out-split of training environment {env_index}: its "
+                         "validation items would be trained on; make the two lists disjoint")
     if not in_idx:
         raise ValueError(f"predefined_split({env_index}) gives an empty in-split")
     return data.SplitDataset(env, in_idx), data.SplitDataset(env, out_idx)

@@ -188,8 +188,23 @@ def test_a_predefined_split_replaces_the_random_holdout_of_its_environment(capsy
     assert "env1 uses the dataset's predefined split (6 in, 3 out)" in capsys.readouterr().out
 
 
+def test_a_test_environment_may_validate_on_part_of_its_in_split_a_training_one_may_not():
+    """PACS's official lists: the target's test list holds every image and its crossval list a
+    subset; the target is only evaluated, so both splits are kept whole. A training
+    environment's overlap would train on its validation items: refused, naming the fix."""
+    from dg_plugins.engine.splits import Splits
+
+    pair = (list(range(12)), [1, 3, 5])
+    splits = Splits(OfficialSplitToy({1: pair}), split_args(uda_holdout_fraction=0.0),
+                    {"class_balanced": False})
+    assert sorted(data.env_indices(splits.in_splits[1][0]).tolist()) == list(range(12))
+    assert sorted(data.env_indices(splits.out_splits[1][0]).tolist()) == [1, 3, 5]
+    with pytest.raises(ValueError, match=r"puts items \[1, 3, 5\] in both the in- and the "
+                                         r"out-split of training environment 1.*disjoint"):
+        Splits(OfficialSplitToy({1: pair}), split_args(test_envs=[0]), {"class_balanced": False})
+
+
 @pytest.mark.parametrize("pair, message", [
-    (([0, 1], [1, 2]), r"puts items \[1\] in both"),
     (([0, 12], [1]), r"names items \[12\] outside the environment's 12 items"),
     (([], [1]), "empty in-split"),
     ([0, 1, 2], r"must return \(in_indices, out_indices\) or None"),
