@@ -5,19 +5,24 @@ Datasets: PACS, PACS_splits (PACS's official split lists, read by PACS's ``data_
 "official"; they need PACS), VLCS, OfficeHome, TerraIncognita, DomainNet, MNIST (for ColoredMNIST
 and RotatedMNIST), DomainNet20 (= DomainNet: it reads ``domain_net/``), or ``all``. A dataset whose
 folder already checks out is skipped; partial downloads resume; sizes and checksums are verified
-where known; extraction is atomic (see :mod:`dg_plugins.datasets.download`). ``--list`` prints
+where known; extraction is atomic (see :mod:`dg_plugins.download`). ``--list`` prints
 the table of files, sizes, checksums and target folders.
 
 Google Drive sources (PACS, PACS_splits, VLCS, OfficeHome) need the optional ``gdown``
 (``pip install 'dg_plugins[download]'``), or ``--url NAME=URL`` pointing at a mirror.
 
-Exit status: 0 every dataset present; 1 a download, check or extraction failed (one message
-saying how to fix it); 2 bad command line.
+A dataset that fails does not stop the others; the failures are listed at the end, one line
+each, with what to do. The command imports no torch until it checks a folder's layout, and a
+second Ctrl-C ends it at once.
+
+Exit status: 0 every dataset present; 1 a download, check or extraction failed (one message per
+dataset saying how to fix it); 2 bad command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -38,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "folders) and exit")
     parser.add_argument("--url", action="append", default=[], metavar="NAME=URL",
                         help="fetch file NAME (a file name of --list, e.g. PACS.zip) from URL "
-                             "instead (a mirror); repeatable")
+                             "instead (a mirror: http://, https://, or file:///path for a local "
+                             "copy); repeatable")
     parser.add_argument("--sha256", action="append", default=[], metavar="NAME=HEX",
                         help="expect this sha256 for file NAME instead of the table's size and "
                              "checksums (a mirror's own copy); HEX 'none' checks no checksum; "
@@ -64,7 +70,7 @@ def parse_pairs(parser: argparse.ArgumentParser, values: list[str], flag: str) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dg_plugins.datasets import download as lib
+    from dg_plugins import download as lib
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -90,8 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     report = lib.Reporter(progress=sys.stderr.isatty())
     try:
         results = lib.download(args.datasets, args.data_dir, options, report)
-    except lib.UnknownDataset as err:
+    except lib.UsageError as err:
         parser.error(str(err))
+    except lib.DownloadFailed as err:
+        for message in err.failures.values():
+            print(f"error: {message}", file=sys.stderr)
+        attempted = [name for name, state in err.results if state != "built in"]
+        if len(err.failures) + len(attempted) > 1:
+            ready = f"; ready: {', '.join(attempted)}" if attempted else ""
+            print(f"error: not downloaded: {', '.join(err.failures)} (the reasons above){ready}",
+                  file=sys.stderr)
+        return 1
     except lib.DownloadError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -100,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
               "already downloaded is kept", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
         print("interrupted: partial downloads are kept; rerun the same command to continue",
               file=sys.stderr)
         return 130

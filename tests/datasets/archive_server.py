@@ -1,7 +1,11 @@
 """Test helpers for the downloader: a local HTTP server (127.0.0.1 only) that serves files from
-memory, honours ``Range: bytes=N-`` requests, logs every request, and can be told to cut the
-connection after N bytes, to ignore Range, or to answer with a wrong Content-Range; and tiny
-archives in each dataset's real archive layout (DomainBed's ``domainbed/scripts/download.py``).
+memory, honours ``Range: bytes=N-`` requests (416 with ``Content-Range: bytes */N`` past the
+end), logs every request, and can be told to cut the connection after N bytes, to ignore Range,
+to answer with a wrong Content-Range, to announce another Content-Length than it sends, to send
+a Content-Type, to hold a response until the test releases it (before its first byte or after N
+bytes), or to trickle; tiny archives in each dataset's real archive layout (DomainBed's
+``domainbed/scripts/download.py``), with links and unsafe paths where asked; and the helpers the
+download tests share.
 """
 
 from __future__ import annotations
@@ -10,14 +14,18 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import socket
+import stat
 import struct
 import tarfile
 import threading
+import time
 import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 
@@ -39,7 +47,22 @@ class ArchiveServer:
     cut_after: dict[str, int] = field(default_factory=dict)
     ignore_range: set[str] = field(default_factory=set)
     wrong_content_range: set[str] = field(default_factory=set)
+    #: name -> L: every response for name announces Content-Length L and sends at most L bytes
+    #: of the body (less than the file: a short answer; more: an overstated length).
+    content_length: dict[str, int] = field(default_factory=dict)
+    #: name -> the Content-Type header of its responses.
+    content_type: dict[str, str] = field(default_factory=dict)
+    #: name -> (N, event): the next response for name sends N body bytes (0: nothing, not even
+    #: its headers), then waits until the test sets event (at most 60 s).
+    hold: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)
+    #: name -> (N, seconds): the next response for name sends N body bytes, then one byte every
+    #: ``seconds`` (for at most 30 s) until the client goes away.
+    trickle: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: Requests beyond this many get 404 (a client that would ask forever stops).
+    request_limit: int | None = None
     log: list[Request] = field(default_factory=list)
+    #: name -> set when a held response for name has sent its N bytes.
+    holding: dict[str, threading.Event] = field(default_factory=dict)
 
     def __enter__(self) -> "ArchiveServer":
         server = self
@@ -52,10 +75,16 @@ class ArchiveServer:
                 name = self.path.lstrip("/")
                 header = self.headers.get("Range")
                 data = server.files.get(name)
-                if data is None:
+                limit = server.request_limit
+                if data is None or (limit is not None and len(server.log) >= limit):
                     self.send_error(404)
                     server.log.append(Request(name, header, 404, 0))
                     return
+                held = server.hold.pop(name, None)
+                if held is not None and held[0] == 0:
+                    server.holding.setdefault(name, threading.Event()).set()
+                    held[1].wait(60)
+                    held = None
                 start = 0
                 match = re.fullmatch(r"bytes=(\d+)-", header or "")
                 if match and name not in server.ignore_range:
@@ -63,6 +92,7 @@ class ArchiveServer:
                     if start >= len(data):
                         self.send_response(416)
                         self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.send_header("Content-Length", "0")
                         self.end_headers()
                         server.log.append(Request(name, header, 416, 0))
                         return
@@ -75,18 +105,44 @@ class ArchiveServer:
                     self.send_response(200)
                     status = 200
                 body = data[start:]
-                self.send_header("Content-Length", str(len(body)))
+                length = server.content_length.get(name, len(body))
+                body = body[:length]
+                self.send_header("Content-Length", str(length))
+                if name in server.content_type:
+                    self.send_header("Content-Type", server.content_type[name])
                 self.end_headers()
                 cut = server.cut_after.pop(name, None)
-                if cut is not None:
-                    self.wfile.write(body[:cut])
-                    self.wfile.flush()
-                    self.connection.shutdown(socket.SHUT_RDWR)
+                trickle = server.trickle.pop(name, None)
+                sent = 0
+                try:
+                    if held is not None:
+                        self.wfile.write(body[:held[0]])
+                        sent = held[0]
+                        server.holding.setdefault(name, threading.Event()).set()
+                        held[1].wait(60)
+                    if trickle is not None:
+                        first, seconds = trickle
+                        self.wfile.write(body[:first])
+                        sent = first
+                        deadline = time.monotonic() + 30
+                        while sent < len(body) and time.monotonic() < deadline:
+                            time.sleep(seconds)
+                            self.wfile.write(body[sent:sent + 1])
+                            sent += 1
+                    if cut is not None:
+                        self.wfile.write(body[sent:cut])
+                        sent = max(sent, cut)
+                        self.wfile.flush()
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        self.close_connection = True
+                    else:
+                        self.wfile.write(body[sent:])
+                        sent = len(body)
+                    if length > len(body):  # an overstated length: close after the body
+                        self.close_connection = True
+                except OSError:  # the client went away
                     self.close_connection = True
-                    server.log.append(Request(name, header, status, cut))
-                    return
-                self.wfile.write(body)
-                server.log.append(Request(name, header, status, len(body)))
+                server.log.append(Request(name, header, status, sent))
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -138,21 +194,38 @@ def tiny_jpeg() -> bytes:
     return _JPEG
 
 
-def zip_bytes(members: dict[str, bytes]) -> bytes:
+def zip_bytes(members: dict[str, bytes], symlinks: dict[str, str] | None = None) -> bytes:
+    """A zip of ``members``, plus symbolic links ``name -> target`` stored as Unix zips store
+    them (a member holding the target, with the link's mode in its external attributes)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for name, data in members.items():
             archive.writestr(name, data)
+        for name, target in (symlinks or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.create_system = 3
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(info, target)
     return buffer.getvalue()
 
 
-def tar_gz_bytes(members: dict[str, bytes]) -> bytes:
+def tar_gz_bytes(members: dict[str, bytes], symlinks: dict[str, str] | None = None,
+                 devices: tuple[str, ...] = ()) -> bytes:
+    """A tar.gz of ``members``, plus symbolic links ``name -> target`` and character devices."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
+        for name, target in (symlinks or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            archive.addfile(info)
+        for name in devices:
+            info = tarfile.TarInfo(name)
+            info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+            archive.addfile(info)
     return buffer.getvalue()
 
 
@@ -298,3 +371,42 @@ def mnist_files(n_train: int = 12, n_test: int = 5) -> dict[str, bytes]:
         "t10k-labels-idx1-ubyte.gz": rng.randint(0, 10, n_test),
     }
     return {name: gzip.compress(idx_bytes(a), mtime=0) for name, a in arrays.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared by the download tests
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """``python -m dg_plugins.scripts.download ARGS`` in-process: (exit code, stdout, stderr)."""
+    from dg_plugins.scripts import download as cli
+
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_clean_error(err: str, *needles: str) -> None:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def leftovers(data_dir: Path) -> list[str]:
+    """Hidden staging folders and lock files (a kill or a failure must not leave one)."""
+    return sorted(p.name for p in data_dir.iterdir()
+                  if p.name.endswith((".download-tmp", ".download-lock")))
+
+
+def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (the test waits for the run, never the other way)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.01)
+
+
+def part_size(path: Path) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else -1

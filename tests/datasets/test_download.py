@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from archive_server import (
-    ArchiveServer, DOMAINNET_DOMAINS, closed_port_url, domainnet_files, mnist_files,
-    office_home_zip, pacs_split_lists, pacs_zip, terra_files, vlcs_tar_gz,
+    ArchiveServer, DOMAINNET_DOMAINS, assert_one_clean_error, closed_port_url, domainnet_files,
+    leftovers, mnist_files, office_home_zip, pacs_split_lists, pacs_zip, run_main, terra_files,
+    vlcs_tar_gz,
 )
-from dg_plugins.datasets import download as lib
+from dg_plugins import download as lib
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import download as cli
 from processes import REPO, command_env
@@ -30,25 +31,6 @@ MODULE = "dg_plugins.scripts.download"
 @pytest.fixture(autouse=True)
 def no_retry_wait(monkeypatch):
     monkeypatch.setattr(lib.fetch, "RETRY_DELAY", 0.0)
-
-
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_clean_error(err: str, *needles: str) -> None:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-
-
-def leftovers(data_dir: Path) -> list[str]:
-    """Hidden staging folders (a kill or a failure must not leave one)."""
-    return sorted(p.name for p in data_dir.iterdir() if p.name.endswith(".download-tmp"))
 
 
 def test_list_prints_the_table(capsys):
@@ -242,8 +224,10 @@ def test_a_checksum_mismatch_fails_cleanly(tmp_path, capsys):
         args += ["--sha256", f"t10k-labels-idx1-ubyte.gz={wrong}"]
         code, out, err = run_main(capsys, "--data_dir", data_dir, "MNIST", *args)
     assert code == 1
-    assert_one_clean_error(err, "t10k-labels-idx1-ubyte.gz does not match", wrong, ".corrupt")
-    assert not (data_dir / "MNIST").exists() and leftovers(data_dir) == []
+    assert_one_clean_error(err, "t10k-labels-idx1-ubyte.gz does not match --sha256", wrong,
+                           ".corrupt")
+    assert "the table" not in err and not (data_dir / "MNIST").exists()
+    assert leftovers(data_dir) == []
 
 
 def test_the_table_checksum_applies_to_a_mirror(tmp_path, capsys):
@@ -303,8 +287,9 @@ def test_not_enough_disk_space_stops_before_any_request(tmp_path, capsys, monkey
     assert code == 1
     needed = sum(s.size for s in lib.sources_of("MNIST")) + lib.DATASET_SPECS["MNIST"].extracted_size
     assert_one_clean_error(err, "not enough free disk space", f"needs {lib.human_size(needed)}",
+                           f"{lib.human_size(lib.fetch.with_margin(needed))} in all",
                            f"{lib.human_size(1000)} free")
-    assert server.log == []
+    assert server.log == [] and leftovers(data_dir) == []
 
 
 def test_an_existing_folder_that_does_not_check_out_is_left_alone(tmp_path, capsys):
@@ -389,13 +374,16 @@ def test_an_archive_whose_layout_does_not_check_out_leaves_nothing(tmp_path, cap
     assert not (data_dir / "PACS").exists() and leftovers(data_dir) == []
 
 
-def test_without_a_terminal_progress_is_a_line_per_tenth():
-    lines = []
-    report = lib.Reporter(out=lines.append, progress=False)
+def test_without_a_terminal_progress_is_a_line_per_tenth_with_the_rate():
+    """A line at every tenth of the file, with the rate since the last line (a clock the test
+    sets: 0.5 s per 50 bytes, 100 B/s)."""
+    lines, now = [], [0.0]
+    report = lib.Reporter(out=lines.append, progress=False, clock=lambda: now[0])
     with report.transfer("PACS.zip", total=1000, initial=200) as update:
         for _ in range(16):
+            now[0] += 0.5
             update(50)
-    assert lines == [f"  PACS.zip: {p}% {lib.human_size(p * 10)} of 1.0 KB"
+    assert lines == [f"  PACS.zip: {p}% {lib.human_size(p * 10)} of 1.0 KB, 100 B/s"
                      for p in range(30, 101, 10)]
 
 
@@ -486,22 +474,24 @@ def test_pacs_splits_without_pacs_fail_before_any_request(tmp_path, capsys):
 
 
 def test_malformed_lists_put_no_list_in_place_and_a_rerun_fetches_only_them(tmp_path, capsys):
-    """A line naming no image, and a Google Drive HTML page instead of a list: PACS's list reader
+    """A line naming no image, and a line whose label is not its class: PACS's list reader
     refuses both; none of the twelve lists goes into PACS/ (nothing looks complete), the two
     go to .corrupt, the ten good ones are kept; a rerun fetches only the two."""
     data_dir = tmp_path / "data"
     good = pacs_split_lists()
     bad = dict(good)
     bad["photo_train_kfold.txt"] = good["photo_train_kfold.txt"] + b"photo/dog/not_there.jpg 1\n"
-    bad["sketch_crossval_kfold.txt"] = (b"<!DOCTYPE html><html><head><title>Google Drive - Virus "
-                                        b"scan warning</title></head></html>\n")
+    bad["sketch_crossval_kfold.txt"] = (good["sketch_crossval_kfold.txt"]
+                                        + b"sketch/dog/img_0.jpg 3\n")  # dog is class 1
     with ArchiveServer({"PACS.zip": pacs_zip(), **bad}) as server:
         code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "PACS_splits",
                                   *server.args())
         assert code == 1
         downloads = data_dir / "downloads"
+        first, summary = err.splitlines()
+        assert summary == "error: not downloaded: PACS_splits (the reasons above); ready: PACS"
         assert_one_clean_error(
-            err, "PACS_splits: 1 of the", f"{downloads / 'photo_train_kfold.txt'} name no image",
+            first, "PACS_splits: 1 of the", f"{downloads / 'photo_train_kfold.txt'} name no image",
             "photo/dog/not_there.jpg", "and 1 other list(s): sketch_crossval_kfold.txt",
             f"Nothing was put in {data_dir / 'PACS'}", "rerun")
         assert list_files(data_dir / "PACS") == [] and leftovers(data_dir) == []

@@ -208,8 +208,12 @@ class DownloadError(Exception):
     """A download, check or extraction that failed (one clear message; exit status 1)."""
 
 
-class UnknownDataset(ValueError):
-    """A dataset name the downloader does not know (exit status 2)."""
+class UsageError(ValueError):
+    """A bad command line: nothing is done (exit status 2)."""
+
+
+class UnknownDataset(UsageError):
+    """A dataset or file name the downloader does not know (exit status 2)."""
 
 
 class CorruptArchive(DownloadError):

@@ -1,5 +1,8 @@
-"""Layout checks (the dataset classes decide what a valid folder is), extraction into a staging
-folder, and each dataset's post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
+"""Layout checks (the dataset classes decide what a valid folder is; they, hence torch, are
+imported only when a folder is checked), extraction into a staging folder (one policy for zip and
+tar: regular files and folders only, unsafe members dropped and named; the free space counted in
+whole blocks), and each dataset's post-processing (DomainBed's
+``domainbed/scripts/download.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ import shutil
 import time
 from typing import Iterable
 
-from dg_plugins.datasets.download.fetch import Reporter, check_free_space
-from dg_plugins.datasets.download.sources import (
+from dg_plugins.download.fetch import Reporter, check_free_space
+from dg_plugins.download.sources import (
     CHUNK, DATASET_SPECS, EXTRACT_FACTOR, TERRA_ANNOTATION_FILES, TERRA_CATEGORIES, TERRA_LOCATIONS,
-    TEST_DELAY_ENV, CorruptArchive, DatasetSpec, DownloadError,
+    TEST_DELAY_ENV, CorruptArchive, DatasetSpec,
 )
 
 
@@ -36,16 +39,25 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     return ("broken", problem) if problem else ("ok", f"{folder} checks out")
 
 
+def dataset_class(dataset: str):
+    """The registered class of ``dataset``. The dataset classes, hence torch, are imported only
+    here and in the checks below, when a folder is checked: importing the downloader, listing
+    its table and fetching files stay torch-free."""
+    import dg_plugins.datasets  # noqa: F401  (registers the datasets)
+    from dg_plugins.registry import DATASETS
+
+    return DATASETS.get(dataset)
+
+
 def image_layout_problem(dataset: str, data_dir: str) -> str | None:
     """None when ``<data_dir>/<folder>`` reads as ``dataset``, with its standard domain folders
     and class count, else what is wrong. Uses the dataset class's own folder checks and image
     listing (``MultipleEnvironmentImageFolder``) without building its transforms, so no
     torchvision import."""
     from dg_plugins.datasets.image_folder import ImageFolderEnvironment, visible_subfolders
-    from dg_plugins.registry import DATASETS
 
     spec = DATASET_SPECS[dataset]
-    cls = DATASETS.get(dataset)
+    cls = dataset_class(dataset)
     root = os.path.join(data_dir, spec.folder)
     if not os.path.isdir(root):
         return f"{root} is not a folder"
@@ -107,7 +119,7 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
     (:func:`split_lists_problems`), "partial" when some are missing and those there read,
     "broken" when one there does not read; "absent" too while the dataset they join does not
     check out (they cannot be read without its images)."""
-    from dg_plugins.datasets.download.sources import sources_of
+    from dg_plugins.download.sources import sources_of
 
     base_status, base_detail = dataset_status(DATASET_SPECS[dataset].adds_to, data_dir)
     if base_status != "ok":
@@ -185,67 +197,149 @@ def _test_delay() -> None:
         time.sleep(float(delay))
 
 
+def _member_parts(name: str) -> list[str] | None:
+    """The path parts of archive member ``name`` under the extraction folder, or None when it
+    points outside it (an absolute path, a drive letter, a ``..`` part)."""
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return None
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    return None if ".." in parts else parts
+
+
 def _safe_member(name: str) -> bool:
-    parts = name.replace("\\", "/").split("/")
-    return not (name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts)
+    return _member_parts(name) is not None
 
 
-def extraction_size(path: str) -> int:
-    """Bytes the archive takes once extracted: exact for zip files, else estimated."""
+#: What an archive member is, by kind, for the message naming what was dropped.
+_DROPPED = {"symlink": "a symbolic link", "hardlink": "a hard link", "device": "a device file",
+            "fifo": "a named pipe", "special": "a special file"}
+
+
+def _zip_kind(info) -> str:
+    """"file", "dir", or the kind of a special member (:data:`_DROPPED`) of a zip entry: the
+    Unix mode in its external attributes, for zips made on Unix (a symbolic link is stored as a
+    file holding the link's target)."""
+    import stat
+
+    if info.is_dir():
+        return "dir"
+    mode = info.external_attr >> 16
+    if info.create_system != 3 or stat.S_IFMT(mode) in (0, stat.S_IFREG):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "fifo" if stat.S_ISFIFO(mode) else "special"
+
+
+def _tar_kind(member) -> str:
+    if member.isdir():
+        return "dir"
+    if member.isfile():
+        return "file"
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hardlink"
+    if member.ischr() or member.isblk():
+        return "device"
+    return "fifo" if member.isfifo() else "special"
+
+
+def block_size(folder: str) -> int:
+    """The allocation unit of ``folder``'s file system (4096 where unknown)."""
+    try:
+        return os.statvfs(folder).f_frsize or 4096
+    except (AttributeError, OSError):
+        return 4096
+
+
+def extraction_size(path: str, block: int = 4096) -> int:
+    """Bytes the archive takes once extracted on a file system with ``block``-byte blocks:
+    exact for zip files (each file rounded up to whole blocks, a block per folder), else
+    estimated from the archive's size."""
     import zipfile
 
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            return sum(info.file_size for info in archive.infolist())
-    return int(os.path.getsize(path) * EXTRACT_FACTOR)
+    if not zipfile.is_zipfile(path):
+        return int(os.path.getsize(path) * EXTRACT_FACTOR)
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+    folders = {os.path.dirname(info.filename.rstrip("/")) for info in infos}
+    files = sum(-(-info.file_size // block) * block for info in infos if not info.is_dir())
+    return files + block * len(folders)
 
 
 def extract(path: str, dest: str, report: Reporter) -> None:
     """Extract a zip or tar archive (any compression) into ``dest``; a broken archive raises
-    :class:`CorruptArchive`."""
+    :class:`CorruptArchive`, a file that cannot be written (a full disk) OSError.
+
+    One policy for zip and tar: only regular files and folders are extracted, under ``dest``;
+    symbolic and hard links, devices, pipes, and members whose path leads outside ``dest``
+    (absolute, ``..``) are dropped, and the output names them."""
     import gzip
     import tarfile
     import zipfile
     import zlib
 
     name = os.path.basename(path)
-    check_free_space(dest, extraction_size(path), f"extracting {name}")
+    check_free_space(dest, extraction_size(path, block_size(dest)), f"extracting {name}")
     report(f"  extracting {name} into {dest}")
     count = 0
+    dropped: list[str] = []
+
+    def write(member_name: str, kind: str, open_member) -> None:
+        nonlocal count
+        parts = _member_parts(member_name)
+        if parts is None or kind not in ("file", "dir"):
+            why = _DROPPED.get(kind, "a path outside the archive's folder")
+            dropped.append(f"{member_name!r} ({why})")
+            return
+        target = os.path.join(dest, *parts)
+        if kind == "dir":
+            os.makedirs(target, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open_member() as source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        count += 1
+        _test_delay()
+
     try:
-        if zipfile.is_zipfile(path):
+        with open(path, "rb") as handle:
+            is_zip = handle.read(2) == b"PK"
+        if is_zip:
             with zipfile.ZipFile(path) as archive:
                 for info in archive.infolist():
-                    if not _safe_member(info.filename):
-                        raise CorruptArchive(f"{name} holds an unsafe path {info.filename!r}")
-                    archive.extract(info, dest)
-                    count += 1
-                    _test_delay()
+                    write(info.filename, _zip_kind(info),
+                          lambda info=info: archive.open(info))
         else:
             with tarfile.open(path, "r:*") as archive:
                 for member in archive:
-                    if not _safe_member(member.name) or not (member.isfile() or member.isdir()):
-                        continue  # links, devices and paths outside dest are skipped
-                    if hasattr(tarfile, "data_filter"):
-                        archive.extract(member, dest, filter="data")
-                    else:
-                        archive.extract(member, dest)
-                    count += 1
-                    _test_delay()
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error,
-            gzip.BadGzipFile) as err:
-        raise CorruptArchive(f"{name} does not extract: {type(err).__name__}: {err}") from None
-    except OSError as err:
-        raise DownloadError(f"could not extract {name} into {dest}: {err}") from None
+                    write(member.name, _tar_kind(member),
+                          lambda member=member: archive.extractfile(member))
+    except EOFError as err:
+        raise CorruptArchive(f"{name} ends early (a truncated file: {err})") from None
+    except (zipfile.BadZipFile, tarfile.TarError, zlib.error, gzip.BadGzipFile,
+            NotImplementedError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise CorruptArchive(f"{name} does not extract: {type(err).__name__}: {first}") from None
+    if dropped:
+        shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5
+                                          else "")
+        report(f"  {name}: dropped {len(dropped)} unsafe member(s) (links, devices and paths "
+               f"outside the archive are never extracted): {shown}")
     if count == 0:
         raise CorruptArchive(f"{name} holds no files")
-    report(f"  extracted {count} entries of {name}")
+    report(f"  extracted {count} files of {name}")
 
 
 def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[str]) -> str:
     """The folder of an extracted archive that holds the dataset's domain folders: DomainBed's
-    ``expected_name`` when it is there, else the one folder (at most 3 levels down) holding all
-    ``env_folders``."""
+    ``expected_name`` when it is there, else the one folder (``extracted`` itself, or at most 3
+    levels down) holding all ``env_folders``."""
     wanted = set(env_folders)
     if expected_name:
         candidate = os.path.join(extracted, expected_name)
@@ -269,16 +363,17 @@ def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[s
 def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging: str,
                            report: Reporter) -> None:
     """PACS, VLCS, OfficeHome: extract, then move the folder holding the domain folders to
-    ``<staging>/<folder>`` (DomainBed renames ``kfold``, ``VLCS``, ``OfficeHomeDataset_10072016``)."""
-    from dg_plugins.registry import DATASETS
-
+    ``<staging>/<folder>`` (DomainBed renames ``kfold``, ``VLCS``, ``OfficeHomeDataset_10072016``;
+    an archive whose domain folders sit at its root, without a top folder, is taken as it
+    is)."""
     (path,) = archives.values()
     extracted = os.path.join(staging, "extracted")
     os.makedirs(extracted)
     extract(path, extracted, report)
-    root = find_root(extracted, spec.archive_root, DATASETS.get(spec.name).ENV_FOLDERS)
+    root = find_root(extracted, spec.archive_root, dataset_class(spec.name).ENV_FOLDERS)
     os.rename(root, os.path.join(staging, spec.folder))
-    shutil.rmtree(extracted)
+    if root != extracted:
+        shutil.rmtree(extracted)
 
 
 def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str,
@@ -425,7 +520,7 @@ def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
         try:
             with gzip.open(path, "rb") as src, open(plain, "wb") as out:
                 shutil.copyfileobj(src, out, CHUNK)
-        except (OSError, EOFError, zlib.error) as err:
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise CorruptArchive(f"{name} does not decompress: {type(err).__name__}: "
                                  f"{err}") from None
         _test_delay()

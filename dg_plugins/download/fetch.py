@@ -1,0 +1,624 @@
+"""Fetching one file into ``<data_dir>/downloads/``: resumable HTTP(S) with Range requests
+(``<file>.part``, written as the bytes arrive; a transfer slower than :data:`MIN_RATE` over
+:data:`RATE_WINDOW` counts as cut and is resumed), ``file:`` URLs, Google Drive through the
+optional gdown; what arrived checked against the file's kind (an HTML page, a truncated zip),
+size and checksum verification; the output (log lines with the rate, or a tqdm bar on a
+terminal); free-space checks with a margin, and a full disk named as such."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Callable
+
+from dg_plugins.download.sources import (
+    CHUNK, DATASET_SPECS, DownloadError, Source, human_size,
+)
+
+#: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
+RETRY_DELAY = 2.0
+#: Socket timeout of each HTTP request (connecting, and each read), in seconds.
+HTTP_TIMEOUT = 60.0
+#: A transfer that brings fewer than MIN_RATE bytes a second, measured over RATE_WINDOW seconds,
+#: counts as cut: it is resumed with a Range request from the bytes held (a server that trickles
+#: would otherwise hold the download forever, each read arriving within HTTP_TIMEOUT).
+MIN_RATE = 1024
+RATE_WINDOW = 60.0
+#: Without a terminal, a progress line at least every PROGRESS_INTERVAL seconds while bytes
+#: arrive (and at every tenth of a file of known size).
+PROGRESS_INTERVAL = 30.0
+#: Free space asked beyond an estimate: FREE_MARGIN of it, and at least MIN_FREE_MARGIN bytes
+#: (file-system metadata, an estimate that falls short, and the room the system itself needs).
+FREE_MARGIN = 0.05
+MIN_FREE_MARGIN = 100_000_000
+#: Restarts from byte 0 of one file in one run (a server whose answers to a Range request cannot
+#: be appended), before giving up.
+MAX_RESTARTS = 2
+#: The URL schemes ``--url`` accepts.
+URL_SCHEMES = ("http", "https", "file")
+
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+class Reporter:
+    """Log lines on ``out``; a tqdm bar on stderr for transfers when ``progress``."""
+
+    def __init__(self, out: Callable[[str], None] = print, progress: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        self._out = out
+        self.progress = progress
+        self.clock = clock
+        self._said: set[str] = set()
+
+    def first_time(self, text: str) -> bool:
+        """True the first time ``text`` is asked about (a long note is printed once a run)."""
+        new = text not in self._said
+        self._said.add(text)
+        return new
+
+    def __call__(self, message: str) -> None:
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(message, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            self._out(message)
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+
+    @contextlib.contextmanager
+    def transfer(self, name: str, total: int | None, initial: int):
+        """Yields ``update(n_bytes)``; a bar (bytes, rate) when attached to a terminal, else a
+        line with the bytes and the rate since the last line at every tenth of the file and at
+        least every :data:`PROGRESS_INTERVAL` seconds while bytes arrive."""
+        if self.progress:
+            from tqdm import tqdm
+
+            with tqdm(total=total, initial=initial, unit="B", unit_scale=True,
+                      unit_divisor=1024, desc=name, file=sys.stderr, leave=False) as bar:
+                yield bar.update
+            return
+        step = max(total // 10, 1) if total else None
+        state = {"done": initial, "line_time": self.clock(), "line_done": initial,
+                 "next": (initial // step + 1) * step if step else None}
+
+        def update(n: int) -> None:
+            state["done"] += n
+            now = self.clock()
+            crossed = step is not None and state["done"] >= state["next"]
+            if not crossed and now - state["line_time"] < PROGRESS_INTERVAL:
+                return
+            elapsed = now - state["line_time"]
+            rate = (state["done"] - state["line_done"]) / elapsed if elapsed > 0 else None
+            share = f"{100 * state['done'] / total:.0f}% " if total else ""
+            of = f" of {human_size(total)}" if total else ""
+            self(f"  {name}: {share}{human_size(state['done'])}{of}"
+                 + (f", {human_size(int(rate))}/s" if rate is not None else ""))
+            state.update(line_time=now, line_done=state["done"])
+            if step is not None:
+                state["next"] = (state["done"] // step + 1) * step
+
+        yield update
+
+
+# --------------------------------------------------------------------------------------------
+# Disk space
+
+
+def mount_point(path: str) -> str:
+    """The mount point of the file system holding ``path`` (the disk to name in an error)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    while not os.path.ismount(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def with_margin(needed: int) -> int:
+    """``needed`` plus the free-space margin (:data:`FREE_MARGIN`, :data:`MIN_FREE_MARGIN`)."""
+    return needed + max(int(needed * FREE_MARGIN), MIN_FREE_MARGIN)
+
+
+def check_free_space(folder: str, needed: int, what: str) -> None:
+    """Raise :class:`DownloadError` when ``folder``'s file system has less than ``needed`` bytes
+    plus the margin (:func:`with_margin`) free."""
+    free = shutil.disk_usage(folder).free
+    asked = with_margin(needed)
+    if asked > free:
+        raise DownloadError(
+            f"not enough free disk space in {folder} (the disk mounted at "
+            f"{mount_point(folder)}) for {what}: needs {human_size(needed)} and a margin, "
+            f"{human_size(asked)} in all; {human_size(free)} free. Free some space or choose "
+            "another --data_dir, then rerun (what was already downloaded is kept).")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in _DISK_FULL
+
+
+def disk_full_message(folder: str, what: str) -> str:
+    """``no space left on the disk mounted at M (holding FOLDER) while WHAT``."""
+    free = human_size(shutil.disk_usage(folder).free) if os.path.isdir(folder) else "unknown"
+    return (f"no space left on the disk mounted at {mount_point(folder)} (holding {folder}, "
+            f"{free} free now) while {what}")
+
+
+# --------------------------------------------------------------------------------------------
+# What arrived
+
+
+def file_kind(name: str) -> str:
+    """"zip", "gzip" (``.tar.gz``, ``.tgz``, ``.gz``) or "text" (``.txt``), from the name."""
+    lower = name.lower()
+    if lower.endswith(".zip"):
+        return "zip"
+    if lower.endswith((".gz", ".tgz")):
+        return "gzip"
+    return "text"
+
+
+_KIND_NAMES = {"zip": "a zip", "gzip": "a gzip file", "text": "a text file"}
+_HTML = re.compile(rb"^\s*(<!doctype\s+html|<html|<head|<body|<!--|<\?xml[^>]*>\s*<html)",
+                   re.IGNORECASE)
+
+
+def html_title(head: bytes) -> str | None:
+    match = re.search(rb"<title[^>]*>(.*?)</title>", head, re.IGNORECASE | re.DOTALL)
+    if not match:
+        return None
+    title = " ".join(match.group(1).decode("utf-8", "replace").split())
+    return title[:80] or None
+
+
+def html_fix(url: str, head: bytes, path: str, name: str) -> str:
+    """What to do when an HTML page came instead of file ``name`` (to go at ``path``)."""
+    title = html_title(head) or ""
+    if is_google_drive(url) or "google" in title.lower():
+        guess = ("Google Drive's quota or virus-scan page? Google Drive limits the downloads of "
+                 "a file per day: try again in a day, or open the URL in a browser")
+    else:
+        guess = "a login, error or mirror page? Open the URL in a browser to see it"
+    return (f"{guess}, download the file there and put it at {path}; or pass --url "
+            f"{name}=URL of a mirror")
+
+
+def what_arrived(path: str, name: str) -> str | None:
+    """None when the file at ``path`` looks like the kind its ``name`` says (:func:`file_kind`),
+    else what it is instead: "an HTML page ('title'), not a zip", "an empty file", "a truncated
+    zip (... bytes: its end, the table of its members, is missing)", ..."""
+    import zipfile
+
+    kind = file_kind(name)
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(65536)
+    if not head:
+        return "an empty file"
+    if _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
+        title = html_title(head)
+        return (f"an HTML page{f' ({title!r})' if title else ''}, not "
+                f"{_KIND_NAMES[kind]}")
+    if kind == "zip":
+        if head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
+            what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
+            return f"not a zip ({what})"
+        if not zipfile.is_zipfile(path):
+            return (f"a truncated zip ({size} bytes: its end, the table of its members, is "
+                    "missing)")
+    elif kind == "gzip" and head[:2] != b"\x1f\x8b":
+        what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
+        return f"not a gzip file ({what})"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching
+
+
+def manual_fix(source: Source, url: str, path: str) -> str:
+    return (f"To place it by hand: download {url} (or a mirror of it) on a machine with "
+            f"internet, put it at {path}, then rerun this command; or pass "
+            f"--url {source.name}=URL for a mirror.")
+
+
+def is_google_drive(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return (urlsplit(url).hostname or "") in {"drive.google.com", "docs.google.com"}
+
+
+def url_scheme(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).scheme.lower()
+
+
+class _Restart(Exception):
+    """The server's answer to a Range request cannot be appended: start the file over."""
+
+
+class _Cut(Exception):
+    """The transfer stopped early (retry with a Range request)."""
+
+
+class _WriteFailed(Exception):
+    """Writing the ``.part`` file failed (``args[0]``: the OSError, ``args[1]``: bytes held)."""
+
+
+class WrongContent(DownloadError):
+    """The server answered with something else than the file (an HTML page, ...)."""
+
+
+def _parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", value or "")
+    if not match:
+        return None
+    total = None if match.group(3) == "*" else int(match.group(3))
+    return int(match.group(1)), int(match.group(2)), total
+
+
+def _unsatisfied_total(value: str | None) -> int | None:
+    """N of a 416 answer's ``Content-Range: bytes */N`` (the size the server holds)."""
+    match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", value or "")
+    return int(match.group(1)) if match else None
+
+
+def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
+                  source: Source) -> None:
+    """One request: continue ``part`` with a Range request when it has bytes, else fetch from
+    the start. Returns when ``part`` is complete. Raises :class:`_Restart`, :class:`_Cut`,
+    :class:`_WriteFailed`, :class:`WrongContent`, or urllib's errors."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    name = source.name
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    if expected is not None and have == expected:
+        return  # complete: a run stopped between the last byte and the rename
+    if expected is not None and have > expected:
+        raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
+    headers = {"User-Agent": "dg_plugins-download"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and have:
+            held = _unsatisfied_total(err.headers.get("Content-Range"))
+            if held == have:  # the server's whole file is here: complete
+                report(f"  {name}: the server holds {have} bytes, all of them received")
+                return
+            raise _Restart(f"the server refused to continue {name} from byte {have} "
+                           f"(416, Content-Range {err.headers.get('Content-Range')!r})") from err
+        if err.code >= 500:
+            raise _Cut(f"HTTP {err.code} {err.reason}") from err
+        raise
+    except (ConnectionResetError, TimeoutError, http.client.HTTPException) as err:
+        raise _Cut(f"{type(err).__name__}: {err}") from err
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, (TimeoutError, ConnectionResetError)):
+            raise _Cut(f"{err.reason}") from err
+        raise
+    with response:
+        status = response.status
+        content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
+        if content_type.lower() == "text/html":  # none of the files is a web page
+            head = response.read(65536)
+            title = html_title(head)
+            raise WrongContent(
+                f"{url} answered with an HTML page{f' ({title!r})' if title else ''}, not "
+                f"{_KIND_NAMES[file_kind(name)]}: "
+                f"{html_fix(url, head, part[:-len('.part')], name)}.")
+        if have and status == 206:
+            parsed = _parse_content_range(response.headers.get("Content-Range"))
+            if parsed is None or parsed[0] != have or (
+                    expected is not None and parsed[2] not in (None, expected)):
+                raise _Restart(f"the server answered the Range request for {name} with "
+                               f"Content-Range {response.headers.get('Content-Range')!r}, not "
+                               f"bytes {have}-.../{expected or '*'}")
+            total = parsed[2]
+            mode = "ab"
+        elif status == 200:
+            if have:
+                report(f"  {name}: the server does not resume (answered 200 to a Range "
+                       f"request): fetching it again from byte 0")
+                have = 0
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            mode = "wb"
+        else:
+            raise DownloadError(f"unexpected HTTP status {status} for {url}")
+        if expected is not None and total is not None and total != expected:
+            raise DownloadError(
+                f"{url} serves {total} bytes but {name} has {expected} bytes: a wrong or "
+                f"changed file (pass --sha256 {name}=HEX for a mirror's own copy)")
+        total = total if total is not None else expected
+        if total is not None:
+            check_free_space(os.path.dirname(part), total - have, name)
+        done = have
+        window_start, window_done = time.monotonic(), done
+        try:
+            handle = open(part, mode, buffering=0)  # every block reaches the file as it arrives
+        except OSError as err:
+            raise _WriteFailed(err, done) from err
+        with handle, report.transfer(name, total, have) as update:
+            while True:
+                try:
+                    block = response.read1(CHUNK)
+                except (OSError, http.client.HTTPException) as err:  # reset, timeout, ...
+                    raise _Cut(f"{type(err).__name__}: {err}") from err
+                if not block:
+                    break
+                try:
+                    handle.write(block)
+                except OSError as err:
+                    raise _WriteFailed(err, done) from err
+                done += len(block)
+                update(len(block))
+                now = time.monotonic()
+                if now - window_start >= RATE_WINDOW:
+                    rate = (done - window_done) / (now - window_start)
+                    if rate < MIN_RATE:
+                        raise _Cut(f"{human_size(int(rate))}/s over the last "
+                                   f"{now - window_start:.3g} s, below the minimum "
+                                   f"{human_size(MIN_RATE)}/s")
+                    window_start, window_done = now, done
+        if total is not None and done < total:
+            raise _Cut(f"the connection closed after {done} of {total} bytes")
+
+
+def fetch_http(source: Source, url: str, path: str, expected: int | None, retries: int,
+               report: Reporter) -> None:
+    """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut connection
+    (up to ``retries`` more attempts in this run; the part file stays for the next run)."""
+    import urllib.error
+
+    part = path + ".part"
+    folder = os.path.dirname(path)
+    attempt = restarts = 0
+    while True:
+        try:
+            _http_attempt(url, part, expected, report, source)
+            break
+        except _Restart as why:
+            restarts += 1
+            os.remove(part)
+            if restarts > MAX_RESTARTS:
+                raise DownloadError(
+                    f"the server of {url} cannot continue {source.name} ({why}) and starting "
+                    f"over did not help {MAX_RESTARTS} times; " + manual_fix(source, url, path)
+                ) from None
+            report(f"  {source.name}: {why}; starting over")
+            continue
+        except _Cut as why:
+            attempt += 1
+            kept = os.path.getsize(part) if os.path.exists(part) else 0
+            if not kept and os.path.exists(part):
+                os.remove(part)
+            if attempt > retries:
+                held = (f"the {kept} bytes received are kept in {part}: rerun this command to "
+                        "continue where it stopped" if kept else
+                        "no byte of it arrived: rerun this command to try again")
+                raise DownloadError(
+                    f"the transfer of {source.name} from {url} broke off ({why}) after "
+                    f"{retries + 1} attempt(s); {held}.") from None
+            delay = min(RETRY_DELAY * 2 ** (attempt - 1), 60.0)
+            report(f"  {source.name}: transfer cut ({why}); continuing from byte {kept} in "
+                   f"{delay:g} s (attempt {attempt + 1} of {retries + 1})")
+            time.sleep(delay)
+        except _WriteFailed as failed:
+            err, held = failed.args
+            raise DownloadError(_write_failed_message(source, part, err, held,
+                                                      expected)) from None
+        except urllib.error.HTTPError as err:
+            raise DownloadError(
+                f"could not download {source.name} from {url}: HTTP {err.code} {err.reason}. "
+                + manual_fix(source, url, path)) from None
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            if not os.path.isdir(folder):
+                raise DownloadError(f"could not write {part}: its folder {folder} is gone "
+                                    "(removed while the download ran?); rerun") from None
+            raise DownloadError(
+                f"could not download {source.name} from {url}: {reason} (offline, or a dead "
+                f"link?). " + manual_fix(source, url, path)) from None
+    os.replace(part, path)
+
+
+def _write_failed_message(source: Source, part: str, err: OSError, held: int,
+                          expected: int | None) -> str:
+    """The message for a ``.part`` that could not be written. A full disk: when the file's size
+    is unknown the ``.part`` that filled the disk is removed (its space given back: how much
+    more is needed is unknown), else it is kept for a rerun, with the bytes still needed."""
+    folder = os.path.dirname(part)
+    if not is_disk_full(err):
+        return f"could not write {part}: {err}"
+    if expected is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(part)
+        return (f"{disk_full_message(folder, f'downloading {source.name}')}: its size is "
+                f"unknown, and the {human_size(held)} received were removed to give the space "
+                "back. Free some space or choose another --data_dir, then rerun.")
+    return (f"{disk_full_message(folder, f'downloading {source.name}')}: "
+            f"{human_size(expected - held)} more are needed; the {human_size(held)} received "
+            f"are kept in {part} (delete it to give the space back). Free some space or "
+            "choose another --data_dir, then rerun to continue.")
+
+
+def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> None:
+    """Copy the local file of a ``file:`` URL to ``path`` (through ``path + '.part'``)."""
+    from urllib.parse import unquote, urlsplit
+    from urllib.request import url2pathname
+
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise DownloadError(f"--url {source.name}={url}: a file: URL names a local file "
+                            f"(file:///path/to/{source.name}), not host {parts.netloc!r}")
+    local = url2pathname(unquote(parts.path))
+    if not os.path.isfile(local):
+        raise DownloadError(f"--url {source.name}={url}: {local} is not a file")
+    part = path + ".part"
+    try:
+        shutil.copyfile(local, part)
+    except OSError as err:
+        raise DownloadError(_write_failed_message(source, part, err, 0, None)) from None
+    os.replace(part, path)
+
+
+def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) -> None:
+    """Fetch a Google Drive link with gdown (resumable: gdown keeps its own ``.part`` file)."""
+    try:
+        import gdown
+    except ImportError:
+        raise DownloadError(
+            f"{source.name} comes from Google Drive ({url}), which needs the optional package "
+            "gdown: pip install 'dg_plugins[download]'. Or pass --url "
+            f"{source.name}=URL of a plain HTTP(S) mirror, or put the file at {path} by hand "
+            "and rerun.") from None
+    report(f"  {source.name}: fetching from Google Drive with gdown")
+    try:
+        result = gdown.download(url, output=path, quiet=not report.progress, resume=True)
+    except Exception as err:  # noqa: BLE001  (gdown raises its own and requests' errors)
+        if is_disk_full(err):
+            raise DownloadError(
+                f"{disk_full_message(os.path.dirname(path), f'downloading {source.name}')}. "
+                "Free some space or choose another --data_dir, then rerun.") from None
+        raise DownloadError(
+            f"could not download {source.name} from {url}: {type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0] if str(err).strip() else ''} (Google Drive "
+            "quota or permission, offline, or a dead link?). "
+            + manual_fix(source, url, path)) from None
+    if not result or not os.path.isfile(path):
+        raise DownloadError(f"gdown did not download {source.name} from {url}. "
+                            + manual_fix(source, url, path))
+
+
+def file_digests(path: str, want_md5: bool) -> tuple[str, str | None]:
+    sha256 = hashlib.sha256()
+    md5 = hashlib.md5() if want_md5 else None
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            sha256.update(block)
+            if md5 is not None:
+                md5.update(block)
+    return sha256.hexdigest(), md5.hexdigest() if md5 is not None else None
+
+
+def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
+    """Raise :class:`WrongContent` (the file moved to ``<path>.corrupt``) when ``path`` is not
+    the kind of file its name says (:func:`what_arrived`), saying what arrived and the fix."""
+    what = what_arrived(path, source.name)
+    if what is None:
+        return
+    os.replace(path, path + ".corrupt")
+    where = f"{url} sent" if fetched else f"{path} (found there) is"
+    if what.startswith("an HTML page"):
+        with open(path + ".corrupt", "rb") as handle:
+            fix = html_fix(url, handle.read(65536), path, source.name)
+    elif what.startswith("a truncated") and fetched:
+        fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
+               f"--url {source.name}=URL of another mirror, or put the whole file at {path}")
+    else:
+        fix = (f"pass --url {source.name}=URL of a mirror that serves the file, or put it at "
+               f"{path}")
+    raise WrongContent(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
+
+
+def verify_file(source: Source, path: str, expected: "Expected", report: Reporter) -> None:
+    """Check size and checksums; a mismatch moves the file to ``<path>.corrupt`` and raises."""
+    problems = []
+    size = os.path.getsize(path)
+    if expected.size is not None and size != expected.size:
+        problems.append(f"{size} bytes, expected {expected.size}")
+    else:
+        sha256, md5 = file_digests(path, expected.md5 is not None)
+        if expected.sha256 is not None and sha256 != expected.sha256:
+            problems.append(f"sha256 {sha256}, expected {expected.sha256}")
+        if expected.md5 is not None and md5 != expected.md5:
+            problems.append(f"md5 {md5}, expected {expected.md5}")
+    if problems:
+        os.replace(path, path + ".corrupt")
+        if expected.from_option:
+            raise DownloadError(
+                f"{source.name} does not match --sha256 {source.name}=... "
+                f"({'; '.join(problems)}). It was moved to {path}.corrupt. If that file is the "
+                f"right one, its sha256 is the one to pass; else pass --url {source.name}=URL "
+                "of a good copy.")
+        raise DownloadError(
+            f"{source.name} does not match the table ({'; '.join(problems)}): a corrupted or "
+            f"changed file. It was moved to {path}.corrupt; rerun to download it again (a "
+            f"mirror's own copy: pass --sha256 {source.name}=HEX).")
+    if expected.sha256 or expected.md5:
+        kinds = " and ".join(k for k, v in (("size", expected.size), ("sha256", expected.sha256),
+                                            ("md5", expected.md5)) if v)
+        report(f"  {source.name}: {kinds} verified")
+    else:
+        why = expected.why if report.first_time(expected.why) else "as above"
+        report(f"  {source.name}: no checksum known ({why}); "
+               f"{DATASET_SPECS[source.dataset].unverified_check}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    size: int | None
+    sha256: str | None
+    md5: str | None
+    why: str = ""
+    #: True when the values come from ``--sha256`` (not from the table).
+    from_option: bool = False
+
+
+def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Expected:
+    """The table's size and checksums, or those of ``--sha256 NAME=HEX|none`` (which replace
+    them all: a mirror's own copy)."""
+    if source.name in sha256_overrides:
+        value = sha256_overrides[source.name]
+        return Expected(None, value, None,
+                        "--sha256 none" if value is None else "given with --sha256", True)
+    why = source.note if source.sha256 is None and source.md5 is None else ""
+    return Expected(source.size, source.sha256, source.md5, why)
+
+
+def obtain(source: Source, downloads: str, url: str, expected: Expected, retries: int,
+           report: Reporter) -> str:
+    """The verified file ``<downloads>/<name>``: used as it is when already there (placed by
+    hand, or kept from an earlier run), else fetched (``http(s):``, ``file:``, Google Drive).
+    What arrived is checked against the file's kind (:func:`check_content`), then its size and
+    checksums (:func:`verify_file`)."""
+    path = os.path.join(downloads, source.name)
+    fetched = not os.path.isfile(path)
+    if not fetched:
+        report(f"  {source.name}: found in {downloads}")
+    else:
+        part = path + ".part"
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        if have:
+            report(f"  {source.name}: continuing the partial download ({have} bytes in {part})")
+        report(f"  {source.name}: downloading {url}")
+        if url_scheme(url) == "file":
+            fetch_file_url(source, url, path, report)
+        elif is_google_drive(url):
+            fetch_google_drive(source, url, path, report)
+        else:
+            fetch_http(source, url, path, expected.size, retries, report)
+    check_content(source, path, url, fetched)
+    verify_file(source, path, expected, report)
+    return path
