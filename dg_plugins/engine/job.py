@@ -43,6 +43,20 @@ EXTRA_ARG_KEYS = (*ALIGNMENT_ARGS, "label_fraction", "pretrain_steps", "udg_pret
                   "udg_ft_epochs", "udg_split")
 
 
+#: Functions called after every training step as ``hook(job, step)``, before the step's record,
+#: checkpoint and stop check (:func:`add_step_hook`). A plugin module (``$DG_PLUGINS_IMPORT``) may
+#: add one, e.g. to log; the test suite holds a running job at a step with one
+#: (``tests/job_gate.py``), so that its tests never race a job's speed.
+STEP_HOOKS: list = []
+
+
+def add_step_hook(hook) -> None:
+    """Call ``hook(job, step)`` after every training step of every job of this process (a hook
+    added twice is called once)."""
+    if hook not in STEP_HOOKS:
+        STEP_HOOKS.append(hook)
+
+
 class NonFiniteLossError(FloatingPointError):
     pass
 
@@ -366,6 +380,8 @@ class Job:
                 self.train_step(step)
                 if progress is not None:
                     progress.update(1)
+                for hook in STEP_HOOKS:
+                    hook(self, step)
                 recorded = step % self.checkpoint_freq == 0 or step == self.n_steps - 1
                 if recorded:
                     self.write_record(step)

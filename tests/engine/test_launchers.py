@@ -220,7 +220,7 @@ signal.signal(signal.SIGINT, on_signal)
 with open(os.path.join(out, "pid.tmp"), "w") as f:  # closed here, not in a destructor, where
     f.write(str(os.getpid()))                        # the handler's SystemExit would be ignored
 os.replace(os.path.join(out, "pid.tmp"), os.path.join(out, "pid"))
-deadline = time.time() + 20
+deadline = time.time() + 300  # "trains" until the test signals it (bounded: never a leftover)
 while time.time() < deadline:
     time.sleep(0.02)
 open(os.path.join(out, "done"), "w").write("done")

@@ -18,6 +18,7 @@ from dg_plugins.engine import sweep
 from dg_plugins.engine.job_folder import lock_holder
 from helpers import read_records
 from image_tree import make_pacs_tree
+from job_gate import gate_env, released
 from processes import REPO, command_env, finish, run, start, survivors
 
 HERE = Path(__file__).resolve().parent
@@ -254,23 +255,26 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
 
 
 def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
-    """kill -9 of a local-launcher sweep while its job trains: the job gets SIGTERM from the
-    kernel, stops at a checkpoint and exits (it used to train on, holding its lock); then
-    ``sweep launch --resume`` continues it to the end, with the records of an uninterrupted
-    run's steps, and no process is left behind."""
-    env = command_env()
+    """kill -9 of a local-launcher sweep while its job trains (held after step 100 by the test's
+    gate until it stops): the job gets SIGTERM from the kernel, stops at a checkpoint and exits
+    (it used to train on, holding its lock); then ``sweep launch --resume`` continues it to the
+    end, with the records of an uninterrupted run's steps, and no process is left behind."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = gate_env(gate, step=100)
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "120",
                       "--checkpoint_freq", "40", "--hparams", '{"batch_size": 8}')
     proc = start(SWEEP, *argv, env=env)
-    [job] = wait_for(lambda: job_folders(out))
-    wait_for(lambda: len(read_records(job)) >= 3)  # training, 39 steps before its end
-    pid = int(wait_for(lambda: lock_holder(str(job))))
-    os.kill(proc.pid, signal.SIGKILL)
-    wait_for(lambda: not alive(pid), timeout=60)  # the job followed its launcher
-    finish(proc, timeout=30)
+    with released(gate):
+        pid = wait_for(lambda: (gate / "waiting").exists() and (gate / "waiting").read_text())
+        [job] = job_folders(out)
+        assert lock_holder(str(job)) == pid
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not alive(int(pid)), timeout=60)  # the job followed its launcher
+        finish(proc, timeout=30)
     assert lock_holder(str(job)) is None and not (job / "done").exists()
-    assert "stopped: stopped by SIGTERM after step" in (job / "err.txt").read_text()
+    assert "stopped: stopped by SIGTERM after step 100" in (job / "err.txt").read_text()
 
     code, text = run(SWEEP, *argv, "--resume", env=env, timeout=300)
     assert code == 0, text

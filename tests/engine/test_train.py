@@ -13,6 +13,8 @@ from dg_plugins.engine import job, train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
 from helpers import read_records
+from job_gate import gate_env, released
+from processes import start
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -81,23 +83,29 @@ def test_resume_gives_the_same_records(tmp_path):
 
 
 def test_resume_after_sigkill(tmp_path):
-    """A real kill -9 in the middle of a run, then --resume: same records as an uninterrupted run."""
+    """A real kill -9 in the middle of a run (the job held after step 13 by the test's gate,
+    past its checkpoint of step 12), then --resume: same records as an uninterrupted run."""
     common = ["--dataset", "RotatedMNIST5k", "--steps", "24", "--checkpoint_freq", "6",
               "--hparams", '{"batch_size": 32}']
-    full, cut = tmp_path / "full", tmp_path / "cut"
+    full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
+    gate.mkdir()
     assert main(common + ["--output_dir", str(full)]) == 0
-    cmd = [sys.executable, "-m", "dg_plugins.scripts.train", *common, "--output_dir", str(cut)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (cut / "checkpoint.pt").exists() and len(read_records(cut)) >= 3:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (cut / "done").exists(), "run finished before it could be killed"
+    proc = start("dg_plugins.scripts.train", *common, "--output_dir", cut,
+                 env=gate_env(gate, step=13))
+    with released(gate):
+        wait_for(lambda: (gate / "waiting").exists())
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert not (cut / "done").exists() and len(read_records(cut)) == 3
     assert main(common + ["--output_dir", str(cut), "--resume"]) == 0
     assert without_timing(read_records(cut)) == without_timing(read_records(full))
+
+
+def wait_for(predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):
