@@ -138,6 +138,9 @@ def validate(args) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{flag} must be a positive integer, got {value} (leave it out for "
                              "the dataset's default)")
+    progress_every = getattr(args, "progress_every", None)
+    if progress_every is not None and not progress_every >= 0:
+        raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
     if dataset_cls.ENVIRONMENTS:  # datasets that find their environments on disk check later
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     if not 0 <= args.holdout_fraction < 1:
