@@ -80,14 +80,17 @@ class LaunchInterrupted(SystemExit):
 
 class JobsFailed(SystemExit):
     """Some jobs of a launcher that waited for them failed: a ``SystemExit`` with status 1 (so
-    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands; ``lines``: the
-    summary printed for them; ``n_commands``: how many commands the launcher ran."""
+    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands;
+    ``exit_codes``: theirs (None: unknown); ``lines``: the summary printed for them;
+    ``n_commands``: how many commands the launcher ran."""
 
-    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = ()):
+    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = (),
+                 exit_codes: Sequence[int | None] | None = None):
         super().__init__(1)
         self.failed = list(failed)
         self.n_commands = n_commands
         self.lines = list(lines)
+        self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
 
     def __str__(self) -> str:
         return f"{len(self.failed)} of {self.n_commands} jobs failed"
@@ -204,7 +207,8 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
                          "it took its folder: see its output above)")
     for line in lines:
         print(line, flush=True)
-    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines)
+    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines,
+                     [exit_codes[i] for i, _ in failed])
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).

@@ -39,6 +39,7 @@ import os
 import sys
 import traceback
 
+from dg_plugins import catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import udg_jobs
 from dg_plugins.engine.job import Interrupted, Job, check_test_envs
@@ -141,8 +142,10 @@ def validate(args) -> None:
     progress_every = getattr(args, "progress_every", None)
     if progress_every is not None and not progress_every >= 0:
         raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
-    if dataset_cls.ENVIRONMENTS:  # datasets that find their environments on disk check later
+    if dataset_cls.ENVIRONMENTS:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
+    elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
+        check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
     if not 0 <= args.holdout_fraction < 1:
         raise ValueError(f"--holdout_fraction must be in [0, 1), got {args.holdout_fraction}")
     if not 0 <= args.uda_holdout_fraction < 1:

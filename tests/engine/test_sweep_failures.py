@@ -5,6 +5,7 @@ takes its jobs down and a relaunch continues them; a still-running job is left a
 without a ``__main__`` guard can drive the sweep."""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from dg_plugins.engine import sweep
 from dg_plugins.engine.job_folder import lock_holder
 from helpers import read_records
-from image_tree import make_pacs_tree
+from image_tree import make_pacs_tree, truncate_image
 from job_gate import gate_env, released
 from processes import REPO, command_env, finish, run, start, survivors
 
@@ -347,12 +348,59 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
                         datasets=("ImageFolder",)), "does not exist"),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("PAC",)),
              "unknown dataset 'PAC'; did you mean 'PACS'"),
+            (sweep_argv(out, "--algorithms", "ERM", datasets=("pacs",)),
+             "unknown dataset 'pacs'; did you mean 'PACS'"),
+            (sweep_argv(out, "--algorithms", "dmg", "ERMM", "IRM"),
+             "unknown algorithm(s) 'dmg' (did you mean 'DMG'?), 'ERMM' (did you mean 'ERM'?), "
+             "'IRM'; registered algorithms: "),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("SVIRO",)),
              "SVIRO is a DomainBed dataset that dg_plugins does not implement; run it through "
              "the bridge")]:
         code, text = run(SWEEP, *argv, env=env, timeout=60)
         assert code == 2 and message in text and "Traceback" not in text, text
     assert not out.exists()
+
+
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
+    """``--dataset ImageFolder --data_dir`` pointed at the folder above the tree (one "domain"
+    whose "classes" are the domains): train (before printing its settings) and the sweep
+    (before launching) say which --data_dir was meant, exit 2 and write nothing; they used to
+    fail with "leaves no training environment", or launch jobs that failed."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
+    meant = f"did you mean --data_dir {data / 'PACS'}?"
+    code, text = run("dg_plugins.scripts.train", "--dataset", "ImageFolder", "--data_dir", data,
+                     "--output_dir", tmp_path / "job", env=env, timeout=60)
+    assert code == 2 and text.endswith(f"{meant}\n") and "HParams" not in text, text
+    assert not (tmp_path / "job").exists()
+    out = tmp_path / "out"
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
+                                        data_dir=data, datasets=("ImageFolder",)),
+                     env=env, timeout=60)
+    assert code == 2 and text.endswith(f"{meant}\n"), text
+    assert not out.exists()
+
+
+def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp_path):
+    """Jobs that exit with train's bad-input status before their first checkpoint (here: every
+    image of a training domain is unreadable, which the pre-launch check, reading no image,
+    cannot see): the sweep says to fix the cause, delete the folders and launch again; a
+    --resume would only fail the same way."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
+    for path in (data / "PACS" / "sketch").rglob("*.jpg"):
+        truncate_image(path)
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "--steps", "2",
+                      "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
+                      data_dir=data, datasets=("PACS",))
+    code, text = run(SWEEP, *argv, env=env, timeout=300)
+    assert code == 1, text
+    assert "Each failed on bad input before its first checkpoint (exit status 2" in text
+    [delete] = [line for line in text.splitlines() if "delete_incomplete" in line]
+    flags = shlex.join(word for word in argv[1:] if word != "--skip_confirmation")
+    assert delete.endswith(f"-m {SWEEP} delete_incomplete {flags}"), delete
+    assert "--resume" not in text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,6 +137,9 @@ def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
 @pytest.mark.parametrize("argv, message", [
     (["--algorithm", "NoSuchAlgo"], "unknown algorithm 'NoSuchAlgo'; registered algorithms: ERM"),
     (["--dataset", "NoSuchSet"], "unknown dataset 'NoSuchSet'; registered datasets: Debug28"),
+    (["--algorithm", "dmg"], "unknown algorithm 'dmg' (did you mean 'DMG'?); registered"),
+    (["--dataset", "rotatedmnist5k"], "unknown dataset 'rotatedmnist5k' (did you mean "
+                                      "'RotatedMNIST5k'?); registered"),
     (["--hparams", "{batch_size: 8}"], "--hparams is not valid JSON"),
     (["--hparams", "[1, 2]"], "--hparams must be a JSON object"),
     (["--hparams", '{"lrr": 0.1}'], "unknown hparam(s) 'lrr' (did you mean 'lr'?) for ERM"),
