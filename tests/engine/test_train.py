@@ -162,3 +162,19 @@ def test_train_help_renders():
     from dg_plugins.scripts.train import build_parser
 
     assert "--uda_holdout_fraction" in build_parser().format_help()
+
+
+def test_test_envs_of_a_tree_found_on_disk_are_checked_before_the_settings(tmp_path, capsys):
+    """ImageFolder finds its environments on disk: a --test_envs out of range is refused before
+    train prints its settings or creates the folder (it used to print some 60 lines first)."""
+    from image_tree import make_pacs_tree
+
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    out = tmp_path / "job"
+    assert main(["--dataset", "ImageFolder", "--data_dir", str(data), "--test_envs", "4",
+                 "--output_dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err == ("error: --test_envs [4] out of range: ImageFolder has 4 environments "
+                            "['art_painting', 'cartoon', 'photo', 'sketch'] (valid indices "
+                            "0..3)\n")
