@@ -332,6 +332,7 @@ class Job:
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
+        environments = getattr(self.dataset, "ENVIRONMENTS", None)
         keys = sorted(results.keys())
         if keys != self.last_keys:
             print(format_row(keys, colwidth=12))
@@ -339,6 +340,8 @@ class Job:
         print(format_row([results[k] for k in keys], colwidth=12))
         results["hparams"] = self.hparams
         results["args"] = self.record_args
+        if environments:  # the tables' column labels where the catalog has none (ImageFolder)
+            results["environments"] = [str(label) for label in environments]
         append_record(self.results_path, results)
         self.n_records += 1
         self.accumulated = {}

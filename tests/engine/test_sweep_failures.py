@@ -361,6 +361,27 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
     assert not out.exists()
 
 
+def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folders(tmp_path):
+    """An ImageFolder sweep (two of the tree's four domains as test environments): its records
+    carry the environment names, and collect_results' columns are the domain folders (they
+    were 0 1 2 3)."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    out = tmp_path / "out"
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1",
+                                        "--steps", "1", "--hparams", '{"resnet18": true, '
+                                        '"pretrained": false, "batch_size": 2}',
+                                        data_dir=data, datasets=("ImageFolder",)),
+                     env=env, timeout=300)
+    assert code == 0, text
+    code, tables = run("dg_plugins.scripts.collect_results", "--input_dir", out, env=env,
+                       timeout=120)
+    assert code == 0, tables
+    block = tables.split("model selection method: training-domain validation set\n")[1]
+    assert block.splitlines()[0].split() == ["Algorithm", "art_painting", "cartoon", "photo",
+                                              "sketch", "Avg"], tables
+
+
 def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
     """``--dataset ImageFolder --data_dir`` pointed at the folder above the tree (one "domain"
     whose "classes" are the domains): train (before printing its settings) and the sweep
