@@ -736,6 +736,36 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
     ]
 
 
+#: Set by a script that runs several sweeps (sweeps/offline_quickstart.sh): the command that
+#: continues all of them, suggested instead of this sweep's own ``launch --resume`` line.
+RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
+
+
+def continue_lines(command_line: Sequence[str] | None, what: str) -> list[str]:
+    """How to continue: this sweep's ``launch --resume`` line, or the command of the script that
+    runs it (``$DG_SWEEP_RERUN_COMMAND``), which continues every sweep of the script."""
+    rerun = os.environ.get(RERUN_ENV)
+    if rerun:
+        return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
+                f"  {rerun}"]
+    return [f"To continue them ({what}):",
+            f"  {sweep_command(command_line, 'launch', resume=True)}"]
+
+
+def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
+    """Jobs of ``commands`` that never started (a stop signal came first): their empty folders
+    are removed, so that they show as Not launched, not Incomplete with nothing to resume (a
+    folder that holds anything, e.g. of an earlier run, stays)."""
+    never = set(commands)
+    for job in jobs:
+        if job.command(resume=False) in never or job.command(resume=True) in never:
+            try:
+                os.rmdir(job.output_dir)
+            except OSError:
+                pass
+            job.refresh_state()
+
+
 def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
                         command_line: Sequence[str] | None) -> None:
     """Print which jobs a stop signal interrupted and the command that continues them (the
@@ -758,8 +788,9 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         job = by_command.get(command)
         print(f"  interrupted: {job.describe() if job is not None else command}")
     if err.interrupted or err.not_started:
-        print("To continue them (interrupted jobs resume from their last checkpoint):")
-        print(f"  {resume_line}")
+        for line in continue_lines(command_line,
+                                   "interrupted jobs resume from their last checkpoint"):
+            print(line)
 
 
 #: train's exit status for bad input (its arguments or its data), reported before it trains.
@@ -800,8 +831,9 @@ def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None
     if refused:
         print(f"({len(refused)} of them failed on bad input before their first checkpoint, "
               "exit status 2: fix the cause first, or they fail again.)")
-    print("Fix the cause, then continue them (a job resumes from its last checkpoint, if any):")
-    print(f"  {sweep_command(command_line, 'launch', resume=True)}")
+    print("Fix the cause first.")
+    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any"):
+        print(line)
     print("or delete them, so that the next launch starts them over:")
     print(f"  {delete_line}")
 
@@ -868,6 +900,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         try:
             launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
         except LaunchInterrupted as err:
+            if not err.remote:
+                unlaunch(selected, err.not_started)
             report_interruption(err, selected, command_line)
             return err.code
         except JobsFailed as err:

@@ -315,6 +315,8 @@ def check_interrupted_sweep(tmp_path, proc, argv, signum, n_running, checkpoint=
     name = signal.Signals(signum).name
     assert f"Sweep stopped by {name}: {n_running} job(s) interrupted, " \
            f"{3 - n_running} not started." in stdout
+    # the jobs never started are Not launched again: no folder (it was Incomplete, empty)
+    assert sorted(p for p in (tmp_path / "out").iterdir() if len(p.name) == 32) == jobs
     for job in jobs:
         assert f"  interrupted: {job} " in stdout
     assert "To continue them (interrupted jobs resume from their last checkpoint):" in stdout

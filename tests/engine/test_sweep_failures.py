@@ -5,6 +5,7 @@ takes its jobs down and a relaunch continues them; a still-running job is left a
 without a ``__main__`` guard can drive the sweep."""
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -243,6 +244,12 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     folders = job_folders(out)
     assert len(folders) == 2
     assert "local launcher: 2 of 2 commands failed:" in text
+    # one line per job on the terminal (its settings and traceback are in its out.txt/err.txt)
+    assert len(re.findall(r"\] started: ERM on CrashingData, test envs [01], hparams 0, trial 0 "
+                          r"\(log: .*/out.txt\)\n", text)) == 2
+    assert len(re.findall(r"\] failed \(exit code 1\) in \d+ s: RuntimeError: decoder exploded "
+                          "on item", text)) == 2
+    assert "HParams:" not in text and "Traceback" not in text
     assert text.count("RuntimeError: decoder exploded on item") >= 2
     for folder in folders:
         assert f"log: {folder / 'err.txt'}" in text
