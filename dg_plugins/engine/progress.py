@@ -21,6 +21,10 @@ TIMED_STEPS = 5
 DEFAULT_INTERVAL_S = 60.0
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def format_duration(seconds: float) -> str:
     """``0.35 s``, ``42 s``, ``3 min 20 s``, ``2 h 05 min``, ``2 d 7 h``."""
     if seconds < 10:
@@ -93,14 +97,15 @@ class Progress:
         evaluations = self.records_left(step)
         training = per_step * left
         text = (f"timing: {format_duration(per_step)} a step (mean of steps {first}-"
-                f"{first + len(timed) - 1}); {left} steps left: about {format_duration(training)}")
+                f"{first + len(timed) - 1}); {plural(left, 'step')} left: about "
+                f"{format_duration(training)}")
         if evaluations and self.eval_time is not None:
             rest = training + evaluations * self.eval_time
-            text += (f", plus {evaluations} evaluations of about "
+            text += (f", plus {plural(evaluations, 'evaluation')} of about "
                      f"{format_duration(self.eval_time)}: about {format_duration(rest)} left, "
                      f"{format_duration(self.clock() - self.began + rest)} for this run")
         elif evaluations:
-            text += f", plus {evaluations} evaluations"
+            text += f", plus {plural(evaluations, 'evaluation')}"
         return text
 
     def line(self, step: int, now: float) -> str:

@@ -26,8 +26,10 @@ writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``r
   space). ``--force`` starts ``out.txt``/``err.txt`` over too; repeated ``--test_envs`` are
   rejected.
 * A NaN/inf value returned by ``update`` stops the job with an error (no ``done``).
-* ``--device`` (default: cuda when available), in-process loading of in-memory data, a progress
-  bar on a terminal.
+* ``--device`` (default: cuda when available), in-process loading of in-memory data.
+* What it says while it runs: the weights the model took and from where, the measured step time
+  with the estimate of the job's time, and a progress bar on a terminal, else a progress line
+  every ``--progress_every`` seconds (:mod:`dg_plugins.engine.progress`).
 """
 
 from __future__ import annotations

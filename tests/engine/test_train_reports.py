@@ -1,7 +1,8 @@
 """What train tells a user while a job runs: the weights the model took and where from (a cache
 file, a local file, random initialisation), the measured step time with the estimate of the job's
 time, and, when the output is not a terminal, a progress line every ``--progress_every`` seconds
-(default 60). Run as a user runs it: a subprocess on an image tree, the default loader workers."""
+(default 60), else a progress bar. Run as a user runs it: a subprocess (on an image tree with the
+default loader workers where the weights matter)."""
 
 import json
 
@@ -46,7 +47,7 @@ def test_the_weights_and_their_source_are_named_at_the_start(tree, tmp_path):
             ({"pretrained": False},
              "Weights: random initialisation (no pretrained weights loaded)")]:
         out = tmp_path / f"job{len(hparams)}{hparams.get('pretrained', '')}"
-        code, output = train(tree, out, hparams, "--steps", "1",
+        code, output = train(tree, out, hparams, "--steps", "1", "--skip_model_save",
                              env=command_env(TORCH_HOME=str(torch_home)))
         assert code == 0, output
         lines = [line for line in output.splitlines() if line.startswith("Weights: ")]
@@ -54,15 +55,16 @@ def test_the_weights_and_their_source_are_named_at_the_start(tree, tmp_path):
         assert expected in (out / "out.txt").read_text()
 
 
-def test_the_step_time_and_the_estimate_come_after_a_few_steps_then_progress_lines(tree,
-                                                                                 tmp_path):
+def test_the_step_time_and_the_estimate_come_after_a_few_steps_then_progress_lines(tmp_path):
     """Not a terminal (a pipe): no progress bar; after the first step and TIMED_STEPS more, one
     line with the measured step time and the estimate (the evaluations included); then, with
     --progress_every 0, a progress line after every step (its default, 60 s, is tested below)."""
     out = tmp_path / "job"
     steps = TIMED_STEPS + 4
-    code, output = train(tree, out, {"pretrained": False}, "--steps", steps,
-                         "--checkpoint_freq", "3", "--progress_every", "0")
+    code, output = run(TRAIN, "--dataset", "RotatedMNIST5k", "--test_envs", "5", "--steps", steps,
+                       "--checkpoint_freq", "3", "--progress_every", "0", "--hparams",
+                       '{"batch_size": 8}', "--output_dir", out, env=command_env(),
+                       timeout=TIMEOUT)
     assert code == 0, output
     timing = [line for line in output.splitlines() if line.startswith("timing: ")]
     assert len(timing) == 1, output
@@ -105,7 +107,7 @@ def test_progress_lines_come_every_interval_and_the_estimate_counts_the_evaluati
         "0.35 s", "42 s", "3 min 20 s", "2 h 05 min", "2 d 7 h"]
 
 
-def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tree, tmp_path):
+def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tmp_path):
     """stderr a terminal (a pseudo-terminal here): the tqdm bar is drawn there, and no plain
     progress line is printed, even with --progress_every 0."""
     import os
@@ -115,9 +117,8 @@ def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tree, tmp_path):
     import sys
 
     master, slave = pty.openpty()
-    argv = [sys.executable, "-m", TRAIN, "--dataset", "PACS", "--data_dir", str(tree),
-            "--test_envs", "0", "--steps", "3", "--progress_every", "0", "--hparams",
-            json.dumps({"batch_size": 2, "resnet18": True, "pretrained": False}),
+    argv = [sys.executable, "-m", TRAIN, "--dataset", "RotatedMNIST5k", "--test_envs", "5",
+            "--steps", "3", "--progress_every", "0", "--hparams", '{"batch_size": 8}',
             "--output_dir", str(tmp_path / "job")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=command_env())
     os.close(slave)
@@ -135,5 +136,5 @@ def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tree, tmp_path):
     os.close(master)
     stdout, _ = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0, stdout.decode() + terminal.decode()
-    assert b"ERM on PACS" in terminal and b"\r" in terminal
+    assert b"ERM on RotatedMNIST5k" in terminal and b"\r" in terminal
     assert b"progress: " not in stdout + terminal
