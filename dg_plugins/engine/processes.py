@@ -211,8 +211,9 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
         if path is not None:
             lines.append(f"      log: {path}" if os.path.isfile(path) else
                          f"      log: no {ERROR_LOG} in {logs.folders[i]} (the job failed before "
-                         "it took its folder: " + ("its output is shown above)"
-                                                   if i in logs.captured else "see its output above)"))
+                         "it took its folder: " + ("the lines above are from its output)"
+                                                   if i in logs.captured else
+                                                   "see its output above)"))
     for line in lines:
         print(line, flush=True)
     raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines,

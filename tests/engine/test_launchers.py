@@ -3,10 +3,12 @@ running real commands, so the code path Slurm uses is the one exercised)."""
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +57,27 @@ def test_local_launcher_runs_all_and_reports_failures(tmp_path, capfd):
     assert "[1/3] " in out and "[3/3] " in out  # plain progress lines (stderr is not a tty)
     assert "local launcher: 1 of 3 commands failed:" in out
     assert f"exit code 3: {commands[1]}" in out
+
+
+def test_a_jobs_output_stays_off_the_terminal_but_its_error_reaches_the_summary(tmp_path, capfd,
+                                                                               monkeypatch):
+    """The local launcher prints one line when a job starts and one when it ends; what the job
+    printed goes to a temporary file, and a job that failed before writing its err.txt still gets
+    its error line in the failure summary (taken from that output); the file is removed."""
+    code = "import sys; print('Ar' + 'gs: 60 lines of settings'); sys.exit('error: no such tree')"
+    folder = tmp_path / "job"
+    command = f"{PY} -c {shlex.quote(code)} --output_dir {folder}"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with pytest.raises(processes.JobsFailed):
+        launchers.local_launcher([command])
+    out = capfd.readouterr().out
+    assert "Args:" not in out
+    assert f"[1/1] started: {command} (log: {folder / 'out.txt'})\n" in out
+    assert re.search(r"\[1/1\] failed \(exit code 1\) in \d+ s: error: no such tree\n", out)
+    assert (f"      error: no such tree\n      log: no err.txt in {folder} (the job failed before "
+            "it took its folder: the lines above are from its output)") in out
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_visible_gpus_from_env(monkeypatch):
