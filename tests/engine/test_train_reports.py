@@ -28,31 +28,37 @@ def train(tree, out, hparams, *extra, env=None):
                *extra, env=env or command_env(), timeout=TIMEOUT)
 
 
-def test_the_weights_and_their_source_are_named_at_the_start(tree, tmp_path):
+def test_the_weights_and_their_source_are_named_at_the_start(tree, tmp_path, capsys,
+                                                              monkeypatch):
     """ImageNet weights found in torch.hub's cache (here a ResNet-18 state dict filed under the
-    release's name), a local pretrained_path, and random initialisation: each job says which at
-    its start, in its out.txt too."""
-    torch_home = tmp_path / "torch"
-    cached = torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
-    cached.parent.mkdir(parents=True)
+    release's name; the real command), and a local pretrained_path: each job says which weights
+    it took and from where at its start, in its out.txt too (random initialisation: below)."""
     import dg_plugins.compat  # noqa: F401  (before torchvision)
     import torchvision
 
+    from dg_plugins.scripts.train import main
+
+    torch_home = tmp_path / "torch"
+    cached = torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
     torch.save(torchvision.models.resnet18().state_dict(), cached)
+    expected = f"Weights: torchvision resnet18 from the cache: {cached}"
+    code, output = train(tree, tmp_path / "cached", {}, "--steps", "1", "--skip_model_save",
+                         env=command_env(TORCH_HOME=str(torch_home)))
+    assert code == 0, output
+    assert [line for line in output.splitlines() if line.startswith("Weights: ")] == [expected]
+    assert expected in (tmp_path / "cached" / "out.txt").read_text()
+
     local = tmp_path / "mine.pth"
     torch.save(torchvision.models.resnet18().state_dict(), local)
-    for hparams, expected in [
-            ({}, f"Weights: torchvision resnet18 from the cache: {cached}"),
-            ({"pretrained_path": str(local)}, f"Weights: the local file {local} (pretrained_path)"),
-            ({"pretrained": False},
-             "Weights: random initialisation (no pretrained weights loaded)")]:
-        out = tmp_path / f"job{len(hparams)}{hparams.get('pretrained', '')}"
-        code, output = train(tree, out, hparams, "--steps", "1", "--skip_model_save",
-                             env=command_env(TORCH_HOME=str(torch_home)))
-        assert code == 0, output
-        lines = [line for line in output.splitlines() if line.startswith("Weights: ")]
-        assert lines == [expected], output
-        assert expected in (out / "out.txt").read_text()
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty"))  # the cache is not asked
+    assert main(["--dataset", "PACS", "--data_dir", str(tree), "--test_envs", "0", "--steps", "1",
+                 "--skip_model_save", "--n_workers", "0", "--output_dir", str(tmp_path / "local"),
+                 "--hparams", json.dumps({"batch_size": 2, "resnet18": True,
+                                          "pretrained_path": str(local)})]) == 0
+    printed = capsys.readouterr().out
+    expected = f"Weights: the local file {local} (pretrained_path)"
+    assert [line for line in printed.splitlines() if line.startswith("Weights: ")] == [expected]
 
 
 def test_the_step_time_and_the_estimate_come_after_a_few_steps_then_progress_lines(tmp_path):
@@ -66,6 +72,7 @@ def test_the_step_time_and_the_estimate_come_after_a_few_steps_then_progress_lin
                        '{"batch_size": 8}', "--output_dir", out, env=command_env(),
                        timeout=TIMEOUT)
     assert code == 0, output
+    assert "Weights: random initialisation (no pretrained weights loaded)\n" in output
     timing = [line for line in output.splitlines() if line.startswith("timing: ")]
     assert len(timing) == 1, output
     assert f"mean of steps 1-{TIMED_STEPS}); {steps - TIMED_STEPS - 1} steps left" in timing[0]
