@@ -369,13 +369,13 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
 
 
 def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folders(tmp_path):
-    """An ImageFolder sweep (two of the tree's four domains as test environments): its records
-    carry the environment names, and collect_results' columns are the domain folders (they
-    were 0 1 2 3)."""
+    """An ImageFolder sweep (one job, the first of the tree's four domains as its test
+    environment): its records carry the environment names, and collect_results' columns are the
+    domain folders (they were 0 1 2 3)."""
     env = command_env()
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
     out = tmp_path / "out"
-    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1",
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0",
                                         "--steps", "1", "--hparams", '{"resnet18": true, '
                                         '"pretrained": false, "batch_size": 2}',
                                         data_dir=data, datasets=("ImageFolder",)),
