@@ -19,9 +19,10 @@ environments of an image-folder dataset found on disk).
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
+
+from dg_plugins.registry import close_names
 
 #: DomainBed's ``algorithms.ALGORITHMS`` (b93c22a), in its order.
 DOMAINBED_ALGORITHMS = [
@@ -254,12 +255,6 @@ def domainbed_only_datasets() -> list[str]:
     return [name for name in DOMAINBED_DATASETS if name not in implemented]
 
 
-def close_names(name: str, choices: list[str]) -> list[str]:
-    """Names of ``choices`` close to ``name``: same spelling up to case first, then difflib's."""
-    same = [c for c in choices if c.lower() == name.lower()]
-    folded = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(name.lower(), list(folded), n=3, cutoff=0.6)
-    return list(dict.fromkeys(same + [folded[c] for c in close]))
 
 
 def check_dataset_name(name: str, extra=()) -> None:
@@ -311,6 +306,32 @@ def image_folder_layout(dataset: str) -> str:
             "folder per domain, one subfolder per class)")
 
 
+def nested_tree(root: str, domains: list[str]) -> str | None:
+    """When ``root``'s only domain folder looks like an image tree itself (at least two
+    subfolders, each holding class folders with images: ``<root>/<tree>/<domain>/<class>/``),
+    the folder the user most likely meant as ``--data_dir``: ``<root>/<tree>``; else None."""
+    if len(domains) != 1:
+        return None
+    tree = os.path.join(root, domains[0])
+    inner = _visible_subfolders(tree)
+    if len(inner) < 2 or not all(_visible_subfolders(os.path.join(tree, d)) for d in inner):
+        return None
+    return tree if all(_has_image(os.path.join(tree, d)) for d in inner) else None
+
+
+def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
+    """The error for a ``--data_dir`` one level above an image tree (:func:`nested_tree`), naming
+    the folder to pass instead; None when the layout is not that."""
+    tree = nested_tree(root, domains)
+    if tree is None:
+        return None
+    inner = _visible_subfolders(tree)
+    return ValueError(
+        f"{dataset}: {root} holds one domain folder, {domains[0]}, whose class folders "
+        f"({', '.join(inner)}) hold class folders themselves: the image tree is one level down; "
+        f"did you mean --data_dir {tree}?")
+
+
 def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     """The environment labels of ``dataset`` as train will see them, without importing torch.
 
@@ -319,7 +340,8 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     ones excluded); a named one's (PACS, ...) are its fixed labels, once
     ``<data_dir>/<folder>`` is found to hold that many domain folders. Every domain folder must
     hold a class folder with an image. A missing, empty or badly laid-out folder raises
-    FileNotFoundError / ValueError naming it and the expected layout. Other datasets: their
+    FileNotFoundError / ValueError naming it and the expected layout (a ``--data_dir`` one level
+    above the tree: the folder meant, :func:`nested_tree_error`). Other datasets: their
     declared labels (their files are not checked here); an unknown name raises as
     :func:`check_dataset_name`."""
     if dataset not in IMAGE_FOLDER_DATASETS:
@@ -338,6 +360,9 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     if not domains:
         raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")
     fixed = DATASET_ENVIRONMENTS.get(dataset) if dataset != GENERIC_IMAGE_FOLDER else None
+    nested = nested_tree_error(dataset, root, domains) if fixed is None else None
+    if nested is not None:
+        raise nested
     if fixed is not None and len(domains) != len(fixed):
         raise ValueError(
             f"{dataset}: {root} has {len(domains)} domain folders ({', '.join(domains)}) but "

@@ -4,7 +4,8 @@ A plugin registers by importing its module, with ``@register_algorithm("Name")``
 (:mod:`dg_plugins.algorithms.base`: it also attaches the hparam space and the table order) or
 ``@register_dataset`` (:mod:`dg_plugins.datasets.base`: it also declares the environments); the
 decorators store into these registries. Names are unique per registry; registering a taken name raises. ``get`` of an unknown name raises
-:class:`UnknownNameError` listing the registered choices and the closest names ("did you mean").
+:class:`UnknownNameError` listing the registered choices and the closest names ("did you mean",
+case-insensitive: :func:`close_names`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,24 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from typing import Any
+
+
+def close_names(name: str, choices) -> list[str]:
+    """Names of ``choices`` close to ``name`` ("did you mean"): the one that differs only in
+    case (``dmg`` finds ``DMG``), else difflib's closest, compared without case."""
+    choices = list(choices)
+    same = [c for c in choices if c.lower() == name.lower()]
+    if same:
+        return same
+    folded = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(name.lower(), list(folded), n=3, cutoff=0.6)
+    return [folded[c] for c in close]
+
+
+def did_you_mean(name: str, choices) -> str:
+    """`` (did you mean 'X', 'Y'?)`` for the :func:`close_names` of ``name``, or ``""``."""
+    close = close_names(str(name), choices)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
 class UnknownNameError(KeyError):
@@ -50,11 +69,8 @@ class Registry:
             return self._entries[name]
         except KeyError:
             choices = ", ".join(self._entries) or "(none registered)"
-            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}{hint}; registered {self.kind}s: {choices}"
-            ) from None
+            raise UnknownNameError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}"
+                                   f"; registered {self.kind}s: {choices}") from None
 
     def list(self, pattern: str = "*") -> list[str]:
         """Registered names matching a shell-style pattern, in registration order."""

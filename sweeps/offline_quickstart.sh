@@ -5,9 +5,12 @@
 # and a learning check (first vs last checkpoint of every job).
 #   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/offline_quickstart] [DRY_RUN=1] \
 #       bash sweeps/offline_quickstart.sh [sweep flags]
-# Interrupted (Ctrl-C, a closed terminal, a kill)? Run the same command again: it continues where
-# it stopped (every launch has --resume: finished jobs are skipped, interrupted ones continue from
-# their last checkpoint), then prints the tables.
+# The terminal gets one line per job (started; done with its accuracy; failed with its error
+# line); each job's settings, records and progress are in its folder's out.txt.
+# Interrupted (Ctrl-C, a closed terminal, a kill)? Run the whole command again (the sweep says
+# which: the README's command 1 when that started it): it continues where it stopped (every launch
+# has --resume: finished jobs are skipped, interrupted ones continue from their last checkpoint),
+# then prints the tables.
 # Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101
 # training steps (201 for the single-source pair), a checkpoint every 100 steps (and at the last
 # step: the learning check compares the first and the last). Its cost, measured
@@ -29,6 +32,25 @@
 # belong to sweeps/rotatedmnist5k_benchmark.sh (3 trials, every domain) and the studies in results/.
 # Knobs (a smaller run, e.g. to try the resume): PARTS ("1 2 3", the parts above to run),
 # ALGORITHMS (part 1's algorithms; default every registered one), STEPS (part 1's steps, 101).
+# The command that continues this run after an interruption, which every sweep below suggests
+# instead of its own `sweep launch --resume` line (that would run one part only): the README's
+# command 1 when this run is it, else this script with the knobs and flags it was given.
+README_COMMAND_1="python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && \
+PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh"
+quote() {  # a word as a shell reads it back: as is when safe, else in single quotes
+    if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf %s "$1"
+    else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+rerun=""
+for knob in PYTHON OUTPUT_DIR LAUNCHER PARTS ALGORITHMS STEPS; do
+    if [[ -n "${!knob:-}" ]]; then rerun+="$knob=$(quote "${!knob}") "; fi
+done
+rerun+="bash $(quote "$0")"
+for word in "$@"; do rerun+=" $(quote "$word")"; done
+if [[ "$rerun" == "PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh" ]]; then
+    rerun=$README_COMMAND_1
+fi
+export DG_SWEEP_RERUN_COMMAND=$rerun
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
 has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }

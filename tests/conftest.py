@@ -1,10 +1,22 @@
-"""Shared test setup: offline hub, CPU, tiny backbones."""
+"""Shared test setup: offline hub, CPU, tiny backbones, caches of the test run's own."""
 
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+# The tests never read or write the user's caches (a weight file cached there would change what
+# an offline test sees): the caches of Hugging Face, torch.hub, XDG programs and dg_plugins are
+# temporary folders for the whole run, set before anything imports huggingface_hub (which reads
+# them at import) and inherited by every subprocess. A test that needs a cache sets up its own.
+TEST_CACHES = Path(tempfile.mkdtemp(prefix="dg_plugins_test_caches_"))
+for _name in ("HF_HOME", "TORCH_HOME", "XDG_CACHE_HOME", "DG_PLUGINS_CACHE"):
+    os.environ[_name] = str(TEST_CACHES / _name.lower())
+for _name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE",
+              "TRANSFORMERS_CACHE"):  # each would override its folder under HF_HOME
+    os.environ.pop(_name, None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hub look-ups fail at once instead of retrying
 os.environ.setdefault("DG_PLUGINS_OFFLINE", "1")
 # The suite runs in 2 pytest-xdist workers (setup.cfg) that start training subprocesses: one
@@ -24,6 +36,13 @@ sys.path.insert(0, str(TEST_PLUGINS))
 # test modules are collected, so the registry-driven contract tests include them.
 for _plugin in sorted(TEST_PLUGINS.glob("[!_]*.py")):
     importlib.import_module(_plugin.stem)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_caches():
+    """The run's cache folder (see the top of this file), removed at the end of the run."""
+    yield TEST_CACHES
+    shutil.rmtree(TEST_CACHES, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -357,43 +357,79 @@ def test_steps_per_epoch():
 
 
 def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
-    """A reduced quick start (part 1, ERM only) stopped by Ctrl-C in the middle of its job; the
-    same command again resumes the job from its checkpoint (no step recorded twice), finishes it
-    and prints a table with the held-out domain's accuracy."""
-    out = tmp_path / "quickstart"
+    """A reduced quick start (part 1, ERM and DMG) stopped by Ctrl-C in the middle of its first
+    job (held after step 3 by the test's gate until the signal): the terminal got one line per
+    job, not their settings (those are in out.txt), and the message names the whole command to
+    run again, not part 1's sweep; the job never started is Not launched. The same command again
+    resumes the job from its checkpoint (no step recorded twice), runs the other and prints a
+    table with the held-out domain's accuracy."""
+    from job_gate import gate_vars, released
+
+    out, gate = tmp_path / "quickstart", tmp_path / "gate"
+    gate.mkdir()
     log = tmp_path / "processes"
-    env = script_env(tmp_path, data[0], log, OUTPUT_DIR=str(out), PARTS="1", ALGORITHMS="ERM",
-                     STEPS="51")
+    env = script_env(tmp_path, data[0], log, OUTPUT_DIR=str(out), PARTS="1", ALGORITHMS="ERM DMG",
+                     STEPS="21", **gate_vars(gate, step=3))
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
     command = ["bash", str(SWEEPS / "offline_quickstart.sh")]
     first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
     try:
-        while time.monotonic() < deadline and first.poll() is None:
-            records = list(out.glob("*/results.jsonl"))
-            if records and records[0].read_text().count("\n") >= 1:
-                break
-            time.sleep(0.05)
-        assert first.poll() is None, "the first run ended before it could be interrupted"
-        os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
-        first_out, _ = first.communicate(timeout=120)
+        with released(gate):
+            deadline = time.monotonic() + 120
+            while not (gate / "waiting").exists():
+                assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
+                time.sleep(0.05)
+            os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+            first_out, _ = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     assert first.returncode != 0, first_out
-    (job,) = [p for p in out.iterdir() if p.is_dir()]
+    (job,) = [p for p in out.iterdir() if p.is_dir()]  # the other job: no folder, Not launched
     assert not (job / "done").exists(), first_out
+    assert "HParams:" not in first_out and "HParams:" in (job / "out.txt").read_text()
+    assert re.search(r"\[1/2\] started: (ERM|DMG) on RotatedMNIST5k, test envs 5", first_out)
+    assert re.search(r"\[1/2\] interrupted \(exit code 130\) in \d+ s: stopped: stopped by "
+                     r"SIGINT after step 3", first_out), first_out
+    rerun = (f"PYTHON={sys.executable} OUTPUT_DIR={out} PARTS=1 ALGORITHMS='ERM DMG' STEPS=21 "
+             f"bash {SWEEPS / 'offline_quickstart.sh'}")
+    assert ("To continue, run the whole command again (finished jobs are skipped; interrupted "
+            f"jobs resume from their last checkpoint):\n  {rerun}\n") in first_out, first_out
+    assert "dg_plugins.scripts.sweep launch" not in first_out
     second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=240)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert (job / "done").exists()
+    assert "2 jobs: 0 done, 1 incomplete, 1 not launched." in second.stdout
+    assert "(1 of them are Incomplete and will run with --resume.)" in second.stdout
+    assert "HParams:" not in second.stdout and len(re.findall(r"\] done in ", second.stdout)) == 2
+    assert all((p / "done").exists() for p in out.iterdir() if p.is_dir())
     steps = [json.loads(line)["step"] for line in (job / "results.jsonl").read_text().splitlines()]
-    assert steps == [0, 50], steps
-    assert "--resume" in second.stdout
+    assert steps == [0, 20], steps
     averages = re.search(r"Averages, model selection method: training-domain validation set\n"
                          r".*\nERM +(\d+\.\d) \+/- 0\.0", second.stdout)
     assert averages, second.stdout[-3000:]
+
+
+def test_the_quick_start_as_the_readme_runs_it_names_the_readme_command_to_rerun(tmp_path):
+    """Run as the README's command 1 runs it (from the clone, PYTHON=.venv/bin/python, nothing
+    else), the quick start hands its sweeps that command to suggest after an interruption (here
+    a stand-in .venv/bin/python prints what it was handed)."""
+    (tmp_path / "sweeps").symlink_to(SWEEPS)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "$DG_SWEEP_RERUN_COMMAND"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "OUTPUT_DIR", "LAUNCHER", "PARTS", "ALGORITHMS", "STEPS", "DRY_RUN")}
+    env["PYTHON"] = ".venv/bin/python"
+    proc = subprocess.run(["bash", "sweeps/offline_quickstart.sh"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.splitlines()) == {
+        "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && "
+        "PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh"}
 
 
 def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkeypatch, capsys):

@@ -25,8 +25,10 @@ from dg_plugins.engine.checkpoint import (RESTART_FIX, apply_checkpoint, checkpo
 from dg_plugins.engine.job_folder import (CHECKPOINT_FILE, DONE_FILE, RESULTS_FILE,
                                           JobStateError, append_record, keep_counted_records)
 from dg_plugins.engine.outputs import format_row
+from dg_plugins.engine.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.engine.splits import Splits, evaluate, evaluation_subsets
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
+from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_hash
@@ -41,6 +43,20 @@ DOMAINBED_ARG_KEYS = (
 #: protocol's ``label_fraction``/``pretrain_steps``: see :mod:`dg_plugins.engine.udg_jobs`).
 EXTRA_ARG_KEYS = (*ALIGNMENT_ARGS, "label_fraction", "pretrain_steps", "udg_pretrain_epochs",
                   "udg_ft_epochs", "udg_split")
+
+
+#: Functions called after every training step as ``hook(job, step)``, before the step's record,
+#: checkpoint and stop check (:func:`add_step_hook`). A plugin module (``$DG_PLUGINS_IMPORT``) may
+#: add one, e.g. to log; the test suite holds a running job at a step with one
+#: (``tests/job_gate.py``), so that its tests never race a job's speed.
+STEP_HOOKS: list = []
+
+
+def add_step_hook(hook) -> None:
+    """Call ``hook(job, step)`` after every training step of every job of this process (a hook
+    added twice is called once)."""
+    if hook not in STEP_HOOKS:
+        STEP_HOOKS.append(hook)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -85,6 +101,16 @@ def print_environment() -> None:
     print("\tCUDNN: {}".format(torch.backends.cudnn.version()))
     print("\tNumPy: {}".format(np.__version__))
     print("\tPIL: {}".format(PIL.__version__))
+
+
+def print_weights(loaded: list[str]) -> None:
+    """Say which pretrained weights the model took, and from where (a cache file, a download,
+    a local file: :func:`dg_plugins.networks.pretrained.recording_weights`), or that it starts
+    from random initialisation."""
+    if not loaded:
+        print("Weights: random initialisation (no pretrained weights loaded)")
+    for line in loaded:
+        print(f"Weights: {line}")
 
 
 def args_for_records(args) -> dict:
@@ -156,7 +182,9 @@ class Job:
             f"min(--n_workers or the dataset's N_WORKERS {dataset.N_WORKERS}, "
             f"{os.cpu_count() or 1} CPUs)") + ")")
         self.train_envs = [i for i in range(len(dataset)) if i not in args.test_envs]
-        self.algorithm = self.make_algorithm()
+        with recording_weights() as loaded:
+            self.algorithm = self.make_algorithm()
+        print_weights(loaded)
         self.algorithm.to(self.device)
         self.streams = self.make_streams(self.batch_size())
         self.n_steps = args.steps or dataset.N_STEPS
@@ -264,14 +292,15 @@ class Job:
                      if self.args.task == "domain_adaptation" else None)
         return self.algorithm.update(minibatches, unlabeled)
 
-    def train_step(self, step: int) -> None:
+    def train_step(self, step: int) -> float:
         """:meth:`update`, timed; its values are accumulated until the next record, and a
-        non-finite one stops the job."""
+        non-finite one stops the job. Returns the step's time in seconds."""
         start = time.time()
         if self.lr_schedule != "constant":
             self.algorithm.set_lr_factor(lr_factor(self.hparams, step, self.algorithm.epoch_steps))
         values = self.update()
-        self.accumulated.setdefault("step_time", []).append(time.time() - start)
+        seconds = time.time() - start
+        self.accumulated.setdefault("step_time", []).append(seconds)
         for key, value in values.items():
             value = float(value)
             if not math.isfinite(value):
@@ -279,6 +308,19 @@ class Job:
                     f"{self.args.algorithm}.{self.UPDATE} returned {key}={value} at step {step}; "
                     f"{self.PHASE} diverged (try a lower lr). The job stops without 'done'.")
             self.accumulated.setdefault(key, []).append(value)
+        return seconds
+
+    def is_recorded(self, step: int) -> bool:
+        """Whether ``step`` ends with a record (every ``checkpoint_freq`` steps, and the last)."""
+        return step % self.checkpoint_freq == 0 or step == self.n_steps - 1
+
+    def records_after(self, step: int) -> int:
+        """How many records the steps after ``step`` write."""
+        last = self.n_steps - 1
+        if step >= last:
+            return 0
+        count = last // self.checkpoint_freq - step // self.checkpoint_freq
+        return count + (last % self.checkpoint_freq != 0)
 
     def write_record(self, step: int) -> None:
         results = {"step": step, "epoch": step / self.steps_per_epoch}
@@ -290,6 +332,7 @@ class Job:
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
+        environments = getattr(self.dataset, "ENVIRONMENTS", None)
         keys = sorted(results.keys())
         if keys != self.last_keys:
             print(format_row(keys, colwidth=12))
@@ -297,6 +340,8 @@ class Job:
         print(format_row([results[k] for k in keys], colwidth=12))
         results["hparams"] = self.hparams
         results["args"] = self.record_args
+        if environments:  # the tables' column labels where the catalog has none (ImageFolder)
+            results["environments"] = [str(label) for label in environments]
         append_record(self.results_path, results)
         self.n_records += 1
         self.accumulated = {}
@@ -355,20 +400,20 @@ class Job:
             self.algorithm.epoch_steps = self.steps_per_epoch
         self.lr_schedule = self.hparams.get("lr_schedule", "constant")
         self.restore()
-        progress = None
-        if self.progress_stream is not None and self.progress_stream.isatty():
-            from tqdm import tqdm
-            progress = tqdm(total=self.n_steps, initial=self.start_step, leave=False,
-                            file=self.progress_stream,
-                            desc=f"{self.args.algorithm} on {self.args.dataset}")
+        progress = Progress(self.n_steps, self.start_step, self.records_after,
+                            f"{self.args.algorithm} on {self.args.dataset}",
+                            stream=self.progress_stream, interval=self.progress_interval())
         try:
             for step in range(self.start_step, self.n_steps):
-                self.train_step(step)
-                if progress is not None:
-                    progress.update(1)
-                recorded = step % self.checkpoint_freq == 0 or step == self.n_steps - 1
+                seconds = self.train_step(step)
+                for hook in STEP_HOOKS:
+                    hook(self, step)
+                recorded = self.is_recorded(step)
                 if recorded:
+                    start = time.monotonic()
                     self.write_record(step)
+                    progress.evaluated(time.monotonic() - start)
+                progress.stepped(step, seconds)
                 if recorded or self.stop.signum is not None:
                     self.checkpoint(step + 1)
                 if self.stop.signum is not None:
@@ -376,10 +421,14 @@ class Job:
                 if recorded and stop_after_step is not None and step >= stop_after_step:
                     return "stopped"
         finally:
-            if progress is not None:
-                progress.close()
+            progress.close()
         self.finish()
         return "done"
+
+    def progress_interval(self) -> float:
+        """Seconds between two plain progress lines (``--progress_every``)."""
+        value = getattr(self.args, "progress_every", None)
+        return DEFAULT_INTERVAL_S if value is None else value
 
 
 def check_pooled(args, hparams: dict) -> None:

@@ -5,8 +5,10 @@ Importing this module registers ``dummy``, ``local``, ``multi_gpu`` and ``submit
 
 Differences from DomainBed's launchers (``domainbed/command_launchers.py``):
 
-* ``local`` reports progress, and at the end prints every failed job with its first error lines
-  and its err.txt, then raises :class:`~dg_plugins.engine.processes.JobsFailed` (exit status 1;
+* ``local`` prints one line when a job starts and one when it ends (done with its accuracy,
+  failed with its error line); the job's own output stays in its out.txt (DomainBed shows every
+  job's settings and records on the terminal). At the end it prints every failed job with its
+  first error lines and its err.txt, then raises :class:`~dg_plugins.engine.processes.JobsFailed` (exit status 1;
   DomainBed ignores exit codes and ends with status 0); a failing job never stops the others.
 * ``multi_gpu`` raises when no GPU is visible (DomainBed spins forever), passes the GPU through the
   environment rather than a command prefix, and reports failures like ``local``.
@@ -29,6 +31,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from dg_plugins.engine.job_reports import JobOutputs
 from dg_plugins.engine.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                          report_exit_codes, report_interrupted)
 from dg_plugins.engine.submitit_launcher import submitit_launcher
@@ -46,34 +49,41 @@ def dummy_launcher(commands: list[str]) -> None:
 
 
 def run_sequentially(commands: Sequence[str], progress: bool | None = None,
-                     grace_period_s: float | None = None) -> list[int]:
+                     grace_period_s: float | None = None,
+                     logs: ErrorLogs | None = None) -> list[int]:
     """Run each command through the shell, one after another; return the exit codes.
 
-    Progress: a tqdm bar on stderr when ``progress`` (default: stderr is a terminal), otherwise a
-    plain ``[i/N] <cmd>`` line on stdout before each job. A stop signal is forwarded to the
-    running job; then no further job starts and :class:`LaunchInterrupted` is raised once the
-    job has exited (see :class:`JobProcesses`; ``grace_period_s`` overrides
-    :func:`stop_grace_period`).
+    Each job gets a line on stdout when it starts and one when it ends (done with its accuracy,
+    failed with its error line: :class:`~dg_plugins.engine.job_reports.JobOutputs`); its own
+    output goes to its folder's out.txt only (what a failed job printed before it took its
+    folder is kept in ``logs``). With ``progress`` (default: stderr is a terminal), a tqdm bar of
+    the jobs on stderr too. A stop signal is forwarded to the running job; then no further job
+    starts and :class:`LaunchInterrupted` is raised once the job has exited (see
+    :class:`JobProcesses`; ``grace_period_s`` overrides :func:`stop_grace_period`).
     """
     if progress is None:
         progress = sys.stderr.isatty()
     codes: list[int] = []
     bar = None
+    write = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(commands), desc="jobs", unit="job", file=sys.stderr)
+        write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
+    outputs = JobOutputs("local", commands, logs or ErrorLogs(commands),
+                         **({"write": write} if write else {}))
     try:
-        with JobProcesses(grace_period_s) as jobs:
+        with JobProcesses(grace_period_s) as jobs, outputs:
             for i, command in enumerate(commands):
                 if jobs.stopping:
                     break
-                if not progress:
-                    print(f"[{i + 1}/{len(commands)}] {command}", flush=True)
-                proc = jobs.start(i, command)
+                proc = jobs.start(i, command, log=outputs.log(i))
                 if proc is None:
                     break
+                outputs.started(i)
                 codes.append(jobs.wait(proc))
+                outputs.ended(i, codes[-1], interrupted=jobs.stopping)
                 if bar is not None:
                     bar.update()
             if jobs.stopping:
@@ -85,12 +95,13 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
 
 
 def local_launcher(commands: list[str]) -> None:
-    """Run the commands serially on this machine; summarize failures at the end (raising
-    :class:`~dg_plugins.engine.processes.JobsFailed` when a job failed). A stop signal ends the
-    sweep after the running job stopped (see the module docstring)."""
+    """Run the commands serially on this machine, one line per job start and end; summarize
+    failures at the end (raising :class:`~dg_plugins.engine.processes.JobsFailed` when a job
+    failed). A stop signal ends the sweep after the running job stopped (see the module
+    docstring)."""
     logs = ErrorLogs(commands)
     try:
-        codes = run_sequentially(commands)
+        codes = run_sequentially(commands, logs=logs)
     except LaunchInterrupted as err:
         report_interrupted("local", commands, err)
         raise
@@ -113,11 +124,13 @@ def visible_gpus() -> list[str]:
 
 
 def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
-                poll_interval: float = 1.0, grace_period_s: float | None = None) -> list[int]:
+                poll_interval: float = 1.0, grace_period_s: float | None = None,
+                logs: ErrorLogs | None = None) -> list[int]:
     """Run the commands in order, at most one per GPU at a time, each with
     ``CUDA_VISIBLE_DEVICES=<its gpu>``; poll every ``poll_interval`` s; return the exit codes.
-    A stop signal is forwarded to every running job and raises :class:`LaunchInterrupted` once
-    they have exited (see :class:`JobProcesses`)."""
+    One line per job start and end, as :func:`run_sequentially`. A stop signal is forwarded to
+    every running job and raises :class:`LaunchInterrupted` once they have exited (see
+    :class:`JobProcesses`)."""
     gpus = list(gpus)
     if not gpus:
         raise RuntimeError(
@@ -127,22 +140,24 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     codes: list[int | None] = [None] * len(commands)
     running: dict[str, tuple[int, subprocess.Popen]] = {}
     pending = list(enumerate(commands))
-    with JobProcesses(grace_period_s) as jobs:
+    outputs = JobOutputs("multi_gpu", commands, logs or ErrorLogs(commands))
+    with JobProcesses(grace_period_s) as jobs, outputs:
         while (pending and not jobs.stopping) or running:
             for gpu, (index, proc) in list(running.items()):
                 code = jobs.poll(proc)
                 if code is not None:
                     codes[index] = code
                     del running[gpu]
+                    outputs.ended(index, code, interrupted=jobs.stopping)
             for gpu in gpus:
                 if pending and gpu not in running and not jobs.stopping:
                     index, command = pending.pop(0)
-                    print(f"[{index + 1}/{len(commands)}] GPU {gpu}: {command}", flush=True)
                     env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
-                    proc = jobs.start(index, command, env=env)
+                    proc = jobs.start(index, command, env=env, log=outputs.log(index))
                     if proc is None:
                         pending.insert(0, (index, command))
                         break
+                    outputs.started(index, f"GPU {gpu}")
                     running[gpu] = (index, proc)
             jobs.announce()
             if running:
@@ -158,7 +173,7 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
     gpus = visible_gpus() if gpus is None else gpus
     logs = ErrorLogs(commands)
     try:
-        codes = run_on_gpus(commands, gpus, poll_interval)
+        codes = run_on_gpus(commands, gpus, poll_interval, logs=logs)
     except LaunchInterrupted as err:
         report_interrupted("multi_gpu", commands, err)
         raise

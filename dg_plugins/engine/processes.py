@@ -80,14 +80,17 @@ class LaunchInterrupted(SystemExit):
 
 class JobsFailed(SystemExit):
     """Some jobs of a launcher that waited for them failed: a ``SystemExit`` with status 1 (so
-    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands; ``lines``: the
-    summary printed for them; ``n_commands``: how many commands the launcher ran."""
+    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands;
+    ``exit_codes``: theirs (None: unknown); ``lines``: the summary printed for them;
+    ``n_commands``: how many commands the launcher ran."""
 
-    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = ()):
+    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = (),
+                 exit_codes: Sequence[int | None] | None = None):
         super().__init__(1)
         self.failed = list(failed)
         self.n_commands = n_commands
         self.lines = list(lines)
+        self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
 
     def __str__(self) -> str:
         return f"{len(self.failed)} of {self.n_commands} jobs failed"
@@ -121,6 +124,9 @@ class ErrorLogs:
     def __init__(self, commands: Sequence[str]):
         self.folders = [command_output_dir(c) for c in commands]
         self.offsets = [self._size(folder) for folder in self.folders]
+        #: index -> the lines a job printed, where a launcher captured its output (used when
+        #: the job wrote nothing to its err.txt: it failed before it took its folder)
+        self.captured: dict[int, list[str]] = {}
 
     @staticmethod
     def _size(folder: str | None) -> int:
@@ -135,7 +141,11 @@ class ErrorLogs:
 
     def new_lines(self, index: int) -> list[str]:
         """The non-empty lines job ``index`` added to its err.txt (all of it when the file
-        shrank, e.g. a ``--force`` run started it over)."""
+        shrank, e.g. a ``--force`` run started it over); without any, what the launcher
+        captured of its output (:attr:`captured`)."""
+        return self._err_lines(index) or self.captured.get(index, [])
+
+    def _err_lines(self, index: int) -> list[str]:
         path = self.path(index)
         if path is None or not os.path.isfile(path):
             return []
@@ -201,10 +211,13 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
         if path is not None:
             lines.append(f"      log: {path}" if os.path.isfile(path) else
                          f"      log: no {ERROR_LOG} in {logs.folders[i]} (the job failed before "
-                         "it took its folder: see its output above)")
+                         "it took its folder: " + ("the lines above are from its output)"
+                                                   if i in logs.captured else
+                                                   "see its output above)"))
     for line in lines:
         print(line, flush=True)
-    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines)
+    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines,
+                     [exit_codes[i] for i, _ in failed])
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
@@ -372,15 +385,29 @@ def _release_fork_server() -> None:
         server._forkserver_address = None
 
 
+def _redirect_output(log: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to the file ``log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
-                    ignored: tuple[int, ...], launcher_pid: int | None = None) -> None:
-    """The body of a forked job: this launcher's environment and folder, its own session when
+                    ignored: tuple[int, ...], launcher_pid: int | None = None,
+                    log: str | None = None) -> None:
+    """The body of a forked job: its output to ``log`` when given, this launcher's environment
+    and folder, its own session when
     ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
     dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
     multiprocessing start method, SIGTERM when its parent (the fork server, which exits when the
     launcher dies) dies (:func:`die_with_parent`), then train's ``main``; its status becomes the
     process's exit code."""
     server_pid = os.getppid()
+    if log is not None:
+        _redirect_output(log)
     if new_session:
         os.setsid()
     os.environ.clear()
@@ -433,9 +460,10 @@ class ForkedJob:
         return self.returncode
 
 
-def fork_train(args: Sequence[str], new_session: bool) -> ForkedJob:
+def fork_train(args: Sequence[str], new_session: bool, log: str | None = None) -> ForkedJob:
     """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of multiprocessing's fork
-    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`)."""
+    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`); its output
+    goes to the file ``log`` when given."""
     global _fork_context
     import multiprocessing
 
@@ -447,7 +475,7 @@ def fork_train(args: Sequence[str], new_session: bool) -> ForkedJob:
     sys.stderr.flush()
     process = _fork_context.Process(target=_train_in_child, name="train",
                                     args=(list(args), dict(os.environ), os.getcwd(),
-                                          new_session, ignored, os.getpid()))
+                                          new_session, ignored, os.getpid(), log))
     process.start()
     return ForkedJob(process)
 
@@ -526,22 +554,30 @@ class JobProcesses:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    def start(self, index: int, command: str, env=None, cwd=None) -> subprocess.Popen | None:
+    def start(self, index: int, command: str, env=None, cwd=None,
+              log: str | None = None) -> subprocess.Popen | None:
         """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
-        (:func:`forkable_train_args`; None when stopping: no new job)."""
+        (:func:`forkable_train_args`; None when stopping: no new job); its stdout and stderr
+        go to the file ``log`` when given."""
         if self.stopping:
             return None
         train_args = forkable_train_args(command) if env is None and cwd is None else None
         if train_args is not None:
-            proc = fork_train(train_args, new_session=self.forwarding)
+            proc = fork_train(train_args, new_session=self.forwarding, log=log)
         else:
             shell_command = f"exec {command}" if is_simple_command(command) else command
             launcher_pid = os.getpid()
             _load_libc()
-            proc = subprocess.Popen(shell_command, shell=True, env=env, cwd=cwd,
-                                    start_new_session=self.forwarding,
-                                    preexec_fn=lambda: (die_with_parent(),
-                                                        _exit_if_orphaned(launcher_pid)))
+            output = open(log, "ab") if log is not None else None
+            try:
+                proc = subprocess.Popen(
+                    shell_command, shell=True, env=env, cwd=cwd, stdout=output,
+                    stderr=subprocess.STDOUT if output is not None else None,
+                    start_new_session=self.forwarding,
+                    preexec_fn=lambda: (die_with_parent(), _exit_if_orphaned(launcher_pid)))
+            finally:
+                if output is not None:
+                    output.close()
         self.running[proc.pid] = (index, proc)
         if self.stopping:  # the signal came while it was starting
             self.interrupted.add(index)

@@ -26,8 +26,9 @@ entry name under ``input_dir``), ``line`` (1-based line number) and one float co
 form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
 ``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), and
 ``num_classes`` (the class count the job saw, in records written since it was added; the column
-exists only when some record has it), NaN where a record lacks the key. Other keys (loss, epoch,
-...) are dropped.
+exists only when some record has it), NaN where a record lacks the key, and ``environments``
+(the record's environment labels as a tuple, e.g. the domain folders of an ``ImageFolder`` tree;
+None where a record lacks them: DomainBed's). Other keys (loss, epoch, ...) are dropped.
 
 :func:`job_progress` counts a sweep's job folders and those with a ``done`` file, for
 collect_results' "k of n jobs done" line.
@@ -194,6 +195,14 @@ def _arg_values(args) -> _ArgValues | str:
                       _fraction(args.get("label_fraction")))
 
 
+def _environments(value) -> tuple | None:
+    """A record's ``environments`` (a list of labels) as a tuple of str; None when absent or not
+    a list of strings."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
+
+
 def _fraction(value) -> float:
     """``args.label_fraction`` as a float; NaN when absent (every non-UDG record) or not a number."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -213,6 +222,7 @@ class _Segment:
     job: str
     args: _ArgValues
     size: int
+    environments: tuple | None = None
 
 
 @dataclass(slots=True)
@@ -319,11 +329,13 @@ class _Columns:
         self.steps.extend(map(_get_step, records))
         self.hparams.extend(map(_get_hparams, records))
         self.lines.extend(numbers)
+        environments = _environments(records[0].get("environments"))
         last = self.segments[-1] if self.segments else None
-        if last is not None and last.job == job and last.args is args:
+        if (last is not None and last.job == job and last.args is args
+                and last.environments == environments):
             last.size += len(records)
         else:
-            self.segments.append(_Segment(job, args, len(records)))
+            self.segments.append(_Segment(job, args, len(records), environments))
 
     def frame(self) -> pd.DataFrame:
         columns: dict[str, object] = {}
@@ -338,6 +350,8 @@ class _Columns:
         columns["step"] = self.steps
         columns["hparams"] = _object_series(self.hparams)
         columns["job"] = _object_series([segment.job for segment in self.segments], sizes)
+        columns["environments"] = _object_series(
+            [segment.environments for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
         acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
                           key=_acc_sort_key)

@@ -26,7 +26,9 @@ Deviations from DomainBed, all documented on the functions below:
   pretrained weights are cached or downloadable); the launch is refused (status 2) with each
   problem on one line;
 * a launcher that waited for its jobs and saw some fail makes the sweep say which and how to
-  continue, and return 1 (DomainBed prints "Launched" and ends with status 0).
+  continue (``--resume``, except for jobs that failed on bad input before their first
+  checkpoint: fix the cause, delete, launch again), and return 1 (DomainBed prints "Launched" and
+  ends with status 0).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from dg_plugins.engine.alignment_flags import ALIGNMENT_ARGS
 from dg_plugins.engine.job_folder import DONE_FILE, lock_holder
 from dg_plugins.engine.processes import JobsFailed, LaunchInterrupted
 from dg_plugins.engine.signals import signal_name
-from dg_plugins.registry import UnknownNameError
+from dg_plugins.registry import UnknownNameError, did_you_mean
 from dg_plugins.seeds import seed_hash
 
 #: The module our job commands run (``python -m <module>``).
@@ -111,7 +113,8 @@ def num_environments(dataset: str, data_dir: str | None = None) -> int:
 
 def check_algorithms(names: Iterable[str]) -> None:
     """Raise for names that dg_plugins' train cannot run: neither built in (catalog, no torch) nor
-    in the algorithm registry (imported, hence torch, only for other names). DomainBed's own
+    in the algorithm registry (imported, hence torch, only for other names), each with the
+    closest registered names ("did you mean", case-insensitive). DomainBed's own
     algorithms (IRM, CORAL, ...) are not reimplemented here: they run through the bridge."""
     names = [n for n in names if n not in catalog.BUILTIN_ALGORITHMS]
     if not names:
@@ -126,8 +129,10 @@ def check_algorithms(names: Iterable[str]) -> None:
         hint = (f" ({', '.join(domainbed_only)} are DomainBed's own: run them with "
                 "'python -m dg_plugins.scripts.domainbed sweep ...' and a DomainBed checkout)"
                 if domainbed_only else "")
+        named = ", ".join(repr(n) + ("" if n in domainbed_only else
+                                     did_you_mean(n, ALGORITHMS.list())) for n in unknown)
         raise UnknownNameError(
-            f"unknown algorithm(s) {', '.join(map(repr, unknown))}; registered algorithms: "
+            f"unknown algorithm(s) {named}; registered algorithms: "
             f"{', '.join(ALGORITHMS.list())}{hint}"
         )
 
@@ -731,6 +736,36 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
     ]
 
 
+#: Set by a script that runs several sweeps (sweeps/offline_quickstart.sh): the command that
+#: continues all of them, suggested instead of this sweep's own ``launch --resume`` line.
+RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
+
+
+def continue_lines(command_line: Sequence[str] | None, what: str) -> list[str]:
+    """How to continue: this sweep's ``launch --resume`` line, or the command of the script that
+    runs it (``$DG_SWEEP_RERUN_COMMAND``), which continues every sweep of the script."""
+    rerun = os.environ.get(RERUN_ENV)
+    if rerun:
+        return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
+                f"  {rerun}"]
+    return [f"To continue them ({what}):",
+            f"  {sweep_command(command_line, 'launch', resume=True)}"]
+
+
+def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
+    """Jobs of ``commands`` that never started (a stop signal came first): their empty folders
+    are removed, so that they show as Not launched, not Incomplete with nothing to resume (a
+    folder that holds anything, e.g. of an earlier run, stays)."""
+    never = set(commands)
+    for job in jobs:
+        if job.command(resume=False) in never or job.command(resume=True) in never:
+            try:
+                os.rmdir(job.output_dir)
+            except OSError:
+                pass
+            job.refresh_state()
+
+
 def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
                         command_line: Sequence[str] | None) -> None:
     """Print which jobs a stop signal interrupted and the command that continues them (the
@@ -753,18 +788,54 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         job = by_command.get(command)
         print(f"  interrupted: {job.describe() if job is not None else command}")
     if err.interrupted or err.not_started:
-        print("To continue them (interrupted jobs resume from their last checkpoint):")
-        print(f"  {resume_line}")
+        for line in continue_lines(command_line,
+                                   "interrupted jobs resume from their last checkpoint"):
+            print(line)
+
+
+#: train's exit status for bad input (its arguments or its data), reported before it trains.
+BAD_INPUT_EXIT = 2
+
+
+def failed_on_input(err: JobsFailed) -> list[str]:
+    """The failed commands that ended on bad input (train's exit status 2: the data or an
+    argument) before their first checkpoint: unchanged, they fail again, and a resume has
+    nothing to continue from."""
+    from dg_plugins.engine.job_folder import CHECKPOINT_FILE
+    from dg_plugins.engine.processes import command_output_dir
+
+    refused = []
+    for command, code in zip(err.failed, err.exit_codes):
+        folder = command_output_dir(command)
+        if code == BAD_INPUT_EXIT and folder is not None and not os.path.exists(
+                os.path.join(folder, CHECKPOINT_FILE)):
+            refused.append(command)
+    return refused
 
 
 def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None:
-    """After a launcher's failure summary: the count and how to go on."""
+    """After a launcher's failure summary: the count and how to go on (no ``--resume`` for
+    jobs that failed on bad input before their first checkpoint, :func:`failed_on_input`)."""
     print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
           "err.txt files are listed above); their folders are kept, Incomplete.")
-    print("Fix the cause, then continue them (a job resumes from its last checkpoint, if any):")
-    print(f"  {sweep_command(command_line, 'launch', resume=True)}")
+    refused = failed_on_input(err)
+    delete_line = sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])
+    if len(refused) == len(err.failed):
+        print("Each failed on bad input before its first checkpoint (exit status 2: the data "
+              "under --data_dir or an argument; see its error line above): run again unchanged, "
+              "it fails the same way, and it has nothing to resume. Fix the cause (e.g. "
+              "--data_dir), remove their folders with:")
+        print(f"  {delete_line}")
+        print("then launch the corrected command.")
+        return
+    if refused:
+        print(f"({len(refused)} of them failed on bad input before their first checkpoint, "
+              "exit status 2: fix the cause first, or they fail again.)")
+    print("Fix the cause first.")
+    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any"):
+        print(line)
     print("or delete them, so that the next launch starts them over:")
-    print(f"  {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}")
+    print(f"  {delete_line}")
 
 
 def run_action(action: str, jobs: Sequence[SweepJob], *,
@@ -829,6 +900,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         try:
             launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
         except LaunchInterrupted as err:
+            if not err.remote:
+                unlaunch(selected, err.not_started)
             report_interruption(err, selected, command_line)
             return err.code
         except JobsFailed as err:

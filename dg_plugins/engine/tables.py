@@ -273,11 +273,19 @@ def dataset_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
 
 
 def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
-    """Column labels of a dataset: the catalog's, else ``0..n-1`` from its records' keys."""
+    """Column labels of a dataset: the catalog's; else the labels its records carry (their
+    ``environments``: e.g. an ``ImageFolder`` tree's domain folders; the most common, when they
+    fit the environment count); else ``0..n-1`` from its records' keys."""
     if dataset in catalog.DATASET_ENVIRONMENTS:
         return [str(label) for label in catalog.DATASET_ENVIRONMENTS[dataset]]
     rows = records[records["args.dataset"] == dataset]
-    return [str(i) for i in range(environment_count(rows))]
+    count = environment_count(rows)
+    if "environments" in rows:
+        carried = rows["environments"].dropna()
+        carried = carried[carried.map(len) == count]
+        if len(carried):
+            return list(carried.value_counts().index[0])
+    return [str(i) for i in range(count)]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -26,8 +26,10 @@ writes DomainBed's output folder: ``out.txt``/``err.txt`` (Tee'd, appended), ``r
   space). ``--force`` starts ``out.txt``/``err.txt`` over too; repeated ``--test_envs`` are
   rejected.
 * A NaN/inf value returned by ``update`` stops the job with an error (no ``done``).
-* ``--device`` (default: cuda when available), in-process loading of in-memory data, a progress
-  bar on a terminal.
+* ``--device`` (default: cuda when available), in-process loading of in-memory data.
+* What it says while it runs: the weights the model took and from where, the measured step time
+  with the estimate of the job's time, and a progress bar on a terminal, else a progress line
+  every ``--progress_every`` seconds (:mod:`dg_plugins.engine.progress`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import os
 import sys
 import traceback
 
+from dg_plugins import catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.engine import udg_jobs
 from dg_plugins.engine.job import Interrupted, Job, check_test_envs
@@ -138,8 +141,13 @@ def validate(args) -> None:
         if value is not None and value < 1:
             raise ValueError(f"--{flag} must be a positive integer, got {value} (leave it out for "
                              "the dataset's default)")
-    if dataset_cls.ENVIRONMENTS:  # datasets that find their environments on disk check later
+    progress_every = getattr(args, "progress_every", None)
+    if progress_every is not None and not progress_every >= 0:
+        raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
+    if dataset_cls.ENVIRONMENTS:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
+    elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
+        check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
     if not 0 <= args.holdout_fraction < 1:
         raise ValueError(f"--holdout_fraction must be in [0, 1), got {args.holdout_fraction}")
     if not 0 <= args.uda_holdout_fraction < 1:

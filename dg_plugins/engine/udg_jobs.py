@@ -77,6 +77,7 @@ import torch
 from dg_plugins.engine import checkpoint, data, job_folder
 from dg_plugins.engine import job as job_lib
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
+from dg_plugins.networks.pretrained import note_weights, recording_weights
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.seeds import seed_hash
 
@@ -216,6 +217,7 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     path = os.path.join(folder, PRETRAINED_FILE)
     checkpoint.check_checkpoint_file(path, redo_pretraining(folder))
     state = torch.load(path, map_location="cpu", weights_only=False)
+    note_weights(f"the UDG pretraining {path}")
     return state["state"]
 
 
@@ -261,8 +263,10 @@ class PretrainJob(job_lib.Job):
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
         checkpoint.seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
         self.device = p.device
-        self.algorithm = ALGORITHMS.get(p.args.algorithm)(
-            p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+        with recording_weights() as loaded:
+            self.algorithm = ALGORITHMS.get(p.args.algorithm)(
+                p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+        job_lib.print_weights(loaded)
         self.algorithm.to(self.device)
         # The checkpoint is checked against the identity's hparams: jobs that share this
         # pretraining may differ in their fine-tuning hparams.

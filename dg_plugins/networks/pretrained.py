@@ -20,6 +20,9 @@ download can start, and it fails at once when it cannot.
 loading or downloading anything: the sweep asks it once per configuration before launching
 (``dg_plugins.engine.sweep.weight_problems``), so that a sweep offline with an empty cache fails
 before any job starts.
+
+:func:`recording_weights` lists, while a model is built, which weights it loaded and from where
+(a cache file, a download, a local file): train prints it at the start of a job.
 """
 
 from __future__ import annotations
@@ -128,6 +131,28 @@ def probe_weights(build) -> BaseException | None:
     return None
 
 
+_loaded: list[str] | None = None
+
+
+@contextlib.contextmanager
+def recording_weights():
+    """Within the block, each set of pretrained weights a model takes is described in the list
+    this yields (e.g. "timm resnet50.ram_in1k from the Hugging Face cache: <file>"); empty
+    when the model starts from random initialisation."""
+    global _loaded
+    previous, _loaded = _loaded, []
+    try:
+        yield _loaded
+    finally:
+        _loaded = previous
+
+
+def note_weights(description: str) -> None:
+    """Add ``description`` to the list of :func:`recording_weights` (when recording)."""
+    if _loaded is not None and not _probing:
+        _loaded.append(description)
+
+
 def _decided(what: str, error: BaseException | None) -> None:
     """Under :func:`probing`, report the outcome of a weight request (:class:`WeightsRequested`);
     else raise ``error`` when there is one."""
@@ -149,6 +174,8 @@ def require_cached_or_reachable(what: str, cached: str, url: str,
         if reason is not None:
             error = unavailable(what, cached, reason)
     _decided(what, error)
+    note_weights(f"{what} from the cache: {cached}" if os.path.isfile(cached) else
+                 f"{what} downloaded from {url} into {cached}")
 
 
 def check_url_available(url: str, what: str, cached: str | None = None,
@@ -191,8 +218,10 @@ def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailabl
     from huggingface_hub import constants, hf_hub_url
 
     groups = [list(names) for names in groups]
-    if all(cached_hub_file(repo_id, names, revision) for names in groups):
+    files = [cached_hub_file(repo_id, names, revision) for names in groups]
+    if all(files):
         _decided(what, None)
+        note_weights(f"{what} from the Hugging Face cache: {', '.join(files)}")
         return True
     error = None
     if offline_requested():
@@ -203,6 +232,8 @@ def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailabl
             error = unavailable(what, hub_cache_folder(repo_id),
                                 f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}")
     _decided(what, error)
+    note_weights(f"{what} downloaded from the hub ({constants.ENDPOINT}, {repo_id}) into "
+                 f"{hub_cache_folder(repo_id)}")
     return False
 
 
@@ -233,6 +264,7 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
         raise error
     if _probing:
         raise WeightsRequested(path, None)
+    note_weights(f"the local file {path} (pretrained_path)")
     state = torch.load(path, map_location="cpu", weights_only=True)
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):

@@ -10,7 +10,8 @@ generic ``ImageFolder`` (``--data_dir`` is then the folder holding the domain fo
 made with ``make_image_folder_dataset`` in a plugin module named in ``$DG_PLUGINS_IMPORT``.
 
 Exit status: 0 every image is readable; 1 some image is unreadable; 2 bad input (unknown dataset,
-a dataset that has no image files, a missing folder or a bad layout).
+a dataset that has no image files, a missing folder or a bad layout, e.g. a ``--data_dir`` one
+level above the tree: the folder meant is named).
 """
 
 from __future__ import annotations
@@ -68,16 +69,15 @@ def load_dataset(name: str, data_dir: str):
     """Build the dataset as train would (no augmentation): its layout is checked and its image
     files listed. Raises :class:`BadInput` for unknown names, datasets without image files and
     missing or badly laid-out folders."""
+    from dg_plugins import catalog
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
     from dg_plugins.engine import plugins
-    from dg_plugins.registry import DATASETS
+    from dg_plugins.registry import DATASETS, close_names
 
     plugins.load()
     choices = image_folder_datasets()
     if name not in DATASETS:
-        from dg_plugins import catalog
-
-        close = catalog.close_names(name, choices)
+        close = close_names(name, choices)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise BadInput(f"unknown dataset {name!r}{hint}; image-folder datasets: "
                        f"{', '.join(choices)} "
@@ -90,9 +90,13 @@ def load_dataset(name: str, data_dir: str):
                        f"so there are no image files to check; image-folder datasets: "
                        f"{', '.join(choices)}")
     try:
-        return cls(data_dir, [], None)
+        dataset = cls(data_dir, [], None)
     except (FileNotFoundError, NotADirectoryError, ValueError) as err:
         raise BadInput(str(err)) from err
+    nested = catalog.nested_tree_error(name, dataset.root, dataset.environment_folders)
+    if nested is not None:  # one "domain" whose "classes" are domains: not a tree to train on
+        raise BadInput(str(nested))
+    return dataset
 
 
 def check_files(paths: Sequence[str], workers: int,

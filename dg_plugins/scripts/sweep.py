@@ -19,9 +19,10 @@ rule or an ``--alignment_model`` / ``--alignment_pretrained`` it does not fit). 
 whose folder lock is held by a live process is reported as running and left alone.
 
 SIGTERM or SIGINT (Ctrl-C) while the ``local`` or ``multi_gpu`` launcher runs jobs: the signal is
-forwarded to the running jobs (train stops at its next checkpoint), no further job starts, the
-sweep lists the interrupted jobs and the command that continues them (``--resume``) and exits
-with 143 (SIGTERM) or 130 (SIGINT). If the sweep itself is killed (``kill -9``), its jobs get
+forwarded to the running jobs (train stops at its next checkpoint), no further job starts (those
+never started are Not launched again), the sweep lists the interrupted jobs and the command that
+continues them (``--resume``; a script that runs several sweeps sets ``$DG_SWEEP_RERUN_COMMAND``
+to its own command, suggested instead) and exits with 143 (SIGTERM) or 130 (SIGINT). If the sweep itself is killed (``kill -9``), its jobs get
 SIGTERM from the kernel (Linux) and stop at their next checkpoint. With ``submitit`` on Slurm the
 jobs keep running on the cluster (see :mod:`dg_plugins.engine.launchers`). Exit status
 otherwise: 0; 1 when jobs the launcher waited for failed (each listed with its first error lines

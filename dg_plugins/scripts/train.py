@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="start the job over even if output_dir holds a finished or interrupted "
                    "run (its done, records, models and checkpoint are removed first)")
+    p.add_argument("--progress_every", type=float, default=None, metavar="SECONDS",
+                   help="when the output is not a terminal (a log file, a sweep's job), a "
+                   "progress line (step, steps/s, time left) every SECONDS (default 60; a "
+                   "terminal gets a progress bar)")
     p.add_argument("--n_workers", type=int, default=None,
                    help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
                    "in-memory datasets always load in-process)")

@@ -94,6 +94,21 @@ def test_command_line_generic_image_folder(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
+    """The generic ImageFolder pointed at the folder above the tree: its only "domain" holds the
+    domain folders. The real command says which --data_dir was meant and exits 2 (it used to
+    check the images and exit 0, treating the domains as classes)."""
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
+         "--data_dir", str(data_dir)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == (
+        f"error: ImageFolder: {data_dir} holds one domain folder, PACS, whose class folders "
+        f"({', '.join(ENV_FOLDERS)}) hold class folders themselves: the image tree is one level "
+        f"down; did you mean --data_dir {data_dir / 'PACS'}?\n")
+
+
 def test_dataset_made_with_make_image_folder_dataset(tmp_path, capsys, monkeypatch):
     """A user's dataset registered by a plugin module named in $DG_PLUGINS_IMPORT."""
     data_dir, broken = corrupt_copy(tmp_path)

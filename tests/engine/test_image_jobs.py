@@ -14,6 +14,7 @@ import time
 import pytest
 
 from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
+from job_gate import gate_env, released
 from processes import command_env, finish, run, start, survivors
 from helpers import read_records
 
@@ -112,34 +113,38 @@ def test_nan_stop_exits(tree, tmp_path):
     assert_nothing_left(env)
 
 
-def wait_for_records(out, n, proc, timeout=TIMEOUT):
+def wait_at_gate(gate, proc, timeout=TIMEOUT):
+    """Wait until the job ``proc`` (or a job of the sweep ``proc``) waits at the test's gate."""
     deadline = time.monotonic() + timeout
-    path = out / "results.jsonl"
-    while not (path.exists() and len(path.read_bytes().splitlines()) >= n):
+    while not (gate / "waiting").exists():
         assert proc.poll() is None, finish(proc, 1)[1]
-        assert time.monotonic() < deadline, "no record appeared"
+        assert time.monotonic() < deadline, "the job never reached its gate"
         time.sleep(0.05)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_then_resume(tree, tmp_path, signum):
-    """The signal goes to the job's whole process group (as a sweep or a terminal sends it):
-    the workers ignore it, train checkpoints at the next step and exits 128 + signum, and every
-    worker is gone; a resume with other arguments is refused; the right one finishes."""
-    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    """The signal goes to the job's whole process group (as a sweep or a terminal sends it)
+    while the job trains (held after step 3 by the test's gate): the workers ignore it, train
+    checkpoints at the step boundary and exits 128 + signum, and every worker is gone; a resume
+    with other arguments is refused; the right one finishes."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = gate_env(gate, step=3)
     out = tmp_path / "job"
-    args = train_args(tree, out, "--checkpoint_freq", "10", algorithm="SlowERM", steps=20)
+    args = train_args(tree, out, "--checkpoint_freq", "10", steps=20)
     proc = start(TRAIN, *args, env=env)
-    wait_for_records(out, 1, proc)
-    os.killpg(proc.pid, signum)
-    code, output = finish(proc, TIMEOUT)
+    with released(gate):
+        wait_at_gate(gate, proc)
+        os.killpg(proc.pid, signum)
+        code, output = finish(proc, TIMEOUT)
     assert code == 128 + signum, output
+    assert f"stopped by {signal.Signals(signum).name} after step 3" in output
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
     assert_nothing_left(env)
     if signum == signal.SIGINT:
         return
-    refused = train_args(tree, out, "--checkpoint_freq", "10", "--resume", algorithm="SlowERM",
-                         steps=21)
+    refused = train_args(tree, out, "--checkpoint_freq", "10", "--resume", steps=21)
     code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
     assert code == 2 and "--steps: 20 in the checkpoint, 21 now" in output, output
     assert_nothing_left(env)
@@ -174,17 +179,17 @@ def test_local_sweep_runs_four_jobs_and_collects(tree, tmp_path):
 
 
 def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
-    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = gate_env(gate, step=3)  # the first job waits after step 3 until it is stopped
     out = tmp_path / "sweep"
     args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "20",
-                      "--checkpoint_freq", "10", algorithms=("SlowERM",))
+                      "--checkpoint_freq", "10")
     proc = start(SWEEP, *args, env=env)
-    deadline = time.monotonic() + TIMEOUT
-    while not list(out.glob("*/results.jsonl")):
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 1)[1]
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGTERM)  # the sweep forwards it to the running job
-    code, output = finish(proc, TIMEOUT)
+    with released(gate):
+        wait_at_gate(gate, proc)
+        os.kill(proc.pid, signal.SIGTERM)  # the sweep forwards it to the running job
+        code, output = finish(proc, TIMEOUT)
     assert code == 143 and "--resume" in output, output
     assert_nothing_left(env)
     code, output = run(SWEEP, *args, "--resume", env=env, timeout=4 * TIMEOUT)

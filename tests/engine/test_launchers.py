@@ -3,10 +3,12 @@ running real commands, so the code path Slurm uses is the one exercised)."""
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +57,27 @@ def test_local_launcher_runs_all_and_reports_failures(tmp_path, capfd):
     assert "[1/3] " in out and "[3/3] " in out  # plain progress lines (stderr is not a tty)
     assert "local launcher: 1 of 3 commands failed:" in out
     assert f"exit code 3: {commands[1]}" in out
+
+
+def test_a_jobs_output_stays_off_the_terminal_but_its_error_reaches_the_summary(tmp_path, capfd,
+                                                                               monkeypatch):
+    """The local launcher prints one line when a job starts and one when it ends; what the job
+    printed goes to a temporary file, and a job that failed before writing its err.txt still gets
+    its error line in the failure summary (taken from that output); the file is removed."""
+    code = "import sys; print('Ar' + 'gs: 60 lines of settings'); sys.exit('error: no such tree')"
+    folder = tmp_path / "job"
+    command = f"{PY} -c {shlex.quote(code)} --output_dir {folder}"
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with pytest.raises(processes.JobsFailed):
+        launchers.local_launcher([command])
+    out = capfd.readouterr().out
+    assert "Args:" not in out
+    assert f"[1/1] started: {command} (log: {folder / 'out.txt'})\n" in out
+    assert re.search(r"\[1/1\] failed \(exit code 1\) in \d+ s: error: no such tree\n", out)
+    assert (f"      error: no such tree\n      log: no err.txt in {folder} (the job failed before "
+            "it took its folder: the lines above are from its output)") in out
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_visible_gpus_from_env(monkeypatch):
@@ -220,7 +243,7 @@ signal.signal(signal.SIGINT, on_signal)
 with open(os.path.join(out, "pid.tmp"), "w") as f:  # closed here, not in a destructor, where
     f.write(str(os.getpid()))                        # the handler's SystemExit would be ignored
 os.replace(os.path.join(out, "pid.tmp"), os.path.join(out, "pid"))
-deadline = time.time() + 20
+deadline = time.time() + 300  # "trains" until the test signals it (bounded: never a leftover)
 while time.time() < deadline:
     time.sleep(0.02)
 open(os.path.join(out, "done"), "w").write("done")
@@ -315,6 +338,8 @@ def check_interrupted_sweep(tmp_path, proc, argv, signum, n_running, checkpoint=
     name = signal.Signals(signum).name
     assert f"Sweep stopped by {name}: {n_running} job(s) interrupted, " \
            f"{3 - n_running} not started." in stdout
+    # the jobs never started are Not launched again: no folder (it was Incomplete, empty)
+    assert sorted(p for p in (tmp_path / "out").iterdir() if len(p.name) == 32) == jobs
     for job in jobs:
         assert f"  interrupted: {job} " in stdout
     assert "To continue them (interrupted jobs resume from their last checkpoint):" in stdout

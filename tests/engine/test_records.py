@@ -207,6 +207,9 @@ def reference_frame(root):
             row["args.test_envs"] = tuple(args["test_envs"])
             row.update(step=record["step"], hparams=record.get("hparams"), job=entry,
                        line=number)
+            labels = record.get("environments")
+            row["environments"] = (tuple(labels) if isinstance(labels, list) and labels
+                                   and all(isinstance(v, str) for v in labels) else None)
             for key, value in record.items():
                 if R.ACC_KEY.fullmatch(key):
                     row[key] = float(value) if isinstance(value, (int, float)) else np.nan
@@ -219,10 +222,12 @@ def test_column_store_matches_a_plain_loader_on_mixed_records(tmp_path):
     is the one a plain per-record loader gives (values, order, NaN for absent keys)."""
     other = dict(ARGS, test_envs=[0, 2], output_dir="out")
     write_job(tmp_path, "uniform", [json.dumps({"args": ARGS, "step": s, "env0_in_acc": s / 10,
-                                                "env1_in_acc": 0.5, "hparams": {"lr": s}})
+                                                "env1_in_acc": 0.5, "hparams": {"lr": s},
+                                                "environments": ["a", "b"]})
                                     for s in range(3)])
     write_job(tmp_path, "mixed", [
-        json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.1}),
+        json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.1, "environments": ["x", 1]}),
+        json.dumps({"args": ARGS, "step": 0, "env0_in_acc": 0.1, "environments": ["x", "y"]}),
         json.dumps({"args": other, "step": 1, "env0_in_acc": 0.2, "env2_out_acc": 0.3}),
         json.dumps({"args": other, "step": 2, "env0_in_acc": "high", "env2_out_acc": True}),
         '{"args": {"trial_seed": 0}, "step": 3}',
@@ -236,7 +241,7 @@ def test_column_store_matches_a_plain_loader_on_mixed_records(tmp_path):
     warnings = []
     frame = R.load_records(str(tmp_path), warn=warnings.append)
     expected = reference_frame(tmp_path)
-    assert len(frame) == len(expected) == 10 and len(warnings) == 4
+    assert len(frame) == len(expected) == 11 and len(warnings) == 4
     for i, row in enumerate(expected):
         got = frame.iloc[i]
         for key in frame.columns:

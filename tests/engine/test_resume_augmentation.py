@@ -15,6 +15,7 @@ import pytest
 
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
+from job_gate import gate_env, released
 from processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
@@ -30,28 +31,29 @@ def tree(tmp_path_factory):
     return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"), per_class=2, size=40)
 
 
-def train_args(tree, out, *extra, algorithm="SlowERM", steps=STEPS):
-    return ["--dataset", "PACS", "--data_dir", tree, "--algorithm", algorithm, "--test_envs",
+def train_args(tree, out, *extra, steps=STEPS):
+    return ["--dataset", "PACS", "--data_dir", tree, "--algorithm", "ERM", "--test_envs",
             "0", "--steps", steps, "--checkpoint_freq", FREQ, "--hparams", HPARAMS,
             "--output_dir", out, *extra]
 
 
-def wait_for_records(out, n, proc):
-    deadline = time.monotonic() + TIMEOUT
-    path = out / "results.jsonl"
-    while not (path.exists() and len(path.read_bytes().splitlines()) >= n):
-        assert proc.poll() is None, finish(proc, 1)[1]
-        assert time.monotonic() < deadline, "no record appeared"
-        time.sleep(0.02)
-
-
-def interrupt(proc, out, n_records, signum, env):
-    """Send ``signum`` to the job's process group once it wrote ``n_records`` records."""
-    wait_for_records(out, n_records, proc)
-    os.killpg(proc.pid, signum)
-    code, output = finish(proc, TIMEOUT)
+def interrupt(args, out, step, signum, tmp_path):
+    """Run train, held by the test's gate after ``step``, and send ``signum`` to its process
+    group there."""
+    gate = tmp_path / f"gate{step}"
+    gate.mkdir()
+    env = gate_env(gate, step=step)
+    proc = start(TRAIN, *args, env=env)
+    with released(gate):
+        deadline = time.monotonic() + TIMEOUT
+        while not (gate / "waiting").exists():
+            assert proc.poll() is None, finish(proc, 1)[1]
+            assert time.monotonic() < deadline, "the job never reached its gate"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signum)
+        code, output = finish(proc, TIMEOUT)
     assert code in (128 + signum, -signum), output
-    assert not (out / "done").exists(), "the job finished before the signal: not a resume test"
+    assert not (out / "done").exists()
     assert not survivors(env)
 
 
@@ -59,8 +61,8 @@ def interrupt(proc, out, n_records, signum, env):
 def reference(tree, tmp_path_factory):
     """An uninterrupted run without loader workers (its folder)."""
     out = tmp_path_factory.mktemp("reference") / "job"
-    code, output = run(TRAIN, *train_args(tree, out, "--n_workers", "0"),
-                       env=command_env(DG_PLUGINS_IMPORT="e2e_algorithms"), timeout=TIMEOUT)
+    code, output = run(TRAIN, *train_args(tree, out, "--n_workers", "0"), env=command_env(),
+                       timeout=TIMEOUT)
     assert code == 0, output
     assert "loader workers: 0" in (out / "out.txt").read_text()
     return out
@@ -69,16 +71,18 @@ def reference(tree, tmp_path_factory):
 def test_resumed_augmented_job_writes_the_records_of_an_uninterrupted_run(tree, reference,
                                                                           tmp_path):
     """Reference: an uninterrupted run without loader workers. The other run has the default
-    workers (2 here), is stopped by SIGTERM after its 2nd record, resumed, killed with SIGKILL
-    after its 3rd record (the resume then continues from the last checkpoint), resumed again."""
+    workers (2 here), is stopped by SIGTERM after step 3 (past its 2nd record), resumed, killed
+    with SIGKILL after step 5 (past its 3rd record; the resume then continues from the last
+    checkpoint), resumed again; the test's gate holds the job at each of these steps."""
     expected = read_records(reference, drop=VOLATILE_KEYS)
     assert [r["step"] for r in expected] == [0, 2, 4, 6]
     assert expected[0]["hparams"]["data_augmentation"]
-    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    env = command_env()
     out = tmp_path / "interrupted"
-    interrupt(start(TRAIN, *train_args(tree, out), env=env), out, 2, signal.SIGTERM, env)
-    interrupt(start(TRAIN, *train_args(tree, out, "--resume"), env=env), out, 3,
-              signal.SIGKILL, env)
+    interrupt(train_args(tree, out), out, 3, signal.SIGTERM, tmp_path)
+    assert len(read_records(out)) == 2
+    interrupt(train_args(tree, out, "--resume"), out, 5, signal.SIGKILL, tmp_path)
+    assert len(read_records(out)) == 3
     code, output = run(TRAIN, *train_args(tree, out, "--resume"), env=env, timeout=TIMEOUT)
     assert code == 0 and "Resuming from step" in output, output
     assert not survivors(env)
@@ -106,7 +110,6 @@ def test_re_evaluating_a_saved_model_reproduces_its_record(tree, reference):
     hparams = saved["model_hparams"]
     dataset = DATASETS.get("PACS")(str(tree), [0], hparams)
     assert dataset.augmented_envs == [1, 2, 3]
-    # the job trained SlowERM (ERM that sleeps in its updates): the same network as ERM
     algorithm = ALGORITHMS.get("ERM")(saved["model_input_shape"], saved["model_num_classes"],
                                       saved["model_num_domains"], hparams)
     algorithm.load_state_dict(saved["model_dict"])

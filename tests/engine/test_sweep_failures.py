@@ -5,6 +5,8 @@ takes its jobs down and a relaunch continues them; a still-running job is left a
 without a ``__main__`` guard can drive the sweep."""
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,7 +19,8 @@ import pytest
 from dg_plugins.engine import sweep
 from dg_plugins.engine.job_folder import lock_holder
 from helpers import read_records
-from image_tree import make_pacs_tree
+from image_tree import make_pacs_tree, truncate_image
+from job_gate import gate_env, released
 from processes import REPO, command_env, finish, run, start, survivors
 
 HERE = Path(__file__).resolve().parent
@@ -241,6 +244,12 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     folders = job_folders(out)
     assert len(folders) == 2
     assert "local launcher: 2 of 2 commands failed:" in text
+    # one line per job on the terminal (its settings and traceback are in its out.txt/err.txt)
+    assert len(re.findall(r"\] started: ERM on CrashingData, test envs [01], hparams 0, trial 0 "
+                          r"\(log: .*/out.txt\)\n", text)) == 2
+    assert len(re.findall(r"\] failed \(exit code 1\) in \d+ s: RuntimeError: decoder exploded "
+                          "on item", text)) == 2
+    assert "HParams:" not in text and "Traceback" not in text
     assert text.count("RuntimeError: decoder exploded on item") >= 2
     for folder in folders:
         assert f"log: {folder / 'err.txt'}" in text
@@ -254,23 +263,26 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
 
 
 def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
-    """kill -9 of a local-launcher sweep while its job trains: the job gets SIGTERM from the
-    kernel, stops at a checkpoint and exits (it used to train on, holding its lock); then
-    ``sweep launch --resume`` continues it to the end, with the records of an uninterrupted
-    run's steps, and no process is left behind."""
-    env = command_env()
+    """kill -9 of a local-launcher sweep while its job trains (held after step 100 by the test's
+    gate until it stops): the job gets SIGTERM from the kernel, stops at a checkpoint and exits
+    (it used to train on, holding its lock); then ``sweep launch --resume`` continues it to the
+    end, with the records of an uninterrupted run's steps, and no process is left behind."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = gate_env(gate, step=100)
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "120",
                       "--checkpoint_freq", "40", "--hparams", '{"batch_size": 8}')
     proc = start(SWEEP, *argv, env=env)
-    [job] = wait_for(lambda: job_folders(out))
-    wait_for(lambda: len(read_records(job)) >= 3)  # training, 39 steps before its end
-    pid = int(wait_for(lambda: lock_holder(str(job))))
-    os.kill(proc.pid, signal.SIGKILL)
-    wait_for(lambda: not alive(pid), timeout=60)  # the job followed its launcher
-    finish(proc, timeout=30)
+    with released(gate):
+        pid = wait_for(lambda: (gate / "waiting").exists() and (gate / "waiting").read_text())
+        [job] = job_folders(out)
+        assert lock_holder(str(job)) == pid
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not alive(int(pid)), timeout=60)  # the job followed its launcher
+        finish(proc, timeout=30)
     assert lock_holder(str(job)) is None and not (job / "done").exists()
-    assert "stopped: stopped by SIGTERM after step" in (job / "err.txt").read_text()
+    assert "stopped: stopped by SIGTERM after step 100" in (job / "err.txt").read_text()
 
     code, text = run(SWEEP, *argv, "--resume", env=env, timeout=300)
     assert code == 0, text
@@ -343,12 +355,80 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
                         datasets=("ImageFolder",)), "does not exist"),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("PAC",)),
              "unknown dataset 'PAC'; did you mean 'PACS'"),
+            (sweep_argv(out, "--algorithms", "ERM", datasets=("pacs",)),
+             "unknown dataset 'pacs'; did you mean 'PACS'"),
+            (sweep_argv(out, "--algorithms", "dmg", "ERMM", "IRM"),
+             "unknown algorithm(s) 'dmg' (did you mean 'DMG'?), 'ERMM' (did you mean 'ERM'?), "
+             "'IRM'; registered algorithms: "),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("SVIRO",)),
              "SVIRO is a DomainBed dataset that dg_plugins does not implement; run it through "
              "the bridge")]:
         code, text = run(SWEEP, *argv, env=env, timeout=60)
         assert code == 2 and message in text and "Traceback" not in text, text
     assert not out.exists()
+
+
+def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folders(tmp_path):
+    """An ImageFolder sweep (one job, the first of the tree's four domains as its test
+    environment): its records carry the environment names, and collect_results' columns are the
+    domain folders (they were 0 1 2 3)."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    out = tmp_path / "out"
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0",
+                                        "--steps", "1", "--hparams", '{"resnet18": true, '
+                                        '"pretrained": false, "batch_size": 2}',
+                                        data_dir=data, datasets=("ImageFolder",)),
+                     env=env, timeout=300)
+    assert code == 0, text
+    code, tables = run("dg_plugins.scripts.collect_results", "--input_dir", out, env=env,
+                       timeout=120)
+    assert code == 0, tables
+    block = tables.split("model selection method: training-domain validation set\n")[1]
+    assert block.splitlines()[0].split() == ["Algorithm", "art_painting", "cartoon", "photo",
+                                              "sketch", "Avg"], tables
+
+
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
+    """``--dataset ImageFolder --data_dir`` pointed at the folder above the tree (one "domain"
+    whose "classes" are the domains): train (before printing its settings) and the sweep
+    (before launching) say which --data_dir was meant, exit 2 and write nothing; they used to
+    fail with "leaves no training environment", or launch jobs that failed."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
+    meant = f"did you mean --data_dir {data / 'PACS'}?"
+    code, text = run("dg_plugins.scripts.train", "--dataset", "ImageFolder", "--data_dir", data,
+                     "--output_dir", tmp_path / "job", env=env, timeout=60)
+    assert code == 2 and text.endswith(f"{meant}\n") and "HParams" not in text, text
+    assert not (tmp_path / "job").exists()
+    out = tmp_path / "out"
+    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
+                                        data_dir=data, datasets=("ImageFolder",)),
+                     env=env, timeout=60)
+    assert code == 2 and text.endswith(f"{meant}\n"), text
+    assert not out.exists()
+
+
+def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp_path):
+    """Jobs that exit with train's bad-input status before their first checkpoint (here: every
+    image of a training domain is unreadable, which the pre-launch check, reading no image,
+    cannot see): the sweep says to fix the cause, delete the folders and launch again; a
+    --resume would only fail the same way."""
+    env = command_env()
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
+    for path in (data / "PACS" / "sketch").rglob("*.jpg"):
+        truncate_image(path)
+    out = tmp_path / "out"
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "--steps", "2",
+                      "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
+                      data_dir=data, datasets=("PACS",))
+    code, text = run(SWEEP, *argv, env=env, timeout=300)
+    assert code == 1, text
+    assert "Each failed on bad input before its first checkpoint (exit status 2" in text
+    [delete] = [line for line in text.splitlines() if "delete_incomplete" in line]
+    flags = shlex.join(word for word in argv[1:] if word != "--skip_confirmation")
+    assert delete.endswith(f"-m {SWEEP} delete_incomplete {flags}"), delete
+    assert "--resume" not in text
 
 
 # ---------------------------------------------------------------------------------------------

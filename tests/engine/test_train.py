@@ -13,6 +13,8 @@ from dg_plugins.engine import job, train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
 from helpers import read_records
+from job_gate import gate_env, released
+from processes import start
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -81,23 +83,29 @@ def test_resume_gives_the_same_records(tmp_path):
 
 
 def test_resume_after_sigkill(tmp_path):
-    """A real kill -9 in the middle of a run, then --resume: same records as an uninterrupted run."""
+    """A real kill -9 in the middle of a run (the job held after step 13 by the test's gate,
+    past its checkpoint of step 12), then --resume: same records as an uninterrupted run."""
     common = ["--dataset", "RotatedMNIST5k", "--steps", "24", "--checkpoint_freq", "6",
               "--hparams", '{"batch_size": 32}']
-    full, cut = tmp_path / "full", tmp_path / "cut"
+    full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
+    gate.mkdir()
     assert main(common + ["--output_dir", str(full)]) == 0
-    cmd = [sys.executable, "-m", "dg_plugins.scripts.train", *common, "--output_dir", str(cut)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (cut / "checkpoint.pt").exists() and len(read_records(cut)) >= 3:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (cut / "done").exists(), "run finished before it could be killed"
+    proc = start("dg_plugins.scripts.train", *common, "--output_dir", cut,
+                 env=gate_env(gate, step=13))
+    with released(gate):
+        wait_for(lambda: (gate / "waiting").exists())
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert not (cut / "done").exists() and len(read_records(cut)) == 3
     assert main(common + ["--output_dir", str(cut), "--resume"]) == 0
     assert without_timing(read_records(cut)) == without_timing(read_records(full))
+
+
+def wait_for(predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):
@@ -129,6 +137,9 @@ def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
 @pytest.mark.parametrize("argv, message", [
     (["--algorithm", "NoSuchAlgo"], "unknown algorithm 'NoSuchAlgo'; registered algorithms: ERM"),
     (["--dataset", "NoSuchSet"], "unknown dataset 'NoSuchSet'; registered datasets: Debug28"),
+    (["--algorithm", "dmg"], "unknown algorithm 'dmg' (did you mean 'DMG'?); registered"),
+    (["--dataset", "rotatedmnist5k"], "unknown dataset 'rotatedmnist5k' (did you mean "
+                                      "'RotatedMNIST5k'?); registered"),
     (["--hparams", "{batch_size: 8}"], "--hparams is not valid JSON"),
     (["--hparams", "[1, 2]"], "--hparams must be a JSON object"),
     (["--hparams", '{"lrr": 0.1}'], "unknown hparam(s) 'lrr' (did you mean 'lr'?) for ERM"),
@@ -151,3 +162,19 @@ def test_train_help_renders():
     from dg_plugins.scripts.train import build_parser
 
     assert "--uda_holdout_fraction" in build_parser().format_help()
+
+
+def test_test_envs_of_a_tree_found_on_disk_are_checked_before_the_settings(tmp_path, capsys):
+    """ImageFolder finds its environments on disk: a --test_envs out of range is refused before
+    train prints its settings or creates the folder (it used to print some 60 lines first)."""
+    from image_tree import make_pacs_tree
+
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    out = tmp_path / "job"
+    assert main(["--dataset", "ImageFolder", "--data_dir", str(data), "--test_envs", "4",
+                 "--output_dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err == ("error: --test_envs [4] out of range: ImageFolder has 4 environments "
+                            "['art_painting', 'cartoon', 'photo', 'sketch'] (valid indices "
+                            "0..3)\n")

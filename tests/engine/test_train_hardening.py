@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from dg_plugins.engine import train
-from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
 from helpers import read_records
+from job_gate import gate_vars, released
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -39,12 +39,16 @@ def child_env():
 
 
 def spawn(out, *extra, dataset="RotatedMNIST5k", steps="200", freq="20",
-          hparams='{"batch_size": 16}'):
+          hparams='{"batch_size": 16}', gate=None):
+    """Start train; ``gate``: the keyword arguments of ``job_gate.gate_vars`` that hold it."""
     cmd = [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", dataset,
            "--steps", steps, "--checkpoint_freq", freq, "--hparams", hparams,
            "--output_dir", str(out), *extra]
+    env = child_env()
+    if gate is not None:
+        env.update(gate_vars(plugins=env["DG_PLUGINS_IMPORT"], **gate))
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env())
+                            env=env)
 
 
 def wait_for(predicate, timeout=120.0, interval=0.02):
@@ -88,22 +92,20 @@ def test_a_crash_prints_its_traceback_once(tmp_path):
 # a kill during a checkpoint write leaves no temporary file ---------------------------------------
 
 def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume(tmp_path):
-    """A real kill -9 while checkpoint.pt is being written (a 64 MB buffer makes the write last):
-    the temporary file is left behind; --resume removes it, says so, and finishes the job."""
-    out = tmp_path / "job"
-    common = ["--algorithm", "BigStateERM"]
-    for _ in range(5):  # the write window is short: retry until the kill lands inside it
-        proc = spawn(out, *common, dataset="Debug28", steps="20", freq="2", hparams=TINY)
-        caught = wait_for(lambda: any(p.name.startswith(".tmp-") for p in out.glob(".tmp-*")),
-                          timeout=180, interval=0.001)
+    """A real kill -9 while checkpoint.pt is being written (the test's gate holds the job in its
+    first checkpoint write, after the temporary file is written and before the rename): the
+    temporary file is left behind; --resume removes it, says so, and finishes the job."""
+    out, gate = tmp_path / "job", tmp_path / "gate"
+    gate.mkdir()
+    proc = spawn(out, dataset="Debug28", steps="20", freq="2", hparams=TINY,
+                 gate={"folder": gate, "write": "checkpoint.pt"})
+    with released(gate):
+        assert wait_for(lambda: (gate / "waiting").exists(), timeout=180)
         proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-        if caught and list(out.glob(".tmp-*")):
-            break
-    leftovers = list(out.glob(".tmp-*"))
-    assert leftovers, "could not kill the job during a checkpoint write"
+        proc.communicate(timeout=60)
+    assert len(list(out.glob(".tmp-*checkpoint.pt"))) == 1
     assert main(["--dataset", "Debug28", "--output_dir", str(out), "--steps", "20",
-                 "--checkpoint_freq", "2", "--hparams", TINY, *common, "--resume"]) == 0
+                 "--checkpoint_freq", "2", "--hparams", TINY, "--resume"]) == 0
     assert not list(out.glob(".tmp-*"))
     assert "removed a leftover temporary file" in (out / "err.txt").read_text()
     assert sorted(p.name for p in out.iterdir()) == [
@@ -288,14 +290,16 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
 # SIGTERM stops at a step boundary; --resume continues --------------------------------------------
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(tmp_path):
-    out, full = tmp_path / "job", tmp_path / "full"
-    proc = spawn(out, steps="60", freq="10")
-    assert wait_for(lambda: len(read_records(out)) >= 2)
-    proc.send_signal(signal.SIGTERM)
-    console = "".join(proc.communicate(timeout=120))
+    out, full, gate = tmp_path / "job", tmp_path / "full", tmp_path / "gate"
+    gate.mkdir()
+    proc = spawn(out, steps="60", freq="10", gate={"folder": gate, "step": 15})
+    with released(gate):
+        assert wait_for(lambda: (gate / "waiting").exists())
+        proc.send_signal(signal.SIGTERM)
+        console = "".join(proc.communicate(timeout=120))
     assert proc.returncode == 143, console
     assert "stopped by SIGTERM" in console and "--resume" in console
-    assert "stopped by SIGTERM" in (out / "err.txt").read_text()
+    assert "stopped by SIGTERM after step 15" in (out / "err.txt").read_text()
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
     resume = spawn(out, "--resume", steps="60", freq="10")
     resume.communicate(timeout=600)
@@ -308,14 +312,16 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
 # one process per job folder ----------------------------------------------------------------------
 
 def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_path):
-    out = tmp_path / "job"
-    first = spawn(out, steps="150", freq="50")
-    assert wait_for(lambda: (out / ".lock").exists() and (out / "results.jsonl").exists())
-    second = subprocess.run(
-        [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "RotatedMNIST5k",
-         "--steps", "150", "--checkpoint_freq", "50", "--hparams", '{"batch_size": 16}',
-         "--output_dir", str(out), "--resume"],
-        capture_output=True, text=True, env=child_env(), timeout=300)
+    out, gate = tmp_path / "job", tmp_path / "gate"
+    gate.mkdir()
+    first = spawn(out, steps="150", freq="50", gate={"folder": gate, "step": 60})
+    with released(gate):  # the first job waits after step 60 while the second one tries
+        assert wait_for(lambda: (gate / "waiting").exists())
+        second = subprocess.run(
+            [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "RotatedMNIST5k",
+             "--steps", "150", "--checkpoint_freq", "50", "--hparams", '{"batch_size": 16}',
+             "--output_dir", str(out), "--resume"],
+            capture_output=True, text=True, env=child_env(), timeout=300)
     assert second.returncode == 2
     assert "is in use by another train process (pid" in second.stderr
     first.communicate(timeout=600)
@@ -327,10 +333,9 @@ def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_p
 @pytest.fixture(autouse=True, scope="module")
 def _test_plugins():
     sys.path.insert(0, str(HERE))
-    import big_state_algorithm  # noqa: F401  (registers BigStateERM, CrashingData)
+    import big_state_algorithm  # noqa: F401  (registers CrashingData)
 
     yield
-    ALGORITHMS.unregister("BigStateERM")
 
 
 # issue 31: repeated test environments, unwritable folders, stale logs ----------------------------

@@ -318,7 +318,8 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
     import os
     import signal
 
-    from processes import command_env, finish, run, start, survivors
+    from job_gate import gate_env, released
+    from processes import finish, run, start, survivors
 
     def argv(root):
         return ["--dataset", "Debug28", "--algorithm", "DisMAE", "--output_dir", root / "job",
@@ -333,17 +334,17 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
         assert train.run(uninterrupted) == "done"
     finally:
         torch.set_num_threads(threads)
-    env = command_env(OMP_NUM_THREADS="2")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = gate_env(gate, step=3, phase="pretraining", OMP_NUM_THREADS="2")
     proc = start("dg_plugins.scripts.train", *argv(tmp_path / "cut"), env=env)
-    deadline = time.monotonic() + 240
-    while True:
-        found = list((tmp_path / "cut" / "udg_pretrain").glob("*/results.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 2:
-            break
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 1)[1]
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGTERM)
-    code, output = finish(proc, 240)
+    with released(gate):  # the job waits after pretraining step 3 until it is stopped
+        deadline = time.monotonic() + 240
+        while not (gate / "waiting").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 1)[1]
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code, output = finish(proc, 240)
     assert code == 143 and "UDG pretraining" in output, output
     (folder,) = (tmp_path / "cut" / "udg_pretrain").iterdir()
     assert (folder / "checkpoint.pt").exists() and not (folder / "pretrained.pt").exists()

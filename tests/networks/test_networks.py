@@ -381,3 +381,30 @@ def test_the_hub_probe_asks_once_and_takes_any_answer(tmp_path):
         server.shutdown()
         server.server_close()
     assert asked == ["/missing", "/moved"]  # one request each, the redirect not followed
+
+
+def test_the_offline_test_passes_with_the_weights_in_the_users_own_caches(tmp_path):
+    """tests/conftest.py gives the test run caches of its own: the offline fail-fast test above
+    passes, and writes nothing, when the user's Hugging Face and torch.hub caches (here fake
+    ones, named by the variables a user sets) hold the very weights it asks for (it failed then:
+    the weights were found in the user's cache)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    user = tmp_path / "user"
+    fake_hub_cache(user / "hf" / "hub", "timm/resnet50.ram_in1k",
+                   {"model.safetensors": b"weights", "pytorch_model.bin": b"weights"})
+    checkpoints = user / "torch" / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "resnet50-0676ba61.pth").write_bytes(b"weights")
+    before = sorted(p for p in user.rglob("*"))
+    env = dict(os.environ, HF_HOME=str(user / "hf"), HF_HUB_CACHE=str(user / "hf" / "hub"),
+               TORCH_HOME=str(user / "torch"), XDG_CACHE_HOME=str(user / "xdg"))
+    test = "tests/networks/test_networks.py::test_offline_pretrained_weights_fail_fast_with_the_fixes"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider",
+                           test], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:]
+    assert sorted(p for p in user.rglob("*")) == before

@@ -1,0 +1,121 @@
+"""What a training job says about its time while it runs (:class:`Progress`).
+
+* Once a few steps are timed (:data:`TIMED_STEPS`, after the first step of the run, which pays
+  for warm-up): one line with the measured time of a step and the estimate of the job's time,
+  training and evaluations (a record's evaluation is timed at the first record).
+* On a terminal: a tqdm bar. Otherwise (a log file, a job of a sweep): a plain line every
+  ``interval`` seconds with the step, the steps per second and the estimated time left.
+
+Torch-free; the job calls :meth:`Progress.stepped` after each step and
+:meth:`Progress.evaluated` after each evaluation.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+#: Steps timed (after the run's first) before the estimate of the job's time is printed.
+TIMED_STEPS = 5
+#: Seconds between two plain progress lines when the output is not a terminal (``--progress_every``).
+DEFAULT_INTERVAL_S = 60.0
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def format_duration(seconds: float) -> str:
+    """``0.35 s``, ``42 s``, ``3 min 20 s``, ``2 h 05 min``, ``2 d 7 h``."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+class Progress:
+    """The progress of one run of a job's loop, from step ``start`` to ``total`` (exclusive);
+    ``records_left(step)``: how many evaluations remain after ``step`` (for the estimate);
+    ``stream``: where the tqdm bar goes when it is a terminal; ``out``: where lines go."""
+
+    def __init__(self, total: int, start: int, records_left, desc: str, stream=None,
+                 interval: float = DEFAULT_INTERVAL_S, out=None, clock=time.monotonic):
+        self.total, self.start = total, start
+        self.records_left = records_left
+        self.out = out or sys.stdout
+        self.interval = interval
+        self.clock = clock
+        self.began = self.last_line = clock()
+        self.step_times: list[float] = []
+        self.eval_time: float | None = None
+        self.estimated = False
+        self.bar = None
+        if stream is not None and stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, leave=False, file=stream, desc=desc)
+
+    def print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.out)
+        else:
+            print(line, file=self.out, flush=True)
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation (a record) took ``seconds``."""
+        if self.eval_time is None:
+            self.eval_time = seconds
+
+    def stepped(self, step: int, seconds: float) -> None:
+        """Step ``step`` is done; its update took ``seconds``."""
+        self.step_times.append(seconds)
+        if self.bar is not None:
+            self.bar.update(1)
+        if not self.estimated and len(self.step_times) == TIMED_STEPS + 1:
+            self.estimated = True
+            self.print(self.estimate(step))
+        now = self.clock()
+        if self.bar is None and now - self.last_line >= self.interval and step + 1 < self.total:
+            self.last_line = now
+            self.print(self.line(step, now))
+
+    def estimate(self, step: int) -> str:
+        """The measured step time and the job's estimated time (from the start of this run)."""
+        timed = self.step_times[1:]
+        per_step = sum(timed) / len(timed)
+        first = self.start + 1
+        left = self.total - step - 1
+        evaluations = self.records_left(step)
+        training = per_step * left
+        text = (f"timing: {format_duration(per_step)} a step (mean of steps {first}-"
+                f"{first + len(timed) - 1}); {plural(left, 'step')} left: about "
+                f"{format_duration(training)}")
+        if evaluations and self.eval_time is not None:
+            rest = training + evaluations * self.eval_time
+            text += (f", plus {plural(evaluations, 'evaluation')} of about "
+                     f"{format_duration(self.eval_time)}: about {format_duration(rest)} left, "
+                     f"{format_duration(self.clock() - self.began + rest)} for this run")
+        elif evaluations:
+            text += f", plus {plural(evaluations, 'evaluation')}"
+        return text
+
+    def line(self, step: int, now: float) -> str:
+        """``progress: step 120/5001 (2.4%), 0.41 steps/s, about 3 h 18 min left``."""
+        done = step + 1 - self.start
+        rate = done / max(now - self.began, 1e-9)
+        left = (self.total - step - 1) / rate
+        return (f"progress: step {step + 1}/{self.total} ({100 * (step + 1) / self.total:.1f}%), "
+                f"{rate:.3g} steps/s, about {format_duration(left)} left")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
