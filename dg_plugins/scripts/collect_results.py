@@ -10,14 +10,14 @@ domain-out cross-validation, test-domain oracle) a table per dataset and an Aver
 DomainBed does, the same text is written into the sweep folder, overwriting: ``results.txt``
 (text), ``results.tex`` (``--latex``), and for our extra formats ``results.md`` (``--format
 markdown``) or ``results.csv`` (``--format csv``: one tidy row per table cell, see
-:mod:`dg_plugins.engine.tables`). ``--no_save`` only prints. A folder that cannot be written gets a
+:mod:`dg_plugins.collect.tables`). ``--no_save`` only prints. A folder that cannot be written gets a
 warning, not a crash.
 
 Beyond DomainBed:
 
 * ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order;
   ``iid`` keeps each run's best checkpoint, which is also the DMG release's best-epoch rule:
-  :mod:`dg_plugins.engine.selection`);
+  :mod:`dg_plugins.collect.selection`);
 * ``--paper KEY [KEY ...]`` prints published numbers (:mod:`dg_plugins.reference`) under each
   table they match (setting, dataset, source environment, and selection method where the paper
   names one), in every format: the paper's rows, then for each of our algorithms that corresponds
@@ -37,11 +37,11 @@ Beyond DomainBed:
   ``pooled`` the whole test environment (in and out splits, weighted by subset size), ``both``
   (default);
 * single-source runs (``sweep --single_source``) get their own tables after the others
-  (``--single_source auto|on|off``; see :mod:`dg_plugins.engine.single_source`);
+  (``--single_source auto|on|off``; see :mod:`dg_plugins.collect.single_source`);
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
-  warning (see :mod:`dg_plugins.engine.records`).
+  warning (see :mod:`dg_plugins.collect.records`).
 * ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
-  checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.engine.learning`);
+  checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
   records) is not supported.
 
@@ -62,9 +62,11 @@ import os
 import sys
 
 from dg_plugins import catalog, reference
-from dg_plugins.engine import learning, table_formats, tables
-from dg_plugins.engine.records import job_progress, load_records
-from dg_plugins.engine.selection import METHODS
+from dg_plugins.collect import formats as table_formats
+from dg_plugins.collect import ipoop, learning, report as tables
+from dg_plugins.collect.records import job_progress, load_records
+from dg_plugins.collect.selection import METHODS
+from dg_plugins.train.folder import is_done
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "one environment, tested on the others): auto (default) shows them "
                              "where unambiguous (datasets with >= 4 environments, or a 3-"
                              "environment dataset without single-test-env runs), on, off")
-    parser.add_argument("--ipoop", choices=tables.IPOOP_CHOICES, default="both",
+    parser.add_argument("--ipoop", choices=ipoop.IPOOP_CHOICES, default="both",
                         help="IP/OOP tables (records with env{i}_in_ip_acc keys): 'in' reports "
                              "each subset on the test environment's in split, 'pooled' over the "
                              "whole test environment (in and out splits pooled, weighted by "
@@ -101,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning_check", action="store_true",
                         help="instead of the tables, one row per job: source-validation and "
                              "target accuracy at its first and last checkpoint, chance, and "
-                             "whether it learned (dg_plugins.engine.learning); printed only")
+                             "whether it learned (dg_plugins.collect.learning); printed only")
     parser.add_argument("--paper", nargs="+", default=[], metavar="KEY",
                         help="print a paper's published numbers under each table they match, "
                              "with ours minus the paper's for every algorithm that corresponds "
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.learning_check:
         running = {job for job in set(records["job"])
-                   if not os.path.exists(os.path.join(args.input_dir, job, "done"))}
+                   if not is_done(os.path.join(args.input_dir, job))}
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
         return 0

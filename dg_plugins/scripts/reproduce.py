@@ -322,8 +322,8 @@ def sweep_jobs(argv: list[str]):
     :func:`dg_plugins.scripts.sweep.main` does (same parser, checks and ``make_args_list``), without
     launching or writing. A missing ``--alignment_scores`` file (scores not computed yet in a dry
     run) is allowed; its job args hold the path as the sweep would."""
-    from dg_plugins.engine import sweep as sweep_lib
-    from dg_plugins.scripts import sweep as sweep_cli
+    from dg_plugins.sweep import jobs as sweep_lib
+    from dg_plugins.sweep import cli as sweep_cli
 
     parser = sweep_cli.build_parser()
     args = parser.parse_args(list(argv) + ["--dry_run"])
@@ -355,7 +355,7 @@ def _default_steps(dataset: str) -> int:
 
 def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     """``(training steps, pretraining identity or None, pretraining steps)`` of one job, as train
-    will count them (UDG lengths in epochs: :mod:`dg_plugins.engine.udg_jobs`)."""
+    will count them (UDG lengths in epochs: :mod:`dg_plugins.train.udg`)."""
     a = train_args
     dataset = a["dataset"]
     steps = a.get("steps")
@@ -363,7 +363,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
         return (steps or _default_steps(dataset)), None, 0
     from dg_plugins import hparams as hp_lib
     from dg_plugins.algorithms.udg_finetune import finetune_settings
-    from dg_plugins.engine import udg_jobs
+    from dg_plugins.train import udg as udg_jobs
     from dg_plugins.registry import ALGORITHMS
 
     hp = hp_lib.job_hparams(a["algorithm"], dataset, a["hparams_seed"], a["trial_seed"],
@@ -403,7 +403,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
 
 
 def call_cost(argv: list[str]) -> CallCost:
-    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.sweep import jobs as sweep_lib
 
     args, jobs = sweep_jobs(argv)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
@@ -420,7 +420,7 @@ def print_call(cost: CallCost) -> None:
     """The sweep's dry-run listing (jobs, commands) and the call's count and steps."""
     for job in cost.jobs:
         print(job)
-    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.sweep import jobs as sweep_lib
 
     print(sweep_lib.summary_line(cost.jobs))
     for job in cost.selected:
@@ -482,7 +482,8 @@ def dry_run(plan: Plan) -> int:
 
 
 def run(plan: Plan) -> int:
-    from dg_plugins.scripts import collect_results, sweep as sweep_cli
+    from dg_plugins.scripts import collect_results
+    from dg_plugins.sweep import cli as sweep_cli
 
     setting, protocol = plan.setting, plan.protocol
     header = f"{setting.name}, protocol {protocol.name}: {protocol.summary}"
@@ -628,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_extra(extra: list[str]) -> None:
     """Refuse pass-through sweep flags that the setting's table owns (see the module
     docstring); unknown flags fail as sweep would fail on them."""
-    from dg_plugins.scripts import sweep as sweep_cli
+    from dg_plugins.sweep import cli as sweep_cli
 
     parser = sweep_cli.build_parser()
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]
