@@ -1,25 +1,8 @@
-"""Rendering a results :class:`~dg_plugins.collect.tables.Report` (built by
-:mod:`dg_plugins.collect.tables`): one function per format, :func:`render` to choose.
-
-Formats (:func:`render`, one function each): ``text`` and ``latex`` are DomainBed's; ``markdown``
-makes GitHub tables (``A ± B`` cells); ``csv`` is one tidy table with a row per cell:
-``selection, selection_name, test_key, table, algorithm, column, mean, err, n, text`` (mean and err
-in percent; ``table`` is the dataset or ``Averages``; ``n`` the number of trials, empty for
-``Avg``).
-
-Selected hparams (``Report.hparams``): text, Markdown and LaTeX append an aligned plain-text table;
-csv a second CSV after an empty line; :func:`hparams_csv` gives the ``selected_hparams.csv`` file.
-
-Paper numbers (``Table.comparisons``, from ``collect_results --paper``): under each table they
-match, a heading naming the paper, table, backbone, selection and the text the numbers were read
-from; the paper's rows (one decimal, ``-`` where the paper gives no number); then one row per
-algorithm of ours that corresponds to a paper row, ``<algorithm> - paper``: ours minus the paper's
-mean, in points (``-`` where either is absent). An entry without numbers prints that they are not
-available in the sources we have, and what the source claims instead. Text: the rows continue the
-table at its column width; LaTeX: below a rule in the same tabular; Markdown: a second table;
-csv: the same cells as extra rows, with two more columns, ``kind`` (``measured``, ``paper``,
-``difference``) and ``paper`` (the entry's key), present only when some table has a comparison.
-"""
+"""A :class:`~dg_plugins.collect.tables.Report` as text: :func:`render` in ``text`` or ``latex``
+(DomainBed's), ``markdown`` (GitHub tables) or ``csv`` (one tidy row per cell,
+:func:`tidy_cells`); the selected hparams after the tables (:func:`hparams_csv`: the
+``selected_hparams.csv`` file); a paper's numbers under each table they match, with ours minus
+the paper's in points, in every format."""
 
 from __future__ import annotations
 
@@ -198,7 +181,9 @@ _RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_
 
 
 def tidy_cells(report: Report) -> pd.DataFrame:
-    """Every cell of every table, one row each (the ``csv`` format's columns); with paper
+    """Every cell of every table, one row each: ``selection, selection_name, test_key, table,
+    algorithm, column, mean, err, n, text`` (mean and err in percent; ``table`` the dataset or
+    ``Averages``; ``n`` the number of trials, empty for ``Avg``); with paper
     comparisons, their cells too, told apart by the ``kind`` and ``paper`` columns."""
     rows = []
     compared = any(table.comparisons for section in report.sections for table in section.tables)

@@ -1,46 +1,9 @@
-"""Load a sweep's ``results.jsonl`` records into a pandas DataFrame (the records ``domainbed/scripts/train.py`` writes, read as
-``domainbed/lib/reporting.py``'s ``load_records`` reads them).
-
-Like DomainBed's loader, :func:`load_records` reads ``<input_dir>/<entry>/results.jsonl`` for every
-entry of ``os.listdir(input_dir)`` (one level, in listing order, so ties are broken as DomainBed
-breaks them on the same folder) and keeps the records of incomplete jobs (no ``done`` file) and of
-appended re-runs, as DomainBed does (``reporting.load_records``). Differences:
-
-* a line that is not valid JSON (a job killed mid-write, a truncated copy) is skipped with a
-  warning on stderr naming the file and the line number; DomainBed crashes on it. At most
-  ``MAX_WARNINGS`` warnings are shown, then a count;
-* a final line without a newline is parsed as is (DomainBed drops the last character of every line,
-  ``line[:-1]`` in ``reporting.load_records``); blank lines are ignored;
-* a record lacking a required key (what ``domainbed/scripts/collect_results.py`` reads: ``args`` with trial_seed, dataset, algorithm,
-  test_envs as a list of int, hparams_seed; ``step``) is skipped with a warning (DomainBed crashes
-  or misgroups);
-* an entry whose ``results.jsonl`` exists but cannot be read (e.g. permissions) gets a warning
-  instead of being skipped silently;
-* a NaN accuracy (JSON ``NaN``) counts as a missing key.
-
-One row per record, in load order. Columns (DomainBed's selector names):
-``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
-``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN otherwise),
-``step``, ``hparams`` (the record's dict), ``job`` (the
-entry name under ``input_dir``), ``line`` (1-based line number) and one float column per key of the
-form ``env{i}_<split>_acc`` (``env0_in_acc``, ``env1_out_acc``, ``env2_uda_acc``,
-``env0_in_ip_acc``, ...) or ``env{i}_<split>_count`` (``env0_in_ip_count``: a subset's size), and
-``num_classes`` (the class count the job saw, in records written since it was added; the column
-exists only when some record has it), NaN where a record lacks the key, and ``environments``
-(the record's environment labels as a tuple, e.g. the domain folders of an ``ImageFolder`` tree;
-None where a record lacks them: DomainBed's). Other keys (loss, epoch, ...) are dropped.
-
-:func:`job_progress` counts a sweep's job folders and those with a ``done`` file, for
-collect_results' "k of n jobs done" line.
-
-Speed (``python -m dg_plugins.scripts.benchmark collect``): no torch; lines are
-parsed with ``orjson`` (a dependency, about 4x faster than :mod:`json`; lines it rejects, such as
-NaN, Infinity or lone surrogates, go to :mod:`json`, and without orjson everything does; its one
-difference from :mod:`json`: integers beyond 64 bits become floats); files are read with small
-plain ``os.read`` calls; and records are stored column by column (:class:`_Columns`): the ``args``
-of a job once per :class:`_Segment`, the accuracies of records sharing a key set in one flat float
-:class:`_AccBlock`, turned into numpy arrays in one go.
-"""
+"""A sweep's records as a pandas DataFrame, read as DomainBed's ``reporting.load_records`` reads
+them (:func:`load_records`; what it does otherwise, e.g. skip a torn line with a warning:
+docs/domainbed_differences.md), and the counts of its job folders (:func:`job_progress`). One row
+per record; the columns are listed on :func:`load_records`. Fast, without torch: lines parsed with
+``orjson`` (falling back to :mod:`json` for what it rejects, e.g. NaN), files read with small
+``os.read`` calls, records stored column by column (:class:`_Columns`)."""
 
 from __future__ import annotations
 
@@ -113,10 +76,19 @@ def _print_warning(message: str) -> None:
 
 def load_records(input_dir: str, warn: Warn = _print_warning,
                  progress: bool | None = None) -> pd.DataFrame:
-    """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame (module docstring;
-    ``reporting.load_records``). Problems go to ``warn`` (default: stderr); ``progress`` shows a tqdm bar on stderr
-    (default: when stderr is a terminal).
-    Raises ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
+    """Every usable record of ``input_dir/<job>/results.jsonl`` (one level, in
+    ``os.listdir`` order, as ``reporting.load_records``; incomplete jobs' and reruns' records
+    kept) as a DataFrame, one row per record in load order. Columns (DomainBed's selector names):
+    ``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
+    ``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN
+    otherwise), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
+    (1-based), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
+    ``num_classes`` (NaN where a record lacks the key), and ``environments`` (the record's
+    environment labels as a tuple, None where it has none). Other keys are dropped. A line that
+    is not JSON or lacks a key the tables read is skipped, and a file that cannot be read is
+    named: problems go to ``warn`` (default: stderr; at most :data:`MAX_WARNINGS`, then a count).
+    ``progress`` shows a tqdm bar on stderr (default: when stderr is a terminal). Raises
+    ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
     if not os.path.exists(input_dir):
         raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
     if not os.path.isdir(input_dir):

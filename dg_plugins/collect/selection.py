@@ -1,42 +1,12 @@
-"""DomainBed's model selection (``domainbed/model_selection.py`` and
-``domainbed/lib/reporting.py``'s ``get_grouped_records``), vectorised with pandas.
-
-Records (a DataFrame from :mod:`dg_plugins.collect.records`) are grouped per
-``(trial_seed, dataset, algorithm, test_env)``: a record joins one group per entry of its
-``args.test_envs``, so pair runs land in two groups (:func:`group_records`). In each group every
-``args.hparams_seed`` is a run; a method scores each run (``val_acc`` plus the record that gives the
-test accuracy), and the group's selection is the run with the best ``val_acc``.
-
-The three methods (``METHODS``, keyed by their ``--selection`` name):
-
-* ``iid``, *training-domain validation set*: checkpoints of the single-test-env run; val_acc is the
-  mean ``env{i}_out_acc`` over the training environments (i runs 0, 1, ... while the key exists);
-  the run keeps its best checkpoint (early stopping: ``IIDAccuracySelectionMethod.run_acc`` takes
-  ``argmax('val_acc')`` over the run's checkpoints, the earliest on ties, not the last one). This
-  is also the DMG release's best-epoch rule: ``trainers/subnetwork_supermask_trainer.py`` at
-  prithv1/DMG@6b162b4 (lines 412 and 489-498) keeps ``best_so_far.pth`` whenever the mean of the
-  source domains' validation accuracies strictly beats the best so far, so the earliest best
-  epoch wins; the DMG paper settings (:mod:`dg_plugins.reference.paper_settings`) and their paper
-  numbers (:mod:`dg_plugins.reference`) therefore use ``iid``. (The release validates each domain
-  with its own thresholded mask, the host the prediction its tables report; the settings record
-  that difference.)
-* ``loo``, *leave-one-domain-out cross-validation*: per step, the single-test-env record and the
-  pair runs ``[t, j]``; val_acc is the mean over j != t of the pair run's ``env{j}_in_acc``. A step
-  counts only with exactly one single-test-env record and every j present; the run keeps its best
-  step.
-* ``oracle``, *test-domain validation set (oracle)*: the last checkpoint of the single-test-env
-  run (largest step); val_acc is its ``env{t}_out_acc``.
-
-Exact DomainBed semantics kept: within a run the earliest checkpoint (IID: first in record order;
-LOO: smallest step) wins ties, and a NaN val_acc behaves as under Python's ``max`` (a leading NaN
-wins, later NaNs never do); across runs ties go to the largest hparams_seed and NaN counts as -inf;
-the oracle's last checkpoint is the last record of the largest step; when pair runs repeat an
-environment at a step the last record wins; LOO's environment count is read from the first record
-of the step. Means are taken with numpy in DomainBed's order, so values are bit-identical.
-
-The test accuracy is read from the chosen record with a *test key template* (default
-``env{t}_in_acc``; e.g. ``env{t}_in_ip_acc`` reports the IP subset with the same selection).
-"""
+"""DomainBed's model selection (``domainbed/model_selection.py``, ``domainbed/lib/reporting.py``'s
+``get_grouped_records``), vectorised with pandas, written as data (:data:`METHODS`). Records are
+grouped per ``(trial_seed, dataset, algorithm, test_env)`` (a pair run joins two groups); in a
+group each ``hparams_seed`` is a run, a method scores each run (``val_acc`` and the record whose
+test accuracy it reports, read with a test-key template, default ``env{t}_in_acc``), and the run
+with the best ``val_acc`` is the group's. DomainBed's semantics are kept exactly: within a run the
+earliest checkpoint wins ties and a NaN val_acc behaves as under Python's ``max``; across runs ties
+go to the largest hparams_seed and NaN counts as -inf; means are taken in DomainBed's order, so
+values are bit-identical."""
 
 from __future__ import annotations
 
@@ -260,6 +230,13 @@ def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Training-domain validation: the single-test-env run's checkpoints, val_acc the mean
+    ``env{i}_out_acc`` of the training environments (i = 0, 1, ... while the key exists); the run
+    keeps its earliest best checkpoint (``IIDAccuracySelectionMethod.run_acc``'s ``argmax``).
+    This is also the DMG release's best-epoch rule: ``best_so_far.pth`` is kept whenever the mean
+    of the source domains' validation accuracies strictly beats the best so far
+    (``trainers/subnetwork_supermask_trainer.py`` lines 412 and 489-498 at prithv1/DMG@6b162b4),
+    so the DMG paper settings use it."""
     single = grouped.single()
     rows = single["record"].to_numpy()
     out = grouped.accs("env{t}_out_acc")[rows]
@@ -270,6 +247,8 @@ def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
 
 
 def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Test-domain validation (oracle): the single-test-env run's last checkpoint (the last
+    record of its largest step), val_acc its ``env{t}_out_acc``."""
     last = last_checkpoint(grouped.single())
     val = _at(grouped.accs("env{t}_out_acc"), last["record"].to_numpy(),
               last["test_env"].to_numpy())
@@ -277,6 +256,11 @@ def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
 
 
 def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Leave-one-domain-out: per step, the single-test-env record and the pair runs ``[t, j]``;
+    val_acc the mean over j != t of the pair run's ``env{j}_in_acc``. A step counts only with
+    exactly one single-test-env record and every j present (the environment count read from the
+    step's first record; when pair runs repeat an environment the last record wins); the run keeps
+    its best step, the smallest on ties."""
     members = grouped.members
     step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
     # DomainBed reads the environment count from the first record of the step (members are in

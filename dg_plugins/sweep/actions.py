@@ -12,12 +12,13 @@ import shutil
 import sys
 from typing import Callable, Sequence
 
+from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
 from dg_plugins.sweep.jobs import (INCOMPLETE, RUNNING, SweepJob, python_executable,
                                    running_note, select_jobs, summary_line)
 from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 from dg_plugins.train.cli import EXIT_BAD_INPUT
-from dg_plugins.train.folder import CHECKPOINT_FILE, DISK_FULL_ERRNOS
+from dg_plugins.train.folder import CHECKPOINT_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"

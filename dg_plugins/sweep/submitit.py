@@ -1,18 +1,9 @@
-"""The ``submitit`` launcher: one Slurm job array (or submitit's local/debug executor for testing),
-configured by its ``options`` (the sweep's ``--slurm_*`` flags) over the ``DG_SLURM_*``
-environment variables (:class:`SubmititOptions`). submitit is imported only when it launches.
-
-``submitit``: on Slurm (``--slurm_cluster slurm``) the jobs live on the cluster, not under the
-sweep: a signal to a sweep that waits for them only stops the waiting (status 128 + signal) and
-prints how to cancel them (``scancel <job id>``); nothing runs locally. Slurm itself signals
-every process of a preempted or timed-out job. With the ``local`` and ``debug`` executors the jobs
-run on this machine: each runs under :func:`run_shell_command`, which forwards SIGTERM/SIGINT to
-the job's process group like ``local``, and a signal to the sweep is passed to every running job
-(through submitit's controller, which forwards SIGTERM), the sweep waits for them as above, and
-cancels what is left after the grace period. Caveat: a Ctrl-C typed in the terminal also reaches
-submitit's local controller directly, which kills its task wrappers after about a second; the jobs
-have received the SIGINT by then and still stop at their next checkpoint on their own.
-"""
+"""The ``submitit`` launcher: every command one task of a Slurm job array (or of submitit's
+local/debug executor, which run on this machine), configured by its ``submitit`` option (the
+sweep's ``--slurm_*`` flags) over the ``DG_SLURM_*`` environment (:class:`SubmititOptions`).
+On Slurm the jobs live on the cluster: a stop signal only stops the waiting and says how to cancel
+them; on this machine it is passed on to the jobs as by the local launcher
+(:func:`submit_commands`). submitit is imported only when it launches."""
 
 from __future__ import annotations
 
@@ -203,7 +194,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
     ``options.wait``, wait for all, print a failure summary and raise
     :class:`~dg_plugins.sweep.processes.JobsFailed` when a job failed. Returns the submitit jobs.
 
-    Stop signals (see the module docstring): on Slurm, a signal while waiting raises
+    Stop signals: on Slurm, a signal while waiting raises
     :class:`LaunchInterrupted` at once with ``remote=True`` (the jobs keep running on the
     cluster). With the local/debug executors the jobs run here: a signal is passed on to them
     (:func:`run_shell_command` forwards it to the job), the sweep waits for them, at most the

@@ -37,7 +37,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-#: Worker iterators not yet shut down (see the module docstring).
+#: Worker iterators not yet shut down (ended by :func:`shutdown_workers`, or at exit).
 _OPEN_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
 
 

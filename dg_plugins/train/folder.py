@@ -12,7 +12,7 @@ import glob
 import json
 import os
 
-from dg_plugins.files import atomic_write_bytes
+from dg_plugins.files import DISK_FULL_ERRNOS, atomic_write_bytes
 
 OUT_FILE = "out.txt"
 ERR_FILE = "err.txt"
@@ -27,8 +27,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"
 #: Files that only a job folder holds.
 JOB_FILES = (RESULTS_FILE, DONE_FILE, OUT_FILE, ERR_FILE)
-#: The errnos of a full disk (or quota).
-DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 

@@ -1,65 +1,8 @@
-"""The unsupervised-DG (UDG) protocol inside the train/sweep/collect_results machinery.
-
-A UDG job is an ordinary train job given ``--label_fraction F`` (see ``python -m
-dg_plugins.scripts.train --help``, group "unsupervised DG"). It runs in two phases:
-
-1. **Pretraining** (algorithms with a self-supervised phase, :meth:`Algorithm.pretrain_update`:
-   DisMAE, MAE): ``--pretrain_steps`` steps on *unlabelled* batches of every source environment's
-   in-split (one batch of ``batch_size`` per environment per step, labels never read). It is kept
-   in ``<udg_pretrain_dir>/<key>/``, ``key`` the md5 of :func:`pretrain_identity`: (dataset,
-   test_envs, algorithm, the job's hparams without the fine-tuning ones, trial_seed, seed,
-   holdout_fraction, pretrain_steps). Every label fraction of a sweep has the same key (the sweep
-   gives them the same seed), so pretraining runs **once** and is reused. The folder holds
-   ``results.jsonl`` (loss records), ``checkpoint.pt`` while it runs, ``pretrained.pt`` (the
-   weights fine-tuning starts from, :meth:`Algorithm.pretrained_state`), ``identity.json`` and
-   ``done``. Concurrency: the folder is taken with train's exclusive :class:`FolderLock`; a job that
-   finds it taken waits (polling) and then reuses the result, so parallel jobs (multi_gpu, Slurm)
-   never pretrain twice or mix. An interrupted pretraining (killed, SIGTERM) is continued from its
-   checkpoint by the next job that needs it. ``--udg_pretrain require`` makes a fine-tuning job
-   fail, saying so, when its pretraining is not done instead of running it.
-2. **Fine-tuning** (:class:`dg_plugins.algorithms.udg_finetune.FineTuner`): a fresh backbone of the
-   pretraining's architecture loads ``pretrained.pt`` (exactly the semantic encoder's keys) and is
-   linear-probed or fine-tuned with the label fraction's lr/batch for ``--steps`` steps on the
-   *labelled subset* of each source in-split. Records, checkpoints, ``--resume``, model.pkl and
-   ``done`` are those of an ordinary job (the fine-tuner's state); evaluation covers every split.
-
-Lengths in epochs, as DisMAE's release sets them (``script/udg_pt.sh``: 501 pretraining epochs;
-``script/udg_ft.sh``: 51 fine-tuning epochs): ``--udg_pretrain_epochs E`` replaces
-``--pretrain_steps`` and ``--udg_ft_epochs E`` replaces ``--steps``; an epoch is one pass over the
-pooled images of the source environments (the pretraining sets, or the labelled subsets) at a
-batch of ``batch_size`` per domain, ``ceil(E x images / (batch x domains))`` steps, printed. So
-fine-tuning on 100% of the labels runs 100x the steps of 1%, as in the release. (The release's
-``dataloader.py`` derives its epoch from the size of *all* domains, targets included, divided by
-the last domain index; ours counts the images the job trains on.)
-
-Splits (``--udg_split``): ``domainbed`` (the default) pretrains on the source in-splits and labels
-a fraction of them. ``release`` follows the release's ``train.py`` / ``dataloader.py``: pretraining
-on 99% of each source environment (``holdout_fraction`` 0.01 there; here the first 99% of a
-permutation of the whole environment, :func:`pretraining_set`) and fine-tuning on a fraction of
-the 90% in-split (it needs ``--holdout_fraction 0.1``; the 10% out-split stays the validation data
-of training-domain model selection, as DomainBed's holdout), so a fraction F labels 0.9 F of each
-source environment. The pretraining's identity records the split.
-
-Algorithms without pretraining (ERM, ...) train as usual, from their own initialisation and with
-their own hparams, on the labelled subsets only: the "from scratch on the labelled fraction"
-baseline. (Pass ``"pretrained": false`` for an ImageNet-free ResNet/ViT baseline.)
-
-Labelled subset (:func:`labelled_subset`): the first ``max(1, round(F * n))`` items of a
-permutation of the environment's in-split drawn from ``seed_hash(trial_seed, env, "udg_labels")``:
-fixed by the trial, identical for every algorithm (the in-split itself depends only on trial_seed
-and holdout_fraction), nested across fractions (the 1% subset lies inside the 5% one). The
-out-splits of the source environments (``--holdout_fraction``) are the validation data of
-training-domain model selection; the target environments are evaluated on their in-splits, as in
-DomainBed. Fine-tuning sees no target data.
-
-Determinism: pretraining is seeded from ``seed_hash(seed, "udg_pretrain")`` and fine-tuning from
-``seed_hash(seed, "udg_finetune")`` after the pretrained weights are in place, so a job's records
-are the same whether it ran the pretraining itself or reused it.
-
-Tables: ``collect_results`` shows UDG records (those with ``args.label_fraction``) in their own
-tables (rows algorithm x label fraction, columns target environments + average; see
-:mod:`dg_plugins.collect.udg`), never in the standard ones.
-"""
+"""The unsupervised-DG (UDG) protocol as train jobs (``--label_fraction F``; docs/udg_protocol.md):
+a self-supervised pretraining on the unlabelled source domains (:class:`PretrainJob`, kept in a
+folder named by the md5 of its identity and shared by every label fraction, run once however many
+jobs need it), then fine-tuning on a fixed, nested labelled subset of each source in-split
+(:class:`UDGJob`, written like an ordinary job). Lengths may be given in the release's epochs."""
 
 from __future__ import annotations
 
@@ -104,7 +47,9 @@ def labelled_count(n: int, fraction: float) -> int:
 
 
 def labelled_subset(split, fraction: float, trial_seed: int, env: int):
-    """The labelled part of a source environment's in-split (see the module docstring)."""
+    """The labelled part of a source environment's in-split: the first ``max(1, round(F * n))``
+    items of a permutation drawn from ``seed_hash(trial_seed, env, "udg_labels")``, so fixed by the
+    trial, the same for every algorithm, and nested across fractions (docs/udg_protocol.md)."""
     order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
     return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
 
@@ -284,7 +229,7 @@ class PretrainJob(job_lib.Job):
 
 
 class UDGJob(job_lib.Job):
-    """A UDG job: pretraining (shared, see the module docstring), then fine-tuning on the
+    """A UDG job: pretraining (shared, :class:`PretrainJob`), then fine-tuning on the
     labelled fraction, written like an ordinary job."""
 
     def build(self) -> None:

@@ -100,3 +100,14 @@ def test_a_running_job_is_shown_but_not_judged(tmp_path, capsys):
     dmg = next(line for line in lines if line.split()[0] == "DMG")
     assert dmg.split()[-2] == "running"
     assert lines[-2].startswith("1 finished job (1 still running, not judged); every one learns")
+
+
+def test_the_summary_states_the_margin_the_rows_were_judged_with(tmp_path):
+    """A 10-point gain learns with the default 5-point margin, not with a 20-point one, and each
+    summary names the margin its verdict used."""
+    write_job(tmp_path, "a", "ERM", [2], {0: [0.3, 0.3, 0.3], 100: [0.4, 0.4, 0.4]})
+    records = load_records(str(tmp_path))
+    default = learning.render(learning.learning_rows(records, {"RotatedMNIST5k": 10}))
+    strict = learning.render(learning.learning_rows(records, {"RotatedMNIST5k": 10}, margin=0.2))
+    assert "every one learns" in default and "at least 5 points above" in default
+    assert "1 of 1 finished jobs do not learn" in strict and "less than 20 points above" in strict

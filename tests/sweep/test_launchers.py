@@ -38,6 +38,53 @@ def test_registered_launchers():
     assert LAUNCHERS.get("local") is launchers.local_launcher
 
 
+PLUGIN_LAUNCHER = '''
+import json, os
+from dg_plugins.registry import LAUNCHERS
+
+def recording_launcher(commands, grace_period_s=None):
+    with open(os.environ["RECORD_TO"], "w") as f:
+        json.dump({"commands": commands, "grace_period_s": grace_period_s}, f)
+
+LAUNCHERS.register("recording", recording_launcher)
+'''
+
+
+def test_a_launcher_registered_by_a_plugin_module(tmp_path):
+    """A launcher that a ``$DG_PLUGINS_IMPORT`` module registers is a ``--command_launcher``
+    choice like the built-in ones, and gets the options it takes (``--stop_grace_period``); a
+    typo lists it among the choices."""
+    (tmp_path / "my_launcher_plugin.py").write_text(PLUGIN_LAUNCHER)
+    record = tmp_path / "record.json"
+    env = dict(os.environ, DG_PLUGINS_IMPORT="my_launcher_plugin", RECORD_TO=str(record),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    argv = sweep_argv(tmp_path, "recording", "--stop_grace_period", "7")
+    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.sweep", *argv], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    launched = json.loads(record.read_text())
+    assert len(launched["commands"]) == 3 and launched["grace_period_s"] == 7
+    assert all(" -m dg_plugins.scripts.train " in c for c in launched["commands"])
+    argv = sweep_argv(tmp_path, "recordin")
+    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.sweep", *argv], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "unknown --command_launcher 'recordin'; choices:" in done.stderr
+    assert "recording" in done.stderr.splitlines()[-1]
+
+
+def test_with_options_binds_only_what_a_launcher_takes():
+    def domainbed_style(commands):
+        return commands
+
+    assert launchers.with_options(domainbed_style, grace_period_s=3) is domainbed_style
+    bound = launchers.with_options(launchers.local_launcher, grace_period_s=3,
+                                   submitit=submitit.SubmititOptions())
+    assert bound.func is launchers.local_launcher and bound.keywords == {"grace_period_s": 3}
+    assert launchers.with_options(launchers.local_launcher, grace_period_s=None) is \
+        launchers.local_launcher
+
+
 def test_dummy_launcher(capsys):
     launchers.dummy_launcher(["echo a", "echo b"])
     assert capsys.readouterr().out == "Dummy launcher: echo a\nDummy launcher: echo b\n"

@@ -412,3 +412,24 @@ def test_plugin_algorithm_in_one_test_file_runs_through_a_sweep(tmp_path, capfd,
     assert "all 1 commands succeeded" in capfd.readouterr().out
     records = [json.loads(line) for line in (tmp_path / "out" / names[0] / "results.jsonl").open()]
     assert records[-1]["args"]["algorithm"] == "ToyTwoHeads"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--steps", "0"], ["--checkpoint_freq", "0"], ["--holdout_fraction", "1.5"],
+    ["--uda_holdout_fraction", "-0.1"], ["--udg_ft_epochs", "3"],
+    ["--alignment_threshold", "0.3"],
+])
+def test_train_and_sweep_refuse_a_bad_train_flag_with_the_same_message(tmp_path, capsys, flags):
+    """The train flags' range checks are written once (``train.cli.check_ranges``): a value that
+    train refuses, sweep refuses before launching anything, with the same words."""
+    from dg_plugins.train import cli as train_cli
+
+    with pytest.raises(ValueError) as refused:
+        train_cli.check_ranges(train_cli.build_parser().parse_args(flags))
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--data_dir",
+                        "x", "--output_dir", str(tmp_path / "s"), "--dry_run", *flags])
+    assert exited.value.code == 2
+    message = str(refused.value).replace("give --label_fraction ", "give --label_fractions ")
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
