@@ -1,7 +1,7 @@
 """Imports go one way: scripts -> {train, sweep, collect} -> algorithms, alignment -> networks,
 datasets -> registry, hparams and the other top-level helpers. Between the three rooms: sweep uses
-only train.cli and train.folder of the train path, collect only train.folder; none imports
-another room otherwise, and none imports the scripts. Read from the source (every ``import`` and
+only train.flags, train.folder and train.cli (the command, to fork a job) of the train path,
+collect only train.folder; none imports another room otherwise, and none imports the scripts. Read from the source (every ``import`` and
 ``from ... import`` of a ``dg_plugins`` module, at module level or inside a function), so a lazy
 import that runs the wrong way is caught too. The bridge and the benchmarks sit beside the
 scripts. Also: the torch-free modules import no torch, and collect_results on a sweep folder never
@@ -25,10 +25,11 @@ TOP = 0  # registry, hparams, catalog, seeds, signals, files, runtime, compat, t
 ROOMS = ("train", "sweep", "collect")
 #: What each room may import of the other rooms.
 DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli",
-                                "dg_plugins.train.folder"),
+                                "dg_plugins.train.flags", "dg_plugins.train.folder"),
          "collect": ("dg_plugins.train", "dg_plugins.train.folder")}
 #: Modules that import no torch (collect_results and the sweep's enumeration promise it).
-TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.folder",
+TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.flags",
+              "dg_plugins.train.folder",
               "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",
               "dg_plugins.plugins", "dg_plugins.scripts.collect_results"] + [
     f"dg_plugins.{room}.{path.stem}".removesuffix(".__init__")

@@ -17,7 +17,7 @@ from dg_plugins.signals import signal_name
 from dg_plugins.sweep.jobs import (INCOMPLETE, RUNNING, SweepJob, python_executable,
                                    running_note, select_jobs, summary_line)
 from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
-from dg_plugins.train.cli import EXIT_BAD_INPUT
+from dg_plugins.train.flags import EXIT_BAD_INPUT
 from dg_plugins.train.folder import CHECKPOINT_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).

@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError, did_you_mean
-from dg_plugins.train.cli import ALIGNMENT_ARGS
+from dg_plugins.train.flags import ALIGNMENT_ARGS
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """sweep's command line (``domainbed/scripts/sweep.py``'s flags and defaults, plus ours: see
 ``--help``), its checks of the flags (the train flags' ranges are train's own,
-:func:`dg_plugins.train.cli.check_ranges`), and :func:`main`, the flow: enumerate the jobs,
+:func:`dg_plugins.train.flags.check_ranges`), and :func:`main`, the flow: enumerate the jobs,
 build the launcher with its options, act (:func:`dg_plugins.sweep.actions.run_action`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, jobs
 from dg_plugins.sweep.submitit import SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object
-from dg_plugins.train import cli as train_cli
+from dg_plugins.train import flags as train_flags
 
 TASKS = ("domain_generalization", "domain_adaptation")
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--alignment_scores", type=str, default=None, metavar="FILE",
                        help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
                        "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
-    train_cli.add_rule_arguments(extra)  # passed to every job (hashed only when given)
+    train_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "domains, fine-tune per label fraction (see dg_plugins.train.udg)")
     udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
-    train_cli.add_protocol_arguments(
+    train_flags.add_protocol_arguments(
         udg, "UDG pretraining steps passed to every job (hashed only when given)")
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
@@ -147,7 +147,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--label_fractions must be distinct values in (0, 1], got "
                          f"{args.label_fractions}")
     try:  # the train flags' ranges, as train checks them
-        train_cli.check_ranges(args, args.label_fractions, "--label_fractions")
+        train_flags.check_ranges(args, args.label_fractions, "--label_fractions")
     except ValueError as err:
         parser.error(str(err))
     if args.test_env_sets is not None:

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from dg_plugins.signals import STOP_SIGNALS
 from dg_plugins.train import cli as train_cli
+from dg_plugins.train.flags import TRAIN_MODULE
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
@@ -127,7 +128,7 @@ def forkable_train_args(command: str) -> list[str] | None:
         return None
     words = shlex.split(command)
     if (len(words) < 3 or words[0] != sys.executable
-            or words[1:3] != ["-m", train_cli.TRAIN_MODULE]):
+            or words[1:3] != ["-m", TRAIN_MODULE]):
         return None
     return words[3:]
 
@@ -199,7 +200,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     die_with_parent()
     if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
-    sys.argv = [train_cli.TRAIN_MODULE, *args]
+    sys.argv = [TRAIN_MODULE, *args]
     sys.exit(train_cli.main(args))
 
 
@@ -222,7 +223,7 @@ class ForkedJob:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.poll() is None:
-            raise subprocess.TimeoutExpired([train_cli.TRAIN_MODULE], timeout)
+            raise subprocess.TimeoutExpired([TRAIN_MODULE], timeout)
         return self.returncode
 
 

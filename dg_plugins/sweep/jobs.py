@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep.checks import check_dataset_name
-from dg_plugins.train.cli import ALIGNMENT_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
+from dg_plugins.train.flags import ALIGNMENT_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
 from dg_plugins.train.folder import is_done, lock_holder
 
 NOT_LAUNCHED = "Not launched"

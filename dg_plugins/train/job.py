@@ -27,7 +27,7 @@ from dg_plugins.seeds import deterministic_algorithms, seed_everything, seed_has
 from dg_plugins.train import batches
 from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                          read_checkpoint, save_checkpoint)
-from dg_plugins.train.cli import ALIGNMENT_ARGS, UDG_ARGS
+from dg_plugins.train.flags import ALIGNMENT_ARGS, UDG_ARGS
 from dg_plugins.train.evaluate import evaluate
 from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
                                      STEP_MODEL_FILE, JobStateError, append_record, format_row,

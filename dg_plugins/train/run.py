@@ -16,7 +16,7 @@ from dg_plugins import catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.signals import StopRequest
-from dg_plugins.train import cli, udg
+from dg_plugins.train import flags, udg
 from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
 from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
                                      RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
@@ -35,7 +35,7 @@ def user_errors() -> tuple:
 
 def validate(args) -> None:
     """Reject bad input before anything is written: names, hparams, the flags' ranges
-    (:func:`dg_plugins.train.cli.check_ranges`, which sweep runs too), environment indices."""
+    (:func:`dg_plugins.train.flags.check_ranges`, which sweep runs too), environment indices."""
     from dg_plugins import plugins
 
     plugins.load()
@@ -43,7 +43,7 @@ def validate(args) -> None:
     ALGORITHMS.get(args.algorithm)
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
     fraction = getattr(args, "label_fraction", None)
-    cli.check_ranges(args, None if fraction is None else [fraction])
+    flags.check_ranges(args, None if fraction is None else [fraction])
     if dataset_cls.ENVIRONMENTS:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
@@ -142,9 +142,9 @@ def exit_status(err: BaseException) -> int | None:
     """The exit status of a failure reported as one line; None for one reported by its
     traceback."""
     if isinstance(err, user_errors()):
-        return cli.EXIT_BAD_INPUT
+        return flags.EXIT_BAD_INPUT
     if isinstance(err, DiskFullError):
-        return cli.EXIT_FAILED
+        return flags.EXIT_FAILED
     if isinstance(err, Interrupted):
         return err.exit_code
     return None
@@ -171,7 +171,7 @@ def execute(args, stop_after_step: int | None = None
         with writing(folder), FolderLock(folder):
             if args.resume and not getattr(args, "force", False) and is_done(folder):
                 print(f"{folder} is already done; nothing to resume.")
-                return "already done", cli.EXIT_DONE, None
+                return "already done", flags.EXIT_DONE, None
             prepare_output_dir(args)
             removed = remove_temporary_files(folder)
             # --force starts the logs over too: err.txt must not show a previous run's errors
@@ -184,7 +184,7 @@ def execute(args, stop_after_step: int | None = None
                         kind = udg.UDGJob if getattr(args, "label_fraction", None) is not None \
                             else Job
                         return (kind(args, stop, progress_stream=real_stderr).run(stop_after_step),
-                                cli.EXIT_DONE, None)
+                                flags.EXIT_DONE, None)
                 except BaseException as err:  # reported here, in out.txt and err.txt
                     failure = err
                     if isinstance(err, OSError):
@@ -196,7 +196,7 @@ def execute(args, stop_after_step: int | None = None
                         traceback.print_exc()
                         if not isinstance(err, Exception):
                             raise
-                        return None, cli.EXIT_FAILED, failure
+                        return None, flags.EXIT_FAILED, failure
                     print(line(failure), file=sys.stderr)
                     return None, status, failure
     except Exception as err:  # before the job took its folder: reported on stderr

@@ -23,7 +23,6 @@ from image_tree import make_pacs_tree, truncate_image
 from job_gate import gate_env, released
 from processes import REPO, command_env, finish, run, start, survivors
 
-HERE = Path(__file__).resolve().parent
 SWEEP = "dg_plugins.scripts.sweep"
 
 
@@ -141,17 +140,17 @@ def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_pat
     """The weights check builds each configuration up to its first weight request: a missing
     ``pretrained_path`` is named; an existing one is accepted without being read (it is not a
     checkpoint at all here); small-image datasets are not probed."""
-    def jobs(dataset, hparams):
+    def jobs_of(dataset, hparams):
         args = jobs.make_args_list(1, [dataset], ["ERM"], 0, 1, 3, str(tmp_path),
-                                    "domain_generalization", 0.2, True, hparams)
+                                   "domain_generalization", 0.2, True, hparams)
         return jobs.make_jobs(args, str(tmp_path / "out"))
 
     missing = '{"pretrained_path": "%s"}' % (tmp_path / "missing.pth")
-    [problem] = checks.weight_problems(jobs("PACS", missing))
+    [problem] = checks.weight_problems(jobs_of("PACS", missing))
     assert problem.startswith("ERM on PACS: pretrained_path ") and "does not exist" in problem
     (tmp_path / "present.pth").write_text("not read by the check")
-    assert checks.weight_problems(jobs("PACS", missing.replace("missing", "present"))) == []
-    assert checks.weight_problems(jobs("RotatedMNIST5k", None)) == []
+    assert checks.weight_problems(jobs_of("PACS", missing.replace("missing", "present"))) == []
+    assert checks.weight_problems(jobs_of("RotatedMNIST5k", None)) == []
 
 
 def score_file(path, scores=(0.3, 0.5), **meta):
@@ -234,8 +233,7 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
     each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
     print "Launched 2 jobs!" and exit 0)."""
-    env = command_env(DG_PLUGINS_IMPORT="big_state_algorithm")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+    env = command_env(DG_PLUGINS_IMPORT="big_state_algorithm")  # tests/ is on its PYTHONPATH
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1", "--steps", "3",
                       "--hparams", '{"batch_size": 4}', datasets=("CrashingData",))

@@ -102,7 +102,8 @@ def test_re_evaluating_a_saved_model_reproduces_its_record(tree, reference):
 
     import dg_plugins.algorithms  # noqa: F401
     import dg_plugins.datasets  # noqa: F401
-    from dg_plugins.train.splits import Splits, evaluate
+    from dg_plugins.train.evaluate import evaluate
+    from dg_plugins.train.splits import Splits
     from dg_plugins.registry import ALGORITHMS, DATASETS
 
     record = read_records(reference)[-1]

@@ -332,7 +332,6 @@ def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_p
 
 @pytest.fixture(autouse=True, scope="module")
 def _test_plugins():
-    sys.path.insert(0, str(HERE))
     import big_state_algorithm  # noqa: F401  (registers CrashingData)
 
     yield

@@ -1,4 +1,4 @@
-"""Test-only plugin for tests/engine (imported by name in child processes through PYTHONPATH):
+"""Test-only plugin of the train and sweep tests (imported by name in child processes through PYTHONPATH):
 ``CrashingData`` (Debug28 whose items raise a non-user error, to check that a crash prints its
 traceback once and that a sweep reports failed jobs)."""
 
