@@ -26,8 +26,9 @@ Sources (commits of the releases read for this table; ``file:line``):
 * MPBM has no release: its settings cite the paper summary (arXiv 2502.16064).
 
 Image counts (:data:`DATASET_SIZES`, :data:`OFFICIAL_TRAIN_SIZES`) let a dry run derive the steps of
-epoch-based settings without the data; with the data on disk the driver counts the images instead
-and says which it used. Torch-free: plain data and arithmetic.
+epoch-based settings without the data; with the data on disk the driver counts the images (and
+PACS's official train lists) instead and says which it used. Torch-free: plain data and
+arithmetic.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ DATASET_SIZES: dict[str, Value] = {
 }
 
 #: The in-split (training images) of each environment under the dataset hparam
-#: ``data_split: "official"``.
+#: ``data_split: "official"`` (when the lists are not under the data folder to be counted).
 OFFICIAL_TRAIN_SIZES: dict[str, Value] = {
     "PACS": Value((1840, 2107, 1499, 3531),
                   f"PACS's official *_train_kfold.txt lists, counted in {PACS_LISTS} "
