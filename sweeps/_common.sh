@@ -62,9 +62,14 @@ finish_dry_run() {
 
 # reproduce SETTING: the paper scripts' body, a thin wrapper over
 # python -m dg_plugins.scripts.reproduce SETTING (dg_plugins/reference/paper_settings.py).
-# Knobs: DATASETS / ALGORITHMS (a subset of the setting's), EPOCHS / PRETRAIN_EPOCHS (replace an
-# epoch-based setting's lengths), N_TRIALS, N_HPARAMS, HPARAMS (JSON added to every run's hparams,
-# e.g. '{"pretrained_path": "/weights/resnet18.pth"}').
+# Knobs: DATASETS / ALGORITHMS (a subset of the setting's), TEST_ENVS (a subset of its
+# test-environment sets, e.g. "0" or "1,2,3"), EPOCHS / PRETRAIN_EPOCHS (replace an epoch-based
+# setting's lengths), STEPS (replace a step-based setting's steps: a trial run), N_TRIALS,
+# N_HPARAMS, HPARAMS (JSON added to every run's hparams, e.g. '{"pretrained_path":
+# "/weights/resnet18.pth"}' or '{"pretrained": false}'), CLIP_CHECKPOINT (IP/OOP: a local file of
+# the CLIP weights that score the images). Before launching anything, reproduce checks what every
+# sweep of the setting needs (data, split lists, pretrained and CLIP weights) and lists what is
+# missing with its fix (DRY_RUN=1: as warnings).
 reproduce() {
     local setting=$1
     if [[ -z "${DATA_DIR:-}" ]]; then
@@ -82,7 +87,13 @@ reproduce() {
         read -r -a names <<< "$ALGORITHMS"
         args+=(--algorithms "${names[@]}")
     fi
+    if [[ -n "${TEST_ENVS:-}" ]]; then
+        read -r -a names <<< "$TEST_ENVS"
+        args+=(--test_envs "${names[@]}")
+    fi
     if [[ -n "${EPOCHS:-}" ]]; then args+=(--epochs "$EPOCHS"); fi
+    if [[ -n "${STEPS:-}" ]]; then args+=(--steps "$STEPS"); fi
+    if [[ -n "${CLIP_CHECKPOINT:-}" ]]; then args+=(--clip_checkpoint "$CLIP_CHECKPOINT"); fi
     if [[ -n "${PRETRAIN_EPOCHS:-}" ]]; then args+=(--pretrain_epochs "$PRETRAIN_EPOCHS"); fi
     if [[ -n "${HPARAMS:-}" ]]; then args+=(--hparams "$HPARAMS"); fi
     if [[ -n "${N_TRIALS:-}" ]]; then args+=(--n_trials "$N_TRIALS"); fi

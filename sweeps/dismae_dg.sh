@@ -7,8 +7,11 @@
 # PROTOCOL=domainbed only: the release has no DG script and never evaluates; what this setting
 # takes from the release and what it does otherwise (lambda2, batch, epochs, augmentation):
 #   python -m dg_plugins.scripts.reproduce dismae_dg --describe
-# Needs PACS and VLCS under DATA_DIR and a GPU.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   PACS and VLCS under DATA_DIR (those of DATASETS):
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR PACS VLCS
+#   no pretrained weights (every ViT starts from random init); a GPU.
 #   DATA_DIR=/data [LAUNCHER=multi_gpu] [DRY_RUN=1] bash sweeps/dismae_dg.sh [sweep flags]
-# Knobs: DATASETS, ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: DATASETS, ALGORITHMS, TEST_ENVS, STEPS, N_TRIALS, HPARAMS (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce dismae_dg

@@ -12,10 +12,14 @@
 # Every value with its release file and line, and the differences:
 #   python -m dg_plugins.scripts.reproduce dismae_udg_domainnet20 --describe
 # Pretraining runs once per (algorithm, split, trial) and is reused by the 4 label fractions;
-# with a parallel launcher the other fractions wait for it. Needs DomainNet under
-# DATA_DIR/domain_net and GPUs.
+# with a parallel launcher the other fractions wait for it.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   DomainNet under DATA_DIR (DomainNet-20 reads 20 of its classes in DATA_DIR/domain_net):
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR DomainNet
+#   no pretrained weights (every ViT starts from random init); GPUs.
 #   DATA_DIR=/data [PROTOCOL=release] [LAUNCHER=multi_gpu] [DRY_RUN=1] \
 #       bash sweeps/dismae_udg_domainnet20.sh [sweep flags]
-# Knobs: PRETRAIN_EPOCHS (501), EPOCHS (fine-tuning, 51), ALGORITHMS, N_TRIALS, HPARAMS.
+# Knobs: PRETRAIN_EPOCHS (501), EPOCHS (fine-tuning, 51), TEST_ENVS ("0,1,3" or "2,4,5"),
+# ALGORITHMS, N_TRIALS, HPARAMS.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce dismae_udg_domainnet20

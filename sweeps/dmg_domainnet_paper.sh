@@ -14,8 +14,16 @@
 #   python -m dg_plugins.scripts.reproduce dmg_domainnet --describe [--protocol domainbed]
 # The release protocol is large (about 7,000 steps per epoch of the pooled sources): DRY_RUN=1
 # prints every job's steps before anything starts.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   DomainNet under DATA_DIR:
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR DomainNet
+#   torchvision's ImageNet ResNet-18 and ResNet-50 weights in the torch cache (TORCH_HOME;
+#     fetched on first use when online), or HPARAMS='{"pretrained": false}' (random init: a
+#     smoke test; a "pretrained_path" in HPARAMS would go to both backbones);
+#   GPUs.
 #   DATA_DIR=/data [PROTOCOL=release] [LAUNCHER=multi_gpu] [DRY_RUN=1] \
 #       bash sweeps/dmg_domainnet_paper.sh [sweep flags]
-# Knobs: EPOCHS, ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: EPOCHS (release), STEPS (domainbed), TEST_ENVS, ALGORITHMS, N_TRIALS, HPARAMS
+# (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce dmg_domainnet

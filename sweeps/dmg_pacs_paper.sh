@@ -12,9 +12,16 @@
 #     constant lr, 5001 steps) with the paper's hparams (training-domain validation, oracle).
 # Every value with its source, and what the host cannot express:
 #   python -m dg_plugins.scripts.reproduce dmg_pacs --describe [--protocol domainbed]
-# Needs DomainBed's PACS under DATA_DIR and a GPU; DRY_RUN=1 prints the jobs and their steps.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   PACS under DATA_DIR, and for PROTOCOL=release its official split lists (PACS_splits):
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR PACS PACS_splits
+#   torchvision's ImageNet ResNet-18 and ResNet-50 weights in the torch cache (TORCH_HOME;
+#     fetched on first use when online), or HPARAMS='{"pretrained": false}' (random init: a
+#     smoke test; a "pretrained_path" in HPARAMS would go to both backbones);
+#   a GPU (a CPU trial run: TEST_ENVS=0 EPOCHS=1 N_TRIALS=1).
 #   DATA_DIR=/data [PROTOCOL=release] [LAUNCHER=multi_gpu] [DRY_RUN=1] \
 #       bash sweeps/dmg_pacs_paper.sh [sweep flags]
-# Knobs: EPOCHS, ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: EPOCHS (release), STEPS (domainbed), TEST_ENVS, ALGORITHMS, N_TRIALS, HPARAMS
+# (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce dmg_pacs

@@ -10,8 +10,15 @@
 # python -m dg_plugins.scripts.sweep launch ... --single_source for them.
 # Every value with its source:
 #   python -m dg_plugins.scripts.reproduce gmoe_single_source_domainnet --describe
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   DomainNet under DATA_DIR:
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR DomainNet
+#   timm's DeiT-S/16 ImageNet weights (deit_small_patch16_224) in the Hugging Face cache
+#     (HF_HOME; fetched on first use when online), or HPARAMS='{"pretrained_path": FILE}' or
+#     '{"pretrained": false}' (random init: a smoke test);
+#   a GPU.
 #   DATA_DIR=/data [PROTOCOL=release] [LAUNCHER=multi_gpu] [DRY_RUN=1] \
 #       bash sweeps/gmoe_single_source_domainnet.sh [sweep flags]
-# Knobs: ALGORITHMS ("GMoE ERM_ViT"), N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: ALGORITHMS ("GMoE ERM_ViT"), N_TRIALS, HPARAMS, STEPS (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce gmoe_single_source_domainnet

@@ -12,9 +12,19 @@
 #   PROTOCOL=domainbed: DomainBed's lengths (5001 / 300; DomainNet 5001 / 1000).
 # The paper's rows are DG methods on CLIP image encoders, which dg_plugins does not train: see
 #   python -m dg_plugins.scripts.reproduce ipoop --describe
-# Needs the datasets under DATA_DIR, the CLIP weights (or a local checkpoint) and a GPU.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   the datasets under DATA_DIR (those of DATASETS):
+#     python -m dg_plugins.scripts.download --data_dir DATA_DIR PACS VLCS OfficeHome TerraIncognita DomainNet
+#   the CLIP weights of the scorer (open_clip ViT-B-16 laion400m_e32) in the Hugging Face cache
+#     (HF_HOME; fetched on first use when online), or a local copy of them:
+#     CLIP_CHECKPOINT=/path/open_clip_pytorch_model.bin (huggingface.co/timm/
+#     vit_base_patch16_clip_224.laion400m_e32); a score file computed before is reused;
+#   the ImageNet ResNet-50 weights of DomainBed's ERM in the Hugging Face cache, or
+#     HPARAMS='{"pretrained_path": FILE}' or '{"pretrained": false}' (random init: a smoke test);
+#   a GPU.
 #   DATA_DIR=/data [PROTOCOL=release] [LAUNCHER=multi_gpu] [DRY_RUN=1] \
 #       bash sweeps/ipoop_domainbed.sh [sweep flags]
-# Knobs: DATASETS, ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: DATASETS, ALGORITHMS, TEST_ENVS, STEPS, N_TRIALS, HPARAMS, CLIP_CHECKPOINT
+# (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce ipoop

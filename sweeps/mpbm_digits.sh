@@ -6,9 +6,11 @@
 # L_adv, from the paper's summary).
 # PROTOCOL=domainbed only: no official code exists (dg_plugins/algorithms/mpbm.py marks every
 # reconstructed choice): python -m dg_plugins.scripts.reproduce mpbm_digits --describe
-# Needs the local files of dg_plugins/datasets/digits.py under DATA_DIR/digits/ (nothing is
-# downloaded) and preferably a GPU.
+# Needs (checked for every sweep before the first starts; DRY_RUN=1 lists what is missing):
+#   each Digits domain's released files under DATA_DIR/digits/ (dg_plugins/datasets/digits.py
+#     lists them; the downloader does not provide them);
+#   no pretrained weights (LeNet from random init); preferably a GPU.
 #   DATA_DIR=/data [LAUNCHER=local] [DRY_RUN=1] bash sweeps/mpbm_digits.sh [sweep flags]
-# Knobs: ALGORITHMS, N_TRIALS, HPARAMS (sweeps/_common.sh).
+# Knobs: ALGORITHMS, STEPS, N_TRIALS, HPARAMS (sweeps/_common.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 reproduce mpbm_digits

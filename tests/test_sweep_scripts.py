@@ -3,12 +3,15 @@ settings behind the paper scripts (``dg_plugins/reference/paper_settings.py``, r
 ``python -m dg_plugins.scripts.reproduce``).
 
 Each script runs as a subprocess with ``DRY_RUN=1`` (each protocol of a paper script), a fake
-``DATA_DIR`` (tiny image trees) and a temporary ``OUTPUT_DIR``: it must exit 0, create nothing,
-start no train or sweep process (a ``sitecustomize`` logs every Python process started), and list
-its jobs with their count and total steps. The jobs a paper script lists must carry exactly the
-table's settings, in their train args and in the hparams train resolves from them. The scripts run
-in parallel threads (each is a Python process importing torch). Last, the quick start, stopped in
-the middle of a job, continues where it stopped when run again.
+``DATA_DIR`` (tiny image trees), a temporary ``OUTPUT_DIR`` and empty download caches
+(:mod:`paper_runs`): it must exit 0, create nothing, start no train or sweep process (a
+``sitecustomize`` logs every Python process started), and list its jobs with their count and total
+steps; a paper script also warns of what a real run would miss (here the pretrained weights and
+split lists), and its header names each of those prerequisites. The jobs a paper script lists must
+carry exactly the table's settings, in their train args and in the hparams train resolves from
+them. The scripts run in parallel threads (each is a Python process importing torch). Last, the
+quick start, stopped in the middle of a job, continues where it stopped when run again. The paper
+scripts' real runs: tests/test_paper_scripts_*.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,9 +34,8 @@ from dg_plugins import catalog
 from dg_plugins import hparams as H
 from dg_plugins.reference import paper_settings as ps
 from image_tree import draw_image
+from paper_runs import REPO, SWEEPS, script_env
 
-REPO = Path(__file__).resolve().parents[1]
-SWEEPS = REPO / "sweeps"
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
 PAPER_SCRIPTS = {Path(s.script).name: s for s in ps.SETTINGS.values()}
 CASES = [(name, protocol) for name in SCRIPTS
@@ -53,15 +54,6 @@ FAKE_FOLDERS = {
 }
 #: DomainNet's fake classes: two of DomainNet-20's and one outside it.
 FAKE_DOMAINNET_CLASSES = ("bee", "zigzag", "airplane")
-
-SITECUSTOMIZE = '''
-import os, sys
-log = os.environ.get("SWEEP_SCRIPTS_PROCESS_LOG")
-if log:
-    with open(log, "a") as f:
-        f.write(" ".join(getattr(sys, "orig_argv", sys.argv)) + "\\n")
-'''
-
 
 def fake_images(env_index: int, class_index: int) -> int:
     return 1 + (env_index + class_index) % 3
@@ -98,25 +90,6 @@ def make_fake_data(root: Path) -> dict[str, list[int]]:
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     return root, make_fake_data(root)
-
-
-def script_env(tmp: Path, data_dir: Path, log: Path, **extra) -> dict:
-    site = tmp / "site"
-    site.mkdir(exist_ok=True)
-    # Threads call this at once: an atomic replace, so no process ever starts while the file is
-    # truncated (it would log nothing).
-    partial = site / f"sitecustomize.{os.getpid()}.{threading.get_ident()}.tmp"
-    partial.write_text(SITECUSTOMIZE)
-    os.replace(partial, site / "sitecustomize.py")
-    env = dict(os.environ)
-    env.update(PYTHON=sys.executable, DATA_DIR=str(data_dir), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
-               SWEEP_SCRIPTS_PROCESS_LOG=str(log))
-    for name in ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "EPOCHS",
-                 "PRETRAIN_EPOCHS", "N_TRIALS", "N_HPARAMS", "HPARAMS", "STEPS", "PARTS"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +161,62 @@ def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
     assert "Dry run: nothing launched or written." in proc.stdout
     if not any(j.label_fraction is not None for j in jobs):  # UDG steps come from epochs
         assert steps == sum(j.steps for j in jobs)
+
+
+def header(script: str) -> str:
+    """The comment lines at the top of a script, without their ``#``."""
+    lines = []
+    for line in (SWEEPS / script).read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[1]], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_dry_run_warns_of_what_a_real_run_would_miss_and_the_header_names_it(case, dry_runs):
+    """With empty download caches, offline, on data without PACS's split lists: a paper script's
+    dry run ends with one warning per missing prerequisite, each with its fix, and the script's
+    header names each kind."""
+    proc, _, _ = dry_runs[case]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    text = header(case[0])
+    if any("pretrained weights for" in line for line in warnings):
+        assert "'{\"pretrained\": false}'" in text and "HPARAMS=" in text, text
+    lists = [line for line in warnings if "official split lists" in line]
+    if lists:
+        assert "PACS_splits" in text
+        assert all("-m dg_plugins.scripts.download --data_dir " in line
+                   and line.endswith(" PACS_splits") for line in lists), lists
+    if any("CLIP weights" in line for line in warnings):
+        assert "CLIP_CHECKPOINT=" in text and any("--clip_checkpoint" in line for line in warnings)
+    if warnings:
+        assert "a real run would launch nothing" in warnings[-1]
+    setting = PAPER_SCRIPTS[case[0]]
+    if case == ("dmg_pacs_paper.sh", "release"):  # both backbones and the lists, at once
+        assert [w for w in warnings if "resnet18" in w] and [w for w in warnings if "resnet50" in w]
+        assert lists
+    if setting.name.startswith("dismae") or setting.name == "mpbm_digits":  # random init
+        assert not [w for w in warnings if "pretrained weights" in w]
+
+
+def test_headers_name_the_downloads_each_script_needs():
+    """Each paper script's header gives the downloader's command for every dataset of the setting
+    (and PACS's split lists where a protocol reads them), or the local files it needs."""
+    from dg_plugins.download.sources import download_command
+
+    for name, setting in PAPER_SCRIPTS.items():
+        text = header(name)
+        datasets = list(dict.fromkeys(d for p in setting.protocols.values()
+                                      for d in p.datasets.value))
+        official = any(run.hparams.get("data_split", ps.Value(None, "")).value == "official"
+                       for p in setting.protocols.values() for run in p.runs)
+        command = download_command(datasets + (["PACS_splits"] if official else []), "DATA_DIR")
+        if command is None:
+            assert "DATA_DIR/digits/" in text, name
+        else:
+            assert command in text, (name, command)
 
 
 def expected_test_envs(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
@@ -316,8 +345,15 @@ def run_cli(*args, timeout=120):
 def test_bad_input_is_refused_with_one_line(tmp_path):
     proc = run_cli("mpbm_pacs", "--protocol", "release", "--data_dir", str(tmp_path), "--dry_run")
     assert proc.returncode == 2 and "mpbm_pacs has no 'release' protocol" in proc.stderr
-    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run", "--steps", "5")
-    assert proc.returncode == 2 and "--steps: set by the setting's table" in proc.stderr
+    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
+                   "--checkpoint_freq", "5")
+    assert proc.returncode == 2 and "--checkpoint_freq: set by the setting's table" in proc.stderr
+    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--steps", "5")
+    assert proc.returncode == 2 and "counts its lengths in epochs; give --epochs" in proc.stderr
+    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--test_envs", "0,1")
+    assert proc.returncode == 2 and "--test_envs 0,1: not among dmg_pacs's" in proc.stderr
+    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--clip_checkpoint", "x")
+    assert proc.returncode == 2 and "dmg_pacs scores no images" in proc.stderr
     proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
                    "--datasets", "MNIST")
     assert proc.returncode == 2 and "not in gmoe_domainbed's datasets" in proc.stderr

@@ -26,8 +26,9 @@ Sources (commits of the releases read for this table; ``file:line``):
 * MPBM has no release: its settings cite the paper summary (arXiv 2502.16064).
 
 Image counts (:data:`DATASET_SIZES`, :data:`OFFICIAL_TRAIN_SIZES`) let a dry run derive the steps of
-epoch-based settings without the data; with the data on disk the driver counts the images instead
-and says which it used. Torch-free: plain data and arithmetic.
+epoch-based settings without the data; with the data on disk the driver counts the images (and
+PACS's official train lists) instead and says which it used. Torch-free: plain data and
+arithmetic.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ DATASET_SIZES: dict[str, Value] = {
 }
 
 #: The in-split (training images) of each environment under the dataset hparam
-#: ``data_split: "official"``.
+#: ``data_split: "official"`` (when the lists are not under the data folder to be counted).
 OFFICIAL_TRAIN_SIZES: dict[str, Value] = {
     "PACS": Value((1840, 2107, 1499, 3531),
                   f"PACS's official *_train_kfold.txt lists, counted in {PACS_LISTS} "
@@ -529,8 +530,8 @@ def _dismae_udg(name: str) -> Protocol:
         differences=(
             Difference("Epoch length: the release's dataloader.py:96 divides all six domains' "
                        "images (targets included) by the last domain index; the host's epoch is "
-                       "one pass over the images the job trains on (dg_plugins/engine/"
-                       "udg_jobs.py).", "the host counts what it trains on"),
+                       "one pass over the images the job trains on (dg_plugins/train/"
+                       "udg.py).", "the host counts what it trains on"),
             Difference(f"Augmentation: the release's --augment ({DISMAE} datasets.py:246-260: "
                        "RandomResizedCrop 0.7-1, ColorJitter 0.3, RandomGrayscale); the host "
                        "uses DomainBed's training augmentation.",

@@ -12,16 +12,26 @@ dataset, and for epoch-based settings per held-out environment, whose steps foll
 sources' image counts: :func:`dg_plugins.reference.paper_settings.steps_per_epoch`), run in this
 process with ``--resume`` (a rerun continues where a run stopped) and ``--skip_confirmation``;
 then ``collect_results`` prints each folder's tables with the setting's model selection and
-``--paper`` rows. IP/OOP settings first score their datasets (``alignment_scores``).
+``--paper`` rows. IP/OOP settings first score their datasets (``alignment_scores``, with the
+table's CLIP model and split rule; ``--clip_checkpoint FILE``: a local copy of its weights).
+
+Before anything starts, every sweep call's jobs are checked at once (:func:`prerequisites`): the
+data folder, each dataset's files, PACS's official split lists where ``data_split`` is
+"official", the CLIP weights of scores still to compute, the pretrained weights of every backbone
+and a writable output folder. Each missing piece is printed with its fix; then nothing is launched
+or written (exit 2).
 
 ``--dry_run`` launches and writes nothing: it prints every call, its jobs and commands, the
 number of jobs and the total steps (with where the image counts behind epoch-derived steps come
-from: the data under ``--data_dir`` when it is there, else the counts recorded in the table), and
-the ``collect_results`` commands. Extra arguments are sweep flags passed to every call
+from: the data under ``--data_dir`` when it is there, PACS's official lists there too, else the
+counts recorded in the table), the ``collect_results`` commands, and last the missing
+prerequisites as warnings. Extra arguments are sweep flags passed to every call
 (``--n_trials 1``, ``--n_hparams 20``, ``--slurm_*`` ...); flags the table sets (steps, datasets,
-test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms``, which pick
-a subset of the setting's, ``--hparams``, whose JSON is added to every run's hparams, and
-``--epochs`` / ``--pretrain_epochs``, which replace an epoch-based setting's lengths.
+test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms`` /
+``--test_envs``, which pick a subset of the setting's datasets, algorithms and
+test-environment sets, ``--hparams``, whose JSON is added to every run's hparams, ``--epochs`` /
+``--pretrain_epochs``, which replace an epoch-based setting's lengths, and ``--steps``, which
+replaces a step-based setting's (each replacement is printed as a note and recorded).
 
 ``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
 steps) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in ``sweeps/``.
@@ -124,12 +134,36 @@ def _recorded(dataset: str, data_dir: str | None) -> Sizes:
     return Sizes(tuple(recorded.value), f"recorded counts ({where} not found): {recorded.source}")
 
 
+def _official_lists_on_disk(dataset: str, data_dir: str | None):
+    """``(training images per environment, folder)`` read from the official
+    ``<domain>_train_kfold.txt`` lists (their non-empty lines, as the dataset reads them) when
+    every domain's list is under ``data_dir``'s dataset folder; else None."""
+    root = _dataset_folder(dataset, data_dir)
+    if root is None or not os.path.isdir(root):
+        return None
+    from dg_plugins.datasets.image_folder import visible_subfolders
+
+    counts = []
+    for env in visible_subfolders(root):
+        path = os.path.join(root, f"{env}_train_kfold.txt")
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            counts.append(sum(1 for line in handle if line.strip()))
+    return tuple(counts), root
+
+
 def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
                       data_dir: str | None) -> tuple[list[int], str]:
-    """The training in-split size of each source environment, and where it comes from: the
-    official split lists under ``data_split: "official"``, else DomainBed's random holdout of
-    the environment's images."""
+    """The training in-split size of each source environment, and where it comes from: under
+    ``data_split: "official"`` the official train lists (counted under ``data_dir`` when they are
+    there, else their recorded sizes), else DomainBed's random holdout of the environment's
+    images."""
     if hparams.get("data_split") == "official":
+        on_disk = _official_lists_on_disk(dataset, data_dir)
+        if on_disk is not None:
+            counts, where = on_disk
+            return [counts[e] for e in sources], f"official split lists counted in {where}"
         official = ps.OFFICIAL_TRAIN_SIZES.get(dataset)
         if official is None:
             raise UsageError(f"no official split sizes recorded for {dataset}")
@@ -169,13 +203,37 @@ def _flag_values(value) -> list[str]:
     return [str(value)]
 
 
-def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]] | None:
+def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
+    """Every test-environment set of ``protocol`` on ``dataset``, in the sweep's order."""
     spec = protocol.test_envs.value
-    if isinstance(spec, str):
-        if spec == "single_test_envs":
-            return [[i] for i in range(len(catalog.DATASET_ENVIRONMENTS[dataset]))]
-        return None  # single_source: the sweep enumerates it
+    n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    if spec == "single_test_envs":
+        return [[i] for i in range(n_envs)]
+    if spec == "single_source":
+        return [[e for e in range(n_envs) if e != i] for i in range(n_envs)]
     return [list(s) for s in spec]
+
+
+def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
+    """``["0", "1,2,3"]`` -> ``[[0], [1, 2, 3]]`` (the ``--test_envs`` / TEST_ENVS knob)."""
+    try:
+        return [sorted({int(e) for e in text.split(",") if e.strip()}) for text in texts]
+    except ValueError:
+        raise UsageError(f"--test_envs takes test-environment sets such as 0 or 1,2,3 (comma-"
+                         f"separated indices); got {' '.join(texts)}") from None
+
+
+def _pick_test_env_sets(protocol: ps.Protocol, dataset: str, wanted, setting: str):
+    available = _test_env_sets(protocol, dataset)
+    if wanted is None:
+        return available
+    unknown = [w for w in wanted if sorted(w) not in [sorted(a) for a in available]]
+    if unknown:
+        def text(sets):
+            return " ".join(",".join(map(str, s)) for s in sets)
+        raise UsageError(f"--test_envs {text(unknown)}: not among {setting}'s test-environment "
+                         f"sets on {dataset} ({text(available)}); give a subset of them")
+    return [a for a in available if sorted(a) in [sorted(w) for w in wanted]]
 
 
 def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: str) -> list[str]:
@@ -191,8 +249,9 @@ def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: st
 def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                  output_dir: str, launcher: str | None = None, datasets=None, algorithms=None,
                  epochs: float | None = None, pretrain_epochs: float | None = None,
-                 hparams: dict | None = None, extra: list[str] = (),
-                 count_dir: str | None = None) -> Plan:
+                 steps: int | None = None, test_envs: list[list[int]] | None = None,
+                 clip_checkpoint: str | None = None, hparams: dict | None = None,
+                 extra: list[str] = (), count_dir: str | None = None) -> Plan:
     """The sweep calls, scoring commands and tables of one protocol (see the module docstring).
     ``count_dir``: where image counts are looked for (default ``data_dir``)."""
     count_dir = data_dir if count_dir is None else count_dir
@@ -217,6 +276,22 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             raise UsageError(f"--pretrain_epochs: {setting.name} has no pretraining")
         sweep_flags["udg_pretrain_epochs"] = pretrain_epochs
         plan.notes.append(f"--pretrain_epochs {pretrain_epochs:g} replaces the table's length")
+    if steps is not None:
+        if n_epochs is not None or "udg_ft_epochs" in sweep_flags:
+            raise UsageError(f"--steps: {setting.name} ({protocol.name}) counts its lengths in "
+                             "epochs; give --epochs (EPOCHS) instead")
+        if steps < 1:
+            raise UsageError(f"--steps must be a positive integer, got {steps}")
+        plan.notes.append(f"--steps {steps} replaces the table's length")
+    if test_envs is not None:
+        plan.notes.append("--test_envs " + " ".join(",".join(map(str, s)) for s in test_envs)
+                          + ": only these of the table's test-environment sets")
+    if clip_checkpoint is not None:
+        if not protocol.alignment:
+            raise UsageError(f"--clip_checkpoint: {setting.name} scores no images (no IP/OOP "
+                             "evaluation)")
+        plan.notes.append(f"CLIP weights for scoring read from {clip_checkpoint}, declared as "
+                          f"the table's {protocol.alignment['pretrained'].value}")
     plan.root = output_dir
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
     tail = ["--resume", "--skip_confirmation"]
@@ -228,11 +303,16 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
         scores_dir = os.path.join(output_dir, "alignment_scores")
         options = {k: v.value for k, v in protocol.alignment.items()}
         preset = options.pop("preset")
+        if clip_checkpoint is not None:  # a local file of the table's weights (offline)
+            options["pretrained_tag"] = options["pretrained"]
+            options["pretrained"] = clip_checkpoint
         for dataset in use_datasets:
             out = os.path.join(scores_dir, f"{dataset}.csv")
             argv = ["--dataset", dataset, "--data_dir", data_dir, "--out", out]
             for name, value in options.items():
                 argv += [f"--{name}", str(value)]
+            # the summary and the model check it prints are those of the jobs' rule
+            argv += ["--alignment_preset", str(preset)]
             plan.prepare.append(argv)
         plan.notes.append(f"IP/OOP: scores in {scores_dir}, split rule {preset}")
 
@@ -262,8 +342,9 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                              "--alignment_preset", str(protocol.alignment["preset"].value)]
                 name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
                                                            group.title else "")
+                test_sets = _pick_test_env_sets(protocol, dataset, test_envs, setting.name)
                 if n_epochs is not None:
-                    for test_set in _test_env_sets(protocol, dataset):
+                    for test_set in test_sets:
                         n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
                         sources = [e for e in range(n_envs) if e not in test_set]
                         sizes, origin = training_in_sizes(dataset, sources, run_hp, holdout,
@@ -282,13 +363,15 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                             + tail, label, folder))
                 else:
                     spec = protocol.test_envs.value
-                    if spec == "single_test_envs":
+                    if test_envs is not None or not isinstance(spec, str):
+                        argv += ["--test_env_sets", *(",".join(map(str, s)) for s in test_sets)]
+                    elif spec == "single_test_envs":
                         argv.append("--single_test_envs")
-                    elif spec == "single_source":
-                        argv.append("--single_source")
                     else:
-                        argv += ["--test_env_sets", *(",".join(map(str, s)) for s in spec)]
-                    if dataset in protocol.steps:
+                        argv.append("--single_source")
+                    if steps is not None:
+                        argv += ["--steps", str(steps)]
+                    elif dataset in protocol.steps:
                         argv += ["--steps", str(protocol.steps[dataset].value)]
                     if dataset in protocol.checkpoint_freq:
                         argv += ["--checkpoint_freq", str(protocol.checkpoint_freq[dataset].value)]
@@ -450,6 +533,103 @@ def total_line(costs: list[CallCost]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Prerequisites
+
+#: Datasets whose ``data_split: "official"`` reads split lists, and the downloader's name of them.
+OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
+
+
+def plan_costs(plan: Plan) -> list[CallCost]:
+    """The jobs of every sweep call of ``plan`` (enumerated, nothing launched)."""
+    return [call_cost(call.argv) for call in plan.calls]
+
+
+def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
+    """Everything the jobs ``reproduce`` would launch need before the first one starts, found at
+    once for every sweep call of the setting: the data folder, each dataset's files
+    (:func:`dg_plugins.sweep.checks.data_problems`, DomainNet-20's class folders), the official
+    split lists of ``data_split: "official"`` jobs, the CLIP weights of a score file still to
+    compute, the pretrained weights of every backbone
+    (:func:`dg_plugins.sweep.checks.weight_problems`) and a writable output folder. One line each,
+    naming the fix; [] when nothing is missing."""
+    from dg_plugins.download.sources import download_command
+    from dg_plugins.sweep import checks as sweep_lib
+
+    jobs = [job for cost in costs for job in cost.selected]
+    if not jobs and not plan.prepare:
+        return []
+    problems = []
+    datasets = list(dict.fromkeys(job.train_args["dataset"] for job in jobs))
+    data = sweep_lib.data_problems(jobs)  # none for built-in datasets ("--data_dir builtin")
+    if data and not os.path.isdir(data_dir):  # one line for all of them
+        command = download_command(datasets, data_dir)
+        problems.append(f"the data folder {data_dir} (--data_dir, DATA_DIR) does not exist: "
+                        "point it at the folder that holds the datasets"
+                        + (f", or download them there: {command}" if command else ""))
+    else:
+        problems += data
+        if "DomainNet20" in datasets and os.path.isdir(os.path.join(data_dir, "domain_net")):
+            from dg_plugins.download.prepare import domainnet20_problem
+
+            missing = domainnet20_problem(data_dir)
+            if missing:
+                problems.append(f"DomainNet20: {missing}; DomainNet20 reads the 20 classes of "
+                                f"DomainNet's folders: {download_command('DomainNet', data_dir)}")
+    for dataset, lists in OFFICIAL_SPLIT_LISTS.items():
+        if not any(job.train_args["dataset"] == dataset
+                   and json.loads(job.train_args.get("hparams") or "{}").get("data_split")
+                   == "official" for job in jobs):
+            continue
+        from dg_plugins.download.prepare import split_lists_status
+
+        status, detail = ("absent", "") if not os.path.isdir(data_dir) else \
+            split_lists_status(lists, data_dir)
+        if status != "ok":
+            problems.append(f"{dataset}'s official split lists (data_split 'official'): "
+                            f"{detail or 'not there'}; to download them (after {dataset}): "
+                            f"{download_command(lists, data_dir)}")
+    for argv in plan.prepare:
+        if os.path.isfile(argv[argv.index("--out") + 1]):
+            continue  # scored before: alignment_scores reads its cache
+        from dg_plugins.alignment import scoring
+
+        model, pretrained = argv[argv.index("--model") + 1], argv[argv.index("--pretrained") + 1]
+        try:
+            scoring.check_weights_available(model, pretrained)
+        except (OSError, ValueError, RuntimeError) as err:
+            line = " ".join(str(err).split())
+            problem = (f"scoring images for IP/OOP ({model} {pretrained}): {line} With "
+                       "reproduce: --clip_checkpoint FILE (sweeps/*.sh: CLIP_CHECKPOINT=FILE).")
+            if problem not in problems:
+                problems.append(problem)
+    problems += sweep_lib.output_problems(jobs)
+    by_error: dict[str, list[str]] = {}
+    for line in sweep_lib.weight_problems(jobs):  # "<algorithm> on <dataset>: <error>"
+        what, _, error = line.partition(": ")
+        by_error.setdefault(error, []).append(what)
+    shared = ("" if len(plan.protocol.groups) < 2 else
+              f" Here one pretrained_path would go to every backbone of {plan.setting.name} "
+              "(one folder each): put each backbone's file at its cache path instead.")
+    problems += [f"{', '.join(whats)}: {error}{shared}" for error, whats in by_error.items()]
+    return problems
+
+
+def report_prerequisites(plan: Plan, problems: list[str], dry: bool) -> None:
+    """Print the missing prerequisites: as errors before a real run that launches nothing, as
+    warnings after a dry run's listing."""
+    kind = "warning" if dry else "error"
+    for problem in problems:
+        print(f"{kind}: {problem}", file=sys.stderr)
+    what = f"{plan.setting.name} ({plan.protocol.name})"
+    if dry:
+        print(f"warning: {len(problems)} prerequisite(s) of {what} missing (above): a real run "
+              "would launch nothing until they are there.", file=sys.stderr)
+    else:
+        print(f"Nothing was launched: {len(problems)} prerequisite(s) of {what} missing "
+              "(above); fix them and rerun the same command.", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
 # Commands
 
 
@@ -457,7 +637,7 @@ def _module_line(module: str, argv: list[str]) -> str:
     return shlex.join([sys.executable, "-m", f"dg_plugins.scripts.{module}", *argv])
 
 
-def dry_run(plan: Plan) -> int:
+def dry_run(plan: Plan, data_dir: str) -> int:
     setting, protocol = plan.setting, plan.protocol
     print(f"== {setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}")
     print(f"   paper: {setting.paper}, {setting.table}")
@@ -477,11 +657,14 @@ def dry_run(plan: Plan) -> int:
     print(total_line(costs))
     for argv in plan.collects:
         print(f"-- tables: {_module_line('collect_results', argv)}")
-    print("Dry run: nothing launched or written.")
+    print("Dry run: nothing launched or written.", flush=True)
+    problems = prerequisites(plan, data_dir, costs)
+    if problems:
+        report_prerequisites(plan, problems, dry=True)
     return 0
 
 
-def run(plan: Plan) -> int:
+def run(plan: Plan, data_dir: str) -> int:
     from dg_plugins.scripts import collect_results
     from dg_plugins.sweep import cli as sweep_cli
 
@@ -490,6 +673,10 @@ def run(plan: Plan) -> int:
     print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
+    problems = prerequisites(plan, data_dir, plan_costs(plan))
+    if problems:
+        report_prerequisites(plan, problems, dry=False)
+        return 2
     if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
         from dg_plugins.files import atomic_write_bytes
 
@@ -620,6 +807,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "epochs, e.g. 50 for DMG's paper budget")
     parser.add_argument("--pretrain_epochs", type=float, default=None,
                         help="replace a UDG setting's pretraining epochs")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="replace a step-based setting's training steps (a short trial "
+                             "run; the table's checkpoint frequency stays, the last step is "
+                             "always recorded)")
+    parser.add_argument("--test_envs", nargs="+", default=None, metavar="SET",
+                        help="run only these of the setting's test-environment sets, each "
+                             "comma-separated (e.g. 0, or 1,2,3 for the single-source job "
+                             "trained on environment 0)")
+    parser.add_argument("--clip_checkpoint", default=None, metavar="FILE",
+                        help="IP/OOP settings: score with this local copy of the table's CLIP "
+                             "weights (e.g. open_clip_pytorch_model.bin of "
+                             "timm/vit_base_patch16_clip_224.laion400m_e32) instead of the "
+                             "download cache")
     parser.add_argument("--dry_run_sweeps", action="store_true",
                         help="list plain sweep calls given after it: launch FLAGS [:: launch "
                              "FLAGS ...] (the DRY_RUN=1 mode of sweeps/*.sh)")
@@ -685,15 +885,19 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(str(err))
         output_dir = os.path.join(args.output_dir or os.path.join("sweep_output", setting.name),
                                   protocol.name)
+        test_envs = None if args.test_envs is None else parse_test_env_sets(args.test_envs)
+        clip = None if args.clip_checkpoint is None else os.path.abspath(args.clip_checkpoint)
         plan = plan_setting(setting, protocol, data_dir=args.data_dir, output_dir=output_dir,
                             launcher=args.command_launcher, datasets=args.datasets,
                             algorithms=args.algorithms, epochs=args.epochs,
-                            pretrain_epochs=args.pretrain_epochs, hparams=hparams, extra=extra)
+                            pretrain_epochs=args.pretrain_epochs, steps=args.steps,
+                            test_envs=test_envs, clip_checkpoint=clip, hparams=hparams,
+                            extra=extra)
         plan.argv = argv
         if hparams:
             plan.notes.append(f"--hparams {json.dumps(hparams, sort_keys=True)} added to every "
                               "run's hparams")
-        return dry_run(plan) if args.dry_run else run(plan)
+        return dry_run(plan, args.data_dir) if args.dry_run else run(plan, args.data_dir)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -429,7 +429,7 @@ def test_job_ignoring_the_signal_is_killed_after_the_grace_period(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_kill_9_of_the_sweep_sends_sigterm_to_its_job_started_through_the_shell(tmp_path):
     """A job started through the shell (any command but this interpreter's train, which
-    tests/engine/test_sweep_failures.py kills the same way) gets SIGTERM from the kernel when
+    tests/sweep/test_sweep_failures.py kills the same way) gets SIGTERM from the kernel when
     the sweep dies by SIGKILL, stops at a checkpoint and exits (it used to train on)."""
     argv = sweep_argv(tmp_path, "local")
     proc = start_sweep(tmp_path, argv)

@@ -1,0 +1,165 @@
+"""Running the scripts of ``sweeps/`` as a user does, for the tests: ``bash sweeps/<script>.sh`` in
+a subprocess (its own process group, killed whole on a timeout) with the interpreter under test,
+``DATA_DIR`` and ``OUTPUT_DIR`` set, the other knobs as given, the download caches (``HF_HOME``,
+``TORCH_HOME``, ``XDG_CACHE_HOME``) in a temporary folder, offline mode on, and a
+``sitecustomize`` that logs every Python process started (so a test can tell what was launched).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = REPO / "sweeps"
+#: The knobs of sweeps/*.sh; a test sets those it uses, the others are removed.
+KNOBS = ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "TEST_ENVS", "EPOCHS",
+         "PRETRAIN_EPOCHS", "STEPS", "N_TRIALS", "N_HPARAMS", "HPARAMS", "CLIP_CHECKPOINT",
+         "DRY_RUN", "PARTS")
+
+SITECUSTOMIZE = '''
+import os, sys
+log = os.environ.get("SWEEP_SCRIPTS_PROCESS_LOG")
+if log:
+    with open(log, "a") as f:
+        f.write(" ".join(getattr(sys, "orig_argv", sys.argv)) + "\\n")
+'''
+
+
+def script_env(tmp: Path, data_dir, log: Path, **knobs) -> dict:
+    """The environment of a script run: the knobs given (others removed), caches under
+    ``tmp/home`` (never the user's), offline, one torch thread per process."""
+    site = tmp / "site"
+    site.mkdir(exist_ok=True)
+    # Threads call this at once: an atomic replace, so no process ever starts while the file is
+    # truncated (it would log nothing).
+    partial = site / f"sitecustomize.{os.getpid()}.{threading.get_ident()}.tmp"
+    partial.write_text(SITECUSTOMIZE)
+    os.replace(partial, site / "sitecustomize.py")
+    home = tmp / "home"
+    env = dict(os.environ)
+    for name in KNOBS + ("DG_PLUGINS_CACHE",):
+        env.pop(name, None)
+    env.update(PYTHON=sys.executable, DATA_DIR=str(data_dir), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+               SWEEP_SCRIPTS_PROCESS_LOG=str(log), HF_HOME=str(home / "hf"),
+               TORCH_HOME=str(home / "torch"), XDG_CACHE_HOME=str(home / "cache"),
+               HF_HUB_OFFLINE="1", DG_PLUGINS_OFFLINE="1")
+    env.update(knobs)
+    return env
+
+
+@dataclass
+class ScriptRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    output_dir: Path
+    processes: list[str]  # the command line of every Python process started
+    seconds: float
+
+    def report(self) -> str:
+        return (f"exit {self.returncode} after {self.seconds:.0f} s\n--- stdout (tail)\n"
+                f"{self.stdout[-4000:]}\n--- stderr (tail)\n{self.stderr[-4000:]}")
+
+    def launched_jobs(self) -> list[str]:
+        """The train commands the launcher printed as it started them (the local launcher runs
+        them in processes forked from a server process, so the process log has only that)."""
+        return re.findall(r"^\[\d+/\d+\] (\S+ -m dg_plugins\.scripts\.train .*)$", self.stdout,
+                          re.MULTILINE)
+
+    def started_anything(self) -> list[str]:
+        """Processes that only a launch starts: a train job, the launcher's process server."""
+        return [p for p in self.processes if "dg_plugins.scripts.train" in p
+                or "multiprocessing.forkserver" in p]
+
+
+def run_script(script: str, tmp: Path, data_dir, *, tag: str, timeout: float,
+               **knobs) -> ScriptRun:
+    """``bash sweeps/<script>``, output under ``tmp/<tag>``; a run past ``timeout`` seconds is
+    killed with its process group (every job it started) and reported as exit status -9."""
+    out = tmp / tag
+    log = tmp / f"{tag}.processes"
+    env = script_env(tmp, data_dir, log, OUTPUT_DIR=str(out), **knobs)
+    start = time.monotonic()
+    proc = subprocess.Popen(["bash", str(SWEEPS / script)], cwd=tmp, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        code = -9
+        stderr += f"\n[test] killed after {timeout:g} s"
+    processes = log.read_text().splitlines() if log.exists() else []
+    return ScriptRun(code, stdout, stderr, out, processes, time.monotonic() - start)
+
+
+def table_sections(stdout: str) -> dict[str, str]:
+    """The text each ``collect_results`` call of a reproduce run printed, by its --input_dir."""
+    sections, current = {}, None
+    for line in stdout.splitlines():
+        match = re.match(r"-- \S+ -m dg_plugins\.scripts\.collect_results --input_dir (\S+)", line)
+        if match:
+            current = match.group(1)
+            sections[current] = ""
+        elif line.startswith(("-- sweep", "-- score", "-- tables of")):
+            current = None
+        elif current is not None:
+            sections[current] += line + "\n"
+    return sections
+
+
+def job_folders(sweep_folder: Path) -> list[Path]:
+    """The job folders of a sweep (UDG pretraining folders, one level down, aside)."""
+    return sorted(p.parent for p in sweep_folder.glob("*/results.jsonl"))
+
+
+def assert_reproduced(run: ScriptRun, setting_name: str, protocol_name: str,
+                      algorithms: list[str], n_jobs: int) -> dict[str, str]:
+    """A paper script's real run ended as a user expects: exit 0; ``n_jobs`` jobs, each done, each
+    started by the local launcher with a train command without ``--n_workers``, each using loader
+    workers (but for an in-memory dataset); then, per folder of the setting, its tables with a
+    number for each algorithm and the paper's rows (or, for a paper without numbers, what it
+    claims) beside them. Returns the tables' text by folder."""
+    from dg_plugins import reference
+    from dg_plugins.reference import paper_settings as ps
+
+    assert run.returncode == 0, run.report()
+    protocol = ps.SETTINGS[setting_name].protocols[protocol_name]
+    root = run.output_dir / protocol_name
+    folders = [root / group.folder if group.folder else root for group in protocol.groups]
+    jobs = [job for folder in folders for job in job_folders(folder)]
+    assert len(jobs) == n_jobs, (jobs, run.report())
+    trains = run.launched_jobs()
+    assert len(trains) == n_jobs, trains
+    assert not [p for p in trains if "--n_workers" in p], trains
+    for job in jobs:
+        assert (job / "done").exists(), job
+        workers = re.search(r"loader workers: (\d+)(.*)", (job / "out.txt").read_text())
+        assert workers, f"{job}: no loader line"
+        assert int(workers.group(1)) >= 1 or "in-memory dataset" in workers.group(2), \
+            workers.group(0)
+    sections = table_sections(run.stdout)
+    for group, folder in zip(protocol.groups, map(str, folders)):
+        assert folder in sections, (folder, list(sections), run.report())
+        text = sections[folder]
+        for algorithm in algorithms:
+            row = rf"^\| {re.escape(algorithm)}(?: \d+%)? +\|.*\d+\.\d ± \d+\.\d"
+            assert re.search(row, text, re.MULTILINE), (algorithm, text[-3000:])
+        for key in group.paper_keys:
+            assert f"*paper [{key}]:" in text, (key, text[-3000:])
+            if reference.get(key).rows:
+                assert "| Paper row / ours − paper |" in text, text[-3000:]
+            else:
+                assert "Paper: not available in the sources we have" in text
+    return sections
