@@ -1,11 +1,11 @@
 """Imports go one way: scripts -> {train, sweep, collect} -> algorithms, alignment -> networks,
 datasets -> registry, hparams and the other top-level helpers. Between the three rooms: sweep uses
 only train.flags, train.folder and train.cli (the command, to fork a job) of the train path,
-collect only train.folder; none imports another room otherwise, and none imports the scripts. Read from the source (every ``import`` and
-``from ... import`` of a ``dg_plugins`` module, at module level or inside a function), so a lazy
-import that runs the wrong way is caught too. The bridge and the benchmarks sit beside the
-scripts. Also: the torch-free modules import no torch, and collect_results on a sweep folder never
-does."""
+collect only train.folder; none imports another room otherwise, and none imports the scripts.
+Read from the source (every ``import`` and ``from ... import`` of a ``dg_plugins`` module, at
+module level or inside a function), so a lazy import that runs the wrong way is caught too. The
+bridge and the benchmarks sit beside the scripts. Also: the torch-free modules import no torch
+(collect_results on a sweep folder: ``tests/collect/test_collect_results.py``)."""
 
 import ast
 import subprocess

@@ -1,9 +1,9 @@
-"""How a job's process starts: a plain command is ``exec``'ed by the shell (:func:`is_simple_command`);
-this interpreter's train command is forked from a fork server that imported torch, timm and the
-algorithms once (:func:`fork_train`), instead of paying that start-up in a fresh interpreter per
-job. Either way the job asks the kernel for SIGTERM when its launcher dies
-(:func:`die_with_parent`, Linux), so that a killed sweep leaves no job training on as an orphan
-that holds its folder's lock."""
+"""How a job's process starts: a plain command is ``exec``'ed by the shell
+(:func:`is_simple_command`); this interpreter's train command is forked from a fork server that
+imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
+start-up in a fresh interpreter per job. Either way the job asks the kernel for SIGTERM when its
+launcher dies (:func:`die_with_parent`, Linux), so that a killed sweep leaves no job training on
+as an orphan that holds its folder's lock."""
 
 from __future__ import annotations
 

@@ -7,19 +7,19 @@ docs/domainbed_differences.md."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import subprocess
 import sys
 import time
-import functools
-import inspect
 from typing import Callable, Sequence
 
+from dg_plugins.registry import LAUNCHERS
 from dg_plugins.sweep.job_reports import JobOutputs
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
-                                         report_exit_codes, report_interrupted)
+                                        report_exit_codes, report_interrupted)
 from dg_plugins.sweep.submitit import submitit_launcher
-from dg_plugins.registry import LAUNCHERS
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import subprocess
 import time
 from typing import Callable, Sequence
 
-from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
-                                         report_exit_codes, report_interrupted)
 from dg_plugins.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
-                                       signal_name, stop_grace_period)
+                                signal_name, stop_grace_period)
+from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
+                                        report_exit_codes, report_interrupted)
 
 SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 

@@ -26,7 +26,7 @@ from dg_plugins.train.job import Interrupted, Job, check_test_envs
 
 
 def user_errors() -> tuple:
-    """Exceptions that mean bad input or missing data/weights: reported as one line, no traceback."""
+    """Exceptions that mean bad input or missing data/weights: one line, no traceback."""
     from dg_plugins.networks import PretrainedWeightsUnavailable
     from dg_plugins.registry import UnknownNameError
 

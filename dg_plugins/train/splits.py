@@ -1,16 +1,7 @@
 """A job's splits (``domainbed/scripts/train.py``): every environment's in/out(/uda) split, as
-DomainBed's random holdout (``misc.split_dataset``) or a dataset's own predefined split, the
-sampling weights of class-balanced training, and the named subsets of test environments to
-evaluate (the IP/OOP split). Splits are index views (:class:`SplitDataset`) of the environments.
-
-A dataset may define its own in/out split of an environment (e.g. PACS's official train/val
-lists): ``dataset.predefined_split(env_index) -> (in_indices, out_indices) | None``. When it
-returns a pair, :class:`Splits` uses it for that environment instead of DomainBed's random
-holdout (``--holdout_fraction`` then does not apply there; the uda holdout of a test environment
-is still drawn from its in-split). A test environment's out-split may overlap its in-split (PACS's
-official ``test`` list holds every image, its ``crossval`` list a subset): neither is trained on,
-so the target's accuracy stays the release's whole-list accuracy; a training environment's may
-not (its validation items would be trained on)."""
+DomainBed's random holdout (``misc.split_dataset``) or a dataset's own predefined split
+(:class:`Splits`), the sampling weights of class-balanced training, and the named subsets of test
+environments to evaluate (the IP/OOP split). Splits are index views (:class:`SplitDataset`)."""
 
 from __future__ import annotations
 
@@ -98,7 +89,15 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
 class Splits:
     """Every environment's in/out(/uda) split, named as DomainBed's train.py names them, and the
     named subsets of test environments to evaluate (``subsets``, see :func:`evaluation_subsets`).
-    """
+
+    A dataset may define its own in/out split of an environment (e.g. PACS's official train/val
+    lists): ``dataset.predefined_split(env_index) -> (in_indices, out_indices) | None``. When it
+    returns a pair, that environment uses it instead of DomainBed's random holdout
+    (``--holdout_fraction`` does not apply there; the uda holdout of a test environment is still
+    drawn from its in-split). A test environment's out-split may overlap its in-split (PACS's
+    official ``test`` list holds every image, its ``crossval`` list a subset): neither is trained
+    on, so the target's accuracy stays the release's whole-list accuracy; a training
+    environment's may not (its validation items would be trained on)."""
 
     def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dg_plugins.collect.selection import (IID, LOO, METHODS, ORACLE, get_method, group_records,
-                                         select)
+from dg_plugins.collect.selection import (IID, LOO, METHODS, ORACLE, get_method,
+                                          group_records, select)
 from dg_plugins.collect.udg import select_udg
 
 from helpers import frame_of
