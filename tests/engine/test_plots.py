@@ -273,6 +273,21 @@ def test_no_torch_and_no_matplotlib_without_plot(sweep, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
 
 
+def test_a_table_of_x_cells_gets_no_figure(sweep, tmp_path, capsys):
+    """A single-source sweep: its standard tables (--single_source on prints them) are all X."""
+    only = tmp_path / "single_source"
+    only.mkdir()
+    for job in sweep.glob("MPBM_*"):
+        (only / job.name).symlink_to(job)
+    assert collect_results.main(["--input_dir", str(only), "--single_source", "on", "--no_save",
+                                 "--selection", "iid", "--plot", str(tmp_path / "f")]) == 0
+    out, err = capsys.readouterr()
+    assert "-------- Dataset: PACS, model selection method: training-domain" in out
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == [
+        "PACS_MPBM_single_source_curves.png", "PACS_source-A_accuracy_iid.png",
+        "PACS_source-C_accuracy_iid.png"]
+
+
 def test_bad_plot_folders_and_conflicts_are_one_line_errors(sweep, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("")
