@@ -197,7 +197,8 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
             artists = gids(kept[f"PACS_{algorithm}_curves.png"])
             for t in range(4 if algorithm == "ERM" else 3):
                 chosen = [row for row in selected if (row["selection"], row["algorithm"],
-                                                      row["test_env"]) == (method, algorithm, str(t))]
+                                                      row["test_env"]) == (method, algorithm,
+                                                                           str(t))]
                 assert len(chosen) == 3
                 runs = [records[(algorithm, t, int(row["trial_seed"]), int(row["hparams_seed"]))]
                         for row in chosen]
@@ -241,16 +242,16 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
             assert len(ys) == 2 and np.mean(ys) == pytest.approx(float(cell["mean"]), rel=1e-9)
 
 
-def test_cli_writes_and_names_the_figures(sweep, drawn, tmp_path):
+def test_cli_writes_and_names_the_figures(sweep, drawn, tmp_path, capsys):
     kept, _ = drawn
     out = tmp_path / "figures"
-    command = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
-               str(sweep), *ARGS, "--no_save"]
-    plain = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
-    result = subprocess.run([*command, "--plot", str(out)], capture_output=True, text=True,
-                            timeout=120)
+    argv = ["--input_dir", str(sweep), *ARGS, "--no_save"]
+    assert collect_results.main(argv) == 0
+    plain = capsys.readouterr().out
+    result = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.collect_results", *argv,
+                             "--plot", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == plain.stdout  # the tables are unchanged
+    assert result.stdout == plain  # the tables are unchanged
     written = [line.removeprefix("figure: ") for line in result.stderr.splitlines()
                if line.startswith("figure: ")]
     assert sorted(written) == sorted(str(path) for path in out.iterdir())
