@@ -2,7 +2,7 @@
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
         [--selection iid loo oracle] [--paper KEY [KEY ...]] [--hparams_table]
-        [--no_save]
+        [--plot DIR] [--no_save]
 
 By default the output (stdout) is byte-identical to DomainBed's collect_results on the same folder:
 ``Total records: N``, then for each model-selection method (training-domain validation, leave-one-
@@ -40,14 +40,20 @@ Beyond DomainBed:
   (``--single_source auto|on|off``; see :mod:`dg_plugins.collect.single_source`);
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
   warning (see :mod:`dg_plugins.collect.records`).
+* ``--plot DIR`` also writes PNG figures into DIR (:mod:`dg_plugins.collect.plots`): per table
+  of a dataset, each algorithm's selected accuracy per column with standard-error bars and the
+  ``--paper`` numbers as markers; per dataset and algorithm, the source-validation and target
+  accuracy of the selected runs against the step (mean over trials, a band from the lowest to
+  the highest trial, each trial's selected checkpoint marked). Their paths go to stderr;
 * ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
   checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
   records) is not supported.
 
 Exit status: 0 on success; 1 when the folder holds no record (a message on stderr, nothing
-written; DomainBed would print ``Total records: 0`` and empty tables); 2 for a bad argument,
-including an ``--input_dir`` that does not exist.
+written; DomainBed would print ``Total records: 0`` and empty tables) or when ``--plot``'s
+figures cannot be written (the tables are printed and saved first); 2 for a bad argument,
+including an ``--input_dir`` that does not exist or a ``--plot`` folder that cannot be made.
 
 No torch import, orjson parsing, a column store: on a sweep of 10,000 jobs (50,000 records) this
 takes about 0.6-0.7 s wall where DomainBed's collect_results takes 8-10 s, most of it importing
@@ -59,20 +65,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from dg_plugins import catalog, reference
 from dg_plugins.collect import formats as table_formats
-from dg_plugins.collect import ipoop, learning, report as tables
+from dg_plugins.collect import ipoop, learning, papers
+from dg_plugins.collect.report import build_report
 from dg_plugins.collect.records import job_progress, load_records
 from dg_plugins.collect.selection import METHODS
+from dg_plugins.collect.tables import Report
 from dg_plugins.train.folder import is_done
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.collect_results",
-        description=__doc__.split("\n\n", 2)[2].replace("``", ""),
+        description=plain_text(__doc__.split("\n\n", 2)[2]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input_dir", required=True,
                         help="sweep folder holding <job>/results.jsonl (one level)")
@@ -108,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print a paper's published numbers under each table they match, "
                              "with ours minus the paper's for every algorithm that corresponds "
                              "to a paper row; keys: " + ", ".join(reference.keys()))
+    parser.add_argument("--plot", metavar="DIR", default=None,
+                        help="also write figures (PNG) into DIR, created if needed: per dataset "
+                             "table, the selected accuracies with standard-error bars and the "
+                             "--paper numbers as markers; per dataset and algorithm, training "
+                             "curves of the selected runs with the selected checkpoints marked; "
+                             "the written paths go to stderr")
     parser.add_argument("--no_save", action="store_true",
                         help="print only; do not write results files into --input_dir")
     args = parser.parse_args(argv)
@@ -127,7 +142,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--paper compares the result tables, which --learning_check does not print; "
                      "drop one of them")
     args.paper = list(dict.fromkeys(args.paper))
+    if args.plot is not None:
+        if args.learning_check:
+            parser.error("--plot draws the result tables, which --learning_check does not "
+                         "print; drop one of them")
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            parser.error(f"--plot {args.plot!r} is a file; give a folder for the figures")
+        try:
+            os.makedirs(args.plot, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--plot {args.plot!r}: cannot create the folder ({error.strerror})")
+        if not os.access(args.plot, os.W_OK):
+            parser.error(f"--plot {args.plot!r} is not writable; give another folder")
     return args
+
+
+def plain_text(doc: str) -> str:
+    """``doc`` without reStructuredText markup, for --help: a role such as
+    ``:mod:`x.y``` or ``:func:`~x.y``` becomes ``x.y`` (``y``), a literal ````x```` becomes
+    ``x``."""
+    doc = re.sub(r":[a-z]+:`~[^`]*?\.?([^.`]+)`", r"\1", doc)
+    return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
 
 
 def _write(path: str, text: str) -> None:
@@ -162,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
         return 0
-    report = tables.build_report(records, [METHODS[key] for key in args.selection],
+    report = build_report(records, [METHODS[key] for key in args.selection],
                                  hparams_table=args.hparams_table,
                                  single_source=args.single_source, ipoop=args.ipoop,
                                  papers=[reference.get(key) for key in args.paper])
@@ -175,6 +210,29 @@ def main(argv: list[str] | None = None) -> int:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
         if report.hparams is not None:
             _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE), table_formats.hparams_csv(report))
+    if args.plot is not None:
+        return _plot(records, report, args)
+    return 0
+
+
+def _plot(records, report: Report, args: argparse.Namespace) -> int:
+    """Write the figures, print their paths (and which --paper keys would add markers)."""
+    from dg_plugins.collect import plots
+
+    try:
+        paths = plots.write_figures(records, report, args.plot)
+    except OSError as error:
+        print(f"error: could not write the figures into {args.plot!r}: {error}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(f"figure: {path}", file=sys.stderr)
+    if not args.paper:
+        matching = [entry.key for entry in reference.load().values() if entry.available
+                    and any(papers.paper_matches(entry, section, table)
+                            for section in report.sections for table in section.tables)]
+        if matching:
+            print(f"note: the figures show no paper numbers; --paper {' '.join(matching)} adds "
+                  "the matching ones as markers", file=sys.stderr)
     return 0
 
 
