@@ -305,6 +305,6 @@ def test_help_is_plain_text(capsys):
     with pytest.raises(SystemExit):
         collect_results.main(["--help"])
     text = capsys.readouterr().out
-    assert "--plot DIR" in text and "dg_plugins.collect.tables" in text
+    assert "--plot DIR" in text and "dg_plugins.collect.formats" in text
     for markup in (":mod:", ":func:", ":class:", ":meth:", ":data:", "``", "`"):
         assert markup not in text, markup
