@@ -56,7 +56,7 @@ from typing import Callable, Iterable
 
 from dg_plugins import catalog
 from dg_plugins import hparams as dg_hparams
-from dg_plugins.engine import plugins as plugins_lib
+from dg_plugins import plugins as plugins_lib
 from dg_plugins.registry import ALGORITHMS, DATASETS, LAUNCHERS
 
 #: Environment variable naming the root of a DomainBed checkout (the folder holding domainbed/).
@@ -200,9 +200,9 @@ def domainbed_modules() -> dict[str, ModuleType]:
 
 def import_plugins(modules: Iterable[str] = ()) -> list[str]:
     """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and those named in
-    ``$DG_PLUGINS_IMPORT`` (see :func:`dg_plugins.engine.plugins.load`). Returns the extra
+    ``$DG_PLUGINS_IMPORT`` (see :func:`dg_plugins.plugins.load`). Returns the extra
     modules imported."""
-    import dg_plugins.engine.launchers  # noqa: F401  (registers the launchers)
+    import dg_plugins.sweep.launchers  # noqa: F401  (registers the launchers)
 
     return plugins_lib.load(modules)
 
@@ -339,7 +339,7 @@ def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[s
     return list(catalog.dataset_hparam_space(dataset))
 
 
-#: Base hparams that dg_plugins' train loop applies (:mod:`dg_plugins.engine.job`: how batches
+#: Base hparams that dg_plugins' train loop applies (:mod:`dg_plugins.train.job`: how batches
 #: are drawn, the lr schedule set before each update) and ``domainbed/scripts/train.py``'s loop
 #: does not: at their defaults they describe what DomainBed does.
 HOST_ONLY_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")

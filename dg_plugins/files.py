@@ -6,8 +6,12 @@ place and raises the OSError with ``filename`` set to the target."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+
+#: The errnos of a write that failed for lack of space (a full disk, or quota).
+DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:

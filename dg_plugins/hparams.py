@@ -41,7 +41,7 @@ COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
 
-#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.engine.data``): DomainBed's
+#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.train.batches``): DomainBed's
 #: ``batch_size`` per source environment per step, or the DMG release's one shuffled batch of
 #: ``batch_size`` from the union of the source environments.
 BATCH_SAMPLINGS = ("per_domain", "pooled")
@@ -140,7 +140,7 @@ def base_space(dataset: str) -> Space:
         # ViT-S/16, GMoE and ERM_ViT DeiT-S/16, DisMAE and MAE ViT-B/16); "tiny" the 2-block
         # presets; or any timm ViT name or preset.
         "vit_arch": ("auto", _constant("auto")),
-        # How training batches are formed (dg_plugins.engine.data): "per_domain" (DomainBed) or
+        # How training batches are formed (dg_plugins.train.batches): "per_domain" (DomainBed) or
         # "pooled" (the DMG release: one shuffled batch from the union of the source domains).
         "batch_sampling": ("per_domain", _constant("per_domain"), one_of(*BATCH_SAMPLINGS)),
         # The learning-rate schedule the train job applies before each update

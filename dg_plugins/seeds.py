@@ -1,8 +1,95 @@
-"""DomainBed's seed derivation (``seed_hash`` in ``domainbed/lib/misc.py``), shared by hparams, splits and sweeps."""
+"""Seeds and random state, shared by hparams, splits, sweeps and the train job: DomainBed's seed
+derivation (:func:`seed_hash`), seeding every RNG of a job, saving and restoring their states
+(the resume file), a block with RNGs of its own (:func:`seeded_rng`), and torch's deterministic
+algorithms. torch is imported only by the functions that use it."""
 
+from __future__ import annotations
+
+import contextlib
 import hashlib
+import os
+import random
 
 
 def seed_hash(*args) -> int:
-    """An int in [0, 2**31) from the md5 of the repr of the argument tuple, as DomainBed does."""
+    """An int in [0, 2**31) from the md5 of the repr of the argument tuple, as DomainBed does
+    (``seed_hash`` in ``domainbed/lib/misc.py``)."""
     return int(hashlib.md5(str(args).encode("utf-8")).hexdigest(), 16) % (2**31)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed ``random``, numpy and torch, and make cuDNN deterministic (DomainBed's train.py)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def rng_state() -> dict:
+    """The states of ``random``, numpy, torch's CPU generator and every CUDA generator."""
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the states :func:`rng_state` returned."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Run the block with torch's CPU generator, ``random`` and ``numpy.random`` seeded from
+    ``seed``, and give the three their previous states back after it: whatever the block draws
+    (random augmentations) depends on ``seed`` alone, and the caller's RNG streams are untouched.
+    (Only the CPU generator: a CUDA generator is neither used by transforms nor reseeded.)"""
+    import numpy as np
+    import torch
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    torch_state = torch.get_rng_state()
+    try:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.default_generator.manual_seed(seed)
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)`` (ops
+    without a deterministic implementation warn instead of failing), so that two runs with the
+    same seed, and a resumed run, compute the same numbers also on a multi-threaded CPU and on
+    CUDA (where ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` when unset, as cuBLAS needs for
+    deterministic results; it must be set before the first CUDA call). The previous setting is
+    restored after."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    previous = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])

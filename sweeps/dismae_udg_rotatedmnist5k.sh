@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline UDG study (CPU, no download): the UDG protocol of dg_plugins.engine.udg_jobs on the
+# Offline UDG study (CPU, no download): the UDG protocol of dg_plugins.train.udg on the
 # built-in RotatedMNIST5k. Pretrain (unlabelled) on the 4 middle rotations (15-60 degrees),
 # fine-tune on 1% / 10% / 100% of their labels, test on the extreme rotations 0 and 75 degrees;
 # DisMAE vs MAE (same ViT-28 semantic encoder and decoder) vs ERM trained from scratch on the

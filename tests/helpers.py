@@ -46,7 +46,7 @@ def frame_of(records):
     import json
     import tempfile
 
-    from dg_plugins.engine.records import load_records
+    from dg_plugins.collect.records import load_records
 
     with tempfile.TemporaryDirectory() as root:
         os.mkdir(os.path.join(root, "job"))

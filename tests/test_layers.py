@@ -1,10 +1,15 @@
-"""Imports go one way: scripts -> engine -> algorithms, alignment -> networks, datasets ->
-registry, hparams and the other top-level helpers. Read from the source (every ``import`` and
-``from ... import`` of a ``dg_plugins`` module, at module level or inside a function), so a lazy
-import that runs upward is caught too. The bridge (it installs everything into DomainBed) and the
-benchmarks sit beside the scripts, which use both."""
+"""Imports go one way: scripts -> {train, sweep, collect} -> algorithms, alignment -> networks,
+datasets -> registry, hparams and the other top-level helpers. Between the three rooms: sweep uses
+only train.flags, train.folder and train.cli (the command, to fork a job) of the train path,
+collect only train.folder; none imports another room otherwise, and none imports the scripts.
+Read from the source (every ``import`` and ``from ... import`` of a ``dg_plugins`` module, at
+module level or inside a function), so a lazy import that runs the wrong way is caught too. The
+bridge and the benchmarks sit beside the scripts. Also: the torch-free modules import no torch
+(collect_results on a sweep folder: ``tests/collect/test_collect_results.py``)."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,10 +17,23 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "dg_plugins"
 
 #: The layer of each subpackage or top-level module; a module may import its own layer and below.
-LAYERS = {"bridge": 4, "bridge_pytest": 4, "scripts": 4, "benchmarks": 4, "engine": 3,
-          "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1,
+LAYERS = {"bridge": 4, "bridge_pytest": 4, "scripts": 4, "benchmarks": 4,
+          "train": 3, "sweep": 3, "collect": 3, "plugins": 3,
+          "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1, "download": 1,
           "reference": 0}
-TOP = 0  # registry, hparams, catalog, seeds, files, runtime, compat, the package itself
+TOP = 0  # registry, hparams, catalog, seeds, signals, files, runtime, compat, the package itself
+ROOMS = ("train", "sweep", "collect")
+#: What each room may import of the other rooms.
+DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli",
+                                "dg_plugins.train.flags", "dg_plugins.train.folder"),
+         "collect": ("dg_plugins.train", "dg_plugins.train.folder")}
+#: Modules that import no torch (collect_results and the sweep's enumeration promise it).
+TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.flags",
+              "dg_plugins.train.folder",
+              "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",
+              "dg_plugins.plugins", "dg_plugins.scripts.collect_results"] + [
+    f"dg_plugins.{room}.{path.stem}".removesuffix(".__init__")
+    for room in ("collect", "sweep") for path in sorted((PACKAGE / room).glob("*.py"))]
 
 
 def layer_of(module: str) -> int:
@@ -32,8 +50,9 @@ def imported_modules(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "dg_plugins":  # from dg_plugins import hparams, ...
-                names.update(f"dg_plugins.{alias.name}" for alias in node.names)
+            if node.module == "dg_plugins" or node.module in ROOM_PACKAGES:
+                # from dg_plugins import hparams / from dg_plugins.train import cli, ...
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
             elif node.module.startswith("dg_plugins."):
                 names.add(node.module)
         elif isinstance(node, ast.Import):
@@ -41,12 +60,19 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+ROOM_PACKAGES = {f"dg_plugins.{room}" for room in ROOMS}
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
 
 
 def test_the_layers_cover_every_subpackage():
     subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert subpackages <= set(LAYERS), f"give {sorted(subpackages - set(LAYERS))} a layer"
+    assert not (PACKAGE / "engine").exists()
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -55,3 +81,32 @@ def test_no_import_runs_upward(path):
     upward = sorted(name for name in imported_modules(path)
                     if layer_of(name) > layer_of(module))
     assert not upward, f"{module} (layer {layer_of(module)}) imports {upward}"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if room_of(module_name(p))],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_rooms_enter_each_other_only_through_their_doors(path):
+    module = module_name(path)
+    room = room_of(module)
+    other = sorted(name for name in imported_modules(path)
+                   if room_of(name) not in (None, room) and name not in DOORS[room])
+    assert not other, f"{module} imports {other}; {room} may use only {DOORS[room] or 'none'}"
+
+
+def test_the_torch_free_modules_import_no_torch():
+    code = (f"import importlib, sys\nfor name in {TORCH_FREE!r}:\n"
+            "    importlib.import_module(name)\n"
+            "heavy = sorted({'torch', 'torchvision', 'timm'} & set(sys.modules))\n"
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_each_room_says_its_reading_order_in_its_init():
+    """A room's ``__init__`` says its reading order in at most 10 lines and imports nothing."""
+    for room in ROOMS:
+        init = PACKAGE / room / "__init__.py"
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree), init
+        assert len(init.read_text().splitlines()) <= 10, init
+        assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], init

@@ -204,7 +204,7 @@ def test_dry_run_warns_of_what_a_real_run_would_miss_and_the_header_names_it(cas
 def test_headers_name_the_downloads_each_script_needs():
     """Each paper script's header gives the downloader's command for every dataset of the setting
     (and PACS's split lists where a protocol reads them), or the local files it needs."""
-    from dg_plugins.datasets.download.sources import download_command
+    from dg_plugins.download.sources import download_command
 
     for name, setting in PAPER_SCRIPTS.items():
         text = header(name)

@@ -3,7 +3,7 @@
 Each module of this package (``erm`` first, then the others by name; ``base`` and private ``_*``
 modules excluded) is imported here, and its ``@register_algorithm`` classes register themselves:
 adding a method is adding one file (copy ``erm.py``). Plugins outside the package register the
-same way when imported (see :mod:`dg_plugins.engine.plugins`).
+same way when imported (see :mod:`dg_plugins.plugins`).
 """
 
 import importlib

@@ -23,7 +23,7 @@ The hparams ``udg_ft_lr``, ``udg_ft_batch_size`` (null: the table) and ``udg_ft_
 (``auto``: the table; ``linear``; ``full``) override the table. The feature is the backbone's
 final-normed class token (timm's pooled pre-logits).
 
-This class is built by the UDG job (:mod:`dg_plugins.engine.udg_jobs`), not registered: records keep
+This class is built by the UDG job (:mod:`dg_plugins.train.udg`), not registered: records keep
 the pretraining algorithm's name (``DisMAE``, ``MAE``) so that tables show it.
 """
 

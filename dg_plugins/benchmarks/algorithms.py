@@ -176,7 +176,7 @@ def _device_label(device) -> str:
 
 def benchmark_algorithms(args) -> list[dict]:
     from dg_plugins import hparams as hparams_lib
-    from dg_plugins.engine import plugins
+    from dg_plugins import plugins
     from dg_plugins.registry import ALGORITHMS, DATASETS
     from dg_plugins.benchmarks.timing import paired_ratio
     from dg_plugins.runtime import pick_device

@@ -26,7 +26,6 @@ Wall times are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -40,6 +39,8 @@ import numpy as np
 
 from dg_plugins import catalog
 from dg_plugins.benchmarks.timing import timed_command
+from dg_plugins.sweep.jobs import job_folder_name
+from dg_plugins.train.folder import DONE_FILE, RESULTS_FILE
 
 #: Algorithm names the replicas cycle through: DomainBed's (shuffled against its table order, so
 #: that ordering is exercised) and one name DomainBed does not know.
@@ -89,7 +90,7 @@ def read_template(sweep_dir: str) -> list[list[dict]]:
     """The records of every job of a sweep folder (one list per job, sorted by folder name)."""
     jobs = []
     for entry in sorted(os.listdir(sweep_dir)):
-        path = os.path.join(sweep_dir, entry, "results.jsonl")
+        path = os.path.join(sweep_dir, entry, RESULTS_FILE)
         if os.path.isfile(path):
             with open(path) as handle:
                 jobs.append([json.loads(line) for line in handle if line.strip()])
@@ -116,7 +117,7 @@ def write_sweep(template: list[list[dict]], n_jobs: int, out_dir: str, seed: int
         base_args = template[job][0]["args"]
         args = dict(base_args, dataset=dataset, algorithm=algorithm,
                     hparams_seed=seeds.index(base_args["hparams_seed"]) + shift)
-        name = hashlib.md5(json.dumps(args, sort_keys=True).encode()).hexdigest()
+        name = job_folder_name(args)
         args["output_dir"] = os.path.join(out_dir, name)
         os.makedirs(args["output_dir"], exist_ok=True)
         lines = []
@@ -126,9 +127,9 @@ def write_sweep(template: list[list[dict]], n_jobs: int, out_dir: str, seed: int
                 if key.startswith("env") and key.endswith("_acc"):
                     record[key] = float(min(1.0, max(0.0, value + rng.normal(0, 0.02))))
             lines.append(json.dumps(record, sort_keys=True) + "\n")
-        with open(os.path.join(args["output_dir"], "results.jsonl"), "w") as handle:
+        with open(os.path.join(args["output_dir"], RESULTS_FILE), "w") as handle:
             handle.writelines(lines)
-        with open(os.path.join(args["output_dir"], "done"), "w") as handle:
+        with open(os.path.join(args["output_dir"], DONE_FILE), "w") as handle:
             handle.write("done")
         n_records += len(lines)
     return n_records

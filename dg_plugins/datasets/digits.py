@@ -243,7 +243,7 @@ def missing_domain_message(domain: str, data_dir: str) -> str:
     """Why ``domain`` cannot be read and how to fix it: the downloader's command where it provides
     the files (for the mnist domain, MNIST's IDX files), else that it does not provide Digits,
     and every path looked for."""
-    from dg_plugins.datasets.download.sources import download_command
+    from dg_plugins.download.sources import download_command
 
     command = download_command("Digits", data_dir)
     how = (f"On a machine with internet, `{command}` downloads it; or put one of these in place"

@@ -442,7 +442,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise FileNotFoundError(
                 f"no data directory given (pass --data_dir). {self.expected_layout()}")
         if not os.path.isdir(root):
-            from dg_plugins.datasets.download.sources import download_command
+            from dg_plugins.download.sources import download_command
 
             command = download_command(type(self).__name__, getattr(self, "data_dir", None))
             fetch = f" To download it: {command}" if command else ""
@@ -582,7 +582,7 @@ class PACS(ImageFolderBenchmark):
         return (self.split_list_path(env_index, kind), self.split_list_path(env_index, "crossval"))
 
     def _check_split_lists(self) -> None:
-        from dg_plugins.datasets.download.sources import download_command
+        from dg_plugins.download.sources import download_command
 
         missing = [path for index in range(len(self.datasets)) for path in self.split_lists(index)
                    if not os.path.isfile(path)]

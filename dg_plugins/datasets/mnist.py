@@ -75,7 +75,7 @@ def find_mnist_files(root: str | None) -> dict[str, str]:
                     break
         if len(found) == len(MNIST_FILES):
             return found
-    from dg_plugins.datasets.download.sources import download_command
+    from dg_plugins.download.sources import download_command
 
     data_dir = root or "<data_dir>"
     looked_in = ("\n".join(f"  {f}" for f in folders)

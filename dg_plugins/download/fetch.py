@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import os
 import re
@@ -21,6 +20,7 @@ from typing import Callable
 from dg_plugins.download.sources import (
     CHUNK, DATASET_SPECS, DownloadError, Source, human_size,
 )
+from dg_plugins.files import DISK_FULL_ERRNOS
 
 #: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
 RETRY_DELAY = 2.0
@@ -44,7 +44,6 @@ MAX_RESTARTS = 2
 #: The URL schemes ``--url`` accepts.
 URL_SCHEMES = ("http", "https", "file")
 
-_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +148,7 @@ def check_free_space(folder: str, needed: int, what: str) -> None:
 
 
 def is_disk_full(err: BaseException) -> bool:
-    return isinstance(err, OSError) and err.errno in _DISK_FULL
+    return isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS
 
 
 def disk_full_message(folder: str, what: str) -> str:

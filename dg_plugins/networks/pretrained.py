@@ -18,7 +18,7 @@ download can start, and it fails at once when it cannot.
 
 :func:`probe_weights` answers "would building this model fail for lack of weights?" without
 loading or downloading anything: the sweep asks it once per configuration before launching
-(``dg_plugins.engine.sweep.weight_problems``), so that a sweep offline with an empty cache fails
+(``dg_plugins.sweep.jobs.weight_problems``), so that a sweep offline with an empty cache fails
 before any job starts.
 
 :func:`recording_weights` lists, while a model is built, which weights it loaded and from where

@@ -530,8 +530,8 @@ def _dismae_udg(name: str) -> Protocol:
         differences=(
             Difference("Epoch length: the release's dataloader.py:96 divides all six domains' "
                        "images (targets included) by the last domain index; the host's epoch is "
-                       "one pass over the images the job trains on (dg_plugins/engine/"
-                       "udg_jobs.py).", "the host counts what it trains on"),
+                       "one pass over the images the job trains on (dg_plugins/train/"
+                       "udg.py).", "the host counts what it trains on"),
             Difference(f"Augmentation: the release's --augment ({DISMAE} datasets.py:246-260: "
                        "RandomResizedCrop 0.7-1, ColorJitter 0.3, RandomGrayscale); the host "
                        "uses DomainBed's training augmentation.",

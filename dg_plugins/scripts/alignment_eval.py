@@ -9,8 +9,9 @@ without retraining.
 
 For each job folder (a train ``--output_dir``) it loads ``model.pkl`` (or ``--model FILE``),
 rebuilds the dataset, the in/out(/uda) splits and the IP/OOP subsets exactly as train does
-(``engine.train``: ``seed_everything(args.seed)``, the dataset from the record ``args``, ``Splits``,
-``evaluation_subsets``, ``evaluate``), and prints the same keys train writes with
+(:func:`dg_plugins.train.job.build_job_data`: the RNGs seeded with the record's ``seed``, the
+dataset from its ``args``, the splits and IP/OOP subsets; then
+:func:`dg_plugins.train.evaluate.evaluate`), and prints the same keys train writes with
 ``--alignment_scores``: ``env{i}_{in,out}_{ip,oop}_acc`` and ``_count`` for every test environment,
 besides ``env{i}_{in,out}_acc``. ``--data_dir`` replaces the data folder recorded in the job
 (data that moved; the score file must still be the one of that copy of the data, see
@@ -32,7 +33,7 @@ the saved models are ``model.pkl`` (the model of the final step) and, with train
 * re-evaluating that model gives exactly the record's own ``env{i}_{in,out,uda}_acc`` (within
   ``--acc_tolerance``, default 0: e.g. on another device, allow 0.01). Augmented splits (the
   training environments of a default image job) reproduce too: their evaluation batches are
-  functions of (split, batch index) (``dg_plugins.engine.data.eval_batches``), whatever the
+  functions of (split, batch index) (``dg_plugins.train.evaluate.eval_batches``), whatever the
   number of loader workers;
 
 and, if the record already has IP/OOP keys that differ, only with ``--overwrite``. Every other
@@ -52,7 +53,6 @@ download needed) and loaded with ``torch.load(weights_only=False)``: only run it
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -60,7 +60,9 @@ import re
 import sys
 import time
 
-from dg_plugins.engine import alignment_flags
+from dg_plugins.train import flags as train_flags
+from dg_plugins.train.folder import (DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE,
+                                     STEP_MODEL_FILE, step_models)
 
 #: Record args that must agree between a record and the model that is to score it.
 JOB_ARGS = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "seed",
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="IP/OOP accuracy of trained models (no retraining).")
     p.add_argument("jobs", nargs="+", help="train output folders (holding model.pkl)")
     p.add_argument("--alignment_scores", required=True, help="score file (alignment_scores)")
-    alignment_flags.add_rule_arguments(p)
+    train_flags.add_rule_arguments(p)
     p.add_argument("--model", default=None,
                    help="model file to score instead of <job>/model.pkl (one job only)")
     p.add_argument("--data_dir", default=None, help="data folder (default: the job's)")
@@ -100,9 +102,8 @@ class JobContext:
     """One job's dataset, splits and IP/OOP subsets, rebuilt as train builds them."""
 
     def __init__(self, job_dir: str, saved: dict, options):
-        from dg_plugins.engine import checkpoint, data, job, splits
-        from dg_plugins.registry import DATASETS
         from dg_plugins.runtime import pick_device
+        from dg_plugins.train.job import build_job_data
 
         self.job_dir = job_dir
         args = dict(saved["args"])
@@ -110,22 +111,13 @@ class JobContext:
             args["data_dir"] = options.data_dir
         args.setdefault("task", "domain_generalization")
         args.setdefault("uda_holdout_fraction", 0)
-        for flag in alignment_flags.ALIGNMENT_ARGS:  # this command's, not the job's own
+        for flag in train_flags.ALIGNMENT_ARGS:  # this command's, not the job's own
             args[flag] = getattr(options, flag)
         self.args = argparse.Namespace(**args)
         self.hparams = dict(saved["model_hparams"])
-        checkpoint.seed_everything(self.args.seed)
         self.device = pick_device(options.device)
-        self.dataset = DATASETS.get(self.args.dataset)(self.args.data_dir, self.args.test_envs,
-                                                       self.hparams)
-        job.check_test_envs(self.args, getattr(self.dataset, "ENVIRONMENTS", None)
-                              or range(len(self.dataset)))
-        self.splits = splits.Splits(self.dataset, self.args, self.hparams,
-                                   splits.evaluation_subsets(self.args, self.dataset))
-        in_memory = getattr(self.dataset, "IN_MEMORY", False)
-        n_workers = options.n_workers
-        self.workers = 0 if in_memory or n_workers == 0 else data.worker_budget(
-            self.dataset.N_WORKERS if n_workers is None else n_workers)
+        data = build_job_data(self.args, self.hparams, options.n_workers)
+        self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         steps = self.args.steps or self.dataset.N_STEPS
         self.final_step = steps - 1
 
@@ -150,10 +142,11 @@ class JobContext:
         """The record's accuracy keys, computed as the train job computes them: the same
         evaluation (batches of augmented splits seeded by split and batch index,
         ``splits.eval_seed``) under the same deterministic-algorithms setting."""
-        from dg_plugins.engine import job, splits
+        from dg_plugins.seeds import deterministic_algorithms
+        from dg_plugins.train.evaluate import evaluate
 
-        with job.deterministic_algorithms():
-            return splits.evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
+        with deterministic_algorithms():
+            return evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""
@@ -164,7 +157,8 @@ class JobContext:
         import torch
 
         from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
-        from dg_plugins.engine import data, splits
+        from dg_plugins.train.evaluate import eval_batches, eval_seed
+        from dg_plugins.train.splits import env_indices
 
         rows = []
         algorithm.eval()
@@ -174,14 +168,13 @@ class JobContext:
                     continue
                 preds, labels = [], []
                 with torch.no_grad(), contextlib.closing(
-                        data.eval_batches(split, 64, self.workers,
-                                          splits.eval_seed(name))) as batches:
+                        eval_batches(split, 64, self.workers, eval_seed(name))) as batches:
                     for x, y in batches:  # closing: workers end here, also on an error
                         preds.append(algorithm.predict(x.to(self.device)).argmax(1).cpu())
                         labels.append(torch.as_tensor(y))
                 preds = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
                 labels = torch.cat(labels).numpy() if labels else np.zeros(0, dtype=np.int64)
-                positions = data.env_indices(split)
+                positions = env_indices(split)
                 samples = env_samples(self.dataset[env])
                 env_name = env_folder_name(self.dataset[env])
                 for pos, pred, label in zip(positions, preds, labels):
@@ -210,10 +203,10 @@ def load_model_file(path: str) -> dict:
 def model_files(job_dir: str) -> dict[str, str]:
     """``{file name: path}`` of the job's saved models."""
     out = {}
-    final = os.path.join(job_dir, "model.pkl")
+    final = os.path.join(job_dir, MODEL_FILE)
     if os.path.exists(final):
-        out["model.pkl"] = final
-    for path in sorted(glob.glob(os.path.join(job_dir, "model_step*.pkl"))):
+        out[MODEL_FILE] = final
+    for path in step_models(job_dir):
         if STEP_MODEL.search(path):
             out[os.path.basename(path)] = path
     return out
@@ -245,13 +238,12 @@ def args_mismatch(record: dict, saved: dict) -> str | None:
 def update_records(ctx: JobContext, options, load) -> list[str]:
     """Add the subset keys to the records that a saved model can score (see the module
     docstring). ``load(model file name) -> (saved dict, evaluated keys)``, memoised."""
-    from dg_plugins.engine import splits
     from dg_plugins.files import atomic_write_bytes
 
     job = ctx.job_dir
-    results = os.path.join(job, "results.jsonl")
+    results = os.path.join(job, RESULTS_FILE)
     messages = []
-    if not os.path.exists(os.path.join(job, "done")):
+    if not os.path.exists(os.path.join(job, DONE_FILE)):
         return [f"{job}: not done (no 'done' file; it may still be running): records left "
                 "untouched"]
     if not os.path.exists(results):
@@ -269,8 +261,9 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
             skipped.append(f"line {number + 1}: not valid JSON")
             continue
         step = record.get("step")
-        name = "model.pkl" if step == ctx.final_step and "model.pkl" in models else (
-            f"model_step{step}.pkl" if f"model_step{step}.pkl" in models else None)
+        step_model = STEP_MODEL_FILE.format(step=step)
+        name = MODEL_FILE if step == ctx.final_step and MODEL_FILE in models else (
+            step_model if step_model in models else None)
         if name is None:
             skipped.append(f"step {step}: no saved model of that step")
             continue
@@ -299,7 +292,7 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
             record.pop(k)
         record.update(new)
         record_args = dict(record.get("args") or {})
-        for flag in alignment_flags.ALIGNMENT_ARGS:
+        for flag in train_flags.ALIGNMENT_ARGS:
             record_args.pop(flag, None)
             value = getattr(options, flag)
             if value is not None:
@@ -309,7 +302,7 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
         updated.append((step, name))
     if updated:
         atomic_write_bytes(results, b"\n".join(lines))
-        with open(os.path.join(job, "out.txt"), "a") as f:
+        with open(os.path.join(job, OUT_FILE), "a") as f:
             f.write(f"alignment_eval {time.strftime('%Y-%m-%dT%H:%M:%S')}: added IP/OOP keys to "
                     f"the records of steps {[s for s, _ in updated]} (models "
                     f"{sorted({n for _, n in updated})}; scores {options.alignment_scores}, "
@@ -333,8 +326,8 @@ def format_keys(keys: dict) -> str:
 
 def main(argv=None) -> int:
     options = build_parser().parse_args(argv)
-    from dg_plugins.engine import train
-    from dg_plugins.engine import plugins as plugins_lib
+    from dg_plugins import plugins as plugins_lib
+    from dg_plugins.train.run import user_errors
 
     if options.model and len(options.jobs) != 1:
         print("error: --model names one model file: give one job folder", file=sys.stderr)
@@ -353,7 +346,7 @@ def main(argv=None) -> int:
         prediction_frames = []
         for job in options.jobs:
             models = model_files(job)
-            first = options.model or models.get("model.pkl") or next(iter(models.values()), None)
+            first = options.model or models.get(MODEL_FILE) or next(iter(models.values()), None)
             if first is None:
                 raise FileNotFoundError(f"{job}: no model.pkl or model_step*.pkl (was the job "
                                         "run with --skip_model_save, or is it unfinished?)")
@@ -389,7 +382,7 @@ def main(argv=None) -> int:
             pd.concat(prediction_frames, ignore_index=True).to_csv(options.predictions,
                                                                    index=False)
             print(f"wrote per-image predictions to {options.predictions}")
-    except train.user_errors() as err:
+    except user_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -122,7 +122,7 @@ def resolve_preset_flag(args, parser: argparse.ArgumentParser) -> str | None:
 
 def build_dataset(name: str, data_dir: str, plugins=()):
     """The dataset with every environment on its evaluation transform (no augmentation)."""
-    from dg_plugins.engine import plugins as plugins_lib
+    from dg_plugins import plugins as plugins_lib
     from dg_plugins.registry import DATASETS
 
     plugins_lib.load(plugins)
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     args.preset = resolve_preset_flag(args, parser)
     from dg_plugins.alignment import resolve_rule, write_scores
     from dg_plugins.alignment import importers, provenance, scoring
-    from dg_plugins.engine.train import user_errors
+    from dg_plugins.train.run import user_errors
 
     try:
         model = args.model

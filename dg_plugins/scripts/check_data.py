@@ -71,7 +71,7 @@ def load_dataset(name: str, data_dir: str):
     missing or badly laid-out folders."""
     from dg_plugins import catalog
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
-    from dg_plugins.engine import plugins
+    from dg_plugins import plugins
     from dg_plugins.registry import DATASETS, close_names
 
     plugins.load()

@@ -405,8 +405,8 @@ def sweep_jobs(argv: list[str]):
     :func:`dg_plugins.scripts.sweep.main` does (same parser, checks and ``make_args_list``), without
     launching or writing. A missing ``--alignment_scores`` file (scores not computed yet in a dry
     run) is allowed; its job args hold the path as the sweep would."""
-    from dg_plugins.engine import sweep as sweep_lib
-    from dg_plugins.scripts import sweep as sweep_cli
+    from dg_plugins.sweep import jobs as sweep_lib
+    from dg_plugins.sweep import cli as sweep_cli
 
     parser = sweep_cli.build_parser()
     args = parser.parse_args(list(argv) + ["--dry_run"])
@@ -438,7 +438,7 @@ def _default_steps(dataset: str) -> int:
 
 def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     """``(training steps, pretraining identity or None, pretraining steps)`` of one job, as train
-    will count them (UDG lengths in epochs: :mod:`dg_plugins.engine.udg_jobs`)."""
+    will count them (UDG lengths in epochs: :mod:`dg_plugins.train.udg`)."""
     a = train_args
     dataset = a["dataset"]
     steps = a.get("steps")
@@ -446,7 +446,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
         return (steps or _default_steps(dataset)), None, 0
     from dg_plugins import hparams as hp_lib
     from dg_plugins.algorithms.udg_finetune import finetune_settings
-    from dg_plugins.engine import udg_jobs
+    from dg_plugins.train import udg as udg_jobs
     from dg_plugins.registry import ALGORITHMS
 
     hp = hp_lib.job_hparams(a["algorithm"], dataset, a["hparams_seed"], a["trial_seed"],
@@ -486,7 +486,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
 
 
 def call_cost(argv: list[str]) -> CallCost:
-    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.sweep import jobs as sweep_lib
 
     args, jobs = sweep_jobs(argv)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
@@ -503,7 +503,7 @@ def print_call(cost: CallCost) -> None:
     """The sweep's dry-run listing (jobs, commands) and the call's count and steps."""
     for job in cost.jobs:
         print(job)
-    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.sweep import jobs as sweep_lib
 
     print(sweep_lib.summary_line(cost.jobs))
     for job in cost.selected:
@@ -547,13 +547,13 @@ def plan_costs(plan: Plan) -> list[CallCost]:
 def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
     """Everything the jobs ``reproduce`` would launch need before the first one starts, found at
     once for every sweep call of the setting: the data folder, each dataset's files
-    (:func:`dg_plugins.engine.sweep.data_problems`, DomainNet-20's class folders), the official
+    (:func:`dg_plugins.sweep.checks.data_problems`, DomainNet-20's class folders), the official
     split lists of ``data_split: "official"`` jobs, the CLIP weights of a score file still to
     compute, the pretrained weights of every backbone
-    (:func:`dg_plugins.engine.sweep.weight_problems`) and a writable output folder. One line each,
+    (:func:`dg_plugins.sweep.checks.weight_problems`) and a writable output folder. One line each,
     naming the fix; [] when nothing is missing."""
-    from dg_plugins.datasets.download.sources import download_command
-    from dg_plugins.engine import sweep as sweep_lib
+    from dg_plugins.download.sources import download_command
+    from dg_plugins.sweep import checks as sweep_lib
 
     jobs = [job for cost in costs for job in cost.selected]
     if not jobs and not plan.prepare:
@@ -569,7 +569,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
     else:
         problems += data
         if "DomainNet20" in datasets and os.path.isdir(os.path.join(data_dir, "domain_net")):
-            from dg_plugins.datasets.download.prepare import domainnet20_problem
+            from dg_plugins.download.prepare import domainnet20_problem
 
             missing = domainnet20_problem(data_dir)
             if missing:
@@ -580,7 +580,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
                    and json.loads(job.train_args.get("hparams") or "{}").get("data_split")
                    == "official" for job in jobs):
             continue
-        from dg_plugins.datasets.download.prepare import split_lists_status
+        from dg_plugins.download.prepare import split_lists_status
 
         status, detail = ("absent", "") if not os.path.isdir(data_dir) else \
             split_lists_status(lists, data_dir)
@@ -665,7 +665,8 @@ def dry_run(plan: Plan, data_dir: str) -> int:
 
 
 def run(plan: Plan, data_dir: str) -> int:
-    from dg_plugins.scripts import collect_results, sweep as sweep_cli
+    from dg_plugins.scripts import collect_results
+    from dg_plugins.sweep import cli as sweep_cli
 
     setting, protocol = plan.setting, plan.protocol
     header = f"{setting.name}, protocol {protocol.name}: {protocol.summary}"
@@ -828,7 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_extra(extra: list[str]) -> None:
     """Refuse pass-through sweep flags that the setting's table owns (see the module
     docstring); unknown flags fail as sweep would fail on them."""
-    from dg_plugins.scripts import sweep as sweep_cli
+    from dg_plugins.sweep import cli as sweep_cli
 
     parser = sweep_cli.build_parser()
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]

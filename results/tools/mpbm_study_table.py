@@ -5,8 +5,8 @@ source's validation accuracy, each target's test accuracy and the per-trial mean
 each as mean +- standard error over trials.
 
 Records are loaded and selected exactly as collect_results' single-source tables do it
-(``dg_plugins.engine.records.load_records``,
-``dg_plugins.engine.single_source.select_single_source``). Standard error as DomainBed prints
+(``dg_plugins.collect.records.load_records``,
+``dg_plugins.collect.single_source.select_single_source``). Standard error as DomainBed prints
 it (population std of the trial values / sqrt(trials)). Unlike collect_results' ``Avg`` column
 (the mean of the per-target means), ``Avg`` here also gets its standard error, computed from each
 trial's own mean over the targets.
@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
-from dg_plugins.engine.records import load_records
-from dg_plugins.engine.selection import IID, ORACLE
-from dg_plugins.engine.single_source import select_single_source
+from dg_plugins.collect.records import load_records
+from dg_plugins.collect.selection import IID, ORACLE
+from dg_plugins.collect.single_source import select_single_source
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from training_curves import read_sweep  # noqa: E402  (results/tools/training_curves.py)

@@ -20,8 +20,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from dg_plugins.engine.job_folder import read_record_lines
-from dg_plugins.engine.records import parse_line
+from dg_plugins.train.folder import read_record_lines
+from dg_plugins.collect.records import parse_line
 
 
 def read_sweep(sweep_dir: str) -> list[dict]:

@@ -189,7 +189,7 @@ def test_resume_round_trip_gives_the_records_of_an_uninterrupted_run(name, tmp_p
     the records of an uninterrupted run (all state is in buffers, optimizers and schedulers)."""
     import json
 
-    from dg_plugins.engine import train
+    from dg_plugins.train import run as train
     from dg_plugins.scripts.train import build_parser
 
     hp = {k: v for k, v in tiny_hparams(name, "Debug28").items()

@@ -45,7 +45,7 @@ def test_plot_from_a_fresh_model_writes_a_png(tmp_path):
 
 
 def test_plot_from_a_trained_model_pkl(tmp_path):
-    from dg_plugins.engine import train
+    from dg_plugins.train import run as train
     from dg_plugins.scripts.train import build_parser
 
     hp = {k: v for k, v in tiny_hparams("GMoE", "Debug28").items()

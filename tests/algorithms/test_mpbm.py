@@ -363,7 +363,7 @@ def test_bad_hparams_raise_clear_errors():
 
 
 def test_resume_across_the_warmup_boundary_gives_the_records_of_an_uninterrupted_run(tmp_path):
-    from dg_plugins.engine import train
+    from dg_plugins.train import run as train
     from dg_plugins.scripts.train import build_parser
 
     hp = {"mpbm_schedule": "online", "mpbm_warmup_steps": 3, "mpbm_T": 1, "mpbm_corr_every": 2,
@@ -550,7 +550,7 @@ def test_phased_resume_in_the_middle_of_a_phase_gives_the_records_of_an_uninterr
     import subprocess
     import sys
 
-    from dg_plugins.engine import train
+    from dg_plugins.train import run as train
     from dg_plugins.scripts.train import build_parser
 
     hp = {**PHASED, "mpbm_gen_steps": 4, "mpbm_diag_every": 3}

@@ -180,7 +180,7 @@ def test_eval_only_never_touches_records_it_cannot_score(runs, scores_file, tmp_
 
 
 def test_collect_results_prints_ip_and_oop_tables(runs, capsys):
-    from dg_plugins.engine.tables import Cell
+    from dg_plugins.collect.tables import Cell
     from dg_plugins.scripts import collect_results
 
     assert collect_results.main(["--input_dir", str(runs["sweep"]), "--selection", "oracle",

@@ -211,10 +211,10 @@ def test_color_jitter_recolours_training_environments_only():
 
 
 def test_color_jitter_environment_feeds_the_train_batch_stream():
-    from dg_plugins.engine import data
+    from dg_plugins.train import batches
 
     env = DATASETS.get("DigitsOffline")(None, [1, 2, 3, 4], {D.COLOR_JITTER_HPARAM: 1.0})[0]
-    stream = data.BatchStream(env, batch_size=8, seed=0)
+    stream = batches.BatchStream(env, batch_size=8, seed=0)
     x, y = next(stream)
     assert x.shape == (8, 3, 32, 32) and y.shape == (8,)
     assert (x[:, 0] != x[:, 1]).any()

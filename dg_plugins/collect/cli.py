@@ -1,0 +1,240 @@
+"""Print the results tables of a sweep, as DomainBed's collect_results does (``domainbed/scripts/collect_results.py``).
+
+    python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
+        [--selection iid loo oracle] [--paper KEY [KEY ...]] [--hparams_table]
+        [--plot DIR] [--no_save]
+
+By default the output (stdout) is byte-identical to DomainBed's collect_results on the same folder:
+``Total records: N``, then for each model-selection method (training-domain validation, leave-one-
+domain-out cross-validation, test-domain oracle) a table per dataset and an Averages table. As
+DomainBed does, the same text is written into the sweep folder, overwriting: ``results.txt``
+(text), ``results.tex`` (``--latex``), and for our extra formats ``results.md`` (``--format
+markdown``) or ``results.csv`` (``--format csv``: one tidy row per table cell, see
+:mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A folder that cannot be written gets a
+warning, not a crash.
+
+Beyond DomainBed:
+
+* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order;
+  ``iid`` keeps each run's best checkpoint, which is also the DMG release's best-epoch rule:
+  :mod:`dg_plugins.collect.selection`);
+* ``--paper KEY [KEY ...]`` prints published numbers (:mod:`dg_plugins.reference`) under each
+  table they match (setting, dataset, source environment, and selection method where the paper
+  names one), in every format: the paper's rows, then for each of our algorithms that corresponds
+  to a paper row, ours minus the paper's, in points; an entry whose source has no numbers says so
+  and prints what the source claims; an unknown key exits 2 with the close ones;
+* notes go to stderr, after the tables, so stdout stays DomainBed's: ``k of n jobs done (r running
+  or incomplete)`` when some job folder lacks ``done``; why cells print ``X`` (which test
+  environments have records, or which runs a method lacks); an Averages cell that is over other
+  test environments than its dataset's columns or another row's; paper keys that matched no
+  table;
+* ``--hparams_table`` appends, per method, the run each (dataset, algorithm, test env, trial) group
+  selected: hparams_seed, step, val/test accuracy, job folder and hparams (an aligned text table;
+  with ``--format csv`` a second CSV after an empty line); it is also written to
+  ``selected_hparams.csv`` in the sweep folder;
+* records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get IP/OOP tables after the
+  standard ones (same selection, that test key): ``--ipoop in`` the test environment's in split,
+  ``pooled`` the whole test environment (in and out splits, weighted by subset size), ``both``
+  (default);
+* single-source runs (``sweep --single_source``) get their own tables after the others
+  (``--single_source auto|on|off``; see :mod:`dg_plugins.collect.single_source`);
+* unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
+  warning (see :mod:`dg_plugins.collect.records`).
+* ``--plot DIR`` also writes PNG figures into DIR (:mod:`dg_plugins.collect.plots`): per table
+  of a dataset, each algorithm's selected accuracy per column with standard-error bars and the
+  ``--paper`` numbers as markers; per dataset and algorithm, the source-validation and target
+  accuracy of the selected runs against the step (mean over trials, a band from the lowest to
+  the highest trial, each trial's selected checkpoint marked). Their paths go to stderr;
+* ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
+  checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
+* ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
+  records) is not supported.
+
+Exit status: 0 on success; 1 when the folder holds no record (a message on stderr, nothing
+written; DomainBed would print ``Total records: 0`` and empty tables) or when ``--plot``'s
+figures cannot be written (the tables are printed and saved first); 2 for a bad argument,
+including an ``--input_dir`` that does not exist or a ``--plot`` folder that cannot be made.
+
+No torch import, orjson parsing, a column store: on a sweep of 10,000 jobs (50,000 records) this
+takes about 0.6-0.7 s wall where DomainBed's collect_results takes 8-10 s, most of it importing
+torch and wilds: about 13x (measured on a 2-CPU machine with
+``python -m dg_plugins.scripts.benchmark collect``; see ``results/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from dg_plugins import catalog, reference
+from dg_plugins.collect import formats as table_formats
+from dg_plugins.collect import ipoop, learning, papers
+from dg_plugins.collect.records import job_progress, load_records
+from dg_plugins.collect.report import build_report
+from dg_plugins.collect.selection import METHODS
+from dg_plugins.collect.tables import Report
+from dg_plugins.train.folder import is_done
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.collect_results",
+        description=plain_text(__doc__.split("\n\n", 2)[2]),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input_dir", required=True,
+                        help="sweep folder holding <job>/results.jsonl (one level)")
+    parser.add_argument("--latex", action="store_true", help="same as --format latex")
+    parser.add_argument("--format", choices=table_formats.FORMATS, default=None,
+                        help="text (default, DomainBed's), latex (DomainBed's --latex), markdown, "
+                             "or csv (one tidy row per cell)")
+    parser.add_argument("--selection", nargs="+", choices=list(METHODS),
+                        default=list(METHODS), metavar="METHOD",
+                        help="model-selection methods, in print order: iid (training-domain "
+                             "validation: each run's best checkpoint by mean source validation "
+                             "accuracy, also the DMG release's best-epoch rule), loo (leave-one-"
+                             "domain-out), oracle (test-domain); default: all three, DomainBed's")
+    parser.add_argument("--hparams_table", action="store_true",
+                        help="also print the selected run (hparams_seed, step, accuracies, "
+                             "hparams) of every group, and write it to selected_hparams.csv")
+    parser.add_argument("--single_source", choices=("auto", "on", "off"), default="auto",
+                        help="tables for single-source runs (sweep --single_source: trained on "
+                             "one environment, tested on the others): auto (default) shows them "
+                             "where unambiguous (datasets with >= 4 environments, or a 3-"
+                             "environment dataset without single-test-env runs), on, off")
+    parser.add_argument("--ipoop", choices=ipoop.IPOOP_CHOICES, default="both",
+                        help="IP/OOP tables (records with env{i}_in_ip_acc keys): 'in' reports "
+                             "each subset on the test environment's in split, 'pooled' over the "
+                             "whole test environment (in and out splits pooled, weighted by "
+                             "subset size, as the IP/OOP authors report), 'both' (default); each "
+                             "table's header names its key")
+    parser.add_argument("--learning_check", action="store_true",
+                        help="instead of the tables, one row per job: source-validation and "
+                             "target accuracy at its first and last checkpoint, chance, and "
+                             "whether it learned (dg_plugins.collect.learning); printed only")
+    parser.add_argument("--paper", nargs="+", default=[], metavar="KEY",
+                        help="print a paper's published numbers under each table they match, "
+                             "with ours minus the paper's for every algorithm that corresponds "
+                             "to a paper row; keys: " + ", ".join(reference.keys()))
+    parser.add_argument("--plot", metavar="DIR", default=None,
+                        help="also write figures (PNG) into DIR, created if needed: per dataset "
+                             "table, the selected accuracies with standard-error bars and the "
+                             "--paper numbers as markers; per dataset and algorithm, training "
+                             "curves of the selected runs with the selected checkpoints marked; "
+                             "the written paths go to stderr")
+    parser.add_argument("--no_save", action="store_true",
+                        help="print only; do not write results files into --input_dir")
+    args = parser.parse_args(argv)
+    if args.latex and args.format not in (None, "latex"):
+        parser.error(f"--latex conflicts with --format {args.format}")
+    args.format = "latex" if args.latex else (args.format or "text")
+    if not os.path.exists(args.input_dir):
+        parser.error(f"--input_dir {args.input_dir!r} does not exist")
+    if not os.path.isdir(args.input_dir):
+        parser.error(f"--input_dir {args.input_dir!r} is not a directory")
+    args.selection = list(dict.fromkeys(args.selection))
+    known = reference.keys()
+    for key in args.paper:
+        if key not in known:
+            parser.error(f"--paper: {reference.unknown_key_message(key, known)}")
+    if args.paper and args.learning_check:
+        parser.error("--paper compares the result tables, which --learning_check does not print; "
+                     "drop one of them")
+    args.paper = list(dict.fromkeys(args.paper))
+    if args.plot is not None:
+        if args.learning_check:
+            parser.error("--plot draws the result tables, which --learning_check does not "
+                         "print; drop one of them")
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            parser.error(f"--plot {args.plot!r} is a file; give a folder for the figures")
+        try:
+            os.makedirs(args.plot, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--plot {args.plot!r}: cannot create the folder ({error.strerror})")
+        if not os.access(args.plot, os.W_OK):
+            parser.error(f"--plot {args.plot!r} is not writable; give another folder")
+    return args
+
+
+def plain_text(doc: str) -> str:
+    """``doc`` without reStructuredText markup, for --help: a role such as
+    ``:mod:`x.y``` or ``:func:`~x.y``` becomes ``x.y`` (``y``), a literal ````x```` becomes
+    ``x``."""
+    doc = re.sub(r":[a-z]+:`~[^`]*?\.?([^.`]+)`", r"\1", doc)
+    return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as error:
+        print(f"warning: could not write {path}: {error}", file=sys.stderr)
+
+
+def _progress_notes(input_dir: str) -> list[str]:
+    """``k of n jobs done (r running or incomplete)`` when some job folder lacks ``done``."""
+    progress = job_progress(input_dir)
+    if not progress.not_done:
+        return []
+    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
+    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
+            f"incomplete: {shown}); the tables use the records written so far"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    records = load_records(args.input_dir)
+    if not len(records):
+        print(f"error: no records in {args.input_dir!r}: expected "
+              f"{os.path.join(args.input_dir, '<job>', 'results.jsonl')} files (one folder level)",
+              file=sys.stderr)
+        return 1
+    if args.learning_check:
+        running = {job for job in set(records["job"])
+                   if not is_done(os.path.join(args.input_dir, job))}
+        sys.stdout.write(learning.render(learning.learning_rows(
+            records, catalog.DATASET_CLASSES, running=running)))
+        return 0
+    report = build_report(records, [METHODS[key] for key in args.selection],
+                                 hparams_table=args.hparams_table,
+                                 single_source=args.single_source, ipoop=args.ipoop,
+                                 papers=[reference.get(key) for key in args.paper])
+    text = table_formats.render(report, args.format)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    for note in [*_progress_notes(args.input_dir), *report.notes]:
+        print(f"note: {note}", file=sys.stderr)
+    if not args.no_save:
+        _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
+        if report.hparams is not None:
+            _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE), table_formats.hparams_csv(report))
+    if args.plot is not None:
+        return _plot(records, report, args)
+    return 0
+
+
+def _plot(records, report: Report, args: argparse.Namespace) -> int:
+    """Write the figures, print their paths (and which --paper keys would add markers)."""
+    from dg_plugins.collect import plots
+
+    try:
+        paths = plots.write_figures(records, report, args.plot)
+    except OSError as error:
+        print(f"error: could not write the figures into {args.plot!r}: {error}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(f"figure: {path}", file=sys.stderr)
+    if not args.paper:
+        matching = [entry.key for entry in reference.load().values() if entry.available
+                    and any(papers.paper_matches(entry, section, table)
+                            for section in report.sections for table in section.tables)]
+        if matching:
+            print(f"note: the figures show no paper numbers; --paper {' '.join(matching)} adds "
+                  "the matching ones as markers", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

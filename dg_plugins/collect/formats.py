@@ -1,0 +1,246 @@
+"""A :class:`~dg_plugins.collect.tables.Report` as text: :func:`render` in ``text`` or ``latex``
+(DomainBed's), ``markdown`` (GitHub tables) or ``csv`` (one tidy row per cell,
+:func:`tidy_cells`); the selected hparams after the tables (:func:`hparams_csv`: the
+``selected_hparams.csv`` file); a paper's numbers under each table they match, with ours minus
+the paper's in points, in every format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.collect.tables import PaperComparison, Report, Table
+from dg_plugins.train.folder import format_row
+
+#: What a table cell prints where the paper gives no number, or no difference can be taken.
+NO_PAPER_VALUE = "-"
+NOT_AVAILABLE = "not available in the sources we have"
+
+FORMATS = ("text", "latex", "markdown", "csv")
+#: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
+RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
+                 "csv": "results.csv"}
+HPARAMS_FILE = "selected_hparams.csv"
+
+
+def render(report: Report, fmt: str = "text") -> str:
+    """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
+    DomainBed's collect_results byte for byte when there are no subset keys, no single-source
+    runs, no hparams table and no paper comparison."""
+    if fmt not in _RENDERERS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    return _RENDERERS[fmt](report)
+
+
+def _render_text(report: Report) -> str:
+    """DomainBed's output (its ``print_table`` per table), then the selected hparams."""
+    lines = [f"Total records: {report.n_records}"]
+    for section in report.sections:
+        for table in section.tables:
+            lines += ["", f"-------- {table.header}",
+                      format_row(["Algorithm", *table.col_labels], table.colwidth)]
+            lines += [format_row([algorithm, *(cell.text() for cell in cells)], table.colwidth)
+                      for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += _comparison_text(comparison, table)
+    lines += _hparams_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def _paper_texts(values, sign: str = "+/-") -> list[str]:
+    return [NO_PAPER_VALUE if value is None else value.text(sign) for value in values]
+
+
+def _difference_texts(differences) -> list[str]:
+    return [NO_PAPER_VALUE if value is None else f"{value:+.1f}" for value in differences]
+
+
+def _mapping_text(comparison: PaperComparison, arrow: str = "<->") -> str:
+    return ", ".join(f"{ours} {arrow} {row}" for ours, row in comparison.mapping.items())
+
+
+def _comparison_text(comparison: PaperComparison, table: Table) -> list[str]:
+    """The paper's rows and ours minus the paper's, continuing the table's columns."""
+    lines = [comparison.heading, comparison.details]
+    if comparison.claim is not None:
+        return lines + [f"paper: {NOT_AVAILABLE}; the source says: {comparison.claim}"]
+    lines += [format_row([row, *_paper_texts(values)], table.colwidth)
+              for row, values in comparison.rows.items()]
+    if comparison.differences:
+        lines.append(f"difference (ours - paper), for {_mapping_text(comparison)}:")
+        lines += [format_row([f"{ours} - paper", *_difference_texts(values)], table.colwidth)
+                  for ours, values in comparison.differences.items()]
+    return lines
+
+
+def _render_latex(report: Report) -> str:
+    """DomainBed's ``--latex`` output, then the selected hparams verbatim."""
+    lines = ["\\documentclass{article}", "\\usepackage{booktabs}", "\\usepackage{adjustbox}",
+             "\\begin{document}", "\\section{Full DomainBed results}",
+             f"% Total records: {report.n_records}"]
+    for section in report.sections:
+        lines += ["", f"\\subsection{{{section.title}}}"]
+        for table in section.tables:
+            labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
+                      for label in ["Algorithm", *table.col_labels]]
+            lines += ["", f"\\subsubsection{{{table.title}}}", "", "\\begin{center}",
+                      "\\adjustbox{max width=\\textwidth}{%",
+                      "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
+                      format_row(labels, table.colwidth, latex=True), "\\midrule"]
+            lines += [format_row([algorithm, *(cell.text("$\\pm$") for cell in cells)],
+                                 table.colwidth, latex=True)
+                      for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += _comparison_latex(comparison, table)
+            lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
+    hparams = _hparams_lines(report)
+    if hparams:
+        lines += ["", "\\subsection{Selected hparams}", "\\begin{verbatim}", *hparams,
+                  "\\end{verbatim}"]
+    lines.append("\\end{document}")
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"}
+_LATEX_SPECIAL.update({"~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
+                       "\\": "\\textbackslash{}"})
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
+
+
+def _comparison_latex(comparison: PaperComparison, table: Table) -> list[str]:
+    """Rows of the same tabular, below a rule: the heading across all columns, the paper's rows,
+    then ours minus the paper's."""
+    width = len(table.col_labels) + 1
+
+    def spanning(text: str) -> str:
+        return f"\\multicolumn{{{width}}}{{l}}{{\\footnotesize {_latex_escape(text)}}} \\\\"
+
+    def row(cells) -> str:
+        return " & ".join(cells) + " \\\\"
+
+    lines = ["\\midrule", spanning(comparison.heading), spanning(comparison.details.strip())]
+    if comparison.claim is not None:
+        return lines + [spanning(f"paper: {NOT_AVAILABLE}; the source says: {comparison.claim}")]
+    lines += [row([_latex_escape(name), *_paper_texts(values, "$\\pm$")])
+              for name, values in comparison.rows.items()]
+    if comparison.differences:
+        lines += ["\\midrule", spanning(f"difference (ours - paper), for "
+                                          f"{_mapping_text(comparison, '=')}")]
+        lines += [row([f"{_latex_escape(ours)} $-$ paper",
+                       *(_latex_escape(t) for t in _difference_texts(values))])
+                  for ours, values in comparison.differences.items()]
+    return lines
+
+
+def _render_markdown(report: Report) -> str:
+    """GitHub tables, one heading per section and table, then the selected hparams as code."""
+    def row(values) -> str:
+        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |"
+
+    lines = ["# Results", "", f"Total records: {report.n_records}"]
+    for section in report.sections:
+        lines += ["", f"## {section.title}"]
+        for table in section.tables:
+            lines += ["", f"### {table.header}", "", row(["Algorithm", *table.col_labels]),
+                      "|:--" + "|--:" * len(table.col_labels) + "|"]
+            lines += [row([algorithm, *(cell.text("±") for cell in cells)])
+                      for algorithm, cells in table.rows.items()]
+            for comparison in table.comparisons:
+                lines += ["", f"*{comparison.heading}*  ", f"*{comparison.details.strip()}*", ""]
+                if comparison.claim is not None:
+                    lines.append(f"Paper: {NOT_AVAILABLE}; the source says: {comparison.claim}")
+                    continue
+                lines += [row(["Paper row / ours − paper", *table.col_labels]),
+                          "|:--" + "|--:" * len(table.col_labels) + "|"]
+                lines += [row([name, *_paper_texts(values, "±")])
+                          for name, values in comparison.rows.items()]
+                lines += [row([f"{ours} − {comparison.mapping[ours]}",
+                               *_difference_texts(values)])
+                          for ours, values in comparison.differences.items()]
+    hparams = _hparams_lines(report)
+    if hparams:
+        lines += ["", "## Selected hparams", "", "```", *hparams, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _render_csv(report: Report) -> str:
+    """:func:`tidy_cells` as CSV, then the selected hparams as a second CSV after an empty line."""
+    cells = tidy_cells(report)
+    cells["n"] = cells["n"].astype("Int64")
+    text = cells.to_csv(index=False, lineterminator="\n", float_format="%.10g")
+    if report.hparams is not None:
+        text += "\n" + hparams_csv(report)
+    return text
+
+
+_RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_markdown,
+              "csv": _render_csv}
+
+
+def tidy_cells(report: Report) -> pd.DataFrame:
+    """Every cell of every table, one row each: ``selection, selection_name, test_key, table,
+    algorithm, column, mean, err, n, text`` (mean and err in percent; ``table`` the dataset or
+    ``Averages``; ``n`` the number of trials, empty for ``Avg``); with paper
+    comparisons, their cells too, told apart by the ``kind`` and ``paper`` columns."""
+    rows = []
+    compared = any(table.comparisons for section in report.sections for table in section.tables)
+    for section in report.sections:
+        method = section.method
+        head = (method.key, method.name, section.test_key)
+        for table in section.tables:
+            extra = ("measured", "") if compared else ()
+            for algorithm, cells in table.rows.items():
+                for column, cell in zip(table.col_labels, cells):
+                    rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,
+                                 cell.n, cell.text(), *extra))
+            for comparison in table.comparisons:
+                if comparison.claim is not None:
+                    rows.append((*head, table.title, "", "", None, None, None,
+                                 f"{NOT_AVAILABLE}; the source says: {comparison.claim}",
+                                 "paper", comparison.key))
+                for name, values in comparison.rows.items():
+                    for column, value in zip(table.col_labels, values):
+                        if value is not None:
+                            rows.append((*head, table.title, name, column, value.mean,
+                                         value.pm, None, value.text(), "paper", comparison.key))
+                for ours, values in comparison.differences.items():
+                    for column, value in zip(table.col_labels, values):
+                        if value is not None:
+                            rows.append((*head, table.title, ours, column, value, None, None,
+                                         f"{value:+.1f}", "difference", comparison.key))
+    columns = ["selection", "selection_name", "test_key", "table", "algorithm", "column", "mean",
+               "err", "n", "text"] + (["kind", "paper"] if compared else [])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _hparams_lines(report: Report) -> list[str]:
+    """The selected hparams as aligned plain text, one block per method (each after an empty
+    line); none without ``report.hparams``."""
+    if report.hparams is None:
+        return []
+    head = ["Dataset", "Algorithm", "Test env", "Trial", "hparams_seed", "Step", "Val acc",
+            "Test acc", "Job", "hparams"]
+    lines = []
+    for method in report.methods:
+        chosen = report.hparams[report.hparams["selection"] == method.key]
+        body = [[r.dataset, r.algorithm, f"{r.test_env_label} ({r.test_env})", r.trial_seed,
+                 r.hparams_seed, r.step, _percent(r.val_acc), _percent(r.test_acc), r.job,
+                 r.hparams] for r in chosen.itertuples()]
+        body = [[str(v) for v in row] for row in [head, *body]]
+        widths = [max(len(row[i]) for row in body) for i in range(len(head) - 1)]
+        lines += ["", f"-------- Selected hparams, model selection method: {method.name}"]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
+                  for row in body]
+    return lines
+
+
+def _percent(value) -> str:
+    return "X" if value is None or np.isnan(value) else f"{100 * value:.1f}"
+
+
+def hparams_csv(report: Report) -> str:
+    """The ``selected_hparams.csv`` file of a report built with ``hparams_table``."""
+    return report.hparams.to_csv(index=False, lineterminator="\n")

@@ -1,0 +1,99 @@
+"""IP/OOP tables: records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys (the accuracy of a
+test environment's in split on its in-pretraining / out-of-pretraining subset, written by train
+with ``--alignment_scores``) get, after the standard ones, the same selection reporting that key
+instead of ``env{t}_in_acc``; with the subsets' sizes, also over the whole test environment (in
+and out splits pooled, :func:`add_pooled_subsets`). Without such keys nothing changes."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.collect.records import acc_width
+from dg_plugins.collect.selection import GroupedRecords, SelectionMethod
+from dg_plugins.collect.tables import Section, results_tables
+
+
+class SubsetKey(NamedTuple):
+    """An extra test key: its template (in ``t``), a short label and a description."""
+
+    template: str
+    label: str
+    description: str
+
+
+#: Extra test keys reported when present.
+SUBSET_KEYS = (
+    SubsetKey("env{t}_in_ip_acc", "IP", "in-pretraining subset of the test environment"),
+    SubsetKey("env{t}_in_oop_acc", "OOP", "out-of-pretraining subset of the test environment"),
+)
+#: The same subsets over the whole test environment: its in and out splits pooled, each split's
+#: subset accuracy weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as
+#: the IP/OOP authors report each subset over the whole target domain.
+POOLED_SUBSET_KEYS = (
+    SubsetKey("env{t}_pooled_ip_acc", "IP, whole domain",
+              "in-pretraining subset of the whole test environment (in and out splits pooled, "
+              "weighted by their subset sizes)"),
+    SubsetKey("env{t}_pooled_oop_acc", "OOP, whole domain",
+              "out-of-pretraining subset of the whole test environment (in and out splits "
+              "pooled, weighted by their subset sizes)"),
+)
+#: Which IP/OOP figures collect_results shows (``--ipoop``): the in split's, the pooled, or both.
+IPOOP_CHOICES = ("in", "pooled", "both")
+#: What an IP/OOP table's header says after its key (which subset, over which split).
+HEADER_NOTES = {
+    "env{t}_in_ip_acc": "IP subset of the test environment's in split",
+    "env{t}_in_oop_acc": "OOP subset of the test environment's in split",
+    "env{t}_pooled_ip_acc": "IP subset of the whole test environment, in and out splits pooled",
+    "env{t}_pooled_oop_acc": "OOP subset of the whole test environment, in and out splits pooled",
+}
+
+
+def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` with ``env{i}_pooled_{ip,oop}_acc`` columns (:data:`POOLED_SUBSET_KEYS`) added
+    where the in and out splits' subset accuracies and counts exist: ``(acc_in * n_in + acc_out
+    * n_out) / (n_in + n_out)``, an empty split (count 0, accuracy NaN) contributing nothing;
+    NaN where a record lacks a count or both subsets are empty. The input is not modified."""
+    added = {}
+    for i in range(acc_width(records)):
+        for subset in ("ip", "oop"):
+            names = [f"env{i}_{split}_{subset}_{kind}" for kind in ("acc", "count")
+                     for split in ("in", "out")]
+            if not all(name in records.columns for name in names):
+                continue
+            acc_in, acc_out, n_in, n_out = (records[name].to_numpy(dtype=float) for name in names)
+            total = n_in + n_out
+            weighted = (np.where(n_in > 0, acc_in, 0.0) * n_in
+                        + np.where(n_out > 0, acc_out, 0.0) * n_out)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                added[f"env{i}_pooled_{subset}_acc"] = np.where(total > 0, weighted / total,
+                                                                np.nan)
+    return records.assign(**added) if added else records
+
+
+def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
+    """The IP/OOP keys whose column exists for some environment in ``records``: the in split's
+    (:data:`SUBSET_KEYS`), the pooled ones (:data:`POOLED_SUBSET_KEYS`, see
+    :func:`add_pooled_subsets`) or both, by ``ipoop`` (:data:`IPOOP_CHOICES`)."""
+    if ipoop not in IPOOP_CHOICES:
+        raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
+    keys = {"in": SUBSET_KEYS, "pooled": POOLED_SUBSET_KEYS,
+            "both": SUBSET_KEYS + POOLED_SUBSET_KEYS}[ipoop]
+    found = []
+    for subset in keys:
+        pattern = re.compile(re.escape(subset.template).replace(re.escape("{t}"), r"\d+"))
+        if any(pattern.fullmatch(str(column)) for column in records.columns):
+            found.append(subset)
+    return found
+
+
+def ipoop_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
+                   ipoop: str = "both") -> list[Section]:
+    """Per IP/OOP key found (:func:`subset_keys`) and method, the section of its tables."""
+    return [Section(method, subset.template, f"{subset.label}: {subset.description}",
+                    results_tables(grouped, method, subset.template,
+                                   HEADER_NOTES.get(subset.template)))
+            for subset in subset_keys(grouped.records, ipoop) for method in methods]

@@ -1,0 +1,435 @@
+"""A sweep's records as a pandas DataFrame, read as DomainBed's ``reporting.load_records`` reads
+them (:func:`load_records`; what it does otherwise, e.g. skip a torn line with a warning:
+docs/domainbed_differences.md), and the counts of its job folders (:func:`job_progress`). One row
+per record; the columns are listed on :func:`load_records`. Fast, without torch: lines parsed with
+``orjson`` (falling back to :mod:`json` for what it rejects, e.g. NaN), files read with small
+``os.read`` calls, records stored column by column (:class:`_Columns`)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import re
+import sys
+from array import array
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.train.folder import JOB_FILES, RESULTS_FILE, is_done
+
+try:  # a dependency, but parsing falls back to json without it
+    import orjson as _orjson
+except ImportError:
+    _orjson = None
+
+
+class _ArgValues(NamedTuple):
+    """The ``args`` of a record that become columns (``args.<name>``)."""
+
+    trial_seed: object
+    dataset: object
+    algorithm: object
+    test_envs: tuple
+    hparams_seed: object
+    output_dir: object  # optional: only the hparams table shows it
+    label_fraction: float  # optional: UDG jobs (dg_plugins.train.udg); NaN otherwise
+
+
+#: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
+REQUIRED_ARGS = _ArgValues._fields[:5]
+#: Columns read from ``args``.
+ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
+#: Record keys kept as float columns: ``env{i}_<anything>_acc``.
+ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
+#: Record keys kept as float columns besides accuracies: ``env{i}_<subset>_count`` (how many
+#: items a named subset of a split has; IP/OOP records), for count-weighted pooling.
+COUNT_KEY = re.compile(r"env(\d+)_(\w+)_count")
+
+#: Other numeric record keys kept as float columns of the same name.
+NUMBER_KEYS = ("num_classes",)
+
+#: A sweep's job folders are named by an md5 hex digest (``domainbed/scripts/sweep.py``'s ``Job``).
+JOB_FOLDER_NAME = re.compile(r"[0-9a-f]{32}")
+MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
+# Read size: results files are a few KB. A buffer above glibc's mmap threshold (128 KiB) makes
+# every os.read map and unmap fresh pages: 1 MiB reads cost 3-6x more time on 10,000 files.
+_READ_SIZE = 1 << 16
+_JSON_SPACE = " \t\r\n"
+
+Warn = Callable[[str], None]
+
+
+def _print_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_records(input_dir: str, warn: Warn = _print_warning,
+                 progress: bool | None = None) -> pd.DataFrame:
+    """Every usable record of ``input_dir/<job>/results.jsonl`` (one level, in
+    ``os.listdir`` order, as ``reporting.load_records``; incomplete jobs' and reruns' records
+    kept) as a DataFrame, one row per record in load order. Columns (DomainBed's selector names):
+    ``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
+    ``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN
+    otherwise), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
+    (1-based), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
+    ``num_classes`` (NaN where a record lacks the key), and ``environments`` (the record's
+    environment labels as a tuple, None where it has none). Other keys are dropped. A line that
+    is not JSON or lacks a key the tables read is skipped, and a file that cannot be read is
+    named: problems go to ``warn`` (default: stderr; at most :data:`MAX_WARNINGS`, then a count).
+    ``progress`` shows a tqdm bar on stderr (default: when stderr is a terminal). Raises
+    ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
+    if not os.path.exists(input_dir):
+        raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
+    if not os.path.isdir(input_dir):
+        raise NotADirectoryError(f"input directory {input_dir!r} is not a directory")
+    entries = os.listdir(input_dir)  # DomainBed's order (reporting.load_records)
+    if sys.stderr.isatty() if progress is None else progress:
+        import tqdm  # only for terminals: its import costs 0.1 s
+
+        entries = tqdm.tqdm(entries, ncols=80, leave=False)
+    columns = _Columns()
+    collecting = gc.isenabled()
+    gc.disable()  # the cyclic GC would rescan the growing columns again and again (~10% time)
+    try:
+        for entry in entries:
+            path = os.path.join(input_dir, entry, RESULTS_FILE)
+            text = _read_text(path, columns.problems)
+            if text is not None:
+                columns.add_file(entry, path, text)
+    finally:
+        if collecting:
+            gc.enable()
+    for message in columns.problems[:MAX_WARNINGS]:
+        warn(message)
+    if len(columns.problems) > MAX_WARNINGS:
+        warn(f"{len(columns.problems) - MAX_WARNINGS} more problems not shown "
+             f"({len(columns.problems)} lines or files skipped in total)")
+    return columns.frame()
+
+
+def _read_text(path: str, problems: list[str]) -> str | None:
+    """The file's text, or None when it is absent (not a job folder, or no record yet)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)  # plain os calls: twice as fast as open() on 10k files
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        problems.append(f"cannot read {path}: {error}")
+        return None
+    try:
+        chunks = [os.read(fd, _READ_SIZE)]
+        while len(chunks[-1]) == _READ_SIZE:  # a short read means the end of a regular file
+            chunks.append(os.read(fd, _READ_SIZE))
+    except OSError as error:
+        problems.append(f"cannot read {path}: {error}")
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+def parse_line(line: str):
+    """The JSON value of ``line`` (orjson when importable, else :mod:`json`); raises
+    ``ValueError`` if it is not valid JSON."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(line)
+        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
+            pass
+    return json.loads(line)
+
+
+def _arg_values(args) -> _ArgValues | str:
+    """The column values of an ``args`` dict, or why it is unusable for ``domainbed/scripts/collect_results.py``."""
+    if type(args) is not dict:
+        return "no 'args' object"
+    missing = [name for name in REQUIRED_ARGS if name not in args]
+    if missing:
+        return "missing " + ", ".join(f"args.{name}" for name in missing)
+    envs = args["test_envs"]
+    if not isinstance(envs, list) or not all(type(e) is int for e in envs):
+        return "args.test_envs is not a list of int"
+    return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
+                      args["hparams_seed"], args.get("output_dir"),
+                      _fraction(args.get("label_fraction")))
+
+
+def _environments(value) -> tuple | None:
+    """A record's ``environments`` (a list of labels) as a tuple of str; None when absent or not
+    a list of strings."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
+
+
+def _fraction(value) -> float:
+    """``args.label_fraction`` as a float; NaN when absent (every non-UDG record) or not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return math.nan
+
+
+# --------------------------------------------------------------------------------------------------
+# The column store
+
+
+@dataclass(slots=True)
+class _Segment:
+    """``size`` consecutive rows of one job with the same ``args``: stored once, repeated by
+    :meth:`_Columns.frame`."""
+
+    job: str
+    args: _ArgValues
+    size: int
+    environments: tuple | None = None
+
+
+@dataclass(slots=True)
+class _AccBlock:
+    """The accuracies of all records with one key set: ``keys`` (their ``env{i}_*_acc`` keys, in
+    record order), the records' row positions, and their values row-major (rows x keys)."""
+
+    keys: list[str]
+    rows: array = field(default_factory=lambda: array("q"))
+    values: array = field(default_factory=lambda: array("d"))
+    get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
+
+    def __post_init__(self) -> None:
+        self.get = _getter(self.keys)
+
+    def matrix(self) -> np.ndarray:
+        return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
+
+
+def _getter(keys: list[str]) -> Callable[[dict], tuple]:
+    """``record -> tuple of record[k] for k in keys``."""
+    if len(keys) > 1:
+        return itemgetter(*keys)
+    if keys:
+        return lambda record, key=keys[0]: (record[key],)
+    return lambda record: ()
+
+
+_get_step = itemgetter("step")
+
+
+def _get_hparams(record: dict):
+    return record.get("hparams")
+
+
+class _Columns:
+    """Records collected column by column, then made into a DataFrame by :meth:`frame`:
+    ``segments`` (job and ``args``), ``lines``, ``steps``, ``hparams`` (one entry per row) and the
+    accuracies in ``blocks`` (by the records' full key tuple). Unusable lines go to ``problems``."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self.lines: list[int] = []
+        self.steps: list = []
+        self.hparams: list = []
+        self.blocks: dict[tuple, _AccBlock] = {}
+        self.problems: list[str] = []
+
+    def add_file(self, job: str, path: str, text: str) -> None:
+        """Add the records of one ``results.jsonl``; unusable lines become problems."""
+        numbers, records = [], []
+        for number, line in enumerate(text.split("\n"), 1):
+            if not line.strip(_JSON_SPACE):
+                continue
+            try:
+                records.append(parse_line(line))
+                numbers.append(number)
+            except ValueError as error:
+                self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
+        if records and self._add_uniform(job, numbers, records):
+            return
+        for number, record in zip(numbers, records):  # line by line
+            if type(record) is not dict:
+                self.problems.append(f"skipping line {number} of {path}: not a JSON object")
+                continue
+            args = _arg_values(record.get("args"))
+            if type(args) is str or "step" not in record:
+                reason = args if type(args) is str else "missing step"
+                self.problems.append(f"skipping line {number} of {path}: {reason}")
+                continue
+            self._append(job, [number], [record], args)
+
+    def _add_uniform(self, job: str, numbers: list[int], records: list) -> bool:
+        """The usual case in one go: valid records with the same keys and ``args``."""
+        first = records[0]
+        if type(first) is not dict or "step" not in first or "args" not in first:
+            return False
+        args, keys = first["args"], first.keys()
+        for record in records:
+            if type(record) is not dict or record.keys() != keys or record["args"] != args:
+                return False
+        values = _arg_values(args)
+        if type(values) is str:
+            return False
+        self._append(job, numbers, records, values)
+        return True
+
+    def _append(self, job: str, numbers: list[int], records: list, args: _ArgValues) -> None:
+        """Append valid records that share ``args`` and keys."""
+        keys = tuple(records[0])
+        block = self.blocks.get(keys)
+        if block is None:
+            block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)
+                                                     or COUNT_KEY.fullmatch(k)
+                                                     or k in NUMBER_KEYS])
+        start = len(self.steps)
+        block.rows.extend(range(start, start + len(records)))
+        size = len(block.values)
+        try:
+            block.values.extend(chain.from_iterable(map(block.get, records)))
+        except (TypeError, OverflowError):  # a non-numeric accuracy: keep what is numeric
+            del block.values[size:]
+            block.values.extend(map(_number, chain.from_iterable(map(block.get, records))))
+        self.steps.extend(map(_get_step, records))
+        self.hparams.extend(map(_get_hparams, records))
+        self.lines.extend(numbers)
+        environments = _environments(records[0].get("environments"))
+        last = self.segments[-1] if self.segments else None
+        if (last is not None and last.job == job and last.args is args
+                and last.environments == environments):
+            last.size += len(records)
+        else:
+            self.segments.append(_Segment(job, args, len(records), environments))
+
+    def frame(self) -> pd.DataFrame:
+        columns: dict[str, object] = {}
+        sizes = np.array([segment.size for segment in self.segments], dtype=np.int64)
+        args = list(zip(*(segment.args for segment in self.segments))) or [()] * len(ARG_COLUMNS)
+        for name, values in zip(ARG_COLUMNS, args):
+            # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
+            if name.endswith("_seed"):
+                columns[name] = pd.Series(list(values)).to_numpy().repeat(sizes)
+            else:
+                columns[name] = _object_series(values, sizes)
+        columns["step"] = self.steps
+        columns["hparams"] = _object_series(self.hparams)
+        columns["job"] = _object_series([segment.job for segment in self.segments], sizes)
+        columns["environments"] = _object_series(
+            [segment.environments for segment in self.segments], sizes)
+        columns["line"] = np.array(self.lines, dtype=np.int64)
+        acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
+                          key=_acc_sort_key)
+        position = {key: i for i, key in enumerate(acc_keys)}
+        accs = np.full((len(self.steps), len(acc_keys)), np.nan)
+        for block in self.blocks.values():
+            if block.keys:
+                where = [position[key] for key in block.keys]
+                if len(block.rows) == len(accs):  # every record has these keys
+                    accs[:, where] = block.matrix()
+                else:
+                    rows = np.frombuffer(block.rows, dtype=np.int64)
+                    accs[np.ix_(rows, where)] = block.matrix()
+        for i, key in enumerate(acc_keys):
+            columns[key] = accs[:, i]
+        return pd.DataFrame(columns)
+
+
+def _object_series(values, repeats: np.ndarray | None = None) -> pd.Series:
+    """A Series of Python objects, each value repeated ``repeats[i]`` times if given (pandas
+    would otherwise convert strings to its string dtype, slower to iterate)."""
+    values = np.fromiter(values, dtype=object, count=len(values))
+    if repeats is not None:
+        values = values.repeat(repeats)
+    return pd.Series(values, dtype=object, copy=False)
+
+
+def _number(value) -> float:
+    """An accuracy value as a float; NaN if it is not a number."""
+    try:
+        return float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        return math.nan
+
+
+def _acc_sort_key(key: str):
+    match = ACC_KEY.fullmatch(key)
+    if match is not None:
+        return int(match.group(1)), match.group(2)
+    match = COUNT_KEY.fullmatch(key)
+    if match is not None:  # a count column: after the accuracies
+        return 1 << 30, int(match.group(1)), match.group(2)
+    return 1 << 31, NUMBER_KEYS.index(key), ""  # the other numbers last
+
+
+class JobProgress(NamedTuple):
+    """Job folders of a sweep: how many there are, and the names of those without ``done``
+    (running, interrupted or failed: a folder cannot tell which)."""
+
+    total: int
+    not_done: list[str]
+
+    @property
+    def done(self) -> int:
+        return self.total - len(self.not_done)
+
+
+def job_progress(input_dir: str) -> JobProgress:
+    """Count the job folders of ``input_dir`` (one level, as :func:`load_records` reads): entries
+    that are folders named by an md5 digest (a sweep creates every job's folder when it launches,
+    ``domainbed/scripts/sweep.py``) or holding a job's files (:data:`JOB_FILES`); other folders
+    (e.g. ``udg_pretrain``) are not jobs. A job is done when its folder has ``done``."""
+    total, not_done = 0, []
+    for entry in sorted(os.listdir(input_dir)):
+        folder = os.path.join(input_dir, entry)
+        if not os.path.isdir(folder):
+            continue
+        if not (JOB_FOLDER_NAME.fullmatch(entry)
+                or any(os.path.exists(os.path.join(folder, name)) for name in JOB_FILES)):
+            continue
+        total += 1
+        if not is_done(folder):
+            not_done.append(entry)
+    return JobProgress(total, not_done)
+
+
+# --------------------------------------------------------------------------------------------------
+# Queries used by selection and tables
+
+
+def acc_width(records: pd.DataFrame) -> int:
+    """One more than the largest environment index of any accuracy column (0 if none)."""
+    width = 0
+    for column in records.columns:
+        match = ACC_KEY.fullmatch(column)
+        if match:
+            width = max(width, int(match.group(1)) + 1)
+    return width
+
+
+def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
+    """``records[key.format(t=i)]`` for i = 0..W-1 (W: :func:`acc_width`) as a (records x W)
+    float array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
+    columns = [key.format(t=i) for i in range(acc_width(records))]
+    return records.reindex(columns=columns).to_numpy(dtype=float, na_value=np.nan)
+
+
+def leading_count(present: np.ndarray) -> np.ndarray:
+    """Per row, how many consecutive True values start the row (DomainBed counts environments
+    by probing ``env0_..``, ``env1_..`` until a key is missing; ``domainbed/model_selection.py``)."""
+    if present.shape[1] == 0:
+        return np.zeros(len(present), dtype=int)
+    return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))
+
+
+def environment_count(records: pd.DataFrame) -> int:
+    """Number of environments seen in ``records``: the largest count of consecutive
+    ``env{i}_in_acc`` keys of any record (used for datasets the catalog does not know)."""
+    if not len(records):
+        return 0
+    return int(leading_count(~np.isnan(acc_matrix(records, "env{t}_in_acc"))).max())

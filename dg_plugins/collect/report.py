@@ -1,0 +1,67 @@
+"""Everything collect_results prints, put together (:func:`build_report`): per selection method the
+standard tables, then the IP/OOP, single-source and UDG ones, the selected hparams, the papers'
+numbers under the tables they match, and the notes that explain X cells and averages."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets, ipoop_sections
+from dg_plugins.collect.notes import averages_notes, missing_cell_notes
+from dg_plugins.collect.papers import add_paper_comparisons
+from dg_plugins.collect.selection import TEST_KEY, GroupedRecords, SelectionMethod, group_records
+from dg_plugins.collect.single_source import single_source_sections
+from dg_plugins.collect.tables import (Report, Section, environment_labels, results_tables,
+                                       selected_hparams)
+from dg_plugins.collect.udg import is_udg, udg_sections
+from dg_plugins.reference import PaperEntry
+
+
+def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+                 hparams_table: bool = False, single_source: str = "auto",
+                 ipoop: str = "both", papers: list[PaperEntry] = ()) -> Report:
+    """Select and tabulate: the standard tables per method, then the IP/OOP subset keys' tables
+    (``ipoop``: the in split's, the pooled whole-domain ones, or both), then single-source tables
+    (``single_source``: ``auto`` where unambiguous, ``on``, ``off``), then, for records of the
+    UDG protocol (left out of all those), the UDG tables. ``papers``: entries of
+    :mod:`dg_plugins.reference` to put under the tables they match. ``hparams_table``: the run
+    each method selected (``Report.hparams``)."""
+    if single_source not in ("auto", "on", "off"):
+        raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
+    if ipoop not in IPOOP_CHOICES:
+        raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
+    methods = list(dict.fromkeys(methods))
+    frame = records.records if isinstance(records, GroupedRecords) else records
+    udg = is_udg(frame)
+    if udg.any():  # UDG records get their own tables only
+        report = Report(len(frame), methods)
+        if not udg.all():
+            standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
+                                        hparams_table, single_source, ipoop)
+            report.sections, report.hparams = standard.sections, standard.hparams
+            report.notes = standard.notes
+        report.sections += udg_sections(frame[udg].reset_index(drop=True), methods)
+    else:
+        report = _standard_report(records, methods, hparams_table, single_source, ipoop)
+    report.notes += add_paper_comparisons(report, list(papers))
+    return report
+
+
+def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+                     hparams_table: bool, single_source: str, ipoop: str = "both") -> Report:
+    if ipoop != "in":
+        frame = records.records if isinstance(records, GroupedRecords) else records
+        pooled = add_pooled_subsets(frame)
+        records = records if pooled is frame else pooled
+    grouped = group_records(records)
+    report = Report(len(grouped.records), methods)
+    for method in methods:
+        report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method)))
+    report.sections += ipoop_sections(grouped, methods, ipoop)
+    report.sections += single_source_sections(grouped, methods, single_source)
+    if hparams_table:
+        report.hparams = selected_hparams(grouped, methods)
+    report.notes += missing_cell_notes(grouped, report.sections)
+    report.notes += averages_notes(report.sections,
+                                   lambda dataset: environment_labels(grouped.records, dataset))
+    return report

@@ -1,0 +1,359 @@
+"""DomainBed's model selection (``domainbed/model_selection.py``, ``domainbed/lib/reporting.py``'s
+``get_grouped_records``), vectorised with pandas, written as data (:data:`METHODS`). Records are
+grouped per ``(trial_seed, dataset, algorithm, test_env)`` (a pair run joins two groups); in a
+group each ``hparams_seed`` is a run, a method scores each run (``val_acc`` and the record whose
+test accuracy it reports, read with a test-key template, default ``env{t}_in_acc``), and the run
+with the best ``val_acc`` is the group's. DomainBed's semantics are kept exactly: within a run the
+earliest checkpoint wins ties and a NaN val_acc behaves as under Python's ``max``; across runs ties
+go to the largest hparams_seed and NaN counts as -inf; means are taken in DomainBed's order, so
+values are bit-identical."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.collect.records import acc_matrix, leading_count
+
+#: Default test key template: the in split of the test environment (``model_selection.py``).
+TEST_KEY = "env{t}_in_acc"
+#: Per-run score columns a method returns.
+RUN_COLUMNS = ["group", "hparams_seed", "record", "step", "val_acc"]
+#: Columns of :func:`select`.
+SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_seed", "step",
+                    "val_acc", "test_acc", "record", "group"]
+
+
+class GroupedRecords:
+    """Records plus their group memberships (``reporting.get_grouped_records``), computed once and shared by all methods
+    and tables.
+
+    ``members``: one row per (record, test_env in its args.test_envs), in DomainBed's order, with
+    columns ``group`` (ids numbered by first appearance, as DomainBed's dict fills), ``record``
+    (row position in ``records``), ``test_env``, ``n_test_envs``, ``hparams_seed``, ``step``.
+    ``groups``: ``trial_seed, dataset, algorithm, test_env`` per group id. ``algorithms`` and
+    ``datasets``: the distinct values of those args in first-appearance order.
+
+    Grouping works on integer codes (:func:`group_ids`), several times faster than pandas'
+    groupby on string columns.
+    """
+
+    def __init__(self, records: pd.DataFrame) -> None:
+        self.records = records.reset_index(drop=True)
+        codes, self.distinct_test_envs = pd.factorize(self.records["args.test_envs"].to_numpy(),
+                                                      use_na_sentinel=False)
+        #: Per record: the index of its test_envs in ``distinct_test_envs``, and their count.
+        self.test_envs_code = codes
+        record, test_env, counts = _expand_test_envs(codes, self.distinct_test_envs)
+        self.n_test_envs = counts
+        key_values = {name: self.records[f"args.{name}"].to_numpy()
+                      for name in ("trial_seed", "dataset", "algorithm")}
+        codes, uniques = {}, {}
+        for name, values in key_values.items():
+            codes[name], uniques[name] = pd.factorize(values, use_na_sentinel=False)
+        self.algorithms: list = list(uniques["algorithm"])
+        self.datasets: list = list(uniques["dataset"])
+        group = group_ids(*(codes[name][record] for name in key_values), test_env)
+        firsts = np.unique(group, return_index=True)[1]
+        self.groups = pd.DataFrame({
+            **{name: values[record[firsts]] for name, values in key_values.items()},
+            "test_env": test_env[firsts]}).rename_axis("group")
+        self.members = pd.DataFrame({
+            "test_env": test_env,
+            "record": record,
+            "n_test_envs": counts[record],
+            "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
+            "step": self.records["step"].to_numpy()[record],
+            "group": group,
+        })
+        self._matrices: dict[str, np.ndarray] = {}
+        self.memo: dict[str, object] = {}  # derived values other modules compute once per sweep
+
+    def accs(self, key: str) -> np.ndarray:
+        """``records[key.format(t=i)]`` for every environment i as a (records x envs) float array,
+        NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
+        if key not in self._matrices:
+            self._matrices[key] = acc_matrix(self.records, key)
+        return self._matrices[key]
+
+    def single(self) -> pd.DataFrame:
+        """Memberships of single-test-env records (the only ones IID and oracle look at)."""
+        return self.members[self.members["n_test_envs"] == 1]
+
+
+def group_ids(*keys: np.ndarray) -> np.ndarray:
+    """Per row, the id of its combination of ``keys`` values, numbered by first appearance: the
+    same ids as ``groupby(keys, sort=False, dropna=False).ngroup()``, from one ``pd.factorize``
+    per key and per combination step (the combined code stays below rows**2)."""
+    ids = np.zeros(len(keys[0]) if keys else 0, dtype=np.int64)
+    for key in keys:
+        code = pd.factorize(key, use_na_sentinel=False)[0]
+        ids = pd.factorize(ids * (int(code.max(initial=-1)) + 1) + code)[0]
+    return ids
+
+
+def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(record, test_env, n_test_envs)``: one (record position, test env) per entry of each
+    record's ``test_envs`` (``distinct[codes[record]]``) in order, and the per-record counts.
+    Works on the few distinct tuples, then expands with numpy."""
+    lengths = np.array([len(envs) for envs in distinct], dtype=np.int64)
+    table = np.zeros((len(distinct), int(lengths.max(initial=0))), dtype=np.int64)
+    for row, envs in enumerate(distinct):
+        table[row, :len(envs)] = envs
+    counts = lengths[codes]
+    record = np.repeat(np.arange(len(codes)), counts)
+    position = np.arange(len(record)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return record, table[codes[record], position], counts
+
+
+def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
+    """Group records per (trial_seed, dataset, algorithm, test_env) (``reporting.get_grouped_records``)."""
+    return records if isinstance(records, GroupedRecords) else GroupedRecords(records)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces (the public ones are also used by dg_plugins.collect.single_source)
+
+
+def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``matrix[rows, cols]`` with NaN where ``cols`` is past the matrix width."""
+    inside = (cols >= 0) & (cols < matrix.shape[1])
+    out = np.full(len(rows), np.nan)
+    out[inside] = matrix[rows[inside], cols[inside]]
+    return out
+
+
+def _reduce_rows(values: np.ndarray, widths: np.ndarray, skip: np.ndarray,
+                 total: Callable) -> np.ndarray:
+    """``total(values[r, [i for i in range(widths[r]) if i != skip[r]]])`` per row r, computed on
+    contiguous blocks of rows sharing (width, skip) so that numpy sums in the same order as on
+    each row's list (bit-identical to DomainBed's per-record ``np.mean``/``np.sum``)."""
+    out = np.full(len(values), np.nan)
+    for width, left_out in set(zip(widths.tolist(), skip.tolist())):
+        rows = np.flatnonzero((widths == width) & (skip == left_out))
+        cols = [i for i in range(width) if i != left_out]
+        # An empty mean (one-environment dataset) is NaN, silently, as in DomainBed's Q.mean.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out[rows] = total(values[np.ix_(rows, cols)])
+    return out
+
+
+def _python_max_key(frame: pd.DataFrame, by: list[str], value: str, order: str) -> np.ndarray:
+    """A NaN-free key whose largest value per ``by`` group is the row that Python's ``max`` picks
+    when iterating the group in ``order``: a NaN first row wins (nothing compares greater), any
+    later NaN never does."""
+    key = frame[value].to_numpy(dtype=float).copy()
+    nan = np.isnan(key)
+    if nan.any():
+        first = ~frame.sort_values(order, kind="stable").duplicated(by).reindex(frame.index)
+        key[nan & first.to_numpy()] = np.inf
+        key[nan & ~first.to_numpy()] = -np.inf
+    return key
+
+
+def best_rows(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
+              ties_to_largest: bool) -> pd.DataFrame:
+    """Per ``by`` group, the row with the largest ``key``; among equal keys the row with the
+    smallest (or largest) ``tiebreak``. The one place where every selection step picks a row."""
+    ranked = frame.assign(_key=key).sort_values(
+        [*by, "_key", tiebreak], ascending=[True] * len(by) + [False, not ties_to_largest],
+        kind="stable")
+    return ranked.drop_duplicates(by).drop(columns="_key")
+
+
+def best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
+    """Per run (group, hparams_seed), the first candidate with the maximal val_acc in ``order``
+    (``Q.argmax``: earliest checkpoint on ties)."""
+    by = ["group", "hparams_seed"]
+    key = _python_max_key(candidates, by, "val_acc", order)
+    return best_rows(candidates, by, key, order, ties_to_largest=False)
+
+
+def last_checkpoint(candidates: pd.DataFrame) -> pd.DataFrame:
+    """Per run (group, hparams_seed), the last record of its largest step (the oracle's
+    checkpoint)."""
+    return best_rows(candidates, ["group", "hparams_seed"],
+                     candidates["step"].to_numpy(dtype=float), "record", ties_to_largest=True)
+
+
+def best_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per group, the run with the best ``val_acc`` (NaN ranks lowest; ties go to the largest
+    hparams_seed, as DomainBed's ``hparams_accs`` sorts), in group order."""
+    val = runs["val_acc"].to_numpy(dtype=float)
+    chosen = best_rows(runs, ["group"], np.where(np.isnan(val), -np.inf, val), "hparams_seed",
+                       ties_to_largest=True)
+    return chosen.sort_values("group").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The three methods: each scores every run of every group.
+
+
+def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
+                    targets: np.ndarray, method: SelectionMethod) -> pd.DataFrame:
+    """DomainBed's training-domain (IID) and test-domain (oracle) selection for runs evaluated on
+    several environments at once: single-source runs (one source, every other environment a
+    target) and UDG runs (several sources and targets).
+
+    ``runs``: one row per record on a RangeIndex, with ``record`` (its row of ``out_acc``, the
+    ``env{i}_out_acc`` matrix), ``group``, ``hparams_seed`` and ``step``; ``sources`` and
+    ``targets``: boolean masks, one row per run and one column per environment. IID: a
+    checkpoint's val_acc is the mean ``env{i}_out_acc`` over the sources and each run keeps its
+    earliest best checkpoint (DomainBed's ``IIDAccuracySelectionMethod``); oracle: each run's last
+    checkpoint, val_acc the mean ``env{t}_out_acc`` over the targets (``OracleSelectionMethod``).
+    Means skip missing accuracies (NaN when every one is missing). Returns the best run per group
+    (:func:`best_run`)."""
+    if method is IID:
+        rows = runs["record"].to_numpy()
+        scored = best_checkpoint(runs.assign(val_acc=_masked_mean(out_acc[rows], sources)),
+                                 "record")
+    elif method is ORACLE:
+        scored = last_checkpoint(runs)
+        rows, positions = scored["record"].to_numpy(), scored.index.to_numpy()
+        scored = scored.assign(val_acc=_masked_mean(out_acc[rows], targets[positions]))
+    else:
+        raise ValueError(f"selection by source and target masks supports 'iid' and 'oracle', "
+                         f"not {method.key!r}")
+    return best_run(scored)
+
+
+def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row means of ``values`` over ``mask``, skipping NaN."""
+    valid = mask & ~np.isnan(values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
+
+
+def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Training-domain validation: the single-test-env run's checkpoints, val_acc the mean
+    ``env{i}_out_acc`` of the training environments (i = 0, 1, ... while the key exists); the run
+    keeps its earliest best checkpoint (``IIDAccuracySelectionMethod.run_acc``'s ``argmax``).
+    This is also the DMG release's best-epoch rule: ``best_so_far.pth`` is kept whenever the mean
+    of the source domains' validation accuracies strictly beats the best so far
+    (``trainers/subnetwork_supermask_trainer.py`` lines 412 and 489-498 at prithv1/DMG@6b162b4),
+    so the DMG paper settings use it."""
+    single = grouped.single()
+    rows = single["record"].to_numpy()
+    out = grouped.accs("env{t}_out_acc")[rows]
+    n_envs = leading_count(~np.isnan(out))
+    candidates = single.assign(val_acc=_reduce_rows(out, n_envs, single["test_env"].to_numpy(),
+                                                    lambda block: np.mean(block, axis=1)))
+    return best_checkpoint(candidates, "record")[RUN_COLUMNS]
+
+
+def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Test-domain validation (oracle): the single-test-env run's last checkpoint (the last
+    record of its largest step), val_acc its ``env{t}_out_acc``."""
+    last = last_checkpoint(grouped.single())
+    val = _at(grouped.accs("env{t}_out_acc"), last["record"].to_numpy(),
+              last["test_env"].to_numpy())
+    return last.assign(val_acc=val)[RUN_COLUMNS]
+
+
+def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """Leave-one-domain-out: per step, the single-test-env record and the pair runs ``[t, j]``;
+    val_acc the mean over j != t of the pair run's ``env{j}_in_acc``. A step counts only with
+    exactly one single-test-env record and every j present (the environment count read from the
+    step's first record; when pair runs repeat an environment the last record wins); the run keeps
+    its best step, the smallest on ties."""
+    members = grouped.members
+    step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
+    # DomainBed reads the environment count from the first record of the step (members are in
+    # record order, so a step's first member has its smallest record) ...
+    first = members["record"].to_numpy()[np.unique(step_id, return_index=True)[1]][step_id]
+    n_envs_of_record = leading_count(~np.isnan(grouped.accs("env{t}_out_acc")))
+    # ... and needs exactly one single-test-env record at the step.
+    is_single = members["n_test_envs"].to_numpy() == 1
+    singles = np.bincount(step_id, weights=is_single, minlength=1)[step_id]
+    members = members.assign(_step=step_id, _n_envs=n_envs_of_record[first], _singles=singles)
+    single = members[(members["n_test_envs"] == 1) & (members["_singles"] == 1)]
+
+    # Validation accuracies: the pair run [t, j] gives env{j}_in_acc (the last such record wins);
+    # -1 marks a missing environment, as in DomainBed.
+    pairs = members[members["n_test_envs"] == 2]
+    t = pairs["test_env"].to_numpy()
+    # The pair's other environment: [a, b] with a == t gives b, else a; i.e. a + b - t.
+    pair_sums = np.array([sum(envs) if len(envs) == 2 else 0
+                          for envs in grouped.distinct_test_envs], dtype=np.int64)
+    other = pair_sums[grouped.test_envs_code[pairs["record"].to_numpy()]] - t
+    keep = other != t
+    pairs, other = pairs[keep], other[keep]
+    value = _at(grouped.accs("env{t}_in_acc"), pairs["record"].to_numpy(), other)
+    value[np.isnan(value)] = -1.0
+    width = max(int(members["_n_envs"].to_numpy().max(initial=0)), int(other.max(initial=-1)) + 1)
+    val_accs = np.full((int(members["_step"].to_numpy().max(initial=-1)) + 1, width), -1.0)
+    pair_order = np.argsort(pairs["record"].to_numpy(), kind="stable")  # later records overwrite
+    inside = other[pair_order] < width
+    val_accs[pairs["_step"].to_numpy()[pair_order][inside], other[pair_order][inside]] = \
+        value[pair_order][inside]
+
+    step_rows = single["_step"].to_numpy()
+    n_envs = single["_n_envs"].to_numpy()
+    test_env = single["test_env"].to_numpy()
+    per_step = val_accs[step_rows]
+    missing = _reduce_rows(per_step == -1.0, n_envs, test_env, lambda block: block.any(axis=1))
+    sums = _reduce_rows(per_step, n_envs, test_env, lambda block: np.sum(block, axis=1))
+    with np.errstate(all="ignore"):
+        val = sums / (n_envs - 1)
+    ok = missing == 0
+    candidates = single[ok].assign(val_acc=val[ok])
+    return best_checkpoint(candidates, "step")[RUN_COLUMNS]
+
+
+@dataclass(frozen=True)
+class SelectionMethod:
+    """A model-selection method: ``key`` for ``--selection``, ``name`` as DomainBed prints it,
+    ``runs(grouped)`` the per-run scores (columns ``RUN_COLUMNS``; ``record`` is the row whose
+    test accuracy the run reports)."""
+
+    key: str
+    name: str
+    runs: Callable[[GroupedRecords], pd.DataFrame]
+
+
+IID = SelectionMethod("iid", "training-domain validation set", _iid_runs)
+LOO = SelectionMethod("loo", "leave-one-domain-out cross-validation", _loo_runs)
+ORACLE = SelectionMethod("oracle", "test-domain validation set (oracle)", _oracle_runs)
+#: The methods by ``--selection`` key, in DomainBed's output order (collect_results' default).
+METHODS: dict[str, SelectionMethod] = {m.key: m for m in (IID, LOO, ORACLE)}
+
+
+def get_method(key: str) -> SelectionMethod:
+    """The method for a ``--selection`` key (or its printed name)."""
+    for method in METHODS.values():
+        if key in (method.key, method.name):
+            return method
+    raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(METHODS)}")
+
+
+def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
+           test_key: str = TEST_KEY) -> pd.DataFrame:
+    """The chosen run of every group that has one (``model_selection.py``'s ``hparams_accs``/``sweep_acc``).
+
+    One row per group, in group order (first appearance), with ``trial_seed, dataset, algorithm,
+    test_env, hparams_seed, step, val_acc, test_acc``, ``record`` (the chosen row of ``records``:
+    its ``hparams``, ``job`` and ``args.output_dir`` tell which run was picked) and ``group``.
+    ``test_acc`` is ``test_key.format(t=test_env)`` of that record, NaN when the record lacks it.
+    Ties between runs go to the largest hparams_seed; a NaN val_acc ranks lowest.
+    """
+    grouped = group_records(records)
+    method = get_method(method) if isinstance(method, str) else method
+    chosen = best_run(method.runs(grouped))
+    test = _at(grouped.accs(test_key), chosen["record"].to_numpy(),
+               grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
+    info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
+    chosen = chosen.assign(test_acc=test)
+    return pd.concat([info, chosen], axis=1)[SELECTED_COLUMNS]
+
+
+def sweep_accs(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
+               test_key: str = TEST_KEY) -> pd.DataFrame:
+    """:func:`select` without the groups whose chosen record lacks the test key (DomainBed drops
+    groups whose ``sweep_acc`` is None before making tables)."""
+    chosen = select(records, method, test_key)
+    return chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)

@@ -1,0 +1,160 @@
+"""Single-source DG (``sweep --single_source``: one job per source environment s, tested on every
+other one): DomainBed's methods only score single-test-environment runs, so these runs get their
+own selection (:func:`select_single_source`; ``iid``: the source's ``env{s}_out_acc``, the
+earliest best checkpoint; ``oracle``: the last checkpoint, the targets' mean ``env{t}_out_acc``;
+across runs DomainBed's rule) and their own tables, laid out like GMoE's single-source table
+(ICLR 2023, Table 3): per dataset, method and source, the source's column holds its in-domain
+validation accuracy, the others the targets' ``env{t}_in_acc``, ``Avg`` their mean.
+
+Which records count: those whose ``test_envs`` leave exactly one environment. On a 3-environment
+dataset that is also what DomainBed's leave-one-domain-out pair runs look like, so by default
+(:func:`single_source_datasets`) such a dataset gets these tables only when it has no
+single-test-environment record; ``collect_results --single_source on`` forces them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins.collect.records import leading_count
+from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
+                                          group_ids, group_records, select_by_masks)
+from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
+                                       environment_labels)
+
+#: The selection methods that apply to single-source runs (LOO needs several sources).
+METHODS = (IID, ORACLE)
+#: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
+SINGLE_SOURCE_KEY = "single_source"
+SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
+
+
+def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
+    """The single-source records, with columns ``record`` (row position), ``trial_seed``,
+    ``dataset``, ``algorithm``, ``source``, ``hparams_seed``, ``step``, ``n_envs``. Computed once
+    per :class:`GroupedRecords` (treat the result as read-only)."""
+    grouped = group_records(records)
+    if "single_source_runs" not in grouped.memo:
+        grouped.memo["single_source_runs"] = _single_source_runs(grouped)
+    return grouped.memo["single_source_runs"]
+
+
+def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    records = grouped.records
+    n_envs = leading_count(~np.isnan(grouped.accs("env{t}_in_acc")))
+    # The source of each distinct (test_envs, environment count) pair, spread to the records.
+    width = int(n_envs.max(initial=0)) + 1
+    pairs, pair_of_record = np.unique(grouped.test_envs_code * width + n_envs, return_inverse=True)
+    sources = np.array([_source(grouped.distinct_test_envs[pair // width], pair % width)
+                        for pair in pairs.tolist()], dtype=np.int64)[pair_of_record.ravel()]
+    keep = np.flatnonzero(sources >= 0)
+    return pd.DataFrame({
+        "record": keep,
+        "trial_seed": records["args.trial_seed"].to_numpy()[keep],
+        "dataset": records["args.dataset"].to_numpy()[keep],
+        "algorithm": records["args.algorithm"].to_numpy()[keep],
+        "source": sources[keep],
+        "hparams_seed": records["args.hparams_seed"].to_numpy()[keep],
+        "step": records["step"].to_numpy()[keep],
+        "n_envs": n_envs[keep],
+    })
+
+
+def _source(test_envs: tuple, n_envs: int) -> int:
+    """The one training environment of a single-source run, or -1 for another kind of run."""
+    left = set(range(n_envs)) - set(test_envs)
+    return left.pop() if n_envs >= 3 and len(test_envs) == n_envs - 1 and len(left) == 1 else -1
+
+
+def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
+    """Datasets whose single-source records are reported by default (see the module docstring)."""
+    grouped = group_records(records)
+    runs = single_source_runs(grouped)
+    if runs.empty:
+        return []
+    singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
+    out = []
+    for dataset, rows in runs.groupby("dataset", sort=False):
+        if rows["n_envs"].max() >= 4 or dataset not in singles:
+            out.append(dataset)
+    return out
+
+
+def select_single_source(records: pd.DataFrame | GroupedRecords,
+                         method: SelectionMethod) -> pd.DataFrame:
+    """The chosen run per (trial_seed, dataset, algorithm, source): one row with ``hparams_seed``,
+    ``step``, ``val_acc``, ``record`` and ``acc{i}`` per environment (the source's out-split
+    accuracy, the targets' in-split accuracies)."""
+    if method not in METHODS:
+        raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
+                         f"not {method.key!r}")
+    grouped = group_records(records)
+    runs = single_source_runs(grouped)
+    if runs.empty:
+        return runs.assign(val_acc=[], group=[])
+    keys = ["trial_seed", "dataset", "algorithm", "source"]
+    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in keys)))
+    in_acc, out_acc = grouped.accs("env{t}_in_acc"), grouped.accs("env{t}_out_acc")
+    source, width = runs["source"].to_numpy(), in_acc.shape[1]
+    columns = np.arange(width)[None, :]
+    sources = columns == source[:, None]
+    targets = ~sources & (columns < runs["n_envs"].to_numpy()[:, None])
+    chosen = select_by_masks(runs, out_acc, sources, targets, method)
+    chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
+    accs = in_acc[chosen_rows].copy()
+    accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]
+    for i in range(width):
+        chosen[f"acc{i}"] = accs[:, i]
+    return chosen
+
+
+def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
+                         datasets: list[str] | None = None) -> list[Table]:
+    """One table per (dataset, source environment) of the single-source runs (module docstring;
+    selection: :func:`select_single_source`), for ``datasets`` (default: every dataset with
+    single-source runs)."""
+    if datasets is not None and not datasets:
+        return []
+    grouped = group_records(records)
+    chosen = select_single_source(grouped, method)
+    if datasets is None:
+        datasets = sorted(set(chosen["dataset"]), key=str)
+    algorithms = algorithm_order(grouped)
+    tables = []
+    for dataset in [d for d in dataset_order(grouped) if d in datasets]:
+        labels = environment_labels(grouped.records, dataset)
+        of_dataset = chosen[chosen["dataset"] == dataset]
+        for source in sorted(set(of_dataset["source"].tolist())):
+            at_source = of_dataset[of_dataset["source"] == source]
+            rows = {}
+            for algorithm in algorithms:
+                mine = at_source[at_source["algorithm"] == algorithm]
+                if mine.empty:
+                    continue
+                cells = [Cell.of(float(v) for v in mine[f"acc{i}"] if not np.isnan(v))
+                         for i in range(len(labels))]
+                rows[algorithm] = cells + [
+                    Cell.average([c for i, c in enumerate(cells) if i != source])]
+            col_labels = [f"{label} (source)" if i == source else label
+                          for i, label in enumerate(labels)]
+            header = (f"Dataset: {dataset}, single source: {labels[source]}, "
+                      f"model selection method: {method.name}")
+            tables.append(Table(f"{dataset}, source {labels[source]}", header,
+                                [*col_labels, "Avg"], rows, 20, dataset=dataset,
+                                source=labels[source], col_keys=[*labels, "Avg"]))
+    return tables
+
+
+def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
+                           mode: str = "auto") -> list[Section]:
+    """Per method that applies, the section of single-source tables: ``mode`` ``auto`` where
+    unambiguous (:func:`single_source_datasets`), ``on``, ``off``."""
+    if mode == "off":
+        return []
+    datasets = single_source_datasets(grouped) if mode == "auto" else None
+    sections = []
+    for method in [m for m in methods if m in METHODS]:
+        tables = single_source_tables(grouped, method, datasets)
+        if tables:
+            sections.append(Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION, tables))
+    return sections

@@ -1,0 +1,266 @@
+"""Results tables as DomainBed's collect_results prints them (``print_results_tables`` of
+``domainbed/scripts/collect_results.py``, ``format_mean`` of ``domainbed/lib/misc.py``): the table
+model (:class:`Cell`, :class:`Table`, :class:`Section`, :class:`Report`), the order of rows and
+columns, the standard tables of a selection method (one per dataset, then Averages) and the run
+each group selected. DomainBed's quirks are kept (see docs/domainbed_differences.md); the other
+kinds of table are in their own modules (:mod:`.report` puts them together)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dg_plugins import catalog
+from dg_plugins.collect.records import environment_count
+from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
+                                          select, sweep_accs)
+from dg_plugins.reference import PaperValue
+
+
+# --------------------------------------------------------------------------------------------------
+# Table model
+
+
+@dataclass
+class Cell:
+    """A table cell: mean and error in percent (None when absent), number of trials."""
+
+    mean: float | None = None
+    err: float | None = None
+    n: int | None = None
+
+    @classmethod
+    def of(cls, accuracies) -> Cell:
+        """DomainBed's ``format_mean`` (``collect_results.py``) of accuracies in [0, 1]: the mean in percent
+        and, as error, the population std of ``accuracies / sqrt(n)``; no values, no mean."""
+        accuracies = list(accuracies)
+        if not accuracies:
+            return cls(n=0)
+        mean = 100 * np.mean(accuracies)
+        err = 100 * np.std(np.asarray(accuracies) / np.sqrt(len(accuracies)))
+        return cls(mean, err, len(accuracies))
+
+    @classmethod
+    def average(cls, cells: list[Cell]) -> Cell:
+        """``Avg``: the plain mean of the cells' means (no error, no n); absent if any is."""
+        means = [cell.mean for cell in cells]
+        if not means or any(mean is None for mean in means):
+            return cls()
+        return cls(sum(means) / len(means))
+
+    def text(self, sign: str = "+/-") -> str:
+        """``"20.0 +/- 4.7"`` (``sign`` between mean and error), ``"78.3"`` without error, ``"X"``
+        when absent."""
+        if self.mean is None:
+            return "X"
+        if self.err is None:
+            return f"{self.mean:.1f}"
+        return f"{self.mean:.1f} {sign} {self.err:.1f}"
+
+
+@dataclass
+class PaperComparison:
+    """A paper's rows under one table (:func:`add_paper_comparisons`). ``key``: the entry's key in
+    :mod:`dg_plugins.reference`; ``heading``: the citation, backbone, selection and source of
+    the numbers; ``rows``: paper row -> one :class:`~dg_plugins.reference.PaperValue` or None
+    (the paper gives no number there) per table column; ``details``: its backbone, selection and
+    the text the numbers were read from; ``mapping``: each algorithm of the
+    table that corresponds to a paper row -> that row; ``differences``: algorithm -> per column
+    ours minus the paper's mean in points (None where either is absent); ``claim``: for an
+    entry without numbers, what its source says instead."""
+
+    key: str
+    heading: str
+    details: str
+    rows: dict[str, list[PaperValue | None]]
+    mapping: dict[str, str]
+    differences: dict[str, list[float | None]]
+    claim: str | None = None
+
+
+@dataclass
+class Table:
+    """One results table. ``title`` names it (dataset, ``Averages``, ``<dataset>, source <env>``);
+    ``header`` is the text format's header line; ``rows`` maps each algorithm to its cells (one
+    per column label after ``Algorithm``); ``colwidth`` is DomainBed's print width.
+
+    For paper comparisons and notes: ``dataset`` (None for the Averages table), ``source`` (the
+    source environment's label, single-source tables), ``col_keys`` (the columns without
+    decoration: environment labels or dataset names, and ``Avg``; default ``col_labels``),
+    ``coverage`` (Averages tables: (algorithm, dataset) -> {trial_seed: the test environment
+    indexes its mean is over}), ``comparisons`` (:class:`PaperComparison`, printed under it)."""
+
+    title: str
+    header: str
+    col_labels: list[str]
+    rows: dict[str, list[Cell]]
+    colwidth: int
+    dataset: str | None = None
+    source: str | None = None
+    col_keys: list[str] | None = None
+    coverage: dict | None = None
+    comparisons: list[PaperComparison] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[str]:
+        return self.col_keys if self.col_keys is not None else self.col_labels
+
+
+@dataclass
+class Section:
+    """The tables of one selection method for one test key. ``test_key``: :data:`TEST_KEY`, a
+    :data:`SUBSET_KEYS` template or :data:`SINGLE_SOURCE_KEY`; ``subtitle``: empty for DomainBed's
+    standard tables, else what the section shows (printed after the method name)."""
+
+    method: SelectionMethod
+    test_key: str
+    subtitle: str
+    tables: list[Table]
+
+    @property
+    def title(self) -> str:
+        return f"Model selection: {self.method.name}" + (
+            f" ({self.subtitle})" if self.subtitle else "")
+
+
+@dataclass
+class Report:
+    """Everything collect_results prints: the sections (the standard tables of each method, then
+    the IP/OOP and single-source ones, if any), then optionally the selected hparams of
+    ``methods``."""
+
+    n_records: int
+    methods: list[SelectionMethod]
+    sections: list[Section] = field(default_factory=list)
+    hparams: pd.DataFrame | None = None
+    #: What a reader needs to interpret the tables (X cells, averages over differing
+    #: environments, paper entries without a matching table): collect_results prints them on
+    #: stderr, so stdout stays DomainBed's tables.
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ordering
+
+
+def algorithm_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
+    """Table rows: known algorithms in catalog order, then unknown ones by first appearance."""
+    present = group_records(records).algorithms
+    known, seen = set(catalog.ALGORITHM_ORDER), set(present)
+    return [a for a in catalog.ALGORITHM_ORDER if a in seen] + [
+        a for a in present if a not in known]
+
+
+def dataset_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
+    """Table order: catalog datasets in catalog order, then unknown ones alphabetically."""
+    present = set(group_records(records).datasets)
+    known = [d for d in catalog.DATASET_ENVIRONMENTS if d in present]
+    return known + sorted(present - set(known), key=str)
+
+
+def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
+    """Column labels of a dataset: the catalog's; else the labels its records carry (their
+    ``environments``: e.g. an ``ImageFolder`` tree's domain folders; the most common, when they
+    fit the environment count); else ``0..n-1`` from its records' keys."""
+    if dataset in catalog.DATASET_ENVIRONMENTS:
+        return [str(label) for label in catalog.DATASET_ENVIRONMENTS[dataset]]
+    rows = records[records["args.dataset"] == dataset]
+    count = environment_count(rows)
+    if "environments" in rows:
+        carried = rows["environments"].dropna()
+        carried = carried[carried.map(len) == count]
+        if len(carried):
+            return list(carried.value_counts().index[0])
+    return [str(i) for i in range(count)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | None) -> str:
+    header = f"{prefix}, model selection method: {method.name}"
+    if test_key != TEST_KEY:
+        header += f", test accuracy: {test_key}"
+        if note:
+            header += f" ({note})"
+    return header
+
+
+def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
+                   test_key: str = TEST_KEY, header_note: str | None = None) -> list[Table]:
+    """The per-dataset tables and the Averages table of one method (``collect_results.print_results_tables``); the test
+    accuracy of each chosen record is read with ``test_key`` (a template in ``t``)."""
+    grouped = group_records(records)
+    chosen = sweep_accs(grouped, method, test_key)
+    algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
+    # Accuracies per cell, in group order (first appearance), as DomainBed lists them.
+    per_cell = {key: list(values) for key, values in
+                chosen.groupby(["dataset", "algorithm", "test_env"], sort=False)["test_acc"]}
+    # Averages: per trial (sorted), the mean over the test environments that trial has.
+    per_trial = {key: float(np.mean(list(values))) for key, values in
+                 chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
+
+    tables = []
+    for dataset in datasets:
+        labels = environment_labels(grouped.records, dataset)
+        rows = {}
+        for algorithm in algorithms:
+            cells = [Cell.of(per_cell.get((dataset, algorithm, env), []))
+                     for env in range(len(labels))]
+            rows[algorithm] = cells + [Cell.average(cells)]
+        tables.append(Table(dataset, _header(f"Dataset: {dataset}", method, test_key, header_note),
+                            [*labels, "Avg"], rows, 20, dataset=dataset))
+    rows = {}
+    for algorithm in algorithms:
+        cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
+                 for ds in datasets]
+        rows[algorithm] = cells + [Cell.average(cells)]
+    coverage: dict = {}
+    for (algorithm, dataset, trial), envs in chosen.groupby(
+            ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
+        coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
+    tables.append(Table("Averages", _header("Averages", method, test_key, header_note), [*datasets, "Avg"],
+                        rows, 25, coverage=coverage))
+    return tables
+
+
+# --------------------------------------------------------------------------------------------------
+# Selected hparams (which run each method picked)
+
+
+def selected_hparams(records: pd.DataFrame | GroupedRecords,
+                     methods: list[SelectionMethod]) -> pd.DataFrame:
+    """One row per (method, dataset, algorithm, test_env, trial) with the chosen run:
+    ``selection, dataset, algorithm, test_env, test_env_label, trial_seed, hparams_seed, step,
+    val_acc, test_acc, job, output_dir, hparams`` (hparams as sorted-key JSON), in table order."""
+    grouped = group_records(records)
+    frame = grouped.records
+    algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
+    labels = {d: environment_labels(frame, d) for d in datasets}
+    parts = []
+    for method in methods:
+        chosen = select(grouped, method)
+        chosen.insert(0, "selection", method.key)
+        parts.append(chosen)
+    if not parts:
+        return pd.DataFrame()
+    table = pd.concat(parts, ignore_index=True)
+    rec = frame.iloc[table["record"].to_numpy()]
+    table["job"] = rec["job"].to_numpy()
+    table["output_dir"] = rec["args.output_dir"].to_numpy()
+    table["hparams"] = [json.dumps(h, sort_keys=True) for h in rec["hparams"]]
+    table["test_env_label"] = [
+        labels[d][t] if t < len(labels[d]) else str(t)
+        for d, t in zip(table["dataset"], table["test_env"])]
+    method_rank = {m.key: i for i, m in enumerate(methods)}
+    table = table.assign(
+        _m=table["selection"].map(method_rank), _d=table["dataset"].map(datasets.index),
+        _a=table["algorithm"].map(algorithms.index))
+    table = table.sort_values(["_m", "_d", "_a", "test_env", "trial_seed"], kind="stable")
+    return table[["selection", "dataset", "algorithm", "test_env", "test_env_label", "trial_seed",
+                  "hparams_seed", "step", "val_acc", "test_acc", "job", "output_dir",
+                  "hparams"]].reset_index(drop=True)

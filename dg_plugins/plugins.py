@@ -1,0 +1,52 @@
+"""Loading plugins: dg_plugins' own algorithms and datasets, then the modules a user names.
+
+A plugin is any importable module that registers algorithms or datasets through
+:mod:`dg_plugins.registry` when imported (``@register_algorithm`` / ``@register_dataset``). Name
+plugin modules in ``$DG_PLUGINS_IMPORT`` (comma-separated): train, sweep and the DomainBed bridge
+import them in every process, and sweeps pass the variable on to their jobs (child processes
+inherit the environment).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Iterable
+
+PLUGINS_ENV = "DG_PLUGINS_IMPORT"
+
+
+def modules_from_env() -> list[str]:
+    return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+
+
+def add_modules(modules: Iterable[str]) -> list[str]:
+    """Add modules to ``$DG_PLUGINS_IMPORT`` (so that child processes import them too)."""
+    merged = modules_from_env()
+    merged += [m for m in modules if m and m not in merged]
+    if merged:
+        os.environ[PLUGINS_ENV] = ",".join(merged)
+    return merged
+
+
+def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
+    """Import dg_plugins' algorithms and datasets (unless not ``builtins``: e.g. to find a
+    plugin's launcher without torch), then ``modules`` and those named in ``$DG_PLUGINS_IMPORT``.
+    Returns the extra modules imported. A plugin that cannot be found raises ImportError saying
+    how to make it importable; an error inside the plugin propagates."""
+    if builtins:
+        import dg_plugins.algorithms  # noqa: F401  (each import registers)
+        import dg_plugins.datasets  # noqa: F401
+
+    names = list(dict.fromkeys([*modules, *modules_from_env()]))
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name and not name.startswith(f"{err.name}."):
+                raise  # the plugin exists but one of its own imports failed
+            raise ImportError(
+                f"plugin module {name!r} (from --import or ${PLUGINS_ENV}) cannot be imported: "
+                f"{err}. It must be importable by name, e.g. its folder on PYTHONPATH."
+            ) from err
+    return names

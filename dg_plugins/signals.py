@@ -1,0 +1,114 @@
+"""Stop signals (SIGTERM: Slurm preemption, ``timeout``, ``kill``; SIGINT: Ctrl-C; SIGHUP: a
+closing terminal), caught in one place: :class:`SignalCatcher`. Train's :class:`StopRequest` turns
+them into a stop at the next step boundary; the sweep's launchers forward them to the running
+jobs and wait a grace period (:mod:`dg_plugins.sweep.processes`). Torch-free."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+#: Signals that stop a sweep and are forwarded to its running jobs (SIGHUP as SIGTERM).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DEFAULT_STOP_GRACE_PERIOD_S = 60.0
+STOP_GRACE_PERIOD_ENV = "DG_STOP_GRACE_PERIOD"
+#: The last stop signal a :class:`SignalCatcher` caught in this process (None: none yet).
+_last_stop_signal: int | None = None
+
+
+def stop_grace_period(override: float | None = None) -> float:
+    """Seconds to wait for jobs to stop after a stop signal before SIGKILL: ``override`` (the
+    sweep's ``--stop_grace_period``), else ``$DG_STOP_GRACE_PERIOD``, else 60."""
+    if override is not None:
+        if override < 0:
+            raise ValueError(f"the stop grace period must be >= 0 seconds, got {override}")
+        return float(override)
+    text = os.environ.get(STOP_GRACE_PERIOD_ENV)
+    if text is None:
+        return DEFAULT_STOP_GRACE_PERIOD_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"bad value for ${STOP_GRACE_PERIOD_ENV}: {text!r} (seconds, >= 0)")
+    return value
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def last_stop_signal() -> int | None:
+    """The last stop signal a :class:`SignalCatcher` caught in this process, or None."""
+    return _last_stop_signal
+
+
+def forget_stop_signal() -> None:
+    """Make :func:`last_stop_signal` None again (a launcher does, before it starts)."""
+    global _last_stop_signal
+    _last_stop_signal = None
+
+
+class SignalCatcher:
+    """While active (a context manager), catch ``signals``: record the first in ``signum``, count
+    them in ``count``, note each in :func:`last_stop_signal` and call ``on_signal(signum)``.
+    Handlers can only be installed in the main thread; elsewhere nothing is caught and ``active``
+    stays False. With ``keep_ignored`` (the default) a signal whose disposition is "ignore" when
+    the catcher starts (e.g. SIGHUP under ``nohup``) is left ignored. On leaving, the previous
+    handlers are restored."""
+
+    def __init__(self, on_signal: Callable[[int], None] | None = None,
+                 signals: tuple = STOP_SIGNALS, keep_ignored: bool = True):
+        self.on_signal = on_signal
+        self.signals = signals
+        self.keep_ignored = keep_ignored
+        self.signum: int | None = None
+        self.count = 0
+        self.active = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "SignalCatcher":
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                if self.keep_ignored and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue
+                self._previous[signum] = signal.signal(signum, self._handle)
+            self.active = True
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        global _last_stop_signal
+        _last_stop_signal = signum
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+        if self.on_signal is not None:
+            self.on_signal(signum)
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+
+class StopRequest(SignalCatcher):
+    """A train job's stop: SIGTERM/SIGINT set ``signum``, and the job stops at the next step
+    boundary after a checkpoint (:class:`dg_plugins.train.job.Job`); a second signal while
+    stopping raises ``KeyboardInterrupt`` at once. It takes over the two signals even when they are
+    ignored (a job started in the background by a non-interactive shell ignores SIGINT)."""
+
+    def __init__(self):
+        super().__init__(self._stop, signals=(signal.SIGTERM, signal.SIGINT), keep_ignored=False)
+
+    def _stop(self, signum: int) -> None:
+        if self.count > 1:
+            raise KeyboardInterrupt(f"{signal_name(signum)} received twice")
+        print(f"received {signal_name(signum)}: stopping after this step with a checkpoint",
+              file=sys.stderr)

@@ -1,0 +1,325 @@
+"""What a sweep does with its jobs (``domainbed/scripts/sweep.py``'s ``__main__``): select them
+for an action, check, confirm, then launch or delete; and what it says afterwards (a stop
+signal's interrupted jobs, failed jobs, Incomplete or Running ones) with the exact command that
+continues. :func:`run_action` is the flow; it returns the sweep's exit status."""
+
+from __future__ import annotations
+
+import os
+import random
+import shlex
+import shutil
+import sys
+from typing import Callable, Sequence
+
+from dg_plugins.files import DISK_FULL_ERRNOS
+from dg_plugins.signals import signal_name
+from dg_plugins.sweep.jobs import (INCOMPLETE, RUNNING, SweepJob, python_executable,
+                                   running_note, select_jobs, summary_line)
+from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
+from dg_plugins.train.flags import EXIT_BAD_INPUT
+from dg_plugins.train.folder import CHECKPOINT_FILE
+
+#: The sweep's own command-line module (for the command lines the sweep suggests).
+SWEEP_MODULE = "dg_plugins.scripts.sweep"
+ACTIONS = ("launch", "delete_incomplete", "delete_all")
+
+
+# --------------------------------------------------------------------------------------------
+# Actions
+
+
+def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
+           resume_incomplete: bool = True) -> list[str]:
+    """Shuffle with ``random.Random(seed)``, create every job folder (so they turn Incomplete),
+    then hand the command strings to ``launcher_fn``. Jobs already Incomplete get ``--resume``
+    when ``resume_incomplete``. Returns the commands, in launch order."""
+    print("Launching...")
+    order = list(jobs)
+    random.Random(seed).shuffle(order)
+    commands = []
+    for job in order:
+        resume = resume_incomplete and job.state == INCOMPLETE
+        try:
+            os.makedirs(job.output_dir, exist_ok=True)
+        except OSError as err:
+            raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
+                                 f"({err.strerror}); {_folder_fix(err)}"]) from None
+        commands.append(job.command(resume=resume))
+    launcher_fn(commands)
+    print(f"Launched {len(order)} jobs!")
+    return commands
+
+
+class LaunchRefused(ValueError):
+    """Problems found before launching (each a line naming the problem and its fix)."""
+
+    def __init__(self, problems: Sequence[str]):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+def _folder_fix(err: OSError) -> str:
+    if err.errno in DISK_FULL_ERRNOS:
+        return "free space, then relaunch"
+    return "choose a writable --output_dir or give yourself write permission on it"
+
+
+def delete(jobs: Sequence[SweepJob]) -> None:
+    """Remove each job's folder (and only that); a job found Running now is left alone."""
+    print("Deleting...")
+    deleted = 0
+    for job in jobs:
+        if job.refresh_state() == RUNNING:
+            print(f"not deleted, still running (pid {job.holder}): {job.output_dir}")
+            continue
+        if os.path.isdir(job.output_dir):
+            shutil.rmtree(job.output_dir)
+        job.refresh_state()
+        deleted += 1
+    print(f"Deleted {deleted} jobs!")
+
+
+class ConfirmationError(RuntimeError):
+    """No answer could be read for the confirmation prompt."""
+
+
+def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
+    """``Are you sure? (y/n) ``; True when the answer starts with y (case-insensitive).
+
+    stdin is read even when it is not a terminal, so ``yes | sweep ...`` works; end of input
+    (e.g. stdin is /dev/null under nohup or a batch script) raises :class:`ConfirmationError`
+    telling the user to pass ``--skip_confirmation`` rather than failing with a traceback.
+    """
+    try:
+        answer = (input_fn or input)("Are you sure? (y/n) ")
+    except EOFError:
+        print()
+        raise ConfirmationError(
+            "no answer to the confirmation prompt (stdin reached end of input); pass "
+            "--skip_confirmation to run without asking"
+        ) from None
+    return answer.strip().lower()[:1] == "y"
+
+
+
+
+def _is_flag_abbreviation(word: str, flag: str) -> bool:
+    """``word`` is ``flag`` or an abbreviation argparse accepts for it (e.g. ``--res``)."""
+    return word.startswith("--") and len(word) > 3 and flag.startswith(word)
+
+
+def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
+                  resume: bool = False, drop: Sequence[str] = ()) -> str:
+    """A sweep command line to suggest: ``command_line`` (the sweep CLI's arguments as given)
+    with its action replaced by ``action``, ``--resume``, ``--dry_run`` and the ``drop`` flags
+    removed, and ``--resume`` appended when ``resume``; the interpreter is this one (as in job
+    commands). Without ``command_line``, a template with ``<your flags>``."""
+    head = f"{python_executable()} -m {SWEEP_MODULE}"
+    if command_line is None:
+        return f"{head} {action} <your flags>" + (" --resume" if resume else "")
+    removed = ("--resume", "--dry_run", *drop)
+    words = [w for w in command_line
+             if not any(_is_flag_abbreviation(w, flag) for flag in removed)]
+    for i, word in enumerate(words):
+        if word in ACTIONS:
+            words[i] = action
+            break
+    return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
+
+
+def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None) -> list[str]:
+    """For a launch without ``--resume``: lines saying that the Incomplete jobs are skipped and
+    how to continue or clear them (empty when there are none)."""
+    n = sum(job.state == INCOMPLETE for job in jobs)
+    if not n:
+        return []
+    return [
+        f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done', and no live "
+        "process holds it): they were interrupted or failed. This launch skips them.",
+        "  To continue them from their last checkpoint:",
+        f"    {sweep_command(command_line, 'launch', resume=True)}",
+        "  To delete them, so that the next launch starts them over:",
+        f"    {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}",
+    ]
+
+
+#: Set by a script that runs several sweeps (sweeps/offline_quickstart.sh): the command that
+#: continues all of them, suggested instead of this sweep's own ``launch --resume`` line.
+RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
+
+
+def continue_lines(command_line: Sequence[str] | None, what: str) -> list[str]:
+    """How to continue: this sweep's ``launch --resume`` line, or the command of the script that
+    runs it (``$DG_SWEEP_RERUN_COMMAND``), which continues every sweep of the script."""
+    rerun = os.environ.get(RERUN_ENV)
+    if rerun:
+        return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
+                f"  {rerun}"]
+    return [f"To continue them ({what}):",
+            f"  {sweep_command(command_line, 'launch', resume=True)}"]
+
+
+def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
+    """Jobs of ``commands`` that never started (a stop signal came first): their empty folders
+    are removed, so that they show as Not launched, not Incomplete with nothing to resume (a
+    folder that holds anything, e.g. of an earlier run, stays)."""
+    never = set(commands)
+    for job in jobs:
+        if job.command(resume=False) in never or job.command(resume=True) in never:
+            try:
+                os.rmdir(job.output_dir)
+            except OSError:
+                pass
+            job.refresh_state()
+
+
+def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
+                        command_line: Sequence[str] | None) -> None:
+    """Print which jobs a stop signal interrupted and the command that continues them (the
+    launcher has printed its own summary and notes, e.g. jobs killed or how to cancel them)."""
+    by_command = {}
+    for job in selected:
+        by_command[job.command(resume=False)] = job
+        by_command[job.command(resume=True)] = job
+    name = signal_name(err.signum)
+    resume_line = sweep_command(command_line, "launch", resume=True)
+    if err.remote:
+        print(f"Sweep stopped waiting ({name}): {len(err.interrupted)} job(s) are still running "
+              "on the cluster (see above to cancel them).")
+        print("Once they have ended, continue those that did not finish with:")
+        print(f"  {resume_line}")
+        return
+    print(f"Sweep stopped by {name}: {len(err.interrupted)} job(s) interrupted, "
+          f"{len(err.not_started)} not started.")
+    for command in err.interrupted:
+        job = by_command.get(command)
+        print(f"  interrupted: {job.describe() if job is not None else command}")
+    if err.interrupted or err.not_started:
+        for line in continue_lines(command_line,
+                                   "interrupted jobs resume from their last checkpoint"):
+            print(line)
+
+
+def failed_on_input(err: JobsFailed) -> list[str]:
+    """The failed commands that ended on bad input (train's exit status 2: the data or an
+    argument) before their first checkpoint: unchanged, they fail again, and a resume has
+    nothing to continue from."""
+    refused = []
+    for command, code in zip(err.failed, err.exit_codes):
+        output_dir = command_output_dir(command)
+        if code == EXIT_BAD_INPUT and output_dir is not None and not os.path.exists(
+                os.path.join(output_dir, CHECKPOINT_FILE)):
+            refused.append(command)
+    return refused
+
+
+def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None:
+    """After a launcher's failure summary: the count and how to go on (no ``--resume`` for
+    jobs that failed on bad input before their first checkpoint, :func:`failed_on_input`)."""
+    print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
+          "err.txt files are listed above); their folders are kept, Incomplete.")
+    refused = failed_on_input(err)
+    delete_line = sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])
+    if len(refused) == len(err.failed):
+        print("Each failed on bad input before its first checkpoint (exit status 2: the data "
+              "under --data_dir or an argument; see its error line above): run again unchanged, "
+              "it fails the same way, and it has nothing to resume. Fix the cause (e.g. "
+              "--data_dir), remove their folders with:")
+        print(f"  {delete_line}")
+        print("then launch the corrected command.")
+        return
+    if refused:
+        print(f"({len(refused)} of them failed on bad input before their first checkpoint, "
+              "exit status 2: fix the cause first, or they fail again.)")
+    print("Fix the cause first.")
+    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any"):
+        print(line)
+    print("or delete them, so that the next launch starts them over:")
+    print(f"  {delete_line}")
+
+
+def run_action(action: str, jobs: Sequence[SweepJob], *,
+               launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
+               resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
+               input_fn: Callable[[str], str] | None = None,
+               command_line: Sequence[str] | None = None,
+               check: Callable[[Sequence[SweepJob]], list[str]] | None = None) -> int:
+    """The sweep CLI's main flow after enumeration (``sweep.py``'s ``__main__``): print every job and
+    the summary line, select, check, confirm, act. Returns a process exit code: 0; 1 when the
+    launcher waited for the jobs and some failed (:class:`~dg_plugins.sweep.processes.JobsFailed`);
+    2 when no answer could be read for the prompt or ``check`` (called with the jobs to launch,
+    before the prompt; e.g. :func:`launch_problems`) found problems; or 128 + signal when a stop
+    signal interrupted the launch (:class:`~dg_plugins.sweep.processes.LaunchInterrupted`).
+
+    With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
+    (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher
+    is not called. Running jobs are never selected (a note lists them). ``command_line`` (the
+    CLI's arguments) makes the suggested commands exact.
+    """
+    for job in jobs:
+        print(job)
+    print(summary_line(jobs))
+    selected = select_jobs(jobs, action, resume)
+    verb = "launch" if action == "launch" else "delete"
+    print(f"About to {verb} {len(selected)} jobs.")
+    if action == "launch" and resume:
+        n_resumed = sum(job.state == INCOMPLETE for job in selected)
+        print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
+    if action == "launch" and not resume:
+        for line in incomplete_note(jobs, command_line):
+            print(line)
+    for line in running_note(jobs, action):
+        print(line)
+    if dry_run:
+        print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
+        for job in selected:
+            if verb == "launch":
+                print(job.command(resume=resume and job.state == INCOMPLETE))
+            else:
+                print(f"would delete {job.output_dir}")
+        return 0
+    if not selected:
+        return 0
+    if verb == "launch" and check is not None:
+        problems = check(selected)
+        if problems:
+            refuse(problems)
+            return 2
+    if not skip_confirmation:
+        try:
+            confirmed = ask_for_confirmation(input_fn)
+        except ConfirmationError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if not confirmed:
+            print("Nevermind!")
+            return 0
+    if verb == "launch":
+        if launcher_fn is None:
+            raise ValueError("launching needs a launcher function")
+        try:
+            launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
+        except LaunchInterrupted as err:
+            if not err.remote:
+                unlaunch(selected, err.not_started)
+            report_interruption(err, selected, command_line)
+            return err.code
+        except JobsFailed as err:
+            report_failures(err, command_line)
+            return int(err.code)
+        except LaunchRefused as err:
+            refuse(err.problems)
+            return 2
+    else:
+        delete(selected)
+    return 0
+
+
+def refuse(problems: Sequence[str]) -> None:
+    """Print the problems that stop a launch, one ``error:`` line each, on stderr."""
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"Nothing was launched ({len(problems)} problem(s) above; every job would have met "
+          "them).", file=sys.stderr)
+

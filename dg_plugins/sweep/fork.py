@@ -1,0 +1,247 @@
+"""How a job's process starts: a plain command is ``exec``'ed by the shell
+(:func:`is_simple_command`); this interpreter's train command is forked from a fork server that
+imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
+start-up in a fresh interpreter per job. Either way the job asks the kernel for SIGTERM when its
+launcher dies (:func:`die_with_parent`, Linux), so that a killed sweep leaves no job training on
+as an orphan that holds its folder's lock."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from dg_plugins.signals import STOP_SIGNALS
+from dg_plugins.train import cli as train_cli
+from dg_plugins.train.flags import TRAIN_MODULE
+
+
+#: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
+_SHELL_WORDS = frozenset(
+    "! { } case do done elif else esac fi for if in then until while . : alias break cd "
+    "command continue eval exec exit export hash local read readonly return set shift source "
+    "times trap type ulimit umask unalias unset wait".split())
+
+
+def is_simple_command(command: str) -> bool:
+    """True when ``command`` is a plain list of words (what the sweep builds): it equals its own
+    ``shlex`` round trip, so it holds no shell syntax, and its first word is a program."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return (bool(words) and "=" not in words[0] and words[0] not in _SHELL_WORDS
+            and shlex.join(words) == command)
+
+
+#: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
+FORK_ENV = "DG_PLUGINS_FORK_JOBS"
+#: What a train job imports (torch, ``torch._dynamo``: the first optimizer imports it, about 2 s;
+#: timm; the algorithms and datasets): the fork server imports it once (imports only: no tensor is
+#: computed and no CUDA context made there, so its children start as cleanly as a new interpreter).
+#: This module is among them, so the server holds the job body it forks (:func:`_train_in_child`)
+#: from the start even if the package on disk changes during the sweep.
+PRELOAD = ("dg_plugins.compat", "torch", "torch._dynamo", "dg_plugins.networks.vit",
+           "dg_plugins.algorithms", "dg_plugins.datasets", "dg_plugins.train.run", __name__)
+_fork_context = None
+
+# --------------------------------------------------------------------------------------------
+# Jobs die with their launcher
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_libc = None
+
+
+def _load_libc():
+    """libc, loaded before any fork (a child must not load libraries between fork and exec)."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            _libc = False
+    return _libc or None
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Linux: ask the kernel to send ``signum`` to this process when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``). Returns False where the call does not
+    exist (other systems: the job then outlives a killed launcher). Called in a job's process
+    right after fork, so it only uses what was loaded before (:func:`_load_libc`). The caller
+    checks afterwards that the parent is still the one it forked from (a parent that died before
+    the request sends nothing)."""
+    libc = _load_libc()
+    return libc is not None and libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
+def _exit_if_orphaned(parent_pid: int) -> None:
+    """In a job's process before ``exec``: end at once (status 143, as a job stopped by SIGTERM
+    before its first step) when the launcher that started it has already died."""
+    if os.getppid() != parent_pid:
+        os._exit(128 + signal.SIGTERM)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main_module_is_reimport_safe() -> bool:
+    """Whether a forked job may start from this process's ``__main__``.
+
+    multiprocessing's children (the fork server's included) re-run the parent's main module as
+    ``__mp_main__`` when it is a script file (``python my_sweep.py``) or a module run with ``-m``;
+    a script that drives the sweep without an ``if __name__ == "__main__":`` guard would then
+    launch the sweep again inside each job. Safe: dg_plugins' own commands (guarded), a package's
+    ``__main__`` (multiprocessing skips it, e.g. ``python -m pytest``), and a main without a file
+    (``python -c``, an interactive session or notebook)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return (name == "__main__" or name.endswith(".__main__")
+                or name.split(".")[0] == "dg_plugins")
+    return getattr(main, "__file__", None) is None
+
+
+def forkable_train_args(command: str) -> list[str] | None:
+    """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
+    ARGS`` (what the sweep writes), else None. Such a job is forked by a fork server that has
+    imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
+    start-up (several seconds) in a fresh interpreter per job. ``DG_PLUGINS_FORK_JOBS=0`` turns
+    this off, and a ``__main__`` that a forked child would re-run (a user's script, see
+    :func:`main_module_is_reimport_safe`) makes every job a fresh interpreter instead."""
+    if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
+        return None
+    if not main_module_is_reimport_safe():
+        return None
+    if not is_simple_command(command):
+        return None
+    words = shlex.split(command)
+    if (len(words) < 3 or words[0] != sys.executable
+            or words[1:3] != ["-m", TRAIN_MODULE]):
+        return None
+    return words[3:]
+
+
+def _release_fork_server() -> None:
+    """In a forked job: close the job's copy of the fork server's "alive" pipe. multiprocessing
+    hands every child of the server a copy (so that the child could ask the server for processes
+    too), and the server exits only when the last copy closes: without this, the server would
+    outlive a killed launcher for as long as the job runs, and the job, which asks for SIGTERM
+    when the server dies (:func:`die_with_parent`), would train on. The job never asks the
+    launcher's server for processes (its own children use the job's start method)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    server._forkserver_alive_fd = None
+    if hasattr(server, "_forkserver_address"):
+        server._forkserver_address = None
+
+
+def _redirect_output(log: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to the file ``log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
+                    ignored: tuple[int, ...], launcher_pid: int | None = None,
+                    log: str | None = None) -> None:
+    """The body of a forked job: its output to ``log`` when given, this launcher's environment
+    and folder, its own session when
+    ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
+    dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
+    multiprocessing start method, SIGTERM when its parent (the fork server, which exits when the
+    launcher dies) dies (:func:`die_with_parent`), then train's ``main``; its status becomes the
+    process's exit code."""
+    server_pid = os.getppid()
+    if log is not None:
+        _redirect_output(log)
+    if new_session:
+        os.setsid()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    for signum in STOP_SIGNALS:
+        if int(signum) in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        elif signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+    # A forkserver child inherits the fork server's start method ("forkserver"); a fresh
+    # interpreter has the platform's default. Without this reset, the job's own children (loader
+    # workers) would be started by the launcher's fork server, not by the job.
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
+    _release_fork_server()
+    die_with_parent()
+    if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
+        sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
+    sys.argv = [TRAIN_MODULE, *args]
+    sys.exit(train_cli.main(args))
+
+
+class ForkedJob:
+    """A train job started by the fork server, with the part of ``subprocess.Popen``'s interface
+    that :class:`JobProcesses` uses (``pid``, ``poll``, ``wait``, ``returncode``: ``-N`` when
+    signal N ended it)."""
+
+    def __init__(self, process):
+        self.process = process
+        self.pid = process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self.process.is_alive():
+            self.process.join()
+            self.returncode = self.process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired([TRAIN_MODULE], timeout)
+        return self.returncode
+
+
+def fork_train(args: Sequence[str], new_session: bool, log: str | None = None) -> ForkedJob:
+    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of multiprocessing's fork
+    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`); its output
+    goes to the file ``log`` when given."""
+    global _fork_context
+    import multiprocessing
+
+    if _fork_context is None:
+        _fork_context = multiprocessing.get_context("forkserver")
+        _fork_context.set_forkserver_preload(list(PRELOAD))
+    ignored = tuple(int(s) for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    process = _fork_context.Process(target=_train_in_child, name="train",
+                                    args=(list(args), dict(os.environ), os.getcwd(),
+                                          new_session, ignored, os.getpid(), log))
+    process.start()
+    return ForkedJob(process)

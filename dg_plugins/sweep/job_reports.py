@@ -1,0 +1,153 @@
+"""What the local and multi-GPU launchers print per job: one line when it starts (what it
+trains, where its log is) and one when it ends (done, with its accuracy; or failed, with its
+error line). The job's own output (its settings, records, progress) is captured into a temporary
+file instead of the terminal: train keeps all of it in the job's out.txt (and err.txt), and what
+a job printed before it took its folder is kept for the failure summary
+(:class:`dg_plugins.sweep.processes.ErrorLogs`). Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from typing import Callable, Sequence
+
+from dg_plugins.sweep.processes import ErrorLogs, error_excerpt
+from dg_plugins.train.folder import OUT_FILE, last_record
+
+#: Lines of a failed job's captured output kept for the failure summary.
+CAPTURED_LINES_KEPT = 20
+
+
+def command_flags(command: str) -> dict[str, list[str]]:
+    """``--flag value...`` of a command line, e.g. ``{"test_envs": ["0", "1"]}`` ({} when it
+    cannot be split)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return {}
+    flags, current = {}, None
+    for word in words:
+        if word.startswith("--"):
+            current = word[2:]
+            flags[current] = []
+        elif current is not None:
+            flags[current].append(word)
+    return flags
+
+
+def describe(command: str) -> str:
+    """``ERM on PACS, test envs 0 1, hparams 0, trial 0`` for a train command (the command
+    itself otherwise)."""
+    flags = command_flags(command)
+    if not {"algorithm", "dataset"} <= set(flags):
+        return command
+    text = f"{' '.join(flags['algorithm'])} on {' '.join(flags['dataset'])}"
+    for flag, name in (("test_envs", "test envs"), ("label_fraction", "label fraction"),
+                       ("hparams_seed", "hparams"), ("trial_seed", "trial")):
+        if flags.get(flag):
+            text += f", {name} {' '.join(flags[flag])}"
+    return text
+
+
+def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
+    """``test-env accuracy 53.2%, source validation 87.1% (step 100)`` from a record: the mean
+    in-split accuracy of the test environments and the mean out-split accuracy of the others
+    (what collect_results' training-domain validation compares)."""
+    if not record:
+        return "no record"
+
+    def mean(keys):
+        values = [record[k] for k in keys if isinstance(record.get(k), (int, float))]
+        return f"{100 * sum(values) / len(values):.1f}%" if values else "n/a"
+
+    envs = sorted({int(key[3:].split("_")[0]) for key in record
+                   if key.startswith("env") and key.endswith("_in_acc")
+                   and key[3:].split("_")[0].isdigit()})
+    target = mean(f"env{t}_in_acc" for t in test_envs)
+    source = mean(f"env{i}_out_acc" for i in envs if i not in test_envs)
+    return f"test-env accuracy {target}, source validation {source} (step {record.get('step')})"
+
+
+class JobOutputs:
+    """Per-job lines of a launcher (``name``) over ``commands``, printed with ``write``; the
+    jobs' output goes to temporary files (:meth:`log`), removed when each job ends."""
+
+    def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
+                 write: Callable[[str], None] = lambda line: print(line, flush=True)):
+        self.name = name
+        self.commands = list(commands)
+        self.logs = logs
+        self.write = write
+        self.paths: dict[int, str] = {}
+        self.started_at: dict[int, float] = {}
+
+    def __enter__(self) -> "JobOutputs":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for index in list(self.paths):
+            self._remove(index)
+
+    def _prefix(self, index: int) -> str:
+        return f"[{index + 1}/{len(self.commands)}]"
+
+    def log(self, index: int) -> str:
+        """A new temporary file for job ``index``'s output."""
+        fd, path = tempfile.mkstemp(prefix="dg_plugins_job_", suffix=".log")
+        os.close(fd)
+        self.paths[index] = path
+        return path
+
+    def started(self, index: int, where: str = "") -> None:
+        """The line of a job that starts (``where``: e.g. ``GPU 3``)."""
+        self.started_at[index] = time.monotonic()
+        folder = self.logs.folders[index]
+        log = f" (log: {os.path.join(folder, OUT_FILE)})" if folder else ""
+        where = f" on {where}" if where else ""
+        self.write(f"{self._prefix(index)} started{where}: "
+                   f"{describe(self.commands[index])}{log}")
+
+    def ended(self, index: int, code: int | None, interrupted: bool = False) -> None:
+        """The line of a job that ended with exit status ``code``: done with its accuracy, or
+        failed (``interrupted``: stopped by a signal the launcher forwarded) with its first error
+        line (its captured output is kept for the summary)."""
+        seconds = time.monotonic() - self.started_at.get(index, time.monotonic())
+        took = f"in {seconds:.0f} s"
+        if code == 0:
+            test_envs = [int(t) for t in command_flags(self.commands[index]).get("test_envs", [])
+                         if t.lstrip("-").isdigit()]
+            record = last_record(self.logs.folders[index])
+            self.write(f"{self._prefix(index)} done {took}: "
+                       f"{accuracy_summary(record, test_envs)}")
+        elif code is not None:
+            self._keep_captured(index)
+            excerpt = error_excerpt(self.logs.new_lines(index), 1)
+            line = excerpt[0] if excerpt else "no error message"
+            if interrupted:  # "stopped by SIGINT after step 3" (how to go on: the sweep says)
+                line = line.split("; ")[0]
+            what = "interrupted" if interrupted else "failed"
+            self.write(f"{self._prefix(index)} {what} (exit code {code}) {took}: {line}")
+        self._remove(index)
+
+    def _keep_captured(self, index: int) -> None:
+        path = self.paths.get(index)
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return
+        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+        self.logs.captured[index] = lines[-CAPTURED_LINES_KEPT:]
+
+    def _remove(self, index: int) -> None:
+        path = self.paths.pop(index, None)
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

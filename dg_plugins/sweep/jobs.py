@@ -1,0 +1,319 @@
+"""A sweep's jobs (``domainbed/scripts/sweep.py``): the train args of every job (enumeration in
+DomainBed's loop order), its identity (the md5 of those args names its folder, as DomainBed's
+``sweep.Job``; the command is not hashed), its command, and its state on disk (Done, Incomplete,
+Running, Not launched). Torch-free, so that enumeration, dry runs and deletes stay fast."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shlex
+import sys
+from typing import Callable, Iterable, Sequence
+
+from dg_plugins import catalog
+from dg_plugins.seeds import seed_hash
+from dg_plugins.sweep.checks import check_dataset_name
+from dg_plugins.train.flags import ALIGNMENT_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
+from dg_plugins.train.folder import is_done, lock_holder
+
+NOT_LAUNCHED = "Not launched"
+INCOMPLETE = "Incomplete"
+DONE = "Done"
+#: An Incomplete job whose folder lock is held by a live process (it is still training).
+RUNNING = "Running"
+
+#: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
+#: ``extra_args``).
+PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS)
+#: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
+OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
+                       *PASSTHROUGH_TRAIN_ARGS)
+
+
+# --------------------------------------------------------------------------------------------
+# Names and defaults
+
+
+def num_environments(dataset: str, data_dir: str | None = None) -> int:
+    """Environment count of a dataset: checked by name (:func:`check_dataset_name`), then its
+    declared environments, or those found on disk in ``data_dir`` for an image-folder dataset
+    without fixed ones (the generic ``ImageFolder``, :func:`dg_plugins.catalog.environments_of`,
+    which raises naming the folder and layout when they cannot be found); the dataset registry
+    (imported, hence torch) only for names the catalog does not know."""
+    check_dataset_name(dataset)
+    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
+    if envs:
+        return len(envs)
+    if dataset in catalog.IMAGE_FOLDER_DATASETS:
+        return len(catalog.environments_of(dataset, data_dir))
+    from dg_plugins.datasets import num_environments as registered_environments
+
+    return registered_environments(dataset)
+
+
+
+def default_datasets() -> list[str]:
+    """DomainBed's rule (``sweep.py``'s ``--datasets`` default): every catalog dataset whose name lacks "Debug" — DomainBed's
+    16 plus dg_plugins' statically declared ones (e.g. RotatedMNIST5k). Like DomainBed's default
+    it includes datasets whose files may be absent; pass ``--datasets`` in practice."""
+    return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
+
+
+def default_algorithms() -> list[str]:
+    """Every algorithm registered in dg_plugins, plugins of ``$DG_PLUGINS_IMPORT`` included
+    (imports dg_plugins.algorithms, hence torch)."""
+    from dg_plugins import plugins
+    from dg_plugins.registry import ALGORITHMS
+
+    plugins.load()
+    return ALGORITHMS.list()
+
+
+
+# --------------------------------------------------------------------------------------------
+# Enumeration (``sweep.make_args_list``)
+
+
+def test_env_combinations(n_envs: int) -> list[list[int]]:
+    """DomainBed's combinations: for each i, ``[i]`` then ``[i, j]`` for every j > i."""
+    if n_envs < 3:
+        raise ValueError(
+            f"test-environment pairs need a dataset with >= 3 environments, got {n_envs}; "
+            "use --single_test_envs or --single_source"
+        )
+    combos = []
+    for i in range(n_envs):
+        combos.append([i])
+        combos.extend([i, j] for j in range(i + 1, n_envs))
+    return combos
+
+
+def single_source_test_envs(n_envs: int) -> list[list[int]]:
+    """Single-source DG: for each source env s (in order), test on every other env."""
+    if n_envs < 2:
+        raise ValueError(f"single-source jobs need >= 2 environments, got {n_envs}")
+    return [[j for j in range(n_envs) if j != source] for source in range(n_envs)]
+
+
+def test_env_lists(n_envs: int, single_test_envs: bool = False,
+                   single_source: bool = False) -> list[list[int]]:
+    """The ``test_envs`` values of one (dataset, algorithm): pairs (default), singles or
+    single-source complements."""
+    if single_test_envs and single_source:
+        raise ValueError("--single_test_envs and --single_source are mutually exclusive")
+    if single_source:
+        return single_source_test_envs(n_envs)
+    if single_test_envs:
+        return [[i] for i in range(n_envs)]
+    return test_env_combinations(n_envs)
+
+
+def check_test_env_sets(test_env_sets, n_envs: int, dataset: str) -> list[list[int]]:
+    """Explicit ``test_envs`` lists, checked against ``dataset``'s environment count."""
+    sets = []
+    for envs in test_env_sets:
+        envs = [int(e) for e in envs]
+        bad = [e for e in envs if not 0 <= e < n_envs]
+        if not envs or bad or len(set(envs)) >= n_envs or len(set(envs)) != len(envs):
+            raise ValueError(f"test environment set {envs} does not fit {dataset} ({n_envs} "
+                             f"environments, indices 0..{n_envs - 1}; distinct, at least one "
+                             "left for training)")
+        sets.append(envs)
+    return sets
+
+
+def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequence[str],
+                   n_hparams_from: int, n_hparams: int, steps: int | None, data_dir: str,
+                   task: str, holdout_fraction: float, single_test_envs: bool,
+                   hparams: str | None, *, single_source: bool = False,
+                   checkpoint_freq: int | None = None,
+                   uda_holdout_fraction: float | None = None,
+                   extra_args: dict | None = None,
+                   n_envs: Callable[[str], int] = num_environments,
+                   test_env_sets: Sequence[Sequence[int]] | None = None,
+                   label_fractions: Sequence[float] | None = None) -> list[dict]:
+    """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
+    test_envs, hparams_seed (``sweep.make_args_list``). ``n_hparams`` is an exclusive upper bound as in DomainBed.
+
+    Keys as DomainBed (dataset, algorithm, test_envs, holdout_fraction, hparams_seed, data_dir,
+    task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None
+    (``extra_args``: the others of them, e.g. the IP/OOP ``alignment_*`` flags, passed to every
+    job as given).
+
+    ``test_env_sets``: explicit ``test_envs`` lists used for every dataset instead of DomainBed's
+    combinations. ``label_fractions`` (the UDG protocol, :mod:`dg_plugins.train.udg`): one job
+    per fraction (innermost loop) with ``label_fraction`` in its args; the jobs of one
+    configuration differ only in it and share their ``seed``, hence their pretraining.
+    """
+    optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
+                "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
+    unknown = set(optional) - set(OPTIONAL_TRAIN_ARGS)
+    if unknown:
+        raise ValueError(f"not pass-through train args: {sorted(unknown)}; known: "
+                         f"{', '.join(OPTIONAL_TRAIN_ARGS)}")
+    if test_env_sets is not None:
+        env_lists = {d: check_test_env_sets(test_env_sets, n_envs(d), d)
+                     for d in dict.fromkeys(dataset_names)}
+    else:
+        env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
+                     for d in dict.fromkeys(dataset_names)}
+    fractions = [None] if label_fractions is None else list(label_fractions)
+    args_list = []
+    for trial_seed in range(n_trials):
+        for dataset in dataset_names:
+            for algorithm in algorithms:
+                for test_envs in env_lists[dataset]:
+                    for hparams_seed in range(n_hparams_from, n_hparams):
+                        train_args = {
+                            "dataset": dataset,
+                            "algorithm": algorithm,
+                            "test_envs": list(test_envs),
+                            "holdout_fraction": holdout_fraction,
+                            "hparams_seed": hparams_seed,
+                            "data_dir": data_dir,
+                            "task": task,
+                            "trial_seed": trial_seed,
+                            "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed,
+                                              trial_seed),
+                        }
+                        train_args.update({k: v for k, v in optional.items() if v is not None})
+                        for fraction in fractions:
+                            job_args = dict(train_args)
+                            if fraction is not None:
+                                job_args["label_fraction"] = fraction
+                            args_list.append(job_args)
+    return args_list
+
+
+# --------------------------------------------------------------------------------------------
+# Identity and commands
+
+
+def job_folder_name(train_args: dict) -> str:
+    """md5 hex of ``json.dumps(train_args, sort_keys=True)``, the dict WITHOUT ``output_dir``."""
+    return hashlib.md5(json.dumps(train_args, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def format_flag_value(value) -> str:
+    """Lists: space-joined ``str`` of the items; strings: ``shlex.quote``; others: ``str``."""
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value)
+    if isinstance(value, str):
+        return shlex.quote(value)
+    return str(value)
+
+
+def python_executable() -> str:
+    """The interpreter job commands use: this one, quoted. DomainBed uses the bare word
+    ``python`` from PATH, which picks a wrong interpreter when the venv is not activated."""
+    return shlex.quote(sys.executable)
+
+
+def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
+    """``<python> -m <module>`` then ``--key value`` for every item of ``args`` (which should hold
+    ``output_dir``) sorted by key, single-space joined (as DomainBed's ``sweep.Job``). ``python``
+    defaults to :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
+    parts = [python or python_executable(), "-m", module]
+    parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
+    return " ".join(parts)
+
+
+class SweepJob:
+    """One training run of a sweep: its folder, command and on-disk state (DomainBed's
+    ``sweep.Job``)."""
+
+    NOT_LAUNCHED = NOT_LAUNCHED
+    INCOMPLETE = INCOMPLETE
+    DONE = DONE
+    RUNNING = RUNNING
+
+    def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
+                 python: str | None = None):
+        self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
+        self.train_args = copy.deepcopy(train_args)
+        self.train_args["output_dir"] = self.output_dir
+        self.command_str = build_command(self.train_args, module, python)
+        self.state = self.refresh_state()
+
+    def refresh_state(self) -> str:
+        """Done if ``<dir>/done`` exists; Running if ``<dir>`` exists and its lock is held by a
+        live process (``holder``: its pid); Incomplete if ``<dir>`` exists; else Not launched."""
+        self.holder = None
+        if is_done(self.output_dir):
+            self.state = DONE
+        elif os.path.exists(self.output_dir):
+            self.holder = lock_holder(self.output_dir)
+            self.state = RUNNING if self.holder is not None else INCOMPLETE
+        else:
+            self.state = NOT_LAUNCHED
+        return self.state
+
+    def command(self, resume: bool = False) -> str:
+        """The command string; with ``resume``, ``--resume`` appended (train then continues from
+        the last checkpoint in output_dir)."""
+        return self.command_str + (" --resume" if resume else "")
+
+    def describe(self) -> str:
+        """``<output_dir> (dataset, algorithm, test_envs, hparams_seed)``."""
+        a = self.train_args
+        info = (a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"])
+        if "label_fraction" in a:  # UDG jobs
+            info += (f"label_fraction {a['label_fraction']}",)
+        return f"{self.output_dir} {info}"
+
+    def __str__(self) -> str:
+        return f"{self.state}: {self.describe()}"
+
+    def __repr__(self) -> str:
+        return f"SweepJob({self})"
+
+
+def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
+              python: str | None = None) -> list[SweepJob]:
+    return [SweepJob(args, sweep_output_dir, module, python) for args in args_list]
+
+
+def summary_line(jobs: Sequence[SweepJob]) -> str:
+    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's counts), with
+    ``<r> running, `` before ``not launched`` when some job is Running."""
+    counts = {state: sum(job.state == state for job in jobs)
+              for state in (DONE, INCOMPLETE, RUNNING, NOT_LAUNCHED)}
+    running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
+    return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
+            f"{running}{counts[NOT_LAUNCHED]} not launched.")
+
+
+def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
+    """Lines saying that the Running jobs are left alone by ``action`` (empty when none)."""
+    running = [job for job in jobs if job.state == RUNNING]
+    if not running:
+        return []
+    what = {"launch": "not relaunched and not waited for",
+            "delete_incomplete": "not deleted", "delete_all": "not deleted"}[action]
+    lines = [f"Note: {len(running)} job(s) are still running (a live process holds their "
+             f"folder's lock): left alone, {what}:"]
+    lines += [f"  running (pid {job.holder}): {job.describe()}" for job in running]
+    lines.append("  Once they have ended, relaunch with --resume to continue any that did not "
+                 "finish.")
+    return lines
+
+
+
+def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
+    """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
+    ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder but the
+    Running ones (never any Running job)."""
+    if action == "launch":
+        wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
+    elif action == "delete_incomplete":
+        wanted = {INCOMPLETE}
+    elif action == "delete_all":
+        wanted = {INCOMPLETE, DONE}
+    else:
+        raise ValueError(f"unknown sweep action {action!r}; choices: launch, delete_incomplete, "
+                         "delete_all")
+    return [job for job in jobs if job.state in wanted]
+

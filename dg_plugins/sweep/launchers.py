@@ -1,0 +1,196 @@
+"""Command launchers (``domainbed/command_launchers.py``): each is ``fn(commands: list[str])``, and
+may take keyword options the sweep passes from its flags (:func:`with_options`). Importing this
+module registers ``dummy``, ``local``, ``multi_gpu`` and ``submitit`` in
+:data:`dg_plugins.registry.LAUNCHERS`; a plugin module registers its own there the same way. No
+launcher imports torch or submitit at module import. How they differ from DomainBed's:
+docs/domainbed_differences.md."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+from dg_plugins.registry import LAUNCHERS
+from dg_plugins.sweep.job_reports import JobOutputs
+from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
+                                        report_exit_codes, report_interrupted)
+from dg_plugins.sweep.submitit import submitit_launcher
+
+
+# --------------------------------------------------------------------------------------------
+# dummy and local
+
+
+def dummy_launcher(commands: list[str]) -> None:
+    """Print ``Dummy launcher: <cmd>`` for each command; run nothing."""
+    for command in commands:
+        print(f"Dummy launcher: {command}")
+
+
+def run_sequentially(commands: Sequence[str], progress: bool | None = None,
+                     grace_period_s: float | None = None,
+                     logs: ErrorLogs | None = None) -> list[int]:
+    """Run each command through the shell, one after another; return the exit codes.
+
+    Each job gets a line on stdout when it starts and one when it ends (done with its accuracy,
+    failed with its error line: :class:`~dg_plugins.sweep.job_reports.JobOutputs`); its own
+    output goes to its folder's out.txt only (what a failed job printed before it took its
+    folder is kept in ``logs``). With ``progress`` (default: stderr is a terminal), a tqdm bar of
+    the jobs on stderr too. A stop signal is forwarded to the running job; then no further job
+    starts and :class:`LaunchInterrupted` is raised once the job has exited (see
+    :class:`JobProcesses`; ``grace_period_s`` overrides :func:`stop_grace_period`).
+    """
+    if progress is None:
+        progress = sys.stderr.isatty()
+    codes: list[int] = []
+    bar = None
+    write = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(commands), desc="jobs", unit="job", file=sys.stderr)
+        write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
+    outputs = JobOutputs("local", commands, logs or ErrorLogs(commands),
+                         **({"write": write} if write else {}))
+    try:
+        with JobProcesses(grace_period_s) as jobs, outputs:
+            for i, command in enumerate(commands):
+                if jobs.stopping:
+                    break
+                proc = jobs.start(i, command, log=outputs.log(i))
+                if proc is None:
+                    break
+                outputs.started(i)
+                codes.append(jobs.wait(proc))
+                outputs.ended(i, codes[-1], interrupted=jobs.stopping)
+                if bar is not None:
+                    bar.update()
+            if jobs.stopping:
+                raise jobs.interruption(commands, codes)
+    finally:
+        if bar is not None:
+            bar.close()
+    return codes
+
+
+def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
+    """Run the commands serially on this machine, one line per job start and end; summarize
+    failures at the end (raising :class:`~dg_plugins.sweep.processes.JobsFailed` when a job
+    failed). A stop signal ends the sweep after the running job stopped, waiting at most
+    ``grace_period_s`` (:func:`dg_plugins.signals.stop_grace_period`)."""
+    logs = ErrorLogs(commands)
+    try:
+        codes = run_sequentially(commands, grace_period_s=grace_period_s, logs=logs)
+    except LaunchInterrupted as err:
+        report_interrupted("local", commands, err)
+        raise
+    report_exit_codes("local", commands, codes, logs)
+
+
+# --------------------------------------------------------------------------------------------
+# multi_gpu
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids from ``CUDA_VISIBLE_DEVICES`` (comma-split, empty entries dropped) when set, else
+    ``range(torch.cuda.device_count())`` (torch imported only then)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [gpu.strip() for gpu in env.split(",") if gpu.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
+                poll_interval: float = 1.0, grace_period_s: float | None = None,
+                logs: ErrorLogs | None = None) -> list[int]:
+    """Run the commands in order, at most one per GPU at a time, each with
+    ``CUDA_VISIBLE_DEVICES=<its gpu>``; poll every ``poll_interval`` s; return the exit codes.
+    One line per job start and end, as :func:`run_sequentially`. A stop signal is forwarded to
+    every running job and raises :class:`LaunchInterrupted` once they have exited (see
+    :class:`JobProcesses`)."""
+    gpus = list(gpus)
+    if not gpus:
+        raise RuntimeError(
+            "multi_gpu launcher: no GPU visible (CUDA_VISIBLE_DEVICES is empty or "
+            "torch.cuda.device_count() is 0); use the local launcher on CPU machines"
+        )
+    codes: list[int | None] = [None] * len(commands)
+    running: dict[str, tuple[int, subprocess.Popen]] = {}
+    pending = list(enumerate(commands))
+    outputs = JobOutputs("multi_gpu", commands, logs or ErrorLogs(commands))
+    with JobProcesses(grace_period_s) as jobs, outputs:
+        while (pending and not jobs.stopping) or running:
+            for gpu, (index, proc) in list(running.items()):
+                code = jobs.poll(proc)
+                if code is not None:
+                    codes[index] = code
+                    del running[gpu]
+                    outputs.ended(index, code, interrupted=jobs.stopping)
+            for gpu in gpus:
+                if pending and gpu not in running and not jobs.stopping:
+                    index, command = pending.pop(0)
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+                    proc = jobs.start(index, command, env=env, log=outputs.log(index))
+                    if proc is None:
+                        pending.insert(0, (index, command))
+                        break
+                    outputs.started(index, f"GPU {gpu}")
+                    running[gpu] = (index, proc)
+            jobs.announce()
+            if running:
+                time.sleep(min(poll_interval, 0.1) if jobs.stopping else poll_interval)
+        if jobs.stopping:
+            raise jobs.interruption(commands, codes)
+    return [int(code) for code in codes]
+
+
+def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
+                       poll_interval: float = 1.0, grace_period_s: float | None = None) -> None:
+    """One job per visible GPU at a time (``gpus`` overrides :func:`visible_gpus`); a stop
+    signal as in :func:`local_launcher`."""
+    gpus = visible_gpus() if gpus is None else gpus
+    logs = ErrorLogs(commands)
+    try:
+        codes = run_on_gpus(commands, gpus, poll_interval, grace_period_s, logs=logs)
+    except LaunchInterrupted as err:
+        report_interrupted("multi_gpu", commands, err)
+        raise
+    report_exit_codes("multi_gpu", commands, codes, logs)
+
+
+# --------------------------------------------------------------------------------------------
+# Options and registration
+
+
+def with_options(launcher: Callable, **options) -> Callable[[list], None]:
+    """``launcher`` with those of ``options`` bound that it takes as keyword parameters and that
+    are set (not None): ``grace_period_s`` (``--stop_grace_period``) for ``local``,
+    ``multi_gpu`` and ``submitit``, ``submitit`` (the ``--slurm_*`` flags) for ``submitit``. A
+    DomainBed-style ``fn(commands)`` takes none and is returned as it is."""
+    try:
+        parameters = inspect.signature(launcher).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no keyword options
+        return launcher
+    given = {name: value for name, value in options.items()
+             if name in parameters and value is not None}
+    return functools.partial(launcher, **given) if given else launcher
+
+
+
+def _register(name: str, fn: Callable) -> None:
+    """Register, replacing an entry only when it comes from this module (a reload)."""
+    if name in LAUNCHERS and getattr(LAUNCHERS.get(name), "__module__", None) == __name__:
+        LAUNCHERS.unregister(name)
+    LAUNCHERS.register(name, fn)
+
+
+for _name, _fn in (("dummy", dummy_launcher), ("local", local_launcher),
+                   ("multi_gpu", multi_gpu_launcher), ("submitit", submitit_launcher)):
+    _register(_name, _fn)

@@ -1,0 +1,376 @@
+"""Job processes of the local, multi-GPU and submitit (local executor) launchers
+(:class:`JobProcesses`): each job in its own process group, stop signals forwarded to it, at most
+a grace period waited, and the failure and interruption summaries. A SIGTERM, SIGINT or SIGHUP to
+the sweep reaches every running job (SIGHUP as SIGTERM), no further job starts, the jobs get
+:func:`~dg_plugins.signals.stop_grace_period` seconds to stop at a checkpoint before SIGKILL, and
+the launcher raises :class:`LaunchInterrupted` (exit 128 + signal). A launcher that waited for
+its jobs raises :class:`JobsFailed` (exit 1) after listing each failed job with its first error
+lines (:func:`report_exit_codes`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from dg_plugins.signals import SignalCatcher, signal_name, stop_grace_period
+from dg_plugins.sweep.fork import (_exit_if_orphaned, _load_libc, die_with_parent,
+                                   fork_train, forkable_train_args, is_simple_command)
+from dg_plugins.train.folder import ERR_FILE, is_done, lock_holder
+
+
+class LaunchInterrupted(SystemExit):
+    """A launcher stopped early because this process received a stop signal.
+
+    A ``SystemExit`` whose ``code`` is 128 + signal (143 SIGTERM, 130 SIGINT, 129 SIGHUP), so
+    that, uncaught, it ends the process with the conventional status; ``except Exception`` does
+    not swallow it. ``interrupted``: the commands that were running when the signal came and did
+    not finish successfully; ``not_started``: those never started; ``exit_codes``: one per
+    command (None: not run or unknown); ``remote``: the jobs keep running elsewhere (Slurm);
+    ``notes``: lines for the user (e.g. jobs that had to be killed).
+    """
+
+    def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
+                 exit_codes: Sequence[int | None] = (), remote: bool = False,
+                 notes: Sequence[str] = ()):
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.interrupted = list(interrupted)
+        self.not_started = list(not_started)
+        self.exit_codes = list(exit_codes)
+        self.remote = remote
+        self.notes = list(notes)
+
+    def __str__(self) -> str:
+        return (f"stopped by {signal_name(self.signum)}: {len(self.interrupted)} job(s) "
+                f"interrupted, {len(self.not_started)} not started")
+
+
+class JobsFailed(SystemExit):
+    """Some jobs of a launcher that waited for them failed: a ``SystemExit`` with status 1 (so
+    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands;
+    ``exit_codes``: theirs (None: unknown); ``lines``: the summary printed for them;
+    ``n_commands``: how many commands the launcher ran."""
+
+    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = (),
+                 exit_codes: Sequence[int | None] | None = None):
+        super().__init__(1)
+        self.failed = list(failed)
+        self.n_commands = n_commands
+        self.lines = list(lines)
+        self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
+
+    def __str__(self) -> str:
+        return f"{len(self.failed)} of {self.n_commands} jobs failed"
+
+
+#: Error lines shown per failed job, and failed jobs shown in full, in a failure summary.
+ERROR_LINES_SHOWN = 3
+FAILED_JOBS_SHOWN = 10
+
+
+def command_output_dir(command: str) -> str | None:
+    """The ``--output_dir`` of a job command (what the sweep writes), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for i, word in enumerate(words[:-1]):
+        if word == "--output_dir":
+            return words[i + 1]
+    for word in words:
+        if word.startswith("--output_dir="):
+            return word.split("=", 1)[1]
+    return None
+
+
+class ErrorLogs:
+    """Where each job's ``err.txt`` ends before the launcher runs it, so that a failure summary
+    shows the lines this run added (the file is appended to across resumes)."""
+
+    def __init__(self, commands: Sequence[str]):
+        self.folders = [command_output_dir(c) for c in commands]
+        self.offsets = [self._size(folder) for folder in self.folders]
+        #: index -> the lines a job printed, where a launcher captured its output (used when
+        #: the job wrote nothing to its err.txt: it failed before it took its folder)
+        self.captured: dict[int, list[str]] = {}
+
+    @staticmethod
+    def _size(folder: str | None) -> int:
+        try:
+            return os.path.getsize(os.path.join(folder, ERR_FILE)) if folder else 0
+        except OSError:
+            return 0
+
+    def path(self, index: int) -> str | None:
+        folder = self.folders[index]
+        return os.path.join(folder, ERR_FILE) if folder else None
+
+    def new_lines(self, index: int) -> list[str]:
+        """The non-empty lines job ``index`` added to its err.txt (all of it when the file
+        shrank, e.g. a ``--force`` run started it over); without any, what the launcher
+        captured of its output (:attr:`captured`)."""
+        return self._err_lines(index) or self.captured.get(index, [])
+
+    def _err_lines(self, index: int) -> list[str]:
+        path = self.path(index)
+        if path is None or not os.path.isfile(path):
+            return []
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(self.offsets[index] if self.offsets[index] <= size else 0)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:
+    """The lines that say what went wrong: train's one-line ``error: ...`` / ``stopped: ...``
+    messages when there are some, else the end of a traceback (its exception line)."""
+    marked = [line for line in lines if line.startswith(("error:", "stopped:"))]
+    if marked:
+        return marked[:n]
+    return list(lines[-n:])
+
+
+def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
+                      logs: ErrorLogs | None = None) -> list[int]:
+    """Print a one-line summary and, per failed job, its exit code, command, first error lines
+    and err.txt; raise :class:`JobsFailed` when a job failed (return the failed indices when
+    none did: ``[]``). A nonzero exit is not a failure when the job's folder is done (another
+    process finished it) or still held by another live train process (``.lock``): the latter is
+    reported as still running."""
+    logs = logs or ErrorLogs(commands)
+    failed, running = [], []
+    for i, code in enumerate(exit_codes):
+        if code == 0 or is_done(logs.folders[i]):
+            continue
+        holder = lock_holder(logs.folders[i]) if logs.folders[i] else None
+        (running if holder is not None else failed).append((i, holder))
+    for i, holder in running:
+        print(f"{name} launcher: still running in another process (pid {holder}), not failed: "
+              f"{logs.folders[i]}", flush=True)
+    if not failed:
+        print(f"{name} launcher: all {len(commands)} commands succeeded."
+              if not running else
+              f"{name} launcher: no command failed ({len(running)} left to the process that "
+              "holds them).", flush=True)
+        return []
+    lines = [f"{name} launcher: {len(failed)} of {len(commands)} commands failed:"]
+    for shown, (i, _) in enumerate(failed):
+        if shown == FAILED_JOBS_SHOWN:
+            lines.append(f"  ... and {len(failed) - shown} more (exit codes "
+                         f"{sorted(set(exit_codes[j] for j, _ in failed[shown:]))}; see each "
+                         "job's err.txt)")
+            break
+        lines.append(f"  exit code {exit_codes[i]}: {commands[i]}")
+        excerpt = error_excerpt(logs.new_lines(i))
+        lines += [f"      {line}" for line in excerpt]
+        path = logs.path(i)
+        if path is not None:
+            lines.append(f"      log: {path}" if os.path.isfile(path) else
+                         f"      log: no {ERR_FILE} in {logs.folders[i]} (the job failed before "
+                         "it took its folder: " + ("the lines above are from its output)"
+                                                   if i in logs.captured else
+                                                   "see its output above)"))
+    for line in lines:
+        print(line, flush=True)
+    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines,
+                     [exit_codes[i] for i, _ in failed])
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live (not zombie) member."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc/self"):
+        return True
+    for entry in os.listdir("/proc"):  # Linux: skip zombies nobody reaped (e.g. under a
+        if not entry.isdigit():        # container's PID 1 that does not reap)
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+class JobProcesses:
+    """Start jobs (shell commands) and forward stop signals to them; a context manager.
+
+    While active in the main thread, SIGTERM, SIGINT and SIGHUP (those not ignored) are caught
+    (:class:`dg_plugins.signals.SignalCatcher`):
+    each one received is forwarded to the process group of every running job (SIGHUP as
+    SIGTERM), :meth:`start` refuses new jobs, and :meth:`poll` / :meth:`wait` enforce the grace
+    period: once it has passed, the jobs' process groups get SIGKILL. Each job starts in its own
+    session (hence process group) so that a terminal's Ctrl-C, sent to the sweep's group, does
+    not reach it a second time. A plain command (:func:`is_simple_command`) is ``exec``'ed by the
+    shell, so the job's own process is the group leader and its exit status is the job's; other
+    commands keep the shell as parent, and after a stop the wait lasts until the whole group has
+    exited. On leaving, previous handlers are restored; if leaving on an error, running jobs are
+    stopped (SIGTERM, grace period, SIGKILL) so that none is orphaned.
+    """
+
+    def __init__(self, grace_period_s: float | None = None, poll_interval: float = 0.05):
+        self.grace_period_s = stop_grace_period(grace_period_s)
+        self.poll_interval = poll_interval
+        self.running: dict[int, tuple[int, subprocess.Popen]] = {}  # pid -> (index, process)
+        self.signum: int | None = None
+        self.deadline: float | None = None
+        self.interrupted: set[int] = set()  # indices running when the first signal came
+        self.killed: list[int] = []  # indices SIGKILLed after the grace period
+        self.forwarding = False
+        self._announced = False
+        self._catcher = SignalCatcher(self._on_signal)
+
+    # -- context --------------------------------------------------------------------------
+
+    def __enter__(self) -> "JobProcesses":
+        self._catcher.__enter__()
+        self.forwarding = self._catcher.active
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.running:  # leaving on an error with jobs still running: stop them
+                if self.signum is None:
+                    self._on_signal(signal.SIGTERM)
+                while self.running:
+                    for pid, (_, proc) in list(self.running.items()):
+                        self.poll(proc)
+                    time.sleep(self.poll_interval)
+        finally:
+            self._catcher.__exit__(exc_type, exc, tb)
+
+    # -- signals --------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self.signum is not None
+
+    def _on_signal(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.deadline = time.monotonic() + self.grace_period_s
+            self.interrupted = {index for index, _ in self.running.values()}
+        forwarded = signal.SIGTERM if signum == signal.SIGHUP else signum
+        for pid in list(self.running):
+            _signal_group(pid, forwarded)
+
+    def announce(self, out=None) -> None:
+        """Print, once, what happens after a stop signal (called from the main loop, not from
+        the handler, so that no print is interrupted by another)."""
+        if self.stopping and not self._announced:
+            self._announced = True
+            print(f"\nReceived {signal_name(self.signum)}: forwarded to {len(self.running)} "
+                  f"running job(s); no further job starts; waiting up to "
+                  f"{self.grace_period_s:g} s for them to stop at a checkpoint.",
+                  file=out or sys.stdout, flush=True)
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def start(self, index: int, command: str, env=None, cwd=None,
+              log: str | None = None) -> subprocess.Popen | None:
+        """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
+        (:func:`forkable_train_args`; None when stopping: no new job); its stdout and stderr
+        go to the file ``log`` when given."""
+        if self.stopping:
+            return None
+        train_args = forkable_train_args(command) if env is None and cwd is None else None
+        if train_args is not None:
+            proc = fork_train(train_args, new_session=self.forwarding, log=log)
+        else:
+            shell_command = f"exec {command}" if is_simple_command(command) else command
+            launcher_pid = os.getpid()
+            _load_libc()
+            output = open(log, "ab") if log is not None else None
+            try:
+                proc = subprocess.Popen(
+                    shell_command, shell=True, env=env, cwd=cwd, stdout=output,
+                    stderr=subprocess.STDOUT if output is not None else None,
+                    start_new_session=self.forwarding,
+                    preexec_fn=lambda: (die_with_parent(), _exit_if_orphaned(launcher_pid)))
+            finally:
+                if output is not None:
+                    output.close()
+        self.running[proc.pid] = (index, proc)
+        if self.stopping:  # the signal came while it was starting
+            self.interrupted.add(index)
+            _signal_group(proc.pid, signal.SIGTERM if self.signum == signal.SIGHUP
+                          else self.signum)
+        return proc
+
+    def poll(self, proc: subprocess.Popen) -> int | None:
+        """The job's exit status once it (and, after a stop, its whole process group) has
+        exited, else None; once the grace period has passed, SIGKILL its process group."""
+        index = self.running[proc.pid][0]
+        killed = index in self.killed
+        code = proc.poll()
+        if code is not None and (killed or not self._group_pending(proc.pid)):
+            self.running.pop(proc.pid, None)
+            return code
+        if self.stopping and not killed and time.monotonic() >= self.deadline:
+            self.killed.append(index)
+            _signal_group(proc.pid, signal.SIGKILL)
+        return None
+
+    def _group_pending(self, pgid: int) -> bool:
+        """After a stop: whether other processes of the job's group (e.g. a shell's child)
+        are still running."""
+        return self.stopping and self.forwarding and _group_alive(pgid)
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        """Block until :meth:`poll` gives the job's exit status."""
+        while True:
+            code = self.poll(proc)
+            if code is not None:
+                return code
+            self.announce()
+            try:
+                proc.wait(timeout=self.poll_interval)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
+                     remote: bool = False) -> LaunchInterrupted:
+        """The :class:`LaunchInterrupted` describing this stop."""
+        interrupted = [commands[i] for i in sorted(self.interrupted)
+                       if i < len(exit_codes) and exit_codes[i] != 0]
+        not_started = [c for i, c in enumerate(commands)
+                       if (i >= len(exit_codes) or exit_codes[i] is None)
+                       and i not in self.interrupted]
+        notes = [f"still running after the {self.grace_period_s:g} s grace period: killed "
+                 f"(SIGKILL): {commands[i]}" for i in self.killed]
+        codes = list(exit_codes) + [None] * (len(commands) - len(exit_codes))
+        return LaunchInterrupted(self.signum, interrupted, not_started, codes, remote, notes)
+
+
+def report_interrupted(name: str, commands: Sequence[str], err: LaunchInterrupted) -> None:
+    """Print what a stop signal left: interrupted, not started, succeeded and failed commands."""
+    finished = [i for i, code in enumerate(err.exit_codes)
+                if code is not None and commands[i] not in err.interrupted]
+    failed = [i for i in finished if err.exit_codes[i] != 0]
+    print(f"{name} launcher: stopped by {signal_name(err.signum)}: {len(err.interrupted)} "
+          f"interrupted, {len(err.not_started)} not started, {len(finished) - len(failed)} "
+          f"succeeded, {len(failed)} failed before the signal.", flush=True)
+    for i in failed:
+        print(f"  exit code {err.exit_codes[i]}: {commands[i]}", flush=True)
+    for note in err.notes:
+        print(f"  {note}", flush=True)

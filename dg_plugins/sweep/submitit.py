@@ -1,0 +1,353 @@
+"""The ``submitit`` launcher: every command one task of a Slurm job array (or of submitit's
+local/debug executor, which run on this machine), configured by its ``submitit`` option (the
+sweep's ``--slurm_*`` flags) over the ``DG_SLURM_*`` environment (:class:`SubmititOptions`).
+On Slurm the jobs live on the cluster: a stop signal only stops the waiting and says how to cancel
+them; on this machine it is passed on to the jobs as by the local launcher
+(:func:`submit_commands`). submitit is imported only when it launches."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from typing import Callable, Sequence
+
+from dg_plugins.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
+                                signal_name, stop_grace_period)
+from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
+                                        report_exit_codes, report_interrupted)
+
+SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
+
+
+@dataclasses.dataclass
+class SubmititOptions:
+    """Settings of the ``submitit`` launcher; None means "not set here".
+
+    Each field can also come from an environment variable (:data:`SUBMITIT_ENV_VARS`). Defaults
+    when unset everywhere: cluster ``slurm``; time 1440 min (submitit's own Slurm default is 5);
+    gpus_per_node 1 on Slurm, 0 otherwise; partition, cpus_per_task, mem_gb: the cluster's
+    defaults; array_parallelism 256 (submitit's default; Slurm only, the local executor starts
+    every task at once); log_dir ``<sweep output_dir>/submitit_logs`` (derived from the
+    commands' ``--output_dir``); wait False on Slurm (return after submission), True on
+    local/debug (the debug executor only runs jobs while waited on, so it always waits);
+    extra: more ``executor.update_parameters`` keywords, e.g. ``{"slurm_account": "abc"}``.
+    """
+
+    cluster: str | None = None
+    partition: str | None = None
+    time_min: int | None = None
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    array_parallelism: int | None = None
+    log_dir: str | None = None
+    wait: bool | None = None
+    extra: dict | None = None
+
+
+#: Environment variable of each :class:`SubmititOptions` field.
+SUBMITIT_ENV_VARS = {
+    "cluster": "DG_SLURM_CLUSTER",
+    "partition": "DG_SLURM_PARTITION",
+    "time_min": "DG_SLURM_TIME",
+    "gpus_per_node": "DG_SLURM_GPUS_PER_NODE",
+    "cpus_per_task": "DG_SLURM_CPUS_PER_TASK",
+    "mem_gb": "DG_SLURM_MEM_GB",
+    "array_parallelism": "DG_SLURM_ARRAY_PARALLELISM",
+    "log_dir": "DG_SLURM_LOG_DIR",
+    "wait": "DG_SLURM_WAIT",
+    "extra": "DG_SLURM_EXTRA",
+}
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "y", "on"):
+        return True
+    if lowered in ("0", "false", "no", "n", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no)")
+
+
+def parse_json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+_PARSERS = {"time_min": int, "gpus_per_node": int, "cpus_per_task": int, "mem_gb": float,
+            "array_parallelism": int, "wait": _parse_bool, "extra": parse_json_object}
+
+
+def options_from_env(environ=None) -> SubmititOptions:
+    """The fields set through ``DG_SLURM_*`` variables; a bad value raises naming the variable."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name, var in SUBMITIT_ENV_VARS.items():
+        if var in environ:
+            try:
+                values[name] = _PARSERS.get(name, str)(environ[var])
+            except ValueError as err:
+                raise ValueError(f"bad value for ${var}: {err}") from None
+    return SubmititOptions(**values)
+
+
+def sweep_dir_of(commands: Sequence[str]) -> str | None:
+    """The sweep output_dir: the parent of the first command's ``--output_dir``, if any."""
+    for command in commands[:1]:
+        tokens = shlex.split(command)
+        if "--output_dir" in tokens[:-1]:
+            return os.path.dirname(os.path.normpath(tokens[tokens.index("--output_dir") + 1]))
+    return None
+
+
+def resolve_submitit_options(commands: Sequence[str] = (),
+                             overrides: SubmititOptions | None = None,
+                             environ=None) -> SubmititOptions:
+    """Merge, highest first: ``overrides`` (the launcher's options), the environment, defaults
+    (see :class:`SubmititOptions`). Every field of the result is set except partition,
+    cpus_per_task and mem_gb (None there means the cluster default)."""
+    merged = SubmititOptions()
+    for layer in (options_from_env(environ), overrides or SubmititOptions()):
+        merged = dataclasses.replace(merged, **{
+            f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)
+            if getattr(layer, f.name) is not None})
+    cluster = merged.cluster or "slurm"
+    if cluster not in SUBMITIT_CLUSTERS:
+        raise ValueError(f"unknown submitit cluster {cluster!r}; choices: "
+                         f"{', '.join(SUBMITIT_CLUSTERS)}")
+    sweep_dir = sweep_dir_of(commands)
+    defaults = SubmititOptions(
+        cluster=cluster,
+        time_min=24 * 60,
+        gpus_per_node=1 if cluster == "slurm" else 0,
+        array_parallelism=256,
+        log_dir=os.path.join(sweep_dir if sweep_dir is not None else ".", "submitit_logs"),
+        wait=cluster != "slurm",
+        extra={},
+    )
+    resolved = dataclasses.replace(defaults, **{
+        f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)
+        if getattr(merged, f.name) is not None})
+    if cluster == "debug":
+        resolved.wait = True
+    return resolved
+
+
+def run_shell_command(command: str, cwd: str | None = None, forward_signals: bool = False,
+                      grace_period_s: float | None = None) -> int:
+    """One array task: run ``command`` through the shell in ``cwd`` (the directory the sweep was
+    launched from, so relative paths keep their meaning). A nonzero exit raises, so that the
+    scheduler marks the task failed.
+
+    With ``forward_signals`` (submitit's local and debug executors, where the task runs on the
+    sweep's machine) the command runs under :class:`JobProcesses`: SIGTERM/SIGINT to the task are
+    forwarded to the command's process group, which is waited for (``grace_period_s``, then
+    SIGKILL). On Slurm the command stays in the task's process group: Slurm signals every process
+    of a job itself, and submitit's own handlers stay in place.
+    """
+    if forward_signals:
+        with JobProcesses(grace_period_s) as jobs:
+            proc = jobs.start(0, command, cwd=cwd)
+            code = jobs.wait(proc) if proc is not None else 128 + jobs.signum
+    else:
+        code = subprocess.call(command, shell=True, cwd=cwd)
+    if code != 0:
+        raise RuntimeError(f"command exited with code {code}: {command}")
+    return code
+
+
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError as err:
+        raise ImportError(
+            "the submitit launcher needs the submitit package: pip install 'dg_plugins[slurm]' "
+            "(or pip install submitit)"
+        ) from err
+    return submitit
+
+
+def make_executor(options: SubmititOptions):
+    """A ``submitit.AutoExecutor`` configured from fully resolved ``options``."""
+    submitit = _import_submitit()
+    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster)
+    params = {"name": "dg_sweep", "timeout_min": options.time_min,
+              "gpus_per_node": options.gpus_per_node, "cpus_per_task": options.cpus_per_task,
+              "mem_gb": options.mem_gb, "slurm_partition": options.partition,
+              "slurm_array_parallelism": options.array_parallelism}
+    params.update(options.extra or {})
+    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+    return executor
+
+
+def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
+                    grace_period_s: float | None = None) -> list:
+    """Submit every command as one task of a job array (``executor.map_array``); when
+    ``options.wait``, wait for all, print a failure summary and raise
+    :class:`~dg_plugins.sweep.processes.JobsFailed` when a job failed. Returns the submitit jobs.
+
+    Stop signals: on Slurm, a signal while waiting raises
+    :class:`LaunchInterrupted` at once with ``remote=True`` (the jobs keep running on the
+    cluster). With the local/debug executors the jobs run here: a signal is passed on to them
+    (:func:`run_shell_command` forwards it to the job), the sweep waits for them, at most the
+    grace period (``grace_period_s``, :func:`dg_plugins.signals.stop_grace_period`), cancels
+    what is left, and raises :class:`LaunchInterrupted`.
+    """
+    options = resolve_submitit_options(commands, overrides=options)
+    commands = list(commands)
+    if not commands:
+        return []
+    executor = make_executor(options)
+    logs = ErrorLogs(commands)
+    cwd = os.getcwd()
+    on_machine = options.cluster != "slurm"
+    grace = stop_grace_period(grace_period_s)
+    forget_stop_signal()
+    jobs: list = []
+
+    def pass_on(signum: int) -> None:  # local executor: via each job's controller process,
+        for job in jobs:               # which forwards SIGTERM to its task
+            process = getattr(job, "_process", None)
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    with (SignalCatcher(pass_on) if on_machine else _NoCatcher()) as catcher:
+        jobs = executor.map_array(run_shell_command, commands, [cwd] * len(commands),
+                                  [on_machine] * len(commands), [grace] * len(commands))
+        ids = [job.job_id for job in jobs]
+        print(f"submitit launcher: submitted {len(jobs)} jobs to {options.cluster} "
+              f"(ids {ids[0]}..{ids[-1]}); logs in {options.log_dir}", flush=True)
+        if catcher.signum is not None:  # a signal came during the submission
+            pass_on(catcher.signum)
+        if not options.wait:
+            return jobs
+        if options.cluster == "slurm":
+            codes = _wait_slurm(commands, jobs)
+        elif options.cluster == "local":
+            codes = _wait_local(commands, jobs, catcher, grace)
+        else:
+            codes = _wait_debug(commands, jobs)
+    report_exit_codes("submitit", commands, codes, logs)  # raises JobsFailed if a job failed
+    return jobs
+
+
+class _NoCatcher:
+    signum = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _job_exit_code(job) -> int:
+    """0, or the exit code of a finished job's command (1 when unknown)."""
+    # exception() waits and returns the error; the debug executor's result() would open pdb.
+    try:
+        err = job.exception()
+    except Exception as raised:  # noqa: BLE001  (e.g. UncompletedJobError)
+        err = raised
+    if err is not None:
+        print(f"submitit job {job.job_id} failed; log: {job.paths.stderr}", flush=True)
+    return 0 if err is None else _exit_code_of(err)
+
+
+def _wait_slurm(commands: Sequence[str], jobs: Sequence) -> list[int]:
+    """Wait for every job; a stop signal stops the waiting only (the jobs run on the cluster)."""
+    codes: list[int | None] = [None] * len(jobs)
+
+    def stop_waiting(signum: int) -> None:
+        array_id = str(jobs[0].job_id).split("_")[0]
+        running = [c for c, code in zip(commands, codes) if code is None]
+        raise LaunchInterrupted(signum, running, [], codes, remote=True, notes=[
+            f"the jobs keep running on the cluster; cancel them with: scancel {array_id}"])
+
+    with SignalCatcher(stop_waiting):
+        for i, job in enumerate(jobs):
+            codes[i] = _job_exit_code(job)
+    return [int(c) for c in codes]
+
+
+def _wait_local(commands: Sequence[str], jobs: Sequence, catcher: SignalCatcher,
+                grace: float) -> list[int]:
+    """Poll the local executor's jobs (all started at once); after a stop signal wait at most
+    ``grace`` seconds (plus a little for submitit's own bookkeeping), then cancel the rest."""
+    codes: list[int | None] = [None] * len(jobs)
+    pending = set(range(len(jobs)))
+    running_at_stop: set[int] = set()
+    deadline = None
+    cancelled: list[int] = []
+    while pending:
+        for i in sorted(pending):
+            if jobs[i].done():
+                codes[i] = _job_exit_code(jobs[i])
+                pending.discard(i)
+        if catcher.signum is not None and deadline is None:
+            running_at_stop = set(pending)
+            deadline = time.monotonic() + grace + 5.0
+            print(f"\nReceived {signal_name(catcher.signum)}: passed to {len(pending)} running "
+                  f"job(s); waiting up to {grace:g} s for them to stop at a checkpoint.",
+                  flush=True)
+        if deadline is not None and pending and time.monotonic() >= deadline:
+            for i in sorted(pending):
+                jobs[i].cancel()
+                cancelled.append(i)
+            deadline = float("inf")
+        if pending:
+            time.sleep(0.1)
+    if catcher.signum is None:
+        return [int(c) for c in codes]
+    notes = [f"still running after the {grace:g} s grace period: cancelled: {commands[i]}"
+             for i in cancelled]
+    raise LaunchInterrupted(catcher.signum,
+                            [commands[i] for i in sorted(running_at_stop) if codes[i] != 0],
+                            [], codes, notes=notes)
+
+
+def _wait_debug(commands: Sequence[str], jobs: Sequence) -> list[int]:
+    """The debug executor runs each job in this process when it is waited on; a stop signal
+    (forwarded to the running job by :func:`run_shell_command`) ends the loop: the remaining
+    jobs never start."""
+    codes: list[int | None] = [None] * len(jobs)
+    for i, job in enumerate(jobs):
+        if last_stop_signal() is not None:
+            break
+        codes[i] = _job_exit_code(job)
+        if last_stop_signal() is not None and codes[i] != 0:
+            raise LaunchInterrupted(last_stop_signal(), [commands[i]], commands[i + 1:], codes)
+    if last_stop_signal() is not None:
+        started = [i for i, c in enumerate(codes) if c is not None]
+        raise LaunchInterrupted(last_stop_signal(), [], commands[len(started):], codes)
+    return [int(c) for c in codes]
+
+
+def _exit_code_of(err: Exception) -> int:
+    """The child's exit code from a task error (its message or the remote traceback), or 1."""
+    codes = re.findall(r"command exited with code (-?\d+)", str(err))
+    return int(codes[-1]) if codes else 1
+
+
+def submitit_launcher(commands: list[str], submitit: SubmititOptions | None = None,
+                      grace_period_s: float | None = None) -> None:
+    """Run the commands as a submitit job array, configured by ``submitit`` (the sweep's
+    ``--slurm_*`` flags) over the ``DG_SLURM_*`` environment (see :class:`SubmititOptions`)."""
+    try:
+        submit_commands(commands, submitit, grace_period_s)
+    except LaunchInterrupted as err:
+        report_interrupted("submitit", commands, err)
+        raise
+
+
+def make_submitit_launcher(**options) -> Callable[[list], None]:
+    """A launcher ``fn(commands)`` with its own submitit options (they win over the
+    environment)."""
+    return functools.partial(submitit_launcher, submitit=SubmititOptions(**options))

@@ -1,0 +1,227 @@
+"""One train command, from its parsed flags to its exit status: reject bad input before anything
+is written (:func:`validate`), take the job folder (its lock; a done or interrupted folder needs
+``--force`` or ``--resume``), tee the output into ``out.txt``/``err.txt``, catch stop signals, run
+the job (:class:`~dg_plugins.train.job.Job`, or the UDG protocol's
+:class:`~dg_plugins.train.udg.UDGJob`), and turn what went wrong into one line and an exit status
+(:func:`main`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+
+from dg_plugins import catalog
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.signals import StopRequest
+from dg_plugins.train import flags, udg
+from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
+from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
+                                     RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
+                                     folder_error, is_done, read_record_lines,
+                                     remove_temporary_files, step_models, writing)
+from dg_plugins.train.job import Interrupted, Job, check_test_envs
+
+
+def user_errors() -> tuple:
+    """Exceptions that mean bad input or missing data/weights: one line, no traceback."""
+    from dg_plugins.networks import PretrainedWeightsUnavailable
+    from dg_plugins.registry import UnknownNameError
+
+    return (UnknownNameError, ValueError, FileNotFoundError, PretrainedWeightsUnavailable)
+
+
+def validate(args) -> None:
+    """Reject bad input before anything is written: names, hparams, the flags' ranges
+    (:func:`dg_plugins.train.flags.check_ranges`, which sweep runs too), environment indices."""
+    from dg_plugins import plugins
+
+    plugins.load()
+    dataset_cls = DATASETS.get(args.dataset)
+    ALGORITHMS.get(args.algorithm)
+    hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
+    fraction = getattr(args, "label_fraction", None)
+    flags.check_ranges(args, None if fraction is None else [fraction])
+    if dataset_cls.ENVIRONMENTS:
+        check_test_envs(args, dataset_cls.ENVIRONMENTS)
+    elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
+        check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
+
+
+def prepare_output_dir(args) -> None:
+    """Decide, under the folder lock, whether this run may proceed: a finished job is rerun only
+    with ``--force`` (which first removes ``done``, the records, models and checkpoint); a folder
+    with records of an interrupted run needs ``--resume`` (or ``--force``)."""
+    folder = args.output_dir
+    done = is_done(folder)
+    records = read_record_lines(os.path.join(folder, RESULTS_FILE))
+    if getattr(args, "force", False):
+        if done or records or os.path.exists(os.path.join(folder, CHECKPOINT_FILE)):
+            print(f"--force: starting {folder} over (removing done, records, models and the "
+                  "checkpoint)", file=sys.stderr)
+        for path in [os.path.join(folder, name) for name in
+                     (DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, MODEL_FILE)] + step_models(folder):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return
+    if done:
+        raise JobStateError(
+            f"{folder} holds a finished job ('done' exists); nothing was changed. To run it "
+            "again from scratch pass --force (its records and model are replaced), or choose "
+            "another --output_dir.")
+    if records and not args.resume:
+        raise JobStateError(
+            f"{folder} holds {len(records)} records of an interrupted run; continue it with "
+            "--resume (same arguments), or start over with --force.")
+    if args.resume:
+        check_checkpoint_file(os.path.join(folder, CHECKPOINT_FILE), RESTART_FIX)
+
+
+class Tee:
+    """A stream that writes to ``stream`` and appends to ``path`` (DomainBed's out.txt/err.txt;
+    ``mode="w"`` starts the file over). When the file cannot be written any more (a full disk),
+    the Tee keeps writing to ``stream`` and stops writing to the file (``file_error`` holds the
+    error), so that the message saying what went wrong still reaches the user."""
+
+    def __init__(self, path: str, stream, mode: str = "a"):
+        self.stream = stream
+        self.file = open(path, mode)
+        self.file_error: OSError | None = None
+
+    def write(self, message: str) -> int:
+        self.stream.write(message)
+        if self.file_error is None:
+            try:
+                self.file.write(message)
+            except OSError as err:
+                self.file_error = err
+        self.flush()
+        return len(message)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        if self.file_error is None:
+            try:
+                self.file.flush()
+            except OSError as err:
+                self.file_error = err
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError:  # the unwritten tail of a full disk: already reported
+            pass
+
+
+@contextlib.contextmanager
+def teed(folder: str, mode: str):
+    """Within the block, stdout and stderr also go to ``folder``'s out.txt and err.txt (``mode``
+    "w" starts them over); yields the real stderr (the progress bar's)."""
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    out_tee = Tee(os.path.join(folder, OUT_FILE), real_stdout, mode)
+    try:
+        err_tee = Tee(os.path.join(folder, ERR_FILE), out_tee, mode)
+    except BaseException:
+        out_tee.close()
+        raise
+    sys.stdout, sys.stderr = out_tee, err_tee
+    try:
+        yield real_stderr
+    finally:
+        sys.stdout, sys.stderr = real_stdout, real_stderr
+        out_tee.close()
+        err_tee.close()
+
+
+def exit_status(err: BaseException) -> int | None:
+    """The exit status of a failure reported as one line; None for one reported by its
+    traceback."""
+    if isinstance(err, user_errors()):
+        return flags.EXIT_BAD_INPUT
+    if isinstance(err, DiskFullError):
+        return flags.EXIT_FAILED
+    if isinstance(err, Interrupted):
+        return err.exit_code
+    return None
+
+
+def line(err: BaseException) -> str:
+    return f"{'stopped' if isinstance(err, Interrupted) else 'error'}: {err}"
+
+
+def execute(args, stop_after_step: int | None = None
+            ) -> tuple[str | None, int, BaseException | None]:
+    """Run one job as the train command does: ``(status, exit status, failure)``. ``status``:
+    "done", "already done" (``--resume`` of a finished job) or "stopped" (``stop_after_step``
+    simulates an interruption right after that step's checkpoint; tests use it); None when it
+    failed. Every failure is printed once: while the job holds its folder into its out.txt and
+    err.txt (one line, or the traceback of an unexpected error), before that on stderr; an
+    unexpected error before the folder is taken, or a ``BaseException`` that is not an
+    ``Exception`` (a second Ctrl-C), is raised instead."""
+    folder = args.output_dir
+    try:
+        validate(args)
+        with writing(folder):
+            os.makedirs(folder, exist_ok=True)
+        with writing(folder), FolderLock(folder):
+            if args.resume and not getattr(args, "force", False) and is_done(folder):
+                print(f"{folder} is already done; nothing to resume.")
+                return "already done", flags.EXIT_DONE, None
+            prepare_output_dir(args)
+            removed = remove_temporary_files(folder)
+            # --force starts the logs over too: err.txt must not show a previous run's errors
+            with teed(folder, "w" if getattr(args, "force", False) else "a") as real_stderr:
+                for path in removed:
+                    print(f"removed a leftover temporary file of an interrupted write: {path}",
+                          file=sys.stderr)
+                try:
+                    with StopRequest() as stop:
+                        kind = udg.UDGJob if getattr(args, "label_fraction", None) is not None \
+                            else Job
+                        return (kind(args, stop, progress_stream=real_stderr).run(stop_after_step),
+                                flags.EXIT_DONE, None)
+                except BaseException as err:  # reported here, in out.txt and err.txt
+                    failure = err
+                    if isinstance(err, OSError):
+                        failure = folder_error(folder, err, anywhere=False) or err
+                        if failure is not err:
+                            failure.__cause__ = err
+                    status = exit_status(failure)
+                    if status is None:
+                        traceback.print_exc()
+                        if not isinstance(err, Exception):
+                            raise
+                        return None, flags.EXIT_FAILED, failure
+                    print(line(failure), file=sys.stderr)
+                    return None, status, failure
+    except Exception as err:  # before the job took its folder: reported on stderr
+        status = exit_status(err)
+        if status is None:
+            raise
+        print(line(err), file=sys.stderr)
+        return None, status, err
+
+
+def run(args, stop_after_step: int | None = None) -> str:
+    """Run one job; returns its status (:func:`execute`) or raises its failure, after reporting
+    it as the command does."""
+    status, _, failure = execute(args, stop_after_step)
+    if failure is not None:
+        raise failure
+    return status
+
+
+def main(args) -> int:
+    """The train command's exit status: 0 done; 2 bad input (unknown algorithm or dataset,
+    malformed or unknown --hparams, a flag out of range, missing data, an output folder that
+    cannot be written, a folder that is done, busy or holds another run, a damaged checkpoint on
+    --resume), with a one-line message naming the problem and the fix; 143 / 130 stopped by
+    SIGTERM / SIGINT (after writing a checkpoint; continue with --resume); 1 a full disk (one
+    line: free space, then --resume; what was written before is intact) or any other failure
+    (its traceback is printed once, and kept in err.txt)."""
+    return execute(args)[1]

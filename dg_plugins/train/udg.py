@@ -1,0 +1,351 @@
+"""The unsupervised-DG (UDG) protocol as train jobs (``--label_fraction F``; docs/udg_protocol.md):
+a self-supervised pretraining on the unlabelled source domains (:class:`PretrainJob`, kept in a
+folder named by the md5 of its identity and shared by every label fraction, run once however many
+jobs need it), then fine-tuning on a fixed, nested labelled subset of each source in-split
+(:class:`UDGJob`, written like an ordinary job). Lengths may be given in the release's epochs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+from dg_plugins.files import atomic_torch_save, atomic_write_bytes
+from dg_plugins.networks.pretrained import note_weights, recording_weights
+from dg_plugins.registry import ALGORITHMS
+from dg_plugins.seeds import seed_everything, seed_hash
+from dg_plugins.train import batches
+from dg_plugins.train import job as job_lib
+from dg_plugins.train.checkpoint import check_checkpoint_file
+from dg_plugins.train.folder import (CHECKPOINT_FILE, RESULTS_FILE, FolderBusy, FolderLock,
+                                     JobStateError, append_record, is_done, keep_counted_records,
+                                     remove_temporary_files)
+from dg_plugins.train.splits import SplitDataset, class_balanced_weights
+
+PRETRAIN_DIRNAME = "udg_pretrain"
+PRETRAINED_FILE = "pretrained.pt"
+IDENTITY_FILE = "identity.json"
+#: Seconds between two looks at a pretraining folder another job holds.
+POLL_SECONDS = 5.0
+#: hparams that only affect fine-tuning (not part of the pretraining's identity).
+FINETUNE_HPARAMS = ("udg_ft_lr", "udg_ft_batch_size", "udg_ft_mode")
+
+
+class PretrainingMissing(FileNotFoundError):
+    """``--udg_pretrain require`` and the job's pretraining is not done."""
+
+
+def labelled_count(n: int, fraction: float) -> int:
+    return max(1, min(n, int(round(fraction * n))))
+
+
+def labelled_subset(split, fraction: float, trial_seed: int, env: int):
+    """The labelled part of a source environment's in-split: the first ``max(1, round(F * n))``
+    items of a permutation drawn from ``seed_hash(trial_seed, env, "udg_labels")``, so fixed by the
+    trial, the same for every algorithm, and nested across fractions (docs/udg_protocol.md)."""
+    order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
+    return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
+
+
+#: Share of each source environment that ``--udg_split release`` pretrains on (the release
+#: pretrains on 99% of the source data, ``dataloader.py``).
+RELEASE_PRETRAIN_SHARE = 0.99
+
+
+def epoch_steps(sizes: list[int], batch: int) -> float:
+    """Steps of one epoch (the release's): one pass over the pooled sets of ``sizes`` images at
+    ``batch`` images per set per step."""
+    return sum(sizes) / (batch * len(sizes))
+
+
+def steps_for_epochs(epochs: float, sizes: list[int], batch: int) -> int:
+    """``ceil(epochs x`` :func:`epoch_steps` ``)``, at least 1 (computed in one division, so an
+    exact number of epochs gives an exact step count)."""
+    return max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
+
+
+def pretraining_set(job, env: int):
+    """The unlabelled images environment ``env`` contributes to pretraining: its in-split
+    (``domainbed`` split), or with ``--udg_split release`` the first 99% of a permutation of the
+    whole environment drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")`` (the release
+    pretrains on 99% of the source data; labels are never read, so the validation out-split's
+    images may be among them, as in the release)."""
+    if job.udg_split != "release":
+        return job.splits.in_splits[env][0]
+    whole = job.dataset[env]
+    order = np.random.RandomState(seed_hash(job.args.trial_seed, env, "udg_pretrain_split")) \
+        .permutation(len(whole))
+    keep = max(1, int(round(RELEASE_PRETRAIN_SHARE * len(whole))))
+    return SplitDataset(whole, order[:keep].tolist())
+
+
+def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
+    """What makes two jobs' pretrainings the same (paths excluded; ``udg_split`` only when it is
+    ``release``, so that the identity of a default-split pretraining stays as it was)."""
+    identity = {
+        "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
+        "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
+        "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
+        "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
+    }
+    if getattr(args, "udg_split", None) == "release":
+        identity["udg_split"] = "release"
+    return identity
+
+
+def pretrain_key(identity: dict) -> str:
+    return hashlib.md5(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def pretrain_root(args) -> str:
+    if getattr(args, "udg_pretrain_dir", None):
+        return args.udg_pretrain_dir
+    parent = os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep)))
+    return os.path.join(parent, PRETRAIN_DIRNAME)
+
+
+def _done(folder: str) -> bool:
+    return is_done(folder) and os.path.exists(os.path.join(folder, PRETRAINED_FILE))
+
+
+def redo_pretraining(folder: str) -> str:
+    """The fix for a damaged file of a pretraining folder: start that pretraining over."""
+    return (f"Remove the pretraining folder (rm -r {folder}) and rerun: the next job that needs "
+            "it pretrains again (no other folder is touched)")
+
+
+def load_pretrained(folder: str, identity: dict) -> dict:
+    """The pretrained weights of a finished pretraining folder, after checking its identity."""
+    with open(os.path.join(folder, IDENTITY_FILE)) as f:
+        stored = json.load(f)
+    if stored != json.loads(json.dumps(identity)):
+        raise JobStateError(
+            f"{folder} holds another pretraining than this job's (identity differs); move it "
+            "away or pass another --udg_pretrain_dir")
+    path = os.path.join(folder, PRETRAINED_FILE)
+    check_checkpoint_file(path, redo_pretraining(folder))
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    note_weights(f"the UDG pretraining {path}")
+    return state["state"]
+
+
+class WaitInterrupted(job_lib.Interrupted):
+    """SIGTERM/SIGINT while this job waited for the pretraining another job runs: it had not
+    started, so nothing was written and there is nothing to resume (exit ``128 + signum``)."""
+
+    def __init__(self, signum: int, folder: str):
+        super().__init__(
+            signum, f"stopped by {signal.Signals(signum).name} while waiting for the UDG "
+            f"pretraining in {folder} (another job runs it); this job had not started, so "
+            "there is nothing to resume: rerunning the same command (with or without --resume) "
+            "continues, reusing or finishing that pretraining")
+
+
+class PretrainJob(job_lib.Job):
+    """The pretraining phase, a kind of job run (with :meth:`Job.run`'s loop) by the fine-tuning
+    job that needs it, while it holds the pretraining folder's lock: its steps are the algorithm's
+    ``pretrain_update`` on unlabelled batches of the pretraining sets (:func:`pretraining_set`),
+    its records the loss values with the identity, its output ``pretrained.pt``. It continues from
+    its checkpoint whenever one exists (no ``--resume`` needed: the folder's name is the hash of
+    the identity, which the checkpoint is checked against)."""
+
+    UPDATE = "pretrain_update"
+    PHASE = "pretraining"
+
+    def __init__(self, parent: "UDGJob", folder: str, identity: dict):
+        super().__init__(parent.args, parent.stop)
+        self.parent = parent
+        self.identity = identity
+        self.record_args = identity
+        self.folder = folder
+        self.checkpoint_path = os.path.join(folder, CHECKPOINT_FILE)
+        self.results_path = os.path.join(folder, RESULTS_FILE)
+        self.resuming = True
+
+    def build(self) -> None:
+        p = self.parent
+        remove_temporary_files(self.folder)
+        atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
+                           json.dumps(self.identity, sort_keys=True, indent=1).encode())
+        seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
+        self.device = p.device
+        with recording_weights() as loaded:
+            self.algorithm = ALGORITHMS.get(p.args.algorithm)(
+                p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+        job_lib.print_weights(loaded)
+        self.algorithm.to(self.device)
+        # The checkpoint is checked against the identity's hparams: jobs that share this
+        # pretraining may differ in their fine-tuning hparams.
+        self.hparams = self.identity["hparams"]
+        batch = p.hparams["batch_size"]
+        sets = [pretraining_set(p, i) for i in p.train_envs]
+        # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
+        self.algorithm.epoch_steps = epoch_steps([len(s) for s in sets], batch)
+        print(f"UDG pretraining data ({p.udg_split} split): "
+              f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
+              f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
+        per_loader = p.loader_workers(len(sets))
+        self.streams = [batches.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
+                                         num_workers=per_loader)
+                        for s, i in zip(sets, p.train_envs)]
+        self.n_train_streams = len(self.streams)
+        self.n_steps = self.identity["pretrain_steps"]
+        self.checkpoint_freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
+
+    def restore(self) -> None:
+        if os.path.exists(self.checkpoint_path):
+            print(f"UDG pretraining: continuing {self.folder} from its checkpoint")
+            super().restore()
+        else:  # records of a run killed before its first checkpoint
+            keep_counted_records(self.results_path, 0)
+
+    def checkpoint_fix(self) -> str:
+        """A damaged pretraining checkpoint is fixed by pretraining again, not by ``--force``."""
+        return redo_pretraining(self.folder)
+
+    def update(self) -> dict:
+        return self.algorithm.pretrain_update([next(s)[0].to(self.device) for s in self.streams])
+
+    def write_record(self, step: int) -> None:
+        record = {"step": step, **{k: float(np.mean(v)) for k, v in self.accumulated.items()},
+                  "udg_pretrain": self.identity}
+        append_record(self.results_path, record)
+        self.n_records += 1
+        self.accumulated = {}
+        print(f"UDG pretraining step {step}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+
+    def save_outputs(self) -> None:
+        atomic_torch_save({"identity": self.identity, "state": {
+            k: v.cpu() for k, v in self.algorithm.pretrained_state().items()}},
+            os.path.join(self.folder, PRETRAINED_FILE))
+
+
+class UDGJob(job_lib.Job):
+    """A UDG job: pretraining (shared, :class:`PretrainJob`), then fine-tuning on the
+    labelled fraction, written like an ordinary job."""
+
+    def build(self) -> None:
+        args = self.args
+        self.fraction = float(args.label_fraction)
+        self.udg_split = getattr(args, "udg_split", None) or "domainbed"
+        self.pretraining = ALGORITHMS.get(args.algorithm).supports_pretraining()
+        self.labelled = {}
+        super().build()
+
+    def labelled_sizes(self) -> list[int]:
+        return [len(self.train_split(i)[0]) for i in self.train_envs]
+
+    def epoch_length(self) -> float:
+        """The smallest labelled subset over the batch size."""
+        return min(self.labelled_sizes()) / self.batch_size()
+
+    def length(self) -> int:
+        """``--steps``, or with ``--udg_ft_epochs`` the release's epochs (one pass over the pooled
+        labelled sets, ``train_finetune.py``), printed."""
+        epochs = getattr(self.args, "udg_ft_epochs", None)
+        if epochs is None:
+            return super().length()
+        sizes, batch = self.labelled_sizes(), self.batch_size()
+        steps = steps_for_epochs(epochs, sizes, batch)
+        print(f"UDG fine-tuning length: {epochs:g} epochs of {sum(sizes)} labelled images "
+              f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
+              f"domain x {len(sizes)} domains = {steps} steps")
+        return steps
+
+    def train_split(self, env: int):
+        if env not in self.labelled:
+            split, _ = self.splits.in_splits[env]
+            subset = labelled_subset(split, self.fraction, self.args.trial_seed, env)
+            weights = class_balanced_weights(subset) if self.hparams["class_balanced"] \
+                else None
+            self.labelled[env] = (subset, weights)
+        return self.labelled[env]
+
+    def batch_size(self) -> int:
+        return self.finetune[2] if self.pretraining else self.hparams["batch_size"]
+
+    def make_algorithm(self):
+        if not self.pretraining:
+            print(f"UDG: {self.args.algorithm} has no self-supervised phase: trained from its "
+                  f"own initialisation on the labelled {self.fraction * 100:g}% of the source data")
+            return super().make_algorithm()
+        from dg_plugins.algorithms.udg_finetune import FineTuner, finetune_settings
+
+        self.finetune = finetune_settings(self.fraction, self.hparams)
+        resuming = self.args.resume and os.path.exists(self.checkpoint_path)
+        state = None if resuming else self.pretrained_weights()
+        seed_everything(seed_hash(self.args.seed, "udg_finetune"))
+        cls = ALGORITHMS.get(self.args.algorithm)
+        backbone = cls.build_finetune_encoder(self.dataset.input_shape, self.hparams)
+        if state is not None:
+            backbone.load_state_dict(state, strict=True)  # exactly the pretrained keys
+        mode, lr, batch = self.finetune
+        kind = "linear probe, frozen backbone" if mode == "linear" else "full fine-tuning"
+        print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction {self.fraction:g} "
+              f"({', '.join(str(len(self.train_split(i)[0])) for i in self.train_envs)} labelled "
+              "samples per source environment)")
+        return FineTuner(self.dataset.input_shape, self.dataset.num_classes,
+                         len(self.train_envs), self.hparams, backbone, self.fraction)
+
+    def pretrained_weights(self) -> dict:
+        args = self.args
+        steps = getattr(args, "pretrain_steps", None) or self.dataset.N_STEPS
+        epochs = getattr(args, "udg_pretrain_epochs", None)
+        if epochs is not None:
+            sizes = [len(pretraining_set(self, i)) for i in self.train_envs]
+            batch = self.hparams["batch_size"]
+            steps = steps_for_epochs(epochs, sizes, batch)
+            print(f"UDG pretraining length: {epochs:g} epochs of {sum(sizes)} unlabelled images "
+                  f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
+                  f"domain x {len(sizes)} domains = {steps} steps")
+        identity = pretrain_identity(args, self.hparams, steps)
+        folder = os.path.join(pretrain_root(args), pretrain_key(identity))
+        waited = False
+        while True:
+            if _done(folder):
+                print(f"UDG pretraining: reusing {folder}")
+                return load_pretrained(folder, identity)
+            if getattr(args, "udg_pretrain", "run") == "require":
+                state = "missing" if not os.path.isdir(folder) else "not finished"
+                raise PretrainingMissing(
+                    f"the UDG pretraining of this job is {state}: {folder} (identity: "
+                    f"{json.dumps(identity, sort_keys=True)}). Run this job (or any label "
+                    "fraction of the same sweep) without --udg_pretrain require to pretrain, or "
+                    "point --udg_pretrain_dir at the folder that holds it.")
+            os.makedirs(folder, exist_ok=True)
+            try:
+                lock = FolderLock(folder).__enter__()
+            except FolderBusy:
+                if not waited:
+                    print(f"UDG pretraining: {folder} is being pretrained by another job; "
+                          "waiting for it", file=sys.stderr)
+                    waited = True
+                deadline = time.monotonic() + POLL_SECONDS
+                while self.stop.signum is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if self.stop.signum is not None:
+                    raise WaitInterrupted(self.stop.signum, folder)
+                continue
+            try:
+                if not _done(folder):
+                    print(f"UDG pretraining: not found; running {steps} steps in {folder} "
+                          "(shared by every label fraction of this configuration)")
+                    PretrainJob(self, folder, identity).run()
+                return load_pretrained(folder, identity)
+            finally:
+                lock.__exit__(None, None, None)
+
+    def model_extras(self) -> dict:
+        if not self.pretraining:
+            return {}
+        # say what the state dict is: the fine-tuner's, not the algorithm's
+        return {"udg": {"label_fraction": self.fraction, "mode": self.finetune[0],
+                        "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
