@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from dg_plugins.train.flags import add_protocol_arguments, add_rule_arguments
+from dg_plugins.train.flags import (add_evaluation_arguments, add_protocol_arguments,
+                                    add_rule_arguments)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n_workers", type=int, default=None,
                    help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
                    "in-memory datasets always load in-process)")
+    add_evaluation_arguments(p.add_argument_group(
+        "evaluation", "what each record evaluates (DomainBed's defaults: every split, batches "
+        "of 64)"))
     alignment = p.add_argument_group(
         "IP/OOP evaluation", "split every test environment by CLIP alignment score and record "
         "env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts.alignment_scores)")
