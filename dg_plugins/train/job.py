@@ -219,7 +219,7 @@ class Job:
             f"min(--n_workers or the dataset's N_WORKERS {self.dataset.N_WORKERS}, "
             f"{os.cpu_count() or 1} CPUs)") + ")")
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
-        self.eval_names = self.evaluated_splits()
+        self.eval_names = self.splits_to_evaluate()
         with recording_weights() as loaded:
             self.algorithm = self.make_algorithm()
         print_weights(loaded)
@@ -231,9 +231,10 @@ class Job:
         self.algorithm.epoch_steps = self.steps_per_epoch
 
     def eval_splits(self) -> str:
+        """``--eval_splits`` (``all`` for a namespace without it, e.g. a record's args)."""
         return getattr(self.args, "eval_splits", None) or EVAL_DEFAULTS["eval_splits"]
 
-    def evaluated_splits(self) -> list[str]:
+    def splits_to_evaluate(self) -> list[str]:
         """The splits every record evaluates (``--eval_splits``,
         :func:`dg_plugins.train.folder.evaluated_splits`), said in out.txt when some are
         skipped."""
@@ -449,7 +450,8 @@ class Job:
             os.unlink(self.checkpoint_path)
 
     def close(self) -> None:
-        """Shut down the training streams' loader workers (see :mod:`dg_plugins.train.batches`)."""
+        """Shut down the job's loader workers, which make the training streams' batches and the
+        evaluations' (see :mod:`dg_plugins.train.batches`)."""
         for stream in getattr(self, "streams", ()):
             stream.close()
 
