@@ -320,6 +320,6 @@ def refuse(problems: Sequence[str]) -> None:
     """Print the problems that stop a launch, one ``error:`` line each, on stderr."""
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
-    print(f"Nothing was launched ({len(problems)} problem(s) above; every job would have met "
-          "them).", file=sys.stderr)
+    print(f"Nothing was launched ({len(problems)} problem(s) above, found before any job "
+          "started).", file=sys.stderr)
 
