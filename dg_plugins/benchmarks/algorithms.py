@@ -78,39 +78,30 @@ def _persistent_bytes(algorithm) -> int:
     return total
 
 
-def peak_bytes(fn, device, persistent=None) -> int:
-    """Peak bytes allocated while ``fn()`` runs, above what was allocated before it (frees of
-    blocks allocated before, e.g. gradients released by ``zero_grad``, count negative):
-    ``torch.cuda.max_memory_allocated`` on CUDA, the torch profiler's allocation events on CPU;
-    with ``persistent`` (a module), plus its persistent tensors (parameters, buffers, optimizer
-    state: :func:`_persistent_bytes`)."""
+def _step_peak_bytes(algorithm, batches, device) -> int:
+    """Peak bytes allocated during one update, above what was allocated before it (frees of
+    blocks allocated before, e.g. gradients released by ``zero_grad``, count negative)."""
     import torch
 
-    base = 0 if persistent is None else _persistent_bytes(persistent)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        fn()
+        algorithm.update(batches, None)
         torch.cuda.synchronize()
-        return base + torch.cuda.max_memory_allocated() - before
+        return torch.cuda.max_memory_allocated() - before
     from torch.profiler import ProfilerActivity, profile
 
     with _stderr_fd_silenced(), profile(activities=[ProfilerActivity.CPU],
                                         profile_memory=True) as prof:
-        fn()
+        algorithm.update(batches, None)
     allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                          if e.name() == "[memory]")
     live = peak = 0
     for _, nbytes in allocations:
         live += nbytes
         peak = max(peak, live)
-    return base + peak
-
-
-def _step_peak_bytes(algorithm, batches, device) -> int:
-    """:func:`peak_bytes` of one update."""
-    return peak_bytes(lambda: algorithm.update(batches, None), device)
+    return peak
 
 
 def build_algorithm(name: str, dataset, hparams: dict, num_domains: int, device):

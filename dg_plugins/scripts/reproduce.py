@@ -3,6 +3,7 @@ paper setting of :mod:`dg_plugins.reference.paper_settings` (its sweeps, then it
 the paper's rows).
 
     python -m dg_plugins.scripts.reproduce --list                      # settings, jobs, steps
+    python -m dg_plugins.scripts.reproduce --list --forwards           # their image forwards
     python -m dg_plugins.scripts.reproduce dmg_pacs --describe         # every value + source
     python -m dg_plugins.scripts.reproduce dmg_pacs --protocol release --data_dir D \\
         --output_dir O --command_launcher multi_gpu [--dry_run] [extra sweep flags]
@@ -24,8 +25,10 @@ or written (exit 2).
 ``--dry_run`` launches and writes nothing: it prints every call, its jobs and commands, the
 number of jobs and the total steps (with where the image counts behind epoch-derived steps come
 from: the data under ``--data_dir`` when it is there, PACS's official lists there too, else the
-counts recorded in the table), the ``collect_results`` commands, and last the missing
-prerequisites as warnings. Extra arguments are sweep flags passed to every call
+counts recorded in the table), each job's image forwards of training and of evaluation with
+``--eval_splits selection`` and ``all`` and their sums per call and in total (the GPU cost
+before launch: :data:`FORWARDS_DEFINITION`, :func:`job_forwards`), the ``collect_results``
+commands, and last the missing prerequisites as warnings. Extra arguments are sweep flags passed to every call
 (``--n_trials 1``, ``--n_hparams 20``, ``--slurm_*`` ...); flags the table sets (steps, datasets,
 test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms`` /
 ``--test_envs``, which pick a subset of the setting's datasets, algorithms and
@@ -34,7 +37,9 @@ test-environment sets, ``--hparams``, whose JSON is added to every run's hparams
 replaces a step-based setting's (each replacement is printed as a note and recorded).
 
 ``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
-steps) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in ``sweeps/``.
+steps, image forwards) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in
+``sweeps/``. ``--list --forwards`` prints the image forwards of every setting and protocol from
+the recorded full-size image counts (or those under ``--data_dir``).
 
 Exit status: 0; 2 on bad input (a one-line message naming the fix); otherwise the first non-zero
 status of a sweep call (128 + signal when one was stopped: the rest is not started).
