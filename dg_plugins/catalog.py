@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 
+from dg_plugins.layouts import IMAGE_EXTENSIONS, has_image, visible_subfolders
 from dg_plugins.registry import close_names
 
 #: DomainBed's ``algorithms.ALGORITHMS`` (b93c22a), in its order.
@@ -231,10 +232,6 @@ def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
 # ------------------------------------------------------------------------------------------------
 # Dataset names and the environments found on disk (sweep checks its --datasets with these)
 
-#: File extensions read as images (case-insensitive) by dg_plugins' image-folder datasets.
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
-)
 #: The command that runs DomainBed's own datasets (and algorithms) with dg_plugins installed.
 BRIDGE_SWEEP_COMMAND = "python -m dg_plugins.scripts.domainbed sweep ..."
 
@@ -282,22 +279,6 @@ def check_dataset_name(name: str, extra=()) -> None:
                      f"image tree: {GENERIC_IMAGE_FOLDER} with --data_dir set to it)")
 
 
-def _visible_subfolders(folder: str) -> list[str]:
-    with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-
-
-def _has_image(folder: str) -> bool:
-    """True when ``folder`` holds an image file at any depth (hidden entries skipped); stops at the
-    first one found."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if any(not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS
-               for f in filenames):
-            return True
-    return False
-
-
 def image_folder_layout(dataset: str) -> str:
     """The layout image-folder dataset ``dataset`` expects, for error messages."""
     folder = IMAGE_FOLDER_DATASETS.get(dataset)
@@ -313,10 +294,10 @@ def nested_tree(root: str, domains: list[str]) -> str | None:
     if len(domains) != 1:
         return None
     tree = os.path.join(root, domains[0])
-    inner = _visible_subfolders(tree)
-    if len(inner) < 2 or not all(_visible_subfolders(os.path.join(tree, d)) for d in inner):
+    inner = visible_subfolders(tree)
+    if len(inner) < 2 or not all(visible_subfolders(os.path.join(tree, d)) for d in inner):
         return None
-    return tree if all(_has_image(os.path.join(tree, d)) for d in inner) else None
+    return tree if all(has_image(os.path.join(tree, d)) for d in inner) else None
 
 
 def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
@@ -325,7 +306,7 @@ def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError
     tree = nested_tree(root, domains)
     if tree is None:
         return None
-    inner = _visible_subfolders(tree)
+    inner = visible_subfolders(tree)
     return ValueError(
         f"{dataset}: {root} holds one domain folder, {domains[0]}, whose class folders "
         f"({', '.join(inner)}) hold class folders themselves: the image tree is one level down; "
@@ -356,7 +337,7 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     root = os.path.join(data_dir, folder) if folder else data_dir
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{dataset}: dataset folder {root} does not exist. {layout}.")
-    domains = _visible_subfolders(root)
+    domains = visible_subfolders(root)
     if not domains:
         raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")
     fixed = DATASET_ENVIRONMENTS.get(dataset) if dataset != GENERIC_IMAGE_FOLDER else None
@@ -370,10 +351,10 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
             f"{layout}.")
     for domain in domains:
         path = os.path.join(root, domain)
-        if not _visible_subfolders(path):
+        if not visible_subfolders(path):
             raise FileNotFoundError(f"{dataset}: no class folders in domain folder {path}. "
                                     f"{layout}.")
-        if not _has_image(path):
+        if not has_image(path):
             raise FileNotFoundError(
                 f"{dataset}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the class "
                 f"folders of {path}. {layout}.")

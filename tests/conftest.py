@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 # The tests never read or write the user's caches (a weight file cached there would change what
-# an offline test sees): the caches of Hugging Face, torch.hub, XDG programs and dg_plugins are
-# temporary folders for the whole run, set before anything imports huggingface_hub (which reads
-# them at import) and inherited by every subprocess. A test that needs a cache sets up its own.
+# an offline test sees): the caches of Hugging Face, torch.hub, XDG programs (open_clip's URL
+# downloads too: dg_plugins hands it $XDG_CACHE_HOME/clip) and dg_plugins are temporary folders
+# for the whole run, set before anything imports huggingface_hub (which reads them at import) and
+# inherited by every subprocess. A test that needs a cache sets up its own.
 TEST_CACHES = Path(tempfile.mkdtemp(prefix="dg_plugins_test_caches_"))
 for _name in ("HF_HOME", "TORCH_HOME", "XDG_CACHE_HOME", "DG_PLUGINS_CACHE"):
     os.environ[_name] = str(TEST_CACHES / _name.lower())

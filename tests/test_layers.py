@@ -31,7 +31,8 @@ DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli",
 TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.flags",
               "dg_plugins.train.folder",
               "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",
-              "dg_plugins.plugins", "dg_plugins.scripts.collect_results"] + [
+              "dg_plugins.plugins", "dg_plugins.scripts.collect_results",
+              "dg_plugins.layouts", "dg_plugins.download", "dg_plugins.scripts.download"] + [
     f"dg_plugins.{room}.{path.stem}".removesuffix(".__init__")
     for room in ("collect", "sweep") for path in sorted((PACKAGE / room).glob("*.py"))]
 

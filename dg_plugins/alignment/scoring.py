@@ -20,7 +20,7 @@ score does not depend on its batch. Text embeddings are computed once per class.
 decoded in DataLoader workers; nothing runs per image in Python on the scoring path.
 
 Weights: a tag is fetched by open_clip from the Hugging Face Hub (or its release URL) into the
-usual caches. :func:`check_weights_available` decides first, without waiting, as the backbones do
+usual caches (a URL's file: :func:`clip_url_cache`, handed to open_clip). :func:`check_weights_available` decides first, without waiting, as the backbones do
 (:mod:`dg_plugins.networks.pretrained`, the one implementation): weights already in the cache are
 used without any network request (the hub is put in offline mode while open_clip loads them);
 else, with ``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once, and otherwise one
@@ -60,7 +60,6 @@ DEFAULT_PRETRAINED = "laion400m_e32"
 DEFAULT_PROMPT = "A photo of {}."
 RANDOM_INIT = ("none", "random", "")
 TRANSFORMS = ("dataset", "clip")
-CLIP_CACHE = os.path.expanduser("~/.cache/clip")  # open_clip's folder for URL downloads
 #: open_clip's default weight file names on the hub (``open_clip/constants.py``).
 HF_WEIGHTS_NAME = "open_clip_pytorch_model.bin"
 HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -127,6 +126,31 @@ def hub_weight_files(filename: str) -> list[str]:
     return [filename]
 
 
+def clip_url_cache() -> str:
+    """The folder of weights that open_clip downloads from a URL (a tag without a hub entry):
+    ``$XDG_CACHE_HOME/clip`` when XDG_CACHE_HOME is set, else ``~/.cache/clip`` (open_clip's own
+    default, which ignores XDG_CACHE_HOME), read at each call. :func:`check_weights_available`
+    looks there and :func:`load_clip` hands it to open_clip, so both use the same folder."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return os.path.join(xdg, "clip") if xdg else os.path.join(os.path.expanduser("~"), ".cache",
+                                                              "clip")
+
+
+def _url_of(model_name: str, pretrained) -> str | None:
+    """The URL open_clip downloads ``pretrained`` of ``model_name`` from, when it is a tag whose
+    weights come from a URL rather than the hub (open_clip prefers the hub when an entry has
+    both: ``download_pretrained``); else None."""
+    import open_clip
+
+    if model_name.startswith("hf-hub:") or is_random_init(pretrained) or os.path.isfile(
+            str(pretrained)):
+        return None
+    cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
+    if cfg.get("file") or cfg.get("hf_hub"):
+        return None
+    return cfg.get("url") or None
+
+
 def check_weights_available(model_name: str, pretrained) -> bool:
     """Fail fast, with the fixes, when ``pretrained`` names weights that are neither a local file,
     nor in the open_clip / Hugging Face caches, nor downloadable now (see the module docstring).
@@ -159,7 +183,8 @@ def check_weights_available(model_name: str, pretrained) -> bool:
         return check_hub_available(repo_id, what, [hub_weight_files(filename or HF_WEIGHTS_NAME)],
                                    _unavailable)
     if cfg.get("url"):
-        require_cached_or_reachable(what, os.path.join(CLIP_CACHE, os.path.basename(cfg["url"])),
+        require_cached_or_reachable(what, os.path.join(clip_url_cache(),
+                                                       os.path.basename(cfg["url"])),
                                     cfg["url"], _unavailable)
     return False
 
@@ -233,7 +258,8 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
         torch.manual_seed(seed)
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(
-                model_name, pretrained=None if random_init else str(pretrained))
+                model_name, pretrained=None if random_init else str(pretrained),
+                cache_dir=clip_url_cache() if _url_of(model_name, pretrained) else None)
         except RuntimeError as err:
             raise PretrainedWeightsUnavailable(
                 f"open_clip could not load {model_name} with pretrained={pretrained!r}: {err}"

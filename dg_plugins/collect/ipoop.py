@@ -15,6 +15,7 @@ import pandas as pd
 from dg_plugins.collect.records import acc_width
 from dg_plugins.collect.selection import GroupedRecords, SelectionMethod
 from dg_plugins.collect.tables import Section, results_tables
+from dg_plugins.train.folder import OUTSIDE_IN_SUBSET
 
 
 class SubsetKey(NamedTuple):
@@ -56,7 +57,11 @@ def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
     """``records`` with ``env{i}_pooled_{ip,oop}_acc`` columns (:data:`POOLED_SUBSET_KEYS`) added
     where the in and out splits' subset accuracies and counts exist: ``(acc_in * n_in + acc_out
     * n_out) / (n_in + n_out)``, an empty split (count 0, accuracy NaN) contributing nothing;
-    NaN where a record lacks a count or both subsets are empty. The input is not modified."""
+    NaN where a record lacks a count or both subsets are empty. Each image counts once: where
+    the out split shares images with the in split (PACS's official split: the target's out split
+    lies inside its in split), the record carries the out subset cut down to the images outside
+    the in split (``env{i}_out_{ip,oop}_outside_in_{acc,count}``, written by train), which then
+    stands for the out split. The input is not modified."""
     added = {}
     for i in range(acc_width(records)):
         for subset in ("ip", "oop"):
@@ -65,6 +70,12 @@ def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
             if not all(name in records.columns for name in names):
                 continue
             acc_in, acc_out, n_in, n_out = (records[name].to_numpy(dtype=float) for name in names)
+            outside = [f"env{i}_out_{OUTSIDE_IN_SUBSET.format(subset=subset)}_{kind}"
+                       for kind in ("acc", "count")]
+            if all(name in records.columns for name in outside):
+                acc_x, n_x = (records[name].to_numpy(dtype=float) for name in outside)
+                shared = ~np.isnan(n_x)  # the records whose out split overlaps their in split
+                acc_out, n_out = np.where(shared, acc_x, acc_out), np.where(shared, n_x, n_out)
             total = n_in + n_out
             weighted = (np.where(n_in > 0, acc_in, 0.0) * n_in
                         + np.where(n_out > 0, acc_out, 0.0) * n_out)

@@ -16,13 +16,10 @@ import os
 
 from dg_plugins.datasets.base import register_dataset
 from dg_plugins.datasets.image_folder import DomainNet
+from dg_plugins.layouts import DOMAINNET20_CLASSES
 
-#: DomainNet-20's classes (DomainNet folder names), sorted.
-CLASSES = sorted([
-    "The_Eiffel_Tower", "bee", "bird", "blueberry", "broccoli", "fish", "flower", "giraffe",
-    "grass", "hamburger", "hexagon", "horse", "sun", "tiger", "toaster", "tornado", "train",
-    "violin", "watermelon", "zigzag",
-])
+#: DomainNet-20's classes (DomainNet folder names), sorted (from :mod:`dg_plugins.layouts`).
+CLASSES = DOMAINNET20_CLASSES
 
 
 @register_dataset()

@@ -44,11 +44,14 @@ import warnings
 import torch.utils.data
 
 import dg_plugins.compat  # noqa: F401  (must precede any torchvision import)
-from dg_plugins import catalog
+from dg_plugins import catalog, layouts
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.layouts import (  # noqa: F401  (the folder rules, shared with the downloader)
+    IMAGE_EXTENSIONS, PACS_SPLITS_URL, OfficialSplitError, is_image_file, list_images,
+    visible_subfolders,
+)
 from dg_plugins.registry import DATASETS
 
-IMAGE_EXTENSIONS = catalog.IMAGE_EXTENSIONS
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = 224
@@ -256,26 +259,6 @@ class UnreadableImageError(OSError, ValueError):
         return type(self), (str(self), self.path)
 
 
-def visible_subfolders(folder: str) -> list[str]:
-    """Sorted names of the subdirectories of ``folder``, hidden ones (``.name``) excluded."""
-    with os.scandir(folder) as entries:
-        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-
-
-def is_image_file(name: str) -> bool:
-    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
-def list_images(folder: str) -> list[str]:
-    """Image files under ``folder`` (recursively, following links, hidden entries skipped), in
-    torchvision ImageFolder's order: sorted directories, then sorted file names."""
-    found = []
-    for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=True)):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if is_image_file(f))
-    return found
-
-
 class ImageFolderEnvironment(torch.utils.data.Dataset):
     """One domain: items are ``(transform(RGB PIL image), label)``, decoded lazily.
 
@@ -293,11 +276,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         #: items of an official split, which its release evaluates unaugmented).
         self.eval_indices: frozenset[int] = frozenset()
         self.eval_transform = None
-        self.samples = [
-            (path, self.class_to_idx[name])
-            for name in visible_subfolders(root)
-            for path in list_images(os.path.join(root, name))
-        ]
+        self.samples = layouts.image_samples(root, classes)
         self.targets = [label for _, label in self.samples]
         #: Set by MultipleEnvironmentImageFolder, for error messages: the dataset's name, this
         #: environment's label, and the data_dir to pass to the check command.
@@ -354,8 +333,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     def relative_paths(self) -> list[str]:
         """Each item's path relative to the dataset folder (``<domain>/<class>/<file>``, with
         forward slashes), in item order."""
-        parent = os.path.dirname(os.path.normpath(self.root))
-        return [os.path.relpath(path, parent).replace(os.sep, "/") for path, _ in self.samples]
+        return layouts.relative_paths(self.root, [path for path, _ in self.samples])
 
 
 class MultipleEnvironmentImageFolder(MultipleDomainDataset):
@@ -490,19 +468,12 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
 class VLCS(ImageFolderBenchmark):
     FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]  # "VLCS"
     ENVIRONMENTS = ["C", "L", "S", "V"]
-    ENV_FOLDERS = ("Caltech101", "LabelMe", "SUN09", "VOC2007")
+    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["VLCS"]
 
 
 #: The dataset hparam choosing PACS's in/out split (values: :data:`DATA_SPLITS`).
 DATA_SPLIT_HPARAM = "data_split"
 DATA_SPLITS = catalog.DATA_SPLITS
-#: Where PACS's official split lists are published: the PACS authors' Google Drive folder (Li et
-#: al., ICCV 2017), subfolder ``pacs_label``.
-PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
-class OfficialSplitError(FileNotFoundError, ValueError):
-    """PACS's official split lists are missing or do not match the images (a FileNotFoundError
-    and a ValueError: train reports either as one line); the message says where to put them and
-    where to get them."""
 
 
 @register_dataset()
@@ -542,7 +513,7 @@ class PACS(ImageFolderBenchmark):
 
     FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]  # "PACS"
     ENVIRONMENTS = ["A", "C", "P", "S"]
-    ENV_FOLDERS = ("art_painting", "cartoon", "photo", "sketch")
+    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["PACS"]
 
     def __init__(self, root, test_envs, hparams):
         super().__init__(root, test_envs, hparams)
@@ -573,7 +544,8 @@ class PACS(ImageFolderBenchmark):
 
     def split_list_path(self, env_index: int, kind: str) -> str:
         """``<dataset folder>/<domain folder>_<kind>_kfold.txt``."""
-        return os.path.join(self.root, f"{self.environment_folders[env_index]}_{kind}_kfold.txt")
+        return os.path.join(self.root,
+                            layouts.pacs_split_file(self.environment_folders[env_index], kind))
 
     def split_lists(self, env_index: int) -> tuple[str, str]:
         """The (in, out) list files of environment ``env_index``: test and crossval for a test
@@ -597,54 +569,25 @@ class PACS(ImageFolderBenchmark):
                 "the default data_split 'domainbed'")
 
     def _match_list(self, env_index: int, list_path: str) -> list[int]:
-        """Item indices of environment ``env_index`` named by the lines of ``list_path``."""
+        """Item indices of environment ``env_index`` named by the lines of ``list_path``
+        (:func:`dg_plugins.layouts.match_split_list`)."""
         env = self.datasets[env_index]
-        folder = self.environment_folders[env_index]
-        index_of = {rel: i for i, rel in enumerate(env.relative_paths())}
-        indices, unmatched, wrong_class = [], [], []
-        with open(list_path, encoding="utf-8") as handle:
-            lines = [(n, line.split()) for n, line in enumerate(handle, 1) if line.strip()]
-        for number, fields in lines:
-            path = fields[0].replace("\\", "/")
-            parts = [p for p in path.split("/") if p not in ("", ".")]
-            if folder in parts:
-                parts = parts[parts.index(folder):]
-            index = index_of.get("/".join(parts))
-            if index is None:
-                unmatched.append(f"line {number}: {fields[0]}")
-                continue
-            if len(fields) > 1:
-                expected = env.samples[index][1] + 1
-                if fields[1] != str(expected):
-                    wrong_class.append(f"line {number}: {fields[0]} has label {fields[1]}, its "
-                                       f"class folder {self.classes[expected - 1]!r} is "
-                                       f"{expected}")
-            indices.append(index)
-        if unmatched or wrong_class:
-            problems = unmatched or wrong_class
-            what = ("name no image of" if unmatched else "disagree with the class folders of")
-            raise OfficialSplitError(
-                f"{len(problems)} of the {len(lines)} lines of {list_path} {what} "
-                f"{env.root} (e.g. {'; '.join(problems[:3])}). The lists and the images must "
-                "come from the same PACS release (lines '<domain>/<class>/<file> <label>', labels "
-                f"1-{len(self.classes)} in the class order {', '.join(self.classes)})")
-        if not indices:
-            raise OfficialSplitError(f"{list_path} lists no image")
-        return indices
+        return layouts.match_split_list(list_path, self.environment_folders[env_index], env.root,
+                                        env.samples, self.classes)
 
 
 @register_dataset()
 class OfficeHome(ImageFolderBenchmark):
     FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]  # "office_home"
     ENVIRONMENTS = ["A", "C", "P", "R"]
-    ENV_FOLDERS = ("Art", "Clipart", "Product", "Real World")
+    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["OfficeHome"]
 
 
 @register_dataset()
 class TerraIncognita(ImageFolderBenchmark):
     FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]  # "terra_incognita"
     ENVIRONMENTS = ["L100", "L38", "L43", "L46"]
-    ENV_FOLDERS = ("location_100", "location_38", "location_43", "location_46")
+    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["TerraIncognita"]
 
 
 @register_dataset()
@@ -652,7 +595,7 @@ class DomainNet(ImageFolderBenchmark):
     FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]  # "domain_net"
     CHECKPOINT_FREQ = 1000
     ENVIRONMENTS = ["clip", "info", "paint", "quick", "real", "sketch"]
-    ENV_FOLDERS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
+    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["DomainNet"]
 
 
 class ImageFolder(ImageFolderBenchmark):

@@ -15,7 +15,6 @@ import gzip
 import importlib.util
 import math
 import os
-import struct
 
 import numpy as np
 import torch
@@ -23,62 +22,22 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
-
-#: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
-MNIST_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
-#: Folders searched for the IDX files, relative to ``root``, in this order.
-MNIST_SEARCH_FOLDERS = (os.path.join("MNIST", "raw"), "raw", "")
-
-# IDX type byte -> numpy dtype (IDX stores multi-byte values big-endian).
-_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def read_idx(path: str) -> np.ndarray:
-    """Parse one IDX file (gzipped or plain, detected from its first bytes) into a native-endian
-    numpy array of the shape its header declares."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    if data[:2] == _GZIP_MAGIC:
-        data = gzip.decompress(data)
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path} is not an IDX file (bad magic number {data[:4].hex()})")
-    ndim = data[3]
-    header_size = 4 + 4 * ndim
-    shape = struct.unpack(f">{ndim}I", data[4:header_size])
-    dtype = np.dtype(_IDX_DTYPES[data[2]])
-    count = math.prod(shape)
-    if len(data) != header_size + count * dtype.itemsize:
-        raise ValueError(
-            f"{path}: the header declares shape {shape} ({count * dtype.itemsize} data bytes) "
-            f"but the file holds {len(data) - header_size} data bytes (truncated download?)"
-        )
-    values = np.frombuffer(data, dtype=dtype, count=count, offset=header_size)
-    return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the downloader)
+    MNIST_FILES, MNIST_SEARCH_FOLDERS, locate_mnist_files, mnist_search_folders, read_idx,
+)
 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
     """Paths of the four MNIST files, from the first searched folder holding all of them (plain
-    files preferred over ``.gz``). Raises FileNotFoundError explaining where to put them."""
-    folders = [os.path.join(root, sub) for sub in MNIST_SEARCH_FOLDERS] if root else []
-    for folder in folders:
-        found = {}
-        for role, name in MNIST_FILES.items():
-            for candidate in (name, name + ".gz"):
-                if os.path.isfile(os.path.join(folder, candidate)):
-                    found[role] = os.path.join(folder, candidate)
-                    break
-        if len(found) == len(MNIST_FILES):
-            return found
+    files preferred over ``.gz``; :func:`dg_plugins.layouts.locate_mnist_files`). Raises
+    FileNotFoundError explaining where to put them."""
+    found = locate_mnist_files(root)
+    if found is not None:
+        return found
     from dg_plugins.download.sources import download_command
 
     data_dir = root or "<data_dir>"
-    looked_in = ("\n".join(f"  {f}" for f in folders)
+    looked_in = ("\n".join(f"  {f}" for f in mnist_search_folders(root))
                  or "  (no data directory given: pass --data_dir)")
     raise FileNotFoundError(
         "MNIST files not found. Looked in:\n" + looked_in + "\nfor the four files "

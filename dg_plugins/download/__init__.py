@@ -50,9 +50,9 @@ What a download does, per dataset:
 
 Datasets are downloaded in order; one that fails does not stop the others (a dataset whose files
 join a failed one is not attempted); the failures are raised together at the end
-(:class:`DownloadFailed`). The downloader imports no torch until it checks a folder's layout
-with the dataset classes (``prepare.dataset_class``): it sits outside ``dg_plugins.datasets``,
-whose import registers every dataset and loads torch.
+(:class:`DownloadFailed`). The downloader never imports torch: it checks a folder's layout by the
+rules the dataset classes read it with (:mod:`dg_plugins.layouts`), never through
+``dg_plugins.datasets``, whose import registers every dataset and loads torch.
 
 Environment variable ``DG_PLUGINS_DOWNLOAD_TEST_DELAY`` (seconds, tests only) pauses after every
 file written during extraction, so a test can kill a run while it extracts.

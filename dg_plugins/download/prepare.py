@@ -1,8 +1,7 @@
-"""Layout checks (the dataset classes decide what a valid folder is; they, hence torch, are
-imported only when a folder is checked), extraction into a staging folder (one policy for zip and
-tar: regular files and folders only, unsafe members dropped and named; the free space counted in
-whole blocks), and each dataset's post-processing (DomainBed's
-``domainbed/scripts/download.py``)."""
+"""Layout checks (by the rules the dataset classes read folders with, :mod:`dg_plugins.layouts`,
+which imports no torch), extraction into a staging folder (one policy for zip and tar: regular
+files and folders only, unsafe members dropped and named; the free space counted in whole
+blocks), and each dataset's post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
 
 from __future__ import annotations
 
@@ -13,20 +12,23 @@ import shutil
 import time
 from typing import Iterable
 
+from dg_plugins import catalog, layouts
 from dg_plugins.download.fetch import Reporter, check_free_space
 from dg_plugins.download.sources import (
     CHUNK, DATASET_SPECS, EXTRACT_FACTOR, TERRA_ANNOTATION_FILES, TERRA_CATEGORIES, TERRA_LOCATIONS,
     TEST_DELAY_ENV, CorruptArchive, DatasetSpec,
 )
+from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 
 
 # --------------------------------------------------------------------------------------------
-# Layout checks (the dataset classes decide)
+# Layout checks (the rules of the dataset classes, dg_plugins.layouts: no torch)
 
 
 def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``: "ok" when the
-    dataset class reads the folder and it has the standard domain folders and class count."""
+    folder reads as the dataset class reads it, with the standard domain folders and class
+    count."""
     spec = DATASET_SPECS[dataset]
     if dataset == "MNIST":
         return _mnist_status(data_dir)
@@ -39,42 +41,31 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     return ("broken", problem) if problem else ("ok", f"{folder} checks out")
 
 
-def dataset_class(dataset: str):
-    """The registered class of ``dataset``. The dataset classes, hence torch, are imported only
-    here and in the checks below, when a folder is checked: importing the downloader, listing
-    its table and fetching files stay torch-free."""
-    import dg_plugins.datasets  # noqa: F401  (registers the datasets)
-    from dg_plugins.registry import DATASETS
-
-    return DATASETS.get(dataset)
-
-
 def image_layout_problem(dataset: str, data_dir: str) -> str | None:
-    """None when ``<data_dir>/<folder>`` reads as ``dataset``, with its standard domain folders
-    and class count, else what is wrong. Uses the dataset class's own folder checks and image
-    listing (``MultipleEnvironmentImageFolder``) without building its transforms, so no
-    torchvision import."""
-    from dg_plugins.datasets.image_folder import ImageFolderEnvironment, visible_subfolders
-
+    """None when ``<data_dir>/<folder>`` reads as ``dataset`` (``MultipleEnvironmentImageFolder``'s
+    rules, :mod:`dg_plugins.layouts`): the standard domain folders
+    (:data:`~dg_plugins.layouts.DOMAIN_FOLDERS`), class folders with images in each, and the
+    standard class count; else what is wrong."""
     spec = DATASET_SPECS[dataset]
-    cls = dataset_class(dataset)
     root = os.path.join(data_dir, spec.folder)
     if not os.path.isdir(root):
         return f"{root} is not a folder"
-    reader = cls.__new__(cls)  # its folder checks only
-    reader.root = root
+    expected = sorted(layouts.DOMAIN_FOLDERS[dataset])
+    layout = catalog.image_folder_layout(dataset)
     try:
         folders = visible_subfolders(root)
-        if cls.ENV_FOLDERS and folders != sorted(cls.ENV_FOLDERS):
-            return (f"{root} has the domain folders {folders}, expected "
-                    f"{sorted(cls.ENV_FOLDERS)}")
-        folders = reader._find_environment_folders(root)
-        classes = sorted(set().union(*(reader._find_class_folders(env) for env in folders)))
+        if folders != expected:
+            return f"{root} has the domain folders {folders}, expected {expected}"
+        class_folders = {env: visible_subfolders(os.path.join(root, env)) for env in folders}
+        for env, names in class_folders.items():
+            if not names:
+                return f"no class folders in domain folder {os.path.join(root, env)}. {layout}."
+        classes = sorted(set().union(*class_folders.values()))
         for env in folders:
-            if not ImageFolderEnvironment(os.path.join(root, env), classes).samples:
-                return (f"no image files in the class folders of {os.path.join(root, env)}. "
-                        f"{cls.expected_layout()}")
-    except (FileNotFoundError, NotADirectoryError, ValueError, OSError) as err:
+            path = os.path.join(root, env)
+            if not layouts.image_samples(path, classes):
+                return f"no image files in the class folders of {path}. {layout}."
+    except OSError as err:
         return str(err)
     if spec.num_classes is not None and len(classes) != spec.num_classes:
         return f"{root} has {len(classes)} classes, the standard {dataset} has {spec.num_classes}"
@@ -83,31 +74,27 @@ def image_layout_problem(dataset: str, data_dir: str) -> str | None:
 
 def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]:
     """``{file name: what is wrong}`` for the official PACS split lists ``lists`` (file name of
-    the table -> the file to read, wherever it is), each read by PACS's own official-split reader
-    (``PACS._match_list``: every line must name an image of its domain under
-    ``<data_dir>/PACS`` with its class) against the images there; empty when all read. The PACS
-    folder must check out (:func:`dataset_status`). No torchvision import: the reader's folder
-    listing only, as :func:`image_layout_problem`."""
-    from dg_plugins.datasets.image_folder import PACS, ImageFolderEnvironment
-
+    the table -> the file to read, wherever it is), each read as PACS's ``data_split`` "official"
+    reads it (:func:`dg_plugins.layouts.match_split_list`: every line must name an image of its
+    domain under ``<data_dir>/PACS`` with its class) against the images there; empty when all
+    read. The PACS folder must check out (:func:`dataset_status`)."""
     root = os.path.join(data_dir, DATASET_SPECS["PACS"].folder)
-    reader = PACS.__new__(PACS)  # its folder listing and list reader only
-    reader.root = root
-    reader.environment_folders = reader._find_environment_folders(root)
-    reader.classes = sorted(set().union(*(reader._find_class_folders(env)
-                                          for env in reader.environment_folders)))
-    reader.datasets = [ImageFolderEnvironment(os.path.join(root, env), reader.classes)
-                       for env in reader.environment_folders]
-    env_of = {os.path.basename(reader.split_list_path(index, kind)): index
-              for index in range(len(reader.environment_folders))
-              for kind in ("train", "crossval", "test")}
+    domains = visible_subfolders(root)
+    classes = sorted(set().union(*(visible_subfolders(os.path.join(root, d)) for d in domains)))
+    domain_of = {layouts.pacs_split_file(d, kind): d
+                 for d in domains for kind in layouts.PACS_SPLIT_KINDS}
+    samples: dict[str, list] = {}
     problems = {}
     for name, path in lists.items():
-        if name not in env_of:
+        if name not in domain_of:
             problems[name] = f"{name} is not the list of a domain of {root}"
             continue
+        domain = domain_of[name]
+        env_root = os.path.join(root, domain)
+        if domain not in samples:
+            samples[domain] = layouts.image_samples(env_root, classes)
         try:
-            reader._match_list(env_of[name], path)
+            layouts.match_split_list(path, domain, env_root, samples[domain], classes)
         except (ValueError, OSError) as err:  # OfficialSplitError, UnicodeDecodeError, ...
             problems[name] = str(err)
     return problems
@@ -143,25 +130,24 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 def domainnet20_problem(data_dir: str) -> str | None:
     """None when every DomainNet domain folder holds DomainNet-20's class folders
-    (:data:`dg_plugins.datasets.domainnet20.CLASSES`), else what is missing."""
-    from dg_plugins.datasets.domainnet20 import CLASSES
-    from dg_plugins.datasets.image_folder import visible_subfolders
-
+    (:data:`dg_plugins.layouts.DOMAINNET20_CLASSES`), else what is missing."""
     root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
     for env in visible_subfolders(root):
         present = set(visible_subfolders(os.path.join(root, env)))
-        missing = [c for c in CLASSES if c not in present]
+        missing = [c for c in layouts.DOMAINNET20_CLASSES if c not in present]
         if missing:
             return f"DomainNet-20 class folder(s) {missing} missing in {os.path.join(root, env)}"
     return None
 
 
-def _mnist_status(data_dir: str) -> tuple[str, str]:
-    from dg_plugins.datasets.mnist import find_mnist_files
+def _mnist_missing(data_dir: str) -> str:
+    return (f"the four MNIST files ({', '.join(layouts.MNIST_FILES.values())}, each plain or "
+            f".gz) are in none of {', '.join(layouts.mnist_search_folders(data_dir))}")
 
-    try:
-        paths = find_mnist_files(data_dir)
-    except FileNotFoundError:
+
+def _mnist_status(data_dir: str) -> tuple[str, str]:
+    paths = layouts.locate_mnist_files(data_dir)
+    if paths is None:
         folder = os.path.join(data_dir, "MNIST")
         if os.path.exists(folder):
             return "broken", f"{folder} exists but does not hold the four MNIST files"
@@ -169,22 +155,6 @@ def _mnist_status(data_dir: str) -> tuple[str, str]:
     problem = mnist_files_problem(paths)
     where = os.path.dirname(paths["train_images"])
     return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
-
-
-def mnist_files_problem(paths: dict[str, str]) -> str | None:
-    """None when the four IDX files parse and images and labels agree (28x28 digits)."""
-    from dg_plugins.datasets.mnist import read_idx
-
-    try:
-        for split in ("train", "test"):
-            images = read_idx(paths[f"{split}_images"])
-            labels = read_idx(paths[f"{split}_labels"])
-            if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
-                return (f"MNIST {split} files disagree: images {images.shape}, labels "
-                        f"{labels.shape}")
-    except (ValueError, OSError, EOFError) as err:
-        return str(err)
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,7 +340,7 @@ def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging:
     extracted = os.path.join(staging, "extracted")
     os.makedirs(extracted)
     extract(path, extracted, report)
-    root = find_root(extracted, spec.archive_root, dataset_class(spec.name).ENV_FOLDERS)
+    root = find_root(extracted, spec.archive_root, layouts.DOMAIN_FOLDERS[spec.name])
     os.rename(root, os.path.join(staging, spec.folder))
     if root != extracted:
         shutil.rmtree(extracted)
@@ -535,11 +505,9 @@ PREPARE = {
 
 
 def staged_problem(dataset: str, staging: str) -> str | None:
+    """None when the staging folder holds ``dataset`` as it must be laid out, else what is
+    wrong."""
     if dataset == "MNIST":
-        from dg_plugins.datasets.mnist import find_mnist_files
-
-        try:
-            return mnist_files_problem(find_mnist_files(staging))
-        except FileNotFoundError as err:
-            return str(err).splitlines()[0]
+        paths = layouts.locate_mnist_files(staging)
+        return _mnist_missing(staging) if paths is None else mnist_files_problem(paths)
     return image_layout_problem(dataset, staging)

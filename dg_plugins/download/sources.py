@@ -9,6 +9,8 @@ import difflib
 import itertools
 from typing import Iterable
 
+from dg_plugins.layouts import PACS_SPLITS_URL, pacs_split_file
+
 #: DomainBed commit whose ``domainbed/misc/domain_net_duplicates.txt`` lists DomainNet's
 #: duplicate files (the file is the same at b93c22a and at 8ff97a7, where it was last changed).
 DOMAINBED_COMMIT = "b93c22a1cfc3b2428398272c1a116c8de1f4139e"
@@ -24,7 +26,7 @@ _CCT_NOTE = ("size and md5 as LILA publishes them (pinned by several public load
              "recorded with that size and md5 by a public release")
 #: PACS's official split lists (Li et al., ICCV 2017): the PACS authors publish them in the
 #: subfolder ``pacs_label`` of this Google Drive folder.
-PACS_AUTHORS_FOLDER = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
+PACS_AUTHORS_FOLDER = PACS_SPLITS_URL
 _PACS_SPLITS_NOTE = (
     "PACS's official split list, folder pacs_label of the PACS authors' Google Drive folder "
     f"{PACS_AUTHORS_FOLDER}; Google Drive id as a public download script gives it, UNVERIFIED "
@@ -46,11 +48,6 @@ PACS_SPLIT_IDS = {
     ("sketch", "crossval"): "1Rs0dUTduQ320bXwHBLQT1s82gyr92J9J",
     ("sketch", "test"): "1dFnnsWxYHvdCXmWdhPVwuJ8zgkb_wtbQ",
 }
-
-
-def pacs_split_file(domain: str, kind: str) -> str:
-    """The file name of one official list (as ``PACS.split_list_path`` names it)."""
-    return f"{domain}_{kind}_kfold.txt"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,8 @@ Google Drive sources (PACS, PACS_splits, VLCS, OfficeHome) need the optional ``g
 (``pip install 'dg_plugins[download]'``), or ``--url NAME=URL`` pointing at a mirror.
 
 A dataset that fails does not stop the others; the failures are listed at the end, one line
-each, with what to do. The command imports no torch until it checks a folder's layout, and a
-second Ctrl-C ends it at once.
+each, with what to do. The command never imports torch (it checks folders with
+:mod:`dg_plugins.layouts`), and a second Ctrl-C ends it at once.
 
 Exit status: 0 every dataset present; 1 a download, check or extraction failed (one message per
 dataset saying how to fix it); 2 bad command line.

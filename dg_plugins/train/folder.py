@@ -28,6 +28,11 @@ LOCK_FILE = ".lock"
 #: Files that only a job folder holds.
 JOB_FILES = (RESULTS_FILE, DONE_FILE, OUT_FILE, ERR_FILE)
 UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+#: Ours, a record key's part: a named subset (IP, OOP) of a test environment's out split cut down
+#: to the items outside its in split, recorded as ``env{i}_out_<subset>_outside_in_{acc,count}``
+#: only when the two splits share items (a predefined split: PACS's official target out split
+#: lies inside its in split), so that pooling the two splits counts each image once.
+OUTSIDE_IN_SUBSET = "{subset}_outside_in"
 
 
 def is_done(folder: str | None) -> bool:

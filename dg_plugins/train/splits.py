@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dg_plugins.seeds import seed_hash
+from dg_plugins.train.folder import OUTSIDE_IN_SUBSET
 
 
 class SplitDataset(Dataset):
@@ -142,12 +143,21 @@ class Splits:
         return named
 
     def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
-        """Boolean masks over ``split``'s items for each named subset of environment ``env``."""
+        """Boolean masks over ``split``'s items for each named subset of environment ``env``; for
+        the out split of an environment whose in split shares items with it (a test
+        environment's predefined split), also each subset cut down to the items outside the in
+        split (:data:`~dg_plugins.train.folder.OUTSIDE_IN_SUBSET`), for pooling the two."""
         if env is None or env not in self.subsets:
             return {}
         positions = env_indices(split)
-        return {name: np.isin(positions, np.asarray(indices, dtype=np.int64))
-                for name, indices in self.subsets[env].items()}
+        masks = {name: np.isin(positions, np.asarray(indices, dtype=np.int64))
+                 for name, indices in self.subsets[env].items()}
+        if split is self.out_splits[env][0]:
+            outside = ~np.isin(positions, env_indices(self.in_splits[env][0]))
+            if not outside.all():
+                masks.update({OUTSIDE_IN_SUBSET.format(subset=name): mask & outside
+                              for name, mask in list(masks.items())})
+        return masks
 
 
 def predefined_splits(env, pair, env_index: int, test_env: bool = False):

@@ -355,3 +355,63 @@ def test_cli_fails_at_once_when_the_hub_endpoint_does_not_answer(tmp_path):
     exited = [float(e[0]) for e in events if e[1] == "exit"]
     assert len(asked) == 1 and len(exited) == 1, events  # one request, no retries
     assert exited[0] - asked[0] < 10  # the hub client's retries alone take 23 s per file
+
+
+URL_WEIGHTS = "dg_tiny_url_weights.pt"
+
+
+def test_weights_of_a_url_tag_are_looked_for_and_loaded_in_the_runs_own_clip_cache(
+        tiny_model, monkeypatch):
+    """A tag whose weights open_clip downloads from a URL (no hub entry: older open_clip's OpenAI
+    tags) is looked for, and loaded, in ``$XDG_CACHE_HOME/clip``: here the test run's own cache
+    (tests/conftest.py), not the user's ``~/.cache/clip``. Offline, never asked."""
+    import socket
+
+    import open_clip
+
+    with socket.socket() as sock:  # a port on 127.0.0.1 where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/{URL_WEIGHTS}"
+    monkeypatch.setitem(open_clip.pretrained._PRETRAINED, tiny_model,
+                        {"dg_url": open_clip.pretrained._pcfg(url=url)})
+    cache = os.path.join(os.environ["XDG_CACHE_HOME"], "clip")
+    assert scoring.clip_url_cache() == cache
+    target = os.path.join(cache, URL_WEIGHTS)
+    with pytest.raises(PretrainedWeightsUnavailable) as err:  # not cached, and offline
+        scoring.check_weights_available(tiny_model, "dg_url")
+    assert target in str(err.value)
+
+    saved, _, _ = scoring.load_clip(tiny_model, "none", seed=5)
+    os.makedirs(cache, exist_ok=True)
+    torch.save(saved.state_dict(), target)
+    try:
+        assert scoring.check_weights_available(tiny_model, "dg_url") is False  # found: no probe
+        loaded, _, _ = scoring.load_clip(tiny_model, "dg_url")  # open_clip reads the same file
+        for (name, value), other in zip(saved.state_dict().items(),
+                                        loaded.state_dict().values()):
+            assert torch.equal(value, other), name
+    finally:
+        os.remove(target)
+
+
+def test_the_url_tag_test_passes_with_the_weights_in_the_users_own_clip_cache(tmp_path):
+    """The test above passes, and writes nothing there, when the user's home holds the very file
+    in ``~/.cache/clip`` (open_clip's own default folder; it failed then: the file was found)."""
+    import site
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    (home / ".cache" / "clip").mkdir(parents=True)
+    (home / ".cache" / "clip" / URL_WEIGHTS).write_bytes(b"the user's weights")
+    before = sorted((p, p.stat().st_size) for p in home.rglob("*"))
+    test = ("tests/alignment/test_scoring.py::"
+            "test_weights_of_a_url_tag_are_looked_for_and_loaded_in_the_runs_own_clip_cache")
+    env = dict(os.environ, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
+               PYTHONUSERBASE=site.getuserbase())  # packages installed with --user stay found
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider",
+                           test], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
+    assert sorted((p, p.stat().st_size) for p in home.rglob("*")) == before

@@ -21,8 +21,8 @@ import pytest
 
 from archive_server import (
     PACS_CLASSES, PACS_DOMAINS, ArchiveServer, assert_one_clean_error, closed_port_url,
-    image_tree, leftovers, mnist_files, pacs_zip, part_size, run_main, tar_gz_bytes, tiny_jpeg,
-    vlcs_tar_gz, wait_for, zip_bytes,
+    domainnet_files, image_tree, leftovers, mnist_files, pacs_split_lists, pacs_zip, part_size,
+    run_main, tar_gz_bytes, tiny_jpeg, vlcs_tar_gz, wait_for, zip_bytes,
 )
 from dg_plugins import download as lib
 from dg_plugins.registry import DATASETS
@@ -549,3 +549,46 @@ def test_the_command_never_imports_torch_and_a_second_ctrl_c_prints_no_traceback
     assert "interrupted: partial downloads are kept" in output, output
     assert "Traceback" not in output and not torch_import.search(output), output
     assert part_size(tmp_path / "d" / "downloads" / "PACS.zip.part") == 100
+
+
+def test_a_complete_download_its_rerun_and_a_broken_folder_never_import_torch(tmp_path):
+    """Every check of a folder (the staged download, the rerun's "already present", a folder that
+    does not check out) reads it by :mod:`dg_plugins.layouts`' rules, never through the dataset
+    classes: ``-X importtime`` lists no torch. PACS with its official lists, MNIST's IDX files,
+    and DomainNet-20's class check."""
+    torch_import = re.compile(r"\|\s+torch(\.|\s*$)", re.MULTILINE)
+    data_dir = tmp_path / "d"
+    domainnet, _ = domainnet_files()
+    files = {"PACS.zip": pacs_zip(), **pacs_split_lists(), **mnist_files(), **domainnet}
+    names = ["PACS", "PACS_splits", "MNIST", "DomainNet20"]
+
+    def command(*args) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", MODULE, "--data_dir", str(data_dir),
+             *args, *server.args(sha256=True)], env=command_env(), cwd=REPO,
+            capture_output=True, text=True, timeout=300)
+        assert "import time:" in done.stderr
+        assert not torch_import.search(done.stderr), [
+            line for line in done.stderr.splitlines() if torch_import.search(line)][:5]
+        return done
+
+    with ArchiveServer(files) as server:
+        first = command(*names)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert first.stdout.count(": done") == 4, first.stdout
+        requests = len(server.log)
+        again = command(*names)
+        assert again.returncode == 0, again.stderr[-3000:]
+        for name in names:
+            assert f"{name if name != 'DomainNet20' else 'DomainNet'}: already present" in (
+                again.stdout), again.stdout
+        assert len(server.log) == requests  # nothing fetched again
+        (data_dir / "VLCS" / "stray").mkdir(parents=True)
+        broken = command("VLCS")
+    assert broken.returncode == 1
+    assert "has the domain folders ['stray'], expected ['Caltech101', 'LabelMe', 'SUN09', " \
+        "'VOC2007']" in broken.stderr, broken.stderr[-3000:]
+    # what was checked without torch is what the dataset classes read
+    assert DATASETS.get("PACS")(str(data_dir), [3], {"data_split": "official"}).num_classes == 7
+    assert DATASETS.get("DomainNet20")(str(data_dir), [], None).num_classes == 20
+    assert len(DATASETS.get("RotatedMNIST")(str(data_dir), [], None)[0]) == len(range(0, 17, 6))

@@ -1,0 +1,231 @@
+"""What the datasets look like on disk, without importing torch: the domain folders of the
+image-folder benchmarks, which folders and files count (hidden entries skipped, image extensions),
+an environment's samples in torchvision ImageFolder's order, PACS's official split lists (file
+names and how a line is matched to an image), DomainNet-20's classes, and the MNIST IDX files
+(where they are looked for, how one is parsed).
+
+Written once here, read by both the dataset classes (``dg_plugins.datasets``, which import torch)
+and the downloader (``dg_plugins.download``, which must not: it checks a downloaded folder with
+these rules).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import struct
+
+#: File extensions read as images (case-insensitive) by dg_plugins' image-folder datasets.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
+)
+
+#: The domain folders of each image-folder benchmark's standard release, sorted (DomainBed's
+#: ``domainbed/datasets.py`` and ``domainbed/scripts/download.py``).
+DOMAIN_FOLDERS: dict[str, tuple[str, ...]] = {
+    "VLCS": ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
+    "PACS": ("art_painting", "cartoon", "photo", "sketch"),
+    "OfficeHome": ("Art", "Clipart", "Product", "Real World"),
+    "TerraIncognita": ("location_100", "location_38", "location_43", "location_46"),
+    "DomainNet": ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+}
+
+#: DomainNet-20's classes (DomainNet class-folder names, sorted): the 20-class subset of the UDG
+#: protocol, as the DisMAE release's ``dataset/split.sh`` lists them.
+DOMAINNET20_CLASSES = sorted([
+    "The_Eiffel_Tower", "bee", "bird", "blueberry", "broccoli", "fish", "flower", "giraffe",
+    "grass", "hamburger", "hexagon", "horse", "sun", "tiger", "toaster", "tornado", "train",
+    "violin", "watermelon", "zigzag",
+])
+
+
+# ------------------------------------------------------------------------------------------------
+# Image folders
+
+
+def visible_subfolders(folder: str) -> list[str]:
+    """Sorted names of the subdirectories of ``folder``, hidden ones (``.name``) excluded."""
+    with os.scandir(folder) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+
+
+def is_image_file(name: str) -> bool:
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def list_images(folder: str) -> list[str]:
+    """Image files under ``folder`` (recursively, following links, hidden entries skipped), in
+    torchvision ImageFolder's order: sorted directories, then sorted file names."""
+    found = []
+    for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=True)):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if is_image_file(f))
+    return found
+
+
+def has_image(folder: str) -> bool:
+    """True when ``folder`` holds an image file at any depth (hidden entries skipped); stops at
+    the first one found."""
+    for _, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if any(is_image_file(f) for f in filenames):
+            return True
+    return False
+
+
+def image_samples(env_root: str, classes: list[str]) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image of one domain folder ``env_root``: its class folders in
+    sorted order, each one's images as :func:`list_images`; the label is the class folder's index
+    in ``classes`` (the dataset-wide list)."""
+    index = {name: i for i, name in enumerate(classes)}
+    return [(path, index[name]) for name in visible_subfolders(env_root)
+            for path in list_images(os.path.join(env_root, name))]
+
+
+def relative_paths(env_root: str, paths) -> list[str]:
+    """``paths`` relative to the dataset folder above ``env_root`` (``<domain>/<class>/<file>``,
+    with forward slashes)."""
+    parent = os.path.dirname(os.path.normpath(env_root))
+    return [os.path.relpath(path, parent).replace(os.sep, "/") for path in paths]
+
+
+# ------------------------------------------------------------------------------------------------
+# PACS's official split lists
+
+#: Where PACS's official split lists are published: the PACS authors' Google Drive folder (Li et
+#: al., ICCV 2017), subfolder ``pacs_label``.
+PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
+#: The three lists of each PACS domain.
+PACS_SPLIT_KINDS = ("train", "crossval", "test")
+
+
+def pacs_split_file(domain: str, kind: str) -> str:
+    """The file name of one official list: ``<domain folder>_<kind>_kfold.txt``."""
+    return f"{domain}_{kind}_kfold.txt"
+
+
+class OfficialSplitError(FileNotFoundError, ValueError):
+    """PACS's official split lists are missing or do not match the images (a FileNotFoundError
+    and a ValueError: train reports either as one line); the message says where to put them and
+    where to get them."""
+
+
+def match_split_list(list_path: str, domain: str, env_root: str,
+                     samples: list[tuple[str, int]], classes: list[str]) -> list[int]:
+    """Indices into ``samples`` (one domain's ``(path, label)``, :func:`image_samples` of
+    ``env_root``, the folder ``domain``) of the images the lines of official list ``list_path``
+    name, in line order (a line listed twice counts twice).
+
+    A line is ``<domain>/<class>/<file> <label>``, the label counting ``classes`` from 1; its path
+    is matched by its part from the domain folder on (a leading ``pacs_data/`` or ``kfold/`` does
+    not matter). A line naming no image, or a label that disagrees with the image's class folder,
+    raises :class:`OfficialSplitError`; so does a list naming no image."""
+    index_of = {rel: i for i, rel in enumerate(relative_paths(env_root, [p for p, _ in samples]))}
+    indices, unmatched, wrong_class = [], [], []
+    with open(list_path, encoding="utf-8") as handle:
+        lines = [(n, line.split()) for n, line in enumerate(handle, 1) if line.strip()]
+    for number, fields in lines:
+        parts = [p for p in fields[0].replace("\\", "/").split("/") if p not in ("", ".")]
+        if domain in parts:
+            parts = parts[parts.index(domain):]
+        index = index_of.get("/".join(parts))
+        if index is None:
+            unmatched.append(f"line {number}: {fields[0]}")
+            continue
+        if len(fields) > 1:
+            expected = samples[index][1] + 1
+            if fields[1] != str(expected):
+                wrong_class.append(f"line {number}: {fields[0]} has label {fields[1]}, its "
+                                   f"class folder {classes[expected - 1]!r} is {expected}")
+        indices.append(index)
+    if unmatched or wrong_class:
+        problems = unmatched or wrong_class
+        what = "name no image of" if unmatched else "disagree with the class folders of"
+        raise OfficialSplitError(
+            f"{len(problems)} of the {len(lines)} lines of {list_path} {what} {env_root} (e.g. "
+            f"{'; '.join(problems[:3])}). The lists and the images must come from the same PACS "
+            f"release (lines '<domain>/<class>/<file> <label>', labels 1-{len(classes)} in the "
+            f"class order {', '.join(classes)})")
+    if not indices:
+        raise OfficialSplitError(f"{list_path} lists no image")
+    return indices
+
+
+# ------------------------------------------------------------------------------------------------
+# MNIST's IDX files
+
+#: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
+MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+#: Folders searched for the IDX files, relative to the data folder, in this order (where the
+#: downloader and torchvision's ``MNIST(root, download=True)`` put them, as DomainBed reads them).
+MNIST_SEARCH_FOLDERS = (os.path.join("MNIST", "raw"), "raw", "")
+
+# IDX type byte -> numpy dtype (IDX stores multi-byte values big-endian).
+_IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def mnist_search_folders(root: str | None) -> list[str]:
+    """The folders :func:`locate_mnist_files` looks in, in order ([] without a data folder)."""
+    return [os.path.join(root, sub) for sub in MNIST_SEARCH_FOLDERS] if root else []
+
+
+def locate_mnist_files(root: str | None) -> dict[str, str] | None:
+    """Paths of the four MNIST files by role, from the first searched folder holding all of them
+    (plain files preferred over ``.gz``); None when no folder holds them all."""
+    for folder in mnist_search_folders(root):
+        found = {}
+        for role, name in MNIST_FILES.items():
+            for candidate in (name, name + ".gz"):
+                if os.path.isfile(os.path.join(folder, candidate)):
+                    found[role] = os.path.join(folder, candidate)
+                    break
+        if len(found) == len(MNIST_FILES):
+            return found
+    return None
+
+
+def read_idx(path: str):
+    """Parse one IDX file (gzipped or plain, detected from its first bytes) into a native-endian
+    numpy array of the shape its header declares."""
+    import numpy as np
+
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if data[:2] == _GZIP_MAGIC:
+        data = gzip.decompress(data)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (bad magic number {data[:4].hex()})")
+    ndim = data[3]
+    header_size = 4 + 4 * ndim
+    shape = struct.unpack(f">{ndim}I", data[4:header_size])
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    count = math.prod(shape)
+    if len(data) != header_size + count * dtype.itemsize:
+        raise ValueError(
+            f"{path}: the header declares shape {shape} ({count * dtype.itemsize} data bytes) "
+            f"but the file holds {len(data) - header_size} data bytes (truncated download?)"
+        )
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=header_size)
+    return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+
+
+def mnist_files_problem(paths: dict[str, str]) -> str | None:
+    """None when the four IDX files ``paths`` (:func:`locate_mnist_files`) parse and images and
+    labels agree (28x28 digits, as many labels as images), else what is wrong."""
+    try:
+        for split in ("train", "test"):
+            images = read_idx(paths[f"{split}_images"])
+            labels = read_idx(paths[f"{split}_labels"])
+            if images.ndim != 3 or images.shape[1:] != (28, 28) or len(images) != len(labels):
+                return (f"MNIST {split} files disagree: images {images.shape}, labels "
+                        f"{labels.shape} ({paths[f'{split}_images']})")
+    except (ValueError, OSError, EOFError) as err:
+        return str(err)
+    return None
