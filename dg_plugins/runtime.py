@@ -1,7 +1,26 @@
-"""The torch device a run uses (train, the CLIP scorer, alignment_eval, the benchmarks). No torch
-import at module import."""
+"""The torch device a run uses (train, the CLIP scorer, alignment_eval, the benchmarks), and the
+names and defaults of a train job's opt-in compute settings (:data:`COMPUTE_DEFAULTS`), which
+train, sweep and collect_results share. No torch import at module import."""
 
 from __future__ import annotations
+
+#: A train job's opt-in compute settings (``--precision``, ``--channels_last``,
+#: ``--deterministic``; :mod:`dg_plugins.train.precision` applies them) and their defaults,
+#: DomainBed's computation: float32, the default memory format, deterministic algorithms. A
+#: setting at its default is left out of a job's args (records, sweep folder hash, commands), so
+#: jobs that do not use them are exactly as before.
+COMPUTE_DEFAULTS = {"precision": "fp32", "channels_last": False, "deterministic": True}
+#: ``--precision``'s values: float32; autocast to bfloat16; autocast to float16 with a gradient
+#: scaler (CUDA only).
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def compute_settings(args) -> dict:
+    """The compute settings of ``args`` (a namespace or a dict, e.g. a record's ``args``) that
+    differ from :data:`COMPUTE_DEFAULTS` (absent or None: the default), in that order."""
+    get = args.get if isinstance(args, dict) else (lambda name: getattr(args, name, None))
+    return {name: get(name) for name, default in COMPUTE_DEFAULTS.items()
+            if get(name) is not None and get(name) != default}
 
 
 def pick_device(name: str | None = None):

@@ -33,6 +33,7 @@ What a method file declares (see ``erm.py``, the template)
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -255,16 +256,80 @@ def decay_groups(named_params, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+class GradScalingError(ValueError):
+    """An optimizer stepped outside :func:`optimizer_step` while fp16's gradient scaler is on."""
+
+
+class _Scaling:
+    """The gradient scaler :func:`optimizer_step` applies (None: none), and whether it is inside
+    its steps (see :func:`guard_scaled_steps`)."""
+
+    scaler = None
+    stepping = False
+
+
+_SCALING = _Scaling()
+
+
+@contextlib.contextmanager
+def gradient_scaling(scaler):
+    """Within the block, :func:`optimizer_step` scales each loss with ``scaler`` (a
+    ``torch.amp.GradScaler``; None: no scaling) before its backward pass, steps the optimizers
+    through it (unscaled gradients; a step with inf/NaN gradients is skipped) and updates its
+    scale once per call. The train job runs every step of an fp16 job in it."""
+    previous, _SCALING.scaler = _SCALING.scaler, scaler
+    try:
+        yield
+    finally:
+        _SCALING.scaler = previous
+
+
+def guard_scaled_steps(algorithm: nn.Module) -> None:
+    """Make every optimizer of ``algorithm`` raise :class:`GradScalingError` when stepped outside
+    :func:`optimizer_step` inside :func:`gradient_scaling` with a scaler: its gradients would be
+    scaled or not as its own code decides, never unscaled by the scaler, so an fp16 job refuses it
+    at its first step instead of training something else than asked."""
+    name = type(algorithm).__name__
+
+    def check(optimizer, args, kwargs):
+        if _SCALING.scaler is not None and not _SCALING.stepping:
+            raise GradScalingError(
+                f"{name} steps an optimizer ({type(optimizer).__name__}) outside "
+                "dg_plugins.algorithms.optimizer_step, so --precision fp16's gradient scaler "
+                "cannot cover it; use --precision bf16 (no scaler needed) or fp32, or step it "
+                "through optimizer_step")
+
+    for optimizer in algorithm.optimizers().values():
+        optimizer.register_step_pre_hook(check)
+
+
 def optimizer_step(optimizer, loss: torch.Tensor, inputs=None) -> None:
     """``zero_grad``, ``backward``, ``step``: the three lines every update ends with.
     ``optimizer`` is one optimizer or a sequence of them (one backward, then every step).
     ``inputs``: the only tensors that get gradients (``Tensor.backward(inputs=...)``), e.g. a
-    generator's parameters when the loss also flows through a model that must keep its own."""
+    generator's parameters when the loss also flows through a model that must keep its own.
+    The backward pass and the steps run outside autocast (a job's ``--precision``); inside
+    :func:`gradient_scaling` the loss is scaled and the steps unscale (fp16)."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    loss.backward(inputs=inputs)
-    for opt in optimizers:
-        opt.step()
-
-
+    device_type = loss.device.type
+    outside = (torch.autocast(device_type=device_type, enabled=False)
+               if torch.is_autocast_enabled(device_type) else contextlib.nullcontext())
+    scaler = _SCALING.scaler
+    with outside:
+        if scaler is None:
+            loss.backward(inputs=inputs)
+            for opt in optimizers:
+                opt.step()
+            return
+        scaler.scale(loss).backward(inputs=inputs)
+        _SCALING.stepping = True
+        try:
+            for opt in optimizers:  # one without gradients would fail the scaler's checks
+                if any(p.grad is not None for group in opt.param_groups
+                       for p in group["params"]):
+                    scaler.step(opt)
+        finally:
+            _SCALING.stepping = False
+        scaler.update()

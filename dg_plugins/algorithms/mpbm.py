@@ -136,6 +136,13 @@ on the real and synthetic features of its step), 0.0 for the terms a step does n
 ``phase`` (:data:`PHASES` index: 0 erm, 1 corr, 2 query, 3 gen, 4 synth, 5 finetune, 6 online; a
 record holds the mean over its steps, whole when they lie in one phase), ``round`` (1-based, 0
 outside the rounds) and the diagnostics.
+
+Mixed precision (train's ``--precision``): the three optimizers step through
+:func:`~dg_plugins.algorithms.base.optimizer_step`, hence fp16's gradient scaler. Two parts run in
+float32 whatever the autocast: the feature statistics behind C (:meth:`MPBM.accumulate_features`,
+sums of products over many batches), and under fp16 the SGLD queries, whose input gradients
+(``torch.autograd.grad``) the scaler, which scales parameter gradients only, does not protect
+from float16 underflow (bf16 has float32's range: its SGLD runs under autocast).
 """
 
 from __future__ import annotations
@@ -276,6 +283,14 @@ class FeatureDiscriminator(nn.Module):
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of ``-sum_c target_c log softmax(logits)_c`` (soft labels)."""
     return -(target * logits.log_softmax(dim=-1)).sum(dim=-1).mean()
+
+
+def float32(device_type: str):
+    """A block run in float32: autocast off on ``device_type`` (a no-op context when it is off
+    already)."""
+    if not torch.is_autocast_enabled(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 @contextlib.contextmanager
@@ -457,7 +472,10 @@ class MPBM(FeatureClassifier):
         """Merge a batch of features into (count, mean, co-moment) (Chan et al.'s parallel
         Welford update): afterwards ``feat_m2 = sum_n (f_n - mean)(f_n - mean)^T`` over every
         feature seen since the last reset."""
-        features = features.detach().to(self.feat_mean.dtype)
+        with float32(features.device.type):
+            self._accumulate(features.detach().to(self.feat_mean.dtype))
+
+    def _accumulate(self, features: torch.Tensor) -> None:
         n_b = features.shape[0]
         if n_b == 0:
             return
@@ -547,7 +565,10 @@ class MPBM(FeatureClassifier):
         if self.hparams["mpbm_sgld_init"] == "noise":
             lo, hi = bounds if bounds is not None else (x.min(), x.max())
             x_t = lo + (hi - lo) * draw(torch.rand)
-        with frozen_eval(self.network), torch.enable_grad():
+        fp16 = (torch.is_autocast_enabled(x.device.type)
+                and torch.get_autocast_dtype(x.device.type) == torch.float16)
+        with (frozen_eval(self.network), torch.enable_grad(),
+              float32(x.device.type) if fp16 else contextlib.nullcontext()):
             for _ in range(self.hparams["mpbm_T"]):
                 x_t.requires_grad_(True)
                 loss = F.cross_entropy(self.predict(x_t), y, reduction="sum")

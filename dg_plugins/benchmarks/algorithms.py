@@ -14,11 +14,18 @@ median of the per-round ratios (each compares two steps made back to back) and i
 their quartiles; memory and predict ratios are ratios of the two values.
 
 ``--hparams`` (JSON) applies to the algorithms and, unless ``--baseline_hparams`` is given, to
-the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``. Examples::
+the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``.
+``--precision bf16|fp16`` times every algorithm a second time per round, as a train job with that
+``--precision`` steps it (autocast, fp16's gradient scaler: :mod:`dg_plugins.train.precision`),
+on the same instance, and adds the paired ratio of that step to the algorithm's float32 step
+("x fp32"). Examples::
 
     # DMG vs ERM on the same ResNet-18, 224x224, with predict cost
     python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms DMG --predict \
         --hparams '{"resnet18": true, "resnet50_augmix": false}' --batch_size 16
+    # ResNet-18 ERM and ViT-S/16 ERM_ViT at 224x224: bf16 autocast against float32
+    python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms ERM_ViT \
+        --hparams '{"resnet18": true, "resnet50_augmix": false}' --precision bf16
 
 With ``--domainbed PATH`` it also times a whole train job (ERM, Debug28, 9 steps, batch 8) with
 dg_plugins' train and with DomainBed's (a checkout at PATH), alternating, and prints the median
@@ -78,23 +85,28 @@ def _persistent_bytes(algorithm) -> int:
     return total
 
 
-def _step_peak_bytes(algorithm, batches, device) -> int:
-    """Peak bytes allocated during one update, above what was allocated before it (frees of
-    blocks allocated before, e.g. gradients released by ``zero_grad``, count negative)."""
+def _step_peak_bytes(algorithm, batches, device, step=None) -> int:
+    """Peak bytes allocated during one update (``step()``; default ``algorithm.update``), above
+    what was allocated before it (frees of blocks allocated before, e.g. gradients released by
+    ``zero_grad``, count negative)."""
     import torch
+
+    if step is None:
+        def step():
+            algorithm.update(batches, None)
 
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        algorithm.update(batches, None)
+        step()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
     from torch.profiler import ProfilerActivity, profile
 
     with _stderr_fd_silenced(), profile(activities=[ProfilerActivity.CPU],
                                         profile_memory=True) as prof:
-        algorithm.update(batches, None)
+        step()
     allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                          if e.name() == "[memory]")
     live = peak = 0
@@ -117,38 +129,81 @@ def build_algorithm(name: str, dataset, hparams: dict, num_domains: int, device)
 
 
 def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, device,
-                       predict: bool = False) -> dict[str, dict]:
+                       predict: bool = False, precision: str = "fp32") -> dict[str, dict]:
     """Time every ``algorithms[name].update(batches)`` (and with ``predict`` its ``predict`` on
     the first environment's images, in eval mode), **alternating** the algorithms step by step
     (``timing.alternating_times``): a change of machine load during the run hits all of them
     alike, so the ratios stay meaningful on a shared or noisy machine (timing one algorithm after
     the other had moved a ratio by 0.2 between runs on the same quiet machine). ``step_times``
     keeps every timed step, for ratios paired round by round. Then the peak memory of one step and
-    the parameter counts of each."""
+    the parameter counts of each. With ``precision`` bf16 or fp16, each algorithm is also timed
+    under it (rows ``"<name>:<precision>"``, the same instance: :func:`reduced_step`)."""
     import torch
 
     from dg_plugins.benchmarks.timing import alternating_medians, alternating_times
+    from dg_plugins.train.precision import Compute
 
-    step = alternating_times({name: (lambda a=a: a.update(batches, None))
-                              for name, a in algorithms.items()}, steps, warmup, device)
+    compute = Compute(precision)
+    steps_of, models = {}, {}
+    for name, a in algorithms.items():
+        steps_of[name], models[name] = (lambda a=a: a.update(batches, None)), a
+        if compute.dtype is not None:
+            key = f"{name}:{precision}"
+            steps_of[key], models[key] = reduced_step(a, batches, compute, device), a
+    step = alternating_times(steps_of, steps, warmup, device)
     rows = {name: {"step_s": statistics.median(step[name]), "step_times": step[name]}
-            for name in algorithms}
+            for name in steps_of}
     if predict:
         x = batches[0][0]
         for a in algorithms.values():
             a.eval()
+
+        def predicting(name, a):
+            def call():
+                with (contextlib.nullcontext() if name in algorithms
+                      else compute.autocast(device)):
+                    a.predict(x)
+            return call
+
         with torch.no_grad():
-            times = alternating_medians({name: (lambda a=a: a.predict(x))
-                                         for name, a in algorithms.items()},
+            times = alternating_medians({name: predicting(name, a)
+                                         for name, a in models.items()},
                                         steps, max(1, warmup), device)
         for name, a in algorithms.items():
             a.train()
+        for name in models:
             rows[name]["predict_s"] = times[name]
-    for name, a in algorithms.items():
-        rows[name]["peak_bytes"] = _persistent_bytes(a) + _step_peak_bytes(a, batches, device)
+    for name, a in models.items():
+        rows[name]["peak_bytes"] = _persistent_bytes(a) + _step_peak_bytes(a, batches, device,
+                                                                           steps_of[name])
         rows[name]["params"] = sum(p.numel() for p in a.parameters())
         rows[name]["trainable"] = sum(p.numel() for p in a.parameters() if p.requires_grad)
     return rows
+
+
+def reduced_step(algorithm, batches, compute, device):
+    """One ``update`` of ``algorithm`` as a train job with ``compute``'s precision makes it:
+    under autocast, with fp16's gradient scaler."""
+    from dg_plugins.algorithms.base import gradient_scaling
+
+    scaler = compute.make_scaler(device)
+
+    def step():
+        with compute.autocast(device), gradient_scaling(scaler):
+            algorithm.update(batches, None)
+    return step
+
+
+def cpu_flags() -> str:
+    """Which bfloat16 instructions this CPU has (``/proc/cpuinfo``; "unknown" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    wanted = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+    return ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in wanted)
 
 
 def _names(pattern: str, baseline: str) -> list[str]:
@@ -204,23 +259,35 @@ def benchmark_algorithms(args) -> list[dict]:
     batches = _minibatches(dataset, args.batch_size,
                            [i % len(dataset) for i in range(args.num_domains)], device)
     measured = measure_algorithms(algorithms, batches, args.steps, args.warmup, device,
-                                  args.predict)
-    rows = [{"algorithm": name, **measured[name]} for name in names]
+                                  args.predict, args.precision)
+    reduced = args.precision != "fp32"
+    rows = [{"algorithm": key, **measured[key]} for name in names
+            for key in ([name, f"{name}:{args.precision}"] if reduced else [name])]
     base = rows[0]
     for row in rows:
         row["time_ratio_iqr"] = paired_ratio(row["step_times"], base["step_times"])
         row["time_ratio"] = row["time_ratio_iqr"][1]
         row["mem_ratio"] = row["peak_bytes"] / base["peak_bytes"]
+        own = measured[row["algorithm"].split(":")[0]]
+        row["fp32_ratio_iqr"] = paired_ratio(row["step_times"], own["step_times"])
         if args.predict:
             row["predict_ratio"] = row["predict_s"] / base["predict_s"]
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"Per-step cost relative to {args.baseline}: dataset {args.dataset} "
           f"{tuple(dataset.input_shape)}, batch {args.batch_size} per environment x "
           f"{args.num_domains} environments, device {_device_label(device)}, median of "
           f"{args.steps} steps after {args.warmup} warm-up steps, the algorithms alternating "
-          f"step by step in one process")
+          f"step by step in one process; load average before {load}")
+    if reduced:
+        print(f"--precision {args.precision}: each algorithm also stepped under autocast to "
+              f"{args.precision} on the same instance in every round; 'x fp32' is the paired "
+              f"ratio to its float32 step" + (f"; CPU: {cpu_flags()}" if device.type == "cpu"
+                                               else ""))
     print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
           f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
     header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7} {'(quartiles)':>13}"
+    if reduced:
+        header += f" {'x fp32':>7} {'(quartiles)':>13}"
     if args.predict:
         header += f" {'predict ms':>10} {'x base':>7}"
     header += f" {'peak MiB':>9} {'x base':>7} {'params M':>9} {'trainable M':>11}"
@@ -229,6 +296,9 @@ def benchmark_algorithms(args) -> list[dict]:
         low, _, high = row["time_ratio_iqr"]
         line = (f"{row['algorithm']:<14} {1000 * row['step_s']:>9.1f} {row['time_ratio']:>7.2f}"
                 f" {f'({low:.2f}-{high:.2f})':>13}")
+        if reduced:
+            low, mid, high = row["fp32_ratio_iqr"]
+            line += f" {mid:>7.2f} {f'({low:.2f}-{high:.2f})':>13}"
         if args.predict:
             line += f" {1000 * row['predict_s']:>10.1f} {row['predict_ratio']:>7.2f}"
         line += (f" {row['peak_bytes'] / 2**20:>9.1f} {row['mem_ratio']:>7.2f}"
@@ -291,10 +361,22 @@ def main(argv=None) -> int:
     p.add_argument("--pretrained", action="store_true",
                    help="use pretrained backbones (default: random init, no download)")
     p.add_argument("--device", default=None)
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="also time every algorithm's step under this precision (as train's "
+                   "--precision runs it) and print its paired ratio to the float32 step")
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout: also time its train against ours")
     p.add_argument("--train_repeats", type=int, default=3)
     args = p.parse_args(argv)
+    if args.precision != "fp32":
+        from dg_plugins.runtime import pick_device
+        from dg_plugins.train.precision import Compute
+
+        try:
+            Compute(args.precision).check(pick_device(args.device))
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     benchmark_algorithms(args)
     if args.domainbed:
         benchmark_train_vs_domainbed(args.domainbed, args.train_repeats)

@@ -1,9 +1,12 @@
 """The notes collect_results prints on stderr after the tables (so that stdout stays DomainBed's):
 why a dataset table's cell prints ``X`` (which test environments have records, or which runs the
-method lacks), and when an Averages cell is a mean over other test environments than its
-dataset's columns or another row's. Empty for a complete sweep, such as DomainBed's fixture."""
+method lacks), when an Averages cell is a mean over other test environments than its
+dataset's columns or another row's, and which runs used train's compute settings at other values
+than their defaults. Empty for a complete sweep, such as DomainBed's fixture."""
 
 from __future__ import annotations
+
+import pandas as pd
 
 from dg_plugins.collect.selection import GroupedRecords
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY, single_source_runs
@@ -139,3 +142,29 @@ def averages_notes(sections: list[Section], labels_of) -> list[str]:
                     body += ", so it can show a number where the dataset's table prints X"
                 bodies.setdefault(body, []).append(section.title[len("Model selection: "):])
     return [f"{body} [{'; '.join(dict.fromkeys(methods))}]." for body, methods in bodies.items()]
+
+
+def compute_notes(records: pd.DataFrame) -> list[str]:
+    """How many runs (job folders) used train's compute settings at other values than their
+    defaults (``--precision``, ``--channels_last``, ``--deterministic``; the records'
+    ``args.compute``), per combination, so that tables never mix them silently; no note when
+    every run used the defaults."""
+    if "args.compute" not in records or records.empty:
+        return []
+    runs = dict(zip(records["job"], records["args.compute"]))
+    counts: dict[tuple, int] = {}
+    for settings in runs.values():
+        settings = settings if isinstance(settings, tuple) else ()  # NaN: the defaults
+        counts[settings] = counts.get(settings, 0) + 1
+    if set(counts) == {()}:
+        return []
+    total, parts = len(runs), []
+    for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        if settings:
+            flags = " ".join(f"--{name} {str(value).lower() if isinstance(value, bool) else value}"
+                             for name, value in settings)
+            parts.append(f"{count} used {flags}")
+    if () in counts:
+        parts.append(f"{counts[()]} the defaults (--precision fp32, deterministic)")
+    return [f"Compute settings: of the {total} runs (job folders) read, {'; '.join(parts)}. "
+            "Reduced precision and non-deterministic kernels change accuracies by rounding."]

@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
+from dg_plugins.runtime import compute_settings
 from dg_plugins.train.folder import JOB_FILES, RESULTS_FILE, is_done
 
 try:  # a dependency, but parsing falls back to json without it
@@ -40,6 +41,7 @@ class _ArgValues(NamedTuple):
     hparams_seed: object
     output_dir: object  # optional: only the hparams table shows it
     label_fraction: float  # optional: UDG jobs (dg_plugins.train.udg); NaN otherwise
+    compute: object  # ((name, value), ...): train's compute settings not at their defaults; NaN
 
 
 #: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
@@ -81,7 +83,8 @@ def load_records(input_dir: str, warn: Warn = _print_warning,
     kept) as a DataFrame, one row per record in load order. Columns (DomainBed's selector names):
     ``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
     ``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN
-    otherwise), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
+    otherwise), ``args.compute`` (train's compute settings not at their defaults as ``((name,
+    value), ...)``, :func:`dg_plugins.runtime.compute_settings`; NaN for most), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
     (1-based), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
     ``num_classes`` (NaN where a record lacks the key), and ``environments`` (the record's
     environment labels as a tuple, None where it has none). Other keys are dropped. A line that
@@ -162,7 +165,8 @@ def _arg_values(args) -> _ArgValues | str:
         return "args.test_envs is not a list of int"
     return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
                       args["hparams_seed"], args.get("output_dir"),
-                      _fraction(args.get("label_fraction")))
+                      _fraction(args.get("label_fraction")),
+                      tuple(compute_settings(args).items()) or math.nan)
 
 
 def _environments(value) -> tuple | None:

@@ -141,11 +141,12 @@ class JobContext:
     def evaluate(self, algorithm) -> dict:
         """The record's accuracy keys, computed as the train job computes them: the same
         evaluation (batches of augmented splits seeded by split and batch index,
-        ``splits.eval_seed``) under the same deterministic-algorithms setting."""
-        from dg_plugins.seeds import deterministic_algorithms
+        ``splits.eval_seed``) under the same deterministic-algorithms setting and precision
+        (the job's compute settings, :mod:`dg_plugins.train.precision`)."""
         from dg_plugins.train.evaluate import evaluate
+        from dg_plugins.train.precision import Compute
 
-        with deterministic_algorithms():
+        with Compute.of(self.args).active():
             return evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):

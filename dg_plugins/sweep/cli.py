@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
                        "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
     train_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
+    train_flags.add_compute_arguments(extra)  # passed to every job (hashed only when not default)
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")

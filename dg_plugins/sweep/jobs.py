@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep.checks import check_dataset_name
-from dg_plugins.train.flags import ALIGNMENT_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
+from dg_plugins.train.flags import ALIGNMENT_ARGS, COMPUTE_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
 from dg_plugins.train.folder import is_done, lock_holder
 
 NOT_LAUNCHED = "Not launched"
@@ -27,7 +27,7 @@ RUNNING = "Running"
 
 #: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
 #: ``extra_args``).
-PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS)
+PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS, *COMPUTE_ARGS)
 #: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
                        *PASSTHROUGH_TRAIN_ARGS)

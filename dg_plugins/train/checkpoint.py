@@ -1,8 +1,8 @@
 """The resume file of a train job (``checkpoint.pt``): model, optimizers, LR schedulers, batch
-streams and RNG states, with the arguments and hparams that wrote them, so that ``--resume``
-continues exactly and refuses another configuration, and a damaged file is named, with its fix,
-before anything changes. (A record's "checkpoint" is a step that writes a record; this file is
-written at each.)"""
+streams, RNG states and fp16's gradient scaler, with the arguments and hparams that wrote them, so
+that ``--resume`` continues exactly and refuses another configuration, and a damaged file is
+named, with its fix, before anything changes. (A record's "checkpoint" is a step that writes a
+record; this file is written at each.)"""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ CHECKPOINT_KEYS = ("next_step", "model", "optimizers", "schedulers", "streams", 
 
 
 def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records: int,
-                    last_keys, accumulated: dict, record_args: dict, hparams: dict) -> None:
+                    last_keys, accumulated: dict, record_args: dict, hparams: dict,
+                    scaler=None) -> None:
+    """Write the resume file; ``scaler``: fp16's ``GradScaler`` (its scale and growth tracker
+    are saved under ``grad_scaler``; absent without one)."""
+    extra = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
     atomic_torch_save({
         "next_step": next_step,
         "model": algorithm.state_dict(),
@@ -39,6 +43,7 @@ def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records:
         "accumulated": accumulated,
         "args": record_args,
         "hparams": hparams,
+        **extra,
     }, path)
 
 
@@ -103,10 +108,11 @@ def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
 
 
 def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
-                     fix: str = RESTART_FIX) -> None:
-    """Restore the algorithm, optimizers, schedulers, streams and RNG states from ``state``
-    (:func:`read_checkpoint`); state that does not fit them (written by an incompatible version
-    of the algorithm) raises :class:`DamagedCheckpoint`."""
+                     fix: str = RESTART_FIX, scaler=None) -> None:
+    """Restore the algorithm, optimizers, schedulers, streams, RNG states and ``scaler`` (fp16's
+    gradient scaler, when the job has one) from ``state`` (:func:`read_checkpoint`); state that
+    does not fit them (written by an incompatible version of the algorithm) raises
+    :class:`DamagedCheckpoint`."""
     try:
         algorithm.load_state_dict(state["model"])
         for name, opt in algorithm.optimizers().items():
@@ -116,6 +122,8 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
         for stream, s in zip(streams, state["streams"]):
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
+        if scaler is not None:
+            scaler.load_state_dict(state["grad_scaler"])
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
         reason = " ".join(str(err).split())
         raise DamagedCheckpoint(

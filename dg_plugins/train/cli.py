@@ -1,12 +1,14 @@
-"""train's command line: the parser (DomainBed's flags and defaults, ours, and the IP/OOP and UDG
-groups of :mod:`.flags`) and :func:`main`, the command: parse, then run the job (:mod:`.run`,
-imported only then, so that this module stays torch-free for the sweep that forks jobs)."""
+"""train's command line: the parser (DomainBed's flags and defaults, ours, and the compute, IP/OOP
+and UDG groups of :mod:`.flags`) and :func:`main`, the command: parse, then run the job
+(:mod:`.run`, imported only then, so that this module stays torch-free for the sweep that forks
+jobs)."""
 
 from __future__ import annotations
 
 import argparse
 
-from dg_plugins.train.flags import add_protocol_arguments, add_rule_arguments
+from dg_plugins.train.flags import (add_compute_arguments, add_protocol_arguments,
+                                    add_rule_arguments)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n_workers", type=int, default=None,
                    help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
                    "in-memory datasets always load in-process)")
+    compute = p.add_argument_group(
+        "compute (opt-in speed for GPUs)", "each setting at another value than its default "
+        "enters the records' args (and a sweep's job folder hash) and is noted under "
+        "collect_results' tables; see dg_plugins.train.precision")
+    add_compute_arguments(compute)
     alignment = p.add_argument_group(
         "IP/OOP evaluation", "split every test environment by CLIP alignment score and record "
         "env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts.alignment_scores)")

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dg_plugins.seeds import seed_hash
+from dg_plugins.train import precision
 from dg_plugins.train.batches import fetch, shutdown_workers, worker_loader
 from dg_plugins.train.splits import Splits, tensor_view
 
@@ -76,7 +77,8 @@ def accuracies(algorithm, datasets, device, batch_size: int = 64,
         with contextlib.closing(eval_batches_of([(d, seed) for d, seed, _ in datasets],
                                                 batch_size, num_workers)) as batches:
             for j, x, y in batches:
-                logits = algorithm.predict(x.to(device))
+                with precision.autocast(device):  # the job's --precision, --channels_last
+                    logits = algorithm.predict(precision.model_input(x.to(device)))
                 if logits.dim() != 2 or logits.size(1) < 2:
                     raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
                                      f"shape {tuple(logits.shape)}")

@@ -1,9 +1,13 @@
 """What train's flags mean, shared by train, sweep (which passes them to every job) and
-alignment_eval: their names, the argument groups of the IP/OOP and UDG flags, the range checks
-(:func:`check_ranges`: train runs them before it writes anything, sweep before it enumerates),
-the module a job command runs and train's exit statuses. Torch-free."""
+alignment_eval: their names, the argument groups of the IP/OOP, UDG and compute flags, the range
+checks (:func:`check_ranges`: train runs them before it writes anything, sweep before it
+enumerates), the module a job command runs and train's exit statuses. Torch-free."""
 
 from __future__ import annotations
+
+import argparse
+
+from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS
 
 #: The module a job command runs (``python -m <module>``); sweep writes it in every command.
 TRAIN_MODULE = "dg_plugins.scripts.train"
@@ -18,6 +22,9 @@ ALIGNMENT_ARGS = ("alignment_scores", "alignment_threshold", "alignment_preset",
 UDG_PROTOCOL_ARGS = ("pretrain_steps", "udg_pretrain_epochs", "udg_ft_epochs", "udg_split")
 #: The UDG flags that enter a job's args (and hence its folder's hash) when given.
 UDG_ARGS = ("label_fraction", *UDG_PROTOCOL_ARGS)
+#: The opt-in compute settings (:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`): they enter a job's
+#: args (its records, its sweep folder's hash) only at a value other than their default.
+COMPUTE_ARGS = tuple(COMPUTE_DEFAULTS)
 
 
 def add_rule_arguments(group) -> None:
@@ -34,6 +41,49 @@ def add_rule_arguments(group) -> None:
     group.add_argument("--alignment_pretrained", type=str, default=None,
                        help="the pretrained tag the score file must have been made with (e.g. "
                        "laion400m_e32); a file scored with other weights is an error")
+
+
+def boolean(text: str) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0; any case) as a bool."""
+    value = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
+class _Setting(argparse.Action):
+    """Store a compute setting, or None when the value given is its default: a default value
+    given explicitly makes the same job (same args, same folder hash) as no flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = self.const if values is None else values
+        setattr(namespace, self.dest, None if value == COMPUTE_DEFAULTS[self.dest] else value)
+
+
+def add_compute_arguments(group) -> None:
+    """``--precision``, ``--channels_last``, ``--deterministic`` (:data:`COMPUTE_ARGS`): train's
+    and sweep's (passed to every job). Each is None unless given at another value than its
+    default."""
+    group.add_argument("--precision", choices=PRECISIONS, default=None, action=_Setting,
+                       help="fp32 (default): float32 throughout, as DomainBed; bf16: autocast "
+                       "to bfloat16 in training and evaluation (CUDA, or a CPU; fast on CPUs "
+                       "with AVX512-BF16 or AMX); fp16: autocast to float16 with a gradient "
+                       "scaler (CUDA only; every built-in algorithm steps its optimizers "
+                       "through the scaler)")
+    group.add_argument("--channels_last", type=boolean, nargs="?", const=True, default=None,
+                       action=_Setting, metavar="true|false",
+                       help="convolutional backbones (ResNets, the MNIST CNN) and their input "
+                       "batches in torch.channels_last (faster convolutions on GPUs with tensor "
+                       "cores; the same predictions up to rounding); a ViT keeps the default "
+                       "memory format, with a note (its one convolution is the patch embedding)")
+    group.add_argument("--deterministic", type=boolean, default=None, action=_Setting,
+                       metavar="true|false",
+                       help="true (default): torch's deterministic algorithms and "
+                       "deterministic cuDNN, so a resumed job repeats the uninterrupted one bit "
+                       "for bit; false: cudnn.benchmark picks the fastest kernels and the "
+                       "deterministic algorithms are off, so runs and resumes are no longer "
+                       "bit-exact")
 
 
 def add_protocol_arguments(group, pretrain_steps_help: str) -> None:

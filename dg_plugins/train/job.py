@@ -1,9 +1,10 @@
 """The one step loop of every kind of job (``domainbed/scripts/train.py``'s loop): :meth:`Job.build`
-decides every setting once (hparams, data, splits, algorithm, batch streams, length, epoch),
-:meth:`Job.restore` continues from the resume file, then each step trains, and every
-``checkpoint_freq`` steps the job evaluates, appends a record and writes the resume file; at the
-end it saves the model and marks the folder done. :func:`build_job_data` is the part of the build
-that a re-evaluation of a saved model (alignment_eval) shares."""
+decides every setting once (hparams, data, splits, algorithm, batch streams, length, epoch, the
+compute settings of :mod:`.precision`), :meth:`Job.restore` continues from the resume file, then
+each step trains, and every ``checkpoint_freq`` steps the job evaluates, appends a record and
+writes the resume file; at the end it saves the model and marks the folder done.
+:func:`build_job_data` is the part of the build that a re-evaluation of a saved model
+(alignment_eval) shares."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ import numpy as np
 import torch
 
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.algorithms.base import lr_factor
+from dg_plugins.algorithms.base import gradient_scaling, guard_scaled_steps, lr_factor
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
-from dg_plugins.runtime import pick_device
-from dg_plugins.seeds import deterministic_algorithms, seed_everything, seed_hash
+from dg_plugins.runtime import compute_settings, pick_device
+from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                          read_checkpoint, save_checkpoint)
@@ -32,6 +33,7 @@ from dg_plugins.train.evaluate import evaluate
 from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
                                      STEP_MODEL_FILE, JobStateError, append_record, format_row,
                                      keep_counted_records)
+from dg_plugins.train.precision import Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.train.splits import Splits, evaluation_subsets
 
@@ -147,9 +149,12 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData
 
 
 def args_for_records(args) -> dict:
-    """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given."""
+    """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given and
+    the compute settings that are not at their defaults
+    (:func:`dg_plugins.runtime.compute_settings`)."""
     out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
     out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
+    out.update(compute_settings(args))
     return out
 
 
@@ -177,6 +182,9 @@ class Job:
         self.stop = stop
         self.progress_stream = progress_stream
         self.record_args = args_for_records(args)
+        #: ``--precision``, ``--channels_last``, ``--deterministic`` (:mod:`.precision`).
+        self.compute = Compute.of(args)
+        self.scaler = None  # fp16's gradient scaler (set by :meth:`prepare_compute`)
         self.folder = args.output_dir
         self.results_path = os.path.join(self.folder, RESULTS_FILE)
         self.checkpoint_path = os.path.join(self.folder, CHECKPOINT_FILE)
@@ -204,6 +212,7 @@ class Job:
         if self.pooled:
             check_pooled(args, self.hparams)
         self.device = pick_device(args.device)
+        self.compute.check(self.device)
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} (" + (
@@ -220,6 +229,17 @@ class Job:
         self.checkpoint_freq = args.checkpoint_freq or self.dataset.CHECKPOINT_FREQ
         self.steps_per_epoch = self.epoch_length()
         self.algorithm.epoch_steps = self.steps_per_epoch
+        self.prepare_compute()
+
+    def prepare_compute(self) -> None:
+        """Apply the compute settings to the built algorithm (:mod:`.precision`): its memory
+        format, fp16's gradient scaler (every optimizer stepped through it), cuDNN's flags (after
+        the build's last ``seed_everything``)."""
+        self.compute.prepare_model(self.algorithm)
+        self.scaler = self.compute.make_scaler(self.device)
+        if self.scaler is not None:
+            guard_scaled_steps(self.algorithm)
+        self.compute.configure_backends()
 
     # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.train.udg, does).
 
@@ -306,7 +326,7 @@ class Job:
                 "configurations in one results file:\n  " + "\n  ".join(diffs)
                 + "\nRerun with the original arguments, or start over with --force.")
         apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
-                         self.checkpoint_fix())
+                         self.checkpoint_fix(), scaler=self.scaler)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
         self.last_keys = state["last_keys"]
@@ -319,14 +339,18 @@ class Job:
 
     # train ------------------------------------------------------------------------------------------
 
+    def model_input(self, x):
+        """An input batch on the job's device, in the model's memory format."""
+        return self.compute.model_input(x.to(self.device))
+
     def update(self) -> dict:
         """One step of the algorithm (``Algorithm.update``) on the next batches of the streams;
         returns its values."""
         device = self.device
         train_streams = self.streams[:self.n_train_streams]
         batches = next(train_streams[0]) if self.pooled else map(next, train_streams)
-        minibatches = [(x.to(device), y.to(device)) for x, y in batches]
-        unlabeled = ([next(s)[0].to(device) for s in self.streams[self.n_train_streams:]]
+        minibatches = [(self.model_input(x), y.to(device)) for x, y in batches]
+        unlabeled = ([self.model_input(next(s)[0]) for s in self.streams[self.n_train_streams:]]
                      if self.args.task == "domain_adaptation" else None)
         return self.algorithm.update(minibatches, unlabeled)
 
@@ -336,7 +360,8 @@ class Job:
         start = time.time()
         if self.hparams.get("lr_schedule", "constant") != "constant":
             self.algorithm.set_lr_factor(lr_factor(self.hparams, step, self.algorithm.epoch_steps))
-        values = self.update()
+        with self.compute.autocast(self.device), gradient_scaling(self.scaler):
+            values = self.update()
         seconds = time.time() - start
         self.accumulated.setdefault("step_time", []).append(seconds)
         for key, value in values.items():
@@ -390,7 +415,7 @@ class Job:
         save_checkpoint(self.checkpoint_path, next_step=next_step, algorithm=self.algorithm,
                         streams=self.streams, n_records=self.n_records, last_keys=self.last_keys,
                         accumulated=self.accumulated, record_args=self.record_args,
-                        hparams=self.hparams)
+                        hparams=self.hparams, scaler=self.scaler)
 
     def model_extras(self) -> dict:
         """Keys a job kind adds to model.pkl beside DomainBed's (none here)."""
@@ -416,10 +441,10 @@ class Job:
             stream.close()
 
     def run(self, stop_after_step: int | None = None) -> str:
-        """Build, restore and train, with torch's deterministic algorithms
-        (:func:`deterministic_algorithms`); the loader workers are shut down on every way out
-        (done, error, NaN stop, a signal, a refused resume)."""
-        with deterministic_algorithms():
+        """Build, restore and train under the job's compute settings (:meth:`Compute.active`:
+        by default torch's deterministic algorithms); the loader workers are shut down on every
+        way out (done, error, NaN stop, a signal, a refused resume)."""
+        with self.compute.active():
             try:
                 return self._run(stop_after_step)
             finally:

@@ -35,7 +35,8 @@ def user_errors() -> tuple:
 
 def validate(args) -> None:
     """Reject bad input before anything is written: names, hparams, the flags' ranges
-    (:func:`dg_plugins.train.flags.check_ranges`, which sweep runs too), environment indices."""
+    (:func:`dg_plugins.train.flags.check_ranges`, which sweep runs too), environment indices, a
+    precision the device cannot run."""
     from dg_plugins import plugins
 
     plugins.load()
@@ -48,6 +49,10 @@ def validate(args) -> None:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
         check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
+    from dg_plugins.runtime import pick_device
+    from dg_plugins.train.precision import Compute
+
+    Compute.of(args).check(pick_device(args.device))
 
 
 def prepare_output_dir(args) -> None:

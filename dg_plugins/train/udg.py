@@ -20,6 +20,7 @@ import torch
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import note_weights, recording_weights
 from dg_plugins.registry import ALGORITHMS
+from dg_plugins.runtime import compute_settings
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train import job as job_lib
@@ -88,7 +89,8 @@ def pretraining_set(job, env: int):
 
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
     """What makes two jobs' pretrainings the same (paths excluded; ``udg_split`` only when it is
-    ``release``, so that the identity of a default-split pretraining stays as it was)."""
+    ``release`` and the compute settings only when not at their defaults, so that the identity
+    of a default pretraining stays as it was)."""
     identity = {
         "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
         "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
@@ -97,6 +99,7 @@ def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
     }
     if getattr(args, "udg_split", None) == "release":
         identity["udg_split"] = "release"
+    identity.update(compute_settings(args))
     return identity
 
 
@@ -198,6 +201,7 @@ class PretrainJob(job_lib.Job):
         self.n_train_streams = len(self.streams)
         self.n_steps = self.identity["pretrain_steps"]
         self.checkpoint_freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
+        self.prepare_compute()
 
     def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
@@ -211,7 +215,8 @@ class PretrainJob(job_lib.Job):
         return redo_pretraining(self.folder)
 
     def update(self) -> dict:
-        return self.algorithm.pretrain_update([next(s)[0].to(self.device) for s in self.streams])
+        return self.algorithm.pretrain_update([self.model_input(next(s)[0])
+                                               for s in self.streams])
 
     def write_record(self, step: int) -> None:
         record = {"step": step, **{k: float(np.mean(v)) for k, v in self.accumulated.items()},

@@ -1,0 +1,146 @@
+"""A train job's opt-in compute settings applied (``--precision``, ``--channels_last``,
+``--deterministic``; names and defaults in :data:`dg_plugins.runtime.COMPUTE_DEFAULTS`):
+
+* ``--precision bf16|fp16``: the training step (the algorithm's ``update``) and evaluation
+  (``predict``) run under ``torch.autocast`` to that dtype on the job's device; the backward
+  passes and optimizer steps of :func:`dg_plugins.algorithms.base.optimizer_step` run outside it
+  (torch's recommendation). fp16 adds a ``torch.amp.GradScaler`` that ``optimizer_step`` applies
+  (:func:`~dg_plugins.algorithms.base.gradient_scaling`), saved in the resume file. fp16 is
+  refused off CUDA: CPUs compute bfloat16 natively (AVX512-BF16, AMX) and float16 seldom, and
+  bfloat16 needs no scaler.
+* ``--channels_last``: a convolutional network (any ``Conv2d`` that is not a ViT's patch embedding:
+  ResNets, the MNIST CNN) and its 4-D input batches in ``torch.channels_last``. A ViT is left in
+  the default format with a note rather than refused, so one sweep may hold both kinds.
+* ``--deterministic false``: ``cudnn.benchmark`` on, cuDNN's and torch's deterministic algorithms
+  off (:func:`dg_plugins.seeds.deterministic_algorithms` is the default's), so that a resumed job
+  is no longer bit-exact.
+
+:meth:`Compute.active` makes a job's settings the ones :func:`autocast` and :func:`model_input`
+apply (the evaluation's, :mod:`dg_plugins.train.evaluate`); outside a job they are the defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS
+from dg_plugins.seeds import deterministic_algorithms
+
+#: The autocast dtype of each reduced precision.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def is_convolutional(model: nn.Module) -> bool:
+    """Whether ``model`` holds a 2-D convolution that is not a patch embedding (one whose kernel
+    equals its stride and which has no padding, as a ViT's)."""
+    return any(isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride
+                                                 and m.padding in ((0, 0), "valid"))
+               for m in model.modules())
+
+
+class Compute:
+    """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`)."""
+
+    def __init__(self, precision: str = "fp32", channels_last: bool = False,
+                 deterministic: bool = True):
+        if precision not in PRECISIONS:
+            raise ValueError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        self.precision = precision
+        self.channels_last = bool(channels_last)
+        self.deterministic = bool(deterministic)
+        #: Whether input batches go to the model in channels_last (set by :meth:`prepare_model`).
+        self.inputs_channels_last = False
+
+    @classmethod
+    def of(cls, args) -> "Compute":
+        """The settings of ``args`` (train's namespace, or a dict such as a record's ``args``);
+        an absent or None setting is its default."""
+        get = args.get if isinstance(args, dict) else (lambda name: getattr(args, name, None))
+        return cls(**{name: default if get(name) is None else get(name)
+                      for name, default in COMPUTE_DEFAULTS.items()})
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None: float32, no autocast)."""
+        return DTYPES.get(self.precision)
+
+    def check(self, device: torch.device) -> None:
+        """Raise ValueError, naming the fix, when ``device`` cannot run these settings."""
+        if self.precision == "fp16" and device.type != "cuda":
+            raise ValueError(f"--precision fp16 is for CUDA devices (this job runs on "
+                             f"{device}, and CPUs compute bfloat16 natively, float16 seldom, "
+                             "which also needs a gradient scaler): use --precision bf16 here, "
+                             "or --device cuda on a GPU machine")
+        if self.dtype is not None and not torch.amp.is_autocast_available(device.type):
+            raise ValueError(f"--precision {self.precision}: torch has no autocast on "
+                             f"{device.type}; use --precision fp32 there")
+        if (self.precision == "bf16" and device.type == "cuda"
+                and not torch.cuda.is_bf16_supported(including_emulation=False)):
+            raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no "
+                             "native bfloat16; use --precision fp16 (with its gradient scaler)")
+
+    def autocast(self, device: torch.device):
+        """A context running its block's autocast-eligible ops in :attr:`dtype` on ``device``
+        (a no-op context at fp32)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=self.dtype)
+
+    def make_scaler(self, device: torch.device):
+        """fp16's gradient scaler (None at fp32 and bf16, whose range is float32's)."""
+        return torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """With ``channels_last``, put a convolutional ``model`` (:func:`is_convolutional`) in
+        channels_last, and its inputs from then on (:meth:`model_input`); else say why not."""
+        if not self.channels_last:
+            return
+        if not is_convolutional(model):
+            print(f"note: --channels_last: {type(model).__name__}'s network has no convolution "
+                  "but a patch embedding (a ViT), so it stays in the default memory format "
+                  "(channels_last speeds up convolutions only)")
+            return
+        model.to(memory_format=torch.channels_last)
+        self.inputs_channels_last = True
+
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as the model takes it: a 4-D batch in channels_last after
+        :meth:`prepare_model` put the model in it; else ``x``."""
+        if self.inputs_channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def configure_backends(self) -> None:
+        """cuDNN's flags: deterministic (the default, as :func:`dg_plugins.seeds.seed_everything`
+        sets them), or with ``deterministic`` false ``cudnn.benchmark``. Call it after the last
+        ``seed_everything`` of a job's build."""
+        torch.backends.cudnn.benchmark = not self.deterministic
+        torch.backends.cudnn.deterministic = self.deterministic
+
+    @contextlib.contextmanager
+    def active(self):
+        """Within the block, these are the settings :func:`autocast` and :func:`model_input`
+        apply, under torch's deterministic algorithms unless ``deterministic`` is false."""
+        global _ACTIVE
+        previous, _ACTIVE = _ACTIVE, self
+        try:
+            with deterministic_algorithms() if self.deterministic else contextlib.nullcontext():
+                yield self
+        finally:
+            _ACTIVE = previous
+
+
+_ACTIVE = Compute()
+
+
+def autocast(device: torch.device):
+    """The active job's :meth:`Compute.autocast` (evaluation's forward passes)."""
+    return _ACTIVE.autocast(device)
+
+
+def model_input(x: torch.Tensor) -> torch.Tensor:
+    """The active job's :meth:`Compute.model_input` (evaluation's batches)."""
+    return _ACTIVE.model_input(x)
