@@ -276,6 +276,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    # cuBLAS reads it at its first call: deterministic jobs need it (as train sets it)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import dg_plugins.compat  # noqa: F401
     import torch
 
