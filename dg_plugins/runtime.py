@@ -15,12 +15,18 @@ COMPUTE_DEFAULTS = {"precision": "fp32", "channels_last": False, "deterministic"
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def compute_settings(args) -> dict:
-    """The compute settings of ``args`` (a namespace or a dict, e.g. a record's ``args``) that
-    differ from :data:`COMPUTE_DEFAULTS` (absent or None: the default), in that order."""
+def non_defaults(args, defaults: dict) -> dict:
+    """The flags of ``defaults`` whose value in ``args`` (a namespace or a dict, e.g. a record's
+    ``args``) differs from their default (absent or None: the default), in that order: the opt-in
+    flags that enter a job's args only when used."""
     get = args.get if isinstance(args, dict) else (lambda name: getattr(args, name, None))
-    return {name: get(name) for name, default in COMPUTE_DEFAULTS.items()
+    return {name: get(name) for name, default in defaults.items()
             if get(name) is not None and get(name) != default}
+
+
+def compute_settings(args) -> dict:
+    """The compute settings of ``args`` that differ from :data:`COMPUTE_DEFAULTS`."""
+    return non_defaults(args, COMPUTE_DEFAULTS)
 
 
 def pick_device(name: str | None = None):

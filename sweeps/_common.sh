@@ -1,7 +1,8 @@
 # Sourced by every script in sweeps/: their one calling convention.
 #
 #   [PYTHON=python] [DATA_DIR=/data] [OUTPUT_DIR=sweep_output/<script>] [LAUNCHER=local] \
-#   [DRY_RUN=1] [PROTOCOL=release|domainbed] bash sweeps/<script>.sh [sweep flags...]
+#   [DRY_RUN=1] [PROTOCOL=release|domainbed] [EVAL_SPLITS=selection|all] \
+#   bash sweeps/<script>.sh [sweep flags...]
 #
 # PYTHON      the interpreter whose dg_plugins runs everything (default: python)
 # DATA_DIR    the data folder (paper scripts; the offline scripts use the built-in datasets)
@@ -13,6 +14,10 @@
 # PROTOCOL    paper scripts: release (the official release's protocol; the default where a
 #             release exists) or domainbed (DomainBed's protocol with the paper's hparams);
 #             python -m dg_plugins.scripts.reproduce <setting> --describe lists every value
+# EVAL_SPLITS selection (default): every job evaluates only the splits model selection reads
+#             (every out-split, the test environments' in-splits): the same tables for less
+#             evaluation; all: every split at every record (full learning curves). A sweep
+#             started with one value is continued with the same one (the launch says so).
 # Arguments are sweep flags passed to every `sweep launch` (e.g. --n_trials 1, --n_hparams 20,
 # --slurm_partition gpu). Every launch carries --resume: rerunning a script continues where it
 # stopped (finished jobs are skipped, interrupted ones resume from their last checkpoint).
@@ -31,6 +36,12 @@ if [[ "$DRY_RUN" != 0 && "$DRY_RUN" != 1 ]]; then
     echo "error: DRY_RUN must be 1 (list the jobs only) or 0, got '$DRY_RUN'" >&2
     exit 2
 fi
+EVAL_SPLITS=${EVAL_SPLITS:-selection}
+if [[ "$EVAL_SPLITS" != selection && "$EVAL_SPLITS" != all ]]; then
+    echo "error: EVAL_SPLITS must be selection (evaluate what model selection reads) or all" \
+         "(every split at every record), got '$EVAL_SPLITS'" >&2
+    exit 2
+fi
 if (( $# )) && [[ "$1" != -* ]]; then
     echo "error: sweeps/$SCRIPT.sh takes sweep flags as arguments (e.g. --n_trials 1), not" \
          "'$1'; set DATA_DIR, OUTPUT_DIR, LAUNCHER, ... in the environment, e.g." \
@@ -40,14 +51,14 @@ fi
 SWEEP_FLAGS=("$@")
 PLANNED=()
 
-# sweep_launch FLAGS...: one `sweep launch` (with --resume and the script's arguments); under
-# DRY_RUN=1 only recorded, then listed by finish_dry_run.
+# sweep_launch FLAGS...: one `sweep launch` (with --resume, --eval_splits $EVAL_SPLITS and the
+# script's arguments); under DRY_RUN=1 only recorded, then listed by finish_dry_run.
 sweep_launch() {
     if [[ "$DRY_RUN" == 1 ]]; then
-        PLANNED+=(:: launch "$@" --resume "${SWEEP_FLAGS[@]}")
+        PLANNED+=(:: launch "$@" --resume --eval_splits "$EVAL_SPLITS" "${SWEEP_FLAGS[@]}")
     else
         "$PYTHON" -m dg_plugins.scripts.sweep launch "$@" --resume --skip_confirmation \
-            --command_launcher "$LAUNCHER" "${SWEEP_FLAGS[@]}"
+            --eval_splits "$EVAL_SPLITS" --command_launcher "$LAUNCHER" "${SWEEP_FLAGS[@]}"
     fi
 }
 
@@ -76,7 +87,8 @@ reproduce() {
         echo "error: set DATA_DIR to the data folder: DATA_DIR=/data bash sweeps/$SCRIPT.sh" >&2
         exit 2
     fi
-    local args=(--data_dir "$DATA_DIR" --output_dir "$OUTPUT_DIR" --command_launcher "$LAUNCHER")
+    local args=(--data_dir "$DATA_DIR" --output_dir "$OUTPUT_DIR" --command_launcher "$LAUNCHER"
+                --eval_splits "$EVAL_SPLITS")
     local names=()
     if [[ -n "${PROTOCOL:-}" ]]; then args+=(--protocol "$PROTOCOL"); fi
     if [[ -n "${DATASETS:-}" ]]; then

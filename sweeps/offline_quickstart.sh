@@ -31,7 +31,9 @@
 # 101 steps, and 100 pretraining steps are far from MAE/DisMAE's hundreds of epochs. Comparisons
 # belong to sweeps/rotatedmnist5k_benchmark.sh (3 trials, every domain) and the studies in results/.
 # Knobs (a smaller run, e.g. to try the resume): PARTS ("1 2 3", the parts above to run),
-# ALGORITHMS (part 1's algorithms; default every registered one), STEPS (part 1's steps, 101).
+# ALGORITHMS (part 1's algorithms; default every registered one), STEPS (part 1's steps, 101);
+# EVAL_SPLITS=all evaluates every split at every record (default selection: only the splits the
+# tables and the learning check read, sweeps/_common.sh).
 # The command that continues this run after an interruption, which every sweep below suggests
 # instead of its own `sweep launch --resume` line (that would run one part only): the README's
 # command 1 when this run is it, else this script with the knobs and flags it was given.
@@ -42,7 +44,7 @@ quote() {  # a word as a shell reads it back: as is when safe, else in single qu
     else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
 rerun=""
-for knob in PYTHON OUTPUT_DIR LAUNCHER PARTS ALGORITHMS STEPS; do
+for knob in PYTHON OUTPUT_DIR LAUNCHER PARTS ALGORITHMS STEPS EVAL_SPLITS; do
     if [[ -n "${!knob:-}" ]]; then rerun+="$knob=$(quote "${!knob}") "; fi
 done
 rerun+="bash $(quote "$0")"

@@ -22,7 +22,7 @@ SWEEPS = REPO / "sweeps"
 #: The knobs of sweeps/*.sh; a test sets those it uses, the others are removed.
 KNOBS = ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "TEST_ENVS", "EPOCHS",
          "PRETRAIN_EPOCHS", "STEPS", "N_TRIALS", "N_HPARAMS", "HPARAMS", "CLIP_CHECKPOINT",
-         "DRY_RUN", "PARTS")
+         "DRY_RUN", "PARTS", "EVAL_SPLITS")
 
 SITECUSTOMIZE = '''
 import os, sys

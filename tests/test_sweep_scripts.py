@@ -158,6 +158,7 @@ def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
     n_jobs, steps = total(proc.stdout)
     jobs = train_commands(proc.stdout)
     assert n_jobs == len(jobs) > 0 and steps > 0
+    assert all(j.eval_splits == "selection" for j in jobs)  # the knob EVAL_SPLITS's default
     assert "Dry run: nothing launched or written." in proc.stdout
     if not any(j.label_fraction is not None for j in jobs):  # UDG steps come from epochs
         assert steps == sum(j.steps for j in jobs)

@@ -432,8 +432,12 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 
 
 def environment_count(records: pd.DataFrame) -> int:
-    """Number of environments seen in ``records``: the largest count of consecutive
-    ``env{i}_in_acc`` keys of any record (used for datasets the catalog does not know)."""
+    """Number of environments seen in ``records``: the largest count of consecutive environments
+    with an ``env{i}_in_acc`` or ``env{i}_out_acc`` key in any record (used for datasets the
+    catalog does not know). Either split counts: a record of ``--eval_splits selection`` has
+    every out-split but only its test environments' in-splits."""
     if not len(records):
         return 0
-    return int(leading_count(~np.isnan(acc_matrix(records, "env{t}_in_acc"))).max())
+    present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))
+               | ~np.isnan(acc_matrix(records, "env{t}_out_acc")))
+    return int(leading_count(present).max())

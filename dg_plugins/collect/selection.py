@@ -6,18 +6,24 @@ test accuracy it reports, read with a test-key template, default ``env{t}_in_acc
 with the best ``val_acc`` is the group's. DomainBed's semantics are kept exactly: within a run the
 earliest checkpoint wins ties and a NaN val_acc behaves as under Python's ``max``; across runs ties
 go to the largest hparams_seed and NaN counts as -inf; means are taken in DomainBed's order, so
-values are bit-identical."""
+values are bit-identical.
+
+Every method reads its accuracy keys through its declaration in the job-folder contract
+(:data:`dg_plugins.train.folder.SELECTION_READS`, :meth:`GroupedRecords.read`): a key outside it
+reads as missing. The same declaration tells train which splits ``--eval_splits selection``
+evaluates, so the two cannot drift apart."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import acc_matrix, leading_count
+from dg_plugins.collect.records import ACC_KEY, acc_matrix, leading_count
+from dg_plugins.train.folder import ALL, SELECTION_READS, TEST, TRAIN
 
 #: Default test key template: the in split of the test environment (``model_selection.py``).
 TEST_KEY = "env{t}_in_acc"
@@ -80,6 +86,17 @@ class GroupedRecords:
             self._matrices[key] = acc_matrix(self.records, key)
         return self._matrices[key]
 
+    def read(self, key: str, reads: Mapping[str, str]) -> np.ndarray:
+        """:meth:`accs` as a method declared to read ``reads`` sees it (:func:`read_mask`): NaN
+        outside the environments its declaration names for the key's split."""
+        matrix = self.accs(key)
+        mask = read_mask(key, reads, self.is_test(matrix.shape[1]))
+        return matrix if mask is None else np.where(mask, matrix, np.nan)
+
+    def is_test(self, width: int) -> np.ndarray:
+        """(records x ``width``) booleans: environment i is among the record's test_envs."""
+        return test_membership(self.distinct_test_envs, self.test_envs_code, width)
+
     def single(self) -> pd.DataFrame:
         """Memberships of single-test-env records (the only ones IID and oracle look at)."""
         return self.members[self.members["n_test_envs"] == 1]
@@ -108,6 +125,51 @@ def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarr
     record = np.repeat(np.arange(len(codes)), counts)
     position = np.arange(len(record)) - np.repeat(np.cumsum(counts) - counts, counts)
     return record, table[codes[record], position], counts
+
+
+def test_membership(distinct_test_envs, codes: np.ndarray, width: int) -> np.ndarray:
+    """(records x ``width``) booleans, True where environment i is among the record's test
+    environments (``distinct_test_envs[codes[record]]``)."""
+    table = np.zeros((len(distinct_test_envs), width), dtype=bool)
+    for row, envs in enumerate(distinct_test_envs):
+        table[row, [e for e in envs if 0 <= e < width]] = True
+    return table[codes]
+
+
+def key_splits(key: str) -> tuple[str, ...]:
+    """The splits an accuracy key template reads: ``env{t}_in_acc`` and ``env{t}_in_ip_acc``
+    the in-split, ``env{t}_out_acc`` the out-split, the IP/OOP ``env{t}_pooled_ip_acc`` both
+    (made from the in- and out-split's subsets, :mod:`dg_plugins.collect.ipoop`)."""
+    match = ACC_KEY.fullmatch(key.format(t=0))
+    if match is None:
+        raise ValueError(f"{key!r} is not an accuracy key template (env{{t}}_<split>_acc)")
+    split = match.group(2).split("_")[0]
+    return ("in", "out") if split == "pooled" else (split,)
+
+
+def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:
+    """Where a method declared to read ``reads`` (a :data:`SELECTION_READS` entry: split ->
+    :data:`~dg_plugins.train.folder.TEST`, ``TRAIN`` or ``ALL``) may read ``key``: a boolean
+    matrix like ``is_test`` (the records' test-environment membership), or None for
+    everywhere. A split the declaration does not name is read nowhere."""
+    mask = None
+    for split in key_splits(key):
+        role = reads.get(split)
+        if role == ALL:
+            continue
+        part = (is_test if role == TEST else ~is_test if role == TRAIN
+                else np.zeros_like(is_test))
+        mask = part if mask is None else mask & part
+    return mask
+
+
+def read_accs(records: pd.DataFrame, key: str, reads: Mapping[str, str]) -> np.ndarray:
+    """:func:`acc_matrix` of ``records`` as a method declared to read ``reads`` sees it
+    (:meth:`GroupedRecords.read` for records not grouped)."""
+    matrix = acc_matrix(records, key)
+    codes, distinct = pd.factorize(records["args.test_envs"].to_numpy(), use_na_sentinel=False)
+    mask = read_mask(key, reads, test_membership(distinct, codes, matrix.shape[1]))
+    return matrix if mask is None else np.where(mask, matrix, np.nan)
 
 
 def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
@@ -229,7 +291,7 @@ def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
 
 
-def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
+def _iid_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Training-domain validation: the single-test-env run's checkpoints, val_acc the mean
     ``env{i}_out_acc`` of the training environments (i = 0, 1, ... while the key exists); the run
     keeps its earliest best checkpoint (``IIDAccuracySelectionMethod.run_acc``'s ``argmax``).
@@ -239,23 +301,23 @@ def _iid_runs(grouped: GroupedRecords) -> pd.DataFrame:
     so the DMG paper settings use it."""
     single = grouped.single()
     rows = single["record"].to_numpy()
-    out = grouped.accs("env{t}_out_acc")[rows]
+    out = grouped.read("env{t}_out_acc", reads)[rows]
     n_envs = leading_count(~np.isnan(out))
     candidates = single.assign(val_acc=_reduce_rows(out, n_envs, single["test_env"].to_numpy(),
                                                     lambda block: np.mean(block, axis=1)))
     return best_checkpoint(candidates, "record")[RUN_COLUMNS]
 
 
-def _oracle_runs(grouped: GroupedRecords) -> pd.DataFrame:
+def _oracle_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Test-domain validation (oracle): the single-test-env run's last checkpoint (the last
     record of its largest step), val_acc its ``env{t}_out_acc``."""
     last = last_checkpoint(grouped.single())
-    val = _at(grouped.accs("env{t}_out_acc"), last["record"].to_numpy(),
+    val = _at(grouped.read("env{t}_out_acc", reads), last["record"].to_numpy(),
               last["test_env"].to_numpy())
     return last.assign(val_acc=val)[RUN_COLUMNS]
 
 
-def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
+def _loo_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Leave-one-domain-out: per step, the single-test-env record and the pair runs ``[t, j]``;
     val_acc the mean over j != t of the pair run's ``env{j}_in_acc``. A step counts only with
     exactly one single-test-env record and every j present (the environment count read from the
@@ -266,7 +328,7 @@ def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
     # DomainBed reads the environment count from the first record of the step (members are in
     # record order, so a step's first member has its smallest record) ...
     first = members["record"].to_numpy()[np.unique(step_id, return_index=True)[1]][step_id]
-    n_envs_of_record = leading_count(~np.isnan(grouped.accs("env{t}_out_acc")))
+    n_envs_of_record = leading_count(~np.isnan(grouped.read("env{t}_out_acc", reads)))
     # ... and needs exactly one single-test-env record at the step.
     is_single = members["n_test_envs"].to_numpy() == 1
     singles = np.bincount(step_id, weights=is_single, minlength=1)[step_id]
@@ -283,7 +345,7 @@ def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
     other = pair_sums[grouped.test_envs_code[pairs["record"].to_numpy()]] - t
     keep = other != t
     pairs, other = pairs[keep], other[keep]
-    value = _at(grouped.accs("env{t}_in_acc"), pairs["record"].to_numpy(), other)
+    value = _at(grouped.read("env{t}_in_acc", reads), pairs["record"].to_numpy(), other)
     value[np.isnan(value)] = -1.0
     width = max(int(members["_n_envs"].to_numpy().max(initial=0)), int(other.max(initial=-1)) + 1)
     val_accs = np.full((int(members["_step"].to_numpy().max(initial=-1)) + 1, width), -1.0)
@@ -308,12 +370,18 @@ def _loo_runs(grouped: GroupedRecords) -> pd.DataFrame:
 @dataclass(frozen=True)
 class SelectionMethod:
     """A model-selection method: ``key`` for ``--selection``, ``name`` as DomainBed prints it,
-    ``runs(grouped)`` the per-run scores (columns ``RUN_COLUMNS``; ``record`` is the row whose
-    test accuracy the run reports)."""
+    ``runs(grouped, reads)`` the per-run scores (columns ``RUN_COLUMNS``; ``record`` is the row
+    whose test accuracy the run reports), reading the keys ``reads`` declares
+    (:data:`SELECTION_READS`)."""
 
     key: str
     name: str
-    runs: Callable[[GroupedRecords], pd.DataFrame]
+    runs: Callable[[GroupedRecords, Mapping[str, str]], pd.DataFrame]
+
+    @property
+    def reads(self) -> Mapping[str, str]:
+        """What this method reads from DomainBed's records (:data:`SELECTION_READS`)."""
+        return SELECTION_READS["domainbed"][self.key]
 
 
 IID = SelectionMethod("iid", "training-domain validation set", _iid_runs)
@@ -343,8 +411,8 @@ def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str
     """
     grouped = group_records(records)
     method = get_method(method) if isinstance(method, str) else method
-    chosen = best_run(method.runs(grouped))
-    test = _at(grouped.accs(test_key), chosen["record"].to_numpy(),
+    chosen = best_run(method.runs(grouped, method.reads))
+    test = _at(grouped.read(test_key, method.reads), chosen["record"].to_numpy(),
                grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
     info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
     chosen = chosen.assign(test_acc=test)

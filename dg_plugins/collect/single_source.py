@@ -9,7 +9,11 @@ validation accuracy, the others the targets' ``env{t}_in_acc``, ``Avg`` their me
 Which records count: those whose ``test_envs`` leave exactly one environment. On a 3-environment
 dataset that is also what DomainBed's leave-one-domain-out pair runs look like, so by default
 (:func:`single_source_datasets`) such a dataset gets these tables only when it has no
-single-test-environment record; ``collect_results --single_source on`` forces them."""
+single-test-environment record; ``collect_results --single_source on`` forces them.
+
+The keys read are declared in :data:`dg_plugins.train.folder.SELECTION_READS` (``single_source``)
+and read through it; the environment count comes from the out-splits, which every record has
+(``--eval_splits selection`` skips the source's in-split)."""
 
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ import pandas as pd
 from dg_plugins.collect.records import leading_count
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
                                           group_ids, group_records, select_by_masks)
+from dg_plugins.train.folder import SELECTION_READS, single_source_of
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 
 #: The selection methods that apply to single-source runs (LOO needs several sources).
 METHODS = (IID, ORACLE)
+#: What each method reads from single-source records (:data:`SELECTION_READS`).
+READS = SELECTION_READS["single_source"]
 #: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
@@ -41,7 +48,8 @@ def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
 
 def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
     records = grouped.records
-    n_envs = leading_count(~np.isnan(grouped.accs("env{t}_in_acc")))
+    # The environment count, as both methods count it (every out-split: READS).
+    n_envs = leading_count(~np.isnan(grouped.read("env{t}_out_acc", READS[IID.key])))
     # The source of each distinct (test_envs, environment count) pair, spread to the records.
     width = int(n_envs.max(initial=0)) + 1
     pairs, pair_of_record = np.unique(grouped.test_envs_code * width + n_envs, return_inverse=True)
@@ -61,9 +69,10 @@ def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
 
 
 def _source(test_envs: tuple, n_envs: int) -> int:
-    """The one training environment of a single-source run, or -1 for another kind of run."""
-    left = set(range(n_envs)) - set(test_envs)
-    return left.pop() if n_envs >= 3 and len(test_envs) == n_envs - 1 and len(left) == 1 else -1
+    """The one training environment of a single-source run, or -1 for another kind of run
+    (:func:`dg_plugins.train.folder.single_source_of`, the rule train's ``--eval_splits`` uses
+    too)."""
+    return single_source_of(test_envs, n_envs)
 
 
 def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
@@ -94,7 +103,8 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
         return runs.assign(val_acc=[], group=[])
     keys = ["trial_seed", "dataset", "algorithm", "source"]
     runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in keys)))
-    in_acc, out_acc = grouped.accs("env{t}_in_acc"), grouped.accs("env{t}_out_acc")
+    reads = READS[method.key]
+    in_acc, out_acc = grouped.read("env{t}_in_acc", reads), grouped.read("env{t}_out_acc", reads)
     source, width = runs["source"].to_numpy(), in_acc.shape[1]
     columns = np.arange(width)[None, :]
     sources = columns == source[:, None]

@@ -4,15 +4,18 @@
 ``iid``: the mean ``env{i}_out_acc`` of the sources, the earliest best checkpoint; ``oracle``: the
 last checkpoint, the targets' mean ``env{t}_out_acc``; leave-one-domain-out does not apply; across
 runs DomainBed's rule), and shown one table per (dataset, test environment set): rows
-``<algorithm> <label fraction>``, columns the targets' ``env{t}_in_acc`` and ``Avg``."""
+``<algorithm> <label fraction>``, columns the targets' ``env{t}_in_acc`` and ``Avg``. The keys read
+are declared in :data:`dg_plugins.train.folder.SELECTION_READS` (``udg``) and read through it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import acc_matrix, leading_count
-from dg_plugins.collect.selection import IID, ORACLE, SelectionMethod, group_ids, select_by_masks
+from dg_plugins.collect.records import leading_count
+from dg_plugins.collect.selection import (IID, ORACLE, SelectionMethod, group_ids, read_accs,
+                                          select_by_masks)
+from dg_plugins.train.folder import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 
@@ -54,8 +57,9 @@ def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
     if runs.empty:
         return runs.assign(val_acc=[], group=[])
     runs["group"] = group_ids(*(runs[c].to_numpy() for c in columns))
-    out = acc_matrix(records, "env{t}_out_acc")
-    inn = acc_matrix(records, "env{t}_in_acc")
+    reads = SELECTION_READS["udg"][method.key]
+    out = read_accs(records, "env{t}_out_acc", reads)
+    inn = read_accs(records, "env{t}_in_acc", reads)
     width = out.shape[1]
     targets = np.zeros((len(records), width), dtype=bool)
     for row, envs in enumerate(runs["test_envs"]):

@@ -450,6 +450,12 @@ _GMOE_HPARAMS_SOURCE = (f"{GMOE} domainbed/hparams_registry.py:171-195 (per-data
                         ":154 (batch 32 per domain)")
 _GMOE_EVAL_RELEASE = Value(1.5, f"{GMOE} domainbed/vision_transformer.py:256 (capacity_factor "
                                 "1.5, kept in eval mode: predictions depend on the batch)")
+#: The release's evaluation batch (``FastDataLoader(batch_size=64)``); pinned, because at
+#: capacity 1.5 in eval mode a prediction depends on the other images of its batch, so another
+#: ``--eval_batch_size`` would evaluate another model (reproduce refuses one).
+_GMOE_EVAL_BATCH = Value(64, f"{GMOE} domainbed/scripts/train.py:180-182 (FastDataLoader "
+                             "batch_size=64; capacity 1.5 in eval mode makes a prediction depend "
+                             "on its batch, so the batch is pinned)")
 _GMOE_EVAL_OURS = Value(None, f"{OURS}: no token dropped in evaluation, so a prediction "
                               "depends only on its image (dg_plugins/algorithms/gmoe.py)")
 _GMOE_DIFFERENCES = (
@@ -460,9 +466,11 @@ _GMOE_DIFFERENCES = (
 
 
 def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
-    eval_note = ("evaluation at capacity 1.5 as in training (the release: batch-dependent)"
-                 if eval_capacity.value is not None
+    eval_note = ("evaluation at capacity 1.5 as in training, in the release's batches of 64 "
+                 "(batch-dependent)" if eval_capacity.value is not None
                  else "batch-independent evaluation (no token dropped)")
+    # batch-dependent predictions: the release's evaluation batch is part of the protocol
+    flags = {"eval_batch_size": _GMOE_EVAL_BATCH} if eval_capacity.value is not None else {}
     if single_source:
         return Protocol(
             name=name,
@@ -478,6 +486,7 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
                                                 "training-domain validation)"),
             steps={"DomainNet": _GMOE_STEPS["DomainNet"]},
             checkpoint_freq={"DomainNet": _GMOE_FREQ["DomainNet"]},
+            sweep_flags=flags,
             collect_flags=("--single_source", "on"),
             differences=_GMOE_DIFFERENCES,
         )
@@ -495,6 +504,7 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
                                             "validation)"),
         steps=dict(_GMOE_STEPS),
         checkpoint_freq=dict(_GMOE_FREQ),
+        sweep_flags=flags,
         differences=_GMOE_DIFFERENCES,
     )
 

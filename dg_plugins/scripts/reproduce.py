@@ -36,6 +36,10 @@ test-environment sets, ``--hparams``, whose JSON is added to every run's hparams
 ``--pretrain_epochs``, which replace an epoch-based setting's lengths, and ``--steps``, which
 replaces a step-based setting's (each replacement is printed as a note and recorded).
 
+Every job evaluates only the splits model selection reads (``--eval_splits selection``, the
+default here: the same tables for less evaluation); ``--eval_splits all`` (sweeps/*.sh:
+``EVAL_SPLITS=all``) evaluates every split at every record, for full learning curves.
+
 ``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
 steps, image forwards) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in
 ``sweeps/``. ``--list --forwards`` prints the image forwards of every setting and protocol from
@@ -290,9 +294,11 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                  epochs: float | None = None, pretrain_epochs: float | None = None,
                  steps: int | None = None, test_envs: list[list[int]] | None = None,
                  clip_checkpoint: str | None = None, hparams: dict | None = None,
-                 extra: list[str] = (), count_dir: str | None = None) -> Plan:
+                 extra: list[str] = (), count_dir: str | None = None,
+                 eval_splits: str = "selection") -> Plan:
     """The sweep calls, scoring commands and tables of one protocol (see the module docstring).
-    ``count_dir``: where image counts are looked for (default ``data_dir``)."""
+    ``count_dir``: where image counts are looked for (default ``data_dir``); ``eval_splits``:
+    every job's ``--eval_splits``."""
     count_dir = data_dir if count_dir is None else count_dir
     plan = Plan(setting, protocol)
     all_datasets = list(protocol.datasets.value)
@@ -333,7 +339,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                           f"the table's {protocol.alignment['pretrained'].value}")
     plan.root = output_dir
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
-    tail = ["--resume", "--skip_confirmation"]
+    tail = ["--resume", "--skip_confirmation", "--eval_splits", eval_splits]
     if launcher:
         tail += ["--command_launcher", launcher]
     tail += list(extra)
@@ -466,7 +472,8 @@ def sweep_jobs(argv: list[str]):
             setattr(args, name, value)
         args.alignment_scores = os.path.abspath(scores)
     args_list = sweep_cli.make_args_list(args)
-    return args, sweep_lib.make_jobs(args_list, args.output_dir)
+    return args, sweep_lib.make_jobs(args_list, args.output_dir,
+                                     command_args=sweep_cli.command_args(args))
 
 
 def _default_steps(dataset: str) -> int:
@@ -1099,22 +1106,29 @@ def build_parser() -> argparse.ArgumentParser:
                              "weights (e.g. open_clip_pytorch_model.bin of "
                              "timm/vit_base_patch16_clip_224.laion400m_e32) instead of the "
                              "download cache")
+    parser.add_argument("--eval_splits", choices=("selection", "all"), default="selection",
+                        help="selection (default): every job evaluates only the splits model "
+                             "selection reads (the same tables, less evaluation); all: every "
+                             "split at every record (full learning curves)")
     parser.add_argument("--dry_run_sweeps", action="store_true",
                         help="list plain sweep calls given after it: launch FLAGS [:: launch "
                              "FLAGS ...] (the DRY_RUN=1 mode of sweeps/*.sh)")
     return parser
 
 
-def check_extra(extra: list[str]) -> None:
+def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
     """Refuse pass-through sweep flags that the setting's table owns (see the module
-    docstring); unknown flags fail as sweep would fail on them."""
+    docstring; ``protocol``'s ``sweep_flags`` too, e.g. GMoE's release pins
+    ``--eval_batch_size``); unknown flags fail as sweep would fail on them."""
     from dg_plugins.sweep import cli as sweep_cli
 
     parser = sweep_cli.build_parser()
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]
     defaults = vars(parser.parse_args(base))
     given = vars(parser.parse_args(base + list(extra)))
-    owned = [name for name in defaults if name in OWNED_SWEEP_FLAGS or name.startswith("udg_")]
+    pinned = set(protocol.sweep_flags) if protocol is not None else set()
+    owned = [name for name in defaults
+             if name in OWNED_SWEEP_FLAGS or name.startswith("udg_") or name in pinned]
     changed = [name for name in owned if given[name] != defaults[name]]
     if changed:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
@@ -1155,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(not token.startswith("-") for token in extra[:1]):
             parser.error(f"unexpected argument {extra[0]!r}: extra arguments are sweep flags "
                          "such as --n_trials 1")
-        check_extra(extra)
+        check_extra(extra, protocol)
         hparams = None
         if args.hparams is not None:
             from dg_plugins.hparams import parse_overrides
@@ -1173,7 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
                             algorithms=args.algorithms, epochs=args.epochs,
                             pretrain_epochs=args.pretrain_epochs, steps=args.steps,
                             test_envs=test_envs, clip_checkpoint=clip, hparams=hparams,
-                            extra=extra)
+                            extra=extra, eval_splits=args.eval_splits)
         plan.argv = argv
         if hparams:
             plan.notes.append(f"--hparams {json.dumps(hparams, sort_keys=True)} added to every "

@@ -1,7 +1,8 @@
 """What a sweep checks before it launches, so that a problem every job would meet is reported once
 (one ``error:`` line each, naming the fix) instead of in every job: the names of datasets and
 algorithms and the ``--hparams`` (when the command line is read), then the output folder, each
-dataset's files, the pretrained weights and the IP/OOP score file (:func:`launch_problems`).
+dataset's files, the pretrained weights, the IP/OOP score file, and Incomplete jobs that train
+would refuse to resume with this launch's ``--eval_splits`` (:func:`launch_problems`).
 Torch-free unless a check needs the registry (an uncatalogued name, weights to probe)."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError, did_you_mean
-from dg_plugins.train.flags import ALIGNMENT_ARGS
+from dg_plugins.train.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
+from dg_plugins.train.folder import CHECKPOINT_FILE, last_record
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,12 +277,49 @@ def alignment_problems(jobs: Sequence) -> list[str]:
     return problems
 
 
+def eval_splits_problems(jobs: Sequence) -> list[str]:
+    """One line per ``--eval_splits`` value that Incomplete jobs of ``jobs`` started with and
+    that differs from the one this launch would resume them with: train refuses such a resume
+    (a job's records never mix the two), so the launch is refused first, naming the jobs and the
+    fix. A job counts when it has a checkpoint to resume from (train starts a job without one
+    over) and a record saying how it started; done jobs are never relaunched, and their records
+    give the same tables either way."""
+    from dg_plugins.sweep.jobs import INCOMPLETE  # jobs imports this module
+
+    default = EVAL_DEFAULTS["eval_splits"]
+    mismatched: dict[tuple[str, str], list[str]] = {}
+    for job in jobs:
+        if job.state != INCOMPLETE or not os.path.exists(
+                os.path.join(job.output_dir, CHECKPOINT_FILE)):
+            continue
+        record = last_record(job.output_dir)
+        args = record.get("args") if isinstance(record, dict) else None
+        if not isinstance(args, dict):
+            continue
+        started = args.get("eval_splits", default)
+        now = job.command_args.get("eval_splits", default)
+        if started != now:
+            mismatched.setdefault((started, now), []).append(job.output_dir)
+    problems = []
+    for (started, now), folders in mismatched.items():
+        shown = ", ".join(folders[:10]) + (f" and {len(folders) - 10} more"
+                                           if len(folders) > 10 else "")
+        problems.append(
+            f"{len(folders)} Incomplete job(s) started with --eval_splits {started}, and this "
+            f"launch would resume them with --eval_splits {now}, which train refuses (a job's "
+            f"records never mix the two): {shown}. Relaunch with --eval_splits {started} "
+            f"(sweeps/*.sh: EVAL_SPLITS={started}) to finish them, or remove them with the "
+            "sweep's delete_incomplete so that they start over")
+    return problems
+
+
 def launch_problems(jobs: Sequence) -> list[str]:
     """Everything that would make every one of ``jobs`` fail, found once before launching: an
     output folder that cannot be written (:func:`output_problems`), missing data
     (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`), a score file
-    the IP/OOP evaluation would refuse (:func:`alignment_problems`). One line per problem, each
-    naming the fix; [] when none."""
-    return (output_problems(jobs) + data_problems(jobs) + alignment_problems(jobs)
-            + weight_problems(jobs))
+    the IP/OOP evaluation would refuse (:func:`alignment_problems`), Incomplete jobs started with
+    another ``--eval_splits`` (:func:`eval_splits_problems`). One line per problem, each naming
+    the fix; [] when none."""
+    return (output_problems(jobs) + eval_splits_problems(jobs) + data_problems(jobs)
+            + alignment_problems(jobs) + weight_problems(jobs))
 

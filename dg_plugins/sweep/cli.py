@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
     train_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
     train_flags.add_compute_arguments(extra)  # passed to every job (hashed only when not default)
+    # passed to every job when not their defaults; --eval_batch_size hashed then, --eval_splits
+    # never (jobs.UNHASHED_TRAIN_ARGS)
+    train_flags.add_evaluation_arguments(extra)
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (do not use while those jobs are still running)")
@@ -224,10 +227,20 @@ def make_args_list(args: argparse.Namespace) -> list[dict]:
         single_test_envs=args.single_test_envs, hparams=args.hparams,
         single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
         uda_holdout_fraction=args.uda_holdout_fraction,
-        extra_args={name: getattr(args, name) for name in jobs.PASSTHROUGH_TRAIN_ARGS
-                    if getattr(args, name) is not None},
+        extra_args={**{name: getattr(args, name) for name in jobs.PASSTHROUGH_TRAIN_ARGS
+                       if getattr(args, name) is not None},
+                    **{name: value for name, value in
+                       train_flags.non_default_evaluation(args).items()
+                       if name not in jobs.UNHASHED_TRAIN_ARGS}},
         test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
         n_envs=lambda dataset: jobs.num_environments(dataset, args.data_dir))
+
+
+def command_args(args: argparse.Namespace) -> dict:
+    """The flags every job's command carries unhashed (:data:`jobs.UNHASHED_TRAIN_ARGS`: the
+    evaluation flags not at their defaults)."""
+    return {name: value for name, value in train_flags.non_default_evaluation(args).items()
+            if name in jobs.UNHASHED_TRAIN_ARGS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
     return actions.run_action(
-        args.command, jobs.make_jobs(args_list, args.output_dir),
+        args.command, jobs.make_jobs(args_list, args.output_dir,
+                                     command_args=command_args(args)),
         launcher_fn=make_launcher(args), seed=args.seed, resume=args.resume,
         dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv,
         check=checks.launch_problems)

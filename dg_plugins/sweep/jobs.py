@@ -1,7 +1,9 @@
 """A sweep's jobs (``domainbed/scripts/sweep.py``): the train args of every job (enumeration in
 DomainBed's loop order), its identity (the md5 of those args names its folder, as DomainBed's
-``sweep.Job``; the command is not hashed), its command, and its state on disk (Done, Incomplete,
-Running, Not launched). Torch-free, so that enumeration, dry runs and deletes stay fast."""
+``sweep.Job``; the command is not hashed, and may carry flags that are not part of the identity:
+``--eval_splits``, :data:`UNHASHED_TRAIN_ARGS`), its command, and its state on disk (Done,
+Incomplete, Running, Not launched). Torch-free, so that enumeration, dry runs and deletes stay
+fast."""
 
 from __future__ import annotations
 
@@ -28,9 +30,16 @@ RUNNING = "Running"
 #: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
 #: ``extra_args``).
 PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS, *COMPUTE_ARGS)
-#: Optional train flags the sweep can pass through; each enters the hashed args dict only when set.
+#: Optional train flags the sweep can pass through; each enters the hashed args dict only when set
+#: (``eval_batch_size`` only when not DomainBed's 64: :data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
-                       *PASSTHROUGH_TRAIN_ARGS)
+                       "eval_batch_size", *PASSTHROUGH_TRAIN_ARGS)
+#: Train flags a sweep passes in every job's command but not in its hashed args: ``eval_splits``
+#: (when not ``all``). The tables are the same either way, so a job keeps DomainBed's folder name
+#: (and DomainBed's scripts still find it); a job started with one value and resumed with the
+#: other is refused by train, and before that by the sweep's check
+#: (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
+UNHASHED_TRAIN_ARGS = ("eval_splits",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,11 +240,18 @@ class SweepJob:
     RUNNING = RUNNING
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
-                 python: str | None = None):
+                 python: str | None = None, command_args: dict | None = None):
         self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
         self.train_args = copy.deepcopy(train_args)
         self.train_args["output_dir"] = self.output_dir
-        self.command_str = build_command(self.train_args, module, python)
+        #: Flags of the command that are not hashed (:data:`UNHASHED_TRAIN_ARGS`).
+        self.command_args = dict(command_args or {})
+        unknown = set(self.command_args) - set(UNHASHED_TRAIN_ARGS)
+        if unknown:
+            raise ValueError(f"not unhashed train args: {sorted(unknown)}; known: "
+                             f"{', '.join(UNHASHED_TRAIN_ARGS)}")
+        self.command_str = build_command({**self.train_args, **self.command_args}, module,
+                                         python)
         self.state = self.refresh_state()
 
     def refresh_state(self) -> str:
@@ -272,8 +288,10 @@ class SweepJob:
 
 
 def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
-              python: str | None = None) -> list[SweepJob]:
-    return [SweepJob(args, sweep_output_dir, module, python) for args in args_list]
+              python: str | None = None, command_args: dict | None = None) -> list[SweepJob]:
+    """One :class:`SweepJob` per train-args dict; ``command_args`` go in every command, unhashed
+    (:data:`UNHASHED_TRAIN_ARGS`)."""
+    return [SweepJob(args, sweep_output_dir, module, python, command_args) for args in args_list]
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:

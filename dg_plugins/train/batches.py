@@ -2,7 +2,8 @@
 one per source environment (i.i.d. draws with replacement, DomainBed's) or pooled (the DMG
 release's loader), each batch a pure function of (stream seed, batch index), so that a resumed job
 and any number of loader workers draw exactly the same batches; and the loader workers' lifecycle
-(one pool per job, ended on every way out). See docs/domainbed_differences.md."""
+(one pool per job, which also makes the batches of every evaluation, :meth:`WorkerPool.serve`;
+ended on every way out). See docs/domainbed_differences.md."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from dg_plugins.seeds import seed_hash, seeded_rng
 from dg_plugins.train.splits import tensor_view
+
+
+def cuda_transfers(device) -> bool:
+    """Whether batches bound for ``device`` go through pinned memory and non-blocking copies
+    (a CUDA device; on a CPU pinning is wasted work and raises without a GPU)."""
+    return getattr(device, "type", str(device).split(":")[0]) == "cuda"
 
 
 def worker_budget(dataset_n_workers: int) -> int:
@@ -107,56 +114,134 @@ class _Fetcher(Dataset):
         raise TypeError("_Fetcher is read by batch requests only")
 
 
-def worker_loader(datasets, requests, num_workers: int):
+def worker_loader(datasets, requests, num_workers: int, pin_memory: bool = False):
     """A started worker iterator serving ``requests`` (an iterable of :class:`_Fetcher`
-    requests). Its private ``generator`` keeps the loader from drawing its base seed from the
-    main process's torch RNG (which would make a run's randomness depend on when loaders start,
-    e.g. after a resume)."""
+    requests; ``pin_memory``: batches bound for a CUDA device, :func:`cuda_transfers`). Its
+    private ``generator`` keeps the loader from drawing its base seed from the main process's
+    torch RNG (which would make a run's randomness depend on when loaders start, e.g. after a
+    resume)."""
     return _start_workers(DataLoader(
         _Fetcher(datasets), batch_sampler=requests, num_workers=num_workers, collate_fn=_as_is,
-        prefetch_factor=2, worker_init_fn=_ignore_stop_signals, generator=torch.Generator()))
+        prefetch_factor=2, worker_init_fn=_ignore_stop_signals, generator=torch.Generator(),
+        pin_memory=pin_memory))
+
+
+#: What a :class:`WorkerPool` request is: a training round, an evaluation batch, or nothing.
+_ROUND, _SERVED, _IDLE = "round", "served", "idle"
 
 
 class _Requests:
-    """The batch sampler of a :class:`WorkerPool`'s loader: one request per round (a step)."""
+    """The batch sampler of a :class:`WorkerPool`'s loader, asked for the next request each time
+    the loader has room for one: a pending :meth:`WorkerPool.serve` request first, else the next
+    training round while the streams have batches left to hand out (:attr:`WorkerPool.limit`),
+    else an empty request (the loader's workers stay, idle, for the next evaluation). It never
+    ends, so the loader always has requests in flight and never shuts down on its own."""
 
     def __init__(self, pool: "WorkerPool"):
         self.pool = pool
 
     def __iter__(self):
-        streams = self.pool.streams
+        pool = self.pool
         while True:
-            yield [(j, *stream.draw()) for j, stream in enumerate(streams)]
+            if pool.pending:
+                pool.issued.append(_SERVED)
+                yield pool.pending.popleft()
+            elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
+                pool.issued.append(_ROUND)
+                yield [(j, *stream.draw()) for j, stream in enumerate(pool.streams)]
+            else:
+                pool.issued.append(_IDLE)
+                yield []
 
 
 class WorkerPool:
-    """One set of loader workers making the batches of several training streams: each request
-    is one round, the next batch of every stream (a training step draws one batch of each, so
-    the streams are consumed in lockstep; a stream drawn a round ahead of another raises). Workers
-    prefetch rounds ahead; :meth:`close` ends them and puts every stream back at the batches it
-    handed out, so the next batch starts new workers exactly where the stream stood."""
+    """One set of loader workers making the batches of several training streams, and of every
+    evaluation of the job (:meth:`serve`): no worker starts per evaluation, and the job's live
+    workers stay within its budget. A training request is one round, the next batch of every
+    stream (a training step draws one batch of each, so the streams are consumed in lockstep; a
+    stream drawn a round ahead of another raises). Workers prefetch rounds ahead, up to
+    :attr:`limit` batches per stream (the job's steps; None: endless); rounds that arrive while an
+    evaluation is served wait in the streams' buffers. ``datasets``: the other datasets that
+    :meth:`serve` requests read (an evaluation's splits), known when the workers start.
+    :meth:`close` ends the workers and puts every stream back at the batches it handed out, so
+    the next batch starts new workers exactly where the stream stood."""
 
-    def __init__(self, streams, num_workers: int):
+    def __init__(self, streams, num_workers: int, datasets=(), pin_memory: bool = False):
         if num_workers < 1:
             raise ValueError(f"a worker pool needs num_workers >= 1, got {num_workers}")
         self.streams = list(streams)
         self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.datasets = [s.dataset for s in self.streams] + list(datasets)
+        self._number = {id(d): j for j, d in enumerate(self.datasets)}
+        #: Batches each stream hands out in all (a job's steps): no round is fetched beyond.
+        self.limit: int | None = None
         self.iterator = None
         self.buffers = {id(s): collections.deque() for s in self.streams}
+        self.taken = {id(s): 0 for s in self.streams}
+        self.pending: collections.deque = collections.deque()  # serve() requests not yet sent
+        self.issued: collections.deque = collections.deque()  # kinds of the requests in flight
+
+    def _start(self) -> None:
+        if self.iterator is None:
+            self.iterator = worker_loader(self.datasets, _Requests(self), self.num_workers,
+                                          self.pin_memory)
+
+    def _receive(self) -> tuple[str, list]:
+        """The next result in request order, with its kind; a training round goes to the
+        streams' buffers."""
+        self._start()
+        result = next(self.iterator)
+        kind = self.issued.popleft()
+        if kind == _ROUND:
+            for s, batch in zip(self.streams, result):
+                self.buffers[id(s)].append(batch)
+        return kind, result
 
     def take(self, stream) -> tuple:
-        """``stream``'s next batch (fetching the next round when its buffer is empty)."""
-        buffer = self.buffers[id(stream)]
-        if not buffer:
-            if self.iterator is None:
-                self.iterator = worker_loader([s.dataset for s in self.streams],
-                                               _Requests(self), self.num_workers)
-            for s, batch in zip(self.streams, next(self.iterator)):
-                self.buffers[id(s)].append(batch)
-            if any(len(b) > 1 for b in self.buffers.values()):
-                raise RuntimeError("streams that share loader workers must each be drawn once "
-                                   "per step (one batch of every stream per round)")
+        """``stream``'s next batch (fetching rounds until its buffer has one)."""
+        key = id(stream)
+        if self.taken[key] > min(self.taken.values()):
+            raise RuntimeError("streams that share loader workers must each be drawn once "
+                               "per step (one batch of every stream per round)")
+        buffer = self.buffers[key]
+        while not buffer:
+            kind, _ = self._receive()
+            if kind == _SERVED:
+                raise RuntimeError("a training batch was drawn while an evaluation was served")
+            if kind == _IDLE:
+                raise RuntimeError(f"the streams were drawn past their {self.limit} batches "
+                                   "(the worker pool's limit)")
+        self.taken[key] += 1
         return buffer.popleft()
+
+    def holds(self, dataset) -> bool:
+        """Whether :meth:`serve` requests may read ``dataset``."""
+        return id(dataset) in self._number
+
+    def serve(self, requests):
+        """The results of ``requests``, in order, made by this pool's workers (started if
+        needed): each request is ``[(dataset, seed, indices), ...]`` with datasets the pool
+        :meth:`holds` (:class:`_Fetcher` requests by dataset instead of number). Training rounds
+        in flight when it starts arrive first and stay buffered for the streams. Close the
+        generator when stopping early: the pool is then closed (its workers would still make the
+        abandoned requests)."""
+        requests = [[(self._number[id(d)], seed, indices) for d, seed, indices in request]
+                    for request in requests]
+        if not requests:
+            return
+        self._start()
+        self.pending.extend(requests)
+        served = 0
+        try:
+            while served < len(requests):
+                kind, result = self._receive()
+                if kind == _SERVED:
+                    served += 1
+                    yield result
+        finally:
+            if served < len(requests):
+                self.close()
 
     @property
     def workers(self) -> list:
@@ -168,21 +253,28 @@ class WorkerPool:
         iterator, self.iterator = self.iterator, None
         if iterator is not None:
             shutdown_workers(iterator)
+        self.pending.clear()
+        self.issued.clear()
         for stream in self.streams:
             self.buffers[id(stream)].clear()
+            self.taken[id(stream)] = 0
             stream.rewind(stream.consumed)
 
 
-def share_workers(streams, num_workers: int) -> WorkerPool | None:
+def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = False
+                  ) -> WorkerPool | None:
     """Make one :class:`WorkerPool` of ``num_workers`` workers serve every stream of
-    ``streams`` that reads items (streams over in-memory tensors gather in-process); ``0``: all
-    of them fetch in-process. A job's live training workers are then at most its budget."""
+    ``streams`` that reads items (streams over in-memory tensors gather in-process), and the
+    evaluations that read ``datasets`` (:meth:`WorkerPool.serve`); ``0``: all of them fetch
+    in-process. A job's live workers are then at most its budget. ``pin_memory``: batches bound
+    for a CUDA device (:func:`cuda_transfers`). None when no stream reads items."""
     streams = list(streams)
     for stream in streams:
         if stream.pool is not None:
             stream.pool.close()
     fetching = [s for s in streams if s.view is None]
-    pool = WorkerPool(fetching, num_workers) if fetching and num_workers > 0 else None
+    pool = (WorkerPool(fetching, num_workers, datasets, pin_memory)
+            if fetching and num_workers > 0 else None)
     for stream in streams:
         stream.pool = pool if stream in fetching else None
         stream.num_workers = num_workers if stream.pool is not None else 0

@@ -13,6 +13,7 @@ import torch
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.files import atomic_torch_save
 from dg_plugins.seeds import rng_state, set_rng_state
+from dg_plugins.train.flags import EVAL_DEFAULTS
 from dg_plugins.train.folder import JobStateError
 
 #: Record args that may differ between a checkpoint and the resuming command (paths).
@@ -148,8 +149,9 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
         if key in RESUMABLE_ARG_CHANGES:
             continue
         if old_args.get(key) != record_args.get(key):
-            diffs.append(f"--{key}: {old_args.get(key)!r} in the checkpoint, "
-                         f"{record_args.get(key)!r} now")
+            # an evaluation flag absent from the args is at its default (EVAL_DEFAULTS)
+            old, new = (args.get(key, EVAL_DEFAULTS.get(key)) for args in (old_args, record_args))
+            diffs.append(f"--{key}: {old!r} in the checkpoint, {new!r} now")
     defaults = None
     for key in sorted(set(old_hparams) | set(hparams)):
         if key not in old_hparams and key in hparams:

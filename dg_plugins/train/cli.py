@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from dg_plugins.train.flags import (add_compute_arguments, add_protocol_arguments,
+from dg_plugins.train.flags import (add_compute_arguments, add_evaluation_arguments,
+                                    add_protocol_arguments,
                                     add_rule_arguments)
 
 
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "enters the records' args (and a sweep's job folder hash) and is noted under "
         "collect_results' tables; see dg_plugins.train.precision")
     add_compute_arguments(compute)
+    add_evaluation_arguments(p.add_argument_group(
+        "evaluation", "what each record evaluates (DomainBed's defaults: every split, batches "
+        "of 64)"))
     alignment = p.add_argument_group(
         "IP/OOP evaluation", "split every test environment by CLIP alignment score and record "
         "env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts.alignment_scores)")

@@ -1,13 +1,14 @@
 """What train's flags mean, shared by train, sweep (which passes them to every job) and
-alignment_eval: their names, the argument groups of the IP/OOP, UDG and compute flags, the range
-checks (:func:`check_ranges`: train runs them before it writes anything, sweep before it
-enumerates), the module a job command runs and train's exit statuses. Torch-free."""
+alignment_eval: their names, the argument groups of the IP/OOP, UDG, compute and evaluation
+flags, the range checks (:func:`check_ranges`: train runs them before it writes anything, sweep
+before it enumerates), the module a job command runs and train's exit statuses. Torch-free."""
 
 from __future__ import annotations
 
 import argparse
 
-from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS
+from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS, non_defaults
+from dg_plugins.train.folder import DEFAULT_EVAL_SPLITS, EVAL_SPLITS
 
 #: The module a job command runs (``python -m <module>``); sweep writes it in every command.
 TRAIN_MODULE = "dg_plugins.scripts.train"
@@ -25,6 +26,33 @@ UDG_ARGS = ("label_fraction", *UDG_PROTOCOL_ARGS)
 #: The opt-in compute settings (:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`): they enter a job's
 #: args (its records, its sweep folder's hash) only at a value other than their default.
 COMPUTE_ARGS = tuple(COMPUTE_DEFAULTS)
+#: The evaluation flags and their defaults (DomainBed's: every split, batches of 64). Each
+#: enters a record's ``args`` only when it is not its default, so that DomainBed's records and
+#: job commands stay as they were. ``eval_splits`` never enters a sweep's job-folder hash (the
+#: tables are the same either way, so the folders keep DomainBed's names); ``eval_batch_size``
+#: does when not 64, since a batch-dependent model (GMoE at evaluation capacity 1.5) predicts
+#: differently in other batches.
+EVAL_DEFAULTS = {"eval_splits": DEFAULT_EVAL_SPLITS, "eval_batch_size": 64}
+
+
+def add_evaluation_arguments(group) -> None:
+    """``--eval_splits`` and ``--eval_batch_size`` (:data:`EVAL_DEFAULTS`): train's, and sweep's
+    (passed to every job)."""
+    group.add_argument("--eval_splits", choices=EVAL_SPLITS, default=DEFAULT_EVAL_SPLITS,
+                       help="all (default, DomainBed's): evaluate every split at every record; "
+                       "selection: only the splits model selection reads (every out-split and "
+                       "the test environments' in- and uda splits; the training environments' "
+                       "in-splits are skipped): the same tables for less evaluation. Records "
+                       "list the splits they evaluated")
+    group.add_argument("--eval_batch_size", type=int, default=EVAL_DEFAULTS["eval_batch_size"],
+                       help="images per evaluation batch (default 64, DomainBed's); a model "
+                       "whose predictions depend on their batch (GMoE evaluated at capacity "
+                       "1.5) gives other accuracies with another value")
+
+
+def non_default_evaluation(args) -> dict:
+    """The evaluation flags of ``args`` that are not their defaults (:data:`EVAL_DEFAULTS`)."""
+    return non_defaults(args, EVAL_DEFAULTS)
 
 
 def add_rule_arguments(group) -> None:
@@ -119,6 +147,10 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
     if duplicates:
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
+    eval_batch = getattr(args, "eval_batch_size", None)
+    if eval_batch is not None and eval_batch < 1:
+        raise ValueError(f"--eval_batch_size must be a positive integer, got {eval_batch} "
+                         "(leave it out for DomainBed's 64)")
     for flag in ("steps", "checkpoint_freq"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:

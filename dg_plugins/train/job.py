@@ -28,11 +28,12 @@ from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                          read_checkpoint, save_checkpoint)
-from dg_plugins.train.flags import ALIGNMENT_ARGS, UDG_ARGS
+from dg_plugins.train.flags import (ALIGNMENT_ARGS, EVAL_DEFAULTS, UDG_ARGS,
+                                    non_default_evaluation)
 from dg_plugins.train.evaluate import evaluate
-from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
-                                     STEP_MODEL_FILE, JobStateError, append_record, format_row,
-                                     keep_counted_records)
+from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, EVALUATED_KEY, MODEL_FILE,
+                                     RESULTS_FILE, STEP_MODEL_FILE, JobStateError, append_record,
+                                     evaluated_splits, format_row, keep_counted_records)
 from dg_plugins.train.precision import Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.train.splits import Splits, evaluation_subsets
@@ -150,11 +151,13 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData
 
 def args_for_records(args) -> dict:
     """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given and
-    the compute settings that are not at their defaults
-    (:func:`dg_plugins.runtime.compute_settings`)."""
+    the compute settings and evaluation flags that are not at their defaults
+    (:func:`dg_plugins.runtime.compute_settings`, :data:`~dg_plugins.train.flags.EVAL_DEFAULTS`:
+    a resume with another value is then refused like any changed argument)."""
     out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
     out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
     out.update(compute_settings(args))
+    out.update(non_default_evaluation(args))
     return out
 
 
@@ -193,6 +196,10 @@ class Job:
         self.n_records = 0
         self.last_keys = None
         self.accumulated: dict[str, list[float]] = {}
+        #: The splits each record evaluates (:meth:`build`), and the worker pool that makes the
+        #: batches of training and evaluation (:meth:`_run`).
+        self.eval_names: list[str] = []
+        self.pool = None
 
     # build ----------------------------------------------------------------------------------------
 
@@ -220,6 +227,7 @@ class Job:
             f"min(--n_workers or the dataset's N_WORKERS {self.dataset.N_WORKERS}, "
             f"{os.cpu_count() or 1} CPUs)") + ")")
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
+        self.eval_names = self.splits_to_evaluate()
         with recording_weights() as loaded:
             self.algorithm = self.make_algorithm()
         print_weights(loaded)
@@ -240,6 +248,32 @@ class Job:
         if self.scaler is not None:
             guard_scaled_steps(self.algorithm)
         self.compute.configure_backends()
+
+    def eval_splits(self) -> str:
+        """``--eval_splits`` (``all`` for a namespace without it, e.g. a record's args)."""
+        return getattr(self.args, "eval_splits", None) or EVAL_DEFAULTS["eval_splits"]
+
+    def splits_to_evaluate(self) -> list[str]:
+        """The splits every record evaluates (``--eval_splits``,
+        :func:`dg_plugins.train.folder.evaluated_splits`), said in out.txt when some are
+        skipped."""
+        named = [name for name, _, _ in self.splits.eval_named()]
+        names = evaluated_splits(self.eval_splits(), self.args.test_envs,
+                                 len(self.splits.in_splits), len(self.splits.uda_splits),
+                                 udg=getattr(self.args, "label_fraction", None) is not None)
+        skipped = [name for name in named if name not in names]
+        if skipped:
+            print(f"Evaluation: --eval_splits {self.eval_splits()}: {len(names)} of "
+                  f"{len(named)} splits at every record ({', '.join(skipped)} skipped: no "
+                  "model selection reads them)")
+        return names
+
+    def evaluation_datasets(self) -> list:
+        """The splits :meth:`write_record` evaluates (the job's worker pool makes their
+        batches; none for a job that does not evaluate, such as the UDG pretraining)."""
+        if not self.eval_names:
+            return []
+        return [split for name, split, _ in self.splits.eval_named() if name in self.eval_names]
 
     # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.train.udg, does).
 
@@ -389,9 +423,11 @@ class Job:
         results = {"step": step, "epoch": step / self.steps_per_epoch}
         for key, values in self.accumulated.items():
             results[key] = float(np.mean(values))
-        self.close()  # the training workers end before the evaluation's start (one budget)
+        # The training streams' worker pool makes the evaluation's batches too (one budget).
         results.update(evaluate(self.algorithm, self.splits, self.device,
-                                num_workers=self.workers))
+                                num_workers=self.workers, names=self.eval_names,
+                                batch_size=getattr(self.args, "eval_batch_size", None)
+                                or EVAL_DEFAULTS["eval_batch_size"], pool=self.pool))
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
@@ -403,6 +439,8 @@ class Job:
         print(format_row([results[k] for k in keys], colwidth=12))
         results["hparams"] = self.hparams
         results["args"] = self.record_args
+        if self.eval_splits() != EVAL_DEFAULTS["eval_splits"]:
+            results[EVALUATED_KEY] = list(self.eval_names)
         if environments:  # the tables' column labels where the catalog has none (ImageFolder)
             results["environments"] = [str(label) for label in environments]
         append_record(self.results_path, results)
@@ -436,7 +474,8 @@ class Job:
             os.unlink(self.checkpoint_path)
 
     def close(self) -> None:
-        """Shut down the training streams' loader workers (see :mod:`dg_plugins.train.batches`)."""
+        """Shut down the job's loader workers, which make the training streams' batches and the
+        evaluations' (see :mod:`dg_plugins.train.batches`)."""
         for stream in getattr(self, "streams", ()):
             stream.close()
 
@@ -452,9 +491,14 @@ class Job:
 
     def _run(self, stop_after_step: int | None) -> str:
         self.build()
-        # one pool of loader workers makes every training stream's batches (the job's budget)
-        batches.share_workers(self.streams,
-                              max((s.num_workers for s in self.streams), default=0))
+        # One pool of loader workers makes every training stream's batches and every
+        # evaluation's (the job's budget), up to the job's last step.
+        self.pool = batches.share_workers(
+            self.streams, max((s.num_workers for s in self.streams), default=0),
+            datasets=self.evaluation_datasets(),
+            pin_memory=batches.cuda_transfers(self.device))
+        if self.pool is not None:
+            self.pool.limit = self.n_steps
         self.restore()
         progress = Progress(self.n_steps, self.start_step, self.records_after,
                             f"{self.args.algorithm} on {self.args.dataset}",

@@ -299,7 +299,7 @@ SWEEP_DRIVER = '''
 import sys
 from dg_plugins.sweep import cli, jobs
 make_jobs = jobs.make_jobs
-jobs.make_jobs = lambda args_list, out: make_jobs(args_list, out, module="fake_train")
+jobs.make_jobs = lambda args_list, out, **kw: make_jobs(args_list, out, module="fake_train", **kw)
 sys.exit(cli.main(sys.argv[1:]))
 '''
 
