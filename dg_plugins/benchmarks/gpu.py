@@ -14,8 +14,9 @@ does with the paper algorithms, in one command of a few minutes, as a markdown t
   augmenting JPEGs in its worker pool, ``--n_workers`` 4, 8 and 16, capped at the machine's
   cores as train caps them) on a PACS-shaped tree of JPEGs at 227x227 made in a temporary folder
   (:func:`dg_plugins.benchmarks.data.make_pacs_tree`).
-* Evaluation: images per second of one record's evaluation (:func:`dg_plugins.train.evaluate.
-  evaluate`, the job's) of ERM ResNet-18 on that tree, in fp32 and bf16.
+* Evaluation: images per second of one record of ERM ResNet-18 on that tree (the job's
+  :meth:`~dg_plugins.train.job.Job.write_record`: every split, its worker pool), in fp32 and
+  bf16.
 
 The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
 the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
@@ -143,14 +144,13 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
     docstring): ``--loader_rounds`` rounds of one batch from every source stream, after enough
     rounds for the workers to start and fill their prefetch."""
     from dg_plugins.benchmarks.timing import alternating_times
-    from dg_plugins.train import batches
 
     rows = []
     for workers in args.workers:
         job = build_job(train_argv(args, os.path.join(out, f"loader{workers}"), "ERM", RESNET18,
                                    "fp32", dataset="PACS", data_dir=data_dir, n_workers=workers))
         try:
-            batches.share_workers(job.streams, max(s.num_workers for s in job.streams))
+            job.start_workers()
             streams = job.streams[:job.n_train_streams]
             warmup = 2 * max(1, job.workers)
             times = alternating_times({"round": lambda: [next(s) for s in streams]},
@@ -164,26 +164,33 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
 
 
 def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
-    """One record's evaluation of ERM ResNet-18 on the tree, per precision: images per second
-    over ``--eval_repeats`` evaluations after one untimed."""
+    """One record of ERM ResNet-18 on the tree (the job's :meth:`~dg_plugins.train.job.Job.
+    write_record`: its evaluation of every split with the job's worker pool, evaluation batch
+    and precision), per precision: images per second over ``--eval_repeats`` records after one
+    untimed."""
     from dg_plugins.benchmarks.timing import alternating_times
-    from dg_plugins.train.evaluate import evaluate
 
     jobs = {p: build_job(train_argv(args, os.path.join(out, f"eval_{p}"), "ERM", RESNET18, p,
                                     dataset="PACS", data_dir=data_dir))
             for p in args.precisions}
     rows = []
     try:
-        def evaluation(job):
+        def record(job):
+            steps = iter(range(10 ** 9))
+
             def run():
-                with job.compute.active():
-                    evaluate(job.algorithm, job.splits, job.device, num_workers=job.workers)
+                with job.compute.active(), quiet():
+                    job.write_record(next(steps))
             return run
 
-        times = alternating_times({p: evaluation(job) for p, job in jobs.items()},
+        for job in jobs.values():
+            os.makedirs(job.folder, exist_ok=True)
+            job.start_workers()
+        times = alternating_times({p: record(job) for p, job in jobs.items()},
                                   args.eval_repeats, 1, device)
         for precision, job in jobs.items():
-            images = sum(len(split) for _, split, _ in job.splits.eval_named())
+            sizes = {name: len(split) for name, split, _ in job.splits.eval_named()}
+            images = sum(sizes[name] for name in job.eval_names)
             rows.append({"precision": precision, "images": images, "workers": job.workers,
                          "images_per_s": images / statistics.median(times[precision])})
     finally:

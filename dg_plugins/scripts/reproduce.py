@@ -584,7 +584,7 @@ def print_call(cost: CallCost) -> None:
         note = "".join(f" [{text}]" for text in (forwards.note, forwards.unknown) if text)
         print(f"  {job.describe()}: {forwards_text(forwards.train, forwards.evaluation)}{note}")
     print(f"{len(cost.jobs)} jobs, image forwards: "
-          f"{forwards_text(*sum_forwards(cost.forwards))}")
+          f"{forwards_text(*sum_forwards(cost.forwards))}; {runs_with(cost.jobs)}")
 
 
 def total_line(costs: list[CallCost]) -> str:
@@ -602,7 +602,20 @@ def total_line(costs: list[CallCost]) -> str:
     train, evaluation = sum_forwards([f for c in costs for f in c.forwards])
     shares = ", ".join(f"{_share(evaluation[v], train)} with {v}" for v in EVAL_SPLITS)
     return (f"{line}\nTotal image forwards: {forwards_text(train, evaluation)}; evaluation "
-            f"share {shares}\n{FORWARDS_DEFINITION}")
+            f"share {shares}; {runs_with([j for c in costs for j in c.jobs])}\n"
+            f"{FORWARDS_DEFINITION}")
+
+
+def runs_with(jobs) -> str:
+    """``the jobs run with --eval_splits V`` (each value with its count when they differ)."""
+    values = [job.command_args.get("eval_splits", job.train_args.get("eval_splits", "all"))
+              for job in jobs]
+    if not values:
+        return "no jobs"
+    if len(set(values)) == 1:
+        return f"the jobs run with --eval_splits {values[0]}"
+    return "the jobs run with " + ", ".join(f"--eval_splits {v} ({values.count(v)})"
+                                            for v in sorted(set(values)))
 
 
 # --------------------------------------------------------------------------------------------
