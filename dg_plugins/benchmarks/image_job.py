@@ -13,6 +13,9 @@ file's name (:func:`dg_plugins.benchmarks.data.random_torchvision_weights`): not
 and both start from the same weights. ``resnet50_augmix`` is false for both (DomainBed's default
 true would replace the ResNet-18 by timm's ResNet-50).
 
+``--precision fp32 bf16`` adds our jobs under the opt-in ``--precision bf16`` (autocast; its
+numbers differ from fp32's, so it is a speed-up a user chooses, not the same job).
+
 Printed per run and as medians over the repeats: the wall time of the job (the whole process);
 a training step (the records' ``step_time``: drawing the batches and the update, the first record
 left out); one evaluation (the time between two records' lines on the job's unbuffered stdout
@@ -55,11 +58,13 @@ def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[s
     from dg_plugins.bridge import unpatched_script_command
 
     runs = {}
-    for value in args.eval_splits:
-        runs[f"dg_plugins ({value})"] = (
-            [sys.executable, "-u", "-m", "dg_plugins.scripts.train",
-             *job_arguments(args, data_dir, os.path.join(out, f"ours_{value}")),
-             "--eval_splits", value], env)
+    for precision in args.precision:
+        for value in args.eval_splits:
+            suffix = "" if precision == "fp32" else f", {precision}"
+            runs[f"dg_plugins ({value}{suffix})"] = (
+                [sys.executable, "-u", "-m", "dg_plugins.scripts.train",
+                 *job_arguments(args, data_dir, os.path.join(out, f"ours_{value}_{precision}")),
+                 "--eval_splits", value, *(["--precision", precision] if suffix else [])], env)
     if args.domainbed:
         command, db_env = unpatched_script_command(
             "train", job_arguments(args, data_dir, os.path.join(out, "domainbed")),
@@ -123,10 +128,10 @@ def _ratio_text(times: list[float], base: list[float]) -> str:
 
 def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
     """Print the medians and the ratios; returns the median ratios by name."""
-    print(f"\n{'':<24} {'wall s':>8} {'step s':>8} {'evaluation s':>13} {'records':>8}")
+    print(f"\n{'':<30} {'wall s':>8} {'step s':>8} {'evaluation s':>13} {'records':>8}")
     for label, runs in measured.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "step", "evaluation")}
-        print(f"{label:<24} {med['wall']:>8.1f} {med['step']:>8.2f} {med['evaluation']:>13.2f} "
+        print(f"{label:<30} {med['wall']:>8.1f} {med['step']:>8.2f} {med['evaluation']:>13.2f} "
               f"{runs[0]['records']:>8}")
     ratios, lines = {}, []
 
@@ -147,6 +152,13 @@ def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
     ratio("evaluation, all / DomainBed", ours_all, DOMAINBED, "evaluation")
     ratio("evaluation, selection / DomainBed", ours_sel, DOMAINBED, "evaluation")
     ratio("evaluation, selection / all", ours_sel, ours_all, "evaluation")
+    for precision in args.precision:
+        if precision != "fp32":
+            for value in args.eval_splits:
+                label = f"dg_plugins ({value}, {precision})"
+                ratio(f"wall, {value} {precision} / DomainBed", label, DOMAINBED, "wall")
+                ratio(f"wall, {value} {precision} / {value} fp32", label,
+                      f"dg_plugins ({value})", "wall")
     if lines:
         print(f"ratios, median of the {args.repeats} per-repeat ratios (quartiles):")
         print("\n".join(lines))
@@ -161,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="runs of each job, taking turns")
     p.add_argument("--eval_splits", nargs="+", choices=EVAL_SPLITS, default=list(EVAL_SPLITS),
                    help="our jobs' --eval_splits values (default: both)")
+    p.add_argument("--precision", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
+                   help="our jobs' --precision values (default fp32, as DomainBed; bf16 adds runs "
+                        "with the opt-in autocast, whose numbers differ from fp32's)")
     p.add_argument("--steps", type=int, default=21)
     p.add_argument("--checkpoint_freq", type=int, default=5)
     p.add_argument("--batch_size", type=int, default=8, help="per domain")
@@ -208,7 +223,7 @@ def main(argv=None) -> int:
                 result = run_job(command, run_env, command[command.index("--output_dir") + 1],
                                  tmp)
                 measured.setdefault(label, []).append(result)
-                print(f"repeat {repeat + 1} {label:<24} wall {result['wall']:6.1f} s, step "
+                print(f"repeat {repeat + 1} {label:<30} wall {result['wall']:6.1f} s, step "
                       f"{result['step']:.2f} s, evaluation {result['evaluation']:.2f} s, "
                       f"{result['records']} records", flush=True)
         measured = {label: measured[label] for label in labels}

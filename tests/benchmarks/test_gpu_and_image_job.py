@@ -87,3 +87,20 @@ def test_image_job_benchmark_against_domainbed_prints_times_and_ratios(tmp_path)
                      r"\(goal <= 0\.35\)", out), out
     assert "evaluation, selection / DomainBed" in out
     assert not list(tmp_path.iterdir())  # the tree and the jobs were in a removed folder
+
+
+def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monkeypatch):
+    """Without a DomainBed checkout only ours run; ``--precision fp32 bf16`` adds the bf16 job
+    and its ratio to the fp32 job."""
+    monkeypatch.delenv("DOMAINBED_ROOT", raising=False)
+    proc = run_benchmark("image_job", "--eval_splits", "selection", "--precision", "fp32",
+                         "bf16", "--repeats", "1", "--per_class", "1", "--image_size", "32",
+                         "--steps", "3", "--checkpoint_freq", "2", "--batch_size", "2",
+                         "--work_dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for label in ("dg_plugins (selection)", "dg_plugins (selection, bf16)"):
+        assert re.search(rf"repeat 1 {re.escape(label)} +wall +[\d.]+ s, step [\d.]+ s, ", out), out
+    assert "DomainBed" not in out
+    assert re.search(r"wall, selection bf16 / selection fp32: \d+\.\d\d \(", out), out
+    assert "wall, selection bf16 / DomainBed" not in out
