@@ -164,6 +164,102 @@ def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
         assert steps == sum(j.steps for j in jobs)
 
 
+#: A forwards count as the dry runs print it: training, evaluation with selection, with all.
+FORWARDS = (r"train ([\d,]+|unknown); evaluation ([\d,]+|unknown) \(selection\) / "
+            r"([\d,]+|unknown) \(all\)")
+
+
+def image_forwards(stdout: str):
+    """``(per job, per sweep call, total)`` image forwards a dry run printed, each a
+    ``(train, selection, all)`` triple of ints (None: unknown)."""
+    def triples(pattern):
+        return [tuple(None if v == "unknown" else int(v.replace(",", "")) for v in m.groups())
+                for m in re.finditer(pattern, stdout, re.MULTILINE)]
+
+    totals = triples(rf"^Total image forwards: {FORWARDS}")
+    assert len(totals) == 1, stdout[-2000:]
+    return triples(rf"^  \S.*\): {FORWARDS}"), triples(rf"^\d+ jobs, image forwards: {FORWARDS}"), \
+        totals[0]
+
+
+def column_sums(triples) -> tuple:
+    return tuple(None if any(t[i] is None for t in triples) else sum(t[i] for t in triples)
+                 for i in range(3))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'offline'}")
+def test_dry_run_prints_every_jobs_image_forwards_and_their_total(case, dry_runs):
+    """Under DRY_RUN=1 every script prints each job's image forwards (training; evaluation with
+    --eval_splits selection and all) with the definition, a sum per sweep call and in total;
+    the totals are the sums of the job lines, and selection evaluates less than all (it skips
+    the training environments' in-splits)."""
+    from dg_plugins.scripts.reproduce import FORWARDS_DEFINITION
+
+    proc, _, _ = dry_runs[case]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs, calls, totals = image_forwards(proc.stdout)
+    assert len(jobs) == total(proc.stdout)[0]
+    assert column_sums(jobs) == column_sums(calls) == totals
+    assert FORWARDS_DEFINITION in proc.stdout
+    for train, selection, every in jobs:
+        assert train > 0
+        assert (selection is None) == (every is None)
+        if every is not None:
+            assert 0 < selection < every
+
+
+def test_image_forwards_of_a_small_listing_match_a_hand_count(tmp_path, capsys):
+    """Two sweep calls on the built-in RotatedMNIST5k (environments of 834, 834, 833, 833, 833,
+    833 digits; holdout 0.2: out-splits of int(0.2 n) = 166, 996 in all), counted by hand:
+
+    * ERM, test environment 5, 101 steps, a record at steps 0, 50, 100 (3), 16 per domain x 5
+      sources: train 3 x 16 x 5 x 101 = 24,240; evaluation all 3 x 5,000 = 15,000, selection
+      (every out-split, the target's in-split: 833 - 166 = 667) 3 x 1,663 = 4,989;
+    * ERM with one pooled batch of 512, test environment 0, 9 steps, records at 0 and 8: the
+      sources' in-splits pool 668 + 4 x 667 = 3,336 images, an epoch is ceil(3,336 / 512) = 7
+      steps whose last holds 3,336 - 6 x 512 = 264, so 9 steps train on 3,336 + 2 x 512 = 4,360
+      images: train 13,080; evaluation all 2 x 5,000 = 10,000, selection 2 x (996 + 668) =
+      3,328."""
+    from dg_plugins.scripts import reproduce
+
+    base = ["launch", "--datasets", "RotatedMNIST5k", "--algorithms", "ERM", "--data_dir",
+            "builtin", "--output_dir", str(tmp_path / "out"), "--n_trials", "1", "--n_hparams",
+            "1", "--checkpoint_freq", "50"]
+    assert reproduce.main(["--dry_run_sweeps", *base, "--test_env_sets", "5", "--steps", "101",
+                           "--hparams", '{"batch_size": 16}', "::", *base,
+                           "--test_env_sets", "0", "--steps", "9", "--hparams",
+                           '{"batch_size": 512, "batch_sampling": "pooled"}']) == 0
+    jobs, calls, totals = image_forwards(capsys.readouterr().out)
+    assert jobs == calls == [(24_240, 4_989, 15_000), (13_080, 3_328, 10_000)]
+    assert totals == (37_320, 8_317, 25_000)
+    assert not (tmp_path / "out").exists()
+
+
+def test_list_forwards_gives_every_setting_from_the_recorded_counts(capsys):
+    """``reproduce --list --forwards``: one row per setting and protocol from the recorded
+    full-size counts. By hand for dmg_pacs under DomainBed's protocol (48 jobs: 2 backbones x
+    DMG, ERM x 4 targets x 3 trials; 21 per domain x 3 sources x 5001 steps; a record every 300
+    steps and the last: 18 records of PACS's 9,991 images): train 48 x 3 x 63 x 5001 =
+    45,369,072, evaluation with all 48 x 18 x 9,991 = 8,632,224."""
+    from dg_plugins.scripts import reproduce
+
+    assert reproduce.main(["--list", "--forwards"]) == 0
+    out = capsys.readouterr().out
+    rows = {tuple(cells[0:3]): cells for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| setting"))}
+    assert set(rows) == {(s.name, s.script, p) for s in ps.SETTINGS.values()
+                         for p in s.protocols}
+    row = rows[("dmg_pacs", "sweeps/dmg_pacs_paper.sh", "domainbed")]
+    assert row[3:5] == ["48", "45.4M"] and row[6] == "8.6M"
+    for cells in rows.values():
+        if "unknown" not in cells[5]:
+            assert float(cells[5].rstrip("M").replace(",", "")) < \
+                float(cells[6].rstrip("M").replace(",", ""))
+    unknown = [line for line in out.splitlines() if line.startswith("unknown evaluation")]
+    assert all("TerraIncognita" in line for line in unknown), unknown
+
+
 def header(script: str) -> str:
     """The comment lines at the top of a script, without their ``#``."""
     lines = []

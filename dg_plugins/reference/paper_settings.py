@@ -132,6 +132,8 @@ class Setting:
 
 
 #: Images per environment (in the dataset's environment order) of DomainBed's data folders.
+#: TerraIncognita's are not recorded (no per-domain count with a source at hand): a dry run
+#: counts them under ``--data_dir`` or says that its evaluation cost is unknown.
 DATASET_SIZES: dict[str, Value] = {
     "PACS": Value((2048, 2344, 1670, 3929),
                   f"PACS's official *_test_kfold.txt lists (each the whole domain), counted in "
@@ -142,6 +144,19 @@ DATASET_SIZES: dict[str, Value] = {
                        "345 classes x 500 images; its train list is not in the mirror, its test "
                        "list holds 150 per class); DomainBed's download "
                        "(domainbed/scripts/download.py) removes the duplicates those lists omit"),
+    "VLCS": Value((1415, 2656, 3282, 3376),
+                  "the Caltech101, LabelMe, SUN09 and VOC2007 folders of DomainBed's VLCS "
+                  "download (domainbed/scripts/download.py); 10,729 images in all, as DomainBed's "
+                  "paper (Gulrajani & Lopez-Paz, ICLR 2021, appendix) says"),
+    "OfficeHome": Value((2427, 4365, 4439, 4357),
+                        "the Art, Clipart, Product and Real World domains of Office-Home "
+                        "(Venkateswara et al., CVPR 2017, its dataset table); 15,588 images in all, "
+                        "as DomainBed's paper (appendix) says"),
+    "Digits": Value((10000, 26032, 9001, 9553, 2007),
+                    "dg_plugins/datasets/digits.py (MNIST: its first 10,000 training digits) and "
+                    "the test sets' published sizes, not counted here: SVHN test_32x32.mat "
+                    "26,032, MNIST-M mnist_m_test_labels.txt 9,001, SYN synth_test_32x32.mat "
+                    "9,553, USPS zip.test 2,007 (its zip.info)"),
     "DomainNet20": Value((3855, 5176, 5586, 10000, 10756, 4301),
                          "the 20 classes of dg_plugins/datasets/domainnet20.py (the DisMAE "
                          f"release's dataset/split.sh), counted in the same {DMG} DomainNet lists "
@@ -154,6 +169,12 @@ OFFICIAL_TRAIN_SIZES: dict[str, Value] = {
     "PACS": Value((1840, 2107, 1499, 3531),
                   f"PACS's official *_train_kfold.txt lists, counted in {PACS_LISTS} "
                   "(*_crossval_kfold.txt: 208/237/171/398 validation images)"),
+}
+#: The out-split (validation images) of each environment under ``data_split: "official"``; a
+#: test environment's in-split is its test list, the whole domain (:data:`DATASET_SIZES`).
+OFFICIAL_VAL_SIZES: dict[str, Value] = {
+    "PACS": Value((208, 237, 171, 398),
+                  f"PACS's official *_crossval_kfold.txt lists, counted in {PACS_LISTS}"),
 }
 
 

@@ -6,7 +6,12 @@ KIND (default ``algorithms``; see :mod:`dg_plugins.benchmarks`):
   ``--domainbed PATH`` adds train's wall time against DomainBed's);
 * ``collect``: collect_results against DomainBed's on a generated sweep;
 * ``alignment``: throughput of the CLIP alignment scorer;
-* ``dismae``: DisMAE's and MAE's UDG pretraining step against ERM.
+* ``dismae``: DisMAE's and MAE's UDG pretraining step against ERM;
+* ``gpu``: the step, memory and images/s of the paper algorithms at 224x224 in fp32 and bf16, the
+  training loader's and the evaluation's images/s, for ``results/gpu_benchmarks.md`` (on a CPU a
+  reduced run that says so);
+* ``image_job``: one image job, dg_plugins' train (``--eval_splits all`` and ``selection``)
+  against DomainBed's ``train.py``.
 
 ``python -m dg_plugins.scripts.benchmark KIND --help`` lists a kind's options.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-KINDS = ("algorithms", "collect", "alignment", "dismae")
+KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job")
 
 
 def main(argv: list[str] | None = None) -> int:

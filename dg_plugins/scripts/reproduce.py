@@ -3,6 +3,7 @@ paper setting of :mod:`dg_plugins.reference.paper_settings` (its sweeps, then it
 the paper's rows).
 
     python -m dg_plugins.scripts.reproduce --list                      # settings, jobs, steps
+    python -m dg_plugins.scripts.reproduce --list --forwards           # their image forwards
     python -m dg_plugins.scripts.reproduce dmg_pacs --describe         # every value + source
     python -m dg_plugins.scripts.reproduce dmg_pacs --protocol release --data_dir D \\
         --output_dir O --command_launcher multi_gpu [--dry_run] [extra sweep flags]
@@ -24,8 +25,10 @@ or written (exit 2).
 ``--dry_run`` launches and writes nothing: it prints every call, its jobs and commands, the
 number of jobs and the total steps (with where the image counts behind epoch-derived steps come
 from: the data under ``--data_dir`` when it is there, PACS's official lists there too, else the
-counts recorded in the table), the ``collect_results`` commands, and last the missing
-prerequisites as warnings. Extra arguments are sweep flags passed to every call
+counts recorded in the table), each job's image forwards of training and of evaluation with
+``--eval_splits selection`` and ``all`` and their sums per call and in total (the GPU cost
+before launch: :data:`FORWARDS_DEFINITION`, :func:`job_forwards`), the ``collect_results``
+commands, and last the missing prerequisites as warnings. Extra arguments are sweep flags passed to every call
 (``--n_trials 1``, ``--n_hparams 20``, ``--slurm_*`` ...); flags the table sets (steps, datasets,
 test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms`` /
 ``--test_envs``, which pick a subset of the setting's datasets, algorithms and
@@ -38,7 +41,9 @@ default here: the same tables for less evaluation); ``--eval_splits all`` (sweep
 ``EVAL_SPLITS=all``) evaluates every split at every record, for full learning curves.
 
 ``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
-steps) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in ``sweeps/``.
+steps, image forwards) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in
+``sweeps/``. ``--list --forwards`` prints the image forwards of every setting and protocol from
+the recorded full-size image counts (or those under ``--data_dir``).
 
 Exit status: 0; 2 on bad input (a one-line message naming the fix); otherwise the first non-zero
 status of a sweep call (128 + signal when one was stopped: the rest is not started).
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -85,13 +91,40 @@ _SIZES_CACHE: dict[tuple[str, str | None], Sizes] = {}
 
 def dataset_sizes(dataset: str, data_dir: str | None) -> Sizes:
     """Images per environment of ``dataset``: counted in ``data_dir`` when the dataset's folder
-    is there (every image of its domain folders; DomainNet20: of its 20 classes), else the counts
-    recorded in :data:`~dg_plugins.reference.paper_settings.DATASET_SIZES`; neither raises
+    is there (every image of its domain folders; DomainNet20: of its 20 classes); for a built-in
+    dataset (no files: ``--data_dir builtin``) its own sizes (:func:`_built_in`); else the counts
+    recorded in :data:`~dg_plugins.reference.paper_settings.DATASET_SIZES`; none of these raises
     :class:`UsageError`."""
     key = (dataset, data_dir)
     if key not in _SIZES_CACHE:
-        _SIZES_CACHE[key] = _count_on_disk(dataset, data_dir) or _recorded(dataset, data_dir)
+        _SIZES_CACHE[key] = (_count_on_disk(dataset, data_dir) or _built_in(dataset, data_dir)
+                             or _recorded(dataset, data_dir))
     return _SIZES_CACHE[key]
+
+
+def _built_in(dataset: str, data_dir: str | None) -> Sizes | None:
+    """Images per environment of an in-memory dataset that needs no files: DigitsOffline's
+    generator sizes (nothing is generated), or, under ``--data_dir builtin``, the environments of
+    the dataset built in this process (RotatedMNIST5k, Debug28: a fraction of a second, nothing
+    written); None for any other dataset."""
+    import dg_plugins.datasets  # noqa: F401  (registers the datasets)
+    from dg_plugins.registry import DATASETS
+
+    if dataset not in DATASETS or not getattr(DATASETS.get(dataset), "IN_MEMORY", False):
+        return None
+    if dataset == "DigitsOffline":
+        from dg_plugins.datasets import digits_offline
+
+        return Sizes(tuple(digits_offline.SIZES[d] for d in digits_offline.ENVIRONMENTS),
+                     "DigitsOffline's generator sizes (dg_plugins/datasets/digits_offline.py "
+                     "SIZES)")
+    if data_dir != "builtin":
+        return None
+    try:
+        built = DATASETS.get(dataset)(data_dir, [], {})
+    except (OSError, ValueError, ImportError):
+        return None
+    return Sizes(tuple(len(env) for env in built), f"counted in the built-in {dataset}")
 
 
 def _dataset_folder(dataset: str, data_dir: str | None) -> str | None:
@@ -133,45 +166,51 @@ def _recorded(dataset: str, data_dir: str | None) -> Sizes:
     recorded = ps.DATASET_SIZES.get(dataset)
     where = _dataset_folder(dataset, data_dir) or (data_dir or "no --data_dir")
     if recorded is None:
-        raise UsageError(f"cannot derive the steps of {dataset}: no data in {where} and no image "
-                         "counts recorded in dg_plugins/reference/paper_settings.py")
+        raise UsageError(f"no image counts of {dataset}: no data in {where} and none recorded "
+                         "in dg_plugins/reference/paper_settings.py (DATASET_SIZES)")
     return Sizes(tuple(recorded.value), f"recorded counts ({where} not found): {recorded.source}")
 
 
-def _official_lists_on_disk(dataset: str, data_dir: str | None):
-    """``(training images per environment, folder)`` read from the official
-    ``<domain>_train_kfold.txt`` lists (their non-empty lines, as the dataset reads them) when
-    every domain's list is under ``data_dir``'s dataset folder; else None."""
-    root = _dataset_folder(dataset, data_dir)
-    if root is None or not os.path.isdir(root):
-        return None
-    from dg_plugins.datasets.image_folder import visible_subfolders
+#: The official split lists a dataset with ``data_split: "official"`` reads, by kind.
+OFFICIAL_LIST_KINDS = ("train", "crossval", "test")
 
-    counts = []
-    for env in visible_subfolders(root):
-        path = os.path.join(root, f"{env}_train_kfold.txt")
-        if not os.path.isfile(path):
-            return None
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            counts.append(sum(1 for line in handle if line.strip()))
-    return tuple(counts), root
+
+def official_list_sizes(dataset: str, data_dir: str | None) -> tuple[dict, str]:
+    """``({kind: images per environment}, origin)`` of the official ``<domain>_<kind>_kfold.txt``
+    lists (train, crossval, test) of ``dataset``: counted (their non-empty lines, as the dataset
+    reads them) when every domain's lists are under ``data_dir``'s dataset folder, else the
+    recorded sizes (:data:`~dg_plugins.reference.paper_settings.OFFICIAL_TRAIN_SIZES`,
+    ``OFFICIAL_VAL_SIZES``; a test list is the whole domain, ``DATASET_SIZES``)."""
+    root = _dataset_folder(dataset, data_dir)
+    if root is not None and os.path.isdir(root):
+        from dg_plugins.datasets.image_folder import visible_subfolders
+
+        counts: dict[str, list[int]] = {kind: [] for kind in OFFICIAL_LIST_KINDS}
+        envs = visible_subfolders(root)
+        paths = [(kind, os.path.join(root, f"{env}_{kind}_kfold.txt")) for env in envs
+                 for kind in OFFICIAL_LIST_KINDS]
+        if envs and all(os.path.isfile(path) for _, path in paths):
+            for kind, path in paths:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    counts[kind].append(sum(1 for line in handle if line.strip()))
+            return ({kind: tuple(v) for kind, v in counts.items()},
+                    f"official split lists counted in {root}")
+    train, val = ps.OFFICIAL_TRAIN_SIZES.get(dataset), ps.OFFICIAL_VAL_SIZES.get(dataset)
+    whole = ps.DATASET_SIZES.get(dataset)
+    if train is None or val is None or whole is None:
+        raise UsageError(f"no official split sizes recorded for {dataset}")
+    return ({"train": tuple(train.value), "crossval": tuple(val.value),
+             "test": tuple(whole.value)}, f"official split lists: {train.source}")
 
 
 def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
                       data_dir: str | None) -> tuple[list[int], str]:
     """The training in-split size of each source environment, and where it comes from: under
-    ``data_split: "official"`` the official train lists (counted under ``data_dir`` when they are
-    there, else their recorded sizes), else DomainBed's random holdout of the environment's
-    images."""
+    ``data_split: "official"`` the official train lists (:func:`official_list_sizes`), else
+    DomainBed's random holdout of the environment's images."""
     if hparams.get("data_split") == "official":
-        on_disk = _official_lists_on_disk(dataset, data_dir)
-        if on_disk is not None:
-            counts, where = on_disk
-            return [counts[e] for e in sources], f"official split lists counted in {where}"
-        official = ps.OFFICIAL_TRAIN_SIZES.get(dataset)
-        if official is None:
-            raise UsageError(f"no official split sizes recorded for {dataset}")
-        return [official.value[e] for e in sources], f"official split lists: {official.source}"
+        lists, origin = official_list_sizes(dataset, data_dir)
+        return [lists["train"][e] for e in sources], origin
     sizes = dataset_sizes(dataset, data_dir)
     return ([ps.in_split_size(sizes.counts[e], holdout) for e in sources],
             f"{sizes.source}; in-split = images - int(images x {holdout:g})")
@@ -404,6 +443,7 @@ class CallCost:
     pretrain_steps: dict  # pretraining identity -> steps (UDG: run once, shared)
     resume: bool
     origins: set = field(default_factory=set)
+    forwards: list = field(default_factory=list)  # per job: Forwards
 
 
 def sweep_jobs(argv: list[str]):
@@ -492,17 +532,34 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     return steps, identity, pretrain
 
 
-def call_cost(argv: list[str]) -> CallCost:
+def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
+              forwards: bool = True) -> CallCost:
+    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
+    (:func:`job_forwards`; ``evaluated``: the rule of the splits a record evaluates, default the
+    train job's own). A UDG pretraining counts with the first job that needs it; its identity is
+    then added to ``pretrainings`` (one set for the calls of one listing)."""
     from dg_plugins.sweep import jobs as sweep_lib
 
     args, jobs = sweep_jobs(argv)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
     cost = CallCost(jobs, selected, [], {}, args.resume)
+    pretrainings = set() if pretrainings is None else pretrainings
     for job in jobs:
         steps, identity, pretrain = job_steps(job.train_args, cost.origins)
         cost.steps.append(steps)
+        runs_pretraining = identity is not None and identity not in pretrainings
         if identity is not None:
             cost.pretrain_steps[identity] = pretrain
+            pretrainings.add(identity)
+        if not forwards:
+            continue
+        counted = job_forwards(job.train_args, steps, pretrain if runs_pretraining else 0,
+                               evaluated or evaluated_by_value)
+        if runs_pretraining:
+            counted.note = f"with the UDG pretraining it shares ({pretrain} steps)"
+        elif identity is not None:
+            counted.note = "its UDG pretraining counted with an earlier job"
+        cost.forwards.append(counted)
     return cost
 
 
@@ -522,6 +579,12 @@ def print_call(cost: CallCost) -> None:
     print(line)
     for origin in sorted(cost.origins):
         print(f"  image counts: {origin}")
+    print("Image forwards per job (train; evaluation with --eval_splits selection / all):")
+    for job, forwards in zip(cost.jobs, cost.forwards):
+        note = "".join(f" [{text}]" for text in (forwards.note, forwards.unknown) if text)
+        print(f"  {job.describe()}: {forwards_text(forwards.train, forwards.evaluation)}{note}")
+    print(f"{len(cost.jobs)} jobs, image forwards: "
+          f"{forwards_text(*sum_forwards(cost.forwards))}; {runs_with(cost.jobs)}")
 
 
 def total_line(costs: list[CallCost]) -> str:
@@ -536,7 +599,184 @@ def total_line(costs: list[CallCost]) -> str:
     to_run = sum(len(c.selected) for c in costs)
     if to_run != jobs:
         line += f" ({to_run} jobs to launch, the others done or incomplete)"
-    return line
+    train, evaluation = sum_forwards([f for c in costs for f in c.forwards])
+    shares = ", ".join(f"{_share(evaluation[v], train)} with {v}" for v in EVAL_SPLITS)
+    return (f"{line}\nTotal image forwards: {forwards_text(train, evaluation)}; evaluation "
+            f"share {shares}; {runs_with([j for c in costs for j in c.jobs])}\n"
+            f"{FORWARDS_DEFINITION}")
+
+
+def runs_with(jobs) -> str:
+    """``the jobs run with --eval_splits V`` (each value with its count when they differ)."""
+    values = [job.command_args.get("eval_splits", job.train_args.get("eval_splits", "all"))
+              for job in jobs]
+    if not values:
+        return "no jobs"
+    if len(set(values)) == 1:
+        return f"the jobs run with --eval_splits {values[0]}"
+    return "the jobs run with " + ", ".join(f"--eval_splits {v} ({values.count(v)})"
+                                            for v in sorted(set(values)))
+
+
+# --------------------------------------------------------------------------------------------
+# Image forwards
+
+#: The ``--eval_splits`` values, in the order the forwards are printed.
+EVAL_SPLITS = ("selection", "all")
+#: Forwards per image of a training step: its forward and its backward pass (issue 36's count).
+TRAIN_FORWARDS_PER_IMAGE = 3
+FORWARDS_DEFINITION = (
+    "Image forwards: a training step counts 3 per image it trains on (forward and backward; "
+    "per-domain batching: batch_size x source domains, pooled: the pooled batch, the UDG "
+    "pretraining and fine-tuning by their own batches), an evaluation 1 per image of each split "
+    "it evaluates, at every record (every checkpoint_freq steps and the last step); with "
+    "--eval_splits selection a job evaluates only the splits its model selection reads, with "
+    "all every split.")
+
+
+@dataclass
+class Forwards:
+    """One job's image forwards (:func:`job_forwards`): ``train`` (with the UDG pretraining it
+    runs for the jobs that share it: ``note``), ``evaluation`` per ``--eval_splits`` value (None:
+    unknown, as the dataset's image counts are: ``unknown`` says why)."""
+    train: int | None
+    evaluation: dict
+    unknown: str = ""
+    note: str = ""
+
+
+def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
+    """Every split of the job of train args ``a`` by DomainBed's name (``env{i}_in``, then
+    ``env{i}_out``, then ``env{k}_uda`` by position, as
+    :meth:`dg_plugins.train.splits.Splits.eval_named`), with its size as
+    :class:`~dg_plugins.train.splits.Splits` makes it: DomainBed's random holdout (the first
+    ``int(n x holdout_fraction)`` images out), or under ``data_split: "official"`` the official
+    lists (a source's train and crossval lists, a target's test and crossval lists); a test
+    environment's uda split is ``int(in x uda_holdout_fraction)`` of its in-split (absent when
+    empty). Raises :class:`UsageError` when the dataset's image counts are unknown."""
+    dataset, test_envs = a["dataset"], set(a["test_envs"])
+    data_dir = a.get("data_dir")
+    n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    if hparams.get("data_split") == "official":
+        lists, origin = official_list_sizes(dataset, data_dir)
+        pairs = [(lists["test" if e in test_envs else "train"][e], lists["crossval"][e])
+                 for e in range(n_envs)]
+    else:
+        sizes = dataset_sizes(dataset, data_dir)
+        origin = sizes.source
+        holdout = a.get("holdout_fraction", 0.2)
+        pairs = [(n - int(n * holdout), int(n * holdout)) for n in sizes.counts]
+    origins.add(origin)
+    ins, outs, udas = {}, {}, []
+    for e, (in_, out) in enumerate(pairs):
+        if e in test_envs:
+            uda = int(in_ * (a.get("uda_holdout_fraction") or 0.0))
+            in_ -= uda
+            if uda:
+                udas.append(uda)
+        ins[f"env{e}_in"], outs[f"env{e}_out"] = in_, out
+    return {**ins, **outs, **{f"env{k}_uda": uda for k, uda in enumerate(udas)}}
+
+
+def n_records(steps: int, checkpoint_freq: int) -> int:
+    """Records of a job of ``steps`` steps: after every step ``s`` with ``s % checkpoint_freq ==
+    0`` and after the last (:meth:`dg_plugins.train.job.Job.is_recorded`)."""
+    last = steps - 1
+    return last // checkpoint_freq + 1 + (last % checkpoint_freq != 0)
+
+
+def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> int | None:
+    """The images the ``steps`` training steps of the job of train args ``a`` train on
+    (:data:`FORWARDS_DEFINITION`); ``sizes``: its :func:`split_sizes` (None when unknown: then a
+    pooled job's count is unknown too, None)."""
+    n_sources = len(catalog.DATASET_ENVIRONMENTS[a["dataset"]]) - len(set(a["test_envs"]))
+    if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
+        from dg_plugins.algorithms.udg_finetune import finetune_settings
+        from dg_plugins.registry import ALGORITHMS
+
+        batch = (finetune_settings(float(a["label_fraction"]), hparams)[2]
+                 if ALGORITHMS.get(a["algorithm"]).supports_pretraining()
+                 else hparams["batch_size"])
+        return batch * n_sources * steps
+    batch = hparams["batch_size"]
+    if hparams.get("batch_sampling", "per_domain") == "pooled":
+        # one pass over the pooled source in-splits per epoch, its last batch partial
+        if sizes is None:
+            return None
+        sources = [e for e in range(len(catalog.DATASET_ENVIRONMENTS[a["dataset"]]))
+                   if e not in a["test_envs"]]
+        pooled = sum(sizes[f"env{e}_in"] for e in sources)
+        full, rest = divmod(steps, math.ceil(pooled / batch))
+        return full * pooled + rest * batch
+    streams = n_sources
+    if a.get("task") == "domain_adaptation":  # one unlabelled batch per uda split too
+        streams += sum(name.endswith("_uda") for name in sizes or {})
+    return batch * streams * steps
+
+
+def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
+    """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``
+    whose splits are ``names`` (:func:`split_sizes`): the train job's own rule,
+    :func:`dg_plugins.train.folder.evaluated_splits`."""
+    from dg_plugins.train.folder import evaluated_splits
+
+    n_envs = len(catalog.DATASET_ENVIRONMENTS[a["dataset"]])
+    uda = sum(name.endswith("_uda") for name in names)
+    return {value: evaluated_splits(value, a["test_envs"], n_envs, uda,
+                                    udg="label_fraction" in a) for value in EVAL_SPLITS}
+
+
+def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forwards:
+    """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`):
+    ``steps`` training steps, ``pretrain_steps`` steps of the UDG pretraining it runs (0 when it
+    runs none or another job runs the shared one), and ``evaluated(a, split names) -> {value:
+    names}``, the splits a record evaluates under each ``--eval_splits`` value."""
+    from dg_plugins import hparams as hp_lib
+    import dg_plugins.datasets  # noqa: F401
+    from dg_plugins.registry import DATASETS
+
+    hp = hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"], a["trial_seed"],
+                            a.get("hparams"))
+    n_sources = len(catalog.DATASET_ENVIRONMENTS[a["dataset"]]) - len(set(a["test_envs"]))
+    try:
+        sizes, unknown = split_sizes(a, hp, set()), ""
+    except UsageError as err:
+        sizes, unknown = None, str(err)
+    images = training_images(a, hp, sizes, steps)
+    if images is not None:
+        images = TRAIN_FORWARDS_PER_IMAGE * (images + hp["batch_size"] * n_sources
+                                             * pretrain_steps)
+    if sizes is None:
+        return Forwards(images, {v: None for v in EVAL_SPLITS}, unknown)
+    freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
+    records = n_records(steps, freq)
+    names = evaluated(a, list(sizes))
+    return Forwards(images, {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS})
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def _share(evaluation: int | None, train: int | None) -> str:
+    if evaluation is None or train is None:
+        return "unknown"
+    return f"{100 * evaluation / (evaluation + train):.0f}%" if evaluation + train else "0%"
+
+
+def forwards_text(train: int | None, evaluation: dict) -> str:
+    """``train T; evaluation S (selection) / A (all)``."""
+    return (f"train {_count(train)}; evaluation " +
+            " / ".join(f"{_count(evaluation[v])} ({v})" for v in EVAL_SPLITS))
+
+
+def sum_forwards(items: list[Forwards]) -> tuple[int | None, dict]:
+    """The train and per-value evaluation sums of ``items`` (None where one of them is
+    unknown)."""
+    train = None if any(f.train is None for f in items) else sum(f.train for f in items)
+    evaluation = {v: (None if any(f.evaluation[v] is None for f in items)
+                      else sum(f.evaluation[v] for f in items)) for v in EVAL_SPLITS}
+    return train, evaluation
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,8 +787,8 @@ OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
 
 
 def plan_costs(plan: Plan) -> list[CallCost]:
-    """The jobs of every sweep call of ``plan`` (enumerated, nothing launched)."""
-    return [call_cost(call.argv) for call in plan.calls]
+    """The jobs of every sweep call of ``plan`` (enumerated, nothing launched; no forwards)."""
+    return [call_cost(call.argv, forwards=False) for call in plan.calls]
 
 
 def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
@@ -654,11 +894,11 @@ def dry_run(plan: Plan, data_dir: str) -> int:
           f"{setting.name} --protocol {protocol.name} --describe lists them)")
     for argv in plan.prepare:
         print(f"-- score: {_module_line('alignment_scores', argv)}")
-    costs = []
+    costs, pretrainings = [], set()
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}")
         print(f"$ {_module_line('sweep', call.argv)}")
-        cost = call_cost(call.argv)
+        cost = call_cost(call.argv, pretrainings)
         print_call(cost)
         costs.append(cost)
     print(total_line(costs))
@@ -722,15 +962,18 @@ def run(plan: Plan, data_dir: str) -> int:
     return status
 
 
-def list_settings(data_dir: str | None) -> int:
-    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows."""
+def list_settings(data_dir: str | None, forwards: bool = False) -> int:
+    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows;
+    with ``forwards`` the image forwards instead (:func:`list_forwards`)."""
+    if forwards:
+        return list_forwards(data_dir)
     print("| setting | script | paper table | protocol | jobs | total steps | paper rows |")
     print("|---|---|---|---|---|---|---|")
     for setting in ps.SETTINGS.values():
         for protocol in setting.protocols.values():
             plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
                                 output_dir="OUTPUT_DIR", count_dir=data_dir)
-            costs = [call_cost(call.argv) for call in plan.calls]
+            costs = [call_cost(call.argv, forwards=False) for call in plan.calls]
             jobs = sum(len(c.jobs) for c in costs)
             steps = sum(sum(c.steps) for c in costs)
             pretrain = {}
@@ -741,6 +984,50 @@ def list_settings(data_dir: str | None) -> int:
             keys = ", ".join(dict.fromkeys(k for g in protocol.groups for k in g.paper_keys))
             print(f"| {setting.name} | {setting.script} | {setting.table} | {protocol.name} | "
                   f"{jobs} | {steps_text} | {keys} |")
+    return 0
+
+
+def _millions(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 1e6:,.1f}M"
+
+
+def list_forwards(data_dir: str | None) -> int:
+    """One row per setting and protocol: jobs, the image forwards of training and of evaluation
+    with ``--eval_splits selection`` and ``all``, each evaluation's share of the total, and the
+    totals (train + evaluation); the image counts are those under ``data_dir`` when given, else
+    the recorded full-size counts. Datasets whose counts are unknown are named under the
+    table."""
+    print(FORWARDS_DEFINITION)
+    print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "
+          "all | evaluation share, selection / all | image forwards (train + eval), selection "
+          "(all) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    unknown = {}
+    for setting in ps.SETTINGS.values():
+        for protocol in setting.protocols.values():
+            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
+                                output_dir="OUTPUT_DIR", count_dir=data_dir)
+            pretrainings: set = set()
+            costs = [call_cost(call.argv, pretrainings) for call in plan.calls]
+            items = [f for c in costs for f in c.forwards]
+            for f in items:
+                if f.unknown:
+                    unknown.setdefault(f.unknown, set()).add(f"{setting.name} ({protocol.name})")
+            train, evaluation = sum_forwards(items)
+            known = [f for f in items if not f.unknown]
+            _, counted = sum_forwards(known)
+            eval_text = [_millions(evaluation[v]) if evaluation[v] is not None else
+                         f"{_millions(counted[v])} + unknown" if known else "unknown"
+                         for v in EVAL_SPLITS]
+            share = " / ".join(_share(evaluation[v], train) for v in EVAL_SPLITS)
+            totals = (f"{_millions(train + evaluation['selection'])} "
+                      f"({_millions(train + evaluation['all'])})"
+                      if train is not None and evaluation["all"] is not None else "unknown")
+            train_text = _millions(train)
+            print(f"| {setting.name} | {setting.script} | {protocol.name} | {len(items)} | "
+                  f"{train_text} | {eval_text[0]} | {eval_text[1]} | {share} | {totals} |")
+    for why, where in unknown.items():
+        print(f"unknown evaluation forwards in {', '.join(sorted(where))}: {why}")
     return 0
 
 
@@ -758,14 +1045,14 @@ def dry_run_sweeps(tokens: list[str]) -> int:
         calls.append(current)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
-    costs = []
+    costs, pretrainings = [], set()
     for i, argv in enumerate(calls, 1):
         if argv[0] != "launch":
             raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
                              f"{argv[0]!r}")
         print(f"-- sweep {i}/{len(calls)}")
         print(f"$ {_module_line('sweep', argv)}")
-        cost = call_cost(argv)
+        cost = call_cost(argv, pretrainings)
         print_call(cost)
         costs.append(cost)
     print(total_line(costs))
@@ -799,6 +1086,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "write nothing")
     parser.add_argument("--list", action="store_true",
                         help="every setting and protocol with its jobs and total steps")
+    parser.add_argument("--forwards", action="store_true",
+                        help="with --list: the image forwards of training and evaluation "
+                             "(--eval_splits selection and all) of every setting and protocol, "
+                             "from the recorded full-size image counts (or those under "
+                             "--data_dir)")
     parser.add_argument("--describe", action="store_true",
                         help="every value of the setting's protocol with its source, and the "
                              "differences the host cannot express")
@@ -871,8 +1163,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     args, extra = parser.parse_known_args(argv)
     try:
+        if args.forwards and not args.list:
+            parser.error("--forwards goes with --list (a dry run prints the forwards anyway)")
         if args.list:
-            return list_settings(args.data_dir)
+            return list_settings(args.data_dir, args.forwards)
         if args.setting is None:
             parser.error("give a SETTING (one of: " + ", ".join(ps.SETTINGS) + ") or --list")
         try:

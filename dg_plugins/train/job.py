@@ -489,16 +489,19 @@ class Job:
             finally:
                 self.close()
 
-    def _run(self, stop_after_step: int | None) -> str:
-        self.build()
-        # One pool of loader workers makes every training stream's batches and every
-        # evaluation's (the job's budget), up to the job's last step.
+    def start_workers(self) -> None:
+        """One pool of loader workers makes every training stream's batches and every
+        evaluation's (the job's budget), up to the job's last step."""
         self.pool = batches.share_workers(
             self.streams, max((s.num_workers for s in self.streams), default=0),
             datasets=self.evaluation_datasets(),
             pin_memory=batches.cuda_transfers(self.device))
         if self.pool is not None:
             self.pool.limit = self.n_steps
+
+    def _run(self, stop_after_step: int | None) -> str:
+        self.build()
+        self.start_workers()
         self.restore()
         progress = Progress(self.n_steps, self.start_step, self.records_after,
                             f"{self.args.algorithm} on {self.args.dataset}",

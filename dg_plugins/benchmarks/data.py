@@ -1,0 +1,70 @@
+"""Inputs of the benchmarks that run real jobs (``image_job``, ``gpu``), made locally, nothing
+downloaded: a PACS-shaped image tree (four domains, seven classes) in DomainBed's layout,
+``<data_dir>/PACS/<domain>/<class>/<image>``, at a real image size (PACS's 227x227 by default) so
+that decoding and augmenting cost what they cost on the real data, each picture a
+class-coloured disc on a domain-tinted background saved as a JPEG (quality 90), so that a model
+can learn the classes; and a torch cache (``TORCH_HOME``) holding random weights under the file
+name of torchvision's ImageNet weights, so that a job asking for pretrained weights (DomainBed's
+always do) loads them without a download."""
+
+from __future__ import annotations
+
+import os
+import random
+
+PACS_FOLDER = "PACS"
+PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+PACS_CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
+
+
+def draw(rng: random.Random, class_index: int, domain_index: int, size: int):
+    """One ``size`` x ``size`` RGB picture of class ``class_index`` in domain
+    ``domain_index``."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    hue = (37 * class_index) % 256
+    background = tuple((60 * domain_index + rng.randrange(40)) % 256 for _ in range(3))
+    image = Image.new("RGB", (size, size), background)
+    pen = ImageDraw.Draw(image)
+    radius = size // 4 + rng.randrange(max(1, size // 8))
+    cx, cy = (size // 2 + rng.randrange(-(size // 8), size // 8 + 1) for _ in range(2))
+    pen.ellipse([cx - radius, cy - radius, cx + radius, cy + radius],
+                fill=(hue, 255 - hue, (hue * 3) % 256))
+    if domain_index % 2:
+        image = image.filter(ImageFilter.GaussianBlur(1))
+    return image
+
+
+def make_pacs_tree(data_dir: str, per_class: int = 20, size: int = 227, seed: int = 0) -> int:
+    """Write ``per_class`` JPEGs of ``size`` x ``size`` for every class of every domain under
+    ``data_dir/PACS`` (the default: 4 x 7 x 20 = 560 images at PACS's 227x227); returns the number
+    of images written."""
+    rng = random.Random(seed)
+    count = 0
+    for d, domain in enumerate(PACS_DOMAINS):
+        for c, name in enumerate(PACS_CLASSES):
+            folder = os.path.join(data_dir, PACS_FOLDER, domain, name)
+            os.makedirs(folder, exist_ok=True)
+            for k in range(per_class):
+                draw(rng, c, d, size).save(os.path.join(folder, f"{name}_{k:04d}.jpg"),
+                                           quality=90)
+                count += 1
+    return count
+
+
+def random_torchvision_weights(torch_home: str, arch: str = "resnet18", seed: int = 0) -> str:
+    """Save a randomly initialised torchvision ``arch`` (seeded) as the cache file of its
+    ImageNet weights (``IMAGENET1K_V1``, what ``pretrained=True`` loads) under
+    ``torch_home/hub/checkpoints``; returns the file's path. A job run with
+    ``TORCH_HOME=torch_home`` then starts from these random weights, offline."""
+    import dg_plugins.compat  # noqa: F401  (before torchvision)
+    import torch
+    import torchvision
+
+    weights = torchvision.models.get_model_weights(arch).IMAGENET1K_V1
+    folder = os.path.join(torch_home, "hub", "checkpoints")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, os.path.basename(weights.url))
+    torch.manual_seed(seed)
+    torch.save(torchvision.models.get_model(arch).state_dict(), path)
+    return path

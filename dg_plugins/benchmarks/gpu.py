@@ -1,0 +1,337 @@
+"""``python -m dg_plugins.scripts.benchmark gpu [--out results/gpu_benchmarks.md]``: what a GPU
+does with the paper algorithms, in one command of a few minutes, as a markdown table.
+
+* Per algorithm at 224x224 (ResNet-18 and ResNet-50 ERM and DMG, ERM_ViT and GMoE-S/16 on
+  DeiT-S/16, DisMAE on ViT-B/16, MPBM on ResNet-18; random init, nothing downloaded), in fp32 and
+  bf16 (train's ``--precision``): the median time of a training step, the peak memory of a step
+  (parameters, optimizer state and the step's own allocations: ``torch.cuda.max_memory_allocated``
+  above what was allocated before it; on a CPU the profiler's allocation events) and the images
+  per second. A step is the train job's own :meth:`dg_plugins.train.job.Job.train_step` (its
+  batches, autocast and optimizer steps) on Debug224's in-memory images, ``--batch_size`` per
+  domain x 2 source domains; fp32 and bf16 of one algorithm take turns step by step
+  (:func:`dg_plugins.benchmarks.timing.alternating_times`).
+* The training loader: images per second that the job's batch streams deliver (decoding and
+  augmenting JPEGs in its worker pool, ``--n_workers`` 4, 8 and 16, capped at the machine's
+  cores as train caps them) on a PACS-shaped tree of JPEGs at 227x227 made in a temporary folder
+  (:func:`dg_plugins.benchmarks.data.make_pacs_tree`).
+* Evaluation: images per second of one record of ERM ResNet-18 on that tree (the job's
+  :meth:`~dg_plugins.train.job.Job.write_record`: every split, its worker pool), in fp32 and
+  bf16.
+
+The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
+the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
+and two loader workers, a tiny tree) that says so in its title: it checks the command, its
+numbers are no GPU's. ``--channels_last`` and ``--deterministic false`` are train's flags,
+passed to every job and named in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import types
+
+#: The rows of the algorithm table: label, algorithm, hparams (random init for all).
+RESNET18 = {"resnet18": True, "resnet50_augmix": False}
+RESNET50 = {"resnet18": False, "resnet50_augmix": False}
+ALGORITHM_ROWS = (
+    ("ERM ResNet-18", "ERM", RESNET18),
+    ("ERM ResNet-50", "ERM", RESNET50),
+    ("DMG ResNet-18", "DMG", RESNET18),
+    ("DMG ResNet-50", "DMG", RESNET50),
+    ("ERM_ViT DeiT-S/16", "ERM_ViT", {}),
+    ("GMoE-S/16", "GMoE", {}),
+    ("DisMAE ViT-B/16", "DisMAE", {"vit_arch": "vit_base_patch16_224"}),
+    ("MPBM ResNet-18", "MPBM", RESNET18),
+)
+#: The rows a CPU runs (the reduced version).
+CPU_ROWS = ("ERM ResNet-18", "ERM_ViT DeiT-S/16")
+PRECISIONS = ("fp32", "bf16")
+
+
+@contextlib.contextmanager
+def quiet():
+    """Keep a job's build messages (environment, args, hparams, notes) out of the report."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def build_job(train_argv: list[str]):
+    """A train job (:class:`dg_plugins.train.job.Job`) built in this process from train's
+    command line, as ``python -m dg_plugins.scripts.train`` builds it (nothing is written until
+    it records)."""
+    from dg_plugins.train.cli import build_parser
+    from dg_plugins.train.job import Job
+
+    job = Job(build_parser().parse_args(train_argv), types.SimpleNamespace(signum=None))
+    with quiet():
+        job.build()
+    return job
+
+
+def compute_flags(args) -> list[str]:
+    flags = []
+    if args.channels_last:
+        flags.append("--channels_last")
+    if args.deterministic == "false":
+        flags += ["--deterministic", "false"]
+    return flags
+
+
+def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **extra) -> list:
+    import json
+
+    argv = ["--dataset", extra.get("dataset", "Debug224"), "--algorithm", algorithm,
+            "--data_dir", extra.get("data_dir", "builtin"), "--test_envs", "0",
+            "--hparams", json.dumps({**hparams, "pretrained": False,
+                                     "batch_size": args.batch_size}),
+            "--output_dir", out, "--precision", precision, *compute_flags(args)]
+    if args.device:
+        argv += ["--device", args.device]
+    if "n_workers" in extra:
+        argv += ["--n_workers", str(extra["n_workers"])]
+    return argv
+
+
+def _steps(job):
+    """A call making the job's next training step (its step counter advancing)."""
+    counter = iter(range(10 ** 9))
+    return lambda: job.train_step(next(counter))
+
+
+def measure_algorithms(args, device, out: str) -> list[dict]:
+    """The algorithm table's rows (module docstring)."""
+    import torch
+
+    from dg_plugins.benchmarks.algorithms import _persistent_bytes, _step_peak_bytes
+    from dg_plugins.benchmarks.timing import alternating_times
+
+    rows = []
+    for label, algorithm, hparams in ALGORITHM_ROWS:
+        if label not in args.algorithms:
+            continue
+        jobs = {p: build_job(train_argv(args, os.path.join(out, f"{algorithm}_{p}"), algorithm,
+                                        hparams, p)) for p in args.precisions}
+        first = next(iter(jobs.values()))
+        images = args.batch_size * first.n_train_streams
+        with first.compute.active():  # the jobs' shared settings (deterministic algorithms)
+            times = alternating_times({p: _steps(job) for p, job in jobs.items()}, args.steps,
+                                      args.warmup, device)
+            for precision, job in jobs.items():
+                step = statistics.median(times[precision])
+                peak = (_persistent_bytes(job.algorithm)
+                        + _step_peak_bytes(job.algorithm, None, device, _steps(job)))
+                rows.append({"label": label, "precision": precision, "step_s": step,
+                             "peak_bytes": peak, "images_per_s": images / step,
+                             "images": images})
+        for job in jobs.values():
+            job.close()
+        del jobs, first
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def measure_loader(args, data_dir: str, out: str) -> list[dict]:
+    """The training loader's images per second for each ``--workers`` count (module
+    docstring): ``--loader_rounds`` rounds of one batch from every source stream, after enough
+    rounds for the workers to start and fill their prefetch."""
+    from dg_plugins.benchmarks.timing import alternating_times
+
+    rows = []
+    for workers in args.workers:
+        job = build_job(train_argv(args, os.path.join(out, f"loader{workers}"), "ERM", RESNET18,
+                                   "fp32", dataset="PACS", data_dir=data_dir, n_workers=workers))
+        try:
+            job.start_workers()
+            streams = job.streams[:job.n_train_streams]
+            warmup = 2 * max(1, job.workers)
+            times = alternating_times({"round": lambda: [next(s) for s in streams]},
+                                      args.loader_rounds, warmup, "cpu")["round"]
+        finally:
+            job.close()
+        images = args.batch_size * len(streams) * len(times)
+        rows.append({"asked": workers, "workers": job.workers, "images": images,
+                     "images_per_s": images / sum(times)})
+    return rows
+
+
+def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
+    """One record of ERM ResNet-18 on the tree (the job's :meth:`~dg_plugins.train.job.Job.
+    write_record`: its evaluation of every split with the job's worker pool, evaluation batch
+    and precision), per precision: images per second over ``--eval_repeats`` records after one
+    untimed."""
+    from dg_plugins.benchmarks.timing import alternating_times
+
+    jobs = {p: build_job(train_argv(args, os.path.join(out, f"eval_{p}"), "ERM", RESNET18, p,
+                                    dataset="PACS", data_dir=data_dir))
+            for p in args.precisions}
+    rows = []
+    try:
+        def record(job):
+            steps = iter(range(10 ** 9))
+
+            def run():
+                with job.compute.active(), quiet():
+                    job.write_record(next(steps))
+            return run
+
+        for job in jobs.values():
+            os.makedirs(job.folder, exist_ok=True)
+            job.start_workers()
+        times = alternating_times({p: record(job) for p, job in jobs.items()},
+                                  args.eval_repeats, 1, device)
+        for precision, job in jobs.items():
+            sizes = {name: len(split) for name, split, _ in job.splits.eval_named()}
+            images = sum(sizes[name] for name in job.eval_names)
+            rows.append({"precision": precision, "images": images, "workers": job.workers,
+                         "images_per_s": images / statistics.median(times[precision])})
+    finally:
+        for job in jobs.values():
+            job.close()
+    return rows
+
+
+def device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def markdown(args, device, algorithms, loader, evaluation, n_images, seconds) -> str:
+    import torch
+
+    reduced = device.type != "cuda"
+    title = ("# GPU benchmarks" if not reduced else
+             "# GPU benchmarks: REDUCED CPU RUN (no CUDA device; the command's check, not a "
+             "GPU's numbers)")
+    lines = [title, "",
+             f"Device: {device_name(device)}; torch {torch.__version__}; "
+             f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPU cores, load average "
+             f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+             f"Command: `python -m dg_plugins.scripts.benchmark gpu "
+             f"{' '.join(args.argv)}`".rstrip() + f" ({seconds:.0f} s).",
+             "Compute flags: " + (" ".join(compute_flags(args))
+                                  or "train's defaults (deterministic, no channels_last)") + ".",
+             ""]
+    if reduced:
+        lines += ["Reduced: " + ", ".join(args.algorithms) + f"; {args.batch_size} images per "
+                  f"domain; {args.steps} timed step(s) after {args.warmup}; loader workers "
+                  f"{', '.join(map(str, args.workers))}; a {n_images}-image tree. A GPU machine "
+                  "runs every algorithm at batch 32 per domain.", ""]
+    lines += [f"## Training step at 224x224 ({args.batch_size} images per domain x 2 source "
+              f"domains, random init; median of {args.steps} steps after {args.warmup}, fp32 "
+              "and bf16 taking turns)", "",
+              "| algorithm | precision | step ms | peak memory GiB | images/s |",
+              "|---|---|---|---|---|"]
+    for row in algorithms:
+        lines.append(f"| {row['label']} | {row['precision']} | {1000 * row['step_s']:.1f} | "
+                     f"{row['peak_bytes'] / 2 ** 30:.2f} | {row['images_per_s']:.0f} |")
+    lines += ["", f"## Training loader (JPEGs at 227x227, decoded and augmented; batch "
+              f"{args.batch_size} per domain x 3 source domains; {args.loader_rounds} rounds "
+              "after the workers started)", "",
+              "| workers asked | workers (capped at the cores) | images/s |", "|---|---|---|"]
+    for row in loader:
+        lines.append(f"| {row['asked']} | {row['workers']} | {row['images_per_s']:.0f} |")
+    lines += ["", "## Evaluation (one record of ERM ResNet-18 on the tree: every split, "
+              f"median of {args.eval_repeats})", "",
+              "| precision | images | loader workers | images/s |", "|---|---|---|---|"]
+    for row in evaluation:
+        lines.append(f"| {row['precision']} | {row['images']} | {row['workers']} | "
+                     f"{row['images_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark gpu",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--algorithms", nargs="+", default=None, metavar="LABEL",
+                   help="rows to run, by label (default: all on a GPU; " + ", ".join(CPU_ROWS)
+                   + " on a CPU)")
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--batch_size", type=int, default=None,
+                   help="images per domain (default 32 on a GPU, 2 on a CPU)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; CPU 1)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; CPU 1)")
+    p.add_argument("--workers", type=int, nargs="+", default=None,
+                   help="loader worker counts (default 4 8 16; CPU 1 2)")
+    p.add_argument("--loader_rounds", type=int, default=None,
+                   help="timed loader rounds (default 40; CPU 3)")
+    p.add_argument("--per_class", type=int, default=None,
+                   help="JPEGs per class and domain of the tree (default 10: 280 images; CPU 1)")
+    p.add_argument("--eval_repeats", type=int, default=None, help="default 3; CPU 1")
+    p.add_argument("--channels_last", action="store_true", help="train's --channels_last")
+    p.add_argument("--deterministic", choices=("true", "false"), default="true",
+                   help="train's --deterministic (false: cudnn.benchmark)")
+    return p
+
+
+def main(argv=None) -> int:
+    import time
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    # cuBLAS reads it at its first call: deterministic jobs need it (as train sets it)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import dg_plugins.compat  # noqa: F401
+    import torch
+
+    from dg_plugins import plugins
+    from dg_plugins.benchmarks.data import make_pacs_tree
+    from dg_plugins.runtime import pick_device
+
+    plugins.load()
+    device = pick_device(args.device)
+    gpu = device.type == "cuda"
+    known = [label for label, _, _ in ALGORITHM_ROWS]
+    wanted = args.algorithms or (known if gpu else list(CPU_ROWS))
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        print(f"error: --algorithms {' '.join(unknown)}: not among {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    args.algorithms = wanted
+
+    def default(name, on_gpu, on_cpu):
+        if getattr(args, name) is None:
+            setattr(args, name, on_gpu if gpu else on_cpu)
+
+    default("batch_size", 32, 2)
+    default("steps", 10, 1)
+    default("warmup", 3, 1)
+    default("workers", [4, 8, 16], [1, 2])
+    default("loader_rounds", 40, 3)
+    default("per_class", 10, 1)
+    default("eval_repeats", 3, 1)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = os.path.join(tmp, "data")
+        n_images = make_pacs_tree(data_dir, args.per_class, 227)
+        out = os.path.join(tmp, "jobs")
+        algorithms = measure_algorithms(args, device, out)
+        loader = measure_loader(args, data_dir, out)
+        evaluation = measure_evaluation(args, device, data_dir, out)
+    text = markdown(args, device, algorithms, loader, evaluation, n_images,
+                    time.perf_counter() - start)
+    print(text, end="")
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""``benchmark gpu`` and ``benchmark image_job`` as a user runs them, small: the GPU table's
+reduced CPU version (which must say that it is reduced), and the image job against DomainBed's
+train.py on a tiny tree (skipped without $DOMAINBED_ROOT). No timing is asserted: the numbers
+are the scripts' output, the tests check that they are measured and reported."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+TIMEOUT_S = 300
+
+
+def run_benchmark(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd)
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_gpu_benchmark_on_a_cpu_runs_its_reduced_version_and_says_so(tmp_path):
+    out = tmp_path / "gpu_benchmarks.md"
+    proc = run_benchmark("gpu", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert text == proc.stdout
+    assert text.startswith("# GPU benchmarks: REDUCED CPU RUN (no CUDA device")
+    assert "Device: CPU (" in text and "Reduced: ERM ResNet-18, ERM_ViT DeiT-S/16; 2 images" in text
+    steps = table(text, "| algorithm | precision |")
+    assert [(r[0], r[1]) for r in steps] == [("ERM ResNet-18", "fp32"), ("ERM ResNet-18", "bf16"),
+                                             ("ERM_ViT DeiT-S/16", "fp32"),
+                                             ("ERM_ViT DeiT-S/16", "bf16")]
+    for _, _, step_ms, peak_gib, images_per_s in steps:
+        assert float(step_ms) > 0 and float(peak_gib) > 0
+        # images/s is the step's 4 images (2 per domain x 2 sources) over its time
+        assert abs(float(images_per_s) - 4 / (float(step_ms) / 1000)) <= 1
+    loader = table(text, "| workers asked |")
+    assert [r[0] for r in loader] == ["1", "2"] and all(float(r[2]) > 0 for r in loader)
+    assert all(int(r[1]) == min(int(r[0]), os.cpu_count()) for r in loader)
+    evaluation = table(text, "| precision | images |")
+    assert [r[0] for r in evaluation] == ["fp32", "bf16"]
+    assert all(int(r[1]) == 28 and float(r[3]) > 0 for r in evaluation)  # 4 x 7 x 1 JPEGs
+
+
+def test_gpu_benchmark_refuses_an_unknown_row(tmp_path):
+    proc = run_benchmark("gpu", "--algorithms", "ERM ResNet-99", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--algorithms ERM ResNet-99: not among ERM ResNet-18" in proc.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("DOMAINBED_ROOT"),
+                    reason="DOMAINBED_ROOT is not set: set it to a DomainBed checkout (with wilds "
+                           "and parameterized installed) to run the image job against it")
+def test_image_job_benchmark_against_domainbed_prints_times_and_ratios(tmp_path):
+    """The tiny job (28 JPEGs, 3 steps, a record every 2) once with ours (--eval_splits
+    selection) and once with DomainBed's train.py: each run's wall, step and evaluation times
+    and the ratios are printed."""
+    proc = run_benchmark("image_job", "--domainbed", os.environ["DOMAINBED_ROOT"],
+                         "--eval_splits", "selection", "--repeats", "1", "--per_class", "1",
+                         "--image_size", "32", "--steps", "3", "--checkpoint_freq", "2",
+                         "--batch_size", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "tree of 28 JPEGs at 32x32" in out and "load average" in out
+    for label in ("dg_plugins (selection)", "DomainBed"):
+        run = re.search(rf"repeat 1 {re.escape(label)} +wall +([\d.]+) s, step ([\d.]+) s, "
+                        r"evaluation (-?[\d.]+) s, 2 records", out)
+        assert run and float(run.group(1)) > float(run.group(2)) > 0, out
+    assert re.search(r"wall, selection / DomainBed: \d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\) "
+                     r"\(goal <= 0\.35\)", out), out
+    assert "evaluation, selection / DomainBed" in out
+    assert not list(tmp_path.iterdir())  # the tree and the jobs were in a removed folder
+
+
+def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monkeypatch):
+    """Without a DomainBed checkout only ours run; ``--precision fp32 bf16`` adds the bf16 job
+    and its ratio to the fp32 job."""
+    monkeypatch.delenv("DOMAINBED_ROOT", raising=False)
+    proc = run_benchmark("image_job", "--eval_splits", "selection", "--precision", "fp32",
+                         "bf16", "--repeats", "1", "--per_class", "1", "--image_size", "32",
+                         "--steps", "3", "--checkpoint_freq", "2", "--batch_size", "2",
+                         "--work_dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for label in ("dg_plugins (selection)", "dg_plugins (selection, bf16)"):
+        assert re.search(rf"repeat 1 {re.escape(label)} +wall +[\d.]+ s, step [\d.]+ s, ", out), out
+    assert "DomainBed" not in out
+    assert re.search(r"wall, selection bf16 / selection fp32: \d+\.\d\d \(", out), out
+    assert "wall, selection bf16 / DomainBed" not in out
