@@ -1,0 +1,76 @@
+"""The README's numbers and commands against what the code prints and CI runs: the reproduction
+table's jobs and image forwards equal ``reproduce --list --forwards`` (rounded as it prints them),
+and quick-start command 2 is the command ``.ci/run`` runs."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+from dg_plugins.scripts import reproduce
+
+README = (REPO / "README.md").read_text()
+
+
+def markdown_rows(text: str, header: str) -> list[list[str]]:
+    """The rows (cells) of the first markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def millions(text: str) -> float:
+    return float(text.rstrip("M").replace(",", ""))
+
+
+def listed_forwards(capsys) -> dict[tuple[str, str], tuple[int, float, float]]:
+    """``{(script, protocol): (jobs, selection total, all total)}`` from ``--list --forwards``,
+    each total in millions; where the evaluation is partly unknown, the training plus the known
+    evaluation (the README says which part it leaves out)."""
+    assert reproduce.main(["--list", "--forwards"]) == 0
+    rows = markdown_rows(capsys.readouterr().out, "| setting | script | protocol |")
+    listed = {}
+    for _, script, protocol, jobs, train, selection, every, _, total in rows:
+        if total == "unknown":
+            known = [millions(part) for part in (selection.split(" + ")[0], every.split(" + ")[0])]
+            totals = (millions(train) + known[0], millions(train) + known[1])
+        else:
+            match = re.fullmatch(r"([\d,.]+M) \(([\d,.]+M)\)", total)
+            totals = (millions(match.group(1)), millions(match.group(2)))
+        listed[(script, protocol)] = (int(jobs), *totals)
+    return listed
+
+
+def test_readme_reproduction_table_matches_reproduce_list_forwards(capsys):
+    listed = listed_forwards(capsys)
+    rows = markdown_rows(README, "| script | paper table | protocol(s) |")
+    assert {row[0].strip("`") for row in rows} == {script for script, _ in listed}
+    checked = 0
+    for script, _, protocols, jobs, _, forwards, _ in rows:
+        script = script.strip("`")
+        names = [p.split(" (")[0].strip() for p in protocols.split(" / ")]
+        cells = re.findall(r"([\d,.]+M) \(([\d,.]+M)\)", forwards)
+        if forwards.split(",")[0].endswith("each") or "M) each" in forwards:
+            cells = cells * len(names)
+        assert len(cells) == len(names), (script, forwards)
+        n_jobs = int(jobs.split()[0])
+        for name, (selection, every) in zip(names, cells):
+            want_jobs, want_selection, want_all = listed[(script, name)]
+            assert n_jobs == want_jobs, (script, name)
+            # the README adds the rounded parts where the total is partly unknown
+            assert abs(millions(selection) - want_selection) <= 0.15, (script, name, selection)
+            assert abs(millions(every) - want_all) <= 0.15, (script, name, every)
+            checked += 1
+    assert checked == len(listed)
+
+
+def test_readme_command_2_is_what_ci_runs():
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci in README
+    assert re.search(r"^# 2\. .*\n" + re.escape(ci) + "$", README, re.M)
