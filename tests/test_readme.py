@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO
+from conftest import REPO, markdown_rows
 
 from dg_plugins.scripts import reproduce
 
 README = (REPO / "README.md").read_text()
-
-
-def markdown_rows(text: str, header: str) -> list[list[str]]:
-    """The rows (cells) of the first markdown table whose header row starts with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
-    return rows
 
 
 def millions(text: str) -> float:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, markdown_rows as table
 
 TIMEOUT_S = 300
 
@@ -21,18 +21,6 @@ def run_benchmark(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd)
-
-
-def table(text: str, header: str) -> list[list[str]]:
-    """The rows (cells) of the markdown table whose header row starts with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
 
 
 def test_gpu_benchmark_on_a_cpu_runs_its_reduced_version_and_says_so(tmp_path):
