@@ -35,20 +35,29 @@ def listed_forwards(capsys) -> dict[tuple[str, str], tuple[int, float, float]]:
     return listed
 
 
+def per_protocol(cell: str, protocols: list[str]) -> dict[str, str]:
+    """``{protocol: text}`` of a cell written ``release: X; domainbed: Y``, or one value for
+    every protocol (``X each``, or a single protocol's ``X``): the README never uses "/" for it."""
+    parts = dict(part.split(": ", 1) for part in cell.split("; ")) if ": " in cell else {}
+    if set(parts) == set(protocols):
+        return parts
+    assert not parts and (cell.split(",")[0].endswith("each") or " each" in cell
+                          or len(protocols) == 1), cell
+    return {name: cell for name in protocols}
+
+
 def test_readme_reproduction_table_matches_reproduce_list_forwards(capsys):
     listed = listed_forwards(capsys)
-    rows = markdown_rows(README, "| script | paper table | protocol(s) |")
+    rows = markdown_rows(README, "| script | paper table | protocols |")
     assert {row[0].strip("`") for row in rows} == {script for script, _ in listed}
     checked = 0
     for script, _, protocols, jobs, _, forwards, _ in rows:
         script = script.strip("`")
-        names = [p.split(" (")[0].strip() for p in protocols.split(" / ")]
-        cells = re.findall(r"([\d,.]+M) \(([\d,.]+M)\)", forwards)
-        if forwards.split(",")[0].endswith("each") or "M) each" in forwards:
-            cells = cells * len(names)
-        assert len(cells) == len(names), (script, forwards)
+        names = [p.split(" (")[0].strip() for p in re.sub(r"\([^)]*\)", "", protocols).split(",")]
+        assert {(script, name) for name in names} == {key for key in listed if key[0] == script}
         n_jobs = int(jobs.split()[0])
-        for name, (selection, every) in zip(names, cells):
+        for name, text in per_protocol(forwards, names).items():
+            selection, every = re.match(r"([\d,.]+M) \(([\d,.]+M)\)", text).groups()
             want_jobs, want_selection, want_all = listed[(script, name)]
             assert n_jobs == want_jobs, (script, name)
             # the README adds the rounded parts where the total is partly unknown
