@@ -64,16 +64,3 @@ def shared_fixtures(tmp_path_factory) -> Path:
                  "domainbed_sweep_data.expected_tables_latex.txt"):
         shutil.copy(REPO_FIXTURES / name, folder / name)
     return folder
-
-
-def markdown_rows(text: str, header: str) -> list[list[str]]:
-    """The rows (stripped cells) of the first markdown table in ``text`` whose header row starts
-    with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows

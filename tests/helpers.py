@@ -1,6 +1,6 @@
 """Helpers shared by the test modules: CPU-sized hparams, the test-only plugin modules, reading a
-job's records, and the DataFrame collect_results loads from given records. (A module, not
-``conftest.py``: ``tests/alignment/conftest.py`` shadows ``from conftest import`` there.)"""
+job's records, the DataFrame collect_results loads from given records, markdown tables' rows.
+(A module, not ``conftest.py``: ``tests/alignment/conftest.py`` shadows ``from conftest import`` there.)"""
 
 import os
 from pathlib import Path
@@ -53,3 +53,16 @@ def frame_of(records):
         with open(os.path.join(root, "job", "results.jsonl"), "w") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in records)
         return load_records(root)
+
+
+def markdown_rows(text: str, header: str) -> list[list[str]]:
+    """The rows (stripped cells) of the first markdown table in ``text`` whose header row starts
+    with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows

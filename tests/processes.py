@@ -33,13 +33,21 @@ def module_command(module: str, *args) -> list[str]:
     return [sys.executable, "-m", module, *map(str, args)]
 
 
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` of the processes a test signals: the stop signals' default dispositions, as
+    a program started from a terminal has them. A pytest run in the background (``pytest &`` in
+    a script) inherits SIGINT ignored, one under ``nohup`` SIGHUP, and its children with them;
+    a sweep rightly stays immune to a signal it inherited as ignored."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(module: str, *args, env: dict) -> subprocess.Popen:
-    """Start ``python -m module args`` in its own session (as a sweep starts a job), with
-    SIGINT's default disposition (a background pytest inherits it ignored)."""
+    """Start ``python -m module args`` in its own session (as a sweep starts a job), with the
+    stop signals' default dispositions (:func:`as_from_a_terminal`)."""
     return subprocess.Popen(
         module_command(module, *args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        start_new_session=True, preexec_fn=as_from_a_terminal)
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO, markdown_rows
+from helpers import markdown_rows
+from processes import REPO
 
 from dg_plugins.scripts import reproduce
 

@@ -35,6 +35,7 @@ from dg_plugins import hparams as H
 from dg_plugins.reference import paper_settings as ps
 from image_tree import draw_image
 from paper_runs import REPO, SWEEPS, script_env
+from processes import as_from_a_terminal
 
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
 PAPER_SCRIPTS = {Path(s.script).name: s for s in ps.SETTINGS.values()}
@@ -506,7 +507,8 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
     command = ["bash", str(SWEEPS / "offline_quickstart.sh")]
     first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             preexec_fn=as_from_a_terminal)
     try:
         with released(gate):
             deadline = time.monotonic() + 120

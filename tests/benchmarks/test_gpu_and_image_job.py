@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, markdown_rows as table
+from helpers import markdown_rows as table
+from processes import REPO
 
 TIMEOUT_S = 300
 

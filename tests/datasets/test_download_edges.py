@@ -26,7 +26,7 @@ from archive_server import (
 )
 from dg_plugins import download as lib
 from dg_plugins.registry import DATASETS
-from processes import REPO, command_env
+from processes import REPO, as_from_a_terminal, command_env
 
 MODULE = "dg_plugins.scripts.download"
 QUOTA_PAGE = (b"<!DOCTYPE html><html><head><title>Google Drive - Quota exceeded</title></head>"
@@ -524,7 +524,7 @@ def test_the_command_never_imports_torch_and_a_second_ctrl_c_prints_no_traceback
             [sys.executable, "-X", "importtime", "-m", MODULE, "--data_dir", str(tmp_path / "d"),
              "PACS", *server.args()], env=command_env(), cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            preexec_fn=as_from_a_terminal)
         try:
             wait_for(lambda: "PACS.zip" in server.holding, "the command's request", 120)
             wait_for(lambda: part_size(tmp_path / "d" / "downloads" / "PACS.zip.part") == 100,

@@ -17,6 +17,7 @@ import pytest
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import fork, jobs, launchers, processes, submitit
+from processes import as_from_a_terminal  # tests/processes.py
 
 PY = shlex.quote(sys.executable)
 
@@ -312,14 +313,6 @@ def sweep_argv(tmp_path, launcher, *extra):
             "--skip_confirmation", *extra]
 
 
-def sigint_as_from_a_terminal():
-    """``preexec_fn`` of the processes the tests signal: SIGINT's default disposition, as a
-    program started from a terminal has it. Under a background job of a non-interactive shell
-    (``pytest ... &``) the test process, and so its children, inherit SIGINT ignored, and the
-    sweep rightly stays immune to a signal it inherited as ignored (as under nohup)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def start_sweep(tmp_path, argv, mode="graceful", env=None, new_session=False):
     (tmp_path / "fake").mkdir(exist_ok=True)
     (tmp_path / "fake" / "fake_train.py").write_text(FAKE_TRAIN)
@@ -331,7 +324,7 @@ def start_sweep(tmp_path, argv, mode="graceful", env=None, new_session=False):
     with open(tmp_path / "sweep.out", "w") as out, open(tmp_path / "sweep.err", "w") as err:
         return subprocess.Popen([sys.executable, "-c", SWEEP_DRIVER, *argv], env=environ,
                                 stdout=out, stderr=err, start_new_session=new_session,
-                                preexec_fn=sigint_as_from_a_terminal)
+                                preexec_fn=as_from_a_terminal)
 
 
 def finish(tmp_path, proc, timeout=60):
@@ -502,7 +495,7 @@ def test_signal_while_waiting_for_slurm_jobs_stops_only_the_waiting():
     to stop), names them and says how to cancel them; the status is 128 + signal."""
     proc = subprocess.Popen([sys.executable, "-c", SLURM_WAIT_DRIVER], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_as_from_a_terminal)
+                            preexec_fn=as_from_a_terminal)
     assert proc.stdout.readline() == "waiting\n"
     os.kill(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
