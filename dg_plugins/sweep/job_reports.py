@@ -64,7 +64,7 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
         return f"{100 * sum(values) / len(values):.1f}%" if values else "n/a"
 
     envs = sorted({int(key[3:].split("_")[0]) for key in record
-                   if key.startswith("env") and key.endswith("_in_acc")
+                   if key.startswith("env") and key.endswith(("_in_acc", "_out_acc"))
                    and key[3:].split("_")[0].isdigit()})
     target = mean(f"env{t}_in_acc" for t in test_envs)
     source = mean(f"env{i}_out_acc" for i in envs if i not in test_envs)

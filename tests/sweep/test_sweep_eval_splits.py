@@ -142,3 +142,20 @@ def test_the_eval_splits_knob_of_the_scripts(tmp_path):
     proc = script(tmp_path, "dmg_rotatedmnist5k.sh", EVAL_SPLITS="some")
     assert proc.returncode == 2 and proc.stderr.startswith("error: EVAL_SPLITS must be "
                                                            "selection")
+
+
+def test_the_launchers_done_line_reads_a_selection_record():
+    """A job's done line (the launcher's) gives the test environments' in-split accuracy and the
+    sources' out-split accuracy from a record of either --eval_splits value: a selection record
+    has no training-environment in-split, and its source validation is still printed."""
+    from dg_plugins.sweep.job_reports import accuracy_summary
+    from dg_plugins.train.folder import evaluated_splits
+
+    accuracy = {"env0_in": 0.9, "env0_out": 0.8, "env1_in": 0.7, "env1_out": 0.6,
+                "env2_in": 0.5, "env2_out": 0.4}
+    for value in ("all", "selection"):
+        record = {"step": 100, **{f"{split}_acc": accuracy[split]
+                                  for split in evaluated_splits(value, [2], 3)}}
+        assert ("env0_in_acc" in record) == (value == "all")
+        assert accuracy_summary(record, [2]) == \
+            "test-env accuracy 50.0%, source validation 70.0% (step 100)"
