@@ -111,3 +111,36 @@ def test_each_room_says_its_reading_order_in_its_init():
         assert ast.get_docstring(tree), init
         assert len(init.read_text().splitlines()) <= 10, init
         assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], init
+
+
+def test_no_import_circles_between_modules():
+    """No two modules import each other, directly or around a longer circle (lazy imports
+    counted): within a room too, each module is read after the ones it imports."""
+    modules = {module_name(path): path for path in SOURCES}
+
+    def imports(path):  # ``from package import name``: the module package.name where it is one
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    name = f"{node.module}.{alias.name}"
+                    yield name if name in modules else node.module
+            elif isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+
+    graph = {module: {name for name in imports(path) if name in modules} - {module}
+             for module, path in modules.items()}
+    circles, state = [], {}  # state: 1 on the current path, 2 finished
+
+    def visit(module, path):
+        state[module] = 1
+        for name in sorted(graph[module]):
+            if state.get(name) == 1:
+                circles.append(path[path.index(name):] + [name])
+            elif name not in state:
+                visit(name, path + [name])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)

@@ -1,6 +1,6 @@
 """What a sweep checks before it launches, so that a problem every job would meet is reported once
-(one ``error:`` line each, naming the fix) instead of in every job: the names of datasets and
-algorithms and the ``--hparams`` (when the command line is read), then the output folder, each
+(one ``error:`` line each, naming the fix) instead of in every job: the algorithm names (the
+dataset names: :func:`dg_plugins.sweep.jobs.check_dataset_name`) and the ``--hparams`` (when the command line is read), then the output folder, each
 dataset's files, the pretrained weights, the IP/OOP score file, and Incomplete jobs that train
 would refuse to resume with this launch's ``--eval_splits`` (:func:`launch_problems`).
 Torch-free unless a check needs the registry (an uncatalogued name, weights to probe)."""
@@ -13,31 +13,13 @@ from typing import Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError, did_you_mean
+from dg_plugins.sweep.jobs import INCOMPLETE
 from dg_plugins.train.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
 from dg_plugins.train.folder import CHECKPOINT_FILE, last_record
 
 
 # --------------------------------------------------------------------------------------------
 # Names
-
-
-def check_dataset_name(dataset: str) -> None:
-    """Raise ValueError (with "did you mean" and, for DomainBed-only datasets such as SVIRO or
-    WILDS, the bridge to use) unless train can run ``dataset``: the torch-free catalog check that
-    train's errors also follow (:func:`dg_plugins.catalog.check_dataset_name`). Plugin modules of
-    ``$DG_PLUGINS_IMPORT`` are imported (torch) only when the catalog does not know the name."""
-    try:
-        catalog.check_dataset_name(dataset)
-    except ValueError:
-        from dg_plugins import plugins
-
-        if not plugins.modules_from_env():
-            raise
-        plugins.load()  # a plugin's datasets declare themselves when registered
-        from dg_plugins.registry import DATASETS
-
-        catalog.check_dataset_name(dataset, extra=DATASETS.list())
-
 
 
 def check_algorithms(names: Iterable[str]) -> None:
@@ -284,8 +266,6 @@ def eval_splits_problems(jobs: Sequence) -> list[str]:
     fix. A job counts when it has a checkpoint to resume from (train starts a job without one
     over) and a record saying how it started; done jobs are never relaunched, and their records
     give the same tables either way."""
-    from dg_plugins.sweep.jobs import INCOMPLETE  # jobs imports this module
-
     default = EVAL_DEFAULTS["eval_splits"]
     mismatched: dict[tuple[str, str], list[str]] = {}
     for job in jobs:

@@ -179,7 +179,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.alignment_scores = os.path.abspath(args.alignment_scores)
     try:
         for dataset in args.datasets:
-            checks.check_dataset_name(dataset)
+            jobs.check_dataset_name(dataset)
         checks.check_algorithms(args.algorithms)
         checks.check_hparams(args.hparams, args.algorithms, args.datasets)
         for dataset in args.datasets:  # e.g. ImageFolder: its environments are found on disk

@@ -17,7 +17,6 @@ from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
-from dg_plugins.sweep.checks import check_dataset_name
 from dg_plugins.train.flags import ALIGNMENT_ARGS, COMPUTE_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
 from dg_plugins.train.folder import is_done, lock_holder
 
@@ -44,6 +43,24 @@ UNHASHED_TRAIN_ARGS = ("eval_splits",)
 
 # --------------------------------------------------------------------------------------------
 # Names and defaults
+
+
+def check_dataset_name(dataset: str) -> None:
+    """Raise ValueError (with "did you mean" and, for DomainBed-only datasets such as SVIRO or
+    WILDS, the bridge to use) unless train can run ``dataset``: the torch-free catalog check that
+    train's errors also follow (:func:`dg_plugins.catalog.check_dataset_name`). Plugin modules of
+    ``$DG_PLUGINS_IMPORT`` are imported (torch) only when the catalog does not know the name."""
+    try:
+        catalog.check_dataset_name(dataset)
+    except ValueError:
+        from dg_plugins import plugins
+
+        if not plugins.modules_from_env():
+            raise
+        plugins.load()  # a plugin's datasets declare themselves when registered
+        from dg_plugins.registry import DATASETS
+
+        catalog.check_dataset_name(dataset, extra=DATASETS.list())
 
 
 def num_environments(dataset: str, data_dir: str | None = None) -> int:
