@@ -1,9 +1,10 @@
 """What a sweep checks before it launches, so that a problem every job would meet is reported once
-(one ``error:`` line each, naming the fix) instead of in every job: the algorithm names (the
-dataset names: :func:`dg_plugins.sweep.jobs.check_dataset_name`) and the ``--hparams`` (when the command line is read), then the output folder, each
-dataset's files, the pretrained weights, the IP/OOP score file, and Incomplete jobs that train
-would refuse to resume with this launch's ``--eval_splits`` (:func:`launch_problems`).
-Torch-free unless a check needs the registry (an uncatalogued name, weights to probe)."""
+(one ``error:`` line each, naming the fix) instead of in every job: the algorithm names (dataset
+names: :func:`dg_plugins.sweep.jobs.check_dataset_name`) and the ``--hparams`` (when the command
+line is read), then the output folder, each dataset's files, the pretrained weights, the IP/OOP
+score file, and Incomplete jobs that train would refuse to resume with this launch's
+``--eval_splits`` (:func:`launch_problems`). Torch-free unless a check needs the registry (an
+uncatalogued name, weights to probe)."""
 
 from __future__ import annotations
 
