@@ -41,6 +41,8 @@ import statistics
 import sys
 import tempfile
 
+from dg_plugins.collect.cli import plain_text
+
 
 @contextlib.contextmanager
 def _stderr_fd_silenced():
@@ -342,7 +344,7 @@ def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.benchmark [algorithms]",
-        description=__doc__.split("\n\n")[0])
+        description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--dataset", default="Debug28")
     p.add_argument("--data_dir", default=None)
     p.add_argument("--algorithms", default="*",

@@ -39,6 +39,7 @@ import numpy as np
 
 from dg_plugins import catalog
 from dg_plugins.benchmarks.timing import timed_command
+from dg_plugins.collect.cli import plain_text
 from dg_plugins.sweep.jobs import job_folder_name
 from dg_plugins.train.folder import DONE_FILE, RESULTS_FILE
 
@@ -143,7 +144,7 @@ def folder_size(path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.benchmark collect",
-        description=__doc__.split("\n\n")[0],
+        description=plain_text(__doc__.split("\n\n")[0]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=10000, help="number of job folders (10000)")
     parser.add_argument("--out", help="where to write the sweep (default: a temporary folder, "

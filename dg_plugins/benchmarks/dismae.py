@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dg_plugins.collect.cli import plain_text
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.benchmark dismae",
-        description=__doc__.split("\n\n")[0])
+        description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--arch", default="vit_base_patch16_224",
                    help="semantic encoder / ERM ViT architecture (timm name or preset)")
     p.add_argument("--image_size", type=int, default=224)

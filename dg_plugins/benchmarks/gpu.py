@@ -38,6 +38,8 @@ import sys
 import tempfile
 import types
 
+from dg_plugins.collect.cli import plain_text
+
 #: The rows of the algorithm table: label, algorithm, hparams (random init for all).
 RESNET18 = {"resnet18": True, "resnet50_augmix": False}
 RESNET50 = {"resnet18": False, "resnet50_augmix": False}
@@ -253,7 +255,7 @@ def markdown(args, device, algorithms, loader, evaluation, n_images, seconds) ->
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark gpu",
-                                description=__doc__.split("\n\n")[0])
+                                description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--algorithms", nargs="+", default=None, metavar="LABEL",

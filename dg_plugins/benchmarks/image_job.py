@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from dg_plugins.collect.cli import plain_text
+
 #: The job's hparams for both hosts (DomainBed's ``resnet50_augmix`` default would replace the
 #: ResNet-18 by timm's ResNet-50).
 HPARAMS = {"resnet18": True, "resnet50_augmix": False}
@@ -167,7 +169,7 @@ def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark image_job",
-                                description=__doc__.split("\n\n")[0])
+                                description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout (default $DOMAINBED_ROOT); without it only ours run")
     p.add_argument("--repeats", type=int, default=3, help="runs of each job, taking turns")

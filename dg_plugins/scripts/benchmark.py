@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     elif argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
+        from dg_plugins.collect.cli import plain_text
+
+        print(plain_text(__doc__))
         return 0
     module = importlib.import_module(f"dg_plugins.benchmarks.{kind}")
     return module.main(argv)
