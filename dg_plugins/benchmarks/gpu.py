@@ -33,6 +33,7 @@ import datetime
 import io
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -221,7 +222,7 @@ def markdown(args, device, algorithms, loader, evaluation, n_images, seconds) ->
              f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPU cores, load average "
              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
              f"Command: `python -m dg_plugins.scripts.benchmark gpu "
-             f"{' '.join(args.argv)}`".rstrip() + f" ({seconds:.0f} s).",
+             f"{shlex.join(args.argv)}`".rstrip() + f" ({seconds:.0f} s).",
              "Compute flags: " + (" ".join(compute_flags(args))
                                   or "train's defaults (deterministic, no channels_last)") + ".",
              ""]
