@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import random
 
-PACS_FOLDER = "PACS"
-PACS_DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
+from dg_plugins.catalog import IMAGE_FOLDER_DATASETS
+from dg_plugins.layouts import DOMAIN_FOLDERS
+
 PACS_CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
 
 
@@ -41,9 +42,9 @@ def make_pacs_tree(data_dir: str, per_class: int = 20, size: int = 227, seed: in
     of images written."""
     rng = random.Random(seed)
     count = 0
-    for d, domain in enumerate(PACS_DOMAINS):
+    for d, domain in enumerate(DOMAIN_FOLDERS["PACS"]):
         for c, name in enumerate(PACS_CLASSES):
-            folder = os.path.join(data_dir, PACS_FOLDER, domain, name)
+            folder = os.path.join(data_dir, IMAGE_FOLDER_DATASETS["PACS"], domain, name)
             os.makedirs(folder, exist_ok=True)
             for k in range(per_class):
                 draw(rng, c, d, size).save(os.path.join(folder, f"{name}_{k:04d}.jpg"),
