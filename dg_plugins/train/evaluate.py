@@ -17,11 +17,12 @@ from torch.utils.data import Dataset
 from dg_plugins.seeds import seed_hash
 from dg_plugins.train import precision
 from dg_plugins.train.batches import cuda_transfers, fetch, shutdown_workers, worker_loader
+from dg_plugins.train.flags import EVAL_DEFAULTS
 from dg_plugins.train.splits import Splits, tensor_view
 
 #: DomainBed's evaluation batch (``domainbed/scripts/train.py``'s ``FastDataLoader``), the
-#: default of ``--eval_batch_size``.
-EVAL_BATCH_SIZE = 64
+#: default of ``--eval_batch_size`` (:data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
+EVAL_BATCH_SIZE = EVAL_DEFAULTS["eval_batch_size"]
 
 
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
