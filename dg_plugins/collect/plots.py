@@ -455,7 +455,7 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
                                   curves_figure(mine, picks, title, methods, texts))
 
 
-def _save(figure, path: str) -> None:
+def save_png(figure, path: str) -> None:
     """The figure as a PNG with a 256-colour palette: about a third of the bytes of matplotlib's
     RGBA file, with no visible change to a plot's few colours."""
     from PIL import Image
@@ -480,6 +480,6 @@ def write_figures(records: pd.DataFrame, report: Report, out_dir: str) -> list[s
             name = f"{stem}-{n}{ext}"
         taken.add(name)
         path = os.path.join(out_dir, name)
-        _save(named.figure, path)
+        save_png(named.figure, path)
         paths.append(path)
     return paths

@@ -77,13 +77,13 @@ def drawn(sweep, tmp_path_factory):
     the tables it printed as CSV, with the selected hparams."""
     out = tmp_path_factory.mktemp("figures")
     kept = {}
-    save = plots._save
-    plots._save = lambda figure, path: kept.setdefault(path.rsplit("/", 1)[1], figure)
+    save = plots.save_png
+    plots.save_png = lambda figure, path: kept.setdefault(path.rsplit("/", 1)[1], figure)
     try:
         status = collect_results.main(["--input_dir", str(sweep), *ARGS, "--format", "csv",
                                        "--hparams_table", "--no_save", "--plot", str(out)])
     finally:
-        plots._save = save
+        plots.save_png = save
     assert status == 0
     return kept, out
 
