@@ -29,8 +29,9 @@
 #   OUTPUT_DIR/eta_small     mpbm_eta 0.01: SGLD steps whose gradient is not drowned by the noise
 # then each folder's single-source tables (training-domain validation and oracle selection).
 # The defaults are the study's (results/digits_offline.md): ERM's source accuracy has levelled off
-# (97%) by step 600. Measured there on 2 shared CPU cores, one thread per job: an ERM job took
-# about 4 minutes and an MPBM job 12-14 (several ERM steps per step after its warm-up).
+# (97%) by step 600. Measured there on 2 CPU cores, one thread per job, two jobs at a time: an
+# ERM job took 2-4 minutes and an MPBM job 6-14 (several ERM steps per step after its warm-up;
+# the longer times beside other work).
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 OUT=$OUTPUT_DIR
 STEPS=${STEPS:-1001}
