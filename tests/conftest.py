@@ -11,8 +11,16 @@ from pathlib import Path
 # an offline test sees): the caches of Hugging Face, torch.hub, XDG programs (open_clip's URL
 # downloads too: dg_plugins hands it $XDG_CACHE_HOME/clip) and dg_plugins are temporary folders
 # for the whole run, set before anything imports huggingface_hub (which reads them at import) and
-# inherited by every subprocess. A test that needs a cache sets up its own.
-TEST_CACHES = Path(tempfile.mkdtemp(prefix="dg_plugins_test_caches_"))
+# inherited by every subprocess. A test that needs a cache sets up its own. One folder per run:
+# the process that makes it (pytest itself, or xdist's controller) removes it at the end
+# (pytest_unconfigure); xdist's workers inherit it through DG_PLUGINS_TEST_CACHES.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(os.environ.get(
+        "DG_PLUGINS_TEST_CACHES", "")):
+    TEST_CACHES, _OWN_TEST_CACHES = Path(os.environ["DG_PLUGINS_TEST_CACHES"]), False
+else:
+    TEST_CACHES = Path(tempfile.mkdtemp(prefix="dg_plugins_test_caches_"))
+    _OWN_TEST_CACHES = True
+    os.environ["DG_PLUGINS_TEST_CACHES"] = str(TEST_CACHES)
 for _name in ("HF_HOME", "TORCH_HOME", "XDG_CACHE_HOME", "DG_PLUGINS_CACHE"):
     os.environ[_name] = str(TEST_CACHES / _name.lower())
 for _name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE",
@@ -39,11 +47,10 @@ for _plugin in sorted(TEST_PLUGINS.glob("[!_]*.py")):
     importlib.import_module(_plugin.stem)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def test_caches():
-    """The run's cache folder (see the top of this file), removed at the end of the run."""
-    yield TEST_CACHES
-    shutil.rmtree(TEST_CACHES, ignore_errors=True)
+def pytest_unconfigure(config):
+    """The run's cache folder (see the top of this file) is removed by the process that made it."""
+    if _OWN_TEST_CACHES:
+        shutil.rmtree(TEST_CACHES, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
