@@ -48,21 +48,22 @@ def module_name(path: Path) -> str:
 
 
 def imported_modules(path: Path) -> set[str]:
+    """The ``dg_plugins`` modules ``path`` imports: ``from package import name`` counts as the
+    module ``package.name`` where that is one (``from dg_plugins.train import flags``), else as
+    ``package`` (``from dg_plugins.registry import ALGORITHMS``)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "dg_plugins" or node.module in ROOM_PACKAGES:
-                # from dg_plugins import hparams / from dg_plugins.train import cli, ...
-                names.update(f"{node.module}.{alias.name}" for alias in node.names)
-            elif node.module.startswith("dg_plugins."):
-                names.add(node.module)
+            if node.module == "dg_plugins" or node.module.startswith("dg_plugins."):
+                names.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}"
+                             in MODULES else node.module for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.startswith("dg_plugins."))
     return names
 
 
-ROOM_PACKAGES = {f"dg_plugins.{room}" for room in ROOMS}
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(path): path for path in SOURCES}
 
 
 def room_of(module: str) -> str | None:
@@ -116,19 +117,8 @@ def test_each_room_says_its_reading_order_in_its_init():
 def test_no_import_circles_between_modules():
     """No two modules import each other, directly or around a longer circle (lazy imports
     counted): within a room too, each module is read after the ones it imports."""
-    modules = {module_name(path): path for path in SOURCES}
-
-    def imports(path):  # ``from package import name``: the module package.name where it is one
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    name = f"{node.module}.{alias.name}"
-                    yield name if name in modules else node.module
-            elif isinstance(node, ast.Import):
-                yield from (alias.name for alias in node.names)
-
-    graph = {module: {name for name in imports(path) if name in modules} - {module}
-             for module, path in modules.items()}
+    graph = {module: {name for name in imported_modules(path) if name in MODULES} - {module}
+             for module, path in MODULES.items()}
     circles, state = [], {}  # state: 1 on the current path, 2 finished
 
     def visit(module, path):
