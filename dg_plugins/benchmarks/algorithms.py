@@ -41,7 +41,7 @@ import statistics
 import sys
 import tempfile
 
-from dg_plugins.collect.cli import plain_text
+from dg_plugins.help_text import plain_text
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ import numpy as np
 
 from dg_plugins import catalog
 from dg_plugins.benchmarks.timing import timed_command
-from dg_plugins.collect.cli import plain_text
+from dg_plugins.help_text import plain_text
 from dg_plugins.sweep.jobs import job_folder_name
 from dg_plugins.train.folder import DONE_FILE, RESULTS_FILE
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dg_plugins.collect.cli import plain_text
+from dg_plugins.help_text import plain_text
 
 
 def main(argv=None) -> int:

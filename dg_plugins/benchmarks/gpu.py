@@ -39,7 +39,7 @@ import sys
 import tempfile
 import types
 
-from dg_plugins.collect.cli import plain_text
+from dg_plugins.help_text import plain_text
 
 #: The rows of the algorithm table: label, algorithm, hparams (random init for all).
 RESNET18 = {"resnet18": True, "resnet50_augmix": False}

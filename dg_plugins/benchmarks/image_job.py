@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from dg_plugins.collect.cli import plain_text
+from dg_plugins.help_text import plain_text
 
 #: The job's hparams for both hosts (DomainBed's ``resnet50_augmix`` default would replace the
 #: ResNet-18 by timm's ResNet-50).

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 from dg_plugins import catalog, reference
@@ -75,6 +74,7 @@ from dg_plugins.collect.records import job_progress, load_records
 from dg_plugins.collect.report import build_report
 from dg_plugins.collect.selection import METHODS
 from dg_plugins.collect.tables import Report
+from dg_plugins.help_text import plain_text
 from dg_plugins.train.folder import is_done
 
 
@@ -155,14 +155,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not os.access(args.plot, os.W_OK):
             parser.error(f"--plot {args.plot!r} is not writable; give another folder")
     return args
-
-
-def plain_text(doc: str) -> str:
-    """``doc`` without reStructuredText markup, for --help: a role such as
-    ``:mod:`x.y``` or ``:func:`~x.y``` becomes ``x.y`` (``y``), a literal ````x```` becomes
-    ``x``."""
-    doc = re.sub(r":[a-z]+:`~[^`]*?\.?([^.`]+)`", r"\1", doc)
-    return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
 
 
 def _write(path: str, text: str) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dg_plugins.help_text import plain_text
+
 KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job")
 
 
@@ -38,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     elif argv[:1] in (["-h"], ["--help"]):
-        from dg_plugins.collect.cli import plain_text
-
         print(plain_text(__doc__))
         return 0
     module = importlib.import_module(f"dg_plugins.benchmarks.{kind}")
