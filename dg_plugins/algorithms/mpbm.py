@@ -85,8 +85,8 @@ Defaults: "online", no value projection, ``mpbm_sgld_noise`` 1: of the four MPBM
 the DigitsOffline study (results/digits_offline.md: online, phased, phased with the value
 projection, phased with the noise scaled to 0.03), online had the best source-validation accuracy
 (97.2 +- 0.3 % against 96.7-96.8 +- 0.3-0.4 %, training-domain validation selection, 3 trials,
-the study's rerun; within two standard errors) and the three phased ones tie, so the value projection and the noise scale
-keep the paper's reading. The choice is made on source validation, not on the targets.
+the study's rerun; within two standard errors) and the three phased ones tie, so the value
+projection and the noise scale keep the paper's reading. The choice is made on source validation, not on the targets.
 
 Diagnostics (what tells a user whether the augmentation does anything)
 ----------------------------------------------------------------------

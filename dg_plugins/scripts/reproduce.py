@@ -665,8 +665,7 @@ def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
         sizes = dataset_sizes(dataset, data_dir)
         origin = sizes.source
         holdout = a.get("holdout_fraction", 0.2)
-        pairs = [(ps.in_split_size(n, holdout), n - ps.in_split_size(n, holdout))
-                 for n in sizes.counts]
+        pairs = [(kept := ps.in_split_size(n, holdout), n - kept) for n in sizes.counts]
     origins.add(origin)
     ins, outs, udas = {}, {}, []
     for e, (in_, out) in enumerate(pairs):
