@@ -58,9 +58,14 @@ class ArchiveServer:
     #: name -> (N, seconds): the next response for name sends N body bytes, then one byte every
     #: ``seconds`` (for at most 30 s) until the client goes away.
     trickle: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: name -> seconds a handler stays busy after its response for name is sent (a server thread
+    #: that finishes after its client has gone on to the next request).
+    linger: dict[str, float] = field(default_factory=dict)
     #: Requests beyond this many get 404 (a client that would ask forever stops).
     request_limit: int | None = None
+    #: Every request, in the order it arrived (appended before it is answered).
     log: list[Request] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     #: name -> set when a held response for name has sent its N bytes.
     holding: dict[str, threading.Event] = field(default_factory=dict)
 
@@ -76,9 +81,14 @@ class ArchiveServer:
                 header = self.headers.get("Range")
                 data = server.files.get(name)
                 limit = server.request_limit
-                if data is None or (limit is not None and len(server.log) >= limit):
+                # logged on arrival, so that the log holds the requests in the order they came
+                # (a sequential client's order) and each one before its client has its answer
+                with server.lock:
+                    refused = data is None or (limit is not None and len(server.log) >= limit)
+                    request = Request(name, header, 404 if refused else 0, 0)
+                    server.log.append(request)
+                if refused:
                     self.send_error(404)
-                    server.log.append(Request(name, header, 404, 0))
                     return
                 held = server.hold.pop(name, None)
                 if held is not None and held[0] == 0:
@@ -90,20 +100,20 @@ class ArchiveServer:
                 if match and name not in server.ignore_range:
                     start = int(match.group(1))
                     if start >= len(data):
+                        request.status = 416
                         self.send_response(416)
                         self.send_header("Content-Range", f"bytes */{len(data)}")
                         self.send_header("Content-Length", "0")
                         self.end_headers()
-                        server.log.append(Request(name, header, 416, 0))
                         return
+                    request.status = 206
                     self.send_response(206)
                     first = 0 if name in server.wrong_content_range else start
                     self.send_header("Content-Range",
                                      f"bytes {first}-{len(data) - 1}/{len(data)}")
-                    status = 206
                 else:
+                    request.status = 200
                     self.send_response(200)
-                    status = 200
                 body = data[start:]
                 length = server.content_length.get(name, len(body))
                 body = body[:length]
@@ -113,36 +123,40 @@ class ArchiveServer:
                 self.end_headers()
                 cut = server.cut_after.pop(name, None)
                 trickle = server.trickle.pop(name, None)
-                sent = 0
+
+                def send(chunk: bytes) -> None:
+                    """Write ``chunk``, counted in the log before the client can read it."""
+                    request.body_bytes += len(chunk)
+                    try:
+                        self.wfile.write(chunk)
+                    except OSError:
+                        request.body_bytes -= len(chunk)
+                        raise
+
                 try:
                     if held is not None:
-                        self.wfile.write(body[:held[0]])
-                        sent = held[0]
+                        send(body[:held[0]])
                         server.holding.setdefault(name, threading.Event()).set()
                         held[1].wait(60)
                     if trickle is not None:
                         first, seconds = trickle
-                        self.wfile.write(body[:first])
-                        sent = first
+                        send(body[request.body_bytes:first])
                         deadline = time.monotonic() + 30
-                        while sent < len(body) and time.monotonic() < deadline:
+                        while request.body_bytes < len(body) and time.monotonic() < deadline:
                             time.sleep(seconds)
-                            self.wfile.write(body[sent:sent + 1])
-                            sent += 1
+                            send(body[request.body_bytes:request.body_bytes + 1])
                     if cut is not None:
-                        self.wfile.write(body[sent:cut])
-                        sent = max(sent, cut)
+                        send(body[request.body_bytes:cut])
                         self.wfile.flush()
                         self.connection.shutdown(socket.SHUT_RDWR)
                         self.close_connection = True
                     else:
-                        self.wfile.write(body[sent:])
-                        sent = len(body)
+                        send(body[request.body_bytes:])
                     if length > len(body):  # an overstated length: close after the body
                         self.close_connection = True
                 except OSError:  # the client went away
                     self.close_connection = True
-                server.log.append(Request(name, header, status, sent))
+                time.sleep(server.linger.get(name, 0))
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
