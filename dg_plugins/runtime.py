@@ -1,8 +1,39 @@
-"""The torch device a run uses (train, the CLIP scorer, alignment_eval, the benchmarks), and the
-names and defaults of a train job's opt-in compute settings (:data:`COMPUTE_DEFAULTS`), which
-train, sweep and collect_results share. No torch import at module import."""
+"""What a run may use: its CPU cores (:func:`job_cores`: a launcher's share, Slurm's
+cpus-per-task, or the process's CPU affinity), its torch device (train, the CLIP scorer,
+alignment_eval, the benchmarks), and the names and defaults of a train job's opt-in compute
+settings (:data:`COMPUTE_DEFAULTS`), which train, sweep and collect_results share. No torch import
+at module import."""
 
 from __future__ import annotations
+
+import os
+
+#: The cores a launcher gives each job it runs (the ``multi_gpu`` launcher: the machine's cores
+#: divided among the jobs it runs at once); a user may set it too, e.g. to leave cores free.
+CORES_ENV = "DG_PLUGINS_CPUS"
+
+
+def job_cores() -> tuple[int, str]:
+    """The CPU cores this process's job may use, and where that number came from:
+    ``$DG_PLUGINS_CPUS`` (a launcher's share), Slurm's ``SLURM_CPUS_PER_TASK`` (submitit), else
+    the cores the process may run on (its CPU affinity, which taskset and cgroups restrict)."""
+    for name, source in ((CORES_ENV, f"${CORES_ENV}"),
+                         ("SLURM_CPUS_PER_TASK", "Slurm's cpus-per-task")):
+        text = os.environ.get(name, "").strip()
+        if text:
+            try:
+                cores = int(text)
+            except ValueError:
+                cores = 0
+            if cores < 1:
+                raise ValueError(f"${name}={text!r} is not a positive number of CPU cores; set "
+                                 f"it to one (e.g. {name}=4) or unset it")
+            return cores, source
+    try:
+        return len(os.sched_getaffinity(0)), "the cores this process may run on"
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1, "the machine's cores"
+
 
 #: A train job's opt-in compute settings (``--precision``, ``--channels_last``,
 #: ``--deterministic``; :mod:`dg_plugins.train.precision` applies them) and their defaults,

@@ -11,9 +11,9 @@ class MultipleDomainDataset:
     """A list of per-environment torch datasets yielding ``(x_tensor, int_label)``.
 
     Class attributes as DomainBed: ``ENVIRONMENTS`` (display labels, in environment order),
-    ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (an upper bound: the train loop picks the
-    actual worker count from the machine, and 0 for in-memory data; DomainBed's own train uses it
-    as is, so in-memory datasets set it to 0), ``INPUT_SHAPE``; and
+    ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (DomainBed's train starts that many workers
+    per loader, so in-memory datasets set it to 0; ours loads a dataset whose ``N_WORKERS`` is 0
+    in-process and any other with one worker per core of the job), ``INPUT_SHAPE``; and
     ``DEFAULT_BACKBONE`` (dg_plugins): the default of the ``backbone`` hparam on this dataset
     (None: "auto", chosen from the input shape).
     Instances set ``datasets``, ``input_shape`` (tuple) and ``num_classes``. Constructor signature:

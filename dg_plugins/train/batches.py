@@ -12,13 +12,13 @@ import bisect
 import collections
 import contextlib
 import math
-import os
 import weakref
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
 from dg_plugins.train.splits import tensor_view
 
@@ -29,9 +29,17 @@ def cuda_transfers(device) -> bool:
     return getattr(device, "type", str(device).split(":")[0]) == "cuda"
 
 
-def worker_budget(dataset_n_workers: int) -> int:
-    """Worker processes for a job: none beyond the machine's cores or the dataset's own cap."""
-    return max(0, min(dataset_n_workers, os.cpu_count() or 1))
+def worker_budget(n_workers: int | None = None) -> tuple[int, str]:
+    """A job's loader workers and why: ``n_workers`` (``--n_workers``) when given, else one per
+    core the job has (:func:`dg_plugins.runtime.job_cores`). Its one pool makes the batches of
+    training and of every evaluation, so they share these workers."""
+    if n_workers is not None:
+        if n_workers < 0:
+            raise ValueError(f"--n_workers must be >= 0, got {n_workers} (0: load in the "
+                             "training process; leave it out for one worker per core)")
+        return n_workers, "--n_workers"
+    cores, source = job_cores()
+    return cores, f"one per core: {cores} core{'s' * (cores != 1)}, {source}"
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
