@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import random
 
 
@@ -80,12 +79,11 @@ def deterministic_algorithms():
     """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)`` (ops
     without a deterministic implementation warn instead of failing), so that two runs with the
     same seed, and a resumed run, compute the same numbers also on a multi-threaded CPU and on
-    CUDA (where ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` when unset, as cuBLAS needs for
-    deterministic results; it must be set before the first CUDA call). The previous setting is
+    CUDA (where cuBLAS also needs ``CUBLAS_WORKSPACE_CONFIG`` before its first call:
+    :meth:`dg_plugins.train.precision.Compute.prepare_process`). The previous setting is
     restored after."""
     import torch
 
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     previous = (torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)

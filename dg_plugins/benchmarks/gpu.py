@@ -124,7 +124,7 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
                                         hparams, p)) for p in args.precisions}
         first = next(iter(jobs.values()))
         images = args.batch_size * first.n_train_streams
-        with first.compute.active():  # the jobs' shared settings (deterministic algorithms)
+        with first.compute.active(device):  # the jobs' shared settings (deterministic)
             times = alternating_times({p: _steps(job) for p, job in jobs.items()}, args.steps,
                                       args.warmup, device)
             for precision, job in jobs.items():
@@ -182,7 +182,7 @@ def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
             steps = iter(range(10 ** 9))
 
             def run():
-                with job.compute.active(), quiet():
+                with job.compute.active(device), quiet():
                     job.write_record(next(steps))
             return run
 
@@ -286,10 +286,13 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    # cuBLAS reads it at its first call: deterministic jobs need it (as train sets it)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import dg_plugins.compat  # noqa: F401
     import torch
+
+    from dg_plugins.train.precision import Compute
+
+    # before CUDA starts, as train does (cuBLAS's setting for deterministic jobs)
+    Compute(deterministic=args.deterministic == "true").prepare_process()
 
     from dg_plugins import plugins
     from dg_plugins.benchmarks.data import make_pacs_tree

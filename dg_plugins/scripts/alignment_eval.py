@@ -146,7 +146,7 @@ class JobContext:
         from dg_plugins.train.evaluate import evaluate
         from dg_plugins.train.precision import Compute
 
-        with Compute.of(self.args).active():
+        with Compute.of(self.args).active(self.device):
             return evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
 
     def predictions(self, algorithm, model_name: str):

@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "progress line (step, steps/s, time left) every SECONDS (default 60; a "
                    "terminal gets a progress bar)")
     p.add_argument("--n_workers", type=int, default=None,
-                   help="loader worker processes (default: min(dataset.N_WORKERS, cpus); "
-                   "in-memory datasets always load in-process)")
+                   help="loader worker processes, shared by training and evaluation "
+                   "(default: one per core the job has: $DG_PLUGINS_CPUS, which the multi_gpu "
+                   "launcher sets, else Slurm's cpus-per-task, else the cores the process may "
+                   "run on; in-memory datasets always load in-process)")
     compute = p.add_argument_group(
         "compute (opt-in speed for GPUs)", "each setting at another value than its default "
         "enters the records' args (and a sweep's job folder hash) and is noted under "

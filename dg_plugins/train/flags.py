@@ -107,11 +107,12 @@ def add_compute_arguments(group) -> None:
                        "memory format, with a note (its one convolution is the patch embedding)")
     group.add_argument("--deterministic", type=boolean, default=None, action=_Setting,
                        metavar="true|false",
-                       help="true (default): torch's deterministic algorithms and "
-                       "deterministic cuDNN, so a resumed job repeats the uninterrupted one bit "
-                       "for bit; false: cudnn.benchmark picks the fastest kernels and the "
-                       "deterministic algorithms are off, so runs and resumes are no longer "
-                       "bit-exact")
+                       help="true (default): torch's deterministic algorithms, deterministic "
+                       "cuDNN and cuBLAS, and on CUDA attention by the math kernel, so two runs "
+                       "and a resumed job write the same records bit for bit; false: the fastest "
+                       "kernels (cudnn.benchmark, fused attention), giving up that: runs and "
+                       "resumes then differ in their last digits, and so may their accuracies "
+                       "(docs/determinism.md: what each setting costs)")
 
 
 def add_protocol_arguments(group, pretrain_steps_help: str) -> None:

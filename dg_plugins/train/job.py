@@ -95,7 +95,7 @@ def check_test_envs(args, environments) -> None:
                          f"{args.dataset} ({n_envs} environments)")
 
 
-def print_environment() -> None:
+def print_environment(device: torch.device) -> None:
     import PIL
 
     try:
@@ -111,6 +111,8 @@ def print_environment() -> None:
     print("\tCUDNN: {}".format(torch.backends.cudnn.version()))
     print("\tNumPy: {}".format(np.__version__))
     print("\tPIL: {}".format(PIL.__version__))
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    print(f"\tDevice: {device}{name}")
 
 
 def print_weights(loaded: list[str]) -> None:
@@ -126,27 +128,34 @@ def print_weights(loaded: list[str]) -> None:
 @dataclass
 class JobData:
     """A job's dataset, its splits (with the IP/OOP subsets to evaluate) and its loader workers
-    (``in_memory``: the dataset's tensors are gathered in-process, without workers)."""
+    (``in_memory``: the dataset's tensors are gathered in-process, without workers; ``source``:
+    where the number of workers came from)."""
 
     dataset: object
     splits: Splits
     workers: int
     in_memory: bool
+    source: str
 
 
 def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData:
     """The data of the job of ``args`` (train's namespace, or a record's ``args``), built as the
     job builds it: every RNG seeded with ``args.seed`` first (a dataset that draws its data, such
     as Debug28, draws it then), the dataset, its test environments checked, the splits, and
-    ``n_workers`` (None: the dataset's ``N_WORKERS``) capped at the machine's cores."""
+    its loader workers (:func:`dg_plugins.train.batches.worker_budget` of ``n_workers``; none
+    for a dataset held in memory)."""
     seed_everything(args.seed)
     dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, hparams)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
     splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
     in_memory = getattr(dataset, "IN_MEMORY", False)
-    workers = 0 if in_memory or n_workers == 0 else batches.worker_budget(
-        dataset.N_WORKERS if n_workers is None else n_workers)
-    return JobData(dataset, splits, workers, in_memory)
+    if in_memory:
+        workers, source = 0, "in-memory dataset, loaded in-process"
+    elif n_workers is None and dataset.N_WORKERS == 0:
+        workers, source = 0, f"{args.dataset}'s N_WORKERS is 0"
+    else:
+        workers, source = batches.worker_budget(n_workers)
+    return JobData(dataset, splits, workers, in_memory, source)
 
 
 def args_for_records(args) -> dict:
@@ -187,6 +196,7 @@ class Job:
         self.record_args = args_for_records(args)
         #: ``--precision``, ``--channels_last``, ``--deterministic`` (:mod:`.precision`).
         self.compute = Compute.of(args)
+        self.device = pick_device(args.device)
         self.scaler = None  # fp16's gradient scaler (set by :meth:`prepare_compute`)
         self.folder = args.output_dir
         self.results_path = os.path.join(self.folder, RESULTS_FILE)
@@ -205,7 +215,7 @@ class Job:
 
     def build(self) -> None:
         args = self.args
-        print_environment()
+        print_environment(self.device)
         print("Args:")
         for k, v in sorted(self.record_args.items()):
             print("\t{}: {}".format(k, v))
@@ -218,14 +228,10 @@ class Job:
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled:
             check_pooled(args, self.hparams)
-        self.device = pick_device(args.device)
         self.compute.check(self.device)
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
-        print(f"Data: loader workers: {self.workers} (" + (
-            "in-memory dataset, loaded in-process" if data.in_memory else
-            f"min(--n_workers or the dataset's N_WORKERS {self.dataset.N_WORKERS}, "
-            f"{os.cpu_count() or 1} CPUs)") + ")")
+        print(f"Data: loader workers: {self.workers} ({data.source})")
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
         self.eval_names = self.splits_to_evaluate()
         with recording_weights() as loaded:
@@ -483,7 +489,7 @@ class Job:
         """Build, restore and train under the job's compute settings (:meth:`Compute.active`:
         by default torch's deterministic algorithms); the loader workers are shut down on every
         way out (done, error, NaN stop, a signal, a refused resume)."""
-        with self.compute.active():
+        with self.compute.active(self.device):
             try:
                 return self._run(stop_after_step)
             finally:

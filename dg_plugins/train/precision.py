@@ -11,9 +11,12 @@
 * ``--channels_last``: a convolutional network (any ``Conv2d`` that is not a ViT's patch embedding:
   ResNets, the MNIST CNN) and its 4-D input batches in ``torch.channels_last``. A ViT is left in
   the default format with a note rather than refused, so one sweep may hold both kinds.
-* ``--deterministic false``: ``cudnn.benchmark`` on, cuDNN's and torch's deterministic algorithms
-  off (:func:`dg_plugins.seeds.deterministic_algorithms` is the default's), so that a resumed job
-  is no longer bit-exact.
+* ``--deterministic true`` (the default): torch's deterministic algorithms
+  (:func:`dg_plugins.seeds.deterministic_algorithms`), deterministic cuDNN, cuBLAS's
+  ``CUBLAS_WORKSPACE_CONFIG`` set before CUDA starts (:meth:`Compute.prepare_process`), and on
+  CUDA attention by the math kernel of ``scaled_dot_product_attention`` (the fused kernels'
+  backward passes add with atomics, in any order). ``false``: ``cudnn.benchmark`` on, all of
+  that off, so that two runs and a resumed job are no longer bit-exact.
 
 :meth:`Compute.active` makes a job's settings the ones :func:`autocast` and :func:`model_input`
 apply (the evaluation's, :mod:`dg_plugins.train.evaluate`); outside a job they are the defaults.
@@ -22,13 +25,17 @@ apply (the evaluation's, :mod:`dg_plugins.train.evaluate`); outside a job they a
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.nn as nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS
 from dg_plugins.seeds import deterministic_algorithms
 
+#: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
+DETERMINISTIC_CUBLAS = ":4096:8"
 #: The autocast dtype of each reduced precision.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -113,6 +120,12 @@ class Compute:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
+    def prepare_process(self) -> None:
+        """What a deterministic job needs before CUDA starts: cuBLAS's workspace setting (read
+        once, at its first call; a value the user set is kept)."""
+        if self.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
+
     def configure_backends(self) -> None:
         """cuDNN's flags: deterministic (the default, as :func:`dg_plugins.seeds.seed_everything`
         sets them), or with ``deterministic`` false ``cudnn.benchmark``. Call it after the last
@@ -121,13 +134,18 @@ class Compute:
         torch.backends.cudnn.deterministic = self.deterministic
 
     @contextlib.contextmanager
-    def active(self):
+    def active(self, device=None):
         """Within the block, these are the settings :func:`autocast` and :func:`model_input`
-        apply, under torch's deterministic algorithms unless ``deterministic`` is false."""
+        apply, under torch's deterministic algorithms unless ``deterministic`` is false, with
+        attention on ``device`` (a CUDA one) by the math kernel when deterministic."""
         global _ACTIVE
         previous, _ACTIVE = _ACTIVE, self
         try:
-            with deterministic_algorithms() if self.deterministic else contextlib.nullcontext():
+            with contextlib.ExitStack() as stack:
+                if self.deterministic:
+                    stack.enter_context(deterministic_algorithms())
+                    if device is not None and torch.device(device).type == "cuda":
+                        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
                 yield self
         finally:
             _ACTIVE = previous

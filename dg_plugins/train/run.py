@@ -169,6 +169,9 @@ def execute(args, stop_after_step: int | None = None
     unexpected error before the folder is taken, or a ``BaseException`` that is not an
     ``Exception`` (a second Ctrl-C), is raised instead."""
     folder = args.output_dir
+    from dg_plugins.train.precision import Compute
+
+    Compute.of(args).prepare_process()
     try:
         validate(args)
         with writing(folder):

@@ -352,7 +352,8 @@ def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeyp
     monkeypatch.setattr(job_lib, "STEP_HOOKS", [look])
     args = build_parser().parse_args(["--dataset", "Debug28", "--hparams", '{"batch_size": 8}',
                                       "--steps", "3", "--precision", "bf16", "--channels_last",
-                                      "--deterministic", "false", "--output_dir", str(tmp_path)])
+                                      "--deterministic", "false", "--device", "cpu",
+                                      "--output_dir", str(tmp_path)])
     try:
         assert train.run(args) == "done"
     finally:
@@ -442,7 +443,7 @@ def test_benchmark_times_each_algorithm_in_bf16_against_its_fp32_step(capsys):
     from dg_plugins.scripts import benchmark
 
     assert benchmark.main(["--algorithms", "ERM", "--tiny", "--steps", "1", "--warmup", "0",
-                           "--precision", "bf16"]) == 0
+                           "--precision", "bf16", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("ERM")}
     assert set(rows) == {"ERM", "ERM:bf16"}
