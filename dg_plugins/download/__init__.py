@@ -28,14 +28,15 @@ What a download does, per dataset:
   A folder that exists but does not check out is left as it is, with an error.
 * **Fetch** each file into ``<data_dir>/downloads/``: plain HTTP(S) with ``urllib``, resumable
   (bytes go to ``<file>.part`` as they arrive; a later attempt or run asks for the rest with an
-  HTTP Range request and appends only when the server answers 206 with the matching
-  Content-Range, else it starts over; a 416 answer saying the server holds exactly the bytes
-  received means complete), retried on a cut connection and on a transfer slower than
-  ``fetch.MIN_RATE`` over ``fetch.RATE_WINDOW``; ``file:`` URLs copied; Google Drive links
-  through the optional ``gdown``. A complete file placed there by hand is used as it is. Free
-  disk space (with a margin) is checked first. ``downloads/`` is shared by the downloads of
-  different datasets into one ``data_dir`` (each holds it with a shared lock; the last one out
-  removes it when empty).
+  HTTP Range request, with If-Range naming the version held (its ETag or Last-Modified, kept in
+  ``<file>.part.validators``), and appends only when the server answers 206 with the matching
+  Content-Range and version, else it starts over, saying so when the file changed; a 416 answer
+  saying the server holds exactly the bytes received means complete), retried on a cut
+  connection and on a transfer slower than ``fetch.MIN_RATE`` over ``fetch.RATE_WINDOW``;
+  ``file:`` URLs copied; Google Drive links through the optional ``gdown``. A complete file
+  placed there by hand is used as it is. Free disk space (with a margin) is checked first.
+  ``downloads/`` is shared by the downloads of different datasets into one ``data_dir`` (each
+  holds it with a shared lock; the last one out removes it when empty).
 * **Check** what arrived against the file's kind (an HTML page or a truncated zip is named as
   such, ``fetch.what_arrived``), then the size and checksums the table knows (a mismatch moves
   the file to ``<file>.corrupt``); where none is known the output says so, and the archive must
@@ -273,7 +274,7 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
             for source in sources_of(dataset):
                 path = os.path.join(downloads, source.name)
                 if os.path.isfile(path + ".part"):
-                    os.remove(path + ".part")
+                    fetch.remove_part(path + ".part")  # with its validators
                     report(f"{dataset}: removed {path}.part, left by an interrupted run")
                 if os.path.isfile(path):
                     kept.append(path)

@@ -1,15 +1,18 @@
 """Fetching one file into ``<data_dir>/downloads/``: resumable HTTP(S) with Range requests
 (``<file>.part``, written as the bytes arrive; a transfer slower than :data:`MIN_RATE` over
-:data:`RATE_WINDOW` counts as cut and is resumed), ``file:`` URLs, Google Drive through the
-optional gdown; what arrived checked against the file's kind (an HTML page, a truncated zip),
-size and checksum verification; the output (log lines with the rate, or a tqdm bar on a
-terminal); free-space checks with a margin, and a full disk named as such."""
+:data:`RATE_WINDOW` counts as cut and is resumed; the ETag and Last-Modified of the bytes held are
+kept beside it and sent as If-Range, RFC 9110 section 13.1.5, so that a file changed on the server
+is fetched again from the start, never joined to the old bytes), ``file:`` URLs, Google Drive
+through the optional gdown; what arrived checked against the file's kind (an HTML page, a
+truncated zip), size and checksum verification; the output (log lines with the rate, or a tqdm
+bar on a terminal); free-space checks with a margin, and a full disk named as such."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,7 +46,9 @@ MIN_FREE_MARGIN = 100_000_000
 MAX_RESTARTS = 2
 #: The URL schemes ``--url`` accepts.
 URL_SCHEMES = ("http", "https", "file")
-
+#: ``<file>.part`` + this: the validators (ETag, Last-Modified, Date) of the response whose bytes
+#: the ``.part`` holds, written when that response arrives, removed with the ``.part``.
+VALIDATORS_SUFFIX = ".validators"
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +254,12 @@ def url_scheme(url: str) -> str:
 
 
 class _Restart(Exception):
-    """The server's answer to a Range request cannot be appended: start the file over."""
+    """The server's answer to a Range request cannot be appended: start the file over
+    (``line``: the line that says so, where not "<why>; starting over")."""
+
+    def __init__(self, why: str, line: str | None = None):
+        super().__init__(why)
+        self.line = line
 
 
 class _Cut(Exception):
@@ -278,10 +288,127 @@ def _unsatisfied_total(value: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# --------------------------------------------------------------------------------------------
+# The validators of the bytes held
+
+
+def _remove_validators(part: str) -> None:
+    for path in (part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def remove_part(part: str) -> None:
+    """Remove ``part`` and its validators (what of them exists)."""
+    _remove_validators(part)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(part)
+
+
+def read_validators(part: str) -> dict[str, str]:
+    """``{"etag", "last_modified", "date"}`` (those known) of the bytes in ``part``; empty when
+    none were stored (a server without validators, or a ``.part`` of an older version)."""
+    try:
+        with open(part + VALIDATORS_SUFFIX, encoding="utf-8") as handle:
+            stored = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {key: value for key, value in stored.items()
+            if key in ("etag", "last_modified", "date") and isinstance(value, str) and value}
+
+
+def _store_validators(part: str, headers) -> None:
+    """Keep the validators of the response about to fill ``part`` beside it (atomically: a
+    ``.tmp`` renamed into place); none in ``headers`` removes a stale file."""
+    values = {key: (headers.get(field) or "").strip()
+              for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified"),
+                                 ("date", "Date"))}
+    values = {key: value for key, value in values.items() if value}
+    path = part + VALIDATORS_SUFFIX
+    if "etag" not in values and "last_modified" not in values:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(values, handle)
+    os.replace(path + ".tmp", path)
+
+
+def _http_date(value: str | None):
+    """An HTTP date as an aware datetime, or None."""
+    import datetime
+    from email.utils import parsedate_to_datetime
+
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if parsed is None:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+
+
+def if_range_value(held: dict[str, str]) -> str | None:
+    """The If-Range value for the bytes held: their strong ETag; else (none, or a weak one,
+    which If-Range cannot carry) their Last-Modified when it is a strong validator (at least one
+    second before the Date of the response that brought it, RFC 9110 section 8.8.2.2)."""
+    etag = held.get("etag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    modified, date = _http_date(held.get("last_modified")), _http_date(held.get("date"))
+    if modified is not None and date is not None and (date - modified).total_seconds() >= 1:
+        return held["last_modified"]
+    return None
+
+
+def _compared(held: dict[str, str], headers) -> tuple[str, str, str] | None:
+    """(field, value held, value in ``headers``) of the validator both have: the ETag (compared
+    weakly: a weak tag that differs also means another version), else Last-Modified."""
+    for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
+        value = (headers.get(field) or "").strip()
+        if held.get(key) and value:
+            return field, held[key], value
+    return None
+
+
+def _same(field: str, old: str, new: str) -> bool:
+    if field == "ETag":
+        return old.removeprefix("W/") == new.removeprefix("W/")
+    old_date, new_date = _http_date(old), _http_date(new)
+    return old_date == new_date if old_date and new_date else old == new
+
+
+def _version_change(held: dict[str, str], headers) -> str | None:
+    """"ETag X, the bytes held came with Y" when the response's validator differs from that of
+    the bytes held; None when they agree or cannot be compared."""
+    compared = _compared(held, headers)
+    if compared is None or _same(*compared):
+        return None
+    field, old, new = compared
+    return f"{field} {new}, the bytes held came with {old}"
+
+
+def _same_version(held: dict[str, str], headers) -> bool:
+    """True when the response's validator equals that of the bytes held."""
+    compared = _compared(held, headers)
+    return compared is not None and _same(*compared)
+
+
+def _changed(have: int, detail: str) -> str:
+    return f"the remote file changed since the {have} bytes held were fetched ({detail})"
+
+
+def _changed_line(name: str, why: str) -> str:
+    return f"  {name}: {why}; downloading it again from the start"
+
+
 def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                   source: Source) -> None:
-    """One request: continue ``part`` with a Range request when it has bytes, else fetch from
-    the start. Returns when ``part`` is complete. Raises :class:`_Restart`, :class:`_Cut`,
+    """One request: continue ``part`` with a Range request when it has bytes (with If-Range:
+    the validator of the bytes held, where one is known), else fetch from the start. Returns
+    when ``part`` is complete. Raises :class:`_Restart`, :class:`_Cut`,
     :class:`_WriteFailed`, :class:`WrongContent`, or urllib's errors."""
     import http.client
     import urllib.error
@@ -294,15 +421,18 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
     if expected is not None and have > expected:
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
     headers = {"User-Agent": "dg_plugins-download"}
+    held = read_validators(part) if have else {}
     if have:
         headers["Range"] = f"bytes={have}-"
+        if_range = if_range_value(held)
+        if if_range:
+            headers["If-Range"] = if_range
     request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:
-            held = _unsatisfied_total(err.headers.get("Content-Range"))
-            if held == have:  # the server's whole file is here: complete
+            if _unsatisfied_total(err.headers.get("Content-Range")) == have:  # all of it here
                 report(f"  {name}: the server holds {have} bytes, all of them received")
                 return
             raise _Restart(f"the server refused to continue {name} from byte {have} "
@@ -333,12 +463,24 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                 raise _Restart(f"the server answered the Range request for {name} with "
                                f"Content-Range {response.headers.get('Content-Range')!r}, not "
                                f"bytes {have}-.../{expected or '*'}")
+            changed = _version_change(held, response.headers)
+            if changed:  # a server that ignored If-Range (or got none) sent another version
+                why = _changed(have, f"the server's 206 answer carries {changed}")
+                raise _Restart(why, _changed_line(name, why))
             total = parsed[2]
             mode = "ab"
         elif status == 200:
             if have:
-                report(f"  {name}: the server does not resume (answered 200 to a Range "
-                       f"request): fetching it again from byte 0")
+                changed = _version_change(held, response.headers)
+                if changed:
+                    changed = f"the server's 200 answer carries {changed}"
+                elif "If-Range" in headers and not _same_version(held, response.headers):
+                    changed = f"answered 200, not 206, to If-Range: {headers['If-Range']}"
+                if changed:
+                    report(_changed_line(name, _changed(have, changed)))
+                else:
+                    report(f"  {name}: the server does not resume (answered 200 to a Range "
+                           f"request): fetching it again from byte 0")
                 have = 0
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
@@ -359,6 +501,11 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         except OSError as err:
             raise _WriteFailed(err, done) from err
         with handle, report.transfer(name, total, have) as update:
+            if mode == "wb":  # after the truncation: the validators never name older bytes
+                try:
+                    _store_validators(part, response.headers)
+                except OSError as err:
+                    raise _WriteFailed(err, done) from err
             while True:
                 try:
                     block = response.read1(CHUNK)
@@ -399,19 +546,19 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
             break
         except _Restart as why:
             restarts += 1
-            os.remove(part)
+            remove_part(part)
             if restarts > MAX_RESTARTS:
                 raise DownloadError(
                     f"the server of {url} cannot continue {source.name} ({why}) and starting "
                     f"over did not help {MAX_RESTARTS} times; " + manual_fix(source, url, path)
                 ) from None
-            report(f"  {source.name}: {why}; starting over")
+            report(why.line or f"  {source.name}: {why}; starting over")
             continue
         except _Cut as why:
             attempt += 1
             kept = os.path.getsize(part) if os.path.exists(part) else 0
-            if not kept and os.path.exists(part):
-                os.remove(part)
+            if not kept:
+                remove_part(part)
             if attempt > retries:
                 held = (f"the {kept} bytes received are kept in {part}: rerun this command to "
                         "continue where it stopped" if kept else
@@ -439,6 +586,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
             raise DownloadError(
                 f"could not download {source.name} from {url}: {reason} (offline, or a dead "
                 f"link?). " + manual_fix(source, url, path)) from None
+    _remove_validators(part)  # first: a complete .part left without them is still complete
     os.replace(part, path)
 
 
@@ -451,8 +599,7 @@ def _write_failed_message(source: Source, part: str, err: OSError, held: int,
     if not is_disk_full(err):
         return f"could not write {part}: {err}"
     if expected is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(part)
+        remove_part(part)
         return (f"{disk_full_message(folder, f'downloading {source.name}')}: its size is "
                 f"unknown, and the {human_size(held)} received were removed to give the space "
                 "back. Free some space or choose another --data_dir, then rerun.")
@@ -475,6 +622,7 @@ def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> Non
     if not os.path.isfile(local):
         raise DownloadError(f"--url {source.name}={url}: {local} is not a file")
     part = path + ".part"
+    _remove_validators(part)  # of an HTTP attempt of an earlier run: they name other bytes
     try:
         shutil.copyfile(local, part)
     except OSError as err:

@@ -1,6 +1,9 @@
 """Test helpers for the downloader: a local HTTP server (127.0.0.1 only) that serves files from
-memory, honours ``Range: bytes=N-`` requests (416 with ``Content-Range: bytes */N`` past the
-end), logs every request, and can be told to cut the connection after N bytes, to ignore Range,
+memory with an ETag and a Last-Modified, honours ``Range: bytes=N-`` requests (416 with
+``Content-Range: bytes */N`` past the end) and If-Range (RFC 9110 section 13.1.5), logs every
+request, and can be told to replace a file once a response has begun (a file that changes between
+two requests), to serve weak ETags or no validators, to ignore If-Range, to cut the connection
+after N bytes, to ignore Range,
 to answer with a wrong Content-Range, to announce another Content-Length than it sends, to send
 a Content-Type, to hold a response until the test releases it (before its first byte or after N
 bytes), or to trickle; tiny archives in each dataset's real archive layout (DomainBed's
@@ -24,6 +27,7 @@ import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
+from email.utils import formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,6 +40,7 @@ class Request:
     range: str | None
     status: int
     body_bytes: int  # bytes of the body actually sent
+    if_range: str | None = None
 
 
 @dataclass
@@ -61,6 +66,15 @@ class ArchiveServer:
     #: name -> seconds a handler stays busy after its response for name is sent (a server thread
     #: that finishes after its client has gone on to the next request).
     linger: dict[str, float] = field(default_factory=dict)
+    #: name -> new bytes: once the next response for name has sent its headers (before its
+    #: body), name's bytes are replaced (a new ETag and Last-Modified come with them).
+    replace_after: dict[str, bytes] = field(default_factory=dict)
+    #: names served without ETag and Last-Modified (If-Range never holds for them).
+    no_validators: set[str] = field(default_factory=set)
+    #: names whose ETag is weak (``W/"..."``: an If-Range naming it never holds).
+    weak_etag: set[str] = field(default_factory=set)
+    #: names whose Range requests are honoured whatever their If-Range says.
+    ignore_if_range: set[str] = field(default_factory=set)
     #: Requests beyond this many get 404 (a client that would ask forever stops).
     request_limit: int | None = None
     #: Every request, in the order it arrived (appended before it is answered).
@@ -68,6 +82,37 @@ class ArchiveServer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: name -> set when a held response for name has sent its N bytes.
     holding: dict[str, threading.Event] = field(default_factory=dict)
+    #: name -> (sha256 of its bytes, Last-Modified in seconds since the epoch): a file whose
+    #: bytes change (replace_after, or ``files[name] = ...``) is a minute younger.
+    versions: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def validators(self, name: str) -> tuple[str | None, int | None]:
+        """(ETag, Last-Modified time) of name's current bytes; (None, None) without validators.
+        The times lie an hour and more in the past: strong validators (RFC 9110 8.8.2.2)."""
+        if name in self.no_validators:
+            return None, None
+        digest = hashlib.sha256(self.files[name]).hexdigest()
+        with self.lock:
+            old = self.versions.get(name)
+            if old is None or old[0] != digest:
+                modified = old[1] + 60 if old else int(time.time()) - 3600
+                self.versions[name] = old = (digest, modified)
+        etag = f'"{digest[:16]}"'
+        return (f"W/{etag}" if name in self.weak_etag else etag), old[1]
+
+    def if_range_holds(self, name: str, value: str) -> bool:
+        """RFC 9110 section 13.1.5: an entity tag holds when it strongly equals the current one
+        (neither weak), a date when it equals the current Last-Modified."""
+        etag, modified = self.validators(name)
+        value = value.strip()
+        if value.startswith(('"', "W/")):
+            return (etag is not None and not etag.startswith("W/")
+                    and not value.startswith("W/") and value == etag)
+        try:
+            date = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return False
+        return modified is not None and date is not None and date.timestamp() == modified
 
     def __enter__(self) -> "ArchiveServer":
         server = self
@@ -81,11 +126,12 @@ class ArchiveServer:
                 header = self.headers.get("Range")
                 data = server.files.get(name)
                 limit = server.request_limit
+                if_range = self.headers.get("If-Range")
                 # logged on arrival, so that the log holds the requests in the order they came
                 # (a sequential client's order) and each one before its client has its answer
                 with server.lock:
                     refused = data is None or (limit is not None and len(server.log) >= limit)
-                    request = Request(name, header, 404 if refused else 0, 0)
+                    request = Request(name, header, 404 if refused else 0, 0, if_range)
                     server.log.append(request)
                 if refused:
                     self.send_error(404)
@@ -95,15 +141,25 @@ class ArchiveServer:
                     server.holding.setdefault(name, threading.Event()).set()
                     held[1].wait(60)
                     held = None
+                etag, modified = server.validators(name)
+
+                def send_validators() -> None:
+                    if etag is not None:
+                        self.send_header("ETag", etag)
+                        self.send_header("Last-Modified", formatdate(modified, usegmt=True))
+
                 start = 0
                 match = re.fullmatch(r"bytes=(\d+)-", header or "")
-                if match and name not in server.ignore_range:
+                if match and name not in server.ignore_range and (
+                        if_range is None or name in server.ignore_if_range
+                        or server.if_range_holds(name, if_range)):
                     start = int(match.group(1))
                     if start >= len(data):
                         request.status = 416
                         self.send_response(416)
                         self.send_header("Content-Range", f"bytes */{len(data)}")
                         self.send_header("Content-Length", "0")
+                        send_validators()
                         self.end_headers()
                         return
                     request.status = 206
@@ -120,7 +176,10 @@ class ArchiveServer:
                 self.send_header("Content-Length", str(length))
                 if name in server.content_type:
                     self.send_header("Content-Type", server.content_type[name])
+                send_validators()
                 self.end_headers()
+                if name in server.replace_after:  # before any byte of the body: the client's
+                    server.files[name] = server.replace_after.pop(name)  # next request sees it
                 cut = server.cut_after.pop(name, None)
                 trickle = server.trickle.pop(name, None)
 

@@ -1,7 +1,8 @@
 """``python -m dg_plugins.scripts.download``: every dataset kind downloaded from a local HTTP
 server (127.0.0.1 only; every file gets a ``--url`` override) serving tiny archives in the real
-archive layouts; resume after a cut connection or a failed run (Range requests, asserted on the
-server log); corrupted archives; a kill during extraction; a rerun that does nothing."""
+archive layouts; resume after a cut connection or a failed run (Range requests with If-Range,
+asserted on the server log); corrupted archives; a kill during extraction; a rerun that does
+nothing."""
 
 from __future__ import annotations
 
@@ -146,12 +147,14 @@ def test_a_cut_connection_resumes_with_range(tmp_path, capsys):
     archive = pacs_zip(per_class=3)
     cut = len(archive) // 3
     with ArchiveServer({"PACS.zip": archive}, cut_after={"PACS.zip": cut}) as server:
+        etag = server.validators("PACS.zip")[0]
         code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
     assert code == 0, err
-    assert "transfer cut" in out
+    assert "transfer cut" in out and "remote file changed" not in out
     first, second = server.log
     assert (first.range, first.status, first.body_bytes) == (None, 200, cut)
-    assert (second.range, second.status) == (f"bytes={cut}-", 206)
+    # If-Range names the version held: the file did not change, so the server continues it
+    assert (second.range, second.if_range, second.status) == (f"bytes={cut}-", etag, 206)
     assert second.body_bytes == len(archive) - cut  # the bytes already there: not fetched again
     assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
 
@@ -167,11 +170,14 @@ def test_a_failed_run_keeps_the_part_file_and_a_rerun_continues_it(tmp_path, cap
         part = data_dir / "downloads" / "PACS.zip.part"
         assert_one_clean_error(err, "broke off", str(part), "rerun")
         assert part.stat().st_size == cut and not (data_dir / "PACS").exists()
+        assert (data_dir / "downloads" / "PACS.zip.part.validators").is_file()
 
         code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
     assert code == 0, err
     assert "continuing the partial download" in out
-    assert [(r.range, r.status) for r in server.log] == [(None, 200), (f"bytes={cut}-", 206)]
+    etag = server.validators("PACS.zip")[0]
+    assert [(r.range, r.if_range, r.status) for r in server.log] == [
+        (None, None, 200), (f"bytes={cut}-", etag, 206)]
     assert server.log[1].body_bytes == len(archive) - cut
     assert DATASETS.get("PACS")(str(data_dir), [], None).num_classes == 7
 

@@ -2,7 +2,8 @@
 asked: an archive without a top folder; two downloads sharing ``downloads/``; a server that
 trickles; an HTML page, a short answer or a truncated zip instead of the file; a full disk; an
 overstated Content-Length (416); what earlier runs left; ``file:`` URLs; ``download all`` without
-gdown; unsafe archive members; the messages; a torch-free command. The tests wait for the run
+gdown; unsafe archive members; the messages; a torch-free command; a file that changes between
+two requests (If-Range). The tests wait for the run
 through the server (a held response), never for a speed."""
 
 from __future__ import annotations
@@ -370,6 +371,7 @@ def test_files_kept_in_downloads_are_named_and_stale_parts_removed(tmp_path, cap
         assert code == 0, err
         downloads = data_dir / "downloads"
         (downloads / "PACS.zip.part").write_bytes(b"x" * 10)
+        (downloads / "PACS.zip.part.validators").write_text('{"etag": "\\"x\\""}')
         code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
     assert code == 0, err
     assert f"removed {downloads / 'PACS.zip'}.part, left by an interrupted run" in out
@@ -607,3 +609,171 @@ def test_the_server_logs_a_sequential_clients_requests_in_their_order():
                 assert answer.read() == files[name]
         assert [(r.path, r.status, r.body_bytes) for r in server.log] == [
             ("first.txt", 200, 100), ("second.txt", 200, 100)]
+
+
+# --- 12. a file that changes on the server between two requests -------------------------------
+
+
+def get(url: str, **headers) -> tuple[int, dict, bytes]:
+    import urllib.request
+
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                timeout=10) as answer:
+        return answer.status, dict(answer.headers), answer.read()
+
+
+def test_the_loopback_server_serves_validators_and_honours_if_range():
+    """RFC 9110 section 13.1.5 on the test server: Range applies when If-Range names the current
+    version (its strong ETag, or its Last-Modified), else the whole file comes with 200; a weak
+    tag never holds; replace_after swaps the bytes after the next response's headers."""
+    from email.utils import formatdate
+
+    old, new = b"a" * 100, b"b" * 120
+    with ArchiveServer({"f.bin": old}, replace_after={"f.bin": new}) as server:
+        status, headers, body = get(server.url("f.bin"))
+        assert (status, body) == (200, old)  # the response under way keeps the old bytes
+        etag, modified = headers["ETag"], headers["Last-Modified"]
+        assert etag.startswith('"') and server.files["f.bin"] == new
+        assert get(server.url("f.bin"))[1]["ETag"] != etag  # the next one sees the new ones
+        server.files["f.bin"] = old  # back to the first version, whose tag is `etag` again
+        _, now, _ = get(server.url("f.bin"))
+        assert now["ETag"] == etag and now["Last-Modified"] != modified  # a later version
+        modified = now["Last-Modified"]
+        for if_range, expected in ((etag, (206, old[10:])), (modified, (206, old[10:])),
+                                   ('"other"', (200, old)), (f"W/{etag}", (200, old)),
+                                   (formatdate(0, usegmt=True), (200, old))):
+            status, headers, body = get(server.url("f.bin"), Range="bytes=10-",
+                                        **{"If-Range": if_range})
+            assert (status, body) == expected, if_range
+        assert server.log[-1].if_range == formatdate(0, usegmt=True)
+    with ArchiveServer({"f.bin": old}, weak_etag={"f.bin"}) as server:
+        weak = get(server.url("f.bin"))[1]["ETag"]
+        assert weak.startswith('W/"') and get(server.url("f.bin"), Range="bytes=10-", **{
+            "If-Range": weak})[0] == 200
+    with ArchiveServer({"f.bin": old}, no_validators={"f.bin"}) as server:
+        headers = get(server.url("f.bin"))[1]
+        assert "ETag" not in headers and "Last-Modified" not in headers
+
+
+def test_which_validator_goes_into_if_range():
+    from email.utils import formatdate
+
+    then = formatdate(1_700_000_000, usegmt=True)
+    later = formatdate(1_700_000_001, usegmt=True)
+    assert lib.fetch.if_range_value({"etag": '"a"', "last_modified": then}) == '"a"'
+    assert lib.fetch.if_range_value({"etag": 'W/"a"', "last_modified": then,
+                                     "date": later}) == then  # a weak tag cannot go
+    assert lib.fetch.if_range_value({"last_modified": then, "date": then}) is None  # same second
+    assert lib.fetch.if_range_value({"last_modified": then}) is None  # no Date: not strong
+    assert lib.fetch.if_range_value({}) is None
+
+
+CHANGED = "PACS.zip: the remote file changed since the {} bytes held were fetched ("
+
+
+@pytest.mark.parametrize("validator", ["ETag", "Last-Modified (the ETag is weak)"])
+def test_a_file_that_changes_before_the_resume_is_fetched_again_from_the_start(
+        tmp_path, capsys, validator):
+    """The connection is cut after a third of the file, which then changes on the server: the
+    resume's If-Range names the old version, the server answers 200 with the new file, which
+    replaces the bytes held (appending would join two versions into a corrupt zip)."""
+    from email.utils import formatdate
+
+    data_dir = tmp_path / "data"
+    old, new = pacs_zip(per_class=3), pacs_zip(per_class=2)
+    cut = len(old) // 3
+    weak = {"PACS.zip"} if validator.startswith("Last") else set()
+    with ArchiveServer({"PACS.zip": old}, cut_after={"PACS.zip": cut},
+                       replace_after={"PACS.zip": new}, weak_etag=weak) as server:
+        etag, modified = server.validators("PACS.zip")
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--keep_archives",
+                                  *server.args())
+    assert code == 0, err
+    sent = formatdate(modified, usegmt=True) if weak else etag
+    assert [(r.range, r.if_range, r.status, r.body_bytes) for r in server.log] == [
+        (None, None, 200, cut), (f"bytes={cut}-", sent, 200, len(new))]
+    line = [line for line in out.splitlines() if "remote file changed" in line]
+    assert len(line) == 1 and line[0].strip().startswith(CHANGED.format(cut)), out
+    assert line[0].endswith("; downloading it again from the start")
+    downloads = data_dir / "downloads"
+    assert (downloads / "PACS.zip").read_bytes() == new
+    assert os.listdir(downloads) == ["PACS.zip"]  # the validators went with the .part
+    assert len(os.listdir(data_dir / "PACS" / "photo" / "dog")) == 2 and pacs_ok(data_dir)
+
+
+def test_the_validators_of_a_part_file_serve_a_resume_in_a_later_process(tmp_path, capsys):
+    """A run cut off keeps the ETag beside the .part; the file changes; the rerun, a new
+    process, sends it as If-Range and fetches the new version from the start."""
+    import json
+
+    data_dir = tmp_path / "data"
+    old, new = pacs_zip(per_class=3), pacs_zip(per_class=2)
+    cut = len(old) // 2
+    downloads = data_dir / "downloads"
+    with ArchiveServer({"PACS.zip": old}, cut_after={"PACS.zip": cut}) as server:
+        etag = server.validators("PACS.zip")[0]
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--retries", 0,
+                                  *server.args())
+        assert code == 1 and "broke off" in err
+        stored = json.loads((downloads / "PACS.zip.part.validators").read_text())
+        assert stored["etag"] == etag and "last_modified" in stored and "date" in stored
+        server.files["PACS.zip"] = new
+        rerun = subprocess.run(
+            [sys.executable, "-m", MODULE, "--data_dir", str(data_dir), "PACS",
+             "--keep_archives", *server.args()], env=command_env(), cwd=REPO,
+            capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert CHANGED.format(cut) in rerun.stdout, rerun.stdout
+    assert [(r.range, r.if_range, r.status) for r in server.log] == [
+        (None, None, 200), (f"bytes={cut}-", etag, 200)]
+    assert (downloads / "PACS.zip").read_bytes() == new
+    assert os.listdir(downloads) == ["PACS.zip"]
+
+
+def test_a_server_without_validators_still_resumes_with_range_only(tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    archive = pacs_zip(per_class=3)
+    cut = len(archive) // 2
+    part = data_dir / "downloads" / "PACS.zip.part"
+    with ArchiveServer({"PACS.zip": archive}, cut_after={"PACS.zip": cut},
+                       no_validators={"PACS.zip"}) as server:
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--retries", 0,
+                                  *server.args())
+        assert code == 1 and part.stat().st_size == cut
+        assert os.listdir(part.parent) == ["PACS.zip.part"]  # nothing to keep beside it
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", *server.args())
+    assert code == 0, err
+    assert [(r.range, r.if_range, r.status, r.body_bytes) for r in server.log] == [
+        (None, None, 200, cut), (f"bytes={cut}-", None, 206, len(archive) - cut)]
+    assert "remote file changed" not in out and pacs_ok(data_dir)
+
+
+@pytest.mark.parametrize("server_ignores", ["If-Range", "Range"])
+def test_a_server_that_ignores_if_range_or_range(tmp_path, capsys, server_ignores):
+    """Ignoring If-Range, the server answers the resume with 206 and the new file's ETag: the
+    bytes are not appended, the file starts over. Ignoring Range, it answers 200 with the same
+    ETag: the file did not change, the server just does not resume."""
+    data_dir = tmp_path / "data"
+    old, new = pacs_zip(per_class=3), pacs_zip(per_class=2)
+    cut = len(old) // 3
+    if server_ignores == "If-Range":
+        options = {"ignore_if_range": {"PACS.zip"}, "replace_after": {"PACS.zip": new}}
+    else:
+        options = {"ignore_range": {"PACS.zip"}}
+    with ArchiveServer({"PACS.zip": old}, cut_after={"PACS.zip": cut}, **options) as server:
+        etag = server.validators("PACS.zip")[0]
+        code, out, err = run_main(capsys, "--data_dir", data_dir, "PACS", "--keep_archives",
+                                  *server.args())
+        new_etag = server.validators("PACS.zip")[0]
+    assert code == 0, err
+    log = [(r.range, r.if_range, r.status) for r in server.log]
+    if server_ignores == "If-Range":
+        assert log == [(None, None, 200), (f"bytes={cut}-", etag, 206), (None, None, 200)]
+        assert (f"{CHANGED.format(cut)}the server's 206 answer carries ETag {new_etag}, the "
+                f"bytes held came with {etag}); downloading it again from the start") in out
+        assert (data_dir / "downloads" / "PACS.zip").read_bytes() == new
+    else:
+        assert log == [(None, None, 200), (f"bytes={cut}-", etag, 200)]
+        assert "answered 200 to a Range request" in out and "remote file changed" not in out
+        assert (data_dir / "downloads" / "PACS.zip").read_bytes() == old
+    assert os.listdir(data_dir / "downloads") == ["PACS.zip"] and pacs_ok(data_dir)
