@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from processes import python_path
+
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = REPO / "sweeps"
 #: The knobs of sweeps/*.sh; a test sets those it uses, the others are removed.
@@ -48,7 +50,7 @@ def script_env(tmp: Path, data_dir, log: Path, **knobs) -> dict:
     for name in KNOBS + ("DG_PLUGINS_CACHE",):
         env.pop(name, None)
     env.update(PYTHON=sys.executable, DATA_DIR=str(data_dir), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+               PYTHONPATH=python_path(site, REPO),
                SWEEP_SCRIPTS_PROCESS_LOG=str(log), HF_HOME=str(home / "hf"),
                TORCH_HOME=str(home / "torch"), XDG_CACHE_HOME=str(home / "cache"),
                HF_HUB_OFFLINE="1", DG_PLUGINS_OFFLINE="1")

@@ -20,10 +20,16 @@ REPO = Path(__file__).resolve().parents[1]
 MARKER = "DG_TEST_RUN"
 
 
+def python_path(*folders) -> str:
+    """A PYTHONPATH of ``folders`` then this process's own (packages a machine installs outside
+    site-packages, e.g. with ``pip --target``, stay visible to a test's subprocesses)."""
+    return os.pathsep.join([*map(str, folders), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def command_env(**extra) -> dict:
     env = dict(os.environ)
     env[MARKER] = uuid.uuid4().hex
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = python_path(REPO / "tests")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.update(extra)
     return env

@@ -1,15 +1,37 @@
-"""Nothing changes for users (issue 35): the small sweep of ``tests/before_after.py``, run as a
-user runs it (sweep with the local launcher and default loader workers, train, collect_results in
-every format), gives what the code gave before the move into train/, sweep/ and collect/
-(``tests/fixtures/before_after/``): the same job-folder names, the same records and byte-identical
-tables, sweep output and exit statuses.
+"""Nothing changes for users: the small sweep of ``tests/before_after.py``, run as a user runs it
+(sweep with the local launcher and default loader workers, train, collect_results in every
+format), gives what the code gave when the fixture was made (``tests/fixtures/before_after/``):
+the same job-folder names, the same records, tables and sweep output, and exit statuses.
 
-Records are compared without their wall-clock fields (``step_time``, ``mem_gb``). Accuracies,
-counts, steps, hparams and args must be equal exactly; other floats (losses and the algorithms'
-other values) to a relative 1e-6, since CPU kernels may round differently on another machine,
-which moves a loss in its last digits but not an argmax. The jobs run on the CPU with one thread
-(``CUDA_VISIBLE_DEVICES=""``, ``OMP_NUM_THREADS=1``), as when the fixture was made."""
+On any machine. The jobs run on the CPU with one thread (``CUDA_VISIBLE_DEVICES=""``,
+``OMP_NUM_THREADS=1``), but another CPU or torch build rounds differently, and training turns
+that rounding into other last digits, so floats are compared with tolerances measured against
+the fixture (made on an AMD EPYC, torch 2.13.0):
 
+============================================  ===========================  ===================
+run of the sweep                              loss & co.: first / later     accuracies (later)
+============================================  ===========================  ===================
+Intel Xeon, AVX-512 kernels (this CI's CPU)   3.1e-7 / 1.6e-5 relative      identical
+same, kernels forced to AVX2                  1.3e-6 / 9.5e-4               identical
+same, unvectorized kernels (no SIMD)          4.5e-7 / 4.2e-4               up to 0.018 (3 of 166)
+an H200 node's CPU, torch 2.11 (reported)     -                             0.015
+============================================  ===========================  ===================
+
+(``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` forced the kernels.) The first record of a
+job comes after one step from the initial weights, so only rounding differs there: its floats
+agree to 1e-4 relative (70x the worst measured) and its accuracies to :data:`FIRST_ACC`. Later
+records carry the differences of every step before: losses and the algorithms' other values to
+1e-2 relative (10x), accuracies to 0.03 (1.7x: near chance, as after 11 steps, a few images of
+a small split flip their argmax), and the tables' and sweep lines' numbers (percentages, one
+decimal) to 3.0. Counts, steps, args, hparams, folder names, exit statuses and the text around
+the numbers stay exact.
+
+What this still catches: a seed or a split (the first record's loss moves by about 1e-2: a
+seed of 1 instead of 0 gave 2.3248 against 2.2977; its batches are other images), a
+count or a table's layout (exact), and values that move beyond float noise. The comparisons
+are tested against the fixture with such differences injected (``test_the_comparison_*``)."""
+
+import copy
 import math
 import re
 
@@ -17,7 +39,15 @@ import pytest
 
 import before_after
 
-EXACT = re.compile(r"env\d+_\w+_(acc|count)|step|epoch|num_classes")
+EXACT = re.compile(r"env\d+_\w+_count|step|epoch|num_classes")
+ACCURACY = re.compile(r"env\d+_\w+_acc")
+#: Relative tolerance of the first record's floats, and of the later records' (loss & co.).
+FIRST_REL, LATER_REL = 1e-4, 1e-2
+#: Absolute tolerance of accuracies in a job's first record, and in later ones.
+FIRST_ACC, LATER_ACC = 0.01, 0.03
+#: Absolute tolerance of the numbers (percentages) in tables and sweep output.
+TEXT_ABS = 3.0
+NUMBER = re.compile(r"-?\d+\.\d+")
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +56,54 @@ def runs(tmp_path_factory):
     return before_after.snapshot(root, before_after.run_all(root)), before_after.read_fixture()
 
 
-def close(key, now, then) -> bool:
-    if isinstance(now, float) and isinstance(then, float) and not EXACT.fullmatch(key):
-        return (math.isnan(now) and math.isnan(then)) or math.isclose(now, then, rel_tol=1e-6)
-    if isinstance(now, float) and isinstance(then, float) and math.isnan(now):
-        return math.isnan(then)
-    return now == then
+def close(key, now, then, first: bool) -> bool:
+    """Whether a record's value ``now`` stands for ``then`` (module docstring's tolerances)."""
+    if not (isinstance(now, float) and isinstance(then, float)) or EXACT.fullmatch(key):
+        return now == then
+    if math.isnan(now) or math.isnan(then):
+        return math.isnan(now) and math.isnan(then)
+    if ACCURACY.fullmatch(key):
+        return abs(now - then) <= (FIRST_ACC if first else LATER_ACC)
+    return math.isclose(now, then, rel_tol=FIRST_REL if first else LATER_REL)
+
+
+def record_differences(now: dict, then: dict) -> list:
+    """``(folder, line, key, now, then)`` for every value that differs beyond its tolerance."""
+    out = []
+    for folder in then["folders"]:
+        new, old = now["records"][folder], then["records"][folder]
+        if len(new) != len(old):
+            out.append((folder, 0, "records", len(new), len(old)))
+        for line, (a, b) in enumerate(zip(new, old), 1):
+            if sorted(a) != sorted(b):
+                out.append((folder, line, "keys", sorted(a), sorted(b)))
+                continue
+            out += [(folder, line, k, a[k], b[k]) for k in b
+                    if not close(k, a[k], b[k], first=line == 1)]
+    return out
+
+
+def text_differences(now: str, then: str) -> list:
+    """Where two outputs differ: their text with the numbers taken out and runs of spaces made
+    one (a number's width moves a column), or a number beyond :data:`TEXT_ABS`."""
+    def skeleton(text):
+        return re.sub(r"[ \t]+", " ", NUMBER.sub("#", text)).splitlines()
+
+    if skeleton(now) != skeleton(then):
+        import difflib
+
+        return list(difflib.unified_diff(skeleton(then), skeleton(now), lineterm="", n=0))[2:12]
+    pairs = zip(NUMBER.findall(now), NUMBER.findall(then))
+    return [(a, b) for a, b in pairs if abs(float(a) - float(b)) > TEXT_ABS]
+
+
+def table_differences(now: dict, then: dict, name: str) -> list:
+    """How collect_results' output ``name`` differs (exit status, stdout, stderr)."""
+    mine, table = now["tables"][name], then["tables"][name]
+    problems = [("code", mine["code"], table["code"])] if mine["code"] != table["code"] else []
+    for stream in ("stdout", "stderr"):
+        problems += text_differences(mine[stream], table[stream])
+    return problems
 
 
 def test_same_job_folders(runs):
@@ -40,23 +112,83 @@ def test_same_job_folders(runs):
 
 
 def test_same_records(runs):
-    now, then = runs
-    for folder in then["folders"]:
-        new, old = now["records"][folder], then["records"][folder]
-        assert len(new) == len(old), folder
-        for line, (a, b) in enumerate(zip(new, old), 1):
-            assert sorted(a) == sorted(b), (folder, line)
-            differ = [k for k in b if not close(k, a[k], b[k])]
-            assert not differ, (folder, line, {k: (a[k], b[k]) for k in differ})
+    assert not record_differences(*runs)
 
 
 @pytest.mark.parametrize("name", list(before_after.COLLECTS))
-def test_byte_identical_tables(runs, name):
-    now, then = runs
-    assert now["tables"][name] == then["tables"][name]
+def test_same_tables(runs, name):
+    assert not table_differences(*runs, name)
 
 
 @pytest.mark.parametrize("name", list(before_after.SWEEPS))
 def test_same_sweep_output(runs, name):
     now, then = runs
-    assert now["sweeps"][name] == then["sweeps"][name]
+    assert not text_differences(now["sweeps"][name], then["sweeps"][name])
+
+
+# --------------------------------------------------------------------------------------------------
+# The comparison itself, on the fixture with differences injected (no run)
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return before_after.read_fixture()
+
+
+def changed(snapshot: dict, change) -> dict:
+    out = copy.deepcopy(snapshot)
+    change(out)
+    return out
+
+
+def each_float(snapshot: dict, fn) -> None:
+    """Apply ``fn(key, value, first)`` to every float of every record."""
+    for records in snapshot["records"].values():
+        for line, record in enumerate(records, 1):
+            for key, value in record.items():
+                if isinstance(value, float) and not EXACT.fullmatch(key):
+                    record[key] = fn(key, value, line == 1)
+
+
+def shift_numbers(text: str, by: float) -> str:
+    return NUMBER.sub(lambda m: f"{float(m.group()) + by:.{len(m.group().split('.')[1])}f}", text)
+
+
+def test_the_comparison_passes_another_machines_rounding(fixture):
+    """The worst differences measured (module docstring), everywhere at once."""
+    def rounding(key, value, first):
+        if ACCURACY.fullmatch(key):
+            return value if first else value + 0.018
+        return value * (1 + (1.3e-6 if first else 9.5e-4))
+
+    now = changed(fixture, lambda s: each_float(s, rounding))
+    for table in now["tables"].values():
+        table["stdout"] = shift_numbers(table["stdout"], 1.8)
+    for name in now["sweeps"]:
+        now["sweeps"][name] = shift_numbers(now["sweeps"][name], 1.8)
+    assert not record_differences(now, fixture)
+    assert not any(table_differences(now, fixture, name) for name in now["tables"])
+    assert not any(text_differences(now["sweeps"][n], fixture["sweeps"][n]) for n in now["sweeps"])
+
+
+def test_the_comparison_catches_a_seed_a_split_and_a_layout(fixture):
+    folder = fixture["folders"][0]
+
+    def other_seed(s):  # the first record's loss of another seed (measured: 1.2e-2 away)
+        s["records"][folder][0]["loss"] *= 1 + 1.2e-2
+
+    def other_count(s):
+        record = s["records"][folder][-1]
+        key = next((k for k in record if EXACT.fullmatch(k) and k.endswith("_count")), "step")
+        record[key] += 1
+
+    def other_accuracy(s):  # beyond float noise
+        s["records"][folder][-1]["env0_out_acc"] += 0.05
+
+    for change in (other_seed, other_count, other_accuracy):
+        assert record_differences(changed(fixture, change), fixture), change.__name__
+    text = fixture["tables"]["text"]["stdout"]
+    assert text_differences(text.replace("ERM", "ERN", 1), text)  # a word
+    assert text_differences(shift_numbers(text, 3.5), text)  # numbers beyond noise
+    lines = text.splitlines()
+    assert text_differences("\n".join(lines[1:] + lines[:1]), text)  # rows moved

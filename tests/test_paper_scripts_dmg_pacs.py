@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from devices import job_device
 from paper_runs import REPO, assert_reproduced, job_folders, run_script
 import release_data
 
@@ -93,10 +94,12 @@ def list_accuracy(algorithm, root, lines) -> float:
     from dg_plugins.datasets.image_folder import plain_transform
 
     transform = plain_transform()
+    device = job_device()  # the job's own (CUDA where visible): the same kernels
     x = torch.stack([transform(Image.open(root / path).convert("RGB")) for path, _ in lines])
     y = torch.tensor([int(label) - 1 for _, label in lines])
     with torch.no_grad():
-        return (algorithm.predict(x).argmax(1) == y).float().mean().item()
+        predicted = algorithm.to(device).predict(x.to(device)).argmax(1).cpu()
+    return (predicted == y).float().mean().item()
 
 
 def test_describe_says_what_the_release_run_computed(runs, pacs_dir):

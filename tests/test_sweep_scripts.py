@@ -35,7 +35,7 @@ from dg_plugins import hparams as H
 from dg_plugins.reference import paper_settings as ps
 from image_tree import draw_image
 from paper_runs import REPO, SWEEPS, script_env
-from processes import as_from_a_terminal
+from processes import as_from_a_terminal, python_path
 
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
 PAPER_SCRIPTS = {Path(s.script).name: s for s in ps.SETTINGS.values()}
@@ -435,7 +435,7 @@ def test_epoch_steps_follow_the_data_on_disk_or_the_recorded_counts(dry_runs, da
 
 
 def run_cli(*args, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.reproduce", *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
 

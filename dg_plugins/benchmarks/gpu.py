@@ -11,12 +11,15 @@ does with the paper algorithms, in one command of a few minutes, as a markdown t
   domain x 2 source domains; fp32 and bf16 of one algorithm take turns step by step
   (:func:`dg_plugins.benchmarks.timing.alternating_times`).
 * The training loader: images per second that the job's batch streams deliver (decoding and
-  augmenting JPEGs in its worker pool, ``--n_workers`` 4, 8 and 16, capped at the machine's
-  cores as train caps them) on a PACS-shaped tree of JPEGs at 227x227 made in a temporary folder
+  augmenting JPEGs in its worker pool, ``--n_workers`` 4, 8 and 16) on a PACS-shaped tree of JPEGs at 227x227 made in a temporary folder
   (:func:`dg_plugins.benchmarks.data.make_pacs_tree`).
 * Evaluation: images per second of one record of ERM ResNet-18 on that tree (the job's
   :meth:`~dg_plugins.train.job.Job.write_record`: every split, its worker pool), in fp32 and
   bf16.
+* What determinism costs: the fp32 step of a ResNet and a ViT (ERM ResNet-50, ERM_ViT and GMoE on
+  a GPU) under train's default ``--deterministic true`` (deterministic algorithms, cuDNN and
+  cuBLAS, attention by the math kernel on CUDA) against ``--deterministic false``
+  (cudnn.benchmark, fused attention), taking turns step by step.
 
 The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
 the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
@@ -56,6 +59,8 @@ ALGORITHM_ROWS = (
 )
 #: The rows a CPU runs (the reduced version).
 CPU_ROWS = ("ERM ResNet-18", "ERM_ViT DeiT-S/16")
+#: The rows of the determinism table, on a GPU and on a CPU.
+DETERMINISM_ROWS = ("ERM ResNet-50", "ERM_ViT DeiT-S/16", "GMoE-S/16")
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -79,11 +84,12 @@ def build_job(train_argv: list[str]):
     return job
 
 
-def compute_flags(args) -> list[str]:
+def compute_flags(args, deterministic: str | None = None) -> list[str]:
+    """train's compute flags of the run (``deterministic``: instead of ``--deterministic``)."""
     flags = []
     if args.channels_last:
         flags.append("--channels_last")
-    if args.deterministic == "false":
+    if (deterministic or args.deterministic) == "false":
         flags += ["--deterministic", "false"]
     return flags
 
@@ -95,7 +101,8 @@ def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **
             "--data_dir", extra.get("data_dir", "builtin"), "--test_envs", "0",
             "--hparams", json.dumps({**hparams, "pretrained": False,
                                      "batch_size": args.batch_size}),
-            "--output_dir", out, "--precision", precision, *compute_flags(args)]
+            "--output_dir", out, "--precision", precision,
+            *compute_flags(args, extra.get("deterministic"))]
     if args.device:
         argv += ["--device", args.device]
     if "n_workers" in extra:
@@ -142,6 +149,41 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
     return rows
 
 
+def measure_determinism(args, device, out: str) -> list[dict]:
+    """The determinism table's rows (module docstring): each row's fp32 step under
+    ``--deterministic true`` and ``false``, the two jobs taking turns, each under its own
+    settings (its cuDNN flags set again before each of its steps)."""
+    from dg_plugins.benchmarks.timing import alternating_times, paired_ratio
+
+    def step(job):
+        steps = _steps(job)
+
+        def run():
+            job.compute.configure_backends()
+            with job.compute.active(device):
+                steps()
+        return run
+
+    rows = []
+    for label, algorithm, hparams in ALGORITHM_ROWS:
+        if label not in args.determinism:
+            continue
+        jobs = {flag: build_job(train_argv(args, os.path.join(out, f"det_{algorithm}_{flag}"),
+                                           algorithm, hparams, "fp32", deterministic=flag))
+                for flag in ("true", "false")}
+        try:
+            times = alternating_times({flag: step(job) for flag, job in jobs.items()},
+                                      args.steps, args.warmup, device)
+        finally:
+            for job in jobs.values():
+                job.close()
+        low, ratio, high = paired_ratio(times["true"], times["false"])
+        rows.append({"label": label, "true_s": statistics.median(times["true"]),
+                     "false_s": statistics.median(times["false"]), "ratio": ratio,
+                     "low": low, "high": high})
+    return rows
+
+
 def measure_loader(args, data_dir: str, out: str) -> list[dict]:
     """The training loader's images per second for each ``--workers`` count (module
     docstring): ``--loader_rounds`` rounds of one batch from every source stream, after enough
@@ -161,7 +203,7 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
         finally:
             job.close()
         images = args.batch_size * len(streams) * len(times)
-        rows.append({"asked": workers, "workers": job.workers, "images": images,
+        rows.append({"workers": job.workers, "images": images,
                      "images_per_s": images / sum(times)})
     return rows
 
@@ -210,7 +252,8 @@ def device_name(device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def markdown(args, device, algorithms, loader, evaluation, n_images, seconds) -> str:
+def markdown(args, device, algorithms, loader, evaluation, determinism, n_images,
+             seconds) -> str:
     import torch
 
     reduced = device.type != "cuda"
@@ -242,15 +285,24 @@ def markdown(args, device, algorithms, loader, evaluation, n_images, seconds) ->
     lines += ["", f"## Training loader (JPEGs at 227x227, decoded and augmented; batch "
               f"{args.batch_size} per domain x 3 source domains; {args.loader_rounds} rounds "
               "after the workers started)", "",
-              "| workers asked | workers (capped at the cores) | images/s |", "|---|---|---|"]
+              "| loader workers | images/s |", "|---|---|"]
     for row in loader:
-        lines.append(f"| {row['asked']} | {row['workers']} | {row['images_per_s']:.0f} |")
+        lines.append(f"| {row['workers']} | {row['images_per_s']:.0f} |")
     lines += ["", "## Evaluation (one record of ERM ResNet-18 on the tree: every split, "
               f"median of {args.eval_repeats})", "",
               "| precision | images | loader workers | images/s |", "|---|---|---|---|"]
     for row in evaluation:
         lines.append(f"| {row['precision']} | {row['images']} | {row['workers']} | "
                      f"{row['images_per_s']:.0f} |")
+    if determinism:
+        lines += ["", "## What determinism costs (fp32 step, --deterministic true against "
+                  f"false, taking turns; median of {args.steps} after {args.warmup})", "",
+                  "| algorithm | deterministic ms | fast ms | ratio (quartiles) |",
+                  "|---|---|---|---|"]
+        for row in determinism:
+            lines.append(f"| {row['label']} | {1000 * row['true_s']:.1f} | "
+                         f"{1000 * row['false_s']:.1f} | {row['ratio']:.2f} "
+                         f"({row['low']:.2f}-{row['high']:.2f}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -274,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per_class", type=int, default=None,
                    help="JPEGs per class and domain of the tree (default 10: 280 images; CPU 1)")
     p.add_argument("--eval_repeats", type=int, default=None, help="default 3; CPU 1")
+    p.add_argument("--determinism", nargs="*", default=None, metavar="LABEL",
+                   help="rows of the determinism table (default: " + ", ".join(DETERMINISM_ROWS)
+                   + " on a GPU, " + ", ".join(CPU_ROWS) + " on a CPU; none: skip it)")
     p.add_argument("--channels_last", action="store_true", help="train's --channels_last")
     p.add_argument("--deterministic", choices=("true", "false"), default="true",
                    help="train's --deterministic (false: cudnn.benchmark)")
@@ -303,11 +358,14 @@ def main(argv=None) -> int:
     gpu = device.type == "cuda"
     known = [label for label, _, _ in ALGORITHM_ROWS]
     wanted = args.algorithms or (known if gpu else list(CPU_ROWS))
-    unknown = [w for w in wanted if w not in known]
-    if unknown:
-        print(f"error: --algorithms {' '.join(unknown)}: not among {', '.join(known)}",
-              file=sys.stderr)
-        return 2
+    if args.determinism is None:
+        args.determinism = list(DETERMINISM_ROWS if gpu else CPU_ROWS)
+    for flag, rows in (("--algorithms", wanted), ("--determinism", args.determinism)):
+        unknown = [w for w in rows if w not in known]
+        if unknown:
+            print(f"error: {flag} {' '.join(unknown)}: not among {', '.join(known)}",
+                  file=sys.stderr)
+            return 2
     args.algorithms = wanted
 
     def default(name, on_gpu, on_cpu):
@@ -330,7 +388,8 @@ def main(argv=None) -> int:
         algorithms = measure_algorithms(args, device, out)
         loader = measure_loader(args, data_dir, out)
         evaluation = measure_evaluation(args, device, data_dir, out)
-    text = markdown(args, device, algorithms, loader, evaluation, n_images,
+        determinism = measure_determinism(args, device, out)
+    text = markdown(args, device, algorithms, loader, evaluation, determinism, n_images,
                     time.perf_counter() - start)
     print(text, end="")
     if args.out:

@@ -12,27 +12,64 @@ import sys
 
 import pytest
 
+from devices import cpu_only
 from helpers import markdown_rows as table
-from processes import REPO
+from processes import REPO, python_path
 
 TIMEOUT_S = 300
 
 
 def run_benchmark(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = cpu_only(dict(os.environ, PYTHONPATH=python_path(REPO)))  # the CPU run
     return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd)
 
 
-def test_gpu_benchmark_on_a_cpu_runs_its_reduced_version_and_says_so(tmp_path):
-    out = tmp_path / "gpu_benchmarks.md"
-    proc = run_benchmark("gpu", "--out", str(out), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = out.read_text()
-    assert text == proc.stdout
-    assert text.startswith("# GPU benchmarks: REDUCED CPU RUN (no CUDA device")
-    assert "Device: CPU (" in text and "Reduced: ERM ResNet-18, ERM_ViT DeiT-S/16; 2 images" in text
-    steps = table(text, "| algorithm | precision |")
+#: A suite for gpu_check to run: a pass, a skip with its reason, a failure, a CUDA case.
+TINY_SUITE = """
+import pytest
+
+def test_passes():
+    assert True
+
+def test_skips():
+    pytest.skip("no such device here")
+
+def test_fails():
+    assert 1 == 2, "one is not two"
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_on(device):
+    assert device
+"""
+
+
+def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_path):
+    """The GPU machine's one command (``gpu_check``, with ``--allow_cpu`` here): the suite's
+    counts, failure and skip reasons and its CUDA cases in one report, with ``benchmark gpu``'s
+    tables, which on a CPU are its reduced run and say so. Exit 1: a test failed."""
+    tests = tmp_path / "checkout" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "conftest.py").write_text("")
+    (tests / "test_tiny.py").write_text(TINY_SUITE)
+    report = tmp_path / "report.md"
+    env = cpu_only(dict(os.environ, PYTHONPATH=python_path(REPO)))
+    proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.gpu_check", "--allow_cpu",
+                           "--tests", str(tests), "-n", "0", "--out", str(report)],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = report.read_text()
+    assert proc.stdout.startswith(text)
+    assert text.startswith("# GPU check\n\nDevice: no CUDA device (a CPU run")
+    assert "3 passed, 1 failed, 0 errors, 1 skipped in" in text
+    assert "- tests/test_tiny.py::test_fails: AssertionError: one is not two" in text
+    assert "- 1 x Skipped: no such device here" in text
+    assert "| tests/test_tiny.py::test_on[cuda] | passed |" in text
+    bench = text[text.index("## Benchmark"):]
+    assert "### GPU benchmarks: REDUCED CPU RUN (no CUDA device" in bench
+    assert "Device: CPU (" in bench and "Reduced: ERM ResNet-18, ERM_ViT DeiT-S/16; 2 images" in bench
+    steps = table(bench, "| algorithm | precision |")
     assert [(r[0], r[1]) for r in steps] == [("ERM ResNet-18", "fp32"), ("ERM ResNet-18", "bf16"),
                                              ("ERM_ViT DeiT-S/16", "fp32"),
                                              ("ERM_ViT DeiT-S/16", "bf16")]
@@ -40,12 +77,26 @@ def test_gpu_benchmark_on_a_cpu_runs_its_reduced_version_and_says_so(tmp_path):
         assert float(step_ms) > 0 and float(peak_gib) > 0
         # images/s is the step's 4 images (2 per domain x 2 sources) over its time
         assert abs(float(images_per_s) - 4 / (float(step_ms) / 1000)) <= 1
-    loader = table(text, "| workers asked |")
-    assert [r[0] for r in loader] == ["1", "2"] and all(float(r[2]) > 0 for r in loader)
-    assert all(int(r[1]) == min(int(r[0]), os.cpu_count()) for r in loader)
-    evaluation = table(text, "| precision | images |")
+    loader = table(bench, "| loader workers |")
+    assert [r[0] for r in loader] == ["1", "2"] and all(float(r[1]) > 0 for r in loader)
+    evaluation = table(bench, "| precision | images |")
     assert [r[0] for r in evaluation] == ["fp32", "bf16"]
     assert all(int(r[1]) == 28 and float(r[3]) > 0 for r in evaluation)  # 4 x 7 x 1 JPEGs
+    determinism = table(bench, "| algorithm | deterministic ms |")
+    assert [r[0] for r in determinism] == ["ERM ResNet-18", "ERM_ViT DeiT-S/16"]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in determinism)
+
+
+def test_gpu_check_names_missing_packages_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    from dg_plugins.benchmarks import gpu_check
+
+    monkeypatch.setitem(gpu_check.SUITE_MODULES, "dg_no_such_module", "dg-no-such-package")
+    out = tmp_path / "report.md"
+    assert gpu_check.main(["--allow_cpu", "--no_benchmark", "--out", str(out)]) == 1
+    text = out.read_text()
+    assert "Missing packages (the suite was not run): dg-no-such-package" in text
+    assert "pip install --no-index --find-links WHEELS dg-no-such-package" in text
+    assert "## Test suite" in text and "passed" not in text
 
 
 def test_gpu_benchmark_refuses_an_unknown_row(tmp_path):

@@ -316,7 +316,7 @@ def sweep_argv(tmp_path, launcher, *extra):
 def start_sweep(tmp_path, argv, mode="graceful", env=None, new_session=False):
     (tmp_path / "fake").mkdir(exist_ok=True)
     (tmp_path / "fake" / "fake_train.py").write_text(FAKE_TRAIN)
-    paths = [str(tmp_path / "fake"), *sys.path]
+    paths = [str(tmp_path / "fake"), *sys.path, *filter(None, [os.environ.get("PYTHONPATH")])]
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), FAKE_TRAIN_MODE=mode,
                    **(env or {}))
     # Output to files, not pipes: waiting for a pipe's end would also wait for the jobs (they

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from devices import job_device
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
 from job_gate import gate_env, released
@@ -119,5 +120,6 @@ def test_re_evaluating_a_saved_model_reproduces_its_record(tree, reference):
                                       saved["model_num_domains"], hparams)
     algorithm.load_state_dict(saved["model_dict"])
     splits = Splits(dataset, argparse.Namespace(**saved["args"]), hparams)
-    again = evaluate(algorithm, splits, torch.device("cpu"), num_workers=2)
+    device = job_device()  # the job's own (CUDA where visible): the same kernels
+    again = evaluate(algorithm.to(device), splits, device, num_workers=2)
     assert again == {k: record[k] for k in again}

@@ -51,8 +51,10 @@ def test_finetuning_starts_from_exactly_the_semantic_encoder(tmp_path):
     semantic encoder key for key; nothing of the variation encoder or decoder is in the model."""
     assert train.run(job_args(tmp_path / "job", fraction=0.05)) == "done"
     (folder,) = (tmp_path / "udg_pretrain").iterdir()
-    pretrained = torch.load(folder / "pretrained.pt", weights_only=False)["state"]
-    model = torch.load(tmp_path / "job" / "model.pkl", weights_only=False)
+    # on the CPU both: the job ran on CUDA where one is visible
+    pretrained = torch.load(folder / "pretrained.pt", map_location="cpu",
+                            weights_only=False)["state"]
+    model = torch.load(tmp_path / "job" / "model.pkl", map_location="cpu", weights_only=False)
     assert model["udg"]["mode"] == "linear"
     backbone = {k[len("backbone."):]: v for k, v in model["model_dict"].items()
                 if k.startswith("backbone.")}
@@ -355,7 +357,8 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
     assert code == 0 and "continuing" in output, output
     assert not survivors(env)
     (full,) = (tmp_path / "full" / "udg_pretrain").iterdir()
-    weights = [torch.load(f / "pretrained.pt", weights_only=False)["state"] for f in (full, folder)]
+    weights = [torch.load(f / "pretrained.pt", map_location="cpu", weights_only=False)["state"]
+               for f in (full, folder)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert read_records(folder, ("step_time",)) == read_records(full, ("step_time",))
     assert read_records(tmp_path / "cut" / "job", VOLATILE_KEYS) == read_records(
