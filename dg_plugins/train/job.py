@@ -36,6 +36,7 @@ from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, EVALUATED_KEY, 
                                      evaluated_splits, format_row, keep_counted_records)
 from dg_plugins.train.precision import Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
+from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets
 
 #: The keys of ``args`` in records: DomainBed's train CLI, exactly.
@@ -211,9 +212,6 @@ class Job:
             print("\t{}: {}".format(k, v))
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)
-        print("HParams:")
-        for k, v in sorted(self.hparams.items()):
-            print("\t{}: {}".format(k, v))
 
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled:
@@ -226,6 +224,7 @@ class Job:
             "in-memory dataset, loaded in-process" if data.in_memory else
             f"min(--n_workers or the dataset's N_WORKERS {self.dataset.N_WORKERS}, "
             f"{os.cpu_count() or 1} CPUs)") + ")")
+        print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
         self.eval_names = self.splits_to_evaluate()
         with recording_weights() as loaded:
