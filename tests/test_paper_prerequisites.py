@@ -156,15 +156,14 @@ def test_an_interpreter_without_torch_is_named_with_the_install_command(tmp, pac
     (fake / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     path = ":".join(map(str, (fake.parent, tmp / "site", REPO)))
-    exe = shlex.quote(sys.executable)
+    exe, repo = shlex.quote(sys.executable), shlex.quote(str(REPO))
     for dry_run in ("0", "1"):
         run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag=f"no_torch_{dry_run}",
                          timeout=TIMEOUT_S, PYTHONPATH=path, DRY_RUN=dry_run)
         assert run.returncode == 2, run.report()
         assert run.stderr == (
             f"error: {exe} cannot import torch (No module named 'torch'), which dg_plugins "
-            f"needs: install the package into it ({exe} -m pip install -e {shlex.quote(str(REPO))}), "
-            "or run the "
+            f"needs: install the package into it ({exe} -m pip install -e {repo}), or run the "
             "interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)\n")
         assert not run.started_anything() and not run.output_dir.exists()
     run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="no_python",

@@ -648,7 +648,7 @@ def runs_with(jobs) -> str:
 
 #: The ``--eval_splits`` values, in the order the forwards are printed.
 EVAL_SPLITS = ("selection", "all")
-#: Forwards per image of a training step: its forward and its backward pass (the backward counted as two).
+#: Forwards per image of a training step: its forward, and its backward counted as two.
 TRAIN_FORWARDS_PER_IMAGE = 3
 FORWARDS_DEFINITION = (
     "Image forwards: a training step counts 3 per image it trains on (forward and backward; "
