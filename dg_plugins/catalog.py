@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import re
 
-from dg_plugins.layouts import IMAGE_EXTENSIONS, has_image, visible_subfolders
+from dg_plugins.layouts import (IMAGE_EXTENSIONS, domain_folder_error, has_image,
+                                visible_subfolders)
 from dg_plugins.registry import close_names
 
 #: DomainBed's ``algorithms.ALGORITHMS`` (b93c22a), in its order.
@@ -344,6 +345,9 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     nested = nested_tree_error(dataset, root, domains) if fixed is None else None
     if nested is not None:
         raise nested
+    shallow = domain_folder_error(dataset, root, domains) if fixed is None else None
+    if shallow is not None:
+        raise FileNotFoundError(shallow)
     if fixed is not None and len(domains) != len(fixed):
         raise ValueError(
             f"{dataset}: {root} has {len(domains)} domain folders ({', '.join(domains)}) but "

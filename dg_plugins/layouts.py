@@ -74,6 +74,41 @@ def has_image(folder: str) -> bool:
     return False
 
 
+def domain_folder_given(root: str, folders: list[str]) -> str | None:
+    """When ``root``, read as an image tree whose subfolders ``folders`` are its domains, is one
+    domain's folder instead (no subfolder holds a folder, some hold image files, and a folder
+    beside ``root`` has a subfolder of the same name: they are classes), the folder above it,
+    which the user most likely meant as ``--data_dir``; else None. (One level too high:
+    :func:`dg_plugins.catalog.nested_tree`.)"""
+    paths = [os.path.join(root, name) for name in folders]
+    if not paths or any(visible_subfolders(path) for path in paths):
+        return None
+    if not any(is_image_file(name) for path in paths for name in os.listdir(path)):
+        return None
+    here = os.path.abspath(root)
+    parent = os.path.dirname(here)
+    siblings = [os.path.join(parent, name) for name in visible_subfolders(parent)
+                if os.path.join(parent, name) != here]
+    if not any(set(visible_subfolders(sibling)) & set(folders) for sibling in siblings):
+        return None  # e.g. a tree without class folders: not one level off
+    if os.path.isabs(root):
+        return os.path.dirname(os.path.normpath(root))
+    return os.path.relpath(os.path.join(root, os.pardir))
+
+
+def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | None:
+    """The message for a ``--data_dir`` one level below an image tree
+    (:func:`domain_folder_given`), naming the folder to pass instead; None when the layout is
+    not that."""
+    tree = domain_folder_given(root, folders)
+    if tree is None:
+        return None
+    shown = ", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "")
+    return (f"{dataset}: the folders of {root} ({shown}) hold images, not class folders: {root} "
+            f"is one domain's folder and the image tree is one level up; did you mean "
+            f"--data_dir {tree}?")
+
+
 def image_samples(env_root: str, classes: list[str]) -> list[tuple[str, int]]:
     """``(path, label)`` of every image of one domain folder ``env_root``: its class folders in
     sorted order, each one's images as :func:`list_images`; the label is the class folder's index

@@ -29,6 +29,11 @@ fi
 set -euo pipefail
 SCRIPT=$(basename "${BASH_SOURCE[1]}" .sh)
 PYTHON=${PYTHON:-python}
+if ! command -v "$PYTHON" > /dev/null; then
+    echo "error: PYTHON=$PYTHON is not a command; point PYTHON at the interpreter that has" \
+         "dg_plugins installed, e.g. PYTHON=.venv/bin/python bash sweeps/$SCRIPT.sh" >&2
+    exit 2
+fi
 OUTPUT_DIR=${OUTPUT_DIR:-sweep_output/$SCRIPT}
 LAUNCHER=${LAUNCHER:-local}
 DRY_RUN=${DRY_RUN:-0}

@@ -103,3 +103,72 @@ def test_ip_oop_names_the_clip_weights_and_the_knob_for_a_local_copy(tmp, pacs_w
     (line,) = problems(run.stderr, "error")
     assert f"--pretrained {str(missing)!r}: no such checkpoint file" in line
     assert not run.started_anything() and not run.output_dir.exists()
+
+
+# Errors that name what the user typed ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pacs_with_lists(tmp_path_factory):
+    return release_data.pacs(tmp_path_factory.mktemp("pacs_lists"))
+
+
+@pytest.mark.parametrize("dry_run", ["1", "0"])
+def test_epochs_that_round_to_no_step_are_named_before_any_sweep(tmp, pacs_with_lists, dry_run):
+    """EPOCHS x the steps of an epoch (DMG's release: one pooled batch of 64 over the sample's
+    official train lists, 1 step) rounds to 0 steps: one line names the product, the setting and
+    the smallest EPOCHS that gives a step (0.51: 0.5 rounds to 0), before anything starts."""
+    run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag=f"epochs_{dry_run}",
+                     timeout=TIMEOUT_S, EPOCHS="0.03", DRY_RUN=dry_run,
+                     HPARAMS='{"pretrained": false}')
+    assert run.returncode == 2, run.report()
+    assert run.stderr == (
+        "error: EPOCHS 0.03 x 1 steps per epoch rounds to 0 steps for dmg_pacs (release), DMG on "
+        "PACS (ResNet-18), test envs [0]: the smallest EPOCHS that gives one step is 0.51 "
+        "(reproduce: --epochs)\n")
+    assert run.stdout == "" and not run.started_anything() and not run.output_dir.exists()
+
+
+def test_the_smallest_epochs_named_gives_one_step(tmp, pacs_with_lists):
+    half = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="epochs_half",
+                      timeout=TIMEOUT_S, EPOCHS="0.5", DRY_RUN="1",
+                      HPARAMS='{"pretrained": false}')
+    assert half.returncode == 2 and "the smallest EPOCHS that gives one step is 0.51" in \
+        half.stderr, half.report()
+    enough = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="epochs_enough",
+                        timeout=TIMEOUT_S, EPOCHS="0.51", DRY_RUN="1",
+                        HPARAMS='{"pretrained": false}')
+    assert enough.returncode == 0, enough.report()
+    assert "Total: 48 jobs, 48 training steps" in enough.stdout
+
+
+def test_an_interpreter_without_torch_is_named_with_the_install_command(tmp, pacs_with_lists,
+                                                                        tmp_path):
+    """PYTHON runs dg_plugins from the checkout but cannot import torch (a ``torch`` that fails
+    to import comes first on its path): one line names the interpreter and the command that
+    installs the package into it, instead of a traceback; a real run and a dry run alike."""
+    import shlex
+    import sys
+
+    from paper_runs import REPO
+
+    fake = tmp_path / "no_torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    path = ":".join(map(str, (fake.parent, tmp / "site", REPO)))
+    exe, repo = shlex.quote(sys.executable), shlex.quote(str(REPO))
+    for dry_run in ("0", "1"):
+        run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag=f"no_torch_{dry_run}",
+                         timeout=TIMEOUT_S, PYTHONPATH=path, DRY_RUN=dry_run)
+        assert run.returncode == 2, run.report()
+        assert run.stderr == (
+            f"error: {exe} cannot import torch (No module named 'torch'), which dg_plugins "
+            f"needs: install the package into it ({exe} -m pip install -e {repo}), or run the "
+            "interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)\n")
+        assert not run.started_anything() and not run.output_dir.exists()
+    run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="no_python",
+                     timeout=TIMEOUT_S, PYTHON="no-such-python3")
+    assert run.returncode == 2 and run.stderr == (
+        "error: PYTHON=no-such-python3 is not a command; point PYTHON at the interpreter that "
+        "has dg_plugins installed, e.g. PYTHON=.venv/bin/python bash "
+        "sweeps/dmg_pacs_paper.sh\n"), run.report()

@@ -11,7 +11,7 @@ made with ``make_image_folder_dataset`` in a plugin module named in ``$DG_PLUGIN
 
 Exit status: 0 every image is readable; 1 some image is unreadable; 2 bad input (unknown dataset,
 a dataset that has no image files, a missing folder or a bad layout, e.g. a ``--data_dir`` one
-level above the tree: the folder meant is named).
+level above or below the tree: the folder meant is named).
 """
 
 from __future__ import annotations
@@ -69,9 +69,8 @@ def load_dataset(name: str, data_dir: str):
     """Build the dataset as train would (no augmentation): its layout is checked and its image
     files listed. Raises :class:`BadInput` for unknown names, datasets without image files and
     missing or badly laid-out folders."""
-    from dg_plugins import catalog
+    from dg_plugins import catalog, layouts, plugins
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
-    from dg_plugins import plugins
     from dg_plugins.registry import DATASETS, close_names
 
     plugins.load()
@@ -89,6 +88,12 @@ def load_dataset(name: str, data_dir: str):
         raise BadInput(f"dataset {name!r} is not an image-folder dataset (its data are {kind}), "
                        f"so there are no image files to check; image-folder datasets: "
                        f"{', '.join(choices)}")
+    folder = getattr(cls, "FOLDER_NAME", None)
+    root = os.path.join(data_dir, folder) if folder else data_dir
+    if cls.ENVIRONMENTS is None and os.path.isdir(root):  # domains discovered: the tree's level
+        shallow = layouts.domain_folder_error(name, root, layouts.visible_subfolders(root))
+        if shallow is not None:  # "domains" whose "classes" are images: a --data_dir too low
+            raise BadInput(shallow)
     try:
         dataset = cls(data_dir, [], None)
     except (FileNotFoundError, NotADirectoryError, ValueError) as err:

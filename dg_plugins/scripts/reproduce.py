@@ -307,6 +307,11 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     use_algorithms = _pick("algorithms", algorithms, all_algorithms, setting.name)
     sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
     n_epochs = protocol.epochs.value if protocol.epochs is not None else None
+    for flag, knob, value in (("epochs", "EPOCHS", epochs),
+                              ("pretrain_epochs", "PRETRAIN_EPOCHS", pretrain_epochs)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"--{flag} ({knob}) must be a positive number of epochs, got "
+                             f"{value:g}")
     if epochs is not None:
         if n_epochs is not None:
             n_epochs = epochs
@@ -338,6 +343,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
         plan.notes.append(f"CLIP weights for scoring read from {clip_checkpoint}, declared as "
                           f"the table's {protocol.alignment['pretrained'].value}")
     plan.root = output_dir
+    too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
     tail = ["--resume", "--skip_confirmation", "--eval_splits", eval_splits]
     if launcher:
@@ -397,6 +403,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                         per_epoch = ps.steps_per_epoch(sizes, run_hp["batch_size"],
                                                        run_hp.get("batch_sampling", "per_domain"))
                         steps = int(round(n_epochs * per_epoch))
+                        if steps < 1:
+                            too_short.append((per_epoch, f"{name}, test envs {test_set}"))
                         label = (f"{name}, test envs {test_set}: {sum(sizes)} training images "
                                  f"({'+'.join(map(str, sizes))}; {origin}) / batch "
                                  f"{run_hp['batch_size']} = {per_epoch} steps per epoch x "
@@ -427,7 +435,24 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             plan.collects.append(["--input_dir", folder, "--selection",
                                   *protocol.selections.value, *paper, *protocol.collect_flags,
                                   "--format", "markdown"])
+    if too_short:
+        per_epoch, where = min(too_short)
+        raise UsageError(
+            f"EPOCHS {n_epochs:g} x {per_epoch} steps per epoch rounds to 0 steps for "
+            f"{setting.name} ({protocol.name}), {where}: the smallest EPOCHS that gives one step "
+            f"is {smallest_epochs(per_epoch):g} (reproduce: --epochs)")
     return plan
+
+
+def smallest_epochs(per_epoch: int) -> float:
+    """The smallest number of epochs, at two significant digits, that :func:`plan_setting`'s
+    ``round(epochs x per_epoch)`` turns into at least one step."""
+    epochs = 0.5 / per_epoch
+    digits = 1 - math.floor(math.log10(epochs))
+    epochs = math.ceil(epochs * 10 ** digits) / 10 ** digits
+    while round(epochs * per_epoch) < 1:  # 0.5 rounds to 0 (to even)
+        epochs += 10 ** -digits
+    return round(epochs, digits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,7 +648,7 @@ def runs_with(jobs) -> str:
 
 #: The ``--eval_splits`` values, in the order the forwards are printed.
 EVAL_SPLITS = ("selection", "all")
-#: Forwards per image of a training step: its forward and its backward pass (issue 36's count).
+#: Forwards per image of a training step: its forward, and its backward counted as two.
 TRAIN_FORWARDS_PER_IMAGE = 3
 FORWARDS_DEFINITION = (
     "Image forwards: a training step counts 3 per image it trains on (forward and backward; "
@@ -1149,6 +1174,22 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
                          "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
 
 
+def require_torch() -> None:
+    """Raise :class:`UsageError` naming this interpreter and the install command when it cannot
+    import torch (every listing and sweep needs it; ``--describe`` does not): the one line a
+    paper script run with another ``PYTHON`` prints."""
+    try:
+        import torch  # noqa: F401
+    except (ImportError, OSError) as err:
+        exe = shlex.quote(sys.executable)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        package = shlex.quote(root) if os.path.isfile(os.path.join(root, "setup.cfg")) else \
+            "dg_plugins"
+        raise UsageError(f"{exe} cannot import torch ({err}), which dg_plugins needs: install the "
+                         f"package into it ({exe} -m pip install -e {package}), or run the "
+                         "interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -1157,6 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:i]:
             parser.error("--dry_run_sweeps takes only sweep calls after it")
         try:
+            require_torch()
             return dry_run_sweeps(argv[i + 1:])
         except UsageError as err:
             print(f"error: {err}", file=sys.stderr)
@@ -1166,6 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.forwards and not args.list:
             parser.error("--forwards goes with --list (a dry run prints the forwards anyway)")
         if args.list:
+            require_torch()
             return list_settings(args.data_dir, args.forwards)
         if args.setting is None:
             parser.error("give a SETTING (one of: " + ", ".join(ps.SETTINGS) + ") or --list")
@@ -1179,6 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.data_dir is None:
             parser.error("--data_dir is required (the folder holding the datasets)")
+        require_torch()
         if any(not token.startswith("-") for token in extra[:1]):
             parser.error(f"unexpected argument {extra[0]!r}: extra arguments are sweep flags "
                          "such as --n_trials 1")

@@ -12,6 +12,7 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.files import atomic_torch_save
+from dg_plugins.runtime import COMPUTE_DEFAULTS
 from dg_plugins.seeds import rng_state, set_rng_state
 from dg_plugins.train.flags import EVAL_DEFAULTS
 from dg_plugins.train.folder import JobStateError
@@ -133,6 +134,23 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
             f"changed on disk. {fix}.") from None
 
 
+#: The flags left out of a job's args (or None there) at their default: the compute settings
+#: (:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`) and the evaluation flags (:data:`EVAL_DEFAULTS`).
+FLAG_DEFAULTS = {**COMPUTE_DEFAULTS, **EVAL_DEFAULTS}
+
+
+def flag_value(args: dict, key: str) -> tuple[str, str]:
+    """``(value, note)`` of flag ``key`` in a job's ``args``, as a resume difference names it:
+    the value given, or for a flag left out at its default (:data:`FLAG_DEFAULTS`) the default
+    with the note `` (the default)``; any other flag not given is ``not given``."""
+    value = args.get(key)
+    if value is not None:
+        return repr(value), ""
+    if key in FLAG_DEFAULTS:
+        return repr(FLAG_DEFAULTS[key]), " (the default)"
+    return "not given", ""
+
+
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
     """What differs between the run that wrote the checkpoint and this command (paths that may
     move, :data:`RESUMABLE_ARG_CHANGES`, excluded).
@@ -149,9 +167,8 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
         if key in RESUMABLE_ARG_CHANGES:
             continue
         if old_args.get(key) != record_args.get(key):
-            # an evaluation flag absent from the args is at its default (EVAL_DEFAULTS)
-            old, new = (args.get(key, EVAL_DEFAULTS.get(key)) for args in (old_args, record_args))
-            diffs.append(f"--{key}: {old!r} in the checkpoint, {new!r} now")
+            old, new = (flag_value(args, key) for args in (old_args, record_args))
+            diffs.append(f"--{key}: {old[0]} in the checkpoint{old[1]}, {new[0]} now{new[1]}")
     defaults = None
     for key in sorted(set(old_hparams) | set(hparams)):
         if key not in old_hparams and key in hparams:

@@ -36,6 +36,7 @@ from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, EVALUATED_KEY, 
                                      evaluated_splits, format_row, keep_counted_records)
 from dg_plugins.train.precision import Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
+from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets
 
 #: The keys of ``args`` in records: DomainBed's train CLI, exactly.
@@ -221,9 +222,6 @@ class Job:
             print("\t{}: {}".format(k, v))
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)
-        print("HParams:")
-        for k, v in sorted(self.hparams.items()):
-            print("\t{}: {}".format(k, v))
 
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled:
@@ -232,6 +230,7 @@ class Job:
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
+        print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
         self.eval_names = self.splits_to_evaluate()
         with recording_weights() as loaded:

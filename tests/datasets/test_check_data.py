@@ -109,6 +109,47 @@ def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
         f"down; did you mean --data_dir {data_dir / 'PACS'}?\n")
 
 
+def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
+    """The generic ImageFolder pointed at one domain's folder (its "domains" are classes holding
+    images): the real command says which --data_dir was meant, absolute or relative as typed, and
+    exits 2 (it used to say "no class folders in domain folder .../photo/dog", calling a class a
+    domain). train and sweep read the same check (catalog.environments_of)."""
+    from dg_plugins import catalog
+
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    tree = data_dir / "PACS"
+    classes = sorted(os.listdir(tree / "photo"))
+    for given, cwd, meant in ((tree / "photo", None, tree), ("photo", tree, "."),
+                              (".", tree / "photo", "..")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
+             "--data_dir", str(given)], capture_output=True, text=True, timeout=120, cwd=cwd)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        assert proc.stderr == (
+            f"error: ImageFolder: the folders of {given} ({', '.join(classes)}) hold images, not "
+            f"class folders: {given} is one domain's folder and the image tree is one level up; "
+            f"did you mean --data_dir {meant}?\n")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"did you mean --data_dir {tree}?")):
+        catalog.environments_of("ImageFolder", str(tree / "photo"))
+
+
+def test_a_tree_without_class_folders_is_not_taken_for_a_domain_folder(tmp_path):
+    """Domain folders holding images directly, with no folder beside the tree sharing their
+    names: a tree lacking its class folders, not one level off; the layout error stays."""
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    flat = tmp_path / "flat"
+    for domain in ("a", "b"):
+        (flat / domain).mkdir(parents=True)
+        for image in sorted((data_dir / "PACS" / "photo" / "dog").iterdir()):
+            shutil.copyfile(image, flat / domain / image.name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
+         "--data_dir", str(flat)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"error: no class folders in domain folder {flat / 'a'}. ")
+    assert "did you mean" not in proc.stderr
+
+
 def test_dataset_made_with_make_image_folder_dataset(tmp_path, capsys, monkeypatch):
     """A user's dataset registered by a plugin module named in $DG_PLUGINS_IMPORT."""
     data_dir, broken = corrupt_copy(tmp_path)

@@ -127,7 +127,9 @@ def test_a_resume_with_the_other_value_is_refused(tmp_path):
         code = train_cli.main(argv + ["--resume", "--eval_splits", second])
         assert code == 2
         err = (out / "err.txt").read_text()
-        assert (f"--eval_splits: '{first}' in the checkpoint, '{second}' now") in err
+        default = {"all": " (the default)", "selection": ""}  # train's default: all
+        assert (f"--eval_splits: '{first}' in the checkpoint{default[first]}, '{second}' "
+                f"now{default[second]}") in err
         assert (out / "results.jsonl").read_bytes() == before
 
 

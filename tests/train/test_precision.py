@@ -72,7 +72,8 @@ def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
     assert len(read_records(cut)) == 2  # steps 0 and 6; the checkpoint continues at step 7
     code, out = run("dg_plugins.scripts.train", *JOB, "--output_dir", cut, "--resume",
                     env=command_env(), timeout=600)
-    assert code == 2 and "--precision: 'bf16' in the checkpoint, None now" in out, out[-3000:]
+    assert code == 2, out[-3000:]
+    assert "--precision: 'bf16' in the checkpoint, 'fp32' now (the default)" in out, out[-3000:]
     code, out = run("dg_plugins.scripts.train", *JOB, "--precision", "bf16", "--output_dir", cut,
                     "--resume", env=command_env(), timeout=600)
     assert code == 0, out[-3000:]

@@ -164,6 +164,52 @@ def test_resume_with_other_arguments_refuses_and_lists_the_differences(tmp_path,
     assert (out / "results.jsonl").read_bytes() == kept
 
 
+@pytest.mark.parametrize("first, again, listed", [
+    (["--deterministic", "false"], ["--deterministic", "true"],
+     "--deterministic: False in the checkpoint, True now (the default)"),
+    (["--eval_batch_size", "32"], [],
+     "--eval_batch_size: 32 in the checkpoint, 64 now (the default)"),
+    ([], ["--eval_splits", "selection"],
+     "--eval_splits: 'all' in the checkpoint (the default), 'selection' now"),
+])
+def test_a_resume_difference_names_a_default_value_not_none(tmp_path, capsys, first, again,
+                                                            listed):
+    """A flag left out of a job's args at its default (compute settings, evaluation flags),
+    whether not given or given at its default, is named by its default value."""
+    out = tmp_path / "job"
+    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
+            "--steps", "5", "--checkpoint_freq", "2"]
+    assert train.run(build_parser().parse_args(base + first), stop_after_step=2) == "stopped"
+    assert main(base + again + ["--resume"]) == 2
+    err = "".join(capsys.readouterr())
+    assert listed in err and "None" not in err.split("--resume with other arguments")[1], err
+
+
+def test_every_flag_left_out_at_its_default_is_named_by_its_default():
+    """The rule, for every compute setting and evaluation flag (and ``not given`` for another
+    flag absent from one side)."""
+    from dg_plugins.runtime import COMPUTE_DEFAULTS
+    from dg_plugins.train.checkpoint import checkpoint_differences
+    from dg_plugins.train.flags import EVAL_DEFAULTS
+
+    now = {"algorithm": "ERM", "dataset": "Debug28", "seed": 0}
+    hparams = {"lr": 0.1}
+    other = {"precision": "bf16", "channels_last": True, "deterministic": False,
+             "eval_splits": "selection", "eval_batch_size": 32}
+    assert set(other) == set(COMPUTE_DEFAULTS) | set(EVAL_DEFAULTS)
+    for key, value in other.items():
+        default = {**COMPUTE_DEFAULTS, **EVAL_DEFAULTS}[key]
+        old = {"args": dict(now, **{key: value}), "hparams": hparams}
+        assert checkpoint_differences(old, now, hparams) == [
+            f"--{key}: {value!r} in the checkpoint, {default!r} now (the default)"]
+        assert checkpoint_differences({"args": now, "hparams": hparams}, dict(now, **{key: value}),
+                                      hparams) == [
+            f"--{key}: {default!r} in the checkpoint (the default), {value!r} now"]
+    old = {"args": dict(now, alignment_scores="a.csv"), "hparams": hparams}
+    assert checkpoint_differences(old, now, hparams) == [
+        "--alignment_scores: 'a.csv' in the checkpoint, not given now"]
+
+
 def test_resume_in_a_moved_folder_is_allowed(tmp_path):
     first, moved = tmp_path / "first", tmp_path / "moved"
     assert train.run(args_for(first, "--steps", "7", "--checkpoint_freq", "2"),

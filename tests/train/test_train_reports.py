@@ -145,3 +145,105 @@ def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tmp_path):
     assert proc.returncode == 0, stdout.decode() + terminal.decode()
     assert b"ERM on RotatedMNIST5k" in terminal and b"\r" in terminal
     assert b"progress: " not in stdout + terminal
+
+
+# The "HParams:" printout lists the hparams the job's network reads ------------------------------
+
+class Reads(dict):
+    """hparams that note every name read from them."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = set()
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def get(self, name, default=None):
+        self.read.add(name)
+        return super().get(name, default)
+
+    def __contains__(self, name):
+        self.read.add(name)
+        return super().__contains__(name)
+
+
+NETWORKS = [  # (algorithm, dataset, input shape, hparams): each backbone and own network
+    ("ERM", "Debug224", (3, 224, 224), {"pretrained": False}),  # timm's ResNet-50 (AugMix)
+    ("ERM", "Debug224", (3, 224, 224), {"resnet18": True, "pretrained": False}),
+    ("ERM", "Debug224", (3, 224, 224), {"resnet50_augmix": False, "pretrained": False}),
+    ("ERM", "Debug224", (3, 224, 224), {"vit": True, "vit_arch": "dg_vit_test_patch32_224",
+                                        "pretrained": False}),
+    ("DMG", "Debug28", (3, 28, 28), {}),  # the MNIST CNN
+    ("ERM", "DigitsOffline", (3, 32, 32), {}),  # the dataset's backbone: LeNet
+    ("MPBM", "Debug28", (3, 28, 28), {}),
+    ("ERM_ViT", "Debug28", (3, 28, 28), {"vit_arch": "tiny", "pretrained": False}),
+    ("GMoE", "Debug28", (3, 28, 28), {"vit_arch": "tiny", "gmoe_router_dim": 16,
+                                      "pretrained": False}),
+    ("DisMAE", "Debug28", (3, 28, 28), {"vit_arch": "tiny", "dismae_decoder_width": 32}),
+    ("MAE", "Debug28", (3, 28, 28), {"vit_arch": "tiny", "dismae_decoder_width": 32}),
+]
+
+
+@pytest.mark.parametrize("algorithm, dataset, shape, overrides", NETWORKS,
+                         ids=[f"{a}-{d}-{'-'.join(o) or 'default'}" for a, d, _, o in NETWORKS])
+def test_the_hparams_listed_are_those_the_network_reads(algorithm, dataset, shape, overrides):
+    """The algorithm built with hparams that note what is read: the network hparams listed are
+    exactly those its construction reads, but for a false switch that chose another network
+    (``resnet18`` false for a ResNet-50, ``vit`` false for a ResNet), which is left out with the
+    network hparams of the other backbones; every other hparam is listed."""
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.registry import ALGORITHMS
+    from dg_plugins.train.shown_hparams import MODEL_HPARAMS, UNREAD_HPARAMS, shown_hparams
+
+    hparams = Reads({**hparams_lib.default_hparams(algorithm, dataset), **overrides})
+    listed, left_out = shown_hparams(algorithm, shape, hparams)
+    hparams.read.clear()
+    ALGORITHMS.get(algorithm)(shape, 4, 1 if algorithm == "MPBM" else 2, hparams)
+    read = hparams.read & MODEL_HPARAMS
+    switches = {name for name in read - set(listed) if hparams[name] is False}
+    assert switches <= {"resnet18", "vit"}, switches
+    assert set(listed) & MODEL_HPARAMS == read - switches
+    assert set(listed) | set(left_out) == set(hparams) and not set(listed) & set(left_out)
+    assert set(left_out) <= MODEL_HPARAMS | UNREAD_HPARAMS
+
+
+def test_an_algorithm_with_a_network_of_its_own_lists_every_hparam(monkeypatch):
+    """A plugin's algorithm that is not ERM-shaped: what its network reads is not known, so
+    nothing is left out."""
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.algorithms.base import Algorithm
+    from dg_plugins.registry import ALGORITHMS
+    from dg_plugins.train.shown_hparams import shown_hparams
+
+    monkeypatch.setattr(ALGORITHMS, "get", lambda name: Algorithm)
+    hparams = hparams_lib.default_hparams("ERM", "Debug28")
+    assert shown_hparams("Mine", (3, 28, 28), hparams) == (sorted(hparams), [])
+
+
+def test_train_prints_the_hparams_of_its_network_and_records_them_all(tree, tmp_path):
+    """The real command on a ResNet-18 job: out.txt lists resnet18 and the ResNet's hparams,
+    not resnet50_augmix nor the ViT's, and names those on one line; the records keep every
+    hparam."""
+    from dg_plugins import hparams as hparams_lib
+
+    out = tmp_path / "job"
+    code, output = train(tree, out, {"pretrained": False}, "--steps", "1", "--skip_model_save")
+    assert code == 0, output
+    text = (out / "out.txt").read_text()
+    block = text.split("HParams:\n")[1].split("\n")
+    listed = {}
+    for line in block:
+        if not line.startswith("\t") or line.startswith("\t("):
+            break
+        name, value = line[1:].split(": ", 1)
+        listed[name] = value
+    assert listed["resnet18"] == "True" and listed["pretrained"] == "False"
+    assert {"batch_size", "lr", "resnet_dropout", "freeze_bn", "augmentation"} <= set(listed)
+    left_out = ["dinov2", "lars", "linear_steps", "mnist_cnn_width", "resnet50_augmix", "vit",
+                "vit_arch", "vit_attn_tune", "vit_dropout"]
+    assert line == f"\t(in the records, not read by this job: {', '.join(left_out)})"
+    (record,) = [json.loads(r) for r in (out / "results.jsonl").read_text().splitlines()][-1:]
+    assert set(record["hparams"]) == set(listed) | set(left_out)
+    assert set(record["hparams"]) == set(hparams_lib.default_hparams("ERM", "PACS"))
