@@ -4,7 +4,7 @@ dg_plugins' train (with ``--eval_splits all`` and with ``selection``) and by Dom
 ``PYTHONPATH=PATH``), on the same data with the same arguments, the three taking turns in every
 repeat (the order rotating), measured in one run.
 
-The job (issue 36's): ERM with a ResNet-18 on a PACS-shaped tree of 560 JPEGs at 227x227
+The job: ERM with a ResNet-18 on a PACS-shaped tree of 560 JPEGs at 227x227
 (:func:`dg_plugins.benchmarks.data.make_pacs_tree`), test environment 0, 21 steps, a record every
 5 steps, batch 8 per domain, each host's default loader workers. DomainBed always loads
 torchvision's ImageNet weights (``domainbed/networks.py``: ``resnet18(pretrained=True)``), so both
@@ -21,7 +21,7 @@ a training step (the records' ``step_time``: drawing the batches and the update,
 left out); one evaluation (the time between two records' lines on the job's unbuffered stdout
 less the steps between them at that record's ``step_time``); and the ratios of dg_plugins to
 DomainBed and of ``selection`` to ``all``, each the median of the per-repeat ratios (runs of one
-repeat are back to back) with their quartiles. Issue 36's goals on a 2-core CPU: a ``selection``
+repeat are back to back) with their quartiles. The targets on a 2-core CPU: a ``selection``
 job at most 0.35x DomainBed's wall, and at most 0.75x an ``all`` job's.
 """
 
