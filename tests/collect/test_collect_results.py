@@ -183,7 +183,7 @@ def test_columns_no_run_has_are_left_out_with_a_line(sweep, capsys):
     assert "X for ERM in every table" not in err
     assert ("note: Averages table, VLCS column: each trial is averaged over the test "
             "environments it has (DomainBed's rule), here L, S, V for every row; VLCS has C, L, "
-            "S, V [iid; oracle]." in err.splitlines())
+            "S, V [iid, oracle]." in err.splitlines())
     _, csv_out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--format", "csv")
     assert {row["column"] for row in csv.DictReader(io.StringIO(csv_out))
             if row["table"] == "VLCS"} == {"C", "L", "S", "V", "Avg"}
@@ -617,7 +617,7 @@ def test_notes_explain_x_cells_and_averages_over_other_domains(sweep, capsys):
     notes = err.splitlines()
     assert ("note: Averages table, VLCS column: each trial is averaged over the test "
             "environments it has (DomainBed's rule), here L, S, V (trial 0) and C, L, S, V "
-            "(trial 1) for every row; VLCS has C, L, S, V [iid; oracle].") in notes
+            "(trial 1) for every row; VLCS has C, L, S, V [iid, oracle].") in notes
     loo = next(n for n in notes if n.startswith("note: VLCS [loo]: "))
     assert "X for every algorithm at C, L, S, V although the runs exist" in loo
     assert "[t, j]" in loo
