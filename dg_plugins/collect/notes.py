@@ -226,33 +226,40 @@ def averages_notes(sections: list[Section], labels_of, all_columns: bool = True)
     return [f"{body}{_where(names, every)}." for body, names in bodies.items()]
 
 
-def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
-    """Per job whose records hold a NaN or infinite value (``records["nonfinite"]``): which keys
-    at which steps, e.g. ``job J has NaN loss at steps 300, 400, 500``. A subset accuracy
-    over an empty subset (its ``_count`` is 0: IP/OOP records) is NaN by design and not named.
-    At most ``limit`` jobs, then a count."""
+def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
+    """job -> {``"NaN loss"`` or ``"loss=inf"``: ``"steps 300, 400"``} over the records'
+    ``nonfinite`` values (of ``jobs`` only, if given), in record order. A subset accuracy over an
+    empty subset (its ``_count`` is 0: IP/OOP records) is NaN by design and left out."""
     if "nonfinite" not in records or records["nonfinite"].isna().all():
-        return []
+        return {}
     rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())
     per_job: dict[str, dict[str, list]] = {}
-    kinds: dict[str, set] = {}  # job -> {"accuracy", "other"}
     for row in rows:
+        job = records["job"].iat[row]
+        if jobs is not None and job not in jobs:
+            continue
         for key, value in records["nonfinite"].iat[row]:
             count = key.removesuffix("_acc") + "_count"
             if value == "NaN" and count in records and records[count].iat[row] == 0:
                 continue  # an empty subset
             what = f"{value} {key}" if value == "NaN" else f"{key}={value}"
-            kinds.setdefault(records["job"].iat[row], set()).add(
-                "accuracy" if ACC_KEY.fullmatch(key) else "other")
-            steps = per_job.setdefault(records["job"].iat[row], {}).setdefault(what, [])
-            steps.append(records["step"].iat[row])
+            per_job.setdefault(job, {}).setdefault(what, []).append(records["step"].iat[row])
+    return {job: {what: _steps(steps) for what, steps in found.items()}
+            for job, found in per_job.items()}
+
+
+def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
+    """Per job whose records hold a NaN or infinite value (:func:`nonfinite_by_job`): which keys
+    at which steps, e.g. ``job J has NaN loss at steps 300, 400, 500``, and what the tables make
+    of it. At most ``limit`` jobs, then a count."""
+    per_job = nonfinite_by_job(records)
     notes = []
     for job, found in list(per_job.items())[:limit]:
-        parts = [f"{what} at {_steps(steps)}" for what, steps in found.items()]
+        parts = [f"{what} at {steps}" for what, steps in found.items()]
         meaning = []
-        if "accuracy" in kinds[job]:
+        if any(ACC_KEY.search(what) for what in found):
             meaning.append("a NaN accuracy counts as missing in the tables and figures")
-        if "other" in kinds[job]:
+        if not all(ACC_KEY.search(what) for what in found):
             meaning.append("a non-finite loss means the run diverged; its accuracies still "
                            "count, as in DomainBed")
         notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
