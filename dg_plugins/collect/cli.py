@@ -45,10 +45,12 @@ Beyond DomainBed:
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
   warning (see :mod:`dg_plugins.collect.records`).
 * ``--plot DIR`` also writes PNG figures into DIR (:mod:`dg_plugins.collect.plots`): per table
-  of a dataset, each algorithm's selected accuracy per column with standard-error bars and the
-  ``--paper`` numbers as markers; per dataset and algorithm, the source-validation and target
-  accuracy of the selected runs against the step (mean over trials, a band from the lowest to
-  the highest trial, each trial's selected checkpoint marked). Their paths go to stderr;
+  of a dataset, each algorithm's selected accuracy per column with standard-error bars labelled
+  with their trials, chance and the ``--paper`` numbers as markers; per dataset and algorithm,
+  the selected runs against the step, per selection method its own signal (iid: source
+  validation; oracle: the target's out-split, DomainBed's oracle taking each run's last
+  checkpoint) beside the target accuracy, each trial's selected checkpoint marked. Their paths
+  go to stderr;
 * ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
   checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
@@ -124,10 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "to a paper row; keys: " + ", ".join(reference.keys()))
     parser.add_argument("--plot", metavar="DIR", default=None,
                         help="also write figures (PNG) into DIR, created if needed: per dataset "
-                             "table, the selected accuracies with standard-error bars and the "
-                             "--paper numbers as markers; per dataset and algorithm, training "
-                             "curves of the selected runs with the selected checkpoints marked; "
-                             "the written paths go to stderr")
+                             "table, the selected accuracies with standard-error bars (n trials "
+                             "each), chance and the --paper numbers as markers; per dataset and "
+                             "algorithm, the selected runs against the step: per selection "
+                             "method the signal it selects with and the target accuracy, the "
+                             "selected checkpoints marked; the written paths go to stderr")
     parser.add_argument("--all_columns", action="store_true",
                         help="DomainBed's layout: every environment column, X where no run has "
                              "that test environment (default: such columns, and then Avg, are "

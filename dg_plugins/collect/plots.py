@@ -538,8 +538,8 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
     heading = _wrap(title, width - 0.3, NORMAL + 1)
     legend_rows = 3
     bottom = 0.15 + 0.17 * _lines(caption) + 0.22 * legend_rows + 0.2
-    top = 0.2 + 0.2 * _lines(heading) + 0.35
-    height = top + 2.3 * len(panels) + bottom
+    top = 0.12 + 0.17 * _lines(heading)
+    height = top + 0.35 + 2.3 * len(panels) + bottom
     figure = _new_figure(width, height)
     axes = figure.subplots(len(panels), len(shown), squeeze=False, sharex=True, sharey=True)
     handles: dict = {}
@@ -597,9 +597,9 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
         figure.legend([handles[label] for label in order], order, loc="lower center", ncol=2,
                       fontsize=SMALL, frameon=False,
                       bbox_to_anchor=(0.5, (0.1 + 0.17 * _lines(caption)) / height))
-    figure.suptitle(heading, fontsize=NORMAL + 1)
+    figure.suptitle(heading, fontsize=NORMAL + 1, y=1 - 0.08 / height, va="top")
     figure.text(0.01, 0.1 / height, caption, fontsize=SMALL, color="0.2", va="bottom")
-    figure.tight_layout(rect=(0, bottom / height, 1, 1 - 0.1 / height))
+    figure.tight_layout(rect=(0, bottom / height, 1, 1))  # it makes room for the suptitle
     return figure
 
 
