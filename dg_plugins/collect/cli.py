@@ -10,12 +10,11 @@ test environment was run: ``Total records: N``, then for each model-selection me
 per dataset and an Averages table. A test environment no run has (a sweep of some targets
 only) is left out of the tables, with Avg (X once any column is), and a line under the table
 names them; ``--all_columns`` prints DomainBed's layout, every column, X where nothing ran
-(the CSV format always has every cell). As
-DomainBed does, the same text is written into the sweep folder, overwriting: ``results.txt``
-(text), ``results.tex`` (``--latex``), and for our extra formats ``results.md`` (``--format
-markdown``) or ``results.csv`` (``--format csv``: one tidy row per table cell, see
-:mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A folder that cannot be written gets a
-warning, not a crash.
+(the CSV format always has every cell). As DomainBed does, the same text is written into the
+sweep folder, overwriting: ``results.txt`` (text), ``results.tex`` (``--latex``), and for our
+extra formats ``results.md`` (``--format markdown``) or ``results.csv`` (``--format csv``: one
+tidy row per table cell, see :mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A
+folder that cannot be written gets a warning, not a crash.
 
 Beyond DomainBed:
 
