@@ -86,7 +86,7 @@ def _render_latex(report: Report) -> str:
         for table in section.tables:
             if not table.col_labels:
                 lines += ["", f"\\subsubsection{{{table.title}}}", "",
-                          _latex_escape(table.left_out or "")]
+                          _latex_escape(table.left_out or "").replace("--", "-{}-")]
                 continue
             labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
                       for label in ["Algorithm", *table.col_labels]]
@@ -100,7 +100,8 @@ def _render_latex(report: Report) -> str:
             for comparison in table.comparisons:
                 lines += _comparison_latex(comparison, table)
             if table.left_out:
-                lines += ["\\midrule", _latex_spanning(table, table.left_out)]
+                lines += ["\\midrule",
+                          _latex_spanning(table, table.left_out).replace("--", "-{}-")]
             lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
     hparams = _hparams_lines(report)
     if hparams:

@@ -261,16 +261,24 @@ class _Columns:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
         numbers, records = [], []
         self._nonfinite_lines = {}
+        fast = _orjson.loads if _orjson is not None else None
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
                 continue
+            if fast is not None:
+                try:  # orjson rejects NaN and Infinity: a line it reads has none
+                    records.append(fast(line))
+                    numbers.append(number)
+                    continue
+                except ValueError:
+                    pass
             try:
-                records.append(parse_line(line))
+                records.append(json.loads(line))
                 numbers.append(number)
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
                 continue
-            if "NaN" in line or "Infinity" in line:  # as json.dumps writes them (a fast test)
+            if "NaN" in line or "Infinity" in line:  # as json.dumps writes them
                 keys = nonfinite_keys(records[-1])
                 if keys:
                     self._nonfinite_lines[number] = keys

@@ -191,7 +191,7 @@ def test_columns_no_run_has_are_left_out_with_a_line(sweep, capsys):
     assert "\n\nleft out: test environment C (not run) and Avg" in text
     _, text, _ = run(capsys, "--input_dir", sweep, "--no_save", "--format", "latex")
     assert ("\\midrule\n\\multicolumn{4}{l}{\\footnotesize left out: test environment C (not "
-            "run) and Avg (it needs every one); --all\\_columns shows them as X} \\\\\n"
+            "run) and Avg (it needs every one); -{}-all\\_columns shows them as X} \\\\\n"
             "\\bottomrule") in text
 
 
