@@ -278,7 +278,7 @@ class _Columns:
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
                 continue
-            if "NaN" in line or "Infinity" in line:  # as json.dumps writes them
+            if fast is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
                 keys = nonfinite_keys(records[-1])
                 if keys:
                     self._nonfinite_lines[number] = keys
