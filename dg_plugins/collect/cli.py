@@ -2,16 +2,19 @@
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
         [--selection iid loo oracle] [--paper KEY [KEY ...]] [--hparams_table]
-        [--plot DIR] [--no_save]
+        [--all_columns] [--plot DIR] [--no_save]
 
-By default the output (stdout) is byte-identical to DomainBed's collect_results on the same folder:
-``Total records: N``, then for each model-selection method (training-domain validation, leave-one-
-domain-out cross-validation, test-domain oracle) a table per dataset and an Averages table. As
-DomainBed does, the same text is written into the sweep folder, overwriting: ``results.txt``
-(text), ``results.tex`` (``--latex``), and for our extra formats ``results.md`` (``--format
-markdown``) or ``results.csv`` (``--format csv``: one tidy row per table cell, see
-:mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A folder that cannot be written gets a
-warning, not a crash.
+The output (stdout) is DomainBed's collect_results' on the same folder, byte for byte where every
+test environment was run: ``Total records: N``, then for each model-selection method
+(training-domain validation, leave-one-domain-out cross-validation, test-domain oracle) a table
+per dataset and an Averages table. A test environment no run has (a sweep of some targets
+only) is left out of the tables, with Avg (X once any column is), and a line under the table
+names them; ``--all_columns`` prints DomainBed's layout, every column, X where nothing ran
+(the CSV format always has every cell). As DomainBed does, the same text is written into the
+sweep folder, overwriting: ``results.txt`` (text), ``results.tex`` (``--latex``), and for our
+extra formats ``results.md`` (``--format markdown``) or ``results.csv`` (``--format csv``: one
+tidy row per table cell, see :mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A
+folder that cannot be written gets a warning, not a crash.
 
 Beyond DomainBed:
 
@@ -41,10 +44,12 @@ Beyond DomainBed:
 * unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
   warning (see :mod:`dg_plugins.collect.records`).
 * ``--plot DIR`` also writes PNG figures into DIR (:mod:`dg_plugins.collect.plots`): per table
-  of a dataset, each algorithm's selected accuracy per column with standard-error bars and the
-  ``--paper`` numbers as markers; per dataset and algorithm, the source-validation and target
-  accuracy of the selected runs against the step (mean over trials, a band from the lowest to
-  the highest trial, each trial's selected checkpoint marked). Their paths go to stderr;
+  of a dataset, each algorithm's selected accuracy per column with standard-error bars labelled
+  with their trials, chance and the ``--paper`` numbers as markers; per dataset and algorithm,
+  the selected runs against the step, per selection method its own signal (iid: source
+  validation; oracle: the target's out-split, DomainBed's oracle taking each run's last
+  checkpoint) beside the target accuracy, each trial's selected checkpoint marked. Their paths
+  go to stderr;
 * ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
   checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
 * ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
@@ -71,9 +76,10 @@ from dg_plugins import catalog, reference
 from dg_plugins.collect import formats as table_formats
 from dg_plugins.collect import ipoop, learning, papers
 from dg_plugins.collect.records import job_progress, load_records
+from dg_plugins.collect.notes import nonfinite_notes
 from dg_plugins.collect.report import build_report
 from dg_plugins.collect.selection import METHODS
-from dg_plugins.collect.tables import Report
+from dg_plugins.collect.tables import Report, leave_out_unrun
 from dg_plugins.help_text import plain_text
 from dg_plugins.train.folder import is_done
 
@@ -119,10 +125,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "to a paper row; keys: " + ", ".join(reference.keys()))
     parser.add_argument("--plot", metavar="DIR", default=None,
                         help="also write figures (PNG) into DIR, created if needed: per dataset "
-                             "table, the selected accuracies with standard-error bars and the "
-                             "--paper numbers as markers; per dataset and algorithm, training "
-                             "curves of the selected runs with the selected checkpoints marked; "
-                             "the written paths go to stderr")
+                             "table, the selected accuracies with standard-error bars (n trials "
+                             "each), chance and the --paper numbers as markers; per dataset and "
+                             "algorithm, the selected runs against the step: per selection "
+                             "method the signal it selects with and the target accuracy, the "
+                             "selected checkpoints marked; the written paths go to stderr")
+    parser.add_argument("--all_columns", action="store_true",
+                        help="DomainBed's layout: every environment column, X where no run has "
+                             "that test environment (default: such columns, and then Avg, are "
+                             "left out of the text, LaTeX and Markdown tables and the figures, "
+                             "with a line under each table naming them)")
     parser.add_argument("--no_save", action="store_true",
                         help="print only; do not write results files into --input_dir")
     args = parser.parse_args(argv)
@@ -188,12 +200,17 @@ def main(argv: list[str] | None = None) -> int:
                    if not is_done(os.path.join(args.input_dir, job))}
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
+        for note in nonfinite_notes(records):
+            print(f"note: {note}", file=sys.stderr)
         return 0
+    every_column = args.all_columns or args.format == "csv"
     report = build_report(records, [METHODS[key] for key in args.selection],
-                                 hparams_table=args.hparams_table,
-                                 single_source=args.single_source, ipoop=args.ipoop,
-                                 papers=[reference.get(key) for key in args.paper])
-    text = table_formats.render(report, args.format)
+                          hparams_table=args.hparams_table,
+                          single_source=args.single_source, ipoop=args.ipoop,
+                          papers=[reference.get(key) for key in args.paper],
+                          all_columns=every_column)
+    shown = report if args.all_columns else leave_out_unrun(report)
+    text = table_formats.render(report if every_column else shown, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
     for note in [*_progress_notes(args.input_dir), *report.notes]:
@@ -203,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if report.hparams is not None:
             _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE), table_formats.hparams_csv(report))
     if args.plot is not None:
-        return _plot(records, report, args)
+        return _plot(records, shown, args)
     return 0
 
 

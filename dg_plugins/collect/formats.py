@@ -37,12 +37,15 @@ def _render_text(report: Report) -> str:
     lines = [f"Total records: {report.n_records}"]
     for section in report.sections:
         for table in section.tables:
-            lines += ["", f"-------- {table.header}",
-                      format_row(["Algorithm", *table.col_labels], table.colwidth)]
-            lines += [format_row([algorithm, *(cell.text() for cell in cells)], table.colwidth)
-                      for algorithm, cells in table.rows.items()]
-            for comparison in table.comparisons:
-                lines += _comparison_text(comparison, table)
+            lines += ["", f"-------- {table.header}"]
+            if table.col_labels:
+                lines.append(format_row(["Algorithm", *table.col_labels], table.colwidth))
+                lines += [format_row([algorithm, *(cell.text() for cell in cells)],
+                                     table.colwidth) for algorithm, cells in table.rows.items()]
+                for comparison in table.comparisons:
+                    lines += _comparison_text(comparison, table)
+            if table.left_out:
+                lines.append(table.left_out)
     lines += _hparams_lines(report)
     return "\n".join(lines) + "\n"
 
@@ -81,6 +84,10 @@ def _render_latex(report: Report) -> str:
     for section in report.sections:
         lines += ["", f"\\subsection{{{section.title}}}"]
         for table in section.tables:
+            if not table.col_labels:
+                lines += ["", f"\\subsubsection{{{table.title}}}", "",
+                          _latex_escape(table.left_out or "").replace("--", "-{}-")]
+                continue
             labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
                       for label in ["Algorithm", *table.col_labels]]
             lines += ["", f"\\subsubsection{{{table.title}}}", "", "\\begin{center}",
@@ -92,6 +99,9 @@ def _render_latex(report: Report) -> str:
                       for algorithm, cells in table.rows.items()]
             for comparison in table.comparisons:
                 lines += _comparison_latex(comparison, table)
+            if table.left_out:
+                lines += ["\\midrule",
+                          _latex_spanning(table, table.left_out).replace("--", "-{}-")]
             lines += ["\\bottomrule", "\\end{tabular}}", "\\end{center}"]
     hparams = _hparams_lines(report)
     if hparams:
@@ -110,13 +120,17 @@ def _latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
 
 
+def _latex_spanning(table: Table, text: str) -> str:
+    """A row of ``table``'s tabular across every column, in small type."""
+    width = len(table.col_labels) + 1
+    return f"\\multicolumn{{{width}}}{{l}}{{\\footnotesize {_latex_escape(text)}}} \\\\"
+
+
 def _comparison_latex(comparison: PaperComparison, table: Table) -> list[str]:
     """Rows of the same tabular, below a rule: the heading across all columns, the paper's rows,
     then ours minus the paper's."""
-    width = len(table.col_labels) + 1
-
     def spanning(text: str) -> str:
-        return f"\\multicolumn{{{width}}}{{l}}{{\\footnotesize {_latex_escape(text)}}} \\\\"
+        return _latex_spanning(table, text)
 
     def row(cells) -> str:
         return " & ".join(cells) + " \\\\"
@@ -144,7 +158,11 @@ def _render_markdown(report: Report) -> str:
     for section in report.sections:
         lines += ["", f"## {section.title}"]
         for table in section.tables:
-            lines += ["", f"### {table.header}", "", row(["Algorithm", *table.col_labels]),
+            lines += ["", f"### {table.header}", ""]
+            if not table.col_labels:
+                lines.append(table.left_out or "")
+                continue
+            lines += [row(["Algorithm", *table.col_labels]),
                       "|:--" + "|--:" * len(table.col_labels) + "|"]
             lines += [row([algorithm, *(cell.text("±") for cell in cells)])
                       for algorithm, cells in table.rows.items()]
@@ -160,6 +178,8 @@ def _render_markdown(report: Report) -> str:
                 lines += [row([f"{ours} − {comparison.mapping[ours]}",
                                *_difference_texts(values)])
                           for ours, values in comparison.differences.items()]
+            if table.left_out:
+                lines += ["", table.left_out]
     hparams = _hparams_lines(report)
     if hparams:
         lines += ["", "## Selected hparams", "", "```", *hparams, "```"]

@@ -6,9 +6,11 @@ than their defaults. Empty for a complete sweep, such as DomainBed's fixture."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.selection import GroupedRecords
+from dg_plugins.collect.records import ACC_KEY
+from dg_plugins.collect.selection import GroupedRecords, select
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY, single_source_runs
 from dg_plugins.collect.tables import Section
 from dg_plugins.collect.udg import UDG_KEY
@@ -33,12 +35,41 @@ def _envs(labels: list[str], indexes) -> str:
     return f"test environment{plural} {_names(labels, indexes)}"
 
 
-def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list[str]:
+def _section_name(section: Section) -> tuple[str, str]:
+    """A section's method key and subset label (``("iid", "")``, ``("oracle", "IP")``)."""
+    label = section.subtitle.split(":")[0].replace(", ", " ") if section.subtitle else ""
+    return section.method.key, label
+
+
+def _where(names: list[tuple], every: list[tuple]) -> str:
+    """Which sections (:func:`_section_name`) a note holds for: ``""`` for every one,
+    `` [iid, oracle]`` (standard tables), `` [every loo table]``, `` [iid, oracle: IP, OOP
+    tables]``, else each one."""
+    names, every = list(dict.fromkeys(names)), list(dict.fromkeys(every))
+    if names == every:
+        return ""
+    methods = list(dict.fromkeys(m for m, _ in names))
+    labels = list(dict.fromkeys(label for _, label in names))
+    if len(names) == len(methods) * len(labels):  # a full grid
+        if labels == [""]:
+            return f" [{', '.join(methods)}]"
+        if len(methods) == 1 and labels == list(dict.fromkeys(
+                label for m, label in every if m == methods[0])):
+            return f" [every {methods[0]} table]"
+        return (f" [{', '.join(methods)}: "
+                f"{', '.join(label or 'standard' for label in labels)} tables]")
+    return f" [{'; '.join(f'{m} {label}'.strip() for m, label in names)}]"
+
+
+def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
+                       all_columns: bool = True) -> list[str]:
     """Why cells of the standard and IP/OOP dataset tables print ``X``: per dataset, the
     algorithms without a single-test-environment record for some of its environments (every
-    method's table shows X there, and Avg is X for that row); per section, the X cells whose runs
-    exist but which the method cannot score (leave-one-domain-out without the pair runs, a chosen
-    record without the section's test key)."""
+    method's table shows X there, and Avg is X for that row); per dataset and reason, the X
+    cells whose runs exist but which a method cannot score (leave-one-domain-out without the
+    pair runs, a chosen record without the section's test key, or with NaN there), naming the
+    sections. ``all_columns``: the tables show the columns no run has (else
+    :func:`~dg_plugins.collect.tables.leave_out_unrun` drops them, and they need no note)."""
     single = grouped.single()
     info = grouped.groups.iloc[single["group"].to_numpy()]
     ran: dict[tuple, set] = {}
@@ -47,17 +78,19 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list
     present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
     runs = single_source_runs(grouped)
     single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
+    scored = [s for s in sections if s.test_key not in (SINGLE_SOURCE_KEY, UDG_KEY)]
     notes, explained = [], set()
-    for section in sections:
-        if section.test_key in (SINGLE_SOURCE_KEY, UDG_KEY):
-            continue
-        unscored: dict[str, list[str]] = {}  # dataset -> "<algorithm> at <envs>"
+    unscored: dict[tuple, list] = {}  # (dataset, reason, cells) -> [(section name, detail)]
+    for section in scored:
         for table in section.tables:
             if table.dataset is None:
                 continue
             labels = table.keys[:-1]
-            full = set(range(len(labels)))
+            full = set(range(len(labels))) - (set() if all_columns else
+                                              {i for i, k in enumerate(labels)
+                                               if k in table.not_run})
             not_run: dict[tuple, list[str]] = {}  # (envs with records, missing) -> algorithms
+            cells_of: dict[frozenset, list[str]] = {}  # environments -> algorithms
             for algorithm, cells in table.rows.items():
                 missing = {i for i in full if cells[i].mean is None}
                 have = ran.get((table.dataset, algorithm), set()) & full
@@ -65,11 +98,21 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list
                     not_run.setdefault((frozenset(have), frozenset(missing - have)),
                                        []).append(algorithm)
                 if missing & have:
-                    unscored.setdefault(table.dataset, []).append(
-                        f"{algorithm} at {_names(labels, missing & have)}")
+                    cells_of.setdefault(frozenset(missing & have), []).append(algorithm)
+            if cells_of:
+                if len(cells_of) == 1 and len(next(iter(cells_of.values()))) == len(table.rows):
+                    cells = f"every algorithm at {_names(labels, next(iter(cells_of)))}"
+                else:
+                    cells = "; ".join(f"{_listing(algorithms)} at {_names(labels, envs)}"
+                                      for envs, algorithms in cells_of.items())
+                reason, detail = _unscored_reason(grouped, section, table.dataset)
+                unscored.setdefault((table.dataset, reason, cells), []).append(
+                    (_section_name(section), detail))
             if table.dataset in explained:
                 continue
             explained.add(table.dataset)
+            avg = (" (so Avg is X too, as in DomainBed)"
+                   if all_columns or not table.not_run else "")
             for (have, absent), algorithms in not_run.items():
                 who = _listing(algorithms)
                 if have:
@@ -82,31 +125,67 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section]) -> list
                            "which these tables do not score: see the single-source tables")
                 else:
                     why = "none of their records on it has a single test environment"
-                notes.append(f"{table.dataset}: X for {who} in every method's table: {why}. "
-                             "A row with an X has Avg X, as in DomainBed.")
-        for dataset, cells in unscored.items():
-            if section.method.key == LOO_KEY:
-                why = ("leave-one-domain-out scores test environment t with the runs whose test "
-                       "environments are [t, j], for every other environment j, at the same "
-                       "hparams and steps, and those are missing (sweep launches them unless "
-                       "--single_test_envs or --test_env_sets leaves them out)")
-            else:
-                why = f"the chosen records have no {section.test_key.format(t='<t>')}"
-            notes.append(f"{dataset}, {section.title[len('Model selection: '):]}: X for "
-                         f"{'; '.join(cells)} although those runs exist: {why}.")
+                notes.append(f"{table.dataset}: X for {who} in every table: {why}{avg}.")
+    every = [_section_name(s) for s in scored]
+    for (dataset, reason, cells), found in unscored.items():
+        names = [name for name, _ in found]
+        if reason == LOO_KEY:
+            why = ("leave-one-domain-out scores test environment t with the runs tested on "
+                   "[t, j], for every other environment j, at the same hparams and steps, and the "
+                   "sweep has none (sweep launches them unless --single_test_envs or "
+                   "--test_env_sets leaves them out)")
+        else:
+            details = list(dict.fromkeys(detail for _, detail in found))
+            why = f"the chosen records have {reason} {', '.join(details)}"
+        notes.append(f"{dataset}{_where(names, every)}: X for {cells} although the runs "
+                     f"exist: {why}.")
     return notes
 
 
-def averages_notes(sections: list[Section], labels_of) -> list[str]:
+def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tuple[str, str]:
+    """Why ``section`` cannot score runs that exist on ``dataset`` (see
+    :func:`missing_cell_notes`): ``(LOO_KEY, "")``, ``("no", key)`` or ``("NaN as", "key (job J
+    at step N, ...)")``."""
+    if section.method.key == LOO_KEY:
+        return LOO_KEY, ""
+    key = section.test_key.format(t="<t>")
+    nan = _nan_test_records(grouped, section, dataset)
+    if not nan:
+        return "no", key
+    shown = ", ".join(f"job {job} at step {step}" for job, step in nan[:3])
+    more = f" and {len(nan) - 3} more" if len(nan) > 3 else ""
+    return "NaN as", f"{key} ({shown}{more})"
+
+
+def _nan_test_records(grouped: GroupedRecords, section: Section, dataset) -> list[tuple]:
+    """(job, step) of the records ``section`` chose on ``dataset`` whose test key is NaN in the
+    file (not absent)."""
+    records = grouped.records
+    if "nonfinite" not in records or records["nonfinite"].isna().all():
+        return []
+    chosen = select(grouped, section.method, section.test_key)
+    chosen = chosen[(chosen["dataset"] == dataset) & chosen["test_acc"].isna()]
+    found = []
+    for row, env in zip(chosen["record"], chosen["test_env"]):
+        bad = records["nonfinite"].iat[row]
+        if isinstance(bad, tuple) and section.test_key.format(t=env) in dict(bad):
+            found.append((records["job"].iat[row], records["step"].iat[row]))
+    return found
+
+
+def averages_notes(sections: list[Section], labels_of, all_columns: bool = True) -> list[str]:
     """When an Averages cell is a mean over other test environments than its dataset's columns,
     or than another row's (DomainBed averages each trial over the test environments it has):
-    one note per dataset and pattern, naming the methods it holds for. ``labels_of(dataset)``
-    gives a dataset's environment labels."""
+    one note per dataset and pattern, naming the sections it holds for (none when it holds for
+    every one). ``labels_of(dataset)`` gives a dataset's environment labels; ``all_columns``:
+    the dataset tables show every environment (else those no run has are left out)."""
     bodies: dict[str, list[str]] = {}
+    every = []
     for section in sections:
         for table in section.tables:
             if table.coverage is None:
                 continue
+            every.append(_section_name(section))
             for dataset in table.keys[:-1]:
                 labels = labels_of(dataset)
                 full = tuple(range(len(labels)))
@@ -131,17 +210,71 @@ def averages_notes(sections: list[Section], labels_of) -> list[str]:
                 groups: dict[str, list[str]] = {}
                 for algorithm, text in described.items():
                     groups.setdefault(text, []).append(algorithm)
-                parts = [f"{_listing(algorithms)} over {text}" for text, algorithms in
-                         groups.items()]
-                body = (f"Averages table, {dataset} column: DomainBed averages each trial over the "
-                        f"test environments it has, here {'; '.join(parts)} (the dataset has "
-                        f"{whole})")
+                if len(groups) == 1 and len(described) == len(table.rows):
+                    here = f"{next(iter(groups))} for every row"
+                else:
+                    here = "; ".join(f"{_listing(algorithms)} over {text}"
+                                     for text, algorithms in groups.items())
+                body = (f"Averages table, {dataset} column: each trial is averaged over the test "
+                        f"environments it has (DomainBed's rule), here {here}")
                 if len(groups) > 1:
                     body += ": these rows average different domains"
-                elif described:
+                elif described and all_columns:
                     body += ", so it can show a number where the dataset's table prints X"
-                bodies.setdefault(body, []).append(section.title[len("Model selection: "):])
-    return [f"{body} [{'; '.join(dict.fromkeys(methods))}]." for body, methods in bodies.items()]
+                body += f"; {dataset} has {whole}"
+                bodies.setdefault(body, []).append(_section_name(section))
+    return [f"{body}{_where(names, every)}." for body, names in bodies.items()]
+
+
+def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
+    """job -> {``"NaN loss"`` or ``"loss=inf"``: ``"steps 300, 400"``} over the records'
+    ``nonfinite`` values (of ``jobs`` only, if given), in record order. A subset accuracy over an
+    empty subset (its ``_count`` is 0: IP/OOP records) is NaN by design and left out."""
+    if "nonfinite" not in records or records["nonfinite"].isna().all():
+        return {}
+    rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())
+    per_job: dict[str, dict[str, list]] = {}
+    for row in rows:
+        job = records["job"].iat[row]
+        if jobs is not None and job not in jobs:
+            continue
+        for key, value in records["nonfinite"].iat[row]:
+            count = key.removesuffix("_acc") + "_count"
+            if value == "NaN" and count in records and records[count].iat[row] == 0:
+                continue  # an empty subset
+            what = f"{value} {key}" if value == "NaN" else f"{key}={value}"
+            per_job.setdefault(job, {}).setdefault(what, []).append(records["step"].iat[row])
+    return {job: {what: _steps(steps) for what, steps in found.items()}
+            for job, found in per_job.items()}
+
+
+def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
+    """Per job whose records hold a NaN or infinite value (:func:`nonfinite_by_job`): which keys
+    at which steps, e.g. ``job J has NaN loss at steps 300, 400, 500``, and what the tables make
+    of it. At most ``limit`` jobs, then a count."""
+    per_job = nonfinite_by_job(records)
+    notes = []
+    for job, found in list(per_job.items())[:limit]:
+        parts = [f"{what} at {steps}" for what, steps in found.items()]
+        meaning = []
+        if any(ACC_KEY.search(what) for what in found):
+            meaning.append("a NaN accuracy counts as missing in the tables and figures")
+        if not all(ACC_KEY.search(what) for what in found):
+            meaning.append("a non-finite loss means the run diverged; its accuracies still "
+                           "count, as in DomainBed")
+        notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
+    if len(per_job) > limit:
+        notes.append(f"{len(per_job) - limit} more jobs have NaN or infinite values.")
+    return notes
+
+
+def _steps(steps: list) -> str:
+    steps = sorted(set(steps))
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 3:
+        return f"steps {', '.join(map(str, steps))}"
+    return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
 
 
 def compute_notes(records: pd.DataFrame) -> list[str]:

@@ -3,33 +3,40 @@ tables are printed from, so that every plotted number is a table's number.
 
 * **Accuracy bars** (:func:`accuracy_figure`), one figure per dataset table of the report (per
   selection method and test key; single-source tables per source; UDG tables per target set;
-  and the Averages table when it has several datasets): per column (environment, ``Avg``) one
+  and the Averages table when it has several datasets): per column (test domain, ``Avg``) one
   bar per table row at the cell's mean, its error bar the cell's standard error (DomainBed's
-  ``format_mean``: population std / sqrt(trials)). A dataset table's ``Avg`` has no error of its
-  own; its bar gets the error of the Averages table's cell for that dataset where that cell is a
-  mean over every environment in every trial (then its mean is the same). An ``X`` cell gets no
-  bar but an ``X``. Paper numbers (``collect_results --paper``, the rows that
-  :func:`dg_plugins.collect.papers.add_paper_comparisons` puts under the table) are diamonds on
-  the bars of the algorithms that correspond to a paper row.
+  ``format_mean``: population std / sqrt(trials)) labelled with its number of trials; a cell of
+  one trial gets ``n=1`` and no error bar. A dataset table's ``Avg`` has no error of its own;
+  its bar gets the error of the Averages table's cell for that dataset where that cell is a mean
+  over every environment in every trial (then its mean is the same). An ``X`` cell gets no bar
+  but an ``X``; the columns the table left out (:func:`~dg_plugins.collect.tables.leave_out_unrun`)
+  are named under the figure. A dashed line marks chance (1 / classes). Paper numbers
+  (``collect_results --paper``) are diamonds on the bars of the algorithms that correspond to a
+  paper row.
 * **Training curves** (:func:`curve_points`, :func:`curves_figure`), one figure per dataset and
-  algorithm (for the standard, single-source and UDG runs separately): a row of panels per
-  selection method, a panel per test environment (source environment, label fraction and target
-  set). A panel shows, against the step, the source-validation accuracy (mean ``env{i}_out_acc``
-  over the training environments, the training-domain validation score) and the target accuracy
-  (``env{t}_in_acc``; single-source and UDG: the mean over the targets) of the runs the method
-  chose, one per trial: the mean over trials, with a band from the lowest to the highest trial;
-  each trial's selected checkpoint is a star on the target curve, and the panel's title gives the
-  table cell those checkpoints make.
+  algorithm (for the standard, single-source and UDG runs separately): a column of panels per
+  selection method, a row per test environment (source environment, label fraction and target
+  set). A panel shows, against the step, the runs the method chose (one per trial: the mean over
+  trials, a band from the lowest to the highest trial): the target accuracy the tables report
+  (``env{t}_in_acc``; single-source and UDG: the mean over the targets) and the signal the
+  method selects with (:data:`SIGNALS`): iid the source validation accuracy, loo the held-out
+  accuracy of the runs tested on ``[t, j]``, the oracle the target's out-split. Each trial's
+  selected checkpoint is a star on the target curve and a circle on the signal; the oracle's is
+  the run's last checkpoint (DomainBed's ``OracleSelectionMethod``: no early stopping; the
+  hparams whose last checkpoint has the best target out-split accuracy). One dataset's panels
+  share their y axis, with chance dashed.
 
-File names (:func:`figure_name`) are built from the table's dataset, source or targets,
-selection key and test key (``PACS_accuracy_iid.png``, ``PACS_ERM_curves.png``, ...). Torch-free,
-as collect_results is; matplotlib is imported when a figure is drawn, and draws with its Agg
-canvas (no display, no pyplot state).
+Values that are NaN in the records are not drawn, and each figure names the records they come
+from. File names (:func:`figure_name`) are built from the table's dataset, source or targets,
+selection key and test key (``PACS_accuracy_iid.png``, ``PACS_ERM_curves.png``, ...). Text is 8
+pt or more at the saved size. Torch-free, as collect_results is; matplotlib is imported when a
+figure is drawn, and draws with its Agg canvas (no display, no pyplot state).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import textwrap
@@ -39,22 +46,49 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from dg_plugins import catalog
+from dg_plugins.collect.notes import nonfinite_by_job
 from dg_plugins.collect.records import acc_matrix, leading_count
-from dg_plugins.collect.selection import TEST_KEY, group_records, sweep_accs
+from dg_plugins.collect.selection import TEST_KEY, group_records, loo_scores, select
 from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, select_single_source,
                                               single_source_runs)
-from dg_plugins.collect.tables import Report, Section, Table, environment_labels
+from dg_plugins.collect.tables import Cell, Report, Section, Table, environment_labels
 from dg_plugins.collect.udg import UDG_KEY, fraction_label, is_udg, select_udg
 
-#: Resolution of the written PNGs.
+#: Resolution of the written PNGs: a point is 100/72 pixels.
 DPI = 100
+#: Font sizes (points): no text is smaller than :data:`SMALL`.
+SMALL, NORMAL = 8, 9
+#: The widest figure, in inches (at :data:`DPI`: 1,200 pixels).
+MAX_WIDTH = 12.0
 #: Columns of :func:`curve_points`' per-record frame (accuracies in [0, 1]; ``order`` sorts the
-#: panels as the tables' columns).
-POINT_COLUMNS = ["method", "dataset", "algorithm", "panel", "order", "trial_seed", "step", "val",
-                 "target"]
-#: Columns of its selected-checkpoint frame (one row per trial and panel).
-SELECTED_COLUMNS = ["method", "dataset", "algorithm", "panel", "trial_seed", "step", "target"]
+#: panels as the tables' columns; ``signal`` is what the method selects with, :data:`SIGNALS`).
+POINT_COLUMNS = ["method", "dataset", "algorithm", "panel", "order", "trial_seed", "step",
+                 "signal", "target", "job"]
+#: Columns of its selected-checkpoint frame (one row per trial and panel): ``score`` is the
+#: signal the method compared runs by, ``target`` the accuracy the table's cell averages.
+SELECTED_COLUMNS = ["method", "dataset", "algorithm", "panel", "trial_seed", "step", "score",
+                    "target"]
 CURVE_KINDS = {TEST_KEY: "", SINGLE_SOURCE_KEY: "_single_source", UDG_KEY: "_udg"}
+#: What each method selects with, per kind of run (the curve drawn beside the target's).
+SIGNALS = {
+    (TEST_KEY, "iid"): "source validation (mean out-split of the training domains)",
+    (TEST_KEY, "loo"): "held-out accuracy of the runs tested on [t, j] (mean over j)",
+    (TEST_KEY, "oracle"): "target out-split",
+    (SINGLE_SOURCE_KEY, "iid"): "source out-split",
+    (SINGLE_SOURCE_KEY, "oracle"): "targets' out-split (mean)",
+    (UDG_KEY, "iid"): "sources' out-split (mean)",
+    (UDG_KEY, "oracle"): "targets' out-split (mean)",
+}
+#: How each method picks, for the curves' caption.
+RULES = {
+    "iid": "iid (training-domain validation): each run's checkpoint with the best signal, then "
+           "the run whose checkpoint scores best",
+    "loo": "loo (leave-one-domain-out): each run's step with the best signal, then the best run",
+    "oracle": "oracle (DomainBed's OracleSelectionMethod): each run's last checkpoint, no early "
+              "stopping; the run (hparams) whose last checkpoint has the best signal",
+}
+SIGNAL_COLORS = {"iid": "C0", "loo": "C4", "oracle": "C2"}
 
 
 def _safe(text) -> str:
@@ -94,50 +128,124 @@ def _new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height))
+    figure = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(figure)
     return figure
 
 
-def _wrap(text: str, figure, fontsize: float = 8) -> str:
-    """``text`` broken into lines that fit the figure's width at ``fontsize``."""
-    width = figure.get_figwidth() * 72 / (0.55 * fontsize)  # characters per line
-    return textwrap.fill(text, max(20, int(width * 0.9)))
+def _wrap(text: str, width: float, fontsize: float = SMALL) -> str:
+    """``text`` broken into lines that fit ``width`` inches at ``fontsize``."""
+    characters = width * 72 / (0.52 * fontsize)
+    return "\n".join(textwrap.fill(part, max(20, int(characters * 0.92)),
+                                   break_on_hyphens=False, break_long_words=False)
+                     for part in text.split("\n"))
+
+
+def _lines(text: str) -> int:
+    return text.count("\n") + 1 if text else 0
+
+
+def cell_label(cell: Cell) -> str:
+    """A cell as the figures write it: ``46.5 ± 1.6 (n=3)``, ``11.8 (n=1)`` (one trial: no
+    error), ``78.3`` (a mean without error), ``X``."""
+    if cell.mean is None:
+        return "X"
+    if cell.n == 1:
+        return f"{cell.mean:.1f} (n=1)"
+    if cell.err is None or cell.n is None:
+        return f"{cell.mean:.1f}"
+    return f"{cell.mean:.1f} ± {cell.err:.1f} (n={cell.n})"
+
+
+def chance_levels(records: pd.DataFrame) -> dict:
+    """dataset -> chance accuracy in [0, 1] (1 / classes: the records' ``num_classes``, else the
+    catalogue's), for the datasets whose class count is known."""
+    chance = {}
+    for dataset in dict.fromkeys(records["args.dataset"]):
+        classes = None
+        if "num_classes" in records:
+            own = records.loc[records["args.dataset"] == dataset, "num_classes"].dropna()
+            own = own[own > 0]
+            if len(own):
+                classes = float(own.mode().iloc[0])
+        classes = classes or catalog.DATASET_CLASSES.get(dataset)
+        if classes:
+            chance[dataset] = 1.0 / classes
+    return chance
+
+
+def _chance_label(chance: float) -> str:
+    return f"chance (1/{round(1 / chance)})"
 
 
 # --------------------------------------------------------------------------------------------------
 # Accuracy bars
 
 
-def _averages_errors(section: Section, table: Table) -> dict[str, float]:
-    """Per row, the error of the Averages table's cell for ``table``'s dataset, where that cell
-    is over every environment of the dataset in every trial (its mean is then the row's Avg)."""
+def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
+    """Per row, the Averages table's cell for ``table``'s dataset, where that cell is over every
+    environment of the dataset in every trial (its mean is then the row's Avg)."""
     averages = next((t for t in section.tables if t.dataset is None), None)
-    if averages is None or table.dataset not in averages.keys or averages.coverage is None:
+    if (averages is None or table.dataset not in averages.keys or averages.coverage is None
+            or table.not_run):
         return {}
     column = averages.keys.index(table.dataset)
     every = tuple(range(len(table.keys) - 1))
-    errors = {}
+    found = {}
     for algorithm, cells in averages.rows.items():
         trials = averages.coverage.get((algorithm, table.dataset), {})
         if (algorithm in table.rows and trials and all(e == every for e in trials.values())
                 and cells[column].err is not None):
-            errors[algorithm] = cells[column].err
-    return errors
+            found[algorithm] = cells[column]
+    return found
 
 
-def accuracy_figure(section: Section, table: Table):
-    """The bar chart of one table (module docstring). Artists carry gids for readers: each bar
-    ``<row>|<column key>``, each row's error bars ``<row>|err`` (a LineCollection, one segment
-    per bar with an error, in column order), each paper marker line ``paper|<key>|<row>``."""
-    keys, rows = table.keys, list(table.rows)
-    avg_errors = _averages_errors(section, table) if section.test_key != UDG_KEY else {}
+def _x_label(section: Section, table: Table) -> str:
+    if table.dataset is None:
+        return "dataset"
+    if section.test_key == SINGLE_SOURCE_KEY:
+        return "target domain (the source's bar: its validation accuracy)"
+    if section.test_key == UDG_KEY:
+        return "target domain"
+    return "test domain"
+
+
+def accuracy_figure(section: Section, table: Table, chance: float | dict | None = None,
+                    left_out: list[str] = ()):
+    """The bar chart of one table (module docstring). ``chance``: chance accuracy in [0, 1] (a
+    dataset table), or dataset -> chance (the Averages table); ``left_out``: lines for the
+    caption (e.g. NaN records). Artists carry gids for readers: each bar ``<row>|<column
+    key>``, each row's error bars ``<row>|err`` (a LineCollection, one segment per bar with an
+    error, in column order), each bar's trial count ``<row>|<column key>|n`` (a Text), the
+    chance line(s) ``chance``, each paper marker line ``paper|<key>|<row>``."""
+    keys = table.keys
+    rows = [row for row, cells in table.rows.items() if any(c.mean is not None for c in cells)]
+    empty = [row for row in table.rows if row not in rows]
+    averages = _averages_cells(section, table) if section.test_key != UDG_KEY else {}
     n_rows = max(len(rows), 1)
     width = 0.8 / n_rows
-    figure = _new_figure(max(5.0, 1.2 + len(keys) * (0.45 + 0.22 * n_rows)), 4.2)
-    ax = figure.subplots()
+    figure_width = min(MAX_WIDTH, max(6.5, 2.6 + len(keys) * (0.35 + 0.3 * n_rows)))
     centers = np.arange(len(keys), dtype=float)
+    notes = ["Bars: the table's cells; error bars: standard error over trials (DomainBed's "
+             "format_mean), n = trials in each bar; n=1: one trial, no error bar."]
+    if averages:
+        notes.append("Avg's error and n: the Averages table's cell (the per-trial average).")
+    if any(cell.mean is None for row in rows for cell in table.rows[row]):
+        notes.append("X: the table prints X (see collect_results' notes).")
+    if empty:
+        notes.append(f"Not drawn: {', '.join(empty)} (every cell X).")
+    if table.left_out:
+        notes.append(table.left_out[0].upper() + table.left_out[1:] + ".")
+    notes += list(left_out)
+    if chance:
+        notes.append("Dashed: chance (1 / classes).")
+    caption = _wrap(" ".join(notes), figure_width - 0.2)
+    title = _wrap(table.header, figure_width - 0.4, NORMAL + 1)
+    height = 3.6 + 0.17 * (_lines(caption) + _lines(title))
+    figure = _new_figure(figure_width, height)
+    ax = figure.subplots()
     positions = {}
+    top = 100.0
     for k, row in enumerate(rows):
         cells = table.rows[row]
         xs = centers - 0.4 + width * (k + 0.5)
@@ -147,17 +255,30 @@ def accuracy_figure(section: Section, table: Table):
                       color=f"C{k % 10}", label=row if present else None)
         for i, patch in zip(present, bars.patches):
             patch.set_gid(f"{row}|{keys[i]}")
-        errors = [(i, cells[i].err if cells[i].err is not None else
-                   (avg_errors.get(row) if keys[i] == "Avg" else None)) for i in present]
-        errors = [(i, err) for i, err in errors if err is not None]
+        shown = {i: averages[row] if keys[i] == "Avg" and cells[i].n is None and row in averages
+                 else cells[i] for i in present}
+        errors = [(i, cell.err) for i, cell in shown.items()
+                  if cell.err is not None and cell.n is not None and cell.n > 1]
         if errors:
             bars_err = ax.errorbar(xs[[i for i, _ in errors]], [cells[i].mean for i, _ in errors],
                                    yerr=[err for _, err in errors], fmt="none", ecolor="black",
                                    elinewidth=1, capsize=2)
             bars_err.lines[2][0].set_gid(f"{row}|err")
+        error_of = dict(errors)
+        for i, cell in shown.items():
+            if cell.n is None:
+                continue
+            low = cells[i].mean - error_of.get(i, 0.0)
+            inside = low >= 14  # room under the error bar
+            y = low - 1.0 if inside else cells[i].mean + error_of.get(i, 0.0) + 1.0
+            top = max(top, y + 9)
+            ax.text(xs[i], y, f"n={cell.n}", ha="center", va="top" if inside else "bottom",
+                    rotation=90,
+                    fontsize=SMALL, color="white" if inside else "black",
+                    fontweight="bold" if inside else "normal", gid=f"{row}|{keys[i]}|n")
         for i, cell in enumerate(cells):
             if cell.mean is None:
-                ax.text(xs[i], 1, "X", ha="center", va="bottom", fontsize=8)
+                ax.text(xs[i], 1, "X", ha="center", va="bottom", fontsize=SMALL)
     marked = set()
     for comparison in table.comparisons:
         for row, paper_row in comparison.mapping.items():
@@ -170,20 +291,27 @@ def accuracy_figure(section: Section, table: Table):
             ax.plot(positions[row][at], [values[i].mean for i in at], "D", color="black",
                     markerfacecolor="white", markersize=5, linestyle="none", label=label,
                     gid=f"paper|{comparison.key}|{row}")
-    ax.set_xticks(centers, table.col_labels, fontsize=8)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(0, 100)
+    if isinstance(chance, dict):
+        at = [(i, chance[key]) for i, key in enumerate(keys) if key in chance]
+        if at:
+            ax.hlines([100 * c for _, c in at], [centers[i] - 0.45 for i, _ in at],
+                      [centers[i] + 0.45 for i, _ in at], colors="0.3", linestyles="--",
+                      linewidth=1, label="chance", gid="chance")
+    elif chance:
+        ax.axhline(100 * chance, color="0.3", linestyle="--", linewidth=1,
+                   label=_chance_label(chance), gid="chance")
+    ax.set_xticks(centers, table.col_labels, fontsize=NORMAL)
+    ax.tick_params(axis="y", labelsize=NORMAL)
+    ax.set_xlabel(_x_label(section, table), fontsize=NORMAL + 1)
+    ax.set_ylabel("accuracy (%)", fontsize=NORMAL + 1)
+    ax.set_ylim(0, top)
+    ax.set_yticks(range(0, 101, 20))
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.set_title(_wrap(table.header, figure), fontsize=8)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    note = "error bars: standard error over trials"
-    if avg_errors:
-        note += "; Avg's: the Averages table's (of the per-trial average)"
-    if any(cell.mean is None for cells in table.rows.values() for cell in cells):
-        note += "; X: the table prints X"
-    figure.text(0.01, 0.01, note, fontsize=6, color="0.35")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    ax.set_title(title, fontsize=NORMAL + 1)
+    ax.legend(fontsize=NORMAL, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    figure.text(0.01, 0.01, caption, fontsize=SMALL, color="0.2", va="bottom")
+    figure.tight_layout(rect=(0, (0.1 + 0.16 * _lines(caption)) / height, 1, 1))
     return figure
 
 
@@ -199,9 +327,10 @@ def _mean_over(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _standard_points(grouped, method, labels_of):
-    """The single-test-environment runs each group's selection chose (:func:`sweep_accs`, the
-    tables' selection): every record of the run, and the chosen checkpoint."""
-    chosen = sweep_accs(grouped, method)
+    """The single-test-environment runs each group's selection chose (:func:`select`, the
+    tables' selection, with the groups whose test accuracy is NaN): every record of the run with
+    the method's signal, and the chosen checkpoint."""
+    chosen = select(grouped, method)  # with the groups whose chosen test accuracy is NaN
     if chosen.empty:
         return None
     single = grouped.single()
@@ -210,15 +339,22 @@ def _standard_points(grouped, method, labels_of):
     rows = runs["record"].to_numpy()
     test_env = runs["test_env"].to_numpy()
     out = grouped.accs("env{t}_out_acc")[rows]
-    sources = np.arange(out.shape[1])[None, :] < leading_count(~np.isnan(out))[:, None]
-    sources &= np.arange(out.shape[1])[None, :] != test_env[:, None]
+    if method.key == "oracle":
+        signal = out[np.arange(len(rows)), test_env]
+    elif method.key == "loo":
+        scores = loo_scores(grouped, method.reads)[["record", "val_acc"]]
+        signal = runs[["record"]].merge(scores, on="record", how="left")["val_acc"].to_numpy()
+    else:
+        sources = np.arange(out.shape[1])[None, :] < leading_count(~np.isnan(out))[:, None]
+        sources &= np.arange(out.shape[1])[None, :] != test_env[:, None]
+        signal = _mean_over(out, sources)
     inn = grouped.accs(TEST_KEY)
-    points = runs.assign(val=_mean_over(out, sources), target=inn[rows, test_env],
-                         order=test_env)
+    points = runs.assign(signal=signal, target=inn[rows, test_env], order=test_env,
+                         job=grouped.records["job"].to_numpy()[rows])
     for frame in (points, chosen):
         frame["panel"] = [f"target {labels_of(d)[t] if t < len(labels_of(d)) else t}"
                           for d, t in zip(frame["dataset"], frame["test_env"])]
-    return points, chosen.rename(columns={"test_acc": "target"})
+    return points, chosen.rename(columns={"test_acc": "target", "val_acc": "score"})
 
 
 def _single_source_points(grouped, method, labels_of, datasets):
@@ -232,11 +368,13 @@ def _single_source_points(grouped, method, labels_of, datasets):
     out, inn = grouped.accs("env{t}_out_acc"), grouped.accs(TEST_KEY)
     columns = np.arange(inn.shape[1])[None, :]
     targets = (columns != source[:, None]) & (columns < runs["n_envs"].to_numpy()[:, None])
-    points = runs.assign(val=out[rows, source], target=_mean_over(inn[rows], targets),
-                         order=source)
+    signal = (_mean_over(out[rows], targets) if method.key == "oracle"
+              else out[rows, source])
+    points = runs.assign(signal=signal, target=_mean_over(inn[rows], targets), order=source,
+                         job=grouped.records["job"].to_numpy()[rows])
     acc = chosen[[f"acc{i}" for i in range(inn.shape[1])]].to_numpy(dtype=float)
     chosen_targets = columns != chosen["source"].to_numpy()[:, None]
-    chosen = chosen.assign(target=_mean_over(acc, chosen_targets))
+    chosen = chosen.assign(target=_mean_over(acc, chosen_targets), score=chosen["val_acc"])
     for frame in (points, chosen):
         frame["panel"] = [f"source {labels_of(d)[s]}" for d, s in
                           zip(frame["dataset"], frame["source"])]
@@ -267,10 +405,12 @@ def _udg_points(records, method, labels_of):
     inside = np.arange(width)[None, :] < leading_count(~np.isnan(out[rows]))[:, None]
     order = pd.factorize(pd.Series(list(zip(runs["label_fraction"], runs["test_envs"]))),
                          sort=True)[0]
-    points = runs.assign(val=_mean_over(out[rows], inside & ~targets),
-                         target=_mean_over(inn[rows], targets), order=order)
+    signal = _mean_over(out[rows], inside & (targets if method.key == "oracle" else ~targets))
+    points = runs.assign(signal=signal, target=_mean_over(inn[rows], targets), order=order,
+                         job=records["job"].to_numpy()[rows])
     acc = chosen[[f"acc{t}" for t in range(width)]].to_numpy(dtype=float)
-    chosen = chosen.assign(target=_mean_over(acc, np.ones_like(acc, dtype=bool)))
+    chosen = chosen.assign(target=_mean_over(acc, np.ones_like(acc, dtype=bool)),
+                           score=chosen["val_acc"])
     for frame in (points, chosen):
         frame["panel"] = [
             f"{fraction_label(f)} labels, targets "
@@ -283,8 +423,8 @@ def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The curves' data for the report's sections of ``kind`` (:data:`TEST_KEY`: the standard
     tables, :data:`SINGLE_SOURCE_KEY`, :data:`UDG_KEY`): ``(points, selected)``, the records of
-    the runs each method chose (:data:`POINT_COLUMNS`: one row per record, ``val`` the source
-    validation accuracy, ``target`` the target accuracy, in [0, 1]) and each chosen checkpoint
+    the runs each method chose (:data:`POINT_COLUMNS`: one row per record, ``signal`` what the
+    method selects with, ``target`` the target accuracy, in [0, 1]) and each chosen checkpoint
     (:data:`SELECTED_COLUMNS`: ``target`` is the accuracy the table's cell averages over
     trials). ``records``: as collect_results loads them (every kind mixed)."""
     udg = is_udg(records)
@@ -320,18 +460,20 @@ def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
 
 
 def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per step of one panel's ``points``: the mean, lowest and highest over trials of ``val``
-    and ``target`` (a trial's records at one step are averaged first)."""
-    per_trial = points.groupby(["trial_seed", "step"])[["val", "target"]].mean()
+    """Per step of one panel's ``points``: the mean, lowest and highest over trials of
+    ``signal`` and ``target`` (a trial's records at one step are averaged first; NaN values are
+    skipped)."""
+    per_trial = points.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
     summary = per_trial.groupby("step").agg(["mean", "min", "max"])
     summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
     return summary.reset_index()
 
 
 def _cell_texts(report: Report, kind: str) -> dict:
-    """(method key, dataset, algorithm, panel) -> the table cell's text, for the panels' titles:
-    standard tables by environment column; single-source and UDG tables by their Avg (the mean
-    over the targets; a UDG table's rows are ``<algorithm> <label fraction>``)."""
+    """(method key, dataset, algorithm, panel) -> the table cell (:func:`cell_label`), for the
+    panels' titles: standard tables by environment column; single-source and UDG tables by
+    their Avg (the mean over the targets; a UDG table's rows are ``<algorithm> <label
+    fraction>``)."""
     texts = {}
     for section in report.sections:
         if section.test_key != kind:
@@ -341,69 +483,137 @@ def _cell_texts(report: Report, kind: str) -> dict:
                 continue
             for row, cells in table.rows.items():
                 if kind == TEST_KEY:
-                    for key, cell in zip(table.keys[:-1], cells):
-                        texts[(section.method.key, table.dataset, row, f"target {key}")] = (
-                            cell.text("±"))
+                    for key, cell in zip(table.keys, cells):
+                        if key != "Avg":
+                            texts[(section.method.key, table.dataset, row, f"target {key}")] = (
+                                cell_label(cell))
                 elif kind == SINGLE_SOURCE_KEY:
                     texts[(section.method.key, table.dataset, row, f"source {table.source}")] = (
-                        f"Avg {cells[-1].text('±')}")
+                        f"Avg {cell_label(cells[-1])}")
                 else:
                     algorithm, fraction = row.rsplit(" ", 1)
                     panel = f"{fraction} labels, targets {', '.join(table.keys[:-1])}"
                     texts[(section.method.key, table.dataset, algorithm, panel)] = (
-                        f"Avg {cells[-1].text('±')}")
+                        f"Avg {cell_label(cells[-1])}")
     return texts
 
 
-def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str,
-                  methods: list, cell_texts: dict | None = None):
-    """One dataset and algorithm's curves (module docstring): rows ``methods`` (SelectionMethod),
-    columns the panels in order of appearance. Artists carry gids ``<method>|<panel>|<what>``,
-    ``what`` one of ``val``/``target`` (mean lines, in percent), ``val_band``/``target_band``
-    and ``selected`` (the stars)."""
-    methods = [m for m in methods if (points["method"] == m.key).any()]
+def nan_lines(records: pd.DataFrame, jobs) -> list[str]:
+    """Caption lines naming the non-finite values of ``jobs``' records (NaN accuracies are not
+    drawn; the records' other values are)."""
+    found = nonfinite_by_job(records, set(jobs))
+    if not found:
+        return []
+    parts = [f"job {job}: " + "; ".join(f"{what} at {steps}" for what, steps in values.items())
+             for job, values in list(found.items())[:4]]
+    more = f" and {len(found) - 4} more jobs" if len(found) > 4 else ""
+    return [f"Non-finite values (a NaN accuracy is not drawn): {'; '.join(parts)}{more}."]
+
+
+def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, methods: list,
+                  cell_texts: dict | None = None, kind: str = TEST_KEY,
+                  chance: float | None = None, ylim: tuple | None = None,
+                  left_out: list[str] = ()):
+    """One dataset and algorithm's curves (module docstring): columns ``methods``
+    (SelectionMethod) that selected runs, rows the panels in order of appearance. ``chance``:
+    in [0, 1]; ``ylim``: the y range in percent (one dataset's figures share it);
+    ``left_out``: more caption lines. Artists carry gids ``<method>|<panel>|<what>``, ``what``
+    one of ``signal``/``target`` (mean lines, in percent), ``signal_band``/``target_band``,
+    ``selected`` (stars: each trial's chosen checkpoint's target accuracy), ``score`` (circles:
+    the signal there) and ``chance``."""
+    shown = [m for m in methods if (points["method"] == m.key).any()]
     panels = list(dict.fromkeys(points.sort_values("order", kind="stable")["panel"]))
-    figure = _new_figure(max(7.0, 1.0 + 3.0 * len(panels)), 1.1 + 2.4 * len(methods))
-    axes = figure.subplots(len(methods), len(panels), squeeze=False, sharex=True, sharey=True)
     dataset = points["dataset"].iloc[0]
     algorithm = points["algorithm"].iloc[0]
-    handles = None
-    for r, method in enumerate(methods):
-        for c, panel in enumerate(panels):
+    width = min(MAX_WIDTH, 1.4 + 3.5 * len(shown))
+    notes = ["Lines: mean over trials; bands: lowest to highest trial. Each method's signal "
+             "is what it selects with: " + "; ".join(RULES[m.key] for m in shown
+                                                     if m.key in RULES) + "."]
+    missing = [m for m in methods if m not in shown]
+    if missing:
+        notes.append("Not shown: " + ", ".join(m.key for m in missing)
+                     + " (selected no run; see collect_results' notes).")
+    notes += list(left_out)
+    caption = _wrap(" ".join(notes), width - 0.2)
+    heading = _wrap(title, width - 0.3, NORMAL + 1)
+    legend_rows = 3
+    bottom = 0.15 + 0.17 * _lines(caption) + 0.22 * legend_rows + 0.2
+    top = 0.12 + 0.17 * _lines(heading)
+    height = top + 0.35 + 2.3 * len(panels) + bottom
+    figure = _new_figure(width, height)
+    axes = figure.subplots(len(panels), len(shown), squeeze=False, sharex=True, sharey=True)
+    handles: dict = {}
+    for c, method in enumerate(shown):
+        signal_label = (f"{method.key}'s signal: "
+                        f"{SIGNALS.get((kind, method.key), 'source validation')}")
+        color = SIGNAL_COLORS.get(method.key, "C0")
+        for r, panel in enumerate(panels):
             ax = axes[r][c]
             mine = points[(points["method"] == method.key) & (points["panel"] == panel)]
             ax.grid(alpha=0.3)
-            if r == len(methods) - 1:
-                ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=SMALL)
+            if r == len(panels) - 1:
+                ax.set_xlabel("step", fontsize=NORMAL)
             if c == 0:
-                ax.set_ylabel(f"{method.key}\naccuracy (%)", fontsize=8)
-            ax.tick_params(labelsize=7)
+                ax.set_ylabel(f"{panel}\naccuracy (%)", fontsize=NORMAL)
+            cell = (cell_texts or {}).get((method.key, dataset, algorithm, panel))
+            head = f"{method.name}\n" if r == 0 else ""
             if mine.empty:
-                ax.set_title(f"{panel}: no run selected", fontsize=7)
+                ax.set_title(f"{head}{panel}: no run selected", fontsize=NORMAL)
                 continue
+            ax.set_title(f"{head}{method.key} table: {cell}" if cell else f"{head}{panel}",
+                         fontsize=NORMAL)
             summary = curve_summary(mine)
             steps = summary["step"].to_numpy(dtype=float)
-            for key, color, style, label in (
-                    ("val", "C0", "--", "source validation"), ("target", "C1", "-", "target")):
+            for key, line_color, style, label in (
+                    ("signal", color, "--", signal_label),
+                    ("target", "C1", "-", "target in-split: the tables' test accuracy")):
                 ax.fill_between(steps, 100 * summary[f"{key}_min"], 100 * summary[f"{key}_max"],
-                                color=color, alpha=0.2, linewidth=0,
+                                color=line_color, alpha=0.2, linewidth=0,
                                 gid=f"{method.key}|{panel}|{key}_band")
-                ax.plot(steps, 100 * summary[f"{key}_mean"], style, color=color, linewidth=1.3,
-                        label=f"{label} (mean over trials)", gid=f"{method.key}|{panel}|{key}")
+                ax.plot(steps, 100 * summary[f"{key}_mean"], style, color=line_color,
+                        linewidth=1.3, marker="o", markersize=2.5, label=label,
+                        gid=f"{method.key}|{panel}|{key}")
             picked = selected[(selected["method"] == method.key) & (selected["panel"] == panel)]
+            ax.plot(picked["step"].to_numpy(dtype=float), 100 * picked["score"].to_numpy(float),
+                    "o", markerfacecolor="none", markeredgecolor="black", markersize=6,
+                    linestyle="none", label="selected checkpoint: the signal it was chosen by",
+                    gid=f"{method.key}|{panel}|score")
             ax.plot(picked["step"].to_numpy(dtype=float), 100 * picked["target"].to_numpy(float),
                     "*", color="C3", markersize=9, linestyle="none",
-                    label="selected checkpoint (one per trial)",
+                    label="selected checkpoint: its target accuracy (one star per trial)",
                     gid=f"{method.key}|{panel}|selected")
-            cell = (cell_texts or {}).get((method.key, dataset, algorithm, panel))
-            ax.set_title(panel + (f"\n{method.key} table: {cell}" if cell else ""), fontsize=7)
-            if handles is None:
-                handles = ax.get_legend_handles_labels()
+            if chance:
+                ax.axhline(100 * chance, color="0.3", linestyle=":", linewidth=1.2,
+                           label=_chance_label(chance), gid=f"{method.key}|{panel}|chance")
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+    if ylim is not None:
+        axes[0][0].set_ylim(*ylim)
     if handles:
-        figure.legend(*handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    figure.suptitle(_wrap(title, figure, 9), fontsize=9)
-    figure.tight_layout(rect=(0, 0.06, 1, 0.97))
+        order = sorted(handles, key=lambda label: next(
+            (i for i, prefix in enumerate(_LEGEND_ORDER) if label.startswith(prefix)),
+            len(_LEGEND_ORDER)))
+        figure.legend([handles[label] for label in order], order, loc="lower center", ncol=2,
+                      fontsize=SMALL, frameon=False,
+                      bbox_to_anchor=(0.5, (0.1 + 0.17 * _lines(caption)) / height))
+    figure.suptitle(heading, fontsize=NORMAL + 1, y=1 - 0.08 / height, va="top")
+    figure.text(0.01, 0.1 / height, caption, fontsize=SMALL, color="0.2", va="bottom")
+    figure.tight_layout(rect=(0, bottom / height, 1, 1))  # it makes room for the suptitle
     return figure
+
+
+#: The curves' legend entries in order (by how they start).
+_LEGEND_ORDER = ["target in-split", "iid", "loo", "oracle", "selected checkpoint: its",
+                 "selected checkpoint", "chance"]
+
+
+def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float]:
+    """A y range in percent over ``values`` (in [0, 1]) and chance, on multiples of 5."""
+    values = 100 * values[~np.isnan(values)]
+    low = min([*values, 100 * chance] if chance else values, default=0.0)
+    high = max([*values, 100 * chance] if chance else values, default=100.0)
+    return max(0.0, 5 * math.floor((low - 2) / 5)), min(100.0, 5 * math.ceil((high + 2) / 5))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -422,17 +632,30 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
     """Every figure of the report, drawn one at a time: the bar charts in the tables' order
     (not of a table whose every cell is X, nor of an Averages table of one dataset), then the
     curves per kind, dataset and algorithm (in the tables' row order)."""
+    chance = chance_levels(records)
     for section in report.sections:
         for table in section.tables:
             drawn = any(cell.mean is not None for cells in table.rows.values() for cell in cells)
             if drawn and (table.dataset is not None or len(table.keys) > 2):
-                yield NamedFigure(figure_name(section, table), accuracy_figure(section, table))
-    for kind, what in ((TEST_KEY, ""),
-                       (SINGLE_SOURCE_KEY, ", single-source runs (target: mean over the targets)"),
-                       (UDG_KEY, ", UDG runs (target: mean over the targets)")):
+                jobs = (records["job"] if table.dataset is None else
+                        records.loc[records["args.dataset"] == table.dataset, "job"])
+                yield NamedFigure(figure_name(section, table), accuracy_figure(
+                    section, table, chance if table.dataset is None else
+                    chance.get(table.dataset), nan_lines(records, jobs)))
+    kinds = {}
+    for kind in (TEST_KEY, SINGLE_SOURCE_KEY, UDG_KEY):
         points, selected = curve_points(records, report, kind)
-        if points.empty:
-            continue
+        if not points.empty:
+            kinds[kind] = points, selected
+    ylims = {}
+    for dataset in dict.fromkeys(d for points, _ in kinds.values() for d in points["dataset"]):
+        values = np.concatenate([
+            points.loc[points["dataset"] == dataset, ["signal", "target"]].to_numpy(float).ravel()
+            for points, _ in kinds.values()])
+        ylims[dataset] = _shared_ylim(values, chance.get(dataset))
+    what = {TEST_KEY: "", SINGLE_SOURCE_KEY: ", single-source runs (target: mean over the targets)",
+            UDG_KEY: ", UDG runs (target: mean over the targets)"}
+    for kind, (points, selected) in kinds.items():
         methods = list(dict.fromkeys(s.method for s in report.sections if s.test_key == kind))
         texts = _cell_texts(report, kind)
         row_order = list(dict.fromkeys(
@@ -448,11 +671,12 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
                 picks = selected[(selected["dataset"] == dataset)
                                  & (selected["algorithm"] == algorithm)]
                 trials = mine["trial_seed"].nunique()
-                title = (f"{dataset}, {algorithm}{what}: source validation and target accuracy "
-                         f"of the selected runs against the step (mean over {trials} trial"
-                         f"{'s' if trials != 1 else ''}; band: lowest to highest trial)")
-                yield NamedFigure(curves_name(kind, dataset, algorithm),
-                                  curves_figure(mine, picks, title, methods, texts))
+                title = (f"{dataset}, {algorithm}{what[kind]}: the runs each selection method "
+                         f"chose, against the training step ({trials} trial"
+                         f"{'s' if trials != 1 else ''})")
+                yield NamedFigure(curves_name(kind, dataset, algorithm), curves_figure(
+                    mine, picks, title, methods, texts, kind, chance.get(dataset),
+                    ylims[dataset], nan_lines(records, set(mine["job"]))))
 
 
 def save_png(figure, path: str) -> None:

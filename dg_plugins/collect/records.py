@@ -85,7 +85,8 @@ def load_records(input_dir: str, warn: Warn = _print_warning,
     ``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN
     otherwise), ``args.compute`` (train's compute settings not at their defaults as ``((name,
     value), ...)``, :func:`dg_plugins.runtime.compute_settings`; NaN for most), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
-    (1-based), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
+    (1-based), ``nonfinite`` (its keys whose value is NaN or infinite, e.g. a diverged loss:
+    :func:`nonfinite_keys`; NaN for most), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
     ``num_classes`` (NaN where a record lacks the key), and ``environments`` (the record's
     environment labels as a tuple, None where it has none). Other keys are dropped. A line that
     is not JSON or lacks a key the tables read is skipped, and a file that cannot be read is
@@ -140,6 +141,15 @@ def _read_text(path: str, problems: list[str]) -> str | None:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+def nonfinite_keys(record) -> tuple:
+    """``((key, "NaN" | "inf" | "-inf"), ...)``: the top-level keys of a record whose value is a
+    NaN or infinite number."""
+    if type(record) is not dict:
+        return ()
+    return tuple((key, "NaN" if value != value else str(value)) for key, value in record.items()
+                 if type(value) is float and not math.isfinite(value))
 
 
 def parse_line(line: str):
@@ -244,18 +254,34 @@ class _Columns:
         self.hparams: list = []
         self.blocks: dict[tuple, _AccBlock] = {}
         self.problems: list[str] = []
+        self.nonfinite: dict[int, tuple] = {}  # row -> its keys with a NaN/infinite value
+        self._nonfinite_lines: dict[int, tuple] = {}  # the same by line, for the file being read
 
     def add_file(self, job: str, path: str, text: str) -> None:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
         numbers, records = [], []
+        self._nonfinite_lines = {}
+        fast = _orjson.loads if _orjson is not None else None
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
                 continue
+            if fast is not None:
+                try:  # orjson rejects NaN and Infinity: a line it reads has none
+                    records.append(fast(line))
+                    numbers.append(number)
+                    continue
+                except ValueError:
+                    pass
             try:
-                records.append(parse_line(line))
+                records.append(json.loads(line))
                 numbers.append(number)
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
+                continue
+            if fast is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
+                keys = nonfinite_keys(records[-1])
+                if keys:
+                    self._nonfinite_lines[number] = keys
         if records and self._add_uniform(job, numbers, records):
             return
         for number, record in zip(numbers, records):  # line by line
@@ -293,6 +319,10 @@ class _Columns:
                                                      or COUNT_KEY.fullmatch(k)
                                                      or k in NUMBER_KEYS])
         start = len(self.steps)
+        if self._nonfinite_lines:
+            for row, number in enumerate(numbers, start):
+                if number in self._nonfinite_lines:
+                    self.nonfinite[row] = self._nonfinite_lines[number]
         block.rows.extend(range(start, start + len(records)))
         size = len(block.values)
         try:
@@ -327,6 +357,10 @@ class _Columns:
         columns["environments"] = _object_series(
             [segment.environments for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
+        nonfinite = np.full(len(self.steps), math.nan, dtype=object)
+        for row, keys in self.nonfinite.items():
+            nonfinite[row] = keys
+        columns["nonfinite"] = pd.Series(nonfinite, dtype=object, copy=False)
         acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
                           key=_acc_sort_key)
         position = {key: i for i, key in enumerate(acc_keys)}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets, ipoop_sections
-from dg_plugins.collect.notes import averages_notes, compute_notes, missing_cell_notes
+from dg_plugins.collect.notes import (averages_notes, compute_notes, missing_cell_notes,
+                                      nonfinite_notes)
 from dg_plugins.collect.papers import add_paper_comparisons
 from dg_plugins.collect.selection import TEST_KEY, GroupedRecords, SelectionMethod, group_records
 from dg_plugins.collect.single_source import single_source_sections
@@ -19,13 +20,15 @@ from dg_plugins.reference import PaperEntry
 
 def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
                  hparams_table: bool = False, single_source: str = "auto",
-                 ipoop: str = "both", papers: list[PaperEntry] = ()) -> Report:
+                 ipoop: str = "both", papers: list[PaperEntry] = (),
+                 all_columns: bool = True) -> Report:
     """Select and tabulate: the standard tables per method, then the IP/OOP subset keys' tables
     (``ipoop``: the in split's, the pooled whole-domain ones, or both), then single-source tables
     (``single_source``: ``auto`` where unambiguous, ``on``, ``off``), then, for records of the
     UDG protocol (left out of all those), the UDG tables. ``papers``: entries of
     :mod:`dg_plugins.reference` to put under the tables they match. ``hparams_table``: the run
-    each method selected (``Report.hparams``)."""
+    each method selected (``Report.hparams``). ``all_columns``: the notes are for tables that
+    show every column (False: for :func:`~dg_plugins.collect.tables.leave_out_unrun`'s)."""
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:
@@ -37,19 +40,22 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         report = Report(len(frame), methods)
         if not udg.all():
             standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
-                                        hparams_table, single_source, ipoop)
+                                        hparams_table, single_source, ipoop, all_columns)
             report.sections, report.hparams = standard.sections, standard.hparams
             report.notes = standard.notes
         report.sections += udg_sections(frame[udg].reset_index(drop=True), methods)
     else:
-        report = _standard_report(records, methods, hparams_table, single_source, ipoop)
+        report = _standard_report(records, methods, hparams_table, single_source, ipoop,
+                                  all_columns)
+    report.notes[:0] = nonfinite_notes(frame)
     report.notes += add_paper_comparisons(report, list(papers))
     report.notes += compute_notes(frame)
     return report
 
 
 def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
-                     hparams_table: bool, single_source: str, ipoop: str = "both") -> Report:
+                     hparams_table: bool, single_source: str, ipoop: str = "both",
+                     all_columns: bool = True) -> Report:
     if ipoop != "in":
         frame = records.records if isinstance(records, GroupedRecords) else records
         pooled = add_pooled_subsets(frame)
@@ -62,7 +68,8 @@ def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[Selec
     report.sections += single_source_sections(grouped, methods, single_source)
     if hparams_table:
         report.hparams = selected_hparams(grouped, methods)
-    report.notes += missing_cell_notes(grouped, report.sections)
+    report.notes += missing_cell_notes(grouped, report.sections, all_columns)
     report.notes += averages_notes(report.sections,
-                                   lambda dataset: environment_labels(grouped.records, dataset))
+                                   lambda dataset: environment_labels(grouped.records, dataset),
+                                   all_columns)
     return report

@@ -318,11 +318,18 @@ def _oracle_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFr
 
 
 def _loo_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Leave-one-domain-out: per step, the single-test-env record and the pair runs ``[t, j]``;
-    val_acc the mean over j != t of the pair run's ``env{j}_in_acc``. A step counts only with
-    exactly one single-test-env record and every j present (the environment count read from the
-    step's first record; when pair runs repeat an environment the last record wins); the run keeps
-    its best step, the smallest on ties."""
+    """Leave-one-domain-out: each run keeps its best step (:func:`loo_scores`), the smallest on
+    ties."""
+    return best_checkpoint(loo_scores(grouped, reads), "step")[RUN_COLUMNS]
+
+
+def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
+    """Leave-one-domain-out's score of every step it can score: per step, the single-test-env
+    record and the pair runs ``[t, j]``; val_acc the mean over j != t of the pair run's
+    ``env{j}_in_acc``. A step counts only with exactly one single-test-env record and every j
+    present (the environment count read from the step's first record; when pair runs repeat an
+    environment the last record wins). One row per such single-test-env membership (columns of
+    :attr:`GroupedRecords.members`, ``val_acc``)."""
     members = grouped.members
     step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
     # DomainBed reads the environment count from the first record of the step (members are in
@@ -363,8 +370,7 @@ def _loo_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame
     with np.errstate(all="ignore"):
         val = sums / (n_envs - 1)
     ok = missing == 0
-    candidates = single[ok].assign(val_acc=val[ok])
-    return best_checkpoint(candidates, "step")[RUN_COLUMNS]
+    return single[ok].assign(val_acc=val[ok])
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ kinds of table are in their own modules (:mod:`.report` puts them together)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -91,7 +91,10 @@ class Table:
     source environment's label, single-source tables), ``col_keys`` (the columns without
     decoration: environment labels or dataset names, and ``Avg``; default ``col_labels``),
     ``coverage`` (Averages tables: (algorithm, dataset) -> {trial_seed: the test environment
-    indexes its mean is over}), ``comparisons`` (:class:`PaperComparison`, printed under it)."""
+    indexes its mean is over}), ``comparisons`` (:class:`PaperComparison`, printed under it),
+    ``not_run`` (the column keys no run has as its one test environment: a dataset's
+    environments, an Averages table's datasets; :func:`leave_out_unrun` drops them) and
+    ``left_out`` (the line printed under a table that columns were dropped from)."""
 
     title: str
     header: str
@@ -103,6 +106,8 @@ class Table:
     col_keys: list[str] | None = None
     coverage: dict | None = None
     comparisons: list[PaperComparison] = field(default_factory=list)
+    not_run: tuple = ()
+    left_out: str | None = None
 
     @property
     def keys(self) -> list[str]:
@@ -204,6 +209,7 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     per_trial = {key: float(np.mean(list(values))) for key, values in
                  chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
 
+    ran = tested_environments(grouped)
     tables = []
     for dataset in datasets:
         labels = environment_labels(grouped.records, dataset)
@@ -212,8 +218,10 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
             cells = [Cell.of(per_cell.get((dataset, algorithm, env), []))
                      for env in range(len(labels))]
             rows[algorithm] = cells + [Cell.average(cells)]
+        not_run = tuple(label for env, label in enumerate(labels)
+                        if env not in ran.get(dataset, ()))
         tables.append(Table(dataset, _header(f"Dataset: {dataset}", method, test_key, header_note),
-                            [*labels, "Avg"], rows, 20, dataset=dataset))
+                            [*labels, "Avg"], rows, 20, dataset=dataset, not_run=not_run))
     rows = {}
     for algorithm in algorithms:
         cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
@@ -224,8 +232,72 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
             ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
         coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
     tables.append(Table("Averages", _header("Averages", method, test_key, header_note), [*datasets, "Avg"],
-                        rows, 25, coverage=coverage))
+                        rows, 25, coverage=coverage,
+                        not_run=tuple(d for d in datasets if d not in ran)))
     return tables
+
+
+def tested_environments(grouped: GroupedRecords) -> dict:
+    """dataset -> the environment indexes some run has as its one test environment (the runs
+    DomainBed's tables score)."""
+    if "tested_environments" not in grouped.memo:
+        single = grouped.single()
+        info = grouped.groups.iloc[np.unique(single["group"].to_numpy())]
+        ran: dict = {}
+        for dataset, env in zip(info["dataset"], info["test_env"]):
+            ran.setdefault(dataset, set()).add(int(env))
+        grouped.memo["tested_environments"] = ran
+    return grouped.memo["tested_environments"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The default layout: columns no run has are left out
+
+
+def _names(keys) -> str:
+    return ", ".join(str(key) for key in keys)
+
+
+def leave_out_unrun(report: Report) -> Report:
+    """``report`` with the columns of :attr:`Table.not_run` left out of its tables, and with
+    ``Avg``, which is X in every row once one of those is (DomainBed's Avg needs every column);
+    each table that lost columns gets :attr:`Table.left_out`, the line that says which. A report
+    without such columns (every test environment run, as in DomainBed's sweeps) is returned as
+    it is: ``collect_results --all_columns`` prints it so always."""
+    if not any(t.not_run for s in report.sections for t in s.tables):
+        return report
+    sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])
+                for section in report.sections]
+    return replace(report, sections=sections)
+
+
+def _without_unrun(table: Table) -> Table:
+    if not table.not_run:
+        return table
+    keys = table.keys
+    keep = [i for i, key in enumerate(keys) if key not in table.not_run and key != "Avg"]
+    what = "test environment" if table.dataset is not None else "dataset"
+    plural = "s" if len(table.not_run) > 1 else ""
+    avg = " and Avg (it needs every one)" if "Avg" in keys and keep else ""
+    if keep:
+        why = "not run" if table.dataset is not None else "no single-test-environment run"
+        line = f"left out: {what}{plural} {_names(table.not_run)} ({why}){avg}"
+    elif table.dataset is not None:
+        line = f"no column: no run of {table.dataset} has a single test environment"
+    else:
+        line = f"no column: no run of {_names(table.not_run)} has a single test environment"
+    line += "; --all_columns shows them as X"
+
+    def pick(values):
+        return [values[i] for i in keep]
+
+    comparisons = [replace(c, rows={name: pick(v) for name, v in c.rows.items()},
+                           differences={name: pick(v) for name, v in c.differences.items()})
+                   for c in table.comparisons]
+    return replace(table, col_labels=pick(table.col_labels),
+                   col_keys=None if table.col_keys is None else pick(table.col_keys),
+                   rows={row: pick(cells) for row, cells in table.rows.items()},
+                   comparisons=comparisons, left_out=line)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -151,7 +151,8 @@ def test_unknown_dataset_is_shown_after_known_ones(sweep, capsys):
 
 def test_missing_environment_shows_x_but_averages_keep_a_number(sweep, capsys):
     rewrite(sweep, lambda r: None if r["args"]["test_envs"] == [0] else r)
-    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid")
+    _, out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid",
+                    "--all_columns")
     lines = out.splitlines()
     row = lines[lines.index("-------- Dataset: VLCS, model selection method: "
                             "training-domain validation set") + 2]
@@ -159,6 +160,39 @@ def test_missing_environment_shows_x_but_averages_keep_a_number(sweep, capsys):
     averages = lines[lines.index("-------- Averages, model selection method: "
                                  "training-domain validation set") + 2]
     assert averages.split()[1] != "X" and averages.split()[-1] != "X"  # DomainBed's quirk
+
+
+def test_columns_no_run_has_are_left_out_with_a_line(sweep, capsys):
+    """By default a test environment no run has is left out, and Avg with it (X in every row);
+    --all_columns is DomainBed's layout; csv keeps every cell."""
+    rewrite(sweep, lambda r: None if 0 in r["args"]["test_envs"] else r)
+    _, full, _ = run(capsys, "--input_dir", sweep, "--no_save", "--all_columns")
+    _, out, err = run(capsys, "--input_dir", sweep, "--no_save")
+    table = block(out, "Dataset: VLCS, model selection method: training-domain validation set")
+    assert table[0].split() == ["Algorithm", "L", "S", "V"]
+    assert table[-1] == ("left out: test environment C (not run) and Avg (it needs every one); "
+                         "--all_columns shows them as X")
+    full_table = block(full, "Dataset: VLCS, model selection method: training-domain "
+                             "validation set")
+    assert full_table[0].split() == ["Algorithm", "C", "L", "S", "V", "Avg"]
+    assert cells(full_table[1])[2:5] == cells(table[1])[1:4]  # the same cells, C and Avg gone
+    averages = block(out, "Averages, model selection method: training-domain validation set")
+    assert averages == block(full, "Averages, model selection method: training-domain "
+                                   "validation set")  # VLCS ran: its column stays
+    # the notes do not explain X cells that are not printed, and say what the Averages mean
+    assert "X for ERM in every table" not in err
+    assert ("note: Averages table, VLCS column: each trial is averaged over the test "
+            "environments it has (DomainBed's rule), here L, S, V for every row; VLCS has C, L, "
+            "S, V [iid, oracle]." in err.splitlines())
+    _, csv_out, _ = run(capsys, "--input_dir", sweep, "--no_save", "--format", "csv")
+    assert {row["column"] for row in csv.DictReader(io.StringIO(csv_out))
+            if row["table"] == "VLCS"} == {"C", "L", "S", "V", "Avg"}
+    _, text, _ = run(capsys, "--input_dir", sweep, "--no_save", "--format", "markdown")
+    assert "\n\nleft out: test environment C (not run) and Avg" in text
+    _, text, _ = run(capsys, "--input_dir", sweep, "--no_save", "--format", "latex")
+    assert ("\\midrule\n\\multicolumn{4}{l}{\\footnotesize left out: test environment C (not "
+            "run) and Avg (it needs every one); -{}-all\\_columns shows them as X} \\\\\n"
+            "\\bottomrule") in text
 
 
 def test_algorithm_order_known_first_then_first_appearance(sweep, capsys):
@@ -581,18 +615,20 @@ def test_notes_explain_x_cells_and_averages_over_other_domains(sweep, capsys):
                            "validation set")[1])
     assert row[1].endswith("+/- 0.0") and row[-1] != "X"  # C: trial 1 only
     notes = err.splitlines()
-    assert ("note: Averages table, VLCS column: DomainBed averages each trial over the test "
-            "environments it has, here ERM over L, S, V (trial 0) and C, L, S, V (trial 1) (the "
-            "dataset has C, L, S, V), so it can show a number where the dataset's table prints "
-            "X [training-domain validation set; test-domain validation set (oracle)].") in notes
-    loo = next(n for n in notes if n.startswith("note: VLCS, leave-one-domain-out"))
-    assert "X for ERM at C, L, S, V although those runs exist" in loo and "[t, j]" in loo
-    # a test environment nobody ran
-    rewrite(sweep, lambda r: None if 3 in r["args"]["test_envs"] else r)
+    assert ("note: Averages table, VLCS column: each trial is averaged over the test "
+            "environments it has (DomainBed's rule), here L, S, V (trial 0) and C, L, S, V "
+            "(trial 1) for every row; VLCS has C, L, S, V [iid, oracle].") in notes
+    loo = next(n for n in notes if n.startswith("note: VLCS [loo]: "))
+    assert "X for every algorithm at C, L, S, V although the runs exist" in loo
+    assert "[t, j]" in loo
+    # a test environment an algorithm did not run (another did): its X cells are explained
+    rewrite(sweep, lambda r: None if 3 in r["args"]["test_envs"]
+            and r["args"]["trial_seed"] == 0 else r)
+    rewrite(sweep, lambda r: dict(r, args=dict(r["args"], algorithm="DMG"))
+            if r["args"]["trial_seed"] == 1 else r)
     _, out, err = run(capsys, "--input_dir", sweep, "--no_save", "--selection", "iid")
-    assert ("note: VLCS: X for ERM in every method's table: records exist only with test "
-            "environments C, L, S, none with V. A row with an X has Avg X, as in DomainBed."
-            in err.splitlines())
+    assert ("note: VLCS: X for ERM in every table: records exist only with test environments L, "
+            "S, none with C, V (so Avg is X too, as in DomainBed)." in err.splitlines())
 
 
 def test_cli_end_to_end_with_paper_numbers_and_a_running_job(pacs):

@@ -104,10 +104,22 @@ def gids(figure) -> dict:
     """gid -> artist, over every axes of the figure."""
     found = {}
     for ax in figure.axes:
-        for artist in [*ax.patches, *ax.lines, *ax.collections]:
+        for artist in [*ax.patches, *ax.lines, *ax.collections, *ax.texts]:
             if artist.get_gid():
                 found[artist.get_gid()] = artist
     return found
+
+
+def texts(figure) -> list:
+    """Every visible, non-empty text of the figure (titles, labels, ticks, legends, captions)."""
+    from matplotlib.text import Text
+
+    return [t for t in figure.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def caption(figure) -> str:
+    """The figure's caption (its lowest figure-level text), lines joined."""
+    return min(figure.texts, key=lambda t: t.get_position()[1]).get_text().replace("\n", " ")
 
 
 def figure_of(table: str, selection: str, test_key: str) -> str:
@@ -147,9 +159,14 @@ def test_bars_error_bars_and_paper_markers_are_the_tables_numbers(drawn, printed
         errors = artists.get(f"{cell['algorithm']}|err")
         at = [(s[0][1], s[1][1]) for s in (errors.get_segments() if errors else [])
               if s[0][0] == pytest.approx(center)]
-        if err == "":  # the table prints no error: the bar has none
-            assert not at, (name, cell)
+        n = artists.get(f"{cell['algorithm']}|{column}|n")
+        if err == "":  # the table prints no error: the bar has none, nor a trial count
+            assert not at and n is None, (name, cell)
             continue
+        # the error bar is labelled with its trial count (the Averages table's, for Avg)
+        trials = cell["n"] or averages[(cell["selection"], cell["test_key"], cell["algorithm"],
+                                        cell["table"])]["n"]
+        assert n.get_text() == f"n={trials}" and n.get_position()[0] == pytest.approx(center)
         (low, high), = at
         assert (low + high) / 2 == pytest.approx(float(cell["mean"]), rel=1e-9)
         assert (high - low) / 2 == pytest.approx(float(err), rel=1e-9), (name, cell)
@@ -179,6 +196,31 @@ def test_bars_error_bars_and_paper_markers_are_the_tables_numbers(drawn, printed
     assert n_markers == 2 + 2 * 2
 
 
+def test_bar_charts_label_their_axes_and_mark_chance(drawn):
+    kept, _ = drawn
+    figure = kept["PACS_accuracy_iid.png"]
+    ax = figure.axes[0]
+    assert ax.get_xlabel() == "test domain" and ax.get_ylabel() == "accuracy (%)"
+    chance = gids(figure)["chance"]
+    assert chance.get_linestyle() == "--" and chance.get_ydata()[0] == pytest.approx(100 / 7)
+    assert "PACS_source-A_accuracy_iid.png" in kept
+    assert kept["PACS_source-A_accuracy_iid.png"].axes[0].get_xlabel().startswith(
+        "target domain")
+    udg = gids(kept["RotatedMNIST_udg-0-75_accuracy_iid.png"])["chance"]
+    assert udg.get_ydata()[0] == pytest.approx(10)  # the catalogue's 10 classes
+    assert "n = trials in each bar" in caption(figure)
+
+
+def test_text_is_readable_at_the_saved_size(drawn):
+    """Every text is at least 8 pt (11 pixels at the saved 100 dpi), and no figure is wider
+    than 1,200 pixels (it is shown at 100% on a laptop screen)."""
+    kept, _ = drawn
+    for name, figure in kept.items():
+        assert figure.get_figwidth() * plots.DPI <= 1200, name
+        small = [(t.get_text(), t.get_fontsize()) for t in texts(figure) if t.get_fontsize() < 8]
+        assert not small, (name, small[:3])
+
+
 def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
     kept, _ = drawn
     cells, selected = printed
@@ -202,11 +244,16 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
                 assert len(chosen) == 3
                 runs = [records[(algorithm, t, int(row["trial_seed"]), int(row["hparams_seed"]))]
                         for row in chosen]
-                val = np.array([[np.mean([r[f"env{i}_out_acc"] for i in range(4) if i != t])
-                                 for r in run] for run in runs])
+                # each method's own signal: iid the training domains' mean out-split, the
+                # oracle the target's out-split
+                if method == "iid":
+                    signal = np.array([[np.mean([r[f"env{i}_out_acc"] for i in range(4)
+                                                 if i != t]) for r in run] for run in runs])
+                else:
+                    signal = np.array([[r[f"env{t}_out_acc"] for r in run] for run in runs])
                 target = np.array([[r[f"env{t}_in_acc"] for r in run] for run in runs])
                 panel = f"{method}|target {labels[t]}"
-                for key, values in (("val", val), ("target", target)):
+                for key, values in (("signal", signal), ("target", target)):
                     xs, ys = artists[f"{panel}|{key}"].get_data()
                     assert list(xs) == list(STEPS)
                     np.testing.assert_allclose(ys, 100 * values.mean(axis=0), rtol=1e-12)
@@ -219,6 +266,15 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
                 np.testing.assert_allclose(sorted(zip(xs, ys)), sorted(
                     (float(row["step"]), 100 * float(row["test_acc"])) for row in chosen),
                     rtol=1e-12)
+                # the circles: the signal each chosen checkpoint was compared by, on its curve
+                score_xs, score_ys = artists[f"{panel}|score"].get_data()
+                np.testing.assert_allclose(sorted(zip(score_xs, score_ys)), sorted(
+                    (float(row["step"]), 100 * float(row["val_acc"])) for row in chosen),
+                    rtol=1e-12)
+                if method == "oracle":  # DomainBed's oracle: the last checkpoint of each run
+                    assert set(xs) == {STEPS[-1]}
+                    assert sorted(score_ys) == pytest.approx(sorted(
+                        100 * run[-1][f"env{t}_out_acc"] for run in runs))
                 cell = next(c for c in cells if (c["selection"], c["table"], c["algorithm"],
                                                  c["column"], c["test_key"]) ==
                             (method, "PACS", algorithm, labels[t], "env{t}_in_acc"))
@@ -227,6 +283,14 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
     assert checked == 2 * 7
     # iid kept a checkpoint before the last somewhere (else iid and oracle could not differ)
     assert any(row["step"] != str(STEPS[-1]) for row in selected if row["selection"] == "iid")
+    # the legend and caption say what each method's curve is and how the oracle picks
+    figure = kept["PACS_ERM_curves.png"]
+    labels = figure.legends[0].get_texts()
+    assert {"iid's signal: source validation (mean out-split of the training domains)",
+            "oracle's signal: target out-split"} <= {t.get_text() for t in labels}
+    assert ("oracle (DomainBed's OracleSelectionMethod): each run's last checkpoint, no early "
+            "stopping; the run (hparams) whose last checkpoint has the best signal"
+            in caption(figure))
     # single-source and UDG: the stars average to the table's Avg (the mean over the targets)
     for name, table, row, panel in (
             ("PACS_MPBM_single_source_curves.png", "PACS, source C", "MPBM", "source C"),
@@ -308,3 +372,90 @@ def test_help_is_plain_text(capsys):
     assert "--plot DIR" in text and "dg_plugins.collect.formats" in text
     for markup in (":mod:", ":func:", ":class:", ":meth:", ":data:", "``", "`"):
         assert markup not in text, markup
+
+
+@pytest.fixture(scope="module")
+def first_sweep(tmp_path_factory):
+    """A first sweep as the quick start runs it: one trial, one test environment (75 degrees)
+    of RotatedMNIST5k; GMoE's last record has a NaN target accuracy, DisMAE's a NaN loss."""
+    root = tmp_path_factory.mktemp("first") / "sweep"
+    for algorithm in ("ERM", "DMG", "GMoE", "DisMAE"):
+        write_job(root, algorithm, "RotatedMNIST5k", algorithm, [5], 6, 0, 0)
+    for name, key in (("GMoE", "env5_in_acc"), ("DisMAE", "loss")):
+        path = root / name / "results.jsonl"
+        lines = path.read_text().splitlines()
+        last = json.loads(lines[-1])
+        last[key] = float("nan")
+        path.write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+    return root
+
+
+def test_one_trial_nan_values_and_columns_not_run(first_sweep, tmp_path, capsys):
+    kept = {}
+    save = plots.save_png
+    plots.save_png = lambda figure, path: kept.setdefault(path.rsplit("/", 1)[1], figure)
+    try:
+        assert collect_results.main(["--input_dir", str(first_sweep), "--no_save",
+                                     "--plot", str(tmp_path)]) == 0
+    finally:
+        plots.save_png = save
+    out, err = capsys.readouterr()
+    # the table: test environment 75 only, a line names the others; NaN named, never "no key"
+    lines = out.splitlines()
+    at = lines.index("-------- Dataset: RotatedMNIST5k, model selection method: training-domain "
+                     "validation set")
+    assert lines[at + 1].split() == ["Algorithm", "75"]
+    assert lines[at + 6] == ("left out: test environments 0, 15, 30, 45, 60 (not run) and Avg (it "
+                             "needs every one); --all_columns shows them as X")
+    last = STEPS[-1]
+    notes = err.splitlines()
+    assert (f"note: job GMoE has NaN env5_in_acc at step {last} (a NaN accuracy counts as missing "
+            "in the tables and figures).") in notes
+    assert f"note: job DisMAE has NaN loss at step {last} (a non-finite loss" in err
+    assert (f"X for GMoE at 75 although the runs exist: the chosen records have NaN as "
+            f"env<t>_in_acc (job GMoE at step {last})") in err
+    assert "have no env<t>_in_acc" not in err
+    # the bars: one trial is n=1, without an error bar; the caption says what was left out (the
+    # oracle chose GMoE's last record, whose target accuracy is NaN)
+    figure = kept["RotatedMNIST5k_accuracy_oracle.png"]
+    artists = gids(figure)
+    for algorithm in ("ERM", "DMG", "DisMAE"):
+        assert artists[f"{algorithm}|75"].get_height() > 0
+        assert artists[f"{algorithm}|75|n"].get_text() == "n=1"
+        assert f"{algorithm}|err" not in artists
+    assert "GMoE|75" not in artists
+    text = caption(figure)
+    assert "Left out: test environments 0, 15, 30, 45, 60 (not run)" in text
+    assert f"job GMoE: NaN env5_in_acc at step {last}" in text
+    assert f"job DisMAE: NaN loss at step {last}" in text and "Not drawn: GMoE" in text
+    # the curves: the NaN value is not drawn and is named; a one-trial cell reads n=1
+    curves = kept["RotatedMNIST5k_GMoE_curves.png"]
+    xs, ys = gids(curves)["oracle|target 75|target"].get_data()
+    assert list(xs) == list(STEPS) and np.isnan(ys[-1]) and not np.isnan(ys[:-1]).any()
+    assert f"job GMoE: NaN env5_in_acc at step {last}" in caption(curves)
+    titles = [ax.get_title() for ax in kept["RotatedMNIST5k_ERM_curves.png"].axes]
+    assert any(t.endswith("iid table: " + cell_text(first_sweep, "ERM")) for t in titles)
+    assert not any("± 0.0" in t for t in titles)
+    # one dataset's curves share their y range, which holds every value and chance (10%)
+    ranges = {name: figure.axes[0].get_ylim() for name, figure in kept.items()
+              if name.endswith("_curves.png")}
+    assert len(ranges) == 4 and len(set(ranges.values())) == 1
+    low, high = next(iter(ranges.values()))
+    for name, figure in kept.items():
+        if name.endswith("_curves.png"):
+            for gid, artist in gids(figure).items():
+                if gid.endswith(("|signal", "|target")):
+                    values = artist.get_data()[1]
+                    values = values[~np.isnan(values)]
+                    assert low <= values.min() and values.max() <= high
+            assert gids(figure)["iid|target 75|chance"].get_ydata()[0] == pytest.approx(10)
+    assert low <= 10
+
+
+def cell_text(root, algorithm) -> str:
+    """The iid cell of a one-trial, one-hparams job: its best source-validation checkpoint's
+    target accuracy, as the figures write it."""
+    records = [json.loads(line) for line in
+               (root / algorithm / "results.jsonl").read_text().splitlines()]
+    best = max(records, key=lambda r: np.mean([r[f"env{i}_out_acc"] for i in range(5)]))
+    return f"{100 * best['env5_in_acc']:.1f} (n=1)"

@@ -1,10 +1,12 @@
 """Loading results.jsonl records (dg_plugins.collect.records; ``domainbed/lib/reporting.py``)."""
 
 import json
+import math
 import os
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dg_plugins.collect import records as R
@@ -213,6 +215,8 @@ def reference_frame(root):
             for key, value in record.items():
                 if R.ACC_KEY.fullmatch(key):
                     row[key] = float(value) if isinstance(value, (int, float)) else np.nan
+            row["nonfinite"] = tuple((k, "NaN" if v != v else str(v)) for k, v in record.items()
+                                     if type(v) is float and not math.isfinite(v)) or np.nan
             rows.append(row)
     return rows
 
@@ -247,7 +251,7 @@ def test_column_store_matches_a_plain_loader_on_mixed_records(tmp_path):
         for key in frame.columns:
             value = row.get(key, np.nan)
             if isinstance(value, float) and np.isnan(value):
-                assert np.isnan(got[key]), (i, key)
+                assert pd.isna(got[key]), (i, key)
             else:
                 assert got[key] == value, (i, key)
         assert all(key in frame.columns for key in row)

@@ -379,8 +379,8 @@ def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folde
                                         data_dir=data, datasets=("ImageFolder",)),
                      env=env, timeout=300)
     assert code == 0, text
-    code, tables = run("dg_plugins.scripts.collect_results", "--input_dir", out, env=env,
-                       timeout=120)
+    code, tables = run("dg_plugins.scripts.collect_results", "--input_dir", out,
+                       "--all_columns", env=env, timeout=120)
     assert code == 0, tables
     block = tables.split("model selection method: training-domain validation set\n")[1]
     assert block.splitlines()[0].split() == ["Algorithm", "art_painting", "cartoon", "photo",
