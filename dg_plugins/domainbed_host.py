@@ -12,7 +12,8 @@ found by :func:`dg_plugins.bridge.locate_domainbed` (``$DOMAINBED_ROOT`` or the 
 imported only when one of its names is looked up.
 
 Refused with the reason and the fix, before a job writes anything: a class whose optional package
-DomainBed could not import (Fishr: ``backpack``); a class whose code calls ``.cuda()`` (TRM, RDM)
+DomainBed could not import (Fishr: ``backpack``), or whose backpack gives no per-sample gradients
+(:func:`backpack_problem`: backpack 1.7 under torch 2); a class whose code calls ``.cuda()`` (TRM, RDM)
 in a job without a CUDA device; ``--precision fp16`` (DomainBed's ``update`` steps its own
 optimizers, which fp16's gradient scaler cannot reach). Resume is exact: the resume file keeps,
 beside the state_dict and the optimizers, the Python state a class holds outside them
@@ -25,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import warnings
 from types import ModuleType
 
 import torch
@@ -38,7 +40,8 @@ from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
 PREFIX = "DomainBed"
 #: Packages DomainBed imports optionally (set to None in ``domainbed.algorithms`` when missing),
 #: with the command that installs them.
-OPTIONAL_PACKAGES = {"backpack": "pip install backpack-for-pytorch"}
+OPTIONAL_PACKAGES = {"backpack": "pip install backpack-for-pytorch (DomainBed pins 1.3.0, for "
+                                 "torch < 2)"}
 
 
 def class_source(cls: type) -> str:
@@ -62,6 +65,29 @@ def missing_packages(cls: type, module: ModuleType) -> list[str]:
     return [name for name in OPTIONAL_PACKAGES
             if name in vars(module) and vars(module)[name] is None
             and re.search(rf"\b{name}\b", source)]
+
+
+def backpack_problem() -> str | None:
+    """Why backpack gives no per-sample gradients the way DomainBed's Fishr asks for them (a
+    backward pass restricted to an extended head's parameters, with ``create_graph``), tried on
+    two tiny linear layers; None when it gives them."""
+    import backpack
+    from backpack.extensions import BatchGrad
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_graph's reference-cycle warning
+        body, head = nn.Linear(3, 3), backpack.extend(nn.Linear(3, 2))
+        loss = backpack.extend(nn.CrossEntropyLoss(reduction="none"))(
+            head(body(torch.ones(2, 3))), torch.tensor([0, 1])).sum()
+        with backpack.backpack(BatchGrad()):
+            loss.backward(inputs=list(head.parameters()), retain_graph=True, create_graph=True)
+    if hasattr(head.weight, "grad_batch"):
+        return None
+    from importlib.metadata import version
+
+    return (f"backpack-for-pytorch {version('backpack-for-pytorch')} gives no per-sample "
+            f"gradients for DomainBed's backward pass under torch {torch.__version__} (DomainBed "
+            "pins backpack-for-pytorch==1.3.0, which needs torch < 2)")
 
 
 def calls_cuda(cls: type) -> bool:
@@ -257,6 +283,11 @@ class DomainBedAlgorithms(Source):
             raise UnavailableError(
                 f"{canonical} (DomainBed's) needs the package {missing[0]!r}, which DomainBed "
                 f"could not import: {OPTIONAL_PACKAGES[missing[0]]}")
+        if vars(algorithms).get("backpack") is not None and re.search(r"\bbackpack\(",
+                                                                      class_source(cls)):
+            problem = backpack_problem()
+            if problem:
+                raise UnavailableError(f"{canonical} (DomainBed's) cannot run here: {problem}")
         registry = bridge.domainbed_module("hparams_registry")
         hparams_lib.declare_registry(canonical,
                                      functools.partial(domainbed_hparams, registry, name))

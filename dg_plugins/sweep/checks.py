@@ -202,8 +202,8 @@ def weight_problems(jobs: Sequence) -> list[str]:
         except ValueError:
             continue  # reported by the hparams check
         key = (a["algorithm"], a["dataset"], json.dumps(hp, sort_keys=True, default=str))
-        if key in seen:
-            continue
+        if key in seen or a["algorithm"] in ALGORITHMS.loaded():
+            continue  # (DomainBed's own algorithms build DomainBed's networks: their jobs say)
         cls, dataset_cls = ALGORITHMS.get(a["algorithm"]), DATASETS.get(a["dataset"])
         shape = tuple(getattr(dataset_cls, "INPUT_SHAPE", None) or (3, 224, 224))
         n_envs = len(getattr(dataset_cls, "ENVIRONMENTS", None) or []) or len(a["test_envs"]) + 1

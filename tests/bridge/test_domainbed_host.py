@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dg_plugins.algorithms  # noqa: F401  (registers)
-from dg_plugins import bridge, catalog, plugins
+from dg_plugins import bridge, catalog, domainbed_host, plugins
 from dg_plugins import hparams as dg_hparams
 from dg_plugins.registry import ALGORITHMS, UnavailableError
 from dg_plugins.scripts.train import main
@@ -50,6 +50,8 @@ def refusal(name: str) -> str | None:
     if name == "Fishr" and importlib.util.find_spec("backpack") is None:
         return ("Fishr (DomainBed's) needs the package 'backpack', which DomainBed could not "
                 "import: pip install backpack-for-pytorch")
+    if name == "Fishr" and domainbed_host.backpack_problem():
+        return "Fishr (DomainBed's) cannot run here: backpack-for-pytorch"
     if name in ("TRM", "RDM") and not torch.cuda.is_available():
         return f"{name} runs only on a CUDA device: DomainBed's code for it calls .cuda()"
     return None
