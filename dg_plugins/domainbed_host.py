@@ -12,10 +12,10 @@ found by :func:`dg_plugins.bridge.locate_domainbed` (``$DOMAINBED_ROOT`` or the 
 imported only when one of its names is looked up.
 
 Refused with the reason and the fix, before a job writes anything: a class whose optional package
-DomainBed could not import (Fishr: ``backpack``), or whose backpack gives no per-sample gradients
-(:func:`backpack_problem`: backpack 1.7 under torch 2); a class whose code calls ``.cuda()`` (TRM, RDM)
-in a job without a CUDA device; ``--precision fp16`` (DomainBed's ``update`` steps its own
-optimizers, which fp16's gradient scaler cannot reach). Resume is exact: the resume file keeps,
+DomainBed could not import (Fishr: ``backpack``) or does not work here (:func:`backpack_problem`:
+backpack 1.7 under torch 2); a class whose code calls ``.cuda()`` (TRM, RDM) in a job without a
+CUDA device; ``--precision fp16`` (DomainBed's ``update`` steps its own optimizers, which fp16's
+gradient scaler cannot reach). Resume is exact: the resume file keeps,
 beside the state_dict and the optimizers, the Python state a class holds outside them
 (:meth:`DomainBedHost.resume_state`: ERM++'s averaging counters, Fish's inner optimizer state,
 Fishr's moving averages).
