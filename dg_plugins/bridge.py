@@ -37,7 +37,9 @@ Locating DomainBed: ``import domainbed`` as is; otherwise the checkout named by 
 variable ``DOMAINBED_ROOT``. Extra plugin modules (e.g. your own algorithms) named in
 ``DG_PLUGINS_IMPORT`` (comma-separated) are imported before installing, here and in every job.
 
-This is the only dg_plugins module that imports ``domainbed``, and only when called.
+This is the only dg_plugins module that imports ``domainbed``, and only when called; the other way
+round, :mod:`dg_plugins.domainbed_host` runs DomainBed's algorithms on our host through
+:func:`domainbed_module`.
 """
 
 from __future__ import annotations
@@ -173,25 +175,29 @@ def locate_domainbed() -> ModuleType:
     return domainbed
 
 
+def domainbed_module(name: str) -> ModuleType:
+    """DomainBed's module ``domainbed.<name>`` (:func:`locate_domainbed` first); raises
+    :class:`DomainBedImportError` naming what is missing."""
+    domainbed = locate_domainbed()
+    try:
+        return importlib.import_module(f"domainbed.{name}")
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("domainbed"):
+            raise DomainBedImportError(
+                f"the domainbed package at {os.path.dirname(domainbed.__file__)} has no "
+                f"module {err.name!r}; is it a DomainBed checkout? ({DOMAINBED_URL})"
+            ) from err
+        raise DomainBedImportError(
+            f"DomainBed ({os.path.dirname(domainbed.__file__)}) needs the package "
+            f"{err.name!r}, which is not installed: pip install {err.name} "
+            "(DomainBed imports wilds, timm and torchvision at import time)"
+        ) from err
+
+
 def domainbed_modules() -> dict[str, ModuleType]:
     """DomainBed's ``algorithms``, ``datasets``, ``hparams_registry`` and ``command_launchers``."""
-    domainbed = locate_domainbed()
-    modules = {}
-    for name in ("algorithms", "datasets", "hparams_registry", "command_launchers"):
-        try:
-            modules[name] = importlib.import_module(f"domainbed.{name}")
-        except ModuleNotFoundError as err:
-            if err.name and err.name.startswith("domainbed"):
-                raise DomainBedImportError(
-                    f"the domainbed package at {os.path.dirname(domainbed.__file__)} has no "
-                    f"module {err.name!r}; is it a DomainBed checkout? ({DOMAINBED_URL})"
-                ) from err
-            raise DomainBedImportError(
-                f"DomainBed ({os.path.dirname(domainbed.__file__)}) needs the package "
-                f"{err.name!r}, which is not installed: pip install {err.name} "
-                "(DomainBed imports wilds, timm and torchvision at import time)"
-            ) from err
-    return modules
+    return {name: domainbed_module(name)
+            for name in ("algorithms", "datasets", "hparams_registry", "command_launchers")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,7 +253,9 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
 
 def register_algorithms(algorithms_module: ModuleType,
                         entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install algorithm classes (default: all of :data:`dg_plugins.registry.ALGORITHMS`)."""
+    """Install algorithm classes (default: those registered in
+    :data:`dg_plugins.registry.ALGORITHMS`; DomainBed's own, loaded on our host by
+    :mod:`dg_plugins.domainbed_host`, are not among them)."""
     entries = dict(ALGORITHMS.items()) if entries is None else entries
     return _add_entries(algorithms_module, "ALGORITHMS", entries,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")

@@ -10,8 +10,11 @@ what is wrong; the value's type is always checked against the default's (see :fu
 The base space (every algorithm, every dataset) reproduces DomainBed's base hparams and draws; each
 algorithm declares its own space as a ``hparam_space(dataset)`` static method on its class, attached
 when the class is registered (``dg_plugins.algorithms.register_algorithm``); plugins that register
-classes some other way can use :func:`algorithm_hparams`. Values are cast to JSON-native Python
-types (DomainBed leaks ``numpy.int64`` from ``choice``; the values are identical).
+classes some other way can use :func:`algorithm_hparams`. An algorithm whose hparams another
+registry draws (DomainBed's own algorithms: ``_hparams`` of ``domainbed/hparams_registry.py``,
+:mod:`dg_plugins.domainbed_host`) is declared with :func:`declare_registry`: its hparams are that
+registry's, plus the hparams the dataset reads. Values are cast to JSON-native Python types
+(DomainBed leaks ``numpy.int64`` from ``choice``; the values are identical).
 
 No torch import here: sweeps and collect_results use this module without the deep-learning stack.
 """
@@ -50,6 +53,9 @@ BATCH_SAMPLINGS = ("per_domain", "pooled")
 LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
 
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
+#: Algorithms whose hparams another registry draws: ``fn(dataset, random_seed)`` returns
+#: ``{name: (default, random draw)}`` as DomainBed's ``_hparams`` does (:func:`declare_registry`).
+_REGISTRIES: dict[str, Callable[[str, int], dict]] = {}
 
 
 class HparamError(ValueError):
@@ -196,10 +202,34 @@ def algorithm_hparams(algorithm: str):
 
 
 def has_algorithm_space(algorithm: str) -> bool:
-    return algorithm in _ALGORITHM_SPACES
+    return algorithm in _ALGORITHM_SPACES or algorithm in _REGISTRIES
+
+
+def declare_registry(algorithm: str, registry_fn: Callable[[str, int], dict]) -> None:
+    """Draw ``algorithm``'s hparams with ``registry_fn(dataset, random_seed)``, which returns
+    ``{name: (default, random draw)}`` like DomainBed's ``_hparams`` (each name seeded with
+    ``seed_hash(random_seed, name)``). Its hparams are exactly that registry's, plus the dataset's
+    own (:func:`dg_plugins.catalog.dataset_hparam_space`); our base space is not added."""
+    _REGISTRIES[algorithm] = registry_fn
+
+
+def forget_registry(algorithm: str) -> None:
+    _REGISTRIES.pop(algorithm, None)
+
+
+def _registry_space(algorithm: str, dataset: str) -> Space:
+    """The space of a :func:`declare_registry` algorithm: each name's default (the random draw
+    comes from the registry itself, :func:`draw`), then the dataset's hparams."""
+    merged: Space = {name: (_python(default), _constant(_python(default)))
+                     for name, (default, _) in _REGISTRIES[algorithm](dataset, 0).items()}
+    for name, entry in catalog.dataset_hparam_space(dataset).items():
+        merged.setdefault(name, entry)
+    return merged
 
 
 def space(algorithm: str, dataset: str) -> Space:
+    if algorithm in _REGISTRIES:
+        return _registry_space(algorithm, dataset)
     merged = base_space(dataset)
     if algorithm in _ALGORITHM_SPACES:
         merged.update(_ALGORITHM_SPACES[algorithm](dataset))
@@ -213,7 +243,12 @@ def _python(value: Any) -> Any:
 def draw(algorithm: str, dataset: str, random_seed: int) -> dict[str, tuple[Any, Any]]:
     """DomainBed's ``_hparams``: ``{name: (default, random draw)}``; every draw is evaluated."""
     out = {}
+    if algorithm in _REGISTRIES:
+        out = {name: (_python(default), _python(value))
+               for name, (default, value) in _REGISTRIES[algorithm](dataset, random_seed).items()}
     for name, entry in space(algorithm, dataset).items():
+        if name in out:
+            continue
         default, random_fn = entry[0], entry[1]
         rng = np.random.RandomState(seed_hash(random_seed, name))
         out[name] = (default, _python(random_fn(rng)))
@@ -251,8 +286,10 @@ _TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a numb
                str: "a string"}
 
 
-def _coerce(name: str, value: Any, default: Any) -> Any:
-    """``value`` converted to the type of ``default`` (int -> float only), or HparamError."""
+def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> Any:
+    """``value`` converted to the type of ``default`` (int -> float only), or HparamError.
+    ``any_number``: a number is accepted for a numeric default as it is (DomainBed's registry
+    gives some int defaults float draws, e.g. ANDMask's ``tau``)."""
     def wrong(expected: str) -> HparamError:
         return HparamError(f"hparam {name!r} must be {expected} like its default {default!r}, "
                            f"got {value!r} ({type(value).__name__})")
@@ -264,6 +301,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise wrong(_TYPE_NAMES[bool])
+        return value
+    if any_number and isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(_TYPE_NAMES[float])
         return value
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -340,13 +381,15 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
                                         if close else ""))
         raise HparamError(
             f"unknown hparam(s) {', '.join(hints)} for {algorithm} on {dataset}. Valid names: "
-            f"{', '.join(sorted(entries))}. (An algorithm's own hparams are declared in its "
-            "hparam_space.)")
+            f"{', '.join(sorted(entries))}. (" + (
+                "Its hparams are its registry's: DomainBed's hparams_registry.py for DomainBed's "
+                "algorithms.)" if algorithm in _REGISTRIES else
+                "An algorithm's own hparams are declared in its hparam_space.)"))
     checked = {}
     for name, value in overrides.items():
         entry = entries[name]
         check_finite(name, value)
-        value = _coerce(name, value, entry[0])
+        value = _coerce(name, value, entry[0], any_number=algorithm in _REGISTRIES)
         check = entry[2] if len(entry) > 2 else None
         problem = check(value) if check is not None and value is not None else None
         if problem:

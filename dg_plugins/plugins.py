@@ -5,6 +5,11 @@ A plugin is any importable module that registers algorithms or datasets through
 plugin modules in ``$DG_PLUGINS_IMPORT`` (comma-separated): train, sweep and the DomainBed bridge
 import them in every process, and sweeps pass the variable on to their jobs (child processes
 inherit the environment).
+
+DomainBed's own algorithms are a built-in plugin: :func:`load` makes them a source of the
+algorithm registry (:mod:`dg_plugins.domainbed_host`, beside the bridge, imported by name as
+plugins are), looked up only for names dg_plugins does not register; DomainBed itself is imported
+only then, from ``$DOMAINBED_ROOT`` or the Python path.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 from typing import Iterable
 
 PLUGINS_ENV = "DG_PLUGINS_IMPORT"
+#: The built-in plugin that runs DomainBed's algorithms on our host.
+DOMAINBED_HOST = "dg_plugins.domainbed_host"
 
 
 def modules_from_env() -> list[str]:
@@ -37,6 +44,8 @@ def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401
+
+        importlib.import_module(DOMAINBED_HOST).register()
 
     names = list(dict.fromkeys([*modules, *modules_from_env()]))
     for name in names:

@@ -3,15 +3,25 @@
 A plugin registers by importing its module, with ``@register_algorithm("Name")``
 (:mod:`dg_plugins.algorithms.base`: it also attaches the hparam space and the table order) or
 ``@register_dataset`` (:mod:`dg_plugins.datasets.base`: it also declares the environments); the
-decorators store into these registries. Names are unique per registry; registering a taken name raises. ``get`` of an unknown name raises
-:class:`UnknownNameError` listing the registered choices and the closest names ("did you mean",
-case-insensitive: :func:`close_names`).
+decorators store into these registries. Names are unique per registry; registering a taken name
+raises.
+
+A registry may also have *sources* (:class:`Source`): another package's names, loaded on first
+use, e.g. DomainBed's algorithms (:mod:`dg_plugins.domainbed_host`). A registered name wins over
+a source's; the source's is then reached as ``PREFIX:NAME`` (``DomainBed:ERM``).
+
+:meth:`Registry.get` takes an exact name. :meth:`Registry.resolve`, for names users type (train's
+``--algorithm``, sweep's ``--algorithms``), also accepts the one name equal up to case (``erm`` is
+``ERM``); two names differing only in case are an ambiguity. An unknown name raises
+:class:`UnknownNameError` listing the choices and the closest names ("did you mean":
+:func:`close_names`).
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import sys
 from typing import Any
 
 
@@ -40,10 +50,37 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+class UnavailableError(ValueError):
+    """A known name that cannot run here (a missing package, checkout or device); the message
+    names it, why, and the fix."""
+
+
+class Source:
+    """Names another package defines, loaded into a registry on first use. ``prefix`` qualifies
+    them (``PREFIX:NAME``) where a registered name shadows one."""
+
+    prefix = ""
+
+    def names(self) -> list[str]:
+        """The package's names (may import it; must not raise)."""
+        return []
+
+    def load(self, name: str, canonical: str) -> Any:
+        """The object of ``name``, to be known as ``canonical``; raises :class:`UnavailableError`
+        when it cannot run here."""
+        raise NotImplementedError
+
+    def describe(self, shadowed: list[str]) -> str:
+        """A clause for the unknown-name message: what this source offers."""
+        return ""
+
+
 class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Any] = {}
+        self._sources: dict[str, Source] = {}
+        self._loaded: dict[str, tuple[Source, Any]] = {}  # canonical -> (source, object)
 
     def register(self, name: str | None = None, obj: Any = None) -> Any:
         """``register("X", obj)`` or, as a decorator, ``@register("X")`` / ``@register()``
@@ -57,6 +94,7 @@ class Registry:
                     f"{self._entries[key]!r}; choose another name or unregister it first"
                 )
             self._entries[key] = target
+            self._loaded.pop(key, None)  # a source's object of that name is now PREFIX:key
             return target
 
         return add if obj is None else add(obj)
@@ -64,20 +102,116 @@ class Registry:
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
 
+    # sources -----------------------------------------------------------------------------------
+
+    def add_source(self, source: Source) -> None:
+        """Consult ``source`` for names not registered (replaces one of the same prefix, and
+        forgets what that one loaded)."""
+        self.remove_source(source.prefix)
+        self._sources[source.prefix] = source
+
+    def remove_source(self, prefix: str) -> None:
+        old = self._sources.pop(prefix, None)
+        if old is not None:
+            self._loaded = {n: (s, o) for n, (s, o) in self._loaded.items() if s is not old}
+
+    def source(self, prefix: str) -> Source | None:
+        return self._sources.get(prefix)
+
+    def loaded(self) -> list[str]:
+        """Canonical names loaded from sources so far."""
+        return list(self._loaded)
+
+    def _canonical(self, source: Source, name: str) -> str:
+        return f"{source.prefix}:{name}" if name in self._entries else name
+
+    def _load(self, source: Source, name: str) -> str:
+        canonical = self._canonical(source, name)
+        if canonical not in self._loaded:
+            self._loaded[canonical] = (source, source.load(name, canonical))
+        return canonical
+
+    # lookups ------------------------------------------------------------------------------------
+
+    def resolve(self, name: str, say: str | None = None) -> str:
+        """The canonical name of ``name``: a registered or loaded name as is; ``PREFIX:NAME`` for
+        a source's name (``NAME`` when nothing registered shadows it); else the one name equal to
+        it up to case (a registered one, or a source's that nothing shadows). A source's name is
+        loaded here (:meth:`Source.load` may raise :class:`UnavailableError`). ``say``: the flag
+        the name came from; when given and the name changes, a note on stderr says so."""
+        canonical = self._resolve(str(name), fold_case=True)
+        if say and canonical != name:
+            print(f"note: {say} {name}: using {canonical!r}", file=sys.stderr)
+        return canonical
+
+    def _offered(self) -> dict[Source, list[str]]:
+        """Each source's names that no registered name shadows."""
+        return {s: [n for n in dict.fromkeys(s.names()) if n not in self._entries]
+                for s in self._sources.values()}
+
+    def _resolve(self, name: str, fold_case: bool) -> str:
+        if name in self._entries or name in self._loaded:
+            return name
+
+        def same(a: str, b: str) -> bool:
+            return a == b or fold_case and a.lower() == b.lower()
+
+        prefix, sep, rest = name.partition(":")
+        source = next((s for p, s in self._sources.items() if sep and same(prefix, p)), None)
+        if source is not None:
+            names = list(dict.fromkeys(source.names()))
+            match = [n for n in names if n == rest] or [n for n in names if same(n, rest)]
+            if len(match) == 1:
+                return self._load(source, match[0])
+            raise UnknownNameError(
+                f"{self.kind} name {name!r} matches {', '.join(f'{p}:{n}' for n in match)} up "
+                "to case; give the exact name" if match else
+                f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
+                f"{did_you_mean(rest, names)}")
+        offered = self._offered()
+        for source, names in offered.items():
+            if name in names:
+                return self._load(source, name)
+        matches = [(None, n) for n in self._entries if same(n, name)]
+        matches += [(s, n) for s, names in offered.items() for n in names if same(n, name)]
+        if len(matches) == 1:
+            source, match = matches[0]
+            return match if source is None else self._load(source, match)
+        if matches:
+            raise UnknownNameError(
+                f"{self.kind} name {name!r} matches {', '.join(repr(n) for _, n in matches)} up "
+                "to case; give the exact name")
+        raise UnknownNameError(self.unknown_message([name]))
+
+    def unknown_message(self, names: list[str]) -> str:
+        """``unknown KIND 'X' (did you mean ...); registered KINDs: ...`` (plus what each source
+        offers) for the unknown ``names``."""
+        offered = self._offered()
+        choices = list(self._entries) + [n for names_ in offered.values() for n in names_]
+        named = ", ".join(f"{n!r}{did_you_mean(n, choices)}" for n in names)
+        listed = ", ".join(self._entries) or "(none registered)"
+        kind = self.kind if len(names) == 1 else f"{self.kind}(s)"
+        extra = "".join(f"; {text}" for text in (
+            s.describe([n for n in s.names() if n in self._entries])
+            for s in self._sources.values()) if text)
+        return f"unknown {kind} {named}; registered {self.kind}s: {listed}{extra}"
+
     def get(self, name: str) -> Any:
-        try:
-            return self._entries[name]
-        except KeyError:
-            choices = ", ".join(self._entries) or "(none registered)"
-            raise UnknownNameError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._entries)}"
-                                   f"; registered {self.kind}s: {choices}") from None
+        """The object of ``name``, exactly (a registered, loaded or source's name; see
+        :meth:`resolve` for names given by users, which may differ in case)."""
+        canonical = self._resolve(str(name), fold_case=False)
+        if canonical in self._entries:
+            return self._entries[canonical]
+        return self._loaded[canonical][1]
 
     def list(self, pattern: str = "*") -> list[str]:
-        """Registered names matching a shell-style pattern, in registration order."""
+        """Registered names matching a shell-style pattern, in registration order (names loaded
+        from sources are not listed)."""
         return [n for n in self._entries if fnmatch.fnmatchcase(n, pattern)]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        """Whether ``name`` is registered or loaded, exactly (no case folding, no loading)."""
+        return name in self._entries or name in self._loaded
 
     def __iter__(self):
         return iter(list(self._entries))
@@ -86,6 +220,7 @@ class Registry:
         return len(self._entries)
 
     def items(self):
+        """Registered ``(name, object)`` pairs (not those loaded from sources)."""
         return list(self._entries.items())
 
 

@@ -3,10 +3,11 @@ validation of hparam overrides."""
 
 import json
 
+import numpy as np
 import pytest
 
 from dg_plugins import hparams
-from dg_plugins.registry import Registry, UnknownNameError
+from dg_plugins.registry import Registry, Source, UnavailableError, UnknownNameError
 from dg_plugins.seeds import seed_hash
 
 
@@ -222,3 +223,92 @@ def test_an_algorithm_checks_its_hparams_however_they_were_made(algorithm, name,
     hparams = {**H.default_hparams(algorithm, "Debug28"), name: value}
     with pytest.raises(H.HparamError, match=f"hparam '{name}'"):
         ALGORITHMS.get(algorithm)((3, 28, 28), 2, 2, hparams)
+
+
+def test_resolve_accepts_one_match_up_to_case_and_says_so(capsys):
+    """Names users type (train's --algorithm, sweep's --algorithms) go through resolve(): the one
+    name equal up to case is taken, with a note; get() stays exact; two names differing only in
+    case are an error naming both."""
+    reg = Registry("widget")
+    reg.register("Alpha", object())
+    reg.register("BETA", object())
+    reg.register("Beta", object())
+    assert reg.resolve("alpha", say="--widget") == "Alpha"
+    assert "note: --widget alpha: using 'Alpha'" in capsys.readouterr().err
+    assert reg.resolve("Alpha", say="--widget") == "Alpha" and not capsys.readouterr().err
+    with pytest.raises(UnknownNameError, match=r"unknown widget 'alpha' \(did you mean 'Alpha'"):
+        reg.get("alpha")
+    with pytest.raises(UnknownNameError, match="'beta' matches 'BETA', 'Beta' up to case"):
+        reg.resolve("beta")
+    assert reg.resolve("Beta") == "Beta"
+
+
+class _Source(Source):
+    """Another package's widgets: Alpha (shadowed by the registered one), Gamma, Broken."""
+
+    prefix = "Pkg"
+
+    def __init__(self):
+        self.loads = []
+
+    def names(self):
+        return ["Alpha", "Gamma", "Broken"]
+
+    def load(self, name, canonical):
+        self.loads.append((name, canonical))
+        if name == "Broken":
+            raise UnavailableError("Broken needs a part: install it")
+        return f"pkg {name}"
+
+    def describe(self, shadowed):
+        return f"Pkg's: {', '.join(n for n in self.names() if n not in shadowed)}"
+
+
+def test_a_sources_names_load_on_first_use_and_registered_names_win():
+    reg = Registry("widget")
+    ours = reg.register("Alpha", object())
+    source = _Source()
+    reg.add_source(source)
+    assert source.loads == []  # nothing loaded until asked
+    assert reg.get("Alpha") is ours and reg.resolve("alpha") == "Alpha"
+    assert reg.resolve("gamma") == "Gamma" and reg.get("Gamma") == "pkg Gamma"
+    assert reg.resolve("pkg:alpha") == "Pkg:Alpha" and reg.get("Pkg:Alpha") == "pkg Alpha"
+    assert reg.resolve("Pkg:Gamma") == "Gamma"  # nothing shadows it: its plain name
+    assert source.loads == [("Gamma", "Gamma"), ("Alpha", "Pkg:Alpha")]  # each once
+    assert reg.list() == ["Alpha"] and dict(reg.items()) == {"Alpha": ours}
+    assert "Gamma" in reg and reg.loaded() == ["Gamma", "Pkg:Alpha"]
+    with pytest.raises(UnavailableError, match="Broken needs a part: install it"):
+        reg.resolve("Broken")
+    with pytest.raises(UnknownNameError, match="unknown widget 'Gama' \\(did you mean 'Gamma'"
+                                               "\\?\\); registered widgets: Alpha; Pkg's: Gamma"):
+        reg.get("Gama")
+    with pytest.raises(UnknownNameError, match="unknown widget 'Pkg:Zeta': Pkg defines no 'Zeta'"):
+        reg.resolve("Pkg:Zeta")
+    reg.remove_source("Pkg")
+    assert "Gamma" not in reg and reg.loaded() == []
+
+
+def test_a_registry_of_another_package_draws_the_hparams():
+    """An algorithm declared with declare_registry takes that registry's hparams (seeded by it),
+    plus the dataset's own, and nothing of our base space; its numbers take any number."""
+    def registry(dataset, seed):
+        r = np.random.RandomState(seed_hash(seed, "tau"))
+        return {"lr": (1e-3, 0.5 + seed), "tau": (1, r.uniform(0.5, 1.0)),
+                "choice": (0.0, np.float64(0.1))}
+
+    hparams.declare_registry("TestOnlyRegistry", registry)
+    try:
+        drawn = hparams.random_hparams("TestOnlyRegistry", "Debug28", 3)
+        assert drawn["lr"] == 3.5 and type(drawn["choice"]) is float
+        assert drawn["tau"] == np.random.RandomState(seed_hash(3, "tau")).uniform(0.5, 1.0)
+        assert set(hparams.default_hparams("TestOnlyRegistry", "Debug28")) == {
+            "lr", "tau", "choice"}
+        pacs = hparams.default_hparams("TestOnlyRegistry", "PACS")
+        assert pacs["augmentation"] == "domainbed" and "backbone" not in pacs
+        assert hparams.validate("TestOnlyRegistry", "Debug28", {"tau": 0.7}) == {"tau": 0.7}
+        with pytest.raises(hparams.HparamError, match="'backbone'.*registry's"):
+            hparams.validate("TestOnlyRegistry", "Debug28", {"backbone": "resnet"})
+        assert hparams.job_hparams("TestOnlyRegistry", "Debug28", 2, 1)["lr"] == 0.5 + seed_hash(
+            2, 1)
+    finally:
+        hparams.forget_registry("TestOnlyRegistry")

@@ -23,30 +23,33 @@ from dg_plugins.train.folder import CHECKPOINT_FILE, last_record
 # Names
 
 
-def check_algorithms(names: Iterable[str]) -> None:
-    """Raise for names that dg_plugins' train cannot run: neither built in (catalog, no torch) nor
-    in the algorithm registry (imported, hence torch, only for other names), each with the
-    closest registered names ("did you mean", case-insensitive). DomainBed's own
-    algorithms (IRM, CORAL, ...) are not reimplemented here: they run through the bridge."""
-    names = [n for n in names if n not in catalog.BUILTIN_ALGORITHMS]
-    if not names:
-        return
+def check_algorithms(names: Iterable[str]) -> list[str]:
+    """The canonical names of ``names`` (:meth:`dg_plugins.registry.Registry.resolve`: ``erm`` is
+    ERM, said on stderr; DomainBed's own, e.g. CORAL, from a DomainBed checkout), each once.
+    Raises for names that dg_plugins' train cannot run, all in one line: unknown ones with the
+    closest names ("did you mean"), then those that cannot run here, with the fix. The registry
+    (imported, hence torch) is loaded only for names that are not built in (catalog)."""
+    names = list(dict.fromkeys(names))
+    if all(n in catalog.BUILTIN_ALGORITHMS for n in names):
+        return names
     from dg_plugins import plugins
-    from dg_plugins.registry import ALGORITHMS
+    from dg_plugins.registry import ALGORITHMS, UnavailableError
 
     plugins.load()  # dg_plugins' own modules and those in $DG_PLUGINS_IMPORT register
-    unknown = [n for n in names if n not in ALGORITHMS]
-    if unknown:
-        domainbed_only = [n for n in unknown if n in catalog.DOMAINBED_ALGORITHMS]
-        hint = (f" ({', '.join(domainbed_only)} are DomainBed's own: run them with "
-                "'python -m dg_plugins.scripts.domainbed sweep ...' and a DomainBed checkout)"
-                if domainbed_only else "")
-        named = ", ".join(repr(n) + ("" if n in domainbed_only else
-                                     did_you_mean(n, ALGORITHMS.list())) for n in unknown)
-        raise UnknownNameError(
-            f"unknown algorithm(s) {named}; registered algorithms: "
-            f"{', '.join(ALGORITHMS.list())}{hint}"
-        )
+    canonical, unknown, unavailable = [], [], []
+    for name in names:
+        try:
+            canonical.append(ALGORITHMS.resolve(name, say="--algorithms"))
+        except UnavailableError as err:
+            unavailable.append(str(err))
+        except UnknownNameError as err:
+            unknown.append((name, str(err)))
+    plain = [name for name, message in unknown if message.startswith("unknown algorithm ")]
+    problems = ([ALGORITHMS.unknown_message(plain)] if plain else []) + [
+        message for name, message in unknown if name not in plain] + unavailable
+    if problems:
+        raise UnknownNameError("; ".join(problems))
+    return list(dict.fromkeys(canonical))
 
 
 
@@ -199,8 +202,8 @@ def weight_problems(jobs: Sequence) -> list[str]:
         except ValueError:
             continue  # reported by the hparams check
         key = (a["algorithm"], a["dataset"], json.dumps(hp, sort_keys=True, default=str))
-        if key in seen:
-            continue
+        if key in seen or a["algorithm"] in ALGORITHMS.loaded():
+            continue  # (DomainBed's own algorithms build DomainBed's networks: their jobs say)
         cls, dataset_cls = ALGORITHMS.get(a["algorithm"]), DATASETS.get(a["dataset"])
         shape = tuple(getattr(dataset_cls, "INPUT_SHAPE", None) or (3, 224, 224))
         n_envs = len(getattr(dataset_cls, "ENVIRONMENTS", None) or []) or len(a["test_envs"]) + 1

@@ -180,7 +180,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         for dataset in args.datasets:
             jobs.check_dataset_name(dataset)
-        checks.check_algorithms(args.algorithms)
+        args.algorithms = checks.check_algorithms(args.algorithms)  # erm: ERM
         checks.check_hparams(args.hparams, args.algorithms, args.datasets)
         for dataset in args.datasets:  # e.g. ImageFolder: its environments are found on disk
             jobs.num_environments(dataset, args.data_dir)

@@ -33,6 +33,8 @@ def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records:
     """Write the resume file; ``scaler``: fp16's ``GradScaler`` (its scale and growth tracker
     are saved under ``grad_scaler``; absent without one)."""
     extra = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+    if hasattr(algorithm, "resume_state"):  # Python state beside the state_dict (DomainBed's)
+        extra["algorithm_state"] = algorithm.resume_state()
     atomic_torch_save({
         "next_step": next_step,
         "model": algorithm.state_dict(),
@@ -116,6 +118,8 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
     does not fit them (written by an incompatible version of the algorithm) raises
     :class:`DamagedCheckpoint`."""
     try:
+        if hasattr(algorithm, "load_resume_state"):
+            algorithm.load_resume_state(state["algorithm_state"])
         algorithm.load_state_dict(state["model"])
         for name, opt in algorithm.optimizers().items():
             opt.load_state_dict(state["optimizers"][name])

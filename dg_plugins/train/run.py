@@ -41,7 +41,8 @@ def validate(args) -> None:
 
     plugins.load()
     dataset_cls = DATASETS.get(args.dataset)
-    ALGORITHMS.get(args.algorithm)
+    args.algorithm = ALGORITHMS.resolve(args.algorithm, say="--algorithm")  # erm: ERM
+    getattr(ALGORITHMS.get(args.algorithm), "check_args", lambda args: None)(args)
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
     fraction = getattr(args, "label_fraction", None)
     flags.check_ranges(args, None if fraction is None else [fraction])

@@ -355,9 +355,8 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
              "unknown dataset 'PAC'; did you mean 'PACS'"),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("pacs",)),
              "unknown dataset 'pacs'; did you mean 'PACS'"),
-            (sweep_argv(out, "--algorithms", "dmg", "ERMM", "IRM"),
-             "unknown algorithm(s) 'dmg' (did you mean 'DMG'?), 'ERMM' (did you mean 'ERM'?), "
-             "'IRM'; registered algorithms: "),
+            (sweep_argv(out, "--algorithms", "dmg", "ERMM"),
+             "unknown algorithm 'ERMM' (did you mean 'ERM'"),
             (sweep_argv(out, "--algorithms", "ERM", datasets=("SVIRO",)),
              "SVIRO is a DomainBed dataset that dg_plugins does not implement; run it through "
              "the bridge")]:

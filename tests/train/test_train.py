@@ -138,7 +138,7 @@ def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
 @pytest.mark.parametrize("argv, message", [
     (["--algorithm", "NoSuchAlgo"], "unknown algorithm 'NoSuchAlgo'; registered algorithms: ERM"),
     (["--dataset", "NoSuchSet"], "unknown dataset 'NoSuchSet'; registered datasets: Debug28"),
-    (["--algorithm", "dmg"], "unknown algorithm 'dmg' (did you mean 'DMG'?); registered"),
+    (["--algorithm", "dmgg"], "unknown algorithm 'dmgg' (did you mean 'DMG'?); registered"),
     (["--dataset", "rotatedmnist5k"], "unknown dataset 'rotatedmnist5k' (did you mean "
                                       "'RotatedMNIST5k'?); registered"),
     (["--hparams", "{batch_size: 8}"], "--hparams is not valid JSON"),

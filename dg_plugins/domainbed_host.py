@@ -1,0 +1,309 @@
+"""DomainBed's own algorithms (every name of ``domainbed.algorithms.ALGORITHMS``: CORAL, IRM,
+GroupDRO, Mixup, SagNet, ...) on dg_plugins' host, from a DomainBed checkout: our train, sweep and
+reproduce run them with resume, ``--eval_splits``, the tables and the plots. Nothing is copied:
+the classes are DomainBed's (:func:`host_class` adds what our job loop asks of an algorithm), and
+so are their hparams (``_hparams`` of ``domainbed/hparams_registry.py``, seeded as DomainBed seeds
+them: :func:`dg_plugins.hparams.declare_registry`).
+
+Names: :class:`DomainBedAlgorithms` is a source of :data:`dg_plugins.registry.ALGORITHMS`
+(:func:`dg_plugins.plugins.load` adds it), consulted for names dg_plugins does not register:
+``CORAL`` is DomainBed's; ``ERM`` stays ours, and DomainBed's is ``DomainBed:ERM``. DomainBed is
+found by :func:`dg_plugins.bridge.locate_domainbed` (``$DOMAINBED_ROOT`` or the Python path) and
+imported only when one of its names is looked up.
+
+Refused with the reason and the fix, before a job writes anything: a class whose optional package
+DomainBed could not import (Fishr: ``backpack``) or does not work here (:func:`backpack_problem`:
+backpack 1.7 under torch 2); a class whose code calls ``.cuda()`` (TRM, RDM) in a job without a
+CUDA device; ``--precision fp16`` (DomainBed's ``update`` steps its own optimizers, which fp16's
+gradient scaler cannot reach). Resume is exact: the resume file keeps,
+beside the state_dict and the optimizers, the Python state a class holds outside them
+(:meth:`DomainBedHost.resume_state`: ERM++'s averaging counters, Fish's inner optimizer state,
+Fishr's moving averages).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import warnings
+from types import ModuleType
+
+import torch
+import torch.nn as nn
+
+from dg_plugins import bridge, catalog
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.algorithms.base import Algorithm
+from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
+
+PREFIX = "DomainBed"
+#: Packages DomainBed imports optionally (set to None in ``domainbed.algorithms`` when missing),
+#: with the command that installs them.
+OPTIONAL_PACKAGES = {"backpack": "pip install backpack-for-pytorch (DomainBed pins 1.3.0, for "
+                                 "torch < 2)"}
+
+
+def class_source(cls: type) -> str:
+    """The source of ``cls`` and of its bases defined in the same module (DomainBed's
+    ``IRM(ERM)``: both), or "" where Python has none."""
+    parts = []
+    for klass in cls.__mro__:
+        if klass.__module__ != cls.__module__:
+            continue
+        try:
+            parts.append(inspect.getsource(klass))
+        except (OSError, TypeError):
+            pass
+    return "\n".join(parts)
+
+
+def missing_packages(cls: type, module: ModuleType) -> list[str]:
+    """The :data:`OPTIONAL_PACKAGES` that ``cls``'s code uses and that ``module`` (DomainBed's
+    algorithms) failed to import."""
+    source = class_source(cls)
+    return [name for name in OPTIONAL_PACKAGES
+            if name in vars(module) and vars(module)[name] is None
+            and re.search(rf"\b{name}\b", source)]
+
+
+def backpack_problem() -> str | None:
+    """Why backpack gives no per-sample gradients the way DomainBed's Fishr asks for them (a
+    backward pass restricted to an extended head's parameters, with ``create_graph``), tried on
+    two tiny linear layers; None when it gives them."""
+    import backpack
+    from backpack.extensions import BatchGrad
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_graph's reference-cycle warning
+        body, head = nn.Linear(3, 3), backpack.extend(nn.Linear(3, 2))
+        loss = backpack.extend(nn.CrossEntropyLoss(reduction="none"))(
+            head(body(torch.ones(2, 3))), torch.tensor([0, 1])).sum()
+        with backpack.backpack(BatchGrad()):
+            loss.backward(inputs=list(head.parameters()), retain_graph=True, create_graph=True)
+    if hasattr(head.weight, "grad_batch"):
+        return None
+    from importlib.metadata import version
+
+    return (f"backpack-for-pytorch {version('backpack-for-pytorch')} gives no per-sample "
+            f"gradients for DomainBed's backward pass under torch {torch.__version__} (DomainBed "
+            "pins backpack-for-pytorch==1.3.0, which needs torch < 2)")
+
+
+def calls_cuda(cls: type) -> bool:
+    """Whether ``cls``'s code puts tensors on the GPU with ``.cuda()`` (it then runs only with a
+    CUDA device)."""
+    return re.search(r"\.cuda\(", class_source(cls)) is not None
+
+
+def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
+                      random_seed: int) -> dict:
+    """DomainBed's ``_hparams(name, dataset, random_seed)``; one of our small-image datasets that
+    DomainBed lacks (RotatedMNIST5k) is asked as :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`, so
+    that it gets DomainBed's small-image lr / batch_size / weight_decay (as the bridge does)."""
+    if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
+        dataset = bridge.SMALL_IMAGE_PROXY
+    return hparams_registry._hparams(name, dataset, random_seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the host asks of an algorithm
+
+
+def _holds(value, kinds) -> bool:
+    """Whether ``value`` is, or a list / tuple / dict holds, an instance of ``kinds``."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds(v, kinds) for v in value)
+    if isinstance(value, dict):
+        return any(_holds(v, kinds) for v in value.values())
+    return isinstance(value, kinds)
+
+
+def _on_device(value, device):
+    if isinstance(value, (torch.Tensor, nn.Module)):
+        return value.to(device)
+    if isinstance(value, list):
+        return [_on_device(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _restore(current, saved, device):
+    """``saved`` put back into ``current`` in place where the two have the same shape (modules
+    and tensors others may reference, e.g. a list of heads its optimizers hold), else ``saved``
+    moved to ``device``; what to assign."""
+    if isinstance(current, nn.Module) and type(saved) is type(current):
+        current.load_state_dict(saved.state_dict())
+        return current
+    if (isinstance(current, torch.Tensor) and isinstance(saved, torch.Tensor)
+            and current.shape == saved.shape and current.dtype == saved.dtype):
+        with torch.no_grad():
+            current.copy_(saved)
+        return current
+    if isinstance(current, list) and isinstance(saved, list) and len(current) == len(saved):
+        current[:] = [_restore(c, s, device) for c, s in zip(current, saved)]
+        return current
+    if isinstance(current, dict) and isinstance(saved, dict):
+        restored = {k: _restore(current.get(k), v, device) for k, v in saved.items()}
+        current.clear()
+        current.update(restored)
+        return current
+    if (type(saved) is type(current) and hasattr(saved, "__dict__")
+            and not isinstance(saved, (torch.optim.Optimizer, type))):
+        for name, value in vars(saved).items():
+            setattr(current, name, _restore(getattr(current, name, None), value, device))
+        return current
+    return _on_device(saved, device)
+
+
+class DomainBedHost:
+    """Mixed into a DomainBed algorithm class (:func:`host_class`): what dg_plugins' job loop
+    asks of an algorithm beyond DomainBed's contract (:class:`dg_plugins.algorithms.Algorithm`'s
+    optimizers, schedulers and lr factor; no pretraining), the job checks of :meth:`check_args`,
+    and the Python state resume needs (:meth:`resume_state`)."""
+
+    #: Set by :func:`host_class`: DomainBed's name, the name on our host, why it needs CUDA.
+    DOMAINBED_NAME = ""
+    NAME = ""
+    CUDA_ONLY = False
+    TINY_TEST_HPARAMS: dict = {}
+    GRADIENT_EXEMPT: dict = {}
+    epoch_steps = None
+
+    optimizers = Algorithm.optimizers
+    schedulers = Algorithm.schedulers
+    lr_schedule_exempt = Algorithm.lr_schedule_exempt
+    set_lr_factor = Algorithm.set_lr_factor
+    pretrain_update = Algorithm.pretrain_update
+    pretrained_state = Algorithm.pretrained_state
+
+    @classmethod
+    def supports_pretraining(cls) -> bool:
+        return False
+
+    @staticmethod
+    def hparam_space(dataset: str) -> dict:
+        return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._host_modules = frozenset(self._modules)
+
+    @classmethod
+    def check_args(cls, args) -> None:
+        """Refuse, with the fix, a train job DomainBed's class cannot run as asked: fp16 (its
+        ``update`` steps its own optimizers, outside the gradient scaler), a class that calls
+        ``.cuda()`` on a device other than CUDA."""
+        if getattr(args, "precision", None) == "fp16":
+            raise UnavailableError(
+                f"--precision fp16 cannot train {cls.NAME}: DomainBed's update() steps its own "
+                "optimizers, which fp16's gradient scaler cannot reach; use --precision bf16 "
+                "(no scaler needed) or fp32")
+        if cls.CUDA_ONLY:
+            from dg_plugins.runtime import pick_device
+
+            device = pick_device(getattr(args, "device", None))
+            if device.type != "cuda":
+                raise UnavailableError(
+                    f"{cls.NAME} runs only on a CUDA device: DomainBed's code for it calls "
+                    f".cuda(); this job's device is {device}. Run it on a GPU machine "
+                    "(--device cuda)")
+
+    def resume_state(self) -> dict:
+        """What the resume file keeps beside ``state_dict()`` and the optimizers: the
+        attributes that are neither parameters, buffers, submodules, optimizers, schedulers nor
+        hparams (counters, moving averages, an optimizer's saved state), and the submodules made
+        after ``__init__`` (Fish's inner network)."""
+        kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+        attributes = {name: value for name, value in vars(self).items()
+                      if not name.startswith("_") and name not in ("training", "hparams")
+                      and not _holds(value, kinds)}
+        modules = {name: module for name, module in self._modules.items()
+                   if name not in self._host_modules}
+        return {"attributes": attributes, "modules": modules}
+
+    def load_resume_state(self, state: dict) -> None:
+        """Put :meth:`resume_state`'s ``state`` back (before ``load_state_dict``)."""
+        device = next((p.device for p in self.parameters()), torch.device("cpu"))
+        for name, module in state["modules"].items():
+            setattr(self, name, module.to(device))
+        for name, value in state["attributes"].items():
+            setattr(self, name, _restore(vars(self).get(name), value, device))
+
+
+def host_class(cls: type, name: str) -> type:
+    """DomainBed's algorithm class ``cls`` as our host runs it under ``name``: a subclass with
+    :class:`DomainBedHost` mixed in (DomainBed's ``__init__``, ``update`` and ``predict``
+    unchanged)."""
+    return type(cls.__name__, (DomainBedHost, cls), {
+        "__module__": __name__,
+        "__qualname__": cls.__name__,
+        "__doc__": f"DomainBed's {cls.__name__} ({cls.__module__}) on dg_plugins' host.\n\n"
+                   + (cls.__doc__ or ""),
+        "DOMAINBED_NAME": cls.__name__,
+        "NAME": name,
+        "CUDA_ONLY": calls_cuda(cls),
+    })
+
+
+# ------------------------------------------------------------------------------------------------
+# The source of names
+
+
+class DomainBedAlgorithms(Source):
+    """DomainBed's algorithms, as a source of :data:`dg_plugins.registry.ALGORITHMS`: their names
+    from the checkout (without one, those of DomainBed b93c22a, which then say how to get it)."""
+
+    prefix = PREFIX
+
+    def __init__(self):
+        self._names: list[str] | None = None
+        self._error: Exception | None = None
+
+    def names(self) -> list[str]:
+        if self._names is None and self._error is None:
+            try:
+                self._names = list(bridge.domainbed_module("algorithms").ALGORITHMS)
+            except Exception as err:  # noqa: BLE001  (not found or broken: load() says which)
+                self._error = err
+        return list(catalog.DOMAINBED_ALGORITHMS) if self._names is None else list(self._names)
+
+    def load(self, name: str, canonical: str) -> type:
+        self.names()
+        if self._names is None:
+            raise UnavailableError(f"{canonical} is one of DomainBed's algorithms, which run "
+                                   f"from a DomainBed checkout: {self._error}")
+        algorithms = bridge.domainbed_module("algorithms")
+        cls = algorithms.get_algorithm_class(name)
+        missing = missing_packages(cls, algorithms)
+        if missing:
+            raise UnavailableError(
+                f"{canonical} (DomainBed's) needs the package {missing[0]!r}, which DomainBed "
+                f"could not import: {OPTIONAL_PACKAGES[missing[0]]}")
+        if vars(algorithms).get("backpack") is not None and re.search(r"\bbackpack\(",
+                                                                      class_source(cls)):
+            problem = backpack_problem()
+            if problem:
+                raise UnavailableError(f"{canonical} (DomainBed's) cannot run here: {problem}")
+        registry = bridge.domainbed_module("hparams_registry")
+        hparams_lib.declare_registry(canonical,
+                                     functools.partial(domainbed_hparams, registry, name))
+        catalog.declare_algorithm(canonical)
+        return host_class(cls, canonical)
+
+    def describe(self, shadowed: list[str]) -> str:
+        names = [n for n in self.names() if n not in shadowed]
+        listed = ", ".join(names + [f"{PREFIX}:{n}" for n in shadowed])
+        if self._names is None:
+            return (f"DomainBed's, with a checkout (set {bridge.DOMAINBED_ROOT_ENV}=/path/to/"
+                    f"DomainBed): {listed}")
+        return f"DomainBed's: {listed}"
+
+
+def register() -> None:
+    """Make DomainBed's algorithms a source of :data:`~dg_plugins.registry.ALGORITHMS` (once)."""
+    if not isinstance(ALGORITHMS.source(PREFIX), DomainBedAlgorithms):
+        ALGORITHMS.add_source(DomainBedAlgorithms())

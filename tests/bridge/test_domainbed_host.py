@@ -1,0 +1,165 @@
+"""DomainBed's own algorithms on our host (dg_plugins.domainbed_host), against the DomainBed
+checkout named by $DOMAINBED_ROOT (skipped otherwise): every class of its ``ALGORITHMS`` (read from
+the checkout) trains on Debug28 through our train or is refused with its reason, their hparams are
+DomainBed's registry's, resume is exact for classes holding Python state, and a sweep of ERM,
+CORAL and DMG gives folders that DomainBed's own collect_results reads as ours does. The
+mechanism without a checkout: test_domainbed_host_unit.py."""
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dg_plugins.algorithms  # noqa: F401  (registers)
+from dg_plugins import bridge, catalog, domainbed_host, plugins
+from dg_plugins import hparams as dg_hparams
+from dg_plugins.registry import ALGORITHMS, UnavailableError
+from dg_plugins.scripts.train import main
+from dg_plugins.seeds import seed_hash
+from helpers import VOLATILE_KEYS, read_records
+from processes import command_env, module_command
+
+ROOT = os.environ.get(bridge.DOMAINBED_ROOT_ENV)
+pytestmark = [
+    pytest.mark.skipif(
+        not ROOT, reason=f"{bridge.DOMAINBED_ROOT_ENV} is not set: set it to a DomainBed "
+        f"checkout (git clone {bridge.DOMAINBED_URL}) to run DomainBed's algorithms on our host"),
+    pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning"),  # DomainBed's
+]
+TINY = '{"batch_size": 4}'
+TIMEOUT = 600
+
+
+def checkout_algorithms() -> list[str]:
+    """``ALGORITHMS`` of the checkout's ``domainbed/algorithms.py``, read without importing it."""
+    if not ROOT:
+        return []
+    tree = ast.parse(Path(ROOT, "domainbed", "algorithms.py").read_text())
+    return next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "ALGORITHMS" for t in node.targets))
+
+
+def refusal(name: str) -> str | None:
+    """Why our host refuses DomainBed's ``name`` on this machine (None: it runs)."""
+    if name == "Fishr" and importlib.util.find_spec("backpack") is None:
+        return ("Fishr (DomainBed's) needs the package 'backpack', which DomainBed could not "
+                "import: pip install backpack-for-pytorch")
+    if name == "Fishr" and domainbed_host.backpack_problem():
+        return "Fishr (DomainBed's) cannot run here: backpack-for-pytorch"
+    if name in ("TRM", "RDM") and not torch.cuda.is_available():
+        return f"{name} runs only on a CUDA device: DomainBed's code for it calls .cuda()"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def host():
+    pythonpath = os.environ.get("PYTHONPATH")
+    plugins.load()
+    yield
+    if pythonpath is None:  # the loader exported DomainBed's root for child processes
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = pythonpath
+
+
+@pytest.mark.parametrize("name", checkout_algorithms())
+def test_every_domainbed_algorithm_trains_on_our_host(name, tmp_path, capsys):
+    """Two steps (updates), two records (predict on every split), done; or refused up front
+    with the reason and fix in one line, nothing written."""
+    out = tmp_path / "job"
+    code = main(["--dataset", "Debug28", "--algorithm", f"DomainBed:{name}", "--steps", "2",
+                 "--checkpoint_freq", "1", "--hparams", TINY, "--output_dir", str(out)])
+    err = capsys.readouterr().err
+    if refusal(name):
+        assert code == 2 and f"error: {refusal(name)}" in err and not out.exists(), err
+        return
+    assert code == 0, err
+    records = read_records(out)
+    canonical = "DomainBed:ERM" if name == "ERM" else name
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[0]["args"]["algorithm"] == canonical
+    assert all(0 <= records[-1][f"env{i}_{split}_acc"] <= 1
+               for i in range(3) for split in ("in", "out"))
+    assert (out / "done").exists() and (out / "model.pkl").exists()
+    assert ALGORITHMS.get(canonical).DOMAINBED_NAME == name
+
+
+@pytest.mark.parametrize("dataset", ["Debug28", "PACS", "RotatedMNIST5k"])
+def test_hparams_are_domainbeds_as_domainbed_seeds_them(dataset):
+    """For every DomainBed algorithm: the defaults and a random draw of its train.py
+    (``random_hparams(name, dataset, seed_hash(hparams_seed, trial_seed))``); our small-image
+    dataset DomainBed lacks gets Debug28's rules; our own ERM keeps ours."""
+    hparams_registry = bridge.domainbed_module("hparams_registry")
+    asked = "Debug28" if dataset == "RotatedMNIST5k" else dataset
+    # and the hparams our class of the dataset reads (PACS: augmentation, data_split), at their
+    # defaults
+    read = {name: entry[0] for name, entry in catalog.dataset_hparam_space(dataset).items()}
+    for name in checkout_algorithms():
+        try:
+            canonical = ALGORITHMS.resolve(f"DomainBed:{name}")
+        except UnavailableError:  # Fishr without backpack
+            continue
+        assert dg_hparams.job_hparams(canonical, dataset, 0, 0) == {
+            **hparams_registry.default_hparams(name, asked), **read}, name
+        domainbeds = hparams_registry.random_hparams(name, asked, seed_hash(3, 1))
+        assert dg_hparams.job_hparams(canonical, dataset, 3, 1) == {
+            **{k: v.item() if hasattr(v, "item") else v for k, v in domainbeds.items()},
+            **read}, name
+    assert "backbone" in dg_hparams.job_hparams("ERM", dataset, 0, 0)
+
+
+@pytest.mark.parametrize("name, hparams", [
+    ("ERMPlusPlus", '{"batch_size": 4, "linear_steps": 2}'),  # a Python step counter
+    ("Fish", TINY),  # an inner network made at the first update, its optimizer's saved state
+    ("IRM", '{"batch_size": 4, "irm_penalty_anneal_iters": 3}'),  # a new optimizer at step 3
+])
+def test_resume_is_exact(name, hparams, tmp_path):
+    from dg_plugins.train import run as train_run
+    from dg_plugins.train.cli import build_parser
+
+    def args(out, *extra):
+        return build_parser().parse_args([
+            "--dataset", "Debug28", "--algorithm", name, "--output_dir", str(out), "--steps",
+            "6", "--checkpoint_freq", "2", "--hparams", hparams, *extra])
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert train_run.run(args(full)) == "done"
+    assert train_run.run(args(cut), stop_after_step=2) == "stopped"
+    assert train_run.run(args(cut, "--resume")) == "done"
+    assert read_records(cut, drop=VOLATILE_KEYS) == read_records(full, drop=VOLATILE_KEYS)
+
+
+def test_a_sweep_of_erm_coral_and_dmg_is_read_by_domainbeds_collect_results(tmp_path):
+    """``--algorithms ERM coral DMG``: DomainBed's CORAL beside our ERM and DMG in one sweep;
+    DomainBed's own collect_results prints the same tables as ours, one row each."""
+    out = tmp_path / "sweep"
+    env = command_env(OMP_NUM_THREADS="1")
+    sweep = subprocess.run(module_command(
+        "dg_plugins.scripts.sweep", "launch", "--data_dir", tmp_path / "data", "--datasets",
+        "Debug28", "--algorithms", "ERM", "coral", "DMG", "--test_env_sets", "0", "--n_hparams",
+        "1", "--n_trials", "1", "--steps", "3", "--checkpoint_freq", "2", "--hparams", TINY,
+        "--output_dir", out, "--command_launcher", "local", "--skip_confirmation"),
+        env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert "note: --algorithms coral: using 'CORAL'" in sweep.stderr
+    ours = subprocess.run(module_command("dg_plugins.scripts.collect_results", "--input_dir",
+                                         out), env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert ours.returncode == 0, ours.stderr
+    lines = ours.stdout.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("Algorithm")))
+    assert [line.split()[0] for line in lines[first + 1:first + 4]] == ["ERM", "CORAL", "DMG"]
+    if importlib.util.find_spec("wilds") is None:
+        pytest.skip("DomainBed's collect_results imports wilds (pip install wilds)")
+    command, db_env = bridge.unpatched_script_command("collect_results",
+                                                      ["--input_dir", str(out)], ROOT)
+    domainbeds = subprocess.run(command, env={**env, **db_env, "OMP_NUM_THREADS": "1"},
+                                capture_output=True, text=True, timeout=TIMEOUT)
+    assert domainbeds.returncode == 0, domainbeds.stderr[-3000:]
+    assert domainbeds.stdout == ours.stdout
