@@ -6,7 +6,8 @@
 #   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/offline_quickstart] [DRY_RUN=1] \
 #       bash sweeps/offline_quickstart.sh [sweep flags]
 # The terminal gets one line per job (started; done with its accuracy; failed with its error
-# line); each job's settings, records and progress are in its folder's out.txt.
+# line), a time estimate before the first job and the time left after each; each job's settings,
+# records and progress are in its folder's out.txt.
 # Interrupted (Ctrl-C, a closed terminal, a kill)? Run the whole command again (the sweep says
 # which: the README's command 1 when that started it): it continues where it stopped (every launch
 # has --resume: finished jobs are skipped, interrupted ones continue from their last checkpoint),
@@ -56,33 +57,57 @@ export DG_SWEEP_RERUN_COMMAND=$rerun
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
 has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }
-sweep() {
-    sweep_launch --datasets RotatedMNIST5k --data_dir builtin --output_dir "$OUTPUT_DIR" \
-        --n_hparams 1 --n_trials 1 --checkpoint_freq 100 "$@"
-}
-# 1. multi-source DG (every registered algorithm; MPBM pools the sources and says so)
-if has_part 1; then
-    ALGORITHM_FLAGS=()
-    if [[ -n "${ALGORITHMS:-}" ]]; then
-        read -r -a _algorithms <<< "$ALGORITHMS"
-        ALGORITHM_FLAGS=(--algorithms "${_algorithms[@]}")
+PLANNING=0
+PLAN=()
+sweep() {  # one sweep launch; while PLANNING=1, recorded for the time estimate instead
+    local flags=(--datasets RotatedMNIST5k --data_dir builtin --output_dir "$OUTPUT_DIR"
+                 --n_hparams 1 --n_trials 1 --checkpoint_freq 100 "$@")
+    if [[ "$PLANNING" == 1 ]]; then
+        PLAN+=(:: launch "${flags[@]}" --eval_splits "$EVAL_SPLITS" "${SWEEP_FLAGS[@]}")
+    else
+        sweep_launch "${flags[@]}"
     fi
-    sweep "${ALGORITHM_FLAGS[@]}" --test_env_sets 5 --steps "${STEPS:-101}" \
-        --hparams '{"batch_size": 16, "lr": 0.001}'
+}
+run_parts() {
+    # 1. multi-source DG (every registered algorithm; MPBM pools the sources and says so)
+    if has_part 1; then
+        ALGORITHM_FLAGS=()
+        if [[ -n "${ALGORITHMS:-}" ]]; then
+            read -r -a _algorithms <<< "$ALGORITHMS"
+            ALGORITHM_FLAGS=(--algorithms "${_algorithms[@]}")
+        fi
+        sweep "${ALGORITHM_FLAGS[@]}" --test_env_sets 5 --steps "${STEPS:-101}" \
+            --hparams '{"batch_size": 16, "lr": 0.001}'
+    fi
+    # 2. single-source DG: source 0 degrees, targets 15-75 degrees
+    if has_part 2; then
+        sweep --algorithms ERM --test_env_sets 1,2,3,4,5 --steps 201
+        sweep --algorithms MPBM --test_env_sets 1,2,3,4,5 --steps 201 \
+            --hparams '{"mpbm_warmup_steps": 50}'
+    fi
+    # 3. unsupervised DG: targets 0 and 75 degrees, pretraining shared by both label fractions
+    if has_part 3; then
+        UDG=(--test_env_sets 0,5 --label_fractions 0.1 1.0 --pretrain_steps 100 --steps 101)
+        sweep --algorithms DisMAE MAE "${UDG[@]}" \
+            --hparams '{"batch_size": 16, "vit_arch": "tiny", "udg_ft_lr": 0.001}'
+        sweep --algorithms ERM "${UDG[@]}" --hparams '{"batch_size": 16}'
+    fi
+}
+# The time estimate: every job of the parts planned first (dg_plugins.sweep.plan), printed
+# before the first job and updated by the launcher as jobs finish, from their measured times.
+# Before anything is measured it is rough: the whole quick start (15 jobs, 1,715 training steps)
+# took 87 s on 2 idle CPU cores (results/benchmarks.md), about 0.05 s per step.
+if [[ "$DRY_RUN" != 1 ]]; then
+    PLANNING=1 run_parts
+    DG_SWEEP_PROGRESS=$(mktemp "${TMPDIR:-/tmp}/dg_quickstart_progress.XXXXXX")
+    export DG_SWEEP_PROGRESS
+    trap 'rm -f "$DG_SWEEP_PROGRESS"' EXIT
+    "$PYTHON" -m dg_plugins.sweep.plan "$DG_SWEEP_PROGRESS" --name "quick start" \
+        --reference_rate 0.05 --reference_note "the whole quick start (15 jobs, 1,715 training \
+steps) took 87 s on 2 idle CPU cores, results/benchmarks.md" "${PLAN[@]}" 2>/dev/null \
+        || unset DG_SWEEP_PROGRESS  # no estimate then (the sweep says what is wrong)
 fi
-# 2. single-source DG: source 0 degrees, targets 15-75 degrees
-if has_part 2; then
-    sweep --algorithms ERM --test_env_sets 1,2,3,4,5 --steps 201
-    sweep --algorithms MPBM --test_env_sets 1,2,3,4,5 --steps 201 \
-        --hparams '{"mpbm_warmup_steps": 50}'
-fi
-# 3. unsupervised DG: targets 0 and 75 degrees, pretraining shared by both label fractions
-if has_part 3; then
-    UDG=(--test_env_sets 0,5 --label_fractions 0.1 1.0 --pretrain_steps 100 --steps 101)
-    sweep --algorithms DisMAE MAE "${UDG[@]}" \
-        --hparams '{"batch_size": 16, "vit_arch": "tiny", "udg_ft_lr": 0.001}'
-    sweep --algorithms ERM "${UDG[@]}" --hparams '{"batch_size": 16}'
-fi
+run_parts
 finish_dry_run
 "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR"
 "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR" --learning_check

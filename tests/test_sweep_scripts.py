@@ -522,6 +522,7 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     assert first.returncode != 0, first_out
+    assert not (out / ".launchers").exists()  # the launcher's claim went with it
     (job,) = [p for p in out.iterdir() if p.is_dir()]  # the other job: no folder, Not launched
     assert not (job / "done").exists(), first_out
     assert "HParams:" not in first_out and "HParams:" in (job / "out.txt").read_text()
@@ -533,12 +534,23 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     assert ("To continue, run the whole command again (finished jobs are skipped; interrupted "
             f"jobs resume from their last checkpoint):\n  {rerun}\n") in first_out, first_out
     assert "dg_plugins.scripts.sweep launch" not in first_out
+    # the time estimate: rough before the first job (nothing measured), saying how it was made
+    rough = ("quick start: 2 jobs, 0 done; rough estimate: about 10 s for the 2 left (42 training "
+             "steps at 0.05 s per step: the whole quick start (15 jobs, 1,715 training steps) "
+             "took 87 s on 2 idle CPU cores, results/benchmarks.md; nothing is measured on this "
+             "machine yet). Updated as jobs finish.\n")
+    assert rough in first_out and first_out.index(rough) < first_out.index("[1/2] started")
     second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=240)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "2 jobs: 0 done, 1 incomplete, 1 not launched." in second.stdout
     assert "(1 of them are Incomplete and will run with --resume.)" in second.stdout
     assert "HParams:" not in second.stdout and len(re.findall(r"\] done in ", second.stdout)) == 2
+    assert rough in second.stdout  # nothing measured in this run yet; then the measured rate
+    assert re.search(r"\n  quick start: 1/2 jobs done, about \d+ (s|min)( \d+ s)? left \([0-9.e-]+ s "
+                     r"per training step, measured over the 1 job\(s\) finished in this run; "
+                     r"start-up and evaluation included\)\n", second.stdout), second.stdout
+    assert "\n  quick start: 2/2 jobs done.\n" in second.stdout
     assert all((p / "done").exists() for p in out.iterdir() if p.is_dir())
     steps = [json.loads(line)["step"] for line in (job / "results.jsonl").read_text().splitlines()]
     assert steps == [0, 20], steps

@@ -5,6 +5,7 @@ continues. :func:`run_action` is the flow; it returns the sweep's exit status.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shlex
@@ -14,8 +15,11 @@ from typing import Callable, Sequence
 
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
-from dg_plugins.sweep.jobs import (INCOMPLETE, RUNNING, SweepJob, python_executable,
-                                   running_note, select_jobs, summary_line)
+from dg_plugins.sweep import claims
+from dg_plugins.sweep.checks import done_eval_splits_note
+from dg_plugins.sweep.jobs import (INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING, SweepJob,
+                                   launcher_note, python_executable, running_note, select_jobs,
+                                   summary_line)
 from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 from dg_plugins.train.flags import EXIT_BAD_INPUT
 from dg_plugins.train.folder import CHECKPOINT_FILE
@@ -30,25 +34,57 @@ ACTIONS = ("launch", "delete_incomplete", "delete_all")
 
 
 def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
-           resume_incomplete: bool = True) -> list[str]:
-    """Shuffle with ``random.Random(seed)``, create every job folder (so they turn Incomplete),
-    then hand the command strings to ``launcher_fn``. Jobs already Incomplete get ``--resume``
-    when ``resume_incomplete``. Returns the commands, in launch order."""
+           resume_incomplete: bool = True, command_line: Sequence[str] | None = None
+           ) -> list[str]:
+    """Shuffle with ``random.Random(seed)``, claim the jobs (:class:`~dg_plugins.sweep.claims.
+    LauncherClaim`: under the sweep lock, jobs another live launcher took meanwhile are dropped,
+    the others' folders created, so that they turn Incomplete, and held by this launcher until
+    each ends), then hand the command strings to ``launcher_fn``. Jobs already Incomplete get
+    ``--resume`` when ``resume_incomplete``. A stop signal's never-started jobs are unlaunched
+    (:func:`unlaunch`) while still claimed. Returns the commands, in launch order."""
     print("Launching...")
     order = list(jobs)
     random.Random(seed).shuffle(order)
-    commands = []
+    wanted = {NOT_LAUNCHED, INCOMPLETE} if resume_incomplete else {NOT_LAUNCHED}
+    by_sweep: dict[str, list[SweepJob]] = {}
     for job in order:
-        resume = resume_incomplete and job.state == INCOMPLETE
+        by_sweep.setdefault(os.path.dirname(os.path.abspath(job.output_dir)), []).append(job)
+    with contextlib.ExitStack() as stack:
+        kept, others = [], []
+        for sweep_dir, group in by_sweep.items():
+            claim = stack.enter_context(claims.LauncherClaim(
+                sweep_dir, sweep_command(command_line, "launch")))
+            mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
+                                      lambda job: job.state in wanted, _create_folder)
+            kept += mine
+            others += theirs
+        kept_ids = {id(job) for job in kept}
+        taken = [job for job in order if id(job) not in kept_ids]
+        if taken:
+            print(f"{len(taken)} of these jobs were taken meanwhile by another launcher or "
+                  "finished; this launch leaves them alone:")
+            for claim in others:
+                print(f"  {claim.describe()} holds {len(claim.jobs)} jobs")
+        order = [job for job in order if id(job) in kept_ids]
+        commands = [job.command(resume=resume_incomplete and job.state == INCOMPLETE)
+                    for job in order]
         try:
-            os.makedirs(job.output_dir, exist_ok=True)
-        except OSError as err:
-            raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
-                                 f"({err.strerror}); {_folder_fix(err)}"]) from None
-        commands.append(job.command(resume=resume))
-    launcher_fn(commands)
+            if commands:
+                launcher_fn(commands)
+        except LaunchInterrupted as err:
+            if not err.remote:
+                unlaunch(order, err.not_started)
+            raise
     print(f"Launched {len(order)} jobs!")
     return commands
+
+
+def _create_folder(job: SweepJob) -> None:
+    try:
+        os.makedirs(job.output_dir, exist_ok=True)
+    except OSError as err:
+        raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
+                             f"({err.strerror}); {_folder_fix(err)}"]) from None
 
 
 class LaunchRefused(ValueError):
@@ -66,17 +102,33 @@ def _folder_fix(err: OSError) -> str:
 
 
 def delete(jobs: Sequence[SweepJob]) -> None:
-    """Remove each job's folder (and only that); a job found Running now is left alone."""
+    """Remove each job's folder (and only that), under the sweep lock
+    (:func:`dg_plugins.sweep.claims.sweep_lock`, so that no launcher claims one meanwhile); a job
+    found Running or Queued by a live launcher now is left alone, saying so."""
     print("Deleting...")
     deleted = 0
+    by_sweep: dict[str, list[SweepJob]] = {}
     for job in jobs:
-        if job.refresh_state() == RUNNING:
-            print(f"not deleted, still running (pid {job.holder}): {job.output_dir}")
+        by_sweep.setdefault(os.path.dirname(os.path.abspath(job.output_dir)), []).append(job)
+    for sweep_dir, group in by_sweep.items():
+        if not os.path.isdir(sweep_dir):
             continue
-        if os.path.isdir(job.output_dir):
-            shutil.rmtree(job.output_dir)
-        job.refresh_state()
-        deleted += 1
+        with claims.sweep_lock(sweep_dir, exclusive=True):
+            held = claims.held_folders(claims.read_claims(sweep_dir, remove_stale=True),
+                                       sweep_dir)
+            for job in group:
+                state = job.refresh_state(held)
+                if state == RUNNING:
+                    print(f"not deleted, still running (pid {job.holder}): {job.output_dir}")
+                    continue
+                if state == QUEUED:
+                    print(f"not deleted, queued by a live {job.launcher.describe()}: "
+                          f"{job.output_dir}")
+                    continue
+                if os.path.isdir(job.output_dir):
+                    shutil.rmtree(job.output_dir)
+                job.refresh_state(held)
+                deleted += 1
     print(f"Deleted {deleted} jobs!")
 
 
@@ -271,6 +323,11 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
             print(line)
     for line in running_note(jobs, action):
         print(line)
+    for line in launcher_note(jobs, action):
+        print(line)
+    if action == "launch":
+        for line in done_eval_splits_note(jobs):
+            print(line)
     if dry_run:
         print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
         for job in selected:
@@ -299,10 +356,9 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         if launcher_fn is None:
             raise ValueError("launching needs a launcher function")
         try:
-            launch(selected, launcher_fn, seed=seed, resume_incomplete=resume)
+            launch(selected, launcher_fn, seed=seed, resume_incomplete=resume,
+                   command_line=command_line)
         except LaunchInterrupted as err:
-            if not err.remote:
-                unlaunch(selected, err.not_started)
             report_interruption(err, selected, command_line)
             return err.code
         except JobsFailed as err:

@@ -14,9 +14,9 @@ from typing import Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError, did_you_mean
-from dg_plugins.sweep.jobs import INCOMPLETE
+from dg_plugins.sweep.jobs import DONE, INCOMPLETE
 from dg_plugins.train.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
-from dg_plugins.train.folder import CHECKPOINT_FILE, last_record
+from dg_plugins.train.folder import CHECKPOINT_FILE, RESULTS_FILE, last_record
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,6 +295,44 @@ def eval_splits_problems(jobs: Sequence) -> list[str]:
             f"(sweeps/*.sh: EVAL_SPLITS={started}) to finish them, or remove them with the "
             "sweep's delete_incomplete so that they start over")
     return problems
+
+
+def _first_record_args(folder: str) -> dict | None:
+    """The ``args`` of a job's first record (every record of a job holds the same), reading one
+    line only."""
+    try:
+        with open(os.path.join(folder, RESULTS_FILE), "rb") as f:
+            args = json.loads(f.readline()).get("args")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def done_eval_splits_note(jobs: Sequence) -> list[str]:
+    """For a launch with ``--eval_splits all``: lines saying which Done jobs evaluated only the
+    selection splits (their records' ``args.eval_splits``), which the launch skips like any Done
+    job, so they will have no curves of the other splits, and how to get them (empty when none)."""
+    default = EVAL_DEFAULTS["eval_splits"]
+    partial = []
+    for job in jobs:
+        if job.state != DONE or job.command_args.get("eval_splits", default) != "all":
+            continue
+        args = _first_record_args(job.output_dir)
+        if args is not None and args.get("eval_splits", default) != "all":
+            partial.append(job)
+    if not partial:
+        return []
+    shown = partial[:5]
+    lines = [f"Note: {len(partial)} Done job(s) evaluated only the selection splits (their "
+             "records say args.eval_splits selection: no training-environment in-split at any "
+             "step). Done jobs are never rerun, so this launch's --eval_splits all does not "
+             "give them every split's learning curves. For those: launch into another "
+             "--output_dir, or delete these job folders (delete_all with the same flags "
+             "removes every job of this sweep) and launch again:"]
+    lines += [f"  {job.describe()}" for job in shown]
+    if len(partial) > len(shown):
+        lines.append(f"  ... and {len(partial) - len(shown)} more")
+    return lines
 
 
 def launch_problems(jobs: Sequence) -> list[str]:

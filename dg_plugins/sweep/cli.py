@@ -17,12 +17,28 @@ from dg_plugins.sweep.submitit import SUBMITIT_CLUSTERS, SubmititOptions, parse_
 from dg_plugins.train import flags as train_flags
 
 TASKS = ("domain_generalization", "domain_adaptation")
+PROG = "python -m dg_plugins.scripts.sweep"
+#: The usage line an error shows (argparse's own lists every flag: 45 lines above the error).
+SHORT_USAGE = (f"{PROG} {{{','.join(actions.ACTIONS)}}} --data_dir DIR --output_dir DIR "
+               "[--datasets NAME ...] [--algorithms NAME ...] [--command_launcher NAME] "
+               "[FLAGS] (every flag: --help)")
+
+
+class SweepParser(argparse.ArgumentParser):
+    """argparse, with errors as one usage line and the error line (exit status 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"usage: {SHORT_USAGE}\n{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m dg_plugins.scripts.sweep",
-        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep.")
+    parser = SweepParser(
+        prog=PROG,
+        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep. "
+                    "Two launches of one sweep at once share it: a launch claims the job "
+                    "folders it creates until each job ends, and another launch (or a delete) "
+                    "leaves a live launcher's jobs alone, naming it (pid, host), and runs only "
+                    "the jobs no live launcher holds.")
     parser.add_argument("command", choices=list(actions.ACTIONS),
                         help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
                              "delete_incomplete: remove Incomplete job folders; delete_all: "
@@ -70,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     train_flags.add_evaluation_arguments(extra)
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
-                            "their commands (do not use while those jobs are still running)")
+                            "their commands (jobs a live train process or another live launcher "
+                            "holds are left alone)")
     extra.add_argument("--stop_grace_period", type=float, default=None, metavar="SECONDS",
                        help="after SIGTERM/SIGINT, how long the local and multi_gpu launchers "
                             "wait for running jobs to stop at a checkpoint before SIGKILL "

@@ -14,6 +14,8 @@ import tempfile
 import time
 from typing import Callable, Sequence
 
+from dg_plugins.sweep import claims
+from dg_plugins.sweep.progress import Progress
 from dg_plugins.sweep.processes import ErrorLogs, error_excerpt
 from dg_plugins.train.folder import OUT_FILE, last_record
 
@@ -72,17 +74,22 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
 
 
 class JobOutputs:
-    """Per-job lines of a launcher (``name``) over ``commands``, printed with ``write``; the
-    jobs' output goes to temporary files (:meth:`log`), removed when each job ends."""
+    """Per-job lines of a launcher (``name``) over ``commands``, printed with ``write``, and after
+    each job that ended, the time left (:class:`~dg_plugins.sweep.progress.Progress`; ``parallel``:
+    jobs run at once; ``clock``: seconds, for tests); the jobs' output goes to temporary files
+    (:meth:`log`), removed when each job ends."""
 
     def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
-                 write: Callable[[str], None] = lambda line: print(line, flush=True)):
+                 write: Callable[[str], None] = lambda line: print(line, flush=True),
+                 parallel: int = 1, clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.commands = list(commands)
         self.logs = logs
         self.write = write
+        self.clock = clock
         self.paths: dict[int, str] = {}
         self.started_at: dict[int, float] = {}
+        self.progress = Progress.for_commands(self.commands, logs.folders, parallel)
 
     def __enter__(self) -> "JobOutputs":
         return self
@@ -103,7 +110,7 @@ class JobOutputs:
 
     def started(self, index: int, where: str = "") -> None:
         """The line of a job that starts (``where``: e.g. ``GPU 3``)."""
-        self.started_at[index] = time.monotonic()
+        self.started_at[index] = self.clock()
         folder = self.logs.folders[index]
         log = f" (log: {os.path.join(folder, OUT_FILE)})" if folder else ""
         where = f" on {where}" if where else ""
@@ -114,7 +121,8 @@ class JobOutputs:
         """The line of a job that ended with exit status ``code``: done with its accuracy, or
         failed (``interrupted``: stopped by a signal the launcher forwarded) with its first error
         line (its captured output is kept for the summary)."""
-        seconds = time.monotonic() - self.started_at.get(index, time.monotonic())
+        now = self.clock()
+        seconds = now - self.started_at.get(index, now)
         took = f"in {seconds:.0f} s"
         if code == 0:
             test_envs = [int(t) for t in command_flags(self.commands[index]).get("test_envs", [])
@@ -130,7 +138,13 @@ class JobOutputs:
                 line = line.split("; ")[0]
             what = "interrupted" if interrupted else "failed"
             self.write(f"{self._prefix(index)} {what} (exit code {code}) {took}: {line}")
+        claims.job_ended(self.logs.folders[index])  # other launches now see it as it is
         self._remove(index)
+        if code is not None and not interrupted:
+            self.progress.ended(self.logs.folders[index], seconds, code == 0)
+            line = self.progress.line()
+            if line is not None:
+                self.write(f"  {line}")
 
     def _keep_captured(self, index: int) -> None:
         path = self.paths.get(index)

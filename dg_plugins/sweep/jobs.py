@@ -2,8 +2,8 @@
 DomainBed's loop order), its identity (the md5 of those args names its folder, as DomainBed's
 ``sweep.Job``; the command is not hashed, and may carry flags that are not part of the identity:
 ``--eval_splits``, :data:`UNHASHED_TRAIN_ARGS`), its command, and its state on disk (Done,
-Incomplete, Running, Not launched). Torch-free, so that enumeration, dry runs and deletes stay
-fast."""
+Incomplete, Running, Queued by another live launcher, Not launched). Torch-free, so that
+enumeration, dry runs and deletes stay fast."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
+from dg_plugins.sweep import claims
 from dg_plugins.train.flags import ALIGNMENT_ARGS, COMPUTE_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
 from dg_plugins.train.folder import is_done, lock_holder
 
@@ -25,6 +26,8 @@ INCOMPLETE = "Incomplete"
 DONE = "Done"
 #: An Incomplete job whose folder lock is held by a live process (it is still training).
 RUNNING = "Running"
+#: An Incomplete job that another live launcher has queued (:mod:`dg_plugins.sweep.claims`).
+QUEUED = "Queued"
 
 #: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
 #: ``extra_args``).
@@ -255,9 +258,11 @@ class SweepJob:
     INCOMPLETE = INCOMPLETE
     DONE = DONE
     RUNNING = RUNNING
+    QUEUED = QUEUED
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
-                 python: str | None = None, command_args: dict | None = None):
+                 python: str | None = None, command_args: dict | None = None,
+                 held: dict | None = None):
         self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
         self.train_args = copy.deepcopy(train_args)
         self.train_args["output_dir"] = self.output_dir
@@ -269,17 +274,25 @@ class SweepJob:
                              f"{', '.join(UNHASHED_TRAIN_ARGS)}")
         self.command_str = build_command({**self.train_args, **self.command_args}, module,
                                          python)
-        self.state = self.refresh_state()
+        self.state = self.refresh_state(held)
 
-    def refresh_state(self) -> str:
+    def refresh_state(self, held: dict | None = None) -> str:
         """Done if ``<dir>/done`` exists; Running if ``<dir>`` exists and its lock is held by a
-        live process (``holder``: its pid); Incomplete if ``<dir>`` exists; else Not launched."""
+        live process (``holder``: its pid); Queued if a live launcher's claim holds it
+        (``launcher``: the :class:`~dg_plugins.sweep.claims.Claim`; ``held``: folder -> claim, as
+        :func:`dg_plugins.sweep.claims.held_in` gives, read now when None); Incomplete if
+        ``<dir>`` exists; else Not launched."""
         self.holder = None
+        self.launcher = None
         if is_done(self.output_dir):
             self.state = DONE
         elif os.path.exists(self.output_dir):
             self.holder = lock_holder(self.output_dir)
-            self.state = RUNNING if self.holder is not None else INCOMPLETE
+            if held is None:
+                held = claims.held_in(os.path.dirname(os.path.abspath(self.output_dir)))
+            self.launcher = held.get(os.path.abspath(self.output_dir))
+            self.state = (RUNNING if self.holder is not None else
+                          QUEUED if self.launcher is not None else INCOMPLETE)
         else:
             self.state = NOT_LAUNCHED
         return self.state
@@ -307,18 +320,48 @@ class SweepJob:
 def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
               python: str | None = None, command_args: dict | None = None) -> list[SweepJob]:
     """One :class:`SweepJob` per train-args dict; ``command_args`` go in every command, unhashed
-    (:data:`UNHASHED_TRAIN_ARGS`)."""
-    return [SweepJob(args, sweep_output_dir, module, python, command_args) for args in args_list]
+    (:data:`UNHASHED_TRAIN_ARGS`). The live launchers' claims are read once."""
+    held = claims.held_in(sweep_output_dir)
+    return [SweepJob(args, sweep_output_dir, module, python, command_args, held)
+            for args in args_list]
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
     """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's counts), with
-    ``<r> running, `` before ``not launched`` when some job is Running."""
+    ``<r> running, `` and ``<q> queued by another launcher, `` before ``not launched`` when some
+    job is Running or Queued."""
     counts = {state: sum(job.state == state for job in jobs)
-              for state in (DONE, INCOMPLETE, RUNNING, NOT_LAUNCHED)}
+              for state in (DONE, INCOMPLETE, RUNNING, QUEUED, NOT_LAUNCHED)}
     running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
+    queued = f"{counts[QUEUED]} queued by another launcher, " if counts[QUEUED] else ""
     return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
-            f"{running}{counts[NOT_LAUNCHED]} not launched.")
+            f"{running}{queued}{counts[NOT_LAUNCHED]} not launched.")
+
+
+def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
+    """Lines naming each other live launcher that holds jobs of ``jobs`` (Queued, or Running
+    under it), how many, and that ``action`` leaves them to it (empty when none)."""
+    by_claim: dict[str, tuple[claims.Claim, list[SweepJob]]] = {}
+    for job in jobs:
+        if job.state == QUEUED:
+            by_claim.setdefault(job.launcher.path, (job.launcher, []))[1].append(job)
+    if not by_claim:
+        return []
+    what = {"launch": "not launched here", "delete_incomplete": "not deleted",
+            "delete_all": "not deleted"}[action]
+    lines = []
+    for claim, queued in by_claim.values():
+        lines.append(f"Note: another sweep launcher is working on this sweep: {claim.describe()}"
+                     f" holds {len(claim.jobs)} of its jobs; {len(queued)} of them are queued "
+                     f"(folder created, not started yet): {what}.")
+    if action == "launch":
+        lines.append("  That launcher runs them and reports them when it ends; this launch runs "
+                     "only the jobs no live launcher holds. Once it has ended, launch again "
+                     "(with --resume) to continue any that did not finish.")
+    else:
+        lines.append("  A live launcher's queued folders are never deleted; once it has ended, "
+                     "those that did not finish are Incomplete.")
+    return lines
 
 
 def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
@@ -340,7 +383,7 @@ def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
     """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
     ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder but the
-    Running ones (never any Running job)."""
+    Running and Queued ones (never a job a live process or launcher holds)."""
     if action == "launch":
         wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
     elif action == "delete_incomplete":

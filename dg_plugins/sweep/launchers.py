@@ -124,7 +124,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     codes: list[int | None] = [None] * len(commands)
     running: dict[str, tuple[int, subprocess.Popen]] = {}
     pending = list(enumerate(commands))
-    outputs = JobOutputs("multi_gpu", commands, logs or ErrorLogs(commands))
+    outputs = JobOutputs("multi_gpu", commands, logs or ErrorLogs(commands), parallel=len(gpus))
     with JobProcesses(grace_period_s) as jobs, outputs:
         while (pending and not jobs.stopping) or running:
             for gpu, (index, proc) in list(running.items()):

@@ -336,6 +336,23 @@ def test_cli_errors(tmp_path, capsys, extra, message):
     assert re.search(message, capsys.readouterr().err)
 
 
+def test_an_error_shows_one_usage_line_not_every_flag(tmp_path, capsys):
+    """As train: the usage line and the error, not argparse's 45 lines of flags above it."""
+    for extra, error in ((["--algorithms", "ERMM"], "unknown algorithm(s) 'ERMM' (did you mean "
+                          "'ERM'?)"),
+                         (["--n_trials", "two"], "argument --n_trials: invalid int value: "
+                          "'two'")):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep_cli.main(cli(tmp_path) + extra)
+        assert exit_info.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2, lines
+        assert lines[0] == f"usage: {sweep_cli.SHORT_USAGE}"
+        assert lines[0].startswith(
+            "usage: python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ")
+        assert lines[1].startswith(f"python -m dg_plugins.scripts.sweep: error: {error}")
+
+
 def test_cli_launch_needs_a_launcher(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sweep_cli.main(cli(tmp_path, launcher=None))

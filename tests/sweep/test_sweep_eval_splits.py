@@ -159,3 +159,31 @@ def test_the_launchers_done_line_reads_a_selection_record():
         assert ("env0_in_acc" in record) == (value == "all")
         assert accuracy_summary(record, [2]) == \
             "test-env accuracy 50.0%, source validation 70.0% (step 100)"
+
+
+def test_a_launch_for_every_split_says_which_done_jobs_evaluated_only_the_selection(
+        tmp_path, capsys):
+    """A job finished with --eval_splits selection; a launch with --eval_splits all --resume
+    skips it like any Done job, and says so: its records hold only the selection splits, and how
+    to get every split's curves. A launch with selection, or over jobs that ran with all, says
+    nothing of it."""
+    assert sweep_cli.main(argv(tmp_path, "--eval_splits", "selection")) == 0
+    first = commands(capsys.readouterr().out)
+    job = train_cli.build_parser().parse_args(shlex.split(first[0])[3:])
+    assert train_run.run(job) == "done"
+    capsys.readouterr()
+
+    assert sweep_cli.main(argv(tmp_path, "--eval_splits", "all", "--resume")) == 0
+    out = capsys.readouterr().out
+    assert ("Note: 1 Done job(s) evaluated only the selection splits (their records say "
+            "args.eval_splits selection: no training-environment in-split at any step). Done "
+            "jobs are never rerun, so this launch's --eval_splits all does not give them every "
+            "split's learning curves. For those: launch into another --output_dir, or delete "
+            "these job folders (delete_all with the same flags removes every job of this sweep) "
+            "and launch again:") in out
+    assert f"\n  {job.output_dir} ('Debug28', 'ERM', [" in out
+    assert len(commands(out)) == 2  # the other two, resumed
+
+    for extra in (["--eval_splits", "selection"], []):
+        assert sweep_cli.main(argv(tmp_path, "--dry_run", *extra)) == 0
+        assert ("Done job(s) evaluated only" in capsys.readouterr().out) == (extra == [])

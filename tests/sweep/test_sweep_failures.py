@@ -51,7 +51,9 @@ def alive(pid: int) -> bool:
 
 
 def job_folders(out) -> list[Path]:
-    return sorted(p for p in Path(out).iterdir() if p.is_dir()) if Path(out).is_dir() else []
+    """The job folders (not the live launchers' claims, .launchers)."""
+    return sorted(p for p in Path(out).iterdir() if p.is_dir() and not p.name.startswith(".")
+                  ) if Path(out).is_dir() else []
 
 
 # ---------------------------------------------------------------------------------------------

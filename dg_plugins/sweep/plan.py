@@ -1,0 +1,68 @@
+"""The plan of a run of several sweeps, for its time estimate (:mod:`dg_plugins.sweep.progress`):
+``python -m dg_plugins.sweep.plan FILE [--name N] [--reference_rate S --reference_note TEXT] ::
+launch FLAGS [:: launch FLAGS ...]`` enumerates the jobs of those ``sweep`` calls as ``sweep`` does,
+writes their folders and steps to FILE (which the run then names in ``$DG_SWEEP_PROGRESS``) and
+prints the first estimate. Used by ``sweeps/offline_quickstart.sh``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.sweep import jobs as sweep_jobs
+from dg_plugins.sweep.progress import Progress
+
+#: Separates the sweep calls.
+CALL_SEPARATOR = "::"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the plan of the sweep calls to FILE (every job's folder and steps) and print the
+    first estimate."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index(CALL_SEPARATOR) if CALL_SEPARATOR in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m dg_plugins.sweep.plan",
+                                     description=main.__doc__)
+    parser.add_argument("file")
+    parser.add_argument("--name", default="")
+    parser.add_argument("--reference_rate", type=float, default=None, metavar="SECONDS",
+                        help="seconds per training step measured elsewhere (a fresh start's "
+                        "rough estimate)")
+    parser.add_argument("--reference_note", default="measured elsewhere",
+                        help="how the reference rate was measured")
+    args = parser.parse_args(argv[:cut])
+    planned: dict[str, int | None] = {}
+    calls, current = [], []
+    for token in argv[cut:]:
+        if token == CALL_SEPARATOR:
+            if current:
+                calls.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        calls.append(current)
+    sweep_parser = sweep_cli.build_parser()
+    for call in calls:
+        sweep_args = sweep_parser.parse_args(call + ["--dry_run"])
+        if sweep_args.datasets is None:
+            sweep_args.datasets = sweep_jobs.default_datasets()
+        if sweep_args.algorithms is None:
+            sweep_args.algorithms = sweep_jobs.default_algorithms()
+        sweep_cli.validate(sweep_parser, sweep_args)
+        for job in sweep_jobs.make_jobs(sweep_cli.make_args_list(sweep_args),
+                                        sweep_args.output_dir):
+            planned[job.output_dir] = job.train_args.get("steps")
+    reference = ([args.reference_rate, args.reference_note]
+                 if args.reference_rate is not None else None)
+    progress = Progress(planned, {}, reference, name=args.name, path=args.file)
+    os.makedirs(os.path.dirname(os.path.abspath(args.file)), exist_ok=True)
+    progress.save()
+    print(progress.first_line(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

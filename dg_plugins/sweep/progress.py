@@ -1,0 +1,178 @@
+"""How long a sweep's remaining jobs will take, from what was measured: the wall time of the jobs
+that finished in this run (start-up, evaluation and any pretraining included) per training step
+(``--steps``; per job when some job has no ``--steps``), times the steps left, rounded to what
+such an estimate can say. The local and multi-GPU launchers print it after each job
+(:class:`dg_plugins.sweep.job_reports.JobOutputs`).
+
+A script that runs several sweeps (``sweeps/offline_quickstart.sh``) plans them all first
+(:mod:`dg_plugins.sweep.plan`): the whole run's jobs go to a file, named to its sweeps by
+``$DG_SWEEP_PROGRESS``, and the estimate covers them all; before anything is measured it is rough,
+from a reference rate measured elsewhere, and says so. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Sequence
+
+from dg_plugins.files import atomic_write_bytes
+from dg_plugins.train.folder import is_done
+
+#: Names the progress file of a run of several sweeps (:mod:`dg_plugins.sweep.plan`).
+PROGRESS_ENV = "DG_SWEEP_PROGRESS"
+
+
+def format_duration(seconds: float) -> str:
+    """``about 40 s``, ``about 1 min 40 s``, ``about 4 min 30 s``, ``about 25 min``, ``about 2 h
+    10 min``: to 10 s below 2 min, 30 s below 10 min, a minute below an hour, then 10 min (an
+    estimate from a few jobs is not better than that)."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        s = max(10, int(round(seconds / 10) * 10))
+        return f"about {s} s" if s < 60 else f"about {s // 60} min" + (
+            f" {s % 60} s" if s % 60 else "")
+    if seconds < 600:
+        s = int(round(seconds / 30) * 30)
+        return f"about {s // 60} min" + (f" {s % 60} s" if s % 60 else "")
+    if seconds < 3600:
+        return f"about {int(round(seconds / 60))} min"
+    m = int(round(seconds / 600) * 10)
+    return f"about {m // 60} h" + (f" {m % 60} min" if m % 60 else "")
+
+
+def command_steps(command: str) -> int | None:
+    """A job command's ``--steps`` (None without it)."""
+    try:
+        words = shlex.split(command)
+        return int(words[words.index("--steps") + 1])
+    except (ValueError, IndexError):
+        return None
+
+
+class Progress:
+    """The jobs of a run (``planned``: folder -> its ``--steps`` or None), those that ended in it
+    (``measured``: folder -> [seconds, succeeded]) and, for a fresh start, a reference rate
+    (``reference``: [seconds per step, how it was measured]). ``parallel``: jobs at once."""
+
+    def __init__(self, planned: dict[str, int | None], measured: dict | None = None,
+                 reference: Sequence | None = None, parallel: int = 1, name: str = "",
+                 path: str | None = None):
+        self.planned = {os.path.abspath(k): v for k, v in planned.items()}
+        self.measured = {os.path.abspath(k): list(v) for k, v in (measured or {}).items()}
+        self.reference = list(reference) if reference else None
+        self.parallel = max(1, parallel)
+        self.name = name
+        self.path = path
+
+    # -- a run of several sweeps: the file ------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str, parallel: int = 1) -> "Progress | None":
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return cls(data["planned"], data.get("measured"), data.get("reference"), parallel,
+                       data.get("name", ""), path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        data = {"name": self.name, "planned": self.planned, "measured": self.measured,
+                "reference": self.reference}
+        try:
+            atomic_write_bytes(self.path, json.dumps(data, indent=1).encode())
+        except OSError:
+            pass  # an estimate is never worth failing a sweep for
+
+    @classmethod
+    def for_commands(cls, commands: Sequence[str], folders: Sequence[str | None],
+                     parallel: int = 1) -> "Progress":
+        """The run's plan from ``$DG_SWEEP_PROGRESS`` when it names a readable file that holds
+        these jobs, else these jobs alone."""
+        path = os.environ.get(PROGRESS_ENV)
+        if path:
+            loaded = cls.load(path, parallel)
+            if loaded is not None and all(
+                    os.path.abspath(f) in loaded.planned for f in folders if f):
+                return loaded
+        return cls({f: command_steps(c) for c, f in zip(commands, folders) if f},
+                   parallel=parallel)
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def ended(self, folder: str | None, seconds: float, succeeded: bool) -> None:
+        """A job of the run ended after ``seconds`` (re-read from the file first, so that the
+        sweeps of one run add up)."""
+        if folder is None:
+            return
+        if self.path is not None:
+            fresh = Progress.load(self.path, self.parallel)
+            if fresh is not None:
+                self.measured = fresh.measured
+        self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
+        self.save()
+
+    # -- the estimate ---------------------------------------------------------------------
+
+    def _remaining(self) -> list[str]:
+        return [f for f in self.planned if not is_done(f) and f not in self.measured]
+
+    def _rate(self) -> tuple[float, str] | None:
+        """(seconds per unit of work, the unit) from the jobs that succeeded in this run."""
+        ok = [(f, s) for f, (s, good) in self.measured.items() if good]
+        if not ok:
+            return None
+        steps = [self.planned.get(f) for f, _ in ok]
+        if all(self.planned.values()) and all(steps):
+            return sum(s for _, s in ok) / sum(steps), "step"
+        return sum(s for _, s in ok) / len(ok), "job"
+
+    def left_seconds(self) -> float | None:
+        """Seconds the remaining jobs should take at the measured rate (None: nothing measured)."""
+        rate = self._rate()
+        if rate is None:
+            return None
+        remaining = self._remaining()
+        work = (sum(self.planned[f] for f in remaining) if rate[1] == "step"
+                else len(remaining))
+        return rate[0] * work / self.parallel
+
+    def line(self) -> str | None:
+        """``3/15 jobs done, about 1 min 40 s left (...)``, or None before anything measured."""
+        rate = self._rate()
+        if rate is None:
+            return None
+        n_ok = sum(good for _, good in self.measured.values())
+        done = sum(is_done(f) for f in self.planned)
+        remaining = self._remaining()
+        what = f"{self.name}: " if self.name else ""
+        if not remaining:
+            return f"{what}{done}/{len(self.planned)} jobs done."
+        per = (f"{rate[0]:.2g} s per training step" if rate[1] == "step"
+               else f"{rate[0]:.0f} s per job")
+        at_once = f", {self.parallel} at a time" if self.parallel > 1 else ""
+        return (f"{what}{done}/{len(self.planned)} jobs done, {format_duration(self.left_seconds())}"
+                f" left ({per}{at_once}, measured over the {n_ok} job(s) finished in this run; "
+                "start-up and evaluation included)")
+
+    def first_line(self) -> str:
+        """The estimate before the first job: measured when something is, else a rough one from
+        the reference rate saying how it was made, else that none can be given yet."""
+        measured = self.line()
+        if measured is not None:
+            return measured
+        what = f"{self.name}: " if self.name else ""
+        remaining = self._remaining()
+        done = len(self.planned) - len(remaining)
+        steps = [self.planned[f] for f in remaining]
+        head = f"{what}{len(self.planned)} jobs, {done} done"
+        if self.reference and all(steps):
+            rate, how = self.reference
+            return (f"{head}; rough estimate: {format_duration(rate * sum(steps) / self.parallel)}"
+                    f" for the {len(remaining)} left ({sum(steps)} training steps at {rate:g} s "
+                    f"per step: {how}; nothing is measured on this machine yet). Updated as jobs "
+                    "finish.")
+        return f"{head}; a time estimate follows once the first job has finished."

@@ -1,0 +1,139 @@
+"""The time left that the local launcher prints after each job: measured from the jobs that
+finished (their wall time per training step), never claiming more precision than that; before
+anything is measured, a rough estimate from a reference rate, saying how it was made. The jobs'
+durations are injected (a fake clock), so no test races a job's speed."""
+
+import os
+
+import pytest
+
+from dg_plugins.sweep import jobs as sweep_jobs
+from dg_plugins.sweep import plan, progress
+from dg_plugins.sweep.job_reports import JobOutputs
+from dg_plugins.sweep.processes import ErrorLogs
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (3, "about 10 s"), (44, "about 40 s"), (100, "about 1 min 40 s"), (121, "about 2 min"),
+    (275, "about 4 min 30 s"), (1490, "about 25 min"), (7790, "about 2 h 10 min"),
+    (36000, "about 10 h"),
+])
+def test_durations_are_rounded_to_what_an_estimate_can_say(seconds, text):
+    assert progress.format_duration(seconds) == text
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_jobs(outputs, clock, durations, folders):
+    """Jobs that take ``durations`` seconds (injected) and finish (``done`` written)."""
+    lines = []
+    outputs.write = lines.append
+    for index, seconds in enumerate(durations):
+        outputs.started(index)
+        clock.now += seconds
+        open(os.path.join(folders[index], "done"), "w").close()
+        outputs.ended(index, 0)
+    return [line for line in lines if not line.startswith("[")]
+
+
+def make_commands(tmp_path, steps):
+    folders = []
+    commands = []
+    for i, n in enumerate(steps):
+        folder = tmp_path / f"job{i}"
+        folder.mkdir()
+        folders.append(str(folder))
+        commands.append(f"python -m dg_plugins.scripts.train --output_dir {folder} --steps {n}")
+    return commands, folders
+
+
+def test_the_time_left_follows_the_measured_jobs(tmp_path, monkeypatch):
+    """Three jobs of 100, 100 and 200 steps: after the first (10 s) the rate is 0.1 s per step,
+    so 300 steps are left: 30 s; the second takes 30 s: 40 s over 200 steps, 0.2 s per step, 200
+    steps left: 40 s; after the last, all done."""
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
+    commands, folders = make_commands(tmp_path, [100, 100, 200])
+    clock = Clock()
+    outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
+    assert run_jobs(outputs, clock, [10, 30, 50], folders) == [
+        "  1/3 jobs done, about 30 s left (0.1 s per training step, measured over the 1 job(s) "
+        "finished in this run; start-up and evaluation included)",
+        "  2/3 jobs done, about 40 s left (0.2 s per training step, measured over the 2 job(s) "
+        "finished in this run; start-up and evaluation included)",
+        "  3/3 jobs done.",
+    ]
+
+
+def test_without_steps_the_estimate_is_per_job_and_a_failed_job_is_not_a_measure(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
+    commands, folders = make_commands(tmp_path, [1, 1, 1])
+    commands = [c.replace(" --steps 1", "") for c in commands]
+    clock = Clock()
+    lines = []
+    outputs = JobOutputs("multi_gpu", commands, ErrorLogs(commands), write=lines.append,
+                         parallel=2, clock=clock)
+    outputs.started(0)
+    clock.now += 2
+    outputs.ended(0, 1)  # failed after 2 s: no rate yet, and it is no longer left
+    assert not [line for line in lines if not line.startswith("[")]
+    outputs.started(1)
+    clock.now += 60
+    open(os.path.join(folders[1], "done"), "w").close()
+    outputs.ended(1, 0)
+    assert lines[-1] == ("  1/3 jobs done, about 30 s left (60 s per job, 2 at a time, measured "
+                         "over the 1 job(s) finished in this run; start-up and evaluation "
+                         "included)")
+
+
+def debug_launch(out, *test_envs):
+    return ["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--data_dir", "builtin",
+            "--output_dir", str(out), "--n_hparams", "1", "--n_trials", "1", "--steps", "100",
+            "--test_env_sets", *test_envs]
+
+
+def test_a_run_of_several_sweeps_is_estimated_as_a_whole(tmp_path, monkeypatch, capsys):
+    """The quick start's way: its sweeps are planned first (3 jobs in two sweep calls, one of them
+    done already). Nothing is measured yet: a rough estimate from the reference rate, saying how
+    it was made. Then the second sweep's launcher counts the whole run's jobs."""
+    out = tmp_path / "out"
+    file = tmp_path / "progress.json"
+    first = sweep_jobs.make_jobs(
+        sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
+                                  "domain_generalization", 0.2, False, None,
+                                  test_env_sets=[[0]], n_envs=lambda d: 3), str(out))
+    os.makedirs(first[0].output_dir)
+    open(os.path.join(first[0].output_dir, "done"), "w").close()
+    assert plan.main([str(file), "--name", "quick start", "--reference_rate", "0.05",
+                          "--reference_note", "measured on machine X", "::",
+                          *debug_launch(out, "0"), "::", *debug_launch(out, "1", "2")]) == 0
+    assert capsys.readouterr().out == (
+        "quick start: 3 jobs, 1 done; rough estimate: about 10 s for the 2 left (200 training "
+        "steps at 0.05 s per step: measured on machine X; nothing is measured on this machine "
+        "yet). Updated as jobs finish.\n")
+
+    second = sweep_jobs.make_jobs(
+        sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
+                                  "domain_generalization", 0.2, False, None,
+                                  test_env_sets=[[1], [2]], n_envs=lambda d: 3), str(out))
+    commands = [job.command() for job in second]
+    folders = [job.output_dir for job in second]
+    for folder in folders:
+        os.makedirs(folder)
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(file))
+    clock = Clock()
+    outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
+    assert run_jobs(outputs, clock, [20, 20], folders) == [
+        "  quick start: 2/3 jobs done, about 20 s left (0.2 s per training step, measured over "
+        "the 1 job(s) finished in this run; start-up and evaluation included)",
+        "  quick start: 3/3 jobs done.",
+    ]
+    # a launcher whose jobs the file does not plan estimates its own
+    commands, others = make_commands(tmp_path, [100])
+    assert progress.Progress.for_commands(commands, others).planned == {others[0]: 100}
