@@ -129,7 +129,8 @@ def report(args, cases, suite_line, suite_seconds, benchmark, missing) -> str:
         gpu = [c for c in cases if "/gpu/" in c["id"] or "cuda" in c["id"]]
         lines += ["### GPU lane (tests/gpu/ and every case parametrized on CUDA)", "",
                   "| test | outcome |", "|---|---|"]
-        lines += [f"| {c['id']} | {c['outcome']} {c['message']} |".rstrip() for c in gpu]
+        lines += [f"| {c['id']} | {' '.join(filter(None, [c['outcome'], c['message']]))} |"
+                  for c in gpu]
         bad = [c for c in cases if c["outcome"] in ("failed", "error")]
         if bad:
             lines += ["", "### Failures", ""] + [f"- {c['id']}: {c['message']}" for c in bad]

@@ -4,14 +4,15 @@ dg_plugins' train (with ``--eval_splits all`` and with ``selection``) and by Dom
 ``PYTHONPATH=PATH``), on the same data with the same arguments, the three taking turns in every
 repeat (the order rotating), measured in one run.
 
-The job: ERM with a ResNet-18 on a PACS-shaped tree of 560 JPEGs at 227x227
-(:func:`dg_plugins.benchmarks.data.make_pacs_tree`), test environment 0, 21 steps, a record every
+The job: ERM with a ResNet-18 (``--model resnet50``: torchvision's ResNet-50) on a PACS-shaped
+tree of 560 JPEGs at 227x227 (``--per_class 357``: 9,996, PACS's size;
+:func:`dg_plugins.benchmarks.data.make_pacs_tree`), test environment 0, 21 steps, a record every
 5 steps, batch 8 per domain, each host's default loader workers. DomainBed always loads
 torchvision's ImageNet weights (``domainbed/networks.py``: ``resnet18(pretrained=True)``), so both
 hosts run with ``TORCH_HOME`` pointing at a temporary folder that holds random weights under that
 file's name (:func:`dg_plugins.benchmarks.data.random_torchvision_weights`): nothing is downloaded
 and both start from the same weights. ``resnet50_augmix`` is false for both (DomainBed's default
-true would replace the ResNet-18 by timm's ResNet-50).
+true would replace the network by timm's ResNet-50).
 
 ``--precision fp32 bf16`` adds our jobs under the opt-in ``--precision bf16`` (autocast; its
 numbers differ from fp32's, so it is a speed-up a user chooses, not the same job).
@@ -19,7 +20,10 @@ numbers differ from fp32's, so it is a speed-up a user chooses, not the same job
 Printed per run and as medians over the repeats: the wall time of the job (the whole process);
 a training step (the records' ``step_time``: drawing the batches and the update, the first record
 left out); one evaluation (the time between two records' lines on the job's unbuffered stdout
-less the steps between them at that record's ``step_time``); and the ratios of dg_plugins to
+less the steps between them at that record's ``step_time``); the job's time in training (every
+step at its record's ``step_time``), in evaluation (every record at the median evaluation) and
+the rest, its startup and end (imports, data, model, the first batches, the model's save); and
+the ratios of dg_plugins to
 DomainBed and of ``selection`` to ``all``, each the median of the per-repeat ratios (runs of one
 repeat are back to back) with their quartiles. The targets on a 2-core CPU: a ``selection``
 job at most 0.35x DomainBed's wall, and at most 0.75x an ``all`` job's.
@@ -38,9 +42,10 @@ import time
 
 from dg_plugins.help_text import plain_text
 
-#: The job's hparams for both hosts (DomainBed's ``resnet50_augmix`` default would replace the
-#: ResNet-18 by timm's ResNet-50).
-HPARAMS = {"resnet18": True, "resnet50_augmix": False}
+#: The job's hparams for both hosts per ``--model`` (DomainBed's ``resnet50_augmix`` default would
+#: replace the network by timm's ResNet-50).
+HPARAMS = {"resnet18": {"resnet18": True, "resnet50_augmix": False},
+           "resnet50": {"resnet18": False, "resnet50_augmix": False}}
 EVAL_SPLITS = ("all", "selection")
 DOMAINBED = "DomainBed"
 
@@ -50,7 +55,7 @@ def job_arguments(args, data_dir: str, output_dir: str) -> list[str]:
     return ["--data_dir", data_dir, "--dataset", "PACS", "--algorithm", "ERM",
             "--test_envs", "0", "--steps", str(args.steps),
             "--checkpoint_freq", str(args.checkpoint_freq),
-            "--hparams", json.dumps({**HPARAMS, "batch_size": args.batch_size}),
+            "--hparams", json.dumps({**HPARAMS[args.model], "batch_size": args.batch_size}),
             "--output_dir", output_dir]
 
 
@@ -117,8 +122,13 @@ def run_job(command: list[str], env: dict, output_dir: str, cwd: str) -> dict:
     steps = [r["step_time"] for r in records[1:]]
     evaluations = [rows[k] - rows[k - 1] - (records[k]["step"] - records[k - 1]["step"])
                    * records[k]["step_time"] for k in range(1, len(records))]
+    previous = [-1] + [r["step"] for r in records[:-1]]
+    training = sum((r["step"] - p) * r["step_time"] for r, p in zip(records, previous))
+    evaluating = statistics.median(evaluations) * len(records)
     return {"wall": wall, "step": statistics.median(steps),
-            "evaluation": statistics.median(evaluations), "records": len(records)}
+            "evaluation": statistics.median(evaluations), "records": len(records),
+            "training": training, "evaluating": evaluating,
+            "startup": wall - training - evaluating}
 
 
 def _ratio_text(times: list[float], base: list[float]) -> str:
@@ -130,11 +140,14 @@ def _ratio_text(times: list[float], base: list[float]) -> str:
 
 def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
     """Print the medians and the ratios; returns the median ratios by name."""
-    print(f"\n{'':<30} {'wall s':>8} {'step s':>8} {'evaluation s':>13} {'records':>8}")
+    keys = ("wall", "step", "evaluation", "training", "evaluating", "startup")
+    print(f"\n{'':<30} {'wall s':>8} {'step s':>8} {'evaluation s':>13} {'records':>8} "
+          f"{'training s':>11} {'evaluating s':>13} {'startup+end s':>14} {'eval share':>11}")
     for label, runs in measured.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "step", "evaluation")}
+        med = {k: statistics.median(r[k] for r in runs) for k in keys}
         print(f"{label:<30} {med['wall']:>8.1f} {med['step']:>8.2f} {med['evaluation']:>13.2f} "
-              f"{runs[0]['records']:>8}")
+              f"{runs[0]['records']:>8} {med['training']:>11.1f} {med['evaluating']:>13.1f} "
+              f"{med['startup']:>14.1f} {med['evaluating'] / med['wall']:>11.0%}")
     ratios, lines = {}, []
 
     def ratio(name: str, label: str, base: str, key: str, goal: str = "") -> None:
@@ -178,11 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
                    help="our jobs' --precision values (default fp32, as DomainBed; bf16 adds runs "
                         "with the opt-in autocast, whose numbers differ from fp32's)")
+    p.add_argument("--model", choices=tuple(HPARAMS), default="resnet18",
+                   help="torchvision's ResNet-18 (default) or ResNet-50, on both hosts")
     p.add_argument("--steps", type=int, default=21)
     p.add_argument("--checkpoint_freq", type=int, default=5)
     p.add_argument("--batch_size", type=int, default=8, help="per domain")
     p.add_argument("--per_class", type=int, default=20,
-                   help="JPEGs per class and domain (4 domains x 7 classes; 20: 560 images)")
+                   help="JPEGs per class and domain (4 domains x 7 classes; 20: 560 images; "
+                   "357: 9,996, PACS's size)")
     p.add_argument("--image_size", type=int, default=227)
     p.add_argument("--work_dir", default=None,
                    help="where the tree and the jobs go (default: a temporary folder, removed)")
@@ -205,11 +221,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         data_dir = os.path.join(tmp, "data")
         n_images = make_pacs_tree(data_dir, args.per_class, args.image_size)
-        random_torchvision_weights(os.path.join(tmp, "torch"), "resnet18")
+        random_torchvision_weights(os.path.join(tmp, "torch"), args.model)
         env = {**os.environ, "TORCH_HOME": os.path.join(tmp, "torch"),
                "HF_HOME": os.path.join(tmp, "hf"), "XDG_CACHE_HOME": os.path.join(tmp, "cache"),
                "HF_HUB_OFFLINE": "1", "DG_PLUGINS_OFFLINE": "1"}
-        print(f"Image job: ERM, ResNet-18 (random weights from {env['TORCH_HOME']}), PACS-shaped "
+        model = {"resnet18": "ResNet-18", "resnet50": "ResNet-50"}[args.model]
+        print(f"Image job: ERM, {model} (random weights from {env['TORCH_HOME']}), PACS-shaped "
               f"tree of {n_images} JPEGs at {args.image_size}x{args.image_size}, test env 0, "
               f"{args.steps} steps, a record every {args.checkpoint_freq}, batch "
               f"{args.batch_size} per domain, default loader workers; {os.cpu_count()} CPUs, "
@@ -225,9 +242,11 @@ def main(argv=None) -> int:
                 result = run_job(command, run_env, command[command.index("--output_dir") + 1],
                                  tmp)
                 measured.setdefault(label, []).append(result)
-                print(f"repeat {repeat + 1} {label:<30} wall {result['wall']:6.1f} s, step "
-                      f"{result['step']:.2f} s, evaluation {result['evaluation']:.2f} s, "
-                      f"{result['records']} records", flush=True)
+                print(f"repeat {repeat + 1} {label:<30} wall {result['wall']:6.1f} s (startup "
+                      f"and end {result['startup']:.1f}, training {result['training']:.1f}, "
+                      f"evaluation {result['evaluating']:.1f}), step {result['step']:.2f} s, "
+                      f"one evaluation {result['evaluation']:.2f} s, {result['records']} records",
+                      flush=True)
         measured = {label: measured[label] for label in labels}
         report(measured, args)
         print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -64,7 +64,7 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     assert text.startswith("# GPU check\n\nDevice: no CUDA device (a CPU run")
     assert "3 passed, 1 failed, 0 errors, 1 skipped in" in text
     assert "- tests/test_tiny.py::test_fails: AssertionError: one is not two" in text
-    assert "- 1 x Skipped: no such device here" in text
+    assert "- 1 x no such device here" in text
     assert "| tests/test_tiny.py::test_on[cuda] | passed |" in text
     bench = text[text.index("## Benchmark"):]
     assert "### GPU benchmarks: REDUCED CPU RUN (no CUDA device" in bench
@@ -115,14 +115,18 @@ def test_image_job_benchmark_against_domainbed_prints_times_and_ratios(tmp_path)
     proc = run_benchmark("image_job", "--domainbed", os.environ["DOMAINBED_ROOT"],
                          "--eval_splits", "selection", "--repeats", "1", "--per_class", "1",
                          "--image_size", "32", "--steps", "3", "--checkpoint_freq", "2",
-                         "--batch_size", "2", cwd=tmp_path)
+                         "--batch_size", "2", "--model", "resnet50", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
+    assert "Image job: ERM, ResNet-50" in out
     assert "tree of 28 JPEGs at 32x32" in out and "load average" in out
     for label in ("dg_plugins (selection)", "DomainBed"):
-        run = re.search(rf"repeat 1 {re.escape(label)} +wall +([\d.]+) s, step ([\d.]+) s, "
-                        r"evaluation (-?[\d.]+) s, 2 records", out)
-        assert run and float(run.group(1)) > float(run.group(2)) > 0, out
+        run = re.search(rf"repeat 1 {re.escape(label)} +wall +([\d.]+) s \(startup and end "
+                        r"(-?[\d.]+), training ([\d.]+), evaluation (-?[\d.]+)\), step ([\d.]+) "
+                        r"s, one evaluation (-?[\d.]+) s, 2 records", out)
+        assert run, out
+        wall, startup, training, evaluation = map(float, run.groups()[:4])
+        assert wall > training > 0 and abs(startup + training + evaluation - wall) < 0.2, out
     assert re.search(r"wall, selection / DomainBed: \d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\) "
                      r"\(goal <= 0\.35\)", out), out
     assert "evaluation, selection / DomainBed" in out
@@ -140,7 +144,10 @@ def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monk
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for label in ("dg_plugins (selection)", "dg_plugins (selection, bf16)"):
-        assert re.search(rf"repeat 1 {re.escape(label)} +wall +[\d.]+ s, step [\d.]+ s, ", out), out
+        assert re.search(rf"repeat 1 {re.escape(label)} +wall +[\d.]+ s \(startup and end "
+                         r"-?[\d.]+, training [\d.]+, evaluation -?[\d.]+\), step [\d.]+ s, ",
+                         out), out
+    assert "eval share" in out
     assert "DomainBed" not in out
     assert re.search(r"wall, selection bf16 / selection fp32: \d+\.\d\d \(", out), out
     assert "wall, selection bf16 / DomainBed" not in out
