@@ -18,8 +18,8 @@
 # from a fresh clone: README, "Quick start".
 #   1. multi-source DG: every registered algorithm (default --algorithms, plugins included), lr 1e-3
 #      for all (DisMAE/MAE default to 1e-4, meant for long schedules: near chance at 101 steps),
-#      leave-one-domain-out on the hardest target only (75 degrees; the other columns print X,
-#      as DomainBed prints a missing cell);
+#      leave-one-domain-out on the hardest target only (75 degrees; the tables leave the other
+#      targets' columns out and say so; collect_results --all_columns prints them as X);
 #   2. single-source DG: ERM and MPBM trained on the upright digits (0 degrees), tested on the
 #      five rotations (collect_results' single-source tables);
 #   3. unsupervised DG: DisMAE and MAE pretrained once without labels on 15-60 degrees (100 steps,
