@@ -18,6 +18,10 @@
 #             (every out-split, the test environments' in-splits): the same tables for less
 #             evaluation; all: every split at every record (full learning curves). A sweep
 #             started with one value is continued with the same one (the launch says so).
+# N_WORKERS   every job's loader workers (default: one per core the job has; multi_gpu divides
+#             the machine's cores among the jobs it runs at once)
+# DG_JOBS_PER_GPU  LAUNCHER=multi_gpu: jobs at once on each GPU (default 1; checked against the
+#             GPUs' free memory before packing)
 # Arguments are sweep flags passed to every `sweep launch` (e.g. --n_trials 1, --n_hparams 20,
 # --slurm_partition gpu). Every launch carries --resume: rerunning a script continues where it
 # stopped (finished jobs are skipped, interrupted ones resume from their last checkpoint).
@@ -54,6 +58,8 @@ if (( $# )) && [[ "$1" != -* ]]; then
     exit 2
 fi
 SWEEP_FLAGS=("$@")
+if [[ -n "${N_WORKERS:-}" ]]; then SWEEP_FLAGS+=(--n_workers "$N_WORKERS"); fi
+if [[ -n "${DG_JOBS_PER_GPU:-}" ]]; then SWEEP_FLAGS+=(--jobs_per_gpu "$DG_JOBS_PER_GPU"); fi
 PLANNED=()
 
 # sweep_launch FLAGS...: one `sweep launch` (with --resume, --eval_splits $EVAL_SPLITS and the

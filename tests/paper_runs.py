@@ -24,7 +24,7 @@ SWEEPS = REPO / "sweeps"
 #: The knobs of sweeps/*.sh; a test sets those it uses, the others are removed.
 KNOBS = ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "TEST_ENVS", "EPOCHS",
          "PRETRAIN_EPOCHS", "STEPS", "N_TRIALS", "N_HPARAMS", "HPARAMS", "CLIP_CHECKPOINT",
-         "DRY_RUN", "PARTS", "EVAL_SPLITS")
+         "DRY_RUN", "PARTS", "EVAL_SPLITS", "N_WORKERS", "DG_JOBS_PER_GPU")
 
 SITECUSTOMIZE = '''
 import os, sys

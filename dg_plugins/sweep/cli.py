@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     # passed to every job when not their defaults; --eval_batch_size hashed then, --eval_splits
     # never (jobs.UNHASHED_TRAIN_ARGS)
     train_flags.add_evaluation_arguments(extra)
+    extra.add_argument("--n_workers", type=int, default=None,
+                       help="every job's loader workers (default: one per core the job has; the "
+                            "multi_gpu launcher divides the machine's cores among the jobs it "
+                            "runs at once); records do not depend on it, so it is not hashed")
+    extra.add_argument("--jobs_per_gpu", type=int, default=None, metavar="N",
+                       help="multi_gpu launcher: run N jobs at once on each GPU (default 1); "
+                            "before packing it checks that N jobs' peak memory (their records' "
+                            "mem_gb, else the first job's) fits in the GPU's free memory")
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (jobs a live train process or another live launcher "
@@ -162,6 +170,16 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--single_source and --single_test_envs are mutually exclusive")
     if args.stop_grace_period is not None and not args.stop_grace_period >= 0:
         parser.error(f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}")
+    if args.n_workers is not None and args.n_workers < 0:
+        parser.error(f"--n_workers must be >= 0, got {args.n_workers} (0: load in each job's "
+                     "process; leave it out for one worker per core)")
+    if args.jobs_per_gpu is not None:
+        if args.jobs_per_gpu < 1:
+            parser.error(f"--jobs_per_gpu must be >= 1, got {args.jobs_per_gpu}")
+        if args.command_launcher != "multi_gpu":
+            parser.error(f"--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher; "
+                         f"add --command_launcher multi_gpu (got "
+                         f"{args.command_launcher or 'no launcher'})")
     if args.label_fractions is not None:
         bad = [f for f in args.label_fractions if not 0 < f <= 1]
         if bad or len(set(args.label_fractions)) != len(args.label_fractions):
@@ -231,7 +249,8 @@ def make_launcher(args: argparse.Namespace):
     from dg_plugins.sweep.launchers import with_options
 
     return with_options(LAUNCHERS.get(args.command_launcher),
-                        grace_period_s=args.stop_grace_period, submitit=slurm_options(args))
+                        grace_period_s=args.stop_grace_period, submitit=slurm_options(args),
+                        jobs_per_gpu=args.jobs_per_gpu)
 
 
 def make_args_list(args: argparse.Namespace) -> list[dict]:
@@ -255,9 +274,10 @@ def make_args_list(args: argparse.Namespace) -> list[dict]:
 
 def command_args(args: argparse.Namespace) -> dict:
     """The flags every job's command carries unhashed (:data:`jobs.UNHASHED_TRAIN_ARGS`: the
-    evaluation flags not at their defaults)."""
-    return {name: value for name, value in train_flags.non_default_evaluation(args).items()
-            if name in jobs.UNHASHED_TRAIN_ARGS}
+    evaluation flags not at their defaults, ``--n_workers`` when given)."""
+    given = {**train_flags.non_default_evaluation(args),
+             **({} if args.n_workers is None else {"n_workers": args.n_workers})}
+    return {name: value for name, value in given.items() if name in jobs.UNHASHED_TRAIN_ARGS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,11 +37,11 @@ PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS, *COMPUTE_ARGS)
 OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
                        "eval_batch_size", *PASSTHROUGH_TRAIN_ARGS)
 #: Train flags a sweep passes in every job's command but not in its hashed args: ``eval_splits``
-#: (when not ``all``). The tables are the same either way, so a job keeps DomainBed's folder name
-#: (and DomainBed's scripts still find it); a job started with one value and resumed with the
-#: other is refused by train, and before that by the sweep's check
-#: (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
-UNHASHED_TRAIN_ARGS = ("eval_splits",)
+#: (when not ``all``) and ``n_workers``. The tables are the same either way, so a job keeps
+#: DomainBed's folder name (and DomainBed's scripts still find it); a job started with one
+#: ``eval_splits`` and resumed with the other is refused by train, and before that by the sweep's
+#: check (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
+UNHASHED_TRAIN_ARGS = ("eval_splits", "n_workers")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import time
 from typing import Callable, Sequence
 
 from dg_plugins.registry import LAUNCHERS
+from dg_plugins.sweep import packing
 from dg_plugins.sweep.job_reports import JobOutputs
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                         report_exit_codes, report_interrupted)
@@ -109,11 +110,15 @@ def visible_gpus() -> list[str]:
 
 def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                 poll_interval: float = 1.0, grace_period_s: float | None = None,
-                logs: ErrorLogs | None = None) -> list[int]:
-    """Run the commands in order, at most one per GPU at a time, each with
-    ``CUDA_VISIBLE_DEVICES=<its gpu>``; poll every ``poll_interval`` s; return the exit codes.
-    One line per job start and end, as :func:`run_sequentially`. A stop signal is forwarded to
-    every running job and raises :class:`LaunchInterrupted` once they have exited (see
+                logs: ErrorLogs | None = None, jobs_per_gpu: int = 1) -> list[int]:
+    """Run the commands in order, at most ``jobs_per_gpu`` at a time on each GPU, each with
+    ``CUDA_VISIBLE_DEVICES=<its gpu>`` and its share of the cores
+    (:func:`~dg_plugins.sweep.packing.cores_per_job`); poll every ``poll_interval`` s; return
+    the exit codes. Beyond one job per GPU, jobs start only once their peak memory is known to
+    fit (:class:`~dg_plugins.sweep.packing.MemoryCheck`; else
+    :class:`~dg_plugins.sweep.packing.PackingRefused` once the running jobs ended). One line
+    per job start and end, as :func:`run_sequentially`. A stop signal is forwarded to every
+    running job and raises :class:`LaunchInterrupted` once they have exited (see
     :class:`JobProcesses`)."""
     gpus = list(gpus)
     if not gpus:
@@ -121,46 +126,81 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
             "multi_gpu launcher: no GPU visible (CUDA_VISIBLE_DEVICES is empty or "
             "torch.cuda.device_count() is 0); use the local launcher on CPU machines"
         )
+    logs = logs or ErrorLogs(commands)
+    cores, line = packing.cores_per_job(len(gpus), jobs_per_gpu)
+    print(line, flush=True)
+    check = packing.MemoryCheck(gpus, jobs_per_gpu) if jobs_per_gpu > 1 else None
+    refused = None
+
+    def decide(folders) -> None:
+        nonlocal refused
+        if check is None or check.decided or refused is not None:
+            return
+        try:
+            note = check.decide(packing.peak_gb(folders))
+        except packing.PackingRefused as err:
+            refused = err
+            return
+        if note:
+            print(note, flush=True)
+
+    decide(logs.folders)  # records of a resumed sweep
+    if refused is not None:
+        raise refused
+    slots = [(gpu, k) for k in range(jobs_per_gpu) for gpu in gpus]
     codes: list[int | None] = [None] * len(commands)
-    running: dict[str, tuple[int, subprocess.Popen]] = {}
+    running: dict[tuple, tuple[int, subprocess.Popen]] = {}
     pending = list(enumerate(commands))
-    outputs = JobOutputs("multi_gpu", commands, logs or ErrorLogs(commands), parallel=len(gpus))
+    outputs = JobOutputs("multi_gpu", commands, logs, parallel=len(slots))
     with JobProcesses(grace_period_s) as jobs, outputs:
-        while (pending and not jobs.stopping) or running:
-            for gpu, (index, proc) in list(running.items()):
+        while (pending and not jobs.stopping and refused is None) or running:
+            for slot, (index, proc) in list(running.items()):
                 code = jobs.poll(proc)
                 if code is not None:
                     codes[index] = code
-                    del running[gpu]
+                    del running[slot]
                     outputs.ended(index, code, interrupted=jobs.stopping)
-            for gpu in gpus:
-                if pending and gpu not in running and not jobs.stopping:
-                    index, command = pending.pop(0)
-                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
-                    proc = jobs.start(index, command, env=env, log=outputs.log(index))
-                    if proc is None:
-                        pending.insert(0, (index, command))
-                        break
-                    outputs.started(index, f"GPU {gpu}")
-                    running[gpu] = (index, proc)
+            decide([logs.folders[i] for i, _ in running.values()]
+                   + [logs.folders[i] for i, code in enumerate(codes) if code is not None])
+            packed = check is None or check.decided
+            for slot in slots:
+                if not pending or jobs.stopping or refused is not None:
+                    break
+                if slot in running or (slot[1] > 0 and not packed):
+                    continue
+                index, command = pending.pop(0)
+                proc = jobs.start(index, command, env=packing.job_env(slot[0], cores),
+                                  log=outputs.log(index))
+                if proc is None:
+                    pending.insert(0, (index, command))
+                    break
+                outputs.started(index, f"GPU {slot[0]}")
+                running[slot] = (index, proc)
             jobs.announce()
             if running:
                 time.sleep(min(poll_interval, 0.1) if jobs.stopping else poll_interval)
         if jobs.stopping:
             raise jobs.interruption(commands, codes)
+    if refused is not None:
+        raise refused
     return [int(code) for code in codes]
 
 
 def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
-                       poll_interval: float = 1.0, grace_period_s: float | None = None) -> None:
-    """One job per visible GPU at a time (``gpus`` overrides :func:`visible_gpus`); a stop
-    signal as in :func:`local_launcher`."""
+                       poll_interval: float = 1.0, grace_period_s: float | None = None,
+                       jobs_per_gpu: int | None = None) -> None:
+    """``jobs_per_gpu`` jobs (default 1) at a time on each visible GPU (``gpus`` overrides
+    :func:`visible_gpus`); a stop signal as in :func:`local_launcher`."""
     gpus = visible_gpus() if gpus is None else gpus
     logs = ErrorLogs(commands)
     try:
-        codes = run_on_gpus(commands, gpus, poll_interval, grace_period_s, logs=logs)
+        codes = run_on_gpus(commands, gpus, poll_interval, grace_period_s, logs=logs,
+                            jobs_per_gpu=jobs_per_gpu or 1)
     except LaunchInterrupted as err:
         report_interrupted("multi_gpu", commands, err)
+        raise
+    except packing.PackingRefused as err:
+        print(f"error: {err}", file=sys.stderr)
         raise
     report_exit_codes("multi_gpu", commands, codes, logs)
 
@@ -172,7 +212,8 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
 def with_options(launcher: Callable, **options) -> Callable[[list], None]:
     """``launcher`` with those of ``options`` bound that it takes as keyword parameters and that
     are set (not None): ``grace_period_s`` (``--stop_grace_period``) for ``local``,
-    ``multi_gpu`` and ``submitit``, ``submitit`` (the ``--slurm_*`` flags) for ``submitit``. A
+    ``multi_gpu`` and ``submitit``, ``submitit`` (the ``--slurm_*`` flags) for ``submitit``,
+    ``jobs_per_gpu`` for ``multi_gpu``. A
     DomainBed-style ``fn(commands)`` takes none and is returned as it is."""
     try:
         parameters = inspect.signature(launcher).parameters

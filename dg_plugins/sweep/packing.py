@@ -1,0 +1,124 @@
+"""Several jobs per GPU (``sweep --jobs_per_gpu N`` with the ``multi_gpu`` launcher): the cores
+each job gets (the launcher's cores divided among the jobs it runs at once, passed to each job as
+``$DG_PLUGINS_CPUS``, :func:`dg_plugins.runtime.job_cores`) and the memory check before packing:
+a job's peak (the largest ``mem_gb`` of the sweep's records, else of the first job's first
+record) against each GPU's free memory, read by ``nvidia-smi`` or by torch in a short child
+process, so that the launcher itself never holds a CUDA context. Torch-free."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from dg_plugins.runtime import CORES_ENV, job_cores
+from dg_plugins.train.folder import RESULTS_FILE
+
+#: What a job needs beyond its records' ``mem_gb`` (``torch.cuda.max_memory_allocated``): the
+#: caching allocator's slack, as a factor, and the CUDA context, in GiB.
+ALLOCATOR_SLACK, CONTEXT_GB = 1.2, 1.0
+
+
+class PackingRefused(SystemExit):
+    """N jobs per GPU do not fit: a ``SystemExit`` with status 2 and the line that says so."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def cores_per_job(n_gpus: int, jobs_per_gpu: int) -> tuple[int, str]:
+    """The cores each of ``n_gpus x jobs_per_gpu`` jobs running at once gets, and the line that
+    says where they come from."""
+    cores, source = job_cores()
+    running = n_gpus * jobs_per_gpu
+    share = max(1, cores // running)
+    return share, (f"multi_gpu: {n_gpus} GPU(s) x {jobs_per_gpu} job(s) at once; each job gets "
+                   f"{share} of the launcher's {cores} cores ({source}): {CORES_ENV}={share}")
+
+
+def job_env(gpu: str, cores: int) -> dict:
+    """The environment of a job on ``gpu`` with ``cores`` cores."""
+    return dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, **{CORES_ENV: str(cores)})
+
+
+def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
+    """The largest ``mem_gb`` in the records of the job ``folders``, and the folder; None when
+    no folder has a record with it."""
+    best = None
+    for folder in folders:
+        if not folder:
+            continue
+        try:
+            with open(os.path.join(folder, RESULTS_FILE)) as handle:
+                values = [json.loads(line).get("mem_gb") for line in handle if line.strip()]
+        except (OSError, ValueError):
+            continue
+        for value in values:
+            if isinstance(value, (int, float)) and (best is None or value > best[0]):
+                best = (float(value), folder)
+    return best
+
+
+def free_gb(gpu: str) -> float | None:
+    """GPU ``gpu``'s free memory in GiB (by nvidia-smi, else torch in a child process), or None
+    when neither can tell (no driver, or no such GPU)."""
+    if shutil.which("nvidia-smi"):
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,"
+                               "nounits", "-i", gpu], capture_output=True, text=True, timeout=60)
+        if done.returncode == 0 and done.stdout.strip():
+            return float(done.stdout.split()[0]) / 1024  # MiB
+    code = ("import torch, sys; print(torch.cuda.mem_get_info(0)[0] / 2**30 "
+            "if torch.cuda.is_available() else '')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
+    try:
+        return float(done.stdout.strip())
+    except ValueError:
+        return None
+
+
+@dataclass
+class MemoryCheck:
+    """Whether ``jobs_per_gpu`` jobs fit on each GPU: :meth:`decide` once a peak is known."""
+
+    gpus: Sequence[str]
+    jobs_per_gpu: int
+    free: dict | None = None
+    decided: bool = False
+
+    def need_gb(self, peak: float) -> float:
+        return peak * ALLOCATOR_SLACK + CONTEXT_GB
+
+    def decide(self, peak: tuple[float, str] | None) -> str | None:
+        """None while no peak is known; else the line that says the jobs fit (or that the
+        memory cannot be read), raising :class:`PackingRefused` when they do not fit."""
+        if self.decided or peak is None:
+            return None
+        self.decided = True
+        if self.free is None:
+            self.free = {gpu: free_gb(gpu) for gpu in self.gpus}
+        known = {gpu: gb for gpu, gb in self.free.items() if gb is not None}
+        need = self.need_gb(peak[0])
+        where = f"{peak[0]:.2f} GiB at its peak ({peak[1]}'s records)"
+        if not known:
+            return (f"multi_gpu: the GPUs' free memory cannot be read (no nvidia-smi, no CUDA in "
+                    f"torch): {self.jobs_per_gpu} jobs per GPU without the memory check; a job "
+                    f"needs about {need:.1f} GiB ({where})")
+        gpu, free = min(known.items(), key=lambda item: item[1])
+        fit = int(free // need)
+        if fit < self.jobs_per_gpu:
+            raise PackingRefused(
+                f"--jobs_per_gpu {self.jobs_per_gpu}: a job needs about {need:.1f} GiB ({where}, "
+                f"x{ALLOCATOR_SLACK} for the allocator + {CONTEXT_GB:g} GiB of CUDA context) and "
+                f"GPU {gpu} has {free:.1f} GiB free: {fit} fit; relaunch with --jobs_per_gpu "
+                f"{max(1, fit)} (finished jobs are kept, interrupted ones resume)")
+        return (f"multi_gpu: {self.jobs_per_gpu} jobs per GPU fit: a job needs about {need:.1f} "
+                f"GiB ({where}), GPU {gpu} has {free:.1f} GiB free")

@@ -1,0 +1,84 @@
+"""Several jobs per GPU (``sweep --jobs_per_gpu N``, the ``multi_gpu`` launcher): each job's share
+of the cores, the memory check before packing (a refusal naming the N that fits), and a job's
+records the same whether it ran alone or beside others (on a CPU the launcher's "GPU" is a name:
+its jobs run on the CPU, concurrently)."""
+
+import re
+
+import pytest
+
+from dg_plugins.runtime import CORES_ENV
+from dg_plugins.sweep import packing
+from helpers import VOLATILE_KEYS, read_records
+from processes import command_env, run
+
+SWEEP = "dg_plugins.scripts.sweep"
+
+
+def test_the_cores_are_divided_among_the_jobs_running_at_once(monkeypatch):
+    monkeypatch.setenv(CORES_ENV, "16")
+    assert packing.cores_per_job(2, 2)[0] == 4
+    share, line = packing.cores_per_job(1, 3)
+    assert share == 5 and "1 GPU(s) x 3 job(s) at once; each job gets 5 of the launcher's 16" \
+        in line
+    assert packing.cores_per_job(8, 4)[0] == 1  # never 0
+    assert packing.job_env("3", 5)[CORES_ENV] == "5"
+    assert packing.job_env("3", 5)["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_the_peak_is_the_largest_mem_gb_of_the_jobs_records(tmp_path):
+    for name, values in (("a", [0.5, 2.5]), ("b", [1.0])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text(
+            "".join(f'{{"step": {k}, "mem_gb": {v}}}\n' for k, v in enumerate(values)))
+    assert packing.peak_gb([str(tmp_path / "a"), str(tmp_path / "b"), None,
+                            str(tmp_path / "none")]) == (2.5, str(tmp_path / "a"))
+    assert packing.peak_gb([str(tmp_path / "none")]) is None
+
+
+def test_n_jobs_that_do_not_fit_are_refused_with_the_n_that_fits():
+    check = packing.MemoryCheck(["0", "1"], 4, free={"0": 79.0, "1": 30.0})
+    assert check.decide(None) is None and not check.decided  # no peak known yet
+    with pytest.raises(packing.PackingRefused) as refused:
+        check.decide((10.0, "job7"))  # needs 10 x 1.2 + 1 = 13 GiB: GPU 1 holds 2
+    assert refused.value.code == 2
+    assert re.match(r"--jobs_per_gpu 4: a job needs about 13\.0 GiB \(10\.00 GiB at its peak "
+                    r"\(job7's records\).*GPU 1 has 30\.0 GiB free: 2 fit; relaunch with "
+                    r"--jobs_per_gpu 2", str(refused.value))
+    fits = packing.MemoryCheck(["0"], 4, free={"0": 79.0})
+    assert "4 jobs per GPU fit: a job needs about 13.0 GiB" in fits.decide((10.0, "job7"))
+    blind = packing.MemoryCheck(["0"], 2, free={"0": None})
+    assert "cannot be read" in blind.decide((1.0, "job"))
+
+
+def sweep_args(out, launcher, *extra):
+    return ["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--test_env_sets", "0",
+            "--n_hparams", "1", "--n_trials", "2", "--steps", "5", "--checkpoint_freq", "2",
+            "--hparams", '{"batch_size": 8}', "--data_dir", "builtin", "--output_dir", out,
+            "--command_launcher", launcher, "--skip_confirmation", *extra]
+
+
+def test_two_jobs_on_one_gpu_run_at_once_and_write_the_records_of_jobs_run_alone(tmp_path):
+    code, alone = run(SWEEP, *sweep_args(tmp_path / "alone", "local"), env=command_env(),
+                      timeout=300)
+    assert code == 0, alone
+    env = command_env(CUDA_VISIBLE_DEVICES="0", **{CORES_ENV: "2"})
+    code, packed = run(SWEEP, *sweep_args(tmp_path / "packed", "multi_gpu", "--jobs_per_gpu",
+                                          "2"), env=env, timeout=300)
+    assert code == 0, packed
+    assert "1 GPU(s) x 2 job(s) at once; each job gets 1 of the launcher's 2 cores" in packed
+    events = re.findall(r"^\[\d/2\] (started|done)", packed, re.MULTILINE)
+    assert events[:2] == ["started", "started"], packed  # side by side
+    folders = sorted(p.parent.name for p in (tmp_path / "alone").glob("*/done"))
+    assert len(folders) == 2
+    assert sorted(p.parent.name for p in (tmp_path / "packed").glob("*/done")) == folders
+    for name in folders:
+        assert read_records(tmp_path / "packed" / name, VOLATILE_KEYS) == read_records(
+            tmp_path / "alone" / name, VOLATILE_KEYS)
+
+
+def test_jobs_per_gpu_needs_the_multi_gpu_launcher(tmp_path):
+    code, output = run(SWEEP, *sweep_args(tmp_path, "local", "--jobs_per_gpu", "2"),
+                       env=command_env(), timeout=120)
+    assert code == 2 and "--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher" \
+        in output, output
