@@ -27,7 +27,8 @@ from dg_plugins.help_text import plain_text
 SUITE_MODULES = {"pytest": "pytest", "xdist": "pytest-xdist", "orjson": "orjson",
                  "open_clip": "open_clip_torch", "ftfy": "ftfy", "wcwidth": "wcwidth",
                  "mlxtend": "mlxtend", "submitit": "submitit", "matplotlib": "matplotlib",
-                 "pandas": "pandas", "timm": "timm", "sklearn": "scikit-learn"}
+                 "pandas": "pandas", "timm": "timm", "sklearn": "scikit-learn",
+                 "kornia": "kornia"}
 #: The environment of every process of the check: offline.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "DG_PLUGINS_OFFLINE": "1"}
 

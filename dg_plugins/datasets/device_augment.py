@@ -1,0 +1,258 @@
+"""Opt-in training augmentation on the job's device: a torchvision training transform (DomainBed's
+or the DMG release's, :func:`dg_plugins.datasets.image_folder.training_transform`) split in two.
+
+* Loader workers (:func:`split_transform`'s first part): the transform's geometric steps on the
+  PIL image, by torchvision itself (RandomResizedCrop; Resize and RandomCrop), then the pixels as
+  a uint8 tensor ``[3, 224, 224]`` (:func:`loader_cpu_ms`: 0.8 ms of CPU for a 227x227 image
+  from decoded pixels, 1.4 ms with its JPEG decode, against 4.8 ms for the PIL path).
+* The device (:class:`DeviceAugment`), on the collated uint8 batch: the rest (horizontal flip,
+  colour jitter, grayscale, ToTensor's scaling, Normalize) with per-sample random parameters, by
+  kornia's torchvision-compatible ``kornia.enhance`` operations.
+
+Parameters are drawn on the CPU from a ``torch.Generator`` seeded by the batch's seed (the seed
+its loader worker ran under), never from a global RNG, so a batch's output is a function of
+(pixels, seed) on any device. Draws follow torchvision's (uniform factors; a uniformly random
+order of the four jitter operations per image). Same distributions as the PIL path, not the
+same pixels: the PIL path rounds to 8 bits after every step and draws in another order.
+kornia loads on first use (the ``gpu`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+import dg_plugins.compat  # noqa: F401  (must precede any torchvision import)
+from dg_plugins.seeds import seed_hash
+
+#: The torchvision transforms the loader part runs (geometry on the PIL image).
+LOADER_STEPS = ("RandomResizedCrop", "Resize", "RandomCrop", "CenterCrop")
+#: The torchvision transforms the device part runs.
+DEVICE_STEPS = ("RandomHorizontalFlip", "ColorJitter", "RandomGrayscale", "ToTensor",
+                "Normalize")
+
+
+def _kornia():
+    try:
+        import kornia
+    except ImportError:
+        raise ImportError("augmenting on the device needs kornia: pip install 'dg_plugins[gpu]' "
+                          "(or pip install 'kornia>=0.7')") from None
+    return kornia
+
+
+class Flip:
+    """RandomHorizontalFlip(p): each image flipped with probability ``p``."""
+
+    def __init__(self, p: float):
+        self.p = float(p)
+
+    def draw(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.rand(n, generator=generator) < self.p
+
+    def apply(self, x: torch.Tensor, flipped: torch.Tensor) -> torch.Tensor:
+        flipped = flipped.to(x.device, non_blocking=True).view(-1, 1, 1, 1)
+        return torch.where(flipped, x.flip(-1), x)
+
+    def __repr__(self) -> str:
+        return f"Flip(p={self.p})"
+
+
+class Jitter:
+    """ColorJitter: per image, factors uniform in torchvision's ranges (``None``: off) and the
+    four operations in a uniformly random order (torchvision's ``randperm(4)``), applied with
+    kornia's blends of torchvision's formulas: brightness ``x*b``, contrast and saturation blends
+    with the grayscale mean and the grayscale image, hue a shift of ``h`` turns in HSV; each
+    clamped to [0, 1]. :meth:`apply` changes ``x`` in place."""
+
+    NAMES = ("brightness", "contrast", "saturation", "hue")
+
+    def __init__(self, brightness=None, contrast=None, saturation=None, hue=None):
+        self.ranges = tuple(None if r is None else (float(r[0]), float(r[1]))
+                            for r in (brightness, contrast, saturation, hue))
+
+    def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(order [n, 4], factors [n, 4])``: row ``i``'s operations in order (0 brightness,
+        1 contrast, 2 saturation, 3 hue), and their factors (NaN for an operation that is off)."""
+        order = torch.rand(n, 4, generator=generator).argsort(dim=1)
+        factors = torch.full((n, 4), math.nan)
+        uniform = torch.rand(n, 4, generator=generator)
+        for op, bounds in enumerate(self.ranges):
+            if bounds is not None:
+                factors[:, op] = bounds[0] + (bounds[1] - bounds[0]) * uniform[:, op]
+        return order, factors
+
+    def apply(self, x: torch.Tensor, params) -> torch.Tensor:
+        enhance = _kornia().enhance
+        functions = (enhance.adjust_brightness_accumulative,
+                     enhance.adjust_contrast_with_mean_subtraction,
+                     enhance.adjust_saturation_with_gray_subtraction,
+                     lambda images, turns: enhance.adjust_hue(images, turns * (2 * math.pi)))
+        order, factors = params
+        # the rows of each (position, operation) pair, found on the CPU and sent in one copy
+        groups = [(op, (order[:, position] == op).nonzero().flatten())
+                  for position in range(4) for op in range(4) if self.ranges[op] is not None]
+        groups = [(op, rows) for op, rows in groups if len(rows)]
+        if not groups:
+            return x
+        rows = torch.cat([r for _, r in groups]).to(x.device, non_blocking=True)
+        values = torch.cat([factors[r, op] for op, r in groups]).to(x.device, x.dtype,
+                                                                     non_blocking=True)
+        sizes = [len(r) for _, r in groups]
+        for (op, _), index, factor in zip(groups, rows.split(sizes), values.split(sizes)):
+            x.index_copy_(0, index, functions[op](x.index_select(0, index), factor))
+        return x
+
+    def __repr__(self) -> str:
+        on = [f"{name}={bounds}" for name, bounds in zip(self.NAMES, self.ranges) if bounds]
+        return f"Jitter({', '.join(on)})"
+
+
+class Grayscale:
+    """RandomGrayscale(p): each image replaced by its luma (ITU-R 601: 0.299 R + 0.587 G +
+    0.114 B, as PIL's ``convert("L")``) in all three channels with probability ``p``."""
+
+    def __init__(self, p: float):
+        self.p = float(p)
+
+    def draw(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.rand(n, generator=generator) < self.p
+
+    def apply(self, x: torch.Tensor, gray: torch.Tensor) -> torch.Tensor:
+        luma = _kornia().color.rgb_to_grayscale(x).expand_as(x)
+        return torch.where(gray.to(x.device, non_blocking=True).view(-1, 1, 1, 1), luma, x)
+
+    def __repr__(self) -> str:
+        return f"Grayscale(p={self.p})"
+
+
+class Normalize:
+    """Normalize(mean, std) per channel."""
+
+    def __init__(self, mean, std):
+        self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+
+    def draw(self, n: int, generator: torch.Generator) -> None:
+        return None
+
+    def apply(self, x: torch.Tensor, params=None) -> torch.Tensor:
+        mean, std = (torch.tensor(v, dtype=x.dtype).view(-1, 1, 1).to(x.device, non_blocking=True)
+                     for v in (self.mean, self.std))
+        return (x - mean) / std
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+class DeviceAugment:
+    """The device part of a split training transform (:func:`split_transform`): a uint8 batch
+    ``[B, 3, H, W]`` on any device -> the float32 batch the model reads, on that device.
+    ``augment(x, seed)``: ``seed`` is the batch's seed (the one its loader worker drew the crops
+    under); the parameters come from ``seed_hash(seed, "device_augment")`` alone."""
+
+    def __init__(self, steps):
+        self.steps = tuple(steps)
+
+    def generator(self, seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed_hash(int(seed), "device_augment"))
+
+    def draw(self, batch_size: int, seed: int) -> list:
+        """Each step's parameters for a batch of ``batch_size`` (CPU tensors)."""
+        generator = self.generator(seed)
+        return [step.draw(batch_size, generator) for step in self.steps]
+
+    def __call__(self, x: torch.Tensor, seed: int) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
+            raise ValueError(f"device augmentation takes a uint8 batch [B, 3, H, W], got "
+                             f"{x.dtype} {list(x.shape)}: give it the batches of the split "
+                             "transform's loader part (split_transform)")
+        params = self.draw(len(x), seed)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            x = x.float().div_(255)  # ToTensor's scaling
+            for step, p in zip(self.steps, params):
+                x = step.apply(x, p)
+        return x
+
+    def __repr__(self) -> str:
+        return f"DeviceAugment({', '.join(map(repr, self.steps))})"
+
+
+def split_transform(transform):
+    """``(loader part, DeviceAugment)`` of a torchvision ``Compose`` whose steps are geometric
+    (:data:`LOADER_STEPS`) then :data:`DEVICE_STEPS`: the loader part is a ``Compose`` of the
+    very geometric transforms then ``PILToTensor`` (PIL image -> uint8 ``[3, H, W]``). Another
+    step, or a geometric one after a device one, raises ValueError naming it."""
+    from torchvision import transforms as T
+
+    loader, device, seen_tensor = [], [], False
+    for t in getattr(transform, "transforms", [transform]):
+        name = type(t).__name__
+        if name in LOADER_STEPS and isinstance(t, getattr(T, name)):
+            if device:
+                raise ValueError(f"cannot augment on the device: {name} comes after "
+                                 f"{device[-1]!r} in {transform}; the geometric steps "
+                                 "must come first")
+            loader.append(t)
+        elif isinstance(t, T.RandomHorizontalFlip):
+            device.append(Flip(t.p))
+        elif isinstance(t, T.ColorJitter):
+            device.append(Jitter(t.brightness, t.contrast, t.saturation, t.hue))
+        elif isinstance(t, T.RandomGrayscale):
+            device.append(Grayscale(t.p))
+        elif isinstance(t, T.ToTensor):
+            seen_tensor = True
+        elif isinstance(t, T.Normalize) and seen_tensor:
+            device.append(Normalize(t.mean, t.std))
+        else:
+            raise ValueError(f"cannot augment on the device: {name} ({t}) is not one of "
+                             f"{', '.join(LOADER_STEPS + DEVICE_STEPS)} (Normalize after "
+                             "ToTensor); use the loader's augmentation for this transform")
+    if not seen_tensor:
+        raise ValueError(f"cannot augment on the device: {transform} has no ToTensor step")
+    return T.Compose([*loader, T.PILToTensor()]), DeviceAugment(device)
+
+
+def device_augmentation(augmentation: str = "domainbed"):
+    """:func:`split_transform` of the training transform named by the dataset hparam
+    ``augmentation`` (:func:`dg_plugins.datasets.image_folder.training_transform`)."""
+    from dg_plugins.datasets.image_folder import training_transform
+
+    loader, device = split_transform(training_transform(augmentation))
+    _kornia()  # a missing kornia is named before any worker starts
+    return loader, device
+
+
+def loader_cpu_ms(image_path: str, augmentation: str = "domainbed", repeats: int = 200) -> dict:
+    """CPU milliseconds per image (this thread's CPU time, one torch thread) of what a loader
+    worker does for one training image: ``pil``: decode + the whole PIL transform;
+    ``split``: decode + the loader part; ``split_cached``: the loader part on already decoded
+    pixels (a decoded-image cache); ``decode``: the decode alone. Interleaved, in one process."""
+    import numpy as np
+    from PIL import Image
+
+    from dg_plugins.datasets.image_folder import load_rgb_image, training_transform
+
+    pil = training_transform(augmentation)
+    loader, _ = split_transform(pil)
+    pixels = np.asarray(load_rgb_image(image_path)).copy()
+    cases = {
+        "decode": lambda: load_rgb_image(image_path),
+        "pil": lambda: pil(load_rgb_image(image_path)),
+        "split": lambda: loader(load_rgb_image(image_path)),
+        "split_cached": lambda: loader(Image.fromarray(pixels)),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = dict.fromkeys(cases, 0.0)
+        for _ in range(repeats):
+            for name, case in cases.items():
+                start = time.thread_time()
+                case()
+                seconds[name] += time.thread_time() - start
+    finally:
+        torch.set_num_threads(threads)
+    return {name: 1000 * s / repeats for name, s in seconds.items()}
+
