@@ -16,10 +16,14 @@ does with the paper algorithms, in one command of a few minutes, as a markdown t
 * Evaluation: images per second of one record of ERM ResNet-18 on that tree (the job's
   :meth:`~dg_plugins.train.job.Job.write_record`: every split, its worker pool), in fp32 and
   bf16.
-* What determinism costs: the fp32 step of a ResNet and a ViT (ERM ResNet-50, ERM_ViT and GMoE on
-  a GPU) under train's default ``--deterministic true`` (deterministic algorithms, cuDNN and
-  cuBLAS, attention by the math kernel on CUDA) against ``--deterministic false``
-  (cudnn.benchmark, fused attention), taking turns step by step.
+* What the compute settings cost or save: the fp32 step of a ResNet and of the ViTs (ERM
+  ResNet-50, ERM_ViT and GMoE on a GPU) under train's defaults (``--deterministic true``:
+  deterministic algorithms, cuDNN and cuBLAS, attention by the math kernel on CUDA), under
+  ``--deterministic false`` (cudnn.benchmark, fused attention) and, for a ResNet, under
+  ``--channels_last`` and both, the jobs taking turns step by step.
+* The settings it recommends for this machine, each from what it measured: loader workers,
+  precision per backbone, ``--channels_last`` and ``--deterministic``, and how many jobs fit on
+  one GPU by memory (:func:`recommendations`).
 
 The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
 the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
@@ -59,8 +63,15 @@ ALGORITHM_ROWS = (
 )
 #: The rows a CPU runs (the reduced version).
 CPU_ROWS = ("ERM ResNet-18", "ERM_ViT DeiT-S/16")
-#: The rows of the determinism table, on a GPU and on a CPU.
+#: The rows of the compute-settings table on a GPU (a CPU: :data:`CPU_ROWS`).
 DETERMINISM_ROWS = ("ERM ResNet-50", "ERM_ViT DeiT-S/16", "GMoE-S/16")
+#: The compute settings that table compares with train's defaults: name -> train flags.
+SETTINGS = {"default": [], "fast": ["--deterministic", "false"],
+            "channels_last": ["--channels_last"],
+            "fast + channels_last": ["--deterministic", "false", "--channels_last"]}
+#: A reduced precision or a setting is recommended when its step takes at most this share of
+#: the default's (smaller gains are within what a shared machine's noise moves).
+GAIN = 0.9
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -84,12 +95,11 @@ def build_job(train_argv: list[str]):
     return job
 
 
-def compute_flags(args, deterministic: str | None = None) -> list[str]:
-    """train's compute flags of the run (``deterministic``: instead of ``--deterministic``)."""
+def compute_flags(args) -> list[str]:
     flags = []
     if args.channels_last:
         flags.append("--channels_last")
-    if (deterministic or args.deterministic) == "false":
+    if args.deterministic == "false":
         flags += ["--deterministic", "false"]
     return flags
 
@@ -102,7 +112,7 @@ def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **
             "--hparams", json.dumps({**hparams, "pretrained": False,
                                      "batch_size": args.batch_size}),
             "--output_dir", out, "--precision", precision,
-            *compute_flags(args, extra.get("deterministic"))]
+            *extra.get("compute", compute_flags(args))]
     if args.device:
         argv += ["--device", args.device]
     if "n_workers" in extra:
@@ -150,9 +160,9 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
 
 
 def measure_determinism(args, device, out: str) -> list[dict]:
-    """The determinism table's rows (module docstring): each row's fp32 step under
-    ``--deterministic true`` and ``false``, the two jobs taking turns, each under its own
-    settings (its cuDNN flags set again before each of its steps)."""
+    """The compute-settings table's rows (module docstring): each row's fp32 step under each of
+    :data:`SETTINGS` that applies (channels_last only to a convolutional network), the jobs
+    taking turns, each under its own settings (its cuDNN flags set again before its steps)."""
     from dg_plugins.benchmarks.timing import alternating_times, paired_ratio
 
     def step(job):
@@ -168,20 +178,68 @@ def measure_determinism(args, device, out: str) -> list[dict]:
     for label, algorithm, hparams in ALGORITHM_ROWS:
         if label not in args.determinism:
             continue
-        jobs = {flag: build_job(train_argv(args, os.path.join(out, f"det_{algorithm}_{flag}"),
-                                           algorithm, hparams, "fp32", deterministic=flag))
-                for flag in ("true", "false")}
+        names = [n for n in SETTINGS if "ViT" not in label and "MoE" not in label
+                 or "channels_last" not in n]
+        jobs = {}
+        for name in names:
+            folder = os.path.join(out, f"set_{algorithm}_{name.replace(' ', '')}")
+            jobs[name] = build_job(train_argv(args, folder, algorithm, hparams, "fp32",
+                                              compute=SETTINGS[name]))
         try:
-            times = alternating_times({flag: step(job) for flag, job in jobs.items()},
+            times = alternating_times({name: step(job) for name, job in jobs.items()},
                                       args.steps, args.warmup, device)
         finally:
             for job in jobs.values():
                 job.close()
-        low, ratio, high = paired_ratio(times["true"], times["false"])
-        rows.append({"label": label, "true_s": statistics.median(times["true"]),
-                     "false_s": statistics.median(times["false"]), "ratio": ratio,
-                     "low": low, "high": high})
+        row = {"label": label, "default_s": statistics.median(times["default"]), "ratios": {}}
+        for name in names[1:]:
+            row["ratios"][name] = paired_ratio(times[name], times["default"])
+        rows.append(row)
     return rows
+
+
+def recommendations(args, device, algorithms, loader, settings) -> list[str]:
+    """The settings this machine's measurements recommend, each line with its evidence."""
+    import torch
+
+    lines = []
+    if loader:
+        best = max(row["images_per_s"] for row in loader)
+        enough = min((row for row in loader if row["images_per_s"] >= GAIN * best),
+                     key=lambda row: row["workers"])
+        lines.append(f"- Loader workers: {enough['workers']} deliver {enough['images_per_s']:.0f} "
+                     f"images/s, within {1 - GAIN:.0%} of the most measured ({best:.0f}); train "
+                     "uses one per core by default (--n_workers N sets it).")
+    fp32 = {row["label"]: row for row in algorithms if row["precision"] == "fp32"}
+    for row in algorithms:
+        if row["precision"] == "fp32" or row["label"] not in fp32:
+            continue
+        ratio = row["step_s"] / fp32[row["label"]]["step_s"]
+        verdict = (f"--precision {row['precision']} ({ratio:.2f}x the fp32 step; opt-in: other "
+                   "numbers than fp32's)" if ratio <= GAIN else
+                   f"fp32 (--precision {row['precision']} gives {ratio:.2f}x its step)")
+        lines.append(f"- {row['label']}: {verdict}.")
+    for row in settings:
+        gains = {name: r[1] for name, r in row["ratios"].items() if r[1] <= GAIN}
+        if gains:
+            name = min(gains, key=gains.get)
+            flags = " ".join(SETTINGS[name])
+            lines.append(f"- {row['label']}: {flags} ({gains[name]:.2f}x the default step; "
+                         "--deterministic false gives up bit-exact runs and resumes).")
+        else:
+            lines.append(f"- {row['label']}: train's defaults (no setting measured below "
+                         f"{GAIN}x their step).")
+    if device.type == "cuda" and algorithms:
+        total = torch.cuda.get_device_properties(device).total_memory / 2 ** 30
+        peak = max(row["peak_bytes"] for row in algorithms) / 2 ** 30
+        from dg_plugins.sweep.packing import ALLOCATOR_SLACK, CONTEXT_GB
+
+        fit = int(total // (peak * ALLOCATOR_SLACK + CONTEXT_GB))
+        lines.append(f"- Jobs per GPU: by memory, {fit} of the largest measured step "
+                     f"({peak:.1f} GiB at its peak, of {total:.0f} GiB) fit (sweep --jobs_per_gpu "
+                     f"N checks it again at launch); the cores left per job then set the loader's "
+                     "speed: benchmark sweep_gpu measures a packed sweep.")
+    return lines
 
 
 def measure_loader(args, data_dir: str, out: str) -> list[dict]:
@@ -295,14 +353,21 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
         lines.append(f"| {row['precision']} | {row['images']} | {row['workers']} | "
                      f"{row['images_per_s']:.0f} |")
     if determinism:
-        lines += ["", "## What determinism costs (fp32 step, --deterministic true against "
-                  f"false, taking turns; median of {args.steps} after {args.warmup})", "",
-                  "| algorithm | deterministic ms | fast ms | ratio (quartiles) |",
-                  "|---|---|---|---|"]
+        names = list(SETTINGS)[1:]
+        lines += ["", "## Compute settings (fp32 step; each setting's step over the default's, "
+                  f"paired, median (quartiles) of {args.steps} after {args.warmup}; fast: "
+                  "--deterministic false)", "",
+                  "| algorithm | default ms | " + " | ".join(names) + " |",
+                  "|---|---|" + "---|" * len(names)]
         for row in determinism:
-            lines.append(f"| {row['label']} | {1000 * row['true_s']:.1f} | "
-                         f"{1000 * row['false_s']:.1f} | {row['ratio']:.2f} "
-                         f"({row['low']:.2f}-{row['high']:.2f}) |")
+            cells = [("{:.2f} ({:.2f}-{:.2f})".format(row["ratios"][n][1], row["ratios"][n][0],
+                                                      row["ratios"][n][2])
+                      if n in row["ratios"] else "-") for n in names]
+            lines.append(f"| {row['label']} | {1000 * row['default_s']:.1f} | "
+                         + " | ".join(cells) + " |")
+    advice = recommendations(args, device, algorithms, loader, determinism)
+    if advice:
+        lines += ["", "## Recommended for this machine (from the tables above)", "", *advice]
     return "\n".join(lines) + "\n"
 
 
@@ -327,8 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JPEGs per class and domain of the tree (default 10: 280 images; CPU 1)")
     p.add_argument("--eval_repeats", type=int, default=None, help="default 3; CPU 1")
     p.add_argument("--determinism", nargs="*", default=None, metavar="LABEL",
-                   help="rows of the determinism table (default: " + ", ".join(DETERMINISM_ROWS)
-                   + " on a GPU, " + ", ".join(CPU_ROWS) + " on a CPU; none: skip it)")
+                   help="rows of the compute-settings table (default: "
+                   + ", ".join(DETERMINISM_ROWS) + " on a GPU, " + ", ".join(CPU_ROWS)
+                   + " on a CPU; none: skip it)")
     p.add_argument("--channels_last", action="store_true", help="train's --channels_last")
     p.add_argument("--deterministic", choices=("true", "false"), default="true",
                    help="train's --deterministic (false: cudnn.benchmark)")
