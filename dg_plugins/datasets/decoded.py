@@ -365,12 +365,10 @@ def _decode_into(task):
     path, items = task
     data = np.memmap(path, dtype=np.uint8, mode="r+")
     missing = []
-    from dg_plugins.datasets.image_folder import UnreadableImageError
-
     for item, offset, height, width in items:
-        try:
+        try:  # load() raises every decoding error as an UnreadableImageError, an OSError
             array = np.asarray(_BUILD_ENV.load(_BUILD_ENV.samples[item][0]))
-        except UnreadableImageError:
+        except OSError:
             missing.append(item)
             continue
         if array.shape != (height, width, 3):
@@ -388,14 +386,13 @@ def _pixels_into(task):
 
     path, transform, items = task
     data = np.load(path, mmap_mode="r+")
-    from dg_plugins.datasets.image_folder import UnreadableImageError
-
     done = []
     for item in items:
-        try:
-            pixels = transform.pixels(_BUILD_ENV.image(item))
-        except UnreadableImageError:
+        try:  # an unreadable image (an UnreadableImageError) is left out
+            image = _BUILD_ENV.image(item)
+        except OSError:
             continue
+        pixels = transform.pixels(image)
         if tuple(pixels.shape) != data.shape[1:]:
             continue
         data[item] = pixels.numpy()
@@ -595,7 +592,7 @@ class DatasetCache:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
 
     def note_over_budget(self, what: str, size: int) -> None:
-        need = -(-(self.usage() + size) // 2**30) + 1
+        need = max(1, -(-(self.usage() + size) // 2**30))
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the {gb(self.budget)} "
                    f"budget; to cache them set {BUDGET_ENV}={need}")
 
@@ -721,7 +718,7 @@ class DatasetCache:
 
     def line(self, built: list[str], stores: list[EnvCache]) -> str:
         decoded = sum(s.decoded is not None for s in stores)
-        plain = sum(len(s.plain) for s in stores)
+        plain = sum(bool(s.plain) for s in stores)
         if built:
             state = f"built ({' and '.join(built)})"
         elif decoded or plain:
@@ -729,11 +726,11 @@ class DatasetCache:
         else:
             state = "not used (images are decoded from their files as before)"
         notes = "".join(f"; {note}" for note in self.notes)
-        return (f"Decoded-image cache: {state} for {self.name}: {decoded} of {len(stores)} "
-                f"domains decoded, evaluation pixels of {plain}{notes}. {gb(self.usage())} on "
-                f"disk in {self.folder} (memory: mapped files in the page cache, shared by this "
-                f"machine's jobs); budget {gb(self.budget)} per dataset ({BUDGET_ENV}); turn "
-                f"off: {SWITCH_ENV}=off; clear: rm -r {cache_folder()}")
+        return (f"Decoded-image cache: {state} for {self.name} ({decoded} of {len(stores)} "
+                f"domains decoded, evaluation pixels of {plain}){notes}: {gb(self.usage())} on "
+                f"disk in {self.folder}, read through the page cache (shared by this machine's "
+                f"jobs); budget {gb(self.budget)} per dataset (${BUDGET_ENV}); off: "
+                f"{SWITCH_ENV}=off; clear: rm -r {cache_folder()}")
 
 
 def _safe(name: str) -> str:

@@ -8,8 +8,9 @@ Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBe
 * Class indices come from the sorted UNION of class folder names over all domains, so a domain that
   lacks a class never shifts another class's label (DomainBed's per-domain ImageFolder would).
   ``num_classes`` is the size of that union.
-* Images are decoded with PIL and converted to RGB, lazily, one item at a time. Hidden files are
-  skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
+* Images are decoded with PIL and converted to RGB, lazily, one item at a time (a train job
+  reads them from the decoded-image cache, :mod:`dg_plugins.datasets.decoded`: the same pixels).
+  Hidden files are skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
 * Missing or badly laid-out data raises FileNotFoundError / ValueError showing the expected layout.
 * An image that cannot be decoded (truncated, garbage, zero bytes, unreadable) raises
   :class:`UnreadableImageError` naming the file, the dataset and environment, and the fix, also

@@ -23,7 +23,7 @@ import sys
 
 from dg_plugins.help_text import plain_text
 
-KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job")
+KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job", "data_path")
 
 
 def main(argv: list[str] | None = None) -> int:

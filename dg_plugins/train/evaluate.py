@@ -60,8 +60,9 @@ class _Plan:
             return
         positions = env_indices(self.dataset)
         transforms = [env.pixel_transform(t) for t in env.item_transforms()]
-        choice = np.fromiter((int(p) in env.eval_indices for p in positions), dtype=np.uint8,
-                             count=len(positions))
+        choice = np.zeros(len(positions), dtype=np.uint8)
+        if env.eval_indices:
+            choice[np.isin(positions, np.fromiter(env.eval_indices, dtype=np.int64))] = 1
         used = set(choice.tolist())
         if len(used) == 1 and transforms[used.pop()].deterministic:
             entry = store.plain_entry(transforms[int(choice[0])])
