@@ -26,9 +26,10 @@ gives images per wall second and per CPU second (this process and its loader wor
 an image costs, whatever else runs on the machine; on a busy machine a loader of many processes
 gets a larger share of the cores than one of few). The configurations take turns in every
 repeat (the order rotating), and a ratio is the median of the per-repeat ratios (quartiles
-beside), so a change of the machine's load hits both sides of a ratio alike. The first evaluation with a cold cache and the job's build time
-(the cache built, then reused) are printed too. Goals (the issue's, on a 2-core CPU):
-evaluation images/s at least 4x DomainBed's, training images/s at least DomainBed's.
+beside), so a change of the machine's load hits both sides of a ratio alike. The first
+evaluation with a cold cache and the job's build time (the cache built, then reused) are printed
+too. Goals (the issue's, on a 2-core CPU): evaluation images/s at least 4x DomainBed's, training
+images/s at least DomainBed's.
 """
 
 from __future__ import annotations

@@ -526,7 +526,8 @@ class EvalWriter:
                 shape = (self.n, *pixels.shape[1:])
                 size = int(np.prod(shape))
                 if not self.store.owner.fits(size):
-                    self.store.owner.note_over_budget("evaluation pixels", size)
+                    self.store.owner.note_over_budget("the augmented splits' evaluation pixels",
+                                                      size)
                     self.failed = True
                     return
                 self.data = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.uint8,
@@ -571,6 +572,7 @@ class DatasetCache:
         self.budget = budget_bytes()
         self.writable = True
         self.notes: list[str] = []
+        self._noted: set[str] = set()
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
     # budget
@@ -585,8 +587,11 @@ class DatasetCache:
     def fits(self, size: int) -> bool:
         return self.usage() + size <= self.budget
 
-    def _note(self, note: str, stream=None) -> None:
-        if note not in self.notes:
+    def _note(self, note: str, stream=None, key: str | None = None) -> None:
+        """Say ``note`` once per ``key`` (default: the note)."""
+        key = key or note
+        if key not in self._noted:
+            self._noted.add(key)
             self.notes.append(note)
             if not self.quiet:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
@@ -594,7 +599,7 @@ class DatasetCache:
     def note_over_budget(self, what: str, size: int) -> None:
         need = max(1, -(-(self.usage() + size) // 2**30))
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the {gb(self.budget)} "
-                   f"budget; to cache them set {BUDGET_ENV}={need}")
+                   f"budget; to cache them set {BUDGET_ENV}={need}", key=what)
 
     def note_error(self, err: OSError) -> None:
         self.writable = False

@@ -3,9 +3,11 @@ DomainBed's train.py names it (or, with ``--eval_splits selection``, those model
 :func:`dg_plugins.train.folder.evaluated_splits`), and the named subsets of test environments
 (IP/OOP), in batches of ``--eval_batch_size`` (DomainBed's 64) seeded by (split, batch index), so
 that re-evaluating a saved model reproduces its record, whichever splits are evaluated beside.
-The job's one worker pool makes the batches of every evaluation (no worker start per
-evaluation); the forward runs under ``torch.inference_mode``, from pinned memory with
-non-blocking copies on CUDA. Shared by the job and alignment_eval."""
+Image splits come from the decoded-image cache where it holds their pixels (read in large
+chunks, made the model's input on the device: :mod:`dg_plugins.datasets.decoded`); the job's one
+worker pool makes the other batches (no worker start per evaluation); the forward runs under
+``torch.inference_mode``, from pinned memory with non-blocking copies on CUDA. Shared by the job
+and alignment_eval."""
 
 from __future__ import annotations
 
@@ -168,8 +170,9 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int 
 
 def predict(algorithm, x: torch.Tensor, device) -> torch.Tensor:
     """The forward of one evaluation batch: ``algorithm.predict`` of ``x`` on ``device`` (a
-    non-blocking copy from pinned memory on CUDA) under the job's precision, checked to be ``[N, num_classes >= 2]``
-    logits. The one place an evaluation calls the model."""
+    non-blocking copy from pinned memory on CUDA; none for a batch already there) under the
+    job's precision, checked to be ``[N, num_classes >= 2]`` logits. The one place an evaluation
+    calls the model."""
     with precision.autocast(device):  # the job's --precision, --channels_last
         logits = algorithm.predict(precision.model_input(
             x.to(device, non_blocking=cuda_transfers(device))))

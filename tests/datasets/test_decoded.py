@@ -276,3 +276,20 @@ def test_training_batches_from_the_cache_equal_those_from_the_files(tmp_path, ca
         flat_want = [t for item in want for t in (item if isinstance(item, list) else [item])]
         for (x, y), (u, v) in zip(flat_got, flat_want):
             assert torch.equal(x, u) and torch.equal(y, v)
+
+
+def test_augmented_evaluation_pixels_over_the_budget_are_not_kept(tmp_path, cache, monkeypatch,
+                                                                   capsys):
+    root = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
+    want = list(evaluate.eval_batches_of(splits_of(root, cache_on=True), 3, 0))
+    for path in next(cache.iterdir()).glob("*.eval-*.npy"):
+        path.unlink()
+    folder = next(cache.iterdir())
+    used = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".lock")
+    monkeypatch.setenv(decoded.BUDGET_ENV, str((used + 100) / 2**30))
+    capsys.readouterr()
+    got = list(evaluate.eval_batches_of(splits_of(root, cache_on=True), 3, 0))
+    assert all(torch.equal(x, u) for (_, x, _), (_, u, _) in zip(got, want))
+    assert not list(folder.glob("*.eval-*"))
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not cached" in line]
+    assert len(notes) == 1 and "augmented splits' evaluation pixels" in notes[0], notes
