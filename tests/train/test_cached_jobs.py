@@ -21,7 +21,8 @@ TIMEOUT = 180
 def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path):
     tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
     cache = tmp_path / "cache"
-    runs = (("off", 2, "off"), ("built", 2, "on"), ("reused", 0, "on"), ("reused", 1, "on"))
+    # the cache built without workers (in the job's process: its RNGs untouched), then reused
+    runs = (("off", 2, "off"), ("built", 0, "on"), ("reused", 2, "on"), ("reused", 1, "on"))
     records = []
     for k, (state, workers, switch) in enumerate(runs):
         out = tmp_path / f"job{k}"
