@@ -8,8 +8,9 @@ Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBe
 * Class indices come from the sorted UNION of class folder names over all domains, so a domain that
   lacks a class never shifts another class's label (DomainBed's per-domain ImageFolder would).
   ``num_classes`` is the size of that union.
-* Images are decoded with PIL and converted to RGB, lazily, one item at a time. Hidden files are
-  skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
+* Images are decoded with PIL and converted to RGB, lazily, one item at a time (a train job
+  reads them from the decoded-image cache, :mod:`dg_plugins.datasets.decoded`: the same pixels).
+  Hidden files are skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
 * Missing or badly laid-out data raises FileNotFoundError / ValueError showing the expected layout.
 * An image that cannot be decoded (truncated, garbage, zero bytes, unreadable) raises
   :class:`UnreadableImageError` naming the file, the dataset and environment, and the fix, also
@@ -283,17 +284,94 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         self.dataset_name: str | None = None
         self.environment: str | None = None
         self.data_dir: str | None = None
+        #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
+        self.decoded = None
+        self.pixel_store = None
+        self._split_transforms: dict = {}
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int):
-        path, label = self.samples[index]
-        image = self.load(path)
-        transform = self.eval_transform if index in self.eval_indices else self.transform
+        image = self.image(index)
+        transform = self.transform_of(index)
         if transform is not None:
             image = transform(image)
-        return image, label
+        return image, self.samples[index][1]
+
+    def transform_of(self, index: int):
+        """The transform of item ``index`` (``eval_transform`` for :attr:`eval_indices`)."""
+        return self.eval_transform if index in self.eval_indices else self.transform
+
+    def image(self, index: int):
+        """Item ``index``'s RGB PIL image: from the decoded-image cache (the same pixels), else
+        decoded from its file (:meth:`load`)."""
+        if self.decoded is not None:
+            image = self.decoded.image(index)
+            if image is not None:
+                return image
+        return self.load(self.samples[index][0])
+
+    # the transforms' pixel part and tensor part (dg_plugins.datasets.decoded.PixelTransform)
+
+    def pixel_transform(self, transform):
+        """``transform`` split into its pixel and tensor parts, or None (memoized)."""
+        from dg_plugins.datasets.decoded import split_transform
+
+        known = self._split_transforms.get(id(transform))
+        if known is None or known[0] is not transform:
+            known = (transform, split_transform(transform))
+            self._split_transforms[id(transform)] = known
+        return known[1]
+
+    def item_transforms(self) -> list:
+        """The transforms this environment's items use (``transform``, and ``eval_transform``
+        when some items take it)."""
+        return [self.transform] + ([self.eval_transform] if self.eval_indices else [])
+
+    def pixel_table(self):
+        """The float32 ``[3, 256]`` table turning every item's uint8 pixels (:meth:`pixels`)
+        into the model's input (ToTensor + Normalize), when every transform of this environment
+        splits and they share it; else None (items are made by ``__getitem__``)."""
+        splits = [self.pixel_transform(t) for t in self.item_transforms()]
+        if any(s is None for s in splits):
+            return None
+        if any(s.table.tobytes() != splits[0].table.tobytes() for s in splits[1:]):
+            return None
+        return splits[0].table
+
+    def pixels(self, index: int):
+        """``(uint8 [3, H, W] pixels, label)`` of item ``index``: its transform's pixel part
+        (random draws as ``__getitem__`` makes them), read from the cache's evaluation pixels
+        when the transform is deterministic and they hold the item. Only when
+        :meth:`pixel_table` is not None."""
+        import torch
+
+        transform = self.pixel_transform(self.transform_of(index))
+        store = self.pixel_store
+        if transform.deterministic and store is not None:
+            entry = store.plain_entry(transform)
+            if entry is not None and entry.covers(index):
+                return torch.from_numpy(entry.read(index)), self.samples[index][1]
+        return transform.pixels(self.image(index)), self.samples[index][1]
+
+    def evaluation_pixel_transforms(self) -> list:
+        """The deterministic split transforms among :meth:`item_transforms` (what the cache
+        keeps evaluation pixels of)."""
+        if self.pixel_table() is None:
+            return []
+        out = []
+        for transform in self.item_transforms():
+            split = self.pixel_transform(transform)
+            if split.deterministic and all(split.key != t.key for t in out):
+                out.append(split)
+        return out
+
+    def attach_cache(self, store) -> None:
+        """Read images and evaluation pixels from ``store``
+        (:class:`dg_plugins.datasets.decoded.EnvCache`)."""
+        self.pixel_store = store
+        self.decoded = store.decoded
 
     def load(self, path: str):
         """The RGB PIL image of ``path``; a file PIL cannot decode raises

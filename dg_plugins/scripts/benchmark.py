@@ -11,7 +11,9 @@ KIND (default ``algorithms``; see :mod:`dg_plugins.benchmarks`):
   training loader's and the evaluation's images/s, for ``results/gpu_benchmarks.md`` (on a CPU a
   reduced run that says so);
 * ``image_job``: one image job, dg_plugins' train (``--eval_splits all`` and ``selection``)
-  against DomainBed's ``train.py``.
+  against DomainBed's ``train.py``;
+* ``data_path``: images/s of training batches and full evaluations with the model left out,
+  ours (image files, the decoded-image cache, each worker count) against DomainBed's loaders.
 
 ``python -m dg_plugins.scripts.benchmark KIND --help`` lists a kind's options.
 """
@@ -23,7 +25,7 @@ import sys
 
 from dg_plugins.help_text import plain_text
 
-KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job")
+KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job", "data_path")
 
 
 def main(argv: list[str] | None = None) -> int:

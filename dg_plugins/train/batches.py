@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
-from dg_plugins.train.splits import tensor_view
+from dg_plugins.train.splits import pixel_table, tensor_view
 
 
 def cuda_transfers(device) -> bool:
@@ -92,12 +92,27 @@ def collate(items) -> tuple:
     return (torch.stack(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
 
-def fetch(dataset: Dataset, indices, seed: int) -> tuple:
+def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
     """The batch of ``dataset``'s items ``indices``, collated, every random draw of their
     ``__getitem__`` (augmentations) made under :func:`seeded_rng` ``(seed)``: the same batch in
-    any process, with or without loader workers."""
+    any process, with or without loader workers. ``pixels``: the items' uint8 pixels
+    (``dataset.pixels(i)``, the same draws), which :func:`as_model_input` turns into the
+    transform's output on the job's device."""
     with seeded_rng(seed):
+        if pixels:
+            return collate([dataset.pixels(i) for i in indices])
         return collate([dataset[i] for i in indices])
+
+
+def as_model_input(batch: tuple, table, device) -> tuple:
+    """A fetched batch with its uint8 pixels (``table`` not None: :func:`fetch` with ``pixels``)
+    turned into the model's float input on ``device``
+    (:func:`dg_plugins.datasets.decoded.to_model_input`); else the batch as it is."""
+    if table is None:
+        return batch
+    from dg_plugins.datasets.decoded import to_model_input
+
+    return (to_model_input(batch[0], table, device),) + tuple(batch[1:])
 
 
 def _as_is(batch):
@@ -105,8 +120,8 @@ def _as_is(batch):
 
 
 class _Fetcher(Dataset):
-    """What a loader worker runs: a request ``[(dataset number, seed, indices), ...]`` (one
-    entry per stream of a step, or one evaluation batch) -> the batches, each made by
+    """What a loader worker runs: a request ``[(dataset number, seed, indices, pixels), ...]``
+    (one entry per stream of a step, or one evaluation batch) -> the batches, each made by
     :func:`fetch` (the DataLoader calls ``__getitems__`` with what the batch sampler yields)."""
 
     def __init__(self, datasets):
@@ -116,7 +131,8 @@ class _Fetcher(Dataset):
         return sum(len(d) for d in self.datasets)
 
     def __getitems__(self, request):
-        return [fetch(self.datasets[j], indices, seed) for j, seed, indices in request]
+        return [fetch(self.datasets[j], indices, seed, *pixels)
+                for j, seed, indices, *pixels in request]
 
     def __getitem__(self, index):
         raise TypeError("_Fetcher is read by batch requests only")
@@ -156,7 +172,8 @@ class _Requests:
                 yield pool.pending.popleft()
             elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
                 pool.issued.append(_ROUND)
-                yield [(j, *stream.draw()) for j, stream in enumerate(pool.streams)]
+                yield [(j, *stream.draw(), stream.table is not None)
+                       for j, stream in enumerate(pool.streams)]
             else:
                 pool.issued.append(_IDLE)
                 yield []
@@ -230,11 +247,12 @@ class WorkerPool:
     def serve(self, requests):
         """The results of ``requests``, in order, made by this pool's workers (started if
         needed): each request is ``[(dataset, seed, indices), ...]`` with datasets the pool
-        :meth:`holds` (:class:`_Fetcher` requests by dataset instead of number). Training rounds
+        :meth:`holds`, optionally a fourth item ``pixels`` (:func:`fetch`); :class:`_Fetcher`
+        requests by dataset instead of number. Training rounds
         in flight when it starts arrive first and stay buffered for the streams. Close the
         generator when stopping early: the pool is then closed (its workers would still make the
         abandoned requests)."""
-        requests = [[(self._number[id(d)], seed, indices) for d, seed, indices in request]
+        requests = [[(self._number[id(d)], *rest) for d, *rest in request]
                     for request in requests]
         if not requests:
             return
@@ -269,14 +287,19 @@ class WorkerPool:
             stream.rewind(stream.consumed)
 
 
-def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = False
-                  ) -> WorkerPool | None:
+def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = False,
+                  device=None) -> WorkerPool | None:
     """Make one :class:`WorkerPool` of ``num_workers`` workers serve every stream of
     ``streams`` that reads items (streams over in-memory tensors gather in-process), and the
     evaluations that read ``datasets`` (:meth:`WorkerPool.serve`); ``0``: all of them fetch
     in-process. A job's live workers are then at most its budget. ``pin_memory``: batches bound
-    for a CUDA device (:func:`cuda_transfers`). None when no stream reads items."""
+    for a CUDA device (:func:`cuda_transfers`); ``device``: where streams of uint8 pixels turn
+    them into the model's input (:func:`as_model_input`; default the CPU). None when no stream
+    reads items."""
     streams = list(streams)
+    if device is not None:
+        for stream in streams:
+            stream.device = device
     for stream in streams:
         if stream.pool is not None:
             stream.pool.close()
@@ -297,7 +320,9 @@ class Stream:
     whichever process makes it. So the stream's state is (seed, batches handed out), and a
     stream restored from it hands out exactly the batches an uninterrupted one does, with or
     without loader workers (``num_workers``: the workers of this stream's own pool, started at
-    the first batch; :func:`share_workers` gives several streams one pool)."""
+    the first batch; :func:`share_workers` gives several streams one pool). Items that have
+    uint8 pixels (:func:`~dg_plugins.train.splits.pixel_table`) are fetched as such and turned
+    into the model's input on ``device`` (:func:`as_model_input`): the same floats."""
 
     view = None
 
@@ -306,6 +331,8 @@ class Stream:
         self.seed = seed
         self.num_workers = num_workers
         self.pool: WorkerPool | None = None
+        self.table = pixel_table(dataset) if self.view is None else None
+        self.device = "cpu"
         self.consumed = 0
         self.rewind(0)
 
@@ -340,8 +367,8 @@ class Stream:
                 batch = self.pool.take(self)
             else:
                 seed, indices = self.draw()
-                batch = fetch(self.dataset, indices, seed)
-            value = self.finish(batch)
+                batch = fetch(self.dataset, indices, seed, self.table is not None)
+            value = self.finish(as_model_input(batch, self.table, self.device))
         self.consumed += 1
         return value
 
@@ -420,6 +447,18 @@ class _Union(Dataset):
         part = bisect.bisect_right(self.offsets, index) - 1
         x, y = self.splits[part][index - self.offsets[part]][:2]
         return x, y, part
+
+    def pixels(self, index):
+        part = bisect.bisect_right(self.offsets, index) - 1
+        x, y = self.splits[part].pixels(index - self.offsets[part])[:2]
+        return x, y, part
+
+    def pixel_table(self):
+        tables = [pixel_table(split) for split in self.splits]
+        if any(t is None for t in tables) or any(t.tobytes() != tables[0].tobytes()
+                                                 for t in tables[1:]):
+            return None
+        return tables[0]
 
 
 class PooledBatches(Stream):

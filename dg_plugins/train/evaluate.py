@@ -3,73 +3,161 @@ DomainBed's train.py names it (or, with ``--eval_splits selection``, those model
 :func:`dg_plugins.train.folder.evaluated_splits`), and the named subsets of test environments
 (IP/OOP), in batches of ``--eval_batch_size`` (DomainBed's 64) seeded by (split, batch index), so
 that re-evaluating a saved model reproduces its record, whichever splits are evaluated beside.
-The job's one worker pool makes the batches of every evaluation (no worker start per
-evaluation); the forward runs under ``torch.inference_mode``, from pinned memory with
-non-blocking copies on CUDA. Shared by the job and alignment_eval."""
+Image splits come from the decoded-image cache where it holds their pixels (read in large
+chunks, made the model's input on the device: :mod:`dg_plugins.datasets.decoded`); the job's one
+worker pool makes the other batches (no worker start per evaluation); the forward runs under
+``torch.inference_mode``, from pinned memory with non-blocking copies on CUDA. Shared by the job
+and alignment_eval."""
 
 from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dg_plugins.datasets.decoded import to_model_input
 from dg_plugins.seeds import seed_hash
 from dg_plugins.train import precision
-from dg_plugins.train.batches import cuda_transfers, fetch, shutdown_workers, worker_loader
+from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shutdown_workers,
+                                      worker_loader)
 from dg_plugins.train.flags import EVAL_DEFAULTS
-from dg_plugins.train.splits import Splits, tensor_view
+from dg_plugins.train.splits import Splits, env_indices, pixel_table, root_dataset, tensor_view
 
 #: DomainBed's evaluation batch (``domainbed/scripts/train.py``'s ``FastDataLoader``), the
 #: default of ``--eval_batch_size`` (:data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
 EVAL_BATCH_SIZE = EVAL_DEFAULTS["eval_batch_size"]
 
 
+#: Images read from the cache and turned into the model's input at once (rounded to a multiple of
+#: the evaluation batch): large copies to the device, the forward still in evaluation batches.
+CHUNK_IMAGES = 256
+
+
+class _Plan:
+    """How one dataset of an evaluation is read: its batches ``[(seed, start, stop)]``, and its
+    source: in-memory tensors (``view``), the decoded-image cache's uint8 pixels (``entry``,
+    its ``rows`` or the split's own order, with ``labels``), or fetched items: uint8 pixels when
+    ``table`` is set (written to the cache by ``writer`` when it is not None), else whole items."""
+
+    def __init__(self, j: int, dataset: Dataset, seed: int, batch_size: int):
+        self.j, self.dataset = j, dataset
+        n = len(dataset)
+        self.batches = [(seed_hash(seed, k), start, min(start + batch_size, n))
+                        for k, start in enumerate(range(0, n, batch_size))]
+        self.view = tensor_view(dataset)
+        self.table = None if self.view is not None else pixel_table(dataset)
+        self.entry = self.rows = self.labels = self.writer = None
+        if self.table is not None and n:
+            self._find_cached(seed, batch_size)
+
+    def _find_cached(self, seed: int, batch_size: int) -> None:
+        """The split's pixels in the decoded-image cache (:mod:`dg_plugins.datasets.decoded`):
+        a deterministic transform's per item, or the evaluation pixels of this split, batch
+        partition and seed (else a writer that keeps them when this evaluation makes them)."""
+        env = root_dataset(self.dataset)
+        store = getattr(env, "pixel_store", None)
+        if store is None:
+            return
+        positions = env_indices(self.dataset)
+        transforms = [env.pixel_transform(t) for t in env.item_transforms()]
+        choice = np.zeros(len(positions), dtype=np.uint8)
+        if env.eval_indices:
+            choice[np.isin(positions, np.fromiter(env.eval_indices, dtype=np.int64))] = 1
+        used = set(choice.tolist())
+        if len(used) == 1 and transforms[used.pop()].deterministic:
+            entry = store.plain_entry(transforms[int(choice[0])])
+            if entry is None or not entry.covers(positions):
+                return  # an item left out (unreadable?): fetched, as without the cache
+            self.entry, self.rows = entry, positions
+        else:
+            key = store.eval_key(positions, transforms, choice, batch_size, seed)
+            self.entry = store.eval_entry(key)
+            if self.entry is None:
+                self.writer = store.eval_writer(key, len(self.dataset))
+                return
+        self.labels = np.asarray(env.targets, dtype=np.int64)[positions]
+
+    def fetched(self) -> list:
+        """The :func:`fetch` requests of the batches not read from memory or the cache."""
+        if self.view is not None or self.entry is not None:
+            return []
+        return [(self.j, seed, list(range(start, stop)), self.table is not None)
+                for seed, start, stop in self.batches]
+
+
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
-                    pin_memory: bool = False):
+                    pin_memory: bool = False, device=None):
     """The evaluation batches of several datasets, one after the other, as ``(dataset number,
     x, y)``: ``datasets`` is ``[(dataset, seed), ...]``, and batch ``k`` of a dataset has its
     random draws (an augmented split's transforms) made under ``seed_hash(seed, k)``
     (:func:`fetch`), so an evaluation gives the same batches whichever process makes them and
-    however often it is repeated. In-memory tensor datasets are gathered in-process; the others
-    are made by the workers of ``pool`` (the job's :class:`~dg_plugins.train.batches.WorkerPool`,
-    when it holds them: no worker starts), else by one loader of ``num_workers`` workers for all
-    of them (one start per call, not one per split; ``pin_memory`` for a CUDA device). Close the
-    generator when stopping early (``contextlib.closing``): the workers are shut down then, not
-    at garbage collection."""
-    plan = []  # (dataset number, tensor view or None, [(seed, indices) per batch])
-    for j, (dataset, seed) in enumerate(datasets):
-        starts = range(0, len(dataset), batch_size)
-        plan.append((j, tensor_view(dataset),
-                     [(seed_hash(seed, k), list(range(start, min(start + batch_size,
-                                                                  len(dataset)))))
-                      for k, start in enumerate(starts)]))
-    fetched = [(j, seed, indices) for j, view, batches in plan if view is None
-               for seed, indices in batches]
+    however often it is repeated. In-memory tensor datasets are gathered in-process. Image
+    splits come from the decoded-image cache when it holds their pixels (read in chunks of
+    :data:`CHUNK_IMAGES`, made the model's input on ``device``: the same floats,
+    :class:`~dg_plugins.datasets.decoded.PixelTransform`); the others are made by the workers of
+    ``pool`` (the job's :class:`~dg_plugins.train.batches.WorkerPool`, when it holds them: no
+    worker starts), else by one loader of ``num_workers`` workers for all of them (one start per
+    call, not one per split; ``pin_memory`` for a CUDA device); an augmented split's pixels made
+    so are kept in the cache for the next evaluation. Close the generator when stopping early
+    (``contextlib.closing``): the workers are shut down then, not at garbage collection."""
+    device = torch.device(device or "cpu")
+    plans = [_Plan(j, dataset, seed, batch_size) for j, (dataset, seed) in enumerate(datasets)]
+    fetched = [request for plan in plans for request in plan.fetched()]
     iterator, stop = None, None
-    if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, _, _ in fetched):
-        iterator = pool.serve([[(datasets[j][0], seed, indices)] for j, seed, indices in fetched])
+    if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, *_ in fetched):
+        iterator = pool.serve([[(datasets[j][0], *rest)] for j, *rest in fetched])
         stop = iterator.close
     elif fetched and num_workers > 0:
         iterator = worker_loader([dataset for dataset, _ in datasets],
                                  [[request] for request in fetched], num_workers, pin_memory)
         stop = lambda: shutdown_workers(iterator)  # noqa: E731
     try:
-        for j, view, batches in plan:
-            dataset = datasets[j][0]
-            for seed, indices in batches:
-                if view is not None:
-                    tensors, index = view
-                    picked = index[indices[0]:indices[-1] + 1]
-                    x, y = tensors[0][picked], tensors[1][picked]
-                elif iterator is not None:
-                    (x, y), = next(iterator)
-                else:
-                    x, y = fetch(dataset, indices, seed)
-                yield j, x, y
+        for plan in plans:
+            if plan.view is not None:
+                tensors, index = plan.view
+                for _, start, end in plan.batches:
+                    picked = index[start:end]
+                    yield plan.j, tensors[0][picked], tensors[1][picked]
+            elif plan.entry is not None:
+                yield from _cached_batches(plan, batch_size, device, pin_memory)
+            else:
+                for seed, start, end in plan.batches:
+                    if iterator is not None:
+                        batch, = next(iterator)
+                    else:
+                        batch = fetch(plan.dataset, list(range(start, end)), seed,
+                                      plan.table is not None)
+                    if plan.writer is not None:
+                        plan.writer.add(start, batch[0])
+                    x, y = as_model_input(batch, plan.table, device)[:2]
+                    yield plan.j, x, y
+                if plan.writer is not None:
+                    plan.writer.commit()
     finally:
+        for plan in plans:
+            if plan.writer is not None:
+                plan.writer.abort()  # a no-op once committed
         if stop is not None:
             stop()
+
+
+def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):
+    """The batches of a split read from the cache: chunks of :data:`CHUNK_IMAGES` copied to the
+    device and turned into the model's input there, cut into evaluation batches."""
+    step = batch_size * max(1, CHUNK_IMAGES // batch_size)
+    n = len(plan.dataset)
+    for start in range(0, n, step):
+        end = min(start + step, n)
+        rows = slice(start, end) if plan.rows is None else plan.rows[start:end]
+        pixels = torch.from_numpy(plan.entry.read(rows))
+        if pin_memory:
+            pixels = pixels.pin_memory()
+        x = to_model_input(pixels, plan.table, device)
+        y = torch.from_numpy(plan.labels[start:end])
+        for first in range(0, end - start, batch_size):
+            yield plan.j, x[first:first + batch_size], y[first:first + batch_size]
 
 
 def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int = 0):
@@ -82,8 +170,9 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int 
 
 def predict(algorithm, x: torch.Tensor, device) -> torch.Tensor:
     """The forward of one evaluation batch: ``algorithm.predict`` of ``x`` on ``device`` (a
-    non-blocking copy from pinned memory on CUDA) under the job's precision, checked to be ``[N, num_classes >= 2]``
-    logits. The one place an evaluation calls the model."""
+    non-blocking copy from pinned memory on CUDA; none for a batch already there) under the
+    job's precision, checked to be ``[N, num_classes >= 2]`` logits. The one place an evaluation
+    calls the model."""
     with precision.autocast(device):  # the job's --precision, --channels_last
         logits = algorithm.predict(precision.model_input(
             x.to(device, non_blocking=cuda_transfers(device))))
@@ -107,7 +196,7 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
     try:
         with torch.inference_mode(), contextlib.closing(eval_batches_of(
                 [(d, seed) for d, seed, _ in datasets], batch_size, num_workers, pool,
-                pin_memory=transfer)) as batches:
+                pin_memory=transfer, device=device)) as batches:
             for j, x, y in batches:
                 logits = predict(algorithm, x, device)
                 hits[j].append((logits.argmax(1) == y.to(device, non_blocking=transfer)).cpu())

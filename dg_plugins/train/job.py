@@ -20,6 +20,7 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import gradient_scaling, guard_scaled_steps, lr_factor
+from dg_plugins.datasets import decoded
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
@@ -230,6 +231,9 @@ class Job:
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
+        cache_line = decoded.prepare(self.dataset, cores=max(1, self.workers))
+        if cache_line:  # image-folder datasets: the decoded-image cache, built or reused
+            print(cache_line)
         print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
         self.eval_names = self.splits_to_evaluate()
@@ -500,7 +504,7 @@ class Job:
         self.pool = batches.share_workers(
             self.streams, max((s.num_workers for s in self.streams), default=0),
             datasets=self.evaluation_datasets(),
-            pin_memory=batches.cuda_transfers(self.device))
+            pin_memory=batches.cuda_transfers(self.device), device=self.device)
         if self.pool is not None:
             self.pool.limit = self.n_steps
 

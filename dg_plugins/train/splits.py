@@ -26,6 +26,30 @@ class SplitDataset(Dataset):
     def __len__(self):
         return len(self.keys)
 
+    def pixels(self, index):
+        """The underlying item's uint8 pixels and label (:func:`pixel_table`)."""
+        return self.underlying.pixels(self.keys[index])
+
+    def pixel_table(self):
+        return pixel_table(self.underlying)
+
+
+def pixel_table(dataset):
+    """The table turning ``dataset``'s uint8 item pixels (``dataset.pixels(i)``) into the model's
+    input (an image-folder environment's, through splits:
+    :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.pixel_table`), or None when
+    its items are only made whole (``dataset[i]``)."""
+    method = getattr(dataset, "pixel_table", None)
+    return method() if method is not None else None
+
+
+def root_dataset(dataset: Dataset) -> Dataset:
+    """The dataset under a (possibly nested) :class:`SplitDataset` (:func:`env_indices` gives
+    the positions there)."""
+    while isinstance(dataset, SplitDataset):
+        dataset = dataset.underlying
+    return dataset
+
 
 def split_dataset(dataset: Dataset, n: int, seed: int = 0):
     """``(first n, rest)`` of a ``RandomState(seed)`` shuffle of the indices (``misc.split_dataset``); train.py

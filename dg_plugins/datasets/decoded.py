@@ -1,0 +1,779 @@
+"""The decoded-image cache (exact): every image of an image-folder dataset decoded once per
+machine, as :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.load` decodes it,
+into memory-mapped uint8 files that the jobs of a sweep share; and the uint8 pixels evaluation
+reads, so that no evaluation decodes or transforms an image twice:
+
+* ``decoded``: each environment's RGB images, one flat file and an index (offset, height, width
+  per item). An item PIL cannot decode is left out (its file is read, and its error raised, where
+  it is read, as without the cache). Training rebuilds the PIL image (``Image.fromarray``: the
+  same pixels) and augments it unchanged.
+* ``plain``: a deterministic evaluation transform's pixels per item (the plain transform's
+  224x224 resize), ``[items, 3, H, W]``.
+* ``eval``: an augmented split's evaluation pixels, ``[items, 3, H, W]``, a function of the split's
+  items, its batch partition and seeds (:func:`dg_plugins.train.evaluate.eval_seed`) and the
+  transform: written by the first evaluation of the split, read by every later one (of this job
+  and of the sweep's other jobs).
+
+:class:`PixelTransform` splits a transform into its pixel part (PIL operations) and its tensor
+part (ToTensor + Normalize), which runs on the job's device as a 256-entry table per channel
+computed by that ToTensor and Normalize: the model's input is the transform's output bit for bit.
+
+Files: ``$DG_PLUGINS_CACHE/decoded`` (default ``~/.cache/dg_plugins/decoded``), one folder per
+dataset folder; an environment's files are named by a fingerprint of its file list (paths, sizes,
+modification times) and the decoder's versions, so changed images make new files (the old ones
+are removed). ``DG_PLUGINS_DECODED_CACHE=off`` turns the cache off; the dataset's files (its
+decoded images and plain pixels; its evaluation pixels are skipped when they would not fit) stay
+within ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20), else the job runs from the image files as
+before. Jobs on one machine build a folder's files once (an exclusive ``flock``; others wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+
+#: Environment variables: the cache folder's base, the switch, the budget.
+CACHE_ENV = "DG_PLUGINS_CACHE"
+SWITCH_ENV = "DG_PLUGINS_DECODED_CACHE"
+BUDGET_ENV = "DG_PLUGINS_DECODED_BUDGET_GB"
+DEFAULT_BUDGET_GB = 20.0
+#: Bumped when the files' format or what they hold changes.
+FORMAT_VERSION = 1
+_OFF = ("0", "off", "false", "no")
+#: torchvision transforms a pixel part may hold (PIL in, PIL RGB out), and the deterministic ones.
+PIXEL_OPS = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomCrop", "RandomHorizontalFlip",
+             "RandomVerticalFlip", "ColorJitter", "RandomGrayscale")
+DETERMINISTIC_OPS = ("Resize", "CenterCrop")
+
+
+def cache_folder() -> str:
+    """``$DG_PLUGINS_CACHE/decoded``, else ``$XDG_CACHE_HOME/dg_plugins/decoded``, else
+    ``~/.cache/dg_plugins/decoded``."""
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
+    return os.path.join(base, "decoded")
+
+
+def enabled() -> bool:
+    """False when ``$DG_PLUGINS_DECODED_CACHE`` is off (0, off, false, no)."""
+    return os.environ.get(SWITCH_ENV, "").strip().lower() not in _OFF
+
+
+def budget_bytes() -> int:
+    """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; a bad value raises naming it."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if not text:
+        return int(DEFAULT_BUDGET_GB * 2**30)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"${BUDGET_ENV}={text!r} is not a size in GB; set it to a number "
+                         f"(e.g. {BUDGET_ENV}=50) or unset it for {DEFAULT_BUDGET_GB:g}")
+    return int(value * 2**30)
+
+
+def gb(n: int) -> str:
+    return f"{n / 2**30:.2f} GB"
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# A transform's pixel part and tensor part
+
+
+class PixelTransform:
+    """A torchvision ``Compose`` of PIL operations (:data:`PIXEL_OPS`) ending with ToTensor and
+    Normalize, split: :meth:`pixels` runs the PIL operations (the same random draws as the whole
+    transform: ToTensor and Normalize draw nothing) and returns uint8 ``[3, H, W]``; ``table``
+    (float32 ``[3, 256]``) is what ToTensor + Normalize make of each channel value, computed by
+    them, so :func:`to_model_input` of the pixels is the transform's output bit for bit (both ops
+    are elementwise). ``key`` names the transform's parameters and the table."""
+
+    def __init__(self, ops, to_tensor, normalize):
+        import numpy as np
+        from PIL import Image
+
+        self.ops = list(ops)
+        self.deterministic = all(type(op).__name__ in DETERMINISTIC_OPS for op in self.ops)
+        ramp = np.repeat(np.arange(256, dtype=np.uint8).reshape(1, 256, 1), 3, axis=2)
+        table = normalize(to_tensor(Image.fromarray(ramp, "RGB"))).reshape(3, 256)
+        self.table = np.ascontiguousarray(table.numpy(), dtype=np.float32)
+        self.key = _digest([repr(op) for op in self.ops], self.table.tobytes().hex())[:16]
+
+    def pixels(self, image):
+        """uint8 ``[3, H, W]`` (a torch tensor) of ``image`` (RGB PIL) after the PIL ops."""
+        import numpy as np
+        import torch
+
+        for op in self.ops:
+            image = op(image)
+        if image.mode != "RGB":
+            raise ValueError(f"the pixel part of a transform made a {image.mode} image, not RGB")
+        return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+
+    def image_shape(self) -> tuple | None:
+        """``(3, H, W)`` of every output when the output size does not depend on the input
+        (checked on two images of other sizes); None otherwise or for a random transform."""
+        from PIL import Image
+
+        if not self.deterministic:
+            return None
+        shapes = {tuple(self.pixels(Image.new("RGB", size)).shape) for size in ((301, 203),
+                                                                               (97, 355))}
+        return shapes.pop() if len(shapes) == 1 else None
+
+
+def split_transform(transform) -> PixelTransform | None:
+    """``transform`` as a :class:`PixelTransform`, or None when it is not a torchvision Compose
+    of :data:`PIXEL_OPS` (Grayscale only with 3 output channels) then ToTensor and Normalize
+    with 3 channels."""
+    if transform is None:
+        return None
+    from torchvision import transforms as T
+
+    if type(transform) is not T.Compose or len(transform.transforms) < 2:
+        return None
+    *ops, to_tensor, normalize = transform.transforms
+    if type(to_tensor) is not T.ToTensor or type(normalize) is not T.Normalize:
+        return None
+    if len(normalize.mean) != 3 or len(normalize.std) != 3:
+        return None
+    if any(type(op) is not getattr(T, type(op).__name__, None)
+           or type(op).__name__ not in PIXEL_OPS for op in ops):
+        return None
+    return PixelTransform(ops, to_tensor, normalize)
+
+
+_DEVICE_TABLES: dict = {}
+
+
+def to_model_input(pixels, table, device):
+    """uint8 ``[N, 3, H, W]`` pixels (a tensor, pinned for a CUDA device) as the model's float32
+    input on ``device``: ``table[c, value]`` per element (:class:`PixelTransform`), a contiguous
+    tensor. On a CPU a numpy lookup per image and channel; elsewhere a gather on the device."""
+    import numpy as np
+    import torch
+
+    device = torch.device(device)
+    n, c, h, w = pixels.shape
+    if device.type == "cpu":
+        values = pixels.numpy()
+        out = np.empty((n, c, h, w), dtype=np.float32)
+        for i in range(n):
+            for k in range(c):
+                np.take(table[k], values[i, k], out=out[i, k], mode="clip")
+        return torch.from_numpy(out)
+    key = (id(table), str(device))
+    if key not in _DEVICE_TABLES:
+        _DEVICE_TABLES[key] = (table, torch.from_numpy(table).to(device))
+    lookup = _DEVICE_TABLES[key][1]
+    values = pixels.to(device, non_blocking=True)
+    out = torch.empty((n, c, h, w), dtype=torch.float32, device=device)
+    for k in range(c):
+        out[:, k] = lookup[k][values[:, k].long()]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The files
+
+
+class DecodedImages:
+    """One environment's decoded images: a flat uint8 file and ``index`` (int64 ``[items, 3]``:
+    offset, height, width; offset -1 for an item left out). The file is mapped when first read,
+    in each process (a pickled copy maps it again)."""
+
+    def __init__(self, path: str, index):
+        self.path = path
+        self.index = index
+        self._data = None
+
+    def __getstate__(self):
+        return {"path": self.path, "index": self.index, "_data": None}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return os.path.getsize(self.path)
+
+    def has(self, item: int) -> bool:
+        return bool(self.index[item, 0] >= 0)
+
+    def array(self, item: int):
+        """The item's ``[H, W, 3]`` uint8 pixels (a view of the file), or None when left out."""
+        import numpy as np
+
+        offset, height, width = (int(v) for v in self.index[item])
+        if offset < 0:
+            return None
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return self._data[offset:offset + height * width * 3].reshape(height, width, 3)
+
+    def image(self, item: int):
+        """The item's RGB PIL image (``Image.fromarray``: the decoded pixels), or None."""
+        from PIL import Image
+
+        array = self.array(item)
+        return None if array is None else Image.fromarray(array, "RGB")
+
+
+class PixelEntry:
+    """uint8 pixels ``[items, 3, H, W]`` in a ``.npy`` file, mapped when first read, and ``ok``
+    (a bool per item; None: all present)."""
+
+    def __init__(self, path: str, ok=None):
+        self.path = path
+        self.ok = ok
+        self._data = None
+
+    def __getstate__(self):
+        return {"path": self.path, "ok": self.ok, "_data": None}
+
+    @property
+    def data(self):
+        import numpy as np
+
+        if self._data is None:
+            self._data = np.load(self.path, mmap_mode="r")
+        return self._data
+
+    def covers(self, rows) -> bool:
+        return self.ok is None or bool(self.ok[rows].all())
+
+    def read(self, rows):
+        """The pixels of ``rows`` (a slice or an index array) as a new array."""
+        import numpy as np
+
+        return np.array(self.data[rows])
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: str):
+    """An exclusive ``flock`` on ``folder/.lock`` (none where fcntl is missing); says so when
+    another job holds it, then waits."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(os.path.join(folder, ".lock"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print(f"Decoded-image cache: another job is building {folder}; waiting for it",
+                  flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _versions() -> str:
+    """What decoding depends on besides the files: PIL and its codecs, numpy, this format."""
+    import numpy as np
+    import PIL
+    from PIL import features
+
+    codecs = []
+    for name in ("jpg", "zlib", "libtiff", "webp"):
+        with contextlib.suppress(Exception):
+            codecs.append(f"{name}={features.version(name)}")
+    return f"v{FORMAT_VERSION} PIL={PIL.__version__} numpy={np.__version__} {' '.join(codecs)}"
+
+
+def fingerprint(env) -> tuple[str, int]:
+    """``(digest, bytes of the files)`` of an environment's items: their paths relative to the
+    dataset folder, sizes and modification times, in item order, and :func:`_versions`."""
+    digest = hashlib.sha256(_versions().encode())
+    parent = os.path.dirname(os.path.normpath(env.root))
+    total = 0
+    for path, label in env.samples:
+        stat = os.stat(path)
+        total += stat.st_size
+        digest.update(f"{os.path.relpath(path, parent)}\t{label}\t{stat.st_size}\t"
+                      f"{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20], total
+
+
+# ------------------------------------------------------------------------------------------------
+# Building (in a pool of the job's cores)
+
+_BUILD_ENV = None
+
+
+def _set_build_env(env) -> None:
+    global _BUILD_ENV
+    _BUILD_ENV = env
+
+
+def _start_builder(env) -> None:
+    """A build process: the environment to read, and the default signal dispositions (not the
+    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_build_env(env)
+
+
+def _header_sizes(items):
+    """``[(item, height, width)]`` from the files' headers (0, 0 when PIL cannot open one)."""
+    from PIL import Image
+
+    out = []
+    for item in items:
+        try:
+            with Image.open(_BUILD_ENV.samples[item][0]) as image:
+                width, height = image.size
+        except Exception:  # noqa: BLE001  (left out: the normal path reports it)
+            width = height = 0
+        out.append((item, height, width))
+    return out
+
+
+def _decode_into(task):
+    """Decode ``items`` (``[(item, offset, height, width)]``) into the flat file ``path``;
+    returns the items left out (unreadable, or another size than their header's)."""
+    import numpy as np
+
+    path, items = task
+    data = np.memmap(path, dtype=np.uint8, mode="r+")
+    missing = []
+    for item, offset, height, width in items:
+        try:  # load() raises every decoding error as an UnreadableImageError, an OSError
+            array = np.asarray(_BUILD_ENV.load(_BUILD_ENV.samples[item][0]))
+        except OSError:
+            missing.append(item)
+            continue
+        if array.shape != (height, width, 3):
+            missing.append(item)
+            continue
+        data[offset:offset + array.size] = array.reshape(-1)
+    data.flush()
+    return missing
+
+
+def _pixels_into(task):
+    """Write the pixels of ``items`` after ``transform`` into the ``.npy`` file ``path``; returns
+    the items written."""
+    import numpy as np
+
+    path, transform, items = task
+    data = np.load(path, mmap_mode="r+")
+    done = []
+    for item in items:
+        try:  # an unreadable image (an UnreadableImageError) is left out
+            image = _BUILD_ENV.image(item)
+        except OSError:
+            continue
+        pixels = transform.pixels(image)
+        if tuple(pixels.shape) != data.shape[1:]:
+            continue
+        data[item] = pixels.numpy()
+        done.append(item)
+    data.flush()
+    return done
+
+
+def _run_tasks(env, function, tasks, cores: int) -> list:
+    """``function`` over ``tasks`` with ``env`` as the build's environment: in this process, or
+    in a pool of ``cores`` forked processes."""
+    if cores <= 1 or len(tasks) <= 1:
+        _set_build_env(env)
+        try:
+            return [function(task) for task in tasks]
+        finally:
+            _set_build_env(None)
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    pool = context.Pool(min(cores, len(tasks)), initializer=_start_builder, initargs=(env,))
+    try:
+        results = pool.map(function, tasks)
+        pool.close()
+        return results
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _chunks(items: list, cores: int) -> list[list]:
+    size = max(1, min(256, -(-len(items) // max(1, 4 * cores))))
+    return [items[k:k + size] for k in range(0, len(items), size)]
+
+
+# ------------------------------------------------------------------------------------------------
+# One dataset folder
+
+
+class EnvCache:
+    """One environment's files (``env.pixel_store``): its decoded images (``decoded``, None when
+    not cached), its deterministic transforms' pixels (``plain`` by transform key) and its
+    splits' evaluation pixels (:meth:`eval_entry`, :meth:`eval_writer`)."""
+
+    def __init__(self, owner: "DatasetCache", env):
+        self.owner = owner
+        self.env = env
+        self.stem = _safe(os.path.basename(os.path.normpath(env.root)))
+        self.digest, self.file_bytes = fingerprint(env)
+        self.prefix = os.path.join(owner.folder, f"{self.stem}.{self.digest}")
+        self.decoded: DecodedImages | None = None
+        self.plain: dict[str, PixelEntry] = {}
+
+    def __getstate__(self):  # what a loader worker needs: the files, not their builder
+        return {**self.__dict__, "owner": None, "env": None}
+
+    # paths
+    def decoded_paths(self) -> tuple[str, str]:
+        return self.prefix + ".decoded", self.prefix + ".decoded.index.npy"
+
+    def plain_paths(self, key: str) -> tuple[str, str]:
+        return self.prefix + f".plain-{key}.npy", self.prefix + f".plain-{key}.ok.npy"
+
+    def eval_path(self, key: str) -> str:
+        return self.prefix + f".eval-{key}.npy"
+
+    # reading
+    def open_decoded(self) -> bool:
+        import numpy as np
+
+        data, index = self.decoded_paths()
+        if os.path.exists(index) and os.path.exists(data):
+            self.decoded = DecodedImages(data, np.load(index))
+        return self.decoded is not None
+
+    def open_plain(self, key: str) -> PixelEntry | None:
+        import numpy as np
+
+        data, ok = self.plain_paths(key)
+        if key not in self.plain and os.path.exists(ok) and os.path.exists(data):
+            self.plain[key] = PixelEntry(data, np.load(ok))
+        return self.plain.get(key)
+
+    def plain_entry(self, transform: PixelTransform) -> PixelEntry | None:
+        return self.plain.get(transform.key)
+
+    def eval_key(self, positions, transforms: list[PixelTransform], choice, batch_size: int,
+                 seed: int) -> str:
+        """The name of a split's evaluation pixels: this environment's files, the split's items
+        (``positions``) and which of ``transforms`` each takes (``choice``), the batch size, the
+        seed, and the versions of what draws and transforms."""
+        import numpy as np
+        import torch
+        import torchvision
+
+        return _digest(self.digest, [t.key for t in transforms],
+                       np.asarray(positions, dtype=np.int64).tobytes().hex(),
+                       np.asarray(choice, dtype=np.uint8).tobytes().hex(), batch_size, seed,
+                       torch.__version__, torchvision.__version__)[:24]
+
+    def eval_entry(self, key: str) -> PixelEntry | None:
+        path = self.eval_path(key)
+        return PixelEntry(path) if os.path.exists(path) else None
+
+    def eval_writer(self, key: str, n: int) -> "EvalWriter | None":
+        if self.owner is None or not self.owner.writable:
+            return None
+        return EvalWriter(self, self.eval_path(key), n)
+
+
+class EvalWriter:
+    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`), then puts the
+    file in place (:meth:`commit`; a rename: readers see the whole file or none). A batch of
+    another shape than the first, a budget that the file would exceed, or a write error drops
+    the file (the evaluation goes on)."""
+
+    def __init__(self, store: EnvCache, path: str, n: int):
+        self.store, self.path, self.n = store, path, n
+        self.tmp = f"{path}.tmp.{os.getpid()}"
+        self.data = None
+        self.filled = 0
+        self.failed = False
+
+    def add(self, start: int, pixels) -> None:
+        if self.failed:
+            return
+        import numpy as np
+
+        try:
+            if self.data is None:
+                shape = (self.n, *pixels.shape[1:])
+                size = int(np.prod(shape))
+                if not self.store.owner.fits(size):
+                    self.store.owner.note_over_budget("the augmented splits' evaluation pixels",
+                                                      size)
+                    self.failed = True
+                    return
+                self.data = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.uint8,
+                                                      shape=shape)
+            if tuple(pixels.shape[1:]) != self.data.shape[1:] or start != self.filled:
+                self.abort()
+                return
+            self.data[start:start + len(pixels)] = pixels.numpy()
+            self.filled = start + len(pixels)
+        except OSError as err:
+            self.store.owner.note_error(err)
+            self.abort()
+
+    def commit(self) -> None:
+        if self.failed or self.data is None or self.filled != self.n:
+            self.abort()
+            return
+        try:
+            self.data.flush()
+            self.data = None
+            os.replace(self.tmp, self.path)
+        except OSError as err:
+            self.store.owner.note_error(err)
+            self.abort()
+
+    def abort(self) -> None:
+        self.failed = True
+        self.data = None
+        _remove(self.tmp)
+
+
+class DatasetCache:
+    """The cache folder of one image-folder dataset (``dataset.root``): :meth:`prepare` builds
+    or reuses its environments' files and attaches them (``env.decoded``, ``env.pixel_store``)."""
+
+    def __init__(self, dataset):
+        root = os.path.realpath(dataset.root)
+        self.dataset = dataset
+        self.name = type(dataset).__name__
+        self.folder = os.path.join(cache_folder(),
+                                   f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
+        self.budget = budget_bytes()
+        self.writable = True
+        self.notes: list[str] = []
+        self._noted: set[str] = set()
+        self.quiet = False  # notes are kept for the prepare line instead of printed
+
+    # budget
+    def usage(self) -> int:
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.folder):
+                if entry.is_file() and entry.name != ".lock":
+                    total += entry.stat().st_size
+        return total
+
+    def fits(self, size: int) -> bool:
+        return self.usage() + size <= self.budget
+
+    def _note(self, note: str, stream=None, key: str | None = None) -> None:
+        """Say ``note`` once per ``key`` (default: the note)."""
+        key = key or note
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(note)
+            if not self.quiet:
+                print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
+
+    def note_over_budget(self, what: str, size: int) -> None:
+        need = max(1, -(-(self.usage() + size) // 2**30))
+        self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the {gb(self.budget)} "
+                   f"budget; to cache them set {BUDGET_ENV}={need}", key=what)
+
+    def note_error(self, err: OSError) -> None:
+        self.writable = False
+        self._note(f"could not write in {self.folder} ({err}); going on without new files",
+                   sys.stderr)
+
+    # building
+    def _clean(self, stores: list[EnvCache]) -> None:
+        """Remove files of earlier versions of these environments' images, and temporary files
+        of processes that are gone."""
+        current = {store.stem: store.digest for store in stores}
+        for entry in os.scandir(self.folder):
+            parts = entry.name.split(".")
+            if entry.name.startswith(".") or len(parts) < 3:
+                continue
+            stale = parts[0] in current and parts[1] != current[parts[0]]
+            if parts[-2] == "tmp":
+                with contextlib.suppress(ValueError):
+                    stale = stale or not _pid_alive(int(parts[-1]))
+            if stale:
+                _remove(entry.path)
+
+    def _build_decoded(self, store: EnvCache, sizes: list[tuple[int, int, int]],
+                       cores: int) -> None:
+        import numpy as np
+
+        data_path, index_path = store.decoded_paths()
+        index = np.full((len(store.env.samples), 3), -1, dtype=np.int64)
+        offset, todo = 0, []
+        for item, height, width in sizes:
+            if height and width:
+                index[item] = (offset, height, width)
+                todo.append((item, offset, height, width))
+                offset += height * width * 3
+        tmp = f"{data_path}.tmp.{os.getpid()}"
+        try:
+            with open(tmp, "wb") as handle:
+                handle.truncate(max(offset, 1))
+            missing = _run_tasks(store.env, _decode_into,
+                                 [(tmp, chunk) for chunk in _chunks(todo, cores)], cores)
+            for item in (i for part in missing for i in part):
+                index[item, 0] = -1
+            os.replace(tmp, data_path)
+            _save_npy(index_path, index)
+        finally:
+            _remove(tmp)
+        store.open_decoded()
+
+    def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
+                     cores: int) -> None:
+        import numpy as np
+
+        data_path, ok_path = store.plain_paths(transform.key)
+        n = len(store.env.samples)
+        tmp = f"{data_path}.tmp.{os.getpid()}"
+        try:
+            np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, *shape)).flush()
+            done = _run_tasks(store.env, _pixels_into,
+                              [(tmp, transform, chunk) for chunk in _chunks(list(range(n)),
+                                                                            cores)], cores)
+            ok = np.zeros(n, dtype=bool)
+            ok[[i for part in done for i in part]] = True
+            os.replace(tmp, data_path)
+            _save_npy(ok_path, ok)
+        finally:
+            _remove(tmp)
+        store.open_plain(transform.key)
+
+    def _header_sizes(self, store: EnvCache, cores: int) -> list[tuple[int, int, int]]:
+        tasks = _chunks(list(range(len(store.env.samples))), cores)
+        return [row for part in _run_tasks(store.env, _header_sizes, tasks, cores)
+                for row in part]
+
+    def prepare(self, cores: int = 1) -> str:
+        """Build what is missing and fits the budget, attach every file to the environments, and
+        return the line train prints (what was built or reused, its size and place, how to
+        clear it, the budget, and what did not fit)."""
+        self.quiet = True
+        built, stores = [], []
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            with _folder_lock(self.folder):
+                stores = [EnvCache(self, env) for env in self.dataset.datasets]
+                self._clean(stores)
+                plain = []  # (store, transform, shape): deterministic evaluation transforms
+                for store in stores:
+                    for transform in store.env.evaluation_pixel_transforms():
+                        shape = transform.image_shape()
+                        if shape is not None:
+                            plain.append((store, transform, shape))
+                missing = [s for s in stores if not s.open_decoded()]
+                missing_plain = [(s, t, shape) for s, t, shape in plain
+                                 if s.open_plain(t.key) is None]
+                plain_size = sum(len(s.env.samples) * _prod(shape)
+                                 for s, _, shape in missing_plain)
+                room = self.budget - self.usage()
+                sizes, decoded_size = {}, sum(s.file_bytes for s in missing)
+                if missing and plain_size + decoded_size <= room:  # else surely over
+                    sizes = {s.stem: self._header_sizes(s, cores) for s in missing}
+                    decoded_size = sum(h * w * 3 for rows in sizes.values() for _, h, w in rows)
+                if missing and plain_size + decoded_size <= room:
+                    for store in missing:
+                        self._build_decoded(store, sizes[store.stem], cores)
+                    built.append("decoded images")
+                elif missing:
+                    self.note_over_budget("the decoded images" + " (at least)" * (not sizes),
+                                          decoded_size)
+                if missing_plain and plain_size <= self.budget - self.usage():
+                    for store, transform, shape in missing_plain:
+                        self._build_plain(store, transform, shape, cores)
+                    built.append("evaluation pixels")
+                elif missing_plain:
+                    self.note_over_budget("the evaluation pixels", plain_size)
+        except OSError as err:
+            self.note_error(err)
+        finally:
+            self.quiet = False
+        for store in stores:
+            store.env.attach_cache(store)
+        return self.line(built, stores)
+
+    def line(self, built: list[str], stores: list[EnvCache]) -> str:
+        decoded = sum(s.decoded is not None for s in stores)
+        plain = sum(bool(s.plain) for s in stores)
+        if built:
+            state = f"built ({' and '.join(built)})"
+        elif decoded or plain:
+            state = "reused"
+        else:
+            state = "not used (images are decoded from their files as before)"
+        notes = "".join(f"; {note}" for note in self.notes)
+        return (f"Decoded-image cache: {state} for {self.name} ({decoded} of {len(stores)} "
+                f"domains decoded, evaluation pixels of {plain}){notes}: {gb(self.usage())} on "
+                f"disk in {self.folder}, read through the page cache (shared by this machine's "
+                f"jobs); budget {gb(self.budget)} per dataset (${BUDGET_ENV}); off: "
+                f"{SWITCH_ENV}=off; clear: rm -r {cache_folder()}")
+
+
+def _safe(name: str) -> str:
+    """``name`` as a file-name part without dots (the files' fields are split on dots), with a
+    short hash of the real name (two names cannot meet)."""
+    import re
+
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)[:40]}-{_digest(name)[:6]}"
+
+
+def _prod(shape) -> int:
+    out = 1
+    for v in shape:
+        out *= int(v)
+    return out
+
+
+def _save_npy(path: str, array) -> None:
+    """Save ``array`` to ``path`` (via a temporary file and a rename)."""
+    import numpy as np
+
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as handle:
+            np.save(handle, array)
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def prepare(dataset, cores: int = 1) -> str | None:
+    """Build or reuse the decoded-image cache of ``dataset`` (an image-folder dataset; None for
+    any other, which has nothing to cache) with ``cores`` processes, attach it to its
+    environments, and return the line a job prints about it."""
+    if not hasattr(dataset, "datasets") or not all(
+            hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
+        return None
+    if not enabled():
+        return (f"Decoded-image cache: off ({SWITCH_ENV}="
+                f"{os.environ.get(SWITCH_ENV)}); images are decoded from their files")
+    return DatasetCache(dataset).prepare(cores)
