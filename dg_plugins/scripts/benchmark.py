@@ -13,7 +13,9 @@ KIND (default ``algorithms``; see :mod:`dg_plugins.benchmarks`):
 * ``image_job``: one image job, dg_plugins' train (``--eval_splits all`` and ``selection``)
   against DomainBed's ``train.py``;
 * ``data_path``: images/s of training batches and full evaluations with the model left out,
-  ours (image files, the decoded-image cache, each worker count) against DomainBed's loaders.
+  ours (image files, the decoded-image cache, each worker count) against DomainBed's loaders;
+* ``sweep_gpu``: one small ResNet-50 sweep on the visible GPUs four ways (DomainBed's multi_gpu,
+  ours one job per GPU, packed, packed with the opt-in settings) and their GPU-hours.
 
 ``python -m dg_plugins.scripts.benchmark KIND --help`` lists a kind's options.
 """
@@ -25,7 +27,8 @@ import sys
 
 from dg_plugins.help_text import plain_text
 
-KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job", "data_path")
+KINDS = ("algorithms", "collect", "alignment", "dismae", "gpu", "image_job", "data_path",
+         "sweep_gpu")
 
 
 def main(argv: list[str] | None = None) -> int:
