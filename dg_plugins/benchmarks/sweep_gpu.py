@@ -33,15 +33,19 @@ from dg_plugins.help_text import plain_text
 
 #: The opt-in settings of the fastest run (train flags passed by sweep to every job).
 OPT_IN = "--channels_last --deterministic false --augment_on device"
-HPARAMS = {"resnet18": False, "resnet50_augmix": False}
+#: The network's hparams per ``--model`` (for both hosts: torchvision's ResNets).
+HPARAMS = {"resnet50": {"resnet18": False, "resnet50_augmix": False},
+           "resnet18": {"resnet18": True, "resnet50_augmix": False}}
 
 
 def sweep_args(args, data_dir: str, out: str) -> list[str]:
     """The sweep flags both hosts accept."""
+    envs = (["--test_env_sets", *map(str, args.test_envs)] if args.test_envs else
+            ["--single_test_envs"])
     return ["launch", "--datasets", "PACS", "--algorithms", "ERM", "--data_dir", data_dir,
-            "--output_dir", out, "--n_hparams", "1", "--n_trials", str(args.n_trials),
-            "--single_test_envs", "--steps", str(args.steps), "--hparams",
-            json.dumps({**HPARAMS, "batch_size": args.batch_size}),
+            "--output_dir", out, "--n_hparams", "1", "--n_trials", str(args.n_trials), *envs,
+            "--steps", str(args.steps), "--hparams",
+            json.dumps({**HPARAMS[args.model], "batch_size": args.batch_size}),
             "--command_launcher", "multi_gpu", "--skip_confirmation"]
 
 
@@ -80,14 +84,15 @@ def runs(args, data_dir: str, tmp: str, env: dict) -> dict[str, tuple[list[str],
 
 
 def records(folder: str) -> dict[str, list[dict]]:
-    """Every job's records in a sweep folder, without their wall-clock fields."""
+    """Every job's records in a sweep folder, without their wall-clock fields and with their args
+    but the output folder."""
     out = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name, "results.jsonl")
         if os.path.isfile(path):
             with open(path) as handle:
                 out[name] = [{k: v for k, v in json.loads(line).items()
-                              if k not in ("step_time", "mem_gb")} for line in handle]
+                              if k not in ("step_time", "mem_gb", "args")} for line in handle]
     return out
 
 
@@ -101,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the launchers' GPUs (default: CUDA_VISIBLE_DEVICES, else every visible)")
     p.add_argument("--n_trials", type=int, default=2, help="x 4 test environments (default 8 "
                    "jobs)")
+    p.add_argument("--test_envs", type=int, nargs="+", default=None,
+                   help="ours only: only these test environments (default: each of the four "
+                   "in turn; DomainBed's sweep has no such flag)")
+    p.add_argument("--model", choices=tuple(HPARAMS), default="resnet50")
     p.add_argument("--steps", type=int, default=201)
     p.add_argument("--batch_size", type=int, default=32, help="per domain (DomainBed's 32)")
     p.add_argument("--per_class", type=int, default=357,
@@ -117,6 +126,10 @@ def main(argv=None) -> int:
     from dg_plugins.benchmarks.data import make_pacs_tree, random_torchvision_weights
     from dg_plugins.sweep.launchers import visible_gpus
 
+    if args.domainbed and args.test_envs:
+        print("error: --test_envs: DomainBed's sweep runs every test environment; leave it out, "
+              "or run without --domainbed", file=sys.stderr)
+        return 2
     gpus = args.gpus.split(",") if args.gpus else visible_gpus()
     if not gpus:
         print("error: no GPU visible; sweep_gpu measures the multi_gpu launcher (on a CPU "
@@ -128,12 +141,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = os.path.join(tmp, "data")
         n_images = make_pacs_tree(data_dir, args.per_class, args.image_size)
-        random_torchvision_weights(os.path.join(tmp, "torch"), "resnet50")
+        random_torchvision_weights(os.path.join(tmp, "torch"), args.model)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                "TORCH_HOME": os.path.join(tmp, "torch"), "HF_HUB_OFFLINE": "1",
                "DG_PLUGINS_OFFLINE": "1"}
         title = "Sweep on GPUs" if on_gpu else "Sweep on GPUs: A CPU CHECK (no CUDA device)"
-        print(f"{title}: ERM ResNet-50, PACS tree of {n_images} JPEGs, {4 * args.n_trials} jobs "
+        n_jobs = len(args.test_envs or range(4)) * args.n_trials
+        print(f"{title}: ERM {args.model}, PACS tree of {n_images} JPEGs, {n_jobs} jobs "
               f"of {args.steps} steps, batch {args.batch_size} per domain; GPUs {','.join(gpus)}"
               f"; {os.cpu_count()} CPUs", flush=True)
         hours = {}
