@@ -15,8 +15,8 @@ the same on any machine), four ``python -m dg_plugins.scripts.sweep launch`` com
 
 :func:`snapshot` reads back what a user gets: the job-folder names (the md5 hashes, and the UDG
 pretraining's), every ``results.jsonl`` without its wall-clock fields (:data:`TIMING_KEYS`),
-the sweeps' output with the seconds a job took replaced by ``N``, and every table byte for byte
-(stdout, stderr, exit status). ``python tests/before_after.py write`` stores a snapshot as the
+the sweeps' output with what the wall clock decides masked (:func:`wall_clock_masked`), and every
+table (stdout, stderr, exit status). ``python tests/before_after.py write`` stores a snapshot as the
 fixture ``tests/fixtures/before_after/``; do that only for a deliberate change of the output.
 """
 
@@ -118,6 +118,14 @@ def write_scores(root: Path) -> None:
         os.chdir(cwd)
 
 
+def wall_clock_masked(text: str) -> str:
+    """A sweep's output with what the wall clock decides masked: the seconds a job took, and the
+    time left and step time of the launcher's estimate."""
+    text = re.sub(r" in \d+ s:", " in N s:", text)
+    return re.sub(r", about [^()]*? left \([^ ]+ s per training step",
+                  ", about T left (S s per training step", text)
+
+
 def run_all(root: Path) -> dict:
     """Run the sweeps, the IP/OOP job and every collect_results command in ``root``; returns
     ``{"sweeps": {name: output}, "tables": {name: {"stdout", "stderr", "code"}}}``."""
@@ -131,7 +139,7 @@ def run_all(root: Path) -> dict:
         text = (done.stdout + done.stderr).decode()
         if done.returncode != 0:
             raise AssertionError(f"sweep {name} exited {done.returncode}:\n{text[-4000:]}")
-        outputs["sweeps"][name] = re.sub(r" in \d+ s:", " in N s:", text)
+        outputs["sweeps"][name] = wall_clock_masked(text)
     write_scores(root)
     done = command(root, "dg_plugins.scripts.train", IPOOP_TRAIN)
     if done.returncode != 0:

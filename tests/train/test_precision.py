@@ -145,7 +145,8 @@ def test_every_algorithm_runs_a_reduced_precision_step_and_predicts_under_autoca
     optimizer_step (the test-only ToyTwoHeads), with one line."""
     algorithm, data = build(name)
     reference = copy.deepcopy(algorithm)
-    batches = minibatches(data)
+    # float16 on a CPU runs reference kernels, ~10x bfloat16's time: 2 images per domain there
+    batches = minibatches(data, batch=2 if precision == "fp16" else 8)
     fp32_values = reference.update(batches, None)
     before = {n: p.detach().clone() for n, p in algorithm.named_parameters()}
     compute = Compute(precision=precision)
@@ -174,7 +175,7 @@ def test_every_algorithm_runs_a_reduced_precision_step_and_predicts_under_autoca
         logits = algorithm.predict(batches[0][0])
     for hook in hooks:
         hook.remove()
-    assert compute.dtype in seen and logits.shape == (8, data.num_classes)
+    assert compute.dtype in seen and logits.shape == (len(batches[0][0]), data.num_classes)
     assert torch.isfinite(logits.float()).all()
 
 
