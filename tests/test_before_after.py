@@ -6,16 +6,19 @@ the same job-folder names, the same records, tables and sweep output, and exit s
 On any machine. The jobs run on the CPU with one thread (``CUDA_VISIBLE_DEVICES=""``,
 ``OMP_NUM_THREADS=1``), but another CPU or torch build rounds differently, and training turns
 that rounding into other last digits, so floats are compared with tolerances measured against
-the fixture (made on an AMD EPYC, torch 2.13.0):
+the fixture (made on an Intel Xeon with AVX-512, torch 2.13.0 CPU; the largest difference of any
+record's loss or other float, relative, in a job's first record / later ones, and of any
+accuracy in later records; the first records' accuracies never differed):
 
-============================================  ===========================  ===================
-run of the sweep                              loss & co.: first / later     accuracies (later)
-============================================  ===========================  ===================
-Intel Xeon, AVX-512 kernels (this CI's CPU)   3.1e-7 / 1.6e-5 relative      identical
-same, kernels forced to AVX2                  1.3e-6 / 9.5e-4               identical
-same, unvectorized kernels (no SIMD)          4.5e-7 / 4.2e-4               up to 0.018 (3 of 166)
-an H200 node's CPU, torch 2.11 (reported)     -                             0.015
-============================================  ===========================  ===================
+=============================================  ======================  ====================
+run of the sweep                               loss & co.: first/later  accuracies (later)
+=============================================  ======================  ====================
+an AMD EPYC (the previous fixture's machine)   3.1e-7 / 1.6e-5          identical
+this Intel Xeon, kernels forced to AVX2        1.3e-6 / 9.5e-4          identical
+this Intel Xeon, unvectorized kernels          4.5e-7 / 4.2e-4          up to 0.018 (3 of 166)
+this Intel Xeon, torch 2.14.1 (a CUDA build)   identical                identical
+an H200 node's CPU, torch 2.11 (reported)      -                        0.015
+=============================================  ======================  ====================
 
 (``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` forced the kernels.) The first record of a
 job comes after one step from the initial weights, so only rounding differs there: its floats
