@@ -1,46 +1,7 @@
-"""Install dg_plugins' algorithms, datasets, hparams and launchers into a DomainBed checkout.
-
-:func:`install` patches the importable ``domainbed`` package in this process only (protocol spec
-2.6); DomainBed's files are never edited or copied. Only names DomainBed does not already define
-are added: its ERM, Debug28, PACS, ... stay authoritative. What changes:
-
-* ``domainbed.algorithms``: our algorithm classes become module attributes (so
-  ``get_algorithm_class`` finds them) and their names are appended to ``ALGORITHMS``.
-* ``domainbed.datasets``: the same for our dataset classes and ``DATASETS`` (collect_results only
-  reports listed datasets). DomainBed's train starts ``dataset.N_WORKERS`` loader processes per
-  split; for tensors already in memory that only costs time (dg_plugins' own train loop loads
-  them in-process). dg_plugins' in-memory datasets declare ``N_WORKERS = 0`` themselves; a
-  dataset that does not (e.g. a plugin's) is installed as a same-named subclass
-  (:func:`domainbed_view`) with ``N_WORKERS = 0`` when it says ``IN_MEMORY``, or that sets
-  ``N_WORKERS = 0`` on the instance when every environment it built is a ``TensorDataset``.
-* ``domainbed.hparams_registry._hparams`` is wrapped: our algorithms get our hparam spaces
-  (:func:`dg_plugins.hparams.draw`, seeded per name as DomainBed does), less the hparams that
-  only dg_plugins' class of a dataset reads when DomainBed's own class of that name is the one
-  used (e.g. PACS's ``augmentation`` and ``data_split``: :func:`check_script_args` refuses them
-  there); their host-only base hparams (``batch_sampling``, ``lr_schedule``, ...:
-  :data:`HOST_ONLY_HPARAMS`) stay at their defaults, which describe what DomainBed's train loop
-  does (:func:`check_script_args` refuses other values); DomainBed's algorithms keep
-  DomainBed's registry, except that on our small-image datasets
-  (:data:`dg_plugins.hparams.SMALL_IMAGE_DATASETS`, e.g. RotatedMNIST5k) it is asked with the
-  proxy name ``Debug28`` so that they get DomainBed's small-image lr / batch_size / weight_decay
-  rules rather than the large-image ones it applies to unknown names.
-* ``domainbed.command_launchers.REGISTRY``: our launchers (e.g. ``submitit``) under names DomainBed
-  lacks, wrapped by :func:`rewriting_launcher` so that each job runs through our train entry.
-
-DomainBed's sweep starts every job as ``python -m domainbed.scripts.train ...`` in a new process,
-which would not see these patches. The entry ``python -m dg_plugins.scripts.domainbed sweep``
-therefore wraps every launcher (:func:`route_launchers_through_entry`) so that the command becomes
-``<this python> -m dg_plugins.scripts.domainbed train ...``; job folders keep DomainBed's names,
-which hash the job's arguments only.
-
-Locating DomainBed: ``import domainbed`` as is; otherwise the checkout named by the environment
-variable ``DOMAINBED_ROOT``. Extra plugin modules (e.g. your own algorithms) named in
-``DG_PLUGINS_IMPORT`` (comma-separated) are imported before installing, here and in every job.
-
-This is the only dg_plugins module that imports ``domainbed``, and only when called; the other way
-round, :mod:`dg_plugins.domainbed_host` runs DomainBed's algorithms on our host through
-:func:`domainbed_module`.
-"""
+"""Install dg_plugins' algorithms, datasets, hparams and launchers into a DomainBed checkout, in
+this process only, never shadowing DomainBed's own names (design spec 4); the entry
+``python -m dg_plugins.scripts.domainbed`` routes DomainBed's sweep jobs through it. The only
+module that imports ``domainbed``, when called. What changes where: docs/bridge.md."""
 
 from __future__ import annotations
 
@@ -128,9 +89,8 @@ def _export_to_children(root: str) -> None:
 
 
 def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[list[str], dict]:
-    """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from the checkout
-    at ``root`` in a subprocess, with nothing of dg_plugins installed except the torchvision
-    compat step (benchmarks and interop tests compare against DomainBed as it is)."""
+    """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from ``root``,
+    nothing of dg_plugins installed (for comparisons)."""
     code = ("import dg_plugins.compat, runpy, sys; "
             f"sys.argv = [{script!r}] + sys.argv[1:]; "
             f"runpy.run_module('domainbed.scripts.{script}', run_name='__main__')")
@@ -205,9 +165,8 @@ def domainbed_modules() -> dict[str, ModuleType]:
 
 
 def import_plugins(modules: Iterable[str] = ()) -> list[str]:
-    """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and those named in
-    ``$DG_PLUGINS_IMPORT`` (see :func:`dg_plugins.plugins.load`). Returns the extra
-    modules imported."""
+    """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and
+    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules."""
     import dg_plugins.sweep.launchers  # noqa: F401  (registers the launchers)
 
     return plugins_lib.load(modules)
@@ -253,9 +212,7 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
 
 def register_algorithms(algorithms_module: ModuleType,
                         entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install algorithm classes (default: those registered in
-    :data:`dg_plugins.registry.ALGORITHMS`; DomainBed's own, loaded on our host by
-    :mod:`dg_plugins.domainbed_host`, are not among them)."""
+    """Install algorithm classes (default: those of :data:`dg_plugins.registry.ALGORITHMS`)."""
     entries = dict(ALGORITHMS.items()) if entries is None else entries
     return _add_entries(algorithms_module, "ALGORITHMS", entries,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
@@ -273,11 +230,8 @@ def loads_in_process(dataset) -> bool:
 
 
 def domainbed_view(cls: type) -> type:
-    """The class DomainBed gets for our dataset ``cls`` (same name and behaviour): ``cls`` itself
-    when its ``N_WORKERS`` is 0; for a class that says ``IN_MEMORY``, a subclass with
-    ``N_WORKERS = 0``; otherwise a subclass whose instances set ``N_WORKERS = 0`` on themselves
-    when their data is in memory (:func:`loads_in_process`), so that DomainBed's train starts no
-    loader processes for tensors."""
+    """The class DomainBed gets for our dataset ``cls``: same name and behaviour, ``N_WORKERS`` 0
+    when its data is in memory."""
     if getattr(cls, "N_WORKERS", 0) == 0:
         return cls
     if cls not in _DATASET_VIEWS:
@@ -312,9 +266,8 @@ def register_datasets(datasets_module: ModuleType,
 
 def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
                   datasets_module: ModuleType) -> Callable:
-    """Wrap ``hparams_module._hparams`` (once): installed algorithms get
-    :func:`dg_plugins.hparams.draw`; DomainBed's algorithms keep DomainBed's registry, asked with
-    :data:`SMALL_IMAGE_PROXY` for our installed small-image datasets."""
+    """Wrap ``hparams_module._hparams`` (once): ours for installed algorithms, DomainBed's
+    registry (small-image datasets as :data:`SMALL_IMAGE_PROXY`) for its own."""
     current = hparams_module._hparams
     if getattr(current, "dg_plugins_original", None) is not None:
         return current
@@ -338,10 +291,7 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
 
 
 def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[str]:
-    """The dataset hparams dg_plugins declares for ``dataset``
-    (:func:`dg_plugins.catalog.dataset_hparam_space`, e.g. PACS's ``augmentation`` and
-    ``data_split``) that the class DomainBed uses ignores: all of them when ``datasets_module``'s
-    class of that name is DomainBed's own, none when it is ours."""
+    """The dataset hparams we declare for ``dataset`` that the class DomainBed uses ignores."""
     if is_installed(datasets_module, dataset) or dataset not in vars(datasets_module):
         return []
     return list(catalog.dataset_hparam_space(dataset))
@@ -363,19 +313,8 @@ def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
 
 def check_script_args(script: str, argv: list[str],
                       datasets_module: ModuleType | None = None) -> None:
-    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for
-    something DomainBed would silently not do; raises ValueError naming the hparams and the fix
-    (dg_plugins' own train / sweep, which do it):
-
-    * a non-default value of a host-only hparam (:data:`HOST_ONLY_HPARAMS`: ``batch_sampling``,
-      the ``lr_schedule`` and its ``lr_decay`` / ``lr_inv_*``), which dg_plugins' train loop
-      applies and ``domainbed/scripts/train.py``'s loop never reads, whatever the algorithm;
-    * a dataset hparam that DomainBed's own class of a dataset it runs would ignore (e.g.
-      ``{"augmentation": "dmg_pacs"}`` with DomainBed's PACS). The datasets are train's
-      ``--dataset`` (DomainBed's default RotatedMNIST) or sweep's ``--datasets`` (DomainBed's
-      default: every dataset of ``datasets.DATASETS``).
-
-    Other scripts and other arguments are left to DomainBed."""
+    """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for what
+    DomainBed would silently not do (docs/bridge.md); raises ValueError with the fix."""
     import argparse
     import json
 
@@ -421,8 +360,7 @@ def check_script_args(script: str, argv: list[str],
 def rewrite_command(command: str, python: str | None = None,
                     plugins: Iterable[str] | None = None) -> str:
     """``python -m domainbed.scripts.train ARGS`` -> ``<python> -m dg_plugins.scripts.domainbed
-    [--import M1,M2] train ARGS`` (default: this interpreter and ``$DG_PLUGINS_IMPORT``). Other
-    commands are returned unchanged."""
+    [--import M1,M2] train ARGS``; other commands unchanged."""
     python = sys.executable if python is None else python
     plugins = plugin_modules_from_env() if plugins is None else list(plugins)
     imports = f" --import {shlex.quote(','.join(plugins))}" if plugins else ""
@@ -488,10 +426,8 @@ def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
 
 
 def install(plugins: Iterable[str] = ()) -> InstallReport:
-    """Import dg_plugins (plus ``plugins`` and ``$DG_PLUGINS_IMPORT`` modules), locate DomainBed
-    and register everything DomainBed does not define itself. Idempotent; call again after
-    registering more. Raises :class:`DomainBedImportError` (an ImportError) when DomainBed cannot
-    be imported; when it is not found, the message names ``DOMAINBED_ROOT``."""
+    """Import dg_plugins and the plugins, locate DomainBed and register what it does not define;
+    idempotent. Raises :class:`DomainBedImportError` naming ``DOMAINBED_ROOT``."""
     modules = domainbed_modules()
     report = InstallReport(
         domainbed_path=os.path.dirname(os.path.abspath(modules["algorithms"].__file__)),

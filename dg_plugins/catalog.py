@@ -1,21 +1,7 @@
 """Names and environment labels of DomainBed's and dg_plugins' algorithms and datasets, without
-importing torch.
-
-collect_results orders table rows and columns by these lists (DomainBed orders them by
-``algorithms.ALGORITHMS`` and ``datasets.DATASETS``) and sweeps validate names with them; both must
-stay fast, so neither imports the torch classes. dg_plugins' built-in algorithm names are *derived*
-from the source of ``dg_plugins/algorithms/`` (:func:`builtin_algorithms`: every class decorated
-with ``@register_algorithm``), so adding a method file is the only edit; a test checks the result
-against the registry; built-in dataset names are derived the same way (:func:`builtin_datasets`).
-Datasets and algorithms registered at run time also append themselves here
-(:func:`declare_dataset`, :func:`declare_algorithm`).
-
-Also here, for the same reason: the dataset hparams datasets read (e.g. the image-folder
-datasets' ``augmentation``, PACS's ``data_split``: :func:`dataset_hparam_space`), the folders of
-the image-folder datasets, and the checks sweep runs before launching: :func:`check_dataset_name`
-("did you mean", or the bridge for DomainBed-only datasets) and :func:`environments_of` (the
-environments of an image-folder dataset found on disk).
-"""
+torch: collect_results orders its tables by them and sweep checks names and finds environments
+with them. Our built-in names are derived from the sources (``@register_...``), so adding a file
+is the only edit; run-time registrations declare themselves here."""
 
 from __future__ import annotations
 
@@ -121,9 +107,8 @@ _DIRECT_DATASET_REGISTRATION = re.compile(r"^DATASETS\.register\(\s*[\"']([^\"']
 
 
 def builtin_datasets() -> list[str]:
-    """Names registered by dg_plugins' dataset modules (``@register_dataset`` classes and direct
-    ``DATASETS.register("Name", ...)`` calls), in module-name order, found by reading their source
-    (no import, no torch)."""
+    """Names registered by dg_plugins' dataset modules, in module-name order, read from their
+    source."""
     found = []
     for module in sorted(f for f in os.listdir(DATASETS_PACKAGE)
                          if f.endswith(".py") and not f.startswith("_") and f != "base.py"):
@@ -238,9 +223,7 @@ BRIDGE_SWEEP_COMMAND = "python -m dg_plugins.scripts.domainbed sweep ..."
 
 
 def implemented_datasets() -> list[str]:
-    """Every dataset name dg_plugins' own train can run, in table order: the built-in ones
-    (found without importing torch), the generic ``ImageFolder``, and those declared at run time
-    (plugins registered in this process)."""
+    """Every dataset our train can run, in table order (built-in, ``ImageFolder``, declared)."""
     implemented = set(BUILTIN_DATASETS) | set(DECLARED_DATASETS) | {GENERIC_IMAGE_FOLDER}
     ordered = [name for name in DATASET_ENVIRONMENTS if name in implemented]
     return ordered + sorted(implemented - set(ordered))
@@ -256,11 +239,8 @@ def domainbed_only_datasets() -> list[str]:
 
 
 def check_dataset_name(name: str, extra=()) -> None:
-    """Raise ValueError unless dg_plugins' train can run dataset ``name`` (see
-    :func:`implemented_datasets`; ``extra``: more names to accept, e.g. a registry's). A DomainBed
-    dataset that dg_plugins does not implement names the bridge; any other unknown name gets the
-    closest names ("did you mean") and the choices. Torch-free: a plugin's datasets are known
-    once its module is imported (they declare themselves when registered)."""
+    """Raise ValueError unless our train can run dataset ``name``: the bridge for a
+    DomainBed-only dataset, else "did you mean" and the choices. Torch-free."""
     choices = list(dict.fromkeys([*implemented_datasets(), *extra]))
     if name in choices:
         return
@@ -289,9 +269,8 @@ def image_folder_layout(dataset: str) -> str:
 
 
 def nested_tree(root: str, domains: list[str]) -> str | None:
-    """When ``root``'s only domain folder looks like an image tree itself (at least two
-    subfolders, each holding class folders with images: ``<root>/<tree>/<domain>/<class>/``),
-    the folder the user most likely meant as ``--data_dir``: ``<root>/<tree>``; else None."""
+    """``<root>/<tree>`` when ``root``'s only domain folder is itself an image tree (the folder
+    meant as ``--data_dir``), else None."""
     if len(domains) != 1:
         return None
     tree = os.path.join(root, domains[0])
@@ -315,17 +294,8 @@ def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError
 
 
 def environments_of(dataset: str, data_dir: str | None) -> list[str]:
-    """The environment labels of ``dataset`` as train will see them, without importing torch.
-
-    Image-folder datasets (:data:`IMAGE_FOLDER_DATASETS`) are looked up on disk: the generic
-    ``ImageFolder``'s environments are the sorted domain folders of ``data_dir`` itself (hidden
-    ones excluded); a named one's (PACS, ...) are its fixed labels, once
-    ``<data_dir>/<folder>`` is found to hold that many domain folders. Every domain folder must
-    hold a class folder with an image. A missing, empty or badly laid-out folder raises
-    FileNotFoundError / ValueError naming it and the expected layout (a ``--data_dir`` one level
-    above the tree: the folder meant, :func:`nested_tree_error`). Other datasets: their
-    declared labels (their files are not checked here); an unknown name raises as
-    :func:`check_dataset_name`."""
+    """The environment labels of ``dataset`` as train will see them, without torch: image
+    folders found on disk (their layout checked, errors naming the fix), others as declared."""
     if dataset not in IMAGE_FOLDER_DATASETS:
         if dataset not in DATASET_ENVIRONMENTS or dataset in domainbed_only_datasets():
             check_dataset_name(dataset)

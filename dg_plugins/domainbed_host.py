@@ -1,25 +1,6 @@
-"""DomainBed's own algorithms (every name of ``domainbed.algorithms.ALGORITHMS``: CORAL, IRM,
-GroupDRO, Mixup, SagNet, ...) on dg_plugins' host, from a DomainBed checkout: our train, sweep and
-reproduce run them with resume, ``--eval_splits``, the tables and the plots. Nothing is copied:
-the classes are DomainBed's (:func:`host_class` adds what our job loop asks of an algorithm), and
-so are their hparams (``_hparams`` of ``domainbed/hparams_registry.py``, seeded as DomainBed seeds
-them: :func:`dg_plugins.hparams.declare_registry`).
-
-Names: :class:`DomainBedAlgorithms` is a source of :data:`dg_plugins.registry.ALGORITHMS`
-(:func:`dg_plugins.plugins.load` adds it), consulted for names dg_plugins does not register:
-``CORAL`` is DomainBed's; ``ERM`` stays ours, and DomainBed's is ``DomainBed:ERM``. DomainBed is
-found by :func:`dg_plugins.bridge.locate_domainbed` (``$DOMAINBED_ROOT`` or the Python path) and
-imported only when one of its names is looked up.
-
-Refused with the reason and the fix, before a job writes anything: a class whose optional package
-DomainBed could not import (Fishr: ``backpack``) or does not work here (:func:`backpack_problem`:
-backpack 1.7 under torch 2); a class whose code calls ``.cuda()`` (TRM, RDM) in a job without a
-CUDA device; ``--precision fp16`` (DomainBed's ``update`` steps its own optimizers, which fp16's
-gradient scaler cannot reach). Resume is exact: the resume file keeps,
-beside the state_dict and the optimizers, the Python state a class holds outside them
-(:meth:`DomainBedHost.resume_state`: ERM++'s averaging counters, Fish's inner optimizer state,
-Fishr's moving averages).
-"""
+"""DomainBed's own algorithms (CORAL, IRM, GroupDRO, ...) on dg_plugins' host, from a DomainBed
+checkout: their classes and hparams as they are, plus what our job loop asks of an algorithm,
+found as a source of the algorithm registry (docs/bridge.md)."""
 
 from __future__ import annotations
 
@@ -68,9 +49,8 @@ def missing_packages(cls: type, module: ModuleType) -> list[str]:
 
 
 def backpack_problem() -> str | None:
-    """Why backpack gives no per-sample gradients the way DomainBed's Fishr asks for them (a
-    backward pass restricted to an extended head's parameters, with ``create_graph``), tried on
-    two tiny linear layers; None when it gives them."""
+    """Why backpack gives no per-sample gradients as DomainBed's Fishr asks for them (tried on
+    two tiny layers); None when it does."""
     import backpack
     from backpack.extensions import BatchGrad
 
@@ -98,9 +78,8 @@ def calls_cuda(cls: type) -> bool:
 
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
                       random_seed: int) -> dict:
-    """DomainBed's ``_hparams(name, dataset, random_seed)``; one of our small-image datasets that
-    DomainBed lacks (RotatedMNIST5k) is asked as :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`, so
-    that it gets DomainBed's small-image lr / batch_size / weight_decay (as the bridge does)."""
+    """DomainBed's ``_hparams``; our small-image datasets DomainBed lacks are asked as
+    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`."""
     if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
         dataset = bridge.SMALL_IMAGE_PROXY
     return hparams_registry._hparams(name, dataset, random_seed)
@@ -132,9 +111,8 @@ def _on_device(value, device):
 
 
 def _restore(current, saved, device):
-    """``saved`` put back into ``current`` in place where the two have the same shape (modules
-    and tensors others may reference, e.g. a list of heads its optimizers hold), else ``saved``
-    moved to ``device``; what to assign."""
+    """``saved`` put back into ``current`` in place where shapes match, else moved to ``device``;
+    what to assign."""
     if isinstance(current, nn.Module) and type(saved) is type(current):
         current.load_state_dict(saved.state_dict())
         return current
@@ -160,10 +138,8 @@ def _restore(current, saved, device):
 
 
 class DomainBedHost:
-    """Mixed into a DomainBed algorithm class (:func:`host_class`): what dg_plugins' job loop
-    asks of an algorithm beyond DomainBed's contract (:class:`dg_plugins.algorithms.Algorithm`'s
-    optimizers, schedulers and lr factor; no pretraining), the job checks of :meth:`check_args`,
-    and the Python state resume needs (:meth:`resume_state`)."""
+    """Mixed into a DomainBed algorithm class: our job loop's optimizers, schedulers and lr
+    factor, job checks and the state resume needs."""
 
     #: Set by :func:`host_class`: DomainBed's name, the name on our host, why it needs CUDA.
     DOMAINBED_NAME = ""
@@ -194,9 +170,7 @@ class DomainBedHost:
 
     @classmethod
     def check_args(cls, args) -> None:
-        """Refuse, with the fix, a train job DomainBed's class cannot run as asked: fp16 (its
-        ``update`` steps its own optimizers, outside the gradient scaler), a class that calls
-        ``.cuda()`` on a device other than CUDA."""
+        """Refuse, with the fix, fp16 and, without CUDA, a class that calls ``.cuda()``."""
         if getattr(args, "precision", None) == "fp16":
             raise UnavailableError(
                 f"--precision fp16 cannot train {cls.NAME}: DomainBed's update() steps its own "
@@ -213,10 +187,8 @@ class DomainBedHost:
                     "(--device cuda)")
 
     def resume_state(self) -> dict:
-        """What the resume file keeps beside ``state_dict()`` and the optimizers: the
-        attributes that are neither parameters, buffers, submodules, optimizers, schedulers nor
-        hparams (counters, moving averages, an optimizer's saved state), and the submodules made
-        after ``__init__`` (Fish's inner network)."""
+        """The state the resume file keeps beside ``state_dict()`` and the optimizers (counters,
+        moving averages, submodules made after ``__init__``)."""
         kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
         attributes = {name: value for name, value in vars(self).items()
                       if not name.startswith("_") and name not in ("training", "hparams")
@@ -235,9 +207,7 @@ class DomainBedHost:
 
 
 def host_class(cls: type, name: str) -> type:
-    """DomainBed's algorithm class ``cls`` as our host runs it under ``name``: a subclass with
-    :class:`DomainBedHost` mixed in (DomainBed's ``__init__``, ``update`` and ``predict``
-    unchanged)."""
+    """DomainBed's class ``cls`` with :class:`DomainBedHost` mixed in, run under ``name``."""
     return type(cls.__name__, (DomainBedHost, cls), {
         "__module__": __name__,
         "__qualname__": cls.__name__,

@@ -1,8 +1,6 @@
-"""Atomic file writes, the one implementation every writer of the package uses (job folders,
-score files and caches, the DigitsOffline arrays): a new temporary file in the target's folder,
-fsync, then a rename, so a reader sees the old or the new content, never a partial file. A
-failed write (e.g. ``ENOSPC``, a full disk) removes its temporary file, leaves the old content in
-place and raises the OSError with ``filename`` set to the target."""
+"""Atomic file writes, the one implementation of the package: a temporary file in the target's
+folder, fsync, rename; a failed write (a full disk) leaves the old content and raises the
+OSError with ``filename`` set."""
 
 from __future__ import annotations
 
@@ -15,12 +13,8 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
-    """Create a new, uniquely named file in ``folder``; return ``(fd, path)``.
-
-    Unlike ``tempfile.mkstemp`` (always 0600), the file is created with mode 0666 filtered by the
-    process umask (and the folder's default ACL, if any), exactly as ``open(path, "w")`` creates a
-    new file: under umask 022 it is 0644, under 002 (shared group folders) 0664.
-    """
+    """Create a uniquely named file in ``folder`` with ``open()``'s mode under the umask (not
+    mkstemp's 0600); return ``(fd, path)``."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         path = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{suffix}")
@@ -32,14 +26,8 @@ def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync and a rename, so that
-    readers see the old or the new content, never a partial file.
-
-    The file gets the permissions a plain ``open()`` would give a new file under the current
-    umask (not mkstemp's 0600), so colleagues on a shared cluster can read ``model.pkl`` or see
-    ``done``. A rewrite creates a new file, so its mode follows the umask too, whatever the mode
-    of the file it replaces.
-    """
+    """Write ``data`` to ``path`` atomically, with the mode a plain ``open()`` gives a new file
+    (others on a shared cluster can read it)."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -7,8 +7,6 @@ import re
 
 
 def plain_text(doc: str) -> str:
-    """``doc`` without reStructuredText markup, for --help: a role such as
-    ``:mod:`x.y``` or ``:func:`~x.y``` becomes ``x.y`` (``y``), a literal ````x```` becomes
-    ``x``."""
+    """``doc`` without reStructuredText markup (roles and literals), for --help."""
     doc = re.sub(r":[a-z]+:`~[^`]*?\.?([^.`]+)`", r"\1", doc)
     return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")

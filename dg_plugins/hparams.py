@@ -1,23 +1,9 @@
-"""Hyperparameter spaces, seeded per name exactly as DomainBed seeds them
-(``domainbed/hparams_registry.py``), and validation of user overrides.
-
-A space maps each hparam name to ``(default, random_fn)`` or ``(default, random_fn, check)``.
-``random_fn`` takes a ``numpy.random.RandomState`` seeded with ``seed_hash(random_seed, name)``, so
-a name's random draw depends only on the seed and the name, never on which other hparams exist.
-``check`` (optional) is a callable returning ``None`` for a valid value or a short description of
-what is wrong; the value's type is always checked against the default's (see :func:`validate`).
-
-The base space (every algorithm, every dataset) reproduces DomainBed's base hparams and draws; each
-algorithm declares its own space as a ``hparam_space(dataset)`` static method on its class, attached
-when the class is registered (``dg_plugins.algorithms.register_algorithm``); plugins that register
-classes some other way can use :func:`algorithm_hparams`. An algorithm whose hparams another
-registry draws (DomainBed's own algorithms: ``_hparams`` of ``domainbed/hparams_registry.py``,
-:mod:`dg_plugins.domainbed_host`) is declared with :func:`declare_registry`: its hparams are that
-registry's, plus the hparams the dataset reads. Values are cast to JSON-native Python types
-(DomainBed leaks ``numpy.int64`` from ``choice``; the values are identical).
-
-No torch import here: sweeps and collect_results use this module without the deep-learning stack.
-"""
+"""Hyperparameter spaces, seeded per name exactly as DomainBed's
+(``domainbed/hparams_registry.py``), and validation of user overrides. A space maps a name to
+``(default, random_fn[, check])``; ``random_fn`` gets a ``RandomState`` seeded by
+``seed_hash(random_seed, name)``. The base space is DomainBed's; each algorithm declares its own
+(``hparam_space``, docs/methods/README.md) or another registry's (:func:`declare_registry`).
+Values are JSON-native. Torch-free."""
 
 from __future__ import annotations
 
@@ -115,10 +101,7 @@ def multiple_of(n: int) -> Check:
 
 
 def base_space(dataset: str) -> Space:
-    """DomainBed's base hparams (``_hparams`` in ``domainbed/hparams_registry.py``) plus
-    dg_plugins' backbone options (``backbone``, ``pretrained``, ``pretrained_path``, ``vit_arch``,
-    ``mnist_cnn_width``) and the hparams the dataset itself reads
-    (:func:`dg_plugins.catalog.dataset_hparam_space`)."""
+    """DomainBed's base hparams plus our backbone options and the hparams the dataset reads."""
     small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
@@ -176,9 +159,8 @@ def base_space(dataset: str) -> Space:
 
 
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
-    """Attach ``space_fn(dataset) -> {name: (default, random_fn[, check])}`` to ``algorithm``.
-    Its entries override base entries of the same name (e.g. a method's own default lr).
-    Declaring another function for a name that has one raises."""
+    """Attach ``space_fn(dataset)`` to ``algorithm`` (its entries override the base's); a second
+    function for a name raises."""
     current = _ALGORITHM_SPACES.get(algorithm)
     if current is not None and current is not space_fn and _origin(current) != _origin(space_fn):
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
@@ -206,10 +188,8 @@ def has_algorithm_space(algorithm: str) -> bool:
 
 
 def declare_registry(algorithm: str, registry_fn: Callable[[str, int], dict]) -> None:
-    """Draw ``algorithm``'s hparams with ``registry_fn(dataset, random_seed)``, which returns
-    ``{name: (default, random draw)}`` like DomainBed's ``_hparams`` (each name seeded with
-    ``seed_hash(random_seed, name)``). Its hparams are exactly that registry's, plus the dataset's
-    own (:func:`dg_plugins.catalog.dataset_hparam_space`); our base space is not added."""
+    """Draw ``algorithm``'s hparams with ``registry_fn(dataset, random_seed)`` (DomainBed's
+    ``_hparams`` shape), plus the dataset's own; no base space."""
     _REGISTRIES[algorithm] = registry_fn
 
 
@@ -287,9 +267,8 @@ _TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a numb
 
 
 def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> Any:
-    """``value`` converted to the type of ``default`` (int -> float only), or HparamError.
-    ``any_number``: a number is accepted for a numeric default as it is (DomainBed's registry
-    gives some int defaults float draws, e.g. ANDMask's ``tau``)."""
+    """``value`` converted to ``default``'s type (int -> float only), or HparamError;
+    ``any_number``: any number for a numeric default."""
     def wrong(expected: str) -> HparamError:
         return HparamError(f"hparam {name!r} must be {expected} like its default {default!r}, "
                            f"got {value!r} ({type(value).__name__})")
@@ -326,9 +305,7 @@ def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> An
 
 
 def check_finite(name: str, value: Any) -> None:
-    """Reject NaN and infinities (also inside lists): no hparam means them, and records holding
-    them would not be standard JSON (Python writes ``Infinity``/``NaN``, which other readers
-    refuse)."""
+    """Reject NaN and infinities (records holding them would not be standard JSON)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise HparamError(f"hparam {name!r} must be a finite number, got {value!r}; give a finite "
                           "value (e.g. 1e6 for a large one)")
@@ -338,9 +315,8 @@ def check_finite(name: str, value: Any) -> None:
 
 
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
-    """Run each entry's check on the value ``hparams`` holds for it (absent names and None values
-    skipped): :func:`validate`'s checks, for hparams that did not come through it (e.g. DomainBed's
-    own train through the bridge). Raises :class:`HparamError` naming the first problem."""
+    """Run each entry's check on the value ``hparams`` holds (hparams that did not come through
+    :func:`validate`); raises :class:`HparamError`."""
     for name, entry in entries.items():
         check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
@@ -364,10 +340,8 @@ RENAMED = {
 
 
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Check ``overrides`` against ``algorithm``'s space on ``dataset`` (base space included):
-    every name must exist (an unknown one raises, listing the closest valid names), every value
-    must have its default's type (ints are accepted for floats) and pass the entry's check.
-    Returns the overrides with ints converted to floats where the default is a float."""
+    """Check ``overrides`` against ``algorithm``'s space on ``dataset``: names (closest ones
+    suggested), types, checks; returns them with ints made floats where due."""
     entries = space(algorithm, dataset)
     unknown = [name for name in overrides if name not in entries]
     if unknown:
@@ -400,9 +374,8 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
 
 def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int,
                 overrides: str | None = None) -> dict[str, Any]:
-    """The hparams a train job uses, as DomainBed's train.py computes them: the defaults for
-    ``hparams_seed == 0``, otherwise the draw for ``seed_hash(hparams_seed, trial_seed)``; then the
-    JSON overrides, validated by :func:`validate`."""
+    """The hparams of a train job, as DomainBed's train.py computes them, then the validated
+    overrides."""
     if hparams_seed == 0:
         hp = default_hparams(algorithm, dataset)
     else:

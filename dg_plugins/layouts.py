@@ -1,13 +1,6 @@
-"""What the datasets look like on disk, without importing torch: the domain folders of the
-image-folder benchmarks, which folders and files count (hidden entries skipped, image extensions),
-an environment's samples in torchvision ImageFolder's order, PACS's official split lists (file
-names and how a line is matched to an image), DomainNet-20's classes, and the MNIST IDX files
-(where they are looked for, how one is parsed).
-
-Written once here, read by both the dataset classes (``dg_plugins.datasets``, which import torch)
-and the downloader (``dg_plugins.download``, which must not: it checks a downloaded folder with
-these rules).
-"""
+"""What the datasets look like on disk, without torch (so that the downloader can check a folder
+by the rules the dataset classes read it with): domain folders, image files, ImageFolder's sample
+order, PACS's official split lists, DomainNet-20's classes, the MNIST IDX files."""
 
 from __future__ import annotations
 
@@ -75,11 +68,8 @@ def has_image(folder: str) -> bool:
 
 
 def domain_folder_given(root: str, folders: list[str]) -> str | None:
-    """When ``root``, read as an image tree whose subfolders ``folders`` are its domains, is one
-    domain's folder instead (no subfolder holds a folder, some hold image files, and a folder
-    beside ``root`` has a subfolder of the same name: they are classes), the folder above it,
-    which the user most likely meant as ``--data_dir``; else None. (One level too high:
-    :func:`dg_plugins.catalog.nested_tree`.)"""
+    """The folder above ``root`` when ``root`` is one domain's folder of an image tree (the
+    folder meant as ``--data_dir``), else None."""
     paths = [os.path.join(root, name) for name in folders]
     if not paths or any(visible_subfolders(path) for path in paths):
         return None
@@ -97,9 +87,7 @@ def domain_folder_given(root: str, folders: list[str]) -> str | None:
 
 
 def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | None:
-    """The message for a ``--data_dir`` one level below an image tree
-    (:func:`domain_folder_given`), naming the folder to pass instead; None when the layout is
-    not that."""
+    """The message for a ``--data_dir`` one level below an image tree, or None."""
     tree = domain_folder_given(root, folders)
     if tree is None:
         return None
@@ -110,9 +98,7 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
 
 
 def image_samples(env_root: str, classes: list[str]) -> list[tuple[str, int]]:
-    """``(path, label)`` of every image of one domain folder ``env_root``: its class folders in
-    sorted order, each one's images as :func:`list_images`; the label is the class folder's index
-    in ``classes`` (the dataset-wide list)."""
+    """``(path, label)`` of every image of one domain folder, in ImageFolder's order."""
     index = {name: i for i, name in enumerate(classes)}
     return [(path, index[name]) for name in visible_subfolders(env_root)
             for path in list_images(os.path.join(env_root, name))]
@@ -141,21 +127,15 @@ def pacs_split_file(domain: str, kind: str) -> str:
 
 
 class OfficialSplitError(FileNotFoundError, ValueError):
-    """PACS's official split lists are missing or do not match the images (a FileNotFoundError
-    and a ValueError: train reports either as one line); the message says where to put them and
-    where to get them."""
+    """PACS's official split lists are missing or do not match the images (FileNotFoundError and
+    ValueError)."""
 
 
 def match_split_list(list_path: str, domain: str, env_root: str,
                      samples: list[tuple[str, int]], classes: list[str]) -> list[int]:
-    """Indices into ``samples`` (one domain's ``(path, label)``, :func:`image_samples` of
-    ``env_root``, the folder ``domain``) of the images the lines of official list ``list_path``
-    name, in line order (a line listed twice counts twice).
-
-    A line is ``<domain>/<class>/<file> <label>``, the label counting ``classes`` from 1; its path
-    is matched by its part from the domain folder on (a leading ``pacs_data/`` or ``kfold/`` does
-    not matter). A line naming no image, or a label that disagrees with the image's class folder,
-    raises :class:`OfficialSplitError`; so does a list naming no image."""
+    """Indices into ``samples`` of the images the official list ``list_path`` names, in line
+    order (``<domain>/<class>/<file> <label>``, labels from 1); raises
+    :class:`OfficialSplitError`."""
     index_of = {rel: i for i, rel in enumerate(relative_paths(env_root, [p for p, _ in samples]))}
     indices, unmatched, wrong_class = [], [], []
     with open(list_path, encoding="utf-8") as handle:

@@ -1,16 +1,6 @@
-"""Loading plugins: dg_plugins' own algorithms and datasets, then the modules a user names.
-
-A plugin is any importable module that registers algorithms or datasets through
-:mod:`dg_plugins.registry` when imported (``@register_algorithm`` / ``@register_dataset``). Name
-plugin modules in ``$DG_PLUGINS_IMPORT`` (comma-separated): train, sweep and the DomainBed bridge
-import them in every process, and sweeps pass the variable on to their jobs (child processes
-inherit the environment).
-
-DomainBed's own algorithms are a built-in plugin: :func:`load` makes them a source of the
-algorithm registry (:mod:`dg_plugins.domainbed_host`, beside the bridge, imported by name as
-plugins are), looked up only for names dg_plugins does not register; DomainBed itself is imported
-only then, from ``$DOMAINBED_ROOT`` or the Python path.
-"""
+"""Loading plugins: dg_plugins' own algorithms and datasets, then the modules named in
+``$DG_PLUGINS_IMPORT`` (comma-separated; every process imports them and jobs inherit the
+variable). DomainBed's algorithms are a built-in source of the algorithm registry."""
 
 from __future__ import annotations
 
@@ -37,10 +27,9 @@ def add_modules(modules: Iterable[str]) -> list[str]:
 
 
 def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
-    """Import dg_plugins' algorithms and datasets (unless not ``builtins``: e.g. to find a
-    plugin's launcher without torch), then ``modules`` and those named in ``$DG_PLUGINS_IMPORT``.
-    Returns the extra modules imported. A plugin that cannot be found raises ImportError saying
-    how to make it importable; an error inside the plugin propagates."""
+    """Import our algorithms and datasets (unless not ``builtins``), then ``modules`` and
+    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules. ImportError says how to fix a missing
+    one."""
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401

@@ -1,21 +1,7 @@
-"""Name -> object registries for algorithms, datasets and launchers (timm-style).
-
-A plugin registers by importing its module, with ``@register_algorithm("Name")``
-(:mod:`dg_plugins.algorithms.base`: it also attaches the hparam space and the table order) or
-``@register_dataset`` (:mod:`dg_plugins.datasets.base`: it also declares the environments); the
-decorators store into these registries. Names are unique per registry; registering a taken name
-raises.
-
-A registry may also have *sources* (:class:`Source`): another package's names, loaded on first
-use, e.g. DomainBed's algorithms (:mod:`dg_plugins.domainbed_host`). A registered name wins over
-a source's; the source's is then reached as ``PREFIX:NAME`` (``DomainBed:ERM``).
-
-:meth:`Registry.get` takes an exact name. :meth:`Registry.resolve`, for names users type (train's
-``--algorithm``, sweep's ``--algorithms``), also accepts the one name equal up to case (``erm`` is
-``ERM``); two names differing only in case are an ambiguity. An unknown name raises
-:class:`UnknownNameError` listing the choices and the closest names ("did you mean":
-:func:`close_names`).
-"""
+"""Name -> object registries for algorithms, datasets and launchers (timm-style). A plugin
+registers by importing its module (``@register_algorithm``, ``@register_dataset``); a taken name
+raises. A registry may have *sources*, another package's names loaded on first use (DomainBed's
+algorithms), reached as ``PREFIX:NAME`` when shadowed. Unknown names raise with "did you mean"."""
 
 from __future__ import annotations
 
@@ -134,11 +120,9 @@ class Registry:
     # lookups ------------------------------------------------------------------------------------
 
     def resolve(self, name: str, say: str | None = None) -> str:
-        """The canonical name of ``name``: a registered or loaded name as is; ``PREFIX:NAME`` for
-        a source's name (``NAME`` when nothing registered shadows it); else the one name equal to
-        it up to case (a registered one, or a source's that nothing shadows). A source's name is
-        loaded here (:meth:`Source.load` may raise :class:`UnavailableError`). ``say``: the flag
-        the name came from; when given and the name changes, a note on stderr says so."""
+        """The canonical name of ``name``: as registered, ``PREFIX:NAME`` for a shadowed
+        source's, else the one name equal up to case (``say``: the flag, noted on stderr when it
+        changes)."""
         canonical = self._resolve(str(name), fold_case=True)
         if say and canonical != name:
             print(f"note: {say} {name}: using {canonical!r}", file=sys.stderr)

@@ -54,10 +54,8 @@ def set_rng_state(state: dict) -> None:
 
 @contextlib.contextmanager
 def seeded_rng(seed: int):
-    """Run the block with torch's CPU generator, ``random`` and ``numpy.random`` seeded from
-    ``seed``, and give the three their previous states back after it: whatever the block draws
-    (random augmentations) depends on ``seed`` alone, and the caller's RNG streams are untouched.
-    (Only the CPU generator: a CUDA generator is neither used by transforms nor reseeded.)"""
+    """Run the block with torch's CPU, ``random`` and numpy RNGs seeded from ``seed``, then give
+    their states back."""
     import numpy as np
     import torch
 
@@ -76,12 +74,8 @@ def seeded_rng(seed: int):
 
 @contextlib.contextmanager
 def deterministic_algorithms():
-    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)`` (ops
-    without a deterministic implementation warn instead of failing), so that two runs with the
-    same seed, and a resumed run, compute the same numbers also on a multi-threaded CPU and on
-    CUDA (where cuBLAS also needs ``CUBLAS_WORKSPACE_CONFIG`` before its first call:
-    :meth:`dg_plugins.train.precision.Compute.prepare_process`). The previous setting is
-    restored after."""
+    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)``; restored
+    after."""
     import torch
 
     previous = (torch.are_deterministic_algorithms_enabled(),

@@ -57,12 +57,8 @@ def forget_stop_signal() -> None:
 
 
 class SignalCatcher:
-    """While active (a context manager), catch ``signals``: record the first in ``signum``, count
-    them in ``count``, note each in :func:`last_stop_signal` and call ``on_signal(signum)``.
-    Handlers can only be installed in the main thread; elsewhere nothing is caught and ``active``
-    stays False. With ``keep_ignored`` (the default) a signal whose disposition is "ignore" when
-    the catcher starts (e.g. SIGHUP under ``nohup``) is left ignored. On leaving, the previous
-    handlers are restored."""
+    """While active, catch ``signals`` (main thread only): record, count, call ``on_signal``;
+    ignored ones stay ignored with ``keep_ignored``; handlers restored on leaving."""
 
     def __init__(self, on_signal: Callable[[int], None] | None = None,
                  signals: tuple = STOP_SIGNALS, keep_ignored: bool = True):
@@ -99,10 +95,8 @@ class SignalCatcher:
 
 
 class StopRequest(SignalCatcher):
-    """A train job's stop: SIGTERM/SIGINT set ``signum``, and the job stops at the next step
-    boundary after a checkpoint (:class:`dg_plugins.train.job.Job`); a second signal while
-    stopping raises ``KeyboardInterrupt`` at once. It takes over the two signals even when they are
-    ignored (a job started in the background by a non-interactive shell ignores SIGINT)."""
+    """A train job's stop: SIGTERM/SIGINT stop it at the next step boundary after a checkpoint; a
+    second signal raises ``KeyboardInterrupt`` at once."""
 
     def __init__(self):
         super().__init__(self._stop, signals=(signal.SIGTERM, signal.SIGINT), keep_ignored=False)

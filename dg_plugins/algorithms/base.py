@@ -1,35 +1,6 @@
-"""The Algorithm contract (DomainBed's ``Algorithm`` in ``domainbed/algorithms.py``), the ERM-shaped
-base class, registration, and small helpers every method shares.
-
-The contract
-------------
-An ``Algorithm`` is an ``nn.Module`` built as ``(input_shape, num_classes, num_domains, hparams)``
-(``num_domains`` = number of *training* environments; 1 in single-source runs).
-``update(minibatches, unlabeled=None)`` does one optimisation step on one ``(x, y)`` batch per
-source environment (its list index is the domain label, see :func:`split_minibatches`) and returns
-a dict of Python floats whose keys are the same at every call (records need a fixed schema: return
-0.0 for a term that is switched off or not started yet). ``predict(x)`` returns
-``[N, num_classes]`` logits; the train loop calls it in eval mode (``algorithm.eval()``) and puts
-the algorithm back in train mode after.
-
-Every tensor a method keeps must be a parameter, buffer or submodule, so that ``.to(device)`` and
-``state_dict()`` carry it (step counters are buffers, never Python ints), and every trainable
-parameter must be in exactly one optimizer returned by :meth:`Algorithm.optimizers` (optimizers
-and LR schedulers are found among the attributes of the algorithm and its submodules, also inside
-lists and dicts; they are saved in resume checkpoints).
-
-What a method file declares (see ``erm.py``, the template)
-----------------------------------------------------------
-* ``@register_algorithm("Name")`` on the class: the single act that makes the method known to
-  train, sweep, collect_results, the bridge and every contract test.
-* ``hparam_space(dataset)`` (a static method): ``{name: (default, random_fn[, check])}`` for the
-  method's own hparams (see :mod:`dg_plugins.hparams`); attached at registration. Names must be
-  unique to the method (prefix them: ``dmg_lambda_overlap``), except base names it overrides.
-* ``TINY_TEST_HPARAMS``: overrides that make the method CPU-test sized (tiny backbones, few inner
-  steps). The contract tests and the benchmark smoke test apply them on top of the defaults.
-* ``GRADIENT_EXEMPT``: ``{parameter-name prefix: reason}`` for trainable parameters that
-  legitimately get no gradient from a few ``update`` calls (the contract test checks the rest).
-"""
+"""The Algorithm contract (DomainBed's ``Algorithm``, ``domainbed/algorithms.py``), the
+ERM-shaped base class, registration, and helpers every method shares (lr schedules, fp16-safe
+optimizer steps). The contract and what a method file declares: ``docs/methods/README.md``."""
 
 from __future__ import annotations
 
@@ -45,8 +16,8 @@ from dg_plugins.registry import ALGORITHMS
 
 
 def register_algorithm(name: str | None = None):
-    """Class decorator: register an Algorithm under ``name`` (default: the class name), attach its
-    ``hparam_space`` and add it to collect_results' row order."""
+    """Class decorator: register an Algorithm under ``name`` (default: the class name) with its
+    ``hparam_space``."""
 
     def add(cls):
         key = name or cls.__name__
@@ -61,8 +32,8 @@ def register_algorithm(name: str | None = None):
 
 
 def _collect(root: nn.Module, kind: type) -> dict[str, object]:
-    """Instances of ``kind`` held by ``root`` or its submodules, directly or in lists, tuples and
-    dicts, named by attribute path (``optimizer``, ``disc.optimizer``, ``opts.0``, ``opts.gen``)."""
+    """Instances of ``kind`` held by ``root`` or its submodules (also in lists, tuples, dicts),
+    by attribute path (``disc.optimizer``, ``opts.0``)."""
     found: dict[str, object] = {}
     seen: set[int] = set()
     for prefix, module in root.named_modules():
@@ -82,8 +53,8 @@ def _collect(root: nn.Module, kind: type) -> dict[str, object]:
 
 
 class Algorithm(nn.Module):
-    """Base class: DomainBed's contract plus :meth:`optimizers` / :meth:`schedulers` for resumable
-    checkpoints. See the module docstring for what a method declares."""
+    """DomainBed's contract plus :meth:`optimizers` / :meth:`schedulers` for resumable
+    checkpoints (``docs/methods/README.md``)."""
 
     #: hparam overrides making the method CPU-test sized (contract tests, smoke benchmarks).
     TINY_TEST_HPARAMS: dict = {}
@@ -108,7 +79,6 @@ class Algorithm(nn.Module):
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        """The method's own hparams on ``dataset`` (none here)."""
         return {}
 
     def update(self, minibatches, unlabeled=None) -> dict:
@@ -121,14 +91,13 @@ class Algorithm(nn.Module):
     # then fine-tuning on a labelled fraction (dg_plugins.algorithms.udg_finetune builds the fine-tuner).
 
     def pretrain_update(self, images: list[torch.Tensor]) -> dict:
-        """One self-supervised step on unlabelled image batches, one per source environment (its
-        list index is the domain label); returns a dict of floats like :meth:`update`. Only
-        algorithms with a self-supervised phase (DisMAE, MAE) implement it."""
+        """One self-supervised step on unlabelled batches, one per source environment (DisMAE,
+        MAE only)."""
         raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
 
     def pretrained_state(self) -> dict[str, torch.Tensor]:
-        """The weights fine-tuning starts from after :meth:`pretrain_update` steps (e.g. the
-        semantic encoder), in the key names of the fine-tuning model."""
+        """The weights fine-tuning starts from after :meth:`pretrain_update` steps, in the
+        fine-tuning model's key names."""
         raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
 
     @classmethod
@@ -140,23 +109,17 @@ class Algorithm(nn.Module):
         return _collect(self, torch.optim.Optimizer)
 
     def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
-        """Every LR scheduler the algorithm holds, by attribute path (saved in resume checkpoints)."""
         return _collect(self, torch.optim.lr_scheduler.LRScheduler)
 
     # The job's learning-rate schedule (hparam lr_schedule, see lr_factor)
 
     def lr_schedule_exempt(self) -> set[str]:
-        """Names (attribute paths, as :meth:`optimizers` names them) of the optimizers whose lr
-        the job's ``lr_schedule`` leaves alone (none here; DMG's mask optimizer, by default)."""
+        """Optimizers (named as by :meth:`optimizers`) whose lr ``lr_schedule`` leaves alone."""
         return set()
 
     def set_lr_factor(self, factor: float) -> None:
-        """Set every param group's lr to its initial lr x ``factor``, in every optimizer but
-        those of :meth:`lr_schedule_exempt`. The initial lr is kept in the group's
-        ``initial_lr`` (torch's schedulers' key; saved with the optimizer's state), so the lr is
-        a pure function of the step and a resumed run sets the same values. An optimizer that a
-        torch LR scheduler of the algorithm already drives is refused (two schedules would
-        fight)."""
+        """Set every param group's lr to its ``initial_lr`` x ``factor`` (not in
+        :meth:`lr_schedule_exempt`); refuses an optimizer a torch LR scheduler already drives."""
         exempt = self.lr_schedule_exempt()
         optimizers = {name: opt for name, opt in self.optimizers().items() if name not in exempt}
         driven = {id(s.optimizer): name for name, s in self.schedulers().items()}
@@ -173,11 +136,8 @@ class Algorithm(nn.Module):
 
 
 class FeatureClassifier(Algorithm):
-    """An ERM-shaped algorithm: ``featurizer`` (``n_outputs`` features) then ``classifier``, with
-    the features/head split of timm models: :meth:`features` and :meth:`predict` =
-    ``classifier(features(x))``. ``network`` is ``Sequential(featurizer, classifier)`` as in
-    DomainBed. Methods that extend ERM subclass this and override :meth:`update` (and
-    :meth:`features` when they change the representation)."""
+    """An ERM-shaped algorithm: ``predict(x) = classifier(features(x))``; ``network`` is
+    ``Sequential(featurizer, classifier)`` as in DomainBed."""
 
     def __init__(self, input_shape, num_classes, num_domains, hparams, featurizer=None):
         super().__init__(input_shape, num_classes, num_domains, hparams)
@@ -196,19 +156,8 @@ class FeatureClassifier(Algorithm):
 
 
 def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
-    """The factor on the initial lr at training step ``step`` (0-based) under the hparam
-    ``lr_schedule``; ``epoch = step / epoch_steps`` (:attr:`Algorithm.epoch_steps`):
-
-    * ``constant``: 1;
-    * ``exp_epoch``: ``lr_decay ** floor(epoch)`` (the DMG release's PACS schedule:
-      ``ExponentialLR(gamma=0.99)`` stepped after every epoch, ``train_model.py`` line 265 and
-      ``trainers/subnetwork_supermask_trainer.py`` lines 532-538 of github.com/prithv1/DMG at
-      6b162b4);
-    * ``inv_epoch``: ``(1 + lr_inv_gamma * floor(epoch)) ** -lr_inv_power``;
-    * ``inv_step``: ``(1 + lr_inv_gamma * step) ** -lr_inv_power`` (the release's DomainNet
-      schedule: ``InvLR(gamma=1e-4, power=0.75)``, ``utils/inverse_lr_scheduler.py``, stepped
-      after every iteration, ``configs/DomainNet/supermask_training.yml`` line 42 and the trainer's
-      lines 196-203)."""
+    """The factor on the initial lr at 0-based ``step`` under the hparam ``lr_schedule``
+    (``constant``, ``exp_epoch``, ``inv_epoch``, ``inv_step``; ``docs/methods/README.md``)."""
     schedule = hparams.get("lr_schedule", "constant")
     if schedule == "constant":
         return 1.0
@@ -227,8 +176,8 @@ def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[(x_0, y_0), (x_1, y_1), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]`` is the
-    index of the minibatch (the source environment) sample ``j`` came from."""
+    """``[(x_0, y_0), (x_1, y_1), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]``: the
+    minibatch (source environment) of sample ``j``."""
     if not minibatches:
         raise ValueError("update() got no minibatches (one (x, y) pair per source environment)")
     x = torch.cat([xi for xi, _ in minibatches])
@@ -245,8 +194,8 @@ def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
 
 
 def decay_groups(named_params, weight_decay: float) -> list[dict]:
-    """AdamW groups as MAE builds them: weight decay on parameters of 2+ dimensions that are not
-    biases; none on biases, norms and other 1-D parameters."""
+    """AdamW groups as MAE builds them: weight decay on non-bias parameters of 2+ dimensions
+    only."""
     decay, no_decay = [], []
     for name, p in named_params:
         if not p.requires_grad:
@@ -261,8 +210,6 @@ class GradScalingError(ValueError):
 
 
 class _Scaling:
-    """The gradient scaler :func:`optimizer_step` applies (None: none), and whether it is inside
-    its steps (see :func:`guard_scaled_steps`)."""
 
     scaler = None
     stepping = False
@@ -273,10 +220,8 @@ _SCALING = _Scaling()
 
 @contextlib.contextmanager
 def gradient_scaling(scaler):
-    """Within the block, :func:`optimizer_step` scales each loss with ``scaler`` (a
-    ``torch.amp.GradScaler``; None: no scaling) before its backward pass, steps the optimizers
-    through it (unscaled gradients; a step with inf/NaN gradients is skipped) and updates its
-    scale once per call. The train job runs every step of an fp16 job in it."""
+    """Within the block :func:`optimizer_step` scales each loss with ``scaler`` (fp16's
+    ``GradScaler``; None: none) and steps through it."""
     previous, _SCALING.scaler = _SCALING.scaler, scaler
     try:
         yield
@@ -285,10 +230,8 @@ def gradient_scaling(scaler):
 
 
 def guard_scaled_steps(algorithm: nn.Module) -> None:
-    """Make every optimizer of ``algorithm`` raise :class:`GradScalingError` when stepped outside
-    :func:`optimizer_step` inside :func:`gradient_scaling` with a scaler: its gradients would be
-    scaled or not as its own code decides, never unscaled by the scaler, so an fp16 job refuses it
-    at its first step instead of training something else than asked."""
+    """Make ``algorithm``'s optimizers raise :class:`GradScalingError` when stepped outside
+    :func:`optimizer_step` under a scaler (their gradients would never be unscaled)."""
     name = type(algorithm).__name__
 
     def check(optimizer, args, kwargs):
@@ -304,12 +247,8 @@ def guard_scaled_steps(algorithm: nn.Module) -> None:
 
 
 def optimizer_step(optimizer, loss: torch.Tensor, inputs=None) -> None:
-    """``zero_grad``, ``backward``, ``step``: the three lines every update ends with.
-    ``optimizer`` is one optimizer or a sequence of them (one backward, then every step).
-    ``inputs``: the only tensors that get gradients (``Tensor.backward(inputs=...)``), e.g. a
-    generator's parameters when the loss also flows through a model that must keep its own.
-    The backward pass and the steps run outside autocast (a job's ``--precision``); inside
-    :func:`gradient_scaling` the loss is scaled and the steps unscale (fp16)."""
+    """``zero_grad``, ``backward``, ``step`` of one optimizer or several, outside autocast;
+    ``inputs``: the only tensors that get gradients. Scaled inside :func:`gradient_scaling`."""
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)

@@ -1,74 +1,9 @@
-"""DisMAE (Zhang, Wang, Wang, Chua, "Disentangling Masked Autoencoders for Unsupervised Domain
-Generalization", ECCV 2024, arXiv 2407.07544) and the plain MAE baseline (He et al., "Masked
-Autoencoders Are Scalable Vision Learners", CVPR 2022) it builds on.
+"""DisMAE (Zhang, Wang, Wang, Chua, ECCV 2024, arXiv 2407.07544) and its MAE baseline (He et al.,
+CVPR 2022), following the authors' release (rookiehb/DisMAE @ ff91675, ``models_dmae.py``).
 
-The paper's equations were not available to us; the behaviour follows the authors' release
-(rookiehb/DisMAE @ ff91675, ``models_dmae.py``, configuration ``mae_vit_cls``), generalised where
-that code hard-codes 3 domains, 20 classes and equal per-domain batches.
-
-Model (all ViT pieces from :mod:`dg_plugins.networks.vit`)
-    * **semantic encoder** ``encoder``: a timm ``VisionTransformer`` (class token, fixed 2-D
-      sin-cos position embedding, final LayerNorm) run on the patches kept by a random mask of
-      ratio ``dismae_mask_ratio`` (0.8); unmasked at inference.
-    * **variation encoder** ``var_blocks``: ``dismae_var_depth`` more blocks of the same width that
-      share the patch embedding, position embedding, class token and final norm of the semantic
-      encoder, on an independent mask of ratio ``dismae_mask_ratio - dismae_var_mask_offset``;
-      only its class token ``v`` is used.
-    * **decoder** :class:`MaskedDecoder`: ``Linear(D, Dd)``, learned mask token, fixed sin-cos
-      position embedding, ``dismae_decoder_depth`` blocks, LayerNorm, ``Linear(Dd, p*p*C)``, on the
-      sequence ``[semantic CLS, patch slots (kept semantic tokens unshuffled, mask tokens
-      elsewhere), v]``; the first and last outputs are dropped and a sigmoid applied.
-    * **domain classifier** ``domain_classifier``: MLP ``D -> 3D -> ReLU -> num_domains`` on the
-      *detached* semantic class token (the release's ``reweight_classifier``).
-    * ``classifier``: linear head on the semantic class token (the release's ``s_classifier``
-      with ``--is_linear``).
-
-Losses (one ``update``; ``x`` = all source batches concatenated, domain = minibatch index)
-    * ``rec``: ``sum_i sum_{p in M_i} mean_pixels (D(s_i, v_i)_p - x_ip)^2 / (sum_i |M_i| + 1)``
-      over the masked patches ``M_i`` of the semantic mask (the release's normaliser).
-    * ``ada``, the adaptive contrastive loss: for each source domain k, the anchor ``a`` is the
-      domain's first sample; the swapped reconstructions ``D(s_a, v_j)`` for every sample j of the
-      same domain give errors ``e_j = sum_{all patches} mean_pixels relu((D(s_a, v_j) - x_a)^2 -
-      m) / (|M_a| + 1)`` (margin ``dismae_margin``); InfoNCE over the domain's candidates with
-      temperature ``dismae_tau`` and the anchor's own variation token as the positive:
-      ``l_k = -log softmax(-e / tau)_a``; weight ``w_k = 1 / max(dismae_wmin, p(k | sg[c_a]))``
-      (softmax of the domain classifier on the detached anchor class token, computed without
-      gradient); ``ada = sum_k w_k l_k``.
-    * ``ce``: cross-entropy of ``classifier`` on the semantic class token of the masked pass (DG
-      variant only).
-    * total: ``rec + dismae_lambda1 * ada + dismae_lambda2 * ce``; one AdamW step (betas 0.9/0.95,
-      ``weight_decay`` on matrices only: no decay on biases, norms and other 1-D parameters).
-    * domain classifier: its own SGD (``dismae_dcls_lr``, momentum ``dismae_dcls_momentum``,
-      weight decay 0.05) on the detached class tokens of a 15%-masked forward pass without
-      gradient, with the domain labels. The release trains it for one full pass over the data on
-      epochs 0-5 and every 15th epoch up to epoch 100; in steps: one SGD step after the main step
-      whenever ``epoch = step // E`` satisfies ``epoch < 6`` or ``epoch % 15 == 0 and epoch <=
-      100``, ``E`` (:func:`dcls_epoch_steps`) being the hparam ``dismae_dcls_epoch_steps`` when
-      set (0 = a step after every update), else the run's real epoch length, which the train job
-      sets (source in-split size / batch; in UDG pretraining, the pretraining set's size / the
-      step's batch over all domains), else 100. ``dcls_loss``/``dcls_acc`` are the classifier's CE and
-      accuracy on the detached class tokens of the current masked pass (reported every step).
-
-Choices where the release is unclear or hard-coded (each documented):
-    * ``dismae_unnorm_target`` (default False, as released): False reconstructs the input pixels
-      as given (DomainBed's image datasets are ImageNet-normalised, so part of the target range is
-      out of the sigmoid's reach, as in the release); True de-normalises 3-channel images larger
-      than 28x28 with ImageNet's mean/std to [0, 1] first (28x28 datasets are already in [0, 1]).
-    * ``dismae_init``: ``"random"`` (MAE's init, as released) or a path to a local MAE checkpoint
-      (``{"model": state_dict}`` or a bare state dict in MAE's key names): encoder keys must
-      match; decoder keys are loaded where their shapes match; the variation blocks stay random.
-    * One anchor per domain per step (the release's ``ada_iter=0``); any number of domains and any
-      batch split.
-    * ``vit_arch`` (base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as for
-      every ViT): ``"auto"`` is the paper's ViT-B/16 (``vit_base_patch16_224``) at 224x224 and
-      :data:`~dg_plugins.networks.vit.VIT_28` at 28x28; ``"tiny"`` the 2-block presets; or any
-      timm ViT or preset name. The variation depth (6) and decoder width (512) defaults shrink to
-      3 and 64 on 28x28 datasets.
-
-UDG (see :mod:`dg_plugins.algorithms.udg_finetune`): :meth:`pretrain_update` is the same step on unlabelled
-images with ``lambda2 = 0``; :meth:`pretrained_state` returns the semantic encoder's weights in
-the key names of :func:`build_encoder`'s ViT (the fine-tuning model).
-"""
+Semantic and variation ViT encoders, a decoder of both, and the loss ``rec + lambda1 * ada +
+lambda2 * ce`` (masked reconstruction, the domain-reweighted adaptive contrastive loss, CE); a
+domain classifier on its own schedule. Model, losses and choices: ``docs/methods/dismae.md``."""
 
 from __future__ import annotations
 
@@ -91,8 +26,8 @@ DCLS_MASK_RATIO = 0.15
 
 
 def build_encoder(input_shape, hparams) -> nn.Module:
-    """The semantic encoder (and the UDG fine-tuning backbone): a timm ViT without head, with MAE's
-    fixed sin-cos position embedding (a buffer) and a class token."""
+    """The semantic encoder (and the UDG fine-tuning backbone): a headless timm ViT with MAE's
+    fixed sin-cos position embedding."""
     vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
                             num_classes=0, arch_224=ENCODER_ARCH_224, class_token=True,
                             global_pool="token")
@@ -101,15 +36,13 @@ def build_encoder(input_shape, hparams) -> nn.Module:
 
 
 def _variation_blocks(input_shape, hparams, depth: int) -> nn.Sequential:
-    """``depth`` blocks shaped like the semantic encoder's (built as a ViT of that depth)."""
     vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
                             num_classes=0, arch_224=ENCODER_ARCH_224, depth=depth)
     return vit.blocks
 
 
 def mae_init_(module: nn.Module) -> None:
-    """MAE's initialisation: xavier-uniform Linear weights (and the patch projection, as a
-    flattened matrix), zero biases, unit LayerNorms, N(0, 0.02) class/mask tokens."""
+    """MAE's initialisation (xavier-uniform Linear weights, N(0, 0.02) tokens)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
             nn.init.xavier_uniform_(m.weight)
@@ -133,17 +66,15 @@ def mae_init_(module: nn.Module) -> None:
 
 
 def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
-    """``[B, C, H, W]`` -> ``[B, N, p*p*C]`` in the patch embedding's row-major order, pixels as
-    MAE orders them (row, column, channel)."""
+    """``[B, C, H, W]`` -> ``[B, N, p*p*C]``, pixels in MAE's (row, column, channel) order."""
     b, c, h, w = x.shape
     x = x.reshape(b, c, h // patch, patch, w // patch, patch)
     return x.permute(0, 2, 4, 3, 5, 1).reshape(b, (h // patch) * (w // patch), patch * patch * c)
 
 
 class MaskedDecoder(nn.Module):
-    """MAE's decoder with DisMAE's extra token: input ``[CLS, N patch slots, extra]`` (the extra
-    token, DisMAE's variation code, gets the class-token position embedding), output the N patch
-    predictions (first and last positions dropped) through a sigmoid."""
+    """MAE's decoder on ``[CLS, N patch slots, extra]`` (DisMAE's variation code as the extra
+    token); returns the N patch predictions through a sigmoid."""
 
     def __init__(self, embed_dim: int, width: int, depth: int, num_patches: int, grid,
                  patch_pixels: int):
@@ -165,8 +96,8 @@ class MaskedDecoder(nn.Module):
 
     def forward(self, latent: torch.Tensor, ids_restore: torch.Tensor,
                 extra: torch.Tensor | None) -> torch.Tensor:
-        """``latent [B, 1 + K, D]`` (class token first), ``ids_restore [B, N]``, ``extra [B, D]``
-        or None (plain MAE) -> ``[B, N, p*p*C]`` in (0, 1)."""
+        """``latent [B, 1 + K, D]``, ``ids_restore [B, N]``, ``extra [B, D]`` or None ->
+        ``[B, N, p*p*C]`` in (0, 1)."""
         h = self.embed(latent)
         patches = vitlib.restore_order(h[:, 1:], ids_restore, self.mask_token)
         seq = [h[:, :1] + self.pos_embed[:, :1], patches + self.pos_embed[:, 1:]]
@@ -185,7 +116,6 @@ def _init_check(value):
 
 
 def _shared_space(dataset: str) -> dict:
-    """The hparams MAE and DisMAE share (same names, same meaning)."""
     small = dataset in hp_lib.SMALL_IMAGE_DATASETS
     return {
         "lr": (1e-4, lambda r: 10 ** r.uniform(-4.5, -3.5), hp_lib.positive),
@@ -206,8 +136,8 @@ def _shared_space(dataset: str) -> dict:
 
 
 class _MaskedAutoencoder(Algorithm):
-    """What MAE and DisMAE share: the semantic encoder, the decoder, the reconstruction loss, the
-    classifier head, predict, and the UDG hooks."""
+    """What MAE and DisMAE share: semantic encoder, decoder, reconstruction loss, head, UDG
+    hooks."""
 
     VARIATION = False
     #: CPU test size: 2-block tiny ViT, 1 variation block, a 32-wide decoder.
@@ -243,10 +173,7 @@ class _MaskedAutoencoder(Algorithm):
     # ---- pieces ------------------------------------------------------------------------------
 
     def load_mae_checkpoint(self, path: str) -> None:
-        """Encoder from an MAE checkpoint (keys as timm's ViT: ``blocks.*``, ``patch_embed.*``,
-        ``cls_token``, ``norm.*``; ``pos_embed`` is the fixed sin-cos table and is skipped);
-        decoder keys (``decoder_embed``, ``mask_token``, ``decoder_blocks.i``, ``decoder_norm``,
-        ``decoder_pred``) where the shapes match."""
+        """Encoder (and the decoder keys whose shapes match) from a local MAE checkpoint."""
         import os
 
         if not os.path.isfile(path):
@@ -282,7 +209,8 @@ class _MaskedAutoencoder(Algorithm):
         return patchify(x, self.patch)
 
     def semantic(self, tokens: torch.Tensor, mask_ratio: float):
-        """Position-embedded patch tokens -> (normed ``[B, 1 + K, D]`` latent, mask, ids_restore)."""
+        """Position-embedded patch tokens -> (normed latent ``[B, 1 + K, D]``, mask,
+        ids_restore)."""
         if mask_ratio > 0:
             masked = vitlib.random_masking(tokens, mask_ratio)
             kept, mask, ids_restore = masked.tokens, masked.mask, masked.ids_restore
@@ -296,15 +224,13 @@ class _MaskedAutoencoder(Algorithm):
         return h, mask, ids_restore
 
     def variation(self, tokens: torch.Tensor, mask_ratio: float) -> torch.Tensor:
-        """The variation encoder's class token ``[B, D]`` (shared patch/position embedding, class
-        token and final norm; own blocks; independent mask)."""
+        """The variation encoder's class token ``[B, D]`` (own blocks, independent mask)."""
         masked = vitlib.random_masking(tokens, mask_ratio)
         h = vitlib.prepend_prefix_tokens(self.encoder, masked.tokens)
         h = self.var_blocks(h)
         return vitlib.final_norm(self.encoder, h)[:, 0]
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The unmasked semantic class token (inference)."""
         tokens = vitlib.embed_patches(self.encoder, x)
         return self.semantic(tokens, 0.0)[0][:, 0]
 
@@ -313,7 +239,6 @@ class _MaskedAutoencoder(Algorithm):
 
     @staticmethod
     def rec_loss(pred, target, mask) -> torch.Tensor:
-        """``sum_i sum_{p in M_i} mean_pixels (pred - target)^2 / (sum_i |M_i| + 1)``."""
         per_patch = (pred - target).pow(2).mean(dim=-1)
         return (per_patch * mask).sum() / (mask.sum() + 1)
 
@@ -333,8 +258,7 @@ class _MaskedAutoencoder(Algorithm):
         return self._update(x, y, domain)
 
     def pretrain_update(self, images) -> dict:
-        """One self-supervised step (``lambda2 = 0``, no labels) on one image batch per source
-        environment."""
+        """One self-supervised step (``lambda2 = 0``) on one image batch per source environment."""
         if not images:
             raise ValueError("pretrain_update() got no image batches")
         x = torch.cat(list(images))
@@ -345,10 +269,8 @@ class _MaskedAutoencoder(Algorithm):
 
 @register_algorithm("MAE")
 class MAE(_MaskedAutoencoder):
-    """Plain masked autoencoder baseline (He et al., CVPR 2022) with DisMAE's semantic encoder and
-    decoder, no variation branch and no contrastive loss. DG variant: ``rec + dismae_lambda2 *
-    CE`` on the masked pass's class token (keys ``loss``, ``rec``, ``ce``); UDG pretraining: ``rec``
-    only (keys ``loss``, ``rec``)."""
+    """Plain masked autoencoder baseline (He et al., CVPR 2022): ``rec + lambda2 * CE`` (DG),
+    ``rec`` alone in UDG pretraining."""
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
@@ -386,9 +308,8 @@ def _epoch_steps_check(value):
 
 
 def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
-    """The epoch length (in steps) of the domain classifier's schedule: the hparam
-    ``dismae_dcls_epoch_steps`` when set, else the run's epoch (``Algorithm.epoch_steps``, rounded,
-    at least 1), else :data:`FALLBACK_EPOCH_STEPS`."""
+    """The domain classifier's epoch in steps: the hparam when set, else the run's epoch, else
+    :data:`FALLBACK_EPOCH_STEPS`."""
     value = hparams.get("dismae_dcls_epoch_steps")
     if value is not None:
         return int(value)
@@ -398,9 +319,8 @@ def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
 
 
 def dcls_active(step: int, epoch_steps: int) -> bool:
-    """Whether the domain classifier trains at ``step``: epochs 0-5, then every 15th epoch up to
-    epoch 100 (the release's ``inter_ada=15``, ``max_epoch_ada=100``), an epoch being
-    ``epoch_steps`` steps; every step when ``epoch_steps`` is 0."""
+    """Whether the domain classifier trains at ``step``: epochs 0-5, then every 15th up to 100
+    (every step when ``epoch_steps`` is 0)."""
     if epoch_steps <= 0:
         return True
     epoch = step // epoch_steps
@@ -409,10 +329,7 @@ def dcls_active(step: int, epoch_steps: int) -> bool:
 
 @register_algorithm("DisMAE")
 class DisMAE(_MaskedAutoencoder):
-    """DisMAE, DG variant (see the module docstring for the model and every loss term):
-    ``rec + lambda1 * ada + lambda2 * CE``; ``update`` returns ``loss``, ``rec``, ``ada``, ``ce``,
-    ``dcls_loss``, ``dcls_acc``. ``predict`` is ``classifier`` on the unmasked semantic class
-    token. UDG pretraining (:meth:`pretrain_update`) drops the CE term (and the ``ce`` key)."""
+    """DisMAE, DG variant: ``rec + lambda1 * ada + lambda2 * CE`` (``docs/methods/dismae.md``)."""
 
     VARIATION = True
     TINY_TEST_HPARAMS = {**_MaskedAutoencoder.TINY_TEST_HPARAMS, "dismae_var_depth": 1}
@@ -461,9 +378,8 @@ class DisMAE(_MaskedAutoencoder):
 
     @staticmethod
     def anchors(domain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(anchor of each sample, anchor indices)``: the anchor of a sample is the first sample
-        of its domain in the batch; anchors are listed by domain index (absent domains
-        skipped)."""
+        """``(anchor of each sample, anchor indices)``: a sample's anchor is its domain's first
+        sample in the batch."""
         present = torch.unique(domain)
         first = torch.stack([torch.nonzero(domain == d)[0, 0] for d in present])
         lookup = torch.full((int(domain.max()) + 1,), -1, dtype=torch.long, device=domain.device)
@@ -473,9 +389,8 @@ class DisMAE(_MaskedAutoencoder):
     @staticmethod
     def contrastive_terms(errors: torch.Tensor, domain: torch.Tensor, positive: torch.Tensor,
                           tau: float) -> torch.Tensor:
-        """Per domain present in ``domain`` (in index order), the InfoNCE loss
-        ``-log softmax(-errors / tau)[positive]`` over the samples of that domain; ``positive``
-        holds, per domain, the batch index of the positive candidate."""
+        """Per domain present, InfoNCE ``-log softmax(-errors / tau)[positive]`` over its
+        samples."""
         losses = []
         for k, d in enumerate(torch.unique(domain)):
             idx = torch.nonzero(domain == d)[:, 0]
@@ -485,8 +400,7 @@ class DisMAE(_MaskedAutoencoder):
         return torch.stack(losses)
 
     def adaptive_weights(self, cls: torch.Tensor, domains: torch.Tensor) -> torch.Tensor:
-        """``1 / max(wmin, p(domain | sg[cls]))``, computed without gradient (the domain classifier
-        neither receives nor passes gradient through the contrastive loss)."""
+        """``1 / max(wmin, p(domain | sg[cls]))``, without gradient."""
         with torch.no_grad():
             probs = F.softmax(self.domain_classifier(cls.detach()), dim=1)
             p = probs.gather(1, domains.view(-1, 1)).squeeze(1)
@@ -536,8 +450,7 @@ class DisMAE(_MaskedAutoencoder):
                 "dcls_loss": dcls_loss, "dcls_acc": dcls_acc}
 
     def domain_classifier_step(self, x: torch.Tensor, domain: torch.Tensor) -> float:
-        """One SGD step of the domain classifier on the detached class tokens of a 15%-masked
-        pass (no gradient through the encoders)."""
+        """One SGD step of the domain classifier on detached class tokens of a 15%-masked pass."""
         with torch.no_grad():
             tokens = vitlib.embed_patches(self.encoder, x)
             cls = self.semantic(tokens, DCLS_MASK_RATIO)[0][:, 0]
@@ -547,7 +460,6 @@ class DisMAE(_MaskedAutoencoder):
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
-    """Trainable parameters per top-level part (for the benchmark's printout)."""
     counts = {}
     for name, p in model.named_parameters():
         if p.requires_grad:

@@ -1,58 +1,10 @@
 """GMoE (Li et al., "Sparse Mixture-of-Experts are Domain Generalizable Learners", ICLR 2023) and
-its dense baseline ERM_ViT (the paper's "ERM (ViT-S/16)" row of Table 1).
+its dense baseline ERM_ViT (Table 1's "ERM (ViT-S/16)").
 
-Both are a timm ViT trained by ERM (cross-entropy on the pooled source minibatches, one Adam step
-per ``update``, constant LR); GMoE replaces the FFN of some blocks by a sparse mixture of experts
-(:class:`dg_plugins.networks.moe.MoEFFN`: cosine router, noisy top-k routing with capacity and
-batch-prioritised token dropping, Eq. 3) and adds the load-balancing loss of each MoE layer:
-
-    L = CE(f(x), y) + gmoe_aux_weight * sum_{MoE layers} L_aux      (L_aux: Tutel's importance +
-                                                                     load loss, see moe.py)
-
-Backbone (hparams shared by both)
-    ``vit_arch`` (the base hparam, chosen by :func:`dg_plugins.networks.vit.resolve_vit_arch` as
-    for every ViT) ``"auto"``: the paper's DeiT-S/16 (timm ``deit_small_patch16_224``) for 224x224
-    inputs, the 28x28 preset ``dg_vit_patch4_28`` (6 blocks, width 64) for 28x28 inputs; ``"tiny"``
-    the 2-block presets; or any timm ViT / preset name. ImageNet weights when ``pretrained`` (or
-    ``pretrained_path``); stochastic depth ``gmoe_drop_path`` 0.1; a linear head on the class token
-    (randomly initialised). The paper's GMoE-S/16 is the default at 224.
-
-MoE placement ``gmoe_moe_layers``
-    ``"auto"`` = the last two even-indexed blocks (0-based), the paper's "last-two" placement:
-    blocks 8 and 10 of the 12-block DeiT-S (the official ``moe_layers = ['F']*8 + ['S','F']*2``),
-    2 and 4 of the 6-block 28x28 ViT, 0 and 2 of the 4-block test ViT; for an odd depth ``d`` it
-    is ``d-1, d-3``. Or explicit indices ``"8,10"`` (negative ones count from the end). Every MoE
-    layer's experts start as copies of the block's (pretrained) dense FFN; routers are random.
-
-Evaluation capacity ``gmoe_eval_capacity``
-    Default ``None``: no token is dropped in eval mode, so a sample's logits depend only on the
-    sample. With dropping, a test image's prediction depends on the other images of its
-    evaluation batch, and the accuracy loop (DomainBed's and ours) evaluates in batches of 64 with
-    a smaller last one, not in training batches (32 per domain x the source domains), so the
-    capacity would act differently at evaluation than in training anyway. ``1.5`` reproduces the
-    official code, which keeps the training capacity rule at evaluation.
-
-Router width ``gmoe_router_dim``: 256 (official) on the 224x224 datasets; 64 on the 28x28 ones
-(RotatedMNIST, ColoredMNIST, RotatedMNIST5k, Debug28), whose ViT is 64 wide: a 256-wide projection
-there costs as much as an expert's fc1 (measured: the MoE layer took 2.5x the dense FFN's time
-with 256, 1.4x with 64, on 16,000 tokens on CPU).
-
-Top-k ``gmoe_top_k``: 1 in the paper; with k > 1 the k gates are divided by their sum before
-dropping (Tutel's ``normalize_gate``), and slots are assigned to all first choices before any
-second choice, each column in batch-priority order.
-
-``update`` returns ``loss`` (the objective above), ``aux_loss`` (``sum`` of ``L_aux`` over the
-MoE layers, unweighted), ``drop_frac`` (fraction of token-to-expert assignments dropped, mean over
-the MoE layers) and ``load_entropy`` (entropy in nats of the share of assignments each expert got,
-mean over the layers; ``ln E`` is perfectly balanced). ERM_ViT returns ``loss``.
-
-Per-dataset defaults (the official ``hparams_registry.py``): lr / weight decay PACS 3e-5 / 1e-6,
-VLCS 3e-5 / 1e-6, OfficeHome 1e-5 / 1e-6, TerraIncognita 5e-5 / 1e-4, DomainNet 5e-5 / 0; other
-datasets keep the base defaults (5e-5 / 0 at 224, 1e-3 / 0 on 28x28 images). Random sweeps
-(``hparams_seed`` > 0) on those five datasets draw as the official registry does (Luodian/
-Generalizable-Mixture-of-Experts @0689d55, ``domainbed/hparams_registry.py`` lines 171-195): lr
-from 10^U(-4.5, -2.5), weight decay 0 (its random value is ``lambda r: 0.``).
-"""
+A timm ViT trained by ERM; GMoE replaces the FFN of some blocks by sparse mixtures of experts
+(:class:`~dg_plugins.networks.moe.MoEFFN`, Eq. 3) and minimises
+``CE + gmoe_aux_weight * sum_layers L_aux``. Backbone, placement, capacity and per-dataset
+defaults (the official ``hparams_registry.py``): ``docs/methods/gmoe.md``."""
 
 from __future__ import annotations
 
@@ -97,22 +49,20 @@ def _moe_layers_check(value) -> str | None:
 
 
 def backbone_space(dataset: str) -> dict:
-    """Hparams ERM_ViT and GMoE share: stochastic depth and the per-dataset lr / weight decay (the
-    ViT is the base hparam ``vit_arch``)."""
+    """Hparams ERM_ViT and GMoE share: stochastic depth and the per-dataset lr / weight decay."""
     space = {
         "gmoe_drop_path": (0.1, H._constant(0.1), H.probability),
     }
     if dataset in GMOE_LR_WD:
         lr, wd = GMOE_LR_WD[dataset]
-        # the official registry's random draws (module docstring): 10^U(-4.5, -2.5) and 0
+        # the official registry's random draws (docs/methods/gmoe.md): 10^U(-4.5, -2.5) and 0
         space["lr"] = (lr, H._log_uniform(-4.5, -2.5), H.positive)
         space["weight_decay"] = (wd, H._constant(0.0), H.non_negative)
     return space
 
 
 def moe_space(dataset: str) -> dict:
-    """GMoE's own hparams: the official defaults, except the router's projection width on the
-    28x28 datasets (64, the width of their ViT, instead of 256: see the module docstring)."""
+    """GMoE's own hparams: the official defaults, but a 64-wide router on 28x28 datasets."""
     router_dim = 64 if dataset in H.SMALL_IMAGE_DATASETS else 256
     return {
         "gmoe_num_experts": (6, H._constant(6), H.positive),
@@ -128,13 +78,12 @@ def moe_space(dataset: str) -> dict:
 
 
 def auto_moe_layers(depth: int) -> list[int]:
-    """The last two even-indexed blocks (0-based) of a ViT of ``depth`` blocks ({8, 10} at 12)."""
+    """The last two even-indexed blocks of a ViT of ``depth`` blocks ({8, 10} at 12)."""
     evens = [i for i in range(depth) if i % 2 == 0]
     return evens[-2:]
 
 
 def build_vit(input_shape, num_classes: int, hparams) -> nn.Module:
-    """The timm ViT (with its linear head) both algorithms train."""
     from dg_plugins.networks.vit import create_vit
 
     return create_vit(hparams["vit_arch"], input_shape,
@@ -146,8 +95,7 @@ def build_vit(input_shape, num_classes: int, hparams) -> nn.Module:
 
 @register_algorithm("ERM_ViT")
 class ERM_ViT(Algorithm):
-    """ERM on a timm ViT (DeiT-S/16 at 224x224): GMoE's dense baseline, with GMoE's backbone and
-    per-dataset hparams. ``network`` is the timm model; ``predict(x) = network(x)``."""
+    """ERM on a timm ViT (DeiT-S/16 at 224x224), with GMoE's backbone and per-dataset hparams."""
 
     #: the 2-block width-64 presets
     TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny"}
@@ -170,7 +118,6 @@ class ERM_ViT(Algorithm):
         return self.network.head
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The pooled (class-token) feature the head reads."""
         return self.network.forward_head(self.network.forward_features(x), pre_logits=True)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,9 +130,8 @@ class ERM_ViT(Algorithm):
 
 @register_algorithm("GMoE")
 class GMoE(ERM_ViT):
-    """GMoE: the ERM_ViT backbone with sparse MoE FFNs in the ``gmoe_moe_layers`` blocks, trained
-    on CE + ``gmoe_aux_weight`` x the sum of the layers' load/importance losses (Li et al., ICLR
-    2023, Eq. 3; module docstring for every choice). ``moe_layers`` holds the MoE modules."""
+    """GMoE: ERM_ViT with sparse MoE FFNs in the ``gmoe_moe_layers`` blocks
+    (``docs/methods/gmoe.md``)."""
 
     TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny", "gmoe_router_dim": 16}
 
@@ -217,7 +163,6 @@ class GMoE(ERM_ViT):
 
     @property
     def moe_layers(self) -> list[nn.Module]:
-        """The MoE layers, in block order."""
         return [self.network.blocks[i].mlp for i in self.moe_blocks]
 
     def pop_routing(self) -> list:

@@ -1,31 +1,8 @@
 """Fine-tuning for the unsupervised-DG (UDG) protocol (DARLING's DomainNet protocol as DisMAE's
-release runs it, ``train_finetune.py`` / ``models_finetune.py``): a ViT backbone taken from a
-self-supervised pretraining (:meth:`Algorithm.pretrained_state`, e.g. DisMAE's semantic encoder)
-plus a classification head, trained on a labelled fraction of the source domains.
-
-Per label fraction (the release's settings; :func:`finetune_settings`):
-
-===============  ======  ===================  =========================================
-label fraction    mode    lr                   batch per domain
-===============  ======  ===================  =========================================
-0.01              linear  0.025                32
-0.05              linear  0.05                 64
-0.1               full    5e-5                 12
-1.0               full    5e-5                 12
-===============  ======  ===================  =========================================
-
-Other fractions take the row of the largest listed fraction not above them (0.01's below 0.01).
-``linear`` (fractions below 0.1) is a linear probe: the backbone is frozen (no gradient, eval
-mode) and the head is ``BatchNorm1d(D, affine=False)`` then ``Linear(D, classes)``; ``full``
-fine-tunes backbone and a ``Linear`` head. Head weights: truncated normal, std 0.01; biases 0.
-Optimiser: AdamW (betas 0.9/0.95, weight decay 0.05 except biases/norms/1-D), constant lr.
-The hparams ``udg_ft_lr``, ``udg_ft_batch_size`` (null: the table) and ``udg_ft_mode``
-(``auto``: the table; ``linear``; ``full``) override the table. The feature is the backbone's
-final-normed class token (timm's pooled pre-logits).
-
-This class is built by the UDG job (:mod:`dg_plugins.train.udg`), not registered: records keep
-the pretraining algorithm's name (``DisMAE``, ``MAE``) so that tables show it.
-"""
+release runs it, ``train_finetune.py`` / ``models_finetune.py``): a pretrained ViT backbone
+(:meth:`Algorithm.pretrained_state`) plus a head, trained on a labelled fraction of the sources.
+The settings per label fraction: ``docs/udg_protocol.md``. Built by :mod:`dg_plugins.train.udg`,
+not registered."""
 
 from __future__ import annotations
 
@@ -41,8 +18,8 @@ FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
 
 
 def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
-    """``(mode, lr, batch size per domain)`` for ``label_fraction``: the table's row (see the
-    module docstring), then the ``udg_ft_*`` hparam overrides."""
+    """``(mode, lr, batch size per domain)`` for ``label_fraction``: the release's row, then the
+    ``udg_ft_*`` overrides."""
     if not 0 < label_fraction <= 1:
         raise ValueError(f"label_fraction must be in (0, 1], got {label_fraction}")
     keys = sorted(FINETUNE_TABLE)
@@ -63,9 +40,8 @@ def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
 
 
 class FineTuner(Algorithm):
-    """``head(backbone(x))`` trained with cross-entropy on the labelled batches (see the module
-    docstring). ``backbone``: a timm ViT without head (e.g. DisMAE's :func:`build_encoder`),
-    already holding the pretrained weights."""
+    """``head(backbone(x))`` trained with cross-entropy; ``backbone``: a headless timm ViT
+    holding the pretrained weights."""
 
     def __init__(self, input_shape, num_classes, num_domains, hparams, backbone: nn.Module,
                  label_fraction: float):

@@ -1,20 +1,6 @@
-"""A persistent cache of alignment scores, so that rescoring the same images reads instead of
-recomputing.
-
-One file per *setting* (everything a score depends on besides the image: model name and its
-architecture config, pretrained tag or checkpoint sha256 or random-init seed, prompt, image
-transform): ``<cache_dir>/<sha256 of the setting>[:24].npz``. Inside, per image, a key (absolute
-path, file size, modification time in ns, class name: a changed or moved image, or another class,
-misses) and its float32 score, plus the setting itself and a sha256 digest of the payload.
-
-A file that cannot be read, whose digest does not match its payload, or whose stored setting
-differs from the expected one is *corrupt*: it is reported on stderr (and counted in
-:attr:`ScoreCache.corrupt`), ignored, and overwritten by the recomputed scores; it is never used.
-Writes are atomic (temp file + rename); concurrent writers lose each other's additions, never the
-file's integrity.
-
-Default folder: ``$DG_PLUGINS_CACHE/alignment`` or ``~/.cache/dg_plugins/alignment``.
-"""
+"""A persistent cache of alignment scores, one file per scoring setting, checked by a digest
+(a corrupt file is reported, ignored and overwritten); written atomically
+(docs/methods/alignment.md)."""
 
 from __future__ import annotations
 
@@ -58,10 +44,8 @@ def _payload_digest(keys_blob: bytes, scores: np.ndarray) -> str:
 
 
 class ScoreCache:
-    """The scores of one setting: ``lookup(keys)`` then ``update(keys, scores)`` and ``save()``.
-
-    ``status`` after :meth:`load`: ``"absent"``, ``"loaded"`` or ``"corrupt"`` (with ``problem``).
-    """
+    """The scores of one setting: ``lookup(keys)``, ``update(keys, scores)``, ``save()``;
+    ``status`` after :meth:`load`: absent, loaded or corrupt."""
 
     def __init__(self, setting: dict, cache_dir: str | None = None):
         self.setting = json.loads(json.dumps(setting, sort_keys=True, default=str))

@@ -1,24 +1,6 @@
-"""Import the authors' released IP/OOP material into a score file (Teterwak et al., ICLR 2025).
-
-Two formats, each read *as documented* (neither release could be downloaded here, so both are
-implemented from their description and tested on files generated in that format only):
-
-1. **Per-split score arrays** (:func:`import_score_arrays`): what the authors' evaluator writes
-   with ``--dump_scores`` (``dg_openclip/domainbed/evaluator.py``), and presumably the ``.npy``
-   files of the ``clipscores`` folder of ``PTeterwak/DomainBed_EasyHard``: one file per target
-   domain and split, ``<domain folder>_<in|out>.npy``, an array of rows ``(score, is_correct)``
-   (``is_correct`` is the authors' model's hit on that image) in the order of that split's items.
-   The arrays carry no paths: the rows are put back on images by rebuilding the split the way
-   DomainBed and the authors' code do (the items of the domain in ImageFolder order, shuffled by
-   ``RandomState(seed_hash(trial_seed, env_index))``, the first ``int(len * holdout_fraction)``
-   being ``out``; their defaults: holdout 0.2, trial seed 0). The lengths are checked; the order
-   cannot be, so a different image set or folder order silently misplaces scores: prefer (2)
-   when you have it. The ``is_correct`` column is kept as ``reference_correct``.
-2. **Per-image split folders** (:func:`import_split_dirs`): the IP (``easy``) and OOP (``hard``)
-   copies of a dataset in DomainBed's layout (``DomainBed_OOP`` / ``DomainBed_EasyHard``, once
-   extracted). An image is IP or OOP when the same ``<domain>/<class>/<file>`` exists in that copy,
-   and dropped (cleaned away) when in neither. The file gets a fixed ``subset`` column; no score.
-"""
+"""Import the authors' released IP/OOP material into a score file (Teterwak et al., ICLR 2025):
+per-split score arrays, or per-image split folders, each read as documented
+(docs/methods/alignment.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +43,8 @@ def _load_rows(path: str) -> np.ndarray:
 def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
                         holdout_fraction: float = 0.2, trial_seed: int = 0,
                         dataset_name: str | None = None) -> ScoreTable:
-    """A score table from ``<folder>/<domain>_in.npy`` and ``_out.npy`` (see the module
-    docstring). ``envs`` default: every environment whose two files exist."""
+    """A score table from ``<folder>/<domain>_in.npy`` and ``_out.npy``
+    (docs/methods/alignment.md). ``envs`` default: every environment whose two files exist."""
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"score array folder {folder!r} does not exist")
     chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
@@ -130,9 +112,8 @@ def _files_under(folder: str) -> set[str]:
 
 def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, envs=None,
                       dataset_name: str | None = None) -> ScoreTable:
-    """A fixed-subset table from an IP copy and an OOP copy of the dataset (see the module
-    docstring). Each copy is a data_dir (holding e.g. ``PACS/<domain>/...``) or the dataset folder
-    itself (holding ``<domain>/...``)."""
+    """A fixed-subset table from an IP copy and an OOP copy of the dataset (each a data_dir or
+    the dataset folder)."""
     for folder in (ip_dir, oop_dir):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"split folder {folder!r} does not exist")

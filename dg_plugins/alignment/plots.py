@@ -1,10 +1,5 @@
-"""Plots of the IP/OOP analysis, as in the paper's Fig. 2 (Teterwak et al., ICLR 2025): per target
-environment, the histogram of AlignmentScores (with the split rule's threshold and cuts) and the
-accuracy of a trained model per AlignmentScore bin.
-
-:func:`binned_accuracy` is the computation (tested); :func:`plot_alignment` draws with matplotlib
-(Agg backend) and writes a PNG.
-"""
+"""Plots of the IP/OOP analysis, as the paper's Fig. 2 (Teterwak et al., ICLR 2025): per target
+environment the score histogram and the accuracy per score bin. matplotlib (Agg) loads to draw."""
 
 from __future__ import annotations
 
@@ -59,9 +54,7 @@ def join_predictions(scores: pd.DataFrame, predictions: pd.DataFrame) -> pd.Data
 def plot_alignment(scores: pd.DataFrame, out: str, predictions: pd.DataFrame | None = None,
                    rule: SplitRule | None = None, envs=None, bin_width: float = 0.02,
                    title: str | None = None, env_names: dict | None = None) -> list[pd.DataFrame]:
-    """Write the figure to ``out`` (PNG). One column per environment: the score histogram (top)
-    and, with ``predictions``, accuracy per score bin with its image count (bottom). Returns the
-    binned-accuracy tables (one per environment with predictions)."""
+    """Write the figure to ``out`` (PNG); returns the binned-accuracy tables."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,25 +1,5 @@
-"""Is a score file the right one for this run? Which data copy it scored, and which model scored it.
-
-A score file holds the AlignmentScores of *one* copy of the images, made by *one* CLIP model.
-``train --alignment_scores`` and ``alignment_eval`` check both against what they run on, before
-using the scores:
-
-* **The data.** The scorer records, per scored environment, a *data fingerprint*: the sha256 of
-  the lines ``"<path relative to data_dir>\\t<size in bytes>\\n"`` of its images, sorted by path
-  (:func:`fingerprint`). Cheap (one ``stat`` per image, no image read) and independent of where
-  the copy lives, so a file moves with its data between machines; another copy of the dataset
-  whose files differ (re-encoded, resized or another release of the images: almost always other
-  byte sizes) gives another fingerprint, and the file is rejected with the fix (re-score that
-  copy). Two copies with the same paths and byte sizes but other pixels are not told apart. A file
-  without fingerprints (written before they existed, or by hand) is still read, with a warning
-  that it cannot be checked.
-* **The model.** A named rule may be defined for one model (:data:`PRESET_MODELS`:
-  ``teterwak2025``'s cuts are cosines of OpenCLIP ViT-B-16 / ``laion400m_e32``, the authors'
-  scorer), and a user may state the model they expect (``alignment_eval --alignment_model
-  --alignment_pretrained``). The file's header (``model``, ``pretrained``, and
-  ``pretrained_tag`` for a local checkpoint declared to hold a tag's weights) must name it, else
-  the file is rejected with the fix (re-score with that model).
-"""
+"""Is a score file the right one for this run: the copy of the data it scored (a fingerprint of
+paths and byte sizes) and the model that scored it (docs/methods/alignment.md)."""
 
 from __future__ import annotations
 
@@ -68,10 +48,8 @@ def _where(table: ScoreTable) -> str:
 
 def check_data(table: ScoreTable, env: int, env_name, file_paths, abs_paths,
                data_dir: str | None) -> str | None:
-    """Compare the header's fingerprint of environment ``env`` with the images it is matched to
-    here (``file_paths``: the file's paths of the matched rows; ``abs_paths``: the dataset's files,
-    in the same order). Raises ValueError when they differ; returns a warning when the file has no
-    fingerprint for ``env`` (None when it matches)."""
+    """Raise ValueError when the header's fingerprint of ``env`` differs from the matched images;
+    a warning when the file has none (None when it matches)."""
     recorded = table.meta.get(FINGERPRINT_KEY)
     expected = recorded.get(str(env)) if isinstance(recorded, dict) else None
     if not isinstance(expected, str):
@@ -98,10 +76,8 @@ def _norm_model(name) -> str:
 
 def check_model(table: ScoreTable, preset: str | None = None, model: str | None = None,
                 pretrained: str | None = None) -> None:
-    """Raise ValueError when the file was scored by another model than the named rule
-    ``preset`` is defined for (:data:`PRESET_MODELS`) or than the expected ``model`` /
-    ``pretrained`` (each optional). The file's ``pretrained`` matches a tag when it is that tag,
-    or when ``pretrained_tag`` (a checkpoint file declared to hold the tag's weights) is."""
+    """Raise ValueError when the file was scored by another model than ``preset`` or the expected
+    ``model`` / ``pretrained`` need."""
     wanted = []
     if preset in PRESET_MODELS:
         wanted.append((f"the rule --alignment_preset {preset}", *PRESET_MODELS[preset]))

@@ -1,31 +1,6 @@
-"""The IP/OOP split rule: which images of a target domain are In-Pretraining (IP), which are
-Out-of-Pretraining (OOP), and which are dropped, from their AlignmentScore (Teterwak et al., "Is
-Large-scale Pretraining the Secret to Good Domain Generalization?", ICLR 2025, arXiv 2412.02856;
-the score is the raw cosine of Eq. 1, see :mod:`dg_plugins.alignment.scoring`).
-
-Rule (:class:`SplitRule`), applied per image:
-
-* ``drop`` if ``score < drop_below`` or ``score > drop_above`` (cleaning cuts, each optional);
-* else ``ip`` if ``score >= threshold`` (a score equal to the threshold is IP);
-* else ``oop``.
-
-The default rule is ``IP iff score >= 0.4`` with no cleaning cuts (``--alignment_threshold``
-changes it). Beware:
-typical OpenCLIP ViT-B/16 image-text cosines lie around 0.15-0.35, so at 0.4 almost every image
-is OOP; :func:`lopsided_warnings` says so when a split is that lopsided.
-
-Presets (:data:`PRESETS`):
-
-* ``teterwak2025``: drop < 0.15 (mostly mislabeled or noise), drop > 0.40 (images that carry their
-  label as written text, an OCR shortcut), IP iff score >= 0.21, the cut where accuracy starts to
-  rise steeply in the paper's binned accuracy-vs-AlignmentScore plot (Fig. 2a). These three
-  values come from two consistent review summaries of the paper, not from its body or code; in
-  the final paper 0.4 is the upper cleaning cut, not the IP/OOP boundary. The authors' released
-  split files, when available, are the ground truth (:mod:`dg_plugins.alignment.importers`).
-* ``default``: the default rule spelled as a preset.
-
-A preset may also be written inline, ``"threshold=0.21,drop_below=0.15,drop_above=0.4"``.
-"""
+"""The IP/OOP split rule (Teterwak et al., ICLR 2025): per image, ``drop`` outside the cleaning
+cuts, else ``ip`` iff ``score >= threshold``, else ``oop``; the presets and their sources:
+docs/methods/alignment.md."""
 
 from __future__ import annotations
 
@@ -83,7 +58,7 @@ class SplitRule:
         return text + ("; dropped: " + " or ".join(cuts) if cuts else "; nothing dropped")
 
 
-#: Named split rules (see the module docstring).
+#: Named split rules (docs/methods/alignment.md).
 PRESETS: dict[str, SplitRule] = {
     "default": SplitRule(),
     "teterwak2025": SplitRule(threshold=0.21, drop_below=0.15, drop_above=0.40),
@@ -111,10 +86,8 @@ def _parse_inline(spec: str) -> SplitRule:
 
 def resolve_rule(threshold: float | None = None, preset: str | None = None,
                  drop_below: float | None = None, drop_above: float | None = None) -> SplitRule:
-    """The rule named by a threshold and/or a preset (both None: the default rule).
-
-    A preset sets its own threshold and cuts, so giving ``threshold`` (or a cut) with a preset is
-    an error; an unknown preset name is an error naming the valid ones."""
+    """The rule named by a threshold and/or a preset (both None: the default); raises on both, or
+    an unknown preset."""
     if preset is None:
         return SplitRule(DEFAULT_THRESHOLD if threshold is None else float(threshold),
                          drop_below, drop_above)

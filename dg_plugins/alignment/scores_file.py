@@ -1,47 +1,6 @@
-"""The alignment score file: the contract between the scorer, ``train --alignment_scores`` and the
-evaluation-only command.
-
-A CSV (UTF-8, ``\\n`` line ends) whose first lines are a self-describing header, each ``# key:
-value`` with the value JSON-encoded, then one row per image::
-
-    # dg_plugins alignment scores v1
-    # dataset: "PACS"
-    # model: "ViT-B-16"
-    # pretrained: "laion400m_e32"
-    # pretrained_sha256: null
-    # prompt: "A photo of {}."
-    # transform: "dataset-eval: Compose(Resize(size=(224, 224), ...), ToTensor(), Normalize(...))"
-    # data_dir: "/abs/path/when/scored"
-    env,env_name,path,label,class,score
-    0,art_painting,PACS/art_painting/dog/pic_001.jpg,0,dog,0.231804
-
-Columns (required: ``env``, ``path``, ``label``, ``score``):
-
-* ``env``: environment index in the dataset (its position, as ``--test_envs`` counts);
-* ``env_name``: the environment's folder name (checked against the dataset when present);
-* ``path``: the image path relative to ``--data_dir``, with ``/`` separators, so that a file is
-  portable between machines;
-* ``label``: the class index the dataset gives the image; ``class``: the class folder name (the
-  word in the prompt). When both the file and the dataset name classes, names are compared, so a
-  file stays valid for DomainBed's per-domain class indices;
-* ``score``: the AlignmentScore, the raw cosine in [-1, 1] (empty when unknown, e.g. imported
-  split folders);
-* ``subset`` (optional): a fixed ``ip`` / ``oop`` / ``drop`` assignment (imported release splits);
-  when present it is used as is and no threshold or preset applies.
-
-Header keys written by the scorer: ``dataset``, ``model``, ``pretrained`` (tag, checkpoint path,
-or ``none`` for random initialisation), ``pretrained_sha256`` (for a checkpoint file),
-``pretrained_tag`` (the open_clip tag a checkpoint file holds, as declared with
-``alignment_scores --pretrained_tag``; else null), ``seed`` (random initialisation only),
-``prompt``, ``transform``, ``data_dir``, ``data_fingerprint`` (per scored environment, the digest
-of its images' paths and byte sizes: which copy of the data was scored, see
-:mod:`dg_plugins.alignment.provenance`), ``created``, ``open_clip`` (version); importers write
-``source``. Unknown keys are kept, and files without a header are read.
-
-Checked on reading: the file must be text (a binary file, e.g. one of the authors' ``.npy``
-arrays, is named and explained), and every score must be a cosine, in [-1, 1] (up to
-:data:`SCORE_SLACK` of float32 rounding); rows outside are reported with their line numbers.
-"""
+"""The alignment score file, the contract between the scorer, ``train --alignment_scores`` and
+``alignment_eval``: a CSV with a JSON header, one row per image (format:
+docs/methods/alignment.md)."""
 
 from __future__ import annotations
 
@@ -161,9 +120,7 @@ def read_scores(path: str) -> ScoreTable:
 
 
 def _check_text(path: str) -> None:
-    """Raise ValueError naming ``path`` when it is not UTF-8 text (NUL bytes or undecodable
-    bytes in its first 64 KiB, or anywhere while decoding): e.g. an image, a ``.npy`` array, a
-    ``.npz`` cache file, or a compressed CSV passed by mistake."""
+    """Raise ValueError naming ``path`` when it is not UTF-8 text."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     problem = None

@@ -1,38 +1,6 @@
-"""AlignmentScore of every image of a dataset's environments, with open_clip.
-
-The score (Teterwak et al., ICLR 2025, arXiv 2412.02856, Eq. 1) is the raw cosine similarity
-between the image embedding and the text embedding of the prompt for the image's *true* class::
-
-    AlignmentScore(x, y) = <f_I(x), f_T(t_y)> / (||f_I(x)|| ||f_T(t_y)||)
-
-in [-1, 1]: no logit scale, no softmax over classes, no rescaling. Faithful defaults, as the
-authors' scorer (``dg_openclip/domainbed/evaluator.py``, ``--dump_scores``) computes it:
-
-* model ``ViT-B-16`` with pretrained tag ``laion400m_e32`` (OpenCLIP ViT-B/16 on LAION-400M, 32
-  epochs), tokenizer ``open_clip.get_tokenizer('ViT-B-16')``;
-* prompt ``"A photo of {}."`` filled with the class *folder name* exactly as it is (underscores
-  kept, e.g. ``"A photo of aircraft_carrier."``), one prompt per image: its ground-truth class;
-* the dataset's evaluation transform (DomainBed's: ``Resize((224, 224))``, ``ToTensor``,
-  ImageNet mean/std), not CLIP's own preprocessing (``transform="clip"`` selects that instead).
-
-Deviation, on purpose: images are scored in batches (the authors used batch 1); each image's
-score does not depend on its batch. Text embeddings are computed once per class. Images are
-decoded in DataLoader workers; nothing runs per image in Python on the scoring path.
-
-Weights: a tag is fetched by open_clip from the Hugging Face Hub (or its release URL) into the
-usual caches (a URL's file: :func:`clip_url_cache`, handed to open_clip). :func:`check_weights_available` decides first, without waiting, as the backbones do
-(:mod:`dg_plugins.networks.pretrained`, the one implementation): weights already in the cache are
-used without any network request (the hub is put in offline mode while open_clip loads them);
-else, with ``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once, and otherwise one
-HEAD request to the hub endpoint in use (``HF_ENDPOINT``, default huggingface.co), a few seconds
-(``pretrained.PROBE_TIMEOUT``) and no retries, tells whether a download can start; if it cannot,
-it fails at once with the fixes (the hub client itself would retry for minutes: 5 retries with
-backoff per file, two files tried). The fixes: pass a local checkpoint file as ``pretrained``
-(e.g. ``open_clip_pytorch_model.bin`` of ``timm/vit_base_patch16_clip_224.laion400m_e32``, with
-``pretrained_tag`` naming the tag it holds), or fill the cache on a machine with network access.
-``pretrained="none"`` builds a randomly initialised model (seeded): for tests and benchmarks
-only, its scores measure nothing.
-"""
+"""AlignmentScore of every image of a dataset's environments with open_clip (Teterwak et al.,
+ICLR 2025, Eq. 1: the raw cosine of the image and its true class's prompt), as the authors'
+scorer computes it; weights offline-safe. Defaults and deviations: docs/methods/alignment.md."""
 
 from __future__ import annotations
 
@@ -127,19 +95,15 @@ def hub_weight_files(filename: str) -> list[str]:
 
 
 def clip_url_cache() -> str:
-    """The folder of weights that open_clip downloads from a URL (a tag without a hub entry):
-    ``$XDG_CACHE_HOME/clip`` when XDG_CACHE_HOME is set, else ``~/.cache/clip`` (open_clip's own
-    default, which ignores XDG_CACHE_HOME), read at each call. :func:`check_weights_available`
-    looks there and :func:`load_clip` hands it to open_clip, so both use the same folder."""
+    """The folder of weights open_clip downloads from a URL, read at each call."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return os.path.join(xdg, "clip") if xdg else os.path.join(os.path.expanduser("~"), ".cache",
                                                               "clip")
 
 
 def _url_of(model_name: str, pretrained) -> str | None:
-    """The URL open_clip downloads ``pretrained`` of ``model_name`` from, when it is a tag whose
-    weights come from a URL rather than the hub (open_clip prefers the hub when an entry has
-    both: ``download_pretrained``); else None."""
+    """The URL open_clip downloads ``pretrained`` of ``model_name`` from (not the hub), else
+    None."""
     import open_clip
 
     if model_name.startswith("hf-hub:") or is_random_init(pretrained) or os.path.isfile(
@@ -152,10 +116,8 @@ def _url_of(model_name: str, pretrained) -> str | None:
 
 
 def check_weights_available(model_name: str, pretrained) -> bool:
-    """Fail fast, with the fixes, when ``pretrained`` names weights that are neither a local file,
-    nor in the open_clip / Hugging Face caches, nor downloadable now (see the module docstring).
-    Returns True when the weights are to be read from the hub cache (then :func:`load_clip` keeps
-    the hub offline while loading them)."""
+    """Fail fast, with the fixes, when the weights are neither local, cached nor downloadable
+    now; True when read from the hub cache."""
     import open_clip
 
     if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
@@ -194,11 +156,8 @@ _SAMPLE = 1 << 16
 
 
 def _file_identity(path: str) -> str:
-    """What must be unchanged for a memoised checkpoint hash to be reused: the path, device,
-    inode, size, mtime and ctime (the kernel sets ctime at every change of the file, and
-    ``os.utime`` cannot set it back, so a file replaced with the same size and a restored mtime
-    still differs), and the sha256 of five 64 KiB blocks of its content (start, quarters, end: a
-    file system whose ctime is unreliable still shows other bytes)."""
+    """What must be unchanged to reuse a memoised hash: path, inode, size, times, sampled
+    bytes."""
     st = os.stat(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -210,9 +169,7 @@ def _file_identity(path: str) -> str:
 
 
 def file_sha256(path: str, memo_dir: str | None = None) -> str:
-    """sha256 of a file's content, memoised in ``memo_dir`` (when given) under the file's
-    identity (:func:`_file_identity`): a replaced file is hashed again, so a score file's header
-    and the score cache never name another checkpoint's hash."""
+    """sha256 of a file's content, memoised in ``memo_dir`` under the file's identity."""
     path = os.path.abspath(path)
     memo_key = _file_identity(path)
     memo_path = os.path.join(memo_dir, MEMO_NAME) if memo_dir else None
@@ -284,12 +241,8 @@ def check_prompt(prompt: str) -> None:
 
 
 class AlignmentScorer:
-    """Scores batches of images against the prompts of their true classes.
-
-    ``class_names``: the classes, by index; their prompt embeddings are computed once, here
-    (L2-normalised). :meth:`score_batch` takes images ``[B, 3, H, W]`` and class indices ``[B]``
-    and returns ``[B]`` raw cosines, on the model's device.
-    """
+    """Scores images ``[B, 3, H, W]`` against their classes' prompts (embedded once): ``[B]`` raw
+    cosines."""
 
     def __init__(self, model, tokenizer, class_names, prompt: str = DEFAULT_PROMPT,
                  device=None):
@@ -354,9 +307,7 @@ class _ImageFiles:
 
 
 def dataset_eval_transform(dataset, envs):
-    """The dataset's evaluation transform: ``plain_transform`` (dg_plugins' image datasets), else
-    the transform of the first scored environment (DomainBed's datasets: build the dataset with
-    ``hparams['data_augmentation'] = False`` so that every environment has the eval transform)."""
+    """The dataset's evaluation transform (``plain_transform``, else the first environment's)."""
     transform = getattr(dataset, "plain_transform", None)
     if transform is None and envs:
         transform = getattr(dataset[envs[0]], "transform", None)
@@ -398,10 +349,7 @@ def _progress(total: int, desc: str):
 
 
 def format_rate(n: int, seconds: float) -> str:
-    """Throughput of ``n`` images in ``seconds``, readable at any speed: ``"45.5 img/s"`` from 1
-    image per second up, ``"23.4 s/img"`` below (a CPU scoring ViT-B-16 on a loaded machine does
-    well under one image per second: ``"{:.1f} img/s"`` printed 0.0 there), ``"-"`` for no image
-    or no time."""
+    """``"45.5 img/s"``, or ``"23.4 s/img"`` below one image per second; ``"-"`` for none."""
     if n <= 0 or not seconds > 0:
         return "-"
     rate = n / seconds
@@ -436,20 +384,8 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
                   device=None, num_workers: int | None = None, cache_dir: str | None = None,
                   use_cache: bool = True, seed: int = 0, dataset_name: str | None = None,
                   loaded=None, pretrained_tag: str | None = None) -> ScoreRun:
-    """AlignmentScore of every image of the environments ``envs`` (default: all) of ``dataset``.
-
-    ``transform``: ``"dataset"`` (the dataset's evaluation transform, faithful), ``"clip"``
-    (open_clip's ``preprocess_val``) or a callable on PIL images. Scores already in the cache
-    (:mod:`dg_plugins.alignment.cache`) are read; only the others are computed, and the model is
-    loaded only then. ``loaded``: an already built ``(model, preprocess, tokenizer)`` to use
-    (tests, benchmarks); the cache is then bypassed, since the setting cannot describe it.
-    ``pretrained_tag``: for a checkpoint file, the open_clip tag whose weights it holds (the user's
-    declaration, recorded in the header so that a rule defined for that tag accepts the file).
-    Returns a :class:`ScoreRun` whose ``table`` is ready for
-    :func:`~dg_plugins.alignment.scores_file.write_scores`; its header records, besides the
-    setting, the data fingerprint of every scored environment
-    (:mod:`dg_plugins.alignment.provenance`).
-    """
+    """AlignmentScore of every image of ``envs`` of ``dataset``, cached scores read; returns a
+    :class:`ScoreRun` whose ``table`` is ready for ``write_scores``."""
     import open_clip
     import torch
 

@@ -1,19 +1,6 @@
-"""IP/OOP index subsets of a dataset's target environments (the dataset wrapper), and
-:func:`env_subsets`, the function ``train --alignment_scores`` calls.
-
-Works for any ``MultipleDomainDataset`` whose environments list their images as torchvision's
-``ImageFolder`` does (``samples``: ``(path, label)`` pairs, ``classes``, ``root``): dg_plugins'
-image-folder datasets (PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, ``ImageFolder``, any
-:func:`~dg_plugins.datasets.make_image_folder_dataset`) and DomainBed's own image datasets (a
-``domainbed.datasets`` instance, e.g. through :mod:`dg_plugins.bridge`). In-memory datasets
-(RotatedMNIST, Debug28, ...) have no image paths and are rejected with a clear error.
-
-Score rows are matched to environment items by image path: the path relative to ``data_dir``
-when given, else by the trailing path components the file stores (so a score file written on
-another machine still matches). Every item of a target environment must have exactly one row, and
-every row of that environment must match an item, with the same class; otherwise ValueError says
-which images differ and how to fix it (rescore).
-"""
+"""IP/OOP index subsets of a dataset's target environments (:class:`AlignmentSplit`) and
+:func:`env_subsets`, which ``train --alignment_scores`` calls; rows matched to images by path
+(docs/methods/alignment.md)."""
 
 from __future__ import annotations
 
@@ -147,17 +134,8 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
 
 
 class AlignmentSplit:
-    """IP / OOP / dropped index subsets of the target environments ``envs`` of ``dataset``.
-
-    ``scores``: a score file path or a :class:`ScoreTable`; ``rule``: a :class:`SplitRule`
-    (default: IP iff score >= 0.4), ignored for a file with fixed subsets. Attributes:
-    ``assignment[env]`` (subset name per item), ``scores[env]`` (score per item, NaN when
-    unknown). ``verify_data``: check the file's data fingerprints against the images
-    (:func:`~dg_plugins.alignment.provenance.check_data`; off only for a table just made from
-    them). :meth:`indices` / :meth:`subset` give the items of one subset (a
-    ``torch.utils.data.Subset`` of the environment for the latter); the IP, OOP and dropped index
-    lists of an environment partition its items.
-    """
+    """IP / OOP / dropped index subsets of the target environments ``envs`` of ``dataset``, from
+    a score file under ``rule``; ``verify_data`` checks the fingerprints."""
 
     def __init__(self, dataset, scores, envs, rule: SplitRule | None = None,
                  data_dir: str | None = None, verify_data: bool = True):
@@ -231,16 +209,8 @@ class AlignmentSplit:
 
 def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
                 data_dir=None, model=None, pretrained=None) -> dict[int, dict[str, list[int]]]:
-    """For each test environment, ``{"ip": [item indices], "oop": [item indices]}`` (dropped items
-    in neither), from the score file ``scores_file`` under the rule given by ``threshold`` /
-    ``preset`` (both None: IP iff score >= 0.4). Prints the per-environment counts and fractions
-    (and a warning for a lopsided split, or for a file without data fingerprints) on stdout.
-
-    Raises ValueError for a score file that does not match the dataset (missing images, other
-    environments, other classes, another copy of the data: :mod:`.provenance`), that was scored
-    by another model than the named ``preset`` is defined for or than the expected ``model`` /
-    ``pretrained`` (each optional), an in-memory dataset without image paths, an unknown preset,
-    a threshold together with a preset, or a rule for a file whose subsets are fixed."""
+    """For each test environment, ``{"ip": [...], "oop": [...]}`` item indices; prints the
+    counts. Raises ValueError for a file that does not fit the dataset, the rule or the model."""
     table = read_scores(scores_file)
     provenance.check_model(table, preset, model, pretrained)
     if table.fixed_subsets:
@@ -259,9 +229,7 @@ def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
 
 
 class _PathMapper:
-    """Absolute and data_dir-relative forms of many paths sharing a few prefixes, fast: paths
-    under ``prefix`` (a folder as the dataset spells it) are mapped by string slicing, others by
-    :func:`os.path.abspath` / :func:`relative_path`."""
+    """Absolute and data_dir-relative forms of many paths sharing a few prefixes, fast."""
 
     def __init__(self, prefix: str | None, data_dir: str | None):
         self.prefix = os.path.join(prefix, "") if prefix else None
@@ -287,9 +255,8 @@ class _PathMapper:
 
 
 def image_items(dataset, envs, data_dir: str | None):
-    """One row per image of the environments ``envs``, in item order: ``env``, ``env_name``,
-    ``path`` (relative to ``data_dir``, ``/`` separators), ``abs_path``, ``label``, ``class``
-    (the class folder name: the word the prompt uses)."""
+    """One row per image of ``envs``: ``env``, ``env_name``, ``path``, ``abs_path``, ``label``,
+    ``class``."""
     import pandas as pd
 
     columns = {k: [] for k in ("env", "env_name", "path", "abs_path", "label", "class")}

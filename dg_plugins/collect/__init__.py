@@ -1,9 +1,16 @@
-"""collect: the tables of a sweep, read top to bottom from ``python -m
-dg_plugins.scripts.collect_results``.
+"""collect: the tables of a sweep, read from ``cli`` (the flags and the flow of ``python -m
+dg_plugins.scripts.collect_results``) through the modules below, in order; torch-free, and of
+train it uses only train.folder. What each table shows: docs/collect.md."""
 
-cli (flags, the flow) -> records (results.jsonl -> a DataFrame) -> selection (DomainBed's model
-selection) -> tables (the table model, the standard tables) -> report (all tables of a sweep;
-one module per kind: ipoop, single_source, udg, papers; notes) -> formats (text, LaTeX,
-Markdown, CSV); plots (--plot); learning (--learning_check). Of train it uses only train.folder;
-it imports no torch.
-"""
+from dg_plugins.collect.records import job_progress, load_records  # results.jsonl -> a DataFrame
+from dg_plugins.collect.selection import IID, LOO, METHODS, ORACLE, select  # model selection
+from dg_plugins.collect.tables import Cell, Report, Section, Table  # the table model
+from dg_plugins.collect.report import build_report  # every table of a sweep
+from dg_plugins.collect.ipoop import add_pooled_subsets  # IP/OOP tables
+from dg_plugins.collect.single_source import select_single_source  # single-source tables
+from dg_plugins.collect.udg import select_udg  # UDG tables
+from dg_plugins.collect.papers import add_paper_comparisons  # published numbers
+from dg_plugins.collect.notes import missing_cell_notes  # notes on stderr
+from dg_plugins.collect.formats import FORMATS, render  # text, LaTeX, Markdown, CSV
+from dg_plugins.collect.plots import write_figures  # --plot
+from dg_plugins.collect.learning import learning_rows  # --learning_check

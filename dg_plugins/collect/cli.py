@@ -1,70 +1,24 @@
-"""Print the results tables of a sweep, as DomainBed's collect_results does (``domainbed/scripts/collect_results.py``).
+"""Print the results tables of a sweep, as DomainBed's collect_results does
+(``domainbed/scripts/collect_results.py``).
 
     python -m dg_plugins.scripts.collect_results --input_dir SWEEP [--latex | --format FMT]
-        [--selection iid loo oracle] [--paper KEY [KEY ...]] [--hparams_table]
-        [--all_columns] [--plot DIR] [--no_save]
 
 The output (stdout) is DomainBed's collect_results' on the same folder, byte for byte where every
 test environment was run: ``Total records: N``, then for each model-selection method
 (training-domain validation, leave-one-domain-out cross-validation, test-domain oracle) a table
-per dataset and an Averages table. A test environment no run has (a sweep of some targets
-only) is left out of the tables, with Avg (X once any column is), and a line under the table
-names them; ``--all_columns`` prints DomainBed's layout, every column, X where nothing ran
-(the CSV format always has every cell). As DomainBed does, the same text is written into the
-sweep folder, overwriting: ``results.txt`` (text), ``results.tex`` (``--latex``), and for our
-extra formats ``results.md`` (``--format markdown``) or ``results.csv`` (``--format csv``: one
-tidy row per table cell, see :mod:`dg_plugins.collect.formats`). ``--no_save`` only prints. A
-folder that cannot be written gets a warning, not a crash.
+per dataset and an Averages table. A test environment no run has is left out of the tables (Avg
+too), with a line under the table naming it; ``--all_columns`` prints DomainBed's layout. As
+DomainBed does, the same text is written into the sweep folder, overwriting: ``results.txt``,
+``results.tex`` (``--latex``), ``results.md`` or ``results.csv`` (``--format``, see
+:mod:`dg_plugins.collect.formats`); ``--no_save`` only prints (a folder that cannot be written:
+a warning). After them: the IP/OOP, single-source and UDG tables where records call for them.
+Notes go to stderr (jobs not done, why a cell is X, what an average is over), so stdout stays
+DomainBed's. DomainBed's ``--auto_lr`` is not supported. What each table and figure shows:
+docs/collect.md.
 
-Beyond DomainBed:
-
-* ``--selection`` picks methods (keys ``iid``, ``loo``, ``oracle``; printed in the given order;
-  ``iid`` keeps each run's best checkpoint, which is also the DMG release's best-epoch rule:
-  :mod:`dg_plugins.collect.selection`);
-* ``--paper KEY [KEY ...]`` prints published numbers (:mod:`dg_plugins.reference`) under each
-  table they match (setting, dataset, source environment, and selection method where the paper
-  names one), in every format: the paper's rows, then for each of our algorithms that corresponds
-  to a paper row, ours minus the paper's, in points; an entry whose source has no numbers says so
-  and prints what the source claims; an unknown key exits 2 with the close ones;
-* notes go to stderr, after the tables, so stdout stays DomainBed's: ``k of n jobs done (r running
-  or incomplete)`` when some job folder lacks ``done``; why cells print ``X`` (which test
-  environments have records, or which runs a method lacks); an Averages cell that is over other
-  test environments than its dataset's columns or another row's; paper keys that matched no
-  table;
-* ``--hparams_table`` appends, per method, the run each (dataset, algorithm, test env, trial) group
-  selected: hparams_seed, step, val/test accuracy, job folder and hparams (an aligned text table;
-  with ``--format csv`` a second CSV after an empty line); it is also written to
-  ``selected_hparams.csv`` in the sweep folder;
-* records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get IP/OOP tables after the
-  standard ones (same selection, that test key): ``--ipoop in`` the test environment's in split,
-  ``pooled`` the whole test environment (in and out splits, weighted by subset size), ``both``
-  (default);
-* single-source runs (``sweep --single_source``) get their own tables after the others
-  (``--single_source auto|on|off``; see :mod:`dg_plugins.collect.single_source`);
-* unknown datasets are shown (after the known ones), not dropped; malformed lines are skipped with a
-  warning (see :mod:`dg_plugins.collect.records`).
-* ``--plot DIR`` also writes PNG figures into DIR (:mod:`dg_plugins.collect.plots`): per table
-  of a dataset, each algorithm's selected accuracy per column with standard-error bars labelled
-  with their trials, chance and the ``--paper`` numbers as markers; per dataset and algorithm,
-  the selected runs against the step, per selection method its own signal (iid: source
-  validation; oracle: the target's out-split, DomainBed's oracle taking each run's last
-  checkpoint) beside the target accuracy, each trial's selected checkpoint marked. Their paths
-  go to stderr;
-* ``--learning_check`` prints, instead of the tables, whether each job learned: its first and last
-  checkpoint's source-validation and target accuracy against chance (:mod:`dg_plugins.collect.learning`);
-* ``--auto_lr`` (DomainBed's two-stage auto-LR selection, which needs its ``train_autolr``
-  records) is not supported.
-
-Exit status: 0 on success; 1 when the folder holds no record (a message on stderr, nothing
-written; DomainBed would print ``Total records: 0`` and empty tables) or when ``--plot``'s
-figures cannot be written (the tables are printed and saved first); 2 for a bad argument,
-including an ``--input_dir`` that does not exist or a ``--plot`` folder that cannot be made.
-
-No torch import, orjson parsing, a column store: on a sweep of 10,000 jobs (50,000 records) this
-takes about 0.6-0.7 s wall where DomainBed's collect_results takes 8-10 s, most of it importing
-torch and wilds: about 13x (measured on a 2-CPU machine with
-``python -m dg_plugins.scripts.benchmark collect``; see ``results/benchmarks.md``).
-"""
+Exit status: 0 on success; 1 when the folder holds no record (nothing written) or when
+``--plot``'s figures cannot be written (the tables are printed and saved first); 2 for a bad
+argument, including an ``--input_dir`` that does not exist."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A :class:`~dg_plugins.collect.tables.Report` as text: :func:`render` in ``text`` or ``latex``
-(DomainBed's), ``markdown`` (GitHub tables) or ``csv`` (one tidy row per cell,
-:func:`tidy_cells`); the selected hparams after the tables (:func:`hparams_csv`: the
-``selected_hparams.csv`` file); a paper's numbers under each table they match, with ours minus
-the paper's in points, in every format."""
+"""A :class:`~dg_plugins.collect.tables.Report` as text: ``text`` or ``latex`` (DomainBed's),
+``markdown`` or ``csv`` (one tidy row per cell); the selected hparams; the papers' numbers under
+their tables."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ HPARAMS_FILE = "selected_hparams.csv"
 
 
 def render(report: Report, fmt: str = "text") -> str:
-    """The report as printed (and written to :data:`RESULTS_FILES`); ``text``/``latex`` match
-    DomainBed's collect_results byte for byte when there are no subset keys, no single-source
-    runs, no hparams table and no paper comparison."""
+    """The report as printed and saved; ``text``/``latex`` are DomainBed's byte for byte without
+    our extra tables."""
     if fmt not in _RENDERERS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     return _RENDERERS[fmt](report)
@@ -201,10 +198,7 @@ _RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_
 
 
 def tidy_cells(report: Report) -> pd.DataFrame:
-    """Every cell of every table, one row each: ``selection, selection_name, test_key, table,
-    algorithm, column, mean, err, n, text`` (mean and err in percent; ``table`` the dataset or
-    ``Averages``; ``n`` the number of trials, empty for ``Avg``); with paper
-    comparisons, their cells too, told apart by the ``kind`` and ``paper`` columns."""
+    """Every cell of every table (and of the paper comparisons), one tidy row each."""
     rows = []
     compared = any(table.comparisons for section in report.sections for table in section.tables)
     for section in report.sections:

@@ -1,8 +1,6 @@
-"""IP/OOP tables: records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys (the accuracy of a
-test environment's in split on its in-pretraining / out-of-pretraining subset, written by train
-with ``--alignment_scores``) get, after the standard ones, the same selection reporting that key
-instead of ``env{t}_in_acc``; with the subsets' sizes, also over the whole test environment (in
-and out splits pooled, :func:`add_pooled_subsets`). Without such keys nothing changes."""
+"""IP/OOP tables: records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get the
+standard selection reporting those keys, on the in split or pooled over the whole test
+environment (docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -54,14 +52,8 @@ HEADER_NOTES = {
 
 
 def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
-    """``records`` with ``env{i}_pooled_{ip,oop}_acc`` columns (:data:`POOLED_SUBSET_KEYS`) added
-    where the in and out splits' subset accuracies and counts exist: ``(acc_in * n_in + acc_out
-    * n_out) / (n_in + n_out)``, an empty split (count 0, accuracy NaN) contributing nothing;
-    NaN where a record lacks a count or both subsets are empty. Each image counts once: where
-    the out split shares images with the in split (PACS's official split: the target's out split
-    lies inside its in split), the record carries the out subset cut down to the images outside
-    the in split (``env{i}_out_{ip,oop}_outside_in_{acc,count}``, written by train), which then
-    stands for the out split. The input is not modified."""
+    """``records`` with ``env{i}_pooled_{ip,oop}_acc`` columns: the in and out splits' subset
+    accuracies weighted by count, each image once (docs/collect.md). Not modified in place."""
     added = {}
     for i in range(acc_width(records)):
         for subset in ("ip", "oop"):
@@ -86,9 +78,7 @@ def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
-    """The IP/OOP keys whose column exists for some environment in ``records``: the in split's
-    (:data:`SUBSET_KEYS`), the pooled ones (:data:`POOLED_SUBSET_KEYS`, see
-    :func:`add_pooled_subsets`) or both, by ``ipoop`` (:data:`IPOOP_CHOICES`)."""
+    """The IP/OOP keys (in split, pooled, or both, by ``ipoop``) some environment has."""
     if ipoop not in IPOOP_CHOICES:
         raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
     keys = {"in": SUBSET_KEYS, "pooled": POOLED_SUBSET_KEYS,

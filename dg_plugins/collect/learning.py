@@ -1,9 +1,5 @@
-"""Did each job learn? (``collect_results --learning_check``) One row per job folder: the mean
-accuracy of its training environments' validation splits and of its test environments at its
-first and last checkpoint, and a verdict: a job *learns* when its last source-validation accuracy
-is at least ``margin`` above both its first checkpoint's and chance (``1 / classes``, the class
-count from its records' ``num_classes``, else the dataset's catalogue count, marked). A short run
-can show a method learning, not that it beats ERM: that is the result tables' job."""
+"""Did each job learn? (``collect_results --learning_check``): source-validation and target
+accuracy at the first and last checkpoint against chance (docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -19,13 +15,8 @@ MARGIN = 0.05
 def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
                   margin: float = MARGIN, running: set[str] | frozenset = frozenset()
                   ) -> pd.DataFrame:
-    """One row per job: algorithm, dataset, test envs, label fraction (UDG; "" otherwise), the
-    first and last steps, source-validation and target accuracy at each, chance,
-    ``chance_from`` ("record": the records' ``num_classes``; "catalogue": ``num_classes``, the
-    fallback dataset -> class count for records without the key; "" when neither knows),
-    ``learns`` (bool) and ``running`` (the job is in ``running``: not done yet, so not judged).
-    Without any class count chance is NaN, and then only the first-vs-last rule decides. The
-    frame's ``attrs["margin"]`` keeps ``margin`` for :func:`render`."""
+    """One row per job: first and last steps, accuracies, chance (and where it comes from),
+    ``learns`` and ``running``; ``attrs["margin"]`` keeps ``margin``."""
     source = acc_matrix(records, "env{t}_out_acc")
     target = acc_matrix(records, "env{t}_in_acc")
     recorded = (records["num_classes"].to_numpy(dtype=float) if "num_classes" in records.columns

@@ -1,8 +1,5 @@
-"""The notes collect_results prints on stderr after the tables (so that stdout stays DomainBed's):
-why a dataset table's cell prints ``X`` (which test environments have records, or which runs the
-method lacks), when an Averages cell is a mean over other test environments than its
-dataset's columns or another row's, and which runs used train's compute settings at other values
-than their defaults. Empty for a complete sweep, such as DomainBed's fixture."""
+"""The notes collect_results prints on stderr after the tables (docs/collect.md): why cells are
+X, what averages are over, non-finite values, compute settings not at their defaults."""
 
 from __future__ import annotations
 
@@ -42,9 +39,7 @@ def _section_name(section: Section) -> tuple[str, str]:
 
 
 def _where(names: list[tuple], every: list[tuple]) -> str:
-    """Which sections (:func:`_section_name`) a note holds for: ``""`` for every one,
-    `` [iid, oracle]`` (standard tables), `` [every loo table]``, `` [iid, oracle: IP, OOP
-    tables]``, else each one."""
+    """Which sections a note holds for: ``""`` for every one, else their names."""
     names, every = list(dict.fromkeys(names)), list(dict.fromkeys(every))
     if names == every:
         return ""
@@ -63,13 +58,8 @@ def _where(names: list[tuple], every: list[tuple]) -> str:
 
 def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
                        all_columns: bool = True) -> list[str]:
-    """Why cells of the standard and IP/OOP dataset tables print ``X``: per dataset, the
-    algorithms without a single-test-environment record for some of its environments (every
-    method's table shows X there, and Avg is X for that row); per dataset and reason, the X
-    cells whose runs exist but which a method cannot score (leave-one-domain-out without the
-    pair runs, a chosen record without the section's test key, or with NaN there), naming the
-    sections. ``all_columns``: the tables show the columns no run has (else
-    :func:`~dg_plugins.collect.tables.leave_out_unrun` drops them, and they need no note)."""
+    """Why cells of the standard and IP/OOP dataset tables print ``X``: runs missing, or runs a
+    method cannot score; ``all_columns``: the tables show the columns no run has."""
     single = grouped.single()
     info = grouped.groups.iloc[single["group"].to_numpy()]
     ran: dict[tuple, set] = {}
@@ -143,9 +133,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
 
 
 def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tuple[str, str]:
-    """Why ``section`` cannot score runs that exist on ``dataset`` (see
-    :func:`missing_cell_notes`): ``(LOO_KEY, "")``, ``("no", key)`` or ``("NaN as", "key (job J
-    at step N, ...)")``."""
+    """Why ``section`` cannot score runs that exist on ``dataset``."""
     if section.method.key == LOO_KEY:
         return LOO_KEY, ""
     key = section.test_key.format(t="<t>")
@@ -174,11 +162,8 @@ def _nan_test_records(grouped: GroupedRecords, section: Section, dataset) -> lis
 
 
 def averages_notes(sections: list[Section], labels_of, all_columns: bool = True) -> list[str]:
-    """When an Averages cell is a mean over other test environments than its dataset's columns,
-    or than another row's (DomainBed averages each trial over the test environments it has):
-    one note per dataset and pattern, naming the sections it holds for (none when it holds for
-    every one). ``labels_of(dataset)`` gives a dataset's environment labels; ``all_columns``:
-    the dataset tables show every environment (else those no run has are left out)."""
+    """Averages cells that are means over other test environments than their dataset's columns or
+    another row's, one note per dataset and pattern."""
     bodies: dict[str, list[str]] = {}
     every = []
     for section in sections:
@@ -227,9 +212,8 @@ def averages_notes(sections: list[Section], labels_of, all_columns: bool = True)
 
 
 def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
-    """job -> {``"NaN loss"`` or ``"loss=inf"``: ``"steps 300, 400"``} over the records'
-    ``nonfinite`` values (of ``jobs`` only, if given), in record order. A subset accuracy over an
-    empty subset (its ``_count`` is 0: IP/OOP records) is NaN by design and left out."""
+    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...} (an empty IP/OOP subset's NaN left
+    out)."""
     if "nonfinite" not in records or records["nonfinite"].isna().all():
         return {}
     rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())
@@ -249,9 +233,8 @@ def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, st
 
 
 def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
-    """Per job whose records hold a NaN or infinite value (:func:`nonfinite_by_job`): which keys
-    at which steps, e.g. ``job J has NaN loss at steps 300, 400, 500``, and what the tables make
-    of it. At most ``limit`` jobs, then a count."""
+    """Per job with NaN or infinite values: which keys at which steps (at most ``limit``
+    jobs)."""
     per_job = nonfinite_by_job(records)
     notes = []
     for job, found in list(per_job.items())[:limit]:
@@ -278,10 +261,8 @@ def _steps(steps: list) -> str:
 
 
 def compute_notes(records: pd.DataFrame) -> list[str]:
-    """How many runs (job folders) used train's compute settings at other values than their
-    defaults (``--precision``, ``--channels_last``, ``--deterministic``; the records'
-    ``args.compute``), per combination, so that tables never mix them silently; no note when
-    every run used the defaults."""
+    """How many runs used train's compute settings at other values than their defaults, per
+    combination."""
     if "args.compute" not in records or records.empty:
         return []
     runs = dict(zip(records["job"], records["args.compute"]))

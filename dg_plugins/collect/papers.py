@@ -1,8 +1,6 @@
 """Published numbers beside our tables (``collect_results --paper KEY``): each entry of
-:mod:`dg_plugins.reference` goes under every table it matches (:func:`paper_matches`: the same
-setting, the entry's dataset, source environment and selection method where it names them; a
-several-dataset entry also under the Averages table), with the paper's rows under our columns and,
-for each of our algorithms that corresponds to a paper row, ours minus the paper's."""
+:mod:`dg_plugins.reference` under every table it matches, with ours minus the paper's
+(docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -43,9 +41,8 @@ def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue 
 
 
 def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
-    """Whether ``entry`` belongs under ``table`` of ``section``: same setting, the entry's
-    selection (if it names one), its dataset (the Averages table for a several-dataset entry
-    with numbers) and, for single-source entries that name one, the source environment."""
+    """Whether ``entry`` belongs under ``table`` of ``section`` (setting, selection, dataset,
+    source)."""
     if _section_setting(section) != entry.setting:
         return False
     if entry.selection is not None and entry.selection != section.method.key:

@@ -1,37 +1,6 @@
-"""Figures of a sweep's results (``collect_results --plot DIR``): PNGs drawn from the objects the
-tables are printed from, so that every plotted number is a table's number.
-
-* **Accuracy bars** (:func:`accuracy_figure`), one figure per dataset table of the report (per
-  selection method and test key; single-source tables per source; UDG tables per target set;
-  and the Averages table when it has several datasets): per column (test domain, ``Avg``) one
-  bar per table row at the cell's mean, its error bar the cell's standard error (DomainBed's
-  ``format_mean``: population std / sqrt(trials)) labelled with its number of trials; a cell of
-  one trial gets ``n=1`` and no error bar. A dataset table's ``Avg`` has no error of its own;
-  its bar gets the error of the Averages table's cell for that dataset where that cell is a mean
-  over every environment in every trial (then its mean is the same). An ``X`` cell gets no bar
-  but an ``X``; the columns the table left out (:func:`~dg_plugins.collect.tables.leave_out_unrun`)
-  are named under the figure. A dashed line marks chance (1 / classes). Paper numbers
-  (``collect_results --paper``) are diamonds on the bars of the algorithms that correspond to a
-  paper row.
-* **Training curves** (:func:`curve_points`, :func:`curves_figure`), one figure per dataset and
-  algorithm (for the standard, single-source and UDG runs separately): a column of panels per
-  selection method, a row per test environment (source environment, label fraction and target
-  set). A panel shows, against the step, the runs the method chose (one per trial: the mean over
-  trials, a band from the lowest to the highest trial): the target accuracy the tables report
-  (``env{t}_in_acc``; single-source and UDG: the mean over the targets) and the signal the
-  method selects with (:data:`SIGNALS`): iid the source validation accuracy, loo the held-out
-  accuracy of the runs tested on ``[t, j]``, the oracle the target's out-split. Each trial's
-  selected checkpoint is a star on the target curve and a circle on the signal; the oracle's is
-  the run's last checkpoint (DomainBed's ``OracleSelectionMethod``: no early stopping; the
-  hparams whose last checkpoint has the best target out-split accuracy). One dataset's panels
-  share their y axis, with chance dashed.
-
-Values that are NaN in the records are not drawn, and each figure names the records they come
-from. File names (:func:`figure_name`) are built from the table's dataset, source or targets,
-selection key and test key (``PACS_accuracy_iid.png``, ``PACS_ERM_curves.png``, ...). Text is 8
-pt or more at the saved size. Torch-free, as collect_results is; matplotlib is imported when a
-figure is drawn, and draws with its Agg canvas (no display, no pyplot state).
-"""
+"""Figures of a sweep's results (``collect_results --plot DIR``), drawn from the objects the
+tables are printed from: accuracy bars per table, training curves per dataset and algorithm
+(docs/collect.md). matplotlib loads only to draw, on its Agg canvas."""
 
 from __future__ import annotations
 
@@ -212,12 +181,8 @@ def _x_label(section: Section, table: Table) -> str:
 
 def accuracy_figure(section: Section, table: Table, chance: float | dict | None = None,
                     left_out: list[str] = ()):
-    """The bar chart of one table (module docstring). ``chance``: chance accuracy in [0, 1] (a
-    dataset table), or dataset -> chance (the Averages table); ``left_out``: lines for the
-    caption (e.g. NaN records). Artists carry gids for readers: each bar ``<row>|<column
-    key>``, each row's error bars ``<row>|err`` (a LineCollection, one segment per bar with an
-    error, in column order), each bar's trial count ``<row>|<column key>|n`` (a Text), the
-    chance line(s) ``chance``, each paper marker line ``paper|<key>|<row>``."""
+    """The bar chart of one table; ``chance`` in [0, 1] (dataset -> chance for the Averages
+    table). Artists carry gids (``<row>|<column key>``, ``<row>|err``, ``chance``, ...)."""
     keys = table.keys
     rows = [row for row, cells in table.rows.items() if any(c.mean is not None for c in cells)]
     empty = [row for row in table.rows if row not in rows]
@@ -327,9 +292,8 @@ def _mean_over(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _standard_points(grouped, method, labels_of):
-    """The single-test-environment runs each group's selection chose (:func:`select`, the
-    tables' selection, with the groups whose test accuracy is NaN): every record of the run with
-    the method's signal, and the chosen checkpoint."""
+    """The single-test-environment runs each group's selection chose, every record with the
+    method's signal."""
     chosen = select(grouped, method)  # with the groups whose chosen test accuracy is NaN
     if chosen.empty:
         return None
@@ -421,12 +385,8 @@ def _udg_points(records, method, labels_of):
 
 def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The curves' data for the report's sections of ``kind`` (:data:`TEST_KEY`: the standard
-    tables, :data:`SINGLE_SOURCE_KEY`, :data:`UDG_KEY`): ``(points, selected)``, the records of
-    the runs each method chose (:data:`POINT_COLUMNS`: one row per record, ``signal`` what the
-    method selects with, ``target`` the target accuracy, in [0, 1]) and each chosen checkpoint
-    (:data:`SELECTED_COLUMNS`: ``target`` is the accuracy the table's cell averages over
-    trials). ``records``: as collect_results loads them (every kind mixed)."""
+    """``(points, selected)``: the records of the runs each method chose for sections of
+    ``kind``, and each chosen checkpoint."""
     udg = is_udg(records)
     frame = records[udg if kind == UDG_KEY else ~udg].reset_index(drop=True)
     sections = [s for s in report.sections if s.test_key == kind]
@@ -460,9 +420,7 @@ def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
 
 
 def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per step of one panel's ``points``: the mean, lowest and highest over trials of
-    ``signal`` and ``target`` (a trial's records at one step are averaged first; NaN values are
-    skipped)."""
+    """Per step: mean, lowest and highest over trials of ``signal`` and ``target``."""
     per_trial = points.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
     summary = per_trial.groupby("step").agg(["mean", "min", "max"])
     summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
@@ -470,10 +428,7 @@ def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell_texts(report: Report, kind: str) -> dict:
-    """(method key, dataset, algorithm, panel) -> the table cell (:func:`cell_label`), for the
-    panels' titles: standard tables by environment column; single-source and UDG tables by
-    their Avg (the mean over the targets; a UDG table's rows are ``<algorithm> <label
-    fraction>``)."""
+    """(method key, dataset, algorithm, panel) -> the table cell, for the panels' titles."""
     texts = {}
     for section in report.sections:
         if section.test_key != kind:
@@ -514,13 +469,8 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                   cell_texts: dict | None = None, kind: str = TEST_KEY,
                   chance: float | None = None, ylim: tuple | None = None,
                   left_out: list[str] = ()):
-    """One dataset and algorithm's curves (module docstring): columns ``methods``
-    (SelectionMethod) that selected runs, rows the panels in order of appearance. ``chance``:
-    in [0, 1]; ``ylim``: the y range in percent (one dataset's figures share it);
-    ``left_out``: more caption lines. Artists carry gids ``<method>|<panel>|<what>``, ``what``
-    one of ``signal``/``target`` (mean lines, in percent), ``signal_band``/``target_band``,
-    ``selected`` (stars: each trial's chosen checkpoint's target accuracy), ``score`` (circles:
-    the signal there) and ``chance``."""
+    """One dataset and algorithm's curves: a column per method, a row per panel. Artists carry
+    gids ``<method>|<panel>|<what>``."""
     shown = [m for m in methods if (points["method"] == m.key).any()]
     panels = list(dict.fromkeys(points.sort_values("order", kind="stable")["panel"]))
     dataset = points["dataset"].iloc[0]
@@ -629,9 +579,7 @@ class NamedFigure:
 
 
 def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
-    """Every figure of the report, drawn one at a time: the bar charts in the tables' order
-    (not of a table whose every cell is X, nor of an Averages table of one dataset), then the
-    curves per kind, dataset and algorithm (in the tables' row order)."""
+    """Every figure of the report, drawn one at a time, bars in table order then curves."""
     chance = chance_levels(records)
     for section in report.sections:
         for table in section.tables:

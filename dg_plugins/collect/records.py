@@ -1,9 +1,6 @@
-"""A sweep's records as a pandas DataFrame, read as DomainBed's ``reporting.load_records`` reads
-them (:func:`load_records`; what it does otherwise, e.g. skip a torn line with a warning:
-docs/domainbed_differences.md), and the counts of its job folders (:func:`job_progress`). One row
-per record; the columns are listed on :func:`load_records`. Fast, without torch: lines parsed with
-``orjson`` (falling back to :mod:`json` for what it rejects, e.g. NaN), files read with small
-``os.read`` calls, records stored column by column (:class:`_Columns`)."""
+"""A sweep's records as a pandas DataFrame, read as DomainBed's ``reporting.load_records``
+reads them, fast and without torch (orjson, column by column), and its job folders' counts
+(docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -78,21 +75,9 @@ def _print_warning(message: str) -> None:
 
 def load_records(input_dir: str, warn: Warn = _print_warning,
                  progress: bool | None = None) -> pd.DataFrame:
-    """Every usable record of ``input_dir/<job>/results.jsonl`` (one level, in
-    ``os.listdir`` order, as ``reporting.load_records``; incomplete jobs' and reruns' records
-    kept) as a DataFrame, one row per record in load order. Columns (DomainBed's selector names):
-    ``args.trial_seed``, ``args.dataset``, ``args.algorithm``, ``args.test_envs`` (tuple of int),
-    ``args.hparams_seed``, ``args.output_dir``, ``args.label_fraction`` (UDG jobs; NaN
-    otherwise), ``args.compute`` (train's compute settings not at their defaults as ``((name,
-    value), ...)``, :func:`dg_plugins.runtime.compute_settings`; NaN for most), ``step``, ``hparams`` (the record's dict), ``job`` (the entry name), ``line``
-    (1-based), ``nonfinite`` (its keys whose value is NaN or infinite, e.g. a diverged loss:
-    :func:`nonfinite_keys`; NaN for most), one float column per ``env{i}_<split>_acc`` or ``env{i}_<subset>_count`` key and
-    ``num_classes`` (NaN where a record lacks the key), and ``environments`` (the record's
-    environment labels as a tuple, None where it has none). Other keys are dropped. A line that
-    is not JSON or lacks a key the tables read is skipped, and a file that cannot be read is
-    named: problems go to ``warn`` (default: stderr; at most :data:`MAX_WARNINGS`, then a count).
-    ``progress`` shows a tqdm bar on stderr (default: when stderr is a terminal). Raises
-    ``FileNotFoundError``/``NotADirectoryError`` if ``input_dir`` is missing."""
+    """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame, one row per
+    record (columns: docs/collect.md). Unusable lines and files go to ``warn`` (at most
+    :data:`MAX_WARNINGS`); raises ``FileNotFoundError`` when ``input_dir`` is missing."""
     if not os.path.exists(input_dir):
         raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
     if not os.path.isdir(input_dir):
@@ -243,9 +228,7 @@ def _get_hparams(record: dict):
 
 
 class _Columns:
-    """Records collected column by column, then made into a DataFrame by :meth:`frame`:
-    ``segments`` (job and ``args``), ``lines``, ``steps``, ``hparams`` (one entry per row) and the
-    accuracies in ``blocks`` (by the records' full key tuple). Unusable lines go to ``problems``."""
+    """Records collected column by column, made into a DataFrame by :meth:`frame`."""
 
     def __init__(self) -> None:
         self.segments: list[_Segment] = []
@@ -418,10 +401,8 @@ class JobProgress(NamedTuple):
 
 
 def job_progress(input_dir: str) -> JobProgress:
-    """Count the job folders of ``input_dir`` (one level, as :func:`load_records` reads): entries
-    that are folders named by an md5 digest (a sweep creates every job's folder when it launches,
-    ``domainbed/scripts/sweep.py``) or holding a job's files (:data:`JOB_FILES`); other folders
-    (e.g. ``udg_pretrain``) are not jobs. A job is done when its folder has ``done``."""
+    """Count the job folders of ``input_dir`` (md5-named or holding a job's files) and those
+    done."""
     total, not_done = 0, []
     for entry in sorted(os.listdir(input_dir)):
         folder = os.path.join(input_dir, entry)
@@ -466,10 +447,8 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 
 
 def environment_count(records: pd.DataFrame) -> int:
-    """Number of environments seen in ``records``: the largest count of consecutive environments
-    with an ``env{i}_in_acc`` or ``env{i}_out_acc`` key in any record (used for datasets the
-    catalog does not know). Either split counts: a record of ``--eval_splits selection`` has
-    every out-split but only its test environments' in-splits."""
+    """The largest count of consecutive environments with an in or out accuracy in any
+    record."""
     if not len(records):
         return 0
     present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))

@@ -1,6 +1,5 @@
-"""Everything collect_results prints, put together (:func:`build_report`): per selection method the
-standard tables, then the IP/OOP, single-source and UDG ones, the selected hparams, the papers'
-numbers under the tables they match, and the notes that explain X cells and averages."""
+"""Everything collect_results prints, put together (:func:`build_report`): per method the
+standard tables, then IP/OOP, single-source and UDG ones, hparams, papers, notes."""
 
 from __future__ import annotations
 
@@ -22,13 +21,8 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
                  hparams_table: bool = False, single_source: str = "auto",
                  ipoop: str = "both", papers: list[PaperEntry] = (),
                  all_columns: bool = True) -> Report:
-    """Select and tabulate: the standard tables per method, then the IP/OOP subset keys' tables
-    (``ipoop``: the in split's, the pooled whole-domain ones, or both), then single-source tables
-    (``single_source``: ``auto`` where unambiguous, ``on``, ``off``), then, for records of the
-    UDG protocol (left out of all those), the UDG tables. ``papers``: entries of
-    :mod:`dg_plugins.reference` to put under the tables they match. ``hparams_table``: the run
-    each method selected (``Report.hparams``). ``all_columns``: the notes are for tables that
-    show every column (False: for :func:`~dg_plugins.collect.tables.leave_out_unrun`'s)."""
+    """Select and tabulate every section (``ipoop``, ``single_source``: as the flags),
+    ``papers`` under their tables, ``hparams_table``: each method's selected runs."""
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:

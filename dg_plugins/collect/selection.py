@@ -1,17 +1,7 @@
-"""DomainBed's model selection (``domainbed/model_selection.py``, ``domainbed/lib/reporting.py``'s
-``get_grouped_records``), vectorised with pandas, written as data (:data:`METHODS`). Records are
-grouped per ``(trial_seed, dataset, algorithm, test_env)`` (a pair run joins two groups); in a
-group each ``hparams_seed`` is a run, a method scores each run (``val_acc`` and the record whose
-test accuracy it reports, read with a test-key template, default ``env{t}_in_acc``), and the run
-with the best ``val_acc`` is the group's. DomainBed's semantics are kept exactly: within a run the
-earliest checkpoint wins ties and a NaN val_acc behaves as under Python's ``max``; across runs ties
-go to the largest hparams_seed and NaN counts as -inf; means are taken in DomainBed's order, so
-values are bit-identical.
-
-Every method reads its accuracy keys through its declaration in the job-folder contract
-(:data:`dg_plugins.train.folder.SELECTION_READS`, :meth:`GroupedRecords.read`): a key outside it
-reads as missing. The same declaration tells train which splits ``--eval_splits selection``
-evaluates, so the two cannot drift apart."""
+"""DomainBed's model selection (``domainbed/model_selection.py``, ``get_grouped_records`` of
+``domainbed/lib/reporting.py``), vectorised, with its exact tie and NaN semantics, written as
+data (:data:`METHODS`); each method reads through ``train.folder.SELECTION_READS``
+(docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -35,18 +25,8 @@ SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_s
 
 
 class GroupedRecords:
-    """Records plus their group memberships (``reporting.get_grouped_records``), computed once and shared by all methods
-    and tables.
-
-    ``members``: one row per (record, test_env in its args.test_envs), in DomainBed's order, with
-    columns ``group`` (ids numbered by first appearance, as DomainBed's dict fills), ``record``
-    (row position in ``records``), ``test_env``, ``n_test_envs``, ``hparams_seed``, ``step``.
-    ``groups``: ``trial_seed, dataset, algorithm, test_env`` per group id. ``algorithms`` and
-    ``datasets``: the distinct values of those args in first-appearance order.
-
-    Grouping works on integer codes (:func:`group_ids`), several times faster than pandas'
-    groupby on string columns.
-    """
+    """Records plus their group memberships (``get_grouped_records``), computed once.
+    ``members``: one row per (record, test_env); ``groups``: the group keys per id."""
 
     def __init__(self, records: pd.DataFrame) -> None:
         self.records = records.reset_index(drop=True)
@@ -103,9 +83,8 @@ class GroupedRecords:
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:
-    """Per row, the id of its combination of ``keys`` values, numbered by first appearance: the
-    same ids as ``groupby(keys, sort=False, dropna=False).ngroup()``, from one ``pd.factorize``
-    per key and per combination step (the combined code stays below rows**2)."""
+    """Per row, the id of its ``keys`` combination by first appearance (``ngroup()``'s ids,
+    faster)."""
     ids = np.zeros(len(keys[0]) if keys else 0, dtype=np.int64)
     for key in keys:
         code = pd.factorize(key, use_na_sentinel=False)[0]
@@ -114,9 +93,7 @@ def group_ids(*keys: np.ndarray) -> np.ndarray:
 
 
 def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(record, test_env, n_test_envs)``: one (record position, test env) per entry of each
-    record's ``test_envs`` (``distinct[codes[record]]``) in order, and the per-record counts.
-    Works on the few distinct tuples, then expands with numpy."""
+    """``(record, test_env, n_test_envs)`` per entry of each record's ``test_envs``."""
     lengths = np.array([len(envs) for envs in distinct], dtype=np.int64)
     table = np.zeros((len(distinct), int(lengths.max(initial=0))), dtype=np.int64)
     for row, envs in enumerate(distinct):
@@ -137,9 +114,7 @@ def test_membership(distinct_test_envs, codes: np.ndarray, width: int) -> np.nda
 
 
 def key_splits(key: str) -> tuple[str, ...]:
-    """The splits an accuracy key template reads: ``env{t}_in_acc`` and ``env{t}_in_ip_acc``
-    the in-split, ``env{t}_out_acc`` the out-split, the IP/OOP ``env{t}_pooled_ip_acc`` both
-    (made from the in- and out-split's subsets, :mod:`dg_plugins.collect.ipoop`)."""
+    """The splits an accuracy key template reads (in, out, or both for ``pooled``)."""
     match = ACC_KEY.fullmatch(key.format(t=0))
     if match is None:
         raise ValueError(f"{key!r} is not an accuracy key template (env{{t}}_<split>_acc)")
@@ -148,10 +123,8 @@ def key_splits(key: str) -> tuple[str, ...]:
 
 
 def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:
-    """Where a method declared to read ``reads`` (a :data:`SELECTION_READS` entry: split ->
-    :data:`~dg_plugins.train.folder.TEST`, ``TRAIN`` or ``ALL``) may read ``key``: a boolean
-    matrix like ``is_test`` (the records' test-environment membership), or None for
-    everywhere. A split the declaration does not name is read nowhere."""
+    """Where a method declared to read ``reads`` may read ``key``: a boolean matrix like
+    ``is_test``, or None for everywhere."""
     mask = None
     for split in key_splits(key):
         role = reads.get(split)
@@ -191,9 +164,8 @@ def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
 
 def _reduce_rows(values: np.ndarray, widths: np.ndarray, skip: np.ndarray,
                  total: Callable) -> np.ndarray:
-    """``total(values[r, [i for i in range(widths[r]) if i != skip[r]]])`` per row r, computed on
-    contiguous blocks of rows sharing (width, skip) so that numpy sums in the same order as on
-    each row's list (bit-identical to DomainBed's per-record ``np.mean``/``np.sum``)."""
+    """Per row the ``total`` of its values but ``skip``, on blocks of rows sharing (width, skip) so
+    that numpy sums in the order of DomainBed's per-record ``np.mean`` (bit-identical)."""
     out = np.full(len(values), np.nan)
     for width, left_out in set(zip(widths.tolist(), skip.tolist())):
         rows = np.flatnonzero((widths == width) & (skip == left_out))
@@ -206,9 +178,8 @@ def _reduce_rows(values: np.ndarray, widths: np.ndarray, skip: np.ndarray,
 
 
 def _python_max_key(frame: pd.DataFrame, by: list[str], value: str, order: str) -> np.ndarray:
-    """A NaN-free key whose largest value per ``by`` group is the row that Python's ``max`` picks
-    when iterating the group in ``order``: a NaN first row wins (nothing compares greater), any
-    later NaN never does."""
+    """A NaN-free key whose per-group maximum is the row Python's ``max`` picks over ``order``: a
+    NaN first row wins (nothing compares greater), a later NaN never does."""
     key = frame[value].to_numpy(dtype=float).copy()
     nan = np.isnan(key)
     if nan.any():
@@ -258,18 +229,8 @@ def best_run(runs: pd.DataFrame) -> pd.DataFrame:
 
 def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
                     targets: np.ndarray, method: SelectionMethod) -> pd.DataFrame:
-    """DomainBed's training-domain (IID) and test-domain (oracle) selection for runs evaluated on
-    several environments at once: single-source runs (one source, every other environment a
-    target) and UDG runs (several sources and targets).
-
-    ``runs``: one row per record on a RangeIndex, with ``record`` (its row of ``out_acc``, the
-    ``env{i}_out_acc`` matrix), ``group``, ``hparams_seed`` and ``step``; ``sources`` and
-    ``targets``: boolean masks, one row per run and one column per environment. IID: a
-    checkpoint's val_acc is the mean ``env{i}_out_acc`` over the sources and each run keeps its
-    earliest best checkpoint (DomainBed's ``IIDAccuracySelectionMethod``); oracle: each run's last
-    checkpoint, val_acc the mean ``env{t}_out_acc`` over the targets (``OracleSelectionMethod``).
-    Means skip missing accuracies (NaN when every one is missing). Returns the best run per group
-    (:func:`best_run`)."""
+    """DomainBed's iid and oracle selection for runs with several sources or targets
+    (single-source, UDG), by ``sources``/``targets`` masks; the best run per group."""
     if method is IID:
         rows = runs["record"].to_numpy()
         scored = best_checkpoint(runs.assign(val_acc=_masked_mean(out_acc[rows], sources)),
@@ -292,13 +253,8 @@ def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _iid_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Training-domain validation: the single-test-env run's checkpoints, val_acc the mean
-    ``env{i}_out_acc`` of the training environments (i = 0, 1, ... while the key exists); the run
-    keeps its earliest best checkpoint (``IIDAccuracySelectionMethod.run_acc``'s ``argmax``).
-    This is also the DMG release's best-epoch rule: ``best_so_far.pth`` is kept whenever the mean
-    of the source domains' validation accuracies strictly beats the best so far
-    (``trainers/subnetwork_supermask_trainer.py`` lines 412 and 489-498 at prithv1/DMG@6b162b4),
-    so the DMG paper settings use it."""
+    """Training-domain validation (``IIDAccuracySelectionMethod``); also the DMG release's
+    best-epoch rule (docs/collect.md)."""
     single = grouped.single()
     rows = single["record"].to_numpy()
     out = grouped.read("env{t}_out_acc", reads)[rows]
@@ -324,12 +280,8 @@ def _loo_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame
 
 
 def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Leave-one-domain-out's score of every step it can score: per step, the single-test-env
-    record and the pair runs ``[t, j]``; val_acc the mean over j != t of the pair run's
-    ``env{j}_in_acc``. A step counts only with exactly one single-test-env record and every j
-    present (the environment count read from the step's first record; when pair runs repeat an
-    environment the last record wins). One row per such single-test-env membership (columns of
-    :attr:`GroupedRecords.members`, ``val_acc``)."""
+    """Leave-one-domain-out's score of every step it can score (the single-test-env record and
+    every pair run)."""
     members = grouped.members
     step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
     # DomainBed reads the environment count from the first record of the step (members are in
@@ -375,10 +327,8 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
 
 @dataclass(frozen=True)
 class SelectionMethod:
-    """A model-selection method: ``key`` for ``--selection``, ``name`` as DomainBed prints it,
-    ``runs(grouped, reads)`` the per-run scores (columns ``RUN_COLUMNS``; ``record`` is the row
-    whose test accuracy the run reports), reading the keys ``reads`` declares
-    (:data:`SELECTION_READS`)."""
+    """A model-selection method: ``key`` (``--selection``), ``name`` (DomainBed's), ``runs``
+    the per-run scores read through ``reads``."""
 
     key: str
     name: str
@@ -407,14 +357,9 @@ def get_method(key: str) -> SelectionMethod:
 
 def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
            test_key: str = TEST_KEY) -> pd.DataFrame:
-    """The chosen run of every group that has one (``model_selection.py``'s ``hparams_accs``/``sweep_acc``).
-
-    One row per group, in group order (first appearance), with ``trial_seed, dataset, algorithm,
-    test_env, hparams_seed, step, val_acc, test_acc``, ``record`` (the chosen row of ``records``:
-    its ``hparams``, ``job`` and ``args.output_dir`` tell which run was picked) and ``group``.
-    ``test_acc`` is ``test_key.format(t=test_env)`` of that record, NaN when the record lacks it.
-    Ties between runs go to the largest hparams_seed; a NaN val_acc ranks lowest.
-    """
+    """The chosen run of every group (``hparams_accs``/``sweep_acc``), one row per group in group
+    order: ``trial_seed, dataset, algorithm, test_env, hparams_seed, step, val_acc, test_acc``
+    (NaN where the record lacks ``test_key``), ``record`` (the chosen row) and ``group``."""
     grouped = group_records(records)
     method = get_method(method) if isinstance(method, str) else method
     chosen = best_run(method.runs(grouped, method.reads))

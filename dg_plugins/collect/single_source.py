@@ -1,19 +1,6 @@
-"""Single-source DG (``sweep --single_source``: one job per source environment s, tested on every
-other one): DomainBed's methods only score single-test-environment runs, so these runs get their
-own selection (:func:`select_single_source`; ``iid``: the source's ``env{s}_out_acc``, the
-earliest best checkpoint; ``oracle``: the last checkpoint, the targets' mean ``env{t}_out_acc``;
-across runs DomainBed's rule) and their own tables, laid out like GMoE's single-source table
-(ICLR 2023, Table 3): per dataset, method and source, the source's column holds its in-domain
-validation accuracy, the others the targets' ``env{t}_in_acc``, ``Avg`` their mean.
-
-Which records count: those whose ``test_envs`` leave exactly one environment. On a 3-environment
-dataset that is also what DomainBed's leave-one-domain-out pair runs look like, so by default
-(:func:`single_source_datasets`) such a dataset gets these tables only when it has no
-single-test-environment record; ``collect_results --single_source on`` forces them.
-
-The keys read are declared in :data:`dg_plugins.train.folder.SELECTION_READS` (``single_source``)
-and read through it; the environment count comes from the out-splits, which every record has
-(``--eval_splits selection`` skips the source's in-split)."""
+"""Single-source DG tables (``sweep --single_source``): their own selection and tables, laid
+out like GMoE's (ICLR 2023, Table 3); records read through ``SELECTION_READS``
+(docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -37,9 +24,7 @@ SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested o
 
 
 def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
-    """The single-source records, with columns ``record`` (row position), ``trial_seed``,
-    ``dataset``, ``algorithm``, ``source``, ``hparams_seed``, ``step``, ``n_envs``. Computed once
-    per :class:`GroupedRecords` (treat the result as read-only)."""
+    """The single-source records with their group columns (read-only, computed once)."""
     grouped = group_records(records)
     if "single_source_runs" not in grouped.memo:
         grouped.memo["single_source_runs"] = _single_source_runs(grouped)
@@ -69,14 +54,11 @@ def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
 
 
 def _source(test_envs: tuple, n_envs: int) -> int:
-    """The one training environment of a single-source run, or -1 for another kind of run
-    (:func:`dg_plugins.train.folder.single_source_of`, the rule train's ``--eval_splits`` uses
-    too)."""
     return single_source_of(test_envs, n_envs)
 
 
 def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
-    """Datasets whose single-source records are reported by default (see the module docstring)."""
+    """Datasets whose single-source records are reported by default (docs/collect.md)."""
     grouped = group_records(records)
     runs = single_source_runs(grouped)
     if runs.empty:
@@ -91,9 +73,8 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
 
 def select_single_source(records: pd.DataFrame | GroupedRecords,
                          method: SelectionMethod) -> pd.DataFrame:
-    """The chosen run per (trial_seed, dataset, algorithm, source): one row with ``hparams_seed``,
-    ``step``, ``val_acc``, ``record`` and ``acc{i}`` per environment (the source's out-split
-    accuracy, the targets' in-split accuracies)."""
+    """The chosen run per (trial_seed, dataset, algorithm, source), with ``acc{i}`` per
+    environment."""
     if method not in METHODS:
         raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
                          f"not {method.key!r}")
@@ -120,9 +101,7 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
 
 def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
                          datasets: list[str] | None = None) -> list[Table]:
-    """One table per (dataset, source environment) of the single-source runs (module docstring;
-    selection: :func:`select_single_source`), for ``datasets`` (default: every dataset with
-    single-source runs)."""
+    """One table per (dataset, source environment) of the single-source runs."""
     if datasets is not None and not datasets:
         return []
     grouped = group_records(records)

@@ -1,9 +1,6 @@
-"""Results tables as DomainBed's collect_results prints them (``print_results_tables`` of
-``domainbed/scripts/collect_results.py``, ``format_mean`` of ``domainbed/lib/misc.py``): the table
-model (:class:`Cell`, :class:`Table`, :class:`Section`, :class:`Report`), the order of rows and
-columns, the standard tables of a selection method (one per dataset, then Averages) and the run
-each group selected. DomainBed's quirks are kept (see docs/domainbed_differences.md); the other
-kinds of table are in their own modules (:mod:`.report` puts them together)."""
+"""Results tables as DomainBed's collect_results prints them (``print_results_tables``,
+``format_mean``), quirks kept: the table model, row and column order, the standard tables and the
+run each group selected."""
 
 from __future__ import annotations
 
@@ -63,14 +60,8 @@ class Cell:
 
 @dataclass
 class PaperComparison:
-    """A paper's rows under one table (:func:`add_paper_comparisons`). ``key``: the entry's key in
-    :mod:`dg_plugins.reference`; ``heading``: the citation, backbone, selection and source of
-    the numbers; ``rows``: paper row -> one :class:`~dg_plugins.reference.PaperValue` or None
-    (the paper gives no number there) per table column; ``details``: its backbone, selection and
-    the text the numbers were read from; ``mapping``: each algorithm of the
-    table that corresponds to a paper row -> that row; ``differences``: algorithm -> per column
-    ours minus the paper's mean in points (None where either is absent); ``claim``: for an
-    entry without numbers, what its source says instead."""
+    """A paper's rows under one table (:func:`add_paper_comparisons`), with ours minus the
+    paper's per column."""
 
     key: str
     heading: str
@@ -83,18 +74,8 @@ class PaperComparison:
 
 @dataclass
 class Table:
-    """One results table. ``title`` names it (dataset, ``Averages``, ``<dataset>, source <env>``);
-    ``header`` is the text format's header line; ``rows`` maps each algorithm to its cells (one
-    per column label after ``Algorithm``); ``colwidth`` is DomainBed's print width.
-
-    For paper comparisons and notes: ``dataset`` (None for the Averages table), ``source`` (the
-    source environment's label, single-source tables), ``col_keys`` (the columns without
-    decoration: environment labels or dataset names, and ``Avg``; default ``col_labels``),
-    ``coverage`` (Averages tables: (algorithm, dataset) -> {trial_seed: the test environment
-    indexes its mean is over}), ``comparisons`` (:class:`PaperComparison`, printed under it),
-    ``not_run`` (the column keys no run has as its one test environment: a dataset's
-    environments, an Averages table's datasets; :func:`leave_out_unrun` drops them) and
-    ``left_out`` (the line printed under a table that columns were dropped from)."""
+    """One results table (dataset, ``Averages`` or single-source); ``rows``: algorithm -> cells;
+    the rest for paper comparisons and notes."""
 
     title: str
     header: str
@@ -116,9 +97,7 @@ class Table:
 
 @dataclass
 class Section:
-    """The tables of one selection method for one test key. ``test_key``: :data:`TEST_KEY`, a
-    :data:`SUBSET_KEYS` template or :data:`SINGLE_SOURCE_KEY`; ``subtitle``: empty for DomainBed's
-    standard tables, else what the section shows (printed after the method name)."""
+    """The tables of one selection method for one test key."""
 
     method: SelectionMethod
     test_key: str
@@ -133,9 +112,7 @@ class Section:
 
 @dataclass
 class Report:
-    """Everything collect_results prints: the sections (the standard tables of each method, then
-    the IP/OOP and single-source ones, if any), then optionally the selected hparams of
-    ``methods``."""
+    """Everything collect_results prints: the sections, then optionally selected hparams."""
 
     n_records: int
     methods: list[SelectionMethod]
@@ -167,9 +144,8 @@ def dataset_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
 
 
 def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
-    """Column labels of a dataset: the catalog's; else the labels its records carry (their
-    ``environments``: e.g. an ``ImageFolder`` tree's domain folders; the most common, when they
-    fit the environment count); else ``0..n-1`` from its records' keys."""
+    """Column labels of a dataset: the catalog's, else its records' ``environments``, else
+    ``0..n-1``."""
     if dataset in catalog.DATASET_ENVIRONMENTS:
         return [str(label) for label in catalog.DATASET_ENVIRONMENTS[dataset]]
     rows = records[records["args.dataset"] == dataset]
@@ -259,11 +235,8 @@ def _names(keys) -> str:
 
 
 def leave_out_unrun(report: Report) -> Report:
-    """``report`` with the columns of :attr:`Table.not_run` left out of its tables, and with
-    ``Avg``, which is X in every row once one of those is (DomainBed's Avg needs every column);
-    each table that lost columns gets :attr:`Table.left_out`, the line that says which. A report
-    without such columns (every test environment run, as in DomainBed's sweeps) is returned as
-    it is: ``collect_results --all_columns`` prints it so always."""
+    """``report`` without the columns no run has (and their ``Avg``), each such table saying
+    so."""
     if not any(t.not_run for s in report.sections for t in s.tables):
         return report
     sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])
@@ -306,9 +279,7 @@ def _without_unrun(table: Table) -> Table:
 
 def selected_hparams(records: pd.DataFrame | GroupedRecords,
                      methods: list[SelectionMethod]) -> pd.DataFrame:
-    """One row per (method, dataset, algorithm, test_env, trial) with the chosen run:
-    ``selection, dataset, algorithm, test_env, test_env_label, trial_seed, hparams_seed, step,
-    val_acc, test_acc, job, output_dir, hparams`` (hparams as sorted-key JSON), in table order."""
+    """One row per (method, dataset, algorithm, test_env, trial) with the chosen run."""
     grouped = group_records(records)
     frame = grouped.records
     algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)

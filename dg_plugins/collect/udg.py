@@ -1,11 +1,5 @@
-"""UDG tables (records with ``args.label_fraction``, written by the UDG protocol,
-:mod:`dg_plugins.train.udg`): left out of every other table, selected per
-``(trial_seed, dataset, algorithm, label_fraction, test_envs)`` group (every hparams_seed a run;
-``iid``: the mean ``env{i}_out_acc`` of the sources, the earliest best checkpoint; ``oracle``: the
-last checkpoint, the targets' mean ``env{t}_out_acc``; leave-one-domain-out does not apply; across
-runs DomainBed's rule), and shown one table per (dataset, test environment set): rows
-``<algorithm> <label fraction>``, columns the targets' ``env{t}_in_acc`` and ``Avg``. The keys read
-are declared in :data:`dg_plugins.train.folder.SELECTION_READS` (``udg``) and read through it."""
+"""UDG tables (records with ``args.label_fraction``, :mod:`dg_plugins.train.udg`): their own
+selection and one table per (dataset, test environment set) (docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -36,10 +30,7 @@ def is_udg(records: pd.DataFrame) -> np.ndarray:
 
 
 def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
-    """The chosen run per group: columns ``trial_seed, dataset, algorithm, label_fraction,
-    test_envs, hparams_seed, step, val_acc, record`` and ``acc{t}`` (the target's
-    ``env{t}_in_acc``) for every target t. ``records``: UDG records only (row positions are
-    ``record``)."""
+    """The chosen run per group, with ``acc{t}`` for every target t (UDG records only)."""
     if method not in METHODS:
         raise ValueError(f"UDG selection supports {[m.key for m in METHODS]}, not {method.key!r}")
     records = records.reset_index(drop=True)
@@ -78,11 +69,8 @@ def fraction_label(fraction: float) -> str:
 
 
 def udg_tables(records: pd.DataFrame, method: SelectionMethod) -> list[Table]:
-    """UDG tables: one per (dataset, test environment set); rows ``<algorithm> <label
-    fraction>`` (algorithms in table order, fractions ascending), columns the target
-    environments and ``Avg``. A target cell is the mean +/- error over trials
-    of the chosen run's ``env{t}_in_acc`` (:meth:`Cell.of`); ``Avg`` is :meth:`Cell.of` of the
-    per-trial mean over the targets (so it has an error bar too). ``records``: UDG records."""
+    """One table per (dataset, test environment set): rows ``<algorithm> <label fraction>``,
+    columns the targets and ``Avg``."""
     chosen = select_udg(records, method)
     if chosen.empty:
         return []

@@ -8,17 +8,8 @@ from dg_plugins.registry import DATASETS
 
 
 class MultipleDomainDataset:
-    """A list of per-environment torch datasets yielding ``(x_tensor, int_label)``.
-
-    Class attributes as DomainBed: ``ENVIRONMENTS`` (display labels, in environment order),
-    ``N_STEPS``, ``CHECKPOINT_FREQ``, ``N_WORKERS`` (DomainBed's train starts that many workers
-    per loader, so in-memory datasets set it to 0; ours loads a dataset whose ``N_WORKERS`` is 0
-    in-process and any other with one worker per core of the job), ``INPUT_SHAPE``; and
-    ``DEFAULT_BACKBONE`` (dg_plugins): the default of the ``backbone`` hparam on this dataset
-    (None: "auto", chosen from the input shape).
-    Instances set ``datasets``, ``input_shape`` (tuple) and ``num_classes``. Constructor signature:
-    ``(root, test_envs, hparams)``.
-    """
+    """A list of per-environment torch datasets yielding ``(x_tensor, int_label)``, with
+    DomainBed's class attributes and our ``DEFAULT_BACKBONE`` (docs/datasets.md)."""
 
     N_STEPS = 5001
     CHECKPOINT_FREQ = 100

@@ -7,8 +7,7 @@ from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
 
 
 class _Debug(MultipleDomainDataset):
-    """3 environments of 16 ``randn`` images with labels in {0, 1}, drawn from the global torch RNG
-    (train seeds it with ``--seed`` first). ``root``, ``test_envs`` and ``hparams`` are ignored."""
+    """3 environments of 16 ``randn`` images, labels in {0, 1}, from the global torch RNG."""
 
     ENVIRONMENTS = ["0", "1", "2"]
     IN_MEMORY = True

@@ -1,33 +1,6 @@
-"""Digits: the single-source DG digits benchmark (ADA, M-ADA, PDEN, MPBM): train on the first
-10,000 MNIST training digits, test on SVHN, MNIST-M, SYN (synthetic digits) and USPS, every image
-a 32x32 RGB tensor in [0, 1] (grey digits are repeated over the three channels; MNIST 28x28 and
-USPS 16x16 are resized bilinearly). The default backbone is the LeNet-style ConvNet of that
-literature (``dg_plugins.networks.LeNet``). Single-source use: ``--test_envs 1 2 3 4`` (or the
-sweep's ``--single_source``, whose source-0 jobs are the benchmark).
-
-The downloader (``python -m dg_plugins.scripts.download``) does not provide Digits (its MNIST
-domain can read the MNIST files that ``download ... MNIST`` writes). Every domain is read from
-local files under ``<data_dir>/digits/``; for each domain the first of these that exists is used
-(see :data:`LAYOUT`; :func:`find_domain`):
-
-* ``<data_dir>/digits/<domain>.npz``: the generic form, arrays ``x`` (``[N, H, W]``,
-  ``[N, H, W, C]`` or ``[N, C, H, W]``; uint8 0-255 or floats in [0, 1]) and ``y`` (``[N]``,
-  digits 0-9), e.g. written with ``numpy.savez``;
-* the domain's released files (the test split of each target, the training split of MNIST):
-  ``mnist/train-images-idx3-ubyte[.gz]`` + ``train-labels-idx1-ubyte[.gz]`` (MNIST IDX; the
-  standard ``<data_dir>/MNIST/raw/`` is also searched), ``svhn/test_32x32.mat`` (SVHN format 2,
-  label 10 meaning digit 0; needs scipy), ``syn/synth_test_32x32.mat`` (Ganin & Lempitsky's
-  synthetic digits, same layout; needs scipy), ``mnist_m/mnist_m_test_labels.txt`` with the PNGs
-  it names in ``mnist_m/mnist_m_test/`` (the MNIST-M release: lines ``<file>.png <digit>``),
-  ``usps/zip.test[.gz]`` (the USPS test set of Hastie, Tibshirani & Friedman: one line per digit,
-  the label then 256 grey values in [-1, 1]);
-* an image folder ``<data_dir>/digits/<domain>/<digit 0-9>/<image>`` (any PIL-readable format).
-
-A missing domain raises FileNotFoundError listing, for that domain, every path looked for, and how
-to get the files (:func:`missing_domain_message`); ``Digits.check_data_dir`` raises the same
-without reading any file (what ``sweep`` checks before launching).
-Environments are in-memory tensor datasets (about 0.6 GB of float32 for the full test sets).
-"""
+"""Digits: the single-source DG digits benchmark (ADA, M-ADA, PDEN, MPBM): MNIST -> SVHN,
+MNIST-M, SYN, USPS as 32x32 RGB in [0, 1], read from local files under ``<data_dir>/digits/``
+(the layouts accepted: docs/datasets.md). Not provided by the downloader."""
 
 from __future__ import annotations
 
@@ -68,9 +41,7 @@ def _first_existing(*paths: str) -> str | None:
 
 
 def to_rgb32(images: np.ndarray) -> torch.Tensor:
-    """``[N, H, W]``, ``[N, H, W, C]`` or ``[N, C, H, W]`` images (uint8 0-255, or floats in
-    [0, 1]) as float32 ``[N, 3, 32, 32]`` in [0, 1]: 1 channel repeated to 3, other sizes resized
-    bilinearly."""
+    """Images in any of the accepted shapes and ranges as float32 ``[N, 3, 32, 32]`` in [0, 1]."""
     array = np.asarray(images)
     if array.ndim == 3:
         array = array[:, None]
@@ -154,8 +125,6 @@ def load_usps_zip(path: str):
 
 
 def _image_folder_has_images(folder: str) -> bool:
-    """Whether :func:`load_image_folder` would find an image (a non-hidden entry in a digit
-    folder), without opening any."""
     for digit in range(10):
         sub = os.path.join(folder, str(digit))
         if os.path.isdir(sub) and any(not name.startswith(".") for name in os.listdir(sub)):
@@ -223,9 +192,7 @@ def expected_layout(domain: str, data_dir: str) -> str:
 
 def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
     """Where ``domain``'s files are, without reading them: ``("npz", path)``, ``("released",
-    loader)`` (the released files, ``loader()`` reads them) or ``("folder", path)`` (an image
-    folder holding an image), the first that exists in the module docstring's order; None when
-    none does."""
+    loader)`` or ``("folder", path)``; None when nowhere."""
     root = os.path.join(data_dir, FOLDER_NAME)
     npz = os.path.join(root, domain + ".npz")
     if os.path.isfile(npz):
@@ -240,9 +207,7 @@ def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
 
 
 def missing_domain_message(domain: str, data_dir: str) -> str:
-    """Why ``domain`` cannot be read and how to fix it: the downloader's command where it provides
-    the files (for the mnist domain, MNIST's IDX files), else that it does not provide Digits,
-    and every path looked for."""
+    """Why ``domain`` cannot be read, every path looked for and how to get the files."""
     from dg_plugins.download.sources import download_command
 
     command = download_command("Digits", data_dir)
@@ -266,8 +231,7 @@ def _no_data_dir() -> FileNotFoundError:
 
 
 def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images ``[N, 3, 32, 32]`` in [0, 1] and labels ``[N]`` of one domain (the first 10,000 for
-    MNIST), from the first layout found (:func:`find_domain`)."""
+    """Images ``[N, 3, 32, 32]`` and labels ``[N]`` of one domain (MNIST: its first 10,000)."""
     found = find_domain(domain, data_dir)
     if found is None:
         raise FileNotFoundError(missing_domain_message(domain, data_dir))
@@ -287,10 +251,8 @@ def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]
 
 @register_dataset()
 class Digits(MultipleDomainDataset):
-    """MNIST (first 10k training digits) -> SVHN, MNIST-M, SYN, USPS at 32x32 RGB in [0, 1]; see
-    the module docstring for the files. ``test_envs`` and ``hparams`` are ignored (no
-    augmentation). 10,001 steps and a checkpoint every 500 (the SDG papers train about 10k
-    iterations of batch 32)."""
+    """MNIST (first 10k training digits) -> SVHN, MNIST-M, SYN, USPS at 32x32 RGB in [0, 1]
+    (docs/datasets.md)."""
 
     ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
     INPUT_SHAPE = (3, SIZE, SIZE)
@@ -302,10 +264,8 @@ class Digits(MultipleDomainDataset):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """Raise FileNotFoundError (:func:`missing_domain_message`: the first missing domain's
-        expected files and how to get them, and the other missing domains) unless every domain's
-        files are under ``data_dir``; reads none of them. What ``sweep`` checks before
-        launching."""
+        """Raise FileNotFoundError (expected files, how to get them) unless every domain is under
+        ``data_dir``; reads nothing."""
         if not data_dir:
             raise _no_data_dir()
         missing = [d for d in cls.ENVIRONMENTS if find_domain(d, data_dir) is None]

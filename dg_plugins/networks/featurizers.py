@@ -1,12 +1,7 @@
 """Featurizers (backbones) and heads, chosen from the input shape and hparams as DomainBed's
 ``networks.Featurizer`` does (``domainbed/networks.py``), plus a ``backbone`` hparam for other
-choices and shapes.
-
-Every convolutional featurizer here is a :class:`StagedFeaturizer`: ``stem -> stages (named, in
-order) -> pool``, so a method can act on the input of a given stage and on the pooled feature
-without re-walking the network (``forward_stages(x, start=..., stop=..., hooks=...)``), and
-exposes ``n_outputs`` (the feature width) like every featurizer.
-"""
+choices; each is a :class:`StagedFeaturizer`. Choices and DomainBed differences:
+``docs/networks.md``."""
 
 from __future__ import annotations
 
@@ -19,11 +14,7 @@ from dg_plugins.networks.vit import ViTFeaturizer
 
 
 class MNIST_CNN(StagedFeaturizer):
-    """DomainBed's 28x28 CNN (``MNIST_CNN`` in ``domainbed/networks.py``): four 3x3 convs (64,
-    128 stride 2, 128, 128), each followed by ReLU and GroupNorm(8); global average pooling to a
-    128-d feature. ``width`` (hparam ``mnist_cnn_width``, DomainBed's 128 by default) scales it:
-    convs (width/2, width, width, width) and a ``width``-d feature; the CPU benchmark
-    RotatedMNIST5k uses 32 (16x fewer FLOPs). Stages ``block1``..``block4`` (conv, ReLU, norm)."""
+    """DomainBed's 28x28 CNN (``MNIST_CNN``), its width scaled by ``mnist_cnn_width``."""
 
     stage_names = ("block1", "block2", "block3", "block4")
 
@@ -54,16 +45,8 @@ class MNIST_CNN(StagedFeaturizer):
 
 
 class LeNet(StagedFeaturizer):
-    """The LeNet-style ConvNet of single-source digits DG (used by ADA, M-ADA, PDEN and MPBM for
-    MNIST -> SVHN/MNIST-M/SYN/USPS at 32x32): conv 5x5 (64) -> ReLU -> max-pool 2 -> conv 5x5 (128)
-    -> ReLU -> max-pool 2 -> fc 1024 -> ReLU -> fc 1024 -> ReLU; the classifier head (fc to the
-    classes) is separate. Stages ``conv1``, ``conv2``, ``fc1`` (flattens first), ``fc2``.
-
-    It has no global pooling: fc1 takes the whole flattened conv2 map, so its size grows with the
-    input's area (4.5M parameters in all at 32x32; 369M at 224x224, where fc1 alone takes a
-    53x53x128 map). Inputs of at least 16x16 are accepted, but a LeNet larger than
-    :data:`MAX_PARAMETERS` is refused (ValueError naming the count and the fixes): at that size it
-    is a mistake (e.g. ``{"backbone": "lenet"}`` on 224x224 images), not a model anyone trains."""
+    """The LeNet-style ConvNet of single-source digits DG (32x32); too large a LeNet is
+    refused."""
 
     stage_names = ("conv1", "conv2", "fc1", "fc2")
     #: The largest LeNet built: 50M parameters (200 MB of float32 weights, 800 MB with Adam's
@@ -119,8 +102,7 @@ TIMM_AUGMIX_RESNET = "resnet50.ram_in1k"
 
 
 def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
-    """A bias-free 7x7/2 conv for ``channels`` inputs; input channel i copies the pretrained filter
-    of channel ``i % 3`` (as DomainBed's ResNet does for non-RGB inputs)."""
+    """A bias-free 7x7/2 conv; input channel i copies the pretrained filter of channel ``i % 3``."""
     new = nn.Conv2d(channels, conv.out_channels, kernel_size=7, stride=2, padding=3, bias=False)
     with torch.no_grad():
         for i in range(channels):
@@ -129,26 +111,8 @@ def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
 
 
 class ResNet(StagedFeaturizer):
-    """ResNet-18/50 featurizer (DomainBed's ``ResNet`` in ``domainbed/networks.py``).
-
-    Which network, from two DomainBed hparams:
-
-    * ``resnet18`` (default false): true builds torchvision's ResNet-18 (512-d features, ImageNet
-      weights ``IMAGENET1K_V1``); false a ResNet-50 (2048-d).
-    * ``resnet50_augmix`` (default true): only chooses the ResNet-50's weights: true timm's
-      ``resnet50.ram_in1k`` (ImageNet, AugMix-trained), false torchvision's ``IMAGENET1K_V1``
-      (DomainBed's older default). It has no effect when ``resnet18`` is true.
-
-    Deliberate difference from DomainBed (b93c22a ``domainbed/networks.py``, ``ResNet.__init__``):
-    there ``resnet18`` first builds a ResNet-18, then ``resnet50_augmix``, true by default,
-    replaces it by the timm ResNet-50, so ``{"resnet18": true}`` alone trains a ResNet-50 (only
-    ``{"resnet18": true, "resnet50_augmix": false}`` gives a ResNet-18). Here the explicit
-    ``resnet18`` choice wins. We also do not download torchvision weights that would be discarded.
-
-    ``pretrained`` false builds random-init weights; ``pretrained_path`` loads a local checkpoint.
-    ``freeze_bn`` keeps BatchNorm statistics frozen across ``train()``. Stages
-    ``layer1``..``layer4``; the stem is conv1, bn1, ReLU, max-pool; the pool is global average
-    pooling then ``resnet_dropout``."""
+    """ResNet-18/50 featurizer (DomainBed's ``ResNet``); unlike DomainBed, ``resnet18`` true
+    always builds a ResNet-18 (``docs/networks.md``)."""
 
     stage_names = ("layer1", "layer2", "layer3", "layer4")
 
@@ -204,9 +168,7 @@ class ResNet(StagedFeaturizer):
 
 
 def resnet_arch(hparams) -> str:
-    """The network :class:`ResNet` builds: "resnet18" when ``hparams["resnet18"]``, else
-    :data:`TIMM_AUGMIX_RESNET` when ``hparams["resnet50_augmix"]``, else "resnet50" (torchvision).
-    """
+    """"resnet18", :data:`TIMM_AUGMIX_RESNET` or "resnet50" (torchvision), from the hparams."""
     if hparams["resnet18"]:
         return "resnet18"
     return TIMM_AUGMIX_RESNET if hparams["resnet50_augmix"] else "resnet50"
@@ -229,10 +191,8 @@ AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet 
 
 
 def backbone_for(input_shape, hparams) -> str:
-    """The backbone ``Featurizer`` builds: ``hparams["backbone"]`` unless it is "auto" (the
-    default), then by input size: 28x28 -> ``mnist_cnn``; 32x32 -> ``lenet``; 224x224 -> ``vit``
-    when ``hparams["vit"]`` (DomainBed's flag) else ``resnet``. Other sizes raise, naming the
-    backbones that can take them."""
+    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or by input size when
+    "auto"."""
     choice = hparams.get("backbone", "auto")
     shape = tuple(input_shape)
     if choice != "auto":

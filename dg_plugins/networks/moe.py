@@ -1,64 +1,9 @@
-"""A sparse mixture-of-experts FFN layer with a cosine router, in pure PyTorch.
+"""GMoE's sparse mixture-of-experts FFN layer with a cosine router, in pure PyTorch (Li et al.,
+ICLR 2023, Eq. 3 and Sec. 4, as the authors run it through Microsoft Tutel; Tutel's behaviour
+reimplemented from its description, no Tutel code).
 
-This is the MoE layer of GMoE (Li et al., "Sparse Mixture-of-Experts are Domain Generalizable
-Learners", ICLR 2023, Eq. 3 and the cosine router of Sec. 4) as the authors' code runs it through
-Microsoft Tutel (``tutel.moe.moe_layer`` with ``gate_type cosine_top``, ``fp32_gate``,
-``batch_prioritized_routing=True``, ``is_gshard_loss=False``). Tutel is not on PyPI, so the
-behaviour is reimplemented here from its description; no Tutel code is used.
-
-For a token ``x`` (the FFN input, ``D`` wide) and ``E`` experts:
-
-Router (:class:`CosineRouter`)
-    ``l_e = s * <normalize(W x + b), normalize(C[:, e])>`` with the projection ``W`` (``proj_dim x
-    D``), the codebook ``C`` (``proj_dim x E``, initialised N(0, 0.01^2)) and the learnable scale
-    ``s = exp(min(t, ln 100))``, ``t`` initialised to ``ln(1 / 0.5)`` (``s = 2``). The router runs
-    in float32 whatever the autocast state (Tutel's ``fp32_gate``). The projection is initialised
-    trunc-normal(std 0.02) with zero bias: what the official ViT's ``_init_vit_weights`` does to it.
-
-Routing (:func:`route`)
-    In training, Gaussian noise of std ``gate_noise / E`` is added to the logits (none in eval).
-    Scores are ``softmax`` of the (noisy) logits; each token picks its ``k`` highest-scoring
-    experts. The gate of a choice is its score, *not renormalised for k = 1*; for ``k > 1`` the
-    ``k`` gates of a token are divided by their sum (Tutel's ``normalize_gate=True``, applied
-    before any token is dropped, so a token whose second choice is dropped keeps a gate < 1 on
-    its first).
-
-Capacity and dropping (:func:`expert_capacity`, :func:`assign_slots`)
-    Each expert takes at most ``capacity = k * floor(capacity_factor * ceil(T / E))`` assignments of
-    the ``T`` tokens of the whole batch (all tokens of all images, class token included). Slots are
-    given in *batch-prioritised* order: tokens sorted by their highest score, highest first (ties
-    by token order); the first choices of all tokens fill the experts first, then the second
-    choices (in the same priority order), and so on. An assignment past the capacity is dropped:
-    it contributes 0, so a token whose choices are all dropped passes through the block's residual
-    only. ``capacity_factor=None`` disables dropping.
-
-Experts
-    ``E`` FFNs ``fc2(Dropout(GELU(fc1 x)))`` (dropout on the hidden units only, as the official
-    ``activation_fn``; :func:`dropout_keep_mask`), kept as stacked weights ``w1 [E, H, D]``,
-    ``b1 [E, H]``, ``w2 [E, D, H]``, ``b2 [E, D]``. :meth:`MoEFFN.from_dense` copies a dense timm
-    ``Mlp``'s ``fc1``/``fc2`` into every expert (the official ``load_pretrained``), so that at
-    initialisation the layer computes ``gate * FFN(x)`` for every kept token.
-
-Output
-    ``y = sum_{kept choices j} g_j * Expert_{e_j}(x)`` (Eq. 3, "post-score"). Dispatch is batched:
-    the kept assignments are laid out grouped by expert (each one's position is its expert's
-    offset plus its slot, so no second sort is needed), one ``index_select`` gathers their tokens,
-    each expert runs its FFN on its contiguous block of rows (a block fits in cache, which one
-    pass over all experts' hidden units would not), and one ``index_add`` scatters the gated
-    results back to the tokens.
-
-Auxiliary loss (:func:`load_importance_loss`)
-    Tutel's ``load_importance_loss`` (Shazeer et al. 2017): ``(CV^2(Importance) + CV^2(Load)) / 2``
-    with ``Importance_e = sum_t softmax(l_t)_e`` (clean logits),
-    ``Load_e = sum_t Phi((softmax(l_t)_e - l~_t,(k)) / sigma)`` where ``l~_t,(k)`` is the token's
-    k-th largest *noisy* logit, ``sigma = gate_noise / E`` and ``Phi`` the standard normal CDF,
-    and ``CV^2(v) = var(v) / (mean(v)^2 + 1e-10)`` (unbiased variance). Tutel's quirk is kept:
-    the load term compares a clean *probability* with a noisy *logit*.
-
-After each forward the layer keeps the routing of that call in :attr:`MoEFFN.last_routing`
-(a :class:`RoutingStats`: aux loss, dropped fraction, load entropy, optionally the chosen experts);
-it is transient output, not state: :meth:`MoEFFN.pop_routing` returns and clears it.
-"""
+Router, noisy top-k routing with capacity and batch-prioritised dropping, the experts and
+Tutel's load/importance loss: ``docs/methods/gmoe.md``."""
 
 from __future__ import annotations
 
@@ -74,15 +19,8 @@ MAX_LOG_SCALE = math.log(100.0)
 
 
 class CosineRouter(nn.Module):
-    """Cosine-similarity router: ``logits = exp(min(t, ln 100)) * cos(W x + b, C)``, in float32.
-
-    Args:
-        dim: token width ``D``.
-        num_experts: ``E``.
-        proj_dim: width of the projection ``W`` and of the codebook rows (256 in GMoE).
-        init_temperature: ``tau`` at initialisation; the learnable ``t`` starts at ``ln(1/tau)``
-            (0.5 -> scale 2, GMoE's value).
-    """
+    """Cosine router: ``logits = exp(min(t, ln 100)) * cos(W x + b, C)``, in float32; ``t``
+    starts at ``ln(1 / init_temperature)``."""
 
     def __init__(self, dim: int, num_experts: int, proj_dim: int = 256,
                  init_temperature: float = 0.5):
@@ -97,11 +35,9 @@ class CosineRouter(nn.Module):
         self.temperature = nn.Parameter(torch.tensor([math.log(1.0 / init_temperature)]))
 
     def scale(self) -> torch.Tensor:
-        """``exp(min(t, ln 100))``: the logit scale (1-element tensor)."""
         return torch.clamp(self.temperature.float(), max=MAX_LOG_SCALE).exp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, D]`` -> float32 logits ``[T, E]``."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             z = F.linear(x.float(), self.proj.weight.float(), self.proj.bias.float())
             # normalize(z) @ normalize(C), dividing the [T, E] product by |z| instead of the
@@ -113,15 +49,8 @@ class CosineRouter(nn.Module):
 
 def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch.bool
                       ) -> torch.Tensor:
-    """The units dropout keeps, as 1/0 (``True``/``False`` for ``dtype=torch.bool``): each unit is
-    dropped independently with probability ``p``.
-
-    On CPU the mask comes from 16 random bits per element, four elements per 64-bit draw (keep iff
-    the bits, read as a signed int16, are below ``-2^15 + round((1 - p) * 2^16)``, so the drop rate
-    is ``p`` to within ``2^-17``): torch's CPU Bernoulli sampler draws one random number per
-    element and costs more than the experts' matmuls at small widths. A float mask is written by
-    the comparison itself (converting a bool mask costs as much as the comparison). Other devices
-    compare ``torch.rand`` with ``p``."""
+    """The units dropout keeps, as 1/0 (each dropped with probability ``p``); on CPU from 16
+    random bits per element (faster than torch's Bernoulli; ``docs/methods/gmoe.md``)."""
     if torch.device(device).type != "cpu":
         return (torch.rand(shape, device=device) >= p).to(dtype)
     n = math.prod(shape)
@@ -135,8 +64,7 @@ def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype autocast runs matmuls in on ``device_type``, or None when autocast is off there
-    (``torch.get_autocast_dtype`` from torch 2.4; the per-device functions before)."""
+    """The dtype autocast runs matmuls in on ``device_type``, or None when it is off there."""
     try:
         enabled = torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4: no device argument
@@ -147,8 +75,7 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 class _ExpertFFNs(torch.autograd.Function):
-    """Every expert's FFN over its contiguous block of rows, forward and backward written out
-    block by block (see :func:`expert_ffns`)."""
+    """Every expert's FFN over its block of rows, forward and backward written block by block."""
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, keep, counts):
@@ -206,17 +133,8 @@ class _ExpertFFNs(torch.autograd.Function):
 def expert_ffns(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
                 b2: torch.Tensor, counts: list[int], keep: torch.Tensor | None = None
                 ) -> torch.Tensor:
-    """Rows ``[s_e, s_e + counts[e])`` of ``x [N, D]`` (``s_e = sum(counts[:e])``) through expert
-    ``e``: ``(GELU(x w1[e]^T + b1[e]) * keep) w2[e]^T + b2[e]`` with ``w1 [E, H, D]``,
-    ``b1 [E, H]``, ``w2 [E, D, H]``, ``b2 [E, D]``, exact (erf) GELU, and ``keep [N, H]`` a
-    dropout mask of 1/0 in ``x``'s dtype (``None``: no dropout; a rescaling belongs in ``w2``).
-    Returns ``[N, D]``.
-
-    One matmul per expert and layer. The forward and the backward handle one expert's block at a
-    time (a block stays in cache, where one GELU pass over all experts' hidden units would not)
-    and write the output and the gradients in place into shared buffers: no per-expert slice of
-    the stacked weights gets its own full-size gradient, as indexing ``w1[e]`` under autograd
-    would. First-order differentiable in ``x`` and the weights. All tensors share a dtype."""
+    """Rows ``[s_e, s_e + counts[e])`` of ``x [N, D]`` through expert ``e``:
+    ``(GELU(x w1[e]^T + b1[e]) * keep) w2[e]^T + b2[e]``; ``keep``: a 1/0 dropout mask or None."""
     if sum(counts) != x.shape[0] or len(counts) != w1.shape[0]:
         raise ValueError(f"counts {counts} must have one entry per expert ({w1.shape[0]}) and "
                          f"sum to the {x.shape[0]} rows of x")
@@ -225,8 +143,8 @@ def expert_ffns(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
                     capacity_factor: float | None) -> int:
-    """``k * floor(capacity_factor * ceil(T / E))`` (Tutel's rule); ``None``: ``T``, i.e. no
-    assignment can ever be dropped (an expert gets each token at most once)."""
+    """``k * floor(capacity_factor * ceil(T / E))`` (Tutel's rule); ``None``: ``T``, no
+    dropping."""
     if capacity_factor is None:
         return num_tokens
     if capacity_factor <= 0:
@@ -238,8 +156,7 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
 
 def _slots_and_counts(experts: torch.Tensor, order: torch.Tensor | None,
                       num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`assign_slots` with the tokens taken in ``order`` (``None``: token order), also
-    returning how many assignments each expert got (``[E]`` long, before any dropping)."""
+    """:func:`assign_slots` with the tokens in ``order``, plus each expert's assignment count."""
     top_k = experts.shape[1]
     slots = torch.empty_like(experts)
     offset = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
@@ -257,37 +174,19 @@ def _slots_and_counts(experts: torch.Tensor, order: torch.Tensor | None,
 
 
 def assign_slots(experts: torch.Tensor, priority: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Slot of each assignment in its expert's buffer, batch-prioritised.
-
-    Args:
-        experts: ``[T, k]`` chosen experts (column ``j`` = each token's ``j``-th choice).
-        priority: ``[T]``; higher goes first (GMoE/Tutel: the token's highest score).
-        num_experts: ``E``.
-
-    Returns ``[T, k]`` long: for choice ``j`` of token ``t``, the number of assignments to the same
-    expert that come before it, where all first choices come before all second choices, and within
-    one choice column tokens are ordered by decreasing ``priority`` (stable: ties by token index).
-    An assignment is kept iff its slot is below the capacity.
-    """
+    """``[T, k]``: each assignment's slot in its expert's buffer; all first choices before all
+    second ones, each column by decreasing ``priority`` (stable). Kept iff slot < capacity."""
     return _slots_and_counts(experts, torch.argsort(-priority, stable=True), num_experts)[0]
 
 
 def softmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """``softmax(x, dim=1)`` for ``x [T, E]`` with few columns, computed along dim 0 of the
-    transpose (on CPU a softmax over a last dimension of 6 is about 10x slower)."""
+    """``softmax(x, dim=1)`` for few columns, along dim 0 of the transpose (faster on CPU)."""
     return F.softmax(x.t(), dim=0).t()
 
 
 def load_importance_loss(clean_probs: torch.Tensor, kth_noisy_logit: torch.Tensor,
                          noise_std: float) -> torch.Tensor:
-    """Tutel's ``load_importance_loss``: ``(CV^2(Importance) + CV^2(Load)) / 2``.
-
-    Args:
-        clean_probs: ``[T, E]`` softmax of the noise-free logits.
-        kth_noisy_logit: ``[T]`` each token's k-th largest noisy logit (the threshold an expert's
-            score must beat to be chosen; Tutel's quirk: compared with a probability).
-        noise_std: ``sigma = gate_noise / E`` (> 0).
-    """
+    """Tutel's ``load_importance_loss``: ``(CV^2(Importance) + CV^2(Load)) / 2``."""
     if noise_std <= 0:
         raise ValueError(f"the load term needs gate noise > 0 (sigma = {noise_std}); set "
                          "gmoe_gate_noise > 0")
@@ -304,15 +203,8 @@ def load_importance_loss(clean_probs: torch.Tensor, kth_noisy_logit: torch.Tenso
 
 @dataclass
 class Routing:
-    """The routing of ``T`` tokens (see :func:`route`).
-
-    experts, gates, slots, keep: ``[T, k]``: chosen experts (best first), their gate values
-    (float32), their slots in the experts' buffers (None without a capacity factor: nothing can
-    be dropped), and whether the slot is within capacity.
-    scores: ``[T, E]`` the (noisy in training) softmax scores; capacity: the capacity used;
-    aux_loss: the load/importance loss (scalar, float32; 0 when not computed); counts: ``[E]``
-    assignments each expert got before dropping (long).
-    """
+    """The routing of ``T`` tokens (:func:`route`): per choice ``[T, k]`` experts, gates, slots
+    (None: nothing can drop), keep; ``[T, E]`` scores; capacity, aux_loss, ``[E]`` counts."""
 
     experts: torch.Tensor
     gates: torch.Tensor
@@ -326,9 +218,8 @@ class Routing:
 
 def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
           gate_noise: float, training: bool, aux: bool = True) -> Routing:
-    """Noisy top-k routing of ``logits [T, E]`` with capacity and batch-prioritised dropping
-    (see the module docstring). Noise is drawn only when ``training``; ``aux=False`` skips the
-    auxiliary loss (0)."""
+    """Noisy top-k routing of ``logits [T, E]`` with capacity and batch-prioritised dropping;
+    noise only when ``training``; ``aux=False`` skips the auxiliary loss."""
     num_tokens, num_experts = logits.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}] (the number of experts), got "
@@ -363,14 +254,8 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None, *,
 
 @dataclass
 class RoutingStats:
-    """What one forward of :class:`MoEFFN` reports (tensors, so no device sync is forced).
-
-    aux_loss: scalar with gradient (computed in training mode only; 0 in eval mode);
-    drop_frac: fraction of the ``k * T`` assignments dropped;
-    load_entropy: entropy (nats) of the fraction of assignments routed to each expert, before
-    dropping (``ln E`` when balanced, 0 when collapsed); top1: ``[B, N]`` each token's first-choice
-    expert, kept only when :attr:`MoEFFN.record_experts` is set (for plots).
-    """
+    """One forward's routing (tensors: no device sync): aux_loss, drop_frac, load_entropy and,
+    with :attr:`MoEFFN.record_experts`, top1 ``[B, N]``."""
 
     aux_loss: torch.Tensor
     drop_frac: torch.Tensor
@@ -379,19 +264,8 @@ class RoutingStats:
 
 
 class MoEFFN(nn.Module):
-    """Sparse mixture-of-experts FFN replacing a transformer block's ``mlp`` (input and output
-    ``[B, N, D]``; see the module docstring for the maths).
-
-    Args:
-        dim, hidden: token width ``D`` and expert hidden width ``H``.
-        num_experts: ``E`` (6 in GMoE); top_k: experts per token (1 in GMoE; 2 works).
-        capacity_factor: training capacity factor (1.5).
-        eval_capacity_factor: capacity factor in eval mode; ``None`` = no dropping at evaluation
-            (each sample's output is then independent of its batch mates).
-        gate_noise: training noise std is ``gate_noise / E`` (1.0); must be > 0 (the load term).
-        router_dim: the router's projection width (256); expert_dropout: dropout on the hidden
-            units of the experts (0.1).
-    """
+    """Sparse mixture-of-experts FFN replacing a transformer block's ``mlp`` (``[B, N, D]`` in
+    and out); ``eval_capacity_factor`` None: no dropping at evaluation."""
 
     def __init__(self, dim: int, hidden: int, num_experts: int = 6, top_k: int = 1,
                  capacity_factor: float = 1.5, eval_capacity_factor: float | None = None,
@@ -430,8 +304,7 @@ class MoEFFN(nn.Module):
 
     @classmethod
     def from_dense(cls, mlp: nn.Module, **kwargs) -> "MoEFFN":
-        """An MoE layer whose experts are all copies of the dense FFN ``mlp`` (a timm ``Mlp``:
-        ``fc1``, GELU, ``fc2``, no norm), on ``mlp``'s device and dtype."""
+        """An MoE layer whose experts all copy the dense timm ``Mlp`` ``mlp``."""
         fc1, fc2 = getattr(mlp, "fc1", None), getattr(mlp, "fc2", None)
         if not isinstance(fc1, nn.Linear) or not isinstance(fc2, nn.Linear):
             raise TypeError(f"expected a timm Mlp with Linear fc1/fc2, got {type(mlp).__name__}")
@@ -456,19 +329,15 @@ class MoEFFN(nn.Module):
 
     @property
     def last_routing(self) -> RoutingStats | None:
-        """The routing statistics of the last forward (None before any)."""
         return self._last_routing
 
     def pop_routing(self) -> RoutingStats | None:
-        """Return :attr:`last_routing` and forget it (so no graph or tensor outlives the step)."""
+        """Return :attr:`last_routing` and forget it (no tensor outlives the step)."""
         stats, self._last_routing = self._last_routing, None
         return stats
 
     def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """All experts on tokens grouped by expert (:func:`expert_ffns`): rows
-        ``[s_e, s_e + counts[e])`` of ``x [N, D]`` go through expert ``e``:
-        ``fc2(Dropout(GELU(fc1 x)))``, in training with the dropout's ``1 / (1 - p)`` folded into
-        ``fc2``'s weights. Runs in the autocast dtype when autocast is on."""
+        """All experts on tokens grouped by expert (:func:`expert_ffns`), in the autocast dtype."""
         p = self.expert_dropout if self.training else 0.0
         w2 = self.w2 * (1.0 / (1.0 - p)) if p else self.w2
         device_type = x.device.type

@@ -1,29 +1,6 @@
-"""Offline-safe loading of pretrained backbone weights.
-
-Weights come from the libraries' normal sources (torchvision's download server, the Hugging Face
-Hub for timm and open_clip) and their caches. Offline, those downloads hang or retry (the hub
-client: 5 retries with backoff per file, minutes for an endpoint that does not answer); here we
-decide first, without waiting, and fail at once with a message that says how to provide weights:
-pre-fill the cache, point ``pretrained_path`` at a local checkpoint, or set ``pretrained`` false
-for random initialisation.
-
-The decision (one implementation, used by the backbones here and by the CLIP scorer,
-``dg_plugins.alignment.scoring``): weights whose *file* is in the cache
-(``huggingface_hub.try_to_load_from_cache``; torch.hub's checkpoint folder for URLs) are used
-without any network request (:func:`hub_offline` while the library loads them); else, with
-``HF_HUB_OFFLINE=1`` (or ``DG_PLUGINS_OFFLINE=1``) it fails at once; else one HEAD request to the
-server in use (for the hub: the endpoint ``HF_ENDPOINT`` names, ``huggingface_hub.constants.
-ENDPOINT``), :data:`PROBE_TIMEOUT` seconds and no retry (:func:`probe_url`), tells whether a
-download can start, and it fails at once when it cannot.
-
-:func:`probe_weights` answers "would building this model fail for lack of weights?" without
-loading or downloading anything: the sweep asks it once per configuration before launching
-(``dg_plugins.sweep.jobs.weight_problems``), so that a sweep offline with an empty cache fails
-before any job starts.
-
-:func:`recording_weights` lists, while a model is built, which weights it loaded and from where
-(a cache file, a download, a local file): train prints it at the start of a job.
-"""
+"""Offline-safe loading of pretrained backbone weights: decide from the cache, the offline
+settings and one quick probe of the server, then load or fail at once with the fixes
+(``docs/networks.md``). Shared by the backbones and the CLIP scorer."""
 
 from __future__ import annotations
 
@@ -53,8 +30,7 @@ def offline_requested() -> bool:
 
 
 def probe_url(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """One HEAD request to ``url``, no retry, redirects not followed: None when a server answered
-    (any HTTP status: it is up), else why not (refused, timed out, unknown host, ...)."""
+    """One HEAD request, no retry: None when a server answered, else why not."""
     import urllib.error
     import urllib.request
 
@@ -83,10 +59,8 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
 
 
 class WeightsRequested(BaseException):
-    """Raised, under :func:`probe_weights`, by the first request for pretrained weights: it stops
-    the model's construction there (nothing is loaded or downloaded). ``error``: the exception
-    the request would raise in a job (None: the weights are available). A ``BaseException``, so
-    that no ``except Exception`` in a model's constructor swallows it."""
+    """Raised under :func:`probing` by the first weight request (``error``: what a job would
+    meet); a ``BaseException`` so that no ``except Exception`` swallows it."""
 
     def __init__(self, what: str, error: BaseException | None):
         super().__init__(what)
@@ -99,8 +73,7 @@ _probing = False
 
 @contextlib.contextmanager
 def probing():
-    """While active, a request for pretrained weights (:func:`require_cached_or_reachable`,
-    :func:`load_local_weights`) raises :class:`WeightsRequested` instead of proceeding."""
+    """While active, a request for pretrained weights raises :class:`WeightsRequested`."""
     global _probing
     previous, _probing = _probing, True
     try:
@@ -110,13 +83,8 @@ def probing():
 
 
 def probe_weights(build) -> BaseException | None:
-    """Call ``build()`` (e.g. an algorithm's constructor) under :func:`probing`, on PyTorch's
-    ``meta`` device (no memory, no initialisation cost; on CPU if that fails), and return the
-    error its first request for pretrained weights would raise in a job: a
-    :class:`PretrainedWeightsUnavailable` naming the fixes, a ``FileNotFoundError`` for a missing
-    ``pretrained_path``; None when the weights are there or none are requested. Only the first
-    request of a model is seen (every model of the package loads at most one set of weights).
-    Other errors of ``build`` propagate."""
+    """The error ``build()``'s first request for pretrained weights would raise in a job (None:
+    none), found on the ``meta`` device without loading anything."""
     for device in ("meta", "cpu"):
         try:
             with probing(), torch.device(device):
@@ -136,9 +104,7 @@ _loaded: list[str] | None = None
 
 @contextlib.contextmanager
 def recording_weights():
-    """Within the block, each set of pretrained weights a model takes is described in the list
-    this yields (e.g. "timm resnet50.ram_in1k from the Hugging Face cache: <file>"); empty
-    when the model starts from random initialisation."""
+    """Within the block, the list this yields describes each set of weights a model takes."""
     global _loaded
     previous, _loaded = _loaded, []
     try:
@@ -154,8 +120,6 @@ def note_weights(description: str) -> None:
 
 
 def _decided(what: str, error: BaseException | None) -> None:
-    """Under :func:`probing`, report the outcome of a weight request (:class:`WeightsRequested`);
-    else raise ``error`` when there is one."""
     if _probing:
         raise WeightsRequested(what, error)
     if error is not None:
@@ -164,10 +128,8 @@ def _decided(what: str, error: BaseException | None) -> None:
 
 def require_cached_or_reachable(what: str, cached: str, url: str,
                                 unavailable=_unavailable) -> None:
-    """Return when the file ``cached`` (a download cache's copy of ``url``) exists or ``url``'s
-    server answers one request now (:func:`probe_url`); else raise ``unavailable(what, cached,
-    reason)`` (default: the message with the fixes for a backbone; the CLIP scorer passes its
-    own). Under :func:`probing`, raise :class:`WeightsRequested` with that outcome instead."""
+    """Return when ``cached`` exists or ``url``'s server answers now; else raise
+    ``unavailable(what, cached, reason)``."""
     error = None
     if not os.path.isfile(cached):
         reason = OFFLINE_SET if offline_requested() else probe_url(url)
@@ -180,8 +142,6 @@ def require_cached_or_reachable(what: str, cached: str, url: str,
 
 def check_url_available(url: str, what: str, cached: str | None = None,
                         unavailable=_unavailable) -> None:
-    """Raise unless the download cache holds ``url``'s file (default: torch.hub's) or ``url``'s
-    server answers now."""
     if cached is None:
         cached = os.path.join(torch.hub.get_dir(), "checkpoints",
                               os.path.basename(urlparse(url).path))
@@ -189,8 +149,7 @@ def check_url_available(url: str, what: str, cached: str | None = None,
 
 
 def cached_hub_file(repo_id: str, names, revision: str | None = None) -> str | None:
-    """The cached path of the first of ``names`` (files of the hub repository ``repo_id``) in the
-    Hugging Face cache, else None (a repository folder without the file is not a cached file)."""
+    """The cached path of the first of ``names`` in the hub cache of ``repo_id``, else None."""
     from huggingface_hub import try_to_load_from_cache
 
     for name in names:
@@ -209,12 +168,8 @@ def hub_cache_folder(repo_id: str) -> str:
 
 def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailable,
                         revision: str | None = None) -> bool:
-    """Whether hub files of ``repo_id`` can be had without waiting: True when, for every group of
-    ``groups`` (alternatives the library tries in order, e.g. a safetensors file, then the
-    pickle), one file is in the Hugging Face cache (no request made: load them under
-    :func:`hub_offline`); False when they are not, but the hub endpoint in use answers one
-    request now (a download can start); else raise ``unavailable`` at once (offline mode set, or
-    the endpoint does not answer). Under :func:`probing`, raise :class:`WeightsRequested`."""
+    """True when every group of hub files has one cached (load under :func:`hub_offline`); False
+    when not but the endpoint answers now; else raise ``unavailable``."""
     from huggingface_hub import constants, hf_hub_url
 
     groups = [list(names) for names in groups]
@@ -239,9 +194,7 @@ def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailabl
 
 @contextlib.contextmanager
 def hub_offline():
-    """Within the block, the Hugging Face client makes no request and reads its cache (what
-    ``HF_HUB_OFFLINE=1`` does; huggingface_hub reads that setting from
-    ``huggingface_hub.constants`` at each request)."""
+    """Within the block, the Hugging Face client makes no request (``HF_HUB_OFFLINE=1``)."""
     from huggingface_hub import constants
 
     before = constants.HF_HUB_OFFLINE
@@ -253,9 +206,7 @@ def hub_offline():
 
 
 def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:
-    """Load a local checkpoint into ``model`` (a state_dict, or a dict holding one under
-    ``state_dict``/``model``; a ``module.`` prefix is stripped). Keys other than the classifier
-    head must match; a mismatch raises with the offending keys."""
+    """Load a local checkpoint into ``model``; keys other than the head must match."""
     if not os.path.isfile(path):
         error = FileNotFoundError(f"pretrained_path {path!r} does not exist (expected a .pth/.pt "
                                   "file holding the backbone's state_dict)")
@@ -279,8 +230,7 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
 
 
 def timm_hub_files(filename: str | None) -> list[str]:
-    """The files timm tries, in order, for a hub weight file (``load_state_dict_from_hf`` in
-    ``timm/models/_hub.py``: the safetensors alternative first)."""
+    """The files timm tries, in order, for a hub weight file (safetensors first)."""
     filename = filename or "pytorch_model.bin"
     if filename in TIMM_SAFE_ALTERNATIVES:
         return [TIMM_SAFE_ALTERNATIVES[filename], filename]
@@ -290,11 +240,8 @@ def timm_hub_files(filename: str | None) -> list[str]:
 
 
 def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
-    """``timm.create_model(name, pretrained=download, **kwargs)``, failing fast (with the fixes in
-    the message) when the weights are neither cached nor downloadable. Where timm takes them
-    (``_resolve_pretrained_source`` in ``timm/models/_builder.py``): the hub repository of the
-    model's pretrained config (weights cached there are loaded with the hub offline, so no
-    request is made), else its release URL (torch.hub's cache)."""
+    """``timm.create_model(name, pretrained=download, **kwargs)``, failing fast when the weights
+    are neither cached nor downloadable."""
     from dg_plugins import compat  # noqa: F401  (before timm)
     import timm
 

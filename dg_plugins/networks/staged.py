@@ -1,6 +1,5 @@
-"""The staged-featurizer interface: ``stem -> named stages -> pool``, so that a method can act on
-the input of a given stage (e.g. DMG's channel masks) and on the pooled feature without re-walking
-the network by hand."""
+"""The staged-featurizer interface: ``stem -> named stages -> pool``, so that a method can act
+on the input of a stage (DMG's masks) and on the pooled feature."""
 
 from __future__ import annotations
 
@@ -13,13 +12,8 @@ Hook = Callable[[torch.Tensor], torch.Tensor]
 
 
 class StagedFeaturizer(nn.Module):
-    """A featurizer split into ``stem``, named ``stages`` and ``pool``.
-
-    Subclasses implement :meth:`stem`, :meth:`stage` and :meth:`pool` and set ``stage_names``,
-    ``stage_widths`` (name -> channels or features of the stage's *input*, along
-    ``channel_dim``) and ``n_outputs``.
-    ``forward(x) == forward_stages(x)``.
-    """
+    """A featurizer split into ``stem``, named ``stages`` and ``pool``; subclasses set
+    ``stage_names``, ``stage_widths`` (of each stage's input) and ``n_outputs``."""
 
     stage_names: tuple[str, ...] = ()
     stage_widths: dict[str, int]
@@ -46,12 +40,8 @@ class StagedFeaturizer(nn.Module):
 
     def forward_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None,
                        hooks: dict[str, Hook] | None = None) -> torch.Tensor:
-        """Run part of the network.
-
-        ``start=None``: ``x`` is the image (the stem runs first); else ``x`` is the input of stage
-        ``start``. ``stop=None``: run to the pooled feature; else return the input of stage
-        ``stop`` (before its hook). ``hooks[name]`` transforms the input of stage ``name`` before
-        the stage runs (e.g. a channel mask)."""
+        """From the image (``start`` None) or stage ``start``'s input to the pooled feature or
+        stage ``stop``'s input; ``hooks[name]`` transforms stage ``name``'s input."""
         hooks = hooks or {}
         for name in hooks:
             self.check_stage(name)

@@ -1,43 +1,7 @@
-"""Shared Vision Transformer building blocks over timm's ``VisionTransformer``.
-
-The ViT-based methods (GMoE, its dense baseline ERM_ViT, DisMAE, and ERM's ViT featurizer) build
-their networks from the same pieces, all of which work on any timm ``VisionTransformer``:
-
-Building (offline-safe)
-    :func:`create_vit` builds a timm ViT architecture by name (``timm.create_model``) or one of the
-    small presets of :data:`VIT_PRESETS` (timm's own ``VisionTransformer`` class with sizes timm
-    does not ship: a ViT for 28x28 inputs and a tiny 224x224 test model). ``"auto"`` picks the
-    architecture from the input shape (:func:`resolve_vit_arch`). Pretrained weights come through
-    :func:`dg_plugins.networks.pretrained.timm_model` (fails fast offline) or a local checkpoint
-    (:func:`dg_plugins.networks.pretrained.load_local_weights`). :func:`vit_dims` reads depth,
-    width and heads of a built model.
-
-Tokens
-    :func:`embed_tokens` is exactly what timm's ``forward_features`` does before the blocks;
-    :func:`embed_patches` + :func:`random_masking` + :func:`prepend_prefix_tokens` is the
-    masked-autoencoder order of He et al.,
-    "Masked Autoencoders Are Scalable Vision Learners" (CVPR 2022): patch embedding, plus position
-    embedding, masking, then the class token with its own position embedding.
-    :func:`run_blocks` runs a range of blocks, :func:`final_norm` and :func:`pool_tokens` finish
-    like timm's ``forward_features`` / ``forward_head(pre_logits=True)``. :func:`restore_order`
-    puts kept tokens back at their positions (MAE's ``ids_restore`` convention).
-
-Position embeddings
-    :func:`sincos_pos_embed_2d` computes MAE's fixed 2-D sine-cosine embedding;
-    :func:`install_sincos_pos_embed` puts it on a timm ViT as a frozen buffer.
-
-FFN replacement
-    :func:`replace_ffn` swaps ``vit.blocks[i].mlp`` for a module made from the dense one (GMoE's
-    sparse mixture-of-experts layers, Li et al., ICLR 2023, Sec. 4 / Eq. 3).
-
-Featurizer
-    :class:`ViTFeaturizer` is ERM's timm ViT featurizer (hparams ``vit_arch``, ``dinov2``,
-    ``vit_attn_tune``, ``vit_dropout``, ``pretrained``, ``pretrained_path``), with DomainBed's
-    DINOv2 recipe (``domainbed/networks.py``, class ``DinoV2``).
-
-timm (and torchvision under it) is imported only when a model is built or a timm-specific helper
-runs, after :mod:`dg_plugins.compat`.
-"""
+"""Vision Transformer building blocks over timm's ``VisionTransformer``, shared by GMoE, ERM_ViT,
+DisMAE, MAE and ERM's ViT featurizer: building (offline-safe, presets), tokens in timm's and
+MAE's orders (He et al., CVPR 2022), MAE's sin-cos position embedding, FFN replacement (GMoE).
+timm loads only when a model is built. Details: ``docs/networks.md``."""
 
 from __future__ import annotations
 
@@ -106,18 +70,8 @@ def vit_preset(name: str) -> dict:
 
 def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
                      arch_224: str = DEFAULT_ARCH_224) -> str:
-    """The one rule by which every ViT of the package is chosen from the hparam ``vit_arch``.
-
-    * ``"auto"``: ``(C, 28, 28)`` -> :data:`DEFAULT_ARCH_28`; ``(C, 224, 224)`` -> ``arch_224``,
-      the paper backbone of the model being built: ERM's featurizer :data:`DEFAULT_ARCH_224`
-      (ViT-S/16), GMoE and ERM_ViT ``deit_small_patch16_224`` (DeiT-S/16, Li et al.), DisMAE and
-      MAE ``vit_base_patch16_224`` (ViT-B/16, Zhang et al.); each passes its own.
-    * ``"tiny"``: the 2-block presets, :data:`VIT_TINY_28` / :data:`VIT_TINY_224` (CPU tests, the
-      quick start's pretraining), whatever the model.
-    * anything else: used as given (a preset of :data:`VIT_PRESETS` or a timm ViT name, built at
-      the input's size).
-
-    ``"auto"`` and ``"tiny"`` with another input size raise, listing the rules and the fix."""
+    """The one rule choosing every ViT from the hparam ``vit_arch``: ``"auto"`` (``arch_224`` at
+    224x224), ``"tiny"``, or a name (``docs/networks.md``)."""
     if arch not in ("auto", "tiny"):
         return arch
     shape = tuple(int(s) for s in input_shape)
@@ -146,34 +100,9 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
                pretrained_path: str | None = None, drop_path_rate: float = 0.0,
                num_classes: int = 0, arch_224: str = DEFAULT_ARCH_224,
                **overrides) -> nn.Module:
-    """Build a timm ``VisionTransformer`` for images of ``input_shape = (C, H, W)``.
-
-    Args:
-        arch: a timm architecture (``"deit_small_patch16_224"``, with or without a pretrained
-            tag such as ``.fb_in1k``), a preset of :data:`VIT_PRESETS`, ``"auto"`` or ``"tiny"``
-            (see :func:`resolve_vit_arch`; ``arch_224`` is what ``"auto"`` means at 224x224).
-        input_shape: ``(C, H, W)``; the model is built with ``img_size=(H, W)`` and ``C`` input
-            channels. ``H`` and ``W`` must be multiples of the patch size.
-        pretrained: load pretrained weights: from ``pretrained_path`` when given (a local
-            checkpoint; the classifier head's keys are ignored, every other key must match), else
-            timm's own weights for ``arch`` through
-            :func:`~dg_plugins.networks.pretrained.timm_model`, which fails fast with the fixes
-            when they are neither cached nor downloadable. Presets have no published weights:
-            without ``pretrained_path`` they are randomly initialised whatever ``pretrained``
-            says (as the 28x28 CNN is). False: random initialisation (``pretrained_path`` unused).
-        drop_path_rate: stochastic depth, increasing linearly over the blocks (timm's rule).
-        num_classes: size of the linear head on the pooled feature; 0 for none (``head`` is an
-            Identity and the model returns the pooled feature).
-        **overrides: further ``VisionTransformer`` keyword arguments (``global_pool``,
-            ``class_token``, ``depth``, ``embed_dim``, ``drop_rate``, ...); for a preset they
-            update its table entry.
-
-    Channels: pretrained weights are RGB. With ``C != 3`` and pretrained weights (downloaded or
-    local) the model is built with 3 channels, loaded, and its patch projection adapted by timm's
-    ``adapt_input_conv`` (sums the RGB filters for ``C = 1``; repeats and rescales them otherwise),
-    which is what timm itself does when it loads weights into a model with other channels. A local
-    checkpoint must therefore hold 3-channel weights when ``C != 3``.
-    """
+    """A timm ``VisionTransformer`` for ``input_shape = (C, H, W)`` (``arch`` as
+    :func:`resolve_vit_arch`), with pretrained or local weights (RGB filters adapted when
+    ``C != 3``)."""
     from dg_plugins import compat  # noqa: F401  (before timm)
     import timm
 
@@ -228,8 +157,7 @@ def _check_patch_grid(vit: nn.Module, name: str, size: tuple[int, int]) -> None:
 
 
 def adapt_patch_embed_channels(vit: nn.Module, channels: int) -> None:
-    """Replace ``vit``'s patch projection by one taking ``channels`` input channels, its filters
-    derived from the current (RGB) ones by timm's ``adapt_input_conv``."""
+    """Replace the patch projection by one for ``channels`` inputs (timm's ``adapt_input_conv``)."""
     from dg_plugins import compat  # noqa: F401  (before timm)
     from timm.models import adapt_input_conv
 
@@ -262,8 +190,7 @@ class ViTDims(NamedTuple):
 
 
 def vit_dims(vit: nn.Module) -> ViTDims:
-    """Depth, width, heads, FFN hidden width, patch and grid sizes, and the number of prefix
-    (class/register) tokens of a timm ViT. The FFN width is read from block 0's ``mlp.fc1``."""
+    """Sizes of a timm ViT (FFN width read from block 0's ``mlp.fc1``)."""
     blocks = _blocks(vit)
     first = blocks[0]
     fc1 = getattr(getattr(first, "mlp", None), "fc1", None)
@@ -287,9 +214,7 @@ def _blocks(vit: nn.Module) -> nn.Sequential:
 # --------------------------------------------------------------------------------------------
 
 def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Images ``[B, C, H, W]`` -> tokens ``[B, P + N, D]`` (P prefix tokens, N patches): exactly
-    timm's ``forward_features`` before the blocks (patch embedding, class/register tokens, position
-    embedding, ``pos_drop``, ``patch_drop``, ``norm_pre``)."""
+    """Images -> tokens ``[B, P + N, D]``: timm's ``forward_features`` before the blocks."""
     x = vit.patch_embed(x)
     x = vit._pos_embed(x)
     x = vit.patch_drop(x)
@@ -297,8 +222,7 @@ def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _patch_pos_embed(vit: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
-    """The position embedding rows of the patches, ``[1, N, D]``, resampled when the ViT takes
-    dynamic image sizes and ``grid`` differs from its own."""
+    """Patch position embeddings ``[1, N, D]``, resampled for a dynamic-size ViT."""
     pos = vit.pos_embed
     if pos is None:
         return None
@@ -313,9 +237,7 @@ def _patch_pos_embed(vit: nn.Module, grid: tuple[int, int]) -> torch.Tensor | No
 
 
 def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Images -> patch tokens ``[B, N, D]`` with their position embedding added, no prefix tokens
-    (the first step of the MAE order; mask them with :func:`random_masking`, then call
-    :func:`prepend_prefix_tokens`)."""
+    """Images -> position-embedded patch tokens ``[B, N, D]`` (MAE order, no prefix tokens)."""
     x = vit.patch_embed(x)
     if x.ndim == 4:  # dynamic_img_size: NHWC, flattened after the position embedding
         grid = (x.shape[1], x.shape[2])
@@ -327,10 +249,8 @@ def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def prepend_prefix_tokens(vit: nn.Module, patches: torch.Tensor) -> torch.Tensor:
-    """Patch tokens ``[B, K, D]`` (already position-embedded, possibly masked) -> ``[B, P + K, D]``:
-    the class (and register) tokens with their position embedding (none when the ViT has
-    ``no_embed_class``) in front, then ``pos_drop`` and ``norm_pre`` as in timm's forward.
-    timm's ``patch_drop`` is not applied: masking replaces it."""
+    """``[B, K, D]`` -> ``[B, P + K, D]``: class/register tokens in front, then ``pos_drop`` and
+    ``norm_pre`` as timm does."""
     prefix = []
     if vit.cls_token is not None:
         prefix.append(vit.cls_token)
@@ -345,11 +265,7 @@ def prepend_prefix_tokens(vit: nn.Module, patches: torch.Tensor) -> torch.Tensor
 
 
 def num_kept_tokens(num_tokens: int, mask_ratio: float) -> int:
-    """How many of ``num_tokens`` tokens a random mask of ``mask_ratio`` keeps:
-    ``floor(num_tokens * (1 - mask_ratio) + 1e-6)``. This is MAE's (and the released DisMAE's)
-    ``int(L * (1 - mask_ratio))`` (e.g. 196 at 0.8 -> 39, at 0.7 -> 58; 49 at 0.8 -> 9), except that
-    a product that float error puts just below an integer is not floored one lower
-    (``int(10 * (1 - 0.9))`` is 0 in floating point; here it is 1)."""
+    """MAE's ``int(L * (1 - mask_ratio))``, robust to float error just below an integer."""
     if not 0.0 <= mask_ratio < 1.0:
         raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
     kept = int(math.floor(num_tokens * (1.0 - mask_ratio) + 1e-6))
@@ -361,18 +277,7 @@ def num_kept_tokens(num_tokens: int, mask_ratio: float) -> int:
 
 @dataclass
 class MaskedTokens:
-    """Output of :func:`random_masking`.
-
-    Attributes:
-        tokens: kept tokens ``[B, K, D]`` in shuffled order
-            (``tokens[b, j] = x[b, ids_keep[b, j]]``).
-        mask: ``[B, N]``, 0 where a token is kept and 1 where it is removed (MAE's convention), in
-            the original token order; ``mask.sum(1) == N - K`` for every sample.
-        ids_restore: ``[B, N]``, the inverse of the shuffle: position ``n`` of the original order
-            is position ``ids_restore[b, n]`` of ``[kept tokens, removed tokens]`` (MAE's
-            ``ids_restore``; see :func:`restore_order`).
-        ids_keep: ``[B, K]``, the original indices of the kept tokens, in ``tokens`` order.
-    """
+    """Output of :func:`random_masking` (MAE's conventions: ``mask`` 1 where removed)."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
@@ -382,10 +287,8 @@ class MaskedTokens:
 
 def random_masking(tokens: torch.Tensor, mask_ratio: float, *,
                    generator: torch.Generator | None = None) -> MaskedTokens:
-    """Keep a random subset of :func:`num_kept_tokens` ``(N, mask_ratio)`` tokens of each sample of
-    ``tokens [B, N, D]``, drawn independently per sample (MAE's ``random_masking``: sort uniform
-    noise, keep the smallest). ``generator`` (on ``tokens``' device) makes the draw reproducible.
-    With ``mask_ratio`` 0 every token is kept, in a random order."""
+    """Keep a random :func:`num_kept_tokens` subset of each sample's tokens (MAE's
+    ``random_masking``)."""
     batch, num, dim = tokens.shape
     kept = num_kept_tokens(num, mask_ratio)
     noise = torch.rand(batch, num, device=tokens.device, generator=generator)
@@ -401,10 +304,7 @@ def random_masking(tokens: torch.Tensor, mask_ratio: float, *,
 
 def restore_order(kept: torch.Tensor, ids_restore: torch.Tensor,
                   fill: torch.Tensor) -> torch.Tensor:
-    """Undo :func:`random_masking`'s shuffle: ``kept [B, K, D]`` (patch tokens only, in the order
-    the masking returned) -> ``[B, N, D]`` with each kept token back at its original position and
-    ``fill`` (e.g. a learned mask token, broadcastable to ``[B, 1, D]``) at removed positions
-    (MAE's decoder input, ``ids_restore`` convention)."""
+    """Undo :func:`random_masking`'s shuffle, ``fill`` at the removed positions."""
     batch, k, dim = kept.shape
     num = ids_restore.shape[1]
     fill = fill.to(kept.dtype).reshape(-1, 1, dim).expand(batch, num - k, dim)
@@ -414,8 +314,7 @@ def restore_order(kept: torch.Tensor, ids_restore: torch.Tensor,
 
 def run_blocks(vit: nn.Module, tokens: torch.Tensor, start: int = 0,
                end: int | None = None) -> torch.Tensor:
-    """Run blocks ``start <= i < end`` (``end`` None: to the last) of ``vit`` on ``tokens``,
-    with activation checkpointing when timm's ``set_grad_checkpointing`` is on."""
+    """Blocks ``start <= i < end`` on ``tokens`` (checkpointed when timm's is on)."""
     blocks = _blocks(vit)
     depth = len(blocks)
     end = depth if end is None else end
@@ -432,16 +331,11 @@ def run_blocks(vit: nn.Module, tokens: torch.Tensor, start: int = 0,
 
 
 def final_norm(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """The ViT's norm after the blocks (``vit.norm``; an Identity when the model norms after
-    pooling, e.g. ``global_pool='avg'``, where :func:`pool_tokens` applies ``fc_norm``)."""
     return vit.norm(tokens)
 
 
 def pool_tokens(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Normed tokens ``[B, P + K, D]`` -> the pooled feature ``[B, D]``: timm's
-    ``forward_head(pre_logits=True)`` (pooling by ``vit.global_pool``: the class token for
-    ``'token'``, the mean of the non-prefix tokens for ``'avg'``; then ``fc_norm`` and
-    ``head_drop``)."""
+    """Normed tokens -> the pooled feature ``[B, D]`` (timm's ``forward_head(pre_logits=True)``)."""
     return vit.forward_head(tokens, pre_logits=True)
 
 
@@ -451,16 +345,8 @@ def pool_tokens(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
                         num_prefix_tokens: int = 0) -> torch.Tensor:
-    """MAE's fixed 2-D sine-cosine position embedding, ``[1, num_prefix_tokens + H * W, D]``
-    (float32; the prefix rows, e.g. the class token's, are zeros).
-
-    Patch ``n = r * W + c`` (row ``r``, column ``c``, row-major like the patch embedding's
-    flattening) gets ``[sin(c * w), cos(c * w), sin(r * w), cos(r * w)]``, each block ``D / 4``
-    wide, with ``w_i = 10000 ** (-i / (D / 4))`` for ``i = 0 .. D/4 - 1``: the first half of the
-    dimensions encodes the column and the second half the row (MAE's ``get_2d_sincos_pos_embed``
-    builds its grid with ``meshgrid(w, h)``, so its "h" half is the column index).
-    ``grid_size``: ``G`` for a ``G x G`` grid, or ``(H, W)``. ``embed_dim`` must be a multiple of 4.
-    """
+    """MAE's fixed 2-D sine-cosine position embedding ``[1, P + H * W, D]`` (prefix rows
+    zero)."""
     if embed_dim % 4:
         raise ValueError(f"embed_dim must be a multiple of 4 for a 2-D sin-cos embedding, got "
                          f"{embed_dim}")
@@ -480,10 +366,8 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
 
 
 def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
-    """Replace ``vit.pos_embed`` (a learned Parameter) by the fixed :func:`sincos_pos_embed_2d` for
-    its patch grid, registered as a persistent buffer under the same name: never trained, moved by
-    ``.to()``, saved in ``state_dict`` under the key ``pos_embed`` (so checkpoints still load into a
-    standard timm ViT). The class-token row, when the ViT has one, is zeros. Returns the buffer."""
+    """Replace ``vit.pos_embed`` by the fixed sin-cos table, a persistent buffer of the same
+    name."""
     if getattr(vit, "pos_embed", None) is None:
         raise ValueError("this ViT has no position embedding (pos_embed None); build it with "
                          "pos_embed='learn' (timm's default) to install a sin-cos one")
@@ -505,9 +389,7 @@ def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) -> list[int]:
-    """Block indices from ints or a comma-separated string (``"8,10"``); negative indices count
-    from the end (``"-4,-2"`` is blocks 8 and 10 of a 12-block ViT). Raises on an index outside
-    the depth, on duplicates (after resolving negatives) and on an empty list."""
+    """Block indices from ints or ``"8,10"`` (negative from the end); raises on bad ones."""
     if isinstance(block_indices, str):
         try:
             raw = [int(part) for part in block_indices.split(",") if part.strip()]
@@ -537,10 +419,8 @@ def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) ->
 
 def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
                 factory: Callable[[int, nn.Module], nn.Module]) -> list[nn.Module]:
-    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` for each index (see
-    :func:`parse_block_indices`); the factory gets the dense module so that it can copy its
-    weights. All indices are checked before any block changes. Returns the new modules in the
-    order given."""
+    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` (indices all checked first);
+    returns the new modules."""
     blocks = _blocks(vit)
     indices = parse_block_indices(block_indices, len(blocks))
     for i in indices:
@@ -562,28 +442,8 @@ def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
 # --------------------------------------------------------------------------------------------
 
 class ViTFeaturizer(StagedFeaturizer):
-    """A timm ViT featurizer: ``forward(x)`` returns the pooled feature ``[B, n_outputs]``.
-
-    hparams:
-        ``vit_arch``: what :func:`create_vit` builds (a timm ViT name, a preset of
-            :data:`VIT_PRESETS`, or ``"auto"``; default ``"auto"`` when absent);
-        ``dinov2``: build DomainBed's DINOv2 ViT-B/14 (:data:`DINOV2_ARCH`) instead and use
-            DomainBed's feature (``domainbed/networks.py``, ``DinoV2``): the normed class tokens of
-            the last 4 blocks and the mean normed patch token of the last block, concatenated
-            (``n_outputs = 5 * width``);
-        ``vit_attn_tune``: train only parameters whose name contains ``attn``;
-        ``vit_dropout``: dropout on the feature;
-        ``pretrained``, ``pretrained_path``: as :func:`create_vit`.
-
-    The feature is timm's pooled pre-logits (the final-normed class token for class-token ViTs);
-    ``network`` is the timm model (no head). Unlike DomainBed's DinoV2, inputs with other than 3
-    channels are accepted (pretrained patch filters are adapted; see :func:`create_vit`).
-
-    Stages (the :class:`~dg_plugins.networks.staged.StagedFeaturizer` interface): the stem is
-    :func:`embed_tokens`, stage ``blockI`` is ``network.blocks[I]`` (input ``[B, tokens, width]``,
-    so a channel hook acts on the last dimension), the pool is :func:`pool_tokens` then dropout.
-    The DINOv2 recipe pools over several blocks and has no stage access.
-    """
+    """ERM's timm ViT featurizer: the pooled feature ``[B, n_outputs]``, or DomainBed's DINOv2
+    recipe with ``dinov2`` (``docs/networks.md``)."""
 
     channel_dim = -1
 

@@ -1,10 +1,16 @@
-"""sweep: many jobs, read top to bottom from ``python -m dg_plugins.scripts.sweep``.
+"""sweep: many jobs (``python -m dg_plugins.scripts.sweep``), read in the order below; plan
+(``python -m dg_plugins.sweep.plan``) runs on its own. Torch-free; of train it uses flags, folder
+and cli (to fork a job). How it works: docs/sweep.md."""
 
-cli (flags, their checks) -> jobs (dataset names, enumeration, identity: the md5 folder
-names, states; claims: the folders a live launcher has queued) -> checks (algorithm names; what
-every job would meet, found once before launching) -> actions (select, confirm, launch or
-delete, what to say after) -> launchers (dummy, local, multi_gpu; submitit for Slurm) ->
-processes (a job's process group, stop signals, failure summaries) -> fork (how a job's process
-starts); job_reports: a launcher's line per job, with the time left (progress). Of train it uses
-train.flags, train.folder and (to fork a job) train.cli; it imports no torch.
-"""
+from dg_plugins.sweep.cli import build_parser, main  # the flags, their checks, the flow
+from dg_plugins.sweep.jobs import SweepJob, make_args_list, make_jobs  # enumeration, identity
+from dg_plugins.sweep.claims import LauncherClaim, sweep_lock  # folders a live launcher queued
+from dg_plugins.sweep.checks import launch_problems  # what every job would meet, found once
+from dg_plugins.sweep.actions import run_action  # select, confirm, launch or delete
+from dg_plugins.sweep.launchers import local_launcher, multi_gpu_launcher  # DomainBed's launchers
+from dg_plugins.sweep.submitit import SubmititOptions, submitit_launcher  # Slurm job arrays
+from dg_plugins.sweep.packing import MemoryCheck, cores_per_job  # several jobs per GPU
+from dg_plugins.sweep.processes import JobProcesses, JobsFailed, LaunchInterrupted  # signals
+from dg_plugins.sweep.fork import fork_train  # how a job's process starts
+from dg_plugins.sweep.job_reports import JobOutputs  # a launcher's line per job
+from dg_plugins.sweep.progress import Progress  # the time left

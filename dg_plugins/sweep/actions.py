@@ -1,7 +1,6 @@
-"""What a sweep does with its jobs (``domainbed/scripts/sweep.py``'s ``__main__``): select them
-for an action, check, confirm, then launch or delete; and what it says afterwards (a stop
-signal's interrupted jobs, failed jobs, Incomplete or Running ones) with the exact command that
-continues. :func:`run_action` is the flow; it returns the sweep's exit status."""
+"""What a sweep does with its jobs (``domainbed/scripts/sweep.py``'s ``__main__``): select,
+check, confirm, launch or delete, and what it says afterwards with the command that continues
+(docs/sweep.md). :func:`run_action` is the flow."""
 
 from __future__ import annotations
 
@@ -36,12 +35,8 @@ ACTIONS = ("launch", "delete_incomplete", "delete_all")
 def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
            resume_incomplete: bool = True, command_line: Sequence[str] | None = None
            ) -> list[str]:
-    """Shuffle with ``random.Random(seed)``, claim the jobs (:class:`~dg_plugins.sweep.claims.
-    LauncherClaim`: under the sweep lock, jobs another live launcher took meanwhile are dropped,
-    the others' folders created, so that they turn Incomplete, and held by this launcher until
-    each ends), then hand the command strings to ``launcher_fn``. Jobs already Incomplete get
-    ``--resume`` when ``resume_incomplete``. A stop signal's never-started jobs are unlaunched
-    (:func:`unlaunch`) while still claimed. Returns the commands, in launch order."""
+    """Shuffle (``random.Random(seed)``), claim the jobs, hand their commands to ``launcher_fn``
+    (``--resume`` for Incomplete ones when ``resume_incomplete``); returns the commands."""
     print("Launching...")
     order = list(jobs)
     random.Random(seed).shuffle(order)
@@ -102,9 +97,7 @@ def _folder_fix(err: OSError) -> str:
 
 
 def delete(jobs: Sequence[SweepJob]) -> None:
-    """Remove each job's folder (and only that), under the sweep lock
-    (:func:`dg_plugins.sweep.claims.sweep_lock`, so that no launcher claims one meanwhile); a job
-    found Running or Queued by a live launcher now is left alone, saying so."""
+    """Remove each job's folder under the sweep lock, leaving Running and Queued jobs alone."""
     print("Deleting...")
     deleted = 0
     by_sweep: dict[str, list[SweepJob]] = {}
@@ -137,12 +130,8 @@ class ConfirmationError(RuntimeError):
 
 
 def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
-    """``Are you sure? (y/n) ``; True when the answer starts with y (case-insensitive).
-
-    stdin is read even when it is not a terminal, so ``yes | sweep ...`` works; end of input
-    (e.g. stdin is /dev/null under nohup or a batch script) raises :class:`ConfirmationError`
-    telling the user to pass ``--skip_confirmation`` rather than failing with a traceback.
-    """
+    """``Are you sure? (y/n)``; end of input raises :class:`ConfirmationError` (asking for
+    ``--skip_confirmation``)."""
     try:
         answer = (input_fn or input)("Are you sure? (y/n) ")
     except EOFError:
@@ -163,10 +152,8 @@ def _is_flag_abbreviation(word: str, flag: str) -> bool:
 
 def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
                   resume: bool = False, drop: Sequence[str] = ()) -> str:
-    """A sweep command line to suggest: ``command_line`` (the sweep CLI's arguments as given)
-    with its action replaced by ``action``, ``--resume``, ``--dry_run`` and the ``drop`` flags
-    removed, and ``--resume`` appended when ``resume``; the interpreter is this one (as in job
-    commands). Without ``command_line``, a template with ``<your flags>``."""
+    """``command_line`` with its action replaced and ``--resume`` added when ``resume``; a
+    template without it."""
     head = f"{python_executable()} -m {SWEEP_MODULE}"
     if command_line is None:
         return f"{head} {action} <your flags>" + (" --resume" if resume else "")
@@ -213,9 +200,8 @@ def continue_lines(command_line: Sequence[str] | None, what: str) -> list[str]:
 
 
 def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
-    """Jobs of ``commands`` that never started (a stop signal came first): their empty folders
-    are removed, so that they show as Not launched, not Incomplete with nothing to resume (a
-    folder that holds anything, e.g. of an earlier run, stays)."""
+    """Remove the empty folders of the jobs a stop signal kept from starting (Not launched
+    again)."""
     never = set(commands)
     for job in jobs:
         if job.command(resume=False) in never or job.command(resume=True) in never:
@@ -254,9 +240,8 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
 
 
 def failed_on_input(err: JobsFailed) -> list[str]:
-    """The failed commands that ended on bad input (train's exit status 2: the data or an
-    argument) before their first checkpoint: unchanged, they fail again, and a resume has
-    nothing to continue from."""
+    """The failed commands that ended on bad input (exit status 2) before their first
+    checkpoint."""
     refused = []
     for command, code in zip(err.failed, err.exit_codes):
         output_dir = command_output_dir(command)
@@ -297,18 +282,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                input_fn: Callable[[str], str] | None = None,
                command_line: Sequence[str] | None = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None) -> int:
-    """The sweep CLI's main flow after enumeration (``sweep.py``'s ``__main__``): print every job and
-    the summary line, select, check, confirm, act. Returns a process exit code: 0; 1 when the
-    launcher waited for the jobs and some failed (:class:`~dg_plugins.sweep.processes.JobsFailed`);
-    2 when no answer could be read for the prompt or ``check`` (called with the jobs to launch,
-    before the prompt; e.g. :func:`launch_problems`) found problems; or 128 + signal when a stop
-    signal interrupted the launch (:class:`~dg_plugins.sweep.processes.LaunchInterrupted`).
-
-    With ``dry_run`` nothing is created or deleted: the selected commands (launch) or folders
-    (deletes) are printed instead. When nothing is selected, no prompt is shown and the launcher
-    is not called. Running jobs are never selected (a note lists them). ``command_line`` (the
-    CLI's arguments) makes the suggested commands exact.
-    """
+    """The sweep's flow after enumeration: print the jobs, select, check, confirm, act
+    (``dry_run``: print instead). Returns the exit status (docs/sweep.md)."""
     for job in jobs:
         print(job)
     print(summary_line(jobs))

@@ -1,10 +1,5 @@
-"""What a sweep checks before it launches, so that a problem every job would meet is reported once
-(one ``error:`` line each, naming the fix) instead of in every job: the algorithm names (dataset
-names: :func:`dg_plugins.sweep.jobs.check_dataset_name`) and the ``--hparams`` (when the command
-line is read), then the output folder, each dataset's files, the pretrained weights, the IP/OOP
-score file, and Incomplete jobs that train would refuse to resume with this launch's
-``--eval_splits`` (:func:`launch_problems`). Torch-free unless a check needs the registry (an
-uncatalogued name, weights to probe)."""
+"""What a sweep checks before it launches, so that a problem every job would meet is reported
+once, naming the fix (docs/sweep.md). Torch-free unless a check needs the registry."""
 
 from __future__ import annotations
 
@@ -24,11 +19,8 @@ from dg_plugins.train.folder import CHECKPOINT_FILE, RESULTS_FILE, last_record
 
 
 def check_algorithms(names: Iterable[str]) -> list[str]:
-    """The canonical names of ``names`` (:meth:`dg_plugins.registry.Registry.resolve`: ``erm`` is
-    ERM, said on stderr; DomainBed's own, e.g. CORAL, from a DomainBed checkout), each once.
-    Raises for names that dg_plugins' train cannot run, all in one line: unknown ones with the
-    closest names ("did you mean"), then those that cannot run here, with the fix. The registry
-    (imported, hence torch) is loaded only for names that are not built in (catalog)."""
+    """The canonical names of ``names``, each once; raises for names train cannot run (with
+    "did you mean" or the fix). Imports the registry only for names not built in."""
     names = list(dict.fromkeys(names))
     if all(n in catalog.BUILTIN_ALGORITHMS for n in names):
         return names
@@ -55,11 +47,8 @@ def check_algorithms(names: Iterable[str]) -> list[str]:
 
 def check_hparams(hparams: str | None, algorithms: Iterable[str],
                   datasets: Iterable[str]) -> None:
-    """Validate ``--hparams`` (a JSON object) against the space of every (algorithm, dataset)
-    pair of the sweep, as train does for one job (:func:`dg_plugins.hparams.validate`): a typo
-    or a wrong type fails here, before any job is created, not in every job. Raises
-    :class:`~dg_plugins.hparams.HparamError` naming the pair. Imports the algorithms (torch) only
-    when ``hparams`` is given."""
+    """Validate ``--hparams`` against every (algorithm, dataset) pair, as train does for one job;
+    raises :class:`~dg_plugins.hparams.HparamError`."""
     from dg_plugins import hparams as hparams_lib
 
     overrides = hparams_lib.parse_overrides(hparams)
@@ -117,14 +106,8 @@ def output_problems(jobs: Sequence) -> list[str]:
 
 
 def check_data(dataset: str, data_dir: str) -> None:
-    """Raise (FileNotFoundError / ValueError, the dataset's own message and layout) when
-    ``dataset``'s files are not where its jobs will look, without reading them: image-folder
-    datasets through :func:`dg_plugins.catalog.environments_of` (torch-free: the folders, a class
-    folder and an image per domain; a missing folder also gets the downloader's command where it
-    provides the dataset, :func:`dg_plugins.download.sources.download_command`, whose
-    import loads the datasets, hence torch, on that error path only); any other dataset through
-    its class's own ``check_data_dir(data_dir)`` (e.g. MNIST's four files, each Digits domain),
-    when it has one. Others are not checked."""
+    """Raise (the dataset's own message) when ``dataset``'s files are not where its jobs will
+    look, without reading them."""
     if dataset in NO_FILE_DATASETS:
         return
     if dataset in catalog.IMAGE_FOLDER_DATASETS:
@@ -177,11 +160,8 @@ def _may_load_weights(job) -> bool:
 
 
 def weight_problems(jobs: Sequence) -> list[str]:
-    """One line per configuration whose model would fail for lack of pretrained weights (or of
-    its ``pretrained_path``) in every job: each distinct (algorithm, dataset, hparams) of the jobs
-    that may load weights (:data:`SMALL_IMAGE_DATASETS`) is built once, on PyTorch's meta device,
-    up to its first weight request (:func:`dg_plugins.networks.pretrained.probe_weights`; nothing
-    is loaded or downloaded). Imports torch only when some job may load weights."""
+    """One line per configuration whose model would lack its pretrained weights in every job
+    (probed on the meta device)."""
     candidates = [job for job in jobs if _may_load_weights(job)]
     if not candidates:
         return []
@@ -224,13 +204,8 @@ def weight_problems(jobs: Sequence) -> list[str]:
 
 
 def alignment_problems(jobs: Sequence) -> list[str]:
-    """One line per IP/OOP configuration of ``jobs`` (score file, rule, expected model) that every
-    one of its jobs would refuse: the score file is read once
-    (:func:`dg_plugins.alignment.read_scores`: a binary or malformed file, scores out of [-1, 1]),
-    then checked against the model the rule is defined for and the expected
-    ``alignment_model`` / ``alignment_pretrained`` (:func:`dg_plugins.alignment.provenance.
-    check_model`) and the rule itself (:func:`dg_plugins.alignment.resolve_rule`). Whether the file
-    covers each dataset's images is left to the jobs (it needs the dataset). Torch-free."""
+    """One line per IP/OOP configuration (score file, rule, model) every one of its jobs would
+    refuse. Torch-free."""
     configs = dict.fromkeys(tuple(job.train_args.get(k) for k in ALIGNMENT_ARGS) for job in jobs
                             if job.train_args.get("alignment_scores") is not None)
     if not configs:
@@ -264,12 +239,8 @@ def alignment_problems(jobs: Sequence) -> list[str]:
 
 
 def eval_splits_problems(jobs: Sequence) -> list[str]:
-    """One line per ``--eval_splits`` value that Incomplete jobs of ``jobs`` started with and
-    that differs from the one this launch would resume them with: train refuses such a resume
-    (a job's records never mix the two), so the launch is refused first, naming the jobs and the
-    fix. A job counts when it has a checkpoint to resume from (train starts a job without one
-    over) and a record saying how it started; done jobs are never relaunched, and their records
-    give the same tables either way."""
+    """One line per ``--eval_splits`` value that Incomplete jobs started with and this launch
+    would change (train refuses such a resume)."""
     default = EVAL_DEFAULTS["eval_splits"]
     mismatched: dict[tuple[str, str], list[str]] = {}
     for job in jobs:
@@ -309,9 +280,7 @@ def _first_record_args(folder: str) -> dict | None:
 
 
 def done_eval_splits_note(jobs: Sequence) -> list[str]:
-    """For a launch with ``--eval_splits all``: lines saying which Done jobs evaluated only the
-    selection splits (their records' ``args.eval_splits``), which the launch skips like any Done
-    job, so they will have no curves of the other splits, and how to get them (empty when none)."""
+    """For ``--eval_splits all``: which Done jobs evaluated only the selection splits."""
     default = EVAL_DEFAULTS["eval_splits"]
     partial = []
     for job in jobs:
@@ -336,12 +305,8 @@ def done_eval_splits_note(jobs: Sequence) -> list[str]:
 
 
 def launch_problems(jobs: Sequence) -> list[str]:
-    """Everything that would make every one of ``jobs`` fail, found once before launching: an
-    output folder that cannot be written (:func:`output_problems`), missing data
-    (:func:`data_problems`), missing pretrained weights (:func:`weight_problems`), a score file
-    the IP/OOP evaluation would refuse (:func:`alignment_problems`), Incomplete jobs started with
-    another ``--eval_splits`` (:func:`eval_splits_problems`). One line per problem, each naming
-    the fix; [] when none."""
+    """Everything that would make every one of ``jobs`` fail, one line each naming the fix; []
+    when none."""
     return (output_problems(jobs) + eval_splits_problems(jobs) + data_problems(jobs)
             + alignment_problems(jobs) + weight_problems(jobs))
 

@@ -1,12 +1,6 @@
-"""A launcher's claim on the job folders it has queued (created, not started yet), so that another
-launch or delete on the same sweep sees them as Queued by a live launcher and leaves them alone
-(a running job's folder is already held by its train process, :class:`dg_plugins.train.folder.
-FolderLock`). A claim is a file ``<sweep>/.launchers/<host>-<pid>-<n>.claim`` (JSON: pid, host,
-start, command, the folders still held) on which the launcher holds an exclusive ``flock`` for its
-whole life: the kernel drops it however the launcher dies (SIGKILL included), and a claim whose
-lock nobody holds is stale, ignored and removed by the next launch. Claims are read and written
-under the sweep-wide lock ``<sweep>/.launchers/lock``, so two launches never take one folder and
-a delete never removes a folder being claimed. Torch-free."""
+"""A launcher's claim on the job folders it has queued: a ``flock``-held file per launcher
+under ``<sweep>/.launchers/``, read and written under a sweep-wide lock, so that other launches
+and deletes leave those folders alone (docs/sweep.md). Torch-free."""
 
 from __future__ import annotations
 
@@ -55,11 +49,8 @@ def claims_dir(sweep_dir: str) -> str:
 
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
-    """Hold the sweep-wide lock: exclusive to take, release or delete (it is created, and removed
-    with its folder on leaving when no claim is left, so that a finished sweep's folder holds
-    only its jobs), shared to read. Yields False (holding nothing) when it does not exist and may
-    not be made: there is then no claim to read. A lock file removed by its holder while this
-    process waited for it is opened again (the inode locked must be the one at the path)."""
+    """Hold the sweep-wide lock (exclusive to change claims, shared to read); yields False when
+    it does not exist and may not be made."""
     if fcntl is None:
         yield True
         return
@@ -173,9 +164,8 @@ _ACTIVE: list["LauncherClaim"] = []
 
 
 class LauncherClaim:
-    """This launcher's claim on job folders of the sweep in ``sweep_dir``: :meth:`take` (under the
-    sweep lock) keeps the jobs nobody holds, creates their folders and claims them; :meth:`release`
-    lets one go (its job ended); leaving the context removes the claim."""
+    """This launcher's claim: :meth:`take` jobs nobody holds, :meth:`release` one that ended;
+    leaving the context removes the claim."""
 
     def __init__(self, sweep_dir: str, command: str = ""):
         self.sweep_dir = sweep_dir
@@ -202,9 +192,8 @@ class LauncherClaim:
     def take(self, jobs: Sequence, refresh: Callable[[object, dict], None],
              wanted: Callable[[object], bool], create: Callable[[object], None]
              ) -> tuple[list, list[Claim]]:
-        """Under the sweep lock: ``refresh(job, held)`` every job with the live claims of the
-        others (stale ones removed), keep those still ``wanted``, ``create`` their folders and
-        claim them. Returns (the jobs kept, in order; the other launchers' live claims)."""
+        """Under the sweep lock: refresh every job's state, keep those still ``wanted``, create
+        their folders and claim them; returns (the jobs kept, the others' live claims)."""
         if fcntl is None:
             for job in jobs:
                 create(job)

@@ -1,7 +1,5 @@
-"""sweep's command line (``domainbed/scripts/sweep.py``'s flags and defaults, plus ours: see
-``--help``), its checks of the flags (the train flags' ranges are train's own,
-:func:`dg_plugins.train.flags.check_ranges`), and :func:`main`, the flow: enumerate the jobs,
-build the launcher with its options, act (:func:`dg_plugins.sweep.actions.run_action`)."""
+"""sweep's command line (``domainbed/scripts/sweep.py``'s flags and defaults, plus ours), its
+checks, and :func:`main`: enumerate the jobs, build the launcher, act."""
 
 from __future__ import annotations
 
@@ -241,9 +239,7 @@ def slurm_options(args: argparse.Namespace) -> SubmititOptions:
 
 
 def make_launcher(args: argparse.Namespace):
-    """The ``--command_launcher`` (None without one), with the options it takes from the flags:
-    ``--stop_grace_period`` and the ``--slurm_*`` flags
-    (:func:`dg_plugins.sweep.launchers.with_options`)."""
+    """The ``--command_launcher`` with the options it takes from the flags (None without one)."""
     if args.command_launcher is None:
         return None
     from dg_plugins.sweep.launchers import with_options
@@ -281,9 +277,7 @@ def command_args(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The sweep's exit status: 0; 1 when jobs the launcher waited for failed (each listed with
-    its first error lines and err.txt); 2 on bad input or a failed pre-launch check; 128 + signal
-    when a stop signal ended the launch (143 SIGTERM, 130 SIGINT)."""
+    """The sweep's exit status (docs/sweep.md)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,9 +1,6 @@
-"""How a job's process starts: a plain command is ``exec``'ed by the shell
-(:func:`is_simple_command`); this interpreter's train command is forked from a fork server that
-imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
-start-up in a fresh interpreter per job. Either way the job asks the kernel for SIGTERM when its
-launcher dies (:func:`die_with_parent`, Linux), so that a killed sweep leaves no job training on
-as an orphan that holds its folder's lock."""
+"""How a job's process starts: a plain command ``exec``'ed by the shell, or this interpreter's
+train command forked from a fork server that imported torch once; either way SIGTERM when its
+launcher dies (docs/sweep.md)."""
 
 from __future__ import annotations
 
@@ -69,12 +66,8 @@ def _load_libc():
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
-    """Linux: ask the kernel to send ``signum`` to this process when its parent dies
-    (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``). Returns False where the call does not
-    exist (other systems: the job then outlives a killed launcher). Called in a job's process
-    right after fork, so it only uses what was loaded before (:func:`_load_libc`). The caller
-    checks afterwards that the parent is still the one it forked from (a parent that died before
-    the request sends nothing)."""
+    """Linux: ask the kernel for ``signum`` when the parent dies (``PR_SET_PDEATHSIG``); False
+    where unavailable. Runs right after fork, with what was loaded before."""
     libc = _load_libc()
     return libc is not None and libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
@@ -97,14 +90,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def main_module_is_reimport_safe() -> bool:
-    """Whether a forked job may start from this process's ``__main__``.
-
-    multiprocessing's children (the fork server's included) re-run the parent's main module as
-    ``__mp_main__`` when it is a script file (``python my_sweep.py``) or a module run with ``-m``;
-    a script that drives the sweep without an ``if __name__ == "__main__":`` guard would then
-    launch the sweep again inside each job. Safe: dg_plugins' own commands (guarded), a package's
-    ``__main__`` (multiprocessing skips it, e.g. ``python -m pytest``), and a main without a file
-    (``python -c``, an interactive session or notebook)."""
+    """Whether a forked job may start from this process's ``__main__`` (multiprocessing would
+    re-run an unguarded script; docs/sweep.md)."""
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
@@ -115,11 +102,7 @@ def main_module_is_reimport_safe() -> bool:
 
 def forkable_train_args(command: str) -> list[str] | None:
     """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
-    ARGS`` (what the sweep writes), else None. Such a job is forked by a fork server that has
-    imported torch, timm and the algorithms once (:func:`fork_train`), instead of paying that
-    start-up (several seconds) in a fresh interpreter per job. ``DG_PLUGINS_FORK_JOBS=0`` turns
-    this off, and a ``__main__`` that a forked child would re-run (a user's script, see
-    :func:`main_module_is_reimport_safe`) makes every job a fresh interpreter instead."""
+    ARGS`` and forking is allowed, else None."""
     if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
         return None
     if not main_module_is_reimport_safe():
@@ -134,12 +117,8 @@ def forkable_train_args(command: str) -> list[str] | None:
 
 
 def _release_fork_server() -> None:
-    """In a forked job: close the job's copy of the fork server's "alive" pipe. multiprocessing
-    hands every child of the server a copy (so that the child could ask the server for processes
-    too), and the server exits only when the last copy closes: without this, the server would
-    outlive a killed launcher for as long as the job runs, and the job, which asks for SIGTERM
-    when the server dies (:func:`die_with_parent`), would train on. The job never asks the
-    launcher's server for processes (its own children use the job's start method)."""
+    """In a forked job: close its copy of the fork server's "alive" pipe, so that the server
+    exits with the launcher (and the job gets its SIGTERM)."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
@@ -168,13 +147,8 @@ def _redirect_output(log: str) -> None:
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...], launcher_pid: int | None = None,
                     log: str | None = None) -> None:
-    """The body of a forked job: its output to ``log`` when given, this launcher's environment
-    and folder, its own session when
-    ``new_session`` (as ``Popen(start_new_session=True)``), a fresh interpreter's stop-signal
-    dispositions (one ignored by the launcher stays ignored, as across ``exec``) and
-    multiprocessing start method, SIGTERM when its parent (the fork server, which exits when the
-    launcher dies) dies (:func:`die_with_parent`), then train's ``main``; its status becomes the
-    process's exit code."""
+    """The body of a forked job: the launcher's environment and folder, a fresh interpreter's
+    signal dispositions, SIGTERM with its parent, then train's ``main``."""
     server_pid = os.getppid()
     if log is not None:
         _redirect_output(log)
@@ -205,9 +179,8 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
 
 
 class ForkedJob:
-    """A train job started by the fork server, with the part of ``subprocess.Popen``'s interface
-    that :class:`JobProcesses` uses (``pid``, ``poll``, ``wait``, ``returncode``: ``-N`` when
-    signal N ended it)."""
+    """A train job started by the fork server, with the part of ``Popen``'s interface
+    :class:`JobProcesses` uses."""
 
     def __init__(self, process):
         self.process = process
@@ -228,9 +201,8 @@ class ForkedJob:
 
 
 def fork_train(args: Sequence[str], new_session: bool, log: str | None = None) -> ForkedJob:
-    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of multiprocessing's fork
-    server, which imported :data:`PRELOAD` once (see :func:`forkable_train_args`); its output
-    goes to the file ``log`` when given."""
+    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of the fork server (which
+    imported :data:`PRELOAD` once)."""
     global _fork_context
     import multiprocessing
 

@@ -1,10 +1,5 @@
-"""What the local and multi-GPU launchers print per job: one line when it starts (what it
-trains, where its log is) and one when it ends (done, with its accuracy; or failed, with its
-error line). The job's own output (its settings, records, progress) is captured into a temporary
-file instead of the terminal: train keeps all of it in the job's out.txt (and err.txt), and what
-a job printed before it took its folder is kept for the failure summary
-(:class:`dg_plugins.sweep.processes.ErrorLogs`). Torch-free.
-"""
+"""What the local and multi-GPU launchers print per job: a line when it starts and one when it
+ends (done with its accuracy, or failed with its error line). Torch-free."""
 
 from __future__ import annotations
 
@@ -55,9 +50,7 @@ def describe(command: str) -> str:
 
 
 def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
-    """``test-env accuracy 53.2%, source validation 87.1% (step 100)`` from a record: the mean
-    in-split accuracy of the test environments and the mean out-split accuracy of the others
-    (what collect_results' training-domain validation compares)."""
+    """``test-env accuracy 53.2%, source validation 87.1% (step 100)`` from a record."""
     if not record:
         return "no record"
 
@@ -74,10 +67,8 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
 
 
 class JobOutputs:
-    """Per-job lines of a launcher (``name``) over ``commands``, printed with ``write``, and after
-    each job that ended, the time left (:class:`~dg_plugins.sweep.progress.Progress`; ``parallel``:
-    jobs run at once; ``clock``: seconds, for tests); the jobs' output goes to temporary files
-    (:meth:`log`), removed when each job ends."""
+    """Per-job lines of a launcher, then the time left; the jobs' output goes to temporary files
+    (:meth:`log`)."""
 
     def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
                  write: Callable[[str], None] = lambda line: print(line, flush=True),
@@ -118,9 +109,8 @@ class JobOutputs:
                    f"{describe(self.commands[index])}{log}")
 
     def ended(self, index: int, code: int | None, interrupted: bool = False) -> None:
-        """The line of a job that ended with exit status ``code``: done with its accuracy, or
-        failed (``interrupted``: stopped by a signal the launcher forwarded) with its first error
-        line (its captured output is kept for the summary)."""
+        """The line of a job that ended: done with its accuracy, or failed with its first error
+        line."""
         now = self.clock()
         seconds = now - self.started_at.get(index, now)
         took = f"in {seconds:.0f} s"

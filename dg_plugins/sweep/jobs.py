@@ -1,9 +1,5 @@
-"""A sweep's jobs (``domainbed/scripts/sweep.py``): the train args of every job (enumeration in
-DomainBed's loop order), its identity (the md5 of those args names its folder, as DomainBed's
-``sweep.Job``; the command is not hashed, and may carry flags that are not part of the identity:
-``--eval_splits``, :data:`UNHASHED_TRAIN_ARGS`), its command, and its state on disk (Done,
-Incomplete, Running, Queued by another live launcher, Not launched). Torch-free, so that
-enumeration, dry runs and deletes stay fast."""
+"""A sweep's jobs (``domainbed/scripts/sweep.py``): their train args in DomainBed's order, their
+identity (the md5 folder name), command and state on disk (docs/sweep.md). Torch-free."""
 
 from __future__ import annotations
 
@@ -49,10 +45,8 @@ UNHASHED_TRAIN_ARGS = ("eval_splits", "n_workers")
 
 
 def check_dataset_name(dataset: str) -> None:
-    """Raise ValueError (with "did you mean" and, for DomainBed-only datasets such as SVIRO or
-    WILDS, the bridge to use) unless train can run ``dataset``: the torch-free catalog check that
-    train's errors also follow (:func:`dg_plugins.catalog.check_dataset_name`). Plugin modules of
-    ``$DG_PLUGINS_IMPORT`` are imported (torch) only when the catalog does not know the name."""
+    """Raise ValueError ("did you mean", or the bridge for DomainBed-only datasets) unless train
+    can run ``dataset`` (the catalog's check)."""
     try:
         catalog.check_dataset_name(dataset)
     except ValueError:
@@ -67,11 +61,8 @@ def check_dataset_name(dataset: str) -> None:
 
 
 def num_environments(dataset: str, data_dir: str | None = None) -> int:
-    """Environment count of a dataset: checked by name (:func:`check_dataset_name`), then its
-    declared environments, or those found on disk in ``data_dir`` for an image-folder dataset
-    without fixed ones (the generic ``ImageFolder``, :func:`dg_plugins.catalog.environments_of`,
-    which raises naming the folder and layout when they cannot be found); the dataset registry
-    (imported, hence torch) only for names the catalog does not know."""
+    """Environment count of a dataset: declared, or found in ``data_dir`` for an image folder
+    without fixed ones."""
     check_dataset_name(dataset)
     envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
     if envs:
@@ -85,9 +76,7 @@ def num_environments(dataset: str, data_dir: str | None = None) -> int:
 
 
 def default_datasets() -> list[str]:
-    """DomainBed's rule (``sweep.py``'s ``--datasets`` default): every catalog dataset whose name lacks "Debug" — DomainBed's
-    16 plus dg_plugins' statically declared ones (e.g. RotatedMNIST5k). Like DomainBed's default
-    it includes datasets whose files may be absent; pass ``--datasets`` in practice."""
+    """DomainBed's ``--datasets`` default: every catalog dataset whose name lacks "Debug"."""
     return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
 
 
@@ -164,19 +153,8 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                    n_envs: Callable[[str], int] = num_environments,
                    test_env_sets: Sequence[Sequence[int]] | None = None,
                    label_fractions: Sequence[float] | None = None) -> list[dict]:
-    """One train-args dict per job, in DomainBed's loop order: trial_seed, dataset, algorithm,
-    test_envs, hparams_seed (``sweep.make_args_list``). ``n_hparams`` is an exclusive upper bound as in DomainBed.
-
-    Keys as DomainBed (dataset, algorithm, test_envs, holdout_fraction, hparams_seed, data_dir,
-    task, trial_seed, seed) plus each of :data:`OPTIONAL_TRAIN_ARGS` only when not None
-    (``extra_args``: the others of them, e.g. the IP/OOP ``alignment_*`` flags, passed to every
-    job as given).
-
-    ``test_env_sets``: explicit ``test_envs`` lists used for every dataset instead of DomainBed's
-    combinations. ``label_fractions`` (the UDG protocol, :mod:`dg_plugins.train.udg`): one job
-    per fraction (innermost loop) with ``label_fraction`` in its args; the jobs of one
-    configuration differ only in it and share their ``seed``, hence their pretraining.
-    """
+    """One train-args dict per job, in DomainBed's loop order (``sweep.make_args_list``),
+    optional args only when given (docs/sweep.md)."""
     optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
                 "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
     unknown = set(optional) - set(OPTIONAL_TRAIN_ARGS)
@@ -242,9 +220,7 @@ def python_executable() -> str:
 
 
 def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
-    """``<python> -m <module>`` then ``--key value`` for every item of ``args`` (which should hold
-    ``output_dir``) sorted by key, single-space joined (as DomainBed's ``sweep.Job``). ``python``
-    defaults to :func:`python_executable`; pass ``"python"`` for DomainBed's exact string."""
+    """``<python> -m <module> --key value ...`` (sorted keys), as DomainBed's ``sweep.Job``."""
     parts = [python or python_executable(), "-m", module]
     parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
     return " ".join(parts)
@@ -277,11 +253,8 @@ class SweepJob:
         self.state = self.refresh_state(held)
 
     def refresh_state(self, held: dict | None = None) -> str:
-        """Done if ``<dir>/done`` exists; Running if ``<dir>`` exists and its lock is held by a
-        live process (``holder``: its pid); Queued if a live launcher's claim holds it
-        (``launcher``: the :class:`~dg_plugins.sweep.claims.Claim`; ``held``: folder -> claim, as
-        :func:`dg_plugins.sweep.claims.held_in` gives, read now when None); Incomplete if
-        ``<dir>`` exists; else Not launched."""
+        """Done, Running (lock held), Queued (a live launcher's claim), Incomplete (folder
+        exists) or Not launched."""
         self.holder = None
         self.launcher = None
         if is_done(self.output_dir):
@@ -327,9 +300,8 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
-    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's counts), with
-    ``<r> running, `` and ``<q> queued by another launcher, `` before ``not launched`` when some
-    job is Running or Queued."""
+    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's), with running
+    and queued counts when some."""
     counts = {state: sum(job.state == state for job in jobs)
               for state in (DONE, INCOMPLETE, RUNNING, QUEUED, NOT_LAUNCHED)}
     running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
@@ -381,9 +353,7 @@ def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
 
 
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
-    """The jobs an action applies to: ``launch`` -> Not launched (+ Incomplete with ``resume``),
-    ``delete_incomplete`` -> Incomplete, ``delete_all`` -> every existing job folder but the
-    Running and Queued ones (never a job a live process or launcher holds)."""
+    """The jobs an action applies to; never a Running or Queued one."""
     if action == "launch":
         wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
     elif action == "delete_incomplete":

@@ -1,9 +1,6 @@
-"""Command launchers (``domainbed/command_launchers.py``): each is ``fn(commands: list[str])``, and
-may take keyword options the sweep passes from its flags (:func:`with_options`). Importing this
-module registers ``dummy``, ``local``, ``multi_gpu`` and ``submitit`` in
-:data:`dg_plugins.registry.LAUNCHERS`; a plugin module registers its own there the same way. No
-launcher imports torch or submitit at module import. How they differ from DomainBed's:
-docs/domainbed_differences.md."""
+"""Command launchers (``domainbed/command_launchers.py``): ``fn(commands: list[str])``, with
+options the sweep binds (:func:`with_options`); importing this module registers ``dummy``,
+``local``, ``multi_gpu`` and ``submitit`` (docs/sweep.md)."""
 
 from __future__ import annotations
 
@@ -36,16 +33,8 @@ def dummy_launcher(commands: list[str]) -> None:
 def run_sequentially(commands: Sequence[str], progress: bool | None = None,
                      grace_period_s: float | None = None,
                      logs: ErrorLogs | None = None) -> list[int]:
-    """Run each command through the shell, one after another; return the exit codes.
-
-    Each job gets a line on stdout when it starts and one when it ends (done with its accuracy,
-    failed with its error line: :class:`~dg_plugins.sweep.job_reports.JobOutputs`); its own
-    output goes to its folder's out.txt only (what a failed job printed before it took its
-    folder is kept in ``logs``). With ``progress`` (default: stderr is a terminal), a tqdm bar of
-    the jobs on stderr too. A stop signal is forwarded to the running job; then no further job
-    starts and :class:`LaunchInterrupted` is raised once the job has exited (see
-    :class:`JobProcesses`; ``grace_period_s`` overrides :func:`stop_grace_period`).
-    """
+    """Run each command through the shell, one after another; return the exit codes. Stop signals
+    as :class:`JobProcesses`."""
     if progress is None:
         progress = sys.stderr.isatty()
     codes: list[int] = []
@@ -80,10 +69,8 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
 
 
 def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
-    """Run the commands serially on this machine, one line per job start and end; summarize
-    failures at the end (raising :class:`~dg_plugins.sweep.processes.JobsFailed` when a job
-    failed). A stop signal ends the sweep after the running job stopped, waiting at most
-    ``grace_period_s`` (:func:`dg_plugins.signals.stop_grace_period`)."""
+    """Run the commands serially on this machine; raises
+    :class:`~dg_plugins.sweep.processes.JobsFailed` at the end when a job failed."""
     logs = ErrorLogs(commands)
     try:
         codes = run_sequentially(commands, grace_period_s=grace_period_s, logs=logs)
@@ -111,15 +98,8 @@ def visible_gpus() -> list[str]:
 def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                 poll_interval: float = 1.0, grace_period_s: float | None = None,
                 logs: ErrorLogs | None = None, jobs_per_gpu: int = 1) -> list[int]:
-    """Run the commands in order, at most ``jobs_per_gpu`` at a time on each GPU, each with
-    ``CUDA_VISIBLE_DEVICES=<its gpu>`` and its share of the cores
-    (:func:`~dg_plugins.sweep.packing.cores_per_job`); poll every ``poll_interval`` s; return
-    the exit codes. Beyond one job per GPU, jobs start only once their peak memory is known to
-    fit (:class:`~dg_plugins.sweep.packing.MemoryCheck`; else
-    :class:`~dg_plugins.sweep.packing.PackingRefused` once the running jobs ended). One line
-    per job start and end, as :func:`run_sequentially`. A stop signal is forwarded to every
-    running job and raises :class:`LaunchInterrupted` once they have exited (see
-    :class:`JobProcesses`)."""
+    """Run the commands, at most ``jobs_per_gpu`` at a time on each GPU, each with its share of
+    the cores once its memory fits; return the exit codes."""
     gpus = list(gpus)
     if not gpus:
         raise RuntimeError(
@@ -210,11 +190,7 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
 
 
 def with_options(launcher: Callable, **options) -> Callable[[list], None]:
-    """``launcher`` with those of ``options`` bound that it takes as keyword parameters and that
-    are set (not None): ``grace_period_s`` (``--stop_grace_period``) for ``local``,
-    ``multi_gpu`` and ``submitit``, ``submitit`` (the ``--slurm_*`` flags) for ``submitit``,
-    ``jobs_per_gpu`` for ``multi_gpu``. A
-    DomainBed-style ``fn(commands)`` takes none and is returned as it is."""
+    """``launcher`` with the set options it takes as keyword parameters bound."""
     try:
         parameters = inspect.signature(launcher).parameters
     except (TypeError, ValueError):  # a builtin or C callable: no keyword options

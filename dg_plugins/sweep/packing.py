@@ -1,9 +1,5 @@
-"""Several jobs per GPU (``sweep --jobs_per_gpu N`` with the ``multi_gpu`` launcher): the cores
-each job gets (the launcher's cores divided among the jobs it runs at once, passed to each job as
-``$DG_PLUGINS_CPUS``, :func:`dg_plugins.runtime.job_cores`) and the memory check before packing:
-a job's peak (the largest ``mem_gb`` of the sweep's records, else of the first job's first
-record) against each GPU's free memory, read by ``nvidia-smi`` or by torch in a short child
-process, so that the launcher itself never holds a CUDA context. Torch-free."""
+"""Several jobs per GPU (``--jobs_per_gpu``): each job's share of the cores, and the check that
+its peak memory fits a GPU's free memory before it starts (docs/sweep.md). Torch-free."""
 
 from __future__ import annotations
 

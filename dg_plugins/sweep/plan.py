@@ -1,8 +1,6 @@
-"""The plan of a run of several sweeps, for its time estimate (:mod:`dg_plugins.sweep.progress`):
-``python -m dg_plugins.sweep.plan FILE [--name N] [--reference_rate S --reference_note TEXT] ::
-launch FLAGS [:: launch FLAGS ...]`` enumerates the jobs of those ``sweep`` calls as ``sweep`` does,
-writes their folders and steps to FILE (which the run then names in ``$DG_SWEEP_PROGRESS``) and
-prints the first estimate. Used by ``sweeps/offline_quickstart.sh``."""
+"""The plan of a run of several sweeps, for its time estimate: ``python -m dg_plugins.sweep.plan
+FILE ... :: launch FLAGS [:: launch FLAGS ...]`` writes their jobs' folders and steps to FILE
+(docs/sweep.md). Used by ``sweeps/offline_quickstart.sh``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Job processes of the local, multi-GPU and submitit (local executor) launchers
-(:class:`JobProcesses`): each job in its own process group, stop signals forwarded to it, at most
-a grace period waited, and the failure and interruption summaries. A SIGTERM, SIGINT or SIGHUP to
-the sweep reaches every running job (SIGHUP as SIGTERM), no further job starts, the jobs get
-:func:`~dg_plugins.signals.stop_grace_period` seconds to stop at a checkpoint before SIGKILL, and
-the launcher raises :class:`LaunchInterrupted` (exit 128 + signal). A launcher that waited for
-its jobs raises :class:`JobsFailed` (exit 1) after listing each failed job with its first error
-lines (:func:`report_exit_codes`)."""
+"""Job processes of the local, multi-GPU and submitit-local launchers (:class:`JobProcesses`):
+process groups, stop signals forwarded, the grace period, failure and interruption summaries
+(docs/sweep.md)."""
 
 from __future__ import annotations
 
@@ -24,15 +19,8 @@ from dg_plugins.train.folder import ERR_FILE, is_done, lock_holder
 
 
 class LaunchInterrupted(SystemExit):
-    """A launcher stopped early because this process received a stop signal.
-
-    A ``SystemExit`` whose ``code`` is 128 + signal (143 SIGTERM, 130 SIGINT, 129 SIGHUP), so
-    that, uncaught, it ends the process with the conventional status; ``except Exception`` does
-    not swallow it. ``interrupted``: the commands that were running when the signal came and did
-    not finish successfully; ``not_started``: those never started; ``exit_codes``: one per
-    command (None: not run or unknown); ``remote``: the jobs keep running elsewhere (Slurm);
-    ``notes``: lines for the user (e.g. jobs that had to be killed).
-    """
+    """A launcher stopped early by a stop signal: a ``SystemExit`` of 128 + signal, with the
+    commands interrupted and not started, and notes."""
 
     def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
                  exit_codes: Sequence[int | None] = (), remote: bool = False,
@@ -51,10 +39,7 @@ class LaunchInterrupted(SystemExit):
 
 
 class JobsFailed(SystemExit):
-    """Some jobs of a launcher that waited for them failed: a ``SystemExit`` with status 1 (so
-    that, uncaught, a sweep script ends non-zero). ``failed``: the failed commands;
-    ``exit_codes``: theirs (None: unknown); ``lines``: the summary printed for them;
-    ``n_commands``: how many commands the launcher ran."""
+    """Some jobs of a launcher that waited for them failed: a ``SystemExit`` of 1."""
 
     def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = (),
                  exit_codes: Sequence[int | None] | None = None):
@@ -111,9 +96,7 @@ class ErrorLogs:
         return os.path.join(folder, ERR_FILE) if folder else None
 
     def new_lines(self, index: int) -> list[str]:
-        """The non-empty lines job ``index`` added to its err.txt (all of it when the file
-        shrank, e.g. a ``--force`` run started it over); without any, what the launcher
-        captured of its output (:attr:`captured`)."""
+        """The lines job ``index`` added to its err.txt, else what the launcher captured."""
         return self._err_lines(index) or self.captured.get(index, [])
 
     def _err_lines(self, index: int) -> list[str]:
@@ -141,11 +124,8 @@ def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]
 
 def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
                       logs: ErrorLogs | None = None) -> list[int]:
-    """Print a one-line summary and, per failed job, its exit code, command, first error lines
-    and err.txt; raise :class:`JobsFailed` when a job failed (return the failed indices when
-    none did: ``[]``). A nonzero exit is not a failure when the job's folder is done (another
-    process finished it) or still held by another live train process (``.lock``): the latter is
-    reported as still running."""
+    """Print the summary and each failed job's exit code, command, first error lines and err.txt;
+    raise :class:`JobsFailed` when one failed, else return ``[]``."""
     logs = logs or ErrorLogs(commands)
     failed, running = [], []
     for i, code in enumerate(exit_codes):
@@ -213,20 +193,8 @@ def _signal_group(pgid: int, signum: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
 class JobProcesses:
-    """Start jobs (shell commands) and forward stop signals to them; a context manager.
-
-    While active in the main thread, SIGTERM, SIGINT and SIGHUP (those not ignored) are caught
-    (:class:`dg_plugins.signals.SignalCatcher`):
-    each one received is forwarded to the process group of every running job (SIGHUP as
-    SIGTERM), :meth:`start` refuses new jobs, and :meth:`poll` / :meth:`wait` enforce the grace
-    period: once it has passed, the jobs' process groups get SIGKILL. Each job starts in its own
-    session (hence process group) so that a terminal's Ctrl-C, sent to the sweep's group, does
-    not reach it a second time. A plain command (:func:`is_simple_command`) is ``exec``'ed by the
-    shell, so the job's own process is the group leader and its exit status is the job's; other
-    commands keep the shell as parent, and after a stop the wait lasts until the whole group has
-    exited. On leaving, previous handlers are restored; if leaving on an error, running jobs are
-    stopped (SIGTERM, grace period, SIGKILL) so that none is orphaned.
-    """
+    """Start jobs in their own process groups and forward stop signals to them, with the grace
+    period; a context manager (docs/sweep.md)."""
 
     def __init__(self, grace_period_s: float | None = None, poll_interval: float = 0.05):
         self.grace_period_s = stop_grace_period(grace_period_s)
@@ -289,8 +257,7 @@ class JobProcesses:
     def start(self, index: int, command: str, env=None, cwd=None,
               log: str | None = None) -> subprocess.Popen | None:
         """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
-        (:func:`forkable_train_args`; None when stopping: no new job); its stdout and stderr
-        go to the file ``log`` when given."""
+        (None when stopping)."""
         if self.stopping:
             return None
         train_args = forkable_train_args(command) if env is None and cwd is None else None

@@ -1,13 +1,6 @@
-"""How long a sweep's remaining jobs will take, from what was measured: the wall time of the jobs
-that finished in this run (start-up, evaluation and any pretraining included) per training step
-(``--steps``; per job when some job has no ``--steps``), times the steps left, rounded to what
-such an estimate can say. The local and multi-GPU launchers print it after each job
-(:class:`dg_plugins.sweep.job_reports.JobOutputs`).
-
-A script that runs several sweeps (``sweeps/offline_quickstart.sh``) plans them all first
-(:mod:`dg_plugins.sweep.plan`): the whole run's jobs go to a file, named to its sweeps by
-``$DG_SWEEP_PROGRESS``, and the estimate covers them all; before anything is measured it is rough,
-from a reference rate measured elsewhere, and says so. Torch-free."""
+"""How long a sweep's remaining jobs will take, from the wall time per training step of the jobs
+that finished, over a whole planned run (:mod:`dg_plugins.sweep.plan`; docs/sweep.md).
+Torch-free."""
 
 from __future__ import annotations
 
@@ -24,9 +17,8 @@ PROGRESS_ENV = "DG_SWEEP_PROGRESS"
 
 
 def format_duration(seconds: float) -> str:
-    """``about 40 s``, ``about 1 min 40 s``, ``about 4 min 30 s``, ``about 25 min``, ``about 2 h
-    10 min``: to 10 s below 2 min, 30 s below 10 min, a minute below an hour, then 10 min (an
-    estimate from a few jobs is not better than that)."""
+    """``about 40 s``, ``about 1 min 40 s``, ``about 2 h 10 min``: rounded as an estimate can
+    say."""
     seconds = max(0.0, seconds)
     if seconds < 120:
         s = max(10, int(round(seconds / 10) * 10))
@@ -51,9 +43,8 @@ def command_steps(command: str) -> int | None:
 
 
 class Progress:
-    """The jobs of a run (``planned``: folder -> its ``--steps`` or None), those that ended in it
-    (``measured``: folder -> [seconds, succeeded]) and, for a fresh start, a reference rate
-    (``reference``: [seconds per step, how it was measured]). ``parallel``: jobs at once."""
+    """The jobs of a run (``planned``), those that ended (``measured``) and a reference rate for
+    a fresh start."""
 
     def __init__(self, planned: dict[str, int | None], measured: dict | None = None,
                  reference: Sequence | None = None, parallel: int = 1, name: str = "",

@@ -1,9 +1,6 @@
 """The ``submitit`` launcher: every command one task of a Slurm job array (or of submitit's
-local/debug executor, which run on this machine), configured by its ``submitit`` option (the
-sweep's ``--slurm_*`` flags) over the ``DG_SLURM_*`` environment (:class:`SubmititOptions`).
-On Slurm the jobs live on the cluster: a stop signal only stops the waiting and says how to cancel
-them; on this machine it is passed on to the jobs as by the local launcher
-(:func:`submit_commands`). submitit is imported only when it launches."""
+local/debug executor), configured by the ``--slurm_*`` flags over ``DG_SLURM_*``
+(docs/sweep.md). submitit is imported only when it launches."""
 
 from __future__ import annotations
 
@@ -28,17 +25,8 @@ SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 
 @dataclasses.dataclass
 class SubmititOptions:
-    """Settings of the ``submitit`` launcher; None means "not set here".
-
-    Each field can also come from an environment variable (:data:`SUBMITIT_ENV_VARS`). Defaults
-    when unset everywhere: cluster ``slurm``; time 1440 min (submitit's own Slurm default is 5);
-    gpus_per_node 1 on Slurm, 0 otherwise; partition, cpus_per_task, mem_gb: the cluster's
-    defaults; array_parallelism 256 (submitit's default; Slurm only, the local executor starts
-    every task at once); log_dir ``<sweep output_dir>/submitit_logs`` (derived from the
-    commands' ``--output_dir``); wait False on Slurm (return after submission), True on
-    local/debug (the debug executor only runs jobs while waited on, so it always waits);
-    extra: more ``executor.update_parameters`` keywords, e.g. ``{"slurm_account": "abc"}``.
-    """
+    """Settings of the ``submitit`` launcher; None means "not set here" (defaults:
+    docs/sweep.md)."""
 
     cluster: str | None = None
     partition: str | None = None
@@ -111,9 +99,7 @@ def sweep_dir_of(commands: Sequence[str]) -> str | None:
 def resolve_submitit_options(commands: Sequence[str] = (),
                              overrides: SubmititOptions | None = None,
                              environ=None) -> SubmititOptions:
-    """Merge, highest first: ``overrides`` (the launcher's options), the environment, defaults
-    (see :class:`SubmititOptions`). Every field of the result is set except partition,
-    cpus_per_task and mem_gb (None there means the cluster default)."""
+    """Merge, highest first: ``overrides``, the environment, the defaults."""
     merged = SubmititOptions()
     for layer in (options_from_env(environ), overrides or SubmititOptions()):
         merged = dataclasses.replace(merged, **{
@@ -143,16 +129,8 @@ def resolve_submitit_options(commands: Sequence[str] = (),
 
 def run_shell_command(command: str, cwd: str | None = None, forward_signals: bool = False,
                       grace_period_s: float | None = None) -> int:
-    """One array task: run ``command`` through the shell in ``cwd`` (the directory the sweep was
-    launched from, so relative paths keep their meaning). A nonzero exit raises, so that the
-    scheduler marks the task failed.
-
-    With ``forward_signals`` (submitit's local and debug executors, where the task runs on the
-    sweep's machine) the command runs under :class:`JobProcesses`: SIGTERM/SIGINT to the task are
-    forwarded to the command's process group, which is waited for (``grace_period_s``, then
-    SIGKILL). On Slurm the command stays in the task's process group: Slurm signals every process
-    of a job itself, and submitit's own handlers stay in place.
-    """
+    """One array task: ``command`` through the shell in ``cwd``; a nonzero exit raises. With
+    ``forward_signals`` (local executors) under :class:`JobProcesses`."""
     if forward_signals:
         with JobProcesses(grace_period_s) as jobs:
             proc = jobs.start(0, command, cwd=cwd)
@@ -190,17 +168,8 @@ def make_executor(options: SubmititOptions):
 
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
                     grace_period_s: float | None = None) -> list:
-    """Submit every command as one task of a job array (``executor.map_array``); when
-    ``options.wait``, wait for all, print a failure summary and raise
-    :class:`~dg_plugins.sweep.processes.JobsFailed` when a job failed. Returns the submitit jobs.
-
-    Stop signals: on Slurm, a signal while waiting raises
-    :class:`LaunchInterrupted` at once with ``remote=True`` (the jobs keep running on the
-    cluster). With the local/debug executors the jobs run here: a signal is passed on to them
-    (:func:`run_shell_command` forwards it to the job), the sweep waits for them, at most the
-    grace period (``grace_period_s``, :func:`dg_plugins.signals.stop_grace_period`), cancels
-    what is left, and raises :class:`LaunchInterrupted`.
-    """
+    """Submit every command as one task of a job array; when ``options.wait``, wait and raise
+    :class:`JobsFailed` on a failure. Returns the submitit jobs."""
     options = resolve_submitit_options(commands, overrides=options)
     commands = list(commands)
     if not commands:
@@ -314,9 +283,7 @@ def _wait_local(commands: Sequence[str], jobs: Sequence, catcher: SignalCatcher,
 
 
 def _wait_debug(commands: Sequence[str], jobs: Sequence) -> list[int]:
-    """The debug executor runs each job in this process when it is waited on; a stop signal
-    (forwarded to the running job by :func:`run_shell_command`) ends the loop: the remaining
-    jobs never start."""
+    """Wait for the debug executor's jobs; a stop signal ends the loop."""
     codes: list[int | None] = [None] * len(jobs)
     for i, job in enumerate(jobs):
         if last_stop_signal() is not None:

@@ -1,0 +1,420 @@
+"""Downloading datasets: per dataset, skip when present, fetch its files, check them, extract
+into a staging folder renamed into place; all datasets asked, one failure not stopping the others
+(``docs/download.md``). Locks keep two runs from one folder."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import os
+import shutil
+from typing import Iterable
+
+from dg_plugins.download import fetch
+from dg_plugins.download.fetch import (
+    URL_SCHEMES, Expected, Reporter, check_free_space, disk_full_message, expected_for, human_size,
+    is_disk_full, obtain, url_scheme,
+)
+from dg_plugins.download.prepare import (
+    PREPARE, dataset_status, domainnet20_problem, split_lists_problems, staged_problem,
+)
+from dg_plugins.download.sources import (
+    ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
+    CorruptArchive, DatasetSpec, DownloadError, UnknownDataset, UsageError, download_command,
+    resolve_names, sources_of,
+)
+
+#: Inside a staging folder: the archives of a finished download, moved there just before the
+#: dataset's folder is renamed into place, and removed with the staging folder.
+ARCHIVES_IN_STAGING = ".archives"
+
+
+class DownloadFailed(DownloadError):
+    """Datasets that could not be downloaded (``failures``: dataset -> message) while the others
+    went on (``results``: as :func:`download` returns them)."""
+
+    def __init__(self, failures: dict[str, str], results: list[tuple[str, str]]):
+        super().__init__("\n".join(failures.values()))
+        self.failures = failures
+        self.results = results
+
+
+def _flock():
+    try:
+        import fcntl
+    except ImportError:  # Windows: no locks
+        return None
+    return fcntl
+
+
+@contextlib.contextmanager
+def _lock(path: str, what: str, busy_ok: bool = False):
+    """An exclusive lock on the file ``path``, removed on exit; yields True, or False when
+    another run holds it and ``busy_ok`` (else :class:`DownloadError`)."""
+    fcntl = _flock()
+    if fcntl is None:
+        yield True
+        return
+    while True:
+        handle = open(path, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            if busy_ok:
+                yield False
+                return
+            raise DownloadError(f"another download of {what} into the same folder is running "
+                                f"(it holds {path}); wait for it to finish") from None
+        try:  # the file locked must still be the one at path (not one removed meanwhile)
+            if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+@contextlib.contextmanager
+def _downloads_folder(data_dir: str, create: bool = True):
+    """``<data_dir>/downloads/`` (created when ``create``, else None when absent), held with a
+    shared lock; removed on exit when empty and no other download holds it."""
+    downloads = os.path.join(data_dir, DOWNLOADS_FOLDER)
+    if not create and not os.path.isdir(downloads):
+        yield None
+        return
+    fcntl = _flock()
+    if fcntl is None:
+        os.makedirs(downloads, exist_ok=True)
+        yield downloads
+        return
+    while True:
+        os.makedirs(downloads, exist_ok=True)
+        try:
+            fd = os.open(downloads, os.O_RDONLY)
+        except FileNotFoundError:  # removed by the last one out just now
+            continue
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:  # not a folder removed while this run waited for the lock
+            if os.path.samestat(os.fstat(fd), os.stat(downloads)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield downloads
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # another download uses it
+        else:
+            with contextlib.suppress(OSError):
+                os.rmdir(downloads)  # only when empty
+        os.close(fd)
+
+
+@dataclasses.dataclass
+class Options:
+    urls: dict[str, str] = dataclasses.field(default_factory=dict)
+    sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    keep_archives: bool = False
+    retries: int = 3
+
+
+def extracted_size(spec: DatasetSpec, expected: dict[str, Expected]) -> int:
+    if spec.extracted_size is not None:
+        return spec.extracted_size
+    return int(sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
+
+
+def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> list[str]:
+    """The files no checksum vouched for, moved to ``<file>.corrupt``; returns their paths."""
+    moved = [path for name, path in paths.items()
+             if not expected[name].sha256 and not expected[name].md5]
+    for path in moved:
+        os.replace(path, path + ".corrupt")
+    return moved
+
+
+def _moved_note(moved: list[str]) -> str:
+    if not moved:
+        return ""
+    return (f" {', '.join(os.path.basename(p) for p in moved)} moved to "
+            f"{', '.join(p + '.corrupt' for p in moved)};")
+
+
+def _remove_stale_staging(dataset: str, staging: str, downloads: str | None,
+                          report: Reporter) -> None:
+    """Remove the staging folder an interrupted run left; its archives go back to ``downloads``
+    when given, else with it."""
+    if not os.path.exists(staging):
+        return
+    archives = os.path.join(staging, ARCHIVES_IN_STAGING)
+    names = sorted(os.listdir(archives)) if os.path.isdir(archives) else []
+    if downloads is not None:
+        for name in names:
+            if not os.path.exists(os.path.join(downloads, name)):
+                os.replace(os.path.join(archives, name), os.path.join(downloads, name))
+        back = f" ({', '.join(names)} moved back to {downloads})" if names else ""
+        report(f"{dataset}: removing {staging}, left by an interrupted run{back}")
+    else:
+        with_archives = f", with {', '.join(names)} (no longer needed)" if names else ""
+        report(f"{dataset}: removing {staging}, left by an interrupted run{with_archives}")
+    shutil.rmtree(staging)
+
+
+def _remove_corrupt(dataset: str, downloads: str, report: Reporter) -> None:
+    for source in sources_of(dataset):
+        path = os.path.join(downloads, source.name + ".corrupt")
+        if os.path.isfile(path):
+            os.remove(path)
+            report(f"{dataset}: removed {path}, set aside by an earlier run")
+
+
+def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter) -> None:
+    """For a dataset that checks out: remove what earlier runs left, name its files still in
+    ``downloads/``; nothing while another run holds its lock."""
+    spec = DATASET_SPECS[dataset]
+    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")
+    staging = os.path.join(data_dir, f".{spec.folder if not spec.adds_to else dataset}"
+                                     ".download-tmp")
+    with _lock(lock, dataset, busy_ok=True) as held:
+        if not held:
+            return
+        _remove_stale_staging(dataset, staging, None, report)
+        with _downloads_folder(data_dir, create=False) as downloads:
+            if downloads is None:
+                return
+            _remove_corrupt(dataset, downloads, report)
+            kept = []
+            for source in sources_of(dataset):
+                path = os.path.join(downloads, source.name)
+                if os.path.isfile(path + ".part"):
+                    fetch.remove_part(path + ".part")  # with its validators
+                    report(f"{dataset}: removed {path}.part, left by an interrupted run")
+                if os.path.isfile(path):
+                    kept.append(path)
+            if kept and not options.keep_archives:
+                size = human_size(sum(os.path.getsize(p) for p in kept))
+                report(f"{dataset}: {', '.join(kept)} ({size}) not needed any more (the dataset "
+                       "checks out without them): left as they are; delete them to free the "
+                       "space")
+
+
+def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
+    """Make ``dataset`` present under ``data_dir``: "present" or "downloaded"; raises
+    :class:`DownloadError`."""
+    spec = DATASET_SPECS[dataset]
+    if spec.adds_to:
+        return download_split_lists(dataset, data_dir, options, report)
+    target = os.path.join(data_dir, spec.folder)
+    status, detail = dataset_status(dataset, data_dir)
+    if status == "ok":
+        report(f"{dataset}: already present ({detail}); skipped")
+        tidy_present(dataset, data_dir, options, report)
+        return "present"
+    if status == "broken":
+        raise DownloadError(
+            f"{dataset}: {target} exists but its layout does not check out: {detail}. It was "
+            f"left as it is: move it away (or delete it), then rerun to download {dataset}.")
+    staging = os.path.join(data_dir, f".{spec.folder}.download-tmp")
+    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")
+    with _lock(lock, dataset), _downloads_folder(data_dir) as downloads:
+        if dataset_status(dataset, data_dir)[0] == "ok":  # another run finished meanwhile
+            report(f"{dataset}: already present ({target}); skipped")
+            return "present"
+        _remove_stale_staging(dataset, staging, downloads, report)
+        sources = sources_of(dataset)
+        expected = {s.name: expected_for(s, options.sha256) for s in sources}
+        missing = [s for s in sources if not os.path.isfile(os.path.join(downloads, s.name))]
+        known = [expected[s.name].size for s in missing]
+        report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ("
+               + (f"{human_size(sum(known))} still to fetch" if None not in known
+                  else "size unknown") + ")")
+        if None not in known:
+            parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
+                        for s in missing
+                        if os.path.exists(os.path.join(downloads, s.name + ".part")))
+            check_free_space(data_dir, sum(known) - parts + extracted_size(spec, expected),
+                             f"{dataset} (its archives and their extracted files)")
+        archives = {}
+        for source in sources:
+            url = options.urls.get(source.name, source.url)
+            archives[source.name] = obtain(source, downloads, url, expected[source.name],
+                                           options.retries, report)
+        os.makedirs(staging)
+        try:
+            PREPARE[dataset](spec, archives, staging, report)
+            problem = staged_problem(dataset, staging)
+            if problem:
+                raise CorruptArchive(f"the extracted files do not check out: {problem}")
+        except CorruptArchive as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            where = _moved_note(_set_aside_unverified(archives, expected))  # not to be reused
+            raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
+                                f"Nothing was put in {target};{where} rerun to download it "
+                                "again.") from None
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            if is_disk_full(err):
+                what = disk_full_message(data_dir, f"extracting {dataset}")
+            else:
+                what = f"could not extract {dataset} into {staging}: {err}"
+            raise DownloadError(
+                f"{dataset}: {what}. The half-extracted files were removed; the downloaded "
+                f"files are kept in {downloads} (not fetched again). Free some space or choose "
+                "another --data_dir, then rerun.") from None
+        except BaseException:  # e.g. Ctrl-C: give the space back (a kill leaves it to a rerun)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if not options.keep_archives:  # they leave with the staging folder
+            os.makedirs(os.path.join(staging, ARCHIVES_IN_STAGING))
+            for name, path in archives.items():
+                os.replace(path, os.path.join(staging, ARCHIVES_IN_STAGING, name))
+        os.rename(os.path.join(staging, spec.folder), target)
+        shutil.rmtree(staging)
+        report(f"{dataset}: done: {target} checks out")
+        if options.keep_archives:
+            report(f"{dataset}: the downloaded files are kept in {downloads}")
+        _remove_corrupt(dataset, downloads, report)
+    return "downloaded"
+
+
+def download_split_lists(dataset: str, data_dir: str, options: Options,
+                         report: Reporter) -> str:
+    """PACS_splits: PACS's official split lists, beside PACS's domain folders, checked against
+    its images before they go in place (``docs/download.md``). "present" or "downloaded"."""
+    spec = DATASET_SPECS[dataset]
+    base = spec.adds_to
+    target = os.path.join(data_dir, spec.folder)
+    base_status, base_detail = dataset_status(base, data_dir)
+    if base_status != "ok":
+        raise DownloadError(
+            f"{dataset}: the lists name {base}'s images and are checked against them, but "
+            f"{base_detail}: download {base} with them: "
+            f"{download_command([base, dataset], data_dir)}")
+
+    def check() -> tuple[str, str]:
+        status, detail = dataset_status(dataset, data_dir)
+        if status == "broken":
+            raise DownloadError(
+                f"{dataset}: {detail}. The lists in {target} were left as they are: move the "
+                f"list that does not read away (or delete it), then rerun to download it.")
+        return status, detail
+
+    status, detail = check()
+    if status == "ok":
+        report(f"{dataset}: already present ({detail}); skipped")
+        tidy_present(dataset, data_dir, options, report)
+        return "present"
+    staging = os.path.join(data_dir, f".{dataset}.download-tmp")
+    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")  # the one of the base
+    with _lock(lock, f"{base} or {dataset}"), _downloads_folder(data_dir) as downloads:
+        status, detail = check()  # another run may have finished meanwhile
+        if status == "ok":
+            report(f"{dataset}: already present ({detail}); skipped")
+            return "present"
+        if status == "partial":
+            report(f"{dataset}: {detail}")
+        _remove_stale_staging(dataset, staging, downloads, report)
+        missing = [s for s in sources_of(dataset)
+                   if not os.path.isfile(os.path.join(target, s.name))]
+        expected = {s.name: expected_for(s, options.sha256) for s in missing}
+        report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
+        lists = {}
+        for source in missing:
+            url = options.urls.get(source.name, source.url)
+            lists[source.name] = obtain(source, downloads, url, expected[source.name],
+                                        options.retries, report)
+        problems = split_lists_problems(data_dir, lists)
+        if problems:
+            first = next(iter(problems.values()))
+            more = (f" (and {len(problems) - 1} other list(s): "
+                    f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
+            where = _moved_note(_set_aside_unverified({n: lists[n] for n in problems}, expected))
+            raise DownloadError(
+                f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
+                f"download {'them' if len(problems) > 1 else 'it'} again.")
+        os.makedirs(staging)
+        for name, path in lists.items():
+            shutil.copyfile(path, os.path.join(staging, name))
+        for name in lists:
+            os.replace(os.path.join(staging, name), os.path.join(target, name))
+        shutil.rmtree(staging)
+        status, detail = dataset_status(dataset, data_dir)
+        if status != "ok":  # e.g. a list removed meanwhile by hand
+            raise DownloadError(f"{dataset}: after putting the lists in place: {detail}; rerun")
+        report(f"{dataset}: done: {detail}; train on them with --dataset {base} --hparams "
+               "'{\"data_split\": \"official\"}'")
+        if options.keep_archives:
+            report(f"{dataset}: the downloaded files are kept in {downloads}")
+        else:
+            for path in lists.values():
+                os.remove(path)
+        _remove_corrupt(dataset, downloads, report)
+    return "downloaded"
+
+
+def check_options(options: Options) -> None:
+    """Raise :class:`UsageError` for an unknown ``--url``/``--sha256`` file or a bad URL
+    scheme."""
+    for name in [*options.urls, *options.sha256]:
+        if name not in SOURCES_BY_NAME:
+            close = difflib.get_close_matches(name, list(SOURCES_BY_NAME), n=3, cutoff=0.5)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
+                                 + ", ".join(SOURCES_BY_NAME))
+    for name, url in options.urls.items():
+        if url_scheme(url) not in URL_SCHEMES:
+            raise UsageError(f"--url {name}={url}: unsupported URL scheme "
+                             f"{url_scheme(url) or '(none)'!r}; give an http://, https:// or "
+                             f"file:///path/to/{name} URL")
+
+
+def download(names: Iterable[str], data_dir: str, options: Options | None = None,
+             report: Reporter | None = None) -> list[tuple[str, str]]:
+    """Download every dataset of ``names`` into ``data_dir``, in order; returns
+    ``[(dataset, "present" | "downloaded" | "built in")]``. Raises :class:`UsageError` before
+    anything, :class:`DownloadFailed` after the others."""
+    options = options or Options()
+    report = report or Reporter()
+    resolved = resolve_names(names)
+    check_options(options)
+    os.makedirs(data_dir, exist_ok=True)
+    results: list[tuple[str, str]] = []
+    failures: dict[str, str] = {}
+    for index, (name, notes) in enumerate(resolved):
+        for note in notes:
+            report(f"{note}.")
+        if name in BUILT_IN:
+            results.append((name, "built in"))
+            continue
+        base = DATASET_SPECS[name].adds_to
+        if base in failures:
+            failures[name] = f"{name}: not attempted: its files join {base}, which failed"
+            continue
+        try:
+            results.append((name, download_dataset(name, data_dir, options, report)))
+            if ALIASES["DomainNet20"][1] in notes:
+                problem = domainnet20_problem(data_dir)
+                if problem:
+                    raise DownloadError(f"DomainNet20: {problem}")
+                report(f"DomainNet20: its 20 classes are in "
+                       f"{os.path.join(data_dir, DATASET_SPECS['DomainNet'].folder)}")
+        except DownloadError as err:
+            failures[name] = str(err)
+            rest = [n for n, _ in resolved[index + 1:] if n not in BUILT_IN]
+            if rest:
+                report(f"{name}: failed (the reason is given at the end); going on with "
+                       f"{', '.join(rest)}")
+    if failures:
+        raise DownloadFailed(failures, results)
+    return results
