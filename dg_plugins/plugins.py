@@ -48,3 +48,12 @@ def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
                 f"{err}. It must be importable by name, e.g. its folder on PYTHONPATH."
             ) from err
     return names
+
+
+def build_dataset(name: str, data_dir: str, hparams: dict, modules: Iterable[str] = ()):
+    """The registered dataset ``name`` built on ``data_dir`` with ``hparams``, after :func:`load`
+    (so that a plugin's dataset is known)."""
+    from dg_plugins.registry import DATASETS
+
+    load(modules)
+    return DATASETS.get(name)(data_dir, [], hparams)

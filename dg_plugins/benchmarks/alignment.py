@@ -76,9 +76,9 @@ def main(argv=None) -> int:
     clip, preprocess, tokenizer = scoring.load_clip(model_name, args.pretrained, device)
     dataset = None
     if args.data_dir:
-        from dg_plugins.scripts.alignment_scores import build_dataset
+        from dg_plugins.plugins import build_dataset
 
-        dataset = build_dataset(args.dataset, args.data_dir)
+        dataset = build_dataset(args.dataset, args.data_dir, {"data_augmentation": False})
     classes = list(dataset.classes) if dataset is not None else [f"class{i}" for i in range(7)]
     scorer = scoring.AlignmentScorer(clip, tokenizer, classes, device=device)
     size = scorer.image_size or (224, 224)

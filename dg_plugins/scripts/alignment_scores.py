@@ -120,13 +120,8 @@ def resolve_preset_flag(args, parser: argparse.ArgumentParser) -> str | None:
     return old
 
 
-def build_dataset(name: str, data_dir: str, plugins=()):
-    """The dataset with every environment on its evaluation transform (no augmentation)."""
-    from dg_plugins import plugins as plugins_lib
-    from dg_plugins.registry import DATASETS
-
-    plugins_lib.load(plugins)
-    return DATASETS.get(name)(data_dir, [], {"data_augmentation": False})
+#: Every environment on its evaluation transform (no augmentation): what the scorer reads.
+UNAUGMENTED = {"data_augmentation": False}
 
 
 def resolve_envs(dataset, envs) -> list[int]:
@@ -193,7 +188,9 @@ def main(argv=None) -> int:
         if args.pretrained_tag is not None and imported:
             raise ValueError("--pretrained_tag declares the weights of a checkpoint file to "
                              "score with; imported splits are not scored here: leave it out")
-        dataset = build_dataset(args.dataset, args.data_dir, args.plugins)
+        from dg_plugins.plugins import build_dataset
+
+        dataset = build_dataset(args.dataset, args.data_dir, UNAUGMENTED, args.plugins)
         envs = resolve_envs(dataset, args.envs)
         if args.import_score_arrays:
             table = importers.import_score_arrays(
