@@ -333,12 +333,17 @@ def _set_build_env(env) -> None:
 
 
 def _start_builder(env) -> None:
-    """A build process: the environment to read, and the default signal dispositions (not the
-    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's)."""
+    """A build process: the environment to read, the default signal dispositions (not the
+    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's),
+    and one torch thread, as a DataLoader worker has: a process forked after the job ran an
+    OpenMP region would hang in its first parallel torch operation."""
     import signal
+
+    import torch
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
     _set_build_env(env)
 
 
