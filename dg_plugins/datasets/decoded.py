@@ -116,7 +116,7 @@ class PixelTransform:
             image = op(image)
         if image.mode != "RGB":
             raise ValueError(f"the pixel part of a transform made a {image.mode} image, not RGB")
-        return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+        return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
     def image_shape(self) -> tuple | None:
         """``(3, H, W)`` of every output when the output size does not depend on the input
