@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
@@ -88,9 +88,11 @@ def _shutdown_open_workers() -> None:
 
 
 def collate(items) -> tuple:
-    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, tensor of more])``."""
+    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, tensor of more])``; in a loader
+    worker x is stacked straight into shared memory (torch's ``default_collate``), which the
+    batch is sent through, so it is not copied there again."""
     columns = list(zip(*items))
-    return (torch.stack(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
+    return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
 
 def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
