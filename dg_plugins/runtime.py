@@ -36,14 +36,19 @@ def job_cores() -> tuple[int, str]:
 
 
 #: A train job's opt-in compute settings (``--precision``, ``--channels_last``,
-#: ``--deterministic``; :mod:`dg_plugins.train.precision` applies them) and their defaults,
-#: DomainBed's computation: float32, the default memory format, deterministic algorithms. A
-#: setting at its default is left out of a job's args (records, sweep folder hash, commands), so
-#: jobs that do not use them are exactly as before.
-COMPUTE_DEFAULTS = {"precision": "fp32", "channels_last": False, "deterministic": True}
+#: ``--deterministic``, ``--augment_on``; :mod:`dg_plugins.train.precision` applies them) and their
+#: defaults, DomainBed's computation: float32, the default memory format, deterministic
+#: algorithms, augmentation in the loader workers. A setting at its default is left out of a job's
+#: args (records, sweep folder hash, commands), so jobs that do not use them are exactly as before.
+COMPUTE_DEFAULTS = {"precision": "fp32", "channels_last": False, "deterministic": True,
+                    "augment_on": "loader"}
 #: ``--precision``'s values: float32; autocast to bfloat16; autocast to float16 with a gradient
 #: scaler (CUDA only).
 PRECISIONS = ("fp32", "bf16", "fp16")
+#: ``--augment_on``'s values: where training images are augmented (the loader workers' PIL
+#: transforms; or their crop in the workers and the rest on the job's device,
+#: :mod:`dg_plugins.datasets.device_augment`).
+AUGMENT_ON = ("loader", "device")
 
 
 def non_defaults(args, defaults: dict) -> dict:

@@ -15,8 +15,10 @@ reads, so that no evaluation decodes or transforms an image twice:
   and of the sweep's other jobs).
 
 :class:`PixelTransform` splits a transform into its pixel part (PIL operations) and its tensor
-part (ToTensor + Normalize), which runs on the job's device as a 256-entry table per channel
-computed by that ToTensor and Normalize: the model's input is the transform's output bit for bit.
+part, a finisher run on the job's device: ToTensor + Normalize as a 256-entry table per channel
+computed by them (:class:`TableFinisher`: the model's input is the transform's output bit for
+bit), or with ``--augment_on device`` the seeded device augmentation
+(:mod:`dg_plugins.datasets.device_augment`; its pixel part is the crop).
 
 Files: ``$DG_PLUGINS_CACHE/decoded`` (default ``~/.cache/dg_plugins/decoded``), one folder per
 dataset folder; an environment's files are named by a fingerprint of its file list (paths, sizes,
@@ -88,24 +90,48 @@ def _digest(*parts) -> str:
 # A transform's pixel part and tensor part
 
 
-class PixelTransform:
-    """A torchvision ``Compose`` of PIL operations (:data:`PIXEL_OPS`) ending with ToTensor and
-    Normalize, split: :meth:`pixels` runs the PIL operations (the same random draws as the whole
-    transform: ToTensor and Normalize draw nothing) and returns uint8 ``[3, H, W]``; ``table``
-    (float32 ``[3, 256]``) is what ToTensor + Normalize make of each channel value, computed by
-    them, so :func:`to_model_input` of the pixels is the transform's output bit for bit (both ops
-    are elementwise). ``key`` names the transform's parameters and the table."""
+class TableFinisher:
+    """The exact finisher: ToTensor + Normalize as ``table`` (float32 ``[3, 256]``, what they make
+    of each channel value, computed by them), so that ``finisher(pixels, device)``
+    (:func:`to_model_input`) is the transform's output bit for bit (both ops are elementwise).
 
-    def __init__(self, ops, to_tensor, normalize):
+    A finisher turns a batch of uint8 pixels ``[N, 3, H, W]`` (a pixel part's output, collated)
+    into the model's float input on a device: ``finisher(pixels, device, seed)``; ``seed`` is the
+    batch's seed, which only a ``seeded`` finisher reads (the device augmentation,
+    :class:`dg_plugins.datasets.device_augment.DeviceFinisher`). ``key`` names what it computes."""
+
+    seeded = False
+
+    def __init__(self, to_tensor, normalize):
         import numpy as np
         from PIL import Image
 
-        self.ops = list(ops)
-        self.deterministic = all(type(op).__name__ in DETERMINISTIC_OPS for op in self.ops)
         ramp = np.repeat(np.arange(256, dtype=np.uint8).reshape(1, 256, 1), 3, axis=2)
         table = normalize(to_tensor(Image.fromarray(ramp, "RGB"))).reshape(3, 256)
         self.table = np.ascontiguousarray(table.numpy(), dtype=np.float32)
-        self.key = _digest([repr(op) for op in self.ops], self.table.tobytes().hex())[:16]
+        self.key = self.table.tobytes().hex()
+
+    def __call__(self, pixels, device, seed=None):
+        return to_model_input(pixels, self.table, device)
+
+
+class PixelTransform:
+    """A transform split in two: ``ops``, PIL operations (:data:`PIXEL_OPS`), which
+    :meth:`pixels` runs (the same random draws as the whole transform) and returns as uint8
+    ``[3, H, W]``; and ``finisher``, what turns a batch of those pixels into the model's input on
+    the job's device (:class:`TableFinisher`: ToTensor + Normalize, exact). ``key`` names the
+    operations' parameters and the finisher (the cache's files of pixels are named by it)."""
+
+    def __init__(self, ops, finisher):
+        self.ops = list(ops)
+        self.finisher = finisher
+        self.deterministic = all(type(op).__name__ in DETERMINISTIC_OPS for op in self.ops)
+        self.key = _digest([repr(op) for op in self.ops], finisher.key)[:16]
+
+    @property
+    def table(self):
+        """The exact finisher's table (None for another finisher)."""
+        return getattr(self.finisher, "table", None)
 
     def pixels(self, image):
         """uint8 ``[3, H, W]`` (a torch tensor) of ``image`` (RGB PIL) after the PIL ops."""
@@ -116,7 +142,7 @@ class PixelTransform:
             image = op(image)
         if image.mode != "RGB":
             raise ValueError(f"the pixel part of a transform made a {image.mode} image, not RGB")
-        return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+        return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
     def image_shape(self) -> tuple | None:
         """``(3, H, W)`` of every output when the output size does not depend on the input
@@ -148,7 +174,7 @@ def split_transform(transform) -> PixelTransform | None:
     if any(type(op) is not getattr(T, type(op).__name__, None)
            or type(op).__name__ not in PIXEL_OPS for op in ops):
         return None
-    return PixelTransform(ops, to_tensor, normalize)
+    return PixelTransform(ops, TableFinisher(to_tensor, normalize))
 
 
 _DEVICE_TABLES: dict = {}
@@ -333,12 +359,17 @@ def _set_build_env(env) -> None:
 
 
 def _start_builder(env) -> None:
-    """A build process: the environment to read, and the default signal dispositions (not the
-    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's)."""
+    """A build process: the environment to read, the default signal dispositions (not the
+    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's),
+    and one torch thread, as a DataLoader worker has: a process forked after the job ran an
+    OpenMP region would hang in its first parallel torch operation."""
     import signal
+
+    import torch
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
     _set_build_env(env)
 
 

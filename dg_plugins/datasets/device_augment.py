@@ -34,13 +34,26 @@ DEVICE_STEPS = ("RandomHorizontalFlip", "ColorJitter", "RandomGrayscale", "ToTen
                 "Normalize")
 
 
+#: How to install what the device part needs.
+INSTALL = "pip install 'dg_plugins[gpu]' (or pip install 'kornia>=0.7')"
+
+
 def _kornia():
     try:
         import kornia
     except ImportError:
-        raise ImportError("augmenting on the device needs kornia: pip install 'dg_plugins[gpu]' "
-                          "(or pip install 'kornia>=0.7')") from None
+        raise ImportError(f"augmenting on the device needs kornia: {INSTALL}") from None
     return kornia
+
+
+def require_kornia() -> None:
+    """Raise ValueError (a train job's bad input: one line) naming the install command when
+    kornia cannot be imported; train checks it before it writes anything."""
+    try:
+        _kornia()
+    except ImportError:
+        raise ValueError(f"--augment_on device needs kornia, which this Python cannot import: "
+                         f"{INSTALL}; or use --augment_on loader") from None
 
 
 class Flip:
@@ -212,6 +225,48 @@ def split_transform(transform):
     if not seen_tensor:
         raise ValueError(f"cannot augment on the device: {transform} has no ToTensor step")
     return T.Compose([*loader, T.PILToTensor()]), DeviceAugment(device)
+
+
+class DeviceFinisher:
+    """A :class:`DeviceAugment` as the finisher of a pixel part
+    (:class:`dg_plugins.datasets.decoded.PixelTransform`): ``(uint8 pixels [N, 3, H, W], device,
+    seed)`` -> the augmented float batch on ``device``, its draws from ``seed`` (the batch's)."""
+
+    seeded = True
+
+    def __init__(self, augment: DeviceAugment):
+        self.augment = augment
+        self.key = f"device:{augment!r}"
+
+    def __call__(self, pixels: torch.Tensor, device, seed: int) -> torch.Tensor:
+        if seed is None:
+            raise ValueError("the device augmentation needs the batch's seed")
+        return self.augment(pixels.to(device, non_blocking=True), seed)
+
+
+def pixel_transform(transform):
+    """``transform`` (a training transform) as a
+    :class:`~dg_plugins.datasets.decoded.PixelTransform` whose pixel part is
+    :func:`split_transform`'s loader part (its geometric steps; PIL, uint8 out) and whose
+    finisher is the device part (:class:`DeviceFinisher`); ValueError as :func:`split_transform`."""
+    from dg_plugins.datasets.decoded import PixelTransform
+
+    loader, device = split_transform(transform)
+    return PixelTransform(loader.transforms[:-1], DeviceFinisher(device))
+
+
+def use_device_augmentation(dataset, name: str) -> None:
+    """``--augment_on device`` for ``dataset`` (named ``name``): its augmented environments take
+    :func:`pixel_transform` of their training transform (``dataset.augment_on_device(split)``,
+    an image-folder dataset's). A dataset without one is refused, naming why: never a silent
+    loader augmentation."""
+    method = getattr(dataset, "augment_on_device", None)
+    if method is None:
+        held = ("held in memory as tensors, with no image transform"
+                if getattr(dataset, "IN_MEMORY", False) else "with no image-folder transform")
+        raise ValueError(f"--augment_on device: {name} has no augmentation to run on the device "
+                         f"(its images are {held}); use --augment_on loader")
+    method(pixel_transform)
 
 
 def device_augmentation(augmentation: str = "domainbed"):

@@ -287,6 +287,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
         self.decoded = None
         self.pixel_store = None
+        #: ``(transform, its split)`` for the transform augmented on the job's device
+        #: (``--augment_on device``): its pixel part is the crop, its finisher the device
+        #: augmentation (:func:`dg_plugins.datasets.device_augment.pixel_transform`).
+        self.device_split = None
         self._split_transforms: dict = {}
 
     def __len__(self) -> int:
@@ -315,9 +319,13 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     # the transforms' pixel part and tensor part (dg_plugins.datasets.decoded.PixelTransform)
 
     def pixel_transform(self, transform):
-        """``transform`` split into its pixel and tensor parts, or None (memoized)."""
+        """``transform`` split into its pixel part and its finisher, or None: the exact split
+        (:func:`dg_plugins.datasets.decoded.split_transform`, memoized), or for the transform of
+        :attr:`device_split` that split (the crop and the device augmentation)."""
         from dg_plugins.datasets.decoded import split_transform
 
+        if self.device_split is not None and transform is self.device_split[0]:
+            return self.device_split[1]
         known = self._split_transforms.get(id(transform))
         if known is None or known[0] is not transform:
             known = (transform, split_transform(transform))
@@ -329,22 +337,37 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         when some items take it)."""
         return [self.transform] + ([self.eval_transform] if self.eval_indices else [])
 
-    def pixel_table(self):
-        """The float32 ``[3, 256]`` table turning every item's uint8 pixels (:meth:`pixels`)
-        into the model's input (ToTensor + Normalize), when every transform of this environment
-        splits and they share it; else None (items are made by ``__getitem__``)."""
-        splits = [self.pixel_transform(t) for t in self.item_transforms()]
+    def finisher(self, positions=None):
+        """What turns the uint8 pixels (:meth:`pixels`) of the items at ``positions`` (default:
+        all) into the model's input (:class:`dg_plugins.datasets.decoded.TableFinisher`, or the
+        device augmentation), when each of their transforms splits and they share it; else None
+        (items are made by ``__getitem__``). Items augmented on the device beside items that
+        are not raise ValueError (they cannot share a batch)."""
+        import numpy as np
+
+        used = self.item_transforms()
+        if self.eval_indices and positions is not None and len(positions):
+            evaluated = np.isin(np.asarray(positions, dtype=np.int64),
+                                np.fromiter(self.eval_indices, dtype=np.int64))
+            used = ([self.transform] * (not evaluated.all())
+                    + [self.eval_transform] * bool(evaluated.any()))
+        splits = [self.pixel_transform(t) for t in used]
         if any(s is None for s in splits):
             return None
-        if any(s.table.tobytes() != splits[0].table.tobytes() for s in splits[1:]):
+        if any(s.finisher.key != splits[0].finisher.key for s in splits[1:]):
+            if any(s.finisher.seeded for s in splits):
+                raise ValueError(f"--augment_on device: a split of {self.environment or self.root}"
+                                 " holds items augmented on the device and unaugmented items "
+                                 "(an official split's validation images); use --augment_on "
+                                 "loader")
             return None
-        return splits[0].table
+        return splits[0].finisher
 
     def pixels(self, index: int):
         """``(uint8 [3, H, W] pixels, label)`` of item ``index``: its transform's pixel part
         (random draws as ``__getitem__`` makes them), read from the cache's evaluation pixels
         when the transform is deterministic and they hold the item. Only when
-        :meth:`pixel_table` is not None."""
+        :meth:`finisher` is not None."""
         import torch
 
         transform = self.pixel_transform(self.transform_of(index))
@@ -358,11 +381,11 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     def evaluation_pixel_transforms(self) -> list:
         """The deterministic split transforms among :meth:`item_transforms` (what the cache
         keeps evaluation pixels of)."""
-        if self.pixel_table() is None:
-            return []
         out = []
         for transform in self.item_transforms():
             split = self.pixel_transform(transform)
+            if split is None:
+                return []
             if split.deterministic and all(split.key != t.key for t in out):
                 out.append(split)
         return out
@@ -481,6 +504,20 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             env_dataset.data_dir = data_dir
         self.input_shape = tuple(self.INPUT_SHAPE)
         self.num_classes = len(self.classes)
+
+    def augment_on_device(self, split) -> None:
+        """``--augment_on device``: every augmented environment's training transform runs as
+        ``split`` of it (:func:`dg_plugins.datasets.device_augment.pixel_transform`: its crop in
+        the loader, the rest on the job's device); the items of an official split's validation
+        list keep the plain transform. ValueError, naming why, when no environment is augmented
+        (``data_augmentation`` false) or the transform cannot be split."""
+        if not self.augmented_envs:
+            raise ValueError(f"--augment_on device: {type(self).__name__} is not augmented "
+                             "(data_augmentation is false), so there is nothing to run on the "
+                             "device; use --augment_on loader")
+        pixels = split(self.augment_transform)
+        for i in self.augmented_envs:
+            self.datasets[i].device_split = (self.augment_transform, pixels)
 
     @classmethod
     def expected_layout(cls) -> str:

@@ -16,11 +16,12 @@ import weakref
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
-from dg_plugins.train.splits import pixel_table, tensor_view
+from dg_plugins.train.splits import finisher as finisher_of
+from dg_plugins.train.splits import tensor_view
 
 
 def cuda_transfers(device) -> bool:
@@ -87,9 +88,11 @@ def _shutdown_open_workers() -> None:
 
 
 def collate(items) -> tuple:
-    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, tensor of more])``."""
+    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, tensor of more])``; in a loader
+    worker x is stacked straight into shared memory (torch's ``default_collate``), which the
+    batch is sent through, so it is not copied there again."""
     columns = list(zip(*items))
-    return (torch.stack(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
+    return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
 
 def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
@@ -104,15 +107,14 @@ def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
         return collate([dataset[i] for i in indices])
 
 
-def as_model_input(batch: tuple, table, device) -> tuple:
-    """A fetched batch with its uint8 pixels (``table`` not None: :func:`fetch` with ``pixels``)
-    turned into the model's float input on ``device``
-    (:func:`dg_plugins.datasets.decoded.to_model_input`); else the batch as it is."""
-    if table is None:
+def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> tuple:
+    """A fetched batch with its uint8 pixels (``finisher`` not None: :func:`fetch` with
+    ``pixels``) turned into the model's float input on ``device`` by ``finisher``
+    (:func:`dg_plugins.train.splits.finisher`; ``seed``: the batch's, which a device
+    augmentation draws from); else the batch as it is."""
+    if finisher is None:
         return batch
-    from dg_plugins.datasets.decoded import to_model_input
-
-    return (to_model_input(batch[0], table, device),) + tuple(batch[1:])
+    return (finisher(batch[0], device, seed),) + tuple(batch[1:])
 
 
 def _as_is(batch):
@@ -172,7 +174,7 @@ class _Requests:
                 yield pool.pending.popleft()
             elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
                 pool.issued.append(_ROUND)
-                yield [(j, *stream.draw(), stream.table is not None)
+                yield [(j, *stream.draw(), stream.finisher is not None)
                        for j, stream in enumerate(pool.streams)]
             else:
                 pool.issued.append(_IDLE)
@@ -321,8 +323,9 @@ class Stream:
     stream restored from it hands out exactly the batches an uninterrupted one does, with or
     without loader workers (``num_workers``: the workers of this stream's own pool, started at
     the first batch; :func:`share_workers` gives several streams one pool). Items that have
-    uint8 pixels (:func:`~dg_plugins.train.splits.pixel_table`) are fetched as such and turned
-    into the model's input on ``device`` (:func:`as_model_input`): the same floats."""
+    uint8 pixels (a :func:`~dg_plugins.train.splits.finisher`) are fetched as such and turned
+    into the model's input on ``device`` (:func:`as_model_input`; a device augmentation draws
+    from the batch's seed ``seed_hash(seed, k)`` too, a pooled batch's whole batch at once)."""
 
     view = None
 
@@ -331,7 +334,7 @@ class Stream:
         self.seed = seed
         self.num_workers = num_workers
         self.pool: WorkerPool | None = None
-        self.table = pixel_table(dataset) if self.view is None else None
+        self.finisher = finisher_of(dataset) if self.view is None else None
         self.device = "cpu"
         self.consumed = 0
         self.rewind(0)
@@ -361,14 +364,15 @@ class Stream:
         if self.view is not None:
             value = self.gather(self.next_indices())
         else:
+            seed = seed_hash(self.seed, self.consumed)  # batch k's: what its worker ran under
             if self.pool is None and self.num_workers > 0:
                 self.pool = WorkerPool([self], self.num_workers)
             if self.pool is not None:
                 batch = self.pool.take(self)
             else:
                 seed, indices = self.draw()
-                batch = fetch(self.dataset, indices, seed, self.table is not None)
-            value = self.finish(as_model_input(batch, self.table, self.device))
+                batch = fetch(self.dataset, indices, seed, self.finisher is not None)
+            value = self.finish(as_model_input(batch, self.finisher, self.device, seed))
         self.consumed += 1
         return value
 
@@ -453,12 +457,18 @@ class _Union(Dataset):
         x, y = self.splits[part].pixels(index - self.offsets[part])[:2]
         return x, y, part
 
-    def pixel_table(self):
-        tables = [pixel_table(split) for split in self.splits]
-        if any(t is None for t in tables) or any(t.tobytes() != tables[0].tobytes()
-                                                 for t in tables[1:]):
+    def finisher(self):
+        """The splits' shared finisher (None when one has none or they differ; a device
+        augmentation beside another finisher raises: a pooled batch is finished at once)."""
+        finishers = [finisher_of(split) for split in self.splits]
+        if any(f is None for f in finishers):
             return None
-        return tables[0]
+        if any(f.key != finishers[0].key for f in finishers[1:]):
+            if any(f.seeded for f in finishers):
+                raise ValueError("--augment_on device: pooled batches would mix items augmented "
+                                 "on the device and others; use --augment_on loader")
+            return None
+        return finishers[0]
 
 
 class PooledBatches(Stream):

@@ -4,10 +4,11 @@ DomainBed's train.py names it (or, with ``--eval_splits selection``, those model
 (IP/OOP), in batches of ``--eval_batch_size`` (DomainBed's 64) seeded by (split, batch index), so
 that re-evaluating a saved model reproduces its record, whichever splits are evaluated beside.
 Image splits come from the decoded-image cache where it holds their pixels (read in large
-chunks, made the model's input on the device: :mod:`dg_plugins.datasets.decoded`); the job's one
-worker pool makes the other batches (no worker start per evaluation); the forward runs under
-``torch.inference_mode``, from pinned memory with non-blocking copies on CUDA. Shared by the job
-and alignment_eval."""
+chunks, made the model's input on the device: :mod:`dg_plugins.datasets.decoded`; with
+``--augment_on device`` an augmented split's crops are augmented there, seeded per batch); the
+job's one worker pool makes the other batches (no worker start per evaluation); the forward runs
+under ``torch.inference_mode``, from pinned memory with non-blocking copies on CUDA. Shared by the
+job and alignment_eval."""
 
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dg_plugins.datasets.decoded import to_model_input
 from dg_plugins.seeds import seed_hash
 from dg_plugins.train import precision
 from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shutdown_workers,
                                       worker_loader)
 from dg_plugins.train.flags import EVAL_DEFAULTS
-from dg_plugins.train.splits import Splits, env_indices, pixel_table, root_dataset, tensor_view
+from dg_plugins.train.splits import Splits, env_indices, finisher, root_dataset, tensor_view
 
 #: DomainBed's evaluation batch (``domainbed/scripts/train.py``'s ``FastDataLoader``), the
 #: default of ``--eval_batch_size`` (:data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
@@ -39,7 +39,8 @@ class _Plan:
     """How one dataset of an evaluation is read: its batches ``[(seed, start, stop)]``, and its
     source: in-memory tensors (``view``), the decoded-image cache's uint8 pixels (``entry``,
     its ``rows`` or the split's own order, with ``labels``), or fetched items: uint8 pixels when
-    ``table`` is set (written to the cache by ``writer`` when it is not None), else whole items."""
+    it has a ``finisher`` (written to the cache by ``writer`` when it is not None), else whole
+    items. The finisher makes the model's input of a batch of pixels, with the batch's seed."""
 
     def __init__(self, j: int, dataset: Dataset, seed: int, batch_size: int):
         self.j, self.dataset = j, dataset
@@ -47,9 +48,9 @@ class _Plan:
         self.batches = [(seed_hash(seed, k), start, min(start + batch_size, n))
                         for k, start in enumerate(range(0, n, batch_size))]
         self.view = tensor_view(dataset)
-        self.table = None if self.view is not None else pixel_table(dataset)
+        self.finisher = None if self.view is not None else finisher(dataset)
         self.entry = self.rows = self.labels = self.writer = None
-        if self.table is not None and n:
+        if self.finisher is not None and n:
             self._find_cached(seed, batch_size)
 
     def _find_cached(self, seed: int, batch_size: int) -> None:
@@ -83,7 +84,7 @@ class _Plan:
         """The :func:`fetch` requests of the batches not read from memory or the cache."""
         if self.view is not None or self.entry is not None:
             return []
-        return [(self.j, seed, list(range(start, stop)), self.table is not None)
+        return [(self.j, seed, list(range(start, stop)), self.finisher is not None)
                 for seed, start, stop in self.batches]
 
 
@@ -128,10 +129,10 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                         batch, = next(iterator)
                     else:
                         batch = fetch(plan.dataset, list(range(start, end)), seed,
-                                      plan.table is not None)
+                                      plan.finisher is not None)
                     if plan.writer is not None:
                         plan.writer.add(start, batch[0])
-                    x, y = as_model_input(batch, plan.table, device)[:2]
+                    x, y = as_model_input(batch, plan.finisher, device, seed)[:2]
                     yield plan.j, x, y
                 if plan.writer is not None:
                     plan.writer.commit()
@@ -144,8 +145,10 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
 
 
 def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):
-    """The batches of a split read from the cache: chunks of :data:`CHUNK_IMAGES` copied to the
-    device and turned into the model's input there, cut into evaluation batches."""
+    """The batches of a split read from the cache: chunks of :data:`CHUNK_IMAGES` (whole
+    batches) copied to the device and turned into the model's input there, cut into evaluation
+    batches; a seeded finisher (the device augmentation) runs per batch, with the batch's
+    seed."""
     step = batch_size * max(1, CHUNK_IMAGES // batch_size)
     n = len(plan.dataset)
     for start in range(0, n, step):
@@ -154,10 +157,16 @@ def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):
         pixels = torch.from_numpy(plan.entry.read(rows))
         if pin_memory:
             pixels = pixels.pin_memory()
-        x = to_model_input(pixels, plan.table, device)
+        if not plan.finisher.seeded:
+            x = plan.finisher(pixels, device)
         y = torch.from_numpy(plan.labels[start:end])
         for first in range(0, end - start, batch_size):
-            yield plan.j, x[first:first + batch_size], y[first:first + batch_size]
+            last = first + batch_size
+            if plan.finisher.seeded:
+                seed = plan.batches[(start + first) // batch_size][0]
+                yield plan.j, plan.finisher(pixels[first:last], device, seed), y[first:last]
+            else:
+                yield plan.j, x[first:last], y[first:last]
 
 
 def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int = 0):

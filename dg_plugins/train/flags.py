@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS, non_defaults
+from dg_plugins.runtime import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS, non_defaults
 from dg_plugins.train.folder import DEFAULT_EVAL_SPLITS, EVAL_SPLITS
 
 #: The module a job command runs (``python -m <module>``); sweep writes it in every command.
@@ -90,9 +90,9 @@ class _Setting(argparse.Action):
 
 
 def add_compute_arguments(group) -> None:
-    """``--precision``, ``--channels_last``, ``--deterministic`` (:data:`COMPUTE_ARGS`): train's
-    and sweep's (passed to every job). Each is None unless given at another value than its
-    default."""
+    """``--precision``, ``--channels_last``, ``--deterministic``, ``--augment_on``
+    (:data:`COMPUTE_ARGS`): train's and sweep's (passed to every job). Each is None unless given
+    at another value than its default."""
     group.add_argument("--precision", choices=PRECISIONS, default=None, action=_Setting,
                        help="fp32 (default): float32 throughout, as DomainBed; bf16: autocast "
                        "to bfloat16 in training and evaluation (CUDA, or a CPU; fast on CPUs "
@@ -113,6 +113,15 @@ def add_compute_arguments(group) -> None:
                        "kernels (cudnn.benchmark, fused attention), giving up that: runs and "
                        "resumes then differ in their last digits, and so may their accuracies "
                        "(docs/determinism.md: what each setting costs)")
+    group.add_argument("--augment_on", choices=AUGMENT_ON, default=None, action=_Setting,
+                       help="where training images are augmented: loader (default: the PIL "
+                       "transforms in the loader workers, DomainBed's numbers) or device "
+                       "(workers decode and crop to 224x224 uint8; flip, colour jitter, "
+                       "grayscale and normalization run batched on --device with per-image "
+                       "random draws seeded by the batch: the same distributions as the PIL "
+                       "path, not the same pixels; the training environments' augmented "
+                       "out-splits are evaluated so too; image-folder datasets with "
+                       "data_augmentation only; needs kornia: pip install 'dg_plugins[gpu]')")
 
 
 def add_protocol_arguments(group, pretrain_steps_help: str) -> None:

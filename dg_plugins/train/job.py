@@ -21,6 +21,7 @@ import torch
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import gradient_scaling, guard_scaled_steps, lr_factor
 from dg_plugins.datasets import decoded
+from dg_plugins.datasets.device_augment import use_device_augmentation
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
@@ -143,11 +144,14 @@ class JobData:
 def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData:
     """The data of the job of ``args`` (train's namespace, or a record's ``args``), built as the
     job builds it: every RNG seeded with ``args.seed`` first (a dataset that draws its data, such
-    as Debug28, draws it then), the dataset, its test environments checked, the splits, and
-    its loader workers (:func:`dg_plugins.train.batches.worker_budget` of ``n_workers``; none
-    for a dataset held in memory)."""
+    as Debug28, draws it then), the dataset (its augmentation on the device with
+    ``--augment_on device``), its test environments checked, the splits, and its loader workers
+    (:func:`dg_plugins.train.batches.worker_budget` of ``n_workers``; none for a dataset held in
+    memory)."""
     seed_everything(args.seed)
     dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, hparams)
+    if Compute.of(args).augment_on == "device":
+        use_device_augmentation(dataset, args.dataset)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
     splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
     in_memory = getattr(dataset, "IN_MEMORY", False)

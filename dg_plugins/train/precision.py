@@ -1,5 +1,6 @@
 """A train job's opt-in compute settings applied (``--precision``, ``--channels_last``,
-``--deterministic``; names and defaults in :data:`dg_plugins.runtime.COMPUTE_DEFAULTS`):
+``--deterministic``, ``--augment_on``; names and defaults in
+:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`):
 
 * ``--precision bf16|fp16``: the training step (the algorithm's ``update``) and evaluation
   (``predict``) run under ``torch.autocast`` to that dtype on the job's device; the backward
@@ -17,6 +18,10 @@
   CUDA attention by the math kernel of ``scaled_dot_product_attention`` (the fused kernels'
   backward passes add with atomics, in any order). ``false``: ``cudnn.benchmark`` on, all of
   that off, so that two runs and a resumed job are no longer bit-exact.
+* ``--augment_on device``: the training environments' augmentation split between the loader
+  workers (the crop) and the job's device (the rest, :mod:`dg_plugins.datasets.device_augment`;
+  :func:`dg_plugins.train.job.build_job_data` sets the dataset up); :meth:`Compute.check` refuses
+  it without kornia, before anything is written.
 
 :meth:`Compute.active` makes a job's settings the ones :func:`autocast` and :func:`model_input`
 apply (the evaluation's, :mod:`dg_plugins.train.evaluate`); outside a job they are the defaults.
@@ -31,7 +36,7 @@ import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dg_plugins.runtime import COMPUTE_DEFAULTS, PRECISIONS
+from dg_plugins.runtime import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS
 from dg_plugins.seeds import deterministic_algorithms
 
 #: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
@@ -52,10 +57,13 @@ class Compute:
     """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`)."""
 
     def __init__(self, precision: str = "fp32", channels_last: bool = False,
-                 deterministic: bool = True):
+                 deterministic: bool = True, augment_on: str = "loader"):
         if precision not in PRECISIONS:
             raise ValueError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        if augment_on not in AUGMENT_ON:
+            raise ValueError(f"--augment_on {augment_on!r} is not one of {', '.join(AUGMENT_ON)}")
         self.precision = precision
+        self.augment_on = augment_on
         self.channels_last = bool(channels_last)
         self.deterministic = bool(deterministic)
         #: Whether input batches go to the model in channels_last (set by :meth:`prepare_model`).
@@ -88,6 +96,10 @@ class Compute:
                 and not torch.cuda.is_bf16_supported(including_emulation=False)):
             raise ValueError(f"--precision bf16: {torch.cuda.get_device_name(device)} has no "
                              "native bfloat16; use --precision fp16 (with its gradient scaler)")
+        if self.augment_on == "device":
+            from dg_plugins.datasets.device_augment import require_kornia
+
+            require_kornia()
 
     def autocast(self, device: torch.device):
         """A context running its block's autocast-eligible ops in :attr:`dtype` on ``device``

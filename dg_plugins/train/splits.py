@@ -27,19 +27,23 @@ class SplitDataset(Dataset):
         return len(self.keys)
 
     def pixels(self, index):
-        """The underlying item's uint8 pixels and label (:func:`pixel_table`)."""
+        """The underlying item's uint8 pixels and label (:func:`finisher`)."""
         return self.underlying.pixels(self.keys[index])
 
-    def pixel_table(self):
-        return pixel_table(self.underlying)
+    def finisher(self):
+        """The finisher of this split's items in the dataset under it (:func:`finisher`)."""
+        method = getattr(root_dataset(self), "finisher", None)
+        return method(env_indices(self)) if method is not None else None
 
 
-def pixel_table(dataset):
-    """The table turning ``dataset``'s uint8 item pixels (``dataset.pixels(i)``) into the model's
-    input (an image-folder environment's, through splits:
-    :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.pixel_table`), or None when
-    its items are only made whole (``dataset[i]``)."""
-    method = getattr(dataset, "pixel_table", None)
+def finisher(dataset):
+    """What turns a batch of ``dataset``'s uint8 item pixels (``dataset.pixels(i)``, collated)
+    into the model's input on the job's device, ``finisher(pixels, device, seed)`` (an
+    image-folder environment's, through splits:
+    :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.finisher`: the exact
+    ToTensor + Normalize table, or with ``--augment_on device`` the device augmentation, seeded by
+    the batch's seed); None when its items are only made whole (``dataset[i]``)."""
+    method = getattr(dataset, "finisher", None)
     return method() if method is not None else None
 
 

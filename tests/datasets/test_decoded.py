@@ -192,6 +192,36 @@ def test_jobs_started_together_build_the_files_once(tmp_path, cache):
     assert states == ["built", "reused"], lines
 
 
+BUILDERS_AFTER_OPENMP = """
+import torch
+from dg_plugins.datasets import decoded
+
+def probe(task):
+    torch.ones(2 ** 22).add_(1)  # a parallel operation
+    return torch.get_num_threads()
+
+torch.set_num_threads(2)
+torch.ones(2 ** 22).add_(1)  # the job's OpenMP threads run before the builders are forked
+print(decoded._run_tasks(None, probe, [0, 1], cores=2))
+"""
+
+
+def test_builders_forked_after_torch_ran_threads_run_one_thread_and_never_hang():
+    """The cache's build processes are forked from a job that has run torch on several threads
+    (OpenMP): each runs one torch thread, as a DataLoader worker does (before, a builder hung in
+    its first parallel operation, and with it the job)."""
+    proc = subprocess.Popen([sys.executable, "-c", BUILDERS_AFTER_OPENMP], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        raise AssertionError("a cache builder hung in a parallel torch operation") from None
+    assert proc.returncode == 0 and out.strip().splitlines()[-1] == "[1, 1]", out
+
+
 # ------------------------------------------------------------------------------------------------
 # Batches from the cache against batches from the files
 

@@ -195,7 +195,7 @@ def test_every_flag_left_out_at_its_default_is_named_by_its_default():
     now = {"algorithm": "ERM", "dataset": "Debug28", "seed": 0}
     hparams = {"lr": 0.1}
     other = {"precision": "bf16", "channels_last": True, "deterministic": False,
-             "eval_splits": "selection", "eval_batch_size": 32}
+             "augment_on": "device", "eval_splits": "selection", "eval_batch_size": 32}
     assert set(other) == set(COMPUTE_DEFAULTS) | set(EVAL_DEFAULTS)
     for key, value in other.items():
         default = {**COMPUTE_DEFAULTS, **EVAL_DEFAULTS}[key]
