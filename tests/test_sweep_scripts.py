@@ -261,6 +261,98 @@ def test_list_forwards_gives_every_setting_from_the_recorded_counts(capsys):
     assert all("TerraIncognita" in line for line in unknown), unknown
 
 
+#: A GPU-hours line as the dry runs print it: selection, all, the device, what is left out.
+GPU_HOURS = (r"([\d,]+\.\d) \(selection\) / ([\d,]+\.\d) \(all\) on ([^;\n]+)(?:; left out: (.+))?"
+             r"|not measured on ([^(\n]+) \((.+)\)")
+
+
+def gpu_hours(stdout: str):
+    """``(per sweep call, total)`` GPU-hours a dry run printed, each ``(selection, all, device,
+    left out)`` (``None, None, device, left out`` where nothing is estimated)."""
+    def found(prefix):
+        out = []
+        for m in re.finditer(rf"^{prefix}(?:{GPU_HOURS})$", stdout, re.MULTILINE):
+            g = m.groups()
+            out.append((float(g[0].replace(",", "")), float(g[1].replace(",", "")), g[2], g[3])
+                       if g[0] else (None, None, g[4], g[5]))
+        return out
+
+    totals = found(r"Total GPU-hours \(estimate\): ")
+    assert len(totals) == 1, stdout[-3000:]
+    return found(r"\d+ jobs, GPU-hours \(estimate\): "), totals[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'offline'}")
+def test_dry_run_prints_gpu_hours_with_their_device(case, dry_runs):
+    """Under DRY_RUN=1 every script prints its estimated GPU-hours per sweep call and in total,
+    with the device the step times were measured on and how the estimate is made; the total is
+    the sum of the calls (each rounded to 0.1), and whatever is left out is named."""
+    from dg_plugins.reference import gpu_times
+
+    proc, _, _ = dry_runs[case]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls, total = gpu_hours(proc.stdout)
+    times = gpu_times.load()
+    assert len(calls) == len(image_forwards(proc.stdout)[1])
+    assert {c[2] for c in calls} == {total[2]} == {times.device}
+    assert f"GPU-hours: an estimate from {times.source()}," in proc.stdout
+    if total[0] is None:
+        assert all(c[0] is None for c in calls)
+    else:
+        for i in (0, 1):
+            estimated = [c[i] for c in calls if c[i] is not None]
+            assert abs(sum(estimated) - total[i]) <= 0.05 * (len(estimated) + 1) + 1e-9
+        assert total[0] <= total[1]
+    left_out = {name for c in calls if c[3] for name in c[3].split(", ")}
+    assert left_out == set(total[3].split(", ") if total[3] else ())
+    for name in left_out:
+        assert re.search(rf"^  left out of the GPU-hours: {re.escape(name)}: "
+                         r"(not measured|unknown), ", proc.stdout, re.MULTILINE), name
+
+
+def test_gpu_hours_of_a_small_listing_match_a_hand_count(tmp_path, capsys):
+    """Two sweep calls on PACS (the recorded image counts: no data under --data_dir), one job each,
+    long enough for a 0.1-hour resolution: ERM on ResNet-18, 32 per domain x 3 sources x
+    1,000,001 steps, and on ResNet-50 with 16 per domain x 500,001 steps. Each job's GPU seconds
+    are its training images (its printed training forwards / 3) x its network's measured step
+    time per image (a step of 32 x 2 images: the training batch scales it), plus its printed
+    evaluation forwards / the measured evaluation rate; a network without a measured step (the
+    MNIST CNN) is left out and named."""
+    from dg_plugins.reference import gpu_times
+    from dg_plugins.scripts import reproduce
+
+    times = gpu_times.load()
+    base = ["launch", "--datasets", "PACS", "--algorithms", "ERM", "--data_dir",
+            str(tmp_path / "none"), "--output_dir", str(tmp_path / "out"), "--n_trials", "1",
+            "--n_hparams", "1", "--test_env_sets", "0", "--checkpoint_freq", "100000"]
+    assert reproduce.main(["--dry_run_sweeps", *base, "--steps", "1000001", "--hparams",
+                           '{"resnet18": true, "batch_size": 32}', "::", *base, "--steps",
+                           "500001", "--hparams", '{"resnet18": false, "batch_size": 16}']) == 0
+    out = capsys.readouterr().out
+    jobs, _, _ = image_forwards(out)
+    assert [j[0] for j in jobs] == [3 * 32 * 3 * 1_000_001, 3 * 16 * 3 * 500_001]
+    calls, total = gpu_hours(out)
+    want = []
+    for (train, selection, every), label in zip(jobs, ("ERM ResNet-18", "ERM ResNet-50")):
+        step = times.step_ms[label] / 1000 / (times.batch_per_domain * times.source_domains)
+        want.append([(train / 3 * step + evaluation / times.eval_images_per_second) / 3600
+                     for evaluation in (selection, every)])
+    assert want[0][0] > 10 and want[1][0] > 4  # training dominates: 11.3 and 4.9 hours
+    for (selection, every, device, left_out), hours in zip(calls, want):
+        assert (device, left_out) == (times.device, None)
+        assert abs(selection - hours[0]) <= 0.05 and abs(every - hours[1]) <= 0.05
+    assert abs(total[0] - want[0][0] - want[1][0]) <= 0.05
+    assert not (tmp_path / "out").exists()
+
+    assert reproduce.main(["--dry_run_sweeps", "launch", "--datasets", "RotatedMNIST5k",
+                           "--algorithms", "ERM", "--data_dir", "builtin", "--output_dir",
+                           str(tmp_path / "out"), "--n_trials", "1", "--n_hparams", "1",
+                           "--test_env_sets", "0", "--steps", "11"]) == 0
+    calls, total = gpu_hours(capsys.readouterr().out)
+    assert total == calls[0] == (None, None, times.device,
+                                 "ERM MNIST CNN, RotatedMNIST5k evaluation")
+
+
 def header(script: str) -> str:
     """The comment lines at the top of a script, without their ``#``."""
     lines = []

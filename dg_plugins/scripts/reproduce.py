@@ -3,7 +3,7 @@ paper setting of :mod:`dg_plugins.reference.paper_settings` (its sweeps, then it
 the paper's rows).
 
     python -m dg_plugins.scripts.reproduce --list                      # settings, jobs, steps
-    python -m dg_plugins.scripts.reproduce --list --forwards           # their image forwards
+    python -m dg_plugins.scripts.reproduce --list --forwards           # forwards, GPU-hours
     python -m dg_plugins.scripts.reproduce dmg_pacs --describe         # every value + source
     python -m dg_plugins.scripts.reproduce dmg_pacs --protocol release --data_dir D \\
         --output_dir O --command_launcher multi_gpu [--dry_run] [extra sweep flags]
@@ -27,7 +27,9 @@ number of jobs and the total steps (with where the image counts behind epoch-der
 from: the data under ``--data_dir`` when it is there, PACS's official lists there too, else the
 counts recorded in the table), each job's image forwards of training and of evaluation with
 ``--eval_splits selection`` and ``all`` and their sums per call and in total (the GPU cost
-before launch: :data:`FORWARDS_DEFINITION`, :func:`job_forwards`), the ``collect_results``
+before launch: :data:`FORWARDS_DEFINITION`, :func:`job_forwards`), the estimated GPU-hours per
+call and in total, with the device whose measured step times they come from
+(:func:`job_gpu_time`, :mod:`dg_plugins.reference.gpu_times`), the ``collect_results``
 commands, and last the missing prerequisites as warnings. Extra arguments are sweep flags passed to every call
 (``--n_trials 1``, ``--n_hparams 20``, ``--slurm_*`` ...); flags the table sets (steps, datasets,
 test environments, splits, ...) are refused, except ``--datasets`` / ``--algorithms`` /
@@ -41,9 +43,9 @@ default here: the same tables for less evaluation); ``--eval_splits all`` (sweep
 ``EVAL_SPLITS=all``) evaluates every split at every record, for full learning curves.
 
 ``--dry_run_sweeps launch FLAGS [:: launch FLAGS ...]`` does the same listing (jobs, count, total
-steps, image forwards) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline scripts in
-``sweeps/``. ``--list --forwards`` prints the image forwards of every setting and protocol from
-the recorded full-size image counts (or those under ``--data_dir``).
+steps, image forwards, GPU-hours) for plain sweep calls: the ``DRY_RUN=1`` mode of the offline
+scripts in ``sweeps/``. ``--list --forwards`` prints the image forwards and GPU-hours of every
+setting and protocol from the recorded full-size image counts (or those under ``--data_dir``).
 
 Exit status: 0; 2 on bad input (a one-line message naming the fix); otherwise the first non-zero
 status of a sweep call (128 + signal when one was stopped: the rest is not started).
@@ -610,6 +612,7 @@ def print_call(cost: CallCost) -> None:
         print(f"  {job.describe()}: {forwards_text(forwards.train, forwards.evaluation)}{note}")
     print(f"{len(cost.jobs)} jobs, image forwards: "
           f"{forwards_text(*sum_forwards(cost.forwards))}; {runs_with(cost.jobs)}")
+    print(f"{len(cost.jobs)} jobs, GPU-hours (estimate): {gpu_line(sum_gpu(cost.forwards))}")
 
 
 def total_line(costs: list[CallCost]) -> str:
@@ -624,11 +627,15 @@ def total_line(costs: list[CallCost]) -> str:
     to_run = sum(len(c.selected) for c in costs)
     if to_run != jobs:
         line += f" ({to_run} jobs to launch, the others done or incomplete)"
-    train, evaluation = sum_forwards([f for c in costs for f in c.forwards])
+    items = [f for c in costs for f in c.forwards]
+    train, evaluation = sum_forwards(items)
     shares = ", ".join(f"{_share(evaluation[v], train)} with {v}" for v in EVAL_SPLITS)
-    return (f"{line}\nTotal image forwards: {forwards_text(train, evaluation)}; evaluation "
-            f"share {shares}; {runs_with([j for c in costs for j in c.jobs])}\n"
-            f"{FORWARDS_DEFINITION}")
+    gpu = sum_gpu(items)
+    return "\n".join([
+        line, f"Total image forwards: {forwards_text(train, evaluation)}; evaluation share "
+        f"{shares}; {runs_with([j for c in costs for j in c.jobs])}", FORWARDS_DEFINITION,
+        f"Total GPU-hours (estimate): {gpu_line(gpu)}", *missing_lines(gpu),
+        gpu_hours_definition()])
 
 
 def runs_with(jobs) -> str:
@@ -663,11 +670,13 @@ FORWARDS_DEFINITION = (
 class Forwards:
     """One job's image forwards (:func:`job_forwards`): ``train`` (with the UDG pretraining it
     runs for the jobs that share it: ``note``), ``evaluation`` per ``--eval_splits`` value (None:
-    unknown, as the dataset's image counts are: ``unknown`` says why)."""
+    unknown, as the dataset's image counts are: ``unknown`` says why), and its estimated GPU
+    time (``gpu``: :func:`job_gpu_time`)."""
     train: int | None
     evaluation: dict
     unknown: str = ""
     note: str = ""
+    gpu: "GpuTime | None" = None
 
 
 def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
@@ -767,16 +776,18 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
         sizes, unknown = split_sizes(a, hp, set()), ""
     except UsageError as err:
         sizes, unknown = None, str(err)
-    images = training_images(a, hp, sizes, steps)
-    if images is not None:
-        images = TRAIN_FORWARDS_PER_IMAGE * (images + hp["batch_size"] * n_sources
-                                             * pretrain_steps)
+    trained = training_images(a, hp, sizes, steps)
+    pretrained = hp["batch_size"] * n_sources * pretrain_steps
+    images = None if trained is None else TRAIN_FORWARDS_PER_IMAGE * (trained + pretrained)
     if sizes is None:
-        return Forwards(images, {v: None for v in EVAL_SPLITS}, unknown)
-    freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
-    records = n_records(steps, freq)
-    names = evaluated(a, list(sizes))
-    return Forwards(images, {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS})
+        evaluation = {v: None for v in EVAL_SPLITS}
+    else:
+        freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
+        records = n_records(steps, freq)
+        names = evaluated(a, list(sizes))
+        evaluation = {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS}
+    return Forwards(images, evaluation, unknown,
+                    gpu=job_gpu_time(a, hp, trained, pretrained, evaluation))
 
 
 def _count(n: int | None) -> str:
@@ -802,6 +813,164 @@ def sum_forwards(items: list[Forwards]) -> tuple[int | None, dict]:
     evaluation = {v: (None if any(f.evaluation[v] is None for f in items)
                       else sum(f.evaluation[v] for f in items)) for v in EVAL_SPLITS}
     return train, evaluation
+
+
+# --------------------------------------------------------------------------------------------
+# GPU-hours
+
+
+def gpu_hours_definition() -> str:
+    """How the GPU-hours are estimated, with the device and date of the measurements."""
+    from dg_plugins.reference import gpu_times
+
+    t = gpu_times.load()
+    size = f"{t.input_size}x{t.input_size}"
+    return (f"GPU-hours: an estimate from {t.source()}, one GPU running one job at a time: per "
+            f"job, the images it trains on x the measured {t.train_precision} step time of its "
+            f"algorithm and network per image (steps of {t.batch_per_domain} images per domain "
+            f"x {t.source_domains} source domains at {size}, scaled linearly to the job's images "
+            "per step; DisMAE's UDG pretraining step is its measured step without the "
+            "classifier's cross-entropy; ResNet-50 whatever its weights), plus its evaluation "
+            f"forwards at the measured {t.eval_images_per_second:g} images/s ({t.eval_algorithm}"
+            f", {t.eval_workers} loader workers; used for every network at {size}); loader "
+            "waits, startup and checkpoints are not counted. What benchmark gpu did not measure "
+            "is left out and named, not guessed ('+ not measured' in a table; '+ unknown': image "
+            "counts not known).")
+
+
+#: Why a part of a job is left out of its GPU-hours: no measured time of its network or its
+#: evaluation, or unknown image counts.
+NOT_MEASURED, UNKNOWN = "not measured", "unknown"
+
+
+@dataclass
+class GpuTime:
+    """One job's (or a sum's) estimated GPU seconds: ``seconds`` per ``--eval_splits`` value, of
+    the parts estimated; ``missing``: what is left out, name -> (:data:`NOT_MEASURED` or
+    :data:`UNKNOWN`, why); ``notes``: what the estimate does not follow."""
+    seconds: dict
+    missing: dict = field(default_factory=dict)
+    notes: set = field(default_factory=set)
+
+
+def _vit_name(arch: str) -> str:
+    """``deit_small_patch16_224`` -> ``DeiT-S/16``; other names as they are."""
+    import re
+
+    match = re.match(r"(vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", arch)
+    if not match:
+        return arch
+    family, size, patch = match.groups()
+    return f"{'DeiT' if family == 'deit' else 'ViT'}-{size[0].upper()}/{patch}"
+
+
+def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str]:
+    """``(the algorithm, its network)`` as ``benchmark gpu`` names its rows ("ERM", "ResNet-50";
+    "GMoE", "DeiT-S/16"): the network the job builds, by the rules it builds it with."""
+    from dg_plugins.algorithms.dismae import ENCODER_ARCH_224, MAE, DisMAE
+    from dg_plugins.algorithms.gmoe import DEIT_S, ERM_ViT
+    from dg_plugins.networks import featurizers, vit
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+
+    shape = DATASETS.get(dataset).INPUT_SHAPE
+    cls = ALGORITHMS.get(algorithm)
+    arch = hparams.get("vit_arch", "auto")
+    try:
+        if isinstance(cls, type) and issubclass(cls, ERM_ViT):
+            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape, arch_224=DEIT_S))
+        if isinstance(cls, type) and issubclass(cls, (DisMAE, MAE)):
+            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape,
+                                                             arch_224=ENCODER_ARCH_224))
+        backbone = featurizers.backbone_for(shape, hparams)
+        if backbone == "resnet":
+            return algorithm, ("ResNet-18" if featurizers.resnet_arch(hparams) == "resnet18"
+                               else "ResNet-50")
+        if backbone == "vit":
+            return algorithm, ("DINOv2 ViT-B/14" if hparams.get("dinov2") else
+                               _vit_name(vit.resolve_vit_arch(arch, shape)))
+        return algorithm, {"lenet": "LeNet", "mnist_cnn": "MNIST CNN"}.get(backbone, backbone)
+    except (ValueError, KeyError):
+        return algorithm, f"network of {dataset}"
+
+
+def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
+                 evaluation: dict) -> GpuTime:
+    """The estimated GPU seconds of the job of train args ``a`` (:func:`gpu_hours_definition`):
+    ``trained`` images of training (UDG: of fine-tuning; None: unknown), ``pretrained`` images of
+    the UDG pretraining it runs, ``evaluation`` forwards per ``--eval_splits`` value."""
+    from dg_plugins.reference import gpu_times
+    from dg_plugins.registry import ALGORITHMS, DATASETS
+
+    from dg_plugins.runtime import compute_settings
+
+    times = gpu_times.load()
+    algorithm, network = network_label(a["algorithm"], a["dataset"], hparams)
+    parts = [(f"{algorithm} {network}", trained)]
+    if "label_fraction" in a and ALGORITHMS.get(a["algorithm"]).supports_pretraining():
+        parts = [(f"{algorithm} {network}", pretrained),
+                 (f"UDG fine-tuning {network}", trained)]
+    gpu = GpuTime({v: 0.0 for v in EVAL_SPLITS})
+    changed = compute_settings(a)
+    if changed:
+        gpu.notes.add("estimated with train's default compute settings; jobs here run with "
+                      + ", ".join(f"--{k} {v}" for k, v in changed.items()))
+    for label, images in parts:
+        per_image = times.seconds_per_training_image(label)
+        if per_image is None or images is None:
+            gpu.missing[label] = ((NOT_MEASURED, "no benchmark gpu row") if per_image is None
+                                  else (UNKNOWN, "its training images are unknown"))
+        elif images:
+            for v in EVAL_SPLITS:
+                gpu.seconds[v] += images * per_image
+    shape = tuple(DATASETS.get(a["dataset"]).INPUT_SHAPE or ())
+    if shape[1:] != (times.input_size,) * 2:
+        gpu.missing[f"{a['dataset']} evaluation"] = (
+            NOT_MEASURED, f"evaluation measured at {times.input_size}x{times.input_size} only")
+    elif any(evaluation[v] is None for v in EVAL_SPLITS):
+        gpu.missing[f"{a['dataset']} evaluation"] = (UNKNOWN, "its image counts are unknown")
+    else:
+        for v in EVAL_SPLITS:
+            gpu.seconds[v] += evaluation[v] / times.eval_images_per_second
+    return gpu
+
+
+def sum_gpu(items: list[Forwards]) -> GpuTime:
+    """The sum of the jobs' GPU times (the parts left out: their union)."""
+    total = GpuTime({v: 0.0 for v in EVAL_SPLITS})
+    for f in items:
+        for v in EVAL_SPLITS:
+            total.seconds[v] += f.gpu.seconds[v]
+        total.missing.update(f.gpu.missing)
+        total.notes |= f.gpu.notes
+    return total
+
+
+def gpu_hours_text(gpu: GpuTime, value: str) -> str:
+    """A table cell: ``12.3``; ``12.3 + not measured`` / ``+ unknown`` where parts are left out
+    (:data:`NOT_MEASURED`, :data:`UNKNOWN`; the lines under the table name them); ``not
+    measured`` or ``unknown`` alone where nothing is estimated."""
+    tags = sorted({tag for tag, _ in gpu.missing.values()})
+    if not gpu.seconds[value] and tags:
+        return " + ".join(tags)
+    return " + ".join([f"{gpu.seconds[value] / 3600:,.1f}", *tags])
+
+
+def gpu_line(gpu: GpuTime) -> str:
+    """``S (selection) / A (all) on <device>[; left out: ...]``."""
+    from dg_plugins.reference import gpu_times
+
+    device = gpu_times.load().device
+    if not any(gpu.seconds.values()) and gpu.missing:
+        return f"not measured on {device} ({', '.join(sorted(gpu.missing))})"
+    line = " / ".join(f"{gpu.seconds[v] / 3600:,.1f} ({v})" for v in EVAL_SPLITS)
+    left_out = f"; left out: {', '.join(sorted(gpu.missing))}" if gpu.missing else ""
+    return f"{line} on {device}{left_out}"
+
+
+def missing_lines(gpu: GpuTime) -> list[str]:
+    return ([f"  left out of the GPU-hours: {name}: {tag}, {why}"
+             for name, (tag, why) in sorted(gpu.missing.items())]
+            + [f"  GPU-hours note: {note}" for note in sorted(gpu.notes)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -1022,12 +1191,15 @@ def list_forwards(data_dir: str | None) -> int:
     totals (train + evaluation); the image counts are those under ``data_dir`` when given, else
     the recorded full-size counts. Datasets whose counts are unknown are named under the
     table."""
+    from dg_plugins.reference import gpu_times
+
+    device = gpu_times.load().device
     print(FORWARDS_DEFINITION)
     print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "
           "all | evaluation share, selection / all | image forwards (train + eval), selection "
-          "(all) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    unknown = {}
+          f"(all) | GPU-hours ({device}), selection | GPU-hours ({device}), all |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    unknown, left_out = {}, {}
     for setting in ps.SETTINGS.values():
         for protocol in setting.protocols.values():
             plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
@@ -1049,10 +1221,18 @@ def list_forwards(data_dir: str | None) -> int:
                       f"({_millions(train + evaluation['all'])})"
                       if train is not None and evaluation["all"] is not None else "unknown")
             train_text = _millions(train)
+            gpu = sum_gpu(items)
+            for name, (tag, why) in gpu.missing.items():
+                left_out.setdefault((name, f"{tag}: {why}"), set()).add(
+                    f"{setting.name} ({protocol.name})")
             print(f"| {setting.name} | {setting.script} | {protocol.name} | {len(items)} | "
-                  f"{train_text} | {eval_text[0]} | {eval_text[1]} | {share} | {totals} |")
+                  f"{train_text} | {eval_text[0]} | {eval_text[1]} | {share} | {totals} | "
+                  f"{gpu_hours_text(gpu, 'selection')} | {gpu_hours_text(gpu, 'all')} |")
     for why, where in unknown.items():
         print(f"unknown evaluation forwards in {', '.join(sorted(where))}: {why}")
+    print(gpu_hours_definition())
+    for (name, why), where in sorted(left_out.items()):
+        print(f"left out of the GPU-hours: {name} ({why}) in {', '.join(sorted(where))}")
     return 0
 
 
@@ -1113,7 +1293,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every setting and protocol with its jobs and total steps")
     parser.add_argument("--forwards", action="store_true",
                         help="with --list: the image forwards of training and evaluation "
-                             "(--eval_splits selection and all) of every setting and protocol, "
+                             "(--eval_splits selection and all) and the estimated GPU-hours of "
+                             "every setting and protocol, "
                              "from the recorded full-size image counts (or those under "
                              "--data_dir)")
     parser.add_argument("--describe", action="store_true",
