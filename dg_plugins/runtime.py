@@ -1,8 +1,6 @@
 """What a run may use: its CPU cores (:func:`job_cores`: a launcher's share, Slurm's
-cpus-per-task, or the process's CPU affinity), its torch device (train, the CLIP scorer,
-alignment_eval, the benchmarks), and the names and defaults of a train job's opt-in compute
-settings (:data:`COMPUTE_DEFAULTS`), which train, sweep and collect_results share. No torch import
-at module import."""
+cpus-per-task, or the process's CPU affinity) and its torch device (train, the CLIP scorer,
+alignment_eval, the benchmarks). No torch import at module import."""
 
 from __future__ import annotations
 
@@ -33,36 +31,6 @@ def job_cores() -> tuple[int, str]:
         return len(os.sched_getaffinity(0)), "the cores this process may run on"
     except (AttributeError, OSError):
         return os.cpu_count() or 1, "the machine's cores"
-
-
-#: A train job's opt-in compute settings (``--precision``, ``--channels_last``,
-#: ``--deterministic``, ``--augment_on``; :mod:`dg_plugins.train.precision` applies them) and their
-#: defaults, DomainBed's computation: float32, the default memory format, deterministic
-#: algorithms, augmentation in the loader workers. A setting at its default is left out of a job's
-#: args (records, sweep folder hash, commands), so jobs that do not use them are exactly as before.
-COMPUTE_DEFAULTS = {"precision": "fp32", "channels_last": False, "deterministic": True,
-                    "augment_on": "loader"}
-#: ``--precision``'s values: float32; autocast to bfloat16; autocast to float16 with a gradient
-#: scaler (CUDA only).
-PRECISIONS = ("fp32", "bf16", "fp16")
-#: ``--augment_on``'s values: where training images are augmented (the loader workers' PIL
-#: transforms; or their crop in the workers and the rest on the job's device,
-#: :mod:`dg_plugins.datasets.device_augment`).
-AUGMENT_ON = ("loader", "device")
-
-
-def non_defaults(args, defaults: dict) -> dict:
-    """The flags of ``defaults`` whose value in ``args`` (a namespace or a dict, e.g. a record's
-    ``args``) differs from their default (absent or None: the default), in that order: the opt-in
-    flags that enter a job's args only when used."""
-    get = args.get if isinstance(args, dict) else (lambda name: getattr(args, name, None))
-    return {name: get(name) for name, default in defaults.items()
-            if get(name) is not None and get(name) != default}
-
-
-def compute_settings(args) -> dict:
-    """The compute settings of ``args`` that differ from :data:`COMPUTE_DEFAULTS`."""
-    return non_defaults(args, COMPUTE_DEFAULTS)
 
 
 def pick_device(name: str | None = None):

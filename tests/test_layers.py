@@ -1,7 +1,7 @@
 """Imports go one way: scripts -> {train, sweep, collect} -> algorithms, alignment -> networks,
-datasets -> registry, hparams and the other top-level helpers. Between the three rooms: sweep uses
-only train.flags, train.folder and train.cli (the command, to fork a job) of the train path,
-collect only train.folder; none imports another room otherwise, and none imports the scripts.
+datasets -> job (the job contract), registry, hparams and the other top-level helpers. Between the
+three rooms: sweep uses only train.cli (the command, to fork a job) of the train path; none
+imports another room otherwise, and none imports the scripts.
 Read from the source (every ``import`` and ``from ... import`` of a ``dg_plugins`` module, at
 module level or inside a function), so a lazy import that runs the wrong way is caught too. The
 bridge and the benchmarks sit beside the scripts. Also: the torch-free modules import no torch
@@ -20,21 +20,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dg_plugins"
 LAYERS = {"bridge": 4, "bridge_pytest": 4, "domainbed_host": 4, "scripts": 4, "benchmarks": 4,
           "train": 3, "sweep": 3, "collect": 3, "plugins": 3,
           "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1, "download": 1,
-          "reference": 0}
+          "reference": 0, "job": 0}
 TOP = 0  # registry, hparams, catalog, seeds, signals, files, runtime, compat, the package itself
 ROOMS = ("train", "sweep", "collect")
 #: What each room may import of the other rooms.
-DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli",
-                                "dg_plugins.train.flags", "dg_plugins.train.folder"),
-         "collect": ("dg_plugins.train", "dg_plugins.train.folder")}
+DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli"), "collect": ()}
 #: Modules that import no torch (collect_results and the sweep's enumeration promise it).
-TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.flags",
-              "dg_plugins.train.folder",
-              "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",
+TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",
               "dg_plugins.plugins", "dg_plugins.scripts.collect_results",
               "dg_plugins.layouts", "dg_plugins.download", "dg_plugins.scripts.download"] + [
     f"dg_plugins.{room}.{path.stem}".removesuffix(".__init__")
-    for room in ("collect", "sweep") for path in sorted((PACKAGE / room).glob("*.py"))]
+    for room in ("collect", "sweep", "job") for path in sorted((PACKAGE / room).glob("*.py"))]
 
 
 def layer_of(module: str) -> int:

@@ -41,7 +41,7 @@ from dg_plugins import catalog
 from dg_plugins.benchmarks.timing import timed_command
 from dg_plugins.help_text import plain_text
 from dg_plugins.sweep.jobs import job_folder_name
-from dg_plugins.train.folder import DONE_FILE, RESULTS_FILE
+from dg_plugins.job.folder import DONE_FILE, RESULTS_FILE
 
 #: Algorithm names the replicas cycle through: DomainBed's (shuffled against its table order, so
 #: that ordering is exercised) and one name DomainBed does not know.

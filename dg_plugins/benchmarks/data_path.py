@@ -362,7 +362,7 @@ def main(argv=None) -> int:
     from dg_plugins import plugins
     from dg_plugins.benchmarks.data import make_pacs_tree
     from dg_plugins.runtime import job_cores
-    from dg_plugins.train.folder import evaluated_splits
+    from dg_plugins.job.selection import evaluated_splits
 
     plugins.load()
     import warnings

@@ -90,6 +90,7 @@ def build_job(train_argv: list[str]):
     from dg_plugins.train.job import Job
 
     job = Job(build_parser().parse_args(train_argv), types.SimpleNamespace(signum=None))
+    job.compute.check(job.device)  # train checks it in its validation
     with quiet():
         job.build()
     return job

@@ -35,7 +35,7 @@ from dg_plugins.collect.report import build_report
 from dg_plugins.collect.selection import METHODS
 from dg_plugins.collect.tables import Report, leave_out_unrun
 from dg_plugins.help_text import plain_text
-from dg_plugins.train.folder import is_done
+from dg_plugins.job.folder import is_done
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.tables import PaperComparison, Report, Table
-from dg_plugins.train.folder import format_row
+from dg_plugins.job.records import format_row
 
 #: What a table cell prints where the paper gives no number, or no difference can be taken.
 NO_PAPER_VALUE = "-"

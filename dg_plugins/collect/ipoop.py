@@ -13,7 +13,7 @@ import pandas as pd
 from dg_plugins.collect.records import acc_width
 from dg_plugins.collect.selection import GroupedRecords, SelectionMethod
 from dg_plugins.collect.tables import Section, results_tables
-from dg_plugins.train.folder import OUTSIDE_IN_SUBSET
+from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
 
 
 class SubsetKey(NamedTuple):

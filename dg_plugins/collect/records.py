@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from dg_plugins.runtime import compute_settings
-from dg_plugins.train.folder import JOB_FILES, RESULTS_FILE, is_done
+from dg_plugins.job.flags import compute_settings
+from dg_plugins.job.folder import JOB_FILES, RESULTS_FILE, is_done
 
 try:  # a dependency, but parsing falls back to json without it
     import orjson as _orjson

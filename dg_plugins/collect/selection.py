@@ -1,6 +1,6 @@
 """DomainBed's model selection (``domainbed/model_selection.py``, ``get_grouped_records`` of
 ``domainbed/lib/reporting.py``), vectorised, with its exact tie and NaN semantics, written as
-data (:data:`METHODS`); each method reads through ``train.folder.SELECTION_READS``
+data (:data:`METHODS`); each method reads through ``job.selection.SELECTION_READS``
 (docs/collect.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.records import ACC_KEY, acc_matrix, leading_count
-from dg_plugins.train.folder import ALL, SELECTION_READS, TEST, TRAIN
+from dg_plugins.job.selection import ALL, SELECTION_READS, TEST, TRAIN
 
 #: Default test key template: the in split of the test environment (``model_selection.py``).
 TEST_KEY = "env{t}_in_acc"

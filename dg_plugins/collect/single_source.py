@@ -10,7 +10,7 @@ import pandas as pd
 from dg_plugins.collect.records import leading_count
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
                                           group_ids, group_records, select_by_masks)
-from dg_plugins.train.folder import SELECTION_READS, single_source_of
+from dg_plugins.job.selection import SELECTION_READS, single_source_of
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 

@@ -9,7 +9,7 @@ import pandas as pd
 from dg_plugins.collect.records import leading_count
 from dg_plugins.collect.selection import (IID, ORACLE, SelectionMethod, group_ids, read_accs,
                                           select_by_masks)
-from dg_plugins.train.folder import SELECTION_READS
+from dg_plugins.job.selection import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 

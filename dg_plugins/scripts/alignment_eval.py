@@ -60,9 +60,9 @@ import re
 import sys
 import time
 
-from dg_plugins.train import flags as train_flags
-from dg_plugins.train.folder import (DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE,
-                                     STEP_MODEL_FILE, step_models)
+from dg_plugins.job import flags as job_flags
+from dg_plugins.job.folder import (DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE, STEP_MODEL_FILE,
+                                   step_models)
 
 #: Record args that must agree between a record and the model that is to score it.
 JOB_ARGS = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "seed",
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="IP/OOP accuracy of trained models (no retraining).")
     p.add_argument("jobs", nargs="+", help="train output folders (holding model.pkl)")
     p.add_argument("--alignment_scores", required=True, help="score file (alignment_scores)")
-    train_flags.add_rule_arguments(p)
+    job_flags.add_flags(p, "alignment", skip=("alignment_scores",))
     p.add_argument("--model", default=None,
                    help="model file to score instead of <job>/model.pkl (one job only)")
     p.add_argument("--data_dir", default=None, help="data folder (default: the job's)")
@@ -111,7 +111,7 @@ class JobContext:
             args["data_dir"] = options.data_dir
         args.setdefault("task", "domain_generalization")
         args.setdefault("uda_holdout_fraction", 0)
-        for flag in train_flags.ALIGNMENT_ARGS:  # this command's, not the job's own
+        for flag in job_flags.ALIGNMENT_ARGS:  # this command's, not the job's own
             args[flag] = getattr(options, flag)
         self.args = argparse.Namespace(**args)
         self.hparams = dict(saved["model_hparams"])
@@ -146,8 +146,10 @@ class JobContext:
         from dg_plugins.train.evaluate import evaluate
         from dg_plugins.train.precision import Compute
 
-        with Compute.of(self.args).active(self.device):
-            return evaluate(algorithm, self.splits, self.device, num_workers=self.workers)
+        compute = Compute.of(self.args)
+        with compute.active(self.device):
+            return evaluate(algorithm, self.splits, self.device, num_workers=self.workers,
+                            compute=compute)
 
     def predictions(self, algorithm, model_name: str):
         """Per-image predictions on the test environments' splits."""
@@ -293,7 +295,7 @@ def update_records(ctx: JobContext, options, load) -> list[str]:
             record.pop(k)
         record.update(new)
         record_args = dict(record.get("args") or {})
-        for flag in train_flags.ALIGNMENT_ARGS:
+        for flag in job_flags.ALIGNMENT_ARGS:
             record_args.pop(flag, None)
             value = getattr(options, flag)
             if value is not None:

@@ -751,8 +751,8 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
 def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
     """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``
     whose splits are ``names`` (:func:`split_sizes`): the train job's own rule,
-    :func:`dg_plugins.train.folder.evaluated_splits`."""
-    from dg_plugins.train.folder import evaluated_splits
+    :func:`dg_plugins.job.selection.evaluated_splits`."""
+    from dg_plugins.job.selection import evaluated_splits
 
     n_envs = len(catalog.DATASET_ENVIRONMENTS[a["dataset"]])
     uda = sum(name.endswith("_uda") for name in names)
@@ -901,7 +901,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
     from dg_plugins.reference import gpu_times
     from dg_plugins.registry import ALGORITHMS, DATASETS
 
-    from dg_plugins.runtime import compute_settings
+    from dg_plugins.job.flags import compute_settings
 
     times = gpu_times.load()
     algorithm, network = network_label(a["algorithm"], a["dataset"], hparams)

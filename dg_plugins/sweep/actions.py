@@ -20,8 +20,8 @@ from dg_plugins.sweep.jobs import (INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING, Sw
                                    launcher_note, python_executable, running_note, select_jobs,
                                    summary_line)
 from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
-from dg_plugins.train.flags import EXIT_BAD_INPUT
-from dg_plugins.train.folder import CHECKPOINT_FILE
+from dg_plugins.job.flags import EXIT_BAD_INPUT
+from dg_plugins.job.folder import CHECKPOINT_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"

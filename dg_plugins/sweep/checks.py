@@ -10,8 +10,9 @@ from typing import Iterable, Sequence
 from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError, did_you_mean
 from dg_plugins.sweep.jobs import DONE, INCOMPLETE
-from dg_plugins.train.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
-from dg_plugins.train.folder import CHECKPOINT_FILE, RESULTS_FILE, last_record
+from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
+from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
+from dg_plugins.job.records import last_record
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, jobs
 from dg_plugins.sweep.submitit import SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object
-from dg_plugins.train import flags as train_flags
+from dg_plugins.job import flags as job_flags
 
 TASKS = ("domain_generalization", "domain_adaptation")
 PROG = "python -m dg_plugins.scripts.sweep"
@@ -74,16 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--uda_holdout_fraction", type=float, default=None,
                        help="passed to train (hashed only when given); needed by "
                             "--task domain_adaptation")
-    extra.add_argument("--alignment_scores", type=str, default=None, metavar="FILE",
-                       help="IP/OOP evaluation: a score file of dg_plugins.scripts.alignment_scores, "
-                       "passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)")
-    train_flags.add_rule_arguments(extra)  # passed to every job (hashed only when given)
-    train_flags.add_compute_arguments(extra)  # passed to every job (hashed only when not default)
-    # passed to every job when not their defaults; --eval_batch_size hashed then, --eval_splits
-    # never (jobs.UNHASHED_TRAIN_ARGS)
-    train_flags.add_evaluation_arguments(extra)
-    extra.add_argument("--n_workers", type=int, default=None,
-                       help="every job's loader workers (default: one per core the job has; the "
+    # the train flags passed to every job (hashed or not, when given and not their defaults:
+    # dg_plugins.job.flags.FLAGS), some with the sweep's own help
+    job_flags.add_flags(extra, "alignment", metavar={"alignment_scores": "FILE"}, help={
+        "alignment_scores": "IP/OOP evaluation: a score file of dg_plugins.scripts."
+        "alignment_scores, passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)"})
+    job_flags.add_flags(extra, "compute")
+    job_flags.add_flags(extra, "evaluation")
+    job_flags.ROWS["n_workers"].add_to(
+        extra, help="every job's loader workers (default: one per core the job has; the "
                             "multi_gpu launcher divides the machine's cores among the jobs it "
                             "runs at once); records do not depend on it, so it is not hashed")
     extra.add_argument("--jobs_per_gpu", type=int, default=None, metavar="N",
@@ -108,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         "domains, fine-tune per label fraction (see dg_plugins.train.udg)")
     udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
-    train_flags.add_protocol_arguments(
-        udg, "UDG pretraining steps passed to every job (hashed only when given)")
+    job_flags.add_flags(udg, "udg", skip=("label_fraction", "udg_pretrain_dir", "udg_pretrain"),
+                        help={"pretrain_steps": "UDG pretraining steps passed to every job "
+                              "(hashed only when given)"})
     extra.add_argument("--dry_run", action="store_true",
                        help="print the jobs and the commands to launch (or folders to delete) "
                             "without creating, deleting or asking anything")
@@ -184,7 +184,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--label_fractions must be distinct values in (0, 1], got "
                          f"{args.label_fractions}")
     try:  # the train flags' ranges, as train checks them
-        train_flags.check_ranges(args, args.label_fractions, "--label_fractions")
+        job_flags.check_ranges(args, args.label_fractions, "--label_fractions")
     except ValueError as err:
         parser.error(str(err))
     if args.test_env_sets is not None:
@@ -259,21 +259,15 @@ def make_args_list(args: argparse.Namespace) -> list[dict]:
         single_test_envs=args.single_test_envs, hparams=args.hparams,
         single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
         uda_holdout_fraction=args.uda_holdout_fraction,
-        extra_args={**{name: getattr(args, name) for name in jobs.PASSTHROUGH_TRAIN_ARGS
-                       if getattr(args, name) is not None},
-                    **{name: value for name, value in
-                       train_flags.non_default_evaluation(args).items()
-                       if name not in jobs.UNHASHED_TRAIN_ARGS}},
+        extra_args=job_flags.sweep_job_args(args, hashed=True),
         test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
         n_envs=lambda dataset: jobs.num_environments(dataset, args.data_dir))
 
 
 def command_args(args: argparse.Namespace) -> dict:
-    """The flags every job's command carries unhashed (:data:`jobs.UNHASHED_TRAIN_ARGS`: the
-    evaluation flags not at their defaults, ``--n_workers`` when given)."""
-    given = {**train_flags.non_default_evaluation(args),
-             **({} if args.n_workers is None else {"n_workers": args.n_workers})}
-    return {name: value for name, value in given.items() if name in jobs.UNHASHED_TRAIN_ARGS}
+    """The flags every job's command carries unhashed (``--eval_splits`` when not its default,
+    ``--n_workers`` when given: :func:`dg_plugins.job.flags.sweep_job_args`)."""
+    return job_flags.sweep_job_args(args, hashed=False)
 
 
 def main(argv: list[str] | None = None) -> int:

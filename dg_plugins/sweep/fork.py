@@ -15,7 +15,7 @@ from typing import Sequence
 
 from dg_plugins.signals import STOP_SIGNALS
 from dg_plugins.train import cli as train_cli
-from dg_plugins.train.flags import TRAIN_MODULE
+from dg_plugins.job.flags import TRAIN_MODULE
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).

@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 from dg_plugins.sweep import claims
 from dg_plugins.sweep.progress import Progress
 from dg_plugins.sweep.processes import ErrorLogs, error_excerpt
-from dg_plugins.train.folder import OUT_FILE, last_record
+from dg_plugins.job.folder import OUT_FILE
+from dg_plugins.job.records import last_record
 
 #: Lines of a failed job's captured output kept for the failure summary.
 CAPTURED_LINES_KEPT = 20

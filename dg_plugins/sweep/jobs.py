@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Sequence
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep import claims
-from dg_plugins.train.flags import ALIGNMENT_ARGS, COMPUTE_ARGS, TRAIN_MODULE, UDG_PROTOCOL_ARGS
-from dg_plugins.train.folder import is_done, lock_holder
+from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names
+from dg_plugins.job.folder import is_done, lock_holder
 
 NOT_LAUNCHED = "Not launched"
 INCOMPLETE = "Incomplete"
@@ -25,19 +25,15 @@ RUNNING = "Running"
 #: An Incomplete job that another live launcher has queued (:mod:`dg_plugins.sweep.claims`).
 QUEUED = "Queued"
 
-#: The optional train flags a sweep passes to every job as they are (``make_args_list``'s
-#: ``extra_args``).
-PASSTHROUGH_TRAIN_ARGS = (*ALIGNMENT_ARGS, *UDG_PROTOCOL_ARGS, *COMPUTE_ARGS)
-#: Optional train flags the sweep can pass through; each enters the hashed args dict only when set
-#: (``eval_batch_size`` only when not DomainBed's 64: :data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
-OPTIONAL_TRAIN_ARGS = ("steps", "hparams", "checkpoint_freq", "uda_holdout_fraction",
-                       "eval_batch_size", *PASSTHROUGH_TRAIN_ARGS)
-#: Train flags a sweep passes in every job's command but not in its hashed args: ``eval_splits``
-#: (when not ``all``) and ``n_workers``. The tables are the same either way, so a job keeps
-#: DomainBed's folder name (and DomainBed's scripts still find it); a job started with one
-#: ``eval_splits`` and resumed with the other is refused by train, and before that by the sweep's
-#: check (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
-UNHASHED_TRAIN_ARGS = ("eval_splits", "n_workers")
+#: The train flags a sweep may put in a job's hashed args besides those it enumerates: its own
+#: flags of the same name when given, and those it passes to every job
+#: (:data:`dg_plugins.job.flags.FLAGS`' policies).
+OPTIONAL_TRAIN_ARGS = names(sweep=OPTIONAL) + names(sweep=EVERY, hashed=True)
+#: Train flags a sweep passes in every job's command but not in its hashed args (``eval_splits``,
+#: ``n_workers``): the tables are the same either way, so a job keeps DomainBed's folder name; a
+#: job started with one ``eval_splits`` and resumed with the other is refused by train, and before
+#: that by the sweep's check (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
+UNHASHED_TRAIN_ARGS = names(sweep=EVERY, hashed=False)
 
 
 # --------------------------------------------------------------------------------------------

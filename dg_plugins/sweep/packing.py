@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dg_plugins.runtime import CORES_ENV, job_cores
-from dg_plugins.train.folder import RESULTS_FILE
+from dg_plugins.job.folder import RESULTS_FILE
 
 #: What a job needs beyond its records' ``mem_gb`` (``torch.cuda.max_memory_allocated``): the
 #: caching allocator's slack, as a factor, and the CUDA context, in GiB.

@@ -15,7 +15,7 @@ from typing import Sequence
 from dg_plugins.signals import SignalCatcher, signal_name, stop_grace_period
 from dg_plugins.sweep.fork import (_exit_if_orphaned, _load_libc, die_with_parent,
                                    fork_train, forkable_train_args, is_simple_command)
-from dg_plugins.train.folder import ERR_FILE, is_done, lock_holder
+from dg_plugins.job.folder import ERR_FILE, is_done, lock_holder
 
 
 class LaunchInterrupted(SystemExit):

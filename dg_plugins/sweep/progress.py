@@ -10,7 +10,7 @@ import shlex
 from typing import Sequence
 
 from dg_plugins.files import atomic_write_bytes
-from dg_plugins.train.folder import is_done
+from dg_plugins.job.folder import is_done
 
 #: Names the progress file of a run of several sweeps (:mod:`dg_plugins.sweep.plan`).
 PROGRESS_ENV = "DG_SWEEP_PROGRESS"

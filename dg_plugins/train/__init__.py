@@ -2,8 +2,7 @@
 
 cli (the parser, the command) -> run (validate, take the folder, tee, signals, exit status) ->
 job (the one step loop; build_job_data) -> splits / batches / evaluate -> checkpoint (the resume
-file); flags: what the flags mean (names, range checks, exit statuses; sweep shares them);
-folder: the job-folder contract (file names, lock, done, records) that sweep and collect read;
-udg: the UDG protocol's jobs; progress: what a job says while it runs. This package, cli, flags
-and folder import no torch.
+file); udg: the UDG protocol's jobs; progress: what a job says while it runs. What a job is (its
+flags, folder, records) is the job contract below it (dg_plugins.job). This package and cli
+import no torch.
 """

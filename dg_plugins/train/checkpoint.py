@@ -12,13 +12,10 @@ import torch
 
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.files import atomic_torch_save
-from dg_plugins.runtime import COMPUTE_DEFAULTS
+from dg_plugins.job.flags import NOT_DEFAULT, ROWS
+from dg_plugins.job.folder import JobStateError
 from dg_plugins.seeds import rng_state, set_rng_state
-from dg_plugins.train.flags import EVAL_DEFAULTS
-from dg_plugins.train.folder import JobStateError
 
-#: Record args that may differ between a checkpoint and the resuming command (paths).
-RESUMABLE_ARG_CHANGES = ("output_dir", "data_dir")
 #: What to do about a train job's checkpoint that cannot be resumed from (train's ``--resume``).
 RESTART_FIX = ("Start the job over with --force (its records, models and checkpoint are removed "
                "first), or move the folder away")
@@ -138,26 +135,22 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
             f"changed on disk. {fix}.") from None
 
 
-#: The flags left out of a job's args (or None there) at their default: the compute settings
-#: (:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`) and the evaluation flags (:data:`EVAL_DEFAULTS`).
-FLAG_DEFAULTS = {**COMPUTE_DEFAULTS, **EVAL_DEFAULTS}
-
-
 def flag_value(args: dict, key: str) -> tuple[str, str]:
     """``(value, note)`` of flag ``key`` in a job's ``args``, as a resume difference names it:
-    the value given, or for a flag left out at its default (:data:`FLAG_DEFAULTS`) the default
-    with the note `` (the default)``; any other flag not given is ``not given``."""
+    the value given, or for a flag left out at its default (records: "not default" in
+    :data:`dg_plugins.job.flags.FLAGS`) the default with the note `` (the default)``; any other
+    flag not given is ``not given``."""
     value = args.get(key)
     if value is not None:
         return repr(value), ""
-    if key in FLAG_DEFAULTS:
-        return repr(FLAG_DEFAULTS[key]), " (the default)"
+    if key in ROWS and ROWS[key].records == NOT_DEFAULT:
+        return repr(ROWS[key].default), " (the default)"
     return "not given", ""
 
 
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
     """What differs between the run that wrote the checkpoint and this command (paths that may
-    move, :data:`RESUMABLE_ARG_CHANGES`, excluded).
+    move: the flags the table marks resumable, excluded).
 
     An hparam the checkpoint lacks (it was written by a release before that hparam existed, e.g.
     ``batch_sampling``, ``lr_schedule`` or a dataset's ``augmentation``) counts as unchanged when
@@ -168,7 +161,7 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
         return []
     diffs = []
     for key in sorted(set(old_args) | set(record_args)):
-        if key in RESUMABLE_ARG_CHANGES:
+        if key in ROWS and ROWS[key].resumable:
             continue
         if old_args.get(key) != record_args.get(key):
             old, new = (flag_value(args, key) for args in (old_args, record_args))

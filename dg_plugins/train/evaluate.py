@@ -1,6 +1,6 @@
 """What a job evaluates and how (``domainbed/lib/misc.py``'s ``accuracy``): every split named as
 DomainBed's train.py names it (or, with ``--eval_splits selection``, those model selection reads:
-:func:`dg_plugins.train.folder.evaluated_splits`), and the named subsets of test environments
+:func:`dg_plugins.job.selection.evaluated_splits`), and the named subsets of test environments
 (IP/OOP), in batches of ``--eval_batch_size`` (DomainBed's 64) seeded by (split, batch index), so
 that re-evaluating a saved model reproduces its record, whichever splits are evaluated beside.
 Image splits come from the decoded-image cache where it holds their pixels (read in large
@@ -19,14 +19,14 @@ import torch
 from torch.utils.data import Dataset
 
 from dg_plugins.seeds import seed_hash
-from dg_plugins.train import precision
+from dg_plugins.job.flags import EVAL_DEFAULTS
 from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shutdown_workers,
                                       worker_loader)
-from dg_plugins.train.flags import EVAL_DEFAULTS
+from dg_plugins.train.precision import DEFAULT_COMPUTE, Compute
 from dg_plugins.train.splits import Splits, env_indices, finisher, root_dataset, tensor_view
 
 #: DomainBed's evaluation batch (``domainbed/scripts/train.py``'s ``FastDataLoader``), the
-#: default of ``--eval_batch_size`` (:data:`dg_plugins.train.flags.EVAL_DEFAULTS`).
+#: default of ``--eval_batch_size`` (:data:`dg_plugins.job.flags.EVAL_DEFAULTS`).
 EVAL_BATCH_SIZE = EVAL_DEFAULTS["eval_batch_size"]
 
 
@@ -177,13 +177,13 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int 
             yield x, y
 
 
-def predict(algorithm, x: torch.Tensor, device) -> torch.Tensor:
+def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPUTE) -> torch.Tensor:
     """The forward of one evaluation batch: ``algorithm.predict`` of ``x`` on ``device`` (a
     non-blocking copy from pinned memory on CUDA; none for a batch already there) under the
-    job's precision, checked to be ``[N, num_classes >= 2]`` logits. The one place an evaluation
-    calls the model."""
-    with precision.autocast(device):  # the job's --precision, --channels_last
-        logits = algorithm.predict(precision.model_input(
+    job's ``compute`` settings (its precision and memory format), checked to be
+    ``[N, num_classes >= 2]`` logits. The one place an evaluation calls the model."""
+    with compute.autocast(device):
+        logits = algorithm.predict(compute.model_input(
             x.to(device, non_blocking=cuda_transfers(device))))
     if logits.dim() != 2 or logits.size(1) < 2:
         raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
@@ -192,11 +192,12 @@ def predict(algorithm, x: torch.Tensor, device) -> torch.Tensor:
 
 
 def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
-               num_workers: int = 0, pool=None) -> list[dict[str, float]]:
+               num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE
+               ) -> list[dict[str, float]]:
     """Top-1 accuracy of ``algorithm.predict`` (``misc.accuracy``) on each of ``datasets``
     (``[(dataset, seed, subsets), ...]``, their batches from :func:`eval_batches_of`: the job's
     ``pool``, or one worker loader for all), in eval mode under ``torch.inference_mode``,
-    restoring train mode after. ``subsets`` (or None) maps a name to a boolean mask over the
+    restoring train mode after, under ``compute`` (:func:`predict`). ``subsets`` (or None) maps a name to a boolean mask over the
     dataset's items; each named subset's accuracy is returned too (NaN when it is empty). Key
     ``""`` is the whole dataset."""
     algorithm.eval()
@@ -207,7 +208,7 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
                 [(d, seed) for d, seed, _ in datasets], batch_size, num_workers, pool,
                 pin_memory=transfer, device=device)) as batches:
             for j, x, y in batches:
-                logits = predict(algorithm, x, device)
+                logits = predict(algorithm, x, device, compute)
                 hits[j].append((logits.argmax(1) == y.to(device, non_blocking=transfer)).cpu())
     finally:
         algorithm.train()
@@ -237,13 +238,14 @@ def eval_seed(name: str) -> int:
 
 
 def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None,
-             batch_size: int = EVAL_BATCH_SIZE, pool=None) -> dict[str, float]:
+             batch_size: int = EVAL_BATCH_SIZE, pool=None, compute: Compute = DEFAULT_COMPUTE
+             ) -> dict[str, float]:
     """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's) of
     ``names`` (None: every split; ``--eval_splits selection``'s are fewer), and for every named
     subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the subset is empty)
     and ``env{i}_{in,out}_{name}_count``. Batches of ``batch_size``, augmented splits' seeded by
     (split, batch index) (:func:`eval_seed`); the job's worker ``pool`` makes them (else one
-    loader of ``num_workers`` workers)."""
+    loader of ``num_workers`` workers); ``compute``: the job's settings, the ones it trains with."""
     named = splits.eval_named()
     if names is not None:
         unknown = sorted(set(names) - {name for name, _, _ in named})
@@ -253,7 +255,8 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None
     masks = [splits.subset_masks(split, env) for _, split, env in named]
     results = accuracies(algorithm, [(split, eval_seed(name), subsets) for (name, split, _),
                                      subsets in zip(named, masks)], device,
-                         batch_size=batch_size, num_workers=num_workers, pool=pool)
+                         batch_size=batch_size, num_workers=num_workers, pool=pool,
+                         compute=compute)
     out = {}
     for (name, _, _), subsets, accs in zip(named, masks, results):
         out[name + "_acc"] = accs[""]

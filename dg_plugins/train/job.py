@@ -25,31 +25,22 @@ from dg_plugins.datasets.device_augment import use_device_augmentation
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
-from dg_plugins.runtime import compute_settings, pick_device
+from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                          read_checkpoint, save_checkpoint)
-from dg_plugins.train.flags import (ALIGNMENT_ARGS, EVAL_DEFAULTS, UDG_ARGS,
-                                    non_default_evaluation)
+from dg_plugins.job.flags import flag, record_args
 from dg_plugins.train.evaluate import evaluate
-from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, EVALUATED_KEY, MODEL_FILE,
-                                     RESULTS_FILE, STEP_MODEL_FILE, JobStateError, append_record,
-                                     evaluated_splits, format_row, keep_counted_records)
+from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
+                                   STEP_MODEL_FILE, JobStateError)
+from dg_plugins.job.records import append_record, format_row, keep_counted_records
+from dg_plugins.job import sizes
+from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVALUATED_KEY, evaluated_splits
 from dg_plugins.train.precision import Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets
-
-#: The keys of ``args`` in records: DomainBed's train CLI, exactly.
-DOMAINBED_ARG_KEYS = (
-    "algorithm", "checkpoint_freq", "data_dir", "dataset", "holdout_fraction", "hparams",
-    "hparams_seed", "output_dir", "save_model_every_checkpoint", "seed", "skip_model_save",
-    "steps", "task", "test_envs", "trial_seed", "uda_holdout_fraction",
-)
-#: dg_plugins' own train flags that enter the records' ``args`` only when given.
-EXTRA_ARG_KEYS = (*ALIGNMENT_ARGS, *UDG_ARGS)
-
 
 #: Functions called after every training step as ``hook(job, step)``, before the step's record,
 #: checkpoint and stop check (:func:`add_step_hook`). A plugin module (``$DG_PLUGINS_IMPORT``) may
@@ -164,18 +155,6 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData
     return JobData(dataset, splits, workers, in_memory, source)
 
 
-def args_for_records(args) -> dict:
-    """The ``args`` of every record: DomainBed's train flags, plus our extra flags when given and
-    the compute settings and evaluation flags that are not at their defaults
-    (:func:`dg_plugins.runtime.compute_settings`, :data:`~dg_plugins.train.flags.EVAL_DEFAULTS`:
-    a resume with another value is then refused like any changed argument)."""
-    out = {k: getattr(args, k) for k in DOMAINBED_ARG_KEYS}
-    out.update({k: getattr(args, k) for k in EXTRA_ARG_KEYS if getattr(args, k, None) is not None})
-    out.update(compute_settings(args))
-    out.update(non_default_evaluation(args))
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # The job
 
@@ -199,7 +178,7 @@ class Job:
         self.args = args
         self.stop = stop
         self.progress_stream = progress_stream
-        self.record_args = args_for_records(args)
+        self.record_args = record_args(args)
         #: ``--precision``, ``--channels_last``, ``--deterministic`` (:mod:`.precision`).
         self.compute = Compute.of(args)
         self.device = pick_device(args.device)
@@ -231,7 +210,6 @@ class Job:
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled:
             check_pooled(args, self.hparams)
-        self.compute.check(self.device)
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
@@ -263,17 +241,17 @@ class Job:
         self.compute.configure_backends()
 
     def eval_splits(self) -> str:
-        """``--eval_splits`` (``all`` for a namespace without it, e.g. a record's args)."""
-        return getattr(self.args, "eval_splits", None) or EVAL_DEFAULTS["eval_splits"]
+        """``--eval_splits`` (its default for a namespace without it, e.g. a record's args)."""
+        return flag(self.args, "eval_splits")
 
     def splits_to_evaluate(self) -> list[str]:
         """The splits every record evaluates (``--eval_splits``,
-        :func:`dg_plugins.train.folder.evaluated_splits`), said in out.txt when some are
+        :func:`dg_plugins.job.selection.evaluated_splits`), said in out.txt when some are
         skipped."""
         named = [name for name, _, _ in self.splits.eval_named()]
         names = evaluated_splits(self.eval_splits(), self.args.test_envs,
                                  len(self.splits.in_splits), len(self.splits.uda_splits),
-                                 udg=getattr(self.args, "label_fraction", None) is not None)
+                                 udg=flag(self.args, "label_fraction") is not None)
         skipped = [name for name in named if name not in names]
         if skipped:
             print(f"Evaluation: --eval_splits {self.eval_splits()}: {len(names)} of "
@@ -422,15 +400,11 @@ class Job:
 
     def is_recorded(self, step: int) -> bool:
         """Whether ``step`` ends with a record (every ``checkpoint_freq`` steps, and the last)."""
-        return step % self.checkpoint_freq == 0 or step == self.n_steps - 1
+        return sizes.is_recorded(step, self.n_steps, self.checkpoint_freq)
 
     def records_after(self, step: int) -> int:
         """How many records the steps after ``step`` write."""
-        last = self.n_steps - 1
-        if step >= last:
-            return 0
-        count = last // self.checkpoint_freq - step // self.checkpoint_freq
-        return count + (last % self.checkpoint_freq != 0)
+        return sizes.records_after(step, self.n_steps, self.checkpoint_freq)
 
     def write_record(self, step: int) -> None:
         results = {"step": step, "epoch": step / self.steps_per_epoch}
@@ -439,8 +413,8 @@ class Job:
         # The training streams' worker pool makes the evaluation's batches too (one budget).
         results.update(evaluate(self.algorithm, self.splits, self.device,
                                 num_workers=self.workers, names=self.eval_names,
-                                batch_size=getattr(self.args, "eval_batch_size", None)
-                                or EVAL_DEFAULTS["eval_batch_size"], pool=self.pool))
+                                batch_size=flag(self.args, "eval_batch_size"), pool=self.pool,
+                                compute=self.compute))
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
@@ -452,7 +426,7 @@ class Job:
         print(format_row([results[k] for k in keys], colwidth=12))
         results["hparams"] = self.hparams
         results["args"] = self.record_args
-        if self.eval_splits() != EVAL_DEFAULTS["eval_splits"]:
+        if self.eval_splits() != DEFAULT_EVAL_SPLITS:
             results[EVALUATED_KEY] = list(self.eval_names)
         if environments:  # the tables' column labels where the catalog has none (ImageFolder)
             results["environments"] = [str(label) for label in environments]
@@ -543,7 +517,7 @@ class Job:
 
     def progress_interval(self) -> float:
         """Seconds between two plain progress lines (``--progress_every``)."""
-        value = getattr(self.args, "progress_every", None)
+        value = flag(self.args, "progress_every")
         return DEFAULT_INTERVAL_S if value is None else value
 
 
@@ -554,7 +528,7 @@ def check_pooled(args, hparams: dict) -> None:
         raise ValueError("hparam batch_sampling 'pooled' draws every item once per epoch (the "
                          "DMG release's loader), which class_balanced sampling cannot follow; "
                          "use one of them")
-    if getattr(args, "label_fraction", None) is not None:
+    if flag(args, "label_fraction") is not None:
         raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG protocol "
                          "(--label_fraction): its pretraining draws one batch per source "
                          "environment; use 'per_domain'")

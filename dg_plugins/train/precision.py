@@ -1,6 +1,6 @@
 """A train job's opt-in compute settings applied (``--precision``, ``--channels_last``,
 ``--deterministic``, ``--augment_on``; names and defaults in
-:data:`dg_plugins.runtime.COMPUTE_DEFAULTS`):
+:data:`dg_plugins.job.flags.FLAGS`):
 
 * ``--precision bf16|fp16``: the training step (the algorithm's ``update``) and evaluation
   (``predict``) run under ``torch.autocast`` to that dtype on the job's device; the backward
@@ -23,8 +23,8 @@
   :func:`dg_plugins.train.job.build_job_data` sets the dataset up); :meth:`Compute.check` refuses
   it without kornia, before anything is written.
 
-:meth:`Compute.active` makes a job's settings the ones :func:`autocast` and :func:`model_input`
-apply (the evaluation's, :mod:`dg_plugins.train.evaluate`); outside a job they are the defaults.
+A job's :class:`Compute` reaches training and evaluation (:func:`dg_plugins.train.evaluate.evaluate`)
+as the same object; train checks it once against the device, before anything is written.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dg_plugins.runtime import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS
+from dg_plugins.job.flags import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS, flag
 from dg_plugins.seeds import deterministic_algorithms
 
 #: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
@@ -73,9 +73,7 @@ class Compute:
     def of(cls, args) -> "Compute":
         """The settings of ``args`` (train's namespace, or a dict such as a record's ``args``);
         an absent or None setting is its default."""
-        get = args.get if isinstance(args, dict) else (lambda name: getattr(args, name, None))
-        return cls(**{name: default if get(name) is None else get(name)
-                      for name, default in COMPUTE_DEFAULTS.items()})
+        return cls(**{name: flag(args, name) for name in COMPUTE_DEFAULTS})
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -147,30 +145,15 @@ class Compute:
 
     @contextlib.contextmanager
     def active(self, device=None):
-        """Within the block, these are the settings :func:`autocast` and :func:`model_input`
-        apply, under torch's deterministic algorithms unless ``deterministic`` is false, with
-        attention on ``device`` (a CUDA one) by the math kernel when deterministic."""
-        global _ACTIVE
-        previous, _ACTIVE = _ACTIVE, self
-        try:
-            with contextlib.ExitStack() as stack:
-                if self.deterministic:
-                    stack.enter_context(deterministic_algorithms())
-                    if device is not None and torch.device(device).type == "cuda":
-                        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-                yield self
-        finally:
-            _ACTIVE = previous
+        """Within the block, torch's deterministic algorithms unless ``deterministic`` is false,
+        with attention on ``device`` (a CUDA one) by the math kernel when deterministic."""
+        with contextlib.ExitStack() as stack:
+            if self.deterministic:
+                stack.enter_context(deterministic_algorithms())
+                if device is not None and torch.device(device).type == "cuda":
+                    stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+            yield self
 
 
-_ACTIVE = Compute()
-
-
-def autocast(device: torch.device):
-    """The active job's :meth:`Compute.autocast` (evaluation's forward passes)."""
-    return _ACTIVE.autocast(device)
-
-
-def model_input(x: torch.Tensor) -> torch.Tensor:
-    """The active job's :meth:`Compute.model_input` (evaluation's batches)."""
-    return _ACTIVE.model_input(x)
+#: The default settings (DomainBed's computation), for an evaluation outside a job.
+DEFAULT_COMPUTE = Compute()

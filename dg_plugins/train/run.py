@@ -16,12 +16,14 @@ from dg_plugins import catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.signals import StopRequest
-from dg_plugins.train import flags, udg
+from dg_plugins.job import flags
+from dg_plugins.train import udg
 from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
-from dg_plugins.train.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
-                                     RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
-                                     folder_error, is_done, read_record_lines,
-                                     remove_temporary_files, step_models, writing)
+from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
+                                   RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
+                                   folder_error, is_done, remove_temporary_files, step_models,
+                                   writing)
+from dg_plugins.job.records import read_record_lines
 from dg_plugins.train.job import Interrupted, Job, check_test_envs
 
 
@@ -35,7 +37,7 @@ def user_errors() -> tuple:
 
 def validate(args) -> None:
     """Reject bad input before anything is written: names, hparams, the flags' ranges
-    (:func:`dg_plugins.train.flags.check_ranges`, which sweep runs too), environment indices, a
+    (:func:`dg_plugins.job.flags.check_ranges`, which sweep runs too), environment indices, a
     precision the device cannot run."""
     from dg_plugins import plugins
 

@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dg_plugins.seeds import seed_hash
-from dg_plugins.train.folder import OUTSIDE_IN_SUBSET
+from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
+from dg_plugins.job.sizes import holdout_size
 
 
 class SplitDataset(Dataset):
@@ -148,11 +149,11 @@ class Splits:
                 print(f"Splits: env{env_i} uses the dataset's predefined split ({len(in_)} in, "
                       f"{len(out)} out) instead of the random holdout (--holdout_fraction)")
             else:
-                out, in_ = split_dataset(env, int(len(env) * args.holdout_fraction),
+                out, in_ = split_dataset(env, holdout_size(len(env), args.holdout_fraction),
                                               seed_hash(args.trial_seed, env_i))
             uda = None
             if env_i in args.test_envs:
-                uda, in_ = split_dataset(in_, int(len(in_) * args.uda_holdout_fraction),
+                uda, in_ = split_dataset(in_, holdout_size(len(in_), args.uda_holdout_fraction),
                                               seed_hash(args.trial_seed, env_i))
             self.in_splits.append((in_, weights(in_)))
             self.out_splits.append((out, weights(out)))
@@ -174,7 +175,7 @@ class Splits:
         """Boolean masks over ``split``'s items for each named subset of environment ``env``; for
         the out split of an environment whose in split shares items with it (a test
         environment's predefined split), also each subset cut down to the items outside the in
-        split (:data:`~dg_plugins.train.folder.OUTSIDE_IN_SUBSET`), for pooling the two."""
+        split (:data:`~dg_plugins.job.selection.OUTSIDE_IN_SUBSET`), for pooling the two."""
         if env is None or env not in self.subsets:
             return {}
         positions = env_indices(split)

@@ -20,14 +20,14 @@ import torch
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import note_weights, recording_weights
 from dg_plugins.registry import ALGORITHMS
-from dg_plugins.runtime import compute_settings
+from dg_plugins.job.flags import compute_settings
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train import job as job_lib
 from dg_plugins.train.checkpoint import check_checkpoint_file
-from dg_plugins.train.folder import (CHECKPOINT_FILE, RESULTS_FILE, FolderBusy, FolderLock,
-                                     JobStateError, append_record, is_done, keep_counted_records,
-                                     remove_temporary_files)
+from dg_plugins.job.folder import (CHECKPOINT_FILE, RESULTS_FILE, FolderBusy, FolderLock,
+                                   JobStateError, is_done, remove_temporary_files)
+from dg_plugins.job.records import append_record, keep_counted_records
 from dg_plugins.train.splits import SplitDataset, class_balanced_weights
 
 PRETRAIN_DIRNAME = "udg_pretrain"

@@ -16,7 +16,7 @@ from dg_plugins.collect import formats, ipoop, selection, tables
 from dg_plugins.collect import report as report_lib
 from dg_plugins.collect.records import load_records
 from dg_plugins.scripts import collect_results
-from dg_plugins.train.folder import format_row
+from dg_plugins.job.records import format_row
 
 FIXTURE = "domainbed_sweep_data"
 EXPECTED = {"text": "domainbed_sweep_data.expected_tables.txt",

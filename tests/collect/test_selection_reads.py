@@ -1,5 +1,5 @@
 """Every model-selection method reads its record keys through its declaration
-(:data:`dg_plugins.train.folder.SELECTION_READS`), the one that tells train which splits
+(:data:`dg_plugins.job.selection.SELECTION_READS`), the one that tells train which splits
 ``--eval_splits selection`` evaluates. Per method: its choice is unchanged when every key outside
 its declared reads is dropped from the records (what makes the declaration true), and narrowing
 the declaration changes its choice (the method really reads through it)."""
@@ -13,7 +13,7 @@ from dg_plugins.collect.records import environment_count
 from dg_plugins.collect.selection import IID, LOO, ORACLE, select
 from dg_plugins.collect.single_source import select_single_source
 from dg_plugins.collect.udg import is_udg, select_udg
-from dg_plugins.train.folder import SELECTION_READS, TEST, read_environments
+from dg_plugins.job.selection import SELECTION_READS, TEST, read_environments
 
 from helpers import frame_of
 

@@ -436,10 +436,10 @@ def test_plugin_algorithm_in_one_test_file_runs_through_a_sweep(tmp_path, capfd,
     ["--alignment_threshold", "0.3"],
 ])
 def test_train_and_sweep_refuse_a_bad_train_flag_with_the_same_message(tmp_path, capsys, flags):
-    """The train flags' range checks are written once (``train.flags.check_ranges``): a value that
+    """The train flags' range checks are written once (``job.flags.check_ranges``): a value that
     train refuses, sweep refuses before launching anything, with the same words."""
     from dg_plugins.train import cli as train_cli
-    from dg_plugins.train.flags import check_ranges
+    from dg_plugins.job.flags import check_ranges
 
     with pytest.raises(ValueError) as refused:
         check_ranges(train_cli.build_parser().parse_args(flags))

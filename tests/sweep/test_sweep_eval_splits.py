@@ -149,7 +149,7 @@ def test_the_launchers_done_line_reads_a_selection_record():
     sources' out-split accuracy from a record of either --eval_splits value: a selection record
     has no training-environment in-split, and its source validation is still printed."""
     from dg_plugins.sweep.job_reports import accuracy_summary
-    from dg_plugins.train.folder import evaluated_splits
+    from dg_plugins.job.selection import evaluated_splits
 
     accuracy = {"env0_in": 0.9, "env0_out": 0.8, "env1_in": 0.7, "env1_out": 0.6,
                 "env2_in": 0.5, "env2_out": 0.4}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dg_plugins.sweep import checks, jobs
-from dg_plugins.train.folder import lock_holder
+from dg_plugins.job.folder import lock_holder
 from helpers import read_records
 from image_tree import make_pacs_tree, truncate_image
 from job_gate import gate_env, released

@@ -1,5 +1,5 @@
 """``--eval_splits`` and the evaluation's throughput: which splits a job evaluates
-(:func:`dg_plugins.train.folder.evaluated_splits`, derived from the declaration of what model
+(:func:`dg_plugins.job.selection.evaluated_splits`, derived from the declaration of what model
 selection reads, :data:`SELECTION_READS`), what its records say, a resume with the other value,
 ``--eval_batch_size``, the one worker pool of training and evaluation, inference mode and the
 CUDA-only pinned memory."""
@@ -14,7 +14,7 @@ from dg_plugins.train import batches
 from dg_plugins.train import cli as train_cli
 from dg_plugins.train import run as train_run
 from dg_plugins.train.evaluate import accuracies
-from dg_plugins.train.folder import SELECTION_READS, evaluated_splits, record_kinds
+from dg_plugins.job.selection import SELECTION_READS, evaluated_splits, record_kinds
 
 from helpers import read_records
 from image_tree import make_pacs_tree

@@ -19,6 +19,7 @@ import torch.nn as nn
 import dg_plugins.algorithms  # noqa: F401  (registers)
 import dg_plugins.datasets  # noqa: F401
 from dg_plugins.algorithms.base import GradScalingError, gradient_scaling, guard_scaled_steps
+from dg_plugins.job.flags import record_args
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.scripts.train import build_parser, main
 from dg_plugins.train import job as job_lib
@@ -95,11 +96,11 @@ def test_default_values_given_explicitly_are_the_default_job(tmp_path):
     nothing enters its args (records, sweep folder hash)."""
     explicit = build_parser().parse_args(["--precision", "fp32", "--channels_last", "false",
                                           "--deterministic", "true"])
-    assert job_lib.args_for_records(explicit) == job_lib.args_for_records(
+    assert record_args(explicit) == record_args(
         build_parser().parse_args([]))
     given = build_parser().parse_args(["--precision", "bf16", "--channels_last",
                                        "--deterministic", "false"])
-    assert {k: job_lib.args_for_records(given)[k]
+    assert {k: record_args(given)[k]
             for k in ("precision", "channels_last", "deterministic")} == {
         "precision": "bf16", "channels_last": True, "deterministic": False}
     with pytest.raises(SystemExit):

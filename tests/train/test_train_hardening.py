@@ -188,9 +188,9 @@ def test_a_resume_difference_names_a_default_value_not_none(tmp_path, capsys, fi
 def test_every_flag_left_out_at_its_default_is_named_by_its_default():
     """The rule, for every compute setting and evaluation flag (and ``not given`` for another
     flag absent from one side)."""
-    from dg_plugins.runtime import COMPUTE_DEFAULTS
+    from dg_plugins.job.flags import COMPUTE_DEFAULTS
     from dg_plugins.train.checkpoint import checkpoint_differences
-    from dg_plugins.train.flags import EVAL_DEFAULTS
+    from dg_plugins.job.flags import EVAL_DEFAULTS
 
     now = {"algorithm": "ERM", "dataset": "Debug28", "seed": 0}
     hparams = {"lr": 0.1}

@@ -12,7 +12,7 @@ import torch
 
 import dg_plugins.datasets  # noqa: F401
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.train import folder as job_folder
+from dg_plugins.job import folder as job_folder
 from dg_plugins.train import run as train
 from dg_plugins.train import udg as udg_jobs
 from dg_plugins.train.splits import SplitDataset

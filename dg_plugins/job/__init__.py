@@ -1,0 +1,11 @@
+"""job: what a train job is, on the bottom floor so that train, sweep, collect, reproduce and
+alignment read one contract: its flags and their policies (one table), its folder, its records,
+what model selection reads from them, and its sizes. Torch-free."""
+
+from dg_plugins.job.flags import (FLAGS, Flag, add_flags, build_train_parser, check_ranges,  # flags
+                                  compute_settings, record_args, sweep_job_args)
+from dg_plugins.job.folder import (DONE_FILE, RESULTS_FILE, FolderLock, JobStateError,  # folder
+                                   is_done, lock_holder)
+from dg_plugins.job.records import append_record, format_row, last_record  # results.jsonl
+from dg_plugins.job.selection import SELECTION_READS, evaluated_splits  # what selection reads
+from dg_plugins.job.sizes import records_after, split_sizes  # split sizes, record counts

@@ -1,0 +1,405 @@
+"""train's flags as one table (:data:`FLAGS`): each row says what the flag is (name, default,
+type, help) and its policies: whether it enters the records' ``args``, whether a sweep hashes it
+into the job folder's name, how a sweep gives it to its jobs, whether a resume may change it, and
+whether a paper setting owns it. train's parser, the sweep's flags and job args, the records, the
+resume check and reproduce all read it. Also the range checks train and sweep run before
+anything is written. Torch-free."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVAL_SPLITS
+
+#: The module a job command runs (``python -m <module>``); sweep writes it in every command.
+TRAIN_MODULE = "dg_plugins.scripts.train"
+#: train's exit statuses; a stop signal exits 128 + signal.
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+#: ``Flag.records``: always in the records' args (DomainBed's train flags); only when given (not
+#: None); only when not the default (DomainBed's records and folder names stay as they were);
+#: never (how a job runs, not what it computes).
+ALWAYS, GIVEN, NOT_DEFAULT, NEVER = "always", "given", "not default", "never"
+#: ``Flag.sweep``: the sweep sets it per job (its enumeration); passes its own flag of the same
+#: name when given; passes it to every job (hashed or not: ``Flag.hashed``); does not pass it.
+ENUMERATED, OPTIONAL, EVERY, NOT_PASSED = "enumerated", "optional", "every job", "no"
+
+#: ``--precision``'s values: float32; autocast to bfloat16; autocast to float16 with a gradient
+#: scaler (CUDA only).
+PRECISIONS = ("fp32", "bf16", "fp16")
+#: ``--augment_on``'s values: the loader workers' PIL transforms; or their crop in the workers and
+#: the rest on the job's device (:mod:`dg_plugins.datasets.device_augment`).
+AUGMENT_ON = ("loader", "device")
+
+
+def boolean(text: str) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0; any case) as a bool."""
+    value = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One row of :data:`FLAGS`. ``setting``: stored as None when given at its default, so that
+    a default given explicitly makes the same job (args, folder hash) as no flag."""
+    name: str
+    default: Any = None
+    type: Callable | None = None
+    help: str | None = None
+    group: str = ""
+    records: str = NEVER
+    hashed: bool = False
+    sweep: str = NOT_PASSED
+    resumable: bool = False
+    paper: bool = False
+    choices: tuple | None = None
+    nargs: str | None = None
+    const: Any = None
+    metavar: str | None = None
+    store_true: bool = False
+    setting: bool = False
+
+    def add_to(self, parser, help: str | None = None, metavar: str | None = None) -> None:
+        """Add ``--name`` to ``parser`` (a parser or an argument group), with another help or
+        metavar where the parser says it differently (sweep's)."""
+        text = self.help if help is None else help
+        if self.store_true:
+            parser.add_argument(f"--{self.name}", action="store_true", help=text)
+            return
+        options = {k: v for k, v in (("type", self.type), ("choices", self.choices),
+                                     ("nargs", self.nargs), ("const", self.const),
+                                     ("metavar", metavar or self.metavar)) if v is not None}
+        if self.setting:
+            options["action"] = _Setting
+        parser.add_argument(f"--{self.name}", default=None if self.setting else self.default,
+                            help=text, **options)
+
+
+class _Setting(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = self.const if values is None else values
+        setattr(namespace, self.dest, None if value == ROWS[self.dest].default else value)
+
+
+#: train's argument groups in its ``--help``: (title, description); "" is the parser itself.
+GROUPS = {
+    "": None,
+    "compute": ("compute (opt-in speed for GPUs)", "each setting at another value than its "
+                "default enters the records' args (and a sweep's job folder hash) and is noted "
+                "under collect_results' tables; see dg_plugins.train.precision"),
+    "evaluation": ("evaluation", "what each record evaluates (DomainBed's defaults: every split, "
+                   "batches of 64)"),
+    "alignment": ("IP/OOP evaluation", "split every test environment by CLIP alignment score and "
+                  "record env{i}_{in,out}_{ip,oop}_acc / _count (see python -m "
+                  "dg_plugins.scripts.alignment_scores)"),
+    "udg": ("unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source "
+            "domains (shared by every label fraction), then fine-tuning on a labelled fraction; "
+            "see dg_plugins.train.udg"),
+}
+
+_DB = {"records": ALWAYS, "hashed": True, "sweep": ENUMERATED}  # DomainBed's flags
+
+#: Every train flag, in train's ``--help`` order.
+FLAGS = (
+    Flag("data_dir", type=str, **_DB, resumable=True),
+    Flag("dataset", "RotatedMNIST", str, **_DB),
+    Flag("algorithm", "ERM", str, **_DB),
+    Flag("task", "domain_generalization", str, choices=("domain_generalization",
+                                                        "domain_adaptation"), **_DB, paper=True),
+    Flag("hparams", type=str, help="JSON-serialized hparams dict", records=ALWAYS, hashed=True,
+         sweep=OPTIONAL),
+    Flag("hparams_seed", 0, int, "Seed for random hparams (0 means 'default hparams')", **_DB),
+    Flag("trial_seed", 0, int, "Trial number (used for seeding split_dataset and random_hparams).",
+         **_DB),
+    Flag("seed", 0, int, "Seed for everything else", **_DB),
+    Flag("steps", None, int, "Number of steps. Default is dataset-dependent.", records=ALWAYS,
+         hashed=True, sweep=OPTIONAL, paper=True),
+    Flag("checkpoint_freq", None, int, "Checkpoint every N steps. Default is dataset-dependent.",
+         records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+    Flag("test_envs", [0], int, nargs="+", **_DB),
+    Flag("output_dir", "train_output", str, records=ALWAYS, sweep=ENUMERATED, resumable=True),
+    Flag("holdout_fraction", 0.2, float, **_DB, paper=True),
+    Flag("uda_holdout_fraction", 0, float, "For domain adaptation, %% of test to use unlabeled "
+         "for training.", records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+    Flag("skip_model_save", False, store_true=True, records=ALWAYS),
+    Flag("save_model_every_checkpoint", False, store_true=True, records=ALWAYS),
+    # dg_plugins additions
+    Flag("device", None, str, "torch device (default: cuda when available, else cpu)"),
+    Flag("resume", False, store_true=True, help="continue an interrupted job from "
+         "output_dir/checkpoint.pt (the same arguments and hparams are required)"),
+    Flag("force", False, store_true=True, help="start the job over even if output_dir holds a "
+         "finished or interrupted run (its done, records, models and checkpoint are removed "
+         "first)"),
+    Flag("progress_every", None, float, "when the output is not a terminal (a log file, a "
+         "sweep's job), a progress line (step, steps/s, time left) every SECONDS (default 60; a "
+         "terminal gets a progress bar)", metavar="SECONDS"),
+    Flag("n_workers", None, int, "loader worker processes, shared by training and evaluation "
+         "(default: one per core the job has: $DG_PLUGINS_CPUS, which the multi_gpu launcher "
+         "sets, else Slurm's cpus-per-task, else the cores the process may run on; in-memory "
+         "datasets always load in-process)", sweep=EVERY),
+    Flag("precision", "fp32", choices=PRECISIONS, setting=True, group="compute",
+         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+         help="fp32 (default): float32 throughout, as DomainBed; bf16: autocast to bfloat16 in "
+         "training and evaluation (CUDA, or a CPU; fast on CPUs with AVX512-BF16 or AMX); fp16: "
+         "autocast to float16 with a gradient scaler (CUDA only; every built-in algorithm steps "
+         "its optimizers through the scaler)"),
+    Flag("channels_last", False, boolean, nargs="?", const=True, metavar="true|false",
+         setting=True, group="compute", records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+         help="convolutional backbones (ResNets, the MNIST CNN) and their input batches in "
+         "torch.channels_last (faster convolutions on GPUs with tensor cores; the same "
+         "predictions up to rounding); a ViT keeps the default memory format, with a note (its "
+         "one convolution is the patch embedding)"),
+    Flag("deterministic", True, boolean, metavar="true|false", setting=True, group="compute",
+         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+         help="true (default): torch's deterministic algorithms, deterministic cuDNN and cuBLAS, "
+         "and on CUDA attention by the math kernel, so two runs and a resumed job write the same "
+         "records bit for bit; false: the fastest kernels (cudnn.benchmark, fused attention), "
+         "giving up that: runs and resumes then differ in their last digits, and so may their "
+         "accuracies (docs/determinism.md: what each setting costs)"),
+    Flag("augment_on", "loader", choices=AUGMENT_ON, setting=True, group="compute",
+         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+         help="where training images are augmented: loader (default: the PIL transforms in the "
+         "loader workers, DomainBed's numbers) or device (workers decode and crop to 224x224 "
+         "uint8; flip, colour jitter, grayscale and normalization run batched on --device with "
+         "per-image random draws seeded by the batch: the same distributions as the PIL path, "
+         "not the same pixels; the training environments' augmented out-splits are evaluated so "
+         "too; image-folder datasets with data_augmentation only; needs kornia: pip install "
+         "'dg_plugins[gpu]')"),
+    # never hashed: the tables are the same either way, so folders keep DomainBed's names
+    Flag("eval_splits", DEFAULT_EVAL_SPLITS, choices=EVAL_SPLITS, group="evaluation",
+         records=NOT_DEFAULT, sweep=EVERY,
+         help="all (default, DomainBed's): evaluate every split at every record; selection: "
+         "only the splits model selection reads (every out-split and the test environments' in- "
+         "and uda splits; the training environments' in-splits are skipped): the same tables for "
+         "less evaluation. Records list the splits they evaluated"),
+    # hashed: a batch-dependent model (GMoE at evaluation capacity 1.5) predicts differently
+    Flag("eval_batch_size", 64, int, group="evaluation", records=NOT_DEFAULT, hashed=True,
+         sweep=EVERY, help="images per evaluation batch (default 64, DomainBed's); a model whose "
+         "predictions depend on their batch (GMoE evaluated at capacity 1.5) gives other "
+         "accuracies with another value"),
+    Flag("alignment_scores", None, str, "score file (CSV) written by "
+         "dg_plugins.scripts.alignment_scores", group="alignment", records=GIVEN, hashed=True,
+         sweep=EVERY, paper=True),
+    Flag("alignment_threshold", None, float, "IP if score >= threshold, else OOP (default 0.4)",
+         group="alignment", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+    Flag("alignment_preset", None, str, "a named split rule, e.g. teterwak2025 (cleaning cuts + "
+         "threshold)", group="alignment", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+    Flag("alignment_model", None, str, "the open_clip model the score file must have been made "
+         "with (e.g. ViT-B-16); a file scored by another one is an error", group="alignment",
+         records=GIVEN, hashed=True, sweep=EVERY),
+    Flag("alignment_pretrained", None, str, "the pretrained tag the score file must have been "
+         "made with (e.g. laion400m_e32); a file scored with other weights is an error",
+         group="alignment", records=GIVEN, hashed=True, sweep=EVERY),
+    Flag("label_fraction", None, float, "fine-tune on this fraction (0, 1] of each source "
+         "in-split's labels (UDG job); algorithms without pretraining (ERM) train from scratch "
+         "on it", group="udg", records=GIVEN, hashed=True, sweep=ENUMERATED),
+    Flag("pretrain_steps", None, int, "self-supervised pretraining steps (default: the "
+         "dataset's N_STEPS)", group="udg", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+    Flag("udg_pretrain_epochs", None, float, "pretrain for this many epochs of the unlabelled "
+         "source data instead of --pretrain_steps: steps = ceil(E x pretraining images / (batch "
+         "per domain x domains)), printed (DisMAE's release: 501)", group="udg", records=GIVEN,
+         hashed=True, sweep=EVERY, paper=True),
+    Flag("udg_ft_epochs", None, float, "fine-tune for this many epochs of the labelled data "
+         "instead of --steps: steps = ceil(E x labelled images of the source environments / "
+         "(batch per domain x domains)), printed (DisMAE's release: 51)", group="udg",
+         records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+    Flag("udg_split", None, choices=("domainbed", "release"), group="udg", records=GIVEN,
+         hashed=True, sweep=EVERY, paper=True, help="domainbed (default): pretrain on the "
+         "source in-splits, label a fraction of them; release (DisMAE's dataloader.py): "
+         "pretrain on 99%% of each source environment and label a fraction of its 90%% in-split "
+         "(needs --holdout_fraction 0.1; the 10%% out-split stays the validation data of model "
+         "selection)"),
+    Flag("udg_pretrain_dir", None, str, "where pretrainings are kept, one folder per (dataset, "
+         "test_envs, algorithm, hparams, trial, seed, steps) hash (default: <parent of "
+         "output_dir>/udg_pretrain)", group="udg", resumable=True),
+    Flag("udg_pretrain", "run", choices=("run", "require"), group="udg", help="run: pretrain "
+         "when missing (or wait for the job doing it); require: fail with a message if the "
+         "pretraining is not done"),
+)
+#: The rows by flag name.
+ROWS = {flag.name: flag for flag in FLAGS}
+
+
+def names(*, group: str | None = None, records: str | None = None, sweep: str | None = None,
+          hashed: bool | None = None, paper: bool | None = None) -> tuple[str, ...]:
+    """The names of the rows that match every criterion given, in table order."""
+    return tuple(f.name for f in FLAGS
+                 if (group is None or f.group == group) and (records is None or f.records ==
+                                                             records)
+                 and (sweep is None or f.sweep == sweep) and (hashed is None or f.hashed == hashed)
+                 and (paper is None or f.paper == paper))
+
+
+def defaults(*, group: str | None = None, records: str | None = None) -> dict:
+    """``{name: default}`` of the matching rows."""
+    return {name: ROWS[name].default for name in names(group=group, records=records)}
+
+
+#: The compute settings (applied by :mod:`dg_plugins.train.precision`) and their defaults,
+#: DomainBed's computation: float32, the default memory format, deterministic algorithms,
+#: augmentation in the loader workers.
+COMPUTE_DEFAULTS = defaults(group="compute")
+#: The evaluation flags and their defaults (DomainBed's: every split, batches of 64).
+EVAL_DEFAULTS = defaults(group="evaluation")
+#: The IP/OOP evaluation's flags: the score file, then the rule and the model it must fit.
+ALIGNMENT_ARGS = names(group="alignment")
+#: The UDG protocol's lengths and split, the same for every label fraction of a sweep.
+UDG_PROTOCOL_ARGS = names(group="udg", sweep=EVERY)
+
+
+def add_flags(parser, group: str, skip=(), help: dict | None = None,
+              metavar: dict | None = None) -> None:
+    """Add the rows of ``group`` (except ``skip``) to ``parser``; ``help``, ``metavar``: other
+    ones by name (how the sweep's parser says them)."""
+    for name in names(group=group):
+        if name not in skip:
+            ROWS[name].add_to(parser, (help or {}).get(name), (metavar or {}).get(name))
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """train's parser: every row, its groups in :data:`GROUPS`' order."""
+    p = argparse.ArgumentParser(prog="train.py", description="Train one domain-generalization "
+                                "job (DomainBed-compatible output folder).")
+    for group, titles in GROUPS.items():
+        add_flags(p if titles is None else p.add_argument_group(*titles), group)
+    return p
+
+
+def value(args, name: str):
+    """Flag ``name`` of ``args`` (a namespace or a dict such as a record's ``args``) as the
+    records hold it: None when absent, or at its default for a :data:`NOT_DEFAULT` row."""
+    got = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+    row = ROWS.get(name)
+    if row is not None and row.records == NOT_DEFAULT and got == row.default:
+        return None
+    return got
+
+
+def flag(args, name: str):
+    """Flag ``name`` of ``args`` (a namespace or a dict), its default when absent or None."""
+    got = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+    return ROWS[name].default if got is None else got
+
+
+def non_defaults(args, group: str) -> dict:
+    """The flags of ``group`` set in ``args`` to another value than their default."""
+    return {name: v for name in names(group=group) if (v := value(args, name)) is not None}
+
+
+def compute_settings(args) -> dict:
+    """The compute settings of ``args`` (namespace or dict) that differ from their defaults."""
+    return non_defaults(args, "compute")
+
+
+def record_args(args) -> dict:
+    """The ``args`` of every record of a train job: DomainBed's flags (sorted, as DomainBed), then
+    ours when given, then those not at their defaults, each in table order."""
+    out = {name: getattr(args, name) for name in sorted(names(records=ALWAYS))}
+    for policy in (GIVEN, NOT_DEFAULT):
+        out.update({name: v for name in names(records=policy)
+                    if (v := value(args, name)) is not None})
+    return out
+
+
+def sweep_job_args(args, hashed: bool) -> dict:
+    """What a sweep passes to every job from its flags (``args``, the sweep's namespace): the
+    hashed part (into the job args, hence the folder name) or the unhashed part (only in the
+    command), each flag when given and not its default."""
+    return {name: v for name in names(sweep=EVERY, hashed=hashed)
+            if (v := value(args, name)) is not None}
+
+
+def resume_default(name: str):
+    """The default a record's ``args`` leave out (a :data:`NOT_DEFAULT` row), or None."""
+    row = ROWS.get(name)
+    return row.default if row is not None and row.records == NOT_DEFAULT else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Range checks (train before it writes anything, sweep before it enumerates)
+
+
+def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
+    """Raise ValueError, naming the flag and the fix, for a train flag of ``args`` out of its range
+    or a combination that cannot run (the UDG flags without a label fraction, two lengths of one
+    phase, the release split without its holdout, IP/OOP rule flags without a score file).
+    ``fractions``: the label fractions (train's ``--label_fraction``, sweep's
+    ``--label_fractions``, named ``fraction_flag``); None without the UDG protocol. Flags
+    ``args`` lacks are not checked."""
+    envs = getattr(args, "test_envs", None)
+    duplicates = sorted({t for t in envs if envs.count(t) > 1}) if envs else []
+    if duplicates:
+        raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
+                         f"{duplicates} more than once; give each test environment once")
+    eval_batch = getattr(args, "eval_batch_size", None)
+    if eval_batch is not None and eval_batch < 1:
+        raise ValueError(f"--eval_batch_size must be a positive integer, got {eval_batch} "
+                         "(leave it out for DomainBed's 64)")
+    for flag in ("steps", "checkpoint_freq"):
+        given = getattr(args, flag, None)
+        if given is not None and given < 1:
+            raise ValueError(f"--{flag} must be a positive integer, got {given} (leave it out for "
+                             "the dataset's default)")
+    progress_every = getattr(args, "progress_every", None)
+    if progress_every is not None and not progress_every >= 0:
+        raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
+    for flag in ("holdout_fraction", "uda_holdout_fraction"):
+        given = getattr(args, flag, None)
+        if given is not None and not 0 <= given < 1:
+            raise ValueError(f"--{flag} must be in [0, 1), got {given}")
+    given = [name for name in UDG_PROTOCOL_ARGS if getattr(args, name, None) is not None]
+    if fractions is None and given:
+        raise ValueError(f"--{given[0]} is a UDG flag: give {fraction_flag} too (a fraction "
+                         "in (0, 1] of the source labels to fine-tune on)")
+    if fractions is not None:
+        check_udg(args, fractions, fraction_flag)
+    error = rule_without_scores(args)
+    if error is not None:
+        raise ValueError(error)
+
+
+def check_udg(args, fractions, fraction_flag: str) -> None:
+    """The UDG part of :func:`check_ranges`."""
+    for fraction in fractions:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"{fraction_flag} must be in (0, 1], got {fraction}")
+    steps = args.pretrain_steps
+    if steps is not None and steps < 1:
+        raise ValueError(f"--pretrain_steps must be a positive integer, got {steps}")
+    pretrain_epochs = args.udg_pretrain_epochs
+    if pretrain_epochs is not None:
+        if not pretrain_epochs > 0:
+            raise ValueError(f"--udg_pretrain_epochs must be positive, got {pretrain_epochs}")
+        if steps is not None:
+            raise ValueError(f"--udg_pretrain_epochs {pretrain_epochs:g} and --pretrain_steps "
+                             f"{steps} both set the pretraining length; give one of them")
+    epochs = args.udg_ft_epochs
+    if epochs is not None:
+        if not epochs > 0:
+            raise ValueError(f"--udg_ft_epochs must be positive, got {epochs}")
+        if args.steps is not None:
+            raise ValueError(f"--udg_ft_epochs {epochs:g} and --steps {args.steps} both set the "
+                             "fine-tuning length; give one of them")
+    if args.udg_split == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
+        raise ValueError(
+            f"--udg_split release labels a fraction of the 90% of each source environment that "
+            f"the release trains on and keeps the other 10% for validation: pass "
+            f"--holdout_fraction 0.1 (got {args.holdout_fraction:g})")
+    if args.task != "domain_generalization":
+        raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
+                         "data are the source domains)")
+
+
+def rule_without_scores(args) -> str | None:
+    """The error of rule or model flags given without ``--alignment_scores`` (None when there is
+    none to report); ``args``: a namespace holding any of :data:`ALIGNMENT_ARGS`."""
+    given = [f"--{name}" for name in ALIGNMENT_ARGS[1:] if getattr(args, name, None) is not None]
+    if getattr(args, "alignment_scores", None) is not None or not given:
+        return None
+    return (f"{' / '.join(given)} need --alignment_scores FILE (a score file from python -m "
+            "dg_plugins.scripts.alignment_scores)")

@@ -1,0 +1,214 @@
+"""The job folder (DomainBed's layout, ``domainbed/scripts/train.py``, and ours): its file names,
+whether a job is done, the exclusive lock of the one process working in it, and the one-line
+errors of a folder that cannot be written. train writes it, sweep reads its state. Torch-free."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import os
+
+from dg_plugins.files import DISK_FULL_ERRNOS
+
+OUT_FILE = "out.txt"
+ERR_FILE = "err.txt"
+RESULTS_FILE = "results.jsonl"
+MODEL_FILE = "model.pkl"
+#: A model saved at a record's step (``--save_model_every_checkpoint``).
+STEP_MODEL_FILE = "model_step{step}.pkl"
+#: DomainBed's marker of a finished job, written last.
+DONE_FILE = "done"
+#: Ours: the resume file while the job runs (:mod:`dg_plugins.train.checkpoint`), and the lock.
+CHECKPOINT_FILE = "checkpoint.pt"
+LOCK_FILE = ".lock"
+#: Files that only a job folder holds.
+JOB_FILES = (RESULTS_FILE, DONE_FILE, OUT_FILE, ERR_FILE)
+UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def is_done(folder: str | None) -> bool:
+    """Whether the job of ``folder`` finished (its ``done`` file exists)."""
+    return bool(folder) and os.path.exists(os.path.join(folder, DONE_FILE))
+
+
+def step_models(folder: str) -> list[str]:
+    """The paths of the models saved at a record's step (:data:`STEP_MODEL_FILE`), sorted."""
+    pattern = STEP_MODEL_FILE.format(step="*")
+    return sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
+
+
+class JobStateError(ValueError):
+    """The output folder's state does not allow the requested run (done, interrupted, busy, or
+    inconsistent); the message says what to do."""
+
+
+
+class FolderBusy(JobStateError):
+    """Another live process holds the folder's lock (``holder``: its pid, or "unknown")."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
+class OutputFolderError(ValueError):
+    """The output folder cannot be created or written (permissions, a read-only file system);
+    the message names the folder and the fix."""
+
+
+class DiskFullError(OSError):
+    """A write of the job failed for lack of space (:data:`DISK_FULL_ERRNOS`): reported as one
+    line (exit status 1); everything written before is intact (atomic writes, records trimmed
+    back), so the job continues with ``--resume`` once there is space."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _inside(path, folder: str) -> bool:
+    if path is None:
+        return False
+    path, folder = os.path.abspath(str(path)), os.path.abspath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
+    """The one-line error for an OSError met while writing job folder ``folder`` (a full disk,
+    a folder this process may not write), or None for other errors (kept with their traceback).
+    Without ``anywhere``, a permission error counts only when it names a file in ``folder`` (a
+    data file the job may not read is another matter)."""
+    if not anywhere and not _inside(err.filename, folder) and err.errno not in DISK_FULL_ERRNOS:
+        return None
+    if err.errno in DISK_FULL_ERRNOS:
+        target = err.filename or folder
+        return DiskFullError(
+            err.errno,
+            f"no space left on the device of {folder} while writing {target} ({err.strerror}); "
+            "the job stopped, and what it wrote before is intact (its last checkpoint, the "
+            "records that checkpoint counts, its model). Free space (or quota), then rerun the "
+            "same command with --resume to continue from the last checkpoint")
+    if err.errno in UNWRITABLE_ERRNOS:
+        return unwritable_folder_error(folder, err)
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        return OutputFolderError(f"--output_dir {folder} cannot be a job folder: {err.strerror} "
+                                 f"({err.filename}); choose another --output_dir")
+    return None
+
+
+@contextlib.contextmanager
+def writing(folder: str):
+    """Turn the OSErrors of writes into ``folder`` that the user can fix (a full disk, missing
+    permissions) into their one-line errors (:func:`folder_error`)."""
+    try:
+        yield
+    except OSError as err:
+        translated = folder_error(folder, err) if not isinstance(
+            err, (DiskFullError, OutputFolderError)) else None
+        if translated is None:
+            raise
+        raise translated from err
+
+
+def unwritable_folder_error(folder: str, err: OSError, flag: str = "--output_dir"
+                            ) -> OutputFolderError:
+    """The one-line error for an output folder this process may not write."""
+    reason = err.strerror or str(err)
+    return OutputFolderError(
+        f"cannot write to the output folder {folder} ({reason}"
+        + (f": {err.filename}" if err.filename and os.path.abspath(str(err.filename))
+           != os.path.abspath(folder) else "")
+        + f"); choose a writable {flag}, or give yourself write permission on it "
+        f"(e.g. chmod u+w {folder})")
+
+
+#: Tries, and seconds between them, before a held lock means "busy": a sweep that checks whether
+#: a job is running (:func:`lock_holder`) holds a shared lock for an instant.
+LOCK_TRIES = 5
+LOCK_RETRY_S = 0.1
+
+
+class FolderLock:
+    """An exclusive ``flock`` on ``<output_dir>/.lock`` for the life of the job: a second train
+    process on the same folder (or a ``--resume`` while the job still runs) fails at once with a
+    clear message (:class:`FolderBusy`). The kernel releases the lock when the process dies,
+    however it dies (a killed job leaves the empty lock file behind; it is reused)."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, LOCK_FILE)
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no locking
+            return self
+        import time
+
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError as err:
+            raise unwritable_folder_error(os.path.dirname(self.path), err) from None
+        for attempt in range(LOCK_TRIES):
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt + 1 < LOCK_TRIES:
+                    time.sleep(LOCK_RETRY_S)
+                    continue
+                holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                os.close(self.fd)
+                self.fd = None
+                raise FolderBusy(
+                    f"{os.path.dirname(self.path)} is in use by another train process (pid "
+                    f"{holder}); wait for it to finish, or use another --output_dir",
+                    holder) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            # Unlink while still holding the lock, so the finished folder has DomainBed's exact
+            # layout. Safe with non-blocking locks: a process that opened the old file meanwhile
+            # fails (the job was still running); one that opens after gets a fresh file.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+
+
+def lock_holder(folder: str) -> str | None:
+    """Whether a live process holds ``folder``'s :class:`FolderLock`: its pid (as written in the
+    lock file; "unknown" if unreadable), or None when none does. Looks with a shared lock taken
+    and dropped at once (:class:`FolderLock` retries for that instant); creates nothing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no locking
+        return None
+    try:
+        fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDONLY)
+    except OSError:  # no lock file: nobody ever held it, or its holder ended cleanly
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def remove_temporary_files(folder: str) -> list[str]:
+    """Delete the temp files (``.tmp-*``) that an atomic write interrupted by a kill leaves behind
+    (a checkpoint's can be hundreds of MB). Only called while holding the folder lock."""
+    removed = sorted(glob.glob(os.path.join(glob.escape(folder), ".tmp-*")))
+    for path in removed:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return removed
