@@ -10,3 +10,5 @@ from dg_plugins.alignment.wrapper import AlignmentSplit, env_subsets, image_item
 from dg_plugins.alignment.cache import ScoreCache  # scores kept per setting
 from dg_plugins.alignment.importers import import_score_arrays, import_split_dirs  # releases
 from dg_plugins.alignment.plots import binned_accuracy, plot_alignment  # Fig. 2
+from dg_plugins.alignment.reevaluate import (JobFiles, RebuiltJob,  # trained jobs again
+                                             reevaluate_jobs, update_records)

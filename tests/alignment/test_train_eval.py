@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from dg_plugins.alignment import reevaluate
 from dg_plugins.scripts import alignment_eval, plot_alignment
 from dg_plugins.scripts import train as train_cli
 from helpers import read_records
@@ -45,7 +46,7 @@ def runs(tmp_path_factory, pacs_dir, scores_file):
 
 
 def subset_keys(record):
-    return {k: v for k, v in record.items() if alignment_eval.SUBSET_KEY.match(k)}
+    return {k: v for k, v in record.items() if reevaluate.SUBSET_KEY.match(k)}
 
 
 def same(a, b):

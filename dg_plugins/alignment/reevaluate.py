@@ -1,0 +1,342 @@
+"""Re-evaluating a trained job's saved models on the IP/OOP subsets, without retraining (the logic
+of ``python -m dg_plugins.scripts.alignment_eval``): its model files, the keys printed per model,
+which records a saved model reproduces and may therefore complete, and per-image predictions. The
+protocol is Teterwak et al.'s (ICLR 2025, arXiv 2412.02856; docs/methods/alignment.md). Train
+rebuilds the job's data and evaluates; the command passes that in (:class:`RebuiltJob`). Torch is
+imported only where a model is read or run."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import time
+from typing import Any, Callable
+
+from dg_plugins.alignment import provenance
+from dg_plugins.alignment.scores_file import read_scores
+from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
+from dg_plugins.job.folder import DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE, STEP_MODEL_FILE
+
+#: Record args that must agree between a record and the model that is to score it.
+JOB_ARGS = ("dataset", "algorithm", "test_envs", "hparams_seed", "trial_seed", "seed",
+            "holdout_fraction", "uda_holdout_fraction", "task", "steps")
+SUBSET_KEY = re.compile(r"env\d+_(in|out|uda)_(\w+)_(acc|count)$")
+BASE_KEY = re.compile(r"env\d+_(in|out|uda)_acc$")
+#: The keys of a train model file.
+MODEL_KEYS = {"args", "model_input_shape", "model_num_classes", "model_num_domains",
+              "model_hparams", "model_dict"}
+#: Images per batch of :func:`predictions`.
+PREDICTION_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFiles:
+    """The job-folder file names read and written here (the job contract's)."""
+
+    results: str = RESULTS_FILE
+    done: str = DONE_FILE
+    out: str = OUT_FILE
+    model: str = MODEL_FILE  # the model of the final step
+    step_model: str = STEP_MODEL_FILE  # a model saved at a record's step, with ``{step}``
+
+
+@dataclasses.dataclass
+class RebuiltJob:
+    """A job's data rebuilt as train builds it, and train's evaluation on it."""
+
+    job_dir: str
+    args: Any  # the record's args (a namespace), as :func:`job_args` makes them
+    dataset: Any
+    splits: Any  # ``eval_named()``: ``(name, split, env index or None)``
+    device: Any
+    final_step: int
+    evaluate: Callable[[Any], dict]  # algorithm -> the record's accuracy keys
+    batches: Callable[[str, Any], Any]  # (split name, split) -> a generator of (x, y)
+    positions: Callable[[Any], Any]  # split -> its items' positions in their environment
+
+
+def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
+                    model: str | None = None, out: str | None = None,
+                    predictions_file: str | None = None, update: bool = False,
+                    overwrite: bool = False, tolerance: float = 0.0) -> None:
+    """Score each job's final model (or ``model``) and print its keys; append them as a JSON line
+    to ``out``, write the per-image predictions to ``predictions_file`` (CSV), and with ``update``
+    complete the records (:func:`update_records`). ``rebuild(job_dir, saved) -> RebuiltJob``;
+    ``rule``: the split flags, whose ``alignment_model`` / ``alignment_pretrained``, when given,
+    must be the score file's (:func:`dg_plugins.alignment.provenance.check_model`)."""
+    if rule.get("alignment_model") is not None or rule.get("alignment_pretrained") is not None:
+        provenance.check_model(read_scores(rule["alignment_scores"]), None,
+                               rule.get("alignment_model"), rule.get("alignment_pretrained"))
+    frames = []
+    for job in jobs:
+        models = model_files(job, files)
+        first = first_model(job, models, files, model)
+        rebuilt = rebuild(job, load_model_file(first))
+        load = SavedModels(rebuilt, models)
+        name = model or os.path.basename(first)
+        saved, keys = load(name)
+        print(f"{job} ({name}, {saved['args']['algorithm']} on {saved['args']['dataset']}, "
+              f"test_envs {saved['args']['test_envs']}):")
+        print(format_keys(keys))
+        if out:
+            with open(out, "a") as f:
+                f.write(json.dumps({"output_dir": job, "model": name, **keys}, sort_keys=True)
+                        + "\n")
+        if predictions_file:
+            frames.append(predictions(rebuilt, load.algorithm(name), name))
+        if update:
+            for message in update_records(job, rebuilt.final_step, load, files, rule, overwrite,
+                                          tolerance):
+                print(message)
+    if predictions_file and frames:
+        import pandas as pd
+
+        pd.concat(frames, ignore_index=True).to_csv(predictions_file, index=False)
+        print(f"wrote per-image predictions to {predictions_file}")
+
+
+def job_args(saved_args: dict, data_dir: str | None, rule: dict) -> dict:
+    """The job's args from its model file, with ``data_dir`` replaced when given, the defaults of
+    records older than the task flags, and this command's split ``rule`` (not the job's own)."""
+    args = dict(saved_args)
+    if data_dir is not None:
+        args["data_dir"] = data_dir
+    args.setdefault("task", "domain_generalization")
+    args.setdefault("uda_holdout_fraction", 0)
+    args.update(rule)
+    return args
+
+
+def load_model_file(path: str) -> dict:
+    import torch
+
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(saved, dict) or not MODEL_KEYS <= set(saved):
+        raise ValueError(f"{path} is not a train model file (expected the keys "
+                         f"{sorted(MODEL_KEYS)})")
+    return saved
+
+
+def build_algorithm(saved: dict, device):
+    """The saved model, rebuilt with ``pretrained`` false: every weight comes from its state."""
+    from dg_plugins.registry import ALGORITHMS
+
+    hparams = dict(saved["model_hparams"])
+    if "pretrained" in hparams:  # every weight comes from the state dict: no download
+        hparams["pretrained"] = False
+        hparams["pretrained_path"] = None
+    algorithm = ALGORITHMS.get(saved["args"]["algorithm"])(
+        saved["model_input_shape"], saved["model_num_classes"], saved["model_num_domains"],
+        hparams)
+    try:
+        algorithm.load_state_dict(saved["model_dict"])
+    except RuntimeError as err:
+        raise ValueError(f"the saved model does not fit {saved['args']['algorithm']} as "
+                         f"registered here: {err}") from None
+    return algorithm.to(device)
+
+
+def model_files(job_dir: str, files: JobFiles) -> dict[str, str]:
+    """``{file name: path}`` of the job's saved models: the final one, then those of each step."""
+    out = {}
+    final = os.path.join(job_dir, files.model)
+    if os.path.exists(final):
+        out[files.model] = final
+    prefix, suffix = files.step_model.split("{step}")
+    step_model = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + "$")
+    for path in sorted(glob.glob(os.path.join(glob.escape(job_dir), prefix + "*" + suffix))):
+        if step_model.search(path):
+            out[os.path.basename(path)] = path
+    return out
+
+
+def first_model(job_dir: str, models: dict[str, str], files: JobFiles,
+                model: str | None = None) -> str:
+    """The model file scored first (and rebuilt from): ``model`` if given, else the final one."""
+    first = model or models.get(files.model) or next(iter(models.values()), None)
+    if first is None:
+        raise FileNotFoundError(f"{job_dir}: no {files.model} or "
+                                f"{files.step_model.format(step='*')} (was the job run with "
+                                "--skip_model_save, or is it unfinished?)")
+    return first
+
+
+class SavedModels:
+    """``(name) -> (saved dict, evaluated keys)`` for the job's models (``models``: from
+    :func:`model_files`; a name outside it is a path), each read and evaluated once."""
+
+    def __init__(self, job: RebuiltJob, models: dict[str, str]):
+        self.job, self.models, self.cache = job, models, {}
+
+    def __call__(self, name: str) -> tuple[dict, dict]:
+        if name not in self.cache:
+            saved = load_model_file(self.models.get(name, name))
+            algorithm = build_algorithm(saved, self.job.device)
+            self.cache[name] = (saved, self.job.evaluate(algorithm), algorithm)
+        return self.cache[name][:2]
+
+    def algorithm(self, name: str):
+        self(name)
+        return self.cache[name][2]
+
+
+def subset_keys(keys: dict) -> dict:
+    return {k: v for k, v in keys.items() if SUBSET_KEY.match(k)}
+
+
+def same(a, b, tolerance: float) -> bool:
+    """Numbers within ``tolerance`` (NaN equals NaN), anything else equal."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a == b
+    return abs(a - b) <= tolerance
+
+
+def args_mismatch(record: dict, saved: dict) -> str | None:
+    """Why the saved model is not the one of ``record`` (its args or hparams), or None."""
+    args = record.get("args") or {}
+    for key in JOB_ARGS:
+        if key in saved["args"] and args.get(key) != saved["args"].get(key):
+            return f"args.{key} is {args.get(key)!r} in the record, {saved['args'].get(key)!r} " \
+                   "in the model"
+    if record.get("hparams") != saved["model_hparams"]:
+        return "its hparams differ from the model's"
+    return None
+
+
+def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: dict,
+                   overwrite: bool = False, tolerance: float = 0.0) -> list[str]:
+    """Add the subset keys to the records that a saved model can score, and say what was done.
+
+    ``load(model file name) -> (saved dict, evaluated keys)`` (:class:`SavedModels`). A record is
+    updated only if the job is done, a model of its step exists (``model.pkl`` for the final step
+    ``final_step``), its args (:data:`JOB_ARGS`) and hparams are the model's, re-evaluating the
+    model gives its own ``env{i}_{in,out,uda}_acc`` within ``tolerance``, and it has no differing
+    IP/OOP keys (unless ``overwrite``). It then gets the new keys and ``rule`` (the split flags,
+    None dropped) in its args; every other line stays byte for byte. The file is rewritten
+    atomically and a line is appended to the job's out file. (IID selection may pick a step
+    without a saved model: its IP/OOP cells stay empty unless the job saved every checkpoint.)"""
+    from dg_plugins.files import atomic_write_bytes
+
+    job = job_dir
+    results = os.path.join(job, files.results)
+    messages = []
+    if not os.path.exists(os.path.join(job, files.done)):
+        return [f"{job}: not done (no '{files.done}' file; it may still be running): records "
+                "left untouched"]
+    if not os.path.exists(results):
+        return [f"{job}: no {files.results}"]
+    with open(results, "rb") as f:
+        lines = f.read().split(b"\n")
+    models = model_files(job, files)
+    updated, skipped = [], []
+    for number, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            skipped.append(f"line {number + 1}: not valid JSON")
+            continue
+        step = record.get("step")
+        step_model = files.step_model.format(step=step)
+        name = files.model if step == final_step and files.model in models else (
+            step_model if step_model in models else None)
+        if name is None:
+            skipped.append(f"step {step}: no saved model of that step")
+            continue
+        saved, keys = load(name)
+        why = args_mismatch(record, saved)
+        if why is None:
+            base = {k: v for k, v in keys.items() if BASE_KEY.match(k)}
+            differ = [k for k, v in base.items()
+                      if k not in record or not same(float(record[k]), float(v), tolerance)]
+            if differ:
+                why = (f"re-evaluating {name} gives other accuracies than the record "
+                       f"({differ[0]}: {record.get(differ[0])} vs {base[differ[0]]})")
+        if why is not None:
+            skipped.append(f"step {step}: {why}")
+            continue
+        new = subset_keys(keys)
+        old = subset_keys(record)
+        if old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
+            skipped.append(f"step {step}: already has these keys")
+            continue
+        if old and not overwrite:
+            skipped.append(f"step {step}: has other IP/OOP keys (use --overwrite to replace)")
+            continue
+        for k in old:
+            record.pop(k)
+        record.update(new)
+        record_args = dict(record.get("args") or {})
+        for flag, value in rule.items():
+            record_args.pop(flag, None)
+            if value is not None:
+                record_args[flag] = value
+        record["args"] = record_args
+        lines[number] = json.dumps(record, sort_keys=True).encode()
+        updated.append((step, name))
+    if updated:
+        atomic_write_bytes(results, b"\n".join(lines))
+        with open(os.path.join(job, files.out), "a") as f:
+            f.write(f"alignment_eval {time.strftime('%Y-%m-%dT%H:%M:%S')}: added IP/OOP keys to "
+                    f"the records of steps {[s for s, _ in updated]} (models "
+                    f"{sorted({n for _, n in updated})}; scores {rule.get('alignment_scores')}, "
+                    f"threshold {rule.get('alignment_threshold')}, preset "
+                    f"{rule.get('alignment_preset')})\n")
+        messages.append(f"{job}: updated the records of steps {[s for s, _ in updated]} in "
+                        f"{results}")
+    else:
+        messages.append(f"{job}: no record updated")
+    for reason in skipped:
+        messages.append(f"  left untouched: {reason}")
+    return messages
+
+
+def format_keys(keys: dict) -> str:
+    """The accuracy and count keys, one aligned line each, as the command prints them."""
+    names = sorted(k for k in keys if k.endswith("_acc") or k.endswith("_count"))
+    width = max((len(k) for k in names), default=0)
+    return "\n".join(f"  {k:<{width}}  {keys[k]:.4f}" if k.endswith("_acc")
+                     else f"  {k:<{width}}  {keys[k]}" for k in names)
+
+
+def predictions(job: RebuiltJob, algorithm, model_name: str):
+    """Per-image predictions on the test environments' splits, a DataFrame of ``job, model, env,
+    env_name, path`` (as in score files; the position for images without a file), ``split,
+    label, prediction, correct``."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    rows = []
+    algorithm.eval()
+    try:
+        for name, split, env in job.splits.eval_named():
+            if env is None or env not in job.args.test_envs:
+                continue
+            preds, labels = [], []
+            with torch.no_grad(), contextlib.closing(job.batches(name, split)) as batches:
+                for x, y in batches:  # closing: workers end here, also on an error
+                    preds.append(algorithm.predict(x.to(job.device)).argmax(1).cpu())
+                    labels.append(torch.as_tensor(y))
+            preds = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
+            labels = torch.cat(labels).numpy() if labels else np.zeros(0, dtype=np.int64)
+            samples = env_samples(job.dataset[env])
+            env_name = env_folder_name(job.dataset[env])
+            for pos, pred, label in zip(job.positions(split), preds, labels):
+                rows.append({"job": os.path.basename(os.path.normpath(job.job_dir)),
+                             "model": model_name, "env": int(env), "env_name": env_name,
+                             "path": relative_path(samples[pos][0], job.args.data_dir)
+                             if samples is not None else str(pos),
+                             "split": name.rsplit("_", 1)[1], "label": int(label),
+                             "prediction": int(pred), "correct": int(pred == label)})
+    finally:
+        algorithm.train()
+    return pd.DataFrame(rows)
