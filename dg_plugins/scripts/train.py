@@ -28,7 +28,7 @@ def run_command(argv=None) -> int:
     from dg_plugins.train import job, run
 
     job.add_step_hook(collect_after_first_step)
-    return run.main(args)
+    return run.execute(args)[1]
 
 
 if __name__ == "__main__":

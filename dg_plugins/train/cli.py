@@ -12,4 +12,4 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from dg_plugins.train import run
 
-    return run.main(args)
+    return run.execute(args)[1]

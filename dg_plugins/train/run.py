@@ -46,7 +46,7 @@ def validate(args) -> None:
     args.algorithm = ALGORITHMS.resolve(args.algorithm, say="--algorithm")  # erm: ERM
     getattr(ALGORITHMS.get(args.algorithm), "check_args", lambda args: None)(args)
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
-    fraction = getattr(args, "label_fraction", None)
+    fraction = flags.flag(args, "label_fraction")
     flags.check_ranges(args, None if fraction is None else [fraction])
     if dataset_cls.ENVIRONMENTS:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
@@ -65,7 +65,7 @@ def prepare_output_dir(args) -> None:
     folder = args.output_dir
     done = is_done(folder)
     records = read_record_lines(os.path.join(folder, RESULTS_FILE))
-    if getattr(args, "force", False):
+    if flags.flag(args, "force"):
         if done or records or os.path.exists(os.path.join(folder, CHECKPOINT_FILE)):
             print(f"--force: starting {folder} over (removing done, records, models and the "
                   "checkpoint)", file=sys.stderr)
@@ -164,7 +164,17 @@ def line(err: BaseException) -> str:
 
 def execute(args, stop_after_step: int | None = None
             ) -> tuple[str | None, int, BaseException | None]:
-    """Run one job as the train command does: ``(status, exit status, failure)``. ``status``:
+    """Run one job as the train command does: ``(status, exit status, failure)``.
+
+    Exit statuses: 0 done; 2 bad input (unknown algorithm or dataset, malformed or unknown
+    --hparams, a flag out of range, missing data, an output folder that cannot be written, a
+    folder that is done, busy or holds another run, a damaged checkpoint on --resume), with a
+    one-line message naming the problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT (after
+    writing a checkpoint; continue with --resume); 1 a full disk (one line: free space, then
+    --resume; what was written before is intact) or any other failure (its traceback is printed
+    once, and kept in err.txt).
+
+    ``status``:
     "done", "already done" (``--resume`` of a finished job) or "stopped" (``stop_after_step``
     simulates an interruption right after that step's checkpoint; tests use it); None when it
     failed. Every failure is printed once: while the job holds its folder into its out.txt and
@@ -180,19 +190,19 @@ def execute(args, stop_after_step: int | None = None
         with writing(folder):
             os.makedirs(folder, exist_ok=True)
         with writing(folder), FolderLock(folder):
-            if args.resume and not getattr(args, "force", False) and is_done(folder):
+            if args.resume and not flags.flag(args, "force") and is_done(folder):
                 print(f"{folder} is already done; nothing to resume.")
                 return "already done", flags.EXIT_DONE, None
             prepare_output_dir(args)
             removed = remove_temporary_files(folder)
             # --force starts the logs over too: err.txt must not show a previous run's errors
-            with teed(folder, "w" if getattr(args, "force", False) else "a") as real_stderr:
+            with teed(folder, "w" if flags.flag(args, "force") else "a") as real_stderr:
                 for path in removed:
                     print(f"removed a leftover temporary file of an interrupted write: {path}",
                           file=sys.stderr)
                 try:
                     with StopRequest() as stop:
-                        kind = udg.UDGJob if getattr(args, "label_fraction", None) is not None \
+                        kind = udg.UDGJob if flags.flag(args, "label_fraction") is not None \
                             else Job
                         return (kind(args, stop, progress_stream=real_stderr).run(stop_after_step),
                                 flags.EXIT_DONE, None)
@@ -225,14 +235,3 @@ def run(args, stop_after_step: int | None = None) -> str:
     if failure is not None:
         raise failure
     return status
-
-
-def main(args) -> int:
-    """The train command's exit status: 0 done; 2 bad input (unknown algorithm or dataset,
-    malformed or unknown --hparams, a flag out of range, missing data, an output folder that
-    cannot be written, a folder that is done, busy or holds another run, a damaged checkpoint on
-    --resume), with a one-line message naming the problem and the fix; 143 / 130 stopped by
-    SIGTERM / SIGINT (after writing a checkpoint; continue with --resume); 1 a full disk (one
-    line: free space, then --resume; what was written before is intact) or any other failure
-    (its traceback is printed once, and kept in err.txt)."""
-    return execute(args)[1]

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dg_plugins.seeds import seed_hash
+from dg_plugins.job.flags import flag
 from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
 from dg_plugins.job.sizes import holdout_size
 
@@ -105,15 +106,15 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
     by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`), under the
     rule ``--alignment_threshold`` / ``--alignment_preset``, from a file that must have been
     scored by ``--alignment_model`` / ``--alignment_pretrained`` when given."""
-    if getattr(args, "alignment_scores", None) is None:
+    if flag(args, "alignment_scores") is None:
         return {}
     from dg_plugins import alignment
 
     return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
                                  threshold=args.alignment_threshold,
                                  preset=args.alignment_preset, data_dir=args.data_dir,
-                                 model=getattr(args, "alignment_model", None),
-                                 pretrained=getattr(args, "alignment_pretrained", None))
+                                 model=flag(args, "alignment_model"),
+                                 pretrained=flag(args, "alignment_pretrained"))
 
 
 class Splits:

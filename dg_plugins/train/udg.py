@@ -20,7 +20,7 @@ import torch
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.networks.pretrained import note_weights, recording_weights
 from dg_plugins.registry import ALGORITHMS
-from dg_plugins.job.flags import compute_settings
+from dg_plugins.job.flags import compute_settings, flag
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train import job as job_lib
@@ -97,7 +97,7 @@ def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
         "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
         "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
     }
-    if getattr(args, "udg_split", None) == "release":
+    if flag(args, "udg_split") == "release":
         identity["udg_split"] = "release"
     identity.update(compute_settings(args))
     return identity
@@ -108,7 +108,7 @@ def pretrain_key(identity: dict) -> str:
 
 
 def pretrain_root(args) -> str:
-    if getattr(args, "udg_pretrain_dir", None):
+    if flag(args, "udg_pretrain_dir"):
         return args.udg_pretrain_dir
     parent = os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep)))
     return os.path.join(parent, PRETRAIN_DIRNAME)
@@ -240,7 +240,7 @@ class UDGJob(job_lib.Job):
     def build(self) -> None:
         args = self.args
         self.fraction = float(args.label_fraction)
-        self.udg_split = getattr(args, "udg_split", None) or "domainbed"
+        self.udg_split = flag(args, "udg_split") or "domainbed"
         self.pretraining = ALGORITHMS.get(args.algorithm).supports_pretraining()
         self.labelled = {}
         super().build()
@@ -255,7 +255,7 @@ class UDGJob(job_lib.Job):
     def length(self) -> int:
         """``--steps``, or with ``--udg_ft_epochs`` the release's epochs (one pass over the pooled
         labelled sets, ``train_finetune.py``), printed."""
-        epochs = getattr(self.args, "udg_ft_epochs", None)
+        epochs = flag(self.args, "udg_ft_epochs")
         if epochs is None:
             return super().length()
         sizes, batch = self.labelled_sizes(), self.batch_size()
@@ -302,8 +302,8 @@ class UDGJob(job_lib.Job):
 
     def pretrained_weights(self) -> dict:
         args = self.args
-        steps = getattr(args, "pretrain_steps", None) or self.dataset.N_STEPS
-        epochs = getattr(args, "udg_pretrain_epochs", None)
+        steps = flag(args, "pretrain_steps") or self.dataset.N_STEPS
+        epochs = flag(args, "udg_pretrain_epochs")
         if epochs is not None:
             sizes = [len(pretraining_set(self, i)) for i in self.train_envs]
             batch = self.hparams["batch_size"]
@@ -318,7 +318,7 @@ class UDGJob(job_lib.Job):
             if _done(folder):
                 print(f"UDG pretraining: reusing {folder}")
                 return load_pretrained(folder, identity)
-            if getattr(args, "udg_pretrain", "run") == "require":
+            if flag(args, "udg_pretrain") == "require":
                 state = "missing" if not os.path.isdir(folder) else "not finished"
                 raise PretrainingMissing(
                     f"the UDG pretraining of this job is {state}: {folder} (identity: "
