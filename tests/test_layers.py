@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dg_plugins"
 
 #: The layer of each subpackage or top-level module; a module may import its own layer and below.
 LAYERS = {"bridge": 4, "bridge_pytest": 4, "domainbed_host": 4, "scripts": 4, "benchmarks": 4,
+          "reproduce": 4,
           "train": 3, "sweep": 3, "collect": 3, "plugins": 3,
           "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1, "download": 1,
           "reference": 0, "job": 0}

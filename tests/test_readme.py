@@ -11,7 +11,7 @@ import re
 from helpers import markdown_rows
 from processes import REPO
 
-from dg_plugins.scripts import reproduce
+from dg_plugins import reproduce
 
 README = (REPO / "README.md").read_text()
 

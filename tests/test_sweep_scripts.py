@@ -32,6 +32,7 @@ import pytest
 
 from dg_plugins import catalog
 from dg_plugins import hparams as H
+from dg_plugins.job.sizes import in_split_size
 from dg_plugins.reference import paper_settings as ps
 from image_tree import draw_image
 from paper_runs import REPO, SWEEPS, script_env
@@ -194,7 +195,7 @@ def test_dry_run_prints_every_jobs_image_forwards_and_their_total(case, dry_runs
     --eval_splits selection and all) with the definition, a sum per sweep call and in total;
     the totals are the sums of the job lines, and selection evaluates less than all (it skips
     the training environments' in-splits)."""
-    from dg_plugins.scripts.reproduce import FORWARDS_DEFINITION
+    from dg_plugins.reproduce import FORWARDS_DEFINITION
 
     proc, _, _ = dry_runs[case]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -221,7 +222,7 @@ def test_image_forwards_of_a_small_listing_match_a_hand_count(tmp_path, capsys):
       steps whose last holds 3,336 - 6 x 512 = 264, so 9 steps train on 3,336 + 2 x 512 = 4,360
       images: train 13,080; evaluation all 2 x 5,000 = 10,000, selection 2 x (996 + 668) =
       3,328."""
-    from dg_plugins.scripts import reproduce
+    from dg_plugins import reproduce
 
     base = ["launch", "--datasets", "RotatedMNIST5k", "--algorithms", "ERM", "--data_dir",
             "builtin", "--output_dir", str(tmp_path / "out"), "--n_trials", "1", "--n_hparams",
@@ -242,7 +243,7 @@ def test_list_forwards_gives_every_setting_from_the_recorded_counts(capsys):
     DMG, ERM x 4 targets x 3 trials; 21 per domain x 3 sources x 5001 steps; a record every 300
     steps and the last: 18 records of PACS's 9,991 images): train 48 x 3 x 63 x 5001 =
     45,369,072, evaluation with all 48 x 18 x 9,991 = 8,632,224."""
-    from dg_plugins.scripts import reproduce
+    from dg_plugins import reproduce
 
     assert reproduce.main(["--list", "--forwards"]) == 0
     out = capsys.readouterr().out
@@ -319,7 +320,7 @@ def test_gpu_hours_of_a_small_listing_match_a_hand_count(tmp_path, capsys):
     evaluation forwards / the measured evaluation rate; a network without a measured step (the
     MNIST CNN) is left out and named."""
     from dg_plugins.reference import gpu_times
-    from dg_plugins.scripts import reproduce
+    from dg_plugins import reproduce
 
     times = gpu_times.load()
     base = ["launch", "--datasets", "PACS", "--algorithms", "ERM", "--data_dir",
@@ -557,7 +558,8 @@ def test_bad_input_is_refused_with_one_line(tmp_path):
 def test_listing_matches_the_sweeps_own_dry_run(tmp_path, capsys):
     """reproduce lists exactly the jobs and commands that sweep launch --dry_run prints for the
     same call, with the pass-through flags applied (here --n_trials 1)."""
-    from dg_plugins.scripts import reproduce, sweep as sweep_cli
+    from dg_plugins import reproduce
+    from dg_plugins.scripts import sweep as sweep_cli
 
     setting = ps.get_setting("gmoe_single_source_domainnet")
     plan = reproduce.plan_setting(setting, setting.protocols["release"], data_dir=str(tmp_path),
@@ -579,7 +581,7 @@ def test_steps_per_epoch():
     assert ps.steps_per_epoch([128, 64], 32, "per_domain") == 2
     with pytest.raises(ValueError, match="batch_sampling"):
         ps.steps_per_epoch([1], 1, "other")
-    assert ps.in_split_size(2048, 0.2) == 2048 - 409
+    assert in_split_size(2048, 0.2) == 2048 - 409
 
 
 def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
@@ -678,7 +680,7 @@ def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkey
     recorded beside the sweep, and the tables follow."""
     import dg_plugins.datasets  # noqa: F401
     from dg_plugins.registry import DATASETS
-    from dg_plugins.scripts import reproduce
+    from dg_plugins import reproduce
 
     counts = tuple(len(env) for env in DATASETS.get("RotatedMNIST5k")("builtin", [0], {}))
     monkeypatch.setitem(ps.DATASET_SIZES, "RotatedMNIST5k", ps.Value(counts, "counted in test"))

@@ -178,12 +178,6 @@ OFFICIAL_VAL_SIZES: dict[str, Value] = {
 }
 
 
-def in_split_size(n: int, holdout_fraction: float) -> int:
-    """Images an environment of ``n`` keeps for training under DomainBed's random holdout
-    (``domainbed/lib/misc.py`` ``split_dataset``: the first ``int(n * holdout)`` are held out)."""
-    return n - int(n * holdout_fraction)
-
-
 def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
     """Steps of one epoch over the sources' training in-splits ``in_sizes``: ``pooled`` (the DMG
     release's one shuffled loader over the union, ``dataloaders/domain_datasets.py`` lines

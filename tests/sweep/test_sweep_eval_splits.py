@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.scripts import reproduce
+from dg_plugins import reproduce
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.train import cli as train_cli
 from dg_plugins.train import run as train_run

@@ -400,7 +400,7 @@ def test_sweep_passes_the_settings_to_every_job_and_hashes_only_other_values(tmp
 
 
 def test_reproduce_passes_the_settings_as_sweep_flags():
-    from dg_plugins.scripts import reproduce
+    from dg_plugins import reproduce
 
     reproduce.check_extra(["--precision", "bf16", "--channels_last", "--deterministic", "false"])
     with pytest.raises(reproduce.UsageError):  # a protocol flag still is refused

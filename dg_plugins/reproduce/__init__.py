@@ -1,0 +1,14 @@
+"""reproduce: a paper setting of dg_plugins/reference/paper_settings.py, run or listed
+(``python -m dg_plugins.scripts.reproduce``), read in the order below. Torch is imported only
+when a listing or a run needs it (``--help`` and ``--describe`` run without). docs/reproduce.md."""
+
+from dg_plugins.reproduce.cli import build_parser, main, run  # the flags, the flow, a run
+from dg_plugins.reproduce.plan import (OWNED_SWEEP_FLAGS, Plan, SweepCall,  # setting -> calls
+                                       check_extra, parse_test_env_sets, plan_setting)
+from dg_plugins.reproduce.sizes import (EVAL_SPLITS, Sizes, UsageError,  # image counts, splits
+                                        dataset_sizes, split_sizes)
+from dg_plugins.reproduce.prerequisites import prerequisites  # what the jobs need, found at once
+from dg_plugins.reproduce.costs import (FORWARDS_DEFINITION, CallCost, Forwards,  # jobs, steps
+                                        call_cost, job_forwards, job_steps, sweep_jobs)
+from dg_plugins.reproduce.gpu_hours import GpuTime, job_gpu_time  # the GPU-hours estimate
+from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings  # listings

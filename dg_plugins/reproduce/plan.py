@@ -1,0 +1,274 @@
+"""A paper setting's protocol -> the ``sweep launch`` calls, scoring commands and tables that run it
+(epochs -> steps from the image counts; the sweep flags its table owns, :func:`check_extra`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from dg_plugins import catalog
+from dg_plugins.job import flags as job_flags
+from dg_plugins.reference import paper_settings as ps
+from dg_plugins.reproduce.sizes import UsageError, training_in_sizes
+from dg_plugins.sweep import cli as sweep_cli
+
+#: Sweep flags a setting's table owns (a changed value would run another protocol): the train
+#: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own
+#: enumeration flags.
+OWNED_SWEEP_FLAGS = job_flags.names(paper=True) + (
+    "single_test_envs", "single_source", "test_env_sets", "label_fractions", "n_hparams_from")
+
+
+@dataclass
+class SweepCall:
+    """One ``sweep launch`` call of a setting."""
+    argv: list[str]
+    label: str
+    folder: str
+
+
+@dataclass
+class Plan:
+    setting: ps.Setting
+    protocol: ps.Protocol
+    prepare: list[list[str]] = field(default_factory=list)  # alignment_scores argv lists
+    calls: list[SweepCall] = field(default_factory=list)
+    collects: list[list[str]] = field(default_factory=list)  # collect_results argv lists
+    notes: list[str] = field(default_factory=list)
+    root: str = ""  # the protocol's output folder
+    argv: list[str] = field(default_factory=list)  # reproduce's arguments (for the record)
+
+
+def _flag_values(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
+    """Every test-environment set of ``protocol`` on ``dataset``, in the sweep's order."""
+    spec = protocol.test_envs.value
+    n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+    if spec == "single_test_envs":
+        return [[i] for i in range(n_envs)]
+    if spec == "single_source":
+        return [[e for e in range(n_envs) if e != i] for i in range(n_envs)]
+    return [list(s) for s in spec]
+
+
+def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
+    """``["0", "1,2,3"]`` -> ``[[0], [1, 2, 3]]`` (the ``--test_envs`` / TEST_ENVS knob)."""
+    try:
+        return [sorted({int(e) for e in text.split(",") if e.strip()}) for text in texts]
+    except ValueError:
+        raise UsageError(f"--test_envs takes test-environment sets such as 0 or 1,2,3 (comma-"
+                         f"separated indices); got {' '.join(texts)}") from None
+
+
+def _pick_test_env_sets(protocol: ps.Protocol, dataset: str, wanted, setting: str):
+    available = _test_env_sets(protocol, dataset)
+    if wanted is None:
+        return available
+    unknown = [w for w in wanted if sorted(w) not in [sorted(a) for a in available]]
+    if unknown:
+        def text(sets):
+            return " ".join(",".join(map(str, s)) for s in sets)
+        raise UsageError(f"--test_envs {text(unknown)}: not among {setting}'s test-environment "
+                         f"sets on {dataset} ({text(available)}); give a subset of them")
+    return [a for a in available if sorted(a) in [sorted(w) for w in wanted]]
+
+
+def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: str) -> list[str]:
+    if wanted is None:
+        return available
+    unknown = [w for w in wanted if w not in available]
+    if unknown:
+        raise UsageError(f"--{kind} {' '.join(unknown)}: not in {setting}'s {kind} "
+                         f"({', '.join(available)}); give a subset of them")
+    return [a for a in available if a in wanted]
+
+
+def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
+                 output_dir: str, launcher: str | None = None, datasets=None, algorithms=None,
+                 epochs: float | None = None, pretrain_epochs: float | None = None,
+                 steps: int | None = None, test_envs: list[list[int]] | None = None,
+                 clip_checkpoint: str | None = None, hparams: dict | None = None,
+                 extra: list[str] = (), count_dir: str | None = None,
+                 eval_splits: str = "selection") -> Plan:
+    """The sweep calls, scoring commands and tables of one protocol (docs/reproduce.md).
+    ``count_dir``: where image counts are looked for (default ``data_dir``); ``eval_splits``:
+    every job's ``--eval_splits``."""
+    count_dir = data_dir if count_dir is None else count_dir
+    plan = Plan(setting, protocol)
+    all_datasets = list(protocol.datasets.value)
+    use_datasets = _pick("datasets", datasets, all_datasets, setting.name)
+    all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
+    use_algorithms = _pick("algorithms", algorithms, all_algorithms, setting.name)
+    sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
+    n_epochs = protocol.epochs.value if protocol.epochs is not None else None
+    for flag, knob, value in (("epochs", "EPOCHS", epochs),
+                              ("pretrain_epochs", "PRETRAIN_EPOCHS", pretrain_epochs)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise UsageError(f"--{flag} ({knob}) must be a positive number of epochs, got "
+                             f"{value:g}")
+    if epochs is not None:
+        if n_epochs is not None:
+            n_epochs = epochs
+        elif "udg_ft_epochs" in sweep_flags:
+            sweep_flags["udg_ft_epochs"] = epochs
+        else:
+            raise UsageError(f"--epochs: {setting.name} ({protocol.name}) is not epoch-based; its "
+                             "lengths are steps")
+        plan.notes.append(f"--epochs {epochs:g} replaces the table's length")
+    if pretrain_epochs is not None:
+        if "udg_pretrain_epochs" not in sweep_flags:
+            raise UsageError(f"--pretrain_epochs: {setting.name} has no pretraining")
+        sweep_flags["udg_pretrain_epochs"] = pretrain_epochs
+        plan.notes.append(f"--pretrain_epochs {pretrain_epochs:g} replaces the table's length")
+    if steps is not None:
+        if n_epochs is not None or "udg_ft_epochs" in sweep_flags:
+            raise UsageError(f"--steps: {setting.name} ({protocol.name}) counts its lengths in "
+                             "epochs; give --epochs (EPOCHS) instead")
+        if steps < 1:
+            raise UsageError(f"--steps must be a positive integer, got {steps}")
+        plan.notes.append(f"--steps {steps} replaces the table's length")
+    if test_envs is not None:
+        plan.notes.append("--test_envs " + " ".join(",".join(map(str, s)) for s in test_envs)
+                          + ": only these of the table's test-environment sets")
+    if clip_checkpoint is not None:
+        if not protocol.alignment:
+            raise UsageError(f"--clip_checkpoint: {setting.name} scores no images (no IP/OOP "
+                             "evaluation)")
+        plan.notes.append(f"CLIP weights for scoring read from {clip_checkpoint}, declared as "
+                          f"the table's {protocol.alignment['pretrained'].value}")
+    plan.root = output_dir
+    too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
+    holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
+    tail = ["--resume", "--skip_confirmation", "--eval_splits", eval_splits]
+    if launcher:
+        tail += ["--command_launcher", launcher]
+    tail += list(extra)
+
+    if protocol.alignment:
+        scores_dir = os.path.join(output_dir, "alignment_scores")
+        options = {k: v.value for k, v in protocol.alignment.items()}
+        preset = options.pop("preset")
+        if clip_checkpoint is not None:  # a local file of the table's weights (offline)
+            options["pretrained_tag"] = options["pretrained"]
+            options["pretrained"] = clip_checkpoint
+        for dataset in use_datasets:
+            out = os.path.join(scores_dir, f"{dataset}.csv")
+            argv = ["--dataset", dataset, "--data_dir", data_dir, "--out", out]
+            for name, value in options.items():
+                argv += [f"--{name}", str(value)]
+            # the summary and the model check it prints are those of the jobs' rule
+            argv += ["--alignment_preset", str(preset)]
+            plan.prepare.append(argv)
+        plan.notes.append(f"IP/OOP: scores in {scores_dir}, split rule {preset}")
+
+    for group in protocol.groups:
+        folder = os.path.join(output_dir, group.folder) if group.folder else output_dir
+        group_has_calls = False
+        for run in protocol.runs:
+            algs = [a for a in run.algorithms if a in use_algorithms]
+            if not algs:
+                continue
+            run_hp = ps.run_hparams(protocol, group, run)
+            run_hp.update(hparams or {})
+            for dataset in use_datasets:
+                argv = ["launch", "--datasets", dataset, "--algorithms", *algs,
+                        "--data_dir", data_dir, "--output_dir", folder,
+                        "--n_trials", str(protocol.n_trials.value),
+                        "--n_hparams", str(protocol.n_hparams.value)]
+                if run_hp:
+                    argv += ["--hparams", json.dumps(run_hp, sort_keys=True)]
+                if protocol.holdout_fraction is not None:
+                    argv += ["--holdout_fraction", str(holdout)]
+                for flag, value in sweep_flags.items():
+                    argv += [f"--{flag}", *_flag_values(value)]
+                if protocol.alignment:
+                    argv += ["--alignment_scores",
+                             os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
+                             "--alignment_preset", str(protocol.alignment["preset"].value)]
+                name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
+                                                           group.title else "")
+                test_sets = _pick_test_env_sets(protocol, dataset, test_envs, setting.name)
+                if n_epochs is not None:
+                    for test_set in test_sets:
+                        n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
+                        sources = [e for e in range(n_envs) if e not in test_set]
+                        sizes, origin = training_in_sizes(dataset, sources, run_hp, holdout,
+                                                          count_dir)
+                        per_epoch = ps.steps_per_epoch(sizes, run_hp["batch_size"],
+                                                       run_hp.get("batch_sampling", "per_domain"))
+                        steps = int(round(n_epochs * per_epoch))
+                        if steps < 1:
+                            too_short.append((per_epoch, f"{name}, test envs {test_set}"))
+                        label = (f"{name}, test envs {test_set}: {sum(sizes)} training images "
+                                 f"({'+'.join(map(str, sizes))}; {origin}) / batch "
+                                 f"{run_hp['batch_size']} = {per_epoch} steps per epoch x "
+                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every "
+                                 "epoch")
+                        plan.calls.append(SweepCall(
+                            argv + ["--test_env_sets", ",".join(map(str, test_set)),
+                                    "--steps", str(steps), "--checkpoint_freq", str(per_epoch)]
+                            + tail, label, folder))
+                else:
+                    spec = protocol.test_envs.value
+                    if test_envs is not None or not isinstance(spec, str):
+                        argv += ["--test_env_sets", *(",".join(map(str, s)) for s in test_sets)]
+                    elif spec == "single_test_envs":
+                        argv.append("--single_test_envs")
+                    else:
+                        argv.append("--single_source")
+                    if steps is not None:
+                        argv += ["--steps", str(steps)]
+                    elif dataset in protocol.steps:
+                        argv += ["--steps", str(protocol.steps[dataset].value)]
+                    if dataset in protocol.checkpoint_freq:
+                        argv += ["--checkpoint_freq", str(protocol.checkpoint_freq[dataset].value)]
+                    plan.calls.append(SweepCall(argv + tail, name, folder))
+                group_has_calls = True
+        if group_has_calls:
+            paper = ["--paper", *group.paper_keys] if group.paper_keys else []
+            plan.collects.append(["--input_dir", folder, "--selection",
+                                  *protocol.selections.value, *paper, *protocol.collect_flags,
+                                  "--format", "markdown"])
+    if too_short:
+        per_epoch, where = min(too_short)
+        raise UsageError(
+            f"EPOCHS {n_epochs:g} x {per_epoch} steps per epoch rounds to 0 steps for "
+            f"{setting.name} ({protocol.name}), {where}: the smallest EPOCHS that gives one step "
+            f"is {smallest_epochs(per_epoch):g} (reproduce: --epochs)")
+    return plan
+
+
+def smallest_epochs(per_epoch: int) -> float:
+    """The smallest number of epochs, at two significant digits, that :func:`plan_setting`'s
+    ``round(epochs x per_epoch)`` turns into at least one step."""
+    epochs = 0.5 / per_epoch
+    digits = 1 - math.floor(math.log10(epochs))
+    epochs = math.ceil(epochs * 10 ** digits) / 10 ** digits
+    while round(epochs * per_epoch) < 1:  # 0.5 rounds to 0 (to even)
+        epochs += 10 ** -digits
+    return round(epochs, digits)
+
+
+def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
+    """Refuse pass-through sweep flags that the setting's table owns (:data:`OWNED_SWEEP_FLAGS`;
+    ``protocol``'s ``sweep_flags`` too, e.g. GMoE's release pins ``--eval_batch_size``);
+    unknown flags fail as sweep would fail on them."""
+    parser = sweep_cli.build_parser()
+    base = ["launch", "--output_dir", "-", "--data_dir", "-"]
+    defaults = vars(parser.parse_args(base))
+    given = vars(parser.parse_args(base + list(extra)))
+    pinned = set(protocol.sweep_flags) if protocol is not None else set()
+    owned = [name for name in defaults
+             if name in OWNED_SWEEP_FLAGS or name in pinned]
+    changed = [name for name in owned if given[name] != defaults[name]]
+    if changed:
+        raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
+                         "(reproduce SETTING --describe shows it); to run other values, run "
+                         "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
