@@ -104,3 +104,14 @@ def _gate_writes(name: str) -> None:
 add_step_hook(_step_hook)
 if os.environ.get(GATE) and os.environ.get(WRITE):
     _gate_writes(os.environ[WRITE])
+
+
+def wait_at_gate(gate, proc, timeout: float) -> None:
+    """Wait until the job ``proc`` (or a job of the sweep ``proc``) waits at the test's gate."""
+    from processes import finish
+
+    deadline = time.monotonic() + timeout
+    while not (gate / "waiting").exists():
+        assert proc.poll() is None, finish(proc, 1)[1][-3000:]
+        assert time.monotonic() < deadline, "the job never reached its gate"
+        time.sleep(0.02)

@@ -17,9 +17,7 @@ from dg_plugins.reproduce.plan import Plan, plan_setting
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.sizes import EVAL_SPLITS, UsageError
 from dg_plugins.sweep import jobs as sweep_lib
-
-#: The separator of sweep calls after --dry_run_sweeps.
-CALL_SEPARATOR = "::"
+from dg_plugins.sweep.plan import split_calls
 
 
 def module_line(module: str, argv: list[str]) -> str:
@@ -195,16 +193,7 @@ def list_forwards(data_dir: str | None) -> int:
 
 def dry_run_sweeps(tokens: list[str]) -> int:
     """List the jobs, count and total steps of plain sweep calls (``::``-separated)."""
-    calls, current = [], []
-    for token in tokens:
-        if token == CALL_SEPARATOR:
-            if current:
-                calls.append(current)
-            current = []
-        else:
-            current.append(token)
-    if current:
-        calls.append(current)
+    calls = split_calls(tokens)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
     costs, pretrainings = [], set()

@@ -16,6 +16,18 @@ from dg_plugins.sweep.progress import Progress
 CALL_SEPARATOR = "::"
 
 
+def split_calls(tokens) -> list[list[str]]:
+    """Sweep calls given in a row, separated by :data:`CALL_SEPARATOR` (empty ones dropped)."""
+    calls, current = [], []
+    for token in [*tokens, CALL_SEPARATOR]:
+        if token != CALL_SEPARATOR:
+            current.append(token)
+        elif current:
+            calls.append(current)
+            current = []
+    return calls
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the plan of the sweep calls to FILE (every job's folder and steps) and print the
     first estimate."""
@@ -32,16 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="how the reference rate was measured")
     args = parser.parse_args(argv[:cut])
     planned: dict[str, int | None] = {}
-    calls, current = [], []
-    for token in argv[cut:]:
-        if token == CALL_SEPARATOR:
-            if current:
-                calls.append(current)
-            current = []
-        else:
-            current.append(token)
-    if current:
-        calls.append(current)
+    calls = split_calls(argv[cut:])
     sweep_parser = sweep_cli.build_parser()
     for call in calls:
         sweep_args = sweep_parser.parse_args(call + ["--dry_run"])

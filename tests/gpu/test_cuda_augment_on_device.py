@@ -6,14 +6,13 @@ after a SIGTERM and ``--resume``, with no nondeterministic kernel."""
 import json
 import os
 import signal
-import time
 
 import torch
 
 from devices import needs_cuda
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
-from job_gate import gate_env, released
+from job_gate import gate_env, released, wait_at_gate
 from processes import command_env, finish, run, start, survivors
 
 pytestmark = needs_cuda
@@ -73,11 +72,7 @@ def test_a_job_augmenting_on_cuda_repeats_and_resumes_exactly(tmp_path):
     env = gate_env(gate, step=3)
     proc = start(TRAIN, *args(out), env=env)
     with released(gate):
-        deadline = time.monotonic() + TIMEOUT
-        while not (gate / "waiting").exists():
-            assert proc.poll() is None, finish(proc, 1)[1][-3000:]
-            assert time.monotonic() < deadline, "the job never reached its gate"
-            time.sleep(0.02)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signal.SIGTERM)
         code, output = finish(proc, TIMEOUT)
     assert code in (128 + signal.SIGTERM, -signal.SIGTERM), output[-3000:]

@@ -10,7 +10,6 @@ paths."""
 import json
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import torch
 from devices import needs_cuda
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
-from job_gate import gate_env, released
+from job_gate import gate_env, released, wait_at_gate
 from processes import command_env, finish, run, start, survivors
 
 pytestmark = needs_cuda
@@ -65,11 +64,7 @@ def interrupt(args, out, step, signum, gate):
     env = gate_env(gate, step=step)
     proc = start(TRAIN, *args, env=env)
     with released(gate):
-        deadline = time.monotonic() + TIMEOUT
-        while not (gate / "waiting").exists():
-            assert proc.poll() is None, finish(proc, 1)[1]
-            assert time.monotonic() < deadline, "the job never reached its gate"
-            time.sleep(0.05)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signum)
         code, output = finish(proc, TIMEOUT)
     assert code in (128 + signum, -signum), output

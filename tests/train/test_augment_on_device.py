@@ -15,7 +15,6 @@ import shlex
 import shutil
 import signal
 import sys
-import time
 
 import pytest
 import torch
@@ -31,7 +30,7 @@ from dg_plugins.train.splits import SplitDataset, finisher, split_dataset
 from devices import job_device
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree, write_pacs_split_lists
-from job_gate import gate_env, released
+from job_gate import gate_env, released, wait_at_gate
 from processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
@@ -245,11 +244,7 @@ def test_it_resumes_exactly_and_only_with_its_setting(tree, reference, tmp_path)
     proc = start(TRAIN, *train_args(tree, out, "--augment_on", "device", "--n_workers", "2"),
                  env=env)
     with released(gate):
-        deadline = time.monotonic() + TIMEOUT
-        while not (gate / "waiting").exists():
-            assert proc.poll() is None, finish(proc, 1)[1][-3000:]
-            assert time.monotonic() < deadline, "the job never reached its gate"
-            time.sleep(0.02)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signal.SIGTERM)
         code, output = finish(proc, TIMEOUT)
     assert code in (128 + signal.SIGTERM, -signal.SIGTERM), output[-3000:]

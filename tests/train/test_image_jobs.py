@@ -14,7 +14,7 @@ import time
 import pytest
 
 from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
-from job_gate import gate_env, released
+from job_gate import gate_env, released, wait_at_gate
 from processes import command_env, finish, run, start, survivors
 from helpers import read_records
 
@@ -113,15 +113,6 @@ def test_nan_stop_exits(tree, tmp_path):
     assert_nothing_left(env)
 
 
-def wait_at_gate(gate, proc, timeout=TIMEOUT):
-    """Wait until the job ``proc`` (or a job of the sweep ``proc``) waits at the test's gate."""
-    deadline = time.monotonic() + timeout
-    while not (gate / "waiting").exists():
-        assert proc.poll() is None, finish(proc, 1)[1]
-        assert time.monotonic() < deadline, "the job never reached its gate"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     """The signal goes to the job's whole process group (as a sweep or a terminal sends it)
@@ -135,7 +126,7 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     args = train_args(tree, out, "--checkpoint_freq", "10", steps=20)
     proc = start(TRAIN, *args, env=env)
     with released(gate):
-        wait_at_gate(gate, proc)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signum)
         code, output = finish(proc, TIMEOUT)
     assert code == 128 + signum, output
@@ -187,7 +178,7 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
                       "--checkpoint_freq", "10")
     proc = start(SWEEP, *args, env=env)
     with released(gate):
-        wait_at_gate(gate, proc)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.kill(proc.pid, signal.SIGTERM)  # the sweep forwards it to the running job
         code, output = finish(proc, TIMEOUT)
     assert code == 143 and "--resume" in output, output

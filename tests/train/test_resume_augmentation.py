@@ -9,14 +9,13 @@ accuracies of its record, augmented splits included."""
 import json
 import os
 import signal
-import time
 
 import pytest
 
 from devices import job_device
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
-from job_gate import gate_env, released
+from job_gate import gate_env, released, wait_at_gate
 from processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
@@ -49,11 +48,7 @@ def interrupt(args, out, step, signum, tmp_path):
     env = gate_env(gate, step=step, DG_PLUGINS_CPUS=CORES)
     proc = start(TRAIN, *args, env=env)
     with released(gate):
-        deadline = time.monotonic() + TIMEOUT
-        while not (gate / "waiting").exists():
-            assert proc.poll() is None, finish(proc, 1)[1]
-            assert time.monotonic() < deadline, "the job never reached its gate"
-            time.sleep(0.02)
+        wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signum)
         code, output = finish(proc, TIMEOUT)
     assert code in (128 + signum, -signum), output
