@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dg_plugins.train.folder import read_record_lines
+from dg_plugins.job.records import read_record_lines
 from dg_plugins.collect.records import parse_line
 
 
