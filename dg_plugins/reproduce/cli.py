@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 
 from dg_plugins.files import atomic_write_bytes
@@ -17,7 +18,6 @@ from dg_plugins.reproduce.costs import plan_costs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
 from dg_plugins.reproduce.sizes import UsageError
-from dg_plugins.scripts import alignment_scores
 from dg_plugins.sweep import cli as sweep_cli
 
 
@@ -189,9 +189,10 @@ def run(plan: Plan, data_dir: str) -> int:
     for argv in plan.prepare:
         os.makedirs(os.path.dirname(argv[argv.index("--out") + 1]), exist_ok=True)
         print(f"-- score: {module_line('alignment_scores', argv)}", flush=True)
-        code = alignment_scores.main(argv)
+        code = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.alignment_scores",
+                               *argv]).returncode  # the command printed above
         if code:
-            return code
+            return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
     status = 0
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
