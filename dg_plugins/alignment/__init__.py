@@ -12,3 +12,4 @@ from dg_plugins.alignment.importers import import_score_arrays, import_split_dir
 from dg_plugins.alignment.plots import binned_accuracy, plot_alignment  # Fig. 2
 from dg_plugins.alignment.reevaluate import (JobFiles, RebuiltJob,  # trained jobs again
                                              reevaluate_jobs, update_records)
+from dg_plugins.alignment.score_command import check_flags, score_and_write  # the command

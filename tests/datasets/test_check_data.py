@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dg_plugins.datasets import check as data_check
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import check_data
 from image_tree import pacs_sample_dir
@@ -64,7 +65,7 @@ def test_every_unreadable_image_is_listed(tmp_path, capsys, monkeypatch, workers
     process, and in a pool of 2), each named with its error; a summary per environment;
     exit status 1."""
     if pool:
-        monkeypatch.setattr(check_data, "MIN_FILES_FOR_POOL", 1)
+        monkeypatch.setattr(data_check, "MIN_FILES_FOR_POOL", 1)
     data_dir, broken = corrupt_copy(tmp_path)
     argv = ["--dataset", "PACS", "--data_dir", str(data_dir), "--workers", str(workers)]
     assert check_data.main(argv) == 1
