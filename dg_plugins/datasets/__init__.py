@@ -19,4 +19,4 @@ from dg_plugins.datasets.image_folder import (ImageFolderEnvironment,  # DomainB
                                               MultipleEnvironmentImageFolder,
                                               make_image_folder_dataset)
 from dg_plugins.datasets.mnist import ColoredMNIST, RotatedMNIST, RotatedMNIST5k  # MNIST
-from dg_plugins.datasets.check import load_dataset, run_check  # check_data: unreadable images
+from dg_plugins.datasets.check import check_files, run_check  # check_data: unreadable images

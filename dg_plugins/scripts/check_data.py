@@ -16,8 +16,8 @@ level above or below the tree: the folder meant is named).
 
 import sys
 
-from dg_plugins.datasets.check import (BadInput, available_cpus,  # noqa: F401  (the surface)
-                                       build_parser, load_dataset, run_check)
+from dg_plugins.datasets.check import (BadInput, available_cpus, build_parser, load_dataset,
+                                       run_check)
 
 
 def main(argv: list[str] | None = None) -> int:
