@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--drop_below", type=float, default=None)
     p.add_argument("--drop_above", type=float, default=None)
-    from dg_plugins.scripts.alignment_scores import add_preset_flag
+    from dg_plugins.alignment.score_command import add_preset_flag
 
     add_preset_flag(p)
     p.add_argument("--split", choices=("all", "in", "out"), default="all")
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from dg_plugins.scripts.alignment_scores import resolve_preset_flag
+    from dg_plugins.alignment.score_command import resolve_preset_flag
 
     parser = build_parser()
     args = parser.parse_args(argv)
