@@ -179,7 +179,7 @@ class Job:
         self.stop = stop
         self.progress_stream = progress_stream
         self.record_args = record_args(args)
-        #: ``--precision``, ``--channels_last``, ``--deterministic`` (:mod:`.precision`).
+        #: The compute settings (:mod:`.precision`), the same object in training and evaluation.
         self.compute = Compute.of(args)
         self.device = pick_device(args.device)
         self.scaler = None  # fp16's gradient scaler (set by :meth:`prepare_compute`)
