@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
-MARKER = re.compile(r"<!--\s*(recheck|no recheck):\s*(.*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(recheck|no recheck):\s*(.*?)\s*-->$")  # a line of its own
 TOOLS = ("collect_results", "mpbm_study_table")
 
 
@@ -37,7 +37,7 @@ def regions(path: Path) -> list[tuple[str | None, str, list[str]]]:
         if table:
             out[-1][2].append("\n".join(table))
             table = []
-        match = MARKER.search(line)
+        match = MARKER.match(line)
         if match and not fenced:
             out.append((match.group(1), match.group(2), []))
     return out
