@@ -314,12 +314,6 @@ def sweep_job_args(args, hashed: bool) -> dict:
             if (v := value(args, name)) is not None}
 
 
-def resume_default(name: str):
-    """The default a record's ``args`` leave out (a :data:`NOT_DEFAULT` row), or None."""
-    row = ROWS.get(name)
-    return row.default if row is not None and row.records == NOT_DEFAULT else None
-
-
 # ----------------------------------------------------------------------------------------------
 # Range checks (train before it writes anything, sweep before it enumerates)
 
