@@ -1,5 +1,6 @@
 """Running the scripts of ``sweeps/`` as a user does, for the tests: ``bash sweeps/<script>.sh`` in
-a subprocess (its own process group, killed whole on a timeout) with the interpreter under test,
+a subprocess with the interpreter under test (on a timeout, every process it started, jobs in
+their own sessions included, first prints its Python stacks, then is killed),
 ``DATA_DIR`` and ``OUTPUT_DIR`` set, the other knobs as given, the download caches (``HF_HOME``,
 ``TORCH_HOME``, ``XDG_CACHE_HOME``) in a temporary folder, offline mode on, and a
 ``sitecustomize`` that logs every Python process started (so a test can tell what was launched).
@@ -14,10 +15,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from processes import python_path
+from processes import MARKER, python_path, stop_marked
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = REPO / "sweeps"
@@ -53,7 +55,8 @@ def script_env(tmp: Path, data_dir, log: Path, **knobs) -> dict:
                PYTHONPATH=python_path(site, REPO),
                SWEEP_SCRIPTS_PROCESS_LOG=str(log), HF_HOME=str(home / "hf"),
                TORCH_HOME=str(home / "torch"), XDG_CACHE_HOME=str(home / "cache"),
-               HF_HUB_OFFLINE="1", DG_PLUGINS_OFFLINE="1")
+               HF_HUB_OFFLINE="1", DG_PLUGINS_OFFLINE="1", PYTHONFAULTHANDLER="1")
+    env[MARKER] = uuid.uuid4().hex
     env.update(knobs)
     return env
 
@@ -68,8 +71,11 @@ class ScriptRun:
     seconds: float
 
     def report(self) -> str:
+        logs = "".join(f"\n--- {log} (tail)\n{log.read_text(errors='replace')[-3000:]}"
+                       for log in sorted(self.output_dir.glob("**/*.txt"))
+                       if log.name in ("out.txt", "err.txt"))
         return (f"exit {self.returncode} after {self.seconds:.0f} s\n--- stdout (tail)\n"
-                f"{self.stdout[-4000:]}\n--- stderr (tail)\n{self.stderr[-4000:]}")
+                f"{self.stdout[-4000:]}\n--- stderr (tail)\n{self.stderr[-4000:]}{logs}")
 
     def launched_jobs(self) -> list[str]:
         """The jobs the launcher reported as started (one ``[i/n] started: ...`` line each; the
@@ -98,10 +104,12 @@ def run_script(script: str, tmp: Path, data_dir, *, tag: str, timeout: float,
         stdout, stderr = proc.communicate(timeout=timeout)
         code = proc.returncode
     except subprocess.TimeoutExpired:
+        stopped = stop_marked(env)  # jobs run in sessions of their own: killpg misses them
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         code = -9
-        stderr += f"\n[test] killed after {timeout:g} s"
+        stderr += (f"\n[test] killed after {timeout:g} s, with the processes it started (their "
+                   f"Python stacks are in their logs):\n" + "\n".join(stopped))
     processes = log.read_text().splitlines() if log.exists() else []
     return ScriptRun(code, stdout, stderr, out, processes, time.monotonic() - start)
 

@@ -72,28 +72,51 @@ def run(module: str, *args, env: dict, timeout: float) -> tuple[int, str]:
     return finish(start(module, *args, env=env), timeout)
 
 
+def _marked(env: dict) -> list[str]:
+    """``"pid: command"`` of every live (not zombie) process that inherited ``env``'s marker."""
+    needle = f"{MARKER}={env[MARKER]}".encode()
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(f"{pid}: {cmd}")
+    return alive
+
+
+def _signal_all(lines: list[str], signum: int) -> None:
+    for line in lines:
+        try:
+            os.kill(int(line.split(":")[0]), signum)
+        except OSError:
+            pass
+
+
 def survivors(env: dict, wait: float = 10.0) -> list[str]:
     """Processes still alive that inherited ``env``'s marker, after up to ``wait`` seconds
     (a worker may need a moment to notice its parent is gone)."""
-    needle = f"{MARKER}={env[MARKER]}".encode()
     deadline = time.monotonic() + wait
     while True:
-        alive = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if needle not in f.read().split(b"\0"):
-                        continue
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if state != "Z":
-                alive.append(f"{pid}: {cmd}")
+        alive = _marked(env)
         if not alive or time.monotonic() > deadline:
-            for line in alive:  # do not let a failing test leave them running
-                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            _signal_all(alive, signal.SIGKILL)  # do not let a failing test leave them running
             return alive
         time.sleep(0.2)
+
+
+def stop_marked(env: dict) -> list[str]:
+    """Stop a hung command's processes (``env``'s marker): SIGABRT first, on which a Python
+    process run with ``PYTHONFAULTHANDLER=1`` prints every thread's stack to its stderr, then
+    SIGKILL to any left after 3 s. Returns the processes found."""
+    found = _marked(env)
+    _signal_all(found, signal.SIGABRT)
+    survivors(env, wait=3.0)
+    return found

@@ -350,16 +350,12 @@ def fingerprint(env) -> tuple[str, int]:
 # ------------------------------------------------------------------------------------------------
 # Building (in a pool of the job's cores)
 
-_BUILD_ENV = None
+#: The dataset's environments while a cache is built (a builder inherits them when forked).
+_BUILD_ENVS: list = []
 
 
-def _set_build_env(env) -> None:
-    global _BUILD_ENV
-    _BUILD_ENV = env
-
-
-def _start_builder(env) -> None:
-    """A build process: the environment to read, the default signal dispositions (not the
+def _start_builder(envs) -> None:
+    """A build process: the environments to read, the default signal dispositions (not the
     job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's),
     and one torch thread, as a DataLoader worker has: a process forked after the job ran an
     OpenMP region would hang in its first parallel torch operation."""
@@ -370,17 +366,55 @@ def _start_builder(env) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    _set_build_env(env)
+    _BUILD_ENVS[:] = envs
+
+
+class Builders:
+    """Where a build's tasks run: in this process (``cores`` 1), or in one pool of ``cores``
+    processes forked once per build (a ``concurrent.futures`` pool: a builder that dies fails
+    the build with an error, where a ``multiprocessing.Pool`` would wait for its result forever).
+    A task's first element is its environment's position in ``envs``."""
+
+    def __init__(self, envs: list, cores: int):
+        self.envs, self.cores, self.pool = list(envs), cores, None
+
+    def map(self, function, tasks: list) -> list:
+        if self.cores <= 1 or len(tasks) <= 1:
+            _BUILD_ENVS[:] = self.envs
+            try:
+                return [function(task) for task in tasks]
+            finally:
+                _BUILD_ENVS.clear()
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+        import multiprocessing
+
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.cores, multiprocessing.get_context("fork"),
+                                            initializer=_start_builder, initargs=(self.envs,))
+        try:
+            return list(self.pool.map(function, tasks))
+        except BrokenProcessPool as err:
+            raise OSError(f"a build process died ({err})") from err
+
+    def position(self, env) -> int:
+        return next(k for k, e in enumerate(self.envs) if e is env)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
 def _header_sizes(items):
     """``[(item, height, width)]`` from the files' headers (0, 0 when PIL cannot open one)."""
     from PIL import Image
 
-    out = []
+    position, items = items
+    env, out = _BUILD_ENVS[position], []
     for item in items:
         try:
-            with Image.open(_BUILD_ENV.samples[item][0]) as image:
+            with Image.open(env.samples[item][0]) as image:
                 width, height = image.size
         except Exception:  # noqa: BLE001  (left out: the normal path reports it)
             width = height = 0
@@ -393,12 +427,13 @@ def _decode_into(task):
     returns the items left out (unreadable, or another size than their header's)."""
     import numpy as np
 
-    path, items = task
+    position, path, items = task
+    env = _BUILD_ENVS[position]
     data = np.memmap(path, dtype=np.uint8, mode="r+")
     missing = []
     for item, offset, height, width in items:
         try:  # load() raises every decoding error as an UnreadableImageError, an OSError
-            array = np.asarray(_BUILD_ENV.load(_BUILD_ENV.samples[item][0]))
+            array = np.asarray(env.load(env.samples[item][0]))
         except OSError:
             missing.append(item)
             continue
@@ -415,12 +450,13 @@ def _pixels_into(task):
     the items written."""
     import numpy as np
 
-    path, transform, items = task
+    position, path, transform, items = task
+    env = _BUILD_ENVS[position]
     data = np.load(path, mmap_mode="r+")
     done = []
     for item in items:
         try:  # an unreadable image (an UnreadableImageError) is left out
-            image = _BUILD_ENV.image(item)
+            image = env.image(item)
         except OSError:
             continue
         pixels = transform.pixels(image)
@@ -430,28 +466,6 @@ def _pixels_into(task):
         done.append(item)
     data.flush()
     return done
-
-
-def _run_tasks(env, function, tasks, cores: int) -> list:
-    """``function`` over ``tasks`` with ``env`` as the build's environment: in this process, or
-    in a pool of ``cores`` forked processes."""
-    if cores <= 1 or len(tasks) <= 1:
-        _set_build_env(env)
-        try:
-            return [function(task) for task in tasks]
-        finally:
-            _set_build_env(None)
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    pool = context.Pool(min(cores, len(tasks)), initializer=_start_builder, initargs=(env,))
-    try:
-        results = pool.map(function, tasks)
-        pool.close()
-        return results
-    finally:
-        pool.terminate()
-        pool.join()
 
 
 def _chunks(items: list, cores: int) -> list[list]:
@@ -654,7 +668,7 @@ class DatasetCache:
                 _remove(entry.path)
 
     def _build_decoded(self, store: EnvCache, sizes: list[tuple[int, int, int]],
-                       cores: int) -> None:
+                       builders: Builders) -> None:
         import numpy as np
 
         data_path, index_path = store.decoded_paths()
@@ -669,8 +683,9 @@ class DatasetCache:
         try:
             with open(tmp, "wb") as handle:
                 handle.truncate(max(offset, 1))
-            missing = _run_tasks(store.env, _decode_into,
-                                 [(tmp, chunk) for chunk in _chunks(todo, cores)], cores)
+            position = builders.position(store.env)
+            missing = builders.map(_decode_into, [(position, tmp, chunk)
+                                                  for chunk in _chunks(todo, builders.cores)])
             for item in (i for part in missing for i in part):
                 index[item, 0] = -1
             os.replace(tmp, data_path)
@@ -680,7 +695,7 @@ class DatasetCache:
         store.open_decoded()
 
     def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
-                     cores: int) -> None:
+                     builders: Builders) -> None:
         import numpy as np
 
         data_path, ok_path = store.plain_paths(transform.key)
@@ -688,9 +703,9 @@ class DatasetCache:
         tmp = f"{data_path}.tmp.{os.getpid()}"
         try:
             np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, *shape)).flush()
-            done = _run_tasks(store.env, _pixels_into,
-                              [(tmp, transform, chunk) for chunk in _chunks(list(range(n)),
-                                                                            cores)], cores)
+            position = builders.position(store.env)
+            done = builders.map(_pixels_into, [(position, tmp, transform, chunk) for chunk
+                                               in _chunks(list(range(n)), builders.cores)])
             ok = np.zeros(n, dtype=bool)
             ok[[i for part in done for i in part]] = True
             os.replace(tmp, data_path)
@@ -699,10 +714,12 @@ class DatasetCache:
             _remove(tmp)
         store.open_plain(transform.key)
 
-    def _header_sizes(self, store: EnvCache, cores: int) -> list[tuple[int, int, int]]:
-        tasks = _chunks(list(range(len(store.env.samples))), cores)
-        return [row for part in _run_tasks(store.env, _header_sizes, tasks, cores)
-                for row in part]
+    def _header_sizes(self, store: EnvCache,
+                      builders: Builders) -> list[tuple[int, int, int]]:
+        position = builders.position(store.env)
+        tasks = [(position, chunk)
+                 for chunk in _chunks(list(range(len(store.env.samples))), builders.cores)]
+        return [row for part in builders.map(_header_sizes, tasks) for row in part]
 
     def prepare(self, cores: int = 1) -> str:
         """Build what is missing and fits the budget, attach every file to the environments, and
@@ -710,6 +727,7 @@ class DatasetCache:
         clear it, the budget, and what did not fit)."""
         self.quiet = True
         built, stores = [], []
+        builders = Builders(self.dataset.datasets, cores)
         try:
             os.makedirs(self.folder, exist_ok=True)
             with _folder_lock(self.folder):
@@ -729,24 +747,25 @@ class DatasetCache:
                 room = self.budget - self.usage()
                 sizes, decoded_size = {}, sum(s.file_bytes for s in missing)
                 if missing and plain_size + decoded_size <= room:  # else surely over
-                    sizes = {s.stem: self._header_sizes(s, cores) for s in missing}
+                    sizes = {s.stem: self._header_sizes(s, builders) for s in missing}
                     decoded_size = sum(h * w * 3 for rows in sizes.values() for _, h, w in rows)
                 if missing and plain_size + decoded_size <= room:
                     for store in missing:
-                        self._build_decoded(store, sizes[store.stem], cores)
+                        self._build_decoded(store, sizes[store.stem], builders)
                     built.append("decoded images")
                 elif missing:
                     self.note_over_budget("the decoded images" + " (at least)" * (not sizes),
                                           decoded_size)
                 if missing_plain and plain_size <= self.budget - self.usage():
                     for store, transform, shape in missing_plain:
-                        self._build_plain(store, transform, shape, cores)
+                        self._build_plain(store, transform, shape, builders)
                     built.append("evaluation pixels")
                 elif missing_plain:
                     self.note_over_budget("the evaluation pixels", plain_size)
         except OSError as err:
             self.note_error(err)
         finally:
+            builders.close()
             self.quiet = False
         for store in stores:
             store.env.attach_cache(store)

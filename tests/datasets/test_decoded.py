@@ -202,7 +202,9 @@ def probe(task):
 
 torch.set_num_threads(2)
 torch.ones(2 ** 22).add_(1)  # the job's OpenMP threads run before the builders are forked
-print(decoded._run_tasks(None, probe, [0, 1], cores=2))
+builders = decoded.Builders([], cores=2)
+print(builders.map(probe, [(0,), (1,)]))
+builders.close()
 """
 
 
@@ -220,6 +222,23 @@ def test_builders_forked_after_torch_ran_threads_run_one_thread_and_never_hang()
         proc.communicate()
         raise AssertionError("a cache builder hung in a parallel torch operation") from None
     assert proc.returncode == 0 and out.strip().splitlines()[-1] == "[1, 1]", out
+
+
+def _die(task):
+    os._exit(3)
+
+
+def test_a_build_process_that_dies_fails_the_build_not_the_job(tmp_path, cache, monkeypatch):
+    """A builder killed mid-task (the OOM killer, a crashing codec): the build ends with the
+    error named (never a wait for a result that cannot come) and the job reads its files."""
+    root = make_pacs_tree(tmp_path / "tree", per_class=2, size=32)
+    monkeypatch.setattr(decoded, "_decode_into", _die)
+    dataset = PACS(str(root), [0], AUGMENT)
+    line = decoded.prepare(dataset, cores=2)
+    assert "not used" in line and "a build process died" in line, line
+    assert all(env.decoded is None for env in dataset.datasets)
+    x, _ = dataset.datasets[1][0]
+    assert x.shape == (3, 224, 224)
 
 
 # ------------------------------------------------------------------------------------------------
