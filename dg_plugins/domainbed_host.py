@@ -164,18 +164,15 @@ class DomainBedHost:
     def hparam_space(dataset: str) -> dict:
         return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
 
+    UNSCALED_STEPS = "DomainBed's update() steps its own optimizers"
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._host_modules = frozenset(self._modules)
 
     @classmethod
     def check_args(cls, args) -> None:
-        """Refuse, with the fix, fp16 and, without CUDA, a class that calls ``.cuda()``."""
-        if getattr(args, "precision", None) == "fp16":
-            raise UnavailableError(
-                f"--precision fp16 cannot train {cls.NAME}: DomainBed's update() steps its own "
-                "optimizers, which fp16's gradient scaler cannot reach; use --precision bf16 "
-                "(no scaler needed) or fp32")
+        """Refuse, with the fix, a class that calls ``.cuda()`` without CUDA."""
         if cls.CUDA_ONLY:
             from dg_plugins.runtime import pick_device
 

@@ -66,6 +66,9 @@ class Algorithm(nn.Module):
     #: set's); None where no job sets it (e.g. DomainBed's own train through the bridge). Read
     #: by schedules in epochs (the job's ``lr_schedule``, DisMAE's domain classifier).
     epoch_steps: float | None = None
+    #: Why the class's optimizer steps bypass :func:`optimizer_step`, so that fp16's gradient
+    #: scaler cannot reach them (train refuses fp16 for it); None: they all go through it.
+    UNSCALED_STEPS: str | None = None
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__()
@@ -229,18 +232,18 @@ def gradient_scaling(scaler):
         _SCALING.scaler = previous
 
 
-def guard_scaled_steps(algorithm: nn.Module) -> None:
+def guard_scaled_steps(algorithm: nn.Module, fix: str = "") -> None:
     """Make ``algorithm``'s optimizers raise :class:`GradScalingError` when stepped outside
-    :func:`optimizer_step` under a scaler (their gradients would never be unscaled)."""
+    :func:`optimizer_step` under a scaler (their gradients would never be unscaled); ``fix``:
+    the other settings that would run it, said first."""
     name = type(algorithm).__name__
 
     def check(optimizer, args, kwargs):
         if _SCALING.scaler is not None and not _SCALING.stepping:
             raise GradScalingError(
                 f"{name} steps an optimizer ({type(optimizer).__name__}) outside "
-                "dg_plugins.algorithms.optimizer_step, so --precision fp16's gradient scaler "
-                "cannot cover it; use --precision bf16 (no scaler needed) or fp32, or step it "
-                "through optimizer_step")
+                "dg_plugins.algorithms.optimizer_step, so the gradient scaler cannot cover it; "
+                f"{fix + ', or ' if fix else ''}step it through optimizer_step")
 
     for optimizer in algorithm.optimizers().values():
         optimizer.register_step_pre_hook(check)

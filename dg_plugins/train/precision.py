@@ -41,6 +41,8 @@ from dg_plugins.seeds import deterministic_algorithms
 
 #: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
 DETERMINISTIC_CUBLAS = ":4096:8"
+#: The settings that run what fp16's gradient scaler cannot cover.
+FP16_FIX = "use --precision bf16 (no scaler needed) or fp32"
 #: The autocast dtype of each reduced precision.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -80,8 +82,15 @@ class Compute:
         """The autocast dtype (None: float32, no autocast)."""
         return DTYPES.get(self.precision)
 
-    def check(self, device: torch.device) -> None:
-        """Raise ValueError, naming the fix, when ``device`` cannot run these settings."""
+    def check(self, device: torch.device, algorithm_class=None) -> None:
+        """Raise ValueError, naming the fix, when ``device`` (or ``algorithm_class``, whose
+        :attr:`~dg_plugins.algorithms.base.Algorithm.UNSCALED_STEPS` fp16 cannot cover) cannot
+        run these settings."""
+        unscaled = getattr(algorithm_class, "UNSCALED_STEPS", None)
+        if self.precision == "fp16" and unscaled:
+            name = getattr(algorithm_class, "NAME", algorithm_class.__name__)
+            raise ValueError(f"--precision fp16 cannot train {name}: {unscaled}, which fp16's "
+                             f"gradient scaler cannot reach; {FP16_FIX}")
         if self.precision == "fp16" and device.type != "cuda":
             raise ValueError(f"--precision fp16 is for CUDA devices (this job runs on "
                              f"{device}, and CPUs compute bfloat16 natively, float16 seldom, "

@@ -55,7 +55,7 @@ def validate(args) -> None:
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.precision import Compute
 
-    Compute.of(args).check(pick_device(args.device))
+    Compute.of(args).check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
 
 
 def prepare_output_dir(args) -> None:

@@ -24,7 +24,7 @@ from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.scripts.train import build_parser, main
 from dg_plugins.train import job as job_lib
 from dg_plugins.train import run as train
-from dg_plugins.train.precision import Compute
+from dg_plugins.train.precision import FP16_FIX, Compute
 from helpers import TEST_PLUGIN_MODULES, read_records, tiny_hparams
 from job_gate import gate_env, released
 from processes import command_env, finish, run, start
@@ -153,7 +153,7 @@ def test_every_algorithm_runs_a_reduced_precision_step_and_predicts_under_autoca
     compute = Compute(precision=precision)
     scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
     if scaler is not None:
-        guard_scaled_steps(algorithm)
+        guard_scaled_steps(algorithm, fix=FP16_FIX)
     seen, hooks = output_dtypes(algorithm)
     with compute.active(), compute.autocast(CPU), gradient_scaling(scaler):
         try:
@@ -219,7 +219,7 @@ def test_fp16_gradient_scaler_covers_every_optimizer_step(name):
     parameter (the scaler skipped each of its steps); one that steps outside it is refused with
     one line naming it and the precision that works. Every built-in algorithm is covered."""
     algorithm, data = build(name)
-    guard_scaled_steps(algorithm)
+    guard_scaled_steps(algorithm, fix=FP16_FIX)
     before = {n: p.detach().clone() for n, p in algorithm.named_parameters()}
     scaler = CountingScaler("cpu", init_scale=float("inf"))
     with gradient_scaling(scaler):
