@@ -51,26 +51,30 @@ def test_n_jobs_that_do_not_fit_are_refused_with_the_n_that_fits():
     assert "cannot be read" in blind.decide((1.0, "job"))
 
 
-def sweep_args(out, launcher, *extra):
+def sweep_args(out, launcher, *extra, trials=2):
     return ["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--test_env_sets", "0",
-            "--n_hparams", "1", "--n_trials", "2", "--steps", "5", "--checkpoint_freq", "2",
+            "--n_hparams", "1", "--n_trials", str(trials), "--steps", "5", "--checkpoint_freq", "2",
             "--hparams", '{"batch_size": 8}', "--data_dir", "builtin", "--output_dir", out,
             "--command_launcher", launcher, "--skip_confirmation", *extra]
 
 
 def test_two_jobs_on_one_gpu_run_at_once_and_write_the_records_of_jobs_run_alone(tmp_path):
-    code, alone = run(SWEEP, *sweep_args(tmp_path / "alone", "local"), env=command_env(),
-                      timeout=300)
+    """Three jobs, two per GPU: the second slot opens once the first job's records give its
+    peak memory, and then a job starts beside another whatever the jobs' speed (beside the
+    first job if it still runs, else the second and third together), so two starts follow each
+    other with no end between them."""
+    code, alone = run(SWEEP, *sweep_args(tmp_path / "alone", "local", trials=3),
+                      env=command_env(), timeout=300)
     assert code == 0, alone
     env = command_env(CUDA_VISIBLE_DEVICES="0", **{CORES_ENV: "2"})
     code, packed = run(SWEEP, *sweep_args(tmp_path / "packed", "multi_gpu", "--jobs_per_gpu",
-                                          "2"), env=env, timeout=300)
+                                          "2", trials=3), env=env, timeout=300)
     assert code == 0, packed
     assert "1 GPU(s) x 2 job(s) at once; each job gets 1 of the launcher's 2 cores" in packed
-    events = re.findall(r"^\[\d/2\] (started|done)", packed, re.MULTILINE)
-    assert events[:2] == ["started", "started"], packed  # side by side
+    events = re.findall(r"^\[\d/3\] (started|done)", packed, re.MULTILINE)
+    assert len(events) == 6 and "started started" in " ".join(events), packed  # side by side
     folders = sorted(p.parent.name for p in (tmp_path / "alone").glob("*/done"))
-    assert len(folders) == 2
+    assert len(folders) == 3
     assert sorted(p.parent.name for p in (tmp_path / "packed").glob("*/done")) == folders
     for name in folders:
         assert read_records(tmp_path / "packed" / name, VOLATILE_KEYS) == read_records(
