@@ -148,6 +148,7 @@ class DomainBedHost:
     TINY_TEST_HPARAMS: dict = {}
     GRADIENT_EXEMPT: dict = {}
     epoch_steps = None
+    UNSCALED_STEPS = "DomainBed's update() steps its own optimizers"  # fp16 is refused
 
     optimizers = Algorithm.optimizers
     schedulers = Algorithm.schedulers
@@ -163,8 +164,6 @@ class DomainBedHost:
     @staticmethod
     def hparam_space(dataset: str) -> dict:
         return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
-
-    UNSCALED_STEPS = "DomainBed's update() steps its own optimizers"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
