@@ -6,6 +6,7 @@ evaluation and training batches from the cache equal to the batches made from th
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -234,7 +235,17 @@ def test_a_build_process_that_dies_fails_the_build_not_the_job(tmp_path, cache, 
     root = make_pacs_tree(tmp_path / "tree", per_class=2, size=32)
     monkeypatch.setattr(decoded, "_decode_into", _die)
     dataset = PACS(str(root), [0], AUGMENT)
-    line = decoded.prepare(dataset, cores=2)
+
+    def hung(signum, frame):
+        raise AssertionError("the build waited for a dead builder's result (a hang)")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        line = decoded.prepare(dataset, cores=2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     assert "not used" in line and "a build process died" in line, line
     assert all(env.decoded is None for env in dataset.datasets)
     x, _ = dataset.datasets[1][0]
