@@ -11,6 +11,7 @@ from dg_plugins.collect.selection import GroupedRecords, select
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY, single_source_runs
 from dg_plugins.collect.tables import Section
 from dg_plugins.collect.udg import UDG_KEY
+from dg_plugins.job.flags import COMPUTE_DEFAULTS
 
 LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 
@@ -260,6 +261,10 @@ def _steps(steps: list) -> str:
     return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
 
 
+def _flag(name: str, value) -> str:
+    return f"--{name} {str(value).lower() if isinstance(value, bool) else value}"
+
+
 def compute_notes(records: pd.DataFrame) -> list[str]:
     """How many runs used train's compute settings at other values than their defaults, per
     combination."""
@@ -275,10 +280,10 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
     total, parts = len(runs), []
     for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         if settings:
-            flags = " ".join(f"--{name} {str(value).lower() if isinstance(value, bool) else value}"
-                             for name, value in settings)
+            flags = " ".join(_flag(name, value) for name, value in settings)
             parts.append(f"{count} used {flags}")
     if () in counts:
-        parts.append(f"{counts[()]} the defaults (--precision fp32, deterministic)")
+        defaults = ", ".join(_flag(name, value) for name, value in COMPUTE_DEFAULTS.items())
+        parts.append(f"{counts[()]} the defaults ({defaults})")
     return [f"Compute settings: of the {total} runs (job folders) read, {'; '.join(parts)}. "
             "Reduced precision and non-deterministic kernels change accuracies by rounding."]

@@ -420,7 +420,8 @@ def test_udg_pretraining_identity_holds_settings_not_at_their_defaults():
 def test_collect_results_notes_runs_with_other_compute_settings(shared_fixtures, tmp_path,
                                                                 capsys):
     """Tables unchanged (stdout stays DomainBed's); a note on stderr counts the runs per
-    setting; none for a sweep at the defaults."""
+    setting, then the defaults of every compute flag (the flag table's); none for a sweep at
+    the defaults."""
     from dg_plugins.scripts import collect_results
 
     sweep = tmp_path / "sweep"
@@ -439,7 +440,8 @@ def test_collect_results_notes_runs_with_other_compute_settings(shared_fixtures,
     assert out == plain_out
     assert (f"Compute settings: of the {len(folders)} runs (job folders) read, 2 used "
             "--precision bf16; 1 used --precision bf16 --channels_last true; "
-            f"{len(folders) - 3} the defaults") in " ".join(err.split())
+            f"{len(folders) - 3} the defaults (--precision fp32, --channels_last false, "
+            "--deterministic true, --augment_on loader)") in " ".join(err.split())
 
 
 def test_benchmark_times_each_algorithm_in_bf16_against_its_fp32_step(capsys):
