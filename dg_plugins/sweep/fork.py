@@ -200,9 +200,12 @@ class ForkedJob:
         return self.returncode
 
 
-def fork_train(args: Sequence[str], new_session: bool, log: str | None = None) -> ForkedJob:
+def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
+               env: dict | None = None) -> ForkedJob:
     """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of the fork server (which
-    imported :data:`PRELOAD` once)."""
+    imported :data:`PRELOAD` once), with the environment ``env`` (default: this process's). The
+    server made no CUDA context, so a ``CUDA_VISIBLE_DEVICES`` of ``env`` takes effect as in a
+    fresh interpreter: torch reads it when the job first uses CUDA."""
     global _fork_context
     import multiprocessing
 
@@ -213,7 +216,8 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None) -
     sys.stdout.flush()
     sys.stderr.flush()
     process = _fork_context.Process(target=_train_in_child, name="train",
-                                    args=(list(args), dict(os.environ), os.getcwd(),
+                                    args=(list(args), dict(os.environ if env is None else env),
+                                          os.getcwd(),
                                           new_session, ignored, os.getpid(), log))
     process.start()
     return ForkedJob(process)

@@ -257,12 +257,12 @@ class JobProcesses:
     def start(self, index: int, command: str, env=None, cwd=None,
               log: str | None = None) -> subprocess.Popen | None:
         """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
-        (None when stopping)."""
+        (None when stopping); ``env`` (default: the launcher's) is the job's environment."""
         if self.stopping:
             return None
-        train_args = forkable_train_args(command) if env is None and cwd is None else None
+        train_args = forkable_train_args(command) if cwd is None else None
         if train_args is not None:
-            proc = fork_train(train_args, new_session=self.forwarding, log=log)
+            proc = fork_train(train_args, new_session=self.forwarding, log=log, env=env)
         else:
             shell_command = f"exec {command}" if is_simple_command(command) else command
             launcher_pid = os.getpid()

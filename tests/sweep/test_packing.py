@@ -86,3 +86,30 @@ def test_jobs_per_gpu_needs_the_multi_gpu_launcher(tmp_path):
                        env=command_env(), timeout=120)
     assert code == 2 and "--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher" \
         in output, output
+
+
+def test_a_packed_job_is_forked_with_its_gpu_and_cores(tmp_path):
+    """The multi_gpu launcher's job environment (its GPU, its share of the cores) reaches a job
+    forked from the fork server as it reaches a fresh interpreter: the job counts its loader
+    workers from the share it was given, not from the launcher's cores."""
+    import shlex
+    import sys
+
+    from dg_plugins.job.flags import TRAIN_MODULE
+    from dg_plugins.sweep.fork import ForkedJob
+    from dg_plugins.sweep.processes import JobProcesses
+    from image_tree import make_pacs_tree
+
+    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
+    command = shlex.join([sys.executable, "-m", TRAIN_MODULE, "--dataset", "ImageFolder",
+                          "--data_dir", str(data), "--test_envs", "0", "--steps", "1",
+                          "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
+                          "--output_dir", str(tmp_path / "job")])
+    log = tmp_path / "job.log"
+    with JobProcesses() as jobs:
+        env = command_env(CUDA_VISIBLE_DEVICES="0", **{CORES_ENV: "1"})  # as packing.job_env
+        proc = jobs.start(0, command, env=env, log=str(log))
+        assert isinstance(proc, ForkedJob)
+        code = proc.wait(timeout=240)
+    assert code == 0, log.read_text()[-3000:]
+    assert f"loader workers: 1 (one per core: 1 core, ${CORES_ENV})" in log.read_text()
