@@ -215,9 +215,9 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
     ignored = tuple(int(s) for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
+    environ = dict(os.environ if env is None else env)
     process = _fork_context.Process(target=_train_in_child, name="train",
-                                    args=(list(args), dict(os.environ if env is None else env),
-                                          os.getcwd(),
-                                          new_session, ignored, os.getpid(), log))
+                                    args=(list(args), environ, os.getcwd(), new_session, ignored,
+                                          os.getpid(), log))
     process.start()
     return ForkedJob(process)
