@@ -34,6 +34,10 @@ from pathlib import Path
 import numpy as np
 
 
+#: How often the server loop looks for shutdown (seconds).
+POLL_S = 0.01
+
+
 @dataclass
 class Request:
     path: str
@@ -219,7 +223,9 @@ class ArchiveServer:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits for the loop's next poll (0.5 s by default, per server)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(POLL_S,),
+                                        daemon=True)
         self._thread.start()
         return self
 

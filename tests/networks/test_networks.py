@@ -260,7 +260,7 @@ def answering_server():
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     server.asked = asked
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     yield server
     server.shutdown()
@@ -371,7 +371,7 @@ def test_the_hub_probe_asks_once_and_takes_any_answer(tmp_path):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
