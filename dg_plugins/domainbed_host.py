@@ -71,8 +71,8 @@ def backpack_problem() -> str | None:
 
 
 def calls_cuda(cls: type) -> bool:
-    """Whether ``cls``'s code puts tensors on the GPU with ``.cuda()`` (it then runs only with a
-    CUDA device)."""
+    """Whether ``cls``'s code puts tensors on the GPU with the tensor method ``cuda`` (it then runs
+    only with a CUDA device)."""
     return re.search(r"\.cuda\(", class_source(cls)) is not None
 
 
@@ -171,7 +171,7 @@ class DomainBedHost:
 
     @classmethod
     def check_args(cls, args) -> None:
-        """Refuse, with the fix, a class that calls ``.cuda()`` without CUDA."""
+        """Refuse, with the fix, a CUDA-only class (:func:`calls_cuda`) off CUDA."""
         if cls.CUDA_ONLY:
             from dg_plugins.runtime import pick_device
 
