@@ -123,7 +123,7 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     gate.mkdir()
     env = gate_env(gate, step=3)
     out = tmp_path / "job"
-    args = train_args(tree, out, "--checkpoint_freq", "10", steps=20)
+    args = train_args(tree, out, "--checkpoint_freq", "4", steps=8)
     proc = start(TRAIN, *args, env=env)
     with released(gate):
         wait_at_gate(gate, proc, TIMEOUT)
@@ -135,13 +135,13 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     assert_nothing_left(env)
     if signum == signal.SIGINT:
         return
-    refused = train_args(tree, out, "--checkpoint_freq", "10", "--resume", steps=21)
+    refused = train_args(tree, out, "--checkpoint_freq", "4", "--resume", steps=9)
     code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
-    assert code == 2 and "--steps: 20 in the checkpoint, 21 now" in output, output
+    assert code == 2 and "--steps: 8 in the checkpoint, 9 now" in output, output
     assert_nothing_left(env)
     code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
     assert code == 0, output
-    assert [r["step"] for r in read_records(out)] == [0, 10, 19]
+    assert [r["step"] for r in read_records(out)] == [0, 4, 7]
     assert (out / "done").exists()
     assert_nothing_left(env)
 
@@ -174,8 +174,8 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     gate.mkdir()
     env = gate_env(gate, step=3)  # the first job waits after step 3 until it is stopped
     out = tmp_path / "sweep"
-    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "20",
-                      "--checkpoint_freq", "10")
+    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "8",
+                      "--checkpoint_freq", "4")
     proc = start(SWEEP, *args, env=env)
     with released(gate):
         wait_at_gate(gate, proc, TIMEOUT)
@@ -187,7 +187,7 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
     assert code == 0, output
     jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
     assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
-    assert all([r["step"] for r in read_records(p)] == [0, 10, 19] for p in jobs)
+    assert all([r["step"] for r in read_records(p)] == [0, 4, 7] for p in jobs)
     assert_nothing_left(env)
 
 

@@ -86,7 +86,7 @@ def test_resume_gives_the_same_records(tmp_path):
 def test_resume_after_sigkill(tmp_path):
     """A real kill -9 in the middle of a run (the job held after step 13 by the test's gate,
     past its checkpoint of step 12), then --resume: same records as an uninterrupted run."""
-    common = ["--dataset", "RotatedMNIST5k", "--steps", "24", "--checkpoint_freq", "6",
+    common = ["--dataset", "RotatedMNIST5k", "--steps", "18", "--checkpoint_freq", "6",
               "--hparams", '{"batch_size": 32}']
     full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
     gate.mkdir()

@@ -338,7 +338,7 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(tmp_path):
     out, full, gate = tmp_path / "job", tmp_path / "full", tmp_path / "gate"
     gate.mkdir()
-    proc = spawn(out, steps="30", freq="10", gate={"folder": gate, "step": 15})
+    proc = spawn(out, steps="20", freq="10", gate={"folder": gate, "step": 15})
     with released(gate):
         assert wait_for(lambda: (gate / "waiting").exists())
         proc.send_signal(signal.SIGTERM)
@@ -347,10 +347,10 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
     assert "stopped by SIGTERM" in console and "--resume" in console
     assert "stopped by SIGTERM after step 15" in (out / "err.txt").read_text()
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
-    resume = spawn(out, "--resume", steps="30", freq="10")
+    resume = spawn(out, "--resume", steps="20", freq="10")
     resume.communicate(timeout=600)
     assert resume.returncode == 0
-    reference = spawn(full, steps="30", freq="10")
+    reference = spawn(full, steps="20", freq="10")
     reference.communicate(timeout=600)
     assert comparable(read_records(out)) == comparable(read_records(full))
 
@@ -360,19 +360,19 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues
 def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_path):
     out, gate = tmp_path / "job", tmp_path / "gate"
     gate.mkdir()
-    first = spawn(out, steps="60", freq="30", gate={"folder": gate, "step": 40})
-    with released(gate):  # the first job waits after step 60 while the second one tries
+    first = spawn(out, steps="30", freq="15", gate={"folder": gate, "step": 20})
+    with released(gate):  # the first job waits after step 20 while the second one tries
         assert wait_for(lambda: (gate / "waiting").exists())
         second = subprocess.run(
             [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "RotatedMNIST5k",
-             "--steps", "60", "--checkpoint_freq", "30", "--hparams", '{"batch_size": 16}',
+             "--steps", "30", "--checkpoint_freq", "15", "--hparams", '{"batch_size": 16}',
              "--output_dir", str(out), "--resume"],
             capture_output=True, text=True, env=child_env(), timeout=300)
     assert second.returncode == 2
     assert "is in use by another train process (pid" in second.stderr
     first.communicate(timeout=600)
     assert first.returncode == 0
-    assert [r["step"] for r in read_records(out)] == [0, 30, 59]
+    assert [r["step"] for r in read_records(out)] == [0, 15, 29]
     assert not (out / ".lock").exists()
 
 
