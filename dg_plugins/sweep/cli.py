@@ -225,6 +225,11 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             args.command_launcher):
         parser.error(f"unknown --command_launcher {args.command_launcher!r}; choices: "
                      + ", ".join(_launcher_names()))
+    if args.command == "launch" and args.command_launcher == "multi_gpu" and not args.dry_run:
+        from dg_plugins.sweep.launchers import NO_GPU, visible_gpus
+
+        if not visible_gpus():  # before any job folder is made
+            parser.error(f"--command_launcher multi_gpu: {NO_GPU}")
 
 
 def slurm_options(args: argparse.Namespace) -> SubmititOptions:

@@ -84,6 +84,11 @@ def local_launcher(commands: list[str], grace_period_s: float | None = None) -> 
 # multi_gpu
 
 
+#: Why the multi_gpu launcher cannot run here, and the fix.
+NO_GPU = ("no GPU visible (CUDA_VISIBLE_DEVICES is empty or torch.cuda.device_count() is 0); use "
+          "the local launcher on CPU machines")
+
+
 def visible_gpus() -> list[str]:
     """GPU ids from ``CUDA_VISIBLE_DEVICES`` (comma-split, empty entries dropped) when set, else
     ``range(torch.cuda.device_count())`` (torch imported only then)."""
@@ -102,10 +107,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     the cores once its memory fits; return the exit codes."""
     gpus = list(gpus)
     if not gpus:
-        raise RuntimeError(
-            "multi_gpu launcher: no GPU visible (CUDA_VISIBLE_DEVICES is empty or "
-            "torch.cuda.device_count() is 0); use the local launcher on CPU machines"
-        )
+        raise RuntimeError(f"multi_gpu launcher: {NO_GPU}")
     logs = logs or ErrorLogs(commands)
     cores, line = packing.cores_per_job(len(gpus), jobs_per_gpu)
     print(line, flush=True)

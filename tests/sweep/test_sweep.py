@@ -353,6 +353,25 @@ def test_an_error_shows_one_usage_line_not_every_flag(tmp_path, capsys):
         assert lines[1].startswith(f"python -m dg_plugins.scripts.sweep: error: {error}")
 
 
+def test_multi_gpu_without_a_gpu_is_refused_before_any_job_folder(tmp_path, capsys,
+                                                                   monkeypatch):
+    """On a CPU machine ``--command_launcher multi_gpu`` gets the usage line and one error with
+    the fix, and no job folder is made (it was a traceback after the folders were claimed); a
+    dry run, which launches nothing, still lists the jobs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SystemExit) as exit_info:
+        sweep_cli.main(cli(tmp_path, launcher="multi_gpu"))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].endswith("error: --command_launcher multi_gpu: no GPU visible "
+                             "(CUDA_VISIBLE_DEVICES is empty or torch.cuda.device_count() is 0); "
+                             "use the local launcher on CPU machines")
+    assert job_dirs(tmp_path) == []
+    assert sweep_cli.main(cli(tmp_path, "--dry_run", launcher="multi_gpu")) == 0
+    assert "Dry run: nothing is launched." in capsys.readouterr().out
+
+
 def test_cli_launch_needs_a_launcher(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sweep_cli.main(cli(tmp_path, launcher=None))
