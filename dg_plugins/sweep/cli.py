@@ -230,6 +230,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
         if not visible_gpus():  # before any job folder is made
             parser.error(f"--command_launcher multi_gpu: {NO_GPU}")
+    if args.command == "launch" and args.command_launcher == "submitit" and not args.dry_run:
+        from dg_plugins.sweep.submitit import launch_problem
+
+        problem = launch_problem(slurm_options(args))
+        if problem:
+            parser.error(f"--command_launcher submitit: {problem}")
 
 
 def slurm_options(args: argparse.Namespace) -> SubmititOptions:

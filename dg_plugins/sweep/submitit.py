@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -151,6 +152,20 @@ def _import_submitit():
             "(or pip install submitit)"
         ) from err
     return submitit
+
+
+def launch_problem(options: SubmititOptions | None = None) -> str | None:
+    """Why the launcher cannot submit from this machine, with the fix (None: it can): the
+    submitit package missing, or the slurm cluster without Slurm's ``srun`` on PATH."""
+    try:
+        _import_submitit()
+        cluster = resolve_submitit_options(overrides=options).cluster
+    except (ImportError, ValueError) as err:
+        return str(err)
+    if cluster == "slurm" and shutil.which("srun") is None:
+        return ("no Slurm on this machine (srun is not on PATH); run the jobs here through "
+                "submitit with --slurm_cluster local, or use --command_launcher local")
+    return None
 
 
 def make_executor(options: SubmititOptions):

@@ -236,6 +236,33 @@ def test_submitit_executor_runs_real_commands(tmp_path, capfd, cluster):
     assert cluster == "debug" or any((tmp_path / "logs").iterdir())
 
 
+def test_a_submitit_launch_that_cannot_submit_here_is_refused_before_any_job_folder(
+        tmp_path, capsys, monkeypatch):
+    """The slurm cluster (the default) without Slurm's srun on PATH, and submitit not installed:
+    each gets the usage line and one error with the fix, and no job folder is made (the first
+    was submitit's traceback after the jobs' folders were claimed)."""
+    pytest.importorskip("submitit")
+    monkeypatch.delenv("DG_SLURM_CLUSTER", raising=False)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no srun, on any machine
+    for hidden, error in ((False, "no Slurm on this machine (srun is not on PATH); run the jobs "
+                           "here through submitit with --slurm_cluster local, or use "
+                           "--command_launcher local"),
+                          (True, "the submitit launcher needs the submitit package: pip install "
+                           "'dg_plugins[slurm]'")):
+        if hidden:
+            monkeypatch.setitem(sys.modules, "submitit", None)
+        with pytest.raises(SystemExit) as exit_info:
+            sweep_cli.main(sweep_argv(tmp_path, "submitit"))
+        assert exit_info.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and f"error: --command_launcher submitit: {error}" in lines[1], lines
+        assert not (tmp_path / "out").exists()
+    monkeypatch.delitem(sys.modules, "submitit")
+    assert submitit.launch_problem(submitit.SubmititOptions(cluster="local")) is None
+
+
 def test_sweep_through_submitit_local_with_real_jobs(tmp_path, capfd):
     """The sweep CLI with --command_launcher submitit on submitit's local executor: two real
     Debug28 jobs (one Incomplete, relaunched with --resume) run to Done; logs go to
