@@ -263,16 +263,16 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
 
 
 def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
-    """kill -9 of a local-launcher sweep while its job trains (held after step 100 by the test's
+    """kill -9 of a local-launcher sweep while its job trains (held after step 10 by the test's
     gate until it stops): the job gets SIGTERM from the kernel, stops at a checkpoint and exits
     (it used to train on, holding its lock); then ``sweep launch --resume`` continues it to the
     end, with the records of an uninterrupted run's steps, and no process is left behind."""
     gate = tmp_path / "gate"
     gate.mkdir()
-    env = gate_env(gate, step=100)
+    env = gate_env(gate, step=10)
     out = tmp_path / "out"
-    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "120",
-                      "--checkpoint_freq", "40", "--hparams", '{"batch_size": 8}')
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "12",
+                      "--checkpoint_freq", "4", "--hparams", '{"batch_size": 8}')
     proc = start(SWEEP, *argv, env=env)
     with released(gate):
         pid = wait_for(lambda: (gate / "waiting").exists() and (gate / "waiting").read_text())
@@ -282,13 +282,13 @@ def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
         wait_for(lambda: not alive(int(pid)), timeout=60)  # the job followed its launcher
         finish(proc, timeout=30)
     assert lock_holder(str(job)) is None and not (job / "done").exists()
-    assert "stopped: stopped by SIGTERM after step 100" in (job / "err.txt").read_text()
+    assert "stopped: stopped by SIGTERM after step 10" in (job / "err.txt").read_text()
 
     code, text = run(SWEEP, *argv, "--resume", env=env, timeout=300)
     assert code == 0, text
     assert "(1 of them are Incomplete and will run with --resume.)" in text
     assert (job / "done").exists()
-    assert [r["step"] for r in read_records(job)] == [0, 40, 80, 119]
+    assert [r["step"] for r in read_records(job)] == [0, 4, 8, 11]
     assert survivors(env) == []
 
 
