@@ -225,17 +225,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             args.command_launcher):
         parser.error(f"unknown --command_launcher {args.command_launcher!r}; choices: "
                      + ", ".join(_launcher_names()))
-    if args.command == "launch" and args.command_launcher == "multi_gpu" and not args.dry_run:
-        from dg_plugins.sweep.launchers import NO_GPU, visible_gpus
+    if args.command == "launch" and args.command_launcher is not None and not args.dry_run:
+        from dg_plugins.sweep.launchers import launch_problem
 
-        if not visible_gpus():  # before any job folder is made
-            parser.error(f"--command_launcher multi_gpu: {NO_GPU}")
-    if args.command == "launch" and args.command_launcher == "submitit" and not args.dry_run:
-        from dg_plugins.sweep.submitit import launch_problem
-
-        problem = launch_problem(slurm_options(args))
-        if problem:
-            parser.error(f"--command_launcher submitit: {problem}")
+        problem = launch_problem(args.command_launcher, slurm_options(args))
+        if problem:  # before any job folder is made
+            parser.error(f"--command_launcher {args.command_launcher}: {problem}")
 
 
 def slurm_options(args: argparse.Namespace) -> SubmititOptions:

@@ -17,6 +17,7 @@ from dg_plugins.sweep import packing
 from dg_plugins.sweep.job_reports import JobOutputs
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                         report_exit_codes, report_interrupted)
+from dg_plugins.sweep.submitit import launch_problem as submitit_problem
 from dg_plugins.sweep.submitit import submitit_launcher
 
 
@@ -189,6 +190,16 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
 
 # --------------------------------------------------------------------------------------------
 # Options and registration
+
+
+def launch_problem(name: str, submitit=None) -> str | None:
+    """Why the built-in launcher ``name`` cannot launch from this machine, with the fix (None:
+    it can, or it is not one of ours); ``submitit``: the submitit launcher's options."""
+    if name == "multi_gpu":
+        return None if visible_gpus() else NO_GPU
+    if name == "submitit":
+        return submitit_problem(submitit)
+    return None
 
 
 def with_options(launcher: Callable, **options) -> Callable[[list], None]:
