@@ -11,6 +11,9 @@ from dg_plugins.networks import (MNIST_CNN, Classifier, Featurizer, LeNet,
                                  PretrainedWeightsUnavailable, ResNet, ViTFeaturizer,
                                  backbone_for)
 
+#: How often the loopback servers look for shutdown (seconds; 0.5 by default).
+SERVER_POLL_S = 0.01
+
 
 def hp(dataset="PACS", **overrides):
     h = hparams_lib.default_hparams("ERM", dataset)
@@ -260,7 +263,7 @@ def answering_server():
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     server.asked = asked
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True)
     thread.start()
     yield server
     server.shutdown()
@@ -371,7 +374,7 @@ def test_the_hub_probe_asks_once_and_takes_any_answer(tmp_path):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(SERVER_POLL_S,), daemon=True)
     thread.start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
