@@ -504,7 +504,10 @@ class Job:
                     self.write_record(step)
                     progress.evaluated(time.monotonic() - start)
                 progress.stepped(step, seconds)
-                if recorded or self.stop.signum is not None:
+                # after the last step the job finishes at once (model.pkl, done): no checkpoint
+                # (killed before done, it resumes from the one before, to the same records)
+                final = step == self.n_steps - 1 and stop_after_step is None
+                if (recorded and not final) or self.stop.signum is not None:
                     self.checkpoint(step + 1)
                 if self.stop.signum is not None:
                     raise Interrupted.after_step(self.stop.signum, step)

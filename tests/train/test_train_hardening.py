@@ -311,6 +311,8 @@ def test_resume_drops_a_torn_line_after_the_counted_records(tmp_path):
 
 
 def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, monkeypatch):
+    """A checkpoint counts only records already on disk; the last step's record is followed by
+    model.pkl and done, not by a checkpoint (the job is over)."""
     events = []
     from dg_plugins.train import checkpoint
 
@@ -330,7 +332,8 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
     order = [kind if kind != "fsync" or not path.endswith("results.jsonl") else "record"
              for kind, path in events if kind != "save" and (kind != "fsync" or
                                                              path.endswith("results.jsonl"))]
-    assert order == ["record", "checkpoint"] * 3
+    assert order == ["record", "checkpoint"] * 2 + ["record"]
+    assert (tmp_path / "done").exists() and not (tmp_path / "checkpoint.pt").exists()
 
 
 # SIGTERM stops at a step boundary; --resume continues --------------------------------------------
