@@ -94,9 +94,14 @@ class LeNet(StagedFeaturizer):
         return h
 
 
+#: torchvision's ResNets: constructor, weights enum, features, and the URL of the enum's
+#: ``IMAGENET1K_V1`` (DomainBed's weights), checked before torchvision is imported, so that a
+#: probe (a dry run's prerequisites) stops there.
 _TORCHVISION_RESNETS = {
-    "resnet18": ("resnet18", "ResNet18_Weights", 512),
-    "resnet50": ("resnet50", "ResNet50_Weights", 2048),
+    "resnet18": ("resnet18", "ResNet18_Weights", 512,
+                 "https://download.pytorch.org/models/resnet18-f37072fd.pth"),
+    "resnet50": ("resnet50", "ResNet50_Weights", 2048,
+                 "https://download.pytorch.org/models/resnet50-0676ba61.pth"),
 }
 TIMM_AUGMIX_RESNET = "resnet50.ram_in1k"
 
@@ -175,14 +180,17 @@ def resnet_arch(hparams) -> str:
 
 
 def _torchvision_resnet(arch: str, download: bool):
+    name, weights_enum, n_outputs, url = _TORCHVISION_RESNETS[arch]
+    if download:
+        weights.check_url_available(url, f"torchvision {name}")
     from dg_plugins import compat  # noqa: F401  (before torchvision)
     import torchvision
 
-    name, weights_enum, n_outputs = _TORCHVISION_RESNETS[arch]
     chosen = None
     if download:
         chosen = getattr(torchvision.models, weights_enum).IMAGENET1K_V1  # DomainBed's weights
-        weights.check_url_available(chosen.url, f"torchvision {name}")
+        if chosen.url != url:  # another torchvision's file
+            weights.check_url_available(chosen.url, f"torchvision {name}")
     return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 

@@ -150,12 +150,17 @@ def data_problems(jobs: Sequence) -> list[str]:
 
 
 def _may_load_weights(job) -> bool:
+    """False where the job's model loads no pretrained weights: one of our algorithms with
+    ``"pretrained": false`` (our networks load weights only under it), or a small-image dataset
+    with no :data:`BACKBONE_HPARAMS` set; such jobs are not probed (no model is built)."""
     args = job.train_args
-    if args["dataset"] not in SMALL_IMAGE_DATASETS:
-        return True
     try:
         overrides = json.loads(args.get("hparams") or "{}")
     except ValueError:
+        return True
+    if overrides.get("pretrained") is False and args["algorithm"] in catalog.BUILTIN_ALGORITHMS:
+        return False
+    if args["dataset"] not in SMALL_IMAGE_DATASETS:
         return True
     return any(name in overrides for name in BACKBONE_HPARAMS)
 

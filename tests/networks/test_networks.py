@@ -1,6 +1,7 @@
 """Featurizer choice, stage access, random-init and local-checkpoint backbones, offline
 fail-fast."""
 
+import os
 import time
 
 import pytest
@@ -146,6 +147,28 @@ def test_offline_pretrained_weights_fail_fast_with_the_fixes(overrides, what):
     message = str(err.value)
     assert what in message and "pretrained_path" in message and '"pretrained": false' in message
     assert "HF_HUB_OFFLINE" in message
+
+
+def test_torchvision_resnet_weights_are_known_before_torchvision_is_imported():
+    """The URLs checked before importing torchvision are its enums' ``IMAGENET1K_V1``; a probe
+    of a pretrained ResNet (a dry run's prerequisites) stops there, without importing it."""
+    import subprocess
+    import sys
+
+    import torchvision
+
+    from dg_plugins.networks import featurizers
+
+    for name, enum, _, url in featurizers._TORCHVISION_RESNETS.values():
+        assert getattr(torchvision.models, enum).IMAGENET1K_V1.url == url, name
+    code = ("import sys; from dg_plugins.networks import ResNet; "
+            "from dg_plugins.networks.pretrained import probe_weights; "
+            "error = probe_weights(lambda: ResNet((3, 224, 224), {'resnet18': False, "
+            "'resnet50_augmix': False, 'pretrained': True})); "
+            "print(type(error).__name__, 'torchvision' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, DG_PLUGINS_OFFLINE="1"))
+    assert done.stdout.split() == ["PretrainedWeightsUnavailable", "False"], done.stderr[-2000:]
 
 
 def test_timm_vit_featurizer():

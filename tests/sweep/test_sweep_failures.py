@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dg_plugins import catalog
 from dg_plugins.sweep import checks, jobs
 from dg_plugins.job.folder import lock_holder
 from helpers import read_records
@@ -153,6 +154,29 @@ def test_weights_check_finds_a_missing_pretrained_path_and_loads_nothing(tmp_pat
     (tmp_path / "present.pth").write_text("not read by the check")
     assert checks.weight_problems(jobs_of("PACS", missing.replace("missing", "present"))) == []
     assert checks.weight_problems(jobs_of("RotatedMNIST5k", None)) == []
+
+
+@pytest.mark.parametrize("name", catalog.BUILTIN_ALGORITHMS)
+def test_no_builtin_algorithm_asks_for_weights_with_pretrained_false(name):
+    """What lets the weights check skip our algorithms' jobs with ``"pretrained": false``
+    (``checks._may_load_weights``): built with it, on every default backbone of PACS-sized
+    images (ResNet-50, ResNet-18, the ResNet-50 AugMix, a ViT) and with a ``pretrained_path``,
+    none of them asks for weights."""
+    import torch
+
+    import dg_plugins.algorithms  # noqa: F401  (registers them)
+    from dg_plugins import hparams as hparams_lib
+    from dg_plugins.networks.pretrained import probing
+    from dg_plugins.registry import ALGORITHMS
+
+    for backbone in ({}, {"resnet18": True}, {"resnet18": False, "resnet50_augmix": True},
+                     {"vit": True}, {"pretrained_path": "/no/such/file.pth"}):
+        hp = hparams_lib.default_hparams(name, "PACS")
+        hp.update({k: v for k, v in backbone.items() if k in hp}, pretrained=False)
+        if "pretrained_path" in backbone:
+            hp["pretrained_path"] = backbone["pretrained_path"]
+        with probing(), torch.device("meta"):
+            ALGORITHMS.get(name)((3, 224, 224), 7, 3, hp)  # a request would raise
 
 
 def score_file(path, scores=(0.3, 0.5), **meta):
