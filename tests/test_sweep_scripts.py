@@ -2,11 +2,11 @@
 settings behind the paper scripts (``dg_plugins/reference/paper_settings.py``, run by
 ``python -m dg_plugins.scripts.reproduce``).
 
-Each script runs as a subprocess with ``DRY_RUN=1`` (each protocol of a paper script), a fake
-``DATA_DIR`` (tiny image trees), a temporary ``OUTPUT_DIR`` and empty download caches
-(:mod:`paper_runs`): it must exit 0, create nothing, start no train or sweep process (a
-``sitecustomize`` logs every Python process started), and list its jobs with their count and total
-steps; a paper script also warns of what a real run would miss (here the pretrained weights and
+Each script runs as a subprocess with ``DRY_RUN=1`` (a paper script's other protocols run in
+this process, as its one line would run them), a fake ``DATA_DIR`` (tiny image trees), a
+temporary ``OUTPUT_DIR`` and empty download caches (:mod:`paper_runs`): it must exit 0, create
+nothing, start no train or sweep process (a ``sitecustomize`` logs every Python process started),
+and list its jobs with their count and total steps; a paper script also warns of what a real run would miss (here the pretrained weights and
 split lists), and its header names each of those prerequisites. The jobs a paper script lists must
 carry exactly the table's settings, in their train args and in the hparams train resolves from
 them. The scripts run in parallel threads (each is a Python process importing torch). Last, the
@@ -94,9 +94,24 @@ def data(tmp_path_factory):
     return root, make_fake_data(root)
 
 
+def is_default(case) -> bool:
+    """Whether ``case`` is a script with its default protocol (or a plain sweep script)."""
+    name, protocol = case
+    return protocol is None or protocol == PAPER_SCRIPTS[name].default_protocol
+
+
 @pytest.fixture(scope="module")
 def dry_runs(data, tmp_path_factory):
-    """Every (script, protocol) run once with DRY_RUN=1, four at a time."""
+    """Every (script, protocol) run once with DRY_RUN=1: each script as a user runs it (its
+    default protocol; a subprocess, four at a time), then each other protocol of a paper script
+    in this process, as the script's one line runs it (``reproduce SETTING ... --protocol P
+    --dry_run``: the bash part is the default's; its processes are not logged)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from dg_plugins.reproduce import cli as reproduce_cli
+
     data_dir, _ = data
     tmp = tmp_path_factory.mktemp("dry_runs")
 
@@ -114,8 +129,22 @@ def dry_runs(data, tmp_path_factory):
         processes = log.read_text().splitlines() if log.exists() else []
         return case, (proc, out, processes)
 
+    def in_process(case):
+        name, protocol = case
+        out = tmp / "out" / f"{name[:-3]}_{protocol}"
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = reproduce_cli.main([
+                PAPER_SCRIPTS[name].name, "--data_dir", str(data_dir), "--output_dir", str(out),
+                "--command_launcher", "local", "--eval_splits", "selection", "--protocol",
+                protocol, "--dry_run"])
+        proc = SimpleNamespace(returncode=code, stdout=stdout.getvalue(),
+                               stderr=stderr.getvalue())
+        return case, (proc, out, None)
+
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(run, CASES))
+        runs = dict(pool.map(run, [case for case in CASES if is_default(case)]))
+    return {**runs, **dict(map(in_process, [case for case in CASES if not is_default(case)]))}
 
 
 def train_commands(stdout: str) -> list:
@@ -153,10 +182,12 @@ def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
     proc, out, processes = dry_runs[case]
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     assert not out.exists(), f"a dry run created {out}"
-    started = [p for p in processes if "dg_plugins.scripts.train" in p
-               or ("dg_plugins.scripts.sweep" in p and "reproduce" not in p)]
-    assert not started, f"a dry run started {started}"
-    assert processes and all("dg_plugins.scripts.reproduce" in p for p in processes), processes
+    if processes is not None:  # run as a script
+        started = [p for p in processes if "dg_plugins.scripts.train" in p
+                   or ("dg_plugins.scripts.sweep" in p and "reproduce" not in p)]
+        assert not started, f"a dry run started {started}"
+        assert processes and all("dg_plugins.scripts.reproduce" in p for p in processes), \
+            processes
     n_jobs, steps = total(proc.stdout)
     jobs = train_commands(proc.stdout)
     assert n_jobs == len(jobs) > 0 and steps > 0
