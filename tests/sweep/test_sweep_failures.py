@@ -172,9 +172,7 @@ def test_no_builtin_algorithm_asks_for_weights_with_pretrained_false(name):
     for backbone in ({}, {"resnet18": True}, {"resnet18": False, "resnet50_augmix": True},
                      {"vit": True}, {"pretrained_path": "/no/such/file.pth"}):
         hp = hparams_lib.default_hparams(name, "PACS")
-        hp.update({k: v for k, v in backbone.items() if k in hp}, pretrained=False)
-        if "pretrained_path" in backbone:
-            hp["pretrained_path"] = backbone["pretrained_path"]
+        hp.update(backbone, pretrained=False)
         with probing(), torch.device("meta"):
             ALGORITHMS.get(name)((3, 224, 224), 7, 3, hp)  # a request would raise
 
