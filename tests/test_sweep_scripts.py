@@ -6,12 +6,13 @@ Each script runs as a subprocess with ``DRY_RUN=1`` (a paper script's other prot
 this process, as its one line would run them), a fake ``DATA_DIR`` (tiny image trees), a
 temporary ``OUTPUT_DIR`` and empty download caches (:mod:`paper_runs`): it must exit 0, create
 nothing, start no train or sweep process (a ``sitecustomize`` logs every Python process started),
-and list its jobs with their count and total steps; a paper script also warns of what a real run would miss (here the pretrained weights and
-split lists), and its header names each of those prerequisites. The jobs a paper script lists must
-carry exactly the table's settings, in their train args and in the hparams train resolves from
-them. The scripts run in parallel threads (each is a Python process importing torch). Last, the
-quick start, stopped in the middle of a job, continues where it stopped when run again. The paper
-scripts' real runs: tests/test_paper_scripts_*.py.
+and list its jobs with their count and total steps; a paper script also warns of what a real run
+would miss (here the pretrained weights and split lists), and its header names each of those
+prerequisites. The jobs a paper script lists must carry exactly the table's settings, in their
+train args and in the hparams train resolves from them. The scripts run in parallel threads (each
+is a Python process importing torch). Last, the quick start, stopped in the middle of a job,
+continues where it stopped when run again. The paper scripts' real runs:
+tests/test_paper_scripts_*.py.
 """
 
 from __future__ import annotations
