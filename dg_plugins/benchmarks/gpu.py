@@ -47,6 +47,7 @@ import tempfile
 import types
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.train.progress import plural
 
 #: The rows of the algorithm table: label, algorithm, hparams (random init for all).
 RESNET18 = {"resnet18": True, "resnet50_augmix": False}
@@ -329,13 +330,14 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
                                   or "train's defaults (deterministic, no channels_last)") + ".",
              ""]
     if reduced:
-        lines += ["Reduced: " + ", ".join(args.algorithms) + f"; {args.batch_size} images per "
-                  f"domain; {args.steps} timed step(s) after {args.warmup}; loader workers "
-                  f"{', '.join(map(str, args.workers))}; a {n_images}-image tree. A GPU machine "
+        lines += ["Reduced: " + ", ".join(args.algorithms) + "; "
+                  f"{plural(args.batch_size, 'image')} per domain; {args.steps} timed step(s) "
+                  f"after {args.warmup}; loader workers {', '.join(map(str, args.workers))}; a "
+                  f"{n_images}-image tree. A GPU machine "
                   "runs every algorithm at batch 32 per domain.", ""]
-    lines += [f"## Training step at 224x224 ({args.batch_size} images per domain x 2 source "
-              f"domains, random init; median of {args.steps} steps after {args.warmup}, fp32 "
-              "and bf16 taking turns)", "",
+    lines += [f"## Training step at 224x224 ({plural(args.batch_size, 'image')} per domain x 2 "
+              f"source domains, random init; median of {args.steps} steps after {args.warmup}, "
+              "fp32 and bf16 taking turns)", "",
               "| algorithm | precision | step ms | peak memory GiB | images/s |",
               "|---|---|---|---|---|"]
     for row in algorithms:
