@@ -239,21 +239,36 @@ def timm_hub_files(filename: str | None) -> list[str]:
     return [filename]
 
 
+#: The hub repositories (timm's ``pretrained_cfg.hf_hub_id``, default file names) of the timm
+#: models our networks download by default, by the name they pass: checked before timm is
+#: imported, so that a probe (a dry run's prerequisites) stops there. A test compares them with
+#: timm's configs; if a later timm names another repository, that one is checked too.
+TIMM_HUB_IDS = {
+    "vit_small_patch16_224.augreg_in21k_ft_in1k": "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "deit_small_patch16_224": "timm/deit_small_patch16_224.fb_in1k",
+    "vit_base_patch14_dinov2.lvd142m": "timm/vit_base_patch14_dinov2.lvd142m",
+    "resnet50.ram_in1k": "timm/resnet50.ram_in1k",
+}
+
+
 def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name, pretrained=download, **kwargs)``, failing fast when the weights
     are neither cached nor downloadable."""
+    what = f"timm {name}"
+    known = TIMM_HUB_IDS.get(name) if download else None
+    cached = check_hub_available(known, what, [timm_hub_files(None)]) if known else None
     from dg_plugins import compat  # noqa: F401  (before timm)
     import timm
 
     if not download:
         return timm.create_model(name, pretrained=False, **kwargs)
     cfg = timm.models.get_pretrained_cfg(name)
-    what = f"timm {name}"
     hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
     if hub_id:
         repo_id, _, revision = hub_id.partition("@")
-        cached = check_hub_available(repo_id, what, [timm_hub_files(cfg.hf_hub_filename)],
-                                     revision=revision or None)
+        if hub_id != known or cfg.hf_hub_filename:  # not the files checked above
+            cached = check_hub_available(repo_id, what, [timm_hub_files(cfg.hf_hub_filename)],
+                                         revision=revision or None)
         with hub_offline() if cached else contextlib.nullcontext():
             return timm.create_model(name, pretrained=True, **kwargs)
     if cfg is not None and cfg.url and not cfg.file:

@@ -89,11 +89,15 @@ def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
 # Building
 # --------------------------------------------------------------------------------------------
 
-def _timm_vit_class():
+def _timm():
     from dg_plugins import compat  # noqa: F401  (before timm)
-    from timm.models.vision_transformer import VisionTransformer
+    import timm
 
-    return VisionTransformer
+    return timm
+
+
+def _timm_vit_class():
+    return _timm().models.vision_transformer.VisionTransformer
 
 
 def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
@@ -103,16 +107,13 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
     """A timm ``VisionTransformer`` for ``input_shape = (C, H, W)`` (``arch`` as
     :func:`resolve_vit_arch`), with pretrained or local weights (RGB filters adapted when
     ``C != 3``)."""
-    from dg_plugins import compat  # noqa: F401  (before timm)
-    import timm
-
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3:
         raise ValueError(f"input_shape must be (C, H, W), got {shape}")
     channels, height, width = shape
     name = resolve_vit_arch(arch, shape, arch_224=arch_224)
     is_preset = name in VIT_PRESETS
-    if not is_preset and not timm.is_model(name):
+    if not is_preset and name not in weights.TIMM_HUB_IDS and not _timm().is_model(name):
         raise ValueError(f"unknown ViT architecture {name!r}: expected 'auto', 'tiny', a preset "
                          f"{sorted(VIT_PRESETS)} or a timm model name (timm.list_models('vit_*'))")
     local_path = pretrained_path if pretrained else None

@@ -171,6 +171,32 @@ def test_torchvision_resnet_weights_are_known_before_torchvision_is_imported():
     assert done.stdout.split() == ["PretrainedWeightsUnavailable", "False"], done.stderr[-2000:]
 
 
+def test_timm_weights_are_known_before_timm_is_imported():
+    """Every timm model our networks download by default has its hub repository in
+    ``TIMM_HUB_IDS``, equal to timm's config (default file names); a probe of a pretrained ViT
+    stops at that check, without importing timm."""
+    import subprocess
+    import sys
+
+    import timm
+
+    from dg_plugins.algorithms.gmoe import DEIT_S
+    from dg_plugins.networks import featurizers, pretrained, vit
+
+    defaults = {vit.DEFAULT_ARCH_224, vit.DINOV2_ARCH, DEIT_S, featurizers.TIMM_AUGMIX_RESNET}
+    assert set(pretrained.TIMM_HUB_IDS) == defaults
+    for name, repo in pretrained.TIMM_HUB_IDS.items():
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert (cfg.hf_hub_id, cfg.hf_hub_filename) == (repo, None), name
+    code = ("import sys; from dg_plugins.networks.vit import create_vit; "
+            "from dg_plugins.networks.pretrained import probe_weights; "
+            "error = probe_weights(lambda: create_vit('auto', (3, 224, 224), pretrained=True)); "
+            "print(type(error).__name__, 'timm' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, DG_PLUGINS_OFFLINE="1"))
+    assert done.stdout.split() == ["PretrainedWeightsUnavailable", "False"], done.stderr[-2000:]
+
+
 def test_timm_vit_featurizer():
     net = Featurizer((3, 224, 224), hp(vit=True, vit_arch="vit_tiny_patch16_224"))
     assert isinstance(net, ViTFeaturizer) and net.n_outputs == 192
