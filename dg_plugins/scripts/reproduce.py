@@ -13,7 +13,9 @@ checks, costs and listings are :mod:`dg_plugins.reproduce`'s; what it does: docs
 
 import sys
 
+from dg_plugins import runtime
 from dg_plugins.reproduce.cli import build_parser, main  # noqa: F401  (the command's surface)
 
 if __name__ == "__main__":
+    runtime.pause_collector()  # until the sweep's launch (runtime.resume_collector)
     sys.exit(main())

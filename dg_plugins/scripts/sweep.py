@@ -4,7 +4,9 @@ checks, actions and launchers are :mod:`dg_plugins.sweep`'s."""
 
 import sys
 
+from dg_plugins import runtime
 from dg_plugins.sweep.cli import build_parser, main  # noqa: F401  (the command's surface)
 
 if __name__ == "__main__":
+    runtime.pause_collector()  # until the sweep's launch (runtime.resume_collector)
     sys.exit(main())

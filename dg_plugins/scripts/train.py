@@ -3,27 +3,23 @@
 :mod:`dg_plugins.train`'s.
 
 In its own process (:func:`run_command`) Python's cyclic garbage collector is off until the job's
-first training step has run, then on with everything alive frozen (``gc.freeze``): start-up
-creates some 400,000 long-lived objects (torch, and ``torch._dynamo``, which the first optimizer
-imports), which its collections would otherwise traverse again and again, and once more at exit
-(a third of a small job's CPU time; ``results/benchmarks.md``). Nothing computed changes."""
+first training step has run (:func:`dg_plugins.runtime.pause_collector`; ``torch._dynamo`` comes
+with the first optimizer), then on with everything alive frozen."""
 
-import gc
 import sys
 
+from dg_plugins import runtime
 from dg_plugins.train.cli import build_parser, main  # noqa: F401  (the command's surface)
 
 
 def collect_after_first_step(job, step: int) -> None:
     """Step hook: the collector back on, everything alive now left out of its collections."""
-    if not gc.isenabled():
-        gc.freeze()
-        gc.enable()
+    runtime.resume_collector()
 
 
 def run_command(argv=None) -> int:
     """:func:`main` as the command runs it, with the collector off during start-up (above)."""
-    gc.disable()
+    runtime.pause_collector()
     args = build_parser().parse_args(argv)  # --help and usage errors end here, before torch
     from dg_plugins.train import job, run
 

@@ -12,6 +12,7 @@ import shutil
 import sys
 from typing import Callable, Sequence
 
+from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
 from dg_plugins.sweep import claims
@@ -37,6 +38,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
            ) -> list[str]:
     """Shuffle (``random.Random(seed)``), claim the jobs, hand their commands to ``launcher_fn``
     (``--resume`` for Incomplete ones when ``resume_incomplete``); returns the commands."""
+    runtime.resume_collector()  # the command's start-up ends here
     print("Launching...")
     order = list(jobs)
     random.Random(seed).shuffle(order)
