@@ -2,7 +2,7 @@
 (:func:`dg_plugins.runtime.pause_collector`): off while it checks and plans (here it imports
 torch to check ``--hparams``), back on with what start-up made frozen when the launch begins;
 the jobs forked by the local launcher's fork server start with the server's imports frozen
-(:mod:`dg_plugins.sweep.preload`) and the collector on."""
+(:mod:`dg_plugins.train.preload`) and the collector on."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""What the fork server imports once for the train jobs it forks (:data:`dg_plugins.sweep.fork.
-PRELOAD`), with the cyclic garbage collector paused meanwhile, then everything alive frozen
-(:mod:`dg_plugins.runtime`'s start-up; ``gc.freeze`` as the ``gc`` docs advise before forking
-without exec): neither the server nor the collections of its jobs traverse those objects."""
+"""What a train job imports, imported once by the sweep's fork server before it forks jobs
+(:data:`dg_plugins.sweep.fork.PRELOAD`), with the cyclic garbage collector paused meanwhile, then
+everything alive frozen (:mod:`dg_plugins.runtime`'s start-up; ``gc.freeze`` as the ``gc`` docs
+advise before forking without exec): neither the server nor its jobs' collections traverse those
+objects. Imports only: no tensor is computed and no CUDA context made."""
 
 from dg_plugins import runtime
 
@@ -13,7 +14,6 @@ try:
     import dg_plugins.algorithms  # noqa: F401
     import dg_plugins.datasets  # noqa: F401
     import dg_plugins.networks.vit  # noqa: F401
-    import dg_plugins.sweep.fork  # noqa: F401  (the job body it forks)
     import dg_plugins.train.run  # noqa: F401
 finally:
     runtime.resume_collector()
