@@ -333,8 +333,8 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
         lines += ["Reduced: " + ", ".join(args.algorithms) + "; "
                   f"{plural(args.batch_size, 'image')} per domain; {args.steps} timed step(s) "
                   f"after {args.warmup}; loader workers {', '.join(map(str, args.workers))}; a "
-                  f"{n_images}-image tree. A GPU machine "
-                  "runs every algorithm at batch 32 per domain.", ""]
+                  f"{n_images}-image tree. A GPU machine runs every algorithm at batch 32 per "
+                  "domain.", ""]
     lines += [f"## Training step at 224x224 ({plural(args.batch_size, 'image')} per domain x 2 "
               f"source domains, random init; median of {args.steps} steps after {args.warmup}, "
               "fp32 and bf16 taking turns)", "",
