@@ -39,9 +39,9 @@ def is_simple_command(command: str) -> bool:
 #: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
 FORK_ENV = "DG_PLUGINS_FORK_JOBS"
 #: What the fork server imports once: a train job's imports (:mod:`dg_plugins.train.preload`:
-#: torch, ``torch._dynamo``, the algorithms and datasets; no tensor computed and no CUDA context
-#: made, so its children start as cleanly as a new interpreter), then this module, so that the
-#: server holds the job body it forks (:func:`_train_in_child`) from the start even if the
+#: torch, ``torch._dynamo``, timm, the algorithms and datasets; no tensor computed and no CUDA
+#: context made, so its children start as cleanly as a new interpreter), then this module, so that
+#: the server holds the job body it forks (:func:`_train_in_child`) from the start even if the
 #: package on disk changes during the sweep.
 PRELOAD = ("dg_plugins.train.preload", __name__)
 _fork_context = None

@@ -11,6 +11,7 @@ try:
     import dg_plugins.compat  # noqa: F401  (before torchvision and timm)
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401  (the first optimizer imports it)
+    import timm  # noqa: F401  (the ViTs, DomainBed's default ResNet-50; with torchvision)
     import dg_plugins.algorithms  # noqa: F401
     import dg_plugins.datasets  # noqa: F401
     import dg_plugins.networks.vit  # noqa: F401
