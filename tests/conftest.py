@@ -67,6 +67,29 @@ def pytest_collection_finish(session):
     runtime.resume_collector()
 
 
+#: The slowest modules, slowest first (seconds of a worker in a run of the whole suite on a
+#: 2-core Xeon, 2026-11-28: 85 down to 17), run first. xdist hands out whole modules
+#: (``--dist loadscope``, ``--no-loadscope-reorder``: in collection order): by default the
+#: modules with the most tests go first, which leaves these end-to-end modules of few tests for
+#: last, where one of them can keep a worker busy alone while the other waits. A module not named
+#: here keeps its place after them (the order only, never what a test does).
+SLOWEST_FIRST = (
+    "benchmarks/test_gpu_and_image_job.py", "test_before_after.py", "test_sweep_scripts.py",
+    "test_paper_scripts_mpbm_ipoop.py", "train/test_image_jobs.py", "test_paper_scripts_vit.py",
+    "sweep/test_sweep_failures.py", "train/test_train_hardening.py",
+    "test_paper_scripts_dmg_pacs.py", "algorithms/test_all_algorithms.py",
+    "test_paper_scripts_dmg_domainnet.py", "train/test_precision.py",
+    "train/test_augment_on_device.py", "test_paper_prerequisites.py",
+    "train/test_train_reports.py", "sweep/test_sweep_claims.py", "alignment/test_scoring.py",
+    "sweep/test_packing.py", "sweep/test_launchers.py", "train/test_train.py",
+    "collect/test_eval_splits_tables.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {f"tests/{path}": i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
+
 def pytest_unconfigure(config):
     """The run's cache folder (see the top of this file) is removed by the process that made it."""
     if _OWN_TEST_CACHES:
