@@ -149,35 +149,40 @@ def test_offline_pretrained_weights_fail_fast_with_the_fixes(overrides, what):
     assert "HF_HUB_OFFLINE" in message
 
 
-def test_torchvision_resnet_weights_are_known_before_torchvision_is_imported():
-    """The URLs checked before importing torchvision are its enums' ``IMAGENET1K_V1``; a probe
-    of a pretrained ResNet (a dry run's prerequisites) stops there, without importing it."""
+def offline_probe(imports: str, build: str, module: str) -> list[str]:
+    """In a fresh offline process: the type of the error :func:`probe_weights` finds for
+    ``build``, and whether ``module`` was imported."""
     import subprocess
     import sys
 
+    code = (f"import sys; {imports}; from dg_plugins.networks.pretrained import probe_weights; "
+            f"error = probe_weights(lambda: {build}); "
+            f"print(type(error).__name__, {module!r} in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, DG_PLUGINS_OFFLINE="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_torchvision_resnet_weights_are_known_before_torchvision_is_imported():
+    """The URLs checked before importing torchvision are its enums' ``IMAGENET1K_V1``; a probe
+    of a pretrained ResNet (a dry run's prerequisites) stops there, without importing it."""
     import torchvision
 
     from dg_plugins.networks import featurizers
 
     for name, enum, _, url in featurizers._TORCHVISION_RESNETS.values():
         assert getattr(torchvision.models, enum).IMAGENET1K_V1.url == url, name
-    code = ("import sys; from dg_plugins.networks import ResNet; "
-            "from dg_plugins.networks.pretrained import probe_weights; "
-            "error = probe_weights(lambda: ResNet((3, 224, 224), {'resnet18': False, "
-            "'resnet50_augmix': False, 'pretrained': True})); "
-            "print(type(error).__name__, 'torchvision' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, DG_PLUGINS_OFFLINE="1"))
-    assert done.stdout.split() == ["PretrainedWeightsUnavailable", "False"], done.stderr[-2000:]
+    assert offline_probe("from dg_plugins.networks import ResNet",
+                         "ResNet((3, 224, 224), {'resnet18': False, 'resnet50_augmix': False, "
+                         "'pretrained': True})", "torchvision") == \
+        ["PretrainedWeightsUnavailable", "False"]
 
 
 def test_timm_weights_are_known_before_timm_is_imported():
     """Every timm model our networks download by default has its hub repository in
     ``TIMM_HUB_IDS``, equal to timm's config (default file names); a probe of a pretrained ViT
     stops at that check, without importing timm."""
-    import subprocess
-    import sys
-
     import timm
 
     from dg_plugins.algorithms.gmoe import DEIT_S
@@ -188,13 +193,9 @@ def test_timm_weights_are_known_before_timm_is_imported():
     for name, repo in pretrained.TIMM_HUB_IDS.items():
         cfg = timm.models.get_pretrained_cfg(name)
         assert (cfg.hf_hub_id, cfg.hf_hub_filename) == (repo, None), name
-    code = ("import sys; from dg_plugins.networks.vit import create_vit; "
-            "from dg_plugins.networks.pretrained import probe_weights; "
-            "error = probe_weights(lambda: create_vit('auto', (3, 224, 224), pretrained=True)); "
-            "print(type(error).__name__, 'timm' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, DG_PLUGINS_OFFLINE="1"))
-    assert done.stdout.split() == ["PretrainedWeightsUnavailable", "False"], done.stderr[-2000:]
+    assert offline_probe("from dg_plugins.networks.vit import create_vit",
+                         "create_vit('auto', (3, 224, 224), pretrained=True)", "timm") == \
+        ["PretrainedWeightsUnavailable", "False"]
 
 
 def test_timm_vit_featurizer():
