@@ -43,7 +43,8 @@ from dg_plugins import runtime  # noqa: E402
 # Collection imports torch, timm and every test module: the cyclic garbage collector is paused
 # meanwhile, then everything alive frozen (runtime.pause_collector, as the commands start), so that
 # neither collection nor the collections during the tests traverse those objects again and again
-# (collection: 8.9 CPU-s with it on, 6.4 off). xdist's controller collects nothing: on at once.
+# (collection: 8.9 CPU-s per worker before, 4.8 now). xdist's controller collects nothing: on
+# at once.
 runtime.pause_collector()
 
 REPO = Path(__file__).resolve().parents[1]

@@ -113,6 +113,7 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
     channels, height, width = shape
     name = resolve_vit_arch(arch, shape, arch_224=arch_224)
     is_preset = name in VIT_PRESETS
+    # a name of weights.TIMM_HUB_IDS is timm's (its test): no timm import before its weights check
     if not is_preset and name not in weights.TIMM_HUB_IDS and not _timm().is_model(name):
         raise ValueError(f"unknown ViT architecture {name!r}: expected 'auto', 'tiny', a preset "
                          f"{sorted(VIT_PRESETS)} or a timm model name (timm.list_models('vit_*'))")
