@@ -1,12 +1,14 @@
 """What a run may use: its CPU cores (:func:`job_cores`: a launcher's share, Slurm's
 cpus-per-task, or the process's CPU affinity) and its torch device (train, the CLIP scorer,
-alignment_eval, the benchmarks); and how a command starts (:func:`pause_collector`). No torch
-import at module import."""
+alignment_eval, the benchmarks); and how a command starts (:func:`pause_collector`, and one line
+for an interpreter without the package's requirements). No torch import at module import."""
 
 from __future__ import annotations
 
 import gc
 import os
+import shlex
+import sys
 
 #: The cores a launcher gives each job it runs (the ``multi_gpu`` launcher: the machine's cores
 #: divided among the jobs it runs at once); a user may set it too, e.g. to leave cores free.
@@ -69,3 +71,26 @@ def resume_collector() -> None:
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
+
+
+def requirement_line(name: str, err: BaseException) -> str:
+    """The error for an interpreter that cannot import ``name``, which dg_plugins needs (a script
+    run with another ``PYTHON``): it names the interpreter and the command that installs the
+    package into it."""
+    exe = shlex.quote(sys.executable)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = shlex.quote(root) if os.path.isfile(os.path.join(root, "setup.cfg")) else \
+        "dg_plugins"
+    return (f"{exe} cannot import {name} ({err}), which dg_plugins needs: install the package "
+            f"into it ({exe} -m pip install -e {package}), or run the interpreter that has it "
+            "(sweeps/*.sh: PYTHON=.venv/bin/python)")
+
+
+def missing_requirement(err: ModuleNotFoundError) -> int:
+    """A command's modules failed to import ``err.name``: print :func:`requirement_line` and
+    return the exit status 2; re-raise when the module is dg_plugins' own (a bug, shown in full)."""
+    name = (err.name or "dg_plugins").split(".")[0]
+    if name == "dg_plugins":
+        raise err
+    print(f"error: {requirement_line(name, err)}", file=sys.stderr)
+    return 2

@@ -145,8 +145,11 @@ def test_an_interpreter_without_torch_is_named_with_the_install_command(tmp, pac
                                                                         tmp_path):
     """PYTHON runs dg_plugins from the checkout but cannot import torch (a ``torch`` that fails
     to import comes first on its path): one line names the interpreter and the command that
-    installs the package into it, instead of a traceback; a real run and a dry run alike."""
+    installs the package into it, instead of a traceback; a real run and a dry run alike. So does
+    an interpreter without any of the package's requirements, at the commands' first import."""
+    import os
     import shlex
+    import subprocess
     import sys
 
     from paper_runs import REPO
@@ -166,6 +169,23 @@ def test_an_interpreter_without_torch_is_named_with_the_install_command(tmp, pac
             f"needs: install the package into it ({exe} -m pip install -e {repo}), or run the "
             "interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)\n")
         assert not run.started_anything() and not run.output_dir.exists()
+    # An interpreter with none of the requirements (site-packages off, as a system Python): the
+    # commands' first imports fail on numpy, named in one line, by the paper script and by sweep.
+    bare = tmp_path / "bare_python"
+    bare.write_text(f'#!/bin/sh\nexec {exe} -S "$@"\n')
+    bare.chmod(0o755)
+    needs_numpy = (f"error: {exe} cannot import numpy (No module named 'numpy'), which dg_plugins "
+                   f"needs: install the package into it ({exe} -m pip install -e {repo}), or run "
+                   "the interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)\n")
+    run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="bare", timeout=TIMEOUT_S,
+                     PYTHON=str(bare))
+    assert (run.returncode, run.stderr) == (2, needs_numpy), run.report()
+    assert not run.output_dir.exists()
+    sweep = subprocess.run([str(bare), "-m", "dg_plugins.scripts.sweep", "launch", "--datasets",
+                            "Debug28", "--output_dir", str(tmp_path / "bare_sweep")],
+                           capture_output=True, text=True, timeout=TIMEOUT_S,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert (sweep.returncode, sweep.stderr) == (2, needs_numpy), sweep.stdout + sweep.stderr
     run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="no_python",
                      timeout=TIMEOUT_S, PYTHON="no-such-python3")
     assert run.returncode == 2 and run.stderr == (

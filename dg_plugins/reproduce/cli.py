@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 
+from dg_plugins import runtime
 from dg_plugins.files import atomic_write_bytes
 from dg_plugins.hparams import parse_overrides
 from dg_plugins.reference import paper_settings as ps
@@ -88,19 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def require_torch() -> None:
-    """Raise :class:`UsageError` naming this interpreter and the install command when it cannot
-    import torch (every listing and sweep needs it; ``--describe`` does not): the one line a
-    paper script run with another ``PYTHON`` prints."""
+    """Raise :class:`UsageError` (:func:`dg_plugins.runtime.requirement_line`) when this
+    interpreter cannot import torch (every listing and sweep needs it; ``--describe`` does not)."""
     try:
         import torch  # noqa: F401
     except (ImportError, OSError) as err:
-        exe = shlex.quote(sys.executable)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        package = shlex.quote(root) if os.path.isfile(os.path.join(root, "setup.cfg")) else \
-            "dg_plugins"
-        raise UsageError(f"{exe} cannot import torch ({err}), which dg_plugins needs: install the "
-                         f"package into it ({exe} -m pip install -e {package}), or run the "
-                         "interpreter that has it (sweeps/*.sh: PYTHON=.venv/bin/python)") from None
+        raise UsageError(runtime.requirement_line("torch", err)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,12 @@ checks, costs and listings are :mod:`dg_plugins.reproduce`'s; what it does: docs
 import sys
 
 from dg_plugins import runtime
-from dg_plugins.reproduce.cli import build_parser, main  # noqa: F401  (the command's surface)
+try:
+    from dg_plugins.reproduce.cli import build_parser, main  # noqa: F401  (the command's surface)
+except ModuleNotFoundError as err:  # a PYTHON without the package's requirements: one line
+    if __name__ != "__main__":
+        raise
+    sys.exit(runtime.missing_requirement(err))
 
 if __name__ == "__main__":
     runtime.pause_collector()  # until the sweep's launch (runtime.resume_collector)
