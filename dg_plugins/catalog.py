@@ -9,7 +9,7 @@ import os
 import re
 
 from dg_plugins.layouts import (IMAGE_EXTENSIONS, domain_folder_error, has_image,
-                                visible_subfolders)
+                                inside_dataset_folder, visible_subfolders)
 from dg_plugins.registry import close_names
 
 #: DomainBed's ``algorithms.ALGORITHMS`` (b93c22a), in its order.
@@ -307,7 +307,8 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     folder = IMAGE_FOLDER_DATASETS[dataset]
     root = os.path.join(data_dir, folder) if folder else data_dir
     if not os.path.isdir(root):
-        raise FileNotFoundError(f"{dataset}: dataset folder {root} does not exist. {layout}.")
+        raise FileNotFoundError((folder and inside_dataset_folder(dataset, data_dir, folder))
+                                or f"{dataset}: dataset folder {root} does not exist. {layout}.")
     domains = visible_subfolders(root)
     if not domains:
         raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")

@@ -97,6 +97,22 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
             f"--data_dir {tree}?")
 
 
+def inside_dataset_folder(dataset: str, data_dir: str, folder: str) -> str | None:
+    """The message for a ``--data_dir`` that is the dataset's own folder ``folder`` (``TREE/PACS``
+    for PACS, whose ``--data_dir`` is ``TREE``) or a folder in it (``TREE/PACS/photo``), naming
+    the folder meant (absolute or relative, as given); None otherwise."""
+    here = os.path.abspath(data_dir)
+    for tree in (here, os.path.dirname(here)):
+        if os.path.basename(tree) == folder and os.path.isdir(tree):
+            meant = os.path.dirname(tree)
+            meant = meant if os.path.isabs(data_dir) else os.path.relpath(meant)
+            where = "" if tree == here else f"a folder in {tree}, "
+            return (f"{dataset}: --data_dir {data_dir} is {where}{dataset}'s own folder, not the "
+                    f"one holding it ({os.path.join('<data_dir>', folder)}); did you mean "
+                    f"--data_dir {meant}?")
+    return None
+
+
 def image_samples(env_root: str, classes: list[str]) -> list[tuple[str, int]]:
     """``(path, label)`` of every image of one domain folder, in ImageFolder's order."""
     index = {name: i for i, name in enumerate(classes)}

@@ -87,6 +87,18 @@ def test_a_missing_data_folder_is_named(tmp):
     assert not run.started_anything() and not run.output_dir.exists()
 
 
+def test_a_data_folder_that_is_the_datasets_own_names_the_one_meant(tmp, pacs_without_lists):
+    """DATA_DIR pointed at the PACS folder itself: one line names the folder meant, and neither
+    PACS nor its lists are offered for download into the wrong folder; nothing is launched."""
+    run = run_script("dmg_pacs_paper.sh", tmp, pacs_without_lists / "PACS", tag="own_folder",
+                     timeout=TIMEOUT_S, HPARAMS='{"pretrained": false}')
+    assert run.returncode == 2, run.report()
+    assert problems(run.stderr, "error") == [
+        f"PACS: --data_dir {pacs_without_lists / 'PACS'} is PACS's own folder, not the one "
+        f"holding it (<data_dir>/PACS); did you mean --data_dir {pacs_without_lists}?"]
+    assert not run.started_anything() and not run.output_dir.exists()
+
+
 def test_ip_oop_names_the_clip_weights_and_the_knob_for_a_local_copy(tmp, pacs_without_lists):
     run = run_script("ipoop_domainbed.sh", tmp, pacs_without_lists, tag="clip",
                      timeout=TIMEOUT_S, DATASETS="PACS", HPARAMS='{"pretrained": false}')

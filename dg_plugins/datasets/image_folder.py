@@ -535,6 +535,11 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise FileNotFoundError(
                 f"no data directory given (pass --data_dir). {self.expected_layout()}")
         if not os.path.isdir(root):
+            data_dir = getattr(self, "data_dir", None)
+            inside = data_dir and self.FOLDER_NAME and layouts.inside_dataset_folder(
+                type(self).__name__, data_dir, self.FOLDER_NAME)
+            if inside:
+                raise FileNotFoundError(inside)
             from dg_plugins.download.sources import download_command
 
             command = download_command(type(self).__name__, getattr(self, "data_dir", None))

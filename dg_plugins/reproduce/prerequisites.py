@@ -7,8 +7,10 @@ import json
 import os
 import sys
 
+from dg_plugins import catalog
 from dg_plugins.download.prepare import domainnet20_problem, split_lists_status
 from dg_plugins.download.sources import download_command
+from dg_plugins.layouts import inside_dataset_folder
 from dg_plugins.reproduce.costs import CallCost
 from dg_plugins.reproduce.plan import Plan
 from dg_plugins.sweep import checks as sweep_lib
@@ -48,6 +50,9 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
                    and json.loads(job.train_args.get("hparams") or "{}").get("data_split")
                    == "official" for job in jobs):
             continue
+        if os.path.isdir(data_dir) and inside_dataset_folder(
+                dataset, data_dir, catalog.IMAGE_FOLDER_DATASETS[dataset]):
+            continue  # its data line names the --data_dir meant, where the lists go too
         status, detail = ("absent", "") if not os.path.isdir(data_dir) else \
             split_lists_status(lists, data_dir)
         if status != "ok":

@@ -13,6 +13,7 @@ from dg_plugins.sweep.jobs import DONE, INCOMPLETE
 from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
 from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
 from dg_plugins.job.records import last_record
+from dg_plugins.layouts import inside_dataset_folder
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,7 +119,8 @@ def check_data(dataset: str, data_dir: str) -> None:
             # Not for the generic tree (nothing to download), nor for a folder that is there
             # but incomplete (the downloader leaves an existing folder alone).
             folder = catalog.IMAGE_FOLDER_DATASETS[dataset]
-            if folder is None or data_dir and os.path.isdir(os.path.join(data_dir, folder)):
+            if folder is None or data_dir and (os.path.isdir(os.path.join(data_dir, folder))
+                                               or inside_dataset_folder(dataset, data_dir, folder)):
                 raise
             from dg_plugins.download.sources import download_command
 

@@ -134,6 +134,36 @@ def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
         catalog.environments_of("ImageFolder", str(tree / "photo"))
 
 
+def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path):
+    """PACS pointed at its own folder (``TREE/PACS``, DomainBed's commonest slip) or at a domain
+    folder in it: the real command names the --data_dir meant, absolute or relative as typed, and
+    exits 2; it used to call ``TREE/PACS/PACS`` missing and offer to download PACS into it. The
+    sweep's check (which adds that offer only for a missing dataset) and the dataset class that
+    train builds say the same."""
+    from dg_plugins import catalog
+    from dg_plugins.sweep import checks
+
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    tree = data_dir / "PACS"
+    for given, cwd, meant, where in (
+            (tree, None, data_dir, ""), (tree / "photo", None, data_dir, f"a folder in {tree}, "),
+            (".", tree, "..", ""), ("photo", tree, "..", f"a folder in {tree}, ")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "PACS",
+             "--data_dir", str(given)], capture_output=True, text=True, timeout=120, cwd=cwd)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        assert proc.stderr == (
+            f"error: PACS: --data_dir {given} is {where}PACS's own folder, not the one holding it "
+            f"(<data_dir>/PACS); did you mean --data_dir {meant}?\n")
+    message = re.escape(f"PACS's own folder, not the one holding it (<data_dir>/PACS); did you "
+                        f"mean --data_dir {data_dir}?")
+    for check in (lambda: catalog.environments_of("PACS", str(tree)),
+                  lambda: checks.check_data("PACS", str(tree)),
+                  lambda: DATASETS.get("PACS")(str(tree), [0], {"data_augmentation": False})):
+        with pytest.raises(FileNotFoundError, match=f"{message}$"):
+            check()
+
+
 def test_a_tree_without_class_folders_is_not_taken_for_a_domain_folder(tmp_path):
     """Domain folders holding images directly, with no folder beside the tree sharing their
     names: a tree lacking its class folders, not one level off; the layout error stays."""
