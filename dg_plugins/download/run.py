@@ -19,6 +19,7 @@ from dg_plugins.download.fetch import (
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, split_lists_problems, staged_problem,
 )
+from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 from dg_plugins.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
     CorruptArchive, DatasetSpec, DownloadError, UnknownDataset, UsageError, download_command,
@@ -379,6 +380,24 @@ def check_options(options: Options) -> None:
                              f"file:///path/to/{name} URL")
 
 
+def check_not_inside(dataset: str, data_dir: str) -> None:
+    """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder (it holds
+    the release's domain folders, and ``<data_dir>/<folder>`` is absent): downloading would put a
+    second copy inside it."""
+    spec = DATASET_SPECS.get(dataset)
+    domains = DOMAIN_FOLDERS.get(dataset)
+    if spec is None or not domains or not os.path.isdir(data_dir) \
+            or os.path.isdir(os.path.join(data_dir, spec.folder)):
+        return
+    if set(domains) <= set(visible_subfolders(data_dir)):
+        meant = os.path.dirname(os.path.abspath(data_dir))
+        meant = meant if os.path.isabs(data_dir) else os.path.relpath(meant)
+        raise UsageError(f"{data_dir} already holds {dataset}'s domain folders "
+                         f"({', '.join(domains)}): it is {dataset}'s own folder, and --data_dir "
+                         f"is the one holding it (<data_dir>/{spec.folder}); did you mean "
+                         f"--data_dir {meant}? Nothing was downloaded.")
+
+
 def download(names: Iterable[str], data_dir: str, options: Options | None = None,
              report: Reporter | None = None) -> list[tuple[str, str]]:
     """Download every dataset of ``names`` into ``data_dir``, in order; returns
@@ -388,6 +407,8 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
     report = report or Reporter()
     resolved = resolve_names(names)
     check_options(options)
+    for name, _ in resolved:
+        check_not_inside(name, data_dir)
     os.makedirs(data_dir, exist_ok=True)
     results: list[tuple[str, str]] = []
     failures: dict[str, str] = {}

@@ -777,3 +777,33 @@ def test_a_server_that_ignores_if_range_or_range(tmp_path, capsys, server_ignore
         assert "answered 200 to a Range request" in out and "remote file changed" not in out
         assert (data_dir / "downloads" / "PACS.zip").read_bytes() == old
     assert os.listdir(data_dir / "downloads") == ["PACS.zip"] and pacs_ok(data_dir)
+
+
+# --- a --data_dir that already is the dataset's folder ----------------------------------------
+
+def test_a_data_dir_that_is_the_datasets_own_folder_names_the_one_meant_and_downloads_nothing(
+        tmp_path):
+    """``download --data_dir TREE/PACS PACS`` with PACS already in TREE/PACS (its domain folders
+    there): the real command names the --data_dir meant, absolute or relative as typed, exits 2
+    and writes nothing, where it would have put a second PACS in TREE/PACS/PACS. A folder that
+    lacks a domain folder is not taken for PACS's."""
+    tree = tmp_path / "tree" / "PACS"
+    for domain in ("art_painting", "cartoon", "photo", "sketch"):
+        (tree / domain / "dog").mkdir(parents=True)
+    for given, cwd, meant in ((tree, None, tree.parent), (".", tree, "..")):
+        # --url: were the check to fail, the download would go to this machine only
+        proc = subprocess.run([sys.executable, "-m", MODULE, "--data_dir", str(given), "--url",
+                               "PACS.zip=http://127.0.0.1:9/PACS.zip", "PACS"],
+                              capture_output=True, text=True, timeout=60, cwd=cwd,
+                              env=command_env())
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.endswith(
+            f"error: {given} already holds PACS's domain folders (art_painting, cartoon, photo, "
+            f"sketch): it is PACS's own folder, and --data_dir is the one holding it "
+            f"(<data_dir>/PACS); did you mean --data_dir {meant}? Nothing was downloaded.\n")
+        assert sorted(p.name for p in tree.iterdir()) == ["art_painting", "cartoon", "photo",
+                                                          "sketch"]
+    from dg_plugins.download.run import check_not_inside
+
+    shutil.rmtree(tree / "sketch")
+    check_not_inside("PACS", str(tree))  # three of four domains: not PACS's folder
