@@ -198,10 +198,21 @@ IMAGE_FOLDER_DATASETS: dict[str, str | None] = {
 GENERIC_IMAGE_FOLDER = "ImageFolder"
 
 
+#: DomainBed's input size of the image-folder datasets (its transforms' 224x224).
+IMAGE_SIZE = 224
+
+
+def _image_size(value) -> str | None:
+    return None if isinstance(value, int) and value >= 32 and value % 16 == 0 else \
+        "must be a multiple of 16, at least 32 (DomainBed's: 224)"
+
+
 def image_folder_hparam_space() -> dict[str, tuple]:
-    """The dataset hparams every image-folder dataset reads: ``augmentation``
-    (:data:`AUGMENTATIONS`, default "domainbed"; not drawn at random)."""
-    return {"augmentation": ("domainbed", lambda r: "domainbed", _one_of(*AUGMENTATIONS))}
+    """The dataset hparams every image-folder dataset reads (neither drawn at random):
+    ``augmentation`` (:data:`AUGMENTATIONS`, default "domainbed") and ``image_size`` (the side of
+    the square images the transforms make, default :data:`IMAGE_SIZE`; smaller for quick runs)."""
+    return {"augmentation": ("domainbed", lambda r: "domainbed", _one_of(*AUGMENTATIONS)),
+            "image_size": (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)}
 
 
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:

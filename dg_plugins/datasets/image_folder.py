@@ -55,7 +55,7 @@ from dg_plugins.registry import DATASETS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-IMAGE_SIZE = 224
+IMAGE_SIZE = catalog.IMAGE_SIZE
 
 
 #: The dataset hparam choosing the training transform (values: :data:`AUGMENTATIONS`).
@@ -63,28 +63,29 @@ AUGMENTATION_HPARAM = "augmentation"
 AUGMENTATIONS = catalog.AUGMENTATIONS
 
 
-def plain_transform():
+def plain_transform(size: int = IMAGE_SIZE):
     """DomainBed's evaluation transform (``domainbed/datasets.py``,
-    ``MultipleEnvironmentImageFolder``): Resize to exactly 224x224, ToTensor, ImageNet Normalize.
+    ``MultipleEnvironmentImageFolder``): Resize to exactly 224x224 (``size``), ToTensor, ImageNet
+    Normalize.
     The DMG release evaluates with the same three steps (prithv1/DMG@6b162b4 ``train_model.py``
     lines 129-144, its "val" and "test" transforms at input size 224)."""
     from torchvision import transforms
 
     return transforms.Compose([
-        transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)),
+        transforms.Resize((size, size)),
         transforms.ToTensor(),
         transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
     ])
 
 
-def augment_transform():
+def augment_transform(size: int = IMAGE_SIZE):
     """DomainBed's training transform (``domainbed/datasets.py``,
     ``MultipleEnvironmentImageFolder``): RandomResizedCrop(224, scale 0.7-1), horizontal flip,
     ColorJitter(0.3 x4), RandomGrayscale, ToTensor, ImageNet Normalize."""
     from torchvision import transforms
 
     return transforms.Compose([
-        transforms.RandomResizedCrop(IMAGE_SIZE, scale=(0.7, 1.0)),
+        transforms.RandomResizedCrop(size, scale=(0.7, 1.0)),
         transforms.RandomHorizontalFlip(),
         transforms.ColorJitter(0.3, 0.3, 0.3, 0.3),
         transforms.RandomGrayscale(),
@@ -93,14 +94,14 @@ def augment_transform():
     ])
 
 
-def dmg_pacs_transform():
+def dmg_pacs_transform(size: int = IMAGE_SIZE):
     """The DMG release's PACS training transform (prithv1/DMG@6b162b4 ``train_model.py`` lines
     146-155): RandomResizedCrop(224, scale 0.8-1), horizontal flip, ColorJitter(0.4 x4) (no
     random grayscale), ToTensor, ImageNet Normalize."""
     from torchvision import transforms
 
     return transforms.Compose([
-        transforms.RandomResizedCrop(IMAGE_SIZE, scale=(0.8, 1.0)),
+        transforms.RandomResizedCrop(size, scale=(0.8, 1.0)),
         transforms.RandomHorizontalFlip(),
         transforms.ColorJitter(0.4, 0.4, 0.4, 0.4),
         transforms.ToTensor(),
@@ -108,15 +109,15 @@ def dmg_pacs_transform():
     ])
 
 
-def dmg_domainnet_transform():
+def dmg_domainnet_transform(size: int = IMAGE_SIZE):
     """The DMG release's DomainNet training transform (prithv1/DMG@6b162b4 ``train_model.py``
     lines 156-165): Resize(256) (shorter side, aspect kept), RandomCrop(224), horizontal flip,
     ToTensor, ImageNet Normalize (no colour augmentation)."""
     from torchvision import transforms
 
     return transforms.Compose([
-        transforms.Resize(256),
-        transforms.RandomCrop(IMAGE_SIZE),
+        transforms.Resize(round(256 * size / IMAGE_SIZE)),
+        transforms.RandomCrop(size),
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
         transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
@@ -130,15 +131,16 @@ _TRAINING_TRANSFORMS = {
 }
 
 
-def training_transform(augmentation: str = "domainbed"):
+def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
     """The training transform named by the dataset hparam ``augmentation`` (see
-    :data:`AUGMENTATIONS`); an unknown name raises ValueError listing the choices."""
+    :data:`AUGMENTATIONS`), making ``size`` x ``size`` images (the 224 of each transform scaled
+    alike); an unknown name raises ValueError listing the choices."""
     try:
         make = _TRAINING_TRANSFORMS[augmentation]
     except (KeyError, TypeError):
         raise ValueError(f"unknown {AUGMENTATION_HPARAM} {augmentation!r}; choices: "
                          f"{', '.join(AUGMENTATIONS)}") from None
-    return make()
+    return make(size)
 
 
 def high_bit_depth_max(image) -> float | None:
@@ -466,6 +468,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
         test_envs = list(test_envs or ())
         self.test_envs = test_envs
         self.augmentation = (hparams or {}).get(AUGMENTATION_HPARAM, "domainbed")
+        self.image_size = (hparams or {}).get("image_size", IMAGE_SIZE)
         if self.augmentation not in AUGMENTATIONS:
             training_transform(self.augmentation)  # raises, naming the choices
         if not augment and self.augmentation != "domainbed":
@@ -487,8 +490,9 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
                     f"of {os.path.join(root, env)}. {self.expected_layout()}"
                 )
             self.datasets.append(env_dataset)
-        self.plain_transform = plain_transform()
-        self.augment_transform = training_transform(self.augmentation) if augment else None
+        self.plain_transform = plain_transform(self.image_size)
+        self.augment_transform = (training_transform(self.augmentation, self.image_size)
+                                  if augment else None)
         self.augmented_envs = [
             i for i in range(len(self.datasets)) if augment and i not in test_envs
         ]
@@ -502,7 +506,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             env_dataset.dataset_name = type(self).__name__
             env_dataset.environment = label
             env_dataset.data_dir = data_dir
-        self.input_shape = tuple(self.INPUT_SHAPE)
+        self.input_shape = (3, self.image_size, self.image_size)
         self.num_classes = len(self.classes)
 
     def augment_on_device(self, split) -> None:

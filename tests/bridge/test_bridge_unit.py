@@ -184,9 +184,9 @@ def test_hparams_ours_for_our_algorithms_hosts_otherwise(plugin, fake):
             dg_hparams.random_hparams("BridgeTestAlg", dataset, 123)
     # DomainBed's own PACS does not read dg_plugins' PACS hparams: they are not offered there
     ours = dg_hparams.default_hparams("BridgeTestAlg", "PACS")
-    assert {"augmentation", "data_split"} <= set(ours)
+    assert {"augmentation", "data_split", "image_size"} <= set(ours)
     assert hp.default_hparams("BridgeTestAlg", "PACS") == {
-        k: v for k, v in ours.items() if k not in ("augmentation", "data_split")}
+        k: v for k, v in ours.items() if k not in ("augmentation", "data_split", "image_size")}
     hp.CALLS.clear()
     assert hp.default_hparams("ERM", "RotatedMNIST5k")["lr"] == 1e-3  # small-image rule via proxy
     assert hp.default_hparams("ERM", "BridgeTestData")["lr"] == 5e-5  # not small: its own name

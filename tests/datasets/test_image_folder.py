@@ -457,6 +457,29 @@ def test_augmentation_hparam_picks_the_training_environments_transform():
         PACS(str(PACS_MINI), [0], {"data_augmentation": False, "augmentation": "dmg_pacs"})
 
 
+def test_image_size_hparam_scales_every_transform_and_the_input_shape():
+    """``image_size`` (default DomainBed's 224, every image-folder dataset): each transform makes
+    that size, the DMG DomainNet resize scales its 256 alike, the dataset's items and input_shape
+    follow, and sizes a network cannot take are refused."""
+    from dg_plugins import hparams
+
+    assert hparams.default_hparams("ERM", "ImageFolder")["image_size"] == 224
+    assert "image_size" not in hparams.default_hparams("ERM", "RotatedMNIST5k")
+    assert transform_steps(image_folder.plain_transform(64))[0] == ("Resize", (64, 64))
+    assert transform_steps(image_folder.training_transform("domainbed", 64))[0] == (
+        "RandomResizedCrop", ((64, 64), (0.7, 1.0), RATIO))
+    assert transform_steps(image_folder.training_transform("dmg_pacs", 64))[0] == (
+        "RandomResizedCrop", ((64, 64), (0.8, 1.0), RATIO))
+    assert transform_steps(image_folder.training_transform("dmg_domainnet", 112))[:2] == [
+        ("Resize", 128), ("RandomCrop", (112, 112))]
+    dataset = PACS(str(PACS_MINI), [0], {"data_augmentation": True, "image_size": 32})
+    assert dataset.input_shape == (3, 32, 32)
+    assert dataset[0][0][0].shape == dataset[1][0][0].shape == (3, 32, 32)  # plain, augmented
+    for bad in (30, 16, 224.0):
+        with pytest.raises(hparams.HparamError, match="'image_size' must be"):
+            hparams.validate("ERM", "PACS", {"image_size": bad})
+
+
 def test_every_algorithm_has_the_augmentation_hparam_on_image_folder_datasets():
     from dg_plugins import hparams
 
