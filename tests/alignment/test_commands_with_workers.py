@@ -14,7 +14,7 @@ from processes import command_env, run, survivors
 
 TIMEOUT = 180
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4})
+                      "pretrained": False, "batch_size": 4, "image_size": 32})
 
 
 def test_scores_train_and_update_records_with_default_workers(tmp_path):

@@ -16,7 +16,8 @@ from processes import command_env, run, survivors
 
 THRESHOLD = 0.25
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4, "data_split": "official"})
+                      "pretrained": False, "batch_size": 4, "image_size": 32,
+                      "data_split": "official"})
 
 
 def test_pooled_ip_oop_counts_each_image_of_an_official_split_once(tmp_path, capsys):

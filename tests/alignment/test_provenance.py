@@ -77,7 +77,7 @@ def test_train_rejects_a_file_of_another_data_copy(two_copies, tmp_path):
     """As a user runs it: train's default workers, a subprocess under a timeout; the job stops
     before training with the one-line error."""
     hparams = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                          "pretrained": False, "batch_size": 4})
+                          "pretrained": False, "batch_size": 4, "image_size": 32})
     code, output = run("dg_plugins.scripts.train", "--dataset", "PACS", "--data_dir",
                        two_copies["second"], "--algorithm", "ERM", "--test_envs", "0",
                        "--steps", "2", "--hparams", hparams, "--alignment_scores",

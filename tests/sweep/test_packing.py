@@ -103,7 +103,8 @@ def test_a_packed_job_is_forked_with_its_gpu_and_cores(tmp_path):
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
     command = shlex.join([sys.executable, "-m", TRAIN_MODULE, "--dataset", "ImageFolder",
                           "--data_dir", str(data), "--test_envs", "0", "--steps", "1",
-                          "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
+                          "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2, '
+                          '"image_size": 32}',
                           "--output_dir", str(tmp_path / "job")])
     log = tmp_path / "job.log"
     with JobProcesses() as jobs:

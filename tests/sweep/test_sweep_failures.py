@@ -398,7 +398,8 @@ def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folde
     out = tmp_path / "out"
     code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0",
                                         "--steps", "1", "--hparams", '{"resnet18": true, '
-                                        '"pretrained": false, "batch_size": 2}',
+                                        '"pretrained": false, "batch_size": 2, '
+                                        '"image_size": 32}',
                                         data_dir=data, datasets=("ImageFolder",)),
                      env=env, timeout=300)
     assert code == 0, text
@@ -441,8 +442,8 @@ def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp
         truncate_image(path)
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "--steps", "2",
-                      "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
-                      data_dir=data, datasets=("PACS",))
+                      "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2, '
+                      '"image_size": 32}', data_dir=data, datasets=("PACS",))
     code, text = run(SWEEP, *argv, env=env, timeout=300)
     assert code == 1, text
     assert "Each failed on bad input before its first checkpoint (exit status 2" in text

@@ -38,7 +38,7 @@ TIMEOUT = 240
 AUGMENT = {"data_augmentation": True}
 #: A tiny random-init ViT at 224x224 (augmentation on: every image dataset's default).
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4, "lr": 3e-4})
+                      "pretrained": False, "batch_size": 4, "image_size": 32, "lr": 3e-4})
 STEPS, FREQ = 12, 4  # records at steps 0, 4, 8, 11
 
 

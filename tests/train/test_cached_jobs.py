@@ -14,7 +14,7 @@ TRAIN = "dg_plugins.scripts.train"
 #: A tiny random-init ViT at 224x224; augmentation on (every image dataset's default), so the
 #: training environments' splits are evaluated augmented.
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4})
+                      "pretrained": False, "batch_size": 4, "image_size": 32})
 TIMEOUT = 180
 
 

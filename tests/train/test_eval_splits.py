@@ -68,7 +68,7 @@ def test_unknown_value_is_refused():
 TRAIN = "dg_plugins.scripts.train"
 #: A tiny random-init ViT at 224x224: the PACS tree's real transforms, decoded in loader workers.
 IMAGE_HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                            "pretrained": False, "batch_size": 4})
+                            "pretrained": False, "batch_size": 4, "image_size": 32})
 #: Record keys measured on the wall clock, and what only a selection record holds.
 VOLATILE = ("step_time", "mem_gb", "args", "evaluated_splits")
 

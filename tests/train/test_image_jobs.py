@@ -23,7 +23,7 @@ SWEEP = "dg_plugins.scripts.sweep"
 COLLECT = "dg_plugins.scripts.collect_results"
 #: A tiny random-init ViT at 224x224: the dataset's real transforms, decoded in loader workers.
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4})
+                      "pretrained": False, "batch_size": 4, "image_size": 32})
 TIMEOUT = 120
 
 

@@ -25,7 +25,7 @@ TIMEOUT = 120
 CORES = "16"
 #: A tiny random-init ViT at 224x224; augmentation is on (the default of every image dataset).
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4})
+                      "pretrained": False, "batch_size": 4, "image_size": 32})
 STEPS, FREQ = 7, 2  # records at steps 0, 2, 4, 6
 
 
