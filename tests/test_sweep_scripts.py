@@ -385,6 +385,13 @@ def test_gpu_hours_of_a_small_listing_match_a_hand_count(tmp_path, capsys):
     assert total == calls[0] == (None, None, times.device,
                                  "ERM MNIST CNN, RotatedMNIST5k evaluation")
 
+    # images of another size than the measured 224x224 (the image_size hparam): left out
+    assert reproduce.main(["--dry_run_sweeps", *base, "--steps", "11", "--hparams",
+                           '{"resnet18": true, "image_size": 64}']) == 0
+    out = capsys.readouterr().out
+    assert gpu_hours(out)[1] == (None, None, times.device, "ERM ResNet-18, PACS evaluation")
+    assert "ERM ResNet-18: not measured, measured at 224x224 only, not 64x64" in out, out
+
 
 def header(script: str) -> str:
     """The comment lines at the top of a script, without their ``#``."""

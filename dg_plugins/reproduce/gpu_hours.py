@@ -98,16 +98,20 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
     if changed:
         gpu.notes.add("estimated with train's default compute settings; jobs here run with "
                       + ", ".join(f"--{k} {v}" for k, v in changed.items()))
+    size = hparams.get("image_size", times.input_size)
     for label, images in parts:
         per_image = times.seconds_per_training_image(label)
-        if per_image is None or images is None:
+        if size != times.input_size:  # the image-size hparam: rows measured at 224x224 only
+            gpu.missing[label] = (NOT_MEASURED, f"measured at {times.input_size}x"
+                                                f"{times.input_size} only, not {size}x{size}")
+        elif per_image is None or images is None:
             gpu.missing[label] = ((NOT_MEASURED, "no benchmark gpu row") if per_image is None
                                   else (UNKNOWN, "its training images are unknown"))
         elif images:
             for v in EVAL_SPLITS:
                 gpu.seconds[v] += images * per_image
     shape = tuple(DATASETS.get(a["dataset"]).INPUT_SHAPE or ())
-    if shape[1:] != (times.input_size,) * 2:
+    if shape[1:] != (times.input_size,) * 2 or size != times.input_size:
         gpu.missing[f"{a['dataset']} evaluation"] = (
             NOT_MEASURED, f"evaluation measured at {times.input_size}x{times.input_size} only")
     elif any(evaluation[v] is None for v in EVAL_SPLITS):
