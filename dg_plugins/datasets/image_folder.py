@@ -546,7 +546,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
                 raise FileNotFoundError(inside)
             from dg_plugins.download.sources import download_command
 
-            command = download_command(type(self).__name__, getattr(self, "data_dir", None))
+            command = download_command(type(self).__name__, data_dir)
             fetch = f" To download it: {command}" if command else ""
             raise FileNotFoundError(
                 f"dataset folder {root} does not exist. {self.expected_layout()}{fetch}")

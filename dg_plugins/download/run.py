@@ -19,12 +19,12 @@ from dg_plugins.download.fetch import (
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, split_lists_problems, staged_problem,
 )
-from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 from dg_plugins.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
     CorruptArchive, DatasetSpec, DownloadError, UnknownDataset, UsageError, download_command,
     resolve_names, sources_of,
 )
+from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 
 #: Inside a staging folder: the archives of a finished download, moved there just before the
 #: dataset's folder is renamed into place, and removed with the staging folder.
