@@ -110,6 +110,16 @@ def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
         f"down; did you mean --data_dir {data_dir / 'PACS'}?\n")
 
 
+def bad_input(dataset: str, data_dir, cwd) -> str:
+    """The real command on ``data_dir`` from ``cwd``: it must exit 2 with nothing on stdout;
+    returns its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", dataset,
+         "--data_dir", str(data_dir)], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    return proc.stderr
+
+
 def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
     """The generic ImageFolder pointed at one domain's folder (its "domains" are classes holding
     images): the real command says which --data_dir was meant, absolute or relative as typed, and
@@ -122,11 +132,7 @@ def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
     classes = sorted(os.listdir(tree / "photo"))
     for given, cwd, meant in ((tree / "photo", None, tree), ("photo", tree, "."),
                               (".", tree / "photo", "..")):
-        proc = subprocess.run(
-            [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
-             "--data_dir", str(given)], capture_output=True, text=True, timeout=120, cwd=cwd)
-        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-        assert proc.stderr == (
+        assert bad_input("ImageFolder", given, cwd) == (
             f"error: ImageFolder: the folders of {given} ({', '.join(classes)}) hold images, not "
             f"class folders: {given} is one domain's folder and the image tree is one level up; "
             f"did you mean --data_dir {meant}?\n")
@@ -148,11 +154,7 @@ def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path
     for given, cwd, meant, where in (
             (tree, None, data_dir, ""), (tree / "photo", None, data_dir, f"a folder in {tree}, "),
             (".", tree, "..", ""), ("photo", tree, "..", f"a folder in {tree}, ")):
-        proc = subprocess.run(
-            [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "PACS",
-             "--data_dir", str(given)], capture_output=True, text=True, timeout=120, cwd=cwd)
-        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-        assert proc.stderr == (
+        assert bad_input("PACS", given, cwd) == (
             f"error: PACS: --data_dir {given} is {where}PACS's own folder, not the one holding it "
             f"(<data_dir>/PACS); did you mean --data_dir {meant}?\n")
     message = re.escape(f"PACS's own folder, not the one holding it (<data_dir>/PACS); did you "
