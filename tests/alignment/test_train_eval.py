@@ -15,7 +15,8 @@ from helpers import read_records
 
 THRESHOLD = "0.25"
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
-                      "pretrained": False, "batch_size": 4, "image_size": 32, "data_augmentation": False})
+                      "pretrained": False, "batch_size": 4, "image_size": 32,
+                      "data_augmentation": False})
 TIMING = {"step_time", "mem_gb"}
 
 
