@@ -199,19 +199,20 @@ AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet 
 
 
 def backbone_for(input_shape, hparams) -> str:
-    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or by input size when
-    "auto"."""
+    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or when "auto" by input size,
+    except that an image-folder dataset's images (``hparams["image_size"]``) get the ResNet (or
+    the ViT) at any size."""
     choice = hparams.get("backbone", "auto")
     shape = tuple(input_shape)
     if choice != "auto":
         return choice
     size = shape[1:3] if len(shape) == 3 else None
+    if size == (224, 224) or "image_size" in hparams:  # DomainBed's image folders, at any size
+        return "vit" if hparams.get("vit") else "resnet"
     if size == (28, 28):
         return "mnist_cnn"
     if size == (32, 32):
         return "lenet"
-    if size == (224, 224):
-        return "vit" if hparams.get("vit") else "resnet"
     raise ValueError(
         f"no automatic backbone for input shape {shape} (automatic: (C, 28, 28) -> mnist_cnn, "
         "(C, 32, 32) -> lenet, (C, 224, 224) -> resnet, or vit with hparam 'vit'). Choose one "

@@ -474,6 +474,15 @@ def test_image_size_hparam_scales_every_transform_and_the_input_shape():
         ("Resize", 128), ("RandomCrop", (112, 112))]
     dataset = PACS(str(PACS_MINI), [0], {"data_augmentation": True, "image_size": 32})
     assert dataset.input_shape == (3, 32, 32)
+    from dg_plugins.networks.featurizers import Featurizer, ResNet, backbone_for
+
+    # the network stays the ResNet (not the 32x32 digits' LeNet), with the hparams' depth
+    hp = hparams.default_hparams("ERM", "PACS")
+    hp.update(image_size=32, resnet18=True, pretrained=False)
+    assert backbone_for((3, 32, 32), hp) == "resnet"
+    assert backbone_for((3, 32, 32), hparams.default_hparams("ERM", "Digits")) == "lenet"
+    net = Featurizer((3, 32, 32), hp)
+    assert isinstance(net, ResNet) and net.n_outputs == 512
     assert dataset[0][0][0].shape == dataset[1][0][0].shape == (3, 32, 32)  # plain, augmented
     for bad in (30, 16, 224.0):
         with pytest.raises(hparams.HparamError, match="'image_size' must be"):

@@ -24,13 +24,17 @@ def hp(dataset="PACS", **overrides):
 
 
 def test_featurizer_is_chosen_by_input_shape_or_the_backbone_hparam():
+    shaped = {k: v for k, v in hp().items() if k != "image_size"}  # not an image folder's
     assert isinstance(Featurizer((2, 28, 28), hp("Debug28")), MNIST_CNN)
-    assert isinstance(Featurizer((3, 32, 32), hp()), LeNet)
+    assert isinstance(Featurizer((3, 32, 32), shaped), LeNet)
     assert isinstance(Featurizer((3, 224, 224), hp()), ResNet)
     assert backbone_for((3, 224, 224), hp(vit=True)) == "vit"
     with pytest.raises(ValueError, match=r"no automatic backbone for input shape \(3, 64, 64\)"
                                          r".*hparam 'backbone'"):
-        Featurizer((3, 64, 64), hp())
+        Featurizer((3, 64, 64), shaped)
+    # an image folder's images (its image_size hparam): the ResNet, or the ViT, at any size
+    assert backbone_for((3, 32, 32), hp()) == backbone_for((3, 64, 64), hp()) == "resnet"
+    assert backbone_for((3, 64, 64), hp(vit=True)) == "vit"
     assert isinstance(Featurizer((3, 64, 64), hp(backbone="resnet")), ResNet)
     net = Featurizer((3, 64, 64), hp(backbone="mnist_cnn"))
     assert isinstance(net, MNIST_CNN) and net(torch.randn(2, 3, 64, 64)).shape == (2, 128)
