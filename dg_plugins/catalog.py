@@ -198,8 +198,9 @@ IMAGE_FOLDER_DATASETS: dict[str, str | None] = {
 GENERIC_IMAGE_FOLDER = "ImageFolder"
 
 
-#: DomainBed's input size of the image-folder datasets (its transforms' 224x224).
-IMAGE_SIZE = 224
+#: DomainBed's input size of the image-folder datasets (its transforms' 224x224), and the
+#: dataset hparam that changes it.
+IMAGE_SIZE, IMAGE_SIZE_HPARAM = 224, "image_size"
 
 
 def _image_size(value) -> str | None:
@@ -212,7 +213,7 @@ def image_folder_hparam_space() -> dict[str, tuple]:
     ``augmentation`` (:data:`AUGMENTATIONS`, default "domainbed") and ``image_size`` (the side of
     the square images the transforms make, default :data:`IMAGE_SIZE`; smaller for quick runs)."""
     return {"augmentation": ("domainbed", lambda r: "domainbed", _one_of(*AUGMENTATIONS)),
-            "image_size": (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)}
+            IMAGE_SIZE_HPARAM: (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)}
 
 
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:

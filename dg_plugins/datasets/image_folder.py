@@ -468,7 +468,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
         test_envs = list(test_envs or ())
         self.test_envs = test_envs
         self.augmentation = (hparams or {}).get(AUGMENTATION_HPARAM, "domainbed")
-        self.image_size = (hparams or {}).get("image_size", IMAGE_SIZE)
+        self.image_size = (hparams or {}).get(catalog.IMAGE_SIZE_HPARAM, IMAGE_SIZE)
         if self.augmentation not in AUGMENTATIONS:
             training_transform(self.augmentation)  # raises, naming the choices
         if not augment and self.augmentation != "domainbed":

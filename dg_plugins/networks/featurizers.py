@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from dg_plugins.catalog import IMAGE_SIZE_HPARAM
 from dg_plugins.networks import pretrained as weights
 from dg_plugins.networks.staged import StagedFeaturizer
 from dg_plugins.networks.vit import ViTFeaturizer
@@ -194,25 +195,25 @@ def _torchvision_resnet(arch: str, download: bool):
     return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 
-#: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32).
-AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet or vit"}
+#: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32; the
+#: ViT instead of the ResNet under the hparam ``vit``). An image folder's images (its
+#: ``image_size`` hparam) get the 224x224 choice at any size.
+AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet"}
 
 
 def backbone_for(input_shape, hparams) -> str:
-    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or when "auto" by input size,
-    except that an image-folder dataset's images (``hparams["image_size"]``) get the ResNet (or
-    the ViT) at any size."""
+    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or :data:`AUTO_BACKBONES`'
+    when "auto"."""
     choice = hparams.get("backbone", "auto")
     shape = tuple(input_shape)
     if choice != "auto":
         return choice
     size = shape[1:3] if len(shape) == 3 else None
-    if size == (224, 224) or "image_size" in hparams:  # DomainBed's image folders, at any size
-        return "vit" if hparams.get("vit") else "resnet"
-    if size == (28, 28):
-        return "mnist_cnn"
-    if size == (32, 32):
-        return "lenet"
+    if IMAGE_SIZE_HPARAM in hparams:  # an image folder's images: the 224x224 choice at any size
+        size = (224, 224)
+    choice = AUTO_BACKBONES.get(size)
+    if choice is not None:
+        return "vit" if choice == "resnet" and hparams.get("vit") else choice
     raise ValueError(
         f"no automatic backbone for input shape {shape} (automatic: (C, 28, 28) -> mnist_cnn, "
         "(C, 32, 32) -> lenet, (C, 224, 224) -> resnet, or vit with hparam 'vit'). Choose one "

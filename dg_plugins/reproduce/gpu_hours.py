@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dg_plugins import catalog
 from dg_plugins.reference import gpu_times
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.reproduce.sizes import EVAL_SPLITS
@@ -98,7 +99,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
     if changed:
         gpu.notes.add("estimated with train's default compute settings; jobs here run with "
                       + ", ".join(f"--{k} {v}" for k, v in changed.items()))
-    size = hparams.get("image_size", times.input_size)
+    size = hparams.get(catalog.IMAGE_SIZE_HPARAM, times.input_size)
     for label, images in parts:
         per_image = times.seconds_per_training_image(label)
         if size != times.input_size:  # the image-size hparam: rows measured at 224x224 only
