@@ -198,15 +198,15 @@ def reduced_step(algorithm, batches, compute, device):
 
 
 def cpu_flags() -> str:
-    """Which bfloat16 instructions this CPU has (``/proc/cpuinfo``; "unknown" elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), [])
-    except OSError:
+    """Which bfloat16 and float16 instructions this CPU has (``/proc/cpuinfo``; "unknown"
+    elsewhere)."""
+    from dg_plugins.train.precision import cpu_features
+
+    features = cpu_features()
+    if features is None:
         return "unknown"
     wanted = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
-    return ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in wanted)
+    return ", ".join(f"{flag} {'yes' if flag in features else 'no'}" for flag in wanted)
 
 
 def _names(pattern: str, baseline: str) -> list[str]:

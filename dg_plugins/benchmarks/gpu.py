@@ -28,8 +28,10 @@ does with the paper algorithms, in one command of a few minutes, as a markdown t
 The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
 the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
 and two loader workers, a tiny tree) that says so in its title: it checks the command, its
-numbers are no GPU's. ``--channels_last`` and ``--deterministic false`` are train's flags,
-passed to every job and named in the output.
+numbers are no GPU's. It leaves bf16 out on a CPU without bfloat16 instructions, where torch
+emulates it (:func:`dg_plugins.train.precision.native_cpu_bf16`), and says so.
+``--channels_last`` and ``--deterministic false`` are train's flags, passed to every job and
+named in the output.
 """
 
 from __future__ import annotations
@@ -74,6 +76,20 @@ SETTINGS = {"default": [], "fast": ["--deterministic", "false"],
 #: the default's (smaller gains are within what a shared machine's noise moves).
 GAIN = 0.9
 PRECISIONS = ("fp32", "bf16")
+
+
+def rate(per_s: float) -> str:
+    """Images per second as printed: whole numbers from 10 up, two significant digits below
+    (a slow device's 0.43 is not 0)."""
+    return f"{per_s:.0f}" if per_s >= 10 else f"{per_s:.2g}"
+
+
+def cpu_precisions() -> list[str]:
+    """The precisions a CPU run times by default: bf16 too unless the CPU is known to lack
+    bfloat16 instructions."""
+    from dg_plugins.train.precision import native_cpu_bf16
+
+    return list(PRECISIONS) if native_cpu_bf16() is not False else ["fp32"]
 
 
 @contextlib.contextmanager
@@ -335,26 +351,34 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
                   f"after {args.warmup}; loader workers {', '.join(map(str, args.workers))}; a "
                   f"{n_images}-image tree. A GPU machine runs every algorithm at batch 32 per "
                   "domain.", ""]
+        if args.bf16_left_out:
+            from dg_plugins.train.precision import BF16_CPU_FEATURES
+
+            lines += ["bf16 left out: this CPU has no bfloat16 instructions ("
+                      + ", ".join(BF16_CPU_FEATURES) + " in /proc/cpuinfo), so torch emulates "
+                      "it, at several times fp32's step; --precisions fp32 bf16 times it "
+                      "anyway.", ""]
     lines += [f"## Training step at 224x224 ({plural(args.batch_size, 'image')} per domain x 2 "
-              f"source domains, random init; median of {args.steps} steps after {args.warmup}, "
-              "fp32 and bf16 taking turns)", "",
+              f"source domains, random init; median of {args.steps} steps after {args.warmup}"
+              + (", " + " and ".join(args.precisions) + " taking turns)"
+                 if len(args.precisions) > 1 else ")"), "",
               "| algorithm | precision | step ms | peak memory GiB | images/s |",
               "|---|---|---|---|---|"]
     for row in algorithms:
         lines.append(f"| {row['label']} | {row['precision']} | {1000 * row['step_s']:.1f} | "
-                     f"{row['peak_bytes'] / 2 ** 30:.2f} | {row['images_per_s']:.0f} |")
+                     f"{row['peak_bytes'] / 2 ** 30:.2f} | {rate(row['images_per_s'])} |")
     lines += ["", f"## Training loader (JPEGs at 227x227, decoded and augmented; batch "
               f"{args.batch_size} per domain x 3 source domains; {args.loader_rounds} rounds "
               "after the workers started)", "",
               "| loader workers | images/s |", "|---|---|"]
     for row in loader:
-        lines.append(f"| {row['workers']} | {row['images_per_s']:.0f} |")
+        lines.append(f"| {row['workers']} | {rate(row['images_per_s'])} |")
     lines += ["", "## Evaluation (one record of ERM ResNet-18 on the tree: every split, "
               f"median of {args.eval_repeats})", "",
               "| precision | images | loader workers | images/s |", "|---|---|---|---|"]
     for row in evaluation:
         lines.append(f"| {row['precision']} | {row['images']} | {row['workers']} | "
-                     f"{row['images_per_s']:.0f} |")
+                     f"{rate(row['images_per_s'])} |")
     if determinism:
         names = list(SETTINGS)[1:]
         lines += ["", "## Compute settings (fp32 step; each setting's step over the default's, "
@@ -382,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithms", nargs="+", default=None, metavar="LABEL",
                    help="rows to run, by label (default: all on a GPU; " + ", ".join(CPU_ROWS)
                    + " on a CPU)")
-    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=None,
+                   help="default fp32 bf16 (on a CPU without bfloat16 instructions fp32 only)")
     p.add_argument("--batch_size", type=int, default=None,
                    help="images per domain (default 32 on a GPU, 2 on a CPU)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; CPU 1)")
@@ -441,6 +466,9 @@ def main(argv=None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, on_gpu if gpu else on_cpu)
 
+    asked = args.precisions is not None
+    default("precisions", list(PRECISIONS), cpu_precisions())
+    args.bf16_left_out = not asked and "bf16" not in args.precisions
     default("batch_size", 32, 2)
     default("steps", 10, 1)
     default("warmup", 3, 1)

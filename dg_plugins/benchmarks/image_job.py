@@ -218,7 +218,8 @@ def main(argv=None) -> int:
         return 2
     from dg_plugins.benchmarks.data import make_pacs_tree, random_torchvision_weights
 
-    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+    # absolute: the jobs run in it (a relative --work_dir would be taken from there again)
+    with tempfile.TemporaryDirectory(dir=args.work_dir and os.path.abspath(args.work_dir)) as tmp:
         data_dir = os.path.join(tmp, "data")
         n_images = make_pacs_tree(data_dir, args.per_class, args.image_size)
         random_torchvision_weights(os.path.join(tmp, "torch"), args.model)

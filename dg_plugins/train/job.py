@@ -233,7 +233,10 @@ class Job:
     def prepare_compute(self) -> None:
         """Apply the compute settings to the built algorithm (:mod:`.precision`): its memory
         format, fp16's gradient scaler (every optimizer stepped through it), cuDNN's flags (after
-        the build's last ``seed_everything``)."""
+        the build's last ``seed_everything``), with a note where the device runs them slowly."""
+        note = self.compute.device_note(self.device)
+        if note:
+            print(note)
         self.compute.prepare_model(self.algorithm)
         self.scaler = self.compute.make_scaler(self.device)
         if self.scaler is not None:

@@ -45,6 +45,29 @@ DETERMINISTIC_CUBLAS = ":4096:8"
 FP16_FIX = "use --precision bf16 (no scaler needed) or fp32"
 #: The autocast dtype of each reduced precision.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: ``/proc/cpuinfo``'s names of bfloat16 instructions: x86's AVX512-BF16 and AMX-BF16, Arm's BF16.
+BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_features(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature names (the ``flags`` line on x86, ``Features`` on Arm); None where they
+    cannot be read (no such file: not Linux)."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def native_cpu_bf16() -> bool | None:
+    """Whether this CPU has bfloat16 instructions (None: unknown). Without them torch emulates
+    bf16 on the CPU, several times slower than fp32."""
+    features = cpu_features()
+    return None if features is None else bool(features & set(BF16_CPU_FEATURES))
 
 
 def is_convolutional(model: nn.Module) -> bool:
@@ -107,6 +130,17 @@ class Compute:
             from dg_plugins.datasets.device_augment import require_kornia
 
             require_kornia()
+
+    def device_note(self, device: torch.device) -> str | None:
+        """A note for a setting ``device`` runs but slowly: bf16 on a CPU without bfloat16
+        instructions (:func:`native_cpu_bf16`); None otherwise."""
+        if (self.precision == "bf16" and torch.device(device).type == "cpu"
+                and native_cpu_bf16() is False):
+            return ("note: --precision bf16: this CPU has no bfloat16 instructions ("
+                    + ", ".join(BF16_CPU_FEATURES) + " in /proc/cpuinfo), so torch emulates "
+                    "bfloat16: steps and evaluations take several times as long as in fp32; "
+                    "--precision fp32 is faster here")
+        return None
 
     def autocast(self, device: torch.device):
         """A context running its block's autocast-eligible ops in :attr:`dtype` on ``device``

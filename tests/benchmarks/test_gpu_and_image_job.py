@@ -48,7 +48,11 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     """The GPU machine's one command (``gpu_check``, with ``--allow_cpu`` here): the suite's
     counts, failure and skip reasons and its CUDA cases in one report, with ``benchmark gpu``'s
     tables, which on a CPU are its reduced run and say so (``--benchmark_args`` passed on: one
-    image per domain). Exit 1: a test failed."""
+    image per domain; bf16 where the CPU has bfloat16 instructions, else a line saying it is left
+    out). Exit 1: a test failed."""
+    from dg_plugins.benchmarks.gpu import cpu_precisions
+
+    precisions = cpu_precisions()  # this machine's CPU, as the command's own default
     tests = tmp_path / "checkout" / "tests"
     tests.mkdir(parents=True)
     (tests / "conftest.py").write_text("")
@@ -72,9 +76,11 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     assert "### GPU benchmarks: REDUCED CPU RUN (no CUDA device" in bench
     assert "Device: CPU (" in bench and "Reduced: ERM ResNet-18, ERM_ViT DeiT-S/16; 1 image " in bench
     steps = table(bench, "| algorithm | precision |")
-    assert [(r[0], r[1]) for r in steps] == [("ERM ResNet-18", "fp32"), ("ERM ResNet-18", "bf16"),
-                                             ("ERM_ViT DeiT-S/16", "fp32"),
-                                             ("ERM_ViT DeiT-S/16", "bf16")]
+    assert [(r[0], r[1]) for r in steps] == [(label, p) for label in ("ERM ResNet-18",
+                                                                      "ERM_ViT DeiT-S/16")
+                                             for p in precisions]
+    assert ("bf16 left out: this CPU has no bfloat16 instructions" in bench) == (
+        precisions == ["fp32"])
     for _, _, step_ms, peak_gib, images_per_s in steps:
         assert float(step_ms) > 0 and float(peak_gib) > 0
         # images/s is the step's 2 images (1 per domain x 2 sources) over its time
@@ -82,7 +88,7 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     loader = table(bench, "| loader workers |")
     assert [r[0] for r in loader] == ["1", "2"] and all(float(r[1]) > 0 for r in loader)
     evaluation = table(bench, "| precision | images |")
-    assert [r[0] for r in evaluation] == ["fp32", "bf16"]
+    assert [r[0] for r in evaluation] == precisions
     assert all(int(r[1]) == 28 and float(r[3]) > 0 for r in evaluation)  # 4 x 7 x 1 JPEGs
     settings = table(bench, "| algorithm | default ms |")
     assert [r[0] for r in settings] == ["ERM ResNet-18", "ERM_ViT DeiT-S/16"]
@@ -140,12 +146,15 @@ def test_image_job_benchmark_against_domainbed_prints_times_and_ratios(tmp_path)
 
 def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monkeypatch):
     """Without a DomainBed checkout only ours run; ``--precision fp32 bf16`` adds the bf16 job
-    and its ratio to the fp32 job."""
+    and its ratio to the fp32 job. ``--work_dir`` as typed, relative to the working directory.
+    The jobs are as short as the timing allows (2 steps, 2 records): bf16 is emulated, slow, on
+    a CPU without bfloat16 instructions."""
     monkeypatch.delenv("DOMAINBED_ROOT", raising=False)
+    (tmp_path / "work").mkdir()
     proc = run_benchmark("image_job", "--eval_splits", "selection", "--precision", "fp32",
                          "bf16", "--repeats", "1", "--per_class", "1", "--image_size", "32",
-                         "--steps", "3", "--checkpoint_freq", "2", "--batch_size", "2",
-                         "--work_dir", str(tmp_path), cwd=tmp_path)
+                         "--steps", "2", "--checkpoint_freq", "1", "--batch_size", "1",
+                         "--work_dir", "work", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for label in ("dg_plugins (selection)", "dg_plugins (selection, bf16)"):
@@ -156,6 +165,7 @@ def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monk
     assert "DomainBed" not in out
     assert re.search(r"wall, selection bf16 / selection fp32: \d+\.\d\d \(", out), out
     assert "wall, selection bf16 / DomainBed" not in out
+    assert not list((tmp_path / "work").iterdir())  # its temporary folder, removed
 
 
 def test_sweep_gpu_on_a_cpu_runs_its_check_and_prints_gpu_hours(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from dg_plugins.job.flags import record_args
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.scripts.train import build_parser, main
 from dg_plugins.train import job as job_lib
+from dg_plugins.train import precision
 from dg_plugins.train import run as train
 from dg_plugins.train.precision import FP16_FIX, Compute
 from helpers import TEST_PLUGIN_MODULES, read_records, tiny_hparams
@@ -47,10 +48,13 @@ def without_volatile(records):
 def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
     """The real command in bf16: accuracy rises above chance, every record says bf16, a resume
     without the flag is refused, and a run killed after step 7 and resumed writes the records of
-    the uninterrupted run."""
+    the uninterrupted run. The records evaluate the splits model selection reads
+    (``--eval_splits selection``): bf16 is emulated, slow, on a CPU without bfloat16
+    instructions."""
+    job = [*JOB, "--eval_splits", "selection"]
     full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
     gate.mkdir()
-    code, out = run("dg_plugins.scripts.train", *JOB, "--precision", "bf16", "--output_dir", full,
+    code, out = run("dg_plugins.scripts.train", *job, "--precision", "bf16", "--output_dir", full,
                     env=command_env(), timeout=600)
     assert code == 0, out[-3000:]
     records = read_records(full)
@@ -62,7 +66,7 @@ def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
     assert last > 0.18 and last > first + 0.08, (first, last)  # 10 classes: chance is 0.1
     assert records[-1]["loss"] < records[0]["loss"]
 
-    proc = start("dg_plugins.scripts.train", *JOB, "--precision", "bf16", "--output_dir", cut,
+    proc = start("dg_plugins.scripts.train", *job, "--precision", "bf16", "--output_dir", cut,
                  env=gate_env(gate, step=7))
     with released(gate):
         while not (gate / "waiting").exists():
@@ -71,11 +75,11 @@ def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
         proc.send_signal(signal.SIGKILL)
         finish(proc, timeout=60)
     assert len(read_records(cut)) == 2  # steps 0 and 6; the checkpoint continues at step 7
-    code, out = run("dg_plugins.scripts.train", *JOB, "--output_dir", cut, "--resume",
+    code, out = run("dg_plugins.scripts.train", *job, "--output_dir", cut, "--resume",
                     env=command_env(), timeout=600)
     assert code == 2, out[-3000:]
     assert "--precision: 'bf16' in the checkpoint, 'fp32' now (the default)" in out, out[-3000:]
-    code, out = run("dg_plugins.scripts.train", *JOB, "--precision", "bf16", "--output_dir", cut,
+    code, out = run("dg_plugins.scripts.train", *job, "--precision", "bf16", "--output_dir", cut,
                     "--resume", env=command_env(), timeout=600)
     assert code == 0, out[-3000:]
     assert without_volatile(read_records(cut)) == without_volatile(records)
@@ -89,6 +93,31 @@ def test_fp16_on_a_cpu_is_refused_with_the_fix(tmp_path, capsys):
     assert len(err) == 1 and "--precision fp16 is for CUDA devices" in err[0]
     assert "use --precision bf16" in err[0]
     assert not out.exists()  # refused before anything is written
+
+
+def test_cpu_features_are_read_from_the_x86_and_the_arm_line(tmp_path):
+    x86, arm = tmp_path / "x86", tmp_path / "arm"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t: x\n")
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16 i8mm\n")
+    assert precision.cpu_features(str(x86)) == {"fpu", "avx2", "fma"}  # the first CPU's
+    assert precision.cpu_features(str(arm)) == {"fp", "asimd", "bf16", "i8mm"}
+    assert precision.cpu_features(str(tmp_path / "none")) is None  # not Linux: unknown
+
+
+@pytest.mark.parametrize("features, native", [({"avx2", "fma"}, False), ({"avx512_bf16"}, True),
+                                              ({"asimd", "bf16"}, True), (None, None)])
+def test_only_bf16_on_a_cpu_without_bfloat16_instructions_gets_a_note(monkeypatch, features,
+                                                                      native):
+    """torch emulates bfloat16 on such a CPU (a step 10x fp32's on a 2-core AVX2 EPYC): the job
+    says so. A CPU with them, one whose features are unknown, fp32, and a GPU get no note."""
+    monkeypatch.setattr(precision, "cpu_features",
+                        lambda path=None: None if features is None else frozenset(features))
+    assert precision.native_cpu_bf16() is native
+    note = Compute("bf16").device_note(CPU)
+    assert (note is not None) == (native is False)
+    assert note is None or "no bfloat16 instructions" in note and "--precision fp32" in note
+    assert Compute("fp32").device_note(CPU) is None
+    assert Compute("bf16").device_note(torch.device("cuda")) is None
 
 
 def test_default_values_given_explicitly_are_the_default_job(tmp_path):
@@ -321,11 +350,12 @@ def test_channels_last_leaves_a_vit_alone_with_a_note(capsys):
     assert not compute.inputs_channels_last and compute.model_input(x) is x
 
 
-def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeypatch):
+def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeypatch, capsys):
     """A train job with all three: its steps and its evaluation's predictions run under bf16
     autocast on channels_last batches, its convs are channels_last, the deterministic
     algorithms are off and cudnn.benchmark on while it trains; every record's args hold the
-    three settings."""
+    three settings. On a CPU without bfloat16 instructions its output says so."""
+    monkeypatch.setattr(precision, "cpu_features", lambda path=None: frozenset({"avx2"}))
     erm = ALGORITHMS.get("ERM")
     calls = {"update": [], "predict": []}
 
@@ -362,6 +392,7 @@ def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeyp
     finally:
         Compute().configure_backends()
     assert seen == [(True, False, True)] * 3
+    assert Compute("bf16").device_note(CPU) in capsys.readouterr().out.splitlines()
     assert calls["update"] == [(torch.bfloat16, True)] * 3
     assert calls["predict"] and set(calls["predict"]) == {(torch.bfloat16, True)}
     for record in read_records(tmp_path):
