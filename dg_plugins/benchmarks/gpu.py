@@ -352,12 +352,10 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
                   f"{n_images}-image tree. A GPU machine runs every algorithm at batch 32 per "
                   "domain.", ""]
         if args.bf16_left_out:
-            from dg_plugins.train.precision import BF16_CPU_FEATURES
+            from dg_plugins.train.precision import BF16_EMULATED
 
-            lines += ["bf16 left out: this CPU has no bfloat16 instructions ("
-                      + ", ".join(BF16_CPU_FEATURES) + " in /proc/cpuinfo), so torch emulates "
-                      "it, at several times fp32's step; --precisions fp32 bf16 times it "
-                      "anyway.", ""]
+            lines += [f"bf16 left out: {BF16_EMULATED}, at several times fp32's step; "
+                      "--precisions fp32 bf16 times it anyway.", ""]
     lines += [f"## Training step at 224x224 ({plural(args.batch_size, 'image')} per domain x 2 "
               f"source domains, random init; median of {args.steps} steps after {args.warmup}"
               + (", " + " and ".join(args.precisions) + " taking turns)"

@@ -47,6 +47,9 @@ FP16_FIX = "use --precision bf16 (no scaler needed) or fp32"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: ``/proc/cpuinfo``'s names of bfloat16 instructions: x86's AVX512-BF16 and AMX-BF16, Arm's BF16.
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16", "bf16")
+#: Why bf16 is slow on a CPU without them (the job's note, benchmark gpu's report).
+BF16_EMULATED = ("this CPU has no bfloat16 instructions (" + ", ".join(BF16_CPU_FEATURES)
+                 + " in /proc/cpuinfo), so torch emulates bfloat16")
 
 
 def cpu_features(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
@@ -136,10 +139,8 @@ class Compute:
         instructions (:func:`native_cpu_bf16`); None otherwise."""
         if (self.precision == "bf16" and torch.device(device).type == "cpu"
                 and native_cpu_bf16() is False):
-            return ("note: --precision bf16: this CPU has no bfloat16 instructions ("
-                    + ", ".join(BF16_CPU_FEATURES) + " in /proc/cpuinfo), so torch emulates "
-                    "bfloat16: steps and evaluations take several times as long as in fp32; "
-                    "--precision fp32 is faster here")
+            return (f"note: --precision bf16: {BF16_EMULATED}: steps and evaluations take "
+                    "several times as long as in fp32; --precision fp32 is faster here")
         return None
 
     def autocast(self, device: torch.device):
