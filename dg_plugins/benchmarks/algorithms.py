@@ -43,6 +43,7 @@ import sys
 import tempfile
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import train_argv
 
 
 @contextlib.contextmanager
@@ -310,8 +311,8 @@ def benchmark_algorithms(args) -> list[dict]:
     return rows
 
 
-TRAIN_JOB = ["--dataset", "Debug28", "--algorithm", "ERM", "--steps", "9",
-             "--hparams", '{"batch_size": 8}', "--test_envs", "0"]
+TRAIN_JOB = train_argv(dataset="Debug28", algorithm="ERM", steps=9, hparams={"batch_size": 8},
+                       test_envs=[0])
 #: The most the train job's wall time may take of DomainBed's.
 TRAIN_JOB_TARGET = 0.35
 
@@ -336,9 +337,9 @@ def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeats):
             ours.append(_timed([sys.executable, "-m", "dg_plugins.scripts.train", *TRAIN_JOB,
-                                "--output_dir", os.path.join(tmp, f"ours{i}")], None))
+                                *train_argv(output_dir=os.path.join(tmp, f"ours{i}"))], None))
             theirs.append(_timed(*unpatched_script_command(
-                "train", [*TRAIN_JOB, "--output_dir", os.path.join(tmp, f"domainbed{i}")],
+                "train", [*TRAIN_JOB, *train_argv(output_dir=os.path.join(tmp, f"domainbed{i}"))],
                 domainbed_root)))
     wall, cpu = ([statistics.median(t[k] for t in side) for side in (ours, theirs)]
                  for k in (0, 1))

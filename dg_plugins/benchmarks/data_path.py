@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import sys
@@ -51,11 +50,12 @@ HPARAMS = {"resnet18": True, "resnet50_augmix": False, "pretrained": False}
 
 
 def train_argv(args, data_dir: str, out: str, workers: int) -> list[str]:
-    return ["--dataset", "PACS", "--algorithm", "ERM", "--data_dir", data_dir,
-            "--test_envs", "0", "--hparams", json.dumps({**HPARAMS,
-                                                         "batch_size": args.batch_size}),
-            "--output_dir", out, "--n_workers", str(workers), "--device", "cpu",
-            "--eval_splits", args.eval_splits, "--eval_batch_size", str(args.eval_batch_size)]
+    from dg_plugins.job import train_argv as words
+
+    return words(dataset="PACS", algorithm="ERM", data_dir=data_dir, test_envs=[0],
+                 hparams={**HPARAMS, "batch_size": args.batch_size}, output_dir=out,
+                 n_workers=workers, device="cpu", eval_splits=args.eval_splits,
+                 eval_batch_size=args.eval_batch_size)
 
 
 class Ours:

@@ -123,19 +123,14 @@ def compute_flags(args) -> list[str]:
 
 
 def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **extra) -> list:
-    import json
+    from dg_plugins.job import train_argv as words
 
-    argv = ["--dataset", extra.get("dataset", "Debug224"), "--algorithm", algorithm,
-            "--data_dir", extra.get("data_dir", "builtin"), "--test_envs", "0",
-            "--hparams", json.dumps({**hparams, "pretrained": False,
-                                     "batch_size": args.batch_size}),
-            "--output_dir", out, "--precision", precision,
-            *extra.get("compute", compute_flags(args))]
-    if args.device:
-        argv += ["--device", args.device]
-    if "n_workers" in extra:
-        argv += ["--n_workers", str(extra["n_workers"])]
-    return argv
+    return [*words(dataset=extra.get("dataset", "Debug224"), algorithm=algorithm,
+                   data_dir=extra.get("data_dir", "builtin"), test_envs=[0],
+                   hparams={**hparams, "pretrained": False, "batch_size": args.batch_size},
+                   output_dir=out, precision=precision),
+            *extra.get("compute", compute_flags(args)),
+            *words(device=args.device or None, n_workers=extra.get("n_workers"))]
 
 
 def _steps(job):

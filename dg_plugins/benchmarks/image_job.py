@@ -52,17 +52,19 @@ DOMAINBED = "DomainBed"
 
 def job_arguments(args, data_dir: str, output_dir: str) -> list[str]:
     """Train arguments both hosts accept (DomainBed's train CLI)."""
-    return ["--data_dir", data_dir, "--dataset", "PACS", "--algorithm", "ERM",
-            "--test_envs", "0", "--steps", str(args.steps),
-            "--checkpoint_freq", str(args.checkpoint_freq),
-            "--hparams", json.dumps({**HPARAMS[args.model], "batch_size": args.batch_size}),
-            "--output_dir", output_dir]
+    from dg_plugins.job import train_argv
+
+    return train_argv(data_dir=data_dir, dataset="PACS", algorithm="ERM", test_envs=[0],
+                      steps=args.steps, checkpoint_freq=args.checkpoint_freq,
+                      hparams={**HPARAMS[args.model], "batch_size": args.batch_size},
+                      output_dir=output_dir)
 
 
 def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[str], dict]]:
     """``{label: (command, env)}``: ours per ``--eval_splits`` value, then DomainBed's (unbuffered
     stdout, ``-u``, so that every record's line arrives when it is printed)."""
     from dg_plugins.bridge import unpatched_script_command
+    from dg_plugins.job import train_argv
 
     runs = {}
     for precision in args.precision:
@@ -71,7 +73,7 @@ def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[s
             runs[f"dg_plugins ({value}{suffix})"] = (
                 [sys.executable, "-u", "-m", "dg_plugins.scripts.train",
                  *job_arguments(args, data_dir, os.path.join(out, f"ours_{value}_{precision}")),
-                 "--eval_splits", value, *(["--precision", precision] if suffix else [])], env)
+                 *train_argv(eval_splits=value, precision=precision if suffix else None)], env)
     if args.domainbed:
         command, db_env = unpatched_script_command(
             "train", job_arguments(args, data_dir, os.path.join(out, "domainbed")),

@@ -270,6 +270,31 @@ def build_train_parser() -> argparse.ArgumentParser:
     return p
 
 
+def train_argv(**values) -> list[str]:
+    """train's command-line words for ``values`` (row name: value), in the order given: a list
+    gives its items, a dict its JSON, a bool ``true``/``false`` (a switch: itself or nothing),
+    None nothing. A name that is not a row is refused (a misspelled flag)."""
+    import json
+
+    words = []
+    for name, given in values.items():
+        row = ROWS.get(name)
+        if row is None:
+            raise ValueError(f"train has no flag --{name} (its flags: dg_plugins/job/flags.py)")
+        if given is None or (row.store_true and given is False):
+            continue
+        words.append(f"--{name}")
+        if row.store_true:
+            continue
+        if isinstance(given, bool):
+            words.append("true" if given else "false")
+        elif isinstance(given, (list, tuple)):
+            words += [str(item) for item in given]
+        else:
+            words.append(json.dumps(given) if isinstance(given, dict) else str(given))
+    return words
+
+
 def value(args, name: str):
     """Flag ``name`` of ``args`` (a namespace or a dict such as a record's ``args``) as the
     records hold it: None when absent, or at its default for a :data:`NOT_DEFAULT` row."""

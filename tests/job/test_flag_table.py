@@ -96,6 +96,21 @@ def test_resume_check_reads_the_table():
                                                                              "output_dir"]
 
 
+def test_train_argv_writes_what_trains_parser_reads_and_refuses_a_name_that_is_no_row():
+    words = flags.train_argv(dataset="PACS", test_envs=[0, 2], hparams={"batch_size": 8},
+                             steps=9, channels_last=True, deterministic=False, resume=True,
+                             skip_model_save=False, precision="bf16", device=None)
+    assert words[:7] == ["--dataset", "PACS", "--test_envs", "0", "2", "--hparams",
+                         '{"batch_size": 8}']
+    assert "--skip_model_save" not in words and "--device" not in words  # False switch, None
+    parsed = build_parser().parse_args(words)
+    assert (parsed.dataset, parsed.test_envs, parsed.steps, parsed.precision) == \
+        ("PACS", [0, 2], 9, "bf16")
+    assert parsed.channels_last is True and parsed.deterministic is False and parsed.resume
+    with pytest.raises(ValueError, match="train has no flag --precison"):
+        flags.train_argv(precison="bf16")
+
+
 def test_value_and_flag_read_namespaces_and_dicts_alike():
     ns = argparse.Namespace(eval_batch_size=64, precision="bf16")
     record = {"eval_batch_size": 64, "precision": "bf16"}
