@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from dg_plugins import catalog
 from dg_plugins import hparams as hp_lib
-from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.reproduce.gpu_hours import GpuTime, job_gpu_time
 from dg_plugins.reproduce.plan import Plan
