@@ -44,18 +44,17 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import train_argv as flag_words
 
 DOMAINBED = "DomainBed"
 HPARAMS = {"resnet18": True, "resnet50_augmix": False, "pretrained": False}
 
 
 def train_argv(args, data_dir: str, out: str, workers: int) -> list[str]:
-    from dg_plugins.job import train_argv as words
-
-    return words(dataset="PACS", algorithm="ERM", data_dir=data_dir, test_envs=[0],
-                 hparams={**HPARAMS, "batch_size": args.batch_size}, output_dir=out,
-                 n_workers=workers, device="cpu", eval_splits=args.eval_splits,
-                 eval_batch_size=args.eval_batch_size)
+    return flag_words(dataset="PACS", algorithm="ERM", data_dir=data_dir, test_envs=[0],
+                      hparams={**HPARAMS, "batch_size": args.batch_size}, output_dir=out,
+                      n_workers=workers, device="cpu", eval_splits=args.eval_splits,
+                      eval_batch_size=args.eval_batch_size)
 
 
 class Ours:

@@ -49,6 +49,7 @@ import tempfile
 import types
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import train_argv as flag_words
 from dg_plugins.train.progress import plural
 
 #: The rows of the algorithm table: label, algorithm, hparams (random init for all).
@@ -123,14 +124,12 @@ def compute_flags(args) -> list[str]:
 
 
 def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **extra) -> list:
-    from dg_plugins.job import train_argv as words
-
-    return [*words(dataset=extra.get("dataset", "Debug224"), algorithm=algorithm,
-                   data_dir=extra.get("data_dir", "builtin"), test_envs=[0],
-                   hparams={**hparams, "pretrained": False, "batch_size": args.batch_size},
-                   output_dir=out, precision=precision),
+    return [*flag_words(dataset=extra.get("dataset", "Debug224"), algorithm=algorithm,
+                        data_dir=extra.get("data_dir", "builtin"), test_envs=[0],
+                        hparams={**hparams, "pretrained": False, "batch_size": args.batch_size},
+                        output_dir=out, precision=precision),
             *extra.get("compute", compute_flags(args)),
-            *words(device=args.device or None, n_workers=extra.get("n_workers"))]
+            *flag_words(device=args.device or None, n_workers=extra.get("n_workers"))]
 
 
 def _steps(job):

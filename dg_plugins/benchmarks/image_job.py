@@ -41,6 +41,7 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import train_argv
 
 #: The job's hparams for both hosts per ``--model`` (DomainBed's ``resnet50_augmix`` default would
 #: replace the network by timm's ResNet-50).
@@ -52,8 +53,6 @@ DOMAINBED = "DomainBed"
 
 def job_arguments(args, data_dir: str, output_dir: str) -> list[str]:
     """Train arguments both hosts accept (DomainBed's train CLI)."""
-    from dg_plugins.job import train_argv
-
     return train_argv(data_dir=data_dir, dataset="PACS", algorithm="ERM", test_envs=[0],
                       steps=args.steps, checkpoint_freq=args.checkpoint_freq,
                       hparams={**HPARAMS[args.model], "batch_size": args.batch_size},
@@ -64,7 +63,6 @@ def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[s
     """``{label: (command, env)}``: ours per ``--eval_splits`` value, then DomainBed's (unbuffered
     stdout, ``-u``, so that every record's line arrives when it is printed)."""
     from dg_plugins.bridge import unpatched_script_command
-    from dg_plugins.job import train_argv
 
     runs = {}
     for precision in args.precision:
