@@ -15,17 +15,15 @@ their quartiles; memory and predict ratios are ratios of the two values.
 
 ``--hparams`` (JSON) applies to the algorithms and, unless ``--baseline_hparams`` is given, to
 the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``.
-``--precision bf16|fp16`` times every algorithm a second time per round, as a train job with that
-``--precision`` steps it (autocast, fp16's gradient scaler: :mod:`dg_plugins.train.precision`),
-on the same instance, and adds the paired ratio of that step to the algorithm's float32 step
-("x fp32"). Examples::
+Train's precision flag at bf16 or fp16 times every algorithm a second time per round, as a train
+job with that precision steps it (autocast, fp16's gradient scaler:
+:mod:`dg_plugins.train.precision`), on the same instance, and adds the paired ratio of that step
+to the algorithm's float32 step ("x fp32"; a measured command in ``results/benchmarks.md``).
+Example::
 
     # DMG vs ERM on the same ResNet-18, 224x224, with predict cost
     python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms DMG --predict \
         --hparams '{"resnet18": true, "resnet50_augmix": false}' --batch_size 16
-    # ResNet-18 ERM and ViT-S/16 ERM_ViT at 224x224: bf16 autocast against float32
-    python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms ERM_ViT \
-        --hparams '{"resnet18": true, "resnet50_augmix": false}' --precision bf16
 
 With ``--domainbed PATH`` it also times a whole train job (ERM, Debug28, 9 steps, batch 8) with
 dg_plugins' train and with DomainBed's (a checkout at PATH), alternating, and prints the median
@@ -43,7 +41,7 @@ import sys
 import tempfile
 
 from dg_plugins.help_text import plain_text
-from dg_plugins.job import train_argv
+from dg_plugins.job import borrow, option, train_argv
 
 
 @contextlib.contextmanager
@@ -283,10 +281,10 @@ def benchmark_algorithms(args) -> list[dict]:
           f"{args.steps} steps after {args.warmup} warm-up steps, the algorithms alternating "
           f"step by step in one process; load average before {load}")
     if reduced:
-        print(f"--precision {args.precision}: each algorithm also stepped under autocast to "
-              f"{args.precision} on the same instance in every round; 'x fp32' is the paired "
-              f"ratio to its float32 step" + (f"; CPU: {cpu_flags()}" if device.type == "cpu"
-                                               else ""))
+        print(f"{' '.join(train_argv(precision=args.precision))}: each algorithm also stepped "
+              f"under autocast to {args.precision} on the same instance in every round; 'x fp32' "
+              "is the paired ratio to its float32 step"
+              + (f"; CPU: {cpu_flags()}" if device.type == "cpu" else ""))
     print(f"hparams: {args.hparams or '{}'}; baseline hparams: "
           f"{args.baseline_hparams if args.baseline_hparams is not None else 'the same'}")
     header = f"{'algorithm':<14} {'step ms':>9} {'x base':>7} {'(quartiles)':>13}"
@@ -374,9 +372,8 @@ def main(argv=None) -> int:
     p.add_argument("--pretrained", action="store_true",
                    help="use pretrained backbones (default: random init, no download)")
     p.add_argument("--device", default=None)
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="also time every algorithm's step under this precision (as train's "
-                   "--precision runs it) and print its paired ratio to the float32 step")
+    borrow(p, "precision", help="also time every algorithm's step under this precision (as "
+           f"train's {option('precision')} runs it) and print its paired ratio to the float32 step")
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout: also time its train against ours")
     p.add_argument("--train_repeats", type=int, default=3)

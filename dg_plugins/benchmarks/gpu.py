@@ -3,7 +3,7 @@ does with the paper algorithms, in one command of a few minutes, as a markdown t
 
 * Per algorithm at 224x224 (ResNet-18 and ResNet-50 ERM and DMG, ERM_ViT and GMoE-S/16 on
   DeiT-S/16, DisMAE on ViT-B/16, MPBM on ResNet-18; random init, nothing downloaded), in fp32 and
-  bf16 (train's ``--precision``): the median time of a training step, the peak memory of a step
+  bf16 (train's precision flag): the median time of a training step, the peak memory of a step
   (parameters, optimizer state and the step's own allocations: ``torch.cuda.max_memory_allocated``
   above what was allocated before it; on a CPU the profiler's allocation events) and the images
   per second. A step is the train job's own :meth:`dg_plugins.train.job.Job.train_step` (its
@@ -227,9 +227,9 @@ def recommendations(args, device, algorithms, loader, settings) -> list[str]:
         if row["precision"] == "fp32" or row["label"] not in fp32:
             continue
         ratio = row["step_s"] / fp32[row["label"]]["step_s"]
-        verdict = (f"--precision {row['precision']} ({ratio:.2f}x the fp32 step; opt-in: other "
-                   "numbers than fp32's)" if ratio <= GAIN else
-                   f"fp32 (--precision {row['precision']} gives {ratio:.2f}x its step)")
+        flag = " ".join(flag_words(precision=row["precision"]))
+        verdict = (f"{flag} ({ratio:.2f}x the fp32 step; opt-in: other numbers than fp32's)"
+                   if ratio <= GAIN else f"fp32 ({flag} gives {ratio:.2f}x its step)")
         lines.append(f"- {row['label']}: {verdict}.")
     for row in settings:
         gains = {name: r[1] for name, r in row["ratios"].items() if r[1] <= GAIN}

@@ -14,8 +14,8 @@ file's name (:func:`dg_plugins.benchmarks.data.random_torchvision_weights`): not
 and both start from the same weights. ``resnet50_augmix`` is false for both (DomainBed's default
 true would replace the network by timm's ResNet-50).
 
-``--precision fp32 bf16`` adds our jobs under the opt-in ``--precision bf16`` (autocast; its
-numbers differ from fp32's, so it is a speed-up a user chooses, not the same job).
+Given train's precision flag with ``fp32 bf16``, it adds our jobs under the opt-in bf16 autocast
+(its numbers differ from fp32's, so it is a speed-up a user chooses, not the same job).
 
 Printed per run and as medians over the repeats: the wall time of the job (the whole process);
 a training step (the records' ``step_time``: drawing the batches and the update, the first record
@@ -41,13 +41,13 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
-from dg_plugins.job import train_argv
+from dg_plugins.job import borrow, option, train_argv
+from dg_plugins.job.selection import EVAL_SPLITS
 
 #: The job's hparams for both hosts per ``--model`` (DomainBed's ``resnet50_augmix`` default would
 #: replace the network by timm's ResNet-50).
 HPARAMS = {"resnet18": {"resnet18": True, "resnet50_augmix": False},
            "resnet50": {"resnet18": False, "resnet50_augmix": False}}
-EVAL_SPLITS = ("all", "selection")
 DOMAINBED = "DomainBed"
 
 
@@ -186,11 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout (default $DOMAINBED_ROOT); without it only ours run")
     p.add_argument("--repeats", type=int, default=3, help="runs of each job, taking turns")
-    p.add_argument("--eval_splits", nargs="+", choices=EVAL_SPLITS, default=list(EVAL_SPLITS),
-                   help="our jobs' --eval_splits values (default: both)")
-    p.add_argument("--precision", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
-                   help="our jobs' --precision values (default fp32, as DomainBed; bf16 adds runs "
-                        "with the opt-in autocast, whose numbers differ from fp32's)")
+    borrow(p, "eval_splits", nargs="+", default=list(EVAL_SPLITS),
+           help=f"our jobs' {option('eval_splits')} values (default: both)")
+    borrow(p, "precision", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
+           help=f"our jobs' {option('precision')} values (default fp32, as DomainBed; bf16 adds "
+           "runs with the opt-in autocast, whose numbers differ from fp32's)")
     p.add_argument("--model", choices=tuple(HPARAMS), default="resnet18",
                    help="torchvision's ResNet-18 (default) or ResNet-50, on both hosts")
     p.add_argument("--steps", type=int, default=21)

@@ -2,9 +2,9 @@
 alignment read one contract: its flags and their policies (one table), its folder, its records,
 what model selection reads from them, and its sizes. Torch-free."""
 
-from dg_plugins.job.flags import (FLAGS, Flag, add_flags, build_train_parser, check_ranges,  # flags
-                                  compute_settings, record_args, sweep_job_args,
-                                  train_argv)
+from dg_plugins.job.flags import (FLAGS, Flag, add_flags, borrow, build_train_parser,  # flags
+                                  check_ranges, compute_settings, option, record_args,
+                                  sweep_job_args, train_argv)
 from dg_plugins.job.folder import (DONE_FILE, RESULTS_FILE, FolderLock, JobStateError,  # folder
                                    is_done, lock_holder)
 from dg_plugins.job.records import append_record, format_row, last_record  # results.jsonl

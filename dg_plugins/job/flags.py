@@ -270,20 +270,37 @@ def build_train_parser() -> argparse.ArgumentParser:
     return p
 
 
+def option(name: str) -> str:
+    """train's flag ``name`` as a command line spells it; a name that is not a row is refused (a
+    misspelled flag)."""
+    if name not in ROWS:
+        raise ValueError(f"train has no flag --{name} (its flags: dg_plugins/job/flags.py)")
+    return f"--{name}"
+
+
+def borrow(parser, name: str, **options) -> None:
+    """Add train's flag ``name`` to another command's parser (a benchmark that hands its values to
+    train jobs): spelling, type, choices, default and help from the row, ``options`` where that
+    command takes it otherwise (several values, fewer choices, its own help)."""
+    spelled, row = option(name), ROWS[name]
+    given = {"type": row.type, "choices": row.choices, "default": row.default, "help": row.help,
+             **options}
+    parser.add_argument(spelled, **{k: v for k, v in given.items() if v is not None})
+
+
 def train_argv(**values) -> list[str]:
     """train's command-line words for ``values`` (row name: value), in the order given: a list
     gives its items, a dict its JSON, a bool ``true``/``false`` (a switch: itself or nothing),
-    None nothing. A name that is not a row is refused (a misspelled flag)."""
+    None nothing. A name that is not a row is refused (:func:`option`)."""
     import json
 
     words = []
     for name, given in values.items():
-        row = ROWS.get(name)
-        if row is None:
-            raise ValueError(f"train has no flag --{name} (its flags: dg_plugins/job/flags.py)")
+        spelled = option(name)
+        row = ROWS[name]
         if given is None or (row.store_true and given is False):
             continue
-        words.append(f"--{name}")
+        words.append(spelled)
         if row.store_true:
             continue
         if isinstance(given, bool):

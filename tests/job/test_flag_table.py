@@ -111,6 +111,25 @@ def test_train_argv_writes_what_trains_parser_reads_and_refuses_a_name_that_is_n
         flags.train_argv(precison="bf16")
 
 
+def test_a_borrowed_flag_takes_its_spelling_choices_and_default_from_the_row():
+    """A benchmark that hands a flag's values to train jobs borrows train's row: a value the row
+    refuses is refused there too, and a name that is no row fails when the parser is built."""
+    from dg_plugins.benchmarks import image_job
+
+    p = argparse.ArgumentParser()
+    flags.borrow(p, "precision")
+    assert p.parse_args([]).precision == "fp32"
+    assert p.parse_args(["--precision", "fp16"]).precision == "fp16"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--precision", "fp8"])
+    args = image_job.build_parser().parse_args(["--precision", "fp32", "bf16"])
+    assert args.precision == ["fp32", "bf16"] and args.eval_splits == list(ROWS["eval_splits"]
+                                                                           .choices)
+    assert flags.option("eval_splits") == "--eval_splits"
+    with pytest.raises(ValueError, match="train has no flag --precison"):
+        flags.borrow(argparse.ArgumentParser(), "precison")
+
+
 def test_value_and_flag_read_namespaces_and_dicts_alike():
     ns = argparse.Namespace(eval_batch_size=64, precision="bf16")
     record = {"eval_batch_size": 64, "precision": "bf16"}

@@ -485,5 +485,6 @@ def test_benchmark_times_each_algorithm_in_bf16_against_its_fp32_step(capsys):
     assert set(rows) == {"ERM", "ERM:bf16"}
     assert rows["ERM"][4:6] == ["1.00", "(1.00-1.00)"]  # x fp32 of the fp32 row itself
     assert float(rows["ERM:bf16"][4]) > 0 and "avx512_bf16" in out
+    assert "--precision bf16: each algorithm also stepped under autocast to bf16" in out
     assert benchmark.main(["--algorithms", "ERM", "--precision", "fp16", "--device", "cpu"]) == 2
     assert "use --precision bf16" in capsys.readouterr().err
