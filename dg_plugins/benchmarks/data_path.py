@@ -44,6 +44,7 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import borrow
 from dg_plugins.job import train_argv as flag_words
 
 DOMAINBED = "DomainBed"
@@ -330,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed evaluations, back to back, after one untimed")
     p.add_argument("--batch_size", type=int, default=32, help="per domain (DomainBed's 32)")
     p.add_argument("--eval_batch_size", type=int, default=64)
-    p.add_argument("--eval_splits", choices=("all", "selection"), default="all")
+    borrow(p, "eval_splits", help=None)
     p.add_argument("--per_class", type=int, default=20,
                    help="JPEGs per class and domain (4 domains x 7 classes; 20: 560 images)")
     p.add_argument("--image_size", type=int, default=227)

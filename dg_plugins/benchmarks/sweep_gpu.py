@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
+from dg_plugins.job import train_argv
 
 #: The opt-in settings of the fastest run (train flags passed by sweep to every job).
 OPT_IN = "--channels_last --deterministic false --augment_on device"
@@ -71,7 +72,7 @@ def runs(args, data_dir: str, tmp: str, env: dict) -> dict[str, tuple[list[str],
                              *sweep_args(args, data_dir, os.path.join(tmp, "domainbed"))],
                             {**env, "PYTHONPATH": path,
                              "PATH": bin_dir + os.pathsep + env.get("PATH", "")})
-    common = ["--eval_splits", "selection"]
+    common = train_argv(eval_splits="selection")
     out["ours, 1 per GPU"] = ([*ours, *sweep_args(args, data_dir, os.path.join(tmp, "ours")),
                                *common], env)
     packed = ["--jobs_per_gpu", str(args.jobs_per_gpu)]

@@ -281,7 +281,7 @@ def option(name: str) -> str:
 def borrow(parser, name: str, **options) -> None:
     """Add train's flag ``name`` to another command's parser (a benchmark that hands its values to
     train jobs): spelling, type, choices, default and help from the row, ``options`` where that
-    command takes it otherwise (several values, fewer choices, its own help)."""
+    command takes it otherwise (several values, fewer choices, its own help; None: none)."""
     spelled, row = option(name), ROWS[name]
     given = {"type": row.type, "choices": row.choices, "default": row.default, "help": row.help,
              **options}

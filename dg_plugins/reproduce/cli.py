@@ -13,12 +13,13 @@ import sys
 from dg_plugins import runtime
 from dg_plugins.files import atomic_write_bytes
 from dg_plugins.hparams import parse_overrides
+from dg_plugins.job import borrow
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, plan_setting
 from dg_plugins.reproduce.costs import plan_costs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
-from dg_plugins.reproduce.sizes import UsageError
+from dg_plugins.reproduce.sizes import EVAL_SPLITS, UsageError
 from dg_plugins.sweep import cli as sweep_cli
 
 
@@ -78,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "weights (e.g. open_clip_pytorch_model.bin of "
                              "timm/vit_base_patch16_clip_224.laion400m_e32) instead of the "
                              "download cache")
-    parser.add_argument("--eval_splits", choices=("selection", "all"), default="selection",
-                        help="selection (default): every job evaluates only the splits model "
-                             "selection reads (the same tables, less evaluation); all: every "
-                             "split at every record (full learning curves)")
+    borrow(parser, "eval_splits", choices=EVAL_SPLITS, default="selection",
+           help="selection (default): every job evaluates only the splits model selection reads "
+           "(the same tables, less evaluation); all: every split at every record (full learning "
+           "curves)")
     parser.add_argument("--dry_run_sweeps", action="store_true",
                         help="list plain sweep calls given after it: launch FLAGS [:: launch "
                              "FLAGS ...] (the DRY_RUN=1 mode of sweeps/*.sh)")

@@ -146,7 +146,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     plan.root = output_dir
     too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
-    tail = ["--resume", "--skip_confirmation", "--eval_splits", eval_splits]
+    tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits)]
     if launcher:
         tail += ["--command_launcher", launcher]
     tail += list(extra)
