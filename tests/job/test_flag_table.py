@@ -123,8 +123,8 @@ def test_a_borrowed_flag_takes_its_spelling_choices_and_default_from_the_row():
     with pytest.raises(SystemExit):
         p.parse_args(["--precision", "fp8"])
     args = image_job.build_parser().parse_args(["--precision", "fp32", "bf16"])
-    assert args.precision == ["fp32", "bf16"] and args.eval_splits == list(ROWS["eval_splits"]
-                                                                           .choices)
+    assert args.precision == ["fp32", "bf16"]
+    assert args.eval_splits == list(ROWS["eval_splits"].choices)  # both, the benchmark's default
     assert flags.option("eval_splits") == "--eval_splits"
     with pytest.raises(ValueError, match="train has no flag --precison"):
         flags.borrow(argparse.ArgumentParser(), "precison")
