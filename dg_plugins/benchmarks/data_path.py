@@ -44,8 +44,7 @@ import tempfile
 import time
 
 from dg_plugins.help_text import plain_text
-from dg_plugins.job import borrow
-from dg_plugins.job import train_argv as flag_words
+from dg_plugins.job import borrow, train_argv as flag_words
 
 DOMAINBED = "DomainBed"
 HPARAMS = {"resnet18": True, "resnet50_augmix": False, "pretrained": False}
