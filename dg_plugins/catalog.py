@@ -203,9 +203,13 @@ GENERIC_IMAGE_FOLDER = "ImageFolder"
 IMAGE_SIZE, IMAGE_SIZE_HPARAM = 224, "image_size"
 
 
+#: The largest ``image_size``: a batch of larger images would not fit in memory.
+MAX_IMAGE_SIZE = 1024
+
+
 def _image_size(value) -> str | None:
-    return None if isinstance(value, int) and value >= 32 and value % 16 == 0 else \
-        "must be a multiple of 16, at least 32 (DomainBed's: 224)"
+    return None if isinstance(value, int) and 32 <= value <= MAX_IMAGE_SIZE and value % 16 == 0 \
+        else f"must be a multiple of 16 from 32 to {MAX_IMAGE_SIZE} (DomainBed's: 224)"
 
 
 def image_folder_hparam_space() -> dict[str, tuple]:

@@ -38,20 +38,50 @@ DEVICE_STEPS = ("RandomHorizontalFlip", "ColorJitter", "RandomGrayscale", "ToTen
 INSTALL = "pip install 'dg_plugins[gpu]' (or pip install 'kornia>=0.7')"
 
 
+#: What the device part calls: kornia's submodule and its functions (kornia 0.7 has them all).
+KORNIA_NEEDS = {"enhance": ("adjust_brightness_accumulative",
+                            "adjust_contrast_with_mean_subtraction",
+                            "adjust_saturation_with_gray_subtraction", "adjust_hue"),
+                "color": ("rgb_to_grayscale",)}
+
+
+class KorniaLacks(ImportError):
+    """kornia imports but lacks a function the device part calls."""
+
+
 def _kornia():
+    """kornia, with every function :data:`KORNIA_NEEDS` names; ImportError naming the missing
+    part and the install command otherwise (a kornia too old, or another package of that name)."""
+    import importlib
+
     try:
-        import kornia
+        kornia = importlib.import_module("kornia")
     except ImportError:
         raise ImportError(f"augmenting on the device needs kornia: {INSTALL}") from None
+    for module, functions in KORNIA_NEEDS.items():
+        try:
+            found = importlib.import_module(f"kornia.{module}")
+        except ImportError:
+            found = None
+        missing = [f for f in functions if not hasattr(found, f)]
+        if missing:
+            version = getattr(kornia, "__version__", "of unknown version")
+            where = getattr(kornia, "__file__", None) or "?"
+            raise KorniaLacks(
+                f"augmenting on the device needs kornia.{module}.{missing[0]}, which the kornia "
+                f"this Python imports ({version}, {where}) lacks: {INSTALL}")
     return kornia
 
 
 def require_kornia() -> None:
     """Raise ValueError (a train job's bad input: one line) naming the install command when
-    kornia cannot be imported; train checks it before it writes anything."""
+    kornia, or a function of it the device part calls, cannot be imported; train checks it
+    before it writes anything."""
     try:
         _kornia()
-    except ImportError:
+    except ImportError as err:
+        if isinstance(err, KorniaLacks):
+            raise ValueError(f"--augment_on device: {err}; or use --augment_on loader") from None
         raise ValueError(f"--augment_on device needs kornia, which this Python cannot import: "
                          f"{INSTALL}; or use --augment_on loader") from None
 

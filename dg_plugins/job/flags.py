@@ -8,6 +8,7 @@ anything is written. Torch-free."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -362,8 +363,9 @@ def sweep_job_args(args, hashed: bool) -> dict:
 
 def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
     """Raise ValueError, naming the flag and the fix, for a train flag of ``args`` out of its range
-    or a combination that cannot run (the UDG flags without a label fraction, two lengths of one
-    phase, the release split without its holdout, IP/OOP rule flags without a score file).
+    or a combination that cannot run (a ``--data_dir`` that is a file, the UDG flags without a
+    label fraction, two lengths of one phase, the release split without its holdout, IP/OOP rule
+    flags without a score file).
     ``fractions``: the label fractions (train's ``--label_fraction``, sweep's
     ``--label_fractions``, named ``fraction_flag``); None without the UDG protocol. Flags
     ``args`` lacks are not checked."""
@@ -381,6 +383,14 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
         if given is not None and given < 1:
             raise ValueError(f"--{flag} must be a positive integer, got {given} (leave it out for "
                              "the dataset's default)")
+    n_workers = getattr(args, "n_workers", None)
+    if n_workers is not None and n_workers < 0:
+        raise ValueError(f"--n_workers must be >= 0, got {n_workers} (0: load in the job's "
+                         "process; leave it out for one worker per core)")
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir and os.path.isfile(data_dir):
+        raise ValueError(f"--data_dir {data_dir} is a file, not a folder; pass the folder that "
+                         "holds the dataset (e.g. the one holding PACS/)")
     progress_every = getattr(args, "progress_every", None)
     if progress_every is not None and not progress_every >= 0:
         raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")

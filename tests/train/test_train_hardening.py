@@ -653,3 +653,61 @@ def test_sigterm_while_waiting_for_a_pretraining_says_what_happened(tmp_path):
     assert "Traceback" not in console
     assert main(argv) == 0
     assert (out / "done").exists() and (folder / "done").exists()
+
+
+# issue 58: bad input the job used to meet only after its folder existed, or at step 1 ------------
+
+def train_command(tmp_path, *args, env=None):
+    """The train command as users run it (a subprocess)."""
+    return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+@pytest.fixture
+def tiny_pacs(tmp_path):
+    from image_tree import make_pacs_tree
+
+    return make_pacs_tree(tmp_path / "data", per_class=1, size=32)
+
+
+@pytest.mark.parametrize("case", ["n_workers", "data_dir_file", "image_size"])
+def test_bad_input_is_one_line_and_leaves_no_job_folder(tmp_path, tiny_pacs, case):
+    """--n_workers -1, a --data_dir that is a file and an image_size too large for memory (it
+    failed at step 1 with a MemoryError) are refused in one line, exit 2, before the job folder
+    is made."""
+    out = tmp_path / "job"
+    image = sorted(tiny_pacs.rglob("*.jpg"))[0]
+    argv, message = {
+        "n_workers": (["--dataset", "Debug28", "--n_workers", "-1"],
+                      "error: --n_workers must be >= 0, got -1"),
+        "data_dir_file": (["--dataset", "RotatedMNIST", "--data_dir", str(image)],
+                          f"error: --data_dir {image} is a file, not a folder"),
+        "image_size": (["--dataset", "ImageFolder", "--data_dir", str(tiny_pacs / "PACS"),
+                        "--hparams", '{"image_size": 10000}'],
+                       "error: hparam 'image_size' must be a multiple of 16 from 32 to 1024"),
+    }[case]
+    done = train_command(tmp_path, *argv, "--steps", "1", "--output_dir", str(out))
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), done.stderr[-3000:]
+    assert not out.exists()
+
+
+def test_a_kornia_without_enhance_is_named_before_the_job_starts(tmp_path, tiny_pacs):
+    """A kornia that imports but lacks what --augment_on device calls (an old one, or another
+    package of that name) used to fail at step 1 with an AttributeError traceback."""
+    fake = tmp_path / "fake" / "kornia"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "0.5.0"\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(fake.parent), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "job"
+    done = train_command(tmp_path, "--dataset", "PACS", "--data_dir", str(tiny_pacs),
+                         "--augment_on", "device", "--device", "cpu", "--steps", "1",
+                         "--hparams", '{"image_size": 32}', "--output_dir", str(out), env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "kornia.enhance.adjust_brightness_accumulative" in lines[0]
+    assert "(0.5.0, " in lines[0] and "pip install 'kornia>=0.7'" in lines[0]
+    assert not out.exists()
