@@ -1,12 +1,111 @@
-"""Docstrings as ``--help`` text: the scripts' and benchmarks' parsers take their descriptions
-from module docstrings written in reStructuredText. Torch- and pandas-free."""
+"""Docstrings as ``--help`` text, and usage errors in two lines: the scripts' and benchmarks'
+parsers take their descriptions from module docstrings written in reStructuredText, and report a
+mistyped flag as :class:`CommandParser` does. Torch- and pandas-free."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import difflib
 import re
+import sys
+
+#: What a short usage line ends with.
+EVERY_FLAG = "[FLAGS] (every flag: --help)"
 
 
 def plain_text(doc: str) -> str:
     """``doc`` without reStructuredText markup (roles and literals), for --help."""
     doc = re.sub(r":[a-z]+:`~[^`]*?\.?([^.`]+)`", r"\1", doc)
     return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for dg_plugins' commands: ``--help`` is argparse's own, but a usage error is two
+    lines, exit status 2 (argparse's own usage block lists every flag above the error): a short
+    usage line (``short_usage``, else :func:`short_usage`'s) and the error, with "did you mean"
+    for a mistyped flag or choice (:func:`did_you_mean`)."""
+
+    def __init__(self, *args, short_usage: str | None = None, **kwargs):
+        self.short_usage = short_usage
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given_argv = None if args is None else [str(word) for word in args]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        report_usage_error(self, message)
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """``parser.short_usage`` when it has one, else the command with its positional arguments and
+    required flags, then :data:`EVERY_FLAG`."""
+    given = getattr(parser, "short_usage", None)
+    if given:
+        return given
+    kept = [action for action in parser._actions if not action.option_strings or action.required]
+    formatter = parser._get_formatter()
+    formatter.add_usage(None, kept, [], prefix="")
+    return f"{' '.join(formatter.format_help().split())} {EVERY_FLAG}"
+
+
+def close_flag(word: str, flags: list[str]) -> str | None:
+    """The flag of ``flags`` closest to the mistyped ``word`` (``--stpes``: ``--steps``), if any
+    is close."""
+    names = {flag.lstrip("-"): flag for flag in flags}
+    close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(names), n=1,
+                                      cutoff=0.75)
+    return names[close[0]] if close else None
+
+
+def unknown_flags(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """The words of ``words`` that look like flags ``parser`` does not have (nor abbreviates)."""
+    flags = [option for action in parser._actions for option in action.option_strings]
+    return [word for word in words if word.startswith("--") and len(word) > 2
+            and not any(flag.startswith(word.split("=", 1)[0]) for flag in flags)]
+
+
+def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] = ()) -> str:
+    """``"; did you mean ...?"`` for argparse's error ``message`` about an unknown flag, a
+    missing required flag mistyped in ``argv`` (the words parsed), or an invalid choice, when a
+    flag or choice of ``parser`` is close; "" otherwise."""
+    flags = [option for action in parser._actions for option in action.option_strings
+             if option.startswith("--")]
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    required = re.match(r"the following arguments are required: (.*)", message)
+    if unknown or required:
+        words = unknown.group(1).split() if unknown else unknown_flags(parser, list(argv))
+        among = flags if unknown else [w for w in required.group(1).split(", ") if w in flags]
+        hints = [(word, flag) for word in words if word.startswith("-")
+                 and (flag := close_flag(word, among)) is not None]
+        if len([w for w in words if w.startswith("-")]) == 1 and hints:
+            return f"; did you mean {hints[0][1]}?"
+        return ("; did you mean " + ", ".join(f"{flag} (for {word})" for word, flag in hints)
+                + "?") if hints else ""
+    choice = re.search(r"invalid choice: (.*?) \(choose from (.*)\)$", message)
+    if choice:
+        choices = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
+        close = difflib.get_close_matches(choice.group(1).strip("'\""), choices, n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    return ""
+
+
+def report_usage_error(parser: argparse.ArgumentParser, message: str):
+    """Exit with status 2 after the two lines of :class:`CommandParser` (its ``error``)."""
+    argv = getattr(parser, "given_argv", None)
+    argv = sys.argv[1:] if argv is None else argv
+    parser.exit(2, f"usage: {short_usage(parser)}\n{parser.prog}: error: {message}"
+                   f"{did_you_mean(parser, message, argv)}\n")
+
+
+@contextlib.contextmanager
+def short_usage_errors():
+    """Within the block every argparse parser reports a usage error as :class:`CommandParser`
+    does: for a command whose parser another module builds with argparse's own class."""
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = report_usage_error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = saved

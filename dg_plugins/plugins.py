@@ -26,27 +26,40 @@ def add_modules(modules: Iterable[str]) -> list[str]:
     return merged
 
 
+class PluginImportError(ImportError, ValueError):
+    """A plugin module (named by ``--import`` or ``$DG_PLUGINS_IMPORT``) that cannot be imported,
+    or whose own import of a package failed: bad input, reported in one line naming the module,
+    where it was named and the fix (a ValueError too, so that commands report it as one)."""
+
+
 def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
     """Import our algorithms and datasets (unless not ``builtins``), then ``modules`` and
-    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules. ImportError says how to fix a missing
-    one."""
+    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules. A module that cannot be found, or whose
+    own import of a package fails, raises :class:`PluginImportError` saying how to fix it (any
+    other error of a plugin's code is raised as it is: its traceback is the plugin's to read)."""
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401
 
         importlib.import_module(DOMAINBED_HOST).register()
 
+    modules = list(modules)
     names = list(dict.fromkeys([*modules, *modules_from_env()]))
     for name in names:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:
-            if err.name != name and not name.startswith(f"{err.name}."):
-                raise  # the plugin exists but one of its own imports failed
-            raise ImportError(
-                f"plugin module {name!r} (from --import or ${PLUGINS_ENV}) cannot be imported: "
-                f"{err}. It must be importable by name, e.g. its folder on PYTHONPATH."
-            ) from err
+            where = "--import" if name in modules else f"${PLUGINS_ENV}"
+            if err.name is None or (err.name != name and not name.startswith(f"{err.name}.")):
+                fix = (f"install the package that provides {err.name!r} in this Python"
+                       if err.name else "fix that import")
+                raise PluginImportError(f"plugin module {name!r} (named in {where}) failed to "
+                                        f"import: {err}; {fix}") from err
+            top = name.split(".")[0]
+            raise PluginImportError(
+                f"plugin module {name!r} (named in {where}) cannot be found ({err}): put the "
+                f"folder holding {top}.py (or {top}/) on PYTHONPATH, e.g. "
+                f"PYTHONPATH=/path/to/folder, or fix the name in {where}") from err
     return names
 
 

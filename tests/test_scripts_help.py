@@ -35,3 +35,51 @@ def test_help_of_every_benchmark_kind(kind):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
     assert not re.search(r":[a-z]+:`|``", done.stdout), done.stdout
+
+
+# issue 58: a usage error is a short usage line and the error, with "did you mean" -------------
+
+MISTYPED = [
+    ("train", ["--dataset", "Debug28", "--stpes", "5"], "unrecognized arguments: --stpes 5; "
+     "did you mean --steps?"),
+    ("train", ["--precision", "fp61"], "argument --precision: invalid choice: 'fp61' (choose "
+     "from 'fp32', 'bf16', 'fp16'); did you mean 'fp16'?"),
+    ("collect_results", ["--input_dri", "sweep"], "the following arguments are required: "
+     "--input_dir; did you mean --input_dir?"),
+    ("collect_results", ["--input_dir", "sweep", "--lattex"], "unrecognized arguments: --lattex; "
+     "did you mean --latex?"),
+    ("check_data", ["--dataset", "PACS", "--data_dri", "data"], "the following arguments are "
+     "required: --data_dir; did you mean --data_dir?"),
+    ("download", ["PACS", "--data_dri", "data"], "unrecognized arguments: --data_dri data; did "
+     "you mean --data_dir?"),
+    ("alignment_eval", ["--alignmnet_scores", "s.csv", "job"], "the following arguments are "
+     "required: --alignment_scores; did you mean --alignment_scores?"),
+    ("alignment_scores", ["--dataset", "PACS", "--data_dri", "data"], "the following arguments "
+     "are required: --data_dir; did you mean --data_dir?"),
+]
+
+
+@pytest.mark.parametrize("script, argv, error", MISTYPED,
+                         ids=[f"{s}-{a[-2]}" for s, a, _ in MISTYPED])
+def test_a_mistyped_flag_is_a_usage_line_and_the_error_with_did_you_mean(tmp_path, script, argv,
+                                                                         error):
+    """argparse's own usage block lists every flag (30 lines for train) above the error."""
+    done = subprocess.run([sys.executable, "-m", f"dg_plugins.scripts.{script}", *argv],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    usage, message = done.stderr.splitlines()
+    assert usage.startswith("usage: ") and usage.endswith("[FLAGS] (every flag: --help)")
+    assert message.endswith(f"error: {error}"), message
+    assert not done.stdout
+
+
+def test_train_help_is_argparse_own(monkeypatch):
+    """The short usage changes errors only: train's --help is what argparse's parser prints."""
+    import argparse
+
+    from dg_plugins.job import flags
+
+    ours = flags.build_train_parser().format_help()
+    monkeypatch.setattr(flags, "CommandParser",
+                        lambda short_usage, **options: argparse.ArgumentParser(**options))
+    assert ours == flags.build_train_parser().format_help()

@@ -11,6 +11,8 @@ import sys
 from collections import Counter
 from typing import Callable, Iterable, Sequence
 
+from dg_plugins.help_text import CommandParser
+
 #: Below this many files the check runs in this process (a pool costs more than it saves).
 MIN_FILES_FOR_POOL = 64
 #: Without a terminal, a plain progress line every tenth of the files, but at least this many apart.
@@ -18,7 +20,7 @@ PLAIN_PROGRESS_MIN = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m dg_plugins.scripts.check_data",
         description="Decode every image of an image-folder dataset and list the unreadable "
                     "ones (truncated, garbage, empty or unreadable files), before a long run.")

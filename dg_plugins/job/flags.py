@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dg_plugins.help_text import EVERY_FLAG, CommandParser
 from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVAL_SPLITS
 
 #: The module a job command runs (``python -m <module>``); sweep writes it in every command.
@@ -262,10 +263,15 @@ def add_flags(parser, group: str, skip=(), help: dict | None = None,
             ROWS[name].add_to(parser, (help or {}).get(name), (metavar or {}).get(name))
 
 
+#: train's usage line in an error (its ``--help`` lists every flag).
+TRAIN_USAGE = (f"python -m {TRAIN_MODULE} --dataset NAME --data_dir DIR --output_dir DIR "
+               f"[--algorithm NAME] [--hparams JSON] {EVERY_FLAG}")
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     """train's parser: every row, its groups in :data:`GROUPS`' order."""
-    p = argparse.ArgumentParser(prog="train.py", description="Train one domain-generalization "
-                                "job (DomainBed-compatible output folder).")
+    p = CommandParser(prog="train.py", description="Train one domain-generalization job "
+                      "(DomainBed-compatible output folder).", short_usage=TRAIN_USAGE)
     for group, titles in GROUPS.items():
         add_flags(p if titles is None else p.add_argument_group(*titles), group)
     return p

@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dg_plugins.help_text import CommandParser
 from dg_plugins.job import flags as job_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.alignment_eval",
-                                description="IP/OOP accuracy of trained models (no retraining).")
+    p = CommandParser(prog="python -m dg_plugins.scripts.alignment_eval",
+                      description="IP/OOP accuracy of trained models (no retraining).")
     p.add_argument("jobs", nargs="+", help="train output folders (holding model.pkl)")
     p.add_argument("--alignment_scores", required=True, help="score file (alignment_scores)")
     job_flags.add_flags(p, "alignment", skip=("alignment_scores",))

@@ -38,6 +38,7 @@ import sys
 from dg_plugins.alignment.score_command import (  # noqa: F401  (the command's surface)
     UNAUGMENTED, add_preset_flag, build_parser, check_flags, resolve_envs, resolve_preset_flag,
     score_and_write)
+from dg_plugins.help_text import short_usage_errors
 
 
 def main(argv=None) -> int:
@@ -58,4 +59,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with short_usage_errors():  # its parser (dg_plugins.alignment.score_command) is argparse's
+        sys.exit(main())

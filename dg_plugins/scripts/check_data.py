@@ -10,8 +10,8 @@ generic ``ImageFolder`` (``--data_dir`` is then the folder holding the domain fo
 made with ``make_image_folder_dataset`` in a plugin module named in ``$DG_PLUGINS_IMPORT``.
 
 Exit status: 0 every image is readable; 1 some image is unreadable; 2 bad input (unknown dataset,
-a dataset that has no image files, a missing folder or a bad layout, e.g. a ``--data_dir`` one
-level above or below the tree: the folder meant is named).
+a plugin module that does not import, a dataset that has no image files, a missing folder or a
+bad layout, e.g. a ``--data_dir`` one level above or below the tree: the folder meant is named).
 """
 
 import sys
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plugins.load()  # a plugin's image-folder dataset is known
         dataset = load_dataset(args.dataset, args.data_dir)
-    except BadInput as err:
+    except (BadInput, plugins.PluginImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     n_bad = run_check(dataset, workers, progress=sys.stderr.isatty())

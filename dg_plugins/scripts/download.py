@@ -25,9 +25,11 @@ import argparse
 import signal
 import sys
 
+from dg_plugins.help_text import CommandParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m dg_plugins.scripts.download",
         description="Download DomainBed's datasets into DomainBed's layout under --data_dir "
                     "(skips what is already there; resumes partial downloads; verifies sizes "
