@@ -12,9 +12,9 @@ DomainBed does, the same text is written into the sweep folder, overwriting: ``r
 ``results.tex`` (``--latex``), ``results.md`` or ``results.csv`` (``--format``, see
 :mod:`dg_plugins.collect.formats`); ``--no_save`` only prints (a folder that cannot be written:
 a warning). After them: the IP/OOP, single-source and UDG tables where records call for them.
-Notes go to stderr (jobs not done, why a cell is X, what an average is over), so stdout stays
-DomainBed's. DomainBed's ``--auto_lr`` is not supported. What each table and figure shows:
-docs/collect.md.
+Notes go to stderr (jobs not done, job folders left out and why, cells that mix jobs of
+different settings, why a cell is X, what an average is over), so stdout stays DomainBed's.
+DomainBed's ``--auto_lr`` is not supported. What each table and figure shows: docs/collect.md.
 
 Exit status: 0 on success; 1 when the folder holds no record (nothing written) or when
 ``--plot``'s figures cannot be written (the tables are printed and saved first); 2 for a bad
@@ -29,8 +29,8 @@ import sys
 from dg_plugins import catalog, reference
 from dg_plugins.collect import formats as table_formats
 from dg_plugins.collect import ipoop, learning, papers
-from dg_plugins.collect.records import job_progress, load_records
-from dg_plugins.collect.notes import nonfinite_notes
+from dg_plugins.collect.records import job_progress, left_out_jobs, load_records
+from dg_plugins.collect.notes import left_out_notes, nonfinite_notes
 from dg_plugins.collect.report import build_report
 from dg_plugins.collect.selection import METHODS
 from dg_plugins.collect.tables import Report, leave_out_unrun
@@ -144,7 +144,10 @@ def _progress_notes(input_dir: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     records = load_records(args.input_dir)
+    left_out = left_out_notes(left_out_jobs(args.input_dir, set(records["job"])))
     if not len(records):
+        for note in left_out:
+            print(f"note: {note}", file=sys.stderr)
         print(f"error: no records in {args.input_dir!r}: expected "
               f"{os.path.join(args.input_dir, '<job>', 'results.jsonl')} files (one folder level)",
               file=sys.stderr)
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                    if not is_done(os.path.join(args.input_dir, job))}
         sys.stdout.write(learning.render(learning.learning_rows(
             records, catalog.DATASET_CLASSES, running=running)))
-        for note in nonfinite_notes(records):
+        for note in [*left_out, *nonfinite_notes(records)]:
             print(f"note: {note}", file=sys.stderr)
         return 0
     every_column = args.all_columns or args.format == "csv"
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table_formats.render(report if every_column else shown, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
-    for note in [*_progress_notes(args.input_dir), *report.notes]:
+    for note in [*_progress_notes(args.input_dir), *left_out, *report.notes]:
         print(f"note: {note}", file=sys.stderr)
     if not args.no_save:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)

@@ -1,17 +1,19 @@
-"""The notes collect_results prints on stderr after the tables (docs/collect.md): why cells are
-X, what averages are over, non-finite values, compute settings not at their defaults."""
+"""The notes collect_results prints on stderr after the tables (docs/collect.md): job folders
+left out, cells that mix jobs of different settings, why cells are X, what averages are over,
+non-finite values, compute settings not at their defaults."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import ACC_KEY
+from dg_plugins.collect.records import (ACC_KEY, DONE_ABSENT, DONE_EMPTY, SETTING_ARGS,
+                                        UNREADABLE, UNUSABLE, LeftOut)
 from dg_plugins.collect.selection import GroupedRecords, select
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY, single_source_runs
 from dg_plugins.collect.tables import Section
 from dg_plugins.collect.udg import UDG_KEY
-from dg_plugins.job.flags import COMPUTE_DEFAULTS
+from dg_plugins.job.flags import COMPUTE_DEFAULTS, ROWS
 
 LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 
@@ -287,3 +289,120 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
         parts.append(f"{counts[()]} the defaults ({defaults})")
     return [f"Compute settings: of the {total} runs (job folders) read, {'; '.join(parts)}. "
             "Reduced precision and non-deterministic kernels change accuracies by rounding."]
+
+
+#: What to do about a job folder left out, per reason (:func:`left_out_notes`).
+_LEFT_OUT_FIX = {
+    DONE_EMPTY: "delete the folder and relaunch the sweep to run the job again",
+    DONE_ABSENT: "delete the folder and relaunch the sweep to run the job again",
+    UNREADABLE: "make it readable, or delete the folder and relaunch the sweep",
+    UNUSABLE: "the warnings above name the bad lines",
+}
+
+
+def left_out_notes(left_out: list[LeftOut]) -> list[str]:
+    """One note per reason, naming every job folder that has no record in the tables."""
+    by_reason: dict[str, list[LeftOut]] = {}
+    for job in left_out:
+        by_reason.setdefault(job.reason, []).append(job)
+    notes = []
+    for reason, jobs in by_reason.items():
+        fix = _LEFT_OUT_FIX[reason]
+        if len(jobs) == 1:
+            job = jobs[0]
+            detail = f" ({job.detail})" if job.detail else ""
+            notes.append(f"job folder {job.job} is left out of the tables: {reason}{detail}; "
+                         f"{fix}.")
+            continue
+        names = ", ".join(f"{job.job} ({job.detail})" if job.detail else job.job for job in jobs)
+        notes.append(f"{len(jobs)} job folders are left out of the tables, each {reason}: "
+                     f"{names}; {fix.replace('the folder', 'each folder')}.")
+    return notes
+
+
+def _setting(name: str, value) -> str:
+    """A setting as train's flag spells it; ``no --steps`` for a default of None."""
+    if value is None:
+        default = ROWS[name].default
+        return f"no --{name}" if default is None else _flag(name, default)
+    return _flag(name, f"'{value}'" if name == "hparams" else value)
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job{'s' * (count != 1)}"
+
+
+def _order(values: tuple) -> tuple:
+    """A sort key for settings values: absent first, then numbers by value, then text."""
+    return tuple((0, 0, "") if v is None else (1, v, "") if isinstance(v, (int, float))
+                 else (2, 0, str(v)) for v in values)
+
+
+def _runs(labels: list[str], sets) -> str:
+    """Test environment sets as the tables name them: ``C, L`` for single-test-environment
+    runs, then ``the runs tested on C+L, C+S`` for runs with several."""
+    sets = sorted(sets, key=lambda envs: (len(envs), envs))
+    single = [envs[0] for envs in sets if len(envs) == 1]
+    several = ["+".join(labels[i] if i < len(labels) else str(i) for i in envs)
+               for envs in sets if len(envs) > 1]
+    parts = [_names(labels, single)] if single else []
+    if several:
+        parts.append(f"the runs tested on {', '.join(several)}")
+    return " and ".join(parts)
+
+
+def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
+    """Per dataset and algorithm whose jobs differ in a setting DomainBed's grouping ignores
+    (``args.settings``: :data:`~dg_plugins.collect.records.SETTING_ARGS`): the cells (test
+    environment sets) that hold jobs of different settings, with the values and job counts; or,
+    where each cell is uniform, which cells have which values (the tables combine them)."""
+    if "args.settings" not in records or records.empty:
+        return []
+    column = records["args.settings"].to_numpy()
+    if len(set(column)) < 2:  # one setting for every job: nothing is mixed
+        return []
+    units: dict[tuple, dict] = {}  # (dataset, algorithm) -> {(job, test_envs, settings)}
+    for job, dataset, algorithm, envs, settings in dict.fromkeys(zip(  # in record order
+            records["job"], records["args.dataset"], records["args.algorithm"],
+            records["args.test_envs"], column)):
+        units.setdefault((dataset, algorithm), {})[
+            (job, envs, settings if isinstance(settings, tuple) else ())] = None
+    notes = []
+    for (dataset, algorithm), found in units.items():
+        values = [dict(settings) for _, _, settings in found]
+        names = [name for name in SETTING_ARGS if any(name in settings for settings in values)]
+        varying = [name for name in names if len({v.get(name) for v in values}) > 1]
+        if not varying:
+            continue
+        cells: dict[tuple, dict[tuple, set]] = {}  # test_envs -> varying values -> jobs
+        for job, envs, settings in found:
+            settings = dict(settings)
+            combo = tuple(settings.get(name) for name in varying)
+            cells.setdefault(envs, {}).setdefault(combo, set()).add(job)
+
+        def text(combo: tuple) -> str:
+            return " ".join(_setting(name, value) for name, value in zip(varying, combo))
+
+        labels = labels_of(dataset)
+        mixed = {envs: combos for envs, combos in cells.items() if len(combos) > 1}
+        if mixed:
+            parts = []
+            for envs in sorted(mixed, key=lambda e: (len(e), e)):
+                counts = ", ".join(f"{text(combo)} ({_jobs(len(mixed[envs][combo]))})"
+                                   for combo in sorted(mixed[envs], key=_order))
+                parts.append(f"{_envs(labels, envs)}: {counts}")
+            cell = "a cell mixes" if len(mixed) == 1 else f"{len(mixed)} cells mix"
+            notes.append(f"{dataset}, {algorithm}: {cell} jobs of different settings, "
+                         f"{'; '.join(parts)} (DomainBed groups runs by dataset, algorithm, test "
+                         "environments, hparams_seed and trial_seed only); collect each setting "
+                         "from a folder of its own to compare them.")
+            continue
+        where: dict[tuple, list] = {}  # varying values -> test environment sets
+        for envs, combos in cells.items():
+            where.setdefault(next(iter(combos)), []).append(envs)
+        parts = [f"{text(combo)} at {_runs(labels, where[combo])}"
+                 for combo in sorted(where, key=_order)]
+        notes.append(f"{dataset}, {algorithm}: its test environments ran with different "
+                     "settings, which the tables combine (the Avg column, the Averages table, "
+                     f"leave-one-domain-out's runs on pairs): {'; '.join(parts)}.")
+    return notes

@@ -19,7 +19,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from dg_plugins.job.flags import compute_settings
+from dg_plugins.job.flags import ROWS, compute_settings
+from dg_plugins.job.flags import names as flag_names
 from dg_plugins.job.folder import JOB_FILES, RESULTS_FILE, is_done
 
 try:  # a dependency, but parsing falls back to json without it
@@ -39,10 +40,19 @@ class _ArgValues(NamedTuple):
     output_dir: object  # optional: only the hparams table shows it
     label_fraction: float  # optional: UDG jobs (dg_plugins.train.udg); NaN otherwise
     compute: object  # ((name, value), ...): train's compute settings not at their defaults; NaN
+    settings: object  # ((name, value), ...): the SETTING_ARGS not at their defaults; NaN
 
 
 #: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
 REQUIRED_ARGS = _ArgValues._fields[:5]
+#: train's flags hashed into a job's identity that DomainBed's grouping (REQUIRED_ARGS) ignores
+#: but that change what a job computes (steps, checkpoint_freq, hparams, holdout fractions,
+#: compute and evaluation settings, IP/OOP and UDG protocol flags): jobs of one table cell that
+#: differ in one are noted (dg_plugins.collect.notes.mixed_settings_notes). Left out: the data
+#: folder's path, the seed (a sweep derives it from the grouping keys) and the label fraction
+#: (a key of the UDG tables).
+SETTING_ARGS = tuple(name for name in flag_names(hashed=True)
+                     if name not in (*REQUIRED_ARGS, "data_dir", "seed", "label_fraction"))
 #: Columns read from ``args``.
 ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
 #: Record keys kept as float columns: ``env{i}_<anything>_acc``.
@@ -161,7 +171,40 @@ def _arg_values(args) -> _ArgValues | str:
     return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
                       args["hparams_seed"], args.get("output_dir"),
                       _fraction(args.get("label_fraction")),
-                      tuple(compute_settings(args).items()) or math.nan)
+                      tuple(compute_settings(args).items()) or math.nan,
+                      _settings(args) or math.nan)
+
+
+def _settings(args: dict) -> tuple:
+    """``((name, value), ...)``: the :data:`SETTING_ARGS` of a record's ``args`` that are given
+    and not at their defaults (absent or default: left out, so that both compare equal), values
+    hashable; ``hparams`` as sorted JSON, ``{}`` as absent."""
+    found = []
+    for name in SETTING_ARGS:
+        value = args.get(name)
+        if name == "hparams":
+            value = _hparams_text(value)
+        if value is None or value == ROWS[name].default:
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):
+            value = json.dumps(value, sort_keys=True)
+        found.append((name, value))
+    return tuple(found)
+
+
+def _hparams_text(value):
+    """``args.hparams`` (train's JSON text) as sorted JSON, None when absent or empty; text that
+    is not JSON as given."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True) if value else None
+    return value
 
 
 def _environments(value) -> tuple | None:
@@ -400,21 +443,63 @@ class JobProgress(NamedTuple):
         return self.total - len(self.not_done)
 
 
-def job_progress(input_dir: str) -> JobProgress:
-    """Count the job folders of ``input_dir`` (md5-named or holding a job's files) and those
-    done."""
-    total, not_done = 0, []
+def _job_folders(input_dir: str) -> list[str]:
+    """The job folders of ``input_dir`` (md5-named or holding a job's files), sorted."""
+    found = []
     for entry in sorted(os.listdir(input_dir)):
         folder = os.path.join(input_dir, entry)
         if not os.path.isdir(folder):
             continue
-        if not (JOB_FOLDER_NAME.fullmatch(entry)
+        if (JOB_FOLDER_NAME.fullmatch(entry)
                 or any(os.path.exists(os.path.join(folder, name)) for name in JOB_FILES)):
+            found.append(entry)
+    return found
+
+
+def job_progress(input_dir: str) -> JobProgress:
+    """Count the job folders of ``input_dir`` and those done."""
+    folders = _job_folders(input_dir)
+    not_done = [entry for entry in folders if not is_done(os.path.join(input_dir, entry))]
+    return JobProgress(len(folders), not_done)
+
+
+#: Why a job folder has no record in the tables (:func:`left_out_jobs`).
+DONE_EMPTY = f"done, but its {RESULTS_FILE} is empty (the job wrote no record)"
+DONE_ABSENT = f"done, but it has no {RESULTS_FILE}"
+UNREADABLE = f"its {RESULTS_FILE} cannot be read"
+UNUSABLE = f"no line of its {RESULTS_FILE} is a usable record"
+
+
+class LeftOut(NamedTuple):
+    """A job folder without a record in the tables: its name, why (one of the reasons above) and
+    a detail (the read error, the line count; may be empty)."""
+
+    job: str
+    reason: str
+    detail: str = ""
+
+
+def left_out_jobs(input_dir: str, jobs) -> list[LeftOut]:
+    """Why each job folder of ``input_dir`` not in ``jobs`` (those with records) has no record:
+    its results file cannot be read, holds no usable line, or is empty or absent although the
+    job is done. A folder not done with no record yet (running, or not started) is not listed:
+    :func:`job_progress` names it."""
+    left_out = []
+    for entry in _job_folders(input_dir):
+        if entry in jobs:
             continue
-        total += 1
-        if not is_done(folder):
-            not_done.append(entry)
-    return JobProgress(total, not_done)
+        folder = os.path.join(input_dir, entry)
+        problems: list[str] = []
+        text = _read_text(os.path.join(folder, RESULTS_FILE), problems)
+        if problems:
+            error = re.search(r"\[Errno \d+\] ([^:]+)", problems[0])  # strerror, no path
+            left_out.append(LeftOut(entry, UNREADABLE, error.group(1) if error else ""))
+        elif text is not None and text.strip(_JSON_SPACE):
+            lines = sum(1 for line in text.split("\n") if line.strip(_JSON_SPACE))
+            left_out.append(LeftOut(entry, UNUSABLE, f"{lines} line{'s' * (lines != 1)}"))
+        elif is_done(folder):
+            left_out.append(LeftOut(entry, DONE_ABSENT if text is None else DONE_EMPTY))
+    return left_out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets, ipoop_sections
 from dg_plugins.collect.notes import (averages_notes, compute_notes, missing_cell_notes,
-                                      nonfinite_notes)
+                                      mixed_settings_notes, nonfinite_notes)
 from dg_plugins.collect.papers import add_paper_comparisons
 from dg_plugins.collect.selection import TEST_KEY, GroupedRecords, SelectionMethod, group_records
 from dg_plugins.collect.single_source import single_source_sections
@@ -41,7 +41,8 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
     else:
         report = _standard_report(records, methods, hparams_table, single_source, ipoop,
                                   all_columns)
-    report.notes[:0] = nonfinite_notes(frame)
+    report.notes[:0] = [*mixed_settings_notes(
+        frame, lambda dataset: environment_labels(frame, dataset)), *nonfinite_notes(frame)]
     report.notes += add_paper_comparisons(report, list(papers))
     report.notes += compute_notes(frame)
     return report
