@@ -1,5 +1,7 @@
 """The logic of ``python -m dg_plugins.scripts.check_data`` (usage and exit statuses: its
-docstring): find every unreadable image of an image-folder dataset by decoding it as training does
+docstring): name the layout found (domains, classes, image counts), refuse a tree one level off
+(:func:`one_level_off`, which train runs too), then find every unreadable image of an
+image-folder dataset by decoding it as training does
 (:func:`dg_plugins.datasets.image_folder.image_error`), in a process pool, with a summary per
 environment."""
 
@@ -91,7 +93,94 @@ def load_dataset(name: str, data_dir: str):
     nested = catalog.nested_tree_error(name, dataset.root, dataset.environment_folders)
     if nested is not None:  # one "domain" whose "classes" are domains: not a tree to train on
         raise BadInput(str(nested))
+    off = one_level_off(name, dataset.root, dataset.environment_folders, folder is None,
+                        catalog.image_folder_layout(name))
+    if off is not None:  # "classes" holding folders, not images: a tree one level off
+        raise BadInput(off)
     return dataset
+
+
+def _class_folder_contents(folder: str) -> tuple[bool, list[str]]:
+    """Whether ``folder`` holds an image file of its own, and its visible subfolders."""
+    from dg_plugins.layouts import is_image_file
+
+    with os.scandir(folder) as entries:
+        entries = list(entries)
+    return (any(e.is_file() and is_image_file(e.name) for e in entries),
+            sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(".")))
+
+
+def _shown(names: Sequence[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit
+                                       else "")
+
+
+def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root: bool,
+                  layout: str) -> str | None:
+    """The error for an image tree whose every class folder holds no image of its own, only
+    folders holding images: each domain folder of ``root`` holds a single folder holding the class
+    folders (every image would get one label), or its "class" folders share subfolder names (they
+    are domains, and ``root`` is a folder above image trees). None for any other layout (the first
+    class folder holding an image ends the look); ``layout``: the layout expected, for the fix;
+    ``data_dir_is_root``: whether ``--data_dir`` names ``root`` itself (the generic ImageFolder),
+    so that the fix can be another ``--data_dir``. Torch-free (train runs it before it writes)."""
+    from dg_plugins.layouts import has_image, visible_subfolders
+
+    inner: dict[str, dict[str, list[str]]] = {}
+    for domain in domains:
+        inner[domain] = {}
+        for cls in visible_subfolders(os.path.join(root, domain)) or [None]:
+            if cls is None:
+                return None
+            own_images, subfolders = _class_folder_contents(os.path.join(root, domain, cls))
+            if own_images or not subfolders:
+                return None
+            inner[domain][cls] = subfolders
+    if not inner or not all(has_image(os.path.join(root, d, c)) for d in inner for c in inner[d]):
+        return None
+    if all(len(classes) == 1 for classes in inner.values()):
+        import shlex
+
+        first, classes = next(iter(inner.items()))
+        wrapper, true_classes = next(iter(classes.items()))
+        wrappers = [f"{d}/{next(iter(c))}" for d, c in inner.items()]
+        source, target = os.path.join(root, first, wrapper), os.path.join(root, first)
+        return (f"{name}: each domain folder of {root} holds one folder ({_shown(wrappers)}) "
+                f"whose subfolders ({_shown(true_classes)}) hold the images: the class folders "
+                f"are one level down, and every image of a domain would get one label; move them "
+                f"up into their domain folders (e.g. mv {shlex.quote(source)}/* "
+                f"{shlex.quote(target)}/, for each domain). {layout}.")
+    shared = {}
+    for domain, classes in inner.items():
+        if len(classes) < 2:
+            continue
+        seen = Counter(sub for subfolders in classes.values() for sub in subfolders)
+        common = sorted(sub for sub, count in seen.items() if count > 1)
+        if not common:
+            return None  # class folders with subfolders of their own: a hierarchy, not a level
+        shared[domain] = common
+    domain, common = next(iter(shared.items()))
+    looks = [f"{domain}/{c}" for c in inner[domain]]
+    fix = (f"did you mean --data_dir {os.path.join(root, domain)}?" if data_dir_is_root
+           else f"move the image tree up one level. {layout}.")
+    return (f"{name}: the class folders of {root} ({_shown(looks)}) hold no image of their own "
+            f"but folders of the same names ({_shown(common)}): they look like domain folders, "
+            f"and {root} one level above an image tree; {fix}")
+
+
+def layout_lines(dataset) -> list[str]:
+    """The layout check_data found: the dataset folder, then each domain's classes and images,
+    then every class with its images (the first classes of a long list)."""
+    counts = Counter()
+    lines = []
+    for folder, env in zip(dataset.environment_folders, dataset.datasets):
+        per_class = Counter(label for _, label in env.samples)
+        counts.update(per_class)
+        lines.append(f"  domain {folder}: {len(per_class)} classes, {len(env.samples)} images")
+    classes = [f"{cls} {counts[index]}" for index, cls in enumerate(dataset.classes)]
+    head = (f"Layout: {os.path.join(dataset.root, '<domain>', '<class>', '<image>')} with "
+            f"{len(dataset.environment_folders)} domains and {len(dataset.classes)} classes:")
+    return [head, *lines, f"  images per class: {_shown(classes, 12)}"]
 
 
 def check_files(paths: Sequence[str], workers: int,
@@ -136,6 +225,8 @@ def run_check(dataset, workers: int, progress: bool,
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]
+    for line in layout_lines(dataset):
+        out(line)
     out(f"Checking {len(files)} images of {name} in {dataset.root} "
         f"({len(dataset.datasets)} environments, {max(workers, 1)} process(es))...")
     report = out

@@ -36,9 +36,10 @@ def user_errors() -> tuple:
 
 
 def validate(args) -> None:
-    """Reject bad input before anything is written: names, hparams, the flags' ranges
-    (:func:`dg_plugins.job.flags.check_ranges`, which sweep runs too), environment indices, a
-    precision the device cannot run."""
+    """Reject bad input before anything is written: plugin modules, names, hparams, the flags'
+    ranges (:func:`dg_plugins.job.flags.check_ranges`, which sweep runs too), environment
+    indices, an image tree one level off, a compute setting the device or this Python cannot
+    run."""
     from dg_plugins import plugins
 
     plugins.load()
@@ -52,10 +53,28 @@ def validate(args) -> None:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
         check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
+    if args.dataset in catalog.IMAGE_FOLDER_DATASETS:
+        check_image_tree(args.dataset, args.data_dir)
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.precision import Compute
 
     Compute.of(args).check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
+
+
+def check_image_tree(dataset: str, data_dir: str | None) -> None:
+    """Refuse an image tree one level off (class folders holding folders, not images:
+    :func:`dg_plugins.datasets.check.one_level_off`), which would train on nonsense labels."""
+    from dg_plugins.datasets.check import one_level_off
+    from dg_plugins.layouts import visible_subfolders
+
+    folder = catalog.IMAGE_FOLDER_DATASETS[dataset]
+    root = os.path.join(data_dir, folder) if data_dir and folder else data_dir
+    if not root or not os.path.isdir(root):
+        return  # the dataset names what is missing
+    error = one_level_off(dataset, root, visible_subfolders(root), folder is None,
+                          catalog.image_folder_layout(dataset))
+    if error is not None:
+        raise ValueError(error)
 
 
 def prepare_output_dir(args) -> None:

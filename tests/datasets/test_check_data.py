@@ -224,3 +224,92 @@ def test_negative_workers_is_rejected(capsys):
     with pytest.raises(SystemExit) as info:
         check_data.main(["--dataset", "PACS", "--data_dir", ".", "--workers", "-1"])
     assert info.value.code == 2 and "--workers must be >= 0" in capsys.readouterr().err
+
+
+# issue 58: the layout found is named, and a tree one level off is refused by check_data and train
+
+def test_the_layout_found_is_named_with_image_counts(tmp_path, capsys):
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    tree = data_dir / "PACS"
+    assert check_data.main(["--dataset", "PACS", "--data_dir", str(data_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"Layout: {tree / '<domain>' / '<class>' / '<image>'} with 4 domains and "
+                        "7 classes:")
+    for line, domain in zip(lines[1:5], ENV_FOLDERS):
+        classes = sorted(p.name for p in (tree / domain).iterdir())
+        assert line == f"  domain {domain}: {len(classes)} classes, 10 images"
+    per_class = {c: len(list(tree.glob(f"*/{c}/*"))) for c in sorted(
+        p.name for p in tree.glob("*/*"))}
+    assert lines[5] == "  images per class: " + ", ".join(f"{c} {n}" for c, n in per_class.items())
+
+
+def two_trees(tmp_path) -> Path:
+    """A folder holding two image trees (two copies of the PACS sample): an ImageFolder
+    --data_dir one level too high, whose "classes" are domains."""
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    root = tmp_path / "trees"
+    shutil.copytree(data_dir / "PACS", root / "first")
+    shutil.copytree(data_dir / "PACS", root / "second")
+    return root
+
+
+def wrapped_domains(tmp_path) -> Path:
+    """Each domain folder holding one folder that holds the class folders (as some archives
+    unpack)."""
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    root = tmp_path / "wrapped"
+    for domain in ENV_FOLDERS:
+        shutil.copytree(data_dir / "PACS" / domain, root / domain / domain)
+    return root
+
+
+def train_refuses(tmp_path, data_dir) -> str:
+    """The real train command on ImageFolder at ``data_dir``: exit 2, one line, no job folder;
+    returns the line."""
+    out = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "ImageFolder",
+         "--data_dir", str(data_dir), "--steps", "1", "--output_dir", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists(), proc.stderr[-3000:]
+    return proc.stderr.strip()
+
+
+def test_a_data_dir_above_several_trees_is_refused_with_the_folder_meant(tmp_path):
+    """check_data used to say every image was readable, and train trained on the domains as
+    classes; both now name the layout and the --data_dir meant."""
+    root = two_trees(tmp_path)
+    error = bad_input("ImageFolder", root, tmp_path).strip()
+    assert error == (
+        f"error: ImageFolder: the class folders of {root} (first/art_painting, first/cartoon, "
+        f"first/photo, first/sketch) hold no image of their own but folders of the same names "
+        f"(dog, elephant, giraffe, guitar, horse, house, ... (7 in all)): they look like domain "
+        f"folders, and {root} one level above an image tree; did you mean --data_dir "
+        f"{root / 'first'}?")
+    assert train_refuses(tmp_path, root) == error
+
+
+def test_domain_folders_each_wrapping_the_class_folders_are_refused_with_the_fix(tmp_path):
+    root = wrapped_domains(tmp_path)
+    error = bad_input("ImageFolder", root, tmp_path).strip()
+    assert error.startswith(
+        f"error: ImageFolder: each domain folder of {root} holds one folder (art_painting/"
+        "art_painting, cartoon/cartoon, photo/photo, sketch/sketch) whose subfolders (")
+    assert (f"every image of a domain would get one label; move them up into their domain "
+            f"folders (e.g. mv {root / 'art_painting' / 'art_painting'}/* "
+            f"{root / 'art_painting'}/, for each domain)") in error
+    assert train_refuses(tmp_path, root) == error
+
+
+def test_class_folders_with_subfolders_of_their_own_are_a_tree(tmp_path, capsys):
+    """Images one level deeper in each class folder, under names no two classes share (e.g. a
+    photographer's folder): a hierarchy inside the classes, not a level off."""
+    data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
+    for class_folder in sorted((data_dir / "PACS").glob("*/*")):
+        inner = class_folder / f"{class_folder.name}_shots"
+        inner.mkdir()
+        for image in [p for p in class_folder.iterdir() if p.is_file()]:
+            image.rename(inner / image.name)
+    assert check_data.main(["--dataset", "PACS", "--data_dir", str(data_dir)]) == 0
+    assert f"All {N_IMAGES} images of PACS are readable" in capsys.readouterr().out
