@@ -94,15 +94,25 @@ class SignalCatcher:
         self._previous = {}
 
 
+#: Set in a job's environment by the Slurm task that runs it (:mod:`dg_plugins.sweep.slurm_task`):
+#: Slurm may signal every process of a job and the task passes the signal on too, so a repeated
+#: stop signal is the same stop (the task kills a job that overruns its grace period).
+SLURM_TASK_ENV = "DG_SLURM_TASK"
+
+
 class StopRequest(SignalCatcher):
     """A train job's stop: SIGTERM/SIGINT stop it at the next step boundary after a checkpoint; a
-    second signal raises ``KeyboardInterrupt`` at once."""
+    second signal raises ``KeyboardInterrupt`` at once (not under a Slurm task:
+    :data:`SLURM_TASK_ENV`)."""
 
     def __init__(self):
         super().__init__(self._stop, signals=(signal.SIGTERM, signal.SIGINT), keep_ignored=False)
+        self.repeats_stop = not os.environ.get(SLURM_TASK_ENV)
 
     def _stop(self, signum: int) -> None:
         if self.count > 1:
+            if not self.repeats_stop:
+                return
             raise KeyboardInterrupt(f"{signal_name(signum)} received twice")
         print(f"received {signal_name(signum)}: stopping after this step with a checkpoint",
               file=sys.stderr)

@@ -15,18 +15,18 @@ from typing import Callable, Sequence
 from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
-from dg_plugins.sweep import claims
+from dg_plugins.sweep import claims, slurm
 from dg_plugins.sweep.checks import done_eval_splits_note
-from dg_plugins.sweep.jobs import (INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING, SweepJob,
-                                   launcher_note, python_executable, running_note, select_jobs,
-                                   summary_line)
+from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
+                                   SweepJob, launcher_note, python_executable, running_note,
+                                   select_jobs, slurm_note, summary_line)
 from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 from dg_plugins.job.flags import EXIT_BAD_INPUT
-from dg_plugins.job.folder import CHECKPOINT_FILE
+from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, RESULTS_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"
-ACTIONS = ("launch", "delete_incomplete", "delete_all")
+ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +72,9 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             if not err.remote:
                 unlaunch(order, err.not_started)
             raise
+        except slurm.SlurmError as err:  # refused at submission: no job was submitted
+            unlaunch(order, commands)
+            raise LaunchRefused([str(err)]) from None
     print(f"Launched {len(order)} jobs!")
     return commands
 
@@ -118,6 +121,10 @@ def delete(jobs: Sequence[SweepJob]) -> None:
                     continue
                 if state == QUEUED:
                     print(f"not deleted, queued by a live {job.launcher.describe()}: "
+                          f"{job.output_dir}")
+                    continue
+                if state == IN_SLURM:
+                    print(f"not deleted, held by Slurm ({job.slurm.describe()}): "
                           f"{job.output_dir}")
                     continue
                 if os.path.isdir(job.output_dir):
@@ -175,9 +182,13 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
     n = sum(job.state == INCOMPLETE for job in jobs)
     if not n:
         return []
+    fresh = sum(job.state == INCOMPLETE and never_started(job) for job in jobs)
+    why = ("they were interrupted or failed" if not fresh else
+           "they never started (an empty folder)" if fresh == n else
+           f"{n - fresh} were interrupted or failed and {fresh} never started (an empty folder)")
     return [
         f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done', and no live "
-        "process holds it): they were interrupted or failed. This launch skips them.",
+        f"process holds it): {why}. This launch skips them.",
         "  To continue them from their last checkpoint:",
         f"    {sweep_command(command_line, 'launch', resume=True)}",
         "  To delete them, so that the next launch starts them over:",
@@ -278,6 +289,88 @@ def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None
     print(f"  {delete_line}")
 
 
+def never_started(job: SweepJob) -> bool:
+    """A job folder that no train process ever wrote to (no log, no record)."""
+    return not any(os.path.exists(os.path.join(job.output_dir, name))
+                   for name in ("out.txt", ERR_FILE, RESULTS_FILE, CHECKPOINT_FILE))
+
+
+def last_error_line(folder: str) -> str | None:
+    """The last ``error:`` line (or last line) of a job's err.txt."""
+    try:
+        with open(os.path.join(folder, ERR_FILE), errors="replace") as handle:
+            lines = [line.strip() for line in handle if line.strip()]
+    except OSError:
+        return None
+    errors = [line for line in lines if line.startswith(("error:", "stopped:"))
+              or "Error" in line.split(":")[0]]
+    return (errors or lines or [None])[-1]
+
+
+def state_line(job: SweepJob) -> str:
+    """What a job is doing, for ``status``: done; running; held by Slurm (its id and state);
+    queued by a launcher; failed with its error line, interrupted, never started; not
+    launched."""
+    if job.state == DONE:
+        what = "done"
+    elif job.state == RUNNING:
+        what = f"running (pid {job.holder})"
+    elif job.state == IN_SLURM:
+        what = job.slurm.describe()
+    elif job.state == QUEUED:
+        what = f"queued by a live {job.launcher.describe()}"
+    elif job.state == INCOMPLETE:
+        ended = f" ({job.slurm.describe()})" if job.slurm is not None else ""
+        error = last_error_line(job.output_dir)
+        if never_started(job):
+            what = f"never started{ended}"
+        elif error and not error.startswith("stopped:"):
+            what = f"failed{ended}: {error}"
+        else:
+            what = f"interrupted{ended}: continue with launch --resume"
+    else:
+        what = "not launched"
+    return f"{what}: {job.describe()}"
+
+
+def status(jobs: Sequence[SweepJob]) -> int:
+    """Print each job's :func:`state_line` and the counts."""
+    for job in jobs:
+        print(state_line(job))
+    print(summary_line(jobs))
+    return 0
+
+
+def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
+           input_fn: Callable[[str], str] | None = None, dry_run: bool = False) -> int:
+    """``scancel`` the Slurm jobs that hold this sweep's jobs."""
+    held = [job for job in jobs if job.state == IN_SLURM]
+    ids = sorted({job.slurm.job_id for job in held})
+    print(summary_line(jobs))
+    print(f"About to cancel {len(ids)} Slurm job(s) holding {len(held)} of these jobs"
+          + (f": {' '.join(ids)}" if ids else "."))
+    if dry_run or not ids:
+        if dry_run:
+            print("Dry run: nothing is cancelled.")
+        return 0
+    if not skip_confirmation:
+        try:
+            if not ask_for_confirmation(input_fn):
+                print("Nevermind!")
+                return 0
+        except ConfirmationError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    try:
+        slurm.cancel(ids)
+    except slurm.SlurmError as err:
+        print(f"error: scancel failed: {err}", file=sys.stderr)
+        return 1
+    print(f"Cancelled {len(ids)} Slurm job(s); their jobs stop at a checkpoint (Incomplete: "
+          "launch --resume continues them).")
+    return 0
+
+
 def run_action(action: str, jobs: Sequence[SweepJob], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
@@ -286,6 +379,10 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None) -> int:
     """The sweep's flow after enumeration: print the jobs, select, check, confirm, act
     (``dry_run``: print instead). Returns the exit status (docs/sweep.md)."""
+    if action == "status":
+        return status(jobs)
+    if action == "cancel":
+        return cancel(jobs, skip_confirmation, input_fn, dry_run)
     for job in jobs:
         print(job)
     print(summary_line(jobs))
@@ -301,6 +398,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
     for line in running_note(jobs, action):
         print(line)
     for line in launcher_note(jobs, action):
+        print(line)
+    for line in slurm_note(jobs, action):
         print(line)
     if action == "launch":
         for line in done_eval_splits_note(jobs):

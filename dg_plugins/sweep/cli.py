@@ -11,7 +11,8 @@ from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, jobs
-from dg_plugins.sweep.submitit import SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object
+from dg_plugins.sweep.submitit import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_DELAY_S,
+                                       SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object)
 from dg_plugins.job import flags as job_flags
 
 TASKS = ("domain_generalization", "domain_adaptation")
@@ -40,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", choices=list(actions.ACTIONS),
                         help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
                              "delete_incomplete: remove Incomplete job folders; delete_all: "
-                             "remove every existing folder of this sweep's jobs (nothing else)")
+                             "remove every existing folder of this sweep's jobs (nothing else); "
+                             "status: each job's state (done, running, held by Slurm, failed "
+                             "with its error line, not launched); cancel: scancel the Slurm "
+                             "jobs that hold this sweep's jobs")
     # DomainBed's flags (domainbed/scripts/sweep.py)
     parser.add_argument("--datasets", nargs="+", type=str, default=None,
                         help="default: every catalog dataset without 'Debug' in its name "
@@ -88,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--jobs_per_gpu", type=int, default=None, metavar="N",
                        help="multi_gpu launcher: run N jobs at once on each GPU (default 1); "
                             "before packing it checks that N jobs' peak memory (their records' "
-                            "mem_gb, else the first job's) fits in the GPU's free memory")
+                            "mem_gb, else the first job's) fits in the GPU's free memory; "
+                            "submitit launcher on Slurm: N jobs per array task, sharing its "
+                            "allocation")
     extra.add_argument("--resume", action="store_true",
                        help="launch also relaunches Incomplete jobs, with --resume appended to "
                             "their commands (jobs a live train process or another live launcher "
@@ -119,9 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="submitit backend (default slurm; local/debug run on this machine)")
     slurm.add_argument("--slurm_partition", type=str, default=None)
     slurm.add_argument("--slurm_time", type=int, default=None,
-                       help="time limit per job in minutes (default 1440)")
+                       help="time limit per task in minutes (default 1440, or the partition's "
+                            "MaxTime if lower); a job longer than its allocation is requeued "
+                            "from its checkpoint")
     slurm.add_argument("--slurm_gpus_per_node", type=int, default=None,
-                       help="default 1 on Slurm, 0 on local/debug")
+                       help="default on Slurm: 1 on a partition with GPUs, else 0; 0 on "
+                            "local/debug")
     slurm.add_argument("--slurm_cpus_per_task", type=int, default=None)
     slurm.add_argument("--slurm_mem_gb", type=float, default=None)
     slurm.add_argument("--slurm_array_parallelism", type=int, default=None,
@@ -132,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, help="wait for the jobs (default on local/debug)")
     slurm.add_argument("--slurm_no_wait", dest="slurm_wait", action="store_const", const=False,
                        help="return after submission (default on Slurm)")
+    slurm.add_argument("--slurm_signal_delay", type=float, default=None, metavar="SECONDS",
+                       help="Slurm signals a task this long before its time limit; its jobs "
+                            "stop at a checkpoint and the task is requeued (default "
+                            f"{DEFAULT_SIGNAL_DELAY_S})")
+    slurm.add_argument("--slurm_max_requeues", type=int, default=None,
+                       help="time limits after which a task is requeued (default "
+                            f"{DEFAULT_MAX_REQUEUES}; preemptions are requeued by Slurm)")
     slurm.add_argument("--slurm_extra", type=str, default=None,
                        help='JSON object of more executor parameters, e.g. '
                             '\'{"slurm_account": "abc", "slurm_qos": "high"}\'')
@@ -174,10 +190,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.jobs_per_gpu is not None:
         if args.jobs_per_gpu < 1:
             parser.error(f"--jobs_per_gpu must be >= 1, got {args.jobs_per_gpu}")
-        if args.command_launcher != "multi_gpu":
-            parser.error(f"--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher; "
-                         f"add --command_launcher multi_gpu (got "
-                         f"{args.command_launcher or 'no launcher'})")
+        if args.command_launcher not in ("multi_gpu", "submitit"):
+            parser.error(f"--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher or "
+                         f"in the Slurm tasks of the submitit launcher; add --command_launcher "
+                         f"multi_gpu or submitit (got {args.command_launcher or 'no launcher'})")
     if args.label_fractions is not None:
         bad = [f for f in args.label_fractions if not 0 < f <= 1]
         if bad or len(set(args.label_fractions)) != len(args.label_fractions):
@@ -200,6 +216,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parse_overrides(args.hparams)  # the same check and message as train's
     except ValueError as err:
         parser.error(str(err))
+    if args.slurm_signal_delay is not None and not args.slurm_signal_delay > 0:
+        parser.error(f"--slurm_signal_delay must be > 0 seconds, got {args.slurm_signal_delay}")
+    if args.slurm_max_requeues is not None and args.slurm_max_requeues < 0:
+        parser.error(f"--slurm_max_requeues must be >= 0, got {args.slurm_max_requeues}")
     if args.slurm_extra is not None:
         try:
             parse_json_object(args.slurm_extra)
@@ -241,7 +261,9 @@ def slurm_options(args: argparse.Namespace) -> SubmititOptions:
         gpus_per_node=args.slurm_gpus_per_node, cpus_per_task=args.slurm_cpus_per_task,
         mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
         log_dir=args.slurm_log_dir, wait=args.slurm_wait,
-        extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None)
+        extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None,
+        signal_delay_s=args.slurm_signal_delay, max_requeues=args.slurm_max_requeues,
+        jobs_per_task=args.jobs_per_gpu if args.command_launcher == "submitit" else None)
 
 
 def make_launcher(args: argparse.Namespace):

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
-from dg_plugins.sweep import claims
+from dg_plugins.sweep import claims, slurm
 from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names
 from dg_plugins.job.folder import is_done, lock_holder
 
@@ -24,6 +24,9 @@ DONE = "Done"
 RUNNING = "Running"
 #: An Incomplete job that another live launcher has queued (:mod:`dg_plugins.sweep.claims`).
 QUEUED = "Queued"
+#: An Incomplete job whose recorded Slurm job Slurm still holds: queued, running or requeued
+#: (:mod:`dg_plugins.sweep.slurm`).
+IN_SLURM = "In Slurm"
 
 #: The train flags a sweep may put in a job's hashed args besides those it enumerates: its own
 #: flags of the same name when given, and those it passes to every job
@@ -231,6 +234,7 @@ class SweepJob:
     DONE = DONE
     RUNNING = RUNNING
     QUEUED = QUEUED
+    IN_SLURM = IN_SLURM
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
                  python: str | None = None, command_args: dict | None = None,
@@ -246,11 +250,13 @@ class SweepJob:
                              f"{', '.join(UNHASHED_TRAIN_ARGS)}")
         self.command_str = build_command({**self.train_args, **self.command_args}, module,
                                          python)
+        #: The Slurm job recorded in the folder, as Slurm last reported it (None: none).
+        self.slurm: slurm.SlurmState | None = None
         self.state = self.refresh_state(held)
 
     def refresh_state(self, held: dict | None = None) -> str:
-        """Done, Running (lock held), Queued (a live launcher's claim), Incomplete (folder
-        exists) or Not launched."""
+        """Done, Running (lock held), In Slurm (its Slurm job is still held by Slurm), Queued (a
+        live launcher's claim), Incomplete (folder exists) or Not launched."""
         self.holder = None
         self.launcher = None
         if is_done(self.output_dir):
@@ -260,11 +266,20 @@ class SweepJob:
             if held is None:
                 held = claims.held_in(os.path.dirname(os.path.abspath(self.output_dir)))
             self.launcher = held.get(os.path.abspath(self.output_dir))
-            self.state = (RUNNING if self.holder is not None else
+            in_slurm = self.slurm is not None and self.slurm.held
+            self.state = (IN_SLURM if in_slurm else RUNNING if self.holder is not None else
                           QUEUED if self.launcher is not None else INCOMPLETE)
         else:
             self.state = NOT_LAUNCHED
         return self.state
+
+    def ask_slurm(self, states: dict) -> None:
+        """Take the state of the folder's recorded Slurm job from ``states``
+        (:func:`dg_plugins.sweep.slurm.job_states`; an id missing there has ended)."""
+        record = slurm.recorded_job(self.output_dir) if self.state != DONE else None
+        self.slurm = None if record is None else states.get(
+            record["job_id"], slurm.SlurmState(record["job_id"], "ENDED"))
+        self.refresh_state()
 
     def command(self, resume: bool = False) -> str:
         """The command string; with ``resume``, ``--resume`` appended (train then continues from
@@ -291,19 +306,43 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
     """One :class:`SweepJob` per train-args dict; ``command_args`` go in every command, unhashed
     (:data:`UNHASHED_TRAIN_ARGS`). The live launchers' claims are read once."""
     held = claims.held_in(sweep_output_dir)
-    return [SweepJob(args, sweep_output_dir, module, python, command_args, held)
+    jobs = [SweepJob(args, sweep_output_dir, module, python, command_args, held)
             for args in args_list]
+    ask_slurm(jobs)
+    return jobs
+
+
+def ask_slurm(jobs: Sequence[SweepJob]) -> None:
+    """Ask Slurm, once, about the jobs whose folder records a Slurm job; when it does not answer,
+    such jobs count as In Slurm (never resubmitted or deleted) and say why."""
+    recorded = {}
+    for job in jobs:
+        if job.state not in (DONE, NOT_LAUNCHED):
+            record = slurm.recorded_job(job.output_dir)
+            if record is not None:
+                recorded[id(job)] = record["job_id"]
+    if not recorded:
+        return
+    try:
+        states = slurm.job_states(recorded.values())
+    except slurm.SlurmError as err:
+        states = {i: slurm.SlurmState(i, "UNKNOWN", f"Slurm did not answer: {err}", held=True)
+                  for i in recorded.values()}
+    for job in jobs:
+        if id(job) in recorded:
+            job.ask_slurm(states)
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
     """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's), with running
     and queued counts when some."""
     counts = {state: sum(job.state == state for job in jobs)
-              for state in (DONE, INCOMPLETE, RUNNING, QUEUED, NOT_LAUNCHED)}
+              for state in (DONE, INCOMPLETE, RUNNING, QUEUED, IN_SLURM, NOT_LAUNCHED)}
     running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
     queued = f"{counts[QUEUED]} queued by another launcher, " if counts[QUEUED] else ""
+    in_slurm = f"{counts[IN_SLURM]} held by Slurm, " if counts[IN_SLURM] else ""
     return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
-            f"{running}{queued}{counts[NOT_LAUNCHED]} not launched.")
+            f"{running}{queued}{in_slurm}{counts[NOT_LAUNCHED]} not launched.")
 
 
 def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
@@ -348,8 +387,25 @@ def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
 
 
 
+def slurm_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
+    """Lines naming the jobs Slurm still holds (queued, running or requeued), with their ids,
+    that ``action`` leaves them alone, and how to cancel them (empty when none)."""
+    held = [job for job in jobs if job.state == IN_SLURM]
+    if not held:
+        return []
+    what = {"launch": "not submitted again", "delete_incomplete": "not deleted",
+            "delete_all": "not deleted"}.get(action, "left alone")
+    lines = [f"Note: {len(held)} job(s) are held by Slurm (queued, running or requeued): "
+             f"{what}:"]
+    lines += [f"  {job.slurm.describe()}: {job.describe()}" for job in held]
+    lines.append("  Slurm runs them (and requeues them after preemption or a time limit); to "
+                 "stop them, run this command with the action 'cancel' (or scancel "
+                 + " ".join(sorted({job.slurm.job_id.split('_')[0] for job in held})) + ").")
+    return lines
+
+
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
-    """The jobs an action applies to; never a Running or Queued one."""
+    """The jobs an action applies to; never a Running, Queued or In Slurm one."""
     if action == "launch":
         wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
     elif action == "delete_incomplete":

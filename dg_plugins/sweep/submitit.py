@@ -1,6 +1,8 @@
-"""The ``submitit`` launcher: every command one task of a Slurm job array (or of submitit's
-local/debug executor), configured by the ``--slurm_*`` flags over ``DG_SLURM_*``
-(docs/sweep.md). submitit is imported only when it launches."""
+"""The ``submitit`` launcher: the commands as the tasks of a Slurm job array (each task a
+:class:`~dg_plugins.sweep.slurm_task.TrainTask` of one or ``--jobs_per_gpu`` jobs, requeued
+through preemption and time limits), or of submitit's local/debug executor, configured by the
+``--slurm_*`` flags over ``DG_SLURM_*`` (docs/sweep.md). submitit is imported only when it
+launches."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import time
 from typing import Callable, Sequence
 
@@ -39,6 +40,9 @@ class SubmititOptions:
     log_dir: str | None = None
     wait: bool | None = None
     extra: dict | None = None
+    signal_delay_s: float | None = None
+    max_requeues: int | None = None
+    jobs_per_task: int | None = None
 
 
 #: Environment variable of each :class:`SubmititOptions` field.
@@ -53,7 +57,15 @@ SUBMITIT_ENV_VARS = {
     "log_dir": "DG_SLURM_LOG_DIR",
     "wait": "DG_SLURM_WAIT",
     "extra": "DG_SLURM_EXTRA",
+    "signal_delay_s": "DG_SLURM_SIGNAL_DELAY",
+    "max_requeues": "DG_SLURM_MAX_REQUEUES",
+    "jobs_per_task": "DG_SLURM_JOBS_PER_TASK",
 }
+#: Seconds before the time limit at which Slurm signals a task (``--signal USR2@N``): time for
+#: the jobs' current step (or evaluation) and their checkpoint.
+DEFAULT_SIGNAL_DELAY_S = 120
+#: Time limits after which a task is requeued (preemptions are not counted: Slurm requeues).
+DEFAULT_MAX_REQUEUES = 10
 
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -72,7 +84,8 @@ def parse_json_object(text: str) -> dict:
 
 
 _PARSERS = {"time_min": int, "gpus_per_node": int, "cpus_per_task": int, "mem_gb": float,
-            "array_parallelism": int, "wait": _parse_bool, "extra": parse_json_object}
+            "array_parallelism": int, "wait": _parse_bool, "extra": parse_json_object,
+            "signal_delay_s": float, "max_requeues": int, "jobs_per_task": int}
 
 
 def options_from_env(environ=None) -> SubmititOptions:
@@ -97,15 +110,22 @@ def sweep_dir_of(commands: Sequence[str]) -> str | None:
     return None
 
 
-def resolve_submitit_options(commands: Sequence[str] = (),
-                             overrides: SubmititOptions | None = None,
-                             environ=None) -> SubmititOptions:
-    """Merge, highest first: ``overrides``, the environment, the defaults."""
+def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
+    """What was set, highest first: ``overrides``, the environment (the rest None)."""
     merged = SubmititOptions()
     for layer in (options_from_env(environ), overrides or SubmititOptions()):
         merged = dataclasses.replace(merged, **{
             f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)
             if getattr(layer, f.name) is not None})
+    return merged
+
+
+def resolve_submitit_options(commands: Sequence[str] = (),
+                             overrides: SubmititOptions | None = None,
+                             environ=None) -> SubmititOptions:
+    """Merge, highest first: ``overrides``, the environment, the defaults (on Slurm the GPUs
+    stay None until :func:`slurm_request` fits them to the partition)."""
+    merged = given_options(overrides, environ)
     cluster = merged.cluster or "slurm"
     if cluster not in SUBMITIT_CLUSTERS:
         raise ValueError(f"unknown submitit cluster {cluster!r}; choices: "
@@ -114,11 +134,14 @@ def resolve_submitit_options(commands: Sequence[str] = (),
     defaults = SubmititOptions(
         cluster=cluster,
         time_min=24 * 60,
-        gpus_per_node=1 if cluster == "slurm" else 0,
+        gpus_per_node=None if cluster == "slurm" else 0,
         array_parallelism=256,
         log_dir=os.path.join(sweep_dir if sweep_dir is not None else ".", "submitit_logs"),
         wait=cluster != "slurm",
         extra={},
+        signal_delay_s=DEFAULT_SIGNAL_DELAY_S,
+        max_requeues=DEFAULT_MAX_REQUEUES,
+        jobs_per_task=1,
     )
     resolved = dataclasses.replace(defaults, **{
         f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)
@@ -128,16 +151,13 @@ def resolve_submitit_options(commands: Sequence[str] = (),
     return resolved
 
 
-def run_shell_command(command: str, cwd: str | None = None, forward_signals: bool = False,
+def run_shell_command(command: str, cwd: str | None = None,
                       grace_period_s: float | None = None) -> int:
-    """One array task: ``command`` through the shell in ``cwd``; a nonzero exit raises. With
-    ``forward_signals`` (local executors) under :class:`JobProcesses`."""
-    if forward_signals:
-        with JobProcesses(grace_period_s) as jobs:
-            proc = jobs.start(0, command, cwd=cwd)
-            code = jobs.wait(proc) if proc is not None else 128 + jobs.signum
-    else:
-        code = subprocess.call(command, shell=True, cwd=cwd)
+    """One task of submitit's local/debug executor: ``command`` through the shell in ``cwd``,
+    under :class:`JobProcesses` (stop signals passed on); a nonzero exit raises."""
+    with JobProcesses(grace_period_s) as jobs:
+        proc = jobs.start(0, command, cwd=cwd)
+        code = jobs.wait(proc) if proc is not None else 128 + jobs.signum
     if code != 0:
         raise RuntimeError(f"command exited with code {code}: {command}")
     return code
@@ -154,28 +174,50 @@ def _import_submitit():
     return submitit
 
 
+def slurm_request(options: SubmititOptions, given: SubmititOptions
+                  ) -> tuple[SubmititOptions, list[str]]:
+    """``options`` checked against the cluster and fitted to its partition, and the lines that
+    say what was fitted (:func:`dg_plugins.sweep.slurm.check_request`)."""
+    from dg_plugins.sweep import slurm
+
+    return slurm.check_request(options, given)
+
+
 def launch_problem(options: SubmititOptions | None = None) -> str | None:
     """Why the launcher cannot submit from this machine, with the fix (None: it can): the
-    submitit package missing, or the slurm cluster without Slurm's ``srun`` on PATH."""
+    submitit package missing; on the slurm cluster, Slurm's ``srun`` not on PATH, or a request
+    the cluster cannot meet (:func:`slurm_request`)."""
     try:
         _import_submitit()
-        cluster = resolve_submitit_options(overrides=options).cluster
+        resolved = resolve_submitit_options(overrides=options)
     except (ImportError, ValueError) as err:
         return str(err)
-    if cluster == "slurm" and shutil.which("srun") is None:
+    if resolved.cluster != "slurm":
+        return None
+    if shutil.which("srun") is None:
         return ("no Slurm on this machine (srun is not on PATH); run the jobs here through "
                 "submitit with --slurm_cluster local, or use --command_launcher local")
+    from dg_plugins.sweep.slurm import SlurmError
+
+    try:
+        slurm_request(resolved, given_options(options))
+    except SlurmError as err:
+        return str(err)
     return None
 
 
 def make_executor(options: SubmititOptions):
     """A ``submitit.AutoExecutor`` configured from fully resolved ``options``."""
     submitit = _import_submitit()
-    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster)
+    extra = ({"slurm_max_num_timeout": options.max_requeues} if options.cluster == "slurm"
+             else {})
+    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster, **extra)
     params = {"name": "dg_sweep", "timeout_min": options.time_min,
               "gpus_per_node": options.gpus_per_node, "cpus_per_task": options.cpus_per_task,
               "mem_gb": options.mem_gb, "slurm_partition": options.partition,
               "slurm_array_parallelism": options.array_parallelism}
+    if options.cluster == "slurm":
+        params.update(slurm_signal_delay_s=int(options.signal_delay_s))
     params.update(options.extra or {})
     executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return executor
@@ -183,16 +225,19 @@ def make_executor(options: SubmititOptions):
 
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
                     grace_period_s: float | None = None) -> list:
-    """Submit every command as one task of a job array; when ``options.wait``, wait and raise
-    :class:`JobsFailed` on a failure. Returns the submitit jobs."""
+    """Submit every command as one task of a job array (on Slurm, ``jobs_per_task`` commands a
+    task); when ``options.wait``, wait and raise :class:`JobsFailed` on a failure. Returns the
+    submitit jobs."""
+    given = options
     options = resolve_submitit_options(commands, overrides=options)
     commands = list(commands)
     if not commands:
         return []
+    if options.cluster == "slurm":
+        return submit_to_slurm(commands, options, given_options(given))
     executor = make_executor(options)
     logs = ErrorLogs(commands)
     cwd = os.getcwd()
-    on_machine = options.cluster != "slurm"
     grace = stop_grace_period(grace_period_s)
     forget_stop_signal()
     jobs: list = []
@@ -203,9 +248,9 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
 
-    with (SignalCatcher(pass_on) if on_machine else _NoCatcher()) as catcher:
+    with SignalCatcher(pass_on) as catcher:
         jobs = executor.map_array(run_shell_command, commands, [cwd] * len(commands),
-                                  [on_machine] * len(commands), [grace] * len(commands))
+                                  [grace] * len(commands))
         ids = [job.job_id for job in jobs]
         print(f"submitit launcher: submitted {len(jobs)} jobs to {options.cluster} "
               f"(ids {ids[0]}..{ids[-1]}); logs in {options.log_dir}", flush=True)
@@ -213,9 +258,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
             pass_on(catcher.signum)
         if not options.wait:
             return jobs
-        if options.cluster == "slurm":
-            codes = _wait_slurm(commands, jobs)
-        elif options.cluster == "local":
+        if options.cluster == "local":
             codes = _wait_local(commands, jobs, catcher, grace)
         else:
             codes = _wait_debug(commands, jobs)
@@ -223,14 +266,49 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
     return jobs
 
 
-class _NoCatcher:
-    signum = None
+def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
+                    given: SubmititOptions) -> list:
+    """The commands as :class:`~dg_plugins.sweep.slurm_task.TrainTask` array tasks, each job
+    folder recording its task's Slurm id; a refused submission raises
+    :class:`~dg_plugins.sweep.slurm.SlurmError` (its folders are then removed by the sweep)."""
+    from dg_plugins.sweep import slurm
+    from dg_plugins.sweep.slurm_task import TrainTask, output_dir_of
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
+    options, notes = slurm_request(options, given)
+    for note in notes:
+        print(note, flush=True)
+    executor = make_executor(options)
+    size = max(1, options.jobs_per_task or 1)
+    groups = [list(commands[i:i + size]) for i in range(0, len(commands), size)]
+    # Slurm signals up to a minute early (its periodic check): what is left is at least this
+    grace = options.signal_delay_s - min(30.0, options.signal_delay_s / 4)
+    tasks = [TrainTask([shlex.split(c) for c in group], os.getcwd(), grace) for group in groups]
+    jobs: list = []
+    try:
+        with executor.batch():
+            for task in tasks:
+                jobs.append(executor.submit(task))
+    except Exception as err:  # noqa: BLE001  (sbatch's refusal, in submitit's words)
+        lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
+        raise slurm.SlurmError(f"Slurm refused the submission: "
+                               f"{lines[-1] if lines else str(err).strip()[:300]}") from None
+    for task, job in zip(tasks, jobs):
+        for argv in task.argvs:
+            folder = output_dir_of(argv)
+            if folder:
+                slurm.record_job(folder, job.job_id, options.log_dir)
+    array_id = str(jobs[0].job_id).split("_")[0]
+    per = f", {size} jobs per task" if size > 1 else ""
+    print(f"submitit launcher: submitted {len(commands)} jobs to slurm as array {array_id} "
+          f"({len(jobs)} tasks{per}, partition {options.partition}, {options.time_min} min, "
+          f"{options.gpus_per_node} GPU(s) each); logs in {options.log_dir}. A task is requeued "
+          f"from its checkpoint after preemption and after each time limit (signal "
+          f"{options.signal_delay_s:g} s before it, at most {options.max_requeues} time "
+          "limits).", flush=True)
+    if options.wait:
+        codes = _wait_slurm(commands, [jobs[i // size] for i in range(len(commands))])
+        report_exit_codes("submitit", commands, codes, ErrorLogs(commands))
+    return jobs
 
 
 def _job_exit_code(job) -> int:

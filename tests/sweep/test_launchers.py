@@ -163,8 +163,10 @@ def test_multi_gpu_without_gpus_raises(monkeypatch):
 def test_submitit_options_precedence_and_defaults(monkeypatch):
     commands = ["python -m x --output_dir /sweeps/s1/abc --seed 1"]
     resolved = submitit.resolve_submitit_options(commands)
-    assert (resolved.cluster, resolved.time_min, resolved.gpus_per_node, resolved.wait) == (
-        "slurm", 1440, 1, False)
+    # on Slurm the GPUs are fitted to the partition when submitting (tests/slurm/)
+    assert (resolved.cluster, resolved.time_min, resolved.gpus_per_node, resolved.wait,
+            resolved.signal_delay_s, resolved.max_requeues, resolved.jobs_per_task) == (
+        "slurm", 1440, None, False, 120, 10, 1)
     assert resolved.log_dir == "/sweeps/s1/submitit_logs"
     assert submitit.resolve_submitit_options(
         overrides=submitit.SubmititOptions(cluster="local")).wait is True
@@ -197,12 +199,15 @@ def test_submitit_slurm_parameters(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake_srun.parent}{os.pathsep}{os.environ['PATH']}")
     options = submitit.resolve_submitit_options(
         overrides=submitit.SubmititOptions(
-            cluster="slurm", partition="gpu", time_min=90, cpus_per_task=4, mem_gb=16,
-            array_parallelism=8, log_dir=str(tmp_path), extra={"slurm_qos": "high"}))
-    params = submitit.make_executor(options)._executor.parameters
+            cluster="slurm", partition="gpu", time_min=90, gpus_per_node=1, cpus_per_task=4,
+            mem_gb=16, array_parallelism=8, log_dir=str(tmp_path), extra={"slurm_qos": "high"},
+            signal_delay_s=60, max_requeues=4))
+    executor = submitit.make_executor(options)._executor
+    params = executor.parameters
     assert (params["partition"], params["time"], params["gpus_per_node"], params["cpus_per_task"],
             params["array_parallelism"], params["qos"]) == ("gpu", 90, 1, 4, 8, "high")
     assert params["mem"] == "16GB"
+    assert (params["signal_delay_s"], executor.max_num_timeout) == (60, 4)
 
 
 def test_submitit_missing_package_message(monkeypatch, tmp_path):

@@ -250,6 +250,7 @@ def test_relaunch_says_how_to_continue_or_clear_incomplete_jobs(tmp_path, capsys
     sweep_cli.main(argv)
     names = job_dirs(tmp_path)
     (tmp_path / "out" / names[0] / "done").write_text("")
+    (tmp_path / "out" / names[1] / "err.txt").write_text("error: a job that ran and failed\n")
     capsys.readouterr()
     assert sweep_cli.main(argv + ["--dry_run"]) == 0
     assert sweep_cli.main(argv) == 0
@@ -261,7 +262,8 @@ def test_relaunch_says_how_to_continue_or_clear_incomplete_jobs(tmp_path, capsys
     for run in out.split("About to launch 0 jobs.\n")[1:]:  # the dry run, then the launch
         lines = run.splitlines()
         assert lines[0].startswith("Note: 5 job(s) are Incomplete")
-        assert "no live process holds it): they were interrupted or failed" in lines[0]
+        assert ("no live process holds it): 1 were interrupted or failed and 4 never started "
+                "(an empty folder)") in lines[0]  # the dummy launcher started none
         assert lines[2] == f"    {resume}" and lines[4] == f"    {delete}"
     assert "--dry_run" not in out.split("About to launch 0 jobs.")[1]
     # the suggested commands do what they say
@@ -349,7 +351,8 @@ def test_an_error_shows_one_usage_line_not_every_flag(tmp_path, capsys):
         assert len(lines) == 2, lines
         assert lines[0] == f"usage: {sweep_cli.SHORT_USAGE}"
         assert lines[0].startswith(
-            "usage: python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ")
+            "usage: python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all,status,"
+            "cancel} ")
         assert lines[1].startswith(f"python -m dg_plugins.scripts.sweep: error: {error}")
 
 

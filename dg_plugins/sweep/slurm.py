@@ -1,0 +1,254 @@
+"""What the sweep asks a Slurm cluster, through its own clients (``scontrol``, ``sinfo``,
+``squeue``, ``sacct``, ``scancel``): the request checked before any job folder is made, the
+Slurm job that holds each job folder, and a sweep's jobs cancelled (docs/sweep.md, "Slurm").
+Torch-free and submitit-free."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+#: A job folder's record of the Slurm job (array task) that holds it.
+SLURM_JOB_FILE = "slurm_job.json"
+#: squeue states in which Slurm still holds a job: it will run, runs, or is being requeued.
+HELD_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
+                         "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT",
+                         "SIGNALING", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+CLIENT_TIMEOUT_S = 30
+
+
+class SlurmError(RuntimeError):
+    """A Slurm client failed or Slurm refused the request: one line naming it and the fix."""
+
+
+def run_client(argv: Sequence[str], timeout: float = CLIENT_TIMEOUT_S) -> str:
+    """The stdout of a Slurm client command; raises :class:`SlurmError` with its error line."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not on PATH (no Slurm clients on this machine)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv)} did not answer within {timeout:g} s") from None
+    if done.returncode != 0:
+        text = (done.stderr or done.stdout).strip().splitlines()
+        raise SlurmError(text[-1] if text else f"{argv[0]} exited with {done.returncode}")
+    return done.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster: partitions, nodes, time limits
+
+
+def minutes(text: str) -> float | None:
+    """Minutes of a Slurm time (``UNLIMITED``/``infinite``: None; ``[D-]HH:MM:SS``, ``MM:SS``,
+    ``MM``)."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    parts = [int(p) for p in text.split(":")]
+    if len(parts) == 3:
+        hours, mins, secs = parts
+    elif len(parts) == 2:
+        hours, mins, secs = 0, parts[0], parts[1]
+    else:
+        hours, mins, secs = 0, parts[0], 0
+    return days * 1440 + hours * 60 + mins + secs / 60
+
+
+def gpus_in(gres: str) -> int:
+    """GPUs in a node's GRES (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``; a list adds up)."""
+    total = 0
+    for entry in gres.split(","):
+        entry = entry.split("(")[0].strip()
+        if entry.startswith("gpu"):
+            count = entry.split(":")[-1]
+            total += int(count) if count.isdigit() else 1
+    return total
+
+
+@dataclass
+class Partition:
+    name: str
+    default: bool
+    max_minutes: float | None
+    nodes: list[dict] = field(default_factory=list)  # name, cpus, mem_gb, gpus
+
+    def most(self, key: str) -> float:
+        return max((node[key] for node in self.nodes), default=0)
+
+
+def partitions() -> dict[str, Partition]:
+    """Every partition, with its MaxTime and its nodes' CPUs, memory and GPUs."""
+    found: dict[str, Partition] = {}
+    for line in run_client(["scontrol", "show", "partition", "-o"]).splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            name = fields["PartitionName"]
+            found[name] = Partition(name, fields.get("Default") == "YES",
+                                    minutes(fields.get("MaxTime", "UNLIMITED")))
+    for line in run_client(["sinfo", "-h", "-N", "-o", "%R|%N|%c|%m|%G"]).splitlines():
+        part, node, cpus, mem_mb, gres = (line.split("|") + [""] * 5)[:5]
+        if part in found:
+            found[part].nodes.append({"name": node, "cpus": int(cpus or 0),
+                                      "mem_gb": int(mem_mb or 0) / 1024,
+                                      "gpus": gpus_in(gres)})
+    return found
+
+
+def check_request(options, given) -> tuple[object, list[str]]:
+    """The submitit options (``given``: those set, the others None) with the Slurm defaults
+    fitted to the partition (time limit, GPUs),
+    and the lines saying so; raises :class:`SlurmError` with one line naming the problem and the
+    flag that fixes it (a controller that does not answer, a partition that does not exist, a
+    time, GPU, CPU or memory request its nodes cannot meet)."""
+    try:
+        answer = run_client(["scontrol", "ping"])
+    except SlurmError as err:
+        raise SlurmError(f"Slurm's controller does not answer ({err}); check that slurmctld "
+                         "runs and that SLURM_CONF names this cluster's slurm.conf") from None
+    if "UP" not in answer:
+        raise SlurmError(f"Slurm's controller is down ({answer.strip()}); ask the cluster's "
+                         "admins, or retry when it is up")
+    found = partitions()
+    notes = []
+    if options.partition is None:
+        defaults = [p for p in found.values() if p.default]
+        if not defaults:
+            raise SlurmError("this cluster has no default partition; pass --slurm_partition "
+                             f"(partitions: {', '.join(found) or 'none'})")
+        partition = defaults[0]
+    elif options.partition not in found:
+        raise SlurmError(f"--slurm_partition {options.partition}: no such partition "
+                         f"(partitions: {', '.join(found) or 'none'})")
+    else:
+        partition = found[options.partition]
+    where = f"partition {partition.name}"
+    limit = partition.max_minutes
+    time_min = options.time_min
+    if limit is not None and time_min > limit:
+        if given.time_min is not None:
+            raise SlurmError(f"--slurm_time {time_min} is over {where}'s MaxTime "
+                             f"({limit:g} min); pass --slurm_time {int(limit)} or less (a "
+                             "job longer than its allocation is requeued from its checkpoint)")
+        notes.append(f"submitit launcher: the default time limit ({time_min} min) is over "
+                     f"{where}'s MaxTime; each job asks for {int(limit)} min "
+                     "(--slurm_time sets it)")
+        time_min = int(limit)
+    gpus = options.gpus_per_node
+    most_gpus = int(partition.most("gpus"))
+    if gpus is None:
+        gpus = 1 if most_gpus else 0
+        if not most_gpus:
+            notes.append(f"submitit launcher: {where} has no GPUs; the jobs run on CPU "
+                         "(--slurm_gpus_per_node sets the GPUs per job)")
+    elif gpus > most_gpus:
+        have = f"at most {most_gpus} GPU(s) per node" if most_gpus else "no GPUs"
+        raise SlurmError(f"--slurm_gpus_per_node {gpus}: {where}'s nodes have {have}; pass "
+                         f"--slurm_gpus_per_node {most_gpus} or choose a GPU partition with "
+                         "--slurm_partition")
+    if options.cpus_per_task is not None and options.cpus_per_task > partition.most("cpus"):
+        raise SlurmError(f"--slurm_cpus_per_task {options.cpus_per_task}: {where}'s nodes have "
+                         f"at most {int(partition.most('cpus'))} CPUs; pass a smaller value")
+    if options.mem_gb is not None and options.mem_gb > partition.most("mem_gb"):
+        raise SlurmError(f"--slurm_mem_gb {options.mem_gb:g}: {where}'s nodes have at most "
+                         f"{partition.most('mem_gb'):.1f} GB; pass a smaller value")
+    delay = options.signal_delay_s
+    if delay * 2 > time_min * 60:
+        if given.signal_delay_s is not None:
+            raise SlurmError(f"--slurm_signal_delay {delay:g} s leaves too little of a "
+                             f"{time_min}-minute allocation (at most half of it); pass a "
+                             "smaller --slurm_signal_delay or a longer --slurm_time")
+        delay = max(5.0, time_min * 60 / 4)
+        notes.append(f"submitit launcher: the signal before the time limit comes {delay:g} s "
+                     f"before it in a {time_min}-minute allocation (--slurm_signal_delay sets "
+                     "it)")
+    return dataclasses.replace(options, partition=partition.name, time_min=time_min,
+                               gpus_per_node=gpus, signal_delay_s=delay), notes
+
+
+# --------------------------------------------------------------------------------------------
+# The Slurm job that holds a job folder
+
+
+def record_job(folder: str, job_id: str, log_dir: str) -> None:
+    """Write ``folder``'s :data:`SLURM_JOB_FILE` (atomically)."""
+    path = os.path.join(folder, SLURM_JOB_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump({"job_id": str(job_id), "log_dir": os.path.abspath(log_dir),
+                   "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}, handle)
+    os.replace(tmp, path)
+
+
+def recorded_job(folder: str) -> dict | None:
+    """``folder``'s Slurm job record, or None."""
+    try:
+        with open(os.path.join(folder, SLURM_JOB_FILE)) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("job_id") else None
+
+
+@dataclass
+class SlurmState:
+    """A Slurm job's state as Slurm reports it (``held``: Slurm will still run it)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    held: bool = False
+
+    def describe(self) -> str:
+        reason = f", {self.reason}" if self.reason and self.reason != "None" else ""
+        return f"Slurm job {self.job_id}: {self.state.lower()}{reason}"
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
+    """Each id's state: from ``squeue`` while Slurm holds it, then from ``sacct`` where the
+    cluster keeps accounting (ids known to neither are left out). Raises :class:`SlurmError`
+    when ``squeue`` does not answer (the caller must not take such jobs for ended)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    arrays = sorted({i.split("_")[0] for i in ids})
+    try:
+        out = run_client(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(arrays)])
+    except SlurmError as err:
+        if "Invalid job id" not in str(err):
+            raise
+        out = ""  # none of them is known to the controller any more
+    states = {}
+    for line in out.splitlines():
+        job_id, state, reason = (line.strip().split("|") + ["", ""])[:3]
+        if job_id in ids:
+            states[job_id] = SlurmState(job_id, state, reason, state in HELD_STATES)
+    ended = [i for i in ids if i not in states]
+    if ended:
+        try:
+            out = run_client(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j",
+                              ",".join(ended)])
+        except SlurmError:  # no accounting on this cluster
+            out = ""
+        for line in out.splitlines():
+            job_id, state = (line.strip().split("|") + [""])[:2]
+            if job_id in ended:
+                states[job_id] = SlurmState(job_id, state.split()[0] if state else "ENDED")
+    return states
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """``scancel`` the ids (array tasks ``123_4``)."""
+    ids = sorted(set(job_ids))
+    if ids:
+        run_client(["scancel", *ids])
