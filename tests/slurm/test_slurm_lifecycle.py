@@ -65,25 +65,27 @@ def test_scontrol_requeue_of_a_running_job_continues_by_itself(cluster, referenc
 
 def test_a_time_limit_shorter_than_the_job_is_checkpointed_and_requeued(cluster, reference,
                                                                          tmp_path):
-    """A job held past its 1-minute allocation: Slurm's signal (10 s before the limit) stops it
-    at a checkpoint, the task requeues itself, and the next allocation finishes it."""
+    """Two jobs sharing one task (--jobs_per_gpu 2), held past their 1-minute allocation:
+    Slurm's signal (10 s before the limit) stops both at a checkpoint, the task requeues itself,
+    and the next allocation finishes both, each with the records of an uninterrupted run."""
     out, gate = tmp_path / "sweep", tmp_path / "gate"
     env = lc.gated_env(gate, step=2)
     code, text = lc.run_sweep(cluster, "launch", lc.sweep_args(
-        out, ("1",), "--command_launcher", "submitit", "--slurm_partition", "short",
-        "--slurm_time", "1", "--slurm_signal_delay", "10"), env=env)
-    assert code == 0, text
-    (folder,) = lc.job_folders(out)
-    job_id = lc.slurm_id(folder)
-    cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING"
-                       and (folder / "checkpoint.pt").exists(), "the job requeued at its limit",
-                       timeout=150)
+        out, ("0", "1"), "--command_launcher", "submitit", "--jobs_per_gpu", "2",
+        "--slurm_partition", "short", "--slurm_time", "1", "--slurm_signal_delay", "10"),
+        env=env)
+    assert code == 0 and "(1 tasks, 2 jobs per task" in text, text
+    folders = lc.job_folders(out)
+    (job_id,) = {lc.slurm_id(folder) for folder in folders}
+    # (a job still starting when the signal came restarts from step 0: the same records)
+    cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING",
+                       "the task requeued at its limit", timeout=150)
     log = lc.task_log(out, job_id)
     assert "time limit: the jobs stopped at a checkpoint; requeued" in log, log[-3000:]
     (gate / "release").touch()
     cluster.start_now()
-    cluster.wait_until(lambda: lc.all_done(out, 1), "the job done after its requeue", lc.TIMEOUT)
-    assert lc.records_by_job(out)[folder.name] == lc.records_by_job(reference)[folder.name]
+    cluster.wait_until(lambda: lc.all_done(out, 2), "the jobs done after the requeue", lc.TIMEOUT)
+    assert lc.records_by_job(out) == lc.records_by_job(reference)
 
 
 def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resume(
