@@ -9,6 +9,9 @@ import os
 from typing import Iterable
 
 PLUGINS_ENV = "DG_PLUGINS_IMPORT"
+#: The algorithms the contract tests (:mod:`dg_plugins.contract`) run on, comma-separated (set by
+#: ``python -m dg_plugins.scripts.check_algorithm``).
+CONTRACT_ENV = "DG_PLUGINS_CONTRACT_ALGORITHMS"
 #: The built-in plugin that runs DomainBed's algorithms on our host.
 DOMAINBED_HOST = "dg_plugins.domainbed_host"
 
@@ -61,6 +64,16 @@ def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
                 f"folder holding {top}.py (or {top}/) on PYTHONPATH, e.g. "
                 f"PYTHONPATH=/path/to/folder, or fix the name in {where}") from err
     return names
+
+
+def algorithms_of(modules: Iterable[str]) -> list[str]:
+    """The registered algorithms whose classes the modules ``modules`` (or modules inside them)
+    define, in registry order."""
+    from dg_plugins.registry import ALGORITHMS
+
+    modules = list(modules)
+    return [name for name, cls in ALGORITHMS.items()
+            if any(cls.__module__ == m or cls.__module__.startswith(f"{m}.") for m in modules)]
 
 
 def build_dataset(name: str, data_dir: str, hparams: dict, modules: Iterable[str] = ()):

@@ -1,0 +1,235 @@
+"""The Algorithm contract as pytest tests, shipped with the package so that a method's author runs
+them on their own algorithms (``docs/methods/README.md``):
+
+    python -m dg_plugins.scripts.check_algorithm my_module          # the algorithms it registers
+    DG_PLUGINS_IMPORT=my_module python -m pytest --pyargs dg_plugins.contract   # the same tests
+
+Each algorithm is built on Debug28 and Debug224 with its ``TINY_TEST_HPARAMS`` (on CPU, and on
+CUDA when a GPU is visible) and checked for what methods get wrong: a trainable parameter outside
+every optimizer (or in two), a parameter that never gets a gradient, update keys that change
+between calls (records need a fixed schema), values that are not Python floats, NaN outputs,
+``predict`` logits of another shape than ``[batch, num_classes]`` or not deterministic in eval
+mode, a method that breaks with 1 (single-source) or 3 source domains, an lr schedule that misses
+an optimizer, and state that a resumed train job loses (Python attributes instead of buffers,
+optimizers or schedulers the checkpoint cannot see).
+
+Which algorithms: the names in ``$DG_PLUGINS_CONTRACT_ALGORITHMS`` (comma-separated; the command
+sets it), else those the modules of ``$DG_PLUGINS_IMPORT`` register, else dg_plugins' own. A test
+module that imports these tests sets ``CONTRACT_ALGORITHMS`` to its list instead (dg_plugins' own
+suite: ``tests/algorithms/test_all_algorithms.py``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from dg_plugins import plugins
+from dg_plugins.registry import ALGORITHMS, DATASETS
+
+#: The datasets every algorithm is built on (in-memory, no files).
+CONTRACT_DATASETS = ("Debug28", "Debug224")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+UPDATES = 3
+#: Record keys that differ between two runs of the same job (wall clock, memory, the folder).
+VOLATILE_KEYS = ("step_time", "mem_gb", "args")
+
+
+def selected_algorithms() -> list[str]:
+    """The algorithms the contract runs on (module docstring), after :func:`plugins.load`."""
+    plugins.load()
+    named = [n.strip() for n in os.environ.get(plugins.CONTRACT_ENV, "").split(",") if n.strip()]
+    if named:
+        return [ALGORITHMS.resolve(name, say=f"${plugins.CONTRACT_ENV}") for name in named]
+    return (plugins.algorithms_of(plugins.modules_from_env())
+            or plugins.algorithms_of(["dg_plugins.algorithms"]))
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Parametrize ``name`` by algorithm and ``case`` by (algorithm, dataset, device)."""
+    names = getattr(metafunc.module, "CONTRACT_ALGORITHMS", None)
+    names = selected_algorithms() if names is None else names
+    if "name" in metafunc.fixturenames:
+        metafunc.parametrize("name", names)
+    if "case" in metafunc.fixturenames:
+        cases = [(a, d, dev) for a in names for d in CONTRACT_DATASETS for dev in DEVICES]
+        metafunc.parametrize("case", cases, ids=["-".join(c) for c in cases])
+
+
+def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
+    """Default hparams made CPU-sized: random-init backbones, ResNet-18 for 224x224 inputs,
+    batch 8, plus the algorithm's own ``TINY_TEST_HPARAMS`` (e.g. a tiny ViT), then
+    ``overrides``; every override is validated against the algorithm's space."""
+    from dg_plugins import hparams
+
+    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
+    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
+    changes.update(overrides)
+    hp = hparams.default_hparams(algorithm, dataset)
+    hp.update(hparams.validate(algorithm, dataset, changes))
+    return hp
+
+
+def minibatches(dataset, batch_size, envs, device="cpu"):
+    """``batch_size`` items (cycling) of each environment in ``envs`` as ``(x, y)``."""
+    out = []
+    for i in envs:
+        items = [dataset[i][j % len(dataset[i])] for j in range(batch_size)]
+        out.append((torch.stack([x for x, _ in items]).to(device),
+                    torch.as_tensor([y for _, y in items]).to(device)))
+    return out
+
+
+def build(name, dataset_name, num_domains=2, device="cpu", **overrides):
+    torch.manual_seed(0)
+    dataset = DATASETS.get(dataset_name)("", [], {})
+    hp = tiny_hparams(name, dataset_name, **overrides)
+    algorithm = ALGORITHMS.get(name)(dataset.input_shape, dataset.num_classes, num_domains, hp)
+    return algorithm.to(device), dataset, hp
+
+
+def trainable(algorithm):
+    return {n: p for n, p in algorithm.named_parameters() if p.requires_grad}
+
+
+def read_records(folder, drop=()) -> list[dict]:
+    """The records of a job folder's ``results.jsonl``, each without the keys in ``drop``."""
+    path = os.path.join(folder, "results.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in handle]
+
+
+def test_tiny_test_hparams_are_declared_hparams(name):
+    from dg_plugins import hparams
+
+    for dataset in CONTRACT_DATASETS:
+        hparams.validate(name, dataset, dict(ALGORITHMS.get(name).TINY_TEST_HPARAMS))
+
+
+def test_every_trainable_parameter_is_in_exactly_one_optimizer(name):
+    algorithm, _, _ = build(name, "Debug28")
+    optimizers = algorithm.optimizers()
+    assert optimizers, f"{name} exposes no optimizer to resume checkpoints"
+    owners = {}
+    for opt_name, opt in optimizers.items():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                owners.setdefault(id(p), []).append(opt_name)
+    problems = []
+    for pname, p in trainable(algorithm).items():
+        found = owners.get(id(p), [])
+        if len(found) != 1:
+            problems.append(f"{pname}: in {found or 'no optimizer'}")
+    assert not problems, f"{name}: " + "; ".join(problems)
+
+
+def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
+    """``set_lr_factor`` (the job's ``lr_schedule``): every param group of every optimizer not in
+    ``lr_schedule_exempt()`` gets its initial lr x the factor (not compounding), the exempt ones
+    keep theirs; an algorithm that drives an lr with its own torch scheduler refuses clearly."""
+    algorithm, _, _ = build(name, "Debug28")
+    if algorithm.schedulers():
+        with pytest.raises(ValueError, match="lr_schedule must stay 'constant'"):
+            algorithm.set_lr_factor(0.5)
+        return
+    initial = {n: [g["lr"] for g in o.param_groups] for n, o in algorithm.optimizers().items()}
+    exempt = algorithm.lr_schedule_exempt()
+    assert exempt <= set(initial), f"{name} exempts unknown optimizers {exempt - set(initial)}"
+    for factor in (0.5, 0.1):
+        algorithm.set_lr_factor(factor)
+        for opt_name, opt in algorithm.optimizers().items():
+            scale = 1.0 if opt_name in exempt else factor
+            assert [g["lr"] for g in opt.param_groups] == pytest.approx(
+                [lr * scale for lr in initial[opt_name]]), (name, opt_name)
+
+
+def test_updates_predict_and_state(case):
+    """A few updates: float outputs with identical keys, all finite; every trainable parameter gets
+    a nonzero gradient (or is declared exempt); parameters change; predict has the right shape, is
+    finite and deterministic in eval mode; a state_dict round trip reproduces predictions."""
+    name, dataset_name, device = case
+    # 224x224 images: 2 per environment are enough for every check here, 4x cheaper than 8
+    algorithm, dataset, hp = build(name, dataset_name, device=device,
+                                   **({"batch_size": 2} if dataset_name == "Debug224" else {}))
+    envs = [0, 1]
+    batches = minibatches(dataset, hp["batch_size"], envs, device)
+    got_grad = set()
+    handles = [p.register_post_accumulate_grad_hook(
+        lambda p, n=n: got_grad.add(n) if p.grad is not None and p.grad.abs().sum() > 0 else None)
+        for n, p in trainable(algorithm).items()]
+    before = copy.deepcopy(algorithm.state_dict())
+    keys = None
+    for _ in range(UPDATES):
+        out = algorithm.update(batches, None)
+        assert isinstance(out, dict) and out, f"{name}.update returned {out!r}"
+        bad = {k: v for k, v in out.items() if not isinstance(k, str) or type(v) is not float}
+        assert not bad, f"{name}.update must return Python floats: {bad}"
+        assert all(math.isfinite(v) for v in out.values()), out
+        assert keys is None or set(out) == keys, f"update keys changed: {keys} -> {set(out)}"
+        keys = set(out)
+    for handle in handles:
+        handle.remove()
+    exempt = ALGORITHMS.get(name).GRADIENT_EXEMPT
+    missing = [n for n in trainable(algorithm) if n not in got_grad
+               and not any(n.startswith(prefix) for prefix in exempt)]
+    assert not missing, f"{name}: no gradient reached {missing} in {UPDATES} updates " \
+                        "(declare GRADIENT_EXEMPT with a reason if that is intended)"
+    after = algorithm.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before
+               if before[k].is_floating_point()), "update changed nothing"
+
+    x = minibatches(dataset, 4, [2], device)[0][0]
+    algorithm.eval()
+    with torch.no_grad():
+        logits = algorithm.predict(x)
+        assert tuple(logits.shape) == (4, dataset.num_classes), \
+            f"{name}.predict of 4 images must give logits [4, {dataset.num_classes}], got " \
+            f"{list(logits.shape)}"
+        assert torch.isfinite(logits).all()
+        assert torch.equal(logits, algorithm.predict(x)), "eval predictions are not deterministic"
+    clone = type(algorithm)(dataset.input_shape, dataset.num_classes, len(envs), hp).to(device)
+    clone.load_state_dict(algorithm.state_dict())
+    clone.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(clone.predict(x), logits)
+
+
+@pytest.mark.parametrize("num_domains", [1, 3])
+def test_one_and_three_source_domains(name, num_domains):
+    """Single-source (1 domain) and 3 domains: updates run and keep their keys."""
+    algorithm, dataset, hp = build(name, "Debug28", num_domains=num_domains)
+    batches = minibatches(dataset, hp["batch_size"], list(range(num_domains)))
+    first = algorithm.update(batches, None)
+    second = algorithm.update(batches, None)
+    assert set(first) == set(second)
+    assert all(math.isfinite(v) for v in second.values())
+    algorithm.eval()
+    with torch.no_grad():
+        assert algorithm.predict(batches[0][0]).shape == (hp["batch_size"], dataset.num_classes)
+
+
+def test_resume_round_trip_gives_the_records_of_an_uninterrupted_run(name, tmp_path):
+    """train on Debug28, interrupted after a checkpoint and resumed with --resume, writes exactly
+    the records of an uninterrupted run (all state is in buffers, optimizers and schedulers)."""
+    from dg_plugins.train import run as train
+    from dg_plugins.train.cli import build_parser
+
+    hp = {k: v for k, v in tiny_hparams(name, "Debug28").items()
+          if k in ALGORITHMS.get(name).TINY_TEST_HPARAMS or k == "batch_size"}
+
+    def args(out, *extra):
+        return build_parser().parse_args([
+            "--dataset", "Debug28", "--algorithm", name, "--output_dir", str(out),
+            "--steps", "6", "--checkpoint_freq", "2", "--hparams", json.dumps(hp), *extra])
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert train.run(args(full)) == "done"
+    assert train.run(args(cut), stop_after_step=2) == "stopped"
+    assert train.run(args(cut, "--resume")) == "done"
+    assert read_records(cut, VOLATILE_KEYS) == read_records(full, VOLATILE_KEYS)
