@@ -161,3 +161,20 @@ def test_split_sizes_are_the_splits_train_makes():
     pairs = sizes.random_holdout_pairs([len(env) for env in dataset], 0.3)
     assert sizes.split_sizes(pairs, [0, 2], 0.25) == made
     assert list(made)[-2:] == ["env0_uda", "env1_uda"]  # uda splits named by position
+
+
+def test_check_ranges_refuses_negative_workers_and_a_data_dir_that_is_a_file(tmp_path):
+    """train and sweep both run check_ranges before anything is written: --n_workers -1 ran a job
+    (in-memory datasets) or failed after the job folder was made, as did a file as --data_dir."""
+    a_file = tmp_path / "data.zip"
+    a_file.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^--n_workers must be >= 0, got -1 \(0: load in"):
+        flags.check_ranges(build_parser().parse_args(["--n_workers", "-1"]))
+    with pytest.raises(ValueError, match=f"^--data_dir {a_file} is a file, not a folder"):
+        flags.check_ranges(build_parser().parse_args(["--data_dir", str(a_file)]))
+    flags.check_ranges(build_parser().parse_args(["--data_dir", str(tmp_path), "--n_workers",
+                                                  "0"]))
+    sweep = sweep_cli.build_parser().parse_args(["launch", "--data_dir", str(a_file),
+                                                 "--output_dir", str(tmp_path / "sweep")])
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        flags.check_ranges(sweep)
