@@ -7,7 +7,9 @@ import argparse
 import os
 import sys
 
+from dg_plugins.help_text import CommandParser
 from dg_plugins.hparams import HparamError, parse_overrides
+from dg_plugins.plugins import PluginImportError
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, jobs
@@ -23,16 +25,9 @@ SHORT_USAGE = (f"{PROG} {{{','.join(actions.ACTIONS)}}} --data_dir DIR --output_
                "[FLAGS] (every flag: --help)")
 
 
-class SweepParser(argparse.ArgumentParser):
-    """argparse, with errors as one usage line and the error line (exit status 2)."""
-
-    def error(self, message: str):
-        self.exit(2, f"usage: {SHORT_USAGE}\n{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = SweepParser(
-        prog=PROG,
+    parser = CommandParser(
+        prog=PROG, short_usage=SHORT_USAGE,
         description="Enumerate, launch or delete the jobs of a DomainBed-style sweep. "
                     "Two launches of one sweep at once share it: a launch claims the job "
                     "folders it creates until each job ends, and another launch (or a delete) "
@@ -303,10 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.datasets is None:
-        args.datasets = jobs.default_datasets()
-    if args.algorithms is None:
-        args.algorithms = jobs.default_algorithms()
+    try:
+        if args.datasets is None:
+            args.datasets = jobs.default_datasets()
+        if args.algorithms is None:
+            args.algorithms = jobs.default_algorithms()
+    except PluginImportError as err:
+        parser.error(str(err))
     validate(parser, args)
     try:
         args_list = make_args_list(args)

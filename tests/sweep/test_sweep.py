@@ -472,3 +472,20 @@ def test_train_and_sweep_refuse_a_bad_train_flag_with_the_same_message(tmp_path,
     message = str(refused.value).replace("give --label_fraction ", "give --label_fractions ")
     assert f"error: {message}" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_missing_plugin_module_and_a_mistyped_flag_are_one_line_each(tmp_path):
+    """The real command: $DG_PLUGINS_IMPORT naming a module that does not import, and a
+    mistyped flag (with "did you mean"), are a usage line and one error line, no traceback."""
+    import processes
+
+    base = ["launch", "--datasets", "Debug28", "--data_dir", str(tmp_path / "data"),
+            "--output_dir", str(tmp_path / "out"), "--dry_run"]
+    code, text = processes.run("dg_plugins.scripts.sweep", *base,
+                               env=processes.command_env(DG_PLUGINS_IMPORT="no_such_plugin_x"),
+                               timeout=120)
+    assert code == 2 and "Traceback" not in text, text
+    assert "plugin module 'no_such_plugin_x'" in text and len(text.strip().splitlines()) == 2
+    code, text = processes.run("dg_plugins.scripts.sweep", *base, "--algorithms", "ERM",
+                               "--n_trails", "1", env=processes.command_env(), timeout=120)
+    assert code == 2 and "did you mean --n_trials?" in text, text
