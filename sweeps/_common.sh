@@ -32,6 +32,8 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
 fi
 set -euo pipefail
 SCRIPT=$(basename "${BASH_SOURCE[1]}" .sh)
+declare -A GIVEN_KNOBS=()  # the knobs defaulted below, as given (for script_command)
+for _knob in PYTHON OUTPUT_DIR LAUNCHER EVAL_SPLITS; do GIVEN_KNOBS[$_knob]=${!_knob:-}; done
 PYTHON=${PYTHON:-python}
 if ! command -v "$PYTHON" > /dev/null; then
     echo "error: PYTHON=$PYTHON is not a command; point PYTHON at the interpreter that has" \
@@ -57,10 +59,31 @@ if (( $# )) && [[ "$1" != -* ]]; then
          "DATA_DIR=/data bash sweeps/$SCRIPT.sh" >&2
     exit 2
 fi
+SCRIPT_ARGS=("$@")
 SWEEP_FLAGS=("$@")
 if [[ -n "${N_WORKERS:-}" ]]; then SWEEP_FLAGS+=(--n_workers "$N_WORKERS"); fi
 if [[ -n "${DG_JOBS_PER_GPU:-}" ]]; then SWEEP_FLAGS+=(--jobs_per_gpu "$DG_JOBS_PER_GPU"); fi
 PLANNED=()
+
+# quote WORD: the word as a shell reads it back (as is when safe, else in single quotes).
+quote() {
+    if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf %s "$1"
+    else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+
+# script_command KNOB...: the command that ran this script, to run it again: the named knobs
+# the user set (KNOB=value), then bash <script> and its arguments, each word quoted.
+script_command() {
+    local line="" knob value word
+    for knob in "$@"; do
+        value=${!knob:-}
+        if [[ -v "GIVEN_KNOBS[$knob]" ]]; then value=${GIVEN_KNOBS[$knob]}; fi
+        if [[ -n "$value" ]]; then line+="$knob=$(quote "$value") "; fi
+    done
+    line+="bash $(quote "$0")"
+    for word in "${SCRIPT_ARGS[@]}"; do line+=" $(quote "$word")"; done
+    printf %s "$line"
+}
 
 # sweep_launch FLAGS...: one `sweep launch` (with --resume, --eval_splits $EVAL_SPLITS and the
 # script's arguments); under DRY_RUN=1 only recorded, then listed by finish_dry_run.
@@ -91,7 +114,8 @@ finish_dry_run() {
 # "/weights/resnet18.pth"}' or '{"pretrained": false}'), CLIP_CHECKPOINT (IP/OOP: a local file of
 # the CLIP weights that score the images). Before launching anything, reproduce checks what every
 # sweep of the setting needs (data, split lists, pretrained and CLIP weights) and lists what is
-# missing with its fix (DRY_RUN=1: as warnings).
+# missing with its fix (DRY_RUN=1: as warnings). Then every job of every sweep of the setting goes
+# to LAUNCHER as one queue (LAUNCHER=multi_gpu keeps every GPU busy), each in its sweep's folder.
 reproduce() {
     local setting=$1
     if [[ -z "${DATA_DIR:-}" ]]; then
@@ -122,5 +146,10 @@ reproduce() {
     if [[ -n "${N_TRIALS:-}" ]]; then args+=(--n_trials "$N_TRIALS"); fi
     if [[ -n "${N_HPARAMS:-}" ]]; then args+=(--n_hparams "$N_HPARAMS"); fi
     if [[ "$DRY_RUN" == 1 ]]; then args+=(--dry_run); fi
+    # what a stopped or failed run suggests to continue: this script's command, which continues
+    # every sweep of the setting (one queue: docs/reproduce.md)
+    export DG_SWEEP_RERUN_COMMAND=${DG_SWEEP_RERUN_COMMAND:-$(script_command PYTHON DATA_DIR \
+        OUTPUT_DIR LAUNCHER PROTOCOL DATASETS ALGORITHMS TEST_ENVS EPOCHS PRETRAIN_EPOCHS STEPS \
+        N_TRIALS N_HPARAMS HPARAMS CLIP_CHECKPOINT EVAL_SPLITS N_WORKERS DG_JOBS_PER_GPU)}
     exec "$PYTHON" -m dg_plugins.scripts.reproduce "$setting" "${args[@]}" "${SWEEP_FLAGS[@]}"
 }

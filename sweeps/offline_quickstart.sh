@@ -40,21 +40,12 @@
 # command 1 when this run is it, else this script with the knobs and flags it was given.
 README_COMMAND_1="python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && \
 PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh"
-quote() {  # a word as a shell reads it back: as is when safe, else in single quotes
-    if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf %s "$1"
-    else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
-}
-rerun=""
-for knob in PYTHON OUTPUT_DIR LAUNCHER PARTS ALGORITHMS STEPS EVAL_SPLITS; do
-    if [[ -n "${!knob:-}" ]]; then rerun+="$knob=$(quote "${!knob}") "; fi
-done
-rerun+="bash $(quote "$0")"
-for word in "$@"; do rerun+=" $(quote "$word")"; done
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+rerun=$(script_command PYTHON OUTPUT_DIR LAUNCHER PARTS ALGORITHMS STEPS EVAL_SPLITS)
 if [[ "$rerun" == "PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh" ]]; then
     rerun=$README_COMMAND_1
 fi
 export DG_SWEEP_RERUN_COMMAND=$rerun
-source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
 has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }
 PLANNING=0

@@ -134,13 +134,50 @@ def job_folders(sweep_folder: Path) -> list[Path]:
     return sorted(p.parent for p in sweep_folder.glob("*/results.jsonl"))
 
 
+def sweep_call_listings(stdout: str) -> dict[str, str]:
+    """Each ``sweep launch`` call a reproduce run printed (``$ ... -m dg_plugins.scripts.sweep
+    launch ...``), listed by the sweep's own ``--dry_run`` in this process: {job folder: state}."""
+    import contextlib
+    import io
+    import shlex
+
+    from dg_plugins.sweep import cli as sweep_cli
+
+    listed = {}
+    for line in stdout.splitlines():
+        words = shlex.split(line[2:]) if line.startswith("$ ") else []
+        if words[1:4] != ["-m", "dg_plugins.scripts.sweep", "launch"]:
+            continue
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert sweep_cli.main(words[3:] + ["--dry_run"]) == 0, text.getvalue()
+        for state, folder in re.findall(r"^([A-Z][a-z ]+): (\S+) \(", text.getvalue(),
+                                        re.MULTILINE):
+            listed[folder] = state
+    return listed
+
+
+def assert_one_queue(run: ScriptRun, jobs: list[Path]) -> None:
+    """The run handed every job of the setting to the launcher in one call (the local launcher
+    counts them ``[i/n]`` with n all of them, and says ``Launched`` once), and the job folders
+    it made are exactly those its sweep calls name, one by one, each Done there (a rerun of
+    any of them launches nothing)."""
+    n = len(jobs)
+    counts = re.findall(r"^\[\d+/(\d+)\] started", run.stdout, re.MULTILINE)
+    assert counts == [str(n)] * n, (counts, run.report())
+    assert re.findall(r"^Launched \d+ jobs!$", run.stdout, re.MULTILINE) == [
+        f"Launched {n} jobs!"], run.report()
+    assert sweep_call_listings(run.stdout) == {str(job): "Done" for job in jobs}
+
+
 def assert_reproduced(run: ScriptRun, setting_name: str, protocol_name: str,
                       algorithms: list[str], n_jobs: int) -> dict[str, str]:
     """A paper script's real run ended as a user expects: exit 0; ``n_jobs`` jobs, each done, each
-    started by the local launcher with a train command without ``--n_workers``, each using loader
-    workers (but for an in-memory dataset); then, per folder of the setting, its tables with a
-    number for each algorithm and the paper's rows (or, for a paper without numbers, what it
-    claims) beside them. Returns the tables' text by folder."""
+    started by the local launcher with a train command without ``--n_workers``, all in one queue
+    (:func:`assert_one_queue`), each using loader workers (but for an in-memory dataset); then,
+    per folder of the setting, its tables with a number for each algorithm and the paper's rows
+    (or, for a paper without numbers, what it claims) beside them. Returns the tables' text by
+    folder."""
     from dg_plugins import reference
     from dg_plugins.reference import paper_settings as ps
 
@@ -152,6 +189,7 @@ def assert_reproduced(run: ScriptRun, setting_name: str, protocol_name: str,
     assert len(jobs) == n_jobs, (jobs, run.report())
     trains = run.launched_jobs()
     assert len(trains) == n_jobs, (trains, run.report())
+    assert_one_queue(run, jobs)
     for job in jobs:
         assert (job / "done").exists(), job
         workers = re.search(r"loader workers: (\d+)(.*)", (job / "out.txt").read_text())

@@ -36,7 +36,7 @@ from dg_plugins import hparams as H
 from dg_plugins.job.sizes import in_split_size
 from dg_plugins.reference import paper_settings as ps
 from image_tree import draw_image
-from paper_runs import REPO, SWEEPS, script_env
+from paper_runs import KNOBS, REPO, SWEEPS, script_env
 from processes import as_from_a_terminal, python_path
 
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
@@ -746,3 +746,93 @@ def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkey
     assert (job / "done").exists()
     assert "tiny (none.sh), protocol release" in (out / "release" / "reproduce.txt").read_text()
     assert re.search(r"\| ERM +\| +\d+\.\d", printed), printed[-2000:]
+
+
+@pytest.mark.parametrize("outcome", ["failed", "stopped"])
+def test_reproduce_hands_the_settings_jobs_to_one_launcher_call(tmp_path, data, monkeypatch,
+                                                                capsys, outcome):
+    """dmg_pacs (DomainBed's protocol, one held-out domain, one trial) has a sweep per backbone
+    folder: reproduce hands both sweeps' jobs to the launcher in one call (here a registered
+    stand-in that runs nothing: one job fails, or a stop signal arrives), each job in its own
+    sweep's folder. A failure is reported as a sweep reports it, with the reproduce command that
+    continues every sweep and, per sweep with Incomplete jobs, its own delete_incomplete line;
+    the tables follow. A stop starts nothing more (exit 128 + signal, no tables); the job the
+    signal kept from starting is Not launched again. Claims and the environment are left clean."""
+    import shlex
+    import signal as signals
+
+    from dg_plugins import reproduce
+    from dg_plugins.registry import LAUNCHERS
+    from dg_plugins.sweep import actions, claims
+    from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
+
+    calls = []
+
+    def stand_in(commands):
+        calls.append(list(commands))
+        by_folder = {os.path.basename(os.path.dirname(command_output_dir(c))): c
+                     for c in commands}
+        if outcome == "stopped":
+            raise LaunchInterrupted(signals.SIGTERM, [by_folder["resnet18"]],
+                                    [by_folder["resnet50"]])
+        (Path(command_output_dir(by_folder["resnet50"])) / "done").write_text("")
+        raise JobsFailed([by_folder["resnet18"]], len(commands), exit_codes=[1])
+
+    LAUNCHERS.register("one_queue_stand_in", stand_in)
+    monkeypatch.delenv(actions.RERUN_ENV, raising=False)
+    argv = ["dmg_pacs", "--protocol", "domainbed", "--data_dir", str(data[0]), "--output_dir",
+            str(tmp_path / "out"), "--command_launcher", "one_queue_stand_in", "--algorithms",
+            "ERM", "--test_envs", "3", "--steps", "1", "--hparams", '{"pretrained": false}',
+            "--n_trials", "1"]
+    try:
+        code = reproduce.main(argv)
+    finally:
+        LAUNCHERS.unregister("one_queue_stand_in")
+    out = capsys.readouterr().out
+    root = tmp_path / "out" / "domainbed"
+    (commands,) = calls
+    assert sorted(os.path.dirname(command_output_dir(c)) for c in commands) == [
+        str(root / "resnet18"), str(root / "resnet50")]
+    assert "-- one queue: the 2 jobs of the 2 sweep(s) above, handed to the one_queue_stand_in " \
+        "launcher at once\n" in out
+    rerun = shlex.join([sys.executable, "-m", "dg_plugins.scripts.reproduce", *argv])
+    if outcome == "stopped":
+        assert code == 143, out
+        assert "Sweep stopped by SIGTERM: 1 job(s) interrupted, 1 not started.\n" in out
+        assert f"run the whole command again (finished jobs are skipped; interrupted jobs " \
+            f"resume from their last checkpoint):\n  {rerun}\n" in out
+        assert "Stopped; rerun the same command to continue" in out and "-- tables" not in out
+        assert [p.name for p in (root / "resnet50").iterdir() if not p.name.startswith(".")] \
+            == []  # unlaunched: Not launched again
+    else:
+        assert code == 1, out
+        assert "Sweep: 1 of 2 launched jobs failed" in out
+        assert f"run the whole command again (finished jobs are skipped; a job resumes from its " \
+            f"last checkpoint, if any):\n  {rerun}\n" in out
+        deletes = [line.strip() for line in out.splitlines()
+                   if " -m dg_plugins.scripts.sweep delete_incomplete " in line
+                   and "<your flags>" not in line]
+        assert len(deletes) == 1 and f"--output_dir {root / 'resnet18'} " in deletes[0], out
+        assert "--resume" not in deletes[0] and "--skip_confirmation" not in deletes[0]
+        assert out.count("-- tables of dmg_pacs") == 2
+    assert actions.RERUN_ENV not in os.environ
+    assert claims.live_claims(str(root / "resnet18")) == claims.live_claims(
+        str(root / "resnet50")) == []
+
+
+def test_a_paper_script_hands_its_own_command_to_continue(tmp_path):
+    """A paper script tells reproduce, for the lines that say how to continue a stopped or
+    failed run, the command that ran it: the knobs the user set and its arguments, quoted as
+    typed back (here a stand-in PYTHON prints what it was handed)."""
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "$DG_SWEEP_RERUN_COMMAND"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in KNOBS + ("DG_SWEEP_RERUN_COMMAND",)}
+    env.update(PYTHON=str(python), DATA_DIR="/data", HPARAMS='{"pretrained": false}',
+               LAUNCHER="multi_gpu")
+    proc = subprocess.run(["bash", str(SWEEPS / "dmg_pacs_paper.sh"), "--n_hparams", "2"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"PYTHON={python} DATA_DIR=/data LAUNCHER=multi_gpu HPARAMS="
+                           f"'{{\"pretrained\": false}}' bash {SWEEPS / 'dmg_pacs_paper.sh'} "
+                           "--n_hparams 2\n")

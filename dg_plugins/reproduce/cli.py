@@ -4,6 +4,7 @@ or its run (scores, sweeps, tables). What it does: docs/reproduce.md."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -16,11 +17,13 @@ from dg_plugins.hparams import parse_overrides
 from dg_plugins.job import borrow
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, plan_setting
-from dg_plugins.reproduce.costs import plan_costs
+from dg_plugins.reproduce.costs import plan_costs, sweep_jobs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
 from dg_plugins.reproduce.sizes import EVAL_SPLITS, UsageError
+from dg_plugins.sweep import actions, checks
 from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.sweep import jobs as sweep_lib
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(plan: Plan, data_dir: str) -> int:
     """Run ``plan``: check its prerequisites (none missing, or nothing starts), record the
-    command, score the images (IP/OOP), launch each sweep call, print the tables."""
+    command, score the images (IP/OOP), launch every sweep call's jobs as one queue
+    (:func:`launch_queue`), print the tables."""
     from dg_plugins.collect import cli as collect_cli  # imports pandas
 
     setting, protocol = plan.setting, plan.protocol
@@ -188,23 +192,73 @@ def run(plan: Plan, data_dir: str) -> int:
                                *argv]).returncode  # the command printed above
         if code:
             return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
-    status = 0
-    for i, call in enumerate(plan.calls, 1):
-        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
-        print(f"$ {module_line('sweep', call.argv)}", flush=True)
-        code = sweep_cli.main(call.argv)
-        if code >= 128:  # stopped by a signal: start nothing more
-            print(f"Stopped at sweep {i}/{len(plan.calls)}; rerun the same command to continue "
-                  "(finished jobs are skipped, interrupted ones resume).", flush=True)
-            return code
-        if code == 2:  # refused (bad input or a failed check): the next calls would be too
-            print(f"Sweep {i}/{len(plan.calls)} launched nothing (see above); fix that and "
-                  "rerun the same command.", flush=True)
-            return code
-        status = status or code
+    status = launch_queue(plan)
+    if status >= 128 or status == 2:  # stopped by a signal, or nothing launched
+        return status
     for argv in plan.collects:
         print(f"-- tables of {header}", flush=True)
         print(f"-- {module_line('collect_results', argv)}", flush=True)
         code = collect_cli.main(argv)
         status = status or code
     return status
+
+
+def launch_queue(plan: Plan) -> int:
+    """Launch every job of every sweep call of ``plan`` as one queue: a single launcher call
+    (``multi_gpu`` fills every GPU with them), each job in its own sweep folder with the folder,
+    hash and command its ``sweep launch`` call gives it; the sweep's checks, claims (per sweep
+    folder), ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
+    queue, owner, launch_args = [], {}, None
+    for i, call in enumerate(plan.calls, 1):
+        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
+        print(f"$ {module_line('sweep', call.argv)}", flush=True)
+        args, jobs = sweep_jobs(call.argv, dry_run=False)
+        launch_args = launch_args or args  # the calls share their launch flags (plan's tail)
+        print(sweep_lib.summary_line(jobs), flush=True)
+        for job in jobs:
+            if job.output_dir not in owner:
+                owner[job.output_dir] = call
+                queue.append(job)
+    print(f"-- one queue: the {len(queue)} jobs of the {len(plan.calls)} sweep(s) above, handed "
+          f"to the {launch_args.command_launcher} launcher at once", flush=True)
+    # The continue lines name the command that continues every sweep (the paper script's, or
+    # this reproduce command), not one sweep's `sweep launch --resume`.
+    rerun = os.environ.get(actions.RERUN_ENV) or shlex.join(
+        [sys.executable, "-m", "dg_plugins.scripts.reproduce", *plan.argv])
+    with _environ(actions.RERUN_ENV, rerun):
+        code = actions.run_action(
+            "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
+            seed=launch_args.seed, resume=launch_args.resume,
+            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems)
+    if code >= 128:  # stopped by a signal
+        print("Stopped; rerun the same command to continue (finished jobs are skipped, "
+              "interrupted ones resume).", flush=True)
+    elif code == 2:  # refused (bad input or a failed check)
+        print("The queue launched nothing (see above); fix that and rerun the same command.",
+              flush=True)
+    elif code:  # some jobs failed: each sweep's own command that deletes its Incomplete jobs
+        failed = {}
+        for job in queue:
+            if job.refresh_state() == sweep_lib.INCOMPLETE:
+                failed.setdefault(id(owner[job.output_dir]), owner[job.output_dir])
+        if failed:
+            print("That delete_incomplete line, with its flags, for each sweep with Incomplete "
+                  "jobs:", flush=True)
+        for call in failed.values():
+            print("  " + actions.sweep_command(call.argv, "delete_incomplete",
+                                               drop=["--skip_confirmation"]), flush=True)
+    return code
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    """``$name`` set to ``value`` inside the block, then as it was."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

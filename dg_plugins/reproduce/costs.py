@@ -35,19 +35,20 @@ class CallCost:
     forwards: list = field(default_factory=list)  # per job: Forwards
 
 
-def sweep_jobs(argv: list[str]):
+def sweep_jobs(argv: list[str], dry_run: bool = True):
     """``(args, jobs)`` of a ``sweep launch`` argv, enumerated exactly as
     :func:`dg_plugins.scripts.sweep.main` does (same parser, checks and ``make_args_list``), without
-    launching or writing. A missing ``--alignment_scores`` file (scores not computed yet in a dry
-    run) is allowed; its job args hold the path as the sweep would."""
+    launching or writing. ``dry_run``: as ``--dry_run`` checks (a missing ``--alignment_scores``
+    file, scores not computed yet, is allowed; its job args hold the path as the sweep would);
+    else as a launch checks (the launcher can launch from here, the score file exists)."""
     parser = sweep_cli.build_parser()
-    args = parser.parse_args(list(argv) + ["--dry_run"])
+    args = parser.parse_args(list(argv) + (["--dry_run"] if dry_run else []))
     if args.datasets is None:
         args.datasets = sweep_lib.default_datasets()
     if args.algorithms is None:
         args.algorithms = sweep_lib.default_algorithms()
     scores = args.alignment_scores
-    deferred = scores is not None and not os.path.isfile(scores)
+    deferred = dry_run and scores is not None and not os.path.isfile(scores)
     if deferred:  # validate the rest; the score file's own flags need the file
         saved = {name: getattr(args, name) for name in job_flags.ALIGNMENT_ARGS}
         for name in saved:
