@@ -1,11 +1,15 @@
 """DomainBed's own algorithms (CORAL, IRM, GroupDRO, ...) on dg_plugins' host, from a DomainBed
 checkout: their classes and hparams as they are, plus what our job loop asks of an algorithm,
-found as a source of the algorithm registry (docs/bridge.md)."""
+found as a source of the algorithm registry (docs/bridge.md). They get the featurizer dg_plugins'
+own algorithms get for the job's data (a class that cannot take it keeps DomainBed's, and the job
+says so)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import os
 import re
 import warnings
 from types import ModuleType
@@ -17,8 +21,14 @@ from dg_plugins import bridge, catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import Algorithm
 from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
+from dg_plugins.seeds import rng_state, set_rng_state
 
 PREFIX = "DomainBed"
+#: The hparams of dg_plugins' featurizers that DomainBed's registry lacks; DomainBed's algorithms
+#: on our host get them (at their defaults for the dataset) with our featurizer.
+NETWORK_HPARAMS = ("backbone", "mnist_cnn_width", "pretrained", "pretrained_path", "vit_arch")
+#: The record key (from ``update``'s values) with the parameter count of the job's featurizer.
+FEATURIZER_PARAMS_KEY = "featurizer_params"
 #: Packages DomainBed imports optionally (set to None in ``domainbed.algorithms`` when missing),
 #: with the command that installs them.
 OPTIONAL_PACKAGES = {"backpack": "pip install backpack-for-pytorch (DomainBed pins 1.3.0, for "
@@ -77,12 +87,84 @@ def calls_cuda(cls: type) -> bool:
 
 
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
-                      random_seed: int) -> dict:
+                      random_seed: int, network_hparams: bool = False) -> dict:
     """DomainBed's ``_hparams``; our small-image datasets DomainBed lacks are asked as
-    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`."""
+    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`. With ``network_hparams`` (the class runs on our
+    featurizer), plus :data:`NETWORK_HPARAMS` at their defaults for ``dataset``."""
+    asked = dataset
     if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
-        dataset = bridge.SMALL_IMAGE_PROXY
-    return hparams_registry._hparams(name, dataset, random_seed)
+        asked = bridge.SMALL_IMAGE_PROXY
+    hparams = hparams_registry._hparams(name, asked, random_seed)
+    if network_hparams:
+        ours = hparams_lib.base_space(dataset)
+        for key in NETWORK_HPARAMS:
+            if key not in hparams:
+                hparams[key] = (ours[key][0], ours[key][0])
+    return hparams
+
+
+# ------------------------------------------------------------------------------------------------
+# The featurizer
+
+
+def featurizer_module(algorithms: ModuleType) -> ModuleType | None:
+    """The ``networks`` module whose ``Featurizer`` DomainBed's ``algorithms`` calls, or None
+    when it has none (its classes then build their networks as they do)."""
+    networks = vars(algorithms).get("networks")
+    return networks if callable(getattr(networks, "Featurizer", None)) else None
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _refusal(err: Exception) -> str:
+    """``err`` in one line, with the file, line and code that raised it (an ``assert`` has no
+    message)."""
+    import traceback
+
+    frame = traceback.extract_tb(err.__traceback__)[-1]
+    where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    message = " ".join(str(err).split()) or (frame.line or "").strip()
+    return f"{type(err).__name__} at {where}: {message}"[:300]
+
+
+class FeaturizerSwap:
+    """Stands in for DomainBed's ``networks.Featurizer`` (:meth:`active`) while a host class's
+    code runs: it builds dg_plugins' featurizer for image inputs (``ours``; DomainBed's for
+    others, e.g. its MLP for vectors), or DomainBed's; it keeps those built while
+    ``recording``."""
+
+    def __init__(self, networks: ModuleType, original, ours: bool = True,
+                 recording: bool = True):
+        self.networks, self.original, self.ours = networks, original, ours
+        self.recording = recording
+        self.built: list[nn.Module] = []
+        self.failed = False  # our featurizer itself refused (the hparams' fault: no fallback)
+
+    def __call__(self, input_shape, hparams):
+        if self.ours and len(tuple(input_shape)) == 3:
+            from dg_plugins import networks
+
+            try:
+                featurizer = networks.Featurizer(input_shape, hparams)
+            except Exception:
+                self.failed = True
+                raise
+        else:
+            featurizer = self.original(input_shape, hparams)
+        if self.recording:
+            self.built.append(featurizer)
+        return featurizer
+
+    @contextlib.contextmanager
+    def active(self):
+        previous = self.networks.Featurizer
+        self.networks.Featurizer = self
+        try:
+            yield
+        finally:
+            self.networks.Featurizer = previous
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,9 +247,93 @@ class DomainBedHost:
     def hparam_space(dataset: str) -> dict:
         return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    #: DomainBed's ``networks`` module and its own ``Featurizer`` (None: the checkout has none).
+    NETWORKS = None
+    DOMAINBED_FEATURIZER = None
+
+    def __init__(self, input_shape, num_classes, num_domains, hparams):
+        """DomainBed's ``__init__`` with dg_plugins' featurizer in place of DomainBed's; a class
+        whose code then fails is built again, from the same RNG state, on DomainBed's, and a
+        note on stderr says why. Prints the network line (:meth:`_describe_network`)."""
+        arguments = (input_shape, num_classes, num_domains, hparams)
+        swap, refused, ours = None, None, None
+        if self.NETWORKS is None:
+            super().__init__(*arguments)
+        else:
+            swap = FeaturizerSwap(self.NETWORKS, self.DOMAINBED_FEATURIZER)
+            state = rng_state()
+            try:
+                with swap.active():
+                    super().__init__(*arguments)
+            except Exception as err:  # noqa: BLE001  (DomainBed's code refused our featurizer)
+                if swap.failed or not swap.built:
+                    raise
+                ours, refused = swap.built[0], _refusal(err)
+                set_rng_state(state)
+                vars(self).clear()
+                swap = FeaturizerSwap(self.NETWORKS, self.DOMAINBED_FEATURIZER, ours=False)
+                with swap.active():
+                    super().__init__(*arguments)
         self._host_modules = frozenset(self._modules)
+        #: Whether networks built later (in update or predict) get dg_plugins' featurizer.
+        self._on_ours = swap is not None and refused is None
+        self._network = self._describe_network(swap.built if swap else [], ours, refused,
+                                               input_shape, hparams)
+        if refused:  # a difference: a note on stderr (which a job's out.txt also gets)
+            import sys
+
+            print(f"note: {self._network['line']}", file=sys.stderr)
+        else:
+            print(self._network["line"])
+
+    def _describe_network(self, built: list, ours, refused: str | None, input_shape,
+                          hparams) -> dict:
+        """What the job's network is: ``line`` (its output line) and ``params`` (the parameter
+        count of the first featurizer ``built``; None when the class builds none with
+        ``networks.Featurizer``); ``ours``: our featurizer that DomainBed's code ``refused``."""
+        total, who = _count(self), f"{self.NAME} (DomainBed's)"
+        if not built:
+            return {"params": None, "line": f"Network: {who} builds its own networks, not "
+                                            f"with networks.Featurizer; {total:,} parameters"}
+        counts = list(dict.fromkeys(_count(f) for f in built))
+        kind = f"featurizer {type(built[0]).__name__}"
+        size = ", ".join(f"{n:,}" for n in counts) + " parameters"
+        if len(built) > 1:
+            kind = f"{len(built)} featurizers {type(built[0]).__name__}"
+            size += " each" if len(counts) == 1 else ""
+        if refused is None:
+            from dg_plugins.networks import backbone_for
+
+            line = (f"Network: {who} on dg_plugins' {kind} (backbone "
+                    f"{backbone_for(input_shape, hparams)}, {size}), as dg_plugins' own "
+                    "algorithms get it with these hparams, in place of DomainBed's "
+                    f"networks.Featurizer; {total:,} parameters in all")
+        else:
+            line = (f"Network: {who} on DomainBed's {kind} ({size}), not on "
+                    f"dg_plugins' {type(ours).__name__} ({_count(ours):,} parameters), which "
+                    "dg_plugins' algorithms get: DomainBed's code refused it ("
+                    f"{refused}); {total:,} parameters in all (the hparams "
+                    f"{', '.join(n for n in NETWORK_HPARAMS if n in hparams)} are not read)")
+        return {"params": counts[0], "line": line}
+
+    def _featurizer_scope(self):
+        """While DomainBed's code runs after ``__init__``: the featurizer ``__init__`` got."""
+        if not self._on_ours:
+            return contextlib.nullcontext()
+        return FeaturizerSwap(self.NETWORKS, self.DOMAINBED_FEATURIZER, recording=False).active()
+
+    def update(self, *args, **kwargs):
+        """DomainBed's ``update`` (networks it builds get the featurizer of ``__init__``, e.g.
+        Fish's inner copy), plus :data:`FEATURIZER_PARAMS_KEY`."""
+        with self._featurizer_scope():
+            values = super().update(*args, **kwargs)
+        if self._network["params"] is not None and isinstance(values, dict):
+            values = {**values, FEATURIZER_PARAMS_KEY: float(self._network["params"])}
+        return values
+
+    def predict(self, *args, **kwargs):
+        with self._featurizer_scope():
+            return super().predict(*args, **kwargs)
 
     @classmethod
     def check_args(cls, args) -> None:
@@ -193,18 +359,33 @@ class DomainBedHost:
                    if name not in self._host_modules}
         return {"attributes": attributes, "modules": modules}
 
-    def load_resume_state(self, state: dict) -> None:
-        """Put :meth:`resume_state`'s ``state`` back (before ``load_state_dict``)."""
+    def load_resume_state(self, state: dict, model_state: dict | None = None) -> None:
+        """Put :meth:`resume_state`'s ``state`` back (before ``load_state_dict``), and give every
+        buffer that ``model_state`` (the checkpoint's ``state_dict``) holds in another shape that
+        shape: DomainBed registers some empty and fills them at the first update (GroupDRO's
+        ``q``)."""
         device = next((p.device for p in self.parameters()), torch.device("cpu"))
         for name, module in state["modules"].items():
             setattr(self, name, module.to(device))
         for name, value in state["attributes"].items():
             setattr(self, name, _restore(vars(self).get(name), value, device))
+        for name, saved in (model_state or {}).items():
+            owner, _, leaf = name.rpartition(".")
+            try:
+                module = self.get_submodule(owner)
+            except AttributeError:
+                continue  # not this model's: load_state_dict names it
+            current = module._buffers.get(leaf, saved)
+            if current is None or current.shape != saved.shape:  # a None buffer, too
+                module._buffers[leaf] = torch.empty_like(saved, device=device)
 
 
-def host_class(cls: type, name: str) -> type:
-    """DomainBed's class ``cls`` with :class:`DomainBedHost` mixed in, run under ``name``."""
+def host_class(cls: type, name: str, networks: ModuleType | None = None) -> type:
+    """DomainBed's class ``cls`` with :class:`DomainBedHost` mixed in, run under ``name``; on
+    dg_plugins' featurizer in place of ``networks.Featurizer`` (DomainBed's module) when given."""
     return type(cls.__name__, (DomainBedHost, cls), {
+        "NETWORKS": networks,
+        "DOMAINBED_FEATURIZER": None if networks is None else staticmethod(networks.Featurizer),
         "__module__": __name__,
         "__qualname__": cls.__name__,
         "__doc__": f"DomainBed's {cls.__name__} ({cls.__module__}) on dg_plugins' host.\n\n"
@@ -255,10 +436,11 @@ class DomainBedAlgorithms(Source):
             if problem:
                 raise UnavailableError(f"{canonical} (DomainBed's) cannot run here: {problem}")
         registry = bridge.domainbed_module("hparams_registry")
-        hparams_lib.declare_registry(canonical,
-                                     functools.partial(domainbed_hparams, registry, name))
+        networks = featurizer_module(algorithms)
+        hparams_lib.declare_registry(canonical, functools.partial(
+            domainbed_hparams, registry, name, network_hparams=networks is not None))
         catalog.declare_algorithm(canonical)
-        return host_class(cls, canonical)
+        return host_class(cls, canonical, networks)
 
     def describe(self, shadowed: list[str]) -> str:
         names = [n for n in self.names() if n not in shadowed]

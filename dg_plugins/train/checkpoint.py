@@ -115,8 +115,8 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
     does not fit them (written by an incompatible version of the algorithm) raises
     :class:`DamagedCheckpoint`."""
     try:
-        if hasattr(algorithm, "load_resume_state"):
-            algorithm.load_resume_state(state["algorithm_state"])
+        if hasattr(algorithm, "load_resume_state"):  # before the state_dict: buffers' shapes
+            algorithm.load_resume_state(state["algorithm_state"], state["model"])
         algorithm.load_state_dict(state["model"])
         for name, opt in algorithm.optimizers().items():
             opt.load_state_dict(state["optimizers"][name])

@@ -1,12 +1,14 @@
 """DomainBed's own algorithms on our host (dg_plugins.domainbed_host), against the DomainBed
 checkout named by $DOMAINBED_ROOT (skipped otherwise): every class of its ``ALGORITHMS`` (read from
-the checkout) trains on Debug28 through our train or is refused with its reason, their hparams are
-DomainBed's registry's, resume is exact for classes holding Python state, and a sweep of ERM,
+the checkout) trains on Debug28 through our train, on the featurizer our ERM gets, and resumes
+exactly, or is refused with its reason; their hparams are DomainBed's registry's plus our network
+hparams; DomainBed's CORAL on RotatedMNIST5k builds our ERM's CNN and says so; and a sweep of ERM,
 CORAL and DMG gives folders that DomainBed's own collect_results reads as ours does. The
 mechanism without a checkout: test_domainbed_host_unit.py."""
 
 import ast
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import torch
 import dg_plugins.algorithms  # noqa: F401  (registers)
 from dg_plugins import bridge, catalog, domainbed_host, plugins
 from dg_plugins import hparams as dg_hparams
+from dg_plugins import networks as dg_networks
 from dg_plugins.registry import ALGORITHMS, UnavailableError
 from dg_plugins.scripts.train import main
 from dg_plugins.seeds import seed_hash
@@ -68,71 +71,126 @@ def host():
         os.environ["PYTHONPATH"] = pythonpath
 
 
+#: hparams that make a class change its state within 4 steps (after the cut at step 0): a penalty
+#: switched on or a new optimizer at update 2, ERM++'s linear phase ending, a discriminator
+#: stepping every other update.
+STATE_SWITCHES = {
+    "ERMPlusPlus": {"linear_steps": 2},
+    "IRM": {"irm_penalty_anneal_iters": 2},
+    "VREx": {"vrex_penalty_anneal_iters": 2},
+    "RDM": {"rdm_penalty_anneal_iters": 2},
+    "IB_ERM": {"ib_penalty_anneal_iters": 2},
+    "IB_IRM": {"irm_penalty_anneal_iters": 2, "ib_penalty_anneal_iters": 2},
+    "Fishr": {"penalty_anneal_iters": 2},
+    "EQRM": {"eqrm_burnin_iters": 2},
+    "TRM": {"iters": 2},
+    "Transfer": {"d_steps_per_g": 2},
+    "DANN": {"d_steps_per_g_step": 2},
+    "CDANN": {"d_steps_per_g_step": 2},
+}
+
+
 @pytest.mark.parametrize("name", checkout_algorithms())
-def test_every_domainbed_algorithm_trains_on_our_host(name, tmp_path, capsys):
-    """Two steps (updates), two records (predict on every split), done; or refused up front
-    with the reason and fix in one line, nothing written."""
-    out = tmp_path / "job"
-    code = main(["--dataset", "Debug28", "--algorithm", f"DomainBed:{name}", "--steps", "2",
-                 "--checkpoint_freq", "1", "--hparams", TINY, "--output_dir", str(out)])
-    err = capsys.readouterr().err
+def test_every_domainbed_algorithm_trains_and_resumes_exactly_on_our_host(name, tmp_path, capsys):
+    """Four steps (updates), three records (predict on every split), done; a job stopped at its
+    first checkpoint and resumed writes the same records (its buffers, e.g. GroupDRO's ``q``
+    made at the first update, counters, moving averages, late networks and optimizers put back);
+    or refused up front with the reason and fix in one line, nothing written."""
+    from dg_plugins.train import run as train_run
+    from dg_plugins.train.cli import build_parser
+
+    hparams = json.dumps({"batch_size": 4, **STATE_SWITCHES.get(name, {})})
+    argv = ["--dataset", "Debug28", "--algorithm", f"DomainBed:{name}", "--steps", "4",
+            "--checkpoint_freq", "2", "--hparams", hparams]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    code = main([*argv, "--output_dir", str(full)])
+    out, err = capsys.readouterr()
     if refusal(name):
-        assert code == 2 and f"error: {refusal(name)}" in err and not out.exists(), err
+        assert code == 2 and f"error: {refusal(name)}" in err and not full.exists(), err
         return
     assert code == 0, err
-    records = read_records(out)
+    records = read_records(full)
     canonical = "DomainBed:ERM" if name == "ERM" else name
-    assert [r["step"] for r in records] == [0, 1]
+    # on our featurizer (the one our ERM gets; ARM's takes its context channel too), or on
+    # DomainBed's where its code refuses ours (URM asserts DomainBed's types), said in out.txt,
+    # and noted on stderr (err.txt) when it is DomainBed's
+    if name == "URM":
+        line = f"note: Network: {canonical} (DomainBed's) on DomainBed's featurizer MNIST_CNN"
+        assert line in out and line in (full / "err.txt").read_text(), out
+    else:
+        assert f"Network: {canonical} (DomainBed's) on dg_plugins' " in out, out
+    shape = (4, 28, 28) if name == "ARM" else (3, 28, 28)
+    hparams_of_ours = dg_hparams.job_hparams("ERM", "Debug28", 0, 0)
+    assert records[-1][domainbed_host.FEATURIZER_PARAMS_KEY] == sum(
+        p.numel() for p in dg_networks.Featurizer(shape, hparams_of_ours).parameters())
+    assert [r["step"] for r in records] == [0, 2, 3]
     assert records[0]["args"]["algorithm"] == canonical
     assert all(0 <= records[-1][f"env{i}_{split}_acc"] <= 1
                for i in range(3) for split in ("in", "out"))
-    assert (out / "done").exists() and (out / "model.pkl").exists()
+    assert (full / "done").exists() and (full / "model.pkl").exists()
     assert ALGORITHMS.get(canonical).DOMAINBED_NAME == name
+
+    def args(*extra):
+        return build_parser().parse_args([*argv, "--output_dir", str(cut), *extra])
+
+    assert train_run.run(args(), stop_after_step=0) == "stopped"
+    assert len(read_records(cut)) == 1
+    assert train_run.run(args("--resume")) == "done", capsys.readouterr().err[-2000:]
+    assert read_records(cut, drop=VOLATILE_KEYS) == read_records(full, drop=VOLATILE_KEYS)
 
 
 @pytest.mark.parametrize("dataset", ["Debug28", "PACS", "RotatedMNIST5k"])
 def test_hparams_are_domainbeds_as_domainbed_seeds_them(dataset):
     """For every DomainBed algorithm: the defaults and a random draw of its train.py
-    (``random_hparams(name, dataset, seed_hash(hparams_seed, trial_seed))``); our small-image
-    dataset DomainBed lacks gets Debug28's rules; our own ERM keeps ours."""
+    (``random_hparams(name, dataset, seed_hash(hparams_seed, trial_seed))``), plus those of our
+    featurizer (which they run on) at our defaults for the dataset; our small-image dataset
+    DomainBed lacks gets Debug28's rules; our own ERM keeps ours."""
     hparams_registry = bridge.domainbed_module("hparams_registry")
     asked = "Debug28" if dataset == "RotatedMNIST5k" else dataset
     # and the hparams our class of the dataset reads (PACS: augmentation, data_split), at their
     # defaults
     read = {name: entry[0] for name, entry in catalog.dataset_hparam_space(dataset).items()}
+    # and those of our featurizer, which they run on, at our defaults for the dataset
+    # (RotatedMNIST5k's narrower CNN)
+    network = {name: dg_hparams.base_space(dataset)[name][0]
+               for name in domainbed_host.NETWORK_HPARAMS}
+    assert network["mnist_cnn_width"] == (32 if dataset == "RotatedMNIST5k" else 128)
     for name in checkout_algorithms():
         try:
             canonical = ALGORITHMS.resolve(f"DomainBed:{name}")
         except UnavailableError:  # Fishr without backpack
             continue
         assert dg_hparams.job_hparams(canonical, dataset, 0, 0) == {
-            **hparams_registry.default_hparams(name, asked), **read}, name
+            **hparams_registry.default_hparams(name, asked), **network, **read}, name
         domainbeds = hparams_registry.random_hparams(name, asked, seed_hash(3, 1))
         assert dg_hparams.job_hparams(canonical, dataset, 3, 1) == {
             **{k: v.item() if hasattr(v, "item") else v for k, v in domainbeds.items()},
-            **read}, name
+            **network, **read}, name
     assert "backbone" in dg_hparams.job_hparams("ERM", dataset, 0, 0)
 
 
-@pytest.mark.parametrize("name, hparams", [
-    ("ERMPlusPlus", '{"batch_size": 4, "linear_steps": 2}'),  # a Python step counter
-    ("Fish", TINY),  # an inner network made at the first update, its optimizer's saved state
-    ("IRM", '{"batch_size": 4, "irm_penalty_anneal_iters": 3}'),  # a new optimizer at step 3
-])
-def test_resume_is_exact(name, hparams, tmp_path):
-    from dg_plugins.train import run as train_run
-    from dg_plugins.train.cli import build_parser
-
-    def args(out, *extra):
-        return build_parser().parse_args([
-            "--dataset", "Debug28", "--algorithm", name, "--output_dir", str(out), "--steps",
-            "6", "--checkpoint_freq", "2", "--hparams", hparams, *extra])
-
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    assert train_run.run(args(full)) == "done"
-    assert train_run.run(args(cut), stop_after_step=2) == "stopped"
-    assert train_run.run(args(cut, "--resume")) == "done"
-    assert read_records(cut, drop=VOLATILE_KEYS) == read_records(full, drop=VOLATILE_KEYS)
+def test_coral_trains_on_the_featurizer_our_erm_gets_and_says_so(tmp_path):
+    """What a user ran: DomainBed's CORAL beside our ERM on RotatedMNIST5k. A real train job
+    builds the CNN our ERM builds there (mnist_cnn_width 32; DomainBed's own Featurizer is 15x
+    larger), says which in out.txt and records its parameter count."""
+    out = tmp_path / "coral"
+    job = subprocess.run(module_command(
+        "dg_plugins.scripts.train", "--dataset", "RotatedMNIST5k", "--algorithm", "coral",
+        "--steps", "1", "--test_envs", "0", "--hparams", TINY, "--output_dir", out),
+        env=command_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    hparams = dg_hparams.job_hparams("ERM", "RotatedMNIST5k", 0, 0)
+    our_erm = ALGORITHMS.get("ERM")((1, 28, 28), 10, 5, hparams)
+    ours = sum(p.numel() for p in our_erm.featurizer.parameters())
+    domainbeds = sum(p.numel() for p in bridge.domainbed_module("networks").Featurizer(
+        (1, 28, 28), hparams).parameters())
+    assert domainbeds > 10 * ours  # what the user's sweep compared
+    record = read_records(out)[-1]
+    assert record[domainbed_host.FEATURIZER_PARAMS_KEY] == ours
+    assert record["hparams"]["mnist_cnn_width"] == hparams["mnist_cnn_width"] == 32
+    line = (f"Network: CORAL (DomainBed's) on dg_plugins' featurizer MNIST_CNN (backbone "
+            f"mnist_cnn, {ours:,} parameters), as dg_plugins' own algorithms get it")
+    assert line in job.stdout and line in (out / "out.txt").read_text()
 
 
 def test_a_sweep_of_erm_coral_and_dmg_is_read_by_domainbeds_collect_results(tmp_path):

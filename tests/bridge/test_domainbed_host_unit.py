@@ -1,6 +1,7 @@
 """DomainBed's algorithms on our host (dg_plugins.domainbed_host), against a tiny DomainBed-like
 package written into tmp_path (no checkout needed): names, refusals, hparams from its registry,
-train jobs and exact resume. The real checkout: test_domainbed_host.py."""
+train jobs, exact resume, and our featurizer in place of ``networks.Featurizer``. The real
+checkout: test_domainbed_host.py."""
 
 import os
 import sys
@@ -70,16 +71,20 @@ ALGORITHMS_PY = '''
 
     class Counter(ERM):
         """State outside the state_dict: a step count (a Python int), an average object, and a
-        submodule made at the first update, which predict uses."""
+        submodule made at the first update, which predict uses; and a buffer registered empty
+        and given its shape at the first update (GroupDRO's q)."""
 
         def __init__(self, input_shape, num_classes, num_domains, hparams):
             super().__init__(input_shape, num_classes, num_domains, hparams)
             self.steps = 0
             self.average = Average()
+            self.register_buffer("q", torch.Tensor())
 
         def update(self, minibatches, unlabeled=None):
             if self.steps == 0:
                 self.shadow = copy.deepcopy(self.network)
+                self.q = torch.ones(len(minibatches))
+            self.q = self.q * 0.5 + self.steps
             self.steps += 1
             values = super().update(minibatches)
             loss = torch.tensor([values["loss"]])
@@ -89,7 +94,7 @@ ALGORITHMS_PY = '''
             with torch.no_grad():
                 for mine, theirs in zip(self.shadow.parameters(), self.network.parameters()):
                     mine.mul_(0.5).add_(theirs * 0.5 * self.steps)
-            return {**values, "steps": float(self.steps),
+            return {**values, "steps": float(self.steps), "q": float(self.q.sum()),
                     "average": float(self.average.value) / self.average.count}
 
         def predict(self, x):
@@ -135,6 +140,88 @@ HPARAMS_REGISTRY_PY = '''
 '''
 
 
+NETWORKS_PY = '''
+    import torch.nn as nn
+
+
+    class Wide(nn.Module):
+        """DomainBed's own featurizer here: larger than ours for 28x28 images."""
+
+        def __init__(self, input_shape):
+            super().__init__()
+            self.n_outputs = 256
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * 28 * 28, 256))
+
+        def forward(self, x):
+            return self.net(x)
+
+
+    def Featurizer(input_shape, hparams):
+        return Wide(input_shape)
+'''
+
+NETWORKED_ALGORITHMS_PY = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from domainbed import networks
+
+    ALGORITHMS = ["Plain", "Picky", "Cloning"]
+
+
+    def get_algorithm_class(name):
+        return globals()[name]
+
+
+    class Plain(nn.Module):
+        def __init__(self, input_shape, num_classes, num_domains, hparams):
+            super().__init__()
+            self.hparams, self.input_shape, self.num_classes = hparams, input_shape, num_classes
+            self.featurizer = networks.Featurizer(input_shape, hparams)
+            self.classifier = nn.Linear(self.featurizer.n_outputs, num_classes)
+            self.network = nn.Sequential(self.featurizer, self.classifier)
+            self.optimizer = torch.optim.Adam(self.network.parameters(), lr=hparams["lr"])
+
+        def step(self, network, minibatches):
+            x = torch.cat([x for x, y in minibatches])
+            y = torch.cat([y for x, y in minibatches])
+            loss = F.cross_entropy(network(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            return {"loss": loss.item()}
+
+        def update(self, minibatches, unlabeled=None):
+            return self.step(self.network, minibatches)
+
+        def predict(self, x):
+            return self.network(x)
+
+
+    class Picky(Plain):
+        """Takes DomainBed's featurizer only (as DomainBed's URM)."""
+
+        def __init__(self, input_shape, num_classes, num_domains, hparams):
+            super().__init__(input_shape, num_classes, num_domains, hparams)
+            assert type(self.featurizer) is networks.Wide
+
+
+    class Cloning(Plain):
+        """Trains a copy of its network made at every update (as DomainBed's Fish)."""
+
+        def update(self, minibatches, unlabeled=None):
+            clone = nn.Sequential(networks.Featurizer(self.input_shape, self.hparams),
+                                  nn.Linear(self.featurizer.n_outputs, self.num_classes))
+            clone.load_state_dict(self.network.state_dict())
+            optimizer, self.optimizer = self.optimizer, torch.optim.SGD(clone.parameters(), 0.1)
+            values = self.step(clone, minibatches)
+            self.optimizer = optimizer
+            self.network.load_state_dict(clone.state_dict())
+            return values
+'''
+
+
 def _write(path, text):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
@@ -170,6 +257,18 @@ def fake_domainbed(tmp_path, monkeypatch, host):
     root = tmp_path / "DomainBed"
     _write(root / "domainbed" / "__init__.py", "")
     _write(root / "domainbed" / "algorithms.py", ALGORITHMS_PY)
+    _write(root / "domainbed" / "hparams_registry.py", HPARAMS_REGISTRY_PY)
+    monkeypatch.setenv(bridge.DOMAINBED_ROOT_ENV, str(root))
+    return root
+
+
+@pytest.fixture
+def networked_domainbed(tmp_path, monkeypatch, host):
+    """A DomainBed whose algorithms build their featurizers with ``networks.Featurizer``."""
+    root = tmp_path / "DomainBed"
+    _write(root / "domainbed" / "__init__.py", "")
+    _write(root / "domainbed" / "networks.py", NETWORKS_PY)
+    _write(root / "domainbed" / "algorithms.py", NETWORKED_ALGORITHMS_PY)
     _write(root / "domainbed" / "hparams_registry.py", HPARAMS_REGISTRY_PY)
     monkeypatch.setenv(bridge.DOMAINBED_ROOT_ENV, str(root))
     return root
@@ -255,8 +354,10 @@ def test_hparams_are_domainbeds_registry_seeded_as_domainbed(fake_domainbed):
         dg_hparams.job_hparams("Counter", "Debug28", 0, 0, '{"backbone": "resnet"}')
 
 
-def test_a_train_job_records_domainbeds_name_and_hparams(fake_domainbed, tmp_path):
+def test_a_train_job_records_domainbeds_name_and_hparams(fake_domainbed, tmp_path, capsys):
     assert train(tmp_path / "db_erm", "--algorithm", "DomainBed:ERM", steps=2) == 0
+    assert ("Network: DomainBed:ERM (DomainBed's) builds its own networks, not with "
+            f"networks.Featurizer; {3 * 28 * 28 * 2 + 2:,} parameters") in capsys.readouterr().out
     assert train(tmp_path / "our_erm", "--algorithm", "ERM", steps=2) == 0
     db, ours = read_records(tmp_path / "db_erm")[-1], read_records(tmp_path / "our_erm")[-1]
     assert db["args"]["algorithm"] == "DomainBed:ERM" and ours["args"]["algorithm"] == "ERM"
@@ -267,8 +368,9 @@ def test_a_train_job_records_domainbeds_name_and_hparams(fake_domainbed, tmp_pat
 
 
 def test_resume_is_exact_for_state_outside_the_state_dict(fake_domainbed, tmp_path):
-    """Counter's step count, average object and late submodule are in the resume file: an
-    interrupted and resumed job writes the records of an uninterrupted one."""
+    """Counter's step count, average object, late submodule and the buffer it gives a shape at
+    the first update are in the resume file: an interrupted and resumed job writes the records
+    of an uninterrupted one."""
     from dg_plugins.train import run as train_run
     from dg_plugins.train.cli import build_parser
 
@@ -284,3 +386,62 @@ def test_resume_is_exact_for_state_outside_the_state_dict(fake_domainbed, tmp_pa
     records = read_records(full, drop=VOLATILE_KEYS)
     assert [r["steps"] for r in records] == [1.0, 2.5, 4.5, 6.0]  # means since the last record
     assert read_records(cut, drop=VOLATILE_KEYS) == records
+
+
+def _parameters(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_domainbeds_classes_get_our_featurizer_or_the_job_says_why_not(networked_domainbed,
+                                                                      tmp_path, capsys):
+    """``networks.Featurizer`` builds the featurizer our ERM gets (also for the networks a class
+    builds while it trains, which take its weights), with our network hparams; a class whose
+    code refuses ours keeps DomainBed's and the job says why; the records carry the
+    featurizer's parameter count."""
+    from dg_plugins import networks
+
+    ours = _parameters(networks.Featurizer((3, 28, 28),
+                                           dg_hparams.job_hparams("ERM", "Debug28", 0, 0)))
+    for name in ("Plain", "Cloning"):
+        assert train(tmp_path / name, "--algorithm", name, steps=2) == 0
+        out = capsys.readouterr().out
+        assert (f"Network: {name} (DomainBed's) on dg_plugins' featurizer MNIST_CNN (backbone "
+                f"mnist_cnn, {ours:,} parameters), as dg_plugins' own algorithms get it") in out
+        record = read_records(tmp_path / name)[-1]
+        assert record[domainbed_host.FEATURIZER_PARAMS_KEY] == ours
+        assert record["hparams"]["backbone"] == "auto"
+        assert record["hparams"]["mnist_cnn_width"] == 128
+
+    assert train(tmp_path / "lenet", "--algorithm", "Plain", "--hparams",
+                 '{"batch_size": 4, "backbone": "lenet"}', steps=1) == 0
+    assert "on dg_plugins' featurizer LeNet (backbone lenet, " in capsys.readouterr().out
+
+    assert train(tmp_path / "Picky", "--algorithm", "Picky", steps=2) == 0
+    err = (tmp_path / "Picky" / "err.txt").read_text()
+    wide = 3 * 28 * 28 * 256 + 256
+    line = (f"Network: Picky (DomainBed's) on DomainBed's featurizer Wide ({wide:,} parameters), "
+            f"not on dg_plugins' MNIST_CNN ({ours:,} parameters), which dg_plugins' algorithms "
+            "get: DomainBed's code refused it (AssertionError at algorithms.py:")
+    assert f"note: {line}" in err
+    assert f"note: {line}" in (tmp_path / "Picky" / "out.txt").read_text()
+    assert "assert type(self.featurizer) is networks.Wide); " in err
+    assert read_records(tmp_path / "Picky")[-1][domainbed_host.FEATURIZER_PARAMS_KEY] == wide
+    # DomainBed's module is left as it was
+    assert sys.modules["domainbed.networks"].Featurizer((3, 28, 28), {}).n_outputs == 256
+
+
+def test_a_class_that_refuses_ours_gets_the_weights_domainbed_gives_it(networked_domainbed):
+    """The class that refuses our featurizer is built again from the RNG state it started
+    from: the weights DomainBed's class gets without our host, from the same seed."""
+    import torch
+
+    picky = ALGORITHMS.get("Picky")
+    from domainbed import algorithms
+
+    hparams = dg_hparams.job_hparams("Picky", "Debug28", 0, 0)
+    torch.manual_seed(0)
+    hosted = picky((3, 28, 28), 2, 2, hparams)
+    torch.manual_seed(0)
+    own = algorithms.Picky((3, 28, 28), 2, 2, hparams)
+    assert hosted.state_dict().keys() == own.state_dict().keys()
+    assert all(torch.equal(hosted.state_dict()[k], v) for k, v in own.state_dict().items())
