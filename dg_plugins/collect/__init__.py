@@ -14,4 +14,3 @@ from dg_plugins.collect.notes import missing_cell_notes  # notes on stderr
 from dg_plugins.collect.formats import FORMATS, render  # text, LaTeX, Markdown, CSV
 from dg_plugins.collect.plots import write_figures  # --plot
 from dg_plugins.collect.learning import learning_rows  # --learning_check
-from dg_plugins.collect.gmoe_routing import plot_routing, routing_maps  # GMoE expert maps (a model)

@@ -16,8 +16,8 @@ token that a capacity at evaluation (``gmoe_eval_capacity``) would drop. The ima
 
 import sys
 
-from dg_plugins.collect.gmoe_routing import (build_parser, load_model,  # noqa: F401  (surface)
-                                             main, plot_routing, routing_maps, sample_images)
+from dg_plugins.algorithms.gmoe_routing import (  # noqa: F401  (surface)
+    build_parser, load_model, main, plot_routing, routing_maps, sample_images)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The logic of ``python -m dg_plugins.scripts.plot_gmoe_routing`` (usage: its docstring): the
 first-choice expert of each patch token of a GMoE model (Li et al., ICLR 2023, expert-selection
-analysis), for a few images per domain, drawn as a PNG. Torch is imported inside the functions
-(collect stays torch-free at import)."""
+analysis), for a few images per domain, drawn as a PNG; beside the method it draws. Torch and
+matplotlib are imported inside the functions."""
 
 from __future__ import annotations
 
