@@ -1,12 +1,17 @@
 """The sweeps the Slurm tests run: the real ``sweep`` command as a subprocess (with the
 cluster's SLURM_CONF), jobs of a few seconds held at a step by the test gate where a test must
-act while they run (``job_gate``), and their records compared with the local launcher's."""
+act while they run (``job_gate``), and their records compared with the local launcher's.
+
+The lifecycle scenarios mostly wait on Slurm (its signal before a time limit, a requeue), so a
+module starts them all at once, each in a thread of its own (:class:`Scenario`), and each test
+checks the outcome of one."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import helpers
@@ -83,3 +88,31 @@ def task_log(out: Path, job_id: str) -> str:
     logs = out / "submitit_logs"
     return "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{job_id}_*log*")))
 
+
+
+class Scenario(threading.Thread):
+    """``fn(*args)`` run in a thread; :meth:`outcome` waits for it and re-raises its failure."""
+
+    def __init__(self, fn, *args):
+        super().__init__(daemon=True, name=fn.__name__)
+        self.fn, self.args = fn, args
+        self.error: BaseException | None = None
+        self.value = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn(*self.args)
+        except BaseException as err:  # noqa: BLE001  (re-raised in the test)
+            self.error = err
+
+    def outcome(self, timeout: float = 600):
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.name} still running after {timeout:g} s"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def ids_gone(cluster, ids) -> bool:
+    return not set(ids) & set(cluster.squeue())

@@ -1,6 +1,7 @@
 """A one-node Slurm cluster started for the tests (Debian's slurm-wlm and munge, as
 ../shared/slurm/ describes): munged, slurmctld and slurmd in a temporary folder, with their own
-socket, ports, state and logs, stopped by PID at the end. Skipped, with the reason, where it
+socket, ports, state and logs, stopped by PID at the end. The node declares 8 CPUs whatever the
+machine has (``config_overrides``), so that the tests' jobs, which mostly wait, run at once. Skipped, with the reason, where it
 cannot start (not root, Slurm not installed, a daemon that does not come up).
 
 ``proctrack`` is the module's ``PROCTRACK`` (``linuxproc`` by default; ``cgroup`` needs cgroup
@@ -14,6 +15,10 @@ import signal
 import socket
 import subprocess
 import time
+
+from dg_plugins.sweep.fork import _load_libc, die_with_parent
+
+_load_libc()  # before any fork
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CONF = """ClusterName=dgtest
@@ -42,7 +47,8 @@ MpiDefault=none
 ReturnToService=2
 KillWait=30
 MinJobAge=300
-NodeName=localhost CPUs=2 RealMemory=8000 State=UNKNOWN
+SlurmdParameters=config_overrides
+NodeName=localhost CPUs=8 RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=short Nodes=localhost MaxTime=2 State=UP
 """
@@ -51,6 +57,12 @@ CgroupAutomount=no
 ConstrainCores=no
 ConstrainRAMSpace=no
 """
+
+
+def _end_with_the_tests() -> None:
+    """A daemon's ``preexec_fn``: SIGTERM when the test process that started it dies, so that
+    a killed test run leaves no cluster behind."""
+    die_with_parent(signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -111,7 +123,8 @@ class Cluster:
     def _spawn(self, argv, logs) -> None:
         path = shutil.which(argv[0], path="/usr/sbin:/usr/bin:/sbin")
         self.procs.append(subprocess.Popen([path, *argv[1:]], stdout=logs, stderr=logs,
-                                           env=self.env, start_new_session=True))
+                                           env=self.env, start_new_session=True,
+                                           preexec_fn=_end_with_the_tests))
 
     def _wait_for(self, ready, name: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -135,11 +148,15 @@ class Cluster:
         out = self.client("squeue", "-h", "-r", "-o", "%i|%T|%r")
         return {line.split("|")[0]: tuple(line.split("|")[1:3]) for line in out.splitlines()}
 
-    def wait_until(self, condition, what: str, timeout: float = 180) -> None:
+    def wait_until(self, condition, what: str, timeout: float = 180,
+                   start_requeued: bool = False) -> None:
+        """Poll ``condition``; with ``start_requeued``, let requeued jobs start meanwhile."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if condition():
                 return
+            if start_requeued:
+                self.start_now()
             time.sleep(0.5)
         raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; squeue: "
                              f"{self.squeue()}")

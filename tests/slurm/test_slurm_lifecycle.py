@@ -1,8 +1,9 @@
 """Sweeps on a real one-node Slurm the suite starts (tests/slurm/conftest.py), under
 ``proctrack/linuxproc``: the records and tables equal the local launcher's; a job requeued by
-``scontrol requeue``, one that outlives its time limit, and one cancelled then relaunched all
-finish with the records of an uninterrupted run; a relaunch while jobs pend or run submits
-nothing and names their Slurm ids; bad settings are refused before any job folder exists."""
+``scontrol requeue``, two that outlive their time limit in one task, and jobs cancelled then
+relaunched all finish with the records of an uninterrupted run; a relaunch while jobs pend or
+run submits nothing and names their Slurm ids; bad settings are refused before any job folder
+exists. The scenarios run at once (lifecycle.Scenario); each test checks one."""
 
 from __future__ import annotations
 
@@ -16,39 +17,24 @@ from slurm_cluster import free_port
 PROCTRACK = "linuxproc"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return lc.local_reference(tmp_path_factory)
-
-
-def test_a_sweep_on_slurm_equals_the_local_launchers(cluster, reference, tmp_path):
-    """The default launch on a CPU partition (no GPU flag): two array tasks, records and tables
-    as the local launcher's; each folder records its Slurm job; status says done."""
-    out = tmp_path / "sweep"
-    code, text = lc.run_sweep(cluster, "launch", lc.sweep_args(out, ("0", "1"),
-                                                               "--command_launcher", "submitit"))
-    assert code == 0, text
-    assert "partition debug has no GPUs; the jobs run on CPU" in text
-    assert "submitted 2 jobs to slurm as array" in text
+def default_launch(cluster, out):
+    """The default launch on a CPU partition (no GPU flag): two array tasks."""
+    code, launched = lc.run_sweep(cluster, "launch", lc.sweep_args(
+        out, ("0", "1"), "--command_launcher", "submitit"))
+    assert code == 0, launched
     cluster.wait_until(lambda: lc.all_done(out, 2), "both jobs done", lc.TIMEOUT)
-    assert lc.records_by_job(out) == lc.records_by_job(reference)
-    assert lc.tables(out) == lc.tables(reference)
-    ids = {lc.slurm_id(folder) for folder in lc.job_folders(out)}
-    assert len(ids) == 2 and all("_" in i for i in ids)
-    code, text = lc.run_sweep(cluster, "status", lc.sweep_args(out))
-    assert code == 0 and "2 jobs: 2 done" in text, text
+    code, status = lc.run_sweep(cluster, "status", lc.sweep_args(out))
+    assert code == 0, status
+    return launched, status
 
 
-def test_scontrol_requeue_of_a_running_job_continues_by_itself(cluster, reference, tmp_path):
-    """Preemption: the running job stops at a checkpoint, Slurm requeues it and the rerun
-    resumes it, with no human; the records equal an uninterrupted run's. The partition's
-    2-minute MaxTime fits the default time limit (and signal delay) to it."""
-    out, gate = tmp_path / "sweep", tmp_path / "gate"
+def requeued_by_slurm(cluster, out, gate):
+    """Preemption: the job held at its gate is requeued by ``scontrol requeue``; released, it
+    finishes with no human. The partition's 2-minute MaxTime fits the default time limit."""
     env = lc.gated_env(gate, step=2)
-    code, text = lc.run_sweep(cluster, "launch", lc.sweep_args(
+    code, launched = lc.run_sweep(cluster, "launch", lc.sweep_args(
         out, ("0",), "--command_launcher", "submitit", "--slurm_partition", "short"), env=env)
-    assert code == 0, text
-    assert "default time limit (1440 min) is over partition short's MaxTime" in text
+    assert code == 0, launched
     (folder,) = lc.job_folders(out)
     job_id = lc.slurm_id(folder)
     cluster.wait_until(lambda: (gate / "waiting").exists(), "the job at its gate")
@@ -56,75 +42,130 @@ def test_scontrol_requeue_of_a_running_job_continues_by_itself(cluster, referenc
     cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING",
                        "the requeued job pending")
     (gate / "release").touch()
-    cluster.start_now()
-    cluster.wait_until(lambda: lc.all_done(out, 1), "the requeued job done", lc.TIMEOUT)
-    assert lc.records_by_job(out)[folder.name] == lc.records_by_job(reference)[folder.name]
-    out_txt = (folder / "out.txt").read_text()
-    assert "Resuming" in out_txt or "resum" in out_txt.lower(), out_txt[-2000:]
+    cluster.wait_until(lambda: lc.all_done(out, 1), "the requeued job done", lc.TIMEOUT,
+                       start_requeued=True)
+    return launched
 
 
-def test_a_time_limit_shorter_than_the_job_is_checkpointed_and_requeued(cluster, reference,
-                                                                         tmp_path):
-    """Two jobs sharing one task (--jobs_per_gpu 2), held past their 1-minute allocation:
-    Slurm's signal (10 s before the limit) stops both at a checkpoint, the task requeues itself,
-    and the next allocation finishes both, each with the records of an uninterrupted run."""
-    out, gate = tmp_path / "sweep", tmp_path / "gate"
+def timed_out(cluster, out, gate):
+    """Two jobs sharing one task (--jobs_per_gpu 2), held past their 2-minute allocation:
+    Slurm's signal (10 s before the limit; Slurm sends it up to a minute early) stops both, the
+    task requeues itself, and the next allocation finishes both."""
     env = lc.gated_env(gate, step=2)
-    code, text = lc.run_sweep(cluster, "launch", lc.sweep_args(
+    code, launched = lc.run_sweep(cluster, "launch", lc.sweep_args(
         out, ("0", "1"), "--command_launcher", "submitit", "--jobs_per_gpu", "2",
-        "--slurm_partition", "short", "--slurm_time", "1", "--slurm_signal_delay", "10"),
+        "--slurm_partition", "short", "--slurm_time", "2", "--slurm_signal_delay", "10"),
         env=env)
-    assert code == 0 and "(1 tasks, 2 jobs per task" in text, text
-    folders = lc.job_folders(out)
-    (job_id,) = {lc.slurm_id(folder) for folder in folders}
+    assert code == 0, launched
+    (job_id,) = {lc.slurm_id(folder) for folder in lc.job_folders(out)}
     # (a job still starting when the signal came restarts from step 0: the same records)
     cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING",
-                       "the task requeued at its limit", timeout=150)
+                       "the task requeued at its limit", timeout=200)
     log = lc.task_log(out, job_id)
-    assert "time limit: the jobs stopped at a checkpoint; requeued" in log, log[-3000:]
     (gate / "release").touch()
-    cluster.start_now()
-    cluster.wait_until(lambda: lc.all_done(out, 2), "the jobs done after the requeue", lc.TIMEOUT)
-    assert lc.records_by_job(out) == lc.records_by_job(reference)
+    cluster.wait_until(lambda: lc.all_done(out, 2), "the jobs done after the requeue", lc.TIMEOUT,
+                       start_requeued=True)
+    return launched, log
 
 
-def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resume(
-        cluster, reference, tmp_path):
-    """One job runs (held at its gate), one pends (array parallelism 1): a relaunch with
-    --resume submits nothing and names both Slurm ids, delete_incomplete deletes nothing,
-    status shows them; cancel stops them at a checkpoint, no train process outlives the
-    allocation, and a relaunch finishes both with the records of an uninterrupted run."""
-    out, gate = tmp_path / "sweep", tmp_path / "gate"
+def relaunched_while_held(cluster, out, gate):
+    """One job runs (held at its gate), one pends (array parallelism 1): relaunch, delete,
+    status; then cancel, status, and a relaunch that finishes both."""
     env = lc.gated_env(gate, step=2)
     args = lc.sweep_args(out, ("0", "1"), "--command_launcher", "submitit",
                          "--slurm_array_parallelism", "1")
-    code, text = lc.run_sweep(cluster, "launch", args, env=env)
-    assert code == 0, text
+    texts = {}
+    code, texts["launch"] = lc.run_sweep(cluster, "launch", args, env=env)
+    assert code == 0, texts["launch"]
     ids = sorted(lc.slurm_id(f) for f in lc.job_folders(out))
     cluster.wait_until(lambda: (gate / "waiting").exists(), "the first job at its gate")
-    before = cluster.squeue()
-    code, text = lc.run_sweep(cluster, "launch", [*args, "--resume"], env=env)
-    assert code == 0, text
-    assert "2 held by Slurm" in text and "About to launch 0 jobs." in text, text
-    for job_id in ids:
-        assert f"Slurm job {job_id}: " in text, text
-    assert "JobArrayTaskLimit" in text, text
-    assert set(cluster.squeue()) == set(before)
-    code, text = lc.run_sweep(cluster, "delete_incomplete", lc.sweep_args(out), env=env)
-    assert code == 0 and "About to delete 0 jobs." in text, text
-    code, text = lc.run_sweep(cluster, "status", lc.sweep_args(out), env=env)
-    assert "Slurm job" in text and "running" in text and "pending" in text, text
-    code, text = lc.run_sweep(cluster, "cancel", lc.sweep_args(out), env=env)
-    assert code == 0 and "Cancelled" in text, text
-    cluster.wait_until(lambda: not cluster.squeue(), "the cancelled jobs gone")
-    assert lc.no_train_process_left(env) == []
-    code, text = lc.run_sweep(cluster, "status", lc.sweep_args(out), env=env)
-    assert "interrupted" in text and "never started" in text, text
+    before = {i: s for i, s in cluster.squeue().items() if i in ids}
+    for action, extra in (("relaunch", ["--resume"]), ("delete_incomplete", []),
+                          ("status", [])):
+        verb = "launch" if action == "relaunch" else action
+        code, texts[action] = lc.run_sweep(cluster, verb, [*args, *extra], env=env)
+        assert code == 0, texts[action]
+    after = {i: s for i, s in cluster.squeue().items() if i in ids}
+    code, texts["cancel"] = lc.run_sweep(cluster, "cancel", args, env=env)
+    assert code == 0, texts["cancel"]
+    cluster.wait_until(lambda: lc.ids_gone(cluster, ids), "the cancelled jobs gone")
+    left = lc.no_train_process_left(env)
+    code, texts["status after cancel"] = lc.run_sweep(cluster, "status", args, env=env)
     (gate / "release").touch()
-    code, text = lc.run_sweep(cluster, "launch", [*args, "--resume"], env=env)
-    assert code == 0 and "submitted 2 jobs to slurm" in text, text
+    code, texts["resume"] = lc.run_sweep(cluster, "launch", [*args, "--resume"], env=env)
+    assert code == 0, texts["resume"]
     cluster.wait_until(lambda: lc.all_done(out, 2), "both relaunched jobs done", lc.TIMEOUT)
-    assert lc.records_by_job(out) == lc.records_by_job(reference)
+    return ids, before, after, left, texts
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    def folders(name):
+        root = tmp_path_factory.mktemp(name)
+        return root / "sweep", root / "gate"
+
+    return {"reference": lc.Scenario(lc.local_reference, tmp_path_factory),
+            "default": lc.Scenario(default_launch, cluster, folders("default")[0]),
+            "requeue": lc.Scenario(requeued_by_slurm, cluster, *folders("requeue")),
+            "time limit": lc.Scenario(timed_out, cluster, *folders("timeout")),
+            "held": lc.Scenario(relaunched_while_held, cluster, *folders("held"))}
+
+
+def same_records(runs, name):
+    out = runs[name].args[1]
+    assert lc.records_by_job(out) == {
+        job: records for job, records in lc.records_by_job(runs["reference"].outcome()).items()
+        if (out / job).exists()}
+    return out
+
+
+def test_a_sweep_on_slurm_equals_the_local_launchers(runs):
+    """Records and tables as the local launcher's; the GPU default fitted to the CPU partition;
+    each folder records its Slurm job; status says done."""
+    launched, status = runs["default"].outcome()
+    assert "partition debug has no GPUs; the jobs run on CPU" in launched
+    assert "submitted 2 jobs to slurm as array" in launched
+    out = same_records(runs, "default")
+    assert lc.tables(out) == lc.tables(runs["reference"].outcome())
+    ids = {lc.slurm_id(folder) for folder in lc.job_folders(out)}
+    assert len(ids) == 2 and all("_" in i for i in ids)
+    assert "2 jobs: 2 done" in status, status
+
+
+def test_scontrol_requeue_of_a_running_job_continues_by_itself(runs):
+    launched = runs["requeue"].outcome()
+    assert "default time limit (1440 min) is over partition short's MaxTime" in launched
+    out = same_records(runs, "requeue")
+    (folder,) = lc.job_folders(out)
+    assert "Resuming from step 3" in (folder / "out.txt").read_text()
+
+
+def test_a_time_limit_shorter_than_the_job_is_checkpointed_and_requeued(runs):
+    launched, log = runs["time limit"].outcome()
+    assert "(1 tasks, 2 jobs per task" in launched, launched
+    assert "time limit: the jobs stopped at a checkpoint; requeued" in log, log[-3000:]
+    same_records(runs, "time limit")
+
+
+def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resume(runs):
+    """The relaunch submits nothing and names both Slurm ids (one running, one pending),
+    delete_incomplete deletes nothing, status shows them; cancel stops them, no train process
+    outlives the allocation, and a relaunch finishes both with an uninterrupted run's records."""
+    ids, before, after, left, texts = runs["held"].outcome()
+    relaunch = texts["relaunch"]
+    assert "2 held by Slurm" in relaunch and "About to launch 0 jobs." in relaunch, relaunch
+    assert all(f"Slurm job {job_id}: " in relaunch for job_id in ids), relaunch
+    assert "JobArrayTaskLimit" in relaunch, relaunch
+    assert set(after) == set(before) == set(ids)
+    assert "About to delete 0 jobs." in texts["delete_incomplete"], texts["delete_incomplete"]
+    status = texts["status"]
+    assert "Slurm job" in status and "running" in status and "pending" in status, status
+    assert "Cancelled" in texts["cancel"], texts["cancel"]
+    assert left == []
+    after_cancel = texts["status after cancel"]
+    assert "interrupted" in after_cancel and "never started" in after_cancel, after_cancel
+    assert "submitted 2 jobs to slurm" in texts["resume"], texts["resume"]
+    same_records(runs, "held")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -136,7 +177,7 @@ def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resum
      "GPUs; pass --slurm_gpus_per_node 0"),
     (["--slurm_mem_gb", "999"], "--slurm_mem_gb 999: partition debug's nodes have at most"),
     (["--slurm_cpus_per_task", "64"], "--slurm_cpus_per_task 64: partition debug's nodes have "
-     "at most 2 CPUs"),
+     "at most 8 CPUs"),
     (["--slurm_extra", '{"slurm_constraint": "nosuchfeature"}'], "Slurm refused the "
      "submission"),
 ])
