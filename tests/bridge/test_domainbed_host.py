@@ -10,6 +10,7 @@ import ast
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ from dg_plugins.registry import ALGORITHMS, UnavailableError
 from dg_plugins.scripts.train import main
 from dg_plugins.seeds import seed_hash
 from helpers import VOLATILE_KEYS, read_records
-from processes import command_env, module_command
+from job_gate import gate_env, released, wait_at_gate
+from processes import command_env, module_command, start
 
 ROOT = os.environ.get(bridge.DOMAINBED_ROOT_ENV)
 pytestmark = [
@@ -167,6 +169,30 @@ def test_hparams_are_domainbeds_as_domainbed_seeds_them(dataset):
             **{k: v.item() if hasattr(v, "item") else v for k, v in domainbeds.items()},
             **network, **read}, name
     assert "backbone" in dg_hparams.job_hparams("ERM", dataset, 0, 0)
+
+
+def test_groupdro_killed_then_resumed_by_the_command_writes_the_uninterrupted_records(tmp_path):
+    """The issue's command: DomainBed's GroupDRO killed (-9) after its checkpoint of step 2,
+    then ``--resume``: exit 0, the records of an uninterrupted run (its ``q``, made at the
+    first update, was a size mismatch that exited 2)."""
+    common = ["--dataset", "Debug28", "--algorithm", "GroupDRO", "--steps", "6",
+              "--checkpoint_freq", "2", "--hparams", TINY]
+    full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
+    gate.mkdir()
+    assert main([*common, "--output_dir", str(full)]) == 0
+    job = start("dg_plugins.scripts.train", *common, "--output_dir", cut,
+                env=gate_env(gate, step=3))
+    with released(gate):
+        wait_at_gate(gate, job, TIMEOUT)
+        job.send_signal(signal.SIGKILL)
+        job.communicate(timeout=60)
+    assert len(read_records(cut)) == 2 and not (cut / "done").exists()
+    resumed = subprocess.run(module_command("dg_plugins.scripts.train", *common, "--output_dir",
+                                            cut, "--resume"),
+                             env=command_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from step 3 (2 records kept)" in resumed.stdout
+    assert read_records(cut, drop=VOLATILE_KEYS) == read_records(full, drop=VOLATILE_KEYS)
 
 
 def test_coral_trains_on_the_featurizer_our_erm_gets_and_says_so(tmp_path):
