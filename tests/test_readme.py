@@ -1,8 +1,9 @@
-"""The README's numbers and commands against what the code prints and CI runs: the reproduction
-table's jobs, image forwards and GPU-hours equal ``reproduce --list --forwards`` (rounded as it
-prints them), the GPU-hours sentence names the measurements' device, date and evaluation rate
-(``dg_plugins/reference/gpu_step_times.json``), and quick-start command 2 is the command
-``.ci/run`` runs."""
+"""The README's numbers and commands against what the code prints and CI runs: its scripts table
+names every paper script and protocol; the cost table (docs/reproduce.md) has the jobs, image
+forwards and GPU-hours of ``reproduce --list --forwards`` (rounded as it prints them) and its
+GPU-hours sentence names the measurements' device, date and evaluation rate
+(``dg_plugins/reference/gpu_step_times.json``); quick-start command 2 is the command ``.ci/run``
+runs; the README stays a user's page (at most 200 lines)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from processes import REPO
 from dg_plugins import reproduce
 
 README = (REPO / "README.md").read_text()
+COSTS = (REPO / "docs" / "reproduce.md").read_text()
 
 
 def millions(text: str) -> float:
@@ -51,7 +53,7 @@ def test_readme_reproduction_tables_match_reproduce_list_forwards(capsys):
         names = [p.split(" (")[0].strip() for p in re.sub(r"\([^)]*\)", "", protocols).split(",")]
         assert {(script.strip("`"), n) for n in names} == {k for k in listed
                                                           if k[0] == script.strip("`")}
-    rows = markdown_rows(README, "| script | protocol | jobs |")
+    rows = markdown_rows(COSTS, "| script | protocol | jobs |")
     costs = {(script.strip("`"), protocol): (jobs, selection, every, gpu)
              for script, protocol, jobs, _, selection, every, *gpu in rows}
     assert len(costs) == len(rows) and set(costs) == set(listed)
@@ -70,12 +72,12 @@ def test_readme_reproduction_tables_match_reproduce_list_forwards(capsys):
 
 
 def test_readme_gpu_hours_name_their_measurements():
-    """The sentence under the cost table names the device, the date and the evaluation rate of
+    """The sentence under the cost table (docs/reproduce.md) names the device, the date and the evaluation rate of
     the measurements the GPU-hours come from, as the data file holds them."""
     from dg_plugins.reference import gpu_times
 
     times = gpu_times.load()
-    text = " ".join(README.split())
+    text = " ".join(COSTS.split())
     sentence = text[text.index("GPU-hours: an estimate"):]
     assert sentence.startswith(f"GPU-hours: an estimate from what `benchmark gpu` measured on an "
                                f"{times.device} (`{times.file}`, {times.date};")
@@ -85,6 +87,14 @@ def test_readme_gpu_hours_name_their_measurements():
 
 
 def test_readme_command_2_is_what_ci_runs():
-    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    (ci,) = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+             if line.startswith("python3 -m venv .venv")]
     assert ci in README
     assert re.search(r"^# 2\. .*\n" + re.escape(ci) + "$", README, re.M)
+
+
+def test_the_readme_is_a_users_page():
+    assert len(README.splitlines()) <= 200
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", README), "a commit hash"
+    for link in re.findall(r"\]\(([^)#]+)\)", README):
+        assert link.startswith("http") or (REPO / link).exists(), link
