@@ -216,9 +216,14 @@ def make_executor(options: SubmititOptions):
               "gpus_per_node": options.gpus_per_node, "cpus_per_task": options.cpus_per_task,
               "mem_gb": options.mem_gb, "slurm_partition": options.partition,
               "slurm_array_parallelism": options.array_parallelism}
+    extra = dict(options.extra or {})
     if options.cluster == "slurm":
-        params.update(slurm_signal_delay_s=int(options.signal_delay_s))
-    params.update(options.extra or {})
+        # a requeued task appends to its logs (srun's own --output truncates by default): every
+        # allocation's lines are kept
+        params.update(slurm_signal_delay_s=int(options.signal_delay_s),
+                      slurm_srun_args=["--open-mode=append",
+                                       *(extra.pop("slurm_srun_args", None) or [])])
+    params.update(extra)
     executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return executor
 

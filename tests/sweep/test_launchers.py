@@ -208,6 +208,7 @@ def test_submitit_slurm_parameters(tmp_path, monkeypatch):
             params["array_parallelism"], params["qos"]) == ("gpu", 90, 1, 4, 8, "high")
     assert params["mem"] == "16GB"
     assert (params["signal_delay_s"], executor.max_num_timeout) == (60, 4)
+    assert params["srun_args"] == ["--open-mode=append"]  # a requeued task's logs are kept
 
 
 def test_submitit_missing_package_message(monkeypatch, tmp_path):
