@@ -22,27 +22,56 @@ bit), or with ``--augment_on device`` the seeded device augmentation
 
 Files: ``$DG_PLUGINS_CACHE/decoded`` (default ``~/.cache/dg_plugins/decoded``), one folder per
 dataset folder; an environment's files are named by a fingerprint of its file list (paths, sizes,
-modification times) and the decoder's versions, so changed images make new files (the old ones
-are removed). ``DG_PLUGINS_DECODED_CACHE=off`` turns the cache off; the dataset's files (its
-decoded images and plain pixels; its evaluation pixels are skipped when they would not fit) stay
-within ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20), else the job runs from the image files as
-before. Jobs on one machine build a folder's files once (an exclusive ``flock``; others wait).
+modification and change times, inodes) and the decoder's versions, so changed or replaced images
+make new files (the old ones are removed). Each finished entry has a ``.sum`` file (each file's
+size, inode, times and SHA-256, written when it was built): an entry whose files changed since is
+checked against it and, when damaged (truncated, overwritten), removed and built again, so a
+cache file is never read unless it holds what was built. ``DG_PLUGINS_DECODED_CACHE=off`` turns
+the cache off; the dataset's files (its decoded images and plain pixels; its evaluation pixels
+are skipped when they would not fit) stay within ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20)
+and leave the disk some room (:data:`DISK_RESERVE`), else the job runs from the image files as
+before. Files are allocated on the disk, then written with regular writes (they are only read
+through memory maps): a full disk is an OSError that the job reports in one line, going on
+without new files, never the SIGBUS of a write through a memory map.
+
+Jobs on one machine build a folder's files once: an exclusive ``flock`` on ``.build.lock``,
+which holds its holder's pid; the others wait, and stop at the first stop signal (a train job's
+:class:`~dg_plugins.signals.StopRequest`). The build processes die with their job (Linux's
+parent-death signal, else a watch of the parent) and do not hold the lock; a lock whose holder
+is gone while processes it started still hold it is taken over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import json
+import math
 import os
+import signal
+import socket
 import sys
+import time
+
+from dg_plugins.files import DISK_FULL_ERRNOS
+from dg_plugins.signals import signal_name
 
 #: Environment variables: the cache folder's base, the switch, the budget.
 CACHE_ENV = "DG_PLUGINS_CACHE"
 SWITCH_ENV = "DG_PLUGINS_DECODED_CACHE"
 BUDGET_ENV = "DG_PLUGINS_DECODED_BUDGET_GB"
 DEFAULT_BUDGET_GB = 20.0
+#: Free disk space the cache leaves (1 GiB, or a twentieth of a smaller disk): the job's own
+#: records and checkpoints may be written to the same disk.
+DISK_RESERVE = 2**30
 #: Bumped when the files' format or what they hold changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The build lock (its holder's ``pid host``), and the lock taken while a stale one is replaced.
+LOCK_NAME = ".build.lock"
+TAKEOVER_NAME = ".build.lock.takeover"
+#: Seconds between two looks at a lock held by another job.
+LOCK_POLL_S = 0.5
 _OFF = ("0", "off", "false", "no")
 #: torchvision transforms a pixel part may hold (PIL in, PIL RGB out), and the deterministic ones.
 PIXEL_OPS = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomCrop", "RandomHorizontalFlip",
@@ -64,7 +93,8 @@ def enabled() -> bool:
 
 
 def budget_bytes() -> int:
-    """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; a bad value raises naming it."""
+    """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; a bad value (not a finite number
+    >= 0) raises ValueError naming it and the valid values."""
     text = os.environ.get(BUDGET_ENV, "").strip()
     if not text:
         return int(DEFAULT_BUDGET_GB * 2**30)
@@ -72,9 +102,10 @@ def budget_bytes() -> int:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise ValueError(f"${BUDGET_ENV}={text!r} is not a size in GB; set it to a number "
-                         f"(e.g. {BUDGET_ENV}=50) or unset it for {DEFAULT_BUDGET_GB:g}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"${BUDGET_ENV}={text!r} is not a size in GB: set it to a finite number "
+                         f">= 0 (e.g. {BUDGET_ENV}=50; 0 caches nothing) or unset it for "
+                         f"{DEFAULT_BUDGET_GB:g}")
     return int(value * 2**30)
 
 
@@ -298,26 +329,235 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------------------------
+# Disk space, and what a finished entry holds
+
+
+def _free_bytes(folder: str) -> int:
+    """Bytes a process may still write on the disk of ``folder``."""
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _disk_room(folder: str) -> int:
+    """What the cache may still write on the disk of ``folder``: its free space less
+    :data:`DISK_RESERVE` (a twentieth of the disk's size on a disk under 20 GiB)."""
+    stat = os.statvfs(folder)
+    reserve = min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
+    return _free_bytes(folder) - reserve
+
+
+def _allocate(path: str, size: int) -> None:
+    """Give the file ``path`` ``size`` bytes (at least 1) on the disk at once
+    (``posix_fallocate``), so that a full disk is found before any work, as an OSError (ENOSPC);
+    where the system cannot, the file is only extended (the regular writes that fill it report
+    a full disk as an OSError too: no file of the cache is written through a memory map)."""
+    with open(path, "r+b") as handle:
+        fallocate = getattr(os, "posix_fallocate", None)
+        if fallocate is not None:
+            try:
+                fallocate(handle.fileno(), 0, max(size, 1))
+                return
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+        if os.fstat(handle.fileno()).st_size < max(size, 1):
+            handle.truncate(max(size, 1))
+
+
+def _new_flat(path: str, size: int) -> None:
+    """A new file of ``size`` bytes (at least 1) allocated on the disk (:func:`_allocate`)."""
+    with open(path, "wb"):
+        pass
+    _allocate(path, size)
+
+
+def _new_npy(path: str, shape: tuple) -> int:
+    """A new uint8 ``.npy`` file of ``shape`` (its header written, its data zeros) allocated on
+    the disk (:func:`_allocate`); returns where its data starts."""
+    import io
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
+                                                  "shape": tuple(int(v) for v in shape)})
+    with open(path, "wb") as handle:
+        handle.write(header.getvalue())
+    _allocate(path, len(header.getvalue()) + _prod(shape))
+    return len(header.getvalue())
+
+
+def _file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**23), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(path: str) -> list[int]:
+    """What changes when a file is written, truncated or replaced: size, inode, modification
+    and change times (a change time cannot be set back)."""
+    stat = os.stat(path)
+    return [stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
+    """Write the ``.sum`` file of a finished entry: each file's :func:`_stamp` and SHA-256
+    (``digests`` by path, else read from the file)."""
+    digests = digests or {}
+    files = {os.path.basename(p): {"stamp": _stamp(p),
+                                   "sha256": digests.get(p) or _file_digest(p)} for p in paths}
+    _save_bytes(sum_path, json.dumps({"format": FORMAT_VERSION, "files": files}).encode())
+
+
+def _damage(sum_path: str, paths: list[str]) -> str | None:
+    """None when the files of an entry hold what was built (their ``.sum``: unchanged since,
+    else the same size and SHA-256, the sum then renewed), else what is wrong with them."""
+    try:
+        with open(sum_path, "rb") as handle:
+            files = json.loads(handle.read())["files"]
+        recorded = [(list(files[os.path.basename(p)]["stamp"]),
+                     str(files[os.path.basename(p)]["sha256"])) for p in paths]
+    except FileNotFoundError:
+        return f"{sum_path} is missing (the build of {paths[0]} did not finish)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{sum_path} is unreadable ({type(err).__name__}: {err})"
+    renew = False
+    for path, (built, sha256) in zip(paths, recorded):
+        try:
+            stamp = _stamp(path)
+        except FileNotFoundError:
+            return f"{path} is missing"
+        if stamp == built:
+            continue
+        if stamp[0] != built[0]:
+            return f"{path} has {stamp[0]} bytes, not the {built[0]} built"
+        if _file_digest(path) != sha256:
+            return f"{path} differs from what was built (its SHA-256)"
+        renew = True
+    if renew:  # copied, or touched: the same bytes
+        with contextlib.suppress(OSError):
+            _seal(sum_path, paths, {p: sha256 for p, (_, sha256) in zip(paths, recorded)})
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The build lock
+
+#: File descriptors of the build locks this process holds (a build process closes them: the lock
+#: is its job's alone).
+_LOCK_FDS: set = set()
+
+
+def _holder(fd: int) -> tuple[int, str] | None:
+    """``(pid, host)`` written in a lock file by its holder, or None."""
+    try:
+        pid, host = os.pread(fd, 512, 0).decode().split()
+        return int(pid), host
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _take_over(folder: str, path: str, inode: int) -> bool:
+    """Remove the lock file ``path`` when it is still the file ``inode`` (not replaced by another
+    job meanwhile: checked under a lock of its own); True when it was removed."""
+    import fcntl
+
+    guard = os.open(os.path.join(folder, TAKEOVER_NAME), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino != inode:
+                return False
+        except FileNotFoundError:
+            return False
+        os.remove(path)
+        return True
+    finally:
+        os.close(guard)
+
+
 @contextlib.contextmanager
-def _folder_lock(folder: str):
-    """An exclusive ``flock`` on ``folder/.lock`` (none where fcntl is missing); says so when
-    another job holds it, then waits."""
+def _folder_lock(folder: str, stop=None, stopped=None):
+    """An exclusive ``flock`` on ``folder/.build.lock`` (none where fcntl is missing), holding
+    this process's ``pid host``. Held by another job, it says so and waits, looking every
+    :data:`LOCK_POLL_S` seconds: at ``stop`` (a :class:`~dg_plugins.signals.SignalCatcher` whose
+    ``signum`` a stop signal sets) it raises ``stopped(signum, message)``; a lock whose holder is
+    gone from this machine (seen twice) while other processes hold it (a killed job's build
+    processes, started before they died with it) is taken over: its file is replaced."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with open(os.path.join(folder, ".lock"), "a") as handle:
+    path = os.path.join(folder, LOCK_NAME)
+    host = socket.gethostname()
+    waiting = f"waiting for another job's build of {folder}"
+    said, stale = False, None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            print(f"Decoded-image cache: another job is building {folder}; waiting for it",
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder, inode = _holder(fd), os.fstat(fd).st_ino
+            os.close(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        else:
+            if _same_file(fd, path):  # not replaced by a take-over since it was opened
+                break
+            os.close(fd)
+            continue
+        gone = holder is not None and holder[1] == host and not _pid_alive(holder[0])
+        if gone and stale == (holder, inode):
+            if _take_over(folder, path, inode):
+                print(f"Decoded-image cache: the job that was building {folder} (pid "
+                      f"{holder[0]}) is gone but processes it started hold its lock; taking "
+                      "the build over", flush=True)
+            stale = None
+            continue
+        stale = (holder, inode) if gone else None
+        if not said:
+            who = f" (pid {holder[0]})" if holder else ""
+            print(f"Decoded-image cache: another job{who} is building {folder}; waiting for it",
                   flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            said = True
+        _check_stop(stop, stopped, waiting)
+        time.sleep(LOCK_POLL_S)
+        _check_stop(stop, stopped, waiting)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {host}\n".encode(), 0)
+    except OSError:  # a full disk: the lock holds, without its holder's pid
+        pass
+    _LOCK_FDS.add(fd)
+    try:
+        yield
+    finally:
+        _LOCK_FDS.discard(fd)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)  # releases the lock
+
+
+def _check_stop(stop, stopped, doing: str) -> None:
+    """Raise ``stopped(signum, message)`` when ``stop`` caught a stop signal (module
+    docstring)."""
+    signum = getattr(stop, "signum", None)
+    if signum is None or stopped is None:
+        return
+    raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
+                          "rerun the same command to run the job")
 
 
 def _versions() -> str:
@@ -335,7 +575,9 @@ def _versions() -> str:
 
 def fingerprint(env) -> tuple[str, int]:
     """``(digest, bytes of the files)`` of an environment's items: their paths relative to the
-    dataset folder, sizes and modification times, in item order, and :func:`_versions`."""
+    dataset folder, sizes, modification and change times and inodes (an image replaced or
+    rewritten in place with its size and modification time kept still changes the last two), in
+    item order, and :func:`_versions`."""
     digest = hashlib.sha256(_versions().encode())
     parent = os.path.dirname(os.path.normpath(env.root))
     total = 0
@@ -343,7 +585,7 @@ def fingerprint(env) -> tuple[str, int]:
         stat = os.stat(path)
         total += stat.st_size
         digest.update(f"{os.path.relpath(path, parent)}\t{label}\t{stat.st_size}\t"
-                      f"{stat.st_mtime_ns}\n".encode())
+                      f"{stat.st_mtime_ns}\t{stat.st_ctime_ns}\t{stat.st_ino}\n".encode())
     return digest.hexdigest()[:20], total
 
 
@@ -352,17 +594,46 @@ def fingerprint(env) -> tuple[str, int]:
 
 #: The dataset's environments while a cache is built (a builder inherits them when forked).
 _BUILD_ENVS: list = []
+#: prctl's option that sends a signal to the calling process when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
 
 
-def _start_builder(envs) -> None:
-    """A build process: the environments to read, the default signal dispositions (not the
-    job's stop handlers, which would keep it alive when the pool ends it; Ctrl-C is the job's),
-    and one torch thread, as a DataLoader worker has: a process forked after the job ran an
-    OpenMP region would hang in its first parallel torch operation."""
-    import signal
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` (the job) ends, however it ends (``kill -9``, the OOM
+    killer): Linux's parent-death signal (SIGKILL), else a thread that watches the parent."""
+    try:
+        import ctypes
 
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):  # not Linux
+        import threading
+
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(1)
+
+
+def _start_builder(envs, parent: int) -> None:
+    """A build process: dies with its job (:func:`_die_with`); does not hold the job's build lock
+    (its copies of the lock's descriptors closed, so the lock ends with the job); the
+    environments to read, the default signal dispositions (not the job's stop handlers, which
+    would keep it alive when the pool ends it; Ctrl-C is the job's), and one torch thread, as a
+    DataLoader worker has: a process forked after the job ran an OpenMP region would hang in its
+    first parallel torch operation."""
     import torch
 
+    _die_with(parent)
+    for fd in list(_LOCK_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -373,29 +644,40 @@ class Builders:
     """Where a build's tasks run: in this process (``cores`` 1), or in one pool of ``cores``
     processes forked once per build (a ``concurrent.futures`` pool: a builder that dies fails
     the build with an error, where a ``multiprocessing.Pool`` would wait for its result forever).
-    A task's first element is its environment's position in ``envs``."""
+    A task's first element is its environment's position in ``envs``. ``check`` (no arguments)
+    runs between tasks' results: it raises to stop the build."""
 
-    def __init__(self, envs: list, cores: int):
+    def __init__(self, envs: list, cores: int, check=None):
         self.envs, self.cores, self.pool = list(envs), cores, None
+        self.check = check or (lambda: None)
 
     def map(self, function, tasks: list) -> list:
+        out = []
         if self.cores <= 1 or len(tasks) <= 1:
             _BUILD_ENVS[:] = self.envs
             try:
-                return [function(task) for task in tasks]
+                for task in tasks:
+                    self.check()
+                    out.append(function(task))
             finally:
                 _BUILD_ENVS.clear()
+            return out
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
         import multiprocessing
 
         if self.pool is None:
             self.pool = ProcessPoolExecutor(self.cores, multiprocessing.get_context("fork"),
-                                            initializer=_start_builder, initargs=(self.envs,))
+                                            initializer=_start_builder,
+                                            initargs=(self.envs, os.getpid()))
+        self.check()
         try:
-            return list(self.pool.map(function, tasks))
+            for result in self.pool.map(function, tasks):
+                out.append(result)
+                self.check()
         except BrokenProcessPool as err:
             raise OSError(f"a build process died ({err})") from err
+        return out
 
     def position(self, env) -> int:
         return next(k for k, e in enumerate(self.envs) if e is env)
@@ -422,6 +704,17 @@ def _header_sizes(items):
     return out
 
 
+def _write_at(fd: int, array, offset: int) -> None:
+    """Write ``array``'s bytes at ``offset`` of the file ``fd`` with regular writes (a full disk
+    is an OSError, where a write through a memory map would be a SIGBUS)."""
+    import numpy as np
+
+    view = memoryview(np.ascontiguousarray(array)).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def _decode_into(task):
     """Decode ``items`` (``[(item, offset, height, width)]``) into the flat file ``path``;
     returns the items left out (unreadable, or another size than their header's)."""
@@ -429,42 +722,38 @@ def _decode_into(task):
 
     position, path, items = task
     env = _BUILD_ENVS[position]
-    data = np.memmap(path, dtype=np.uint8, mode="r+")
     missing = []
-    for item, offset, height, width in items:
-        try:  # load() raises every decoding error as an UnreadableImageError, an OSError
-            array = np.asarray(env.load(env.samples[item][0]))
-        except OSError:
-            missing.append(item)
-            continue
-        if array.shape != (height, width, 3):
-            missing.append(item)
-            continue
-        data[offset:offset + array.size] = array.reshape(-1)
-    data.flush()
+    with open(path, "r+b") as handle:
+        for item, offset, height, width in items:
+            try:  # load() raises every decoding error as an UnreadableImageError, an OSError
+                array = np.asarray(env.load(env.samples[item][0]))
+            except OSError:
+                missing.append(item)
+                continue
+            if array.shape != (height, width, 3):
+                missing.append(item)
+                continue
+            _write_at(handle.fileno(), array, offset)
     return missing
 
 
 def _pixels_into(task):
-    """Write the pixels of ``items`` after ``transform`` into the ``.npy`` file ``path``; returns
-    the items written."""
-    import numpy as np
-
-    position, path, transform, items = task
+    """Write the pixels of ``items`` after ``transform`` into the ``.npy`` file ``path`` (its
+    data at ``start``, ``shape`` per item); returns the items written."""
+    position, path, start, shape, transform, items = task
     env = _BUILD_ENVS[position]
-    data = np.load(path, mmap_mode="r+")
     done = []
-    for item in items:
-        try:  # an unreadable image (an UnreadableImageError) is left out
-            image = env.image(item)
-        except OSError:
-            continue
-        pixels = transform.pixels(image)
-        if tuple(pixels.shape) != data.shape[1:]:
-            continue
-        data[item] = pixels.numpy()
-        done.append(item)
-    data.flush()
+    with open(path, "r+b") as handle:
+        for item in items:
+            try:  # an unreadable image (an UnreadableImageError) is left out
+                image = env.image(item)
+            except OSError:
+                continue
+            pixels = transform.pixels(image)
+            if tuple(pixels.shape) != tuple(shape):
+                continue
+            _write_at(handle.fileno(), pixels.numpy(), start + item * _prod(shape))
+            done.append(item)
     return done
 
 
@@ -480,7 +769,8 @@ def _chunks(items: list, cores: int) -> list[list]:
 class EnvCache:
     """One environment's files (``env.pixel_store``): its decoded images (``decoded``, None when
     not cached), its deterministic transforms' pixels (``plain`` by transform key) and its
-    splits' evaluation pixels (:meth:`eval_entry`, :meth:`eval_writer`)."""
+    splits' evaluation pixels (:meth:`eval_entry`, :meth:`eval_writer`). An entry is read only
+    when its files hold what was built (:func:`_damage`); a damaged one is removed."""
 
     def __init__(self, owner: "DatasetCache", env):
         self.owner = owner
@@ -494,22 +784,41 @@ class EnvCache:
     def __getstate__(self):  # what a loader worker needs: the files, not their builder
         return {**self.__dict__, "owner": None, "env": None}
 
-    # paths
+    # paths: an entry's files, then its .sum
     def decoded_paths(self) -> tuple[str, str]:
         return self.prefix + ".decoded", self.prefix + ".decoded.index.npy"
+
+    def decoded_sum(self) -> str:
+        return self.prefix + ".decoded.sum"
 
     def plain_paths(self, key: str) -> tuple[str, str]:
         return self.prefix + f".plain-{key}.npy", self.prefix + f".plain-{key}.ok.npy"
 
+    def plain_sum(self, key: str) -> str:
+        return self.prefix + f".plain-{key}.sum"
+
     def eval_path(self, key: str) -> str:
         return self.prefix + f".eval-{key}.npy"
 
+    def eval_sum(self, key: str) -> str:
+        return self.eval_path(key) + ".sum"
+
     # reading
+    def _intact(self, paths, sum_path: str) -> bool:
+        """Whether the entry holds what was built; one with files that does not is removed
+        (and said). Only under the build lock: a build in progress has no files yet."""
+        if not any(os.path.exists(p) for p in (*paths, sum_path)):
+            return False
+        problem = _damage(sum_path, list(paths))
+        if problem is not None:
+            self.owner.discard(list(paths), sum_path, problem)
+        return problem is None
+
     def open_decoded(self) -> bool:
         import numpy as np
 
         data, index = self.decoded_paths()
-        if os.path.exists(index) and os.path.exists(data):
+        if self.decoded is None and self._intact((data, index), self.decoded_sum()):
             self.decoded = DecodedImages(data, np.load(index))
         return self.decoded is not None
 
@@ -517,7 +826,7 @@ class EnvCache:
         import numpy as np
 
         data, ok = self.plain_paths(key)
-        if key not in self.plain and os.path.exists(ok) and os.path.exists(data):
+        if key not in self.plain and self._intact((data, ok), self.plain_sum(key)):
             self.plain[key] = PixelEntry(data, np.load(ok))
         return self.plain.get(key)
 
@@ -539,25 +848,39 @@ class EnvCache:
                        torch.__version__, torchvision.__version__)[:24]
 
     def eval_entry(self, key: str) -> PixelEntry | None:
-        path = self.eval_path(key)
-        return PixelEntry(path) if os.path.exists(path) else None
+        """The split's evaluation pixels when a job kept them and they are intact; a damaged
+        file is removed (written again by this evaluation). One without its ``.sum`` yet is
+        left alone (another job may be putting it in place)."""
+        path, sum_path = self.eval_path(key), self.eval_sum(key)
+        if not os.path.exists(path) or not os.path.exists(sum_path):
+            return None
+        problem = _damage(sum_path, [path])
+        if problem is None:
+            return PixelEntry(path)
+        if self.owner is not None:
+            self.owner.discard([path], sum_path, problem)
+        return None
 
     def eval_writer(self, key: str, n: int) -> "EvalWriter | None":
         if self.owner is None or not self.owner.writable:
             return None
-        return EvalWriter(self, self.eval_path(key), n)
+        return EvalWriter(self, key, n)
 
 
 class EvalWriter:
-    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`), then puts the
-    file in place (:meth:`commit`; a rename: readers see the whole file or none). A batch of
-    another shape than the first, a budget that the file would exceed, or a write error drops
-    the file (the evaluation goes on)."""
+    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`, regular writes in
+    order), in a file allocated on the disk first, then puts the file in place with its ``.sum``
+    (:meth:`commit`; a rename: readers see the whole file or none). A batch of another shape
+    than the first, a budget or disk that the file would exceed, or a write error (a full disk)
+    drops the file (the evaluation goes on)."""
 
-    def __init__(self, store: EnvCache, path: str, n: int):
-        self.store, self.path, self.n = store, path, n
-        self.tmp = f"{path}.tmp.{os.getpid()}"
-        self.data = None
+    def __init__(self, store: EnvCache, key: str, n: int):
+        self.store, self.n = store, n
+        self.path, self.sum_path = store.eval_path(key), store.eval_sum(key)
+        self.tmp = f"{self.path}.tmp.{os.getpid()}"
+        self.handle = None  # the file, at the end of what was written
+        self.shape = None  # of an item
+        self.digest = None  # the file's SHA-256 so far (header, then the batches in order)
         self.filled = 0
         self.failed = False
 
@@ -566,71 +889,92 @@ class EvalWriter:
             return
         import numpy as np
 
+        owner = self.store.owner
         try:
-            if self.data is None:
-                shape = (self.n, *pixels.shape[1:])
-                size = int(np.prod(shape))
-                if not self.store.owner.fits(size):
-                    self.store.owner.note_over_budget("the augmented splits' evaluation pixels",
-                                                      size)
+            if self.handle is None:
+                self.shape = tuple(pixels.shape[1:])
+                size = self.n * _prod(self.shape)
+                if not owner.fits(size):
+                    owner.note_no_room("the augmented splits' evaluation pixels", size)
                     self.failed = True
                     return
-                self.data = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.uint8,
-                                                      shape=shape)
-            if tuple(pixels.shape[1:]) != self.data.shape[1:] or start != self.filled:
+                offset = _new_npy(self.tmp, (self.n, *self.shape))
+                self.handle = open(self.tmp, "r+b")
+                self.digest = hashlib.sha256(self.handle.read(offset))
+            if tuple(pixels.shape[1:]) != self.shape or start != self.filled:
                 self.abort()
                 return
-            self.data[start:start + len(pixels)] = pixels.numpy()
-            self.filled = start + len(pixels)
+            array = np.ascontiguousarray(pixels.numpy(), dtype=np.uint8)
+            self.handle.write(array)
+            self.digest.update(array)
+            self.filled = start + len(array)
         except OSError as err:
-            self.store.owner.note_error(err)
+            owner.note_error(err)
             self.abort()
 
     def commit(self) -> None:
-        if self.failed or self.data is None or self.filled != self.n:
+        if self.failed or self.handle is None or self.filled != self.n:
             self.abort()
             return
         try:
-            self.data.flush()
-            self.data = None
+            self.handle.close()
+            self.handle = None
             os.replace(self.tmp, self.path)
+            _seal(self.sum_path, [self.path], {self.path: self.digest.hexdigest()})
         except OSError as err:
+            _remove(self.path)
             self.store.owner.note_error(err)
             self.abort()
 
     def abort(self) -> None:
         self.failed = True
-        self.data = None
+        if self.handle is not None:
+            with contextlib.suppress(OSError):
+                self.handle.close()
+            self.handle = None
         _remove(self.tmp)
 
 
 class DatasetCache:
     """The cache folder of one image-folder dataset (``dataset.root``): :meth:`prepare` builds
-    or reuses its environments' files and attaches them (``env.decoded``, ``env.pixel_store``)."""
+    or reuses its environments' files and attaches them (``env.decoded``, ``env.pixel_store``).
+    ``stop`` and ``stopped``: see :func:`prepare`."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
         self.dataset = dataset
         self.name = type(dataset).__name__
         self.folder = os.path.join(cache_folder(),
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
+        self.stop, self.stopped = stop, stopped
         self.writable = True
         self.notes: list[str] = []
         self._noted: set[str] = set()
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
-    # budget
+    # budget and disk
     def usage(self) -> int:
         total = 0
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.folder):
-                if entry.is_file() and entry.name != ".lock":
+                if entry.is_file() and not entry.name.startswith("."):
                     total += entry.stat().st_size
         return total
 
+    def disk_room(self) -> int:
+        """What the cache may still write on its disk (:func:`_disk_room`)."""
+        try:
+            return _disk_room(self.folder)
+        except OSError:  # no folder (yet): its writes will say what is wrong
+            return sys.maxsize
+
+    def room(self) -> int:
+        """Bytes the cache may add: within the budget, and leaving its disk some room."""
+        return min(self.budget - self.usage(), self.disk_room())
+
     def fits(self, size: int) -> bool:
-        return self.usage() + size <= self.budget
+        return size <= self.room()
 
     def _note(self, note: str, stream=None, key: str | None = None) -> None:
         """Say ``note`` once per ``key`` (default: the note)."""
@@ -641,15 +985,49 @@ class DatasetCache:
             if not self.quiet:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
 
-    def note_over_budget(self, what: str, size: int) -> None:
-        need = max(1, -(-(self.usage() + size) // 2**30))
-        self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the {gb(self.budget)} "
-                   f"budget; to cache them set {BUDGET_ENV}={need}", key=what)
+    def note_no_room(self, what: str, size: int) -> None:
+        """Say that ``what`` (``size`` bytes) is not cached: over the budget, or too large for
+        the disk's free space; and how to cache it."""
+        used = self.usage()
+        if used + size > self.budget:
+            need = max(1, -(-(used + size) // 2**30))
+            self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the "
+                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}={need}",
+                       key=what)
+            return
+        free = _free_bytes(self.folder)
+        self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
+                   f"{gb(free)} free, and the cache leaves some free for the jobs' files; to "
+                   f"cache them free space there or set {CACHE_ENV} to a folder on a disk with "
+                   "room", key=what)
 
     def note_error(self, err: OSError) -> None:
+        """Say that a write failed (one line; a full disk with its fix); nothing is written
+        after it."""
         self.writable = False
+        if err.errno in DISK_FULL_ERRNOS:
+            self._note(f"no space left on the disk of {self.folder} ({err.strerror}); going on "
+                       "without new cache files (images are read from their files); to cache "
+                       f"them free space there or set {CACHE_ENV} to a folder on a disk with "
+                       "room", sys.stderr, key="disk full")
+            return
         self._note(f"could not write in {self.folder} ({err}); going on without new files",
                    sys.stderr)
+
+    def discard(self, paths: list[str], sum_path: str, problem: str) -> None:
+        """Remove a damaged entry's files (said once), so that it is built again; where they
+        cannot be removed, say how to clear the folder."""
+        try:
+            for path in (sum_path, *paths):
+                _remove(path)
+        except OSError as err:
+            self._note(f"damaged: {problem}; not used (it could not be removed: {err}); "
+                       f"delete {self.folder} and rerun", sys.stderr)
+            return
+        self._note(f"damaged: {problem}; removed, to be built again", sys.stderr)
+
+    def check_stop(self, doing: str) -> None:
+        _check_stop(self.stop, self.stopped, doing)
 
     # building
     def _clean(self, stores: list[EnvCache]) -> None:
@@ -681,15 +1059,20 @@ class DatasetCache:
                 offset += height * width * 3
         tmp = f"{data_path}.tmp.{os.getpid()}"
         try:
-            with open(tmp, "wb") as handle:
-                handle.truncate(max(offset, 1))
+            _new_flat(tmp, offset)
             position = builders.position(store.env)
             missing = builders.map(_decode_into, [(position, tmp, chunk)
                                                   for chunk in _chunks(todo, builders.cores)])
             for item in (i for part in missing for i in part):
                 index[item, 0] = -1
+            digest = _file_digest(tmp)
             os.replace(tmp, data_path)
             _save_npy(index_path, index)
+            _seal(store.decoded_sum(), [data_path, index_path], {data_path: digest})
+        except BaseException:
+            for path in (store.decoded_sum(), data_path, index_path):
+                _remove(path)
+            raise
         finally:
             _remove(tmp)
         store.open_decoded()
@@ -699,17 +1082,25 @@ class DatasetCache:
         import numpy as np
 
         data_path, ok_path = store.plain_paths(transform.key)
+        sum_path = store.plain_sum(transform.key)
         n = len(store.env.samples)
         tmp = f"{data_path}.tmp.{os.getpid()}"
         try:
-            np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, *shape)).flush()
+            start = _new_npy(tmp, (n, *shape))
             position = builders.position(store.env)
-            done = builders.map(_pixels_into, [(position, tmp, transform, chunk) for chunk
-                                               in _chunks(list(range(n)), builders.cores)])
+            done = builders.map(_pixels_into, [(position, tmp, start, shape, transform, chunk)
+                                               for chunk in _chunks(list(range(n)),
+                                                                    builders.cores)])
             ok = np.zeros(n, dtype=bool)
             ok[[i for part in done for i in part]] = True
+            digest = _file_digest(tmp)
             os.replace(tmp, data_path)
             _save_npy(ok_path, ok)
+            _seal(sum_path, [data_path, ok_path], {data_path: digest})
+        except BaseException:
+            for path in (sum_path, data_path, ok_path):
+                _remove(path)
+            raise
         finally:
             _remove(tmp)
         store.open_plain(transform.key)
@@ -722,15 +1113,20 @@ class DatasetCache:
         return [row for part in builders.map(_header_sizes, tasks) for row in part]
 
     def prepare(self, cores: int = 1) -> str:
-        """Build what is missing and fits the budget, attach every file to the environments, and
-        return the line train prints (what was built or reused, its size and place, how to
-        clear it, the budget, and what did not fit)."""
+        """Build what is missing and fits the budget and the disk, attach every file to the
+        environments, and return the line train prints (what was built or reused, its size and
+        place, how to clear it, the budget, and what did not fit). A write that fails (a full
+        disk) is said in the line, and the job goes on with the files that are complete; a stop
+        signal (``stop``) raises ``stopped``."""
         self.quiet = True
         built, stores = [], []
-        builders = Builders(self.dataset.datasets, cores)
+        building = (f"building the decoded-image cache in {self.folder} (its unfinished files "
+                    "removed)")
+        builders = Builders(self.dataset.datasets, cores, check=lambda: self.check_stop(building))
         try:
+            self.check_stop(f"preparing the decoded-image cache in {self.folder}")
             os.makedirs(self.folder, exist_ok=True)
-            with _folder_lock(self.folder):
+            with _folder_lock(self.folder, self.stop, self.stopped):
                 stores = [EnvCache(self, env) for env in self.dataset.datasets]
                 self._clean(stores)
                 plain = []  # (store, transform, shape): deterministic evaluation transforms
@@ -744,7 +1140,7 @@ class DatasetCache:
                                  if s.open_plain(t.key) is None]
                 plain_size = sum(len(s.env.samples) * _prod(shape)
                                  for s, _, shape in missing_plain)
-                room = self.budget - self.usage()
+                room = self.room()
                 sizes, decoded_size = {}, sum(s.file_bytes for s in missing)
                 if missing and plain_size + decoded_size <= room:  # else surely over
                     sizes = {s.stem: self._header_sizes(s, builders) for s in missing}
@@ -752,17 +1148,20 @@ class DatasetCache:
                 if missing and plain_size + decoded_size <= room:
                     for store in missing:
                         self._build_decoded(store, sizes[store.stem], builders)
-                    built.append("decoded images")
+                        if "decoded images" not in built:
+                            built.append("decoded images")
                 elif missing:
-                    self.note_over_budget("the decoded images" + " (at least)" * (not sizes),
-                                          decoded_size)
-                if missing_plain and plain_size <= self.budget - self.usage():
+                    self.note_no_room("the decoded images" + " (at least)" * (not sizes),
+                                      decoded_size)
+                if missing_plain and plain_size <= self.room():
                     for store, transform, shape in missing_plain:
                         self._build_plain(store, transform, shape, builders)
-                    built.append("evaluation pixels")
+                        if "evaluation pixels" not in built:
+                            built.append("evaluation pixels")
                 elif missing_plain:
-                    self.note_over_budget("the evaluation pixels", plain_size)
+                    self.note_no_room("the evaluation pixels", plain_size)
         except OSError as err:
+            self.check_stop(building)  # a build process ended by the stop signal (Slurm)
             self.note_error(err)
         finally:
             builders.close()
@@ -803,27 +1202,39 @@ def _prod(shape) -> int:
     return out
 
 
-def _save_npy(path: str, array) -> None:
-    """Save ``array`` to ``path`` (via a temporary file and a rename)."""
-    import numpy as np
-
+def _save_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (via a temporary file and a rename)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as handle:
-            np.save(handle, array)
+            handle.write(data)
         os.replace(tmp, path)
     finally:
         _remove(tmp)
 
 
-def prepare(dataset, cores: int = 1) -> str | None:
+def _save_npy(path: str, array) -> None:
+    """Save ``array`` to ``path`` (via a temporary file and a rename)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    _save_bytes(path, buffer.getvalue())
+
+
+def prepare(dataset, cores: int = 1, stop=None, stopped=None) -> str | None:
     """Build or reuse the decoded-image cache of ``dataset`` (an image-folder dataset; None for
     any other, which has nothing to cache) with ``cores`` processes, attach it to its
-    environments, and return the line a job prints about it."""
+    environments, and return the line a job prints about it. ``stop``: the job's
+    :class:`~dg_plugins.signals.StopRequest`; once it caught a stop signal, waiting for another
+    job's build, or building, raises ``stopped(signum, message)`` (train's ``Interrupted``:
+    one line, the signal's exit status)."""
     if not hasattr(dataset, "datasets") or not all(
             hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
         return None
     if not enabled():
         return (f"Decoded-image cache: off ({SWITCH_ENV}="
                 f"{os.environ.get(SWITCH_ENV)}); images are decoded from their files")
-    return DatasetCache(dataset).prepare(cores)
+    return DatasetCache(dataset, stop, stopped).prepare(cores)

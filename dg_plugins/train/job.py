@@ -213,7 +213,8 @@ class Job:
         data = build_job_data(args, self.hparams, args.n_workers)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
-        cache_line = decoded.prepare(self.dataset, cores=max(1, self.workers))
+        cache_line = decoded.prepare(self.dataset, cores=max(1, self.workers),
+                                     stop=self.stop, stopped=Interrupted)
         if cache_line:  # image-folder datasets: the decoded-image cache, built or reused
             print(cache_line)
         print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)

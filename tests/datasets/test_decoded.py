@@ -342,7 +342,7 @@ def test_augmented_evaluation_pixels_over_the_budget_are_not_kept(tmp_path, cach
                                                                    capsys):
     root = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
     want = list(evaluate.eval_batches_of(splits_of(root, cache_on=True), 3, 0))
-    for path in next(cache.iterdir()).glob("*.eval-*.npy"):
+    for path in next(cache.iterdir()).glob("*.eval-*"):
         path.unlink()
     folder = next(cache.iterdir())
     used = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".lock")

@@ -2,13 +2,22 @@
 users run them (subprocesses): the records of a job that builds the cache, of jobs that reuse it
 (and the augmented splits' evaluation pixels a first job kept), with any number of loader
 workers, equal bit for bit the records of a job with the cache off; each job says what it did
-with the cache, where it is and how to clear it."""
+with the cache, where it is and how to clear it. Faults: a job killed while it builds (its build
+processes die with it, the next job runs), a job waiting for another's build (one SIGTERM stops
+it), a full cache disk (one line, the job goes on, the same records), a bad budget (one line)."""
 
+import errno
 import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
 
 from helpers import VOLATILE_KEYS, read_records
 from image_tree import make_pacs_tree
-from processes import command_env, run
+from processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
 #: A tiny random-init ViT at 224x224; augmentation on (every image dataset's default), so the
@@ -16,6 +25,18 @@ TRAIN = "dg_plugins.scripts.train"
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
                       "pretrained": False, "batch_size": 4, "image_size": 32})
 TIMEOUT = 180
+
+
+def train_args(tree, out, workers=0):
+    return ("--dataset", "PACS", "--data_dir", tree, "--algorithm", "ERM", "--test_envs", "0",
+            "--steps", "5", "--checkpoint_freq", "2", "--hparams", HPARAMS, "--n_workers",
+            workers, "--output_dir", out)
+
+
+def cache_line(out) -> str:
+    (line,) = [x for x in (out / "out.txt").read_text().splitlines()
+               if x.startswith("Decoded-image cache:") and " for PACS " in x]
+    return line
 
 
 def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path):
@@ -43,3 +64,145 @@ def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_pat
         assert other == records[0]
     kept = [p.name for p in (cache / "decoded").rglob("*.eval-*.npy")]
     assert len(kept) == 6, kept  # the training environments' in- and out-splits, augmented
+
+
+def fifo_image(tree):
+    """Make one image of ``tree`` a FIFO, so that the process reading it blocks until the test
+    writes the image's bytes (:func:`open_once_read`); returns ``(path, bytes)``."""
+    image = sorted((tree / "PACS" / "sketch").rglob("*.jpg"))[0]
+    saved = image.read_bytes()
+    image.unlink()
+    os.mkfifo(image)
+    return image, saved
+
+
+def open_once_read(fifo, proc, out) -> int:
+    """The FIFO's writing end, opened once a process (a build process of ``proc``) opened it
+    for reading: that process is then at work, blocked reading it."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            assert err.errno == errno.ENXIO, err
+            assert proc.poll() is None, (out / "err.txt").read_text()
+            assert time.monotonic() < deadline, "no build process read the images"
+            time.sleep(0.1)
+
+
+def wait_for_text(path, text: str, proc) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while text not in (path.read_text() if path.exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            path.read_text() if path.exists() else f"no {path}")
+        time.sleep(0.2)
+
+
+def test_a_job_killed_while_building_leaves_no_build_process_and_the_next_job_runs(tmp_path):
+    """``kill -9`` of a job while its build processes work (as the OOM killer does): they die
+    with it, so the next job on the dataset builds the cache instead of waiting for them forever
+    (before, they lived on holding the cache's lock)."""
+    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
+    image, saved = fifo_image(tree)
+    cache = tmp_path / "cache"
+    env = command_env(DG_PLUGINS_CACHE=str(cache))
+    proc = start(TRAIN, *train_args(tree, tmp_path / "killed", workers=2), env=env)
+    fifo = None
+    try:
+        fifo = open_once_read(image, proc, tmp_path / "killed")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)  # not its output: build processes that outlive it hold the pipe
+        proc.stdout.close()
+        image.unlink()
+        image.write_bytes(saved)
+        code, output = run(TRAIN, *train_args(tree, tmp_path / "next"),
+                           env=command_env(DG_PLUGINS_CACHE=str(cache)), timeout=TIMEOUT)
+        left = survivors(env, wait=10)
+    finally:
+        if fifo is not None:
+            os.close(fifo)
+        survivors(env, wait=0)
+    assert not left, f"build processes outlived their killed job: {left}"
+    assert code == 0, output
+    assert cache_line(tmp_path / "next").startswith("Decoded-image cache: built"), output
+
+
+def test_jobs_building_or_waiting_for_the_cache_stop_at_the_first_sigterm(tmp_path):
+    """One job builds the cache (a build process blocked reading an image), another waits for
+    it and says so: one SIGTERM ends each, with one line saying what it was doing and the
+    signal's exit status, no traceback (before, the waiting job went on waiting, and a second
+    SIGTERM ended it with a traceback); the build's unfinished files are removed."""
+    tree = make_pacs_tree(tmp_path / "tree", per_class=1, size=32)
+    image, saved = fifo_image(tree)
+    env = command_env(DG_PLUGINS_CACHE=str(tmp_path / "cache"))
+    builds = start(TRAIN, *train_args(tree, tmp_path / "builds", workers=2), env=env)
+    fifo = None
+    try:
+        fifo = open_once_read(image, builds, tmp_path / "builds")
+        waits = start(TRAIN, *train_args(tree, tmp_path / "waits"), env=env)
+        wait_for_text(tmp_path / "waits" / "out.txt", "waiting for it", waits)
+        os.kill(waits.pid, signal.SIGTERM)
+        waited = finish(waits, timeout=60)
+        os.kill(builds.pid, signal.SIGTERM)
+        os.set_blocking(fifo, True)
+        os.write(fifo, saved)  # the build process reads the image and ends its task
+        os.close(fifo)
+        fifo = None
+        built = finish(builds, timeout=60)
+    finally:
+        if fifo is not None:
+            os.close(fifo)
+        survivors(env, wait=0)
+    for (code, output), doing in ((waited, "waiting for another job's build"),
+                                  (built, "building the decoded-image cache")):
+        assert code == 128 + signal.SIGTERM, output
+        assert f"stopped: stopped by SIGTERM while {doing}" in output, output
+        assert "rerun the same command" in output and "Traceback" not in output, output
+    (folder,) = (tmp_path / "cache" / "decoded").iterdir()
+    assert not [p.name for p in folder.iterdir() if not p.name.startswith(".")]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 100 KB tmpfs (a full disk at once); skipped where mounting is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(disk)],
+                       check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        pytest.skip(f"cannot mount a small tmpfs here ({err})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+
+
+def test_a_full_cache_disk_is_one_line_and_the_job_gives_the_same_records(tmp_path,
+                                                                          small_disk):
+    """The cache's disk too small for its files: the job goes on from the image files, says
+    so in one line naming the folder and the fix, and writes the records of a job with the cache
+    off (before, one build process killed it with SIGBUS, rc 135, on every rerun)."""
+    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
+    records = []
+    for name, switch in (("full", "on"), ("off", "off")):
+        out = tmp_path / name
+        code, output = run(TRAIN, *train_args(tree, out),
+                           env=command_env(DG_PLUGINS_CACHE=str(small_disk),
+                                           DG_PLUGINS_DECODED_CACHE=switch), timeout=TIMEOUT)
+        assert code == 0, output
+        records.append(read_records(out, drop=VOLATILE_KEYS))
+    line = cache_line(tmp_path / "full")
+    assert f"the disk of {small_disk / 'decoded'}" in line, line
+    assert "free space there or set DG_PLUGINS_CACHE to a folder on a disk with room" in line
+    assert len(records[0]) == 3 and records[0] == records[1]
+
+
+def test_an_infinite_budget_is_one_line_naming_the_variable(tmp_path):
+    """(Before, an OverflowError's traceback.)"""
+    tree = make_pacs_tree(tmp_path / "tree", per_class=1, size=32)
+    code, output = run(TRAIN, *train_args(tree, tmp_path / "job"),
+                       env=command_env(DG_PLUGINS_DECODED_BUDGET_GB="inf"), timeout=TIMEOUT)
+    assert code == 2, output
+    assert "error: $DG_PLUGINS_DECODED_BUDGET_GB='inf' is not a size in GB" in output, output
+    assert "finite number >= 0" in output and "Traceback" not in output, output
