@@ -76,7 +76,7 @@ def pytest_collection_finish(session):
 #: here keeps its place after them (the order only, never what a test does).
 SLOWEST_FIRST = (
     "slurm/test_slurm_lifecycle.py", "slurm/test_slurm_cgroup.py",  # mostly waiting on Slurm
-    "benchmarks/test_gpu_and_image_job.py", "test_before_after.py", "test_sweep_scripts.py",
+    "test_before_after.py", "test_sweep_scripts.py",
     "test_paper_scripts_mpbm_ipoop.py", "train/test_image_jobs.py", "test_paper_scripts_vit.py",
     "sweep/test_sweep_failures.py", "train/test_train_hardening.py",
     "test_paper_scripts_dmg_pacs.py", "algorithms/test_all_algorithms.py",

@@ -14,7 +14,7 @@ CUDA = torch.cuda.is_available()
 #: The GPU lane (tests/gpu/): run on CUDA, skipped without a device.
 needs_cuda = pytest.mark.skipif(
     not CUDA, reason="no CUDA device visible: the GPU lane runs on a GPU machine (python -m "
-    "dg_plugins.scripts.gpu_check runs the whole suite there)")
+    "benchmarks.gpu_check runs the whole suite there)")
 
 
 def job_device() -> torch.device:

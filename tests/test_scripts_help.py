@@ -1,6 +1,7 @@
 """Every command's ``--help`` works (``python -m dg_plugins.scripts.X --help``: exit 0, a usage
 line or the command's own text, without reStructuredText markup), so that the thin entry points
-in ``dg_plugins/scripts`` all reach their parsers; and each benchmark kind's."""
+in ``dg_plugins/scripts`` all reach their parsers; and each benchmark kind's (only ``gpu`` ships:
+the developer benchmarks are the source checkout's ``python -m benchmarks``)."""
 
 import re
 import subprocess
@@ -35,6 +36,34 @@ def test_help_of_every_benchmark_kind(kind):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
     assert not re.search(r":[a-z]+:`|``", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("argv, kind, checkout", [
+    (["data_path", "--per_class", "1"], "data_path", "data_path --per_class 1"),
+    (["--dataset", "Debug224", "--hparams", '{"a": 1}'], "algorithms",
+     """algorithms --dataset Debug224 --hparams '{"a": 1}'""")])
+def test_benchmark_names_the_checkout_command_of_a_developer_benchmark(tmp_path, argv, kind,
+                                                                       checkout):
+    """Only ``benchmark gpu`` ships; a developer benchmark (flags first: the former default,
+    algorithms) is one line naming its command in the source checkout."""
+    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", *argv],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr == (f"error: benchmark {kind} is a developer benchmark of the source "
+                           f"checkout: from its root, python -m benchmarks {checkout}; this "
+                           "command runs gpu\n")
+
+
+def test_only_benchmark_gpu_and_what_it_needs_ship():
+    """The developer benchmarks and gpu_check live in the source checkout's ``benchmarks/``."""
+    import pkgutil
+
+    package = Path(__file__).resolve().parents[1] / "dg_plugins"
+    shipped = {f"{folder}.{m.name}" for folder in ("benchmarks", "scripts")
+               for m in pkgutil.iter_modules([str(package / folder)])}
+    assert {m for m in shipped if "benchmark" in m or "gpu_check" in m} == {
+        "benchmarks.gpu", "benchmarks.timing", "benchmarks.memory", "benchmarks.data",
+        "scripts.benchmark"}
 
 
 # issue 58: a usage error is a short usage line and the error, with "did you mean" -------------

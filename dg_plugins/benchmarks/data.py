@@ -1,11 +1,9 @@
-"""Inputs of the benchmarks that run real jobs (``image_job``, ``gpu``), made locally, nothing
-downloaded: a PACS-shaped image tree (four domains, seven classes) in DomainBed's layout,
-``<data_dir>/PACS/<domain>/<class>/<image>``, at a real image size (PACS's 227x227 by default) so
-that decoding and augmenting cost what they cost on the real data, each picture a
-class-coloured disc on a domain-tinted background saved as a JPEG (quality 90), so that a model
-can learn the classes; and a torch cache (``TORCH_HOME``) holding random weights under the file
-name of torchvision's ImageNet weights, so that a job asking for pretrained weights (DomainBed's
-always do) loads them without a download."""
+"""Input of the benchmarks that run real jobs (``gpu``; the checkout's ``image_job``,
+``data_path`` and ``sweep_gpu``), made locally, nothing downloaded: a PACS-shaped image tree (four
+domains, seven classes) in DomainBed's layout, ``<data_dir>/PACS/<domain>/<class>/<image>``, at a
+real image size (PACS's 227x227 by default) so that decoding and augmenting cost what they cost
+on the real data, each picture a class-coloured disc on a domain-tinted background saved as a
+JPEG (quality 90), so that a model can learn the classes."""
 
 from __future__ import annotations
 
@@ -51,21 +49,3 @@ def make_pacs_tree(data_dir: str, per_class: int = 20, size: int = 227, seed: in
                                            quality=90)
                 count += 1
     return count
-
-
-def random_torchvision_weights(torch_home: str, arch: str = "resnet18", seed: int = 0) -> str:
-    """Save a randomly initialised torchvision ``arch`` (seeded) as the cache file of its
-    ImageNet weights (``IMAGENET1K_V1``, what ``pretrained=True`` loads) under
-    ``torch_home/hub/checkpoints``; returns the file's path. A job run with
-    ``TORCH_HOME=torch_home`` then starts from these random weights, offline."""
-    import dg_plugins.compat  # noqa: F401  (before torchvision)
-    import torch
-    import torchvision
-
-    weights = torchvision.models.get_model_weights(arch).IMAGENET1K_V1
-    folder = os.path.join(torch_home, "hub", "checkpoints")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, os.path.basename(weights.url))
-    torch.manual_seed(seed)
-    torch.save(torchvision.models.get_model(arch).state_dict(), path)
-    return path

@@ -142,7 +142,7 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
     """The algorithm table's rows (module docstring)."""
     import torch
 
-    from dg_plugins.benchmarks.algorithms import _persistent_bytes, _step_peak_bytes
+    from dg_plugins.benchmarks.memory import persistent_bytes, step_peak_bytes
     from dg_plugins.benchmarks.timing import alternating_times
 
     rows = []
@@ -158,8 +158,8 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
                                       args.warmup, device)
             for precision, job in jobs.items():
                 step = statistics.median(times[precision])
-                peak = (_persistent_bytes(job.algorithm)
-                        + _step_peak_bytes(job.algorithm, None, device, _steps(job)))
+                peak = (persistent_bytes(job.algorithm)
+                        + step_peak_bytes(job.algorithm, None, device, _steps(job)))
                 rows.append({"label": label, "precision": precision, "step_s": step,
                              "peak_bytes": peak, "images_per_s": images / step,
                              "images": images})

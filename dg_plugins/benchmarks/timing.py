@@ -1,12 +1,9 @@
-"""Timing for the benchmarks: alternating per-call timings whose ratios survive a shared machine's
-changing load, paired ratios, and wall/CPU time of a child process. No torch import at module
-import."""
+"""Timing for the benchmarks (``benchmark gpu``, the checkout's ``benchmarks``): alternating
+per-call timings whose ratios survive a shared machine's changing load, and paired ratios. No
+torch import at module import."""
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import tempfile
 import time
 
 
@@ -54,16 +51,3 @@ def paired_ratio(times: list[float], base: list[float]) -> tuple[float, float, f
         return ratios[0], ratios[0], ratios[0]
     low, median, high = statistics.quantiles(ratios, n=4)  # the middle cut is the median
     return low, median, high
-
-
-def timed_command(command: list[str], env: dict | None = None, cwd: str | None = None):
-    """Run ``command`` to completion; returns ``(wall seconds, CPU seconds of the child and its
-    children, CompletedProcess)`` with stdout and stderr captured as text."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=env,
-                            cwd=cwd or tempfile.gettempdir())
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, result

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from dg_plugins.benchmarks import collect as benchmark_collect
 from dg_plugins.collect import formats, ipoop, selection, tables
 from dg_plugins.collect import report as report_lib
 from dg_plugins.collect.records import load_records
@@ -371,14 +370,6 @@ def test_every_format_renders_every_section(sweep):
                 len(table.rows) * len(table.col_labels))
         assert outputs["latex"].count(f"\\subsection{{{section.title}}}") == 1
         assert outputs["markdown"].count(f"## {section.title}\n") == 1
-
-
-def test_benchmark_smoke(tmp_path, capsys):
-    out_dir = tmp_path / "bench"
-    assert benchmark_collect.main(["--jobs", "60", "--out", str(out_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "wrote 60 jobs, 300 records" in out and "records/s" in out
-    assert len(load_records(str(out_dir))) == 300
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from dg_plugins.job import flags, sizes
-from dg_plugins.job.flags import (ALWAYS, EVERY, FLAGS, GIVEN, NEVER, NOT_DEFAULT, OPTIONAL, ROWS,
+from dg_plugins.job.flags import (ALWAYS, EVERY, FLAGS, GIVEN, NEVER, NOT_DEFAULT, OPTIONAL,
                                   record_args, sweep_job_args)
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_jobs
@@ -113,18 +113,14 @@ def test_train_argv_writes_what_trains_parser_reads_and_refuses_a_name_that_is_n
 
 def test_a_borrowed_flag_takes_its_spelling_choices_and_default_from_the_row():
     """A benchmark that hands a flag's values to train jobs borrows train's row: a value the row
-    refuses is refused there too, and a name that is no row fails when the parser is built."""
-    from dg_plugins.benchmarks import image_job
-
+    refuses is refused there too, and a name that is no row fails when the parser is built
+    (a benchmark's own parser: benchmarks/tests/test_image_job.py)."""
     p = argparse.ArgumentParser()
     flags.borrow(p, "precision")
     assert p.parse_args([]).precision == "fp32"
     assert p.parse_args(["--precision", "fp16"]).precision == "fp16"
     with pytest.raises(SystemExit):
         p.parse_args(["--precision", "fp8"])
-    args = image_job.build_parser().parse_args(["--precision", "fp32", "bf16"])
-    assert args.precision == ["fp32", "bf16"]
-    assert args.eval_splits == list(ROWS["eval_splits"].choices)  # both, the benchmark's default
     assert flags.option("eval_splits") == "--eval_splits"
     with pytest.raises(ValueError, match="train has no flag --precison"):
         flags.borrow(argparse.ArgumentParser(), "precison")

@@ -1,7 +1,7 @@
-"""``python -m dg_plugins.scripts.benchmark alignment``: throughput of the AlignmentScore scorer
+"""``python -m benchmarks alignment``: throughput of the AlignmentScore scorer
 against open_clip's raw image-encoder forward, and the speed of a cached rerun.
 
-    python -m dg_plugins.scripts.benchmark alignment [--model ViT-B-16 | --model_config JSON] \
+    python -m benchmarks alignment [--model ViT-B-16 | --model_config JSON] \
         [--pretrained none] [--batch_size 32] [--batches 4] [--repeats 3] [--device cpu] \
         [--dataset PACS --data_dir DIR]
 
@@ -36,7 +36,7 @@ import time
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark alignment",
+    p = argparse.ArgumentParser(prog="python -m benchmarks alignment",
                                 description="AlignmentScore scorer throughput vs raw open_clip.")
     p.add_argument("--model", default="ViT-B-16")
     p.add_argument("--model_config", default=None, help="register an open_clip config (JSON)")

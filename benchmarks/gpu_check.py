@@ -1,11 +1,11 @@
-"""``python -m dg_plugins.scripts.gpu_check``: one command for a GPU machine. It checks that the
-packages the test suite needs are importable by the processes the tests start, runs the whole
-suite with CUDA visible (so the GPU lane, ``tests/gpu/``, and every test parametrized over
-devices run on it), runs ``benchmark gpu``, and writes one markdown report naming the device:
-the suite's counts, each failure and skip reason, the GPU lane test by test, and the
-benchmark's tables. Offline: nothing is downloaded (the hub and dg_plugins' own downloads are
-set offline). It needs the source checkout's ``tests/`` (an editable install finds them beside
-the package; else ``--tests``)."""
+"""``python -m benchmarks.gpu_check`` (from the checkout's root): one command for a GPU machine.
+It checks that the packages the test suite needs are importable by the processes the tests
+start, runs the whole suite with CUDA visible (so the GPU lane, ``tests/gpu/``, and every test
+parametrized over devices run on it), runs ``benchmark gpu``, and writes one markdown report
+naming the device: the suite's counts, each failure and skip reason, the GPU lane test by test,
+and the benchmark's tables. Offline: nothing is downloaded (the hub and dg_plugins' own
+downloads are set offline). It runs the checkout's ``tests/`` (beside this folder; another with
+``--tests``)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "DG_PLUGINS_OFFLINE": "1"}
 
 
 def default_tests() -> Path | None:
-    """The checkout's ``tests/`` beside the package (an editable install), if there."""
-    import dg_plugins
-
-    folder = Path(dg_plugins.__file__).resolve().parents[1] / "tests"
+    """The checkout's ``tests/`` beside ``benchmarks/``, if there."""
+    folder = Path(__file__).resolve().parents[1] / "tests"
     return folder if (folder / "conftest.py").exists() else None
 
 
@@ -118,7 +116,7 @@ def run_benchmark(args, env: dict, work: Path) -> str:
 
 def report(args, cases, suite_line, suite_seconds, benchmark, missing) -> str:
     lines = ["# GPU check", "", *device_lines(),
-             f"Command: `python -m dg_plugins.scripts.gpu_check {shlex.join(args.argv)}`", ""]
+             f"Command: `python -m benchmarks.gpu_check {shlex.join(args.argv)}`", ""]
     if missing:
         lines += ["Missing packages (the suite was not run): " + ", ".join(missing), ""]
     if cases:
@@ -149,10 +147,10 @@ def report(args, cases, suite_line, suite_seconds, benchmark, missing) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.gpu_check",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check",
                                 description=plain_text(__doc__))
     p.add_argument("--tests", type=Path, default=None,
-                   help="the checkout's tests/ folder (default: beside the package)")
+                   help="the checkout's tests/ folder (default: beside benchmarks/)")
     p.add_argument("--out", type=Path, default=Path("gpu_check.md"),
                    help="the report (default ./gpu_check.md)")
     p.add_argument("-n", "--workers", type=int, default=min(16, os.cpu_count() or 1),
@@ -181,8 +179,8 @@ def main(argv=None) -> int:
         return 2
     tests = args.tests or default_tests()
     if not args.no_suite and (tests is None or not (tests / "conftest.py").exists()):
-        print(f"error: no test suite at {tests or 'the package'}: pass --tests CHECKOUT/tests "
-              "(the suite ships with the source checkout, not the wheel)", file=sys.stderr)
+        print(f"error: no test suite at {tests or 'the checkout'}: pass --tests CHECKOUT/tests",
+              file=sys.stderr)
         return 2
     env = {**os.environ, **OFFLINE}
     missing = [] if args.no_suite else missing_modules(env)
@@ -203,3 +201,7 @@ def main(argv=None) -> int:
     print(f"(written to {args.out})")
     failed = missing or any(c["outcome"] in ("failed", "error") for c in cases)
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.benchmark image_job --domainbed PATH``: one image job run by
+"""``python -m benchmarks image_job --domainbed PATH``: one image job run by
 dg_plugins' train (with ``--eval_splits all`` and with ``selection``) and by DomainBed's
 ``domainbed/scripts/train.py`` (the checkout at PATH, unchanged, in a subprocess with
 ``PYTHONPATH=PATH``), on the same data with the same arguments, the three taking turns in every
@@ -10,7 +10,7 @@ tree of 560 JPEGs at 227x227 (``--per_class 357``: 9,996, PACS's size;
 5 steps, batch 8 per domain, each host's default loader workers. DomainBed always loads
 torchvision's ImageNet weights (``domainbed/networks.py``: ``resnet18(pretrained=True)``), so both
 hosts run with ``TORCH_HOME`` pointing at a temporary folder that holds random weights under that
-file's name (:func:`dg_plugins.benchmarks.data.random_torchvision_weights`): nothing is downloaded
+file's name (:func:`benchmarks.support.random_torchvision_weights`): nothing is downloaded
 and both start from the same weights. ``resnet50_augmix`` is false for both (DomainBed's default
 true would replace the network by timm's ResNet-50).
 
@@ -181,7 +181,7 @@ def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark image_job",
+    p = argparse.ArgumentParser(prog="python -m benchmarks image_job",
                                 description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout (default $DOMAINBED_ROOT); without it only ours run")
@@ -216,7 +216,8 @@ def main(argv=None) -> int:
         print(f"error: --domainbed {args.domainbed}: no domainbed/scripts/train.py there; give a "
               "DomainBed checkout", file=sys.stderr)
         return 2
-    from dg_plugins.benchmarks.data import make_pacs_tree, random_torchvision_weights
+    from benchmarks.support import random_torchvision_weights
+    from dg_plugins.benchmarks.data import make_pacs_tree
 
     # absolute: the jobs run in it (a relative --work_dir would be taken from there again)
     with tempfile.TemporaryDirectory(dir=args.work_dir and os.path.abspath(args.work_dir)) as tmp:

@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.benchmark data_path [--domainbed PATH]``: the images per second
+"""``python -m benchmarks data_path [--domainbed PATH]``: the images per second
 the data path delivers to the model, with the model left out (an infinitely fast GPU), on this
 machine's cores: training batches and full evaluations, dg_plugins' against DomainBed's loaders,
 measured in one run and printed as ratios.
@@ -314,7 +314,7 @@ def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark data_path",
+    p = argparse.ArgumentParser(prog="python -m benchmarks data_path",
                                 description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout (default $DOMAINBED_ROOT; DomainBed imports wilds); "

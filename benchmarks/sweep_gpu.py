@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.benchmark sweep_gpu --domainbed PATH``: one small sweep on the
+"""``python -m benchmarks sweep_gpu --domainbed PATH``: one small sweep on the
 visible GPUs, run four ways, and the GPU-hours of each (its wall time x the GPUs it held) as
 ratios to DomainBed's:
 
@@ -98,7 +98,7 @@ def records(folder: str) -> dict[str, list[dict]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark sweep_gpu",
+    p = argparse.ArgumentParser(prog="python -m benchmarks sweep_gpu",
                                 description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--domainbed", default=os.environ.get("DOMAINBED_ROOT"),
                    help="DomainBed checkout (default $DOMAINBED_ROOT; it needs wilds); without "
@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from dg_plugins.benchmarks.data import make_pacs_tree, random_torchvision_weights
+    from benchmarks.support import random_torchvision_weights
+    from dg_plugins.benchmarks.data import make_pacs_tree
     from dg_plugins.sweep.launchers import visible_gpus
 
     if args.domainbed and args.test_envs:

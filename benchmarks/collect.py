@@ -1,6 +1,6 @@
 """Benchmark: dg_plugins' collect_results against DomainBed's on a large synthetic sweep.
 
-    python -m dg_plugins.scripts.benchmark collect [--jobs 10000] [--out DIR] [--domainbed PATH]
+    python -m benchmarks collect [--jobs 10000] [--out DIR] [--domainbed PATH]
         [--template SWEEP_DIR] [--keep]
 
 1. Writes ``--jobs`` job folders in DomainBed's record format (``results.jsonl`` with one
@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from dg_plugins import catalog
-from dg_plugins.benchmarks.timing import timed_command
+from benchmarks.support import timed_command
 from dg_plugins.help_text import plain_text
 from dg_plugins.sweep.jobs import job_folder_name
 from dg_plugins.job.folder import DONE_FILE, RESULTS_FILE
@@ -143,7 +143,7 @@ def folder_size(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dg_plugins.scripts.benchmark collect",
+        prog="python -m benchmarks collect",
         description=plain_text(__doc__.split("\n\n")[0]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=10000, help="number of job folders (10000)")

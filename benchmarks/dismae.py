@@ -1,16 +1,16 @@
-"""``python -m dg_plugins.scripts.benchmark dismae``: cost of a DisMAE (and MAE) *pretraining*
+"""``python -m benchmarks dismae``: cost of a DisMAE (and MAE) *pretraining*
 step (:meth:`pretrain_update`, no labels) relative to an ERM step of a ViT of the same width and
 depth (ERM with ``backbone: vit`` and the same ``vit_arch``, random init) on the same images, and
 the parameter counts of each part of the default model. Measured in one process, alternating the
 algorithms step by step; median over ``--steps`` after ``--warmup``.
 
-The generic ``python -m dg_plugins.scripts.benchmark`` times ``update`` (the DG variant, with its
+The generic ``python -m benchmarks`` times ``update`` (the DG variant, with its
 CE head); this script times the UDG pretraining step, and prints the
 parameter count of the pretraining model (semantic encoder, variation blocks, decoder, domain
 classifier). DisMAE is timed on steps without and with the domain classifier's own pass (it
 trains only on epochs 0-5 and every 15th epoch up to 100: about 2% of a 501-epoch schedule)::
 
-    python -m dg_plugins.scripts.benchmark dismae --batch_size 2 --num_domains 3 --steps 3
+    python -m benchmarks dismae --batch_size 2 --num_domains 3 --steps 3
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dg_plugins.help_text import plain_text
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dg_plugins.scripts.benchmark dismae",
+        prog="python -m benchmarks dismae",
         description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--arch", default="vit_base_patch16_224",
                    help="semantic encoder / ERM ViT architecture (timm name or preset)")

@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.benchmark [algorithms]``: cost of registered algorithms
+"""``python -m benchmarks [algorithms]``: cost of registered algorithms
 relative to a baseline algorithm (default ERM), measured in one process.
 
 For the baseline and every algorithm matching ``--algorithms`` (a shell pattern or a
@@ -22,7 +22,7 @@ to the algorithm's float32 step ("x fp32"; a measured command in ``results/bench
 Example::
 
     # DMG vs ERM on the same ResNet-18, 224x224, with predict cost
-    python -m dg_plugins.scripts.benchmark --dataset Debug224 --algorithms DMG --predict \
+    python -m benchmarks --dataset Debug224 --algorithms DMG --predict \
         --hparams '{"resnet18": true, "resnet50_augmix": false}' --batch_size 16
 
 With ``--domainbed PATH`` it also times a whole train job (ERM, Debug28, 9 steps, batch 8) with
@@ -44,20 +44,6 @@ from dg_plugins.help_text import plain_text
 from dg_plugins.job import borrow, option, train_argv
 
 
-@contextlib.contextmanager
-def _stderr_fd_silenced():
-    """The profiler's C++ side prints start/stop lines on fd 2; keep them out of the report."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def _minibatches(dataset, batch_size, envs, device):
     import torch
 
@@ -69,53 +55,6 @@ def _minibatches(dataset, batch_size, envs, device):
         out.append((torch.stack([x for x, _ in items]).to(device),
                     torch.as_tensor([y for _, y in items]).to(device)))
     return out
-
-
-def _persistent_bytes(algorithm) -> int:
-    import torch
-
-    seen, total = set(), 0
-    tensors = list(algorithm.state_dict().values())
-    for opt in algorithm.optimizers().values():
-        for state in opt.state.values():
-            tensors += [v for v in state.values() if torch.is_tensor(v)]
-    for t in tensors:
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
-def _step_peak_bytes(algorithm, batches, device, step=None) -> int:
-    """Peak bytes allocated during one update (``step()``; default ``algorithm.update``), above
-    what was allocated before it (frees of blocks allocated before, e.g. gradients released by
-    ``zero_grad``, count negative)."""
-    import torch
-
-    if step is None:
-        def step():
-            algorithm.update(batches, None)
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with _stderr_fd_silenced(), profile(activities=[ProfilerActivity.CPU],
-                                        profile_memory=True) as prof:
-        step()
-    allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                         if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in allocations:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def build_algorithm(name: str, dataset, hparams: dict, num_domains: int, device):
@@ -142,6 +81,7 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
     under it (rows ``"<name>:<precision>"``, the same instance: :func:`reduced_step`)."""
     import torch
 
+    from dg_plugins.benchmarks.memory import persistent_bytes, step_peak_bytes
     from dg_plugins.benchmarks.timing import alternating_medians, alternating_times
     from dg_plugins.train.precision import Compute
 
@@ -176,7 +116,7 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
         for name in models:
             rows[name]["predict_s"] = times[name]
     for name, a in models.items():
-        rows[name]["peak_bytes"] = _persistent_bytes(a) + _step_peak_bytes(a, batches, device,
+        rows[name]["peak_bytes"] = persistent_bytes(a) + step_peak_bytes(a, batches, device,
                                                                            steps_of[name])
         rows[name]["params"] = sum(p.numel() for p in a.parameters())
         rows[name]["trainable"] = sum(p.numel() for p in a.parameters() if p.requires_grad)
@@ -317,7 +257,7 @@ TRAIN_JOB_TARGET = 0.35
 
 def _timed(cmd, env) -> tuple[float, float]:
     """Wall and CPU seconds (with its children) of ``cmd``."""
-    from dg_plugins.benchmarks.timing import timed_command
+    from benchmarks.support import timed_command
 
     wall, cpu, proc = timed_command(cmd, env)
     if proc.returncode != 0:
@@ -352,7 +292,7 @@ def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dg_plugins.scripts.benchmark [algorithms]",
+        prog="python -m benchmarks [algorithms]",
         description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--dataset", default="Debug28")
     p.add_argument("--data_dir", default=None)

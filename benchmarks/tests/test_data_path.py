@@ -1,32 +1,25 @@
-"""``benchmark data_path`` as a user runs it, small (28 JPEGs, one round, one repeat): our
-configurations (image files and the decoded-image cache), and DomainBed's loaders beside them
-when ``$DOMAINBED_ROOT`` names a checkout. No timing is asserted: the test checks that every
-rate and ratio is measured and reported."""
+"""``python -m benchmarks data_path`` as a developer runs it, small (28 JPEGs, one round, one
+repeat): our configurations (image files and the decoded-image cache), and DomainBed's loaders
+beside them when ``$DOMAINBED_ROOT`` names a checkout. No timing is asserted: the test checks
+that every rate and ratio is measured and reported."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from devices import cpu_only
-from processes import REPO, python_path
+from benchmarks.tests.commands import run
 
-TIMEOUT_S = 300
 SMALL = ("--per_class", "1", "--image_size", "48", "--repeats", "1", "--rounds", "1",
          "--warmup", "0", "--workers", "1", "--batch_size", "2")
 OURS = ("dg_plugins JPEG, 1 worker", "dg_plugins cache, 1 worker")
 
 
 def run_benchmark(*args, cwd):
-    env = cpu_only(dict(os.environ, PYTHONPATH=python_path(REPO)))
-    return subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", "data_path",
-                           *args], capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                          cwd=cwd)
+    return run("data_path", *args, cwd=cwd)
 
 
 def check_rates(out: str, labels) -> None:

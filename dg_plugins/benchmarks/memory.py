@@ -1,0 +1,72 @@
+"""Peak memory of a training step, for ``benchmark gpu`` (and the checkout's ``benchmarks``):
+the bytes an algorithm holds (parameters, buffers, optimizer state) and the peak of one step's
+own allocations (``torch.cuda.max_memory_allocated`` on CUDA, the torch profiler's allocation
+events on a CPU). No torch import at module import."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+@contextlib.contextmanager
+def stderr_fd_silenced():
+    """The profiler's C++ side prints start/stop lines on fd 2; keep them out of the report."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def persistent_bytes(algorithm) -> int:
+    """Bytes of the algorithm's state dict and its optimizers' state, each storage once."""
+    import torch
+
+    seen, total = set(), 0
+    tensors = list(algorithm.state_dict().values())
+    for opt in algorithm.optimizers().values():
+        for state in opt.state.values():
+            tensors += [v for v in state.values() if torch.is_tensor(v)]
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def step_peak_bytes(algorithm, batches, device, step=None) -> int:
+    """Peak bytes allocated during one update (``step()``; default ``algorithm.update``), above
+    what was allocated before it (frees of blocks allocated before, e.g. gradients released by
+    ``zero_grad``, count negative)."""
+    import torch
+
+    if step is None:
+        def step():
+            algorithm.update(batches, None)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with stderr_fd_silenced(), profile(activities=[ProfilerActivity.CPU],
+                                       profile_memory=True) as prof:
+        step()
+    allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                         if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in allocations:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
