@@ -132,7 +132,8 @@ class JobData:
     source: str
 
 
-def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData:
+def build_job_data(args, hparams: dict, n_workers: int | None = None,
+                   compute: "Compute | None" = None) -> JobData:
     """The data of the job of ``args`` (train's namespace, or a record's ``args``), built as the
     job builds it: every RNG seeded with ``args.seed`` first (a dataset that draws its data, such
     as Debug28, draws it then), the dataset (its augmentation on the device with
@@ -141,7 +142,7 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None) -> JobData
     memory)."""
     seed_everything(args.seed)
     dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, hparams)
-    if Compute.of(args).augment_on == "device":
+    if (compute or Compute.of(args)).augment_on == "device":
         use_device_augmentation(dataset, args.dataset)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
     splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
@@ -174,13 +175,14 @@ class Job:
     #: Whether one stream draws pooled batches (``batch_sampling`` "pooled"; set by :meth:`build`).
     pooled = False
 
-    def __init__(self, args, stop, progress_stream=None):
+    def __init__(self, args, stop, progress_stream=None, compute: "Compute | None" = None):
         self.args = args
         self.stop = stop
         self.progress_stream = progress_stream
         self.record_args = record_args(args)
-        #: The compute settings (:mod:`.precision`), the same object in training and evaluation.
-        self.compute = Compute.of(args)
+        #: The compute settings (:mod:`.precision`): the train call's one object, in training and
+        #: evaluation alike.
+        self.compute = compute or Compute.of(args)
         self.device = pick_device(args.device)
         self.scaler = None  # fp16's gradient scaler (set by :meth:`prepare_compute`)
         self.folder = args.output_dir
@@ -210,7 +212,7 @@ class Job:
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled:
             check_pooled(args, self.hparams)
-        data = build_job_data(args, self.hparams, args.n_workers)
+        data = build_job_data(args, self.hparams, args.n_workers, self.compute)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
         cache_line = decoded.prepare(self.dataset, cores=max(1, self.workers),

@@ -35,7 +35,7 @@ def user_errors() -> tuple:
     return (UnknownNameError, ValueError, FileNotFoundError, PretrainedWeightsUnavailable)
 
 
-def validate(args) -> None:
+def validate(args, compute=None) -> None:
     """Reject bad input before anything is written: plugin modules, names, hparams, the flags'
     ranges (:func:`dg_plugins.job.flags.check_ranges`, which sweep runs too), environment
     indices, an image tree one level off, a compute setting the device or this Python cannot
@@ -58,7 +58,7 @@ def validate(args) -> None:
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.precision import Compute
 
-    Compute.of(args).check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
+    (compute or Compute.of(args)).check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
 
 
 def check_image_tree(dataset: str, data_dir: str | None) -> None:
@@ -203,9 +203,10 @@ def execute(args, stop_after_step: int | None = None
     folder = args.output_dir
     from dg_plugins.train.precision import Compute
 
-    Compute.of(args).prepare_process()
+    compute = Compute.of(args)  # the call's compute settings, built once
+    compute.prepare_process()
     try:
-        validate(args)
+        validate(args, compute)
         with writing(folder):
             os.makedirs(folder, exist_ok=True)
         with writing(folder), FolderLock(folder):
@@ -223,7 +224,7 @@ def execute(args, stop_after_step: int | None = None
                     with StopRequest() as stop:
                         kind = udg.UDGJob if flags.flag(args, "label_fraction") is not None \
                             else Job
-                        return (kind(args, stop, progress_stream=real_stderr).run(stop_after_step),
+                        return (kind(args, stop, real_stderr, compute).run(stop_after_step),
                                 flags.EXIT_DONE, None)
                 except BaseException as err:  # reported here, in out.txt and err.txt
                     failure = err
