@@ -52,3 +52,16 @@ def test_paired_ratio_is_the_median_of_per_round_ratios_with_quartiles():
     assert abs(mid - 1.1) < 1e-9  # a ratio of medians would say 1.1 / 1.0 here by luck only
     assert low <= mid <= high and abs(high - 1.2) < 1e-9
     assert paired_ratio([3.0], [2.0]) == (1.5, 1.5, 1.5)
+
+
+def test_benchmark_times_each_algorithm_in_bf16_against_its_fp32_step(capsys):
+    assert benchmark.main(["--algorithms", "ERM", "--tiny", "--steps", "1", "--warmup", "0",
+                           "--precision", "bf16", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("ERM")}
+    assert set(rows) == {"ERM", "ERM:bf16"}
+    assert rows["ERM"][4:6] == ["1.00", "(1.00-1.00)"]  # x fp32 of the fp32 row itself
+    assert float(rows["ERM:bf16"][4]) > 0 and "avx512_bf16" in out
+    assert "--precision bf16: each algorithm also stepped under autocast to bf16" in out
+    assert benchmark.main(["--algorithms", "ERM", "--precision", "fp16", "--device", "cpu"]) == 2
+    assert "use --precision bf16" in capsys.readouterr().err

@@ -473,18 +473,3 @@ def test_collect_results_notes_runs_with_other_compute_settings(shared_fixtures,
             "--precision bf16; 1 used --precision bf16 --channels_last true; "
             f"{len(folders) - 3} the defaults (--precision fp32, --channels_last false, "
             "--deterministic true, --augment_on loader)") in " ".join(err.split())
-
-
-def test_benchmark_times_each_algorithm_in_bf16_against_its_fp32_step(capsys):
-    from dg_plugins.scripts import benchmark
-
-    assert benchmark.main(["--algorithms", "ERM", "--tiny", "--steps", "1", "--warmup", "0",
-                           "--precision", "bf16", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("ERM")}
-    assert set(rows) == {"ERM", "ERM:bf16"}
-    assert rows["ERM"][4:6] == ["1.00", "(1.00-1.00)"]  # x fp32 of the fp32 row itself
-    assert float(rows["ERM:bf16"][4]) > 0 and "avx512_bf16" in out
-    assert "--precision bf16: each algorithm also stepped under autocast to bf16" in out
-    assert benchmark.main(["--algorithms", "ERM", "--precision", "fp16", "--device", "cpu"]) == 2
-    assert "use --precision bf16" in capsys.readouterr().err
