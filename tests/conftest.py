@@ -75,13 +75,13 @@ def pytest_collection_finish(session):
 #: last, where one of them can keep a worker busy alone while the other waits. A module not named
 #: here keeps its place after them (the order only, never what a test does).
 SLOWEST_FIRST = (
-    "slurm/test_slurm_lifecycle.py", "slurm/test_slurm_cgroup.py",  # mostly waiting on Slurm
+    "slurm/test_slurm_lifecycle.py",  # mostly waiting on Slurm
     "test_before_after.py", "test_sweep_scripts.py",
     "test_paper_scripts_mpbm_ipoop.py", "train/test_image_jobs.py", "test_paper_scripts_vit.py",
     "sweep/test_sweep_failures.py", "train/test_train_hardening.py",
     "test_paper_scripts_dmg_pacs.py", "algorithms/test_all_algorithms.py",
     "test_paper_scripts_dmg_domainnet.py", "train/test_precision.py",
-    "train/test_augment_on_device.py", "test_paper_prerequisites.py",
+    "train/test_augment_on_device.py", "reproduce/test_prerequisites.py",
     "train/test_train_reports.py", "sweep/test_sweep_claims.py", "alignment/test_scoring.py",
     "sweep/test_packing.py", "sweep/test_launchers.py", "train/test_train.py",
     "collect/test_eval_splits_tables.py")
