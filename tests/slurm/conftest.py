@@ -1,5 +1,6 @@
-"""The ``cluster`` fixture: a one-node Slurm started for a test module (:mod:`slurm_cluster`),
-under the module's ``PROCTRACK``; skipped, with the reason, where it cannot start."""
+"""The test clusters: one-node Slurms (:mod:`slurm_cluster`) under ``proctrack/linuxproc`` and
+``proctrack/cgroup``, started together for the module that asks and stopped after it; one that
+cannot start is a skip reason instead, named by the tests that need it."""
 
 from __future__ import annotations
 
@@ -7,20 +8,32 @@ import subprocess
 
 import pytest
 
-from slurm_cluster import Cluster, why_no_cluster
+from slurm_cluster import PROCTRACKS, Cluster, running, why_no_cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(request, tmp_path_factory):
-    proctrack = getattr(request.module, "PROCTRACK", "linuxproc")
-    reason = why_no_cluster(proctrack)
-    if reason:
-        pytest.skip(reason)
-    started = Cluster(tmp_path_factory.mktemp("slurm"), proctrack)
-    try:
-        started.start()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-        started.stop()
-        pytest.skip(f"the test Slurm cluster did not start: {err}")
+def clusters(tmp_path_factory):
+    """``{proctrack: Cluster, or the reason it could not start}``."""
+    started = {}
+    for proctrack in PROCTRACKS:
+        reason = why_no_cluster(proctrack)
+        if reason:
+            started[proctrack] = reason
+            continue
+        cluster = Cluster(tmp_path_factory.mktemp(f"slurm_{proctrack}"), proctrack)
+        try:
+            cluster.start()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+            cluster.stop()
+            started[proctrack] = f"the test Slurm cluster did not start: {err}"
+            continue
+        started[proctrack] = cluster
     yield started
-    started.stop()
+    for cluster in started.values():
+        if isinstance(cluster, Cluster):
+            cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(clusters):
+    return running(clusters, "linuxproc")

@@ -84,6 +84,14 @@ def no_train_process_left(env: dict) -> list[str]:
     return [p for p in processes.survivors(env, wait=20) if "dg_plugins.scripts.train" in p]
 
 
+def text(path: Path) -> str:
+    """A file's text ("" while it does not exist)."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def task_log(out: Path, job_id: str) -> str:
     logs = out / "submitit_logs"
     return "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob(f"{job_id}_*log*")))

@@ -4,8 +4,8 @@ socket, ports, state and logs, stopped by PID at the end. The node declares 8 CP
 machine has (``config_overrides``), so that the tests' jobs, which mostly wait, run at once. Skipped, with the reason, where it
 cannot start (not root, Slurm not installed, a daemon that does not come up).
 
-``proctrack`` is the module's ``PROCTRACK`` (``linuxproc`` by default; ``cgroup`` needs cgroup
-v1's freezer, else the cluster is skipped)."""
+``proctrack``: ``linuxproc`` or ``cgroup`` (which needs cgroup v1's freezer; without it that
+cluster is a skip reason)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dg_plugins.sweep.fork import _load_libc, die_with_parent
 _load_libc()  # before any fork
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+PROCTRACKS = ("linuxproc", "cgroup")
 CONF = """ClusterName=dgtest
 SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
@@ -186,3 +187,14 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def running(clusters: dict, proctrack: str) -> Cluster:
+    """The started cluster of ``proctrack`` (the ``clusters`` fixture's), or a skip naming why
+    there is none."""
+    import pytest
+
+    cluster = clusters[proctrack]
+    if isinstance(cluster, str):
+        pytest.skip(f"proctrack/{proctrack}: {cluster}")
+    return cluster

@@ -1,9 +1,11 @@
-"""Sweeps on a real one-node Slurm the suite starts (tests/slurm/conftest.py), under
-``proctrack/linuxproc``: the records and tables equal the local launcher's; a job requeued by
-``scontrol requeue``, two that outlive their time limit in one task, and jobs cancelled then
-relaunched all finish with the records of an uninterrupted run; a relaunch while jobs pend or
-run submits nothing and names their Slurm ids; bad settings are refused before any job folder
-exists. The scenarios run at once (lifecycle.Scenario); each test checks one."""
+"""Sweeps on real one-node Slurms the suite starts (tests/slurm/conftest.py), under
+``proctrack/linuxproc`` (Slurm signals every process of a job) and ``proctrack/cgroup`` (what
+most clusters run: Slurm signals the task, which passes the signals on to train): the records
+and tables equal the local launcher's; a job requeued by ``scontrol requeue``, two that outlive
+their time limit in one task, and jobs cancelled then relaunched all finish with the records of
+an uninterrupted run; a relaunch while jobs pend or run submits nothing and names their Slurm
+ids; bad settings are refused before any job folder exists. Every scenario on both clusters
+runs at once (lifecycle.Scenario); each test checks one."""
 
 from __future__ import annotations
 
@@ -12,9 +14,7 @@ import re
 import pytest
 
 import lifecycle as lc
-from slurm_cluster import free_port
-
-PROCTRACK = "linuxproc"
+from slurm_cluster import PROCTRACKS, Cluster, free_port, running
 
 
 def default_launch(cluster, out):
@@ -39,8 +39,8 @@ def requeued_by_slurm(cluster, out, gate):
     job_id = lc.slurm_id(folder)
     cluster.wait_until(lambda: (gate / "waiting").exists(), "the job at its gate")
     cluster.client("scontrol", "requeue", job_id)
-    cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING",
-                       "the requeued job pending")
+    err = folder / "err.txt"  # train says when the stop reached it (it leaves the gate then)
+    cluster.wait_until(lambda: "received SIGTERM" in lc.text(err), "train stopped by Slurm")
     (gate / "release").touch()
     cluster.wait_until(lambda: lc.all_done(out, 1), "the requeued job done", lc.TIMEOUT,
                        start_requeued=True)
@@ -59,7 +59,8 @@ def timed_out(cluster, out, gate):
     assert code == 0, launched
     (job_id,) = {lc.slurm_id(folder) for folder in lc.job_folders(out)}
     # (a job still starting when the signal came restarts from step 0: the same records)
-    cluster.wait_until(lambda: cluster.squeue().get(job_id, ("",))[0] == "PENDING",
+    requeued = "time limit: the jobs stopped at a checkpoint; requeued"
+    cluster.wait_until(lambda: requeued in lc.task_log(out, job_id),
                        "the task requeued at its limit", timeout=200)
     log = lc.task_log(out, job_id)
     (gate / "release").touch()
@@ -98,60 +99,79 @@ def relaunched_while_held(cluster, out, gate):
     return ids, before, after, left, texts
 
 
+SCENARIOS = {"default": (default_launch, False), "requeue": (requeued_by_slurm, True),
+             "time limit": (timed_out, True), "held": (relaunched_while_held, True)}
+
+
 @pytest.fixture(scope="module")
-def runs(cluster, tmp_path_factory):
-    def folders(name):
-        root = tmp_path_factory.mktemp(name)
-        return root / "sweep", root / "gate"
+def runs(clusters, tmp_path_factory):
+    """Every scenario on every cluster that started, at once, and the local reference."""
+    started = {"reference": lc.Scenario(lc.local_reference, tmp_path_factory)}
+    for proctrack, cluster in clusters.items():
+        if not isinstance(cluster, Cluster):
+            continue
+        for name, (fn, gated) in SCENARIOS.items():
+            root = tmp_path_factory.mktemp(f"{proctrack}_{name.replace(' ', '_')}")
+            folders = (root / "sweep", root / "gate") if gated else (root / "sweep",)
+            started[proctrack, name] = lc.Scenario(fn, cluster, *folders)
+    return started
 
-    return {"reference": lc.Scenario(lc.local_reference, tmp_path_factory),
-            "default": lc.Scenario(default_launch, cluster, folders("default")[0]),
-            "requeue": lc.Scenario(requeued_by_slurm, cluster, *folders("requeue")),
-            "time limit": lc.Scenario(timed_out, cluster, *folders("timeout")),
-            "held": lc.Scenario(relaunched_while_held, cluster, *folders("held"))}
+
+def outcome(runs, clusters, proctrack, name):
+    running(clusters, proctrack)
+    return runs[proctrack, name].outcome()
 
 
-def same_records(runs, name):
-    out = runs[name].args[1]
+def same_records(runs, proctrack, name):
+    out = runs[proctrack, name].args[1]
     assert lc.records_by_job(out) == {
         job: records for job, records in lc.records_by_job(runs["reference"].outcome()).items()
         if (out / job).exists()}
     return out
 
 
-def test_a_sweep_on_slurm_equals_the_local_launchers(runs):
+LIFECYCLE = pytest.mark.parametrize("proctrack", PROCTRACKS)
+
+
+@LIFECYCLE
+def test_a_sweep_on_slurm_equals_the_local_launchers(runs, clusters, proctrack):
     """Records and tables as the local launcher's; the GPU default fitted to the CPU partition;
     each folder records its Slurm job; status says done."""
-    launched, status = runs["default"].outcome()
+    launched, status = outcome(runs, clusters, proctrack, "default")
     assert "partition debug has no GPUs; the jobs run on CPU" in launched
     assert "submitted 2 jobs to slurm as array" in launched
-    out = same_records(runs, "default")
+    out = same_records(runs, proctrack, "default")
     assert lc.tables(out) == lc.tables(runs["reference"].outcome())
     ids = {lc.slurm_id(folder) for folder in lc.job_folders(out)}
     assert len(ids) == 2 and all("_" in i for i in ids)
     assert "2 jobs: 2 done" in status, status
 
 
-def test_scontrol_requeue_of_a_running_job_continues_by_itself(runs):
-    launched = runs["requeue"].outcome()
+@LIFECYCLE
+def test_scontrol_requeue_of_a_running_job_continues_by_itself(runs, clusters, proctrack):
+    launched = outcome(runs, clusters, proctrack, "requeue")
     assert "default time limit (1440 min) is over partition short's MaxTime" in launched
-    out = same_records(runs, "requeue")
+    out = same_records(runs, proctrack, "requeue")
     (folder,) = lc.job_folders(out)
     assert "Resuming from step 3" in (folder / "out.txt").read_text()
 
 
-def test_a_time_limit_shorter_than_the_job_is_checkpointed_and_requeued(runs):
-    launched, log = runs["time limit"].outcome()
+@LIFECYCLE
+def test_a_time_limit_shorter_than_the_job_is_checkpointed_and_requeued(runs, clusters,
+                                                                         proctrack):
+    launched, log = outcome(runs, clusters, proctrack, "time limit")
     assert "(1 tasks, 2 jobs per task" in launched, launched
     assert "time limit: the jobs stopped at a checkpoint; requeued" in log, log[-3000:]
-    same_records(runs, "time limit")
+    same_records(runs, proctrack, "time limit")
 
 
-def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resume(runs):
+@LIFECYCLE
+def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resume(
+        runs, clusters, proctrack):
     """The relaunch submits nothing and names both Slurm ids (one running, one pending),
     delete_incomplete deletes nothing, status shows them; cancel stops them, no train process
     outlives the allocation, and a relaunch finishes both with an uninterrupted run's records."""
-    ids, before, after, left, texts = runs["held"].outcome()
+    ids, before, after, left, texts = outcome(runs, clusters, proctrack, "held")
     relaunch = texts["relaunch"]
     assert "2 held by Slurm" in relaunch and "About to launch 0 jobs." in relaunch, relaunch
     assert all(f"Slurm job {job_id}: " in relaunch for job_id in ids), relaunch
@@ -165,7 +185,12 @@ def test_a_relaunch_while_jobs_pend_or_run_submits_nothing_then_cancel_and_resum
     after_cancel = texts["status after cancel"]
     assert "interrupted" in after_cancel and "never started" in after_cancel, after_cancel
     assert "submitted 2 jobs to slurm" in texts["resume"], texts["resume"]
-    same_records(runs, "held")
+    same_records(runs, proctrack, "held")
+
+
+def test_the_cgroup_cluster_tracks_its_jobs_with_cgroups(clusters):
+    assert "freezer:/slurm" in running(clusters, "cgroup").client(
+        "srun", "cat", "/proc/self/cgroup")
 
 
 @pytest.mark.parametrize("flags, message", [
