@@ -1,8 +1,9 @@
 """A one-node Slurm cluster started for the tests (Debian's slurm-wlm and munge, as
 ../shared/slurm/ describes): munged, slurmctld and slurmd in a temporary folder, with their own
 socket, ports, state and logs, stopped by PID at the end. The node declares 8 CPUs whatever the
-machine has (``config_overrides``), so that the tests' jobs, which mostly wait, run at once. Skipped, with the reason, where it
-cannot start (not root, Slurm not installed, a daemon that does not come up).
+machine has (``config_overrides``), so that the tests' jobs, which mostly wait, run at once.
+Skipped, with the reason, where it cannot start (not root, Slurm not installed, a daemon that
+does not come up).
 
 ``proctrack``: ``linuxproc`` or ``cgroup`` (which needs cgroup v1's freezer; without it that
 cluster is a skip reason)."""
