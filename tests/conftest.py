@@ -3,6 +3,7 @@
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -116,3 +117,30 @@ def shared_fixtures(tmp_path_factory) -> Path:
                  "domainbed_sweep_data.expected_tables_latex.txt"):
         shutil.copy(REPO_FIXTURES / name, folder / name)
     return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A decoded-image cache folder of the test's own, the cache on, the default budget."""
+    from dg_plugins.datasets import decoded
+
+    monkeypatch.setenv("DG_PLUGINS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(decoded.SWITCH_ENV, raising=False)
+    monkeypatch.delenv(decoded.BUDGET_ENV, raising=False)
+    return tmp_path / "cache" / "decoded"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 100 KB tmpfs (a full disk at once); skipped where mounting is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(disk)],
+                       check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        pytest.skip(f"cannot mount a small tmpfs here ({err})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)

@@ -5,24 +5,11 @@ job's records, the DataFrame collect_results loads from given records, markdown 
 import os
 from pathlib import Path
 
+from dg_plugins.contract import tiny_hparams  # noqa: F401  (CPU-sized hparams, as the contract's)
+
 #: The test-only plugin modules (``tests/plugins/``; conftest.py imports them before collection).
 TEST_PLUGIN_MODULES = [p.stem for p in
                        sorted((Path(__file__).parent / "plugins").glob("[!_]*.py"))]
-
-
-def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
-    """Default hparams made CPU-sized: random-init backbones, ResNet-18 for 224x224 inputs,
-    batch 8, plus the algorithm's own ``TINY_TEST_HPARAMS`` (e.g. a tiny ViT), then
-    ``overrides``; every override is validated against the algorithm's space."""
-    from dg_plugins import hparams
-    from dg_plugins.registry import ALGORITHMS
-
-    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
-    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
-    changes.update(overrides)
-    hp = hparams.default_hparams(algorithm, dataset)
-    hp.update(hparams.validate(algorithm, dataset, changes))
-    return hp
 
 
 #: Record keys that differ between two runs of the same job (wall clock, memory, the folder).

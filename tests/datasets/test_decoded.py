@@ -27,14 +27,6 @@ from image_tree import make_pacs_tree, truncate_image
 AUGMENT = {"data_augmentation": True}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A cache folder of the test's own, the cache on, the default budget."""
-    monkeypatch.setenv("DG_PLUGINS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(decoded.SWITCH_ENV, raising=False)
-    monkeypatch.delenv(decoded.BUDGET_ENV, raising=False)
-    return tmp_path / "cache" / "decoded"
-
 
 def pictures(n=6, seed=0):
     """RGB PIL images of various sizes with random pixels (every byte value occurs)."""

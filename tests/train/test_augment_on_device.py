@@ -42,13 +42,6 @@ HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
 STEPS, FREQ = 12, 4  # records at steps 0, 4, 8, 11
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DG_PLUGINS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(decoded.SWITCH_ENV, raising=False)
-    monkeypatch.delenv(decoded.BUDGET_ENV, raising=False)
-    return tmp_path / "cache" / "decoded"
-
 
 def pacs(root, device: bool, cache_on: bool = True, hparams=AUGMENT):
     dataset = PACS(str(root), [0], hparams)

@@ -162,22 +162,6 @@ def test_jobs_building_or_waiting_for_the_cache_stop_at_the_first_sigterm(tmp_pa
     assert not [p.name for p in folder.iterdir() if not p.name.startswith(".")]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 100 KB tmpfs (a full disk at once); skipped where mounting is not permitted."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(disk)],
-                       check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as err:
-        pytest.skip(f"cannot mount a small tmpfs here ({err})")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
-
-
 def test_a_full_cache_disk_is_one_line_and_the_job_gives_the_same_records(tmp_path,
                                                                           small_disk):
     """The cache's disk too small for its files: the job goes on from the image files, says
