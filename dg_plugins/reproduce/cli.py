@@ -20,10 +20,10 @@ from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, pl
 from dg_plugins.reproduce.costs import plan_costs, sweep_jobs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
-from dg_plugins.reproduce.sizes import EVAL_SPLITS, UsageError
-from dg_plugins.sweep import actions, checks
+from dg_plugins.sweep import actions, checks, estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
+from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +229,9 @@ def launch_queue(plan: Plan) -> int:
         code = actions.run_action(
             "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
             seed=launch_args.seed, resume=launch_args.resume,
-            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems)
+            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
+            estimate=lambda selected: estimate.print_estimate(selected,
+                                                              launch_args.command_launcher))
     if code >= 128:  # stopped by a signal
         print("Stopped; rerun the same command to continue (finished jobs are skipped, "
               "interrupted ones resume).", flush=True)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from dg_plugins import catalog
 from dg_plugins.job import flags as job_flags
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.sizes import UsageError, training_in_sizes
+from dg_plugins.reproduce.sizes import training_in_sizes
 from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.sweep.image_counts import UsageError
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
 #: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own

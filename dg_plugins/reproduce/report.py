@@ -9,14 +9,15 @@ import sys
 
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.costs import (FORWARDS_DEFINITION, CallCost, call_cost,
-                                        evaluation_share, forwards_text, sum_forwards)
-from dg_plugins.reproduce.gpu_hours import (gpu_hours_definition, gpu_hours_text, gpu_line,
-                                            missing_lines, sum_gpu)
+from dg_plugins.reproduce.costs import CallCost, call_cost
 from dg_plugins.reproduce.plan import Plan, plan_setting
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
-from dg_plugins.reproduce.sizes import EVAL_SPLITS, UsageError
 from dg_plugins.sweep import jobs as sweep_lib
+from dg_plugins.sweep.costs import (FORWARDS_DEFINITION, evaluation_share, forwards_text,
+                                    sum_forwards)
+from dg_plugins.sweep.gpu_hours import (gpu_hours_definition, gpu_hours_text, gpu_line,
+                                        missing_lines, sum_gpu)
+from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
 from dg_plugins.sweep.plan import split_calls
 
 

@@ -376,9 +376,12 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
                input_fn: Callable[[str], str] | None = None,
                command_line: Sequence[str] | None = None,
-               check: Callable[[Sequence[SweepJob]], list[str]] | None = None) -> int:
+               check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
+               estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
     """The sweep's flow after enumeration: print the jobs, select, check, confirm, act
-    (``dry_run``: print instead). Returns the exit status (docs/sweep.md)."""
+    (``dry_run``: print instead). ``estimate(selected)`` prints what a launch's jobs cost
+    (:func:`dg_plugins.sweep.estimate.print_estimate`) before the prompt and at the end of a
+    dry run, unless ``skip_confirmation``. Returns the exit status (docs/sweep.md)."""
     if action == "status":
         return status(jobs)
     if action == "cancel":
@@ -411,6 +414,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                 print(job.command(resume=resume and job.state == INCOMPLETE))
             else:
                 print(f"would delete {job.output_dir}")
+        if verb == "launch" and selected and estimate is not None and not skip_confirmation:
+            estimate(selected)
         return 0
     if not selected:
         return 0
@@ -420,6 +425,8 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
             refuse(problems)
             return 2
     if not skip_confirmation:
+        if verb == "launch" and estimate is not None:
+            estimate(selected)
         try:
             confirmed = ask_for_confirmation(input_fn)
         except ConfirmationError as err:

@@ -12,7 +12,7 @@ from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.plugins import PluginImportError
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
-from dg_plugins.sweep import actions, checks, jobs
+from dg_plugins.sweep import actions, checks, estimate, jobs
 from dg_plugins.sweep.submitit import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_DELAY_S,
                                        SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object)
 from dg_plugins.job import flags as job_flags
@@ -315,4 +315,5 @@ def main(argv: list[str] | None = None) -> int:
                                      command_args=command_args(args)),
         launcher_fn=make_launcher(args), seed=args.seed, resume=args.resume,
         dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv,
-        check=checks.launch_problems)
+        check=checks.launch_problems,
+        estimate=lambda selected: estimate.print_estimate(selected, args.command_launcher))

@@ -17,8 +17,8 @@ PROGRESS_ENV = "DG_SWEEP_PROGRESS"
 
 
 def format_duration(seconds: float) -> str:
-    """``about 40 s``, ``about 1 min 40 s``, ``about 2 h 10 min``: rounded as an estimate can
-    say."""
+    """``about 40 s``, ``about 1 min 40 s``, ``about 2 h 10 min``, ``about 5 days 7 h``: rounded
+    as an estimate can say."""
     seconds = max(0.0, seconds)
     if seconds < 120:
         s = max(10, int(round(seconds / 10) * 10))
@@ -29,8 +29,11 @@ def format_duration(seconds: float) -> str:
         return f"about {s // 60} min" + (f" {s % 60} s" if s % 60 else "")
     if seconds < 3600:
         return f"about {int(round(seconds / 60))} min"
-    m = int(round(seconds / 600) * 10)
-    return f"about {m // 60} h" + (f" {m % 60} min" if m % 60 else "")
+    if seconds < 48 * 3600:
+        m = int(round(seconds / 600) * 10)
+        return f"about {m // 60} h" + (f" {m % 60} min" if m % 60 else "")
+    h = int(round(seconds / 3600))
+    return f"about {h // 24} days" + (f" {h % 24} h" if h % 24 else "")
 
 
 def command_steps(command: str) -> int | None:

@@ -16,7 +16,8 @@ from dg_plugins.sweep.processes import ErrorLogs
 @pytest.mark.parametrize("seconds, text", [
     (3, "about 10 s"), (44, "about 40 s"), (100, "about 1 min 40 s"), (121, "about 2 min"),
     (275, "about 4 min 30 s"), (1490, "about 25 min"), (7790, "about 2 h 10 min"),
-    (36000, "about 10 h"),
+    (36000, "about 10 h"), (172000, "about 47 h 50 min"), (457200, "about 5 days 7 h"),
+    (864000, "about 10 days"),
 ])
 def test_durations_are_rounded_to_what_an_estimate_can_say(seconds, text):
     assert progress.format_duration(seconds) == text

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from dg_plugins import catalog
 from dg_plugins.reference import gpu_times
 from dg_plugins.registry import ALGORITHMS, DATASETS
-from dg_plugins.reproduce.sizes import EVAL_SPLITS
+from dg_plugins.sweep.image_counts import EVAL_SPLITS
 from dg_plugins.job.flags import compute_settings
 
 
@@ -124,7 +124,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
 
 
 def sum_gpu(items: list) -> GpuTime:
-    """The sum of the GPU times of the jobs' :class:`~dg_plugins.reproduce.costs.Forwards` (the
+    """The sum of the GPU times of the jobs' :class:`~dg_plugins.sweep.costs.Forwards` (the
     parts left out: their union)."""
     total = GpuTime({v: 0.0 for v in EVAL_SPLITS})
     for f in items:

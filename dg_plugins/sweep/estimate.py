@@ -1,0 +1,106 @@
+"""What the jobs a launch would start cost, printed before ``Are you sure? (y/n)`` and in a
+``--dry_run`` (docs/sweep.md): training steps and image forwards, the GPU time from the step
+times measured on an H200 (:mod:`dg_plugins.reference.gpu_times`, what was not measured named),
+and where that does not apply (no GPU visible, or networks it did not measure) the time on this
+machine, from a few steps timed here. The counting and timing run in a child process
+(:mod:`dg_plugins.sweep.estimate_child`), with a time limit: this process stays torch-free and
+never builds a network, and an estimate that fails or runs out of time says so and stops
+nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Sequence
+
+from dg_plugins.sweep.jobs import SweepJob
+
+CHILD_MODULE = "dg_plugins.sweep.estimate_child"
+#: The whole estimate's limit in seconds (the child's imports, the counting, the timed steps:
+#: a third of it), ``$DG_SWEEP_ESTIMATE_TIMEOUT`` when set; 0 leaves the estimate out.
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
+#: Launchers whose jobs run on other machines: their time is not measured here.
+REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
+
+
+def timeout_s() -> float:
+    """The estimate's time limit (:data:`TIMEOUT_ENV`; a value that is no number: the
+    default)."""
+    try:
+        return max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def request(jobs: Sequence[SweepJob], launcher: str | None = None,
+            budget_s: float | None = None) -> dict:
+    """The child's input: the jobs' train args and command flags, the seconds it may spend
+    timing steps (default a third of :func:`timeout_s`), and why the jobs do not run on this
+    machine (``remote``; None when they do)."""
+    return {"jobs": [{"train_args": job.train_args, "command_args": job.command_args}
+                     for job in jobs],
+            "budget_s": timeout_s() / 3 if budget_s is None else budget_s,
+            "remote": REMOTE_LAUNCHERS.get(launcher or "")}
+
+
+def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
+                   out: Callable[[str], None] | None = None) -> bool:
+    """Print the cost lines of ``jobs`` as the child writes them; True when it finished, False
+    (after a line saying why) when it failed or ran past :func:`timeout_s` (0: nothing done)."""
+    out = out or (lambda line: print(line, flush=True))
+    limit = timeout_s()
+    if not jobs or not limit:
+        return True
+    data = json.dumps(request(jobs, launcher)).encode()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, env=dict(os.environ))
+        lines: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            for raw in proc.stdout:
+                lines.put(raw.decode(errors="replace").rstrip("\n"))
+            lines.put(None)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except OSError:  # the child died at once: its error is read below
+            pass
+        deadline = time.monotonic() + limit
+        finished = False
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    finished = True
+                    break
+                out(line)
+        finally:
+            if not finished:
+                proc.kill()
+            proc.wait()
+            reader.join(timeout=5)
+        if not finished:
+            out(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had not "
+                "printed by then is left out)")
+            return False
+        if proc.returncode:
+            err.seek(0)
+            tail = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()
+                    if ln.strip()]
+            out(f"(the cost estimate failed, exit status {proc.returncode}: "
+                f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)")
+            return False
+    return True
