@@ -755,8 +755,8 @@ def test_reproduce_hands_the_settings_jobs_to_one_launcher_call(tmp_path, data, 
     folder: reproduce hands both sweeps' jobs to the launcher in one call (here a registered
     stand-in that runs nothing: one job fails, or a stop signal arrives), each job in its own
     sweep's folder. A failure is reported as a sweep reports it, with the reproduce command that
-    continues every sweep and, per sweep with Incomplete jobs, its own delete_incomplete line;
-    the tables follow. A stop starts nothing more (exit 128 + signal, no tables); the job the
+    continues every sweep and, per sweep with Incomplete jobs, its own delete_incomplete line
+    (no "<your flags>" template anywhere); the tables follow. A stop starts nothing more (exit 128 + signal, no tables); the job the
     signal kept from starting is Not launched again. Claims and the environment are left clean."""
     import shlex
     import signal as signals
@@ -809,9 +809,9 @@ def test_reproduce_hands_the_settings_jobs_to_one_launcher_call(tmp_path, data, 
         assert "Sweep: 1 of 2 launched jobs failed" in out
         assert f"run the whole command again (finished jobs are skipped; a job resumes from its " \
             f"last checkpoint, if any):\n  {rerun}\n" in out
+        assert "<your flags>" not in out
         deletes = [line.strip() for line in out.splitlines()
-                   if " -m dg_plugins.scripts.sweep delete_incomplete " in line
-                   and "<your flags>" not in line]
+                   if " -m dg_plugins.scripts.sweep delete_incomplete " in line]
         assert len(deletes) == 1 and f"--output_dir {root / 'resnet18'} " in deletes[0], out
         assert "--resume" not in deletes[0] and "--skip_confirmation" not in deletes[0]
         assert out.count("-- tables of dmg_pacs") == 2

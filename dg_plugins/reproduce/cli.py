@@ -208,7 +208,7 @@ def launch_queue(plan: Plan) -> int:
     (``multi_gpu`` fills every GPU with them), each job in its own sweep folder with the folder,
     hash and command its ``sweep launch`` call gives it; the sweep's checks, claims (per sweep
     folder), ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
-    queue, owner, launch_args = [], {}, None
+    queue, seen, launch_args, command_lines = [], set(), None, {}
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
         print(f"$ {module_line('sweep', call.argv)}", flush=True)
@@ -216,19 +216,21 @@ def launch_queue(plan: Plan) -> int:
         launch_args = launch_args or args  # the calls share their launch flags (plan's tail)
         print(sweep_lib.summary_line(jobs), flush=True)
         for job in jobs:
-            if job.output_dir not in owner:
-                owner[job.output_dir] = call
+            if job.output_dir not in seen:
+                seen.add(job.output_dir)
                 queue.append(job)
+                command_lines.setdefault(actions.sweep_dir_of(job.output_dir), call.argv)
     print(f"-- one queue: the {len(queue)} jobs of the {len(plan.calls)} sweep(s) above, handed "
           f"to the {launch_args.command_launcher} launcher at once", flush=True)
     # The continue lines name the command that continues every sweep (the paper script's, or
-    # this reproduce command), not one sweep's `sweep launch --resume`.
+    # this reproduce command), not one sweep's `sweep launch --resume`; the other lines (claims,
+    # delete_incomplete after failures) each sweep folder's own command.
     rerun = os.environ.get(actions.RERUN_ENV) or shlex.join(
         [sys.executable, "-m", "dg_plugins.scripts.reproduce", *plan.argv])
     with _environ(actions.RERUN_ENV, rerun):
         code = actions.run_action(
             "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
-            seed=launch_args.seed, resume=launch_args.resume,
+            seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
             skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
             estimate=lambda selected: estimate.print_estimate(selected,
                                                               launch_args.command_launcher))
@@ -238,17 +240,6 @@ def launch_queue(plan: Plan) -> int:
     elif code == 2:  # refused (bad input or a failed check)
         print("The queue launched nothing (see above); fix that and rerun the same command.",
               flush=True)
-    elif code:  # some jobs failed: each sweep's own command that deletes its Incomplete jobs
-        failed = {}
-        for job in queue:
-            if job.refresh_state() == sweep_lib.INCOMPLETE:
-                failed.setdefault(id(owner[job.output_dir]), owner[job.output_dir])
-        if failed:
-            print("That delete_incomplete line, with its flags, for each sweep with Incomplete "
-                  "jobs:", flush=True)
-        for call in failed.values():
-            print("  " + actions.sweep_command(call.argv, "delete_incomplete",
-                                               drop=["--skip_confirmation"]), flush=True)
     return code
 
 

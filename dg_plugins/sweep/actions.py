@@ -10,7 +10,7 @@ import random
 import shlex
 import shutil
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence, Union
 
 from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
@@ -27,6 +27,10 @@ from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, RESULTS_FILE
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"
 ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
+#: The command line(s) the sweep suggests from: one ``sweep`` argv, or for a queue of several
+#: sweeps (reproduce's one launch) each sweep folder's own argv by its absolute path; None: a
+#: template with ``<your flags>``.
+CommandLines = Union[Sequence[str], Mapping[str, Sequence[str]], None]
 
 
 # --------------------------------------------------------------------------------------------
@@ -34,8 +38,7 @@ ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
 
 
 def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
-           resume_incomplete: bool = True, command_line: Sequence[str] | None = None
-           ) -> list[str]:
+           resume_incomplete: bool = True, command_line: CommandLines = None) -> list[str]:
     """Shuffle (``random.Random(seed)``), claim the jobs, hand their commands to ``launcher_fn``
     (``--resume`` for Incomplete ones when ``resume_incomplete``); returns the commands."""
     runtime.resume_collector()  # the command's start-up ends here
@@ -50,7 +53,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
         kept, others = [], []
         for sweep_dir, group in by_sweep.items():
             claim = stack.enter_context(claims.LauncherClaim(
-                sweep_dir, sweep_command(command_line, "launch")))
+                sweep_dir, sweep_command(command_for(command_line, sweep_dir), "launch")))
             mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
                                       lambda job: job.state in wanted, _create_folder)
             kept += mine
@@ -176,7 +179,31 @@ def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
     return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
 
 
-def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None) -> list[str]:
+def sweep_dir_of(output_dir: str) -> str:
+    """The sweep folder of a job folder (absolute)."""
+    return os.path.dirname(os.path.abspath(output_dir))
+
+
+def command_for(command_line: CommandLines, sweep_dir: str) -> Sequence[str] | None:
+    """The argv of the sweep whose folder is ``sweep_dir`` (None: not known)."""
+    if isinstance(command_line, Mapping):
+        return command_line.get(os.path.abspath(sweep_dir))
+    return command_line
+
+
+def sweep_commands(command_line: CommandLines, output_dirs: Sequence[str],
+                   action: str = "launch", resume: bool = False,
+                   drop: Sequence[str] = ()) -> list[str]:
+    """:func:`sweep_command` for each sweep folder of the job folders ``output_dirs`` (once
+    each, in order): one line for a single sweep, one per sweep folder for a queue."""
+    if not isinstance(command_line, Mapping):
+        return [sweep_command(command_line, action, resume, drop)]
+    lines = [sweep_command(command_for(command_line, sweep_dir_of(d)), action, resume, drop)
+             for d in output_dirs]
+    return list(dict.fromkeys(lines)) or [sweep_command(None, action, resume, drop)]
+
+
+def incomplete_note(jobs: Sequence[SweepJob], command_line: CommandLines) -> list[str]:
     """For a launch without ``--resume``: lines saying that the Incomplete jobs are skipped and
     how to continue or clear them (empty when there are none)."""
     n = sum(job.state == INCOMPLETE for job in jobs)
@@ -186,13 +213,15 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
     why = ("they were interrupted or failed" if not fresh else
            "they never started (an empty folder)" if fresh == n else
            f"{n - fresh} were interrupted or failed and {fresh} never started (an empty folder)")
+    folders = [job.output_dir for job in jobs if job.state == INCOMPLETE]
     return [
         f"Note: {n} job(s) are Incomplete (their folder exists but has no 'done', and no live "
         f"process holds it): {why}. This launch skips them.",
         "  To continue them from their last checkpoint:",
-        f"    {sweep_command(command_line, 'launch', resume=True)}",
+        *(f"    {line}" for line in sweep_commands(command_line, folders, resume=True)),
         "  To delete them, so that the next launch starts them over:",
-        f"    {sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])}",
+        *(f"    {line}" for line in sweep_commands(command_line, folders, "delete_incomplete",
+                                                   drop=["--skip_confirmation"])),
     ]
 
 
@@ -201,15 +230,17 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: Sequence[str] | None
 RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
 
 
-def continue_lines(command_line: Sequence[str] | None, what: str) -> list[str]:
-    """How to continue: this sweep's ``launch --resume`` line, or the command of the script that
-    runs it (``$DG_SWEEP_RERUN_COMMAND``), which continues every sweep of the script."""
+def continue_lines(command_line: CommandLines, what: str,
+                   output_dirs: Sequence[str] = ()) -> list[str]:
+    """How to continue the jobs of ``output_dirs``: the ``launch --resume`` line of each of
+    their sweeps, or the command of the script that runs them (``$DG_SWEEP_RERUN_COMMAND``),
+    which continues every sweep of the script."""
     rerun = os.environ.get(RERUN_ENV)
     if rerun:
         return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
                 f"  {rerun}"]
     return [f"To continue them ({what}):",
-            f"  {sweep_command(command_line, 'launch', resume=True)}"]
+            *(f"  {line}" for line in sweep_commands(command_line, output_dirs, resume=True))]
 
 
 def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
@@ -226,7 +257,7 @@ def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
 
 
 def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
-                        command_line: Sequence[str] | None) -> None:
+                        command_line: CommandLines) -> None:
     """Print which jobs a stop signal interrupted and the command that continues them (the
     launcher has printed its own summary and notes, e.g. jobs killed or how to cancel them)."""
     by_command = {}
@@ -234,12 +265,15 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         by_command[job.command(resume=False)] = job
         by_command[job.command(resume=True)] = job
     name = signal_name(err.signum)
-    resume_line = sweep_command(command_line, "launch", resume=True)
+    folders = [job.output_dir for job in selected]
+    left = [by_command[c].output_dir for c in [*err.interrupted, *err.not_started]
+            if c in by_command] or folders
     if err.remote:
         print(f"Sweep stopped waiting ({name}): {len(err.interrupted)} job(s) are still running "
               "on the cluster (see above to cancel them).")
         print("Once they have ended, continue those that did not finish with:")
-        print(f"  {resume_line}")
+        for line in sweep_commands(command_line, left, resume=True):
+            print(f"  {line}")
         return
     print(f"Sweep stopped by {name}: {len(err.interrupted)} job(s) interrupted, "
           f"{len(err.not_started)} not started.")
@@ -248,7 +282,7 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         print(f"  interrupted: {job.describe() if job is not None else command}")
     if err.interrupted or err.not_started:
         for line in continue_lines(command_line,
-                                   "interrupted jobs resume from their last checkpoint"):
+                                   "interrupted jobs resume from their last checkpoint", left):
             print(line)
 
 
@@ -264,29 +298,32 @@ def failed_on_input(err: JobsFailed) -> list[str]:
     return refused
 
 
-def report_failures(err: JobsFailed, command_line: Sequence[str] | None) -> None:
+def report_failures(err: JobsFailed, command_line: CommandLines) -> None:
     """After a launcher's failure summary: the count and how to go on (no ``--resume`` for
     jobs that failed on bad input before their first checkpoint, :func:`failed_on_input`)."""
     print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
           "err.txt files are listed above); their folders are kept, Incomplete.")
     refused = failed_on_input(err)
-    delete_line = sweep_command(command_line, 'delete_incomplete', drop=['--skip_confirmation'])
+    folders = [d for d in map(command_output_dir, err.failed) if d is not None]
+    delete_lines = [f"  {line}" for line in sweep_commands(
+        command_line, folders, "delete_incomplete", drop=["--skip_confirmation"])]
     if len(refused) == len(err.failed):
         print("Each failed on bad input before its first checkpoint (exit status 2: the data "
               "under --data_dir or an argument; see its error line above): run again unchanged, "
               "it fails the same way, and it has nothing to resume. Fix the cause (e.g. "
               "--data_dir), remove their folders with:")
-        print(f"  {delete_line}")
+        print("\n".join(delete_lines))
         print("then launch the corrected command.")
         return
     if refused:
         print(f"({len(refused)} of them failed on bad input before their first checkpoint, "
               "exit status 2: fix the cause first, or they fail again.)")
     print("Fix the cause first.")
-    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any"):
+    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any",
+                               folders):
         print(line)
     print("or delete them, so that the next launch starts them over:")
-    print(f"  {delete_line}")
+    print("\n".join(delete_lines))
 
 
 def never_started(job: SweepJob) -> bool:
@@ -375,11 +412,12 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
                input_fn: Callable[[str], str] | None = None,
-               command_line: Sequence[str] | None = None,
+               command_line: CommandLines = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
     """The sweep's flow after enumeration: print the jobs, select, check, confirm, act
-    (``dry_run``: print instead). ``estimate(selected)`` prints what a launch's jobs cost
+    (``dry_run``: print instead). ``command_line``: what the lines that say how to go on are
+    made from (:data:`CommandLines`: per sweep folder for a queue). ``estimate(selected)`` prints what a launch's jobs cost
     (:func:`dg_plugins.sweep.estimate.print_estimate`) before the prompt and at the end of a
     dry run, unless ``skip_confirmation``. Returns the exit status (docs/sweep.md)."""
     if action == "status":

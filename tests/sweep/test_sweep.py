@@ -489,3 +489,53 @@ def test_a_missing_plugin_module_and_a_mistyped_flag_are_one_line_each(tmp_path)
     code, text = processes.run("dg_plugins.scripts.sweep", *base, "--algorithms", "ERM",
                                "--n_trails", "1", env=processes.command_env(), timeout=120)
     assert code == 2 and "did you mean --n_trials?" in text, text
+
+
+# ---------------------------------------------------------------------------------------------
+# A queue of several sweeps (reproduce's one launch): each sweep folder's own command line
+
+
+@pytest.mark.parametrize("outcome", ["failed", "stopped"])
+def test_a_queue_of_sweeps_names_each_sweep_folders_own_command(tmp_path, capsys, outcome):
+    """run_action with a command line per sweep folder (two sweeps of one queue): each folder's
+    claim carries that sweep's launch line, and after failures (or a stop) each sweep with jobs
+    left gets its own delete_incomplete (or launch --resume) line, never "<your flags>"."""
+    import signal
+
+    from dg_plugins.sweep import claims
+    from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
+
+    argvs, queue = {}, []
+    for name in ("a", "b"):
+        argv = [a for a in cli(tmp_path) if a != "--output_dir" and a != str(tmp_path / "out")]
+        argv += ["--output_dir", str(tmp_path / name)]
+        args = sweep_cli.build_parser().parse_args(argv)
+        sweep_cli.validate(sweep_cli.build_parser(), args)
+        queue += sweep_jobs.make_jobs(sweep_cli.make_args_list(args), args.output_dir)[:2]
+        argvs[str(tmp_path / name)] = argv
+    seen = {}
+
+    def launcher(commands):
+        for name in ("a", "b"):
+            seen[name] = [c.command for c in claims.live_claims(str(tmp_path / name))]
+        first = {os.path.basename(os.path.dirname(command_output_dir(c))): c
+                 for c in reversed(commands)}
+        if outcome == "stopped":
+            raise LaunchInterrupted(signal.SIGTERM, [first["a"]], [first["b"]])
+        raise JobsFailed([first["a"], first["b"]], len(commands), exit_codes=[1, 1])
+
+    code = actions.run_action("launch", queue, launcher_fn=launcher, skip_confirmation=True,
+                              command_line=argvs)
+    out = capsys.readouterr().out
+    assert code == (143 if outcome == "stopped" else 1)
+    assert "<your flags>" not in out
+    for name in ("a", "b"):
+        (claim,) = seen[name]
+        assert f" launch --datasets Debug28 " in claim and f"--output_dir {tmp_path / name} " \
+            in claim + " "
+    action = "launch" if outcome == "stopped" else "delete_incomplete"
+    lines = [line.strip() for line in out.splitlines()
+             if f" -m dg_plugins.scripts.sweep {action} " in line]
+    assert [line.split("--output_dir ")[1].split()[0] for line in lines] == [
+        str(tmp_path / "a"), str(tmp_path / "b")], out
+    assert all(("--resume" in line) == (outcome == "stopped") for line in lines)
