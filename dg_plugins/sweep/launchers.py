@@ -117,10 +117,10 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
 
     def decide(folders) -> None:
         nonlocal refused
-        if check is None or check.decided or refused is not None:
+        if check is None or refused is not None:
             return
         try:
-            note = check.decide(packing.peak_gb(folders))
+            note = check.update(folders)  # each sweep's peak (a queue of several sweeps)
         except packing.PackingRefused as err:
             refused = err
             return
@@ -159,6 +159,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                     break
                 outputs.started(index, f"GPU {slot[0]}")
                 running[slot] = (index, proc)
+                packed = packed and (check is None or check.knows(logs.folders[index]))
             jobs.announce()
             if running:
                 time.sleep(min(poll_interval, 0.1) if jobs.stopping else poll_interval)

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from dg_plugins.runtime import CORES_ENV, job_cores
@@ -63,6 +63,10 @@ def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
     return best
 
 
+def _sweep_of(job_folder: str) -> str:
+    return os.path.dirname(os.path.abspath(job_folder))
+
+
 def free_gb(gpu: str) -> float | None:
     """GPU ``gpu``'s free memory in GiB (by nvidia-smi, else torch in a child process), or None
     when neither can tell (no driver, or no such GPU)."""
@@ -83,12 +87,45 @@ def free_gb(gpu: str) -> float | None:
 
 @dataclass
 class MemoryCheck:
-    """Whether ``jobs_per_gpu`` jobs fit on each GPU: :meth:`decide` once a peak is known."""
+    """Whether ``jobs_per_gpu`` jobs fit on each GPU: :meth:`decide` once a peak is known; in a
+    queue of several sweeps (reproduce's one launch: e.g. a ResNet-18 and a ResNet-50 sweep),
+    :meth:`update` checks each sweep folder's peak as it becomes known, with the largest."""
 
     gpus: Sequence[str]
     jobs_per_gpu: int
     free: dict | None = None
     decided: bool = False
+    #: sweep folder -> its jobs' peak (GiB, job folder), for those checked
+    peaks: dict = field(default_factory=dict)
+
+    def knows(self, job_folder: str | None) -> bool:
+        """Whether the sweep of ``job_folder`` has a checked peak (once a job of a sweep not
+        checked yet starts, no job starts beside another until its peak is known)."""
+        return job_folder is None or _sweep_of(job_folder) in self.peaks
+
+    def update(self, job_folders: Sequence[str | None]) -> str | None:
+        """Check the sweeps of the running and ended ``job_folders`` whose peak is known now
+        (:meth:`decide` with the largest of the peaks; raises :class:`PackingRefused`) and return
+        what that says; ``decided`` while every one of these sweeps is checked, so that a job of
+        a new sweep (another network) stops the packing until its own peak is known."""
+        by_sweep: dict[str, list[str]] = {}
+        for folder in job_folders:
+            if folder:
+                by_sweep.setdefault(_sweep_of(folder), []).append(folder)
+        notes = []
+        for sweep, folders in by_sweep.items():
+            if sweep in self.peaks:
+                continue
+            peak = peak_gb(folders)
+            if peak is None:
+                continue
+            largest = max(self.peaks.values(), default=None)
+            self.peaks[sweep] = peak
+            if largest is None or peak[0] > largest[0]:
+                self.decided = False
+                notes.append(self.decide(peak))
+        self.decided = bool(self.peaks) and all(sweep in self.peaks for sweep in by_sweep)
+        return "\n".join(note for note in notes if note) or None
 
     def need_gb(self, peak: float) -> float:
         return peak * ALLOCATOR_SLACK + CONTEXT_GB

@@ -51,6 +51,66 @@ def test_n_jobs_that_do_not_fit_are_refused_with_the_n_that_fits():
     assert "cannot be read" in blind.decide((1.0, "job"))
 
 
+def records(folder, gb: float) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.jsonl").write_text(f'{{"step": 0, "mem_gb": {gb}}}\n')
+    return str(folder)
+
+
+def test_each_sweep_of_a_queue_is_checked_with_the_largest_peak(tmp_path):
+    """A queue of two sweeps (reproduce's one launch: a ResNet-18 and a ResNet-50 folder): the
+    first sweep's peak decides, then a job of the second one stops the packing until its own
+    peak is known, which is checked in turn (here it does not fit: refused, naming it)."""
+    check = packing.MemoryCheck(["0"], 2, free={"0": 40.0})
+    small = records(tmp_path / "resnet18" / "job0", 2.0)  # needs 2 x 1.2 + 1 = 3.4 GiB
+    assert "2 jobs per GPU fit: a job needs about 3.4 GiB" in check.update([small])
+    assert check.decided and check.knows(str(tmp_path / "resnet18" / "job1"))
+    big = str(tmp_path / "resnet50" / "job0")  # started, no record yet
+    assert not check.knows(big)
+    assert check.update([small, big]) is None and not check.decided
+    records(tmp_path / "resnet50" / "job0", 30.0)  # needs 37 GiB: 1 fits
+    with pytest.raises(packing.PackingRefused) as refused:
+        check.update([small, big])
+    assert re.match(r"--jobs_per_gpu 2: a job needs about 37\.0 GiB \(30\.00 GiB at its peak "
+                    rf"\({re.escape(big)}'s records\).*relaunch with --jobs_per_gpu 1",
+                    str(refused.value)), str(refused.value)
+    larger_first = packing.MemoryCheck(["0"], 2, free={"0": 80.0})
+    assert "a job needs about 37.0 GiB" in larger_first.update([big])
+    assert larger_first.update([big, small]) is None and larger_first.decided  # 30 GiB holds
+
+
+def test_the_multi_gpu_launcher_packs_a_second_sweep_only_once_its_peak_fits(tmp_path,
+                                                                            monkeypatch):
+    """The launcher, two jobs per GPU, a queue of two sweeps whose jobs write their peak at once:
+    the ResNet-18 sweep's jobs share the GPU; the first ResNet-50 job runs without a second one
+    beside it until its peak is known, which does not fit twice: refused, and the second
+    ResNet-50 job never starts (before, the first peak decided for the whole queue)."""
+    import shlex
+    import sys
+
+    from dg_plugins.sweep.launchers import run_on_gpus
+
+    monkeypatch.setattr(packing, "free_gb", lambda gpu: 40.0)
+    code = ("import os, sys, time; argv = sys.argv; out = argv[argv.index('--output_dir') + 1]; "
+            "os.makedirs(out, exist_ok=True); "
+            "open(os.path.join(out, 'results.jsonl'), 'w').write("
+            "'{\"step\": 0, \"mem_gb\": %s}\\n' % argv[argv.index('--gb') + 1]); "
+            "time.sleep(0.5)")
+
+    def job(sweep, k, gb):
+        return shlex.join([sys.executable, "-c", code, "--output_dir",
+                           str(tmp_path / sweep / f"job{k}"), "--gb", str(gb)])
+
+    commands = [job("resnet18", 0, 2.0), job("resnet18", 1, 2.0), job("resnet50", 0, 30.0),
+                job("resnet50", 1, 30.0)]
+    with pytest.raises(packing.PackingRefused) as refused:
+        run_on_gpus(commands, ["0"], poll_interval=0.05, jobs_per_gpu=2)
+    assert "resnet50" in str(refused.value) and "relaunch with --jobs_per_gpu 1" in str(
+        refused.value)
+    assert (tmp_path / "resnet18" / "job1" / "results.jsonl").exists()
+    assert not (tmp_path / "resnet50" / "job1" / "results.jsonl").exists()
+
+
 def sweep_args(out, launcher, *extra, trials=2):
     return ["launch", "--datasets", "Debug28", "--algorithms", "ERM", "--test_env_sets", "0",
             "--n_hparams", "1", "--n_trials", str(trials), "--steps", "5", "--checkpoint_freq", "2",
