@@ -31,6 +31,7 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
+        args = None if args is None else list(args)  # an iterator is read once, here
         self.given_argv = None if args is None else [str(word) for word in args]
         return super().parse_known_args(args, namespace)
 

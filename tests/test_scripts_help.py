@@ -112,3 +112,12 @@ def test_train_help_is_argparse_own(monkeypatch):
     monkeypatch.setattr(flags, "CommandParser",
                         lambda short_usage, **options: argparse.ArgumentParser(**options))
     assert ours == flags.build_train_parser().format_help()
+
+
+def test_a_parser_reads_its_arguments_from_any_iterable():
+    """An iterator of arguments (``map(str, argv)``) is parsed, not used up by the "did you mean"
+    bookkeeping first (a map used to leave every flag at its default)."""
+    from dg_plugins.train import cli as train_cli
+
+    args = train_cli.build_parser().parse_args(map(str, ["--dataset", "Debug28", "--steps", 3]))
+    assert (args.dataset, args.steps) == ("Debug28", 3)

@@ -13,7 +13,7 @@ from dg_plugins.collect.selection import GroupedRecords, select
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY, single_source_runs
 from dg_plugins.collect.tables import Section
 from dg_plugins.collect.udg import UDG_KEY
-from dg_plugins.job.flags import COMPUTE_DEFAULTS, ROWS
+from dg_plugins.job.flags import ALIGNMENT_ARGS, COMPUTE_DEFAULTS, ROWS
 
 LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 
@@ -397,11 +397,16 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
                          "environments, hparams_seed and trial_seed only); collect each setting "
                          "from a folder of its own to compare them.")
             continue
+        # the IP/OOP flags change only the IP/OOP keys of their own test environments: the
+        # standard tables' combinations of test environments do not depend on them
+        kept = [i for i, name in enumerate(varying) if name not in ALIGNMENT_ARGS]
         where: dict[tuple, list] = {}  # varying values -> test environment sets
         for envs, combos in cells.items():
-            where.setdefault(next(iter(combos)), []).append(envs)
-        parts = [f"{text(combo)} at {_runs(labels, where[combo])}"
-                 for combo in sorted(where, key=_order)]
+            where.setdefault(tuple(next(iter(combos))[i] for i in kept), []).append(envs)
+        if len(where) < 2:
+            continue
+        parts = [" ".join(_setting(varying[i], value) for i, value in zip(kept, combo))
+                 + f" at {_runs(labels, where[combo])}" for combo in sorted(where, key=_order)]
         notes.append(f"{dataset}, {algorithm}: its test environments ran with different "
                      "settings, which the tables combine (the Avg column, the Averages table, "
                      f"leave-one-domain-out's runs on pairs): {'; '.join(parts)}.")
