@@ -20,9 +20,10 @@ from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
                                    SweepJob, launcher_note, python_executable, running_note,
                                    select_jobs, slurm_note, summary_line)
-from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
+from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
+                                        error_excerpt)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
-from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, RESULTS_FILE
+from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, OUT_FILE, RESULTS_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"
@@ -329,19 +330,17 @@ def report_failures(err: JobsFailed, command_line: CommandLines) -> None:
 def never_started(job: SweepJob) -> bool:
     """A job folder that no train process ever wrote to (no log, no record)."""
     return not any(os.path.exists(os.path.join(job.output_dir, name))
-                   for name in ("out.txt", ERR_FILE, RESULTS_FILE, CHECKPOINT_FILE))
+                   for name in (OUT_FILE, ERR_FILE, RESULTS_FILE, CHECKPOINT_FILE))
 
 
 def last_error_line(folder: str) -> str | None:
-    """The last ``error:`` line (or last line) of a job's err.txt."""
+    """The last of a job's err.txt lines that say what went wrong (:func:`error_excerpt`'s)."""
     try:
         with open(os.path.join(folder, ERR_FILE), errors="replace") as handle:
             lines = [line.strip() for line in handle if line.strip()]
     except OSError:
         return None
-    errors = [line for line in lines if line.startswith(("error:", "stopped:"))
-              or "Error" in line.split(":")[0]]
-    return (errors or lines or [None])[-1]
+    return (error_excerpt(lines, len(lines)) or [None])[-1]
 
 
 def state_line(job: SweepJob) -> str:

@@ -273,14 +273,6 @@ class SweepJob:
             self.state = NOT_LAUNCHED
         return self.state
 
-    def ask_slurm(self, states: dict) -> None:
-        """Take the state of the folder's recorded Slurm job from ``states``
-        (:func:`dg_plugins.sweep.slurm.job_states`; an id missing there has ended)."""
-        record = slurm.recorded_job(self.output_dir) if self.state != DONE else None
-        self.slurm = None if record is None else states.get(
-            record["job_id"], slurm.SlurmState(record["job_id"], "ENDED"))
-        self.refresh_state()
-
     def command(self, resume: bool = False) -> str:
         """The command string; with ``resume``, ``--resume`` appended (train then continues from
         the last checkpoint in output_dir)."""
@@ -308,11 +300,11 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
     held = claims.held_in(sweep_output_dir)
     jobs = [SweepJob(args, sweep_output_dir, module, python, command_args, held)
             for args in args_list]
-    ask_slurm(jobs)
+    ask_slurm(jobs, held)
     return jobs
 
 
-def ask_slurm(jobs: Sequence[SweepJob]) -> None:
+def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
     """Ask Slurm, once, about the jobs whose folder records a Slurm job; when it does not answer,
     such jobs count as In Slurm (never resubmitted or deleted) and say why."""
     recorded = {}
@@ -329,8 +321,10 @@ def ask_slurm(jobs: Sequence[SweepJob]) -> None:
         states = {i: slurm.SlurmState(i, "UNKNOWN", f"Slurm did not answer: {err}", held=True)
                   for i in recorded.values()}
     for job in jobs:
-        if id(job) in recorded:
-            job.ask_slurm(states)
+        job_id = recorded.get(id(job))
+        if job_id is not None:  # an id squeue and sacct no longer know has ended
+            job.slurm = states.get(job_id, slurm.SlurmState(job_id, "ENDED"))
+            job.refresh_state(held)
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:

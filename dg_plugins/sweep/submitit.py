@@ -209,9 +209,9 @@ def launch_problem(options: SubmititOptions | None = None) -> str | None:
 def make_executor(options: SubmititOptions):
     """A ``submitit.AutoExecutor`` configured from fully resolved ``options``."""
     submitit = _import_submitit()
-    extra = ({"slurm_max_num_timeout": options.max_requeues} if options.cluster == "slurm"
-             else {})
-    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster, **extra)
+    requeues = ({"slurm_max_num_timeout": options.max_requeues} if options.cluster == "slurm"
+                else {})
+    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster, **requeues)
     params = {"name": "dg_sweep", "timeout_min": options.time_min,
               "gpus_per_node": options.gpus_per_node, "cpus_per_task": options.cpus_per_task,
               "mem_gb": options.mem_gb, "slurm_partition": options.partition,
