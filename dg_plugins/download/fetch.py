@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import hashlib
+import http.client
 import json
 import os
 import re
 import shutil
 import sys
 import time
+import urllib.error
+import urllib.request
+import zipfile
+from email.utils import parsedate_to_datetime
 from typing import Callable
+from urllib.parse import unquote, urlsplit
 
 from dg_plugins.download.sources import (
     CHUNK, DATASET_SPECS, DownloadError, Source, human_size,
@@ -44,6 +51,7 @@ URL_SCHEMES = ("http", "https", "file")
 #: ``<file>.part`` + this: the validators (ETag, Last-Modified, Date) of the response whose bytes
 #: the ``.part`` holds, written when that response arrives, removed with the ``.part``.
 VALIDATORS_SUFFIX = ".validators"
+VALIDATORS = {"etag": "ETag", "last_modified": "Last-Modified", "date": "Date"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,13 +137,12 @@ def mount_point(path: str) -> str:
 
 
 def with_margin(needed: int) -> int:
-    """``needed`` plus the free-space margin (:data:`FREE_MARGIN`, :data:`MIN_FREE_MARGIN`)."""
     return needed + max(int(needed * FREE_MARGIN), MIN_FREE_MARGIN)
 
 
 def check_free_space(folder: str, needed: int, what: str) -> None:
-    """Raise :class:`DownloadError` when ``folder``'s file system has less than
-    :func:`with_margin` ``(needed)`` free."""
+    """Raise :class:`DownloadError` when ``folder``'s disk has less than ``with_margin(needed)``
+    free."""
     free = shutil.disk_usage(folder).free
     asked = with_margin(needed)
     if asked > free:
@@ -151,7 +158,6 @@ def is_disk_full(err: BaseException) -> bool:
 
 
 def disk_full_message(folder: str, what: str) -> str:
-    """``no space left on the disk mounted at M (holding FOLDER) while WHAT``."""
     free = human_size(shutil.disk_usage(folder).free) if os.path.isdir(folder) else "unknown"
     return (f"no space left on the disk mounted at {mount_point(folder)} (holding {folder}, "
             f"{free} free now) while {what}")
@@ -164,11 +170,8 @@ def disk_full_message(folder: str, what: str) -> str:
 def file_kind(name: str) -> str:
     """"zip", "gzip" (``.tar.gz``, ``.tgz``, ``.gz``) or "text" (``.txt``), from the name."""
     lower = name.lower()
-    if lower.endswith(".zip"):
-        return "zip"
-    if lower.endswith((".gz", ".tgz")):
-        return "gzip"
-    return "text"
+    return "zip" if lower.endswith(".zip") else "gzip" if lower.endswith((".gz", ".tgz")) \
+        else "text"
 
 
 _KIND_NAMES = {"zip": "a zip", "gzip": "a gzip file", "text": "a text file"}
@@ -199,8 +202,6 @@ def html_fix(url: str, head: bytes, path: str, name: str) -> str:
 def what_arrived(path: str, name: str) -> str | None:
     """None when the file looks like the kind its ``name`` says, else what it is instead ("an
     HTML page ('title'), not a zip", "a truncated zip ...")."""
-    import zipfile
-
     kind = file_kind(name)
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
@@ -235,23 +236,19 @@ def manual_fix(source: Source, url: str, path: str) -> str:
 
 
 def is_google_drive(url: str) -> bool:
-    from urllib.parse import urlsplit
-
     return (urlsplit(url).hostname or "") in {"drive.google.com", "docs.google.com"}
 
 
 def url_scheme(url: str) -> str:
-    from urllib.parse import urlsplit
-
     return urlsplit(url).scheme.lower()
 
 
 class _Restart(Exception):
-    """A Range answer that cannot be appended: start over (``line``: the line saying so)."""
+    """A Range answer that cannot be appended: start over (``then``: what the line says next)."""
 
-    def __init__(self, why: str, line: str | None = None):
+    def __init__(self, why: str, then: str = "starting over"):
         super().__init__(why)
-        self.line = line
+        self.then = then
 
 
 class _Cut(Exception):
@@ -266,18 +263,10 @@ class WrongContent(DownloadError):
     """The server answered with something else than the file (an HTML page, ...)."""
 
 
-def _parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
-    match = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", value or "")
-    if not match:
-        return None
-    total = None if match.group(3) == "*" else int(match.group(3))
-    return int(match.group(1)), int(match.group(2)), total
-
-
-def _unsatisfied_total(value: str | None) -> int | None:
-    """N of a 416 answer's ``Content-Range: bytes */N`` (the size the server holds)."""
-    match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", value or "")
-    return int(match.group(1)) if match else None
+def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
+    """(first byte, total) of a Content-Range value, None for a ``*``."""
+    match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
+    return tuple(int(g) if g and g != "*" else None for g in match.groups()) if match else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,17 +293,13 @@ def read_validators(part: str) -> dict[str, str]:
             stored = json.load(handle)
     except (OSError, ValueError):
         return {}
-    if not isinstance(stored, dict):
-        return {}
-    return {key: value for key, value in stored.items()
-            if key in ("etag", "last_modified", "date") and isinstance(value, str) and value}
+    return {key: value for key, value in stored.items() if key in VALIDATORS
+            and isinstance(value, str) and value} if isinstance(stored, dict) else {}
 
 
 def _store_validators(part: str, headers) -> None:
     """Store the validators of the response about to fill ``part``, atomically."""
-    values = {key: (headers.get(field) or "").strip()
-              for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified"),
-                                 ("date", "Date"))}
+    values = {key: (headers.get(field) or "").strip() for key, field in VALIDATORS.items()}
     values = {key: value for key, value in values.items() if value}
     path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
@@ -328,9 +313,6 @@ def _store_validators(part: str, headers) -> None:
 
 def _http_date(value: str | None):
     """An HTTP date as an aware datetime, or None."""
-    import datetime
-    from email.utils import parsedate_to_datetime
-
     try:
         parsed = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -352,53 +334,30 @@ def if_range_value(held: dict[str, str]) -> str | None:
     return None
 
 
-def _compared(held: dict[str, str], headers) -> tuple[str, str, str] | None:
-    """(field, value held, value in ``headers``) of the validator both have: ETag (weak
-    comparison), else Last-Modified."""
+def _version_change(held: dict[str, str], headers) -> tuple[str | None, bool]:
+    """Compare the validator both have (ETag, weakly, else Last-Modified): ("ETag X, the bytes
+    held came with Y" when the versions differ, else None; whether they are the same)."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
-        value = (headers.get(field) or "").strip()
-        if held.get(key) and value:
-            return field, held[key], value
-    return None
-
-
-def _same(field: str, old: str, new: str) -> bool:
-    if field == "ETag":
-        return old.removeprefix("W/") == new.removeprefix("W/")
-    old_date, new_date = _http_date(old), _http_date(new)
-    return old_date == new_date if old_date and new_date else old == new
-
-
-def _version_change(held: dict[str, str], headers) -> str | None:
-    """"ETag X, the bytes held came with Y" when the versions differ, else None."""
-    compared = _compared(held, headers)
-    if compared is None or _same(*compared):
-        return None
-    field, old, new = compared
-    return f"{field} {new}, the bytes held came with {old}"
-
-
-def _same_version(held: dict[str, str], headers) -> bool:
-    compared = _compared(held, headers)
-    return compared is not None and _same(*compared)
+        new = (headers.get(field) or "").strip()
+        if held.get(key) and new:
+            old = held[key]
+            if field == "ETag":
+                same = old.removeprefix("W/") == new.removeprefix("W/")
+            else:
+                old_date, new_date = _http_date(old), _http_date(new)
+                same = old_date == new_date if old_date and new_date else old == new
+            return (None if same else f"{field} {new}, the bytes held came with {old}"), same
+    return None, False
 
 
 def _changed(have: int, detail: str) -> str:
     return f"the remote file changed since the {have} bytes held were fetched ({detail})"
 
 
-def _changed_line(name: str, why: str) -> str:
-    return f"  {name}: {why}; downloading it again from the start"
-
-
 def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                   source: Source) -> None:
     """One request continuing ``part`` (Range, If-Range) or from the start; returns when
     ``part`` is complete."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
     name = source.name
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if expected is not None and have == expected:
@@ -417,7 +376,7 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:
-            if _unsatisfied_total(err.headers.get("Content-Range")) == have:  # all of it here
+            if _content_range(err.headers.get("Content-Range")) == (None, have):
                 report(f"  {name}: the server holds {have} bytes, all of them received")
                 return
             raise _Restart(f"the server refused to continue {name} from byte {have} "
@@ -442,27 +401,28 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                 f"{_KIND_NAMES[file_kind(name)]}: "
                 f"{html_fix(url, head, part[:-len('.part')], name)}.")
         if have and status == 206:
-            parsed = _parse_content_range(response.headers.get("Content-Range"))
+            parsed = _content_range(response.headers.get("Content-Range"))
+            total = parsed[1] if parsed else None
             if parsed is None or parsed[0] != have or (
-                    expected is not None and parsed[2] not in (None, expected)):
+                    expected is not None and total not in (None, expected)):
                 raise _Restart(f"the server answered the Range request for {name} with "
                                f"Content-Range {response.headers.get('Content-Range')!r}, not "
                                f"bytes {have}-.../{expected or '*'}")
-            changed = _version_change(held, response.headers)
+            changed = _version_change(held, response.headers)[0]
             if changed:  # a server that ignored If-Range (or got none) sent another version
-                why = _changed(have, f"the server's 206 answer carries {changed}")
-                raise _Restart(why, _changed_line(name, why))
-            total = parsed[2]
+                raise _Restart(_changed(have, f"the server's 206 answer carries {changed}"),
+                               "downloading it again from the start")
             mode = "ab"
         elif status == 200:
             if have:
-                changed = _version_change(held, response.headers)
+                changed, same = _version_change(held, response.headers)
                 if changed:
                     changed = f"the server's 200 answer carries {changed}"
-                elif "If-Range" in headers and not _same_version(held, response.headers):
+                elif "If-Range" in headers and not same:
                     changed = f"answered 200, not 206, to If-Range: {headers['If-Range']}"
                 if changed:
-                    report(_changed_line(name, _changed(have, changed)))
+                    report(f"  {name}: {_changed(have, changed)}; downloading it again from the "
+                           "start")
                 else:
                     report(f"  {name}: the server does not resume (answered 200 to a Range "
                            f"request): fetching it again from byte 0")
@@ -520,8 +480,6 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
                report: Reporter) -> None:
     """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut (``retries``
     more attempts; the part stays for a rerun)."""
-    import urllib.error
-
     part = path + ".part"
     folder = os.path.dirname(path)
     attempt = restarts = 0
@@ -537,7 +495,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
                     f"the server of {url} cannot continue {source.name} ({why}) and starting "
                     f"over did not help {MAX_RESTARTS} times; " + manual_fix(source, url, path)
                 ) from None
-            report(why.line or f"  {source.name}: {why}; starting over")
+            report(f"  {source.name}: {why}; {why.then}")
             continue
         except _Cut as why:
             attempt += 1
@@ -594,14 +552,11 @@ def _write_failed_message(source: Source, part: str, err: OSError, held: int,
 
 
 def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> None:
-    from urllib.parse import unquote, urlsplit
-    from urllib.request import url2pathname
-
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise DownloadError(f"--url {source.name}={url}: a file: URL names a local file "
                             f"(file:///path/to/{source.name}), not host {parts.netloc!r}")
-    local = url2pathname(unquote(parts.path))
+    local = urllib.request.url2pathname(unquote(parts.path))
     if not os.path.isfile(local):
         raise DownloadError(f"--url {source.name}={url}: {local} is not a file")
     part = path + ".part"
@@ -640,17 +595,6 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
                             + manual_fix(source, url, path))
 
 
-def file_digests(path: str, want_md5: bool) -> tuple[str, str | None]:
-    sha256 = hashlib.sha256()
-    md5 = hashlib.md5() if want_md5 else None
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            sha256.update(block)
-            if md5 is not None:
-                md5.update(block)
-    return sha256.hexdigest(), md5.hexdigest() if md5 is not None else None
-
-
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
     """Raise :class:`WrongContent` (the file moved to ``<path>.corrupt``) when ``path`` is not
     the kind its name says."""
@@ -678,11 +622,14 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
     if expected.size is not None and size != expected.size:
         problems.append(f"{size} bytes, expected {expected.size}")
     else:
-        sha256, md5 = file_digests(path, expected.md5 is not None)
-        if expected.sha256 is not None and sha256 != expected.sha256:
-            problems.append(f"sha256 {sha256}, expected {expected.sha256}")
-        if expected.md5 is not None and md5 != expected.md5:
-            problems.append(f"md5 {md5}, expected {expected.md5}")
+        wanted = {kind: getattr(expected, kind) for kind in ("sha256", "md5")}
+        digests = {kind: hashlib.new(kind) for kind, want in wanted.items() if want is not None}
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(CHUNK), b""):
+                for digest in digests.values():
+                    digest.update(block)
+        problems += [f"{kind} {digest.hexdigest()}, expected {wanted[kind]}"
+                     for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
     if problems:
         os.replace(path, path + ".corrupt")
         if expected.from_option:

@@ -4,18 +4,25 @@ post-processing (DomainBed's ``domainbed/scripts/download.py``)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import gzip
+import json
 import os
 import re
 import shutil
+import stat
+import tarfile
 import time
+import zipfile
+import zlib
 from typing import Iterable
 
 from dg_plugins import catalog, layouts
 from dg_plugins.download.fetch import Reporter, check_free_space
 from dg_plugins.download.sources import (
     CHUNK, DATASET_SPECS, EXTRACT_FACTOR, TERRA_ANNOTATION_FILES, TERRA_CATEGORIES, TERRA_LOCATIONS,
-    TEST_DELAY_ENV, CorruptArchive, DatasetSpec,
+    TEST_DELAY_ENV, CorruptArchive, DatasetSpec, sources_of,
 )
 from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 
@@ -95,8 +102,6 @@ def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]
 def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
     """``("ok" | "absent" | "partial" | "broken", detail)`` of PACS_splits' lists in the PACS
     folder ("absent" too while PACS does not check out)."""
-    from dg_plugins.download.sources import sources_of
-
     base_status, base_detail = dataset_status(DATASET_SPECS[dataset].adds_to, data_dir)
     if base_status != "ok":
         return "absent", base_detail
@@ -129,11 +134,6 @@ def domainnet20_problem(data_dir: str) -> str | None:
     return None
 
 
-def _mnist_missing(data_dir: str) -> str:
-    return (f"the four MNIST files ({', '.join(layouts.MNIST_FILES.values())}, each plain or "
-            f".gz) are in none of {', '.join(layouts.mnist_search_folders(data_dir))}")
-
-
 def _mnist_status(data_dir: str) -> tuple[str, str]:
     paths = layouts.locate_mnist_files(data_dir)
     if paths is None:
@@ -164,45 +164,25 @@ def _member_parts(name: str) -> list[str] | None:
     return None if ".." in parts else parts
 
 
-def _safe_member(name: str) -> bool:
-    return _member_parts(name) is not None
-
-
 #: What an archive member is, by kind, for the message naming what was dropped.
 _DROPPED = {"symlink": "a symbolic link", "hardlink": "a hard link", "device": "a device file",
             "fifo": "a named pipe", "special": "a special file"}
 
 
-def _zip_kind(info) -> str:
-    """"file", "dir", or the special kind of a zip entry (its Unix mode)."""
-    import stat
-
-    if info.is_dir():
-        return "dir"
-    mode = info.external_attr >> 16
-    if info.create_system != 3 or stat.S_IFMT(mode) in (0, stat.S_IFREG):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    return "fifo" if stat.S_ISFIFO(mode) else "special"
-
-
-def _tar_kind(member) -> str:
-    if member.isdir():
-        return "dir"
-    if member.isfile():
-        return "file"
-    if member.issym():
-        return "symlink"
-    if member.islnk():
-        return "hardlink"
-    if member.ischr() or member.isblk():
-        return "device"
-    return "fifo" if member.isfifo() else "special"
+def _member_kind(member) -> str:
+    """"file", "dir", or the special kind of a tar member or a zip entry (by its Unix mode)."""
+    if isinstance(member, tarfile.TarInfo):
+        kinds = (("dir", member.isdir()), ("file", member.isfile()), ("symlink", member.issym()),
+                 ("hardlink", member.islnk()), ("device", member.ischr() or member.isblk()),
+                 ("fifo", member.isfifo()))
+    else:
+        mode = member.external_attr >> 16
+        kinds = (("dir", member.is_dir()),
+                 ("file", member.create_system != 3 or stat.S_IFMT(mode) in (0, stat.S_IFREG)),
+                 ("dir", stat.S_ISDIR(mode)), ("symlink", stat.S_ISLNK(mode)),
+                 ("device", stat.S_ISCHR(mode) or stat.S_ISBLK(mode)),
+                 ("fifo", stat.S_ISFIFO(mode)))
+    return next((kind for kind, true in kinds if true), "special")
 
 
 def block_size(folder: str) -> int:
@@ -215,8 +195,6 @@ def block_size(folder: str) -> int:
 
 def extraction_size(path: str, block: int = 4096) -> int:
     """Bytes the archive takes once extracted in ``block``-byte blocks (exact for zip files)."""
-    import zipfile
-
     if not zipfile.is_zipfile(path):
         return int(os.path.getsize(path) * EXTRACT_FACTOR)
     with zipfile.ZipFile(path) as archive:
@@ -229,11 +207,6 @@ def extraction_size(path: str, block: int = 4096) -> int:
 def extract(path: str, dest: str, report: Reporter) -> None:
     """Extract a zip or tar archive into ``dest``: regular files and folders only, links,
     devices and paths outside ``dest`` dropped and named. Raises :class:`CorruptArchive`."""
-    import gzip
-    import tarfile
-    import zipfile
-    import zlib
-
     name = os.path.basename(path)
     check_free_space(dest, extraction_size(path, block_size(dest)), f"extracting {name}")
     report(f"  extracting {name} into {dest}")
@@ -263,12 +236,12 @@ def extract(path: str, dest: str, report: Reporter) -> None:
         if is_zip:
             with zipfile.ZipFile(path) as archive:
                 for info in archive.infolist():
-                    write(info.filename, _zip_kind(info),
+                    write(info.filename, _member_kind(info),
                           lambda info=info: archive.open(info))
         else:
             with tarfile.open(path, "r:*") as archive:
                 for member in archive:
-                    write(member.name, _tar_kind(member),
+                    write(member.name, _member_kind(member),
                           lambda member=member: archive.extractfile(member))
     except EOFError as err:
         raise CorruptArchive(f"{name} ends early (a truncated file: {err})") from None
@@ -335,7 +308,7 @@ def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str
         listed = [line.strip() for line in handle if line.strip()]
     removed = 0
     for relative in listed:
-        if not _safe_member(relative):
+        if _member_parts(relative) is None:
             raise CorruptArchive(f"domain_net_duplicates.txt lists an unsafe path {relative!r}")
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(target, relative))
@@ -346,10 +319,6 @@ def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str
 
 def _terra_annotations(path: str) -> dict[str, list]:
     """The five annotation files of the tarball, merged key by key (as DomainBed does)."""
-    import json
-    import tarfile
-    import zlib
-
     merged: dict[str, list] = {}
     found = set()
     try:
@@ -394,9 +363,6 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
                             report: Reporter) -> None:
     """Stream the image tarball once, writing each kept image to its
     ``location_<id>/<category>/`` folders (hard links)."""
-    import tarfile
-    import zlib
-
     annotations = _terra_annotations(archives["eccv_18_annotations.tar.gz"])
     targets = terra_targets(annotations)
     if not targets:
@@ -409,7 +375,7 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
     report(f"  extracting {len(targets)} images of locations {', '.join(TERRA_LOCATIONS)} "
            f"from {os.path.basename(images_path)} into {target}")
     written = set()
-    counts: dict[str, int] = {}
+    counts = collections.Counter()
     try:
         with tarfile.open(images_path, "r:*") as archive:
             for member in archive:
@@ -418,13 +384,11 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
                 relative = member.name.replace("\\", "/").split("/", 1)[-1]
                 if relative not in targets or relative in written:
                     continue
-                destinations = sorted(targets[relative])
-                first = None
-                for location, category in destinations:
+                for k, (location, category) in enumerate(sorted(targets[relative])):
                     folder = os.path.join(target, location, category)
                     os.makedirs(folder, exist_ok=True)
                     dest = os.path.join(folder, os.path.basename(relative))
-                    if first is None:
+                    if k == 0:
                         with archive.extractfile(member) as src, open(dest, "wb") as out:
                             shutil.copyfileobj(src, out, CHUNK)
                         first = dest
@@ -433,7 +397,7 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
                             os.link(first, dest)
                         except OSError:
                             shutil.copyfile(first, dest)
-                    counts[location] = counts.get(location, 0) + 1
+                    counts[location] += 1
                 written.add(relative)
                 _test_delay()
     except (tarfile.TarError, EOFError, zlib.error) as err:
@@ -450,9 +414,6 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
 def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
                   report: Reporter) -> None:
     """The four IDX files, gzipped and decompressed, in ``<staging>/MNIST/raw/``."""
-    import gzip
-    import zlib
-
     raw = os.path.join(staging, spec.folder, "raw")
     os.makedirs(raw)
     for name, path in archives.items():
@@ -480,5 +441,9 @@ def staged_problem(dataset: str, staging: str) -> str | None:
     wrong."""
     if dataset == "MNIST":
         paths = layouts.locate_mnist_files(staging)
-        return _mnist_missing(staging) if paths is None else mnist_files_problem(paths)
+        if paths is None:
+            return (f"the four MNIST files ({', '.join(layouts.MNIST_FILES.values())}, each "
+                    f"plain or .gz) are in none of "
+                    f"{', '.join(layouts.mnist_search_folders(staging))}")
+        return mnist_files_problem(paths)
     return image_layout_problem(dataset, staging)
