@@ -8,7 +8,7 @@ from dg_plugins.collect.selection import TEST_KEY
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY
 from dg_plugins.collect.tables import PaperComparison, Report, Section, Table
 from dg_plugins.collect.udg import UDG_KEY
-from dg_plugins.reference import AVG, PaperEntry, PaperValue
+from dg_plugins.reference.papers import AVG, PaperEntry, PaperValue
 
 
 def _section_setting(section: Section) -> str:

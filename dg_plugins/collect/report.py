@@ -14,7 +14,7 @@ from dg_plugins.collect.single_source import single_source_sections
 from dg_plugins.collect.tables import (Report, Section, environment_labels, results_tables,
                                        selected_hparams)
 from dg_plugins.collect.udg import is_udg, udg_sections
-from dg_plugins.reference import PaperEntry
+from dg_plugins.reference.papers import PaperEntry
 
 
 def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],

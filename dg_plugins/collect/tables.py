@@ -14,7 +14,7 @@ from dg_plugins import catalog
 from dg_plugins.collect.records import environment_count
 from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
                                           select, sweep_accs)
-from dg_plugins.reference import PaperValue
+from dg_plugins.reference.papers import PaperValue
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,35 +1,15 @@
-"""Every setting of every paper script (``sweeps/*.sh`` that reproduce a paper's table), each value
-with its source beside it: a file and line of an official release at a named commit, DomainBed's
-file, or the paper's table. ``python -m dg_plugins.scripts.reproduce SETTING --protocol P`` turns
-one entry into ``sweep launch`` calls and ``collect_results`` tables; ``reproduce --list`` prints
-the overview, ``reproduce SETTING --dry_run`` the jobs and their cost.
+"""Every setting of every paper script (``sweeps/*.sh``), each value with its source: a file
+and line of an official release at a named commit, DomainBed's file, or the paper's table.
+``python -m dg_plugins.scripts.reproduce SETTING --protocol P`` runs one (docs/reproduce.md).
 
-Two protocols per setting where both exist:
-
-* ``release``: the official release's training and evaluation protocol, as far as the host can
-  express it (batching, lr schedule, splits, augmentation, length in epochs, best-epoch
-  selection);
-* ``domainbed``: DomainBed's protocol (random 80/20 splits, one minibatch per source domain,
-  constant lr, DomainBed's augmentation and lengths, its model-selection tables) with the paper's
-  hparams, so that the numbers sit beside DomainBed's tables.
-
-What the host cannot express is listed in each protocol's ``differences``, with the reason.
-
-Sources (commits of the releases read for this table; ``file:line``):
-
-* DMG: prithv1/DMG @6b162b4 (:data:`DMG`);
-* GMoE: Luodian/Generalizable-Mixture-of-Experts @0689d55 (:data:`GMOE`);
-* DisMAE: rookiehb/DisMAE @ff91675 (:data:`DISMAE`);
-* IP/OOP: piotr-teterwak/dg_openclip @a87528a (:data:`IPOOP`);
-* DomainBed: facebookresearch/DomainBed @b93c22a (:data:`DOMAINBED`);
-* PACS's official split lists: the copy in DeLightCMU/RSC @bf6d280 (:data:`PACS_LISTS`);
-* MPBM has no release: its settings cite the paper summary (arXiv 2502.16064).
-
-Image counts (:data:`DATASET_SIZES`, :data:`OFFICIAL_TRAIN_SIZES`) let a dry run derive the steps of
-epoch-based settings without the data; with the data on disk the driver counts the images (and
-PACS's official train lists) instead and says which it used. Torch-free: plain data and
-arithmetic.
-"""
+Protocols: ``release`` (the official release's training and evaluation, as far as the host can
+express it) and ``domainbed`` (DomainBed's protocol with the paper's hparams); what the host
+cannot express is in each protocol's ``differences``. Releases read: DMG prithv1/DMG @6b162b4,
+GMoE Luodian/Generalizable-Mixture-of-Experts @0689d55, DisMAE rookiehb/DisMAE @ff91675, IP/OOP
+piotr-teterwak/dg_openclip @a87528a, DomainBed facebookresearch/DomainBed @b93c22a, PACS's split
+lists DeLightCMU/RSC @bf6d280; MPBM has no release (arXiv 2502.16064). Image counts
+(:data:`DATASET_SIZES`) let a dry run derive the steps of epoch-based settings without the data.
+Torch-free."""
 
 from __future__ import annotations
 
@@ -68,8 +48,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Group:
-    """One sweep folder (``<output_dir>/<folder>``) and the paper rows its tables are shown
-    beside; ``hparams`` are added to every run of the folder (e.g. the backbone)."""
+    """One sweep folder and the paper rows its tables sit beside; ``hparams`` go to every run."""
     folder: str
     paper_keys: tuple[str, ...]
     title: str
@@ -85,14 +64,9 @@ class Difference:
 
 @dataclass(frozen=True)
 class Protocol:
-    """One way of running a setting: its sweep calls follow from these values.
-
-    ``test_envs``: ``"single_test_envs"``, ``"single_source"`` or explicit test-environment sets.
-    Length: ``steps``/``checkpoint_freq`` per dataset, or ``epochs`` (steps per job derived from
-    the pooled source in-splits: :func:`steps_per_epoch`; a checkpoint every epoch).
-    ``sweep_flags``: further ``sweep launch`` flags (UDG fractions, splits, epochs).
-    ``alignment``: the IP/OOP scoring settings (``alignment_scores`` flags) and split preset.
-    """
+    """One way of running a setting. ``test_envs``: ``"single_test_envs"``, ``"single_source"``
+    or explicit sets; length in ``steps``/``checkpoint_freq`` per dataset or in ``epochs``
+    (:func:`steps_per_epoch`, a checkpoint per epoch); ``alignment``: IP/OOP scoring settings."""
     name: str
     summary: str
     datasets: Value
@@ -127,9 +101,7 @@ class Setting:
         return "release" if "release" in self.protocols else next(iter(self.protocols))
 
 
-# --------------------------------------------------------------------------------------------
-# Image counts
-
+# --- Image counts ---
 
 #: Images per environment (in the dataset's environment order) of DomainBed's data folders.
 #: TerraIncognita's are not recorded (no per-domain count with a source at hand): a dry run
@@ -179,11 +151,9 @@ OFFICIAL_VAL_SIZES: dict[str, Value] = {
 
 
 def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
-    """Steps of one epoch over the sources' training in-splits ``in_sizes``: ``pooled`` (the DMG
-    release's one shuffled loader over the union, ``dataloaders/domain_datasets.py`` lines
-    134 and 159-164: ``ceil(sum / batch)`` batches, the last one partial) or ``per_domain``
-    (DomainBed's ``steps_per_epoch``, ``domainbed/scripts/train.py``: the smallest source sets the
-    epoch, ``ceil(min / batch)``)."""
+    """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader
+    over the union, ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``).
+    """
     if batch_sampling == "pooled":
         return max(1, math.ceil(sum(in_sizes) / batch_size))
     if batch_sampling == "per_domain":
@@ -191,8 +161,7 @@ def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
     raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
 
 
-# --------------------------------------------------------------------------------------------
-# DMG (Chattopadhyay et al., ECCV 2020)
+# --- DMG (Chattopadhyay et al., ECCV 2020) ---
 
 _DMG_PACS_CFG = f"{DMG} configs/PACS/supermask_training.yml"
 _DMG_DN_CFG = f"{DMG} configs/DomainNet/supermask_training.yml"
@@ -426,8 +395,7 @@ _DMG_DN_DOMAINBED = Protocol(
     ),
 )
 
-# --------------------------------------------------------------------------------------------
-# GMoE (Li et al., ICLR 2023)
+# --- GMoE (Li et al., ICLR 2023) ---
 
 _GMOE_DATASETS = ("PACS", "VLCS", "OfficeHome", "TerraIncognita", "DomainNet")
 _GMOE_STEPS = {d: Value(5001, f"{GMOE} domainbed/datasets.py:50 (N_STEPS)") for d in _GMOE_DATASETS}
@@ -503,8 +471,7 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# DisMAE (Zhang et al., ECCV 2024)
+# --- DisMAE (Zhang et al., ECCV 2024) ---
 
 _DISMAE_PT = f"{DISMAE} script/udg_pt.sh"
 _DISMAE_FT = f"{DISMAE} script/udg_ft.sh"
@@ -601,8 +568,7 @@ _DISMAE_DG = Protocol(
     ),
 )
 
-# --------------------------------------------------------------------------------------------
-# MPBM (Heidari & Guo, arXiv 2502.16064): no release
+# --- MPBM (Heidari & Guo, arXiv 2502.16064): no release ---
 
 _MPBM_SUMMARY = f"{MPBM_PAPER} (/work/shared/papers summary)"
 _MPBM_DIFFERENCES = (
@@ -652,8 +618,7 @@ _MPBM_PACS = Protocol(
     differences=_MPBM_DIFFERENCES,
 )
 
-# --------------------------------------------------------------------------------------------
-# IP/OOP (Teterwak et al., ICLR 2025)
+# --- IP/OOP (Teterwak et al., ICLR 2025) ---
 
 _IPOOP_DATASETS = ("PACS", "VLCS", "OfficeHome", "TerraIncognita", "DomainNet")
 _IPOOP_ALIGNMENT = {
@@ -715,8 +680,7 @@ def _ipoop(name: str) -> Protocol:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# The table
+# --- The table ---
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
@@ -764,8 +728,7 @@ def get_setting(name: str) -> Setting:
 
 
 def get_protocol(setting: Setting, name: str | None) -> Protocol:
-    """``setting``'s protocol ``name`` (None: its default); an absent one raises ``KeyError``
-    saying why and which exist."""
+    """``setting``'s protocol ``name`` (None: its default); ``KeyError`` saying why otherwise."""
     name = name or setting.default_protocol
     if name not in PROTOCOLS:
         raise KeyError(f"unknown protocol {name!r}; choices: {', '.join(PROTOCOLS)}")

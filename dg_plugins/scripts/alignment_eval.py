@@ -1,21 +1,8 @@
-"""``python -m dg_plugins.scripts.alignment_eval``: IP/OOP accuracy of already trained models,
-without retraining.
-
-    python -m dg_plugins.scripts.alignment_eval --alignment_scores scores.csv \
-        [--alignment_threshold T | --alignment_preset teterwak2025] JOB_DIR [JOB_DIR ...] \
-        [--data_dir DIR] [--device cuda] [--update_records [--overwrite]] \
-        [--out keys.jsonl] [--predictions preds.csv] \
-        [--alignment_model ViT-B-16] [--alignment_pretrained laion400m_e32]
-
-For each job folder it loads ``model.pkl`` (or ``--model FILE``), rebuilds the data as train does
-(:func:`dg_plugins.train.job.build_job_data`), evaluates it as train does
-(:func:`dg_plugins.train.evaluate.evaluate`) and prints the keys train writes with
-``--alignment_scores`` (``env{i}_{in,out}_{ip,oop}_acc`` and ``_count``). ``--update_records`` adds
-them to the job's records that a saved model reproduces; ``--predictions`` writes each test image's
-prediction for :mod:`dg_plugins.scripts.plot_alignment`; ``--data_dir`` replaces the job's data
-folder (the score file must be that copy's). The logic is :mod:`dg_plugins.alignment.reevaluate`.
-Models are read with ``torch.load(weights_only=False)``: only run it on your own files.
-"""
+"""``python -m dg_plugins.scripts.alignment_eval --alignment_scores F JOB_DIR ...``: IP/OOP
+accuracy of trained models without retraining: each job's model rebuilt and evaluated as train
+does, the keys train writes with ``--alignment_scores`` printed or added to its records. The
+logic is :mod:`dg_plugins.alignment.reevaluate`. Models are read with
+``torch.load(weights_only=False)``: only run it on your own files."""
 
 from __future__ import annotations
 
@@ -53,8 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def rebuild(job_dir: str, saved: dict, options, rule: dict):
-    """The job's data as train builds it, and train's evaluation under the job's compute settings
-    (:mod:`dg_plugins.train.precision`; augmented splits' batches seeded by split and batch)."""
+    """The job's data and train's evaluation under the job's compute settings."""
     from dg_plugins.alignment import reevaluate
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.evaluate import eval_batches, eval_seed, evaluate

@@ -1,18 +1,8 @@
 """``python -m dg_plugins.scripts.check_data --dataset NAME --data_dir DIR``: find unreadable images.
 
-Decodes every image of an image-folder dataset exactly as training does (PIL, fully loaded and
-converted to RGB, so truncated files are caught, not only unidentifiable ones), in parallel over
-the CPUs this process may use, with a progress bar when stderr is a terminal. Prints every
-unreadable file with its error, then one summary line per environment.
-
-Any registered image-folder dataset works: PACS, VLCS, OfficeHome, TerraIncognita, DomainNet, the
-generic ``ImageFolder`` (``--data_dir`` is then the folder holding the domain folders) and datasets
-made with ``make_image_folder_dataset`` in a plugin module named in ``$DG_PLUGINS_IMPORT``.
-
-Exit status: 0 every image is readable; 1 some image is unreadable; 2 bad input (unknown dataset,
-a plugin module that does not import, a dataset that has no image files, a missing folder or a
-bad layout, e.g. a ``--data_dir`` one level above or below the tree: the folder meant is named).
-"""
+Decodes every image of an image-folder dataset as training does, in parallel, and prints each
+unreadable file, then one line per environment (:mod:`dg_plugins.datasets.check`). Exit status:
+0 all readable; 1 some unreadable; 2 bad input (unknown dataset, bad plugin, bad layout)."""
 
 import sys
 

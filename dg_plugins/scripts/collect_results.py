@@ -1,6 +1,5 @@
 """``python -m dg_plugins.scripts.collect_results``: the tables of a sweep, as DomainBed's
-collect_results prints them. The flags and what they do are :mod:`dg_plugins.collect.cli`'s
-(``--help``); the tables are :mod:`dg_plugins.collect`'s."""
+collect_results prints them (:mod:`dg_plugins.collect`)."""
 
 import sys
 

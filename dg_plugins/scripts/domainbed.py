@@ -1,20 +1,8 @@
 """``python -m dg_plugins.scripts.domainbed [--import MODULES] SCRIPT [ARGS ...]``: run one of
-DomainBed's own scripts, unchanged, with dg_plugins installed into ``domainbed`` first.
-
-SCRIPT is a module of ``domainbed.scripts`` (``train``, ``sweep``, ``collect_results``,
-``list_top_hparams``, ...), and ARGS are its usual arguments. ``info`` prints what is installed.
-
-* ``train``: DomainBed's train.py, which now also finds our algorithms, datasets and hparams.
-* ``sweep``: DomainBed's sweep.py; every launcher (DomainBed's ``local``, ``dummy``,
-  ``multi_gpu`` and ours, e.g. ``submitit``) runs each job as ``<this python> -m
-  dg_plugins.scripts.domainbed train ...`` instead of ``python -m domainbed.scripts.train ...``.
-  Job folders keep DomainBed's names (the md5 of the job's arguments).
-* ``--import a.b,c``: extra plugin modules to import before installing (your own algorithms or
-  datasets registered through :mod:`dg_plugins.registry`); added to ``$DG_PLUGINS_IMPORT`` so
-  that every job of a sweep imports them too.
-
-DomainBed is found on the Python path, or at ``$DOMAINBED_ROOT``.
-"""
+DomainBed's own scripts (``train``, ``sweep``, ``collect_results``, ...) unchanged, with
+dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.bridge`); ``info`` prints what is
+installed. A sweep's jobs run through this entry; ``--import`` modules reach them through
+``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
 
 from __future__ import annotations
 

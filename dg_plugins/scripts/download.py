@@ -1,23 +1,7 @@
 """``python -m dg_plugins.scripts.download --data_dir DIR DATASET [DATASET ...]``: put DomainBed's
-datasets in DomainBed's layout under ``--data_dir`` (``domainbed/scripts/download.py``).
-
-Datasets: PACS, PACS_splits (PACS's official split lists, read by PACS's ``data_split``
-"official"; they need PACS), VLCS, OfficeHome, TerraIncognita, DomainNet, MNIST (for ColoredMNIST
-and RotatedMNIST), DomainNet20 (= DomainNet: it reads ``domain_net/``), or ``all``. A dataset whose
-folder already checks out is skipped; partial downloads resume; sizes and checksums are verified
-where known; extraction is atomic (see :mod:`dg_plugins.download`). ``--list`` prints
-the table of files, sizes, checksums and target folders.
-
-Google Drive sources (PACS, PACS_splits, VLCS, OfficeHome) need the optional ``gdown``
-(``pip install 'dg_plugins[download]'``), or ``--url NAME=URL`` pointing at a mirror.
-
-A dataset that fails does not stop the others; the failures are listed at the end, one line
-each, with what to do. The command never imports torch (it checks folders with
-:mod:`dg_plugins.layouts`), and a second Ctrl-C ends it at once.
-
-Exit status: 0 every dataset present; 1 a download, check or extraction failed (one message per
-dataset saying how to fix it); 2 bad command line.
-"""
+datasets in DomainBed's layout under ``--data_dir`` (the logic: :mod:`dg_plugins.download`;
+docs/download.md). Torch-free; a second Ctrl-C ends it at once. Exit status: 0 every dataset
+present; 1 a download, check or extraction failed (one message per dataset); 2 bad command line."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""``python -m dg_plugins.scripts.plot_alignment``: the AlignmentScore histogram per environment
-and, given per-image predictions, accuracy per AlignmentScore bin (the paper's Fig. 2), as a PNG.
-
-    python -m dg_plugins.scripts.plot_alignment --scores scores.csv --out alignment.png \
-        [--predictions preds.csv] [--envs 0 1] [--bin_width 0.02] \
-        [--threshold 0.4 | --alignment_preset teterwak2025] [--split all|in|out] [--title TEXT]
-
-``--predictions``: the CSV written by ``alignment_eval --predictions`` (images matched to scores on
-``env`` and ``path``); rows of several jobs or models are pooled. ``--split``: which test splits
-count (default all: the in and out splits pooled, i.e. the whole target domain). The threshold and
-cuts of the rule are drawn as vertical lines (``--preset`` is a deprecated spelling of
-``--alignment_preset``). ``--table FILE.csv`` also writes the binned accuracy.
-"""
+"""``python -m dg_plugins.scripts.plot_alignment --scores F --out P``: the AlignmentScore
+histogram per environment and, with ``--predictions`` (``alignment_eval --predictions``), the
+accuracy per score bin (the paper's Fig. 2), as a PNG; the rule's cuts drawn as lines."""
 
 from __future__ import annotations
 

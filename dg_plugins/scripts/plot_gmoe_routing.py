@@ -1,18 +1,6 @@
-"""``python -m dg_plugins.scripts.plot_gmoe_routing``: which expert each image patch is routed to,
-for a few images of each domain (the expert-selection analysis of Li et al., ICLR 2023, GMoE), as
-a PNG: one row per image, the image and, per MoE layer, the image overlaid with its patch grid
-coloured by the first-choice expert of each patch token (class token not shown).
-
-    # a trained job (DomainBed's model.pkl; the dataset and data_dir come from its args)
-    python -m dg_plugins.scripts.plot_gmoe_routing --model OUT/model.pkl --out routing.png
-    # a freshly built (random-router) model, e.g. to look at the initial routing
-    python -m dg_plugins.scripts.plot_gmoe_routing --dataset RotatedMNIST5k --data_dir builtin \
-        --out routing.png [--hparams JSON] [--images 3] [--envs 0 2 4] [--seed 0]
-
-The model runs in eval mode (no gate noise); the routing shown is the router's choice, also for a
-token that a capacity at evaluation (``gmoe_eval_capacity``) would drop. The images are the first
-``--images`` of each environment after a seeded shuffle, without data augmentation.
-"""
+"""``python -m dg_plugins.scripts.plot_gmoe_routing``: the first-choice expert of each image
+patch, per MoE layer, for a few images per domain (GMoE's expert-selection analysis, Li et al.,
+ICLR 2023), of a trained ``--model`` or a fresh one (:mod:`dg_plugins.algorithms.gmoe_routing`)."""
 
 import sys
 

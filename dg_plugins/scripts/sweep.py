@@ -1,6 +1,5 @@
 """``python -m dg_plugins.scripts.sweep {launch,delete_incomplete,delete_all} ...``: DomainBed's
-sweep over our train. The flags are :mod:`dg_plugins.sweep.cli`'s (``--help``); the jobs,
-checks, actions and launchers are :mod:`dg_plugins.sweep`'s."""
+sweep over our train (:mod:`dg_plugins.sweep`)."""
 
 import sys
 
