@@ -441,37 +441,31 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
             check_free_space(os.path.dirname(part), total - have, name)
         done = have
         window_start, window_done = time.monotonic(), done
-        try:
-            handle = open(part, mode, buffering=0)  # every block reaches the file as it arrives
-        except OSError as err:
-            raise _WriteFailed(err, done) from err
-        with handle, report.transfer(name, total, have) as update:
-            if mode == "wb":  # after the truncation: the validators never name older bytes
-                try:
+        try:  # unbuffered: every block reaches the file as it arrives
+            with open(part, mode, buffering=0) as handle, \
+                    report.transfer(name, total, have) as update:
+                if mode == "wb":  # after the truncation: the validators never name older bytes
                     _store_validators(part, response.headers)
-                except OSError as err:
-                    raise _WriteFailed(err, done) from err
-            while True:
-                try:
-                    block = response.read1(CHUNK)
-                except (OSError, http.client.HTTPException) as err:  # reset, timeout, ...
-                    raise _Cut(f"{type(err).__name__}: {err}") from err
-                if not block:
-                    break
-                try:
+                while True:
+                    try:
+                        block = response.read1(CHUNK)
+                    except (OSError, http.client.HTTPException) as err:  # reset, timeout, ...
+                        raise _Cut(f"{type(err).__name__}: {err}") from err
+                    if not block:
+                        break
                     handle.write(block)
-                except OSError as err:
-                    raise _WriteFailed(err, done) from err
-                done += len(block)
-                update(len(block))
-                now = time.monotonic()
-                if now - window_start >= RATE_WINDOW:
-                    rate = (done - window_done) / (now - window_start)
-                    if rate < MIN_RATE:
-                        raise _Cut(f"{human_size(int(rate))}/s over the last "
-                                   f"{now - window_start:.3g} s, below the minimum "
-                                   f"{human_size(MIN_RATE)}/s")
-                    window_start, window_done = now, done
+                    done += len(block)
+                    update(len(block))
+                    now = time.monotonic()
+                    if now - window_start >= RATE_WINDOW:
+                        rate = (done - window_done) / (now - window_start)
+                        if rate < MIN_RATE:
+                            raise _Cut(f"{human_size(int(rate))}/s over the last "
+                                       f"{now - window_start:.3g} s, below the minimum "
+                                       f"{human_size(MIN_RATE)}/s")
+                        window_start, window_done = now, done
+        except OSError as err:  # opening or writing the .part
+            raise _WriteFailed(err, done) from err
         if total is not None and done < total:
             raise _Cut(f"the connection closed after {done} of {total} bytes")
 

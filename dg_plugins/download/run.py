@@ -26,6 +26,11 @@ from dg_plugins.download.sources import (
 )
 from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 
+try:
+    import fcntl
+except ImportError:  # Windows: no locks
+    fcntl = None
+
 #: Inside a staging folder: the archives of a finished download, moved there just before the
 #: dataset's folder is renamed into place, and removed with the staging folder.
 ARCHIVES_IN_STAGING = ".archives"
@@ -41,19 +46,10 @@ class DownloadFailed(DownloadError):
         self.results = results
 
 
-def _flock():
-    try:
-        import fcntl
-    except ImportError:  # Windows: no locks
-        return None
-    return fcntl
-
-
 @contextlib.contextmanager
 def _lock(path: str, what: str, busy_ok: bool = False):
     """An exclusive lock on the file ``path``, removed on exit; yields True, or False when
     another run holds it and ``busy_ok`` (else :class:`DownloadError`)."""
-    fcntl = _flock()
     if fcntl is None:
         yield True
         return
@@ -91,7 +87,6 @@ def _downloads_folder(data_dir: str, create: bool = True):
     if not create and not os.path.isdir(downloads):
         yield None
         return
-    fcntl = _flock()
     if fcntl is None:
         os.makedirs(downloads, exist_ok=True)
         yield downloads
@@ -136,20 +131,36 @@ def extracted_size(spec: DatasetSpec, expected: dict[str, Expected]) -> int:
     return int(sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
 
 
-def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> list[str]:
-    """The files no checksum vouched for, moved to ``<file>.corrupt``; returns their paths."""
+def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> str:
+    """Move the files no checksum vouched for to ``<file>.corrupt``; the note saying so."""
     moved = [path for name, path in paths.items()
              if not expected[name].sha256 and not expected[name].md5]
     for path in moved:
         os.replace(path, path + ".corrupt")
-    return moved
-
-
-def _moved_note(moved: list[str]) -> str:
-    if not moved:
-        return ""
     return (f" {', '.join(os.path.basename(p) for p in moved)} moved to "
-            f"{', '.join(p + '.corrupt' for p in moved)};")
+            f"{', '.join(p + '.corrupt' for p in moved)};") if moved else ""
+
+
+def _paths(dataset: str, data_dir: str) -> tuple[str, str]:
+    """The lock (the base dataset's, for files that join it) and the staging folder."""
+    spec = DATASET_SPECS[dataset]
+    return (os.path.join(data_dir, f".{spec.folder}.download-lock"),
+            os.path.join(data_dir, f".{dataset if spec.adds_to else spec.folder}.download-tmp"))
+
+
+def _present(dataset: str, detail: str, data_dir: str, options: Options,
+             report: Reporter) -> str:
+    report(f"{dataset}: already present ({detail}); skipped")
+    tidy_present(dataset, data_dir, options, report)
+    return "present"
+
+
+def _obtain_all(sources, downloads: str, expected: dict[str, Expected], options: Options,
+                report: Reporter) -> dict[str, str]:
+    """``{name: path}`` of the verified files of ``sources`` (fetched where missing)."""
+    return {source.name: obtain(source, downloads, options.urls.get(source.name, source.url),
+                                expected[source.name], options.retries, report)
+            for source in sources}
 
 
 def _remove_stale_staging(dataset: str, staging: str, downloads: str | None,
@@ -183,10 +194,7 @@ def _remove_corrupt(dataset: str, downloads: str, report: Reporter) -> None:
 def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter) -> None:
     """For a dataset that checks out: remove what earlier runs left, name its files still in
     ``downloads/``; nothing while another run holds its lock."""
-    spec = DATASET_SPECS[dataset]
-    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")
-    staging = os.path.join(data_dir, f".{spec.folder if not spec.adds_to else dataset}"
-                                     ".download-tmp")
+    lock, staging = _paths(dataset, data_dir)
     with _lock(lock, dataset, busy_ok=True) as held:
         if not held:
             return
@@ -219,15 +227,12 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
     target = os.path.join(data_dir, spec.folder)
     status, detail = dataset_status(dataset, data_dir)
     if status == "ok":
-        report(f"{dataset}: already present ({detail}); skipped")
-        tidy_present(dataset, data_dir, options, report)
-        return "present"
+        return _present(dataset, detail, data_dir, options, report)
     if status == "broken":
         raise DownloadError(
             f"{dataset}: {target} exists but its layout does not check out: {detail}. It was "
             f"left as it is: move it away (or delete it), then rerun to download {dataset}.")
-    staging = os.path.join(data_dir, f".{spec.folder}.download-tmp")
-    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")
+    lock, staging = _paths(dataset, data_dir)
     with _lock(lock, dataset), _downloads_folder(data_dir) as downloads:
         if dataset_status(dataset, data_dir)[0] == "ok":  # another run finished meanwhile
             report(f"{dataset}: already present ({target}); skipped")
@@ -246,11 +251,7 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
                         if os.path.exists(os.path.join(downloads, s.name + ".part")))
             check_free_space(data_dir, sum(known) - parts + extracted_size(spec, expected),
                              f"{dataset} (its archives and their extracted files)")
-        archives = {}
-        for source in sources:
-            url = options.urls.get(source.name, source.url)
-            archives[source.name] = obtain(source, downloads, url, expected[source.name],
-                                           options.retries, report)
+        archives = _obtain_all(sources, downloads, expected, options, report)
         os.makedirs(staging)
         try:
             PREPARE[dataset](spec, archives, staging, report)
@@ -259,7 +260,7 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
                 raise CorruptArchive(f"the extracted files do not check out: {problem}")
         except CorruptArchive as err:
             shutil.rmtree(staging, ignore_errors=True)
-            where = _moved_note(_set_aside_unverified(archives, expected))  # not to be reused
+            where = _set_aside_unverified(archives, expected)  # not to be reused
             raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
                                 f"Nothing was put in {target};{where} rerun to download it "
                                 "again.") from None
@@ -313,11 +314,8 @@ def download_split_lists(dataset: str, data_dir: str, options: Options,
 
     status, detail = check()
     if status == "ok":
-        report(f"{dataset}: already present ({detail}); skipped")
-        tidy_present(dataset, data_dir, options, report)
-        return "present"
-    staging = os.path.join(data_dir, f".{dataset}.download-tmp")
-    lock = os.path.join(data_dir, f".{spec.folder}.download-lock")  # the one of the base
+        return _present(dataset, detail, data_dir, options, report)
+    lock, staging = _paths(dataset, data_dir)
     with _lock(lock, f"{base} or {dataset}"), _downloads_folder(data_dir) as downloads:
         status, detail = check()  # another run may have finished meanwhile
         if status == "ok":
@@ -330,17 +328,13 @@ def download_split_lists(dataset: str, data_dir: str, options: Options,
                    if not os.path.isfile(os.path.join(target, s.name))]
         expected = {s.name: expected_for(s, options.sha256) for s in missing}
         report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
-        lists = {}
-        for source in missing:
-            url = options.urls.get(source.name, source.url)
-            lists[source.name] = obtain(source, downloads, url, expected[source.name],
-                                        options.retries, report)
+        lists = _obtain_all(missing, downloads, expected, options, report)
         problems = split_lists_problems(data_dir, lists)
         if problems:
             first = next(iter(problems.values()))
             more = (f" (and {len(problems) - 1} other list(s): "
                     f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
-            where = _moved_note(_set_aside_unverified({n: lists[n] for n in problems}, expected))
+            where = _set_aside_unverified({n: lists[n] for n in problems}, expected)
             raise DownloadError(
                 f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
                 f"download {'them' if len(problems) > 1 else 'it'} again.")
