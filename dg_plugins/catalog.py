@@ -1,7 +1,6 @@
 """Names and environment labels of DomainBed's and dg_plugins' algorithms and datasets, without
-torch: collect_results orders its tables by them and sweep checks names and finds environments
-with them. Our built-in names are derived from the sources (``@register_...``), so adding a file
-is the only edit; run-time registrations declare themselves here."""
+torch, for collect_results' table order and sweep's checks. Our built-in names are read from the
+sources (``@register_...``), so adding a file is the only edit; run-time ones declare here."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ DOMAINBED_DATASETS: dict[str, list[str]] = {
     "SpawriousM2M_hard": _SPAWRIOUS_ENVS,
 }
 
-#: Number of classes of each dataset (DomainBed's classes set ``num_classes`` when they load;
-#: these are the values they set), for chance levels in reports that do not import torch.
+#: Number of classes of each dataset (the ``num_classes`` DomainBed's classes set on loading).
 DATASET_CLASSES: dict[str, int] = {
     "Debug28": 2, "Debug224": 2, "ColoredMNIST": 2, "RotatedMNIST": 10, "VLCS": 5, "PACS": 7,
     "OfficeHome": 65, "TerraIncognita": 10, "DomainNet": 345, "SVIRO": 7, "WILDSCamelyon": 2,
@@ -54,37 +52,53 @@ DATASET_CLASSES: dict[str, int] = {
 }
 
 ALGORITHMS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "algorithms")
+DATASETS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasets")
 #: The module imported first (the template and every table's baseline); the rest in name order.
 FIRST_ALGORITHM_MODULE = "erm"
-_REGISTRATION = re.compile(
-    r"^@register_algorithm\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
-    r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
+
+
+def _modules(package: str) -> list[str]:
+    """The modules of ``package`` that may register names (``base`` and ``_*`` excluded)."""
+    return sorted(f[:-3] for f in os.listdir(package)
+                  if f.endswith(".py") and not f.startswith("_") and f != "base.py")
 
 
 def algorithm_modules() -> list[str]:
-    """The modules of ``dg_plugins.algorithms`` that may define algorithms, in import order:
-    ``erm`` first, then every other module (``base`` and private ``_*`` excluded) by name."""
-    names = sorted(f[:-3] for f in os.listdir(ALGORITHMS_PACKAGE)
-                   if f.endswith(".py") and not f.startswith("_") and f != "base.py")
+    """The algorithm modules in import order: ``erm`` first, then by name."""
+    names = _modules(ALGORITHMS_PACKAGE)
     if FIRST_ALGORITHM_MODULE in names:
         names.remove(FIRST_ALGORITHM_MODULE)
         names.insert(0, FIRST_ALGORITHM_MODULE)
     return names
 
 
-def builtin_algorithms() -> list[str]:
-    """Names registered by ``@register_algorithm`` in dg_plugins' algorithm modules, in registry
-    order, found by reading their source (no import, no torch)."""
+def _registered(package: str, modules: list[str], kind: str) -> list[str]:
+    """Names that ``@register_KIND`` (or ``DATASETS.register("X", ...)``) registers in
+    ``modules``, read from their source (no import, no torch)."""
+    decorated = re.compile(
+        rf"^@register_{kind}\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
+        r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
+    direct = re.compile(r"^DATASETS\.register\(\s*[\"']([^\"']+)[\"']", re.MULTILINE)
     found = []
-    for module in algorithm_modules():
-        with open(os.path.join(ALGORITHMS_PACKAGE, module + ".py"), encoding="utf-8") as f:
+    for module in modules:
+        with open(os.path.join(package, module + ".py"), encoding="utf-8") as f:
             source = f.read()
-        found += [name or cls for name, cls in _REGISTRATION.findall(source)]
+        found += [name or cls for name, cls in decorated.findall(source)]
+        found += direct.findall(source) if kind == "dataset" else []
     return found
 
 
-#: dg_plugins' built-in algorithms (see :func:`builtin_algorithms`).
+def builtin_algorithms() -> list[str]:
+    return _registered(ALGORITHMS_PACKAGE, algorithm_modules(), "algorithm")
+
+
+def builtin_datasets() -> list[str]:
+    return _registered(DATASETS_PACKAGE, _modules(DATASETS_PACKAGE), "dataset")
+
+
+#: dg_plugins' built-in algorithms and datasets (read from their sources).
 BUILTIN_ALGORITHMS = builtin_algorithms()
+BUILTIN_DATASETS = builtin_datasets()
 
 #: Every algorithm name in table order: DomainBed's, then dg_plugins' own, then those declared.
 ALGORITHM_ORDER: list[str] = list(dict.fromkeys(DOMAINBED_ALGORITHMS + BUILTIN_ALGORITHMS))
@@ -92,35 +106,9 @@ ALGORITHM_ORDER: list[str] = list(dict.fromkeys(DOMAINBED_ALGORITHMS + BUILTIN_A
 DATASET_ENVIRONMENTS: dict[str, list[str]] = dict(DOMAINBED_DATASETS)
 #: A dataset's default ``backbone`` hparam when it is not "auto" (e.g. LeNet for 32x32 digits).
 DATASET_BACKBONES: dict[str, str] = {}
-#: Hparams that a dataset reads from the job's hparams (e.g. an augmentation switch), as
-#: ``{dataset: {name: (default, random_fn[, check])}}`` entries of ``dg_plugins.hparams`` spaces;
-#: :func:`dataset_hparam_space` returns them for one dataset.
+#: Hparams a dataset reads (``{dataset: {name: (default, random_fn[, check])}}``).
 DATASET_HPARAMS: dict[str, dict[str, tuple]] = {}
 
-
-DATASETS_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasets")
-_DATASET_REGISTRATION = re.compile(
-    r"^@register_dataset\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
-    r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
-_DIRECT_DATASET_REGISTRATION = re.compile(r"^DATASETS\.register\(\s*[\"']([^\"']+)[\"']",
-                                          re.MULTILINE)
-
-
-def builtin_datasets() -> list[str]:
-    """Names registered by dg_plugins' dataset modules, in module-name order, read from their
-    source."""
-    found = []
-    for module in sorted(f for f in os.listdir(DATASETS_PACKAGE)
-                         if f.endswith(".py") and not f.startswith("_") and f != "base.py"):
-        with open(os.path.join(DATASETS_PACKAGE, module), encoding="utf-8") as f:
-            source = f.read()
-        found += [name or cls for name, cls in _DATASET_REGISTRATION.findall(source)]
-        found += _DIRECT_DATASET_REGISTRATION.findall(source)
-    return found
-
-
-#: dg_plugins' built-in datasets (see :func:`builtin_datasets`).
-BUILTIN_DATASETS = builtin_datasets()
 #: Datasets declared at run time (:func:`declare_dataset`, e.g. a plugin's ``@register_dataset``).
 DECLARED_DATASETS: list[str] = []
 
@@ -163,32 +151,23 @@ def _probability(value) -> str | None:
     return None if 0 <= value <= 1 else "must be a probability in [0, 1]"
 
 
-def _one_of(*choices):
-    """A ``dg_plugins.hparams`` check accepting only ``choices`` (this module cannot import
-    ``dg_plugins.hparams``, which imports it)."""
+def one_of(*choices):
+    """An hparam check accepting only ``choices`` (:mod:`dg_plugins.hparams` imports it)."""
     def check(value) -> str | None:
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
     return check
 
 
-# ------------------------------------------------------------------------------------------------
-# Image-folder datasets: their folders and the dataset hparams they read
+# --- Image-folder datasets: their folders and the dataset hparams they read ---
 
-#: Values of the image-folder dataset hparam ``augmentation``: which training transform the
-#: training environments get when ``data_augmentation`` is true. "domainbed": DomainBed's
-#: (``domainbed/datasets.py``); "dmg_pacs" / "dmg_domainnet": the DMG release's PACS / DomainNet
-#: training transforms (prithv1/DMG@6b162b4 ``train_model.py``; see
-#: ``dg_plugins.datasets.image_folder.training_transform``).
+#: Values of the image-folder hparam ``augmentation`` (the training transform: DomainBed's or
+#: the DMG release's, ``dg_plugins.datasets.image_folder.training_transform``).
 AUGMENTATIONS = ("domainbed", "dmg_pacs", "dmg_domainnet")
-#: Values of PACS's dataset hparam ``data_split``: "domainbed" (DomainBed's random holdout of
-#: ``--holdout_fraction``) or "official" (PACS's official train / crossval / test lists, see
-#: ``dg_plugins.datasets.image_folder.PACS.predefined_split``).
+#: Values of PACS's hparam ``data_split``: DomainBed's random holdout or the official lists.
 DATA_SPLITS = ("domainbed", "official")
 
-#: Image-folder datasets: name -> the folder under ``--data_dir`` that holds the domain folders
-#: (None: ``--data_dir`` itself, the generic ``ImageFolder``). dg_plugins' classes
-#: (``dg_plugins.datasets.image_folder``) read their ``FOLDER_NAME`` from here; datasets made by
-#: ``make_image_folder_dataset`` add themselves (:func:`declare_image_folder_dataset`).
+#: Image-folder datasets: name -> the folder under ``--data_dir`` holding the domain folders
+#: (None: ``--data_dir`` itself); ``make_image_folder_dataset``'s add themselves.
 IMAGE_FOLDER_DATASETS: dict[str, str | None] = {
     "VLCS": "VLCS", "PACS": "PACS", "OfficeHome": "office_home",
     "TerraIncognita": "terra_incognita", "DomainNet": "domain_net", "DomainNet20": "domain_net",
@@ -197,12 +176,8 @@ IMAGE_FOLDER_DATASETS: dict[str, str | None] = {
 #: The generic image-folder dataset: ``--data_dir`` is the tree, its environments are its folders.
 GENERIC_IMAGE_FOLDER = "ImageFolder"
 
-
-#: DomainBed's input size of the image-folder datasets (its transforms' 224x224), and the
-#: dataset hparam that changes it.
+#: DomainBed's input size of the image-folder datasets, and the hparam that changes it.
 IMAGE_SIZE, IMAGE_SIZE_HPARAM = 224, "image_size"
-
-
 #: The largest ``image_size``: a batch of larger images would not fit in memory.
 MAX_IMAGE_SIZE = 1024
 
@@ -213,16 +188,14 @@ def _image_size(value) -> str | None:
 
 
 def image_folder_hparam_space() -> dict[str, tuple]:
-    """The dataset hparams every image-folder dataset reads (neither drawn at random):
-    ``augmentation`` (:data:`AUGMENTATIONS`, default "domainbed") and ``image_size`` (the side of
-    the square images the transforms make, default :data:`IMAGE_SIZE`; smaller for quick runs)."""
-    return {"augmentation": ("domainbed", lambda r: "domainbed", _one_of(*AUGMENTATIONS)),
+    """The hparams every image-folder dataset reads, not drawn: ``augmentation`` and
+    ``image_size`` (the side of the transforms' square images)."""
+    return {"augmentation": ("domainbed", lambda r: "domainbed", one_of(*AUGMENTATIONS)),
             IMAGE_SIZE_HPARAM: (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)}
 
 
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
-    """Record ``name`` as an image-folder dataset read from ``<data_dir>/<folder_name>`` (None:
-    ``data_dir`` itself) and declare its hparams (:func:`image_folder_hparam_space`)."""
+    """Record ``name`` as read from ``<data_dir>/<folder_name>`` and declare its hparams."""
     known = IMAGE_FOLDER_DATASETS.get(name, folder_name)
     if known != folder_name:
         raise ValueError(f"image-folder dataset {name!r} is declared with folder {known!r}, "
@@ -231,8 +204,7 @@ def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
     declare_dataset_hparams(name, image_folder_hparam_space())
 
 
-# ------------------------------------------------------------------------------------------------
-# Dataset names and the environments found on disk (sweep checks its --datasets with these)
+# --- Dataset names and the environments found on disk (sweep checks its --datasets) ---
 
 #: The command that runs DomainBed's own datasets (and algorithms) with dg_plugins installed.
 BRIDGE_SWEEP_COMMAND = "python -m dg_plugins.scripts.domainbed sweep ..."
@@ -246,17 +218,13 @@ def implemented_datasets() -> list[str]:
 
 
 def domainbed_only_datasets() -> list[str]:
-    """DomainBed's datasets that dg_plugins does not implement (SVIRO, WILDS, Spawrious): they run
-    through the bridge (``python -m dg_plugins.scripts.domainbed``)."""
+    """DomainBed's datasets that only run through the bridge (SVIRO, WILDS, Spawrious)."""
     implemented = set(implemented_datasets())
     return [name for name in DOMAINBED_DATASETS if name not in implemented]
 
 
-
-
 def check_dataset_name(name: str, extra=()) -> None:
-    """Raise ValueError unless our train can run dataset ``name``: the bridge for a
-    DomainBed-only dataset, else "did you mean" and the choices. Torch-free."""
+    """ValueError unless our train runs dataset ``name`` (naming the bridge or the choices)."""
     choices = list(dict.fromkeys([*implemented_datasets(), *extra]))
     if name in choices:
         return
@@ -284,25 +252,17 @@ def image_folder_layout(dataset: str) -> str:
             "folder per domain, one subfolder per class)")
 
 
-def nested_tree(root: str, domains: list[str]) -> str | None:
-    """``<root>/<tree>`` when ``root``'s only domain folder is itself an image tree (the folder
-    meant as ``--data_dir``), else None."""
+def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
+    """The error for a ``--data_dir`` one level above an image tree (its only domain folder is a
+    tree itself), naming the folder meant; None otherwise."""
     if len(domains) != 1:
         return None
     tree = os.path.join(root, domains[0])
     inner = visible_subfolders(tree)
     if len(inner) < 2 or not all(visible_subfolders(os.path.join(tree, d)) for d in inner):
         return None
-    return tree if all(has_image(os.path.join(tree, d)) for d in inner) else None
-
-
-def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
-    """The error for a ``--data_dir`` one level above an image tree (:func:`nested_tree`), naming
-    the folder to pass instead; None when the layout is not that."""
-    tree = nested_tree(root, domains)
-    if tree is None:
+    if not all(has_image(os.path.join(tree, d)) for d in inner):
         return None
-    inner = visible_subfolders(tree)
     return ValueError(
         f"{dataset}: {root} holds one domain folder, {domains[0]}, whose class folders "
         f"({', '.join(inner)}) hold class folders themselves: the image tree is one level down; "
@@ -310,8 +270,8 @@ def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError
 
 
 def environments_of(dataset: str, data_dir: str | None) -> list[str]:
-    """The environment labels of ``dataset`` as train will see them, without torch: image
-    folders found on disk (their layout checked, errors naming the fix), others as declared."""
+    """``dataset``'s environment labels as train will see them: image folders found on disk
+    (layout checked, errors naming the fix), others as declared. Torch-free."""
     if dataset not in IMAGE_FOLDER_DATASETS:
         if dataset not in DATASET_ENVIRONMENTS or dataset in domainbed_only_datasets():
             check_dataset_name(dataset)
@@ -352,22 +312,15 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     return list(fixed) if fixed is not None else domains
 
 
-# dg_plugins' built-in offline benchmark, declared here so that collect_results labels its columns
-# without importing torch (its class, in dg_plugins.datasets.mnist, re-declares the same labels).
+# dg_plugins' datasets, declared here so that collect_results labels them without torch (their
+# classes re-declare the same labels)
 declare_dataset("RotatedMNIST5k", ["0", "15", "30", "45", "60", "75"])
-# DomainNet restricted to the 20 classes of the UDG protocol (dg_plugins.datasets.domainnet20);
-# DomainBed's DomainNet environment labels.
 declare_dataset("DomainNet20", ["clip", "info", "paint", "quick", "real", "sketch"])
-# Single-source digits (dg_plugins.datasets.digits): MNIST-10k -> SVHN, MNIST-M, SYN, USPS; LeNet.
 declare_dataset("Digits", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
-# Offline stand-in for Digits built from pip wheels (dg_plugins.datasets.digits_offline): same
-# environments and backbone; its hparam digits_color_jitter (probability, default 0 = off) gives the
-# training environments' images random per-channel colours (the plain-augmentation reference).
 declare_dataset("DigitsOffline", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
 declare_dataset_hparams("DigitsOffline",
                         {"digits_color_jitter": (0.0, lambda r: 0.0, _probability)})
 for _name, _folder in list(IMAGE_FOLDER_DATASETS.items()):
     declare_image_folder_dataset(_name, _folder)
-# PACS alone has official split lists (dg_plugins.datasets.image_folder.PACS.predefined_split).
 declare_dataset_hparams("PACS", {"data_split": ("domainbed", lambda r: "domainbed",
-                                                _one_of(*DATA_SPLITS))})
+                                                one_of(*DATA_SPLITS))})

@@ -1,9 +1,7 @@
 """Hyperparameter spaces, seeded per name exactly as DomainBed's
 (``domainbed/hparams_registry.py``), and validation of user overrides. A space maps a name to
-``(default, random_fn[, check])``; ``random_fn`` gets a ``RandomState`` seeded by
-``seed_hash(random_seed, name)``. The base space is DomainBed's; each algorithm declares its own
-(``hparam_space``, docs/methods/README.md) or another registry's (:func:`declare_registry`).
-Values are JSON-native. Torch-free."""
+``(default, random_fn[, check])``, ``random_fn`` drawing from ``seed_hash(random_seed, name)``;
+algorithms add theirs (``hparam_space``) or draw from another registry. Torch-free."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dg_plugins import catalog
+from dg_plugins.catalog import one_of
 from dg_plugins.seeds import seed_hash
 
 RandomFn = Callable[[np.random.RandomState], Any]
@@ -30,17 +29,14 @@ COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
 
-#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.train.batches``): DomainBed's
-#: ``batch_size`` per source environment per step, or the DMG release's one shuffled batch of
-#: ``batch_size`` from the union of the source environments.
+#: Values of the ``batch_sampling`` hparam (see ``dg_plugins.train.batches``).
 BATCH_SAMPLINGS = ("per_domain", "pooled")
 
 #: Values of the ``lr_schedule`` hparam (see ``dg_plugins.algorithms.base.lr_factor``).
 LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
 
 _ALGORITHM_SPACES: dict[str, Callable[[str], Space]] = {}
-#: Algorithms whose hparams another registry draws: ``fn(dataset, random_seed)`` returns
-#: ``{name: (default, random draw)}`` as DomainBed's ``_hparams`` does (:func:`declare_registry`).
+#: Algorithms whose hparams another registry draws (:func:`declare_registry`).
 _REGISTRIES: dict[str, Callable[[str, int], dict]] = {}
 
 
@@ -64,7 +60,7 @@ def _int_pow2(low: float, high: float) -> RandomFn:
     return lambda r: int(2 ** r.uniform(low, high))
 
 
-# Value checks for the optional third element of a space entry -------------------------------------
+# Value checks for the optional third element of a space entry
 
 def positive(value) -> str | None:
     return None if value > 0 else "must be > 0"
@@ -75,7 +71,6 @@ def non_negative(value) -> str | None:
 
 
 def probability(value) -> str | None:
-    """A dropout-like rate: in [0, 1)."""
     return None if 0 <= value < 1 else "must be in [0, 1)"
 
 
@@ -84,14 +79,7 @@ def unit_interval(value) -> str | None:
 
 
 def decay_rate(value) -> str | None:
-    """A multiplicative decay per epoch: in (0, 1]."""
     return None if 0 < value <= 1 else "must be in (0, 1]"
-
-
-def one_of(*choices) -> Check:
-    def check(value) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
-    return check
 
 
 def multiple_of(n: int) -> Check:
@@ -105,9 +93,7 @@ def base_space(dataset: str) -> Space:
     small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
-        # resnet18 true: a ResNet-18 whatever resnet50_augmix says (DomainBed builds a ResNet-50
-        # unless resnet50_augmix is false too); else a ResNet-50, timm's resnet50.ram_in1k
-        # weights when resnet50_augmix (DomainBed's default), torchvision's otherwise
+        # resnet18 wins over resnet50_augmix (DomainBed builds a ResNet-50 unless both false)
         "resnet18": (False, _constant(False)),
         "resnet50_augmix": (True, _constant(True)),
         "dinov2": (False, _constant(False)),
@@ -120,20 +106,12 @@ def base_space(dataset: str) -> Space:
         "vit_dropout": (0.0, _choice([0.0, 0.1, 0.5]), probability),
         "class_balanced": (False, _constant(False)),
         "nonlinear_classifier": (False, _choice([False, False])),
-        # dg_plugins additions (not in DomainBed): which backbone, its weights, the timm ViT.
+        # dg_plugins additions (not in DomainBed)
         "pretrained": (True, _constant(True)),
         "pretrained_path": (None, _constant(None)),
-        # Every ViT of the package (ERM's featurizer, ERM_ViT, GMoE, DisMAE, MAE) is chosen by
-        # this one hparam and one rule (dg_plugins.networks.vit.resolve_vit_arch): "auto" is the
-        # 28x28 preset on 28x28 images and the model's paper backbone at 224x224 (featurizer
-        # ViT-S/16, GMoE and ERM_ViT DeiT-S/16, DisMAE and MAE ViT-B/16); "tiny" the 2-block
-        # presets; or any timm ViT name or preset.
+        # every ViT of the package, by one rule (dg_plugins.networks.vit.resolve_vit_arch)
         "vit_arch": ("auto", _constant("auto")),
-        # How training batches are formed (dg_plugins.train.batches): "per_domain" (DomainBed) or
-        # "pooled" (the DMG release: one shuffled batch from the union of the source domains).
         "batch_sampling": ("per_domain", _constant("per_domain"), one_of(*BATCH_SAMPLINGS)),
-        # The learning-rate schedule the train job applies before each update
-        # (dg_plugins.algorithms.base.lr_factor).
         "lr_schedule": ("constant", _constant("constant"), one_of(*LR_SCHEDULES)),
         "lr_decay": (0.99, _constant(0.99), decay_rate),
         "lr_inv_gamma": (1e-4, _constant(1e-4), non_negative),
@@ -159,8 +137,7 @@ def base_space(dataset: str) -> Space:
 
 
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
-    """Attach ``space_fn(dataset)`` to ``algorithm`` (its entries override the base's); a second
-    function for a name raises."""
+    """Attach ``space_fn(dataset)`` (overriding the base) to ``algorithm``, once."""
     current = _ALGORITHM_SPACES.get(algorithm)
     if current is not None and current is not space_fn and _origin(current) != _origin(space_fn):
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
@@ -173,8 +150,8 @@ def _origin(fn) -> tuple:
 
 
 def algorithm_hparams(algorithm: str):
-    """Decorator form of :func:`declare_space`, for plugins that register an algorithm class
-    without ``register_algorithm`` (classes registered with it declare ``hparam_space`` instead)."""
+    """Decorator form of :func:`declare_space` (for classes not registered with
+    ``register_algorithm``, which declare ``hparam_space``)."""
 
     def register(fn: Callable[[str], Space]) -> Callable[[str], Space]:
         declare_space(algorithm, fn)
@@ -198,8 +175,8 @@ def forget_registry(algorithm: str) -> None:
 
 
 def _registry_space(algorithm: str, dataset: str) -> Space:
-    """The space of a :func:`declare_registry` algorithm: each name's default (the random draw
-    comes from the registry itself, :func:`draw`), then the dataset's hparams."""
+    """A :func:`declare_registry` algorithm's defaults (its draws: :func:`draw`), then the
+    dataset's hparams."""
     merged: Space = {name: (_python(default), _constant(_python(default)))
                      for name, (default, _) in _REGISTRIES[algorithm](dataset, 0).items()}
     for name, entry in catalog.dataset_hparam_space(dataset).items():
@@ -267,8 +244,8 @@ _TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a numb
 
 
 def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> Any:
-    """``value`` converted to ``default``'s type (int -> float only), or HparamError;
-    ``any_number``: any number for a numeric default."""
+    """``value`` as ``default``'s type (int -> float only; ``any_number``: any number for a
+    numeric default), or HparamError."""
     def wrong(expected: str) -> HparamError:
         return HparamError(f"hparam {name!r} must be {expected} like its default {default!r}, "
                            f"got {value!r} ({type(value).__name__})")
@@ -277,26 +254,15 @@ def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> An
         if value is not None and not isinstance(value, (str, int, float, bool)):
             raise wrong("null or a single value")
         return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise wrong(_TYPE_NAMES[bool])
+    if isinstance(default, (bool, str)):
+        if not isinstance(value, type(default)):
+            raise wrong(_TYPE_NAMES[type(default)])
         return value
-    if any_number and isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong(_TYPE_NAMES[float])
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise wrong(_TYPE_NAMES[int])
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong(_TYPE_NAMES[float])
-        return float(value)
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise wrong(_TYPE_NAMES[str])
-        return value
+    if isinstance(default, (int, float)):
+        kind = int if isinstance(default, int) and not any_number else float
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+            raise wrong(_TYPE_NAMES[kind])
+        return float(value) if isinstance(default, float) and not any_number else value
     if isinstance(default, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
             raise wrong(f"a list of {len(default)} values")
@@ -315,8 +281,7 @@ def check_finite(name: str, value: Any) -> None:
 
 
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
-    """Run each entry's check on the value ``hparams`` holds (hparams that did not come through
-    :func:`validate`); raises :class:`HparamError`."""
+    """Each entry's check on ``hparams``' value (not through :func:`validate`); HparamError."""
     for name, entry in entries.items():
         check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
@@ -340,8 +305,8 @@ RENAMED = {
 
 
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Check ``overrides`` against ``algorithm``'s space on ``dataset``: names (closest ones
-    suggested), types, checks; returns them with ints made floats where due."""
+    """``overrides`` checked against ``algorithm``'s space on ``dataset`` (names, types, checks),
+    ints made floats where due."""
     entries = space(algorithm, dataset)
     unknown = [name for name in overrides if name not in entries]
     if unknown:
@@ -374,8 +339,7 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
 
 def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int,
                 overrides: str | None = None) -> dict[str, Any]:
-    """The hparams of a train job, as DomainBed's train.py computes them, then the validated
-    overrides."""
+    """A train job's hparams as DomainBed's train.py computes them, then the overrides."""
     if hparams_seed == 0:
         hp = default_hparams(algorithm, dataset)
     else:

@@ -1,6 +1,6 @@
-"""What the datasets look like on disk, without torch (so that the downloader can check a folder
-by the rules the dataset classes read it with): domain folders, image files, ImageFolder's sample
-order, PACS's official split lists, DomainNet-20's classes, the MNIST IDX files."""
+"""What the datasets look like on disk, without torch, so that the downloader checks a folder by
+the rules the dataset classes read it with: domain folders, images in ImageFolder's order, PACS's
+official split lists, the MNIST IDX files."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"}
 )
 
-#: The domain folders of each image-folder benchmark's standard release, sorted (DomainBed's
-#: ``domainbed/datasets.py`` and ``domainbed/scripts/download.py``).
+#: The domain folders of each image-folder benchmark's release, sorted (DomainBed's).
 DOMAIN_FOLDERS: dict[str, tuple[str, ...]] = {
     "VLCS": ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
     "PACS": ("art_painting", "cartoon", "photo", "sketch"),
@@ -33,12 +32,11 @@ DOMAINNET20_CLASSES = sorted([
 ])
 
 
-# ------------------------------------------------------------------------------------------------
-# Image folders
+# --- Image folders ---
 
 
 def visible_subfolders(folder: str) -> list[str]:
-    """Sorted names of the subdirectories of ``folder``, hidden ones (``.name``) excluded."""
+    """Sorted subdirectory names of ``folder``, hidden ones excluded."""
     with os.scandir(folder) as entries:
         return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
 
@@ -48,8 +46,8 @@ def is_image_file(name: str) -> bool:
 
 
 def list_images(folder: str) -> list[str]:
-    """Image files under ``folder`` (recursively, following links, hidden entries skipped), in
-    torchvision ImageFolder's order: sorted directories, then sorted file names."""
+    """Image files under ``folder`` (recursive, following links, hidden skipped), in
+    torchvision ImageFolder's order."""
     found = []
     for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=True)):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -58,8 +56,7 @@ def list_images(folder: str) -> list[str]:
 
 
 def has_image(folder: str) -> bool:
-    """True when ``folder`` holds an image file at any depth (hidden entries skipped); stops at
-    the first one found."""
+    """Whether ``folder`` holds an image file at any depth (hidden skipped)."""
     for _, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         if any(is_image_file(f) for f in filenames):
@@ -68,8 +65,8 @@ def has_image(folder: str) -> bool:
 
 
 def domain_folder_given(root: str, folders: list[str]) -> str | None:
-    """The folder above ``root`` when ``root`` is one domain's folder of an image tree (the
-    folder meant as ``--data_dir``), else None."""
+    """The folder above ``root`` when ``root`` is one domain's folder of an image tree, else
+    None."""
     paths = [os.path.join(root, name) for name in folders]
     if not paths or any(visible_subfolders(path) for path in paths):
         return None
@@ -98,9 +95,8 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
 
 
 def inside_dataset_folder(dataset: str, data_dir: str, folder: str) -> str | None:
-    """The message for a ``--data_dir`` that is the dataset's own folder ``folder`` (``TREE/PACS``
-    for PACS, whose ``--data_dir`` is ``TREE``) or a folder in it (``TREE/PACS/photo``), naming
-    the folder meant (absolute or relative, as given); None otherwise."""
+    """The message for a ``--data_dir`` that is the dataset's own folder (``TREE/PACS``) or a
+    folder in it, naming the folder meant; None otherwise."""
     here = os.path.abspath(data_dir)
     for tree in (here, os.path.dirname(here)):
         if os.path.basename(tree) == folder and os.path.isdir(tree):
@@ -121,17 +117,14 @@ def image_samples(env_root: str, classes: list[str]) -> list[tuple[str, int]]:
 
 
 def relative_paths(env_root: str, paths) -> list[str]:
-    """``paths`` relative to the dataset folder above ``env_root`` (``<domain>/<class>/<file>``,
-    with forward slashes)."""
+    """``paths`` relative to the dataset folder above ``env_root``, with forward slashes."""
     parent = os.path.dirname(os.path.normpath(env_root))
     return [os.path.relpath(path, parent).replace(os.sep, "/") for path in paths]
 
 
-# ------------------------------------------------------------------------------------------------
-# PACS's official split lists
+# --- PACS's official split lists ---
 
-#: Where PACS's official split lists are published: the PACS authors' Google Drive folder (Li et
-#: al., ICCV 2017), subfolder ``pacs_label``.
+#: PACS's official split lists: the PACS authors' Google Drive folder, subfolder ``pacs_label``.
 PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
 #: The three lists of each PACS domain.
 PACS_SPLIT_KINDS = ("train", "crossval", "test")
@@ -143,15 +136,13 @@ def pacs_split_file(domain: str, kind: str) -> str:
 
 
 class OfficialSplitError(FileNotFoundError, ValueError):
-    """PACS's official split lists are missing or do not match the images (FileNotFoundError and
-    ValueError)."""
+    """PACS's official split lists are missing or do not match the images."""
 
 
 def match_split_list(list_path: str, domain: str, env_root: str,
                      samples: list[tuple[str, int]], classes: list[str]) -> list[int]:
-    """Indices into ``samples`` of the images the official list ``list_path`` names, in line
-    order (``<domain>/<class>/<file> <label>``, labels from 1); raises
-    :class:`OfficialSplitError`."""
+    """Indices into ``samples`` of the images ``list_path`` names, in line order (lines
+    ``<domain>/<class>/<file> <label>``, labels from 1); raises :class:`OfficialSplitError`."""
     index_of = {rel: i for i, rel in enumerate(relative_paths(env_root, [p for p, _ in samples]))}
     indices, unmatched, wrong_class = [], [], []
     with open(list_path, encoding="utf-8") as handle:
@@ -183,8 +174,7 @@ def match_split_list(list_path: str, domain: str, env_root: str,
     return indices
 
 
-# ------------------------------------------------------------------------------------------------
-# MNIST's IDX files
+# --- MNIST's IDX files ---
 
 #: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
 MNIST_FILES = {
@@ -193,8 +183,7 @@ MNIST_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-#: Folders searched for the IDX files, relative to the data folder, in this order (where the
-#: downloader and torchvision's ``MNIST(root, download=True)`` put them, as DomainBed reads them).
+#: Folders searched for the IDX files, in order (the downloader's and torchvision's).
 MNIST_SEARCH_FOLDERS = (os.path.join("MNIST", "raw"), "raw", "")
 
 # IDX type byte -> numpy dtype (IDX stores multi-byte values big-endian).
@@ -203,13 +192,13 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def mnist_search_folders(root: str | None) -> list[str]:
-    """The folders :func:`locate_mnist_files` looks in, in order ([] without a data folder)."""
+    """The folders :func:`locate_mnist_files` looks in, in order."""
     return [os.path.join(root, sub) for sub in MNIST_SEARCH_FOLDERS] if root else []
 
 
 def locate_mnist_files(root: str | None) -> dict[str, str] | None:
-    """Paths of the four MNIST files by role, from the first searched folder holding all of them
-    (plain files preferred over ``.gz``); None when no folder holds them all."""
+    """The four MNIST files by role, from the first searched folder holding all (plain before
+    ``.gz``); None when none does."""
     for folder in mnist_search_folders(root):
         found = {}
         for role, name in MNIST_FILES.items():
@@ -223,8 +212,7 @@ def locate_mnist_files(root: str | None) -> dict[str, str] | None:
 
 
 def read_idx(path: str):
-    """Parse one IDX file (gzipped or plain, detected from its first bytes) into a native-endian
-    numpy array of the shape its header declares."""
+    """One IDX file (gzipped or plain) as a native-endian numpy array of its declared shape."""
     import numpy as np
 
     with open(path, "rb") as handle:
@@ -248,8 +236,7 @@ def read_idx(path: str):
 
 
 def mnist_files_problem(paths: dict[str, str]) -> str | None:
-    """None when the four IDX files ``paths`` (:func:`locate_mnist_files`) parse and images and
-    labels agree (28x28 digits, as many labels as images), else what is wrong."""
+    """What is wrong with the four IDX files ``paths`` (28x28 images, as many labels), or None."""
     try:
         for split in ("train", "test"):
             images = read_idx(paths[f"{split}_images"])

@@ -1,7 +1,6 @@
-"""Name -> object registries for algorithms, datasets and launchers (timm-style). A plugin
-registers by importing its module (``@register_algorithm``, ``@register_dataset``); a taken name
-raises. A registry may have *sources*, another package's names loaded on first use (DomainBed's
-algorithms), reached as ``PREFIX:NAME`` when shadowed. Unknown names raise with "did you mean"."""
+"""Name -> object registries for algorithms, datasets and launchers (timm-style): a plugin
+registers by importing its module; a taken name raises; a *source* adds another package's names
+on first use (``PREFIX:NAME`` when shadowed); an unknown name raises with "did you mean"."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from typing import Any
 
 
 def close_names(name: str, choices) -> list[str]:
-    """Names of ``choices`` close to ``name`` ("did you mean"): the one that differs only in
-    case (``dmg`` finds ``DMG``), else difflib's closest, compared without case."""
+    """``choices`` close to ``name``: the one equal up to case, else difflib's, without case."""
     choices = list(choices)
     same = [c for c in choices if c.lower() == name.lower()]
     if same:
@@ -24,7 +22,7 @@ def close_names(name: str, choices) -> list[str]:
 
 
 def did_you_mean(name: str, choices) -> str:
-    """`` (did you mean 'X', 'Y'?)`` for the :func:`close_names` of ``name``, or ``""``."""
+    """`` (did you mean 'X', 'Y'?)`` for :func:`close_names`, or ``""``."""
     close = close_names(str(name), choices)
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
@@ -37,13 +35,11 @@ class UnknownNameError(KeyError):
 
 
 class UnavailableError(ValueError):
-    """A known name that cannot run here (a missing package, checkout or device); the message
-    names it, why, and the fix."""
+    """A known name that cannot run here; the message says why and the fix."""
 
 
 class Source:
-    """Names another package defines, loaded into a registry on first use. ``prefix`` qualifies
-    them (``PREFIX:NAME``) where a registered name shadows one."""
+    """Names another package defines, loaded on first use (``PREFIX:NAME`` when shadowed)."""
 
     prefix = ""
 
@@ -52,8 +48,7 @@ class Source:
         return []
 
     def load(self, name: str, canonical: str) -> Any:
-        """The object of ``name``, to be known as ``canonical``; raises :class:`UnavailableError`
-        when it cannot run here."""
+        """The object of ``name`` (as ``canonical``); UnavailableError if it cannot run here."""
         raise NotImplementedError
 
     def describe(self, shadowed: list[str]) -> str:
@@ -69,8 +64,7 @@ class Registry:
         self._loaded: dict[str, tuple[Source, Any]] = {}  # canonical -> (source, object)
 
     def register(self, name: str | None = None, obj: Any = None) -> Any:
-        """``register("X", obj)`` or, as a decorator, ``@register("X")`` / ``@register()``
-        (the object's ``__name__``)."""
+        """``register("X", obj)``, or ``@register("X")`` / ``@register()`` (``__name__``)."""
 
         def add(target: Any) -> Any:
             key = name or target.__name__
@@ -91,8 +85,7 @@ class Registry:
     # sources -----------------------------------------------------------------------------------
 
     def add_source(self, source: Source) -> None:
-        """Consult ``source`` for names not registered (replaces one of the same prefix, and
-        forgets what that one loaded)."""
+        """Consult ``source`` for unregistered names (replacing one of its prefix)."""
         self.remove_source(source.prefix)
         self._sources[source.prefix] = source
 
@@ -105,7 +98,6 @@ class Registry:
         return self._sources.get(prefix)
 
     def loaded(self) -> list[str]:
-        """Canonical names loaded from sources so far."""
         return list(self._loaded)
 
     def _canonical(self, source: Source, name: str) -> str:
@@ -120,16 +112,14 @@ class Registry:
     # lookups ------------------------------------------------------------------------------------
 
     def resolve(self, name: str, say: str | None = None) -> str:
-        """The canonical name of ``name``: as registered, ``PREFIX:NAME`` for a shadowed
-        source's, else the one name equal up to case (``say``: the flag, noted on stderr when it
-        changes)."""
+        """The canonical name of a user's ``name`` (up to case; ``PREFIX:NAME`` for a shadowed
+        source's); ``say``: the flag, noted on stderr when the name changes."""
         canonical = self._resolve(str(name), fold_case=True)
         if say and canonical != name:
             print(f"note: {say} {name}: using {canonical!r}", file=sys.stderr)
         return canonical
 
-    def _offered(self) -> dict[Source, list[str]]:
-        """Each source's names that no registered name shadows."""
+    def _offered(self) -> dict[Source, list[str]]:  # each source's unshadowed names
         return {s: [n for n in dict.fromkeys(s.names()) if n not in self._entries]
                 for s in self._sources.values()}
 
@@ -168,8 +158,7 @@ class Registry:
         raise UnknownNameError(self.unknown_message([name]))
 
     def unknown_message(self, names: list[str]) -> str:
-        """``unknown KIND 'X' (did you mean ...); registered KINDs: ...`` (plus what each source
-        offers) for the unknown ``names``."""
+        """``unknown KIND 'X' (did you mean ...); registered KINDs: ...`` plus the sources'."""
         offered = self._offered()
         choices = list(self._entries) + [n for names_ in offered.values() for n in names_]
         named = ", ".join(f"{n!r}{did_you_mean(n, choices)}" for n in names)
@@ -181,20 +170,18 @@ class Registry:
         return f"unknown {kind} {named}; registered {self.kind}s: {listed}{extra}"
 
     def get(self, name: str) -> Any:
-        """The object of ``name``, exactly (a registered, loaded or source's name; see
-        :meth:`resolve` for names given by users, which may differ in case)."""
+        """The object of ``name``, exactly (no case folding; :meth:`resolve` for users' names)."""
         canonical = self._resolve(str(name), fold_case=False)
         if canonical in self._entries:
             return self._entries[canonical]
         return self._loaded[canonical][1]
 
     def list(self, pattern: str = "*") -> list[str]:
-        """Registered names matching a shell-style pattern, in registration order (names loaded
-        from sources are not listed)."""
+        """Registered names matching a shell-style pattern, in registration order."""
         return [n for n in self._entries if fnmatch.fnmatchcase(n, pattern)]
 
     def __contains__(self, name: object) -> bool:
-        """Whether ``name`` is registered or loaded, exactly (no case folding, no loading)."""
+        """Whether ``name`` is registered or loaded, exactly (no loading)."""
         return name in self._entries or name in self._loaded
 
     def __iter__(self):
@@ -203,8 +190,7 @@ class Registry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def items(self):
-        """Registered ``(name, object)`` pairs (not those loaded from sources)."""
+    def items(self):  # registered (name, object) pairs, not those loaded from sources
         return list(self._entries.items())
 
 
