@@ -1,9 +1,6 @@
-"""Input of the benchmarks that run real jobs (``gpu``; the checkout's ``image_job``,
-``data_path`` and ``sweep_gpu``), made locally, nothing downloaded: a PACS-shaped image tree (four
-domains, seven classes) in DomainBed's layout, ``<data_dir>/PACS/<domain>/<class>/<image>``, at a
-real image size (PACS's 227x227 by default) so that decoding and augmenting cost what they cost
-on the real data, each picture a class-coloured disc on a domain-tinted background saved as a
-JPEG (quality 90), so that a model can learn the classes."""
+"""A PACS-shaped JPEG tree for the benchmarks that run real jobs, made locally: four domains,
+seven classes in DomainBed's layout at PACS's 227x227, each picture a class-coloured disc on a
+domain-tinted background, so that decoding costs what it costs and a model can learn."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ PACS_CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "perso
 
 
 def draw(rng: random.Random, class_index: int, domain_index: int, size: int):
-    """One ``size`` x ``size`` RGB picture of class ``class_index`` in domain
-    ``domain_index``."""
+    """One RGB picture of class ``class_index`` in domain ``domain_index``."""
     from PIL import Image, ImageDraw, ImageFilter
 
     hue = (37 * class_index) % 256
@@ -35,9 +31,7 @@ def draw(rng: random.Random, class_index: int, domain_index: int, size: int):
 
 
 def make_pacs_tree(data_dir: str, per_class: int = 20, size: int = 227, seed: int = 0) -> int:
-    """Write ``per_class`` JPEGs of ``size`` x ``size`` for every class of every domain under
-    ``data_dir/PACS`` (the default: 4 x 7 x 20 = 560 images at PACS's 227x227); returns the number
-    of images written."""
+    """Write ``per_class`` JPEGs per class and domain under ``data_dir/PACS``; the count."""
     rng = random.Random(seed)
     count = 0
     for d, domain in enumerate(DOMAIN_FOLDERS["PACS"]):

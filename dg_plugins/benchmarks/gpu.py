@@ -1,38 +1,14 @@
 """``python -m dg_plugins.scripts.benchmark gpu [--out results/gpu_benchmarks.md]``: what a GPU
 does with the paper algorithms, in one command of a few minutes, as a markdown table.
 
-* Per algorithm at 224x224 (ResNet-18 and ResNet-50 ERM and DMG, ERM_ViT and GMoE-S/16 on
-  DeiT-S/16, DisMAE on ViT-B/16, MPBM on ResNet-18; random init, nothing downloaded), in fp32 and
-  bf16 (train's precision flag): the median time of a training step, the peak memory of a step
-  (parameters, optimizer state and the step's own allocations: ``torch.cuda.max_memory_allocated``
-  above what was allocated before it; on a CPU the profiler's allocation events) and the images
-  per second. A step is the train job's own :meth:`dg_plugins.train.job.Job.train_step` (its
-  batches, autocast and optimizer steps) on Debug224's in-memory images, ``--batch_size`` per
-  domain x 2 source domains; fp32 and bf16 of one algorithm take turns step by step
-  (:func:`dg_plugins.benchmarks.timing.alternating_times`).
-* The training loader: images per second that the job's batch streams deliver (decoding and
-  augmenting JPEGs in its worker pool, ``--n_workers`` 4, 8 and 16) on a PACS-shaped tree of JPEGs at 227x227 made in a temporary folder
-  (:func:`dg_plugins.benchmarks.data.make_pacs_tree`).
-* Evaluation: images per second of one record of ERM ResNet-18 on that tree (the job's
-  :meth:`~dg_plugins.train.job.Job.write_record`: every split, its worker pool), in fp32 and
-  bf16.
-* What the compute settings cost or save: the fp32 step of a ResNet and of the ViTs (ERM
-  ResNet-50, ERM_ViT and GMoE on a GPU) under train's defaults (``--deterministic true``:
-  deterministic algorithms, cuDNN and cuBLAS, attention by the math kernel on CUDA), under
-  ``--deterministic false`` (cudnn.benchmark, fused attention) and, for a ResNet, under
-  ``--channels_last`` and both, the jobs taking turns step by step.
-* The settings it recommends for this machine, each from what it measured: loader workers,
-  precision per backbone, ``--channels_last`` and ``--deterministic``, and how many jobs fit on
-  one GPU by memory (:func:`recommendations`).
-
-The device is named in the output (``torch.cuda.get_device_name``). On a machine without CUDA
-the same code runs a reduced version (two algorithms, 2 images per domain, one timed step, one
-and two loader workers, a tiny tree) that says so in its title: it checks the command, its
-numbers are no GPU's. It leaves bf16 out on a CPU without bfloat16 instructions, where torch
-emulates it (:func:`dg_plugins.train.precision.native_cpu_bf16`), and says so.
-``--channels_last`` and ``--deterministic false`` are train's flags, passed to every job and
-named in the output.
-"""
+Per algorithm at 224x224 (random init, nothing downloaded), in fp32 and bf16 taking turns step by
+step: the median time of the train job's own training step (:meth:`dg_plugins.train.job.Job.
+train_step` on Debug224), its peak memory (:mod:`~dg_plugins.benchmarks.memory`) and images per
+second; the training loader's and the evaluation's images per second on a PACS-shaped JPEG tree
+(:mod:`~dg_plugins.benchmarks.data`); the step under train's compute settings
+(``--deterministic``, ``--channels_last``); and the settings it recommends for this machine
+(:func:`recommendations`). Without CUDA it runs a reduced version that says so in its title (and
+leaves out bf16 where torch emulates it)."""
 
 from __future__ import annotations
 
@@ -80,14 +56,12 @@ PRECISIONS = ("fp32", "bf16")
 
 
 def rate(per_s: float) -> str:
-    """Images per second as printed: whole numbers from 10 up, two significant digits below
-    (a slow device's 0.43 is not 0)."""
+    """Images per second as printed: whole from 10 up, else two significant digits."""
     return f"{per_s:.0f}" if per_s >= 10 else f"{per_s:.2g}"
 
 
 def cpu_precisions() -> list[str]:
-    """The precisions a CPU run times by default: bf16 too unless the CPU is known to lack
-    bfloat16 instructions."""
+    """A CPU run's default precisions: bf16 too unless the CPU lacks bfloat16 instructions."""
     from dg_plugins.train.precision import native_cpu_bf16
 
     return list(PRECISIONS) if native_cpu_bf16() is not False else ["fp32"]
@@ -95,15 +69,14 @@ def cpu_precisions() -> list[str]:
 
 @contextlib.contextmanager
 def quiet():
-    """Keep a job's build messages (environment, args, hparams, notes) out of the report."""
+    """Keep a job's build messages out of the report."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
 
 
 def build_job(train_argv: list[str]):
-    """A train job (:class:`dg_plugins.train.job.Job`) built in this process from train's
-    command line, as ``python -m dg_plugins.scripts.train`` builds it (nothing is written until
-    it records)."""
+    """A train job built in this process from train's command line, as the train command builds
+    it (nothing written until it records)."""
     from dg_plugins.train.cli import build_parser
     from dg_plugins.train.job import Job
 
@@ -172,9 +145,8 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
 
 
 def measure_determinism(args, device, out: str) -> list[dict]:
-    """The compute-settings table's rows (module docstring): each row's fp32 step under each of
-    :data:`SETTINGS` that applies (channels_last only to a convolutional network), the jobs
-    taking turns, each under its own settings (its cuDNN flags set again before its steps)."""
+    """The compute-settings table's rows: each row's fp32 step under each of :data:`SETTINGS` that
+    applies (channels_last to convolutional networks), the jobs taking turns."""
     from dg_plugins.benchmarks.timing import alternating_times, paired_ratio
 
     def step(job):
@@ -255,9 +227,8 @@ def recommendations(args, device, algorithms, loader, settings) -> list[str]:
 
 
 def measure_loader(args, data_dir: str, out: str) -> list[dict]:
-    """The training loader's images per second for each ``--workers`` count (module
-    docstring): ``--loader_rounds`` rounds of one batch from every source stream, after enough
-    rounds for the workers to start and fill their prefetch."""
+    """The training loader's images per second for each ``--workers`` count, after enough rounds
+    for the workers to fill their prefetch."""
     from dg_plugins.benchmarks.timing import alternating_times
 
     rows = []
@@ -279,10 +250,8 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
 
 
 def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
-    """One record of ERM ResNet-18 on the tree (the job's :meth:`~dg_plugins.train.job.Job.
-    write_record`: its evaluation of every split with the job's worker pool, evaluation batch
-    and precision), per precision: images per second over ``--eval_repeats`` records after one
-    untimed."""
+    """Images per second of one record of ERM ResNet-18 on the tree (every split, the job's worker
+    pool, evaluation batch and precision), per precision."""
     from dg_plugins.benchmarks.timing import alternating_times
 
     jobs = {p: build_job(train_argv(args, os.path.join(out, f"eval_{p}"), "ERM", RESNET18, p,

@@ -1,7 +1,5 @@
-"""Peak memory of a training step, for ``benchmark gpu`` (and the checkout's ``benchmarks``):
-the bytes an algorithm holds (parameters, buffers, optimizer state) and the peak of one step's
-own allocations (``torch.cuda.max_memory_allocated`` on CUDA, the torch profiler's allocation
-events on a CPU). No torch import at module import."""
+"""Peak memory of a training step: the bytes an algorithm holds and the peak of one step's own
+allocations (CUDA's peak statistics, or the torch profiler's events on a CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import sys
 
 @contextlib.contextmanager
 def stderr_fd_silenced():
-    """The profiler's C++ side prints start/stop lines on fd 2; keep them out of the report."""
+    """Keep the profiler's C++ start/stop lines on fd 2 out of the report."""
     sys.stderr.flush()
     saved = os.dup(2)
     with open(os.devnull, "w") as devnull:
@@ -42,9 +40,8 @@ def persistent_bytes(algorithm) -> int:
 
 
 def step_peak_bytes(algorithm, batches, device, step=None) -> int:
-    """Peak bytes allocated during one update (``step()``; default ``algorithm.update``), above
-    what was allocated before it (frees of blocks allocated before, e.g. gradients released by
-    ``zero_grad``, count negative)."""
+    """Peak bytes allocated during one update (``step()``, default ``algorithm.update``) above
+    what was allocated before it."""
     import torch
 
     if step is None:

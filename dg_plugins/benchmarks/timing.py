@@ -1,6 +1,5 @@
-"""Timing for the benchmarks (``benchmark gpu``, the checkout's ``benchmarks``): alternating
-per-call timings whose ratios survive a shared machine's changing load, and paired ratios. No
-torch import at module import."""
+"""Timing for the benchmarks: alternating per-call timings whose ratios survive a shared
+machine's changing load, and paired ratios. No torch import at module import."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import time
 
 
 def synchronize(device) -> None:
-    """Wait for queued kernels on ``device`` (a no-op on CPU), before reading a timer."""
+    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
     import torch
 
     if getattr(device, "type", device) == "cuda":
@@ -16,10 +15,8 @@ def synchronize(device) -> None:
 
 
 def alternating_times(calls: dict, steps: int, warmup: int, device) -> dict[str, list[float]]:
-    """Wall seconds of each ``calls[name]()`` in every timed round, timing the calls in turn (one
-    of each per round, ``warmup`` untimed rounds first, then ``steps`` timed ones), so that a
-    change of machine load hits every entry alike: ratios between entries stay meaningful on a
-    shared machine, and entry ``i`` of two lists are a pair measured back to back."""
+    """Wall seconds of each ``calls[name]()`` per timed round, the calls taking turns (``warmup``
+    untimed rounds, then ``steps`` timed), so that load changes hit every entry alike."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for round_index in range(warmup + steps):
         for name, fn in calls.items():
@@ -41,9 +38,8 @@ def alternating_medians(calls: dict, steps: int, warmup: int, device) -> dict[st
 
 
 def paired_ratio(times: list[float], base: list[float]) -> tuple[float, float, float]:
-    """Median and quartiles (low, median, high) of the per-round ratios ``times[i] / base[i]`` of
-    two :func:`alternating_times` lists: each ratio compares two calls made back to back, so a
-    slow spell of the machine cancels out of it, where it would not out of a ratio of medians."""
+    """Quartiles (low, median, high) of the per-round ratios ``times[i] / base[i]``: each compares
+    two calls made back to back, so a slow spell of the machine cancels out."""
     import statistics
 
     ratios = [t / b for t, b in zip(times, base)]

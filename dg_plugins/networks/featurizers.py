@@ -1,7 +1,6 @@
 """Featurizers (backbones) and heads, chosen from the input shape and hparams as DomainBed's
-``networks.Featurizer`` does (``domainbed/networks.py``), plus a ``backbone`` hparam for other
-choices; each is a :class:`StagedFeaturizer`. Choices and DomainBed differences:
-``docs/networks.md``."""
+``networks.Featurizer`` does, plus a ``backbone`` hparam; each a :class:`StagedFeaturizer`.
+Choices and differences from DomainBed: ``docs/networks.md``."""
 
 from __future__ import annotations
 
@@ -35,9 +34,6 @@ class MNIST_CNN(StagedFeaturizer):
         self.stage_widths = {name: c_in for name, (c_in, _, _) in zip(self.stage_names, widths)}
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
 
-    def stem(self, x):
-        return x
-
     def stage(self, name):
         return self.blocks[name]
 
@@ -46,12 +42,10 @@ class MNIST_CNN(StagedFeaturizer):
 
 
 class LeNet(StagedFeaturizer):
-    """The LeNet-style ConvNet of single-source digits DG (32x32); too large a LeNet is
-    refused."""
+    """The LeNet-style ConvNet of single-source digits DG (32x32); too large a one is refused."""
 
     stage_names = ("conv1", "conv2", "fc1", "fc2")
-    #: The largest LeNet built: 50M parameters (200 MB of float32 weights, 800 MB with Adam's
-    #: state); reached near 88x88 inputs.
+    #: The largest LeNet built (800 MB with Adam's state; near 88x88 inputs).
     MAX_PARAMETERS = 50_000_000
 
     @staticmethod
@@ -85,9 +79,6 @@ class LeNet(StagedFeaturizer):
         self.stage_widths = {"conv1": channels, "conv2": 64, "fc1": 128, "fc2": width}
         self.n_outputs = width
 
-    def stem(self, x):
-        return x
-
     def stage(self, name):
         return self.layers[name]
 
@@ -95,9 +86,8 @@ class LeNet(StagedFeaturizer):
         return h
 
 
-#: torchvision's ResNets: constructor, weights enum, features, and the URL of the enum's
-#: ``IMAGENET1K_V1`` (DomainBed's weights), checked before torchvision is imported, so that a
-#: probe (a dry run's prerequisites) stops there.
+#: torchvision's ResNets: constructor, weights enum, features, and the URL of DomainBed's
+#: ``IMAGENET1K_V1`` weights, checked before torchvision is imported (a probe stops there).
 _TORCHVISION_RESNETS = {
     "resnet18": ("resnet18", "ResNet18_Weights", 512,
                  "https://download.pytorch.org/models/resnet18-f37072fd.pth"),
@@ -195,15 +185,12 @@ def _torchvision_resnet(arch: str, download: bool):
     return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 
-#: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32; the
-#: ViT instead of the ResNet under the hparam ``vit``). An image folder's images (its
-#: ``image_size`` hparam) get the 224x224 choice at any size.
+#: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32).
 AUTO_BACKBONES = {(28, 28): "mnist_cnn", (32, 32): "lenet", (224, 224): "resnet"}
 
 
 def backbone_for(input_shape, hparams) -> str:
-    """The backbone ``Featurizer`` builds: ``hparams["backbone"]``, or :data:`AUTO_BACKBONES`'
-    when "auto"."""
+    """``hparams["backbone"]``, or :data:`AUTO_BACKBONES`' choice when "auto"."""
     choice = hparams.get("backbone", "auto")
     shape = tuple(input_shape)
     if choice != "auto":

@@ -1,9 +1,6 @@
 """GMoE's sparse mixture-of-experts FFN layer with a cosine router, in pure PyTorch (Li et al.,
-ICLR 2023, Eq. 3 and Sec. 4, as the authors run it through Microsoft Tutel; Tutel's behaviour
-reimplemented from its description, no Tutel code).
-
-Router, noisy top-k routing with capacity and batch-prioritised dropping, the experts and
-Tutel's load/importance loss: ``docs/methods/gmoe.md``."""
+ICLR 2023, Eq. 3 and Sec. 4, run through Microsoft Tutel there; Tutel's behaviour reimplemented
+from its description, no Tutel code). Routing, capacity, dropping, loss: docs/methods/gmoe.md."""
 
 from __future__ import annotations
 
@@ -49,8 +46,8 @@ class CosineRouter(nn.Module):
 
 def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch.bool
                       ) -> torch.Tensor:
-    """The units dropout keeps, as 1/0 (each dropped with probability ``p``); on CPU from 16
-    random bits per element (faster than torch's Bernoulli; ``docs/methods/gmoe.md``)."""
+    """The units dropout keeps (1/0, each dropped with probability ``p``); on CPU from 16 random
+    bits per element (faster than torch's Bernoulli)."""
     if torch.device(device).type != "cpu":
         return (torch.rand(shape, device=device) >= p).to(dtype)
     n = math.prod(shape)
@@ -133,8 +130,8 @@ class _ExpertFFNs(torch.autograd.Function):
 def expert_ffns(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
                 b2: torch.Tensor, counts: list[int], keep: torch.Tensor | None = None
                 ) -> torch.Tensor:
-    """Rows ``[s_e, s_e + counts[e])`` of ``x [N, D]`` through expert ``e``:
-    ``(GELU(x w1[e]^T + b1[e]) * keep) w2[e]^T + b2[e]``; ``keep``: a 1/0 dropout mask or None."""
+    """Rows ``[s_e, s_e + counts[e])`` of ``x`` through expert ``e``: ``(GELU(x w1[e]^T +
+    b1[e]) * keep) w2[e]^T + b2[e]``; ``keep``: a 1/0 dropout mask or None."""
     if sum(counts) != x.shape[0] or len(counts) != w1.shape[0]:
         raise ValueError(f"counts {counts} must have one entry per expert ({w1.shape[0]}) and "
                          f"sum to the {x.shape[0]} rows of x")
@@ -143,8 +140,7 @@ def expert_ffns(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int,
                     capacity_factor: float | None) -> int:
-    """``k * floor(capacity_factor * ceil(T / E))`` (Tutel's rule); ``None``: ``T``, no
-    dropping."""
+    """``k * floor(capacity_factor * ceil(T / E))`` (Tutel's); ``None``: ``T``, no dropping."""
     if capacity_factor is None:
         return num_tokens
     if capacity_factor <= 0:
@@ -380,7 +376,3 @@ class MoEFFN(nn.Module):
         top1 = r.experts[:, 0].reshape(shape[:-1]).detach() if self.record_experts else None
         self._last_routing = RoutingStats(r.aux_loss, drop, entropy, top1)
         return y.reshape(shape)
-
-__all__ = ["CosineRouter", "MAX_LOG_SCALE", "MoEFFN", "Routing", "RoutingStats",
-           "assign_slots", "dropout_keep_mask", "expert_capacity", "expert_ffns",
-           "load_importance_loss", "route", "softmax_rows"]

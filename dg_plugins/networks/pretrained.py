@@ -10,12 +10,11 @@ from urllib.parse import urlparse
 
 import torch
 
-#: Seconds a download server (the hub endpoint in use, a release URL's host) gets to answer the
-#: one request that tells whether weights can be downloaded now; there is no retry.
+#: Seconds a download server gets to answer the one request (no retry) that tells whether
+#: weights can be downloaded now.
 PROBE_TIMEOUT = 3.0
 OFFLINE_SET = "offline mode is set: HF_HUB_OFFLINE or DG_PLUGINS_OFFLINE"
-#: timm's weight file names on the hub (``timm/models/_hub.py``: ``HF_WEIGHTS_NAME``,
-#: ``HF_SAFE_WEIGHTS_NAME``, ``HF_OPEN_CLIP_WEIGHTS_NAME``, ``HF_OPEN_CLIP_SAFE_WEIGHTS_NAME``).
+#: timm's weight file names on the hub and their safetensors (``timm/models/_hub.py``).
 TIMM_SAFE_ALTERNATIVES = {"pytorch_model.bin": "model.safetensors",
                           "open_clip_pytorch_model.bin": "open_clip_model.safetensors"}
 
@@ -60,7 +59,7 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
 
 class WeightsRequested(BaseException):
     """Raised under :func:`probing` by the first weight request (``error``: what a job would
-    meet); a ``BaseException`` so that no ``except Exception`` swallows it."""
+    meet); a BaseException, so that no ``except Exception`` swallows it."""
 
     def __init__(self, what: str, error: BaseException | None):
         super().__init__(what)
@@ -104,7 +103,7 @@ _loaded: list[str] | None = None
 
 @contextlib.contextmanager
 def recording_weights():
-    """Within the block, the list this yields describes each set of weights a model takes."""
+    """Within the block, the yielded list describes each set of weights a model takes."""
     global _loaded
     previous, _loaded = _loaded, []
     try:
@@ -114,7 +113,7 @@ def recording_weights():
 
 
 def note_weights(description: str) -> None:
-    """Add ``description`` to the list of :func:`recording_weights` (when recording)."""
+    """Add ``description`` to :func:`recording_weights`' list (when recording)."""
     if _loaded is not None and not _probing:
         _loaded.append(description)
 
@@ -128,8 +127,7 @@ def _decided(what: str, error: BaseException | None) -> None:
 
 def require_cached_or_reachable(what: str, cached: str, url: str,
                                 unavailable=_unavailable) -> None:
-    """Return when ``cached`` exists or ``url``'s server answers now; else raise
-    ``unavailable(what, cached, reason)``."""
+    """Return when ``cached`` exists or ``url``'s server answers now; else raise ``unavailable``."""
     error = None
     if not os.path.isfile(cached):
         reason = OFFLINE_SET if offline_requested() else probe_url(url)
@@ -168,8 +166,8 @@ def hub_cache_folder(repo_id: str) -> str:
 
 def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailable,
                         revision: str | None = None) -> bool:
-    """True when every group of hub files has one cached (load under :func:`hub_offline`); False
-    when not but the endpoint answers now; else raise ``unavailable``."""
+    """True when every group of hub files has one cached (load under :func:`hub_offline`), False
+    when not but the endpoint answers; else raise ``unavailable``."""
     from huggingface_hub import constants, hf_hub_url
 
     groups = [list(names) for names in groups]
@@ -239,10 +237,8 @@ def timm_hub_files(filename: str | None) -> list[str]:
     return [filename]
 
 
-#: The hub repositories (timm's ``pretrained_cfg.hf_hub_id``, default file names) of the timm
-#: models our networks download by default, by the name they pass: checked before timm is
-#: imported, so that a probe (a dry run's prerequisites) stops there. A test compares them with
-#: timm's configs; if a later timm names another repository, that one is checked too.
+#: The hub repositories of the timm models our networks download by default, checked before
+#: timm is imported (so that a probe stops there); a later timm's other repository is checked too.
 TIMM_HUB_IDS = {
     "vit_small_patch16_224.augreg_in21k_ft_in1k": "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
     "deit_small_patch16_224": "timm/deit_small_patch16_224.fb_in1k",

@@ -12,18 +12,17 @@ Hook = Callable[[torch.Tensor], torch.Tensor]
 
 
 class StagedFeaturizer(nn.Module):
-    """A featurizer split into ``stem``, named ``stages`` and ``pool``; subclasses set
-    ``stage_names``, ``stage_widths`` (of each stage's input) and ``n_outputs``."""
+    """A featurizer split into ``stem`` (default: the input itself), named ``stages`` and
+    ``pool``; subclasses set ``stage_names``, ``stage_widths`` (inputs') and ``n_outputs``."""
 
     stage_names: tuple[str, ...] = ()
     stage_widths: dict[str, int]
     n_outputs: int
-    #: The dimension of a stage input that ``stage_widths`` counts: 1 for ``[N, C, H, W]`` maps
-    #: and ``[N, F]`` vectors, -1 for ``[N, tokens, width]`` transformer tokens.
+    #: The dimension ``stage_widths`` counts: 1 for maps and vectors, -1 for tokens.
     channel_dim: int = 1
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return x
 
     def stage(self, name: str) -> nn.Module:
         raise NotImplementedError
@@ -40,8 +39,8 @@ class StagedFeaturizer(nn.Module):
 
     def forward_stages(self, x: torch.Tensor, start: str | None = None, stop: str | None = None,
                        hooks: dict[str, Hook] | None = None) -> torch.Tensor:
-        """From the image (``start`` None) or stage ``start``'s input to the pooled feature or
-        stage ``stop``'s input; ``hooks[name]`` transforms stage ``name``'s input."""
+        """From the image (or stage ``start``'s input) to the pooled feature (or stage ``stop``'s
+        input); ``hooks[name]`` transforms stage ``name``'s input."""
         hooks = hooks or {}
         for name in hooks:
             self.check_stage(name)

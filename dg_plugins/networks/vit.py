@@ -17,18 +17,13 @@ import torch.utils.checkpoint
 from dg_plugins.networks import pretrained as weights
 from dg_plugins.networks.staged import StagedFeaturizer
 
-# --------------------------------------------------------------------------------------------
-# Presets and architecture choice
-# --------------------------------------------------------------------------------------------
+# --- Presets and architecture choice ---
 
-#: ViT for 28x28 inputs (RotatedMNIST, ColoredMNIST, Debug28): 4x4 patches -> 7x7 = 49 tokens
-#: plus CLS; width 64, 6 blocks, 4 heads of 16 dims, MLP ratio 4 (0.30M parameters). One Adam
-#: step on 320 images of 1x28x28 takes about 0.41 s on 2 CPU cores (DomainBed's MNIST CNN: 1.2 s).
+#: ViT for 28x28 inputs: 4x4 patches (49 tokens plus CLS), width 64, 6 blocks, 4 heads (0.30M).
 VIT_28 = "dg_vit_patch4_28"
-#: Tiny 224x224 ViT for CPU unit tests (Debug224): 32x32 patches -> 7x7 = 49 tokens plus CLS;
-#: width 64, 4 blocks, 2 heads (0.35M parameters, most of it the 3072x64 patch projection).
+#: Tiny 224x224 ViT for CPU tests: 32x32 patches, width 64, 4 blocks, 2 heads (0.35M).
 VIT_TEST_224 = "dg_vit_test_patch32_224"
-#: The two presets above cut to 2 blocks: what ``vit_arch "tiny"`` builds (CPU tests, smoke runs).
+#: The two presets above cut to 2 blocks: what ``vit_arch "tiny"`` builds.
 VIT_TINY_28 = "dg_vit_tiny_patch4_28"
 VIT_TINY_224 = "dg_vit_tiny_patch32_224"
 
@@ -40,17 +35,12 @@ _PRESETS = {
 }
 _PRESETS[VIT_TINY_28] = {**_PRESETS[VIT_28], "depth": 2}
 _PRESETS[VIT_TINY_224] = {**_PRESETS[VIT_TEST_224], "depth": 2}
-#: Named small ViTs that timm lacks: name -> keyword arguments of timm's ``VisionTransformer``
-#: (``img_size`` is the size the preset is meant for; :func:`create_vit` takes the size from the
-#: input shape). Read-only; :func:`vit_preset` returns a mutable copy. Methods may name a preset
-#: wherever a timm architecture is accepted (e.g. hparam ``vit_arch``). Presets have no published
-#: weights: they are randomly initialised unless a local checkpoint is given.
+#: Named small ViTs that timm lacks (read-only ``VisionTransformer`` keyword arguments; no
+#: published weights), accepted wherever a timm architecture is (e.g. hparam ``vit_arch``).
 VIT_PRESETS: Mapping[str, Mapping] = MappingProxyType(
     {name: MappingProxyType(kwargs) for name, kwargs in _PRESETS.items()})
 
-#: What ``"auto"`` builds for 224x224 inputs when the caller names no paper backbone: ERM's ViT
-#: featurizer (``backbone`` ``vit``, as DomainBed's ``vit`` hparam), timm's augreg ViT-S/16. The
-#: methods with a ViT of their own pass their paper's (:func:`resolve_vit_arch`).
+#: What ``"auto"`` builds for 224x224 inputs unless a method passes its paper's ViT.
 DEFAULT_ARCH_224 = "vit_small_patch16_224.augreg_in21k_ft_in1k"
 #: The architecture ``"auto"`` picks for 28x28 inputs.
 DEFAULT_ARCH_28 = VIT_28
@@ -62,7 +52,7 @@ _TINY = {28: VIT_TINY_28, 224: VIT_TINY_224}
 
 
 def vit_preset(name: str) -> dict:
-    """A copy of preset ``name``'s ``VisionTransformer`` keyword arguments (depth, width, ...)."""
+    """A copy of preset ``name``'s ``VisionTransformer`` keyword arguments."""
     if name not in VIT_PRESETS:
         raise KeyError(f"unknown ViT preset {name!r}; presets: {sorted(VIT_PRESETS)}")
     return dict(VIT_PRESETS[name])
@@ -85,9 +75,7 @@ def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
         "(timm.list_models('vit_*')), which is built at the input's size")
 
 
-# --------------------------------------------------------------------------------------------
-# Building
-# --------------------------------------------------------------------------------------------
+# --- Building ---
 
 def _timm():
     from dg_plugins import compat  # noqa: F401  (before timm)
@@ -104,16 +92,15 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
                pretrained_path: str | None = None, drop_path_rate: float = 0.0,
                num_classes: int = 0, arch_224: str = DEFAULT_ARCH_224,
                **overrides) -> nn.Module:
-    """A timm ``VisionTransformer`` for ``input_shape = (C, H, W)`` (``arch`` as
-    :func:`resolve_vit_arch`), with pretrained or local weights (RGB filters adapted when
-    ``C != 3``)."""
+    """A timm ``VisionTransformer`` for ``input_shape = (C, H, W)`` (``arch``:
+    :func:`resolve_vit_arch`), pretrained or local weights' RGB filters adapted to ``C``."""
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3:
         raise ValueError(f"input_shape must be (C, H, W), got {shape}")
     channels, height, width = shape
     name = resolve_vit_arch(arch, shape, arch_224=arch_224)
     is_preset = name in VIT_PRESETS
-    # a name of weights.TIMM_HUB_IDS is timm's (its test): no timm import before its weights check
+    # a name of weights.TIMM_HUB_IDS is timm's: no timm import before its weights check
     if not is_preset and name not in weights.TIMM_HUB_IDS and not _timm().is_model(name):
         raise ValueError(f"unknown ViT architecture {name!r}: expected 'auto', 'tiny', a preset "
                          f"{sorted(VIT_PRESETS)} or a timm model name (timm.list_models('vit_*'))")
@@ -179,8 +166,6 @@ def adapt_patch_embed_channels(vit: nn.Module, channels: int) -> None:
 
 
 class ViTDims(NamedTuple):
-    """Sizes of a built ViT (see :func:`vit_dims`)."""
-
     depth: int
     embed_dim: int
     num_heads: int
@@ -211,9 +196,7 @@ def _blocks(vit: nn.Module) -> nn.Sequential:
     return blocks
 
 
-# --------------------------------------------------------------------------------------------
-# Tokens
-# --------------------------------------------------------------------------------------------
+# --- Tokens ---
 
 def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Images -> tokens ``[B, P + N, D]``: timm's ``forward_features`` before the blocks."""
@@ -251,8 +234,7 @@ def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def prepend_prefix_tokens(vit: nn.Module, patches: torch.Tensor) -> torch.Tensor:
-    """``[B, K, D]`` -> ``[B, P + K, D]``: class/register tokens in front, then ``pos_drop`` and
-    ``norm_pre`` as timm does."""
+    """``[B, K, D]`` -> ``[B, P + K, D]``: prefix tokens in front, ``pos_drop``, ``norm_pre``."""
     prefix = []
     if vit.cls_token is not None:
         prefix.append(vit.cls_token)
@@ -289,8 +271,7 @@ class MaskedTokens:
 
 def random_masking(tokens: torch.Tensor, mask_ratio: float, *,
                    generator: torch.Generator | None = None) -> MaskedTokens:
-    """Keep a random :func:`num_kept_tokens` subset of each sample's tokens (MAE's
-    ``random_masking``)."""
+    """Keep a random :func:`num_kept_tokens` subset of each sample's tokens (MAE's)."""
     batch, num, dim = tokens.shape
     kept = num_kept_tokens(num, mask_ratio)
     noise = torch.rand(batch, num, device=tokens.device, generator=generator)
@@ -341,14 +322,11 @@ def pool_tokens(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return vit.forward_head(tokens, pre_logits=True)
 
 
-# --------------------------------------------------------------------------------------------
-# Fixed 2-D sine-cosine position embeddings
-# --------------------------------------------------------------------------------------------
+# --- Fixed 2-D sine-cosine position embeddings ---
 
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
                         num_prefix_tokens: int = 0) -> torch.Tensor:
-    """MAE's fixed 2-D sine-cosine position embedding ``[1, P + H * W, D]`` (prefix rows
-    zero)."""
+    """MAE's fixed 2-D sine-cosine position embedding ``[1, P + H * W, D]``, prefix rows 0."""
     if embed_dim % 4:
         raise ValueError(f"embed_dim must be a multiple of 4 for a 2-D sin-cos embedding, got "
                          f"{embed_dim}")
@@ -368,8 +346,7 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
 
 
 def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
-    """Replace ``vit.pos_embed`` by the fixed sin-cos table, a persistent buffer of the same
-    name."""
+    """Replace ``vit.pos_embed`` by the fixed sin-cos table (a buffer of the same name)."""
     if getattr(vit, "pos_embed", None) is None:
         raise ValueError("this ViT has no position embedding (pos_embed None); build it with "
                          "pos_embed='learn' (timm's default) to install a sin-cos one")
@@ -386,9 +363,7 @@ def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
     return vit.pos_embed
 
 
-# --------------------------------------------------------------------------------------------
-# FFN replacement
-# --------------------------------------------------------------------------------------------
+# --- FFN replacement ---
 
 def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) -> list[int]:
     """Block indices from ints or ``"8,10"`` (negative from the end); raises on bad ones."""
@@ -421,8 +396,7 @@ def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) ->
 
 def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
                 factory: Callable[[int, nn.Module], nn.Module]) -> list[nn.Module]:
-    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` (indices all checked first);
-    returns the new modules."""
+    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` (indices checked first)."""
     blocks = _blocks(vit)
     indices = parse_block_indices(block_indices, len(blocks))
     for i in indices:
@@ -439,13 +413,10 @@ def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
     return new_modules
 
 
-# --------------------------------------------------------------------------------------------
-# ERM's ViT featurizer
-# --------------------------------------------------------------------------------------------
+# --- ERM's ViT featurizer ---
 
 class ViTFeaturizer(StagedFeaturizer):
-    """ERM's timm ViT featurizer: the pooled feature ``[B, n_outputs]``, or DomainBed's DINOv2
-    recipe with ``dinov2`` (``docs/networks.md``)."""
+    """ERM's timm ViT featurizer, or DomainBed's DINOv2 recipe with ``dinov2``."""
 
     channel_dim = -1
 
@@ -485,12 +456,3 @@ class ViTFeaturizer(StagedFeaturizer):
         mean_patch = blocks[-1][0].mean(dim=1)
         return self.dropout(torch.cat(class_tokens + [mean_patch], dim=-1))
 
-
-__all__ = [
-    "DEFAULT_ARCH_224", "DEFAULT_ARCH_28", "DINOV2_ARCH", "MaskedTokens", "VIT_28", "VIT_PRESETS",
-    "VIT_TEST_224", "VIT_TINY_224", "VIT_TINY_28", "ViTDims", "ViTFeaturizer",
-    "adapt_patch_embed_channels", "create_vit", "embed_patches", "embed_tokens", "final_norm",
-    "install_sincos_pos_embed", "num_kept_tokens", "parse_block_indices", "pool_tokens",
-    "prepend_prefix_tokens", "random_masking", "replace_ffn", "resolve_vit_arch",
-    "restore_order", "run_blocks", "sincos_pos_embed_2d", "vit_dims", "vit_preset",
-]
