@@ -168,13 +168,12 @@ def disk_full_message(folder: str, what: str) -> str:
 
 
 def file_kind(name: str) -> str:
-    """"zip", "gzip" (``.tar.gz``, ``.tgz``, ``.gz``) or "text" (``.txt``), from the name."""
+    """"a zip", "a gzip file" (``.tar.gz``, ``.tgz``, ``.gz``) or "a text file", by the name."""
     lower = name.lower()
-    return "zip" if lower.endswith(".zip") else "gzip" if lower.endswith((".gz", ".tgz")) \
-        else "text"
+    return "a zip" if lower.endswith(".zip") else "a gzip file" \
+        if lower.endswith((".gz", ".tgz")) else "a text file"
 
 
-_KIND_NAMES = {"zip": "a zip", "gzip": "a gzip file", "text": "a text file"}
 _HTML = re.compile(rb"^\s*(<!doctype\s+html|<html|<head|<body|<!--|<\?xml[^>]*>\s*<html)",
                    re.IGNORECASE)
 
@@ -185,6 +184,12 @@ def html_title(head: bytes) -> str | None:
         return None
     title = " ".join(match.group(1).decode("utf-8", "replace").split())
     return title[:80] or None
+
+
+def html_page(head: bytes, name: str) -> str:
+    """"an HTML page ('its title'), not a zip" (the kind ``name`` says)."""
+    title = html_title(head)
+    return f"an HTML page{f' ({title!r})' if title else ''}, not {file_kind(name)}"
 
 
 def html_fix(url: str, head: bytes, path: str, name: str) -> str:
@@ -209,17 +214,15 @@ def what_arrived(path: str, name: str) -> str | None:
     if not head:
         return "an empty file"
     if _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
-        title = html_title(head)
-        return (f"an HTML page{f' ({title!r})' if title else ''}, not "
-                f"{_KIND_NAMES[kind]}")
-    if kind == "zip":
+        return html_page(head, name)
+    if kind == "a zip":
         if head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
             what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
             return f"not a zip ({what})"
         if not zipfile.is_zipfile(path):
             return (f"a truncated zip ({size} bytes: its end, the table of its members, is "
                     "missing)")
-    elif kind == "gzip" and head[:2] != b"\x1f\x8b":
+    elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
         what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
         return f"not a gzip file ({what})"
     return None
@@ -395,11 +398,8 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
         if content_type.lower() == "text/html":  # none of the files is a web page
             head = response.read(65536)
-            title = html_title(head)
-            raise WrongContent(
-                f"{url} answered with an HTML page{f' ({title!r})' if title else ''}, not "
-                f"{_KIND_NAMES[file_kind(name)]}: "
-                f"{html_fix(url, head, part[:-len('.part')], name)}.")
+            raise WrongContent(f"{url} answered with {html_page(head, name)}: "
+                               f"{html_fix(url, head, part[:-len('.part')], name)}.")
         if have and status == 206:
             parsed = _content_range(response.headers.get("Content-Range"))
             total = parsed[1] if parsed else None

@@ -107,13 +107,9 @@ def _downloads_folder(data_dir: str, create: bool = True):
     try:
         yield downloads
     finally:
-        try:
+        with contextlib.suppress(OSError):  # not while another download uses it or it holds files
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pass  # another download uses it
-        else:
-            with contextlib.suppress(OSError):
-                os.rmdir(downloads)  # only when empty
+            os.rmdir(downloads)
         os.close(fd)
 
 

@@ -215,19 +215,15 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
     """``[(dataset, notes)]`` for the names asked (case-insensitive; aliases, built-ins and
     ``all`` resolved; a dataset before those that join it). Raises :class:`UnknownDataset`."""
     known = {n.lower(): n for n in [*DATASET_SPECS, *ALIASES, *BUILT_IN]}
+    meaning = {"all": [(name, None) for name in DATASET_SPECS],
+               **{name.lower(): [(name, None)] for name in DATASET_SPECS},
+               **{name.lower(): [provided] for name, provided in ALIASES.items()},
+               **{name.lower(): [(name, f"{name} is built in ({why}): nothing to download")]
+                  for name, why in BUILT_IN.items()}}
     resolved: dict[str, list[str]] = {}
     for raw in names:
-        if raw.lower() == "all":
-            expanded = [(name, None) for name in DATASET_SPECS]
-        elif raw.lower() in known:
-            name = known[raw.lower()]
-            if name in ALIASES:
-                expanded = [ALIASES[name]]
-            elif name in BUILT_IN:
-                expanded = [(name, f"{name} is built in ({BUILT_IN[name]}): nothing to download")]
-            else:
-                expanded = [(name, None)]
-        else:
+        expanded = meaning.get(raw.lower())
+        if expanded is None:
             close = difflib.get_close_matches(raw.lower(), list(known), n=3, cutoff=0.5)
             hint = f" (did you mean {', '.join(known[c] for c in close)}?)" if close else ""
             raise UnknownDataset(
