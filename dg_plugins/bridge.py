@@ -30,12 +30,11 @@ plugin_modules_from_env = plugins_lib.modules_from_env
 add_plugin_modules = plugins_lib.add_modules
 #: The module run by ``python -m`` for every rewritten job.
 ENTRY_MODULE = "dg_plugins.scripts.domainbed"
-#: DomainBed dataset whose hparams rules our small-image datasets borrow (it is in DomainBed's
-#: small-image list and has no other dataset-specific rule).
+#: The DomainBed dataset whose hparams rules our small-image datasets borrow.
 SMALL_IMAGE_PROXY = "Debug28"
 DOMAINBED_URL = "https://github.com/facebookresearch/DomainBed"
 
-# DomainBed's job command prefix (``domainbed/scripts/sweep.py``): the bare word python, then the train module.
+# DomainBed's job command prefix (``domainbed/scripts/sweep.py``)
 _TRAIN_COMMAND = re.compile(r"(?<![\w./-])python3?\s+-m\s+domainbed\.scripts\.train(?=\s|$)")
 
 # Per target module: the objects we installed there, by name (decides "ours" vs DomainBed's).
@@ -46,7 +45,7 @@ _DATASET_VIEWS: dict[type, type] = {}
 
 @dataclasses.dataclass
 class InstallReport:
-    """What :func:`install` did. ``skipped_*``: our names DomainBed already defines (its own stay)."""
+    """What :func:`install` did; ``skipped_*``: our names DomainBed defines (its own stay)."""
 
     domainbed_path: str = ""
     algorithms: list[str] = dataclasses.field(default_factory=list)
@@ -72,17 +71,15 @@ class InstallReport:
         ])
 
 
-# ------------------------------------------------------------------------------------------------
-# Locating DomainBed
+# --- Locating DomainBed ---
 
 
 class DomainBedImportError(ImportError):
-    """DomainBed cannot be imported (not found, or a dependency missing); the message says how to
-    fix it."""
+    """DomainBed cannot be imported; the message says how to fix it."""
 
 
 def _export_to_children(root: str) -> None:
-    """Put ``root`` on PYTHONPATH so that processes started from here import the same DomainBed."""
+    """Put ``root`` on PYTHONPATH so that child processes import the same DomainBed."""
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
@@ -90,7 +87,7 @@ def _export_to_children(root: str) -> None:
 
 def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[list[str], dict]:
     """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from ``root``,
-    nothing of dg_plugins installed (for comparisons)."""
+    nothing installed (for comparisons)."""
     code = ("import dg_plugins.compat, runpy, sys; "
             f"sys.argv = [{script!r}] + sys.argv[1:]; "
             f"runpy.run_module('domainbed.scripts.{script}', run_name='__main__')")
@@ -99,8 +96,8 @@ def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[l
 
 
 def locate_domainbed() -> ModuleType:
-    """Import and return the ``domainbed`` package: as found on ``sys.path``, otherwise from
-    ``$DOMAINBED_ROOT``. Raises :class:`DomainBedImportError` naming the fix."""
+    """The ``domainbed`` package, from ``sys.path`` or ``$DOMAINBED_ROOT``; else
+    :class:`DomainBedImportError` naming the fix."""
     import dg_plugins.compat  # noqa: F401  (torchvision must import beside the CPU torch first)
 
     try:
@@ -136,8 +133,7 @@ def locate_domainbed() -> ModuleType:
 
 
 def domainbed_module(name: str) -> ModuleType:
-    """DomainBed's module ``domainbed.<name>`` (:func:`locate_domainbed` first); raises
-    :class:`DomainBedImportError` naming what is missing."""
+    """``domainbed.<name>``; :class:`DomainBedImportError` naming what is missing."""
     domainbed = locate_domainbed()
     try:
         return importlib.import_module(f"domainbed.{name}")
@@ -160,20 +156,17 @@ def domainbed_modules() -> dict[str, ModuleType]:
             for name in ("algorithms", "datasets", "hparams_registry", "command_launchers")}
 
 
-# ------------------------------------------------------------------------------------------------
-# Plugin modules
+# --- Plugin modules ---
 
 
 def import_plugins(modules: Iterable[str] = ()) -> list[str]:
-    """Import dg_plugins' algorithms, datasets and launchers, then ``modules`` and
-    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules."""
+    """Import dg_plugins' algorithms, datasets and launchers, then the plugin modules (returned)."""
     import dg_plugins.sweep.launchers  # noqa: F401  (registers the launchers)
 
     return plugins_lib.load(modules)
 
 
-# ------------------------------------------------------------------------------------------------
-# Registration into (DomainBed-like) modules
+# --- Registration into (DomainBed-like) modules ---
 
 
 def _record(module: ModuleType) -> dict:
@@ -181,15 +174,15 @@ def _record(module: ModuleType) -> dict:
 
 
 def is_installed(module: ModuleType, name: str) -> bool:
-    """True when ``module.<name>`` is an object this bridge installed (not DomainBed's own)."""
+    """Whether ``module.<name>`` is an object this bridge installed (not DomainBed's own)."""
     installed = _INSTALLED.get(module, {})
     return name in installed and vars(module).get(name) is installed[name]
 
 
 def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Iterable[str],
                  kind: str) -> tuple[list[str], list[str]]:
-    """Set ``module.<name> = obj`` and append ``name`` to ``module.<list_name>`` for each entry
-    whose name the module does not define itself. Returns (installed, skipped) names."""
+    """``module.<name> = obj`` and ``name`` appended to ``module.<list_name>`` for each entry the
+    module does not define itself; (installed, skipped) names."""
     names_list = getattr(module, list_name)
     record = _record(module)
     installed, skipped = [], []
@@ -212,15 +205,14 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
 
 def register_algorithms(algorithms_module: ModuleType,
                         entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install algorithm classes (default: those of :data:`dg_plugins.registry.ALGORITHMS`)."""
+    """Install algorithm classes (default: the registry's)."""
     entries = dict(ALGORITHMS.items()) if entries is None else entries
     return _add_entries(algorithms_module, "ALGORITHMS", entries,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
 def loads_in_process(dataset) -> bool:
-    """True when a built dataset holds its data in memory: its class says ``IN_MEMORY`` or every
-    environment is a ``torch.utils.data.TensorDataset``."""
+    """Whether a built dataset holds its data in memory (``IN_MEMORY`` or TensorDatasets)."""
     if getattr(dataset, "IN_MEMORY", False):
         return True
     from torch.utils.data import TensorDataset
@@ -230,8 +222,8 @@ def loads_in_process(dataset) -> bool:
 
 
 def domainbed_view(cls: type) -> type:
-    """The class DomainBed gets for our dataset ``cls``: same name and behaviour, ``N_WORKERS`` 0
-    when its data is in memory."""
+    """The class DomainBed gets for our dataset ``cls``: the same, with ``N_WORKERS`` 0 when its
+    data is in memory."""
     if getattr(cls, "N_WORKERS", 0) == 0:
         return cls
     if cls not in _DATASET_VIEWS:
@@ -256,8 +248,7 @@ def domainbed_view(cls: type) -> type:
 
 def register_datasets(datasets_module: ModuleType,
                       entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install dataset classes (default: all of :data:`dg_plugins.registry.DATASETS` that have
-    fixed ``ENVIRONMENTS``, which DomainBed's sweep and collect_results need)."""
+    """Install dataset classes (default: the registry's with fixed ``ENVIRONMENTS``)."""
     if entries is None:
         entries = {name: cls for name, cls in DATASETS.items() if getattr(cls, "ENVIRONMENTS", None)}
     entries = {name: domainbed_view(cls) for name, cls in entries.items()}
@@ -266,7 +257,7 @@ def register_datasets(datasets_module: ModuleType,
 
 def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
                   datasets_module: ModuleType) -> Callable:
-    """Wrap ``hparams_module._hparams`` (once): ours for installed algorithms, DomainBed's
+    """Wrap ``hparams_module._hparams`` once: ours for installed algorithms, DomainBed's
     registry (small-image datasets as :data:`SMALL_IMAGE_PROXY`) for its own."""
     current = hparams_module._hparams
     if getattr(current, "dg_plugins_original", None) is not None:
@@ -291,21 +282,18 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
 
 
 def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[str]:
-    """The dataset hparams we declare for ``dataset`` that the class DomainBed uses ignores."""
+    """Our dataset hparams for ``dataset`` that the class DomainBed uses ignores."""
     if is_installed(datasets_module, dataset) or dataset not in vars(datasets_module):
         return []
     return list(catalog.dataset_hparam_space(dataset))
 
 
-#: Base hparams that dg_plugins' train loop applies (:mod:`dg_plugins.train.job`: how batches
-#: are drawn, the lr schedule set before each update) and ``domainbed/scripts/train.py``'s loop
-#: does not: at their defaults they describe what DomainBed does.
+#: Base hparams that our train loop applies and DomainBed's does not (their defaults are its).
 HOST_ONLY_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")
 
 
 def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
-    """The :data:`HOST_ONLY_HPARAMS` that ``overrides`` sets to another value than its default
-    (:func:`dg_plugins.hparams.base_space`)."""
+    """The :data:`HOST_ONLY_HPARAMS` that ``overrides`` sets off their defaults."""
     space = dg_hparams.base_space(dataset)
     return [name for name in HOST_ONLY_HPARAMS
             if name in overrides and overrides[name] != space[name][0]]
@@ -314,7 +302,7 @@ def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
 def check_script_args(script: str, argv: list[str],
                       datasets_module: ModuleType | None = None) -> None:
     """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for what
-    DomainBed would silently not do (docs/bridge.md); raises ValueError with the fix."""
+    DomainBed would silently not do (docs/bridge.md); ValueError with the fix."""
     import argparse
     import json
 
@@ -369,7 +357,7 @@ def rewrite_command(command: str, python: str | None = None,
 
 
 def rewriting_launcher(launcher: Callable) -> Callable:
-    """``launcher`` with every command passed through :func:`rewrite_command` (no double wrap)."""
+    """``launcher`` with every command through :func:`rewrite_command` (no double wrap)."""
     if getattr(launcher, "dg_plugins_rewrites", False):
         return launcher
 
@@ -384,8 +372,8 @@ def rewriting_launcher(launcher: Callable) -> Callable:
 
 def register_launchers(launchers_module: ModuleType,
                        entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Add our launchers (default: :data:`dg_plugins.registry.LAUNCHERS`) to
-    ``launchers_module.REGISTRY`` under names it lacks, as rewriting launchers."""
+    """Add our launchers (default: the registry's) to ``launchers_module.REGISTRY`` under names it
+    lacks, as rewriting launchers."""
     entries = dict(LAUNCHERS.items()) if entries is None else entries
     registry = launchers_module.REGISTRY
     record = _record(launchers_module).setdefault("REGISTRY", {})
@@ -402,8 +390,8 @@ def register_launchers(launchers_module: ModuleType,
 
 
 def route_launchers_through_entry(launchers_module: ModuleType | None = None) -> list[str]:
-    """Wrap every launcher in DomainBed's ``REGISTRY`` (its own included) with
-    :func:`rewriting_launcher`, in this process. Used by the sweep entry. Returns the names."""
+    """Wrap every launcher of DomainBed's ``REGISTRY`` (its own too) with
+    :func:`rewriting_launcher`, for the sweep entry; the names."""
     if launchers_module is None:
         launchers_module = domainbed_modules()["command_launchers"]
     registry = launchers_module.REGISTRY
@@ -415,8 +403,7 @@ def route_launchers_through_entry(launchers_module: ModuleType | None = None) ->
 def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
                  hparams_module: ModuleType, launchers_module: ModuleType,
                  report: InstallReport | None = None) -> InstallReport:
-    """Register every registered dg_plugins algorithm, dataset and launcher into the given
-    DomainBed-like modules (see :func:`install`). Idempotent."""
+    """Register our algorithms, datasets and launchers into DomainBed-like modules (idempotent)."""
     report = InstallReport() if report is None else report
     report.algorithms, report.skipped_algorithms = register_algorithms(algorithms_module)
     report.datasets, report.skipped_datasets = register_datasets(datasets_module)
@@ -426,8 +413,7 @@ def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
 
 
 def install(plugins: Iterable[str] = ()) -> InstallReport:
-    """Import dg_plugins and the plugins, locate DomainBed and register what it does not define;
-    idempotent. Raises :class:`DomainBedImportError` naming ``DOMAINBED_ROOT``."""
+    """Import dg_plugins and the plugins, locate DomainBed, register what it lacks (idempotent)."""
     modules = domainbed_modules()
     report = InstallReport(
         domainbed_path=os.path.dirname(os.path.abspath(modules["algorithms"].__file__)),

@@ -1,8 +1,6 @@
-"""pytest plugin: ``python -m pytest -p dg_plugins.bridge_pytest ...`` runs :func:`dg_plugins.bridge.install`
-before collection, so DomainBed's own test modules (which expand ``ALGORITHMS`` and ``DATASETS``
-when imported, e.g. ``domainbed/test/test_hparams_registry.py``) include dg_plugins' algorithms and
-datasets, and those of the modules named in ``$DG_PLUGINS_IMPORT``.
-"""
+"""pytest plugin: ``python -m pytest -p dg_plugins.bridge_pytest ...`` runs
+:func:`dg_plugins.bridge.install` before collection, so that DomainBed's own test modules include
+dg_plugins' algorithms and datasets (and ``$DG_PLUGINS_IMPORT``'s)."""
 
 from __future__ import annotations
 

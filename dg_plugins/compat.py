@@ -1,17 +1,8 @@
-"""Make ``import torchvision`` (and so timm and open_clip) work beside a mismatched torch build.
-
-The only torchvision wheel matching torch 2.13.0 on the package registry is a CUDA build. Next to
-the CPU build of torch its compiled extension (``torchvision/_C.so``) cannot load, and then
-torchvision's import fails with ``RuntimeError: operator torchvision::nms does not exist``: at
-import it registers fake (meta) kernels for ``torchvision::nms`` and ``torchvision::qnms``, which
-needs those operator schemas to exist.
-
-:func:`ensure_torchvision` does nothing when the extension loads. Otherwise it defines the two
-schemas (no kernels), so torchvision's models, transforms and datasets import and work; its compiled
-ops (nms, roi_align, image decoding) stay unavailable and raise if called. dg_plugins decodes
-images with PIL, so it never needs them. Every dg_plugins module that imports torchvision, timm or
-open_clip imports this module first.
-"""
+"""Make ``import torchvision`` (and so timm and open_clip) work beside a mismatched torch build:
+the CUDA torchvision wheel's compiled extension cannot load beside the CPU torch, and then its
+import fails registering fake kernels for ``torchvision::nms`` and ``qnms``.
+:func:`ensure_torchvision` then defines those two schemas (no kernels): models and transforms
+work, the compiled ops (unused: images decode with PIL) raise. Import it before torchvision."""
 
 from __future__ import annotations
 
@@ -39,8 +30,7 @@ def _torchvision_extension_path() -> str | None:
 
 
 def ensure_torchvision() -> bool:
-    """Prepare torch so that torchvision imports. Returns True if torchvision's own compiled
-    extension is usable, False if the fallback schemas were defined. Idempotent."""
+    """Prepare torch so that torchvision imports; whether torchvision's own extension loads."""
     global _library, extension_loaded
     if extension_loaded is not None:
         return extension_loaded

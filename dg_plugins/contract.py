@@ -1,22 +1,11 @@
-"""The Algorithm contract as pytest tests, shipped with the package so that a method's author runs
-them on their own algorithms (``docs/methods/README.md``):
+"""The Algorithm contract as pytest tests, shipped so that a method's author runs them on their
+own algorithms (``python -m dg_plugins.scripts.check_algorithm MODULE``, or
+``DG_PLUGINS_IMPORT=MODULE python -m pytest --pyargs dg_plugins.contract``): on Debug28 and
+Debug224 with ``TINY_TEST_HPARAMS``, on CPU and CUDA, what methods get wrong (optimizers,
+gradients, update keys and floats, predict's logits, 1 and 3 domains, the lr schedule, resume).
 
-    python -m dg_plugins.scripts.check_algorithm my_module          # the algorithms it registers
-    DG_PLUGINS_IMPORT=my_module python -m pytest --pyargs dg_plugins.contract   # the same tests
-
-Each algorithm is built on Debug28 and Debug224 with its ``TINY_TEST_HPARAMS`` (on CPU, and on
-CUDA when a GPU is visible) and checked for what methods get wrong: a trainable parameter outside
-every optimizer (or in two), a parameter that never gets a gradient, update keys that change
-between calls (records need a fixed schema), values that are not Python floats, NaN outputs,
-``predict`` logits of another shape than ``[batch, num_classes]`` or not deterministic in eval
-mode, a method that breaks with 1 (single-source) or 3 source domains, an lr schedule that misses
-an optimizer, and state that a resumed train job loses (Python attributes instead of buffers,
-optimizers or schedulers the checkpoint cannot see).
-
-Which algorithms: the names in ``$DG_PLUGINS_CONTRACT_ALGORITHMS`` (comma-separated; the command
-sets it), else those the modules of ``$DG_PLUGINS_IMPORT`` register, else dg_plugins' own. A test
-module that imports these tests sets ``CONTRACT_ALGORITHMS`` to its list instead (dg_plugins' own
-suite: ``tests/algorithms/test_all_algorithms.py``)."""
+Algorithms: ``$DG_PLUGINS_CONTRACT_ALGORITHMS``, else ``$DG_PLUGINS_IMPORT``'s, else dg_plugins'
+own; a test module importing these tests may set ``CONTRACT_ALGORITHMS`` instead."""
 
 from __future__ import annotations
 
@@ -40,7 +29,7 @@ VOLATILE_KEYS = ("step_time", "mem_gb", "args")
 
 
 def selected_algorithms() -> list[str]:
-    """The algorithms the contract runs on (module docstring), after :func:`plugins.load`."""
+    """The algorithms the contract runs on (module docstring)."""
     plugins.load()
     named = [n.strip() for n in os.environ.get(plugins.CONTRACT_ENV, "").split(",") if n.strip()]
     if named:
@@ -61,9 +50,8 @@ def pytest_generate_tests(metafunc) -> None:
 
 
 def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
-    """Default hparams made CPU-sized: random-init backbones, ResNet-18 for 224x224 inputs,
-    batch 8, plus the algorithm's own ``TINY_TEST_HPARAMS`` (e.g. a tiny ViT), then
-    ``overrides``; every override is validated against the algorithm's space."""
+    """Default hparams made CPU-sized (random init, ResNet-18, batch 8, the algorithm's
+    ``TINY_TEST_HPARAMS``), then ``overrides``, all validated."""
     from dg_plugins import hparams
 
     changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
@@ -97,7 +85,7 @@ def trainable(algorithm):
 
 
 def read_records(folder, drop=()) -> list[dict]:
-    """The records of a job folder's ``results.jsonl``, each without the keys in ``drop``."""
+    """A job folder's records, without the keys in ``drop``."""
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
         return []
@@ -130,9 +118,8 @@ def test_every_trainable_parameter_is_in_exactly_one_optimizer(name):
 
 
 def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
-    """``set_lr_factor`` (the job's ``lr_schedule``): every param group of every optimizer not in
-    ``lr_schedule_exempt()`` gets its initial lr x the factor (not compounding), the exempt ones
-    keep theirs; an algorithm that drives an lr with its own torch scheduler refuses clearly."""
+    """``set_lr_factor`` scales every optimizer's initial lr but the exempt ones' (no compounding);
+    an algorithm with its own torch scheduler refuses."""
     algorithm, _, _ = build(name, "Debug28")
     if algorithm.schedulers():
         with pytest.raises(ValueError, match="lr_schedule must stay 'constant'"):
@@ -150,9 +137,9 @@ def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
 
 
 def test_updates_predict_and_state(case):
-    """A few updates: float outputs with identical keys, all finite; every trainable parameter gets
-    a nonzero gradient (or is declared exempt); parameters change; predict has the right shape, is
-    finite and deterministic in eval mode; a state_dict round trip reproduces predictions."""
+    """Updates give float outputs with fixed keys, gradients reach every parameter (or it is
+    exempt), predict's logits have the right shape and are deterministic, a state_dict round trip
+    reproduces them."""
     name, dataset_name, device = case
     # 224x224 images: 2 per environment are enough for every check here, 4x cheaper than 8
     algorithm, dataset, hp = build(name, dataset_name, device=device,
@@ -215,8 +202,7 @@ def test_one_and_three_source_domains(name, num_domains):
 
 
 def test_resume_round_trip_gives_the_records_of_an_uninterrupted_run(name, tmp_path):
-    """train on Debug28, interrupted after a checkpoint and resumed with --resume, writes exactly
-    the records of an uninterrupted run (all state is in buffers, optimizers and schedulers)."""
+    """A job stopped after a checkpoint and resumed writes the records of an uninterrupted run."""
     from dg_plugins.train import run as train
     from dg_plugins.train.cli import build_parser
 

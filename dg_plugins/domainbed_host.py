@@ -1,8 +1,6 @@
 """DomainBed's own algorithms (CORAL, IRM, GroupDRO, ...) on dg_plugins' host, from a DomainBed
-checkout: their classes and hparams as they are, plus what our job loop asks of an algorithm,
-found as a source of the algorithm registry (docs/bridge.md). They get the featurizer dg_plugins'
-own algorithms get for the job's data (a class that cannot take it keeps DomainBed's, and the job
-says so)."""
+checkout, as a source of the algorithm registry: their classes and hparams as they are, plus what
+our job loop asks of an algorithm, on the featurizer our algorithms get (docs/bridge.md)."""
 
 from __future__ import annotations
 
@@ -24,20 +22,17 @@ from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
 from dg_plugins.seeds import rng_state, set_rng_state
 
 PREFIX = "DomainBed"
-#: The hparams of dg_plugins' featurizers that DomainBed's registry lacks; DomainBed's algorithms
-#: on our host get them (at their defaults for the dataset) with our featurizer.
+#: Our featurizers' hparams that DomainBed's registry lacks (its algorithms get the defaults).
 NETWORK_HPARAMS = ("backbone", "mnist_cnn_width", "pretrained", "pretrained_path", "vit_arch")
 #: The record key (from ``update``'s values) with the parameter count of the job's featurizer.
 FEATURIZER_PARAMS_KEY = "featurizer_params"
-#: Packages DomainBed imports optionally (set to None in ``domainbed.algorithms`` when missing),
-#: with the command that installs them.
+#: Packages DomainBed imports optionally, with the command that installs them.
 OPTIONAL_PACKAGES = {"backpack": "pip install backpack-for-pytorch (DomainBed pins 1.3.0, for "
                                  "torch < 2)"}
 
 
 def class_source(cls: type) -> str:
-    """The source of ``cls`` and of its bases defined in the same module (DomainBed's
-    ``IRM(ERM)``: both), or "" where Python has none."""
+    """The source of ``cls`` and of its bases in the same module, or ""."""
     parts = []
     for klass in cls.__mro__:
         if klass.__module__ != cls.__module__:
@@ -50,8 +45,7 @@ def class_source(cls: type) -> str:
 
 
 def missing_packages(cls: type, module: ModuleType) -> list[str]:
-    """The :data:`OPTIONAL_PACKAGES` that ``cls``'s code uses and that ``module`` (DomainBed's
-    algorithms) failed to import."""
+    """The :data:`OPTIONAL_PACKAGES` that ``cls``'s code uses and DomainBed failed to import."""
     source = class_source(cls)
     return [name for name in OPTIONAL_PACKAGES
             if name in vars(module) and vars(module)[name] is None
@@ -81,16 +75,15 @@ def backpack_problem() -> str | None:
 
 
 def calls_cuda(cls: type) -> bool:
-    """Whether ``cls``'s code puts tensors on the GPU with the tensor method ``cuda`` (it then runs
-    only with a CUDA device)."""
+    """Whether ``cls``'s code calls ``.cuda(`` (it then runs only on a CUDA device)."""
     return re.search(r"\.cuda\(", class_source(cls)) is not None
 
 
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
                       random_seed: int, network_hparams: bool = False) -> dict:
-    """DomainBed's ``_hparams``; our small-image datasets DomainBed lacks are asked as
-    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`. With ``network_hparams`` (the class runs on our
-    featurizer), plus :data:`NETWORK_HPARAMS` at their defaults for ``dataset``."""
+    """DomainBed's ``_hparams`` (our small-image datasets asked as
+    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`), plus :data:`NETWORK_HPARAMS` (defaults) with
+    ``network_hparams`` (the class runs on our featurizer)."""
     asked = dataset
     if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
         asked = bridge.SMALL_IMAGE_PROXY
@@ -103,13 +96,11 @@ def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
     return hparams
 
 
-# ------------------------------------------------------------------------------------------------
-# The featurizer
+# --- The featurizer ---
 
 
 def featurizer_module(algorithms: ModuleType) -> ModuleType | None:
-    """The ``networks`` module whose ``Featurizer`` DomainBed's ``algorithms`` calls, or None
-    when it has none (its classes then build their networks as they do)."""
+    """The ``networks`` module whose ``Featurizer`` DomainBed's ``algorithms`` calls, or None."""
     networks = vars(algorithms).get("networks")
     return networks if callable(getattr(networks, "Featurizer", None)) else None
 
@@ -119,8 +110,7 @@ def _count(module: nn.Module) -> int:
 
 
 def _refusal(err: Exception) -> str:
-    """``err`` in one line, with the file, line and code that raised it (an ``assert`` has no
-    message)."""
+    """``err`` in one line with the file, line and code that raised it."""
     import traceback
 
     frame = traceback.extract_tb(err.__traceback__)[-1]
@@ -130,10 +120,8 @@ def _refusal(err: Exception) -> str:
 
 
 class FeaturizerSwap:
-    """Stands in for DomainBed's ``networks.Featurizer`` (:meth:`active`) while a host class's
-    code runs: it builds dg_plugins' featurizer for image inputs (``ours``; DomainBed's for
-    others, e.g. its MLP for vectors), or DomainBed's; it keeps those built while
-    ``recording``."""
+    """Stands in for DomainBed's ``networks.Featurizer`` while a host class's code runs: ours for
+    image inputs (with ``ours``), else DomainBed's; keeps those built while ``recording``."""
 
     def __init__(self, networks: ModuleType, original, ours: bool = True,
                  recording: bool = True):
@@ -167,8 +155,7 @@ class FeaturizerSwap:
             self.networks.Featurizer = previous
 
 
-# ------------------------------------------------------------------------------------------------
-# What the host asks of an algorithm
+# --- What the host asks of an algorithm ---
 
 
 def _holds(value, kinds) -> bool:
@@ -193,8 +180,7 @@ def _on_device(value, device):
 
 
 def _restore(current, saved, device):
-    """``saved`` put back into ``current`` in place where shapes match, else moved to ``device``;
-    what to assign."""
+    """``saved`` put back into ``current`` in place where shapes match, else moved to ``device``."""
     if isinstance(current, nn.Module) and type(saved) is type(current):
         current.load_state_dict(saved.state_dict())
         return current
@@ -220,10 +206,10 @@ def _restore(current, saved, device):
 
 
 class DomainBedHost:
-    """Mixed into a DomainBed algorithm class: our job loop's optimizers, schedulers and lr
-    factor, job checks and the state resume needs."""
+    """Mixed into a DomainBed algorithm class: our job loop's optimizers, schedulers, lr factor,
+    checks and resume state."""
 
-    #: Set by :func:`host_class`: DomainBed's name, the name on our host, why it needs CUDA.
+    #: Set by :func:`host_class`.
     DOMAINBED_NAME = ""
     NAME = ""
     CUDA_ONLY = False
@@ -252,9 +238,8 @@ class DomainBedHost:
     DOMAINBED_FEATURIZER = None
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
-        """DomainBed's ``__init__`` with dg_plugins' featurizer in place of DomainBed's; a class
-        whose code then fails is built again, from the same RNG state, on DomainBed's, and a
-        note on stderr says why. Prints the network line (:meth:`_describe_network`)."""
+        """DomainBed's ``__init__`` on our featurizer; a class whose code then fails is built again,
+        from the same RNG state, on DomainBed's, with a note on stderr. Prints the network line."""
         arguments = (input_shape, num_classes, num_domains, hparams)
         swap, refused, ours = None, None, None
         if self.NETWORKS is None:
@@ -288,9 +273,8 @@ class DomainBedHost:
 
     def _describe_network(self, built: list, ours, refused: str | None, input_shape,
                           hparams) -> dict:
-        """What the job's network is: ``line`` (its output line) and ``params`` (the parameter
-        count of the first featurizer ``built``; None when the class builds none with
-        ``networks.Featurizer``); ``ours``: our featurizer that DomainBed's code ``refused``."""
+        """The job's network: ``line`` (its output line) and ``params`` (the first featurizer's
+        parameter count; None when the class builds none with ``networks.Featurizer``)."""
         total, who = _count(self), f"{self.NAME} (DomainBed's)"
         if not built:
             return {"params": None, "line": f"Network: {who} builds its own networks, not "
@@ -317,14 +301,14 @@ class DomainBedHost:
         return {"params": counts[0], "line": line}
 
     def _featurizer_scope(self):
-        """While DomainBed's code runs after ``__init__``: the featurizer ``__init__`` got."""
+        """After ``__init__``: the featurizer ``__init__`` got."""
         if not self._on_ours:
             return contextlib.nullcontext()
         return FeaturizerSwap(self.NETWORKS, self.DOMAINBED_FEATURIZER, recording=False).active()
 
     def update(self, *args, **kwargs):
-        """DomainBed's ``update`` (networks it builds get the featurizer of ``__init__``, e.g.
-        Fish's inner copy), plus :data:`FEATURIZER_PARAMS_KEY`."""
+        """DomainBed's ``update`` (networks it builds get the featurizer of ``__init__``), plus
+        :data:`FEATURIZER_PARAMS_KEY`."""
         with self._featurizer_scope():
             values = super().update(*args, **kwargs)
         if self._network["params"] is not None and isinstance(values, dict):
@@ -337,7 +321,7 @@ class DomainBedHost:
 
     @classmethod
     def check_args(cls, args) -> None:
-        """Refuse, with the fix, a CUDA-only class (:func:`calls_cuda`) off CUDA."""
+        """Refuse a CUDA-only class off CUDA, with the fix."""
         if cls.CUDA_ONLY:
             from dg_plugins.runtime import pick_device
 
@@ -349,8 +333,7 @@ class DomainBedHost:
                     "(--device cuda)")
 
     def resume_state(self) -> dict:
-        """The state the resume file keeps beside ``state_dict()`` and the optimizers (counters,
-        moving averages, submodules made after ``__init__``)."""
+        """What the resume file keeps beside ``state_dict()`` and the optimizers."""
         kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
         attributes = {name: value for name, value in vars(self).items()
                       if not name.startswith("_") and name not in ("training", "hparams")
@@ -360,10 +343,8 @@ class DomainBedHost:
         return {"attributes": attributes, "modules": modules}
 
     def load_resume_state(self, state: dict, model_state: dict | None = None) -> None:
-        """Put :meth:`resume_state`'s ``state`` back (before ``load_state_dict``), and give every
-        buffer that ``model_state`` (the checkpoint's ``state_dict``) holds in another shape that
-        shape: DomainBed registers some empty and fills them at the first update (GroupDRO's
-        ``q``)."""
+        """Put :meth:`resume_state`'s ``state`` back, buffers reshaped as ``model_state``'s
+        (DomainBed fills some at the first update: GroupDRO's ``q``)."""
         device = next((p.device for p in self.parameters()), torch.device("cpu"))
         for name, module in state["modules"].items():
             setattr(self, name, module.to(device))
@@ -381,8 +362,8 @@ class DomainBedHost:
 
 
 def host_class(cls: type, name: str, networks: ModuleType | None = None) -> type:
-    """DomainBed's class ``cls`` with :class:`DomainBedHost` mixed in, run under ``name``; on
-    dg_plugins' featurizer in place of ``networks.Featurizer`` (DomainBed's module) when given."""
+    """DomainBed's ``cls`` with :class:`DomainBedHost` mixed in, run under ``name``, on our
+    featurizer in place of ``networks.Featurizer`` when given."""
     return type(cls.__name__, (DomainBedHost, cls), {
         "NETWORKS": networks,
         "DOMAINBED_FEATURIZER": None if networks is None else staticmethod(networks.Featurizer),
@@ -396,13 +377,12 @@ def host_class(cls: type, name: str, networks: ModuleType | None = None) -> type
     })
 
 
-# ------------------------------------------------------------------------------------------------
-# The source of names
+# --- The source of names ---
 
 
 class DomainBedAlgorithms(Source):
-    """DomainBed's algorithms, as a source of :data:`dg_plugins.registry.ALGORITHMS`: their names
-    from the checkout (without one, those of DomainBed b93c22a, which then say how to get it)."""
+    """DomainBed's algorithms as a source of the registry: names from the checkout (without one,
+    DomainBed b93c22a's, which then say how to get it)."""
 
     prefix = PREFIX
 
@@ -452,6 +432,6 @@ class DomainBedAlgorithms(Source):
 
 
 def register() -> None:
-    """Make DomainBed's algorithms a source of :data:`~dg_plugins.registry.ALGORITHMS` (once)."""
+    """Make DomainBed's algorithms a source of the algorithm registry (once)."""
     if not isinstance(ALGORITHMS.source(PREFIX), DomainBedAlgorithms):
         ALGORITHMS.add_source(DomainBedAlgorithms())

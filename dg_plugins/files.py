@@ -1,6 +1,5 @@
-"""Atomic file writes, the one implementation of the package: a temporary file in the target's
-folder, fsync, rename; a failed write (a full disk) leaves the old content and raises the
-OSError with ``filename`` set."""
+"""Atomic file writes, the package's one implementation: a temporary file in the target's folder,
+fsync, rename; a failed write leaves the old content and raises the OSError naming the file."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
-    """Create a uniquely named file in ``folder`` with ``open()``'s mode under the umask (not
-    mkstemp's 0600); return ``(fd, path)``."""
+    """A new uniquely named file in ``folder`` with ``open()``'s mode (not mkstemp's 0600)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         path = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{suffix}")
@@ -26,8 +24,7 @@ def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, with the mode a plain ``open()`` gives a new file
-    (others on a shared cluster can read it)."""
+    """Write ``data`` to ``path`` atomically, readable as a plain ``open()``'s file would be."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -50,14 +47,13 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 
 def _name(err: OSError, path: str) -> None:
-    """Make an OSError name the file being written (a failed ``write`` or ``fsync``, e.g. on a
-    full disk, names none), so that error messages can say which write failed."""
+    """Make ``err`` name the file being written (a failed write or fsync names none)."""
     if err.filename is None or os.path.basename(str(err.filename)).startswith(".tmp-"):
         err.filename = path
 
 
 def atomic_torch_save(obj, path: str) -> None:
-    """``torch.save`` through :func:`atomic_write_bytes` (same atomicity and permissions)."""
+    """``torch.save`` through :func:`atomic_write_bytes`."""
     import io
 
     import torch
@@ -68,5 +64,5 @@ def atomic_torch_save(obj, path: str) -> None:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8 (newlines as given)."""
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,6 +1,5 @@
-"""Docstrings as ``--help`` text, and usage errors in two lines: the scripts' and benchmarks'
-parsers take their descriptions from module docstrings written in reStructuredText, and report a
-mistyped flag as :class:`CommandParser` does. Torch- and pandas-free."""
+"""Docstrings as ``--help`` text, and usage errors in two lines (:class:`CommandParser`).
+Torch- and pandas-free."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ def plain_text(doc: str) -> str:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """argparse for dg_plugins' commands: ``--help`` is argparse's own, but a usage error is two
-    lines, exit status 2 (argparse's own usage block lists every flag above the error): a short
-    usage line (``short_usage``, else :func:`short_usage`'s) and the error, with "did you mean"
-    for a mistyped flag or choice (:func:`did_you_mean`)."""
+    """argparse for dg_plugins' commands: argparse's ``--help``, but a usage error in two lines,
+    exit status 2: a short usage line and the error, with "did you mean" (:func:`did_you_mean`)."""
 
     def __init__(self, *args, short_usage: str | None = None, **kwargs):
         self.short_usage = short_usage
@@ -40,8 +37,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def short_usage(parser: argparse.ArgumentParser) -> str:
-    """``parser.short_usage`` when it has one, else the command with its positional arguments and
-    required flags, then :data:`EVERY_FLAG`."""
+    """``parser.short_usage``, else the command with its positional arguments and required flags."""
     given = getattr(parser, "short_usage", None)
     if given:
         return given
@@ -52,8 +48,7 @@ def short_usage(parser: argparse.ArgumentParser) -> str:
 
 
 def close_flag(word: str, flags: list[str]) -> str | None:
-    """The flag of ``flags`` closest to the mistyped ``word`` (``--stpes``: ``--steps``), if any
-    is close."""
+    """The flag of ``flags`` closest to the mistyped ``word``, if any is close."""
     names = {flag.lstrip("-"): flag for flag in flags}
     close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(names), n=1,
                                       cutoff=0.75)
@@ -61,16 +56,15 @@ def close_flag(word: str, flags: list[str]) -> str | None:
 
 
 def unknown_flags(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
-    """The words of ``words`` that look like flags ``parser`` does not have (nor abbreviates)."""
+    """The words that look like flags ``parser`` does not have (nor abbreviates)."""
     flags = [option for action in parser._actions for option in action.option_strings]
     return [word for word in words if word.startswith("--") and len(word) > 2
             and not any(flag.startswith(word.split("=", 1)[0]) for flag in flags)]
 
 
 def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] = ()) -> str:
-    """``"; did you mean ...?"`` for argparse's error ``message`` about an unknown flag, a
-    missing required flag mistyped in ``argv`` (the words parsed), or an invalid choice, when a
-    flag or choice of ``parser`` is close; "" otherwise."""
+    """``"; did you mean ...?"`` for argparse's ``message`` about an unknown flag, a missing
+    required flag mistyped in ``argv``, or an invalid choice; "" when nothing is close."""
     flags = [option for action in parser._actions for option in action.option_strings
              if option.startswith("--")]
     unknown = re.match(r"unrecognized arguments: (.*)", message)
@@ -93,7 +87,7 @@ def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] 
 
 
 def report_usage_error(parser: argparse.ArgumentParser, message: str):
-    """Exit with status 2 after the two lines of :class:`CommandParser` (its ``error``)."""
+    """Exit 2 after :class:`CommandParser`'s two lines."""
     argv = getattr(parser, "given_argv", None)
     argv = sys.argv[1:] if argv is None else argv
     parser.exit(2, f"usage: {short_usage(parser)}\n{parser.prog}: error: {message}"
@@ -102,8 +96,7 @@ def report_usage_error(parser: argparse.ArgumentParser, message: str):
 
 @contextlib.contextmanager
 def short_usage_errors():
-    """Within the block every argparse parser reports a usage error as :class:`CommandParser`
-    does: for a command whose parser another module builds with argparse's own class."""
+    """Within the block every argparse parser reports usage errors as :class:`CommandParser`."""
     saved = argparse.ArgumentParser.error
     argparse.ArgumentParser.error = report_usage_error
     try:

@@ -1,6 +1,5 @@
-"""Loading plugins: dg_plugins' own algorithms and datasets, then the modules named in
-``$DG_PLUGINS_IMPORT`` (comma-separated; every process imports them and jobs inherit the
-variable). DomainBed's algorithms are a built-in source of the algorithm registry."""
+"""Loading plugins: dg_plugins' algorithms and datasets, then the modules of
+``$DG_PLUGINS_IMPORT`` (comma-separated; jobs inherit it). DomainBed's algorithms are a source."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ def modules_from_env() -> list[str]:
 
 
 def add_modules(modules: Iterable[str]) -> list[str]:
-    """Add modules to ``$DG_PLUGINS_IMPORT`` (so that child processes import them too)."""
+    """Add modules to ``$DG_PLUGINS_IMPORT`` (child processes import them too)."""
     merged = modules_from_env()
     merged += [m for m in modules if m and m not in merged]
     if merged:
@@ -30,16 +29,14 @@ def add_modules(modules: Iterable[str]) -> list[str]:
 
 
 class PluginImportError(ImportError, ValueError):
-    """A plugin module (named by ``--import`` or ``$DG_PLUGINS_IMPORT``) that cannot be imported,
-    or whose own import of a package failed: bad input, reported in one line naming the module,
-    where it was named and the fix (a ValueError too, so that commands report it as one)."""
+    """A plugin module that cannot be imported: bad input, one line naming the module, where it
+    was named and the fix (a ValueError too, so that commands report it as one)."""
 
 
 def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
-    """Import our algorithms and datasets (unless not ``builtins``), then ``modules`` and
-    ``$DG_PLUGINS_IMPORT``'s; returns the extra modules. A module that cannot be found, or whose
-    own import of a package fails, raises :class:`PluginImportError` saying how to fix it (any
-    other error of a plugin's code is raised as it is: its traceback is the plugin's to read)."""
+    """Import our algorithms and datasets (with ``builtins``), then ``modules`` and
+    ``$DG_PLUGINS_IMPORT``'s, which are returned; one missing raises :class:`PluginImportError` with
+    the fix (other errors of a plugin's code are raised as they are)."""
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401
@@ -67,8 +64,7 @@ def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
 
 
 def algorithms_of(modules: Iterable[str]) -> list[str]:
-    """The registered algorithms whose classes the modules ``modules`` (or modules inside them)
-    define, in registry order."""
+    """The registered algorithms whose classes ``modules`` (or modules in them) define."""
     from dg_plugins.registry import ALGORITHMS
 
     modules = list(modules)
@@ -77,8 +73,7 @@ def algorithms_of(modules: Iterable[str]) -> list[str]:
 
 
 def build_dataset(name: str, data_dir: str, hparams: dict, modules: Iterable[str] = ()):
-    """The registered dataset ``name`` built on ``data_dir`` with ``hparams``, after :func:`load`
-    (so that a plugin's dataset is known)."""
+    """Dataset ``name`` built on ``data_dir`` with ``hparams``, after :func:`load`."""
     from dg_plugins.registry import DATASETS
 
     load(modules)

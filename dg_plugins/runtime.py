@@ -1,7 +1,5 @@
-"""What a run may use: its CPU cores (:func:`job_cores`: a launcher's share, Slurm's
-cpus-per-task, or the process's CPU affinity) and its torch device (train, the CLIP scorer,
-alignment_eval, the benchmarks); and how a command starts (:func:`pause_collector`, and one line
-for an interpreter without the package's requirements). No torch import at module import."""
+"""What a run may use (its CPU cores, its torch device) and how a command starts (the garbage
+collector paused, one line for an interpreter without the requirements). Torch-free at import."""
 
 from __future__ import annotations
 
@@ -10,15 +8,13 @@ import os
 import shlex
 import sys
 
-#: The cores a launcher gives each job it runs (the ``multi_gpu`` launcher: the machine's cores
-#: divided among the jobs it runs at once); a user may set it too, e.g. to leave cores free.
+#: The cores a launcher gives each job it runs (a user may set it too, to leave cores free).
 CORES_ENV = "DG_PLUGINS_CPUS"
 
 
 def job_cores() -> tuple[int, str]:
-    """The CPU cores this process's job may use, and where that number came from:
-    ``$DG_PLUGINS_CPUS`` (a launcher's share), Slurm's ``SLURM_CPUS_PER_TASK`` (submitit), else
-    the cores the process may run on (its CPU affinity, which taskset and cgroups restrict)."""
+    """The CPU cores this job may use and where that came from: ``$DG_PLUGINS_CPUS`` (a
+    launcher's share), Slurm's ``SLURM_CPUS_PER_TASK``, else the process's CPU affinity."""
     for name, source in ((CORES_ENV, f"${CORES_ENV}"),
                          ("SLURM_CPUS_PER_TASK", "Slurm's cpus-per-task")):
         text = os.environ.get(name, "").strip()
@@ -38,8 +34,8 @@ def job_cores() -> tuple[int, str]:
 
 
 def pick_device(name: str | None = None):
-    """``torch.device(name)``, or cuda when available and cpu otherwise. A cuda device asked for on
-    a machine without one raises with the fix, instead of failing at the first tensor move."""
+    """``torch.device(name)``, or cuda when available, else cpu; a cuda asked for without one
+    raises with the fix."""
     import torch
 
     if not name:
@@ -56,27 +52,22 @@ def pick_device(name: str | None = None):
 
 
 def pause_collector() -> None:
-    """Start-up of a command (train, sweep, reproduce, the fork server's preload): Python's cyclic
-    garbage collector off while it imports torch (some 400,000 long-lived objects, with
-    ``torch._dynamo``) and plans, which its collections would otherwise traverse again and again
-    (importing both: 2.1 CPU-s with the collector on, 1.65 off, on a 2-core Xeon), until
-    :func:`resume_collector`. Nothing computed changes."""
+    """Python's cyclic garbage collector off during a command's start-up (importing torch makes some
+    400,000 long-lived objects it would traverse again and again) until :func:`resume_collector`."""
     gc.disable()
 
 
 def resume_collector() -> None:
-    """Where a command's long part begins (a job's first step, a sweep's launch): the collector
-    on again with everything alive frozen (``gc.freeze``: left out of its collections, and of a
-    forked child's). Once; nothing when the collector is on (a command called in-process)."""
+    """The collector on again with everything alive frozen (``gc.freeze``), once; nothing when it
+    is on (a command called in-process)."""
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
 
 
 def requirement_line(name: str, err: BaseException) -> str:
-    """The error for an interpreter that cannot import ``name``, which dg_plugins needs (a script
-    run with another ``PYTHON``): it names the interpreter and the command that installs the
-    package into it."""
+    """The error for an interpreter that cannot import ``name``: it names the interpreter and the
+    command that installs dg_plugins into it."""
     exe = shlex.quote(sys.executable)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     package = shlex.quote(root) if os.path.isfile(os.path.join(root, "setup.cfg")) else \
@@ -87,8 +78,7 @@ def requirement_line(name: str, err: BaseException) -> str:
 
 
 def missing_requirement(err: ModuleNotFoundError) -> int:
-    """A command's modules failed to import ``err.name``: print :func:`requirement_line` and
-    return the exit status 2; re-raise when the module is dg_plugins' own (a bug, shown in full)."""
+    """Print :func:`requirement_line` and return 2; re-raise when ``err`` is dg_plugins' own."""
     name = (err.name or "dg_plugins").split(".")[0]
     if name == "dg_plugins":
         raise err

@@ -1,7 +1,6 @@
-"""Seeds and random state, shared by hparams, splits, sweeps and the train job: DomainBed's seed
-derivation (:func:`seed_hash`), seeding every RNG of a job, saving and restoring their states
-(the resume file), a block with RNGs of its own (:func:`seeded_rng`), and torch's deterministic
-algorithms. torch is imported only by the functions that use it."""
+"""Seeds and random state: DomainBed's seed derivation, seeding every RNG of a job, saving and
+restoring their states (the resume file), a block with RNGs of its own, deterministic algorithms.
+Torch-free at import."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import random
 
 
 def seed_hash(*args) -> int:
-    """An int in [0, 2**31) from the md5 of the repr of the argument tuple, as DomainBed does
-    (``seed_hash`` in ``domainbed/lib/misc.py``)."""
+    """An int in [0, 2**31) from the md5 of the arguments' repr, as DomainBed's ``seed_hash``."""
     return int(hashlib.md5(str(args).encode("utf-8")).hexdigest(), 16) % (2**31)
 
 
@@ -54,8 +52,7 @@ def set_rng_state(state: dict) -> None:
 
 @contextlib.contextmanager
 def seeded_rng(seed: int):
-    """Run the block with torch's CPU, ``random`` and numpy RNGs seeded from ``seed``, then give
-    their states back."""
+    """Run the block with torch's CPU, ``random`` and numpy RNGs seeded, then restore them."""
     import numpy as np
     import torch
 
@@ -74,8 +71,7 @@ def seeded_rng(seed: int):
 
 @contextlib.contextmanager
 def deterministic_algorithms():
-    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)``; restored
-    after."""
+    """Within the block, ``torch.use_deterministic_algorithms(True, warn_only=True)``."""
     import torch
 
     previous = (torch.are_deterministic_algorithms_enabled(),

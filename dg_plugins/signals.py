@@ -1,7 +1,6 @@
-"""Stop signals (SIGTERM: Slurm preemption, ``timeout``, ``kill``; SIGINT: Ctrl-C; SIGHUP: a
-closing terminal), caught in one place: :class:`SignalCatcher`. Train's :class:`StopRequest` turns
-them into a stop at the next step boundary; the sweep's launchers forward them to the running
-jobs and wait a grace period (:mod:`dg_plugins.sweep.processes`). Torch-free."""
+"""Stop signals (SIGTERM, SIGINT, SIGHUP) caught in one place, :class:`SignalCatcher`: train's
+:class:`StopRequest` stops at the next step boundary; the sweep's launchers forward them to their
+jobs (:mod:`dg_plugins.sweep.processes`). Torch-free."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ _last_stop_signal: int | None = None
 
 
 def stop_grace_period(override: float | None = None) -> float:
-    """Seconds to wait for jobs to stop after a stop signal before SIGKILL: ``override`` (the
-    sweep's ``--stop_grace_period``), else ``$DG_STOP_GRACE_PERIOD``, else 60."""
+    """Seconds jobs get to stop before SIGKILL: ``override`` (``--stop_grace_period``), else
+    ``$DG_STOP_GRACE_PERIOD``, else 60."""
     if override is not None:
         if override < 0:
             raise ValueError(f"the stop grace period must be >= 0 seconds, got {override}")
@@ -94,16 +93,13 @@ class SignalCatcher:
         self._previous = {}
 
 
-#: Set in a job's environment by the Slurm task that runs it (:mod:`dg_plugins.sweep.slurm_task`):
-#: Slurm may signal every process of a job and the task passes the signal on too, so a repeated
-#: stop signal is the same stop (the task kills a job that overruns its grace period).
+#: Set in a job's environment by its Slurm task (:mod:`dg_plugins.sweep.slurm_task`).
 SLURM_TASK_ENV = "DG_SLURM_TASK"
 
 
 class StopRequest(SignalCatcher):
-    """A train job's stop: SIGTERM/SIGINT stop it at the next step boundary after a checkpoint; a
-    second signal raises ``KeyboardInterrupt`` at once (not under a Slurm task:
-    :data:`SLURM_TASK_ENV`)."""
+    """A train job's stop at the next step boundary after a checkpoint; a second signal raises
+    ``KeyboardInterrupt`` (not under a Slurm task, which repeats the same stop)."""
 
     def __init__(self):
         super().__init__(self._stop, signals=(signal.SIGTERM, signal.SIGINT), keep_ignored=False)
