@@ -24,11 +24,6 @@ def default_cache_dir() -> str:
     return os.path.join(base, "alignment")
 
 
-def setting_digest(setting: dict) -> str:
-    blob = json.dumps(setting, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 def image_key(path: str, class_name: str, st: os.stat_result | None = None) -> str:
     """The cache key of one image: absolute path (``path`` must be absolute), size, mtime (ns)
     and the prompt's class (``st``: the file's ``os.stat``, when already made)."""
@@ -50,16 +45,14 @@ class ScoreCache:
     def __init__(self, setting: dict, cache_dir: str | None = None):
         self.setting = json.loads(json.dumps(setting, sort_keys=True, default=str))
         self.cache_dir = cache_dir or default_cache_dir()
-        self.path = os.path.join(self.cache_dir, setting_digest(self.setting)[:24] + ".npz")
+        blob = json.dumps(self.setting, sort_keys=True, separators=(",", ":"), default=str)
+        self.path = os.path.join(self.cache_dir, hashlib.sha256(blob.encode()).hexdigest()[:24]
+                                 + ".npz")
         self.entries: dict[str, float] = {}
         self.status = "absent"
         self.problem = ""
         self.dirty = False
         self.load()
-
-    @property
-    def corrupt(self) -> bool:
-        return self.status == "corrupt"
 
     def load(self) -> None:
         self.entries, self.dirty = {}, False

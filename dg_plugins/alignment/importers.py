@@ -26,6 +26,15 @@ def _split_keys(n: int, env_index: int, holdout_fraction: float, trial_seed: int
     return keys[n_out:], keys[:n_out]  # in, out
 
 
+def _imported(dataset, dataset_name, frames, data_dir, source: str) -> ScoreTable:
+    """The table of the imported ``frames`` (image items with ``abs_path``)."""
+    meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
+            "source": source, "data_dir": os.path.abspath(data_dir) if data_dir else None,
+            FINGERPRINT_KEY: {k: v for f in frames for k, v in items_fingerprints(f).items()}}
+    frame = pd.concat(frames, ignore_index=True).drop(columns=["abs_path"])
+    return ScoreTable(frame, meta)
+
+
 def _load_rows(path: str) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
@@ -47,9 +56,8 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
     (docs/methods/alignment.md). ``envs`` default: every environment whose two files exist."""
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"score array folder {folder!r} does not exist")
-    chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
-    frames, fingerprints = [], {}
-    for env_index in chosen:
+    frames = []
+    for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         name = env_folder_name(dataset[env_index]) or str(env_index)
         paths = {s: os.path.join(folder, f"{name}_{s}.npy") for s in ("in", "out")}
         present = {s: os.path.exists(p) for s, p in paths.items()}
@@ -78,8 +86,6 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
         for split, keys in (("in", in_keys), ("out", out_keys)):
             scores[keys] = rows[split][:, 0]
             correct[keys] = rows[split][:, 1] if rows[split].shape[1] > 1 else np.nan
-        fingerprints.update(items_fingerprints(items))
-        items = items.drop(columns=["abs_path"])
         items["score"] = scores
         items["reference_correct"] = correct
         frames.append(items)
@@ -87,12 +93,9 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
         raise FileNotFoundError(f"no <domain>_in.npy / <domain>_out.npy score arrays in {folder} "
                                 "for the domains "
                                 f"{[env_folder_name(dataset[i]) for i in range(len(dataset))]}")
-    meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
-            "source": f"imported score arrays from {os.path.abspath(folder)} (holdout_fraction "
-                      f"{holdout_fraction}, trial_seed {trial_seed})",
-            "data_dir": os.path.abspath(data_dir) if data_dir else None,
-            FINGERPRINT_KEY: fingerprints}
-    return ScoreTable(pd.concat(frames, ignore_index=True), meta)
+    return _imported(dataset, dataset_name, frames, data_dir,
+                     f"imported score arrays from {os.path.abspath(folder)} (holdout_fraction "
+                     f"{holdout_fraction}, trial_seed {trial_seed})")
 
 
 def _find_env_folder(root: str, env_name: str, dataset) -> str | None:
@@ -117,9 +120,8 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
     for folder in (ip_dir, oop_dir):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"split folder {folder!r} does not exist")
-    chosen = range(len(dataset)) if envs is None else [int(e) for e in envs]
-    frames, fingerprints = [], {}
-    for env_index in chosen:
+    frames = []
+    for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         env = dataset[env_index]
         name = env_folder_name(env)
         env_root = getattr(env, "root", None)
@@ -148,16 +150,11 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
                              "another copy of the data (or the class folders differ)")
         subset = np.where([w in files["ip"] for w in within], "ip",
                           np.where([w in files["oop"] for w in within], "oop", "drop"))
-        fingerprints.update(items_fingerprints(items))
-        items = items.drop(columns=["abs_path"])
         items["score"] = np.nan
         items["subset"] = subset
         frames.append(items)
     if not frames:
         raise FileNotFoundError(f"no domain folders of this dataset under {ip_dir} or {oop_dir}")
-    meta = {"dataset": dataset_name or type(dataset).__name__, **AUTHORS_SETTING,
-            "source": f"imported split folders IP={os.path.abspath(ip_dir)} "
-                      f"OOP={os.path.abspath(oop_dir)}",
-            "data_dir": os.path.abspath(data_dir) if data_dir else None,
-            FINGERPRINT_KEY: fingerprints}
-    return ScoreTable(pd.concat(frames, ignore_index=True), meta)
+    return _imported(dataset, dataset_name, frames, data_dir,
+                     f"imported split folders IP={os.path.abspath(ip_dir)} "
+                     f"OOP={os.path.abspath(oop_dir)}")

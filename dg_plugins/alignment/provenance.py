@@ -42,7 +42,7 @@ def items_fingerprints(items) -> dict[str, str]:
                               file_sizes(items["abs_path"].tolist()))
 
 
-def _where(table: ScoreTable) -> str:
+def where(table: ScoreTable) -> str:
     return f"alignment score file {table.path!r}" if table.path else "alignment scores"
 
 
@@ -53,7 +53,7 @@ def check_data(table: ScoreTable, env: int, env_name, file_paths, abs_paths,
     recorded = table.meta.get(FINGERPRINT_KEY)
     expected = recorded.get(str(env)) if isinstance(recorded, dict) else None
     if not isinstance(expected, str):
-        return (f"{_where(table)} records no data fingerprint for environment {env} (written "
+        return (f"{where(table)} records no data fingerprint for environment {env} (written "
                 "by an older dg_plugins or by hand), so it cannot be checked against the data in "
                 f"{os.path.abspath(data_dir) if data_dir else 'use'}; re-score with {RESCORE} to "
                 "make it checkable")
@@ -64,7 +64,7 @@ def check_data(table: ScoreTable, env: int, env_name, file_paths, abs_paths,
     now = os.path.abspath(data_dir) if data_dir else "the dataset's folder"
     dataset = table.meta.get("dataset") or "DATASET"
     raise ValueError(
-        f"{_where(table)} was made for another copy of the data: the images of environment {env} "
+        f"{where(table)} was made for another copy of the data: the images of environment {env} "
         f"({env_name}) have other byte sizes than the ones it scored (scored in {scored_in}; this "
         f"run reads {now}), so its scores belong to other image files. Re-score this copy: "
         f"{RESCORE} --dataset {dataset} --data_dir {data_dir or 'DATA_DIR'} --out NEW_SCORES.csv")
@@ -105,7 +105,7 @@ def check_model(table: ScoreTable, preset: str | None = None, model: str | None 
         fix_tag = f" --pretrained {want_tag}" if want_tag else ""
         declared = (f" (or, with a local checkpoint of those weights, --pretrained FILE "
                     f"--pretrained_tag {want_tag})" if want_tag else "")
-        raise ValueError(f"{_where(table)} does not fit {who}, which needs scores of {want}: "
+        raise ValueError(f"{where(table)} does not fit {who}, which needs scores of {want}: "
                          f"{problem}. Re-score with {RESCORE} --dataset "
                          f"{meta.get('dataset') or 'DATASET'} --data_dir DATA_DIR{fix_model}"
                          f"{fix_tag}{declared}")

@@ -1,9 +1,6 @@
-"""Re-evaluating a trained job's saved models on the IP/OOP subsets, without retraining (the logic
-of ``python -m dg_plugins.scripts.alignment_eval``): its model files, the keys printed per model,
-which records a saved model reproduces and may therefore complete, and per-image predictions. The
-protocol is Teterwak et al.'s (ICLR 2025, arXiv 2412.02856; docs/methods/alignment.md). Train
-rebuilds the job's data and evaluates; the command passes that in (:class:`RebuiltJob`). Torch is
-imported only where a model is read or run."""
+"""``alignment_eval``'s logic: a trained job's saved models re-evaluated on the IP/OOP subsets
+(Teterwak et al., ICLR 2025; docs/methods/alignment.md), keys printed, records completed where a
+saved model reproduces them, per-image predictions; train's rebuild comes in as a RebuiltJob."""
 
 from __future__ import annotations
 
@@ -64,11 +61,9 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
                     model: str | None = None, out: str | None = None,
                     predictions_file: str | None = None, update: bool = False,
                     overwrite: bool = False, tolerance: float = 0.0) -> None:
-    """Score each job's final model (or ``model``) and print its keys; append them as a JSON line
-    to ``out``, write the per-image predictions to ``predictions_file`` (CSV), and with ``update``
-    complete the records (:func:`update_records`). ``rebuild(job_dir, saved) -> RebuiltJob``;
-    ``rule``: the split flags, whose ``alignment_model`` / ``alignment_pretrained``, when given,
-    must be the score file's (:func:`dg_plugins.alignment.provenance.check_model`)."""
+    """Score each job's final model (or ``model``), print its keys, append them to ``out``, write
+    predictions to ``predictions_file``, with ``update`` complete the records; ``rule``: the split
+    flags (``rebuild(job_dir, saved) -> RebuiltJob``)."""
     if rule.get("alignment_model") is not None or rule.get("alignment_pretrained") is not None:
         provenance.check_model(read_scores(rule["alignment_scores"]), None,
                                rule.get("alignment_model"), rule.get("alignment_pretrained"))
@@ -101,8 +96,8 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
 
 
 def job_args(saved_args: dict, data_dir: str | None, rule: dict) -> dict:
-    """The job's args from its model file, with ``data_dir`` replaced when given, the defaults of
-    records older than the task flags, and this command's split ``rule`` (not the job's own)."""
+    """The job's args from its model file: ``data_dir`` when given, defaults of older records,
+    this command's split ``rule``."""
     args = dict(saved_args)
     if data_dir is not None:
         args["data_dir"] = data_dir
@@ -212,20 +207,12 @@ def args_mismatch(record: dict, saved: dict) -> str | None:
 
 def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: dict,
                    overwrite: bool = False, tolerance: float = 0.0) -> list[str]:
-    """Add the subset keys to the records that a saved model can score, and say what was done.
-
-    ``load(model file name) -> (saved dict, evaluated keys)`` (:class:`SavedModels`). A record is
-    updated only if the job is done, a model of its step exists (``model.pkl`` for the final step
-    ``final_step``), its args (:data:`JOB_ARGS`) and hparams are the model's, re-evaluating the
-    model gives its own ``env{i}_{in,out,uda}_acc`` within ``tolerance``, and it has no differing
-    IP/OOP keys (unless ``overwrite``). It then gets the new keys and ``rule`` (the split flags,
-    None dropped) in its args; every other line stays byte for byte. The file is rewritten
-    atomically and a line is appended to the job's out file. (IID selection may pick a step
-    without a saved model: its IP/OOP cells stay empty unless the job saved every checkpoint.)"""
+    """Add the subset keys to the records a saved model can score (``load``: :class:`SavedModels`):
+    job done, a model of the record's step, same args and hparams, its own base accuracies within
+    ``tolerance``, no differing IP/OOP keys unless ``overwrite``; other lines stay byte for byte."""
     from dg_plugins.files import atomic_write_bytes
 
-    job = job_dir
-    results = os.path.join(job, files.results)
+    job, results = job_dir, os.path.join(job_dir, files.results)
     messages = []
     if not os.path.exists(os.path.join(job, files.done)):
         return [f"{job}: not done (no '{files.done}' file; it may still be running): records "

@@ -175,11 +175,8 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
     memo_path = os.path.join(memo_dir, MEMO_NAME) if memo_dir else None
     memo = {}
     if memo_path and os.path.exists(memo_path):
-        try:
-            with open(memo_path) as f:
-                memo = json.load(f)
-        except (OSError, ValueError):
-            memo = {}
+        with contextlib.suppress(OSError, ValueError), open(memo_path) as f:
+            memo = json.load(f)
         memo = memo if isinstance(memo, dict) else {}
         if isinstance(memo.get(memo_key), str):
             return memo[memo_key]
@@ -189,14 +186,12 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
             h.update(block)
     digest = h.hexdigest()
     if memo_path:
-        try:
+        with contextlib.suppress(OSError):
             os.makedirs(memo_dir, exist_ok=True)
             prefix = path + "\t"  # older entries of this path are stale: drop them
             memo = {k: v for k, v in memo.items() if not k.startswith(prefix)}
             memo[memo_key] = digest
             atomic_write_text(memo_path, json.dumps(memo))
-        except OSError:
-            pass
     return digest
 
 
@@ -226,10 +221,6 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
     return model, preprocess, tokenizer
 
 
-def format_prompt(prompt: str, class_name: str) -> str:
-    return prompt.replace("{}", class_name)
-
-
 def check_prompt(prompt: str) -> None:
     if prompt.count("{}") != 1:
         raise ValueError(f"--prompt {prompt!r} must contain exactly one '{{}}' (the class name "
@@ -252,8 +243,9 @@ class AlignmentScorer:
         self.model = model
         self.device = torch.device(device) if device is not None else next(
             model.parameters()).device
-        self.prompts = [format_prompt(prompt, name) for name in class_names]
-        self.image_size = _image_size(model)
+        self.prompts = [prompt.replace("{}", name) for name in class_names]
+        size = getattr(getattr(model, "visual", None), "image_size", None)
+        self.image_size = (size, size) if isinstance(size, int) else size and tuple(size)
         with torch.inference_mode():
             tokens = tokenizer(self.prompts).to(self.device)
             text = model.encode_text(tokens)
@@ -273,21 +265,6 @@ class AlignmentScorer:
             features = torch.nn.functional.normalize(self.model.encode_image(images).float(),
                                                      dim=-1)
             return (features * self.text_features[class_index]).sum(dim=-1)
-
-    def score_batches(self, batches) -> np.ndarray:
-        """Scores of an iterable of ``(images, class_index)`` batches, concatenated (one device
-        to host copy at the end)."""
-        import torch
-
-        out = [self.score_batch(x, y) for x, y in batches]
-        return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.float32)
-
-
-def _image_size(model):
-    size = getattr(getattr(model, "visual", None), "image_size", None)
-    if size is None:
-        return None
-    return (size, size) if isinstance(size, int) else tuple(size)
 
 
 class _ImageFiles:
@@ -321,14 +298,12 @@ def dataset_eval_transform(dataset, envs):
 def transform_descriptor(kind, transform) -> str:
     if kind == "clip":
         return "open_clip preprocess_val of the model and pretrained weights"
-    text = " ".join(repr(transform).split())
-    return ("dataset-eval: " if kind == "dataset" else "custom: ") + text
+    return ("dataset-eval: " if kind == "dataset" else "custom: ") + " ".join(
+        repr(transform).split())
 
 
 @dataclass
 class ScoreRun:
-    """What :func:`score_dataset` did."""
-
     table: ScoreTable
     n_images: int = 0
     n_cached: int = 0
@@ -420,9 +395,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         setting.update(pretrained=str(pretrained))
 
     n = len(items)
-    scores = np.full(n, np.nan)
-    cache = None
-    keys = None
+    scores, cache, keys = np.full(n, np.nan), None, None
     if use_cache and loaded is None:  # an injected model is not described by the setting
         cache = ScoreCache(setting, cache_dir)
         keys = [image_key(p, c, st) for p, c, st in zip(items["abs_path"].tolist(),
@@ -465,9 +438,8 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         scores[todo] = computed
         if cache is not None:
             cache.update([keys[i] for i in todo], computed)
-            cache.save()
-    elif cache is not None and cache.dirty:
-        cache.save()
+    if cache is not None:
+        cache.save()  # also a corrupt file's replacement when every score was computed before
 
     frame = items.drop(columns=["abs_path"]).copy()
     frame["score"] = scores.astype(np.float32).astype(np.float64)

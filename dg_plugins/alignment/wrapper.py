@@ -19,11 +19,8 @@ _SHOW = 5  # examples shown in mismatch messages
 def env_samples(env) -> list | None:
     """The ``(path, label)`` list of an environment, or None for one without image files."""
     samples = getattr(env, "samples", None)
-    if samples is None:
-        samples = getattr(env, "imgs", None)
-    if samples is None:
-        return None
-    return list(samples)
+    samples = getattr(env, "imgs", None) if samples is None else samples
+    return None if samples is None else list(samples)
 
 
 def env_folder_name(env) -> str | None:
@@ -55,8 +52,7 @@ def no_paths_error(dataset, env_index: int) -> ValueError:
 def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None) -> np.ndarray:
     """Row positions (into ``table.frame``) of the items of environment ``env_index``, in item
     order. Raises ValueError when the file and the environment disagree."""
-    frame = table.frame
-    where = f"alignment score file {table.path!r}" if table.path else "alignment scores"
+    frame, where = table.frame, provenance.where(table)
     if not 0 <= env_index < len(dataset):
         raise ValueError(f"environment {env_index} is out of range: the dataset has "
                          f"{len(dataset)} environments")
