@@ -128,10 +128,7 @@ def base_space(dataset: str) -> Space:
     else:
         space["lr"] = (5e-5, _log_uniform(-5, -3.5), positive)
         space["weight_decay"] = (0.0, _log_uniform(-6, -2), non_negative)
-        if dataset == "DomainNet":
-            space["batch_size"] = (32, _int_pow2(3, 5), positive)
-        else:
-            space["batch_size"] = (32, _int_pow2(3, 5.5), positive)
+        space["batch_size"] = (32, _int_pow2(3, 5 if dataset == "DomainNet" else 5.5), positive)
     space.update(catalog.dataset_hparam_space(dataset))  # e.g. DigitsOffline's colour jitter
     return space
 
@@ -174,19 +171,15 @@ def forget_registry(algorithm: str) -> None:
     _REGISTRIES.pop(algorithm, None)
 
 
-def _registry_space(algorithm: str, dataset: str) -> Space:
-    """A :func:`declare_registry` algorithm's defaults (its draws: :func:`draw`), then the
-    dataset's hparams."""
-    merged: Space = {name: (_python(default), _constant(_python(default)))
-                     for name, (default, _) in _REGISTRIES[algorithm](dataset, 0).items()}
-    for name, entry in catalog.dataset_hparam_space(dataset).items():
-        merged.setdefault(name, entry)
-    return merged
-
-
 def space(algorithm: str, dataset: str) -> Space:
+    """``algorithm``'s space on ``dataset``; a :func:`declare_registry` algorithm's holds its
+    defaults (its draws: :func:`draw`), then the dataset's hparams."""
     if algorithm in _REGISTRIES:
-        return _registry_space(algorithm, dataset)
+        merged: Space = {name: (_python(default), _constant(_python(default)))
+                         for name, (default, _) in _REGISTRIES[algorithm](dataset, 0).items()}
+        for name, entry in catalog.dataset_hparam_space(dataset).items():
+            merged.setdefault(name, entry)
+        return merged
     merged = base_space(dataset)
     if algorithm in _ALGORITHM_SPACES:
         merged.update(_ALGORITHM_SPACES[algorithm](dataset))

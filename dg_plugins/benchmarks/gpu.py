@@ -423,20 +423,14 @@ def main(argv=None) -> int:
             return 2
     args.algorithms = wanted
 
-    def default(name, on_gpu, on_cpu):
+    asked = args.precisions is not None
+    for name, on_gpu, on_cpu in (("precisions", list(PRECISIONS), cpu_precisions()),
+                                 ("batch_size", 32, 2), ("steps", 10, 1), ("warmup", 3, 1),
+                                 ("workers", [4, 8, 16], [1, 2]), ("loader_rounds", 40, 3),
+                                 ("per_class", 10, 1), ("eval_repeats", 3, 1)):
         if getattr(args, name) is None:
             setattr(args, name, on_gpu if gpu else on_cpu)
-
-    asked = args.precisions is not None
-    default("precisions", list(PRECISIONS), cpu_precisions())
     args.bf16_left_out = not asked and "bf16" not in args.precisions
-    default("batch_size", 32, 2)
-    default("steps", 10, 1)
-    default("warmup", 3, 1)
-    default("workers", [4, 8, 16], [1, 2])
-    default("loader_rounds", 40, 3)
-    default("per_class", 10, 1)
-    default("eval_repeats", 3, 1)
     torch.manual_seed(0)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

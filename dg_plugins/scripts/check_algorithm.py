@@ -2,20 +2,11 @@
 tests (:mod:`dg_plugins.contract`, the ones dg_plugins' own methods pass) on the algorithms your
 plugin module registers, before a sweep spends GPU hours on them.
 
-    PYTHONPATH=/path/to/folder python -m dg_plugins.scripts.check_algorithm my_module
     python -m dg_plugins.scripts.check_algorithm my_module --algorithm FeatAlign -- -x -k update
 
-MODULE is imported as train imports a plugin (and added to ``$DG_PLUGINS_IMPORT``); the
-algorithms whose classes it defines are checked, or with ``--algorithm`` the ones named (any
-registered algorithm). Each is built on Debug28 and Debug224 with its ``TINY_TEST_HPARAMS``, on
-CPU and on CUDA when a GPU is visible: optimizers, gradients, update keys and values, predict's
-logits (shape ``[batch, num_classes]``, finite, deterministic), 1 and 3 source domains, the lr
-schedule, and a resumed train job's records. Words after ``--`` go to pytest. The same tests
-without this command: ``DG_PLUGINS_IMPORT=my_module python -m pytest --pyargs
-dg_plugins.contract``. Needs pytest (``pip install pytest``).
-
-Exit status: pytest's (0 every check passed, 1 some check failed); 2 bad input (a module that
-does not import or registers no algorithm, an unknown ``--algorithm``, no pytest)."""
+MODULE is imported as a plugin; the algorithms it defines (or ``--algorithm``'s) are checked;
+words after ``--`` go to pytest (needed: ``pip install pytest``). Exit status: pytest's; 2 bad
+input (a module that does not import or registers no algorithm, an unknown name, no pytest)."""
 
 from __future__ import annotations
 
