@@ -32,10 +32,8 @@ def image_key(path: str, class_name: str, st: os.stat_result | None = None) -> s
 
 
 def _payload_digest(keys_blob: bytes, scores: np.ndarray) -> str:
-    h = hashlib.sha256()
-    h.update(keys_blob)
-    h.update(np.ascontiguousarray(scores, dtype="<f4").tobytes())
-    return h.hexdigest()
+    return hashlib.sha256(keys_blob + np.ascontiguousarray(scores, dtype="<f4").tobytes()
+                          ).hexdigest()
 
 
 class ScoreCache:
@@ -48,10 +46,7 @@ class ScoreCache:
         blob = json.dumps(self.setting, sort_keys=True, separators=(",", ":"), default=str)
         self.path = os.path.join(self.cache_dir, hashlib.sha256(blob.encode()).hexdigest()[:24]
                                  + ".npz")
-        self.entries: dict[str, float] = {}
-        self.status = "absent"
         self.problem = ""
-        self.dirty = False
         self.load()
 
     def load(self) -> None:
@@ -75,13 +70,11 @@ class ScoreCache:
             keys = keys_blob.decode().split("\n") if keys_blob else []
             if len(keys) != len(scores):
                 raise ValueError(f"{len(keys)} keys for {len(scores)} scores")
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile,
-                UnicodeDecodeError, json.JSONDecodeError) as err:
-            self.status, self.problem = "corrupt", str(err) or type(err).__name__
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:  # decoding too
+            self.status, self.problem, self.dirty = "corrupt", str(err) or type(err).__name__, True
             print(f"warning: alignment score cache {self.path} is corrupt ({self.problem}); "
                   "ignoring it and recomputing its scores (it will be overwritten)",
                   file=sys.stderr)
-            self.dirty = True
             return
         self.entries = dict(zip(keys, scores.tolist()))
         self.status = "loaded"

@@ -40,21 +40,15 @@ class SplitRule:
             raise ValueError(f"{int(np.isnan(scores).sum())} alignment scores are NaN; rescore "
                              "those images (a NaN cosine means a zero embedding)")
         out = np.where(scores >= self.threshold, "ip", "oop").astype(object)
-        dropped = np.zeros(scores.shape, dtype=bool)
-        if self.drop_below is not None:
-            dropped |= scores < self.drop_below
-        if self.drop_above is not None:
-            dropped |= scores > self.drop_above
-        out[dropped] = "drop"
+        low, high = (-np.inf if self.drop_below is None else self.drop_below,
+                     np.inf if self.drop_above is None else self.drop_above)
+        out[(scores < low) | (scores > high)] = "drop"
         return out
 
     def describe(self) -> str:
         text = f"IP if score >= {self.threshold:g}, else OOP"
-        cuts = []
-        if self.drop_below is not None:
-            cuts.append(f"score < {self.drop_below:g}")
-        if self.drop_above is not None:
-            cuts.append(f"score > {self.drop_above:g}")
+        cuts = [f"score {op} {cut:g}" for op, cut in (("<", self.drop_below),
+                                                     (">", self.drop_above)) if cut is not None]
         return text + ("; dropped: " + " or ".join(cuts) if cuts else "; nothing dropped")
 
 

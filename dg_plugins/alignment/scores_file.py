@@ -5,6 +5,7 @@ docs/methods/alignment.md)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -63,26 +64,20 @@ def read_scores(path: str) -> ScoreTable:
         raise FileNotFoundError(f"alignment score file {path!r} does not exist; write one with "
                                 "python -m dg_plugins.scripts.alignment_scores")
     _check_text(path)
-    meta, header_lines = {}, 0
     try:
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.startswith("#"):
-                    break
-                header_lines += 1
-                text = line[1:].strip()
-                if text == MAGIC or not text:
-                    continue
-                key, sep, raw = text.partition(":")
-                if not sep:
-                    continue
-                try:
-                    meta[key.strip()] = json.loads(raw.strip())
-                except json.JSONDecodeError:
-                    meta[key.strip()] = raw.strip()
+            header = list(itertools.takewhile(lambda line: line.startswith("#"), f))
     except UnicodeDecodeError as err:
         raise ValueError(f"alignment score file {path!r} is not UTF-8 text ({err}); "
                          f"{WHAT_IT_IS}") from None
+    meta, header_lines = {}, len(header)
+    for line in header:  # "# key: JSON value" (the magic line has no colon)
+        key, sep, raw = line[1:].strip().partition(":")
+        if sep:
+            try:
+                meta[key.strip()] = json.loads(raw.strip())
+            except json.JSONDecodeError:
+                meta[key.strip()] = raw.strip()
     try:
         frame = pd.read_csv(path, skiprows=header_lines, keep_default_na=False,
                             dtype={"path": str, "env_name": str, "class": str, "subset": str})

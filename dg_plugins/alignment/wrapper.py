@@ -10,7 +10,8 @@ import sys
 import numpy as np
 
 from dg_plugins.alignment import provenance
-from dg_plugins.alignment.rule import SUBSETS, SplitRule, lopsided_warnings, resolve_rule
+from dg_plugins.alignment.rule import (SUBSETS, SplitRule, lopsided_warnings, resolve_rule,
+                                       subset_counts)
 from dg_plugins.alignment.scores_file import ScoreTable, read_scores
 
 _SHOW = 5  # examples shown in mismatch messages
@@ -83,14 +84,11 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     for item, (path, _) in enumerate(samples):
         absolute, relative = mapper(path)
         k = lookup.get(relative) if data_dir is not None else None
-        if k is None:
+        if k is None:  # the longest tail of the path that the file names
             parts = absolute.replace(os.sep, "/").split("/")
-            for depth in depths:
-                k = lookup.get("/".join(parts[-depth:]))
-                if k is not None:
-                    break
-        if k is not None:
-            matched[item] = k
+            k = next((lookup[tail] for tail in ("/".join(parts[-depth:]) for depth in depths)
+                      if tail in lookup), None)
+        matched[item] = -1 if k is None else k
     missing = np.flatnonzero(matched < 0)
     if len(missing):
         examples = [relative_path(samples[i][0], data_dir) for i in missing[:_SHOW]]
@@ -111,17 +109,13 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     rows = positions[matched]
     labels = np.asarray([label for _, label in samples], dtype=np.int64)
     classes = env_class_names(env)
-    if "class" in frame.columns and classes is not None:
-        theirs = frame["class"].to_numpy()[rows]
-        ours = np.asarray([classes[label] for label in labels], dtype=object)
-        differ = np.flatnonzero(theirs != ours)
-        what = [f"{paths[matched[i]]}: {theirs[i]!r} in the file, {ours[i]!r} in the dataset"
-                for i in differ[:_SHOW]]
-    else:
-        theirs = frame["label"].to_numpy()[rows]
-        differ = np.flatnonzero(theirs != labels)
-        what = [f"{paths[matched[i]]}: {theirs[i]} in the file, {labels[i]} in the dataset"
-                for i in differ[:_SHOW]]
+    by_class = "class" in frame.columns and classes is not None
+    theirs = frame["class" if by_class else "label"].to_numpy()[rows]
+    ours = np.asarray([classes[label] for label in labels], dtype=object) if by_class else labels
+    differ = np.flatnonzero(theirs != ours)
+    shown = repr if by_class else str
+    what = [f"{paths[matched[i]]}: {shown(theirs[i])} in the file, {shown(ours[i])} in the "
+            "dataset" for i in differ[:_SHOW]]
     if len(differ):
         raise ValueError(f"{where}: {len(differ)} images of environment {env_index} ({name}) have "
                          f"another class than in the dataset ({'; '.join(what)}); rescore this "
@@ -170,17 +164,13 @@ class AlignmentSplit:
         return {env: {name: self.indices(env, name) for name in names} for env in self.envs}
 
     def counts(self, env: int) -> dict[str, int]:
-        return {name: int((self.assignment[env] == name).sum()) for name in SUBSETS}
-
-    def rule_text(self) -> str:
-        if self.rule is None:
-            source = self.table.meta.get("source", "the file's subset column")
-            return f"fixed subsets from {source}"
-        return self.rule.describe()
+        return subset_counts(self.assignment[env])
 
     def report(self) -> str:
         """A table of count and fraction of IP / OOP / dropped images per environment."""
-        lines = [f"IP/OOP split ({self.rule_text()}):",
+        source = self.table.meta.get("source", "the file's subset column")
+        rule = f"fixed subsets from {source}" if self.rule is None else self.rule.describe()
+        lines = [f"IP/OOP split ({rule}):",
                  f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} "
                  f"{'dropped':>15}"]
         for env in self.envs:
@@ -276,7 +266,4 @@ def image_items(dataset, envs, data_dir: str | None):
         columns["path"] += [r for _, r in mapped]
         columns["label"] += labels
         columns["class"] += [classes[label] for label in labels]
-    frame = pd.DataFrame(columns)
-    frame["env"] = frame["env"].astype("int64")
-    frame["label"] = frame["label"].astype("int64")
-    return frame
+    return pd.DataFrame(columns).astype({"env": "int64", "label": "int64"})
