@@ -297,26 +297,52 @@ def borrow(parser, name: str, **options) -> None:
 
 def train_argv(**values) -> list[str]:
     """train's command-line words for ``values`` (row name: value), in the order given: a list
-    gives its items, a dict its JSON, a bool ``true``/``false`` (a switch: itself or nothing),
+    gives its items, a dict its JSON, a bool ``True``/``False`` (a switch: itself or nothing),
     None nothing. A name that is not a row is refused (:func:`option`)."""
     import json
 
     words = []
     for name, given in values.items():
         spelled = option(name)
-        row = ROWS[name]
-        if given is None or (row.store_true and given is False):
+        if given is None or (ROWS[name].store_true and given is False):
             continue
         words.append(spelled)
-        if row.store_true:
-            continue
-        if isinstance(given, bool):
-            words.append("true" if given else "false")
-        elif isinstance(given, (list, tuple)):
+        if isinstance(given, (list, tuple)):
             words += [str(item) for item in given]
-        else:
+        elif not ROWS[name].store_true:
             words.append(json.dumps(given) if isinstance(given, dict) else str(given))
     return words
+
+
+def train_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
+    """``<python> -m <module> --name value ...``, names sorted (DomainBed's ``sweep.Job``), each
+    word quoted for a shell; ``python``: default this interpreter (DomainBed's is the bare
+    ``python`` from PATH, a wrong one when the venv is not activated)."""
+    import shlex
+    import sys
+
+    return shlex.join([python or sys.executable, "-m", module,
+                       *train_argv(**dict(sorted(args.items())))])
+
+
+def parse_command(command) -> tuple[list[str], dict[str, list[str]]]:
+    """A command (a string or its words) read back: its words, and its ``--name value...``
+    (``--name=value``) words by name; ``([], {})`` for a string that cannot be split."""
+    import shlex
+
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError:
+            return [], {}
+    flags, current = {}, None
+    for word in command:
+        if word.startswith("--"):
+            current, equals, given = word[2:].partition("=")
+            flags[current] = [given] if equals else []
+        elif current is not None:
+            flags[current].append(word)
+    return list(command), flags
 
 
 def value(args, name: str):

@@ -17,7 +17,7 @@ from dg_plugins.hparams import parse_overrides
 from dg_plugins.job import borrow
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, plan_setting
-from dg_plugins.reproduce.costs import plan_costs, sweep_jobs
+from dg_plugins.reproduce.costs import plan_costs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
 from dg_plugins.sweep import actions, checks, estimate
@@ -212,7 +212,7 @@ def launch_queue(plan: Plan) -> int:
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
         print(f"$ {module_line('sweep', call.argv)}", flush=True)
-        args, jobs = sweep_jobs(call.argv, dry_run=False)
+        args, jobs = sweep_cli.sweep_jobs(call.argv)
         launch_args = launch_args or args  # the calls share their launch flags (plan's tail)
         print(sweep_lib.summary_line(jobs), flush=True)
         for job in jobs:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from dg_plugins import catalog
 from dg_plugins.job import flags as job_flags
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.sizes import training_in_sizes
 from dg_plugins.sweep import cli as sweep_cli
-from dg_plugins.sweep.image_counts import UsageError
+from dg_plugins.job.sizes import in_split_size
+from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
+from dg_plugins.sweep.jobs import test_env_lists
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
 #: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own
@@ -51,12 +52,22 @@ def _flag_values(value) -> list[str]:
 def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
     """Every test-environment set of ``protocol`` on ``dataset``, in the sweep's order."""
     spec = protocol.test_envs.value
-    n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
-    if spec == "single_test_envs":
-        return [[i] for i in range(n_envs)]
-    if spec == "single_source":
-        return [[e for e in range(n_envs) if e != i] for i in range(n_envs)]
-    return [list(s) for s in spec]
+    if not isinstance(spec, str):
+        return [list(s) for s in spec]
+    return test_env_lists(len(catalog.DATASET_ENVIRONMENTS[dataset]),
+                          spec == "single_test_envs", spec == "single_source")
+
+
+def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
+                      data_dir: str | None) -> tuple[list[int], str]:
+    """The training in-split size of each source environment (the official train lists under
+    ``data_split: "official"``, else DomainBed's random holdout), and where it comes from."""
+    if hparams.get("data_split") == "official":
+        lists, origin = official_list_sizes(dataset, data_dir)
+        return [lists["train"][e] for e in sources], origin
+    sizes = dataset_sizes(dataset, data_dir)
+    return ([in_split_size(sizes.counts[e], holdout) for e in sources],
+            f"{sizes.source}; in-split = images - int(images x {holdout:g})")
 
 
 def parse_test_env_sets(texts: list[str]) -> list[list[int]]:

@@ -38,14 +38,7 @@ def dry_run(plan: Plan, data_dir: str) -> int:
           f"{setting.name} --protocol {protocol.name} --describe lists them)")
     for argv in plan.prepare:
         print(f"-- score: {module_line('alignment_scores', argv)}")
-    costs, pretrainings = [], set()
-    for i, call in enumerate(plan.calls, 1):
-        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}")
-        print(f"$ {module_line('sweep', call.argv)}")
-        cost = call_cost(call.argv, pretrainings)
-        print_call(cost)
-        costs.append(cost)
-    print(total_line(costs))
+    costs = list_calls([(call.argv, f": {call.label}") for call in plan.calls])
     for argv in plan.collects:
         print(f"-- tables: {module_line('collect_results', argv)}")
     print("Dry run: nothing launched or written.", flush=True)
@@ -53,6 +46,21 @@ def dry_run(plan: Plan, data_dir: str) -> int:
     if problems:
         report_prerequisites(plan, problems, dry=True)
     return 0
+
+
+def list_calls(calls: list[tuple[list[str], str]], check=None) -> list[CallCost]:
+    """Print each sweep call (argv, label) with its jobs and cost (after ``check(i, argv)``),
+    then the totals."""
+    costs, pretrainings = [], set()
+    for i, (argv, label) in enumerate(calls, 1):
+        if check is not None:
+            check(i, argv)
+        print(f"-- sweep {i}/{len(calls)}{label}")
+        print(f"$ {module_line('sweep', argv)}")
+        costs.append(call_cost(argv, pretrainings))
+        print_call(costs[-1])
+    print(total_line(costs))
+    return costs
 
 
 def print_call(cost: CallCost) -> None:
@@ -80,11 +88,7 @@ def print_call(cost: CallCost) -> None:
 
 def total_line(costs: list[CallCost]) -> str:
     """The totals of a listing's calls: jobs, steps, image forwards, GPU-hours."""
-    jobs = sum(len(c.jobs) for c in costs)
-    steps = sum(sum(c.steps) for c in costs)
-    pretrainings = {}
-    for c in costs:
-        pretrainings.update(c.pretrain_steps)
+    jobs, steps, pretrainings = totals(costs)
     line = f"Total: {jobs} jobs, {steps} training steps"
     if pretrainings:
         line += f" + {sum(pretrainings.values())} pretraining steps"
@@ -100,6 +104,26 @@ def total_line(costs: list[CallCost]) -> str:
         f"{shares}; {runs_with([j for c in costs for j in c.jobs])}", FORWARDS_DEFINITION,
         f"Total GPU-hours (estimate): {gpu_line(gpu)}", *missing_lines(gpu),
         gpu_hours_definition()])
+
+
+def totals(costs: list[CallCost]) -> tuple[int, int, dict]:
+    """The jobs, training steps and UDG pretrainings (identity -> steps) of a listing's calls."""
+    pretrainings = {}
+    for c in costs:
+        pretrainings.update(c.pretrain_steps)
+    return sum(len(c.jobs) for c in costs), sum(sum(c.steps) for c in costs), pretrainings
+
+
+def settings_costs(data_dir: str | None, forwards: bool):
+    """``(setting, protocol, costs of its calls)`` of every setting and protocol, planned with
+    placeholder folders (image counts under ``data_dir`` when given)."""
+    for setting in ps.SETTINGS.values():
+        for protocol in setting.protocols.values():
+            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
+                                output_dir="OUTPUT_DIR", count_dir=data_dir)
+            pretrainings: set = set()
+            yield setting, protocol, [call_cost(call.argv, pretrainings, forwards=forwards)
+                                      for call in plan.calls]
 
 
 def runs_with(jobs) -> str:
@@ -121,21 +145,13 @@ def list_settings(data_dir: str | None, forwards: bool = False) -> int:
         return list_forwards(data_dir)
     print("| setting | script | paper table | protocol | jobs | total steps | paper rows |")
     print("|---|---|---|---|---|---|---|")
-    for setting in ps.SETTINGS.values():
-        for protocol in setting.protocols.values():
-            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
-                                output_dir="OUTPUT_DIR", count_dir=data_dir)
-            costs = [call_cost(call.argv, forwards=False) for call in plan.calls]
-            jobs = sum(len(c.jobs) for c in costs)
-            steps = sum(sum(c.steps) for c in costs)
-            pretrain = {}
-            for c in costs:
-                pretrain.update(c.pretrain_steps)
-            steps_text = f"{steps:,}" + (f" + {sum(pretrain.values()):,} pretraining"
-                                         if pretrain else "")
-            keys = ", ".join(dict.fromkeys(k for g in protocol.groups for k in g.paper_keys))
-            print(f"| {setting.name} | {setting.script} | {setting.table} | {protocol.name} | "
-                  f"{jobs} | {steps_text} | {keys} |")
+    for setting, protocol, costs in settings_costs(data_dir, forwards=False):
+        jobs, steps, pretrain = totals(costs)
+        steps_text = f"{steps:,}" + (f" + {sum(pretrain.values()):,} pretraining"
+                                     if pretrain else "")
+        keys = ", ".join(dict.fromkeys(k for g in protocol.groups for k in g.paper_keys))
+        print(f"| {setting.name} | {setting.script} | {setting.table} | {protocol.name} | "
+              f"{jobs} | {steps_text} | {keys} |")
     return 0
 
 
@@ -156,34 +172,29 @@ def list_forwards(data_dir: str | None) -> int:
           f"(all) | GPU-hours ({device}), selection | GPU-hours ({device}), all |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     unknown, left_out = {}, {}
-    for setting in ps.SETTINGS.values():
-        for protocol in setting.protocols.values():
-            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
-                                output_dir="OUTPUT_DIR", count_dir=data_dir)
-            pretrainings: set = set()
-            costs = [call_cost(call.argv, pretrainings) for call in plan.calls]
-            items = [f for c in costs for f in c.forwards]
-            for f in items:
-                if f.unknown:
-                    unknown.setdefault(f.unknown, set()).add(f"{setting.name} ({protocol.name})")
-            train, evaluation = sum_forwards(items)
-            known = [f for f in items if not f.unknown]
-            _, counted = sum_forwards(known)
-            eval_text = [_millions(evaluation[v]) if evaluation[v] is not None else
-                         f"{_millions(counted[v])} + unknown" if known else "unknown"
-                         for v in EVAL_SPLITS]
-            share = " / ".join(evaluation_share(evaluation[v], train) for v in EVAL_SPLITS)
-            totals = (f"{_millions(train + evaluation['selection'])} "
-                      f"({_millions(train + evaluation['all'])})"
-                      if train is not None and evaluation["all"] is not None else "unknown")
-            train_text = _millions(train)
-            gpu = sum_gpu(items)
-            for name, (tag, why) in gpu.missing.items():
-                left_out.setdefault((name, f"{tag}: {why}"), set()).add(
-                    f"{setting.name} ({protocol.name})")
-            print(f"| {setting.name} | {setting.script} | {protocol.name} | {len(items)} | "
-                  f"{train_text} | {eval_text[0]} | {eval_text[1]} | {share} | {totals} | "
-                  f"{gpu_hours_text(gpu, 'selection')} | {gpu_hours_text(gpu, 'all')} |")
+    for setting, protocol, costs in settings_costs(data_dir, forwards=True):
+        where = f"{setting.name} ({protocol.name})"
+        items = [f for c in costs for f in c.forwards]
+        for f in items:
+            if f.unknown:
+                unknown.setdefault(f.unknown, set()).add(where)
+        train, evaluation = sum_forwards(items)
+        known = [f for f in items if not f.unknown]
+        _, counted = sum_forwards(known)
+        eval_text = [_millions(evaluation[v]) if evaluation[v] is not None else
+                     f"{_millions(counted[v])} + unknown" if known else "unknown"
+                     for v in EVAL_SPLITS]
+        share = " / ".join(evaluation_share(evaluation[v], train) for v in EVAL_SPLITS)
+        totals_text = (f"{_millions(train + evaluation['selection'])} "
+                       f"({_millions(train + evaluation['all'])})"
+                       if train is not None and evaluation["all"] is not None else "unknown")
+        gpu = sum_gpu(items)
+        for name, (tag, why) in gpu.missing.items():
+            left_out.setdefault((name, f"{tag}: {why}"), set()).add(where)
+        print(f"| {setting.name} | {setting.script} | {protocol.name} | {len(items)} | "
+              f"{_millions(train)} | {eval_text[0]} | {eval_text[1]} | {share} | "
+              f"{totals_text} | {gpu_hours_text(gpu, 'selection')} | "
+              f"{gpu_hours_text(gpu, 'all')} |")
     for why, where in unknown.items():
         print(f"unknown evaluation forwards in {', '.join(sorted(where))}: {why}")
     print(gpu_hours_definition())
@@ -197,16 +208,12 @@ def dry_run_sweeps(tokens: list[str]) -> int:
     calls = split_calls(tokens)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
-    costs, pretrainings = [], set()
-    for i, argv in enumerate(calls, 1):
+
+    def check(i: int, argv: list[str]) -> None:
         if argv[0] != "launch":
             raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
                              f"{argv[0]!r}")
-        print(f"-- sweep {i}/{len(calls)}")
-        print(f"$ {module_line('sweep', argv)}")
-        cost = call_cost(argv, pretrainings)
-        print_call(cost)
-        costs.append(cost)
-    print(total_line(costs))
+
+    list_calls([(argv, "") for argv in calls], check)
     print("Dry run: nothing launched or written.")
     return 0

@@ -47,12 +47,9 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     order = list(jobs)
     random.Random(seed).shuffle(order)
     wanted = {NOT_LAUNCHED, INCOMPLETE} if resume_incomplete else {NOT_LAUNCHED}
-    by_sweep: dict[str, list[SweepJob]] = {}
-    for job in order:
-        by_sweep.setdefault(os.path.dirname(os.path.abspath(job.output_dir)), []).append(job)
     with contextlib.ExitStack() as stack:
         kept, others = [], []
-        for sweep_dir, group in by_sweep.items():
+        for sweep_dir, group in _by_sweep(order).items():
             claim = stack.enter_context(claims.LauncherClaim(
                 sweep_dir, sweep_command(command_for(command_line, sweep_dir), "launch")))
             mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
@@ -83,6 +80,13 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     return commands
 
 
+def _by_sweep(jobs: Sequence[SweepJob]) -> dict[str, list[SweepJob]]:
+    by_sweep: dict[str, list[SweepJob]] = {}
+    for job in jobs:
+        by_sweep.setdefault(sweep_dir_of(job.output_dir), []).append(job)
+    return by_sweep
+
+
 def _create_folder(job: SweepJob) -> None:
     try:
         os.makedirs(job.output_dir, exist_ok=True)
@@ -109,10 +113,7 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     """Remove each job's folder under the sweep lock, leaving Running and Queued jobs alone."""
     print("Deleting...")
     deleted = 0
-    by_sweep: dict[str, list[SweepJob]] = {}
-    for job in jobs:
-        by_sweep.setdefault(os.path.dirname(os.path.abspath(job.output_dir)), []).append(job)
-    for sweep_dir, group in by_sweep.items():
+    for sweep_dir, group in _by_sweep(jobs).items():
         if not os.path.isdir(sweep_dir):
             continue
         with claims.sweep_lock(sweep_dir, exclusive=True):
@@ -120,16 +121,11 @@ def delete(jobs: Sequence[SweepJob]) -> None:
                                        sweep_dir)
             for job in group:
                 state = job.refresh_state(held)
-                if state == RUNNING:
-                    print(f"not deleted, still running (pid {job.holder}): {job.output_dir}")
-                    continue
-                if state == QUEUED:
-                    print(f"not deleted, queued by a live {job.launcher.describe()}: "
-                          f"{job.output_dir}")
-                    continue
-                if state == IN_SLURM:
-                    print(f"not deleted, held by Slurm ({job.slurm.describe()}): "
-                          f"{job.output_dir}")
+                why = {RUNNING: lambda: f"still running (pid {job.holder})",
+                       QUEUED: lambda: f"queued by a live {job.launcher.describe()}",
+                       IN_SLURM: lambda: f"held by Slurm ({job.slurm.describe()})"}.get(state)
+                if why is not None:
+                    print(f"not deleted, {why()}: {job.output_dir}")
                     continue
                 if os.path.isdir(job.output_dir):
                     shutil.rmtree(job.output_dir)
@@ -156,13 +152,6 @@ def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
     return answer.strip().lower()[:1] == "y"
 
 
-
-
-def _is_flag_abbreviation(word: str, flag: str) -> bool:
-    """``word`` is ``flag`` or an abbreviation argparse accepts for it (e.g. ``--res``)."""
-    return word.startswith("--") and len(word) > 3 and flag.startswith(word)
-
-
 def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
                   resume: bool = False, drop: Sequence[str] = ()) -> str:
     """``command_line`` with its action replaced and ``--resume`` added when ``resume``; a
@@ -170,9 +159,9 @@ def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
     head = f"{python_executable()} -m {SWEEP_MODULE}"
     if command_line is None:
         return f"{head} {action} <your flags>" + (" --resume" if resume else "")
-    removed = ("--resume", "--dry_run", *drop)
-    words = [w for w in command_line
-             if not any(_is_flag_abbreviation(w, flag) for flag in removed)]
+    removed = ("--resume", "--dry_run", *drop)  # each also as argparse abbreviates it (--res)
+    words = [w for w in command_line if not (w.startswith("--") and len(w) > 3 and any(
+        flag.startswith(w) for flag in removed))]
     for i, word in enumerate(words):
         if word in ACTIONS:
             words[i] = action

@@ -8,9 +8,9 @@ import os
 from typing import Iterable, Sequence
 
 from dg_plugins import catalog
-from dg_plugins.registry import UnknownNameError, did_you_mean
+from dg_plugins.registry import UnknownNameError
 from dg_plugins.sweep.jobs import DONE, INCOMPLETE
-from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS
+from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS, EVERY, NEVER, ROWS, names
 from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
 from dg_plugins.job.records import last_record
 from dg_plugins.layouts import inside_dataset_folder
@@ -246,32 +246,33 @@ def alignment_problems(jobs: Sequence) -> list[str]:
     return problems
 
 
-def eval_splits_problems(jobs: Sequence) -> list[str]:
-    """One line per ``--eval_splits`` value that Incomplete jobs started with and this launch
-    would change (train refuses such a resume)."""
-    default = EVAL_DEFAULTS["eval_splits"]
-    mismatched: dict[tuple[str, str], list[str]] = {}
+def resume_problems(jobs: Sequence) -> list[str]:
+    """One line per value of a flag the sweep passes unhashed to every job that Incomplete jobs
+    started with and this launch would change, where train refuses such a resume (its row: in
+    the records, not resumable; ``--eval_splits``)."""
+    rows = [ROWS[name] for name in names(sweep=EVERY, hashed=False)
+            if ROWS[name].records != NEVER and not ROWS[name].resumable]
+    mismatched: dict[tuple, list[str]] = {}
     for job in jobs:
         if job.state != INCOMPLETE or not os.path.exists(
                 os.path.join(job.output_dir, CHECKPOINT_FILE)):
             continue
         record = last_record(job.output_dir)
         args = record.get("args") if isinstance(record, dict) else None
-        if not isinstance(args, dict):
-            continue
-        started = args.get("eval_splits", default)
-        now = job.command_args.get("eval_splits", default)
-        if started != now:
-            mismatched.setdefault((started, now), []).append(job.output_dir)
+        for row in rows if isinstance(args, dict) else ():
+            started = args.get(row.name, row.default)
+            now = job.command_args.get(row.name, row.default)
+            if started != now:
+                mismatched.setdefault((row.name, started, now), []).append(job.output_dir)
     problems = []
-    for (started, now), folders in mismatched.items():
+    for (name, started, now), folders in mismatched.items():
         shown = ", ".join(folders[:10]) + (f" and {len(folders) - 10} more"
                                            if len(folders) > 10 else "")
         problems.append(
-            f"{len(folders)} Incomplete job(s) started with --eval_splits {started}, and this "
-            f"launch would resume them with --eval_splits {now}, which train refuses (a job's "
-            f"records never mix the two): {shown}. Relaunch with --eval_splits {started} "
-            f"(sweeps/*.sh: EVAL_SPLITS={started}) to finish them, or remove them with the "
+            f"{len(folders)} Incomplete job(s) started with --{name} {started}, and this "
+            f"launch would resume them with --{name} {now}, which train refuses (a job's "
+            f"records never mix the two): {shown}. Relaunch with --{name} {started} "
+            f"(sweeps/*.sh: {name.upper()}={started}) to finish them, or remove them with the "
             "sweep's delete_incomplete so that they start over")
     return problems
 
@@ -315,6 +316,6 @@ def done_eval_splits_note(jobs: Sequence) -> list[str]:
 def launch_problems(jobs: Sequence) -> list[str]:
     """Everything that would make every one of ``jobs`` fail, one line each naming the fix; []
     when none."""
-    return (output_problems(jobs) + eval_splits_problems(jobs) + data_problems(jobs)
+    return (output_problems(jobs) + resume_problems(jobs) + data_problems(jobs)
             + alignment_problems(jobs) + weight_problems(jobs))
 

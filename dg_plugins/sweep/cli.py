@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Sequence
 
 from dg_plugins.help_text import CommandParser
 from dg_plugins.hparams import HparamError, parse_overrides
@@ -273,47 +274,62 @@ def make_launcher(args: argparse.Namespace):
 
 
 def make_args_list(args: argparse.Namespace) -> list[dict]:
-    """The train args of every job of a parsed and validated ``sweep`` command line (also used
-    by :mod:`dg_plugins.scripts.reproduce` to list a paper setting's jobs)."""
+    """The train args of every job of a parsed and validated ``sweep`` command line: what the
+    sweep enumerates, then each train flag its row says the sweep passes (given, or to every
+    job, hashed)."""
     return jobs.make_args_list(
-        n_trials=args.n_trials, dataset_names=args.datasets, algorithms=args.algorithms,
-        n_hparams_from=args.n_hparams_from, n_hparams=args.n_hparams, steps=args.steps,
-        data_dir=args.data_dir, task=args.task, holdout_fraction=args.holdout_fraction,
-        single_test_envs=args.single_test_envs, hparams=args.hparams,
-        single_source=args.single_source, checkpoint_freq=args.checkpoint_freq,
-        uda_holdout_fraction=args.uda_holdout_fraction,
-        extra_args=job_flags.sweep_job_args(args, hashed=True),
-        test_env_sets=args.test_env_sets, label_fractions=args.label_fractions,
+        args.n_trials, args.datasets, args.algorithms, args.n_hparams_from, args.n_hparams,
+        None, args.data_dir, args.task, args.holdout_fraction, args.single_test_envs, None,
+        single_source=args.single_source, test_env_sets=args.test_env_sets,
+        extra_args={**{name: getattr(args, name) for name in job_flags.names(
+            sweep=job_flags.OPTIONAL)}, **job_flags.sweep_job_args(args, hashed=True)},
+        label_fractions=args.label_fractions,
         n_envs=lambda dataset: jobs.num_environments(dataset, args.data_dir))
 
 
 def command_args(args: argparse.Namespace) -> dict:
-    """The flags every job's command carries unhashed (``--eval_splits`` when not its default,
-    ``--n_workers`` when given: :func:`dg_plugins.job.flags.sweep_job_args`)."""
+    """The flags every job's command carries unhashed (:func:`dg_plugins.job.flags.sweep_job_args`:
+    ``--eval_splits`` when not its default, ``--n_workers`` when given)."""
     return job_flags.sweep_job_args(args, hashed=False)
+
+
+def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = False,
+               parser: argparse.ArgumentParser | None = None):
+    """``(args, jobs)`` of a sweep argv: parsed (``dry_run``: with ``--dry_run``), defaults
+    filled, checked (exits through ``parser.error``), enumerated; nothing written. The one
+    enumeration of sweep, its plan and reproduce. ``defer_scores``: a ``--alignment_scores``
+    file not made yet is allowed (its job args hold the path as the sweep would)."""
+    parser = parser or build_parser()
+    args = parser.parse_args(list(argv) + (["--dry_run"] if dry_run else []))
+    if args.datasets is None:
+        args.datasets = jobs.default_datasets()
+    if args.algorithms is None:
+        args.algorithms = jobs.default_algorithms()
+    scores = args.alignment_scores
+    deferred = defer_scores and scores is not None and not os.path.isfile(scores)
+    saved = {name: getattr(args, name) for name in job_flags.ALIGNMENT_ARGS}
+    if deferred:  # validate the rest; the score file's own flags need the file
+        for name in saved:
+            setattr(args, name, None)
+    validate(parser, args)
+    if deferred:
+        vars(args).update(saved, alignment_scores=os.path.abspath(scores))
+    return args, jobs.make_jobs(make_args_list(args), args.output_dir,
+                                command_args=command_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:
     """The sweep's exit status (docs/sweep.md)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        if args.datasets is None:
-            args.datasets = jobs.default_datasets()
-        if args.algorithms is None:
-            args.algorithms = jobs.default_algorithms()
+        args, enumerated = sweep_jobs(argv, parser=parser)
     except PluginImportError as err:
         parser.error(str(err))
-    validate(parser, args)
-    try:
-        args_list = make_args_list(args)
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
     return actions.run_action(
-        args.command, jobs.make_jobs(args_list, args.output_dir,
-                                     command_args=command_args(args)),
-        launcher_fn=make_launcher(args), seed=args.seed, resume=args.resume,
-        dry_run=args.dry_run, skip_confirmation=args.skip_confirmation, command_line=argv,
-        check=checks.launch_problems,
+        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
+        resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
+        command_line=argv, check=checks.launch_problems,
         estimate=lambda selected: estimate.print_estimate(selected, args.command_launcher))

@@ -190,7 +190,7 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
                     gpu=job_gpu_time(a, hp, trained, pretrained, evaluation))
 
 
-def _count(n: int | None) -> str:
+def count(n: int | None) -> str:
     return "unknown" if n is None else f"{n:,}"
 
 
@@ -203,8 +203,8 @@ def evaluation_share(evaluation: int | None, train: int | None) -> str:
 
 def forwards_text(train: int | None, evaluation: dict) -> str:
     """``train T; evaluation S (selection) / A (all)``."""
-    return (f"train {_count(train)}; evaluation " +
-            " / ".join(f"{_count(evaluation[v])} ({v})" for v in EVAL_SPLITS))
+    return (f"train {count(train)}; evaluation " +
+            " / ".join(f"{count(evaluation[v])} ({v})" for v in EVAL_SPLITS))
 
 
 def sum_forwards(items: list[Forwards]) -> tuple[int | None, dict]:

@@ -29,10 +29,6 @@ def write(line: str, out) -> None:
     out.flush()
 
 
-def count(n: int | None) -> str:
-    return "unknown" if n is None else f"{n:,}"
-
-
 def job_eval_splits(job: dict) -> str:
     """The ``--eval_splits`` value a job runs with (its command's, else train's default)."""
     from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS
@@ -205,7 +201,7 @@ def print_costs(jobs: list, out):
     :class:`~dg_plugins.sweep.costs.JobsCost`, each job's evaluation forwards (with its own
     ``--eval_splits``) and whether the GPU estimate covers every part of them."""
     from dg_plugins.reference import gpu_times
-    from dg_plugins.sweep.costs import jobs_cost
+    from dg_plugins.sweep.costs import count, jobs_cost, sum_forwards
     from dg_plugins.sweep.gpu_hours import sum_gpu
     from dg_plugins.sweep.progress import format_duration
 
@@ -214,8 +210,7 @@ def print_costs(jobs: list, out):
     line = f"Cost of the {len(jobs)} jobs: {sum(cost.steps):,} training steps"
     if cost.pretrain_steps:
         line += f" + {sum(cost.pretrain_steps.values()):,} pretraining steps"
-    trained = (None if any(f.train is None for f in cost.forwards)
-               else sum(f.train for f in cost.forwards))
+    trained = sum_forwards(cost.forwards)[0]
     evaluated = [f.evaluation[v] for f, v in zip(cost.forwards, values)]
     evaluation = None if None in evaluated else sum(evaluated)
     runs = ", ".join(v + (f" ({values.count(v)} jobs)" if len(set(values)) > 1 else "")

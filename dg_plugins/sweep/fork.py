@@ -4,6 +4,7 @@ launcher dies (docs/sweep.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -15,7 +16,7 @@ from typing import Sequence
 
 from dg_plugins.signals import STOP_SIGNALS
 from dg_plugins.train import cli as train_cli
-from dg_plugins.job.flags import TRAIN_MODULE
+from dg_plugins.job.flags import TRAIN_MODULE, parse_command
 
 
 #: Words that ``exec`` cannot run (shell reserved words and builtins without a program).
@@ -28,21 +29,16 @@ _SHELL_WORDS = frozenset(
 def is_simple_command(command: str) -> bool:
     """True when ``command`` is a plain list of words (what the sweep builds): it equals its own
     ``shlex`` round trip, so it holds no shell syntax, and its first word is a program."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return False
+    words = parse_command(command)[0]
     return (bool(words) and "=" not in words[0] and words[0] not in _SHELL_WORDS
             and shlex.join(words) == command)
 
 
 #: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
 FORK_ENV = "DG_PLUGINS_FORK_JOBS"
-#: What the fork server imports once: a train job's imports (:mod:`dg_plugins.train.preload`:
-#: torch, ``torch._dynamo``, timm, the algorithms and datasets; no tensor computed and no CUDA
-#: context made, so its children start as cleanly as a new interpreter), then this module, so that
-#: the server holds the job body it forks (:func:`_train_in_child`) from the start even if the
-#: package on disk changes during the sweep.
+#: What the fork server imports once: a train job's imports (:mod:`dg_plugins.train.preload`; no
+#: CUDA context made), then this module, so that the server holds the job body it forks from the
+#: start even if the package on disk changes during the sweep.
 PRELOAD = ("dg_plugins.train.preload", __name__)
 _fork_context = None
 
@@ -84,7 +80,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -102,17 +98,11 @@ def main_module_is_reimport_safe() -> bool:
 def forkable_train_args(command: str) -> list[str] | None:
     """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
     ARGS`` and forking is allowed, else None."""
-    if os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork"):
+    if (os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork")
+            or not main_module_is_reimport_safe() or not is_simple_command(command)):
         return None
-    if not main_module_is_reimport_safe():
-        return None
-    if not is_simple_command(command):
-        return None
-    words = shlex.split(command)
-    if (len(words) < 3 or words[0] != sys.executable
-            or words[1:3] != ["-m", TRAIN_MODULE]):
-        return None
-    return words[3:]
+    words = parse_command(command)[0]
+    return words[3:] if words[:3] == [sys.executable, "-m", TRAIN_MODULE] else None
 
 
 def _release_fork_server() -> None:
@@ -124,23 +114,11 @@ def _release_fork_server() -> None:
     fd = getattr(server, "_forkserver_alive_fd", None)
     if fd is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass
     server._forkserver_alive_fd = None
     if hasattr(server, "_forkserver_address"):
         server._forkserver_address = None
-
-
-def _redirect_output(log: str) -> None:
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to the file ``log``."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
@@ -149,8 +127,13 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     """The body of a forked job: the launcher's environment and folder, a fresh interpreter's
     signal dispositions, SIGTERM with its parent, then train's ``main``."""
     server_pid = os.getppid()
-    if log is not None:
-        _redirect_output(log)
+    if log is not None:  # stdout and stderr (file descriptors 1 and 2) to the file
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     if new_session:
         os.setsid()
     os.environ.clear()

@@ -4,7 +4,6 @@ ends (done with its accuracy, or failed with its error line). Torch-free."""
 from __future__ import annotations
 
 import os
-import shlex
 import tempfile
 import time
 from typing import Callable, Sequence
@@ -12,6 +11,7 @@ from typing import Callable, Sequence
 from dg_plugins.sweep import claims
 from dg_plugins.sweep.progress import Progress
 from dg_plugins.sweep.processes import ErrorLogs, error_excerpt
+from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import OUT_FILE
 from dg_plugins.job.records import last_record
 
@@ -19,27 +19,10 @@ from dg_plugins.job.records import last_record
 CAPTURED_LINES_KEPT = 20
 
 
-def command_flags(command: str) -> dict[str, list[str]]:
-    """``--flag value...`` of a command line, e.g. ``{"test_envs": ["0", "1"]}`` ({} when it
-    cannot be split)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return {}
-    flags, current = {}, None
-    for word in words:
-        if word.startswith("--"):
-            current = word[2:]
-            flags[current] = []
-        elif current is not None:
-            flags[current].append(word)
-    return flags
-
-
 def describe(command: str) -> str:
     """``ERM on PACS, test envs 0 1, hparams 0, trial 0`` for a train command (the command
     itself otherwise)."""
-    flags = command_flags(command)
+    flags = parse_command(command)[1]
     if not {"algorithm", "dataset"} <= set(flags):
         return command
     text = f"{' '.join(flags['algorithm'])} on {' '.join(flags['dataset'])}"
@@ -116,7 +99,7 @@ class JobOutputs:
         seconds = now - self.started_at.get(index, now)
         took = f"in {seconds:.0f} s"
         if code == 0:
-            test_envs = [int(t) for t in command_flags(self.commands[index]).get("test_envs", [])
+            test_envs = [int(t) for t in parse_command(self.commands[index])[1].get("test_envs", [])
                          if t.lstrip("-").isdigit()]
             record = last_record(self.logs.folders[index])
             self.write(f"{self._prefix(index)} done {took}: "

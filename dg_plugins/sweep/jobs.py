@@ -3,8 +3,10 @@ identity (the md5 folder name), command and state on disk (docs/sweep.md). Torch
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
+import itertools
 import json
 import os
 import shlex
@@ -14,38 +16,24 @@ from typing import Callable, Iterable, Sequence
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep import claims, slurm
-from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names
+from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names, train_command
 from dg_plugins.job.folder import is_done, lock_holder
 
-NOT_LAUNCHED = "Not launched"
-INCOMPLETE = "Incomplete"
-DONE = "Done"
-#: An Incomplete job whose folder lock is held by a live process (it is still training).
-RUNNING = "Running"
-#: An Incomplete job that another live launcher has queued (:mod:`dg_plugins.sweep.claims`).
-QUEUED = "Queued"
-#: An Incomplete job whose recorded Slurm job Slurm still holds: queued, running or requeued
-#: (:mod:`dg_plugins.sweep.slurm`).
-IN_SLURM = "In Slurm"
+NOT_LAUNCHED, INCOMPLETE, DONE = "Not launched", "Incomplete", "Done"
+#: Incomplete jobs that a live process trains (its folder lock), another live launcher queued
+#: (:mod:`dg_plugins.sweep.claims`), or Slurm still holds (:mod:`dg_plugins.sweep.slurm`).
+RUNNING, QUEUED, IN_SLURM = "Running", "Queued", "In Slurm"
 
-#: The train flags a sweep may put in a job's hashed args besides those it enumerates: its own
-#: flags of the same name when given, and those it passes to every job
-#: (:data:`dg_plugins.job.flags.FLAGS`' policies).
+#: The train flags a sweep may hash into a job's args besides those it enumerates, and those it
+#: passes in every command unhashed (the tables are the same either way, so a job keeps
+#: DomainBed's folder name): :data:`dg_plugins.job.flags.FLAGS`' policies.
 OPTIONAL_TRAIN_ARGS = names(sweep=OPTIONAL) + names(sweep=EVERY, hashed=True)
-#: Train flags a sweep passes in every job's command but not in its hashed args (``eval_splits``,
-#: ``n_workers``): the tables are the same either way, so a job keeps DomainBed's folder name; a
-#: job started with one ``eval_splits`` and resumed with the other is refused by train, and before
-#: that by the sweep's check (:func:`dg_plugins.sweep.checks.eval_splits_problems`).
 UNHASHED_TRAIN_ARGS = names(sweep=EVERY, hashed=False)
-
-
-# --------------------------------------------------------------------------------------------
-# Names and defaults
 
 
 def check_dataset_name(dataset: str) -> None:
     """Raise ValueError ("did you mean", or the bridge for DomainBed-only datasets) unless train
-    can run ``dataset`` (the catalog's check)."""
+    can run ``dataset``; a plugin's datasets declare themselves when registered."""
     try:
         catalog.check_dataset_name(dataset)
     except ValueError:
@@ -53,7 +41,7 @@ def check_dataset_name(dataset: str) -> None:
 
         if not plugins.modules_from_env():
             raise
-        plugins.load()  # a plugin's datasets declare themselves when registered
+        plugins.load()
         from dg_plugins.registry import DATASETS
 
         catalog.check_dataset_name(dataset, extra=DATASETS.list())
@@ -73,21 +61,18 @@ def num_environments(dataset: str, data_dir: str | None = None) -> int:
     return registered_environments(dataset)
 
 
-
 def default_datasets() -> list[str]:
     """DomainBed's ``--datasets`` default: every catalog dataset whose name lacks "Debug"."""
     return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
 
 
 def default_algorithms() -> list[str]:
-    """Every algorithm registered in dg_plugins, plugins of ``$DG_PLUGINS_IMPORT`` included
-    (imports dg_plugins.algorithms, hence torch)."""
+    """Every algorithm registered, plugins of ``$DG_PLUGINS_IMPORT`` included (imports torch)."""
     from dg_plugins import plugins
     from dg_plugins.registry import ALGORITHMS
 
     plugins.load()
     return ALGORITHMS.list()
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,19 +82,13 @@ def default_algorithms() -> list[str]:
 def test_env_combinations(n_envs: int) -> list[list[int]]:
     """DomainBed's combinations: for each i, ``[i]`` then ``[i, j]`` for every j > i."""
     if n_envs < 3:
-        raise ValueError(
-            f"test-environment pairs need a dataset with >= 3 environments, got {n_envs}; "
-            "use --single_test_envs or --single_source"
-        )
-    combos = []
-    for i in range(n_envs):
-        combos.append([i])
-        combos.extend([i, j] for j in range(i + 1, n_envs))
-    return combos
+        raise ValueError(f"test-environment pairs need a dataset with >= 3 environments, got "
+                         f"{n_envs}; use --single_test_envs or --single_source")
+    return [c for i in range(n_envs) for c in [[i]] + [[i, j] for j in range(i + 1, n_envs)]]
 
 
 def single_source_test_envs(n_envs: int) -> list[list[int]]:
-    """Single-source DG: for each source env s (in order), test on every other env."""
+    """Single-source DG: for each source env (in order), test on every other env."""
     if n_envs < 2:
         raise ValueError(f"single-source jobs need >= 2 environments, got {n_envs}")
     return [[j for j in range(n_envs) if j != source] for source in range(n_envs)]
@@ -123,22 +102,18 @@ def test_env_lists(n_envs: int, single_test_envs: bool = False,
         raise ValueError("--single_test_envs and --single_source are mutually exclusive")
     if single_source:
         return single_source_test_envs(n_envs)
-    if single_test_envs:
-        return [[i] for i in range(n_envs)]
-    return test_env_combinations(n_envs)
+    return [[i] for i in range(n_envs)] if single_test_envs else test_env_combinations(n_envs)
 
 
 def check_test_env_sets(test_env_sets, n_envs: int, dataset: str) -> list[list[int]]:
     """Explicit ``test_envs`` lists, checked against ``dataset``'s environment count."""
-    sets = []
-    for envs in test_env_sets:
-        envs = [int(e) for e in envs]
-        bad = [e for e in envs if not 0 <= e < n_envs]
-        if not envs or bad or len(set(envs)) >= n_envs or len(set(envs)) != len(envs):
+    sets = [[int(e) for e in envs] for envs in test_env_sets]
+    for envs in sets:
+        if (not envs or any(not 0 <= e < n_envs for e in envs) or len(set(envs)) >= n_envs
+                or len(set(envs)) != len(envs)):
             raise ValueError(f"test environment set {envs} does not fit {dataset} ({n_envs} "
                              f"environments, indices 0..{n_envs - 1}; distinct, at least one "
                              "left for training)")
-        sets.append(envs)
     return sets
 
 
@@ -160,37 +135,22 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     if unknown:
         raise ValueError(f"not pass-through train args: {sorted(unknown)}; known: "
                          f"{', '.join(OPTIONAL_TRAIN_ARGS)}")
-    if test_env_sets is not None:
-        env_lists = {d: check_test_env_sets(test_env_sets, n_envs(d), d)
-                     for d in dict.fromkeys(dataset_names)}
-    else:
-        env_lists = {d: test_env_lists(n_envs(d), single_test_envs, single_source)
-                     for d in dict.fromkeys(dataset_names)}
-    fractions = [None] if label_fractions is None else list(label_fractions)
+    optional = {k: v for k, v in optional.items() if v is not None}
+    env_lists = {d: (check_test_env_sets(test_env_sets, n_envs(d), d) if test_env_sets is not None
+                     else test_env_lists(n_envs(d), single_test_envs, single_source))
+                 for d in dict.fromkeys(dataset_names)}
     args_list = []
-    for trial_seed in range(n_trials):
-        for dataset in dataset_names:
-            for algorithm in algorithms:
-                for test_envs in env_lists[dataset]:
-                    for hparams_seed in range(n_hparams_from, n_hparams):
-                        train_args = {
-                            "dataset": dataset,
-                            "algorithm": algorithm,
-                            "test_envs": list(test_envs),
-                            "holdout_fraction": holdout_fraction,
-                            "hparams_seed": hparams_seed,
-                            "data_dir": data_dir,
-                            "task": task,
-                            "trial_seed": trial_seed,
-                            "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed,
-                                              trial_seed),
-                        }
-                        train_args.update({k: v for k, v in optional.items() if v is not None})
-                        for fraction in fractions:
-                            job_args = dict(train_args)
-                            if fraction is not None:
-                                job_args["label_fraction"] = fraction
-                            args_list.append(job_args)
+    for trial_seed, dataset, algorithm in itertools.product(range(n_trials), dataset_names,
+                                                            algorithms):
+        for test_envs, hparams_seed, fraction in itertools.product(
+                env_lists[dataset], range(n_hparams_from, n_hparams),
+                [None] if label_fractions is None else label_fractions):
+            args_list.append({
+                "dataset": dataset, "algorithm": algorithm, "test_envs": list(test_envs),
+                "holdout_fraction": holdout_fraction, "hparams_seed": hparams_seed,
+                "data_dir": data_dir, "task": task, "trial_seed": trial_seed,
+                "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed, trial_seed),
+                **optional, **({} if fraction is None else {"label_fraction": fraction})})
     return args_list
 
 
@@ -203,62 +163,38 @@ def job_folder_name(train_args: dict) -> str:
     return hashlib.md5(json.dumps(train_args, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def format_flag_value(value) -> str:
-    """Lists: space-joined ``str`` of the items; strings: ``shlex.quote``; others: ``str``."""
-    if isinstance(value, list):
-        return " ".join(str(item) for item in value)
-    if isinstance(value, str):
-        return shlex.quote(value)
-    return str(value)
-
-
 def python_executable() -> str:
-    """The interpreter job commands use: this one, quoted. DomainBed uses the bare word
-    ``python`` from PATH, which picks a wrong interpreter when the venv is not activated."""
+    """The interpreter job commands use: this one, quoted."""
     return shlex.quote(sys.executable)
-
-
-def build_command(args: dict, module: str = TRAIN_MODULE, python: str | None = None) -> str:
-    """``<python> -m <module> --key value ...`` (sorted keys), as DomainBed's ``sweep.Job``."""
-    parts = [python or python_executable(), "-m", module]
-    parts += [f"--{key} {format_flag_value(value)}" for key, value in sorted(args.items())]
-    return " ".join(parts)
 
 
 class SweepJob:
     """One training run of a sweep: its folder, command and on-disk state (DomainBed's
     ``sweep.Job``)."""
 
-    NOT_LAUNCHED = NOT_LAUNCHED
-    INCOMPLETE = INCOMPLETE
-    DONE = DONE
-    RUNNING = RUNNING
-    QUEUED = QUEUED
-    IN_SLURM = IN_SLURM
+    NOT_LAUNCHED, INCOMPLETE, DONE = NOT_LAUNCHED, INCOMPLETE, DONE
+    RUNNING, QUEUED, IN_SLURM = RUNNING, QUEUED, IN_SLURM
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
                  python: str | None = None, command_args: dict | None = None,
                  held: dict | None = None):
         self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
-        self.train_args = copy.deepcopy(train_args)
-        self.train_args["output_dir"] = self.output_dir
+        self.train_args = {**copy.deepcopy(train_args), "output_dir": self.output_dir}
         #: Flags of the command that are not hashed (:data:`UNHASHED_TRAIN_ARGS`).
         self.command_args = dict(command_args or {})
         unknown = set(self.command_args) - set(UNHASHED_TRAIN_ARGS)
         if unknown:
             raise ValueError(f"not unhashed train args: {sorted(unknown)}; known: "
                              f"{', '.join(UNHASHED_TRAIN_ARGS)}")
-        self.command_str = build_command({**self.train_args, **self.command_args}, module,
+        self.command_str = train_command({**self.train_args, **self.command_args}, module,
                                          python)
         #: The Slurm job recorded in the folder, as Slurm last reported it (None: none).
         self.slurm: slurm.SlurmState | None = None
         self.state = self.refresh_state(held)
 
     def refresh_state(self, held: dict | None = None) -> str:
-        """Done, Running (lock held), In Slurm (its Slurm job is still held by Slurm), Queued (a
-        live launcher's claim), Incomplete (folder exists) or Not launched."""
-        self.holder = None
-        self.launcher = None
+        """Done, In Slurm, Running, Queued, Incomplete (folder exists) or Not launched."""
+        self.holder = self.launcher = None
         if is_done(self.output_dir):
             self.state = DONE
         elif os.path.exists(self.output_dir):
@@ -274,12 +210,11 @@ class SweepJob:
         return self.state
 
     def command(self, resume: bool = False) -> str:
-        """The command string; with ``resume``, ``--resume`` appended (train then continues from
-        the last checkpoint in output_dir)."""
+        """The command string, with ``--resume`` appended when ``resume``."""
         return self.command_str + (" --resume" if resume else "")
 
     def describe(self) -> str:
-        """``<output_dir> (dataset, algorithm, test_envs, hparams_seed)``."""
+        """``<output_dir> (dataset, algorithm, test_envs, hparams_seed[, label_fraction F])``."""
         a = self.train_args
         info = (a["dataset"], a["algorithm"], a["test_envs"], a["hparams_seed"])
         if "label_fraction" in a:  # UDG jobs
@@ -328,40 +263,33 @@ def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
-    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's), with running
-    and queued counts when some."""
-    counts = {state: sum(job.state == state for job in jobs)
-              for state in (DONE, INCOMPLETE, RUNNING, QUEUED, IN_SLURM, NOT_LAUNCHED)}
-    running = f"{counts[RUNNING]} running, " if counts[RUNNING] else ""
-    queued = f"{counts[QUEUED]} queued by another launcher, " if counts[QUEUED] else ""
-    in_slurm = f"{counts[IN_SLURM]} held by Slurm, " if counts[IN_SLURM] else ""
+    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's), with running,
+    queued and Slurm-held counts when some."""
+    counts = collections.Counter(job.state for job in jobs)
+    others = "".join(f"{counts[state]} {what}, " for state, what in (
+        (RUNNING, "running"), (QUEUED, "queued by another launcher"),
+        (IN_SLURM, "held by Slurm")) if counts[state])
     return (f"{len(jobs)} jobs: {counts[DONE]} done, {counts[INCOMPLETE]} incomplete, "
-            f"{running}{queued}{in_slurm}{counts[NOT_LAUNCHED]} not launched.")
+            f"{others}{counts[NOT_LAUNCHED]} not launched.")
 
 
 def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming each other live launcher that holds jobs of ``jobs`` (Queued, or Running
-    under it), how many, and that ``action`` leaves them to it (empty when none)."""
+    """Lines naming each other live launcher that holds jobs of ``jobs`` (Queued), how many, and
+    that ``action`` leaves them to it (empty when none)."""
     by_claim: dict[str, tuple[claims.Claim, list[SweepJob]]] = {}
     for job in jobs:
         if job.state == QUEUED:
             by_claim.setdefault(job.launcher.path, (job.launcher, []))[1].append(job)
-    if not by_claim:
-        return []
-    what = {"launch": "not launched here", "delete_incomplete": "not deleted",
-            "delete_all": "not deleted"}[action]
-    lines = []
-    for claim, queued in by_claim.values():
-        lines.append(f"Note: another sweep launcher is working on this sweep: {claim.describe()}"
-                     f" holds {len(claim.jobs)} of its jobs; {len(queued)} of them are queued "
-                     f"(folder created, not started yet): {what}.")
-    if action == "launch":
+    what = "not launched here" if action == "launch" else "not deleted"
+    lines = [f"Note: another sweep launcher is working on this sweep: {claim.describe()} holds "
+             f"{len(claim.jobs)} of its jobs; {len(queued)} of them are queued (folder created, "
+             f"not started yet): {what}." for claim, queued in by_claim.values()]
+    if lines:
         lines.append("  That launcher runs them and reports them when it ends; this launch runs "
                      "only the jobs no live launcher holds. Once it has ended, launch again "
-                     "(with --resume) to continue any that did not finish.")
-    else:
-        lines.append("  A live launcher's queued folders are never deleted; once it has ended, "
-                     "those that did not finish are Incomplete.")
+                     "(with --resume) to continue any that did not finish." if action == "launch"
+                     else "  A live launcher's queued folders are never deleted; once it has "
+                     "ended, those that did not finish are Incomplete.")
     return lines
 
 
@@ -370,44 +298,36 @@ def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
     running = [job for job in jobs if job.state == RUNNING]
     if not running:
         return []
-    what = {"launch": "not relaunched and not waited for",
-            "delete_incomplete": "not deleted", "delete_all": "not deleted"}[action]
-    lines = [f"Note: {len(running)} job(s) are still running (a live process holds their "
-             f"folder's lock): left alone, {what}:"]
-    lines += [f"  running (pid {job.holder}): {job.describe()}" for job in running]
-    lines.append("  Once they have ended, relaunch with --resume to continue any that did not "
-                 "finish.")
-    return lines
-
+    what = "not relaunched and not waited for" if action == "launch" else "not deleted"
+    return [f"Note: {len(running)} job(s) are still running (a live process holds their "
+            f"folder's lock): left alone, {what}:",
+            *(f"  running (pid {job.holder}): {job.describe()}" for job in running),
+            "  Once they have ended, relaunch with --resume to continue any that did not finish."]
 
 
 def slurm_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming the jobs Slurm still holds (queued, running or requeued), with their ids,
-    that ``action`` leaves them alone, and how to cancel them (empty when none)."""
+    """Lines naming the jobs Slurm still holds, with their ids, that ``action`` leaves them
+    alone, and how to cancel them (empty when none)."""
     held = [job for job in jobs if job.state == IN_SLURM]
     if not held:
         return []
-    what = {"launch": "not submitted again", "delete_incomplete": "not deleted",
-            "delete_all": "not deleted"}.get(action, "left alone")
-    lines = [f"Note: {len(held)} job(s) are held by Slurm (queued, running or requeued): "
-             f"{what}:"]
-    lines += [f"  {job.slurm.describe()}: {job.describe()}" for job in held]
-    lines.append("  Slurm runs them (and requeues them after preemption or a time limit); to "
-                 "stop them, run this command with the action 'cancel' (or scancel "
-                 + " ".join(sorted({job.slurm.job_id.split('_')[0] for job in held})) + ").")
-    return lines
+    what = "not submitted again" if action == "launch" else "not deleted"
+    return [f"Note: {len(held)} job(s) are held by Slurm (queued, running or requeued): {what}:",
+            *(f"  {job.slurm.describe()}: {job.describe()}" for job in held),
+            "  Slurm runs them (and requeues them after preemption or a time limit); to stop "
+            "them, run this command with the action 'cancel' (or scancel "
+            + " ".join(sorted({job.slurm.job_id.split('_')[0] for job in held})) + ")."]
+
+
+#: The states each action applies to (never a Running, Queued or In Slurm job).
+ACTION_STATES = {"launch": {NOT_LAUNCHED}, "delete_incomplete": {INCOMPLETE},
+                 "delete_all": {INCOMPLETE, DONE}}
 
 
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
-    """The jobs an action applies to; never a Running, Queued or In Slurm one."""
-    if action == "launch":
-        wanted = {NOT_LAUNCHED, INCOMPLETE} if resume else {NOT_LAUNCHED}
-    elif action == "delete_incomplete":
-        wanted = {INCOMPLETE}
-    elif action == "delete_all":
-        wanted = {INCOMPLETE, DONE}
-    else:
+    """The jobs an action applies to (with ``resume``, launch takes Incomplete ones too)."""
+    if action not in ACTION_STATES:
         raise ValueError(f"unknown sweep action {action!r}; choices: launch, delete_incomplete, "
                          "delete_all")
+    wanted = ACTION_STATES[action] | ({INCOMPLETE} if resume and action == "launch" else set())
     return [job for job in jobs if job.state in wanted]
-

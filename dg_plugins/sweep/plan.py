@@ -9,7 +9,6 @@ import os
 import sys
 
 from dg_plugins.sweep import cli as sweep_cli
-from dg_plugins.sweep import jobs as sweep_jobs
 from dg_plugins.sweep.progress import Progress
 
 #: Separates the sweep calls.
@@ -45,16 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:cut])
     planned: dict[str, int | None] = {}
     calls = split_calls(argv[cut:])
-    sweep_parser = sweep_cli.build_parser()
     for call in calls:
-        sweep_args = sweep_parser.parse_args(call + ["--dry_run"])
-        if sweep_args.datasets is None:
-            sweep_args.datasets = sweep_jobs.default_datasets()
-        if sweep_args.algorithms is None:
-            sweep_args.algorithms = sweep_jobs.default_algorithms()
-        sweep_cli.validate(sweep_parser, sweep_args)
-        for job in sweep_jobs.make_jobs(sweep_cli.make_args_list(sweep_args),
-                                        sweep_args.output_dir):
+        for job in sweep_cli.sweep_jobs(call, dry_run=True)[1]:
             planned[job.output_dir] = job.train_args.get("steps")
     reference = ([args.reference_rate, args.reference_note]
                  if args.reference_rate is not None else None)

@@ -5,7 +5,6 @@ process groups, stop signals forwarded, the grace period, failure and interrupti
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -15,12 +14,12 @@ from typing import Sequence
 from dg_plugins.signals import SignalCatcher, signal_name, stop_grace_period
 from dg_plugins.sweep.fork import (_exit_if_orphaned, _load_libc, die_with_parent,
                                    fork_train, forkable_train_args, is_simple_command)
+from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import ERR_FILE, is_done, lock_holder
 
 
 class LaunchInterrupted(SystemExit):
-    """A launcher stopped early by a stop signal: a ``SystemExit`` of 128 + signal, with the
-    commands interrupted and not started, and notes."""
+    """A launcher stopped by a stop signal: a ``SystemExit`` of 128 + signal."""
 
     def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
                  exit_codes: Sequence[int | None] = (), remote: bool = False,
@@ -60,17 +59,7 @@ FAILED_JOBS_SHOWN = 10
 
 def command_output_dir(command: str) -> str | None:
     """The ``--output_dir`` of a job command (what the sweep writes), or None."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    for i, word in enumerate(words[:-1]):
-        if word == "--output_dir":
-            return words[i + 1]
-    for word in words:
-        if word.startswith("--output_dir="):
-            return word.split("=", 1)[1]
-    return None
+    return (parse_command(command)[1].get("output_dir") or [None])[0]
 
 
 class ErrorLogs:
@@ -97,20 +86,16 @@ class ErrorLogs:
 
     def new_lines(self, index: int) -> list[str]:
         """The lines job ``index`` added to its err.txt, else what the launcher captured."""
-        return self._err_lines(index) or self.captured.get(index, [])
-
-    def _err_lines(self, index: int) -> list[str]:
-        path = self.path(index)
-        if path is None or not os.path.isfile(path):
-            return []
+        path, text = self.path(index), ""
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 f.seek(self.offsets[index] if self.offsets[index] <= size else 0)
                 text = f.read().decode(errors="replace")
-        except OSError:
-            return []
-        return [line.rstrip() for line in text.splitlines() if line.strip()]
+        except (OSError, TypeError):  # no such file, or no folder (path None)
+            pass
+        return ([line.rstrip() for line in text.splitlines() if line.strip()]
+                or self.captured.get(index, []))
 
 
 def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:

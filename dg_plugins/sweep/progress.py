@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from typing import Sequence
 
 from dg_plugins.files import atomic_write_bytes
+from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import is_done
 
 #: Names the progress file of a run of several sweeps (:mod:`dg_plugins.sweep.plan`).
@@ -39,9 +39,8 @@ def format_duration(seconds: float) -> str:
 def command_steps(command: str) -> int | None:
     """A job command's ``--steps`` (None without it)."""
     try:
-        words = shlex.split(command)
-        return int(words[words.index("--steps") + 1])
-    except (ValueError, IndexError):
+        return int(parse_command(command)[1]["steps"][0])
+    except (KeyError, IndexError, ValueError):
         return None
 
 

@@ -21,17 +21,12 @@ from dg_plugins.job.folder import CHECKPOINT_FILE, DONE_FILE, is_done
 from dg_plugins.runtime import CORES_ENV, job_cores
 from dg_plugins.signals import SLURM_TASK_ENV as TASK_ENV
 from dg_plugins.sweep.fork import _load_libc, die_with_parent
+from dg_plugins.sweep.processes import command_output_dir
+
 #: Allocations in a row that may end at a time limit before any job wrote a checkpoint.
 MAX_STALLS = 2
 #: Signals the task catches and passes on to its jobs as SIGTERM (USR2 is submitit's).
 PASSED_ON = (signal.SIGTERM, signal.SIGINT)
-
-
-def output_dir_of(argv: Sequence[str]) -> str | None:
-    argv = list(argv)
-    if "--output_dir" in argv[:-1]:
-        return argv[argv.index("--output_dir") + 1]
-    return None
 
 
 def _child_setup() -> None:  # in the job's process, between fork and exec
@@ -61,13 +56,13 @@ class TrainTask:
 
     @property
     def folders(self) -> list[str]:
-        return [output_dir_of(a) or "" for a in self.argvs]
+        return [command_output_dir(a) or "" for a in self.argvs]
 
     def __call__(self) -> str:
         self._started = time.time()
         for signum in PASSED_ON:
             signal.signal(signum, self._on_stop_signal)
-        todo = [a for a in self.argvs if not is_done(output_dir_of(a) or "")]
+        todo = [a for a in self.argvs if not is_done(command_output_dir(a) or "")]
         cores, _ = job_cores()
         env = dict(os.environ, **{TASK_ENV: "1",
                                   CORES_ENV: str(max(1, cores // max(1, len(todo))))})
@@ -85,7 +80,7 @@ class TrainTask:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + self._signum)  # no result: Slurm requeues or ends the job itself
-        failed = [(f, c) for f, c in zip([output_dir_of(a) for a in todo], codes) if c != 0]
+        failed = [(f, c) for f, c in zip([command_output_dir(a) for a in todo], codes) if c != 0]
         if failed:
             raise RuntimeError("; ".join(f"train exited with code {c}: {f} (see its err.txt)"
                                          for f, c in failed))
@@ -107,7 +102,7 @@ class TrainTask:
             if deadline is not None and time.monotonic() >= deadline:
                 for proc in self._procs:
                     if proc.poll() is None:
-                        print(f"dg_plugins task: {output_dir_of(proc.args)} did not stop "
+                        print(f"dg_plugins task: {command_output_dir(proc.args)} did not stop "
                               f"within {self.grace_s:g} s; killed", flush=True)
                         proc.kill()
                 deadline = None

@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import time
@@ -19,8 +18,10 @@ from typing import Callable, Sequence
 
 from dg_plugins.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
                                 signal_name, stop_grace_period)
+from dg_plugins.job.flags import parse_command
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
-                                        report_exit_codes, report_interrupted)
+                                        command_output_dir, report_exit_codes,
+                                        report_interrupted)
 
 SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 
@@ -29,7 +30,6 @@ SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 class SubmititOptions:
     """Settings of the ``submitit`` launcher; None means "not set here" (defaults:
     docs/sweep.md)."""
-
     cluster: str | None = None
     partition: str | None = None
     time_min: int | None = None
@@ -45,22 +45,9 @@ class SubmititOptions:
     jobs_per_task: int | None = None
 
 
-#: Environment variable of each :class:`SubmititOptions` field.
-SUBMITIT_ENV_VARS = {
-    "cluster": "DG_SLURM_CLUSTER",
-    "partition": "DG_SLURM_PARTITION",
-    "time_min": "DG_SLURM_TIME",
-    "gpus_per_node": "DG_SLURM_GPUS_PER_NODE",
-    "cpus_per_task": "DG_SLURM_CPUS_PER_TASK",
-    "mem_gb": "DG_SLURM_MEM_GB",
-    "array_parallelism": "DG_SLURM_ARRAY_PARALLELISM",
-    "log_dir": "DG_SLURM_LOG_DIR",
-    "wait": "DG_SLURM_WAIT",
-    "extra": "DG_SLURM_EXTRA",
-    "signal_delay_s": "DG_SLURM_SIGNAL_DELAY",
-    "max_requeues": "DG_SLURM_MAX_REQUEUES",
-    "jobs_per_task": "DG_SLURM_JOBS_PER_TASK",
-}
+#: Environment variable of each :class:`SubmititOptions` field: ``DG_SLURM_<NAME>``.
+SUBMITIT_ENV_VARS = {f.name: "DG_SLURM_" + {"time_min": "TIME", "signal_delay_s": "SIGNAL_DELAY"}
+                     .get(f.name, f.name.upper()) for f in dataclasses.fields(SubmititOptions)}
 #: Seconds before the time limit at which Slurm signals a task (``--signal USR2@N``): time for
 #: the jobs' current step (or evaluation) and their checkpoint.
 DEFAULT_SIGNAL_DELAY_S = 120
@@ -69,10 +56,8 @@ DEFAULT_MAX_REQUEUES = 10
 
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "y", "on"):
-        return True
-    if lowered in ("0", "false", "no", "n", "off", ""):
-        return False
+    if lowered in ("1", "true", "yes", "y", "on", "0", "false", "no", "n", "off", ""):
+        return lowered in ("1", "true", "yes", "y", "on")
     raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no)")
 
 
@@ -83,19 +68,17 @@ def parse_json_object(text: str) -> dict:
     return value
 
 
-_PARSERS = {"time_min": int, "gpus_per_node": int, "cpus_per_task": int, "mem_gb": float,
-            "array_parallelism": int, "wait": _parse_bool, "extra": parse_json_object,
-            "signal_delay_s": float, "max_requeues": int, "jobs_per_task": int}
-
-
 def options_from_env(environ=None) -> SubmititOptions:
-    """The fields set through ``DG_SLURM_*`` variables; a bad value raises naming the variable."""
+    """The fields set through ``DG_SLURM_*`` variables (parsed by the field's type); a bad value
+    raises naming the variable."""
     environ = os.environ if environ is None else environ
+    parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
-    for name, var in SUBMITIT_ENV_VARS.items():
+    for f in dataclasses.fields(SubmititOptions):
+        var = SUBMITIT_ENV_VARS[f.name]
         if var in environ:
             try:
-                values[name] = _PARSERS.get(name, str)(environ[var])
+                values[f.name] = parsers.get(f.type.split(" ")[0], str)(environ[var])
             except ValueError as err:
                 raise ValueError(f"bad value for ${var}: {err}") from None
     return SubmititOptions(**values)
@@ -103,21 +86,22 @@ def options_from_env(environ=None) -> SubmititOptions:
 
 def sweep_dir_of(commands: Sequence[str]) -> str | None:
     """The sweep output_dir: the parent of the first command's ``--output_dir``, if any."""
-    for command in commands[:1]:
-        tokens = shlex.split(command)
-        if "--output_dir" in tokens[:-1]:
-            return os.path.dirname(os.path.normpath(tokens[tokens.index("--output_dir") + 1]))
-    return None
+    folder = command_output_dir(commands[0]) if commands else None
+    return None if folder is None else os.path.dirname(os.path.normpath(folder))
+
+
+def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> SubmititOptions:
+    """``options`` with the fields each layer sets (not None), the last layer highest."""
+    for layer in layers:
+        options = dataclasses.replace(options, **{
+            f.name: getattr(layer, f.name) for f in dataclasses.fields(SubmititOptions)
+            if layer is not None and getattr(layer, f.name) is not None})
+    return options
 
 
 def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
     """What was set, highest first: ``overrides``, the environment (the rest None)."""
-    merged = SubmititOptions()
-    for layer in (options_from_env(environ), overrides or SubmititOptions()):
-        merged = dataclasses.replace(merged, **{
-            f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)
-            if getattr(layer, f.name) is not None})
-    return merged
+    return _over(SubmititOptions(), options_from_env(environ), overrides)
 
 
 def resolve_submitit_options(commands: Sequence[str] = (),
@@ -131,21 +115,12 @@ def resolve_submitit_options(commands: Sequence[str] = (),
         raise ValueError(f"unknown submitit cluster {cluster!r}; choices: "
                          f"{', '.join(SUBMITIT_CLUSTERS)}")
     sweep_dir = sweep_dir_of(commands)
-    defaults = SubmititOptions(
-        cluster=cluster,
-        time_min=24 * 60,
-        gpus_per_node=None if cluster == "slurm" else 0,
-        array_parallelism=256,
+    resolved = _over(SubmititOptions(
+        cluster=cluster, time_min=24 * 60, gpus_per_node=None if cluster == "slurm" else 0,
+        array_parallelism=256, wait=cluster != "slurm", extra={},
         log_dir=os.path.join(sweep_dir if sweep_dir is not None else ".", "submitit_logs"),
-        wait=cluster != "slurm",
-        extra={},
-        signal_delay_s=DEFAULT_SIGNAL_DELAY_S,
-        max_requeues=DEFAULT_MAX_REQUEUES,
-        jobs_per_task=1,
-    )
-    resolved = dataclasses.replace(defaults, **{
-        f.name: getattr(merged, f.name) for f in dataclasses.fields(merged)
-        if getattr(merged, f.name) is not None})
+        signal_delay_s=DEFAULT_SIGNAL_DELAY_S, max_requeues=DEFAULT_MAX_REQUEUES,
+        jobs_per_task=1), merged)
     if cluster == "debug":
         resolved.wait = True
     return resolved
@@ -277,7 +252,7 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
     folder recording its task's Slurm id; a refused submission raises
     :class:`~dg_plugins.sweep.slurm.SlurmError` (its folders are then removed by the sweep)."""
     from dg_plugins.sweep import slurm
-    from dg_plugins.sweep.slurm_task import TrainTask, output_dir_of
+    from dg_plugins.sweep.slurm_task import TrainTask
 
     options, notes = slurm_request(options, given)
     for note in notes:
@@ -287,7 +262,8 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
     groups = [list(commands[i:i + size]) for i in range(0, len(commands), size)]
     # Slurm signals up to a minute early (its periodic check): what is left is at least this
     grace = options.signal_delay_s - min(30.0, options.signal_delay_s / 4)
-    tasks = [TrainTask([shlex.split(c) for c in group], os.getcwd(), grace) for group in groups]
+    tasks = [TrainTask([parse_command(c)[0] for c in group], os.getcwd(), grace)
+             for group in groups]
     jobs: list = []
     try:
         with executor.batch():
@@ -299,7 +275,7 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                                f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
         for argv in task.argvs:
-            folder = output_dir_of(argv)
+            folder = command_output_dir(argv)
             if folder:
                 slurm.record_job(folder, job.job_id, options.log_dir)
     array_id = str(jobs[0].job_id).split("_")[0]

@@ -14,6 +14,7 @@ import pytest
 from dg_plugins.sweep import actions
 from dg_plugins.sweep import jobs as sweep_jobs
 from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.job.flags import train_command
 
 DOMAINBED_KEYS = {"dataset", "algorithm", "test_envs", "holdout_fraction", "hparams_seed",
                   "data_dir", "task", "trial_seed", "seed"}
@@ -142,7 +143,7 @@ def test_unknown_dataset_lists_choices():
 
 def test_command_string_matches_domainbed_format():
     job = sweep_jobs.SweepJob(debug_args()[0], "/out")
-    domainbed_style = sweep_jobs.build_command(job.train_args, "domainbed.scripts.train", "python")
+    domainbed_style = train_command(job.train_args, "domainbed.scripts.train", "python")
     assert domainbed_style == (
         "python -m domainbed.scripts.train --algorithm ERM --data_dir /tmp/data --dataset Debug28 "
         "--holdout_fraction 0.2 --hparams_seed 0 --output_dir /out/c2795d74da15b21740c9af82b7158584"
