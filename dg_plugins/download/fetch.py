@@ -87,8 +87,7 @@ class Reporter:
 
     @contextlib.contextmanager
     def transfer(self, name: str, total: int | None, initial: int):
-        """Yields ``update(n_bytes)``: a tqdm bar on a terminal, else a line with the rate every
-        tenth of the file."""
+        """Yields ``update(n_bytes)``: a tqdm bar, else a line with the rate every tenth."""
         if self.progress:
             from tqdm import tqdm
 
@@ -141,8 +140,7 @@ def with_margin(needed: int) -> int:
 
 
 def check_free_space(folder: str, needed: int, what: str) -> None:
-    """Raise :class:`DownloadError` when ``folder``'s disk has less than ``with_margin(needed)``
-    free."""
+    """Raise :class:`DownloadError` when ``folder``'s disk lacks ``with_margin(needed)``."""
     free = shutil.disk_usage(folder).free
     asked = with_margin(needed)
     if asked > free:
@@ -258,10 +256,6 @@ class _Cut(Exception):
     """The transfer stopped early (retry with a Range request)."""
 
 
-class _WriteFailed(Exception):
-    """Writing the ``.part`` file failed (``args[0]``: the OSError, ``args[1]``: bytes held)."""
-
-
 class WrongContent(DownloadError):
     """The server answered with something else than the file (an HTML page, ...)."""
 
@@ -359,8 +353,7 @@ def _changed(have: int, detail: str) -> str:
 
 def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                   source: Source) -> None:
-    """One request continuing ``part`` (Range, If-Range) or from the start; returns when
-    ``part`` is complete."""
+    """One request continuing ``part`` (Range, If-Range) or from the start; returns complete."""
     name = source.name
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if expected is not None and have == expected:
@@ -465,7 +458,7 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                                        f"{human_size(MIN_RATE)}/s")
                         window_start, window_done = now, done
         except OSError as err:  # opening or writing the .part
-            raise _WriteFailed(err, done) from err
+            raise DownloadError(_write_failed_message(source, part, err, done, expected)) from None
         if total is not None and done < total:
             raise _Cut(f"the connection closed after {done} of {total} bytes")
 
@@ -490,7 +483,6 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
                     f"over did not help {MAX_RESTARTS} times; " + manual_fix(source, url, path)
                 ) from None
             report(f"  {source.name}: {why}; {why.then}")
-            continue
         except _Cut as why:
             attempt += 1
             kept = os.path.getsize(part) if os.path.exists(part) else 0
@@ -507,10 +499,6 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
             report(f"  {source.name}: transfer cut ({why}); continuing from byte {kept} in "
                    f"{delay:g} s (attempt {attempt + 1} of {retries + 1})")
             time.sleep(delay)
-        except _WriteFailed as failed:
-            err, held = failed.args
-            raise DownloadError(_write_failed_message(source, part, err, held,
-                                                      expected)) from None
         except urllib.error.HTTPError as err:
             raise DownloadError(
                 f"could not download {source.name} from {url}: HTTP {err.code} {err.reason}. "
@@ -529,8 +517,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
 
 def _write_failed_message(source: Source, part: str, err: OSError, held: int,
                           expected: int | None) -> str:
-    """The message for a ``.part`` that could not be written; on a full disk a ``.part`` of
-    unknown total size is removed."""
+    """The message for a ``.part`` not written (on a full disk, one of unknown size removed)."""
     folder = os.path.dirname(part)
     if not is_disk_full(err):
         return f"could not write {part}: {err}"
@@ -590,8 +577,7 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
 
 
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
-    """Raise :class:`WrongContent` (the file moved to ``<path>.corrupt``) when ``path`` is not
-    the kind its name says."""
+    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind."""
     what = what_arrived(path, source.name)
     if what is None:
         return
@@ -668,8 +654,7 @@ def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Exp
 
 def obtain(source: Source, downloads: str, url: str, expected: Expected, retries: int,
            report: Reporter) -> str:
-    """The verified file ``<downloads>/<name>``: as it is when there, else fetched; then checked
-    (kind, size, checksums)."""
+    """``<downloads>/<name>``, fetched when not there, then checked (kind, size, checksums)."""
     path = os.path.join(downloads, source.name)
     fetched = not os.path.isfile(path)
     if not fetched:

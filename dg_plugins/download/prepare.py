@@ -123,8 +123,7 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 
 def domainnet20_problem(data_dir: str) -> str | None:
-    """None when every DomainNet domain folder holds DomainNet-20's classes, else what is
-    missing."""
+    """None when every DomainNet domain folder holds DomainNet-20's classes, else what lacks."""
     root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
     for env in visible_subfolders(root):
         present = set(visible_subfolders(os.path.join(root, env)))
@@ -284,8 +283,7 @@ def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[s
 
 def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging: str,
                            report: Reporter) -> None:
-    """PACS, VLCS, OfficeHome: extract, then move the folder of the domain folders to
-    ``<staging>/<folder>``."""
+    """PACS, VLCS, OfficeHome: extract, move the domain folders' folder to the staged folder."""
     (path,) = archives.values()
     extracted = os.path.join(staging, "extracted")
     os.makedirs(extracted)
@@ -340,8 +338,7 @@ def _terra_annotations(path: str) -> dict[str, list]:
 
 
 def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]]]:
-    """Image file name -> its ``(location_<id>, category)`` folders (DomainBed's
-    ``download_terra_incognita``)."""
+    """Image file -> its ``(location_<id>, category)`` folders (``download_terra_incognita``)."""
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
     images = {}
     for image in annotations.get("images", []):
@@ -361,8 +358,7 @@ def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]
 
 def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging: str,
                             report: Reporter) -> None:
-    """Stream the image tarball once, writing each kept image to its
-    ``location_<id>/<category>/`` folders (hard links)."""
+    """Stream the tarball once, each kept image to its ``location_<id>/<category>/`` folders."""
     annotations = _terra_annotations(archives["eccv_18_annotations.tar.gz"])
     targets = terra_targets(annotations)
     if not targets:
@@ -437,8 +433,7 @@ PREPARE = {
 
 
 def staged_problem(dataset: str, staging: str) -> str | None:
-    """None when the staging folder holds ``dataset`` laid out as it must be, else what is
-    wrong."""
+    """None when the staging folder holds ``dataset`` as it must be, else what is wrong."""
     if dataset == "MNIST":
         paths = layouts.locate_mnist_files(staging)
         if paths is None:

@@ -161,8 +161,7 @@ def _obtain_all(sources, downloads: str, expected: dict[str, Expected], options:
 
 def _remove_stale_staging(dataset: str, staging: str, downloads: str | None,
                           report: Reporter) -> None:
-    """Remove the staging folder an interrupted run left; its archives go back to ``downloads``
-    when given, else with it."""
+    """Remove an interrupted run's staging folder; its archives back to ``downloads`` if given."""
     if not os.path.exists(staging):
         return
     archives = os.path.join(staging, ARCHIVES_IN_STAGING)
@@ -215,8 +214,7 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
 
 
 def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
-    """Make ``dataset`` present under ``data_dir``: "present" or "downloaded"; raises
-    :class:`DownloadError`."""
+    """Make ``dataset`` present under ``data_dir``: "present" or "downloaded"."""
     spec = DATASET_SPECS[dataset]
     if spec.adds_to:
         return download_split_lists(dataset, data_dir, options, report)
@@ -355,8 +353,7 @@ def download_split_lists(dataset: str, data_dir: str, options: Options,
 
 
 def check_options(options: Options) -> None:
-    """Raise :class:`UsageError` for an unknown ``--url``/``--sha256`` file or a bad URL
-    scheme."""
+    """Raise :class:`UsageError` for an unknown ``--url``/``--sha256`` file or URL scheme."""
     for name in [*options.urls, *options.sha256]:
         if name not in SOURCES_BY_NAME:
             close = difflib.get_close_matches(name, list(SOURCES_BY_NAME), n=3, cutoff=0.5)
@@ -371,9 +368,8 @@ def check_options(options: Options) -> None:
 
 
 def check_not_inside(dataset: str, data_dir: str) -> None:
-    """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder (it holds
-    the release's domain folders, and ``<data_dir>/<folder>`` is absent): downloading would put a
-    second copy inside it."""
+    """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder (holding its
+    domain folders, not ``<data_dir>/<folder>``): a second copy would go inside it."""
     spec = DATASET_SPECS.get(dataset)
     domains = DOMAIN_FOLDERS.get(dataset)
     if spec is None or not domains or not os.path.isdir(data_dir) \

@@ -243,8 +243,7 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
 
 
 def download_command(datasets: str | Iterable[str], data_dir: str | None = None) -> str | None:
-    """The command that downloads ``datasets`` into ``data_dir``, for error messages; None when
-    the downloader provides none of them."""
+    """The command that downloads ``datasets`` into ``data_dir`` (None: none is downloadable)."""
     import shlex
 
     names = [datasets] if isinstance(datasets, str) else list(datasets)
