@@ -17,12 +17,10 @@ import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.collect.notes import nonfinite_by_job
-from dg_plugins.collect.records import acc_matrix, leading_count
-from dg_plugins.collect.selection import TEST_KEY, group_records, loo_scores, select
-from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, select_single_source,
-                                              single_source_runs)
+from dg_plugins.collect.selection import TEST_KEY
+from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY
 from dg_plugins.collect.tables import Cell, Report, Section, Table, environment_labels
-from dg_plugins.collect.udg import UDG_KEY, fraction_label, is_udg, select_udg
+from dg_plugins.collect.udg import UDG_KEY, fraction_label, is_udg
 
 #: Resolution of the written PNGs: a point is 100/72 pixels.
 DPI = 100
@@ -284,114 +282,27 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
 # Training curves of the selected runs
 
 
-def _mean_over(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Row means of ``values`` over ``mask``, skipping NaN (NaN where nothing is left)."""
-    valid = mask & ~np.isnan(values)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
+def _panels(kind: str, frame: pd.DataFrame, labels_of) -> list[str]:
+    """Each row's panel: ``target <env>``, ``source <env>`` or ``<fraction> labels, targets
+    <envs>``."""
+    def label(dataset, env):
+        return labels_of(dataset)[env] if env < len(labels_of(dataset)) else str(env)
 
-
-def _standard_points(grouped, method, labels_of):
-    """The single-test-environment runs each group's selection chose, every record with the
-    method's signal."""
-    chosen = select(grouped, method)  # with the groups whose chosen test accuracy is NaN
-    if chosen.empty:
-        return None
-    single = grouped.single()
-    runs = single.merge(chosen[["group", "hparams_seed", "trial_seed", "dataset", "algorithm"]],
-                        on=["group", "hparams_seed"])
-    rows = runs["record"].to_numpy()
-    test_env = runs["test_env"].to_numpy()
-    out = grouped.accs("env{t}_out_acc")[rows]
-    if method.key == "oracle":
-        signal = out[np.arange(len(rows)), test_env]
-    elif method.key == "loo":
-        scores = loo_scores(grouped, method.reads)[["record", "val_acc"]]
-        signal = runs[["record"]].merge(scores, on="record", how="left")["val_acc"].to_numpy()
-    else:
-        sources = np.arange(out.shape[1])[None, :] < leading_count(~np.isnan(out))[:, None]
-        sources &= np.arange(out.shape[1])[None, :] != test_env[:, None]
-        signal = _mean_over(out, sources)
-    inn = grouped.accs(TEST_KEY)
-    points = runs.assign(signal=signal, target=inn[rows, test_env], order=test_env,
-                         job=grouped.records["job"].to_numpy()[rows])
-    for frame in (points, chosen):
-        frame["panel"] = [f"target {labels_of(d)[t] if t < len(labels_of(d)) else t}"
-                          for d, t in zip(frame["dataset"], frame["test_env"])]
-    return points, chosen.rename(columns={"test_acc": "target", "val_acc": "score"})
-
-
-def _single_source_points(grouped, method, labels_of, datasets):
-    chosen = select_single_source(grouped, method)
-    chosen = chosen[chosen["dataset"].isin(datasets)].reset_index(drop=True)
-    if chosen.empty:
-        return None
-    keys = ["trial_seed", "dataset", "algorithm", "source", "hparams_seed"]
-    runs = single_source_runs(grouped).merge(chosen[keys], on=keys)
-    rows, source = runs["record"].to_numpy(), runs["source"].to_numpy()
-    out, inn = grouped.accs("env{t}_out_acc"), grouped.accs(TEST_KEY)
-    columns = np.arange(inn.shape[1])[None, :]
-    targets = (columns != source[:, None]) & (columns < runs["n_envs"].to_numpy()[:, None])
-    signal = (_mean_over(out[rows], targets) if method.key == "oracle"
-              else out[rows, source])
-    points = runs.assign(signal=signal, target=_mean_over(inn[rows], targets), order=source,
-                         job=grouped.records["job"].to_numpy()[rows])
-    acc = chosen[[f"acc{i}" for i in range(inn.shape[1])]].to_numpy(dtype=float)
-    chosen_targets = columns != chosen["source"].to_numpy()[:, None]
-    chosen = chosen.assign(target=_mean_over(acc, chosen_targets), score=chosen["val_acc"])
-    for frame in (points, chosen):
-        frame["panel"] = [f"source {labels_of(d)[s]}" for d, s in
-                          zip(frame["dataset"], frame["source"])]
-    return points, chosen
-
-
-def _udg_points(records, method, labels_of):
-    chosen = select_udg(records, method)
-    if chosen.empty:
-        return None
-    width = acc_matrix(records, "env{t}_out_acc").shape[1]
-    runs = pd.DataFrame({
-        "record": np.arange(len(records)),
-        "trial_seed": records["args.trial_seed"].to_numpy(),
-        "dataset": records["args.dataset"].to_numpy(),
-        "algorithm": records["args.algorithm"].to_numpy(),
-        "label_fraction": records["args.label_fraction"].astype(float).to_numpy(),
-        "test_envs": records["args.test_envs"].to_numpy(),
-        "hparams_seed": records["args.hparams_seed"].to_numpy(),
-        "step": records["step"].to_numpy()})
-    keys = ["trial_seed", "dataset", "algorithm", "label_fraction", "test_envs", "hparams_seed"]
-    runs = runs.merge(chosen[keys], on=keys)
-    out, inn = acc_matrix(records, "env{t}_out_acc"), acc_matrix(records, TEST_KEY)
-    rows = runs["record"].to_numpy()
-    targets = np.zeros((len(runs), width), dtype=bool)
-    for i, envs in enumerate(runs["test_envs"]):
-        targets[i, [e for e in envs if e < width]] = True
-    inside = np.arange(width)[None, :] < leading_count(~np.isnan(out[rows]))[:, None]
-    order = pd.factorize(pd.Series(list(zip(runs["label_fraction"], runs["test_envs"]))),
-                         sort=True)[0]
-    signal = _mean_over(out[rows], inside & (targets if method.key == "oracle" else ~targets))
-    points = runs.assign(signal=signal, target=_mean_over(inn[rows], targets), order=order,
-                         job=records["job"].to_numpy()[rows])
-    acc = chosen[[f"acc{t}" for t in range(width)]].to_numpy(dtype=float)
-    chosen = chosen.assign(target=_mean_over(acc, np.ones_like(acc, dtype=bool)),
-                           score=chosen["val_acc"])
-    for frame in (points, chosen):
-        frame["panel"] = [
-            f"{fraction_label(f)} labels, targets "
-            + ", ".join(labels_of(d)[t] if t < len(labels_of(d)) else str(t) for t in envs)
+    if kind == TEST_KEY:
+        return [f"target {label(d, t)}" for d, t in zip(frame["dataset"], frame["test_env"])]
+    if kind == SINGLE_SOURCE_KEY:
+        return [f"source {labels_of(d)[s]}" for d, s in zip(frame["dataset"], frame["source"])]
+    return [f"{fraction_label(f)} labels, targets {', '.join(label(d, t) for t in envs)}"
             for d, f, envs in zip(frame["dataset"], frame["label_fraction"], frame["test_envs"])]
-    return points, chosen
 
 
 def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(points, selected)``: the records of the runs each method chose for sections of
-    ``kind``, and each chosen checkpoint."""
+    ``kind`` (read from their :class:`~dg_plugins.collect.selection.Selection`), and each chosen
+    checkpoint."""
     udg = is_udg(records)
     frame = records[udg if kind == UDG_KEY else ~udg].reset_index(drop=True)
-    sections = [s for s in report.sections if s.test_key == kind]
-    if frame.empty or not sections:
-        return pd.DataFrame(columns=POINT_COLUMNS), pd.DataFrame(columns=SELECTED_COLUMNS)
     labels = {}
 
     def labels_of(dataset):
@@ -399,21 +310,22 @@ def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
             labels[dataset] = environment_labels(frame, dataset)
         return labels[dataset]
 
-    grouped = group_records(frame) if kind != UDG_KEY else None
     parts, picks = [], []
-    for section in sections:
-        if kind == TEST_KEY:
-            found = _standard_points(grouped, section.method, labels_of)
-        elif kind == SINGLE_SOURCE_KEY:
-            found = _single_source_points(grouped, section.method, labels_of,
-                                          {t.dataset for t in section.tables})
-        else:
-            found = _udg_points(frame, section.method, labels_of)
-        if found is None:
+    for section in [s for s in report.sections if s.test_key == kind] if len(frame) else []:
+        selection = section.selection()
+        chosen = selection.chosen[selection.chosen["dataset"].isin(
+            {table.dataset for table in section.tables})]
+        if chosen.empty:
             continue
-        points, chosen = found
-        parts.append(points.assign(method=section.method.key)[POINT_COLUMNS])
-        picks.append(chosen.assign(method=section.method.key)[SELECTED_COLUMNS])
+        points = selection.scored.merge(chosen[selection.run], on=selection.run)
+        order = (points["test_env"] if kind == TEST_KEY else points["source"]
+                 if kind == SINGLE_SOURCE_KEY else pd.factorize(pd.Series(list(zip(
+                     points["label_fraction"], points["test_envs"]))), sort=True)[0])
+        parts.append(points.assign(method=section.method.key, signal=points["val_acc"],
+                                   order=order, panel=_panels(kind, points, labels_of)
+                                   )[POINT_COLUMNS])
+        picks.append(chosen.assign(method=section.method.key, score=chosen["val_acc"],
+                                   panel=_panels(kind, chosen, labels_of))[SELECTED_COLUMNS])
     if not parts:
         return pd.DataFrame(columns=POINT_COLUMNS), pd.DataFrame(columns=SELECTED_COLUMNS)
     return pd.concat(parts, ignore_index=True), pd.concat(picks, ignore_index=True)

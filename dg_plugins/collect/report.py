@@ -3,13 +3,16 @@ standard tables, then IP/OOP, single-source and UDG ones, hparams, papers, notes
 
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets, ipoop_sections
 from dg_plugins.collect.notes import (averages_notes, compute_notes, missing_cell_notes,
                                       mixed_settings_notes, nonfinite_notes)
 from dg_plugins.collect.papers import add_paper_comparisons
-from dg_plugins.collect.selection import TEST_KEY, GroupedRecords, SelectionMethod, group_records
+from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod,
+                                          group_records, standard_selection)
 from dg_plugins.collect.single_source import single_source_sections
 from dg_plugins.collect.tables import (Report, Section, environment_labels, results_tables,
                                        selected_hparams)
@@ -58,7 +61,8 @@ def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[Selec
     grouped = group_records(records)
     report = Report(len(grouped.records), methods)
     for method in methods:
-        report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method)))
+        report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method),
+                                       partial(standard_selection, grouped, method)))
     report.sections += ipoop_sections(grouped, methods, ipoop)
     report.sections += single_source_sections(grouped, methods, single_source)
     if hparams_table:

@@ -1,12 +1,14 @@
 """DomainBed's model selection (``domainbed/model_selection.py``, ``get_grouped_records`` of
-``domainbed/lib/reporting.py``), vectorised, with its exact tie and NaN semantics, written as
-data (:data:`METHODS`); each method reads through ``job.selection.SELECTION_READS``
-(docs/collect.md)."""
+``domainbed/lib/reporting.py``), vectorised, with its exact tie and NaN semantics; each method
+reads through ``job.selection.SELECTION_READS`` (docs/collect.md). Every kind of table (standard
+and IP/OOP here, single-source, UDG) selects once into a :class:`Selection` that its tables and
+the figures read."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -32,8 +34,7 @@ class GroupedRecords:
         self.records = records.reset_index(drop=True)
         codes, self.distinct_test_envs = pd.factorize(self.records["args.test_envs"].to_numpy(),
                                                       use_na_sentinel=False)
-        #: Per record: the index of its test_envs in ``distinct_test_envs``, and their count.
-        self.test_envs_code = codes
+        self.test_envs_code = codes  # per record: the index of its test_envs in distinct_...
         record, test_env, counts = _expand_test_envs(codes, self.distinct_test_envs)
         self.n_test_envs = counts
         key_values = {name: self.records[f"args.{name}"].to_numpy()
@@ -57,29 +58,37 @@ class GroupedRecords:
             "group": group,
         })
         self._matrices: dict[str, np.ndarray] = {}
-        self.memo: dict[str, object] = {}  # derived values other modules compute once per sweep
+        self.memo: dict = {}  # derived values (selections) computed once per sweep
 
     def accs(self, key: str) -> np.ndarray:
-        """``records[key.format(t=i)]`` for every environment i as a (records x envs) float array,
-        NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
+        """:func:`acc_matrix` of the records for the template ``key``, computed once."""
         if key not in self._matrices:
             self._matrices[key] = acc_matrix(self.records, key)
         return self._matrices[key]
 
     def read(self, key: str, reads: Mapping[str, str]) -> np.ndarray:
-        """:meth:`accs` as a method declared to read ``reads`` sees it (:func:`read_mask`): NaN
-        outside the environments its declaration names for the key's split."""
+        """:meth:`accs` as a method declared to read ``reads`` sees it: NaN outside the
+        environments its declaration names for the key's split (:func:`read_mask`)."""
         matrix = self.accs(key)
         mask = read_mask(key, reads, self.is_test(matrix.shape[1]))
         return matrix if mask is None else np.where(mask, matrix, np.nan)
 
     def is_test(self, width: int) -> np.ndarray:
         """(records x ``width``) booleans: environment i is among the record's test_envs."""
-        return test_membership(self.distinct_test_envs, self.test_envs_code, width)
+        table = np.zeros((len(self.distinct_test_envs), width), dtype=bool)
+        for row, envs in enumerate(self.distinct_test_envs):
+            table[row, [e for e in envs if 0 <= e < width]] = True
+        return table[self.test_envs_code]
 
     def single(self) -> pd.DataFrame:
         """Memberships of single-test-env records (the only ones IID and oracle look at)."""
         return self.members[self.members["n_test_envs"] == 1]
+
+    def memoized(self, key, compute: Callable):
+        """``compute()``, once per ``key``."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:
@@ -104,29 +113,15 @@ def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarr
     return record, table[codes[record], position], counts
 
 
-def test_membership(distinct_test_envs, codes: np.ndarray, width: int) -> np.ndarray:
-    """(records x ``width``) booleans, True where environment i is among the record's test
-    environments (``distinct_test_envs[codes[record]]``)."""
-    table = np.zeros((len(distinct_test_envs), width), dtype=bool)
-    for row, envs in enumerate(distinct_test_envs):
-        table[row, [e for e in envs if 0 <= e < width]] = True
-    return table[codes]
-
-
-def key_splits(key: str) -> tuple[str, ...]:
-    """The splits an accuracy key template reads (in, out, or both for ``pooled``)."""
+def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:
+    """Where a method declared to read ``reads`` may read ``key`` (a template whose split is in,
+    out, or both for ``pooled``): a boolean matrix like ``is_test``, or None for everywhere."""
     match = ACC_KEY.fullmatch(key.format(t=0))
     if match is None:
         raise ValueError(f"{key!r} is not an accuracy key template (env{{t}}_<split>_acc)")
     split = match.group(2).split("_")[0]
-    return ("in", "out") if split == "pooled" else (split,)
-
-
-def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:
-    """Where a method declared to read ``reads`` may read ``key``: a boolean matrix like
-    ``is_test``, or None for everywhere."""
     mask = None
-    for split in key_splits(key):
+    for split in ("in", "out") if split == "pooled" else (split,):
         role = reads.get(split)
         if role == ALL:
             continue
@@ -136,22 +131,13 @@ def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.nda
     return mask
 
 
-def read_accs(records: pd.DataFrame, key: str, reads: Mapping[str, str]) -> np.ndarray:
-    """:func:`acc_matrix` of ``records`` as a method declared to read ``reads`` sees it
-    (:meth:`GroupedRecords.read` for records not grouped)."""
-    matrix = acc_matrix(records, key)
-    codes, distinct = pd.factorize(records["args.test_envs"].to_numpy(), use_na_sentinel=False)
-    mask = read_mask(key, reads, test_membership(distinct, codes, matrix.shape[1]))
-    return matrix if mask is None else np.where(mask, matrix, np.nan)
-
-
 def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
-    """Group records per (trial_seed, dataset, algorithm, test_env) (``reporting.get_grouped_records``)."""
+    """Group records per (trial_seed, dataset, algorithm, test_env) (``get_grouped_records``)."""
     return records if isinstance(records, GroupedRecords) else GroupedRecords(records)
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared pieces (the public ones are also used by dg_plugins.collect.single_source)
+# Picking rows
 
 
 def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -223,60 +209,32 @@ def best_run(runs: pd.DataFrame) -> pd.DataFrame:
     return chosen.sort_values("group").reset_index(drop=True)
 
 
-# --------------------------------------------------------------------------------------------------
-# The three methods: each scores every run of every group.
-
-
-def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
-                    targets: np.ndarray, method: SelectionMethod) -> pd.DataFrame:
-    """DomainBed's iid and oracle selection for runs with several sources or targets
-    (single-source, UDG), by ``sources``/``targets`` masks; the best run per group."""
-    if method is IID:
-        rows = runs["record"].to_numpy()
-        scored = best_checkpoint(runs.assign(val_acc=_masked_mean(out_acc[rows], sources)),
-                                 "record")
-    elif method is ORACLE:
-        scored = last_checkpoint(runs)
-        rows, positions = scored["record"].to_numpy(), scored.index.to_numpy()
-        scored = scored.assign(val_acc=_masked_mean(out_acc[rows], targets[positions]))
-    else:
-        raise ValueError(f"selection by source and target masks supports 'iid' and 'oracle', "
-                         f"not {method.key!r}")
-    return best_run(scored)
-
-
-def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Row means of ``values`` over ``mask``, skipping NaN."""
+def masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row means of ``values`` over ``mask``, skipping NaN (NaN where nothing is left)."""
     valid = mask & ~np.isnan(values)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
 
 
-def _iid_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Training-domain validation (``IIDAccuracySelectionMethod``); also the DMG release's
-    best-epoch rule (docs/collect.md)."""
+# --------------------------------------------------------------------------------------------------
+# The three methods: each scores every record it can, then keeps a checkpoint per run
+
+
+def _iid_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
+    """Training-domain validation (``IIDAccuracySelectionMethod``; also the DMG release's
+    best-epoch rule): the mean out-split accuracy of the training environments."""
     single = grouped.single()
-    rows = single["record"].to_numpy()
-    out = grouped.read("env{t}_out_acc", reads)[rows]
-    n_envs = leading_count(~np.isnan(out))
-    candidates = single.assign(val_acc=_reduce_rows(out, n_envs, single["test_env"].to_numpy(),
-                                                    lambda block: np.mean(block, axis=1)))
-    return best_checkpoint(candidates, "record")[RUN_COLUMNS]
+    out = grouped.read("env{t}_out_acc", reads)[single["record"].to_numpy()]
+    return single.assign(val_acc=_reduce_rows(out, leading_count(~np.isnan(out)),
+                                              single["test_env"].to_numpy(),
+                                              lambda block: np.mean(block, axis=1)))
 
 
-def _oracle_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Test-domain validation (oracle): the single-test-env run's last checkpoint (the last
-    record of its largest step), val_acc its ``env{t}_out_acc``."""
-    last = last_checkpoint(grouped.single())
-    val = _at(grouped.read("env{t}_out_acc", reads), last["record"].to_numpy(),
-              last["test_env"].to_numpy())
-    return last.assign(val_acc=val)[RUN_COLUMNS]
-
-
-def _loo_runs(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Leave-one-domain-out: each run keeps its best step (:func:`loo_scores`), the smallest on
-    ties."""
-    return best_checkpoint(loo_scores(grouped, reads), "step")[RUN_COLUMNS]
+def _oracle_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
+    """Test-domain validation (oracle): the test environment's ``env{t}_out_acc``."""
+    single = grouped.single()
+    return single.assign(val_acc=_at(grouped.read("env{t}_out_acc", reads),
+                                     single["record"].to_numpy(), single["test_env"].to_numpy()))
 
 
 def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
@@ -327,12 +285,13 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
 
 @dataclass(frozen=True)
 class SelectionMethod:
-    """A model-selection method: ``key`` (``--selection``), ``name`` (DomainBed's), ``runs``
-    the per-run scores read through ``reads``."""
+    """A model-selection method: ``key`` (``--selection``), ``name`` (DomainBed's), ``scores``
+    of the standard runs' records read through ``reads``, ``checkpoint`` kept per run."""
 
     key: str
     name: str
-    runs: Callable[[GroupedRecords, Mapping[str, str]], pd.DataFrame]
+    scores: Callable[[GroupedRecords, Mapping[str, str]], pd.DataFrame]
+    checkpoint: Callable[[pd.DataFrame], pd.DataFrame]
 
     @property
     def reads(self) -> Mapping[str, str]:
@@ -340,9 +299,13 @@ class SelectionMethod:
         return SELECTION_READS["domainbed"][self.key]
 
 
-IID = SelectionMethod("iid", "training-domain validation set", _iid_runs)
-LOO = SelectionMethod("loo", "leave-one-domain-out cross-validation", _loo_runs)
-ORACLE = SelectionMethod("oracle", "test-domain validation set (oracle)", _oracle_runs)
+IID = SelectionMethod("iid", "training-domain validation set", _iid_scores,
+                      partial(best_checkpoint, order="record"))
+# leave-one-domain-out: each run keeps its best step, the smallest on ties
+LOO = SelectionMethod("loo", "leave-one-domain-out cross-validation", loo_scores,
+                      partial(best_checkpoint, order="step"))
+ORACLE = SelectionMethod("oracle", "test-domain validation set (oracle)", _oracle_scores,
+                         last_checkpoint)
 #: The methods by ``--selection`` key, in DomainBed's output order (collect_results' default).
 METHODS: dict[str, SelectionMethod] = {m.key: m for m in (IID, LOO, ORACLE)}
 
@@ -355,14 +318,47 @@ def get_method(key: str) -> SelectionMethod:
     raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(METHODS)}")
 
 
+# --------------------------------------------------------------------------------------------------
+# What every kind of table gives its tables and figures
+
+
+@dataclass
+class Selection:
+    """One method's selection on one kind of runs: ``scored``, every record of those runs with
+    ``val_acc`` (the signal the method selects by, NaN where it scores none), ``target`` (the
+    accuracy the tables report) and ``job``; ``chosen``, the chosen checkpoint per group (with
+    ``val_acc`` and ``target``); ``run``, the columns that name a run."""
+
+    scored: pd.DataFrame
+    chosen: pd.DataFrame
+    run: list[str]
+
+
+def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
+                    targets: np.ndarray, method: SelectionMethod) -> tuple:
+    """DomainBed's iid and oracle for runs with several sources or targets (single-source, UDG):
+    the runs scored by the mean out-split of ``sources`` (iid) or ``targets`` (oracle), and the
+    best run per group."""
+    mask = sources if method is IID else targets
+    scored = runs.assign(val_acc=masked_mean(out_acc[runs["record"].to_numpy()], mask))
+    return scored, best_run(method.checkpoint(scored))
+
+
+def _chosen_runs(grouped: GroupedRecords, method: SelectionMethod) -> tuple:
+    """The method's scores of every record, and the chosen run of every group."""
+    def compute():
+        scores = method.scores(grouped, method.reads)
+        return scores, best_run(method.checkpoint(scores)[RUN_COLUMNS])
+    return grouped.memoized(("standard", method.key), compute)
+
+
 def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
            test_key: str = TEST_KEY) -> pd.DataFrame:
     """The chosen run of every group (``hparams_accs``/``sweep_acc``), one row per group in group
-    order: ``trial_seed, dataset, algorithm, test_env, hparams_seed, step, val_acc, test_acc``
-    (NaN where the record lacks ``test_key``), ``record`` (the chosen row) and ``group``."""
+    order: :data:`SELECTED_COLUMNS` (``test_acc`` NaN where the record lacks ``test_key``)."""
     grouped = group_records(records)
     method = get_method(method) if isinstance(method, str) else method
-    chosen = best_run(method.runs(grouped, method.reads))
+    chosen = _chosen_runs(grouped, method)[1]
     test = _at(grouped.read(test_key, method.reads), chosen["record"].to_numpy(),
                grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
     info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
@@ -376,3 +372,21 @@ def sweep_accs(records: pd.DataFrame | GroupedRecords, method: SelectionMethod |
     groups whose ``sweep_acc`` is None before making tables)."""
     chosen = select(records, method, test_key)
     return chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)
+
+
+def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
+    """The standard tables' :class:`Selection`: every single-test-env record, ``target`` its
+    ``env{t}_in_acc``."""
+    def compute():
+        scores = _chosen_runs(grouped, method)[0]
+        single = grouped.single()
+        rows, env = single["record"].to_numpy(), single["test_env"].to_numpy()
+        info = grouped.groups.iloc[single["group"].to_numpy()]
+        scored = single.assign(
+            **{key: info[key].to_numpy() for key in ("trial_seed", "dataset", "algorithm")},
+            target=_at(grouped.accs(TEST_KEY), rows, env),
+            job=grouped.records["job"].to_numpy()[rows]).merge(
+            scores[["record", "val_acc"]], on="record", how="left")
+        chosen = select(grouped, method).assign(target=lambda frame: frame["test_acc"])
+        return Selection(scored, chosen, ["group", "hparams_seed"])
+    return grouped.memoized(("standard selection", method.key), compute)

@@ -4,12 +4,15 @@ out like GMoE's (ICLR 2023, Table 3); records read through ``SELECTION_READS``
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.records import leading_count
-from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, SelectionMethod,
-                                          group_ids, group_records, select_by_masks)
+from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
+                                          SelectionMethod, group_ids, group_records, masked_mean,
+                                          select_by_masks)
 from dg_plugins.job.selection import SELECTION_READS, single_source_of
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
@@ -26,9 +29,7 @@ SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested o
 def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
     """The single-source records with their group columns (read-only, computed once)."""
     grouped = group_records(records)
-    if "single_source_runs" not in grouped.memo:
-        grouped.memo["single_source_runs"] = _single_source_runs(grouped)
-    return grouped.memo["single_source_runs"]
+    return grouped.memoized("single_source_runs", lambda: _single_source_runs(grouped))
 
 
 def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
@@ -38,7 +39,7 @@ def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
     # The source of each distinct (test_envs, environment count) pair, spread to the records.
     width = int(n_envs.max(initial=0)) + 1
     pairs, pair_of_record = np.unique(grouped.test_envs_code * width + n_envs, return_inverse=True)
-    sources = np.array([_source(grouped.distinct_test_envs[pair // width], pair % width)
+    sources = np.array([single_source_of(grouped.distinct_test_envs[pair // width], pair % width)
                         for pair in pairs.tolist()], dtype=np.int64)[pair_of_record.ravel()]
     keep = np.flatnonzero(sources >= 0)
     return pd.DataFrame({
@@ -51,10 +52,6 @@ def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
         "step": records["step"].to_numpy()[keep],
         "n_envs": n_envs[keep],
     })
-
-
-def _source(test_envs: tuple, n_envs: int) -> int:
-    return single_source_of(test_envs, n_envs)
 
 
 def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
@@ -71,32 +68,46 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
     return out
 
 
-def select_single_source(records: pd.DataFrame | GroupedRecords,
-                         method: SelectionMethod) -> pd.DataFrame:
-    """The chosen run per (trial_seed, dataset, algorithm, source), with ``acc{i}`` per
-    environment."""
+def single_source_selection(records: pd.DataFrame | GroupedRecords,
+                            method: SelectionMethod) -> Selection:
+    """The single-source :class:`Selection`: a group per (trial_seed, dataset, algorithm,
+    source); ``chosen`` has ``acc{i}`` per environment (the source's: its out split)."""
     if method not in METHODS:
         raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
                          f"not {method.key!r}")
     grouped = group_records(records)
-    runs = single_source_runs(grouped)
+    return grouped.memoized(("single_source", method.key), lambda: _select(grouped, method))
+
+
+def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
+    runs, run = single_source_runs(grouped), ["trial_seed", "dataset", "algorithm", "source",
+                                              "hparams_seed"]
     if runs.empty:
-        return runs.assign(val_acc=[], group=[])
-    keys = ["trial_seed", "dataset", "algorithm", "source"]
-    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in keys)))
+        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
+    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in run[:4])))
     reads = READS[method.key]
     in_acc, out_acc = grouped.read("env{t}_in_acc", reads), grouped.read("env{t}_out_acc", reads)
-    source, width = runs["source"].to_numpy(), in_acc.shape[1]
+    rows, source, width = runs["record"].to_numpy(), runs["source"].to_numpy(), in_acc.shape[1]
     columns = np.arange(width)[None, :]
     sources = columns == source[:, None]
     targets = ~sources & (columns < runs["n_envs"].to_numpy()[:, None])
-    chosen = select_by_masks(runs, out_acc, sources, targets, method)
+    runs = runs.assign(target=masked_mean(in_acc[rows], targets),
+                       job=grouped.records["job"].to_numpy()[rows])
+    scored, chosen = select_by_masks(runs, out_acc, sources, targets, method)
     chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
     accs = in_acc[chosen_rows].copy()
     accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]
     for i in range(width):
         chosen[f"acc{i}"] = accs[:, i]
-    return chosen
+    chosen["target"] = masked_mean(accs, columns != chosen_source[:, None])
+    return Selection(scored, chosen, run)
+
+
+def select_single_source(records: pd.DataFrame | GroupedRecords,
+                         method: SelectionMethod) -> pd.DataFrame:
+    """The chosen run per (trial_seed, dataset, algorithm, source), with ``acc{i}`` per
+    environment."""
+    return single_source_selection(records, method).chosen
 
 
 def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
@@ -145,5 +156,6 @@ def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMetho
     for method in [m for m in methods if m in METHODS]:
         tables = single_source_tables(grouped, method, datasets)
         if tables:
-            sections.append(Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION, tables))
+            sections.append(Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION, tables,
+                                    partial(single_source_selection, grouped, method)))
     return sections

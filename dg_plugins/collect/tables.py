@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.collect.records import environment_count
-from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
-                                          select, sweep_accs)
+from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, Selection, SelectionMethod,
+                                          group_records, select, sweep_accs)
 from dg_plugins.reference.papers import PaperValue
 
 
@@ -97,12 +98,14 @@ class Table:
 
 @dataclass
 class Section:
-    """The tables of one selection method for one test key."""
+    """The tables of one selection method for one test key; ``selection``: their
+    :class:`~dg_plugins.collect.selection.Selection`, made when called (for the figures)."""
 
     method: SelectionMethod
     test_key: str
     subtitle: str
     tables: list[Table]
+    selection: Callable[[], Selection] | None = None
 
     @property
     def title(self) -> str:

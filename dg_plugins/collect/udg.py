@@ -3,11 +3,14 @@ selection and one table per (dataset, test environment set) (docs/collect.md).""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.records import leading_count
-from dg_plugins.collect.selection import (IID, ORACLE, SelectionMethod, group_ids, read_accs,
+from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
+                                          SelectionMethod, group_ids, group_records, masked_mean,
                                           select_by_masks)
 from dg_plugins.job.selection import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
@@ -29,38 +32,43 @@ def is_udg(records: pd.DataFrame) -> np.ndarray:
     return np.array([v is not None and v == v for v in records[FRACTION_COLUMN]], dtype=bool)
 
 
-def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
-    """The chosen run per group, with ``acc{t}`` for every target t (UDG records only)."""
+def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> Selection:
+    """The UDG :class:`Selection` (UDG records only): a group per (trial_seed, dataset,
+    algorithm, label fraction, test environments); ``chosen`` has ``acc{t}`` per target t."""
     if method not in METHODS:
         raise ValueError(f"UDG selection supports {[m.key for m in METHODS]}, not {method.key!r}")
-    records = records.reset_index(drop=True)
-    columns = ["trial_seed", "dataset", "algorithm", "label_fraction", "test_envs"]
-    runs = pd.DataFrame({
-        "record": np.arange(len(records)),
-        "trial_seed": records["args.trial_seed"].to_numpy(),
-        "dataset": records["args.dataset"].to_numpy(),
-        "algorithm": records["args.algorithm"].to_numpy(),
-        "label_fraction": records[FRACTION_COLUMN].astype(float).to_numpy(),
-        "test_envs": records["args.test_envs"].to_numpy(),
-        "hparams_seed": records["args.hparams_seed"].to_numpy(),
-        "step": records["step"].to_numpy(),
-    })
+    grouped = group_records(records)
+    return grouped.memoized(("udg", method.key), lambda: _select(grouped, method))
+
+
+def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
+    records, run = grouped.records, ["trial_seed", "dataset", "algorithm", "label_fraction",
+                                     "test_envs", "hparams_seed"]
+    rows = np.arange(len(records))
+    runs = pd.DataFrame({"record": rows, **{
+        name: records[f"args.{name}"].to_numpy() for name in run},
+        "step": records["step"].to_numpy(), "job": records["job"].to_numpy()})
     if runs.empty:
-        return runs.assign(val_acc=[], group=[])
-    runs["group"] = group_ids(*(runs[c].to_numpy() for c in columns))
+        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
+    runs["label_fraction"] = runs["label_fraction"].astype(float)
+    runs["group"] = group_ids(*(runs[c].to_numpy() for c in run[:5]))
     reads = SELECTION_READS["udg"][method.key]
-    out = read_accs(records, "env{t}_out_acc", reads)
-    inn = read_accs(records, "env{t}_in_acc", reads)
-    width = out.shape[1]
-    targets = np.zeros((len(records), width), dtype=bool)
-    for row, envs in enumerate(runs["test_envs"]):
-        targets[row, [e for e in envs if e < width]] = True
-    inside = np.arange(width)[None, :] < leading_count(~np.isnan(out))[:, None]
-    chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
+    out, inn = grouped.read("env{t}_out_acc", reads), grouped.read("env{t}_in_acc", reads)
+    targets = grouped.is_test(out.shape[1])
+    inside = np.arange(out.shape[1])[None, :] < leading_count(~np.isnan(out))[:, None]
+    runs = runs.assign(target=masked_mean(inn, targets))
+    scored, chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
     rows = chosen["record"].to_numpy()
-    for t in range(width):
-        chosen[f"acc{t}"] = np.where(targets[rows, t], inn[rows, t], np.nan)
-    return chosen
+    accs = np.where(targets[rows], inn[rows], np.nan)
+    for t in range(out.shape[1]):
+        chosen[f"acc{t}"] = accs[:, t]
+    chosen["target"] = masked_mean(accs, np.ones_like(accs, dtype=bool))
+    return Selection(scored, chosen, run)
+
+
+def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
+    """The chosen run per group, with ``acc{t}`` for every target t (UDG records only)."""
+    return udg_selection(records, method).chosen
 
 
 def fraction_label(fraction: float) -> str:
@@ -68,16 +76,17 @@ def fraction_label(fraction: float) -> str:
     return f"{100 * float(fraction):g}%"
 
 
-def udg_tables(records: pd.DataFrame, method: SelectionMethod) -> list[Table]:
+def udg_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> list[Table]:
     """One table per (dataset, test environment set): rows ``<algorithm> <label fraction>``,
     columns the targets and ``Avg``."""
-    chosen = select_udg(records, method)
+    grouped = group_records(records)
+    chosen = select_udg(grouped, method)
     if chosen.empty:
         return []
-    algorithms = algorithm_order(records)
+    algorithms = algorithm_order(grouped)
     tables = []
-    for dataset in dataset_order(records):
-        labels = environment_labels(records, dataset)
+    for dataset in dataset_order(grouped):
+        labels = environment_labels(grouped.records, dataset)
         of_dataset = chosen[chosen["dataset"] == dataset]
         for envs in sorted(set(of_dataset["test_envs"].tolist())):
             mine = of_dataset[of_dataset["test_envs"] == envs]
@@ -103,9 +112,10 @@ def udg_tables(records: pd.DataFrame, method: SelectionMethod) -> list[Table]:
 
 def udg_sections(records: pd.DataFrame, methods: list[SelectionMethod]) -> list[Section]:
     """Per method that applies, the section of UDG tables (``records``: UDG records only)."""
-    sections = []
+    grouped, sections = group_records(records), []
     for method in [m for m in methods if m in METHODS]:
-        tables = udg_tables(records, method)
+        tables = udg_tables(grouped, method)
         if tables:
-            sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables))
+            sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables,
+                                    partial(udg_selection, grouped, method)))
     return sections
