@@ -115,8 +115,7 @@ def _files_under(folder: str) -> set[str]:
 
 def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, envs=None,
                       dataset_name: str | None = None) -> ScoreTable:
-    """A fixed-subset table from an IP copy and an OOP copy of the dataset (each a data_dir or
-    the dataset folder)."""
+    """A fixed-subset table from an IP and an OOP copy of the dataset (data_dirs or its folder)."""
     for folder in (ip_dir, oop_dir):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"split folder {folder!r} does not exist")

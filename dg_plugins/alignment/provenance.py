@@ -76,8 +76,7 @@ def _norm_model(name) -> str:
 
 def check_model(table: ScoreTable, preset: str | None = None, model: str | None = None,
                 pretrained: str | None = None) -> None:
-    """Raise ValueError when the file was scored by another model than ``preset`` or the expected
-    ``model`` / ``pretrained`` need."""
+    """Raise ValueError when another model than ``preset``'s or ``model``/``pretrained`` scored."""
     wanted = []
     if preset in PRESET_MODELS:
         wanted.append((f"the rule --alignment_preset {preset}", *PRESET_MODELS[preset]))

@@ -96,8 +96,7 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
 
 
 def job_args(saved_args: dict, data_dir: str | None, rule: dict) -> dict:
-    """The job's args from its model file: ``data_dir`` when given, defaults of older records,
-    this command's split ``rule``."""
+    """The job's args from its model file, ``data_dir`` when given, and this command's ``rule``."""
     args = dict(saved_args)
     if data_dir is not None:
         args["data_dir"] = data_dir
@@ -295,9 +294,8 @@ def format_keys(keys: dict) -> str:
 
 
 def predictions(job: RebuiltJob, algorithm, model_name: str):
-    """Per-image predictions on the test environments' splits, a DataFrame of ``job, model, env,
-    env_name, path`` (as in score files; the position for images without a file), ``split,
-    label, prediction, correct``."""
+    """Per-image predictions on the test environments' splits: ``job, model, env, env_name, path``
+    (as in score files, else the position), ``split, label, prediction, correct``."""
     import numpy as np
     import pandas as pd
     import torch

@@ -80,8 +80,7 @@ def _parse_inline(spec: str) -> SplitRule:
 
 def resolve_rule(threshold: float | None = None, preset: str | None = None,
                  drop_below: float | None = None, drop_above: float | None = None) -> SplitRule:
-    """The rule named by a threshold and/or a preset (both None: the default); raises on both, or
-    an unknown preset."""
+    """The rule of a threshold and cuts or a preset (neither: the default); raises on both."""
     if preset is None:
         return SplitRule(DEFAULT_THRESHOLD if threshold is None else float(threshold),
                          drop_below, drop_above)

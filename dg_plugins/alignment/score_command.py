@@ -134,8 +134,7 @@ def print_summary(dataset, table, envs, rule, data_dir) -> None:
 
 
 def check_flags(args):
-    """``(model, rule)`` from the flags, or ValueError for a bad combination (before the dataset
-    is built)."""
+    """``(model, rule)`` from the flags, or ValueError for a bad combination."""
     from dg_plugins.alignment import scoring
     from dg_plugins.alignment.rule import resolve_rule
 

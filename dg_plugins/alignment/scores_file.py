@@ -41,8 +41,7 @@ class ScoreTable:
 
 
 def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> None:
-    """Write ``frame`` (columns :data:`COLUMNS`, plus ``subset`` and any extra) with ``meta`` as
-    the header, atomically."""
+    """Write ``frame`` (:data:`COLUMNS`, then any other) with ``meta`` as header, atomically."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"score table lacks columns {missing}")

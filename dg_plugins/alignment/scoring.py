@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import dg_plugins.compat  # noqa: F401  (must precede torchvision / open_clip imports)
-from dg_plugins.alignment.cache import ScoreCache, image_key
+from dg_plugins.alignment.cache import ScoreCache, default_cache_dir, image_key
 from dg_plugins.alignment.provenance import FINGERPRINT_KEY, table_fingerprints
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import image_items
@@ -96,14 +96,12 @@ def hub_weight_files(filename: str) -> list[str]:
 
 def clip_url_cache() -> str:
     """The folder of weights open_clip downloads from a URL, read at each call."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return os.path.join(xdg, "clip") if xdg else os.path.join(os.path.expanduser("~"), ".cache",
-                                                              "clip")
+    return os.path.join(os.environ.get("XDG_CACHE_HOME")
+                        or os.path.join(os.path.expanduser("~"), ".cache"), "clip")
 
 
 def _url_of(model_name: str, pretrained) -> str | None:
-    """The URL open_clip downloads ``pretrained`` of ``model_name`` from (not the hub), else
-    None."""
+    """The URL open_clip downloads ``pretrained`` of ``model_name`` from (not the hub), or None."""
     import open_clip
 
     if model_name.startswith("hf-hub:") or is_random_init(pretrained) or os.path.isfile(
@@ -156,8 +154,7 @@ _SAMPLE = 1 << 16
 
 
 def _file_identity(path: str) -> str:
-    """What must be unchanged to reuse a memoised hash: path, inode, size, times, sampled
-    bytes."""
+    """What must be unchanged to reuse a memoised hash: path, inode, size, times, sampled bytes."""
     st = os.stat(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -232,8 +229,7 @@ def check_prompt(prompt: str) -> None:
 
 
 class AlignmentScorer:
-    """Scores images ``[B, 3, H, W]`` against their classes' prompts (embedded once): ``[B]`` raw
-    cosines."""
+    """Scores images ``[B, 3, H, W]`` against their classes' prompts: ``[B]`` raw cosines."""
 
     def __init__(self, model, tokenizer, class_names, prompt: str = DEFAULT_PROMPT,
                  device=None):
@@ -359,8 +355,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
                   device=None, num_workers: int | None = None, cache_dir: str | None = None,
                   use_cache: bool = True, seed: int = 0, dataset_name: str | None = None,
                   loaded=None, pretrained_tag: str | None = None) -> ScoreRun:
-    """AlignmentScore of every image of ``envs`` of ``dataset``, cached scores read; returns a
-    :class:`ScoreRun` whose ``table`` is ready for ``write_scores``."""
+    """AlignmentScore of every image of ``envs`` of ``dataset`` (cached ones read): a ScoreRun."""
     import open_clip
     import torch
 
@@ -387,8 +382,6 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
     if random_init:
         setting.update(pretrained="none", seed=int(seed))
     elif os.path.isfile(str(pretrained)):
-        from dg_plugins.alignment.cache import default_cache_dir
-
         sha = file_sha256(str(pretrained), cache_dir or default_cache_dir())
         setting.update(pretrained="file", pretrained_sha256=sha)
     else:
@@ -416,8 +409,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         scorer = AlignmentScorer(clip_model, tokenizer, class_names, prompt, device)
         class_index = torch.as_tensor([class_of[c] for c in items["class"]], dtype=torch.long)
         files = _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform)
-        if num_workers is None:
-            num_workers = min(8, os.cpu_count() or 1)
+        num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
         num_workers = max(0, min(num_workers, -(-len(todo) // batch_size)))
         loader = torch.utils.data.DataLoader(
             files, batch_size=batch_size, shuffle=False, num_workers=num_workers,

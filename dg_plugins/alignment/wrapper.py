@@ -241,8 +241,7 @@ class _PathMapper:
 
 
 def image_items(dataset, envs, data_dir: str | None):
-    """One row per image of ``envs``: ``env``, ``env_name``, ``path``, ``abs_path``, ``label``,
-    ``class``."""
+    """One row per image of ``envs``: ``env, env_name, path, abs_path, label, class``."""
     import pandas as pd
 
     columns = {k: [] for k in ("env", "env_name", "path", "abs_path", "label", "class")}
