@@ -1,13 +1,11 @@
-"""The logic of ``python -m dg_plugins.scripts.check_data`` (usage and exit statuses: its
-docstring): name the layout found (domains, classes, image counts), refuse a tree one level off
-(:func:`one_level_off`, which train runs too), then find every unreadable image of an
-image-folder dataset by decoding it as training does
-(:func:`dg_plugins.datasets.image_folder.image_error`), in a process pool, with a summary per
-environment."""
+"""The logic of ``python -m dg_plugins.scripts.check_data``: name the layout found, refuse a tree
+one level off (:func:`one_level_off`, which train runs too), then decode every image of an
+image-folder dataset as training does, in a process pool, and list the unreadable ones."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections import Counter
@@ -59,9 +57,8 @@ def image_folder_datasets() -> list[str]:
 
 
 def load_dataset(name: str, data_dir: str):
-    """Build the dataset as train would (no augmentation; plugins loaded first, by the caller):
-    its layout is checked and its image files listed. Raises :class:`BadInput` for unknown
-    names, datasets without image files and missing or badly laid-out folders."""
+    """Build the dataset as train would (no augmentation); :class:`BadInput` for an unknown name,
+    a dataset without image files, or missing or badly laid-out folders."""
     from dg_plugins import catalog, layouts
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
     from dg_plugins.registry import DATASETS, close_names
@@ -117,13 +114,10 @@ def _shown(names: Sequence[str], limit: int = 6) -> str:
 
 def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root: bool,
                   layout: str) -> str | None:
-    """The error for an image tree whose every class folder holds no image of its own, only
-    folders holding images: each domain folder of ``root`` holds a single folder holding the class
-    folders (every image would get one label), or its "class" folders share subfolder names (they
-    are domains, and ``root`` is a folder above image trees). None for any other layout (the first
-    class folder holding an image ends the look); ``layout``: the layout expected, for the fix;
-    ``data_dir_is_root``: whether ``--data_dir`` names ``root`` itself (the generic ImageFolder),
-    so that the fix can be another ``--data_dir``. Torch-free (train runs it before it writes)."""
+    """The error for a tree whose class folders hold only folders of images: each domain folder
+    holds one folder of class folders, or the "class" folders share subfolder names (they are
+    domains); None otherwise. ``data_dir_is_root``: ``--data_dir`` names ``root`` (the fix can
+    be another ``--data_dir``). Torch-free (train runs it before it writes)."""
     from dg_plugins.layouts import has_image, visible_subfolders
 
     inner: dict[str, dict[str, list[str]]] = {}
@@ -189,39 +183,30 @@ def check_files(paths: Sequence[str], workers: int,
     processes (in this process when ``workers`` <= 1 or there are few files)."""
     from dg_plugins.datasets.image_folder import image_error
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    with contextlib.ExitStack() as stack:
+        bar = None
+        if progress:
+            from tqdm import tqdm
 
-        bar = tqdm(total=len(paths), desc="checking images", unit="img", file=sys.stderr)
-    try:
-        if workers <= 1 or len(paths) < MIN_FILES_FOR_POOL:
-            results = map(image_error, paths)
-            yield from _with_progress(paths, results, bar)
-        else:
+            bar = stack.enter_context(tqdm(total=len(paths), desc="checking images", unit="img",
+                                           file=sys.stderr))
+        results = map(image_error, paths)
+        if workers > 1 and len(paths) >= MIN_FILES_FOR_POOL:
             from concurrent.futures import ProcessPoolExecutor
 
             chunksize = max(1, min(64, len(paths) // (workers * 8)))
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                results = pool.map(image_error, paths, chunksize=chunksize)
-                yield from _with_progress(paths, results, bar)
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _with_progress(paths, results, bar):
-    for path, error in zip(paths, results):
-        if bar is not None:
-            bar.update()
-        yield path, error
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
+            results = pool.map(image_error, paths, chunksize=chunksize)
+        for path, error in zip(paths, results):
+            if bar is not None:
+                bar.update()
+            yield path, error
 
 
 def run_check(dataset, workers: int, progress: bool,
               out: Callable[[str], None] = print) -> int:
-    """Check every image of a built image-folder ``dataset``; print each unreadable file as it is
-    found, then a summary per environment; return the number of unreadable files. Without a
-    progress bar, a plain ``checked N of M`` line marks every tenth of a large dataset."""
+    """Check every image of ``dataset``: each unreadable file as it is found (without a bar, a
+    ``checked N of M`` line every tenth), then a summary per environment; returns their count."""
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]

@@ -1,58 +1,44 @@
-"""The decoded-image cache (exact): every image of an image-folder dataset decoded once per
-machine, as :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.load` decodes it,
-into memory-mapped uint8 files that the jobs of a sweep share; and the uint8 pixels evaluation
-reads, so that no evaluation decodes or transforms an image twice:
+"""The decoded-image cache (exact): each image of an image-folder dataset decoded once per machine
+(as :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.load` decodes it) into
+memory-mapped uint8 files that a sweep's jobs share, with the uint8 pixels evaluation reads:
+``decoded`` (each environment's RGB images, a flat file and an index; an undecodable item is
+left out and raises where it is read), ``plain`` (a deterministic evaluation transform's pixels)
+and ``eval`` (an augmented split's evaluation pixels, written by its first evaluation). A
+:class:`PixelTransform` splits a transform into PIL operations and a finisher run on the job's
+device (:class:`TableFinisher`, exact; or the device augmentation).
 
-* ``decoded``: each environment's RGB images, one flat file and an index (offset, height, width
-  per item). An item PIL cannot decode is left out (its file is read, and its error raised, where
-  it is read, as without the cache). Training rebuilds the PIL image (``Image.fromarray``: the
-  same pixels) and augments it unchanged.
-* ``plain``: a deterministic evaluation transform's pixels per item (the plain transform's
-  224x224 resize), ``[items, 3, H, W]``.
-* ``eval``: an augmented split's evaluation pixels, ``[items, 3, H, W]``, a function of the split's
-  items, its batch partition and seeds (:func:`dg_plugins.train.evaluate.eval_seed`) and the
-  transform: written by the first evaluation of the split, read by every later one (of this job
-  and of the sweep's other jobs).
-
-:class:`PixelTransform` splits a transform into its pixel part (PIL operations) and its tensor
-part, a finisher run on the job's device: ToTensor + Normalize as a 256-entry table per channel
-computed by them (:class:`TableFinisher`: the model's input is the transform's output bit for
-bit), or with ``--augment_on device`` the seeded device augmentation
-(:mod:`dg_plugins.datasets.device_augment`; its pixel part is the crop).
-
-Files: ``$DG_PLUGINS_CACHE/decoded`` (default ``~/.cache/dg_plugins/decoded``), one folder per
-dataset folder; an environment's files are named by a fingerprint of its file list (paths, sizes,
-modification and change times, inodes) and the decoder's versions, so changed or replaced images
-make new files (the old ones are removed). Each finished entry has a ``.sum`` file (each file's
-size, inode, times and SHA-256, written when it was built): an entry whose files changed since is
-checked against it and, when damaged (truncated, overwritten), removed and built again, so a
-cache file is never read unless it holds what was built. ``DG_PLUGINS_DECODED_CACHE=off`` turns
-the cache off; the dataset's files (its decoded images and plain pixels; its evaluation pixels
-are skipped when they would not fit) stay within ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20)
-and leave the disk some room (:data:`DISK_RESERVE`), else the job runs from the image files as
-before. Files are allocated on the disk, then written with regular writes (they are only read
-through memory maps): a full disk is an OSError that the job reports in one line, going on
-without new files, never the SIGBUS of a write through a memory map.
-
-Jobs on one machine build a folder's files once: an exclusive ``flock`` on ``.build.lock``,
-which holds its holder's pid; the others wait, and stop at the first stop signal (a train job's
-:class:`~dg_plugins.signals.StopRequest`). The build processes die with their job (Linux's
-parent-death signal, else a watch of the parent) and do not hold the lock; a lock whose holder
-is gone while processes it started still hold it is taken over.
+Files live in ``$DG_PLUGINS_CACHE/decoded``, one folder per dataset folder, named by a
+fingerprint of the image files and the decoder's versions; each finished entry has a ``.sum``
+(sizes, inodes, times, SHA-256) against which a changed file is checked, a damaged one removed
+and built again. ``DG_PLUGINS_DECODED_CACHE=off`` turns it off; ``DG_PLUGINS_DECODED_BUDGET_GB``
+(default 20) and :data:`DISK_RESERVE` bound it. Files are allocated first, then written with
+regular writes, so a full disk is a one-line OSError, never a SIGBUS. One job per machine builds a
+folder under an ``flock`` on ``.build.lock`` (holding its pid); the others wait, stopping at a
+stop signal; a lock whose holder is gone while its orphaned build processes hold it is taken over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
+import io
 import json
 import math
+import multiprocessing
 import os
+import re
 import signal
 import socket
 import sys
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import numpy as np
+import torch
 
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
@@ -62,8 +48,8 @@ CACHE_ENV = "DG_PLUGINS_CACHE"
 SWITCH_ENV = "DG_PLUGINS_DECODED_CACHE"
 BUDGET_ENV = "DG_PLUGINS_DECODED_BUDGET_GB"
 DEFAULT_BUDGET_GB = 20.0
-#: Free disk space the cache leaves (1 GiB, or a twentieth of a smaller disk): the job's own
-#: records and checkpoints may be written to the same disk.
+_ROOM_FIX = f"to cache them free space there or set {CACHE_ENV} to a folder on a disk with room"
+#: Free disk space the cache leaves (1 GiB, or a twentieth of a smaller disk) for the job's files.
 DISK_RESERVE = 2**30
 #: Bumped when the files' format or what they hold changes.
 FORMAT_VERSION = 2
@@ -79,12 +65,14 @@ PIXEL_OPS = ("Resize", "CenterCrop", "RandomResizedCrop", "RandomCrop", "RandomH
 DETERMINISTIC_OPS = ("Resize", "CenterCrop")
 
 
-def cache_folder() -> str:
-    """``$DG_PLUGINS_CACHE/decoded``, else ``$XDG_CACHE_HOME/dg_plugins/decoded``, else
-    ``~/.cache/dg_plugins/decoded``."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(
+def cache_base() -> str:
+    """``$DG_PLUGINS_CACHE``, else ``$XDG_CACHE_HOME/dg_plugins``, else ``~/.cache/dg_plugins``."""
+    return os.environ.get(CACHE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
-    return os.path.join(base, "decoded")
+
+
+def cache_folder() -> str:
+    return os.path.join(cache_base(), "decoded")
 
 
 def enabled() -> bool:
@@ -93,8 +81,7 @@ def enabled() -> bool:
 
 
 def budget_bytes() -> int:
-    """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; a bad value (not a finite number
-    >= 0) raises ValueError naming it and the valid values."""
+    """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; ValueError for a bad value."""
     text = os.environ.get(BUDGET_ENV, "").strip()
     if not text:
         return int(DEFAULT_BUDGET_GB * 2**30)
@@ -117,24 +104,23 @@ def _digest(*parts) -> str:
     return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
 
 
+def _prod(shape) -> int:
+    return math.prod(int(v) for v in shape)
+
+
 # ------------------------------------------------------------------------------------------------
 # A transform's pixel part and tensor part
 
 
 class TableFinisher:
-    """The exact finisher: ToTensor + Normalize as ``table`` (float32 ``[3, 256]``, what they make
-    of each channel value, computed by them), so that ``finisher(pixels, device)``
-    (:func:`to_model_input`) is the transform's output bit for bit (both ops are elementwise).
-
-    A finisher turns a batch of uint8 pixels ``[N, 3, H, W]`` (a pixel part's output, collated)
-    into the model's float input on a device: ``finisher(pixels, device, seed)``; ``seed`` is the
-    batch's seed, which only a ``seeded`` finisher reads (the device augmentation,
-    :class:`dg_plugins.datasets.device_augment.DeviceFinisher`). ``key`` names what it computes."""
+    """The exact finisher: ToTensor + Normalize as ``table`` (float32 ``[3, 256]``, computed by
+    them), so that ``finisher(pixels, device)`` is the transform's output bit for bit. A finisher
+    turns uint8 pixels ``[N, 3, H, W]`` into the model's input; only a ``seeded`` one (the device
+    augmentation) reads the batch's ``seed``; ``key`` names what it computes."""
 
     seeded = False
 
     def __init__(self, to_tensor, normalize):
-        import numpy as np
         from PIL import Image
 
         ramp = np.repeat(np.arange(256, dtype=np.uint8).reshape(1, 256, 1), 3, axis=2)
@@ -147,11 +133,8 @@ class TableFinisher:
 
 
 class PixelTransform:
-    """A transform split in two: ``ops``, PIL operations (:data:`PIXEL_OPS`), which
-    :meth:`pixels` runs (the same random draws as the whole transform) and returns as uint8
-    ``[3, H, W]``; and ``finisher``, what turns a batch of those pixels into the model's input on
-    the job's device (:class:`TableFinisher`: ToTensor + Normalize, exact). ``key`` names the
-    operations' parameters and the finisher (the cache's files of pixels are named by it)."""
+    """A transform split into ``ops`` (PIL operations, :data:`PIXEL_OPS`; :meth:`pixels` runs
+    them, with the whole transform's random draws) and ``finisher``; ``key`` names both."""
 
     def __init__(self, ops, finisher):
         self.ops = list(ops)
@@ -166,9 +149,6 @@ class PixelTransform:
 
     def pixels(self, image):
         """uint8 ``[3, H, W]`` (a torch tensor) of ``image`` (RGB PIL) after the PIL ops."""
-        import numpy as np
-        import torch
-
         for op in self.ops:
             image = op(image)
         if image.mode != "RGB":
@@ -176,8 +156,8 @@ class PixelTransform:
         return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
     def image_shape(self) -> tuple | None:
-        """``(3, H, W)`` of every output when the output size does not depend on the input
-        (checked on two images of other sizes); None otherwise or for a random transform."""
+        """``(3, H, W)`` of every output when it does not depend on the input size (checked on two
+        sizes); None otherwise or for a random transform."""
         from PIL import Image
 
         if not self.deterministic:
@@ -188,9 +168,8 @@ class PixelTransform:
 
 
 def split_transform(transform) -> PixelTransform | None:
-    """``transform`` as a :class:`PixelTransform`, or None when it is not a torchvision Compose
-    of :data:`PIXEL_OPS` (Grayscale only with 3 output channels) then ToTensor and Normalize
-    with 3 channels."""
+    """``transform`` as a :class:`PixelTransform`, or None unless it is a torchvision Compose of
+    :data:`PIXEL_OPS` then ToTensor and a 3-channel Normalize."""
     if transform is None:
         return None
     from torchvision import transforms as T
@@ -198,12 +177,10 @@ def split_transform(transform) -> PixelTransform | None:
     if type(transform) is not T.Compose or len(transform.transforms) < 2:
         return None
     *ops, to_tensor, normalize = transform.transforms
-    if type(to_tensor) is not T.ToTensor or type(normalize) is not T.Normalize:
-        return None
-    if len(normalize.mean) != 3 or len(normalize.std) != 3:
-        return None
-    if any(type(op) is not getattr(T, type(op).__name__, None)
-           or type(op).__name__ not in PIXEL_OPS for op in ops):
+    if (type(to_tensor) is not T.ToTensor or type(normalize) is not T.Normalize
+            or len(normalize.mean) != 3 or len(normalize.std) != 3
+            or any(type(op) is not getattr(T, type(op).__name__, None)
+                   or type(op).__name__ not in PIXEL_OPS for op in ops)):
         return None
     return PixelTransform(ops, TableFinisher(to_tensor, normalize))
 
@@ -212,12 +189,8 @@ _DEVICE_TABLES: dict = {}
 
 
 def to_model_input(pixels, table, device):
-    """uint8 ``[N, 3, H, W]`` pixels (a tensor, pinned for a CUDA device) as the model's float32
-    input on ``device``: ``table[c, value]`` per element (:class:`PixelTransform`), a contiguous
-    tensor. On a CPU a numpy lookup per image and channel; elsewhere a gather on the device."""
-    import numpy as np
-    import torch
-
+    """uint8 ``[N, 3, H, W]`` pixels as the model's float32 input on ``device``: ``table[c,
+    value]`` per element (a numpy lookup on a CPU, a gather on another device)."""
     device = torch.device(device)
     n, c, h, w = pixels.shape
     if device.type == "cpu":
@@ -244,8 +217,7 @@ def to_model_input(pixels, table, device):
 
 class DecodedImages:
     """One environment's decoded images: a flat uint8 file and ``index`` (int64 ``[items, 3]``:
-    offset, height, width; offset -1 for an item left out). The file is mapped when first read,
-    in each process (a pickled copy maps it again)."""
+    offset, height, width; offset -1 for an item left out), mapped when first read."""
 
     def __init__(self, path: str, index):
         self.path = path
@@ -258,17 +230,11 @@ class DecodedImages:
     def __len__(self) -> int:
         return len(self.index)
 
-    @property
-    def nbytes(self) -> int:
-        return os.path.getsize(self.path)
-
     def has(self, item: int) -> bool:
         return bool(self.index[item, 0] >= 0)
 
     def array(self, item: int):
         """The item's ``[H, W, 3]`` uint8 pixels (a view of the file), or None when left out."""
-        import numpy as np
-
         offset, height, width = (int(v) for v in self.index[item])
         if offset < 0:
             return None
@@ -277,7 +243,7 @@ class DecodedImages:
         return self._data[offset:offset + height * width * 3].reshape(height, width, 3)
 
     def image(self, item: int):
-        """The item's RGB PIL image (``Image.fromarray``: the decoded pixels), or None."""
+        """The item's RGB PIL image (the decoded pixels), or None."""
         from PIL import Image
 
         array = self.array(item)
@@ -298,8 +264,6 @@ class PixelEntry:
 
     @property
     def data(self):
-        import numpy as np
-
         if self._data is None:
             self._data = np.load(self.path, mmap_mode="r")
         return self._data
@@ -309,8 +273,6 @@ class PixelEntry:
 
     def read(self, rows):
         """The pixels of ``rows`` (a slice or an index array) as a new array."""
-        import numpy as np
-
         return np.array(self.data[rows])
 
 
@@ -340,51 +302,41 @@ def _free_bytes(folder: str) -> int:
 
 
 def _disk_room(folder: str) -> int:
-    """What the cache may still write on the disk of ``folder``: its free space less
-    :data:`DISK_RESERVE` (a twentieth of the disk's size on a disk under 20 GiB)."""
+    """The free space on the disk of ``folder`` less :data:`DISK_RESERVE` (a twentieth of a
+    disk under 20 GiB)."""
     stat = os.statvfs(folder)
-    reserve = min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
-    return _free_bytes(folder) - reserve
+    return _free_bytes(folder) - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
 
 
 def _allocate(path: str, size: int) -> None:
     """Give the file ``path`` ``size`` bytes (at least 1) on the disk at once
-    (``posix_fallocate``), so that a full disk is found before any work, as an OSError (ENOSPC);
-    where the system cannot, the file is only extended (the regular writes that fill it report
-    a full disk as an OSError too: no file of the cache is written through a memory map)."""
+    (``posix_fallocate``: a full disk is an OSError before any work); where the system cannot,
+    the file is only extended."""
+    size = max(size, 1)
     with open(path, "r+b") as handle:
         fallocate = getattr(os, "posix_fallocate", None)
         if fallocate is not None:
             try:
-                fallocate(handle.fileno(), 0, max(size, 1))
+                fallocate(handle.fileno(), 0, size)
                 return
             except OSError as err:
                 if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
-        if os.fstat(handle.fileno()).st_size < max(size, 1):
-            handle.truncate(max(size, 1))
+        if os.fstat(handle.fileno()).st_size < size:
+            handle.truncate(size)
 
 
-def _new_flat(path: str, size: int) -> None:
-    """A new file of ``size`` bytes (at least 1) allocated on the disk (:func:`_allocate`)."""
-    with open(path, "wb"):
-        pass
-    _allocate(path, size)
-
-
-def _new_npy(path: str, shape: tuple) -> int:
-    """A new uint8 ``.npy`` file of ``shape`` (its header written, its data zeros) allocated on
-    the disk (:func:`_allocate`); returns where its data starts."""
-    import io
-
-    import numpy as np
-
+def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
+    """A new file allocated on the disk (:func:`_allocate`): a uint8 ``.npy`` of ``shape`` (its
+    header written), else flat of ``size`` bytes; returns where its data starts."""
     header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
-                                                  "shape": tuple(int(v) for v in shape)})
+    if shape is not None:
+        np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
+                                                      "shape": tuple(int(v) for v in shape)})
+        size = _prod(shape)
     with open(path, "wb") as handle:
         handle.write(header.getvalue())
-    _allocate(path, len(header.getvalue()) + _prod(shape))
+    _allocate(path, len(header.getvalue()) + size)
     return len(header.getvalue())
 
 
@@ -413,8 +365,8 @@ def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
 
 
 def _damage(sum_path: str, paths: list[str]) -> str | None:
-    """None when the files of an entry hold what was built (their ``.sum``: unchanged since,
-    else the same size and SHA-256, the sum then renewed), else what is wrong with them."""
+    """None when the files of an entry hold what was built (unchanged since their ``.sum``, else
+    the same size and SHA-256, the sum then renewed), else what is wrong with them."""
     try:
         with open(sum_path, "rb") as handle:
             files = json.loads(handle.read())["files"]
@@ -443,11 +395,27 @@ def _damage(sum_path: str, paths: list[str]) -> str | None:
     return None
 
 
+def _save_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (via a temporary file and a rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def _save_npy(path: str, array) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    _save_bytes(path, buffer.getvalue())
+
+
 # ------------------------------------------------------------------------------------------------
 # The build lock
 
-#: File descriptors of the build locks this process holds (a build process closes them: the lock
-#: is its job's alone).
+#: File descriptors of the build locks this process holds (a build process closes them).
 _LOCK_FDS: set = set()
 
 
@@ -460,25 +428,22 @@ def _holder(fd: int) -> tuple[int, str] | None:
         return None
 
 
-def _same_file(fd: int, path: str) -> bool:
+def _inode(path: str) -> int | None:
     try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
+        return os.stat(path).st_ino
     except FileNotFoundError:
-        return False
+        return None
 
 
 def _take_over(folder: str, path: str, inode: int) -> bool:
-    """Remove the lock file ``path`` when it is still the file ``inode`` (not replaced by another
-    job meanwhile: checked under a lock of its own); True when it was removed."""
+    """Remove the lock file ``path`` when it is still the file ``inode`` (checked under a lock of
+    its own); True when it was removed."""
     import fcntl
 
     guard = os.open(os.path.join(folder, TAKEOVER_NAME), os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        try:
-            if os.stat(path).st_ino != inode:
-                return False
-        except FileNotFoundError:
+        if _inode(path) != inode:
             return False
         os.remove(path)
         return True
@@ -488,12 +453,10 @@ def _take_over(folder: str, path: str, inode: int) -> bool:
 
 @contextlib.contextmanager
 def _folder_lock(folder: str, stop=None, stopped=None):
-    """An exclusive ``flock`` on ``folder/.build.lock`` (none where fcntl is missing), holding
-    this process's ``pid host``. Held by another job, it says so and waits, looking every
-    :data:`LOCK_POLL_S` seconds: at ``stop`` (a :class:`~dg_plugins.signals.SignalCatcher` whose
-    ``signum`` a stop signal sets) it raises ``stopped(signum, message)``; a lock whose holder is
-    gone from this machine (seen twice) while other processes hold it (a killed job's build
-    processes, started before they died with it) is taken over: its file is replaced."""
+    """An exclusive ``flock`` on ``folder/.build.lock`` holding this process's ``pid host``.
+    Held by another job, it says so and waits (:func:`_check_stop` between looks); a lock whose
+    holder is gone from this machine (seen twice) while its build processes hold it is taken
+    over."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
@@ -514,7 +477,7 @@ def _folder_lock(folder: str, stop=None, stopped=None):
             os.close(fd)
             raise
         else:
-            if _same_file(fd, path):  # not replaced by a take-over since it was opened
+            if os.fstat(fd).st_ino == _inode(path):  # not replaced by a take-over since opened
                 break
             os.close(fd)
             continue
@@ -535,11 +498,9 @@ def _folder_lock(folder: str, stop=None, stopped=None):
         _check_stop(stop, stopped, waiting)
         time.sleep(LOCK_POLL_S)
         _check_stop(stop, stopped, waiting)
-    try:
+    with contextlib.suppress(OSError):  # a full disk: the lock holds, without its holder's pid
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {host}\n".encode(), 0)
-    except OSError:  # a full disk: the lock holds, without its holder's pid
-        pass
     _LOCK_FDS.add(fd)
     try:
         yield
@@ -551,8 +512,7 @@ def _folder_lock(folder: str, stop=None, stopped=None):
 
 
 def _check_stop(stop, stopped, doing: str) -> None:
-    """Raise ``stopped(signum, message)`` when ``stop`` caught a stop signal (module
-    docstring)."""
+    """Raise ``stopped(signum, message)`` when ``stop`` (a job's StopRequest) caught a signal."""
     signum = getattr(stop, "signum", None)
     if signum is None or stopped is None:
         return
@@ -562,7 +522,6 @@ def _check_stop(stop, stopped, doing: str) -> None:
 
 def _versions() -> str:
     """What decoding depends on besides the files: PIL and its codecs, numpy, this format."""
-    import numpy as np
     import PIL
     from PIL import features
 
@@ -574,10 +533,8 @@ def _versions() -> str:
 
 
 def fingerprint(env) -> tuple[str, int]:
-    """``(digest, bytes of the files)`` of an environment's items: their paths relative to the
-    dataset folder, sizes, modification and change times and inodes (an image replaced or
-    rewritten in place with its size and modification time kept still changes the last two), in
-    item order, and :func:`_versions`."""
+    """``(digest, bytes of the files)`` of an environment's items: relative paths, labels, sizes,
+    modification and change times and inodes, in item order, and :func:`_versions`."""
     digest = hashlib.sha256(_versions().encode())
     parent = os.path.dirname(os.path.normpath(env.root))
     total = 0
@@ -599,17 +556,13 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with(parent: int) -> None:
-    """End this process when ``parent`` (the job) ends, however it ends (``kill -9``, the OOM
-    killer): Linux's parent-death signal (SIGKILL), else a thread that watches the parent."""
+    """End this process when ``parent`` (the job) ends, however it ends: Linux's parent-death
+    signal (SIGKILL), else a thread that watches the parent."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl")
     except (OSError, AttributeError):  # not Linux
-        import threading
-
         def watch():
             while os.getppid() == parent:
                 time.sleep(1.0)
@@ -621,14 +574,9 @@ def _die_with(parent: int) -> None:
 
 
 def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job (:func:`_die_with`); does not hold the job's build lock
-    (its copies of the lock's descriptors closed, so the lock ends with the job); the
-    environments to read, the default signal dispositions (not the job's stop handlers, which
-    would keep it alive when the pool ends it; Ctrl-C is the job's), and one torch thread, as a
-    DataLoader worker has: a process forked after the job ran an OpenMP region would hang in its
-    first parallel torch operation."""
-    import torch
-
+    """A build process: dies with its job; closes its copies of the build lock (the lock ends with
+    the job); default signal dispositions (the job's stop handlers would keep it alive; Ctrl-C is
+    the job's); one torch thread, as a DataLoader worker (a fork after an OpenMP region hangs)."""
     _die_with(parent)
     for fd in list(_LOCK_FDS):
         with contextlib.suppress(OSError):
@@ -641,11 +589,9 @@ def _start_builder(envs, parent: int) -> None:
 
 
 class Builders:
-    """Where a build's tasks run: in this process (``cores`` 1), or in one pool of ``cores``
-    processes forked once per build (a ``concurrent.futures`` pool: a builder that dies fails
-    the build with an error, where a ``multiprocessing.Pool`` would wait for its result forever).
-    A task's first element is its environment's position in ``envs``. ``check`` (no arguments)
-    runs between tasks' results: it raises to stop the build."""
+    """Where a build's tasks run: in this process (``cores`` 1), or in one ``concurrent.futures``
+    pool of ``cores`` forked processes (a builder that dies fails the build, where a
+    ``multiprocessing.Pool`` would hang). ``check()`` runs between results; it raises to stop."""
 
     def __init__(self, envs: list, cores: int, check=None):
         self.envs, self.cores, self.pool = list(envs), cores, None
@@ -662,10 +608,6 @@ class Builders:
             finally:
                 _BUILD_ENVS.clear()
             return out
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
-        import multiprocessing
-
         if self.pool is None:
             self.pool = ProcessPoolExecutor(self.cores, multiprocessing.get_context("fork"),
                                             initializer=_start_builder,
@@ -679,8 +621,12 @@ class Builders:
             raise OSError(f"a build process died ({err})") from err
         return out
 
-    def position(self, env) -> int:
-        return next(k for k, e in enumerate(self.envs) if e is env)
+    def chunks(self, function, env, items: list, *args) -> list:
+        """``function((position of env, *args, chunk))`` over chunks of ``items``, concatenated."""
+        position = next(k for k, e in enumerate(self.envs) if e is env)
+        size = max(1, min(256, -(-len(items) // max(1, 4 * self.cores))))
+        tasks = [(position, *args, items[k:k + size]) for k in range(0, len(items), size)]
+        return [row for part in self.map(function, tasks) for row in part]
 
     def close(self) -> None:
         if self.pool is not None:
@@ -688,11 +634,11 @@ class Builders:
             self.pool = None
 
 
-def _header_sizes(items):
+def _header_sizes(task):
     """``[(item, height, width)]`` from the files' headers (0, 0 when PIL cannot open one)."""
     from PIL import Image
 
-    position, items = items
+    position, items = task
     env, out = _BUILD_ENVS[position], []
     for item in items:
         try:
@@ -705,10 +651,8 @@ def _header_sizes(items):
 
 
 def _write_at(fd: int, array, offset: int) -> None:
-    """Write ``array``'s bytes at ``offset`` of the file ``fd`` with regular writes (a full disk
-    is an OSError, where a write through a memory map would be a SIGBUS)."""
-    import numpy as np
-
+    """Write ``array``'s bytes at ``offset`` of ``fd`` with regular writes (a full disk is an
+    OSError, where a write through a memory map would be a SIGBUS)."""
     view = memoryview(np.ascontiguousarray(array)).cast("B")
     while view:
         written = os.pwrite(fd, view, offset)
@@ -716,10 +660,8 @@ def _write_at(fd: int, array, offset: int) -> None:
 
 
 def _decode_into(task):
-    """Decode ``items`` (``[(item, offset, height, width)]``) into the flat file ``path``;
-    returns the items left out (unreadable, or another size than their header's)."""
-    import numpy as np
-
+    """Decode ``[(item, offset, height, width)]`` into the flat file ``path``; returns the items
+    left out (unreadable, or another size than their header's)."""
     position, path, items = task
     env = _BUILD_ENVS[position]
     missing = []
@@ -757,20 +699,14 @@ def _pixels_into(task):
     return done
 
 
-def _chunks(items: list, cores: int) -> list[list]:
-    size = max(1, min(256, -(-len(items) // max(1, 4 * cores))))
-    return [items[k:k + size] for k in range(0, len(items), size)]
-
-
 # ------------------------------------------------------------------------------------------------
 # One dataset folder
 
 
 class EnvCache:
-    """One environment's files (``env.pixel_store``): its decoded images (``decoded``, None when
-    not cached), its deterministic transforms' pixels (``plain`` by transform key) and its
-    splits' evaluation pixels (:meth:`eval_entry`, :meth:`eval_writer`). An entry is read only
-    when its files hold what was built (:func:`_damage`); a damaged one is removed."""
+    """One environment's files (``env.pixel_store``): its decoded images (``decoded``), its
+    deterministic transforms' pixels (``plain`` by transform key) and its splits' evaluation
+    pixels. An entry is read only when it holds what was built (:func:`_damage`)."""
 
     def __init__(self, owner: "DatasetCache", env):
         self.owner = owner
@@ -784,50 +720,39 @@ class EnvCache:
     def __getstate__(self):  # what a loader worker needs: the files, not their builder
         return {**self.__dict__, "owner": None, "env": None}
 
-    # paths: an entry's files, then its .sum
-    def decoded_paths(self) -> tuple[str, str]:
-        return self.prefix + ".decoded", self.prefix + ".decoded.index.npy"
-
-    def decoded_sum(self) -> str:
-        return self.prefix + ".decoded.sum"
-
-    def plain_paths(self, key: str) -> tuple[str, str]:
-        return self.prefix + f".plain-{key}.npy", self.prefix + f".plain-{key}.ok.npy"
-
-    def plain_sum(self, key: str) -> str:
-        return self.prefix + f".plain-{key}.sum"
+    def paths(self, kind: str) -> tuple[str, str, str]:
+        """An entry's data, side array (index or ok) and ``.sum`` files; ``kind``: ``decoded``
+        or ``plain-<key>``."""
+        data = self.prefix + (".decoded" if kind == "decoded" else f".{kind}.npy")
+        side = self.prefix + (".decoded.index.npy" if kind == "decoded" else f".{kind}.ok.npy")
+        return data, side, f"{self.prefix}.{kind}.sum"
 
     def eval_path(self, key: str) -> str:
         return self.prefix + f".eval-{key}.npy"
 
-    def eval_sum(self, key: str) -> str:
-        return self.eval_path(key) + ".sum"
-
-    # reading
-    def _intact(self, paths, sum_path: str) -> bool:
-        """Whether the entry holds what was built; one with files that does not is removed
-        (and said). Only under the build lock: a build in progress has no files yet."""
-        if not any(os.path.exists(p) for p in (*paths, sum_path)):
-            return False
-        problem = _damage(sum_path, list(paths))
+    def _open(self, kind: str):
+        """``(data path, side array)`` of an intact entry, else None; one with files that is not
+        intact is removed (and said). Only under the build lock: a build has no files yet."""
+        data, side, sum_path = self.paths(kind)
+        if not any(os.path.exists(p) for p in (data, side, sum_path)):
+            return None
+        problem = _damage(sum_path, [data, side])
         if problem is not None:
-            self.owner.discard(list(paths), sum_path, problem)
-        return problem is None
+            self.owner.discard([data, side], sum_path, problem)
+            return None
+        return data, np.load(side)
 
     def open_decoded(self) -> bool:
-        import numpy as np
-
-        data, index = self.decoded_paths()
-        if self.decoded is None and self._intact((data, index), self.decoded_sum()):
-            self.decoded = DecodedImages(data, np.load(index))
+        if self.decoded is None:
+            found = self._open("decoded")
+            self.decoded = found and DecodedImages(*found)
         return self.decoded is not None
 
     def open_plain(self, key: str) -> PixelEntry | None:
-        import numpy as np
-
-        data, ok = self.plain_paths(key)
-        if key not in self.plain and self._intact((data, ok), self.plain_sum(key)):
-            self.plain[key] = PixelEntry(data, np.load(ok))
+        if key not in self.plain:
+            found = self._open(f"plain-{key}")
+            if found:
+                self.plain[key] = PixelEntry(*found)
         return self.plain.get(key)
 
     def plain_entry(self, transform: PixelTransform) -> PixelEntry | None:
@@ -836,10 +761,7 @@ class EnvCache:
     def eval_key(self, positions, transforms: list[PixelTransform], choice, batch_size: int,
                  seed: int) -> str:
         """The name of a split's evaluation pixels: this environment's files, the split's items
-        (``positions``) and which of ``transforms`` each takes (``choice``), the batch size, the
-        seed, and the versions of what draws and transforms."""
-        import numpy as np
-        import torch
+        and which transform each takes (``choice``), the batch size, seed and versions."""
         import torchvision
 
         return _digest(self.digest, [t.key for t in transforms],
@@ -848,10 +770,10 @@ class EnvCache:
                        torch.__version__, torchvision.__version__)[:24]
 
     def eval_entry(self, key: str) -> PixelEntry | None:
-        """The split's evaluation pixels when a job kept them and they are intact; a damaged
-        file is removed (written again by this evaluation). One without its ``.sum`` yet is
-        left alone (another job may be putting it in place)."""
-        path, sum_path = self.eval_path(key), self.eval_sum(key)
+        """The split's evaluation pixels when a job kept them and they are intact (a damaged file
+        is removed); one without its ``.sum`` yet is left alone (another job may be writing it)."""
+        path = self.eval_path(key)
+        sum_path = path + ".sum"
         if not os.path.exists(path) or not os.path.exists(sum_path):
             return None
         problem = _damage(sum_path, [path])
@@ -868,15 +790,13 @@ class EnvCache:
 
 
 class EvalWriter:
-    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`, regular writes in
-    order), in a file allocated on the disk first, then puts the file in place with its ``.sum``
-    (:meth:`commit`; a rename: readers see the whole file or none). A batch of another shape
-    than the first, a budget or disk that the file would exceed, or a write error (a full disk)
-    drops the file (the evaluation goes on)."""
+    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`), in a file
+    allocated first, then renames it in place with its ``.sum`` (:meth:`commit`). A batch of
+    another shape, a budget or disk it would exceed, or a write error drops the file."""
 
     def __init__(self, store: EnvCache, key: str, n: int):
         self.store, self.n = store, n
-        self.path, self.sum_path = store.eval_path(key), store.eval_sum(key)
+        self.path = store.eval_path(key)
         self.tmp = f"{self.path}.tmp.{os.getpid()}"
         self.handle = None  # the file, at the end of what was written
         self.shape = None  # of an item
@@ -887,8 +807,6 @@ class EvalWriter:
     def add(self, start: int, pixels) -> None:
         if self.failed:
             return
-        import numpy as np
-
         owner = self.store.owner
         try:
             if self.handle is None:
@@ -898,7 +816,7 @@ class EvalWriter:
                     owner.note_no_room("the augmented splits' evaluation pixels", size)
                     self.failed = True
                     return
-                offset = _new_npy(self.tmp, (self.n, *self.shape))
+                offset = _new_file(self.tmp, (self.n, *self.shape))
                 self.handle = open(self.tmp, "r+b")
                 self.digest = hashlib.sha256(self.handle.read(offset))
             if tuple(pixels.shape[1:]) != self.shape or start != self.filled:
@@ -920,7 +838,7 @@ class EvalWriter:
             self.handle.close()
             self.handle = None
             os.replace(self.tmp, self.path)
-            _seal(self.sum_path, [self.path], {self.path: self.digest.hexdigest()})
+            _seal(self.path + ".sum", [self.path], {self.path: self.digest.hexdigest()})
         except OSError as err:
             _remove(self.path)
             self.store.owner.note_error(err)
@@ -937,8 +855,8 @@ class EvalWriter:
 
 class DatasetCache:
     """The cache folder of one image-folder dataset (``dataset.root``): :meth:`prepare` builds
-    or reuses its environments' files and attaches them (``env.decoded``, ``env.pixel_store``).
-    ``stop`` and ``stopped``: see :func:`prepare`."""
+    or reuses its environments' files and attaches them. ``stop``, ``stopped``: see
+    :func:`prepare`."""
 
     def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
@@ -953,7 +871,6 @@ class DatasetCache:
         self._noted: set[str] = set()
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
-    # budget and disk
     def usage(self) -> int:
         total = 0
         with contextlib.suppress(FileNotFoundError):
@@ -962,16 +879,13 @@ class DatasetCache:
                     total += entry.stat().st_size
         return total
 
-    def disk_room(self) -> int:
-        """What the cache may still write on its disk (:func:`_disk_room`)."""
-        try:
-            return _disk_room(self.folder)
-        except OSError:  # no folder (yet): its writes will say what is wrong
-            return sys.maxsize
-
     def room(self) -> int:
         """Bytes the cache may add: within the budget, and leaving its disk some room."""
-        return min(self.budget - self.usage(), self.disk_room())
+        try:
+            disk = _disk_room(self.folder)
+        except OSError:  # no folder (yet): its writes will say what is wrong
+            disk = sys.maxsize
+        return min(self.budget - self.usage(), disk)
 
     def fits(self, size: int) -> bool:
         return size <= self.room()
@@ -986,8 +900,8 @@ class DatasetCache:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
 
     def note_no_room(self, what: str, size: int) -> None:
-        """Say that ``what`` (``size`` bytes) is not cached: over the budget, or too large for
-        the disk's free space; and how to cache it."""
+        """Say that ``what`` (``size`` bytes) is not cached (over the budget, or the disk's free
+        space) and how to cache it."""
         used = self.usage()
         if used + size > self.budget:
             need = max(1, -(-(used + size) // 2**30))
@@ -995,28 +909,24 @@ class DatasetCache:
                        f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}={need}",
                        key=what)
             return
-        free = _free_bytes(self.folder)
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
-                   f"{gb(free)} free, and the cache leaves some free for the jobs' files; to "
-                   f"cache them free space there or set {CACHE_ENV} to a folder on a disk with "
-                   "room", key=what)
+                   f"{gb(_free_bytes(self.folder))} free, and the cache leaves some free for the "
+                   f"jobs' files; {_ROOM_FIX}", key=what)
 
     def note_error(self, err: OSError) -> None:
-        """Say that a write failed (one line; a full disk with its fix); nothing is written
-        after it."""
+        """Say that a write failed (a full disk with its fix); nothing is written after it."""
         self.writable = False
         if err.errno in DISK_FULL_ERRNOS:
             self._note(f"no space left on the disk of {self.folder} ({err.strerror}); going on "
-                       "without new cache files (images are read from their files); to cache "
-                       f"them free space there or set {CACHE_ENV} to a folder on a disk with "
-                       "room", sys.stderr, key="disk full")
+                       f"without new cache files (images are read from their files); {_ROOM_FIX}",
+                       sys.stderr, key="disk full")
             return
         self._note(f"could not write in {self.folder} ({err}); going on without new files",
                    sys.stderr)
 
     def discard(self, paths: list[str], sum_path: str, problem: str) -> None:
-        """Remove a damaged entry's files (said once), so that it is built again; where they
-        cannot be removed, say how to clear the folder."""
+        """Remove a damaged entry's files (said once); where they cannot be removed, say how to
+        clear the folder."""
         try:
             for path in (sum_path, *paths):
                 _remove(path)
@@ -1029,7 +939,6 @@ class DatasetCache:
     def check_stop(self, doing: str) -> None:
         _check_stop(self.stop, self.stopped, doing)
 
-    # building
     def _clean(self, stores: list[EnvCache]) -> None:
         """Remove files of earlier versions of these environments' images, and temporary files
         of processes that are gone."""
@@ -1045,11 +954,27 @@ class DatasetCache:
             if stale:
                 _remove(entry.path)
 
+    @staticmethod
+    def _build(store: EnvCache, kind: str, write) -> None:
+        """Write an entry through a temporary file (``write(tmp)`` fills it and returns the side
+        array), then its side array and ``.sum``; on any failure none of its files is left."""
+        data, side, sum_path = store.paths(kind)
+        tmp = f"{data}.tmp.{os.getpid()}"
+        try:
+            array = write(tmp)
+            digest = _file_digest(tmp)
+            os.replace(tmp, data)
+            _save_npy(side, array)
+            _seal(sum_path, [data, side], {data: digest})
+        except BaseException:
+            for path in (sum_path, data, side):
+                _remove(path)
+            raise
+        finally:
+            _remove(tmp)
+
     def _build_decoded(self, store: EnvCache, sizes: list[tuple[int, int, int]],
                        builders: Builders) -> None:
-        import numpy as np
-
-        data_path, index_path = store.decoded_paths()
         index = np.full((len(store.env.samples), 3), -1, dtype=np.int64)
         offset, todo = 0, []
         for item, height, width in sizes:
@@ -1057,67 +982,34 @@ class DatasetCache:
                 index[item] = (offset, height, width)
                 todo.append((item, offset, height, width))
                 offset += height * width * 3
-        tmp = f"{data_path}.tmp.{os.getpid()}"
-        try:
-            _new_flat(tmp, offset)
-            position = builders.position(store.env)
-            missing = builders.map(_decode_into, [(position, tmp, chunk)
-                                                  for chunk in _chunks(todo, builders.cores)])
-            for item in (i for part in missing for i in part):
+
+        def write(tmp):
+            _new_file(tmp, None, offset)
+            for item in builders.chunks(_decode_into, store.env, todo, tmp):
                 index[item, 0] = -1
-            digest = _file_digest(tmp)
-            os.replace(tmp, data_path)
-            _save_npy(index_path, index)
-            _seal(store.decoded_sum(), [data_path, index_path], {data_path: digest})
-        except BaseException:
-            for path in (store.decoded_sum(), data_path, index_path):
-                _remove(path)
-            raise
-        finally:
-            _remove(tmp)
+            return index
+
+        self._build(store, "decoded", write)
         store.open_decoded()
 
     def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
                      builders: Builders) -> None:
-        import numpy as np
-
-        data_path, ok_path = store.plain_paths(transform.key)
-        sum_path = store.plain_sum(transform.key)
         n = len(store.env.samples)
-        tmp = f"{data_path}.tmp.{os.getpid()}"
-        try:
-            start = _new_npy(tmp, (n, *shape))
-            position = builders.position(store.env)
-            done = builders.map(_pixels_into, [(position, tmp, start, shape, transform, chunk)
-                                               for chunk in _chunks(list(range(n)),
-                                                                    builders.cores)])
-            ok = np.zeros(n, dtype=bool)
-            ok[[i for part in done for i in part]] = True
-            digest = _file_digest(tmp)
-            os.replace(tmp, data_path)
-            _save_npy(ok_path, ok)
-            _seal(sum_path, [data_path, ok_path], {data_path: digest})
-        except BaseException:
-            for path in (sum_path, data_path, ok_path):
-                _remove(path)
-            raise
-        finally:
-            _remove(tmp)
-        store.open_plain(transform.key)
 
-    def _header_sizes(self, store: EnvCache,
-                      builders: Builders) -> list[tuple[int, int, int]]:
-        position = builders.position(store.env)
-        tasks = [(position, chunk)
-                 for chunk in _chunks(list(range(len(store.env.samples))), builders.cores)]
-        return [row for part in builders.map(_header_sizes, tasks) for row in part]
+        def write(tmp):
+            start = _new_file(tmp, (n, *shape))
+            ok = np.zeros(n, dtype=bool)
+            ok[builders.chunks(_pixels_into, store.env, list(range(n)), tmp, start, shape,
+                               transform)] = True
+            return ok
+
+        self._build(store, f"plain-{transform.key}", write)
+        store.open_plain(transform.key)
 
     def prepare(self, cores: int = 1) -> str:
         """Build what is missing and fits the budget and the disk, attach every file to the
-        environments, and return the line train prints (what was built or reused, its size and
-        place, how to clear it, the budget, and what did not fit). A write that fails (a full
-        disk) is said in the line, and the job goes on with the files that are complete; a stop
-        signal (``stop``) raises ``stopped``."""
+        environments, and return the line train prints. A failed write (a full disk) is said in
+        the line and the job goes on; a stop signal (``stop``) raises ``stopped``."""
         self.quiet = True
         built, stores = [], []
         building = (f"building the decoded-image cache in {self.folder} (its unfinished files "
@@ -1129,21 +1021,20 @@ class DatasetCache:
             with _folder_lock(self.folder, self.stop, self.stopped):
                 stores = [EnvCache(self, env) for env in self.dataset.datasets]
                 self._clean(stores)
-                plain = []  # (store, transform, shape): deterministic evaluation transforms
-                for store in stores:
-                    for transform in store.env.evaluation_pixel_transforms():
-                        shape = transform.image_shape()
-                        if shape is not None:
-                            plain.append((store, transform, shape))
+                # (store, transform, shape) of deterministic evaluation transforms
+                plain = [(s, t, t.image_shape()) for s in stores
+                         for t in s.env.evaluation_pixel_transforms()]
                 missing = [s for s in stores if not s.open_decoded()]
                 missing_plain = [(s, t, shape) for s, t, shape in plain
-                                 if s.open_plain(t.key) is None]
+                                 if shape is not None and s.open_plain(t.key) is None]
                 plain_size = sum(len(s.env.samples) * _prod(shape)
                                  for s, _, shape in missing_plain)
                 room = self.room()
                 sizes, decoded_size = {}, sum(s.file_bytes for s in missing)
                 if missing and plain_size + decoded_size <= room:  # else surely over
-                    sizes = {s.stem: self._header_sizes(s, builders) for s in missing}
+                    sizes = {s.stem: builders.chunks(_header_sizes, s.env,
+                                                     list(range(len(s.env.samples))))
+                             for s in missing}
                     decoded_size = sum(h * w * 3 for rows in sizes.values() for _, h, w in rows)
                 if missing and plain_size + decoded_size <= room:
                     for store in missing:
@@ -1190,47 +1081,14 @@ class DatasetCache:
 def _safe(name: str) -> str:
     """``name`` as a file-name part without dots (the files' fields are split on dots), with a
     short hash of the real name (two names cannot meet)."""
-    import re
-
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)[:40]}-{_digest(name)[:6]}"
 
 
-def _prod(shape) -> int:
-    out = 1
-    for v in shape:
-        out *= int(v)
-    return out
-
-
-def _save_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` (via a temporary file and a rename)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    finally:
-        _remove(tmp)
-
-
-def _save_npy(path: str, array) -> None:
-    """Save ``array`` to ``path`` (via a temporary file and a rename)."""
-    import io
-
-    import numpy as np
-
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    _save_bytes(path, buffer.getvalue())
-
-
 def prepare(dataset, cores: int = 1, stop=None, stopped=None) -> str | None:
-    """Build or reuse the decoded-image cache of ``dataset`` (an image-folder dataset; None for
-    any other, which has nothing to cache) with ``cores`` processes, attach it to its
-    environments, and return the line a job prints about it. ``stop``: the job's
-    :class:`~dg_plugins.signals.StopRequest`; once it caught a stop signal, waiting for another
-    job's build, or building, raises ``stopped(signum, message)`` (train's ``Interrupted``:
-    one line, the signal's exit status)."""
+    """Build or reuse the decoded-image cache of ``dataset`` (None for a dataset that is not of
+    image folders) with ``cores`` processes, attach it, and return the line a job prints. Once
+    ``stop`` (the job's StopRequest) caught a stop signal, waiting or building raises
+    ``stopped(signum, message)`` (train's ``Interrupted``)."""
     if not hasattr(dataset, "datasets") or not all(
             hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
         return None

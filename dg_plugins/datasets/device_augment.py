@@ -1,20 +1,11 @@
-"""Opt-in training augmentation on the job's device: a torchvision training transform (DomainBed's
-or the DMG release's, :func:`dg_plugins.datasets.image_folder.training_transform`) split in two.
-
-* Loader workers (:func:`split_transform`'s first part): the transform's geometric steps on the
-  PIL image, by torchvision itself (RandomResizedCrop; Resize and RandomCrop), then the pixels as
-  a uint8 tensor ``[3, 224, 224]`` (:func:`loader_cpu_ms`: 0.8 ms of CPU for a 227x227 image
-  from decoded pixels, 1.4 ms with its JPEG decode, against 4.8 ms for the PIL path).
-* The device (:class:`DeviceAugment`), on the collated uint8 batch: the rest (horizontal flip,
-  colour jitter, grayscale, ToTensor's scaling, Normalize) with per-sample random parameters, by
-  kornia's torchvision-compatible ``kornia.enhance`` operations.
-
-Parameters are drawn on the CPU from a ``torch.Generator`` seeded by the batch's seed (the seed
-its loader worker ran under), never from a global RNG, so a batch's output is a function of
-(pixels, seed) on any device. Draws follow torchvision's (uniform factors; a uniformly random
-order of the four jitter operations per image). Same distributions as the PIL path, not the
-same pixels: the PIL path rounds to 8 bits after every step and draws in another order.
-kornia loads on first use (the ``gpu`` extra).
+"""Opt-in training augmentation on the job's device: a torchvision training transform
+(:func:`dg_plugins.datasets.image_folder.training_transform`) split in two. Loader workers run its
+geometric steps on the PIL image (torchvision's own) and return uint8 ``[3, H, W]``
+(:func:`loader_cpu_ms` measures the saving); the device runs the rest on the collated batch
+(:class:`DeviceAugment`: flip, colour jitter, grayscale, scaling, Normalize, by kornia's
+torchvision-compatible ``kornia.enhance``). Parameters come from a ``torch.Generator`` seeded by
+the batch's seed, so a batch's output is a function of (pixels, seed) on any device. Same
+distributions as the PIL path, not the same pixels (it rounds to 8 bits after every step).
 """
 
 from __future__ import annotations
@@ -32,12 +23,8 @@ LOADER_STEPS = ("RandomResizedCrop", "Resize", "RandomCrop", "CenterCrop")
 #: The torchvision transforms the device part runs.
 DEVICE_STEPS = ("RandomHorizontalFlip", "ColorJitter", "RandomGrayscale", "ToTensor",
                 "Normalize")
-
-
 #: How to install what the device part needs.
 INSTALL = "pip install 'dg_plugins[gpu]' (or pip install 'kornia>=0.7')"
-
-
 #: What the device part calls: kornia's submodule and its functions (kornia 0.7 has them all).
 KORNIA_NEEDS = {"enhance": ("adjust_brightness_accumulative",
                             "adjust_contrast_with_mean_subtraction",
@@ -50,8 +37,8 @@ class KorniaLacks(ImportError):
 
 
 def _kornia():
-    """kornia, with every function :data:`KORNIA_NEEDS` names; ImportError naming the missing
-    part and the install command otherwise (a kornia too old, or another package of that name)."""
+    """kornia, with every function :data:`KORNIA_NEEDS` names; ImportError naming what is missing
+    and the install command otherwise."""
     import importlib
 
     try:
@@ -74,9 +61,8 @@ def _kornia():
 
 
 def require_kornia() -> None:
-    """Raise ValueError (a train job's bad input: one line) naming the install command when
-    kornia, or a function of it the device part calls, cannot be imported; train checks it
-    before it writes anything."""
+    """ValueError (a train job's bad input) naming the install command when kornia, or a function
+    of it the device part calls, cannot be imported."""
     try:
         _kornia()
     except ImportError as err:
@@ -100,15 +86,13 @@ class Flip:
         return torch.where(flipped, x.flip(-1), x)
 
     def __repr__(self) -> str:
-        return f"Flip(p={self.p})"
+        return f"{type(self).__name__}(p={self.p})"
 
 
 class Jitter:
     """ColorJitter: per image, factors uniform in torchvision's ranges (``None``: off) and the
-    four operations in a uniformly random order (torchvision's ``randperm(4)``), applied with
-    kornia's blends of torchvision's formulas: brightness ``x*b``, contrast and saturation blends
-    with the grayscale mean and the grayscale image, hue a shift of ``h`` turns in HSV; each
-    clamped to [0, 1]. :meth:`apply` changes ``x`` in place."""
+    four operations in a random order, by kornia's blends of torchvision's formulas, each clamped
+    to [0, 1]. :meth:`apply` changes ``x`` in place."""
 
     NAMES = ("brightness", "contrast", "saturation", "hue")
 
@@ -117,8 +101,8 @@ class Jitter:
                             for r in (brightness, contrast, saturation, hue))
 
     def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(order [n, 4], factors [n, 4])``: row ``i``'s operations in order (0 brightness,
-        1 contrast, 2 saturation, 3 hue), and their factors (NaN for an operation that is off)."""
+        """``(order [n, 4], factors [n, 4])``: each row's operations in order (brightness,
+        contrast, saturation, hue) and their factors (NaN: off)."""
         order = torch.rand(n, 4, generator=generator).argsort(dim=1)
         factors = torch.full((n, 4), math.nan)
         uniform = torch.rand(n, 4, generator=generator)
@@ -153,22 +137,13 @@ class Jitter:
         return f"Jitter({', '.join(on)})"
 
 
-class Grayscale:
-    """RandomGrayscale(p): each image replaced by its luma (ITU-R 601: 0.299 R + 0.587 G +
-    0.114 B, as PIL's ``convert("L")``) in all three channels with probability ``p``."""
-
-    def __init__(self, p: float):
-        self.p = float(p)
-
-    def draw(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        return torch.rand(n, generator=generator) < self.p
+class Grayscale(Flip):
+    """RandomGrayscale(p): each image replaced with probability ``p`` by its luma (ITU-R 601, as
+    PIL's ``convert("L")``) in all three channels."""
 
     def apply(self, x: torch.Tensor, gray: torch.Tensor) -> torch.Tensor:
         luma = _kornia().color.rgb_to_grayscale(x).expand_as(x)
         return torch.where(gray.to(x.device, non_blocking=True).view(-1, 1, 1, 1), luma, x)
-
-    def __repr__(self) -> str:
-        return f"Grayscale(p={self.p})"
 
 
 class Normalize:
@@ -190,20 +165,16 @@ class Normalize:
 
 
 class DeviceAugment:
-    """The device part of a split training transform (:func:`split_transform`): a uint8 batch
-    ``[B, 3, H, W]`` on any device -> the float32 batch the model reads, on that device.
-    ``augment(x, seed)``: ``seed`` is the batch's seed (the one its loader worker drew the crops
-    under); the parameters come from ``seed_hash(seed, "device_augment")`` alone."""
+    """The device part of a split training transform: ``augment(x, seed)`` turns a uint8 batch
+    ``[B, 3, H, W]`` into the model's float32 batch on its device, its parameters drawn from
+    ``seed_hash(seed, "device_augment")`` alone (``seed``: the batch's)."""
 
     def __init__(self, steps):
         self.steps = tuple(steps)
 
-    def generator(self, seed: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed_hash(int(seed), "device_augment"))
-
     def draw(self, batch_size: int, seed: int) -> list:
         """Each step's parameters for a batch of ``batch_size`` (CPU tensors)."""
-        generator = self.generator(seed)
+        generator = torch.Generator().manual_seed(seed_hash(int(seed), "device_augment"))
         return [step.draw(batch_size, generator) for step in self.steps]
 
     def __call__(self, x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -223,10 +194,9 @@ class DeviceAugment:
 
 
 def split_transform(transform):
-    """``(loader part, DeviceAugment)`` of a torchvision ``Compose`` whose steps are geometric
-    (:data:`LOADER_STEPS`) then :data:`DEVICE_STEPS`: the loader part is a ``Compose`` of the
-    very geometric transforms then ``PILToTensor`` (PIL image -> uint8 ``[3, H, W]``). Another
-    step, or a geometric one after a device one, raises ValueError naming it."""
+    """``(loader part, DeviceAugment)`` of a ``Compose`` of :data:`LOADER_STEPS` then
+    :data:`DEVICE_STEPS`: the loader part is the geometric transforms then ``PILToTensor``.
+    Another step, or a geometric one after a device one, raises ValueError naming it."""
     from torchvision import transforms as T
 
     loader, device, seen_tensor = [], [], False
@@ -258,9 +228,8 @@ def split_transform(transform):
 
 
 class DeviceFinisher:
-    """A :class:`DeviceAugment` as the finisher of a pixel part
-    (:class:`dg_plugins.datasets.decoded.PixelTransform`): ``(uint8 pixels [N, 3, H, W], device,
-    seed)`` -> the augmented float batch on ``device``, its draws from ``seed`` (the batch's)."""
+    """A :class:`DeviceAugment` as the finisher of a
+    :class:`~dg_plugins.datasets.decoded.PixelTransform` (its draws from the batch's seed)."""
 
     seeded = True
 
@@ -275,10 +244,8 @@ class DeviceFinisher:
 
 
 def pixel_transform(transform):
-    """``transform`` (a training transform) as a
-    :class:`~dg_plugins.datasets.decoded.PixelTransform` whose pixel part is
-    :func:`split_transform`'s loader part (its geometric steps; PIL, uint8 out) and whose
-    finisher is the device part (:class:`DeviceFinisher`); ValueError as :func:`split_transform`."""
+    """A training transform as a :class:`~dg_plugins.datasets.decoded.PixelTransform`: the
+    loader part's geometric steps, then the device part (:class:`DeviceFinisher`)."""
     from dg_plugins.datasets.decoded import PixelTransform
 
     loader, device = split_transform(transform)
@@ -286,10 +253,8 @@ def pixel_transform(transform):
 
 
 def use_device_augmentation(dataset, name: str) -> None:
-    """``--augment_on device`` for ``dataset`` (named ``name``): its augmented environments take
-    :func:`pixel_transform` of their training transform (``dataset.augment_on_device(split)``,
-    an image-folder dataset's). A dataset without one is refused, naming why: never a silent
-    loader augmentation."""
+    """``--augment_on device`` for ``dataset`` (``dataset.augment_on_device(pixel_transform)``);
+    a dataset without that method is refused, naming why (never a silent loader augmentation)."""
     method = getattr(dataset, "augment_on_device", None)
     if method is None:
         held = ("held in memory as tensors, with no image transform"
@@ -300,8 +265,7 @@ def use_device_augmentation(dataset, name: str) -> None:
 
 
 def device_augmentation(augmentation: str = "domainbed"):
-    """:func:`split_transform` of the training transform named by the dataset hparam
-    ``augmentation`` (:func:`dg_plugins.datasets.image_folder.training_transform`)."""
+    """:func:`split_transform` of the training transform named by ``augmentation``."""
     from dg_plugins.datasets.image_folder import training_transform
 
     loader, device = split_transform(training_transform(augmentation))
@@ -310,10 +274,9 @@ def device_augmentation(augmentation: str = "domainbed"):
 
 
 def loader_cpu_ms(image_path: str, augmentation: str = "domainbed", repeats: int = 200) -> dict:
-    """CPU milliseconds per image (this thread's CPU time, one torch thread) of what a loader
-    worker does for one training image: ``pil``: decode + the whole PIL transform;
-    ``split``: decode + the loader part; ``split_cached``: the loader part on already decoded
-    pixels (a decoded-image cache); ``decode``: the decode alone. Interleaved, in one process."""
+    """CPU milliseconds per image (one thread) of a loader worker's cases: ``decode``, ``pil``
+    (decode + the PIL transform), ``split`` (decode + the loader part), ``split_cached`` (the
+    loader part on decoded pixels). Interleaved, in one process."""
     import numpy as np
     from PIL import Image
 

@@ -124,29 +124,21 @@ def load_usps_zip(path: str):
     return images, rows[:, 0].round()
 
 
-def _image_folder_has_images(folder: str) -> bool:
-    for digit in range(10):
-        sub = os.path.join(folder, str(digit))
-        if os.path.isdir(sub) and any(not name.startswith(".") for name in os.listdir(sub)):
-            return True
-    return False
+def _digit_files(folder: str) -> list[tuple[str, int]]:
+    """``(path, digit)`` of the visible files of ``folder/<digit 0-9>/``, sorted per digit."""
+    subs = [(os.path.join(folder, str(digit)), digit) for digit in range(10)]
+    return [(os.path.join(sub, name), digit) for sub, digit in subs if os.path.isdir(sub)
+            for name in sorted(os.listdir(sub)) if not name.startswith(".")]
 
 
 def load_image_folder(folder: str):
     from PIL import Image
 
     images, labels = [], []
-    for digit in range(10):
-        sub = os.path.join(folder, str(digit))
-        if not os.path.isdir(sub):
-            continue
-        for name in sorted(os.listdir(sub)):
-            if name.startswith("."):
-                continue
-            with Image.open(os.path.join(sub, name)) as image:
-                images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE),
-                                                                     Image.BILINEAR)))
-            labels.append(digit)
+    for path, digit in _digit_files(folder):
+        with Image.open(path) as image:
+            images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)))
+        labels.append(digit)
     if not images:
         return None
     return np.stack(images), np.asarray(labels)
@@ -201,7 +193,7 @@ def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
     if released is not None:
         return "released", released[0]
     folder = os.path.join(root, domain)
-    if os.path.isdir(folder) and _image_folder_has_images(folder):
+    if os.path.isdir(folder) and _digit_files(folder):
         return "folder", folder
     return None
 

