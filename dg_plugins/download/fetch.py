@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import http.client
 import json
+import math
 import os
 import re
 import shutil
@@ -97,13 +98,12 @@ class Reporter:
             return
         step = max(total // 10, 1) if total else None
         state = {"done": initial, "line_time": self.clock(), "line_done": initial,
-                 "next": (initial // step + 1) * step if step else None}
+                 "next": (initial // step + 1) * step if step else math.inf}
 
         def update(n: int) -> None:
             state["done"] += n
             now = self.clock()
-            crossed = step is not None and state["done"] >= state["next"]
-            if not crossed and now - state["line_time"] < PROGRESS_INTERVAL:
+            if state["done"] < state["next"] and now - state["line_time"] < PROGRESS_INTERVAL:
                 return
             elapsed = now - state["line_time"]
             rate = (state["done"] - state["line_done"]) / elapsed if elapsed > 0 else None
@@ -111,9 +111,8 @@ class Reporter:
             of = f" of {human_size(total)}" if total else ""
             self(f"  {name}: {share}{human_size(state['done'])}{of}"
                  + (f", {human_size(int(rate))}/s" if rate is not None else ""))
-            state.update(line_time=now, line_done=state["done"])
-            if step is not None:
-                state["next"] = (state["done"] // step + 1) * step
+            state.update(line_time=now, line_done=state["done"],
+                         next=(state["done"] // step + 1) * step if step else math.inf)
 
         yield update
 

@@ -252,24 +252,20 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
             problem = staged_problem(dataset, staging)
             if problem:
                 raise CorruptArchive(f"the extracted files do not check out: {problem}")
-        except CorruptArchive as err:
+        except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
             shutil.rmtree(staging, ignore_errors=True)
-            where = _set_aside_unverified(archives, expected)  # not to be reused
-            raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
-                                f"Nothing was put in {target};{where} rerun to download it "
-                                "again.") from None
-        except OSError as err:
-            shutil.rmtree(staging, ignore_errors=True)
-            if is_disk_full(err):
-                what = disk_full_message(data_dir, f"extracting {dataset}")
-            else:
-                what = f"could not extract {dataset} into {staging}: {err}"
-            raise DownloadError(
-                f"{dataset}: {what}. The half-extracted files were removed; the downloaded "
-                f"files are kept in {downloads} (not fetched again). Free some space or choose "
-                "another --data_dir, then rerun.") from None
-        except BaseException:  # e.g. Ctrl-C: give the space back (a kill leaves it to a rerun)
-            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(err, CorruptArchive):
+                where = _set_aside_unverified(archives, expected)  # not to be reused
+                raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
+                                    f"Nothing was put in {target};{where} rerun to download it "
+                                    "again.") from None
+            if isinstance(err, OSError):
+                what = disk_full_message(data_dir, f"extracting {dataset}") if is_disk_full(err) \
+                    else f"could not extract {dataset} into {staging}: {err}"
+                raise DownloadError(
+                    f"{dataset}: {what}. The half-extracted files were removed; the downloaded "
+                    f"files are kept in {downloads} (not fetched again). Free some space or "
+                    "choose another --data_dir, then rerun.") from None
             raise
         if not options.keep_archives:  # they leave with the staging folder
             os.makedirs(os.path.join(staging, ARCHIVES_IN_STAGING))
