@@ -62,20 +62,22 @@ class Difference:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Protocol:
-    """One way of running a setting. ``test_envs``: ``"single_test_envs"``, ``"single_source"``
-    or explicit sets; length in ``steps``/``checkpoint_freq`` per dataset or in ``epochs``
-    (:func:`steps_per_epoch`, a checkpoint per epoch); ``alignment``: IP/OOP scoring settings."""
-    name: str
+    """One way of running a setting (defaults: DomainBed's protocol). ``test_envs``:
+    ``"single_test_envs"``, ``"single_source"`` or explicit sets; length in ``steps`` and
+    ``checkpoint_freq`` per dataset, or in ``epochs`` (:func:`steps_per_epoch`); ``alignment``:
+    the IP/OOP scoring settings."""
+    name: str = "domainbed"
     summary: str
     datasets: Value
-    test_envs: Value
+    test_envs: Value = Value("single_test_envs", f"{DOMAINBED} domainbed/scripts/sweep.py:154")
     runs: tuple[Run, ...]
     groups: tuple[Group, ...]
-    n_trials: Value
+    n_trials: Value = Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149")
     n_hparams: Value
-    selections: Value
+    selections: Value = Value(("iid", "oracle"),
+                              f"{DOMAINBED} domainbed/model_selection.py:75, :54")
     steps: Mapping[str, Value] = field(default_factory=dict)
     checkpoint_freq: Mapping[str, Value] = field(default_factory=dict)
     epochs: Value | None = None
@@ -287,17 +289,13 @@ _DMG_PACS_DOMAINBED_HPARAMS = {
     "batch_size": Value(21, _DMG_PAPER_BATCH),
 }
 _DMG_PACS_DOMAINBED = Protocol(
-    name="domainbed",
     summary="DomainBed's protocol (random 80/20 splits, 21 images per source domain per step, "
             "constant lr, 5001 steps) with the paper's hparams",
     datasets=Value(("PACS",), _DMG_PACS_RELEASE.datasets.source),
-    test_envs=Value("single_test_envs", f"{DOMAINBED} domainbed/scripts/sweep.py:154"),
     runs=(Run(("DMG",), {**_DMG_PACS_DOMAINBED_HPARAMS, **_DMG_MASKS}),
           Run(("ERM",), dict(_DMG_PACS_DOMAINBED_HPARAMS))),
     groups=_dmg_backbones("pacs"),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
     n_hparams=Value(1, "the paper's hparams (hparams_seed 0 with the overrides)"),
-    selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54"),
     steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55 (N_STEPS)")},
     checkpoint_freq={"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235")},
     differences=(
@@ -369,19 +367,15 @@ _DMG_DN_DOMAINBED_HPARAMS = {
     "batch_size": Value(12, _DMG_PAPER_BATCH),
 }
 _DMG_DN_DOMAINBED = Protocol(
-    name="domainbed",
     summary="DomainBed's protocol (random 80/20 splits, 12 images per source domain per step, "
             "constant lr, 5001 steps) with the paper's hparams and classifier init",
     datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
-    test_envs=Value("single_test_envs", f"{DOMAINBED} domainbed/scripts/sweep.py:154"),
     runs=(Run(("DMG",), {**_DMG_DN_DOMAINBED_HPARAMS, **_DMG_MASKS,
                          "dmg_fc_init_std": Value(0.001, f"{_DMG_APPENDIX}: N(0, 0.001) for "
                                                          "DomainNet")}),
           Run(("ERM",), dict(_DMG_DN_DOMAINBED_HPARAMS))),
     groups=_dmg_backbones("domainnet"),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
     n_hparams=Value(1, "the paper's hparams (hparams_seed 0 with the overrides)"),
-    selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54"),
     steps={"DomainNet": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55 (N_STEPS; DomainNet "
                                     "keeps the default)")},
     checkpoint_freq={"DomainNet": Value(1000, f"{DOMAINBED} domainbed/datasets.py:242")},
@@ -442,7 +436,6 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
                                                 "(environment 2)"),
             runs=(Run(("GMoE",), {"gmoe_eval_capacity": eval_capacity}), Run(("ERM_ViT",), {})),
             groups=(Group("", ("gmoe_single_source_domainnet",), "DeiT-S/16"),),
-            n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
             n_hparams=Value(1, _GMOE_HPARAMS_SOURCE),
             selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, Table 3 (painting validation = "
                                                 "training-domain validation)"),
@@ -456,10 +449,8 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
         name=name,
         summary=f"DomainBed's protocol on the paper's five datasets, DeiT-S/16; {eval_note}",
         datasets=Value(_GMOE_DATASETS, f"{GMOE_PAPER}, Table 1"),
-        test_envs=Value("single_test_envs", f"{DOMAINBED} domainbed/scripts/sweep.py:154"),
         runs=(Run(("GMoE",), {"gmoe_eval_capacity": eval_capacity}), Run(("ERM_ViT",), {})),
         groups=(Group("", ("gmoe_domainbed",), "DeiT-S/16"),),
-        n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
         n_hparams=Value(1, _GMOE_HPARAMS_SOURCE + " (the release's README: the registry holds "
                            "the optimal hparams; --n_hparams 20 runs DomainBed's search)"),
         selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, Table 1 (training-domain "
@@ -510,7 +501,6 @@ def _dismae_udg(name: str) -> Protocol:
         runs=(Run(("DisMAE",), dict(_UDG_HPARAMS)), Run(("MAE",), dict(_UDG_HPARAMS)),
               Run(("ERM",), dict(_UDG_ERM))),
         groups=(Group("", ("dismae_udg_domainnet20",), "ViT-B/16"),),
-        n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
         n_hparams=Value(1, f"{_DISMAE_PT}:5-9 (fixed hparams: lr 1e-4, mask ratio 0.8, lambda1 "
                            "1e-3 are DisMAE's defaults; pretraining has no CE term, lambda2 0)"),
         selections=Value(("iid", "oracle"), f"{OURS}: the UDG tables' training-domain "
@@ -538,19 +528,15 @@ _DISMAE_DG_HPARAMS_ERM = {
     "pretrained": Value(False, f"{DISMAE} train.py (random init, as DisMAE's encoder)"),
 }
 _DISMAE_DG = Protocol(
-    name="domainbed",
     summary="DomainBed's protocol on PACS and VLCS (each domain held out, 5001 steps, 32 images "
             "per domain) with DisMAE's hparams and the CE term",
     datasets=Value(("PACS", "VLCS"), f"{DISMAE_PAPER}, DG table (PACS, VLCS)"),
-    test_envs=Value("single_test_envs", f"{DOMAINBED} domainbed/scripts/sweep.py:154"),
     runs=(Run(("DisMAE", "MAE"), {}), Run(("ERM",), dict(_DISMAE_DG_HPARAMS_ERM))),
     groups=(Group("", ("dismae_dg",), "ViT-B/16"),),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
     n_hparams=Value(1, "DisMAE's hparam defaults (dg_plugins/algorithms/dismae.py: lr 1e-4 "
                        f"({_DISMAE_PT}:6), weight decay 0.05 ({DISMAE} train.py:55), mask ratio "
                        f"0.8 ({_DISMAE_PT}:5), lambda1 1e-3, linear head ({_DISMAE_PT}:10), "
                        "lambda2 1.0)"),
-    selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54"),
     steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55"),
            "VLCS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55")},
     checkpoint_freq={"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235"),
@@ -578,7 +564,6 @@ _MPBM_DIFFERENCES = (
                "there is no release to follow"),
 )
 _MPBM_DIGITS = Protocol(
-    name="domainbed",
     summary="Digits single-source DG (MNIST-10k -> SVHN, MNIST-M, SYN, USPS), LeNet, Adam 1e-4, "
             "batch 32, 10001 steps",
     datasets=Value(("Digits",), f"{_MPBM_SUMMARY}: digits benchmark"),
@@ -589,7 +574,6 @@ _MPBM_DIGITS = Protocol(
         "batch_size": Value(32, f"{OURS}: the single-source digits literature's batch 32"),
     }),),
     groups=(Group("", ("mpbm_digits",), "LeNet"),),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
     n_hparams=Value(1, "MPBM's defaults (N_b = T = 5, lambda_adv = lambda_mix = 0.5: "
                        f"{_MPBM_SUMMARY})"),
     selections=Value(("iid", "oracle"), f"{OURS}: the single-source tables"),
@@ -599,7 +583,6 @@ _MPBM_DIGITS = Protocol(
     differences=_MPBM_DIFFERENCES,
 )
 _MPBM_PACS = Protocol(
-    name="domainbed",
     summary="PACS single-source DG (each domain as the source in turn), ImageNet ResNet-18, "
             "DomainBed's hparams and lengths",
     datasets=Value(("PACS",), f"{_MPBM_SUMMARY}: PACS"),
@@ -609,7 +592,6 @@ _MPBM_PACS = Protocol(
         "resnet50_augmix": Value(False, f"{OURS}: torchvision ImageNet weights"),
     }),),
     groups=(Group("", ("mpbm_pacs",), "ResNet-18"),),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
     n_hparams=Value(1, "DomainBed's and MPBM's defaults"),
     selections=Value(("iid", "oracle"), f"{OURS}: the single-source tables"),
     steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55")},
@@ -659,7 +641,6 @@ def _ipoop(name: str) -> Protocol:
         test_envs=Value("single_test_envs", f"{IPOOP_PAPER}: leave-one-domain-out"),
         runs=(Run(("ERM",), {}),),
         groups=(Group("", ("ipoop",), "ResNet-50 (DomainBed's ERM)"),),
-        n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149"),
         n_hparams=Value(1, "DomainBed's default hparams"),
         selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54 "
                                             "(IP/OOP tables use the same selection)"),
