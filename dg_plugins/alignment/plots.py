@@ -27,15 +27,10 @@ def bin_edges(scores, width: float) -> np.ndarray:
 def binned_accuracy(scores, correct, edges) -> pd.DataFrame:
     """Per bin ``[edges[k], edges[k+1])`` (the last bin closed): ``lo``, ``hi``, ``count`` and
     ``accuracy`` (mean of ``correct``; NaN for an empty bin)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    correct = np.asarray(correct, dtype=np.float64)
-    edges = np.asarray(edges, dtype=np.float64)
-    which = np.clip(np.searchsorted(edges, scores, side="right") - 1, 0, len(edges) - 2)
-    inside = (scores >= edges[0]) & (scores <= edges[-1])
-    counts = np.bincount(which[inside], minlength=len(edges) - 1)
-    hits = np.bincount(which[inside], weights=correct[inside], minlength=len(edges) - 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        accuracy = np.where(counts > 0, hits / np.maximum(counts, 1), np.nan)
+    scores, edges = np.asarray(scores, dtype=np.float64), np.asarray(edges, dtype=np.float64)
+    counts = np.histogram(scores, edges)[0]
+    hits = np.histogram(scores, edges, weights=np.asarray(correct, dtype=np.float64))[0]
+    accuracy = np.where(counts > 0, hits / np.maximum(counts, 1), np.nan)
     return pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts,
                          "accuracy": accuracy})
 

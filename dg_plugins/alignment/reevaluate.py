@@ -249,8 +249,7 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
         if why is not None:
             skipped.append(f"step {step}: {why}")
             continue
-        new = subset_keys(keys)
-        old = subset_keys(record)
+        new, old = subset_keys(keys), subset_keys(record)
         if old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
             skipped.append(f"step {step}: already has these keys")
             continue
@@ -260,12 +259,8 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
         for k in old:
             record.pop(k)
         record.update(new)
-        record_args = dict(record.get("args") or {})
-        for flag, value in rule.items():
-            record_args.pop(flag, None)
-            if value is not None:
-                record_args[flag] = value
-        record["args"] = record_args
+        record["args"] = {**{k: v for k, v in (record.get("args") or {}).items() if k not in rule},
+                          **{flag: value for flag, value in rule.items() if value is not None}}
         lines[number] = json.dumps(record, sort_keys=True).encode()
         updated.append((step, name))
     if updated:
