@@ -274,21 +274,17 @@ def human_size(size: int | None) -> str:
 
 def table_lines() -> list[str]:
     """``--list``: every file of the table, its size, whether its hash is known, its folder."""
-    lines = []
-    header = ("dataset", "file", "size", "sha256", "target folder")
-    rows = []
+    rows = [("dataset", "file", "size", "sha256", "target folder")]
     for source in SOURCES:
-        spec = DATASET_SPECS[source.dataset]
-        target = f"{spec.folder}/" + ("raw/" if source.dataset == "MNIST" else "")
+        target = DATASET_SPECS[source.dataset].folder + ("/raw/" if source.dataset == "MNIST"
+                                                         else "/")
         digest = "known" if source.sha256 else ("md5 only" if source.md5 else "unknown")
         rows.append((source.dataset, source.name, human_size(source.size), digest, target))
-    for alias, (dataset, _) in ALIASES.items():
-        rows.append((alias, f"(= {dataset})", "", "", f"{DATASET_SPECS[dataset].folder}/"))
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-    lines.append("")
-    lines.append("Sources and checksums:")
+    rows += [(alias, f"(= {dataset})", "", "", f"{DATASET_SPECS[dataset].folder}/")
+             for alias, (dataset, _) in ALIASES.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["", "Sources and checksums:"]
     for note, group in itertools.groupby(SOURCES, key=lambda source: source.note):
         group = list(group)
         for source in group:
