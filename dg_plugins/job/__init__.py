@@ -1,6 +1,5 @@
-"""job: what a train job is, on the bottom floor so that train, sweep, collect, reproduce and
-alignment read one contract: its flags and their policies (one table), its folder, its records,
-what model selection reads from them, and its sizes. Torch-free."""
+"""job: what a train job is, the one contract train, sweep, collect, reproduce and alignment read:
+its flags (one table), folder, records, what model selection reads, and its sizes. Torch-free."""
 
 from dg_plugins.job.flags import (FLAGS, Flag, add_flags, borrow, build_train_parser,  # flags
                                   check_ranges, compute_settings, option, record_args,

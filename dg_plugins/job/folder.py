@@ -1,6 +1,5 @@
-"""The job folder (DomainBed's layout, ``domainbed/scripts/train.py``, and ours): its file names,
-whether a job is done, the exclusive lock of the one process working in it, and the one-line
-errors of a folder that cannot be written. train writes it, sweep reads its state. Torch-free."""
+"""The job folder (DomainBed's layout, and ours): file names, whether it is done, the lock of the
+one process working in it, and the one-line errors of a folder that cannot be written."""
 
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ OUT_FILE = "out.txt"
 ERR_FILE = "err.txt"
 RESULTS_FILE = "results.jsonl"
 MODEL_FILE = "model.pkl"
-#: A model saved at a record's step (``--save_model_every_checkpoint``).
 STEP_MODEL_FILE = "model_step{step}.pkl"
 #: DomainBed's marker of a finished job, written last.
 DONE_FILE = "done"
-#: Ours: the resume file while the job runs (:mod:`dg_plugins.train.checkpoint`), and the lock.
+#: Ours: the resume file while the job runs, and the lock.
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"
 #: Files that only a job folder holds.
@@ -28,20 +26,16 @@ UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def is_done(folder: str | None) -> bool:
-    """Whether the job of ``folder`` finished (its ``done`` file exists)."""
     return bool(folder) and os.path.exists(os.path.join(folder, DONE_FILE))
 
 
 def step_models(folder: str) -> list[str]:
-    """The paths of the models saved at a record's step (:data:`STEP_MODEL_FILE`), sorted."""
     pattern = STEP_MODEL_FILE.format(step="*")
     return sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
 
 
 class JobStateError(ValueError):
-    """The output folder's state does not allow the requested run (done, interrupted, busy, or
-    inconsistent); the message says what to do."""
-
+    """The output folder's state does not allow the requested run; the message says what to do."""
 
 
 class FolderBusy(JobStateError):
@@ -53,14 +47,11 @@ class FolderBusy(JobStateError):
 
 
 class OutputFolderError(ValueError):
-    """The output folder cannot be created or written (permissions, a read-only file system);
-    the message names the folder and the fix."""
+    """The output folder cannot be created or written; the message names the fix."""
 
 
 class DiskFullError(OSError):
-    """A write of the job failed for lack of space (:data:`DISK_FULL_ERRNOS`): reported as one
-    line (exit status 1); everything written before is intact (atomic writes, records trimmed
-    back), so the job continues with ``--resume`` once there is space."""
+    """A write failed for lack of space: one line, exit status 1; what was written is intact."""
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -74,10 +65,8 @@ def _inside(path, folder: str) -> bool:
 
 
 def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
-    """The one-line error for an OSError met while writing job folder ``folder`` (a full disk,
-    a folder this process may not write), or None for other errors (kept with their traceback).
-    Without ``anywhere``, a permission error counts only when it names a file in ``folder`` (a
-    data file the job may not read is another matter)."""
+    """The one-line error for an OSError writing ``folder`` (a full disk, no permission), or None.
+    Without ``anywhere``, a permission error counts only for a file in ``folder``."""
     if not anywhere and not _inside(err.filename, folder) and err.errno not in DISK_FULL_ERRNOS:
         return None
     if err.errno in DISK_FULL_ERRNOS:
@@ -98,8 +87,7 @@ def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception 
 
 @contextlib.contextmanager
 def writing(folder: str):
-    """Turn the OSErrors of writes into ``folder`` that the user can fix (a full disk, missing
-    permissions) into their one-line errors (:func:`folder_error`)."""
+    """Turn the OSErrors of writes into ``folder`` into :func:`folder_error`'s errors."""
     try:
         yield
     except OSError as err:
@@ -112,7 +100,6 @@ def writing(folder: str):
 
 def unwritable_folder_error(folder: str, err: OSError, flag: str = "--output_dir"
                             ) -> OutputFolderError:
-    """The one-line error for an output folder this process may not write."""
     reason = err.strerror or str(err)
     return OutputFolderError(
         f"cannot write to the output folder {folder} ({reason}"
@@ -122,17 +109,15 @@ def unwritable_folder_error(folder: str, err: OSError, flag: str = "--output_dir
         f"(e.g. chmod u+w {folder})")
 
 
-#: Tries, and seconds between them, before a held lock means "busy": a sweep that checks whether
-#: a job is running (:func:`lock_holder`) holds a shared lock for an instant.
+#: Tries, and seconds between them, before a held lock means "busy" (:func:`lock_holder` holds
+#: a shared lock for an instant).
 LOCK_TRIES = 5
 LOCK_RETRY_S = 0.1
 
 
 class FolderLock:
-    """An exclusive ``flock`` on ``<output_dir>/.lock`` for the life of the job: a second train
-    process on the same folder (or a ``--resume`` while the job still runs) fails at once with a
-    clear message (:class:`FolderBusy`). The kernel releases the lock when the process dies,
-    however it dies (a killed job leaves the empty lock file behind; it is reused)."""
+    """An exclusive ``flock`` on ``<output_dir>/.lock`` for the job's life: a second process fails
+    at once (:class:`FolderBusy`). The kernel releases it however the process dies."""
 
     def __init__(self, folder: str):
         self.path = os.path.join(folder, LOCK_FILE)
@@ -180,9 +165,8 @@ class FolderLock:
 
 
 def lock_holder(folder: str) -> str | None:
-    """Whether a live process holds ``folder``'s :class:`FolderLock`: its pid (as written in the
-    lock file; "unknown" if unreadable), or None when none does. Looks with a shared lock taken
-    and dropped at once (:class:`FolderLock` retries for that instant); creates nothing."""
+    """The pid of the live process holding ``folder``'s :class:`FolderLock` ("unknown" if
+    unreadable), or None; looks with a shared lock taken and dropped at once."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no locking
@@ -205,8 +189,7 @@ def lock_holder(folder: str) -> str | None:
 
 
 def remove_temporary_files(folder: str) -> list[str]:
-    """Delete the temp files (``.tmp-*``) that an atomic write interrupted by a kill leaves behind
-    (a checkpoint's can be hundreds of MB). Only called while holding the folder lock."""
+    """Delete the ``.tmp-*`` files of atomic writes interrupted by a kill (under the lock)."""
     removed = sorted(glob.glob(os.path.join(glob.escape(folder), ".tmp-*")))
     for path in removed:
         with contextlib.suppress(FileNotFoundError):

@@ -1,6 +1,5 @@
 """A job's records (``results.jsonl``): appended durably, read back, trimmed on resume, and printed
-as rows the way DomainBed's ``misc.print_row`` prints them (train's out.txt, collect's text
-tables). Torch-free."""
+as DomainBed's ``misc.print_row`` prints rows. Torch-free."""
 
 from __future__ import annotations
 
@@ -13,10 +12,7 @@ from dg_plugins.job.folder import RESULTS_FILE, JobStateError
 
 
 def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
-    """One line as DomainBed's ``print_row`` prints it (``domainbed/lib/misc.py``), without the
-    newline: floats with 10 decimals, every cell padded and truncated to ``colwidth``, joined by
-    two spaces (text, then a trailing space) or `` & `` (LaTeX, then `` \\\\``). The rows of a
-    job's out.txt, and of collect_results' text tables."""
+    """One row as DomainBed's ``misc.print_row`` prints it (or LaTeX's), without the newline."""
     def cell(value) -> str:
         if isinstance(value, float) or getattr(getattr(value, "dtype", None), "kind", "") == "f":
             value = f"{value:.10f}"
@@ -26,8 +22,7 @@ def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
 
 
 def read_record_lines(path: str) -> list[bytes]:
-    """The lines of ``results.jsonl`` (each with its newline; a torn last line without one is
-    returned as it is)."""
+    """The lines of ``results.jsonl``, each with its newline (a torn last line without)."""
     if not os.path.exists(path):
         return []
     with open(path, "rb") as f:
@@ -35,8 +30,6 @@ def read_record_lines(path: str) -> list[bytes]:
 
 
 def last_record(folder: str | None) -> dict | None:
-    """The last record of ``folder``'s results.jsonl (None when there is none, or it cannot be
-    read)."""
     if folder is None:
         return None
     try:
@@ -48,9 +41,8 @@ def last_record(folder: str | None) -> dict | None:
 
 
 def append_record(path: str, record: dict) -> None:
-    """Append one JSON line and fsync it, so that a checkpoint written afterwards never counts a
-    record the disk does not hold. A failed write (a full disk) truncates the file back to its
-    previous records, so no torn line is left, and raises with ``filename`` set to ``path``."""
+    """Append one JSON line and fsync it (a later checkpoint never counts a record not on disk);
+    a failed write truncates the file back and raises with ``filename`` set."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
@@ -71,8 +63,7 @@ def append_record(path: str, record: dict) -> None:
 
 
 def keep_counted_records(path: str, counted: int) -> None:
-    """On resume: the first ``counted`` lines must be complete JSON records; later lines (written
-    after the checkpoint, possibly torn) are dropped."""
+    """On resume: the first ``counted`` lines must be complete records; later ones are dropped."""
     lines = read_record_lines(path)
     complete = 0
     for line in lines[:counted]:

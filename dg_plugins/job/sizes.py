@@ -1,26 +1,21 @@
-"""How big a job's splits are and how many records it writes, from image counts alone: train makes
-its splits and records by these rules, and reproduce counts a job's cost with them before it
-launches. The holdout is DomainBed's (``domainbed/lib/misc.py`` ``split_dataset``, used by its
-``train.py``). Torch-free."""
+"""A job's split sizes and record counts from image counts alone (train's rules, which reproduce
+counts costs with); the holdout is DomainBed's ``misc.split_dataset``. Torch-free."""
 
 from __future__ import annotations
 
 
 def holdout_size(n: int, fraction: float) -> int:
-    """The items of ``n`` held out by a ``fraction``: the first ``int(n * fraction)`` of the
-    shuffle (an environment's out-split, a test environment's uda split)."""
+    """The items of ``n`` held out by a ``fraction`` (an out split, a uda split)."""
     return int(n * fraction)
 
 
 def in_split_size(n: int, holdout_fraction: float) -> int:
-    """Images an environment of ``n`` keeps for training under DomainBed's random holdout."""
     return n - holdout_size(n, holdout_fraction)
 
 
 def split_sizes(pairs, test_envs, uda_holdout_fraction: float = 0.0) -> dict[str, int]:
-    """Every split's size by DomainBed's name (``env{i}_in``, then ``env{i}_out``, then
-    ``env{k}_uda`` by position, absent when empty), from each environment's ``(in, out)`` sizes:
-    a test environment's uda split is held out of its in-split."""
+    """Every split's size by DomainBed's name and order (an empty uda split absent), from each
+    environment's ``(in, out)`` sizes."""
     ins, outs, udas = {}, {}, []
     for e, (in_, out) in enumerate(pairs):
         if e in set(test_envs):
@@ -33,12 +28,10 @@ def split_sizes(pairs, test_envs, uda_holdout_fraction: float = 0.0) -> dict[str
 
 
 def random_holdout_pairs(counts, holdout_fraction: float) -> list[tuple[int, int]]:
-    """``(in, out)`` of environments of ``counts`` images under the random holdout."""
     return [(kept := in_split_size(n, holdout_fraction), n - kept) for n in counts]
 
 
 def is_recorded(step: int, n_steps: int, checkpoint_freq: int) -> bool:
-    """Whether ``step`` ends with a record: every ``checkpoint_freq`` steps, and the last."""
     return step % checkpoint_freq == 0 or step == n_steps - 1
 
 

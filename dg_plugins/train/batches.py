@@ -1,9 +1,6 @@
-"""The training batches of a job (``domainbed/lib/fast_data_loader.py``'s role): endless streams,
-one per source environment (i.i.d. draws with replacement, DomainBed's) or pooled (the DMG
-release's loader), each batch a pure function of (stream seed, batch index), so that a resumed job
-and any number of loader workers draw exactly the same batches; and the loader workers' lifecycle
-(one pool per job, which also makes the batches of every evaluation, :meth:`WorkerPool.serve`;
-ended on every way out). See docs/domainbed_differences.md."""
+"""A job's training batches (``fast_data_loader.py``'s role): endless streams, per environment or
+pooled (the DMG release's), each batch a pure function of (seed, batch index), so that a resumed
+job and any number of workers draw the same; and the job's one pool of loader workers."""
 
 from __future__ import annotations
 
@@ -25,15 +22,12 @@ from dg_plugins.train.splits import tensor_view
 
 
 def cuda_transfers(device) -> bool:
-    """Whether batches bound for ``device`` go through pinned memory and non-blocking copies
-    (a CUDA device; on a CPU pinning is wasted work and raises without a GPU)."""
+    """Whether batches for ``device`` go through pinned memory and non-blocking copies (CUDA)."""
     return getattr(device, "type", str(device).split(":")[0]) == "cuda"
 
 
 def worker_budget(n_workers: int | None = None) -> tuple[int, str]:
-    """A job's loader workers and why: ``n_workers`` (``--n_workers``) when given, else one per
-    core the job has (:func:`dg_plugins.runtime.job_cores`). Its one pool makes the batches of
-    training and of every evaluation, so they share these workers."""
+    """A job's loader workers and why: ``--n_workers`` when given, else one per core it has."""
     if n_workers is not None:
         if n_workers < 0:
             raise ValueError(f"--n_workers must be >= 0, got {n_workers} (0: load in the "
@@ -44,9 +38,7 @@ def worker_budget(n_workers: int | None = None) -> tuple[int, str]:
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """Loader workers ignore SIGTERM/SIGINT: a signal to the whole process group (Ctrl-C, a
-    sweep forwarding Slurm's SIGTERM) must reach only the train process, which stops at a step
-    boundary and then ends its workers itself."""
+    """Ignore the group's SIGTERM/SIGINT: train stops at a step boundary, then ends us."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -57,18 +49,9 @@ def _ignore_stop_signals(worker_id: int) -> None:
 _OPEN_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
 
 
-def _start_workers(loader: DataLoader):
-    """``iter(loader)``, tracked until :func:`shutdown_workers` ends its workers."""
-    iterator = iter(loader)
-    if getattr(iterator, "_workers", None):
-        _OPEN_WORKER_ITERATORS.add(iterator)
-    return iterator
-
-
 def shutdown_workers(iterator, timeout: float = 5.0) -> None:
-    """End the worker processes of a DataLoader iterator: the loader's own shutdown (done event,
-    a sentinel per worker, join), then SIGKILL for any worker still alive (ours ignore SIGTERM,
-    which is all the loader's fallback sends). Idempotent; a no-op for an in-process iterator."""
+    """End a DataLoader iterator's workers: the loader's own shutdown, then SIGKILL for any still
+    alive (ours ignore SIGTERM, the loader's fallback). Idempotent."""
     _OPEN_WORKER_ITERATORS.discard(iterator)
     workers = list(getattr(iterator, "_workers", None) or [])
     shutdown = getattr(iterator, "_shutdown_workers", None)
@@ -88,19 +71,15 @@ def _shutdown_open_workers() -> None:
 
 
 def collate(items) -> tuple:
-    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, tensor of more])``; in a loader
-    worker x is stacked straight into shared memory (torch's ``default_collate``), which the
-    batch is sent through, so it is not copied there again."""
+    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, ...])``; in a worker x is stacked
+    straight into shared memory (``default_collate``)."""
     columns = list(zip(*items))
     return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
 
 def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
-    """The batch of ``dataset``'s items ``indices``, collated, every random draw of their
-    ``__getitem__`` (augmentations) made under :func:`seeded_rng` ``(seed)``: the same batch in
-    any process, with or without loader workers. ``pixels``: the items' uint8 pixels
-    (``dataset.pixels(i)``, the same draws), which :func:`as_model_input` turns into the
-    transform's output on the job's device."""
+    """The collated batch of ``indices``, its random draws under ``seeded_rng(seed)``; ``pixels``:
+    the uint8 ``dataset.pixels(i)`` that :func:`as_model_input` finishes."""
     with seeded_rng(seed):
         if pixels:
             return collate([dataset.pixels(i) for i in indices])
@@ -108,10 +87,8 @@ def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
 
 
 def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> tuple:
-    """A fetched batch with its uint8 pixels (``finisher`` not None: :func:`fetch` with
-    ``pixels``) turned into the model's float input on ``device`` by ``finisher``
-    (:func:`dg_plugins.train.splits.finisher`; ``seed``: the batch's, which a device
-    augmentation draws from); else the batch as it is."""
+    """A fetched batch whose uint8 pixels ``finisher`` turns into the model's input on ``device``
+    (``seed``: the batch's, for a device augmentation); unchanged when ``finisher`` is None."""
     if finisher is None:
         return batch
     return (finisher(batch[0], device, seed),) + tuple(batch[1:])
@@ -122,9 +99,8 @@ def _as_is(batch):
 
 
 class _Fetcher(Dataset):
-    """What a loader worker runs: a request ``[(dataset number, seed, indices, pixels), ...]``
-    (one entry per stream of a step, or one evaluation batch) -> the batches, each made by
-    :func:`fetch` (the DataLoader calls ``__getitems__`` with what the batch sampler yields)."""
+    """What a worker runs: a request ``[(dataset number, seed, indices, pixels), ...]`` -> the
+    batches, each made by :func:`fetch` (the loader passes the batch sampler's requests)."""
 
     def __init__(self, datasets):
         self.datasets = list(datasets)
@@ -141,57 +117,41 @@ class _Fetcher(Dataset):
 
 
 def worker_loader(datasets, requests, num_workers: int, pin_memory: bool = False):
-    """A started worker iterator serving ``requests`` (an iterable of :class:`_Fetcher`
-    requests; ``pin_memory``: batches bound for a CUDA device, :func:`cuda_transfers`). Its
-    private ``generator`` keeps the loader from drawing its base seed from the main process's
-    torch RNG (which would make a run's randomness depend on when loaders start, e.g. after a
-    resume)."""
-    return _start_workers(DataLoader(
+    """A started worker iterator serving ``requests``; its own ``generator`` keeps it from drawing
+    from the main torch RNG (a run's randomness would depend on when loaders start)."""
+    iterator = iter(DataLoader(
         _Fetcher(datasets), batch_sampler=requests, num_workers=num_workers, collate_fn=_as_is,
         prefetch_factor=2, worker_init_fn=_ignore_stop_signals, generator=torch.Generator(),
         pin_memory=pin_memory))
+    if getattr(iterator, "_workers", None):
+        _OPEN_WORKER_ITERATORS.add(iterator)
+    return iterator
 
 
 #: What a :class:`WorkerPool` request is: a training round, an evaluation batch, or nothing.
 _ROUND, _SERVED, _IDLE = "round", "served", "idle"
 
 
-class _Requests:
-    """The batch sampler of a :class:`WorkerPool`'s loader, asked for the next request each time
-    the loader has room for one: a pending :meth:`WorkerPool.serve` request first, else the next
-    training round while the streams have batches left to hand out (:attr:`WorkerPool.limit`),
-    else an empty request (the loader's workers stay, idle, for the next evaluation). It never
-    ends, so the loader always has requests in flight and never shuts down on its own."""
-
-    def __init__(self, pool: "WorkerPool"):
-        self.pool = pool
-
-    def __iter__(self):
-        pool = self.pool
-        while True:
-            if pool.pending:
-                pool.issued.append(_SERVED)
-                yield pool.pending.popleft()
-            elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
-                pool.issued.append(_ROUND)
-                yield [(j, *stream.draw(), stream.finisher is not None)
-                       for j, stream in enumerate(pool.streams)]
-            else:
-                pool.issued.append(_IDLE)
-                yield []
+def _requests(pool: "WorkerPool"):
+    """The pool's endless batch sampler: a pending :meth:`WorkerPool.serve` request, else the
+    next round while under the limit, else an empty request (the workers stay, idle)."""
+    while True:
+        if pool.pending:
+            pool.issued.append(_SERVED)
+            yield pool.pending.popleft()
+        elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
+            pool.issued.append(_ROUND)
+            yield [(j, *stream.draw(), stream.finisher is not None)
+                   for j, stream in enumerate(pool.streams)]
+        else:
+            pool.issued.append(_IDLE)
+            yield []
 
 
 class WorkerPool:
-    """One set of loader workers making the batches of several training streams, and of every
-    evaluation of the job (:meth:`serve`): no worker starts per evaluation, and the job's live
-    workers stay within its budget. A training request is one round, the next batch of every
-    stream (a training step draws one batch of each, so the streams are consumed in lockstep; a
-    stream drawn a round ahead of another raises). Workers prefetch rounds ahead, up to
-    :attr:`limit` batches per stream (the job's steps; None: endless); rounds that arrive while an
-    evaluation is served wait in the streams' buffers. ``datasets``: the other datasets that
-    :meth:`serve` requests read (an evaluation's splits), known when the workers start.
-    :meth:`close` ends the workers and puts every stream back at the batches it handed out, so
-    the next batch starts new workers exactly where the stream stood."""
+    """One set of loader workers making the batches of several streams, a round (the next batch
+    of every stream) per request, up to :attr:`limit`, and of every evaluation (:meth:`serve`,
+    reading ``datasets``). :meth:`close` puts each stream back at the batches it handed out."""
 
     def __init__(self, streams, num_workers: int, datasets=(), pin_memory: bool = False):
         if num_workers < 1:
@@ -211,12 +171,10 @@ class WorkerPool:
 
     def _start(self) -> None:
         if self.iterator is None:
-            self.iterator = worker_loader(self.datasets, _Requests(self), self.num_workers,
+            self.iterator = worker_loader(self.datasets, _requests(self), self.num_workers,
                                           self.pin_memory)
 
     def _receive(self) -> tuple[str, list]:
-        """The next result in request order, with its kind; a training round goes to the
-        streams' buffers."""
         self._start()
         result = next(self.iterator)
         kind = self.issued.popleft()
@@ -226,7 +184,6 @@ class WorkerPool:
         return kind, result
 
     def take(self, stream) -> tuple:
-        """``stream``'s next batch (fetching rounds until its buffer has one)."""
         key = id(stream)
         if self.taken[key] > min(self.taken.values()):
             raise RuntimeError("streams that share loader workers must each be drawn once "
@@ -243,17 +200,10 @@ class WorkerPool:
         return buffer.popleft()
 
     def holds(self, dataset) -> bool:
-        """Whether :meth:`serve` requests may read ``dataset``."""
         return id(dataset) in self._number
 
     def serve(self, requests):
-        """The results of ``requests``, in order, made by this pool's workers (started if
-        needed): each request is ``[(dataset, seed, indices), ...]`` with datasets the pool
-        :meth:`holds`, optionally a fourth item ``pixels`` (:func:`fetch`); :class:`_Fetcher`
-        requests by dataset instead of number. Training rounds
-        in flight when it starts arrive first and stay buffered for the streams. Close the
-        generator when stopping early: the pool is then closed (its workers would still make the
-        abandoned requests)."""
+        """The results of ``requests``, in order; closed early, it closes the pool."""
         requests = [[(self._number[id(d)], *rest) for d, *rest in request]
                     for request in requests]
         if not requests:
@@ -273,7 +223,6 @@ class WorkerPool:
 
     @property
     def workers(self) -> list:
-        """The live worker processes (none before the first batch or after :meth:`close`)."""
         return list(getattr(self.iterator, "_workers", None) or [])
 
     def close(self) -> None:
@@ -291,13 +240,7 @@ class WorkerPool:
 
 def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = False,
                   device=None) -> WorkerPool | None:
-    """Make one :class:`WorkerPool` of ``num_workers`` workers serve every stream of
-    ``streams`` that reads items (streams over in-memory tensors gather in-process), and the
-    evaluations that read ``datasets`` (:meth:`WorkerPool.serve`); ``0``: all of them fetch
-    in-process. A job's live workers are then at most its budget. ``pin_memory``: batches bound
-    for a CUDA device (:func:`cuda_transfers`); ``device``: where streams of uint8 pixels turn
-    them into the model's input (:func:`as_model_input`; default the CPU). None when no stream
-    reads items."""
+    """One :class:`WorkerPool` for the item-reading streams and evaluations (None: none)."""
     streams = list(streams)
     if device is not None:
         for stream in streams:
@@ -315,17 +258,9 @@ def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = Fal
 
 
 class Stream:
-    """Endless training batches: batch ``k`` holds the items a subclass's sampler draws for it
-    (``next_indices``, a pure function of the stream's seed and the batches drawn before it, and
-    ``rewind(n)`` to stand before batch ``n``), and every random draw of those items'
-    ``__getitem__`` (augmentations) is made under ``seed_hash(seed, k)`` (:func:`fetch`), in
-    whichever process makes it. So the stream's state is (seed, batches handed out), and a
-    stream restored from it hands out exactly the batches an uninterrupted one does, with or
-    without loader workers (``num_workers``: the workers of this stream's own pool, started at
-    the first batch; :func:`share_workers` gives several streams one pool). Items that have
-    uint8 pixels (a :func:`~dg_plugins.train.splits.finisher`) are fetched as such and turned
-    into the model's input on ``device`` (:func:`as_model_input`; a device augmentation draws
-    from the batch's seed ``seed_hash(seed, k)`` too, a pooled batch's whole batch at once)."""
+    """Endless training batches: batch ``k`` holds the indices the sampler draws (``next_indices``,
+    ``rewind(n)``), its items' draws under ``seed_hash(seed, k)``; so the state is (seed, batches
+    handed out), and a restored stream continues exactly, with or without workers."""
 
     view = None
 
@@ -351,7 +286,6 @@ class Stream:
         raise NotImplementedError
 
     def finish(self, batch: tuple):
-        """What ``next`` returns for a fetched (collated) batch."""
         return batch
 
     def draw(self) -> tuple[int, list]:
@@ -390,24 +324,12 @@ class Stream:
         self.rewind(self.consumed)
 
     def close(self) -> None:
-        """End the loader workers making this stream's batches, if any (of its pool: every
-        stream of the pool stops prefetching). The stream stays usable at its position; its next
-        batch starts new workers."""
         if self.pool is not None:
             self.pool.close()
 
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class BatchStream(Stream):
-    """Endless i.i.d. training batches of one environment split: ``batch_size`` indices drawn
-    with replacement (optionally class-weighted) by one ``torch.Generator`` seeded with ``seed``
-    (DomainBed's ``InfiniteDataLoader`` also samples with replacement); ``rewind`` replays the
-    draws."""
+    """i.i.d. batches drawn with replacement (as ``InfiniteDataLoader``), replayable."""
 
     def __init__(self, dataset: Dataset, batch_size: int, seed: int, weights=None,
                  num_workers: int = 0):
@@ -447,15 +369,16 @@ class _Union(Dataset):
     def __len__(self) -> int:
         return self.offsets[-1]
 
-    def __getitem__(self, index):
+    def _item(self, index, read):
         part = bisect.bisect_right(self.offsets, index) - 1
-        x, y = self.splits[part][index - self.offsets[part]][:2]
+        x, y = read(self.splits[part], index - self.offsets[part])[:2]
         return x, y, part
 
+    def __getitem__(self, index):
+        return self._item(index, lambda split, i: split[i])
+
     def pixels(self, index):
-        part = bisect.bisect_right(self.offsets, index) - 1
-        x, y = self.splits[part].pixels(index - self.offsets[part])[:2]
-        return x, y, part
+        return self._item(index, lambda split, i: split.pixels(i))
 
     def finisher(self):
         """The splits' shared finisher (None when one has none or they differ; a device
@@ -472,17 +395,10 @@ class _Union(Dataset):
 
 
 class PooledBatches(Stream):
-    """The DMG release's batches (``batch_sampling`` "pooled"): its training loader is a
-    ``DataLoader(ConcatDataset(source domains), batch_size=64, shuffle=True)`` with the default
-    ``drop_last=False`` (``dataloaders/domain_datasets.py`` lines 134 and 159-164 of
-    github.com/prithv1/DMG at 6b162b4), so every epoch is one random permutation of the union of
-    the source splits cut into ``ceil(N / batch_size)`` batches, the last one holding the
-    remaining ``N mod batch_size`` items, and each domain's share of a batch follows its size.
-
-    Here epoch ``e``'s permutation is drawn from ``seed_hash(seed, "epoch", e)``, so batch ``k``
-    is a pure function of (seed, k). ``next`` returns the algorithm's minibatches: one
-    ``(x, y)`` per split, in split order, holding that split's items of the batch in batch order
-    (0 rows when it has none)."""
+    """The DMG release's batches (``batch_sampling`` "pooled"; ``domain_datasets.py`` lines 134,
+    159-164 of github.com/prithv1/DMG at 6b162b4): each epoch a permutation of the sources' union
+    (from ``seed_hash(seed, "epoch", e)``) cut into ``ceil(N / batch_size)`` batches. ``next``
+    returns one ``(x, y)`` per split (0 rows when it has none)."""
 
     def __init__(self, splits, batch_size: int, seed: int, num_workers: int = 0):
         self.splits = list(splits)
@@ -510,16 +426,11 @@ class PooledBatches(Stream):
         self.drawn += 1
         return self._order[position * self.batch_size:(position + 1) * self.batch_size]
 
-    def part_of(self, indices: torch.Tensor) -> torch.Tensor:
-        """The split number of each union index."""
-        return torch.searchsorted(self.offsets, indices, right=True) - 1
-
     def gather(self, indices):
-        part = self.part_of(indices)
+        part = torch.searchsorted(self.offsets, indices, right=True) - 1
         out = []
         for i, (tensors, index) in enumerate(self.view):
-            local = indices[part == i] - self.offsets[i]
-            picked = index[local]
+            picked = index[indices[part == i] - self.offsets[i]]
             out.append((tensors[0][picked], tensors[1][picked]))
         return out
 

@@ -1,8 +1,6 @@
-"""The resume file of a train job (``checkpoint.pt``): model, optimizers, LR schedulers, batch
-streams, RNG states and fp16's gradient scaler, with the arguments and hparams that wrote them, so
-that ``--resume`` continues exactly and refuses another configuration, and a damaged file is
-named, with its fix, before anything changes. (A record's "checkpoint" is a step that writes a
-record; this file is written at each.)"""
+"""A train job's resume file (``checkpoint.pt``, written at each record): model, optimizers,
+schedulers, batch streams, RNG states, fp16's scaler, and the args and hparams that wrote them, so
+that ``--resume`` continues exactly, refuses another configuration, and names a damaged file."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ CHECKPOINT_KEYS = ("next_step", "model", "optimizers", "schedulers", "streams", 
 def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records: int,
                     last_keys, accumulated: dict, record_args: dict, hparams: dict,
                     scaler=None) -> None:
-    """Write the resume file; ``scaler``: fp16's ``GradScaler`` (its scale and growth tracker
-    are saved under ``grad_scaler``; absent without one)."""
+    """Write the resume file (``grad_scaler``: fp16's scaler's state, when there is one)."""
     extra = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
     if hasattr(algorithm, "resume_state"):  # Python state beside the state_dict (DomainBed's)
         extra["algorithm_state"] = algorithm.resume_state()
@@ -49,9 +46,8 @@ def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records:
 
 
 def checkpoint_damage(path: str) -> str | None:
-    """Why the checkpoint file ``path`` cannot be read back, or None when it is intact: it must
-    be a complete zip archive (``torch.save``'s format) whose every member matches its CRC, with
-    the pickle torch writes. Reads the file once without unpickling or building tensors."""
+    """Why ``path`` cannot be read back (not a complete ``torch.save`` zip whose members match
+    their CRCs), or None; reads it once without unpickling."""
     import zipfile
 
     try:
@@ -74,8 +70,7 @@ class DamagedCheckpoint(JobStateError):
 
 
 def check_checkpoint_file(path: str, fix: str) -> None:
-    """Raise :class:`DamagedCheckpoint` (``fix``: what to do, e.g. ``--force``) when ``path``
-    exists and :func:`checkpoint_damage` finds it damaged; nothing is changed on disk."""
+    """Raise :class:`DamagedCheckpoint` (with ``fix``) when ``path`` exists and is damaged."""
     if not os.path.exists(path):
         return
     damage = checkpoint_damage(path)
@@ -85,11 +80,8 @@ def check_checkpoint_file(path: str, fix: str) -> None:
 
 
 def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
-    """The checkpoint ``path`` as saved, loaded once (on CPU: RNG states must stay CPU
-    ByteTensors). A file that cannot be loaded raises :class:`DamagedCheckpoint` naming the file,
-    why (:func:`checkpoint_damage` when the archive itself is damaged; else the unpickling error,
-    e.g. of a file written by an incompatible version, or the keys a checkpoint must hold), and
-    ``fix``; nothing is changed on disk. Errors of the file system (OSError) propagate."""
+    """The checkpoint ``path``, loaded once on the CPU (RNG states stay CPU ByteTensors); one that
+    cannot be loaded raises :class:`DamagedCheckpoint`, OSErrors propagate."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except OSError:
@@ -110,10 +102,7 @@ def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
 
 def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
                      fix: str = RESTART_FIX, scaler=None) -> None:
-    """Restore the algorithm, optimizers, schedulers, streams, RNG states and ``scaler`` (fp16's
-    gradient scaler, when the job has one) from ``state`` (:func:`read_checkpoint`); state that
-    does not fit them (written by an incompatible version of the algorithm) raises
-    :class:`DamagedCheckpoint`."""
+    """Restore what :func:`save_checkpoint` saved; a misfit raises :class:`DamagedCheckpoint`."""
     try:
         if hasattr(algorithm, "load_resume_state"):  # before the state_dict: buffers' shapes
             algorithm.load_resume_state(state["algorithm_state"], state["model"])
@@ -136,10 +125,8 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
 
 
 def flag_value(args: dict, key: str) -> tuple[str, str]:
-    """``(value, note)`` of flag ``key`` in a job's ``args``, as a resume difference names it:
-    the value given, or for a flag left out at its default (records: "not default" in
-    :data:`dg_plugins.job.flags.FLAGS`) the default with the note `` (the default)``; any other
-    flag not given is ``not given``."""
+    """``(value, note)`` of flag ``key`` in ``args`` as a resume difference names it (a flag
+    recorded only when not default: its default, `` (the default)``)."""
     value = args.get(key)
     if value is not None:
         return repr(value), ""
@@ -149,13 +136,8 @@ def flag_value(args: dict, key: str) -> tuple[str, str]:
 
 
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
-    """What differs between the run that wrote the checkpoint and this command (paths that may
-    move: the flags the table marks resumable, excluded).
-
-    An hparam the checkpoint lacks (it was written by a release before that hparam existed, e.g.
-    ``batch_sampling``, ``lr_schedule`` or a dataset's ``augmentation``) counts as unchanged when
-    its value now is its default for the job's algorithm and dataset
-    (:func:`dg_plugins.hparams.default_hparams`): the default is what that release did."""
+    """What differs between the checkpoint's run and this command (but resumable flags). An
+    hparam the checkpoint lacks (added since) is unchanged when it is now at its default."""
     old_args, old_hparams = state.get("args"), state.get("hparams")
     if old_args is None or old_hparams is None:  # an older checkpoint without its arguments
         return []

@@ -1,14 +1,8 @@
-"""What a job evaluates and how (``domainbed/lib/misc.py``'s ``accuracy``): every split named as
-DomainBed's train.py names it (or, with ``--eval_splits selection``, those model selection reads:
-:func:`dg_plugins.job.selection.evaluated_splits`), and the named subsets of test environments
-(IP/OOP), in batches of ``--eval_batch_size`` (DomainBed's 64) seeded by (split, batch index), so
-that re-evaluating a saved model reproduces its record, whichever splits are evaluated beside.
-Image splits come from the decoded-image cache where it holds their pixels (read in large
-chunks, made the model's input on the device: :mod:`dg_plugins.datasets.decoded`; with
-``--augment_on device`` an augmented split's crops are augmented there, seeded per batch); the
-job's one worker pool makes the other batches (no worker start per evaluation); the forward runs
-under ``torch.inference_mode``, from pinned memory with non-blocking copies on CUDA. Shared by the
-job and alignment_eval."""
+"""What a job evaluates and how (``domainbed/lib/misc.py``'s ``accuracy``): DomainBed's splits (or
+those model selection reads) and the IP/OOP subsets of test environments, in batches seeded by
+(split, batch index), so that re-evaluating a saved model reproduces its record. Image splits come
+from the decoded-image cache where it holds them; the job's worker pool makes the other batches.
+Shared by the job and alignment_eval."""
 
 from __future__ import annotations
 
@@ -25,22 +19,16 @@ from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shu
 from dg_plugins.train.precision import DEFAULT_COMPUTE, Compute
 from dg_plugins.train.splits import Splits, env_indices, finisher, root_dataset, tensor_view
 
-#: DomainBed's evaluation batch (``domainbed/scripts/train.py``'s ``FastDataLoader``), the
-#: default of ``--eval_batch_size`` (:data:`dg_plugins.job.flags.EVAL_DEFAULTS`).
+#: DomainBed's evaluation batch, the default of ``--eval_batch_size``.
 EVAL_BATCH_SIZE = EVAL_DEFAULTS["eval_batch_size"]
-
-
-#: Images read from the cache and turned into the model's input at once (rounded to a multiple of
-#: the evaluation batch): large copies to the device, the forward still in evaluation batches.
+#: Images read from the cache and made the model's input at once (whole evaluation batches).
 CHUNK_IMAGES = 256
 
 
 class _Plan:
-    """How one dataset of an evaluation is read: its batches ``[(seed, start, stop)]``, and its
-    source: in-memory tensors (``view``), the decoded-image cache's uint8 pixels (``entry``,
-    its ``rows`` or the split's own order, with ``labels``), or fetched items: uint8 pixels when
-    it has a ``finisher`` (written to the cache by ``writer`` when it is not None), else whole
-    items. The finisher makes the model's input of a batch of pixels, with the batch's seed."""
+    """How one dataset of an evaluation is read: its batches ``[(seed, start, stop)]`` from
+    in-memory tensors (``view``), the cache (``entry``, at ``rows``, with ``labels``), or fetched
+    (pixels when it has a ``finisher``, kept in the cache by ``writer`` if any)."""
 
     def __init__(self, j: int, dataset: Dataset, seed: int, batch_size: int):
         self.j, self.dataset = j, dataset
@@ -54,9 +42,7 @@ class _Plan:
             self._find_cached(seed, batch_size)
 
     def _find_cached(self, seed: int, batch_size: int) -> None:
-        """The split's pixels in the decoded-image cache (:mod:`dg_plugins.datasets.decoded`):
-        a deterministic transform's per item, or the evaluation pixels of this split, batch
-        partition and seed (else a writer that keeps them when this evaluation makes them)."""
+        """Find the split's pixels in the cache (else a writer to keep them)."""
         env = root_dataset(self.dataset)
         store = getattr(env, "pixel_store", None)
         if store is None:
@@ -81,7 +67,6 @@ class _Plan:
         self.labels = np.asarray(env.targets, dtype=np.int64)[positions]
 
     def fetched(self) -> list:
-        """The :func:`fetch` requests of the batches not read from memory or the cache."""
         if self.view is not None or self.entry is not None:
             return []
         return [(self.j, seed, list(range(start, stop)), self.finisher is not None)
@@ -90,19 +75,9 @@ class _Plan:
 
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                     pin_memory: bool = False, device=None):
-    """The evaluation batches of several datasets, one after the other, as ``(dataset number,
-    x, y)``: ``datasets`` is ``[(dataset, seed), ...]``, and batch ``k`` of a dataset has its
-    random draws (an augmented split's transforms) made under ``seed_hash(seed, k)``
-    (:func:`fetch`), so an evaluation gives the same batches whichever process makes them and
-    however often it is repeated. In-memory tensor datasets are gathered in-process. Image
-    splits come from the decoded-image cache when it holds their pixels (read in chunks of
-    :data:`CHUNK_IMAGES`, made the model's input on ``device``: the same floats,
-    :class:`~dg_plugins.datasets.decoded.PixelTransform`); the others are made by the workers of
-    ``pool`` (the job's :class:`~dg_plugins.train.batches.WorkerPool`, when it holds them: no
-    worker starts), else by one loader of ``num_workers`` workers for all of them (one start per
-    call, not one per split; ``pin_memory`` for a CUDA device); an augmented split's pixels made
-    so are kept in the cache for the next evaluation. Close the generator when stopping early
-    (``contextlib.closing``): the workers are shut down then, not at garbage collection."""
+    """``(dataset number, x, y)`` of ``[(dataset, seed), ...]`` in order, batch ``k``'s draws
+    under ``seed_hash(seed, k)``: from memory, the cache, the job's ``pool`` when it holds them,
+    else one loader of ``num_workers`` for all. Close it when stopping early."""
     device = torch.device(device or "cpu")
     plans = [_Plan(j, dataset, seed, batch_size) for j, (dataset, seed) in enumerate(datasets)]
     fetched = [request for plan in plans for request in plan.fetched()]
@@ -145,10 +120,7 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
 
 
 def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):
-    """The batches of a split read from the cache: chunks of :data:`CHUNK_IMAGES` (whole
-    batches) copied to the device and turned into the model's input there, cut into evaluation
-    batches; a seeded finisher (the device augmentation) runs per batch, with the batch's
-    seed."""
+    """A split's batches from the cache, finished on the device in chunks."""
     step = batch_size * max(1, CHUNK_IMAGES // batch_size)
     n = len(plan.dataset)
     for start in range(0, n, step):
@@ -170,18 +142,13 @@ def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):
 
 
 def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int = 0):
-    """The evaluation batches ``(x, y)`` of ``dataset`` in order (:func:`eval_batches_of`, whose
-    closing rule applies)."""
     with contextlib.closing(eval_batches_of([(dataset, seed)], batch_size, num_workers)) as each:
         for _, x, y in each:
             yield x, y
 
 
 def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPUTE) -> torch.Tensor:
-    """The forward of one evaluation batch: ``algorithm.predict`` of ``x`` on ``device`` (a
-    non-blocking copy from pinned memory on CUDA; none for a batch already there) under the
-    job's ``compute`` settings (its precision and memory format), checked to be
-    ``[N, num_classes >= 2]`` logits. The one place an evaluation calls the model."""
+    """``algorithm.predict`` of one batch under ``compute``, checked to be ``[N, >= 2]`` logits."""
     with compute.autocast(device):
         logits = algorithm.predict(compute.model_input(
             x.to(device, non_blocking=cuda_transfers(device))))
@@ -194,12 +161,8 @@ def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPU
 def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
                num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE
                ) -> list[dict[str, float]]:
-    """Top-1 accuracy of ``algorithm.predict`` (``misc.accuracy``) on each of ``datasets``
-    (``[(dataset, seed, subsets), ...]``, their batches from :func:`eval_batches_of`: the job's
-    ``pool``, or one worker loader for all), in eval mode under ``torch.inference_mode``,
-    restoring train mode after, under ``compute`` (:func:`predict`). ``subsets`` (or None) maps a name to a boolean mask over the
-    dataset's items; each named subset's accuracy is returned too (NaN when it is empty). Key
-    ``""`` is the whole dataset."""
+    """Top-1 accuracy (``misc.accuracy``) on each of ``[(dataset, seed, subsets), ...]``: key ``""``
+    the whole dataset, and each subset (a name -> boolean mask; NaN when empty)."""
     algorithm.eval()
     hits = [[] for _ in datasets]
     transfer = cuda_transfers(device)
@@ -226,26 +189,19 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
 def accuracy(algorithm, dataset: Dataset, device, batch_size: int = EVAL_BATCH_SIZE,
              num_workers: int = 0, subsets: dict[str, torch.Tensor] | None = None,
              seed: int = 0) -> dict[str, float]:
-    """:func:`accuracies` of one dataset (``seed``: its batches' augmentation seed)."""
     return accuracies(algorithm, [(dataset, seed, subsets)], device, batch_size, num_workers)[0]
 
 
 def eval_seed(name: str) -> int:
-    """The augmentation seed of split ``name``'s evaluation batches (``env0_out``, ...): the same
-    in every job and every re-evaluation, so an augmented split's accuracy is a function of the
-    model alone (:func:`eval_batches`)."""
+    """The seed of split ``name``'s evaluation batches, the same in every job and re-evaluation."""
     return seed_hash("eval", name)
 
 
 def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None,
              batch_size: int = EVAL_BATCH_SIZE, pool=None, compute: Compute = DEFAULT_COMPUTE
              ) -> dict[str, float]:
-    """Accuracy keys of one record: ``env{i}_{in,out,uda}_acc`` for every split (DomainBed's) of
-    ``names`` (None: every split; ``--eval_splits selection``'s are fewer), and for every named
-    subset of a test environment ``env{i}_{in,out}_{name}_acc`` (NaN when the subset is empty)
-    and ``env{i}_{in,out}_{name}_count``. Batches of ``batch_size``, augmented splits' seeded by
-    (split, batch index) (:func:`eval_seed`); the job's worker ``pool`` makes them (else one
-    loader of ``num_workers`` workers); ``compute``: the job's settings, the ones it trains with."""
+    """A record's accuracy keys: ``env{i}_{in,out,uda}_acc`` of the splits ``names`` (None: all),
+    and ``env{i}_{in,out}_{subset}_acc`` / ``_count`` of each test environment's subsets."""
     named = splits.eval_named()
     if names is not None:
         unknown = sorted(set(names) - {name for name, _, _ in named})

@@ -1,31 +1,10 @@
-"""A train job's opt-in compute settings applied (``--precision``, ``--channels_last``,
-``--deterministic``, ``--augment_on``; names and defaults in
-:data:`dg_plugins.job.flags.FLAGS`):
-
-* ``--precision bf16|fp16``: the training step (the algorithm's ``update``) and evaluation
-  (``predict``) run under ``torch.autocast`` to that dtype on the job's device; the backward
-  passes and optimizer steps of :func:`dg_plugins.algorithms.base.optimizer_step` run outside it
-  (torch's recommendation). fp16 adds a ``torch.amp.GradScaler`` that ``optimizer_step`` applies
-  (:func:`~dg_plugins.algorithms.base.gradient_scaling`), saved in the resume file. fp16 is
-  refused off CUDA: CPUs compute bfloat16 natively (AVX512-BF16, AMX) and float16 seldom, and
-  bfloat16 needs no scaler.
-* ``--channels_last``: a convolutional network (any ``Conv2d`` that is not a ViT's patch embedding:
-  ResNets, the MNIST CNN) and its 4-D input batches in ``torch.channels_last``. A ViT is left in
-  the default format with a note rather than refused, so one sweep may hold both kinds.
-* ``--deterministic true`` (the default): torch's deterministic algorithms
-  (:func:`dg_plugins.seeds.deterministic_algorithms`), deterministic cuDNN, cuBLAS's
-  ``CUBLAS_WORKSPACE_CONFIG`` set before CUDA starts (:meth:`Compute.prepare_process`), and on
-  CUDA attention by the math kernel of ``scaled_dot_product_attention`` (the fused kernels'
-  backward passes add with atomics, in any order). ``false``: ``cudnn.benchmark`` on, all of
-  that off, so that two runs and a resumed job are no longer bit-exact.
-* ``--augment_on device``: the training environments' augmentation split between the loader
-  workers (the crop) and the job's device (the rest, :mod:`dg_plugins.datasets.device_augment`;
-  :func:`dg_plugins.train.job.build_job_data` sets the dataset up); :meth:`Compute.check` refuses
-  it without kornia, before anything is written.
-
-A job's :class:`Compute` reaches training and evaluation (:func:`dg_plugins.train.evaluate.evaluate`)
-as the same object; train checks it once against the device, before anything is written.
-"""
+"""A train job's compute settings (``--precision``, ``--channels_last``, ``--deterministic``,
+``--augment_on``; rows of :data:`dg_plugins.job.flags.FLAGS`) applied: autocast of the step and
+evaluation (the backward passes and optimizer steps outside it, torch's advice) with fp16's
+gradient scaler saved in the resume file; channels_last for convolutional networks (a ViT keeps
+its format, with a note); deterministic algorithms, cuDNN, cuBLAS workspace and math attention
+kernel unless ``--deterministic false``; the device augmentation (needs kornia). One
+:class:`Compute` per train call reaches training and evaluation; it is checked before any write."""
 
 from __future__ import annotations
 
@@ -53,8 +32,7 @@ BF16_EMULATED = ("this CPU has no bfloat16 instructions (" + ", ".join(BF16_CPU_
 
 
 def cpu_features(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
-    """The CPU's feature names (the ``flags`` line on x86, ``Features`` on Arm); None where they
-    cannot be read (no such file: not Linux)."""
+    """The CPU's feature names (x86's ``flags``, Arm's ``Features``); None where not readable."""
     try:
         with open(path) as handle:
             for line in handle:
@@ -67,15 +45,13 @@ def cpu_features(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
 
 
 def native_cpu_bf16() -> bool | None:
-    """Whether this CPU has bfloat16 instructions (None: unknown). Without them torch emulates
-    bf16 on the CPU, several times slower than fp32."""
+    """Whether this CPU has bfloat16 instructions (None: unknown); else torch emulates bf16."""
     features = cpu_features()
     return None if features is None else bool(features & set(BF16_CPU_FEATURES))
 
 
 def is_convolutional(model: nn.Module) -> bool:
-    """Whether ``model`` holds a 2-D convolution that is not a patch embedding (one whose kernel
-    equals its stride and which has no padding, as a ViT's)."""
+    """Whether ``model`` has a ``Conv2d`` that is not a ViT's patch embedding."""
     return any(isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride
                                                  and m.padding in ((0, 0), "valid"))
                for m in model.modules())
@@ -94,24 +70,19 @@ class Compute:
         self.augment_on = augment_on
         self.channels_last = bool(channels_last)
         self.deterministic = bool(deterministic)
-        #: Whether input batches go to the model in channels_last (set by :meth:`prepare_model`).
         self.inputs_channels_last = False
 
     @classmethod
     def of(cls, args) -> "Compute":
-        """The settings of ``args`` (train's namespace, or a dict such as a record's ``args``);
-        an absent or None setting is its default."""
         return cls(**{name: flag(args, name) for name in COMPUTE_DEFAULTS})
 
     @property
     def dtype(self) -> torch.dtype | None:
-        """The autocast dtype (None: float32, no autocast)."""
         return DTYPES.get(self.precision)
 
     def check(self, device: torch.device, algorithm_class=None) -> None:
-        """Raise ValueError, naming the fix, when ``device`` (or ``algorithm_class``, whose
-        :attr:`~dg_plugins.algorithms.base.Algorithm.UNSCALED_STEPS` fp16 cannot cover) cannot
-        run these settings."""
+        """Raise ValueError naming the fix when ``device`` or ``algorithm_class`` (its
+        ``UNSCALED_STEPS``, which fp16 cannot cover) cannot run these settings."""
         unscaled = getattr(algorithm_class, "UNSCALED_STEPS", None)
         if self.precision == "fp16" and unscaled:
             name = getattr(algorithm_class, "NAME", algorithm_class.__name__)
@@ -135,8 +106,7 @@ class Compute:
             require_kornia()
 
     def device_note(self, device: torch.device) -> str | None:
-        """A note for a setting ``device`` runs but slowly: bf16 on a CPU without bfloat16
-        instructions (:func:`native_cpu_bf16`); None otherwise."""
+        """A note for a setting ``device`` runs slowly (bf16 on a CPU without bf16), else None."""
         if (self.precision == "bf16" and torch.device(device).type == "cpu"
                 and native_cpu_bf16() is False):
             return (f"note: --precision bf16: {BF16_EMULATED}: steps and evaluations take "
@@ -144,8 +114,6 @@ class Compute:
         return None
 
     def autocast(self, device: torch.device):
-        """A context running its block's autocast-eligible ops in :attr:`dtype` on ``device``
-        (a no-op context at fp32)."""
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(device).type, dtype=self.dtype)
@@ -155,42 +123,34 @@ class Compute:
         return torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
 
     def prepare_model(self, model: nn.Module) -> None:
-        """With ``channels_last``, put a convolutional ``model`` (:func:`is_convolutional`) in
-        channels_last, and its inputs from then on (:meth:`model_input`); else say why not."""
-        if not self.channels_last:
-            return
-        if not is_convolutional(model):
+        """With ``channels_last``, a convolutional ``model`` and its inputs in it (the UDG
+        pretraining's and fine-tuning's models each, with the job's one Compute)."""
+        self.inputs_channels_last = self.channels_last and is_convolutional(model)
+        if self.inputs_channels_last:
+            model.to(memory_format=torch.channels_last)
+        elif self.channels_last:
             print(f"note: --channels_last: {type(model).__name__}'s network has no convolution "
                   "but a patch embedding (a ViT), so it stays in the default memory format "
                   "(channels_last speeds up convolutions only)")
-            return
-        model.to(memory_format=torch.channels_last)
-        self.inputs_channels_last = True
 
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as the model takes it: a 4-D batch in channels_last after
-        :meth:`prepare_model` put the model in it; else ``x``."""
+        """``x`` as the model takes it (4-D: channels_last after :meth:`prepare_model`)."""
         if self.inputs_channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
     def prepare_process(self) -> None:
-        """What a deterministic job needs before CUDA starts: cuBLAS's workspace setting (read
-        once, at its first call; a value the user set is kept)."""
+        """cuBLAS's deterministic workspace, set before CUDA starts (a user's value is kept)."""
         if self.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
 
     def configure_backends(self) -> None:
-        """cuDNN's flags: deterministic (the default, as :func:`dg_plugins.seeds.seed_everything`
-        sets them), or with ``deterministic`` false ``cudnn.benchmark``. Call it after the last
-        ``seed_everything`` of a job's build."""
+        """cuDNN's flags (after the build's last ``seed_everything``, which sets them too)."""
         torch.backends.cudnn.benchmark = not self.deterministic
         torch.backends.cudnn.deterministic = self.deterministic
 
     @contextlib.contextmanager
     def active(self, device=None):
-        """Within the block, torch's deterministic algorithms unless ``deterministic`` is false,
-        with attention on ``device`` (a CUDA one) by the math kernel when deterministic."""
         with contextlib.ExitStack() as stack:
             if self.deterministic:
                 stack.enter_context(deterministic_algorithms())

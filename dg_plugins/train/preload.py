@@ -1,8 +1,6 @@
-"""What a train job imports, imported once by the sweep's fork server before it forks jobs
-(:data:`dg_plugins.sweep.fork.PRELOAD`), with the cyclic garbage collector paused meanwhile, then
-everything alive frozen (:mod:`dg_plugins.runtime`'s start-up; ``gc.freeze`` as the ``gc`` docs
-advise before forking without exec): neither the server nor its jobs' collections traverse those
-objects. Imports only: no tensor is computed and no CUDA context made."""
+"""What a train job imports, imported once by the sweep's fork server before it forks jobs, with
+the garbage collector paused (the start-up then freezes it all, as the ``gc`` docs advise before
+forking). Imports only: no tensor, no CUDA context."""
 
 from dg_plugins import runtime
 

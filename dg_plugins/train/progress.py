@@ -1,23 +1,15 @@
-"""What a training job says about its time while it runs (:class:`Progress`).
-
-* Once a few steps are timed (:data:`TIMED_STEPS`, after the first step of the run, which pays
-  for warm-up): one line with the measured time of a step and the estimate of the job's time,
-  training and evaluations (a record's evaluation is timed at the first record).
-* On a terminal: a tqdm bar. Otherwise (a log file, a job of a sweep): a plain line every
-  ``interval`` seconds with the step, the steps per second and the estimated time left.
-
-Torch-free; the job calls :meth:`Progress.stepped` after each step and
-:meth:`Progress.evaluated` after each evaluation.
-"""
+"""What a training job says about its time while it runs: once a few steps are timed, the time of
+a step and the estimate of the job's; then a tqdm bar on a terminal, else a plain line every
+``interval`` seconds. Torch-free."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-#: Steps timed (after the run's first) before the estimate of the job's time is printed.
+#: Steps timed (after the run's first, its warm-up) before the estimate is printed.
 TIMED_STEPS = 5
-#: Seconds between two plain progress lines when the output is not a terminal (``--progress_every``).
+#: Seconds between two plain progress lines off a terminal (``--progress_every``).
 DEFAULT_INTERVAL_S = 60.0
 
 
@@ -43,9 +35,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """The progress of one run of a job's loop, from step ``start`` to ``total`` (exclusive);
-    ``records_left(step)``: how many evaluations remain after ``step`` (for the estimate);
-    ``stream``: where the tqdm bar goes when it is a terminal; ``out``: where lines go."""
+    """One run of a job's loop from step ``start`` to ``total``; ``records_left(step)``: the
+    evaluations after ``step``; ``stream``: the tqdm bar's terminal; ``out``: where lines go."""
 
     def __init__(self, total: int, start: int, records_left, desc: str, stream=None,
                  interval: float = DEFAULT_INTERVAL_S, out=None, clock=time.monotonic):
@@ -57,7 +48,6 @@ class Progress:
         self.began = self.last_line = clock()
         self.step_times: list[float] = []
         self.eval_time: float | None = None
-        self.estimated = False
         self.bar = None
         if stream is not None and stream.isatty():
             from tqdm import tqdm
@@ -71,17 +61,14 @@ class Progress:
             print(line, file=self.out, flush=True)
 
     def evaluated(self, seconds: float) -> None:
-        """An evaluation (a record) took ``seconds``."""
         if self.eval_time is None:
             self.eval_time = seconds
 
     def stepped(self, step: int, seconds: float) -> None:
-        """Step ``step`` is done; its update took ``seconds``."""
         self.step_times.append(seconds)
         if self.bar is not None:
             self.bar.update(1)
-        if not self.estimated and len(self.step_times) == TIMED_STEPS + 1:
-            self.estimated = True
+        if len(self.step_times) == TIMED_STEPS + 1:  # once: the list only grows
             self.print(self.estimate(step))
         now = self.clock()
         if self.bar is None and now - self.last_line >= self.interval and step + 1 < self.total:
@@ -89,7 +76,6 @@ class Progress:
             self.print(self.line(step, now))
 
     def estimate(self, step: int) -> str:
-        """The measured step time and the job's estimated time (from the start of this run)."""
         timed = self.step_times[1:]
         per_step = sum(timed) / len(timed)
         first = self.start + 1

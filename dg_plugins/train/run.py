@@ -1,9 +1,6 @@
 """One train command, from its parsed flags to its exit status: reject bad input before anything
-is written (:func:`validate`), take the job folder (its lock; a done or interrupted folder needs
-``--force`` or ``--resume``), tee the output into ``out.txt``/``err.txt``, catch stop signals, run
-the job (:class:`~dg_plugins.train.job.Job`, or the UDG protocol's
-:class:`~dg_plugins.train.udg.UDGJob`), and turn what went wrong into one line and an exit status
-(:func:`main`)."""
+is written, take the job folder (its lock), tee the output into out.txt/err.txt, catch stop
+signals, run the job, and turn what went wrong into one line and an exit status."""
 
 from __future__ import annotations
 
@@ -35,11 +32,9 @@ def user_errors() -> tuple:
     return (UnknownNameError, ValueError, FileNotFoundError, PretrainedWeightsUnavailable)
 
 
-def validate(args, compute=None) -> None:
-    """Reject bad input before anything is written: plugin modules, names, hparams, the flags'
-    ranges (:func:`dg_plugins.job.flags.check_ranges`, which sweep runs too), environment
-    indices, an image tree one level off, a compute setting the device or this Python cannot
-    run."""
+def validate(args, compute) -> None:
+    """Reject bad input before anything is written: names, hparams, the flags' ranges, test
+    environments, an image tree one level off, compute settings the device cannot run."""
     from dg_plugins import plugins
 
     plugins.load()
@@ -56,14 +51,12 @@ def validate(args, compute=None) -> None:
     if args.dataset in catalog.IMAGE_FOLDER_DATASETS:
         check_image_tree(args.dataset, args.data_dir)
     from dg_plugins.runtime import pick_device
-    from dg_plugins.train.precision import Compute
 
-    (compute or Compute.of(args)).check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
+    compute.check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
 
 
 def check_image_tree(dataset: str, data_dir: str | None) -> None:
-    """Refuse an image tree one level off (class folders holding folders, not images:
-    :func:`dg_plugins.datasets.check.one_level_off`), which would train on nonsense labels."""
+    """Refuse an image tree one level off (class folders of folders): nonsense labels."""
     from dg_plugins.datasets.check import one_level_off
     from dg_plugins.layouts import visible_subfolders
 
@@ -78,9 +71,8 @@ def check_image_tree(dataset: str, data_dir: str | None) -> None:
 
 
 def prepare_output_dir(args) -> None:
-    """Decide, under the folder lock, whether this run may proceed: a finished job is rerun only
-    with ``--force`` (which first removes ``done``, the records, models and checkpoint); a folder
-    with records of an interrupted run needs ``--resume`` (or ``--force``)."""
+    """Under the folder lock: a done job reruns only with ``--force`` (which removes its outputs
+    first); records of an interrupted run need ``--resume`` or ``--force``."""
     folder = args.output_dir
     done = is_done(folder)
     records = read_record_lines(os.path.join(folder, RESULTS_FILE))
@@ -107,33 +99,30 @@ def prepare_output_dir(args) -> None:
 
 
 class Tee:
-    """A stream that writes to ``stream`` and appends to ``path`` (DomainBed's out.txt/err.txt;
-    ``mode="w"`` starts the file over). When the file cannot be written any more (a full disk),
-    the Tee keeps writing to ``stream`` and stops writing to the file (``file_error`` holds the
-    error), so that the message saying what went wrong still reaches the user."""
+    """Writes to ``stream`` and to the file ``path`` (out.txt/err.txt); once the file fails (a
+    full disk: ``file_error``) only to ``stream``, so the error still reaches the user."""
 
     def __init__(self, path: str, stream, mode: str = "a"):
         self.stream = stream
         self.file = open(path, mode)
         self.file_error: OSError | None = None
 
-    def write(self, message: str) -> int:
-        self.stream.write(message)
+    def _to_file(self, method: str, *message) -> None:
         if self.file_error is None:
             try:
-                self.file.write(message)
+                getattr(self.file, method)(*message)
             except OSError as err:
                 self.file_error = err
+
+    def write(self, message: str) -> int:
+        self.stream.write(message)
+        self._to_file("write", message)
         self.flush()
         return len(message)
 
     def flush(self) -> None:
         self.stream.flush()
-        if self.file_error is None:
-            try:
-                self.file.flush()
-            except OSError as err:
-                self.file_error = err
+        self._to_file("flush")
 
     def isatty(self) -> bool:
         return False
@@ -147,8 +136,7 @@ class Tee:
 
 @contextlib.contextmanager
 def teed(folder: str, mode: str):
-    """Within the block, stdout and stderr also go to ``folder``'s out.txt and err.txt (``mode``
-    "w" starts them over); yields the real stderr (the progress bar's)."""
+    """stdout and stderr also into ``folder``'s out.txt and err.txt; yields the real stderr."""
     real_stdout, real_stderr = sys.stdout, sys.stderr
     out_tee = Tee(os.path.join(folder, OUT_FILE), real_stdout, mode)
     try:
@@ -166,14 +154,13 @@ def teed(folder: str, mode: str):
 
 
 def exit_status(err: BaseException) -> int | None:
-    """The exit status of a failure reported as one line; None for one reported by its
-    traceback."""
+    """The exit status of a failure reported as one line (None: shown by its traceback)."""
     if isinstance(err, user_errors()):
         return flags.EXIT_BAD_INPUT
     if isinstance(err, DiskFullError):
         return flags.EXIT_FAILED
     if isinstance(err, Interrupted):
-        return err.exit_code
+        return 128 + err.signum
     return None
 
 
@@ -183,27 +170,16 @@ def line(err: BaseException) -> str:
 
 def execute(args, stop_after_step: int | None = None
             ) -> tuple[str | None, int, BaseException | None]:
-    """Run one job as the train command does: ``(status, exit status, failure)``.
-
-    Exit statuses: 0 done; 2 bad input (unknown algorithm or dataset, malformed or unknown
-    --hparams, a flag out of range, missing data, an output folder that cannot be written, a
-    folder that is done, busy or holds another run, a damaged checkpoint on --resume), with a
-    one-line message naming the problem and the fix; 143 / 130 stopped by SIGTERM / SIGINT (after
-    writing a checkpoint; continue with --resume); 1 a full disk (one line: free space, then
-    --resume; what was written before is intact) or any other failure (its traceback is printed
-    once, and kept in err.txt).
-
-    ``status``:
-    "done", "already done" (``--resume`` of a finished job) or "stopped" (``stop_after_step``
-    simulates an interruption right after that step's checkpoint; tests use it); None when it
-    failed. Every failure is printed once: while the job holds its folder into its out.txt and
-    err.txt (one line, or the traceback of an unexpected error), before that on stderr; an
-    unexpected error before the folder is taken, or a ``BaseException`` that is not an
-    ``Exception`` (a second Ctrl-C), is raised instead."""
+    """Run one job as the train command does: ``(status, exit status, failure)``. Exit 0 done; 2
+    bad input (one line naming the fix); 143 / 130 stopped by SIGTERM / SIGINT after a
+    checkpoint; 1 a full disk (one line) or another failure (its traceback). ``status``: "done",
+    "already done", "stopped" (``stop_after_step``, for tests) or None. A failure is printed once
+    (into out.txt/err.txt once the folder is held); an unexpected one before that, or a
+    ``BaseException`` (a second Ctrl-C), is raised."""
     folder = args.output_dir
     from dg_plugins.train.precision import Compute
 
-    compute = Compute.of(args)  # the call's compute settings, built once
+    compute = Compute.of(args)  # the call's one Compute, passed on
     compute.prepare_process()
     try:
         validate(args, compute)
@@ -249,8 +225,7 @@ def execute(args, stop_after_step: int | None = None
 
 
 def run(args, stop_after_step: int | None = None) -> str:
-    """Run one job; returns its status (:func:`execute`) or raises its failure, after reporting
-    it as the command does."""
+    """:func:`execute`'s status, or its failure raised (after it was reported)."""
     status, _, failure = execute(args, stop_after_step)
     if failure is not None:
         raise failure

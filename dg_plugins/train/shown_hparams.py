@@ -1,30 +1,21 @@
-"""Which hparams train's "HParams:" printout lists: every hparam but the base ones that configure
-a network the job does not build (:data:`MODEL_HPARAMS`) and those of DomainBed's base space that
-no dg_plugins algorithm reads (:data:`UNREAD_HPARAMS`). Network hparams are listed for the
-algorithm builds: DomainBed's ``networks.Featurizer`` rule for ERM-shaped algorithms
-(:func:`dg_plugins.networks.featurizers.backbone_for`: the MNIST CNN, LeNet, a ResNet, or the ViT
-featurizer), the timm ViT of ERM_ViT and GMoE, or DisMAE's and MAE's encoders. The records keep
-every hparam."""
+"""Which hparams train's "HParams:" printout lists: all but the network hparams of networks the job
+does not build and DomainBed's base hparams no algorithm reads. The records keep every hparam."""
 
 from __future__ import annotations
 
-#: The base hparams that configure a network (:func:`dg_plugins.hparams.base_space`): listed
-#: only where the job's network reads them.
+#: The base hparams that configure a network: listed only where the job's network reads them.
 MODEL_HPARAMS = frozenset({
     "backbone", "vit", "resnet18", "resnet50_augmix", "resnet_dropout", "freeze_bn", "dinov2",
     "vit_arch", "vit_attn_tune", "vit_dropout", "mnist_cnn_width", "pretrained",
     "pretrained_path", "nonlinear_classifier",
 })
 
-#: DomainBed's base hparams that no dg_plugins algorithm or network reads (kept for the
-#: compatibility of hparams and records).
+#: DomainBed's base hparams that no dg_plugins algorithm or network reads.
 UNREAD_HPARAMS = frozenset({"lars", "linear_steps"})
 
 
 def model_hparams(algorithm: str, input_shape, hparams: dict) -> set[str] | None:
-    """The names of :data:`MODEL_HPARAMS` that the network of ``algorithm`` on ``input_shape``
-    reads, or None when that is not known (an algorithm that builds a network of its own, e.g. a
-    plugin's: then every hparam is listed)."""
+    """The :data:`MODEL_HPARAMS` the network of ``algorithm`` reads (None: not known)."""
     from dg_plugins.algorithms.base import FeatureClassifier
     from dg_plugins.algorithms.dismae import MAE, DisMAE
     from dg_plugins.algorithms.gmoe import ERM_ViT
@@ -58,10 +49,7 @@ def model_hparams(algorithm: str, input_shape, hparams: dict) -> set[str] | None
 
 
 def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str], list[str]]:
-    """``(listed, left out)``: the names of ``hparams`` train lists, and those it leaves out (of
-    :data:`MODEL_HPARAMS`, those the network does not read, :func:`model_hparams`; and
-    :data:`UNREAD_HPARAMS`), each sorted; for an algorithm whose network is not known, every
-    name is listed."""
+    """``(listed, left out)`` names of ``hparams``, sorted (all listed for an unknown network)."""
     used = model_hparams(algorithm, input_shape, hparams)
     if used is None:
         return sorted(hparams), []
@@ -71,8 +59,7 @@ def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str]
 
 
 def print_hparams(algorithm: str, input_shape, hparams: dict) -> None:
-    """The "HParams:" block of a job's out.txt (DomainBed's, one ``name: value`` line each) with
-    the names :func:`shown_hparams` lists, then the others named on one line."""
+    """DomainBed's "HParams:" block of the listed names, then the others on one line."""
     listed, left_out = shown_hparams(algorithm, input_shape, hparams)
     print("HParams:")
     for name in listed:

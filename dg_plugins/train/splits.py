@@ -1,7 +1,6 @@
-"""A job's splits (``domainbed/scripts/train.py``): every environment's in/out(/uda) split, as
-DomainBed's random holdout (``misc.split_dataset``) or a dataset's own predefined split
-(:class:`Splits`), the sampling weights of class-balanced training, and the named subsets of test
-environments to evaluate (the IP/OOP split). Splits are index views (:class:`SplitDataset`)."""
+"""A job's splits (``domainbed/scripts/train.py``): every environment's in/out(/uda) split, by
+DomainBed's random holdout or a dataset's predefined split, class-balanced sampling weights, and
+the subsets of test environments to evaluate (IP/OOP). Splits are index views."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from dg_plugins.job.sizes import holdout_size
 
 
 class SplitDataset(Dataset):
-    """The items ``keys`` of ``underlying`` (an index-remapping view)."""
-
     def __init__(self, underlying: Dataset, keys):
         self.underlying = underlying
         self.keys = list(keys)
@@ -29,37 +26,36 @@ class SplitDataset(Dataset):
         return len(self.keys)
 
     def pixels(self, index):
-        """The underlying item's uint8 pixels and label (:func:`finisher`)."""
         return self.underlying.pixels(self.keys[index])
 
     def finisher(self):
-        """The finisher of this split's items in the dataset under it (:func:`finisher`)."""
         method = getattr(root_dataset(self), "finisher", None)
         return method(env_indices(self)) if method is not None else None
 
 
 def finisher(dataset):
-    """What turns a batch of ``dataset``'s uint8 item pixels (``dataset.pixels(i)``, collated)
-    into the model's input on the job's device, ``finisher(pixels, device, seed)`` (an
-    image-folder environment's, through splits:
-    :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.finisher`: the exact
-    ToTensor + Normalize table, or with ``--augment_on device`` the device augmentation, seeded by
-    the batch's seed); None when its items are only made whole (``dataset[i]``)."""
+    """``finisher(pixels, device, seed)``: what turns a batch of ``dataset.pixels(i)`` into the
+    model's input on the device (an image folder's); None when items are only whole."""
     method = getattr(dataset, "finisher", None)
     return method() if method is not None else None
 
 
-def root_dataset(dataset: Dataset) -> Dataset:
-    """The dataset under a (possibly nested) :class:`SplitDataset` (:func:`env_indices` gives
-    the positions there)."""
+def _unwrap(dataset: Dataset):
+    """``(the dataset under nested SplitDatasets, the positions there or None)``."""
+    index = None
     while isinstance(dataset, SplitDataset):
+        keys = np.asarray(dataset.keys, dtype=np.int64)
+        index = keys if index is None else keys[index]
         dataset = dataset.underlying
-    return dataset
+    return dataset, index
+
+
+def root_dataset(dataset: Dataset) -> Dataset:
+    return _unwrap(dataset)[0]
 
 
 def split_dataset(dataset: Dataset, n: int, seed: int = 0):
-    """``(first n, rest)`` of a ``RandomState(seed)`` shuffle of the indices (``misc.split_dataset``); train.py
-    uses the first part as the holdout ("out") split."""
+    """``(first n, rest)`` of a ``RandomState(seed)`` shuffle (``misc.split_dataset``)."""
     if n > len(dataset):
         raise ValueError(f"cannot hold out {n} of {len(dataset)} samples")
     keys = np.random.RandomState(seed).permutation(len(dataset)).tolist()
@@ -67,32 +63,21 @@ def split_dataset(dataset: Dataset, n: int, seed: int = 0):
 
 
 def env_indices(dataset: Dataset) -> np.ndarray:
-    """The positions, in the underlying environment dataset, of the items of ``dataset`` (a
-    possibly nested :class:`SplitDataset`; a plain dataset maps to ``0..len-1``)."""
-    index = None
-    while isinstance(dataset, SplitDataset):
-        keys = np.asarray(dataset.keys, dtype=np.int64)
-        index = keys if index is None else keys[index]
-        dataset = dataset.underlying
-    return np.arange(len(dataset)) if index is None else index
+    """The positions of ``dataset``'s items in the environment under it."""
+    root, index = _unwrap(dataset)
+    return np.arange(len(root)) if index is None else index
 
 
 def tensor_view(dataset: Dataset):
     """``(tensors, index)`` when ``dataset`` is a (nested) split of a TensorDataset, else None."""
-    index = None
-    while isinstance(dataset, SplitDataset):
-        keys = torch.as_tensor(dataset.keys, dtype=torch.long)
-        index = keys if index is None else keys[index]
-        dataset = dataset.underlying
-    if not isinstance(dataset, TensorDataset):
+    root, index = _unwrap(dataset)
+    if not isinstance(root, TensorDataset):
         return None
-    if index is None:
-        index = torch.arange(len(dataset))
-    return dataset.tensors, index
+    return root.tensors, torch.arange(len(root)) if index is None else torch.from_numpy(index)
 
 
 def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
-    """Per-sample weights ``1 / (count[c] * n_classes_present)`` (``misc.make_weights_for_balanced_classes``), summing to 1."""
+    """Weights ``1 / (count[c] * classes)`` (``misc.make_weights_for_balanced_classes``)."""
     view = tensor_view(dataset)
     labels = (view[0][1][view[1]] if view is not None
               else torch.as_tensor([int(dataset[i][1]) for i in range(len(dataset))]))
@@ -101,11 +86,8 @@ def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
 
 
 def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
-    """Named index subsets of test environments to evaluate besides the whole splits:
-    ``{env index: {subset name: [item indices of that environment]}}``. Today: the IP/OOP split
-    by CLIP alignment score (``--alignment_scores``, see :mod:`dg_plugins.alignment`), under the
-    rule ``--alignment_threshold`` / ``--alignment_preset``, from a file that must have been
-    scored by ``--alignment_model`` / ``--alignment_pretrained`` when given."""
+    """``{test env: {subset name: [item indices]}}`` to evaluate besides the splits: the IP/OOP
+    split of ``--alignment_scores`` (:mod:`dg_plugins.alignment`)."""
     if flag(args, "alignment_scores") is None:
         return {}
     from dg_plugins import alignment
@@ -118,17 +100,9 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
 
 
 class Splits:
-    """Every environment's in/out(/uda) split, named as DomainBed's train.py names them, and the
-    named subsets of test environments to evaluate (``subsets``, see :func:`evaluation_subsets`).
-
-    A dataset may define its own in/out split of an environment (e.g. PACS's official train/val
-    lists): ``dataset.predefined_split(env_index) -> (in_indices, out_indices) | None``. When it
-    returns a pair, that environment uses it instead of DomainBed's random holdout
-    (``--holdout_fraction`` does not apply there; the uda holdout of a test environment is still
-    drawn from its in-split). A test environment's out-split may overlap its in-split (PACS's
-    official ``test`` list holds every image, its ``crossval`` list a subset): neither is trained
-    on, so the target's accuracy stays the release's whole-list accuracy; a training
-    environment's may not (its validation items would be trained on)."""
+    """Every environment's in/out(/uda) split and the test environments' ``subsets``. A dataset's
+    ``predefined_split(env) -> (in_indices, out_indices) | None`` replaces the random holdout
+    (PACS's official lists); a test environment's two may overlap (neither is trained on)."""
 
     def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
@@ -165,18 +139,15 @@ class Splits:
                              "--uda_holdout_fraction > 0")
 
     def eval_named(self):
-        """``(name, split, env index)`` in DomainBed's order: all in, all out, then uda by
-        position (uda splits have no env index here: None)."""
+        """``(name, split, env index)``: all in, all out, then uda (env index None)."""
         named = [(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
         named += [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
         named += [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)]
         return named
 
     def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
-        """Boolean masks over ``split``'s items for each named subset of environment ``env``; for
-        the out split of an environment whose in split shares items with it (a test
-        environment's predefined split), also each subset cut down to the items outside the in
-        split (:data:`~dg_plugins.job.selection.OUTSIDE_IN_SUBSET`), for pooling the two."""
+        """A boolean mask over ``split`` per subset of ``env``; an out split sharing items with
+        the in split also gets each cut to the items outside it (``OUTSIDE_IN_SUBSET``)."""
         if env is None or env not in self.subsets:
             return {}
         positions = env_indices(split)
@@ -191,9 +162,7 @@ class Splits:
 
 
 def predefined_splits(env, pair, env_index: int, test_env: bool = False):
-    """``(in split, out split)`` of ``env`` from a dataset's ``predefined_split`` pair of index
-    lists, after checking them (in range, a non-empty in-split, and disjoint unless ``env`` is a
-    test environment, whose splits are only evaluated)."""
+    """``(in, out)`` of ``env`` from a ``predefined_split`` pair, checked."""
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
         raise ValueError(f"predefined_split({env_index}) must return (in_indices, out_indices) or "
                          f"None, got {type(pair).__name__}")

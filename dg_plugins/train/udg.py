@@ -1,8 +1,7 @@
 """The unsupervised-DG (UDG) protocol as train jobs (``--label_fraction F``; docs/udg_protocol.md):
-a self-supervised pretraining on the unlabelled source domains (:class:`PretrainJob`, kept in a
-folder named by the md5 of its identity and shared by every label fraction, run once however many
-jobs need it), then fine-tuning on a fixed, nested labelled subset of each source in-split
-(:class:`UDGJob`, written like an ordinary job). Lengths may be given in the release's epochs."""
+a self-supervised pretraining on the unlabelled sources (:class:`PretrainJob`, in a folder named by
+the md5 of its identity, shared by every label fraction), then fine-tuning on a fixed, nested
+labelled subset of each source in-split (:class:`UDGJob`)."""
 
 from __future__ import annotations
 
@@ -48,36 +47,39 @@ def labelled_count(n: int, fraction: float) -> int:
 
 
 def labelled_subset(split, fraction: float, trial_seed: int, env: int):
-    """The labelled part of a source environment's in-split: the first ``max(1, round(F * n))``
-    items of a permutation drawn from ``seed_hash(trial_seed, env, "udg_labels")``, so fixed by the
-    trial, the same for every algorithm, and nested across fractions (docs/udg_protocol.md)."""
+    """The first ``max(1, round(F * n))`` items of a permutation drawn from ``seed_hash(trial_seed,
+    env, "udg_labels")``: fixed by the trial and nested across fractions."""
     order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
     return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
 
 
-#: Share of each source environment that ``--udg_split release`` pretrains on (the release
-#: pretrains on 99% of the source data, ``dataloader.py``).
+#: Share of each source environment that ``--udg_split release`` pretrains on (the release's
+#: ``dataloader.py``).
 RELEASE_PRETRAIN_SHARE = 0.99
 
 
 def epoch_steps(sizes: list[int], batch: int) -> float:
-    """Steps of one epoch (the release's): one pass over the pooled sets of ``sizes`` images at
-    ``batch`` images per set per step."""
+    """Steps of the release's epoch: one pass over the pooled sets at ``batch`` per set."""
     return sum(sizes) / (batch * len(sizes))
 
 
 def steps_for_epochs(epochs: float, sizes: list[int], batch: int) -> int:
-    """``ceil(epochs x`` :func:`epoch_steps` ``)``, at least 1 (computed in one division, so an
-    exact number of epochs gives an exact step count)."""
+    """``ceil(epochs x`` :func:`epoch_steps` ``)``, at least 1, in one division (exact)."""
     return max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
 
 
+def epochs_length(phase: str, kind: str, epochs: float, sizes: list[int], batch: int) -> int:
+    steps = steps_for_epochs(epochs, sizes, batch)
+    print(f"UDG {phase} length: {epochs:g} epochs of {sum(sizes)} {kind} images "
+          f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
+          f"domain x {len(sizes)} domains = {steps} steps")
+    return steps
+
+
 def pretraining_set(job, env: int):
-    """The unlabelled images environment ``env`` contributes to pretraining: its in-split
-    (``domainbed`` split), or with ``--udg_split release`` the first 99% of a permutation of the
-    whole environment drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")`` (the release
-    pretrains on 99% of the source data; labels are never read, so the validation out-split's
-    images may be among them, as in the release)."""
+    """Environment ``env``'s unlabelled pretraining images: its in-split, or with ``--udg_split
+    release`` 99% of the environment (a permutation from ``seed_hash(trial_seed, env,
+    "udg_pretrain_split")``; out-split images may be among them, as in the release)."""
     if job.udg_split != "release":
         return job.splits.in_splits[env][0]
     whole = job.dataset[env]
@@ -88,9 +90,8 @@ def pretraining_set(job, env: int):
 
 
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
-    """What makes two jobs' pretrainings the same (paths excluded; ``udg_split`` only when it is
-    ``release`` and the compute settings only when not at their defaults, so that the identity
-    of a default pretraining stays as it was)."""
+    """What makes two jobs' pretrainings the same (no paths; ``udg_split`` and compute settings
+    only when not default, so a default pretraining's identity stays as it was)."""
     identity = {
         "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
         "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
@@ -119,7 +120,6 @@ def _done(folder: str) -> bool:
 
 
 def redo_pretraining(folder: str) -> str:
-    """The fix for a damaged file of a pretraining folder: start that pretraining over."""
     return (f"Remove the pretraining folder (rm -r {folder}) and rerun: the next job that needs "
             "it pretrains again (no other folder is touched)")
 
@@ -140,8 +140,7 @@ def load_pretrained(folder: str, identity: dict) -> dict:
 
 
 class WaitInterrupted(job_lib.Interrupted):
-    """SIGTERM/SIGINT while this job waited for the pretraining another job runs: it had not
-    started, so nothing was written and there is nothing to resume (exit ``128 + signum``)."""
+    """SIGTERM/SIGINT while waiting for another job's pretraining: nothing to resume."""
 
     def __init__(self, signum: int, folder: str):
         super().__init__(
@@ -152,18 +151,15 @@ class WaitInterrupted(job_lib.Interrupted):
 
 
 class PretrainJob(job_lib.Job):
-    """The pretraining phase, a kind of job run (with :meth:`Job.run`'s loop) by the fine-tuning
-    job that needs it, while it holds the pretraining folder's lock: its steps are the algorithm's
-    ``pretrain_update`` on unlabelled batches of the pretraining sets (:func:`pretraining_set`),
-    its records the loss values with the identity, its output ``pretrained.pt``. It continues from
-    its checkpoint whenever one exists (no ``--resume`` needed: the folder's name is the hash of
-    the identity, which the checkpoint is checked against)."""
+    """The pretraining, run by the fine-tuning job that holds its folder's lock: the algorithm's
+    ``pretrain_update`` on unlabelled batches, records of its losses, output ``pretrained.pt``.
+    It continues from any checkpoint (checked against the identity; no ``--resume`` needed)."""
 
     UPDATE = "pretrain_update"
     PHASE = "pretraining"
 
     def __init__(self, parent: "UDGJob", folder: str, identity: dict):
-        super().__init__(parent.args, parent.stop)
+        super().__init__(parent.args, parent.stop, compute=parent.compute)
         self.parent = parent
         self.identity = identity
         self.record_args = identity
@@ -194,9 +190,8 @@ class PretrainJob(job_lib.Job):
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
               f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
-        per_loader = p.loader_workers(len(sets))
         self.streams = [batches.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
-                                         num_workers=per_loader)
+                                         num_workers=p.workers)
                         for s, i in zip(sets, p.train_envs)]
         self.n_train_streams = len(self.streams)
         self.n_steps = self.identity["pretrain_steps"]
@@ -211,7 +206,6 @@ class PretrainJob(job_lib.Job):
             keep_counted_records(self.results_path, 0)
 
     def checkpoint_fix(self) -> str:
-        """A damaged pretraining checkpoint is fixed by pretraining again, not by ``--force``."""
         return redo_pretraining(self.folder)
 
     def update(self) -> dict:
@@ -234,8 +228,7 @@ class PretrainJob(job_lib.Job):
 
 
 class UDGJob(job_lib.Job):
-    """A UDG job: pretraining (shared, :class:`PretrainJob`), then fine-tuning on the
-    labelled fraction, written like an ordinary job."""
+    """A UDG job: the shared pretraining, then fine-tuning on the labelled fraction."""
 
     def build(self) -> None:
         args = self.args
@@ -249,28 +242,21 @@ class UDGJob(job_lib.Job):
         return [len(self.train_split(i)[0]) for i in self.train_envs]
 
     def epoch_length(self) -> float:
-        """The smallest labelled subset over the batch size."""
         return min(self.labelled_sizes()) / self.batch_size()
 
     def length(self) -> int:
-        """``--steps``, or with ``--udg_ft_epochs`` the release's epochs (one pass over the pooled
-        labelled sets, ``train_finetune.py``), printed."""
+        """``--steps``, or ``--udg_ft_epochs`` of the release's (``train_finetune.py``)."""
         epochs = flag(self.args, "udg_ft_epochs")
         if epochs is None:
             return super().length()
-        sizes, batch = self.labelled_sizes(), self.batch_size()
-        steps = steps_for_epochs(epochs, sizes, batch)
-        print(f"UDG fine-tuning length: {epochs:g} epochs of {sum(sizes)} labelled images "
-              f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
-              f"domain x {len(sizes)} domains = {steps} steps")
-        return steps
+        return epochs_length("fine-tuning", "labelled", epochs, self.labelled_sizes(),
+                             self.batch_size())
 
     def train_split(self, env: int):
         if env not in self.labelled:
             split, _ = self.splits.in_splits[env]
             subset = labelled_subset(split, self.fraction, self.args.trial_seed, env)
-            weights = class_balanced_weights(subset) if self.hparams["class_balanced"] \
-                else None
+            weights = class_balanced_weights(subset) if self.hparams["class_balanced"] else None
             self.labelled[env] = (subset, weights)
         return self.labelled[env]
 
@@ -294,8 +280,8 @@ class UDGJob(job_lib.Job):
             backbone.load_state_dict(state, strict=True)  # exactly the pretrained keys
         mode, lr, batch = self.finetune
         kind = "linear probe, frozen backbone" if mode == "linear" else "full fine-tuning"
-        print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction {self.fraction:g} "
-              f"({', '.join(str(len(self.train_split(i)[0])) for i in self.train_envs)} labelled "
+        print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction "
+              f"{self.fraction:g} ({', '.join(map(str, self.labelled_sizes()))} labelled "
               "samples per source environment)")
         return FineTuner(self.dataset.input_shape, self.dataset.num_classes,
                          len(self.train_envs), self.hparams, backbone, self.fraction)
@@ -305,12 +291,9 @@ class UDGJob(job_lib.Job):
         steps = flag(args, "pretrain_steps") or self.dataset.N_STEPS
         epochs = flag(args, "udg_pretrain_epochs")
         if epochs is not None:
-            sizes = [len(pretraining_set(self, i)) for i in self.train_envs]
-            batch = self.hparams["batch_size"]
-            steps = steps_for_epochs(epochs, sizes, batch)
-            print(f"UDG pretraining length: {epochs:g} epochs of {sum(sizes)} unlabelled images "
-                  f"({', '.join(map(str, sizes))} per source environment) at batch {batch} per "
-                  f"domain x {len(sizes)} domains = {steps} steps")
+            steps = epochs_length("pretraining", "unlabelled", epochs,
+                                  [len(pretraining_set(self, i)) for i in self.train_envs],
+                                  self.hparams["batch_size"])
         identity = pretrain_identity(args, self.hparams, steps)
         folder = os.path.join(pretrain_root(args), pretrain_key(identity))
         waited = False
