@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 from collections import Counter
 from typing import Callable, Iterable, Sequence
 
+from dg_plugins import catalog, layouts
 from dg_plugins.help_text import CommandParser
+from dg_plugins.registry import DATASETS, close_names
 
 #: Below this many files the check runs in this process (a pool costs more than it saves).
 MIN_FILES_FOR_POOL = 64
@@ -49,7 +52,6 @@ class BadInput(Exception):
 def image_folder_datasets() -> list[str]:
     """Registered datasets built from image folders."""
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
-    from dg_plugins.registry import DATASETS
 
     return [name for name in DATASETS.list()
             if isinstance(DATASETS.get(name), type)
@@ -59,9 +61,7 @@ def image_folder_datasets() -> list[str]:
 def load_dataset(name: str, data_dir: str):
     """Build the dataset as train would (no augmentation); :class:`BadInput` for an unknown name,
     a dataset without image files, or missing or badly laid-out folders."""
-    from dg_plugins import catalog, layouts
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
-    from dg_plugins.registry import DATASETS, close_names
 
     choices = image_folder_datasets()
     if name not in DATASETS:
@@ -99,11 +99,9 @@ def load_dataset(name: str, data_dir: str):
 
 def _class_folder_contents(folder: str) -> tuple[bool, list[str]]:
     """Whether ``folder`` holds an image file of its own, and its visible subfolders."""
-    from dg_plugins.layouts import is_image_file
-
     with os.scandir(folder) as entries:
         entries = list(entries)
-    return (any(e.is_file() and is_image_file(e.name) for e in entries),
+    return (any(e.is_file() and layouts.is_image_file(e.name) for e in entries),
             sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(".")))
 
 
@@ -118,23 +116,20 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
     holds one folder of class folders, or the "class" folders share subfolder names (they are
     domains); None otherwise. ``data_dir_is_root``: ``--data_dir`` names ``root`` (the fix can
     be another ``--data_dir``). Torch-free (train runs it before it writes)."""
-    from dg_plugins.layouts import has_image, visible_subfolders
-
     inner: dict[str, dict[str, list[str]]] = {}
     for domain in domains:
         inner[domain] = {}
-        for cls in visible_subfolders(os.path.join(root, domain)) or [None]:
+        for cls in layouts.visible_subfolders(os.path.join(root, domain)) or [None]:
             if cls is None:
                 return None
             own_images, subfolders = _class_folder_contents(os.path.join(root, domain, cls))
             if own_images or not subfolders:
                 return None
             inner[domain][cls] = subfolders
-    if not inner or not all(has_image(os.path.join(root, d, c)) for d in inner for c in inner[d]):
+    if not inner or not all(layouts.has_image(os.path.join(root, d, c))
+                            for d in inner for c in inner[d]):
         return None
     if all(len(classes) == 1 for classes in inner.values()):
-        import shlex
-
         first, classes = next(iter(inner.items()))
         wrapper, true_classes = next(iter(classes.items()))
         wrappers = [f"{d}/{next(iter(c))}" for d, c in inner.items()]
