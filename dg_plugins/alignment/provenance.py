@@ -18,10 +18,8 @@ RESCORE = "python -m dg_plugins.scripts.alignment_scores"
 
 def fingerprint(paths, sizes) -> str:
     """The data fingerprint of one environment: sha256 of its sorted ``path<TAB>size`` lines."""
-    h = hashlib.sha256()
-    for path, size in sorted(zip(paths, (int(s) for s in sizes))):
-        h.update(f"{path}\t{size}\n".encode())
-    return h.hexdigest()
+    lines = "".join(f"{path}\t{size}\n" for path, size in sorted(zip(paths, map(int, sizes))))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def file_sizes(abs_paths) -> np.ndarray:

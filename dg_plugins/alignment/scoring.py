@@ -34,7 +34,6 @@ HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
 HF_CONFIG_NAME = "open_clip_config.json"
 
 
-# --------------------------------------------------------------------------------------------------
 # Model and weights
 
 
@@ -224,7 +223,6 @@ def check_prompt(prompt: str) -> None:
                          "goes there), e.g. 'A photo of {}.'")
 
 
-# --------------------------------------------------------------------------------------------------
 # The scorer
 
 

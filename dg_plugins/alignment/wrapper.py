@@ -145,10 +145,8 @@ class AlignmentSplit:
             if note is not None and not self.notes:  # one warning per file is enough
                 self.notes.append(note)
             self.scores[env] = frame["score"].to_numpy()[rows]
-            if self.rule is None:
-                self.assignment[env] = frame["subset"].to_numpy()[rows].astype(object)
-            else:
-                self.assignment[env] = self.rule.assign(self.scores[env])
+            self.assignment[env] = frame["subset"].to_numpy()[rows].astype(object) \
+                if self.rule is None else self.rule.assign(self.scores[env])
 
     def indices(self, env: int, subset: str) -> list[int]:
         if subset not in SUBSETS:

@@ -23,9 +23,7 @@ from email.utils import parsedate_to_datetime
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-from dg_plugins.download.sources import (
-    CHUNK, DATASET_SPECS, DownloadError, Source, human_size,
-)
+from dg_plugins.download.sources import CHUNK, DATASET_SPECS, DownloadError, Source, human_size
 from dg_plugins.files import DISK_FULL_ERRNOS
 
 #: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
@@ -55,7 +53,6 @@ VALIDATORS_SUFFIX = ".validators"
 VALIDATORS = {"etag": "ETag", "last_modified": "Last-Modified", "date": "Date"}
 
 
-# --------------------------------------------------------------------------------------------
 # Output
 
 
@@ -117,7 +114,6 @@ class Reporter:
         yield update
 
 
-# --------------------------------------------------------------------------------------------
 # Disk space
 
 
@@ -160,7 +156,6 @@ def disk_full_message(folder: str, what: str) -> str:
             f"{free} free now) while {what}")
 
 
-# --------------------------------------------------------------------------------------------
 # What arrived
 
 
@@ -225,7 +220,6 @@ def what_arrived(path: str, name: str) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
 # Fetching
 
 
@@ -265,7 +259,6 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
     return tuple(int(g) if g and g != "*" else None for g in match.groups()) if match else None
 
 
-# --------------------------------------------------------------------------------------------
 # The validators of the bytes held
 
 

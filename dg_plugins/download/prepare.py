@@ -27,7 +27,6 @@ from dg_plugins.download.sources import (
 from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 
 
-# --------------------------------------------------------------------------------------------
 # Layout checks (the rules of the dataset classes, dg_plugins.layouts: no torch)
 
 
@@ -145,7 +144,6 @@ def _mnist_status(data_dir: str) -> tuple[str, str]:
     return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
 
 
-# --------------------------------------------------------------------------------------------
 # Extraction and post-processing
 
 

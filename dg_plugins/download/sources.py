@@ -207,7 +207,6 @@ class CorruptArchive(DownloadError):
     """An archive that does not open or extract."""
 
 
-# --------------------------------------------------------------------------------------------
 # Names and the table
 
 
