@@ -1,20 +1,14 @@
 """The decoded-image cache (exact): each image of an image-folder dataset decoded once per machine
-(as :meth:`~dg_plugins.datasets.image_folder.ImageFolderEnvironment.load` decodes it) into
-memory-mapped uint8 files that a sweep's jobs share, with the uint8 pixels evaluation reads:
-``decoded`` (each environment's RGB images, a flat file and an index; an undecodable item is
-left out and raises where it is read), ``plain`` (a deterministic evaluation transform's pixels)
-and ``eval`` (an augmented split's evaluation pixels, written by its first evaluation). A
-:class:`PixelTransform` splits a transform into PIL operations and a finisher run on the job's
-device (:class:`TableFinisher`, exact; or the device augmentation).
-
-Files live in ``$DG_PLUGINS_CACHE/decoded``, one folder per dataset folder, named by a
-fingerprint of the image files and the decoder's versions; each finished entry has a ``.sum``
-(sizes, inodes, times, SHA-256) against which a changed file is checked, a damaged one removed
-and built again. ``DG_PLUGINS_DECODED_CACHE=off`` turns it off; ``DG_PLUGINS_DECODED_BUDGET_GB``
-(default 20) and :data:`DISK_RESERVE` bound it. Files are allocated first, then written with
-regular writes, so a full disk is a one-line OSError, never a SIGBUS. One job per machine builds a
-folder under an ``flock`` on ``.build.lock`` (holding its pid); the others wait, stopping at a
-stop signal; a lock whose holder is gone while its orphaned build processes hold it is taken over.
+into memory-mapped uint8 files a sweep's jobs share (``decoded``; an undecodable item is left out
+and raises where read), with the pixels evaluation reads (``plain``: a deterministic transform's;
+``eval``: an augmented split's, written by its first evaluation). :class:`PixelTransform` splits a
+transform into PIL operations and a finisher run on the job's device. Files live in
+``$DG_PLUGINS_CACHE/decoded``, named by a fingerprint of the images and decoder versions; a
+``.sum`` per entry catches damage (the entry is rebuilt). Off: ``DG_PLUGINS_DECODED_CACHE=off``;
+bounded by ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) and :data:`DISK_RESERVE`. Files are
+allocated then written with regular writes (a full disk is a one-line OSError, never a SIGBUS).
+One job per machine builds under an ``flock`` on ``.build.lock``; the others wait until a stop
+signal; a lock whose holder is gone while its orphaned builders hold it is taken over.
 """
 
 from __future__ import annotations

@@ -104,19 +104,11 @@ def uci_digits_path() -> str:
     return package_file(*UCI_DIGITS, "the USPS-like digits (the UCI digits of load_digits)")
 
 
-def material_paths(domains=ENVIRONMENTS) -> list[str]:
-    """Every source file the given domains read (their bytes enter the cache digest)."""
-    paths = []
-    if {"mnist", "mnist_m"} & set(domains):
-        paths.append(mnist_path())
-    if {"mnist_m", "svhn"} & set(domains):
-        paths += photo_paths()
-    if {"syn", "svhn"} & set(domains):
-        package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
-        paths += font_paths()
-    if "usps" in domains:
-        paths.append(uci_digits_path())
-    return paths
+def material_paths() -> list[str]:
+    """Every source file the domains read (their bytes enter the cache digest)."""
+    paths = [mnist_path(), *photo_paths()]
+    package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
+    return paths + font_paths() + [uci_digits_path()]
 
 
 def cache_digest(seed: int, sizes: dict) -> str:

@@ -1,16 +1,11 @@
 """Image-folder datasets (``domainbed/datasets.py``): VLCS, PACS, OfficeHome, TerraIncognita,
-DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any other tree
-``<dataset folder>/<domain>/<class>/<image>``. Kept from DomainBed: environments are the sorted
-domain folders; samples are ordered class by class, then by path (torchvision's ImageFolder
-order); augmentation is chosen per environment, so a training environment's out split is
-augmented too. Deliberate differences: hidden folders and files are ignored; class indices come
-from the sorted union of class folders over all domains; a bad layout raises naming the expected
-one; an undecodable image raises :class:`UnreadableImageError` naming the file and the fix
-(``python -m dg_plugins.scripts.check_data`` lists them all up front); high-bit-depth images are
-scaled to 8 bits (:func:`to_rgb`) where PIL clips them; the dataset hparams ``augmentation``
-(:func:`training_transform`) and PACS's ``data_split`` (:class:`PACS`). Images load lazily (from
-the decoded-image cache, :mod:`dg_plugins.datasets.decoded`, when a job attached it); torchvision
-and PIL load on first use.
+DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any tree
+``<dataset folder>/<domain>/<class>/<image>``, with DomainBed's environment and sample order.
+Deliberate differences: hidden folders and files are ignored; class indices come from the union
+of class folders over all domains; bad layouts and undecodable images
+(:class:`UnreadableImageError`) raise naming the fix; high-bit-depth images are scaled to 8 bits
+(:func:`to_rgb`); the hparams ``augmentation`` and PACS's ``data_split``. Images load lazily
+(from :mod:`dg_plugins.datasets.decoded` when attached); torchvision and PIL on first use.
 """
 
 from __future__ import annotations
