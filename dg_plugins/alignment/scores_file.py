@@ -104,13 +104,31 @@ def read_scores(path: str) -> ScoreTable:
     elif frame["score"].isna().any():
         raise ValueError(f"alignment score file {path!r}: {int(frame['score'].isna().sum())} rows "
                          "have no score and the file has no 'subset' column")
-    _check_range(path, frame, header_lines)
+    scores = frame["score"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(np.isinf(scores) | (np.abs(scores) > 1 + SCORE_SLACK))
+    if len(bad):  # not cosines in [-1, 1]
+        first_row_line = header_lines + 2  # the header lines, the column names, then the rows
+        shown = ", ".join(f"line {first_row_line + int(i)}: {float(scores[i])!r}" for i in bad[:10])
+        more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+        raise ValueError(f"alignment score file {path!r}: {len(bad)} scores lie outside [-1, 1] "
+                         f"({shown}{more}); an AlignmentScore is a cosine. The file was not "
+                         "written by alignment_scores or was edited: re-score with python -m "
+                         "dg_plugins.scripts.alignment_scores")
     duplicated = frame.duplicated(["env", "path"])
     if duplicated.any():
         first = frame[duplicated].iloc[0]
         raise ValueError(f"alignment score file {path!r}: image {first['path']!r} of env "
                          f"{first['env']} appears more than once")
     return ScoreTable(frame, meta, path)
+
+
+_KNOWN_BINARIES = {
+    b"\x93NUMPY": " It is a NumPy array: to import the authors' released .npy score arrays use "
+                  "alignment_scores --import_score_arrays DIR.",
+    b"PK": " It is a zip archive (e.g. a .npz score cache file).",
+    b"\x1f\x8b": " It is gzip-compressed: decompress it first.",
+}
 
 
 def _check_text(path: str) -> None:
@@ -128,29 +146,6 @@ def _check_text(path: str) -> None:
                 problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
     if problem is None:
         return
-    hint = ""
-    if head.startswith(b"\x93NUMPY"):
-        hint = (" It is a NumPy array: to import the authors' released .npy score arrays use "
-                "alignment_scores --import_score_arrays DIR.")
-    elif head.startswith(b"PK"):
-        hint = " It is a zip archive (e.g. a .npz score cache file)."
-    elif head.startswith(b"\x1f\x8b"):
-        hint = " It is gzip-compressed: decompress it first."
+    hint = next((text for magic, text in _KNOWN_BINARIES.items() if head.startswith(magic)), "")
     raise ValueError(f"alignment score file {path!r} is not a score file: {problem}; "
                      f"{WHAT_IT_IS}.{hint}")
-
-
-def _check_range(path: str, frame: pd.DataFrame, header_lines: int) -> None:
-    """Raise ValueError listing the file lines whose score is not a cosine in [-1, 1]."""
-    scores = frame["score"].to_numpy()
-    with np.errstate(invalid="ignore"):
-        bad = np.flatnonzero(np.isinf(scores) | (np.abs(scores) > 1 + SCORE_SLACK))
-    if not len(bad):
-        return
-    first_row_line = header_lines + 2  # the header lines, then the column names, then the rows
-    shown = ", ".join(f"line {first_row_line + int(i)}: {float(scores[i])!r}" for i in bad[:10])
-    more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-    raise ValueError(f"alignment score file {path!r}: {len(bad)} scores lie outside [-1, 1] "
-                     f"({shown}{more}); an AlignmentScore is a cosine. The file was not written by "
-                     "alignment_scores or was edited: re-score with python -m "
-                     "dg_plugins.scripts.alignment_scores")
