@@ -1,6 +1,7 @@
 """collect: the tables of a sweep, read from ``cli`` (the flags and the flow of ``python -m
-dg_plugins.scripts.collect_results``) through the modules below, in order; torch-free; what a job's
-records hold comes from the job contract (dg_plugins.job). What each table shows: docs/collect.md."""
+dg_plugins.scripts.collect_results``) through the modules below, in order; torch-free; what a
+job's records hold comes from the job contract (dg_plugins.job). Each kind of table selects once
+into a ``selection.Selection`` its tables and figures read. What each shows: docs/collect.md."""
 
 from dg_plugins.collect.records import job_progress, load_records  # results.jsonl -> a DataFrame
 from dg_plugins.collect.selection import IID, LOO, METHODS, ORACLE, select  # model selection

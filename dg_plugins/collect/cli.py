@@ -95,15 +95,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.latex and args.format not in (None, "latex"):
         parser.error(f"--latex conflicts with --format {args.format}")
     args.format = "latex" if args.latex else (args.format or "text")
-    if not os.path.exists(args.input_dir):
-        parser.error(f"--input_dir {args.input_dir!r} does not exist")
     if not os.path.isdir(args.input_dir):
-        parser.error(f"--input_dir {args.input_dir!r} is not a directory")
+        why = "is not a directory" if os.path.exists(args.input_dir) else "does not exist"
+        parser.error(f"--input_dir {args.input_dir!r} {why}")
     args.selection = list(dict.fromkeys(args.selection))
     known = reference.keys()
-    for key in args.paper:
-        if key not in known:
-            parser.error(f"--paper: {reference.unknown_key_message(key, known)}")
+    for key in [key for key in args.paper if key not in known]:
+        parser.error(f"--paper: {reference.unknown_key_message(key, known)}")
     if args.paper and args.learning_check:
         parser.error("--paper compares the result tables, which --learning_check does not print; "
                      "drop one of them")
@@ -175,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_save:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
         if report.hparams is not None:
-            _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE), table_formats.hparams_csv(report))
+            _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE),
+                   table_formats.hparams_csv(report))
     if args.plot is not None:
         return _plot(records, shown, args)
     return 0
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _plot(records, report: Report, args: argparse.Namespace) -> int:
     """Write the figures, print their paths (and which --paper keys would add markers)."""
-    from dg_plugins.collect import plots
+    from dg_plugins.collect import plots  # imports matplotlib when it draws
 
     try:
         paths = plots.write_figures(records, report, args.plot)
@@ -193,9 +192,7 @@ def _plot(records, report: Report, args: argparse.Namespace) -> int:
     for path in paths:
         print(f"figure: {path}", file=sys.stderr)
     if not args.paper:
-        matching = [entry.key for entry in reference.load().values() if entry.available
-                    and any(papers.paper_matches(entry, section, table)
-                            for section in report.sections for table in section.tables)]
+        matching = papers.matching_keys(report, reference.load().values())
         if matching:
             print(f"note: the figures show no paper numbers; --paper {' '.join(matching)} adds "
                   "the matching ones as markers", file=sys.stderr)

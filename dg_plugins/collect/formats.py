@@ -1,8 +1,9 @@
-"""A :class:`~dg_plugins.collect.tables.Report` as text: ``text`` or ``latex`` (DomainBed's),
-``markdown`` or ``csv`` (one tidy row per cell); the selected hparams; the papers' numbers under
-their tables."""
+"""A Report as text: ``text`` or ``latex`` (DomainBed's), ``markdown`` or ``csv`` (one tidy row
+per cell), with the papers' numbers under their tables and the selected hparams."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -10,20 +11,18 @@ import pandas as pd
 from dg_plugins.collect.tables import PaperComparison, Report, Table
 from dg_plugins.job.records import format_row
 
-#: What a table cell prints where the paper gives no number, or no difference can be taken.
-NO_PAPER_VALUE = "-"
+NO_PAPER_VALUE = "-"  # where the paper gives no number, or no difference can be taken
 NOT_AVAILABLE = "not available in the sources we have"
 
 FORMATS = ("text", "latex", "markdown", "csv")
-#: File each format is written to (besides stdout), as DomainBed writes results.txt / results.tex.
+#: The file each format is also written to, as DomainBed writes results.txt / results.tex.
 RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
                  "csv": "results.csv"}
 HPARAMS_FILE = "selected_hparams.csv"
 
 
 def render(report: Report, fmt: str = "text") -> str:
-    """The report as printed and saved; ``text``/``latex`` are DomainBed's byte for byte without
-    our extra tables."""
+    """The report as printed and saved (``text``/``latex``: DomainBed's, byte for byte)."""
     if fmt not in _RENDERERS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     return _RENDERERS[fmt](report)
@@ -60,7 +59,7 @@ def _mapping_text(comparison: PaperComparison, arrow: str = "<->") -> str:
 
 
 def _comparison_text(comparison: PaperComparison, table: Table) -> list[str]:
-    """The paper's rows and ours minus the paper's, continuing the table's columns."""
+    """The paper's rows and ours minus the paper's, in the table's columns."""
     lines = [comparison.heading, comparison.details]
     if comparison.claim is not None:
         return lines + [f"paper: {NOT_AVAILABLE}; the source says: {comparison.claim}"]
@@ -119,15 +118,14 @@ def _latex_escape(text: str) -> str:
 
 def _latex_spanning(table: Table, text: str) -> str:
     """A row of ``table``'s tabular across every column, in small type."""
-    width = len(table.col_labels) + 1
-    return f"\\multicolumn{{{width}}}{{l}}{{\\footnotesize {_latex_escape(text)}}} \\\\"
+    return (f"\\multicolumn{{{len(table.col_labels) + 1}}}{{l}}{{\\footnotesize "
+            f"{_latex_escape(text)}}} \\\\")
 
 
 def _comparison_latex(comparison: PaperComparison, table: Table) -> list[str]:
     """Rows of the same tabular, below a rule: the heading across all columns, the paper's rows,
     then ours minus the paper's."""
-    def spanning(text: str) -> str:
-        return _latex_spanning(table, text)
+    spanning = partial(_latex_spanning, table)
 
     def row(cells) -> str:
         return " & ".join(cells) + " \\\\"
@@ -231,8 +229,7 @@ def tidy_cells(report: Report) -> pd.DataFrame:
 
 
 def _hparams_lines(report: Report) -> list[str]:
-    """The selected hparams as aligned plain text, one block per method (each after an empty
-    line); none without ``report.hparams``."""
+    """The selected hparams as aligned plain text, a block per method after an empty line."""
     if report.hparams is None:
         return []
     head = ["Dataset", "Algorithm", "Test env", "Trial", "hparams_seed", "Step", "Val acc",
@@ -241,7 +238,8 @@ def _hparams_lines(report: Report) -> list[str]:
     for method in report.methods:
         chosen = report.hparams[report.hparams["selection"] == method.key]
         body = [[r.dataset, r.algorithm, f"{r.test_env_label} ({r.test_env})", r.trial_seed,
-                 r.hparams_seed, r.step, _percent(r.val_acc), _percent(r.test_acc), r.job,
+                 r.hparams_seed, r.step, *("X" if v is None or np.isnan(v) else f"{100 * v:.1f}"
+                                           for v in (r.val_acc, r.test_acc)), r.job,
                  r.hparams] for r in chosen.itertuples()]
         body = [[str(v) for v in row] for row in [head, *body]]
         widths = [max(len(row[i]) for row in body) for i in range(len(head) - 1)]
@@ -249,10 +247,6 @@ def _hparams_lines(report: Report) -> list[str]:
         lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
                   for row in body]
     return lines
-
-
-def _percent(value) -> str:
-    return "X" if value is None or np.isnan(value) else f"{100 * value:.1f}"
 
 
 def hparams_csv(report: Report) -> str:

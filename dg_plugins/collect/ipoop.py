@@ -24,31 +24,26 @@ class SubsetKey(NamedTuple):
     description: str
 
 
-#: Extra test keys reported when present.
-SUBSET_KEYS = (
-    SubsetKey("env{t}_in_ip_acc", "IP", "in-pretraining subset of the test environment"),
-    SubsetKey("env{t}_in_oop_acc", "OOP", "out-of-pretraining subset of the test environment"),
-)
-#: The same subsets over the whole test environment: its in and out splits pooled, each split's
-#: subset accuracy weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as
-#: the IP/OOP authors report each subset over the whole target domain.
-POOLED_SUBSET_KEYS = (
-    SubsetKey("env{t}_pooled_ip_acc", "IP, whole domain",
-              "in-pretraining subset of the whole test environment (in and out splits pooled, "
-              "weighted by their subset sizes)"),
-    SubsetKey("env{t}_pooled_oop_acc", "OOP, whole domain",
-              "out-of-pretraining subset of the whole test environment (in and out splits "
-              "pooled, weighted by their subset sizes)"),
-)
+_POOLED = "(in and out splits pooled, weighted by their subset sizes)"
+#: Extra test keys reported when present: each subset on the test environment's in split, then
+#: over the whole test environment, its in and out splits pooled, each split's subset accuracy
+#: weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as the IP/OOP
+#: authors report each subset over the whole target domain.
+SUBSET_KEYS = tuple(SubsetKey(f"env{{t}}_in_{key}_acc", key.upper(),
+                              f"{what} subset of the test environment") for key, what in
+                    (("ip", "in-pretraining"), ("oop", "out-of-pretraining")))
+POOLED_SUBSET_KEYS = tuple(SubsetKey(
+    f"env{{t}}_pooled_{key}_acc", f"{key.upper()}, whole domain",
+    f"{what} subset of the whole test environment {_POOLED}") for key, what in
+    (("ip", "in-pretraining"), ("oop", "out-of-pretraining")))
 #: Which IP/OOP figures collect_results shows (``--ipoop``): the in split's, the pooled, or both.
 IPOOP_CHOICES = ("in", "pooled", "both")
 #: What an IP/OOP table's header says after its key (which subset, over which split).
 HEADER_NOTES = {
-    "env{t}_in_ip_acc": "IP subset of the test environment's in split",
-    "env{t}_in_oop_acc": "OOP subset of the test environment's in split",
-    "env{t}_pooled_ip_acc": "IP subset of the whole test environment, in and out splits pooled",
-    "env{t}_pooled_oop_acc": "OOP subset of the whole test environment, in and out splits pooled",
-}
+    **{f"env{{t}}_in_{key}_acc": f"{key.upper()} subset of the test environment's in split"
+       for key in ("ip", "oop")},
+    **{f"env{{t}}_pooled_{key}_acc": f"{key.upper()} subset of the whole test environment, in "
+       "and out splits pooled" for key in ("ip", "oop")}}
 
 
 def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:

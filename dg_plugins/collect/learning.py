@@ -8,8 +8,7 @@ import pandas as pd
 
 from dg_plugins.collect.records import acc_matrix
 
-#: How far above its first checkpoint and above chance the last source accuracy must be.
-MARGIN = 0.05
+MARGIN = 0.05  # how far above its first checkpoint and chance the last source accuracy must be
 
 
 def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
@@ -60,8 +59,8 @@ def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
 
 
 def render(rows: pd.DataFrame) -> str:
-    """The rows as an aligned text table (accuracies in percent), then a one-line summary that
-    states the margin the rows were judged with."""
+    """The rows as an aligned text table (accuracies in percent), then a summary stating the
+    margin they were judged with."""
     if rows.empty:
         return "Learning check: no job\n"
     shown = rows.sort_values(["dataset", "algorithm", "labels", "test_envs"], kind="stable")
@@ -96,9 +95,9 @@ def render(rows: pd.DataFrame) -> str:
                    "first checkpoint or chance)")
     else:
         plural = "s" if len(judged) != 1 else ""
-        summary = (f"{len(judged)} finished job{plural}{note}; every one learns (last source-validation "
-                   f"accuracy at least {points} points above its first checkpoint and "
-                   "above chance)")
+        summary = (f"{len(judged)} finished job{plural}{note}; every one learns (last "
+                   f"source-validation accuracy at least {points} points above its first "
+                   "checkpoint and above chance)")
     fallback = int((rows["chance_from"] == "catalogue").sum())
     if fallback:
         summary += (f"\nchance of {fallback} job{'s' if fallback != 1 else ''} (marked *) is from "

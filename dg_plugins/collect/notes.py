@@ -1,6 +1,6 @@
-"""The notes collect_results prints on stderr after the tables (docs/collect.md): job folders
-left out, cells that mix jobs of different settings, why cells are X, what averages are over,
-non-finite values, compute settings not at their defaults."""
+"""The notes collect_results prints on stderr after the tables: job folders left out, cells that
+mix settings, why cells are X, what averages are over, non-finite values, compute settings
+(docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _envs(labels: list[str], indexes) -> str:
 
 
 def _section_name(section: Section) -> tuple[str, str]:
-    """A section's method key and subset label (``("iid", "")``, ``("oracle", "IP")``)."""
+    """``("iid", "")``, ``("oracle", "IP")``: a section's method key and subset label."""
     label = section.subtitle.split(":")[0].replace(", ", " ") if section.subtitle else ""
     return section.method.key, label
 
@@ -149,8 +149,7 @@ def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tupl
 
 
 def _nan_test_records(grouped: GroupedRecords, section: Section, dataset) -> list[tuple]:
-    """(job, step) of the records ``section`` chose on ``dataset`` whose test key is NaN in the
-    file (not absent)."""
+    """(job, step) of the records ``section`` chose on ``dataset`` whose test key is NaN."""
     records = grouped.records
     if "nonfinite" not in records or records["nonfinite"].isna().all():
         return []
@@ -165,8 +164,8 @@ def _nan_test_records(grouped: GroupedRecords, section: Section, dataset) -> lis
 
 
 def averages_notes(sections: list[Section], labels_of, all_columns: bool = True) -> list[str]:
-    """Averages cells that are means over other test environments than their dataset's columns or
-    another row's, one note per dataset and pattern."""
+    """Averages cells over other test environments than their dataset's columns or another
+    row's, one note per dataset and pattern."""
     bodies: dict[str, list[str]] = {}
     every = []
     for section in sections:
@@ -236,8 +235,7 @@ def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, st
 
 
 def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
-    """Per job with NaN or infinite values: which keys at which steps (at most ``limit``
-    jobs)."""
+    """Per job with NaN or infinite values (at most ``limit``): which keys at which steps."""
     per_job = nonfinite_by_job(records)
     notes = []
     for job, found in list(per_job.items())[:limit]:
@@ -268,8 +266,7 @@ def _flag(name: str, value) -> str:
 
 
 def compute_notes(records: pd.DataFrame) -> list[str]:
-    """How many runs used train's compute settings at other values than their defaults, per
-    combination."""
+    """How many runs used which compute settings other than train's defaults."""
     if "args.compute" not in records or records.empty:
         return []
     runs = dict(zip(records["job"], records["args.compute"]))
@@ -333,14 +330,13 @@ def _jobs(count: int) -> str:
 
 
 def _order(values: tuple) -> tuple:
-    """A sort key for settings values: absent first, then numbers by value, then text."""
+    """Settings values' sort key: absent first, then numbers by value, then text."""
     return tuple((0, 0, "") if v is None else (1, v, "") if isinstance(v, (int, float))
                  else (2, 0, str(v)) for v in values)
 
 
 def _runs(labels: list[str], sets) -> str:
-    """Test environment sets as the tables name them: ``C, L`` for single-test-environment
-    runs, then ``the runs tested on C+L, C+S`` for runs with several."""
+    """Test environment sets as the tables name them: ``C, L and the runs tested on C+L``."""
     sets = sorted(sets, key=lambda envs: (len(envs), envs))
     single = [envs[0] for envs in sets if len(envs) == 1]
     several = ["+".join(labels[i] if i < len(labels) else str(i) for i in envs)
@@ -353,9 +349,8 @@ def _runs(labels: list[str], sets) -> str:
 
 def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     """Per dataset and algorithm whose jobs differ in a setting DomainBed's grouping ignores
-    (``args.settings``: :data:`~dg_plugins.collect.records.SETTING_ARGS`): the cells (test
-    environment sets) that hold jobs of different settings, with the values and job counts; or,
-    where each cell is uniform, which cells have which values (the tables combine them)."""
+    (``args.settings``): the cells that mix settings, with values and job counts; or, where each
+    cell is uniform, which cells have which values (the tables combine them)."""
     if "args.settings" not in records or records.empty:
         return []
     column = records["args.settings"].to_numpy()

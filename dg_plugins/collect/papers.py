@@ -11,16 +11,6 @@ from dg_plugins.collect.udg import UDG_KEY
 from dg_plugins.reference.papers import AVG, PaperEntry, PaperValue
 
 
-def _section_setting(section: Section) -> str:
-    if section.test_key == TEST_KEY:
-        return "multi_source"
-    if section.test_key == SINGLE_SOURCE_KEY:
-        return "single_source"
-    if section.test_key == UDG_KEY:
-        return "udg"
-    return "ipoop"
-
-
 def _paper_heading(entry: PaperEntry) -> tuple[str, str]:
     """The comparison's two header lines: key and citation; backbone, selection and source."""
     selection = entry.selection_note if entry.selection is None else (
@@ -43,7 +33,8 @@ def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue 
 def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
     """Whether ``entry`` belongs under ``table`` of ``section`` (setting, selection, dataset,
     source)."""
-    if _section_setting(section) != entry.setting:
+    setting = {TEST_KEY: "multi_source", SINGLE_SOURCE_KEY: "single_source", UDG_KEY: "udg"}
+    if setting.get(section.test_key, "ipoop") != entry.setting:
         return False
     if entry.selection is not None and entry.selection != section.method.key:
         return False
@@ -94,3 +85,10 @@ def add_paper_comparisons(report: Report, entries: list[PaperEntry]) -> list[str
             notes.append(f"paper [{entry.key}]: no table here matches; it needs "
                          f"{', '.join(needs)}.")
     return notes
+
+
+def matching_keys(report: Report, entries) -> list[str]:
+    """The keys of the available ``entries`` that match a table of ``report``."""
+    return [entry.key for entry in entries if entry.available
+            and any(paper_matches(entry, section, table)
+                    for section in report.sections for table in section.tables)]

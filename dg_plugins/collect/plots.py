@@ -1,6 +1,6 @@
-"""Figures of a sweep's results (``collect_results --plot DIR``), drawn from the objects the
-tables are printed from: accuracy bars per table, training curves per dataset and algorithm
-(docs/collect.md). matplotlib loads only to draw, on its Agg canvas."""
+"""Figures of a sweep's results (``collect_results --plot DIR``) from what the tables are printed
+from: accuracy bars per table; training curves per dataset and algorithm, read from each section's
+Selection (docs/collect.md). matplotlib loads only to draw, on its Agg canvas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 import os
 import re
 import textwrap
-from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -22,18 +21,13 @@ from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY
 from dg_plugins.collect.tables import Cell, Report, Section, Table, environment_labels
 from dg_plugins.collect.udg import UDG_KEY, fraction_label, is_udg
 
-#: Resolution of the written PNGs: a point is 100/72 pixels.
-DPI = 100
-#: Font sizes (points): no text is smaller than :data:`SMALL`.
-SMALL, NORMAL = 8, 9
-#: The widest figure, in inches (at :data:`DPI`: 1,200 pixels).
-MAX_WIDTH = 12.0
-#: Columns of :func:`curve_points`' per-record frame (accuracies in [0, 1]; ``order`` sorts the
-#: panels as the tables' columns; ``signal`` is what the method selects with, :data:`SIGNALS`).
+DPI = 100  # a point is 100/72 pixels
+SMALL, NORMAL = 8, 9  # font sizes (points): no text is smaller than SMALL
+MAX_WIDTH = 12.0  # inches: 1,200 pixels
+#: :func:`curve_points`' frames: every record of the chosen runs (``signal``: what the method
+#: selects with; ``order`` sorts the panels), and each chosen checkpoint (``score``: its signal).
 POINT_COLUMNS = ["method", "dataset", "algorithm", "panel", "order", "trial_seed", "step",
                  "signal", "target", "job"]
-#: Columns of its selected-checkpoint frame (one row per trial and panel): ``score`` is the
-#: signal the method compared runs by, ``target`` the accuracy the table's cell averages.
 SELECTED_COLUMNS = ["method", "dataset", "algorithm", "panel", "trial_seed", "step", "score",
                     "target"]
 CURVE_KINDS = {TEST_KEY: "", SINGLE_SOURCE_KEY: "_single_source", UDG_KEY: "_udg"}
@@ -63,13 +57,6 @@ def _safe(text) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", str(text)).strip("_") or "_"
 
 
-def _test_key_suffix(test_key: str) -> str:
-    """``env{t}_in_ip_acc`` -> ``_in_ip``; the standard test key -> ``""``."""
-    if test_key in (TEST_KEY, SINGLE_SOURCE_KEY, UDG_KEY):
-        return ""
-    return "_" + _safe(test_key.replace("env{t}_", "").removesuffix("_acc"))
-
-
 def figure_name(section: Section, table: Table) -> str:
     """The bar chart's file name: ``<dataset>[_source-<env>|_udg-<targets>]_accuracy_<method>
     [_<test key>].png``, ``averages_accuracy_<method>...`` for the Averages table."""
@@ -81,17 +68,14 @@ def figure_name(section: Section, table: Table) -> str:
         where = f"{_safe(table.dataset)}_udg-{'-'.join(_safe(k) for k in table.keys[:-1])}"
     else:
         where = _safe(table.dataset)
-    return f"{where}_accuracy_{_safe(section.method.key)}{_test_key_suffix(section.test_key)}.png"
-
-
-def curves_name(kind: str, dataset: str, algorithm: str) -> str:
-    """``<dataset>_<algorithm>[_single_source|_udg]_curves.png``."""
-    return f"{_safe(dataset)}_{_safe(algorithm)}{CURVE_KINDS[kind]}_curves.png"
+    key = section.test_key  # env{t}_in_ip_acc -> _in_ip
+    suffix = "" if key in CURVE_KINDS else "_" + _safe(
+        key.replace("env{t}_", "").removesuffix("_acc"))
+    return f"{where}_accuracy_{_safe(section.method.key)}{suffix}.png"
 
 
 def _new_figure(width: float, height: float):
-    """A matplotlib Figure on an Agg canvas (imported here: collect_results without --plot never
-    imports matplotlib)."""
+    """A Figure on an Agg canvas (collect_results without --plot never imports matplotlib)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -113,8 +97,7 @@ def _lines(text: str) -> int:
 
 
 def cell_label(cell: Cell) -> str:
-    """A cell as the figures write it: ``46.5 ± 1.6 (n=3)``, ``11.8 (n=1)`` (one trial: no
-    error), ``78.3`` (a mean without error), ``X``."""
+    """``46.5 ± 1.6 (n=3)``, ``11.8 (n=1)`` (no error), ``78.3`` (no n), ``X``."""
     if cell.mean is None:
         return "X"
     if cell.n == 1:
@@ -125,8 +108,7 @@ def cell_label(cell: Cell) -> str:
 
 
 def chance_levels(records: pd.DataFrame) -> dict:
-    """dataset -> chance accuracy in [0, 1] (1 / classes: the records' ``num_classes``, else the
-    catalogue's), for the datasets whose class count is known."""
+    """dataset -> 1 / classes (the records' ``num_classes``, else the catalogue's), where known."""
     chance = {}
     for dataset in dict.fromkeys(records["args.dataset"]):
         classes = None
@@ -150,8 +132,8 @@ def _chance_label(chance: float) -> str:
 
 
 def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
-    """Per row, the Averages table's cell for ``table``'s dataset, where that cell is over every
-    environment of the dataset in every trial (its mean is then the row's Avg)."""
+    """Per row, the Averages table's cell for ``table``'s dataset where it is over every
+    environment in every trial (its mean is then the row's Avg)."""
     averages = next((t for t in section.tables if t.dataset is None), None)
     if (averages is None or table.dataset not in averages.keys or averages.coverage is None
             or table.not_run):
@@ -165,16 +147,6 @@ def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
                 and cells[column].err is not None):
             found[algorithm] = cells[column]
     return found
-
-
-def _x_label(section: Section, table: Table) -> str:
-    if table.dataset is None:
-        return "dataset"
-    if section.test_key == SINGLE_SOURCE_KEY:
-        return "target domain (the source's bar: its validation accuracy)"
-    if section.test_key == UDG_KEY:
-        return "target domain"
-    return "test domain"
 
 
 def accuracy_figure(section: Section, table: Table, chance: float | dict | None = None,
@@ -265,7 +237,9 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
                    label=_chance_label(chance), gid="chance")
     ax.set_xticks(centers, table.col_labels, fontsize=NORMAL)
     ax.tick_params(axis="y", labelsize=NORMAL)
-    ax.set_xlabel(_x_label(section, table), fontsize=NORMAL + 1)
+    ax.set_xlabel("dataset" if table.dataset is None else {
+        SINGLE_SOURCE_KEY: "target domain (the source's bar: its validation accuracy)",
+        UDG_KEY: "target domain"}.get(section.test_key, "test domain"), fontsize=NORMAL + 1)
     ax.set_ylabel("accuracy (%)", fontsize=NORMAL + 1)
     ax.set_ylim(0, top)
     ax.set_yticks(range(0, 101, 20))
@@ -342,12 +316,8 @@ def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
 def _cell_texts(report: Report, kind: str) -> dict:
     """(method key, dataset, algorithm, panel) -> the table cell, for the panels' titles."""
     texts = {}
-    for section in report.sections:
-        if section.test_key != kind:
-            continue
-        for table in section.tables:
-            if table.dataset is None:
-                continue
+    for section in [s for s in report.sections if s.test_key == kind]:
+        for table in [t for t in section.tables if t.dataset is not None]:
             for row, cells in table.rows.items():
                 if kind == TEST_KEY:
                     for key, cell in zip(table.keys, cells):
@@ -366,8 +336,7 @@ def _cell_texts(report: Report, kind: str) -> dict:
 
 
 def nan_lines(records: pd.DataFrame, jobs) -> list[str]:
-    """Caption lines naming the non-finite values of ``jobs``' records (NaN accuracies are not
-    drawn; the records' other values are)."""
+    """Caption lines naming the non-finite values of ``jobs``' records."""
     found = nonfinite_by_job(records, set(jobs))
     if not found:
         return []
@@ -482,16 +451,9 @@ def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float
 # All figures of a report
 
 
-@dataclass
-class NamedFigure:
-    """A figure and its file name."""
-
-    name: str
-    figure: object
-
-
-def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
-    """Every figure of the report, drawn one at a time, bars in table order then curves."""
+def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object]]:
+    """Every figure of the report and its file name, drawn one at a time, bars in table order
+    then curves."""
     chance = chance_levels(records)
     for section in report.sections:
         for table in section.tables:
@@ -499,9 +461,9 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
             if drawn and (table.dataset is not None or len(table.keys) > 2):
                 jobs = (records["job"] if table.dataset is None else
                         records.loc[records["args.dataset"] == table.dataset, "job"])
-                yield NamedFigure(figure_name(section, table), accuracy_figure(
+                yield figure_name(section, table), accuracy_figure(
                     section, table, chance if table.dataset is None else
-                    chance.get(table.dataset), nan_lines(records, jobs)))
+                    chance.get(table.dataset), nan_lines(records, jobs))
     kinds = {}
     for kind in (TEST_KEY, SINGLE_SOURCE_KEY, UDG_KEY):
         points, selected = curve_points(records, report, kind)
@@ -534,9 +496,10 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[NamedFigure]:
                 title = (f"{dataset}, {algorithm}{what[kind]}: the runs each selection method "
                          f"chose, against the training step ({trials} trial"
                          f"{'s' if trials != 1 else ''})")
-                yield NamedFigure(curves_name(kind, dataset, algorithm), curves_figure(
-                    mine, picks, title, methods, texts, kind, chance.get(dataset),
-                    ylims[dataset], nan_lines(records, set(mine["job"]))))
+                yield (f"{_safe(dataset)}_{_safe(algorithm)}{CURVE_KINDS[kind]}_curves.png",
+                       curves_figure(mine, picks, title, methods, texts, kind,
+                                     chance.get(dataset), ylims[dataset],
+                                     nan_lines(records, set(mine["job"]))))
 
 
 def save_png(figure, path: str) -> None:
@@ -556,14 +519,13 @@ def write_figures(records: pd.DataFrame, report: Report, out_dir: str) -> list[s
     in drawing order. Two figures whose names collide get ``-2``, ``-3``, ... suffixes."""
     os.makedirs(out_dir, exist_ok=True)
     paths, taken = [], set()
-    for named in figures(records, report):
-        stem, ext = os.path.splitext(named.name)
-        name, n = named.name, 1
+    for name, figure in figures(records, report):
+        (stem, ext), n = os.path.splitext(name), 1
         while name in taken:
             n += 1
             name = f"{stem}-{n}{ext}"
         taken.add(name)
         path = os.path.join(out_dir, name)
-        save_png(named.figure, path)
+        save_png(figure, path)
         paths.append(path)
     return paths

@@ -43,29 +43,21 @@ class _ArgValues(NamedTuple):
     settings: object  # ((name, value), ...): the SETTING_ARGS not at their defaults; NaN
 
 
-#: The arguments a record must carry (those ``domainbed/scripts/collect_results.py`` reads), read from its ``args`` dict.
+#: The ``args`` a record must carry (those DomainBed's collect_results reads).
 REQUIRED_ARGS = _ArgValues._fields[:5]
-#: train's flags hashed into a job's identity that DomainBed's grouping (REQUIRED_ARGS) ignores
-#: but that change what a job computes (steps, checkpoint_freq, hparams, holdout fractions,
-#: compute and evaluation settings, IP/OOP and UDG protocol flags): jobs of one table cell that
-#: differ in one are noted (dg_plugins.collect.notes.mixed_settings_notes). Left out: the data
-#: folder's path, the seed (a sweep derives it from the grouping keys) and the label fraction
-#: (a key of the UDG tables).
+#: train's hashed flags that DomainBed's grouping ignores but that change what a job computes:
+#: jobs of one cell that differ in one are noted (notes.mixed_settings_notes). Left out: the data
+#: folder, the seed (derived from the grouping keys), the label fraction (a UDG table key).
 SETTING_ARGS = tuple(name for name in flag_names(hashed=True)
                      if name not in (*REQUIRED_ARGS, "data_dir", "seed", "label_fraction"))
-#: Columns read from ``args``.
 ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
-#: Record keys kept as float columns: ``env{i}_<anything>_acc``.
+#: Record keys kept as float columns: accuracies, subset sizes (IP/OOP records, for pooling by
+#: count) and other numbers.
 ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
-#: Record keys kept as float columns besides accuracies: ``env{i}_<subset>_count`` (how many
-#: items a named subset of a split has; IP/OOP records), for count-weighted pooling.
 COUNT_KEY = re.compile(r"env(\d+)_(\w+)_count")
-
-#: Other numeric record keys kept as float columns of the same name.
 NUMBER_KEYS = ("num_classes",)
 
-#: A sweep's job folders are named by an md5 hex digest (``domainbed/scripts/sweep.py``'s ``Job``).
-JOB_FOLDER_NAME = re.compile(r"[0-9a-f]{32}")
+JOB_FOLDER_NAME = re.compile(r"[0-9a-f]{32}")  # md5 (DomainBed's sweep.py Job)
 MAX_WARNINGS = 20  # further problems are only counted, then summarised in one line
 # Read size: results files are a few KB. A buffer above glibc's mmap threshold (128 KiB) makes
 # every os.read map and unmap fresh pages: 1 MiB reads cost 3-6x more time on 10,000 files.
@@ -85,9 +77,8 @@ def _print_warning(message: str) -> None:
 
 def load_records(input_dir: str, warn: Warn = _print_warning,
                  progress: bool | None = None) -> pd.DataFrame:
-    """Every usable record of ``input_dir/<job>/results.jsonl`` as a DataFrame, one row per
-    record (columns: docs/collect.md). Unusable lines and files go to ``warn`` (at most
-    :data:`MAX_WARNINGS`); raises ``FileNotFoundError`` when ``input_dir`` is missing."""
+    """Every usable record of ``input_dir/<job>/results.jsonl``, a row each (columns:
+    docs/collect.md); unusable lines and files go to ``warn`` (at most :data:`MAX_WARNINGS`)."""
     if not os.path.exists(input_dir):
         raise FileNotFoundError(f"input directory {input_dir!r} does not exist")
     if not os.path.isdir(input_dir):
@@ -139,8 +130,7 @@ def _read_text(path: str, problems: list[str]) -> str | None:
 
 
 def nonfinite_keys(record) -> tuple:
-    """``((key, "NaN" | "inf" | "-inf"), ...)``: the top-level keys of a record whose value is a
-    NaN or infinite number."""
+    """``((key, "NaN" | "inf" | "-inf"), ...)`` for the record's non-finite top-level values."""
     if type(record) is not dict:
         return ()
     return tuple((key, "NaN" if value != value else str(value)) for key, value in record.items()
@@ -148,8 +138,7 @@ def nonfinite_keys(record) -> tuple:
 
 
 def parse_line(line: str):
-    """The JSON value of ``line`` (orjson when importable, else :mod:`json`); raises
-    ``ValueError`` if it is not valid JSON."""
+    """The JSON value of ``line`` (orjson when importable); ``ValueError`` if not JSON."""
     if _orjson is not None:
         try:
             return _orjson.loads(line)
@@ -159,7 +148,7 @@ def parse_line(line: str):
 
 
 def _arg_values(args) -> _ArgValues | str:
-    """The column values of an ``args`` dict, or why it is unusable for ``domainbed/scripts/collect_results.py``."""
+    """The column values of an ``args`` dict, or why it is unusable."""
     if type(args) is not dict:
         return "no 'args' object"
     missing = [name for name in REQUIRED_ARGS if name not in args]
@@ -176,9 +165,8 @@ def _arg_values(args) -> _ArgValues | str:
 
 
 def _settings(args: dict) -> tuple:
-    """``((name, value), ...)``: the :data:`SETTING_ARGS` of a record's ``args`` that are given
-    and not at their defaults (absent or default: left out, so that both compare equal), values
-    hashable; ``hparams`` as sorted JSON, ``{}`` as absent."""
+    """``((name, value), ...)``: the :data:`SETTING_ARGS` given and not at their defaults (so
+    absent and default compare equal), hashable; ``hparams`` as sorted JSON, ``{}`` as absent."""
     found = []
     for name in SETTING_ARGS:
         value = args.get(name)
@@ -195,8 +183,7 @@ def _settings(args: dict) -> tuple:
 
 
 def _hparams_text(value):
-    """``args.hparams`` (train's JSON text) as sorted JSON, None when absent or empty; text that
-    is not JSON as given."""
+    """``args.hparams`` as sorted JSON (None when absent or empty; text not JSON as given)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -208,15 +195,14 @@ def _hparams_text(value):
 
 
 def _environments(value) -> tuple | None:
-    """A record's ``environments`` (a list of labels) as a tuple of str; None when absent or not
-    a list of strings."""
+    """A record's ``environments`` labels as a tuple; None unless a list of strings."""
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return tuple(value)
     return None
 
 
 def _fraction(value) -> float:
-    """``args.label_fraction`` as a float; NaN when absent (every non-UDG record) or not a number."""
+    """``args.label_fraction`` as a float; NaN when absent (non-UDG) or not a number."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return math.nan
@@ -228,8 +214,7 @@ def _fraction(value) -> float:
 
 @dataclass(slots=True)
 class _Segment:
-    """``size`` consecutive rows of one job with the same ``args``: stored once, repeated by
-    :meth:`_Columns.frame`."""
+    """``size`` consecutive rows of one job with the same ``args``, stored once."""
 
     job: str
     args: _ArgValues
@@ -239,8 +224,8 @@ class _Segment:
 
 @dataclass(slots=True)
 class _AccBlock:
-    """The accuracies of all records with one key set: ``keys`` (their ``env{i}_*_acc`` keys, in
-    record order), the records' row positions, and their values row-major (rows x keys)."""
+    """The numbers of all records with one key set: their ``keys``, the records' rows, and the
+    values row-major (rows x keys)."""
 
     keys: list[str]
     rows: array = field(default_factory=lambda: array("q"))
@@ -255,8 +240,7 @@ class _AccBlock:
 
 
 def _getter(keys: list[str]) -> Callable[[dict], tuple]:
-    """``record -> tuple of record[k] for k in keys``."""
-    if len(keys) > 1:
+    if len(keys) > 1:  # record -> (record[k] for k in keys)
         return itemgetter(*keys)
     if keys:
         return lambda record, key=keys[0]: (record[key],)
@@ -264,10 +248,6 @@ def _getter(keys: list[str]) -> Callable[[dict], tuple]:
 
 
 _get_step = itemgetter("step")
-
-
-def _get_hparams(record: dict):
-    return record.get("hparams")
 
 
 class _Columns:
@@ -357,7 +337,7 @@ class _Columns:
             del block.values[size:]
             block.values.extend(map(_number, chain.from_iterable(map(block.get, records))))
         self.steps.extend(map(_get_step, records))
-        self.hparams.extend(map(_get_hparams, records))
+        self.hparams.extend(record.get("hparams") for record in records)
         self.lines.extend(numbers)
         environments = _environments(records[0].get("environments"))
         last = self.segments[-1] if self.segments else None
@@ -445,15 +425,10 @@ class JobProgress(NamedTuple):
 
 def _job_folders(input_dir: str) -> list[str]:
     """The job folders of ``input_dir`` (md5-named or holding a job's files), sorted."""
-    found = []
-    for entry in sorted(os.listdir(input_dir)):
-        folder = os.path.join(input_dir, entry)
-        if not os.path.isdir(folder):
-            continue
-        if (JOB_FOLDER_NAME.fullmatch(entry)
-                or any(os.path.exists(os.path.join(folder, name)) for name in JOB_FILES)):
-            found.append(entry)
-    return found
+    folders = ((entry, os.path.join(input_dir, entry)) for entry in sorted(os.listdir(input_dir)))
+    return [entry for entry, folder in folders if os.path.isdir(folder) and (
+        JOB_FOLDER_NAME.fullmatch(entry)
+        or any(os.path.exists(os.path.join(folder, name)) for name in JOB_FILES))]
 
 
 def job_progress(input_dir: str) -> JobProgress:
@@ -508,24 +483,20 @@ def left_out_jobs(input_dir: str, jobs) -> list[LeftOut]:
 
 def acc_width(records: pd.DataFrame) -> int:
     """One more than the largest environment index of any accuracy column (0 if none)."""
-    width = 0
-    for column in records.columns:
-        match = ACC_KEY.fullmatch(column)
-        if match:
-            width = max(width, int(match.group(1)) + 1)
-    return width
+    matches = (ACC_KEY.fullmatch(column) for column in records.columns)
+    return max((int(match.group(1)) + 1 for match in matches if match), default=0)
 
 
 def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
-    """``records[key.format(t=i)]`` for i = 0..W-1 (W: :func:`acc_width`) as a (records x W)
-    float array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
+    """``records[key.format(t=i)]`` for i < :func:`acc_width` as a (records x width) float
+    array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
     columns = [key.format(t=i) for i in range(acc_width(records))]
     return records.reindex(columns=columns).to_numpy(dtype=float, na_value=np.nan)
 
 
 def leading_count(present: np.ndarray) -> np.ndarray:
-    """Per row, how many consecutive True values start the row (DomainBed counts environments
-    by probing ``env0_..``, ``env1_..`` until a key is missing; ``domainbed/model_selection.py``)."""
+    """Per row, how many consecutive True values start it (DomainBed counts environments by
+    probing ``env0_..``, ``env1_..`` until a key is missing)."""
     if present.shape[1] == 0:
         return np.zeros(len(present), dtype=int)
     return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))

@@ -17,7 +17,7 @@ from dg_plugins.collect.single_source import single_source_sections
 from dg_plugins.collect.tables import (Report, Section, environment_labels, results_tables,
                                        selected_hparams)
 from dg_plugins.collect.udg import is_udg, udg_sections
-from dg_plugins.reference.papers import PaperEntry
+from dg_plugins.reference import PaperEntry
 
 
 def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
@@ -33,42 +33,28 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
     methods = list(dict.fromkeys(methods))
     frame = records.records if isinstance(records, GroupedRecords) else records
     udg = is_udg(frame)
-    if udg.any():  # UDG records get their own tables only
-        report = Report(len(frame), methods)
-        if not udg.all():
-            standard = _standard_report(frame[~udg].reset_index(drop=True), methods,
-                                        hparams_table, single_source, ipoop, all_columns)
-            report.sections, report.hparams = standard.sections, standard.hparams
-            report.notes = standard.notes
+    report = Report(len(frame), methods)
+    if not udg.all():  # UDG records get their own tables only
+        standard = frame[~udg].reset_index(drop=True) if udg.any() else records
+        if ipoop != "in":
+            base = standard.records if isinstance(standard, GroupedRecords) else standard
+            pooled = add_pooled_subsets(base)
+            standard = standard if pooled is base else pooled
+        grouped = group_records(standard)
+        for method in methods:
+            report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method),
+                                           partial(standard_selection, grouped, method)))
+        report.sections += ipoop_sections(grouped, methods, ipoop)
+        report.sections += single_source_sections(grouped, methods, single_source)
+        if hparams_table:
+            report.hparams = selected_hparams(grouped, methods)
+        report.notes += missing_cell_notes(grouped, report.sections, all_columns)
+        report.notes += averages_notes(
+            report.sections, partial(environment_labels, grouped.records), all_columns)
+    if udg.any():
         report.sections += udg_sections(frame[udg].reset_index(drop=True), methods)
-    else:
-        report = _standard_report(records, methods, hparams_table, single_source, ipoop,
-                                  all_columns)
-    report.notes[:0] = [*mixed_settings_notes(
-        frame, lambda dataset: environment_labels(frame, dataset)), *nonfinite_notes(frame)]
+    report.notes[:0] = [*mixed_settings_notes(frame, partial(environment_labels, frame)),
+                        *nonfinite_notes(frame)]
     report.notes += add_paper_comparisons(report, list(papers))
     report.notes += compute_notes(frame)
-    return report
-
-
-def _standard_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
-                     hparams_table: bool, single_source: str, ipoop: str = "both",
-                     all_columns: bool = True) -> Report:
-    if ipoop != "in":
-        frame = records.records if isinstance(records, GroupedRecords) else records
-        pooled = add_pooled_subsets(frame)
-        records = records if pooled is frame else pooled
-    grouped = group_records(records)
-    report = Report(len(grouped.records), methods)
-    for method in methods:
-        report.sections.append(Section(method, TEST_KEY, "", results_tables(grouped, method),
-                                       partial(standard_selection, grouped, method)))
-    report.sections += ipoop_sections(grouped, methods, ipoop)
-    report.sections += single_source_sections(grouped, methods, single_source)
-    if hparams_table:
-        report.hparams = selected_hparams(grouped, methods)
-    report.notes += missing_cell_notes(grouped, report.sections, all_columns)
-    report.notes += averages_notes(report.sections,
-                                   lambda dataset: environment_labels(grouped.records, dataset),
-                                   all_columns)
     return report

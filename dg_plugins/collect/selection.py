@@ -19,9 +19,7 @@ from dg_plugins.job.selection import ALL, SELECTION_READS, TEST, TRAIN
 
 #: Default test key template: the in split of the test environment (``model_selection.py``).
 TEST_KEY = "env{t}_in_acc"
-#: Per-run score columns a method returns.
 RUN_COLUMNS = ["group", "hparams_seed", "record", "step", "val_acc"]
-#: Columns of :func:`select`.
 SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_seed", "step",
                     "val_acc", "test_acc", "record", "group"]
 
@@ -163,18 +161,6 @@ def _reduce_rows(values: np.ndarray, widths: np.ndarray, skip: np.ndarray,
     return out
 
 
-def _python_max_key(frame: pd.DataFrame, by: list[str], value: str, order: str) -> np.ndarray:
-    """A NaN-free key whose per-group maximum is the row Python's ``max`` picks over ``order``: a
-    NaN first row wins (nothing compares greater), a later NaN never does."""
-    key = frame[value].to_numpy(dtype=float).copy()
-    nan = np.isnan(key)
-    if nan.any():
-        first = ~frame.sort_values(order, kind="stable").duplicated(by).reindex(frame.index)
-        key[nan & first.to_numpy()] = np.inf
-        key[nan & ~first.to_numpy()] = -np.inf
-    return key
-
-
 def best_rows(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str,
               ties_to_largest: bool) -> pd.DataFrame:
     """Per ``by`` group, the row with the largest ``key``; among equal keys the row with the
@@ -187,9 +173,15 @@ def best_rows(frame: pd.DataFrame, by: list[str], key: np.ndarray, tiebreak: str
 
 def best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
     """Per run (group, hparams_seed), the first candidate with the maximal val_acc in ``order``
-    (``Q.argmax``: earliest checkpoint on ties)."""
+    (``Q.argmax``: earliest checkpoint on ties). As Python's ``max``: a NaN first candidate
+    wins (nothing compares greater), a later NaN never does."""
     by = ["group", "hparams_seed"]
-    key = _python_max_key(candidates, by, "val_acc", order)
+    key = candidates["val_acc"].to_numpy(dtype=float).copy()
+    nan = np.isnan(key)
+    if nan.any():
+        first = ~candidates.sort_values(order, kind="stable").duplicated(by).reindex(
+            candidates.index).to_numpy()
+        key[nan & first], key[nan & ~first] = np.inf, -np.inf
     return best_rows(candidates, by, key, order, ties_to_largest=False)
 
 
@@ -283,7 +275,7 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
     return single[ok].assign(val_acc=val[ok])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SelectionMethod:
     """A model-selection method: ``key`` (``--selection``), ``name`` (DomainBed's), ``scores``
     of the standard runs' records read through ``reads``, ``checkpoint`` kept per run."""
@@ -366,14 +358,6 @@ def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str
     return pd.concat([info, chosen], axis=1)[SELECTED_COLUMNS]
 
 
-def sweep_accs(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
-               test_key: str = TEST_KEY) -> pd.DataFrame:
-    """:func:`select` without the groups whose chosen record lacks the test key (DomainBed drops
-    groups whose ``sweep_acc`` is None before making tables)."""
-    chosen = select(records, method, test_key)
-    return chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)
-
-
 def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
     """The standard tables' :class:`Selection`: every single-test-env record, ``target`` its
     ``env{t}_in_acc``."""
@@ -387,6 +371,7 @@ def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Sele
             target=_at(grouped.accs(TEST_KEY), rows, env),
             job=grouped.records["job"].to_numpy()[rows]).merge(
             scores[["record", "val_acc"]], on="record", how="left")
-        chosen = select(grouped, method).assign(target=lambda frame: frame["test_acc"])
+        chosen = select(grouped, method)
+        chosen["target"] = chosen["test_acc"]
         return Selection(scored, chosen, ["group", "hparams_seed"])
     return grouped.memoized(("standard selection", method.key), compute)

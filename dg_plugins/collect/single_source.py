@@ -1,6 +1,5 @@
-"""Single-source DG tables (``sweep --single_source``): their own selection and tables, laid
-out like GMoE's (ICLR 2023, Table 3); records read through ``SELECTION_READS``
-(docs/collect.md)."""
+"""Single-source DG tables (``sweep --single_source``): their own Selection and tables, laid out
+like GMoE's (ICLR 2023, Table 3) (docs/collect.md)."""
 
 from __future__ import annotations
 
@@ -17,11 +16,8 @@ from dg_plugins.job.selection import SELECTION_READS, single_source_of
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 
-#: The selection methods that apply to single-source runs (LOO needs several sources).
-METHODS = (IID, ORACLE)
-#: What each method reads from single-source records (:data:`SELECTION_READS`).
+METHODS = (IID, ORACLE)  # LOO needs several sources
 READS = SELECTION_READS["single_source"]
-#: ``Section.test_key`` of single-source sections (source validation and target test accuracies).
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
 
@@ -61,11 +57,8 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
     if runs.empty:
         return []
     singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
-    out = []
-    for dataset, rows in runs.groupby("dataset", sort=False):
-        if rows["n_envs"].max() >= 4 or dataset not in singles:
-            out.append(dataset)
-    return out
+    return [dataset for dataset, rows in runs.groupby("dataset", sort=False)
+            if rows["n_envs"].max() >= 4 or dataset not in singles]
 
 
 def single_source_selection(records: pd.DataFrame | GroupedRecords,
@@ -141,7 +134,7 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
                       f"model selection method: {method.name}")
             tables.append(Table(f"{dataset}, source {labels[source]}", header,
                                 [*col_labels, "Avg"], rows, 20, dataset=dataset,
-                                source=labels[source], col_keys=[*labels, "Avg"]))
+                                source=labels[source], keys=[*labels, "Avg"]))
     return tables
 
 

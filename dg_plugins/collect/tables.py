@@ -1,6 +1,5 @@
-"""Results tables as DomainBed's collect_results prints them (``print_results_tables``,
-``format_mean``), quirks kept: the table model, row and column order, the standard tables and the
-run each group selected."""
+"""The table model, and the standard tables as DomainBed's collect_results makes them
+(``print_results_tables``, ``format_mean``), quirks kept; the run each group selected."""
 
 from __future__ import annotations
 
@@ -14,12 +13,8 @@ import pandas as pd
 from dg_plugins import catalog
 from dg_plugins.collect.records import environment_count
 from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, Selection, SelectionMethod,
-                                          group_records, select, sweep_accs)
+                                          group_records, select)
 from dg_plugins.reference.papers import PaperValue
-
-
-# --------------------------------------------------------------------------------------------------
-# Table model
 
 
 @dataclass
@@ -32,8 +27,8 @@ class Cell:
 
     @classmethod
     def of(cls, accuracies) -> Cell:
-        """DomainBed's ``format_mean`` (``collect_results.py``) of accuracies in [0, 1]: the mean in percent
-        and, as error, the population std of ``accuracies / sqrt(n)``; no values, no mean."""
+        """DomainBed's ``format_mean`` of accuracies in [0, 1]: the mean in percent and, as error,
+        the population std of ``accuracies / sqrt(n)``; no values, no mean."""
         accuracies = list(accuracies)
         if not accuracies:
             return cls(n=0)
@@ -50,8 +45,7 @@ class Cell:
         return cls(sum(means) / len(means))
 
     def text(self, sign: str = "+/-") -> str:
-        """``"20.0 +/- 4.7"`` (``sign`` between mean and error), ``"78.3"`` without error, ``"X"``
-        when absent."""
+        """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
         if self.mean is None:
             return "X"
         if self.err is None:
@@ -61,8 +55,7 @@ class Cell:
 
 @dataclass
 class PaperComparison:
-    """A paper's rows under one table (:func:`add_paper_comparisons`), with ours minus the
-    paper's per column."""
+    """A paper's rows under one table, with ours minus the paper's per column."""
 
     key: str
     heading: str
@@ -85,15 +78,14 @@ class Table:
     colwidth: int
     dataset: str | None = None
     source: str | None = None
-    col_keys: list[str] | None = None
+    keys: list[str] | None = None  # the columns' keys (default: their labels)
     coverage: dict | None = None
     comparisons: list[PaperComparison] = field(default_factory=list)
     not_run: tuple = ()
     left_out: str | None = None
 
-    @property
-    def keys(self) -> list[str]:
-        return self.col_keys if self.col_keys is not None else self.col_labels
+    def __post_init__(self) -> None:
+        self.keys = list(self.col_labels) if self.keys is None else self.keys
 
 
 @dataclass
@@ -121,14 +113,7 @@ class Report:
     methods: list[SelectionMethod]
     sections: list[Section] = field(default_factory=list)
     hparams: pd.DataFrame | None = None
-    #: What a reader needs to interpret the tables (X cells, averages over differing
-    #: environments, paper entries without a matching table): collect_results prints them on
-    #: stderr, so stdout stays DomainBed's tables.
-    notes: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------------------------------
-# Ordering
+    notes: list[str] = field(default_factory=list)  # on stderr: stdout stays DomainBed's
 
 
 def algorithm_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
@@ -161,10 +146,6 @@ def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-# --------------------------------------------------------------------------------------------------
-# Tables
-
-
 def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | None) -> str:
     header = f"{prefix}, model selection method: {method.name}"
     if test_key != TEST_KEY:
@@ -176,10 +157,11 @@ def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | Non
 
 def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
                    test_key: str = TEST_KEY, header_note: str | None = None) -> list[Table]:
-    """The per-dataset tables and the Averages table of one method (``collect_results.print_results_tables``); the test
-    accuracy of each chosen record is read with ``test_key`` (a template in ``t``)."""
+    """The per-dataset tables and the Averages table of one method (``print_results_tables``),
+    the chosen records' test accuracy read with ``test_key`` (a template in ``t``)."""
     grouped = group_records(records)
-    chosen = sweep_accs(grouped, method, test_key)
+    chosen = select(grouped, method, test_key)  # DomainBed drops groups without a test accuracy
+    chosen = chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)
     algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     # Accuracies per cell, in group order (first appearance), as DomainBed lists them.
     per_cell = {key: list(values) for key, values in
@@ -210,8 +192,8 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     for (algorithm, dataset, trial), envs in chosen.groupby(
             ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
         coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
-    tables.append(Table("Averages", _header("Averages", method, test_key, header_note), [*datasets, "Avg"],
-                        rows, 25, coverage=coverage,
+    tables.append(Table("Averages", _header("Averages", method, test_key, header_note),
+                        [*datasets, "Avg"], rows, 25, coverage=coverage,
                         not_run=tuple(d for d in datasets if d not in ran)))
     return tables
 
@@ -219,14 +201,13 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
 def tested_environments(grouped: GroupedRecords) -> dict:
     """dataset -> the environment indexes some run has as its one test environment (the runs
     DomainBed's tables score)."""
-    if "tested_environments" not in grouped.memo:
-        single = grouped.single()
-        info = grouped.groups.iloc[np.unique(single["group"].to_numpy())]
+    def compute():
+        info = grouped.groups.iloc[np.unique(grouped.single()["group"].to_numpy())]
         ran: dict = {}
         for dataset, env in zip(info["dataset"], info["test_env"]):
             ran.setdefault(dataset, set()).add(int(env))
-        grouped.memo["tested_environments"] = ran
-    return grouped.memo["tested_environments"]
+        return ran
+    return grouped.memoized("tested_environments", compute)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,7 +252,7 @@ def _without_unrun(table: Table) -> Table:
                            differences={name: pick(v) for name, v in c.differences.items()})
                    for c in table.comparisons]
     return replace(table, col_labels=pick(table.col_labels),
-                   col_keys=None if table.col_keys is None else pick(table.col_keys),
+                   keys=pick(table.keys),
                    rows={row: pick(cells) for row, cells in table.rows.items()},
                    comparisons=comparisons, left_out=line)
 

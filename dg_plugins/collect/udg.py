@@ -16,10 +16,8 @@ from dg_plugins.job.selection import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
                                        environment_labels)
 
-#: The methods that apply to UDG runs.
 METHODS = (IID, ORACLE)
 FRACTION_COLUMN = "args.label_fraction"
-#: ``Section.test_key`` of UDG sections.
 UDG_KEY = "udg"
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
