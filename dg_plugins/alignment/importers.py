@@ -74,6 +74,7 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
         items = image_items(dataset, [env_index], data_dir)
         in_keys, out_keys = _split_keys(len(items), env_index, holdout_fraction, trial_seed)
         rows = {s: _load_rows(p) for s, p in paths.items()}
+        scores, correct = np.empty(len(items)), np.empty(len(items))
         for split, keys in (("in", in_keys), ("out", out_keys)):
             if len(rows[split]) != len(keys):
                 raise ValueError(
@@ -81,13 +82,9 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
                     f"environment {env_index} ({name}) has {len(keys)} images (domain of "
                     f"{len(items)} images, holdout_fraction {holdout_fraction}); the arrays were "
                     "made with another holdout fraction or another copy of the data")
-        scores = np.empty(len(items))
-        correct = np.empty(len(items))
-        for split, keys in (("in", in_keys), ("out", out_keys)):
             scores[keys] = rows[split][:, 0]
             correct[keys] = rows[split][:, 1] if rows[split].shape[1] > 1 else np.nan
-        items["score"] = scores
-        items["reference_correct"] = correct
+        items["score"], items["reference_correct"] = scores, correct
         frames.append(items)
     if not frames:
         raise FileNotFoundError(f"no <domain>_in.npy / <domain>_out.npy score arrays in {folder} "
