@@ -102,10 +102,7 @@ def _prod(shape) -> int:
     return math.prod(int(v) for v in shape)
 
 
-# ------------------------------------------------------------------------------------------------
 # A transform's pixel part and tensor part
-
-
 class TableFinisher:
     """The exact finisher: ToTensor + Normalize as ``table`` (float32 ``[3, 256]``, computed by
     them), so that ``finisher(pixels, device)`` is the transform's output bit for bit. A finisher
@@ -205,10 +202,7 @@ def to_model_input(pixels, table, device):
     return out
 
 
-# ------------------------------------------------------------------------------------------------
 # The files
-
-
 class DecodedImages:
     """One environment's decoded images: a flat uint8 file and ``index`` (int64 ``[items, 3]``:
     offset, height, width; offset -1 for an item left out), mapped when first read."""
@@ -285,10 +279,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------------
 # Disk space, and what a finished entry holds
-
-
 def _free_bytes(folder: str) -> int:
     """Bytes a process may still write on the disk of ``folder``."""
     stat = os.statvfs(folder)
@@ -406,9 +397,7 @@ def _save_npy(path: str, array) -> None:
     _save_bytes(path, buffer.getvalue())
 
 
-# ------------------------------------------------------------------------------------------------
 # The build lock
-
 #: File descriptors of the build locks this process holds (a build process closes them).
 _LOCK_FDS: set = set()
 
@@ -540,9 +529,7 @@ def fingerprint(env) -> tuple[str, int]:
     return digest.hexdigest()[:20], total
 
 
-# ------------------------------------------------------------------------------------------------
 # Building (in a pool of the job's cores)
-
 #: The dataset's environments while a cache is built (a builder inherits them when forked).
 _BUILD_ENVS: list = []
 #: prctl's option that sends a signal to the calling process when its parent dies (Linux).
@@ -693,10 +680,7 @@ def _pixels_into(task):
     return done
 
 
-# ------------------------------------------------------------------------------------------------
 # One dataset folder
-
-
 class EnvCache:
     """One environment's files (``env.pixel_store``): its decoded images (``decoded``), its
     deterministic transforms' pixels (``plain`` by transform key) and its splits' evaluation

