@@ -1,11 +1,7 @@
 """What the jobs a launch would start cost, printed before ``Are you sure? (y/n)`` and in a
-``--dry_run`` (docs/sweep.md): training steps and image forwards, the GPU time from the step
-times measured on an H200 (:mod:`dg_plugins.reference.gpu_times`, what was not measured named),
-and where that does not apply (no GPU visible, or networks it did not measure) the time on this
-machine, from a few steps timed here. The counting and timing run in a child process
-(:mod:`dg_plugins.sweep.estimate_child`), with a time limit: this process stays torch-free and
-never builds a network, and an estimate that fails or runs out of time says so and stops
-nothing."""
+``--dry_run`` (docs/sweep.md), counted and timed in a child process
+(:mod:`dg_plugins.sweep.estimate_child`) with a time limit: this process stays torch-free, and an
+estimate that fails or runs out of time says so and stops nothing."""
 
 from __future__ import annotations
 
@@ -23,9 +19,9 @@ from dg_plugins.sweep.jobs import SweepJob
 
 CHILD_MODULE = "dg_plugins.sweep.estimate_child"
 #: The whole estimate's limit in seconds (the child's imports, the counting, the timed steps:
-#: a third of it), ``$DG_SWEEP_ESTIMATE_TIMEOUT`` when set; 0 leaves the estimate out.
+#: a third of it), ``$DG_SWEEP_ESTIMATE_TIMEOUT`` when set; 0 leaves the estimate out. Jobs of a
+#: remote launcher are not timed here.
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
-#: Launchers whose jobs run on other machines: their time is not measured here.
 REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
 
 
@@ -38,17 +34,6 @@ def timeout_s() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-def request(jobs: Sequence[SweepJob], launcher: str | None = None,
-            budget_s: float | None = None) -> dict:
-    """The child's input: the jobs' train args and command flags, the seconds it may spend
-    timing steps (default a third of :func:`timeout_s`), and why the jobs do not run on this
-    machine (``remote``; None when they do)."""
-    return {"jobs": [{"train_args": job.train_args, "command_args": job.command_args}
-                     for job in jobs],
-            "budget_s": timeout_s() / 3 if budget_s is None else budget_s,
-            "remote": REMOTE_LAUNCHERS.get(launcher or "")}
-
-
 def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
                    out: Callable[[str], None] | None = None) -> bool:
     """Print the cost lines of ``jobs`` as the child writes them; True when it finished, False
@@ -57,7 +42,10 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
     limit = timeout_s()
     if not jobs or not limit:
         return True
-    data = json.dumps(request(jobs, launcher)).encode()
+    data = json.dumps({  # the child's input (dg_plugins.sweep.estimate_child.main)
+        "jobs": [{"train_args": job.train_args, "command_args": job.command_args}
+                 for job in jobs],
+        "budget_s": limit / 3, "remote": REMOTE_LAUNCHERS.get(launcher or "")}).encode()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, env=dict(os.environ))

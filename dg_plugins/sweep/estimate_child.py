@@ -1,11 +1,7 @@
 """The child process behind the sweep's cost estimate (:mod:`dg_plugins.sweep.estimate`): reads
-the selected jobs as JSON on stdin and prints, one line at a time, what they cost (training
-steps, image forwards, the GPU time from the measured H200 step times) and, where that
-measured estimate does not apply (no GPU visible, or networks it did not measure), their time
-on this machine: a few training steps of each distinct (algorithm, network, input shape, source
-domains, compute settings) timed here on random images, extrapolated to the jobs' images.
-``python -m dg_plugins.sweep.estimate_child``; imports torch and builds networks, which the
-sweep's own process never does."""
+the jobs as JSON on stdin and prints, a line at a time, their steps, image forwards and GPU time
+from the measured H200 step times, and where that does not apply their time on this machine: a
+few training steps of each distinct configuration timed here on random images. Imports torch."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from dg_plugins.files import atomic_write_text
+
 #: A job folder's record of the Slurm job (array task) that holds it.
 SLURM_JOB_FILE = "slurm_job.json"
 #: squeue states in which Slurm still holds a job: it will run, runs, or is being requeued.
@@ -51,18 +53,10 @@ def minutes(text: str) -> float | None:
     text = text.strip()
     if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
         return None
-    days = 0
-    if "-" in text:
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
+    days, _, text = text.rpartition("-")
     parts = [int(p) for p in text.split(":")]
-    if len(parts) == 3:
-        hours, mins, secs = parts
-    elif len(parts) == 2:
-        hours, mins, secs = 0, parts[0], parts[1]
-    else:
-        hours, mins, secs = 0, parts[0], 0
-    return days * 1440 + hours * 60 + mins + secs / 60
+    hours, mins, secs = {1: [0, *parts, 0], 2: [0, *parts]}.get(len(parts), parts)
+    return int(days or 0) * 1440 + hours * 60 + mins + secs / 60
 
 
 def gpus_in(gres: str) -> int:
@@ -182,12 +176,9 @@ def check_request(options, given) -> tuple[object, list[str]]:
 
 def record_job(folder: str, job_id: str, log_dir: str) -> None:
     """Write ``folder``'s :data:`SLURM_JOB_FILE` (atomically)."""
-    path = os.path.join(folder, SLURM_JOB_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump({"job_id": str(job_id), "log_dir": os.path.abspath(log_dir),
-                   "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}, handle)
-    os.replace(tmp, path)
+    atomic_write_text(os.path.join(folder, SLURM_JOB_FILE), json.dumps({
+        "job_id": str(job_id), "log_dir": os.path.abspath(log_dir),
+        "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}))
 
 
 def recorded_job(folder: str) -> dict | None:
