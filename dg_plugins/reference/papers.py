@@ -86,10 +86,7 @@ class PaperEntry:
 
     def paper_row(self, algorithm: str) -> str | None:
         """The paper row that ``algorithm`` corresponds to, if any."""
-        for row, ours in self.ours.items():
-            if ours == algorithm:
-                return row
-        return None
+        return next((row for row, ours in self.ours.items() if ours == algorithm), None)
 
     def citation(self) -> str:
         """``<paper>, <table>``."""
@@ -132,9 +129,7 @@ def _entry(key: str, raw: dict) -> PaperEntry:
     selection = raw.get("selection")
     if selection is not None and (not isinstance(selection, str) or not selection):
         raise _fail(key, "selection must be a --selection key or null")
-    columns = raw.get("columns")
-    rows = raw.get("rows")
-    ours = raw.get("ours")
+    columns, rows, ours = raw.get("columns"), raw.get("rows"), raw.get("ours")
     if not all(isinstance(x, dict) for x in (columns, rows, ours)):
         raise _fail(key, "columns, rows and ours must be JSON objects")
     if not ("dataset" in raw or set(columns) <= set(datasets)):
