@@ -122,8 +122,7 @@ def build_algorithm(saved: dict, device):
 
     hparams = dict(saved["model_hparams"])
     if "pretrained" in hparams:  # every weight comes from the state dict: no download
-        hparams["pretrained"] = False
-        hparams["pretrained_path"] = None
+        hparams.update(pretrained=False, pretrained_path=None)
     algorithm = ALGORITHMS.get(saved["args"]["algorithm"])(
         saved["model_input_shape"], saved["model_num_classes"], saved["model_num_domains"],
         hparams)
