@@ -21,8 +21,8 @@ from dg_plugins.download.prepare import (
 )
 from dg_plugins.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
-    CorruptArchive, DatasetSpec, DownloadError, UnknownDataset, UsageError, download_command,
-    resolve_names, sources_of,
+    CorruptArchive, DownloadError, UnknownDataset, UsageError, download_command, resolve_names,
+    sources_of,
 )
 from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 
@@ -119,12 +119,6 @@ class Options:
     sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
     keep_archives: bool = False
     retries: int = 3
-
-
-def extracted_size(spec: DatasetSpec, expected: dict[str, Expected]) -> int:
-    if spec.extracted_size is not None:
-        return spec.extracted_size
-    return int(sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
 
 
 def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> str:
@@ -243,7 +237,9 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
             parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
                         for s in missing
                         if os.path.exists(os.path.join(downloads, s.name + ".part")))
-            check_free_space(data_dir, sum(known) - parts + extracted_size(spec, expected),
+            extracted = spec.extracted_size if spec.extracted_size is not None else int(
+                sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
+            check_free_space(data_dir, sum(known) - parts + extracted,
                              f"{dataset} (its archives and their extracted files)")
         archives = _obtain_all(sources, downloads, expected, options, report)
         os.makedirs(staging)
