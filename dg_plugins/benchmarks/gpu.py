@@ -88,12 +88,8 @@ def build_job(train_argv: list[str]):
 
 
 def compute_flags(args) -> list[str]:
-    flags = []
-    if args.channels_last:
-        flags.append("--channels_last")
-    if args.deterministic == "false":
-        flags += ["--deterministic", "false"]
-    return flags
+    return ((["--channels_last"] if args.channels_last else [])
+            + (["--deterministic", "false"] if args.deterministic == "false" else []))
 
 
 def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **extra) -> list:

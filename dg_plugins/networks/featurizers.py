@@ -128,15 +128,12 @@ class ResNet(StagedFeaturizer):
         if input_shape[0] != 3:
             self.network.conv1 = _adapt_input_channels(self.network.conv1, input_shape[0])
         self.network.fc = nn.Identity()
-        self.stage_widths = {name: self._first_conv(getattr(self.network, name)).in_channels
+        self.stage_widths = {name: next(m for m in getattr(self.network, name).modules()
+                                        if isinstance(m, nn.Conv2d)).in_channels
                              for name in self.stage_names}
         self.freeze_bn = hparams["freeze_bn"]
         self.dropout = nn.Dropout(hparams["resnet_dropout"])
         self._freeze_bn_stats()
-
-    @staticmethod
-    def _first_conv(layer: nn.Module) -> nn.Conv2d:
-        return next(m for m in layer.modules() if isinstance(m, nn.Conv2d))
 
     def stem(self, x):
         net = self.network

@@ -84,10 +84,6 @@ def _timm():
     return timm
 
 
-def _timm_vit_class():
-    return _timm().models.vision_transformer.VisionTransformer
-
-
 def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
                pretrained_path: str | None = None, drop_path_rate: float = 0.0,
                num_classes: int = 0, arch_224: str = DEFAULT_ARCH_224,
@@ -113,14 +109,14 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
                   drop_path_rate=drop_path_rate)
     if is_preset:
         kwargs = {**vit_preset(name), **kwargs, **overrides}
-        model = _timm_vit_class()(**kwargs)
+        model = _timm().models.vision_transformer.VisionTransformer(**kwargs)
     else:
         try:
             model = weights.timm_model(name, download, **{**kwargs, **overrides})
         except TypeError as err:  # e.g. a CNN given img_size: not a ViT
             raise ValueError(f"timm model {name!r} could not be built as a ViT ({err}); "
                              f"{_CHOOSE_A_VIT}") from err
-    if not isinstance(model, _timm_vit_class()):
+    if not isinstance(model, _timm().models.vision_transformer.VisionTransformer):
         raise ValueError(f"{name!r} builds a timm {type(model).__name__}, not a timm "
                          f"VisionTransformer; {_CHOOSE_A_VIT}")
     _check_patch_grid(model, name, (height, width))
