@@ -4,6 +4,8 @@ mix settings, why cells are X, what averages are over, non-finite values, comput
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -270,10 +272,7 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
     if "args.compute" not in records or records.empty:
         return []
     runs = dict(zip(records["job"], records["args.compute"]))
-    counts: dict[tuple, int] = {}
-    for settings in runs.values():
-        settings = settings if isinstance(settings, tuple) else ()  # NaN: the defaults
-        counts[settings] = counts.get(settings, 0) + 1
+    counts = Counter(s if isinstance(s, tuple) else () for s in runs.values())  # NaN: defaults
     if set(counts) == {()}:
         return []
     total, parts = len(runs), []
@@ -299,11 +298,9 @@ _LEFT_OUT_FIX = {
 
 def left_out_notes(left_out: list[LeftOut]) -> list[str]:
     """One note per reason, naming every job folder that has no record in the tables."""
-    by_reason: dict[str, list[LeftOut]] = {}
-    for job in left_out:
-        by_reason.setdefault(job.reason, []).append(job)
     notes = []
-    for reason, jobs in by_reason.items():
+    for reason in dict.fromkeys(job.reason for job in left_out):
+        jobs = [job for job in left_out if job.reason == reason]
         fix = _LEFT_OUT_FIX[reason]
         if len(jobs) == 1:
             job = jobs[0]

@@ -37,12 +37,10 @@ class GroupedRecords:
         self.n_test_envs = counts
         key_values = {name: self.records[f"args.{name}"].to_numpy()
                       for name in ("trial_seed", "dataset", "algorithm")}
-        codes, uniques = {}, {}
-        for name, values in key_values.items():
-            codes[name], uniques[name] = pd.factorize(values, use_na_sentinel=False)
-        self.algorithms: list = list(uniques["algorithm"])
-        self.datasets: list = list(uniques["dataset"])
-        group = group_ids(*(codes[name][record] for name in key_values), test_env)
+        self.algorithms, self.datasets = (  # by first appearance
+            list(pd.factorize(key_values[name], use_na_sentinel=False)[1])
+            for name in ("algorithm", "dataset"))
+        group = group_ids(*(values[record] for values in key_values.values()), test_env)
         firsts = np.unique(group, return_index=True)[1]
         self.groups = pd.DataFrame({
             **{name: values[record[firsts]] for name, values in key_values.items()},

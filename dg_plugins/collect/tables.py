@@ -268,14 +268,10 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
     frame = grouped.records
     algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     labels = {d: environment_labels(frame, d) for d in datasets}
-    parts = []
-    for method in methods:
-        chosen = select(grouped, method)
-        chosen.insert(0, "selection", method.key)
-        parts.append(chosen)
-    if not parts:
+    if not methods:
         return pd.DataFrame()
-    table = pd.concat(parts, ignore_index=True)
+    table = pd.concat([select(grouped, method).assign(selection=method.key)
+                       for method in methods], ignore_index=True)
     rec = frame.iloc[table["record"].to_numpy()]
     table["job"] = rec["job"].to_numpy()
     table["output_dir"] = rec["args.output_dir"].to_numpy()
