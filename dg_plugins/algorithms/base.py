@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import types
 
 import torch
 import torch.nn as nn
@@ -32,8 +33,8 @@ def register_algorithm(name: str | None = None):
 
 
 def _collect(root: nn.Module, kind: type) -> dict[str, object]:
-    """Instances of ``kind`` held by ``root`` or its submodules (also in lists, tuples, dicts),
-    by attribute path (``disc.optimizer``, ``opts.0``)."""
+    """Instances of ``kind`` held by ``root``'s modules (also in lists, tuples, dicts) by
+    attribute path (``disc.optimizer``, ``opts.0``)."""
     found: dict[str, object] = {}
     seen: set[int] = set()
     for prefix, module in root.named_modules():
@@ -60,20 +61,15 @@ class Algorithm(nn.Module):
     TINY_TEST_HPARAMS: dict = {}
     #: ``{parameter-name prefix: reason}``: trainable parameters allowed to get no gradient.
     GRADIENT_EXEMPT: dict = {}
-    #: Steps per epoch of the run, set by dg_plugins' train job once the data are known
-    #: (DomainBed's: the smallest in-split over the batch; with ``batch_sampling`` "pooled" the
-    #: batches of one pass over the source splits' union; in UDG pretraining, the pretraining
-    #: set's); None where no job sets it (e.g. DomainBed's own train through the bridge). Read
-    #: by schedules in epochs (the job's ``lr_schedule``, DisMAE's domain classifier).
+    #: Steps per epoch, set by dg_plugins' train job (None under DomainBed's own train); read by
+    #: schedules in epochs (``lr_schedule``, DisMAE's domain classifier).
     epoch_steps: float | None = None
-    #: Why the class's optimizer steps bypass :func:`optimizer_step`, so that fp16's gradient
-    #: scaler cannot reach them (train refuses fp16 for it); None: they all go through it.
+    #: Why the optimizer steps bypass :func:`optimizer_step` (train then refuses fp16); None: not.
     UNSCALED_STEPS: str | None = None
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__()
-        # the method's own hparams pass their checks here once, however they were made (train
-        # validates overrides; DomainBed's train through the bridge does not)
+        # checked here too: DomainBed's train through the bridge does not validate
         hparams_lib.check_values(type(self).hparam_space(""), hparams)
         self.input_shape = tuple(input_shape)
         self.num_classes = num_classes
@@ -90,17 +86,14 @@ class Algorithm(nn.Module):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    # Unsupervised DG (UDG) protocol: self-supervised pretraining on unlabelled source domains,
-    # then fine-tuning on a labelled fraction (dg_plugins.algorithms.udg_finetune builds the fine-tuner).
+    # UDG protocol: self-supervised pretraining, then fine-tuning (udg_finetune)
 
     def pretrain_update(self, images: list[torch.Tensor]) -> dict:
-        """One self-supervised step on unlabelled batches, one per source environment (DisMAE,
-        MAE only)."""
+        """One self-supervised step on unlabelled batches, one per source environment."""
         raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
 
     def pretrained_state(self) -> dict[str, torch.Tensor]:
-        """The weights fine-tuning starts from after :meth:`pretrain_update` steps, in the
-        fine-tuning model's key names."""
+        """The weights fine-tuning starts from, in the fine-tuning model's key names."""
         raise NotImplementedError(f"{type(self).__name__} has no self-supervised pretraining")
 
     @classmethod
@@ -108,21 +101,19 @@ class Algorithm(nn.Module):
         return cls.pretrain_update is not Algorithm.pretrain_update
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimizer the algorithm holds, by attribute path (saved in resume checkpoints)."""
+        """Every optimizer held, by attribute path (saved in resume checkpoints)."""
         return _collect(self, torch.optim.Optimizer)
 
     def schedulers(self) -> dict[str, torch.optim.lr_scheduler.LRScheduler]:
         return _collect(self, torch.optim.lr_scheduler.LRScheduler)
-
-    # The job's learning-rate schedule (hparam lr_schedule, see lr_factor)
 
     def lr_schedule_exempt(self) -> set[str]:
         """Optimizers (named as by :meth:`optimizers`) whose lr ``lr_schedule`` leaves alone."""
         return set()
 
     def set_lr_factor(self, factor: float) -> None:
-        """Set every param group's lr to its ``initial_lr`` x ``factor`` (not in
-        :meth:`lr_schedule_exempt`); refuses an optimizer a torch LR scheduler already drives."""
+        """Every param group's lr = ``initial_lr`` x ``factor`` (but :meth:`lr_schedule_exempt`);
+        refuses an optimizer a torch LR scheduler drives."""
         exempt = self.lr_schedule_exempt()
         optimizers = {name: opt for name, opt in self.optimizers().items() if name not in exempt}
         driven = {id(s.optimizer): name for name, s in self.schedulers().items()}
@@ -179,15 +170,19 @@ def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[(x_0, y_0), (x_1, y_1), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]``: the
-    minibatch (source environment) of sample ``j``."""
+    """``[(x_0, y_0), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]``: the minibatch
+    (source environment) of sample ``j``."""
     if not minibatches:
         raise ValueError("update() got no minibatches (one (x, y) pair per source environment)")
     x = torch.cat([xi for xi, _ in minibatches])
     y = torch.cat([yi for _, yi in minibatches])
-    domain = torch.cat([torch.full((len(yi),), i, dtype=torch.long, device=yi.device)
-                        for i, (_, yi) in enumerate(minibatches)])
-    return x, y, domain
+    return x, y, domain_labels([yi for _, yi in minibatches])
+
+
+def domain_labels(batches) -> torch.Tensor:
+    """``[len(b_0) x 0, len(b_1) x 1, ...]``: the batch index of each row."""
+    return torch.cat([torch.full((len(b),), i, dtype=torch.long, device=b.device)
+                      for i, b in enumerate(batches)])
 
 
 def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
@@ -197,8 +192,7 @@ def adam(params, hparams, lr: float | None = None) -> torch.optim.Adam:
 
 
 def decay_groups(named_params, weight_decay: float) -> list[dict]:
-    """AdamW groups as MAE builds them: weight decay on non-bias parameters of 2+ dimensions
-    only."""
+    """MAE's AdamW groups: weight decay on non-bias parameters of 2+ dimensions only."""
     decay, no_decay = [], []
     for name, p in named_params:
         if not p.requires_grad:
@@ -212,19 +206,19 @@ class GradScalingError(ValueError):
     """An optimizer stepped outside :func:`optimizer_step` while fp16's gradient scaler is on."""
 
 
-class _Scaling:
-
-    scaler = None
-    stepping = False
+_SCALING = types.SimpleNamespace(scaler=None, stepping=False)
 
 
-_SCALING = _Scaling()
+def float32(device_type: str):
+    """A block run in float32 (autocast off on ``device_type``)."""
+    if not torch.is_autocast_enabled(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 @contextlib.contextmanager
 def gradient_scaling(scaler):
-    """Within the block :func:`optimizer_step` scales each loss with ``scaler`` (fp16's
-    ``GradScaler``; None: none) and steps through it."""
+    """Within the block :func:`optimizer_step` scales and steps through ``scaler`` (None: none)."""
     previous, _SCALING.scaler = _SCALING.scaler, scaler
     try:
         yield
@@ -233,9 +227,8 @@ def gradient_scaling(scaler):
 
 
 def guard_scaled_steps(algorithm: nn.Module, fix: str = "") -> None:
-    """Make ``algorithm``'s optimizers raise :class:`GradScalingError` when stepped outside
-    :func:`optimizer_step` under a scaler (their gradients would never be unscaled); ``fix``:
-    the other settings that would run it, said first."""
+    """``algorithm``'s optimizers raise :class:`GradScalingError` if stepped outside
+    :func:`optimizer_step` under a scaler (never unscaled); ``fix``: other settings, said first."""
     name = type(algorithm).__name__
 
     def check(optimizer, args, kwargs):
@@ -255,11 +248,8 @@ def optimizer_step(optimizer, loss: torch.Tensor, inputs=None) -> None:
     optimizers = optimizer if isinstance(optimizer, (list, tuple)) else (optimizer,)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    device_type = loss.device.type
-    outside = (torch.autocast(device_type=device_type, enabled=False)
-               if torch.is_autocast_enabled(device_type) else contextlib.nullcontext())
     scaler = _SCALING.scaler
-    with outside:
+    with float32(loss.device.type):
         if scaler is None:
             loss.backward(inputs=inputs)
             for opt in optimizers:

@@ -1,12 +1,12 @@
 """DisMAE (Zhang, Wang, Wang, Chua, ECCV 2024, arXiv 2407.07544) and its MAE baseline (He et al.,
-CVPR 2022), following the authors' release (rookiehb/DisMAE @ ff91675, ``models_dmae.py``).
-
-Semantic and variation ViT encoders, a decoder of both, and the loss ``rec + lambda1 * ada +
-lambda2 * ce`` (masked reconstruction, the domain-reweighted adaptive contrastive loss, CE); a
-domain classifier on its own schedule. Model, losses and choices: ``docs/methods/dismae.md``."""
+CVPR 2022), after the authors' release (rookiehb/DisMAE @ ff91675, ``models_dmae.py``): semantic
+and variation ViT encoders, one decoder, ``rec + lambda1 * ada + lambda2 * ce`` and a domain
+classifier on its own schedule (``docs/methods/dismae.md``)."""
 
 from __future__ import annotations
 
+import collections
+import os
 from functools import partial
 
 import torch
@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
-from dg_plugins.algorithms.base import (Algorithm, decay_groups, optimizer_step,
+from dg_plugins.algorithms.base import (Algorithm, decay_groups, domain_labels, optimizer_step,
                                         register_algorithm, split_minibatches)
 from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from dg_plugins.networks import vit as vitlib
@@ -26,19 +26,13 @@ DCLS_MASK_RATIO = 0.15
 
 
 def build_encoder(input_shape, hparams) -> nn.Module:
-    """The semantic encoder (and the UDG fine-tuning backbone): a headless timm ViT with MAE's
-    fixed sin-cos position embedding."""
+    """The semantic encoder (and UDG fine-tuning backbone): a headless timm ViT, MAE's sin-cos
+    position embedding."""
     vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
                             num_classes=0, arch_224=ENCODER_ARCH_224, class_token=True,
                             global_pool="token")
     vitlib.install_sincos_pos_embed(vit)
     return vit
-
-
-def _variation_blocks(input_shape, hparams, depth: int) -> nn.Sequential:
-    vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
-                            num_classes=0, arch_224=ENCODER_ARCH_224, depth=depth)
-    return vit.blocks
 
 
 def mae_init_(module: nn.Module) -> None:
@@ -48,9 +42,8 @@ def mae_init_(module: nn.Module) -> None:
             nn.init.xavier_uniform_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            if m.weight is not None:
-                nn.init.ones_(m.weight)
+        elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
+            nn.init.ones_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
     for m in module.modules():
@@ -73,8 +66,8 @@ def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
 
 
 class MaskedDecoder(nn.Module):
-    """MAE's decoder on ``[CLS, N patch slots, extra]`` (DisMAE's variation code as the extra
-    token); returns the N patch predictions through a sigmoid."""
+    """MAE's decoder on ``[CLS, N patch slots, extra]`` (extra: DisMAE's variation code) -> the
+    N patch predictions through a sigmoid."""
 
     def __init__(self, embed_dim: int, width: int, depth: int, num_patches: int, grid,
                  patch_pixels: int):
@@ -96,8 +89,6 @@ class MaskedDecoder(nn.Module):
 
     def forward(self, latent: torch.Tensor, ids_restore: torch.Tensor,
                 extra: torch.Tensor | None) -> torch.Tensor:
-        """``latent [B, 1 + K, D]``, ``ids_restore [B, N]``, ``extra [B, D]`` or None ->
-        ``[B, N, p*p*C]`` in (0, 1)."""
         h = self.embed(latent)
         patches = vitlib.restore_order(h[:, 1:], ids_restore, self.mask_token)
         seq = [h[:, :1] + self.pos_embed[:, :1], patches + self.pos_embed[:, 1:]]
@@ -107,10 +98,6 @@ class MaskedDecoder(nn.Module):
         return torch.sigmoid(self.pred(h[:, 1:1 + ids_restore.shape[1]]))
 
 
-def _mask_ratio_check(value):
-    return None if 0 <= value < 1 else "must be in [0, 1)"
-
-
 def _init_check(value):
     return None if value.strip() else "must be 'random' or the path of a local MAE checkpoint"
 
@@ -118,17 +105,17 @@ def _init_check(value):
 def _shared_space(dataset: str) -> dict:
     small = dataset in hp_lib.SMALL_IMAGE_DATASETS
     return {
-        "lr": (1e-4, lambda r: 10 ** r.uniform(-4.5, -3.5), hp_lib.positive),
-        "weight_decay": (0.05, lambda r: r.choice([0.0, 0.05]), hp_lib.non_negative),
-        "batch_size": (32, lambda r: int(2 ** r.uniform(3, 5.5)), hp_lib.positive),
-        "dismae_mask_ratio": (0.8, lambda r: r.choice([0.7, 0.75, 0.8]), _mask_ratio_check),
+        "lr": (1e-4, hp_lib._log_uniform(-4.5, -3.5), hp_lib.positive),
+        "weight_decay": (0.05, hp_lib._choice([0.0, 0.05]), hp_lib.non_negative),
+        "batch_size": (32, hp_lib._int_pow2(3, 5.5), hp_lib.positive),
+        "dismae_mask_ratio": (0.8, lambda r: r.choice([0.7, 0.75, 0.8]), hp_lib.probability),
         "dismae_decoder_depth": (1, lambda r: 1, hp_lib.positive),
         "dismae_decoder_width": (64 if small else 512, lambda r: 64 if small else 512,
                                  hp_lib.positive),
         "dismae_lambda2": (1.0, lambda r: 1.0, hp_lib.non_negative),
         "dismae_unnorm_target": (False, lambda r: False),
         "dismae_init": ("random", lambda r: "random", _init_check),
-        # UDG fine-tuning (dg_plugins.algorithms.udg_finetune): null = the per-label-fraction table.
+        # UDG fine-tuning (udg_finetune): null = the per-label-fraction table
         "udg_ft_lr": (None, lambda r: None),
         "udg_ft_batch_size": (None, lambda r: None),
         "udg_ft_mode": ("auto", lambda r: "auto", hp_lib.one_of("auto", "linear", "full")),
@@ -136,8 +123,7 @@ def _shared_space(dataset: str) -> dict:
 
 
 class _MaskedAutoencoder(Algorithm):
-    """What MAE and DisMAE share: semantic encoder, decoder, reconstruction loss, head, UDG
-    hooks."""
+    """What MAE and DisMAE share: encoder, decoder, reconstruction loss, head, UDG hooks."""
 
     VARIATION = False
     #: CPU test size: 2-block tiny ViT, 1 variation block, a 32-wide decoder.
@@ -151,8 +137,9 @@ class _MaskedAutoencoder(Algorithm):
         self.patch = int(dims.patch_size[0])
         width = dims.embed_dim
         if self.VARIATION:
-            self.var_blocks = _variation_blocks(self.input_shape, hparams,
-                                                int(hparams["dismae_var_depth"]))
+            self.var_blocks = vitlib.create_vit(
+                hparams.get("vit_arch", "auto"), self.input_shape, pretrained=False, num_classes=0,
+                arch_224=ENCODER_ARCH_224, depth=int(hparams["dismae_var_depth"])).blocks
         self.decoder = MaskedDecoder(width, int(hparams["dismae_decoder_width"]),
                                      int(hparams["dismae_decoder_depth"]), dims.num_patches,
                                      dims.grid_size,
@@ -170,12 +157,8 @@ class _MaskedAutoencoder(Algorithm):
         if hparams["dismae_init"] != "random":
             self.load_mae_checkpoint(hparams["dismae_init"])
 
-    # ---- pieces ------------------------------------------------------------------------------
-
     def load_mae_checkpoint(self, path: str) -> None:
         """Encoder (and the decoder keys whose shapes match) from a local MAE checkpoint."""
-        import os
-
         if not os.path.isfile(path):
             raise FileNotFoundError(f"dismae_init {path!r} is not a file; give a local MAE "
                                     "checkpoint or 'random'")
@@ -194,14 +177,11 @@ class _MaskedAutoencoder(Algorithm):
         names = {"decoder_embed.": "embed.", "decoder_norm.": "norm.", "decoder_pred.": "pred.",
                  "decoder_blocks.": "blocks.", "mask_token": "mask_token"}
         dec_own = self.decoder.state_dict()
-        loaded = {}
-        for key, value in state.items():
-            for old, new in names.items():
-                if key.startswith(old):
-                    target = new + key[len(old):]
-                    if target in dec_own and dec_own[target].shape == value.shape:
-                        loaded[target] = value
-        self.decoder.load_state_dict(loaded, strict=False)
+        renamed = {new + key[len(old):]: value for key, value in state.items()
+                   for old, new in names.items() if key.startswith(old)}
+        self.decoder.load_state_dict({k: v for k, v in renamed.items()
+                                      if k in dec_own and dec_own[k].shape == v.shape},
+                                     strict=False)
 
     def target(self, x: torch.Tensor) -> torch.Tensor:
         if self.unnorm:
@@ -209,8 +189,7 @@ class _MaskedAutoencoder(Algorithm):
         return patchify(x, self.patch)
 
     def semantic(self, tokens: torch.Tensor, mask_ratio: float):
-        """Position-embedded patch tokens -> (normed latent ``[B, 1 + K, D]``, mask,
-        ids_restore)."""
+        """Patch tokens -> (normed latent ``[B, 1 + K, D]``, mask, ids_restore)."""
         if mask_ratio > 0:
             masked = vitlib.random_masking(tokens, mask_ratio)
             kept, mask, ids_restore = masked.tokens, masked.mask, masked.ids_restore
@@ -226,16 +205,21 @@ class _MaskedAutoencoder(Algorithm):
     def variation(self, tokens: torch.Tensor, mask_ratio: float) -> torch.Tensor:
         """The variation encoder's class token ``[B, D]`` (own blocks, independent mask)."""
         masked = vitlib.random_masking(tokens, mask_ratio)
-        h = vitlib.prepend_prefix_tokens(self.encoder, masked.tokens)
-        h = self.var_blocks(h)
+        h = self.var_blocks(vitlib.prepend_prefix_tokens(self.encoder, masked.tokens))
         return vitlib.final_norm(self.encoder, h)[:, 0]
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = vitlib.embed_patches(self.encoder, x)
-        return self.semantic(tokens, 0.0)[0][:, 0]
+        return self.semantic(vitlib.embed_patches(self.encoder, x), 0.0)[0][:, 0]
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
+
+    def add_ce(self, loss, latent, y) -> tuple[torch.Tensor, dict]:
+        """``(loss + lambda2 * CE, {"ce": CE})`` on the class token; ``loss`` alone without y."""
+        if y is None:
+            return loss, {}
+        ce = F.cross_entropy(self.classifier(latent[:, 0]), y)
+        return loss + self.hparams["dismae_lambda2"] * ce, {"ce": ce.item()}
 
     @staticmethod
     def rec_loss(pred, target, mask) -> torch.Tensor:
@@ -243,11 +227,10 @@ class _MaskedAutoencoder(Algorithm):
         return (per_patch * mask).sum() / (mask.sum() + 1)
 
     def pretrained_state(self) -> dict[str, torch.Tensor]:
-        """The semantic encoder's weights (keys of :func:`build_encoder`'s ViT), detached copies."""
+        """The semantic encoder's weights (:func:`build_encoder`'s keys), detached copies."""
         return {k: v.detach().clone() for k, v in self.encoder.state_dict().items()}
 
-    #: ``(input_shape, hparams) -> ViT``: a fresh backbone with the semantic encoder's
-    #: architecture, for UDG fine-tuning (it loads :meth:`pretrained_state` exactly).
+    #: ``(input_shape, hparams) -> ViT``: UDG fine-tuning's backbone (loads pretrained_state).
     build_finetune_encoder = staticmethod(build_encoder)
 
     def _update(self, x, y, domain) -> dict:
@@ -261,16 +244,13 @@ class _MaskedAutoencoder(Algorithm):
         """One self-supervised step (``lambda2 = 0``) on one image batch per source environment."""
         if not images:
             raise ValueError("pretrain_update() got no image batches")
-        x = torch.cat(list(images))
-        domain = torch.cat([torch.full((len(xi),), i, dtype=torch.long, device=xi.device)
-                            for i, xi in enumerate(images)])
-        return self._update(x, None, domain)
+        return self._update(torch.cat(list(images)), None, domain_labels(images))
 
 
 @register_algorithm("MAE")
 class MAE(_MaskedAutoencoder):
-    """Plain masked autoencoder baseline (He et al., CVPR 2022): ``rec + lambda2 * CE`` (DG),
-    ``rec`` alone in UDG pretraining."""
+    """Masked autoencoder (He et al., CVPR 2022): ``rec + lambda2 * CE``; ``rec`` in UDG
+    pretraining."""
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
@@ -286,19 +266,13 @@ class MAE(_MaskedAutoencoder):
         tokens = vitlib.embed_patches(self.encoder, x)
         latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
         rec = self.rec_loss(self.decoder(latent, ids_restore, None), self.target(x), mask)
-        loss = rec
-        out = {}
-        if y is not None:
-            ce = F.cross_entropy(self.classifier(latent[:, 0]), y)
-            loss = rec + self.hparams["dismae_lambda2"] * ce
-            out["ce"] = ce.item()
+        loss, out = self.add_ce(rec, latent, y)
         optimizer_step(self.optimizer, loss)
         self.step += 1
         return {"loss": loss.item(), "rec": rec.item(), **out}
 
 
-#: Steps per epoch of the domain classifier's schedule when neither the hparam nor a job gives
-#: the run's epoch length (e.g. DomainBed's train through the bridge).
+#: The domain classifier's epoch when neither the hparam nor the job gives one.
 FALLBACK_EPOCH_STEPS = 100
 
 
@@ -308,8 +282,7 @@ def _epoch_steps_check(value):
 
 
 def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
-    """The domain classifier's epoch in steps: the hparam when set, else the run's epoch, else
-    :data:`FALLBACK_EPOCH_STEPS`."""
+    """The domain classifier's epoch in steps: the hparam, the run's epoch, or the fallback."""
     value = hparams.get("dismae_dcls_epoch_steps")
     if value is not None:
         return int(value)
@@ -320,7 +293,7 @@ def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
 
 def dcls_active(step: int, epoch_steps: int) -> bool:
     """Whether the domain classifier trains at ``step``: epochs 0-5, then every 15th up to 100
-    (every step when ``epoch_steps`` is 0)."""
+    (always when ``epoch_steps`` is 0)."""
     if epoch_steps <= 0:
         return True
     epoch = step // epoch_steps
@@ -341,15 +314,13 @@ class DisMAE(_MaskedAutoencoder):
             **_shared_space(dataset),
             "dismae_var_depth": (3 if small else 6, lambda r: 3 if small else 6, hp_lib.positive),
             "dismae_var_mask_offset": (0.1, lambda r: 0.1, hp_lib.unit_interval),
-            "dismae_lambda1": (1e-3, lambda r: 10 ** r.uniform(-4, -2), hp_lib.non_negative),
+            "dismae_lambda1": (1e-3, hp_lib._log_uniform(-4, -2), hp_lib.non_negative),
             "dismae_tau": (0.4, lambda r: 0.4, hp_lib.positive),
             "dismae_margin": (8e-3, lambda r: 8e-3, hp_lib.non_negative),
-            "dismae_wmin": (0.15, lambda r: 0.15, lambda v: None if 0 < v <= 1 else
-                            "must be in (0, 1]"),
+            "dismae_wmin": (0.15, lambda r: 0.15, hp_lib.decay_rate),
             "dismae_dcls_lr": (5e-4, lambda r: 5e-4, hp_lib.positive),
             "dismae_dcls_momentum": (0.99, lambda r: 0.99, hp_lib.unit_interval),
-            # None: the run's epoch (Algorithm.epoch_steps, set by the job); an int: that many
-            # steps per epoch; 0: a classifier step after every update.
+            # None: the run's epoch (Algorithm.epoch_steps); 0: a classifier step every update
             "dismae_dcls_epoch_steps": (None, lambda r: None, _epoch_steps_check),
         }
 
@@ -374,12 +345,9 @@ class DisMAE(_MaskedAutoencoder):
                                               momentum=hparams["dismae_dcls_momentum"],
                                               weight_decay=0.05)
 
-    # ---- the adaptive contrastive loss --------------------------------------------------------
-
     @staticmethod
     def anchors(domain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(anchor of each sample, anchor indices)``: a sample's anchor is its domain's first
-        sample in the batch."""
+        """``(anchor of each sample, anchor indices)``: a domain's anchor is its first sample."""
         present = torch.unique(domain)
         first = torch.stack([torch.nonzero(domain == d)[0, 0] for d in present])
         lookup = torch.full((int(domain.max()) + 1,), -1, dtype=torch.long, device=domain.device)
@@ -389,8 +357,7 @@ class DisMAE(_MaskedAutoencoder):
     @staticmethod
     def contrastive_terms(errors: torch.Tensor, domain: torch.Tensor, positive: torch.Tensor,
                           tau: float) -> torch.Tensor:
-        """Per domain present, InfoNCE ``-log softmax(-errors / tau)[positive]`` over its
-        samples."""
+        """Per domain present, InfoNCE ``-log softmax(-errors / tau)[positive]`` over it."""
         losses = []
         for k, d in enumerate(torch.unique(domain)):
             idx = torch.nonzero(domain == d)[:, 0]
@@ -416,11 +383,8 @@ class DisMAE(_MaskedAutoencoder):
         rec = self.rec_loss(pred, target, mask)
 
         # adaptive contrastive loss: each domain's anchor decoded with every same-domain v_j.
-        # The anchor rows are gathered with index_select, whose backward (index_add_) adds the
-        # repeated rows' gradients in a fixed order on every device; advanced indexing
-        # (latent[anchor_of]) accumulates them with parallel atomic adds on a multi-threaded CPU,
-        # so two identical runs drifted apart (~1e-7 after a few steps) unless torch's
-        # deterministic algorithms were on.
+        # index_select, not latent[anchor_of]: its backward adds repeated rows in a fixed order
+        # (advanced indexing's parallel atomic adds made identical CPU runs drift ~1e-7).
         anchor_of, anchors = self.anchors(domain)
         swapped = self.decoder(latent.index_select(0, anchor_of),
                                ids_restore.index_select(0, anchor_of), v)
@@ -431,12 +395,7 @@ class DisMAE(_MaskedAutoencoder):
         weights = self.adaptive_weights(latent[anchors, 0], domain[anchors])
         ada = (weights * terms).sum()
 
-        loss = rec + hp["dismae_lambda1"] * ada
-        out = {}
-        if y is not None:
-            ce = F.cross_entropy(self.classifier(latent[:, 0]), y)
-            loss = loss + hp["dismae_lambda2"] * ce
-            out["ce"] = ce.item()
+        loss, out = self.add_ce(rec + hp["dismae_lambda1"] * ada, latent, y)
         optimizer_step(self.optimizer, loss)
 
         with torch.no_grad():  # monitoring on the detached class tokens of this pass
@@ -460,14 +419,8 @@ class DisMAE(_MaskedAutoencoder):
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
-    counts = {}
+    counts = collections.Counter()
     for name, p in model.named_parameters():
         if p.requires_grad:
-            part = name.split(".")[0]
-            counts[part] = counts.get(part, 0) + p.numel()
-    counts["total"] = sum(counts.values())
-    return counts
-
-
-__all__ = ["DisMAE", "MAE", "MaskedDecoder", "build_encoder", "dcls_active", "dcls_epoch_steps",
-           "mae_init_", "parameter_counts", "patchify"]
+            counts[name.split(".")[0]] += p.numel()
+    return {**counts, "total": sum(counts.values())}

@@ -1,10 +1,7 @@
-"""DMG: domain-specific masks (Chattopadhyay, Balaji and Hoffman, ECCV 2020;
-github.com/prithv1/DMG).
-
-Each source domain learns Bernoulli channel masks on a few layers (straight-through estimator);
-the loss is CE + lambda_O * the mean pairwise soft IoU of the domains' masks (paper Eq. 2 and 3,
-in the release's form); ``predict`` averages the logits under every domain's soft mask. Layer
-choice, DomainBed mapping and the paper-faithful configuration: ``docs/methods/dmg.md``."""
+"""DMG: domain-specific masks (Chattopadhyay, Balaji, Hoffman, ECCV 2020; github.com/prithv1/DMG).
+Per source domain, straight-through Bernoulli channel masks on a few layers; loss CE + lambda_O *
+the mean pairwise soft IoU of the masks (Eq. 2, 3, the release's form); ``predict`` averages the
+logits under every domain's soft mask. Details: ``docs/methods/dmg.md``."""
 
 from __future__ import annotations
 
@@ -27,16 +24,12 @@ ENSEMBLES = ("logits", "masks")
 EPS = 1e-6
 
 
-def _optional_positive(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        return "must be a number > 0, or null for the job's lr"
-    return None
-
-
-def _optional_std(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        return "must be a number > 0, or null for PyTorch's default classifier init"
-    return None
+def _positive_or_null(null_means: str):
+    def check(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return f"must be a number > 0, or null for {null_means}"
+        return None
+    return check
 
 
 def _layer_list(value) -> str | None:
@@ -50,8 +43,7 @@ def _layer_list(value) -> str | None:
 
 
 def init_classifier(classifier: nn.Module, std: float) -> None:
-    """The DomainNet release's classifier init: ``N(0, std)`` weights, zero bias
-    (``docs/methods/dmg.md``)."""
+    """The DomainNet release's classifier init: ``N(0, std)`` weights, zero bias."""
     with torch.no_grad():
         for module in classifier.modules():
             if isinstance(module, nn.Linear):
@@ -83,28 +75,19 @@ def pairwise_mean(fn, probs: torch.Tensor) -> torch.Tensor:
     return fn(probs[i], probs[j]).mean()
 
 
-def auto_mask_layers(featurizer: nn.Module) -> tuple[str, ...]:
-    if isinstance(featurizer, ResNet):
-        return ("layer3", "layer4", FC)
-    if _has_stages(featurizer):
-        return (featurizer.stage_names[-1], FC)
-    return (FC,)
-
-
 def _has_stages(featurizer: nn.Module) -> bool:
     return (isinstance(featurizer, StagedFeaturizer) and bool(featurizer.stage_names)
             and not getattr(featurizer, "dinov2", False))
 
 
 def resolve_mask_layers(featurizer: nn.Module, spec: str) -> tuple[str, ...]:
-    """``dmg_mask_layers`` -> the masked layers in network order (``fc`` last); unknown names
-    raise, listing the valid ones."""
+    """``dmg_mask_layers`` -> the masked layers in network order (``fc`` last)."""
+    stages = tuple(featurizer.stage_names) if _has_stages(featurizer) else ()
     if spec.strip() == "auto":
-        return auto_mask_layers(featurizer)
+        return ("layer3", "layer4", FC) if isinstance(featurizer, ResNet) else stages[-1:] + (FC,)
     problem = _layer_list(spec)
     if problem:
         raise ValueError(f"hparam 'dmg_mask_layers' {problem}, got {spec!r}")
-    stages = tuple(featurizer.stage_names) if _has_stages(featurizer) else ()
     valid = stages + (FC,)
     names = [n.strip() for n in spec.split(",")]
     unknown = [n for n in names if n not in valid]
@@ -118,38 +101,34 @@ def resolve_mask_layers(featurizer: nn.Module, spec: str) -> tuple[str, ...]:
 
 @register_algorithm("DMG")
 class DMG(FeatureClassifier):
-    """DMG (``docs/methods/dmg.md``): ERM's network with one learnable Bernoulli channel mask per
-    source domain on the masked layers."""
+    """DMG: ERM's network with a learnable Bernoulli channel mask per source domain and layer."""
 
-    #: Debug28 runs the MNIST CNN (block4,fc); Debug224 the tiny test ViT (last block + fc), so the
-    #: contract tests cover the non-ResNet rules; tests/algorithms/test_dmg.py covers the ResNet.
+    #: the MNIST CNN and the tiny test ViT (non-ResNet rules); test_dmg.py covers the ResNet
     TINY_TEST_HPARAMS: dict = {"vit": True, "vit_arch": "dg_vit_test_patch32_224",
                                "mnist_cnn_width": 32}
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        """DMG's own hparams (``docs/methods/dmg.md``)."""
         return {
             "dmg_lambda_overlap": (0.1, lambda r: float(10 ** r.uniform(-5, 0)),
                                    hp_lib.non_negative),
             "dmg_lambda_sparsity": (0.0, lambda r: 0.0, hp_lib.non_negative),
-            "dmg_mask_lr": (None, lambda r: None, _optional_positive),
+            "dmg_mask_lr": (None, lambda r: None, _positive_or_null("the job's lr")),
             "dmg_mask_layers": ("auto", lambda r: "auto", _layer_list),
             "dmg_test_ensemble": ("logits", lambda r: "logits", hp_lib.one_of(*ENSEMBLES)),
             "dmg_mask_lr_schedule": (False, lambda r: False),
-            "dmg_fc_init_std": (None, lambda r: None, _optional_std),
+            "dmg_fc_init_std": (None, lambda r: None,
+                                _positive_or_null("PyTorch's default classifier init")),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
         self.mask_layers = resolve_mask_layers(self.featurizer, hparams["dmg_mask_layers"])
-        #: masked stages (the hook points), in network order; ``fc`` is handled separately.
         self.mask_stages = tuple(n for n in self.mask_layers if n != FC)
         self.mask_fc = FC in self.mask_layers
         widths = [self.featurizer.n_outputs if name == FC else self.featurizer.stage_widths[name]
                   for name in self.mask_layers]
-        # Mask logits m~^d ~ U(0, 1) (the paper's implementation details): one
-        # [num_domains, width] tensor per masked layer.
+        # mask logits m~^d ~ U(0, 1) (the paper), [num_domains, width] per masked layer
         self.mask_logits = nn.ParameterList(
             [nn.Parameter(torch.rand(num_domains, width)) for width in widths])
         self.lambda_overlap = float(hparams["dmg_lambda_overlap"])
@@ -161,13 +140,11 @@ class DMG(FeatureClassifier):
         mask_lr = hparams["dmg_mask_lr"]
         self.optimizer = adam(self.network.parameters(), hparams)
         self.mask_optimizer = adam(self.mask_logits.parameters(), hparams,
-                                   lr=hparams["lr"] if mask_lr is None else float(mask_lr))
+                                   lr=None if mask_lr is None else float(mask_lr))
 
     def lr_schedule_exempt(self) -> set[str]:
         """The mask optimizer keeps its lr unless ``dmg_mask_lr_schedule`` (the PACS release)."""
         return set() if self.hparams.get("dmg_mask_lr_schedule") else {"mask_optimizer"}
-
-    # Masks -----------------------------------------------------------------------------------
 
     def mask_probs(self) -> list[torch.Tensor]:
         """``m^d = sigmoid(m~^d)`` per masked layer, each ``[num_domains, width]``."""
@@ -183,8 +160,7 @@ class DMG(FeatureClassifier):
         return h * mask
 
     def _run(self, x: torch.Tensor, masks: list[torch.Tensor], start: str | None = None):
-        """Logits with ``masks`` applied; ``start``: ``x`` is the input of that stage, else the
-        image."""
+        """Logits with ``masks`` applied; ``x``: the image, or the input of stage ``start``."""
         if self.mask_stages:
             hooks = {name: (lambda h, m=mask: self._scale(h, m))
                      for name, mask in zip(self.mask_stages, masks)}
@@ -196,8 +172,7 @@ class DMG(FeatureClassifier):
         return self.classifier(features)
 
     def _trunk(self, x: torch.Tensor) -> tuple[torch.Tensor, str | None]:
-        """The unmasked part, run once: the first masked stage's input and name (``"fc"``: the
-        pooled feature)."""
+        """The unmasked part: the first masked stage's input and name (``"fc"``: pooled feature)."""
         if self.mask_stages:
             first = self.mask_stages[0]
             return self.featurizer.forward_stages(x, stop=first), first
@@ -207,8 +182,6 @@ class DMG(FeatureClassifier):
         if start == FC:
             return self.classifier(self._scale(h, masks[-1]))
         return self._run(h, masks, start=start)
-
-    # Training --------------------------------------------------------------------------------
 
     def overlap(self, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
         probs = self.mask_probs() if probs is None else probs
@@ -240,11 +213,9 @@ class DMG(FeatureClassifier):
         return {"loss": loss.item(), "ce": ce.item(), "overlap": overlap.detach().item(),
                 "iou_hard": self.iou_hard(probs)}
 
-    # Inference -------------------------------------------------------------------------------
-
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Soft-scale logits averaged over the source domains (``dmg_test_ensemble "logits"``),
-        or one pass with the domain-averaged soft masks (``"masks"``, Mask-Ens)."""
+        """Logits averaged over the domains' soft masks (``"logits"``), or under their average
+        (``"masks"``, Mask-Ens)."""
         probs = self.mask_probs()
         h, start = self._trunk(x)
         if self.test_ensemble == "masks":
@@ -254,8 +225,7 @@ class DMG(FeatureClassifier):
         return torch.stack(logits).mean(0)
 
     def predict_known_domain(self, x: torch.Tensor, domain) -> torch.Tensor:
-        """DMG-KD: logits under the soft mask of the known source domain ``domain`` (an int, or
-        a ``[N]`` tensor of per-sample source-domain indices)."""
+        """DMG-KD: logits under the soft mask of source domain ``domain`` (an int or ``[N]``)."""
         domain = torch.as_tensor(domain, device=x.device, dtype=torch.long)
         if ((domain < 0) | (domain >= self.num_domains)).any():
             raise ValueError(f"predict_known_domain: domain {domain.tolist()} is not a source "

@@ -1,10 +1,7 @@
 """MPBM: Model-aware Parametric Batch-wise Mixup for single-source DG (Heidari & Guo, arXiv
-2502.16064). No official code exists: the reconstructed parts are marked *(rec.)*.
-
-Implemented: SGLD adversarial queries (the paper's query equation), the per-dimension attention
-mixup generator modulated by the feature correlation C, the feature discriminator (non-saturating
-GAN loss) and ``L_tr = L_sup + lambda_mix L_mix^tr``, on the paper's "phased" schedule or the
-"online" one. Every equation, choice and diagnostic: ``docs/methods/mpbm.md``."""
+2502.16064); no official code, the reconstructed parts are marked *(rec.)*. SGLD queries, the
+C-modulated attention mixup generator, a feature discriminator, ``L_sup + lambda_mix L_mix^tr``
+on the "phased" or "online" schedule: ``docs/methods/mpbm.md``."""
 
 from __future__ import annotations
 
@@ -17,9 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
-from dg_plugins.algorithms.base import (FeatureClassifier, adam, optimizer_step,
+from dg_plugins.algorithms.base import (FeatureClassifier, adam, float32, optimizer_step,
                                         register_algorithm, split_minibatches)
-# Per-channel mean and std of ImageNet normalisation (``mpbm_clamp`` "imagenet").
 from dg_plugins.datasets.image_folder import IMAGENET_MEAN, IMAGENET_STD
 
 #: Datasets whose inputs are [0, 1] pixels (the SGLD step default eta = 1.0 applies).
@@ -32,15 +28,10 @@ LOSS_KEYS = ("loss", "sup", "mix", "gen", "adv", "disc", "disc_acc")
 DIAG_KEYS = ("diag_query_corr", "diag_query_clamped", "diag_source_clamped", "diag_query_acc",
              "diag_attn_top_share", "diag_synth_cos", "diag_synth_outside_hull", "diag_disc_acc")
 UPDATE_KEYS = LOSS_KEYS + ("phase", "round") + DIAG_KEYS
-#: Default step budgets of the datasets (their ``N_STEPS``; DomainBed's 5001 elsewhere): the
-#: phased schedule's defaults are fractions of them.
+#: The datasets' ``N_STEPS`` (DomainBed's 5001 elsewhere): the phased schedule's are fractions.
 DEFAULT_STEPS = {"RotatedMNIST5k": 1001, "DigitsOffline": 2001, "Digits": 10001}
-#: Seed offset of the diagnostics probe's own random generator (seeded ``PROBE_SEED + step``).
+#: The diagnostics probe's generator is seeded ``PROBE_SEED + step``.
 PROBE_SEED = 7919
-
-
-def _int_choice(values):
-    return lambda r: int(r.choice(values))
 
 
 def rows_per_step(hparams: dict, num_domains: int) -> int:
@@ -49,27 +40,18 @@ def rows_per_step(hparams: dict, num_domains: int) -> int:
     return hparams["batch_size"] * (num_domains if per_domain else 1)
 
 
-def synth_phase_steps(hparams: dict, rows: int) -> int:
-    return -(-hparams["mpbm_synth_size"] // rows)
-
-
-def round_phases(hparams: dict, rows: int) -> list[tuple[str, int]]:
-    return [("corr", hparams["mpbm_corr_steps"]), ("query", hparams["mpbm_query_steps"]),
-            ("gen", hparams["mpbm_gen_steps"]), ("synth", synth_phase_steps(hparams, rows)),
-            ("finetune", hparams["mpbm_finetune_steps"])]
-
-
 def phase_at(step: int, hparams: dict, rows: int) -> tuple[str, int, int]:
-    """``(phase, round, offset)`` of 0-based ``step``: round 1-based (0 outside the rounds),
-    offset inside the phase. A pure function of the step and the hparams, so a resume keeps the
-    phase."""
+    """``(phase, round, offset)`` of 0-based ``step`` (round 1-based, 0 outside the rounds): a pure
+    function of the step and the hparams, so a resume keeps the phase."""
     if hparams["mpbm_schedule"] == "online":
         warmup = hparams["mpbm_warmup_steps"]
         return ("erm", 0, step) if step < warmup else ("online", 0, step - warmup)
     pretrain = hparams["mpbm_pretrain_steps"]
     if step < pretrain:
         return "erm", 0, step
-    phases = round_phases(hparams, rows)
+    phases = [("corr", hparams["mpbm_corr_steps"]), ("query", hparams["mpbm_query_steps"]),
+              ("gen", hparams["mpbm_gen_steps"]), ("synth", -(-hparams["mpbm_synth_size"] // rows)),
+              ("finetune", hparams["mpbm_finetune_steps"])]
     offset = step - pretrain
     round_length = sum(n for _, n in phases)
     index = min(offset // round_length, hparams["mpbm_rounds"] - 1)
@@ -83,8 +65,7 @@ def phase_at(step: int, hparams: dict, rows: int) -> tuple[str, int, int]:
 
 class MixupAttentionGenerator(nn.Module):
     """g_phi: per-feature attention of a query over N_b real features, modulated by C *(rec.)*;
-    values ``V`` or, with ``value_projection``, ``V W_V^T`` (``W_V`` initialised to the
-    identity)."""
+    values ``V`` or ``V W_V^T`` (``value_projection``, ``W_V`` starts as the identity)."""
 
     def __init__(self, dim: int, value_projection: bool = False):
         super().__init__()
@@ -103,8 +84,7 @@ class MixupAttentionGenerator(nn.Module):
         return scores.softmax(dim=1)
 
     def project(self, values: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        """The value matrix: ``values`` or ``values W_V^T`` (``detach``: no gradient into
-        ``W_V``)."""
+        """``values`` or ``values W_V^T`` (``detach``: no gradient into ``W_V``)."""
         if self.value is None:
             return values
         weight = self.value.weight.detach() if detach else self.value.weight
@@ -139,17 +119,9 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
     return -(target * logits.log_softmax(dim=-1)).sum(dim=-1).mean()
 
 
-def float32(device_type: str):
-    """A block run in float32 (autocast off on ``device_type``)."""
-    if not torch.is_autocast_enabled(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, enabled=False)
-
-
 @contextlib.contextmanager
 def frozen_eval(module: nn.Module):
-    """Eval mode for ``module`` inside the block; each submodule's own ``training`` flag is
-    restored after (a ResNet's frozen BatchNorm layers stay in eval)."""
+    """Eval mode inside the block; each submodule's own ``training`` flag restored after."""
     flags = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
@@ -162,12 +134,9 @@ def frozen_eval(module: nn.Module):
 # -- diagnostics (pure functions of tensors) -------------------------------------------------------
 
 def image_correlation(queries: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
-    """``[N]``: Pearson correlation of each query with its source image (0 where either is
-    constant)."""
-    a = queries.flatten(1).double()
-    b = sources.flatten(1).double()
-    a = a - a.mean(dim=1, keepdim=True)
-    b = b - b.mean(dim=1, keepdim=True)
+    """``[N]``: Pearson correlation of each query with its source image (0 if either is flat)."""
+    a, b = (t.flatten(1).double() for t in (queries, sources))
+    a, b = a - a.mean(dim=1, keepdim=True), b - b.mean(dim=1, keepdim=True)
     denominator = a.norm(dim=1) * b.norm(dim=1)
     corr = (a * b).sum(dim=1) / denominator.clamp_min(1e-12)
     return torch.where(denominator > 0, corr, torch.zeros_like(corr)).float()
@@ -181,8 +150,7 @@ def clamped_share(x: torch.Tensor, bounds) -> float:
 
 
 def top_instance_share(weights: torch.Tensor) -> torch.Tensor:
-    """``[B]``: share of the d dimensions whose largest weight goes to the most common top
-    instance."""
+    """``[B]``: share of the d dimensions whose top weight goes to the most common instance."""
     top = weights.argmax(dim=1)  # [B, d]
     counts = F.one_hot(top, weights.shape[1]).sum(dim=1)  # [B, N_b]
     return counts.amax(dim=1).float() / weights.shape[2]
@@ -207,9 +175,7 @@ class MPBM(FeatureClassifier):
     """MPBM (arXiv 2502.16064; ``docs/methods/mpbm.md``). Optimizers: ``optimizer`` (f, h),
     ``gen_optimizer`` (g), ``disc_optimizer`` (D)."""
 
-    #: Phased schedule of one pre-training step, no C phase, one query step, one g/D step, one
-    #: synthetic-set step, then fine-tuning: three updates reach every parameter on a CPU; a probe
-    #: every second step. (The online schedule's warm-up and C refresh for tests that pick it.)
+    #: One step per phase (no C phase): three updates reach every parameter; a probe every second.
     TINY_TEST_HPARAMS: dict = {
         "mpbm_schedule": "phased", "mpbm_pretrain_steps": 1, "mpbm_corr_steps": 0,
         "mpbm_query_steps": 1, "mpbm_gen_steps": 1, "mpbm_synth_size": 8,
@@ -218,12 +184,10 @@ class MPBM(FeatureClassifier):
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        """The paper's N_b = 5, T = 5, lambda_adv = lambda_mix = 0.5; the rest *(rec.)*, the
-        phased schedule's in fractions of the dataset's step budget (``docs/methods/mpbm.md``)."""
+        """The paper's N_b = T = 5, lambda_adv = lambda_mix = 0.5; the rest *(rec.)*."""
         pixels = dataset in PIXEL_DATASETS
         eta = 1.0 if pixels else 2.0 / 255.0
-        # online warm-up: 10% of the CPU-sized MNIST datasets' runs, 1000 steps elsewhere (the
-        # 5001- and 10001-step image and digits runs)
+        # online warm-up: 10% of the CPU-sized MNIST runs, else 1000 steps
         warmup = 100 if dataset in hp_lib.SMALL_IMAGE_DATASETS else 1000
         steps = DEFAULT_STEPS.get(dataset, 5001)
 
@@ -232,8 +196,8 @@ class MPBM(FeatureClassifier):
 
         return {
             "mpbm_schedule": fixed("online", hp_lib.one_of(*SCHEDULES)),
-            "mpbm_nb": (5, _int_choice([3, 5, 8]), hp_lib.positive),
-            "mpbm_T": (5, _int_choice([3, 5]), hp_lib.non_negative),
+            "mpbm_nb": (5, lambda r: int(r.choice([3, 5, 8])), hp_lib.positive),
+            "mpbm_T": (5, lambda r: int(r.choice([3, 5])), hp_lib.non_negative),
             "mpbm_eta": (eta, lambda r: eta * 10 ** r.uniform(-1, 0), hp_lib.non_negative),
             "mpbm_sgld_noise": fixed(1.0),
             "mpbm_sgld_init": fixed("data", hp_lib.one_of("data", "noise")),
@@ -311,8 +275,7 @@ class MPBM(FeatureClassifier):
 
     @torch.no_grad()
     def accumulate_features(self, features: torch.Tensor) -> None:
-        """Merge a batch into (count, mean, co-moment), Chan et al.'s parallel Welford update, in
-        float32."""
+        """Merge a batch into (count, mean, co-moment) in float32 (Chan et al.'s Welford)."""
         with float32(features.device.type):
             self._accumulate(features.detach().to(self.feat_mean.dtype))
 
@@ -332,19 +295,16 @@ class MPBM(FeatureClassifier):
 
     @torch.no_grad()
     def reset_feature_statistics(self) -> None:
-        self.feat_count.zero_()
-        self.feat_mean.zero_()
-        self.feat_m2.zero_()
+        for stat in (self.feat_count, self.feat_mean, self.feat_m2):
+            stat.zero_()
 
     @torch.no_grad()
     def correlation_estimate(self) -> torch.Tensor:
-        """Pearson correlation of the accumulated features; a zero-variance dimension gets 0 with
-        the others and 1 with itself."""
+        """Pearson correlation of the features; a zero-variance dimension: 0 off the diagonal."""
         var = self.feat_m2.diagonal()
         alive = var > 1e-12
         std = torch.where(alive, var, torch.ones_like(var)).sqrt()
-        corr = self.feat_m2 / torch.outer(std, std)
-        corr = corr * (alive.unsqueeze(0) & alive.unsqueeze(1))
+        corr = self.feat_m2 / torch.outer(std, std) * (alive.unsqueeze(0) & alive.unsqueeze(1))
         corr = corr.clamp(-1.0, 1.0)
         corr.diagonal().fill_(1.0)
         return corr
@@ -358,12 +318,10 @@ class MPBM(FeatureClassifier):
 
     @torch.no_grad()
     def maybe_refresh_correlation(self) -> None:
-        """Online schedule: refresh ``corr`` every ``mpbm_corr_every`` steps; "round" window:
-        restart the statistics after."""
+        """Online: refresh ``corr`` every ``mpbm_corr_every`` steps ("round": restart the stats)."""
         last = int(self.corr_refreshed_at)
-        if last >= 0 and int(self.step) - last < self.hparams["mpbm_corr_every"]:
-            return
-        if self.feat_count < 2:
+        if last >= 0 and int(self.step) - last < self.hparams["mpbm_corr_every"] or \
+                self.feat_count < 2:
             return
         self.refresh_correlation()
         if self.hparams["mpbm_corr_window"] == "round":
@@ -387,8 +345,7 @@ class MPBM(FeatureClassifier):
 
     def sgld_queries(self, x: torch.Tensor, y: torch.Tensor,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-        """``x^T`` after ``mpbm_T`` SGLD ascent steps on the summed CE, clamped to
-        :meth:`input_range`; f and h frozen (only the input's gradient)."""
+        """``x^T`` after ``mpbm_T`` SGLD ascent steps on the summed CE (f, h frozen), clamped."""
         eta = self.hparams["mpbm_eta"]
         noise = self.hparams["mpbm_sgld_noise"] * math.sqrt(2.0 * eta)
         bounds = self.input_range(x)
@@ -413,33 +370,28 @@ class MPBM(FeatureClassifier):
                     x_t = torch.maximum(torch.minimum(x_t, bounds[1]), bounds[0])
         return x_t.detach()
 
-    def query_features(self, x_query: torch.Tensor) -> torch.Tensor:
-        return self.frozen_features(x_query)
-
     def frozen_features(self, x: torch.Tensor) -> torch.Tensor:
         with frozen_eval(self.network), torch.no_grad():
             return self.featurizer(x)
+
+    query_features = frozen_features
 
     # -- the steps --------------------------------------------------------------------------------
 
     def draw_groups(self, batch: int, device, count: int | None = None,
                     generator: torch.Generator | None = None) -> torch.Tensor:
-        """``[count, N_b]`` row indices (with replacement): the instances each synthetic sample
-        mixes."""
+        """``[count, N_b]`` row indices (with replacement) each synthetic sample mixes."""
         count = batch if count is None else count
         return torch.randint(0, batch, (count, self.hparams["mpbm_nb"]), device=device,
                              generator=generator)
 
     def generator_step(self, q, features, y_onehot, y, groups) -> tuple[torch.Tensor, dict]:
-        """One step of g on ``L_mix^gen + lambda_adv L_adv`` (f, h and D frozen); returns the
-        detached synthetic features."""
+        """One step of g on ``L_mix^gen + lambda_adv L_adv`` (f, h, D frozen) -> detached z."""
         values = features.detach()[groups]
         z, y_mix, _ = self.generator(q, values, self.corr, y_onehot[groups])
         logits = self.classifier(z)
-        if self.hparams["mpbm_gen_mix_label"] == "query":
-            gen = F.cross_entropy(logits, y)
-        else:
-            gen = soft_cross_entropy(logits, y_mix)
+        query_label = self.hparams["mpbm_gen_mix_label"] == "query"
+        gen = F.cross_entropy(logits, y) if query_label else soft_cross_entropy(logits, y_mix)
         loss = gen if self.hparams["mpbm_gen_objective"] == "min" else -gen
         lambda_adv = self.hparams["mpbm_lambda_adv"]
         adv = torch.zeros((), device=z.device)
@@ -466,27 +418,12 @@ class MPBM(FeatureClassifier):
     def one_hot(self, y: torch.Tensor) -> torch.Tensor:
         return F.one_hot(y, self.num_classes).to(self.corr.dtype)
 
-    def erm_step(self, x, y, out) -> None:
-        """One step of f, h on ``L_sup`` (online: the features also feed C's statistics)."""
-        features = self.featurizer(x)
-        if self.hparams["mpbm_schedule"] == "online":
-            self.accumulate_features(features)
-        self.model_step(F.cross_entropy(self.classifier(features), y), None, out)
-
     def model_step(self, sup: torch.Tensor, mix: torch.Tensor | None, out: dict) -> None:
-        loss = sup
+        loss = sup if mix is None else sup + self.hparams["mpbm_lambda_mix"] * mix
         if mix is not None:
-            loss = sup + self.hparams["mpbm_lambda_mix"] * mix
             out["mix"] = mix.item()
         optimizer_step(self.optimizer, loss)
         out["loss"], out["sup"] = loss.item(), sup.item()
-
-    def corr_step(self, x, offset: int) -> None:
-        if offset == 0:
-            self.reset_feature_statistics()
-        self.accumulate_features(self.frozen_features(x))
-        if offset == self.hparams["mpbm_corr_steps"] - 1:
-            self.refresh_correlation()
 
     @torch.no_grad()
     def query_step(self, x, y, offset: int) -> None:
@@ -505,15 +442,6 @@ class MPBM(FeatureClassifier):
         index = torch.randint(0, int(self.bank_count), (count,), device=device)
         return self.query_bank[index], self.query_labels[index]
 
-    def gen_step(self, x, y, out) -> None:
-        features = self.frozen_features(x)
-        q, y_q = self.bank_draw(len(x), x.device)
-        groups = self.draw_groups(len(x), x.device)
-        z, stats = self.generator_step(q, features, self.one_hot(y), y_q, groups)
-        out.update(stats)
-        if self.hparams["mpbm_lambda_adv"] > 0:
-            out.update(self.discriminator_step(features, z))
-
     @torch.no_grad()
     def synth_step(self, x, y, offset: int, round_index: int) -> None:
         if offset == 0:
@@ -531,14 +459,6 @@ class MPBM(FeatureClassifier):
         self.synth_y[start:start + n] = y_mix
         self.synth_count += n
 
-    def finetune_step(self, x, y, out) -> None:
-        sup = F.cross_entropy(self.predict(x), y)
-        mix = None
-        if self.hparams["mpbm_lambda_mix"] > 0 and int(self.synth_count) > 0:
-            index = torch.randint(0, int(self.synth_count), (len(x),), device=x.device)
-            mix = soft_cross_entropy(self.classifier(self.synth_z[index]), self.synth_y[index])
-        self.model_step(sup, mix, out)
-
     def online_step(self, x, y, out) -> None:
         self.maybe_refresh_correlation()
         q = self.query_features(self.sgld_queries(x, y))
@@ -551,8 +471,7 @@ class MPBM(FeatureClassifier):
         if self.hparams["mpbm_lambda_adv"] > 0:
             out.update(self.discriminator_step(features, z))
 
-        sup = F.cross_entropy(self.classifier(features), y)
-        mix = None
+        sup, mix = F.cross_entropy(self.classifier(features), y), None
         if self.hparams["mpbm_lambda_mix"] > 0:
             z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
             mix = soft_cross_entropy(self.classifier(z_train), y_mix)
@@ -601,18 +520,35 @@ class MPBM(FeatureClassifier):
         x, y, _ = split_minibatches(minibatches)
         phase, round_index, offset = self.phase()
         out = dict.fromkeys(LOSS_KEYS, 0.0)
-        if phase == "erm":
-            self.erm_step(x, y, out)
+        if phase == "erm":  # L_sup (online: the features also feed C's statistics)
+            features = self.featurizer(x)
+            if self.hparams["mpbm_schedule"] == "online":
+                self.accumulate_features(features)
+            self.model_step(F.cross_entropy(self.classifier(features), y), None, out)
         elif phase == "corr":
-            self.corr_step(x, offset)
+            if offset == 0:
+                self.reset_feature_statistics()
+            self.accumulate_features(self.frozen_features(x))
+            if offset == self.hparams["mpbm_corr_steps"] - 1:
+                self.refresh_correlation()
         elif phase == "query":
             self.query_step(x, y, offset)
         elif phase == "gen":
-            self.gen_step(x, y, out)
+            features = self.frozen_features(x)
+            q, y_q = self.bank_draw(len(x), x.device)
+            groups = self.draw_groups(len(x), x.device)
+            z, stats = self.generator_step(q, features, self.one_hot(y), y_q, groups)
+            out.update(stats)
+            if self.hparams["mpbm_lambda_adv"] > 0:
+                out.update(self.discriminator_step(features, z))
         elif phase == "synth":
             self.synth_step(x, y, offset, round_index)
         elif phase == "finetune":
-            self.finetune_step(x, y, out)
+            sup, mix = F.cross_entropy(self.predict(x), y), None
+            if self.hparams["mpbm_lambda_mix"] > 0 and int(self.synth_count) > 0:
+                index = torch.randint(0, int(self.synth_count), (len(x),), device=x.device)
+                mix = soft_cross_entropy(self.classifier(self.synth_z[index]), self.synth_y[index])
+            self.model_step(sup, mix, out)
         else:
             self.online_step(x, y, out)
         every = self.hparams["mpbm_diag_every"]
