@@ -272,7 +272,7 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
     if "args.compute" not in records or records.empty:
         return []
     runs = dict(zip(records["job"], records["args.compute"]))
-    counts = Counter(s if isinstance(s, tuple) else () for s in runs.values())  # NaN: defaults
+    counts = Counter([s if isinstance(s, tuple) else () for s in runs.values()])  # NaN: defaults
     if set(counts) == {()}:
         return []
     total, parts = len(runs), []

@@ -319,19 +319,16 @@ def _cell_texts(report: Report, kind: str) -> dict:
     for section in [s for s in report.sections if s.test_key == kind]:
         for table in [t for t in section.tables if t.dataset is not None]:
             for row, cells in table.rows.items():
+                head, avg = (section.method.key, table.dataset), f"Avg {cell_label(cells[-1])}"
                 if kind == TEST_KEY:
-                    for key, cell in zip(table.keys, cells):
-                        if key != "Avg":
-                            texts[(section.method.key, table.dataset, row, f"target {key}")] = (
-                                cell_label(cell))
+                    texts.update({(*head, row, f"target {key}"): cell_label(cell)
+                                  for key, cell in zip(table.keys, cells) if key != "Avg"})
                 elif kind == SINGLE_SOURCE_KEY:
-                    texts[(section.method.key, table.dataset, row, f"source {table.source}")] = (
-                        f"Avg {cell_label(cells[-1])}")
+                    texts[(*head, row, f"source {table.source}")] = avg
                 else:
                     algorithm, fraction = row.rsplit(" ", 1)
-                    panel = f"{fraction} labels, targets {', '.join(table.keys[:-1])}"
-                    texts[(section.method.key, table.dataset, algorithm, panel)] = (
-                        f"Avg {cell_label(cells[-1])}")
+                    texts[(*head, algorithm, f"{fraction} labels, targets "
+                           f"{', '.join(table.keys[:-1])}")] = avg
     return texts
 
 

@@ -116,17 +116,17 @@ class Report:
     notes: list[str] = field(default_factory=list)  # on stderr: stdout stays DomainBed's
 
 
-def algorithm_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
+def algorithm_order(grouped: GroupedRecords) -> list[str]:
     """Table rows: known algorithms in catalog order, then unknown ones by first appearance."""
-    present = group_records(records).algorithms
+    present = grouped.algorithms
     known, seen = set(catalog.ALGORITHM_ORDER), set(present)
     return [a for a in catalog.ALGORITHM_ORDER if a in seen] + [
         a for a in present if a not in known]
 
 
-def dataset_order(records: pd.DataFrame | GroupedRecords) -> list[str]:
+def dataset_order(grouped: GroupedRecords) -> list[str]:
     """Table order: catalog datasets in catalog order, then unknown ones alphabetically."""
-    present = set(group_records(records).datasets)
+    present = set(grouped.datasets)
     known = [d for d in catalog.DATASET_ENVIRONMENTS if d in present]
     return known + sorted(present - set(known), key=str)
 
