@@ -239,10 +239,8 @@ def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
     never = set(commands)
     for job in jobs:
         if job.command(resume=False) in never or job.command(resume=True) in never:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(job.output_dir)
-            except OSError:
-                pass
             job.refresh_state()
 
 

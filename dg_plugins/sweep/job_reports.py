@@ -3,6 +3,7 @@ ends (done with its accuracy, or failed with its error line). Torch-free."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -135,7 +136,5 @@ class JobOutputs:
     def _remove(self, index: int) -> None:
         path = self.paths.pop(index, None)
         if path is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass

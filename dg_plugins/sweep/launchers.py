@@ -69,16 +69,22 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
     return codes
 
 
-def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
-    """Run the commands serially on this machine; raises
-    :class:`~dg_plugins.sweep.processes.JobsFailed` at the end when a job failed."""
+def _run_and_report(name: str, commands: Sequence[str], run: Callable) -> None:
+    """``run(logs)``'s exit codes reported (:class:`~dg_plugins.sweep.processes.JobsFailed` at
+    the end when a job failed), or its stop reported."""
     logs = ErrorLogs(commands)
     try:
-        codes = run_sequentially(commands, grace_period_s=grace_period_s, logs=logs)
+        codes = run(logs)
     except LaunchInterrupted as err:
-        report_interrupted("local", commands, err)
+        report_interrupted(name, commands, err)
         raise
-    report_exit_codes("local", commands, codes, logs)
+    report_exit_codes(name, commands, codes, logs)
+
+
+def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
+    """Run the commands serially on this machine."""
+    _run_and_report("local", commands, lambda logs: run_sequentially(
+        commands, grace_period_s=grace_period_s, logs=logs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,17 +182,13 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
     """``jobs_per_gpu`` jobs (default 1) at a time on each visible GPU (``gpus`` overrides
     :func:`visible_gpus`); a stop signal as in :func:`local_launcher`."""
     gpus = visible_gpus() if gpus is None else gpus
-    logs = ErrorLogs(commands)
     try:
-        codes = run_on_gpus(commands, gpus, poll_interval, grace_period_s, logs=logs,
-                            jobs_per_gpu=jobs_per_gpu or 1)
-    except LaunchInterrupted as err:
-        report_interrupted("multi_gpu", commands, err)
-        raise
+        _run_and_report("multi_gpu", commands, lambda logs: run_on_gpus(
+            commands, gpus, poll_interval, grace_period_s, logs=logs,
+            jobs_per_gpu=jobs_per_gpu or 1))
     except packing.PackingRefused as err:
         print(f"error: {err}", file=sys.stderr)
         raise
-    report_exit_codes("multi_gpu", commands, codes, logs)
 
 
 # --------------------------------------------------------------------------------------------
