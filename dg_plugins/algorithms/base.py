@@ -169,6 +169,14 @@ def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
     return (1 + hparams["lr_inv_gamma"] * epoch) ** -hparams["lr_inv_power"]
 
 
+def positive_or_null(message: str):
+    """An hparam check for a number > 0 (null is never checked), else ``message``."""
+    def check(value) -> str | None:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+        return None if ok else message
+    return check
+
+
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[(x_0, y_0), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]``: the minibatch
     (source environment) of sample ``j``."""

@@ -98,10 +98,6 @@ class MaskedDecoder(nn.Module):
         return torch.sigmoid(self.pred(h[:, 1:1 + ids_restore.shape[1]]))
 
 
-def _init_check(value):
-    return None if value.strip() else "must be 'random' or the path of a local MAE checkpoint"
-
-
 def _shared_space(dataset: str) -> dict:
     small = dataset in hp_lib.SMALL_IMAGE_DATASETS
     return {
@@ -114,7 +110,8 @@ def _shared_space(dataset: str) -> dict:
                                  hp_lib.positive),
         "dismae_lambda2": (1.0, lambda r: 1.0, hp_lib.non_negative),
         "dismae_unnorm_target": (False, lambda r: False),
-        "dismae_init": ("random", lambda r: "random", _init_check),
+        "dismae_init": ("random", lambda r: "random", lambda v: None if v.strip() else
+                        "must be 'random' or the path of a local MAE checkpoint"),
         # UDG fine-tuning (udg_finetune): null = the per-label-fraction table
         "udg_ft_lr": (None, lambda r: None),
         "udg_ft_batch_size": (None, lambda r: None),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from dg_plugins import hparams as hp_lib
 from dg_plugins.algorithms.base import (FeatureClassifier, adam, optimizer_step,
-                                        register_algorithm, split_minibatches)
+                                        positive_or_null, register_algorithm, split_minibatches)
 from dg_plugins.networks.featurizers import ResNet
 from dg_plugins.networks.staged import StagedFeaturizer
 
@@ -24,14 +24,6 @@ ENSEMBLES = ("logits", "masks")
 EPS = 1e-6
 
 
-def _positive_or_null(null_means: str):
-    def check(value) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            return f"must be a number > 0, or null for {null_means}"
-        return None
-    return check
-
-
 def _layer_list(value) -> str | None:
     names = [n.strip() for n in value.split(",")]
     if not value.strip() or any(not n for n in names):
@@ -40,16 +32,6 @@ def _layer_list(value) -> str | None:
     if len(set(names)) != len(names):
         return "names a layer twice"
     return None
-
-
-def init_classifier(classifier: nn.Module, std: float) -> None:
-    """The DomainNet release's classifier init: ``N(0, std)`` weights, zero bias."""
-    with torch.no_grad():
-        for module in classifier.modules():
-            if isinstance(module, nn.Linear):
-                module.weight.normal_(0.0, std)
-                if module.bias is not None:
-                    module.bias.zero_()
 
 
 def soft_iou(a: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -75,14 +57,11 @@ def pairwise_mean(fn, probs: torch.Tensor) -> torch.Tensor:
     return fn(probs[i], probs[j]).mean()
 
 
-def _has_stages(featurizer: nn.Module) -> bool:
-    return (isinstance(featurizer, StagedFeaturizer) and bool(featurizer.stage_names)
-            and not getattr(featurizer, "dinov2", False))
-
-
 def resolve_mask_layers(featurizer: nn.Module, spec: str) -> tuple[str, ...]:
     """``dmg_mask_layers`` -> the masked layers in network order (``fc`` last)."""
-    stages = tuple(featurizer.stage_names) if _has_stages(featurizer) else ()
+    staged = (isinstance(featurizer, StagedFeaturizer) and bool(featurizer.stage_names)
+              and not getattr(featurizer, "dinov2", False))
+    stages = tuple(featurizer.stage_names) if staged else ()
     if spec.strip() == "auto":
         return ("layer3", "layer4", FC) if isinstance(featurizer, ResNet) else stages[-1:] + (FC,)
     problem = _layer_list(spec)
@@ -113,12 +92,13 @@ class DMG(FeatureClassifier):
             "dmg_lambda_overlap": (0.1, lambda r: float(10 ** r.uniform(-5, 0)),
                                    hp_lib.non_negative),
             "dmg_lambda_sparsity": (0.0, lambda r: 0.0, hp_lib.non_negative),
-            "dmg_mask_lr": (None, lambda r: None, _positive_or_null("the job's lr")),
+            "dmg_mask_lr": (None, lambda r: None,
+                            positive_or_null("must be a number > 0, or null for the job's lr")),
             "dmg_mask_layers": ("auto", lambda r: "auto", _layer_list),
             "dmg_test_ensemble": ("logits", lambda r: "logits", hp_lib.one_of(*ENSEMBLES)),
             "dmg_mask_lr_schedule": (False, lambda r: False),
-            "dmg_fc_init_std": (None, lambda r: None,
-                                _positive_or_null("PyTorch's default classifier init")),
+            "dmg_fc_init_std": (None, lambda r: None, positive_or_null(
+                "must be a number > 0, or null for PyTorch's default classifier init")),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
@@ -135,8 +115,13 @@ class DMG(FeatureClassifier):
         self.lambda_sparsity = float(hparams["dmg_lambda_sparsity"])
         self.test_ensemble = hparams["dmg_test_ensemble"]
         fc_std = hparams.get("dmg_fc_init_std")
-        if fc_std is not None:
-            init_classifier(self.classifier, float(fc_std))
+        if fc_std is not None:  # the DomainNet release's init: N(0, std) weights, zero bias
+            with torch.no_grad():
+                for module in self.classifier.modules():
+                    if isinstance(module, nn.Linear):
+                        module.weight.normal_(0.0, float(fc_std))
+                        if module.bias is not None:
+                            module.bias.zero_()
         mask_lr = hparams["dmg_mask_lr"]
         self.optimizer = adam(self.network.parameters(), hparams)
         self.mask_optimizer = adam(self.mask_logits.parameters(), hparams,

@@ -1,7 +1,6 @@
 """ERM: empirical risk minimisation (Vapnik, 1998), DomainBed's baseline (``ERM`` in
-``domainbed/algorithms.py``): cross-entropy on the pooled batches of all source environments.
-
-The template for a new method: copy this file, then follow ``docs/methods/README.md``."""
+``domainbed/algorithms.py``). The template of a new method: copy it, then follow
+``docs/methods/README.md``."""
 
 from __future__ import annotations
 
@@ -13,16 +12,14 @@ from dg_plugins.algorithms.base import (FeatureClassifier, adam, optimizer_step,
 
 @register_algorithm("ERM")
 class ERM(FeatureClassifier):
-    """``min E_(x,y) CE(classifier(featurizer(x)), y)`` over the concatenated source minibatches,
-    one Adam step per ``update`` (DomainBed's ERM)."""
+    """Cross-entropy on the concatenated source minibatches, one Adam step per ``update``."""
 
     #: ERM needs nothing beyond the suite's defaults (random-init backbones, batch 8).
     TINY_TEST_HPARAMS: dict = {}
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        """None of its own: the base space (lr, batch_size, weight_decay, backbone) is
-        DomainBed's."""
+        """None of its own: the base space is DomainBed's."""
         return {}
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):

@@ -1,10 +1,7 @@
 """GMoE (Li et al., "Sparse Mixture-of-Experts are Domain Generalizable Learners", ICLR 2023) and
-its dense baseline ERM_ViT (Table 1's "ERM (ViT-S/16)").
-
-A timm ViT trained by ERM; GMoE replaces the FFN of some blocks by sparse mixtures of experts
-(:class:`~dg_plugins.networks.moe.MoEFFN`, Eq. 3) and minimises
-``CE + gmoe_aux_weight * sum_layers L_aux``. Backbone, placement, capacity and per-dataset
-defaults (the official ``hparams_registry.py``): ``docs/methods/gmoe.md``."""
+its dense baseline ERM_ViT (Table 1's "ERM (ViT-S/16)"): a timm ViT whose FFNs in some blocks are
+sparse mixtures of experts (Eq. 3), minimising ``CE + gmoe_aux_weight * sum_layers L_aux``.
+Backbone, placement, capacity, per-dataset defaults: ``docs/methods/gmoe.md``."""
 
 from __future__ import annotations
 
@@ -13,29 +10,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dg_plugins import hparams as H
-from dg_plugins.algorithms.base import Algorithm, adam, optimizer_step, register_algorithm, \
-    split_minibatches
+from dg_plugins.algorithms.base import (Algorithm, adam, optimizer_step, positive_or_null,
+                                        register_algorithm, split_minibatches)
 from dg_plugins.algorithms.erm import ERM
 
-#: The DeiT-S/16 of the paper (ImageNet-1k weights ``.fb_in1k`` in timm): ``vit_arch "auto"`` at
-#: 224x224.
+#: The paper's DeiT-S/16 (timm's ``.fb_in1k`` weights): ``vit_arch "auto"`` at 224x224.
 DEIT_S = "deit_small_patch16_224"
 
 #: (lr, weight_decay) per dataset, from the official GMoE ``hparams_registry.py``.
-GMOE_LR_WD = {
-    "PACS": (3e-5, 1e-6),
-    "VLCS": (3e-5, 1e-6),
-    "OfficeHome": (1e-5, 1e-6),
-    "TerraIncognita": (5e-5, 1e-4),
-    "DomainNet": (5e-5, 0.0),
-}
-
-
-def _eval_capacity_check(value) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return ("must be null (no token dropping at evaluation) or a capacity factor > 0 "
-                "(1.5: the official code's evaluation)")
-    return None
+GMOE_LR_WD = {"PACS": (3e-5, 1e-6), "VLCS": (3e-5, 1e-6), "OfficeHome": (1e-5, 1e-6),
+              "TerraIncognita": (5e-5, 1e-4), "DomainNet": (5e-5, 0.0)}
 
 
 def _moe_layers_check(value) -> str | None:
@@ -50,9 +34,7 @@ def _moe_layers_check(value) -> str | None:
 
 def backbone_space(dataset: str) -> dict:
     """Hparams ERM_ViT and GMoE share: stochastic depth and the per-dataset lr / weight decay."""
-    space = {
-        "gmoe_drop_path": (0.1, H._constant(0.1), H.probability),
-    }
+    space = {"gmoe_drop_path": (0.1, H._constant(0.1), H.probability)}
     if dataset in GMOE_LR_WD:
         lr, wd = GMOE_LR_WD[dataset]
         # the official registry's random draws (docs/methods/gmoe.md): 10^U(-4.5, -2.5) and 0
@@ -65,12 +47,15 @@ def moe_space(dataset: str) -> dict:
     """GMoE's own hparams: the official defaults, but a 64-wide router on 28x28 datasets."""
     router_dim = 64 if dataset in H.SMALL_IMAGE_DATASETS else 256
     return {
+        **backbone_space(dataset),
         "gmoe_num_experts": (6, H._constant(6), H.positive),
         "gmoe_top_k": (1, H._constant(1), H.positive),
         "gmoe_moe_layers": ("auto", H._constant("auto"), _moe_layers_check),
         "gmoe_aux_weight": (0.01, H._constant(0.01), H.non_negative),
         "gmoe_capacity_factor": (1.5, H._constant(1.5), H.positive),
-        "gmoe_eval_capacity": (None, H._constant(None), _eval_capacity_check),
+        "gmoe_eval_capacity": (None, H._constant(None), positive_or_null(
+            "must be null (no token dropping at evaluation) or a capacity factor > 0 "
+            "(1.5: the official code's evaluation)")),
         "gmoe_gate_noise": (1.0, H._constant(1.0), H.positive),
         "gmoe_router_dim": (router_dim, H._constant(router_dim), H.positive),
         "gmoe_expert_dropout": (0.1, H._constant(0.1), H.probability),
@@ -79,18 +64,7 @@ def moe_space(dataset: str) -> dict:
 
 def auto_moe_layers(depth: int) -> list[int]:
     """The last two even-indexed blocks of a ViT of ``depth`` blocks ({8, 10} at 12)."""
-    evens = [i for i in range(depth) if i % 2 == 0]
-    return evens[-2:]
-
-
-def build_vit(input_shape, num_classes: int, hparams) -> nn.Module:
-    from dg_plugins.networks.vit import create_vit
-
-    return create_vit(hparams["vit_arch"], input_shape,
-                      pretrained=hparams.get("pretrained", True),
-                      pretrained_path=hparams.get("pretrained_path"),
-                      drop_path_rate=hparams["gmoe_drop_path"], num_classes=num_classes,
-                      arch_224=DEIT_S)
+    return list(range(0, depth, 2))[-2:]
 
 
 @register_algorithm("ERM_ViT")
@@ -106,7 +80,13 @@ class ERM_ViT(Algorithm):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        self.network = build_vit(self.input_shape, num_classes, hparams)
+        from dg_plugins.networks.vit import create_vit
+
+        self.network = create_vit(hparams["vit_arch"], self.input_shape,
+                                  pretrained=hparams.get("pretrained", True),
+                                  pretrained_path=hparams.get("pretrained_path"),
+                                  drop_path_rate=hparams["gmoe_drop_path"],
+                                  num_classes=num_classes, arch_224=DEIT_S)
         self.adapt_network()
         self.optimizer = adam(self.network.parameters(), hparams)
 
@@ -123,21 +103,18 @@ class ERM_ViT(Algorithm):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x)
 
-    #: ERM's update (cross-entropy on the pooled source batches, one Adam step): it reads only
-    #: ``predict`` and ``optimizer``, which this class defines.
-    update = ERM.update
+    update = ERM.update  # reads only predict and optimizer
 
 
 @register_algorithm("GMoE")
 class GMoE(ERM_ViT):
-    """GMoE: ERM_ViT with sparse MoE FFNs in the ``gmoe_moe_layers`` blocks
-    (``docs/methods/gmoe.md``)."""
+    """GMoE: ERM_ViT with sparse MoE FFNs in the ``gmoe_moe_layers`` blocks."""
 
     TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny", "gmoe_router_dim": 16}
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        return {**backbone_space(dataset), **moe_space(dataset)}
+        return moe_space(dataset)
 
     def adapt_network(self) -> None:
         from dg_plugins.networks.moe import MoEFFN
@@ -166,8 +143,7 @@ class GMoE(ERM_ViT):
         return [self.network.blocks[i].mlp for i in self.moe_blocks]
 
     def pop_routing(self) -> list:
-        """Each MoE layer's :class:`~dg_plugins.networks.moe.RoutingStats` of the last forward
-        (then forgotten)."""
+        """Each MoE layer's ``RoutingStats`` of the last forward (then forgotten)."""
         return [layer.pop_routing() for layer in self.moe_layers]
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:

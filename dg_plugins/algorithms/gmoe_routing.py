@@ -1,12 +1,12 @@
-"""The logic of ``python -m dg_plugins.scripts.plot_gmoe_routing`` (usage: its docstring): the
-first-choice expert of each patch token of a GMoE model (Li et al., ICLR 2023, expert-selection
-analysis), for a few images per domain, drawn as a PNG; beside the method it draws. Torch and
-matplotlib are imported inside the functions."""
+"""The logic of ``python -m dg_plugins.scripts.plot_gmoe_routing``: each patch token's
+first-choice expert in a GMoE model (Li et al., ICLR 2023) for a few images per domain, as a PNG.
+Torch and matplotlib are imported inside the functions."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,11 +39,9 @@ def load_model(args):
         saved = torch.load(args.model, map_location="cpu", weights_only=False)
         job = saved.get("args") or {}
         job = job if isinstance(job, dict) else vars(job)
-        algorithm_name = job.get("algorithm", "GMoE")
         hp = dict(saved["model_hparams"], pretrained=False)  # weights come from the state dict
-        algorithm = ALGORITHMS.get(algorithm_name)(
-            saved["model_input_shape"], saved["model_num_classes"], saved["model_num_domains"],
-            hp)
+        algorithm = ALGORITHMS.get(job.get("algorithm", "GMoE"))(
+            saved["model_input_shape"], saved["model_num_classes"], saved["model_num_domains"], hp)
         algorithm.load_state_dict(saved["model_dict"])
         return algorithm, args.dataset or job.get("dataset"), \
             args.data_dir if args.data_dir is not None else job.get("data_dir", "")
@@ -137,8 +135,6 @@ def plot_routing(images, owners, env_names, maps, num_experts, out, title=None):
     axes[0][0].set_title("image", fontsize=9)
     fig.legend(handles=[Patch(color=colors[e], label=f"expert {e}") for e in range(num_experts)],
                loc="lower center", ncol=min(num_experts, 6), fontsize=8, frameon=False)
-    import textwrap
-
     fig.suptitle(textwrap.fill(title or "GMoE: first-choice expert per patch", 18 * cols),
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))

@@ -34,12 +34,6 @@ DEFAULT_STEPS = {"RotatedMNIST5k": 1001, "DigitsOffline": 2001, "Digits": 10001}
 PROBE_SEED = 7919
 
 
-def rows_per_step(hparams: dict, num_domains: int) -> int:
-    """Source rows of one step: ``batch_size`` per source environment, or in all when pooled."""
-    per_domain = hparams.get("batch_sampling", "per_domain") != "pooled"
-    return hparams["batch_size"] * (num_domains if per_domain else 1)
-
-
 def phase_at(step: int, hparams: dict, rows: int) -> tuple[str, int, int]:
     """``(phase, round, offset)`` of 0-based ``step`` (round 1-based, 0 outside the rounds): a pure
     function of the step and the hparams, so a resume keeps the phase."""
@@ -245,7 +239,8 @@ class MPBM(FeatureClassifier):
                                               lr=hparams["mpbm_lr_g"], betas=(0.5, 0.999))
         self.disc_optimizer = torch.optim.Adam(self.discriminator.parameters(),
                                                lr=hparams["mpbm_lr_d"], betas=(0.5, 0.999))
-        self.rows = rows_per_step(hparams, num_domains)
+        per_domain = hparams.get("batch_sampling", "per_domain") != "pooled"
+        self.rows = hparams["batch_size"] * (num_domains if per_domain else 1)  # rows of a step
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         # Feature statistics (batched Welford) and the correlation matrix C in use.
         self.register_buffer("corr", torch.eye(dim))

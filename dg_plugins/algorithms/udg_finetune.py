@@ -1,10 +1,10 @@
-"""Fine-tuning for the unsupervised-DG (UDG) protocol (DARLING's DomainNet protocol as DisMAE's
-release runs it, ``train_finetune.py`` / ``models_finetune.py``): a pretrained ViT backbone
-(:meth:`Algorithm.pretrained_state`) plus a head, trained on a labelled fraction of the sources.
-The settings per label fraction: ``docs/udg_protocol.md``. Built by :mod:`dg_plugins.train.udg`,
-not registered."""
+"""Fine-tuning in the unsupervised-DG (UDG) protocol (DARLING's, as DisMAE's release runs it,
+``train_finetune.py``): a pretrained ViT backbone plus a head, trained on a labelled fraction of
+the sources (``docs/udg_protocol.md``). Built by :mod:`dg_plugins.train.udg`, not registered."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -18,16 +18,12 @@ FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
 
 
 def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
-    """``(mode, lr, batch size per domain)`` for ``label_fraction``: the release's row, then the
-    ``udg_ft_*`` overrides."""
+    """``(mode, lr, batch size per domain)``: the release's row, then the ``udg_ft_*`` overrides."""
     if not 0 < label_fraction <= 1:
         raise ValueError(f"label_fraction must be in (0, 1], got {label_fraction}")
     keys = sorted(FINETUNE_TABLE)
-    row = keys[0]
-    for key in keys:
-        if key <= label_fraction + 1e-12:
-            row = key
-    mode, lr, batch = FINETUNE_TABLE[row]
+    mode, lr, batch = FINETUNE_TABLE[max([k for k in keys if k <= label_fraction + 1e-12],
+                                         default=keys[0])]
     if hparams.get("udg_ft_mode", "auto") != "auto":
         mode = hparams["udg_ft_mode"]
     if hparams.get("udg_ft_lr") is not None:
@@ -40,8 +36,7 @@ def finetune_settings(label_fraction: float, hparams) -> tuple[str, float, int]:
 
 
 class FineTuner(Algorithm):
-    """``head(backbone(x))`` trained with cross-entropy; ``backbone``: a headless timm ViT
-    holding the pretrained weights."""
+    """``head(backbone(x))`` trained with cross-entropy; ``backbone``: the pretrained ViT."""
 
     def __init__(self, input_shape, num_classes, num_domains, hparams, backbone: nn.Module,
                  label_fraction: float):
@@ -67,10 +62,8 @@ class FineTuner(Algorithm):
         return self
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "linear":
-            with torch.no_grad():
-                return self.backbone(x)
-        return self.backbone(x)
+        with torch.no_grad() if self.mode == "linear" else contextlib.nullcontext():
+            return self.backbone(x)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
