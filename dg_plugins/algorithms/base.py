@@ -35,8 +35,7 @@ def register_algorithm(name: str | None = None):
 def _collect(root: nn.Module, kind: type) -> dict[str, object]:
     """Instances of ``kind`` held by ``root``'s modules (also in lists, tuples, dicts) by
     attribute path (``disc.optimizer``, ``opts.0``)."""
-    found: dict[str, object] = {}
-    seen: set[int] = set()
+    found: dict[int, tuple[str, object]] = {}
     for prefix, module in root.named_modules():
         for attr, value in vars(module).items():
             if attr.startswith("_"):
@@ -47,10 +46,9 @@ def _collect(root: nn.Module, kind: type) -> dict[str, object]:
             elif isinstance(value, dict):
                 items = [(f"{attr}.{k}", v) for k, v in value.items()]
             for name, item in items:
-                if isinstance(item, kind) and id(item) not in seen:
-                    seen.add(id(item))
-                    found[f"{prefix}.{name}" if prefix else name] = item
-    return found
+                if isinstance(item, kind):
+                    found.setdefault(id(item), (f"{prefix}.{name}" if prefix else name, item))
+    return dict(found.values())
 
 
 class Algorithm(nn.Module):
@@ -203,9 +201,8 @@ def decay_groups(named_params, weight_decay: float) -> list[dict]:
     """MAE's AdamW groups: weight decay on non-bias parameters of 2+ dimensions only."""
     decay, no_decay = [], []
     for name, p in named_params:
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 

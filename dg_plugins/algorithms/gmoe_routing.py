@@ -130,8 +130,7 @@ def plot_routing(images, owners, env_names, maps, num_experts, out, title=None):
             if r == 0:
                 ax.set_title(f"block {block}", fontsize=9)
         for ax in axes[r]:
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
     axes[0][0].set_title("image", fontsize=9)
     fig.legend(handles=[Patch(color=colors[e], label=f"expert {e}") for e in range(num_experts)],
                loc="lower center", ncol=min(num_experts, 6), fontsize=8, frameon=False)

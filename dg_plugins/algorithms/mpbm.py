@@ -125,8 +125,6 @@ def frozen_eval(module: nn.Module):
             m.training = flag
 
 
-# -- diagnostics (pure functions of tensors) -------------------------------------------------------
-
 def image_correlation(queries: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
     """``[N]``: Pearson correlation of each query with its source image (0 if either is flat)."""
     a, b = (t.flatten(1).double() for t in (queries, sources))
@@ -266,8 +264,6 @@ class MPBM(FeatureClassifier):
     def phase(self, step: int | None = None) -> tuple[str, int, int]:
         return phase_at(int(self.step) if step is None else step, self.hparams, self.rows)
 
-    # -- correlation of the source features -------------------------------------------------------
-
     @torch.no_grad()
     def accumulate_features(self, features: torch.Tensor) -> None:
         """Merge a batch into (count, mean, co-moment) in float32 (Chan et al.'s Welford)."""
@@ -322,8 +318,6 @@ class MPBM(FeatureClassifier):
         if self.hparams["mpbm_corr_window"] == "round":
             self.reset_feature_statistics()
 
-    # -- SGLD queries -----------------------------------------------------------------------------
-
     def input_range(self, x: torch.Tensor):
         mode = self.hparams["mpbm_clamp"]
         shape = [1, -1] + [1] * (x.dim() - 2)
@@ -370,8 +364,6 @@ class MPBM(FeatureClassifier):
             return self.featurizer(x)
 
     query_features = frozen_features
-
-    # -- the steps --------------------------------------------------------------------------------
 
     def draw_groups(self, batch: int, device, count: int | None = None,
                     generator: torch.Generator | None = None) -> torch.Tensor:
@@ -472,8 +464,6 @@ class MPBM(FeatureClassifier):
             mix = soft_cross_entropy(self.classifier(z_train), y_mix)
         self.model_step(sup, mix, out)
 
-    # -- diagnostics ------------------------------------------------------------------------------
-
     def query_diagnostics(self, x: torch.Tensor, x_query: torch.Tensor, y: torch.Tensor,
                           q: torch.Tensor) -> dict:
         bounds = self.input_range(x)
@@ -508,8 +498,6 @@ class MPBM(FeatureClassifier):
         self.diag.copy_(torch.tensor([values[k] for k in DIAG_KEYS]))
         self.diag_step.copy_(self.step)
         return values
-
-    # -- update -----------------------------------------------------------------------------------
 
     def update(self, minibatches, unlabeled=None):
         x, y, _ = split_minibatches(minibatches)
