@@ -149,9 +149,8 @@ def _requests(pool: "WorkerPool"):
 
 
 class WorkerPool:
-    """One set of loader workers making the batches of several streams, a round (the next batch
-    of every stream) per request, up to :attr:`limit`, and of every evaluation (:meth:`serve`,
-    reading ``datasets``). :meth:`close` puts each stream back at the batches it handed out."""
+    """Loader workers making rounds (the next batch of each stream, up to :attr:`limit`) and every
+    evaluation's batches (:meth:`serve`); :meth:`close` rewinds each stream to where it stood."""
 
     def __init__(self, streams, num_workers: int, datasets=(), pin_memory: bool = False):
         if num_workers < 1:

@@ -26,9 +26,8 @@ CHUNK_IMAGES = 256
 
 
 class _Plan:
-    """How one dataset of an evaluation is read: its batches ``[(seed, start, stop)]`` from
-    in-memory tensors (``view``), the cache (``entry``, at ``rows``, with ``labels``), or fetched
-    (pixels when it has a ``finisher``, kept in the cache by ``writer`` if any)."""
+    """How one dataset is read: its batches ``[(seed, start, stop)]`` from tensors (``view``), the
+    cache (``entry``, ``rows``, ``labels``), or fetched (kept in the cache by ``writer``)."""
 
     def __init__(self, j: int, dataset: Dataset, seed: int, batch_size: int):
         self.j, self.dataset = j, dataset
@@ -75,9 +74,8 @@ class _Plan:
 
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                     pin_memory: bool = False, device=None):
-    """``(dataset number, x, y)`` of ``[(dataset, seed), ...]`` in order, batch ``k``'s draws
-    under ``seed_hash(seed, k)``: from memory, the cache, the job's ``pool`` when it holds them,
-    else one loader of ``num_workers`` for all. Close it when stopping early."""
+    """``(dataset number, x, y)`` of ``[(dataset, seed), ...]``, batch ``k``'s draws under
+    ``seed_hash(seed, k)``, made by ``pool`` or one loader for all. Close it when stopping early."""
     device = torch.device(device or "cpu")
     plans = [_Plan(j, dataset, seed, batch_size) for j, (dataset, seed) in enumerate(datasets)]
     fetched = [request for plan in plans for request in plan.fetched()]

@@ -166,8 +166,14 @@ class Job:
                                                args.trial_seed, args.hparams)
 
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
-        if self.pooled:
-            check_pooled(args, self.hparams)
+        if self.pooled and self.hparams.get("class_balanced"):
+            raise ValueError("hparam batch_sampling 'pooled' draws every item once per epoch (the "
+                             "DMG release's loader), which class_balanced sampling cannot follow; "
+                             "use one of them")
+        if self.pooled and flag(args, "label_fraction") is not None:
+            raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG "
+                             "protocol (--label_fraction): its pretraining draws one batch per "
+                             "source environment; use 'per_domain'")
         data = build_job_data(args, self.hparams, args.n_workers, self.compute)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
@@ -319,6 +325,10 @@ class Job:
             self.accumulated.setdefault(key, []).append(value)
         return seconds
 
+    def records_after(self, step: int) -> int:
+        """How many records the steps after ``step`` write."""
+        return sizes.records_after(step, self.n_steps, self.checkpoint_freq)
+
     def write_record(self, step: int) -> None:
         results = {"step": step, "epoch": step / self.steps_per_epoch}
         for key, values in self.accumulated.items():
@@ -410,9 +420,7 @@ class Job:
         self.start_workers()
         self.restore()
         interval = flag(self.args, "progress_every")
-        n_steps, freq = self.n_steps, self.checkpoint_freq
-        progress = Progress(n_steps, self.start_step,
-                            lambda step: sizes.records_after(step, n_steps, freq),
+        progress = Progress(self.n_steps, self.start_step, self.records_after,
                             f"{self.args.algorithm} on {self.args.dataset}",
                             stream=self.progress_stream,
                             interval=DEFAULT_INTERVAL_S if interval is None else interval)
@@ -443,14 +451,3 @@ class Job:
             progress.close()
         self.finish()
         return "done"
-
-
-def check_pooled(args, hparams: dict) -> None:
-    if hparams.get("class_balanced"):
-        raise ValueError("hparam batch_sampling 'pooled' draws every item once per epoch (the "
-                         "DMG release's loader), which class_balanced sampling cannot follow; "
-                         "use one of them")
-    if flag(args, "label_fraction") is not None:
-        raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG protocol "
-                         "(--label_fraction): its pretraining draws one batch per source "
-                         "environment; use 'per_domain'")

@@ -48,26 +48,20 @@ def validate(args, compute) -> None:
         check_test_envs(args, dataset_cls.ENVIRONMENTS)
     elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
         check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
-    if args.dataset in catalog.IMAGE_FOLDER_DATASETS:
-        check_image_tree(args.dataset, args.data_dir)
+    if args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # a tree one level off: nonsense labels
+        from dg_plugins.datasets.check import one_level_off
+        from dg_plugins.layouts import visible_subfolders
+
+        folder = catalog.IMAGE_FOLDER_DATASETS[args.dataset]
+        root = os.path.join(args.data_dir, folder) if args.data_dir and folder else args.data_dir
+        if root and os.path.isdir(root):  # else the dataset names what is missing
+            error = one_level_off(args.dataset, root, visible_subfolders(root), folder is None,
+                                  catalog.image_folder_layout(args.dataset))
+            if error is not None:
+                raise ValueError(error)
     from dg_plugins.runtime import pick_device
 
     compute.check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
-
-
-def check_image_tree(dataset: str, data_dir: str | None) -> None:
-    """Refuse an image tree one level off (class folders of folders): nonsense labels."""
-    from dg_plugins.datasets.check import one_level_off
-    from dg_plugins.layouts import visible_subfolders
-
-    folder = catalog.IMAGE_FOLDER_DATASETS[dataset]
-    root = os.path.join(data_dir, folder) if data_dir and folder else data_dir
-    if not root or not os.path.isdir(root):
-        return  # the dataset names what is missing
-    error = one_level_off(dataset, root, visible_subfolders(root), folder is None,
-                          catalog.image_folder_layout(dataset))
-    if error is not None:
-        raise ValueError(error)
 
 
 def prepare_output_dir(args) -> None:
@@ -171,11 +165,9 @@ def line(err: BaseException) -> str:
 def execute(args, stop_after_step: int | None = None
             ) -> tuple[str | None, int, BaseException | None]:
     """Run one job as the train command does: ``(status, exit status, failure)``. Exit 0 done; 2
-    bad input (one line naming the fix); 143 / 130 stopped by SIGTERM / SIGINT after a
-    checkpoint; 1 a full disk (one line) or another failure (its traceback). ``status``: "done",
-    "already done", "stopped" (``stop_after_step``, for tests) or None. A failure is printed once
-    (into out.txt/err.txt once the folder is held); an unexpected one before that, or a
-    ``BaseException`` (a second Ctrl-C), is raised."""
+    bad input; 143 / 130 stopped by SIGTERM / SIGINT after a checkpoint; 1 a full disk or another
+    failure (its traceback). A failure is printed once; an unexpected one before the folder is
+    held, or a ``BaseException`` (a second Ctrl-C), is raised."""
     folder = args.output_dir
     from dg_plugins.train.precision import Compute
 

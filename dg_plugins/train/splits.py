@@ -100,9 +100,9 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
 
 
 class Splits:
-    """Every environment's in/out(/uda) split and the test environments' ``subsets``. A dataset's
-    ``predefined_split(env) -> (in_indices, out_indices) | None`` replaces the random holdout
-    (PACS's official lists); a test environment's two may overlap (neither is trained on)."""
+    """Every environment's in/out(/uda) split and the ``subsets``; a dataset's
+    ``predefined_split(env) -> (in, out) | None`` replaces the random holdout (a test
+    environment's two may overlap)."""
 
     def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []

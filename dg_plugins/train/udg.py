@@ -53,8 +53,7 @@ def labelled_subset(split, fraction: float, trial_seed: int, env: int):
     return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
 
 
-#: Share of each source environment that ``--udg_split release`` pretrains on (the release's
-#: ``dataloader.py``).
+#: Share of each source environment ``--udg_split release`` pretrains on (the release's).
 RELEASE_PRETRAIN_SHARE = 0.99
 
 
@@ -77,9 +76,8 @@ def epochs_length(phase: str, kind: str, epochs: float, sizes: list[int], batch:
 
 
 def pretraining_set(job, env: int):
-    """Environment ``env``'s unlabelled pretraining images: its in-split, or with ``--udg_split
-    release`` 99% of the environment (a permutation from ``seed_hash(trial_seed, env,
-    "udg_pretrain_split")``; out-split images may be among them, as in the release)."""
+    """``env``'s unlabelled pretraining images: its in-split, or with ``--udg_split release`` 99%
+    of the environment, drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")``."""
     if job.udg_split != "release":
         return job.splits.in_splits[env][0]
     whole = job.dataset[env]
@@ -151,9 +149,8 @@ class WaitInterrupted(job_lib.Interrupted):
 
 
 class PretrainJob(job_lib.Job):
-    """The pretraining, run by the fine-tuning job that holds its folder's lock: the algorithm's
-    ``pretrain_update`` on unlabelled batches, records of its losses, output ``pretrained.pt``.
-    It continues from any checkpoint (checked against the identity; no ``--resume`` needed)."""
+    """The pretraining (``pretrain_update`` on unlabelled batches, output ``pretrained.pt``), run
+    under its folder's lock; it continues from any checkpoint (checked against the identity)."""
 
     UPDATE = "pretrain_update"
     PHASE = "pretraining"
