@@ -1,5 +1,4 @@
 """``benchmark gpu``, the one benchmark that ships (users run it on their own GPU; its
-measurements are the GPU-hours estimates' numbers), and what it needs; its modules are imported
-on their own. The developer benchmarks live in the source checkout's ``benchmarks/``."""
-
-__all__ = ["data", "gpu", "memory", "timing"]
+measurements are the GPU-hours estimates' numbers): ``gpu``, and what it needs, ``timing``,
+``memory``, ``data``, each imported on its own. The developer benchmarks live in the source
+checkout's ``benchmarks/``."""

@@ -7,7 +7,3 @@ from dg_plugins.networks.featurizers import (Classifier, Featurizer, LeNet, MNIS
 from dg_plugins.networks.vit import ViTFeaturizer, create_vit, replace_ffn  # timm ViTs
 from dg_plugins.networks.moe import MoEFFN  # GMoE's sparse mixture-of-experts FFN
 from dg_plugins.networks.pretrained import PretrainedWeightsUnavailable  # offline-safe weights
-
-__all__ = ["StagedFeaturizer", "Classifier", "Featurizer", "LeNet", "MNIST_CNN", "ResNet",
-           "backbone_for", "ViTFeaturizer", "create_vit", "replace_ffn", "MoEFFN",
-           "PretrainedWeightsUnavailable"]

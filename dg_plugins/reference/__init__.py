@@ -2,11 +2,7 @@
 ``paper_settings`` (every setting of the paper scripts, with sources) and ``gpu_times`` (the
 measured step times behind the GPU-hours estimates)."""
 
-from dg_plugins.reference.papers import (AVG, PAPER_NUMBERS_FILE, SETTINGS, SOURCE_KINDS,
-                                         PaperEntry, PaperNumbersError, PaperValue,
+from dg_plugins.reference.papers import (AVG, PAPER_NUMBERS_FILE, SETTINGS,  # published numbers
+                                         SOURCE_KINDS, PaperEntry, PaperNumbersError, PaperValue,
                                          UnknownPaperKeyError, get, keys, load,
                                          unknown_key_message)
-
-__all__ = ["AVG", "PAPER_NUMBERS_FILE", "SETTINGS", "SOURCE_KINDS", "PaperEntry",
-           "PaperNumbersError", "PaperValue", "UnknownPaperKeyError", "get", "keys", "load",
-           "unknown_key_message"]
