@@ -123,8 +123,7 @@ def _latex_spanning(table: Table, text: str) -> str:
 
 
 def _comparison_latex(comparison: PaperComparison, table: Table) -> list[str]:
-    """Rows of the same tabular, below a rule: the heading across all columns, the paper's rows,
-    then ours minus the paper's."""
+    """Rows below a rule: the heading across all columns, the paper's rows, ours minus theirs."""
     spanning = partial(_latex_spanning, table)
 
     def row(cells) -> str:

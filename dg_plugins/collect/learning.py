@@ -14,8 +14,7 @@ MARGIN = 0.05  # how far above its first checkpoint and chance the last source a
 def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
                   margin: float = MARGIN, running: set[str] | frozenset = frozenset()
                   ) -> pd.DataFrame:
-    """One row per job: first and last steps, accuracies, chance (and where it comes from),
-    ``learns`` and ``running``; ``attrs["margin"]`` keeps ``margin``."""
+    """One row per job: steps, accuracies, chance, ``learns``, ``running``; ``attrs['margin']``."""
     source = acc_matrix(records, "env{t}_out_acc")
     target = acc_matrix(records, "env{t}_in_acc")
     recorded = (records["num_classes"].to_numpy(dtype=float) if "num_classes" in records.columns
@@ -59,8 +58,7 @@ def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
 
 
 def render(rows: pd.DataFrame) -> str:
-    """The rows as an aligned text table (accuracies in percent), then a summary stating the
-    margin they were judged with."""
+    """The rows as an aligned text table, then a summary stating the margin."""
     if rows.empty:
         return "Learning check: no job\n"
     shown = rows.sort_values(["dataset", "algorithm", "labels", "test_envs"], kind="stable")

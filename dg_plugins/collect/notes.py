@@ -216,8 +216,7 @@ def averages_notes(sections: list[Section], labels_of, all_columns: bool = True)
 
 
 def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
-    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...} (an empty IP/OOP subset's NaN left
-    out)."""
+    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
     if "nonfinite" not in records or records["nonfinite"].isna().all():
         return {}
     rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())

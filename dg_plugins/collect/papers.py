@@ -31,8 +31,7 @@ def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue 
 
 
 def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
-    """Whether ``entry`` belongs under ``table`` of ``section`` (setting, selection, dataset,
-    source)."""
+    """Whether ``entry`` belongs under ``table`` (setting, selection, dataset, source)."""
     setting = {TEST_KEY: "multi_source", SINGLE_SOURCE_KEY: "single_source", UDG_KEY: "udg"}
     if setting.get(section.test_key, "ipoop") != entry.setting:
         return False
@@ -47,8 +46,7 @@ def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
 
 
 def paper_comparison(entry: PaperEntry, table: Table) -> PaperComparison:
-    """The entry's rows under ``table``, with ours minus the paper's for every algorithm of the
-    table that corresponds to a paper row."""
+    """The entry's rows under ``table``, with ours minus the paper's where a row corresponds."""
     rows = {row: _paper_values(entry, table, row) for row in entry.rows}
     mapping, differences = {}, {}
     for algorithm, cells in table.rows.items():

@@ -132,8 +132,7 @@ def _chance_label(chance: float) -> str:
 
 
 def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
-    """Per row, the Averages table's cell for ``table``'s dataset where it is over every
-    environment in every trial (its mean is then the row's Avg)."""
+    """Per row, the Averages cell of ``table``'s dataset where it covers every environment."""
     averages = next((t for t in section.tables if t.dataset is None), None)
     if (averages is None or table.dataset not in averages.keys or averages.coverage is None
             or table.not_run):
@@ -257,8 +256,7 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
 
 
 def _panels(kind: str, frame: pd.DataFrame, labels_of) -> list[str]:
-    """Each row's panel: ``target <env>``, ``source <env>`` or ``<fraction> labels, targets
-    <envs>``."""
+    """Each row's panel: ``target <env>``, ``source <env>``, ``<fraction> labels, targets ..``."""
     def label(dataset, env):
         return labels_of(dataset)[env] if env < len(labels_of(dataset)) else str(env)
 
@@ -449,8 +447,7 @@ def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float
 
 
 def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object]]:
-    """Every figure of the report and its file name, drawn one at a time, bars in table order
-    then curves."""
+    """``(file name, figure)`` of the report, drawn one at a time: bars, then curves."""
     chance = chance_levels(records)
     for section in report.sections:
         for table in section.tables:
@@ -512,8 +509,7 @@ def save_png(figure, path: str) -> None:
 
 
 def write_figures(records: pd.DataFrame, report: Report, out_dir: str) -> list[str]:
-    """Draw :func:`figures` into ``out_dir`` (created if needed) as PNGs; returns their paths,
-    in drawing order. Two figures whose names collide get ``-2``, ``-3``, ... suffixes."""
+    """Draw :func:`figures` as PNGs into ``out_dir``; their paths (clashing names get ``-2``..)."""
     os.makedirs(out_dir, exist_ok=True)
     paths, taken = [], set()
     for name, figure in figures(records, report):

@@ -224,8 +224,7 @@ class _Segment:
 
 @dataclass(slots=True)
 class _AccBlock:
-    """The numbers of all records with one key set: their ``keys``, the records' rows, and the
-    values row-major (rows x keys)."""
+    """The numbers of all records with one key set: keys, rows, values row-major."""
 
     keys: list[str]
     rows: array = field(default_factory=lambda: array("q"))
@@ -385,8 +384,7 @@ class _Columns:
 
 
 def _object_series(values, repeats: np.ndarray | None = None) -> pd.Series:
-    """A Series of Python objects, each value repeated ``repeats[i]`` times if given (pandas
-    would otherwise convert strings to its string dtype, slower to iterate)."""
+    """A Series of Python objects, each repeated ``repeats[i]`` times (not pandas' strings)."""
     values = np.fromiter(values, dtype=object, count=len(values))
     if repeats is not None:
         values = values.repeat(repeats)
@@ -412,8 +410,7 @@ def _acc_sort_key(key: str):
 
 
 class JobProgress(NamedTuple):
-    """Job folders of a sweep: how many there are, and the names of those without ``done``
-    (running, interrupted or failed: a folder cannot tell which)."""
+    """A sweep's job folders: their count, and those without ``done`` (running or failed)."""
 
     total: int
     not_done: list[str]
@@ -446,8 +443,7 @@ UNUSABLE = f"no line of its {RESULTS_FILE} is a usable record"
 
 
 class LeftOut(NamedTuple):
-    """A job folder without a record in the tables: its name, why (one of the reasons above) and
-    a detail (the read error, the line count; may be empty)."""
+    """A job folder without a record in the tables: its name, why, and a detail (may be empty)."""
 
     job: str
     reason: str
@@ -503,8 +499,7 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 
 
 def environment_count(records: pd.DataFrame) -> int:
-    """The largest count of consecutive environments with an in or out accuracy in any
-    record."""
+    """The largest count of leading environments with an in or out accuracy."""
     if not len(records):
         return 0
     present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))

@@ -24,8 +24,7 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
                  hparams_table: bool = False, single_source: str = "auto",
                  ipoop: str = "both", papers: list[PaperEntry] = (),
                  all_columns: bool = True) -> Report:
-    """Select and tabulate every section (``ipoop``, ``single_source``: as the flags),
-    ``papers`` under their tables, ``hparams_table``: each method's selected runs."""
+    """Select and tabulate every section, as the flags of the same names ask."""
     if single_source not in ("auto", "on", "off"):
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:

@@ -25,8 +25,7 @@ SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_s
 
 
 class GroupedRecords:
-    """Records plus their group memberships (``get_grouped_records``), computed once.
-    ``members``: one row per (record, test_env); ``groups``: the group keys per id."""
+    """Records and their group memberships (``get_grouped_records``), computed once."""
 
     def __init__(self, records: pd.DataFrame) -> None:
         self.records = records.reset_index(drop=True)
@@ -42,17 +41,13 @@ class GroupedRecords:
             for name in ("algorithm", "dataset"))
         group = group_ids(*(values[record] for values in key_values.values()), test_env)
         firsts = np.unique(group, return_index=True)[1]
-        self.groups = pd.DataFrame({
+        self.groups = pd.DataFrame({  # the group keys per group id
             **{name: values[record[firsts]] for name, values in key_values.items()},
             "test_env": test_env[firsts]}).rename_axis("group")
-        self.members = pd.DataFrame({
-            "test_env": test_env,
-            "record": record,
-            "n_test_envs": counts[record],
+        self.members = pd.DataFrame({  # a row per (record, test_env)
+            "test_env": test_env, "record": record, "n_test_envs": counts[record],
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
-            "step": self.records["step"].to_numpy()[record],
-            "group": group,
-        })
+            "step": self.records["step"].to_numpy()[record], "group": group})
         self._matrices: dict[str, np.ndarray] = {}
         self.memo: dict = {}  # derived values (selections) computed once per sweep
 
@@ -88,8 +83,7 @@ class GroupedRecords:
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:
-    """Per row, the id of its ``keys`` combination by first appearance (``ngroup()``'s ids,
-    faster)."""
+    """Per row, the id of its ``keys`` combination by first appearance (``ngroup()``)."""
     ids = np.zeros(len(keys[0]) if keys else 0, dtype=np.int64)
     for key in keys:
         code = pd.factorize(key, use_na_sentinel=False)[0]
@@ -184,8 +178,7 @@ def best_checkpoint(candidates: pd.DataFrame, order: str) -> pd.DataFrame:
 
 
 def last_checkpoint(candidates: pd.DataFrame) -> pd.DataFrame:
-    """Per run (group, hparams_seed), the last record of its largest step (the oracle's
-    checkpoint)."""
+    """Per run (group, hparams_seed), the last record of its largest step (oracle's)."""
     return best_rows(candidates, ["group", "hparams_seed"],
                      candidates["step"].to_numpy(dtype=float), "record", ties_to_largest=True)
 
@@ -228,8 +221,7 @@ def _oracle_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.Data
 
 
 def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
-    """Leave-one-domain-out's score of every step it can score (the single-test-env record and
-    every pair run)."""
+    """Leave-one-domain-out's score of every step it can score (single and pair runs)."""
     members = grouped.members
     step_id = group_ids(*(members[key].to_numpy() for key in ("group", "hparams_seed", "step")))
     # DomainBed reads the environment count from the first record of the step (members are in
@@ -344,8 +336,7 @@ def _chosen_runs(grouped: GroupedRecords, method: SelectionMethod) -> tuple:
 
 def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
            test_key: str = TEST_KEY) -> pd.DataFrame:
-    """The chosen run of every group (``hparams_accs``/``sweep_acc``), one row per group in group
-    order: :data:`SELECTED_COLUMNS` (``test_acc`` NaN where the record lacks ``test_key``)."""
+    """The chosen run of every group (``sweep_acc``), in group order: :data:`SELECTED_COLUMNS`."""
     grouped = group_records(records)
     method = get_method(method) if isinstance(method, str) else method
     chosen = _chosen_runs(grouped, method)[1]
@@ -357,8 +348,7 @@ def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str
 
 
 def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
-    """The standard tables' :class:`Selection`: every single-test-env record, ``target`` its
-    ``env{t}_in_acc``."""
+    """The standard tables' Selection: single-test-env records, ``target`` ``env{t}_in_acc``."""
     def compute():
         scores = _chosen_runs(grouped, method)[0]
         single = grouped.single()

@@ -98,8 +98,7 @@ def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
 
 def select_single_source(records: pd.DataFrame | GroupedRecords,
                          method: SelectionMethod) -> pd.DataFrame:
-    """The chosen run per (trial_seed, dataset, algorithm, source), with ``acc{i}`` per
-    environment."""
+    """The chosen run per (trial_seed, dataset, algorithm, source), ``acc{i}`` per env."""
     return single_source_selection(records, method).chosen
 
 
@@ -140,8 +139,7 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
 
 def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
                            mode: str = "auto") -> list[Section]:
-    """Per method that applies, the section of single-source tables: ``mode`` ``auto`` where
-    unambiguous (:func:`single_source_datasets`), ``on``, ``off``."""
+    """Per method that applies, a section of single-source tables (``mode``: auto, on, off)."""
     if mode == "off":
         return []
     datasets = single_source_datasets(grouped) if mode == "auto" else None

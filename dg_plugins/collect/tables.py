@@ -68,8 +68,7 @@ class PaperComparison:
 
 @dataclass
 class Table:
-    """One results table (dataset, ``Averages`` or single-source); ``rows``: algorithm -> cells;
-    the rest for paper comparisons and notes."""
+    """One results table: ``rows`` algorithm -> cells; the rest for papers and notes."""
 
     title: str
     header: str
@@ -132,8 +131,7 @@ def dataset_order(grouped: GroupedRecords) -> list[str]:
 
 
 def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
-    """Column labels of a dataset: the catalog's, else its records' ``environments``, else
-    ``0..n-1``."""
+    """A dataset's column labels: the catalog's, else its records' ``environments``, else 0..n-1."""
     if dataset in catalog.DATASET_ENVIRONMENTS:
         return [str(label) for label in catalog.DATASET_ENVIRONMENTS[dataset]]
     rows = records[records["args.dataset"] == dataset]
@@ -157,8 +155,7 @@ def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | Non
 
 def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
                    test_key: str = TEST_KEY, header_note: str | None = None) -> list[Table]:
-    """The per-dataset tables and the Averages table of one method (``print_results_tables``),
-    the chosen records' test accuracy read with ``test_key`` (a template in ``t``)."""
+    """The dataset tables and the Averages table of one method, test accuracy ``test_key``."""
     grouped = group_records(records)
     chosen = select(grouped, method, test_key)  # DomainBed drops groups without a test accuracy
     chosen = chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)
@@ -199,8 +196,7 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
 
 
 def tested_environments(grouped: GroupedRecords) -> dict:
-    """dataset -> the environment indexes some run has as its one test environment (the runs
-    DomainBed's tables score)."""
+    """dataset -> the environments some run has as its one test environment."""
     def compute():
         info = grouped.groups.iloc[np.unique(grouped.single()["group"].to_numpy())]
         ran: dict = {}
@@ -219,8 +215,7 @@ def _names(keys) -> str:
 
 
 def leave_out_unrun(report: Report) -> Report:
-    """``report`` without the columns no run has (and their ``Avg``), each such table saying
-    so."""
+    """``report`` without the columns no run has (and their Avg), each such table saying so."""
     if not any(t.not_run for s in report.sections for t in s.tables):
         return report
     sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])

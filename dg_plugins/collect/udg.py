@@ -75,8 +75,7 @@ def fraction_label(fraction: float) -> str:
 
 
 def udg_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> list[Table]:
-    """One table per (dataset, test environment set): rows ``<algorithm> <label fraction>``,
-    columns the targets and ``Avg``."""
+    """A table per (dataset, test environments): rows ``<algorithm> <fraction>``, targets, Avg."""
     grouped = group_records(records)
     chosen = select_udg(grouped, method)
     if chosen.empty:
