@@ -233,8 +233,8 @@ def test_a_sweep_of_erm_coral_and_dmg_is_read_by_domainbeds_collect_results(tmp_
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     assert "note: --algorithms coral: using 'CORAL'" in sweep.stderr
     ours = subprocess.run(module_command("dg_plugins.scripts.collect_results", "--input_dir",
-                                         out), env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+                                         out, "--all_columns"),  # DomainBed's layout
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert ours.returncode == 0, ours.stderr
     lines = ours.stdout.splitlines()
     first = lines.index(next(line for line in lines if line.startswith("Algorithm")))
