@@ -17,8 +17,7 @@ from dg_plugins.registry import ALGORITHMS
 
 
 def register_algorithm(name: str | None = None):
-    """Class decorator: register an Algorithm under ``name`` (default: the class name) with its
-    ``hparam_space``."""
+    """Class decorator: register an Algorithm and its ``hparam_space`` (default: class name)."""
 
     def add(cls):
         key = name or cls.__name__
@@ -176,8 +175,7 @@ def positive_or_null(message: str):
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[(x_0, y_0), ...]`` -> ``(x, y, domain)``, concatenated; ``domain[j]``: the minibatch
-    (source environment) of sample ``j``."""
+    """``[(x_0, y_0), ...]`` -> concatenated ``(x, y, domain)`` (a row's source environment)."""
     if not minibatches:
         raise ValueError("update() got no minibatches (one (x, y) pair per source environment)")
     x = torch.cat([xi for xi, _ in minibatches])

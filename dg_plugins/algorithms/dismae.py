@@ -26,8 +26,7 @@ DCLS_MASK_RATIO = 0.15
 
 
 def build_encoder(input_shape, hparams) -> nn.Module:
-    """The semantic encoder (and UDG fine-tuning backbone): a headless timm ViT, MAE's sin-cos
-    position embedding."""
+    """The semantic encoder (and UDG fine-tuning backbone): a headless ViT, sin-cos positions."""
     vit = vitlib.create_vit(hparams.get("vit_arch", "auto"), input_shape, pretrained=False,
                             num_classes=0, arch_224=ENCODER_ARCH_224, class_token=True,
                             global_pool="token")
@@ -246,8 +245,7 @@ class _MaskedAutoencoder(Algorithm):
 
 @register_algorithm("MAE")
 class MAE(_MaskedAutoencoder):
-    """Masked autoencoder (He et al., CVPR 2022): ``rec + lambda2 * CE``; ``rec`` in UDG
-    pretraining."""
+    """Masked autoencoder (He et al., CVPR 2022): ``rec + lambda2 * CE`` (UDG pretraining: rec)."""
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:

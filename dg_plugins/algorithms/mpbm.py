@@ -164,8 +164,7 @@ def outside_hull_share(z: torch.Tensor, values: torch.Tensor, tol: float = 1e-5)
 
 @register_algorithm("MPBM")
 class MPBM(FeatureClassifier):
-    """MPBM (arXiv 2502.16064; ``docs/methods/mpbm.md``). Optimizers: ``optimizer`` (f, h),
-    ``gen_optimizer`` (g), ``disc_optimizer`` (D)."""
+    """MPBM; optimizers ``optimizer`` (f, h), ``gen_optimizer`` (g), ``disc_optimizer`` (D)."""
 
     #: One step per phase (no C phase): three updates reach every parameter; a probe every second.
     TINY_TEST_HPARAMS: dict = {
