@@ -17,7 +17,7 @@ their quartiles; memory and predict ratios are ratios of the two values.
 the baseline too; ``--tiny`` first applies each algorithm's ``TINY_TEST_HPARAMS``.
 Train's precision flag at bf16 or fp16 times every algorithm a second time per round, as a train
 job with that precision steps it (autocast, fp16's gradient scaler:
-:mod:`dg_plugins.train.precision`), on the same instance, and adds the paired ratio of that step
+:mod:`dg_plugins.train.compute`), on the same instance, and adds the paired ratio of that step
 to the algorithm's float32 step ("x fp32"; a measured command in ``results/benchmarks.md``).
 Example::
 
@@ -83,7 +83,7 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
 
     from dg_plugins.benchmarks.memory import persistent_bytes, step_peak_bytes
     from dg_plugins.benchmarks.timing import alternating_medians, alternating_times
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.compute import Compute
 
     compute = Compute(precision)
     steps_of, models = {}, {}
@@ -139,7 +139,7 @@ def reduced_step(algorithm, batches, compute, device):
 def cpu_flags() -> str:
     """Which bfloat16 and float16 instructions this CPU has (``/proc/cpuinfo``; "unknown"
     elsewhere)."""
-    from dg_plugins.train.precision import cpu_features
+    from dg_plugins.train.compute import cpu_features
 
     features = cpu_features()
     if features is None:
@@ -268,7 +268,7 @@ def _timed(cmd, env) -> tuple[float, float]:
 def benchmark_train_vs_domainbed(domainbed_root: str, repeats: int) -> float:
     """Median wall time of the same small train job, ours vs DomainBed's, alternating; also their
     CPU seconds (less moved by other processes on a shared machine) and the load average."""
-    from dg_plugins.bridge import unpatched_script_command
+    from dg_plugins.domainbed.bridge import unpatched_script_command
 
     ours, theirs = [], []
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.precision != "fp32":
         from dg_plugins.runtime import pick_device
-        from dg_plugins.train.precision import Compute
+        from dg_plugins.train.compute import Compute
 
         try:
             Compute(args.precision).check(pick_device(args.device))

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         ours_cmd = [sys.executable, "-m", "dg_plugins.scripts.collect_results", "--input_dir",
                     out_dir]
         if args.domainbed:
-            from dg_plugins.bridge import unpatched_script_command
+            from dg_plugins.domainbed.bridge import unpatched_script_command
 
             theirs_cmd, env = unpatched_script_command("collect_results",
                                                        ["--input_dir", out_dir], args.domainbed)

@@ -3,7 +3,7 @@ the data path delivers to the model, with the model left out (an infinitely fast
 machine's cores: training batches and full evaluations, dg_plugins' against DomainBed's loaders,
 measured in one run and printed as ratios.
 
-* dg_plugins: a train job built in this process (:class:`dg_plugins.train.job.Job`: PACS, ERM,
+* dg_plugins: a train job built in this process (:class:`dg_plugins.train.loop.Job`: PACS, ERM,
   test environment 0, its streams and its one worker pool), for each ``--workers`` count, reading
   the JPEGs (``DG_PLUGINS_DECODED_CACHE=off``) and with the decoded-image cache
   (:mod:`dg_plugins.datasets.decoded`, in a temporary ``DG_PLUGINS_CACHE``). Training: rounds of
@@ -11,7 +11,7 @@ measured in one run and printed as ratios.
   (:func:`dg_plugins.train.evaluate.eval_batches_of`, as a record makes them). Batches are the
   model's float input on the CPU (for the uint8 paths, converted here; on a GPU that runs on
   the device).
-* DomainBed: the checkout at ``--domainbed`` (imported by :func:`dg_plugins.bridge.
+* DomainBed: the checkout at ``--domainbed`` (imported by :func:`dg_plugins.domainbed.bridge.
   locate_domainbed`, unchanged), its PACS class and transforms, its splits
   (``misc.split_dataset`` seeded as its ``train.py`` seeds them), an ``InfiniteDataLoader`` per
   training environment and a ``FastDataLoader`` per evaluated split, each with its
@@ -63,7 +63,7 @@ class Ours:
     def __init__(self, args, data_dir: str, out: str, workers: int, cache: bool, phase: str):
         from dg_plugins.datasets.decoded import SWITCH_ENV
         from dg_plugins.train.cli import build_parser
-        from dg_plugins.train.job import Job
+        from dg_plugins.train.loop import Job
 
         import types
 
@@ -352,7 +352,7 @@ def main(argv=None) -> int:
                   "DomainBed checkout", file=sys.stderr)
             return 2
         os.environ["DOMAINBED_ROOT"] = os.path.abspath(args.domainbed)
-        from dg_plugins.bridge import domainbed_modules
+        from dg_plugins.domainbed.bridge import domainbed_modules
 
         domainbed_modules()  # import it now: a missing package fails here, named
     import dg_plugins.compat  # noqa: F401

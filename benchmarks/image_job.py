@@ -62,7 +62,7 @@ def job_arguments(args, data_dir: str, output_dir: str) -> list[str]:
 def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[str], dict]]:
     """``{label: (command, env)}``: ours per ``--eval_splits`` value, then DomainBed's (unbuffered
     stdout, ``-u``, so that every record's line arrives when it is printed)."""
-    from dg_plugins.bridge import unpatched_script_command
+    from dg_plugins.domainbed.bridge import unpatched_script_command
 
     runs = {}
     for precision in args.precision:

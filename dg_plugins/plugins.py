@@ -12,7 +12,7 @@ PLUGINS_ENV = "DG_PLUGINS_IMPORT"
 #: ``python -m dg_plugins.scripts.check_algorithm``).
 CONTRACT_ENV = "DG_PLUGINS_CONTRACT_ALGORITHMS"
 #: The built-in plugin that runs DomainBed's algorithms on our host.
-DOMAINBED_HOST = "dg_plugins.domainbed_host"
+DOMAINBED_HOST = "dg_plugins.domainbed.host"
 
 
 def modules_from_env() -> list[str]:

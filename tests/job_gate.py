@@ -10,7 +10,7 @@ Environment of the job:
   where it writes its checkpoint and exits. A job started after ``release`` exists never waits
   (so the resume of a gated job runs through).
 * ``DG_TEST_GATE_STEP`` (default 0): the step after which it waits (a training step hook,
-  :func:`dg_plugins.train.job.add_step_hook`), once per process;
+  :func:`dg_plugins.train.loop.add_step_hook`), once per process;
   ``DG_TEST_GATE_PHASE``: only in jobs of that kind (``Job.PHASE``, e.g. "pretraining").
 * ``DG_TEST_GATE_WRITE``: a file name (e.g. ``checkpoint.pt``). Instead of a step, the job waits
   in its first atomic write of that file, after the temporary file is written and before the
@@ -23,7 +23,7 @@ import contextlib
 import os
 import time
 
-from dg_plugins.train.job import add_step_hook
+from dg_plugins.train.loop import add_step_hook
 
 GATE, STEP, PHASE, WRITE = ("DG_TEST_GATE", "DG_TEST_GATE_STEP", "DG_TEST_GATE_PHASE",
                             "DG_TEST_GATE_WRITE")

@@ -1,7 +1,7 @@
 """Imports go one way: scripts -> {train, sweep, collect} -> algorithms, alignment -> networks,
 datasets -> job (the job contract), registry, hparams and the other top-level helpers. Between the
 three rooms: sweep uses of the train path only train.cli (the command, to fork a job) and, for
-its cost estimate, train.udg, train.precision and train.progress; none imports another room
+its cost estimate, train.udg, train.compute and train.progress; none imports another room
 otherwise, and none imports the scripts.
 Read from the source (every ``import`` and ``from ... import`` of a ``dg_plugins`` module, at
 module level or inside a function), so a lazy import that runs the wrong way is caught too. The
@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "dg_plugins"
 
 #: The layer of each subpackage or top-level module; a module may import its own layer and below.
-LAYERS = {"bridge": 4, "bridge_pytest": 4, "domainbed_host": 4, "scripts": 4, "benchmarks": 4,
+LAYERS = {"domainbed": 4, "scripts": 4, "benchmarks": 4,
           "reproduce": 4, "contract": 4,
           "train": 3, "sweep": 3, "collect": 3, "plugins": 3,
           "algorithms": 2, "alignment": 2, "networks": 1, "datasets": 1, "download": 1,
@@ -29,7 +29,7 @@ ROOMS = ("train", "sweep", "collect")
 #: sweep forks train's command (cli); its cost estimate counts UDG lengths as train does (udg)
 #: and times steps in a child process with a job's compute settings (precision, progress).
 DOORS = {"train": (), "sweep": ("dg_plugins.train", "dg_plugins.train.cli",
-                                "dg_plugins.train.udg", "dg_plugins.train.precision",
+                                "dg_plugins.train.udg", "dg_plugins.train.compute",
                                 "dg_plugins.train.progress"), "collect": ()}
 #: Modules that import no torch (collect_results and the sweep's enumeration promise it).
 TORCH_FREE = ["dg_plugins.train", "dg_plugins.train.cli", "dg_plugins.train.progress", "dg_plugins.signals", "dg_plugins.seeds",

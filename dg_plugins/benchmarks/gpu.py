@@ -2,7 +2,7 @@
 does with the paper algorithms, in one command of a few minutes, as a markdown table.
 
 Per algorithm at 224x224 (random init, nothing downloaded), in fp32 and bf16 taking turns step by
-step: the median time of the train job's own training step (:meth:`dg_plugins.train.job.Job.
+step: the median time of the train job's own training step (:meth:`dg_plugins.train.loop.Job.
 train_step` on Debug224), its peak memory (:mod:`~dg_plugins.benchmarks.memory`) and images per
 second; the training loader's and the evaluation's images per second on a PACS-shaped JPEG tree
 (:mod:`~dg_plugins.benchmarks.data`); the step under train's compute settings
@@ -62,7 +62,7 @@ def rate(per_s: float) -> str:
 
 def cpu_precisions() -> list[str]:
     """A CPU run's default precisions: bf16 too unless the CPU lacks bfloat16 instructions."""
-    from dg_plugins.train.precision import native_cpu_bf16
+    from dg_plugins.train.compute import native_cpu_bf16
 
     return list(PRECISIONS) if native_cpu_bf16() is not False else ["fp32"]
 
@@ -78,7 +78,7 @@ def build_job(train_argv: list[str]):
     """A train job built in this process from train's command line, as the train command builds
     it (nothing written until it records)."""
     from dg_plugins.train.cli import build_parser
-    from dg_plugins.train.job import Job
+    from dg_plugins.train.loop import Job
 
     job = Job(build_parser().parse_args(train_argv), types.SimpleNamespace(signum=None))
     job.compute.check(job.device)  # train checks it in its validation
@@ -311,7 +311,7 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
                   f"{n_images}-image tree. A GPU machine runs every algorithm at batch 32 per "
                   "domain.", ""]
         if args.bf16_left_out:
-            from dg_plugins.train.precision import BF16_EMULATED
+            from dg_plugins.train.compute import BF16_EMULATED
 
             lines += [f"bf16 left out: {BF16_EMULATED}, at several times fp32's step; "
                       "--precisions fp32 bf16 times it anyway.", ""]
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
     import dg_plugins.compat  # noqa: F401
     import torch
 
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.compute import Compute
 
     # before CUDA starts, as train does (cuBLAS's setting for deterministic jobs)
     Compute(deterministic=args.deterministic == "true").prepare_process()

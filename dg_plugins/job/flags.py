@@ -93,7 +93,7 @@ GROUPS = {
     "": None,
     "compute": ("compute (opt-in speed for GPUs)", "each setting at another value than its "
                 "default enters the records' args (and a sweep's job folder hash) and is noted "
-                "under collect_results' tables; see dg_plugins.train.precision"),
+                "under collect_results' tables; see dg_plugins.train.compute"),
     "evaluation": ("evaluation", "what each record evaluates (DomainBed's defaults: every split, "
                    "batches of 64)"),
     "alignment": ("IP/OOP evaluation", "split every test environment by CLIP alignment score and "
@@ -242,7 +242,7 @@ def defaults(*, group: str | None = None, records: str | None = None) -> dict:
     return {name: ROWS[name].default for name in names(group=group, records=records)}
 
 
-#: The compute settings (applied by :mod:`dg_plugins.train.precision`) and their defaults,
+#: The compute settings (applied by :mod:`dg_plugins.train.compute`) and their defaults,
 #: DomainBed's computation: float32, the default memory format, deterministic algorithms,
 #: augmentation in the loader workers.
 COMPUTE_DEFAULTS = defaults(group="compute")

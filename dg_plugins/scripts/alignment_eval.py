@@ -44,8 +44,8 @@ def rebuild(job_dir: str, saved: dict, options, rule: dict):
     from dg_plugins.alignment import reevaluate
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.evaluate import eval_batches, eval_seed, evaluate
-    from dg_plugins.train.job import build_job_data
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.loop import build_job_data
+    from dg_plugins.train.compute import Compute
     from dg_plugins.train.splits import env_indices
 
     args = argparse.Namespace(**reevaluate.job_args(saved["args"], options.data_dir, rule))

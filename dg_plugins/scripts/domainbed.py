@@ -1,6 +1,6 @@
 """``python -m dg_plugins.scripts.domainbed [--import MODULES] SCRIPT [ARGS ...]``: run one of
 DomainBed's own scripts (``train``, ``sweep``, ``collect_results``, ...) unchanged, with
-dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.bridge`); ``info`` prints what is
+dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.domainbed.bridge`); ``info`` prints what is
 installed. A sweep's jobs run through this entry; ``--import`` modules reach them through
 ``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
 
@@ -38,7 +38,7 @@ def domainbed_scripts() -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from dg_plugins import bridge
+    from dg_plugins.domainbed import bridge
 
     plugins = [m.strip() for text in args.plugins for m in text.split(",") if m.strip()]
     bridge.add_plugin_modules(plugins)

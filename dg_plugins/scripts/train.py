@@ -17,9 +17,9 @@ def run_command(argv=None) -> int:
     """``main`` as the command runs it, with the collector off during start-up."""
     runtime.pause_collector()
     args = build_parser().parse_args(argv)  # --help and usage errors end here, before torch
-    from dg_plugins.train import job, run
+    from dg_plugins.train import loop, run
 
-    job.add_step_hook(collect_after_first_step)
+    loop.add_step_hook(collect_after_first_step)
     return run.execute(args)[1]
 
 

@@ -128,7 +128,7 @@ def time_config(config: Config, deadline: float) -> None:
     from dg_plugins.algorithms.base import gradient_scaling
     from dg_plugins.registry import ALGORITHMS
     from dg_plugins.runtime import pick_device
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.compute import Compute
 
     device = pick_device(config.device)
     compute = Compute.of(config.compute)

@@ -16,7 +16,7 @@ from dg_plugins.seeds import seed_hash
 from dg_plugins.job.flags import EVAL_DEFAULTS
 from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shutdown_workers,
                                       worker_loader)
-from dg_plugins.train.precision import DEFAULT_COMPUTE, Compute
+from dg_plugins.train.compute import DEFAULT_COMPUTE, Compute
 from dg_plugins.train.splits import Splits, env_indices, finisher, root_dataset, tensor_view
 
 #: DomainBed's evaluation batch, the default of ``--eval_batch_size``.

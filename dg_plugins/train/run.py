@@ -21,7 +21,7 @@ from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_F
                                    folder_error, is_done, remove_temporary_files, step_models,
                                    writing)
 from dg_plugins.job.records import read_record_lines
-from dg_plugins.train.job import Interrupted, Job, check_test_envs
+from dg_plugins.train.loop import Interrupted, Job, check_test_envs
 
 
 def user_errors() -> tuple:
@@ -169,7 +169,7 @@ def execute(args, stop_after_step: int | None = None
     failure (its traceback). A failure is printed once; an unexpected one before the folder is
     held, or a ``BaseException`` (a second Ctrl-C), is raised."""
     folder = args.output_dir
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.compute import Compute
 
     compute = Compute.of(args)  # the call's one Compute, passed on
     compute.prepare_process()

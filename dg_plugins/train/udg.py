@@ -22,7 +22,7 @@ from dg_plugins.registry import ALGORITHMS
 from dg_plugins.job.flags import compute_settings, flag
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
-from dg_plugins.train import job as job_lib
+from dg_plugins.train import loop as job_lib
 from dg_plugins.train.checkpoint import check_checkpoint_file
 from dg_plugins.job.folder import (CHECKPOINT_FILE, RESULTS_FILE, FolderBusy, FolderLock,
                                    JobStateError, is_done, remove_temporary_files)

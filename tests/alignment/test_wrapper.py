@@ -132,7 +132,7 @@ def test_domainbed_datasets_through_the_bridge(pacs_dir, scores_file):
     'house' gets index 5) matches our score file by class name."""
     if not os.environ.get("DOMAINBED_ROOT"):
         pytest.skip("set DOMAINBED_ROOT to a DomainBed checkout to test DomainBed's datasets")
-    from dg_plugins import bridge
+    from dg_plugins.domainbed import bridge
 
     domainbed = bridge.locate_domainbed()
     import importlib

@@ -21,7 +21,8 @@ sys.path.insert(0, str(HERE))  # plugin_fixture_alg
 
 import dg_plugins.algorithms  # noqa: E402,F401  (registers)
 import dg_plugins.datasets  # noqa: E402,F401
-from dg_plugins import bridge, catalog  # noqa: E402
+from dg_plugins import catalog  # noqa: E402
+from dg_plugins.domainbed import bridge  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
 from dg_plugins.registry import ALGORITHMS, DATASETS  # noqa: E402
 from dg_plugins.seeds import seed_hash  # noqa: E402
@@ -311,7 +312,7 @@ def test_domainbeds_own_hparams_tests_include_ours(db, tmp_path):
     test_file = Path(db.algorithms.__file__).parent / "test" / "test_hparams_registry.py"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-p", "dg_plugins.bridge_pytest", str(test_file), "-k", TEST_ALGORITHM],
+         "-p", "dg_plugins.domainbed.pytest_plugin", str(test_file), "-k", TEST_ALGORITHM],
         cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{len(db.datasets.DATASETS)} passed" in proc.stdout  # our algorithm x every dataset

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # plugin_fixture_alg
 import dg_plugins.algorithms  # noqa: E402,F401  (registers)
 import dg_plugins.datasets  # noqa: E402  (registers)
 import dg_plugins.sweep.launchers  # noqa: E402,F401
-from dg_plugins import bridge  # noqa: E402
+from dg_plugins.domainbed import bridge  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
 from dg_plugins.registry import ALGORITHMS, DATASETS, LAUNCHERS  # noqa: E402
 from dg_plugins.scripts import domainbed as entry  # noqa: E402

@@ -1,4 +1,4 @@
-"""DomainBed's own algorithms on our host (dg_plugins.domainbed_host), against the DomainBed
+"""DomainBed's own algorithms on our host (dg_plugins.domainbed.host), against the DomainBed
 checkout named by $DOMAINBED_ROOT (skipped otherwise): every class of its ``ALGORITHMS`` (read from
 the checkout) trains on Debug28 through our train, on the featurizer our ERM gets, and resumes
 exactly, or is refused with its reason; their hparams are DomainBed's registry's plus our network
@@ -19,7 +19,9 @@ import pytest
 import torch
 
 import dg_plugins.algorithms  # noqa: F401  (registers)
-from dg_plugins import bridge, catalog, domainbed_host, plugins
+from dg_plugins import catalog, plugins
+from dg_plugins.domainbed import bridge
+from dg_plugins.domainbed import host as domainbed_host
 from dg_plugins import hparams as dg_hparams
 from dg_plugins import networks as dg_networks
 from dg_plugins.registry import ALGORITHMS, UnavailableError

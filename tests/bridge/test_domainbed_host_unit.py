@@ -1,4 +1,4 @@
-"""DomainBed's algorithms on our host (dg_plugins.domainbed_host), against a tiny DomainBed-like
+"""DomainBed's algorithms on our host (dg_plugins.domainbed.host), against a tiny DomainBed-like
 package written into tmp_path (no checkout needed): names, refusals, hparams from its registry,
 train jobs, exact resume, and our featurizer in place of ``networks.Featurizer``. The real
 checkout: test_domainbed_host.py."""
@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 import dg_plugins.algorithms  # noqa: F401  (registers)
-from dg_plugins import bridge, domainbed_host
+from dg_plugins.domainbed import bridge
+from dg_plugins.domainbed import host as domainbed_host
 from dg_plugins import hparams as dg_hparams
 from dg_plugins.registry import ALGORITHMS, UnavailableError, UnknownNameError
 from dg_plugins.scripts.train import main

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dg_plugins.bridge import unpatched_script_command
+from dg_plugins.domainbed.bridge import unpatched_script_command
 from dg_plugins.sweep.jobs import SweepJob, make_args_list
 
 DOMAINBED_ROOT = os.environ.get("DOMAINBED_ROOT")

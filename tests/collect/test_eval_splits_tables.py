@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from dg_plugins.bridge import unpatched_script_command
+from dg_plugins.domainbed.bridge import unpatched_script_command
 from dg_plugins.scripts import collect_results
 
 from helpers import read_records

@@ -94,7 +94,7 @@ def test_reduced_precision_runs_training_and_evaluation_under_cuda_autocast(
     from dg_plugins import train
     from dg_plugins.registry import ALGORITHMS
     from dg_plugins.train.cli import build_parser
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.compute import Compute
 
     erm = ALGORITHMS.get("ERM")
     calls = {"update": [], "predict": []}

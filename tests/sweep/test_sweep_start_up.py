@@ -17,7 +17,7 @@ PROBE = textwrap.dedent('''
     import gc, json, os, sys
 
     from dg_plugins.registry import LAUNCHERS
-    from dg_plugins.train.job import add_step_hook
+    from dg_plugins.train.loop import add_step_hook
 
     def note(where):
         with open(os.environ["GC_PROBE_OUT"], "a") as f:

@@ -269,8 +269,8 @@ def test_re_evaluating_the_saved_model_reproduces_its_record(reference):
     training environments' splits, seeded per (split, batch), gives the record's accuracies
     exactly (the augmented splits' crops now read from the cache the job filled)."""
     from dg_plugins.registry import ALGORITHMS
-    from dg_plugins.train.job import build_job_data
-    from dg_plugins.train.precision import Compute
+    from dg_plugins.train.loop import build_job_data
+    from dg_plugins.train.compute import Compute
 
     record = read_records(reference)[-1]
     saved = torch.load(reference / "model.pkl", weights_only=False)

@@ -11,7 +11,7 @@ import torch
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
 from dg_plugins.algorithms.base import lr_factor
-from dg_plugins.train import job
+from dg_plugins.train import loop
 from dg_plugins.train import run as train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser
@@ -66,14 +66,14 @@ def test_the_factors_follow_the_release_schedules_across_epoch_boundaries():
 def lrs_per_step(monkeypatch):
     """Every optimizer's param-group lrs that each update of an in-process job ran with."""
     seen = []
-    update = job.Job.update
+    update = loop.Job.update
 
     def recording(self):
         seen.append({name: [g["lr"] for g in opt.param_groups]
                      for name, opt in self.algorithm.optimizers().items()})
         return update(self)
 
-    monkeypatch.setattr(job.Job, "update", recording)
+    monkeypatch.setattr(loop.Job, "update", recording)
     return seen
 
 

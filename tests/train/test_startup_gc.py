@@ -21,7 +21,7 @@ PROBE = textwrap.dedent('''
     """Records the collector's state at start-up (this plugin's import) and after each step."""
     import gc, json, os
 
-    from dg_plugins.train.job import add_step_hook
+    from dg_plugins.train.loop import add_step_hook
 
     STATES = [("import", gc.isenabled(), gc.get_freeze_count())]
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from dg_plugins.train import job
+from dg_plugins.train import loop
 from dg_plugins.train import run as train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
@@ -129,7 +129,7 @@ def nan_algorithm():
 
 def test_nan_loss_stops_without_done(tmp_path, nan_algorithm):
     args = args_for(tmp_path, "--algorithm", nan_algorithm, "--steps", "5")
-    with pytest.raises(job.NonFiniteLossError, match="loss=nan at step 2"):
+    with pytest.raises(loop.NonFiniteLossError, match="loss=nan at step 2"):
         train.run(args)
     assert not (tmp_path / "done").exists()
     assert "loss=nan" in (tmp_path / "err.txt").read_text()

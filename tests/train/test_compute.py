@@ -1,4 +1,4 @@
-"""train's opt-in compute settings (dg_plugins.train.precision): ``--precision bf16`` trains and
+"""train's opt-in compute settings (dg_plugins.train.compute): ``--precision bf16`` trains and
 evaluates under autocast, records itself and resumes exactly; every registered algorithm runs a
 bf16 step and predicts under autocast; fp16's gradient scaler goes through optimizer_step (every
 built-in algorithm's steps) and the resume file; fp16 is refused on a CPU with its fix;
@@ -22,10 +22,10 @@ from dg_plugins.algorithms.base import GradScalingError, gradient_scaling, guard
 from dg_plugins.job.flags import record_args
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.scripts.train import build_parser, main
-from dg_plugins.train import job as job_lib
-from dg_plugins.train import precision
+from dg_plugins.train import loop as job_lib
+from dg_plugins.train import compute
 from dg_plugins.train import run as train
-from dg_plugins.train.precision import FP16_FIX, Compute
+from dg_plugins.train.compute import FP16_FIX, Compute
 from helpers import TEST_PLUGIN_MODULES, read_records, tiny_hparams
 from job_gate import gate_env, released
 from processes import command_env, finish, run, start
@@ -106,9 +106,9 @@ def test_cpu_features_are_read_from_the_x86_and_the_arm_line(tmp_path):
     x86, arm = tmp_path / "x86", tmp_path / "arm"
     x86.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t: x\n")
     arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16 i8mm\n")
-    assert precision.cpu_features(str(x86)) == {"fpu", "avx2", "fma"}  # the first CPU's
-    assert precision.cpu_features(str(arm)) == {"fp", "asimd", "bf16", "i8mm"}
-    assert precision.cpu_features(str(tmp_path / "none")) is None  # not Linux: unknown
+    assert compute.cpu_features(str(x86)) == {"fpu", "avx2", "fma"}  # the first CPU's
+    assert compute.cpu_features(str(arm)) == {"fp", "asimd", "bf16", "i8mm"}
+    assert compute.cpu_features(str(tmp_path / "none")) is None  # not Linux: unknown
 
 
 @pytest.mark.parametrize("features, native", [({"avx2", "fma"}, False), ({"avx512_bf16"}, True),
@@ -117,9 +117,9 @@ def test_only_bf16_on_a_cpu_without_bfloat16_instructions_gets_a_note(monkeypatc
                                                                       native):
     """torch emulates bfloat16 on such a CPU (a step 10x fp32's on a 2-core AVX2 EPYC): the job
     says so. A CPU with them, one whose features are unknown, fp32, and a GPU get no note."""
-    monkeypatch.setattr(precision, "cpu_features",
+    monkeypatch.setattr(compute, "cpu_features",
                         lambda path=None: None if features is None else frozenset(features))
-    assert precision.native_cpu_bf16() is native
+    assert compute.native_cpu_bf16() is native
     note = Compute("bf16").device_note(CPU)
     assert (note is not None) == (native is False)
     assert note is None or "no bfloat16 instructions" in note and "--precision fp32" in note
@@ -362,7 +362,7 @@ def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeyp
     autocast on channels_last batches, its convs are channels_last, the deterministic
     algorithms are off and cudnn.benchmark on while it trains; every record's args hold the
     three settings. On a CPU without bfloat16 instructions its output says so."""
-    monkeypatch.setattr(precision, "cpu_features", lambda path=None: frozenset({"avx2"}))
+    monkeypatch.setattr(compute, "cpu_features", lambda path=None: frozenset({"avx2"}))
     erm = ALGORITHMS.get("ERM")
     calls = {"update": [], "predict": []}
 

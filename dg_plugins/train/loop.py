@@ -34,7 +34,7 @@ from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESUL
 from dg_plugins.job.records import append_record, format_row, keep_counted_records
 from dg_plugins.job import sizes
 from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVALUATED_KEY, evaluated_splits
-from dg_plugins.train.precision import FP16_FIX, Compute
+from dg_plugins.train.compute import FP16_FIX, Compute
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets

@@ -1,5 +1,5 @@
-"""pytest plugin: ``python -m pytest -p dg_plugins.bridge_pytest ...`` runs
-:func:`dg_plugins.bridge.install` before collection, so that DomainBed's own test modules include
+"""pytest plugin: ``python -m pytest -p dg_plugins.domainbed.pytest_plugin ...`` runs
+:func:`dg_plugins.domainbed.bridge.install` before collection, so that DomainBed's own test modules include
 dg_plugins' algorithms and datasets (and ``$DG_PLUGINS_IMPORT``'s)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ _report = None
 
 def pytest_configure(config) -> None:
     global _report
-    from dg_plugins import bridge
+    from dg_plugins.domainbed import bridge
 
     _report = bridge.install()
 

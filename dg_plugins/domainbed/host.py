@@ -15,7 +15,8 @@ from types import ModuleType
 import torch
 import torch.nn as nn
 
-from dg_plugins import bridge, catalog
+from dg_plugins import catalog
+from dg_plugins.domainbed import bridge
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import Algorithm
 from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
@@ -82,7 +83,7 @@ def calls_cuda(cls: type) -> bool:
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
                       random_seed: int, network_hparams: bool = False) -> dict:
     """DomainBed's ``_hparams`` (our small-image datasets asked as
-    :data:`dg_plugins.bridge.SMALL_IMAGE_PROXY`), plus :data:`NETWORK_HPARAMS` (defaults) with
+    :data:`dg_plugins.domainbed.bridge.SMALL_IMAGE_PROXY`), plus :data:`NETWORK_HPARAMS` (defaults) with
     ``network_hparams`` (the class runs on our featurizer)."""
     asked = dataset
     if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
