@@ -81,7 +81,7 @@ SLOWEST_FIRST = (
     "test_paper_scripts_mpbm_ipoop.py", "train/test_image_jobs.py", "test_paper_scripts_vit.py",
     "sweep/test_sweep_failures.py", "train/test_train_hardening.py",
     "test_paper_scripts_dmg_pacs.py", "algorithms/test_all_algorithms.py",
-    "test_paper_scripts_dmg_domainnet.py", "train/test_precision.py",
+    "test_paper_scripts_dmg_domainnet.py", "train/test_compute.py",
     "train/test_augment_on_device.py", "reproduce/test_prerequisites.py",
     "train/test_train_reports.py", "sweep/test_sweep_claims.py", "alignment/test_scoring.py",
     "sweep/test_packing.py", "sweep/test_launchers.py", "train/test_train.py",

@@ -1,4 +1,4 @@
-"""Nothing changes for users: the small sweep of ``tests/before_after.py``, run as a user runs it
+"""Nothing changes for users: the small sweep of ``tests/support/before_after.py``, run as a user runs it
 (sweep with the local launcher and default loader workers, train, collect_results in every
 format), gives what the code gave when the fixture was made (``tests/fixtures/before_after/``):
 the same job-folder names, the same records, tables and sweep output, and exit statuses.
@@ -40,7 +40,7 @@ import re
 
 import pytest
 
-import before_after
+from support import before_after
 
 EXACT = re.compile(r"env\d+_\w+_count|step|epoch|num_classes")
 ACCURACY = re.compile(r"env\d+_\w+_acc")

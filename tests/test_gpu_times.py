@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import markdown_rows
-from processes import REPO
+from support.helpers import markdown_rows
+from support.processes import REPO
 
 from dg_plugins.reference import gpu_times
 

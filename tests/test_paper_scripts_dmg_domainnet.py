@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from paper_runs import assert_reproduced, run_script
-import release_data
+from support.paper_runs import assert_reproduced, run_script
+from support import release_data
 
 TIMEOUT_S = 400
 #: DomainNet classes of the tree: two of DomainNet-20's and one other, 4 images per domain each

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from devices import job_device
-from paper_runs import REPO, assert_reproduced, job_folders, run_script
-import release_data
+from support.devices import job_device
+from support.paper_runs import REPO, assert_reproduced, job_folders, run_script
+from support import release_data
 
 TIMEOUT_S = 400
 HPARAMS = '{"pretrained": false}'

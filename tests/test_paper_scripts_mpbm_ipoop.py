@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from paper_runs import assert_reproduced, job_folders, run_script
-import release_data
+from support.paper_runs import assert_reproduced, job_folders, run_script
+from support import release_data
 
 TIMEOUT_S = 400
 RANDOM_INIT = '{"pretrained": false, "batch_size": 4}'

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from dg_plugins.datasets.domainnet20 import CLASSES as DOMAINNET20_CLASSES
-from paper_runs import assert_reproduced, run_script
-import release_data
+from support.paper_runs import assert_reproduced, run_script
+from support import release_data
 
 TIMEOUT_S = 400
 #: The ViTs as the package's 2-block "tiny" ViT, random init, batches of 4 images per domain.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from helpers import markdown_rows
-from processes import REPO
+from support.helpers import markdown_rows
+from support.processes import REPO
 
 from dg_plugins import reproduce
 

@@ -35,9 +35,9 @@ from dg_plugins import catalog
 from dg_plugins import hparams as H
 from dg_plugins.job.sizes import in_split_size
 from dg_plugins.reference import paper_settings as ps
-from image_tree import draw_image
-from paper_runs import KNOBS, REPO, SWEEPS, script_env
-from processes import as_from_a_terminal, python_path
+from support.image_tree import draw_image
+from support.paper_runs import KNOBS, REPO, SWEEPS, script_env
+from support.processes import as_from_a_terminal, python_path
 
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
 PAPER_SCRIPTS = {Path(s.script).name: s for s in ps.SETTINGS.values()}
@@ -630,7 +630,7 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     run again, not part 1's sweep; the job never started is Not launched. The same command again
     resumes the job from its checkpoint (no step recorded twice), runs the other and prints a
     table with the held-out domain's accuracy."""
-    from job_gate import gate_vars, released
+    from support.job_gate import gate_vars, released
 
     out, gate = tmp_path / "quickstart", tmp_path / "gate"
     gate.mkdir()

@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from devices import cpu_only
-from processes import REPO, python_path
+from support.devices import cpu_only
+from support.processes import REPO, python_path
 
 TIMEOUT_S = 300
 

@@ -5,7 +5,7 @@ scripts' output, the tests check that they are measured and reported."""
 
 from __future__ import annotations
 
-from helpers import markdown_rows as table
+from support.helpers import markdown_rows as table
 
 from benchmarks.tests.commands import run
 

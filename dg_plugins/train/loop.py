@@ -40,7 +40,7 @@ from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets
 
 #: ``hook(job, step)`` called after every step, before its record, checkpoint and stop check: a
-#: plugin module may log with one; the tests hold a job at a step with one (tests/job_gate.py).
+#: plugin module may log with one; the tests hold a job at a step with one (tests/support/job_gate.py).
 STEP_HOOKS: list = []
 
 

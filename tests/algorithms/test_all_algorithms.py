@@ -13,7 +13,7 @@ from dg_plugins.contract import (  # noqa: F401  (the contract's tests, collecte
     test_resume_round_trip_gives_the_records_of_an_uninterrupted_run,
     test_tiny_test_hparams_are_declared_hparams, test_updates_predict_and_state)
 from dg_plugins.registry import ALGORITHMS
-from helpers import TEST_PLUGIN_MODULES
+from support.helpers import TEST_PLUGIN_MODULES
 
 #: Built-in algorithms and the test-only ones of tests/plugins/ (other test helpers registered
 #: temporarily by single tests are not part of the contract run); read by

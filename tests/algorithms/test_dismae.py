@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28/Debug224)
-from helpers import tiny_hparams
+from support.helpers import tiny_hparams
 from dg_plugins.algorithms.dismae import (MAE, DisMAE, build_encoder, dcls_active, patchify)
 from dg_plugins.networks import vit as vitlib
 from dg_plugins.registry import DATASETS

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from helpers import tiny_hparams
+from support.helpers import tiny_hparams
 from dg_plugins import hparams as hp_lib
 from dg_plugins.algorithms import ERM
 from dg_plugins.algorithms import dmg as dmg_module

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from helpers import tiny_hparams
+from support.helpers import tiny_hparams
 from dg_plugins.algorithms import ERM, split_minibatches
 from dg_plugins.registry import DATASETS
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from helpers import tiny_hparams
+from support.helpers import tiny_hparams
 from dg_plugins import hparams as H
 from dg_plugins.algorithms.gmoe import ERM_ViT, GMOE_LR_WD, GMoE, auto_moe_layers
 from dg_plugins.networks.moe import MoEFFN

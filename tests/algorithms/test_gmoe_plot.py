@@ -6,7 +6,7 @@ import json
 import torch
 
 import dg_plugins.datasets  # noqa: F401
-from helpers import tiny_hparams
+from support.helpers import tiny_hparams
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import plot_gmoe_routing as plot
 

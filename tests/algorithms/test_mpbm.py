@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dg_plugins.datasets  # noqa: F401  (registers Debug28)
-from helpers import tiny_hparams
-from helpers import VOLATILE_KEYS, read_records
+from support.helpers import tiny_hparams
+from support.helpers import VOLATILE_KEYS, read_records
 from dg_plugins.algorithms.mpbm import (DIAG_KEYS, LOSS_KEYS, MPBM, PHASES, UPDATE_KEYS,
                                         MixupAttentionGenerator, image_correlation,
                                         nearest_cosine, outside_hull_share, phase_at,

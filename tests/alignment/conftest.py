@@ -6,7 +6,7 @@ import json
 import pytest
 
 from alignment_helpers import TINY_CONFIG, TINY_MODEL, fake_table
-from image_tree import pacs_sample_dir
+from support.image_tree import pacs_sample_dir
 
 
 @pytest.fixture(scope="session")

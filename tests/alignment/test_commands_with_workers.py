@@ -9,8 +9,8 @@ import json
 import pandas as pd
 
 from alignment_helpers import TINY_CONFIG
-from image_tree import make_pacs_tree
-from processes import command_env, run, survivors
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, run, survivors
 
 TIMEOUT = 180
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",

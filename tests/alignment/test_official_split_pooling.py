@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 
 from alignment_helpers import fake_table
-from helpers import read_records
-from image_tree import make_pacs_tree, write_pacs_split_lists
-from processes import command_env, run, survivors
+from support.helpers import read_records
+from support.image_tree import make_pacs_tree, write_pacs_split_lists
+from support.processes import command_env, run, survivors
 
 THRESHOLD = 0.25
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",

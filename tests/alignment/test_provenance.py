@@ -15,8 +15,8 @@ from dg_plugins.datasets.image_folder import PACS
 from dg_plugins.scripts import alignment_eval
 
 from alignment_helpers import fake_table
-from image_tree import make_pacs_tree
-from processes import command_env, run
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, run
 
 TIMEOUT = 120
 

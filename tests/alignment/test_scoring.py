@@ -325,8 +325,8 @@ def test_cli_fails_at_once_when_the_hub_endpoint_does_not_answer(tmp_path):
     logs any)."""
     import socket
 
-    from image_tree import make_pacs_tree
-    from processes import command_env, run
+    from support.image_tree import make_pacs_tree
+    from support.processes import command_env, run
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import pytest
 from dg_plugins.alignment import reevaluate
 from dg_plugins.scripts import alignment_eval, plot_alignment
 from dg_plugins.scripts import train as train_cli
-from helpers import read_records
+from support.helpers import read_records
 
 THRESHOLD = "0.25"
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",

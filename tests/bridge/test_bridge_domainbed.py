@@ -26,7 +26,7 @@ from dg_plugins.domainbed import bridge  # noqa: E402
 from dg_plugins import hparams as dg_hparams  # noqa: E402
 from dg_plugins.registry import ALGORITHMS, DATASETS  # noqa: E402
 from dg_plugins.seeds import seed_hash  # noqa: E402
-from helpers import read_records
+from support.helpers import read_records
 
 pytestmark = [
     pytest.mark.skipif(

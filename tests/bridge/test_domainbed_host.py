@@ -27,9 +27,9 @@ from dg_plugins import networks as dg_networks
 from dg_plugins.registry import ALGORITHMS, UnavailableError
 from dg_plugins.scripts.train import main
 from dg_plugins.seeds import seed_hash
-from helpers import VOLATILE_KEYS, read_records
-from job_gate import gate_env, released, wait_at_gate
-from processes import command_env, module_command, start
+from support.helpers import VOLATILE_KEYS, read_records
+from support.job_gate import gate_env, released, wait_at_gate
+from support.processes import command_env, module_command, start
 
 ROOT = os.environ.get(bridge.DOMAINBED_ROOT_ENV)
 pytestmark = [

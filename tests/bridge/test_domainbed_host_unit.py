@@ -17,7 +17,7 @@ from dg_plugins.registry import ALGORITHMS, UnavailableError, UnknownNameError
 from dg_plugins.scripts.train import main
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep.checks import check_algorithms
-from helpers import VOLATILE_KEYS, read_records
+from support.helpers import VOLATILE_KEYS, read_records
 
 ALGORITHMS_PY = '''
     import copy

@@ -17,8 +17,8 @@ import pytest
 from dg_plugins.domainbed.bridge import unpatched_script_command
 from dg_plugins.scripts import collect_results
 
-from helpers import read_records
-from processes import command_env, run
+from support.helpers import read_records
+from support.processes import command_env, run
 
 DOMAINBED_ROOT = os.environ.get("DOMAINBED_ROOT")
 SWEEP = "dg_plugins.scripts.sweep"

@@ -12,7 +12,7 @@ from dg_plugins.collect.selection import (IID, LOO, METHODS, ORACLE, get_method,
                                           group_records, select)
 from dg_plugins.collect.udg import select_udg
 
-from helpers import frame_of
+from support.helpers import frame_of
 
 N_ENVS = 3
 

@@ -15,7 +15,7 @@ from dg_plugins.collect.single_source import select_single_source
 from dg_plugins.collect.udg import is_udg, select_udg
 from dg_plugins.job.selection import SELECTION_READS, TEST, read_environments
 
-from helpers import frame_of
+from support.helpers import frame_of
 
 N_ENVS = 4
 SUBSETS = ("ip", "oop")

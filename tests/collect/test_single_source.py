@@ -12,7 +12,7 @@ from dg_plugins.collect.selection import IID, LOO, ORACLE
 from dg_plugins.collect.single_source import (select_single_source, single_source_datasets,
                                               single_source_tables)
 
-from helpers import frame_of
+from support.helpers import frame_of
 
 
 def record(source, step, n_envs=4, hparams_seed=0, trial=0, dataset="D", accs=None):

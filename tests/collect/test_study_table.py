@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import markdown_rows
+from support.helpers import markdown_rows
 
 TOOLS = Path(__file__).resolve().parents[2] / "results" / "tools"
 ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]  # DigitsOffline's, source mnist

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from dg_plugins import catalog
-from image_tree import make_pacs_tree
+from support.image_tree import make_pacs_tree
 
 
 def make_tree(root, layout):

@@ -16,7 +16,7 @@ import pytest
 from dg_plugins.datasets import check as data_check
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import check_data
-from image_tree import pacs_sample_dir
+from support.image_tree import pacs_sample_dir
 
 PACS_MINI = pacs_sample_dir()
 N_IMAGES = 40  # 30 JPEG + 10 PNG

@@ -22,7 +22,7 @@ from dg_plugins.seeds import seeded_rng
 from dg_plugins.train import batches, evaluate
 from dg_plugins.train.splits import split_dataset
 
-from image_tree import make_pacs_tree, truncate_image
+from support.image_tree import make_pacs_tree, truncate_image
 
 AUGMENT = {"data_augmentation": True}
 

@@ -24,8 +24,8 @@ from dg_plugins.datasets.image_folder import PACS, load_rgb_image
 from dg_plugins.train import evaluate
 from dg_plugins.train.splits import split_dataset
 
-from image_tree import make_pacs_tree
-from processes import command_env, survivors
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, survivors
 
 AUGMENT = {"data_augmentation": True}
 

@@ -23,8 +23,8 @@ from dg_plugins.datasets.device_augment import (
     Flip, Grayscale, Jitter, Normalize, device_augmentation, split_transform,
 )
 from dg_plugins.seeds import seeded_rng
-from devices import needs_cuda
-from image_tree import pacs_sample_dir
+from support.devices import needs_cuda
+from support.image_tree import pacs_sample_dir
 
 MEAN, STD = image_folder.IMAGENET_MEAN, image_folder.IMAGENET_STD
 Z = 5  # standard errors allowed

@@ -223,7 +223,7 @@ def test_color_jitter_environment_feeds_the_train_batch_stream():
 def test_train_runs_three_steps(tmp_path):
     """``python -m dg_plugins.scripts.train --dataset DigitsOffline`` end to end, single source;
     a plugin module (written here) shrinks the domains in the job's process."""
-    from processes import command_env, run
+    from support.processes import command_env, run
 
     (tmp_path / "tiny_digits_offline.py").write_text(
         "from dg_plugins.datasets import digits_offline\n"

@@ -21,7 +21,7 @@ from dg_plugins.datasets.image_folder import (
 )
 import dg_plugins.algorithms  # noqa: F401  (registers every algorithm)
 from dg_plugins.registry import ALGORITHMS, DATASETS
-from image_tree import pacs_sample_dir
+from support.image_tree import pacs_sample_dir
 
 PACS_MINI = pacs_sample_dir()
 MEAN = torch.tensor(image_folder.IMAGENET_MEAN).view(3, 1, 1)
@@ -581,9 +581,9 @@ def test_8_bit_modes_convert_as_torchvision_loads_them(tmp_path):
 def test_train_command_with_the_dmg_augmentation(tmp_path):
     """What a user runs: train on a PACS tree with the DMG release's PACS augmentation (default
     loader workers, a tiny random-init ViT)."""
-    from helpers import read_records
-    from image_tree import make_pacs_tree
-    from processes import command_env, run
+    from support.helpers import read_records
+    from support.image_tree import make_pacs_tree
+    from support.processes import command_env, run
 
     data_dir = make_pacs_tree(tmp_path / "data", per_class=2, size=32)
     hparams = {"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224", "pretrained": False,

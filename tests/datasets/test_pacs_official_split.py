@@ -8,7 +8,7 @@ import torch
 
 from dg_plugins import hparams
 from dg_plugins.datasets.image_folder import PACS, PACS_SPLITS_URL, OfficialSplitError
-from image_tree import make_pacs_tree, write_pacs_split_lists
+from support.image_tree import make_pacs_tree, write_pacs_split_lists
 
 OFFICIAL = {"data_augmentation": True, "data_split": "official"}
 

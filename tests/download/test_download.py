@@ -24,7 +24,7 @@ from archive_server import (
 from dg_plugins import download as lib
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts import download as cli
-from processes import REPO, command_env
+from support.processes import REPO, command_env
 
 MODULE = "dg_plugins.scripts.download"
 

@@ -27,7 +27,7 @@ from archive_server import (
 )
 from dg_plugins import download as lib
 from dg_plugins.registry import DATASETS
-from processes import REPO, as_from_a_terminal, command_env
+from support.processes import REPO, as_from_a_terminal, command_env
 
 MODULE = "dg_plugins.scripts.download"
 QUOTA_PAGE = (b"<!DOCTYPE html><html><head><title>Google Drive - Quota exceeded</title></head>"

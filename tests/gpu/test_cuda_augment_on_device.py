@@ -9,11 +9,11 @@ import signal
 
 import torch
 
-from devices import needs_cuda
-from helpers import VOLATILE_KEYS, read_records
-from image_tree import make_pacs_tree
-from job_gate import gate_env, released, wait_at_gate
-from processes import command_env, finish, run, start, survivors
+from support.devices import needs_cuda
+from support.helpers import VOLATILE_KEYS, read_records
+from support.image_tree import make_pacs_tree
+from support.job_gate import gate_env, released, wait_at_gate
+from support.processes import command_env, finish, run, start, survivors
 
 pytestmark = needs_cuda
 

@@ -293,7 +293,7 @@ VIT_MODELS = {
 def test_every_vit_model_follows_vit_arch(algorithm):
     import dg_plugins.algorithms  # noqa: F401  (registers the algorithms)
     import dg_plugins.datasets  # noqa: F401
-    from helpers import tiny_hparams
+    from support.helpers import tiny_hparams
     from dg_plugins.registry import ALGORITHMS
 
     extra, vit_of, _, _ = VIT_MODELS[algorithm]
@@ -307,7 +307,7 @@ def test_every_vit_model_follows_vit_arch(algorithm):
 @pytest.mark.parametrize("algorithm", sorted(VIT_MODELS))
 def test_auto_at_224_is_each_models_paper_backbone(algorithm, monkeypatch):
     import dg_plugins.algorithms  # noqa: F401
-    from helpers import tiny_hparams
+    from support.helpers import tiny_hparams
     from dg_plugins.registry import ALGORITHMS
 
     extra, vit_of, paper_arch, width = VIT_MODELS[algorithm]

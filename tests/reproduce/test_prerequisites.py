@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from image_tree import make_pacs_sample
-from paper_runs import run_script
-import release_data
+from support.image_tree import make_pacs_sample
+from support.paper_runs import run_script
+from support import release_data
 
 TIMEOUT_S = 120
 
@@ -164,7 +164,7 @@ def test_an_interpreter_without_torch_is_named_with_the_install_command(tmp, pac
     import subprocess
     import sys
 
-    from paper_runs import REPO
+    from support.paper_runs import REPO
 
     fake = tmp_path / "no_torch" / "torch"
     fake.mkdir(parents=True)

@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-import helpers
-import job_gate
-import processes
+from support import helpers
+from support import job_gate
+from support import processes
 
 SWEEP = "dg_plugins.scripts.sweep"
 #: Two Debug28 jobs of 6 steps, a checkpoint every 2 (records at steps 0, 2, 4 and 5).

@@ -17,7 +17,7 @@ import pytest
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import fork, jobs, launchers, processes, submitit
-from processes import as_from_a_terminal  # tests/processes.py
+from support.processes import as_from_a_terminal
 
 PY = shlex.quote(sys.executable)
 

@@ -9,8 +9,8 @@ import pytest
 
 from dg_plugins.runtime import CORES_ENV
 from dg_plugins.sweep import packing
-from helpers import VOLATILE_KEYS, read_records
-from processes import command_env, run
+from support.helpers import VOLATILE_KEYS, read_records
+from support.processes import command_env, run
 
 SWEEP = "dg_plugins.scripts.sweep"
 
@@ -158,7 +158,7 @@ def test_a_packed_job_is_forked_with_its_gpu_and_cores(tmp_path):
     from dg_plugins.job.flags import TRAIN_MODULE
     from dg_plugins.sweep.fork import ForkedJob
     from dg_plugins.sweep.processes import JobProcesses
-    from image_tree import make_pacs_tree
+    from support.image_tree import make_pacs_tree
 
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
     command = shlex.join([sys.executable, "-m", TRAIN_MODULE, "--dataset", "ImageFolder",

@@ -478,7 +478,7 @@ def test_train_and_sweep_refuse_a_bad_train_flag_with_the_same_message(tmp_path,
 def test_a_missing_plugin_module_and_a_mistyped_flag_are_one_line_each(tmp_path):
     """The real command: $DG_PLUGINS_IMPORT naming a module that does not import, and a
     mistyped flag (with "did you mean"), are a usage line and one error line, no traceback."""
-    import processes
+    from support import processes
 
     base = ["launch", "--datasets", "Debug28", "--data_dir", str(tmp_path / "data"),
             "--output_dir", str(tmp_path / "out"), "--dry_run"]

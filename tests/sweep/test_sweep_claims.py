@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dg_plugins.sweep import actions, claims
 from dg_plugins.sweep import jobs as sweep_jobs
-from job_gate import gate_env, released
-from processes import command_env, finish, run, start, survivors
+from support.job_gate import gate_env, released
+from support.processes import command_env, finish, run, start, survivors
 
 SWEEP = "dg_plugins.scripts.sweep"
 

@@ -11,8 +11,8 @@ import re
 import subprocess
 import sys
 
-from image_tree import draw_image
-from processes import command_env
+from support.image_tree import draw_image
+from support.processes import command_env
 
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import estimate

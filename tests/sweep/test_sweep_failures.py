@@ -19,10 +19,10 @@ import pytest
 from dg_plugins import catalog
 from dg_plugins.sweep import checks, jobs
 from dg_plugins.job.folder import lock_holder
-from helpers import read_records
-from image_tree import make_pacs_tree, truncate_image
-from job_gate import gate_env, released
-from processes import REPO, command_env, finish, run, start, survivors
+from support.helpers import read_records
+from support.image_tree import make_pacs_tree, truncate_image
+from support.job_gate import gate_env, released
+from support.processes import REPO, command_env, finish, run, start, survivors
 
 SWEEP = "dg_plugins.scripts.sweep"
 
@@ -257,7 +257,7 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
     """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
     each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
     print "Launched 2 jobs!" and exit 0)."""
-    env = command_env(DG_PLUGINS_IMPORT="big_state_algorithm")  # tests/ is on its PYTHONPATH
+    env = command_env(DG_PLUGINS_IMPORT="support.big_state_algorithm")  # tests/ is on its PYTHONPATH
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1", "--steps", "3",
                       "--hparams", '{"batch_size": 4}', datasets=("CrashingData",))

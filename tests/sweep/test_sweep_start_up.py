@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from processes import command_env, python_path, run
+from support.processes import command_env, python_path, run
 
 PROBE = textwrap.dedent('''
     """Writes the collector's state (on, frozen objects) when a process imports this plugin, when

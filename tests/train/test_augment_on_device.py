@@ -27,11 +27,11 @@ from dg_plugins.datasets.image_folder import PACS
 from dg_plugins.seeds import seed_hash
 from dg_plugins.train import batches, evaluate
 from dg_plugins.train.splits import SplitDataset, finisher, split_dataset
-from devices import job_device
-from helpers import VOLATILE_KEYS, read_records
-from image_tree import make_pacs_tree, write_pacs_split_lists
-from job_gate import gate_env, released, wait_at_gate
-from processes import command_env, finish, run, start, survivors
+from support.devices import job_device
+from support.helpers import VOLATILE_KEYS, read_records
+from support.image_tree import make_pacs_tree, write_pacs_split_lists
+from support.job_gate import gate_env, released, wait_at_gate
+from support.processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
 TIMEOUT = 240

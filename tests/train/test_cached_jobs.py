@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from helpers import VOLATILE_KEYS, read_records
-from image_tree import make_pacs_tree
-from processes import command_env, finish, run, start, survivors
+from support.helpers import VOLATILE_KEYS, read_records
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
 #: A tiny random-init ViT at 224x224; augmentation on (every image dataset's default), so the

@@ -26,9 +26,9 @@ from dg_plugins.train import loop as job_lib
 from dg_plugins.train import compute
 from dg_plugins.train import run as train
 from dg_plugins.train.compute import FP16_FIX, Compute
-from helpers import TEST_PLUGIN_MODULES, read_records, tiny_hparams
-from job_gate import gate_env, released
-from processes import command_env, finish, run, start
+from support.helpers import TEST_PLUGIN_MODULES, read_records, tiny_hparams
+from support.job_gate import gate_env, released
+from support.processes import command_env, finish, run, start
 
 #: Built-in algorithms and the test-only plugins (as tests/algorithms/test_all_algorithms.py).
 NAMES = [n for n, cls in ALGORITHMS.items()

@@ -16,9 +16,9 @@ from dg_plugins.train import run as train_run
 from dg_plugins.train.evaluate import accuracies
 from dg_plugins.job.selection import SELECTION_READS, evaluated_splits, record_kinds
 
-from helpers import read_records
-from image_tree import make_pacs_tree
-from processes import command_env, run
+from support.helpers import read_records
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, run
 
 
 def test_all_is_every_split_in_domainbeds_order():
@@ -85,7 +85,7 @@ def test_selection_evaluates_fewer_splits_with_the_same_values_and_one_worker_po
     records = {}
     for mode in ("all", "selection"):
         out, starts = tmp_path / mode, tmp_path / f"{mode}.starts"
-        env = command_env(DG_PLUGINS_IMPORT="worker_starts", DG_TEST_WORKER_STARTS=str(starts))
+        env = command_env(DG_PLUGINS_IMPORT="support.worker_starts", DG_TEST_WORKER_STARTS=str(starts))
         code, output = run(TRAIN, "--dataset", "PACS", "--data_dir", tree, "--algorithm", "ERM",
                            "--test_envs", "0", "--steps", "5", "--checkpoint_freq", "2",
                            "--hparams", IMAGE_HPARAMS, "--output_dir", out,

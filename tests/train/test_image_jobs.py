@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
-from job_gate import gate_env, released, wait_at_gate
-from processes import command_env, finish, run, start, survivors
-from helpers import read_records
+from support.image_tree import PACS_DOMAINS, make_pacs_tree, truncate_image
+from support.job_gate import gate_env, released, wait_at_gate
+from support.processes import command_env, finish, run, start, survivors
+from support.helpers import read_records
 
 TRAIN = "dg_plugins.scripts.train"
 SWEEP = "dg_plugins.scripts.sweep"
@@ -104,7 +104,7 @@ def test_decode_error_names_the_file_and_exits(broken_tree, tmp_path, broken_env
 
 
 def test_nan_stop_exits(tree, tmp_path):
-    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    env = command_env(DG_PLUGINS_IMPORT="support.e2e_algorithms")
     out = tmp_path / "job"
     code, output = run(TRAIN, *train_args(tree, out, algorithm="NaNERM", steps=6), env=env,
                        timeout=TIMEOUT)
@@ -209,7 +209,7 @@ def test_loader_workers_never_exceed_the_budget(tree, tmp_path):
     """A 3-source job (PACS, test env 0) with a budget of 2 loader workers: at no moment of its
     training and evaluations does it run more than 2 child processes (it used to run one
     training loader per source, 3 workers, and 2 more for each evaluation beside them)."""
-    env = command_env(DG_PLUGINS_IMPORT="e2e_algorithms")
+    env = command_env(DG_PLUGINS_IMPORT="support.e2e_algorithms")
     out = tmp_path / "job"
     proc = start(TRAIN, *train_args(tree, out, "--checkpoint_freq", "2", "--n_workers", "2",
                                     algorithm="SlowERM", steps=5), env=env)

@@ -16,7 +16,7 @@ from dg_plugins.train import batches
 from dg_plugins.train import run as train
 from dg_plugins.registry import DATASETS
 from dg_plugins.scripts.train import build_parser
-from helpers import read_records, tiny_hparams
+from support.helpers import read_records, tiny_hparams
 
 SIZES = (5, 9, 3)  # 17 items: 5 batches of 4 per epoch, the last one holding 1 item
 

@@ -12,11 +12,11 @@ import signal
 
 import pytest
 
-from devices import job_device
-from helpers import VOLATILE_KEYS, read_records
-from image_tree import make_pacs_tree
-from job_gate import gate_env, released, wait_at_gate
-from processes import command_env, finish, run, start, survivors
+from support.devices import job_device
+from support.helpers import VOLATILE_KEYS, read_records
+from support.image_tree import make_pacs_tree
+from support.job_gate import gate_env, released, wait_at_gate
+from support.processes import command_env, finish, run, start, survivors
 
 TRAIN = "dg_plugins.scripts.train"
 TIMEOUT = 120

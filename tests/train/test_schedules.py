@@ -15,7 +15,7 @@ from dg_plugins.train import loop
 from dg_plugins.train import run as train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser
-from helpers import read_records, tiny_hparams
+from support.helpers import read_records, tiny_hparams
 
 LR = 1e-3  # Debug28's default lr (DMG's mask lr defaults to it)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from processes import command_env, python_path, run
+from support.processes import command_env, python_path, run
 
 from dg_plugins.train import cli
 

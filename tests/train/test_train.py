@@ -13,9 +13,9 @@ from dg_plugins.train import loop
 from dg_plugins.train import run as train
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.scripts.train import build_parser, main
-from helpers import read_records
-from job_gate import gate_env, released
-from processes import start
+from support.helpers import read_records
+from support.job_gate import gate_env, released
+from support.processes import start
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -120,7 +120,7 @@ def test_missing_data_dir_is_a_clear_error(tmp_path, capsys):
 @pytest.fixture
 def nan_algorithm():
     """``NaNAfterTwoSteps`` registered for one test only (other tests list the registry)."""
-    from nan_algorithm import NaNAfterTwoSteps
+    from support.nan_algorithm import NaNAfterTwoSteps
 
     ALGORITHMS.register("NaNAfterTwoSteps", NaNAfterTwoSteps)
     yield "NaNAfterTwoSteps"
@@ -168,7 +168,7 @@ def test_train_help_renders():
 def test_test_envs_of_a_tree_found_on_disk_are_checked_before_the_settings(tmp_path, capsys):
     """ImageFolder finds its environments on disk: a --test_envs out of range is refused before
     train prints its settings or creates the folder (it used to print some 60 lines first)."""
-    from image_tree import make_pacs_tree
+    from support.image_tree import make_pacs_tree
 
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
     out = tmp_path / "job"

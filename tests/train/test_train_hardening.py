@@ -13,8 +13,8 @@ import pytest
 
 from dg_plugins.train import run as train
 from dg_plugins.scripts.train import build_parser, main
-from helpers import read_records
-from job_gate import gate_vars, released
+from support.helpers import read_records
+from support.job_gate import gate_vars, released
 
 TINY = '{"batch_size": 8}'
 TIMING_KEYS = {"step_time", "mem_gb"}
@@ -34,7 +34,7 @@ def child_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE), str(HERE.parent), str(HERE.parent / "plugins"), env.get("PYTHONPATH", "")])
-    env["DG_PLUGINS_IMPORT"] = "big_state_algorithm"
+    env["DG_PLUGINS_IMPORT"] = "support.big_state_algorithm"
     return env
 
 
@@ -78,7 +78,7 @@ def test_a_crash_prints_its_traceback_once(tmp_path):
     out = tmp_path / "job"
     proc = subprocess.run(
         [sys.executable, "-c",
-         "import sys, big_state_algorithm; from dg_plugins.scripts.train import main; "
+         "import sys, support.big_state_algorithm; from dg_plugins.scripts.train import main; "
          f"sys.exit(main(['--dataset', 'CrashingData', '--output_dir', {str(out)!r}, "
          "'--steps', '3', '--hparams', '{\"batch_size\": 4}']))"],
         capture_output=True, text=True, env=child_env(), timeout=300)
@@ -381,7 +381,7 @@ def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_p
 
 @pytest.fixture(autouse=True, scope="module")
 def _test_plugins():
-    import big_state_algorithm  # noqa: F401  (registers CrashingData)
+    from support import big_state_algorithm  # noqa: F401  (registers CrashingData)
 
     yield
 
@@ -665,7 +665,7 @@ def train_command(tmp_path, *args, env=None):
 
 @pytest.fixture
 def tiny_pacs(tmp_path):
-    from image_tree import make_pacs_tree
+    from support.image_tree import make_pacs_tree
 
     return make_pacs_tree(tmp_path / "data", per_class=1, size=32)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, TIMED_STEPS, Progress, format_duration
-from image_tree import make_pacs_tree
-from processes import command_env, run
+from support.image_tree import make_pacs_tree
+from support.processes import command_env, run
 
 TRAIN = "dg_plugins.scripts.train"
 TIMEOUT = 180

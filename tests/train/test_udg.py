@@ -19,7 +19,7 @@ from dg_plugins.train.splits import SplitDataset
 from dg_plugins.scripts import collect_results
 from dg_plugins.scripts import sweep as sweep_cli
 from dg_plugins.scripts import train as train_cli
-from helpers import VOLATILE_KEYS, read_records
+from support.helpers import VOLATILE_KEYS, read_records
 
 TINY = {"batch_size": 4, "vit_arch": "tiny", "mnist_cnn_width": 16}
 
@@ -322,8 +322,8 @@ def test_interrupted_dismae_pretraining_resumes_to_the_uninterrupted_weights(tmp
     import os
     import signal
 
-    from job_gate import gate_env, released
-    from processes import finish, run, start, survivors
+    from support.job_gate import gate_env, released
+    from support.processes import finish, run, start, survivors
 
     def argv(root):
         return ["--dataset", "Debug28", "--algorithm", "DisMAE", "--output_dir", root / "job",

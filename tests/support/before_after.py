@@ -10,13 +10,13 @@ the same on any machine), four ``python -m dg_plugins.scripts.sweep launch`` com
   and 1, 11 steps, a record every 5;
 * single-source DG: MPBM on Debug28 with ``--single_source`` (3 jobs);
 * UDG: MAE with two label fractions sharing one pretraining (3 steps, a tiny ViT);
-* an ImageFolder tree (``tests/image_tree.py``, decoded in loader workers): ERM through the sweep,
+* an ImageFolder tree (``tests/support/image_tree.py``, decoded in loader workers): ERM through the sweep,
   and one IP/OOP train job (``--alignment_scores``, a pseudo score file) in the same folder.
 
 :func:`snapshot` reads back what a user gets: the job-folder names (the md5 hashes, and the UDG
 pretraining's), every ``results.jsonl`` without its wall-clock fields (:data:`TIMING_KEYS`),
 the sweeps' output with what the wall clock decides masked (:func:`wall_clock_masked`), and every
-table (stdout, stderr, exit status). ``python tests/before_after.py write`` stores a snapshot as the
+table (stdout, stderr, exit status). ``python tests/support/before_after.py write`` stores a snapshot as the
 fixture ``tests/fixtures/before_after/``; do that only for a deliberate change of the output.
 """
 
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 FIXTURE = TESTS / "fixtures" / "before_after"
 #: Record keys measured on the wall clock or the device (removed before comparing).
 TIMING_KEYS = ("step_time", "mem_gb")
@@ -130,7 +130,7 @@ def run_all(root: Path) -> dict:
     """Run the sweeps, the IP/OOP job and every collect_results command in ``root``; returns
     ``{"sweeps": {name: output}, "tables": {name: {"stdout", "stderr", "code"}}}``."""
     sys.path.insert(0, str(TESTS))
-    from image_tree import make_pacs_tree
+    from support.image_tree import make_pacs_tree
 
     make_pacs_tree(root / TREE, per_class=1, size=16)
     outputs: dict = {"sweeps": {}, "tables": {}}

@@ -19,9 +19,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from processes import MARKER, python_path, stop_marked
+from support.processes import MARKER, python_path, stop_marked
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SWEEPS = REPO / "sweeps"
 #: The knobs of sweeps/*.sh; a test sets those it uses, the others are removed.
 KNOBS = ("OUTPUT_DIR", "PROTOCOL", "LAUNCHER", "DATASETS", "ALGORITHMS", "TEST_ENVS", "EPOCHS",

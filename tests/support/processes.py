@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "DG_TEST_RUN"
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from image_tree import draw_image, make_pacs_sample, write_pacs_split_lists
+from support.image_tree import draw_image, make_pacs_sample, write_pacs_split_lists
 
 DOMAINNET_DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
 TERRA_LAYOUT = {  # location -> its categories (the ten categories, each in two locations)

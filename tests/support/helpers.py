@@ -9,7 +9,7 @@ from dg_plugins.contract import tiny_hparams  # noqa: F401  (CPU-sized hparams, 
 
 #: The test-only plugin modules (``tests/plugins/``; conftest.py imports them before collection).
 TEST_PLUGIN_MODULES = [p.stem for p in
-                       sorted((Path(__file__).parent / "plugins").glob("[!_]*.py"))]
+                       sorted((Path(__file__).resolve().parents[1] / "plugins").glob("[!_]*.py"))]
 
 
 #: Record keys that differ between two runs of the same job (wall clock, memory, the folder).

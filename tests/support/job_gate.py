@@ -34,7 +34,7 @@ def gate_vars(folder, step: int = 0, phase: str | None = None, write: str | None
               plugins: str = "") -> dict:
     """The environment variables of a job held by this gate (``plugins``: other plugin
     modules, comma-separated, for ``DG_PLUGINS_IMPORT``)."""
-    env = {"DG_PLUGINS_IMPORT": ",".join(filter(None, [plugins, "job_gate"])),
+    env = {"DG_PLUGINS_IMPORT": ",".join(filter(None, [plugins, "support.job_gate"])),
            GATE: str(folder), STEP: str(step)}
     if phase is not None:
         env[PHASE] = phase
@@ -46,7 +46,7 @@ def gate_vars(folder, step: int = 0, phase: str | None = None, write: str | None
 def gate_env(folder, step: int = 0, phase: str | None = None, write: str | None = None,
              plugins: str = "", **extra) -> dict:
     """``processes.command_env`` for a job held by this gate (``extra``: more variables)."""
-    from processes import command_env
+    from support.processes import command_env
 
     return command_env(**gate_vars(folder, step, phase, write, plugins), **extra)
 
@@ -108,7 +108,7 @@ if os.environ.get(GATE) and os.environ.get(WRITE):
 
 def wait_at_gate(gate, proc, timeout: float) -> None:
     """Wait until the job ``proc`` (or a job of the sweep ``proc``) waits at the test's gate."""
-    from processes import finish
+    from support.processes import finish
 
     deadline = time.monotonic() + timeout
     while not (gate / "waiting").exists():

@@ -5,7 +5,7 @@ import time
 
 from dg_plugins.algorithms import ERM
 from dg_plugins.algorithms.base import register_algorithm
-from nan_algorithm import NaNAfterTwoSteps
+from support.nan_algorithm import NaNAfterTwoSteps
 
 SECONDS_PER_STEP = 0.15
 
