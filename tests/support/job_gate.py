@@ -20,10 +20,11 @@ Environment of the job:
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import os
+import sys
 import time
-
-from dg_plugins.train.loop import add_step_hook
 
 GATE, STEP, PHASE, WRITE = ("DG_TEST_GATE", "DG_TEST_GATE_STEP", "DG_TEST_GATE_PHASE",
                             "DG_TEST_GATE_WRITE")
@@ -101,7 +102,30 @@ def _gate_writes(name: str) -> None:
     os.replace = gated_replace
 
 
-add_step_hook(_step_hook)
+class _WhenTheLoopImports(importlib.abc.MetaPathFinder):
+    """Adds the step hook once :mod:`dg_plugins.train.loop` is imported: a process that loads
+    the plugins but never trains (a sweep, a launcher) does not import torch for the gate."""
+
+    def find_spec(self, name, path, target=None):
+        if name != LOOP:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.add_step_hook(_step_hook)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+LOOP = "dg_plugins.train.loop"
+if LOOP in sys.modules:
+    sys.modules[LOOP].add_step_hook(_step_hook)
+else:
+    sys.meta_path.insert(0, _WhenTheLoopImports())
 if os.environ.get(GATE) and os.environ.get(WRITE):
     _gate_writes(os.environ[WRITE])
 
