@@ -43,17 +43,17 @@ def rebuild(job_dir: str, saved: dict, options, rule: dict):
     """The job's data and train's evaluation under the job's compute settings."""
     from dg_plugins.alignment import reevaluate
     from dg_plugins.runtime import pick_device
+    from dg_plugins.train.compute import Compute
     from dg_plugins.train.evaluate import eval_batches, eval_seed, evaluate
     from dg_plugins.train.loop import build_job_data
-    from dg_plugins.train.compute import Compute
     from dg_plugins.train.splits import env_indices
 
     args = argparse.Namespace(**reevaluate.job_args(saved["args"], options.data_dir, rule))
     device = pick_device(options.device)
-    data = build_job_data(args, dict(saved["model_hparams"]), options.n_workers)
+    compute = Compute.of(args)  # once per job, as train builds it
+    data = build_job_data(args, dict(saved["model_hparams"]), options.n_workers, compute)
 
     def evaluate_model(algorithm) -> dict:
-        compute = Compute.of(args)
         with compute.active(device):
             return evaluate(algorithm, data.splits, device, num_workers=data.workers,
                             compute=compute)
