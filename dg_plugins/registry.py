@@ -138,7 +138,7 @@ class Registry:
             if len(match) == 1:
                 return self._load(source, match[0])
             raise UnknownNameError(
-                f"{self.kind} name {name!r} matches {', '.join(f'{p}:{n}' for n in match)} up "
+                f"{self.kind} name {name!r} matches {', '.join(f'{source.prefix}:{n}' for n in match)} up "
                 "to case; give the exact name" if match else
                 f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
                 f"{did_you_mean(rest, names)}")

@@ -288,6 +288,19 @@ def test_a_sources_names_load_on_first_use_and_registered_names_win():
     assert "Gamma" not in reg and reg.loaded() == []
 
 
+
+def test_a_qualified_name_matching_two_of_a_sources_names_up_to_case_names_both():
+    class Twins(_Source):
+        def names(self):
+            return ["Delta", "DELTA"]
+
+    reg = Registry("widget")
+    reg.add_source(Twins())
+    with pytest.raises(UnknownNameError, match="widget name 'Pkg:delta' matches Pkg:Delta, "
+                                               "Pkg:DELTA up to case; give the exact name"):
+        reg.resolve("Pkg:delta")
+    assert reg.resolve("Pkg:DELTA") == "DELTA"
+
 def test_a_registry_of_another_package_draws_the_hparams():
     """An algorithm declared with declare_registry takes that registry's hparams (seeded by it),
     plus the dataset's own, and nothing of our base space; its numbers take any number."""
