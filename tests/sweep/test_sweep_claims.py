@@ -5,7 +5,6 @@ launcher died (SIGKILL) is stale and blocks nothing. Run as the user runs it: tw
 launch --command_launcher local`` processes at once, the first one's job held by the test's gate
 so that the overlap is certain."""
 
-import json
 import os
 import signal
 import socket
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 from dg_plugins.sweep import actions, claims
 from dg_plugins.sweep import jobs as sweep_jobs

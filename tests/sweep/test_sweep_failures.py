@@ -22,7 +22,7 @@ from dg_plugins.job.folder import lock_holder
 from support.helpers import read_records
 from support.image_tree import make_pacs_tree, truncate_image
 from support.job_gate import gate_env, released
-from support.processes import REPO, command_env, finish, run, start, survivors
+from support.processes import command_env, finish, run, start, survivors
 
 SWEEP = "dg_plugins.scripts.sweep"
 

@@ -10,10 +10,8 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import time
 
-import pytest
 
 from support.helpers import VOLATILE_KEYS, read_records
 from support.image_tree import make_pacs_tree
