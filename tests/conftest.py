@@ -36,6 +36,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The few tests that run two threads (thread-count reproducibility) share the cores with the other
 # worker: their OpenMP threads wait by sleeping instead of spinning (the numbers are unchanged).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Hundreds of the suite's processes import the package: they write and read its bytecode (in
+# the checkout's __pycache__ folders, which git ignores) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE, set in some containers), instead of each compiling it again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
 
