@@ -118,13 +118,17 @@ def sweep_args(out, launcher, *extra, trials=2):
             "--command_launcher", launcher, "--skip_confirmation", *extra]
 
 
-def test_two_jobs_on_one_gpu_run_at_once_and_write_the_records_of_jobs_run_alone(tmp_path):
-    """Three jobs, two per GPU: the second slot opens once the first job's records give its
-    peak memory, and then a job starts beside another whatever the jobs' speed (beside the
-    first job if it still runs, else the second and third together), so two starts follow each
-    other with no end between them."""
-    code, alone = run(SWEEP, *sweep_args(tmp_path / "alone", "local", trials=3),
-                      env=command_env(), timeout=300)
+def test_two_jobs_on_one_gpu_run_at_once_and_write_the_records_of_jobs_run_alone(tmp_path,
+                                                                                capfd):
+    """Three jobs, two per GPU (the real command): the second slot opens once the first job's
+    records give its peak memory, and then a job starts beside another whatever the jobs' speed
+    (beside the first job if it still runs, else the second and third together), so two starts
+    follow each other with no end between them. The jobs run alone by the local launcher (the
+    sweep's ``main`` in process) write the same records."""
+    from dg_plugins.sweep import cli as sweep_cli
+
+    code = sweep_cli.main(sweep_args(str(tmp_path / "alone"), "local", trials=3))
+    alone = capfd.readouterr().out
     assert code == 0, alone
     env = command_env(CUDA_VISIBLE_DEVICES="0", **{CORES_ENV: "2"})
     code, packed = run(SWEEP, *sweep_args(tmp_path / "packed", "multi_gpu", "--jobs_per_gpu",
@@ -141,11 +145,15 @@ def test_two_jobs_on_one_gpu_run_at_once_and_write_the_records_of_jobs_run_alone
             tmp_path / "alone" / name, VOLATILE_KEYS)
 
 
-def test_jobs_per_gpu_needs_the_multi_gpu_launcher(tmp_path):
-    code, output = run(SWEEP, *sweep_args(tmp_path, "local", "--jobs_per_gpu", "2"),
-                       env=command_env(), timeout=120)
-    assert code == 2 and "--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher" \
-        in output, output
+def test_jobs_per_gpu_needs_the_multi_gpu_launcher(tmp_path, capsys):
+    from dg_plugins.sweep import cli as sweep_cli
+
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(sweep_args(str(tmp_path), "local", "--jobs_per_gpu", "2"))
+    output = capsys.readouterr().err
+    assert exited.value.code == 2 and "--jobs_per_gpu packs jobs on the GPUs of the multi_gpu " \
+        "launcher" in output, output
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_packed_job_is_forked_with_its_gpu_and_cores(tmp_path):

@@ -288,8 +288,17 @@ def test_cli_dry_run_creates_nothing(tmp_path, capsys):
     assert len(job_dirs(tmp_path)) == 6
 
 
+def no_estimate(monkeypatch):
+    """The prompt without the cost estimate above it (its child process times training steps;
+    tests/sweep/test_sweep_costs.py checks it, and test_cli_subprocess_prompt_no_torch runs it)."""
+    from dg_plugins.sweep import estimate
+
+    monkeypatch.setenv(estimate.TIMEOUT_ENV, "0")
+
+
 @pytest.mark.parametrize("answer, launched", [("n\n", False), ("Yes\n", True)])
 def test_cli_confirmation_prompt(tmp_path, capsys, monkeypatch, answer, launched):
+    no_estimate(monkeypatch)
     monkeypatch.setattr(sys, "stdin", io.StringIO(answer))
     argv = [a for a in cli(tmp_path) if a != "--skip_confirmation"]
     assert sweep_cli.main(argv) == 0
@@ -300,6 +309,7 @@ def test_cli_confirmation_prompt(tmp_path, capsys, monkeypatch, answer, launched
 
 
 def test_cli_confirmation_without_answer_fails_clearly(tmp_path, capsys, monkeypatch):
+    no_estimate(monkeypatch)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     argv = [a for a in cli(tmp_path) if a != "--skip_confirmation"]
     assert sweep_cli.main(argv) == 2
@@ -308,14 +318,16 @@ def test_cli_confirmation_without_answer_fails_clearly(tmp_path, capsys, monkeyp
 
 
 def test_cli_subprocess_prompt_no_torch(tmp_path):
-    """Real stdin: 'n' gives Nevermind! and exit 0; enumeration never imports torch."""
+    """Real stdin: 'n' gives Nevermind! and exit 0; enumeration (and the cost estimate before
+    the prompt, in its child process; jobs this short are not timed) never imports torch."""
     code = ("import sys; from dg_plugins.scripts import sweep; rc = sweep.main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
-    argv = [a for a in cli(tmp_path) if a != "--skip_confirmation"]
+    argv = [a for a in cli(tmp_path, "--steps", "5") if a != "--skip_confirmation"]
     proc = subprocess.run([sys.executable, "-c", code, *argv], input="n\n", text=True,
                           capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("Nevermind!")
+    assert "Cost of the 6 jobs: 30 training steps" in proc.stdout
     assert not (tmp_path / "out").exists()
 
 
@@ -475,21 +487,26 @@ def test_train_and_sweep_refuse_a_bad_train_flag_with_the_same_message(tmp_path,
     assert not (tmp_path / "s").exists()
 
 
-def test_a_missing_plugin_module_and_a_mistyped_flag_are_one_line_each(tmp_path):
-    """The real command: $DG_PLUGINS_IMPORT naming a module that does not import, and a
-    mistyped flag (with "did you mean"), are a usage line and one error line, no traceback."""
-    from support import processes
-
+def test_a_missing_plugin_module_and_a_mistyped_flag_are_one_line_each(tmp_path, capsys,
+                                                                        monkeypatch):
+    """$DG_PLUGINS_IMPORT naming a module that does not import, and a mistyped flag (with "did
+    you mean"), are a usage line and one error line, no traceback (the sweep's ``main``: a
+    traceback would be an exception here)."""
     base = ["launch", "--datasets", "Debug28", "--data_dir", str(tmp_path / "data"),
             "--output_dir", str(tmp_path / "out"), "--dry_run"]
-    code, text = processes.run("dg_plugins.scripts.sweep", *base,
-                               env=processes.command_env(DG_PLUGINS_IMPORT="no_such_plugin_x"),
-                               timeout=120)
-    assert code == 2 and "Traceback" not in text, text
+    monkeypatch.setenv("DG_PLUGINS_IMPORT", "no_such_plugin_x")
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(base)
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert exited.value.code == 2 and "Traceback" not in text, text
     assert "plugin module 'no_such_plugin_x'" in text and len(text.strip().splitlines()) == 2
-    code, text = processes.run("dg_plugins.scripts.sweep", *base, "--algorithms", "ERM",
-                               "--n_trails", "1", env=processes.command_env(), timeout=120)
-    assert code == 2 and "did you mean --n_trials?" in text, text
+    monkeypatch.delenv("DG_PLUGINS_IMPORT")
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(base + ["--algorithms", "ERM", "--n_trails", "1"])
+    text = capsys.readouterr().err
+    assert exited.value.code == 2 and "did you mean --n_trials?" in text, text
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------

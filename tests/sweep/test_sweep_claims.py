@@ -16,7 +16,7 @@ import time
 from dg_plugins.sweep import actions, claims
 from dg_plugins.sweep import jobs as sweep_jobs
 from support.job_gate import gate_env, released
-from support.processes import command_env, finish, run, start, survivors
+from support.processes import command_env, finish, start, survivors
 
 SWEEP = "dg_plugins.scripts.sweep"
 
@@ -137,11 +137,16 @@ def test_a_killed_launchers_claim_blocks_nothing(tmp_path):
 # Two real launchers at once
 
 
-def test_a_second_launcher_leaves_the_first_ones_jobs_alone_and_runs_the_others(tmp_path):
-    """Launcher A queues two jobs and is held in the first (the gate). An identical launch B says
-    that A (pid, host) holds 2 jobs, launches nothing and suggests no delete; delete_incomplete
-    deletes nothing; a launch C of three jobs runs only the one nobody holds, while A is still
-    held. Released, A runs its two jobs to the end, and nothing is left behind."""
+def test_a_second_launcher_leaves_the_first_ones_jobs_alone_and_runs_the_others(tmp_path,
+                                                                               capfd):
+    """Launcher A (a real ``sweep launch`` process) queues two jobs and is held in the first (the
+    gate). An identical launch B says that A (pid, host) holds 2 jobs, launches nothing and
+    suggests no delete; delete_incomplete deletes nothing; a launch C of three jobs runs only the
+    one nobody holds, while A is still held (B, the delete and C: the sweep's ``main`` in this
+    process, another process than A). Released, A runs its two jobs to the end, and nothing is
+    left behind."""
+    from dg_plugins.sweep import cli as sweep_cli
+
     out, gate = tmp_path / "out", tmp_path / "gate"
     gate.mkdir()
     env = gate_env(gate, step=0)
@@ -151,8 +156,8 @@ def test_a_second_launcher_leaves_the_first_ones_jobs_alone_and_runs_the_others(
                                 and (gate / "waiting").read_text()))
         host = socket.gethostname()
 
-        code, text = run(SWEEP, *argv(out), env=command_env(), timeout=180)
-        assert code == 0, text
+        assert sweep_cli.main(argv(out)) == 0
+        text = capfd.readouterr().out
         assert "2 jobs: 0 done, 0 incomplete, 1 running, 1 queued by another launcher, " \
                "0 not launched." in text, text
         assert (f"Note: another sweep launcher is working on this sweep: launcher pid {a.pid} on "
@@ -164,13 +169,13 @@ def test_a_second_launcher_leaves_the_first_ones_jobs_alone_and_runs_the_others(
         assert "delete_incomplete" not in text and "interrupted or failed" not in text
         assert "Launch" not in text.split("About to launch 0 jobs.")[1]
 
-        code, text = run(SWEEP, *argv(out, command="delete_incomplete", launcher=None),
-                         env=command_env(), timeout=180)
-        assert code == 0 and "About to delete 0 jobs." in text, text
+        assert sweep_cli.main(argv(out, command="delete_incomplete", launcher=None)) == 0
+        text = capfd.readouterr().out
+        assert "About to delete 0 jobs." in text, text
         assert "queued (folder created, not started yet): not deleted." in text
 
-        code, text = run(SWEEP, *argv(out, "0", "1", "2"), env=command_env(), timeout=300)
-        assert code == 0, text
+        assert sweep_cli.main(argv(out, "0", "1", "2")) == 0
+        text = capfd.readouterr().out
         assert "3 jobs: 0 done, 0 incomplete, 1 running, 1 queued by another launcher, " \
                "1 not launched." in text, text
         assert "[1/1] started: ERM on Debug28, test envs 2" in text
@@ -185,10 +190,12 @@ def test_a_second_launcher_leaves_the_first_ones_jobs_alone_and_runs_the_others(
     assert survivors(env) == []
 
 
-def test_a_killed_launchers_jobs_are_incomplete_for_the_next_launch(tmp_path):
+def test_a_killed_launchers_jobs_are_incomplete_for_the_next_launch(tmp_path, capsys):
     """SIGKILL of launcher A while its first job is held: the job follows it, and its claim no
-    longer holds anything: the next launch calls both jobs Incomplete, this time rightly offering
-    to resume or delete them."""
+    longer holds anything: the next launch (a dry run, its ``main`` in process) calls both jobs
+    Incomplete, this time rightly offering to resume or delete them."""
+    from dg_plugins.sweep import cli as sweep_cli
+
     out, gate = tmp_path / "out", tmp_path / "gate"
     gate.mkdir()
     env = gate_env(gate, step=0)
@@ -199,7 +206,8 @@ def test_a_killed_launchers_jobs_are_incomplete_for_the_next_launch(tmp_path):
         os.kill(a.pid, signal.SIGKILL)
         wait_for(lambda: not alive(held_job), timeout=120)
         finish(a, timeout=30)
-        code, text = run(SWEEP, *argv(out), "--dry_run", env=command_env(), timeout=180)
-    assert code == 0, text
+        capsys.readouterr()
+        assert sweep_cli.main([*argv(out), "--dry_run"]) == 0
+    text = capsys.readouterr().out
     assert "2 jobs: 0 done, 2 incomplete, 0 not launched." in text, text
     assert "another sweep launcher" not in text and "delete_incomplete" in text

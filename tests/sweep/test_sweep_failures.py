@@ -61,10 +61,13 @@ def job_folders(out) -> list[Path]:
 # Problems every job would meet are found once, before launching
 
 
-def test_missing_data_and_weights_are_found_before_launching(tmp_path):
+def test_missing_data_and_weights_are_found_before_launching(tmp_path, capsys):
     """PACS without its folder, and offline with empty caches: the sweep names both problems
-    (with their fixes), launches nothing and exits 2; --steps 0 likewise. With the data in place
-    and random-init weights, the same sweep launches."""
+    (with their fixes), launches nothing and exits 2 (the real command); --steps 0 likewise.
+    With the data in place and random-init weights, the same sweep launches (these two in
+    process: the refusal of a flag and a dummy launch)."""
+    from dg_plugins.sweep import cli as sweep_cli
+
     env = command_env(HF_HOME=str(tmp_path / "hf"), TORCH_HOME=str(tmp_path / "torch"),
                       HF_HUB_OFFLINE="1")
     out = tmp_path / "out"
@@ -81,13 +84,18 @@ def test_missing_data_and_weights_are_found_before_launching(tmp_path):
     assert "Nothing was launched (2 problem(s) above" in text
     assert "Traceback" not in text and "Dummy launcher" not in text and not out.exists()
 
-    code, text = run(SWEEP, *argv[:-1], "0", env=env, timeout=60)  # --steps 0
-    assert code == 2 and "--steps must be a positive integer, got 0" in text, text
+    with pytest.raises(SystemExit) as exited:  # --steps 0
+        sweep_cli.main([*argv[:-1], "0"])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert "--steps must be a positive integer, got 0" in captured.err, captured
+    assert not out.exists()
 
     make_pacs_tree(data, per_class=1, size=16)
-    code, text = run(SWEEP, *argv, "--hparams", '{"pretrained": false}', env=env, timeout=180)
-    assert code == 0, text
-    assert text.count("Dummy launcher: ") == 4 and "error:" not in text
+    assert sweep_cli.main([*argv, "--hparams", '{"pretrained": false}']) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("Dummy launcher: ") == 4, captured
+    assert "error:" not in captured.out + captured.err
 
 
 def test_data_checks_use_each_datasets_own_lookup(tmp_path):
@@ -253,15 +261,19 @@ def test_the_expected_clip_model_reaches_every_job_and_its_identity_only_when_gi
         extra_args={"alignment_scores": scores}))
 
 
-def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
+def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path, capfd, monkeypatch):
     """Two jobs that crash (a dataset whose items raise): every job runs, then the sweep lists
     each failure with its error line and err.txt, says how to continue, and exits 1 (it used to
-    print "Launched 2 jobs!" and exit 0)."""
-    env = command_env(DG_PLUGINS_IMPORT="support.big_state_algorithm")  # tests/ is on its PYTHONPATH
+    print "Launched 2 jobs!" and exit 0). (The sweep's ``main`` in process, its local launcher
+    forking the jobs, which load the dataset's plugin module as the sweep does.)"""
+    from dg_plugins.sweep import cli as sweep_cli
+
+    monkeypatch.setenv("DG_PLUGINS_IMPORT", "support.big_state_algorithm")  # tests/ is on sys.path
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "1", "--steps", "3",
                       "--hparams", '{"batch_size": 4}', datasets=("CrashingData",))
-    code, text = run(SWEEP, *argv, env=env, timeout=300)
+    code = sweep_cli.main(argv)
+    text = capfd.readouterr().out
     assert code == 1, text
     folders = job_folders(out)
     assert len(folders) == 2
@@ -284,17 +296,18 @@ def test_jobs_that_fail_make_the_sweep_fail_with_a_summary(tmp_path):
 # A killed sweep, a running job, a relaunch
 
 
-def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
-    """kill -9 of a local-launcher sweep while its job trains (held after step 10 by the test's
+def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path, capfd):
+    """kill -9 of a local-launcher sweep while its job trains (held after step 4 by the test's
     gate until it stops): the job gets SIGTERM from the kernel, stops at a checkpoint and exits
     (it used to train on, holding its lock); then ``sweep launch --resume`` continues it to the
     end, with the records of an uninterrupted run's steps, and no process is left behind."""
     gate = tmp_path / "gate"
     gate.mkdir()
-    env = gate_env(gate, step=10)
+    env = gate_env(gate, step=4)
     out = tmp_path / "out"
-    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "12",
-                      "--checkpoint_freq", "4", "--hparams", '{"batch_size": 8}')
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "2", "--steps", "8",
+                      "--checkpoint_freq", "3", "--hparams", '{"batch_size": 8}',
+                      datasets=("Debug28",))
     proc = start(SWEEP, *argv, env=env)
     with released(gate):
         pid = wait_for(lambda: (gate / "waiting").exists() and (gate / "waiting").read_text())
@@ -304,14 +317,17 @@ def test_kill_9_of_the_sweep_stops_its_job_and_a_relaunch_resumes_it(tmp_path):
         wait_for(lambda: not alive(int(pid)), timeout=60)  # the job followed its launcher
         finish(proc, timeout=30)
     assert lock_holder(str(job)) is None and not (job / "done").exists()
-    assert "stopped: stopped by SIGTERM after step 10" in (job / "err.txt").read_text()
+    assert "stopped: stopped by SIGTERM after step 4" in (job / "err.txt").read_text()
 
-    code, text = run(SWEEP, *argv, "--resume", env=env, timeout=300)
-    assert code == 0, text
-    assert "(1 of them are Incomplete and will run with --resume.)" in text
+    assert survivors(env) == []  # the killed sweep's fork server and job
+
+    from dg_plugins.sweep import cli as sweep_cli  # the relaunch: its main in process
+
+    assert sweep_cli.main([*argv, "--resume"]) == 0
+    text = capfd.readouterr().out
+    assert "(1 of them are Incomplete and will run with --resume.)" in text, text
     assert (job / "done").exists()
-    assert [r["step"] for r in read_records(job)] == [0, 4, 8, 11]
-    assert survivors(env) == []
+    assert [r["step"] for r in read_records(job)] == [0, 3, 6, 7]
 
 
 HOLD_LOCK = textwrap.dedent("""
@@ -324,11 +340,13 @@ HOLD_LOCK = textwrap.dedent("""
 """)
 
 
-def test_a_running_job_is_left_alone_and_reported_as_running(tmp_path):
+def test_a_running_job_is_left_alone_and_reported_as_running(tmp_path, capsys):
     """A job whose folder lock a live process holds: ``launch --resume`` neither relaunches nor
     calls it failed (it says it is running, with the pid), ``delete_incomplete`` keeps its
-    folder; once the process is gone the job is Incomplete again."""
-    env = command_env()
+    folder; once the process is gone the job is Incomplete again. (The sweeps run in process,
+    with the dummy launcher: the lock's holder is the other process.)"""
+    from dg_plugins.sweep import cli as sweep_cli
+
     out = tmp_path / "out"
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "3",
                       launcher="dummy")
@@ -340,38 +358,40 @@ def test_a_running_job_is_left_alone_and_reported_as_running(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(job)])
     try:
         wait_for(lambda: (job / "holding").exists(), timeout=30)
-        code, text = run(SWEEP, *argv, "--resume", env=env, timeout=120)
-        assert code == 0, text
-        assert "1 jobs: 0 done, 0 incomplete, 1 running, 0 not launched." in text
+        assert sweep_cli.main([*argv, "--resume"]) == 0
+        text = capsys.readouterr().out
+        assert "1 jobs: 0 done, 0 incomplete, 1 running, 0 not launched." in text, text
         assert f"running (pid {holder.pid}): {job}" in text
         assert "About to launch 0 jobs." in text and "Dummy launcher" not in text
-        code, text = run(SWEEP, "delete_incomplete", *argv[1:], env=env, timeout=120)
-        assert code == 0 and job.is_dir(), text
+        assert sweep_cli.main(["delete_incomplete", *argv[1:]]) == 0
+        assert job.is_dir(), capsys.readouterr()
     finally:
         holder.kill()
         holder.wait()
-    code, text = run(SWEEP, *argv, "--resume", env=env, timeout=120)
-    assert code == 0, text
+    capsys.readouterr()
+    assert sweep_cli.main([*argv, "--resume"]) == 0
+    text = capsys.readouterr().out
     assert [line for line in text.splitlines() if line.startswith("Dummy launcher: ")
             and line.endswith(f"--output_dir {job} --seed {job_args['seed']} --steps 3 --task "
-                              "domain_generalization --test_envs 5 --trial_seed 0 --resume")]
+                              "domain_generalization --test_envs 5 --trial_seed 0 --resume")], text
 
 
 # ---------------------------------------------------------------------------------------------
 # Names and environments found by the sweep
 
 
-def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_path):
+def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_path, capsys):
     """``--datasets ImageFolder --data_dir D`` enumerates D's domain folders (it ended in a
-    traceback); a missing D and unknown names are one-line errors, exit 2, as train's."""
-    env = command_env()
+    traceback); a missing D and unknown names are one-line errors, exit 2, as train's (the
+    sweep's ``main`` in process: a traceback would be an exception here)."""
+    from dg_plugins.sweep import cli as sweep_cli
+
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
     out = tmp_path / "out"
-    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
-                                        "--dry_run", data_dir=data, datasets=("ImageFolder",)),
-                     env=env, timeout=60)
-    assert code == 0, text
-    assert "4 jobs: 0 done, 0 incomplete, 4 not launched." in text
+    assert sweep_cli.main(sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
+                                     "--dry_run", data_dir=data, datasets=("ImageFolder",))) == 0
+    text = capsys.readouterr().out
+    assert "4 jobs: 0 done, 0 incomplete, 4 not launched." in text, text
     for argv, message in [
             (sweep_argv(out, "--algorithms", "ERM", data_dir=tmp_path / "nowhere",
                         datasets=("ImageFolder",)), "does not exist"),
@@ -384,38 +404,61 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
             (sweep_argv(out, "--algorithms", "ERM", datasets=("SVIRO",)),
              "SVIRO is a DomainBed dataset that dg_plugins does not implement; run it through "
              "the bridge")]:
-        code, text = run(SWEEP, *argv, env=env, timeout=60)
-        assert code == 2 and message in text and "Traceback" not in text, text
+        with pytest.raises(SystemExit) as exited:
+            sweep_cli.main(argv)
+        captured = capsys.readouterr()
+        text = captured.out + captured.err
+        assert exited.value.code == 2 and message in text and "Traceback" not in text, text
+        assert len([line for line in captured.err.splitlines() if "error:" in line]) == 1, text
     assert not out.exists()
 
 
-def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folders(tmp_path):
+@pytest.fixture(scope="module")
+def image_folder_sweep(tmp_path_factory):
+    """One real sweep (``python -m dg_plugins.scripts.sweep``, the local launcher, the default
+    loader workers) of an ImageFolder tree, one job (the first of the tree's four domains as its
+    test environment), into the quick start's kind of ``--output_dir``: relative, not there yet
+    (``sweep_output/demo`` in the working directory ``root``). ``(root, env, exit status,
+    output)``, read by the tests below."""
+    root = tmp_path_factory.mktemp("image_folder_sweep")
+    env = command_env()
+    data = make_pacs_tree(root / "data", per_class=1, size=16) / "PACS"
+    argv = sweep_argv("sweep_output/demo", "--algorithms", "ERM", "--test_env_sets", "0",
+                      "--steps", "1", "--hparams", '{"resnet18": true, "pretrained": false, '
+                      '"batch_size": 2, "image_size": 32}', data_dir=data,
+                      datasets=("ImageFolder",))
+    proc = subprocess.Popen([sys.executable, "-m", SWEEP, *argv], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    code, text = finish(proc, timeout=300)
+    return root, env, code, text
+
+
+def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folders(
+        image_folder_sweep, capsys):
     """An ImageFolder sweep (one job, the first of the tree's four domains as its test
     environment): its records carry the environment names, and collect_results' columns are the
     domain folders (they were 0 1 2 3)."""
-    env = command_env()
-    data = make_pacs_tree(tmp_path / "data", per_class=1, size=16) / "PACS"
-    out = tmp_path / "out"
-    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0",
-                                        "--steps", "1", "--hparams", '{"resnet18": true, '
-                                        '"pretrained": false, "batch_size": 2, '
-                                        '"image_size": 32}',
-                                        data_dir=data, datasets=("ImageFolder",)),
-                     env=env, timeout=300)
+    from dg_plugins.collect import cli as collect_cli
+
+    root, _, code, text = image_folder_sweep
     assert code == 0, text
-    code, tables = run("dg_plugins.scripts.collect_results", "--input_dir", out,
-                       "--all_columns", env=env, timeout=120)
-    assert code == 0, tables
+    assert collect_cli.main(["--input_dir", str(root / "sweep_output" / "demo"),
+                             "--all_columns"]) == 0
+    tables = capsys.readouterr().out
     block = tables.split("model selection method: training-domain validation set\n")[1]
     assert block.splitlines()[0].split() == ["Algorithm", "art_painting", "cartoon", "photo",
                                               "sketch", "Avg"], tables
 
 
-def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path, capsys):
     """``--dataset ImageFolder --data_dir`` pointed at the folder above the tree (one "domain"
     whose "classes" are the domains): train (before printing its settings) and the sweep
-    (before launching) say which --data_dir was meant, exit 2 and write nothing; they used to
-    fail with "leaves no training environment", or launch jobs that failed."""
+    (before launching; its ``main`` in process) say which --data_dir was meant, exit 2 and
+    write nothing; they used to fail with "leaves no training environment", or launch jobs that
+    failed."""
+    from dg_plugins.sweep import cli as sweep_cli
+
     env = command_env()
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
     meant = f"did you mean --data_dir {data / 'PACS'}?"
@@ -424,19 +467,22 @@ def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
     assert code == 2 and text.endswith(f"{meant}\n") and "HParams" not in text, text
     assert not (tmp_path / "job").exists()
     out = tmp_path / "out"
-    code, text = run(SWEEP, *sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
-                                        data_dir=data, datasets=("ImageFolder",)),
-                     env=env, timeout=60)
-    assert code == 2 and text.endswith(f"{meant}\n"), text
+    with pytest.raises(SystemExit) as exited:
+        sweep_cli.main(sweep_argv(out, "--algorithms", "ERM", "--single_test_envs",
+                                  data_dir=data, datasets=("ImageFolder",)))
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.err.endswith(f"{meant}\n"), captured
     assert not out.exists()
 
 
-def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp_path):
+def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp_path, capfd):
     """Jobs that exit with train's bad-input status before their first checkpoint (here: every
     image of a training domain is unreadable, which the pre-launch check, reading no image,
     cannot see): the sweep says to fix the cause, delete the folders and launch again; a
-    --resume would only fail the same way."""
-    env = command_env()
+    --resume would only fail the same way. (The sweep's ``main`` in process, its local
+    launcher forking the job.)"""
+    from dg_plugins.sweep import cli as sweep_cli
+
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
     for path in (data / "PACS" / "sketch").rglob("*.jpg"):
         truncate_image(path)
@@ -444,7 +490,8 @@ def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp
     argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "0", "--steps", "2",
                       "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2, '
                       '"image_size": 32}', data_dir=data, datasets=("PACS",))
-    code, text = run(SWEEP, *argv, env=env, timeout=300)
+    code = sweep_cli.main(argv)
+    text = capfd.readouterr().out
     assert code == 1, text
     assert "Each failed on bad input before its first checkpoint (exit status 2" in text
     [delete] = [line for line in text.splitlines() if "delete_incomplete" in line]
@@ -474,8 +521,8 @@ def test_a_script_without_a_main_guard_can_drive_the_local_launcher(tmp_path):
     job failed, its folder stayed empty, the sweep exited 0); the job is done."""
     (tmp_path / "my_sweep.py").write_text(GUARDLESS_SCRIPT)
     out = tmp_path / "out"
-    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "5", "--steps", "2",
-                      "--hparams", '{"batch_size": 8}')
+    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "2", "--steps", "2",
+                      "--hparams", '{"batch_size": 8}', datasets=("Debug28",))
     proc = subprocess.Popen([sys.executable, str(tmp_path / "my_sweep.py"),
                              str(tmp_path / "runs"), *argv], cwd=tmp_path, env=command_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -508,16 +555,14 @@ def test_only_dg_plugins_or_fileless_mains_are_forked(monkeypatch):
         assert (fork.forkable_train_args(command) is not None) is safe
 
 
-def test_a_relative_output_folder_not_created_yet_is_checked_in_the_working_directory(tmp_path):
+def test_a_relative_output_folder_not_created_yet_is_checked_in_the_working_directory(
+        image_folder_sweep):
     """The quick start's ``--output_dir sweep_output/offline_quickstart``: relative, and not there
     yet. The pre-launch check looks for its nearest existing parent from the working directory
-    and the job runs (the check once walked up to the folder '' and refused the sweep)."""
-    env = command_env()
-    argv = sweep_argv("sweep_output/demo", "--algorithms", "ERM", "--test_env_sets", "5",
-                      "--steps", "2")
-    proc = subprocess.run([sys.executable, "-m", SWEEP, *argv], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (job,) = job_folders(tmp_path / "sweep_output" / "demo")
+    and the job runs (the check once walked up to the folder '' and refused the sweep); no
+    process is left behind."""
+    root, env, code, text = image_folder_sweep
+    assert code == 0, text[-4000:]
+    (job,) = job_folders(root / "sweep_output" / "demo")
     assert (job / "done").exists()
     assert not survivors(env)
