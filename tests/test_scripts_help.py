@@ -1,8 +1,14 @@
 """Every command's ``--help`` works (``python -m dg_plugins.scripts.X --help``: exit 0, a usage
 line or the command's own text, without reStructuredText markup), so that the thin entry points
 in ``dg_plugins/scripts`` all reach their parsers; and each benchmark kind's (only ``gpu`` ships:
-the developer benchmarks are the source checkout's ``python -m benchmarks``)."""
+the developer benchmarks are the source checkout's ``python -m benchmarks``).
 
+The commands' runs that these tests read (helps, usage errors) are made in one Python process
+(:func:`ran`): each command module run as ``python -m`` runs it (``runpy``, as ``__main__``, with
+its ``sys.argv``), its exit status, stdout and stderr kept; ``train --help`` is also run as a
+process of its own."""
+
+import json
 import re
 import subprocess
 import sys
@@ -15,43 +21,107 @@ from dg_plugins.scripts import benchmark
 SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "dg_plugins" / "scripts")
                  .glob("*.py") if p.stem != "__init__")
 
+#: Runs each ``[module, argv, cwd]`` read from stdin as ``python -m module *argv`` would from cwd
+#: (its ``__main__``), one after the other; prints ``[[exit status, stdout, stderr], ...]``.
+RUNNER = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+
+results = []
+for module, argv, cwd in json.load(sys.stdin):
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    os.chdir(cwd)
+    sys.argv = [module, *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            status = stop.code
+            if status is None:
+                status = 0
+            elif not isinstance(status, int):
+                print(status, file=sys.stderr)
+                status = 1
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+    results.append([status, out.getvalue(), err.getvalue()])
+print(json.dumps(results), file=sys.__stdout__)
+"""
+
+
+def run_in_one_process(runs: list[tuple[str, list[str], str]]) -> list[tuple[int, str, str]]:
+    """``[(module, argv, cwd)]`` -> ``[(exit status, stdout, stderr)]``, run by :data:`RUNNER`."""
+    done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(runs),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [tuple(result) for result in json.loads(done.stdout)]
+
+
+def script_module(script: str) -> str:
+    return f"dg_plugins.scripts.{script}"
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Every run the tests below read, by ``(script, *argv)``: each command's ``--help``, each
+    benchmark kind's, the developer benchmarks' refusals and the mistyped flags (from an empty
+    folder)."""
+    cwd = str(tmp_path_factory.mktemp("scripts_cwd"))
+    runs = [(script, ["--help"]) for script in SCRIPTS]
+    runs += [("benchmark", [kind, "--help"]) for kind in benchmark.KINDS]
+    runs += [("benchmark", argv) for argv, _, _ in DEVELOPER_BENCHMARKS]
+    runs += [(script, argv) for script, argv, _ in MISTYPED]
+    results = run_in_one_process([(script_module(s), argv, cwd) for s, argv in runs])
+    return {(s, *argv): result for (s, argv), result in zip(runs, results)}
+
 
 def test_every_script_is_listed():
     assert {"train", "sweep", "collect_results", "reproduce", "download"} <= set(SCRIPTS)
 
 
+def check_help(script, status, stdout, stderr):
+    assert status == 0, stderr[-2000:]
+    assert stdout.startswith("usage:") or stdout.startswith(
+        f"python -m dg_plugins.scripts.{script}"), stdout[:200]
+    assert not re.search(r":[a-z]+:`|``", stdout), stdout  # no reST markup
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help(script):
-    done = subprocess.run([sys.executable, "-m", f"dg_plugins.scripts.{script}", "--help"],
+def test_help(ran, script):
+    check_help(script, *ran[script, "--help"])
+
+
+def test_help_as_its_own_process():
+    """The real ``python -m`` entry, alone in its process (train's: it imports no torch)."""
+    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", "--help"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("usage:") or done.stdout.startswith(
-        f"python -m dg_plugins.scripts.{script}"), done.stdout[:200]
-    assert not re.search(r":[a-z]+:`|``", done.stdout), done.stdout  # no reST markup
+    check_help("train", done.returncode, done.stdout, done.stderr)
+    assert done.stdout.startswith("usage:") and "--dataset" in done.stdout
 
 
 @pytest.mark.parametrize("kind", benchmark.KINDS)
-def test_help_of_every_benchmark_kind(kind):
-    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", kind, "--help"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-2000:]
-    assert not re.search(r":[a-z]+:`|``", done.stdout), done.stdout
+def test_help_of_every_benchmark_kind(ran, kind):
+    status, stdout, stderr = ran["benchmark", kind, "--help"]
+    assert status == 0 and stdout.startswith("usage:"), stderr[-2000:]
+    assert not re.search(r":[a-z]+:`|``", stdout), stdout
 
 
-@pytest.mark.parametrize("argv, kind, checkout", [
+DEVELOPER_BENCHMARKS = [
     (["data_path", "--per_class", "1"], "data_path", "data_path --per_class 1"),
     (["--dataset", "Debug224", "--hparams", '{"a": 1}'], "algorithms",
-     """algorithms --dataset Debug224 --hparams '{"a": 1}'""")])
-def test_benchmark_names_the_checkout_command_of_a_developer_benchmark(tmp_path, argv, kind,
+     """algorithms --dataset Debug224 --hparams '{"a": 1}'""")]
+
+
+@pytest.mark.parametrize("argv, kind, checkout", DEVELOPER_BENCHMARKS)
+def test_benchmark_names_the_checkout_command_of_a_developer_benchmark(ran, argv, kind,
                                                                        checkout):
     """Only ``benchmark gpu`` ships; a developer benchmark (flags first: the former default,
     algorithms) is one line naming its command in the source checkout."""
-    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.benchmark", *argv],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2 and not done.stdout
-    assert done.stderr == (f"error: benchmark {kind} is a developer benchmark of the source "
-                           f"checkout: from its root, python -m benchmarks {checkout}; this "
-                           "command runs gpu\n")
+    status, stdout, stderr = ran[("benchmark", *argv)]
+    assert status == 2 and not stdout
+    assert stderr == (f"error: benchmark {kind} is a developer benchmark of the source "
+                      f"checkout: from its root, python -m benchmarks {checkout}; this "
+                      "command runs gpu\n")
 
 
 def test_only_benchmark_gpu_and_what_it_needs_ship():
@@ -90,16 +160,15 @@ MISTYPED = [
 
 @pytest.mark.parametrize("script, argv, error", MISTYPED,
                          ids=[f"{s}-{a[-2]}" for s, a, _ in MISTYPED])
-def test_a_mistyped_flag_is_a_usage_line_and_the_error_with_did_you_mean(tmp_path, script, argv,
+def test_a_mistyped_flag_is_a_usage_line_and_the_error_with_did_you_mean(ran, script, argv,
                                                                          error):
     """argparse's own usage block lists every flag (30 lines for train) above the error."""
-    done = subprocess.run([sys.executable, "-m", f"dg_plugins.scripts.{script}", *argv],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-2000:]
-    usage, message = done.stderr.splitlines()
+    status, stdout, stderr = ran[(script, *argv)]
+    assert status == 2, stderr[-2000:]
+    usage, message = stderr.splitlines()
     assert usage.startswith("usage: ") and usage.endswith("[FLAGS] (every flag: --help)")
     assert message.endswith(f"error: {error}"), message
-    assert not done.stdout
+    assert not stdout
 
 
 def test_train_help_is_argparse_own(monkeypatch):

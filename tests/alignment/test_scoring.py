@@ -365,6 +365,11 @@ def test_weights_of_a_url_tag_are_looked_for_and_loaded_in_the_runs_own_clip_cac
     """A tag whose weights open_clip downloads from a URL (no hub entry: older open_clip's OpenAI
     tags) is looked for, and loaded, in ``$XDG_CACHE_HOME/clip``: here the test run's own cache
     (tests/conftest.py), not the user's ``~/.cache/clip``. Offline, never asked."""
+    url_tag_checks(tiny_model, monkeypatch)
+
+
+def url_tag_checks(tiny_model, monkeypatch):
+    """The test above."""
     import socket
 
     import open_clip
@@ -394,24 +399,17 @@ def test_weights_of_a_url_tag_are_looked_for_and_loaded_in_the_runs_own_clip_cac
         os.remove(target)
 
 
-def test_the_url_tag_test_passes_with_the_weights_in_the_users_own_clip_cache(tmp_path):
+def test_the_url_tag_test_passes_with_the_weights_in_the_users_own_clip_cache(
+        tmp_path, tiny_model, monkeypatch):
     """The test above passes, and writes nothing there, when the user's home holds the very file
-    in ``~/.cache/clip`` (open_clip's own default folder; it failed then: the file was found)."""
-    import site
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    in ``~/.cache/clip`` (open_clip's own default folder; it failed then: the file was found).
+    Run in this process with ``$HOME`` that home (``$XDG_CACHE_HOME`` is the run's own, as
+    tests/conftest.py sets it for any user's value: tests/test_run_caches.py)."""
     home = tmp_path / "home"
     (home / ".cache" / "clip").mkdir(parents=True)
     (home / ".cache" / "clip" / URL_WEIGHTS).write_bytes(b"the user's weights")
     before = sorted((p, p.stat().st_size) for p in home.rglob("*"))
-    test = ("tests/alignment/test_scoring.py::"
-            "test_weights_of_a_url_tag_are_looked_for_and_loaded_in_the_runs_own_clip_cache")
-    env = dict(os.environ, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
-               PYTHONUSERBASE=site.getuserbase())  # packages installed with --user stay found
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider",
-                           test], cwd=Path(__file__).resolve().parents[2], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:]
+    monkeypatch.setenv("HOME", str(home))
+    assert os.path.expanduser("~/.cache/clip") == str(home / ".cache" / "clip")
+    url_tag_checks(tiny_model, monkeypatch)
     assert sorted((p, p.stat().st_size) for p in home.rglob("*")) == before

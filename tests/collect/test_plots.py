@@ -88,16 +88,39 @@ def drawn(sweep, tmp_path_factory):
     return kept, out
 
 
+def imported(stderr: str) -> set:
+    """The modules a process run with ``python -X importtime`` imported (its stderr)."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:")}
+
+
 @pytest.fixture(scope="module")
-def printed(sweep):
+def printed_run(sweep):
+    """The real command, without --plot: the CSV tables and selected hparams it prints for the
+    sweep (run with ``-X importtime``, so that its imports are known too)."""
+    return subprocess.run([sys.executable, "-X", "importtime", "-m",
+                           "dg_plugins.scripts.collect_results", "--input_dir", str(sweep), *ARGS,
+                           "--format", "csv", "--hparams_table", "--no_save"],
+                          capture_output=True, text=True, timeout=120, check=True)
+
+
+@pytest.fixture(scope="module")
+def printed(printed_run):
     """The CSV tables and selected hparams collect_results prints for the sweep."""
-    result = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.collect_results",
-                             "--input_dir", str(sweep), *ARGS, "--format", "csv",
-                             "--hparams_table", "--no_save"],
-                            capture_output=True, text=True, timeout=120, check=True)
-    cells_text, hparams_text = result.stdout.split("\n\n")
+    cells_text, hparams_text = printed_run.stdout.split("\n\n")
     return (list(csv.DictReader(io.StringIO(cells_text))),
             list(csv.DictReader(io.StringIO(hparams_text))))
+
+
+@pytest.fixture(scope="module")
+def plotted(sweep, tmp_path_factory):
+    """The real command with --plot into a new folder (``-X importtime``): (its run, the folder)."""
+    out = tmp_path_factory.mktemp("cli") / "figures"
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m",
+                             "dg_plugins.scripts.collect_results", "--input_dir", str(sweep),
+                             *ARGS, "--no_save", "--plot", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    return result, out
 
 
 def gids(figure) -> dict:
@@ -306,15 +329,13 @@ def test_curves_are_the_records_of_the_selected_runs(sweep, drawn, printed):
             assert len(ys) == 2 and np.mean(ys) == pytest.approx(float(cell["mean"]), rel=1e-9)
 
 
-def test_cli_writes_and_names_the_figures(sweep, drawn, tmp_path, capsys):
+def test_cli_writes_and_names_the_figures(sweep, drawn, plotted, capsys):
     kept, _ = drawn
-    out = tmp_path / "figures"
+    result, out = plotted
     argv = ["--input_dir", str(sweep), *ARGS, "--no_save"]
     assert collect_results.main(argv) == 0
     plain = capsys.readouterr().out
-    result = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.collect_results", *argv,
-                             "--plot", str(out)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == plain  # the tables are unchanged
     written = [line.removeprefix("figure: ") for line in result.stderr.splitlines()
                if line.startswith("figure: ")]
@@ -329,13 +350,18 @@ def test_cli_writes_and_names_the_figures(sweep, drawn, tmp_path, capsys):
             assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_no_torch_and_no_matplotlib_without_plot(sweep, tmp_path):
-    code = ("import sys; from dg_plugins.scripts.collect_results import main; "
-            f"main(['--input_dir', {str(sweep)!r}, '--no_save']); "
-            "assert 'matplotlib' not in sys.modules; "
-            f"main(['--input_dir', {str(sweep)!r}, '--no_save', '--plot', {str(tmp_path)!r}]); "
-            "heavy = {'torch', 'matplotlib.pyplot'} & set(sys.modules); assert not heavy, heavy")
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+def test_no_torch_and_no_matplotlib_without_plot(printed_run, plotted):
+    """The command imports neither torch nor matplotlib without --plot, and with it no torch
+    and no pyplot (the two real runs above, their imports listed by ``-X importtime``)."""
+    result, out = plotted
+    assert result.returncode == 0 and list(out.iterdir()), result.stderr[-3000:]
+    without, with_plot = imported(printed_run.stderr), imported(result.stderr)
+    assert "dg_plugins.collect.cli" in without, sorted(without)  # the imports are listed
+    assert "matplotlib" in with_plot and "dg_plugins.collect.plots" in with_plot
+    assert not {m for m in without if m == "torch" or m.startswith(("torch.", "matplotlib"))}
+    heavy = {m for m in with_plot if m == "torch" or m.startswith("torch.")
+             or m == "matplotlib.pyplot"}
+    assert not heavy, heavy
 
 
 def test_a_table_of_x_cells_gets_no_figure(sweep, tmp_path, capsys):

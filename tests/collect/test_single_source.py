@@ -93,16 +93,19 @@ def test_tables_appear_only_where_unambiguous():
     assert "single source: 0" in formats.render(report)
 
 
-def test_sweep_single_source_end_to_end(tmp_path):
+def test_sweep_single_source_end_to_end(tmp_path, capsys):
+    """The real sweep command; collect_results' main on its folder, in this process."""
+    from dg_plugins.scripts import collect_results
+
     sweep = [sys.executable, "-m", "dg_plugins.scripts.sweep", "launch", "--datasets", "Debug28",
              "--algorithms", "ERM", "--data_dir", "unused", "--output_dir", str(tmp_path),
              "--command_launcher", "local", "--n_hparams", "1", "--n_trials", "1",
              "--single_source", "--steps", "2", "--hparams", '{"batch_size": 8}',
              "--skip_confirmation"]
     subprocess.run(sweep, check=True, capture_output=True, timeout=600)
-    out = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.collect_results",
-                          "--input_dir", str(tmp_path)], check=True, capture_output=True,
-                         text=True, timeout=120).stdout
+    capsys.readouterr()
+    assert collect_results.main(["--input_dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
     assert "Total records: 6" in out  # 3 sources x records at steps 0 and 1
     for source in "012":
         header = (f"-------- Dataset: Debug28, single source: {source}, model selection method: "

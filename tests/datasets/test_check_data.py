@@ -95,34 +95,36 @@ def test_command_line_generic_image_folder(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path):
+def bad_input(dataset: str, data_dir, cwd, capsys, monkeypatch) -> str:
+    """The command's ``main`` (in this process: the messages are the subject; the real ``python
+    -m`` entry is the test above, and train's refusal below) on ``data_dir`` from ``cwd``: it must
+    exit 2 with nothing on stdout; returns its stderr."""
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        if cwd is not None:
+            patch.chdir(cwd)
+        code = check_data.main(["--dataset", dataset, "--data_dir", str(data_dir)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out + err
+    return err
+
+
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path, capsys,
+                                                                      monkeypatch):
     """The generic ImageFolder pointed at the folder above the tree: its only "domain" holds the
-    domain folders. The real command says which --data_dir was meant and exits 2 (it used to
+    domain folders. The command says which --data_dir was meant and exits 2 (it used to
     check the images and exit 0, treating the domains as classes)."""
     data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
-    proc = subprocess.run(
-        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
-         "--data_dir", str(data_dir)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-    assert proc.stderr == (
+    assert bad_input("ImageFolder", data_dir, None, capsys, monkeypatch) == (
         f"error: ImageFolder: {data_dir} holds one domain folder, PACS, whose class folders "
         f"({', '.join(ENV_FOLDERS)}) hold class folders themselves: the image tree is one level "
         f"down; did you mean --data_dir {data_dir / 'PACS'}?\n")
 
 
-def bad_input(dataset: str, data_dir, cwd) -> str:
-    """The real command on ``data_dir`` from ``cwd``: it must exit 2 with nothing on stdout;
-    returns its stderr."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", dataset,
-         "--data_dir", str(data_dir)], capture_output=True, text=True, timeout=120, cwd=cwd)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-    return proc.stderr
-
-
-def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
+def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path, capsys,
+                                                                      monkeypatch):
     """The generic ImageFolder pointed at one domain's folder (its "domains" are classes holding
-    images): the real command says which --data_dir was meant, absolute or relative as typed, and
+    images): the command says which --data_dir was meant, absolute or relative as typed, and
     exits 2 (it used to say "no class folders in domain folder .../photo/dog", calling a class a
     domain). train and sweep read the same check (catalog.environments_of)."""
     from dg_plugins import catalog
@@ -132,7 +134,7 @@ def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
     classes = sorted(os.listdir(tree / "photo"))
     for given, cwd, meant in ((tree / "photo", None, tree), ("photo", tree, "."),
                               (".", tree / "photo", "..")):
-        assert bad_input("ImageFolder", given, cwd) == (
+        assert bad_input("ImageFolder", given, cwd, capsys, monkeypatch) == (
             f"error: ImageFolder: the folders of {given} ({', '.join(classes)}) hold images, not "
             f"class folders: {given} is one domain's folder and the image tree is one level up; "
             f"did you mean --data_dir {meant}?\n")
@@ -140,9 +142,10 @@ def test_a_data_dir_one_level_below_the_tree_names_the_folder_meant(tmp_path):
         catalog.environments_of("ImageFolder", str(tree / "photo"))
 
 
-def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path):
+def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path, capsys,
+                                                                         monkeypatch):
     """PACS pointed at its own folder (``TREE/PACS``, DomainBed's commonest slip) or at a domain
-    folder in it: the real command names the --data_dir meant, absolute or relative as typed, and
+    folder in it: the command names the --data_dir meant, absolute or relative as typed, and
     exits 2; it used to call ``TREE/PACS/PACS`` missing and offer to download PACS into it. The
     sweep's check (which adds that offer only for a missing dataset) and the dataset class that
     train builds say the same."""
@@ -154,7 +157,7 @@ def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path
     for given, cwd, meant, where in (
             (tree, None, data_dir, ""), (tree / "photo", None, data_dir, f"a folder in {tree}, "),
             (".", tree, "..", ""), ("photo", tree, "..", f"a folder in {tree}, ")):
-        assert bad_input("PACS", given, cwd) == (
+        assert bad_input("PACS", given, cwd, capsys, monkeypatch) == (
             f"error: PACS: --data_dir {given} is {where}PACS's own folder, not the one holding it "
             f"(<data_dir>/PACS); did you mean --data_dir {meant}?\n")
     message = re.escape(f"PACS's own folder, not the one holding it (<data_dir>/PACS); did you "
@@ -166,7 +169,8 @@ def test_a_named_datasets_own_folder_as_data_dir_names_the_folder_meant(tmp_path
             check()
 
 
-def test_a_tree_without_class_folders_is_not_taken_for_a_domain_folder(tmp_path):
+def test_a_tree_without_class_folders_is_not_taken_for_a_domain_folder(tmp_path, capsys,
+                                                                       monkeypatch):
     """Domain folders holding images directly, with no folder beside the tree sharing their
     names: a tree lacking its class folders, not one level off; the layout error stays."""
     data_dir, _ = corrupt_copy(tmp_path, corrupt=False)
@@ -175,12 +179,9 @@ def test_a_tree_without_class_folders_is_not_taken_for_a_domain_folder(tmp_path)
         (flat / domain).mkdir(parents=True)
         for image in sorted((data_dir / "PACS" / "photo" / "dog").iterdir()):
             shutil.copyfile(image, flat / domain / image.name)
-    proc = subprocess.run(
-        [sys.executable, "-m", "dg_plugins.scripts.check_data", "--dataset", "ImageFolder",
-         "--data_dir", str(flat)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.startswith(f"error: no class folders in domain folder {flat / 'a'}. ")
-    assert "did you mean" not in proc.stderr
+    error = bad_input("ImageFolder", flat, None, capsys, monkeypatch)
+    assert error.startswith(f"error: no class folders in domain folder {flat / 'a'}. ")
+    assert "did you mean" not in error
 
 
 def test_dataset_made_with_make_image_folder_dataset(tmp_path, capsys, monkeypatch):
@@ -263,24 +264,33 @@ def wrapped_domains(tmp_path) -> Path:
     return root
 
 
-def train_refuses(tmp_path, data_dir) -> str:
-    """The real train command on ImageFolder at ``data_dir``: exit 2, one line, no job folder;
-    returns the line."""
+def train_refuses(tmp_path, data_dir, capsys=None) -> str:
+    """The real train command on ImageFolder at ``data_dir`` (or, given ``capsys``, its ``main``
+    in this process): exit 2, one line, no job folder; returns the line."""
     out = tmp_path / "job"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dg_plugins.scripts.train", "--dataset", "ImageFolder",
-         "--data_dir", str(data_dir), "--steps", "1", "--output_dir", str(out)],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists(), proc.stderr[-3000:]
-    return proc.stderr.strip()
+    argv = ["--dataset", "ImageFolder", "--data_dir", str(data_dir), "--steps", "1",
+            "--output_dir", str(out)]
+    if capsys is None:
+        proc = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.train", *argv],
+                              capture_output=True, text=True, timeout=300)
+        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    else:
+        from dg_plugins.train import cli as train_cli
+
+        capsys.readouterr()
+        code = train_cli.main(argv)
+        stdout, stderr = capsys.readouterr()
+    assert code == 2, stdout[-3000:] + stderr[-3000:]
+    assert len(stderr.strip().splitlines()) == 1 and not out.exists(), stderr[-3000:]
+    return stderr.strip()
 
 
-def test_a_data_dir_above_several_trees_is_refused_with_the_folder_meant(tmp_path):
+def test_a_data_dir_above_several_trees_is_refused_with_the_folder_meant(tmp_path, capsys,
+                                                                          monkeypatch):
     """check_data used to say every image was readable, and train trained on the domains as
-    classes; both now name the layout and the --data_dir meant."""
+    classes; both now name the layout and the --data_dir meant (train: the real command)."""
     root = two_trees(tmp_path)
-    error = bad_input("ImageFolder", root, tmp_path).strip()
+    error = bad_input("ImageFolder", root, tmp_path, capsys, monkeypatch).strip()
     assert error == (
         f"error: ImageFolder: the class folders of {root} (first/art_painting, first/cartoon, "
         f"first/photo, first/sketch) hold no image of their own but folders of the same names "
@@ -290,16 +300,19 @@ def test_a_data_dir_above_several_trees_is_refused_with_the_folder_meant(tmp_pat
     assert train_refuses(tmp_path, root) == error
 
 
-def test_domain_folders_each_wrapping_the_class_folders_are_refused_with_the_fix(tmp_path):
+def test_domain_folders_each_wrapping_the_class_folders_are_refused_with_the_fix(
+        tmp_path, capsys, monkeypatch):
+    """check_data and train's main (the real train command's refusal: the test above) both
+    refuse, naming the fix."""
     root = wrapped_domains(tmp_path)
-    error = bad_input("ImageFolder", root, tmp_path).strip()
+    error = bad_input("ImageFolder", root, tmp_path, capsys, monkeypatch).strip()
     assert error.startswith(
         f"error: ImageFolder: each domain folder of {root} holds one folder (art_painting/"
         "art_painting, cartoon/cartoon, photo/photo, sketch/sketch) whose subfolders (")
     assert (f"every image of a domain would get one label; move them up into their domain "
             f"folders (e.g. mv {root / 'art_painting' / 'art_painting'}/* "
             f"{root / 'art_painting'}/, for each domain)") in error
-    assert train_refuses(tmp_path, root) == error
+    assert train_refuses(tmp_path, root, capsys) == error
 
 
 def test_class_folders_with_subfolders_of_their_own_are_a_tree(tmp_path, capsys):

@@ -2,9 +2,13 @@
 what every sweep of the setting needs (data folder, datasets, PACS's split lists, pretrained and
 CLIP weights) and names each missing piece with its fix: a real run then launches nothing (exit
 2), a dry run lists its jobs and warns (exit 0). Run as a user does (``bash sweeps/<script>``),
-offline with empty download caches."""
+offline with empty download caches; the tests whose subject is one message call the command
+``sweeps/dmg_pacs_paper.sh`` runs (its ``reproduce`` main, with the flags the script passes) in
+this process (:func:`reproduce_here`)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -27,6 +31,54 @@ def pacs_without_lists(tmp_path_factory):
 
 def problems(text: str, kind: str) -> list[str]:
     return [line[len(kind) + 2:] for line in text.splitlines() if line.startswith(f"{kind}: ")]
+
+
+class Here:
+    """What :func:`reproduce_here` returns: a :class:`support.paper_runs.ScriptRun`'s fields."""
+
+    def __init__(self, returncode, stdout, stderr, output_dir):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.output_dir = output_dir
+
+    def report(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n" \
+               f"{self.stderr[-4000:]}"
+
+
+def reproduce_here(tmp, data_dir, *, tag, capsys, monkeypatch, epochs=None, hparams=None,
+                   dry_run=False, setting="dmg_pacs", datasets=None,
+                   clip_checkpoint=None) -> Here:
+    """The ``reproduce SETTING`` call ``bash sweeps/<script>.sh`` makes (dmg_pacs_paper.sh:
+    dmg_pacs, ipoop_domainbed.sh: ipoop; its flags for DATA_DIR, OUTPUT_DIR under ``tmp/<tag>``,
+    DATASETS, EPOCHS, CLIP_CHECKPOINT, HPARAMS, DRY_RUN; the local launcher, ``--eval_splits
+    selection``), its main run in this process, offline, where launching a sweep or scoring
+    fails the test."""
+    from dg_plugins.reproduce import cli
+
+    def launched(*args, **kwargs):
+        raise AssertionError("reproduce started a sweep or a process")
+
+    monkeypatch.setattr(cli, "launch_queue", launched)
+    monkeypatch.setattr(cli.subprocess, "run", launched)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("DG_PLUGINS_OFFLINE", "1")
+    out = tmp / tag
+    argv = [setting, "--data_dir", str(data_dir), "--output_dir", str(out),
+            "--command_launcher", "local", "--eval_splits", "selection"]
+    if datasets is not None:
+        argv += ["--datasets", *datasets]
+    if epochs is not None:
+        argv += ["--epochs", epochs]
+    if clip_checkpoint is not None:
+        argv += ["--clip_checkpoint", clip_checkpoint]
+    if hparams is not None:
+        argv += ["--hparams", json.dumps(hparams)]
+    if dry_run:
+        argv.append("--dry_run")
+    capsys.readouterr()
+    code = cli.main(argv)
+    stdout, stderr = capsys.readouterr()
+    return Here(code, stdout, stderr, out)
 
 
 @pytest.fixture(scope="module")
@@ -67,39 +119,44 @@ def test_a_dry_run_lists_the_jobs_and_warns_of_the_same_pieces(tmp, pacs_without
     assert not dry.started_anything() and not dry.output_dir.exists()
 
 
-def test_nothing_missing_no_warning(tmp, tmp_path_factory):
+def test_nothing_missing_no_warning(tmp, tmp_path_factory, capsys, monkeypatch):
     data = release_data.pacs(tmp_path_factory.mktemp("complete"))
-    dry = run_script("dmg_pacs_paper.sh", tmp, data, tag="complete", timeout=TIMEOUT_S,
-                     DRY_RUN="1", HPARAMS='{"pretrained": false}')
+    dry = reproduce_here(tmp, data, tag="complete", capsys=capsys, monkeypatch=monkeypatch,
+                         dry_run=True, hparams={"pretrained": False})
     assert dry.returncode == 0 and "warning" not in dry.stderr, dry.report()
+    assert "Total: 48 jobs" in dry.stdout, dry.report()
 
 
-def test_a_missing_data_folder_is_named(tmp):
+def test_a_missing_data_folder_is_named(tmp, capsys, monkeypatch):
     absent = tmp / "no_such_folder"
-    run = run_script("dmg_pacs_paper.sh", tmp, absent, tag="absent", timeout=TIMEOUT_S,
-                     HPARAMS='{"pretrained": false}', DRY_RUN="1")
+    run = reproduce_here(tmp, absent, tag="absent", capsys=capsys, monkeypatch=monkeypatch,
+                         hparams={"pretrained": False}, dry_run=True)
     assert run.returncode == 0, run.report()
     found = problems(run.stderr, "warning")
     assert found[0] == (f"the data folder {absent} (--data_dir, DATA_DIR) does not exist: point "
                         "it at the folder that holds the datasets, or download them there: "
                         f"python -m dg_plugins.scripts.download --data_dir {absent} PACS"), found
     assert [f for f in found if "PACS_splits" in f]  # the lists too
-    assert not run.started_anything() and not run.output_dir.exists()
+    assert not run.output_dir.exists()
 
 
-def test_a_data_folder_that_is_the_datasets_own_names_the_one_meant(tmp, pacs_without_lists):
+def test_a_data_folder_that_is_the_datasets_own_names_the_one_meant(tmp, pacs_without_lists,
+                                                                     capsys, monkeypatch):
     """DATA_DIR pointed at the PACS folder itself: one line names the folder meant, and neither
     PACS nor its lists are offered for download into the wrong folder; nothing is launched."""
-    run = run_script("dmg_pacs_paper.sh", tmp, pacs_without_lists / "PACS", tag="own_folder",
-                     timeout=TIMEOUT_S, HPARAMS='{"pretrained": false}')
+    run = reproduce_here(tmp, pacs_without_lists / "PACS", tag="own_folder", capsys=capsys,
+                         monkeypatch=monkeypatch, hparams={"pretrained": False})
     assert run.returncode == 2, run.report()
     assert problems(run.stderr, "error") == [
         f"PACS: --data_dir {pacs_without_lists / 'PACS'} is PACS's own folder, not the one "
         f"holding it (<data_dir>/PACS); did you mean --data_dir {pacs_without_lists}?"]
-    assert not run.started_anything() and not run.output_dir.exists()
+    assert not run.output_dir.exists()
 
 
-def test_ip_oop_names_the_clip_weights_and_the_knob_for_a_local_copy(tmp, pacs_without_lists):
+def test_ip_oop_names_the_clip_weights_and_the_knob_for_a_local_copy(tmp, pacs_without_lists,
+                                                                      capsys, monkeypatch):
+    """The script itself; then its reproduce call with a CLIP_CHECKPOINT that is not there, in
+    this process."""
     run = run_script("ipoop_domainbed.sh", tmp, pacs_without_lists, tag="clip",
                      timeout=TIMEOUT_S, DATASETS="PACS", HPARAMS='{"pretrained": false}')
     assert run.returncode == 2, run.report()
@@ -107,14 +164,15 @@ def test_ip_oop_names_the_clip_weights_and_the_knob_for_a_local_copy(tmp, pacs_w
     assert line.startswith("scoring images for IP/OOP (ViT-B-16 laion400m_e32): CLIP weights")
     assert line.endswith("With reproduce: --clip_checkpoint FILE (sweeps/*.sh: "
                          "CLIP_CHECKPOINT=FILE).")
+    assert not run.started_anything() and not run.output_dir.exists()
     missing = tmp / "absent.bin"
-    run = run_script("ipoop_domainbed.sh", tmp, pacs_without_lists, tag="clip_file",
-                     timeout=TIMEOUT_S, DATASETS="PACS", HPARAMS='{"pretrained": false}',
-                     CLIP_CHECKPOINT=str(missing))
+    run = reproduce_here(tmp, pacs_without_lists, tag="clip_file", capsys=capsys,
+                         monkeypatch=monkeypatch, setting="ipoop", datasets=["PACS"],
+                         hparams={"pretrained": False}, clip_checkpoint=str(missing))
     assert run.returncode == 2, run.report()
     (line,) = problems(run.stderr, "error")
     assert f"--pretrained {str(missing)!r}: no such checkpoint file" in line
-    assert not run.started_anything() and not run.output_dir.exists()
+    assert not run.output_dir.exists()
 
 
 # Errors that name what the user typed ------------------------------------------------------------
@@ -125,30 +183,38 @@ def pacs_with_lists(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dry_run", ["1", "0"])
-def test_epochs_that_round_to_no_step_are_named_before_any_sweep(tmp, pacs_with_lists, dry_run):
+def test_epochs_that_round_to_no_step_are_named_before_any_sweep(tmp, pacs_with_lists, dry_run,
+                                                                 capsys, monkeypatch):
     """EPOCHS x the steps of an epoch (DMG's release: one pooled batch of 64 over the sample's
     official train lists, 1 step) rounds to 0 steps: one line names the product, the setting and
-    the smallest EPOCHS that gives a step (0.51: 0.5 rounds to 0), before anything starts."""
-    run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag=f"epochs_{dry_run}",
-                     timeout=TIMEOUT_S, EPOCHS="0.03", DRY_RUN=dry_run,
-                     HPARAMS='{"pretrained": false}')
+    the smallest EPOCHS that gives a step (0.51: 0.5 rounds to 0), before anything starts. A
+    real run through the script itself, the dry run's reproduce call in this process."""
+    if dry_run == "0":
+        run = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag=f"epochs_{dry_run}",
+                         timeout=TIMEOUT_S, EPOCHS="0.03", DRY_RUN=dry_run,
+                         HPARAMS='{"pretrained": false}')
+        assert not run.started_anything(), run.processes
+    else:
+        run = reproduce_here(tmp, pacs_with_lists, tag=f"epochs_{dry_run}", capsys=capsys,
+                             monkeypatch=monkeypatch, epochs="0.03", dry_run=True,
+                             hparams={"pretrained": False})
     assert run.returncode == 2, run.report()
     assert run.stderr == (
         "error: EPOCHS 0.03 x 1 steps per epoch rounds to 0 steps for dmg_pacs (release), DMG on "
         "PACS (ResNet-18), test envs [0]: the smallest EPOCHS that gives one step is 0.51 "
         "(reproduce: --epochs)\n")
-    assert run.stdout == "" and not run.started_anything() and not run.output_dir.exists()
+    assert run.stdout == "" and not run.output_dir.exists()
 
 
-def test_the_smallest_epochs_named_gives_one_step(tmp, pacs_with_lists):
-    half = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="epochs_half",
-                      timeout=TIMEOUT_S, EPOCHS="0.5", DRY_RUN="1",
-                      HPARAMS='{"pretrained": false}')
+def test_the_smallest_epochs_named_gives_one_step(tmp, pacs_with_lists, capsys, monkeypatch):
+    half = reproduce_here(tmp, pacs_with_lists, tag="epochs_half", capsys=capsys,
+                          monkeypatch=monkeypatch, epochs="0.5", dry_run=True,
+                          hparams={"pretrained": False})
     assert half.returncode == 2 and "the smallest EPOCHS that gives one step is 0.51" in \
         half.stderr, half.report()
-    enough = run_script("dmg_pacs_paper.sh", tmp, pacs_with_lists, tag="epochs_enough",
-                        timeout=TIMEOUT_S, EPOCHS="0.51", DRY_RUN="1",
-                        HPARAMS='{"pretrained": false}')
+    enough = reproduce_here(tmp, pacs_with_lists, tag="epochs_enough", capsys=capsys,
+                            monkeypatch=monkeypatch, epochs="0.51", dry_run=True,
+                            hparams={"pretrained": False})
     assert enough.returncode == 0, enough.report()
     assert "Total: 48 jobs, 48 training steps" in enough.stdout
 
