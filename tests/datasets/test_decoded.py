@@ -22,6 +22,7 @@ from dg_plugins.seeds import seeded_rng
 from dg_plugins.train import batches, evaluate
 from dg_plugins.train.splits import split_dataset
 
+from support.forks import forked, forked_result
 from support.image_tree import make_pacs_tree, truncate_image
 
 AUGMENT = {"data_augmentation": True}
@@ -170,19 +171,19 @@ def test_the_switch_turns_it_off_and_a_bad_budget_is_named(tmp_path, cache, monk
         decoded.prepare(dataset)
 
 
+def prepare_tree(root) -> str:
+    return decoded.prepare(PACS(str(root), [0], AUGMENT))
+
+
 def test_jobs_started_together_build_the_files_once(tmp_path, cache):
-    """Two processes prepare the same tree at once: the folder's lock lets one build, the other
-    reuses its files (whichever comes first)."""
+    """Two processes (forked from this one, as two jobs) prepare the same tree at once: the
+    folder's lock lets one build, the other reuses its files (whichever comes first)."""
     root = make_pacs_tree(tmp_path / "tree", per_class=3, size=96)
-    code = ("import sys; from dg_plugins.datasets import decoded; "
-            "from dg_plugins.datasets.image_folder import PACS; "
-            "print(decoded.prepare(PACS(sys.argv[1], [0], {'data_augmentation': True})))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ}) for _ in range(2)]
-    lines = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), lines
-    states = sorted(line.split("Decoded-image cache: ")[-1].split()[0] for line in lines)
-    assert states == ["built", "reused"], lines
+    children = [forked(prepare_tree, root) for _ in range(2)]
+    results = [forked_result(pid, read) for pid, read in children]
+    assert all(status == 0 for status, _ in results), results
+    states = sorted(text.split("Decoded-image cache: ")[-1].split()[0] for _, text in results)
+    assert states == ["built", "reused"], results
 
 
 BUILDERS_AFTER_OPENMP = """

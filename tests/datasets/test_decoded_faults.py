@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from dg_plugins.datasets.image_folder import PACS, load_rgb_image
 from dg_plugins.train import evaluate
 from dg_plugins.train.splits import split_dataset
 
+from support.forks import forked, forked_result
 from support.image_tree import make_pacs_tree
 from support.processes import command_env, survivors
 
@@ -54,21 +56,35 @@ def all_read_as_their_files(dataset) -> None:
 # ------------------------------------------------------------------------------------------------
 # The lock
 
-HOLDER = """
-import os, sys, time
-from dg_plugins.datasets import decoded
-os.makedirs(sys.argv[1], exist_ok=True)
-with decoded._folder_lock(sys.argv[1]):
-    child = os.fork()  # inherits the lock, as a build process forked by a job did
-    if child == 0:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        time.sleep(300)
-        os._exit(0)
-    print(child, flush=True)
-    os._exit(0)  # the holder is gone; its child holds the lock
-"""
+def hold_and_leave(folder: str) -> int:
+    """A job (a child forked from this process) takes ``folder``'s build lock, forks a process
+    that inherits it (as a build process forked by a job did) and dies: returns that orphan's
+    pid, the lock still held by it."""
+    read, write = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # never returns into pytest
+        try:
+            os.close(read)
+            os.makedirs(folder, exist_ok=True)
+            with decoded._folder_lock(folder):
+                child = os.fork()  # inherits the lock
+                if child == 0:
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    for fd in (0, 1, 2, write):
+                        os.dup2(null, fd)
+                    time.sleep(300)
+                    os._exit(0)
+                os.write(write, f"{child}".encode())
+                os._exit(0)  # the holder is gone; its child holds the lock
+        finally:
+            os._exit(1)
+    os.close(write)
+    with within(60):
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        _, status = os.waitpid(holder, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and said, (status, said)
+    return int(said)
 
 
 def test_a_lock_held_by_the_processes_of_a_job_that_is_gone_is_taken_over(tmp_path, cache,
@@ -79,10 +95,7 @@ def test_a_lock_held_by_the_processes_of_a_job_that_is_gone_is_taken_over(tmp_pa
     root = make_pacs_tree(tmp_path / "tree", per_class=1, size=32)
     dataset = PACS(str(root), [0], AUGMENT)
     folder = decoded.DatasetCache(dataset).folder
-    done = subprocess.run([sys.executable, "-c", HOLDER, folder], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    orphan = int(done.stdout)
+    orphan = hold_and_leave(folder)
     try:
         with within(60):
             line = decoded.prepare(dataset)
@@ -213,30 +226,29 @@ def test_a_full_disk_while_keeping_evaluation_pixels_is_one_line_and_the_evaluat
     assert len(notes) == 1 and str(folder) in notes[0] and "DG_PLUGINS_CACHE" in notes[0], notes
 
 
-REAL_DISK = """
-import os, sys
-from dg_plugins.datasets import decoded
-from dg_plugins.datasets.image_folder import PACS
-
-decoded._disk_room = lambda folder: 2 ** 40  # no room kept: the build meets the full disk
-if sys.argv[2] == "without":  # as where the system cannot allocate: the writes meet it
-    del os.posix_fallocate
-print(decoded.prepare(PACS(sys.argv[1], [0], {"data_augmentation": True}), int(sys.argv[3])))
-"""
+def job_on_a_full_disk(root, cache: str, fallocate: str, cores: int) -> str:
+    """A job's preparation (in a forked child) with its cache on ``cache``, the room check out of
+    the way; ``fallocate`` "without": as where the system cannot allocate (the writes meet the
+    full disk)."""
+    os.environ["DG_PLUGINS_CACHE"] = cache
+    decoded._disk_room = lambda folder: 2 ** 40  # no room kept: the build meets the full disk
+    if fallocate == "without":
+        del os.posix_fallocate
+    return decoded.prepare(PACS(str(root), [0], {"data_augmentation": True}), cores)
 
 
 @pytest.mark.parametrize("fallocate, cores", [("with", 1), ("without", 2)])
 def test_a_real_full_disk_is_an_error_not_a_bus_error(tmp_path, small_disk, fallocate, cores):
     """On a real 100 KB disk (a tmpfs; skipped where mounting is not permitted), with the room
     check out of the way, the build meets ENOSPC: allocating a file, or (without fallocate)
-    writing it in a build process; the job goes on (before, SIGBUS)."""
+    writing it in a build process; the job (a process forked from this one, where a SIGBUS
+    would end it) goes on (before, SIGBUS)."""
     root = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
-    done = subprocess.run([sys.executable, "-c", REAL_DISK, str(root), fallocate, str(cores)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "DG_PLUGINS_CACHE": str(small_disk)})
+    status, said = forked_result(*forked(job_on_a_full_disk, root, str(small_disk), fallocate,
+                                         cores))
     left = [p.name for p in (small_disk / "decoded").rglob("*.tmp.*")]
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert "no space left on the disk of" in done.stdout, done.stdout
+    assert status == 0, (status, said[-2000:])
+    assert "no space left on the disk of" in said, said
     assert not left, left
 
 
