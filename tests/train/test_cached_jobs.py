@@ -4,7 +4,8 @@ users run them (subprocesses): the records of a job that builds the cache, of jo
 workers, equal bit for bit the records of a job with the cache off; each job says what it did
 with the cache, where it is and how to clear it. Faults: a job killed while it builds (its build
 processes die with it, the next job runs), a job waiting for another's build (one SIGTERM stops
-it), a full cache disk (one line, the job goes on, the same records), a bad budget (one line)."""
+it), a full cache disk (one line, the job goes on, the same records), a bad budget (one line;
+checked in-process, the message being its subject)."""
 
 import errno
 import json
@@ -12,6 +13,7 @@ import os
 import signal
 import time
 
+import pytest
 
 from support.helpers import VOLATILE_KEYS, read_records
 from support.image_tree import make_pacs_tree
@@ -27,7 +29,7 @@ TIMEOUT = 180
 
 def train_args(tree, out, workers=0):
     return ("--dataset", "PACS", "--data_dir", tree, "--algorithm", "ERM", "--test_envs", "0",
-            "--steps", "5", "--checkpoint_freq", "2", "--hparams", HPARAMS, "--n_workers",
+            "--steps", "3", "--checkpoint_freq", "2", "--hparams", HPARAMS, "--n_workers",
             workers, "--output_dir", out)
 
 
@@ -37,29 +39,43 @@ def cache_line(out) -> str:
     return line
 
 
-def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path):
-    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """The image tree of the jobs that compare records (none changes it)."""
+    return make_pacs_tree(tmp_path_factory.mktemp("tree"), per_class=2, size=40)
+
+
+@pytest.fixture(scope="module")
+def uncached_records(tree, tmp_path_factory):
+    """The records of the job with the cache off (2 loader workers), which the others equal."""
+    folder = tmp_path_factory.mktemp("uncached")
+    out = folder / "job"
+    code, output = run(TRAIN, *train_args(tree, out, workers=2),
+                       env=command_env(DG_PLUGINS_CACHE=str(folder / "cache"),
+                                       DG_PLUGINS_DECODED_CACHE="off"), timeout=TIMEOUT)
+    assert code == 0, output
+    (line,) = [x for x in (out / "out.txt").read_text().splitlines()
+               if x.startswith("Decoded-image cache:")]
+    assert line.startswith("Decoded-image cache: off"), line
+    records = read_records(out, drop=VOLATILE_KEYS)
+    assert len(records) == 2
+    return records
+
+
+def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path, tree,
+                                                                         uncached_records):
     cache = tmp_path / "cache"
     # the cache built without workers (in the job's process: its RNGs untouched), then reused
-    runs = (("off", 2, "off"), ("built", 0, "on"), ("reused", 2, "on"), ("reused", 1, "on"))
-    records = []
-    for k, (state, workers, switch) in enumerate(runs):
+    for k, (state, workers) in enumerate((("built", 0), ("reused", 2), ("reused", 1))):
         out = tmp_path / f"job{k}"
-        env = command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE=switch)
-        code, output = run(TRAIN, "--dataset", "PACS", "--data_dir", tree, "--algorithm", "ERM",
-                           "--test_envs", "0", "--steps", "5", "--checkpoint_freq", "2",
-                           "--hparams", HPARAMS, "--n_workers", workers, "--output_dir", out,
-                           env=env, timeout=TIMEOUT)
+        env = command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE="on")
+        code, output = run(TRAIN, *train_args(tree, out, workers), env=env, timeout=TIMEOUT)
         assert code == 0, output
         (line,) = [x for x in (out / "out.txt").read_text().splitlines()
                    if x.startswith("Decoded-image cache:")]
         assert line.startswith(f"Decoded-image cache: {state}"), line
-        if switch == "on":
-            assert f"rm -r {cache / 'decoded'}" in line and "GB on disk" in line, line
-        records.append(read_records(out, drop=VOLATILE_KEYS))
-    assert len(records[0]) == 3
-    for other in records[1:]:
-        assert other == records[0]
+        assert f"rm -r {cache / 'decoded'}" in line and "GB on disk" in line, line
+        assert read_records(out, drop=VOLATILE_KEYS) == uncached_records
     kept = [p.name for p in (cache / "decoded").rglob("*.eval-*.npy")]
     assert len(kept) == 6, kept  # the training environments' in- and out-splits, augmented
 
@@ -160,31 +176,31 @@ def test_jobs_building_or_waiting_for_the_cache_stop_at_the_first_sigterm(tmp_pa
     assert not [p.name for p in folder.iterdir() if not p.name.startswith(".")]
 
 
-def test_a_full_cache_disk_is_one_line_and_the_job_gives_the_same_records(tmp_path,
+def test_a_full_cache_disk_is_one_line_and_the_job_gives_the_same_records(tmp_path, tree,
+                                                                          uncached_records,
                                                                           small_disk):
     """The cache's disk too small for its files: the job goes on from the image files, says
     so in one line naming the folder and the fix, and writes the records of a job with the cache
     off (before, one build process killed it with SIGBUS, rc 135, on every rerun)."""
-    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
-    records = []
-    for name, switch in (("full", "on"), ("off", "off")):
-        out = tmp_path / name
-        code, output = run(TRAIN, *train_args(tree, out),
-                           env=command_env(DG_PLUGINS_CACHE=str(small_disk),
-                                           DG_PLUGINS_DECODED_CACHE=switch), timeout=TIMEOUT)
-        assert code == 0, output
-        records.append(read_records(out, drop=VOLATILE_KEYS))
-    line = cache_line(tmp_path / "full")
+    out = tmp_path / "full"
+    code, output = run(TRAIN, *train_args(tree, out),
+                       env=command_env(DG_PLUGINS_CACHE=str(small_disk),
+                                       DG_PLUGINS_DECODED_CACHE="on"), timeout=TIMEOUT)
+    assert code == 0, output
+    line = cache_line(out)
     assert f"the disk of {small_disk / 'decoded'}" in line, line
     assert "free space there or set DG_PLUGINS_CACHE to a folder on a disk with room" in line
-    assert len(records[0]) == 3 and records[0] == records[1]
+    assert read_records(out, drop=VOLATILE_KEYS) == uncached_records
 
 
-def test_an_infinite_budget_is_one_line_naming_the_variable(tmp_path):
-    """(Before, an OverflowError's traceback.)"""
+def test_an_infinite_budget_is_one_line_naming_the_variable(tmp_path, capsys, monkeypatch):
+    """(Before, an OverflowError's traceback.) In-process: the message is the subject."""
+    from dg_plugins.scripts.train import main
+
     tree = make_pacs_tree(tmp_path / "tree", per_class=1, size=32)
-    code, output = run(TRAIN, *train_args(tree, tmp_path / "job"),
-                       env=command_env(DG_PLUGINS_DECODED_BUDGET_GB="inf"), timeout=TIMEOUT)
-    assert code == 2, output
+    monkeypatch.setenv("DG_PLUGINS_DECODED_BUDGET_GB", "inf")
+    monkeypatch.setenv("DG_PLUGINS_CACHE", str(tmp_path / "cache"))
+    assert main(list(map(str, train_args(tree, tmp_path / "job")))) == 2
+    output = "".join(capsys.readouterr())
     assert "error: $DG_PLUGINS_DECODED_BUDGET_GB='inf' is not a size in GB" in output, output
     assert "finite number >= 0" in output and "Traceback" not in output, output

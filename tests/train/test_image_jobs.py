@@ -2,9 +2,9 @@
 (no ``--n_workers``), started as subprocesses under a timeout, so that a hang fails the test:
 train's normal finish, a decode error in a training stream and in evaluation, a NaN stop,
 SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), a ``local``-launcher sweep
-(normal, interrupted then resumed), and the job's live loader workers never above its budget.
-(Exact resume with augmentation: ``test_resume_augmentation.py``.) After every exit no process of the command may be left
-(loader workers included)."""
+(interrupted, then resumed to the end of all its jobs and collected), and the job's live loader
+workers never above its budget. (Exact resume with augmentation: ``test_resume_augmentation.py``.)
+After every exit no process of the command may be left (loader workers included)."""
 
 import json
 import os
@@ -116,32 +116,32 @@ def test_nan_stop_exits(tree, tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     """The signal goes to the job's whole process group (as a sweep or a terminal sends it)
-    while the job trains (held after step 3 by the test's gate): the workers ignore it, train
+    while the job trains (held after step 1 by the test's gate): the workers ignore it, train
     checkpoints at the step boundary and exits 128 + signum, and every worker is gone; a resume
     with other arguments is refused; the right one finishes."""
     gate = tmp_path / "gate"
     gate.mkdir()
-    env = gate_env(gate, step=3)
+    env = gate_env(gate, step=1)
     out = tmp_path / "job"
-    args = train_args(tree, out, "--checkpoint_freq", "4", steps=8)
+    args = train_args(tree, out, "--checkpoint_freq", "3", steps=4)
     proc = start(TRAIN, *args, env=env)
     with released(gate):
         wait_at_gate(gate, proc, TIMEOUT)
         os.killpg(proc.pid, signum)
         code, output = finish(proc, TIMEOUT)
     assert code == 128 + signum, output
-    assert f"stopped by {signal.Signals(signum).name} after step 3" in output
+    assert f"stopped by {signal.Signals(signum).name} after step 1" in output
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
     assert_nothing_left(env)
     if signum == signal.SIGINT:
         return
-    refused = train_args(tree, out, "--checkpoint_freq", "4", "--resume", steps=9)
+    refused = train_args(tree, out, "--checkpoint_freq", "3", "--resume", steps=5)
     code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
-    assert code == 2 and "--steps: 8 in the checkpoint, 9 now" in output, output
+    assert code == 2 and "--steps: 4 in the checkpoint, 5 now" in output, output
     assert_nothing_left(env)
     code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
     assert code == 0, output
-    assert [r["step"] for r in read_records(out)] == [0, 4, 7]
+    assert [r["step"] for r in read_records(out)] == [0, 3]
     assert (out / "done").exists()
     assert_nothing_left(env)
 
@@ -152,30 +152,16 @@ def sweep_args(data_dir, out, *extra, algorithms=("ERM",)):
             "--n_trials", "1", "--hparams", HPARAMS, "--skip_confirmation", *extra]
 
 
-def test_local_sweep_runs_four_jobs_and_collects(tree, tmp_path):
-    env = command_env()
-    out = tmp_path / "sweep"
-    code, output = run(SWEEP, *sweep_args(tree, out, "--single_test_envs", "--steps", "3"),
-                       env=env, timeout=4 * TIMEOUT)
-    assert code == 0, output
-    jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
-    assert len(jobs) == 4 and all((p / "done").exists() for p in jobs), output
-    assert_nothing_left(env)
-    code, tables = run(COLLECT, "--input_dir", out, env=env, timeout=TIMEOUT)
-    assert code == 0, tables
-    block = tables.split("model selection method: training-domain validation set\n")[1]
-    header, erm = block.splitlines()[:2]
-    assert header.split() == ["Algorithm", "A", "C", "P", "S", "Avg"], tables
-    assert erm.startswith("ERM ") and "X" not in erm.split(), tables  # all 4 jobs tabulated
-
-
-def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
+def test_local_sweep_interrupted_then_resumed_runs_every_job_and_collects(tree, tmp_path):
+    """A sweep of four jobs (one per test domain) stopped by SIGTERM while its first job trains
+    (held after step 1 by the test's gate): the sweep forwards the signal, exits 143 and says
+    to --resume, and no process is left; the resumed sweep continues the first job, runs the
+    three others to the end, and collect_results tabulates all four."""
     gate = tmp_path / "gate"
     gate.mkdir()
-    env = gate_env(gate, step=3)  # the first job waits after step 3 until it is stopped
+    env = gate_env(gate, step=1)  # the first job waits after step 1 until it is stopped
     out = tmp_path / "sweep"
-    args = sweep_args(tree, out, "--test_env_sets", "0", "1", "--steps", "8",
-                      "--checkpoint_freq", "4")
+    args = sweep_args(tree, out, "--single_test_envs", "--steps", "4", "--checkpoint_freq", "3")
     proc = start(SWEEP, *args, env=env)
     with released(gate):
         wait_at_gate(gate, proc, TIMEOUT)
@@ -183,12 +169,20 @@ def test_local_sweep_interrupted_then_resumed(tree, tmp_path):
         code, output = finish(proc, TIMEOUT)
     assert code == 143 and "--resume" in output, output
     assert_nothing_left(env)
+    stopped = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
+    assert len(stopped) == 1 and (stopped[0] / "checkpoint.pt").exists(), output
     code, output = run(SWEEP, *args, "--resume", env=env, timeout=4 * TIMEOUT)
     assert code == 0, output
     jobs = [p for p in out.iterdir() if (p / "results.jsonl").exists()]
-    assert len(jobs) == 2 and all((p / "done").exists() for p in jobs), output
-    assert all([r["step"] for r in read_records(p)] == [0, 4, 7] for p in jobs)
+    assert len(jobs) == 4 and all((p / "done").exists() for p in jobs), output
+    assert all([r["step"] for r in read_records(p)] == [0, 3] for p in jobs)
     assert_nothing_left(env)
+    code, tables = run(COLLECT, "--input_dir", out, env=env, timeout=TIMEOUT)
+    assert code == 0, tables
+    block = tables.split("model selection method: training-domain validation set\n")[1]
+    header, erm = block.splitlines()[:2]
+    assert header.split() == ["Algorithm", "A", "C", "P", "S", "Avg"], tables
+    assert erm.startswith("ERM ") and "X" not in erm.split(), tables  # all 4 jobs tabulated
 
 
 def live_children(pid: int) -> list[int]:
