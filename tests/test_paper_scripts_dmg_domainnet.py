@@ -2,9 +2,9 @@
 its release after DomainBed's download (:func:`release_data.domain_net`: the duplicates removed,
 DomainNet's own ``<domain>_train.txt`` / ``_test.txt`` lists beside the domain folders): the
 default protocol (release: 10% validation holdout, epochs counted on the images on disk, pooled
-batches, inverse lr decay) and PROTOCOL=domainbed, each shrunk only through the script's knobs,
-with the local launcher and default loader workers; each ends with its tables and the paper's
-rows."""
+batches, inverse lr decay) and PROTOCOL=domainbed, each shrunk only through the script's knobs
+(in HPARAMS random init, small batches, 32x32 images), with the local launcher and default loader
+workers; each ends with its tables and the paper's rows."""
 
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ def runs(data_dir, tmp_path_factory):
         # epoch of batches of 8 (one step; the table's batch of 64 would take all 54 images)
         "release": run_script("dmg_domainnet_paper.sh", tmp, data_dir, tag="default",
                               timeout=TIMEOUT_S, ALGORITHMS="ERM", TEST_ENVS="0", EPOCHS="0.2",
-                              N_TRIALS="1", HPARAMS='{"pretrained": false, "batch_size": 8}'),
+                              N_TRIALS="1",
+                              HPARAMS='{"pretrained": false, "batch_size": 8, "image_size": 32}'),
         "domainbed": run_script("dmg_domainnet_paper.sh", tmp, data_dir, tag="domainbed",
                                 timeout=TIMEOUT_S, PROTOCOL="domainbed", ALGORITHMS="ERM",
                                 TEST_ENVS="5", STEPS="1", N_TRIALS="1",
-                                HPARAMS='{"pretrained": false, "batch_size": 2}'),
+                                HPARAMS='{"pretrained": false, "batch_size": 2, "image_size": 32}'),
     }
 
 

@@ -2,15 +2,16 @@
 settings behind the paper scripts (``dg_plugins/reference/paper_settings.py``, run by
 ``python -m dg_plugins.scripts.reproduce``).
 
-Each script runs as a subprocess with ``DRY_RUN=1`` (a paper script's other protocols run in
-this process, as its one line would run them), a fake ``DATA_DIR`` (tiny image trees), a
-temporary ``OUTPUT_DIR`` and empty download caches (:mod:`paper_runs`): it must exit 0, create
-nothing, start no train or sweep process (a ``sitecustomize`` logs every Python process started),
-and list its jobs with their count and total steps; a paper script also warns of what a real run
-would miss (here the pretrained weights and split lists), and its header names each of those
-prerequisites. The jobs a paper script lists must carry exactly the table's settings, in their
-train args and in the hparams train resolves from them. The scripts run in parallel threads (each
-is a Python process importing torch). Last, the quick start, stopped in the middle of a job,
+Each script runs with ``DRY_RUN=1`` in each of its protocols (``PROTOCOL``), a fake
+``DATA_DIR`` (tiny image trees), a temporary ``OUTPUT_DIR`` and empty download caches
+(:mod:`paper_runs`): its bash part as a subprocess, the one command it hands the interpreter
+replayed with the others in one Python process (each as ``python -m`` runs it; two scripts also
+run wholly with the real interpreter and must print the same). It must exit 0, create nothing,
+start no process (a ``sitecustomize`` logs every Python process started), and list its jobs
+with their count and total steps; a paper script also warns of what a real run would miss (here
+the pretrained weights and split lists), and its header names each of those prerequisites. The
+jobs a paper script lists must carry exactly the table's settings, in their train args and in
+the hparams train resolves from them. Last, the quick start, stopped in the middle of a job,
 continues where it stopped when run again. The paper scripts' real runs:
 tests/test_paper_scripts_*.py.
 """
@@ -95,57 +96,113 @@ def data(tmp_path_factory):
     return root, make_fake_data(root)
 
 
-def is_default(case) -> bool:
-    """Whether ``case`` is a script with its default protocol (or a plain sweep script)."""
-    name, protocol = case
-    return protocol is None or protocol == PAPER_SCRIPTS[name].default_protocol
+#: The dry runs that run wholly as a user runs them (the real interpreter as PYTHON): a paper
+#: script (reproduce's own dry run) and a plain sweep script (finish_dry_run's listing).
+REAL_DRY_RUNS = (("dmg_pacs_paper.sh", "release"), ("digits_offline_multi_source.sh", None))
+
+#: A stand-in PYTHON for the scripts' bash part: it records the one command a dry run hands the
+#: interpreter (its arguments, environment and folder) and refuses a second.
+STAND_IN = """#!/bin/sh
+if [ -e "$DRY_RUN_CALL.argv" ]; then echo "stand-in PYTHON: a second call: $*" >&2; exit 99; fi
+printf '%s\\0' "$@" > "$DRY_RUN_CALL.argv"
+env -0 > "$DRY_RUN_CALL.env"
+pwd > "$DRY_RUN_CALL.cwd"
+"""
+
+#: Runs the recorded commands one after another in this one Python process, each as
+#: ``python -m MODULE ARGS`` runs it (runpy, the command's environment and folder, its output
+#: captured); any process a command starts logs itself to that command's own process log.
+REPLAY = """
+import contextlib, io, json, os, runpy, sys
+calls, into, results = json.load(open(sys.argv[1])), sys.argv[2], []
+for call in calls:
+    assert call["argv"][0] == "-m", call["argv"]
+    os.environ.clear()
+    os.environ.update(call["env"])
+    os.chdir(call["cwd"])
+    sys.argv = [call["argv"][1], *call["argv"][2:]]
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_module(call["argv"][1], run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (stop.code is not None)
+    results.append({"returncode": code, "stdout": stdout.getvalue(),
+                    "stderr": stderr.getvalue()})
+with open(into, "w") as f:
+    json.dump(results, f)
+"""
 
 
 @pytest.fixture(scope="module")
 def dry_runs(data, tmp_path_factory):
-    """Every (script, protocol) run once with DRY_RUN=1: each script as a user runs it (its
-    default protocol; a subprocess, four at a time), then each other protocol of a paper script
-    in this process, as the script's one line runs it (``reproduce SETTING ... --protocol P
-    --dry_run``: the bash part is the default's; its processes are not logged)."""
-    import contextlib
-    import io
+    """Every (script, protocol) run once with DRY_RUN=1, each as a user runs it (``PROTOCOL=P bash
+    sweeps/<script>``). Each script's bash part runs as a subprocess (four at a time) with a
+    stand-in PYTHON that records the one command it hands the interpreter (``reproduce ...
+    --dry_run`` or ``--dry_run_sweeps``); then all those commands run in one Python process, one
+    after another, each as ``python -m`` runs it (its arguments, environment, folder; its own
+    process log). The REAL_DRY_RUNS also run wholly as subprocesses with the real interpreter:
+    their output must be the replay's (the replay is the real run, in fewer processes). Each
+    case: (its result, its output folder, what it started: the command handed to the
+    interpreter, the processes that command started, and for a real run its result and
+    processes)."""
     from types import SimpleNamespace
-
-    from dg_plugins.reproduce import cli as reproduce_cli
 
     data_dir, _ = data
     tmp = tmp_path_factory.mktemp("dry_runs")
+    stand_in = tmp / "python"
+    stand_in.write_text(STAND_IN)
+    stand_in.chmod(0o755)
 
-    def run(case):
-        name, protocol = case
-        tag = f"{name[:-3]}_{protocol or 'none'}"
-        out = tmp / "out" / tag
-        log = tmp / f"{tag}.processes"
-        extra = {"OUTPUT_DIR": str(out), "DRY_RUN": "1"}
-        if protocol:
-            extra["PROTOCOL"] = protocol
-        proc = subprocess.run(["bash", str(SWEEPS / name)], cwd=tmp,
-                              env=script_env(tmp, data_dir, log, **extra), capture_output=True,
-                              text=True, timeout=SCRIPT_TIMEOUT_S)
-        processes = log.read_text().splitlines() if log.exists() else []
-        return case, (proc, out, processes)
+    def tag(case):
+        return f"{case[0][:-3]}_{case[1] or 'none'}"
 
-    def in_process(case):
-        name, protocol = case
-        out = tmp / "out" / f"{name[:-3]}_{protocol}"
-        stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = reproduce_cli.main([
-                PAPER_SCRIPTS[name].name, "--data_dir", str(data_dir), "--output_dir", str(out),
-                "--command_launcher", "local", "--eval_splits", "selection", "--protocol",
-                protocol, "--dry_run"])
-        proc = SimpleNamespace(returncode=code, stdout=stdout.getvalue(),
-                               stderr=stderr.getvalue())
-        return case, (proc, out, None)
+    def env(case, real):
+        extra = {"OUTPUT_DIR": str(tmp / "out" / tag(case)), "DRY_RUN": "1"}
+        if case[1]:
+            extra["PROTOCOL"] = case[1]
+        suffix = "real" if real else "replayed"
+        environment = script_env(tmp, data_dir, tmp / f"{tag(case)}.{suffix}.processes",
+                                 **extra)
+        if not real:
+            environment.update(PYTHON=str(stand_in), DRY_RUN_CALL=str(tmp / tag(case)))
+        return environment
+
+    def run(case, real=False):
+        proc = subprocess.run(["bash", str(SWEEPS / case[0])], cwd=tmp, env=env(case, real),
+                              capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+        return proc
+
+    def logged(case, suffix):
+        log = tmp / f"{tag(case)}.{suffix}.processes"
+        return log.read_text().splitlines() if log.exists() else []
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        runs = dict(pool.map(run, [case for case in CASES if is_default(case)]))
-    return {**runs, **dict(map(in_process, [case for case in CASES if not is_default(case)]))}
+        scripts = list(pool.map(run, CASES))
+        real = dict(zip(REAL_DRY_RUNS, pool.map(lambda case: run(case, real=True),
+                                                 REAL_DRY_RUNS)))
+    calls = []
+    for case, proc in zip(CASES, scripts):
+        assert proc.returncode == 0, (case, proc.stderr[-3000:])
+        base = tmp / tag(case)
+        argv = base.with_suffix(".argv").read_bytes().decode().split("\0")[:-1]
+        pairs = (item.split("=", 1) for item in
+                 base.with_suffix(".env").read_bytes().decode().split("\0") if item)
+        environment = {k: v for k, v in pairs if k != "DRY_RUN_CALL"}
+        calls.append({"argv": argv, "env": environment,
+                      "cwd": base.with_suffix(".cwd").read_text().strip()})
+    (tmp / "calls.json").write_text(json.dumps(calls))
+    (tmp / "replay.py").write_text(REPLAY)
+    runner = subprocess.run(
+        [sys.executable, str(tmp / "replay.py"), str(tmp / "calls.json"),
+         str(tmp / "results.json")], cwd=tmp, capture_output=True, text=True,
+        timeout=SCRIPT_TIMEOUT_S, env=script_env(tmp, data_dir, tmp / "replay.processes"))
+    assert runner.returncode == 0, runner.stderr[-3000:]
+    results = json.loads((tmp / "results.json").read_text())
+    return {case: (SimpleNamespace(**result), tmp / "out" / tag(case), SimpleNamespace(
+        argv=call["argv"], processes=logged(case, "replayed"),
+        real=(real[case], logged(case, "real")) if case in real else None))
+        for case, call, result in zip(CASES, calls, results)}
 
 
 def train_commands(stdout: str) -> list:
@@ -180,13 +237,16 @@ def test_every_script_is_covered():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1] or 'offline'}")
 def test_dry_run_lists_jobs_and_launches_nothing(case, dry_runs):
-    proc, out, processes = dry_runs[case]
+    proc, out, started = dry_runs[case]
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     assert not out.exists(), f"a dry run created {out}"
-    if processes is not None:  # run as a script
-        started = [p for p in processes if "dg_plugins.scripts.train" in p
-                   or ("dg_plugins.scripts.sweep" in p and "reproduce" not in p)]
-        assert not started, f"a dry run started {started}"
+    # the script hands the interpreter one command, reproduce's listing, which starts nothing
+    assert started.argv[:2] == ["-m", "dg_plugins.scripts.reproduce"], started.argv
+    assert started.processes == [], f"a dry run started {started.processes}"
+    if started.real is not None:  # run wholly as a user runs it: the replay's output, and
+        real, processes = started.real  # the one Python process it started is reproduce
+        assert (real.returncode, real.stdout, real.stderr) == (
+            proc.returncode, proc.stdout, proc.stderr)
         assert processes and all("dg_plugins.scripts.reproduce" in p for p in processes), \
             processes
     n_jobs, steps = total(proc.stdout)
@@ -572,21 +632,38 @@ def run_cli(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_bad_input_is_refused_with_one_line(tmp_path):
+def refusal(capsys, *args) -> tuple[int, str]:
+    """``reproduce ARGS`` called in this process: its exit status and what it printed to stderr."""
+    from dg_plugins.reproduce import cli as reproduce_cli
+
+    capsys.readouterr()
+    try:
+        code = reproduce_cli.main(list(args))
+    except SystemExit as stop:  # argparse's errors
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_is_refused_with_one_line(tmp_path, capsys):
+    """The command refuses bad input with exit status 2 and a message (the first as a subprocess,
+    the others in this process: the messages are the subject)."""
     proc = run_cli("mpbm_pacs", "--protocol", "release", "--data_dir", str(tmp_path), "--dry_run")
     assert proc.returncode == 2 and "mpbm_pacs has no 'release' protocol" in proc.stderr
-    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
-                   "--checkpoint_freq", "5")
-    assert proc.returncode == 2 and "--checkpoint_freq: set by the setting's table" in proc.stderr
-    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--steps", "5")
-    assert proc.returncode == 2 and "counts its lengths in epochs; give --epochs" in proc.stderr
-    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--test_envs", "0,1")
-    assert proc.returncode == 2 and "--test_envs 0,1: not among dmg_pacs's" in proc.stderr
-    proc = run_cli("dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--clip_checkpoint", "x")
-    assert proc.returncode == 2 and "dmg_pacs scores no images" in proc.stderr
-    proc = run_cli("gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
-                   "--datasets", "MNIST")
-    assert proc.returncode == 2 and "not in gmoe_domainbed's datasets" in proc.stderr
+    code, err = refusal(capsys, "gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
+                        "--checkpoint_freq", "5")
+    assert code == 2 and "--checkpoint_freq: set by the setting's table" in err
+    code, err = refusal(capsys, "dmg_pacs", "--data_dir", str(tmp_path), "--dry_run", "--steps",
+                        "5")
+    assert code == 2 and "counts its lengths in epochs; give --epochs" in err
+    code, err = refusal(capsys, "dmg_pacs", "--data_dir", str(tmp_path), "--dry_run",
+                        "--test_envs", "0,1")
+    assert code == 2 and "--test_envs 0,1: not among dmg_pacs's" in err
+    code, err = refusal(capsys, "dmg_pacs", "--data_dir", str(tmp_path), "--dry_run",
+                        "--clip_checkpoint", "x")
+    assert code == 2 and "dmg_pacs scores no images" in err
+    code, err = refusal(capsys, "gmoe_domainbed", "--data_dir", str(tmp_path), "--dry_run",
+                        "--datasets", "MNIST")
+    assert code == 2 and "not in gmoe_domainbed's datasets" in err
     env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable)
     proc = subprocess.run(["bash", str(SWEEPS / "dmg_pacs_paper.sh"), "/data"], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -713,21 +790,21 @@ def test_the_quick_start_as_the_readme_runs_it_names_the_readme_command_to_rerun
 
 
 def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkeypatch, capsys):
-    """A real run of a small epoch-based setting (ERM on RotatedMNIST5k, one pooled batch of 512,
-    2 epochs): the steps and checkpoint frequency derived from the recorded image counts are the
+    """A real run of a small epoch-based setting (ERM on Debug28, pooled batches of 8, 2 epochs):
+    the steps and checkpoint frequency derived from the recorded image counts are the
     job's own epoch (its record at the checkpoint after one epoch says epoch 1.0), the run is
     recorded beside the sweep, and the tables follow."""
     import dg_plugins.datasets  # noqa: F401
     from dg_plugins.registry import DATASETS
     from dg_plugins import reproduce
 
-    counts = tuple(len(env) for env in DATASETS.get("RotatedMNIST5k")("builtin", [0], {}))
-    monkeypatch.setitem(ps.DATASET_SIZES, "RotatedMNIST5k", ps.Value(counts, "counted in test"))
+    counts = tuple(len(env) for env in DATASETS.get("Debug28")("builtin", [0], {}))
+    monkeypatch.setitem(ps.DATASET_SIZES, "Debug28", ps.Value(counts, "counted in test"))
     v = ps.Value
     protocol = ps.Protocol(
-        name="release", summary="pooled ERM for 2 epochs", datasets=v(("RotatedMNIST5k",), "t"),
+        name="release", summary="pooled ERM for 2 epochs", datasets=v(("Debug28",), "t"),
         test_envs=v(((0,),), "t"),
-        runs=(ps.Run(("ERM",), {"batch_size": v(512, "t"), "batch_sampling": v("pooled", "t"),
+        runs=(ps.Run(("ERM",), {"batch_size": v(8, "t"), "batch_sampling": v("pooled", "t"),
                                  "lr_schedule": v("exp_epoch", "t"), "lr_decay": v(0.5, "t")}),),
         groups=(ps.Group("", (), "CNN"),), n_trials=v(1, "t"), n_hparams=v(1, "t"),
         selections=v(("iid",), "t"), epochs=v(2, "t"))
@@ -737,7 +814,8 @@ def test_reproduce_runs_a_setting_and_its_epochs_match_the_jobs(tmp_path, monkey
     code = reproduce.main(["tiny", "--data_dir", "builtin", "--output_dir", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed[-3000:]
-    per_epoch = math.ceil(sum(n - int(n * 0.2) for n in counts[1:]) / 512)
+    per_epoch = math.ceil(sum(n - int(n * 0.2) for n in counts[1:]) / 8)
+    assert per_epoch > 1  # the records below at distinct steps
     (job,) = [p for p in (out / "release").iterdir() if p.is_dir()]
     records = [json.loads(line) for line in (job / "results.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, per_epoch, 2 * per_epoch - 1]
