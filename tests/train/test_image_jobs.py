@@ -29,7 +29,7 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"))
+    return make_pacs_tree(tmp_path_factory.mktemp("pacs_tree"), per_class=2, size=32)
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def broken_tree(tmp_path):
     """A PACS tree whose ``env`` domain has only undecodable JPEGs (set by the test)."""
 
     def make(env: int):
-        root = make_pacs_tree(tmp_path / "broken")
+        root = make_pacs_tree(tmp_path / "broken", per_class=2, size=32)
         for path in (root / "PACS" / PACS_DOMAINS[env]).rglob("*.jpg"):
             truncate_image(path)
         return root
