@@ -228,9 +228,12 @@ def test_a_device_augmented_job_records_its_setting_and_learns(reference):
     assert "augment_on: device" in (reference / "out.txt").read_text()
 
 
-def test_it_resumes_exactly_and_only_with_its_setting(tree, reference, tmp_path):
+def test_it_resumes_exactly_and_only_with_its_setting(tree, reference, tmp_path, capsys):
     """Stopped by SIGTERM after step 5 (with 2 loader workers where the reference had none),
-    refused on ``--resume`` without the flag, then resumed: the reference's records."""
+    refused on ``--resume`` without the flag (in this process), then resumed: the reference's
+    records."""
+    from dg_plugins.scripts.train import main
+
     out, gate = tmp_path / "cut", tmp_path / "gate"
     gate.mkdir()
     env = gate_env(gate, step=5)
@@ -243,9 +246,9 @@ def test_it_resumes_exactly_and_only_with_its_setting(tree, reference, tmp_path)
     assert code in (128 + signal.SIGTERM, -signal.SIGTERM), output[-3000:]
     assert not survivors(env)
     assert len(read_records(out)) == 2
-    code, output = run(TRAIN, *train_args(tree, out, "--resume"), env=command_env(),
-                       timeout=TIMEOUT)
-    assert code == 2, output[-3000:]
+    capsys.readouterr()
+    assert main([str(a) for a in train_args(tree, out, "--resume")]) == 2
+    output = "".join(capsys.readouterr())  # the job's output (stdout) and stderr
     assert "--augment_on: 'device' in the checkpoint, 'loader' now (the default)" in output
     code, output = run(TRAIN, *train_args(tree, out, "--augment_on", "device", "--resume",
                                           "--n_workers", "2"), env=command_env(),
@@ -255,10 +258,13 @@ def test_it_resumes_exactly_and_only_with_its_setting(tree, reference, tmp_path)
 
 
 def test_the_loader_path_gives_other_records(tree, reference, tmp_path):
+    """The same job's first step with the default ``--augment_on loader`` (in this process,
+    without loader workers, as the reference): another loss."""
+    from dg_plugins.scripts.train import main
+
     out = tmp_path / "loader"
-    code, output = run(TRAIN, *train_args(tree, out, "--augment_on", "loader", steps=1),
-                       env=command_env(), timeout=TIMEOUT)
-    assert code == 0, output[-3000:]
+    assert main([str(a) for a in train_args(tree, out, "--augment_on", "loader",
+                                            "--n_workers", "0", steps=1)]) == 0
     (record,) = read_records(out)
     assert "augment_on" not in record["args"]  # the default: the job as before
     assert record["loss"] != read_records(reference)[0]["loss"]

@@ -34,9 +34,13 @@ from support.processes import command_env, finish, run, start
 NAMES = [n for n, cls in ALGORITHMS.items()
          if cls.__module__.startswith("dg_plugins.") or cls.__module__ in TEST_PLUGIN_MODULES]
 CPU = torch.device("cpu")
-#: A short RotatedMNIST5k job (built-in data, the loader a user gets), a record every 9 steps.
-JOB = ["--dataset", "RotatedMNIST5k", "--steps", "18", "--checkpoint_freq", "9",
-       "--hparams", '{"batch_size": 32}', "--test_envs", "0"]
+#: A short RotatedMNIST5k job (built-in data, the loader a user gets) that learns in bf16, with
+#: records at its first and last step only (``--checkpoint_freq`` past its steps: an evaluation
+#: costs some six steps of emulated bf16 on a CPU without bfloat16 instructions).
+LEARN_STEPS = 18
+LEARN = ["--dataset", "RotatedMNIST5k", "--steps", str(LEARN_STEPS), "--checkpoint_freq",
+         str(LEARN_STEPS), "--hparams", '{"batch_size": 32}', "--test_envs", "0",
+         "--eval_splits", "selection"]
 
 
 def without_volatile(records):
@@ -45,18 +49,19 @@ def without_volatile(records):
              if k not in ("step_time", "mem_gb")} for r in records]
 
 
-def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
+def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path, capsys):
     """The real command in bf16: accuracy rises above chance and every record says bf16
-    (RotatedMNIST5k); a resume without the flag is refused, and a run killed after step 3 and
-    resumed writes the records of the uninterrupted run (Debug28, which learns nothing but costs
-    little: bf16 is emulated, slow, on a CPU without bfloat16 instructions). The records evaluate
-    the splits model selection reads (``--eval_splits selection``)."""
-    job = [*JOB, "--eval_splits", "selection"]
-    code, out = run("dg_plugins.scripts.train", *job, "--precision", "bf16", "--output_dir",
+    (RotatedMNIST5k, records at its first and last step only); a run killed after step 3 and
+    resumed writes the records of the uninterrupted run, and a resume without the flag is
+    refused (Debug28, which learns nothing but costs little: bf16 is emulated, slow, on a CPU
+    without bfloat16 instructions; the reference and the refusal run in this process, the
+    killed run and its resume as the command). The records evaluate the splits model selection
+    reads (``--eval_splits selection``)."""
+    code, out = run("dg_plugins.scripts.train", *LEARN, "--precision", "bf16", "--output_dir",
                     tmp_path / "learn", env=command_env(), timeout=600)
     assert code == 0, out[-3000:]
     records = read_records(tmp_path / "learn")
-    assert [r["step"] for r in records] == [0, 9, 17]
+    assert [r["step"] for r in records] == [0, LEARN_STEPS - 1]
     assert all(r["args"]["precision"] == "bf16" for r in records)
     assert not {"channels_last", "deterministic"} & set(records[0]["args"])
     train_out = [f"env{i}_out_acc" for i in range(1, 6)]
@@ -68,9 +73,7 @@ def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
              '{"batch_size": 8}', "--test_envs", "0", "--eval_splits", "selection"]
     full, cut, gate = tmp_path / "full", tmp_path / "cut", tmp_path / "gate"
     gate.mkdir()
-    code, out = run("dg_plugins.scripts.train", *small, "--precision", "bf16", "--output_dir",
-                    full, env=command_env(), timeout=600)
-    assert code == 0, out[-3000:]
+    assert main([*small, "--precision", "bf16", "--output_dir", str(full)]) == 0
     proc = start("dg_plugins.scripts.train", *small, "--precision", "bf16", "--output_dir", cut,
                  env=gate_env(gate, step=3))
     with released(gate):
@@ -80,9 +83,9 @@ def test_bf16_job_learns_records_its_precision_and_resumes_exactly(tmp_path):
         proc.send_signal(signal.SIGKILL)
         finish(proc, timeout=60)
     assert len(read_records(cut)) == 2  # steps 0 and 2; the checkpoint continues at step 3
-    code, out = run("dg_plugins.scripts.train", *small, "--output_dir", cut, "--resume",
-                    env=command_env(), timeout=600)
-    assert code == 2, out[-3000:]
+    capsys.readouterr()
+    assert main([*small, "--output_dir", str(cut), "--resume"]) == 2
+    out = "".join(capsys.readouterr())  # the job's output (stdout) and stderr
     assert "--precision: 'bf16' in the checkpoint, 'fp32' now (the default)" in out, out[-3000:]
     code, out = run("dg_plugins.scripts.train", *small, "--precision", "bf16", "--output_dir",
                     cut, "--resume", env=command_env(), timeout=600)

@@ -28,26 +28,39 @@ def train(tree, out, hparams, *extra, env=None):
                *extra, env=env or command_env(), timeout=TIMEOUT)
 
 
-def test_the_weights_and_their_source_are_named_at_the_start(tree, tmp_path, capsys,
-                                                              monkeypatch):
-    """ImageNet weights found in torch.hub's cache (here a ResNet-18 state dict filed under the
-    release's name; the real command), and a local pretrained_path: each job says which weights
-    it took and from where at its start, in its out.txt too (random initialisation: below)."""
+@pytest.fixture(scope="module")
+def cached_job(tree, tmp_path_factory):
+    """The real command on a ResNet-18 job (1 step) whose ImageNet weights are found in
+    torch.hub's cache (a ResNet-18 state dict filed under the release's name): its folder,
+    output and the cache file."""
+    import dg_plugins.compat  # noqa: F401  (before torchvision)
+    import torchvision
+
+    root = tmp_path_factory.mktemp("cached")
+    torch_home = root / "torch"
+    cached = torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18().state_dict(), cached)
+    code, output = train(tree, root / "job", {}, "--steps", "1", "--skip_model_save",
+                         env=command_env(TORCH_HOME=str(torch_home)))
+    assert code == 0, output
+    return root / "job", output, cached
+
+
+def test_the_weights_and_their_source_are_named_at_the_start(cached_job, tree, tmp_path,
+                                                              capsys, monkeypatch):
+    """ImageNet weights found in torch.hub's cache (the real command), and a local
+    pretrained_path: each job says which weights it took and from where at its start, in its
+    out.txt too (random initialisation: below)."""
     import dg_plugins.compat  # noqa: F401  (before torchvision)
     import torchvision
 
     from dg_plugins.scripts.train import main
 
-    torch_home = tmp_path / "torch"
-    cached = torch_home / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
-    cached.parent.mkdir(parents=True)
-    torch.save(torchvision.models.resnet18().state_dict(), cached)
+    folder, output, cached = cached_job
     expected = f"Weights: torchvision resnet18 from the cache: {cached}"
-    code, output = train(tree, tmp_path / "cached", {}, "--steps", "1", "--skip_model_save",
-                         env=command_env(TORCH_HOME=str(torch_home)))
-    assert code == 0, output
     assert [line for line in output.splitlines() if line.startswith("Weights: ")] == [expected]
-    assert expected in (tmp_path / "cached" / "out.txt").read_text()
+    assert expected in (folder / "out.txt").read_text()
 
     local = tmp_path / "mine.pth"
     torch.save(torchvision.models.resnet18().state_dict(), local)
@@ -67,7 +80,7 @@ def test_the_step_time_and_the_estimate_come_after_a_few_steps_then_progress_lin
     --progress_every 0, a progress line after every step (its default, 60 s, is tested below)."""
     out = tmp_path / "job"
     steps = TIMED_STEPS + 4
-    code, output = run(TRAIN, "--dataset", "RotatedMNIST5k", "--test_envs", "5", "--steps", steps,
+    code, output = run(TRAIN, "--dataset", "Debug28", "--test_envs", "0", "--steps", steps,
                        "--checkpoint_freq", "3", "--progress_every", "0", "--hparams",
                        '{"batch_size": 8}', "--output_dir", out, env=command_env(),
                        timeout=TIMEOUT)
@@ -124,7 +137,7 @@ def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tmp_path):
     import sys
 
     master, slave = pty.openpty()
-    argv = [sys.executable, "-m", TRAIN, "--dataset", "RotatedMNIST5k", "--test_envs", "5",
+    argv = [sys.executable, "-m", TRAIN, "--dataset", "Debug28", "--test_envs", "0",
             "--steps", "3", "--progress_every", "0", "--hparams", '{"batch_size": 8}',
             "--output_dir", str(tmp_path / "job")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=command_env())
@@ -143,7 +156,7 @@ def test_a_terminal_gets_the_progress_bar_and_no_progress_lines(tmp_path):
     os.close(master)
     stdout, _ = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0, stdout.decode() + terminal.decode()
-    assert b"ERM on RotatedMNIST5k" in terminal and b"\r" in terminal
+    assert b"ERM on Debug28" in terminal and b"\r" in terminal
     assert b"progress: " not in stdout + terminal
 
 
@@ -222,15 +235,13 @@ def test_an_algorithm_with_a_network_of_its_own_lists_every_hparam(monkeypatch):
     assert shown_hparams("Mine", (3, 28, 28), hparams) == (sorted(hparams), [])
 
 
-def test_train_prints_the_hparams_of_its_network_and_records_them_all(tree, tmp_path):
-    """The real command on a ResNet-18 job: out.txt lists resnet18 and the ResNet's hparams,
-    not resnet50_augmix nor the ViT's, and names those on one line; the records keep every
-    hparam."""
+def test_train_prints_the_hparams_of_its_network_and_records_them_all(cached_job):
+    """The real command on a ResNet-18 job (the one with cached weights): out.txt lists
+    resnet18 and the ResNet's hparams, not resnet50_augmix nor the ViT's, and names those on
+    one line; the records keep every hparam."""
     from dg_plugins import hparams as hparams_lib
 
-    out = tmp_path / "job"
-    code, output = train(tree, out, {"pretrained": False}, "--steps", "1", "--skip_model_save")
-    assert code == 0, output
+    out = cached_job[0]
     text = (out / "out.txt").read_text()
     block = text.split("HParams:\n")[1].split("\n")
     listed = {}
@@ -239,7 +250,7 @@ def test_train_prints_the_hparams_of_its_network_and_records_them_all(tree, tmp_
             break
         name, value = line[1:].split(": ", 1)
         listed[name] = value
-    assert listed["resnet18"] == "True" and listed["pretrained"] == "False"
+    assert listed["resnet18"] == "True" and listed["pretrained"] == "True"
     assert {"batch_size", "lr", "resnet_dropout", "freeze_bn", "augmentation"} <= set(listed)
     left_out = ["dinov2", "lars", "linear_steps", "mnist_cnn_width", "resnet50_augmix", "vit",
                 "vit_arch", "vit_attn_tune", "vit_dropout"]
