@@ -75,21 +75,20 @@ def pytest_collection_finish(session):
 
 
 #: The slowest modules, slowest first (seconds of a worker in a run of the whole suite on a
-#: 2-core Xeon, 2026-11-28: 85 down to 17), run first. xdist hands out whole modules
+#: 2-core AMD EPYC, 2026-11-29: 171 down to 20), run first. xdist hands out whole modules
 #: (``--dist loadscope``, ``--no-loadscope-reorder``: in collection order): by default the
 #: modules with the most tests go first, which leaves these end-to-end modules of few tests for
 #: last, where one of them can keep a worker busy alone while the other waits. A module not named
 #: here keeps its place after them (the order only, never what a test does).
 SLOWEST_FIRST = (
     "slurm/test_slurm_lifecycle.py",  # mostly waiting on Slurm
-    "test_before_after.py", "test_sweep_scripts.py",
-    "test_paper_scripts_mpbm_ipoop.py", "train/test_image_jobs.py", "test_paper_scripts_vit.py",
-    "sweep/test_sweep_failures.py", "train/test_train_hardening.py",
-    "test_paper_scripts_dmg_pacs.py", "algorithms/test_all_algorithms.py",
-    "test_paper_scripts_dmg_domainnet.py", "train/test_compute.py",
-    "train/test_augment_on_device.py", "reproduce/test_prerequisites.py",
-    "train/test_train_reports.py", "sweep/test_sweep_claims.py", "alignment/test_scoring.py",
-    "sweep/test_packing.py", "sweep/test_launchers.py", "train/test_train.py",
+    "test_before_after.py", "train/test_compute.py", "test_paper_scripts_mpbm_ipoop.py",
+    "train/test_image_jobs.py", "test_paper_scripts_vit.py", "train/test_train_hardening.py",
+    "test_sweep_scripts.py", "train/test_cached_jobs.py", "sweep/test_sweep_failures.py",
+    "algorithms/test_all_algorithms.py", "sweep/test_launchers.py", "train/test_udg.py",
+    "test_paper_scripts_dmg_pacs.py", "train/test_train.py", "train/test_augment_on_device.py",
+    "train/test_train_reports.py", "test_paper_scripts_dmg_domainnet.py",
+    "train/test_resume_augmentation.py", "sweep/test_sweep_costs.py",
     "collect/test_eval_splits_tables.py")
 
 
