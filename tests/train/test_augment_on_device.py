@@ -299,15 +299,11 @@ def test_re_evaluating_the_saved_model_reproduces_its_record(reference):
 def test_sweep_passes_it_to_every_job_and_hashes_it_only_when_not_default(tmp_path):
     from dg_plugins.scripts.train import build_parser
     from dg_plugins.sweep import cli as sweep_cli
-    from dg_plugins.sweep import jobs
 
     def sweep_jobs(*flags):
-        parser = sweep_cli.build_parser()
-        args = parser.parse_args(["launch", "--datasets", "PACS", "--algorithms", "ERM",
-                                  "--n_trials", "1", "--n_hparams", "1", "--data_dir", "d",
-                                  "--output_dir", str(tmp_path), "--dry_run", *flags])
-        sweep_cli.validate(parser, args)
-        return jobs.make_jobs(sweep_cli.make_args_list(args), str(tmp_path))
+        return sweep_cli.sweep_jobs(["launch", "--datasets", "PACS", "--algorithms", "ERM",
+                                     "--n_trials", "1", "--n_hparams", "1", "--data_dir", "d",
+                                     "--output_dir", str(tmp_path), *flags], dry_run=True)[1]
 
     default = sweep_jobs()
     assert [j.command_str for j in sweep_jobs("--augment_on", "loader")] == [

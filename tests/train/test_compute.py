@@ -417,15 +417,11 @@ def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeyp
 
 def test_sweep_passes_the_settings_to_every_job_and_hashes_only_other_values(tmp_path):
     from dg_plugins.sweep import cli as sweep_cli
-    from dg_plugins.sweep import jobs
 
     def sweep_jobs(*flags):
-        parser = sweep_cli.build_parser()
-        args = parser.parse_args(["launch", "--datasets", "Debug28", "--algorithms", "ERM",
-                                  "--n_trials", "1", "--n_hparams", "1", "--data_dir", "d",
-                                  "--output_dir", str(tmp_path), "--dry_run", *flags])
-        sweep_cli.validate(parser, args)
-        return jobs.make_jobs(sweep_cli.make_args_list(args), str(tmp_path))
+        return sweep_cli.sweep_jobs(["launch", "--datasets", "Debug28", "--algorithms", "ERM",
+                                     "--n_trials", "1", "--n_hparams", "1", "--data_dir", "d",
+                                     "--output_dir", str(tmp_path), *flags], dry_run=True)[1]
 
     default = sweep_jobs()
     explicit = sweep_jobs("--precision", "fp32", "--channels_last", "false",
