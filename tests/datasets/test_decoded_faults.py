@@ -5,7 +5,6 @@ image replaced in place with its size and modification time is decoded again; ca
 overwritten or truncated are found and built again (what a job reads is always what its images
 give); a non-finite budget is named."""
 
-import contextlib
 import errno
 import io
 import os
@@ -24,27 +23,11 @@ from dg_plugins.datasets.image_folder import PACS, load_rgb_image
 from dg_plugins.train import evaluate
 from dg_plugins.train.splits import split_dataset
 
-from support.forks import forked, forked_result
+from support.forks import forked, forked_result, within
 from support.image_tree import make_pacs_tree
 from support.processes import command_env, survivors
 
 AUGMENT = {"data_augmentation": True}
-
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Fail with a hang instead of waiting forever (SIGALRM in this process)."""
-    def hung(signum, frame):
-        raise AssertionError(f"no result within {seconds} s (a hang)")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def all_read_as_their_files(dataset) -> None:
