@@ -1,14 +1,15 @@
-"""train's flags as one table (:data:`FLAGS`): each row says what the flag is (name, default,
-type, help) and its policies: whether it enters the records' ``args``, whether a sweep hashes it
-into the job folder's name, how a sweep gives it to its jobs, whether a resume may change it, and
-whether a paper setting owns it. train's parser, the sweep's flags and job args, the records, the
-resume check and reproduce all read it. Also the range checks train and sweep run before
-anything is written. Torch-free."""
+"""train's flags as one table (:data:`FLAGS`): name, default, type, help and policies (in the
+records' ``args``, hashed into a sweep's folder names, how a sweep passes it, changeable on resume,
+owned by a paper setting), read by train, sweep, the records, the resume check and reproduce; and
+the range checks run before anything is written. Torch-free."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,8 +39,8 @@ AUGMENT_ON = ("loader", "device")
 
 def boolean(text: str) -> bool:
     """``true``/``false`` (also yes/no, on/off, 1/0; any case) as a bool."""
-    value = {"true": True, "yes": True, "on": True, "1": True,
-             "false": False, "no": False, "off": False, "0": False}.get(text.strip().lower())
+    value = {**dict.fromkeys(("true", "yes", "on", "1"), True),
+             **dict.fromkeys(("false", "no", "off", "0"), False)}.get(text.strip().lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return value
@@ -105,6 +106,9 @@ GROUPS = {
 }
 
 _DB = {"records": ALWAYS, "hashed": True, "sweep": ENUMERATED}  # DomainBed's flags
+_GIVEN = {"records": GIVEN, "hashed": True, "sweep": EVERY}  # in the records when given
+_COMPUTE = {"setting": True, "group": "compute", "records": NOT_DEFAULT, "hashed": True,
+            "sweep": EVERY}
 
 #: Every train flag, in train's ``--help`` order.
 FLAGS = (
@@ -144,27 +148,23 @@ FLAGS = (
          "(default: one per core the job has: $DG_PLUGINS_CPUS, which the multi_gpu launcher "
          "sets, else Slurm's cpus-per-task, else the cores the process may run on; in-memory "
          "datasets always load in-process)", sweep=EVERY),
-    Flag("precision", "fp32", choices=PRECISIONS, setting=True, group="compute",
-         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+    Flag("precision", "fp32", choices=PRECISIONS, **_COMPUTE,
          help="fp32 (default): float32 throughout, as DomainBed; bf16: autocast to bfloat16 in "
          "training and evaluation (CUDA, or a CPU; fast on CPUs with AVX512-BF16 or AMX); fp16: "
          "autocast to float16 with a gradient scaler (CUDA only; every built-in algorithm steps "
          "its optimizers through the scaler)"),
-    Flag("channels_last", False, boolean, nargs="?", const=True, metavar="true|false",
-         setting=True, group="compute", records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+    Flag("channels_last", False, boolean, nargs="?", const=True, metavar="true|false", **_COMPUTE,
          help="convolutional backbones (ResNets, the MNIST CNN) and their input batches in "
          "torch.channels_last (faster convolutions on GPUs with tensor cores; the same "
          "predictions up to rounding); a ViT keeps the default memory format, with a note (its "
          "one convolution is the patch embedding)"),
-    Flag("deterministic", True, boolean, metavar="true|false", setting=True, group="compute",
-         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+    Flag("deterministic", True, boolean, metavar="true|false", **_COMPUTE,
          help="true (default): torch's deterministic algorithms, deterministic cuDNN and cuBLAS, "
          "and on CUDA attention by the math kernel, so two runs and a resumed job write the same "
          "records bit for bit; false: the fastest kernels (cudnn.benchmark, fused attention), "
          "giving up that: runs and resumes then differ in their last digits, and so may their "
          "accuracies (docs/determinism.md: what each setting costs)"),
-    Flag("augment_on", "loader", choices=AUGMENT_ON, setting=True, group="compute",
-         records=NOT_DEFAULT, hashed=True, sweep=EVERY,
+    Flag("augment_on", "loader", choices=AUGMENT_ON, **_COMPUTE,
          help="where training images are augmented: loader (default: the PIL transforms in the "
          "loader workers, DomainBed's numbers) or device (workers decode and crop to 224x224 "
          "uint8; flip, colour jitter, grayscale and normalization run batched on --device with "
@@ -185,37 +185,35 @@ FLAGS = (
          "predictions depend on their batch (GMoE evaluated at capacity 1.5) gives other "
          "accuracies with another value"),
     Flag("alignment_scores", None, str, "score file (CSV) written by "
-         "dg_plugins.scripts.alignment_scores", group="alignment", records=GIVEN, hashed=True,
-         sweep=EVERY, paper=True),
+         "dg_plugins.scripts.alignment_scores", group="alignment", **_GIVEN, paper=True),
     Flag("alignment_threshold", None, float, "IP if score >= threshold, else OOP (default 0.4)",
-         group="alignment", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+         group="alignment", **_GIVEN, paper=True),
     Flag("alignment_preset", None, str, "a named split rule, e.g. teterwak2025 (cleaning cuts + "
-         "threshold)", group="alignment", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+         "threshold)", group="alignment", **_GIVEN, paper=True),
     Flag("alignment_model", None, str, "the open_clip model the score file must have been made "
          "with (e.g. ViT-B-16); a file scored by another one is an error", group="alignment",
-         records=GIVEN, hashed=True, sweep=EVERY),
+         **_GIVEN),
     Flag("alignment_pretrained", None, str, "the pretrained tag the score file must have been "
          "made with (e.g. laion400m_e32); a file scored with other weights is an error",
-         group="alignment", records=GIVEN, hashed=True, sweep=EVERY),
+         group="alignment", **_GIVEN),
     Flag("label_fraction", None, float, "fine-tune on this fraction (0, 1] of each source "
          "in-split's labels (UDG job); algorithms without pretraining (ERM) train from scratch "
          "on it", group="udg", records=GIVEN, hashed=True, sweep=ENUMERATED),
     Flag("pretrain_steps", None, int, "self-supervised pretraining steps (default: the "
-         "dataset's N_STEPS)", group="udg", records=GIVEN, hashed=True, sweep=EVERY, paper=True),
+         "dataset's N_STEPS)", group="udg", **_GIVEN, paper=True),
     Flag("udg_pretrain_epochs", None, float, "pretrain for this many epochs of the unlabelled "
          "source data instead of --pretrain_steps: steps = ceil(E x pretraining images / (batch "
-         "per domain x domains)), printed (DisMAE's release: 501)", group="udg", records=GIVEN,
-         hashed=True, sweep=EVERY, paper=True),
+         "per domain x domains)), printed (DisMAE's release: 501)", group="udg", **_GIVEN,
+         paper=True),
     Flag("udg_ft_epochs", None, float, "fine-tune for this many epochs of the labelled data "
          "instead of --steps: steps = ceil(E x labelled images of the source environments / "
          "(batch per domain x domains)), printed (DisMAE's release: 51)", group="udg",
-         records=GIVEN, hashed=True, sweep=EVERY, paper=True),
-    Flag("udg_split", None, choices=("domainbed", "release"), group="udg", records=GIVEN,
-         hashed=True, sweep=EVERY, paper=True, help="domainbed (default): pretrain on the "
-         "source in-splits, label a fraction of them; release (DisMAE's dataloader.py): "
-         "pretrain on 99%% of each source environment and label a fraction of its 90%% in-split "
-         "(needs --holdout_fraction 0.1; the 10%% out-split stays the validation data of model "
-         "selection)"),
+         **_GIVEN, paper=True),
+    Flag("udg_split", None, choices=("domainbed", "release"), group="udg", **_GIVEN, paper=True,
+         help="domainbed (default): pretrain on the source in-splits, label a fraction of them; "
+         "release (DisMAE's dataloader.py): pretrain on 99%% of each source environment and "
+         "label a fraction of its 90%% in-split (needs --holdout_fraction 0.1; the 10%% "
+         "out-split stays the validation data of model selection)"),
     Flag("udg_pretrain_dir", None, str, "where pretrainings are kept, one folder per (dataset, "
          "test_envs, algorithm, hparams, trial, seed, steps) hash (default: <parent of "
          "output_dir>/udg_pretrain)", group="udg", resumable=True),
@@ -227,27 +225,19 @@ FLAGS = (
 ROWS = {flag.name: flag for flag in FLAGS}
 
 
-def names(*, group: str | None = None, records: str | None = None, sweep: str | None = None,
-          hashed: bool | None = None, paper: bool | None = None) -> tuple[str, ...]:
-    """The names of the rows that match every criterion given, in table order."""
+def names(**criteria) -> tuple[str, ...]:
+    """The names of the rows whose fields (group, records, sweep, hashed, paper) equal every
+    criterion given (not None), in table order."""
     return tuple(f.name for f in FLAGS
-                 if (group is None or f.group == group) and (records is None or f.records ==
-                                                             records)
-                 and (sweep is None or f.sweep == sweep) and (hashed is None or f.hashed == hashed)
-                 and (paper is None or f.paper == paper))
-
-
-def defaults(*, group: str | None = None, records: str | None = None) -> dict:
-    """``{name: default}`` of the matching rows."""
-    return {name: ROWS[name].default for name in names(group=group, records=records)}
+                 if all(v is None or getattr(f, k) == v for k, v in criteria.items()))
 
 
 #: The compute settings (applied by :mod:`dg_plugins.train.compute`) and their defaults,
 #: DomainBed's computation: float32, the default memory format, deterministic algorithms,
 #: augmentation in the loader workers.
-COMPUTE_DEFAULTS = defaults(group="compute")
+COMPUTE_DEFAULTS = {name: ROWS[name].default for name in names(group="compute")}
 #: The evaluation flags and their defaults (DomainBed's: every split, batches of 64).
-EVAL_DEFAULTS = defaults(group="evaluation")
+EVAL_DEFAULTS = {name: ROWS[name].default for name in names(group="evaluation")}
 #: The IP/OOP evaluation's flags: the score file, then the rule and the model it must fit.
 ALIGNMENT_ARGS = names(group="alignment")
 #: The UDG protocol's lengths and split, the same for every label fraction of a sweep.
@@ -299,8 +289,6 @@ def train_argv(**values) -> list[str]:
     """train's command-line words for ``values`` (row name: value), in the order given: a list
     gives its items, a dict its JSON, a bool ``True``/``False`` (a switch: itself or nothing),
     None nothing. A name that is not a row is refused (:func:`option`)."""
-    import json
-
     words = []
     for name, given in values.items():
         spelled = option(name)
@@ -318,9 +306,6 @@ def train_command(args: dict, module: str = TRAIN_MODULE, python: str | None = N
     """``<python> -m <module> --name value ...``, names sorted (DomainBed's ``sweep.Job``), each
     word quoted for a shell; ``python``: default this interpreter (DomainBed's is the bare
     ``python`` from PATH, a wrong one when the venv is not activated)."""
-    import shlex
-    import sys
-
     return shlex.join([python or sys.executable, "-m", module,
                        *train_argv(**dict(sorted(args.items())))])
 
@@ -328,8 +313,6 @@ def train_command(args: dict, module: str = TRAIN_MODULE, python: str | None = N
 def parse_command(command) -> tuple[list[str], dict[str, list[str]]]:
     """A command (a string or its words) read back: its words, and its ``--name value...``
     (``--name=value``) words by name; ``([], {})`` for a string that cannot be split."""
-    import shlex
-
     if isinstance(command, str):
         try:
             command = shlex.split(command)
@@ -345,30 +328,26 @@ def parse_command(command) -> tuple[list[str], dict[str, list[str]]]:
     return list(command), flags
 
 
+def _get(args, name: str):
+    return args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+
+
 def value(args, name: str):
     """Flag ``name`` of ``args`` (a namespace or a dict such as a record's ``args``) as the
     records hold it: None when absent, or at its default for a :data:`NOT_DEFAULT` row."""
-    got = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
-    row = ROWS.get(name)
-    if row is not None and row.records == NOT_DEFAULT and got == row.default:
-        return None
-    return got
+    got, row = _get(args, name), ROWS.get(name)
+    return None if row is not None and row.records == NOT_DEFAULT and got == row.default else got
 
 
 def flag(args, name: str):
     """Flag ``name`` of ``args`` (a namespace or a dict), its default when absent or None."""
-    got = args.get(name) if isinstance(args, dict) else getattr(args, name, None)
+    got = _get(args, name)
     return ROWS[name].default if got is None else got
-
-
-def non_defaults(args, group: str) -> dict:
-    """The flags of ``group`` set in ``args`` to another value than their default."""
-    return {name: v for name in names(group=group) if (v := value(args, name)) is not None}
 
 
 def compute_settings(args) -> dict:
     """The compute settings of ``args`` (namespace or dict) that differ from their defaults."""
-    return non_defaults(args, "compute")
+    return {name: v for name in names(group="compute") if (v := value(args, name)) is not None}
 
 
 def record_args(args) -> dict:
@@ -394,90 +373,62 @@ def sweep_job_args(args, hashed: bool) -> dict:
 
 
 def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
-    """Raise ValueError, naming the flag and the fix, for a train flag of ``args`` out of its range
-    or a combination that cannot run (a ``--data_dir`` that is a file, the UDG flags without a
-    label fraction, two lengths of one phase, the release split without its holdout, IP/OOP rule
-    flags without a score file).
-    ``fractions``: the label fractions (train's ``--label_fraction``, sweep's
-    ``--label_fractions``, named ``fraction_flag``); None without the UDG protocol. Flags
+    """Raise ValueError, naming the flag and the fix, for a flag of ``args`` out of its range or a
+    combination that cannot run. ``fractions``: the label fractions (train's ``--label_fraction``,
+    sweep's ``--label_fractions``, named ``fraction_flag``), None without the UDG protocol. Flags
     ``args`` lacks are not checked."""
-    envs = getattr(args, "test_envs", None)
+    envs = _get(args, "test_envs")
     duplicates = sorted({t for t in envs if envs.count(t) > 1}) if envs else []
     if duplicates:
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
-    eval_batch = getattr(args, "eval_batch_size", None)
-    if eval_batch is not None and eval_batch < 1:
-        raise ValueError(f"--eval_batch_size must be a positive integer, got {eval_batch} "
-                         "(leave it out for DomainBed's 64)")
-    for flag in ("steps", "checkpoint_freq"):
-        given = getattr(args, flag, None)
-        if given is not None and given < 1:
-            raise ValueError(f"--{flag} must be a positive integer, got {given} (leave it out for "
-                             "the dataset's default)")
-    n_workers = getattr(args, "n_workers", None)
+    for name, fix in (("eval_batch_size", "DomainBed's 64"), ("steps", "the dataset's default"),
+                      ("checkpoint_freq", "the dataset's default")):
+        if (given := _get(args, name)) is not None and given < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {given} (leave it out "
+                             f"for {fix})")
+    n_workers = _get(args, "n_workers")
     if n_workers is not None and n_workers < 0:
         raise ValueError(f"--n_workers must be >= 0, got {n_workers} (0: load in the job's "
                          "process; leave it out for one worker per core)")
-    data_dir = getattr(args, "data_dir", None)
+    data_dir = _get(args, "data_dir")
     if data_dir and os.path.isfile(data_dir):
         raise ValueError(f"--data_dir {data_dir} is a file, not a folder; pass the folder that "
                          "holds the dataset (e.g. the one holding PACS/)")
-    progress_every = getattr(args, "progress_every", None)
+    progress_every = _get(args, "progress_every")
     if progress_every is not None and not progress_every >= 0:
         raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
-    for flag in ("holdout_fraction", "uda_holdout_fraction"):
-        given = getattr(args, flag, None)
-        if given is not None and not 0 <= given < 1:
-            raise ValueError(f"--{flag} must be in [0, 1), got {given}")
-    given = [name for name in UDG_PROTOCOL_ARGS if getattr(args, name, None) is not None]
+    for name in ("holdout_fraction", "uda_holdout_fraction"):
+        if (given := _get(args, name)) is not None and not 0 <= given < 1:
+            raise ValueError(f"--{name} must be in [0, 1), got {given}")
+    given = [name for name in UDG_PROTOCOL_ARGS if _get(args, name) is not None]
     if fractions is None and given:
         raise ValueError(f"--{given[0]} is a UDG flag: give {fraction_flag} too (a fraction "
                          "in (0, 1] of the source labels to fine-tune on)")
     if fractions is not None:
-        check_udg(args, fractions, fraction_flag)
-    error = rule_without_scores(args)
-    if error is not None:
-        raise ValueError(error)
-
-
-def check_udg(args, fractions, fraction_flag: str) -> None:
-    """The UDG part of :func:`check_ranges`."""
-    for fraction in fractions:
-        if not 0 < fraction <= 1:
-            raise ValueError(f"{fraction_flag} must be in (0, 1], got {fraction}")
-    steps = args.pretrain_steps
-    if steps is not None and steps < 1:
-        raise ValueError(f"--pretrain_steps must be a positive integer, got {steps}")
-    pretrain_epochs = args.udg_pretrain_epochs
-    if pretrain_epochs is not None:
-        if not pretrain_epochs > 0:
-            raise ValueError(f"--udg_pretrain_epochs must be positive, got {pretrain_epochs}")
-        if steps is not None:
-            raise ValueError(f"--udg_pretrain_epochs {pretrain_epochs:g} and --pretrain_steps "
-                             f"{steps} both set the pretraining length; give one of them")
-    epochs = args.udg_ft_epochs
-    if epochs is not None:
-        if not epochs > 0:
-            raise ValueError(f"--udg_ft_epochs must be positive, got {epochs}")
-        if args.steps is not None:
-            raise ValueError(f"--udg_ft_epochs {epochs:g} and --steps {args.steps} both set the "
-                             "fine-tuning length; give one of them")
-    if args.udg_split == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
-        raise ValueError(
-            f"--udg_split release labels a fraction of the 90% of each source environment that "
-            f"the release trains on and keeps the other 10% for validation: pass "
-            f"--holdout_fraction 0.1 (got {args.holdout_fraction:g})")
-    if args.task != "domain_generalization":
-        raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
-                         "data are the source domains)")
-
-
-def rule_without_scores(args) -> str | None:
-    """The error of rule or model flags given without ``--alignment_scores`` (None when there is
-    none to report); ``args``: a namespace holding any of :data:`ALIGNMENT_ARGS`."""
-    given = [f"--{name}" for name in ALIGNMENT_ARGS[1:] if getattr(args, name, None) is not None]
-    if getattr(args, "alignment_scores", None) is not None or not given:
-        return None
-    return (f"{' / '.join(given)} need --alignment_scores FILE (a score file from python -m "
-            "dg_plugins.scripts.alignment_scores)")
+        for fraction in fractions:
+            if not 0 < fraction <= 1:
+                raise ValueError(f"{fraction_flag} must be in (0, 1], got {fraction}")
+        if args.pretrain_steps is not None and args.pretrain_steps < 1:
+            raise ValueError(f"--pretrain_steps must be a positive integer, got "
+                             f"{args.pretrain_steps}")
+        for name, steps_flag, phase in (("udg_pretrain_epochs", "pretrain_steps", "pretraining"),
+                                        ("udg_ft_epochs", "steps", "fine-tuning")):
+            epochs, steps = _get(args, name), _get(args, steps_flag)
+            if epochs is not None and not epochs > 0:
+                raise ValueError(f"--{name} must be positive, got {epochs}")
+            if epochs is not None and steps is not None:
+                raise ValueError(f"--{name} {epochs:g} and --{steps_flag} {steps} both set the "
+                                 f"{phase} length; give one of them")
+        if args.udg_split == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
+            raise ValueError(
+                f"--udg_split release labels a fraction of the 90% of each source environment "
+                f"that the release trains on and keeps the other 10% for validation: pass "
+                f"--holdout_fraction 0.1 (got {args.holdout_fraction:g})")
+        if args.task != "domain_generalization":
+            raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
+                             "data are the source domains)")
+    given = [f"--{name}" for name in ALIGNMENT_ARGS[1:] if _get(args, name) is not None]
+    if given and _get(args, "alignment_scores") is None:
+        raise ValueError(f"{' / '.join(given)} need --alignment_scores FILE (a score file from "
+                         "python -m dg_plugins.scripts.alignment_scores)")

@@ -112,9 +112,6 @@ class _Fetcher(Dataset):
         return [fetch(self.datasets[j], indices, seed, *pixels)
                 for j, seed, indices, *pixels in request]
 
-    def __getitem__(self, index):
-        raise TypeError("_Fetcher is read by batch requests only")
-
 
 def worker_loader(datasets, requests, num_workers: int, pin_memory: bool = False):
     """A started worker iterator serving ``requests``; its own ``generator`` keeps it from drawing
@@ -241,10 +238,8 @@ def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = Fal
                   device=None) -> WorkerPool | None:
     """One :class:`WorkerPool` for the item-reading streams and evaluations (None: none)."""
     streams = list(streams)
-    if device is not None:
-        for stream in streams:
-            stream.device = device
     for stream in streams:
+        stream.device = stream.device if device is None else device
         if stream.pool is not None:
             stream.pool.close()
     fetching = [s for s in streams if s.view is None]
@@ -257,9 +252,10 @@ def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = Fal
 
 
 class Stream:
-    """Endless training batches: batch ``k`` holds the indices the sampler draws (``next_indices``,
-    ``rewind(n)``), its items' draws under ``seed_hash(seed, k)``; so the state is (seed, batches
-    handed out), and a restored stream continues exactly, with or without workers."""
+    """Endless training batches: batch ``k`` holds the indices the subclass's sampler draws
+    (``next_indices``, ``rewind(n)``; ``gather`` reads a ``view``'s tensors), its items' draws
+    under ``seed_hash(seed, k)``; so the state is (seed, batches handed out), and a restored
+    stream continues exactly, with or without workers."""
 
     view = None
 
@@ -273,25 +269,12 @@ class Stream:
         self.consumed = 0
         self.rewind(0)
 
-    # the sampler (subclasses)
-    def next_indices(self) -> torch.Tensor:
-        raise NotImplementedError
-
-    def rewind(self, n: int) -> None:
-        raise NotImplementedError
-
-    def gather(self, indices: torch.Tensor):
-        """The batch of ``indices`` from the in-memory tensors (streams with a ``view``)."""
-        raise NotImplementedError
-
     def finish(self, batch: tuple):
         return batch
 
     def draw(self) -> tuple[int, list]:
         """``(seed of the next batch, its indices)``; advances the sampler."""
-        k = self.drawn
-        indices = self.next_indices()
-        return seed_hash(self.seed, k), indices.tolist()
+        return seed_hash(self.seed, self.drawn), self.next_indices().tolist()
 
     def __next__(self):
         if self.view is not None:

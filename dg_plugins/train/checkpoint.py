@@ -1,6 +1,6 @@
 """A train job's resume file (``checkpoint.pt``, written at each record): model, optimizers,
-schedulers, batch streams, RNG states, fp16's scaler, and the args and hparams that wrote them, so
-that ``--resume`` continues exactly, refuses another configuration, and names a damaged file."""
+schedulers, streams, RNG states, fp16's scaler, and the args and hparams that wrote them, so that
+``--resume`` continues exactly, refuses another configuration, and names a damaged file."""
 
 from __future__ import annotations
 
@@ -30,18 +30,12 @@ def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records:
     if hasattr(algorithm, "resume_state"):  # Python state beside the state_dict (DomainBed's)
         extra["algorithm_state"] = algorithm.resume_state()
     atomic_torch_save({
-        "next_step": next_step,
-        "model": algorithm.state_dict(),
+        "next_step": next_step, "model": algorithm.state_dict(),
         "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
         "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
-        "streams": [s.state_dict() for s in streams],
-        "rng": rng_state(),
-        "n_records": n_records,
-        "last_keys": last_keys,
-        "accumulated": accumulated,
-        "args": record_args,
-        "hparams": hparams,
-        **extra,
+        "streams": [s.state_dict() for s in streams], "rng": rng_state(), "n_records": n_records,
+        "last_keys": last_keys, "accumulated": accumulated, "args": record_args,
+        "hparams": hparams, **extra,
     }, path)
 
 
@@ -69,14 +63,15 @@ class DamagedCheckpoint(JobStateError):
     """A checkpoint file that cannot be read back; the message names it, why, and the fix."""
 
 
+def damaged(path: str, damage: str, fix: str) -> DamagedCheckpoint:
+    return DamagedCheckpoint(f"{path} is damaged and cannot be resumed from: {damage}. Nothing "
+                             f"was changed. {fix}.")
+
+
 def check_checkpoint_file(path: str, fix: str) -> None:
     """Raise :class:`DamagedCheckpoint` (with ``fix``) when ``path`` exists and is damaged."""
-    if not os.path.exists(path):
-        return
-    damage = checkpoint_damage(path)
-    if damage is not None:
-        raise DamagedCheckpoint(f"{path} is damaged and cannot be resumed from: {damage}. "
-                                f"Nothing was changed. {fix}.")
+    if os.path.exists(path) and (damage := checkpoint_damage(path)) is not None:
+        raise damaged(path, damage, fix)
 
 
 def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
@@ -96,8 +91,7 @@ def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
             return state
         damage = (f"it is not a train checkpoint (it lacks {', '.join(missing)}; written by an "
                   "incompatible version?)")
-    raise DamagedCheckpoint(f"{path} is damaged and cannot be resumed from: "
-                            f"{' '.join(str(damage).split())[:800]}. Nothing was changed. {fix}.")
+    raise damaged(path, " ".join(str(damage).split())[:800], fix)
 
 
 def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
@@ -143,9 +137,7 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
         return []
     diffs = []
     for key in sorted(set(old_args) | set(record_args)):
-        if key in ROWS and ROWS[key].resumable:
-            continue
-        if old_args.get(key) != record_args.get(key):
+        if not (key in ROWS and ROWS[key].resumable) and old_args.get(key) != record_args.get(key):
             old, new = (flag_value(args, key) for args in (old_args, record_args))
             diffs.append(f"--{key}: {old[0]} in the checkpoint{old[1]}, {new[0]} now{new[1]}")
     defaults = None

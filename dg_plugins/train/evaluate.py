@@ -1,8 +1,7 @@
 """What a job evaluates and how (``domainbed/lib/misc.py``'s ``accuracy``): DomainBed's splits (or
-those model selection reads) and the IP/OOP subsets of test environments, in batches seeded by
-(split, batch index), so that re-evaluating a saved model reproduces its record. Image splits come
-from the decoded-image cache where it holds them; the job's worker pool makes the other batches.
-Shared by the job and alignment_eval."""
+those model selection reads) and test environments' IP/OOP subsets, in batches seeded by (split,
+batch index), so that re-evaluating a saved model reproduces its record; image splits from the
+decoded-image cache where it holds them, else the job's worker pool. Shared with alignment_eval."""
 
 from __future__ import annotations
 
@@ -182,12 +181,6 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
             accs[name] = picked.mean().item() if len(picked) else float("nan")
         out.append(accs)
     return out
-
-
-def accuracy(algorithm, dataset: Dataset, device, batch_size: int = EVAL_BATCH_SIZE,
-             num_workers: int = 0, subsets: dict[str, torch.Tensor] | None = None,
-             seed: int = 0) -> dict[str, float]:
-    return accuracies(algorithm, [(dataset, seed, subsets)], device, batch_size, num_workers)[0]
 
 
 def eval_seed(name: str) -> int:

@@ -1,7 +1,6 @@
-"""The step loop of every kind of job (``domainbed/scripts/train.py``'s): build every setting once,
-restore from the resume file, train; every ``checkpoint_freq`` steps evaluate, append a record and
-write the resume file; at the end save the model and mark the folder done. :func:`build_job_data`
-is the part of the build that alignment_eval shares."""
+"""The step loop of every kind of job (``domainbed/scripts/train.py``'s): build, restore from the
+resume file, train; every ``checkpoint_freq`` steps evaluate, append a record and write the resume
+file; at the end save the model and mark the folder done. alignment_eval shares build_job_data."""
 
 from __future__ import annotations
 
@@ -137,31 +136,28 @@ class Job:
     #: Whether one stream draws pooled batches (``batch_sampling`` "pooled"; set by :meth:`build`).
     pooled = False
 
-    def __init__(self, args, stop, progress_stream=None, compute: "Compute | None" = None):
-        self.args = args
-        self.stop = stop
-        self.progress_stream = progress_stream
+    def __init__(self, args, stop, progress_stream=None, compute: "Compute | None" = None,
+                 folder: str | None = None):
+        self.args, self.stop, self.progress_stream = args, stop, progress_stream
         self.record_args = record_args(args)
         self.compute = compute or Compute.of(args)
         self.device = pick_device(args.device)
-        self.scaler = None  # fp16's gradient scaler (set by :meth:`prepare_compute`)
-        self.folder = args.output_dir
+        self.folder = folder or args.output_dir
         self.results_path = os.path.join(self.folder, RESULTS_FILE)
         self.checkpoint_path = os.path.join(self.folder, CHECKPOINT_FILE)
+        self.checkpoint_fix = RESTART_FIX  # what to do about a checkpoint that cannot resume
         self.resuming = bool(args.resume)
-        self.start_step = 0
-        self.n_records = 0
-        self.last_keys = None
+        self.start_step = self.n_records = 0
+        self.scaler = self.last_keys = self.pool = None  # scaler: fp16's (:meth:`prepare_compute`)
         self.accumulated: dict[str, list[float]] = {}
         self.eval_names: list[str] = []
-        self.pool = None
 
     def build(self) -> None:
         args = self.args
         print_environment(self.device)
         print("Args:")
         for k, v in sorted(self.record_args.items()):
-            print("\t{}: {}".format(k, v))
+            print(f"\t{k}: {v}")
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)
 
@@ -177,9 +173,9 @@ class Job:
         data = build_job_data(args, self.hparams, args.n_workers, self.compute)
         self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
         print(f"Data: loader workers: {self.workers} ({data.source})")
-        cache_line = decoded.prepare(self.dataset, cores=max(1, self.workers),
-                                     stop=self.stop, stopped=Interrupted)
-        if cache_line:  # image-folder datasets: the decoded-image cache, built or reused
+        # image-folder datasets: the decoded-image cache, built or reused
+        if cache_line := decoded.prepare(self.dataset, cores=max(1, self.workers),
+                                         stop=self.stop, stopped=Interrupted):
             print(cache_line)
         print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
@@ -197,8 +193,7 @@ class Job:
 
     def prepare_compute(self) -> None:
         """Apply the compute settings to the built algorithm (after the last seeding)."""
-        note = self.compute.device_note(self.device)
-        if note:
+        if note := self.compute.device_note(self.device):
             print(note)
         self.compute.prepare_model(self.algorithm)
         self.scaler = self.compute.make_scaler(self.device)
@@ -277,7 +272,7 @@ class Job:
             keep_counted_records(self.results_path, 0)
             print("No checkpoint to resume from; starting from step 0")
             return
-        state = read_checkpoint(self.checkpoint_path, self.checkpoint_fix())
+        state = read_checkpoint(self.checkpoint_path, self.checkpoint_fix)
         diffs = checkpoint_differences(state, self.record_args, self.hparams)
         if diffs:
             raise JobStateError(
@@ -285,15 +280,12 @@ class Job:
                 "configurations in one results file:\n  " + "\n  ".join(diffs)
                 + "\nRerun with the original arguments, or start over with --force.")
         apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
-                         self.checkpoint_fix(), scaler=self.scaler)
+                         self.checkpoint_fix, scaler=self.scaler)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
         self.last_keys = state["last_keys"]
         self.accumulated = state.get("accumulated", {})
         print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
-
-    def checkpoint_fix(self) -> str:
-        return RESTART_FIX
 
     def model_input(self, x):
         return self.compute.model_input(x.to(self.device))
@@ -371,18 +363,13 @@ class Job:
 
     def save_model(self, filename: str) -> None:
         """DomainBed's model.pkl plus :meth:`model_extras`, written atomically."""
-        extras = self.model_extras()
-        if self.args.skip_model_save:
-            return
-        atomic_torch_save({
-            "args": self.record_args,
-            "model_input_shape": self.dataset.input_shape,
-            "model_num_classes": self.dataset.num_classes,
-            "model_num_domains": len(self.train_envs),
-            "model_hparams": self.hparams,
-            "model_dict": self.algorithm.state_dict(),
-            **extras,
-        }, os.path.join(self.args.output_dir, filename))
+        if not self.args.skip_model_save:
+            atomic_torch_save({
+                "args": self.record_args, "model_input_shape": self.dataset.input_shape,
+                "model_num_classes": self.dataset.num_classes,
+                "model_num_domains": len(self.train_envs), "model_hparams": self.hparams,
+                "model_dict": self.algorithm.state_dict(), **self.model_extras(),
+            }, os.path.join(self.args.output_dir, filename))
 
     def save_outputs(self) -> None:
         self.save_model(MODEL_FILE)

@@ -24,8 +24,8 @@ from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train import loop as job_lib
 from dg_plugins.train.checkpoint import check_checkpoint_file
-from dg_plugins.job.folder import (CHECKPOINT_FILE, RESULTS_FILE, FolderBusy, FolderLock,
-                                   JobStateError, is_done, remove_temporary_files)
+from dg_plugins.job.folder import (FolderBusy, FolderLock, JobStateError, is_done,
+                                   remove_temporary_files)
 from dg_plugins.job.records import append_record, keep_counted_records
 from dg_plugins.train.splits import SplitDataset, class_balanced_weights
 
@@ -57,13 +57,8 @@ def labelled_subset(split, fraction: float, trial_seed: int, env: int):
 RELEASE_PRETRAIN_SHARE = 0.99
 
 
-def epoch_steps(sizes: list[int], batch: int) -> float:
-    """Steps of the release's epoch: one pass over the pooled sets at ``batch`` per set."""
-    return sum(sizes) / (batch * len(sizes))
-
-
 def steps_for_epochs(epochs: float, sizes: list[int], batch: int) -> int:
-    """``ceil(epochs x`` :func:`epoch_steps` ``)``, at least 1, in one division (exact)."""
+    """``ceil(epochs x`` the release's epoch ``)``, at least 1, in one division (exact)."""
     return max(1, math.ceil(epochs * sum(sizes) / (batch * len(sizes))))
 
 
@@ -156,13 +151,9 @@ class PretrainJob(job_lib.Job):
     PHASE = "pretraining"
 
     def __init__(self, parent: "UDGJob", folder: str, identity: dict):
-        super().__init__(parent.args, parent.stop, compute=parent.compute)
-        self.parent = parent
-        self.identity = identity
-        self.record_args = identity
-        self.folder = folder
-        self.checkpoint_path = os.path.join(folder, CHECKPOINT_FILE)
-        self.results_path = os.path.join(folder, RESULTS_FILE)
+        super().__init__(parent.args, parent.stop, compute=parent.compute, folder=folder)
+        self.parent, self.identity, self.record_args = parent, identity, identity
+        self.checkpoint_fix = redo_pretraining(folder)
         self.resuming = True
 
     def build(self) -> None:
@@ -183,7 +174,7 @@ class PretrainJob(job_lib.Job):
         batch = p.hparams["batch_size"]
         sets = [pretraining_set(p, i) for i in p.train_envs]
         # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
-        self.algorithm.epoch_steps = epoch_steps([len(s) for s in sets], batch)
+        self.algorithm.epoch_steps = sum(map(len, sets)) / (batch * len(sets))
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
               f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
@@ -201,9 +192,6 @@ class PretrainJob(job_lib.Job):
             super().restore()
         else:  # records of a run killed before its first checkpoint
             keep_counted_records(self.results_path, 0)
-
-    def checkpoint_fix(self) -> str:
-        return redo_pretraining(self.folder)
 
     def update(self) -> dict:
         return self.algorithm.pretrain_update([self.model_input(next(s)[0])
@@ -307,7 +295,12 @@ class UDGJob(job_lib.Job):
                     "point --udg_pretrain_dir at the folder that holds it.")
             os.makedirs(folder, exist_ok=True)
             try:
-                lock = FolderLock(folder).__enter__()
+                with FolderLock(folder):
+                    if not _done(folder):
+                        print(f"UDG pretraining: not found; running {steps} steps in {folder} "
+                              "(shared by every label fraction of this configuration)")
+                        PretrainJob(self, folder, identity).run()
+                    return load_pretrained(folder, identity)
             except FolderBusy:
                 if not waited:
                     print(f"UDG pretraining: {folder} is being pretrained by another job; "
@@ -318,15 +311,6 @@ class UDGJob(job_lib.Job):
                     time.sleep(0.1)
                 if self.stop.signum is not None:
                     raise WaitInterrupted(self.stop.signum, folder)
-                continue
-            try:
-                if not _done(folder):
-                    print(f"UDG pretraining: not found; running {steps} steps in {folder} "
-                          "(shared by every label fraction of this configuration)")
-                    PretrainJob(self, folder, identity).run()
-                return load_pretrained(folder, identity)
-            finally:
-                lock.__exit__(None, None, None)
 
     def model_extras(self) -> dict:
         if not self.pretraining:
