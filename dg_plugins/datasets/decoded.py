@@ -1,14 +1,8 @@
-"""The decoded-image cache (exact): each image of an image-folder dataset decoded once per machine
-into memory-mapped uint8 files a sweep's jobs share (``decoded``; an undecodable item is left out
-and raises where read), with the pixels evaluation reads (``plain``: a deterministic transform's;
-``eval``: an augmented split's, written by its first evaluation). :class:`PixelTransform` splits a
-transform into PIL operations and a finisher run on the job's device. Files live in
-``$DG_PLUGINS_CACHE/decoded``, named by a fingerprint of the images and decoder versions; a
-``.sum`` per entry catches damage (the entry is rebuilt). Off: ``DG_PLUGINS_DECODED_CACHE=off``;
-bounded by ``DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) and :data:`DISK_RESERVE`. Files are
-allocated then written with regular writes (a full disk is a one-line OSError, never a SIGBUS).
-One job per machine builds under an ``flock`` on ``.build.lock``; the others wait until a stop
-signal; a lock whose holder is gone while its orphaned builders hold it is taken over.
+"""The decoded-image cache (exact): an image-folder dataset's images decoded once per machine into
+memory-mapped uint8 files its jobs share (``decoded``), with the pixels evaluation reads (``plain``,
+``eval``), named by a fingerprint of the images and decoders, checked by a ``.sum`` per entry, and
+built by one job under an ``flock`` (docs/datasets.md). :class:`PixelTransform` splits a transform
+into PIL operations and a finisher run on the job's device.
 """
 
 from __future__ import annotations
@@ -104,10 +98,8 @@ def _prod(shape) -> int:
 
 # A transform's pixel part and tensor part
 class TableFinisher:
-    """The exact finisher: ToTensor + Normalize as ``table`` (float32 ``[3, 256]``, computed by
-    them), so that ``finisher(pixels, device)`` is the transform's output bit for bit. A finisher
-    turns uint8 pixels ``[N, 3, H, W]`` into the model's input; only a ``seeded`` one (the device
-    augmentation) reads the batch's ``seed``; ``key`` names what it computes."""
+    """ToTensor + Normalize as ``table`` (float32 ``[3, 256]``): uint8 pixels ``[N, 3, H, W]`` to
+    the transform's output bit for bit. Only a ``seeded`` finisher reads the batch's ``seed``."""
 
     seeded = False
 
@@ -124,8 +116,7 @@ class TableFinisher:
 
 
 class PixelTransform:
-    """A transform split into ``ops`` (PIL operations, :data:`PIXEL_OPS`; :meth:`pixels` runs
-    them, with the whole transform's random draws) and ``finisher``; ``key`` names both."""
+    """A transform split into ``ops`` (PIL operations, :data:`PIXEL_OPS`) and ``finisher``."""
 
     def __init__(self, ops, finisher):
         self.ops = list(ops)
@@ -134,8 +125,7 @@ class PixelTransform:
         self.key = _digest([repr(op) for op in self.ops], finisher.key)[:16]
 
     @property
-    def table(self):
-        """The exact finisher's table (None for another finisher)."""
+    def table(self):  # the exact finisher's (None for another finisher)
         return getattr(self.finisher, "table", None)
 
     def pixels(self, image):
@@ -147,8 +137,7 @@ class PixelTransform:
         return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
 
     def image_shape(self) -> tuple | None:
-        """``(3, H, W)`` of every output when it does not depend on the input size (checked on two
-        sizes); None otherwise or for a random transform."""
+        """``(3, H, W)`` of every output of a deterministic transform (checked on two sizes)."""
         from PIL import Image
 
         if not self.deterministic:
@@ -159,8 +148,7 @@ class PixelTransform:
 
 
 def split_transform(transform) -> PixelTransform | None:
-    """``transform`` as a :class:`PixelTransform`, or None unless it is a torchvision Compose of
-    :data:`PIXEL_OPS` then ToTensor and a 3-channel Normalize."""
+    """A Compose of :data:`PIXEL_OPS`, ToTensor, Normalize as a :class:`PixelTransform`."""
     if transform is None:
         return None
     from torchvision import transforms as T
@@ -180,8 +168,7 @@ _DEVICE_TABLES: dict = {}
 
 
 def to_model_input(pixels, table, device):
-    """uint8 ``[N, 3, H, W]`` pixels as the model's float32 input on ``device``: ``table[c,
-    value]`` per element (a numpy lookup on a CPU, a gather on another device)."""
+    """uint8 ``[N, 3, H, W]`` pixels as float32 ``table[c, value]`` on ``device``."""
     device = torch.device(device)
     n, c, h, w = pixels.shape
     if device.type == "cpu":
@@ -204,8 +191,8 @@ def to_model_input(pixels, table, device):
 
 # The files
 class DecodedImages:
-    """One environment's decoded images: a flat uint8 file and ``index`` (int64 ``[items, 3]``:
-    offset, height, width; offset -1 for an item left out), mapped when first read."""
+    """A flat uint8 file and ``index`` (int64 ``[items, 3]``: offset (-1: left out), height,
+    width), mapped when first read."""
 
     def __init__(self, path: str, index):
         self.path = path
@@ -231,7 +218,6 @@ class DecodedImages:
         return self._data[offset:offset + height * width * 3].reshape(height, width, 3)
 
     def image(self, item: int):
-        """The item's RGB PIL image (the decoded pixels), or None."""
         from PIL import Image
 
         array = self.array(item)
@@ -239,8 +225,7 @@ class DecodedImages:
 
 
 class PixelEntry:
-    """uint8 pixels ``[items, 3, H, W]`` in a ``.npy`` file, mapped when first read, and ``ok``
-    (a bool per item; None: all present)."""
+    """uint8 pixels ``[items, 3, H, W]`` in a mapped ``.npy`` and ``ok`` (per item; None: all)."""
 
     def __init__(self, path: str, ok=None):
         self.path = path
@@ -260,7 +245,6 @@ class PixelEntry:
         return self.ok is None or bool(self.ok[rows].all())
 
     def read(self, rows):
-        """The pixels of ``rows`` (a slice or an index array) as a new array."""
         return np.array(self.data[rows])
 
 
@@ -281,22 +265,18 @@ def _pid_alive(pid: int) -> bool:
 
 # Disk space, and what a finished entry holds
 def _free_bytes(folder: str) -> int:
-    """Bytes a process may still write on the disk of ``folder``."""
     stat = os.statvfs(folder)
     return stat.f_bavail * stat.f_frsize
 
 
 def _disk_room(folder: str) -> int:
-    """The free space on the disk of ``folder`` less :data:`DISK_RESERVE` (a twentieth of a
-    disk under 20 GiB)."""
+    """The free space on the disk of ``folder`` less :data:`DISK_RESERVE`."""
     stat = os.statvfs(folder)
     return _free_bytes(folder) - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
 
 
 def _allocate(path: str, size: int) -> None:
-    """Give the file ``path`` ``size`` bytes (at least 1) on the disk at once
-    (``posix_fallocate``: a full disk is an OSError before any work); where the system cannot,
-    the file is only extended."""
+    """Give ``path`` ``size`` bytes on the disk at once (a full disk fails before any work)."""
     size = max(size, 1)
     with open(path, "r+b") as handle:
         fallocate = getattr(os, "posix_fallocate", None)
@@ -312,8 +292,7 @@ def _allocate(path: str, size: int) -> None:
 
 
 def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
-    """A new file allocated on the disk (:func:`_allocate`): a uint8 ``.npy`` of ``shape`` (its
-    header written), else flat of ``size`` bytes; returns where its data starts."""
+    """A new allocated file, a uint8 ``.npy`` of ``shape`` or flat; returns where data starts."""
     header = io.BytesIO()
     if shape is not None:
         np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
@@ -334,15 +313,13 @@ def _file_digest(path: str) -> str:
 
 
 def _stamp(path: str) -> list[int]:
-    """What changes when a file is written, truncated or replaced: size, inode, modification
-    and change times (a change time cannot be set back)."""
+    """What changes when a file is written or replaced (a change time cannot be set back)."""
     stat = os.stat(path)
     return [stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
 def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
-    """Write the ``.sum`` file of a finished entry: each file's :func:`_stamp` and SHA-256
-    (``digests`` by path, else read from the file)."""
+    """Write an entry's ``.sum``: each file's :func:`_stamp` and SHA-256 (else read)."""
     digests = digests or {}
     files = {os.path.basename(p): {"stamp": _stamp(p),
                                    "sha256": digests.get(p) or _file_digest(p)} for p in paths}
@@ -350,8 +327,7 @@ def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
 
 
 def _damage(sum_path: str, paths: list[str]) -> str | None:
-    """None when the files of an entry hold what was built (unchanged since their ``.sum``, else
-    the same size and SHA-256, the sum then renewed), else what is wrong with them."""
+    """None when an entry's files hold what was built (same stamp, else SHA-256), else why not."""
     try:
         with open(sum_path, "rb") as handle:
             files = json.loads(handle.read())["files"]
@@ -381,7 +357,6 @@ def _damage(sum_path: str, paths: list[str]) -> str | None:
 
 
 def _save_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` (via a temporary file and a rename)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as handle:
@@ -403,7 +378,6 @@ _LOCK_FDS: set = set()
 
 
 def _holder(fd: int) -> tuple[int, str] | None:
-    """``(pid, host)`` written in a lock file by its holder, or None."""
     try:
         pid, host = os.pread(fd, 512, 0).decode().split()
         return int(pid), host
@@ -419,8 +393,7 @@ def _inode(path: str) -> int | None:
 
 
 def _take_over(folder: str, path: str, inode: int) -> bool:
-    """Remove the lock file ``path`` when it is still the file ``inode`` (checked under a lock of
-    its own); True when it was removed."""
+    """Remove the lock ``path`` if still the file ``inode`` (under a lock of its own)."""
     import fcntl
 
     guard = os.open(os.path.join(folder, TAKEOVER_NAME), os.O_RDWR | os.O_CREAT, 0o666)
@@ -436,10 +409,8 @@ def _take_over(folder: str, path: str, inode: int) -> bool:
 
 @contextlib.contextmanager
 def _folder_lock(folder: str, stop=None, stopped=None):
-    """An exclusive ``flock`` on ``folder/.build.lock`` holding this process's ``pid host``.
-    Held by another job, it says so and waits (:func:`_check_stop` between looks); a lock whose
-    holder is gone from this machine (seen twice) while its build processes hold it is taken
-    over."""
+    """An ``flock`` on ``folder/.build.lock`` holding ``pid host``; held by another job, waits
+    (:func:`_check_stop` between looks); one whose holder is gone (seen twice) is taken over."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
@@ -495,7 +466,7 @@ def _folder_lock(folder: str, stop=None, stopped=None):
 
 
 def _check_stop(stop, stopped, doing: str) -> None:
-    """Raise ``stopped(signum, message)`` when ``stop`` (a job's StopRequest) caught a signal."""
+    """Raise ``stopped(signum, message)`` once ``stop`` (a job's StopRequest) caught a signal."""
     signum = getattr(stop, "signum", None)
     if signum is None or stopped is None:
         return
@@ -504,7 +475,7 @@ def _check_stop(stop, stopped, doing: str) -> None:
 
 
 def _versions() -> str:
-    """What decoding depends on besides the files: PIL and its codecs, numpy, this format."""
+    """What decoding depends on besides the files."""
     import PIL
     from PIL import features
 
@@ -516,8 +487,7 @@ def _versions() -> str:
 
 
 def fingerprint(env) -> tuple[str, int]:
-    """``(digest, bytes of the files)`` of an environment's items: relative paths, labels, sizes,
-    modification and change times and inodes, in item order, and :func:`_versions`."""
+    """``(digest, bytes)`` of an environment's items (paths, labels, stats) and versions."""
     digest = hashlib.sha256(_versions().encode())
     parent = os.path.dirname(os.path.normpath(env.root))
     total = 0
@@ -537,8 +507,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with(parent: int) -> None:
-    """End this process when ``parent`` (the job) ends, however it ends: Linux's parent-death
-    signal (SIGKILL), else a thread that watches the parent."""
+    """End this process when ``parent`` ends: a parent-death signal, else a watching thread."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -555,9 +524,8 @@ def _die_with(parent: int) -> None:
 
 
 def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job; closes its copies of the build lock (the lock ends with
-    the job); default signal dispositions (the job's stop handlers would keep it alive; Ctrl-C is
-    the job's); one torch thread, as a DataLoader worker (a fork after an OpenMP region hangs)."""
+    """A build process: dies with its job, closes its copies of the build lock, leaves stop signals
+    to the job, runs one torch thread (a fork after an OpenMP region hangs)."""
     _die_with(parent)
     for fd in list(_LOCK_FDS):
         with contextlib.suppress(OSError):
@@ -570,9 +538,8 @@ def _start_builder(envs, parent: int) -> None:
 
 
 class Builders:
-    """Where a build's tasks run: in this process (``cores`` 1), or in one ``concurrent.futures``
-    pool of ``cores`` forked processes (a builder that dies fails the build, where a
-    ``multiprocessing.Pool`` would hang). ``check()`` runs between results; it raises to stop."""
+    """A build's tasks in this process, or a pool of ``cores`` forked processes (one that dies
+    fails the build: a ``multiprocessing.Pool`` would hang); ``check()`` between results."""
 
     def __init__(self, envs: list, cores: int, check=None):
         self.envs, self.cores, self.pool = list(envs), cores, None
@@ -616,7 +583,7 @@ class Builders:
 
 
 def _header_sizes(task):
-    """``[(item, height, width)]`` from the files' headers (0, 0 when PIL cannot open one)."""
+    """``[(item, height, width)]`` from the files' headers (0, 0 for an unreadable one)."""
     from PIL import Image
 
     position, items = task
@@ -632,8 +599,7 @@ def _header_sizes(task):
 
 
 def _write_at(fd: int, array, offset: int) -> None:
-    """Write ``array``'s bytes at ``offset`` of ``fd`` with regular writes (a full disk is an
-    OSError, where a write through a memory map would be a SIGBUS)."""
+    """Write ``array`` at ``offset`` of ``fd`` (a full disk: an OSError, through a map a SIGBUS)."""
     view = memoryview(np.ascontiguousarray(array)).cast("B")
     while view:
         written = os.pwrite(fd, view, offset)
@@ -641,8 +607,7 @@ def _write_at(fd: int, array, offset: int) -> None:
 
 
 def _decode_into(task):
-    """Decode ``[(item, offset, height, width)]`` into the flat file ``path``; returns the items
-    left out (unreadable, or another size than their header's)."""
+    """Decode ``[(item, offset, height, width)]`` into ``path``; returns the items left out."""
     position, path, items = task
     env = _BUILD_ENVS[position]
     missing = []
@@ -661,8 +626,7 @@ def _decode_into(task):
 
 
 def _pixels_into(task):
-    """Write the pixels of ``items`` after ``transform`` into the ``.npy`` file ``path`` (its
-    data at ``start``, ``shape`` per item); returns the items written."""
+    """Write ``items``' pixels after ``transform`` into the ``.npy`` ``path``; returns them."""
     position, path, start, shape, transform, items = task
     env = _BUILD_ENVS[position]
     done = []
@@ -682,9 +646,8 @@ def _pixels_into(task):
 
 # One dataset folder
 class EnvCache:
-    """One environment's files (``env.pixel_store``): its decoded images (``decoded``), its
-    deterministic transforms' pixels (``plain`` by transform key) and its splits' evaluation
-    pixels. An entry is read only when it holds what was built (:func:`_damage`)."""
+    """One environment's files (``env.pixel_store``): ``decoded``, ``plain`` (by transform key)
+    and its splits' evaluation pixels, each read only when intact (:func:`_damage`)."""
 
     def __init__(self, owner: "DatasetCache", env):
         self.owner = owner
@@ -699,8 +662,7 @@ class EnvCache:
         return {**self.__dict__, "owner": None, "env": None}
 
     def paths(self, kind: str) -> tuple[str, str, str]:
-        """An entry's data, side array (index or ok) and ``.sum`` files; ``kind``: ``decoded``
-        or ``plain-<key>``."""
+        """An entry's data, side array and ``.sum`` files; ``kind``: decoded or plain-<key>."""
         data = self.prefix + (".decoded" if kind == "decoded" else f".{kind}.npy")
         side = self.prefix + (".decoded.index.npy" if kind == "decoded" else f".{kind}.ok.npy")
         return data, side, f"{self.prefix}.{kind}.sum"
@@ -709,8 +671,8 @@ class EnvCache:
         return self.prefix + f".eval-{key}.npy"
 
     def _open(self, kind: str):
-        """``(data path, side array)`` of an intact entry, else None; one with files that is not
-        intact is removed (and said). Only under the build lock: a build has no files yet."""
+        """``(data path, side array)`` of an intact entry, else None (a damaged one removed). Only
+        under the build lock: a build has no files yet."""
         data, side, sum_path = self.paths(kind)
         if not any(os.path.exists(p) for p in (data, side, sum_path)):
             return None
@@ -738,8 +700,7 @@ class EnvCache:
 
     def eval_key(self, positions, transforms: list[PixelTransform], choice, batch_size: int,
                  seed: int) -> str:
-        """The name of a split's evaluation pixels: this environment's files, the split's items
-        and which transform each takes (``choice``), the batch size, seed and versions."""
+        """The name of a split's evaluation pixels (files, items, transforms, batches, versions)."""
         import torchvision
 
         return _digest(self.digest, [t.key for t in transforms],
@@ -748,8 +709,8 @@ class EnvCache:
                        torch.__version__, torchvision.__version__)[:24]
 
     def eval_entry(self, key: str) -> PixelEntry | None:
-        """The split's evaluation pixels when a job kept them and they are intact (a damaged file
-        is removed); one without its ``.sum`` yet is left alone (another job may be writing it)."""
+        """The split's intact evaluation pixels, else None; one without its ``.sum`` yet is left
+        alone (another job may be writing it)."""
         path = self.eval_path(key)
         sum_path = path + ".sum"
         if not os.path.exists(path) or not os.path.exists(sum_path):
@@ -768,9 +729,8 @@ class EnvCache:
 
 
 class EvalWriter:
-    """Writes a split's evaluation pixels as its batches arrive (:meth:`add`), in a file
-    allocated first, then renames it in place with its ``.sum`` (:meth:`commit`). A batch of
-    another shape, a budget or disk it would exceed, or a write error drops the file."""
+    """A split's evaluation pixels written as its batches arrive (:meth:`add`), renamed in place
+    with their ``.sum`` (:meth:`commit`); anything unexpected drops the file."""
 
     def __init__(self, store: EnvCache, key: str, n: int):
         self.store, self.n = store, n
@@ -832,9 +792,7 @@ class EvalWriter:
 
 
 class DatasetCache:
-    """The cache folder of one image-folder dataset (``dataset.root``): :meth:`prepare` builds
-    or reuses its environments' files and attaches them. ``stop``, ``stopped``: see
-    :func:`prepare`."""
+    """The cache folder of one image-folder dataset; ``stop``, ``stopped``: see :func:`prepare`."""
 
     def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
@@ -869,7 +827,6 @@ class DatasetCache:
         return size <= self.room()
 
     def _note(self, note: str, stream=None, key: str | None = None) -> None:
-        """Say ``note`` once per ``key`` (default: the note)."""
         key = key or note
         if key not in self._noted:
             self._noted.add(key)
@@ -878,8 +835,7 @@ class DatasetCache:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
 
     def note_no_room(self, what: str, size: int) -> None:
-        """Say that ``what`` (``size`` bytes) is not cached (over the budget, or the disk's free
-        space) and how to cache it."""
+        """Say that ``what`` (``size`` bytes) is not cached, and how to cache it."""
         used = self.usage()
         if used + size > self.budget:
             need = max(1, -(-(used + size) // 2**30))
@@ -892,7 +848,7 @@ class DatasetCache:
                    f"jobs' files; {_ROOM_FIX}", key=what)
 
     def note_error(self, err: OSError) -> None:
-        """Say that a write failed (a full disk with its fix); nothing is written after it."""
+        """Say that a write failed; nothing is written after it."""
         self.writable = False
         if err.errno in DISK_FULL_ERRNOS:
             self._note(f"no space left on the disk of {self.folder} ({err.strerror}); going on "
@@ -903,8 +859,7 @@ class DatasetCache:
                    sys.stderr)
 
     def discard(self, paths: list[str], sum_path: str, problem: str) -> None:
-        """Remove a damaged entry's files (said once); where they cannot be removed, say how to
-        clear the folder."""
+        """Remove a damaged entry's files (said once), else say how to clear the folder."""
         try:
             for path in (sum_path, *paths):
                 _remove(path)
@@ -918,8 +873,7 @@ class DatasetCache:
         _check_stop(self.stop, self.stopped, doing)
 
     def _clean(self, stores: list[EnvCache]) -> None:
-        """Remove files of earlier versions of these environments' images, and temporary files
-        of processes that are gone."""
+        """Remove files of older versions of these images, and temporary files of gone processes."""
         current = {store.stem: store.digest for store in stores}
         for entry in os.scandir(self.folder):
             parts = entry.name.split(".")
@@ -934,8 +888,8 @@ class DatasetCache:
 
     @staticmethod
     def _build(store: EnvCache, kind: str, write) -> None:
-        """Write an entry through a temporary file (``write(tmp)`` fills it and returns the side
-        array), then its side array and ``.sum``; on any failure none of its files is left."""
+        """Write an entry via ``write(tmp)`` (returns the side array), then its side array and
+        ``.sum``; on any failure none of its files is left."""
         data, side, sum_path = store.paths(kind)
         tmp = f"{data}.tmp.{os.getpid()}"
         try:
@@ -985,11 +939,10 @@ class DatasetCache:
         store.open_plain(transform.key)
 
     def prepare(self, cores: int = 1) -> str:
-        """Build what is missing and fits the budget and the disk, attach every file to the
-        environments, and return the line train prints. A failed write (a full disk) is said in
-        the line and the job goes on; a stop signal (``stop``) raises ``stopped``."""
+        """Build what is missing and fits, attach every file, and return the line train prints; a
+        failed write is said in the line, a stop signal raises ``stopped``."""
         self.quiet = True
-        built, stores = [], []
+        built, stores = {}, []
         building = (f"building the decoded-image cache in {self.folder} (its unfinished files "
                     "removed)")
         builders = Builders(self.dataset.datasets, cores, check=lambda: self.check_stop(building))
@@ -1017,16 +970,14 @@ class DatasetCache:
                 if missing and plain_size + decoded_size <= room:
                     for store in missing:
                         self._build_decoded(store, sizes[store.stem], builders)
-                        if "decoded images" not in built:
-                            built.append("decoded images")
+                        built["decoded images"] = True
                 elif missing:
                     self.note_no_room("the decoded images" + " (at least)" * (not sizes),
                                       decoded_size)
                 if missing_plain and plain_size <= self.room():
                     for store, transform, shape in missing_plain:
                         self._build_plain(store, transform, shape, builders)
-                        if "evaluation pixels" not in built:
-                            built.append("evaluation pixels")
+                        built["evaluation pixels"] = True
                 elif missing_plain:
                     self.note_no_room("the evaluation pixels", plain_size)
         except OSError as err:
@@ -1039,7 +990,7 @@ class DatasetCache:
             store.env.attach_cache(store)
         return self.line(built, stores)
 
-    def line(self, built: list[str], stores: list[EnvCache]) -> str:
+    def line(self, built, stores: list[EnvCache]) -> str:
         decoded = sum(s.decoded is not None for s in stores)
         plain = sum(bool(s.plain) for s in stores)
         if built:
@@ -1057,16 +1008,14 @@ class DatasetCache:
 
 
 def _safe(name: str) -> str:
-    """``name`` as a file-name part without dots (the files' fields are split on dots), with a
-    short hash of the real name (two names cannot meet)."""
+    """``name`` without dots (fields are split on them) and with a short hash of it."""
     return f"{re.sub(r'[^A-Za-z0-9_-]', '_', name)[:40]}-{_digest(name)[:6]}"
 
 
 def prepare(dataset, cores: int = 1, stop=None, stopped=None) -> str | None:
-    """Build or reuse the decoded-image cache of ``dataset`` (None for a dataset that is not of
-    image folders) with ``cores`` processes, attach it, and return the line a job prints. Once
-    ``stop`` (the job's StopRequest) caught a stop signal, waiting or building raises
-    ``stopped(signum, message)`` (train's ``Interrupted``)."""
+    """Build or reuse ``dataset``'s cache with ``cores`` processes, attach it, and return the line
+    a job prints (None: not image folders). Once ``stop`` (the job's StopRequest) caught a
+    signal, waiting or building raises ``stopped(signum, message)``."""
     if not hasattr(dataset, "datasets") or not all(
             hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
         return None

@@ -47,62 +47,44 @@ def _compose(*steps):
 
 
 def plain_transform(size: int = IMAGE_SIZE):
-    """DomainBed's evaluation transform (``MultipleEnvironmentImageFolder``), also the DMG
-    release's (prithv1/DMG@6b162b4 ``train_model.py`` lines 129-144): Resize to size x size."""
+    """DomainBed's evaluation transform, also the DMG release's (prithv1/DMG@6b162b4
+    ``train_model.py`` lines 129-144): Resize to size x size."""
     from torchvision import transforms as T
 
     return _compose(T.Resize((size, size)))
 
 
-def augment_transform(size: int = IMAGE_SIZE):
-    """DomainBed's training transform (``MultipleEnvironmentImageFolder``): RandomResizedCrop
-    (scale 0.7-1), horizontal flip, ColorJitter(0.3 x4), RandomGrayscale."""
+def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
+    """The training transform named by the dataset hparam ``augmentation`` at ``size``:
+    DomainBed's (``MultipleEnvironmentImageFolder``), or the DMG release's for PACS or DomainNet
+    (prithv1/DMG@6b162b4 ``train_model.py`` lines 146-165); ValueError listing the choices."""
     from torchvision import transforms as T
 
-    return _compose(T.RandomResizedCrop(size, scale=(0.7, 1.0)), T.RandomHorizontalFlip(),
-                    T.ColorJitter(0.3, 0.3, 0.3, 0.3), T.RandomGrayscale())
+    steps = {
+        "domainbed": lambda: (T.RandomResizedCrop(size, scale=(0.7, 1.0)),
+                              T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3, 0.3, 0.3),
+                              T.RandomGrayscale()),
+        "dmg_pacs": lambda: (T.RandomResizedCrop(size, scale=(0.8, 1.0)),
+                             T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4, 0.4)),
+        "dmg_domainnet": lambda: (T.Resize(round(256 * size / IMAGE_SIZE)), T.RandomCrop(size),
+                                  T.RandomHorizontalFlip()),
+    }
+    if not isinstance(augmentation, str) or augmentation not in steps:
+        raise ValueError(f"unknown {AUGMENTATION_HPARAM} {augmentation!r}; choices: "
+                         f"{', '.join(AUGMENTATIONS)}")
+    return _compose(*steps[augmentation]())
+
+
+def augment_transform(size: int = IMAGE_SIZE):
+    return training_transform("domainbed", size)
 
 
 def dmg_pacs_transform(size: int = IMAGE_SIZE):
-    """The DMG release's PACS training transform (prithv1/DMG@6b162b4 ``train_model.py`` lines
-    146-155): RandomResizedCrop (scale 0.8-1), horizontal flip, ColorJitter(0.4 x4)."""
-    from torchvision import transforms as T
-
-    return _compose(T.RandomResizedCrop(size, scale=(0.8, 1.0)), T.RandomHorizontalFlip(),
-                    T.ColorJitter(0.4, 0.4, 0.4, 0.4))
-
-
-def dmg_domainnet_transform(size: int = IMAGE_SIZE):
-    """The DMG release's DomainNet training transform (prithv1/DMG@6b162b4 ``train_model.py``
-    lines 156-165): Resize(256) (shorter side), RandomCrop(224), horizontal flip."""
-    from torchvision import transforms as T
-
-    return _compose(T.Resize(round(256 * size / IMAGE_SIZE)), T.RandomCrop(size),
-                    T.RandomHorizontalFlip())
-
-
-_TRAINING_TRANSFORMS = {
-    "domainbed": augment_transform,
-    "dmg_pacs": dmg_pacs_transform,
-    "dmg_domainnet": dmg_domainnet_transform,
-}
-
-
-def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
-    """The training transform named by the dataset hparam ``augmentation`` at ``size``; an
-    unknown name raises ValueError listing the choices."""
-    try:
-        make = _TRAINING_TRANSFORMS[augmentation]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown {AUGMENTATION_HPARAM} {augmentation!r}; choices: "
-                         f"{', '.join(AUGMENTATIONS)}") from None
-    return make(size)
+    return training_transform("dmg_pacs", size)
 
 
 def high_bit_depth_max(image) -> float | None:
-    """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes):
-    65535 for ``I;16*``, PNG and PPM; for ``I`` a TIFF's BitsPerSample and SampleFormat, else
-    ``2**31 - 1``; 1.0 for float ``F``."""
+    """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes)."""
     mode = image.mode
     if mode.startswith("I;16"):
         return 65535.0
@@ -124,9 +106,8 @@ def high_bit_depth_max(image) -> float | None:
 
 
 def to_rgb(image):
-    """``image`` as 8-bit RGB: PIL's ``convert("RGB")`` as torchvision's loader (DomainBed) for
-    8-bit modes; high-bit-depth ones scaled first, ``round(value * 255 / high_bit_depth_max)``
-    clipped (a fix: PIL's conversion clips them, so a 16-bit image decodes almost white)."""
+    """``image`` as 8-bit RGB as torchvision's loader makes it; high-bit-depth modes scaled first
+    (PIL's conversion clips them: a 16-bit image would decode almost white)."""
     from PIL import Image
 
     maximum = high_bit_depth_max(image)
@@ -138,8 +119,8 @@ def to_rgb(image):
 
 
 def load_rgb_image(path: str):
-    """Decode an image file with PIL as 8-bit RGB (:func:`to_rgb`). A truncated file always fails,
-    whatever ``ImageFile.LOAD_TRUNCATED_IMAGES`` says (DomainBed sets it True on import)."""
+    """An image file as 8-bit RGB; a truncated file fails even under DomainBed's
+    ``ImageFile.LOAD_TRUNCATED_IMAGES = True``."""
     from PIL import Image, ImageFile
 
     saved = ImageFile.LOAD_TRUNCATED_IMAGES
@@ -152,8 +133,7 @@ def load_rgb_image(path: str):
 
 
 def image_error(path: str) -> str | None:
-    """None when ``path`` decodes as training decodes it, else ``"<ExceptionType>: <message>"``
-    (check_data's check)."""
+    """None when ``path`` decodes as training decodes it, else ``"<ExceptionType>: <message>"``."""
     try:
         load_rgb_image(path)
     except MemoryError:
@@ -164,16 +144,13 @@ def image_error(path: str) -> str | None:
 
 
 def check_data_command(dataset: str, data_dir: str | None) -> str:
-    """The command line that checks every image of ``dataset`` (for error messages)."""
     command = f"python -m dg_plugins.scripts.check_data --dataset {shlex.quote(dataset)}"
     return command + (f" --data_dir {shlex.quote(data_dir)}" if data_dir is not None else "")
 
 
 class UnreadableImageError(OSError, ValueError):
-    """An image file PIL cannot decode; ``path`` holds the file. An OSError (as PIL raises) and a
-    ValueError (bad input: train reports it in one line). Re-raised from a DataLoader worker
-    (``type(traceback text)``), it keeps its own message and stores the text in
-    ``worker_traceback``."""
+    """An image file PIL cannot decode (``path``): an OSError and a ValueError (train's one line).
+    Re-raised from a DataLoader worker, it keeps its message (the rest: ``worker_traceback``)."""
 
     _MARK = "UnreadableImageError: "
 
@@ -195,8 +172,8 @@ class UnreadableImageError(OSError, ValueError):
 
 
 class ImageFolderEnvironment(torch.utils.data.Dataset):
-    """One domain: items are ``(transform(RGB PIL image), label)``, decoded lazily; ``classes``
-    is the dataset-wide class list, ``samples`` ``(path, label)`` as torchvision's ImageFolder."""
+    """One domain: ``(transform(RGB PIL image), label)`` items, decoded lazily; ``samples`` as
+    torchvision's ImageFolder's, ``classes`` the dataset's."""
 
     def __init__(self, root: str, classes: list[str], transform=None):
         self.root = root
@@ -209,14 +186,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         self.samples = layouts.image_samples(root, classes)
         self.targets = [label for _, label in self.samples]
         #: For error messages: the dataset's name, this environment's label, the data_dir.
-        self.dataset_name: str | None = None
-        self.environment: str | None = None
-        self.data_dir: str | None = None
+        self.dataset_name = self.environment = self.data_dir = None
         #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
-        self.decoded = None
-        self.pixel_store = None
-        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on
-        #: device``, :func:`dg_plugins.datasets.device_augment.pixel_transform`).
+        self.decoded = self.pixel_store = None
+        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on``).
         self.device_split = None
         self._split_transforms: dict = {}
 
@@ -241,11 +214,9 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
                 return image
         return self.load(self.samples[index][0])
 
-    # the transforms' pixel part and tensor part (dg_plugins.datasets.decoded.PixelTransform)
-
     def pixel_transform(self, transform):
-        """``transform`` split into its pixel part and finisher (memoized), or None; for the
-        transform of :attr:`device_split`, that split."""
+        """``transform`` as a memoized :class:`~dg_plugins.datasets.decoded.PixelTransform`, or
+        None; for the transform of :attr:`device_split`, that split."""
         from dg_plugins.datasets.decoded import split_transform
 
         if self.device_split is not None and transform is self.device_split[0]:
@@ -261,8 +232,8 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return [self.transform] + ([self.eval_transform] if self.eval_indices else [])
 
     def finisher(self, positions=None):
-        """The finisher shared by the items at ``positions`` (default: all) when each of their
-        transforms splits, else None. Device-augmented items beside others raise ValueError."""
+        """The finisher shared by the items at ``positions`` (default: all), else None;
+        ValueError for device-augmented items beside others."""
         used = self.item_transforms()
         if self.eval_indices and positions is not None and len(positions):
             evaluated = np.isin(np.asarray(positions, dtype=np.int64),
@@ -283,7 +254,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
 
     def pixels(self, index: int):
         """``(uint8 [3, H, W] pixels, label)`` of item ``index`` after its transform's pixel part
-        (from the cache's plain pixels when they hold it). Only when :meth:`finisher` is set."""
+        (from the cache when it holds them); only with a :meth:`finisher`."""
         transform = self.pixel_transform(self.transform_of(index))
         store = self.pixel_store
         if transform.deterministic and store is not None:
@@ -304,7 +275,6 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return out
 
     def attach_cache(self, store) -> None:
-        """Read images and pixels from ``store`` (:class:`dg_plugins.datasets.decoded.EnvCache`)."""
         self.pixel_store = store
         self.decoded = store.decoded
 
@@ -319,14 +289,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
 
     def describe_error(self, path: str, err: BaseException) -> str:
         """``cannot decode image file <path> (dataset D, environment E): <error>. <fix>``."""
-        where = []
-        if self.dataset_name:
-            where.append(f"dataset {self.dataset_name}")
         folder = os.path.basename(os.path.normpath(self.root))
-        if self.environment and self.environment != folder:
-            where.append(f"environment {self.environment} ({folder})")
-        else:
-            where.append(f"environment {self.environment or folder}")
+        env = (f"{self.environment} ({folder})" if self.environment and self.environment != folder
+               else self.environment or folder)
+        where = [f"dataset {self.dataset_name}"] * bool(self.dataset_name) + [f"environment {env}"]
         fix = "Remove or replace this file"
         if self.dataset_name:
             fix += (f"; to list every unreadable image of the dataset before a run, use "
@@ -335,23 +301,19 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
                 f"{type(err).__name__}: {err}. {fix}.")
 
     def with_transform(self, transform) -> "ImageFolderEnvironment":
-        """A view of the same samples with ``transform`` for every item."""
         view = copy.copy(self)
         view.transform = transform
         view.eval_indices, view.eval_transform = frozenset(), None
         return view
 
     def relative_paths(self) -> list[str]:
-        """Each item's ``<domain>/<class>/<file>`` path, in item order."""
         return layouts.relative_paths(self.root, [path for path, _ in self.samples])
 
 
 class MultipleEnvironmentImageFolder(MultipleDomainDataset):
-    """DomainBed's ``MultipleEnvironmentImageFolder`` (same signature): ``root`` is the dataset
-    folder; ``augment`` gives every environment not in ``test_envs`` the training transform of
-    the hparam ``augmentation`` (:func:`training_transform`; a non-default one without
-    ``augment`` raises), the others :func:`plain_transform`. When the class declares
-    ``ENVIRONMENTS``, the number of domain folders must match it."""
+    """DomainBed's ``MultipleEnvironmentImageFolder`` (same signature): ``augment`` gives every
+    environment not in ``test_envs`` :func:`training_transform`, the others
+    :func:`plain_transform`; declared ``ENVIRONMENTS`` must match the domain folders."""
 
     CHECKPOINT_FREQ = 300
     INPUT_SHAPE = (3, IMAGE_SIZE, IMAGE_SIZE)
@@ -376,35 +338,31 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
         class_folders = {env: self._find_class_folders(env) for env in self.environment_folders}
         self.classes = sorted(set().union(*class_folders.values()))
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
+        self.plain_transform = plain_transform(self.image_size)
+        self.augment_transform = (training_transform(self.augmentation, self.image_size)
+                                  if augment else None)
+        self.augmented_envs = [i for i in range(len(self.environment_folders))
+                               if augment and i not in test_envs]
+        if self.ENVIRONMENTS is None:  # the generic dataset: labels are the folder names
+            self.ENVIRONMENTS = list(self.environment_folders)
         self.datasets = []
-        for env in self.environment_folders:
+        for i, (label, env) in enumerate(zip(self.ENVIRONMENTS, self.environment_folders)):
             env_dataset = ImageFolderEnvironment(os.path.join(root, env), self.classes)
             if not env_dataset.samples:
                 raise FileNotFoundError(
                     f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the class folders "
                     f"of {os.path.join(root, env)}. {self.expected_layout()}")
-            self.datasets.append(env_dataset)
-        self.plain_transform = plain_transform(self.image_size)
-        self.augment_transform = (training_transform(self.augmentation, self.image_size)
-                                  if augment else None)
-        self.augmented_envs = [i for i in range(len(self.datasets))
-                               if augment and i not in test_envs]
-        if self.ENVIRONMENTS is None:  # the generic dataset: labels are the folder names
-            self.ENVIRONMENTS = list(self.environment_folders)
-        data_dir = getattr(self, "data_dir", root)
-        for i, (label, env_dataset) in enumerate(zip(self.ENVIRONMENTS, self.datasets)):
             augmented = i in self.augmented_envs
             env_dataset.transform = self.augment_transform if augmented else self.plain_transform
-            env_dataset.dataset_name = type(self).__name__
-            env_dataset.environment = label
-            env_dataset.data_dir = data_dir
+            env_dataset.dataset_name, env_dataset.environment = type(self).__name__, label
+            env_dataset.data_dir = getattr(self, "data_dir", root)
+            self.datasets.append(env_dataset)
         self.input_shape = (3, self.image_size, self.image_size)
         self.num_classes = len(self.classes)
 
     def augment_on_device(self, split) -> None:
-        """``--augment_on device``: every augmented environment's training transform runs as
-        ``split`` of it (:func:`dg_plugins.datasets.device_augment.pixel_transform`); ValueError
-        when no environment is augmented."""
+        """``--augment_on device``: the augmented environments' training transform runs as
+        ``split`` of it; ValueError when no environment is augmented."""
         if not self.augmented_envs:
             raise ValueError(f"--augment_on device: {type(self).__name__} is not augmented "
                              "(data_augmentation is false), so there is nothing to run on the "
@@ -415,7 +373,6 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
     @classmethod
     def expected_layout(cls) -> str:
-        """The folder layout this dataset expects, for error messages."""
         folder = os.path.join("<data_dir>", cls.FOLDER_NAME) if cls.FOLDER_NAME else "<data_dir>"
         pattern = os.path.join(folder, "<domain>", "<class>", "<image>.jpg")
         text = (f"{cls.__name__} expects the layout {pattern}"
@@ -464,8 +421,8 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
 
 
 class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
-    """A registrable image-folder dataset ``(data_dir, test_envs, hparams)`` reading
-    ``<data_dir>/<FOLDER_NAME>``, augmented when ``hparams['data_augmentation']`` is true."""
+    """An image-folder dataset ``(data_dir, test_envs, hparams)`` reading
+    ``<data_dir>/<FOLDER_NAME>``, augmented when the hparam ``data_augmentation`` is true."""
 
     def __init__(self, root, test_envs, hparams):
         self.data_dir = root  # the --data_dir of train and check_data
@@ -522,8 +479,7 @@ class PACS(ImageFolderBenchmark):
                     env.eval_transform = self.plain_transform
 
     def predefined_split(self, env_index: int):
-        """``(in indices, out indices)`` of an environment from the official lists, else None
-        (train then makes DomainBed's random split)."""
+        """``(in indices, out indices)`` from the official lists, else None (a random split)."""
         if self.data_split != "official":
             return None
         in_, out = self.official_splits[env_index]
@@ -575,9 +531,8 @@ class DomainNet(ImageFolderBenchmark):
 
 
 class ImageFolder(ImageFolderBenchmark):
-    """Generic dataset: ``--data_dir`` itself is ``<data_dir>/<domain>/<class>/*``, environments
-    (the folder names) found at construction; registered without a catalog entry, so for sweeps
-    give the tree a name with :func:`make_image_folder_dataset`."""
+    """Generic dataset: ``--data_dir`` itself holds ``<domain>/<class>/*``; for sweeps, name the
+    tree with :func:`make_image_folder_dataset`."""
 
     ENVIRONMENTS = None
 
@@ -590,9 +545,8 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                               checkpoint_freq: int = 300, n_steps: int = 5001,
                               register: bool = True) -> type:
     """Create (and register under ``name``) a dataset class for a tree
-    ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir).
-    Environment labels, in sorted folder order: ``environments``, else ``env_folders``, else the
-    folders of ``data_dir``. Call it at a plugin module's import (train/sweep subprocesses too)."""
+    ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir), labels
+    from ``environments``, ``env_folders`` or ``data_dir``; call it at a plugin module's import."""
     if env_folders is not None:
         env_folders = list(env_folders)
         labels = list(environments) if environments is not None else list(env_folders)
