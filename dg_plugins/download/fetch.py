@@ -53,9 +53,6 @@ VALIDATORS_SUFFIX = ".validators"
 VALIDATORS = {"etag": "ETag", "last_modified": "Last-Modified", "date": "Date"}
 
 
-# Output
-
-
 class Reporter:
     """Log lines on ``out``; a tqdm bar on stderr for transfers when ``progress``."""
 
@@ -66,8 +63,7 @@ class Reporter:
         self.clock = clock
         self._said: set[str] = set()
 
-    def first_time(self, text: str) -> bool:
-        """True the first time ``text`` is asked about (a long note is printed once a run)."""
+    def first_time(self, text: str) -> bool:  # a long note is printed once a run
         new = text not in self._said
         self._said.add(text)
         return new
@@ -114,11 +110,8 @@ class Reporter:
         yield update
 
 
-# Disk space
-
-
 def mount_point(path: str) -> str:
-    """The mount point of the file system holding ``path`` (the disk to name in an error)."""
+    """The mount point of the file system holding ``path``."""
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
@@ -156,9 +149,6 @@ def disk_full_message(folder: str, what: str) -> str:
             f"{free} free now) while {what}")
 
 
-# What arrived
-
-
 def file_kind(name: str) -> str:
     """"a zip", "a gzip file" (``.tar.gz``, ``.tgz``, ``.gz``) or "a text file", by the name."""
     lower = name.lower()
@@ -172,10 +162,8 @@ _HTML = re.compile(rb"^\s*(<!doctype\s+html|<html|<head|<body|<!--|<\?xml[^>]*>\
 
 def html_title(head: bytes) -> str | None:
     match = re.search(rb"<title[^>]*>(.*?)</title>", head, re.IGNORECASE | re.DOTALL)
-    if not match:
-        return None
-    title = " ".join(match.group(1).decode("utf-8", "replace").split())
-    return title[:80] or None
+    title = match and " ".join(match.group(1).decode("utf-8", "replace").split())[:80]
+    return title or None
 
 
 def html_page(head: bytes, name: str) -> str:
@@ -197,8 +185,7 @@ def html_fix(url: str, head: bytes, path: str, name: str) -> str:
 
 
 def what_arrived(path: str, name: str) -> str | None:
-    """None when the file looks like the kind its ``name`` says, else what it is instead ("an
-    HTML page ('title'), not a zip", "a truncated zip ...")."""
+    """None when the file looks like the kind its ``name`` says, else what it is instead."""
     kind = file_kind(name)
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
@@ -218,9 +205,6 @@ def what_arrived(path: str, name: str) -> str | None:
         what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
         return f"not a gzip file ({what})"
     return None
-
-
-# Fetching
 
 
 def manual_fix(source: Source, url: str, path: str) -> str:
@@ -259,20 +243,20 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
     return tuple(int(g) if g and g != "*" else None for g in match.groups()) if match else None
 
 
-# The validators of the bytes held
+def _remove(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _remove_validators(part: str) -> None:
-    for path in (part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+    _remove(part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp")
 
 
 def remove_part(part: str) -> None:
     """Remove ``part`` and its validators (what of them exists)."""
     _remove_validators(part)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(part)
+    _remove(part)
 
 
 def read_validators(part: str) -> dict[str, str]:
@@ -292,9 +276,7 @@ def _store_validators(part: str, headers) -> None:
     values = {key: value for key, value in values.items() if value}
     path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        return
+        return _remove(path)
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(values, handle)
     os.replace(path + ".tmp", path)
@@ -306,9 +288,7 @@ def _http_date(value: str | None):
         parsed = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
-    if parsed is None:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+    return parsed and (parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc))
 
 
 def if_range_value(held: dict[str, str]) -> str | None:

@@ -27,9 +27,6 @@ from dg_plugins.download.sources import (
 from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 
 
-# Layout checks (the rules of the dataset classes, dg_plugins.layouts: no torch)
-
-
 def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``."""
     spec = DATASET_SPECS[dataset]
@@ -45,8 +42,7 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 
 def image_layout_problem(dataset: str, data_dir: str) -> str | None:
-    """None when ``<data_dir>/<folder>`` reads as ``dataset`` (standard domain folders, images,
-    class count), else what is wrong."""
+    """None when ``<data_dir>/<folder>`` reads as ``dataset``, else what is wrong."""
     spec = DATASET_SPECS[dataset]
     root = os.path.join(data_dir, spec.folder)
     if not os.path.isdir(root):
@@ -74,8 +70,7 @@ def image_layout_problem(dataset: str, data_dir: str) -> str | None:
 
 
 def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]:
-    """``{file name: what is wrong}`` for PACS's official split lists, each read against the
-    images as PACS reads it; empty when all read."""
+    """``{file name: what is wrong}`` for PACS's split lists, each read as PACS reads it."""
     root = os.path.join(data_dir, DATASET_SPECS["PACS"].folder)
     domains = visible_subfolders(root)
     classes = sorted(set().union(*(visible_subfolders(os.path.join(root, d)) for d in domains)))
@@ -99,8 +94,8 @@ def split_lists_problems(data_dir: str, lists: dict[str, str]) -> dict[str, str]
 
 
 def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
-    """``("ok" | "absent" | "partial" | "broken", detail)`` of PACS_splits' lists in the PACS
-    folder ("absent" too while PACS does not check out)."""
+    """``("ok" | "absent" | "partial" | "broken", detail)`` of PACS_splits' lists ("absent" too
+    while PACS does not check out)."""
     base_status, base_detail = dataset_status(DATASET_SPECS[dataset].adds_to, data_dir)
     if base_status != "ok":
         return "absent", base_detail
@@ -144,9 +139,6 @@ def _mnist_status(data_dir: str) -> tuple[str, str]:
     return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
 
 
-# Extraction and post-processing
-
-
 def _test_delay() -> None:
     delay = os.environ.get(TEST_DELAY_ENV)
     if delay:
@@ -183,7 +175,6 @@ def _member_kind(member) -> str:
 
 
 def block_size(folder: str) -> int:
-    """The allocation unit of ``folder``'s file system (4096 where unknown)."""
     try:
         return os.statvfs(folder).f_frsize or 4096
     except (AttributeError, OSError):
@@ -202,8 +193,8 @@ def extraction_size(path: str, block: int = 4096) -> int:
 
 
 def extract(path: str, dest: str, report: Reporter) -> None:
-    """Extract a zip or tar archive into ``dest``: regular files and folders only, links,
-    devices and paths outside ``dest`` dropped and named. Raises :class:`CorruptArchive`."""
+    """Extract a zip or tar archive's regular files and folders into ``dest`` (the rest dropped
+    and named); :class:`CorruptArchive` when it does not."""
     name = os.path.basename(path)
     check_free_space(dest, extraction_size(path, block_size(dest)), f"extracting {name}")
     report(f"  extracting {name} into {dest}")
@@ -257,8 +248,8 @@ def extract(path: str, dest: str, report: Reporter) -> None:
 
 
 def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[str]) -> str:
-    """The folder holding the domain folders: DomainBed's ``expected_name``, else the one (at
-    most 3 levels down) holding all ``env_folders``."""
+    """The folder holding the domain folders: ``expected_name``, else the one (at most 3 levels
+    down) holding all ``env_folders``."""
     wanted = set(env_folders)
     if expected_name:
         candidate = os.path.join(extracted, expected_name)
@@ -281,7 +272,7 @@ def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[s
 
 def prepare_single_archive(spec: DatasetSpec, archives: dict[str, str], staging: str,
                            report: Reporter) -> None:
-    """PACS, VLCS, OfficeHome: extract, move the domain folders' folder to the staged folder."""
+    """PACS, VLCS, OfficeHome: extract, move the domain folders' folder in place."""
     (path,) = archives.values()
     extracted = os.path.join(staging, "extracted")
     os.makedirs(extracted)

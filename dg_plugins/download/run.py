@@ -37,8 +37,7 @@ ARCHIVES_IN_STAGING = ".archives"
 
 
 class DownloadFailed(DownloadError):
-    """Datasets that could not be downloaded (``failures``: dataset -> message) while the others
-    went on (``results``: as :func:`download` returns them)."""
+    """``failures`` (dataset -> message) and ``results`` (as :func:`download` returns them)."""
 
     def __init__(self, failures: dict[str, str], results: list[tuple[str, str]]):
         super().__init__("\n".join(failures.values()))
@@ -48,8 +47,8 @@ class DownloadFailed(DownloadError):
 
 @contextlib.contextmanager
 def _lock(path: str, what: str, busy_ok: bool = False):
-    """An exclusive lock on the file ``path``, removed on exit; yields True, or False when
-    another run holds it and ``busy_ok`` (else :class:`DownloadError`)."""
+    """An exclusive lock on the file ``path``, removed on exit; yields True, or False when held
+    elsewhere and ``busy_ok`` (else :class:`DownloadError`)."""
     if fcntl is None:
         yield True
         return
@@ -81,8 +80,8 @@ def _lock(path: str, what: str, busy_ok: bool = False):
 
 @contextlib.contextmanager
 def _downloads_folder(data_dir: str, create: bool = True):
-    """``<data_dir>/downloads/`` (created when ``create``, else None when absent), held with a
-    shared lock; removed on exit when empty and no other download holds it."""
+    """``<data_dir>/downloads/`` (None when absent and not ``create``) under a shared lock;
+    removed on exit when empty and no other download holds it."""
     downloads = os.path.join(data_dir, DOWNLOADS_FOLDER)
     if not create and not os.path.isdir(downloads):
         yield None
@@ -122,7 +121,7 @@ class Options:
 
 
 def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> str:
-    """Move the files no checksum vouched for to ``<file>.corrupt``; the note saying so."""
+    """Move the files no checksum vouched for to ``.corrupt``; the note saying so."""
     moved = [path for name, path in paths.items()
              if not expected[name].sha256 and not expected[name].md5]
     for path in moved:
@@ -147,7 +146,6 @@ def _present(dataset: str, detail: str, data_dir: str, options: Options,
 
 def _obtain_all(sources, downloads: str, expected: dict[str, Expected], options: Options,
                 report: Reporter) -> dict[str, str]:
-    """``{name: path}`` of the verified files of ``sources`` (fetched where missing)."""
     return {source.name: obtain(source, downloads, options.urls.get(source.name, source.url),
                                 expected[source.name], options.retries, report)
             for source in sources}
@@ -160,15 +158,12 @@ def _remove_stale_staging(dataset: str, staging: str, downloads: str | None,
         return
     archives = os.path.join(staging, ARCHIVES_IN_STAGING)
     names = sorted(os.listdir(archives)) if os.path.isdir(archives) else []
-    if downloads is not None:
-        for name in names:
-            if not os.path.exists(os.path.join(downloads, name)):
-                os.replace(os.path.join(archives, name), os.path.join(downloads, name))
-        back = f" ({', '.join(names)} moved back to {downloads})" if names else ""
-        report(f"{dataset}: removing {staging}, left by an interrupted run{back}")
-    else:
-        with_archives = f", with {', '.join(names)} (no longer needed)" if names else ""
-        report(f"{dataset}: removing {staging}, left by an interrupted run{with_archives}")
+    for name in names if downloads is not None else []:
+        if not os.path.exists(os.path.join(downloads, name)):
+            os.replace(os.path.join(archives, name), os.path.join(downloads, name))
+    what = ("" if not names else f" ({', '.join(names)} moved back to {downloads})"
+            if downloads is not None else f", with {', '.join(names)} (no longer needed)")
+    report(f"{dataset}: removing {staging}, left by an interrupted run{what}")
     shutil.rmtree(staging)
 
 
@@ -181,8 +176,8 @@ def _remove_corrupt(dataset: str, downloads: str, report: Reporter) -> None:
 
 
 def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter) -> None:
-    """For a dataset that checks out: remove what earlier runs left, name its files still in
-    ``downloads/``; nothing while another run holds its lock."""
+    """For a dataset that checks out: remove what earlier runs left and name its files still in
+    ``downloads/`` (nothing while another run holds its lock)."""
     lock, staging = _paths(dataset, data_dir)
     with _lock(lock, dataset, busy_ok=True) as held:
         if not held:
@@ -278,8 +273,8 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
 
 def download_split_lists(dataset: str, data_dir: str, options: Options,
                          report: Reporter) -> str:
-    """PACS_splits: PACS's official split lists, beside PACS's domain folders, checked against
-    its images before they go in place (``docs/download.md``). "present" or "downloaded"."""
+    """PACS_splits: PACS's lists, checked against its images before they go beside its domain
+    folders (``docs/download.md``): "present" or "downloaded"."""
     spec = DATASET_SPECS[dataset]
     base = spec.adds_to
     target = os.path.join(data_dir, spec.folder)
@@ -360,8 +355,7 @@ def check_options(options: Options) -> None:
 
 
 def check_not_inside(dataset: str, data_dir: str) -> None:
-    """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder (holding its
-    domain folders, not ``<data_dir>/<folder>``): a second copy would go inside it."""
+    """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder."""
     spec = DATASET_SPECS.get(dataset)
     domains = DOMAIN_FOLDERS.get(dataset)
     if spec is None or not domains or not os.path.isdir(data_dir) \
@@ -378,9 +372,8 @@ def check_not_inside(dataset: str, data_dir: str) -> None:
 
 def download(names: Iterable[str], data_dir: str, options: Options | None = None,
              report: Reporter | None = None) -> list[tuple[str, str]]:
-    """Download every dataset of ``names`` into ``data_dir``, in order; returns
-    ``[(dataset, "present" | "downloaded" | "built in")]``. Raises :class:`UsageError` before
-    anything, :class:`DownloadFailed` after the others."""
+    """Download ``names`` into ``data_dir``: ``[(dataset, "present" | "downloaded" | "built
+    in")]``; :class:`UsageError` before anything, :class:`DownloadFailed` after the others."""
     options = options or Options()
     report = report or Reporter()
     resolved = resolve_names(names)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import shlex
 from typing import Iterable
 
 from dg_plugins.layouts import PACS_SPLITS_URL, pacs_split_file
@@ -207,12 +208,9 @@ class CorruptArchive(DownloadError):
     """An archive that does not open or extract."""
 
 
-# Names and the table
-
-
 def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
-    """``[(dataset, notes)]`` for the names asked (case-insensitive; aliases, built-ins and
-    ``all`` resolved; a dataset before those that join it). Raises :class:`UnknownDataset`."""
+    """``[(dataset, notes)]`` for the names asked (case-insensitive, aliases, built-ins, ``all``;
+    a dataset before those that join it); :class:`UnknownDataset` for another."""
     known = {n.lower(): n for n in [*DATASET_SPECS, *ALIASES, *BUILT_IN]}
     meaning = {"all": [(name, None) for name in DATASET_SPECS],
                **{name.lower(): [(name, None)] for name in DATASET_SPECS},
@@ -243,8 +241,6 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
 
 def download_command(datasets: str | Iterable[str], data_dir: str | None = None) -> str | None:
     """The command that downloads ``datasets`` into ``data_dir`` (None: none is downloadable)."""
-    import shlex
-
     names = [datasets] if isinstance(datasets, str) else list(datasets)
     wanted = []
     for name in names:
@@ -268,7 +264,6 @@ def human_size(size: int | None) -> str:
         if size < 1000 or unit == "GB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
-    return f"{size:.1f} GB"
 
 
 def table_lines() -> list[str]:
