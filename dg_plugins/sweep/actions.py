@@ -1,6 +1,5 @@
-"""What a sweep does with its jobs (``domainbed/scripts/sweep.py``'s ``__main__``): select,
-check, confirm, launch or delete, and what it says afterwards with the command that continues
-(docs/sweep.md). :func:`run_action` is the flow."""
+"""What a sweep does with its jobs (``domainbed/scripts/sweep.py``'s ``__main__``): select, check,
+confirm, launch or delete, then say how to go on (docs/sweep.md). :func:`run_action` is the flow."""
 
 from __future__ import annotations
 
@@ -21,21 +20,16 @@ from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUE
                                    SweepJob, launcher_note, python_executable, running_note,
                                    select_jobs, slurm_note, summary_line)
 from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
-                                        error_excerpt)
+                                        error_excerpt, read_lines)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
 from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, OUT_FILE, RESULTS_FILE
 
 #: The sweep's own command-line module (for the command lines the sweep suggests).
 SWEEP_MODULE = "dg_plugins.scripts.sweep"
 ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
-#: The command line(s) the sweep suggests from: one ``sweep`` argv, or for a queue of several
-#: sweeps (reproduce's one launch) each sweep folder's own argv by its absolute path; None: a
-#: template with ``<your flags>``.
+#: What suggested command lines are made from: one ``sweep`` argv, or for a queue of sweeps each
+#: sweep folder's argv by its absolute path; None: a template with ``<your flags>``.
 CommandLines = Union[Sequence[str], Mapping[str, Sequence[str]], None]
-
-
-# --------------------------------------------------------------------------------------------
-# Actions
 
 
 def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
@@ -91,8 +85,10 @@ def _create_folder(job: SweepJob) -> None:
     try:
         os.makedirs(job.output_dir, exist_ok=True)
     except OSError as err:
+        fix = ("free space, then relaunch" if err.errno in DISK_FULL_ERRNOS else "choose a "
+               "writable --output_dir or give yourself write permission on it")
         raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
-                             f"({err.strerror}); {_folder_fix(err)}"]) from None
+                             f"({err.strerror}); {fix}"]) from None
 
 
 class LaunchRefused(ValueError):
@@ -101,12 +97,6 @@ class LaunchRefused(ValueError):
     def __init__(self, problems: Sequence[str]):
         super().__init__("; ".join(problems))
         self.problems = list(problems)
-
-
-def _folder_fix(err: OSError) -> str:
-    if err.errno in DISK_FULL_ERRNOS:
-        return "free space, then relaunch"
-    return "choose a writable --output_dir or give yourself write permission on it"
 
 
 def delete(jobs: Sequence[SweepJob]) -> None:
@@ -134,28 +124,25 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     print(f"Deleted {deleted} jobs!")
 
 
-class ConfirmationError(RuntimeError):
-    """No answer could be read for the confirmation prompt."""
-
-
-def ask_for_confirmation(input_fn: Callable[[str], str] | None = None) -> bool:
-    """``Are you sure? (y/n)``; end of input raises :class:`ConfirmationError` (asking for
-    ``--skip_confirmation``)."""
+def refused_confirmation(input_fn: Callable[[str], str] | None = None) -> int | None:
+    """Ask ``Are you sure? (y/n)``: None on yes, else the exit status (0 after "Nevermind!"; 2
+    at end of input, asking for ``--skip_confirmation``)."""
     try:
         answer = (input_fn or input)("Are you sure? (y/n) ")
     except EOFError:
         print()
-        raise ConfirmationError(
-            "no answer to the confirmation prompt (stdin reached end of input); pass "
-            "--skip_confirmation to run without asking"
-        ) from None
-    return answer.strip().lower()[:1] == "y"
+        print("error: no answer to the confirmation prompt (stdin reached end of input); pass "
+              "--skip_confirmation to run without asking", file=sys.stderr)
+        return 2
+    if answer.strip().lower()[:1] == "y":
+        return None
+    print("Nevermind!")
+    return 0
 
 
 def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
                   resume: bool = False, drop: Sequence[str] = ()) -> str:
-    """``command_line`` with its action replaced and ``--resume`` added when ``resume``; a
-    template without it."""
+    """``command_line`` with its action replaced (and ``--resume``); a template without it."""
     head = f"{python_executable()} -m {SWEEP_MODULE}"
     if command_line is None:
         return f"{head} {action} <your flags>" + (" --resume" if resume else "")
@@ -184,8 +171,7 @@ def command_for(command_line: CommandLines, sweep_dir: str) -> Sequence[str] | N
 def sweep_commands(command_line: CommandLines, output_dirs: Sequence[str],
                    action: str = "launch", resume: bool = False,
                    drop: Sequence[str] = ()) -> list[str]:
-    """:func:`sweep_command` for each sweep folder of the job folders ``output_dirs`` (once
-    each, in order): one line for a single sweep, one per sweep folder for a queue."""
+    """:func:`sweep_command` for each sweep folder of ``output_dirs`` (once each, in order)."""
     if not isinstance(command_line, Mapping):
         return [sweep_command(command_line, action, resume, drop)]
     lines = [sweep_command(command_for(command_line, sweep_dir_of(d)), action, resume, drop)
@@ -194,8 +180,7 @@ def sweep_commands(command_line: CommandLines, output_dirs: Sequence[str],
 
 
 def incomplete_note(jobs: Sequence[SweepJob], command_line: CommandLines) -> list[str]:
-    """For a launch without ``--resume``: lines saying that the Incomplete jobs are skipped and
-    how to continue or clear them (empty when there are none)."""
+    """A launch without ``--resume``: the Incomplete jobs skipped, how to continue or clear them."""
     n = sum(job.state == INCOMPLETE for job in jobs)
     if not n:
         return []
@@ -215,16 +200,15 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: CommandLines) -> lis
     ]
 
 
-#: Set by a script that runs several sweeps (sweeps/offline_quickstart.sh): the command that
-#: continues all of them, suggested instead of this sweep's own ``launch --resume`` line.
+#: The command that continues a script's sweeps (sweeps/offline_quickstart.sh), suggested instead
+#: of this sweep's ``launch --resume`` line.
 RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
 
 
 def continue_lines(command_line: CommandLines, what: str,
                    output_dirs: Sequence[str] = ()) -> list[str]:
-    """How to continue the jobs of ``output_dirs``: the ``launch --resume`` line of each of
-    their sweeps, or the command of the script that runs them (``$DG_SWEEP_RERUN_COMMAND``),
-    which continues every sweep of the script."""
+    """How to continue the jobs of ``output_dirs``: their sweeps' ``launch --resume`` lines, or
+    ``$DG_SWEEP_RERUN_COMMAND``."""
     rerun = os.environ.get(RERUN_ENV)
     if rerun:
         return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
@@ -234,8 +218,7 @@ def continue_lines(command_line: CommandLines, what: str,
 
 
 def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
-    """Remove the empty folders of the jobs a stop signal kept from starting (Not launched
-    again)."""
+    """Remove the empty folders of the jobs a stop signal kept from starting."""
     never = set(commands)
     for job in jobs:
         if job.command(resume=False) in never or job.command(resume=True) in never:
@@ -246,12 +229,8 @@ def unlaunch(jobs: Sequence[SweepJob], commands: Sequence[str]) -> None:
 
 def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
                         command_line: CommandLines) -> None:
-    """Print which jobs a stop signal interrupted and the command that continues them (the
-    launcher has printed its own summary and notes, e.g. jobs killed or how to cancel them)."""
-    by_command = {}
-    for job in selected:
-        by_command[job.command(resume=False)] = job
-        by_command[job.command(resume=True)] = job
+    """Print which jobs a stop signal interrupted and the command that continues them."""
+    by_command = {job.command(resume=r): job for job in selected for r in (False, True)}
     name = signal_name(err.signum)
     folders = [job.output_dir for job in selected]
     left = [by_command[c].output_dir for c in [*err.interrupted, *err.not_started]
@@ -274,24 +253,14 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
             print(line)
 
 
-def failed_on_input(err: JobsFailed) -> list[str]:
-    """The failed commands that ended on bad input (exit status 2) before their first
-    checkpoint."""
-    refused = []
-    for command, code in zip(err.failed, err.exit_codes):
-        output_dir = command_output_dir(command)
-        if code == EXIT_BAD_INPUT and output_dir is not None and not os.path.exists(
-                os.path.join(output_dir, CHECKPOINT_FILE)):
-            refused.append(command)
-    return refused
-
-
 def report_failures(err: JobsFailed, command_line: CommandLines) -> None:
     """After a launcher's failure summary: the count and how to go on (no ``--resume`` for
-    jobs that failed on bad input before their first checkpoint, :func:`failed_on_input`)."""
+    jobs that failed on bad input, exit status 2, before their first checkpoint)."""
     print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
           "err.txt files are listed above); their folders are kept, Incomplete.")
-    refused = failed_on_input(err)
+    refused = [c for c, code in zip(err.failed, err.exit_codes) if code == EXIT_BAD_INPUT
+               and (d := command_output_dir(c)) is not None
+               and not os.path.exists(os.path.join(d, CHECKPOINT_FILE))]
     folders = [d for d in map(command_output_dir, err.failed) if d is not None]
     delete_lines = [f"  {line}" for line in sweep_commands(
         command_line, folders, "delete_incomplete", drop=["--skip_confirmation"])]
@@ -321,19 +290,13 @@ def never_started(job: SweepJob) -> bool:
 
 
 def last_error_line(folder: str) -> str | None:
-    """The last of a job's err.txt lines that say what went wrong (:func:`error_excerpt`'s)."""
-    try:
-        with open(os.path.join(folder, ERR_FILE), errors="replace") as handle:
-            lines = [line.strip() for line in handle if line.strip()]
-    except OSError:
-        return None
+    """The last of a job's err.txt lines that say what went wrong."""
+    lines = [line.strip() for line in read_lines(os.path.join(folder, ERR_FILE))]
     return (error_excerpt(lines, len(lines)) or [None])[-1]
 
 
 def state_line(job: SweepJob) -> str:
-    """What a job is doing, for ``status``: done; running; held by Slurm (its id and state);
-    queued by a launcher; failed with its error line, interrupted, never started; not
-    launched."""
+    """What a job is doing, for ``status``."""
     if job.state == DONE:
         what = "done"
     elif job.state == RUNNING:
@@ -376,14 +339,8 @@ def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
         if dry_run:
             print("Dry run: nothing is cancelled.")
         return 0
-    if not skip_confirmation:
-        try:
-            if not ask_for_confirmation(input_fn):
-                print("Nevermind!")
-                return 0
-        except ConfirmationError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+    if not skip_confirmation and (code := refused_confirmation(input_fn)) is not None:
+        return code
     try:
         slurm.cancel(ids)
     except slurm.SlurmError as err:
@@ -401,11 +358,9 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                command_line: CommandLines = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
-    """The sweep's flow after enumeration: print the jobs, select, check, confirm, act
-    (``dry_run``: print instead). ``command_line``: what the lines that say how to go on are
-    made from (:data:`CommandLines`: per sweep folder for a queue). ``estimate(selected)`` prints what a launch's jobs cost
-    (:func:`dg_plugins.sweep.estimate.print_estimate`) before the prompt and at the end of a
-    dry run, unless ``skip_confirmation``. Returns the exit status (docs/sweep.md)."""
+    """The sweep's flow after enumeration: print the jobs, select, check, confirm, act or (dry
+    run) print; ``estimate(selected)`` prints a launch's cost before the prompt. Returns the exit
+    status (docs/sweep.md)."""
     if action == "status":
         return status(jobs)
     if action == "cancel":
@@ -414,68 +369,51 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         print(job)
     print(summary_line(jobs))
     selected = select_jobs(jobs, action, resume)
-    verb = "launch" if action == "launch" else "delete"
-    print(f"About to {verb} {len(selected)} jobs.")
-    if action == "launch" and resume:
+    launching = action == "launch"
+    print(f"About to {'launch' if launching else 'delete'} {len(selected)} jobs.")
+    if launching and resume:
         n_resumed = sum(job.state == INCOMPLETE for job in selected)
         print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
-    if action == "launch" and not resume:
-        for line in incomplete_note(jobs, command_line):
-            print(line)
-    for line in running_note(jobs, action):
+    notes = incomplete_note(jobs, command_line) if launching and not resume else []
+    notes += [*running_note(jobs, action), *launcher_note(jobs, action), *slurm_note(jobs, action)]
+    for line in notes + (done_eval_splits_note(jobs) if launching else []):
         print(line)
-    for line in launcher_note(jobs, action):
-        print(line)
-    for line in slurm_note(jobs, action):
-        print(line)
-    if action == "launch":
-        for line in done_eval_splits_note(jobs):
-            print(line)
     if dry_run:
-        print(f"Dry run: nothing is {'launched' if verb == 'launch' else 'deleted'}.")
+        print(f"Dry run: nothing is {'launched' if launching else 'deleted'}.")
         for job in selected:
-            if verb == "launch":
-                print(job.command(resume=resume and job.state == INCOMPLETE))
-            else:
-                print(f"would delete {job.output_dir}")
-        if verb == "launch" and selected and estimate is not None and not skip_confirmation:
+            print(job.command(resume=resume and job.state == INCOMPLETE) if launching
+                  else f"would delete {job.output_dir}")
+        if launching and selected and estimate is not None and not skip_confirmation:
             estimate(selected)
         return 0
     if not selected:
         return 0
-    if verb == "launch" and check is not None:
-        problems = check(selected)
-        if problems:
-            refuse(problems)
-            return 2
+    problems = check(selected) if launching and check is not None else []
+    if problems:
+        refuse(problems)
+        return 2
     if not skip_confirmation:
-        if verb == "launch" and estimate is not None:
+        if launching and estimate is not None:
             estimate(selected)
-        try:
-            confirmed = ask_for_confirmation(input_fn)
-        except ConfirmationError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        if not confirmed:
-            print("Nevermind!")
-            return 0
-    if verb == "launch":
-        if launcher_fn is None:
-            raise ValueError("launching needs a launcher function")
-        try:
-            launch(selected, launcher_fn, seed=seed, resume_incomplete=resume,
-                   command_line=command_line)
-        except LaunchInterrupted as err:
-            report_interruption(err, selected, command_line)
-            return err.code
-        except JobsFailed as err:
-            report_failures(err, command_line)
-            return int(err.code)
-        except LaunchRefused as err:
-            refuse(err.problems)
-            return 2
-    else:
+        if (code := refused_confirmation(input_fn)) is not None:
+            return code
+    if not launching:
         delete(selected)
+        return 0
+    if launcher_fn is None:
+        raise ValueError("launching needs a launcher function")
+    try:
+        launch(selected, launcher_fn, seed=seed, resume_incomplete=resume,
+               command_line=command_line)
+    except LaunchInterrupted as err:
+        report_interruption(err, selected, command_line)
+        return err.code
+    except JobsFailed as err:
+        report_failures(err, command_line)
+        return int(err.code)
+    except LaunchRefused as err:
+        refuse(err.problems)
+        return 2
     return 0
 
 

@@ -1,6 +1,5 @@
-"""A launcher's claim on the job folders it has queued: a ``flock``-held file per launcher
-under ``<sweep>/.launchers/``, read and written under a sweep-wide lock, so that other launches
-and deletes leave those folders alone (docs/sweep.md). Torch-free."""
+"""A launcher's claim on the job folders it queued: a ``flock``-held file per launcher under
+``<sweep>/.launchers/``, under a sweep-wide lock; other launches and deletes leave them alone."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 #: The folder of a sweep that holds its claims and the lock that orders them.
-CLAIMS_DIR = ".launchers"
-SWEEP_LOCK = "lock"
-CLAIM_SUFFIX = ".claim"
+CLAIMS_DIR, SWEEP_LOCK, CLAIM_SUFFIX = ".launchers", "lock", ".claim"
 
 try:
     import fcntl
@@ -28,8 +25,7 @@ _counter = itertools.count()
 
 @dataclass
 class Claim:
-    """A live launcher's claim: who (``pid`` on ``host``, since ``started``, running
-    ``command``) and the job folders (names in the sweep folder) it still holds."""
+    """A live launcher's claim: who, and the job folders (names in the sweep folder) it holds."""
 
     pid: int
     host: str
@@ -50,7 +46,7 @@ def claims_dir(sweep_dir: str) -> str:
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
     """Hold the sweep-wide lock (exclusive to change claims, shared to read); yields False when
-    it does not exist and may not be made."""
+    it does not exist (and shared)."""
     if fcntl is None:
         yield True
         return
@@ -101,18 +97,8 @@ def _lock_is_held(path: str) -> bool | None:
     return False
 
 
-def _read(path: str) -> Claim | None:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return Claim(int(data["pid"]), str(data["host"]), str(data["started"]),
-                     str(data.get("command", "")), [str(j) for j in data.get("jobs", [])], path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
-    """The live claims in ``sweep_dir`` (stale ones removed when ``remove_stale``); call it under
+    """The live claims in ``sweep_dir`` (stale ones removed when ``remove_stale``), under
     :func:`sweep_lock` (exclusive to remove)."""
     folder = claims_dir(sweep_dir)
     try:
@@ -130,9 +116,14 @@ def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
             continue
-        claim = _read(path)
-        if claim is not None:
-            live.append(claim)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            live.append(Claim(int(data["pid"]), str(data["host"]), str(data["started"]),
+                              str(data.get("command", "")),
+                              [str(j) for j in data.get("jobs", [])], path))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
     return live
 
 
@@ -155,10 +146,6 @@ def held_in(sweep_dir: str) -> dict[str, Claim]:
     return held_folders(live_claims(sweep_dir), sweep_dir)
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S")
-
-
 #: Claims of this process that are open (a launcher releases a job's folder when the job ends).
 _ACTIVE: list["LauncherClaim"] = []
 
@@ -173,7 +160,7 @@ class LauncherClaim:
         self.fd: int | None = None
         self.path: str | None = None
         self.jobs: list[str] = []
-        self.started = _now()
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S")
 
     def __enter__(self) -> "LauncherClaim":
         _ACTIVE.append(self)
@@ -226,16 +213,16 @@ class LauncherClaim:
         return True
 
     def _write(self) -> None:
-        """Write the claim (under the sweep lock, so readers never see it half written); the file
-        is created and locked on the first write."""
+        """Write the claim under the sweep lock (never seen half written), creating and locking
+        the file on the first write."""
+        host = socket.gethostname() or "unknown-host"
         if self.fd is None:
-            host = socket.gethostname() or "unknown-host"
             self.path = os.path.join(
                 claims_dir(self.sweep_dir),
                 f"{host}-{os.getpid()}-{next(_counter)}{CLAIM_SUFFIX}")
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        data = json.dumps({"pid": os.getpid(), "host": socket.gethostname() or "unknown-host",
+        data = json.dumps({"pid": os.getpid(), "host": host,
                            "started": self.started, "command": self.command,
                            "jobs": self.jobs}).encode()
         os.ftruncate(self.fd, 0)
@@ -243,8 +230,8 @@ class LauncherClaim:
 
 
 def job_ended(folder: str | None) -> None:
-    """A launcher's job ended (done, failed or stopped): release its folder from this process's
-    claim, so that other launches see it as it is (Done, or Incomplete to resume or delete)."""
+    """A launcher's job ended: release its folder from this process's claim (others see it as it
+    is, Done or Incomplete)."""
     if folder is None:
         return
     for claim in list(_ACTIVE):

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Sequence
 
+from dg_plugins.catalog import DATASET_ENVIRONMENTS
 from dg_plugins.help_text import CommandParser
 from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.plugins import PluginImportError
@@ -15,7 +16,8 @@ from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, estimate, jobs
 from dg_plugins.sweep.submitit import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_DELAY_S,
-                                       SUBMITIT_CLUSTERS, SubmititOptions, parse_json_object)
+                                       SUBMITIT_CLUSTERS, SUBMITIT_ENV_VARS, SubmititOptions,
+                                       parse_json_object)
 from dg_plugins.job import flags as job_flags
 
 TASKS = ("domain_generalization", "domain_adaptation")
@@ -29,51 +31,46 @@ SHORT_USAGE = (f"{PROG} {{{','.join(actions.ACTIONS)}}} --data_dir DIR --output_
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=PROG, short_usage=SHORT_USAGE,
-        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep. "
-                    "Two launches of one sweep at once share it: a launch claims the job "
-                    "folders it creates until each job ends, and another launch (or a delete) "
-                    "leaves a live launcher's jobs alone, naming it (pid, host), and runs only "
-                    "the jobs no live launcher holds.")
-    parser.add_argument("command", choices=list(actions.ACTIONS),
-                        help="launch: start Not launched jobs (+ Incomplete ones with --resume); "
-                             "delete_incomplete: remove Incomplete job folders; delete_all: "
-                             "remove every existing folder of this sweep's jobs (nothing else); "
-                             "status: each job's state (done, running, held by Slurm, failed "
-                             "with its error line, not launched); cancel: scancel the Slurm "
-                             "jobs that hold this sweep's jobs")
+        description="Enumerate, launch or delete the jobs of a DomainBed-style sweep. Two "
+        "launches of one sweep at once share it: a launch claims the job folders it creates "
+        "until each job ends, and another launch (or a delete) leaves a live launcher's jobs "
+        "alone, naming it (pid, host), and runs only the jobs no live launcher holds.")
+    parser.add_argument("command", choices=list(actions.ACTIONS), help="launch: start Not "
+                        "launched jobs (+ Incomplete ones with --resume); delete_incomplete: "
+                        "remove Incomplete job folders; delete_all: remove every existing folder "
+                        "of this sweep's jobs (nothing else); status: each job's state (done, "
+                        "running, held by Slurm, failed with its error line, not launched); "
+                        "cancel: scancel the Slurm jobs that hold this sweep's jobs")
     # DomainBed's flags (domainbed/scripts/sweep.py)
-    parser.add_argument("--datasets", nargs="+", type=str, default=None,
-                        help="default: every catalog dataset without 'Debug' in its name "
-                             "(DomainBed's rule)")
-    parser.add_argument("--algorithms", nargs="+", type=str, default=None,
+    parser.add_argument("--datasets", nargs="+", help="default: every catalog dataset without "
+                        "'Debug' in its name (DomainBed's rule)")
+    parser.add_argument("--algorithms", nargs="+",
                         help="default: every algorithm registered in dg_plugins")
-    parser.add_argument("--task", type=str, default="domain_generalization", choices=TASKS)
+    parser.add_argument("--task", default="domain_generalization", choices=TASKS)
     parser.add_argument("--n_hparams_from", type=int, default=0)
     parser.add_argument("--n_hparams", type=int, default=20,
                         help="exclusive upper bound of hparams_seed (as DomainBed), not a count")
-    parser.add_argument("--output_dir", type=str, required=True)
-    parser.add_argument("--data_dir", type=str, required=True,
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--data_dir", required=True,
                         help="passed verbatim; the string is part of each job's identity")
     parser.add_argument("--seed", type=int, default=0, help="seeds the launch order")
     parser.add_argument("--n_trials", type=int, default=3)
-    parser.add_argument("--command_launcher", type=str, default=None,
+    parser.add_argument("--command_launcher",
                         help="a registered launcher: " + ", ".join(_launcher_names()))
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--hparams", type=str, default=None,
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--hparams",
                         help="JSON object passed verbatim to train (part of the job identity)")
     parser.add_argument("--holdout_fraction", type=float, default=0.2)
     parser.add_argument("--single_test_envs", action="store_true")
     parser.add_argument("--skip_confirmation", action="store_true")
     # dg_plugins additions
     extra = parser.add_argument_group("dg_plugins additions")
-    extra.add_argument("--single_source", action="store_true",
-                       help="train on one environment and test on all others: one job per "
-                            "source environment")
-    extra.add_argument("--checkpoint_freq", type=int, default=None,
+    extra.add_argument("--single_source", action="store_true", help="train on one environment "
+                       "and test on all others: one job per source environment")
+    extra.add_argument("--checkpoint_freq", type=int,
                        help="passed to train (hashed only when given)")
-    extra.add_argument("--uda_holdout_fraction", type=float, default=None,
-                       help="passed to train (hashed only when given); needed by "
-                            "--task domain_adaptation")
+    extra.add_argument("--uda_holdout_fraction", type=float, help="passed to train (hashed only "
+                       "when given); needed by --task domain_adaptation")
     # the train flags passed to every job (hashed or not, when given and not their defaults:
     # dg_plugins.job.flags.FLAGS), some with the sweep's own help
     job_flags.add_flags(extra, "alignment", metavar={"alignment_scores": "FILE"}, help={
@@ -81,72 +78,64 @@ def build_parser() -> argparse.ArgumentParser:
         "alignment_scores, passed to every job (records get env{i}_{in,out}_{ip,oop}_acc)"})
     job_flags.add_flags(extra, "compute")
     job_flags.add_flags(extra, "evaluation")
-    job_flags.ROWS["n_workers"].add_to(
-        extra, help="every job's loader workers (default: one per core the job has; the "
-                            "multi_gpu launcher divides the machine's cores among the jobs it "
-                            "runs at once); records do not depend on it, so it is not hashed")
-    extra.add_argument("--jobs_per_gpu", type=int, default=None, metavar="N",
-                       help="multi_gpu launcher: run N jobs at once on each GPU (default 1); "
-                            "before packing it checks that N jobs' peak memory (their records' "
-                            "mem_gb, else the first job's) fits in the GPU's free memory; "
-                            "submitit launcher on Slurm: N jobs per array task, sharing its "
-                            "allocation")
-    extra.add_argument("--resume", action="store_true",
-                       help="launch also relaunches Incomplete jobs, with --resume appended to "
-                            "their commands (jobs a live train process or another live launcher "
-                            "holds are left alone)")
-    extra.add_argument("--stop_grace_period", type=float, default=None, metavar="SECONDS",
-                       help="after SIGTERM/SIGINT, how long the local and multi_gpu launchers "
-                            "wait for running jobs to stop at a checkpoint before SIGKILL "
-                            f"(default ${STOP_GRACE_PERIOD_ENV} or "
-                            f"{DEFAULT_STOP_GRACE_PERIOD_S:g}); the sweep then exits with "
-                            "128 + the signal number (143 SIGTERM, 130 SIGINT)")
-    extra.add_argument("--test_env_sets", nargs="+", type=str, default=None, metavar="I,J,..",
-                       help="explicit test-environment sets, e.g. '0,1,2' '3,4,5' (instead of "
-                            "DomainBed's combinations; hashed like any test_envs)")
+    job_flags.ROWS["n_workers"].add_to(extra, help="every job's loader workers (default: one per "
+                                       "core the job has; the multi_gpu launcher divides the "
+                                       "machine's cores among the jobs it runs at once); records "
+                                       "do not depend on it, so it is not hashed")
+    extra.add_argument("--jobs_per_gpu", type=int, metavar="N", help="multi_gpu launcher: run N "
+                       "jobs at once on each GPU (default 1); before packing it checks that N "
+                       "jobs' peak memory (their records' mem_gb, else the first job's) fits in "
+                       "the GPU's free memory; submitit launcher on Slurm: N jobs per array task, "
+                       "sharing its allocation")
+    extra.add_argument("--resume", action="store_true", help="launch also relaunches Incomplete "
+                       "jobs, with --resume appended to their commands (jobs a live train process "
+                       "or another live launcher holds are left alone)")
+    extra.add_argument("--stop_grace_period", type=float, metavar="SECONDS", help="after SIGTERM/"
+                       "SIGINT, how long the local and multi_gpu launchers wait for running jobs "
+                       f"to stop at a checkpoint before SIGKILL (default ${STOP_GRACE_PERIOD_ENV} "
+                       f"or {DEFAULT_STOP_GRACE_PERIOD_S:g}); the sweep then exits with 128 + the "
+                       "signal number (143 SIGTERM, 130 SIGINT)")
+    extra.add_argument("--test_env_sets", nargs="+", metavar="I,J,..", help="explicit test-"
+                       "environment sets, e.g. '0,1,2' '3,4,5' (instead of DomainBed's "
+                       "combinations; hashed like any test_envs)")
     udg = parser.add_argument_group(
         "unsupervised DG (UDG)", "pretrain once per configuration on the unlabelled source "
         "domains, fine-tune per label fraction (see dg_plugins.train.udg)")
-    udg.add_argument("--label_fractions", nargs="+", type=float, default=None,
+    udg.add_argument("--label_fractions", nargs="+", type=float,
                      help="one UDG job per fraction in (0, 1], e.g. 0.01 0.05 0.1 1.0")
     job_flags.add_flags(udg, "udg", skip=("label_fraction", "udg_pretrain_dir", "udg_pretrain"),
                         help={"pretrain_steps": "UDG pretraining steps passed to every job "
                               "(hashed only when given)"})
-    extra.add_argument("--dry_run", action="store_true",
-                       help="print the jobs and the commands to launch (or folders to delete) "
-                            "without creating, deleting or asking anything")
+    extra.add_argument("--dry_run", action="store_true", help="print the jobs and the commands to "
+                       "launch (or folders to delete) without creating, deleting or asking "
+                       "anything")
     slurm = parser.add_argument_group(
         "submitit launcher", "each flag overrides the DG_SLURM_<NAME> environment variable")
-    slurm.add_argument("--slurm_cluster", choices=SUBMITIT_CLUSTERS, default=None,
+    slurm.add_argument("--slurm_cluster", choices=SUBMITIT_CLUSTERS,
                        help="submitit backend (default slurm; local/debug run on this machine)")
-    slurm.add_argument("--slurm_partition", type=str, default=None)
-    slurm.add_argument("--slurm_time", type=int, default=None,
-                       help="time limit per task in minutes (default 1440, or the partition's "
-                            "MaxTime if lower); a job longer than its allocation is requeued "
-                            "from its checkpoint")
-    slurm.add_argument("--slurm_gpus_per_node", type=int, default=None,
-                       help="default on Slurm: 1 on a partition with GPUs, else 0; 0 on "
-                            "local/debug")
-    slurm.add_argument("--slurm_cpus_per_task", type=int, default=None)
-    slurm.add_argument("--slurm_mem_gb", type=float, default=None)
-    slurm.add_argument("--slurm_array_parallelism", type=int, default=None,
+    slurm.add_argument("--slurm_partition")
+    slurm.add_argument("--slurm_time", type=int, help="time limit per task in minutes (default "
+                       "1440, or the partition's MaxTime if lower); a job longer than its "
+                       "allocation is requeued from its checkpoint")
+    slurm.add_argument("--slurm_gpus_per_node", type=int, help="default on Slurm: 1 on a "
+                       "partition with GPUs, else 0; 0 on local/debug")
+    slurm.add_argument("--slurm_cpus_per_task", type=int)
+    slurm.add_argument("--slurm_mem_gb", type=float)
+    slurm.add_argument("--slurm_array_parallelism", type=int,
                        help="max array tasks running at once (default 256)")
-    slurm.add_argument("--slurm_log_dir", type=str, default=None,
-                       help="submitit logs (default <output_dir>/submitit_logs)")
-    slurm.add_argument("--slurm_wait", dest="slurm_wait", action="store_const", const=True,
-                       default=None, help="wait for the jobs (default on local/debug)")
+    slurm.add_argument("--slurm_log_dir", help="submitit logs (default <output_dir>/submitit_logs)")
+    slurm.add_argument("--slurm_wait", action="store_const", const=True,
+                       help="wait for the jobs (default on local/debug)")
     slurm.add_argument("--slurm_no_wait", dest="slurm_wait", action="store_const", const=False,
                        help="return after submission (default on Slurm)")
-    slurm.add_argument("--slurm_signal_delay", type=float, default=None, metavar="SECONDS",
-                       help="Slurm signals a task this long before its time limit; its jobs "
-                            "stop at a checkpoint and the task is requeued (default "
-                            f"{DEFAULT_SIGNAL_DELAY_S})")
-    slurm.add_argument("--slurm_max_requeues", type=int, default=None,
-                       help="time limits after which a task is requeued (default "
-                            f"{DEFAULT_MAX_REQUEUES}; preemptions are requeued by Slurm)")
-    slurm.add_argument("--slurm_extra", type=str, default=None,
-                       help='JSON object of more executor parameters, e.g. '
-                            '\'{"slurm_account": "abc", "slurm_qos": "high"}\'')
+    slurm.add_argument("--slurm_signal_delay", type=float, metavar="SECONDS", help="Slurm signals "
+                       "a task this long before its time limit; its jobs stop at a checkpoint and "
+                       f"the task is requeued (default {DEFAULT_SIGNAL_DELAY_S})")
+    slurm.add_argument("--slurm_max_requeues", type=int, help="time limits after which a task is "
+                       f"requeued (default {DEFAULT_MAX_REQUEUES}; preemptions are requeued by "
+                       "Slurm)")
+    slurm.add_argument("--slurm_extra", help='JSON object of more executor parameters, e.g. '
+                       '\'{"slurm_account": "abc", "slurm_qos": "high"}\'')
     return parser
 
 
@@ -163,8 +152,7 @@ def _launcher_names(name: str | None = None) -> list[str]:
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject bad combinations with a message naming the value and the fix (exits via
-    ``parser.error``)."""
+    """Reject bad combinations with a message naming the value and the fix (``parser.error``)."""
     if args.n_hparams <= args.n_hparams_from:
         parser.error(f"--n_hparams ({args.n_hparams}) must be greater than --n_hparams_from "
                      f"({args.n_hparams_from}): hparams seeds run over "
@@ -250,16 +238,13 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def slurm_options(args: argparse.Namespace) -> SubmititOptions:
-    """The ``--slurm_*`` flags that were given, for the submitit launcher (unset flags leave the
-    DG_SLURM_* environment in charge)."""
-    return SubmititOptions(
-        cluster=args.slurm_cluster, partition=args.slurm_partition, time_min=args.slurm_time,
-        gpus_per_node=args.slurm_gpus_per_node, cpus_per_task=args.slurm_cpus_per_task,
-        mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
-        log_dir=args.slurm_log_dir, wait=args.slurm_wait,
-        extra=parse_json_object(args.slurm_extra) if args.slurm_extra else None,
-        signal_delay_s=args.slurm_signal_delay, max_requeues=args.slurm_max_requeues,
-        jobs_per_task=args.jobs_per_gpu if args.command_launcher == "submitit" else None)
+    """The ``--slurm_*`` flags that were given (``--slurm_NAME`` for ``DG_SLURM_NAME``); unset
+    ones leave the environment in charge."""
+    given = {name: getattr(args, "slurm_" + var.removeprefix("DG_SLURM_").lower(), None)
+             for name, var in SUBMITIT_ENV_VARS.items()}
+    return SubmititOptions(**{
+        **given, "extra": parse_json_object(args.slurm_extra) if args.slurm_extra else None,
+        "jobs_per_task": args.jobs_per_gpu if args.command_launcher == "submitit" else None})
 
 
 def make_launcher(args: argparse.Namespace):
@@ -301,10 +286,14 @@ def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = 
     file not made yet is allowed (its job args hold the path as the sweep would)."""
     parser = parser or build_parser()
     args = parser.parse_args(list(argv) + (["--dry_run"] if dry_run else []))
-    if args.datasets is None:
-        args.datasets = jobs.default_datasets()
-    if args.algorithms is None:
-        args.algorithms = jobs.default_algorithms()
+    if args.datasets is None:  # DomainBed's: every catalog dataset whose name lacks "Debug"
+        args.datasets = [name for name in DATASET_ENVIRONMENTS if "Debug" not in name]
+    if args.algorithms is None:  # every one registered, plugins included (imports torch)
+        from dg_plugins import plugins
+        from dg_plugins.registry import ALGORITHMS
+
+        plugins.load()
+        args.algorithms = ALGORITHMS.list()
     scores = args.alignment_scores
     deferred = defer_scores and scores is not None and not os.path.isfile(scores)
     saved = {name: getattr(args, name) for name in job_flags.ALIGNMENT_ARGS}

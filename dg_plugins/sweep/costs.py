@@ -1,7 +1,5 @@
-"""What a sweep's jobs cost, counted without running them: each job's training steps (UDG
-pretraining shared), image forwards of training and evaluation, and estimated GPU time
-(:mod:`dg_plugins.sweep.gpu_hours`). The sweep's prompt (:mod:`dg_plugins.sweep.estimate`) and
-reproduce's dry runs count with these. Imports torch (the datasets' and algorithms' registries)."""
+"""What a sweep's jobs cost, counted without running them: training steps (UDG pretraining shared),
+image forwards and estimated GPU time, for the sweep's prompt and reproduce's dry runs."""
 
 from __future__ import annotations
 
@@ -26,7 +24,7 @@ def _default_steps(dataset: str) -> int:
 
 def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     """``(training steps, pretraining identity or None, pretraining steps)`` of one job, as train
-    will count them (UDG lengths in epochs: :mod:`dg_plugins.train.udg`)."""
+    counts them."""
     a = train_args
     dataset = a["dataset"]
     steps = a.get("steps")
@@ -73,8 +71,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
 
 @dataclass
 class JobsCost:
-    """Jobs' steps (per job), the UDG pretrainings they run (identity -> steps), where the image
-    counts came from, and (when counted) each job's :class:`Forwards`."""
+    """Jobs' steps, UDG pretrainings (identity -> steps), image count origins, :class:`Forwards`."""
     steps: list = field(default_factory=list)
     pretrain_steps: dict = field(default_factory=dict)
     origins: set = field(default_factory=set)
@@ -83,10 +80,8 @@ class JobsCost:
 
 def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
               forwards: bool = True) -> JobsCost:
-    """The steps and (``forwards``) image forwards of the jobs of ``train_args``
-    (:func:`job_forwards`; ``evaluated``: the rule of the splits a record evaluates, default the
-    train job's own). A UDG pretraining counts with the first job that needs it; its identity is
-    then added to ``pretrainings`` (one set for the jobs of one listing)."""
+    """The steps and (``forwards``) image forwards of the jobs of ``train_args``; a UDG pretraining
+    counts with the first job that needs it (``pretrainings``: those counted)."""
     cost = JobsCost()
     pretrainings = set() if pretrainings is None else pretrainings
     for a in train_args:
@@ -108,9 +103,6 @@ def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
     return cost
 
 
-# --------------------------------------------------------------------------------------------
-# Image forwards
-
 #: Forwards per image of a training step: its forward, and its backward counted as two.
 TRAIN_FORWARDS_PER_IMAGE = 3
 FORWARDS_DEFINITION = (
@@ -124,10 +116,8 @@ FORWARDS_DEFINITION = (
 
 @dataclass
 class Forwards:
-    """One job's image forwards (:func:`job_forwards`): ``train`` (with the UDG pretraining it
-    runs for the jobs that share it: ``note``), ``evaluation`` per ``--eval_splits`` value (None:
-    unknown, as the dataset's image counts are: ``unknown`` says why), and its estimated GPU
-    time (``gpu``: :func:`job_gpu_time`)."""
+    """One job's image forwards: ``train``, ``evaluation`` per ``--eval_splits`` value (None:
+    unknown, ``unknown`` says why), and its estimated GPU time."""
     train: int | None
     evaluation: dict
     unknown: str = ""
@@ -136,9 +126,8 @@ class Forwards:
 
 
 def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> int | None:
-    """The images the ``steps`` training steps of the job of train args ``a`` train on
-    (:data:`FORWARDS_DEFINITION`); ``sizes``: its :func:`split_sizes` (None when unknown: then a
-    pooled job's count is unknown too, None)."""
+    """The images the ``steps`` training steps of the job of train args ``a`` train on (None:
+    unknown ``sizes`` of a pooled job)."""
     n_sources = n_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
     if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
         from dg_plugins.algorithms.udg_finetune import finetune_settings  # imports torch
@@ -164,10 +153,8 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
 
 
 def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forwards:
-    """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`):
-    ``steps`` training steps, ``pretrain_steps`` steps of the UDG pretraining it runs (0 when it
-    runs none or another job runs the shared one), and ``evaluated(a, split names) -> {value:
-    names}``, the splits a record evaluates under each ``--eval_splits`` value."""
+    """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`);
+    ``evaluated(a, split names) -> {value: names}``: what a record evaluates."""
     register_datasets()
     hp = hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"], a["trial_seed"],
                             a.get("hparams"))
@@ -208,8 +195,7 @@ def forwards_text(train: int | None, evaluation: dict) -> str:
 
 
 def sum_forwards(items: list[Forwards]) -> tuple[int | None, dict]:
-    """The train and per-value evaluation sums of ``items`` (None where one of them is
-    unknown)."""
+    """The train and per-value evaluation sums of ``items`` (None where one is unknown)."""
     train = None if any(f.train is None for f in items) else sum(f.train for f in items)
     evaluation = {v: (None if any(f.evaluation[v] is None for f in items)
                       else sum(f.evaluation[v] for f in items)) for v in EVAL_SPLITS}

@@ -1,7 +1,6 @@
-"""The child process behind the sweep's cost estimate (:mod:`dg_plugins.sweep.estimate`): reads
-the jobs as JSON on stdin and prints, a line at a time, their steps, image forwards and GPU time
-from the measured H200 step times, and where that does not apply their time on this machine: a
-few training steps of each distinct configuration timed here on random images. Imports torch."""
+"""The child process of the sweep's cost estimate (:mod:`dg_plugins.sweep.estimate`): jobs as JSON
+on stdin; prints their steps, image forwards, GPU time from the measured H200 step times, else
+their time on this machine from a few steps timed here on random images. Imports torch."""
 
 from __future__ import annotations
 
@@ -12,17 +11,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-#: A step of the job's own batch is timed only when it takes at most this long; else a step of
-#: 2 images per domain, scaled per image (so that a configuration costs a few seconds).
-TARGET_STEP_S = 1.5
-#: The time on this machine is not measured for jobs this short (training steps in all, per
-#: distinct configuration): timing them would cost a noticeable share of running them.
-SHORT_STEPS_PER_CONFIG = 50
+#: A step of the job's own batch is timed only when it takes at most this long (else 2 images per
+#: domain, scaled per image); jobs shorter than this many steps per configuration are not timed.
+TARGET_STEP_S, SHORT_STEPS_PER_CONFIG = 1.5, 50
 
 
-def write(line: str, out) -> None:
-    out.write(line + "\n")
-    out.flush()
+#: The line protocol's stream (``main`` sends whatever else is printed to stderr).
+OUT = sys.stdout
+
+
+def write(*lines: str) -> None:
+    print("".join(f"{line}\n" for line in lines), end="", file=OUT, flush=True)
 
 
 def job_eval_splits(job: dict) -> str:
@@ -35,11 +34,10 @@ def job_eval_splits(job: dict) -> str:
 
 @dataclass
 class Config:
-    """What a timed step depends on; the first job that has it gives its hparams."""
-    key: tuple
+    """What a timed step depends on (the first job that has it gives its hparams), and what was
+    measured: seconds per training and per evaluated image, the images of the timed step."""
     label: str  # "ERM ResNet-50"
     algorithm: str
-    dataset: str
     hparams: dict
     input_shape: tuple
     num_classes: int
@@ -48,9 +46,9 @@ class Config:
     compute: dict
     device: str | None
     jobs: list = field(default_factory=list)  # indices of its jobs
-    train_s: float | None = None  # seconds per training image, measured
-    eval_s: float | None = None  # seconds per evaluated image, measured
-    timed_images: int = 0  # images of the step that was timed
+    train_s: float | None = None
+    eval_s: float | None = None
+    timed_images: int = 0
     failed: str = ""
 
 
@@ -104,25 +102,17 @@ def configs_of(jobs: list, hparams: list) -> tuple[list[Config], list[int]]:
         device = a.get("device")
         key = (algorithm, network, shape, domains, json.dumps(compute, sort_keys=True), device)
         if key not in configs:
-            configs[key] = Config(key, f"{algorithm} {network}", a["algorithm"], dataset, hp,
-                                  shape, num_classes(dataset, a.get("data_dir")), domains,
+            configs[key] = Config(f"{algorithm} {network}", a["algorithm"], hp, shape,
+                                  num_classes(dataset, a.get("data_dir")), domains,
                                   int(hp["batch_size"]), compute, device)
         configs[key].jobs.append(i)
     return list(configs.values()), udg
 
 
-@contextlib.contextmanager
-def quiet():
-    """Keep what building a network prints off the line protocol (stdout)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
 def time_config(config: Config, deadline: float) -> None:
-    """Time a training step and a prediction of ``config`` on random images, per image: a
-    warm-up step and two timed steps of 2 images per domain (the faster counts), then, when the
-    job's own batch would take at most :data:`TARGET_STEP_S`, two of its batch. Sets
-    ``train_s``, ``eval_s`` and ``timed_images``."""
+    """Time a training step and a prediction of ``config`` per image on random images: after a
+    warm-up, the faster of two steps of 2 images per domain, or of the job's own batch when that
+    takes at most :data:`TARGET_STEP_S`."""
     import torch
 
     from dg_plugins.algorithms.base import gradient_scaling
@@ -134,7 +124,7 @@ def time_config(config: Config, deadline: float) -> None:
     compute = Compute.of(config.compute)
     torch.manual_seed(0)
     hp = {**config.hparams, "pretrained": False}  # random init: the same step, no download
-    with quiet():
+    with contextlib.redirect_stdout(sys.stderr):  # off the line protocol (stdout)
         algorithm = ALGORITHMS.get(config.algorithm)(config.input_shape, config.num_classes,
                                                      config.num_domains, hp).to(device)
         compute.prepare_model(algorithm)
@@ -160,7 +150,7 @@ def time_config(config: Config, deadline: float) -> None:
         return time.perf_counter() - start
 
     small = min(2, config.batch)
-    with quiet():
+    with contextlib.redirect_stdout(sys.stderr):
         step(small)  # warm-up: allocations, kernels chosen
         b, seconds = small, step(small)
         if time.monotonic() < deadline:
@@ -192,10 +182,9 @@ def device_label(device) -> str:
     return f"{device.type}, no GPU visible" if not torch.cuda.is_available() else device.type
 
 
-def print_costs(jobs: list, out):
-    """The steps, image forwards and measured GPU time of ``jobs``; returns their
-    :class:`~dg_plugins.sweep.costs.JobsCost`, each job's evaluation forwards (with its own
-    ``--eval_splits``) and whether the GPU estimate covers every part of them."""
+def print_costs(jobs: list):
+    """Print the steps, image forwards and GPU time of ``jobs``; returns their ``JobsCost``, each
+    job's evaluation forwards (its own ``--eval_splits``) and whether the GPU time covers all."""
     from dg_plugins.reference import gpu_times
     from dg_plugins.sweep.costs import count, jobs_cost, sum_forwards
     from dg_plugins.sweep.gpu_hours import sum_gpu
@@ -212,11 +201,8 @@ def print_costs(jobs: list, out):
     runs = ", ".join(v + (f" ({values.count(v)} jobs)" if len(set(values)) > 1 else "")
                      for v in sorted(set(values)))
     write(f"{line}; image forwards: train {count(trained)}, evaluation {count(evaluation)} "
-          f"(eval_splits {runs})", out)
-    for origin in sorted(cost.origins):
-        write(f"  image counts: {origin}", out)
-    for why in sorted({f.unknown for f in cost.forwards if f.unknown}):
-        write(f"  unknown: {why}", out)
+          f"(eval_splits {runs})", *(f"  image counts: {o}" for o in sorted(cost.origins)),
+          *(f"  unknown: {why}" for why in sorted({f.unknown for f in cost.forwards if f.unknown})))
     device = gpu_times.load().device
     gpu = sum_gpu(cost.forwards)
     seconds = sum(f.gpu.seconds[v] for f, v in zip(cost.forwards, values))
@@ -224,20 +210,17 @@ def print_costs(jobs: list, out):
                                            in sorted(gpu.missing.items())) if gpu.missing else "")
     if seconds:
         write(f"GPU time (estimate, from the step times measured on an {device}, one job at a "
-              f"time): {format_duration(seconds)}{left_out}", out)
+              f"time): {format_duration(seconds)}{left_out}")
     else:
         write(f"GPU time: not estimated (no step time measured on an {device} for these "
-              f"jobs{left_out})", out)
-    for note in sorted(gpu.notes):
-        write(f"  GPU time note: {note}", out)
+              f"jobs{left_out})")
+    write(*(f"  GPU time note: {note}" for note in sorted(gpu.notes)))
     return cost, evaluated, not gpu.missing
 
 
-def print_machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: float,
-                       out) -> None:
-    """The time of ``jobs`` on this machine from steps timed here (:func:`time_config`), or why
-    it is not estimated: UDG jobs only, a visible GPU the measured estimate covers
-    (``measured``), short jobs."""
+def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: float) -> str:
+    """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated
+    (UDG jobs only, a GPU the ``measured`` estimate covers, short jobs)."""
     from dg_plugins import hparams as hp_lib
     from dg_plugins.reference import gpu_times
     from dg_plugins.runtime import pick_device
@@ -250,21 +233,18 @@ def print_machine_time(jobs: list, cost, evaluated: list, measured: bool, budget
                for a in (job["train_args"] for job in jobs)]
     configs, udg = configs_of(jobs, hparams)
     if not configs:
-        write("Time on this machine: not estimated (UDG jobs are not timed here)", out)
-        return
+        return "Time on this machine: not estimated (UDG jobs are not timed here)"
     devices = {pick_device(c.device) for c in configs}
     where = ", ".join(sorted(device_label(d) for d in devices))
     steps = sum(cost.steps)
     if all(d.type == "cuda" for d in devices) and measured:
-        write(f"Time on this machine ({where}): not timed here; the GPU estimate above applies, "
-              f"as this GPU compares with an {gpu_times.load().device}", out)
-        return
+        return (f"Time on this machine ({where}): not timed here; the GPU estimate above applies,"
+                f" as this GPU compares with an {gpu_times.load().device}")
     if steps < SHORT_STEPS_PER_CONFIG * len(configs):
-        write(f"Time on this machine ({where}): not timed, the jobs are short ({steps:,} "
-              "training steps in all)", out)
-        return
+        return (f"Time on this machine ({where}): not timed, the jobs are short ({steps:,} "
+                "training steps in all)")
     write(f"Timing a training step of {', '.join(c.label for c in configs)} on this machine "
-          f"({where}; random images, a few seconds each)...", out)
+          f"({where}; random images, a few seconds each)...")
     deadline = time.monotonic() + budget
     for config in configs:
         if time.monotonic() >= deadline:
@@ -291,30 +271,26 @@ def print_machine_time(jobs: list, cost, evaluated: list, measured: bool, budget
         parts.append(f"{config.label}: {exact_duration(config.train_s * images_per_step)} a "
                      f"step of {images_per_step} images{timed}")
     if not counted:
-        write(f"Time on this machine ({where}): not estimated ({'; '.join(parts)})", out)
-        return
+        return f"Time on this machine ({where}): not estimated ({'; '.join(parts)})"
     n = len(jobs)
     jobs_text = f"{counted} jobs" if counted == n else f"{counted} of the {n} jobs"
     left = f"; left out: {len(udg)} UDG jobs" if udg else ""
-    write(f"Estimated on this machine ({where}): {format_duration(total)} for {jobs_text}, one "
-          f"at a time ({'; '.join(parts)}; timed here on random images and scaled per image, "
-          f"evaluation included; loading, start-up and checkpoints not counted{left})", out)
+    return (f"Estimated on this machine ({where}): {format_duration(total)} for {jobs_text}, one "
+            f"at a time ({'; '.join(parts)}; timed here on random images and scaled per image, "
+            f"evaluation included; loading, start-up and checkpoints not counted{left})")
 
 
 def main() -> int:
     """Read the request (:func:`dg_plugins.sweep.estimate.request`) on stdin, print the lines."""
     request = json.load(sys.stdin)
-    out = sys.stdout
     sys.stdout = sys.stderr  # whatever the imports print stays off the protocol
     from dg_plugins import plugins
 
     plugins.load()
-    cost, evaluated, measured = print_costs(request["jobs"], out)
-    if request.get("remote"):
-        write(f"Time on this machine: not estimated ({request['remote']})", out)
-        return 0
-    print_machine_time(request["jobs"], cost, evaluated, measured,
-                       float(request.get("budget_s", 60)), out)
+    cost, evaluated, measured = print_costs(request["jobs"])
+    write(f"Time on this machine: not estimated ({request['remote']})" if request.get("remote")
+          else machine_time(request["jobs"], cost, evaluated, measured,
+                            float(request.get("budget_s", 60))))
     return 0
 
 

@@ -1,6 +1,5 @@
-"""How a job's process starts: a plain command ``exec``'ed by the shell, or this interpreter's
-train command forked from a fork server that imported torch once; either way SIGTERM when its
-launcher dies (docs/sweep.md)."""
+"""How a job's process starts: ``exec``'ed by the shell, or (this interpreter's train) forked from a
+fork server that imported torch once; either way SIGTERM when its launcher dies (docs/sweep.md)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ _SHELL_WORDS = frozenset(
 
 
 def is_simple_command(command: str) -> bool:
-    """True when ``command`` is a plain list of words (what the sweep builds): it equals its own
-    ``shlex`` round trip, so it holds no shell syntax, and its first word is a program."""
+    """Whether ``command`` is a plain list of words, a program first (its own ``shlex`` round
+    trip: no shell syntax)."""
     words = parse_command(command)[0]
     return (bool(words) and "=" not in words[0] and words[0] not in _SHELL_WORDS
             and shlex.join(words) == command)
@@ -36,17 +35,11 @@ def is_simple_command(command: str) -> bool:
 
 #: ``0`` makes every job start a fresh interpreter instead (see :func:`forkable_train_args`).
 FORK_ENV = "DG_PLUGINS_FORK_JOBS"
-#: What the fork server imports once: a train job's imports (:mod:`dg_plugins.train.preload`; no
-#: CUDA context made), then this module, so that the server holds the job body it forks from the
-#: start even if the package on disk changes during the sweep.
+#: What the fork server imports once: a train job's imports (no CUDA context), then this module
+#: (the job body it forks, even if the package on disk changes during the sweep).
 PRELOAD = ("dg_plugins.train.preload", __name__)
-_fork_context = None
-
-# --------------------------------------------------------------------------------------------
-# Jobs die with their launcher
-
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_libc = None
+_fork_context = _libc = None
 
 
 def _load_libc():
@@ -61,15 +54,13 @@ def _load_libc():
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
-    """Linux: ask the kernel for ``signum`` when the parent dies (``PR_SET_PDEATHSIG``); False
-    where unavailable. Runs right after fork, with what was loaded before."""
+    """Linux: ask the kernel for ``signum`` when the parent dies (False where unavailable)."""
     libc = _load_libc()
     return libc is not None and libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
 def _exit_if_orphaned(parent_pid: int) -> None:
-    """In a job's process before ``exec``: end at once (status 143, as a job stopped by SIGTERM
-    before its first step) when the launcher that started it has already died."""
+    """Before ``exec``: end at once (143, as SIGTERM) when the launcher has already died."""
     if os.getppid() != parent_pid:
         os._exit(128 + signal.SIGTERM)
 
@@ -96,8 +87,8 @@ def main_module_is_reimport_safe() -> bool:
 
 
 def forkable_train_args(command: str) -> list[str] | None:
-    """The train arguments when ``command`` is ``<this interpreter> -m dg_plugins.scripts.train
-    ARGS`` and forking is allowed, else None."""
+    """The train arguments of ``<this interpreter> -m dg_plugins.scripts.train ARGS`` (None:
+    another command, or forking not allowed)."""
     if (os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork")
             or not main_module_is_reimport_safe() or not is_simple_command(command)):
         return None
@@ -106,8 +97,8 @@ def forkable_train_args(command: str) -> list[str] | None:
 
 
 def _release_fork_server() -> None:
-    """In a forked job: close its copy of the fork server's "alive" pipe, so that the server
-    exits with the launcher (and the job gets its SIGTERM)."""
+    """In a forked job: close its copy of the fork server's "alive" pipe (the server exits with
+    the launcher)."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
@@ -124,8 +115,8 @@ def _release_fork_server() -> None:
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...], launcher_pid: int | None = None,
                     log: str | None = None) -> None:
-    """The body of a forked job: the launcher's environment and folder, a fresh interpreter's
-    signal dispositions, SIGTERM with its parent, then train's ``main``."""
+    """A forked job: the launcher's environment and folder, a fresh interpreter's signals, then
+    train's ``main``."""
     server_pid = os.getppid()
     if log is not None:  # stdout and stderr (file descriptors 1 and 2) to the file
         sys.stdout.flush()
@@ -161,8 +152,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
 
 
 class ForkedJob:
-    """A train job started by the fork server, with the part of ``Popen``'s interface
-    :class:`JobProcesses` uses."""
+    """A train job started by the fork server, with the part of ``Popen`` the launchers use."""
 
     def __init__(self, process):
         self.process = process
@@ -184,10 +174,8 @@ class ForkedJob:
 
 def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
                env: dict | None = None) -> ForkedJob:
-    """Start ``python -m dg_plugins.scripts.train ARGS`` as a child of the fork server (which
-    imported :data:`PRELOAD` once), with the environment ``env`` (default: this process's). The
-    server made no CUDA context, so a ``CUDA_VISIBLE_DEVICES`` of ``env`` takes effect as in a
-    fresh interpreter: torch reads it when the job first uses CUDA."""
+    """Start ``python -m dg_plugins.scripts.train ARGS`` from the fork server with the environment
+    ``env`` (its ``CUDA_VISIBLE_DEVICES`` applies: the server made no CUDA context)."""
     global _fork_context
     import multiprocessing
 

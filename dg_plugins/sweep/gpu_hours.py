@@ -1,5 +1,4 @@
-"""The estimated GPU-hours of a job: its training images x the measured step time of its algorithm
-and network per image, plus its evaluation forwards at the measured rate
+"""The estimated GPU-hours of a job from the measured step and evaluation times
 (:mod:`dg_plugins.reference.gpu_times`)."""
 
 from __future__ import annotations
@@ -31,16 +30,14 @@ def gpu_hours_definition() -> str:
             "counts not known).")
 
 
-#: Why a part of a job is left out of its GPU-hours: no measured time of its network or its
-#: evaluation, or unknown image counts.
+#: Why a part of a job is left out of its GPU-hours: no measured time, or unknown image counts.
 NOT_MEASURED, UNKNOWN = "not measured", "unknown"
 
 
 @dataclass
 class GpuTime:
-    """One job's (or a sum's) estimated GPU seconds: ``seconds`` per ``--eval_splits`` value, of
-    the parts estimated; ``missing``: what is left out, name -> (:data:`NOT_MEASURED` or
-    :data:`UNKNOWN`, why); ``notes``: what the estimate does not follow."""
+    """Estimated GPU seconds per ``--eval_splits`` value; ``missing``: name -> (tag, why) of the
+    parts left out; ``notes``: what the estimate does not follow."""
     seconds: dict
     missing: dict = field(default_factory=dict)
     notes: set = field(default_factory=set)
@@ -56,8 +53,7 @@ def _vit_name(arch: str) -> str:
 
 
 def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str]:
-    """``(the algorithm, its network)`` as ``benchmark gpu`` names its rows ("ERM", "ResNet-50";
-    "GMoE", "DeiT-S/16"): the network the job builds, by the rules it builds it with."""
+    """``(the algorithm, its network)`` as ``benchmark gpu`` names its rows ("ERM", "ResNet-50")."""
     from dg_plugins.algorithms.dismae import ENCODER_ARCH_224, MAE, DisMAE  # imports torch
     from dg_plugins.algorithms.gmoe import DEIT_S, ERM_ViT
     from dg_plugins.networks import featurizers, vit
@@ -85,9 +81,8 @@ def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str
 
 def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
                  evaluation: dict) -> GpuTime:
-    """The estimated GPU seconds of the job of train args ``a`` (:func:`gpu_hours_definition`):
-    ``trained`` images of training (UDG: of fine-tuning; None: unknown), ``pretrained`` images of
-    the UDG pretraining it runs, ``evaluation`` forwards per ``--eval_splits`` value."""
+    """The estimated GPU seconds of the job of train args ``a`` from its ``trained`` (None:
+    unknown) and ``pretrained`` images and ``evaluation`` forwards."""
     times = gpu_times.load()
     algorithm, network = network_label(a["algorithm"], a["dataset"], hparams)
     parts = [(f"{algorithm} {network}", trained)]
@@ -124,8 +119,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
 
 
 def sum_gpu(items: list) -> GpuTime:
-    """The sum of the GPU times of the jobs' :class:`~dg_plugins.sweep.costs.Forwards` (the
-    parts left out: their union)."""
+    """The sum of the GPU times of the jobs' ``Forwards`` (the parts left out: their union)."""
     total = GpuTime({v: 0.0 for v in EVAL_SPLITS})
     for f in items:
         for v in EVAL_SPLITS:
@@ -136,9 +130,7 @@ def sum_gpu(items: list) -> GpuTime:
 
 
 def gpu_hours_text(gpu: GpuTime, value: str) -> str:
-    """A table cell: ``12.3``; ``12.3 + not measured`` / ``+ unknown`` where parts are left out
-    (:data:`NOT_MEASURED`, :data:`UNKNOWN`; the lines under the table name them); ``not
-    measured`` or ``unknown`` alone where nothing is estimated."""
+    """A table cell: ``12.3``, ``12.3 + not measured`` (parts left out), or the tags alone."""
     tags = sorted({tag for tag, _ in gpu.missing.values()})
     if not gpu.seconds[value] and tags:
         return " + ".join(tags)

@@ -1,10 +1,9 @@
-"""Images per environment of a dataset (counted under the data folder, built in, or recorded in
-paper_settings) and per split of a job; :class:`UsageError`, the bad input every step refuses.
-What a sweep's jobs cost follows from them (:mod:`dg_plugins.sweep.costs`; reproduce's settings
-too: docs/reproduce.md)."""
+"""Images per environment of a dataset (counted on disk, built in, or recorded in paper_settings)
+and per split of a job, which a sweep's costs follow from (docs/reproduce.md)."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import DATASETS
 from dg_plugins.job import selection as job_selection
 from dg_plugins.job import sizes as job_sizes
+from dg_plugins.sweep.jobs import num_environments
 
 
 class UsageError(ValueError):
@@ -20,14 +20,9 @@ class UsageError(ValueError):
 
 
 def n_environments(dataset: str, data_dir: str | None) -> int:
-    """How many environments a job of ``dataset`` has: declared, or its domain folders under
-    ``data_dir`` (the generic ImageFolder; :func:`dg_plugins.sweep.jobs.num_environments`)."""
+    """How many environments a job of ``dataset`` has: declared, or found under ``data_dir``."""
     envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
-    if envs:
-        return len(envs)
-    from dg_plugins.sweep.jobs import num_environments
-
-    return num_environments(dataset, data_dir)
+    return len(envs) if envs else num_environments(dataset, data_dir)
 
 
 @dataclass(frozen=True)
@@ -38,32 +33,21 @@ class Sizes:
 
 
 def register_datasets() -> None:
-    """Register every dataset of dg_plugins in :data:`~dg_plugins.registry.DATASETS` (imported
-    on first use, not with this module: the datasets import torch)."""
+    """Register every dataset of dg_plugins (on first use: the datasets import torch)."""
     import dg_plugins.datasets  # noqa: F401
 
 
-_SIZES_CACHE: dict[tuple[str, str | None], Sizes] = {}
-
-
+@functools.cache
 def dataset_sizes(dataset: str, data_dir: str | None) -> Sizes:
-    """Images per environment of ``dataset``: counted in ``data_dir`` when the dataset's folder
-    is there (every image of its domain folders; DomainNet20: of its 20 classes); for a built-in
-    dataset (no files: ``--data_dir builtin``) its own sizes (:func:`_built_in`); else the counts
-    recorded in :data:`~dg_plugins.reference.paper_settings.DATASET_SIZES`; none of these raises
-    :class:`UsageError`."""
-    key = (dataset, data_dir)
-    if key not in _SIZES_CACHE:
-        _SIZES_CACHE[key] = (_count_on_disk(dataset, data_dir) or _built_in(dataset, data_dir)
-                             or _recorded(dataset, data_dir))
-    return _SIZES_CACHE[key]
+    """Images per environment of ``dataset``: counted in ``data_dir`` (DomainNet20: its 20
+    classes), a built-in dataset's own, else those recorded in paper_settings (or UsageError)."""
+    return (_count_on_disk(dataset, data_dir) or _built_in(dataset, data_dir)
+            or _recorded(dataset, data_dir))
 
 
 def _built_in(dataset: str, data_dir: str | None) -> Sizes | None:
-    """Images per environment of an in-memory dataset that needs no files: DigitsOffline's
-    generator sizes (nothing is generated), or, under ``--data_dir builtin``, the environments of
-    the dataset built in this process (RotatedMNIST5k, Debug28: a fraction of a second, nothing
-    written); None for any other dataset."""
+    """Images per environment of an in-memory dataset: DigitsOffline's generator sizes, or under
+    ``--data_dir builtin`` the dataset built here (a fraction of a second); else None."""
     register_datasets()
     if dataset not in DATASETS or not getattr(DATASETS.get(dataset), "IN_MEMORY", False):
         return None
@@ -108,12 +92,9 @@ def _count_on_disk(dataset: str, data_dir: str | None) -> Sizes | None:
     classes = None
     if dataset == "DomainNet20":
         from dg_plugins.datasets.domainnet20 import CLASSES as classes  # imports torch
-    counts = []
-    for env in envs:
-        env_root = os.path.join(root, env)
-        names = visible_subfolders(env_root) if classes is None else \
-            [c for c in visible_subfolders(env_root) if c in set(classes)]
-        counts.append(sum(len(list_images(os.path.join(env_root, c))) for c in names))
+    counts = [sum(len(list_images(os.path.join(root, env, c)))
+                  for c in visible_subfolders(os.path.join(root, env))
+                  if classes is None or c in classes) for env in envs]
     return Sizes(tuple(counts), f"counted on disk in {root}")
 
 
@@ -132,10 +113,7 @@ OFFICIAL_LIST_KINDS = ("train", "crossval", "test")
 
 def official_list_sizes(dataset: str, data_dir: str | None) -> tuple[dict, str]:
     """``({kind: images per environment}, origin)`` of the official ``<domain>_<kind>_kfold.txt``
-    lists (train, crossval, test) of ``dataset``: counted (their non-empty lines, as the dataset
-    reads them) when every domain's lists are under ``data_dir``'s dataset folder, else the
-    recorded sizes (:data:`~dg_plugins.reference.paper_settings.OFFICIAL_TRAIN_SIZES`,
-    ``OFFICIAL_VAL_SIZES``; a test list is the whole domain, ``DATASET_SIZES``)."""
+    lists: their non-empty lines when all are on disk, else the recorded sizes."""
     root = _dataset_folder(dataset, data_dir)
     if root is not None and os.path.isdir(root):
         from dg_plugins.datasets.image_folder import visible_subfolders  # imports torch
@@ -158,20 +136,13 @@ def official_list_sizes(dataset: str, data_dir: str | None) -> tuple[dict, str]:
              "test": tuple(whole.value)}, f"official split lists: {train.source}")
 
 
-# --------------------------------------------------------------------------------------------
-# A job's splits and records
-# the job contract's rules (dg_plugins.job): the splits train makes, what a record evaluates
-
 #: The ``--eval_splits`` values, printed cheapest first.
 EVAL_SPLITS = job_selection.EVAL_SPLITS[::-1]
 
 
 def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
-    """Every split of the job of train args ``a`` by DomainBed's name with its size
-    (:func:`dg_plugins.job.sizes.split_sizes`), from the dataset's image counts: DomainBed's random
-    holdout, or under ``data_split: "official"`` the official lists (a source's train and crossval
-    lists, a target's test and crossval lists). Raises :class:`UsageError` when the dataset's
-    image counts are unknown; ``origins`` collects where the counts came from."""
+    """Every split of the job of train args ``a`` with its size (random holdout, or the official
+    lists); ``origins`` collects where the counts came from (UsageError: unknown)."""
     dataset, test_envs = a["dataset"], set(a["test_envs"])
     data_dir = a.get("data_dir")
     n_envs = n_environments(dataset, data_dir)
@@ -188,9 +159,7 @@ def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
 
 
 def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
-    """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``
-    whose splits are ``names`` (:func:`split_sizes`):
-    :func:`dg_plugins.job.selection.evaluated_splits`."""
+    """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``."""
     n_envs = n_environments(a["dataset"], a.get("data_dir"))
     uda = sum(name.endswith("_uda") for name in names)
     return {value: job_selection.evaluated_splits(value, a["test_envs"], n_envs, uda,

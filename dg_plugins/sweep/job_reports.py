@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from dg_plugins.sweep import claims
 from dg_plugins.sweep.progress import Progress
-from dg_plugins.sweep.processes import ErrorLogs, error_excerpt
+from dg_plugins.sweep.processes import ErrorLogs, error_excerpt, read_lines
 from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import OUT_FILE
 from dg_plugins.job.records import last_record
@@ -123,15 +123,8 @@ class JobOutputs:
 
     def _keep_captured(self, index: int) -> None:
         path = self.paths.get(index)
-        if path is None:
-            return
-        try:
-            with open(path, "rb") as f:
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return
-        lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-        self.logs.captured[index] = lines[-CAPTURED_LINES_KEPT:]
+        if path is not None and os.path.exists(path):
+            self.logs.captured[index] = read_lines(path)[-CAPTURED_LINES_KEPT:]
 
     def _remove(self, index: int) -> None:
         path = self.paths.pop(index, None)

@@ -1,5 +1,5 @@
-"""A sweep's jobs (``domainbed/scripts/sweep.py``): their train args in DomainBed's order, their
-identity (the md5 folder name), command and state on disk (docs/sweep.md). Torch-free."""
+"""A sweep's jobs (``domainbed/scripts/sweep.py``): train args in DomainBed's order, identity (the
+md5 folder name), command and state on disk (docs/sweep.md). Torch-free."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ NOT_LAUNCHED, INCOMPLETE, DONE = "Not launched", "Incomplete", "Done"
 RUNNING, QUEUED, IN_SLURM = "Running", "Queued", "In Slurm"
 
 #: The train flags a sweep may hash into a job's args besides those it enumerates, and those it
-#: passes in every command unhashed (the tables are the same either way, so a job keeps
-#: DomainBed's folder name): :data:`dg_plugins.job.flags.FLAGS`' policies.
+#: passes in every command unhashed (:data:`dg_plugins.job.flags.FLAGS`' policies).
 OPTIONAL_TRAIN_ARGS = names(sweep=OPTIONAL) + names(sweep=EVERY, hashed=True)
 UNHASHED_TRAIN_ARGS = names(sweep=EVERY, hashed=False)
 
@@ -48,8 +47,7 @@ def check_dataset_name(dataset: str) -> None:
 
 
 def num_environments(dataset: str, data_dir: str | None = None) -> int:
-    """Environment count of a dataset: declared, or found in ``data_dir`` for an image folder
-    without fixed ones."""
+    """Environment count of a dataset: declared, or found in ``data_dir`` for an image folder."""
     check_dataset_name(dataset)
     envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
     if envs:
@@ -59,24 +57,6 @@ def num_environments(dataset: str, data_dir: str | None = None) -> int:
     from dg_plugins.datasets import num_environments as registered_environments
 
     return registered_environments(dataset)
-
-
-def default_datasets() -> list[str]:
-    """DomainBed's ``--datasets`` default: every catalog dataset whose name lacks "Debug"."""
-    return [name for name in catalog.DATASET_ENVIRONMENTS if "Debug" not in name]
-
-
-def default_algorithms() -> list[str]:
-    """Every algorithm registered, plugins of ``$DG_PLUGINS_IMPORT`` included (imports torch)."""
-    from dg_plugins import plugins
-    from dg_plugins.registry import ALGORITHMS
-
-    plugins.load()
-    return ALGORITHMS.list()
-
-
-# --------------------------------------------------------------------------------------------
-# Enumeration (``sweep.make_args_list``)
 
 
 def test_env_combinations(n_envs: int) -> list[list[int]]:
@@ -96,8 +76,7 @@ def single_source_test_envs(n_envs: int) -> list[list[int]]:
 
 def test_env_lists(n_envs: int, single_test_envs: bool = False,
                    single_source: bool = False) -> list[list[int]]:
-    """The ``test_envs`` values of one (dataset, algorithm): pairs (default), singles or
-    single-source complements."""
+    """The ``test_envs`` of one (dataset, algorithm): pairs (default), singles or complements."""
     if single_test_envs and single_source:
         raise ValueError("--single_test_envs and --single_source are mutually exclusive")
     if single_source:
@@ -127,8 +106,7 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
                    n_envs: Callable[[str], int] = num_environments,
                    test_env_sets: Sequence[Sequence[int]] | None = None,
                    label_fractions: Sequence[float] | None = None) -> list[dict]:
-    """One train-args dict per job, in DomainBed's loop order (``sweep.make_args_list``),
-    optional args only when given (docs/sweep.md)."""
+    """One train-args dict per job in DomainBed's loop order, optional args only when given."""
     optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
                 "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
     unknown = set(optional) - set(OPTIONAL_TRAIN_ARGS)
@@ -154,10 +132,6 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     return args_list
 
 
-# --------------------------------------------------------------------------------------------
-# Identity and commands
-
-
 def job_folder_name(train_args: dict) -> str:
     """md5 hex of ``json.dumps(train_args, sort_keys=True)``, the dict WITHOUT ``output_dir``."""
     return hashlib.md5(json.dumps(train_args, sort_keys=True).encode("utf-8")).hexdigest()
@@ -169,18 +143,13 @@ def python_executable() -> str:
 
 
 class SweepJob:
-    """One training run of a sweep: its folder, command and on-disk state (DomainBed's
-    ``sweep.Job``)."""
-
-    NOT_LAUNCHED, INCOMPLETE, DONE = NOT_LAUNCHED, INCOMPLETE, DONE
-    RUNNING, QUEUED, IN_SLURM = RUNNING, QUEUED, IN_SLURM
+    """One training run of a sweep: its folder, command and state on disk (DomainBed's Job)."""
 
     def __init__(self, train_args: dict, sweep_output_dir: str, module: str = TRAIN_MODULE,
                  python: str | None = None, command_args: dict | None = None,
                  held: dict | None = None):
         self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
         self.train_args = {**copy.deepcopy(train_args), "output_dir": self.output_dir}
-        #: Flags of the command that are not hashed (:data:`UNHASHED_TRAIN_ARGS`).
         self.command_args = dict(command_args or {})
         unknown = set(self.command_args) - set(UNHASHED_TRAIN_ARGS)
         if unknown:
@@ -230,8 +199,7 @@ class SweepJob:
 
 def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
               python: str | None = None, command_args: dict | None = None) -> list[SweepJob]:
-    """One :class:`SweepJob` per train-args dict; ``command_args`` go in every command, unhashed
-    (:data:`UNHASHED_TRAIN_ARGS`). The live launchers' claims are read once."""
+    """One :class:`SweepJob` per train-args dict (``command_args``: in every command, unhashed)."""
     held = claims.held_in(sweep_output_dir)
     jobs = [SweepJob(args, sweep_output_dir, module, python, command_args, held)
             for args in args_list]
@@ -240,8 +208,8 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
 
 
 def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
-    """Ask Slurm, once, about the jobs whose folder records a Slurm job; when it does not answer,
-    such jobs count as In Slurm (never resubmitted or deleted) and say why."""
+    """Ask Slurm once about the jobs whose folder records a Slurm job (In Slurm when it does not
+    answer: never resubmitted or deleted)."""
     recorded = {}
     for job in jobs:
         if job.state not in (DONE, NOT_LAUNCHED):
@@ -263,8 +231,7 @@ def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:
-    """``"<N> jobs: <d> done, <i> incomplete, <n> not launched."`` (DomainBed's), with running,
-    queued and Slurm-held counts when some."""
+    """DomainBed's ``<N> jobs: <d> done, <i> incomplete, <n> not launched.``, plus the others."""
     counts = collections.Counter(job.state for job in jobs)
     others = "".join(f"{counts[state]} {what}, " for state, what in (
         (RUNNING, "running"), (QUEUED, "queued by another launcher"),
@@ -274,8 +241,7 @@ def summary_line(jobs: Sequence[SweepJob]) -> str:
 
 
 def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming each other live launcher that holds jobs of ``jobs`` (Queued), how many, and
-    that ``action`` leaves them to it (empty when none)."""
+    """Lines naming each other live launcher that holds (Queued) jobs, left to it by ``action``."""
     by_claim: dict[str, tuple[claims.Claim, list[SweepJob]]] = {}
     for job in jobs:
         if job.state == QUEUED:
@@ -294,7 +260,7 @@ def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
 
 
 def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines saying that the Running jobs are left alone by ``action`` (empty when none)."""
+    """Lines naming the Running jobs, left alone by ``action``."""
     running = [job for job in jobs if job.state == RUNNING]
     if not running:
         return []
@@ -306,8 +272,7 @@ def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
 
 
 def slurm_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming the jobs Slurm still holds, with their ids, that ``action`` leaves them
-    alone, and how to cancel them (empty when none)."""
+    """Lines naming the jobs Slurm holds, left alone by ``action``, and how to cancel them."""
     held = [job for job in jobs if job.state == IN_SLURM]
     if not held:
         return []

@@ -1,6 +1,5 @@
-"""Command launchers (``domainbed/command_launchers.py``): ``fn(commands: list[str])``, with
-options the sweep binds (:func:`with_options`); importing this module registers ``dummy``,
-``local``, ``multi_gpu`` and ``submitit`` (docs/sweep.md)."""
+"""Command launchers (``domainbed/command_launchers.py``): ``fn(commands: list[str])`` with options
+the sweep binds; importing this module registers dummy, local, multi_gpu and submitit."""
 
 from __future__ import annotations
 
@@ -21,10 +20,6 @@ from dg_plugins.sweep.submitit import launch_problem as submitit_problem
 from dg_plugins.sweep.submitit import submitit_launcher
 
 
-# --------------------------------------------------------------------------------------------
-# dummy and local
-
-
 def dummy_launcher(commands: list[str]) -> None:
     """Print ``Dummy launcher: <cmd>`` for each command; run nothing."""
     for command in commands:
@@ -34,14 +29,10 @@ def dummy_launcher(commands: list[str]) -> None:
 def run_sequentially(commands: Sequence[str], progress: bool | None = None,
                      grace_period_s: float | None = None,
                      logs: ErrorLogs | None = None) -> list[int]:
-    """Run each command through the shell, one after another; return the exit codes. Stop signals
-    as :class:`JobProcesses`."""
-    if progress is None:
-        progress = sys.stderr.isatty()
+    """Run each command, one after another; return the exit codes."""
     codes: list[int] = []
-    bar = None
-    write = None
-    if progress:
+    bar = write = None
+    if sys.stderr.isatty() if progress is None else progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(commands), desc="jobs", unit="job", file=sys.stderr)
@@ -70,8 +61,7 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
 
 
 def _run_and_report(name: str, commands: Sequence[str], run: Callable) -> None:
-    """``run(logs)``'s exit codes reported (:class:`~dg_plugins.sweep.processes.JobsFailed` at
-    the end when a job failed), or its stop reported."""
+    """Report ``run(logs)``'s exit codes (``JobsFailed`` when a job failed), or its stop."""
     logs = ErrorLogs(commands)
     try:
         codes = run(logs)
@@ -87,18 +77,13 @@ def local_launcher(commands: list[str], grace_period_s: float | None = None) -> 
         commands, grace_period_s=grace_period_s, logs=logs))
 
 
-# --------------------------------------------------------------------------------------------
-# multi_gpu
-
-
 #: Why the multi_gpu launcher cannot run here, and the fix.
 NO_GPU = ("no GPU visible (CUDA_VISIBLE_DEVICES is empty or torch.cuda.device_count() is 0); use "
           "the local launcher on CPU machines")
 
 
 def visible_gpus() -> list[str]:
-    """GPU ids from ``CUDA_VISIBLE_DEVICES`` (comma-split, empty entries dropped) when set, else
-    ``range(torch.cuda.device_count())`` (torch imported only then)."""
+    """GPU ids from ``CUDA_VISIBLE_DEVICES`` when set, else from torch's device count."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [gpu.strip() for gpu in env.split(",") if gpu.strip()]
@@ -191,10 +176,6 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
         raise
 
 
-# --------------------------------------------------------------------------------------------
-# Options and registration
-
-
 def launch_problem(name: str, submitit=None) -> str | None:
     """Why the built-in launcher ``name`` cannot launch from this machine, with the fix (None:
     it can, or it is not one of ours); ``submitit``: the submitit launcher's options."""
@@ -206,7 +187,7 @@ def launch_problem(name: str, submitit=None) -> str | None:
 
 
 def with_options(launcher: Callable, **options) -> Callable[[list], None]:
-    """``launcher`` with the set options it takes as keyword parameters bound."""
+    """``launcher`` with the options set that it takes as keyword parameters bound."""
     try:
         parameters = inspect.signature(launcher).parameters
     except (TypeError, ValueError):  # a builtin or C callable: no keyword options
@@ -214,7 +195,6 @@ def with_options(launcher: Callable, **options) -> Callable[[list], None]:
     given = {name: value for name, value in options.items()
              if name in parameters and value is not None}
     return functools.partial(launcher, **given) if given else launcher
-
 
 
 def _register(name: str, fn: Callable) -> None:

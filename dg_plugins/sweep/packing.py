@@ -31,11 +31,9 @@ class PackingRefused(SystemExit):
 
 
 def cores_per_job(n_gpus: int, jobs_per_gpu: int) -> tuple[int, str]:
-    """The cores each of ``n_gpus x jobs_per_gpu`` jobs running at once gets, and the line that
-    says where they come from."""
+    """The cores each of ``n_gpus x jobs_per_gpu`` jobs at once gets, and the line that says so."""
     cores, source = job_cores()
-    running = n_gpus * jobs_per_gpu
-    share = max(1, cores // running)
+    share = max(1, cores // (n_gpus * jobs_per_gpu))
     return share, (f"multi_gpu: {n_gpus} GPU(s) x {jobs_per_gpu} job(s) at once; each job gets "
                    f"{share} of the launcher's {cores} cores ({source}): {CORES_ENV}={share}")
 
@@ -46,8 +44,7 @@ def job_env(gpu: str, cores: int) -> dict:
 
 
 def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
-    """The largest ``mem_gb`` in the records of the job ``folders``, and the folder; None when
-    no folder has a record with it."""
+    """The largest ``mem_gb`` in the records of the job ``folders``, and its folder (or None)."""
     best = None
     for folder in folders:
         if not folder:
@@ -68,8 +65,7 @@ def _sweep_of(job_folder: str) -> str:
 
 
 def free_gb(gpu: str) -> float | None:
-    """GPU ``gpu``'s free memory in GiB (by nvidia-smi, else torch in a child process), or None
-    when neither can tell (no driver, or no such GPU)."""
+    """GPU ``gpu``'s free memory in GiB by nvidia-smi, else torch in a child process (or None)."""
     if shutil.which("nvidia-smi"):
         done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,"
                                "nounits", "-i", gpu], capture_output=True, text=True, timeout=60)
@@ -87,9 +83,8 @@ def free_gb(gpu: str) -> float | None:
 
 @dataclass
 class MemoryCheck:
-    """Whether ``jobs_per_gpu`` jobs fit on each GPU: :meth:`decide` once a peak is known; in a
-    queue of several sweeps (reproduce's one launch: e.g. a ResNet-18 and a ResNet-50 sweep),
-    :meth:`update` checks each sweep folder's peak as it becomes known, with the largest."""
+    """Whether ``jobs_per_gpu`` jobs fit on each GPU, decided once a peak is known and again with
+    each sweep's larger peak in a queue of several sweeps (e.g. a ResNet-18 and a ResNet-50)."""
 
     gpus: Sequence[str]
     jobs_per_gpu: int
@@ -99,15 +94,13 @@ class MemoryCheck:
     peaks: dict = field(default_factory=dict)
 
     def knows(self, job_folder: str | None) -> bool:
-        """Whether the sweep of ``job_folder`` has a checked peak (once a job of a sweep not
-        checked yet starts, no job starts beside another until its peak is known)."""
+        """Whether the sweep of ``job_folder`` has a checked peak (if not, its first job runs
+        alone)."""
         return job_folder is None or _sweep_of(job_folder) in self.peaks
 
     def update(self, job_folders: Sequence[str | None]) -> str | None:
-        """Check the sweeps of the running and ended ``job_folders`` whose peak is known now
-        (:meth:`decide` with the largest of the peaks; raises :class:`PackingRefused`) and return
-        what that says; ``decided`` while every one of these sweeps is checked, so that a job of
-        a new sweep (another network) stops the packing until its own peak is known."""
+        """Check the sweeps of ``job_folders`` whose peak is known now (the largest decides) and
+        return what that says; ``decided`` while every one of these sweeps is checked."""
         by_sweep: dict[str, list[str]] = {}
         for folder in job_folders:
             if folder:
@@ -127,19 +120,16 @@ class MemoryCheck:
         self.decided = bool(self.peaks) and all(sweep in self.peaks for sweep in by_sweep)
         return "\n".join(note for note in notes if note) or None
 
-    def need_gb(self, peak: float) -> float:
-        return peak * ALLOCATOR_SLACK + CONTEXT_GB
-
     def decide(self, peak: tuple[float, str] | None) -> str | None:
-        """None while no peak is known; else the line that says the jobs fit (or that the
-        memory cannot be read), raising :class:`PackingRefused` when they do not fit."""
+        """The line that says the jobs fit (None while no peak is known); raises
+        :class:`PackingRefused` when they do not."""
         if self.decided or peak is None:
             return None
         self.decided = True
         if self.free is None:
             self.free = {gpu: free_gb(gpu) for gpu in self.gpus}
         known = {gpu: gb for gpu, gb in self.free.items() if gb is not None}
-        need = self.need_gb(peak[0])
+        need = peak[0] * ALLOCATOR_SLACK + CONTEXT_GB
         where = f"{peak[0]:.2f} GiB at its peak ({peak[1]}'s records)"
         if not known:
             return (f"multi_gpu: the GPUs' free memory cannot be read (no nvidia-smi, no CUDA in "

@@ -1,9 +1,9 @@
-"""Job processes of the local, multi-GPU and submitit-local launchers (:class:`JobProcesses`):
-process groups, stop signals forwarded, the grace period, failure and interruption summaries
-(docs/sweep.md)."""
+"""Job processes of the local, multi-GPU and submitit-local launchers: process groups, stop signals
+forwarded, the grace period, failure and interruption summaries (docs/sweep.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,12 +40,11 @@ class LaunchInterrupted(SystemExit):
 class JobsFailed(SystemExit):
     """Some jobs of a launcher that waited for them failed: a ``SystemExit`` of 1."""
 
-    def __init__(self, failed: Sequence[str], n_commands: int, lines: Sequence[str] = (),
+    def __init__(self, failed: Sequence[str], n_commands: int,
                  exit_codes: Sequence[int | None] | None = None):
         super().__init__(1)
         self.failed = list(failed)
         self.n_commands = n_commands
-        self.lines = list(lines)
         self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
 
     def __str__(self) -> str:
@@ -60,6 +59,18 @@ FAILED_JOBS_SHOWN = 10
 def command_output_dir(command: str) -> str | None:
     """The ``--output_dir`` of a job command (what the sweep writes), or None."""
     return (parse_command(command)[1].get("output_dir") or [None])[0]
+
+
+def read_lines(path: str | None, offset: int = 0) -> list[str]:
+    """The non-blank lines of ``path`` from byte ``offset`` (from its start when it is shorter),
+    right-stripped; [] when there is no such file (or no path)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset if offset <= os.fstat(f.fileno()).st_size else 0)
+            text = f.read().decode(errors="replace")
+    except (OSError, TypeError):
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
 
 
 class ErrorLogs:
@@ -86,16 +97,7 @@ class ErrorLogs:
 
     def new_lines(self, index: int) -> list[str]:
         """The lines job ``index`` added to its err.txt, else what the launcher captured."""
-        path, text = self.path(index), ""
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(self.offsets[index] if self.offsets[index] <= size else 0)
-                text = f.read().decode(errors="replace")
-        except (OSError, TypeError):  # no such file, or no folder (path None)
-            pass
-        return ([line.rstrip() for line in text.splitlines() if line.strip()]
-                or self.captured.get(index, []))
+        return read_lines(self.path(index), self.offsets[index]) or self.captured.get(index, [])
 
 
 def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:
@@ -127,27 +129,25 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
               f"{name} launcher: no command failed ({len(running)} left to the process that "
               "holds them).", flush=True)
         return []
-    lines = [f"{name} launcher: {len(failed)} of {len(commands)} commands failed:"]
+    print(f"{name} launcher: {len(failed)} of {len(commands)} commands failed:", flush=True)
     for shown, (i, _) in enumerate(failed):
         if shown == FAILED_JOBS_SHOWN:
-            lines.append(f"  ... and {len(failed) - shown} more (exit codes "
-                         f"{sorted(set(exit_codes[j] for j, _ in failed[shown:]))}; see each "
-                         "job's err.txt)")
+            print(f"  ... and {len(failed) - shown} more (exit codes "
+                  f"{sorted(set(exit_codes[j] for j, _ in failed[shown:]))}; see each job's "
+                  "err.txt)", flush=True)
             break
-        lines.append(f"  exit code {exit_codes[i]}: {commands[i]}")
-        excerpt = error_excerpt(logs.new_lines(i))
-        lines += [f"      {line}" for line in excerpt]
+        excerpt = [f"      {line}" for line in error_excerpt(logs.new_lines(i))]
+        print("\n".join([f"  exit code {exit_codes[i]}: {commands[i]}", *excerpt]), flush=True)
         path = logs.path(i)
         if path is not None:
-            lines.append(f"      log: {path}" if os.path.isfile(path) else
-                         f"      log: no {ERR_FILE} in {logs.folders[i]} (the job failed before "
-                         "it took its folder: " + ("the lines above are from its output)"
-                                                   if i in logs.captured else
-                                                   "see its output above)"))
-    for line in lines:
-        print(line, flush=True)
-    raise JobsFailed([commands[i] for i, _ in failed], len(commands), lines,
+            print(f"      log: {path}" if os.path.isfile(path) else
+                  f"      log: no {ERR_FILE} in {logs.folders[i]} (the job failed before it took "
+                  "its folder: " + ("the lines above are from its output)"
+                                    if i in logs.captured else "see its output above)"),
+                  flush=True)
+    raise JobsFailed([commands[i] for i, _ in failed], len(commands),
                      [exit_codes[i] for i, _ in failed])
+
 
 def _group_alive(pgid: int) -> bool:
     """Whether process group ``pgid`` still has a live (not zombie) member."""
@@ -173,10 +173,10 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _signal_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+
+
 class JobProcesses:
     """Start jobs in their own process groups and forward stop signals to them, with the grace
     period; a context manager (docs/sweep.md)."""
@@ -193,8 +193,6 @@ class JobProcesses:
         self._announced = False
         self._catcher = SignalCatcher(self._on_signal)
 
-    # -- context --------------------------------------------------------------------------
-
     def __enter__(self) -> "JobProcesses":
         self._catcher.__enter__()
         self.forwarding = self._catcher.active
@@ -206,13 +204,11 @@ class JobProcesses:
                 if self.signum is None:
                     self._on_signal(signal.SIGTERM)
                 while self.running:
-                    for pid, (_, proc) in list(self.running.items()):
+                    for _, proc in list(self.running.values()):
                         self.poll(proc)
                     time.sleep(self.poll_interval)
         finally:
             self._catcher.__exit__(exc_type, exc, tb)
-
-    # -- signals --------------------------------------------------------------------------
 
     @property
     def stopping(self) -> bool:
@@ -223,9 +219,8 @@ class JobProcesses:
             self.signum = signum
             self.deadline = time.monotonic() + self.grace_period_s
             self.interrupted = {index for index, _ in self.running.values()}
-        forwarded = signal.SIGTERM if signum == signal.SIGHUP else signum
         for pid in list(self.running):
-            _signal_group(pid, forwarded)
+            _signal_group(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     def announce(self, out=None) -> None:
         """Print, once, what happens after a stop signal (called from the main loop, not from
@@ -236,8 +231,6 @@ class JobProcesses:
                   f"running job(s); no further job starts; waiting up to "
                   f"{self.grace_period_s:g} s for them to stop at a checkpoint.",
                   file=out or sys.stdout, flush=True)
-
-    # -- jobs -----------------------------------------------------------------------------
 
     def start(self, index: int, command: str, env=None, cwd=None,
               log: str | None = None) -> subprocess.Popen | None:
@@ -275,18 +268,15 @@ class JobProcesses:
         index = self.running[proc.pid][0]
         killed = index in self.killed
         code = proc.poll()
-        if code is not None and (killed or not self._group_pending(proc.pid)):
+        # after a stop, other processes of the job's group (e.g. a shell's child) may live on
+        if code is not None and (killed or not (self.stopping and self.forwarding
+                                               and _group_alive(proc.pid))):
             self.running.pop(proc.pid, None)
             return code
         if self.stopping and not killed and time.monotonic() >= self.deadline:
             self.killed.append(index)
             _signal_group(proc.pid, signal.SIGKILL)
         return None
-
-    def _group_pending(self, pgid: int) -> bool:
-        """After a stop: whether other processes of the job's group (e.g. a shell's child)
-        are still running."""
-        return self.stopping and self.forwarding and _group_alive(pgid)
 
     def wait(self, proc: subprocess.Popen) -> int:
         """Block until :meth:`poll` gives the job's exit status."""

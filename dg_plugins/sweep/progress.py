@@ -1,6 +1,5 @@
 """How long a sweep's remaining jobs will take, from the wall time per training step of the jobs
-that finished, over a whole planned run (:mod:`dg_plugins.sweep.plan`; docs/sweep.md).
-Torch-free."""
+that finished, over a whole planned run (:mod:`dg_plugins.sweep.plan`). Torch-free."""
 
 from __future__ import annotations
 
@@ -17,16 +16,13 @@ PROGRESS_ENV = "DG_SWEEP_PROGRESS"
 
 
 def format_duration(seconds: float) -> str:
-    """``about 40 s``, ``about 1 min 40 s``, ``about 2 h 10 min``, ``about 5 days 7 h``: rounded
-    as an estimate can say."""
+    """``about 40 s``, ``about 1 min 40 s``, ``about 2 h 10 min``, ``about 5 days 7 h``."""
     seconds = max(0.0, seconds)
-    if seconds < 120:
-        s = max(10, int(round(seconds / 10) * 10))
+    if seconds < 600:  # to 10 s under 2 min, else to 30 s
+        s = (max(10, int(round(seconds / 10) * 10)) if seconds < 120
+             else int(round(seconds / 30) * 30))
         return f"about {s} s" if s < 60 else f"about {s // 60} min" + (
             f" {s % 60} s" if s % 60 else "")
-    if seconds < 600:
-        s = int(round(seconds / 30) * 30)
-        return f"about {s // 60} min" + (f" {s % 60} s" if s % 60 else "")
     if seconds < 3600:
         return f"about {int(round(seconds / 60))} min"
     if seconds < 48 * 3600:
@@ -57,8 +53,6 @@ class Progress:
         self.parallel = max(1, parallel)
         self.name = name
         self.path = path
-
-    # -- a run of several sweeps: the file ------------------------------------------------
 
     @classmethod
     def load(cls, path: str, parallel: int = 1) -> "Progress | None":
@@ -94,11 +88,8 @@ class Progress:
         return cls({f: command_steps(c) for c, f in zip(commands, folders) if f},
                    parallel=parallel)
 
-    # -- measuring ------------------------------------------------------------------------
-
     def ended(self, folder: str | None, seconds: float, succeeded: bool) -> None:
-        """A job of the run ended after ``seconds`` (re-read from the file first, so that the
-        sweeps of one run add up)."""
+        """A job of the run ended after ``seconds`` (the file re-read: a run's sweeps add up)."""
         if folder is None:
             return
         if self.path is not None:
@@ -107,8 +98,6 @@ class Progress:
                 self.measured = fresh.measured
         self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
         self.save()
-
-    # -- the estimate ---------------------------------------------------------------------
 
     def _remaining(self) -> list[str]:
         return [f for f in self.planned if not is_done(f) and f not in self.measured]
@@ -147,13 +136,12 @@ class Progress:
         per = (f"{rate[0]:.2g} s per training step" if rate[1] == "step"
                else f"{rate[0]:.0f} s per job")
         at_once = f", {self.parallel} at a time" if self.parallel > 1 else ""
-        return (f"{what}{done}/{len(self.planned)} jobs done, {format_duration(self.left_seconds())}"
-                f" left ({per}{at_once}, measured over the {n_ok} job(s) finished in this run; "
-                "start-up and evaluation included)")
+        return (f"{what}{done}/{len(self.planned)} jobs done, "
+                f"{format_duration(self.left_seconds())} left ({per}{at_once}, measured over the "
+                f"{n_ok} job(s) finished in this run; start-up and evaluation included)")
 
     def first_line(self) -> str:
-        """The estimate before the first job: measured when something is, else a rough one from
-        the reference rate saying how it was made, else that none can be given yet."""
+        """The estimate before the first job: measured, else rough from the reference rate."""
         measured = self.line()
         if measured is not None:
             return measured

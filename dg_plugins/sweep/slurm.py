@@ -1,7 +1,5 @@
-"""What the sweep asks a Slurm cluster, through its own clients (``scontrol``, ``sinfo``,
-``squeue``, ``sacct``, ``scancel``): the request checked before any job folder is made, the
-Slurm job that holds each job folder, and a sweep's jobs cancelled (docs/sweep.md, "Slurm").
-Torch-free and submitit-free."""
+"""What the sweep asks a Slurm cluster through its clients: the request checked before any job
+folder is made, the Slurm job that holds each job folder, cancelling (docs/sweep.md, "Slurm")."""
 
 from __future__ import annotations
 
@@ -41,10 +39,6 @@ def run_client(argv: Sequence[str], timeout: float = CLIENT_TIMEOUT_S) -> str:
         text = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmError(text[-1] if text else f"{argv[0]} exited with {done.returncode}")
     return done.stdout
-
-
-# --------------------------------------------------------------------------------------------
-# The cluster: partitions, nodes, time limits
 
 
 def minutes(text: str) -> float | None:
@@ -100,11 +94,8 @@ def partitions() -> dict[str, Partition]:
 
 
 def check_request(options, given) -> tuple[object, list[str]]:
-    """The submitit options (``given``: those set, the others None) with the Slurm defaults
-    fitted to the partition (time limit, GPUs),
-    and the lines saying so; raises :class:`SlurmError` with one line naming the problem and the
-    flag that fixes it (a controller that does not answer, a partition that does not exist, a
-    time, GPU, CPU or memory request its nodes cannot meet)."""
+    """The submitit options (``given``: those set) with the defaults fitted to the partition, and
+    the lines saying so; :class:`SlurmError` names a request the cluster cannot meet and the fix."""
     try:
         answer = run_client(["scontrol", "ping"])
     except SlurmError as err:
@@ -170,10 +161,6 @@ def check_request(options, given) -> tuple[object, list[str]]:
                                gpus_per_node=gpus, signal_delay_s=delay), notes
 
 
-# --------------------------------------------------------------------------------------------
-# The Slurm job that holds a job folder
-
-
 def record_job(folder: str, job_id: str, log_dir: str) -> None:
     """Write ``folder``'s :data:`SLURM_JOB_FILE` (atomically)."""
     atomic_write_text(os.path.join(folder, SLURM_JOB_FILE), json.dumps({
@@ -206,9 +193,8 @@ class SlurmState:
 
 
 def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
-    """Each id's state: from ``squeue`` while Slurm holds it, then from ``sacct`` where the
-    cluster keeps accounting (ids known to neither are left out). Raises :class:`SlurmError`
-    when ``squeue`` does not answer (the caller must not take such jobs for ended)."""
+    """Each id's state from ``squeue``, else ``sacct`` (ids known to neither are left out);
+    :class:`SlurmError` when ``squeue`` does not answer (such jobs have not ended)."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}

@@ -1,12 +1,7 @@
-"""What one Slurm array task runs on its node: its train jobs (one, or several sharing the
-allocation's GPU), each started directly with ``--resume`` (no shell between), Slurm's signals
-passed on, and a requeue through submitit's checkpoint protocol at each time limit, until the
-jobs are done (docs/sweep.md, "Slurm"). Torch-free.
-
-Preemption and ``scancel`` send SIGTERM: the task passes it on, waits for the jobs' stop
-checkpoints, and exits without a result (Slurm requeues a preempted job itself; the rerun
-resumes). The time-limit signal (``--signal USR2@delay``, submitit's) calls :meth:`checkpoint`:
-the jobs stop at a checkpoint and submitit requeues the task (``scontrol requeue``)."""
+"""What one Slurm array task runs: its train jobs, each started directly with ``--resume``, Slurm's
+signals passed on (SIGTERM on preemption or ``scancel``: the jobs stop at a checkpoint, Slurm
+requeues), and at a time limit (USR2) a requeue through submitit's checkpoint protocol
+(docs/sweep.md, "Slurm"). Torch-free."""
 
 from __future__ import annotations
 
@@ -35,8 +30,8 @@ def _child_setup() -> None:  # in the job's process, between fork and exec
 
 
 class TrainTask:
-    """One array task: ``argvs`` (train commands, ``--resume`` added) run at once in ``cwd``;
-    ``grace_s``: how long they may take to stop at a checkpoint after a signal."""
+    """One array task: ``argvs`` (train commands, ``--resume`` added) run at once in ``cwd``,
+    given ``grace_s`` to stop at a checkpoint after a signal."""
 
     def __init__(self, argvs: Sequence[Sequence[str]], cwd: str, grace_s: float,
                  stalls: int = 0):
@@ -121,8 +116,8 @@ class TrainTask:
         return False
 
     def checkpoint(self, *args, **kwargs):
-        """submitit's time-limit hook: stop the jobs at a checkpoint, then the task to requeue
-        (None, so no requeue, when :data:`MAX_STALLS` allocations in a row made no progress)."""
+        """submitit's time-limit hook: stop the jobs at a checkpoint; the task to requeue (None
+        after :data:`MAX_STALLS` allocations in a row without progress)."""
         self._signum = self._signum or signal.SIGUSR2
         self._pass_on()
         self._wait(time.monotonic() + self.grace_s)

@@ -1,8 +1,5 @@
-"""The ``submitit`` launcher: the commands as the tasks of a Slurm job array (each task a
-:class:`~dg_plugins.sweep.slurm_task.TrainTask` of one or ``--jobs_per_gpu`` jobs, requeued
-through preemption and time limits), or of submitit's local/debug executor, configured by the
-``--slurm_*`` flags over ``DG_SLURM_*`` (docs/sweep.md). submitit is imported only when it
-launches."""
+"""The ``submitit`` launcher: the commands as the tasks of a Slurm job array (each a ``TrainTask``
+of one or ``--jobs_per_gpu`` jobs) or of submitit's local/debug executor (docs/sweep.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 
 @dataclasses.dataclass
 class SubmititOptions:
-    """Settings of the ``submitit`` launcher; None means "not set here" (defaults:
-    docs/sweep.md)."""
+    """Settings of the ``submitit`` launcher; None means "not set here"."""
     cluster: str | None = None
     partition: str | None = None
     time_min: int | None = None
@@ -48,11 +44,10 @@ class SubmititOptions:
 #: Environment variable of each :class:`SubmititOptions` field: ``DG_SLURM_<NAME>``.
 SUBMITIT_ENV_VARS = {f.name: "DG_SLURM_" + {"time_min": "TIME", "signal_delay_s": "SIGNAL_DELAY"}
                      .get(f.name, f.name.upper()) for f in dataclasses.fields(SubmititOptions)}
-#: Seconds before the time limit at which Slurm signals a task (``--signal USR2@N``): time for
-#: the jobs' current step (or evaluation) and their checkpoint.
-DEFAULT_SIGNAL_DELAY_S = 120
-#: Time limits after which a task is requeued (preemptions are not counted: Slurm requeues).
-DEFAULT_MAX_REQUEUES = 10
+#: Seconds before the time limit at which Slurm signals a task (time for a step and a checkpoint),
+#: and the time limits after which a task is requeued (preemptions are not counted).
+DEFAULT_SIGNAL_DELAY_S, DEFAULT_MAX_REQUEUES = 120, 10
+
 
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -84,12 +79,6 @@ def options_from_env(environ=None) -> SubmititOptions:
     return SubmititOptions(**values)
 
 
-def sweep_dir_of(commands: Sequence[str]) -> str | None:
-    """The sweep output_dir: the parent of the first command's ``--output_dir``, if any."""
-    folder = command_output_dir(commands[0]) if commands else None
-    return None if folder is None else os.path.dirname(os.path.normpath(folder))
-
-
 def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> SubmititOptions:
     """``options`` with the fields each layer sets (not None), the last layer highest."""
     for layer in layers:
@@ -108,17 +97,17 @@ def resolve_submitit_options(commands: Sequence[str] = (),
                              overrides: SubmititOptions | None = None,
                              environ=None) -> SubmititOptions:
     """Merge, highest first: ``overrides``, the environment, the defaults (on Slurm the GPUs
-    stay None until :func:`slurm_request` fits them to the partition)."""
+    stay None until ``slurm.check_request`` fits them to the partition)."""
     merged = given_options(overrides, environ)
     cluster = merged.cluster or "slurm"
     if cluster not in SUBMITIT_CLUSTERS:
         raise ValueError(f"unknown submitit cluster {cluster!r}; choices: "
                          f"{', '.join(SUBMITIT_CLUSTERS)}")
-    sweep_dir = sweep_dir_of(commands)
+    folder = command_output_dir(commands[0]) if commands else None  # the sweep's: its parent
     resolved = _over(SubmititOptions(
         cluster=cluster, time_min=24 * 60, gpus_per_node=None if cluster == "slurm" else 0,
-        array_parallelism=256, wait=cluster != "slurm", extra={},
-        log_dir=os.path.join(sweep_dir if sweep_dir is not None else ".", "submitit_logs"),
+        array_parallelism=256, wait=cluster != "slurm", extra={}, log_dir=os.path.join(
+            "." if folder is None else os.path.dirname(os.path.normpath(folder)), "submitit_logs"),
         signal_delay_s=DEFAULT_SIGNAL_DELAY_S, max_requeues=DEFAULT_MAX_REQUEUES,
         jobs_per_task=1), merged)
     if cluster == "debug":
@@ -149,19 +138,10 @@ def _import_submitit():
     return submitit
 
 
-def slurm_request(options: SubmititOptions, given: SubmititOptions
-                  ) -> tuple[SubmititOptions, list[str]]:
-    """``options`` checked against the cluster and fitted to its partition, and the lines that
-    say what was fitted (:func:`dg_plugins.sweep.slurm.check_request`)."""
-    from dg_plugins.sweep import slurm
-
-    return slurm.check_request(options, given)
-
-
 def launch_problem(options: SubmititOptions | None = None) -> str | None:
     """Why the launcher cannot submit from this machine, with the fix (None: it can): the
     submitit package missing; on the slurm cluster, Slurm's ``srun`` not on PATH, or a request
-    the cluster cannot meet (:func:`slurm_request`)."""
+    the cluster cannot meet (:func:`dg_plugins.sweep.slurm.check_request`)."""
     try:
         _import_submitit()
         resolved = resolve_submitit_options(overrides=options)
@@ -172,10 +152,10 @@ def launch_problem(options: SubmititOptions | None = None) -> str | None:
     if shutil.which("srun") is None:
         return ("no Slurm on this machine (srun is not on PATH); run the jobs here through "
                 "submitit with --slurm_cluster local, or use --command_launcher local")
-    from dg_plugins.sweep.slurm import SlurmError
+    from dg_plugins.sweep.slurm import SlurmError, check_request
 
     try:
-        slurm_request(resolved, given_options(options))
+        check_request(resolved, given_options(options))
     except SlurmError as err:
         return str(err)
     return None
@@ -205,9 +185,8 @@ def make_executor(options: SubmititOptions):
 
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
                     grace_period_s: float | None = None) -> list:
-    """Submit every command as one task of a job array (on Slurm, ``jobs_per_task`` commands a
-    task); when ``options.wait``, wait and raise :class:`JobsFailed` on a failure. Returns the
-    submitit jobs."""
+    """Submit the commands as the tasks of a job array (on Slurm, ``jobs_per_task`` a task) and
+    return the submitit jobs; when ``options.wait``, wait (``JobsFailed`` on a failure)."""
     given = options
     options = resolve_submitit_options(commands, overrides=options)
     commands = list(commands)
@@ -248,36 +227,30 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
 
 def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                     given: SubmititOptions) -> list:
-    """The commands as :class:`~dg_plugins.sweep.slurm_task.TrainTask` array tasks, each job
-    folder recording its task's Slurm id; a refused submission raises
-    :class:`~dg_plugins.sweep.slurm.SlurmError` (its folders are then removed by the sweep)."""
+    """The commands as ``TrainTask`` array tasks, each job folder recording its task's Slurm id
+    (``SlurmError``: refused)."""
     from dg_plugins.sweep import slurm
     from dg_plugins.sweep.slurm_task import TrainTask
 
-    options, notes = slurm_request(options, given)
+    options, notes = slurm.check_request(options, given)
     for note in notes:
         print(note, flush=True)
     executor = make_executor(options)
     size = max(1, options.jobs_per_task or 1)
-    groups = [list(commands[i:i + size]) for i in range(0, len(commands), size)]
     # Slurm signals up to a minute early (its periodic check): what is left is at least this
     grace = options.signal_delay_s - min(30.0, options.signal_delay_s / 4)
-    tasks = [TrainTask([parse_command(c)[0] for c in group], os.getcwd(), grace)
-             for group in groups]
-    jobs: list = []
+    tasks = [TrainTask([parse_command(c)[0] for c in commands[i:i + size]], os.getcwd(), grace)
+             for i in range(0, len(commands), size)]
     try:
         with executor.batch():
-            for task in tasks:
-                jobs.append(executor.submit(task))
+            jobs = [executor.submit(task) for task in tasks]
     except Exception as err:  # noqa: BLE001  (sbatch's refusal, in submitit's words)
         lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
         raise slurm.SlurmError(f"Slurm refused the submission: "
                                f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
-        for argv in task.argvs:
-            folder = command_output_dir(argv)
-            if folder:
-                slurm.record_job(folder, job.job_id, options.log_dir)
+        for folder in filter(None, map(command_output_dir, task.argvs)):
+            slurm.record_job(folder, job.job_id, options.log_dir)
     array_id = str(jobs[0].job_id).split("_")[0]
     per = f", {size} jobs per task" if size > 1 else ""
     print(f"submitit launcher: submitted {len(commands)} jobs to slurm as array {array_id} "
@@ -293,15 +266,17 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
 
 
 def _job_exit_code(job) -> int:
-    """0, or the exit code of a finished job's command (1 when unknown)."""
+    """0, or the exit code of a finished job's command (from its error; 1 when unknown)."""
     # exception() waits and returns the error; the debug executor's result() would open pdb.
     try:
         err = job.exception()
     except Exception as raised:  # noqa: BLE001  (e.g. UncompletedJobError)
         err = raised
-    if err is not None:
-        print(f"submitit job {job.job_id} failed; log: {job.paths.stderr}", flush=True)
-    return 0 if err is None else _exit_code_of(err)
+    if err is None:
+        return 0
+    print(f"submitit job {job.job_id} failed; log: {job.paths.stderr}", flush=True)
+    codes = re.findall(r"command exited with code (-?\d+)", str(err))
+    return int(codes[-1]) if codes else 1
 
 
 def _wait_slurm(commands: Sequence[str], jobs: Sequence) -> list[int]:
@@ -369,12 +344,6 @@ def _wait_debug(commands: Sequence[str], jobs: Sequence) -> list[int]:
         started = [i for i, c in enumerate(codes) if c is not None]
         raise LaunchInterrupted(last_stop_signal(), [], commands[len(started):], codes)
     return [int(c) for c in codes]
-
-
-def _exit_code_of(err: Exception) -> int:
-    """The child's exit code from a task error (its message or the remote traceback), or 1."""
-    codes = re.findall(r"command exited with code (-?\d+)", str(err))
-    return int(codes[-1]) if codes else 1
 
 
 def submitit_launcher(commands: list[str], submitit: SubmititOptions | None = None,
