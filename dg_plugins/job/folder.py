@@ -7,8 +7,14 @@ import contextlib
 import errno
 import glob
 import os
+import time
 
 from dg_plugins.files import DISK_FULL_ERRNOS
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no locking
+    fcntl = None
 
 OUT_FILE = "out.txt"
 ERR_FILE = "err.txt"
@@ -58,10 +64,8 @@ class DiskFullError(OSError):
 
 
 def _inside(path, folder: str) -> bool:
-    if path is None:
-        return False
-    path, folder = os.path.abspath(str(path)), os.path.abspath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+    folder = os.path.abspath(folder)
+    return path is not None and os.path.commonpath([os.path.abspath(str(path)), folder]) == folder
 
 
 def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
@@ -91,22 +95,18 @@ def writing(folder: str):
     try:
         yield
     except OSError as err:
-        translated = folder_error(folder, err) if not isinstance(
-            err, (DiskFullError, OutputFolderError)) else None
-        if translated is None:
+        if isinstance(err, (DiskFullError, OutputFolderError)) or (
+                translated := folder_error(folder, err)) is None:
             raise
         raise translated from err
 
 
-def unwritable_folder_error(folder: str, err: OSError, flag: str = "--output_dir"
-                            ) -> OutputFolderError:
-    reason = err.strerror or str(err)
+def unwritable_folder_error(folder: str, err: OSError) -> OutputFolderError:
+    named = err.filename and os.path.abspath(str(err.filename)) != os.path.abspath(folder)
     return OutputFolderError(
-        f"cannot write to the output folder {folder} ({reason}"
-        + (f": {err.filename}" if err.filename and os.path.abspath(str(err.filename))
-           != os.path.abspath(folder) else "")
-        + f"); choose a writable {flag}, or give yourself write permission on it "
-        f"(e.g. chmod u+w {folder})")
+        f"cannot write to the output folder {folder} ({err.strerror or str(err)}"
+        + (f": {err.filename}" if named else "") + "); choose a writable --output_dir, or give "
+        f"yourself write permission on it (e.g. chmod u+w {folder})")
 
 
 #: Tries, and seconds between them, before a held lock means "busy" (:func:`lock_holder` holds
@@ -124,12 +124,8 @@ class FolderLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: no locking
+        if fcntl is None:  # pragma: no cover - not POSIX: no locking
             return self
-        import time
-
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError as err:
@@ -167,9 +163,7 @@ class FolderLock:
 def lock_holder(folder: str) -> str | None:
     """The pid of the live process holding ``folder``'s :class:`FolderLock` ("unknown" if
     unreadable), or None; looks with a shared lock taken and dropped at once."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: no locking
+    if fcntl is None:  # pragma: no cover - not POSIX: no locking
         return None
     try:
         fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDONLY)

@@ -1,10 +1,7 @@
-"""A train job's compute settings (``--precision``, ``--channels_last``, ``--deterministic``,
-``--augment_on``; rows of :data:`dg_plugins.job.flags.FLAGS`) applied: autocast of the step and
-evaluation (the backward passes and optimizer steps outside it, torch's advice) with fp16's
-gradient scaler saved in the resume file; channels_last for convolutional networks (a ViT keeps
-its format, with a note); deterministic algorithms, cuDNN, cuBLAS workspace and math attention
-kernel unless ``--deterministic false``; the device augmentation (needs kornia). One
-:class:`Compute` per train call reaches training and evaluation; it is checked before any write."""
+"""A train job's compute settings (the ``compute`` rows of :data:`dg_plugins.job.flags.FLAGS`)
+applied: autocast of step and evaluation (backward and optimizer steps outside it, torch's advice),
+fp16's gradient scaler; channels_last for convolutional networks; deterministic kernels unless
+``--deterministic false``; the device augmentation. One :class:`Compute` per train call."""
 
 from __future__ import annotations
 
@@ -33,14 +30,11 @@ BF16_EMULATED = ("this CPU has no bfloat16 instructions (" + ", ".join(BF16_CPU_
 
 def cpu_features(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
     """The CPU's feature names (x86's ``flags``, Arm's ``Features``); None where not readable."""
-    try:
-        with open(path) as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(path) as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return frozenset(value.split())
     return None
 
 
@@ -66,10 +60,8 @@ class Compute:
             raise ValueError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
         if augment_on not in AUGMENT_ON:
             raise ValueError(f"--augment_on {augment_on!r} is not one of {', '.join(AUGMENT_ON)}")
-        self.precision = precision
-        self.augment_on = augment_on
-        self.channels_last = bool(channels_last)
-        self.deterministic = bool(deterministic)
+        self.precision, self.augment_on = precision, augment_on
+        self.channels_last, self.deterministic = bool(channels_last), bool(deterministic)
         self.inputs_channels_last = False
 
     @classmethod

@@ -9,13 +9,16 @@ import os
 import sys
 import traceback
 
-from dg_plugins import catalog
+from dg_plugins import catalog, plugins
 from dg_plugins import hparams as hparams_lib
-from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.networks import PretrainedWeightsUnavailable
+from dg_plugins.registry import ALGORITHMS, DATASETS, UnknownNameError
+from dg_plugins.runtime import pick_device
 from dg_plugins.signals import StopRequest
 from dg_plugins.job import flags
 from dg_plugins.train import udg
 from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
+from dg_plugins.train.compute import Compute
 from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
                                    RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
                                    folder_error, is_done, remove_temporary_files, step_models,
@@ -26,17 +29,12 @@ from dg_plugins.train.loop import Interrupted, Job, check_test_envs
 
 def user_errors() -> tuple:
     """Exceptions that mean bad input or missing data/weights: one line, no traceback."""
-    from dg_plugins.networks import PretrainedWeightsUnavailable
-    from dg_plugins.registry import UnknownNameError
-
     return (UnknownNameError, ValueError, FileNotFoundError, PretrainedWeightsUnavailable)
 
 
 def validate(args, compute) -> None:
     """Reject bad input before anything is written: names, hparams, the flags' ranges, test
     environments, an image tree one level off, compute settings the device cannot run."""
-    from dg_plugins import plugins
-
     plugins.load()
     dataset_cls = DATASETS.get(args.dataset)
     args.algorithm = ALGORITHMS.resolve(args.algorithm, say="--algorithm")  # erm: ERM
@@ -59,8 +57,6 @@ def validate(args, compute) -> None:
                                   catalog.image_folder_layout(args.dataset))
             if error is not None:
                 raise ValueError(error)
-    from dg_plugins.runtime import pick_device
-
     compute.check(pick_device(args.device), ALGORITHMS.get(args.algorithm))
 
 
@@ -97,8 +93,7 @@ class Tee:
     full disk: ``file_error``) only to ``stream``, so the error still reaches the user."""
 
     def __init__(self, path: str, stream, mode: str = "a"):
-        self.stream = stream
-        self.file = open(path, mode)
+        self.stream, self.file = stream, open(path, mode)
         self.file_error: OSError | None = None
 
     def _to_file(self, method: str, *message) -> None:
@@ -122,10 +117,8 @@ class Tee:
         return False
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the unwritten tail of a full disk: already reported
             self.file.close()
-        except OSError:  # the unwritten tail of a full disk: already reported
-            pass
 
 
 @contextlib.contextmanager
@@ -149,13 +142,10 @@ def teed(folder: str, mode: str):
 
 def exit_status(err: BaseException) -> int | None:
     """The exit status of a failure reported as one line (None: shown by its traceback)."""
-    if isinstance(err, user_errors()):
-        return flags.EXIT_BAD_INPUT
-    if isinstance(err, DiskFullError):
-        return flags.EXIT_FAILED
     if isinstance(err, Interrupted):
         return 128 + err.signum
-    return None
+    return flags.EXIT_BAD_INPUT if isinstance(err, user_errors()) else (
+        flags.EXIT_FAILED if isinstance(err, DiskFullError) else None)
 
 
 def line(err: BaseException) -> str:
@@ -169,8 +159,6 @@ def execute(args, stop_after_step: int | None = None
     failure (its traceback). A failure is printed once; an unexpected one before the folder is
     held, or a ``BaseException`` (a second Ctrl-C), is raised."""
     folder = args.output_dir
-    from dg_plugins.train.compute import Compute
-
     compute = Compute.of(args)  # the call's one Compute, passed on
     compute.prepare_process()
     try:
