@@ -22,21 +22,20 @@ CHECKPOINT_KEYS = ("next_step", "model", "optimizers", "schedulers", "streams", 
                    "n_records", "last_keys")
 
 
-def save_checkpoint(path: str, *, next_step: int, algorithm, streams, n_records: int,
-                    last_keys, accumulated: dict, record_args: dict, hparams: dict,
-                    scaler=None) -> None:
-    """Write the resume file (``grad_scaler``: fp16's scaler's state, when there is one)."""
-    extra = {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+def save_checkpoint(job, next_step: int) -> None:
+    """Write ``job``'s resume file (``grad_scaler``: fp16's scaler's state, when there is one)."""
+    algorithm = job.algorithm
+    extra = {} if job.scaler is None else {"grad_scaler": job.scaler.state_dict()}
     if hasattr(algorithm, "resume_state"):  # Python state beside the state_dict (DomainBed's)
         extra["algorithm_state"] = algorithm.resume_state()
     atomic_torch_save({
         "next_step": next_step, "model": algorithm.state_dict(),
         "optimizers": {n: o.state_dict() for n, o in algorithm.optimizers().items()},
         "schedulers": {n: s.state_dict() for n, s in algorithm.schedulers().items()},
-        "streams": [s.state_dict() for s in streams], "rng": rng_state(), "n_records": n_records,
-        "last_keys": last_keys, "accumulated": accumulated, "args": record_args,
-        "hparams": hparams, **extra,
-    }, path)
+        "streams": [s.state_dict() for s in job.streams], "rng": rng_state(),
+        "n_records": job.n_records, "last_keys": job.last_keys, "accumulated": job.accumulated,
+        "args": job.record_args, "hparams": job.hparams, **extra,
+    }, job.checkpoint_path)
 
 
 def checkpoint_damage(path: str) -> str | None:

@@ -38,8 +38,8 @@ from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
 from dg_plugins.train.shown_hparams import print_hparams
 from dg_plugins.train.splits import Splits, evaluation_subsets
 
-#: ``hook(job, step)`` called after every step, before its record, checkpoint and stop check: a
-#: plugin module may log with one; the tests hold a job at a step with one (tests/support/job_gate.py).
+#: ``hook(job, step)`` called after every step, before its record, checkpoint and stop check (a
+#: plugin module may log; tests/support/job_gate.py holds a job at a step).
 STEP_HOOKS: list = []
 
 
@@ -227,9 +227,9 @@ class Job:
         return min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits)
 
     def make_algorithm(self):
-        return ALGORITHMS.get(self.args.algorithm)(
-            self.dataset.input_shape, self.dataset.num_classes, len(self.train_envs),
-            self.hparams)
+        return ALGORITHMS.get(self.args.algorithm)(self.dataset.input_shape,
+                                                   self.dataset.num_classes,
+                                                   len(self.train_envs), self.hparams)
 
     def batch_size(self) -> int:
         """Samples per source environment per step (``batch_sampling`` "pooled": per step)."""
@@ -240,11 +240,10 @@ class Job:
         return self.splits.in_splits[env]
 
     def make_streams(self, batch_size: int) -> list:
-        workers, streams = self.workers, []
+        seed, workers, streams = self.args.seed, self.workers, []
         if self.pooled:
             streams.append(batches.PooledBatches([self.train_split(i)[0] for i in self.train_envs],
-                                              batch_size, seed_hash(self.args.seed, "pooled"),
-                                              workers))
+                                                 batch_size, seed_hash(seed, "pooled"), workers))
         else:
             for i in self.train_envs:
                 split, weights = self.train_split(i)
@@ -252,15 +251,13 @@ class Job:
                     print(f"note: batch_size {batch_size} exceeds env{i}'s training split "
                           f"({len(split)} samples); batches repeat samples (drawn with "
                           "replacement)", file=sys.stderr)
-                streams.append(batches.BatchStream(split, batch_size,
-                                                seed_hash(self.args.seed, "train", i), weights,
-                                                workers))
+                streams.append(batches.BatchStream(split, batch_size, seed_hash(seed, "train", i),
+                                                   weights, workers))
         self.n_train_streams = len(streams)
         if self.args.task == "domain_adaptation":  # the only task that draws from them
-            for k, (split, weights) in enumerate(self.splits.uda_splits):
-                streams.append(batches.BatchStream(split, batch_size,
-                                                seed_hash(self.args.seed, "uda", k), weights,
-                                                workers))
+            streams += [batches.BatchStream(split, batch_size, seed_hash(seed, "uda", k), weights,
+                                            workers)
+                        for k, (split, weights) in enumerate(self.splits.uda_splits)]
         return streams
 
     def restore(self) -> None:
@@ -280,7 +277,7 @@ class Job:
                 "configurations in one results file:\n  " + "\n  ".join(diffs)
                 + "\nRerun with the original arguments, or start over with --force.")
         apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
-                         self.checkpoint_fix, scaler=self.scaler)
+                         self.checkpoint_fix, self.scaler)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
         self.last_keys = state["last_keys"]
@@ -322,14 +319,12 @@ class Job:
         return sizes.records_after(step, self.n_steps, self.checkpoint_freq)
 
     def write_record(self, step: int) -> None:
-        results = {"step": step, "epoch": step / self.steps_per_epoch}
-        for key, values in self.accumulated.items():
-            results[key] = float(np.mean(values))
+        results = {"step": step, "epoch": step / self.steps_per_epoch,
+                   **{key: float(np.mean(values)) for key, values in self.accumulated.items()}}
         # The training streams' worker pool makes the evaluation's batches too (one budget).
-        results.update(evaluate(self.algorithm, self.splits, self.device,
-                                num_workers=self.workers, names=self.eval_names,
-                                batch_size=flag(self.args, "eval_batch_size"), pool=self.pool,
-                                compute=self.compute))
+        results.update(evaluate(self.algorithm, self.splits, self.device, num_workers=self.workers,
+                                names=self.eval_names, pool=self.pool, compute=self.compute,
+                                batch_size=flag(self.args, "eval_batch_size")))
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
@@ -339,8 +334,7 @@ class Job:
             print(format_row(keys, colwidth=12))
             self.last_keys = keys
         print(format_row([results[k] for k in keys], colwidth=12))
-        results["hparams"] = self.hparams
-        results["args"] = self.record_args
+        results.update(hparams=self.hparams, args=self.record_args)
         if flag(self.args, "eval_splits") != DEFAULT_EVAL_SPLITS:
             results[EVALUATED_KEY] = list(self.eval_names)
         if environments:  # the tables' column labels where the catalog has none (ImageFolder)
@@ -350,12 +344,6 @@ class Job:
         self.accumulated = {}
         if self.args.save_model_every_checkpoint:
             self.save_model(STEP_MODEL_FILE.format(step=step))
-
-    def checkpoint(self, next_step: int) -> None:
-        save_checkpoint(self.checkpoint_path, next_step=next_step, algorithm=self.algorithm,
-                        streams=self.streams, n_records=self.n_records, last_keys=self.last_keys,
-                        accumulated=self.accumulated, record_args=self.record_args,
-                        hparams=self.hparams, scaler=self.scaler)
 
     def model_extras(self) -> dict:
         """Keys a job kind adds to model.pkl beside DomainBed's (none here)."""
@@ -396,8 +384,7 @@ class Job:
         evaluated = [split for name, split, _ in self.splits.eval_named()
                      if name in self.eval_names] if self.eval_names else []
         self.pool = batches.share_workers(
-            self.streams, max((s.num_workers for s in self.streams), default=0),
-            datasets=evaluated,
+            self.streams, max((s.num_workers for s in self.streams), default=0), datasets=evaluated,
             pin_memory=batches.cuda_transfers(self.device), device=self.device)
         if self.pool is not None:
             self.pool.limit = self.n_steps
@@ -408,9 +395,8 @@ class Job:
         self.restore()
         interval = flag(self.args, "progress_every")
         progress = Progress(self.n_steps, self.start_step, self.records_after,
-                            f"{self.args.algorithm} on {self.args.dataset}",
-                            stream=self.progress_stream,
-                            interval=DEFAULT_INTERVAL_S if interval is None else interval)
+                            f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
+                            DEFAULT_INTERVAL_S if interval is None else interval)
         try:
             for step in range(self.start_step, self.n_steps):
                 seconds = self.train_step(step)
@@ -426,7 +412,7 @@ class Job:
                 # (killed before done, it resumes from the one before, to the same records)
                 final = step == self.n_steps - 1 and stop_after_step is None
                 if (recorded and not final) or self.stop.signum is not None:
-                    self.checkpoint(step + 1)
+                    save_checkpoint(self, step + 1)
                 signum = self.stop.signum
                 if signum is not None:
                     raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after "
