@@ -32,7 +32,6 @@ class MultipleDomainDataset:
 
 
 def register_dataset(name: str | None = None):
-    """Class decorator: add a dataset to the registry and to the table catalog."""
 
     def add(cls):
         key = name or cls.__name__

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. a Slurm allocation)."""
+    """CPUs this process may run on (e.g. a Slurm allocation)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -50,7 +50,6 @@ class BadInput(Exception):
 
 
 def image_folder_datasets() -> list[str]:
-    """Registered datasets built from image folders."""
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
 
     return [name for name in DATASETS.list()
@@ -59,8 +58,8 @@ def image_folder_datasets() -> list[str]:
 
 
 def load_dataset(name: str, data_dir: str):
-    """Build the dataset as train would (no augmentation); :class:`BadInput` for an unknown name,
-    a dataset without image files, or missing or badly laid-out folders."""
+    """Build the dataset as train would (no augmentation); :class:`BadInput` for a bad name or
+    folder."""
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
 
     choices = image_folder_datasets()
@@ -98,7 +97,6 @@ def load_dataset(name: str, data_dir: str):
 
 
 def _class_folder_contents(folder: str) -> tuple[bool, list[str]]:
-    """Whether ``folder`` holds an image file of its own, and its visible subfolders."""
     with os.scandir(folder) as entries:
         entries = list(entries)
     return (any(e.is_file() and layouts.is_image_file(e.name) for e in entries),
@@ -112,10 +110,9 @@ def _shown(names: Sequence[str], limit: int = 6) -> str:
 
 def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root: bool,
                   layout: str) -> str | None:
-    """The error for a tree whose class folders hold only folders of images: each domain folder
-    holds one folder of class folders, or the "class" folders share subfolder names (they are
-    domains); None otherwise. ``data_dir_is_root``: ``--data_dir`` names ``root`` (the fix can
-    be another ``--data_dir``). Torch-free (train runs it before it writes)."""
+    """The error for a tree whose class folders hold only folders of images (a wrapper folder per
+    domain, or "classes" that are domains), else None; ``data_dir_is_root``: the fix can be
+    another ``--data_dir``. Torch-free (train runs it too)."""
     inner: dict[str, dict[str, list[str]]] = {}
     for domain in domains:
         inner[domain] = {}
@@ -158,8 +155,7 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
 
 
 def layout_lines(dataset) -> list[str]:
-    """The layout check_data found: the dataset folder, then each domain's classes and images,
-    then every class with its images (the first classes of a long list)."""
+    """The layout check_data found: the folder, each domain's counts, then images per class."""
     counts = Counter()
     lines = []
     for folder, env in zip(dataset.environment_folders, dataset.datasets):
@@ -175,7 +171,7 @@ def layout_lines(dataset) -> list[str]:
 def check_files(paths: Sequence[str], workers: int,
                 progress: bool = False) -> Iterable[tuple[str, str | None]]:
     """Yield ``(path, error or None)`` for every path, in order, decoding with ``workers``
-    processes (in this process when ``workers`` <= 1 or there are few files)."""
+    processes (or in this process)."""
     from dg_plugins.datasets.image_folder import image_error
 
     with contextlib.ExitStack() as stack:
@@ -200,8 +196,8 @@ def check_files(paths: Sequence[str], workers: int,
 
 def run_check(dataset, workers: int, progress: bool,
               out: Callable[[str], None] = print) -> int:
-    """Check every image of ``dataset``: each unreadable file as it is found (without a bar, a
-    ``checked N of M`` line every tenth), then a summary per environment; returns their count."""
+    """Check every image of ``dataset``, naming each unreadable one, then a summary per
+    environment; returns their count."""
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]

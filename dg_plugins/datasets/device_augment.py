@@ -37,8 +37,7 @@ class KorniaLacks(ImportError):
 
 
 def _kornia():
-    """kornia, with every function :data:`KORNIA_NEEDS` names; ImportError naming what is missing
-    and the install command otherwise."""
+    """kornia with every function of :data:`KORNIA_NEEDS`, else ImportError naming what lacks."""
     import importlib
 
     try:
@@ -61,8 +60,7 @@ def _kornia():
 
 
 def require_kornia() -> None:
-    """ValueError (a train job's bad input) naming the install command when kornia, or a function
-    of it the device part calls, cannot be imported."""
+    """ValueError (a train job's bad input) naming the fix when :func:`_kornia` fails."""
     try:
         _kornia()
     except ImportError as err:
@@ -91,8 +89,7 @@ class Flip:
 
 class Jitter:
     """ColorJitter: per image, factors uniform in torchvision's ranges (``None``: off) and the
-    four operations in a random order, by kornia's blends of torchvision's formulas, each clamped
-    to [0, 1]. :meth:`apply` changes ``x`` in place."""
+    four operations in a random order, by kornia; :meth:`apply` changes ``x`` in place."""
 
     NAMES = ("brightness", "contrast", "saturation", "hue")
 
@@ -101,8 +98,8 @@ class Jitter:
                             for r in (brightness, contrast, saturation, hue))
 
     def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(order [n, 4], factors [n, 4])``: each row's operations in order (brightness,
-        contrast, saturation, hue) and their factors (NaN: off)."""
+        """``(order [n, 4], factors [n, 4])``: each row's operations in order and their factors
+        (NaN: off)."""
         order = torch.rand(n, 4, generator=generator).argsort(dim=1)
         factors = torch.full((n, 4), math.nan)
         uniform = torch.rand(n, 4, generator=generator)
@@ -138,8 +135,7 @@ class Jitter:
 
 
 class Grayscale(Flip):
-    """RandomGrayscale(p): each image replaced with probability ``p`` by its luma (ITU-R 601, as
-    PIL's ``convert("L")``) in all three channels."""
+    """RandomGrayscale(p): each image replaced with probability ``p`` by its luma (as PIL's)."""
 
     def apply(self, x: torch.Tensor, gray: torch.Tensor) -> torch.Tensor:
         luma = _kornia().color.rgb_to_grayscale(x).expand_as(x)
@@ -165,15 +161,13 @@ class Normalize:
 
 
 class DeviceAugment:
-    """The device part of a split training transform: ``augment(x, seed)`` turns a uint8 batch
-    ``[B, 3, H, W]`` into the model's float32 batch on its device, its parameters drawn from
-    ``seed_hash(seed, "device_augment")`` alone (``seed``: the batch's)."""
+    """``augment(x, seed)``: a uint8 batch ``[B, 3, H, W]`` as the model's float32 batch on its
+    device, its parameters drawn from ``seed_hash(seed, "device_augment")`` alone."""
 
     def __init__(self, steps):
         self.steps = tuple(steps)
 
     def draw(self, batch_size: int, seed: int) -> list:
-        """Each step's parameters for a batch of ``batch_size`` (CPU tensors)."""
         generator = torch.Generator().manual_seed(seed_hash(int(seed), "device_augment"))
         return [step.draw(batch_size, generator) for step in self.steps]
 
@@ -195,8 +189,7 @@ class DeviceAugment:
 
 def split_transform(transform):
     """``(loader part, DeviceAugment)`` of a ``Compose`` of :data:`LOADER_STEPS` then
-    :data:`DEVICE_STEPS`: the loader part is the geometric transforms then ``PILToTensor``.
-    Another step, or a geometric one after a device one, raises ValueError naming it."""
+    :data:`DEVICE_STEPS` (the loader part ends in ``PILToTensor``); ValueError otherwise."""
     from torchvision import transforms as T
 
     loader, device, seen_tensor = [], [], False
@@ -228,8 +221,8 @@ def split_transform(transform):
 
 
 class DeviceFinisher:
-    """A :class:`DeviceAugment` as the finisher of a
-    :class:`~dg_plugins.datasets.decoded.PixelTransform` (its draws from the batch's seed)."""
+    """A :class:`DeviceAugment` as a :class:`~dg_plugins.datasets.decoded.PixelTransform`'s
+    finisher."""
 
     seeded = True
 
@@ -244,8 +237,7 @@ class DeviceFinisher:
 
 
 def pixel_transform(transform):
-    """A training transform as a :class:`~dg_plugins.datasets.decoded.PixelTransform`: the
-    loader part's geometric steps, then the device part (:class:`DeviceFinisher`)."""
+    """A training transform as a :class:`~dg_plugins.datasets.decoded.PixelTransform`."""
     from dg_plugins.datasets.decoded import PixelTransform
 
     loader, device = split_transform(transform)
@@ -253,8 +245,7 @@ def pixel_transform(transform):
 
 
 def use_device_augmentation(dataset, name: str) -> None:
-    """``--augment_on device`` for ``dataset`` (``dataset.augment_on_device(pixel_transform)``);
-    a dataset without that method is refused, naming why (never a silent loader augmentation)."""
+    """``--augment_on device`` for ``dataset``; one without ``augment_on_device`` is refused."""
     method = getattr(dataset, "augment_on_device", None)
     if method is None:
         held = ("held in memory as tensors, with no image transform"
@@ -274,9 +265,8 @@ def device_augmentation(augmentation: str = "domainbed"):
 
 
 def loader_cpu_ms(image_path: str, augmentation: str = "domainbed", repeats: int = 200) -> dict:
-    """CPU milliseconds per image (one thread) of a loader worker's cases: ``decode``, ``pil``
-    (decode + the PIL transform), ``split`` (decode + the loader part), ``split_cached`` (the
-    loader part on decoded pixels). Interleaved, in one process."""
+    """CPU milliseconds per image (one thread, interleaved) of a loader worker's cases: decode,
+    PIL transform, loader part, loader part on decoded pixels."""
     import numpy as np
     from PIL import Image
 

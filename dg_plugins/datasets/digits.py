@@ -41,7 +41,7 @@ def _first_existing(*paths: str) -> str | None:
 
 
 def to_rgb32(images: np.ndarray) -> torch.Tensor:
-    """Images in any of the accepted shapes and ranges as float32 ``[N, 3, 32, 32]`` in [0, 1]."""
+    """Images of any accepted shape and range as float32 ``[N, 3, 32, 32]`` in [0, 1]."""
     array = np.asarray(images)
     if array.ndim == 3:
         array = array[:, None]
@@ -125,7 +125,6 @@ def load_usps_zip(path: str):
 
 
 def _digit_files(folder: str) -> list[tuple[str, int]]:
-    """``(path, digit)`` of the visible files of ``folder/<digit 0-9>/``, sorted per digit."""
     subs = [(os.path.join(folder, str(digit)), digit) for digit in range(10)]
     return [(os.path.join(sub, name), digit) for sub, digit in subs if os.path.isdir(sub)
             for name in sorted(os.listdir(sub)) if not name.startswith(".")]
@@ -183,8 +182,7 @@ def expected_layout(domain: str, data_dir: str) -> str:
 
 
 def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
-    """Where ``domain``'s files are, without reading them: ``("npz", path)``, ``("released",
-    loader)`` or ``("folder", path)``; None when nowhere."""
+    """``("npz", path)``, ``("released", loader)``, ``("folder", path)`` or None (not read)."""
     root = os.path.join(data_dir, FOLDER_NAME)
     npz = os.path.join(root, domain + ".npz")
     if os.path.isfile(npz):
@@ -199,7 +197,6 @@ def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
 
 
 def missing_domain_message(domain: str, data_dir: str) -> str:
-    """Why ``domain`` cannot be read, every path looked for and how to get the files."""
     from dg_plugins.download.sources import download_command
 
     command = download_command("Digits", data_dir)
@@ -256,8 +253,7 @@ class Digits(MultipleDomainDataset):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """Raise FileNotFoundError (expected files, how to get them) unless every domain is under
-        ``data_dir``; reads nothing."""
+        """Raise FileNotFoundError (the files expected, how to get them) unless all are there."""
         if not data_dir:
             raise _no_data_dir()
         missing = [d for d in cls.ENVIRONMENTS if find_domain(d, data_dir) is None]

@@ -55,8 +55,7 @@ _PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
 
 
 def package_folder(package: str, purpose: str) -> str:
-    """The installed folder of ``package`` (not imported), or ModuleNotFoundError with the pip
-    command."""
+    """The installed folder of ``package`` (not imported), else ModuleNotFoundError."""
     spec = importlib.util.find_spec(package)
     pip_name = _PIP_NAMES.get(package, package)
     if spec is None or not spec.submodule_search_locations:
@@ -224,10 +223,6 @@ def split_mnist(sizes: dict, seed: int):
 
 
 # Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N])
-def make_mnist(digits, labels, rng) -> tuple[np.ndarray, np.ndarray]:
-    return grey_rgb(digits), labels
-
-
 def make_mnist_m(digits, labels, rng, photos=None) -> tuple[np.ndarray, np.ndarray]:
     """MNIST-M: ``|patch - 255 * digit|`` per channel (Ganin & Lempitsky 2015)."""
     photos = load_photos() if photos is None else photos
@@ -289,7 +284,6 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=1024)
 def _font(path: str, size: int):
-    """A TrueType font at a pixel size, loaded once."""
     from PIL import ImageFont
 
     return ImageFont.truetype(path, size)
@@ -485,17 +479,14 @@ def build_arrays(seed: int = SEED, sizes: dict | None = None) -> dict[str, np.nd
     mnist = split_mnist(sizes, seed)
     fonts, photos = font_paths(), load_photos()
     made = {
-        "mnist": make_mnist(*mnist["mnist"], domain_rng(seed, "mnist")),
+        "mnist": (grey_rgb(mnist["mnist"][0]), mnist["mnist"][1]),
         "mnist_m": make_mnist_m(*mnist["mnist_m"], domain_rng(seed, "mnist_m"), photos),
         "syn": make_syn(sizes["syn"], domain_rng(seed, "syn"), fonts),
         "usps": make_usps(sizes["usps"], domain_rng(seed, "usps")),
         "svhn": make_svhn(sizes["svhn"], domain_rng(seed, "svhn"), fonts, photos),
     }
-    arrays = {}
-    for domain in ENVIRONMENTS:
-        x, y = made[domain]
-        arrays[f"x_{domain}"], arrays[f"y_{domain}"] = x, np.asarray(y, dtype=np.int64)
-    return arrays
+    return {f"{k}_{domain}": v for domain in ENVIRONMENTS
+            for k, v in zip("xy", (made[domain][0], np.asarray(made[domain][1], dtype=np.int64)))}
 
 
 def cache_folder(root: str | None) -> str:
@@ -534,8 +525,8 @@ def load_arrays(root: str | None = None, seed: int = SEED,
 
 
 class ColorJitterEnvironment(Dataset):
-    """Training images get random per-channel ink and background levels with probability ``p``
-    per access (``digits_color_jitter``)."""
+    """Training images with random per-channel ink and background levels, with probability ``p``
+    per access."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
         self.tensors = (x, y)

