@@ -1,6 +1,5 @@
-"""sweep: many jobs (``python -m dg_plugins.scripts.sweep``), read in the order below; plan
-(``python -m dg_plugins.sweep.plan``) runs on its own. Torch-free; of train it uses flags, folder
-and cli (to fork a job). How it works: docs/sweep.md."""
+"""sweep: many jobs (``python -m dg_plugins.scripts.sweep``), read in the order below; plan runs on
+its own. Torch-free. How it works: docs/sweep.md."""
 
 from dg_plugins.sweep.cli import build_parser, main  # the flags, their checks, the flow
 from dg_plugins.sweep.jobs import SweepJob, make_args_list, make_jobs  # enumeration, identity

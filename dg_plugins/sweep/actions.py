@@ -34,8 +34,7 @@ CommandLines = Union[Sequence[str], Mapping[str, Sequence[str]], None]
 
 def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: int = 0,
            resume_incomplete: bool = True, command_line: CommandLines = None) -> list[str]:
-    """Shuffle (``random.Random(seed)``), claim the jobs, hand their commands to ``launcher_fn``
-    (``--resume`` for Incomplete ones when ``resume_incomplete``); returns the commands."""
+    """Shuffle (by ``seed``), claim the jobs, hand their commands to ``launcher_fn``."""
     runtime.resume_collector()  # the command's start-up ends here
     print("Launching...")
     order = list(jobs)
@@ -51,10 +50,9 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             kept += mine
             others += theirs
         kept_ids = {id(job) for job in kept}
-        taken = [job for job in order if id(job) not in kept_ids]
-        if taken:
-            print(f"{len(taken)} of these jobs were taken meanwhile by another launcher or "
-                  "finished; this launch leaves them alone:")
+        if len(kept) < len(order):
+            print(f"{len(order) - len(kept)} of these jobs were taken meanwhile by another "
+                  "launcher or finished; this launch leaves them alone:")
             for claim in others:
                 print(f"  {claim.describe()} holds {len(claim.jobs)} jobs")
         order = [job for job in order if id(job) in kept_ids]
@@ -200,15 +198,13 @@ def incomplete_note(jobs: Sequence[SweepJob], command_line: CommandLines) -> lis
     ]
 
 
-#: The command that continues a script's sweeps (sweeps/offline_quickstart.sh), suggested instead
-#: of this sweep's ``launch --resume`` line.
+#: The command that continues a script's sweeps, suggested instead of ``launch --resume``.
 RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
 
 
 def continue_lines(command_line: CommandLines, what: str,
                    output_dirs: Sequence[str] = ()) -> list[str]:
-    """How to continue the jobs of ``output_dirs``: their sweeps' ``launch --resume`` lines, or
-    ``$DG_SWEEP_RERUN_COMMAND``."""
+    """How to continue the jobs of ``output_dirs``: ``launch --resume`` lines, or the rerun one."""
     rerun = os.environ.get(RERUN_ENV)
     if rerun:
         return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
@@ -238,9 +234,8 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
     if err.remote:
         print(f"Sweep stopped waiting ({name}): {len(err.interrupted)} job(s) are still running "
               "on the cluster (see above to cancel them).")
-        print("Once they have ended, continue those that did not finish with:")
-        for line in sweep_commands(command_line, left, resume=True):
-            print(f"  {line}")
+        print("Once they have ended, continue those that did not finish with:",
+              *(f"  {line}" for line in sweep_commands(command_line, left, resume=True)), sep="\n")
         return
     print(f"Sweep stopped by {name}: {len(err.interrupted)} job(s) interrupted, "
           f"{len(err.not_started)} not started.")
@@ -248,14 +243,12 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
         job = by_command.get(command)
         print(f"  interrupted: {job.describe() if job is not None else command}")
     if err.interrupted or err.not_started:
-        for line in continue_lines(command_line,
-                                   "interrupted jobs resume from their last checkpoint", left):
-            print(line)
+        print(*continue_lines(command_line, "interrupted jobs resume from their last checkpoint",
+                              left), sep="\n")
 
 
 def report_failures(err: JobsFailed, command_line: CommandLines) -> None:
-    """After a launcher's failure summary: the count and how to go on (no ``--resume`` for
-    jobs that failed on bad input, exit status 2, before their first checkpoint)."""
+    """After a launcher's failure summary: the count and how to go on."""
     print(f"Sweep: {len(err.failed)} of {err.n_commands} launched jobs failed (their errors and "
           "err.txt files are listed above); their folders are kept, Incomplete.")
     refused = [c for c, code in zip(err.failed, err.exit_codes) if code == EXIT_BAD_INPUT
@@ -269,18 +262,14 @@ def report_failures(err: JobsFailed, command_line: CommandLines) -> None:
               "under --data_dir or an argument; see its error line above): run again unchanged, "
               "it fails the same way, and it has nothing to resume. Fix the cause (e.g. "
               "--data_dir), remove their folders with:")
-        print("\n".join(delete_lines))
-        print("then launch the corrected command.")
+        print(*delete_lines, "then launch the corrected command.", sep="\n")
         return
     if refused:
         print(f"({len(refused)} of them failed on bad input before their first checkpoint, "
               "exit status 2: fix the cause first, or they fail again.)")
-    print("Fix the cause first.")
-    for line in continue_lines(command_line, "a job resumes from its last checkpoint, if any",
-                               folders):
-        print(line)
-    print("or delete them, so that the next launch starts them over:")
-    print("\n".join(delete_lines))
+    print("Fix the cause first.", *continue_lines(
+        command_line, "a job resumes from its last checkpoint, if any", folders),
+        "or delete them, so that the next launch starts them over:", *delete_lines, sep="\n")
 
 
 def never_started(job: SweepJob) -> bool:
@@ -321,9 +310,7 @@ def state_line(job: SweepJob) -> str:
 
 def status(jobs: Sequence[SweepJob]) -> int:
     """Print each job's :func:`state_line` and the counts."""
-    for job in jobs:
-        print(state_line(job))
-    print(summary_line(jobs))
+    print(*map(state_line, jobs), summary_line(jobs), sep="\n")
     return 0
 
 
@@ -358,16 +345,13 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                command_line: CommandLines = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
-    """The sweep's flow after enumeration: print the jobs, select, check, confirm, act or (dry
-    run) print; ``estimate(selected)`` prints a launch's cost before the prompt. Returns the exit
-    status (docs/sweep.md)."""
+    """The flow after enumeration: print, select, check, confirm (after ``estimate``), act; the
+    exit status."""
     if action == "status":
         return status(jobs)
     if action == "cancel":
         return cancel(jobs, skip_confirmation, input_fn, dry_run)
-    for job in jobs:
-        print(job)
-    print(summary_line(jobs))
+    print(*jobs, summary_line(jobs), sep="\n")
     selected = select_jobs(jobs, action, resume)
     launching = action == "launch"
     print(f"About to {'launch' if launching else 'delete'} {len(selected)} jobs.")

@@ -45,8 +45,7 @@ def claims_dir(sweep_dir: str) -> str:
 
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
-    """Hold the sweep-wide lock (exclusive to change claims, shared to read); yields False when
-    it does not exist (and shared)."""
+    """Hold the sweep-wide lock (exclusive to change claims); False when there is none to share."""
     if fcntl is None:
         yield True
         return
@@ -151,8 +150,7 @@ _ACTIVE: list["LauncherClaim"] = []
 
 
 class LauncherClaim:
-    """This launcher's claim: :meth:`take` jobs nobody holds, :meth:`release` one that ended;
-    leaving the context removes the claim."""
+    """This launcher's claim: :meth:`take` jobs nobody holds, :meth:`release` one that ended."""
 
     def __init__(self, sweep_dir: str, command: str = ""):
         self.sweep_dir = sweep_dir
@@ -179,8 +177,7 @@ class LauncherClaim:
     def take(self, jobs: Sequence, refresh: Callable[[object, dict], None],
              wanted: Callable[[object], bool], create: Callable[[object], None]
              ) -> tuple[list, list[Claim]]:
-        """Under the sweep lock: refresh every job's state, keep those still ``wanted``, create
-        their folders and claim them; returns (the jobs kept, the others' live claims)."""
+        """Claim the jobs still ``wanted``; returns (the jobs kept, the others' live claims)."""
         if fcntl is None:
             for job in jobs:
                 create(job)
@@ -188,11 +185,9 @@ class LauncherClaim:
         with sweep_lock(self.sweep_dir, exclusive=True):
             others = read_claims(self.sweep_dir, remove_stale=True)
             held = held_folders(others, self.sweep_dir)
-            kept = []
             for job in jobs:
                 refresh(job, held)
-                if wanted(job):
-                    kept.append(job)
+            kept = [job for job in jobs if wanted(job)]
             try:
                 for job in kept:
                     create(job)
@@ -213,25 +208,21 @@ class LauncherClaim:
         return True
 
     def _write(self) -> None:
-        """Write the claim under the sweep lock (never seen half written), creating and locking
-        the file on the first write."""
+        """Write the claim, under the sweep lock (readers never see it half written)."""
         host = socket.gethostname() or "unknown-host"
         if self.fd is None:
-            self.path = os.path.join(
-                claims_dir(self.sweep_dir),
-                f"{host}-{os.getpid()}-{next(_counter)}{CLAIM_SUFFIX}")
+            self.path = os.path.join(claims_dir(self.sweep_dir),
+                                     f"{host}-{os.getpid()}-{next(_counter)}{CLAIM_SUFFIX}")
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        data = json.dumps({"pid": os.getpid(), "host": host,
-                           "started": self.started, "command": self.command,
-                           "jobs": self.jobs}).encode()
+        data = json.dumps({"pid": os.getpid(), "host": host, "started": self.started,
+                           "command": self.command, "jobs": self.jobs}).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
 
 
 def job_ended(folder: str | None) -> None:
-    """A launcher's job ended: release its folder from this process's claim (others see it as it
-    is, Done or Incomplete)."""
+    """A launcher's job ended: release its folder from this process's claim."""
     if folder is None:
         return
     for claim in list(_ACTIVE):

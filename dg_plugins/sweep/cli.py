@@ -140,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _launcher_names(name: str | None = None) -> list[str]:
-    """The registered launchers: the built-in ones, and when ``name`` is none of them, those the
-    plugin modules of ``$DG_PLUGINS_IMPORT`` register (imported only then)."""
+    """The registered launchers (those of the plugin modules too when ``name`` is none of ours)."""
     import dg_plugins.sweep.launchers  # noqa: F401  (registers the built-in launchers)
 
     if name is not None and name not in LAUNCHERS:
@@ -238,8 +237,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def slurm_options(args: argparse.Namespace) -> SubmititOptions:
-    """The ``--slurm_*`` flags that were given (``--slurm_NAME`` for ``DG_SLURM_NAME``); unset
-    ones leave the environment in charge."""
+    """The ``--slurm_*`` flags given (``--slurm_NAME`` for ``DG_SLURM_NAME``)."""
     given = {name: getattr(args, "slurm_" + var.removeprefix("DG_SLURM_").lower(), None)
              for name, var in SUBMITIT_ENV_VARS.items()}
     return SubmititOptions(**{
@@ -259,9 +257,7 @@ def make_launcher(args: argparse.Namespace):
 
 
 def make_args_list(args: argparse.Namespace) -> list[dict]:
-    """The train args of every job of a parsed and validated ``sweep`` command line: what the
-    sweep enumerates, then each train flag its row says the sweep passes (given, or to every
-    job, hashed)."""
+    """The train args of every job of a parsed, validated sweep command line."""
     return jobs.make_args_list(
         args.n_trials, args.datasets, args.algorithms, args.n_hparams_from, args.n_hparams,
         None, args.data_dir, args.task, args.holdout_fraction, args.single_test_envs, None,
@@ -273,17 +269,14 @@ def make_args_list(args: argparse.Namespace) -> list[dict]:
 
 
 def command_args(args: argparse.Namespace) -> dict:
-    """The flags every job's command carries unhashed (:func:`dg_plugins.job.flags.sweep_job_args`:
-    ``--eval_splits`` when not its default, ``--n_workers`` when given)."""
+    """The flags every job's command carries unhashed (``--eval_splits``, ``--n_workers``)."""
     return job_flags.sweep_job_args(args, hashed=False)
 
 
 def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = False,
                parser: argparse.ArgumentParser | None = None):
-    """``(args, jobs)`` of a sweep argv: parsed (``dry_run``: with ``--dry_run``), defaults
-    filled, checked (exits through ``parser.error``), enumerated; nothing written. The one
-    enumeration of sweep, its plan and reproduce. ``defer_scores``: a ``--alignment_scores``
-    file not made yet is allowed (its job args hold the path as the sweep would)."""
+    """``(args, jobs)`` of a sweep argv: parsed, checked (``parser.error``), enumerated; nothing
+    written. ``defer_scores``: a ``--alignment_scores`` file not made yet is allowed."""
     parser = parser or build_parser()
     args = parser.parse_args(list(argv) + (["--dry_run"] if dry_run else []))
     if args.datasets is None:  # DomainBed's: every catalog dataset whose name lacks "Debug"
@@ -298,8 +291,7 @@ def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = 
     deferred = defer_scores and scores is not None and not os.path.isfile(scores)
     saved = {name: getattr(args, name) for name in job_flags.ALIGNMENT_ARGS}
     if deferred:  # validate the rest; the score file's own flags need the file
-        for name in saved:
-            setattr(args, name, None)
+        vars(args).update(dict.fromkeys(saved))
     validate(parser, args)
     if deferred:
         vars(args).update(saved, alignment_scores=os.path.abspath(scores))

@@ -23,8 +23,7 @@ def _default_steps(dataset: str) -> int:
 
 
 def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
-    """``(training steps, pretraining identity or None, pretraining steps)`` of one job, as train
-    counts them."""
+    """``(training steps, pretraining identity or None, pretraining steps)`` of one job."""
     a = train_args
     dataset = a["dataset"]
     steps = a.get("steps")
@@ -116,8 +115,7 @@ FORWARDS_DEFINITION = (
 
 @dataclass
 class Forwards:
-    """One job's image forwards: ``train``, ``evaluation`` per ``--eval_splits`` value (None:
-    unknown, ``unknown`` says why), and its estimated GPU time."""
+    """One job's image forwards (None: unknown, ``unknown`` says why) and estimated GPU time."""
     train: int | None
     evaluation: dict
     unknown: str = ""
@@ -126,8 +124,7 @@ class Forwards:
 
 
 def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> int | None:
-    """The images the ``steps`` training steps of the job of train args ``a`` train on (None:
-    unknown ``sizes`` of a pooled job)."""
+    """The images the ``steps`` training steps of the job of train args ``a`` train on."""
     n_sources = n_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
     if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
         from dg_plugins.algorithms.udg_finetune import finetune_settings  # imports torch

@@ -18,8 +18,7 @@ from typing import Callable, Sequence
 from dg_plugins.sweep.jobs import SweepJob
 
 CHILD_MODULE = "dg_plugins.sweep.estimate_child"
-#: The whole estimate's limit in seconds (the timed steps: a third of it); 0 leaves it out. Jobs of
-#: a remote launcher are not timed here.
+#: The whole estimate's limit in seconds (the timed steps: a third of it); 0 leaves it out.
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
 REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
 

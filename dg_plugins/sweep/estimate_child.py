@@ -1,6 +1,5 @@
 """The child process of the sweep's cost estimate (:mod:`dg_plugins.sweep.estimate`): jobs as JSON
-on stdin; prints their steps, image forwards, GPU time from the measured H200 step times, else
-their time on this machine from a few steps timed here on random images. Imports torch."""
+on stdin; prints their costs, GPU time, and time on this machine from steps timed here."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def job_eval_splits(job: dict) -> str:
 
 @dataclass
 class Config:
-    """What a timed step depends on (the first job that has it gives its hparams), and what was
-    measured: seconds per training and per evaluated image, the images of the timed step."""
+    """What a timed step depends on (the first job's hparams), and what was measured."""
     label: str  # "ERM ResNet-50"
     algorithm: str
     hparams: dict
@@ -63,8 +61,8 @@ def input_shape(dataset: str, hparams: dict) -> tuple:
 
 
 def num_classes(dataset: str, data_dir: str | None) -> int:
-    """The dataset's classes: declared, or the union of the class folders of an image tree (the
-    classifier's width barely changes a step's time: 10 when neither tells)."""
+    """The dataset's classes: declared, or its image tree's class folders (else 10: it matters
+    little)."""
     from dg_plugins import catalog
     from dg_plugins.layouts import visible_subfolders
 
@@ -110,9 +108,8 @@ def configs_of(jobs: list, hparams: list) -> tuple[list[Config], list[int]]:
 
 
 def time_config(config: Config, deadline: float) -> None:
-    """Time a training step and a prediction of ``config`` per image on random images: after a
-    warm-up, the faster of two steps of 2 images per domain, or of the job's own batch when that
-    takes at most :data:`TARGET_STEP_S`."""
+    """Time a training step and a prediction of ``config`` per image on random images (the
+    faster of two steps, after a warm-up)."""
     import torch
 
     from dg_plugins.algorithms.base import gradient_scaling
@@ -183,8 +180,8 @@ def device_label(device) -> str:
 
 
 def print_costs(jobs: list):
-    """Print the steps, image forwards and GPU time of ``jobs``; returns their ``JobsCost``, each
-    job's evaluation forwards (its own ``--eval_splits``) and whether the GPU time covers all."""
+    """Print the costs of ``jobs``; returns them, each job's evaluation forwards and whether the
+    GPU time covers all."""
     from dg_plugins.reference import gpu_times
     from dg_plugins.sweep.costs import count, jobs_cost, sum_forwards
     from dg_plugins.sweep.gpu_hours import sum_gpu
@@ -219,8 +216,7 @@ def print_costs(jobs: list):
 
 
 def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: float) -> str:
-    """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated
-    (UDG jobs only, a GPU the ``measured`` estimate covers, short jobs)."""
+    """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated."""
     from dg_plugins import hparams as hp_lib
     from dg_plugins.reference import gpu_times
     from dg_plugins.runtime import pick_device

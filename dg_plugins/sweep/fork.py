@@ -26,8 +26,7 @@ _SHELL_WORDS = frozenset(
 
 
 def is_simple_command(command: str) -> bool:
-    """Whether ``command`` is a plain list of words, a program first (its own ``shlex`` round
-    trip: no shell syntax)."""
+    """Whether ``command`` is a program and plain words (its own ``shlex`` round trip)."""
     words = parse_command(command)[0]
     return (bool(words) and "=" not in words[0] and words[0] not in _SHELL_WORDS
             and shlex.join(words) == command)
@@ -87,8 +86,7 @@ def main_module_is_reimport_safe() -> bool:
 
 
 def forkable_train_args(command: str) -> list[str] | None:
-    """The train arguments of ``<this interpreter> -m dg_plugins.scripts.train ARGS`` (None:
-    another command, or forking not allowed)."""
+    """The ARGS of ``<this interpreter> -m dg_plugins.scripts.train ARGS`` when it may fork."""
     if (os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork")
             or not main_module_is_reimport_safe() or not is_simple_command(command)):
         return None
@@ -97,8 +95,7 @@ def forkable_train_args(command: str) -> list[str] | None:
 
 
 def _release_fork_server() -> None:
-    """In a forked job: close its copy of the fork server's "alive" pipe (the server exits with
-    the launcher)."""
+    """In a forked job: close its copy of the fork server's "alive" pipe."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
@@ -115,15 +112,14 @@ def _release_fork_server() -> None:
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...], launcher_pid: int | None = None,
                     log: str | None = None) -> None:
-    """A forked job: the launcher's environment and folder, a fresh interpreter's signals, then
-    train's ``main``."""
+    """A forked job: the launcher's environment, a fresh interpreter's signals, train's main."""
     server_pid = os.getppid()
     if log is not None:  # stdout and stderr (file descriptors 1 and 2) to the file
         sys.stdout.flush()
         sys.stderr.flush()
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
+        for target in (1, 2):
+            os.dup2(fd, target)
         os.close(fd)
     if new_session:
         os.setsid()
@@ -131,12 +127,8 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     os.environ.update(environ)
     os.chdir(cwd)
     for signum in STOP_SIGNALS:
-        if int(signum) in ignored:
-            signal.signal(signum, signal.SIG_IGN)
-        elif signum == signal.SIGINT:
-            signal.signal(signum, signal.default_int_handler)
-        else:
-            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_IGN if int(signum) in ignored else
+                      signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     # A forkserver child inherits the fork server's start method ("forkserver"); a fresh
     # interpreter has the platform's default. Without this reset, the job's own children (loader
     # workers) would be started by the launcher's fork server, not by the job.

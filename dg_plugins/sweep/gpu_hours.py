@@ -1,5 +1,4 @@
-"""The estimated GPU-hours of a job from the measured step and evaluation times
-(:mod:`dg_plugins.reference.gpu_times`)."""
+"""A job's estimated GPU-hours from the measured times (:mod:`dg_plugins.reference.gpu_times`)."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str
 
 def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
                  evaluation: dict) -> GpuTime:
-    """The estimated GPU seconds of the job of train args ``a`` from its ``trained`` (None:
-    unknown) and ``pretrained`` images and ``evaluation`` forwards."""
+    """The estimated GPU seconds of the job of train args ``a`` from its images and forwards."""
     times = gpu_times.load()
     algorithm, network = network_label(a["algorithm"], a["dataset"], hparams)
     parts = [(f"{algorithm} {network}", trained)]
@@ -104,8 +102,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
             gpu.missing[label] = ((NOT_MEASURED, "no benchmark gpu row") if per_image is None
                                   else (UNKNOWN, "its training images are unknown"))
         elif images:
-            for v in EVAL_SPLITS:
-                gpu.seconds[v] += images * per_image
+            gpu.seconds = {v: s + images * per_image for v, s in gpu.seconds.items()}
     shape = tuple(DATASETS.get(a["dataset"]).INPUT_SHAPE or ())
     if shape[1:] != (times.input_size,) * 2 or size != times.input_size:
         gpu.missing[f"{a['dataset']} evaluation"] = (
@@ -113,8 +110,8 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
     elif any(evaluation[v] is None for v in EVAL_SPLITS):
         gpu.missing[f"{a['dataset']} evaluation"] = (UNKNOWN, "its image counts are unknown")
     else:
-        for v in EVAL_SPLITS:
-            gpu.seconds[v] += evaluation[v] / times.eval_images_per_second
+        gpu.seconds = {v: s + evaluation[v] / times.eval_images_per_second
+                       for v, s in gpu.seconds.items()}
     return gpu
 
 
@@ -122,8 +119,7 @@ def sum_gpu(items: list) -> GpuTime:
     """The sum of the GPU times of the jobs' ``Forwards`` (the parts left out: their union)."""
     total = GpuTime({v: 0.0 for v in EVAL_SPLITS})
     for f in items:
-        for v in EVAL_SPLITS:
-            total.seconds[v] += f.gpu.seconds[v]
+        total.seconds = {v: s + f.gpu.seconds[v] for v, s in total.seconds.items()}
         total.missing.update(f.gpu.missing)
         total.notes |= f.gpu.notes
     return total
@@ -132,9 +128,8 @@ def sum_gpu(items: list) -> GpuTime:
 def gpu_hours_text(gpu: GpuTime, value: str) -> str:
     """A table cell: ``12.3``, ``12.3 + not measured`` (parts left out), or the tags alone."""
     tags = sorted({tag for tag, _ in gpu.missing.values()})
-    if not gpu.seconds[value] and tags:
-        return " + ".join(tags)
-    return " + ".join([f"{gpu.seconds[value] / 3600:,.1f}", *tags])
+    hours = [] if not gpu.seconds[value] and tags else [f"{gpu.seconds[value] / 3600:,.1f}"]
+    return " + ".join([*hours, *tags])
 
 
 def gpu_line(gpu: GpuTime) -> str:

@@ -39,15 +39,13 @@ def register_datasets() -> None:
 
 @functools.cache
 def dataset_sizes(dataset: str, data_dir: str | None) -> Sizes:
-    """Images per environment of ``dataset``: counted in ``data_dir`` (DomainNet20: its 20
-    classes), a built-in dataset's own, else those recorded in paper_settings (or UsageError)."""
+    """Images per environment of ``dataset``: counted on disk, built in, else recorded."""
     return (_count_on_disk(dataset, data_dir) or _built_in(dataset, data_dir)
             or _recorded(dataset, data_dir))
 
 
 def _built_in(dataset: str, data_dir: str | None) -> Sizes | None:
-    """Images per environment of an in-memory dataset: DigitsOffline's generator sizes, or under
-    ``--data_dir builtin`` the dataset built here (a fraction of a second); else None."""
+    """Images per environment of an in-memory dataset (under ``--data_dir builtin``: built here)."""
     register_datasets()
     if dataset not in DATASETS or not getattr(DATASETS.get(dataset), "IN_MEMORY", False):
         return None

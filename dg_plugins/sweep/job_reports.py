@@ -1,5 +1,5 @@
 """What the local and multi-GPU launchers print per job: a line when it starts and one when it
-ends (done with its accuracy, or failed with its error line). Torch-free."""
+ends."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ CAPTURED_LINES_KEPT = 20
 
 
 def describe(command: str) -> str:
-    """``ERM on PACS, test envs 0 1, hparams 0, trial 0`` for a train command (the command
-    itself otherwise)."""
+    """``ERM on PACS, test envs 0 1, hparams 0, trial 0`` for a train command (else the command)."""
     flags = parse_command(command)[1]
     if not {"algorithm", "dataset"} <= set(flags):
         return command
@@ -52,8 +51,7 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
 
 
 class JobOutputs:
-    """Per-job lines of a launcher, then the time left; the jobs' output goes to temporary files
-    (:meth:`log`)."""
+    """Per-job lines of a launcher, then the time left; the jobs' output goes to temporary files."""
 
     def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
                  write: Callable[[str], None] = lambda line: print(line, flush=True),
@@ -94,8 +92,7 @@ class JobOutputs:
                    f"{describe(self.commands[index])}{log}")
 
     def ended(self, index: int, code: int | None, interrupted: bool = False) -> None:
-        """The line of a job that ended: done with its accuracy, or failed with its first error
-        line."""
+        """The line of a job that ended: done with its accuracy, or failed with its error line."""
         now = self.clock()
         seconds = now - self.started_at.get(index, now)
         took = f"in {seconds:.0f} s"
@@ -106,7 +103,9 @@ class JobOutputs:
             self.write(f"{self._prefix(index)} done {took}: "
                        f"{accuracy_summary(record, test_envs)}")
         elif code is not None:
-            self._keep_captured(index)
+            path = self.paths.get(index)  # the job's output, for when it wrote no err.txt
+            if path is not None and os.path.exists(path):
+                self.logs.captured[index] = read_lines(path)[-CAPTURED_LINES_KEPT:]
             excerpt = error_excerpt(self.logs.new_lines(index), 1)
             line = excerpt[0] if excerpt else "no error message"
             if interrupted:  # "stopped by SIGINT after step 3" (how to go on: the sweep says)
@@ -120,11 +119,6 @@ class JobOutputs:
             line = self.progress.line()
             if line is not None:
                 self.write(f"  {line}")
-
-    def _keep_captured(self, index: int) -> None:
-        path = self.paths.get(index)
-        if path is not None and os.path.exists(path):
-            self.logs.captured[index] = read_lines(path)[-CAPTURED_LINES_KEPT:]
 
     def _remove(self, index: int) -> None:
         path = self.paths.pop(index, None)

@@ -20,19 +20,16 @@ from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names, train_com
 from dg_plugins.job.folder import is_done, lock_holder
 
 NOT_LAUNCHED, INCOMPLETE, DONE = "Not launched", "Incomplete", "Done"
-#: Incomplete jobs that a live process trains (its folder lock), another live launcher queued
-#: (:mod:`dg_plugins.sweep.claims`), or Slurm still holds (:mod:`dg_plugins.sweep.slurm`).
+#: Incomplete jobs that a live process trains, another live launcher queued, or Slurm holds.
 RUNNING, QUEUED, IN_SLURM = "Running", "Queued", "In Slurm"
 
-#: The train flags a sweep may hash into a job's args besides those it enumerates, and those it
-#: passes in every command unhashed (:data:`dg_plugins.job.flags.FLAGS`' policies).
+#: The train flags a sweep may hash into a job's args, and those it passes in every command.
 OPTIONAL_TRAIN_ARGS = names(sweep=OPTIONAL) + names(sweep=EVERY, hashed=True)
 UNHASHED_TRAIN_ARGS = names(sweep=EVERY, hashed=False)
 
 
 def check_dataset_name(dataset: str) -> None:
-    """Raise ValueError ("did you mean", or the bridge for DomainBed-only datasets) unless train
-    can run ``dataset``; a plugin's datasets declare themselves when registered."""
+    """ValueError unless train can run ``dataset`` (a plugin's datasets: once registered)."""
     try:
         catalog.check_dataset_name(dataset)
     except ValueError:
@@ -117,19 +114,16 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     env_lists = {d: (check_test_env_sets(test_env_sets, n_envs(d), d) if test_env_sets is not None
                      else test_env_lists(n_envs(d), single_test_envs, single_source))
                  for d in dict.fromkeys(dataset_names)}
-    args_list = []
-    for trial_seed, dataset, algorithm in itertools.product(range(n_trials), dataset_names,
-                                                            algorithms):
-        for test_envs, hparams_seed, fraction in itertools.product(
+    return [{"dataset": dataset, "algorithm": algorithm, "test_envs": list(test_envs),
+             "holdout_fraction": holdout_fraction, "hparams_seed": hparams_seed,
+             "data_dir": data_dir, "task": task, "trial_seed": trial_seed,
+             "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed, trial_seed),
+             **optional, **({} if fraction is None else {"label_fraction": fraction})}
+            for trial_seed, dataset, algorithm in itertools.product(
+                range(n_trials), dataset_names, algorithms)
+            for test_envs, hparams_seed, fraction in itertools.product(
                 env_lists[dataset], range(n_hparams_from, n_hparams),
-                [None] if label_fractions is None else label_fractions):
-            args_list.append({
-                "dataset": dataset, "algorithm": algorithm, "test_envs": list(test_envs),
-                "holdout_fraction": holdout_fraction, "hparams_seed": hparams_seed,
-                "data_dir": data_dir, "task": task, "trial_seed": trial_seed,
-                "seed": seed_hash(dataset, algorithm, test_envs, hparams_seed, trial_seed),
-                **optional, **({} if fraction is None else {"label_fraction": fraction})})
-    return args_list
+                [None] if label_fractions is None else label_fractions)]
 
 
 def job_folder_name(train_args: dict) -> str:

@@ -95,8 +95,7 @@ def visible_gpus() -> list[str]:
 def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                 poll_interval: float = 1.0, grace_period_s: float | None = None,
                 logs: ErrorLogs | None = None, jobs_per_gpu: int = 1) -> list[int]:
-    """Run the commands, at most ``jobs_per_gpu`` at a time on each GPU, each with its share of
-    the cores once its memory fits; return the exit codes."""
+    """Run the commands, ``jobs_per_gpu`` at a time on each GPU; return the exit codes."""
     gpus = list(gpus)
     if not gpus:
         raise RuntimeError(f"multi_gpu launcher: {NO_GPU}")
@@ -106,15 +105,12 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     check = packing.MemoryCheck(gpus, jobs_per_gpu) if jobs_per_gpu > 1 else None
     refused = None
 
-    def decide(folders) -> None:
+    def decide(folders) -> None:  # each sweep's peak (a queue of several sweeps)
         nonlocal refused
-        if check is None or refused is not None:
-            return
         try:
-            note = check.update(folders)  # each sweep's peak (a queue of several sweeps)
+            note = check.update(folders) if check is not None and refused is None else None
         except packing.PackingRefused as err:
-            refused = err
-            return
+            refused, note = err, None
         if note:
             print(note, flush=True)
 
@@ -164,8 +160,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
 def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
                        poll_interval: float = 1.0, grace_period_s: float | None = None,
                        jobs_per_gpu: int | None = None) -> None:
-    """``jobs_per_gpu`` jobs (default 1) at a time on each visible GPU (``gpus`` overrides
-    :func:`visible_gpus`); a stop signal as in :func:`local_launcher`."""
+    """``jobs_per_gpu`` jobs (default 1) at a time on each visible GPU (or ``gpus``)."""
     gpus = visible_gpus() if gpus is None else gpus
     try:
         _run_and_report("multi_gpu", commands, lambda logs: run_on_gpus(
@@ -177,8 +172,7 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
 
 
 def launch_problem(name: str, submitit=None) -> str | None:
-    """Why the built-in launcher ``name`` cannot launch from this machine, with the fix (None:
-    it can, or it is not one of ours); ``submitit``: the submitit launcher's options."""
+    """Why the built-in launcher ``name`` cannot launch from here, with the fix (None: it can)."""
     if name == "multi_gpu":
         return None if visible_gpus() else NO_GPU
     if name == "submitit":

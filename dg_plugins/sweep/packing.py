@@ -46,9 +46,7 @@ def job_env(gpu: str, cores: int) -> dict:
 def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
     """The largest ``mem_gb`` in the records of the job ``folders``, and its folder (or None)."""
     best = None
-    for folder in folders:
-        if not folder:
-            continue
+    for folder in filter(None, folders):
         try:
             with open(os.path.join(folder, RESULTS_FILE)) as handle:
                 values = [json.loads(line).get("mem_gb") for line in handle if line.strip()]
@@ -94,8 +92,7 @@ class MemoryCheck:
     peaks: dict = field(default_factory=dict)
 
     def knows(self, job_folder: str | None) -> bool:
-        """Whether the sweep of ``job_folder`` has a checked peak (if not, its first job runs
-        alone)."""
+        """Whether the sweep of ``job_folder`` has a checked peak (else its first runs alone)."""
         return job_folder is None or _sweep_of(job_folder) in self.peaks
 
     def update(self, job_folders: Sequence[str | None]) -> str | None:
@@ -121,8 +118,7 @@ class MemoryCheck:
         return "\n".join(note for note in notes if note) or None
 
     def decide(self, peak: tuple[float, str] | None) -> str | None:
-        """The line that says the jobs fit (None while no peak is known); raises
-        :class:`PackingRefused` when they do not."""
+        """The line that says the jobs fit (None: no peak yet); :class:`PackingRefused` if not."""
         if self.decided or peak is None:
             return None
         self.decided = True

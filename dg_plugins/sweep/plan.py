@@ -5,6 +5,7 @@ FILE ... :: launch FLAGS [:: launch FLAGS ...]`` writes their jobs' folders and 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -17,14 +18,8 @@ CALL_SEPARATOR = "::"
 
 def split_calls(tokens) -> list[list[str]]:
     """Sweep calls given in a row, separated by :data:`CALL_SEPARATOR` (empty ones dropped)."""
-    calls, current = [], []
-    for token in [*tokens, CALL_SEPARATOR]:
-        if token != CALL_SEPARATOR:
-            current.append(token)
-        elif current:
-            calls.append(current)
-            current = []
-    return calls
+    return [list(call) for separator, call in itertools.groupby(
+        tokens, lambda token: token == CALL_SEPARATOR) if not separator]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,8 +62,7 @@ def command_output_dir(command: str) -> str | None:
 
 
 def read_lines(path: str | None, offset: int = 0) -> list[str]:
-    """The non-blank lines of ``path`` from byte ``offset`` (from its start when it is shorter),
-    right-stripped; [] when there is no such file (or no path)."""
+    """The non-blank lines of ``path`` from byte ``offset`` (or its start), right-stripped."""
     try:
         with open(path, "rb") as f:
             f.seek(offset if offset <= os.fstat(f.fileno()).st_size else 0)
@@ -74,14 +73,12 @@ def read_lines(path: str | None, offset: int = 0) -> list[str]:
 
 
 class ErrorLogs:
-    """Where each job's ``err.txt`` ends before the launcher runs it, so that a failure summary
-    shows the lines this run added (the file is appended to across resumes)."""
+    """Where each job's ``err.txt`` ends before the launcher runs it (what this run added)."""
 
     def __init__(self, commands: Sequence[str]):
         self.folders = [command_output_dir(c) for c in commands]
         self.offsets = [self._size(folder) for folder in self.folders]
-        #: index -> the lines a job printed, where a launcher captured its output (used when
-        #: the job wrote nothing to its err.txt: it failed before it took its folder)
+        #: index -> a job's captured output (for a job that failed before it took its folder)
         self.captured: dict[int, list[str]] = {}
 
     @staticmethod
@@ -101,8 +98,7 @@ class ErrorLogs:
 
 
 def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:
-    """The lines that say what went wrong: train's one-line ``error: ...`` / ``stopped: ...``
-    messages when there are some, else the end of a traceback (its exception line)."""
+    """The lines that say what went wrong: train's ``error:``/``stopped:`` lines, else the end."""
     marked = [line for line in lines if line.startswith(("error:", "stopped:"))]
     if marked:
         return marked[:n]
@@ -111,8 +107,7 @@ def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]
 
 def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
                       logs: ErrorLogs | None = None) -> list[int]:
-    """Print the summary and each failed job's exit code, command, first error lines and err.txt;
-    raise :class:`JobsFailed` when one failed, else return ``[]``."""
+    """Print the summary and each failed job's error lines; :class:`JobsFailed` when one failed."""
     logs = logs or ErrorLogs(commands)
     failed, running = [], []
     for i, code in enumerate(exit_codes):
@@ -178,8 +173,7 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 class JobProcesses:
-    """Start jobs in their own process groups and forward stop signals to them, with the grace
-    period; a context manager (docs/sweep.md)."""
+    """Start jobs in their own process groups and forward stop signals to them (docs/sweep.md)."""
 
     def __init__(self, grace_period_s: float | None = None, poll_interval: float = 0.05):
         self.grace_period_s = stop_grace_period(grace_period_s)
@@ -223,8 +217,7 @@ class JobProcesses:
             _signal_group(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     def announce(self, out=None) -> None:
-        """Print, once, what happens after a stop signal (called from the main loop, not from
-        the handler, so that no print is interrupted by another)."""
+        """Print, once, what a stop signal does (from the main loop: no print interrupted)."""
         if self.stopping and not self._announced:
             self._announced = True
             print(f"\nReceived {signal_name(self.signum)}: forwarded to {len(self.running)} "
@@ -234,8 +227,7 @@ class JobProcesses:
 
     def start(self, index: int, command: str, env=None, cwd=None,
               log: str | None = None) -> subprocess.Popen | None:
-        """Start ``command`` through ``/bin/sh``, or fork it when it is this interpreter's train
-        (None when stopping); ``env`` (default: the launcher's) is the job's environment."""
+        """Start ``command`` by ``/bin/sh``, or fork this interpreter's train (None: stopping)."""
         if self.stopping:
             return None
         train_args = forkable_train_args(command) if cwd is None else None
@@ -263,8 +255,7 @@ class JobProcesses:
         return proc
 
     def poll(self, proc: subprocess.Popen) -> int | None:
-        """The job's exit status once it (and, after a stop, its whole process group) has
-        exited, else None; once the grace period has passed, SIGKILL its process group."""
+        """The job's exit status once it (after a stop, its group) exited; SIGKILL after grace."""
         index = self.running[proc.pid][0]
         killed = index in self.killed
         code = proc.poll()

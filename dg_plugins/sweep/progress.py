@@ -3,6 +3,7 @@ that finished, over a whole planned run (:mod:`dg_plugins.sweep.plan`). Torch-fr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Sequence
@@ -41,8 +42,7 @@ def command_steps(command: str) -> int | None:
 
 
 class Progress:
-    """The jobs of a run (``planned``), those that ended (``measured``) and a reference rate for
-    a fresh start."""
+    """The jobs of a run (``planned``), those that ended (``measured``), a reference rate."""
 
     def __init__(self, planned: dict[str, int | None], measured: dict | None = None,
                  reference: Sequence | None = None, parallel: int = 1, name: str = "",
@@ -65,20 +65,16 @@ class Progress:
             return None
 
     def save(self) -> None:
-        if self.path is None:
-            return
         data = {"name": self.name, "planned": self.planned, "measured": self.measured,
                 "reference": self.reference}
-        try:
-            atomic_write_bytes(self.path, json.dumps(data, indent=1).encode())
-        except OSError:
-            pass  # an estimate is never worth failing a sweep for
+        if self.path is not None:
+            with contextlib.suppress(OSError):  # an estimate is never worth failing a sweep for
+                atomic_write_bytes(self.path, json.dumps(data, indent=1).encode())
 
     @classmethod
     def for_commands(cls, commands: Sequence[str], folders: Sequence[str | None],
                      parallel: int = 1) -> "Progress":
-        """The run's plan from ``$DG_SWEEP_PROGRESS`` when it names a readable file that holds
-        these jobs, else these jobs alone."""
+        """The run's plan from ``$DG_SWEEP_PROGRESS`` when it holds these jobs, else theirs."""
         path = os.environ.get(PROGRESS_ENV)
         if path:
             loaded = cls.load(path, parallel)
@@ -92,10 +88,9 @@ class Progress:
         """A job of the run ended after ``seconds`` (the file re-read: a run's sweeps add up)."""
         if folder is None:
             return
-        if self.path is not None:
-            fresh = Progress.load(self.path, self.parallel)
-            if fresh is not None:
-                self.measured = fresh.measured
+        fresh = Progress.load(self.path, self.parallel) if self.path is not None else None
+        if fresh is not None:
+            self.measured = fresh.measured
         self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
         self.save()
 

@@ -42,8 +42,7 @@ def run_client(argv: Sequence[str], timeout: float = CLIENT_TIMEOUT_S) -> str:
 
 
 def minutes(text: str) -> float | None:
-    """Minutes of a Slurm time (``UNLIMITED``/``infinite``: None; ``[D-]HH:MM:SS``, ``MM:SS``,
-    ``MM``)."""
+    """Minutes of a Slurm time (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``; None: unlimited)."""
     text = text.strip()
     if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
         return None
@@ -106,17 +105,13 @@ def check_request(options, given) -> tuple[object, list[str]]:
                          "admins, or retry when it is up")
     found = partitions()
     notes = []
-    if options.partition is None:
-        defaults = [p for p in found.values() if p.default]
-        if not defaults:
-            raise SlurmError("this cluster has no default partition; pass --slurm_partition "
-                             f"(partitions: {', '.join(found) or 'none'})")
-        partition = defaults[0]
-    elif options.partition not in found:
-        raise SlurmError(f"--slurm_partition {options.partition}: no such partition "
-                         f"(partitions: {', '.join(found) or 'none'})")
-    else:
-        partition = found[options.partition]
+    partition = (next((p for p in found.values() if p.default), None)
+                 if options.partition is None else found.get(options.partition))
+    if partition is None:
+        raise SlurmError(("this cluster has no default partition; pass --slurm_partition"
+                          if options.partition is None else f"--slurm_partition "
+                          f"{options.partition}: no such partition")
+                         + f" (partitions: {', '.join(found) or 'none'})")
     where = f"partition {partition.name}"
     limit = partition.max_minutes
     time_min = options.time_min

@@ -1,7 +1,5 @@
-"""What one Slurm array task runs: its train jobs, each started directly with ``--resume``, Slurm's
-signals passed on (SIGTERM on preemption or ``scancel``: the jobs stop at a checkpoint, Slurm
-requeues), and at a time limit (USR2) a requeue through submitit's checkpoint protocol
-(docs/sweep.md, "Slurm"). Torch-free."""
+"""What one Slurm array task runs: its train jobs with ``--resume``, Slurm's signals passed on, and
+a requeue at each time limit (submitit's checkpoint protocol; docs/sweep.md, "Slurm")."""
 
 from __future__ import annotations
 

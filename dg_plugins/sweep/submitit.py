@@ -64,8 +64,7 @@ def parse_json_object(text: str) -> dict:
 
 
 def options_from_env(environ=None) -> SubmititOptions:
-    """The fields set through ``DG_SLURM_*`` variables (parsed by the field's type); a bad value
-    raises naming the variable."""
+    """The fields set through ``DG_SLURM_*`` variables, parsed by the field's type."""
     environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
@@ -117,8 +116,7 @@ def resolve_submitit_options(commands: Sequence[str] = (),
 
 def run_shell_command(command: str, cwd: str | None = None,
                       grace_period_s: float | None = None) -> int:
-    """One task of submitit's local/debug executor: ``command`` through the shell in ``cwd``,
-    under :class:`JobProcesses` (stop signals passed on); a nonzero exit raises."""
+    """One task of submitit's local/debug executor (a nonzero exit raises)."""
     with JobProcesses(grace_period_s) as jobs:
         proc = jobs.start(0, command, cwd=cwd)
         code = jobs.wait(proc) if proc is not None else 128 + jobs.signum
@@ -139,9 +137,7 @@ def _import_submitit():
 
 
 def launch_problem(options: SubmititOptions | None = None) -> str | None:
-    """Why the launcher cannot submit from this machine, with the fix (None: it can): the
-    submitit package missing; on the slurm cluster, Slurm's ``srun`` not on PATH, or a request
-    the cluster cannot meet (:func:`dg_plugins.sweep.slurm.check_request`)."""
+    """Why the launcher cannot submit from this machine, with the fix (None: it can)."""
     try:
         _import_submitit()
         resolved = resolve_submitit_options(overrides=options)
@@ -297,8 +293,7 @@ def _wait_slurm(commands: Sequence[str], jobs: Sequence) -> list[int]:
 
 def _wait_local(commands: Sequence[str], jobs: Sequence, catcher: SignalCatcher,
                 grace: float) -> list[int]:
-    """Poll the local executor's jobs (all started at once); after a stop signal wait at most
-    ``grace`` seconds (plus a little for submitit's own bookkeeping), then cancel the rest."""
+    """Poll the local executor's jobs; after a stop signal, cancel those left after ``grace``."""
     codes: list[int | None] = [None] * len(jobs)
     pending = set(range(len(jobs)))
     running_at_stop: set[int] = set()
@@ -348,8 +343,7 @@ def _wait_debug(commands: Sequence[str], jobs: Sequence) -> list[int]:
 
 def submitit_launcher(commands: list[str], submitit: SubmititOptions | None = None,
                       grace_period_s: float | None = None) -> None:
-    """Run the commands as a submitit job array, configured by ``submitit`` (the sweep's
-    ``--slurm_*`` flags) over the ``DG_SLURM_*`` environment (see :class:`SubmititOptions`)."""
+    """Run the commands as a submitit job array (``submitit``: the options over DG_SLURM_*)."""
     try:
         submit_commands(commands, submitit, grace_period_s)
     except LaunchInterrupted as err:
@@ -358,6 +352,5 @@ def submitit_launcher(commands: list[str], submitit: SubmititOptions | None = No
 
 
 def make_submitit_launcher(**options) -> Callable[[list], None]:
-    """A launcher ``fn(commands)`` with its own submitit options (they win over the
-    environment)."""
+    """A launcher ``fn(commands)`` with its own submitit options (over the environment)."""
     return functools.partial(submitit_launcher, submitit=SubmititOptions(**options))
