@@ -366,12 +366,6 @@ def _save_bytes(path: str, data: bytes) -> None:
         _remove(tmp)
 
 
-def _save_npy(path: str, array) -> None:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    _save_bytes(path, buffer.getvalue())
-
-
 # The build lock
 #: File descriptors of the build locks this process holds (a build process closes them).
 _LOCK_FDS: set = set()
@@ -474,8 +468,9 @@ def _check_stop(stop, stopped, doing: str) -> None:
                           "rerun the same command to run the job")
 
 
-def _versions() -> str:
-    """What decoding depends on besides the files."""
+def fingerprint(env) -> tuple[str, int]:
+    """``(digest, bytes)`` of an environment's items (paths, labels, stats) and what decoding
+    depends on besides them (PIL and its codecs, numpy, this format)."""
     import PIL
     from PIL import features
 
@@ -483,12 +478,8 @@ def _versions() -> str:
     for name in ("jpg", "zlib", "libtiff", "webp"):
         with contextlib.suppress(Exception):
             codecs.append(f"{name}={features.version(name)}")
-    return f"v{FORMAT_VERSION} PIL={PIL.__version__} numpy={np.__version__} {' '.join(codecs)}"
-
-
-def fingerprint(env) -> tuple[str, int]:
-    """``(digest, bytes)`` of an environment's items (paths, labels, stats) and versions."""
-    digest = hashlib.sha256(_versions().encode())
+    digest = hashlib.sha256(f"v{FORMAT_VERSION} PIL={PIL.__version__} numpy={np.__version__} "
+                            f"{' '.join(codecs)}".encode())
     parent = os.path.dirname(os.path.normpath(env.root))
     total = 0
     for path, label in env.samples:
@@ -896,7 +887,9 @@ class DatasetCache:
             array = write(tmp)
             digest = _file_digest(tmp)
             os.replace(tmp, data)
-            _save_npy(side, array)
+            buffer = io.BytesIO()
+            np.save(buffer, array)
+            _save_bytes(side, buffer.getvalue())
             _seal(sum_path, [data, side], {data: digest})
         except BaseException:
             for path in (sum_path, data, side):

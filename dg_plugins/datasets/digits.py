@@ -147,27 +147,20 @@ def _released(domain: str, root: str, data_dir: str):
     """``(loader, path)`` for the domain's released files when present, else None."""
     folder = os.path.join(root, domain)
     if domain == "mnist":
-        folders = [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]
-        for candidate in folders:
-            images = _first_existing(*(os.path.join(candidate, "train-images-idx3-ubyte" + s)
-                                       for s in ("", ".gz")))
-            labels = _first_existing(*(os.path.join(candidate, "train-labels-idx1-ubyte" + s)
-                                       for s in ("", ".gz")))
+        for candidate in [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]:
+            images, labels = (_first_existing(*(os.path.join(candidate, f"train-{kind}-ubyte{s}")
+                                                for s in ("", ".gz")))
+                              for kind in ("images-idx3", "labels-idx1"))
             if images and labels:
                 return (lambda: (read_idx(images), read_idx(labels))), images
         return None
-    if domain in ("svhn", "syn"):
-        path = os.path.join(folder, "test_32x32.mat" if domain == "svhn"
-                            else "synth_test_32x32.mat")
-        return ((lambda: load_mat(path)), path) if os.path.isfile(path) else None
-    if domain == "mnist_m":
-        list_file = os.path.join(folder, "mnist_m_test_labels.txt")
-        if os.path.isfile(list_file):
-            return (lambda: load_label_list(folder, list_file,
-                                            os.path.join(folder, "mnist_m_test"))), list_file
-        return None
-    path = _first_existing(os.path.join(folder, "zip.test"), os.path.join(folder, "zip.test.gz"))
-    return ((lambda: load_usps_zip(path)), path) if path else None
+    names, load = {
+        "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
+        "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
+            folder, path, os.path.join(folder, "mnist_m_test"))),
+    }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
+    path = _first_existing(*(os.path.join(folder, name) for name in names))
+    return ((lambda: load(path)), path) if path else None
 
 
 def expected_layout(domain: str, data_dir: str) -> str:

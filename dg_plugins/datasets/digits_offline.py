@@ -313,14 +313,6 @@ SYN_SATURATION = (1.2, 2.0)
 SVHN_SATURATION = (1.0, 3.0)
 
 
-def _number_text(label: int, n_digits: int, rng) -> tuple[str, int]:
-    """A random number of ``n_digits`` digits containing ``label``; returns (text, label index)."""
-    position = rng.integers(n_digits)
-    digits = [str(d) for d in rng.integers(0, 10, n_digits)]
-    digits[position] = str(label)
-    return "".join(digits), int(position)
-
-
 def _text_mask(text, position, font, canvas, centre, stroke, transform):
     """An 'L' mask of ``text`` centred on ``centre``, warped by the 2x2 ``transform``."""
     from PIL import Image, ImageDraw
@@ -341,14 +333,6 @@ def _text_mask(text, position, font, canvas, centre, stroke, transform):
     return mask.transform(mask.size, Image.AFFINE, coefficients, resample=Image.BILINEAR)
 
 
-def _warp(rng, max_angle: float, max_shear: float, width_range) -> np.ndarray:
-    angle = np.deg2rad(rng.uniform(-max_angle, max_angle))
-    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
-    shear = np.array([[1.0, rng.uniform(-max_shear, max_shear)], [0.0, 1.0]])
-    width = np.diag([rng.uniform(*width_range), 1.0])
-    return rotation @ shear @ width
-
-
 def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     theta = rng.uniform(0, 2 * np.pi)
     coords = (np.arange(canvas) - canvas / 2.0) / canvas
@@ -356,25 +340,28 @@ def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarra
     return start + (end - start) * t[..., None]
 
 
-def _font_size_for(path: str, height: float, label: int) -> int:
-    """The pixel size at which the font's glyph ``label`` is about ``height`` pixels tall."""
-    probe = _font(path, 100)
-    box = probe.getbbox(str(label))
-    glyph = max(1, box[3] - box[1])
-    return int(np.clip(round(100.0 * height / glyph), 6, 400))
-
-
 def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strokes,
                    shift: float, warp, saturation):
-    """The number SYN and SVHN draw: ``(text mask, ink colour, background colour, centre)``."""
-    text, position = _number_text(label, int(rng.choice(digits[0], p=digits[1])), rng)
+    """The number SYN and SVHN draw (random digits holding ``label``, in a random font, size,
+    stroke, place and warp): ``(text mask, ink colour, background colour, centre)``."""
+    n_digits = int(rng.choice(digits[0], p=digits[1]))
+    position = rng.integers(n_digits)
+    text = [str(d) for d in rng.integers(0, 10, n_digits)]
+    text[position] = str(label)
     path = fonts[int(rng.integers(len(fonts)))]
-    size = rng.uniform(*height) * canvas
-    font = _font(path, _font_size_for(path, size, label))
+    size = rng.uniform(*height) * canvas  # the glyph's height: the font's size from its box at 100
+    box = _font(path, 100).getbbox(str(label))
+    font = _font(path, int(np.clip(round(100.0 * size / max(1, box[3] - box[1])), 6, 400)))
     stroke = int(rng.choice(strokes))
     centre = (canvas / 2 + rng.uniform(-shift, shift) * canvas,
               canvas / 2 + rng.uniform(-shift, shift) * canvas)
-    mask = _text_mask(text, position, font, canvas, centre, stroke, _warp(rng, *warp))
+    max_angle, max_shear, width_range = warp
+    angle = np.deg2rad(rng.uniform(-max_angle, max_angle))
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    shear = np.array([[1.0, rng.uniform(-max_shear, max_shear)], [0.0, 1.0]])
+    width = np.diag([rng.uniform(*width_range), 1.0])
+    mask = _text_mask("".join(text), int(position), font, canvas, centre, stroke,
+                      rotation @ shear @ width)
     ink, back = _colour_pair(rng, saturation)
     return mask, ink, back, centre
 
