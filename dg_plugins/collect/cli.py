@@ -28,10 +28,9 @@ import sys
 
 from dg_plugins import catalog, reference
 from dg_plugins.collect import formats as table_formats
-from dg_plugins.collect import ipoop, learning, papers
-from dg_plugins.collect.records import job_progress, left_out_jobs, load_records
-from dg_plugins.collect.notes import left_out_notes, nonfinite_notes
-from dg_plugins.collect.report import build_report
+from dg_plugins.collect import ipoop, learning
+from dg_plugins.collect.records import folder_notes, load_records, nonfinite_notes
+from dg_plugins.collect.report import build_report, matching_keys
 from dg_plugins.collect.selection import METHODS
 from dg_plugins.collect.tables import Report, leave_out_unrun
 from dg_plugins.help_text import plain_text
@@ -129,20 +128,10 @@ def _write(path: str, text: str) -> None:
         print(f"warning: could not write {path}: {error}", file=sys.stderr)
 
 
-def _progress_notes(input_dir: str) -> list[str]:
-    """``k of n jobs done (r running or incomplete)`` when some job folder lacks ``done``."""
-    progress = job_progress(input_dir)
-    if not progress.not_done:
-        return []
-    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
-    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
-            f"incomplete: {shown}); the tables use the records written so far"]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     records = load_records(args.input_dir)
-    left_out = left_out_notes(left_out_jobs(args.input_dir, set(records["job"])))
+    progress, left_out = folder_notes(args.input_dir, set(records["job"]))
     if not len(records):
         for note in left_out:
             print(f"note: {note}", file=sys.stderr)
@@ -168,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table_formats.render(report if every_column else shown, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
-    for note in [*_progress_notes(args.input_dir), *left_out, *report.notes]:
+    for note in [*progress, *left_out, *report.notes]:
         print(f"note: {note}", file=sys.stderr)
     if not args.no_save:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
@@ -192,7 +181,7 @@ def _plot(records, report: Report, args: argparse.Namespace) -> int:
     for path in paths:
         print(f"figure: {path}", file=sys.stderr)
     if not args.paper:
-        matching = papers.matching_keys(report, reference.load().values())
+        matching = matching_keys(report, reference.load().values())
         if matching:
             print(f"note: the figures show no paper numbers; --paper {' '.join(matching)} adds "
                   "the matching ones as markers", file=sys.stderr)

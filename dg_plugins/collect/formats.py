@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.tables import PaperComparison, Report, Table
+from dg_plugins.collect.tables import Cell, PaperComparison, Report, Table
 from dg_plugins.job.records import format_row
 
 NO_PAPER_VALUE = "-"  # where the paper gives no number, or no difference can be taken
@@ -19,6 +19,15 @@ FORMATS = ("text", "latex", "markdown", "csv")
 RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
                  "csv": "results.csv"}
 HPARAMS_FILE = "selected_hparams.csv"
+
+
+def cell_text(cell: Cell, sign: str = "+/-") -> str:
+    """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
+    if cell.mean is None:
+        return "X"
+    if cell.err is None:
+        return f"{cell.mean:.1f}"
+    return f"{cell.mean:.1f} {sign} {cell.err:.1f}"
 
 
 def render(report: Report, fmt: str = "text") -> str:
@@ -36,7 +45,7 @@ def _render_text(report: Report) -> str:
             lines += ["", f"-------- {table.header}"]
             if table.col_labels:
                 lines.append(format_row(["Algorithm", *table.col_labels], table.colwidth))
-                lines += [format_row([algorithm, *(cell.text() for cell in cells)],
+                lines += [format_row([algorithm, *(cell_text(cell) for cell in cells)],
                                      table.colwidth) for algorithm, cells in table.rows.items()]
                 for comparison in table.comparisons:
                     lines += _comparison_text(comparison, table)
@@ -90,7 +99,7 @@ def _render_latex(report: Report) -> str:
                       "\\adjustbox{max width=\\textwidth}{%",
                       "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
                       format_row(labels, table.colwidth, latex=True), "\\midrule"]
-            lines += [format_row([algorithm, *(cell.text("$\\pm$") for cell in cells)],
+            lines += [format_row([algorithm, *(cell_text(cell, "$\\pm$") for cell in cells)],
                                  table.colwidth, latex=True)
                       for algorithm, cells in table.rows.items()]
             for comparison in table.comparisons:
@@ -158,7 +167,7 @@ def _render_markdown(report: Report) -> str:
                 continue
             lines += [row(["Algorithm", *table.col_labels]),
                       "|:--" + "|--:" * len(table.col_labels) + "|"]
-            lines += [row([algorithm, *(cell.text("±") for cell in cells)])
+            lines += [row([algorithm, *(cell_text(cell, "±") for cell in cells)])
                       for algorithm, cells in table.rows.items()]
             for comparison in table.comparisons:
                 lines += ["", f"*{comparison.heading}*  ", f"*{comparison.details.strip()}*", ""]
@@ -206,7 +215,7 @@ def tidy_cells(report: Report) -> pd.DataFrame:
             for algorithm, cells in table.rows.items():
                 for column, cell in zip(table.col_labels, cells):
                     rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,
-                                 cell.n, cell.text(), *extra))
+                                 cell.n, cell_text(cell), *extra))
             for comparison in table.comparisons:
                 if comparison.claim is not None:
                     rows.append((*head, table.title, "", "", None, None, None,

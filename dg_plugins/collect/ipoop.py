@@ -11,8 +11,6 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.records import acc_width
-from dg_plugins.collect.selection import GroupedRecords, SelectionMethod
-from dg_plugins.collect.tables import Section, results_tables
 from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
 
 
@@ -84,12 +82,3 @@ def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
         if any(pattern.fullmatch(str(column)) for column in records.columns):
             found.append(subset)
     return found
-
-
-def ipoop_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
-                   ipoop: str = "both") -> list[Section]:
-    """Per IP/OOP key found (:func:`subset_keys`) and method, the section of its tables."""
-    return [Section(method, subset.template, f"{subset.label}: {subset.description}",
-                    results_tables(grouped, method, subset.template,
-                                   HEADER_NOTES.get(subset.template)))
-            for subset in subset_keys(grouped.records, ipoop) for method in methods]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
-from dg_plugins.collect.notes import nonfinite_by_job
+from dg_plugins.collect.records import nonfinite_by_job
 from dg_plugins.collect.selection import TEST_KEY
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY
 from dg_plugins.collect.tables import Cell, Report, Section, Table, environment_labels
@@ -268,13 +268,11 @@ def _panels(kind: str, frame: pd.DataFrame, labels_of) -> list[str]:
             for d, f, envs in zip(frame["dataset"], frame["label_fraction"], frame["test_envs"])]
 
 
-def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
+def curve_points(frame: pd.DataFrame, report: Report, kind: str = TEST_KEY
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(points, selected)``: the records of the runs each method chose for sections of
     ``kind`` (read from their :class:`~dg_plugins.collect.selection.Selection`), and each chosen
-    checkpoint."""
-    udg = is_udg(records)
-    frame = records[udg if kind == UDG_KEY else ~udg].reset_index(drop=True)
+    checkpoint; ``frame``: the records of that kind (UDG or not)."""
     labels = {}
 
     def labels_of(dataset):
@@ -284,7 +282,7 @@ def curve_points(records: pd.DataFrame, report: Report, kind: str = TEST_KEY
 
     parts, picks = [], []
     for section in [s for s in report.sections if s.test_key == kind] if len(frame) else []:
-        selection = section.selection()
+        selection = section.selection
         chosen = selection.chosen[selection.chosen["dataset"].isin(
             {table.dataset for table in section.tables})]
         if chosen.empty:
@@ -330,9 +328,11 @@ def _cell_texts(report: Report, kind: str) -> dict:
     return texts
 
 
-def nan_lines(records: pd.DataFrame, jobs) -> list[str]:
-    """Caption lines naming the non-finite values of ``jobs``' records."""
-    found = nonfinite_by_job(records, set(jobs))
+def nan_lines(nonfinite: dict, jobs) -> list[str]:
+    """Caption lines naming the non-finite values of ``jobs``' records (``nonfinite``:
+    :func:`~dg_plugins.collect.records.nonfinite_by_job`)."""
+    jobs = set(jobs)
+    found = {job: values for job, values in nonfinite.items() if job in jobs}
     if not found:
         return []
     parts = [f"job {job}: " + "; ".join(f"{what} at {steps}" for what, steps in values.items())
@@ -448,7 +448,7 @@ def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float
 
 def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object]]:
     """``(file name, figure)`` of the report, drawn one at a time: bars, then curves."""
-    chance = chance_levels(records)
+    chance, nonfinite = chance_levels(records), nonfinite_by_job(records)
     for section in report.sections:
         for table in section.tables:
             drawn = any(cell.mean is not None for cells in table.rows.values() for cell in cells)
@@ -457,10 +457,11 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
                         records.loc[records["args.dataset"] == table.dataset, "job"])
                 yield figure_name(section, table), accuracy_figure(
                     section, table, chance if table.dataset is None else
-                    chance.get(table.dataset), nan_lines(records, jobs))
-    kinds = {}
+                    chance.get(table.dataset), nan_lines(nonfinite, jobs))
+    kinds, udg = {}, is_udg(records)
     for kind in (TEST_KEY, SINGLE_SOURCE_KEY, UDG_KEY):
-        points, selected = curve_points(records, report, kind)
+        frame = records[udg if kind == UDG_KEY else ~udg].reset_index(drop=True)
+        points, selected = curve_points(frame, report, kind)
         if not points.empty:
             kinds[kind] = points, selected
     ylims = {}
@@ -493,7 +494,7 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
                 yield (f"{_safe(dataset)}_{_safe(algorithm)}{CURVE_KINDS[kind]}_curves.png",
                        curves_figure(mine, picks, title, methods, texts, kind,
                                      chance.get(dataset), ylims[dataset],
-                                     nan_lines(records, set(mine["job"]))))
+                                     nan_lines(nonfinite, mine["job"])))
 
 
 def save_png(figure, path: str) -> None:

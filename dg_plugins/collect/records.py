@@ -473,6 +473,92 @@ def left_out_jobs(input_dir: str, jobs) -> list[LeftOut]:
     return left_out
 
 
+#: What to do about a job folder left out, per reason (:func:`left_out_notes`).
+_LEFT_OUT_FIX = {
+    DONE_EMPTY: "delete the folder and relaunch the sweep to run the job again",
+    DONE_ABSENT: "delete the folder and relaunch the sweep to run the job again",
+    UNREADABLE: "make it readable, or delete the folder and relaunch the sweep",
+    UNUSABLE: "the warnings above name the bad lines",
+}
+
+
+def left_out_notes(left_out: list[LeftOut]) -> list[str]:
+    """One note per reason, naming every job folder that has no record in the tables."""
+    notes = []
+    for reason in dict.fromkeys(job.reason for job in left_out):
+        jobs = [job for job in left_out if job.reason == reason]
+        fix = _LEFT_OUT_FIX[reason]
+        if len(jobs) == 1:
+            job = jobs[0]
+            detail = f" ({job.detail})" if job.detail else ""
+            notes.append(f"job folder {job.job} is left out of the tables: {reason}{detail}; "
+                         f"{fix}.")
+            continue
+        names = ", ".join(f"{job.job} ({job.detail})" if job.detail else job.job for job in jobs)
+        notes.append(f"{len(jobs)} job folders are left out of the tables, each {reason}: "
+                     f"{names}; {fix.replace('the folder', 'each folder')}.")
+    return notes
+
+
+
+def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
+    """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
+    ``done``; those with no record though not in ``jobs`` (:func:`left_out_notes`)."""
+    progress = job_progress(input_dir)
+    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
+    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
+            f"incomplete: {shown}); the tables use the records written so far"
+            ] if progress.not_done else [], left_out_notes(left_out_jobs(input_dir, jobs))
+
+
+def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
+    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
+    if "nonfinite" not in records or records["nonfinite"].isna().all():
+        return {}
+    rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())
+    per_job: dict[str, dict[str, list]] = {}
+    for row in rows:
+        job = records["job"].iat[row]
+        if jobs is not None and job not in jobs:
+            continue
+        for key, value in records["nonfinite"].iat[row]:
+            count = key.removesuffix("_acc") + "_count"
+            if value == "NaN" and count in records and records[count].iat[row] == 0:
+                continue  # an empty subset
+            what = f"{value} {key}" if value == "NaN" else f"{key}={value}"
+            per_job.setdefault(job, {}).setdefault(what, []).append(records["step"].iat[row])
+    return {job: {what: _steps(steps) for what, steps in found.items()}
+            for job, found in per_job.items()}
+
+
+def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
+    """Per job with NaN or infinite values (at most ``limit``): which keys at which steps."""
+    per_job = nonfinite_by_job(records)
+    notes = []
+    for job, found in list(per_job.items())[:limit]:
+        parts = [f"{what} at {steps}" for what, steps in found.items()]
+        meaning = []
+        if any(ACC_KEY.search(what) for what in found):
+            meaning.append("a NaN accuracy counts as missing in the tables and figures")
+        if not all(ACC_KEY.search(what) for what in found):
+            meaning.append("a non-finite loss means the run diverged; its accuracies still "
+                           "count, as in DomainBed")
+        notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
+    if len(per_job) > limit:
+        notes.append(f"{len(per_job) - limit} more jobs have NaN or infinite values.")
+    return notes
+
+
+def _steps(steps: list) -> str:
+    steps = sorted(set(steps))
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 3:
+        return f"steps {', '.join(map(str, steps))}"
+    return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
+
+
+
 # --------------------------------------------------------------------------------------------------
 # Queries used by selection and tables
 

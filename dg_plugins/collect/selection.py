@@ -49,7 +49,7 @@ class GroupedRecords:
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
         self._matrices: dict[str, np.ndarray] = {}
-        self.memo: dict = {}  # derived values (selections) computed once per sweep
+        self.selections: dict = {}  # method -> its standard_selection, made once
 
     def accs(self, key: str) -> np.ndarray:
         """:func:`acc_matrix` of the records for the template ``key``, computed once."""
@@ -74,12 +74,6 @@ class GroupedRecords:
     def single(self) -> pd.DataFrame:
         """Memberships of single-test-env records (the only ones IID and oracle look at)."""
         return self.members[self.members["n_test_envs"] == 1]
-
-    def memoized(self, key, compute: Callable):
-        """``compute()``, once per ``key``."""
-        if key not in self.memo:
-            self.memo[key] = compute()
-        return self.memo[key]
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:
@@ -326,31 +320,19 @@ def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray
     return scored, best_run(method.checkpoint(scored))
 
 
-def _chosen_runs(grouped: GroupedRecords, method: SelectionMethod) -> tuple:
-    """The method's scores of every record, and the chosen run of every group."""
-    def compute():
-        scores = method.scores(grouped, method.reads)
-        return scores, best_run(method.checkpoint(scores)[RUN_COLUMNS])
-    return grouped.memoized(("standard", method.key), compute)
-
-
-def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
-           test_key: str = TEST_KEY) -> pd.DataFrame:
-    """The chosen run of every group (``sweep_acc``), in group order: :data:`SELECTED_COLUMNS`."""
+def standard_selection(records: pd.DataFrame | GroupedRecords,
+                       method: SelectionMethod) -> Selection:
+    """The standard tables' Selection, once per method: ``scored``, the single-test-env records;
+    ``chosen``, the chosen run of every group (:data:`SELECTED_COLUMNS`, ``target``)."""
     grouped = group_records(records)
-    method = get_method(method) if isinstance(method, str) else method
-    chosen = _chosen_runs(grouped, method)[1]
-    test = _at(grouped.read(test_key, method.reads), chosen["record"].to_numpy(),
-               grouped.groups["test_env"].to_numpy()[chosen["group"].to_numpy()])
-    info = grouped.groups.iloc[chosen["group"].to_numpy()].reset_index(drop=True)
-    chosen = chosen.assign(test_acc=test)
-    return pd.concat([info, chosen], axis=1)[SELECTED_COLUMNS]
-
-
-def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
-    """The standard tables' Selection: single-test-env records, ``target`` ``env{t}_in_acc``."""
-    def compute():
-        scores = _chosen_runs(grouped, method)[0]
+    if method not in grouped.selections:
+        scores = method.scores(grouped, method.reads)
+        chosen = best_run(method.checkpoint(scores)[RUN_COLUMNS])
+        groups = chosen["group"].to_numpy()
+        test = _at(grouped.read(TEST_KEY, method.reads), chosen["record"].to_numpy(),
+                   grouped.groups["test_env"].to_numpy()[groups])
+        info = grouped.groups.iloc[groups].reset_index(drop=True)
+        chosen = pd.concat([info, chosen.assign(test_acc=test)], axis=1)[SELECTED_COLUMNS]
         single = grouped.single()
         rows, env = single["record"].to_numpy(), single["test_env"].to_numpy()
         info = grouped.groups.iloc[single["group"].to_numpy()]
@@ -359,7 +341,18 @@ def standard_selection(grouped: GroupedRecords, method: SelectionMethod) -> Sele
             target=_at(grouped.accs(TEST_KEY), rows, env),
             job=grouped.records["job"].to_numpy()[rows]).merge(
             scores[["record", "val_acc"]], on="record", how="left")
-        chosen = select(grouped, method)
-        chosen["target"] = chosen["test_acc"]
-        return Selection(scored, chosen, ["group", "hparams_seed"])
-    return grouped.memoized(("standard selection", method.key), compute)
+        grouped.selections[method] = Selection(scored, chosen.assign(target=test),
+                                               ["group", "hparams_seed"])
+    return grouped.selections[method]
+
+
+def select(records: pd.DataFrame | GroupedRecords, method: SelectionMethod | str,
+           test_key: str = TEST_KEY) -> pd.DataFrame:
+    """The chosen run of every group (``sweep_acc``), in group order: :data:`SELECTED_COLUMNS`."""
+    grouped = group_records(records)
+    method = get_method(method) if isinstance(method, str) else method
+    chosen = standard_selection(grouped, method).chosen[SELECTED_COLUMNS]
+    if test_key == TEST_KEY:
+        return chosen
+    return chosen.assign(test_acc=_at(grouped.read(test_key, method.reads),
+                                      chosen["record"].to_numpy(), chosen["test_env"].to_numpy()))

@@ -3,8 +3,6 @@ like GMoE's (ICLR 2023, Table 3) (docs/collect.md)."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pandas as pd
 
@@ -22,13 +20,11 @@ SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
 
 
-def single_source_runs(records: pd.DataFrame | GroupedRecords) -> pd.DataFrame:
-    """The single-source records with their group columns (read-only, computed once)."""
-    grouped = group_records(records)
-    return grouped.memoized("single_source_runs", lambda: _single_source_runs(grouped))
+RUN = ["trial_seed", "dataset", "algorithm", "source", "hparams_seed"]
 
 
-def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
+def single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
+    """The single-source records with their run columns and environment count."""
     records = grouped.records
     # The environment count, as both methods count it (every out-split: READS).
     n_envs = leading_count(~np.isnan(grouped.read("env{t}_out_acc", READS[IID.key])))
@@ -50,10 +46,11 @@ def _single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
     })
 
 
-def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
+def single_source_datasets(records: pd.DataFrame | GroupedRecords,
+                           runs: pd.DataFrame | None = None) -> list[str]:
     """Datasets whose single-source records are reported by default (docs/collect.md)."""
     grouped = group_records(records)
-    runs = single_source_runs(grouped)
+    runs = single_source_runs(grouped) if runs is None else runs
     if runs.empty:
         return []
     singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
@@ -61,23 +58,18 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords) -> list[str]:
             if rows["n_envs"].max() >= 4 or dataset not in singles]
 
 
-def single_source_selection(records: pd.DataFrame | GroupedRecords,
-                            method: SelectionMethod) -> Selection:
+def single_source_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
+                            runs: pd.DataFrame | None = None) -> Selection:
     """The single-source :class:`Selection`: a group per (trial_seed, dataset, algorithm,
     source); ``chosen`` has ``acc{i}`` per environment (the source's: its out split)."""
     if method not in METHODS:
         raise ValueError(f"single-source selection supports {[m.key for m in METHODS]}, "
                          f"not {method.key!r}")
     grouped = group_records(records)
-    return grouped.memoized(("single_source", method.key), lambda: _select(grouped, method))
-
-
-def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
-    runs, run = single_source_runs(grouped), ["trial_seed", "dataset", "algorithm", "source",
-                                              "hparams_seed"]
+    runs = single_source_runs(grouped) if runs is None else runs
     if runs.empty:
-        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
-    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in run[:4])))
+        return Selection(runs, runs.assign(val_acc=[], group=[]), RUN)
+    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in RUN[:4])))
     reads = READS[method.key]
     in_acc, out_acc = grouped.read("env{t}_in_acc", reads), grouped.read("env{t}_out_acc", reads)
     rows, source, width = runs["record"].to_numpy(), runs["source"].to_numpy(), in_acc.shape[1]
@@ -93,7 +85,7 @@ def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
     for i in range(width):
         chosen[f"acc{i}"] = accs[:, i]
     chosen["target"] = masked_mean(accs, columns != chosen_source[:, None])
-    return Selection(scored, chosen, run)
+    return Selection(scored, chosen, RUN)
 
 
 def select_single_source(records: pd.DataFrame | GroupedRecords,
@@ -103,12 +95,12 @@ def select_single_source(records: pd.DataFrame | GroupedRecords,
 
 
 def single_source_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
-                         datasets: list[str] | None = None) -> list[Table]:
-    """One table per (dataset, source environment) of the single-source runs."""
-    if datasets is not None and not datasets:
-        return []
+                         datasets: list[str] | None = None,
+                         selection: Selection | None = None) -> list[Table]:
+    """One table per (dataset, source environment) of the single-source runs (``selection``:
+    the method's, made here if not given)."""
     grouped = group_records(records)
-    chosen = select_single_source(grouped, method)
+    chosen = (selection or single_source_selection(grouped, method)).chosen
     if datasets is None:
         datasets = sorted(set(chosen["dataset"]), key=str)
     algorithms = algorithm_order(grouped)
@@ -138,15 +130,17 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
 
 
 def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
-                           mode: str = "auto") -> list[Section]:
+                           mode: str = "auto", runs: pd.DataFrame | None = None) -> list[Section]:
     """Per method that applies, a section of single-source tables (``mode``: auto, on, off)."""
     if mode == "off":
         return []
-    datasets = single_source_datasets(grouped) if mode == "auto" else None
+    runs = single_source_runs(grouped) if runs is None else runs
+    datasets = single_source_datasets(grouped, runs) if mode == "auto" else None
     sections = []
-    for method in [m for m in methods if m in METHODS]:
-        tables = single_source_tables(grouped, method, datasets)
+    for method in [m for m in methods if m in METHODS] if datasets != [] else []:
+        selection = single_source_selection(grouped, method, runs)
+        tables = single_source_tables(grouped, method, datasets, selection)
         if tables:
             sections.append(Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION, tables,
-                                    partial(single_source_selection, grouped, method)))
+                                    selection))
     return sections

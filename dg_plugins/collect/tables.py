@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.collect.records import environment_count
+from dg_plugins.collect.ipoop import HEADER_NOTES, subset_keys
 from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, Selection, SelectionMethod,
-                                          group_records, select)
+                                          group_records, select, standard_selection)
 from dg_plugins.reference.papers import PaperValue
 
 
@@ -45,12 +45,10 @@ class Cell:
         return cls(sum(means) / len(means))
 
     def text(self, sign: str = "+/-") -> str:
-        """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
-        if self.mean is None:
-            return "X"
-        if self.err is None:
-            return f"{self.mean:.1f}"
-        return f"{self.mean:.1f} {sign} {self.err:.1f}"
+        """The cell as the tables print it (:func:`~dg_plugins.collect.formats.cell_text`)."""
+        from dg_plugins.collect.formats import cell_text  # formats imports this model
+
+        return cell_text(self, sign)
 
 
 @dataclass
@@ -89,14 +87,14 @@ class Table:
 
 @dataclass
 class Section:
-    """The tables of one selection method for one test key; ``selection``: their
-    :class:`~dg_plugins.collect.selection.Selection`, made when called (for the figures)."""
+    """The tables of one selection method for one test key, and the
+    :class:`~dg_plugins.collect.selection.Selection` they and the figures read."""
 
     method: SelectionMethod
     test_key: str
     subtitle: str
     tables: list[Table]
-    selection: Callable[[], Selection] | None = None
+    selection: Selection | None = None
 
     @property
     def title(self) -> str:
@@ -153,11 +151,29 @@ def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | Non
     return header
 
 
-def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
-                   test_key: str = TEST_KEY, header_note: str | None = None) -> list[Table]:
+def standard_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
+                      ipoop: str = "both") -> list[Section]:
+    """Per method the standard section, then per IP/OOP key found (:func:`ipoop.subset_keys`)
+    and method the section of that key, each reading its method's Selection."""
+    selections = {method: standard_selection(grouped, method) for method in methods}
+    ran: dict = {}  # dataset -> the environments some run has as its one test environment
+    if selections:
+        scored = next(iter(selections.values())).scored
+        for dataset, env in zip(scored["dataset"], scored["test_env"]):
+            ran.setdefault(dataset, set()).add(int(env))
+    keys = [(TEST_KEY, "", None), *((subset.template, f"{subset.label}: {subset.description}",
+                                     HEADER_NOTES.get(subset.template))
+                                    for subset in subset_keys(grouped.records, ipoop))]
+    return [Section(method, key, subtitle,
+                    _results_tables(grouped, method, selection, key, ran, note), selection)
+            for key, subtitle, note in keys for method, selection in selections.items()]
+
+
+def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection: Selection,
+                    test_key: str, ran: dict, header_note: str | None) -> list[Table]:
     """The dataset tables and the Averages table of one method, test accuracy ``test_key``."""
-    grouped = group_records(records)
-    chosen = select(grouped, method, test_key)  # DomainBed drops groups without a test accuracy
+    chosen = selection.chosen if test_key == TEST_KEY else select(grouped, method, test_key)
+    # DomainBed drops groups without a test accuracy
     chosen = chosen[~np.isnan(chosen["test_acc"].to_numpy(dtype=float))].reset_index(drop=True)
     algorithms, datasets = algorithm_order(grouped), dataset_order(grouped)
     # Accuracies per cell, in group order (first appearance), as DomainBed lists them.
@@ -167,7 +183,6 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
     per_trial = {key: float(np.mean(list(values))) for key, values in
                  chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
 
-    ran = tested_environments(grouped)
     tables = []
     for dataset in datasets:
         labels = environment_labels(grouped.records, dataset)
@@ -193,17 +208,6 @@ def results_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMeth
                         [*datasets, "Avg"], rows, 25, coverage=coverage,
                         not_run=tuple(d for d in datasets if d not in ran)))
     return tables
-
-
-def tested_environments(grouped: GroupedRecords) -> dict:
-    """dataset -> the environments some run has as its one test environment."""
-    def compute():
-        info = grouped.groups.iloc[np.unique(grouped.single()["group"].to_numpy())]
-        ran: dict = {}
-        for dataset, env in zip(info["dataset"], info["test_env"]):
-            ran.setdefault(dataset, set()).add(int(env))
-        return ran
-    return grouped.memoized("tested_environments", compute)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@ selection and one table per (dataset, test environment set) (docs/collect.md).""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pandas as pd
 
@@ -36,10 +34,6 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     if method not in METHODS:
         raise ValueError(f"UDG selection supports {[m.key for m in METHODS]}, not {method.key!r}")
     grouped = group_records(records)
-    return grouped.memoized(("udg", method.key), lambda: _select(grouped, method))
-
-
-def _select(grouped: GroupedRecords, method: SelectionMethod) -> Selection:
     records, run = grouped.records, ["trial_seed", "dataset", "algorithm", "label_fraction",
                                      "test_envs", "hparams_seed"]
     rows = np.arange(len(records))
@@ -74,10 +68,11 @@ def fraction_label(fraction: float) -> str:
     return f"{100 * float(fraction):g}%"
 
 
-def udg_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> list[Table]:
+def udg_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
+               selection: Selection | None = None) -> list[Table]:
     """A table per (dataset, test environments): rows ``<algorithm> <fraction>``, targets, Avg."""
     grouped = group_records(records)
-    chosen = select_udg(grouped, method)
+    chosen = (selection or udg_selection(grouped, method)).chosen
     if chosen.empty:
         return []
     algorithms = algorithm_order(grouped)
@@ -111,8 +106,8 @@ def udg_sections(records: pd.DataFrame, methods: list[SelectionMethod]) -> list[
     """Per method that applies, the section of UDG tables (``records``: UDG records only)."""
     grouped, sections = group_records(records), []
     for method in [m for m in methods if m in METHODS]:
-        tables = udg_tables(grouped, method)
+        selection = udg_selection(grouped, method)
+        tables = udg_tables(grouped, method, selection)
         if tables:
-            sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables,
-                                    partial(udg_selection, grouped, method)))
+            sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables, selection))
     return sections
