@@ -30,20 +30,16 @@ from dg_plugins.files import DISK_FULL_ERRNOS
 RETRY_DELAY = 2.0
 #: Socket timeout of each HTTP request (connecting, and each read), in seconds.
 HTTP_TIMEOUT = 60.0
-#: A transfer that brings fewer than MIN_RATE bytes a second, measured over RATE_WINDOW seconds,
-#: counts as cut: it is resumed with a Range request from the bytes held (a server that trickles
-#: would otherwise hold the download forever, each read arriving within HTTP_TIMEOUT).
+#: Under MIN_RATE bytes a second over RATE_WINDOW seconds, a transfer counts as cut and is resumed
+#: (a server that trickles would hold the download forever, each read within HTTP_TIMEOUT).
 MIN_RATE = 1024
 RATE_WINDOW = 60.0
-#: Without a terminal, a progress line at least every PROGRESS_INTERVAL seconds while bytes
-#: arrive (and at every tenth of a file of known size).
+#: Without a terminal, a progress line at least this often while bytes arrive (and every tenth).
 PROGRESS_INTERVAL = 30.0
-#: Free space asked beyond an estimate: FREE_MARGIN of it, and at least MIN_FREE_MARGIN bytes
-#: (file-system metadata, an estimate that falls short, and the room the system itself needs).
+#: Free space asked beyond an estimate (metadata, a short estimate, the system's own room).
 FREE_MARGIN = 0.05
 MIN_FREE_MARGIN = 100_000_000
-#: Restarts from byte 0 of one file in one run (a server whose answers to a Range request cannot
-#: be appended), before giving up.
+#: Restarts from byte 0 of one file in one run (Range answers that cannot be appended).
 MAX_RESTARTS = 2
 #: The URL schemes ``--url`` accepts.
 URL_SCHEMES = ("http", "https", "file")
@@ -187,7 +183,6 @@ def html_fix(url: str, head: bytes, path: str, name: str) -> str:
 def what_arrived(path: str, name: str) -> str | None:
     """None when the file looks like the kind its ``name`` says, else what it is instead."""
     kind = file_kind(name)
-    size = os.path.getsize(path)
     with open(path, "rb") as handle:
         head = handle.read(65536)
     if not head:
@@ -199,8 +194,8 @@ def what_arrived(path: str, name: str) -> str | None:
             what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
             return f"not a zip ({what})"
         if not zipfile.is_zipfile(path):
-            return (f"a truncated zip ({size} bytes: its end, the table of its members, is "
-                    "missing)")
+            return (f"a truncated zip ({os.path.getsize(path)} bytes: its end, the table of its "
+                    "members, is missing)")
     elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
         what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
         return f"not a gzip file ({what})"
@@ -272,8 +267,8 @@ def read_validators(part: str) -> dict[str, str]:
 
 def _store_validators(part: str, headers) -> None:
     """Store the validators of the response about to fill ``part``, atomically."""
-    values = {key: (headers.get(field) or "").strip() for key, field in VALIDATORS.items()}
-    values = {key: value for key, value in values.items() if value}
+    values = {key: value for key, field in VALIDATORS.items()
+              if (value := (headers.get(field) or "").strip())}
     path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
         return _remove(path)

@@ -31,8 +31,7 @@ try:
 except ImportError:  # Windows: no locks
     fcntl = None
 
-#: Inside a staging folder: the archives of a finished download, moved there just before the
-#: dataset's folder is renamed into place, and removed with the staging folder.
+#: Inside a staging folder: a finished download's archives, removed with it.
 ARCHIVES_IN_STAGING = ".archives"
 
 

@@ -32,9 +32,7 @@ _PACS_SPLITS_NOTE = (
     "PACS's official split list, folder pacs_label of the PACS authors' Google Drive folder "
     f"{PACS_AUTHORS_FOLDER}; Google Drive id as a public download script gives it, UNVERIFIED "
     "here (no internet); size and sha256 not known here")
-#: Google Drive ids of PACS's twelve official split lists ``<domain>_<kind>_kfold.txt``, by
-#: (domain, kind), as a public download script gives them (see ``_PACS_SPLITS_NOTE``), in
-#: PACS's environment order.
+#: Google Drive ids of PACS's twelve split lists by (domain, kind) (see ``_PACS_SPLITS_NOTE``).
 PACS_SPLIT_IDS = {
     ("art_painting", "train"): "1cSo_5_cQLKoURsWwsKqFmw9neWFvDIeV",
     ("art_painting", "crossval"): "1g7haGuvxmZA1SxPyGFZneDVi9wOm3nK4",
@@ -140,8 +138,7 @@ class DatasetSpec:
     archive_root: str | None = None
     #: Bytes the dataset's folder takes (None: about its archives' size, EXTRACT_FACTOR).
     extracted_size: int | None = None
-    #: Plain files (no archive) that join this other dataset's folder, checked against its
-    #: contents (PACS_splits: PACS's lists, beside its domain folders, must name its images).
+    #: Plain files that join this other dataset's folder, checked against its contents.
     adds_to: str | None = None
     #: What is checked instead when a file of this dataset has no known checksum.
     unverified_check: str = "checking that the archive opens and that its extracted layout "\
