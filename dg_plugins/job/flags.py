@@ -92,17 +92,17 @@ class _Setting(argparse.Action):
 #: train's argument groups in its ``--help``: (title, description); "" is the parser itself.
 GROUPS = {
     "": None,
-    "compute": ("compute (opt-in speed for GPUs)", "each setting at another value than its "
-                "default enters the records' args (and a sweep's job folder hash) and is noted "
-                "under collect_results' tables; see dg_plugins.train.compute"),
+    "compute": ("compute (opt-in speed for GPUs)", "each setting at another value than its default "
+                "enters the records' args (and a sweep's job folder hash) and is noted under "
+                "collect_results' tables; see dg_plugins.train.compute"),
     "evaluation": ("evaluation", "what each record evaluates (DomainBed's defaults: every split, "
                    "batches of 64)"),
     "alignment": ("IP/OOP evaluation", "split every test environment by CLIP alignment score and "
-                  "record env{i}_{in,out}_{ip,oop}_acc / _count (see python -m "
-                  "dg_plugins.scripts.alignment_scores)"),
-    "udg": ("unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source "
-            "domains (shared by every label fraction), then fine-tuning on a labelled fraction; "
-            "see dg_plugins.train.udg"),
+                  "record env{i}_{in,out}_{ip,oop}_acc / _count (see python -m dg_plugins.scripts."
+                  "alignment_scores)"),
+    "udg": ("unsupervised DG (UDG)", "self-supervised pretraining on the unlabelled source domains "
+            "(shared by every label fraction), then fine-tuning on a labelled fraction; see "
+            "dg_plugins.train.udg"),
 }
 
 _DB = {"records": ALWAYS, "hashed": True, "sweep": ENUMERATED}  # DomainBed's flags
@@ -421,10 +421,10 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
                 raise ValueError(f"--{name} {epochs:g} and --{steps_flag} {steps} both set the "
                                  f"{phase} length; give one of them")
         if args.udg_split == "release" and abs(args.holdout_fraction - 0.1) > 1e-9:
-            raise ValueError(
-                f"--udg_split release labels a fraction of the 90% of each source environment "
-                f"that the release trains on and keeps the other 10% for validation: pass "
-                f"--holdout_fraction 0.1 (got {args.holdout_fraction:g})")
+            raise ValueError(f"--udg_split release labels a fraction of the 90% of each source "
+                             "environment that the release trains on and keeps the other 10% for "
+                             "validation: pass --holdout_fraction 0.1 (got "
+                             f"{args.holdout_fraction:g})")
         if args.task != "domain_generalization":
             raise ValueError("the UDG protocol uses --task domain_generalization (its unlabelled "
                              "data are the source domains)")

@@ -75,12 +75,11 @@ def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception 
         return None
     if err.errno in DISK_FULL_ERRNOS:
         target = err.filename or folder
-        return DiskFullError(
-            err.errno,
-            f"no space left on the device of {folder} while writing {target} ({err.strerror}); "
-            "the job stopped, and what it wrote before is intact (its last checkpoint, the "
-            "records that checkpoint counts, its model). Free space (or quota), then rerun the "
-            "same command with --resume to continue from the last checkpoint")
+        return DiskFullError(err.errno, f"no space left on the device of {folder} while writing "
+                             f"{target} ({err.strerror}); the job stopped, and what it wrote "
+                             "before is intact (its last checkpoint, the records that checkpoint "
+                             "counts, its model). Free space (or quota), then rerun the same "
+                             "command with --resume to continue from the last checkpoint")
     if err.errno in UNWRITABLE_ERRNOS:
         return unwritable_folder_error(folder, err)
     if isinstance(err, (FileExistsError, NotADirectoryError)):
@@ -131,20 +130,18 @@ class FolderLock:
         except PermissionError as err:
             raise unwritable_folder_error(os.path.dirname(self.path), err) from None
         for attempt in range(LOCK_TRIES):
-            try:
+            if attempt:
+                time.sleep(LOCK_RETRY_S)
+            with contextlib.suppress(BlockingIOError):
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
-                if attempt + 1 < LOCK_TRIES:
-                    time.sleep(LOCK_RETRY_S)
-                    continue
-                holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
-                os.close(self.fd)
-                self.fd = None
-                raise FolderBusy(
-                    f"{os.path.dirname(self.path)} is in use by another train process (pid "
-                    f"{holder}); wait for it to finish, or use another --output_dir",
-                    holder) from None
+        else:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            self.fd = None
+            raise FolderBusy(f"{os.path.dirname(self.path)} is in use by another train process "
+                             f"(pid {holder}); wait for it to finish, or use another --output_dir",
+                             holder)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self

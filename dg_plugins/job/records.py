@@ -75,9 +75,9 @@ def keep_counted_records(path: str, counted: int) -> None:
             break
         complete += 1
     if complete < counted:
-        raise JobStateError(
-            f"{path} holds {complete} complete records but the checkpoint counts {counted}: a "
-            "record was lost or damaged (a crash or a full disk?), so the job cannot continue "
-            "consistently. Start it over with --force (or move the folder away).")
+        raise JobStateError(f"{path} holds {complete} complete records but the checkpoint counts "
+                            f"{counted}: a record was lost or damaged (a crash or a full disk?), "
+                            "so the job cannot continue consistently. Start it over with --force "
+                            "(or move the folder away).")
     if len(lines) != counted:
         atomic_write_bytes(path, b"".join(lines[:counted]))

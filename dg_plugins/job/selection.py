@@ -54,8 +54,7 @@ def read_environments(role: str, test_envs, n_envs: int) -> list[int]:
     if role not in (TEST, TRAIN, ALL):
         raise ValueError(f"unknown read role {role!r}; expected one of {TEST, TRAIN, ALL}")
     tests = set(int(t) for t in test_envs)
-    return [i for i in range(n_envs)
-            if role == ALL or (i in tests) == (role == TEST)]
+    return [i for i in range(n_envs) if role == ALL or (i in tests) == (role == TEST)]
 
 
 def evaluated_splits(eval_splits: str, test_envs, n_envs: int, uda: int = 0,

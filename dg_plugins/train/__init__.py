@@ -1,4 +1,3 @@
-"""train: one job, read top to bottom: cli -> run (validate, folder, tee, signals, exit status)
--> job (the step loop) -> splits / batches / evaluate -> checkpoint; udg: the UDG protocol's jobs.
-The job contract (flags, folder, records) is dg_plugins.job. This package and cli import no torch.
+"""train: one job, top to bottom: cli -> run (checks, folder, signals) -> loop -> splits / batches /
+evaluate -> checkpoint; udg: the UDG jobs. The contract is dg_plugins.job. No torch here or in cli.
 """

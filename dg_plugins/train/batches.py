@@ -1,6 +1,6 @@
-"""A job's training batches (``fast_data_loader.py``'s role): endless streams, per environment or
-pooled (the DMG release's), each batch a pure function of (seed, batch index), so that a resumed
-job and any number of workers draw the same; and the job's one pool of loader workers."""
+"""A job's training batches (``fast_data_loader.py``'s role), per environment or pooled, each a
+pure function of (seed, batch index) so that a resumed job and any number of workers draw the same;
+and the job's one pool of loader workers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import bisect
 import collections
 import contextlib
 import math
+import signal
 import weakref
 
 import numpy as np
@@ -39,8 +40,6 @@ def worker_budget(n_workers: int | None = None) -> tuple[int, str]:
 
 def _ignore_stop_signals(worker_id: int) -> None:
     """Ignore the group's SIGTERM/SIGINT: train stops at a step boundary, then ends us."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -50,8 +49,7 @@ _OPEN_WORKER_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def shutdown_workers(iterator, timeout: float = 5.0) -> None:
-    """End a DataLoader iterator's workers: the loader's own shutdown, then SIGKILL for any still
-    alive (ours ignore SIGTERM, the loader's fallback). Idempotent."""
+    """End a DataLoader iterator's workers; SIGKILL for those still alive (they ignore SIGTERM)."""
     _OPEN_WORKER_ITERATORS.discard(iterator)
     workers = list(getattr(iterator, "_workers", None) or [])
     shutdown = getattr(iterator, "_shutdown_workers", None)
@@ -71,8 +69,8 @@ def _shutdown_open_workers() -> None:
 
 
 def collate(items) -> tuple:
-    """``[(x, y[, more]), ...]`` -> ``(stacked x, tensor of y[, ...])``; in a worker x is stacked
-    straight into shared memory (``default_collate``)."""
+    """``[(x, y[, more]), ...]`` -> ``(x, y[, ...])``; x stacked by ``default_collate`` (in a
+    worker straight into shared memory)."""
     columns = list(zip(*items))
     return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
@@ -87,8 +85,7 @@ def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
 
 
 def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> tuple:
-    """A fetched batch whose uint8 pixels ``finisher`` turns into the model's input on ``device``
-    (``seed``: the batch's, for a device augmentation); unchanged when ``finisher`` is None."""
+    """``batch`` with its uint8 pixels finished into the model's input (``seed``: the batch's)."""
     if finisher is None:
         return batch
     return (finisher(batch[0], device, seed),) + tuple(batch[1:])
@@ -116,10 +113,9 @@ class _Fetcher(Dataset):
 def worker_loader(datasets, requests, num_workers: int, pin_memory: bool = False):
     """A started worker iterator serving ``requests``; its own ``generator`` keeps it from drawing
     from the main torch RNG (a run's randomness would depend on when loaders start)."""
-    iterator = iter(DataLoader(
-        _Fetcher(datasets), batch_sampler=requests, num_workers=num_workers, collate_fn=_as_is,
-        prefetch_factor=2, worker_init_fn=_ignore_stop_signals, generator=torch.Generator(),
-        pin_memory=pin_memory))
+    iterator = iter(DataLoader(_Fetcher(datasets), batch_sampler=requests, num_workers=num_workers,
+                               collate_fn=_as_is, prefetch_factor=2, pin_memory=pin_memory,
+                               worker_init_fn=_ignore_stop_signals, generator=torch.Generator()))
     if getattr(iterator, "_workers", None):
         _OPEN_WORKER_ITERATORS.add(iterator)
     return iterator
@@ -200,8 +196,7 @@ class WorkerPool:
 
     def serve(self, requests):
         """The results of ``requests``, in order; closed early, it closes the pool."""
-        requests = [[(self._number[id(d)], *rest) for d, *rest in request]
-                    for request in requests]
+        requests = [[(self._number[id(d)], *rest) for d, *rest in request] for request in requests]
         if not requests:
             return
         self._start()
@@ -253,9 +248,8 @@ def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = Fal
 
 class Stream:
     """Endless training batches: batch ``k`` holds the indices the subclass's sampler draws
-    (``next_indices``, ``rewind(n)``; ``gather`` reads a ``view``'s tensors), its items' draws
-    under ``seed_hash(seed, k)``; so the state is (seed, batches handed out), and a restored
-    stream continues exactly, with or without workers."""
+    (``next_indices``, ``rewind(n)``), its items' draws under ``seed_hash(seed, k)``; the state
+    is (seed, batches handed out), so a restored stream continues exactly."""
 
     view = None
 

@@ -111,10 +111,9 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
             scaler.load_state_dict(state["grad_scaler"])
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
         reason = " ".join(str(err).split())
-        raise DamagedCheckpoint(
-            f"{path} does not fit this job's model and cannot be resumed from (written by an "
-            f"incompatible version?): {type(err).__name__}: {reason[:500]}. Nothing was "
-            f"changed on disk. {fix}.") from None
+        raise DamagedCheckpoint(f"{path} does not fit this job's model and cannot be resumed "
+                                f"from (written by an incompatible version?): {type(err).__name__}"
+                                f": {reason[:500]}. Nothing was changed on disk. {fix}.") from None
 
 
 def flag_value(args: dict, key: str) -> tuple[str, str]:

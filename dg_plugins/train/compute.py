@@ -1,7 +1,6 @@
-"""A train job's compute settings (the ``compute`` rows of :data:`dg_plugins.job.flags.FLAGS`)
-applied: autocast of step and evaluation (backward and optimizer steps outside it, torch's advice),
-fp16's gradient scaler; channels_last for convolutional networks; deterministic kernels unless
-``--deterministic false``; the device augmentation. One :class:`Compute` per train call."""
+"""A train job's compute settings (:data:`dg_plugins.job.flags.FLAGS`' ``compute`` rows) applied:
+autocast (backward and optimizer steps outside it, torch's advice) and fp16's scaler, channels_last,
+deterministic kernels, the device augmentation. One :class:`Compute` per train call."""
 
 from __future__ import annotations
 
@@ -46,9 +45,8 @@ def native_cpu_bf16() -> bool | None:
 
 def is_convolutional(model: nn.Module) -> bool:
     """Whether ``model`` has a ``Conv2d`` that is not a ViT's patch embedding."""
-    return any(isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride
-                                                 and m.padding in ((0, 0), "valid"))
-               for m in model.modules())
+    return any(isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride and m.padding in (
+        (0, 0), "valid")) for m in model.modules())
 
 
 class Compute:
@@ -81,10 +79,10 @@ class Compute:
             raise ValueError(f"--precision fp16 cannot train {name}: {unscaled}, which fp16's "
                              f"gradient scaler cannot reach; {FP16_FIX}")
         if self.precision == "fp16" and device.type != "cuda":
-            raise ValueError(f"--precision fp16 is for CUDA devices (this job runs on "
-                             f"{device}, and CPUs compute bfloat16 natively, float16 seldom, "
-                             "which also needs a gradient scaler): use --precision bf16 here, "
-                             "or --device cuda on a GPU machine")
+            raise ValueError(f"--precision fp16 is for CUDA devices (this job runs on {device}, "
+                             "and CPUs compute bfloat16 natively, float16 seldom, which also needs "
+                             "a gradient scaler): use --precision bf16 here, or --device cuda on a "
+                             "GPU machine")
         if self.dtype is not None and not torch.amp.is_autocast_available(device.type):
             raise ValueError(f"--precision {self.precision}: torch has no autocast on "
                              f"{device.type}; use --precision fp32 there")

@@ -1,7 +1,6 @@
-"""What a job evaluates and how (``domainbed/lib/misc.py``'s ``accuracy``): DomainBed's splits (or
-those model selection reads) and test environments' IP/OOP subsets, in batches seeded by (split,
-batch index), so that re-evaluating a saved model reproduces its record; image splits from the
-decoded-image cache where it holds them, else the job's worker pool. Shared with alignment_eval."""
+"""A job's evaluation (``misc.accuracy``): its splits and test environments' IP/OOP subsets, in
+batches seeded by (split, batch index) so that re-evaluating a saved model reproduces its record;
+images from the decoded-image cache or the job's worker pool. Shared with alignment_eval."""
 
 from __future__ import annotations
 
@@ -156,8 +155,7 @@ def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPU
 
 
 def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
-               num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE
-               ) -> list[dict[str, float]]:
+               num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE) -> list[dict]:
     """Top-1 accuracy (``misc.accuracy``) on each of ``[(dataset, seed, subsets), ...]``: key ``""``
     the whole dataset, and each subset (a name -> boolean mask; NaN when empty)."""
     algorithm.eval()
@@ -189,8 +187,7 @@ def eval_seed(name: str) -> int:
 
 
 def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None,
-             batch_size: int = EVAL_BATCH_SIZE, pool=None, compute: Compute = DEFAULT_COMPUTE
-             ) -> dict[str, float]:
+             batch_size: int = EVAL_BATCH_SIZE, pool=None, compute: Compute = DEFAULT_COMPUTE):
     """A record's accuracy keys: ``env{i}_{in,out,uda}_acc`` of the splits ``names`` (None: all),
     and ``env{i}_{in,out}_{subset}_acc`` / ``_count`` of each test environment's subsets."""
     named = splits.eval_named()
@@ -201,9 +198,8 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None
         named = [entry for entry in named if entry[0] in set(names)]
     masks = [splits.subset_masks(split, env) for _, split, env in named]
     results = accuracies(algorithm, [(split, eval_seed(name), subsets) for (name, split, _),
-                                     subsets in zip(named, masks)], device,
-                         batch_size=batch_size, num_workers=num_workers, pool=pool,
-                         compute=compute)
+                                     subsets in zip(named, masks)], device, batch_size,
+                         num_workers, pool, compute)
     out = {}
     for (name, _, _), subsets, accs in zip(named, masks, results):
         out[name + "_acc"] = accs[""]

@@ -4,14 +4,17 @@ file; at the end save the model and mark the folder done. alignment_eval shares 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
+from importlib.metadata import version
 
 import numpy as np
+import PIL
 import torch
 
 from dg_plugins import hparams as hparams_lib
@@ -72,10 +75,7 @@ def check_test_envs(args, environments) -> None:
 
 
 def print_environment(device: torch.device) -> None:
-    import PIL
-
     try:
-        from importlib.metadata import version
         torchvision_version = version("torchvision")
     except Exception:  # pragma: no cover - torchvision absent
         torchvision_version = "n/a"
@@ -126,9 +126,8 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None,
 
 
 class Job:
-    """One training run: :meth:`build`, :meth:`restore`, then :meth:`run`'s loop of
-    :meth:`train_step`, :meth:`write_record`, :meth:`checkpoint`, and :meth:`finish` (the UDG
-    jobs are kinds of Job). ``stop``: a :class:`dg_plugins.signals.StopRequest`."""
+    """One training run (the UDG jobs are kinds of Job); ``stop``: a
+    :class:`dg_plugins.signals.StopRequest`."""
 
     #: The algorithm's method a step calls and the phase it trains (named when a loss diverges).
     UPDATE = "update"
@@ -164,8 +163,8 @@ class Job:
         self.pooled = self.hparams.get("batch_sampling", "per_domain") == "pooled"
         if self.pooled and self.hparams.get("class_balanced"):
             raise ValueError("hparam batch_sampling 'pooled' draws every item once per epoch (the "
-                             "DMG release's loader), which class_balanced sampling cannot follow; "
-                             "use one of them")
+                             "DMG release's loader), which class_balanced sampling cannot "
+                             "follow; use one of them")
         if self.pooled and flag(args, "label_fraction") is not None:
             raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG "
                              "protocol (--label_fraction): its pretraining draws one batch per "
@@ -227,8 +226,8 @@ class Job:
         return min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits)
 
     def make_algorithm(self):
-        return ALGORITHMS.get(self.args.algorithm)(self.dataset.input_shape,
-                                                   self.dataset.num_classes,
+        data = self.dataset
+        return ALGORITHMS.get(self.args.algorithm)(data.input_shape, data.num_classes,
                                                    len(self.train_envs), self.hparams)
 
     def batch_size(self) -> int:
@@ -255,14 +254,13 @@ class Job:
                                                    weights, workers))
         self.n_train_streams = len(streams)
         if self.args.task == "domain_adaptation":  # the only task that draws from them
-            streams += [batches.BatchStream(split, batch_size, seed_hash(seed, "uda", k), weights,
-                                            workers)
-                        for k, (split, weights) in enumerate(self.splits.uda_splits)]
+            streams += [batches.BatchStream(s, batch_size, seed_hash(seed, "uda", k), w, workers)
+                        for k, (s, w) in enumerate(self.splits.uda_splits)]
         return streams
 
     def restore(self) -> None:
-        """With ``--resume``, continue from the checkpoint of the same configuration; nothing on
-        disk changes before every check has passed."""
+        """With ``--resume``, continue from the checkpoint of the same configuration (checked
+        before anything on disk changes)."""
         if not self.resuming:
             return
         if not os.path.exists(self.checkpoint_path):
@@ -272,10 +270,10 @@ class Job:
         state = read_checkpoint(self.checkpoint_path, self.checkpoint_fix)
         diffs = checkpoint_differences(state, self.record_args, self.hparams)
         if diffs:
-            raise JobStateError(
-                "--resume with other arguments than the interrupted run would mix two "
-                "configurations in one results file:\n  " + "\n  ".join(diffs)
-                + "\nRerun with the original arguments, or start over with --force.")
+            raise JobStateError("--resume with other arguments than the interrupted run would mix "
+                                "two configurations in one results file:\n  " + "\n  ".join(diffs)
+                                + "\nRerun with the original arguments, or start over with "
+                                "--force.")
         apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
                          self.checkpoint_fix, self.scaler)
         keep_counted_records(self.results_path, state["n_records"])
@@ -308,9 +306,9 @@ class Job:
         for key, value in values.items():
             value = float(value)
             if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    f"{self.args.algorithm}.{self.UPDATE} returned {key}={value} at step {step}; "
-                    f"{self.PHASE} diverged (try a lower lr). The job stops without 'done'.")
+                raise NonFiniteLossError(f"{self.args.algorithm}.{self.UPDATE} returned {key}="
+                                         f"{value} at step {step}; {self.PHASE} diverged (try a "
+                                         "lower lr). The job stops without 'done'.")
             self.accumulated.setdefault(key, []).append(value)
         return seconds
 
@@ -374,11 +372,42 @@ class Job:
 
     def run(self, stop_after_step: int | None = None) -> str:
         """Build, restore and train under the compute settings; the workers end on every way out."""
-        with self.compute.active(self.device):
+        with self.compute.active(self.device), contextlib.closing(self):
+            self.build()
+            self.start_workers()
+            self.restore()
+            interval = flag(self.args, "progress_every")
+            progress = Progress(self.n_steps, self.start_step, self.records_after,
+                                f"{self.args.algorithm} on {self.args.dataset}",
+                                self.progress_stream,
+                                DEFAULT_INTERVAL_S if interval is None else interval)
             try:
-                return self._run(stop_after_step)
+                for step in range(self.start_step, self.n_steps):
+                    seconds = self.train_step(step)
+                    for hook in STEP_HOOKS:
+                        hook(self, step)
+                    recorded = sizes.is_recorded(step, self.n_steps, self.checkpoint_freq)
+                    if recorded:
+                        start = time.monotonic()
+                        self.write_record(step)
+                        progress.evaluated(time.monotonic() - start)
+                    progress.stepped(step, seconds)
+                    # after the last step the job finishes at once (model.pkl, done): no
+                    # checkpoint (killed before done, it resumes from the one before, to the
+                    # same records)
+                    final = step == self.n_steps - 1 and stop_after_step is None
+                    if (recorded and not final) or self.stop.signum is not None:
+                        save_checkpoint(self, step + 1)
+                    if (signum := self.stop.signum) is not None:
+                        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} "
+                                          f"after step {step}; a checkpoint was written: rerun "
+                                          "the same command with --resume to continue")
+                    if recorded and stop_after_step is not None and step >= stop_after_step:
+                        return "stopped"
             finally:
-                self.close()
+                progress.close()
+            self.finish()
+            return "done"
 
     def start_workers(self) -> None:
         evaluated = [split for name, split, _ in self.splits.eval_named()
@@ -388,39 +417,3 @@ class Job:
             pin_memory=batches.cuda_transfers(self.device), device=self.device)
         if self.pool is not None:
             self.pool.limit = self.n_steps
-
-    def _run(self, stop_after_step: int | None) -> str:
-        self.build()
-        self.start_workers()
-        self.restore()
-        interval = flag(self.args, "progress_every")
-        progress = Progress(self.n_steps, self.start_step, self.records_after,
-                            f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
-                            DEFAULT_INTERVAL_S if interval is None else interval)
-        try:
-            for step in range(self.start_step, self.n_steps):
-                seconds = self.train_step(step)
-                for hook in STEP_HOOKS:
-                    hook(self, step)
-                recorded = sizes.is_recorded(step, self.n_steps, self.checkpoint_freq)
-                if recorded:
-                    start = time.monotonic()
-                    self.write_record(step)
-                    progress.evaluated(time.monotonic() - start)
-                progress.stepped(step, seconds)
-                # after the last step the job finishes at once (model.pkl, done): no checkpoint
-                # (killed before done, it resumes from the one before, to the same records)
-                final = step == self.n_steps - 1 and stop_after_step is None
-                if (recorded and not final) or self.stop.signum is not None:
-                    save_checkpoint(self, step + 1)
-                signum = self.stop.signum
-                if signum is not None:
-                    raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after "
-                                      f"step {step}; a checkpoint was written: rerun the same "
-                                      "command with --resume to continue")
-                if recorded and stop_after_step is not None and step >= stop_after_step:
-                    return "stopped"
-        finally:
-            progress.close()
-        self.finish()
-        return "done"

@@ -1,6 +1,5 @@
-"""One train command, from its parsed flags to its exit status: reject bad input before anything
-is written, take the job folder (its lock), tee the output into out.txt/err.txt, catch stop
-signals, run the job, and turn what went wrong into one line and an exit status."""
+"""One train command from its parsed flags to its exit status: check the input, lock the folder,
+tee the output into out.txt/err.txt, catch stop signals, run the job, report failures in a line."""
 
 from __future__ import annotations
 
@@ -76,14 +75,13 @@ def prepare_output_dir(args) -> None:
                 os.unlink(path)
         return
     if done:
-        raise JobStateError(
-            f"{folder} holds a finished job ('done' exists); nothing was changed. To run it "
-            "again from scratch pass --force (its records and model are replaced), or choose "
-            "another --output_dir.")
+        raise JobStateError(f"{folder} holds a finished job ('done' exists); nothing was changed. "
+                            "To run it again from scratch pass --force (its records and model are "
+                            "replaced), or choose another --output_dir.")
     if records and not args.resume:
-        raise JobStateError(
-            f"{folder} holds {len(records)} records of an interrupted run; continue it with "
-            "--resume (same arguments), or start over with --force.")
+        raise JobStateError(f"{folder} holds {len(records)} records of an interrupted run; "
+                            "continue it with --resume (same arguments), or start over with "
+                            "--force.")
     if args.resume:
         check_checkpoint_file(os.path.join(folder, CHECKPOINT_FILE), RESTART_FIX)
 
@@ -154,10 +152,9 @@ def line(err: BaseException) -> str:
 
 def execute(args, stop_after_step: int | None = None
             ) -> tuple[str | None, int, BaseException | None]:
-    """Run one job as the train command does: ``(status, exit status, failure)``. Exit 0 done; 2
-    bad input; 143 / 130 stopped by SIGTERM / SIGINT after a checkpoint; 1 a full disk or another
-    failure (its traceback). A failure is printed once; an unexpected one before the folder is
-    held, or a ``BaseException`` (a second Ctrl-C), is raised."""
+    """Run one job as train does: ``(status, exit status, failure)``, exit 0 done, 2 bad input,
+    128 + signal stopped, 1 a full disk or other failure. A failure is printed once; an unexpected
+    one before the folder is held, or a ``BaseException`` (a second Ctrl-C), is raised."""
     folder = args.output_dir
     compute = Compute.of(args)  # the call's one Compute, passed on
     compute.prepare_process()

@@ -4,11 +4,10 @@ does not build and DomainBed's base hparams no algorithm reads. The records keep
 from __future__ import annotations
 
 #: The base hparams that configure a network: listed only where the job's network reads them.
-MODEL_HPARAMS = frozenset({
-    "backbone", "vit", "resnet18", "resnet50_augmix", "resnet_dropout", "freeze_bn", "dinov2",
-    "vit_arch", "vit_attn_tune", "vit_dropout", "mnist_cnn_width", "pretrained",
-    "pretrained_path", "nonlinear_classifier",
-})
+MODEL_HPARAMS = frozenset({"backbone", "vit", "resnet18", "resnet50_augmix", "resnet_dropout",
+                           "freeze_bn", "dinov2", "vit_arch", "vit_attn_tune", "vit_dropout",
+                           "mnist_cnn_width", "pretrained", "pretrained_path",
+                           "nonlinear_classifier"})
 
 #: DomainBed's base hparams that no dg_plugins algorithm or network reads.
 UNREAD_HPARAMS = frozenset({"lars", "linear_steps"})

@@ -93,16 +93,14 @@ def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
     from dg_plugins import alignment
 
     return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
-                                 threshold=args.alignment_threshold,
-                                 preset=args.alignment_preset, data_dir=args.data_dir,
-                                 model=flag(args, "alignment_model"),
+                                 threshold=args.alignment_threshold, data_dir=args.data_dir,
+                                 preset=args.alignment_preset, model=flag(args, "alignment_model"),
                                  pretrained=flag(args, "alignment_pretrained"))
 
 
 class Splits:
-    """Every environment's in/out(/uda) split and the ``subsets``; a dataset's
-    ``predefined_split(env) -> (in, out) | None`` replaces the random holdout (a test
-    environment's two may overlap)."""
+    """Every environment's in/out(/uda) split and the ``subsets``; a dataset's ``predefined_split
+    (env) -> (in, out) | None`` replaces the random holdout (a test environment's may overlap)."""
 
     def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
@@ -119,8 +117,7 @@ class Splits:
         for env_i, env in enumerate(dataset):
             pair = predefined(env_i) if predefined is not None else None
             if pair is not None:
-                in_, out = predefined_splits(env, pair, env_i,
-                                             test_env=env_i in args.test_envs)
+                in_, out = predefined_splits(env, pair, env_i, test_env=env_i in args.test_envs)
                 print(f"Splits: env{env_i} uses the dataset's predefined split ({len(in_)} in, "
                       f"{len(out)} out) instead of the random holdout (--holdout_fraction)")
             else:

@@ -1,7 +1,6 @@
-"""The unsupervised-DG (UDG) protocol as train jobs (``--label_fraction F``; docs/udg_protocol.md):
-a self-supervised pretraining on the unlabelled sources (:class:`PretrainJob`, in a folder named by
-the md5 of its identity, shared by every label fraction), then fine-tuning on a fixed, nested
-labelled subset of each source in-split (:class:`UDGJob`)."""
+"""The UDG protocol as train jobs (``--label_fraction F``; docs/udg_protocol.md): a pretraining on
+the unlabelled sources shared by every label fraction (:class:`PretrainJob`, in a folder named by
+its identity's md5), then fine-tuning on a fixed, nested labelled subset (:class:`UDGJob`)."""
 
 from __future__ import annotations
 
@@ -122,9 +121,8 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
         stored = json.load(f)
     if stored != json.loads(json.dumps(identity)):
-        raise JobStateError(
-            f"{folder} holds another pretraining than this job's (identity differs); move it "
-            "away or pass another --udg_pretrain_dir")
+        raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
+                            "differs); move it away or pass another --udg_pretrain_dir")
     path = os.path.join(folder, PRETRAINED_FILE)
     check_checkpoint_file(path, redo_pretraining(folder))
     state = torch.load(path, map_location="cpu", weights_only=False)
@@ -136,11 +134,11 @@ class WaitInterrupted(job_lib.Interrupted):
     """SIGTERM/SIGINT while waiting for another job's pretraining: nothing to resume."""
 
     def __init__(self, signum: int, folder: str):
-        super().__init__(
-            signum, f"stopped by {signal.Signals(signum).name} while waiting for the UDG "
-            f"pretraining in {folder} (another job runs it); this job had not started, so "
-            "there is nothing to resume: rerunning the same command (with or without --resume) "
-            "continues, reusing or finishing that pretraining")
+        super().__init__(signum, f"stopped by {signal.Signals(signum).name} while waiting for "
+                         f"the UDG pretraining in {folder} (another job runs it); this job had "
+                         "not started, so there is nothing to resume: rerunning the same command "
+                         "(with or without --resume) continues, reusing or finishing that "
+                         "pretraining")
 
 
 class PretrainJob(job_lib.Job):
@@ -179,7 +177,7 @@ class PretrainJob(job_lib.Job):
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
               f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
         self.streams = [batches.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
-                                         num_workers=p.workers)
+                                            num_workers=p.workers)
                         for s, i in zip(sets, p.train_envs)]
         self.n_train_streams = len(self.streams)
         self.n_steps = self.identity["pretrain_steps"]
@@ -194,8 +192,7 @@ class PretrainJob(job_lib.Job):
             keep_counted_records(self.results_path, 0)
 
     def update(self) -> dict:
-        return self.algorithm.pretrain_update([self.model_input(next(s)[0])
-                                               for s in self.streams])
+        return self.algorithm.pretrain_update([self.model_input(next(s)[0]) for s in self.streams])
 
     def write_record(self, step: int) -> None:
         record = {"step": step, **{k: float(np.mean(v)) for k, v in self.accumulated.items()},
@@ -207,9 +204,9 @@ class PretrainJob(job_lib.Job):
             f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
 
     def save_outputs(self) -> None:
-        atomic_torch_save({"identity": self.identity, "state": {
-            k: v.cpu() for k, v in self.algorithm.pretrained_state().items()}},
-            os.path.join(self.folder, PRETRAINED_FILE))
+        state = {k: v.cpu() for k, v in self.algorithm.pretrained_state().items()}
+        atomic_torch_save({"identity": self.identity, "state": state},
+                          os.path.join(self.folder, PRETRAINED_FILE))
 
 
 class UDGJob(job_lib.Job):
@@ -290,9 +287,9 @@ class UDGJob(job_lib.Job):
                 state = "missing" if not os.path.isdir(folder) else "not finished"
                 raise PretrainingMissing(
                     f"the UDG pretraining of this job is {state}: {folder} (identity: "
-                    f"{json.dumps(identity, sort_keys=True)}). Run this job (or any label "
-                    "fraction of the same sweep) without --udg_pretrain require to pretrain, or "
-                    "point --udg_pretrain_dir at the folder that holds it.")
+                    f"{json.dumps(identity, sort_keys=True)}). Run this job (or any label fraction "
+                    "of the same sweep) without --udg_pretrain require to pretrain, or point "
+                    "--udg_pretrain_dir at the folder that holds it.")
             os.makedirs(folder, exist_ok=True)
             try:
                 with FolderLock(folder):
