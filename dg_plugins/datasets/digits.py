@@ -30,12 +30,6 @@ LAYOUT = {
 }
 
 
-def _open_maybe_gzip(path: str):
-    with open(path, "rb") as handle:
-        magic = handle.read(2)
-    return gzip.open(path, "rt") if magic == b"\x1f\x8b" else open(path, "r")
-
-
 def _first_existing(*paths: str) -> str | None:
     return next((p for p in paths if os.path.isfile(p)), None)
 
@@ -115,7 +109,9 @@ def load_label_list(folder: str, list_file: str, image_folder: str):
 
 def load_usps_zip(path: str):
     """Hastie et al.'s ``zip.test``: per line the digit then 256 values in [-1, 1] (16x16)."""
-    with _open_maybe_gzip(path) as handle:
+    with open(path, "rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rt") if gzipped else open(path, "r") as handle:
         rows = np.loadtxt(handle, dtype=np.float64, ndmin=2)
     if rows.shape[1] != 257:
         raise ValueError(f"{path}: expected 257 values per line (label + 16x16), got "

@@ -110,10 +110,6 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
         raise NotImplementedError
 
 
-def _xor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a - b).abs()
-
-
 def _coin_flips(probability: float, n: int) -> torch.Tensor:
     return (torch.rand(n) < probability).float()
 
@@ -131,8 +127,8 @@ class ColoredMNIST(MultipleEnvironmentMNIST):
 
     def make_environment(self, images, labels, color_flip_probability):
         n = len(labels)
-        noisy_labels = _xor((labels < 5).float(), _coin_flips(self.LABEL_NOISE, n))
-        colors = _xor(noisy_labels, _coin_flips(color_flip_probability, n))
+        noisy_labels = ((labels < 5).float() - _coin_flips(self.LABEL_NOISE, n)).abs()  # xor
+        colors = (noisy_labels - _coin_flips(color_flip_probability, n)).abs()
         x = torch.stack([images, images], dim=1).float().div_(255.0)
         x[torch.arange(n), (1 - colors).long()] = 0
         return TensorDataset(x, noisy_labels.long())
