@@ -1,7 +1,6 @@
-"""train's flags as one table (:data:`FLAGS`): name, default, type, help and policies (in the
-records' ``args``, hashed into a sweep's folder names, how a sweep passes it, changeable on resume,
-owned by a paper setting), read by train, sweep, the records, the resume check and reproduce; and
-the range checks run before anything is written. Torch-free."""
+"""train's flags as one table (:data:`FLAGS`, each row's policies: recorded, hashed, passed by the
+sweep, changeable on resume, owned by a paper setting) read by train, sweep, the records, the
+resume check and reproduce; and the range checks run before anything is written. Torch-free."""
 
 from __future__ import annotations
 
@@ -70,17 +69,13 @@ class Flag:
     def add_to(self, parser, help: str | None = None, metavar: str | None = None) -> None:
         """Add ``--name`` to ``parser`` (a parser or an argument group), with another help or
         metavar where the parser says it differently (sweep's)."""
-        text = self.help if help is None else help
-        if self.store_true:
-            parser.add_argument(f"--{self.name}", action="store_true", help=text)
-            return
         options = {k: v for k, v in (("type", self.type), ("choices", self.choices),
                                      ("nargs", self.nargs), ("const", self.const),
                                      ("metavar", metavar or self.metavar)) if v is not None}
-        if self.setting:
-            options["action"] = _Setting
+        if self.store_true or self.setting:
+            options["action"] = "store_true" if self.store_true else _Setting
         parser.add_argument(f"--{self.name}", default=None if self.setting else self.default,
-                            help=text, **options)
+                            help=self.help if help is None else help, **options)
 
 
 class _Setting(argparse.Action):
@@ -226,8 +221,7 @@ ROWS = {flag.name: flag for flag in FLAGS}
 
 
 def names(**criteria) -> tuple[str, ...]:
-    """The names of the rows whose fields (group, records, sweep, hashed, paper) equal every
-    criterion given (not None), in table order."""
+    """The names of the rows whose fields equal every criterion given (not None), in order."""
     return tuple(f.name for f in FLAGS
                  if all(v is None or getattr(f, k) == v for k, v in criteria.items()))
 
@@ -268,8 +262,7 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 
 def option(name: str) -> str:
-    """train's flag ``name`` as a command line spells it; a name that is not a row is refused (a
-    misspelled flag)."""
+    """train's flag ``name`` as a command line spells it; a name that is not a row is refused."""
     if name not in ROWS:
         raise ValueError(f"train has no flag --{name} (its flags: dg_plugins/job/flags.py)")
     return f"--{name}"
@@ -361,9 +354,8 @@ def record_args(args) -> dict:
 
 
 def sweep_job_args(args, hashed: bool) -> dict:
-    """What a sweep passes to every job from its flags (``args``, the sweep's namespace): the
-    hashed part (into the job args, hence the folder name) or the unhashed part (only in the
-    command), each flag when given and not its default."""
+    """What a sweep passes to every job from its ``args`` (each flag given and not its default):
+    the hashed part (the job args, hence the folder name) or the unhashed (only the command)."""
     return {name: v for name in names(sweep=EVERY, hashed=hashed)
             if (v := value(args, name)) is not None}
 
@@ -373,10 +365,9 @@ def sweep_job_args(args, hashed: bool) -> dict:
 
 
 def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
-    """Raise ValueError, naming the flag and the fix, for a flag of ``args`` out of its range or a
-    combination that cannot run. ``fractions``: the label fractions (train's ``--label_fraction``,
-    sweep's ``--label_fractions``, named ``fraction_flag``), None without the UDG protocol. Flags
-    ``args`` lacks are not checked."""
+    """Raise ValueError naming the flag and the fix for a flag of ``args`` (those it has) out of
+    range or a combination that cannot run; ``fractions``: the label fractions (named
+    ``fraction_flag``), None without the UDG protocol."""
     envs = _get(args, "test_envs")
     duplicates = sorted({t for t in envs if envs.count(t) > 1}) if envs else []
     if duplicates:

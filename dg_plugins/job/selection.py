@@ -1,6 +1,5 @@
-"""What model selection reads from a job's records (:data:`SELECTION_READS`: collect's methods read
-through it, train's ``--eval_splits selection`` evaluates the union), and the splits a job
-evaluates (:func:`evaluated_splits`). Torch-free."""
+"""What model selection reads from a job's records (:data:`SELECTION_READS`, read by collect's
+methods) and the splits a job evaluates (:func:`evaluated_splits`). Torch-free."""
 
 from __future__ import annotations
 
@@ -59,9 +58,8 @@ def read_environments(role: str, test_envs, n_envs: int) -> list[int]:
 
 def evaluated_splits(eval_splits: str, test_envs, n_envs: int, uda: int = 0,
                      udg: bool = False) -> list[str]:
-    """The splits a job evaluates at every record, in DomainBed's names and order (``uda``: its
-    number of uda splits). ``selection``: the union of what the methods of the job's kinds read,
-    and the uda splits (a test environment's own data, cheap)."""
+    """The splits a job evaluates at every record, in DomainBed's names and order (``uda``: how
+    many uda splits); ``selection``: what its kinds' methods read, and the (cheap) uda splits."""
     if eval_splits not in EVAL_SPLITS:
         raise ValueError(f"--eval_splits must be one of {', '.join(EVAL_SPLITS)}, got "
                          f"{eval_splits!r}")

@@ -148,14 +148,12 @@ class WorkerPool:
     def __init__(self, streams, num_workers: int, datasets=(), pin_memory: bool = False):
         if num_workers < 1:
             raise ValueError(f"a worker pool needs num_workers >= 1, got {num_workers}")
-        self.streams = list(streams)
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
+        self.streams, self.num_workers, self.pin_memory = list(streams), num_workers, pin_memory
         self.datasets = [s.dataset for s in self.streams] + list(datasets)
         self._number = {id(d): j for j, d in enumerate(self.datasets)}
         #: Batches each stream hands out in all (a job's steps): no round is fetched beyond.
         self.limit: int | None = None
-        self.iterator = None
+        self.iterator = None  # the started worker loader
         self.buffers = {id(s): collections.deque() for s in self.streams}
         self.taken = {id(s): 0 for s in self.streams}
         self.pending: collections.deque = collections.deque()  # serve() requests not yet sent
@@ -254,13 +252,10 @@ class Stream:
     view = None
 
     def __init__(self, dataset: Dataset, seed: int, num_workers: int = 0):
-        self.dataset = dataset
-        self.seed = seed
-        self.num_workers = num_workers
+        self.dataset, self.seed, self.num_workers = dataset, seed, num_workers
         self.pool: WorkerPool | None = None
         self.finisher = finisher_of(dataset) if self.view is None else None
-        self.device = "cpu"
-        self.consumed = 0
+        self.device, self.consumed = "cpu", 0
         self.rewind(0)
 
     def finish(self, batch: tuple):
@@ -293,10 +288,8 @@ class Stream:
         return {"seed": self.seed, "drawn": self.consumed}
 
     def load_state_dict(self, state: dict) -> None:
-        if self.pool is not None:
-            self.pool.close()
-        self.seed = state["seed"]
-        self.consumed = state["drawn"]
+        self.close()
+        self.seed, self.consumed = state["seed"], state["drawn"]
         self.rewind(self.consumed)
 
     def close(self) -> None:

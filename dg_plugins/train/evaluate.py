@@ -181,6 +181,12 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
     return out
 
 
+def accuracy(algorithm, dataset: Dataset, device, batch_size: int = EVAL_BATCH_SIZE,
+             num_workers: int = 0, subsets: dict[str, torch.Tensor] | None = None,
+             seed: int = 0) -> dict[str, float]:
+    return accuracies(algorithm, [(dataset, seed, subsets)], device, batch_size, num_workers)[0]
+
+
 def eval_seed(name: str) -> int:
     """The seed of split ``name``'s evaluation batches, the same in every job and re-evaluation."""
     return seed_hash("eval", name)
