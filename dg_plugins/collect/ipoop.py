@@ -15,33 +15,30 @@ from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
 
 
 class SubsetKey(NamedTuple):
-    """An extra test key: its template (in ``t``), a short label and a description."""
+    """An extra test key: its template (in ``t``), a short label, a description, and what its
+    tables' headers say after it."""
 
     template: str
     label: str
     description: str
+    note: str
 
 
-_POOLED = "(in and out splits pooled, weighted by their subset sizes)"
+_SUBSETS = (("ip", "in-pretraining"), ("oop", "out-of-pretraining"))
 #: Extra test keys reported when present: each subset on the test environment's in split, then
 #: over the whole test environment, its in and out splits pooled, each split's subset accuracy
 #: weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as the IP/OOP
 #: authors report each subset over the whole target domain.
-SUBSET_KEYS = tuple(SubsetKey(f"env{{t}}_in_{key}_acc", key.upper(),
-                              f"{what} subset of the test environment") for key, what in
-                    (("ip", "in-pretraining"), ("oop", "out-of-pretraining")))
+SUBSET_KEYS = tuple(SubsetKey(
+    f"env{{t}}_in_{key}_acc", key.upper(), f"{what} subset of the test environment",
+    f"{key.upper()} subset of the test environment's in split") for key, what in _SUBSETS)
 POOLED_SUBSET_KEYS = tuple(SubsetKey(
     f"env{{t}}_pooled_{key}_acc", f"{key.upper()}, whole domain",
-    f"{what} subset of the whole test environment {_POOLED}") for key, what in
-    (("ip", "in-pretraining"), ("oop", "out-of-pretraining")))
+    f"{what} subset of the whole test environment (in and out splits pooled, weighted by their "
+    "subset sizes)", f"{key.upper()} subset of the whole test environment, in and out splits "
+    "pooled") for key, what in _SUBSETS)
 #: Which IP/OOP figures collect_results shows (``--ipoop``): the in split's, the pooled, or both.
 IPOOP_CHOICES = ("in", "pooled", "both")
-#: What an IP/OOP table's header says after its key (which subset, over which split).
-HEADER_NOTES = {
-    **{f"env{{t}}_in_{key}_acc": f"{key.upper()} subset of the test environment's in split"
-       for key in ("ip", "oop")},
-    **{f"env{{t}}_pooled_{key}_acc": f"{key.upper()} subset of the whole test environment, in "
-       "and out splits pooled" for key in ("ip", "oop")}}
 
 
 def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
@@ -74,11 +71,7 @@ def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
     """The IP/OOP keys (in split, pooled, or both, by ``ipoop``) some environment has."""
     if ipoop not in IPOOP_CHOICES:
         raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
-    keys = {"in": SUBSET_KEYS, "pooled": POOLED_SUBSET_KEYS,
-            "both": SUBSET_KEYS + POOLED_SUBSET_KEYS}[ipoop]
-    found = []
-    for subset in keys:
-        pattern = re.compile(re.escape(subset.template).replace(re.escape("{t}"), r"\d+"))
-        if any(pattern.fullmatch(str(column)) for column in records.columns):
-            found.append(subset)
-    return found
+    keys = SUBSET_KEYS * (ipoop != "pooled") + POOLED_SUBSET_KEYS * (ipoop != "in")
+    patterns = [re.compile(re.escape(k.template).replace(re.escape("{t}"), r"\d+")) for k in keys]
+    return [key for key, pattern in zip(keys, patterns)
+            if any(pattern.fullmatch(str(column)) for column in records.columns)]

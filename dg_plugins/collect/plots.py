@@ -9,6 +9,7 @@ import math
 import os
 import re
 import textwrap
+from functools import cache, partial
 from typing import Iterator
 
 import numpy as np
@@ -273,13 +274,7 @@ def curve_points(frame: pd.DataFrame, report: Report, kind: str = TEST_KEY
     """``(points, selected)``: the records of the runs each method chose for sections of
     ``kind`` (read from their :class:`~dg_plugins.collect.selection.Selection`), and each chosen
     checkpoint; ``frame``: the records of that kind (UDG or not)."""
-    labels = {}
-
-    def labels_of(dataset):
-        if dataset not in labels:
-            labels[dataset] = environment_labels(frame, dataset)
-        return labels[dataset]
-
+    labels_of = cache(partial(environment_labels, frame))
     parts, picks = [], []
     for section in [s for s in report.sections if s.test_key == kind] if len(frame) else []:
         selection = section.selection

@@ -435,27 +435,22 @@ def job_progress(input_dir: str) -> JobProgress:
     return JobProgress(len(folders), not_done)
 
 
-#: Why a job folder has no record in the tables (:func:`left_out_jobs`).
+#: Why a job folder has no record in the tables (:func:`left_out_notes`), and what to do.
 DONE_EMPTY = f"done, but its {RESULTS_FILE} is empty (the job wrote no record)"
 DONE_ABSENT = f"done, but it has no {RESULTS_FILE}"
 UNREADABLE = f"its {RESULTS_FILE} cannot be read"
 UNUSABLE = f"no line of its {RESULTS_FILE} is a usable record"
+_RELAUNCH = "delete the folder and relaunch the sweep to run the job again"
+_LEFT_OUT_FIX = {DONE_EMPTY: _RELAUNCH, DONE_ABSENT: _RELAUNCH,
+                 UNREADABLE: "make it readable, or delete the folder and relaunch the sweep",
+                 UNUSABLE: "the warnings above name the bad lines"}
 
 
-class LeftOut(NamedTuple):
-    """A job folder without a record in the tables: its name, why, and a detail (may be empty)."""
-
-    job: str
-    reason: str
-    detail: str = ""
-
-
-def left_out_jobs(input_dir: str, jobs) -> list[LeftOut]:
-    """Why each job folder of ``input_dir`` not in ``jobs`` (those with records) has no record:
-    its results file cannot be read, holds no usable line, or is empty or absent although the
-    job is done. A folder not done with no record yet (running, or not started) is not listed:
-    :func:`job_progress` names it."""
-    left_out = []
+def left_out_notes(input_dir: str, jobs) -> list[str]:
+    """One note per reason naming the job folders not in ``jobs`` (those with records) that have
+    none: the results file cannot be read, holds no usable line, or is empty or absent although
+    the job is done. A folder not done with no record yet is :func:`job_progress`'s."""
+    found: dict[str, list[tuple[str, str]]] = {}  # reason -> (job, detail)
     for entry in _job_folders(input_dir):
         if entry in jobs:
             continue
@@ -464,51 +459,34 @@ def left_out_jobs(input_dir: str, jobs) -> list[LeftOut]:
         text = _read_text(os.path.join(folder, RESULTS_FILE), problems)
         if problems:
             error = re.search(r"\[Errno \d+\] ([^:]+)", problems[0])  # strerror, no path
-            left_out.append(LeftOut(entry, UNREADABLE, error.group(1) if error else ""))
+            found.setdefault(UNREADABLE, []).append((entry, error.group(1) if error else ""))
         elif text is not None and text.strip(_JSON_SPACE):
             lines = sum(1 for line in text.split("\n") if line.strip(_JSON_SPACE))
-            left_out.append(LeftOut(entry, UNUSABLE, f"{lines} line{'s' * (lines != 1)}"))
+            found.setdefault(UNUSABLE, []).append((entry, f"{lines} line{'s' * (lines != 1)}"))
         elif is_done(folder):
-            left_out.append(LeftOut(entry, DONE_ABSENT if text is None else DONE_EMPTY))
-    return left_out
-
-
-#: What to do about a job folder left out, per reason (:func:`left_out_notes`).
-_LEFT_OUT_FIX = {
-    DONE_EMPTY: "delete the folder and relaunch the sweep to run the job again",
-    DONE_ABSENT: "delete the folder and relaunch the sweep to run the job again",
-    UNREADABLE: "make it readable, or delete the folder and relaunch the sweep",
-    UNUSABLE: "the warnings above name the bad lines",
-}
-
-
-def left_out_notes(left_out: list[LeftOut]) -> list[str]:
-    """One note per reason, naming every job folder that has no record in the tables."""
+            found.setdefault(DONE_ABSENT if text is None else DONE_EMPTY, []).append((entry, ""))
     notes = []
-    for reason in dict.fromkeys(job.reason for job in left_out):
-        jobs = [job for job in left_out if job.reason == reason]
+    for reason, folders in found.items():
         fix = _LEFT_OUT_FIX[reason]
-        if len(jobs) == 1:
-            job = jobs[0]
-            detail = f" ({job.detail})" if job.detail else ""
-            notes.append(f"job folder {job.job} is left out of the tables: {reason}{detail}; "
-                         f"{fix}.")
+        if len(folders) == 1:
+            job, detail = folders[0]
+            notes.append(f"job folder {job} is left out of the tables: {reason}"
+                         f"{f' ({detail})' if detail else ''}; {fix}.")
             continue
-        names = ", ".join(f"{job.job} ({job.detail})" if job.detail else job.job for job in jobs)
-        notes.append(f"{len(jobs)} job folders are left out of the tables, each {reason}: "
+        names = ", ".join(f"{job} ({detail})" if detail else job for job, detail in folders)
+        notes.append(f"{len(folders)} job folders are left out of the tables, each {reason}: "
                      f"{names}; {fix.replace('the folder', 'each folder')}.")
     return notes
 
 
-
 def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
     """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
-    ``done``; those with no record though not in ``jobs`` (:func:`left_out_notes`)."""
+    ``done``, and :func:`left_out_notes`."""
     progress = job_progress(input_dir)
     shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
     return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
             f"incomplete: {shown}); the tables use the records written so far"
-            ] if progress.not_done else [], left_out_notes(left_out_jobs(input_dir, jobs))
+            ] if progress.not_done else [], left_out_notes(input_dir, jobs)
 
 
 def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:

@@ -181,31 +181,22 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
 
 
 def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tuple[str, str]:
-    """Why ``section`` cannot score runs that exist on ``dataset``."""
+    """Why ``section`` cannot score runs that exist on ``dataset``: leave-one-domain-out's pair
+    runs missing, or no test key, or NaN as test key in the records it chose."""
     if section.method.key == LOO_KEY:
         return LOO_KEY, ""
-    key = section.test_key.format(t="<t>")
-    nan = _nan_test_records(grouped, section, dataset)
+    key, records, nan = section.test_key.format(t="<t>"), grouped.records, []
+    if "nonfinite" in records and not records["nonfinite"].isna().all():
+        chosen = select(grouped, section.method, section.test_key)
+        chosen = chosen[(chosen["dataset"] == dataset) & chosen["test_acc"].isna()]
+        for row, env in zip(chosen["record"], chosen["test_env"]):
+            bad = records["nonfinite"].iat[row]
+            if isinstance(bad, tuple) and section.test_key.format(t=env) in dict(bad):
+                nan.append(f"job {records['job'].iat[row]} at step {records['step'].iat[row]}")
     if not nan:
         return "no", key
-    shown = ", ".join(f"job {job} at step {step}" for job, step in nan[:3])
     more = f" and {len(nan) - 3} more" if len(nan) > 3 else ""
-    return "NaN as", f"{key} ({shown}{more})"
-
-
-def _nan_test_records(grouped: GroupedRecords, section: Section, dataset) -> list[tuple]:
-    """(job, step) of the records ``section`` chose on ``dataset`` whose test key is NaN."""
-    records = grouped.records
-    if "nonfinite" not in records or records["nonfinite"].isna().all():
-        return []
-    chosen = select(grouped, section.method, section.test_key)
-    chosen = chosen[(chosen["dataset"] == dataset) & chosen["test_acc"].isna()]
-    found = []
-    for row, env in zip(chosen["record"], chosen["test_env"]):
-        bad = records["nonfinite"].iat[row]
-        if isinstance(bad, tuple) and section.test_key.format(t=env) in dict(bad):
-            found.append((records["job"].iat[row], records["step"].iat[row]))
-    return found
+    return "NaN as", f"{key} ({', '.join(nan[:3])}{more})"
 
 
 def averages_notes(sections: list[Section], all_columns: bool = True) -> list[str]:
@@ -291,10 +282,6 @@ def _setting(name: str, value) -> str:
     return _flag(name, f"'{value}'" if name == "hparams" else value)
 
 
-def _jobs(count: int) -> str:
-    return f"{count} job{'s' * (count != 1)}"
-
-
 def _order(values: tuple) -> tuple:
     """Settings values' sort key: absent first, then numbers by value, then text."""
     return tuple((0, 0, "") if v is None else (1, v, "") if isinstance(v, (int, float))
@@ -349,8 +336,9 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
         if mixed:
             parts = []
             for envs in sorted(mixed, key=lambda e: (len(e), e)):
-                counts = ", ".join(f"{text(combo)} ({_jobs(len(mixed[envs][combo]))})"
-                                   for combo in sorted(mixed[envs], key=_order))
+                counts = ", ".join(
+                    f"{text(combo)} ({len(jobs)} job{'s' * (len(jobs) != 1)})"
+                    for combo, jobs in sorted(mixed[envs].items(), key=lambda c: _order(c[0])))
                 parts.append(f"{_envs(labels, envs)}: {counts}")
             cell = "a cell mixes" if len(mixed) == 1 else f"{len(mixed)} cells mix"
             notes.append(f"{dataset}, {algorithm}: {cell} jobs of different settings, "
@@ -377,15 +365,6 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Published numbers beside the tables (``--paper KEY``): each entry of dg_plugins.reference under
 # every table it matches, with ours minus the paper's
-
-
-def _paper_heading(entry: PaperEntry) -> tuple[str, str]:
-    """The comparison's two header lines: key and citation; backbone, selection and source."""
-    selection = entry.selection_note if entry.selection is None else (
-        f"{entry.selection} ({entry.selection_note})")
-    return (f"paper [{entry.key}]: {entry.citation()}",
-            f"  backbone: {entry.backbone}; selection: {selection}; numbers read from "
-            f"{entry.read_from} ({entry.source_kind})")
 
 
 def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue | None]:
@@ -425,8 +404,12 @@ def paper_comparison(entry: PaperEntry, table: Table) -> PaperComparison:
         differences[algorithm] = [
             None if cell.mean is None or paper is None else cell.mean - paper.mean
             for cell, paper in zip(cells, rows[row])]
-    return PaperComparison(entry.key, *_paper_heading(entry), rows, mapping, differences,
-                           None if entry.available else entry.claim)
+    selection = entry.selection_note if entry.selection is None else (
+        f"{entry.selection} ({entry.selection_note})")
+    return PaperComparison(entry.key, f"paper [{entry.key}]: {entry.citation()}",
+                           f"  backbone: {entry.backbone}; selection: {selection}; numbers read "
+                           f"from {entry.read_from} ({entry.source_kind})", rows, mapping,
+                           differences, None if entry.available else entry.claim)
 
 
 def add_paper_comparisons(report: Report, entries: list[PaperEntry]) -> list[str]:

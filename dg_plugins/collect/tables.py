@@ -11,7 +11,7 @@ import pandas as pd
 
 from dg_plugins import catalog
 from dg_plugins.collect.records import environment_count
-from dg_plugins.collect.ipoop import HEADER_NOTES, subset_keys
+from dg_plugins.collect.ipoop import subset_keys
 from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, Selection, SelectionMethod,
                                           group_records, select, standard_selection)
 from dg_plugins.reference.papers import PaperValue
@@ -162,8 +162,7 @@ def standard_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
         for dataset, env in zip(scored["dataset"], scored["test_env"]):
             ran.setdefault(dataset, set()).add(int(env))
     keys = [(TEST_KEY, "", None), *((subset.template, f"{subset.label}: {subset.description}",
-                                     HEADER_NOTES.get(subset.template))
-                                    for subset in subset_keys(grouped.records, ipoop))]
+                                     subset.note) for subset in subset_keys(grouped.records, ipoop))]
     return [Section(method, key, subtitle,
                     _results_tables(grouped, method, selection, key, ran, note), selection)
             for key, subtitle, note in keys for method, selection in selections.items()]

@@ -68,15 +68,10 @@ def fraction_label(fraction: float) -> str:
     return f"{100 * float(fraction):g}%"
 
 
-def udg_tables(records: pd.DataFrame | GroupedRecords, method: SelectionMethod,
-               selection: Selection | None = None) -> list[Table]:
+def _udg_tables(grouped: GroupedRecords, method: SelectionMethod, chosen: pd.DataFrame
+                ) -> list[Table]:
     """A table per (dataset, test environments): rows ``<algorithm> <fraction>``, targets, Avg."""
-    grouped = group_records(records)
-    chosen = (selection or udg_selection(grouped, method)).chosen
-    if chosen.empty:
-        return []
-    algorithms = algorithm_order(grouped)
-    tables = []
+    algorithms, tables = algorithm_order(grouped), []
     for dataset in dataset_order(grouped):
         labels = environment_labels(grouped.records, dataset)
         of_dataset = chosen[chosen["dataset"] == dataset]
@@ -107,7 +102,7 @@ def udg_sections(records: pd.DataFrame, methods: list[SelectionMethod]) -> list[
     grouped, sections = group_records(records), []
     for method in [m for m in methods if m in METHODS]:
         selection = udg_selection(grouped, method)
-        tables = udg_tables(grouped, method, selection)
+        tables = _udg_tables(grouped, method, selection.chosen)
         if tables:
             sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables, selection))
     return sections
