@@ -4,7 +4,6 @@ image-folder dataset as training does, in a process pool, and list the unreadabl
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shlex
@@ -13,28 +12,12 @@ from collections import Counter
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog, layouts
-from dg_plugins.help_text import CommandParser
 from dg_plugins.registry import DATASETS, close_names
 
 #: Below this many files the check runs in this process (a pool costs more than it saves).
 MIN_FILES_FOR_POOL = 64
 #: Without a terminal, a plain progress line every tenth of the files, but at least this many apart.
 PLAIN_PROGRESS_MIN = 1000
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(
-        prog="python -m dg_plugins.scripts.check_data",
-        description="Decode every image of an image-folder dataset and list the unreadable "
-                    "ones (truncated, garbage, empty or unreadable files), before a long run.")
-    parser.add_argument("--dataset", required=True,
-                        help="a registered image-folder dataset, e.g. PACS or ImageFolder")
-    parser.add_argument("--data_dir", required=True,
-                        help="the --data_dir given to train (e.g. the folder holding PACS/)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="decoding processes (default: the CPUs available to this process; "
-                             "0: decode in this process)")
-    return parser
 
 
 def available_cpus() -> int:
@@ -49,20 +32,15 @@ class BadInput(Exception):
     """A problem with the command line or the data folder (exit status 2)."""
 
 
-def image_folder_datasets() -> list[str]:
-    from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
-
-    return [name for name in DATASETS.list()
-            if isinstance(DATASETS.get(name), type)
-            and issubclass(DATASETS.get(name), MultipleEnvironmentImageFolder)]
-
-
 def load_dataset(name: str, data_dir: str):
     """Build the dataset as train would (no augmentation); :class:`BadInput` for a bad name or
     folder."""
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
 
-    choices = image_folder_datasets()
+    def image_folders(cls) -> bool:
+        return isinstance(cls, type) and issubclass(cls, MultipleEnvironmentImageFolder)
+
+    choices = [known for known in DATASETS.list() if image_folders(DATASETS.get(known))]
     if name not in DATASETS:
         close = close_names(name, choices)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -71,7 +49,7 @@ def load_dataset(name: str, data_dir: str):
                        "(a dataset of your own: register it with make_image_folder_dataset in a "
                        "module named in $DG_PLUGINS_IMPORT)")
     cls = DATASETS.get(name)
-    if not (isinstance(cls, type) and issubclass(cls, MultipleEnvironmentImageFolder)):
+    if not image_folders(cls):
         kind = "in-memory tensors" if getattr(cls, "IN_MEMORY", False) else "not image files"
         raise BadInput(f"dataset {name!r} is not an image-folder dataset (its data are {kind}), "
                        f"so there are no image files to check; image-folder datasets: "
