@@ -11,8 +11,10 @@ import numpy as np
 from dg_plugins.alignment.scores_file import ScoreTable
 
 FINGERPRINT_KEY = "data_fingerprint"
+#: The scorer's defaults (the authors' open_clip model, weights and prompt), torch-free here.
+DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT = "ViT-B-16", "laion400m_e32", "A photo of {}."
 #: The open_clip ``(model, pretrained tag)`` whose cosines a named rule's cuts are made for.
-PRESET_MODELS: dict[str, tuple[str, str]] = {"teterwak2025": ("ViT-B-16", "laion400m_e32")}
+PRESET_MODELS: dict[str, tuple[str, str]] = {"teterwak2025": (DEFAULT_MODEL, DEFAULT_PRETRAINED)}
 RESCORE = "python -m dg_plugins.scripts.alignment_scores"
 
 

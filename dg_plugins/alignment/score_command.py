@@ -12,7 +12,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dg_plugins.alignment.scoring import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
+    from dg_plugins.alignment.provenance import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
 
     p = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.alignment_scores",
