@@ -85,15 +85,12 @@ def dmg_pacs_transform(size: int = IMAGE_SIZE):
 
 def high_bit_depth_max(image) -> float | None:
     """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes)."""
-    mode = image.mode
-    if mode.startswith("I;16"):
-        return 65535.0
-    if mode == "F":
+    if image.mode == "F":
         return 1.0
-    if mode != "I":
-        return None
-    if image.format in ("PNG", "PPM"):
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.format in ("PNG", "PPM")):
         return 65535.0
+    if image.mode != "I":
+        return None
     tags = getattr(image, "tag_v2", None)
     if image.format == "TIFF" and tags is not None and 258 in tags:
         bits = tags[258]
