@@ -111,11 +111,8 @@ def mount_point(path: str) -> str:
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
-    while not os.path.ismount(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
+    while not os.path.ismount(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
     return path
 
 

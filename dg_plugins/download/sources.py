@@ -239,11 +239,8 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
 def download_command(datasets: str | Iterable[str], data_dir: str | None = None) -> str | None:
     """The command that downloads ``datasets`` into ``data_dir`` (None: none is downloadable)."""
     names = [datasets] if isinstance(datasets, str) else list(datasets)
-    wanted = []
-    for name in names:
-        name = ALIASES[name][0] if name in ALIASES else name
-        if name in DATASET_SPECS and name not in wanted:
-            wanted.append(name)
+    resolved = (ALIASES[name][0] if name in ALIASES else name for name in names)
+    wanted = list(dict.fromkeys(name for name in resolved if name in DATASET_SPECS))
     if not wanted:
         return None
     folder = shlex.quote(data_dir) if data_dir is not None else "<data_dir>"
