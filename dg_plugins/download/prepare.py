@@ -329,11 +329,9 @@ def _terra_annotations(path: str) -> dict[str, list]:
 def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]]]:
     """Image file -> its ``(location_<id>, category)`` folders (``download_terra_incognita``)."""
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
-    images = {}
-    for image in annotations.get("images", []):
-        location = str(image["location"])
-        if location in TERRA_LOCATIONS:
-            images[image["id"]] = (image["file_name"], f"location_{location}")
+    images = {image["id"]: (image["file_name"], f"location_{image['location']}")
+              for image in annotations.get("images", [])
+              if str(image["location"]) in TERRA_LOCATIONS}
     targets: dict[str, set[tuple[str, str]]] = {}
     for annotation in annotations.get("annotations", []):
         entry = images.get(annotation["image_id"])
