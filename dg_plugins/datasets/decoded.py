@@ -741,7 +741,7 @@ class EvalWriter:
             if self.handle is None:
                 self.shape = tuple(pixels.shape[1:])
                 size = self.n * _prod(self.shape)
-                if not owner.fits(size):
+                if size > owner.room():
                     owner.note_no_room("the augmented splits' evaluation pixels", size)
                     self.failed = True
                     return
@@ -813,9 +813,6 @@ class DatasetCache:
         except OSError:  # no folder (yet): its writes will say what is wrong
             disk = sys.maxsize
         return min(self.budget - self.usage(), disk)
-
-    def fits(self, size: int) -> bool:
-        return size <= self.room()
 
     def _note(self, note: str, stream=None, key: str | None = None) -> None:
         key = key or note
@@ -981,9 +978,6 @@ class DatasetCache:
             self.quiet = False
         for store in stores:
             store.env.attach_cache(store)
-        return self.line(built, stores)
-
-    def line(self, built, stores: list[EnvCache]) -> str:
         decoded = sum(s.decoded is not None for s in stores)
         plain = sum(bool(s.plain) for s in stores)
         if built:
