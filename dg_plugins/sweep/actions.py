@@ -123,8 +123,7 @@ def delete(jobs: Sequence[SweepJob]) -> None:
 
 
 def refused_confirmation(input_fn: Callable[[str], str] | None = None) -> int | None:
-    """Ask ``Are you sure? (y/n)``: None on yes, else the exit status (0 after "Nevermind!"; 2
-    at end of input, asking for ``--skip_confirmation``)."""
+    """Ask ``Are you sure? (y/n)``: None on yes, else the exit status (0 on no; 2: no input)."""
     try:
         answer = (input_fn or input)("Are you sure? (y/n) ")
     except EOFError:
@@ -345,8 +344,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                command_line: CommandLines = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
-    """The flow after enumeration: print, select, check, confirm (after ``estimate``), act; the
-    exit status."""
+    """The flow after enumeration: print, select, check, confirm, act; the exit status."""
     if action == "status":
         return status(jobs)
     if action == "cancel":

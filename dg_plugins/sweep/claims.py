@@ -97,8 +97,7 @@ def _lock_is_held(path: str) -> bool | None:
 
 
 def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
-    """The live claims in ``sweep_dir`` (stale ones removed when ``remove_stale``), under
-    :func:`sweep_lock` (exclusive to remove)."""
+    """The live claims in ``sweep_dir`` (stale ones removed when ``remove_stale``)."""
     folder = claims_dir(sweep_dir)
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(CLAIM_SUFFIX))

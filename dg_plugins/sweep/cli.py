@@ -275,8 +275,7 @@ def command_args(args: argparse.Namespace) -> dict:
 
 def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = False,
                parser: argparse.ArgumentParser | None = None):
-    """``(args, jobs)`` of a sweep argv: parsed, checked (``parser.error``), enumerated; nothing
-    written. ``defer_scores``: a ``--alignment_scores`` file not made yet is allowed."""
+    """``(args, jobs)`` of a sweep argv, checked (``defer_scores``: a score file yet to make)."""
     parser = parser or build_parser()
     args = parser.parse_args(list(argv) + (["--dry_run"] if dry_run else []))
     if args.datasets is None:  # DomainBed's: every catalog dataset whose name lacks "Debug"

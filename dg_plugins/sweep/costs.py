@@ -79,8 +79,7 @@ class JobsCost:
 
 def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
               forwards: bool = True) -> JobsCost:
-    """The steps and (``forwards``) image forwards of the jobs of ``train_args``; a UDG pretraining
-    counts with the first job that needs it (``pretrainings``: those counted)."""
+    """The steps and image forwards of the jobs of ``train_args`` (a pretraining counted once)."""
     cost = JobsCost()
     pretrainings = set() if pretrainings is None else pretrainings
     for a in train_args:
@@ -150,8 +149,7 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
 
 
 def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forwards:
-    """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`);
-    ``evaluated(a, split names) -> {value: names}``: what a record evaluates."""
+    """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`)."""
     register_datasets()
     hp = hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"], a["trial_seed"],
                             a.get("hparams"))

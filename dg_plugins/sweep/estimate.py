@@ -33,8 +33,7 @@ def timeout_s() -> float:
 
 def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
                    out: Callable[[str], None] | None = None) -> bool:
-    """Print the cost lines of ``jobs`` as the child writes them; False (after a line saying why)
-    when it failed or ran past :func:`timeout_s`."""
+    """Print the cost lines of ``jobs`` as the child writes them (False: it failed or timed out)."""
     out = out or (lambda line: print(line, flush=True))
     limit = timeout_s()
     if not jobs or not limit:

@@ -61,8 +61,7 @@ def input_shape(dataset: str, hparams: dict) -> tuple:
 
 
 def num_classes(dataset: str, data_dir: str | None) -> int:
-    """The dataset's classes: declared, or its image tree's class folders (else 10: it matters
-    little)."""
+    """The dataset's classes: declared, or its image tree's class folders (else 10)."""
     from dg_plugins import catalog
     from dg_plugins.layouts import visible_subfolders
 
@@ -71,11 +70,9 @@ def num_classes(dataset: str, data_dir: str | None) -> int:
     folder = catalog.IMAGE_FOLDER_DATASETS.get(dataset, "")
     if folder != "" and data_dir:
         root = os.path.join(data_dir, folder) if folder else data_dir
-        try:
+        with contextlib.suppress(OSError):
             return max(1, len({c for d in visible_subfolders(root)
                                for c in visible_subfolders(os.path.join(root, d))}))
-        except OSError:
-            pass
     return 10
 
 
@@ -108,8 +105,7 @@ def configs_of(jobs: list, hparams: list) -> tuple[list[Config], list[int]]:
 
 
 def time_config(config: Config, deadline: float) -> None:
-    """Time a training step and a prediction of ``config`` per image on random images (the
-    faster of two steps, after a warm-up)."""
+    """Time a training step and a prediction of ``config`` per image, on random images."""
     import torch
 
     from dg_plugins.algorithms.base import gradient_scaling
@@ -180,8 +176,7 @@ def device_label(device) -> str:
 
 
 def print_costs(jobs: list):
-    """Print the costs of ``jobs``; returns them, each job's evaluation forwards and whether the
-    GPU time covers all."""
+    """Print the costs of ``jobs``: (cost, evaluation forwards, the GPU time covers all)."""
     from dg_plugins.reference import gpu_times
     from dg_plugins.sweep.costs import count, jobs_cost, sum_forwards
     from dg_plugins.sweep.gpu_hours import sum_gpu

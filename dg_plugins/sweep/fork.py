@@ -75,8 +75,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def main_module_is_reimport_safe() -> bool:
-    """Whether a forked job may start from this process's ``__main__`` (multiprocessing would
-    re-run an unguarded script; docs/sweep.md)."""
+    """Whether a forked job may start from this ``__main__`` (not an unguarded script)."""
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
@@ -166,8 +165,7 @@ class ForkedJob:
 
 def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
                env: dict | None = None) -> ForkedJob:
-    """Start ``python -m dg_plugins.scripts.train ARGS`` from the fork server with the environment
-    ``env`` (its ``CUDA_VISIBLE_DEVICES`` applies: the server made no CUDA context)."""
+    """Start ``python -m dg_plugins.scripts.train ARGS`` from the fork server, with ``env``."""
     global _fork_context
     import multiprocessing
 

@@ -35,8 +35,7 @@ NOT_MEASURED, UNKNOWN = "not measured", "unknown"
 
 @dataclass
 class GpuTime:
-    """Estimated GPU seconds per ``--eval_splits`` value; ``missing``: name -> (tag, why) of the
-    parts left out; ``notes``: what the estimate does not follow."""
+    """Estimated GPU seconds per ``--eval_splits`` value, the parts left out and notes."""
     seconds: dict
     missing: dict = field(default_factory=dict)
     notes: set = field(default_factory=set)

@@ -110,8 +110,7 @@ OFFICIAL_LIST_KINDS = ("train", "crossval", "test")
 
 
 def official_list_sizes(dataset: str, data_dir: str | None) -> tuple[dict, str]:
-    """``({kind: images per environment}, origin)`` of the official ``<domain>_<kind>_kfold.txt``
-    lists: their non-empty lines when all are on disk, else the recorded sizes."""
+    """``({kind: images per environment}, origin)`` of the official ``*_kfold.txt`` lists."""
     root = _dataset_folder(dataset, data_dir)
     if root is not None and os.path.isdir(root):
         from dg_plugins.datasets.image_folder import visible_subfolders  # imports torch
@@ -139,8 +138,7 @@ EVAL_SPLITS = job_selection.EVAL_SPLITS[::-1]
 
 
 def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
-    """Every split of the job of train args ``a`` with its size (random holdout, or the official
-    lists); ``origins`` collects where the counts came from (UsageError: unknown)."""
+    """Every split of the job of train args ``a`` with its size (``origins``: where from)."""
     dataset, test_envs = a["dataset"], set(a["test_envs"])
     data_dir = a.get("data_dir")
     n_envs = n_environments(dataset, data_dir)

@@ -1,5 +1,4 @@
-"""What the local and multi-GPU launchers print per job: a line when it starts and one when it
-ends."""
+"""What the local and multi-GPU launchers print per job: a line when it starts, one when it ends."""
 
 from __future__ import annotations
 

@@ -202,8 +202,7 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
 
 
 def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
-    """Ask Slurm once about the jobs whose folder records a Slurm job (In Slurm when it does not
-    answer: never resubmitted or deleted)."""
+    """Ask Slurm once about the jobs whose folder records a Slurm job (no answer: In Slurm)."""
     recorded = {}
     for job in jobs:
         if job.state not in (DONE, NOT_LAUNCHED):

@@ -3,6 +3,7 @@ the sweep binds; importing this module registers dummy, local, multi_gpu and sub
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -31,32 +32,28 @@ def run_sequentially(commands: Sequence[str], progress: bool | None = None,
                      logs: ErrorLogs | None = None) -> list[int]:
     """Run each command, one after another; return the exit codes."""
     codes: list[int] = []
-    bar = write = None
-    if sys.stderr.isatty() if progress is None else progress:
-        from tqdm import tqdm
+    with contextlib.ExitStack() as stack:
+        bar = write = None
+        if sys.stderr.isatty() if progress is None else progress:
+            from tqdm import tqdm
 
-        bar = tqdm(total=len(commands), desc="jobs", unit="job", file=sys.stderr)
-        write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
-    outputs = JobOutputs("local", commands, logs or ErrorLogs(commands),
-                         **({"write": write} if write else {}))
-    try:
-        with JobProcesses(grace_period_s) as jobs, outputs:
-            for i, command in enumerate(commands):
-                if jobs.stopping:
-                    break
-                proc = jobs.start(i, command, log=outputs.log(i))
-                if proc is None:
-                    break
-                outputs.started(i)
-                codes.append(jobs.wait(proc))
-                outputs.ended(i, codes[-1], interrupted=jobs.stopping)
-                if bar is not None:
-                    bar.update()
-            if jobs.stopping:
-                raise jobs.interruption(commands, codes)
-    finally:
-        if bar is not None:
-            bar.close()
+            bar = stack.enter_context(tqdm(total=len(commands), desc="jobs", unit="job",
+                                           file=sys.stderr))
+            write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
+        outputs = JobOutputs("local", commands, logs or ErrorLogs(commands),
+                             **({"write": write} if write else {}))
+        jobs = stack.enter_context(JobProcesses(grace_period_s))
+        stack.enter_context(outputs)
+        for i, command in enumerate(commands):
+            if jobs.stopping or (proc := jobs.start(i, command, log=outputs.log(i))) is None:
+                break
+            outputs.started(i)
+            codes.append(jobs.wait(proc))
+            outputs.ended(i, codes[-1], interrupted=jobs.stopping)
+            if bar is not None:
+                bar.update()
+        if jobs.stopping:
+            raise jobs.interruption(commands, codes)
     return codes
 
 
@@ -191,13 +188,8 @@ def with_options(launcher: Callable, **options) -> Callable[[list], None]:
     return functools.partial(launcher, **given) if given else launcher
 
 
-def _register(name: str, fn: Callable) -> None:
-    """Register, replacing an entry only when it comes from this module (a reload)."""
-    if name in LAUNCHERS and getattr(LAUNCHERS.get(name), "__module__", None) == __name__:
-        LAUNCHERS.unregister(name)
-    LAUNCHERS.register(name, fn)
-
-
 for _name, _fn in (("dummy", dummy_launcher), ("local", local_launcher),
                    ("multi_gpu", multi_gpu_launcher), ("submitit", submitit_launcher)):
-    _register(_name, _fn)
+    if _name in LAUNCHERS and getattr(LAUNCHERS.get(_name), "__module__", None) == __name__:
+        LAUNCHERS.unregister(_name)  # this module reloaded: replace only its own entries
+    LAUNCHERS.register(_name, _fn)

@@ -96,18 +96,14 @@ class MemoryCheck:
         return job_folder is None or _sweep_of(job_folder) in self.peaks
 
     def update(self, job_folders: Sequence[str | None]) -> str | None:
-        """Check the sweeps of ``job_folders`` whose peak is known now (the largest decides) and
-        return what that says; ``decided`` while every one of these sweeps is checked."""
+        """Check the sweeps of ``job_folders`` whose peak is known now (the largest decides)."""
         by_sweep: dict[str, list[str]] = {}
         for folder in job_folders:
             if folder:
                 by_sweep.setdefault(_sweep_of(folder), []).append(folder)
         notes = []
         for sweep, folders in by_sweep.items():
-            if sweep in self.peaks:
-                continue
-            peak = peak_gb(folders)
-            if peak is None:
+            if sweep in self.peaks or (peak := peak_gb(folders)) is None:
                 continue
             largest = max(self.peaks.values(), default=None)
             self.peaks[sweep] = peak

@@ -234,19 +234,15 @@ class JobProcesses:
         if train_args is not None:
             proc = fork_train(train_args, new_session=self.forwarding, log=log, env=env)
         else:
-            shell_command = f"exec {command}" if is_simple_command(command) else command
             launcher_pid = os.getpid()
             _load_libc()
-            output = open(log, "ab") if log is not None else None
-            try:
+            with open(log, "ab") if log is not None else contextlib.nullcontext() as output:
                 proc = subprocess.Popen(
-                    shell_command, shell=True, env=env, cwd=cwd, stdout=output,
+                    f"exec {command}" if is_simple_command(command) else command, shell=True,
+                    env=env, cwd=cwd, stdout=output,
                     stderr=subprocess.STDOUT if output is not None else None,
                     start_new_session=self.forwarding,
                     preexec_fn=lambda: (die_with_parent(), _exit_if_orphaned(launcher_pid)))
-            finally:
-                if output is not None:
-                    output.close()
         self.running[proc.pid] = (index, proc)
         if self.stopping:  # the signal came while it was starting
             self.interrupted.add(index)
@@ -276,10 +272,8 @@ class JobProcesses:
             if code is not None:
                 return code
             self.announce()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=self.poll_interval)
-            except subprocess.TimeoutExpired:
-                pass
 
     def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
                      remote: bool = False) -> LaunchInterrupted:

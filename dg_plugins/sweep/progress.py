@@ -107,16 +107,6 @@ class Progress:
             return sum(s for _, s in ok) / sum(steps), "step"
         return sum(s for _, s in ok) / len(ok), "job"
 
-    def left_seconds(self) -> float | None:
-        """Seconds the remaining jobs should take at the measured rate (None: nothing measured)."""
-        rate = self._rate()
-        if rate is None:
-            return None
-        remaining = self._remaining()
-        work = (sum(self.planned[f] for f in remaining) if rate[1] == "step"
-                else len(remaining))
-        return rate[0] * work / self.parallel
-
     def line(self) -> str | None:
         """``3/15 jobs done, about 1 min 40 s left (...)``, or None before anything measured."""
         rate = self._rate()
@@ -130,15 +120,15 @@ class Progress:
             return f"{what}{done}/{len(self.planned)} jobs done."
         per = (f"{rate[0]:.2g} s per training step" if rate[1] == "step"
                else f"{rate[0]:.0f} s per job")
+        work = sum(self.planned[f] for f in remaining) if rate[1] == "step" else len(remaining)
         at_once = f", {self.parallel} at a time" if self.parallel > 1 else ""
         return (f"{what}{done}/{len(self.planned)} jobs done, "
-                f"{format_duration(self.left_seconds())} left ({per}{at_once}, measured over the "
-                f"{n_ok} job(s) finished in this run; start-up and evaluation included)")
+                f"{format_duration(rate[0] * work / self.parallel)} left ({per}{at_once}, measured "
+                f"over the {n_ok} job(s) finished in this run; start-up and evaluation included)")
 
     def first_line(self) -> str:
         """The estimate before the first job: measured, else rough from the reference rate."""
-        measured = self.line()
-        if measured is not None:
+        if (measured := self.line()) is not None:
             return measured
         what = f"{self.name}: " if self.name else ""
         remaining = self._remaining()

@@ -93,8 +93,7 @@ def partitions() -> dict[str, Partition]:
 
 
 def check_request(options, given) -> tuple[object, list[str]]:
-    """The submitit options (``given``: those set) with the defaults fitted to the partition, and
-    the lines saying so; :class:`SlurmError` names a request the cluster cannot meet and the fix."""
+    """The options fitted to the partition and the lines saying so (or :class:`SlurmError`)."""
     try:
         answer = run_client(["scontrol", "ping"])
     except SlurmError as err:
@@ -188,8 +187,7 @@ class SlurmState:
 
 
 def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
-    """Each id's state from ``squeue``, else ``sacct`` (ids known to neither are left out);
-    :class:`SlurmError` when ``squeue`` does not answer (such jobs have not ended)."""
+    """Each id's state from ``squeue``, else ``sacct`` (:class:`SlurmError`: no answer)."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}

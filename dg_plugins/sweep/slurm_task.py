@@ -3,6 +3,7 @@ a requeue at each time limit (submitit's checkpoint protocol; docs/sweep.md, "Sl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,8 +29,7 @@ def _child_setup() -> None:  # in the job's process, between fork and exec
 
 
 class TrainTask:
-    """One array task: ``argvs`` (train commands, ``--resume`` added) run at once in ``cwd``,
-    given ``grace_s`` to stop at a checkpoint after a signal."""
+    """One array task: ``argvs`` (train commands, ``--resume`` added) run at once in ``cwd``."""
 
     def __init__(self, argvs: Sequence[Sequence[str]], cwd: str, grace_s: float,
                  stalls: int = 0):
@@ -106,16 +106,13 @@ class TrainTask:
         """Whether a job wrote a checkpoint or finished during this allocation."""
         for folder in self.folders:
             for name in (CHECKPOINT_FILE, DONE_FILE):
-                try:
+                with contextlib.suppress(OSError):
                     if os.path.getmtime(os.path.join(folder, name)) >= self._started:
                         return True
-                except OSError:
-                    pass
         return False
 
     def checkpoint(self, *args, **kwargs):
-        """submitit's time-limit hook: stop the jobs at a checkpoint; the task to requeue (None
-        after :data:`MAX_STALLS` allocations in a row without progress)."""
+        """submitit's time-limit hook: stop the jobs at a checkpoint; the task to requeue."""
         self._signum = self._signum or signal.SIGUSR2
         self._pass_on()
         self._wait(time.monotonic() + self.grace_s)

@@ -95,8 +95,7 @@ def given_options(overrides: SubmititOptions | None = None, environ=None) -> Sub
 def resolve_submitit_options(commands: Sequence[str] = (),
                              overrides: SubmititOptions | None = None,
                              environ=None) -> SubmititOptions:
-    """Merge, highest first: ``overrides``, the environment, the defaults (on Slurm the GPUs
-    stay None until ``slurm.check_request`` fits them to the partition)."""
+    """Merge, highest first: ``overrides``, the environment, the defaults."""
     merged = given_options(overrides, environ)
     cluster = merged.cluster or "slurm"
     if cluster not in SUBMITIT_CLUSTERS:
@@ -181,8 +180,7 @@ def make_executor(options: SubmititOptions):
 
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
                     grace_period_s: float | None = None) -> list:
-    """Submit the commands as the tasks of a job array (on Slurm, ``jobs_per_task`` a task) and
-    return the submitit jobs; when ``options.wait``, wait (``JobsFailed`` on a failure)."""
+    """Submit the commands as the tasks of a job array (and wait, with ``options.wait``)."""
     given = options
     options = resolve_submitit_options(commands, overrides=options)
     commands = list(commands)
@@ -223,8 +221,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
 
 def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                     given: SubmititOptions) -> list:
-    """The commands as ``TrainTask`` array tasks, each job folder recording its task's Slurm id
-    (``SlurmError``: refused)."""
+    """The commands as ``TrainTask`` array tasks, each job folder recording its Slurm id."""
     from dg_plugins.sweep import slurm
     from dg_plugins.sweep.slurm_task import TrainTask
 
@@ -336,8 +333,8 @@ def _wait_debug(commands: Sequence[str], jobs: Sequence) -> list[int]:
         if last_stop_signal() is not None and codes[i] != 0:
             raise LaunchInterrupted(last_stop_signal(), [commands[i]], commands[i + 1:], codes)
     if last_stop_signal() is not None:
-        started = [i for i, c in enumerate(codes) if c is not None]
-        raise LaunchInterrupted(last_stop_signal(), [], commands[len(started):], codes)
+        started = sum(c is not None for c in codes)
+        raise LaunchInterrupted(last_stop_signal(), [], commands[started:], codes)
     return [int(c) for c in codes]
 
 
