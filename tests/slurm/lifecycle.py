@@ -8,9 +8,9 @@ checks the outcome of one."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,9 +19,15 @@ from support import job_gate
 from support import processes
 
 SWEEP = "dg_plugins.scripts.sweep"
-#: Two Debug28 jobs of 6 steps, a checkpoint every 2 (records at steps 0, 2, 4 and 5).
+#: Debug28 jobs of 3 steps, a checkpoint every 2 (records at steps 0 and 2), evaluating only
+#: the splits model selection reads (the records and tables compared are those of the same
+#: flags under the local launcher).
 JOB_FLAGS = ["--datasets", "Debug28", "--algorithms", "ERM", "--n_hparams", "1", "--n_trials",
-             "1", "--steps", "6", "--checkpoint_freq", "2", "--hparams", '{"batch_size": 8}']
+             "1", "--steps", "3", "--checkpoint_freq", "2", "--hparams", '{"batch_size": 4}',
+             "--eval_splits", "selection"]
+#: The step after which a gated job waits: stopped there, it writes its checkpoint and a rerun
+#: resumes at step 2, between two records.
+GATE_STEP = 1
 TIMEOUT = 240
 
 
@@ -37,7 +43,7 @@ def run_sweep(cluster, action: str, args, env=None, timeout: float = 120) -> tup
                          timeout=timeout)
 
 
-def gated_env(gate: Path, step: int) -> dict:
+def gated_env(gate: Path, step: int = GATE_STEP) -> dict:
     """A job environment whose train stops after ``step`` until ``gate/release`` exists."""
     gate.mkdir(parents=True, exist_ok=True)
     return job_gate.gate_env(gate, step=step)
@@ -71,12 +77,15 @@ def local_reference(tmp_path_factory, test_env_sets=("0", "1")) -> Path:
 
 
 def tables(out: Path) -> str:
-    """collect_results' tables of a sweep folder, its path replaced."""
-    done = subprocess.run([sys.executable, "-m", "dg_plugins.scripts.collect_results",
-                           "--input_dir", str(out)], capture_output=True, text=True,
-                          timeout=120, env=processes.command_env())
-    assert done.returncode == 0, done.stderr
-    return done.stdout.replace(str(out), "<sweep>")
+    """collect_results' tables of a sweep folder, its path replaced (its ``main`` in this
+    process: the tables are the subject, not the command's process)."""
+    from dg_plugins.collect.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["--input_dir", str(out), "--no_save"])
+    assert code == 0, printed.getvalue()
+    return printed.getvalue().replace(str(out), "<sweep>")
 
 
 def no_train_process_left(env: dict) -> list[str]:

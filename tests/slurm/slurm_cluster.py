@@ -145,6 +145,11 @@ class Cluster:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
         return done.stdout
 
+    def succeeds(self, *argv) -> bool:
+        """Whether the client command exits 0."""
+        return subprocess.run(list(argv), capture_output=True, env=self.env,
+                              timeout=60).returncode == 0
+
     def squeue(self) -> dict[str, tuple[str, str]]:
         """``{job id: (state, reason)}`` of every job Slurm holds (array tasks one by one)."""
         out = self.client("squeue", "-h", "-r", "-o", "%i|%T|%r")
