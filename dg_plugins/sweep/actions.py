@@ -15,6 +15,7 @@ from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
 from dg_plugins.sweep import claims, slurm
+from dg_plugins.sweep.claims import sweep_dir_of
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
                                    SweepJob, launcher_note, python_executable, running_note,
@@ -151,11 +152,6 @@ def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
             words[i] = action
             break
     return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
-
-
-def sweep_dir_of(output_dir: str) -> str:
-    """The sweep folder of a job folder (absolute)."""
-    return os.path.dirname(os.path.abspath(output_dir))
 
 
 def command_for(command_line: CommandLines, sweep_dir: str) -> Sequence[str] | None:

@@ -43,6 +43,11 @@ def claims_dir(sweep_dir: str) -> str:
     return os.path.join(sweep_dir, CLAIMS_DIR)
 
 
+def sweep_dir_of(output_dir: str) -> str:
+    """The sweep folder of a job folder (absolute)."""
+    return os.path.dirname(os.path.abspath(output_dir))
+
+
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
     """Hold the sweep-wide lock (exclusive to change claims); False when there is none to share."""

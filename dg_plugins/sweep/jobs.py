@@ -163,7 +163,7 @@ class SweepJob:
         elif os.path.exists(self.output_dir):
             self.holder = lock_holder(self.output_dir)
             if held is None:
-                held = claims.held_in(os.path.dirname(os.path.abspath(self.output_dir)))
+                held = claims.held_in(claims.sweep_dir_of(self.output_dir))
             self.launcher = held.get(os.path.abspath(self.output_dir))
             in_slurm = self.slurm is not None and self.slurm.held
             self.state = (IN_SLURM if in_slurm else RUNNING if self.holder is not None else

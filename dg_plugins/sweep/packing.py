@@ -13,6 +13,7 @@ from typing import Sequence
 
 from dg_plugins.runtime import CORES_ENV, job_cores
 from dg_plugins.job.folder import RESULTS_FILE
+from dg_plugins.sweep.claims import sweep_dir_of
 
 #: What a job needs beyond its records' ``mem_gb`` (``torch.cuda.max_memory_allocated``): the
 #: caching allocator's slack, as a factor, and the CUDA context, in GiB.
@@ -58,10 +59,6 @@ def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
     return best
 
 
-def _sweep_of(job_folder: str) -> str:
-    return os.path.dirname(os.path.abspath(job_folder))
-
-
 def free_gb(gpu: str) -> float | None:
     """GPU ``gpu``'s free memory in GiB by nvidia-smi, else torch in a child process (or None)."""
     if shutil.which("nvidia-smi"):
@@ -93,14 +90,14 @@ class MemoryCheck:
 
     def knows(self, job_folder: str | None) -> bool:
         """Whether the sweep of ``job_folder`` has a checked peak (else its first runs alone)."""
-        return job_folder is None or _sweep_of(job_folder) in self.peaks
+        return job_folder is None or sweep_dir_of(job_folder) in self.peaks
 
     def update(self, job_folders: Sequence[str | None]) -> str | None:
         """Check the sweeps of ``job_folders`` whose peak is known now (the largest decides)."""
         by_sweep: dict[str, list[str]] = {}
         for folder in job_folders:
             if folder:
-                by_sweep.setdefault(_sweep_of(folder), []).append(folder)
+                by_sweep.setdefault(sweep_dir_of(folder), []).append(folder)
         notes = []
         for sweep, folders in by_sweep.items():
             if sweep in self.peaks or (peak := peak_gb(folders)) is None:

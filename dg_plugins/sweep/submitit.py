@@ -308,9 +308,9 @@ def _wait_local(commands: Sequence[str], jobs: Sequence, catcher: SignalCatcher,
                   f"job(s); waiting up to {grace:g} s for them to stop at a checkpoint.",
                   flush=True)
         if deadline is not None and pending and time.monotonic() >= deadline:
-            for i in sorted(pending):
+            cancelled = sorted(pending)
+            for i in cancelled:
                 jobs[i].cancel()
-                cancelled.append(i)
             deadline = float("inf")
         if pending:
             time.sleep(0.1)
