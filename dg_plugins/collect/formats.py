@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.tables import Cell, PaperComparison, Report, Table
+from dg_plugins.collect.tables import PaperComparison, Report, Table
 from dg_plugins.job.records import format_row
 
 NO_PAPER_VALUE = "-"  # where the paper gives no number, or no difference can be taken
@@ -19,15 +19,6 @@ FORMATS = ("text", "latex", "markdown", "csv")
 RESULTS_FILES = {"text": "results.txt", "latex": "results.tex", "markdown": "results.md",
                  "csv": "results.csv"}
 HPARAMS_FILE = "selected_hparams.csv"
-
-
-def cell_text(cell: Cell, sign: str = "+/-") -> str:
-    """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
-    if cell.mean is None:
-        return "X"
-    if cell.err is None:
-        return f"{cell.mean:.1f}"
-    return f"{cell.mean:.1f} {sign} {cell.err:.1f}"
 
 
 def render(report: Report, fmt: str = "text") -> str:
@@ -45,8 +36,7 @@ def _render_text(report: Report) -> str:
             lines += ["", f"-------- {table.header}"]
             if table.col_labels:
                 lines.append(format_row(["Algorithm", *table.col_labels], table.colwidth))
-                lines += [format_row([algorithm, *(cell_text(cell) for cell in cells)],
-                                     table.colwidth) for algorithm, cells in table.rows.items()]
+                lines += [format_row(row, table.colwidth) for row in table.text_rows()]
                 for comparison in table.comparisons:
                     lines += _comparison_text(comparison, table)
             if table.left_out:
@@ -99,9 +89,8 @@ def _render_latex(report: Report) -> str:
                       "\\adjustbox{max width=\\textwidth}{%",
                       "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
                       format_row(labels, table.colwidth, latex=True), "\\midrule"]
-            lines += [format_row([algorithm, *(cell_text(cell, "$\\pm$") for cell in cells)],
-                                 table.colwidth, latex=True)
-                      for algorithm, cells in table.rows.items()]
+            lines += [format_row(row, table.colwidth, latex=True)
+                      for row in table.text_rows("$\\pm$")]
             for comparison in table.comparisons:
                 lines += _comparison_latex(comparison, table)
             if table.left_out:
@@ -167,8 +156,7 @@ def _render_markdown(report: Report) -> str:
                 continue
             lines += [row(["Algorithm", *table.col_labels]),
                       "|:--" + "|--:" * len(table.col_labels) + "|"]
-            lines += [row([algorithm, *(cell_text(cell, "±") for cell in cells)])
-                      for algorithm, cells in table.rows.items()]
+            lines += [row(texts) for texts in table.text_rows("±")]
             for comparison in table.comparisons:
                 lines += ["", f"*{comparison.heading}*  ", f"*{comparison.details.strip()}*", ""]
                 if comparison.claim is not None:
@@ -212,10 +200,10 @@ def tidy_cells(report: Report) -> pd.DataFrame:
         head = (method.key, method.name, section.test_key)
         for table in section.tables:
             extra = ("measured", "") if compared else ()
-            for algorithm, cells in table.rows.items():
-                for column, cell in zip(table.col_labels, cells):
+            for (algorithm, cells), texts in zip(table.rows.items(), table.text_rows()):
+                for column, cell, text in zip(table.col_labels, cells, texts[1:]):
                     rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,
-                                 cell.n, cell_text(cell), *extra))
+                                 cell.n, text, *extra))
             for comparison in table.comparisons:
                 if comparison.claim is not None:
                     rows.append((*head, table.title, "", "", None, None, None,

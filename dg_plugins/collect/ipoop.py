@@ -1,6 +1,6 @@
-"""IP/OOP tables: records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get the
-standard selection reporting those keys, on the in split or pooled over the whole test
-environment (docs/collect.md)."""
+"""IP/OOP keys: records with ``env{i}_in_ip_acc`` / ``env{i}_in_oop_acc`` keys get tables of the
+standard selection reporting those keys (:func:`tables.standard_sections`), on the in split or
+pooled over the whole test environment (docs/collect.md)."""
 
 from __future__ import annotations
 

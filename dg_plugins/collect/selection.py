@@ -49,6 +49,7 @@ class GroupedRecords:
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
         self._matrices: dict[str, np.ndarray] = {}
+        self._env_counts: dict = {}
         self.selections: dict = {}  # method -> its standard_selection, made once
 
     def accs(self, key: str) -> np.ndarray:
@@ -63,6 +64,15 @@ class GroupedRecords:
         matrix = self.accs(key)
         mask = read_mask(key, reads, self.is_test(matrix.shape[1]))
         return matrix if mask is None else np.where(mask, matrix, np.nan)
+
+    def env_counts(self, reads: Mapping[str, str]) -> np.ndarray:
+        """Per record, its environment count as DomainBed probes it (``env0_out_acc``,
+        ``env1_out_acc``, ... until one is missing), seen through ``reads``; computed once."""
+        role = reads.get("out")  # all that reading the out split depends on
+        if role not in self._env_counts:
+            out = self.read("env{t}_out_acc", reads)
+            self._env_counts[role] = leading_count(~np.isnan(out))
+        return self._env_counts[role]
 
     def is_test(self, width: int) -> np.ndarray:
         """(records x ``width``) booleans: environment i is among the record's test_envs."""
@@ -201,8 +211,9 @@ def _iid_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFra
     """Training-domain validation (``IIDAccuracySelectionMethod``; also the DMG release's
     best-epoch rule): the mean out-split accuracy of the training environments."""
     single = grouped.single()
-    out = grouped.read("env{t}_out_acc", reads)[single["record"].to_numpy()]
-    return single.assign(val_acc=_reduce_rows(out, leading_count(~np.isnan(out)),
+    rows = single["record"].to_numpy()
+    out = grouped.read("env{t}_out_acc", reads)[rows]
+    return single.assign(val_acc=_reduce_rows(out, grouped.env_counts(reads)[rows],
                                               single["test_env"].to_numpy(),
                                               lambda block: np.mean(block, axis=1)))
 
@@ -221,7 +232,7 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
     # DomainBed reads the environment count from the first record of the step (members are in
     # record order, so a step's first member has its smallest record) ...
     first = members["record"].to_numpy()[np.unique(step_id, return_index=True)[1]][step_id]
-    n_envs_of_record = leading_count(~np.isnan(grouped.read("env{t}_out_acc", reads)))
+    n_envs_of_record = grouped.env_counts(reads)
     # ... and needs exactly one single-test-env record at the step.
     is_single = members["n_test_envs"].to_numpy() == 1
     singles = np.bincount(step_id, weights=is_single, minlength=1)[step_id]

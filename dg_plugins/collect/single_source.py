@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import leading_count
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
                                           SelectionMethod, group_ids, group_records, masked_mean,
                                           select_by_masks)
@@ -27,7 +26,7 @@ def single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
     """The single-source records with their run columns and environment count."""
     records = grouped.records
     # The environment count, as both methods count it (every out-split: READS).
-    n_envs = leading_count(~np.isnan(grouped.read("env{t}_out_acc", READS[IID.key])))
+    n_envs = grouped.env_counts(READS[IID.key])
     # The source of each distinct (test_envs, environment count) pair, spread to the records.
     width = int(n_envs.max(initial=0)) + 1
     pairs, pair_of_record = np.unique(grouped.test_envs_code * width + n_envs, return_inverse=True)
@@ -50,7 +49,10 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords,
                            runs: pd.DataFrame | None = None) -> list[str]:
     """Datasets whose single-source records are reported by default (docs/collect.md)."""
     grouped = group_records(records)
-    runs = single_source_runs(grouped) if runs is None else runs
+    return _default_datasets(grouped, single_source_runs(grouped) if runs is None else runs)
+
+
+def _default_datasets(grouped: GroupedRecords, runs: pd.DataFrame) -> list[str]:
     if runs.empty:
         return []
     singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
@@ -135,7 +137,7 @@ def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMetho
     if mode == "off":
         return []
     runs = single_source_runs(grouped) if runs is None else runs
-    datasets = single_source_datasets(grouped, runs) if mode == "auto" else None
+    datasets = _default_datasets(grouped, runs) if mode == "auto" else None
     sections = []
     for method in [m for m in methods if m in METHODS] if datasets != [] else []:
         selection = single_source_selection(grouped, method, runs)

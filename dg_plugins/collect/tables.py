@@ -1,4 +1,4 @@
-"""The table model, and the standard tables as DomainBed's collect_results makes them
+"""The table model, and the standard and IP/OOP tables as DomainBed's collect_results makes them
 (``print_results_tables``, ``format_mean``), quirks kept; the run each group selected."""
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ class Cell:
         return cls(sum(means) / len(means))
 
     def text(self, sign: str = "+/-") -> str:
-        """The cell as the tables print it (:func:`~dg_plugins.collect.formats.cell_text`)."""
-        from dg_plugins.collect.formats import cell_text  # formats imports this model
-
-        return cell_text(self, sign)
+        """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
+        if self.mean is None:
+            return "X"
+        if self.err is None:
+            return f"{self.mean:.1f}"
+        return f"{self.mean:.1f} {sign} {self.err:.1f}"
 
 
 @dataclass
@@ -83,6 +85,10 @@ class Table:
 
     def __post_init__(self) -> None:
         self.keys = list(self.col_labels) if self.keys is None else self.keys
+
+    def text_rows(self, sign: str = "+/-") -> list[list[str]]:
+        """The rows as printed: ``[algorithm, *cell texts]`` (:meth:`Cell.text`)."""
+        return [[row, *(cell.text(sign) for cell in cells)] for row, cells in self.rows.items()]
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import leading_count
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
                                           SelectionMethod, group_ids, group_records, masked_mean,
                                           select_by_masks)
@@ -47,7 +46,7 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     reads = SELECTION_READS["udg"][method.key]
     out, inn = grouped.read("env{t}_out_acc", reads), grouped.read("env{t}_in_acc", reads)
     targets = grouped.is_test(out.shape[1])
-    inside = np.arange(out.shape[1])[None, :] < leading_count(~np.isnan(out))[:, None]
+    inside = np.arange(out.shape[1])[None, :] < grouped.env_counts(reads)[:, None]
     runs = runs.assign(target=masked_mean(inn, targets))
     scored, chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
     rows = chosen["record"].to_numpy()
