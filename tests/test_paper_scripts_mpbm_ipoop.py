@@ -2,7 +2,9 @@
 end, on data shaped like the releases (:mod:`release_data`: each Digits domain in its released
 format, the PACS sample, TerraIncognita's layout), each protocol, shrunk only through the
 scripts' knobs, with the local launcher and default loader workers; each ends with its tables and
-the paper's rows. IP/OOP scores the images first with a local CLIP checkpoint
+the paper's rows. Each run's bash part runs as a subprocess and the one command it hands the
+interpreter is replayed with the others' in one Python process (:func:`paper_runs.run_scripts`;
+``tests/test_paper_scripts_dmg_*.py`` run their two scripts wholly). IP/OOP scores the images first with a local CLIP checkpoint
 (``CLIP_CHECKPOINT``, the offline way) built so that each class has a known score: the score file
 holds those scores, and the jobs' IP/OOP accuracies are over the images the paper's rule puts in
 each subset."""
@@ -13,7 +15,7 @@ import json
 
 import pytest
 
-from support.paper_runs import assert_reproduced, job_folders, run_script
+from support.paper_runs import assert_reproduced, job_folders, run_scripts
 from support import release_data
 
 TIMEOUT_S = 400
@@ -35,37 +37,40 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tmp(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
-
-
-def test_mpbm_digits(data_dir, tmp):
-    run = run_script("mpbm_digits.sh", tmp, data_dir, tag="mpbm_digits", timeout=TIMEOUT_S,
-                     ALGORITHMS="MPBM", STEPS="1", N_TRIALS="1")
-    sections = assert_reproduced(run, "mpbm_digits", "domainbed", ["MPBM"], n_jobs=1)
-    assert "single source: mnist" in "".join(sections.values())
-
-
-def test_mpbm_pacs(data_dir, tmp):
-    run = run_script("mpbm_pacs.sh", tmp, data_dir, tag="mpbm_pacs", timeout=TIMEOUT_S,
-                     ALGORITHMS="MPBM", TEST_ENVS="1,2,3", STEPS="1", N_TRIALS="1",
-                     HPARAMS=RANDOM_INIT)
-    sections = assert_reproduced(run, "mpbm_pacs", "domainbed", ["MPBM"], n_jobs=1)
-    assert "single source: A" in "".join(sections.values())
-
-
-@pytest.fixture(scope="module")
 def clip_file(tmp_path_factory):
     return release_data.clip_checkpoint(tmp_path_factory.mktemp("clip") / "clip.pt", SCORES)
 
 
+@pytest.fixture(scope="module")
+def runs(data_dir, clip_file, tmp_path_factory):
+    """The four runs, replayed in one process; the IP/OOP protocols share the download caches:
+    the second (domainbed) reads the scores from the cache."""
+    ipoop = dict(DATASETS="TerraIncognita", ALGORITHMS="ERM", TEST_ENVS="0", STEPS="1",
+                 N_TRIALS="1", HPARAMS=RANDOM_INIT, CLIP_CHECKPOINT=str(clip_file))
+    return run_scripts({
+        "mpbm_digits": ("mpbm_digits.sh", dict(ALGORITHMS="MPBM", STEPS="1", N_TRIALS="1")),
+        "mpbm_pacs": ("mpbm_pacs.sh", dict(ALGORITHMS="MPBM", TEST_ENVS="1,2,3", STEPS="1",
+                                            N_TRIALS="1", HPARAMS=RANDOM_INIT)),
+        "ipoop_release": ("ipoop_domainbed.sh", dict(PROTOCOL="release", **ipoop)),
+        "ipoop_domainbed": ("ipoop_domainbed.sh", dict(PROTOCOL="domainbed", **ipoop)),
+    }, tmp_path_factory.mktemp("runs"), data_dir, timeout=TIMEOUT_S)
+
+
+def test_mpbm_digits(runs):
+    sections = assert_reproduced(runs["mpbm_digits"], "mpbm_digits", "domainbed", ["MPBM"],
+                                 n_jobs=1)
+    assert "single source: mnist" in "".join(sections.values())
+
+
+def test_mpbm_pacs(runs):
+    sections = assert_reproduced(runs["mpbm_pacs"], "mpbm_pacs", "domainbed", ["MPBM"], n_jobs=1)
+    assert "single source: A" in "".join(sections.values())
+
+
 @pytest.mark.parametrize("protocol", ["release", "domainbed"])
-def test_ipoop(protocol, data_dir, tmp, clip_file):
+def test_ipoop(protocol, runs):
     """Both protocols share the download caches: the second reads the scores from the cache."""
-    run = run_script("ipoop_domainbed.sh", tmp, data_dir, tag=f"ipoop_{protocol}",
-                     timeout=TIMEOUT_S, PROTOCOL=protocol, DATASETS="TerraIncognita",
-                     ALGORITHMS="ERM", TEST_ENVS="0", STEPS="1", N_TRIALS="1",
-                     HPARAMS=RANDOM_INIT, CLIP_CHECKPOINT=str(clip_file))
+    run = runs[f"ipoop_{protocol}"]
     sections = assert_reproduced(run, "ipoop", protocol, ["ERM"], n_jobs=1)
     text = "".join(sections.values())
     assert "(IP: in-pretraining subset" in text and "(OOP: out-of-pretraining subset" in text

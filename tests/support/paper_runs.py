@@ -210,3 +210,129 @@ def assert_reproduced(run: ScriptRun, setting_name: str, protocol_name: str,
             else:
                 assert "Paper: not available in the sources we have" in text
     return sections
+
+
+# --------------------------------------------------------------------------------------------------
+# Several script runs, their Python part in one process
+
+
+#: A stand-in PYTHON for a script's bash part: it records the one command the script hands the
+#: interpreter (its arguments, environment and folder) and refuses a second.
+STAND_IN = """#!/bin/sh
+if [ -e "$SCRIPT_CALL.argv" ]; then echo "stand-in PYTHON: a second call: $*" >&2; exit 99; fi
+printf '%s\\0' "$@" > "$SCRIPT_CALL.argv"
+env -0 > "$SCRIPT_CALL.env"
+pwd > "$SCRIPT_CALL.cwd"
+"""
+
+#: Runs recorded commands one after another in this one Python process, each as ``python -m
+#: MODULE ARGS`` runs it (runpy as __main__, the command's environment and folder, its exit
+#: status), its file descriptors 1 and 2 on files of its own (so the output of the processes it
+#: starts lands there too, as under a real run). Writes each command's exit status and seconds.
+REPLAY = """
+import json, os, runpy, sys, time
+calls, into = json.load(open(sys.argv[1])), sys.argv[2]
+saved = os.dup(1), os.dup(2)
+for call in calls:
+    assert call["argv"][0] == "-m", call["argv"]
+    os.environ.clear()
+    os.environ.update(call["env"])
+    os.chdir(call["cwd"])
+    sys.argv = [call["argv"][1], *call["argv"][2:]]
+    sys.stdout.flush(), sys.stderr.flush()
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        os.dup2(os.open(call[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    start, code = time.monotonic(), 0
+    try:
+        runpy.run_module(call["argv"][1], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (stop.code is not None)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+    with open(into, "a") as f:
+        f.write(json.dumps({"returncode": code, "seconds": time.monotonic() - start}) + "\\n")
+"""
+
+
+def run_scripts(cases: dict[str, tuple[str, dict]], tmp: Path, data_dir, *, timeout: float,
+                wholly: tuple[str, ...] = ()) -> dict[str, ScriptRun]:
+    """Several script runs as a user starts them, ``{tag: (script, knobs)}`` (a case's knobs may
+    name its own ``DATA_DIR``), for less CPU than a :func:`run_script` each: the cases named in ``wholly`` run exactly so; of each other case the
+    bash part runs (``bash sweeps/<script>`` with the knobs, as a subprocess) with a stand-in
+    PYTHON that records the one command it hands the interpreter (``python -m
+    dg_plugins.scripts.reproduce ...``); then all those commands run one after another in one
+    Python process, each as ``python -m`` runs it (its arguments, environment, folder, output
+    and exit status; the stand-in's path in its environment reads as this interpreter's, the
+    path a user's run has there), and every process a command starts (scoring, the launcher's
+    fork server, jobs) as it starts under a real run. Each case gets a :class:`ScriptRun`
+    (``processes``: the command handed to the interpreter, then what it started and logged; the
+    fork server, started by the first command that launches jobs, serves the later ones too).
+    Past ``timeout`` seconds per replayed case, the replay is killed with every process it
+    started and the cases it did not finish report exit status -9."""
+    import json
+
+    runs = {tag: run_script(script, tmp, data_dir, tag=tag, timeout=timeout, **knobs)
+            for tag, (script, knobs) in cases.items() if tag in wholly}
+    replayed = [tag for tag in cases if tag not in wholly]
+    if not replayed:
+        return runs
+    stand_in = tmp / "replay" / "python"
+    stand_in.parent.mkdir(exist_ok=True)
+    stand_in.write_text(STAND_IN)
+    stand_in.chmod(0o755)
+    calls, envs = [], []
+    for tag in replayed:
+        script, knobs = cases[tag]
+        base = tmp / "replay" / tag
+        env = script_env(tmp, data_dir, tmp / f"{tag}.processes", OUTPUT_DIR=str(tmp / tag),
+                         **knobs)
+        env.update(PYTHON=str(stand_in), SCRIPT_CALL=str(base))
+        proc = subprocess.run(["bash", str(SWEEPS / script)], cwd=tmp, env=env, text=True,
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 0 and base.with_suffix(".argv").exists(), (
+            f"{script}'s bash part with {knobs}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        argv = base.with_suffix(".argv").read_bytes().decode().split("\0")[:-1]
+        pairs = (item.split("=", 1) for item in
+                 base.with_suffix(".env").read_bytes().decode().split("\0") if "=" in item)
+        environment = {k: v.replace(str(stand_in), sys.executable) for k, v in pairs
+                       if k != "SCRIPT_CALL"}
+        envs.append(environment)
+        calls.append({"argv": argv, "env": environment,
+                      "cwd": base.with_suffix(".cwd").read_text().strip(),
+                      "stdout": str(base) + ".stdout", "stderr": str(base) + ".stderr"})
+    (tmp / "replay" / "calls.json").write_text(json.dumps(calls))
+    (tmp / "replay" / "replay.py").write_text(REPLAY)
+    results = tmp / "replay" / "results.jsonl"
+    results.unlink(missing_ok=True)
+    env = script_env(tmp, data_dir, tmp / "replay.processes")
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(tmp / "replay" / "replay.py"),
+                             str(tmp / "replay" / "calls.json"), str(results)],
+                            cwd=tmp, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    killed = ""
+    try:
+        out, err = proc.communicate(timeout=timeout * len(calls))
+    except subprocess.TimeoutExpired:
+        stopped = [p for e in (env, *envs) for p in stop_marked(e)]
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        killed = (f"\n[test] the replay was killed after {timeout * len(calls):g} s, with the "
+                  "processes it started (their Python stacks are in their logs):\n"
+                  + "\n".join(stopped))
+    done = [json.loads(line) for line in results.read_text().splitlines()] \
+        if results.exists() else []
+    for i, (tag, call) in enumerate(zip(replayed, calls)):
+        log = tmp / f"{tag}.processes"
+        processes = [" ".join([sys.executable, *call["argv"]])]
+        processes += log.read_text().splitlines() if log.exists() else []
+        text = {name: Path(call[name]).read_text(errors="replace")
+                if Path(call[name]).exists() else "" for name in ("stdout", "stderr")}
+        if i < len(done):
+            code, seconds = done[i]["returncode"], done[i]["seconds"]
+        else:  # not finished: killed, or the replay itself failed
+            code, seconds = -9, time.monotonic() - start
+            text["stderr"] += (killed or f"\n[test] the replay ended (exit {proc.returncode}) "
+                               f"before this command finished:\n{out[-2000:]}\n{err[-3000:]}")
+        runs[tag] = ScriptRun(code, text["stdout"], text["stderr"], tmp / tag, processes, seconds)
+    return {tag: runs[tag] for tag in cases}
