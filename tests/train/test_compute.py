@@ -305,8 +305,8 @@ def test_the_scalers_state_is_resumed(tmp_path, monkeypatch):
     scales = []
     monkeypatch.setattr(job_lib, "STEP_HOOKS",
                         [lambda job, step: scales.append((step, job.scaler.get_scale()))])
-    argv = ["--dataset", "Debug28", "--hparams", '{"batch_size": 8}', "--steps", "9",
-            "--checkpoint_freq", "3"]
+    argv = ["--dataset", "Debug28", "--hparams", '{"batch_size": 8, "mnist_cnn_width": 16}',
+            "--steps", "9", "--checkpoint_freq", "3"]
     assert train.run(build_parser().parse_args(argv + ["--output_dir", str(tmp_path / "a")])) \
         == "done"
     full, scales[:] = list(scales), []
@@ -399,7 +399,8 @@ def test_a_job_applies_its_settings_in_training_and_evaluation(tmp_path, monkeyp
                      torch.backends.cudnn.benchmark))
 
     monkeypatch.setattr(job_lib, "STEP_HOOKS", [look])
-    args = build_parser().parse_args(["--dataset", "Debug28", "--hparams", '{"batch_size": 8}',
+    args = build_parser().parse_args(["--dataset", "Debug28", "--hparams",
+                                      '{"batch_size": 8, "mnist_cnn_width": 16}',
                                       "--steps", "3", "--precision", "bf16", "--channels_last",
                                       "--deterministic", "false", "--device", "cpu",
                                       "--output_dir", str(tmp_path)])
