@@ -67,8 +67,7 @@ class Flag:
     setting: bool = False
 
     def add_to(self, parser, help: str | None = None, metavar: str | None = None) -> None:
-        """Add ``--name`` to ``parser`` (a parser or an argument group), with another help or
-        metavar where the parser says it differently (sweep's)."""
+        """Add ``--name`` to ``parser`` (or a group); ``help``, ``metavar``: the sweep's own."""
         options = {k: v for k, v in (("type", self.type), ("choices", self.choices),
                                      ("nargs", self.nargs), ("const", self.const),
                                      ("metavar", metavar or self.metavar)) if v is not None}
@@ -360,7 +359,6 @@ def sweep_job_args(args, hashed: bool) -> dict:
             if (v := value(args, name)) is not None}
 
 
-# ----------------------------------------------------------------------------------------------
 # Range checks (train before it writes anything, sweep before it enumerates)
 
 

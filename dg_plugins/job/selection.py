@@ -41,8 +41,7 @@ def single_source_of(test_envs, n_envs: int) -> int:
 
 
 def record_kinds(test_envs, n_envs: int, udg: bool = False) -> tuple[str, ...]:
-    """The kinds of :data:`SELECTION_READS` whose methods read a job's records: ``udg``, else
-    ``domainbed`` and, with one training environment, ``single_source``."""
+    """The kinds of :data:`SELECTION_READS` whose methods read a job's records."""
     if udg:
         return ("udg",)
     return ("domainbed",) + (("single_source",) if single_source_of(test_envs, n_envs) >= 0

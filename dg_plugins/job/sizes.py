@@ -14,8 +14,7 @@ def in_split_size(n: int, holdout_fraction: float) -> int:
 
 
 def split_sizes(pairs, test_envs, uda_holdout_fraction: float = 0.0) -> dict[str, int]:
-    """Every split's size by DomainBed's name and order (an empty uda split absent), from each
-    environment's ``(in, out)`` sizes."""
+    """Every split's size by DomainBed's name and order, from each environment's (in, out)."""
     ins, outs, udas = {}, {}, []
     for e, (in_, out) in enumerate(pairs):
         if e in set(test_envs):

@@ -117,8 +117,7 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
 
 
 def flag_value(args: dict, key: str) -> tuple[str, str]:
-    """``(value, note)`` of flag ``key`` in ``args`` as a resume difference names it (a flag
-    recorded only when not default: its default, `` (the default)``)."""
+    """``(value, note)`` of flag ``key`` in ``args`` as a resume difference names it."""
     value = args.get(key)
     if value is not None:
         return repr(value), ""

@@ -156,8 +156,8 @@ def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPU
 
 def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
                num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE) -> list[dict]:
-    """Top-1 accuracy (``misc.accuracy``) on each of ``[(dataset, seed, subsets), ...]``: key ``""``
-    the whole dataset, and each subset (a name -> boolean mask; NaN when empty)."""
+    """Top-1 accuracy on each ``(dataset, seed, subsets)``: key ``""`` the whole dataset, and each
+    subset (a name -> boolean mask; NaN when empty)."""
     algorithm.eval()
     hits = [[] for _ in datasets]
     transfer = cuda_transfers(device)

@@ -108,8 +108,8 @@ class JobData:
 
 def build_job_data(args, hparams: dict, n_workers: int | None = None,
                    compute: "Compute | None" = None) -> JobData:
-    """The data of the job of ``args`` (train's, or a record's) as the job builds it: RNGs seeded
-    first (Debug28 draws its data then), the dataset, its splits and loader workers."""
+    """The dataset, splits and loader workers of the job of ``args`` (train's, or a record's), RNGs
+    seeded first (Debug28 draws its data then)."""
     seed_everything(args.seed)
     dataset = DATASETS.get(args.dataset)(args.data_dir, args.test_envs, hparams)
     if (compute or Compute.of(args)).augment_on == "device":
@@ -392,9 +392,8 @@ class Job:
                         self.write_record(step)
                         progress.evaluated(time.monotonic() - start)
                     progress.stepped(step, seconds)
-                    # after the last step the job finishes at once (model.pkl, done): no
-                    # checkpoint (killed before done, it resumes from the one before, to the
-                    # same records)
+                    # no checkpoint after the last step (model.pkl and done follow at once;
+                    # killed before done, it resumes from the one before, to the same records)
                     final = step == self.n_steps - 1 and stop_after_step is None
                     if (recorded and not final) or self.stop.signum is not None:
                         save_checkpoint(self, step + 1)

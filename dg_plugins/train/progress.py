@@ -1,6 +1,5 @@
-"""What a training job says about its time while it runs: once a few steps are timed, the time of
-a step and the estimate of the job's; then a tqdm bar on a terminal, else a plain line every
-``interval`` seconds. Torch-free."""
+"""What a training job says about its time: once a few steps are timed, a step's time and the
+job's estimate; then a tqdm bar on a terminal, else a line every ``interval`` s. Torch-free."""
 
 from __future__ import annotations
 

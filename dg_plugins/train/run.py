@@ -60,8 +60,8 @@ def validate(args, compute) -> None:
 
 
 def prepare_output_dir(args) -> None:
-    """Under the folder lock: a done job reruns only with ``--force`` (which removes its outputs
-    first); records of an interrupted run need ``--resume`` or ``--force``."""
+    """Under the folder lock: a done job reruns only with ``--force`` (its outputs removed first),
+    an interrupted one with ``--resume`` or ``--force``."""
     folder = args.output_dir
     done = is_done(folder)
     records = read_record_lines(os.path.join(folder, RESULTS_FILE))

@@ -86,8 +86,7 @@ def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
 
 
 def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
-    """``{test env: {subset name: [item indices]}}`` to evaluate besides the splits: the IP/OOP
-    split of ``--alignment_scores`` (:mod:`dg_plugins.alignment`)."""
+    """``{test env: {subset name: [item indices]}}``: the IP/OOP split of ``--alignment_scores``."""
     if flag(args, "alignment_scores") is None:
         return {}
     from dg_plugins import alignment
