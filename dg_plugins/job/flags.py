@@ -239,8 +239,7 @@ UDG_PROTOCOL_ARGS = names(group="udg", sweep=EVERY)
 
 def add_flags(parser, group: str, skip=(), help: dict | None = None,
               metavar: dict | None = None) -> None:
-    """Add the rows of ``group`` (except ``skip``) to ``parser``; ``help``, ``metavar``: other
-    ones by name (how the sweep's parser says them)."""
+    """Add the rows of ``group`` but ``skip`` to ``parser``; ``help``, ``metavar``: the sweep's."""
     for name in names(group=group):
         if name not in skip:
             ROWS[name].add_to(parser, (help or {}).get(name), (metavar or {}).get(name))

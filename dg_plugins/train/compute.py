@@ -113,8 +113,8 @@ class Compute:
         return torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
 
     def prepare_model(self, model: nn.Module) -> None:
-        """With ``channels_last``, a convolutional ``model`` and its inputs in it (the UDG
-        pretraining's and fine-tuning's models each, with the job's one Compute)."""
+        """With ``channels_last``, a convolutional ``model`` and its inputs in it (each UDG model
+        too, with the job's one Compute)."""
         self.inputs_channels_last = self.channels_last and is_convolutional(model)
         if self.inputs_channels_last:
             model.to(memory_format=torch.channels_last)

@@ -126,8 +126,7 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None,
 
 
 class Job:
-    """One training run (the UDG jobs are kinds of Job); ``stop``: a
-    :class:`dg_plugins.signals.StopRequest`."""
+    """One training run (the UDG jobs are kinds of Job); ``stop``: a signals.StopRequest."""
 
     #: The algorithm's method a step calls and the phase it trains (named when a loss diverges).
     UPDATE = "update"

@@ -32,8 +32,8 @@ def user_errors() -> tuple:
 
 
 def validate(args, compute) -> None:
-    """Reject bad input before anything is written: names, hparams, the flags' ranges, test
-    environments, an image tree one level off, compute settings the device cannot run."""
+    """Reject bad input before anything is written (names, hparams, ranges, test environments, an
+    image tree one level off, compute settings the device cannot run)."""
     plugins.load()
     dataset_cls = DATASETS.get(args.dataset)
     args.algorithm = ALGORITHMS.resolve(args.algorithm, say="--algorithm")  # erm: ERM
