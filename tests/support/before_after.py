@@ -7,17 +7,21 @@ the same on any machine), four ``python -m dg_plugins.scripts.sweep launch`` com
 ``python -m dg_plugins.scripts.collect_results`` in every format:
 
 * multi-source DG: ERM and DMG on RotatedMNIST5k (``--data_dir builtin``), test environments 0
-  and 1, 11 steps, a record every 5;
+  and 1, 11 steps, a record after the first and the last (the 16-wide CNN);
 * single-source DG: MPBM on Debug28 with ``--single_source`` (3 jobs);
-* UDG: MAE with two label fractions sharing one pretraining (3 steps, a tiny ViT);
-* an ImageFolder tree (``tests/support/image_tree.py``, decoded in loader workers): ERM through the sweep,
-  and one IP/OOP train job (``--alignment_scores``, a pseudo score file) in the same folder.
+* UDG: MAE on Debug28 with two label fractions sharing one pretraining (3 steps, a tiny ViT);
+* an ImageFolder tree (``tests/support/image_tree.py``, decoded in loader workers): ERM (the
+  ResNet-18 at 32x32) through the sweep, and one IP/OOP train job (``--alignment_scores``, a
+  pseudo score file) in the same folder.
 
 :func:`snapshot` reads back what a user gets: the job-folder names (the md5 hashes, and the UDG
 pretraining's), every ``results.jsonl`` without its wall-clock fields (:data:`TIMING_KEYS`),
 the sweeps' output with what the wall clock decides masked (:func:`wall_clock_masked`), and every
-table (stdout, stderr, exit status). ``python tests/support/before_after.py write`` stores a snapshot as the
-fixture ``tests/fixtures/before_after/``; do that only for a deliberate change of the output.
+table (stdout, stderr, exit status). ``python tests/support/before_after.py write [FOLDER]``
+stores a snapshot as the fixture ``tests/fixtures/before_after/`` (or in FOLDER): for a
+deliberate change of the output, or with ``PYTHONPATH`` on a checkout of the code before a
+change (its commands, and this script's own imports, then run that code; the fixture was
+written so, from commit 38419c1).
 """
 
 from __future__ import annotations
@@ -38,31 +42,36 @@ TIMING_KEYS = ("step_time", "mem_gb")
 SWEEP_OUT = "sweep"
 TREE = "tree"
 
+#: The image-folder jobs' hparams: the ResNet-18, untrained, at 32x32 (the smallest image_size).
+RESNET_HPARAMS = '{"resnet18": true, "pretrained": false, "batch_size": 2, "image_size": 32}'
 _COMMON = ["--n_hparams", "1", "--n_trials", "1", "--output_dir", SWEEP_OUT,
            "--command_launcher", "local", "--skip_confirmation"]
-#: The sweep commands (arguments of ``python -m dg_plugins.scripts.sweep``), by name.
+#: The sweep commands (arguments of ``python -m dg_plugins.scripts.sweep``), by name. A record
+#: evaluates every split, which costs more than a step on RotatedMNIST5k's 5,000 images: so two
+#: records a job (the first one, then a later one), the narrowest 28x28 CNN (``mnist_cnn_width``
+#: 16), the ResNet-18 at 32x32, and UDG on Debug28 (3 environments of 16 images).
 SWEEPS = {
     "multi_source": ["launch", "--datasets", "RotatedMNIST5k", "--algorithms", "ERM", "DMG",
-                     "--test_env_sets", "0", "1", "--steps", "11", "--checkpoint_freq", "5",
-                     "--hparams", '{"batch_size": 8}', "--data_dir", "builtin", *_COMMON],
+                     "--test_env_sets", "0", "1", "--steps", "11", "--checkpoint_freq", "10",
+                     "--hparams", '{"batch_size": 8, "mnist_cnn_width": 16}',
+                     "--data_dir", "builtin", *_COMMON],
     "single_source": ["launch", "--datasets", "Debug28", "--algorithms", "MPBM",
-                      "--single_source", "--steps", "11", "--checkpoint_freq", "5",
-                      "--hparams", '{"batch_size": 8}', "--data_dir", "builtin", *_COMMON],
-    "udg": ["launch", "--datasets", "RotatedMNIST5k", "--algorithms", "MAE", "--test_env_sets",
-            "0", "--label_fractions", "0.5", "1.0", "--pretrain_steps", "3", "--steps", "5",
-            "--checkpoint_freq", "2", "--hparams",
+                      "--single_source", "--steps", "11", "--checkpoint_freq", "10",
+                      "--hparams", '{"batch_size": 8, "mnist_cnn_width": 16}',
+                      "--data_dir", "builtin", *_COMMON],
+    "udg": ["launch", "--datasets", "Debug28", "--algorithms", "MAE", "--test_env_sets", "0",
+            "--label_fractions", "0.5", "1.0", "--pretrain_steps", "3", "--steps", "5",
+            "--checkpoint_freq", "4", "--hparams",
             '{"batch_size": 4, "vit_arch": "tiny", "dismae_decoder_width": 32}',
             "--data_dir", "builtin", *_COMMON],
     "image_folder": ["launch", "--datasets", "ImageFolder", "--algorithms", "ERM",
                      "--test_env_sets", "0", "--steps", "3", "--checkpoint_freq", "2",
-                     "--hparams", '{"resnet18": true, "pretrained": false, "batch_size": 2}',
-                     "--data_dir", f"{TREE}/PACS", *_COMMON],
+                     "--hparams", RESNET_HPARAMS, "--data_dir", f"{TREE}/PACS", *_COMMON],
 }
 #: The IP/OOP job (arguments of ``python -m dg_plugins.scripts.train``), in the sweep folder.
 IPOOP_TRAIN = ["--dataset", "ImageFolder", "--data_dir", f"{TREE}/PACS", "--algorithm", "ERM",
                "--test_envs", "1", "--steps", "3", "--checkpoint_freq", "2", "--hparams",
-               '{"resnet18": true, "pretrained": false, "batch_size": 2}',
-               "--alignment_scores", "scores.csv", "--alignment_threshold", "0.25",
+               RESNET_HPARAMS, "--alignment_scores", "scores.csv", "--alignment_threshold", "0.25",
                "--output_dir", f"{SWEEP_OUT}/ipoop"]
 #: The collect_results commands (arguments after ``--input_dir sweep``), by name.
 COLLECTS = {
@@ -198,8 +207,10 @@ def write_fixture(snap: dict, folder: Path = FIXTURE) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["write"]:
-        sys.exit(f"usage: {sys.argv[0]} write   (stores a new fixture in {FIXTURE})")
+    if sys.argv[1:2] != ["write"] or len(sys.argv) > 3:
+        sys.exit(f"usage: {sys.argv[0]} write [FOLDER]   (stores a new fixture in FOLDER, "
+                 f"default {FIXTURE})")
+    target = Path(sys.argv[2]).resolve() if len(sys.argv) == 3 else FIXTURE
     with tempfile.TemporaryDirectory(prefix="before_after_") as tmp:
-        write_fixture(snapshot(Path(tmp), run_all(Path(tmp))))
-    print(f"wrote {FIXTURE}")
+        write_fixture(snapshot(Path(tmp), run_all(Path(tmp))), target)
+    print(f"wrote {target}")
