@@ -241,7 +241,9 @@ for call in calls:
     sys.argv = [call["argv"][1], *call["argv"][2:]]
     sys.stdout.flush(), sys.stderr.flush()
     for fd, name in ((1, "stdout"), (2, "stderr")):
-        os.dup2(os.open(call[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        opened = os.open(call[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
     start, code = time.monotonic(), 0
     try:
         runpy.run_module(call["argv"][1], run_name="__main__", alter_sys=True)
