@@ -49,8 +49,8 @@ from dg_plugins import runtime  # noqa: E402
 # Collection imports torch, timm and every test module: the cyclic garbage collector is paused
 # meanwhile, then everything alive frozen (runtime.pause_collector, as the commands start), so that
 # neither collection nor the collections during the tests traverse those objects again and again
-# (collection: 8.9 CPU-s per worker before, 4.8 now). xdist's controller collects nothing: on
-# at once.
+# (collection: 8.9 CPU-s per worker before, 4.8 now). xdist's controller collects nothing:
+# its collector is on again at once (pytest_configure).
 runtime.pause_collector()
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,21 +75,22 @@ def pytest_collection_finish(session):
 
 
 #: The slowest modules, slowest first (seconds of a worker in a run of the whole suite on a
-#: 2-core AMD EPYC, 2026-11-29: 171 down to 20), run first. xdist hands out whole modules
+#: 2-core AMD EPYC, 2026-11-29: 84 down to 16), run first. xdist hands out whole modules
 #: (``--dist loadscope``, ``--no-loadscope-reorder``: in collection order): by default the
 #: modules with the most tests go first, which leaves these end-to-end modules of few tests for
 #: last, where one of them can keep a worker busy alone while the other waits. A module not named
 #: here keeps its place after them (the order only, never what a test does).
 SLOWEST_FIRST = (
     "slurm/test_slurm_lifecycle.py",  # mostly waiting on Slurm
-    "test_before_after.py", "train/test_compute.py", "test_paper_scripts_mpbm_ipoop.py",
-    "train/test_image_jobs.py", "test_paper_scripts_vit.py", "train/test_train_hardening.py",
-    "test_sweep_scripts.py", "train/test_cached_jobs.py", "sweep/test_sweep_failures.py",
-    "algorithms/test_all_algorithms.py", "sweep/test_launchers.py", "train/test_udg.py",
-    "test_paper_scripts_dmg_pacs.py", "train/test_train.py", "train/test_augment_on_device.py",
-    "train/test_train_reports.py", "test_paper_scripts_dmg_domainnet.py",
-    "train/test_resume_augmentation.py", "sweep/test_sweep_costs.py",
-    "collect/test_eval_splits_tables.py")
+    "test_before_after.py", "train/test_image_jobs.py", "test_paper_scripts_mpbm_ipoop.py",
+    "test_sweep_scripts.py", "train/test_train_hardening.py", "train/test_cached_jobs.py",
+    "sweep/test_sweep_failures.py", "algorithms/test_all_algorithms.py",
+    "train/test_plugin_modules.py", "train/test_compute.py", "test_paper_scripts_vit.py",
+    "train/test_train.py", "sweep/test_launchers.py", "sweep/test_sweep_costs.py",
+    "sweep/test_packing.py", "train/test_udg.py", "train/test_train_reports.py",
+    "collect/test_eval_splits_tables.py", "test_paper_scripts_dmg_domainnet.py",
+    "test_paper_scripts_dmg_pacs.py", "train/test_resume_augmentation.py",
+    "sweep/test_sweep_eval_splits.py", "alignment/test_commands_with_workers.py")
 
 
 def pytest_collection_modifyitems(config, items):
