@@ -46,6 +46,25 @@ def uninterrupted_run(tmp_path_factory):
     return records
 
 
+@pytest.fixture(scope="module")
+def stopped_job(tmp_path_factory):
+    """A folder of ``REFERENCE_RUN`` stopped after step 2 (records 0 and 2, a checkpoint); tests
+    take a copy of it (:func:`copy_of_stopped`), as a job stopped in their own folder."""
+    out = tmp_path_factory.mktemp("stopped") / "job"
+    assert train.run(args_for(out, *REFERENCE_STEPS), stop_after_step=2) == "stopped"
+    assert [r["step"] for r in read_records(out)] == [0, 2]
+    return out
+
+
+def copy_of_stopped(stopped_job, out):
+    """``out``: a copy of the stopped reference job (what ``train.run(args_for(out,
+    *REFERENCE_STEPS), stop_after_step=2)`` leaves), made without training again."""
+    import shutil
+
+    shutil.copytree(stopped_job, out)
+    return out
+
+
 def child_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -126,6 +145,8 @@ def test_sigkill_during_a_checkpoint_write_leaves_no_temporary_file_after_resume
 # a finished job is not rerun unless forced -------------------------------------------------------
 
 def test_rerunning_a_finished_job_refuses_and_force_starts_over(tmp_path, capsys):
+    """--force also starts the logs over: err.txt of the forced rerun holds only its own run (it
+    kept the old errors), out.txt one run's arguments."""
     out = tmp_path / "job"
     assert train.run(args_for(out, "--steps", "3")) == "done"
     before = (out / "results.jsonl").read_bytes()
@@ -134,23 +155,24 @@ def test_rerunning_a_finished_job_refuses_and_force_starts_over(tmp_path, capsys
     err = capsys.readouterr().err
     assert "holds a finished job" in err and "--force" in err
     assert (out / "results.jsonl").read_bytes() == before and (out / "done").exists()
+    with open(out / "err.txt", "a") as f:
+        f.write("error: an old failure\n")
     # --force removes done first: an interrupted forced rerun is never counted as done
     assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--force"),
                      stop_after_step=2) == "stopped"
     assert not (out / "done").exists()
+    assert "an old failure" not in (out / "err.txt").read_text()
+    assert (out / "out.txt").read_text().count("Args:") == 1
     assert [r["step"] for r in read_records(out)] == [0, 2]
     assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--resume")) == "done"
     assert [r["step"] for r in read_records(out)] == [0, 2, 4]
 
 
-def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys):
-    out = tmp_path / "job"
-    assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2"),
-                     stop_after_step=0) == "stopped"
-    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
-                 "--steps", "5", "--checkpoint_freq", "2"]) == 2
+def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys, stopped_job):
+    out = copy_of_stopped(stopped_job, tmp_path / "job")
+    assert main(REFERENCE_RUN + ["--output_dir", str(out)]) == 2
     assert "records of an interrupted run; continue it with --resume" in capsys.readouterr().err
-    assert len(read_records(out)) == 1
+    assert len(read_records(out)) == 2
 
 
 # --resume refuses other arguments than the interrupted run's -------------------------------------
@@ -158,15 +180,14 @@ def test_records_of_an_interrupted_run_need_resume_or_force(tmp_path, capsys):
 @pytest.mark.parametrize("changed, listed", [
     (["--seed", "1"], "--seed: 0 in the checkpoint, 1 now"),
     (["--test_envs", "1"], "--test_envs: [0] in the checkpoint, [1] now"),
-    (["--steps", "9"], "--steps: 7 in the checkpoint, 9 now"),
+    (["--steps", "9"], "--steps: 5 in the checkpoint, 9 now"),
     (["--hparams", '{"batch_size": 8, "lr": 0.01}'], "hparam lr: 0.001 in the checkpoint, 0.01 now"),
 ])
 def test_resume_with_other_arguments_refuses_and_lists_the_differences(tmp_path, capsys,
-                                                                        changed, listed):
-    out = tmp_path / "job"
-    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
-            "--steps", "7", "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+                                                                        stopped_job, changed,
+                                                                        listed):
+    out = copy_of_stopped(stopped_job, tmp_path / "job")
+    base = REFERENCE_RUN + ["--output_dir", str(out)]
     kept = (out / "results.jsonl").read_bytes()
     argv = base + changed + ["--resume"]
     assert main(argv) == 2
@@ -176,24 +197,26 @@ def test_resume_with_other_arguments_refuses_and_lists_the_differences(tmp_path,
 
 
 @pytest.mark.parametrize("first, again, listed", [
-    (["--deterministic", "false"], ["--deterministic", "true"],
-     "--deterministic: False in the checkpoint, True now (the default)"),
-    (["--eval_batch_size", "32"], [],
-     "--eval_batch_size: 32 in the checkpoint, 64 now (the default)"),
+    (["--deterministic", "false", "--eval_batch_size", "32"], ["--deterministic", "true"],
+     ["--deterministic: False in the checkpoint, True now (the default)",  # given at its default
+      "--eval_batch_size: 32 in the checkpoint, 64 now (the default)"]),  # not given
     ([], ["--eval_splits", "selection"],
-     "--eval_splits: 'all' in the checkpoint (the default), 'selection' now"),
+     ["--eval_splits: 'all' in the checkpoint (the default), 'selection' now"]),
 ])
-def test_a_resume_difference_names_a_default_value_not_none(tmp_path, capsys, first, again,
-                                                            listed):
+def test_a_resume_difference_names_a_default_value_not_none(tmp_path, capsys, stopped_job,
+                                                            first, again, listed):
     """A flag left out of a job's args at its default (compute settings, evaluation flags),
     whether not given or given at its default, is named by its default value."""
     out = tmp_path / "job"
-    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
-            "--steps", "5", "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base + first), stop_after_step=2) == "stopped"
+    base = REFERENCE_RUN + ["--output_dir", str(out)]
+    if first:
+        assert train.run(build_parser().parse_args(base + first), stop_after_step=2) == "stopped"
+    else:  # the reference job, stopped with every flag at its default
+        copy_of_stopped(stopped_job, out)
     assert main(base + again + ["--resume"]) == 2
     err = "".join(capsys.readouterr())
-    assert listed in err and "None" not in err.split("--resume with other arguments")[1], err
+    assert all(line in err for line in listed), err
+    assert "None" not in err.split("--resume with other arguments")[1], err
 
 
 def test_every_flag_left_out_at_its_default_is_named_by_its_default():
@@ -221,9 +244,9 @@ def test_every_flag_left_out_at_its_default_is_named_by_its_default():
         "--alignment_scores: 'a.csv' in the checkpoint, not given now"]
 
 
-def test_resume_in_a_moved_folder_is_allowed(tmp_path, uninterrupted_run):
+def test_resume_in_a_moved_folder_is_allowed(tmp_path, stopped_job, uninterrupted_run):
     first, moved = tmp_path / "first", tmp_path / "moved"
-    assert train.run(args_for(first, *REFERENCE_STEPS), stop_after_step=2) == "stopped"
+    copy_of_stopped(stopped_job, first)
     first.rename(moved)
     assert train.run(args_for(moved, *REFERENCE_STEPS, "--resume")) == "done"
     assert comparable(read_records(moved)) == comparable(uninterrupted_run)
@@ -243,15 +266,15 @@ def strip_hparams(path, names):
     torch.save(state, path)
 
 
-def test_resume_of_a_checkpoint_written_before_new_hparams_existed(tmp_path, capsys):
+def test_resume_of_a_checkpoint_written_before_new_hparams_existed(tmp_path, capsys,
+                                                                   stopped_job):
     """A job interrupted before the upgrade: its checkpoint lacks the new base hparams. Left at
     their defaults (what that release did) they are no difference and --resume continues; a
     non-default value of a missing hparam is still refused, and nothing is changed."""
     out = tmp_path / "job"
     base = ["--dataset", "Debug28", "--output_dir", str(out), "--steps", "5",
             "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base + ["--hparams", TINY]),
-                     stop_after_step=2) == "stopped"
+    copy_of_stopped(stopped_job, out)
     strip_hparams(out / "checkpoint.pt", NEW_BASE_HPARAMS)
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("out.txt", "err.txt")}
     scheduled = '{"batch_size": 8, "lr_schedule": "exp_epoch"}'
@@ -296,20 +319,17 @@ def test_checkpoint_differences_take_a_missing_hparam_at_its_default_as_unchange
 
 # --resume refuses records that do not match the checkpoint ---------------------------------------
 
-def test_resume_refuses_when_a_counted_record_is_missing(tmp_path, capsys):
-    out = tmp_path / "job"
-    assert train.run(args_for(out, "--steps", "7", "--checkpoint_freq", "2"),
-                     stop_after_step=4) == "stopped"
+def test_resume_refuses_when_a_counted_record_is_missing(tmp_path, capsys, stopped_job):
+    out = copy_of_stopped(stopped_job, tmp_path / "job")
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
     (out / "results.jsonl").write_text("".join(lines[:-1]))  # the OS lost the last record
-    assert main(["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY,
-                 "--steps", "7", "--checkpoint_freq", "2", "--resume"]) == 2
-    assert "holds 2 complete records but the checkpoint counts 3" in "".join(capsys.readouterr())
+    assert main(REFERENCE_RUN + ["--output_dir", str(out), "--resume"]) == 2
+    assert "holds 1 complete records but the checkpoint counts 2" in "".join(capsys.readouterr())
 
 
-def test_resume_drops_a_torn_line_after_the_counted_records(tmp_path, uninterrupted_run):
-    out = tmp_path / "job"
-    assert train.run(args_for(out, *REFERENCE_STEPS), stop_after_step=2) == "stopped"
+def test_resume_drops_a_torn_line_after_the_counted_records(tmp_path, stopped_job,
+                                                            uninterrupted_run):
+    out = copy_of_stopped(stopped_job, tmp_path / "job")
     with open(out / "results.jsonl", "a") as f:
         f.write('{"step": 4, "env0_in_acc": 0.')  # a crash mid-append
     assert train.run(args_for(out, *REFERENCE_STEPS, "--resume")) == "done"
@@ -460,24 +480,13 @@ def test_a_read_only_output_folder_is_a_one_line_error_for_train_and_sweep(tmp_p
         parent.chmod(0o755)
 
 
-def test_force_starts_the_logs_over(tmp_path):
-    """err.txt of a forced rerun holds only its own run (it kept the old errors)."""
-    out = tmp_path / "job"
-    assert train.run(args_for(out, "--steps", "2")) == "done"
-    with open(out / "err.txt", "a") as f:
-        f.write("error: an old failure\n")
-    assert train.run(args_for(out, "--steps", "2", "--force")) == "done"
-    assert "an old failure" not in (out / "err.txt").read_text()
-    assert (out / "out.txt").read_text().count("Args:") == 1
-
-
 # issue 31: a damaged checkpoint, a full disk -----------------------------------------------------
 
-def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(tmp_path, capsys):
+def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(tmp_path, capsys,
+                                                                               stopped_job):
     out = tmp_path / "job"
-    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
-            "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    base = REFERENCE_RUN + ["--output_dir", str(out)]
+    copy_of_stopped(stopped_job, out)
     data = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(data[:len(data) // 2])  # e.g. a copy cut short
     kept = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in ("out.txt", "err.txt")}
@@ -492,7 +501,8 @@ def test_a_damaged_checkpoint_on_resume_is_a_one_line_error_and_force_recovers(t
 
 
 def test_a_checkpoint_that_does_not_unpickle_is_a_one_line_error_and_force_recovers(tmp_path,
-                                                                                    capsys):
+                                                                                    capsys,
+                                                                                    stopped_job):
     """A checkpoint that is an intact archive (every CRC matches) but does not unpickle, e.g.
     written by an incompatible version whose classes are gone: the one-line damaged-checkpoint
     error with --force, no traceback, nothing changed."""
@@ -501,9 +511,8 @@ def test_a_checkpoint_that_does_not_unpickle_is_a_one_line_error_and_force_recov
     from dg_plugins.train.checkpoint import checkpoint_damage
 
     out = tmp_path / "job"
-    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
-            "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    base = REFERENCE_RUN + ["--output_dir", str(out)]
+    copy_of_stopped(stopped_job, out)
     path = out / "checkpoint.pt"
     with zipfile.ZipFile(path) as archive:
         members = [(info, archive.read(info)) for info in archive.infolist()]
@@ -525,15 +534,15 @@ def test_a_checkpoint_that_does_not_unpickle_is_a_one_line_error_and_force_recov
     assert [r["step"] for r in read_records(out)] == [0, 2, 4]
 
 
-def test_a_checkpoint_that_does_not_fit_the_model_is_a_one_line_error(tmp_path, capsys):
+def test_a_checkpoint_that_does_not_fit_the_model_is_a_one_line_error(tmp_path, capsys,
+                                                                      stopped_job):
     """Same arguments, but a model state another version of the algorithm wrote (a parameter it
     did not have): one line naming the file and the fix, no traceback, the records kept."""
     import torch
 
     out = tmp_path / "job"
-    base = ["--dataset", "Debug28", "--output_dir", str(out), "--hparams", TINY, "--steps", "5",
-            "--checkpoint_freq", "2"]
-    assert train.run(build_parser().parse_args(base), stop_after_step=2) == "stopped"
+    base = REFERENCE_RUN + ["--output_dir", str(out)]
+    copy_of_stopped(stopped_job, out)
     state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
     state["model"]["head_of_another_version.weight"] = torch.zeros(2)
     torch.save(state, out / "checkpoint.pt")
@@ -546,12 +555,10 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_a_one_line_error(tmp_path, 
     assert (out / "results.jsonl").read_bytes() == kept
 
 
-def test_resume_loads_the_checkpoint_once(tmp_path, monkeypatch):
+def test_resume_loads_the_checkpoint_once(tmp_path, monkeypatch, stopped_job):
     import torch
 
-    out = tmp_path / "job"
-    assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2"),
-                     stop_after_step=2) == "stopped"
+    out = copy_of_stopped(stopped_job, tmp_path / "job")
     loads, real_load = [], torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
     assert train.run(args_for(out, "--steps", "5", "--checkpoint_freq", "2", "--resume")) == "done"
