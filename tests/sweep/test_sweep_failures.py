@@ -413,23 +413,39 @@ def test_image_folder_sweep_finds_its_environments_and_names_are_checked(tmp_pat
     assert not out.exists()
 
 
+GUARDLESS_SCRIPT = textwrap.dedent("""
+    # A user's script driving the sweep, without an `if __name__ == "__main__":` guard.
+    import sys
+    from dg_plugins.scripts import sweep
+    with open(sys.argv[1], "a") as f:
+        f.write("ran\\n")
+    code = sweep.main(sys.argv[2:])
+    print("sweep exit status", code)
+    sys.exit(code)
+""")
+
+
 @pytest.fixture(scope="module")
 def image_folder_sweep(tmp_path_factory):
-    """One real sweep (``python -m dg_plugins.scripts.sweep``, the local launcher, the default
-    loader workers) of an ImageFolder tree, one job (the first of the tree's four domains as its
-    test environment), into the quick start's kind of ``--output_dir``: relative, not there yet
-    (``sweep_output/demo`` in the working directory ``root``). ``(root, env, exit status,
-    output)``, read by the tests below."""
+    """One real sweep, started as a user's script without a ``__main__`` guard that calls the
+    sweep command's ``main`` (``python my_sweep.py RUNS ARGV``, a process of its own; the local
+    launcher, the default loader workers) of an ImageFolder tree, one job (the first of the
+    tree's four domains as its test environment), into the quick start's kind of
+    ``--output_dir``: relative, not there yet (``sweep_output/demo`` in the working directory
+    ``root``). ``(root, env, exit status, output)``, read by the tests below. (The command
+    itself, ``python -m dg_plugins.scripts.sweep`` with the local launcher, runs in the kill -9
+    test above.)"""
     root = tmp_path_factory.mktemp("image_folder_sweep")
     env = command_env()
     data = make_pacs_tree(root / "data", per_class=1, size=16) / "PACS"
+    (root / "my_sweep.py").write_text(GUARDLESS_SCRIPT)
     argv = sweep_argv("sweep_output/demo", "--algorithms", "ERM", "--test_env_sets", "0",
                       "--steps", "1", "--hparams", '{"resnet18": true, "pretrained": false, '
                       '"batch_size": 2, "image_size": 32}', data_dir=data,
                       datasets=("ImageFolder",))
-    proc = subprocess.Popen([sys.executable, "-m", SWEEP, *argv], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(root / "my_sweep.py"), str(root / "runs"),
+                             *argv], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     code, text = finish(proc, timeout=300)
     return root, env, code, text
 
@@ -451,20 +467,26 @@ def test_collect_results_names_an_image_folder_trees_columns_by_its_domain_folde
                                               "sketch", "Avg"], tables
 
 
-def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path, capsys):
+def test_a_data_dir_one_level_above_the_tree_names_the_folder_meant(tmp_path, capsys,
+                                                                    monkeypatch):
     """``--dataset ImageFolder --data_dir`` pointed at the folder above the tree (one "domain"
     whose "classes" are the domains): train (before printing its settings) and the sweep
-    (before launching; its ``main`` in process) say which --data_dir was meant, exit 2 and
-    write nothing; they used to fail with "leaves no training environment", or launch jobs that
-    failed."""
+    (before launching) say which --data_dir was meant, exit 2 and write nothing; they used to
+    fail with "leaves no training environment", or launch jobs that failed. (Both ``main``s in
+    process: the subject is the message.)"""
     from dg_plugins.sweep import cli as sweep_cli
+    from dg_plugins.train import cli as train_cli
 
-    env = command_env()
     data = make_pacs_tree(tmp_path / "data", per_class=1, size=16)
     meant = f"did you mean --data_dir {data / 'PACS'}?"
-    code, text = run("dg_plugins.scripts.train", "--dataset", "ImageFolder", "--data_dir", data,
-                     "--output_dir", tmp_path / "job", env=env, timeout=60)
-    assert code == 2 and text.endswith(f"{meant}\n") and "HParams" not in text, text
+    # train's process set-up (cuBLAS's deterministic workspace) stays in this test
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", os.environ.get("CUBLAS_WORKSPACE_CONFIG",
+                                                                 ":4096:8"))
+    code = train_cli.main(["--dataset", "ImageFolder", "--data_dir", str(data),
+                           "--output_dir", str(tmp_path / "job")])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2 and captured.err.endswith(f"{meant}\n") and "HParams" not in text, text
     assert not (tmp_path / "job").exists()
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exited:
@@ -504,35 +526,16 @@ def test_jobs_that_failed_on_bad_input_at_their_start_are_not_offered_resume(tmp
 # A script without a __main__ guard
 
 
-GUARDLESS_SCRIPT = textwrap.dedent("""
-    # A user's script driving the sweep, without an `if __name__ == "__main__":` guard.
-    import sys
-    from dg_plugins.scripts import sweep
-    with open(sys.argv[1], "a") as f:
-        f.write("ran\\n")
-    code = sweep.main(sys.argv[2:])
-    print("sweep exit status", code)
-    sys.exit(code)
-""")
-
-
-def test_a_script_without_a_main_guard_can_drive_the_local_launcher(tmp_path):
-    """The script runs once (the jobs used to re-run it inside the fork server's children: the
-    job failed, its folder stayed empty, the sweep exited 0); the job is done."""
-    (tmp_path / "my_sweep.py").write_text(GUARDLESS_SCRIPT)
-    out = tmp_path / "out"
-    argv = sweep_argv(out, "--algorithms", "ERM", "--test_env_sets", "2", "--steps", "2",
-                      "--hparams", '{"batch_size": 8}', datasets=("Debug28",))
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "my_sweep.py"),
-                             str(tmp_path / "runs"), *argv], cwd=tmp_path, env=command_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    code, text = finish(proc, timeout=300)
+def test_a_script_without_a_main_guard_can_drive_the_local_launcher(image_folder_sweep):
+    """The script (the ImageFolder sweep above) runs once (the jobs used to re-run it inside the
+    fork server's children: the job failed, its folder stayed empty, the sweep exited 0); the
+    job is done."""
+    root, _, code, text = image_folder_sweep
     assert code == 0, text
-    assert (tmp_path / "runs").read_text() == "ran\n"
-    [job] = job_folders(out)
-    assert (job / "done").exists() and [r["step"] for r in read_records(job)] == [0, 1]
-    assert "all 1 commands succeeded" in text
+    assert (root / "runs").read_text() == "ran\n"
+    [job] = job_folders(root / "sweep_output" / "demo")
+    assert (job / "done").exists() and [r["step"] for r in read_records(job)] == [0]
+    assert "all 1 commands succeeded" in text and "sweep exit status 0" in text
 
 
 def test_only_dg_plugins_or_fileless_mains_are_forked(monkeypatch):
