@@ -1,10 +1,12 @@
 """The commands users run on an image-folder dataset, with the loader workers they get by default
 (no ``--n_workers``), started as subprocesses under a timeout, so that a hang fails the test:
-train's normal finish, a decode error in a training stream and in evaluation, a NaN stop,
+train's normal finish (a UDG job from scratch; an ERM job resumed to its end), a decode error in a training stream and in evaluation, a NaN stop,
 SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), a ``local``-launcher sweep
 (interrupted, then resumed to the end of all its jobs and collected), and the job's live loader
 workers never above its budget. (Exact resume with augmentation: ``test_resume_augmentation.py``.)
-After every exit no process of the command may be left (loader workers included)."""
+After every exit no process of the command may be left (loader workers included). The refused
+resume's message and collect_results' table are the subject there, not a process: their
+commands' ``main`` runs in this process."""
 
 import json
 import os
@@ -18,9 +20,11 @@ from support.job_gate import gate_env, released, wait_at_gate
 from support.processes import command_env, finish, run, start, survivors
 from support.helpers import read_records
 
+from dg_plugins.scripts import collect_results
+from dg_plugins.scripts.train import main as train_main
+
 TRAIN = "dg_plugins.scripts.train"
 SWEEP = "dg_plugins.scripts.sweep"
-COLLECT = "dg_plugins.scripts.collect_results"
 #: A tiny random-init ViT at 224x224: the dataset's real transforms, decoded in loader workers.
 HPARAMS = json.dumps({"backbone": "vit", "vit_arch": "dg_vit_test_patch32_224",
                       "pretrained": False, "batch_size": 4, "image_size": 32})
@@ -61,19 +65,10 @@ def used_workers(out_txt: str) -> int:
     return int(line.split("loader workers:")[1].split()[0])
 
 
-def test_train_finishes_and_exits_with_default_workers(tree, tmp_path):
-    env = command_env()
-    out = tmp_path / "job"
-    code, output = run(TRAIN, *train_args(tree, out), env=env, timeout=TIMEOUT)
-    assert code == 0, output
-    assert (out / "done").exists() and len(read_records(out)) == 2
-    assert used_workers((out / "out.txt").read_text()) >= 1  # the default path really has workers
-    assert_nothing_left(env)
-
-
 def test_udg_job_pretrains_with_workers_and_exits(tree, tmp_path):
-    """A UDG job (MAE, a tiny ViT): the unlabelled pretraining streams decode in loader workers
-    too; pretraining, fine-tuning and evaluation end and no worker is left."""
+    """A UDG job (MAE, a tiny ViT) from scratch to its normal finish: the unlabelled pretraining
+    streams decode in loader workers too; pretraining, fine-tuning and evaluation end and no
+    worker is left."""
     env = command_env()
     out = tmp_path / "udg" / "job"
     hparams = json.dumps({"vit_arch": "tiny", "batch_size": 4, "dismae_decoder_width": 32})
@@ -114,11 +109,13 @@ def test_nan_stop_exits(tree, tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_mid_run_then_resume(tree, tmp_path, signum):
+def test_signal_mid_run_then_resume(tree, tmp_path, signum, capsys):
     """The signal goes to the job's whole process group (as a sweep or a terminal sends it)
     while the job trains (held after step 1 by the test's gate): the workers ignore it, train
     checkpoints at the step boundary and exits 128 + signum, and every worker is gone; a resume
-    with other arguments is refused; the right one finishes."""
+    with other arguments is refused (train's ``main`` in this process: the message is the
+    subject); the right one finishes normally, with loader workers (the default path really has
+    them), and leaves no process."""
     gate = tmp_path / "gate"
     gate.mkdir()
     env = gate_env(gate, step=1)
@@ -136,13 +133,15 @@ def test_signal_mid_run_then_resume(tree, tmp_path, signum):
     if signum == signal.SIGINT:
         return
     refused = train_args(tree, out, "--checkpoint_freq", "3", "--resume", steps=5)
-    code, output = run(TRAIN, *refused, env=env, timeout=TIMEOUT)
+    capsys.readouterr()
+    code = train_main([str(a) for a in refused])
+    output = "".join(capsys.readouterr())  # the job's output (stdout) and stderr
     assert code == 2 and "--steps: 4 in the checkpoint, 5 now" in output, output
-    assert_nothing_left(env)
     code, output = run(TRAIN, *args, "--resume", env=env, timeout=TIMEOUT)
     assert code == 0, output
     assert [r["step"] for r in read_records(out)] == [0, 3]
     assert (out / "done").exists()
+    assert used_workers(output) >= 1, output  # the resumed run's own loader workers
     assert_nothing_left(env)
 
 
@@ -152,11 +151,13 @@ def sweep_args(data_dir, out, *extra, algorithms=("ERM",)):
             "--n_trials", "1", "--hparams", HPARAMS, "--skip_confirmation", *extra]
 
 
-def test_local_sweep_interrupted_then_resumed_runs_every_job_and_collects(tree, tmp_path):
+def test_local_sweep_interrupted_then_resumed_runs_every_job_and_collects(tree, tmp_path,
+                                                                          capsys):
     """A sweep of four jobs (one per test domain) stopped by SIGTERM while its first job trains
     (held after step 1 by the test's gate): the sweep forwards the signal, exits 143 and says
     to --resume, and no process is left; the resumed sweep continues the first job, runs the
-    three others to the end, and collect_results tabulates all four."""
+    three others to the end, and collect_results (its ``main`` in this process: the table is
+    the subject) tabulates all four."""
     gate = tmp_path / "gate"
     gate.mkdir()
     env = gate_env(gate, step=1)  # the first job waits after step 1 until it is stopped
@@ -177,7 +178,9 @@ def test_local_sweep_interrupted_then_resumed_runs_every_job_and_collects(tree, 
     assert len(jobs) == 4 and all((p / "done").exists() for p in jobs), output
     assert all([r["step"] for r in read_records(p)] == [0, 3] for p in jobs)
     assert_nothing_left(env)
-    code, tables = run(COLLECT, "--input_dir", out, env=env, timeout=TIMEOUT)
+    capsys.readouterr()
+    code = collect_results.main(["--input_dir", str(out)])
+    tables = capsys.readouterr().out
     assert code == 0, tables
     block = tables.split("model selection method: training-domain validation set\n")[1]
     header, erm = block.splitlines()[:2]
@@ -206,7 +209,7 @@ def test_loader_workers_never_exceed_the_budget(tree, tmp_path):
     env = command_env(DG_PLUGINS_IMPORT="support.e2e_algorithms")
     out = tmp_path / "job"
     proc = start(TRAIN, *train_args(tree, out, "--checkpoint_freq", "2", "--n_workers", "2",
-                                    algorithm="SlowERM", steps=5), env=env)
+                                    algorithm="SlowERM", steps=3), env=env)
     most, samples = 0, 0
     deadline = time.monotonic() + TIMEOUT
     while proc.poll() is None and time.monotonic() < deadline:
