@@ -713,7 +713,7 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     gate.mkdir()
     log = tmp_path / "processes"
     env = script_env(tmp_path, data[0], log, OUTPUT_DIR=str(out), PARTS="1", ALGORITHMS="ERM DMG",
-                     STEPS="21", **gate_vars(gate, step=3))
+                     STEPS="6", **gate_vars(gate, step=3))
     env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
     command = ["bash", str(SWEEPS / "offline_quickstart.sh")]
     first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -739,13 +739,13 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     assert re.search(r"\[1/2\] started: (ERM|DMG) on RotatedMNIST5k, test envs 5", first_out)
     assert re.search(r"\[1/2\] interrupted \(exit code 130\) in \d+ s: stopped: stopped by "
                      r"SIGINT after step 3", first_out), first_out
-    rerun = (f"PYTHON={sys.executable} OUTPUT_DIR={out} PARTS=1 ALGORITHMS='ERM DMG' STEPS=21 "
+    rerun = (f"PYTHON={sys.executable} OUTPUT_DIR={out} PARTS=1 ALGORITHMS='ERM DMG' STEPS=6 "
              f"bash {SWEEPS / 'offline_quickstart.sh'}")
     assert ("To continue, run the whole command again (finished jobs are skipped; interrupted "
             f"jobs resume from their last checkpoint):\n  {rerun}\n") in first_out, first_out
     assert "dg_plugins.scripts.sweep launch" not in first_out
     # the time estimate: rough before the first job (nothing measured), saying how it was made
-    rough = ("quick start: 2 jobs, 0 done; rough estimate: about 10 s for the 2 left (42 training "
+    rough = ("quick start: 2 jobs, 0 done; rough estimate: about 10 s for the 2 left (12 training "
              "steps at 0.05 s per step: the whole quick start (15 jobs, 1,715 training steps) "
              "took 87 s on 2 idle CPU cores, results/benchmarks.md; nothing is measured on this "
              "machine yet). Updated as jobs finish.\n")
@@ -763,7 +763,7 @@ def test_the_quick_start_continues_after_an_interruption(tmp_path, data):
     assert "\n  quick start: 2/2 jobs done.\n" in second.stdout
     assert all((p / "done").exists() for p in out.iterdir() if p.is_dir())
     steps = [json.loads(line)["step"] for line in (job / "results.jsonl").read_text().splitlines()]
-    assert steps == [0, 20], steps
+    assert steps == [0, 5], steps
     averages = re.search(r"Averages, model selection method: training-domain validation set\n"
                          r".*\nERM +(\d+\.\d) \+/- 0\.0", second.stdout)
     assert averages, second.stdout[-3000:]
