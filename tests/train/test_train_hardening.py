@@ -362,46 +362,32 @@ def test_each_record_is_synced_before_the_checkpoint_that_counts_it(tmp_path, mo
     assert (tmp_path / "done").exists() and not (tmp_path / "checkpoint.pt").exists()
 
 
-# SIGTERM stops at a step boundary; --resume continues --------------------------------------------
+# SIGTERM stops at a step boundary; --resume continues; one process per job folder --------------
 
 def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint_and_resume_continues(
-        tmp_path, uninterrupted_run):
+        tmp_path, capsys, uninterrupted_run):
     """A real SIGTERM to the train command (held by the test's gate after step 3, between two
     records): it stops at that step boundary with a checkpoint and exits 143; --resume then
-    writes the records of an uninterrupted run."""
+    writes the records of an uninterrupted run. While it is held, a second train (here in the
+    test's own process) tries the same folder and fails; the first is unharmed by it: it stops
+    as above, releases its folder, and its files resume to the uninterrupted run's records."""
     out, gate = tmp_path / "job", tmp_path / "gate"
     gate.mkdir()
     proc = spawn(out, steps=REFERENCE_STEPS[1], freq=REFERENCE_STEPS[3],
                  gate={"folder": gate, "step": 3})
     with released(gate):
         assert wait_for(lambda: (gate / "waiting").exists())
+        assert main(REFERENCE_RUN + ["--output_dir", str(out), "--resume"]) == 2
+        assert "is in use by another train process (pid" in capsys.readouterr().err
         proc.send_signal(signal.SIGTERM)
         console = "".join(proc.communicate(timeout=120))
     assert proc.returncode == 143, console
     assert "stopped by SIGTERM" in console and "--resume" in console
     assert "stopped by SIGTERM after step 3" in (out / "err.txt").read_text()
     assert (out / "checkpoint.pt").exists() and not (out / "done").exists()
+    assert not (out / ".lock").exists()
     assert main(REFERENCE_RUN + ["--output_dir", str(out), "--resume"]) == 0
     assert comparable(read_records(out)) == comparable(uninterrupted_run)
-
-
-# one process per job folder ----------------------------------------------------------------------
-
-def test_a_second_process_on_a_busy_folder_fails_and_the_first_is_unharmed(tmp_path, capsys):
-    """The first job (a train command) is held by the test's gate after step 4 while a second
-    train (here in the test's own process) tries the same folder."""
-    out, gate = tmp_path / "job", tmp_path / "gate"
-    gate.mkdir()
-    first = spawn(out, steps="6", freq="3", gate={"folder": gate, "step": 4})
-    with released(gate):  # the first job waits after step 4 while the second one tries
-        assert wait_for(lambda: (gate / "waiting").exists())
-        assert main(["--dataset", "Debug28", "--steps", "6", "--checkpoint_freq", "3",
-                     "--hparams", TINY, "--output_dir", str(out), "--resume"]) == 2
-    assert "is in use by another train process (pid" in capsys.readouterr().err
-    first.communicate(timeout=600)
-    assert first.returncode == 0
-    assert [r["step"] for r in read_records(out)] == [0, 3, 5]
-    assert not (out / ".lock").exists()
 
 
 @pytest.fixture(autouse=True, scope="module")
