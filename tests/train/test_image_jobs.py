@@ -188,10 +188,34 @@ def test_local_sweep_interrupted_then_resumed_runs_every_job_and_collects(tree, 
     assert erm.startswith("ERM ") and "X" not in erm.split(), tables  # all 4 jobs tabulated
 
 
+#: Whether this kernel lists a thread's children in /proc (``CONFIG_PROC_CHILDREN``).
+HAS_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def child_pids(pid: int) -> list[str]:
+    """The child processes of ``pid`` (zombies too) from its threads' /proc children lists: a few
+    small reads (this test samples every few ms). Where the kernel has no such lists, every
+    process in /proc (:func:`live_children` keeps those whose parent is ``pid``)."""
+    if not HAS_CHILDREN_FILES:
+        return list(filter(str.isdigit, os.listdir("/proc")))
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the job exited
+        return []
+    children = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += f.read().split()
+        except OSError:  # that thread ended between the reads
+            pass
+    return children
+
+
 def live_children(pid: int) -> list[int]:
     """The live (not zombie) child processes of ``pid``, from /proc."""
     children = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for entry in child_pids(pid):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
