@@ -41,7 +41,8 @@ def cache_line(out) -> str:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """The image tree of the jobs that compare records (none changes it)."""
+    """The image tree of the uncached reference job and the full-disk job (neither changes it;
+    the records test writes the same images into a tree of its own, which it changes)."""
     return make_pacs_tree(tmp_path_factory.mktemp("tree"), per_class=2, size=40)
 
 
@@ -60,25 +61,6 @@ def uncached_records(tree, tmp_path_factory):
     records = read_records(out, drop=VOLATILE_KEYS)
     assert len(records) == 2
     return records
-
-
-def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path, tree,
-                                                                         uncached_records):
-    cache = tmp_path / "cache"
-    # the cache built without workers (in the job's process: its RNGs untouched), then reused
-    # with 2; the uncached records (1 worker) make the third number of workers
-    for k, (state, workers) in enumerate((("built", 0), ("reused", 2))):
-        out = tmp_path / f"job{k}"
-        env = command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE="on")
-        code, output = run(TRAIN, *train_args(tree, out, workers), env=env, timeout=TIMEOUT)
-        assert code == 0, output
-        (line,) = [x for x in (out / "out.txt").read_text().splitlines()
-                   if x.startswith("Decoded-image cache:")]
-        assert line.startswith(f"Decoded-image cache: {state}"), line
-        assert f"rm -r {cache / 'decoded'}" in line and "GB on disk" in line, line
-        assert read_records(out, drop=VOLATILE_KEYS) == uncached_records
-    kept = [p.name for p in (cache / "decoded").rglob("*.eval-*.npy")]
-    assert len(kept) == 6, kept  # the training environments' in- and out-splits, augmented
 
 
 def fifo_image(tree):
@@ -113,14 +95,17 @@ def wait_for_text(path, text: str, proc) -> None:
         time.sleep(0.2)
 
 
-def test_a_job_killed_while_building_leaves_no_build_process_and_the_next_job_runs(tmp_path):
-    """``kill -9`` of a job while its build processes work (as the OOM killer does): they die
-    with it, so the next job on the dataset builds the cache instead of waiting for them forever
-    (before, they lived on holding the cache's lock)."""
-    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)
+def test_records_are_the_same_with_and_without_the_cache_and_any_workers(tmp_path,
+                                                                         uncached_records):
+    """The cache built by a job without loader workers, then reused by one with 2, gives the
+    records of the job with the cache off (1 worker). Before the build, ``kill -9`` of a job while
+    its build processes work (as the OOM killer does): they die with it, so the next job on the
+    dataset builds the cache instead of waiting for them forever (before, they lived on holding
+    the cache's lock)."""
+    tree = make_pacs_tree(tmp_path / "tree", per_class=2, size=40)  # the images of ``tree``
     image, saved = fifo_image(tree)
     cache = tmp_path / "cache"
-    env = command_env(DG_PLUGINS_CACHE=str(cache))
+    env = command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE="on")
     proc = start(TRAIN, *train_args(tree, tmp_path / "killed", workers=2), env=env)
     fifo = None
     try:
@@ -130,16 +115,31 @@ def test_a_job_killed_while_building_leaves_no_build_process_and_the_next_job_ru
         proc.stdout.close()
         image.unlink()
         image.write_bytes(saved)
-        code, output = run(TRAIN, *train_args(tree, tmp_path / "next"),
-                           env=command_env(DG_PLUGINS_CACHE=str(cache)), timeout=TIMEOUT)
+        # the cache built without workers (in the job's process: its RNGs untouched)
+        built = run(TRAIN, *train_args(tree, tmp_path / "job0"),
+                    env=command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE="on"),
+                    timeout=TIMEOUT)
         left = survivors(env, wait=10)
     finally:
         if fifo is not None:
             os.close(fifo)
         survivors(env, wait=0)
     assert not left, f"build processes outlived their killed job: {left}"
-    assert code == 0, output
-    assert cache_line(tmp_path / "next").startswith("Decoded-image cache: built"), output
+    # then reused with 2 workers; the uncached records (1 worker) make the third number of workers
+    for k, (state, workers) in enumerate((("built", 0), ("reused", 2))):
+        out = tmp_path / f"job{k}"
+        if k:
+            env = command_env(DG_PLUGINS_CACHE=str(cache), DG_PLUGINS_DECODED_CACHE="on")
+            code, output = run(TRAIN, *train_args(tree, out, workers), env=env, timeout=TIMEOUT)
+        else:
+            code, output = built
+        assert code == 0, output
+        line = cache_line(out)
+        assert line.startswith(f"Decoded-image cache: {state}"), line
+        assert f"rm -r {cache / 'decoded'}" in line and "GB on disk" in line, line
+        assert read_records(out, drop=VOLATILE_KEYS) == uncached_records
+    kept = [p.name for p in (cache / "decoded").rglob("*.eval-*.npy")]
+    assert len(kept) == 6, kept  # the training environments' in- and out-splits, augmented
 
 
 def test_jobs_building_or_waiting_for_the_cache_stop_at_the_first_sigterm(tmp_path):
