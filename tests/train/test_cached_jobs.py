@@ -1,5 +1,5 @@
 """Image jobs with the decoded-image cache (on by default, ``dg_plugins.datasets.decoded``), run as
-users run them (subprocesses): the records of a job that builds the cache, of jobs that reuse it
+users run them (subprocesses): the records of a job that builds the cache, of a job that reuses it
 (and the augmented splits' evaluation pixels a first job kept), with any number of loader
 workers, equal bit for bit the records of a job with the cache off; each job says what it did
 with the cache, where it is and how to clear it. Faults: a job killed while it builds (its build
