@@ -4,10 +4,10 @@ format, the PACS sample, TerraIncognita's layout), each protocol, shrunk only th
 scripts' knobs, with the local launcher and default loader workers; each ends with its tables and
 the paper's rows. Each run's bash part runs as a subprocess and the one command it hands the
 interpreter is replayed with the others' in one Python process (:func:`paper_runs.run_scripts`;
-``tests/test_paper_scripts_dmg_*.py`` run their two scripts wholly). IP/OOP scores the images first with a local CLIP checkpoint
-(``CLIP_CHECKPOINT``, the offline way) built so that each class has a known score: the score file
-holds those scores, and the jobs' IP/OOP accuracies are over the images the paper's rule puts in
-each subset."""
+``tests/test_paper_scripts_dmg_*.py`` run their two scripts wholly). IP/OOP scores the images
+first with a local CLIP checkpoint (``CLIP_CHECKPOINT``, the offline way) built so that each
+class has a known score: the score file holds those scores, and the jobs' IP/OOP accuracies are
+over the images the paper's rule puts in each subset."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from collections import Counter
 import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets
-from dg_plugins.collect.records import ACC_KEY, SETTING_ARGS, nonfinite_notes
-from dg_plugins.collect.selection import TEST_KEY, GroupedRecords, SelectionMethod, group_records, select
+from dg_plugins.collect.records import SETTING_ARGS, nonfinite_notes
+from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
+                                         select)
 from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, single_source_runs,
                                               single_source_sections)
 from dg_plugins.collect.tables import (PaperComparison, Report, Section, Table,

@@ -259,8 +259,9 @@ for call in calls:
 def run_scripts(cases: dict[str, tuple[str, dict]], tmp: Path, data_dir, *, timeout: float,
                 wholly: tuple[str, ...] = ()) -> dict[str, ScriptRun]:
     """Several script runs as a user starts them, ``{tag: (script, knobs)}`` (a case's knobs may
-    name its own ``DATA_DIR``), for less CPU than a :func:`run_script` each: the cases named in ``wholly`` run exactly so; of each other case the
-    bash part runs (``bash sweeps/<script>`` with the knobs, as a subprocess) with a stand-in
+    name its own ``DATA_DIR``), for less CPU than a :func:`run_script` each: the cases named in
+    ``wholly`` run exactly so; of each other case the bash part runs (``bash sweeps/<script>``
+    with the knobs, as a subprocess) with a stand-in
     PYTHON that records the one command it hands the interpreter (``python -m
     dg_plugins.scripts.reproduce ...``); then all those commands run one after another in one
     Python process, each as ``python -m`` runs it (its arguments, environment, folder, output

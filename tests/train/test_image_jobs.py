@@ -1,12 +1,12 @@
 """The commands users run on an image-folder dataset, with the loader workers they get by default
 (no ``--n_workers``), started as subprocesses under a timeout, so that a hang fails the test:
-train's normal finish (a UDG job from scratch; an ERM job resumed to its end), a decode error in a training stream and in evaluation, a NaN stop,
-SIGTERM/SIGINT mid-run then ``--resume`` (and a refused resume), a ``local``-launcher sweep
-(interrupted, then resumed to the end of all its jobs and collected), and the job's live loader
-workers never above its budget. (Exact resume with augmentation: ``test_resume_augmentation.py``.)
-After every exit no process of the command may be left (loader workers included). The refused
-resume's message and collect_results' table are the subject there, not a process: their
-commands' ``main`` runs in this process."""
+train's normal finish (a UDG job from scratch; an ERM job resumed to its end), a decode error in
+a training stream and in evaluation, a NaN stop, SIGTERM/SIGINT mid-run then ``--resume`` (and a
+refused resume), a ``local``-launcher sweep (interrupted, then resumed to the end of all its
+jobs and collected), and the job's live loader workers never above its budget. (Exact resume
+with augmentation: ``test_resume_augmentation.py``.) After every exit no process of the command
+may be left (loader workers included). The refused resume's message and collect_results' table
+are the subject there, not a process: their commands' ``main`` runs in this process."""
 
 import json
 import os
