@@ -37,7 +37,7 @@ from dg_plugins import hparams as H
 from dg_plugins.job.sizes import in_split_size
 from dg_plugins.reference import paper_settings as ps
 from support.image_tree import draw_image
-from support.paper_runs import KNOBS, REPO, SWEEPS, script_env
+from support.paper_runs import KNOBS, REPO, STAND_IN, SWEEPS, script_env
 from support.processes import as_from_a_terminal, python_path
 
 SCRIPTS = sorted(p.name for p in SWEEPS.glob("*.sh") if not p.name.startswith("_"))
@@ -100,15 +100,6 @@ def data(tmp_path_factory):
 #: script (reproduce's own dry run) and a plain sweep script (finish_dry_run's listing).
 REAL_DRY_RUNS = (("dmg_pacs_paper.sh", "release"), ("digits_offline_multi_source.sh", None))
 
-#: A stand-in PYTHON for the scripts' bash part: it records the one command a dry run hands the
-#: interpreter (its arguments, environment and folder) and refuses a second.
-STAND_IN = """#!/bin/sh
-if [ -e "$DRY_RUN_CALL.argv" ]; then echo "stand-in PYTHON: a second call: $*" >&2; exit 99; fi
-printf '%s\\0' "$@" > "$DRY_RUN_CALL.argv"
-env -0 > "$DRY_RUN_CALL.env"
-pwd > "$DRY_RUN_CALL.cwd"
-"""
-
 #: Runs the recorded commands one after another in this one Python process, each as
 #: ``python -m MODULE ARGS`` runs it (runpy, the command's environment and folder, its output
 #: captured); any process a command starts logs itself to that command's own process log.
@@ -165,7 +156,7 @@ def dry_runs(data, tmp_path_factory):
         environment = script_env(tmp, data_dir, tmp / f"{tag(case)}.{suffix}.processes",
                                  **extra)
         if not real:
-            environment.update(PYTHON=str(stand_in), DRY_RUN_CALL=str(tmp / tag(case)))
+            environment.update(PYTHON=str(stand_in), SCRIPT_CALL=str(tmp / tag(case)))
         return environment
 
     def run(case, real=False):
@@ -188,7 +179,7 @@ def dry_runs(data, tmp_path_factory):
         argv = base.with_suffix(".argv").read_bytes().decode().split("\0")[:-1]
         pairs = (item.split("=", 1) for item in
                  base.with_suffix(".env").read_bytes().decode().split("\0") if item)
-        environment = {k: v for k, v in pairs if k != "DRY_RUN_CALL"}
+        environment = {k: v for k, v in pairs if k != "SCRIPT_CALL"}
         calls.append({"argv": argv, "env": environment,
                       "cwd": base.with_suffix(".cwd").read_text().strip()})
     (tmp / "calls.json").write_text(json.dumps(calls))
