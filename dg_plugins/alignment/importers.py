@@ -12,18 +12,13 @@ import pandas as pd
 from dg_plugins.alignment.provenance import FINGERPRINT_KEY, items_fingerprints
 from dg_plugins.alignment.scores_file import ScoreTable
 from dg_plugins.alignment.wrapper import env_folder_name, image_items, relative_path
+from dg_plugins.layouts import list_images
 from dg_plugins.seeds import seed_hash
 
 AUTHORS_SETTING = {"model": "ViT-B-16", "pretrained": "laion400m_e32",
                    "prompt": "A photo of {}.",
                    "transform": "DomainBed eval (Resize((224, 224)), ToTensor, ImageNet "
                                 "Normalize), as the authors' evaluator"}
-
-
-def _split_keys(n: int, env_index: int, holdout_fraction: float, trial_seed: int):
-    keys = np.random.RandomState(seed_hash(trial_seed, env_index)).permutation(n)
-    n_out = int(n * holdout_fraction)
-    return keys[n_out:], keys[:n_out]  # in, out
 
 
 def _imported(dataset, dataset_name, frames, data_dir, source: str) -> ScoreTable:
@@ -72,10 +67,11 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
                                     "(both the in and the out array are needed to cover the "
                                     "domain)")
         items = image_items(dataset, [env_index], data_dir)
-        in_keys, out_keys = _split_keys(len(items), env_index, holdout_fraction, trial_seed)
+        order = np.random.RandomState(seed_hash(trial_seed, env_index)).permutation(len(items))
+        n_out = int(len(items) * holdout_fraction)  # the in split, then the out split
         rows = {s: _load_rows(p) for s, p in paths.items()}
         scores, correct = np.empty(len(items)), np.empty(len(items))
-        for split, keys in (("in", in_keys), ("out", out_keys)):
+        for split, keys in (("in", order[n_out:]), ("out", order[:n_out])):
             if len(rows[split]) != len(keys):
                 raise ValueError(
                     f"{paths[split]} has {len(rows[split])} rows but the {split} split of "
@@ -95,27 +91,14 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
                      f"{holdout_fraction}, trial_seed {trial_seed})")
 
 
-def _find_env_folder(root: str, env_name: str, dataset) -> str | None:
-    candidates = [os.path.join(root, env_name)]
-    for folder in (getattr(type(dataset), "FOLDER_NAME", None),
-                   os.path.basename(os.path.normpath(str(getattr(dataset, "root", "") or "")))):
-        if folder:
-            candidates.append(os.path.join(root, folder, env_name))
-    return next((c for c in candidates if os.path.isdir(c)), None)
-
-
-def _files_under(folder: str) -> set[str]:
-    from dg_plugins.datasets.image_folder import list_images
-
-    return {relative_path(p, folder) for p in list_images(folder)}
-
-
 def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, envs=None,
                       dataset_name: str | None = None) -> ScoreTable:
     """A fixed-subset table from an IP and an OOP copy of the dataset (data_dirs or its folder)."""
     for folder in (ip_dir, oop_dir):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"split folder {folder!r} does not exist")
+    folders = [getattr(type(dataset), "FOLDER_NAME", None),  # where an env's folder may be
+               os.path.basename(os.path.normpath(str(getattr(dataset, "root", "") or "")))]
     frames = []
     for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         env = dataset[env_index]
@@ -124,14 +107,17 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
         if name is None or env_root is None:
             raise ValueError(f"environment {env_index} has no folder (root); split folders can "
                              "only be matched to image-folder datasets")
-        found = {s: _find_env_folder(d, name, dataset) for s, d in (("ip", ip_dir),
-                                                                     ("oop", oop_dir))}
+        found = {}  # the environment's folder in the IP and in the OOP copy, if any
+        for s, d in (("ip", ip_dir), ("oop", oop_dir)):
+            candidates = [os.path.join(d, name)] + [os.path.join(d, f, name) for f in folders if f]
+            found[s] = next((c for c in candidates if os.path.isdir(c)), None)
         if not any(found.values()):
             if envs is not None:
                 raise FileNotFoundError(f"neither {ip_dir} nor {oop_dir} has a folder for "
                                         f"environment {env_index} ({name})")
             continue
-        files = {s: (_files_under(f) if f else set()) for s, f in found.items()}
+        files = {s: {relative_path(p, f) for p in list_images(f)} if f else set()
+                 for s, f in found.items()}
         both = files["ip"] & files["oop"]
         if both:
             raise ValueError(f"{len(both)} images of {name} are in both the IP and the OOP "

@@ -77,7 +77,10 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
         saved, keys = load(name)
         print(f"{job} ({name}, {saved['args']['algorithm']} on {saved['args']['dataset']}, "
               f"test_envs {saved['args']['test_envs']}):")
-        print(format_keys(keys))
+        names = sorted(k for k in keys if k.endswith(("_acc", "_count")))  # one aligned line each
+        width = max((len(k) for k in names), default=0)
+        print("\n".join(f"  {k:<{width}}  {keys[k]:.4f}" if k.endswith("_acc")
+                        else f"  {k:<{width}}  {keys[k]}" for k in names))
         if out:
             with open(out, "a") as f:
                 f.write(json.dumps({"output_dir": job, "model": name, **keys}, sort_keys=True)
@@ -191,18 +194,6 @@ def same(a, b, tolerance: float) -> bool:
     return abs(a - b) <= tolerance
 
 
-def args_mismatch(record: dict, saved: dict) -> str | None:
-    """Why the saved model is not the one of ``record`` (its args or hparams), or None."""
-    args = record.get("args") or {}
-    for key in JOB_ARGS:
-        if key in saved["args"] and args.get(key) != saved["args"].get(key):
-            return f"args.{key} is {args.get(key)!r} in the record, {saved['args'].get(key)!r} " \
-                   "in the model"
-    if record.get("hparams") != saved["model_hparams"]:
-        return "its hparams differ from the model's"
-    return None
-
-
 def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: dict,
                    overwrite: bool = False, tolerance: float = 0.0) -> list[str]:
     """Add the subset keys to the records a saved model can score (``load``: :class:`SavedModels`):
@@ -237,7 +228,12 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
             skipped.append(f"step {step}: no saved model of that step")
             continue
         saved, keys = load(name)
-        why = args_mismatch(record, saved)
+        args = record.get("args") or {}  # is the saved model the one of the record?
+        why = next((f"args.{key} is {args.get(key)!r} in the record, "
+                    f"{saved['args'].get(key)!r} in the model" for key in JOB_ARGS
+                    if key in saved["args"] and args.get(key) != saved["args"].get(key)),
+                   None if record.get("hparams") == saved["model_hparams"]
+                   else "its hparams differ from the model's")
         if why is None:
             base = {k: v for k, v in keys.items() if BASE_KEY.match(k)}
             differ = [k for k, v in base.items()
@@ -277,14 +273,6 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
     for reason in skipped:
         messages.append(f"  left untouched: {reason}")
     return messages
-
-
-def format_keys(keys: dict) -> str:
-    """The accuracy and count keys, one aligned line each, as the command prints them."""
-    names = sorted(k for k in keys if k.endswith("_acc") or k.endswith("_count"))
-    width = max((len(k) for k in names), default=0)
-    return "\n".join(f"  {k:<{width}}  {keys[k]:.4f}" if k.endswith("_acc")
-                     else f"  {k:<{width}}  {keys[k]}" for k in names)
 
 
 def predictions(job: RebuiltJob, algorithm, model_name: str):

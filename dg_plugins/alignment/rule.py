@@ -59,33 +59,29 @@ PRESETS: dict[str, SplitRule] = {
 }
 
 
-def _parse_inline(spec: str) -> SplitRule:
-    values: dict[str, float | None] = {}
-    for part in spec.split(","):
-        name, sep, raw = part.partition("=")
-        name = name.strip()
-        if not sep or name not in ("threshold", "drop_below", "drop_above"):
-            raise ValueError(f"inline split rule {spec!r}: expected comma-separated "
-                             "threshold=T, drop_below=L, drop_above=H")
-        raw = raw.strip()
-        try:
-            values[name] = None if raw.lower() in ("", "none") else float(raw)
-        except ValueError:
-            raise ValueError(f"inline split rule {spec!r}: {name}={raw!r} is not a number"
-                             ) from None
-    if values.get("threshold") is None:
-        values["threshold"] = DEFAULT_THRESHOLD
-    return SplitRule(**values)
-
-
 def resolve_rule(threshold: float | None = None, preset: str | None = None,
                  drop_below: float | None = None, drop_above: float | None = None) -> SplitRule:
     """The rule of a threshold and cuts or a preset (neither: the default); raises on both."""
     if preset is None:
         return SplitRule(DEFAULT_THRESHOLD if threshold is None else float(threshold),
                          drop_below, drop_above)
-    if "=" in preset:
-        rule = _parse_inline(preset)
+    if "=" in preset:  # inline: threshold=T,drop_below=L,drop_above=H
+        values: dict[str, float | None] = {}
+        for part in preset.split(","):
+            name, sep, raw = part.partition("=")
+            name = name.strip()
+            if not sep or name not in ("threshold", "drop_below", "drop_above"):
+                raise ValueError(f"inline split rule {preset!r}: expected comma-separated "
+                                 "threshold=T, drop_below=L, drop_above=H")
+            raw = raw.strip()
+            try:
+                values[name] = None if raw.lower() in ("", "none") else float(raw)
+            except ValueError:
+                raise ValueError(f"inline split rule {preset!r}: {name}={raw!r} is not a number"
+                                 ) from None
+        if values.get("threshold") is None:
+            values["threshold"] = DEFAULT_THRESHOLD
+        rule = SplitRule(**values)
     elif preset in PRESETS:
         rule = PRESETS[preset]
     else:

@@ -116,23 +116,6 @@ def resolve_envs(dataset, envs) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def print_summary(dataset, table, envs, rule, data_dir) -> None:
-    import numpy as np
-
-    from dg_plugins.alignment.wrapper import AlignmentSplit
-
-    split = AlignmentSplit(dataset, table, envs, rule, data_dir=data_dir,
-                           verify_data=False)  # the table was just made from these images
-    print(split.report())
-    if not table.fixed_subsets:
-        for env in envs:
-            s = split.scores[env]
-            print(f"  env {env}: score mean {np.mean(s):.4f}, min {np.min(s):.4f}, "
-                  f"max {np.max(s):.4f}")
-    for warning in split.warnings():
-        print(f"warning: {warning}", file=sys.stderr)
-
-
 def check_flags(args):
     """``(model, rule)`` from the flags, or ValueError for a bad combination."""
     from dg_plugins.alignment import scoring
@@ -161,8 +144,11 @@ def check_flags(args):
 def score_and_write(args, dataset, model, rule) -> None:
     """Score (or import) the ``--envs`` of the built ``dataset``, write the file, print the
     summary and warn where train would reject the file under ``--alignment_preset``."""
+    import numpy as np
+
     from dg_plugins.alignment import importers, provenance, scoring
     from dg_plugins.alignment.scores_file import write_scores
+    from dg_plugins.alignment.wrapper import AlignmentSplit
 
     imported = bool(args.import_score_arrays or args.import_split_dirs)
     envs = resolve_envs(dataset, args.envs)
@@ -202,7 +188,16 @@ def score_and_write(args, dataset, model, rule) -> None:
               f"{run.n_computed}{rate}, {cache}")
         for note in run.notes:
             print(f"warning: {note}", file=sys.stderr)
-    print_summary(dataset, table, envs, rule, args.data_dir)
+    split = AlignmentSplit(dataset, table, envs, rule, data_dir=args.data_dir,
+                           verify_data=False)  # the table was just made from these images
+    print(split.report())
+    if not table.fixed_subsets:
+        for env in envs:
+            s = split.scores[env]
+            print(f"  env {env}: score mean {np.mean(s):.4f}, min {np.min(s):.4f}, "
+                  f"max {np.max(s):.4f}")
+    for warning in split.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     try:  # the file is still valid for other rules: say now what train will reject
         provenance.check_model(table, args.preset)
     except ValueError as err:

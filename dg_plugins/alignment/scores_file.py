@@ -25,6 +25,13 @@ SCORE_SLACK = 1e-5
 WHAT_IT_IS = ("a score file is the text CSV written by python -m "
               f"dg_plugins.scripts.alignment_scores ('# {MAGIC}' header lines, then the columns "
               "env,env_name,path,label,class,score, one row per image)")
+#: The start of a binary file read as a score file, and what to say about it.
+_KNOWN_BINARIES = {
+    b"\x93NUMPY": " It is a NumPy array: to import the authors' released .npy score arrays use "
+                  "alignment_scores --import_score_arrays DIR.",
+    b"PK": " It is a zip archive (e.g. a .npz score cache file).",
+    b"\x1f\x8b": " It is gzip-compressed: decompress it first.",
+}
 
 
 @dataclass
@@ -62,7 +69,22 @@ def read_scores(path: str) -> ScoreTable:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"alignment score file {path!r} does not exist; write one with "
                                 "python -m dg_plugins.scripts.alignment_scores")
-    _check_text(path)
+    with open(path, "rb") as f:  # UTF-8 text, not a binary file?
+        head = f.read(1 << 16)
+    problem = None
+    if b"\0" in head:
+        problem = "it holds binary data (NUL bytes)"
+    else:
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if err.start < len(head) - 4:  # not just a character cut at the block's end
+                problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
+    if problem is not None:
+        hint = next((text for magic, text in _KNOWN_BINARIES.items() if head.startswith(magic)),
+                    "")
+        raise ValueError(f"alignment score file {path!r} is not a score file: {problem}; "
+                         f"{WHAT_IT_IS}.{hint}")
     try:
         with open(path, encoding="utf-8") as f:
             header = list(itertools.takewhile(lambda line: line.startswith("#"), f))
@@ -121,31 +143,3 @@ def read_scores(path: str) -> ScoreTable:
         raise ValueError(f"alignment score file {path!r}: image {first['path']!r} of env "
                          f"{first['env']} appears more than once")
     return ScoreTable(frame, meta, path)
-
-
-_KNOWN_BINARIES = {
-    b"\x93NUMPY": " It is a NumPy array: to import the authors' released .npy score arrays use "
-                  "alignment_scores --import_score_arrays DIR.",
-    b"PK": " It is a zip archive (e.g. a .npz score cache file).",
-    b"\x1f\x8b": " It is gzip-compressed: decompress it first.",
-}
-
-
-def _check_text(path: str) -> None:
-    """Raise ValueError naming ``path`` when it is not UTF-8 text."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    problem = None
-    if b"\0" in head:
-        problem = "it holds binary data (NUL bytes)"
-    else:
-        try:
-            head.decode("utf-8")
-        except UnicodeDecodeError as err:
-            if err.start < len(head) - 4:  # not just a character cut at the block's end
-                problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
-    if problem is None:
-        return
-    hint = next((text for magic, text in _KNOWN_BINARIES.items() if head.startswith(magic)), "")
-    raise ValueError(f"alignment score file {path!r} is not a score file: {problem}; "
-                     f"{WHAT_IT_IS}.{hint}")

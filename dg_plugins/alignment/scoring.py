@@ -97,19 +97,6 @@ def clip_url_cache() -> str:
                         or os.path.join(os.path.expanduser("~"), ".cache"), "clip")
 
 
-def _url_of(model_name: str, pretrained) -> str | None:
-    """The URL open_clip downloads ``pretrained`` of ``model_name`` from (not the hub), or None."""
-    import open_clip
-
-    if model_name.startswith("hf-hub:") or is_random_init(pretrained) or os.path.isfile(
-            str(pretrained)):
-        return None
-    cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
-    if cfg.get("file") or cfg.get("hf_hub"):
-        return None
-    return cfg.get("url") or None
-
-
 def check_weights_available(model_name: str, pretrained) -> bool:
     """Fail fast, with the fixes, when the weights are neither local, cached nor downloadable
     now; True when read from the hub cache."""
@@ -150,22 +137,18 @@ MEMO_NAME = "checkpoint_sha256.json"
 _SAMPLE = 1 << 16
 
 
-def _file_identity(path: str) -> str:
-    """What must be unchanged to reuse a memoised hash: path, inode, size, times, sampled bytes."""
+def file_sha256(path: str, memo_dir: str | None = None) -> str:
+    """sha256 of a file's content, memoised in ``memo_dir`` under the file's identity: what must
+    be unchanged to reuse a memoised hash (path, inode, size, times, sampled bytes)."""
+    path = os.path.abspath(path)
     st = os.stat(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for k in range(5):
             f.seek(max(0, min(st.st_size - _SAMPLE, k * st.st_size // 4)))
             h.update(f.read(_SAMPLE))
-    return "\t".join(map(str, (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                               st.st_ctime_ns, h.hexdigest())))
-
-
-def file_sha256(path: str, memo_dir: str | None = None) -> str:
-    """sha256 of a file's content, memoised in ``memo_dir`` under the file's identity."""
-    path = os.path.abspath(path)
-    memo_key = _file_identity(path)
+    memo_key = "\t".join(map(str, (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                   st.st_ctime_ns, h.hexdigest())))
     memo_path = os.path.join(memo_dir, MEMO_NAME) if memo_dir else None
     memo = {}
     if memo_path and os.path.exists(memo_path):
@@ -199,13 +182,16 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
     model_config(model_name)
     from_cache = check_weights_available(model_name, pretrained)
     random_init = is_random_init(pretrained)
+    cfg = {} if model_name.startswith("hf-hub:") or random_init or os.path.isfile(
+        str(pretrained)) else open_clip.get_pretrained_cfg(model_name, pretrained) or {}
+    from_url = cfg.get("url") and not cfg.get("file") and not cfg.get("hf_hub")  # not the hub
     with torch.random.fork_rng(devices=[]), (hub_offline() if from_cache
                                              else contextlib.nullcontext()):
         torch.manual_seed(seed)
         try:
             model, _, preprocess = open_clip.create_model_and_transforms(
                 model_name, pretrained=None if random_init else str(pretrained),
-                cache_dir=clip_url_cache() if _url_of(model_name, pretrained) else None)
+                cache_dir=clip_url_cache() if from_url else None)
         except RuntimeError as err:
             raise PretrainedWeightsUnavailable(
                 f"open_clip could not load {model_name} with pretrained={pretrained!r}: {err}"
@@ -275,25 +261,6 @@ class _ImageFiles:
         return self.transform(load_rgb_image(self.paths[index])), index
 
 
-def dataset_eval_transform(dataset, envs):
-    """The dataset's evaluation transform (``plain_transform``, else the first environment's)."""
-    transform = getattr(dataset, "plain_transform", None)
-    if transform is None and envs:
-        transform = getattr(dataset[envs[0]], "transform", None)
-    if transform is None:
-        raise ValueError(f"{type(dataset).__name__} exposes no evaluation transform "
-                         "(plain_transform, or a transform on its environments); use "
-                         "--transform clip")
-    return transform
-
-
-def transform_descriptor(kind, transform) -> str:
-    if kind == "clip":
-        return "open_clip preprocess_val of the model and pretrained weights"
-    return ("dataset-eval: " if kind == "dataset" else "custom: ") + " ".join(
-        repr(transform).split())
-
-
 @dataclass
 class ScoreRun:
     table: ScoreTable
@@ -305,14 +272,6 @@ class ScoreRun:
     seconds: float = 0.0
     scoring_seconds: float = 0.0
     notes: list = field(default_factory=list)
-
-
-def _progress(total: int, desc: str):
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit="img", leave=False, file=sys.stderr)
-    return _PlainProgress(total, desc)
 
 
 def format_rate(n: int, seconds: float) -> str:
@@ -369,11 +328,20 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
                          f"checkpoint file, but --pretrained {pretrained!r} is not a file (a tag "
                          "names itself: leave --pretrained_tag out)")
     stats = [os.stat(p) for p in items["abs_path"].tolist()]  # one stat per image, used twice
-    image_transform = (dataset_eval_transform(dataset, envs) if kind == "dataset"
-                       else transform if kind == "custom" else None)
+    image_transform = transform if kind == "custom" else None
+    if kind == "dataset":  # its evaluation transform: plain_transform, else the first env's
+        image_transform = getattr(dataset, "plain_transform", None)
+        if image_transform is None and envs:
+            image_transform = getattr(dataset[envs[0]], "transform", None)
+        if image_transform is None:
+            raise ValueError(f"{type(dataset).__name__} exposes no evaluation transform "
+                             "(plain_transform, or a transform on its environments); use "
+                             "--transform clip")
     random_init = is_random_init(pretrained)
     setting = {"model": model, "model_config": model_config(model), "prompt": prompt,
-               "transform": transform_descriptor(kind, image_transform)}
+               "transform": "open_clip preprocess_val of the model and pretrained weights"
+               if kind == "clip" else ("dataset-eval: " if kind == "dataset" else "custom: ")
+               + " ".join(repr(image_transform).split())}
     sha = None
     if random_init:
         setting.update(pretrained="none", seed=int(seed))
@@ -411,7 +379,13 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
             files, batch_size=batch_size, shuffle=False, num_workers=num_workers,
             pin_memory=device.type == "cuda")
         todo_t = torch.as_tensor(todo, dtype=torch.long)
-        progress = _progress(len(todo), f"scoring {len(todo)} images")
+        desc = f"scoring {len(todo)} images"
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(todo), desc=desc, unit="img", leave=False, file=sys.stderr)
+        else:
+            progress = _PlainProgress(len(todo), desc)
         results = []
         score_start = time.perf_counter()
         try:

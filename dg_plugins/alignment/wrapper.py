@@ -29,11 +29,6 @@ def env_folder_name(env) -> str | None:
     return os.path.basename(os.path.normpath(str(root))) if root else None
 
 
-def env_class_names(env) -> list[str] | None:
-    classes = getattr(env, "classes", None)
-    return list(classes) if classes is not None else None
-
-
 def relative_path(path: str, data_dir: str | None) -> str:
     """``path`` relative to ``data_dir`` with ``/`` separators (as the score file stores it)."""
     path = os.path.normpath(os.path.abspath(path))
@@ -108,7 +103,7 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
                          "made for other data. Rescore this dataset")
     rows = positions[matched]
     labels = np.asarray([label for _, label in samples], dtype=np.int64)
-    classes = env_class_names(env)
+    classes = getattr(env, "classes", None)
     by_class = "class" in frame.columns and classes is not None
     theirs = frame["class" if by_class else "label"].to_numpy()[rows]
     ours = np.asarray([classes[label] for label in labels], dtype=object) if by_class else labels
@@ -248,7 +243,7 @@ def image_items(dataset, envs, data_dir: str | None):
         samples = env_samples(env)
         if samples is None:
             raise no_paths_error(dataset, env_index)
-        classes = env_class_names(env)
+        classes = getattr(env, "classes", None)
         if classes is None:
             raise ValueError(f"environment {env_index} of {type(dataset).__name__} has no class "
                              "names (classes); the prompt needs the class folder name")

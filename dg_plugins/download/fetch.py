@@ -69,11 +69,10 @@ class Reporter:
             from tqdm import tqdm
 
             tqdm.write(message, file=sys.stdout)
-            sys.stdout.flush()
         else:
             self._out(message)
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
 
     @contextlib.contextmanager
     def transfer(self, name: str, total: int | None, initial: int):
@@ -235,20 +234,12 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
     return tuple(int(g) if g and g != "*" else None for g in match.groups()) if match else None
 
 
-def _remove(*paths: str) -> None:
-    for path in paths:
+def remove_part(part: str, validators_only: bool = False) -> None:
+    """Remove ``part``'s validators and, unless ``validators_only``, ``part`` (what exists)."""
+    for path in (part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp",
+                 *(() if validators_only else (part,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
-
-
-def _remove_validators(part: str) -> None:
-    _remove(part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp")
-
-
-def remove_part(part: str) -> None:
-    """Remove ``part`` and its validators (what of them exists)."""
-    _remove_validators(part)
-    _remove(part)
 
 
 def read_validators(part: str) -> dict[str, str]:
@@ -268,7 +259,7 @@ def _store_validators(part: str, headers) -> None:
               if (value := (headers.get(field) or "").strip())}
     path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
-        return _remove(path)
+        return remove_part(part, validators_only=True)
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(values, handle)
     os.replace(path + ".tmp", path)
@@ -475,7 +466,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
             raise DownloadError(
                 f"could not download {source.name} from {url}: {reason} (offline, or a dead "
                 f"link?). " + manual_fix(source, url, path)) from None
-    _remove_validators(part)  # first: a complete .part left without them is still complete
+    remove_part(part, validators_only=True)  # first: a .part left without them is complete
     os.replace(part, path)
 
 
@@ -505,7 +496,7 @@ def fetch_file_url(source: Source, url: str, path: str, report: Reporter) -> Non
     if not os.path.isfile(local):
         raise DownloadError(f"--url {source.name}={url}: {local} is not a file")
     part = path + ".part"
-    _remove_validators(part)  # of an HTTP attempt of an earlier run: they name other bytes
+    remove_part(part, validators_only=True)  # an earlier HTTP attempt's: of other bytes
     try:
         shutil.copyfile(local, part)
     except OSError as err:

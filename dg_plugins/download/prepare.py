@@ -31,7 +31,15 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``."""
     spec = DATASET_SPECS[dataset]
     if dataset == "MNIST":
-        return _mnist_status(data_dir)
+        paths = layouts.locate_mnist_files(data_dir)
+        if paths is None:
+            folder = os.path.join(data_dir, "MNIST")
+            if os.path.exists(folder):
+                return "broken", f"{folder} exists but does not hold the four MNIST files"
+            return "absent", f"no MNIST files under {data_dir}"
+        problem = mnist_files_problem(paths)
+        where = os.path.dirname(paths["train_images"])
+        return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
     if spec.adds_to:
         return split_lists_status(dataset, data_dir)
     folder = os.path.join(data_dir, spec.folder)
@@ -42,7 +50,15 @@ def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
 
 
 def image_layout_problem(dataset: str, data_dir: str) -> str | None:
-    """None when ``<data_dir>/<folder>`` reads as ``dataset``, else what is wrong."""
+    """None when ``<data_dir>/<folder>`` (or, for MNIST, a staging folder) reads as ``dataset``,
+    else what is wrong."""
+    if dataset == "MNIST":
+        paths = layouts.locate_mnist_files(data_dir)
+        if paths is None:
+            return (f"the four MNIST files ({', '.join(layouts.MNIST_FILES.values())}, each "
+                    f"plain or .gz) are in none of "
+                    f"{', '.join(layouts.mnist_search_folders(data_dir))}")
+        return mnist_files_problem(paths)
     spec = DATASET_SPECS[dataset]
     root = os.path.join(data_dir, spec.folder)
     if not os.path.isdir(root):
@@ -125,18 +141,6 @@ def domainnet20_problem(data_dir: str) -> str | None:
         if missing:
             return f"DomainNet-20 class folder(s) {missing} missing in {os.path.join(root, env)}"
     return None
-
-
-def _mnist_status(data_dir: str) -> tuple[str, str]:
-    paths = layouts.locate_mnist_files(data_dir)
-    if paths is None:
-        folder = os.path.join(data_dir, "MNIST")
-        if os.path.exists(folder):
-            return "broken", f"{folder} exists but does not hold the four MNIST files"
-        return "absent", f"no MNIST files under {data_dir}"
-    problem = mnist_files_problem(paths)
-    where = os.path.dirname(paths["train_images"])
-    return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
 
 
 def _test_delay() -> None:
@@ -304,9 +308,10 @@ def prepare_domain_net(spec: DatasetSpec, archives: dict[str, str], staging: str
            "domain_net_duplicates.txt lists")
 
 
-def _terra_annotations(path: str) -> dict[str, list]:
-    """The five annotation files of the tarball, merged key by key (as DomainBed does)."""
-    merged: dict[str, list] = {}
+def terra_targets(path: str) -> dict[str, set[tuple[str, str]]]:
+    """Image file -> its ``(location_<id>, category)`` folders (``download_terra_incognita``), by
+    the five annotation files of the tarball at ``path``, merged key by key (as DomainBed does)."""
+    annotations: dict[str, list] = {}
     found = set()
     try:
         with tarfile.open(path, "r:*") as archive:
@@ -315,7 +320,7 @@ def _terra_annotations(path: str) -> dict[str, list]:
                 if member.isfile() and base in TERRA_ANNOTATION_FILES:
                     with archive.extractfile(member) as handle:
                         for key, values in json.load(handle).items():
-                            merged.setdefault(key, []).extend(values)
+                            annotations.setdefault(key, []).extend(values)
                     found.add(base)
     except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as err:
         raise CorruptArchive(f"{os.path.basename(path)} does not extract: "
@@ -323,11 +328,6 @@ def _terra_annotations(path: str) -> dict[str, list]:
     missing = sorted(set(TERRA_ANNOTATION_FILES) - found)
     if missing:
         raise CorruptArchive(f"{os.path.basename(path)} lacks {', '.join(missing)}")
-    return merged
-
-
-def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]]]:
-    """Image file -> its ``(location_<id>, category)`` folders (``download_terra_incognita``)."""
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
     images = {image["id"]: (image["file_name"], f"location_{image['location']}")
               for image in annotations.get("images", [])
@@ -346,8 +346,7 @@ def terra_targets(annotations: dict[str, list]) -> dict[str, set[tuple[str, str]
 def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging: str,
                             report: Reporter) -> None:
     """Stream the tarball once, each kept image to its ``location_<id>/<category>/`` folders."""
-    annotations = _terra_annotations(archives["eccv_18_annotations.tar.gz"])
-    targets = terra_targets(annotations)
+    targets = terra_targets(archives["eccv_18_annotations.tar.gz"])
     if not targets:
         raise CorruptArchive("the annotation files list no image of locations "
                              f"{', '.join(TERRA_LOCATIONS)} in the kept categories")
@@ -418,14 +417,3 @@ PREPARE = {
     "TerraIncognita": prepare_terra_incognita, "MNIST": prepare_mnist,
 }
 
-
-def staged_problem(dataset: str, staging: str) -> str | None:
-    """None when the staging folder holds ``dataset`` as it must be, else what is wrong."""
-    if dataset == "MNIST":
-        paths = layouts.locate_mnist_files(staging)
-        if paths is None:
-            return (f"the four MNIST files ({', '.join(layouts.MNIST_FILES.values())}, each "
-                    f"plain or .gz) are in none of "
-                    f"{', '.join(layouts.mnist_search_folders(staging))}")
-        return mnist_files_problem(paths)
-    return image_layout_problem(dataset, staging)

@@ -17,7 +17,7 @@ from dg_plugins.download.fetch import (
     is_disk_full, obtain, url_scheme,
 )
 from dg_plugins.download.prepare import (
-    PREPARE, dataset_status, domainnet20_problem, split_lists_problems, staged_problem,
+    PREPARE, dataset_status, domainnet20_problem, image_layout_problem, split_lists_problems,
 )
 from dg_plugins.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
@@ -239,7 +239,7 @@ def download_dataset(dataset: str, data_dir: str, options: Options, report: Repo
         os.makedirs(staging)
         try:
             PREPARE[dataset](spec, archives, staging, report)
-            problem = staged_problem(dataset, staging)
+            problem = image_layout_problem(dataset, staging)
             if problem:
                 raise CorruptArchive(f"the extracted files do not check out: {problem}")
         except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
