@@ -4,10 +4,10 @@ target image, split by a rule, report accuracy per subset (docs/methods/alignmen
 
 from dg_plugins.alignment.rule import (DEFAULT_THRESHOLD, PRESETS, SplitRule,  # the split rule
                                        lopsided_warnings, resolve_rule)
-from dg_plugins.alignment.scores_file import ScoreTable, read_scores, write_scores  # the CSV
+from dg_plugins.alignment.scores_file import (ScoreCache, ScoreTable,  # the CSV, the cache
+                                               read_scores, write_scores)
 from dg_plugins.alignment.provenance import check_data, check_model  # the right file?
 from dg_plugins.alignment.wrapper import AlignmentSplit, env_subsets, image_items  # the subsets
-from dg_plugins.alignment.cache import ScoreCache  # scores kept per setting
 from dg_plugins.alignment.importers import import_score_arrays, import_split_dirs  # releases
 from dg_plugins.alignment.plots import binned_accuracy, plot_alignment  # Fig. 2
 from dg_plugins.alignment.reevaluate import (JobFiles, RebuiltJob,  # trained jobs again

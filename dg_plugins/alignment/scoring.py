@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import dg_plugins.compat  # noqa: F401  (must precede torchvision / open_clip imports)
-from dg_plugins.alignment.cache import ScoreCache, default_cache_dir, image_key
 from dg_plugins.alignment.provenance import (DEFAULT_MODEL, DEFAULT_PRETRAINED,
                                              DEFAULT_PROMPT, FINGERPRINT_KEY, table_fingerprints)
-from dg_plugins.alignment.scores_file import ScoreTable
+from dg_plugins.alignment.scores_file import ScoreCache, ScoreTable, default_cache_dir, image_key
 from dg_plugins.alignment.wrapper import image_items
 from dg_plugins.files import atomic_write_text
 from dg_plugins.networks.pretrained import (PretrainedWeightsUnavailable, check_hub_available,

@@ -49,20 +49,14 @@ VALIDATORS_SUFFIX = ".validators"
 VALIDATORS = {"etag": "ETag", "last_modified": "Last-Modified", "date": "Date"}
 
 
+@dataclasses.dataclass
 class Reporter:
     """Log lines on ``out``; a tqdm bar on stderr for transfers when ``progress``."""
 
-    def __init__(self, out: Callable[[str], None] = print, progress: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
-        self._out = out
-        self.progress = progress
-        self.clock = clock
-        self._said: set[str] = set()
-
-    def first_time(self, text: str) -> bool:  # a long note is printed once a run
-        new = text not in self._said
-        self._said.add(text)
-        return new
+    out: Callable[[str], None] = print
+    progress: bool = False
+    clock: Callable[[], float] = time.monotonic
+    said: set[str] = dataclasses.field(default_factory=set)  # long notes: printed once a run
 
     def __call__(self, message: str) -> None:
         if self.progress:
@@ -70,7 +64,7 @@ class Reporter:
 
             tqdm.write(message, file=sys.stdout)
         else:
-            self._out(message)
+            self.out(message)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
 
@@ -582,7 +576,8 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
                                             ("md5", expected.md5)) if v)
         report(f"  {source.name}: {kinds} verified")
     else:
-        why = expected.why if report.first_time(expected.why) else "as above"
+        why = "as above" if expected.why in report.said else expected.why
+        report.said.add(expected.why)
         report(f"  {source.name}: no checksum known ({why}); "
                f"{DATASET_SPECS[source.dataset].unverified_check}")
 
