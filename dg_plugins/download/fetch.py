@@ -313,8 +313,7 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
     held = read_validators(part) if have else {}
     if have:
         headers["Range"] = f"bytes={have}-"
-        if_range = if_range_value(held)
-        if if_range:
+        if if_range := if_range_value(held):
             headers["If-Range"] = if_range
     request = urllib.request.Request(url, headers=headers)
     try:

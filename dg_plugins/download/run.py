@@ -338,21 +338,6 @@ def download_split_lists(dataset: str, data_dir: str, options: Options,
     return "downloaded"
 
 
-def check_options(options: Options) -> None:
-    """Raise :class:`UsageError` for an unknown ``--url``/``--sha256`` file or URL scheme."""
-    for name in [*options.urls, *options.sha256]:
-        if name not in SOURCES_BY_NAME:
-            close = difflib.get_close_matches(name, list(SOURCES_BY_NAME), n=3, cutoff=0.5)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
-                                 + ", ".join(SOURCES_BY_NAME))
-    for name, url in options.urls.items():
-        if url_scheme(url) not in URL_SCHEMES:
-            raise UsageError(f"--url {name}={url}: unsupported URL scheme "
-                             f"{url_scheme(url) or '(none)'!r}; give an http://, https:// or "
-                             f"file:///path/to/{name} URL")
-
-
 def check_not_inside(dataset: str, data_dir: str) -> None:
     """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder."""
     spec = DATASET_SPECS.get(dataset)
@@ -376,7 +361,17 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
     options = options or Options()
     report = report or Reporter()
     resolved = resolve_names(names)
-    check_options(options)
+    for name in [*options.urls, *options.sha256]:  # an unknown file or URL scheme: UsageError
+        if name not in SOURCES_BY_NAME:
+            close = difflib.get_close_matches(name, list(SOURCES_BY_NAME), n=3, cutoff=0.5)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
+                                 + ", ".join(SOURCES_BY_NAME))
+    for name, url in options.urls.items():
+        if url_scheme(url) not in URL_SCHEMES:
+            raise UsageError(f"--url {name}={url}: unsupported URL scheme "
+                             f"{url_scheme(url) or '(none)'!r}; give an http://, https:// or "
+                             f"file:///path/to/{name} URL")
     for name, _ in resolved:
         check_not_inside(name, data_dir)
     os.makedirs(data_dir, exist_ok=True)

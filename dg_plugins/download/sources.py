@@ -10,7 +10,7 @@ import itertools
 import shlex
 from typing import Iterable
 
-from dg_plugins.layouts import PACS_SPLITS_URL, pacs_split_file
+from dg_plugins.layouts import PACS_SPLIT_KINDS, PACS_SPLITS_URL, pacs_split_file
 
 #: DomainBed commit whose ``domainbed/misc/domain_net_duplicates.txt`` lists DomainNet's
 #: duplicate files (the file is the same at b93c22a and at 8ff97a7, where it was last changed).
@@ -33,20 +33,16 @@ _PACS_SPLITS_NOTE = (
     f"{PACS_AUTHORS_FOLDER}; Google Drive id as a public download script gives it, UNVERIFIED "
     "here (no internet); size and sha256 not known here")
 #: Google Drive ids of PACS's twelve split lists by (domain, kind) (see ``_PACS_SPLITS_NOTE``).
-PACS_SPLIT_IDS = {
-    ("art_painting", "train"): "1cSo_5_cQLKoURsWwsKqFmw9neWFvDIeV",
-    ("art_painting", "crossval"): "1g7haGuvxmZA1SxPyGFZneDVi9wOm3nK4",
-    ("art_painting", "test"): "1KVe_S73jECKG9MsIujF-yqZAjPrf0y_O",
-    ("cartoon", "train"): "1EhlIyRoeZ5UPiUJs_UXGH-Ql1PS5qtYW",
-    ("cartoon", "crossval"): "1suUUrxyPOmN_dAVdhVSaG-NZDMOsl8JR",
-    ("cartoon", "test"): "14fpMKzcherr1onzp8jcyhmjJMjZSZ72h",
-    ("photo", "train"): "1RyCVv67zVITU4JYYr1XxLnG5q165yu8s",
-    ("photo", "crossval"): "1lXtOcPL-yWli_MuDZ0mQwLfq0XbzDu--",
-    ("photo", "test"): "1opW_IbwDQQmuylquX5UvRFxbj3muP5sz",
-    ("sketch", "train"): "13rWm64rW_dcdcyTFugu4fJcSCTkCB8YA",
-    ("sketch", "crossval"): "1Rs0dUTduQ320bXwHBLQT1s82gyr92J9J",
-    ("sketch", "test"): "1dFnnsWxYHvdCXmWdhPVwuJ8zgkb_wtbQ",
-}
+PACS_SPLIT_IDS = {(domain, kind): file_id for domain, ids in (
+    ("art_painting", ("1cSo_5_cQLKoURsWwsKqFmw9neWFvDIeV", "1g7haGuvxmZA1SxPyGFZneDVi9wOm3nK4",
+                      "1KVe_S73jECKG9MsIujF-yqZAjPrf0y_O")),
+    ("cartoon", ("1EhlIyRoeZ5UPiUJs_UXGH-Ql1PS5qtYW", "1suUUrxyPOmN_dAVdhVSaG-NZDMOsl8JR",
+                 "14fpMKzcherr1onzp8jcyhmjJMjZSZ72h")),
+    ("photo", ("1RyCVv67zVITU4JYYr1XxLnG5q165yu8s", "1lXtOcPL-yWli_MuDZ0mQwLfq0XbzDu--",
+               "1opW_IbwDQQmuylquX5UvRFxbj3muP5sz")),
+    ("sketch", ("13rWm64rW_dcdcyTFugu4fJcSCTkCB8YA", "1Rs0dUTduQ320bXwHBLQT1s82gyr92J9J",
+                "1dFnnsWxYHvdCXmWdhPVwuJ8zgkb_wtbQ"))
+) for kind, file_id in zip(PACS_SPLIT_KINDS, ids)}
 
 
 @dataclasses.dataclass(frozen=True)
