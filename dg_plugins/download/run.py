@@ -136,13 +136,6 @@ def _paths(dataset: str, data_dir: str) -> tuple[str, str]:
             os.path.join(data_dir, f".{dataset if spec.adds_to else spec.folder}.download-tmp"))
 
 
-def _present(dataset: str, detail: str, data_dir: str, options: Options,
-             report: Reporter) -> str:
-    report(f"{dataset}: already present ({detail}); skipped")
-    tidy_present(dataset, data_dir, options, report)
-    return "present"
-
-
 def _obtain_all(sources, downloads: str, expected: dict[str, Expected], options: Options,
                 report: Reporter) -> dict[str, str]:
     return {source.name: obtain(source, downloads, options.urls.get(source.name, source.url),
@@ -204,84 +197,11 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
 def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
     """Make ``dataset`` present under ``data_dir``: "present" or "downloaded"."""
     spec = DATASET_SPECS[dataset]
-    if spec.adds_to:
-        return download_split_lists(dataset, data_dir, options, report)
-    target = os.path.join(data_dir, spec.folder)
-    status, detail = dataset_status(dataset, data_dir)
-    if status == "ok":
-        return _present(dataset, detail, data_dir, options, report)
-    if status == "broken":
-        raise DownloadError(
-            f"{dataset}: {target} exists but its layout does not check out: {detail}. It was "
-            f"left as it is: move it away (or delete it), then rerun to download {dataset}.")
-    lock, staging = _paths(dataset, data_dir)
-    with _lock(lock, dataset), _downloads_folder(data_dir) as downloads:
-        if dataset_status(dataset, data_dir)[0] == "ok":  # another run finished meanwhile
-            report(f"{dataset}: already present ({target}); skipped")
-            return "present"
-        _remove_stale_staging(dataset, staging, downloads, report)
-        sources = sources_of(dataset)
-        expected = {s.name: expected_for(s, options.sha256) for s in sources}
-        missing = [s for s in sources if not os.path.isfile(os.path.join(downloads, s.name))]
-        known = [expected[s.name].size for s in missing]
-        report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ("
-               + (f"{human_size(sum(known))} still to fetch" if None not in known
-                  else "size unknown") + ")")
-        if None not in known:
-            parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
-                        for s in missing
-                        if os.path.exists(os.path.join(downloads, s.name + ".part")))
-            extracted = spec.extracted_size if spec.extracted_size is not None else int(
-                sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
-            check_free_space(data_dir, sum(known) - parts + extracted,
-                             f"{dataset} (its archives and their extracted files)")
-        archives = _obtain_all(sources, downloads, expected, options, report)
-        os.makedirs(staging)
-        try:
-            PREPARE[dataset](spec, archives, staging, report)
-            problem = image_layout_problem(dataset, staging)
-            if problem:
-                raise CorruptArchive(f"the extracted files do not check out: {problem}")
-        except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(err, CorruptArchive):
-                where = _set_aside_unverified(archives, expected)  # not to be reused
-                raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
-                                    f"Nothing was put in {target};{where} rerun to download it "
-                                    "again.") from None
-            if isinstance(err, OSError):
-                what = disk_full_message(data_dir, f"extracting {dataset}") if is_disk_full(err) \
-                    else f"could not extract {dataset} into {staging}: {err}"
-                raise DownloadError(
-                    f"{dataset}: {what}. The half-extracted files were removed; the downloaded "
-                    f"files are kept in {downloads} (not fetched again). Free some space or "
-                    "choose another --data_dir, then rerun.") from None
-            raise
-        if not options.keep_archives:  # they leave with the staging folder
-            os.makedirs(os.path.join(staging, ARCHIVES_IN_STAGING))
-            for name, path in archives.items():
-                os.replace(path, os.path.join(staging, ARCHIVES_IN_STAGING, name))
-        os.rename(os.path.join(staging, spec.folder), target)
-        shutil.rmtree(staging)
-        report(f"{dataset}: done: {target} checks out")
-        if options.keep_archives:
-            report(f"{dataset}: the downloaded files are kept in {downloads}")
-        _remove_corrupt(dataset, downloads, report)
-    return "downloaded"
-
-
-def download_split_lists(dataset: str, data_dir: str, options: Options,
-                         report: Reporter) -> str:
-    """PACS_splits: PACS's lists, checked against its images before they go beside its domain
-    folders (``docs/download.md``): "present" or "downloaded"."""
-    spec = DATASET_SPECS[dataset]
-    base = spec.adds_to
-    target = os.path.join(data_dir, spec.folder)
-    base_status, base_detail = dataset_status(base, data_dir)
-    if base_status != "ok":
+    base, target = spec.adds_to, os.path.join(data_dir, spec.folder)
+    if base and (base_status := dataset_status(base, data_dir))[0] != "ok":
         raise DownloadError(
             f"{dataset}: the lists name {base}'s images and are checked against them, but "
-            f"{base_detail}: download {base} with them: "
+            f"{base_status[1]}: download {base} with them: "
             f"{download_command([base, dataset], data_dir)}")
 
     def check() -> tuple[str, str]:
@@ -289,53 +209,119 @@ def download_split_lists(dataset: str, data_dir: str, options: Options,
         if status == "broken":
             raise DownloadError(
                 f"{dataset}: {detail}. The lists in {target} were left as they are: move the "
-                f"list that does not read away (or delete it), then rerun to download it.")
+                f"list that does not read away (or delete it), then rerun to download it."
+                if base else f"{dataset}: {target} exists but its layout does not check out: "
+                f"{detail}. It was left as it is: move it away (or delete it), then rerun to "
+                f"download {dataset}.")
         return status, detail
 
     status, detail = check()
     if status == "ok":
-        return _present(dataset, detail, data_dir, options, report)
+        report(f"{dataset}: already present ({detail}); skipped")
+        tidy_present(dataset, data_dir, options, report)
+        return "present"
     lock, staging = _paths(dataset, data_dir)
-    with _lock(lock, f"{base} or {dataset}"), _downloads_folder(data_dir) as downloads:
+    with _lock(lock, f"{base} or {dataset}" if base else dataset), \
+            _downloads_folder(data_dir) as downloads:
         status, detail = check()  # another run may have finished meanwhile
         if status == "ok":
-            report(f"{dataset}: already present ({detail}); skipped")
+            report(f"{dataset}: already present ({detail if base else target}); skipped")
             return "present"
         if status == "partial":
             report(f"{dataset}: {detail}")
         _remove_stale_staging(dataset, staging, downloads, report)
-        missing = [s for s in sources_of(dataset)
-                   if not os.path.isfile(os.path.join(target, s.name))]
-        expected = {s.name: expected_for(s, options.sha256) for s in missing}
-        report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
-        lists = _obtain_all(missing, downloads, expected, options, report)
-        problems = split_lists_problems(data_dir, lists)
-        if problems:
-            first = next(iter(problems.values()))
-            more = (f" (and {len(problems) - 1} other list(s): "
-                    f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
-            where = _set_aside_unverified({n: lists[n] for n in problems}, expected)
-            raise DownloadError(
-                f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
-                f"download {'them' if len(problems) > 1 else 'it'} again.")
-        os.makedirs(staging)
-        for name, path in lists.items():
-            shutil.copyfile(path, os.path.join(staging, name))
-        for name in lists:
-            os.replace(os.path.join(staging, name), os.path.join(target, name))
-        shutil.rmtree(staging)
-        status, detail = dataset_status(dataset, data_dir)
-        if status != "ok":  # e.g. a list removed meanwhile by hand
-            raise DownloadError(f"{dataset}: after putting the lists in place: {detail}; rerun")
-        report(f"{dataset}: done: {detail}; train on them with --dataset {base} --hparams "
-               "'{\"data_split\": \"official\"}'")
+        (download_split_lists if base else _download_archives)(dataset, data_dir, downloads,
+                                                               staging, options, report)
         if options.keep_archives:
             report(f"{dataset}: the downloaded files are kept in {downloads}")
-        else:
-            for path in lists.values():
-                os.remove(path)
         _remove_corrupt(dataset, downloads, report)
     return "downloaded"
+
+
+def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str,
+                       options: Options, report: Reporter) -> None:
+    """Fetch and check the dataset's files, extract them in ``staging``, rename into place."""
+    spec = DATASET_SPECS[dataset]
+    target = os.path.join(data_dir, spec.folder)
+    sources = sources_of(dataset)
+    expected = {s.name: expected_for(s, options.sha256) for s in sources}
+    missing = [s for s in sources if not os.path.isfile(os.path.join(downloads, s.name))]
+    known = [expected[s.name].size for s in missing]
+    report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ("
+           + (f"{human_size(sum(known))} still to fetch" if None not in known
+              else "size unknown") + ")")
+    if None not in known:
+        parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
+                    for s in missing
+                    if os.path.exists(os.path.join(downloads, s.name + ".part")))
+        extracted = spec.extracted_size if spec.extracted_size is not None else int(
+            sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
+        check_free_space(data_dir, sum(known) - parts + extracted,
+                         f"{dataset} (its archives and their extracted files)")
+    archives = _obtain_all(sources, downloads, expected, options, report)
+    os.makedirs(staging)
+    try:
+        PREPARE[dataset](spec, archives, staging, report)
+        problem = image_layout_problem(dataset, staging)
+        if problem:
+            raise CorruptArchive(f"the extracted files do not check out: {problem}")
+    except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, CorruptArchive):
+            where = _set_aside_unverified(archives, expected)  # not to be reused
+            raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
+                                f"Nothing was put in {target};{where} rerun to download it "
+                                "again.") from None
+        if isinstance(err, OSError):
+            what = disk_full_message(data_dir, f"extracting {dataset}") if is_disk_full(err) \
+                else f"could not extract {dataset} into {staging}: {err}"
+            raise DownloadError(
+                f"{dataset}: {what}. The half-extracted files were removed; the downloaded "
+                f"files are kept in {downloads} (not fetched again). Free some space or "
+                "choose another --data_dir, then rerun.") from None
+        raise
+    if not options.keep_archives:  # they leave with the staging folder
+        os.makedirs(os.path.join(staging, ARCHIVES_IN_STAGING))
+        for name, path in archives.items():
+            os.replace(path, os.path.join(staging, ARCHIVES_IN_STAGING, name))
+    os.rename(os.path.join(staging, spec.folder), target)
+    shutil.rmtree(staging)
+    report(f"{dataset}: done: {target} checks out")
+
+
+def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: str,
+                         options: Options, report: Reporter) -> None:
+    """PACS_splits: PACS's missing lists, checked against its images before they go beside its
+    domain folders (``docs/download.md``)."""
+    base = DATASET_SPECS[dataset].adds_to
+    target = os.path.join(data_dir, DATASET_SPECS[dataset].folder)
+    missing = [s for s in sources_of(dataset) if not os.path.isfile(os.path.join(target, s.name))]
+    expected = {s.name: expected_for(s, options.sha256) for s in missing}
+    report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
+    lists = _obtain_all(missing, downloads, expected, options, report)
+    problems = split_lists_problems(data_dir, lists)
+    if problems:
+        first = next(iter(problems.values()))
+        more = (f" (and {len(problems) - 1} other list(s): "
+                f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
+        where = _set_aside_unverified({n: lists[n] for n in problems}, expected)
+        raise DownloadError(
+            f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
+            f"download {'them' if len(problems) > 1 else 'it'} again.")
+    os.makedirs(staging)
+    for name, path in lists.items():
+        shutil.copyfile(path, os.path.join(staging, name))
+    for name in lists:
+        os.replace(os.path.join(staging, name), os.path.join(target, name))
+    shutil.rmtree(staging)
+    status, detail = dataset_status(dataset, data_dir)
+    if status != "ok":  # e.g. a list removed meanwhile by hand
+        raise DownloadError(f"{dataset}: after putting the lists in place: {detail}; rerun")
+    report(f"{dataset}: done: {detail}; train on them with --dataset {base} --hparams "
+           "'{\"data_split\": \"official\"}'")
+    if not options.keep_archives:
+        for path in lists.values():
+            os.remove(path)
 
 
 def check_not_inside(dataset: str, data_dir: str) -> None:
