@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import math
 import os
@@ -139,16 +138,12 @@ def build_algorithm(saved: dict, device):
 
 def model_files(job_dir: str, files: JobFiles) -> dict[str, str]:
     """``{file name: path}`` of the job's saved models: the final one, then those of each step."""
-    out = {}
     final = os.path.join(job_dir, files.model)
-    if os.path.exists(final):
-        out[files.model] = final
-    prefix, suffix = files.step_model.split("{step}")
-    step_model = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + "$")
-    for path in sorted(glob.glob(os.path.join(glob.escape(job_dir), prefix + "*" + suffix))):
-        if step_model.search(path):
-            out[os.path.basename(path)] = path
-    return out
+    out = {files.model: final} if os.path.exists(final) else {}
+    step_model = re.compile(r"(\d+)".join(map(re.escape, files.step_model.split("{step}"))))
+    names = sorted(os.listdir(job_dir)) if os.path.isdir(job_dir) else []
+    return {**out, **{name: os.path.join(job_dir, name) for name in names
+                      if step_model.fullmatch(name)}}
 
 
 def first_model(job_dir: str, models: dict[str, str], files: JobFiles,

@@ -288,14 +288,11 @@ class _PlainProgress:
         self.total, self.desc, self.done, self.next = total, desc, 0, 0.1
         self.start = time.perf_counter()
 
-    def line(self) -> str:
-        return (f"{self.desc}: {self.done}/{self.total} images "
-                f"({format_rate(self.done, time.perf_counter() - self.start)})")
-
     def update(self, n):
         self.done += n
         if self.total and self.done / self.total >= self.next:
-            print(self.line(), file=sys.stderr)
+            print(f"{self.desc}: {self.done}/{self.total} images "
+                  f"({format_rate(self.done, time.perf_counter() - self.start)})", file=sys.stderr)
             while self.done / self.total >= self.next:
                 self.next += 0.1
 
