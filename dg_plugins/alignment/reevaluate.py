@@ -118,24 +118,6 @@ def load_model_file(path: str) -> dict:
     return saved
 
 
-def build_algorithm(saved: dict, device):
-    """The saved model, rebuilt with ``pretrained`` false: every weight comes from its state."""
-    from dg_plugins.registry import ALGORITHMS
-
-    hparams = dict(saved["model_hparams"])
-    if "pretrained" in hparams:  # every weight comes from the state dict: no download
-        hparams.update(pretrained=False, pretrained_path=None)
-    algorithm = ALGORITHMS.get(saved["args"]["algorithm"])(
-        saved["model_input_shape"], saved["model_num_classes"], saved["model_num_domains"],
-        hparams)
-    try:
-        algorithm.load_state_dict(saved["model_dict"])
-    except RuntimeError as err:
-        raise ValueError(f"the saved model does not fit {saved['args']['algorithm']} as "
-                         f"registered here: {err}") from None
-    return algorithm.to(device)
-
-
 def model_files(job_dir: str, files: JobFiles) -> dict[str, str]:
     """``{file name: path}`` of the job's saved models: the final one, then those of each step."""
     final = os.path.join(job_dir, files.model)
@@ -166,8 +148,21 @@ class SavedModels:
 
     def __call__(self, name: str) -> tuple[dict, dict]:
         if name not in self.cache:
+            from dg_plugins.registry import ALGORITHMS
+
             saved = load_model_file(self.models.get(name, name))
-            algorithm = build_algorithm(saved, self.job.device)
+            hparams = dict(saved["model_hparams"])
+            if "pretrained" in hparams:  # every weight comes from the saved state: no download
+                hparams.update(pretrained=False, pretrained_path=None)
+            algorithm = ALGORITHMS.get(saved["args"]["algorithm"])(
+                saved["model_input_shape"], saved["model_num_classes"],
+                saved["model_num_domains"], hparams)
+            try:
+                algorithm.load_state_dict(saved["model_dict"])
+            except RuntimeError as err:
+                raise ValueError(f"the saved model does not fit {saved['args']['algorithm']} as "
+                                 f"registered here: {err}") from None
+            algorithm = algorithm.to(self.job.device)
             self.cache[name] = (saved, self.job.evaluate(algorithm), algorithm)
         return self.cache[name][:2]
 

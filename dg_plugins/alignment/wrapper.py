@@ -74,8 +74,7 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     lookup = {p: k for k, p in enumerate(paths)}
     depths = sorted({p.count("/") + 1 for p in paths}, reverse=True)
     matched = np.full(len(samples), -1, dtype=np.int64)
-    root = getattr(env, "root", None)
-    mapper = _PathMapper(str(root) if root else None, data_dir)
+    mapper = _PathMapper(env, data_dir)
     for item, (path, _) in enumerate(samples):
         absolute, relative = mapper(path)
         k = lookup.get(relative) if data_dir is not None else None
@@ -208,9 +207,10 @@ def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
 
 
 class _PathMapper:
-    """Absolute and data_dir-relative forms of many paths sharing a few prefixes, fast."""
+    """Absolute and data_dir-relative forms of many paths under ``env``'s root, fast."""
 
-    def __init__(self, prefix: str | None, data_dir: str | None):
+    def __init__(self, env, data_dir: str | None):
+        prefix = str(env.root) if getattr(env, "root", None) else None
         self.prefix = os.path.join(prefix, "") if prefix else None
         self.prefix_abs = os.path.join(os.path.normpath(os.path.abspath(prefix)), "") \
             if prefix else None
@@ -248,8 +248,7 @@ def image_items(dataset, envs, data_dir: str | None):
             raise ValueError(f"environment {env_index} of {type(dataset).__name__} has no class "
                              "names (classes); the prompt needs the class folder name")
         name = env_folder_name(env) or str(env_index)
-        root = getattr(env, "root", None)
-        mapper = _PathMapper(str(root) if root else None, data_dir)
+        mapper = _PathMapper(env, data_dir)
         mapped = [mapper(path) for path, _ in samples]
         labels = [int(label) for _, label in samples]
         columns["env"] += [int(env_index)] * len(samples)
