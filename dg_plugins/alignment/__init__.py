@@ -7,8 +7,8 @@ from dg_plugins.alignment.rule import (DEFAULT_THRESHOLD, PRESETS, SplitRule,  #
 from dg_plugins.alignment.scores_file import (ScoreCache, ScoreTable,  # the CSV, the cache
                                                read_scores, write_scores)
 from dg_plugins.alignment.provenance import check_data, check_model  # the right file?
-from dg_plugins.alignment.wrapper import AlignmentSplit, env_subsets, image_items  # the subsets
-from dg_plugins.alignment.importers import import_score_arrays, import_split_dirs  # releases
+from dg_plugins.alignment.wrapper import (AlignmentSplit, env_subsets,  # subsets, releases
+                                          image_items, import_score_arrays, import_split_dirs)
 from dg_plugins.alignment.plots import binned_accuracy, plot_alignment  # Fig. 2
 from dg_plugins.alignment.reevaluate import (JobFiles, RebuiltJob,  # trained jobs again
                                              reevaluate_jobs, update_records)

@@ -1,6 +1,6 @@
 """The logic of ``python -m dg_plugins.scripts.alignment_scores`` (the command's usage is its
 docstring): its flags, the checks of the flag combination, scoring or importing the dataset's
-AlignmentScores (:mod:`dg_plugins.alignment.scoring`, :mod:`dg_plugins.alignment.importers`),
+AlignmentScores (:mod:`dg_plugins.alignment.scoring`, :mod:`dg_plugins.alignment.wrapper`),
 writing the score file and the printed summary. Building the dataset (with plugins) and the error
 exit stay in the script."""
 
@@ -146,21 +146,19 @@ def score_and_write(args, dataset, model, rule) -> None:
     summary and warn where train would reject the file under ``--alignment_preset``."""
     import numpy as np
 
-    from dg_plugins.alignment import importers, provenance, scoring
+    from dg_plugins.alignment import provenance, scoring, wrapper
     from dg_plugins.alignment.scores_file import write_scores
-    from dg_plugins.alignment.wrapper import AlignmentSplit
 
     imported = bool(args.import_score_arrays or args.import_split_dirs)
     envs = resolve_envs(dataset, args.envs)
     if args.import_score_arrays:
-        table = importers.import_score_arrays(
+        table = wrapper.import_score_arrays(
             dataset, args.import_score_arrays, args.data_dir,
             envs if args.envs else None, args.holdout_fraction, args.trial_seed,
             dataset_name=args.dataset)
     elif args.import_split_dirs:
-        table = importers.import_split_dirs(dataset, *args.import_split_dirs, args.data_dir,
-                                            envs if args.envs else None,
-                                            dataset_name=args.dataset)
+        table = wrapper.import_split_dirs(dataset, *args.import_split_dirs, args.data_dir,
+                                          envs if args.envs else None, dataset_name=args.dataset)
     else:
         run = scoring.score_dataset(
             dataset, envs, args.data_dir, model=model, pretrained=args.pretrained,
@@ -188,7 +186,7 @@ def score_and_write(args, dataset, model, rule) -> None:
               f"{run.n_computed}{rate}, {cache}")
         for note in run.notes:
             print(f"warning: {note}", file=sys.stderr)
-    split = AlignmentSplit(dataset, table, envs, rule, data_dir=args.data_dir,
+    split = wrapper.AlignmentSplit(dataset, table, envs, rule, data_dir=args.data_dir,
                            verify_data=False)  # the table was just made from these images
     print(split.report())
     if not table.fixed_subsets:

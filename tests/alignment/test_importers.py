@@ -1,5 +1,5 @@
 """Importing the authors' released splits, on files generated here in the documented formats (the
-real release could not be downloaded: see dg_plugins.alignment.importers)."""
+real release could not be downloaded: see dg_plugins.alignment.wrapper)."""
 
 import os
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dg_plugins.alignment import env_subsets, read_scores, write_scores
-from dg_plugins.alignment.importers import import_score_arrays, import_split_dirs
+from dg_plugins.alignment.wrapper import import_score_arrays, import_split_dirs
 from dg_plugins.scripts import alignment_scores
 from dg_plugins.seeds import seed_hash
 
