@@ -3,10 +3,11 @@
 when a listing or a run needs it (``--help`` and ``--describe`` run without). docs/reproduce.md."""
 
 from dg_plugins.reproduce.cli import build_parser, main, run  # the flags, the flow, a run
-from dg_plugins.reproduce.plan import (OWNED_SWEEP_FLAGS, Plan, SweepCall,  # setting -> calls
+from dg_plugins.reproduce.plan import (OWNED_SWEEP_FLAGS, Plan, SweepCall,  # setting -> calls,
+                                       CallCost, call_cost,  # a call's jobs and their cost
                                        check_extra, parse_test_env_sets, plan_setting)
 from dg_plugins.reproduce.prerequisites import prerequisites  # what the jobs need, found at once
-from dg_plugins.reproduce.costs import CallCost, call_cost, sweep_jobs  # a call's jobs, their cost
+from dg_plugins.sweep.cli import sweep_jobs  # a call's jobs, enumerated as sweep does
 # the counting rules reproduce shares with the sweep's prompt (dg_plugins.sweep)
 from dg_plugins.sweep.image_counts import (EVAL_SPLITS, Sizes, UsageError,  # image counts, splits
                                            dataset_sizes, split_sizes)

@@ -4,7 +4,6 @@ or its run (scores, sweeps, tables). What it does: docs/reproduce.md."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -16,10 +15,11 @@ from dg_plugins.files import atomic_write_bytes
 from dg_plugins.hparams import parse_overrides
 from dg_plugins.job import borrow
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, plan_setting
-from dg_plugins.reproduce.costs import plan_costs
+from dg_plugins.reproduce.plan import (Plan, call_cost, check_extra, parse_test_env_sets,
+                                       plan_setting)
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
-from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
+from dg_plugins.reproduce.report import (dry_run, dry_run_sweeps, list_forwards, list_settings,
+                                         module_line)
 from dg_plugins.sweep import actions, checks, estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
@@ -104,23 +104,19 @@ def require_torch() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    if "--dry_run_sweeps" in argv:
-        i = argv.index("--dry_run_sweeps")
-        if argv[:i]:
-            parser.error("--dry_run_sweeps takes only sweep calls after it")
-        try:
+    try:
+        if "--dry_run_sweeps" in argv:
+            i = argv.index("--dry_run_sweeps")
+            if argv[:i]:
+                parser.error("--dry_run_sweeps takes only sweep calls after it")
             require_torch()
             return dry_run_sweeps(argv[i + 1:])
-        except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    args, extra = parser.parse_known_args(argv)
-    try:
+        args, extra = parser.parse_known_args(argv)
         if args.forwards and not args.list:
             parser.error("--forwards goes with --list (a dry run prints the forwards anyway)")
         if args.list:
             require_torch()
-            return list_settings(args.data_dir, args.forwards)
+            return (list_forwards if args.forwards else list_settings)(args.data_dir)
         if args.setting is None:
             parser.error("give a SETTING (one of: " + ", ".join(ps.SETTINGS) + ") or --list")
         try:
@@ -175,7 +171,8 @@ def run(plan: Plan, data_dir: str) -> int:
     print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
-    problems = prerequisites(plan, data_dir, plan_costs(plan))
+    problems = prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
+                                              for call in plan.calls])
     if problems:
         report_prerequisites(plan, problems, dry=False)
         return 2
@@ -225,15 +222,21 @@ def launch_queue(plan: Plan) -> int:
     # The continue lines name the command that continues every sweep (the paper script's, or
     # this reproduce command), not one sweep's `sweep launch --resume`; the other lines (claims,
     # delete_incomplete after failures) each sweep folder's own command.
-    rerun = os.environ.get(actions.RERUN_ENV) or shlex.join(
+    saved = os.environ.get(actions.RERUN_ENV)
+    os.environ[actions.RERUN_ENV] = saved or shlex.join(
         [sys.executable, "-m", "dg_plugins.scripts.reproduce", *plan.argv])
-    with _environ(actions.RERUN_ENV, rerun):
+    try:
         code = actions.run_action(
             "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
             seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
             skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
             estimate=lambda selected: estimate.print_estimate(selected,
                                                               launch_args.command_launcher))
+    finally:
+        if saved is None:
+            del os.environ[actions.RERUN_ENV]
+        else:
+            os.environ[actions.RERUN_ENV] = saved
     if code >= 128:  # stopped by a signal
         print("Stopped; rerun the same command to continue (finished jobs are skipped, "
               "interrupted ones resume).", flush=True)
@@ -242,16 +245,3 @@ def launch_queue(plan: Plan) -> int:
               flush=True)
     return code
 
-
-@contextlib.contextmanager
-def _environ(name: str, value: str):
-    """``$name`` set to ``value`` inside the block, then as it was."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved

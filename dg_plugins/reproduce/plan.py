@@ -1,5 +1,7 @@
 """A paper setting's protocol -> the ``sweep launch`` calls, scoring commands and tables that run it
-(epochs -> steps from the image counts; the sweep flags its table owns, :func:`check_extra`)."""
+(epochs -> steps from the image counts; the sweep flags its table owns, :func:`check_extra`), and
+the cost of a call's jobs, enumerated as sweep does without launching
+(:mod:`dg_plugins.sweep.costs`: training steps, UDG pretraining shared, image forwards)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from dataclasses import dataclass, field
 from dg_plugins import catalog
 from dg_plugins.job import flags as job_flags
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.job.sizes import in_split_size
+from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.sweep import jobs as sweep_lib
+from dg_plugins.sweep.costs import jobs_cost
 from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
-from dg_plugins.sweep.jobs import test_env_lists
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
 #: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own
@@ -43,19 +46,13 @@ class Plan:
     argv: list[str] = field(default_factory=list)  # reproduce's arguments (for the record)
 
 
-def _flag_values(value) -> list[str]:
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [str(value)]
-
-
 def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
     """Every test-environment set of ``protocol`` on ``dataset``, in the sweep's order."""
     spec = protocol.test_envs.value
     if not isinstance(spec, str):
         return [list(s) for s in spec]
-    return test_env_lists(len(catalog.DATASET_ENVIRONMENTS[dataset]),
-                          spec == "single_test_envs", spec == "single_source")
+    return sweep_lib.test_env_lists(len(catalog.DATASET_ENVIRONMENTS[dataset]),
+                                    spec == "single_test_envs", spec == "single_source")
 
 
 def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
@@ -79,27 +76,21 @@ def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
                          f"separated indices); got {' '.join(texts)}") from None
 
 
-def _pick_test_env_sets(protocol: ps.Protocol, dataset: str, wanted, setting: str):
-    available = _test_env_sets(protocol, dataset)
+def _pick(flag: str, wanted, available: list, among: str, text=" ".join, listing=", ".join,
+          key=str) -> list:
+    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by
+    ``key``; :class:`UsageError` naming the others."""
     if wanted is None:
         return available
-    unknown = [w for w in wanted if sorted(w) not in [sorted(a) for a in available]]
+    unknown = [w for w in wanted if key(w) not in map(key, available)]
     if unknown:
-        def text(sets):
-            return " ".join(",".join(map(str, s)) for s in sets)
-        raise UsageError(f"--test_envs {text(unknown)}: not among {setting}'s test-environment "
-                         f"sets on {dataset} ({text(available)}); give a subset of them")
-    return [a for a in available if sorted(a) in [sorted(w) for w in wanted]]
+        raise UsageError(f"--{flag} {text(unknown)}: not {among} ({listing(available)}); give a "
+                         "subset of them")
+    return [a for a in available if key(a) in map(key, wanted)]
 
 
-def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: str) -> list[str]:
-    if wanted is None:
-        return available
-    unknown = [w for w in wanted if w not in available]
-    if unknown:
-        raise UsageError(f"--{kind} {' '.join(unknown)}: not in {setting}'s {kind} "
-                         f"({', '.join(available)}); give a subset of them")
-    return [a for a in available if a in wanted]
+def _sets_text(sets) -> str:
+    return " ".join(",".join(map(str, s)) for s in sets)
 
 
 def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
@@ -115,9 +106,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     count_dir = data_dir if count_dir is None else count_dir
     plan = Plan(setting, protocol)
     all_datasets = list(protocol.datasets.value)
-    use_datasets = _pick("datasets", datasets, all_datasets, setting.name)
+    use_datasets = _pick("datasets", datasets, all_datasets, f"in {setting.name}'s datasets")
     all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
-    use_algorithms = _pick("algorithms", algorithms, all_algorithms, setting.name)
+    use_algorithms = _pick("algorithms", algorithms, all_algorithms,
+                           f"in {setting.name}'s algorithms")
     sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
     n_epochs = protocol.epochs.value if protocol.epochs is not None else None
     for flag, knob, value in (("epochs", "EPOCHS", epochs),
@@ -147,8 +139,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             raise UsageError(f"--steps must be a positive integer, got {steps}")
         plan.notes.append(f"--steps {steps} replaces the table's length")
     if test_envs is not None:
-        plan.notes.append("--test_envs " + " ".join(",".join(map(str, s)) for s in test_envs)
-                          + ": only these of the table's test-environment sets")
+        plan.notes.append(f"--test_envs {_sets_text(test_envs)}: only these of the table's "
+                          "test-environment sets")
     if clip_checkpoint is not None:
         if not protocol.alignment:
             raise UsageError(f"--clip_checkpoint: {setting.name} scores no images (no IP/OOP "
@@ -199,14 +191,17 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                 if protocol.holdout_fraction is not None:
                     argv += ["--holdout_fraction", str(holdout)]
                 for flag, value in sweep_flags.items():
-                    argv += [f"--{flag}", *_flag_values(value)]
+                    values = value if isinstance(value, (list, tuple)) else [value]
+                    argv += [f"--{flag}", *map(str, values)]
                 if protocol.alignment:
                     argv += ["--alignment_scores",
                              os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
                              "--alignment_preset", str(protocol.alignment["preset"].value)]
                 name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
                                                            group.title else "")
-                test_sets = _pick_test_env_sets(protocol, dataset, test_envs, setting.name)
+                test_sets = _pick("test_envs", test_envs, _test_env_sets(protocol, dataset),
+                                  f"among {setting.name}'s test-environment sets on {dataset}",
+                                  _sets_text, _sets_text, sorted)
                 if n_epochs is not None:
                     for test_set in test_sets:
                         n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
@@ -284,3 +279,30 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
                          "(reproduce SETTING --describe shows it); to run other values, run "
                          "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
+
+
+@dataclass
+class CallCost:
+    """The jobs of one sweep call and their steps."""
+    jobs: list
+    selected: list  # the jobs a launch would start (Not launched, + Incomplete with --resume)
+    steps: list[int]  # per job
+    pretrain_steps: dict  # pretraining identity -> steps (UDG: run once, shared)
+    resume: bool
+    origins: set = field(default_factory=set)
+    forwards: list = field(default_factory=list)  # per job: Forwards
+
+
+def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
+              forwards: bool = True) -> CallCost:
+    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
+    (:func:`dg_plugins.sweep.costs.jobs_cost`; ``evaluated``: the rule of the splits a record
+    evaluates, default the train job's own). A UDG pretraining counts with the first job that
+    needs it; its identity is then added to ``pretrainings`` (one set for the calls of one
+    listing)."""
+    args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
+    selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
+    counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
+    return CallCost(jobs, selected, counted.steps, counted.pretrain_steps, args.resume,
+                    counted.origins, counted.forwards)
+

@@ -11,8 +11,7 @@ from dg_plugins import catalog
 from dg_plugins.download.prepare import domainnet20_problem, split_lists_status
 from dg_plugins.download.sources import download_command
 from dg_plugins.layouts import inside_dataset_folder
-from dg_plugins.reproduce.costs import CallCost
-from dg_plugins.reproduce.plan import Plan
+from dg_plugins.reproduce.plan import CallCost, Plan
 from dg_plugins.sweep import checks as sweep_lib
 
 #: Datasets whose ``data_split: "official"`` reads split lists, and the downloader's name of them.
@@ -88,13 +87,9 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
 def report_prerequisites(plan: Plan, problems: list[str], dry: bool) -> None:
     """Print the missing prerequisites: as errors before a real run that launches nothing, as
     warnings after a dry run's listing."""
-    kind = "warning" if dry else "error"
+    what = f"{len(problems)} prerequisite(s) of {plan.setting.name} ({plan.protocol.name})"
     for problem in problems:
-        print(f"{kind}: {problem}", file=sys.stderr)
-    what = f"{plan.setting.name} ({plan.protocol.name})"
-    if dry:
-        print(f"warning: {len(problems)} prerequisite(s) of {what} missing (above): a real run "
-              "would launch nothing until they are there.", file=sys.stderr)
-    else:
-        print(f"Nothing was launched: {len(problems)} prerequisite(s) of {what} missing "
-              "(above); fix them and rerun the same command.", file=sys.stderr)
+        print(f"{'warning' if dry else 'error'}: {problem}", file=sys.stderr)
+    print(f"warning: {what} missing (above): a real run would launch nothing until they are "
+          "there." if dry else f"Nothing was launched: {what} missing (above); fix them and "
+          "rerun the same command.", file=sys.stderr)

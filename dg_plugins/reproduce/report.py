@@ -9,8 +9,7 @@ import sys
 
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.costs import CallCost, call_cost
-from dg_plugins.reproduce.plan import Plan, plan_setting
+from dg_plugins.reproduce.plan import CallCost, Plan, call_cost, plan_setting
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.sweep import jobs as sweep_lib
 from dg_plugins.sweep.costs import (FORWARDS_DEFINITION, evaluation_share, forwards_text,
@@ -138,11 +137,8 @@ def runs_with(jobs) -> str:
                                             for v in sorted(set(values)))
 
 
-def list_settings(data_dir: str | None, forwards: bool = False) -> int:
-    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows;
-    with ``forwards`` the image forwards instead (:func:`list_forwards`)."""
-    if forwards:
-        return list_forwards(data_dir)
+def list_settings(data_dir: str | None) -> int:
+    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows."""
     print("| setting | script | paper table | protocol | jobs | total steps | paper rows |")
     print("|---|---|---|---|---|---|---|")
     for setting, protocol, costs in settings_costs(data_dir, forwards=False):
