@@ -39,20 +39,18 @@ class Value(NamedTuple):
     source: str
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """Algorithms trained with the same hparam overrides (one ``--hparams`` JSON)."""
     algorithms: tuple[str, ...]
-    hparams: Mapping[str, Value] = field(default_factory=dict)
+    hparams: Mapping[str, Value] = {}
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """One sweep folder and the paper rows its tables sit beside; ``hparams`` go to every run."""
     folder: str
     paper_keys: tuple[str, ...]
     title: str
-    hparams: Mapping[str, Value] = field(default_factory=dict)
+    hparams: Mapping[str, Value] = {}
 
 
 class Difference(NamedTuple):
@@ -96,8 +94,7 @@ class Protocol:
     differences: tuple[Difference, ...] = ()
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """A paper table and the script that reproduces it."""
     name: str
     script: str

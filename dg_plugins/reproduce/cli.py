@@ -201,10 +201,9 @@ def run(plan: Plan, data_dir: str) -> int:
 
 
 def launch_queue(plan: Plan) -> int:
-    """Launch every job of every sweep call of ``plan`` as one queue: a single launcher call
-    (``multi_gpu`` fills every GPU with them), each job in its own sweep folder with the folder,
-    hash and command its ``sweep launch`` call gives it; the sweep's checks, claims (per sweep
-    folder), ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
+    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each in
+    the folder, with the hash and command, its ``sweep launch`` call gives it; checks, claims,
+    ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
     queue, seen, launch_args, command_lines = [], set(), None, {}
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)

@@ -16,7 +16,7 @@ from dg_plugins.reference import paper_settings as ps
 from dg_plugins.job.sizes import in_split_size
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
-from dg_plugins.sweep.costs import jobs_cost
+from dg_plugins.sweep.costs import JobsCost, jobs_cost
 from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
@@ -150,10 +150,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     plan.root = output_dir
     too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
-    tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits)]
-    if launcher:
-        tail += ["--command_launcher", launcher]
-    tail += list(extra)
+    tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits),
+            *(["--command_launcher", launcher] if launcher else []), *extra]
 
     if protocol.alignment:
         scores_dir = os.path.join(output_dir, "alignment_scores")
@@ -163,13 +161,12 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             options["pretrained_tag"] = options["pretrained"]
             options["pretrained"] = clip_checkpoint
         for dataset in use_datasets:
-            out = os.path.join(scores_dir, f"{dataset}.csv")
-            argv = ["--dataset", dataset, "--data_dir", data_dir, "--out", out]
-            for name, value in options.items():
-                argv += [f"--{name}", str(value)]
-            # the summary and the model check it prints are those of the jobs' rule
-            argv += ["--alignment_preset", str(preset)]
-            plan.prepare.append(argv)
+            plan.prepare.append([
+                "--dataset", dataset, "--data_dir", data_dir,
+                "--out", os.path.join(scores_dir, f"{dataset}.csv"),
+                *(word for name, value in options.items() for word in (f"--{name}", str(value))),
+                # the summary and the model check it prints are those of the jobs' rule
+                "--alignment_preset", str(preset)])
         plan.notes.append(f"IP/OOP: scores in {scores_dir}, split rule {preset}")
 
     for group in protocol.groups:
@@ -282,27 +279,20 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
 
 
 @dataclass
-class CallCost:
-    """The jobs of one sweep call and their steps."""
-    jobs: list
-    selected: list  # the jobs a launch would start (Not launched, + Incomplete with --resume)
-    steps: list[int]  # per job
-    pretrain_steps: dict  # pretraining identity -> steps (UDG: run once, shared)
-    resume: bool
-    origins: set = field(default_factory=set)
-    forwards: list = field(default_factory=list)  # per job: Forwards
+class CallCost(JobsCost):
+    """The jobs of one sweep call and their cost (steps and forwards per job)."""
+    jobs: list = field(default_factory=list)
+    selected: list = field(default_factory=list)  # what a launch starts (+ Incomplete if resume)
+    resume: bool = False
 
 
 def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
               forwards: bool = True) -> CallCost:
     """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
-    (:func:`dg_plugins.sweep.costs.jobs_cost`; ``evaluated``: the rule of the splits a record
-    evaluates, default the train job's own). A UDG pretraining counts with the first job that
-    needs it; its identity is then added to ``pretrainings`` (one set for the calls of one
-    listing)."""
+    (:func:`dg_plugins.sweep.costs.jobs_cost`); a UDG pretraining counts once per listing, with the
+    first job that needs it (``pretrainings``: the identities counted)."""
     args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
     counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
-    return CallCost(jobs, selected, counted.steps, counted.pretrain_steps, args.resume,
-                    counted.origins, counted.forwards)
+    return CallCost(**vars(counted), jobs=jobs, selected=selected, resume=args.resume)
 

@@ -19,12 +19,8 @@ OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
 
 
 def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
-    """Everything the jobs ``reproduce`` would launch need before the first one starts, found at
-    once for every sweep call of the setting: the data folder, each dataset's files
-    (:func:`dg_plugins.sweep.checks.data_problems`, DomainNet-20's class folders), the official
-    split lists of ``data_split: "official"`` jobs, the CLIP weights of a score file still to
-    compute, the pretrained weights of every backbone
-    (:func:`dg_plugins.sweep.checks.weight_problems`) and a writable output folder. One line each,
+    """What the jobs of every sweep call of the setting need before the first one starts (module
+    docstring; :func:`dg_plugins.sweep.checks.data_problems`, ``weight_problems``), one line each
     naming the fix; [] when nothing is missing."""
     jobs = [job for cost in costs for job in cost.selected]
     if not jobs and not plan.prepare:

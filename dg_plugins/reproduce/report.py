@@ -156,11 +156,9 @@ def _millions(n: int | None) -> str:
 
 
 def list_forwards(data_dir: str | None) -> int:
-    """One row per setting and protocol: jobs, the image forwards of training and of evaluation
-    with ``--eval_splits selection`` and ``all``, each evaluation's share of the total, and the
-    totals (train + evaluation); the image counts are those under ``data_dir`` when given, else
-    the recorded full-size counts. Datasets whose counts are unknown are named under the
-    table."""
+    """One row per setting and protocol: jobs, image forwards of training and of evaluation
+    (``--eval_splits`` selection and all, their shares, totals), GPU-hours; image counts under
+    ``data_dir`` when given, else the recorded ones (unknown ones named under the table)."""
     device = gpu_times.load().device
     print(FORWARDS_DEFINITION)
     print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "
