@@ -252,11 +252,10 @@ _DMG_PACS_RELEASE_HPARAMS = {**_DMG_BACKBONE, **_v(
     augmentation=("dmg_pacs", f"{DMG} train_model.py:146-155 (RandomResizedCrop 224 "
                   "scale 0.8-1, flip, ColorJitter 0.4)"))}
 _DMG_PACS_RELEASE = Protocol(
-    name="release",
+    name="release", datasets=Value(("PACS",), f"{_DMG_PACS_CFG}:9"),
     summary="the DMG release's PACS protocol: official splits, one pooled shuffled batch of 64, "
             "Adam 1e-4 with the network's lr x0.99 per epoch, 150 epochs, best epoch on source "
             "validation",
-    datasets=Value(("PACS",), f"{_DMG_PACS_CFG}:9"),
     test_envs=Value("single_test_envs", f"{DMG_PAPER}, PACS paragraph: each domain held out once"),
     runs=(Run(("DMG",), {**_DMG_PACS_RELEASE_HPARAMS, **_DMG_MASKS, **_v(
         dmg_mask_lr_schedule=(False, f"{_DMG_TRAINER}:540-545 (the mask scheduler's step is "
@@ -330,11 +329,10 @@ _DMG_DN_RELEASE_HPARAMS = {**_DMG_BACKBONE, **_v(
                      "models/basic_model.py:57-58, utils/misc.py:27-30 "
                      "(N(0, 0.001) weights, zero bias)"))}
 _DMG_DN_RELEASE = Protocol(
-    name="release",
+    name="release", datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
     summary="the DMG release's DomainNet protocol: one pooled shuffled batch of 64, Adam 1e-4 "
             "with an inverse decay of both lrs every step, classifier N(0, 0.001), 50 epochs, "
             "best epoch on source validation",
-    datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
     test_envs=Value("single_test_envs", f"{DMG_PAPER}, DomainNet paragraph: 6 leave-one-out "
                     "experiments"),
     runs=(Run(("DMG",), {**_DMG_DN_RELEASE_HPARAMS, **_DMG_MASKS, **_v(
@@ -418,10 +416,9 @@ def _gmoe(name: str, single_source: bool) -> Protocol:
     return Protocol(
         name=name, **fields,
         runs=(Run(("GMoE",), {"gmoe_eval_capacity": eval_capacity}), Run(("ERM_ViT",), {})),
-        groups=(Group("", (key,), "DeiT-S/16"),),
+        groups=(Group("", (key,), "DeiT-S/16"),), sweep_flags=flags,
         selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, {table} ({selection})"),
         **_lengths(f"{GMOE} domainbed/datasets.py", {d: _GMOE_LENGTHS[d] for d in datasets}),
-        sweep_flags=flags,
         differences=_diffs(
             ("The MoE layer is pure PyTorch (dg_plugins/networks/moe.py) instead of Tutel; "
              "routing, capacity and the auxiliary loss follow Tutel's.",
@@ -453,7 +450,7 @@ def _dismae_udg(name: str) -> Protocol:
         flags["udg_split"] = Value("release", f"{DISMAE} train.py:63 (pretraining holdout 0.01) "
                                               f"and {_DISMAE_FT}:7 (--holdout_fraction 0.10)")
     return Protocol(
-        name=name,
+        name=name, sweep_flags=flags, checkpoint_freq={"DomainNet20": Value(250, OURS)},
         summary=("the release's UDG protocol: pretrain 501 epochs on 99% of the sources, "
                  "fine-tune 51 epochs on a fraction of their 90% in-splits" if release else
                  "DomainBed's 80/20 splits for pretraining and labels; lengths as the release"),
@@ -467,10 +464,8 @@ def _dismae_udg(name: str) -> Protocol:
                            "1e-3 are DisMAE's defaults; pretraining has no CE term, lambda2 0)"),
         selections=Value(("iid", "oracle"), f"{OURS}: the UDG tables' training-domain "
                                             "validation and oracle"),
-        checkpoint_freq={"DomainNet20": Value(250, OURS)},
         holdout_fraction=(Value(0.1, f"{_DISMAE_FT}:7 (--holdout_fraction 0.10)") if release
                           else Value(0.2, f"{DOMAINBED} domainbed/scripts/train.py:46")),
-        sweep_flags=flags,
         differences=_diffs(
             ("Epoch length: the release's dataloader.py:96 divides all six domains' "
              "images (targets included) by the last domain index; the host's epoch is "
@@ -573,20 +568,18 @@ _IPOOP_ALIGNMENT = _v(
 def _ipoop(name: str) -> Protocol:
     release = name == "release"
     return Protocol(
-        name=name,
+        name=name, runs=(Run(("ERM",), {}),), alignment=dict(_IPOOP_ALIGNMENT),
         summary=("the authors' scorer and split rule, ERM trained for the authors' trainer's "
                  "lengths" if release else
                  "the authors' scorer and split rule, ERM in DomainBed's protocol"),
         datasets=Value(_IPOOP_DATASETS, f"{IPOOP_PAPER}: DomainBed-IP/OOP's five datasets"),
         test_envs=Value("single_test_envs", f"{IPOOP_PAPER}: leave-one-domain-out"),
-        runs=(Run(("ERM",), {}),),
         groups=(Group("", ("ipoop",), "ResNet-50 (DomainBed's ERM)"),),
         n_hparams=Value(1, "DomainBed's default hparams"),
         selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54 "
                                             "(IP/OOP tables use the same selection)"),
         **(_lengths(f"{IPOOP} domainbed/datasets/datasets.py", _IPOOP_LENGTHS) if release
            else _db_lengths(*_IPOOP_DATASETS)),
-        alignment=dict(_IPOOP_ALIGNMENT),
         differences=_diffs(
             ("Models: the paper's rows are DG methods on CLIP image encoders trained "
              f"with the authors' MIRO-based trainer ({IPOOP} train_all.py, "

@@ -105,8 +105,7 @@ def _value(key: str, row: str, column: str, raw) -> PaperValue:
         return PaperValue(float(raw))
     if isinstance(raw, list) and len(raw) == 2 and all(number(x) for x in raw):
         return PaperValue(float(raw[0]), float(raw[1]))
-    raise _fail(key, f"row {row!r}, column {column!r}: {raw!r} is neither a number nor "
-                     "[mean, pm]")
+    raise _fail(key, f"row {row!r}, column {column!r}: {raw!r} is neither a number nor [mean, pm]")
 
 
 def _entry(key: str, raw: dict) -> PaperEntry:

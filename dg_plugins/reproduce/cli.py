@@ -57,9 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--forwards", action="store_true",
                         help="with --list: the image forwards of training and evaluation "
                              "(--eval_splits selection and all) and the estimated GPU-hours of "
-                             "every setting and protocol, "
-                             "from the recorded full-size image counts (or those under "
-                             "--data_dir)")
+                             "every setting and protocol, from the recorded full-size image "
+                             "counts (or those under --data_dir)")
     parser.add_argument("--describe", action="store_true",
                         help="every value of the setting's protocol with its source, and the "
                              "differences the host cannot express")
@@ -185,7 +184,7 @@ def run(plan: Plan, data_dir: str) -> int:
     if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
         os.makedirs(plan.root, exist_ok=True)
         atomic_write_bytes(os.path.join(plan.root, "reproduce.txt"), (
-            f"$ {shlex.join([sys.executable, '-m', 'dg_plugins.scripts.reproduce', *plan.argv])}\n"
+            f"$ {module_line('reproduce', plan.argv)}\n"
             + "".join(f"note: {note}\n" for note in plan.notes)
             + ps.describe(setting, protocol)).encode())
     for argv in plan.prepare:
@@ -228,8 +227,7 @@ def launch_queue(plan: Plan) -> int:
     # this reproduce command), not one sweep's `sweep launch --resume`; the other lines (claims,
     # delete_incomplete after failures) each sweep folder's own command.
     saved = os.environ.get(actions.RERUN_ENV)
-    os.environ[actions.RERUN_ENV] = saved or shlex.join(
-        [sys.executable, "-m", "dg_plugins.scripts.reproduce", *plan.argv])
+    os.environ[actions.RERUN_ENV] = saved or module_line("reproduce", plan.argv)
     try:
         code = actions.run_action(
             "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
