@@ -336,9 +336,7 @@ def total_line(costs: list[CallCost]) -> str:
 
 def totals(costs: list[CallCost]) -> tuple[int, int, dict]:
     """The jobs, training steps and UDG pretrainings (identity -> steps) of a listing's calls."""
-    pretrainings = {}
-    for c in costs:
-        pretrainings.update(c.pretrain_steps)
+    pretrainings = {key: steps for c in costs for key, steps in c.pretrain_steps.items()}
     return sum(len(c.jobs) for c in costs), sum(sum(c.steps) for c in costs), pretrainings
 
 
