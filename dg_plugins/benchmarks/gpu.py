@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import datetime
 import io
+import itertools
 import os
 import platform
 import shlex
@@ -74,17 +75,25 @@ def quiet():
         yield
 
 
-def build_job(train_argv: list[str]):
-    """A train job built in this process from train's command line, as the train command builds
-    it (nothing written until it records)."""
+@contextlib.contextmanager
+def built_jobs(argvs: dict):
+    """Train jobs built in this process from train's command lines (``key -> argv``) as the train
+    command builds them (nothing written until they record); closed after the block."""
     from dg_plugins.train.cli import build_parser
     from dg_plugins.train.loop import Job
 
-    job = Job(build_parser().parse_args(train_argv), types.SimpleNamespace(signum=None))
-    job.compute.check(job.device)  # train checks it in its validation
-    with quiet():
-        job.build()
-    return job
+    jobs = {}
+    try:
+        for key, argv in argvs.items():
+            job = Job(build_parser().parse_args(argv), types.SimpleNamespace(signum=None))
+            job.compute.check(job.device)  # train checks it in its validation
+            with quiet():
+                job.build()
+            jobs[key] = job
+        yield jobs
+    finally:
+        for job in jobs.values():
+            job.close()
 
 
 def compute_flags(args) -> list[str]:
@@ -101,10 +110,10 @@ def train_argv(args, out: str, algorithm: str, hparams: dict, precision: str, **
             *flag_words(device=args.device or None, n_workers=extra.get("n_workers"))]
 
 
-def _steps(job):
-    """A call making the job's next training step (its step counter advancing)."""
-    counter = iter(range(10 ** 9))
-    return lambda: job.train_step(next(counter))
+def _counted(fn):
+    """A call of ``fn(0)``, then ``fn(1)``, ... (a job's next training step or record)."""
+    counter = itertools.count()
+    return lambda: fn(next(counter))
 
 
 def measure_algorithms(args, device, out: str) -> list[dict]:
@@ -118,23 +127,20 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
     for label, algorithm, hparams in ALGORITHM_ROWS:
         if label not in args.algorithms:
             continue
-        jobs = {p: build_job(train_argv(args, os.path.join(out, f"{algorithm}_{p}"), algorithm,
-                                        hparams, p)) for p in args.precisions}
-        first = next(iter(jobs.values()))
-        images = args.batch_size * first.n_train_streams
-        with first.compute.active(device):  # the jobs' shared settings (deterministic)
-            times = alternating_times({p: _steps(job) for p, job in jobs.items()}, args.steps,
-                                      args.warmup, device)
-            for precision, job in jobs.items():
-                step = statistics.median(times[precision])
-                peak = (persistent_bytes(job.algorithm)
-                        + step_peak_bytes(job.algorithm, None, device, _steps(job)))
-                rows.append({"label": label, "precision": precision, "step_s": step,
-                             "peak_bytes": peak, "images_per_s": images / step,
-                             "images": images})
-        for job in jobs.values():
-            job.close()
-        del jobs, first
+        with built_jobs({p: train_argv(args, os.path.join(out, f"{algorithm}_{p}"), algorithm,
+                                       hparams, p) for p in args.precisions}) as jobs:
+            first = next(iter(jobs.values()))
+            images = args.batch_size * first.n_train_streams
+            with first.compute.active(device):  # the jobs' shared settings (deterministic)
+                times = alternating_times({p: _counted(job.train_step) for p, job in jobs.items()},
+                                          args.steps, args.warmup, device)
+                for precision, job in jobs.items():
+                    step = statistics.median(times[precision])
+                    peak = (persistent_bytes(job.algorithm) + step_peak_bytes(
+                        job.algorithm, None, device, _counted(job.train_step)))
+                    rows.append({"label": label, "precision": precision, "step_s": step,
+                                 "peak_bytes": peak, "images_per_s": images / step})
+        del jobs, first  # their memory freed before the cache is emptied
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -146,7 +152,7 @@ def measure_determinism(args, device, out: str) -> list[dict]:
     from dg_plugins.benchmarks.timing import alternating_times, paired_ratio
 
     def step(job):
-        steps = _steps(job)
+        steps = _counted(job.train_step)
 
         def run():
             job.compute.configure_backends()
@@ -160,21 +166,14 @@ def measure_determinism(args, device, out: str) -> list[dict]:
             continue
         names = [n for n in SETTINGS if "ViT" not in label and "MoE" not in label
                  or "channels_last" not in n]
-        jobs = {}
-        for name in names:
-            folder = os.path.join(out, f"set_{algorithm}_{name.replace(' ', '')}")
-            jobs[name] = build_job(train_argv(args, folder, algorithm, hparams, "fp32",
-                                              compute=SETTINGS[name]))
-        try:
+        with built_jobs({name: train_argv(
+                args, os.path.join(out, f"set_{algorithm}_{name.replace(' ', '')}"), algorithm,
+                hparams, "fp32", compute=SETTINGS[name]) for name in names}) as jobs:
             times = alternating_times({name: step(job) for name, job in jobs.items()},
                                       args.steps, args.warmup, device)
-        finally:
-            for job in jobs.values():
-                job.close()
-        row = {"label": label, "default_s": statistics.median(times["default"]), "ratios": {}}
-        for name in names[1:]:
-            row["ratios"][name] = paired_ratio(times[name], times["default"])
-        rows.append(row)
+        rows.append({"label": label, "default_s": statistics.median(times["default"]),
+                     "ratios": {name: paired_ratio(times[name], times["default"])
+                                for name in names[1:]}})
     return rows
 
 
@@ -229,16 +228,15 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
 
     rows = []
     for workers in args.workers:
-        job = build_job(train_argv(args, os.path.join(out, f"loader{workers}"), "ERM", RESNET18,
-                                   "fp32", dataset="PACS", data_dir=data_dir, n_workers=workers))
-        try:
+        with built_jobs({"loader": train_argv(
+                args, os.path.join(out, f"loader{workers}"), "ERM", RESNET18, "fp32",
+                dataset="PACS", data_dir=data_dir, n_workers=workers)}) as jobs:
+            job = jobs["loader"]
             job.start_workers()
             streams = job.streams[:job.n_train_streams]
             warmup = 2 * max(1, job.workers)
             times = alternating_times({"round": lambda: [next(s) for s in streams]},
                                       args.loader_rounds, warmup, "cpu")["round"]
-        finally:
-            job.close()
         images = args.batch_size * len(streams) * len(times)
         rows.append({"workers": job.workers, "images": images,
                      "images_per_s": images / sum(times)})
@@ -250,19 +248,16 @@ def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
     pool, evaluation batch and precision), per precision."""
     from dg_plugins.benchmarks.timing import alternating_times
 
-    jobs = {p: build_job(train_argv(args, os.path.join(out, f"eval_{p}"), "ERM", RESNET18, p,
-                                    dataset="PACS", data_dir=data_dir))
-            for p in args.precisions}
+    def record(job):
+        def run(step):
+            with job.compute.active(device), quiet():
+                job.write_record(step)
+        return _counted(run)
+
     rows = []
-    try:
-        def record(job):
-            steps = iter(range(10 ** 9))
-
-            def run():
-                with job.compute.active(device), quiet():
-                    job.write_record(next(steps))
-            return run
-
+    with built_jobs({p: train_argv(args, os.path.join(out, f"eval_{p}"), "ERM", RESNET18, p,
+                                   dataset="PACS", data_dir=data_dir)
+                     for p in args.precisions}) as jobs:
         for job in jobs.values():
             os.makedirs(job.folder, exist_ok=True)
             job.start_workers()
@@ -273,10 +268,13 @@ def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
             images = sum(sizes[name] for name in job.eval_names)
             rows.append({"precision": precision, "images": images, "workers": job.workers,
                          "images_per_s": images / statistics.median(times[precision])})
-    finally:
-        for job in jobs.values():
-            job.close()
     return rows
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines."""
+    lines = [f"| {' | '.join(map(str, cells))} |" for cells in (head, *rows)]
+    return [lines[0], "|" + "---|" * len(head), *lines[1:]]
 
 
 def device_name(device) -> str:
@@ -319,36 +317,29 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
               f"source domains, random init; median of {args.steps} steps after {args.warmup}"
               + (", " + " and ".join(args.precisions) + " taking turns)"
                  if len(args.precisions) > 1 else ")"), "",
-              "| algorithm | precision | step ms | peak memory GiB | images/s |",
-              "|---|---|---|---|---|"]
-    for row in algorithms:
-        lines.append(f"| {row['label']} | {row['precision']} | {1000 * row['step_s']:.1f} | "
-                     f"{row['peak_bytes'] / 2 ** 30:.2f} | {rate(row['images_per_s'])} |")
-    lines += ["", f"## Training loader (JPEGs at 227x227, decoded and augmented; batch "
+              *_table(["algorithm", "precision", "step ms", "peak memory GiB", "images/s"],
+                      [[r["label"], r["precision"], f"{1000 * r['step_s']:.1f}",
+                        f"{r['peak_bytes'] / 2 ** 30:.2f}", rate(r["images_per_s"])]
+                       for r in algorithms]),
+              "", f"## Training loader (JPEGs at 227x227, decoded and augmented; batch "
               f"{args.batch_size} per domain x 3 source domains; {args.loader_rounds} rounds "
               "after the workers started)", "",
-              "| loader workers | images/s |", "|---|---|"]
-    for row in loader:
-        lines.append(f"| {row['workers']} | {rate(row['images_per_s'])} |")
-    lines += ["", "## Evaluation (one record of ERM ResNet-18 on the tree: every split, "
+              *_table(["loader workers", "images/s"],
+                      [[r["workers"], rate(r["images_per_s"])] for r in loader]),
+              "", "## Evaluation (one record of ERM ResNet-18 on the tree: every split, "
               f"median of {args.eval_repeats})", "",
-              "| precision | images | loader workers | images/s |", "|---|---|---|---|"]
-    for row in evaluation:
-        lines.append(f"| {row['precision']} | {row['images']} | {row['workers']} | "
-                     f"{rate(row['images_per_s'])} |")
+              *_table(["precision", "images", "loader workers", "images/s"],
+                      [[r["precision"], r["images"], r["workers"], rate(r["images_per_s"])]
+                       for r in evaluation])]
     if determinism:
         names = list(SETTINGS)[1:]
         lines += ["", "## Compute settings (fp32 step; each setting's step over the default's, "
                   f"paired, median (quartiles) of {args.steps} after {args.warmup}; fast: "
                   "--deterministic false)", "",
-                  "| algorithm | default ms | " + " | ".join(names) + " |",
-                  "|---|---|" + "---|" * len(names)]
-        for row in determinism:
-            cells = [("{:.2f} ({:.2f}-{:.2f})".format(row["ratios"][n][1], row["ratios"][n][0],
-                                                      row["ratios"][n][2])
-                      if n in row["ratios"] else "-") for n in names]
-            lines.append(f"| {row['label']} | {1000 * row['default_s']:.1f} | "
-                         + " | ".join(cells) + " |")
+                  *_table(["algorithm", "default ms", *names], [
+                      [r["label"], f"{1000 * r['default_s']:.1f}",
+                       *("{1:.2f} ({0:.2f}-{2:.2f})".format(*r["ratios"][n])
+                         if n in r["ratios"] else "-" for n in names)] for r in determinism])]
     advice = recommendations(args, device, algorithms, loader, determinism)
     if advice:
         lines += ["", "## Recommended for this machine (from the tables above)", "", *advice]

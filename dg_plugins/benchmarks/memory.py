@@ -4,6 +4,7 @@ allocations (CUDA's peak statistics, or the torch profiler's events on a CPU).""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 
@@ -26,17 +27,12 @@ def persistent_bytes(algorithm) -> int:
     """Bytes of the algorithm's state dict and its optimizers' state, each storage once."""
     import torch
 
-    seen, total = set(), 0
-    tensors = list(algorithm.state_dict().values())
-    for opt in algorithm.optimizers().values():
-        for state in opt.state.values():
-            tensors += [v for v in state.values() if torch.is_tensor(v)]
-    for t in tensors:
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    tensors = [*algorithm.state_dict().values(),
+               *(v for opt in algorithm.optimizers().values() for state in opt.state.values()
+                 for v in state.values() if torch.is_tensor(v))]
+    storages = {(t.untyped_storage().data_ptr(), t.device): t.untyped_storage().nbytes()
+                for t in tensors}
+    return sum(storages.values())
 
 
 def step_peak_bytes(algorithm, batches, device, step=None) -> int:
@@ -62,8 +58,4 @@ def step_peak_bytes(algorithm, batches, device, step=None) -> int:
         step()
     allocations = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                          if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in allocations:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+    return max(itertools.accumulate((nbytes for _, nbytes in allocations), initial=0))

@@ -63,22 +63,23 @@ def load(path: str = GPU_TIMES_FILE) -> GpuTimes:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         source, train, evaluation = data["source"], data["train_step"], data["evaluation"]
+
+        def number(section: str, key: str) -> float:
+            return _number(data[section][key], f"{section}.{key}")
+
         return GpuTimes(
-            device=str(source["device"]), device_detail=str(source["device_detail"]),
-            date=str(source["date"]), file=str(source["file"]),
-            step_ms={str(k): _number(v, f"train_step.ms[{k!r}]")
-                     for k, v in train["ms"].items()},
-            batch_per_domain=int(_number(train["batch_per_domain"], "train_step.batch_per_domain")),
-            source_domains=int(_number(train["source_domains"], "train_step.source_domains")),
+            **{key: str(source[key]) for key in ("device", "device_detail", "date", "file")},
+            step_ms={str(k): _number(v, f"train_step.ms[{k!r}]") for k, v in train["ms"].items()},
+            batch_per_domain=int(number("train_step", "batch_per_domain")),
+            source_domains=int(number("train_step", "source_domains")),
             train_precision=str(train["precision"]),
-            eval_images_per_second=_number(evaluation["images_per_second"],
-                                           "evaluation.images_per_second"),
+            eval_images_per_second=number("evaluation", "images_per_second"),
             eval_algorithm=str(evaluation["algorithm"]),
-            eval_workers=int(_number(evaluation["loader_workers"], "evaluation.loader_workers")),
-            input_size=int(_number(train["input_size"], "train_step.input_size")))
+            eval_workers=int(number("evaluation", "loader_workers")),
+            input_size=int(number("train_step", "input_size")))
+    except GpuTimesError:
+        raise
     except (OSError, ValueError) as err:
-        if isinstance(err, GpuTimesError):
-            raise
         raise GpuTimesError(f"cannot read {path}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:
         raise GpuTimesError(f"{path}: missing or malformed field {err}") from None

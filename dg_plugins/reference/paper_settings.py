@@ -39,27 +39,33 @@ class Value(NamedTuple):
     source: str
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """Algorithms trained with the same hparam overrides (one ``--hparams`` JSON)."""
     algorithms: tuple[str, ...]
-    hparams: Mapping[str, Value] = field(default_factory=dict)
+    hparams: Mapping[str, Value] = {}
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """One sweep folder and the paper rows its tables sit beside; ``hparams`` go to every run."""
     folder: str
     paper_keys: tuple[str, ...]
     title: str
-    hparams: Mapping[str, Value] = field(default_factory=dict)
+    hparams: Mapping[str, Value] = {}
 
 
-@dataclass(frozen=True)
-class Difference:
+class Difference(NamedTuple):
     """Something the protocol does not do as its source does, and why."""
     what: str
     reason: str
+
+
+def _v(**rows) -> dict[str, Value]:
+    """Rows ``name=(value, source)`` as :class:`Value` s."""
+    return {name: Value(*row) for name, row in rows.items()}
+
+
+def _diffs(*rows: tuple[str, str]) -> tuple[Difference, ...]:
+    return tuple(Difference(*row) for row in rows)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,8 +94,7 @@ class Protocol:
     differences: tuple[Difference, ...] = ()
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """A paper table and the script that reproduces it."""
     name: str
     script: str
@@ -108,48 +113,43 @@ class Setting:
 #: Images per environment (in the dataset's environment order) of DomainBed's data folders.
 #: TerraIncognita's are not recorded (no per-domain count with a source at hand): a dry run
 #: counts them under ``--data_dir`` or says that its evaluation cost is unknown.
-DATASET_SIZES: dict[str, Value] = {
-    "PACS": Value((2048, 2344, 1670, 3929),
-                  f"PACS's official *_test_kfold.txt lists (each the whole domain), counted in "
-                  f"{PACS_LISTS}; 9,991 images as DMG's paper says (its PACS paragraph)"),
-    "DomainNet": Value((48129, 51605, 72266, 172500, 172947, 69128),
-                       f"DomainNet's cleaned image lists, counted in {DMG} "
-                       "data/DomainNet/tv_0.9_splits/<domain>_{train,val,test}.txt (quickdraw: "
-                       "345 classes x 500 images; its train list is not in the mirror, its test "
-                       "list holds 150 per class); DomainBed's download "
-                       "(domainbed/scripts/download.py) removes the duplicates those lists omit"),
-    "VLCS": Value((1415, 2656, 3282, 3376),
-                  "the Caltech101, LabelMe, SUN09 and VOC2007 folders of DomainBed's VLCS "
-                  "download (domainbed/scripts/download.py); 10,729 images in all, as DomainBed's "
-                  "paper (Gulrajani & Lopez-Paz, ICLR 2021, appendix) says"),
-    "OfficeHome": Value((2427, 4365, 4439, 4357),
-                        "the Art, Clipart, Product and Real World domains of Office-Home "
-                        "(Venkateswara et al., CVPR 2017, its dataset table); 15,588 images in all, "
-                        "as DomainBed's paper (appendix) says"),
-    "Digits": Value((10000, 26032, 9001, 9553, 2007),
-                    "dg_plugins/datasets/digits.py (MNIST: its first 10,000 training digits) and "
-                    "the test sets' published sizes, not counted here: SVHN test_32x32.mat "
-                    "26,032, MNIST-M mnist_m_test_labels.txt 9,001, SYN synth_test_32x32.mat "
-                    "9,553, USPS zip.test 2,007 (its zip.info)"),
-    "DomainNet20": Value((3855, 5176, 5586, 10000, 10756, 4301),
-                         "the 20 classes of dg_plugins/datasets/domainnet20.py (the DisMAE "
-                         f"release's dataset/split.sh), counted in the same {DMG} DomainNet lists "
-                         "(quickdraw: 20 x 500)"),
-}
+DATASET_SIZES: dict[str, Value] = _v(
+    PACS=((2048, 2344, 1670, 3929),
+          f"PACS's official *_test_kfold.txt lists (each the whole domain), counted in "
+          f"{PACS_LISTS}; 9,991 images as DMG's paper says (its PACS paragraph)"),
+    DomainNet=((48129, 51605, 72266, 172500, 172947, 69128),
+               f"DomainNet's cleaned image lists, counted in {DMG} "
+               "data/DomainNet/tv_0.9_splits/<domain>_{train,val,test}.txt (quickdraw: "
+               "345 classes x 500 images; its train list is not in the mirror, its test "
+               "list holds 150 per class); DomainBed's download "
+               "(domainbed/scripts/download.py) removes the duplicates those lists omit"),
+    VLCS=((1415, 2656, 3282, 3376),
+          "the Caltech101, LabelMe, SUN09 and VOC2007 folders of DomainBed's VLCS "
+          "download (domainbed/scripts/download.py); 10,729 images in all, as DomainBed's "
+          "paper (Gulrajani & Lopez-Paz, ICLR 2021, appendix) says"),
+    OfficeHome=((2427, 4365, 4439, 4357),
+                "the Art, Clipart, Product and Real World domains of Office-Home "
+                "(Venkateswara et al., CVPR 2017, its dataset table); 15,588 images in all, "
+                "as DomainBed's paper (appendix) says"),
+    Digits=((10000, 26032, 9001, 9553, 2007),
+            "dg_plugins/datasets/digits.py (MNIST: its first 10,000 training digits) and "
+            "the test sets' published sizes, not counted here: SVHN test_32x32.mat "
+            "26,032, MNIST-M mnist_m_test_labels.txt 9,001, SYN synth_test_32x32.mat "
+            "9,553, USPS zip.test 2,007 (its zip.info)"),
+    DomainNet20=((3855, 5176, 5586, 10000, 10756, 4301),
+                 "the 20 classes of dg_plugins/datasets/domainnet20.py (the DisMAE "
+                 f"release's dataset/split.sh), counted in the same {DMG} DomainNet lists "
+                 "(quickdraw: 20 x 500)"))
 
 #: The in-split (training images) of each environment under the dataset hparam
 #: ``data_split: "official"`` (when the lists are not under the data folder to be counted).
-OFFICIAL_TRAIN_SIZES: dict[str, Value] = {
-    "PACS": Value((1840, 2107, 1499, 3531),
-                  f"PACS's official *_train_kfold.txt lists, counted in {PACS_LISTS} "
-                  "(*_crossval_kfold.txt: 208/237/171/398 validation images)"),
-}
+OFFICIAL_TRAIN_SIZES: dict[str, Value] = _v(PACS=(
+    (1840, 2107, 1499, 3531), f"PACS's official *_train_kfold.txt lists, counted in "
+    f"{PACS_LISTS} (*_crossval_kfold.txt: 208/237/171/398 validation images)"))
 #: The out-split (validation images) of each environment under ``data_split: "official"``; a
 #: test environment's in-split is its test list, the whole domain (:data:`DATASET_SIZES`).
-OFFICIAL_VAL_SIZES: dict[str, Value] = {
-    "PACS": Value((208, 237, 171, 398),
-                  f"PACS's official *_crossval_kfold.txt lists, counted in {PACS_LISTS}"),
-}
+OFFICIAL_VAL_SIZES: dict[str, Value] = _v(PACS=(
+    (208, 237, 171, 398), f"PACS's official *_crossval_kfold.txt lists, counted in {PACS_LISTS}"))
 
 
 def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
@@ -162,6 +162,23 @@ def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
         return max(1, math.ceil(min(in_sizes) / batch_size))
     raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
 
+def _lengths(where: str, rows: dict, note: str = "") -> dict[str, dict[str, Value]]:
+    """``steps`` and ``checkpoint_freq`` per dataset as ``where`` (a datasets.py) sets them:
+    rows ``dataset: (steps, its line, checkpoint_freq, its line)``."""
+    return {"steps": {d: Value(s, f"{where}:{at}{note}") for d, (s, at, _, _) in rows.items()},
+            "checkpoint_freq": {d: Value(f, f"{where}:{at}") for d, (_, _, f, at) in rows.items()}}
+
+
+#: DomainBed's lengths (domainbed/datasets.py): 5001 steps (N_STEPS), a checkpoint frequency each.
+_DB_LENGTHS = {"PACS": (5001, 55, 300, 235), "VLCS": (5001, 55, 300, 228),
+               "OfficeHome": (5001, 55, 300, 249), "TerraIncognita": (5001, 55, 300, 256),
+               "DomainNet": (5001, 55, 1000, 242)}
+
+
+def _db_lengths(*datasets: str, note: str = "") -> dict[str, dict[str, Value]]:
+    return _lengths(f"{DOMAINBED} domainbed/datasets.py", {d: _DB_LENGTHS[d] for d in datasets},
+                    note)
+
 
 # --- DMG (Chattopadhyay et al., ECCV 2020) ---
 
@@ -172,235 +189,191 @@ _DMG_APPENDIX = f"{DMG_PAPER}, appendix (implementation details)"
 
 
 def _dmg_backbones(dataset_key: str) -> tuple[Group, ...]:
-    return (
-        Group("resnet18", (f"dmg_{dataset_key}_resnet18",), "ResNet-18",
-              {"resnet18": Value(True, f"{DMG} run_jobs.sh:58-65 (MODEL.BASE_MODEL resnet18)")}),
-        Group("resnet50", (f"dmg_{dataset_key}_resnet50",), "ResNet-50",
-              {"resnet18": Value(False, f"{DMG} run_jobs.sh:67-74 (MODEL.BASE_MODEL resnet50)")}),
-    )
+    return tuple(Group(f"resnet{n}", (f"dmg_{dataset_key}_resnet{n}",), f"ResNet-{n}", _v(
+        resnet18=(n == 18, f"{DMG} run_jobs.sh:{lines} (MODEL.BASE_MODEL resnet{n})")))
+        for n, lines in ((18, "58-65"), (50, "67-74")))
 
 
 #: hparams every DMG-paper job shares (network and optimiser), both protocols.
-_DMG_BACKBONE = {
-    "pretrained": Value(True, f"{_DMG_PACS_CFG}:21 (USE_PRETRAINED)"),
-    "resnet50_augmix": Value(False, f"{DMG} models/basic_model.py:41-42 (torchvision "
-                                    "models.<name>(pretrained=True))"),
-    "resnet_dropout": Value(0.0, f"{DMG} models/basic_model.py:53-56 (torchvision ResNet: no "
-                                 "dropout before fc)"),
-}
-_DMG_MASKS = {
-    "dmg_lambda_overlap": Value(0.1, f"{_DMG_PACS_CFG}:46 (OVERLAP_LAMBDA); {_DMG_DN_CFG}:47"),
-    "dmg_lambda_sparsity": Value(0.0, f"{_DMG_PACS_CFG}:45 (SPARSITY_LAMBDA); {_DMG_DN_CFG}:46"),
-    "dmg_mask_lr": Value(1e-4, f"{_DMG_PACS_CFG}:38 (POLICY_LEARNING_RATE); {_DMG_DN_CFG}:39"),
-    "dmg_mask_layers": Value("layer3,layer4,fc", f"{DMG} run_jobs.sh:64 and :73 "
-                                                 "(MODEL.MASK_LAYERS for ResNet-18/50; line 2: "
-                                                 "the same commands run PACS)"),
-    "dmg_test_ensemble": Value("logits", f"{_DMG_TRAINER}:314-335 (test: the mean of the "
-                                         "scores under every source domain's soft mask)"),
-}
+_DMG_BACKBONE = _v(
+    pretrained=(True, f"{_DMG_PACS_CFG}:21 (USE_PRETRAINED)"),
+    resnet50_augmix=(False, f"{DMG} models/basic_model.py:41-42 (torchvision "
+                     "models.<name>(pretrained=True))"),
+    resnet_dropout=(0.0, f"{DMG} models/basic_model.py:53-56 (torchvision ResNet: no "
+                    "dropout before fc)"))
+_DMG_MASKS = _v(
+    dmg_lambda_overlap=(0.1, f"{_DMG_PACS_CFG}:46 (OVERLAP_LAMBDA); {_DMG_DN_CFG}:47"),
+    dmg_lambda_sparsity=(0.0, f"{_DMG_PACS_CFG}:45 (SPARSITY_LAMBDA); {_DMG_DN_CFG}:46"),
+    dmg_mask_lr=(1e-4, f"{_DMG_PACS_CFG}:38 (POLICY_LEARNING_RATE); {_DMG_DN_CFG}:39"),
+    dmg_mask_layers=("layer3,layer4,fc", f"{DMG} run_jobs.sh:64 and :73 (MODEL.MASK_LAYERS for "
+                                         "ResNet-18/50; line 2: the same commands run PACS)"),
+    dmg_test_ensemble=("logits", f"{_DMG_TRAINER}:314-335 (test: the mean of the "
+                       "scores under every source domain's soft mask)"))
 
 #: Why the release protocols select with DomainBed's training-domain validation.
-_DMG_BEST_EPOCH = (f"{_DMG_TRAINER}:412, 489-498 (best_so_far.pth: the epoch whose mean source "
-                   "validation accuracy first beats every earlier one); DomainBed's training-"
-                   "domain validation already keeps each run's best checkpoint by mean source "
-                   f"validation accuracy, the earliest on ties ({DOMAINBED} "
-                   "domainbed/model_selection.py:75-100, IIDAccuracySelectionMethod.run_acc's "
-                   "argmax), which is the release's best-epoch rule")
+_DMG_BEST_EPOCH = Value(("iid",), f"{_DMG_TRAINER}:412, 489-498 (best_so_far.pth: the epoch "
+                        "whose mean source "
+                        "validation accuracy first beats every earlier one); DomainBed's training-"
+                        "domain validation already keeps each run's best checkpoint by mean source "
+                        f"validation accuracy, the earliest on ties ({DOMAINBED} "
+                        "domainbed/model_selection.py:75-100, IIDAccuracySelectionMethod.run_acc's "
+                        "argmax), which is the release's best-epoch rule")
+_DMG_RELEASE_TRIALS = Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149 (the release: one "
+                            "seed)")
 
-_DMG_COMMON_DIFFERENCES = (
-    Difference("Best epoch: the rule is the release's (the best mean source validation "
-               "accuracy, selection iid), but the release validates each source domain with its "
-               "own mask thresholded ('greedy', DMG-KD: "
-               f"{_DMG_TRAINER}:298-307); the host's validation accuracy is that of predict "
-               "(the soft masks of every source averaged), the prediction the tables report.",
-               "the host validates with predict, the one prediction rule every algorithm has"),
-    Difference("Checkpoints: the release evaluates at the end of each epoch; the host records "
-               "after update k*S + 1 of an S-step epoch (step % checkpoint_freq == 0, after the "
-               "update), one update into the next epoch; the last record ends the last epoch.",
-               "DomainBed's train records at step % checkpoint_freq == 0 "
-               "(domainbed/scripts/train.py)"),
-    Difference("Trials: the release runs one seed (RANDOM_SEED 123, config line 3); the host runs "
-               "3 trials seeded as DomainBed seeds them and reports mean +/- standard error.",
-               "DomainBed's protocol (domainbed/scripts/sweep.py --n_trials 3)"),
-    Difference("Images: the release reads pre-read HDF5 files (data/PACS/download.txt, "
-               "data/DomainNet/create_hdf5.py); the host reads DomainBed's image folders.",
-               "the host's datasets are DomainBed's folders"),
-)
+_DMG_COMMON_DIFFERENCES = _diffs(
+    ("Best epoch: the rule is the release's (the best mean source validation accuracy, selection "
+     "iid), but the release validates each source domain with its own mask thresholded ('greedy', "
+     f"DMG-KD: {_DMG_TRAINER}:298-307); the host's validation accuracy is that of predict (the "
+     "soft masks of every source averaged), the prediction the tables report.",
+     "the host validates with predict, the one prediction rule every algorithm has"),
+    ("Checkpoints: the release evaluates at the end of each epoch; the host records "
+     "after update k*S + 1 of an S-step epoch (step % checkpoint_freq == 0, after the "
+     "update), one update into the next epoch; the last record ends the last epoch.",
+     "DomainBed's train records at step % checkpoint_freq == 0 (domainbed/scripts/train.py)"),
+    ("Trials: the release runs one seed (RANDOM_SEED 123, config line 3); the host runs "
+     "3 trials seeded as DomainBed seeds them and reports mean +/- standard error.",
+     "DomainBed's protocol (domainbed/scripts/sweep.py --n_trials 3)"),
+    ("Images: the release reads pre-read HDF5 files (data/PACS/download.txt, "
+     "data/DomainNet/create_hdf5.py); the host reads DomainBed's image folders.",
+     "the host's datasets are DomainBed's folders"))
 
-_DMG_PACS_RELEASE_HPARAMS = {
-    **_DMG_BACKBONE,
-    "lr": Value(1e-4, f"{_DMG_PACS_CFG}:37 (MODEL_LEARNING_RATE)"),
-    "weight_decay": Value(1e-5, f"{_DMG_PACS_CFG}:43-44 (MODEL/POLICY_WEIGHT_DECAY)"),
-    "batch_size": Value(64, f"{_DMG_PACS_CFG}:31 (BATCH_SIZE)"),
-    "batch_sampling": Value("pooled", f"{DMG} dataloaders/domain_datasets.py:134, 159-164 "
-                                      "(one shuffled loader over the union of the sources)"),
-    "lr_schedule": Value("exp_epoch", f"{_DMG_PACS_CFG}:39, 41 (LEARNING_RATE_SCHEDULER exp, "
-                                      f"DECAY_MODE epoch); {_DMG_TRAINER}:532-538"),
-    "lr_decay": Value(0.99, f"{_DMG_PACS_CFG}:40 (LEARNING_RATE_DECAY_RATE)"),
-    "data_split": Value("official", f"{_DMG_PACS_CFG}:12 (DATA_SPLIT_DIR data/PACS/: the "
-                                    "official train/val/test files)"),
-    "augmentation": Value("dmg_pacs", f"{DMG} train_model.py:146-155 (RandomResizedCrop 224 "
-                                      "scale 0.8-1, flip, ColorJitter 0.4)"),
-}
+_DMG_PACS_RELEASE_HPARAMS = {**_DMG_BACKBONE, **_v(
+    lr=(1e-4, f"{_DMG_PACS_CFG}:37 (MODEL_LEARNING_RATE)"),
+    weight_decay=(1e-5, f"{_DMG_PACS_CFG}:43-44 (MODEL/POLICY_WEIGHT_DECAY)"),
+    batch_size=(64, f"{_DMG_PACS_CFG}:31 (BATCH_SIZE)"),
+    batch_sampling=("pooled", f"{DMG} dataloaders/domain_datasets.py:134, 159-164 "
+                    "(one shuffled loader over the union of the sources)"),
+    lr_schedule=("exp_epoch", f"{_DMG_PACS_CFG}:39, 41 (LEARNING_RATE_SCHEDULER exp, "
+                 f"DECAY_MODE epoch); {_DMG_TRAINER}:532-538"),
+    lr_decay=(0.99, f"{_DMG_PACS_CFG}:40 (LEARNING_RATE_DECAY_RATE)"),
+    data_split=("official", f"{_DMG_PACS_CFG}:12 (DATA_SPLIT_DIR data/PACS/: the "
+                "official train/val/test files)"),
+    augmentation=("dmg_pacs", f"{DMG} train_model.py:146-155 (RandomResizedCrop 224 "
+                  "scale 0.8-1, flip, ColorJitter 0.4)"))}
 _DMG_PACS_RELEASE = Protocol(
-    name="release",
+    name="release", datasets=Value(("PACS",), f"{_DMG_PACS_CFG}:9"),
     summary="the DMG release's PACS protocol: official splits, one pooled shuffled batch of 64, "
             "Adam 1e-4 with the network's lr x0.99 per epoch, 150 epochs, best epoch on source "
             "validation",
-    datasets=Value(("PACS",), f"{_DMG_PACS_CFG}:9"),
     test_envs=Value("single_test_envs", f"{DMG_PAPER}, PACS paragraph: each domain held out once"),
-    runs=(Run(("DMG",), {**_DMG_PACS_RELEASE_HPARAMS, **_DMG_MASKS,
-                         "dmg_mask_lr_schedule": Value(False, f"{_DMG_TRAINER}:540-545 (the "
-                                                              "mask scheduler's step is "
-                                                              "commented out)"),
-                         "dmg_fc_init_std": Value(None, f"{_DMG_PACS_CFG}:20 (PARAM_INIT "
-                                                        "standard: PyTorch's default init)")}),
+    runs=(Run(("DMG",), {**_DMG_PACS_RELEASE_HPARAMS, **_DMG_MASKS, **_v(
+        dmg_mask_lr_schedule=(False, f"{_DMG_TRAINER}:540-545 (the mask scheduler's step is "
+                                     "commented out)"),
+        dmg_fc_init_std=(None, f"{_DMG_PACS_CFG}:20 (PARAM_INIT "
+                         "standard: PyTorch's default init)"))}),
           # ERM is the paper's Aggregate* baseline (Tables 2 and 6)
           Run(("ERM",), dict(_DMG_PACS_RELEASE_HPARAMS))),
-    groups=_dmg_backbones("pacs"),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149 (the release: one seed)"),
+    groups=_dmg_backbones("pacs"), n_trials=_DMG_RELEASE_TRIALS,
     n_hparams=Value(1, f"{_DMG_PACS_CFG} (fixed hparams: hparams_seed 0 with the overrides)"),
-    selections=Value(("iid",), _DMG_BEST_EPOCH),
+    selections=_DMG_BEST_EPOCH,
     epochs=Value(150, f"{_DMG_PACS_CFG}:50 (MAX_EPOCHS; the paper's appendix: best of 50 "
-                      "epochs; --epochs 50 runs that)"),
-    differences=(
-        Difference("Length: 150 epochs as the release's config; the paper's appendix says the "
-                   "best checkpoint of 50 epochs.", "the release is what ran; --epochs 50 gives "
-                   "the paper's budget"),
-        Difference("Mask lr: constant as in the release (the epoch step of the mask optimizer's "
-                   f"scheduler is commented out, {_DMG_TRAINER}:540-545); the paper says both "
-                   "the network's and the masks' lr decay.", "follows the release"),
-        Difference("Oracle column: under data_split official the target's out-split is its "
-                   "crossval list, a subset of its test list (*_test_kfold.txt holds every image "
-                   "of the domain), so test-domain (oracle) selection selects on test images; "
-                   "the release selects on source validation only.",
-                   "the target accuracy itself is the release's: env{t}_in_acc is the whole "
-                   "test list; read the training-domain validation table"),
-        *_DMG_COMMON_DIFFERENCES,
-    ),
-)
-#: DomainBed's per-domain batch closest to the paper's 64 images per step: 64 // sources.
-_DMG_PAPER_BATCH = f"{_DMG_APPENDIX}: batch 64 per step, shared by the source domains (64 // n)"
-
-_DMG_PACS_DOMAINBED_HPARAMS = {
-    **_DMG_BACKBONE,
-    "lr": Value(1e-4, f"{_DMG_APPENDIX} (Adam 1e-4)"),
-    "weight_decay": Value(1e-5, f"{_DMG_APPENDIX} (PACS: 1e-5)"),
-    "batch_size": Value(21, _DMG_PAPER_BATCH),
-}
-_DMG_PACS_DOMAINBED = Protocol(
-    summary="DomainBed's protocol (random 80/20 splits, 21 images per source domain per step, "
-            "constant lr, 5001 steps) with the paper's hparams",
-    datasets=Value(("PACS",), _DMG_PACS_RELEASE.datasets.source),
-    runs=(Run(("DMG",), {**_DMG_PACS_DOMAINBED_HPARAMS, **_DMG_MASKS}),
-          Run(("ERM",), dict(_DMG_PACS_DOMAINBED_HPARAMS))),
-    groups=_dmg_backbones("pacs"),
-    n_hparams=Value(1, "the paper's hparams (hparams_seed 0 with the overrides)"),
-    steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55 (N_STEPS)")},
-    checkpoint_freq={"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235")},
-    differences=(
-        Difference("No lr decay, per-domain minibatches of 21, DomainBed's augmentation and "
-                   "random splits, 5001 steps (about 15 epochs of the pooled sources).",
-                   "DomainBed's protocol: comparable with DomainBed's tables, not with the "
-                   "paper's"),
-    ),
+                 "epochs; --epochs 50 runs that)"),
+    differences=_diffs(
+        ("Length: 150 epochs as the release's config; the paper's appendix says the "
+         "best checkpoint of 50 epochs.", "the release is what ran; --epochs 50 gives "
+         "the paper's budget"),
+        ("Mask lr: constant as in the release (the epoch step of the mask optimizer's "
+         f"scheduler is commented out, {_DMG_TRAINER}:540-545); the paper says both "
+         "the network's and the masks' lr decay.", "follows the release"),
+        ("Oracle column: under data_split official the target's out-split is its "
+         "crossval list, a subset of its test list (*_test_kfold.txt holds every image "
+         "of the domain), so test-domain (oracle) selection selects on test images; "
+         "the release selects on source validation only.",
+         "the target accuracy itself is the release's: env{t}_in_acc is the whole "
+         "test list; read the training-domain validation table"),
+    ) + _DMG_COMMON_DIFFERENCES,
 )
 
-_DMG_DN_RELEASE_HPARAMS = {
-    **_DMG_BACKBONE,
-    "pretrained": Value(True, f"{_DMG_DN_CFG}:18 (USE_PRETRAINED)"),
-    "lr": Value(1e-4, f"{_DMG_DN_CFG}:38 (MODEL_LEARNING_RATE)"),
-    "weight_decay": Value(0.0, f"{_DMG_DN_CFG}:44-45 (MODEL/POLICY_WEIGHT_DECAY)"),
-    "batch_size": Value(64, f"{_DMG_DN_CFG}:32 (BATCH_SIZE)"),
-    "batch_sampling": Value("pooled", f"{DMG} dataloaders/domain_datasets.py:134, 159-164"),
-    "lr_schedule": Value("inv_step", f"{_DMG_DN_CFG}:40, 42 (invlr, DECAY_MODE iter); "
-                                     f"{_DMG_TRAINER}:196-203 (both schedulers step every "
-                                     "iteration); the paper's appendix says per epoch"),
-    "lr_inv_gamma": Value(1e-4, f"{DMG} utils/inverse_lr_scheduler.py:10 (InvLR defaults; "
-                                "train_model.py:272-273 passes none; the config's "
-                                "LEARNING_RATE_DECAY_RATE 0.1 is unused)"),
-    "lr_inv_power": Value(0.75, f"{DMG} utils/inverse_lr_scheduler.py:10"),
-    "augmentation": Value("dmg_domainnet", f"{DMG} train_model.py:156-165 (Resize 256, "
-                                           "RandomCrop 224, flip)"),
-    "dmg_fc_init_std": Value(0.001, f"{_DMG_DN_CFG}:17 (PARAM_INIT custom); {DMG} "
-                                    "models/basic_model.py:57-58, utils/misc.py:27-30 "
-                                    "(N(0, 0.001) weights, zero bias)"),
-}
+
+def _dmg_domainbed(dataset: str, batch: int, weight_decay: tuple[float, str], steps_note: str,
+                   differences: tuple, extra: str = "", dmg: dict | None = None) -> Protocol:
+    """DMG's DomainBed protocol: the paper's hparams, ``batch`` images per source domain."""
+    hparams = {**_DMG_BACKBONE, **_v(
+        lr=(1e-4, f"{_DMG_APPENDIX} (Adam 1e-4)"),
+        weight_decay=(weight_decay[0], f"{_DMG_APPENDIX} ({dataset}: {weight_decay[1]})"),
+        # DomainBed's per-domain batch closest to the paper's 64 images per step: 64 // sources
+        batch_size=(batch, f"{_DMG_APPENDIX}: batch 64 per step, shared by the source domains "
+                    "(64 // n)"))}
+    return Protocol(
+        summary=f"DomainBed's protocol (random 80/20 splits, {batch} images per source domain "
+                f"per step, constant lr, 5001 steps) with the paper's hparams{extra}",
+        datasets=Value((dataset,), (_DMG_PACS_CFG if dataset == "PACS" else _DMG_DN_CFG) + ":9"),
+        runs=(Run(("DMG",), {**hparams, **_DMG_MASKS, **(dmg or {})}),
+              Run(("ERM",), dict(hparams))),
+        groups=_dmg_backbones(dataset.lower()),
+        n_hparams=Value(1, "the paper's hparams (hparams_seed 0 with the overrides)"),
+        **_db_lengths(dataset, note=steps_note), differences=differences)
+
+
+_DMG_PACS_DOMAINBED = _dmg_domainbed("PACS", 21, (1e-5, "1e-5"), " (N_STEPS)", _diffs((
+    "No lr decay, per-domain minibatches of 21, DomainBed's augmentation and "
+    "random splits, 5001 steps (about 15 epochs of the pooled sources).",
+    "DomainBed's protocol: comparable with DomainBed's tables, not with the paper's")))
+_DMG_DN_RELEASE_HPARAMS = {**_DMG_BACKBONE, **_v(
+    pretrained=(True, f"{_DMG_DN_CFG}:18 (USE_PRETRAINED)"),
+    lr=(1e-4, f"{_DMG_DN_CFG}:38 (MODEL_LEARNING_RATE)"),
+    weight_decay=(0.0, f"{_DMG_DN_CFG}:44-45 (MODEL/POLICY_WEIGHT_DECAY)"),
+    batch_size=(64, f"{_DMG_DN_CFG}:32 (BATCH_SIZE)"),
+    batch_sampling=("pooled", f"{DMG} dataloaders/domain_datasets.py:134, 159-164"),
+    lr_schedule=("inv_step", f"{_DMG_DN_CFG}:40, 42 (invlr, DECAY_MODE iter); "
+                 f"{_DMG_TRAINER}:196-203 (both schedulers step every "
+                 "iteration); the paper's appendix says per epoch"),
+    lr_inv_gamma=(1e-4, f"{DMG} utils/inverse_lr_scheduler.py:10 (InvLR defaults; "
+                  "train_model.py:272-273 passes none; the config's "
+                  "LEARNING_RATE_DECAY_RATE 0.1 is unused)"),
+    lr_inv_power=(0.75, f"{DMG} utils/inverse_lr_scheduler.py:10"),
+    augmentation=("dmg_domainnet", f"{DMG} train_model.py:156-165 (Resize 256, "
+                  "RandomCrop 224, flip)"),
+    dmg_fc_init_std=(0.001, f"{_DMG_DN_CFG}:17 (PARAM_INIT custom); {DMG} "
+                     "models/basic_model.py:57-58, utils/misc.py:27-30 "
+                     "(N(0, 0.001) weights, zero bias)"))}
 _DMG_DN_RELEASE = Protocol(
-    name="release",
+    name="release", datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
     summary="the DMG release's DomainNet protocol: one pooled shuffled batch of 64, Adam 1e-4 "
             "with an inverse decay of both lrs every step, classifier N(0, 0.001), 50 epochs, "
             "best epoch on source validation",
-    datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
     test_envs=Value("single_test_envs", f"{DMG_PAPER}, DomainNet paragraph: 6 leave-one-out "
-                                        "experiments"),
-    runs=(Run(("DMG",), {**_DMG_DN_RELEASE_HPARAMS, **_DMG_MASKS,
-                         "dmg_mask_lr_schedule": Value(True, f"{_DMG_TRAINER}:201-203 (the "
-                                                             "mask scheduler steps too)")}),
+                    "experiments"),
+    runs=(Run(("DMG",), {**_DMG_DN_RELEASE_HPARAMS, **_DMG_MASKS, **_v(
+        dmg_mask_lr_schedule=(True, f"{_DMG_TRAINER}:201-203 (the mask scheduler steps too)"))}),
           Run(("ERM",), {k: v for k, v in _DMG_DN_RELEASE_HPARAMS.items()
                          if not k.startswith("dmg_")})),
-    groups=_dmg_backbones("domainnet"),
-    n_trials=Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149 (the release: one seed)"),
-    n_hparams=Value(1, f"{_DMG_DN_CFG} (fixed hparams)"),
-    selections=Value(("iid",), _DMG_BEST_EPOCH),
+    groups=_dmg_backbones("domainnet"), n_trials=_DMG_RELEASE_TRIALS,
+    n_hparams=Value(1, f"{_DMG_DN_CFG} (fixed hparams)"), selections=_DMG_BEST_EPOCH,
     epochs=Value(50, f"{_DMG_DN_CFG}:51 (MAX_EPOCHS; the paper's appendix: 50 epochs)"),
     holdout_fraction=Value(0.1, f"{_DMG_DN_CFG}:12 (tv_0.9_splits: 90% train, 10% validation)"),
-    differences=(
-        Difference("Splits: the release trains on 90% of DomainNet's official train list and "
-                   "tests on the target's official test list (data/DomainNet/tv_0.9_splits); the "
-                   "host holds out 10% of each whole domain at random and tests on the target's "
-                   "in-split (90% of the domain), so an epoch is about 1.4x the release's "
-                   "updates.", "the host has no DomainNet official split (data_split is "
-                   "PACS's)"),
-        Difference("The inverse lr decay runs every step as in the release; the paper's appendix "
-                   "says per epoch.", "follows the release"),
-        Difference("dmg_fc_init_std 0.001 initialises ERM's classifier as PyTorch's default, "
-                   "not N(0, 0.001) (the release's Aggregate uses the same custom init).",
-                   "dmg_fc_init_std is DMG's hparam"),
-        *_DMG_COMMON_DIFFERENCES,
-    ),
+    differences=_diffs(
+        ("Splits: the release trains on 90% of DomainNet's official train list and "
+         "tests on the target's official test list (data/DomainNet/tv_0.9_splits); the "
+         "host holds out 10% of each whole domain at random and tests on the target's "
+         "in-split (90% of the domain), so an epoch is about 1.4x the release's "
+         "updates.", "the host has no DomainNet official split (data_split is PACS's)"),
+        ("The inverse lr decay runs every step as in the release; the paper's appendix "
+         "says per epoch.", "follows the release"),
+        ("dmg_fc_init_std 0.001 initialises ERM's classifier as PyTorch's default, "
+         "not N(0, 0.001) (the release's Aggregate uses the same custom init).",
+         "dmg_fc_init_std is DMG's hparam"),
+    ) + _DMG_COMMON_DIFFERENCES,
 )
-_DMG_DN_DOMAINBED_HPARAMS = {
-    **_DMG_BACKBONE,
-    "lr": Value(1e-4, f"{_DMG_APPENDIX} (Adam 1e-4)"),
-    "weight_decay": Value(0.0, f"{_DMG_APPENDIX} (DomainNet: 0)"),
-    "batch_size": Value(12, _DMG_PAPER_BATCH),
-}
-_DMG_DN_DOMAINBED = Protocol(
-    summary="DomainBed's protocol (random 80/20 splits, 12 images per source domain per step, "
-            "constant lr, 5001 steps) with the paper's hparams and classifier init",
-    datasets=Value(("DomainNet",), f"{_DMG_DN_CFG}:9"),
-    runs=(Run(("DMG",), {**_DMG_DN_DOMAINBED_HPARAMS, **_DMG_MASKS,
-                         "dmg_fc_init_std": Value(0.001, f"{_DMG_APPENDIX}: N(0, 0.001) for "
-                                                         "DomainNet")}),
-          Run(("ERM",), dict(_DMG_DN_DOMAINBED_HPARAMS))),
-    groups=_dmg_backbones("domainnet"),
-    n_hparams=Value(1, "the paper's hparams (hparams_seed 0 with the overrides)"),
-    steps={"DomainNet": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55 (N_STEPS; DomainNet "
-                                    "keeps the default)")},
-    checkpoint_freq={"DomainNet": Value(1000, f"{DOMAINBED} domainbed/datasets.py:242")},
-    differences=(
-        Difference("No lr decay, per-domain minibatches of 12, DomainBed's augmentation and "
-                   "random splits, 5001 steps (well under one epoch of the pooled sources).",
-                   "DomainBed's protocol: comparable with DomainBed's tables"),
-        Difference("ERM's classifier starts from PyTorch's default init, not N(0, 0.001) (the "
-                   "paper's Aggregate uses the same init as DMG).",
-                   "dmg_fc_init_std is DMG's hparam"),
-    ),
-)
+_DMG_DN_DOMAINBED = _dmg_domainbed(
+    "DomainNet", 12, (0.0, "0"), " (N_STEPS; DomainNet keeps the default)", _diffs(
+        ("No lr decay, per-domain minibatches of 12, DomainBed's augmentation and "
+         "random splits, 5001 steps (well under one epoch of the pooled sources).",
+         "DomainBed's protocol: comparable with DomainBed's tables"),
+        ("ERM's classifier starts from PyTorch's default init, not N(0, 0.001) (the "
+         "paper's Aggregate uses the same init as DMG).", "dmg_fc_init_std is DMG's hparam")),
+    " and classifier init", _v(dmg_fc_init_std=(0.001, f"{_DMG_APPENDIX}: N(0, 0.001) for "
+                                                       "DomainNet")))
 
 # --- GMoE (Li et al., ICLR 2023) ---
 
 _GMOE_DATASETS = ("PACS", "VLCS", "OfficeHome", "TerraIncognita", "DomainNet")
-_GMOE_STEPS = {d: Value(5001, f"{GMOE} domainbed/datasets.py:50 (N_STEPS)") for d in _GMOE_DATASETS}
-_GMOE_STEPS["DomainNet"] = Value(15001, f"{GMOE} domainbed/datasets.py:255")
-_GMOE_FREQ = {
-    "PACS": Value(300, f"{GMOE} domainbed/datasets.py:245"),
-    "VLCS": Value(300, f"{GMOE} domainbed/datasets.py:236"),
-    "OfficeHome": Value(300, f"{GMOE} domainbed/datasets.py:264"),
-    "TerraIncognita": Value(300, f"{GMOE} domainbed/datasets.py:274"),
-    "DomainNet": Value(500, f"{GMOE} domainbed/datasets.py:254"),
-}
+#: The release's lengths (its domainbed/datasets.py, N_STEPS at line 50).
+_GMOE_LENGTHS = {"PACS": (5001, "50 (N_STEPS)", 300, 245), "VLCS": (5001, "50 (N_STEPS)", 300, 236),
+                 "OfficeHome": (5001, "50 (N_STEPS)", 300, 264),
+                 "TerraIncognita": (5001, "50 (N_STEPS)", 300, 274),
+                 "DomainNet": (15001, 255, 500, 254)}
 _GMOE_HPARAMS_SOURCE = (f"{GMOE} domainbed/hparams_registry.py:171-195 (per-dataset lr / weight "
                         "decay: GMoE's and ERM_ViT's defaults in dg_plugins/algorithms/gmoe.py), "
                         ":154 (batch 32 per domain)")
@@ -414,51 +387,42 @@ _GMOE_EVAL_BATCH = Value(64, f"{GMOE} domainbed/scripts/train.py:180-182 (FastDa
                              "on its batch, so the batch is pinned)")
 _GMOE_EVAL_OURS = Value(None, f"{OURS}: no token dropped in evaluation, so a prediction "
                               "depends only on its image (dg_plugins/algorithms/gmoe.py)")
-_GMOE_DIFFERENCES = (
-    Difference("The MoE layer is pure PyTorch (dg_plugins/networks/moe.py) instead of Tutel; "
-               "routing, capacity and the auxiliary loss follow Tutel's.",
-               "no Tutel dependency; same function"),
-)
 
 
-def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
+def _gmoe(name: str, single_source: bool) -> Protocol:
+    eval_capacity = _GMOE_EVAL_RELEASE if name == "release" else _GMOE_EVAL_OURS
     eval_note = ("evaluation at capacity 1.5 as in training, in the release's batches of 64 "
                  "(batch-dependent)" if eval_capacity.value is not None
                  else "batch-independent evaluation (no token dropped)")
     # batch-dependent predictions: the release's evaluation batch is part of the protocol
     flags = {"eval_batch_size": _GMOE_EVAL_BATCH} if eval_capacity.value is not None else {}
     if single_source:
-        return Protocol(
-            name=name,
+        datasets, key, table = ("DomainNet",), "gmoe_single_source_domainnet", "Table 3"
+        fields = dict(
             summary=f"train on painting, test on the other five domains; {eval_note}",
-            datasets=Value(("DomainNet",), f"{GMOE_PAPER}, Table 3 (single-source DomainNet)"),
+            datasets=Value(datasets, f"{GMOE_PAPER}, Table 3 (single-source DomainNet)"),
             test_envs=Value(((0, 1, 3, 4, 5),), f"{GMOE_PAPER}, Table 3: trained on painting "
                                                 "(environment 2)"),
-            runs=(Run(("GMoE",), {"gmoe_eval_capacity": eval_capacity}), Run(("ERM_ViT",), {})),
-            groups=(Group("", ("gmoe_single_source_domainnet",), "DeiT-S/16"),),
-            n_hparams=Value(1, _GMOE_HPARAMS_SOURCE),
-            selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, Table 3 (painting validation = "
-                                                "training-domain validation)"),
-            steps={"DomainNet": _GMOE_STEPS["DomainNet"]},
-            checkpoint_freq={"DomainNet": _GMOE_FREQ["DomainNet"]},
-            sweep_flags=flags,
-            collect_flags=("--single_source", "on"),
-            differences=_GMOE_DIFFERENCES,
-        )
+            n_hparams=Value(1, _GMOE_HPARAMS_SOURCE), collect_flags=("--single_source", "on"))
+        selection = "painting validation = training-domain validation"
+    else:
+        datasets, key, table = _GMOE_DATASETS, "gmoe_domainbed", "Table 1"
+        fields = dict(
+            summary=f"DomainBed's protocol on the paper's five datasets, DeiT-S/16; {eval_note}",
+            datasets=Value(_GMOE_DATASETS, f"{GMOE_PAPER}, Table 1"),
+            n_hparams=Value(1, _GMOE_HPARAMS_SOURCE + " (the release's README: the registry holds "
+                               "the optimal hparams; --n_hparams 20 runs DomainBed's search)"))
+        selection = "training-domain validation"
     return Protocol(
-        name=name,
-        summary=f"DomainBed's protocol on the paper's five datasets, DeiT-S/16; {eval_note}",
-        datasets=Value(_GMOE_DATASETS, f"{GMOE_PAPER}, Table 1"),
+        name=name, **fields,
         runs=(Run(("GMoE",), {"gmoe_eval_capacity": eval_capacity}), Run(("ERM_ViT",), {})),
-        groups=(Group("", ("gmoe_domainbed",), "DeiT-S/16"),),
-        n_hparams=Value(1, _GMOE_HPARAMS_SOURCE + " (the release's README: the registry holds "
-                           "the optimal hparams; --n_hparams 20 runs DomainBed's search)"),
-        selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, Table 1 (training-domain "
-                                            "validation)"),
-        steps=dict(_GMOE_STEPS),
-        checkpoint_freq=dict(_GMOE_FREQ),
-        sweep_flags=flags,
-        differences=_GMOE_DIFFERENCES,
+        groups=(Group("", (key,), "DeiT-S/16"),), sweep_flags=flags,
+        selections=Value(("iid", "oracle"), f"{GMOE_PAPER}, {table} ({selection})"),
+        **_lengths(f"{GMOE} domainbed/datasets.py", {d: _GMOE_LENGTHS[d] for d in datasets}),
+        differences=_diffs(
+            ("The MoE layer is pure PyTorch (dg_plugins/networks/moe.py) instead of Tutel; "
+             "routing, capacity and the auxiliary loss follow Tutel's.",
+             "no Tutel dependency; same function")),
     )
 
 
@@ -466,32 +430,27 @@ def _gmoe(name: str, eval_capacity: Value, *, single_source: bool) -> Protocol:
 
 _DISMAE_PT = f"{DISMAE} script/udg_pt.sh"
 _DISMAE_FT = f"{DISMAE} script/udg_ft.sh"
-_VIT_B = Value("vit_base_patch16_224", f"{DISMAE} train.py:95 (mae_vit_cls) and "
-                                       "models_dmae.py:404-409 (ViT-B/16: width 768, depth 12)")
-_UDG_HPARAMS = {
-    "batch_size": Value(96, f"{_DISMAE_PT}:4 (--batch_size 96 per domain)"),
-    "vit_arch": _VIT_B,
-}
-_UDG_ERM = {
-    **_UDG_HPARAMS,
-    "backbone": Value("vit", f"{OURS}: the from-scratch baseline on DisMAE's ViT-B/16"),
-    "pretrained": Value(False, f"{OURS}: no ImageNet weights, as DisMAE's encoder (random init)"),
-}
+_UDG_HPARAMS = _v(
+    batch_size=(96, f"{_DISMAE_PT}:4 (--batch_size 96 per domain)"),
+    vit_arch=("vit_base_patch16_224", f"{DISMAE} train.py:95 (mae_vit_cls) and "
+              "models_dmae.py:404-409 (ViT-B/16: width 768, depth 12)"))
+_UDG_ERM = {**_UDG_HPARAMS, **_v(
+    backbone=("vit", f"{OURS}: the from-scratch baseline on DisMAE's ViT-B/16"),
+    pretrained=(False, f"{OURS}: no ImageNet weights, as DisMAE's encoder (random init)"))}
 
 
 def _dismae_udg(name: str) -> Protocol:
     release = name == "release"
-    flags = {
-        "label_fractions": Value((0.01, 0.05, 0.1, 1.0), f"{DISMAE_PAPER}, DomainNet UDG table "
-                                                         "(1/5/10/100% of the labels)"),
-        "udg_pretrain_epochs": Value(501, f"{_DISMAE_PT}:7 (--epochs 501)"),
-        "udg_ft_epochs": Value(51, f"{_DISMAE_FT}:8 (--epochs 51)"),
-    }
+    flags = _v(
+        label_fractions=((0.01, 0.05, 0.1, 1.0), f"{DISMAE_PAPER}, DomainNet UDG table "
+                         "(1/5/10/100% of the labels)"),
+        udg_pretrain_epochs=(501, f"{_DISMAE_PT}:7 (--epochs 501)"),
+        udg_ft_epochs=(51, f"{_DISMAE_FT}:8 (--epochs 51)"))
     if release:
         flags["udg_split"] = Value("release", f"{DISMAE} train.py:63 (pretraining holdout 0.01) "
                                               f"and {_DISMAE_FT}:7 (--holdout_fraction 0.10)")
     return Protocol(
-        name=name,
+        name=name, sweep_flags=flags, checkpoint_freq={"DomainNet20": Value(250, OURS)},
         summary=("the release's UDG protocol: pretrain 501 epochs on 99% of the sources, "
                  "fine-tune 51 epochs on a fraction of their 90% in-splits" if release else
                  "DomainBed's 80/20 splits for pretraining and labels; lengths as the release"),
@@ -505,163 +464,140 @@ def _dismae_udg(name: str) -> Protocol:
                            "1e-3 are DisMAE's defaults; pretraining has no CE term, lambda2 0)"),
         selections=Value(("iid", "oracle"), f"{OURS}: the UDG tables' training-domain "
                                             "validation and oracle"),
-        checkpoint_freq={"DomainNet20": Value(250, OURS)},
         holdout_fraction=(Value(0.1, f"{_DISMAE_FT}:7 (--holdout_fraction 0.10)") if release
                           else Value(0.2, f"{DOMAINBED} domainbed/scripts/train.py:46")),
-        sweep_flags=flags,
-        differences=(
-            Difference("Epoch length: the release's dataloader.py:96 divides all six domains' "
-                       "images (targets included) by the last domain index; the host's epoch is "
-                       "one pass over the images the job trains on (dg_plugins/train/"
-                       "udg.py).", "the host counts what it trains on"),
-            Difference(f"Augmentation: the release's --augment ({DISMAE} datasets.py:246-260: "
-                       "RandomResizedCrop 0.7-1, ColorJitter 0.3, RandomGrayscale); the host "
-                       "uses DomainBed's training augmentation.",
-                       "no DisMAE augmentation among the image datasets' augmentation options"),
-        ),
+        differences=_diffs(
+            ("Epoch length: the release's dataloader.py:96 divides all six domains' "
+             "images (targets included) by the last domain index; the host's epoch is "
+             "one pass over the images the job trains on (dg_plugins/train/"
+             "udg.py).", "the host counts what it trains on"),
+            (f"Augmentation: the release's --augment ({DISMAE} datasets.py:246-260: "
+             "RandomResizedCrop 0.7-1, ColorJitter 0.3, RandomGrayscale); the host "
+             "uses DomainBed's training augmentation.",
+             "no DisMAE augmentation among the image datasets' augmentation options")),
     )
 
 
-_DISMAE_DG_HPARAMS_ERM = {
-    "backbone": Value("vit", f"{OURS}: ERM on DisMAE's ViT-B/16"),
-    "vit_arch": Value("vit_base_patch16_224", f"{DISMAE} models_dmae.py (mae_vit_cls: ViT-B/16)"),
-    "pretrained": Value(False, f"{DISMAE} train.py (random init, as DisMAE's encoder)"),
-}
 _DISMAE_DG = Protocol(
     summary="DomainBed's protocol on PACS and VLCS (each domain held out, 5001 steps, 32 images "
             "per domain) with DisMAE's hparams and the CE term",
     datasets=Value(("PACS", "VLCS"), f"{DISMAE_PAPER}, DG table (PACS, VLCS)"),
-    runs=(Run(("DisMAE", "MAE"), {}), Run(("ERM",), dict(_DISMAE_DG_HPARAMS_ERM))),
+    runs=(Run(("DisMAE", "MAE"), {}), Run(("ERM",), _v(
+        backbone=("vit", f"{OURS}: ERM on DisMAE's ViT-B/16"),
+        vit_arch=("vit_base_patch16_224", f"{DISMAE} models_dmae.py (mae_vit_cls: ViT-B/16)"),
+        pretrained=(False, f"{DISMAE} train.py (random init, as DisMAE's encoder)")))),
     groups=(Group("", ("dismae_dg",), "ViT-B/16"),),
     n_hparams=Value(1, "DisMAE's hparam defaults (dg_plugins/algorithms/dismae.py: lr 1e-4 "
                        f"({_DISMAE_PT}:6), weight decay 0.05 ({DISMAE} train.py:55), mask ratio "
                        f"0.8 ({_DISMAE_PT}:5), lambda1 1e-3, linear head ({_DISMAE_PT}:10), "
                        "lambda2 1.0)"),
-    steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55"),
-           "VLCS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55")},
-    checkpoint_freq={"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235"),
-                     "VLCS": Value(300, f"{DOMAINBED} domainbed/datasets.py:228")},
-    differences=(
-        Difference("No release protocol: the release has no DG script and its train.py never "
-                   f"evaluates ({DISMAE} engine_dmae.py:25-95 trains only); its CE weight "
-                   "--lambda2 defaults to 0 (train.py:39), so the DG weight is ours "
-                   "(dismae_lambda2 1.0).", "nothing to follow"),
-        Difference("Batch 32 per domain and 5001 steps (DomainBed's) instead of the release "
-                   f"pretraining's 96 per domain and 501 epochs ({_DISMAE_PT}:4, :7).",
-                   "DomainBed's protocol"),
-        Difference(f"Augmentation: DomainBed's, not the release's --augment ({DISMAE} "
-                   "datasets.py:246-260).", "no DisMAE augmentation among the options"),
-    ),
+    **_db_lengths("PACS", "VLCS"),
+    differences=_diffs(
+        (f"No release protocol: the release has no DG script and its train.py never evaluates "
+         f"({DISMAE} engine_dmae.py:25-95 trains only); its CE weight --lambda2 defaults to 0 "
+         "(train.py:39), so the DG weight is ours (dismae_lambda2 1.0).", "nothing to follow"),
+        ("Batch 32 per domain and 5001 steps (DomainBed's) instead of the release "
+         f"pretraining's 96 per domain and 501 epochs ({_DISMAE_PT}:4, :7).",
+         "DomainBed's protocol"),
+        (f"Augmentation: DomainBed's, not the release's --augment ({DISMAE} "
+         "datasets.py:246-260).", "no DisMAE augmentation among the options")),
 )
 
 # --- MPBM (Heidari & Guo, arXiv 2502.16064): no release ---
 
 _MPBM_SUMMARY = f"{MPBM_PAPER} (/work/shared/papers summary)"
-_MPBM_DIFFERENCES = (
-    Difference("No official code exists: every choice the paper leaves open is reconstructed "
-               "(marked in dg_plugins/algorithms/mpbm.py); the schedule, epochs and model "
-               "selection of the paper's runs are not published.",
-               "there is no release to follow"),
-)
-_MPBM_DIGITS = Protocol(
+
+
+def _mpbm(key: str, title: str, **fields) -> Protocol:
+    return Protocol(
+        groups=(Group("", (f"mpbm_{key}",), title),),
+        selections=Value(("iid", "oracle"), f"{OURS}: the single-source tables"),
+        collect_flags=("--single_source", "on"), **fields,
+        differences=_diffs(
+            ("No official code exists: every choice the paper leaves open is reconstructed "
+             "(marked in dg_plugins/algorithms/mpbm.py); the schedule, epochs and model "
+             "selection of the paper's runs are not published.",
+             "there is no release to follow")))
+
+
+_MPBM_DIGITS = _mpbm(
+    "digits", "LeNet",
     summary="Digits single-source DG (MNIST-10k -> SVHN, MNIST-M, SYN, USPS), LeNet, Adam 1e-4, "
             "batch 32, 10001 steps",
     datasets=Value(("Digits",), f"{_MPBM_SUMMARY}: digits benchmark"),
     test_envs=Value(((1, 2, 3, 4),), "the Digits benchmark's direction: train on MNIST "
                                      "(environment 0)"),
-    runs=(Run(("ERM", "MPBM"), {
-        "lr": Value(1e-4, f"{OURS}: the single-source digits literature's Adam 1e-4"),
-        "batch_size": Value(32, f"{OURS}: the single-source digits literature's batch 32"),
-    }),),
-    groups=(Group("", ("mpbm_digits",), "LeNet"),),
+    runs=(Run(("ERM", "MPBM"), _v(
+        lr=(1e-4, f"{OURS}: the single-source digits literature's Adam 1e-4"),
+        batch_size=(32, f"{OURS}: the single-source digits literature's batch 32"))),),
     n_hparams=Value(1, "MPBM's defaults (N_b = T = 5, lambda_adv = lambda_mix = 0.5: "
                        f"{_MPBM_SUMMARY})"),
-    selections=Value(("iid", "oracle"), f"{OURS}: the single-source tables"),
     steps={"Digits": Value(10001, "dg_plugins/datasets/digits.py (N_STEPS)")},
     checkpoint_freq={"Digits": Value(500, "dg_plugins/datasets/digits.py (CHECKPOINT_FREQ)")},
-    collect_flags=("--single_source", "on"),
-    differences=_MPBM_DIFFERENCES,
 )
-_MPBM_PACS = Protocol(
+_MPBM_PACS = _mpbm(
+    "pacs", "ResNet-18",
     summary="PACS single-source DG (each domain as the source in turn), ImageNet ResNet-18, "
             "DomainBed's hparams and lengths",
     datasets=Value(("PACS",), f"{_MPBM_SUMMARY}: PACS"),
     test_envs=Value("single_source", f"{_MPBM_SUMMARY}: single-source DG"),
-    runs=(Run(("ERM", "MPBM"), {
-        "resnet18": Value(True, f"{OURS}: ResNet-18, the single-source PACS literature's"),
-        "resnet50_augmix": Value(False, f"{OURS}: torchvision ImageNet weights"),
-    }),),
-    groups=(Group("", ("mpbm_pacs",), "ResNet-18"),),
+    runs=(Run(("ERM", "MPBM"), _v(
+        resnet18=(True, f"{OURS}: ResNet-18, the single-source PACS literature's"),
+        resnet50_augmix=(False, f"{OURS}: torchvision ImageNet weights"))),),
     n_hparams=Value(1, "DomainBed's and MPBM's defaults"),
-    selections=Value(("iid", "oracle"), f"{OURS}: the single-source tables"),
-    steps={"PACS": Value(5001, f"{DOMAINBED} domainbed/datasets.py:55")},
-    checkpoint_freq={"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235")},
-    collect_flags=("--single_source", "on"),
-    differences=_MPBM_DIFFERENCES,
+    **_db_lengths("PACS"),
 )
 
 # --- IP/OOP (Teterwak et al., ICLR 2025) ---
 
 _IPOOP_DATASETS = ("PACS", "VLCS", "OfficeHome", "TerraIncognita", "DomainNet")
-_IPOOP_ALIGNMENT = {
-    "model": Value("ViT-B-16", f"{IPOOP} domainbed/evaluator.py:30"),
-    "pretrained": Value("laion400m_e32", f"{IPOOP} domainbed/evaluator.py:30"),
-    "prompt": Value("A photo of {}.", f"{IPOOP} domainbed/evaluator.py:47"),
-    "transform": Value("dataset", f"{IPOOP} domainbed/evaluator.py:40-48 (the images of the "
-                                  "evaluation loader: the dataset's eval transform)"),
-    "preset": Value("teterwak2025", f"{IPOOP_PAPER}: IP/OOP at 0.21 after dropping < 0.15 and "
-                                    "> 0.40 (dg_plugins/alignment/rule.py)"),
-}
+#: The authors' trainer's lengths (its domainbed/datasets/datasets.py).
+_IPOOP_LENGTHS = {"PACS": (5001, 47, 200, 223), "VLCS": (5001, 47, 200, 214),
+                  "OfficeHome": (5001, 47, 200, 242), "TerraIncognita": (5001, 47, 200, 251),
+                  "DomainNet": (15001, 233, 1000, 232)}
+_IPOOP_ALIGNMENT = _v(
+    model=("ViT-B-16", f"{IPOOP} domainbed/evaluator.py:30"),
+    pretrained=("laion400m_e32", f"{IPOOP} domainbed/evaluator.py:30"),
+    prompt=("A photo of {}.", f"{IPOOP} domainbed/evaluator.py:47"),
+    transform=("dataset", f"{IPOOP} domainbed/evaluator.py:40-48 (the images of the "
+               "evaluation loader: the dataset's eval transform)"),
+    preset=("teterwak2025", f"{IPOOP_PAPER}: IP/OOP at 0.21 after dropping < 0.15 and "
+            "> 0.40 (dg_plugins/alignment/rule.py)"))
 
 
 def _ipoop(name: str) -> Protocol:
     release = name == "release"
-    if release:
-        steps = {d: Value(5001, f"{IPOOP} domainbed/datasets/datasets.py:47") for d in
-                 _IPOOP_DATASETS}
-        steps["DomainNet"] = Value(15001, f"{IPOOP} domainbed/datasets/datasets.py:233")
-        freq = {"PACS": Value(200, f"{IPOOP} domainbed/datasets/datasets.py:223"),
-                "VLCS": Value(200, f"{IPOOP} domainbed/datasets/datasets.py:214"),
-                "OfficeHome": Value(200, f"{IPOOP} domainbed/datasets/datasets.py:242"),
-                "TerraIncognita": Value(200, f"{IPOOP} domainbed/datasets/datasets.py:251"),
-                "DomainNet": Value(1000, f"{IPOOP} domainbed/datasets/datasets.py:232")}
-    else:
-        steps = {d: Value(5001, f"{DOMAINBED} domainbed/datasets.py:55") for d in _IPOOP_DATASETS}
-        freq = {"PACS": Value(300, f"{DOMAINBED} domainbed/datasets.py:235"),
-                "VLCS": Value(300, f"{DOMAINBED} domainbed/datasets.py:228"),
-                "OfficeHome": Value(300, f"{DOMAINBED} domainbed/datasets.py:249"),
-                "TerraIncognita": Value(300, f"{DOMAINBED} domainbed/datasets.py:256"),
-                "DomainNet": Value(1000, f"{DOMAINBED} domainbed/datasets.py:242")}
     return Protocol(
-        name=name,
+        name=name, runs=(Run(("ERM",), {}),), alignment=dict(_IPOOP_ALIGNMENT),
         summary=("the authors' scorer and split rule, ERM trained for the authors' trainer's "
                  "lengths" if release else
                  "the authors' scorer and split rule, ERM in DomainBed's protocol"),
         datasets=Value(_IPOOP_DATASETS, f"{IPOOP_PAPER}: DomainBed-IP/OOP's five datasets"),
         test_envs=Value("single_test_envs", f"{IPOOP_PAPER}: leave-one-domain-out"),
-        runs=(Run(("ERM",), {}),),
         groups=(Group("", ("ipoop",), "ResNet-50 (DomainBed's ERM)"),),
         n_hparams=Value(1, "DomainBed's default hparams"),
         selections=Value(("iid", "oracle"), f"{DOMAINBED} domainbed/model_selection.py:75, :54 "
                                             "(IP/OOP tables use the same selection)"),
-        steps=steps,
-        checkpoint_freq=freq,
-        alignment=dict(_IPOOP_ALIGNMENT),
-        differences=(
-            Difference("Models: the paper's rows are DG methods on CLIP image encoders trained "
-                       f"with the authors' MIRO-based trainer ({IPOOP} train_all.py, "
-                       "domainbed/networks/backbones.py:94-95); the host trains DomainBed's ERM "
-                       "(ResNet-50): the IP/OOP protocol is the paper's, the models are not.",
-                       "the host has no CLIP-encoder DG methods"),
-            Difference("Scores are computed once per image before training (alignment_scores, "
-                       "cached) instead of during each evaluation (evaluator.py --dump_scores); "
-                       "the values are the same function of the image and its class.",
-                       "the split must be known when jobs evaluate"),
-        ),
+        **(_lengths(f"{IPOOP} domainbed/datasets/datasets.py", _IPOOP_LENGTHS) if release
+           else _db_lengths(*_IPOOP_DATASETS)),
+        differences=_diffs(
+            ("Models: the paper's rows are DG methods on CLIP image encoders trained "
+             f"with the authors' MIRO-based trainer ({IPOOP} train_all.py, "
+             "domainbed/networks/backbones.py:94-95); the host trains DomainBed's ERM "
+             "(ResNet-50): the IP/OOP protocol is the paper's, the models are not.",
+             "the host has no CLIP-encoder DG methods"),
+            ("Scores are computed once per image before training (alignment_scores, "
+             "cached) instead of during each evaluation (evaluator.py --dump_scores); "
+             "the values are the same function of the image and its class.",
+             "the split must be known when jobs evaluate")),
     )
 
 
 # --- The table ---
+
+
+def _both(build, *args) -> dict[str, Protocol]:
+    return {name: build(name, *args) for name in PROTOCOLS}
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
@@ -673,15 +609,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             {"release": _DMG_DN_RELEASE, "domainbed": _DMG_DN_DOMAINBED}),
     Setting("gmoe_domainbed", "sweeps/gmoe_domainbed.sh", GMOE_PAPER,
             "Table 1 (DomainBed, train-validation selection): GMoE-S/16 and ERM (ViT-S/16)",
-            {"release": _gmoe("release", _GMOE_EVAL_RELEASE, single_source=False),
-             "domainbed": _gmoe("domainbed", _GMOE_EVAL_OURS, single_source=False)}),
+            _both(_gmoe, False)),
     Setting("gmoe_single_source_domainnet", "sweeps/gmoe_single_source_domainnet.sh", GMOE_PAPER,
             "Table 3 (single-source DomainNet, trained on painting)",
-            {"release": _gmoe("release", _GMOE_EVAL_RELEASE, single_source=True),
-             "domainbed": _gmoe("domainbed", _GMOE_EVAL_OURS, single_source=True)}),
+            _both(_gmoe, True)),
     Setting("dismae_udg_domainnet20", "sweeps/dismae_udg_domainnet20.sh", DISMAE_PAPER,
             "the DomainNet UDG table (label fractions 1/5/10/100%, both 3+3 splits)",
-            {"release": _dismae_udg("release"), "domainbed": _dismae_udg("domainbed")}),
+            _both(_dismae_udg)),
     Setting("dismae_dg", "sweeps/dismae_dg.sh", DISMAE_PAPER, "the DG table (PACS, VLCS)",
             {"domainbed": _DISMAE_DG}),
     Setting("mpbm_digits", "sweeps/mpbm_digits.sh", MPBM_PAPER,
@@ -690,22 +624,19 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("mpbm_pacs", "sweeps/mpbm_pacs.sh", MPBM_PAPER,
             "the PACS single-source table (average: MPBM 54.5)", {"domainbed": _MPBM_PACS}),
     Setting("ipoop", "sweeps/ipoop_domainbed.sh", IPOOP_PAPER,
-            "DomainBed-IP/OOP (IP and OOP accuracy per dataset)",
-            {"release": _ipoop("release"), "domainbed": _ipoop("domainbed")}),
+            "DomainBed-IP/OOP (IP and OOP accuracy per dataset)", _both(_ipoop)),
 )}
 
 
 def get_setting(name: str) -> Setting:
     """The setting called ``name``; an unknown name raises ``KeyError`` naming the choices."""
-    try:
+    if name in SETTINGS:
         return SETTINGS[name]
-    except KeyError:
-        import difflib
+    import difflib
 
-        close = difflib.get_close_matches(name, list(SETTINGS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown setting {name!r}{hint}; settings: "
-                       f"{', '.join(SETTINGS)}") from None
+    close = difflib.get_close_matches(name, list(SETTINGS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise KeyError(f"unknown setting {name!r}{hint}; settings: {', '.join(SETTINGS)}")
 
 
 def get_protocol(setting: Setting, name: str | None) -> Protocol:
@@ -727,43 +658,31 @@ def run_hparams(protocol: Protocol, group: Group, run: Run) -> dict[str, Any]:
 
 def describe(setting: Setting, protocol: Protocol) -> str:
     """Every value of one protocol with its source, and the differences (plain text)."""
-    lines = [f"{setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}",
+    p = protocol
+    lines = [f"{setting.name} ({setting.script}), protocol {p.name}: {p.summary}",
              f"  paper: {setting.paper}, {setting.table}"]
 
-    def row(name: str, value: Value) -> None:
-        lines.append(f"  {name} = {value.value!r}  [{value.source}]")
+    def rows(*named) -> None:
+        lines.extend(f"  {name} = {v.value!r}  [{v.source}]" for name, v in named if v is not None)
 
-    row("datasets", protocol.datasets)
-    row("test_envs", protocol.test_envs)
-    if protocol.epochs is not None:
-        row("epochs", protocol.epochs)
-    for dataset, value in protocol.steps.items():
-        row(f"steps[{dataset}]", value)
-    for dataset, value in protocol.checkpoint_freq.items():
-        row(f"checkpoint_freq[{dataset}]", value)
-    if protocol.epochs is not None and not protocol.checkpoint_freq:
+    rows(("datasets", p.datasets), ("test_envs", p.test_envs), ("epochs", p.epochs),
+         *((f"steps[{d}]", v) for d, v in p.steps.items()),
+         *((f"checkpoint_freq[{d}]", v) for d, v in p.checkpoint_freq.items()))
+    if p.epochs is not None and not p.checkpoint_freq:
         lines.append("  checkpoint_freq = one epoch  [a checkpoint every epoch, as the release "
                      "evaluates]")
-    if protocol.holdout_fraction is not None:
-        row("holdout_fraction", protocol.holdout_fraction)
-    row("n_trials", protocol.n_trials)
-    row("n_hparams", protocol.n_hparams)
-    for flag, value in protocol.sweep_flags.items():
-        row(f"--{flag}", value)
-    for name, value in protocol.alignment.items():
-        row(f"alignment {name}", value)
-    for group in protocol.groups:
+    rows(("holdout_fraction", p.holdout_fraction), ("n_trials", p.n_trials),
+         ("n_hparams", p.n_hparams), *((f"--{flag}", v) for flag, v in p.sweep_flags.items()),
+         *((f"alignment {name}", v) for name, v in p.alignment.items()))
+    for group in p.groups:
         lines.append(f"  group {group.folder or '.'} ({group.title}): paper rows "
                      f"{', '.join(group.paper_keys)}")
-        for name, value in group.hparams.items():
-            row(f"    {name}", value)
-    for run in protocol.runs:
+        rows(*((f"    {name}", v) for name, v in group.hparams.items()))
+    for run in p.runs:
         lines.append(f"  run {', '.join(run.algorithms)}:")
-        for name, value in run.hparams.items():
-            row(f"    {name}", value)
-    row("selection", protocol.selections)
-    if protocol.differences:
+        rows(*((f"    {name}", v) for name, v in run.hparams.items()))
+    rows(("selection", p.selections))
+    if p.differences:
         lines.append("  differences the host cannot express:")
-        for diff in protocol.differences:
-            lines.append(f"  - {diff.what} (why: {diff.reason})")
+        lines += [f"  - {diff.what} (why: {diff.reason})" for diff in p.differences]
     return "\n".join(lines) + "\n"

@@ -105,8 +105,7 @@ def _value(key: str, row: str, column: str, raw) -> PaperValue:
         return PaperValue(float(raw))
     if isinstance(raw, list) and len(raw) == 2 and all(number(x) for x in raw):
         return PaperValue(float(raw[0]), float(raw[1]))
-    raise _fail(key, f"row {row!r}, column {column!r}: {raw!r} is neither a number nor "
-                     "[mean, pm]")
+    raise _fail(key, f"row {row!r}, column {column!r}: {raw!r} is neither a number nor [mean, pm]")
 
 
 def _entry(key: str, raw: dict) -> PaperEntry:
@@ -115,11 +114,9 @@ def _entry(key: str, raw: dict) -> PaperEntry:
     for name in _TEXT_FIELDS:
         if not isinstance(raw.get(name), str) or not raw[name]:
             raise _fail(key, f"field {name!r} must be a non-empty string")
-    if raw["setting"] not in SETTINGS:
-        raise _fail(key, f"setting {raw['setting']!r} is not one of {', '.join(SETTINGS)}")
-    if raw["source_kind"] not in SOURCE_KINDS:
-        raise _fail(key, f"source_kind {raw['source_kind']!r} is not one of "
-                         f"{', '.join(SOURCE_KINDS)}")
+    for name, choices in (("setting", SETTINGS), ("source_kind", SOURCE_KINDS)):
+        if raw[name] not in choices:
+            raise _fail(key, f"{name} {raw[name]!r} is not one of {', '.join(choices)}")
     if ("dataset" in raw) == ("datasets" in raw):
         raise _fail(key, "give exactly one of 'dataset' (one dataset, environment columns) and "
                          "'datasets' (several, one average each)")
@@ -152,17 +149,13 @@ def _entry(key: str, raw: dict) -> PaperEntry:
     source = raw.get("source")
     if source is not None and raw["setting"] != "single_source":
         raise _fail(key, "'source' applies to single_source entries only")
-    pm = raw.get("pm")
     notes = raw.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise _fail(key, "notes must be a list of strings")
     return PaperEntry(
-        key=key, paper=raw["paper"], table=raw["table"], read_from=raw["read_from"],
-        source_kind=raw["source_kind"], setting=raw["setting"], datasets=datasets,
-        per_dataset="dataset" in raw, selection=selection,
-        selection_note=raw["selection_note"], backbone=raw["backbone"], metric=raw["metric"],
-        pm=pm, columns=dict(columns), rows=values, ours=dict(ours), source=source, claim=claim,
-        notes=tuple(notes))
+        key=key, **{name: raw[name] for name in _TEXT_FIELDS}, datasets=datasets,
+        per_dataset="dataset" in raw, selection=selection, pm=raw.get("pm"), columns=dict(columns),
+        rows=values, ours=dict(ours), source=source, claim=claim, notes=tuple(notes))
 
 
 def load(path: str | None = None) -> dict[str, PaperEntry]:

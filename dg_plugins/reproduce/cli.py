@@ -1,10 +1,12 @@
-"""``python -m dg_plugins.scripts.reproduce``: the flags, and the flow from a setting to its dry run
-or its run (scores, sweeps, tables). What it does: docs/reproduce.md."""
+"""``python -m dg_plugins.scripts.reproduce``: the flags, and the flow from a setting to its run
+(scores, sweeps, tables), or what it prints without launching: a setting's dry run (calls, jobs,
+commands, steps, forwards, GPU-hours, tables), the ``--list`` and ``--list --forwards`` tables and
+``--dry_run_sweeps`` (the ``DRY_RUN=1`` listing of the offline scripts in sweeps/).
+What it does: docs/reproduce.md."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
@@ -15,15 +17,19 @@ from dg_plugins import runtime
 from dg_plugins.files import atomic_write_bytes
 from dg_plugins.hparams import parse_overrides
 from dg_plugins.job import borrow
+from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
-from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, plan_setting
-from dg_plugins.reproduce.costs import plan_costs
-from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
-from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
+from dg_plugins.reproduce.plan import (CallCost, Plan, call_cost, check_extra, parse_test_env_sets,
+                                       plan_setting, prerequisites, report_prerequisites)
 from dg_plugins.sweep import actions, checks, estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
+from dg_plugins.sweep.costs import (FORWARDS_DEFINITION, evaluation_share, forwards_text,
+                                    sum_forwards)
+from dg_plugins.sweep.gpu_hours import (gpu_hours_definition, gpu_hours_text, gpu_line,
+                                        missing_lines, sum_gpu)
 from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
+from dg_plugins.sweep.plan import split_calls
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,9 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--forwards", action="store_true",
                         help="with --list: the image forwards of training and evaluation "
                              "(--eval_splits selection and all) and the estimated GPU-hours of "
-                             "every setting and protocol, "
-                             "from the recorded full-size image counts (or those under "
-                             "--data_dir)")
+                             "every setting and protocol, from the recorded full-size image "
+                             "counts (or those under --data_dir)")
     parser.add_argument("--describe", action="store_true",
                         help="every value of the setting's protocol with its source, and the "
                              "differences the host cannot express")
@@ -104,23 +109,19 @@ def require_torch() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    if "--dry_run_sweeps" in argv:
-        i = argv.index("--dry_run_sweeps")
-        if argv[:i]:
-            parser.error("--dry_run_sweeps takes only sweep calls after it")
-        try:
+    try:
+        if "--dry_run_sweeps" in argv:
+            i = argv.index("--dry_run_sweeps")
+            if argv[:i]:
+                parser.error("--dry_run_sweeps takes only sweep calls after it")
             require_torch()
             return dry_run_sweeps(argv[i + 1:])
-        except UsageError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    args, extra = parser.parse_known_args(argv)
-    try:
+        args, extra = parser.parse_known_args(argv)
         if args.forwards and not args.list:
             parser.error("--forwards goes with --list (a dry run prints the forwards anyway)")
         if args.list:
             require_torch()
-            return list_settings(args.data_dir, args.forwards)
+            return (list_forwards if args.forwards else list_settings)(args.data_dir)
         if args.setting is None:
             parser.error("give a SETTING (one of: " + ", ".join(ps.SETTINGS) + ") or --list")
         try:
@@ -175,14 +176,15 @@ def run(plan: Plan, data_dir: str) -> int:
     print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
-    problems = prerequisites(plan, data_dir, plan_costs(plan))
+    problems = prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
+                                              for call in plan.calls])
     if problems:
         report_prerequisites(plan, problems, dry=False)
         return 2
     if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
         os.makedirs(plan.root, exist_ok=True)
         atomic_write_bytes(os.path.join(plan.root, "reproduce.txt"), (
-            f"$ {shlex.join([sys.executable, '-m', 'dg_plugins.scripts.reproduce', *plan.argv])}\n"
+            f"$ {module_line('reproduce', plan.argv)}\n"
             + "".join(f"note: {note}\n" for note in plan.notes)
             + ps.describe(setting, protocol)).encode())
     for argv in plan.prepare:
@@ -204,10 +206,9 @@ def run(plan: Plan, data_dir: str) -> int:
 
 
 def launch_queue(plan: Plan) -> int:
-    """Launch every job of every sweep call of ``plan`` as one queue: a single launcher call
-    (``multi_gpu`` fills every GPU with them), each job in its own sweep folder with the folder,
-    hash and command its ``sweep launch`` call gives it; the sweep's checks, claims (per sweep
-    folder), ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
+    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each in
+    the folder, with the hash and command, its ``sweep launch`` call gives it; checks, claims,
+    ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
     queue, seen, launch_args, command_lines = [], set(), None, {}
     for i, call in enumerate(plan.calls, 1):
         print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
@@ -225,15 +226,20 @@ def launch_queue(plan: Plan) -> int:
     # The continue lines name the command that continues every sweep (the paper script's, or
     # this reproduce command), not one sweep's `sweep launch --resume`; the other lines (claims,
     # delete_incomplete after failures) each sweep folder's own command.
-    rerun = os.environ.get(actions.RERUN_ENV) or shlex.join(
-        [sys.executable, "-m", "dg_plugins.scripts.reproduce", *plan.argv])
-    with _environ(actions.RERUN_ENV, rerun):
+    saved = os.environ.get(actions.RERUN_ENV)
+    os.environ[actions.RERUN_ENV] = saved or module_line("reproduce", plan.argv)
+    try:
         code = actions.run_action(
             "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
             seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
             skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
             estimate=lambda selected: estimate.print_estimate(selected,
                                                               launch_args.command_launcher))
+    finally:
+        if saved is None:
+            del os.environ[actions.RERUN_ENV]
+        else:
+            os.environ[actions.RERUN_ENV] = saved
     if code >= 128:  # stopped by a signal
         print("Stopped; rerun the same command to continue (finished jobs are skipped, "
               "interrupted ones resume).", flush=True)
@@ -243,15 +249,192 @@ def launch_queue(plan: Plan) -> int:
     return code
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str):
-    """``$name`` set to ``value`` inside the block, then as it was."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
+def module_line(module: str, argv: list[str]) -> str:
+    """The command line of ``python -m dg_plugins.scripts.<module> argv``, quoted."""
+    return shlex.join([sys.executable, "-m", f"dg_plugins.scripts.{module}", *argv])
+
+
+def dry_run(plan: Plan, data_dir: str) -> int:
+    """Print what running ``plan`` would do and cost, then its missing prerequisites as
+    warnings; launch and write nothing."""
+    setting, protocol = plan.setting, plan.protocol
+    print(f"== {setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}")
+    print(f"   paper: {setting.paper}, {setting.table}")
+    for note in plan.notes:
+        print(f"   note: {note}")
+    print(f"   differences from the source: {len(protocol.differences)} (reproduce "
+          f"{setting.name} --protocol {protocol.name} --describe lists them)")
+    for argv in plan.prepare:
+        print(f"-- score: {module_line('alignment_scores', argv)}")
+    costs = list_calls([(call.argv, f": {call.label}") for call in plan.calls])
+    for argv in plan.collects:
+        print(f"-- tables: {module_line('collect_results', argv)}")
+    print("Dry run: nothing launched or written.", flush=True)
+    problems = prerequisites(plan, data_dir, costs)
+    if problems:
+        report_prerequisites(plan, problems, dry=True)
+    return 0
+
+
+def list_calls(calls: list[tuple[list[str], str]], check=None) -> list[CallCost]:
+    """Print each sweep call (argv, label) with its jobs and cost (after ``check(i, argv)``),
+    then the totals."""
+    costs, pretrainings = [], set()
+    for i, (argv, label) in enumerate(calls, 1):
+        if check is not None:
+            check(i, argv)
+        print(f"-- sweep {i}/{len(calls)}{label}")
+        print(f"$ {module_line('sweep', argv)}")
+        costs.append(call_cost(argv, pretrainings))
+        print_call(costs[-1])
+    print(total_line(costs))
+    return costs
+
+
+def print_call(cost: CallCost) -> None:
+    """The sweep's dry-run listing (jobs, commands) and the call's count and steps."""
+    for job in cost.jobs:
+        print(job)
+    print(sweep_lib.summary_line(cost.jobs))
+    for job in cost.selected:
+        print(job.command(resume=cost.resume and job.state == sweep_lib.INCOMPLETE))
+    line = f"{len(cost.jobs)} jobs, {sum(cost.steps)} training steps"
+    if cost.pretrain_steps:
+        line += (f" + {sum(cost.pretrain_steps.values())} pretraining steps "
+                 f"({len(cost.pretrain_steps)} pretrainings shared by the label fractions)")
+    print(line)
+    for origin in sorted(cost.origins):
+        print(f"  image counts: {origin}")
+    print("Image forwards per job (train; evaluation with --eval_splits selection / all):")
+    for job, forwards in zip(cost.jobs, cost.forwards):
+        note = "".join(f" [{text}]" for text in (forwards.note, forwards.unknown) if text)
+        print(f"  {job.describe()}: {forwards_text(forwards.train, forwards.evaluation)}{note}")
+    print(f"{len(cost.jobs)} jobs, image forwards: "
+          f"{forwards_text(*sum_forwards(cost.forwards))}; {runs_with(cost.jobs)}")
+    print(f"{len(cost.jobs)} jobs, GPU-hours (estimate): {gpu_line(sum_gpu(cost.forwards))}")
+
+
+def total_line(costs: list[CallCost]) -> str:
+    """The totals of a listing's calls: jobs, steps, image forwards, GPU-hours."""
+    jobs, steps, pretrainings = totals(costs)
+    line = f"Total: {jobs} jobs, {steps} training steps"
+    if pretrainings:
+        line += f" + {sum(pretrainings.values())} pretraining steps"
+    to_run = sum(len(c.selected) for c in costs)
+    if to_run != jobs:
+        line += f" ({to_run} jobs to launch, the others done or incomplete)"
+    items = [f for c in costs for f in c.forwards]
+    train, evaluation = sum_forwards(items)
+    shares = ", ".join(f"{evaluation_share(evaluation[v], train)} with {v}" for v in EVAL_SPLITS)
+    gpu = sum_gpu(items)
+    return "\n".join([
+        line, f"Total image forwards: {forwards_text(train, evaluation)}; evaluation share "
+        f"{shares}; {runs_with([j for c in costs for j in c.jobs])}", FORWARDS_DEFINITION,
+        f"Total GPU-hours (estimate): {gpu_line(gpu)}", *missing_lines(gpu),
+        gpu_hours_definition()])
+
+
+def totals(costs: list[CallCost]) -> tuple[int, int, dict]:
+    """The jobs, training steps and UDG pretrainings (identity -> steps) of a listing's calls."""
+    pretrainings = {key: steps for c in costs for key, steps in c.pretrain_steps.items()}
+    return sum(len(c.jobs) for c in costs), sum(sum(c.steps) for c in costs), pretrainings
+
+
+def settings_costs(data_dir: str | None, forwards: bool):
+    """``(setting, protocol, costs of its calls)`` of every setting and protocol, planned with
+    placeholder folders (image counts under ``data_dir`` when given)."""
+    for setting in ps.SETTINGS.values():
+        for protocol in setting.protocols.values():
+            plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
+                                output_dir="OUTPUT_DIR", count_dir=data_dir)
+            pretrainings: set = set()
+            yield setting, protocol, [call_cost(call.argv, pretrainings, forwards=forwards)
+                                      for call in plan.calls]
+
+
+def runs_with(jobs) -> str:
+    """``the jobs run with --eval_splits V`` (each value with its count when they differ)."""
+    values = [job.command_args.get("eval_splits", job.train_args.get("eval_splits", "all"))
+              for job in jobs]
+    if not values:
+        return "no jobs"
+    if len(set(values)) == 1:
+        return f"the jobs run with --eval_splits {values[0]}"
+    return "the jobs run with " + ", ".join(f"--eval_splits {v} ({values.count(v)})"
+                                            for v in sorted(set(values)))
+
+
+def list_settings(data_dir: str | None) -> int:
+    """One row per setting and protocol: script, paper table, jobs, total steps, paper rows."""
+    print("| setting | script | paper table | protocol | jobs | total steps | paper rows |")
+    print("|---|---|---|---|---|---|---|")
+    for setting, protocol, costs in settings_costs(data_dir, forwards=False):
+        jobs, steps, pretrain = totals(costs)
+        steps_text = f"{steps:,}" + (f" + {sum(pretrain.values()):,} pretraining"
+                                     if pretrain else "")
+        keys = ", ".join(dict.fromkeys(k for g in protocol.groups for k in g.paper_keys))
+        print(f"| {setting.name} | {setting.script} | {setting.table} | {protocol.name} | "
+              f"{jobs} | {steps_text} | {keys} |")
+    return 0
+
+
+def _millions(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 1e6:,.1f}M"
+
+
+def list_forwards(data_dir: str | None) -> int:
+    """One row per setting and protocol: jobs, image forwards of training and of evaluation
+    (``--eval_splits`` selection and all, their shares, totals), GPU-hours; image counts under
+    ``data_dir`` when given, else the recorded ones (unknown ones named under the table)."""
+    device = gpu_times.load().device
+    print(FORWARDS_DEFINITION)
+    print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "
+          "all | evaluation share, selection / all | image forwards (train + eval), selection "
+          f"(all) | GPU-hours ({device}), selection | GPU-hours ({device}), all |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    unknown, left_out = {}, {}
+    for setting, protocol, costs in settings_costs(data_dir, forwards=True):
+        where = f"{setting.name} ({protocol.name})"
+        items = [f for c in costs for f in c.forwards]
+        for f in items:
+            if f.unknown:
+                unknown.setdefault(f.unknown, set()).add(where)
+        train, evaluation = sum_forwards(items)
+        known = [f for f in items if not f.unknown]
+        _, counted = sum_forwards(known)
+        eval_text = [_millions(evaluation[v]) if evaluation[v] is not None else
+                     f"{_millions(counted[v])} + unknown" if known else "unknown"
+                     for v in EVAL_SPLITS]
+        share = " / ".join(evaluation_share(evaluation[v], train) for v in EVAL_SPLITS)
+        totals_text = (f"{_millions(train + evaluation['selection'])} "
+                       f"({_millions(train + evaluation['all'])})"
+                       if train is not None and evaluation["all"] is not None else "unknown")
+        gpu = sum_gpu(items)
+        for name, (tag, why) in gpu.missing.items():
+            left_out.setdefault((name, f"{tag}: {why}"), set()).add(where)
+        print(f"| {setting.name} | {setting.script} | {protocol.name} | {len(items)} | "
+              f"{_millions(train)} | {eval_text[0]} | {eval_text[1]} | {share} | "
+              f"{totals_text} | {gpu_hours_text(gpu, 'selection')} | "
+              f"{gpu_hours_text(gpu, 'all')} |")
+    for why, where in unknown.items():
+        print(f"unknown evaluation forwards in {', '.join(sorted(where))}: {why}")
+    print(gpu_hours_definition())
+    for (name, why), where in sorted(left_out.items()):
+        print(f"left out of the GPU-hours: {name} ({why}) in {', '.join(sorted(where))}")
+    return 0
+
+
+def dry_run_sweeps(tokens: list[str]) -> int:
+    """List the jobs, count and total steps of plain sweep calls (``::``-separated)."""
+    calls = split_calls(tokens)
+    if not calls:
+        raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
+
+    def check(i: int, argv: list[str]) -> None:
+        if argv[0] != "launch":
+            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
+                             f"{argv[0]!r}")
+
+    list_calls([(argv, "") for argv in calls], check)
+    print("Dry run: nothing launched or written.")
+    return 0

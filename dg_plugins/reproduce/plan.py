@@ -1,20 +1,29 @@
 """A paper setting's protocol -> the ``sweep launch`` calls, scoring commands and tables that run it
-(epochs -> steps from the image counts; the sweep flags its table owns, :func:`check_extra`)."""
+(epochs -> steps from the image counts; the sweep flags its table owns, :func:`check_extra`); the
+cost of a call's jobs, enumerated as sweep does without launching (:mod:`dg_plugins.sweep.costs`);
+what they need before the first starts (data, split lists, CLIP and pretrained weights, a writable
+output folder), found at once and printed with each fix."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 from dg_plugins import catalog
+from dg_plugins.download.prepare import domainnet20_problem, split_lists_status
+from dg_plugins.download.sources import download_command
 from dg_plugins.job import flags as job_flags
-from dg_plugins.reference import paper_settings as ps
-from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.job.sizes import in_split_size
+from dg_plugins.layouts import inside_dataset_folder
+from dg_plugins.reference import paper_settings as ps
+from dg_plugins.sweep import checks
+from dg_plugins.sweep import cli as sweep_cli
+from dg_plugins.sweep import jobs as sweep_lib
+from dg_plugins.sweep.costs import JobsCost, jobs_cost
 from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
-from dg_plugins.sweep.jobs import test_env_lists
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
 #: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own
@@ -43,19 +52,13 @@ class Plan:
     argv: list[str] = field(default_factory=list)  # reproduce's arguments (for the record)
 
 
-def _flag_values(value) -> list[str]:
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [str(value)]
-
-
 def _test_env_sets(protocol: ps.Protocol, dataset: str) -> list[list[int]]:
     """Every test-environment set of ``protocol`` on ``dataset``, in the sweep's order."""
     spec = protocol.test_envs.value
     if not isinstance(spec, str):
         return [list(s) for s in spec]
-    return test_env_lists(len(catalog.DATASET_ENVIRONMENTS[dataset]),
-                          spec == "single_test_envs", spec == "single_source")
+    return sweep_lib.test_env_lists(len(catalog.DATASET_ENVIRONMENTS[dataset]),
+                                    spec == "single_test_envs", spec == "single_source")
 
 
 def training_in_sizes(dataset: str, sources: list[int], hparams: dict, holdout: float,
@@ -79,27 +82,21 @@ def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
                          f"separated indices); got {' '.join(texts)}") from None
 
 
-def _pick_test_env_sets(protocol: ps.Protocol, dataset: str, wanted, setting: str):
-    available = _test_env_sets(protocol, dataset)
+def _pick(flag: str, wanted, available: list, among: str, text=" ".join, listing=", ".join,
+          key=str) -> list:
+    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by
+    ``key``; :class:`UsageError` naming the others."""
     if wanted is None:
         return available
-    unknown = [w for w in wanted if sorted(w) not in [sorted(a) for a in available]]
+    unknown = [w for w in wanted if key(w) not in map(key, available)]
     if unknown:
-        def text(sets):
-            return " ".join(",".join(map(str, s)) for s in sets)
-        raise UsageError(f"--test_envs {text(unknown)}: not among {setting}'s test-environment "
-                         f"sets on {dataset} ({text(available)}); give a subset of them")
-    return [a for a in available if sorted(a) in [sorted(w) for w in wanted]]
+        raise UsageError(f"--{flag} {text(unknown)}: not {among} ({listing(available)}); give a "
+                         "subset of them")
+    return [a for a in available if key(a) in map(key, wanted)]
 
 
-def _pick(kind: str, wanted: list[str] | None, available: list[str], setting: str) -> list[str]:
-    if wanted is None:
-        return available
-    unknown = [w for w in wanted if w not in available]
-    if unknown:
-        raise UsageError(f"--{kind} {' '.join(unknown)}: not in {setting}'s {kind} "
-                         f"({', '.join(available)}); give a subset of them")
-    return [a for a in available if a in wanted]
+def _sets_text(sets) -> str:
+    return " ".join(",".join(map(str, s)) for s in sets)
 
 
 def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
@@ -115,9 +112,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     count_dir = data_dir if count_dir is None else count_dir
     plan = Plan(setting, protocol)
     all_datasets = list(protocol.datasets.value)
-    use_datasets = _pick("datasets", datasets, all_datasets, setting.name)
+    use_datasets = _pick("datasets", datasets, all_datasets, f"in {setting.name}'s datasets")
     all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
-    use_algorithms = _pick("algorithms", algorithms, all_algorithms, setting.name)
+    use_algorithms = _pick("algorithms", algorithms, all_algorithms,
+                           f"in {setting.name}'s algorithms")
     sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
     n_epochs = protocol.epochs.value if protocol.epochs is not None else None
     for flag, knob, value in (("epochs", "EPOCHS", epochs),
@@ -147,8 +145,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             raise UsageError(f"--steps must be a positive integer, got {steps}")
         plan.notes.append(f"--steps {steps} replaces the table's length")
     if test_envs is not None:
-        plan.notes.append("--test_envs " + " ".join(",".join(map(str, s)) for s in test_envs)
-                          + ": only these of the table's test-environment sets")
+        plan.notes.append(f"--test_envs {_sets_text(test_envs)}: only these of the table's "
+                          "test-environment sets")
     if clip_checkpoint is not None:
         if not protocol.alignment:
             raise UsageError(f"--clip_checkpoint: {setting.name} scores no images (no IP/OOP "
@@ -158,10 +156,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     plan.root = output_dir
     too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
-    tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits)]
-    if launcher:
-        tail += ["--command_launcher", launcher]
-    tail += list(extra)
+    tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits),
+            *(["--command_launcher", launcher] if launcher else []), *extra]
 
     if protocol.alignment:
         scores_dir = os.path.join(output_dir, "alignment_scores")
@@ -171,13 +167,12 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
             options["pretrained_tag"] = options["pretrained"]
             options["pretrained"] = clip_checkpoint
         for dataset in use_datasets:
-            out = os.path.join(scores_dir, f"{dataset}.csv")
-            argv = ["--dataset", dataset, "--data_dir", data_dir, "--out", out]
-            for name, value in options.items():
-                argv += [f"--{name}", str(value)]
-            # the summary and the model check it prints are those of the jobs' rule
-            argv += ["--alignment_preset", str(preset)]
-            plan.prepare.append(argv)
+            plan.prepare.append([
+                "--dataset", dataset, "--data_dir", data_dir,
+                "--out", os.path.join(scores_dir, f"{dataset}.csv"),
+                *(word for name, value in options.items() for word in (f"--{name}", str(value))),
+                # the summary and the model check it prints are those of the jobs' rule
+                "--alignment_preset", str(preset)])
         plan.notes.append(f"IP/OOP: scores in {scores_dir}, split rule {preset}")
 
     for group in protocol.groups:
@@ -199,14 +194,17 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                 if protocol.holdout_fraction is not None:
                     argv += ["--holdout_fraction", str(holdout)]
                 for flag, value in sweep_flags.items():
-                    argv += [f"--{flag}", *_flag_values(value)]
+                    values = value if isinstance(value, (list, tuple)) else [value]
+                    argv += [f"--{flag}", *map(str, values)]
                 if protocol.alignment:
                     argv += ["--alignment_scores",
                              os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
                              "--alignment_preset", str(protocol.alignment["preset"].value)]
                 name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
                                                            group.title else "")
-                test_sets = _pick_test_env_sets(protocol, dataset, test_envs, setting.name)
+                test_sets = _pick("test_envs", test_envs, _test_env_sets(protocol, dataset),
+                                  f"among {setting.name}'s test-environment sets on {dataset}",
+                                  _sets_text, _sets_text, sorted)
                 if n_epochs is not None:
                     for test_set in test_sets:
                         n_envs = len(catalog.DATASET_ENVIRONMENTS[dataset])
@@ -284,3 +282,99 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
                          "(reproduce SETTING --describe shows it); to run other values, run "
                          "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
+
+
+@dataclass
+class CallCost(JobsCost):
+    """The jobs of one sweep call and their cost (steps and forwards per job)."""
+    jobs: list = field(default_factory=list)
+    selected: list = field(default_factory=list)  # what a launch starts (+ Incomplete if resume)
+    resume: bool = False
+
+
+def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
+              forwards: bool = True) -> CallCost:
+    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
+    (:func:`dg_plugins.sweep.costs.jobs_cost`); a UDG pretraining counts once per listing, with the
+    first job that needs it (``pretrainings``: the identities counted)."""
+    args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
+    selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
+    counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
+    return CallCost(**vars(counted), jobs=jobs, selected=selected, resume=args.resume)
+
+
+#: Datasets whose ``data_split: "official"`` reads split lists, and the downloader's name of them.
+OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
+
+
+def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
+    """What the jobs of every sweep call of the setting need before the first one starts (module
+    docstring; :func:`dg_plugins.sweep.checks.data_problems`, ``weight_problems``), one line each
+    naming the fix; [] when nothing is missing."""
+    jobs = [job for cost in costs for job in cost.selected]
+    if not jobs and not plan.prepare:
+        return []
+    problems = []
+    datasets = list(dict.fromkeys(job.train_args["dataset"] for job in jobs))
+    data = checks.data_problems(jobs)  # none for built-in datasets ("--data_dir builtin")
+    if data and not os.path.isdir(data_dir):  # one line for all of them
+        command = download_command(datasets, data_dir)
+        problems.append(f"the data folder {data_dir} (--data_dir, DATA_DIR) does not exist: "
+                        "point it at the folder that holds the datasets"
+                        + (f", or download them there: {command}" if command else ""))
+    else:
+        problems += data
+        if "DomainNet20" in datasets and os.path.isdir(os.path.join(data_dir, "domain_net")):
+            missing = domainnet20_problem(data_dir)
+            if missing:
+                problems.append(f"DomainNet20: {missing}; DomainNet20 reads the 20 classes of "
+                                f"DomainNet's folders: {download_command('DomainNet', data_dir)}")
+    for dataset, lists in OFFICIAL_SPLIT_LISTS.items():
+        if not any(job.train_args["dataset"] == dataset
+                   and json.loads(job.train_args.get("hparams") or "{}").get("data_split")
+                   == "official" for job in jobs):
+            continue
+        if os.path.isdir(data_dir) and inside_dataset_folder(
+                dataset, data_dir, catalog.IMAGE_FOLDER_DATASETS[dataset]):
+            continue  # its data line names the --data_dir meant, where the lists go too
+        status, detail = ("absent", "") if not os.path.isdir(data_dir) else \
+            split_lists_status(lists, data_dir)
+        if status != "ok":
+            problems.append(f"{dataset}'s official split lists (data_split 'official'): "
+                            f"{detail or 'not there'}; to download them (after {dataset}): "
+                            f"{download_command(lists, data_dir)}")
+    for argv in plan.prepare:
+        if os.path.isfile(argv[argv.index("--out") + 1]):
+            continue  # scored before: alignment_scores reads its cache
+        from dg_plugins.alignment import scoring  # imports torch and open_clip
+
+        model, pretrained = argv[argv.index("--model") + 1], argv[argv.index("--pretrained") + 1]
+        try:
+            scoring.check_weights_available(model, pretrained)
+        except (OSError, ValueError, RuntimeError) as err:
+            line = " ".join(str(err).split())
+            problem = (f"scoring images for IP/OOP ({model} {pretrained}): {line} With "
+                       "reproduce: --clip_checkpoint FILE (sweeps/*.sh: CLIP_CHECKPOINT=FILE).")
+            if problem not in problems:
+                problems.append(problem)
+    problems += checks.output_problems(jobs)
+    by_error: dict[str, list[str]] = {}
+    for line in checks.weight_problems(jobs):  # "<algorithm> on <dataset>: <error>"
+        what, _, error = line.partition(": ")
+        by_error.setdefault(error, []).append(what)
+    shared = ("" if len(plan.protocol.groups) < 2 else
+              f" Here one pretrained_path would go to every backbone of {plan.setting.name} "
+              "(one folder each): put each backbone's file at its cache path instead.")
+    problems += [f"{', '.join(whats)}: {error}{shared}" for error, whats in by_error.items()]
+    return problems
+
+
+def report_prerequisites(plan: Plan, problems: list[str], dry: bool) -> None:
+    """Print the missing prerequisites: as errors before a real run that launches nothing, as
+    warnings after a dry run's listing."""
+    what = f"{len(problems)} prerequisite(s) of {plan.setting.name} ({plan.protocol.name})"
+    for problem in problems:
+        print(f"{'warning' if dry else 'error'}: {problem}", file=sys.stderr)
+    print(f"warning: {what} missing (above): a real run would launch nothing until they are "
+          "there." if dry else f"Nothing was launched: {what} missing (above); fix them and "
+          "rerun the same command.", file=sys.stderr)

@@ -36,9 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "checksums (a mirror's own copy); HEX 'none' checks no checksum; "
                              "repeatable")
     parser.add_argument("--keep_archives", action="store_true",
-                        help="keep the downloaded archives (and lists) in "
-                             "<data_dir>/downloads/ (default: deleted once the dataset checks "
-                             "out)")
+                        help="keep the downloaded archives (and lists) in <data_dir>/downloads/ "
+                             "(default: deleted once the dataset checks out)")
     parser.add_argument("--retries", type=int, default=3,
                         help="attempts to continue a cut transfer before giving up (default 3; "
                              "a rerun continues too)")
