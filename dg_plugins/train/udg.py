@@ -160,10 +160,9 @@ class PretrainJob(job_lib.Job):
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
         seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
-        self.device = p.device
+        self.dataset, self.train_envs, self.hparams = p.dataset, p.train_envs, p.hparams
         with recording_weights() as loaded:
-            self.algorithm = ALGORITHMS.get(p.args.algorithm)(
-                p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+            self.algorithm = self.make_algorithm()
         job_lib.print_weights(loaded)
         self.algorithm.to(self.device)
         # The checkpoint is checked against the identity's hparams: jobs that share this
@@ -236,10 +235,10 @@ class UDGJob(job_lib.Job):
 
     def train_split(self, env: int):
         if env not in self.labelled:
-            split, _ = self.splits.in_splits[env]
-            subset = labelled_subset(split, self.fraction, self.args.trial_seed, env)
-            weights = class_balanced_weights(subset) if self.hparams["class_balanced"] else None
-            self.labelled[env] = (subset, weights)
+            subset = labelled_subset(self.splits.in_splits[env][0], self.fraction,
+                                     self.args.trial_seed, env)
+            self.labelled[env] = (subset, class_balanced_weights(subset)
+                                  if self.hparams["class_balanced"] else None)
         return self.labelled[env]
 
     def batch_size(self) -> int:
@@ -261,6 +260,9 @@ class UDGJob(job_lib.Job):
         if state is not None:
             backbone.load_state_dict(state, strict=True)  # exactly the pretrained keys
         mode, lr, batch = self.finetune
+        # model.pkl says what its state dict is: the fine-tuner's, not the algorithm's
+        self.model_extras = {"udg": {"label_fraction": self.fraction, "mode": mode,
+                                     "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
         kind = "linear probe, frozen backbone" if mode == "linear" else "full fine-tuning"
         print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction "
               f"{self.fraction:g} ({', '.join(map(str, self.labelled_sizes()))} labelled "
@@ -308,10 +310,3 @@ class UDGJob(job_lib.Job):
                     time.sleep(0.1)
                 if self.stop.signum is not None:
                     raise WaitInterrupted(self.stop.signum, folder)
-
-    def model_extras(self) -> dict:
-        if not self.pretraining:
-            return {}
-        # say what the state dict is: the fine-tuner's, not the algorithm's
-        return {"udg": {"label_fraction": self.fraction, "mode": self.finetune[0],
-                        "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
