@@ -245,15 +245,12 @@ def add_flags(parser, group: str, skip=(), help: dict | None = None,
             ROWS[name].add_to(parser, (help or {}).get(name), (metavar or {}).get(name))
 
 
-#: train's usage line in an error (its ``--help`` lists every flag).
-TRAIN_USAGE = (f"python -m {TRAIN_MODULE} --dataset NAME --data_dir DIR --output_dir DIR "
-               f"[--algorithm NAME] [--hparams JSON] {EVERY_FLAG}")
-
-
 def build_train_parser() -> argparse.ArgumentParser:
     """train's parser: every row, its groups in :data:`GROUPS`' order."""
     p = CommandParser(prog="train.py", description="Train one domain-generalization job "
-                      "(DomainBed-compatible output folder).", short_usage=TRAIN_USAGE)
+                      "(DomainBed-compatible output folder).", short_usage=(
+                          f"python -m {TRAIN_MODULE} --dataset NAME --data_dir DIR --output_dir "
+                          f"DIR [--algorithm NAME] [--hparams JSON] {EVERY_FLAG}"))
     for group, titles in GROUPS.items():
         add_flags(p if titles is None else p.add_argument_group(*titles), group)
     return p

@@ -38,7 +38,7 @@ from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoi
 from dg_plugins.train.compute import FP16_FIX, Compute
 from dg_plugins.train.evaluate import evaluate
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
-from dg_plugins.train.splits import Splits, evaluation_subsets
+from dg_plugins.train.splits import Splits
 
 #: ``hook(job, step)`` called after every step, before its record, checkpoint and stop check (a
 #: plugin module may log; tests/support/job_gate.py holds a job at a step).
@@ -137,7 +137,7 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None,
     if (compute or Compute.of(args)).augment_on == "device":
         use_device_augmentation(dataset, args.dataset)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
-    splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
+    splits = Splits(dataset, args, hparams)
     if getattr(dataset, "IN_MEMORY", False):
         workers, source = 0, "in-memory dataset, loaded in-process"
     elif n_workers is None and dataset.N_WORKERS == 0:
