@@ -63,12 +63,6 @@ class _Plan:
                 return
         self.labels = np.asarray(env.targets, dtype=np.int64)[positions]
 
-    def fetched(self) -> list:
-        if self.view is not None or self.entry is not None:
-            return []
-        return [(self.j, seed, list(range(start, stop)), self.finisher is not None)
-                for seed, start, stop in self.batches]
-
 
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                     pin_memory: bool = False, device=None):
@@ -76,7 +70,9 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
     ``seed_hash(seed, k)``, made by ``pool`` or one loader for all. Close it when stopping early."""
     device = torch.device(device or "cpu")
     plans = [_Plan(j, dataset, seed, batch_size) for j, (dataset, seed) in enumerate(datasets)]
-    fetched = [request for plan in plans for request in plan.fetched()]
+    fetched = [(plan.j, seed, list(range(start, stop)), plan.finisher is not None)
+               for plan in plans if plan.view is None and plan.entry is None
+               for seed, start, stop in plan.batches]
     iterator, stop = None, None
     if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, *_ in fetched):
         iterator = pool.serve([[(datasets[j][0], *rest)] for j, *rest in fetched])

@@ -180,15 +180,12 @@ class Job:
         except Exception:  # pragma: no cover - torchvision absent
             torchvision_version = "n/a"
         gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-        print("Environment:")
-        for name, value in (("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
-                            ("Torchvision", torchvision_version), ("CUDA", torch.version.cuda),
-                            ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
-                            ("PIL", PIL.__version__), ("Device", f"{device}{gpu}")):
-            print(f"\t{name}: {value}")
-        print("Args:")
-        for k, v in sorted(self.record_args.items()):
-            print(f"\t{k}: {v}")
+        print("Environment:", *[f"\t{name}: {value}" for name, value in (
+            ("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
+            ("Torchvision", torchvision_version), ("CUDA", torch.version.cuda),
+            ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
+            ("PIL", PIL.__version__), ("Device", f"{device}{gpu}"))], sep="\n")
+        print("Args:", *[f"\t{k}: {v}" for k, v in sorted(self.record_args.items())], sep="\n")
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)
 

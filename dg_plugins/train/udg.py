@@ -84,16 +84,13 @@ def pretraining_set(job, env: int):
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
     """What makes two jobs' pretrainings the same (no paths; ``udg_split`` and compute settings
     only when not default, so a default pretraining's identity stays as it was)."""
-    identity = {
+    return {
         "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
         "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
         "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
         "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
-    }
-    if flag(args, "udg_split") == "release":
-        identity["udg_split"] = "release"
-    identity.update(compute_settings(args))
-    return identity
+        **({"udg_split": "release"} if flag(args, "udg_split") == "release" else {}),
+        **compute_settings(args)}
 
 
 def pretrain_key(identity: dict) -> str:
@@ -101,10 +98,8 @@ def pretrain_key(identity: dict) -> str:
 
 
 def pretrain_root(args) -> str:
-    if flag(args, "udg_pretrain_dir"):
-        return args.udg_pretrain_dir
-    parent = os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep)))
-    return os.path.join(parent, PRETRAIN_DIRNAME)
+    return flag(args, "udg_pretrain_dir") or os.path.join(
+        os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep))), PRETRAIN_DIRNAME)
 
 
 def _done(folder: str) -> bool:
@@ -128,17 +123,6 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     state = torch.load(path, map_location="cpu", weights_only=False)
     note_weights(f"the UDG pretraining {path}")
     return state["state"]
-
-
-class WaitInterrupted(job_lib.Interrupted):
-    """SIGTERM/SIGINT while waiting for another job's pretraining: nothing to resume."""
-
-    def __init__(self, signum: int, folder: str):
-        super().__init__(signum, f"stopped by {signal.Signals(signum).name} while waiting for "
-                         f"the UDG pretraining in {folder} (another job runs it); this job had "
-                         "not started, so there is nothing to resume: rerunning the same command "
-                         "(with or without --resume) continues, reusing or finishing that "
-                         "pretraining")
 
 
 class PretrainJob(job_lib.Job):
@@ -308,5 +292,10 @@ class UDGJob(job_lib.Job):
                 deadline = time.monotonic() + POLL_SECONDS
                 while self.stop.signum is None and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if self.stop.signum is not None:
-                    raise WaitInterrupted(self.stop.signum, folder)
+                if (signum := self.stop.signum) is not None:  # waiting: nothing to resume
+                    raise job_lib.Interrupted(signum, f"stopped by {signal.Signals(signum).name} "
+                                              f"while waiting for the UDG pretraining in {folder} "
+                                              "(another job runs it); this job had not started, so "
+                                              "there is nothing to resume: rerunning the same "
+                                              "command (with or without --resume) continues, "
+                                              "reusing or finishing that pretraining")
