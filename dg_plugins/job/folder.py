@@ -35,11 +35,6 @@ def is_done(folder: str | None) -> bool:
     return bool(folder) and os.path.exists(os.path.join(folder, DONE_FILE))
 
 
-def step_models(folder: str) -> list[str]:
-    pattern = STEP_MODEL_FILE.format(step="*")
-    return sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
-
-
 class JobStateError(ValueError):
     """The output folder's state does not allow the requested run; the message says what to do."""
 

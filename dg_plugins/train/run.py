@@ -4,6 +4,7 @@ tee the output into out.txt/err.txt, catch stop signals, run the job, report fai
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import sys
 import traceback
@@ -19,8 +20,8 @@ from dg_plugins.train import udg
 from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
 from dg_plugins.train.compute import Compute
 from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
-                                   RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
-                                   folder_error, is_done, remove_temporary_files, step_models,
+                                   RESULTS_FILE, STEP_MODEL_FILE, DiskFullError, FolderLock,
+                                   JobStateError, folder_error, is_done, remove_temporary_files,
                                    writing)
 from dg_plugins.job.records import read_record_lines
 from dg_plugins.train.loop import Interrupted, Job, check_test_envs
@@ -68,8 +69,9 @@ def prepare_output_dir(args) -> None:
         if done or records or os.path.exists(os.path.join(folder, CHECKPOINT_FILE)):
             print(f"--force: starting {folder} over (removing done, records, models and the "
                   "checkpoint)", file=sys.stderr)
+        steps = glob.glob(os.path.join(glob.escape(folder), STEP_MODEL_FILE.format(step="*")))
         for path in [os.path.join(folder, name) for name in
-                     (DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, MODEL_FILE)] + step_models(folder):
+                     (DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, MODEL_FILE)] + steps:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         return
