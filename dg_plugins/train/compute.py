@@ -98,9 +98,8 @@ class Compute:
         return None
 
     def autocast(self, device: torch.device):
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=torch.device(device).type, dtype=self.dtype)
+        return (contextlib.nullcontext() if self.dtype is None else
+                torch.autocast(device_type=torch.device(device).type, dtype=self.dtype))
 
     def make_scaler(self, device: torch.device):
         """fp16's gradient scaler (None at fp32 and bf16, whose range is float32's)."""
@@ -122,9 +121,8 @@ class Compute:
 
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as the model takes it (4-D: channels_last after :meth:`prepare_model`)."""
-        if self.inputs_channels_last and x.dim() == 4:
-            return x.contiguous(memory_format=torch.channels_last)
-        return x
+        return (x.contiguous(memory_format=torch.channels_last)
+                if self.inputs_channels_last and x.dim() == 4 else x)
 
     def prepare_process(self) -> None:
         """cuBLAS's deterministic workspace, set before CUDA starts (a user's value is kept)."""

@@ -248,9 +248,8 @@ class Job:
     def epoch_length(self) -> float:
         """Steps of one epoch: pooled, one pass over the sources' union; else, as DomainBed's
         train.py, the smallest in-split (test environments' included) over the batch size."""
-        if self.pooled:
-            return float(self.streams[0].batches_per_epoch)
-        return min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits)
+        return (float(self.streams[0].batches_per_epoch) if self.pooled else
+                min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits))
 
     def make_algorithm(self):
         data = self.dataset

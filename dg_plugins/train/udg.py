@@ -5,6 +5,7 @@ its identity's md5), then fine-tuning on a fixed, nested labelled subset (:class
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -264,8 +265,7 @@ class UDGJob(job_lib.Job):
                                   self.hparams["batch_size"])
         identity = pretrain_identity(args, self.hparams, steps)
         folder = os.path.join(pretrain_root(args), pretrain_key(identity))
-        waited = False
-        while True:
+        for attempt in itertools.count():
             if _done(folder):
                 print(f"UDG pretraining: reusing {folder}")
                 return load_pretrained(folder, identity)
@@ -285,10 +285,9 @@ class UDGJob(job_lib.Job):
                         PretrainJob(self, folder, identity).run()
                     return load_pretrained(folder, identity)
             except FolderBusy:
-                if not waited:
+                if not attempt:  # the first wait
                     print(f"UDG pretraining: {folder} is being pretrained by another job; "
                           "waiting for it", file=sys.stderr)
-                    waited = True
                 deadline = time.monotonic() + POLL_SECONDS
                 while self.stop.signum is None and time.monotonic() < deadline:
                     time.sleep(0.1)
