@@ -245,15 +245,12 @@ def add_flags(parser, group: str, skip=(), help: dict | None = None,
             ROWS[name].add_to(parser, (help or {}).get(name), (metavar or {}).get(name))
 
 
-#: train's usage line in an error (its ``--help`` lists every flag).
-TRAIN_USAGE = (f"python -m {TRAIN_MODULE} --dataset NAME --data_dir DIR --output_dir DIR "
-               f"[--algorithm NAME] [--hparams JSON] {EVERY_FLAG}")
-
-
 def build_train_parser() -> argparse.ArgumentParser:
     """train's parser: every row, its groups in :data:`GROUPS`' order."""
     p = CommandParser(prog="train.py", description="Train one domain-generalization job "
-                      "(DomainBed-compatible output folder).", short_usage=TRAIN_USAGE)
+                      "(DomainBed-compatible output folder).", short_usage=(
+                          f"python -m {TRAIN_MODULE} --dataset NAME --data_dir DIR --output_dir "
+                          f"DIR [--algorithm NAME] [--hparams JSON] {EVERY_FLAG}"))
     for group, titles in GROUPS.items():
         add_flags(p if titles is None else p.add_argument_group(*titles), group)
     return p
@@ -370,25 +367,20 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
     if duplicates:
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
-    for name, fix in (("eval_batch_size", "DomainBed's 64"), ("steps", "the dataset's default"),
-                      ("checkpoint_freq", "the dataset's default")):
-        if (given := _get(args, name)) is not None and given < 1:
-            raise ValueError(f"--{name} must be a positive integer, got {given} (leave it out "
-                             f"for {fix})")
-    n_workers = _get(args, "n_workers")
-    if n_workers is not None and n_workers < 0:
-        raise ValueError(f"--n_workers must be >= 0, got {n_workers} (0: load in the job's "
-                         "process; leave it out for one worker per core)")
-    data_dir = _get(args, "data_dir")
-    if data_dir and os.path.isfile(data_dir):
-        raise ValueError(f"--data_dir {data_dir} is a file, not a folder; pass the folder that "
-                         "holds the dataset (e.g. the one holding PACS/)")
-    progress_every = _get(args, "progress_every")
-    if progress_every is not None and not progress_every >= 0:
-        raise ValueError(f"--progress_every must be >= 0 seconds, got {progress_every}")
-    for name in ("holdout_fraction", "uda_holdout_fraction"):
-        if (given := _get(args, name)) is not None and not 0 <= given < 1:
-            raise ValueError(f"--{name} must be in [0, 1), got {given}")
+    fraction = (lambda v: 0 <= v < 1, "must be in [0, 1), got {}")
+    for name, (ok, rule) in {
+            **{name: (lambda v: v >= 1, "must be a positive integer, got {} (leave it out for "
+                      f"{fix})") for name, fix in (("eval_batch_size", "DomainBed's 64"),
+                                                   ("steps", "the dataset's default"),
+                                                   ("checkpoint_freq", "the dataset's default"))},
+            "n_workers": (lambda v: v >= 0, "must be >= 0, got {} (0: load in the job's process; "
+                          "leave it out for one worker per core)"),
+            "data_dir": (lambda v: not os.path.isfile(v), "{} is a file, not a folder; pass the "
+                         "folder that holds the dataset (e.g. the one holding PACS/)"),
+            "progress_every": (lambda v: v >= 0, "must be >= 0 seconds, got {}"),
+            "holdout_fraction": fraction, "uda_holdout_fraction": fraction}.items():
+        if (given := _get(args, name)) is not None and not ok(given):
+            raise ValueError(f"--{name} " + rule.format(given))
     given = [name for name in UDG_PROTOCOL_ARGS if _get(args, name) is not None]
     if fractions is None and given:
         raise ValueError(f"--{given[0]} is a UDG flag: give {fraction_flag} too (a fraction "

@@ -35,11 +35,6 @@ def is_done(folder: str | None) -> bool:
     return bool(folder) and os.path.exists(os.path.join(folder, DONE_FILE))
 
 
-def step_models(folder: str) -> list[str]:
-    pattern = STEP_MODEL_FILE.format(step="*")
-    return sorted(glob.glob(os.path.join(glob.escape(folder), pattern)))
-
-
 class JobStateError(ValueError):
     """The output folder's state does not allow the requested run; the message says what to do."""
 
@@ -63,15 +58,13 @@ class DiskFullError(OSError):
         return str(self.strerror)
 
 
-def _inside(path, folder: str) -> bool:
-    folder = os.path.abspath(folder)
-    return path is not None and os.path.commonpath([os.path.abspath(str(path)), folder]) == folder
-
-
 def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
     """The one-line error for an OSError writing ``folder`` (a full disk, no permission), or None.
     Without ``anywhere``, a permission error counts only for a file in ``folder``."""
-    if not anywhere and not _inside(err.filename, folder) and err.errno not in DISK_FULL_ERRNOS:
+    root = os.path.abspath(folder)
+    inside = err.filename is not None and os.path.commonpath(
+        [os.path.abspath(str(err.filename)), root]) == root
+    if not anywhere and not inside and err.errno not in DISK_FULL_ERRNOS:
         return None
     if err.errno in DISK_FULL_ERRNOS:
         target = err.filename or folder

@@ -79,16 +79,12 @@ def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
     """The collated batch of ``indices``, its random draws under ``seeded_rng(seed)``; ``pixels``:
     the uint8 ``dataset.pixels(i)`` that :func:`as_model_input` finishes."""
     with seeded_rng(seed):
-        if pixels:
-            return collate([dataset.pixels(i) for i in indices])
-        return collate([dataset[i] for i in indices])
+        return collate([dataset.pixels(i) if pixels else dataset[i] for i in indices])
 
 
 def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> tuple:
     """``batch`` with its uint8 pixels finished into the model's input (``seed``: the batch's)."""
-    if finisher is None:
-        return batch
-    return (finisher(batch[0], device, seed),) + tuple(batch[1:])
+    return batch if finisher is None else (finisher(batch[0], device, seed),) + tuple(batch[1:])
 
 
 def _as_is(batch):

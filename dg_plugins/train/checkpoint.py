@@ -116,16 +116,6 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
                                 f": {reason[:500]}. Nothing was changed on disk. {fix}.") from None
 
 
-def flag_value(args: dict, key: str) -> tuple[str, str]:
-    """``(value, note)`` of flag ``key`` in ``args`` as a resume difference names it."""
-    value = args.get(key)
-    if value is not None:
-        return repr(value), ""
-    if key in ROWS and ROWS[key].records == NOT_DEFAULT:
-        return repr(ROWS[key].default), " (the default)"
-    return "not given", ""
-
-
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
     """What differs between the checkpoint's run and this command (but resumable flags). An
     hparam the checkpoint lacks (added since) is unchanged when it is now at its default."""
@@ -135,8 +125,12 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
     diffs = []
     for key in sorted(set(old_args) | set(record_args)):
         if not (key in ROWS and ROWS[key].resumable) and old_args.get(key) != record_args.get(key):
-            old, new = (flag_value(args, key) for args in (old_args, record_args))
-            diffs.append(f"--{key}: {old[0]} in the checkpoint{old[1]}, {new[0]} now{new[1]}")
+            (old, old_note), (new, new_note) = (
+                (repr(args[key]), "") if args.get(key) is not None else
+                (repr(ROWS[key].default), " (the default)")
+                if key in ROWS and ROWS[key].records == NOT_DEFAULT else ("not given", "")
+                for args in (old_args, record_args))
+            diffs.append(f"--{key}: {old} in the checkpoint{old_note}, {new} now{new_note}")
     defaults = None
     for key in sorted(set(old_hparams) | set(hparams)):
         if key not in old_hparams and key in hparams:

@@ -43,21 +43,15 @@ def native_cpu_bf16() -> bool | None:
     return None if features is None else bool(features & set(BF16_CPU_FEATURES))
 
 
-def is_convolutional(model: nn.Module) -> bool:
-    """Whether ``model`` has a ``Conv2d`` that is not a ViT's patch embedding."""
-    return any(isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride and m.padding in (
-        (0, 0), "valid")) for m in model.modules())
-
-
 class Compute:
     """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`)."""
 
     def __init__(self, precision: str = "fp32", channels_last: bool = False,
                  deterministic: bool = True, augment_on: str = "loader"):
-        if precision not in PRECISIONS:
-            raise ValueError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-        if augment_on not in AUGMENT_ON:
-            raise ValueError(f"--augment_on {augment_on!r} is not one of {', '.join(AUGMENT_ON)}")
+        for name, value, choices in (("precision", precision, PRECISIONS),
+                                     ("augment_on", augment_on, AUGMENT_ON)):
+            if value not in choices:
+                raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
         self.precision, self.augment_on = precision, augment_on
         self.channels_last, self.deterministic = bool(channels_last), bool(deterministic)
         self.inputs_channels_last = False
@@ -104,9 +98,8 @@ class Compute:
         return None
 
     def autocast(self, device: torch.device):
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=torch.device(device).type, dtype=self.dtype)
+        return (contextlib.nullcontext() if self.dtype is None else
+                torch.autocast(device_type=torch.device(device).type, dtype=self.dtype))
 
     def make_scaler(self, device: torch.device):
         """fp16's gradient scaler (None at fp32 and bf16, whose range is float32's)."""
@@ -115,7 +108,10 @@ class Compute:
     def prepare_model(self, model: nn.Module) -> None:
         """With ``channels_last``, a convolutional ``model`` and its inputs in it (each UDG model
         too, with the job's one Compute)."""
-        self.inputs_channels_last = self.channels_last and is_convolutional(model)
+        # a Conv2d that is not a ViT's patch embedding
+        self.inputs_channels_last = self.channels_last and any(
+            isinstance(m, nn.Conv2d) and not (m.kernel_size == m.stride and m.padding in (
+                (0, 0), "valid")) for m in model.modules())
         if self.inputs_channels_last:
             model.to(memory_format=torch.channels_last)
         elif self.channels_last:
@@ -125,9 +121,8 @@ class Compute:
 
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as the model takes it (4-D: channels_last after :meth:`prepare_model`)."""
-        if self.inputs_channels_last and x.dim() == 4:
-            return x.contiguous(memory_format=torch.channels_last)
-        return x
+        return (x.contiguous(memory_format=torch.channels_last)
+                if self.inputs_channels_last and x.dim() == 4 else x)
 
     def prepare_process(self) -> None:
         """cuBLAS's deterministic workspace, set before CUDA starts (a user's value is kept)."""

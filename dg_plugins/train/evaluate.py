@@ -15,7 +15,7 @@ from dg_plugins.job.flags import EVAL_DEFAULTS
 from dg_plugins.train.batches import (as_model_input, cuda_transfers, fetch, shutdown_workers,
                                       worker_loader)
 from dg_plugins.train.compute import DEFAULT_COMPUTE, Compute
-from dg_plugins.train.splits import Splits, env_indices, finisher, root_dataset, tensor_view
+from dg_plugins.train.splits import Splits, env_indices, finisher, tensor_view, unwrap
 
 #: DomainBed's evaluation batch, the default of ``--eval_batch_size``.
 EVAL_BATCH_SIZE = EVAL_DEFAULTS["eval_batch_size"]
@@ -40,7 +40,7 @@ class _Plan:
 
     def _find_cached(self, seed: int, batch_size: int) -> None:
         """Find the split's pixels in the cache (else a writer to keep them)."""
-        env = root_dataset(self.dataset)
+        env = unwrap(self.dataset)[0]
         store = getattr(env, "pixel_store", None)
         if store is None:
             return
@@ -63,12 +63,6 @@ class _Plan:
                 return
         self.labels = np.asarray(env.targets, dtype=np.int64)[positions]
 
-    def fetched(self) -> list:
-        if self.view is not None or self.entry is not None:
-            return []
-        return [(self.j, seed, list(range(start, stop)), self.finisher is not None)
-                for seed, start, stop in self.batches]
-
 
 def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                     pin_memory: bool = False, device=None):
@@ -76,7 +70,9 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
     ``seed_hash(seed, k)``, made by ``pool`` or one loader for all. Close it when stopping early."""
     device = torch.device(device or "cpu")
     plans = [_Plan(j, dataset, seed, batch_size) for j, (dataset, seed) in enumerate(datasets)]
-    fetched = [request for plan in plans for request in plan.fetched()]
+    fetched = [(plan.j, seed, list(range(start, stop)), plan.finisher is not None)
+               for plan in plans if plan.view is None and plan.entry is None
+               for seed, start, stop in plan.batches]
     iterator, stop = None, None
     if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, *_ in fetched):
         iterator = pool.serve([[(datasets[j][0], *rest)] for j, *rest in fetched])
@@ -143,17 +139,6 @@ def eval_batches(dataset: Dataset, batch_size: int, num_workers: int, seed: int 
             yield x, y
 
 
-def predict(algorithm, x: torch.Tensor, device, compute: Compute = DEFAULT_COMPUTE) -> torch.Tensor:
-    """``algorithm.predict`` of one batch under ``compute``, checked to be ``[N, >= 2]`` logits."""
-    with compute.autocast(device):
-        logits = algorithm.predict(compute.model_input(
-            x.to(device, non_blocking=cuda_transfers(device))))
-    if logits.dim() != 2 or logits.size(1) < 2:
-        raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
-                         f"shape {tuple(logits.shape)}")
-    return logits
-
-
 def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
                num_workers: int = 0, pool=None, compute: Compute = DEFAULT_COMPUTE) -> list[dict]:
     """Top-1 accuracy on each ``(dataset, seed, subsets)``: key ``""`` the whole dataset, and each
@@ -166,18 +151,21 @@ def accuracies(algorithm, datasets, device, batch_size: int = EVAL_BATCH_SIZE,
                 [(d, seed) for d, seed, _ in datasets], batch_size, num_workers, pool,
                 pin_memory=transfer, device=device)) as batches:
             for j, x, y in batches:
-                logits = predict(algorithm, x, device, compute)
+                with compute.autocast(device):
+                    logits = algorithm.predict(compute.model_input(
+                        x.to(device, non_blocking=transfer)))
+                if logits.dim() != 2 or logits.size(1) < 2:
+                    raise ValueError(f"predict() must return [N, num_classes>=2] logits, got "
+                                     f"shape {tuple(logits.shape)}")
                 hits[j].append((logits.argmax(1) == y.to(device, non_blocking=transfer)).cpu())
     finally:
         algorithm.train()
-    out = []
+    out = []  # the mean of no items is NaN
     for found, (_, _, subsets) in zip(hits, datasets):
         correct = torch.cat(found).double() if found else torch.zeros(0, dtype=torch.double)
-        accs = {"": correct.mean().item() if len(correct) else float("nan")}
-        for name, mask in (subsets or {}).items():
-            picked = correct[torch.as_tensor(mask, dtype=torch.bool)]
-            accs[name] = picked.mean().item() if len(picked) else float("nan")
-        out.append(accs)
+        out.append({"": correct.mean().item(), **{
+            name: correct[torch.as_tensor(mask, dtype=torch.bool)].mean().item()
+            for name, mask in (subsets or {}).items()}})
     return out
 
 

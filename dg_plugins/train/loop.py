@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from importlib.metadata import version
 
 import numpy as np
@@ -22,6 +22,12 @@ from dg_plugins.algorithms.base import gradient_scaling, guard_scaled_steps, lr_
 from dg_plugins.datasets import decoded
 from dg_plugins.datasets.device_augment import use_device_augmentation
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
+from dg_plugins.job import sizes
+from dg_plugins.job.flags import flag, record_args
+from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
+                                   STEP_MODEL_FILE, JobStateError)
+from dg_plugins.job.records import append_record, format_row, keep_counted_records
+from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVALUATED_KEY, evaluated_splits
 from dg_plugins.networks.pretrained import recording_weights
 from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
@@ -29,17 +35,10 @@ from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
 from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
                                          read_checkpoint, save_checkpoint)
-from dg_plugins.job.flags import flag, record_args
-from dg_plugins.train.evaluate import evaluate
-from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
-                                   STEP_MODEL_FILE, JobStateError)
-from dg_plugins.job.records import append_record, format_row, keep_counted_records
-from dg_plugins.job import sizes
-from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVALUATED_KEY, evaluated_splits
 from dg_plugins.train.compute import FP16_FIX, Compute
+from dg_plugins.train.evaluate import evaluate
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
-from dg_plugins.train.shown_hparams import print_hparams
-from dg_plugins.train.splits import Splits, evaluation_subsets
+from dg_plugins.train.splits import Splits
 
 #: ``hook(job, step)`` called after every step, before its record, checkpoint and stop check (a
 #: plugin module may log; tests/support/job_gate.py holds a job at a step).
@@ -74,36 +73,59 @@ def check_test_envs(args, environments) -> None:
                          f"{args.dataset} ({n_envs} environments)")
 
 
-def print_environment(device: torch.device) -> None:
-    try:
-        torchvision_version = version("torchvision")
-    except Exception:  # pragma: no cover - torchvision absent
-        torchvision_version = "n/a"
-    print("Environment:")
-    for name, value in (("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
-                        ("Torchvision", torchvision_version), ("CUDA", torch.version.cuda),
-                        ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
-                        ("PIL", PIL.__version__)):
-        print(f"\t{name}: {value}")
-    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-    print(f"\tDevice: {device}{name}")
+#: The base hparams that configure a network: listed only where the job's network reads them.
+MODEL_HPARAMS = frozenset({"backbone", "vit", "resnet18", "resnet50_augmix", "resnet_dropout",
+                           "freeze_bn", "dinov2", "vit_arch", "vit_attn_tune", "vit_dropout",
+                           "mnist_cnn_width", "pretrained", "pretrained_path",
+                           "nonlinear_classifier"})
+#: DomainBed's base hparams that no dg_plugins algorithm or network reads.
+UNREAD_HPARAMS = frozenset({"lars", "linear_steps"})
+
+
+def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str], list[str]]:
+    """``(listed, left out)`` names of ``hparams`` in train's "HParams:" printout, sorted: all but
+    :data:`UNREAD_HPARAMS` and the network's hparams the job's network does not read (all listed
+    for an unknown network). The records keep every hparam."""
+    from dg_plugins.algorithms.base import FeatureClassifier
+    from dg_plugins.algorithms.dismae import MAE, DisMAE
+    from dg_plugins.algorithms.gmoe import ERM_ViT
+    from dg_plugins.networks.featurizers import backbone_for, resnet_arch
+
+    cls, used = ALGORITHMS.get(algorithm), {"backbone", "nonlinear_classifier"}
+    if issubclass(cls, ERM_ViT):  # GMoE too: gmoe.build_vit
+        used = {"vit_arch", "pretrained", "pretrained_path"}
+    elif issubclass(cls, (DisMAE, MAE)):  # dismae.build_encoder: random initialisation
+        used = {"vit_arch"}
+    elif not issubclass(cls, FeatureClassifier):
+        return sorted(hparams), []
+    else:
+        try:
+            choice = backbone_for(input_shape, hparams)
+        except ValueError:
+            return sorted(hparams), []
+        if choice == "mnist_cnn":
+            used.add("mnist_cnn_width")
+        elif choice == "resnet":
+            arch_flag = "resnet18" if resnet_arch(hparams) == "resnet18" else "resnet50_augmix"
+            used |= {arch_flag, "resnet_dropout", "freeze_bn", "pretrained", "pretrained_path"}
+        elif choice == "vit":
+            used |= {"dinov2", "vit_attn_tune", "vit_dropout", "pretrained", "pretrained_path"}
+            if not hparams.get("dinov2"):
+                used.add("vit_arch")
+            if hparams.get("backbone", "auto") == "auto":
+                used.add("vit")  # DomainBed's switch chose it
+    left_out = {name for name in hparams
+                if name in UNREAD_HPARAMS or name in MODEL_HPARAMS and name not in used}
+    return sorted(set(hparams) - left_out), sorted(left_out)
 
 
 def print_weights(loaded: list[str]) -> None:
-    if not loaded:
-        print("Weights: random initialisation (no pretrained weights loaded)")
-    for line in loaded:
-        print(f"Weights: {line}")
+    print(*[f"Weights: {line}" for line in loaded] or
+          ["Weights: random initialisation (no pretrained weights loaded)"], sep="\n")
 
 
-@dataclass
-class JobData:
-    """A job's dataset, splits and loader workers (``source``: why that many)."""
-
-    dataset: object
-    splits: Splits
-    workers: int
-    source: str
+#: A job's dataset, splits and loader workers (``source``: why that many).
+JobData = namedtuple("JobData", "dataset splits workers source")
 
 
 def build_job_data(args, hparams: dict, n_workers: int | None = None,
@@ -115,7 +137,7 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None,
     if (compute or Compute.of(args)).augment_on == "device":
         use_device_augmentation(dataset, args.dataset)
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
-    splits = Splits(dataset, args, hparams, evaluation_subsets(args, dataset))
+    splits = Splits(dataset, args, hparams)
     if getattr(dataset, "IN_MEMORY", False):
         workers, source = 0, "in-memory dataset, loaded in-process"
     elif n_workers is None and dataset.N_WORKERS == 0:
@@ -148,14 +170,22 @@ class Job:
         self.start_step = self.n_records = 0
         self.scaler = self.last_keys = self.pool = None  # scaler: fp16's (:meth:`prepare_compute`)
         self.accumulated: dict[str, list[float]] = {}
+        self.model_extras: dict = {}  # keys a job kind adds to model.pkl beside DomainBed's
         self.eval_names: list[str] = []
 
     def build(self) -> None:
-        args = self.args
-        print_environment(self.device)
-        print("Args:")
-        for k, v in sorted(self.record_args.items()):
-            print(f"\t{k}: {v}")
+        args, device = self.args, self.device
+        try:
+            torchvision_version = version("torchvision")
+        except Exception:  # pragma: no cover - torchvision absent
+            torchvision_version = "n/a"
+        gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+        print("Environment:", *[f"\t{name}: {value}" for name, value in (
+            ("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
+            ("Torchvision", torchvision_version), ("CUDA", torch.version.cuda),
+            ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
+            ("PIL", PIL.__version__), ("Device", f"{device}{gpu}"))], sep="\n")
+        print("Args:", *[f"\t{k}: {v}" for k, v in sorted(self.record_args.items())], sep="\n")
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)
 
@@ -168,16 +198,28 @@ class Job:
             raise ValueError("hparam batch_sampling 'pooled' is not supported with the UDG "
                              "protocol (--label_fraction): its pretraining draws one batch per "
                              "source environment; use 'per_domain'")
-        data = build_job_data(args, self.hparams, args.n_workers, self.compute)
-        self.dataset, self.splits, self.workers = data.dataset, data.splits, data.workers
-        print(f"Data: loader workers: {self.workers} ({data.source})")
+        self.dataset, self.splits, self.workers, source = build_job_data(
+            args, self.hparams, args.n_workers, self.compute)
+        print(f"Data: loader workers: {self.workers} ({source})")
         # image-folder datasets: the decoded-image cache, built or reused
         if cache_line := decoded.prepare(self.dataset, cores=max(1, self.workers),
                                          stop=self.stop, stopped=Interrupted):
             print(cache_line)
-        print_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
+        # DomainBed's "HParams:" block of the listed names, then the others on one line
+        listed, left_out = shown_hparams(args.algorithm, self.dataset.input_shape, self.hparams)
+        print("HParams:", *[f"\t{name}: {self.hparams[name]}" for name in listed], sep="\n")
+        if left_out:
+            print(f"\t(in the records, not read by this job: {', '.join(left_out)})")
         self.train_envs = [i for i in range(len(self.dataset)) if i not in args.test_envs]
-        self.eval_names = self.splits_to_evaluate()
+        # the splits every record evaluates (--eval_splits), said when some are skipped
+        named = [name for name, _, _ in self.splits.eval_named()]
+        self.eval_names = evaluated_splits(flag(args, "eval_splits"), args.test_envs,
+                                           len(self.splits.in_splits), len(self.splits.uda_splits),
+                                           udg=flag(args, "label_fraction") is not None)
+        if skipped := [name for name in named if name not in self.eval_names]:
+            print(f"Evaluation: --eval_splits {flag(args, 'eval_splits')}: {len(self.eval_names)} "
+                  f"of {len(named)} splits at every record ({', '.join(skipped)} skipped: no "
+                  "model selection reads them)")
         with recording_weights() as loaded:
             self.algorithm = self.make_algorithm()
         print_weights(loaded)
@@ -185,8 +227,7 @@ class Job:
         self.streams = self.make_streams(self.batch_size())
         self.n_steps = self.length()
         self.checkpoint_freq = args.checkpoint_freq or self.dataset.CHECKPOINT_FREQ
-        self.steps_per_epoch = self.epoch_length()
-        self.algorithm.epoch_steps = self.steps_per_epoch
+        self.algorithm.epoch_steps = self.steps_per_epoch = self.epoch_length()
         self.prepare_compute()
 
     def prepare_compute(self) -> None:
@@ -199,19 +240,6 @@ class Job:
             guard_scaled_steps(self.algorithm, fix=FP16_FIX)
         self.compute.configure_backends()
 
-    def splits_to_evaluate(self) -> list[str]:
-        """The splits every record evaluates (``--eval_splits``), said when some are skipped."""
-        named = [name for name, _, _ in self.splits.eval_named()]
-        names = evaluated_splits(flag(self.args, "eval_splits"), self.args.test_envs,
-                                 len(self.splits.in_splits), len(self.splits.uda_splits),
-                                 udg=flag(self.args, "label_fraction") is not None)
-        skipped = [name for name in named if name not in names]
-        if skipped:
-            print(f"Evaluation: --eval_splits {flag(self.args, 'eval_splits')}: {len(names)} of "
-                  f"{len(named)} splits at every record ({', '.join(skipped)} skipped: no "
-                  "model selection reads them)")
-        return names
-
     # Hooks a job kind may override (the UDG fine-tuning job, dg_plugins.train.udg, does).
 
     def length(self) -> int:
@@ -220,9 +248,8 @@ class Job:
     def epoch_length(self) -> float:
         """Steps of one epoch: pooled, one pass over the sources' union; else, as DomainBed's
         train.py, the smallest in-split (test environments' included) over the batch size."""
-        if self.pooled:
-            return float(self.streams[0].batches_per_epoch)
-        return min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits)
+        return (float(self.streams[0].batches_per_epoch) if self.pooled else
+                min(len(split) / self.hparams["batch_size"] for split, _ in self.splits.in_splits))
 
     def make_algorithm(self):
         data = self.dataset
@@ -285,11 +312,10 @@ class Job:
         return self.compute.model_input(x.to(self.device))
 
     def update(self) -> dict:
-        device = self.device
-        train_streams = self.streams[:self.n_train_streams]
-        batches = next(train_streams[0]) if self.pooled else map(next, train_streams)
-        minibatches = [(self.model_input(x), y.to(device)) for x, y in batches]
-        unlabeled = ([self.model_input(next(s)[0]) for s in self.streams[self.n_train_streams:]]
+        streams, n = self.streams, self.n_train_streams
+        drawn = next(streams[0]) if self.pooled else map(next, streams[:n])
+        minibatches = [(self.model_input(x), y.to(self.device)) for x, y in drawn]
+        unlabeled = ([self.model_input(next(s)[0]) for s in streams[n:]]
                      if self.args.task == "domain_adaptation" else None)
         return self.algorithm.update(minibatches, unlabeled)
 
@@ -310,10 +336,6 @@ class Job:
                                          "lower lr). The job stops without 'done'.")
             self.accumulated.setdefault(key, []).append(value)
         return seconds
-
-    def records_after(self, step: int) -> int:
-        """How many records the steps after ``step`` write."""
-        return sizes.records_after(step, self.n_steps, self.checkpoint_freq)
 
     def write_record(self, step: int) -> None:
         results = {"step": step, "epoch": step / self.steps_per_epoch,
@@ -342,18 +364,14 @@ class Job:
         if self.args.save_model_every_checkpoint:
             self.save_model(STEP_MODEL_FILE.format(step=step))
 
-    def model_extras(self) -> dict:
-        """Keys a job kind adds to model.pkl beside DomainBed's (none here)."""
-        return {}
-
     def save_model(self, filename: str) -> None:
-        """DomainBed's model.pkl plus :meth:`model_extras`, written atomically."""
+        """DomainBed's model.pkl plus :attr:`model_extras`, written atomically."""
         if not self.args.skip_model_save:
             atomic_torch_save({
                 "args": self.record_args, "model_input_shape": self.dataset.input_shape,
                 "model_num_classes": self.dataset.num_classes,
                 "model_num_domains": len(self.train_envs), "model_hparams": self.hparams,
-                "model_dict": self.algorithm.state_dict(), **self.model_extras(),
+                "model_dict": self.algorithm.state_dict(), **self.model_extras,
             }, os.path.join(self.args.output_dir, filename))
 
     def save_outputs(self) -> None:
@@ -376,10 +394,11 @@ class Job:
             self.start_workers()
             self.restore()
             interval = flag(self.args, "progress_every")
-            progress = Progress(self.n_steps, self.start_step, self.records_after,
-                                f"{self.args.algorithm} on {self.args.dataset}",
-                                self.progress_stream,
-                                DEFAULT_INTERVAL_S if interval is None else interval)
+            progress = Progress(
+                self.n_steps, self.start_step,
+                lambda step: sizes.records_after(step, self.n_steps, self.checkpoint_freq),
+                f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
+                DEFAULT_INTERVAL_S if interval is None else interval)
             try:
                 for step in range(self.start_step, self.n_steps):
                     seconds = self.train_step(step)

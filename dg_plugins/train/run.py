@@ -4,6 +4,7 @@ tee the output into out.txt/err.txt, catch stop signals, run the job, report fai
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import sys
 import traceback
@@ -19,8 +20,8 @@ from dg_plugins.train import udg
 from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
 from dg_plugins.train.compute import Compute
 from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
-                                   RESULTS_FILE, DiskFullError, FolderLock, JobStateError,
-                                   folder_error, is_done, remove_temporary_files, step_models,
+                                   RESULTS_FILE, STEP_MODEL_FILE, DiskFullError, FolderLock,
+                                   JobStateError, folder_error, is_done, remove_temporary_files,
                                    writing)
 from dg_plugins.job.records import read_record_lines
 from dg_plugins.train.loop import Interrupted, Job, check_test_envs
@@ -41,10 +42,9 @@ def validate(args, compute) -> None:
     hparams_lib.validate(args.algorithm, args.dataset, hparams_lib.parse_overrides(args.hparams))
     fraction = flags.flag(args, "label_fraction")
     flags.check_ranges(args, None if fraction is None else [fraction])
-    if dataset_cls.ENVIRONMENTS:
-        check_test_envs(args, dataset_cls.ENVIRONMENTS)
-    elif args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # environments found on disk
-        check_test_envs(args, catalog.environments_of(args.dataset, args.data_dir))
+    if dataset_cls.ENVIRONMENTS or args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # or on disk
+        check_test_envs(args, dataset_cls.ENVIRONMENTS
+                        or catalog.environments_of(args.dataset, args.data_dir))
     if args.dataset in catalog.IMAGE_FOLDER_DATASETS:  # a tree one level off: nonsense labels
         from dg_plugins.datasets.check import one_level_off
         from dg_plugins.layouts import visible_subfolders
@@ -69,8 +69,9 @@ def prepare_output_dir(args) -> None:
         if done or records or os.path.exists(os.path.join(folder, CHECKPOINT_FILE)):
             print(f"--force: starting {folder} over (removing done, records, models and the "
                   "checkpoint)", file=sys.stderr)
+        steps = glob.glob(os.path.join(glob.escape(folder), STEP_MODEL_FILE.format(step="*")))
         for path in [os.path.join(folder, name) for name in
-                     (DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, MODEL_FILE)] + step_models(folder):
+                     (DONE_FILE, RESULTS_FILE, CHECKPOINT_FILE, MODEL_FILE)] + steps:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         return
@@ -122,32 +123,28 @@ class Tee:
 @contextlib.contextmanager
 def teed(folder: str, mode: str):
     """stdout and stderr also into ``folder``'s out.txt and err.txt; yields the real stderr."""
-    real_stdout, real_stderr = sys.stdout, sys.stderr
-    out_tee = Tee(os.path.join(folder, OUT_FILE), real_stdout, mode)
-    try:
-        err_tee = Tee(os.path.join(folder, ERR_FILE), out_tee, mode)
-    except BaseException:
-        out_tee.close()
-        raise
-    sys.stdout, sys.stderr = out_tee, err_tee
-    try:
+    real_stderr = sys.stderr
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(contextlib.closing(Tee(os.path.join(folder, OUT_FILE),
+                                                         sys.stdout, mode)))
+        err = stack.enter_context(contextlib.closing(Tee(os.path.join(folder, ERR_FILE), out,
+                                                         mode)))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
         yield real_stderr
-    finally:
-        sys.stdout, sys.stderr = real_stdout, real_stderr
-        out_tee.close()
-        err_tee.close()
 
 
-def exit_status(err: BaseException) -> int | None:
-    """The exit status of a failure reported as one line (None: shown by its traceback)."""
+def report(err: BaseException) -> int | None:
+    """Print a failure reported as one line and return its exit status (None: a failure shown by
+    its traceback, nothing printed)."""
     if isinstance(err, Interrupted):
-        return 128 + err.signum
-    return flags.EXIT_BAD_INPUT if isinstance(err, user_errors()) else (
-        flags.EXIT_FAILED if isinstance(err, DiskFullError) else None)
-
-
-def line(err: BaseException) -> str:
-    return f"{'stopped' if isinstance(err, Interrupted) else 'error'}: {err}"
+        status = 128 + err.signum
+    elif isinstance(err, (DiskFullError, *user_errors())):
+        status = flags.EXIT_BAD_INPUT if isinstance(err, user_errors()) else flags.EXIT_FAILED
+    else:
+        return None
+    print(f"{'stopped' if isinstance(err, Interrupted) else 'error'}: {err}", file=sys.stderr)
+    return status
 
 
 def execute(args, stop_after_step: int | None = None
@@ -180,24 +177,20 @@ def execute(args, stop_after_step: int | None = None
                         return (kind(args, stop, real_stderr, compute).run(stop_after_step),
                                 flags.EXIT_DONE, None)
                 except BaseException as err:  # reported here, in out.txt and err.txt
-                    failure = err
-                    if isinstance(err, OSError):
-                        failure = folder_error(folder, err, anywhere=False) or err
-                        if failure is not err:
-                            failure.__cause__ = err
-                    status = exit_status(failure)
-                    if status is None:
-                        traceback.print_exc()
-                        if not isinstance(err, Exception):
-                            raise
-                        return None, flags.EXIT_FAILED, failure
-                    print(line(failure), file=sys.stderr)
-                    return None, status, failure
+                    failure = folder_error(folder, err, anywhere=False) if isinstance(
+                        err, OSError) else None
+                    if failure is not None:
+                        failure.__cause__ = err
+                    failure = failure or err
+                    if (status := report(failure)) is not None:
+                        return None, status, failure
+                    traceback.print_exc()
+                    if not isinstance(err, Exception):
+                        raise
+                    return None, flags.EXIT_FAILED, failure
     except Exception as err:  # before the job took its folder: reported on stderr
-        status = exit_status(err)
-        if status is None:
+        if (status := report(err)) is None:
             raise
-        print(line(err), file=sys.stderr)
         return None, status, err
 
 

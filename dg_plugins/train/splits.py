@@ -16,8 +16,7 @@ from dg_plugins.job.sizes import holdout_size
 
 class SplitDataset(Dataset):
     def __init__(self, underlying: Dataset, keys):
-        self.underlying = underlying
-        self.keys = list(keys)
+        self.underlying, self.keys = underlying, list(keys)
 
     def __getitem__(self, index):
         return self.underlying[self.keys[index]]
@@ -29,7 +28,7 @@ class SplitDataset(Dataset):
         return self.underlying.pixels(self.keys[index])
 
     def finisher(self):
-        method = getattr(root_dataset(self), "finisher", None)
+        method = getattr(unwrap(self)[0], "finisher", None)
         return method(env_indices(self)) if method is not None else None
 
 
@@ -40,7 +39,7 @@ def finisher(dataset):
     return method() if method is not None else None
 
 
-def _unwrap(dataset: Dataset):
+def unwrap(dataset: Dataset):
     """``(the dataset under nested SplitDatasets, the positions there or None)``."""
     index = None
     while isinstance(dataset, SplitDataset):
@@ -48,10 +47,6 @@ def _unwrap(dataset: Dataset):
         index = keys if index is None else keys[index]
         dataset = dataset.underlying
     return dataset, index
-
-
-def root_dataset(dataset: Dataset) -> Dataset:
-    return _unwrap(dataset)[0]
 
 
 def split_dataset(dataset: Dataset, n: int, seed: int = 0):
@@ -64,13 +59,13 @@ def split_dataset(dataset: Dataset, n: int, seed: int = 0):
 
 def env_indices(dataset: Dataset) -> np.ndarray:
     """The positions of ``dataset``'s items in the environment under it."""
-    root, index = _unwrap(dataset)
+    root, index = unwrap(dataset)
     return np.arange(len(root)) if index is None else index
 
 
 def tensor_view(dataset: Dataset):
     """``(tensors, index)`` when ``dataset`` is a (nested) split of a TensorDataset, else None."""
-    root, index = _unwrap(dataset)
+    root, index = unwrap(dataset)
     if not isinstance(root, TensorDataset):
         return None
     return root.tensors, torch.arange(len(root)) if index is None else torch.from_numpy(index)
@@ -85,24 +80,21 @@ def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
     return 1.0 / (counts[inverse].double() * len(classes))
 
 
-def evaluation_subsets(args, dataset) -> dict[int, dict[str, list[int]]]:
-    """``{test env: {subset name: [item indices]}}``: the IP/OOP split of ``--alignment_scores``."""
-    if flag(args, "alignment_scores") is None:
-        return {}
-    from dg_plugins import alignment
-
-    return alignment.env_subsets(dataset, args.test_envs, args.alignment_scores,
-                                 threshold=args.alignment_threshold, data_dir=args.data_dir,
-                                 preset=args.alignment_preset, model=flag(args, "alignment_model"),
-                                 pretrained=flag(args, "alignment_pretrained"))
-
-
 class Splits:
-    """Every environment's in/out(/uda) split and the ``subsets``; a dataset's ``predefined_split
-    (env) -> (in, out) | None`` replaces the random holdout (a test environment's may overlap)."""
+    """Every environment's in/out(/uda) split and the ``subsets`` (default: the IP/OOP split of
+    ``--alignment_scores``, ``{test env: {subset name: [item indices]}}``); a dataset's
+    ``predefined_split(env) -> (in, out) | None`` replaces the random holdout (a test environment's
+    may overlap)."""
 
     def __init__(self, dataset, args, hparams, subsets=None):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
+        if subsets is None and flag(args, "alignment_scores") is not None:
+            from dg_plugins import alignment
+
+            subsets = alignment.env_subsets(
+                dataset, args.test_envs, args.alignment_scores, threshold=args.alignment_threshold,
+                data_dir=args.data_dir, preset=args.alignment_preset,
+                model=flag(args, "alignment_model"), pretrained=flag(args, "alignment_pretrained"))
         self.subsets = subsets or {}
         bad = [i for i in self.subsets if i not in args.test_envs]
         if bad:
@@ -122,14 +114,13 @@ class Splits:
             else:
                 out, in_ = split_dataset(env, holdout_size(len(env), args.holdout_fraction),
                                               seed_hash(args.trial_seed, env_i))
-            uda = None
             if env_i in args.test_envs:
                 uda, in_ = split_dataset(in_, holdout_size(len(in_), args.uda_holdout_fraction),
-                                              seed_hash(args.trial_seed, env_i))
+                                         seed_hash(args.trial_seed, env_i))
+                if len(uda):
+                    self.uda_splits.append((uda, weights(uda)))
             self.in_splits.append((in_, weights(in_)))
             self.out_splits.append((out, weights(out)))
-            if uda is not None and len(uda):
-                self.uda_splits.append((uda, weights(uda)))
         if args.task == "domain_adaptation" and not self.uda_splits:
             raise ValueError("Not enough unlabeled samples for domain adaptation: set "
                              "--uda_holdout_fraction > 0")

@@ -5,6 +5,7 @@ its identity's md5), then fine-tuning on a fixed, nested labelled subset (:class
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -84,16 +85,13 @@ def pretraining_set(job, env: int):
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
     """What makes two jobs' pretrainings the same (no paths; ``udg_split`` and compute settings
     only when not default, so a default pretraining's identity stays as it was)."""
-    identity = {
+    return {
         "dataset": args.dataset, "test_envs": sorted(int(t) for t in args.test_envs),
         "algorithm": args.algorithm, "trial_seed": args.trial_seed, "seed": args.seed,
         "holdout_fraction": args.holdout_fraction, "pretrain_steps": pretrain_steps,
         "hparams": {k: v for k, v in sorted(hparams.items()) if k not in FINETUNE_HPARAMS},
-    }
-    if flag(args, "udg_split") == "release":
-        identity["udg_split"] = "release"
-    identity.update(compute_settings(args))
-    return identity
+        **({"udg_split": "release"} if flag(args, "udg_split") == "release" else {}),
+        **compute_settings(args)}
 
 
 def pretrain_key(identity: dict) -> str:
@@ -101,10 +99,8 @@ def pretrain_key(identity: dict) -> str:
 
 
 def pretrain_root(args) -> str:
-    if flag(args, "udg_pretrain_dir"):
-        return args.udg_pretrain_dir
-    parent = os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep)))
-    return os.path.join(parent, PRETRAIN_DIRNAME)
+    return flag(args, "udg_pretrain_dir") or os.path.join(
+        os.path.dirname(os.path.abspath(args.output_dir.rstrip(os.sep))), PRETRAIN_DIRNAME)
 
 
 def _done(folder: str) -> bool:
@@ -130,17 +126,6 @@ def load_pretrained(folder: str, identity: dict) -> dict:
     return state["state"]
 
 
-class WaitInterrupted(job_lib.Interrupted):
-    """SIGTERM/SIGINT while waiting for another job's pretraining: nothing to resume."""
-
-    def __init__(self, signum: int, folder: str):
-        super().__init__(signum, f"stopped by {signal.Signals(signum).name} while waiting for "
-                         f"the UDG pretraining in {folder} (another job runs it); this job had "
-                         "not started, so there is nothing to resume: rerunning the same command "
-                         "(with or without --resume) continues, reusing or finishing that "
-                         "pretraining")
-
-
 class PretrainJob(job_lib.Job):
     """The pretraining (``pretrain_update`` on unlabelled batches, output ``pretrained.pt``), run
     under its folder's lock; it continues from any checkpoint (checked against the identity)."""
@@ -160,10 +145,9 @@ class PretrainJob(job_lib.Job):
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
         seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
-        self.device = p.device
+        self.dataset, self.train_envs, self.hparams = p.dataset, p.train_envs, p.hparams
         with recording_weights() as loaded:
-            self.algorithm = ALGORITHMS.get(p.args.algorithm)(
-                p.dataset.input_shape, p.dataset.num_classes, len(p.train_envs), p.hparams)
+            self.algorithm = self.make_algorithm()
         job_lib.print_weights(loaded)
         self.algorithm.to(self.device)
         # The checkpoint is checked against the identity's hparams: jobs that share this
@@ -236,10 +220,10 @@ class UDGJob(job_lib.Job):
 
     def train_split(self, env: int):
         if env not in self.labelled:
-            split, _ = self.splits.in_splits[env]
-            subset = labelled_subset(split, self.fraction, self.args.trial_seed, env)
-            weights = class_balanced_weights(subset) if self.hparams["class_balanced"] else None
-            self.labelled[env] = (subset, weights)
+            subset = labelled_subset(self.splits.in_splits[env][0], self.fraction,
+                                     self.args.trial_seed, env)
+            self.labelled[env] = (subset, class_balanced_weights(subset)
+                                  if self.hparams["class_balanced"] else None)
         return self.labelled[env]
 
     def batch_size(self) -> int:
@@ -261,6 +245,9 @@ class UDGJob(job_lib.Job):
         if state is not None:
             backbone.load_state_dict(state, strict=True)  # exactly the pretrained keys
         mode, lr, batch = self.finetune
+        # model.pkl says what its state dict is: the fine-tuner's, not the algorithm's
+        self.model_extras = {"udg": {"label_fraction": self.fraction, "mode": mode,
+                                     "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
         kind = "linear probe, frozen backbone" if mode == "linear" else "full fine-tuning"
         print(f"UDG fine-tuning: {kind}, lr {lr:g}, batch {batch} per domain, label fraction "
               f"{self.fraction:g} ({', '.join(map(str, self.labelled_sizes()))} labelled "
@@ -278,8 +265,7 @@ class UDGJob(job_lib.Job):
                                   self.hparams["batch_size"])
         identity = pretrain_identity(args, self.hparams, steps)
         folder = os.path.join(pretrain_root(args), pretrain_key(identity))
-        waited = False
-        while True:
+        for attempt in itertools.count():
             if _done(folder):
                 print(f"UDG pretraining: reusing {folder}")
                 return load_pretrained(folder, identity)
@@ -299,19 +285,16 @@ class UDGJob(job_lib.Job):
                         PretrainJob(self, folder, identity).run()
                     return load_pretrained(folder, identity)
             except FolderBusy:
-                if not waited:
+                if not attempt:  # the first wait
                     print(f"UDG pretraining: {folder} is being pretrained by another job; "
                           "waiting for it", file=sys.stderr)
-                    waited = True
                 deadline = time.monotonic() + POLL_SECONDS
                 while self.stop.signum is None and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if self.stop.signum is not None:
-                    raise WaitInterrupted(self.stop.signum, folder)
-
-    def model_extras(self) -> dict:
-        if not self.pretraining:
-            return {}
-        # say what the state dict is: the fine-tuner's, not the algorithm's
-        return {"udg": {"label_fraction": self.fraction, "mode": self.finetune[0],
-                        "model": "dg_plugins.algorithms.udg_finetune.FineTuner"}}
+                if (signum := self.stop.signum) is not None:  # waiting: nothing to resume
+                    raise job_lib.Interrupted(signum, f"stopped by {signal.Signals(signum).name} "
+                                              f"while waiting for the UDG pretraining in {folder} "
+                                              "(another job runs it); this job had not started, so "
+                                              "there is nothing to resume: rerunning the same "
+                                              "command (with or without --resume) continues, "
+                                              "reusing or finishing that pretraining")

@@ -208,7 +208,7 @@ def test_the_hparams_listed_are_those_the_network_reads(algorithm, dataset, shap
     network hparams of the other backbones; every other hparam is listed."""
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.registry import ALGORITHMS
-    from dg_plugins.train.shown_hparams import MODEL_HPARAMS, UNREAD_HPARAMS, shown_hparams
+    from dg_plugins.train.loop import MODEL_HPARAMS, UNREAD_HPARAMS, shown_hparams
 
     hparams = Reads({**hparams_lib.default_hparams(algorithm, dataset), **overrides})
     listed, left_out = shown_hparams(algorithm, shape, hparams)
@@ -228,7 +228,7 @@ def test_an_algorithm_with_a_network_of_its_own_lists_every_hparam(monkeypatch):
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.algorithms.base import Algorithm
     from dg_plugins.registry import ALGORITHMS
-    from dg_plugins.train.shown_hparams import shown_hparams
+    from dg_plugins.train.loop import shown_hparams
 
     monkeypatch.setattr(ALGORITHMS, "get", lambda name: Algorithm)
     hparams = hparams_lib.default_hparams("ERM", "Debug28")
