@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -73,10 +74,9 @@ def budget_bytes() -> int:
     text = os.environ.get(BUDGET_ENV, "").strip()
     if not text:
         return int(DEFAULT_BUDGET_GB * 2**30)
-    try:
+    value = -1.0
+    with contextlib.suppress(ValueError):
         value = float(text)
-    except ValueError:
-        value = -1.0
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"${BUDGET_ENV}={text!r} is not a size in GB: set it to a finite number "
                          f">= 0 (e.g. {BUDGET_ENV}=50; 0 caches nothing) or unset it for "
@@ -279,16 +279,14 @@ def _allocate(path: str, size: int) -> None:
     """Give ``path`` ``size`` bytes on the disk at once (a full disk fails before any work)."""
     size = max(size, 1)
     with open(path, "r+b") as handle:
-        fallocate = getattr(os, "posix_fallocate", None)
-        if fallocate is not None:
-            try:
-                fallocate(handle.fileno(), 0, size)
-                return
-            except OSError as err:
-                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-        if os.fstat(handle.fileno()).st_size < size:
-            handle.truncate(size)
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+        except (AttributeError, OSError) as err:  # not on macOS, nor on some file systems
+            if getattr(err, "errno", errno.ENOSYS) not in (errno.EINVAL, errno.EOPNOTSUPP,
+                                                           errno.ENOSYS):
+                raise
+            if os.fstat(handle.fileno()).st_size < size:
+                handle.truncate(size)
 
 
 def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
@@ -390,21 +388,18 @@ def _take_over(folder: str, path: str, inode: int) -> bool:
     """Remove the lock ``path`` if still the file ``inode`` (under a lock of its own)."""
     import fcntl
 
-    guard = os.open(os.path.join(folder, TAKEOVER_NAME), os.O_RDWR | os.O_CREAT, 0o666)
-    try:
+    with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         if _inode(path) != inode:
             return False
         os.remove(path)
         return True
-    finally:
-        os.close(guard)
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: str, stop=None, stopped=None):
+def _folder_lock(folder: str, check=lambda doing: None):
     """An ``flock`` on ``folder/.build.lock`` holding ``pid host``; held by another job, waits
-    (:func:`_check_stop` between looks); one whose holder is gone (seen twice) is taken over."""
+    (``check(doing)`` between looks); one whose holder is gone (seen twice) is taken over."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
@@ -443,9 +438,9 @@ def _folder_lock(folder: str, stop=None, stopped=None):
             print(f"Decoded-image cache: another job{who} is building {folder}; waiting for it",
                   flush=True)
             said = True
-        _check_stop(stop, stopped, waiting)
+        check(waiting)
         time.sleep(LOCK_POLL_S)
-        _check_stop(stop, stopped, waiting)
+        check(waiting)
     with contextlib.suppress(OSError):  # a full disk: the lock holds, without its holder's pid
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {host}\n".encode(), 0)
@@ -792,7 +787,7 @@ class DatasetCache:
         self.folder = os.path.join(cache_folder(),
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
-        self.stop, self.stopped = stop, stopped
+        self.check = functools.partial(_check_stop, stop, stopped)
         self.writable = True
         self.notes: list[str] = []
         self._noted: set[str] = set()
@@ -856,9 +851,6 @@ class DatasetCache:
                        f"delete {self.folder} and rerun", sys.stderr)
             return
         self._note(f"damaged: {problem}; removed, to be built again", sys.stderr)
-
-    def check_stop(self, doing: str) -> None:
-        _check_stop(self.stop, self.stopped, doing)
 
     def _clean(self, stores: list[EnvCache]) -> None:
         """Remove files of older versions of these images, and temporary files of gone processes."""
@@ -935,11 +927,11 @@ class DatasetCache:
         built, stores = {}, []
         building = (f"building the decoded-image cache in {self.folder} (its unfinished files "
                     "removed)")
-        builders = Builders(self.dataset.datasets, cores, check=lambda: self.check_stop(building))
+        builders = Builders(self.dataset.datasets, cores, check=lambda: self.check(building))
         try:
-            self.check_stop(f"preparing the decoded-image cache in {self.folder}")
+            self.check(f"preparing the decoded-image cache in {self.folder}")
             os.makedirs(self.folder, exist_ok=True)
-            with _folder_lock(self.folder, self.stop, self.stopped):
+            with _folder_lock(self.folder, self.check):
                 stores = [EnvCache(self, env) for env in self.dataset.datasets]
                 self._clean(stores)
                 # (store, transform, shape) of deterministic evaluation transforms
@@ -971,7 +963,7 @@ class DatasetCache:
                 elif missing_plain:
                     self.note_no_room("the evaluation pixels", plain_size)
         except OSError as err:
-            self.check_stop(building)  # a build process ended by the stop signal (Slurm)
+            self.check(building)  # a build process ended by the stop signal (Slurm)
             self.note_error(err)
         finally:
             builders.close()
