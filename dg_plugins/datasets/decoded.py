@@ -595,27 +595,24 @@ def _write_at(fd: int, array, offset: int) -> None:
 def _decode_into(task):
     """Decode ``[(item, offset, height, width)]`` into ``path``; returns the items left out."""
     position, path, items = task
-    env = _BUILD_ENVS[position]
-    missing = []
+    env, missing = _BUILD_ENVS[position], []
     with open(path, "r+b") as handle:
         for item, offset, height, width in items:
             try:  # load() raises every decoding error as an UnreadableImageError, an OSError
                 array = np.asarray(env.load(env.samples[item][0]))
             except OSError:
+                array = None
+            if array is None or array.shape != (height, width, 3):
                 missing.append(item)
-                continue
-            if array.shape != (height, width, 3):
-                missing.append(item)
-                continue
-            _write_at(handle.fileno(), array, offset)
+            else:
+                _write_at(handle.fileno(), array, offset)
     return missing
 
 
 def _pixels_into(task):
     """Write ``items``' pixels after ``transform`` into the ``.npy`` ``path``; returns them."""
     position, path, start, shape, transform, items = task
-    env = _BUILD_ENVS[position]
-    done = []
+    env, done = _BUILD_ENVS[position], []
     with open(path, "r+b") as handle:
         for item in items:
             try:  # an unreadable image (an UnreadableImageError) is left out
@@ -636,8 +633,7 @@ class EnvCache:
     and its splits' evaluation pixels, each read only when intact (:func:`_damage`)."""
 
     def __init__(self, owner: "DatasetCache", env):
-        self.owner = owner
-        self.env = env
+        self.owner, self.env = owner, env
         self.stem = _safe(os.path.basename(os.path.normpath(env.root)))
         self.digest, self.file_bytes = fingerprint(env)
         self.prefix = os.path.join(owner.folder, f"{self.stem}.{self.digest}")
@@ -697,21 +693,18 @@ class EnvCache:
     def eval_entry(self, key: str) -> PixelEntry | None:
         """The split's intact evaluation pixels, else None; one without its ``.sum`` yet is left
         alone (another job may be writing it)."""
-        path = self.eval_path(key)
-        sum_path = path + ".sum"
-        if not os.path.exists(path) or not os.path.exists(sum_path):
+        sum_path = (path := self.eval_path(key)) + ".sum"
+        if not (os.path.exists(path) and os.path.exists(sum_path)):
             return None
-        problem = _damage(sum_path, [path])
-        if problem is None:
+        if (problem := _damage(sum_path, [path])) is None:
             return PixelEntry(path)
         if self.owner is not None:
             self.owner.discard([path], sum_path, problem)
         return None
 
     def eval_writer(self, key: str, n: int) -> "EvalWriter | None":
-        if self.owner is None or not self.owner.writable:
-            return None
-        return EvalWriter(self, key, n)
+        writable = self.owner is not None and self.owner.writable
+        return EvalWriter(self, key, n) if writable else None
 
 
 class EvalWriter:
@@ -719,14 +712,11 @@ class EvalWriter:
     with their ``.sum`` (:meth:`commit`); anything unexpected drops the file."""
 
     def __init__(self, store: EnvCache, key: str, n: int):
-        self.store, self.n = store, n
-        self.path = store.eval_path(key)
+        self.store, self.n, self.path = store, n, store.eval_path(key)
         self.tmp = f"{self.path}.tmp.{os.getpid()}"
-        self.handle = None  # the file, at the end of what was written
-        self.shape = None  # of an item
-        self.digest = None  # the file's SHA-256 so far (header, then the batches in order)
-        self.filled = 0
-        self.failed = False
+        # the file at the end of what was written, an item's shape, the file's SHA-256 so far
+        self.handle = self.shape = self.digest = None
+        self.filled, self.failed = 0, False
 
     def add(self, start: int, pixels) -> None:
         if self.failed:
@@ -782,15 +772,13 @@ class DatasetCache:
 
     def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
-        self.dataset = dataset
-        self.name = type(dataset).__name__
+        self.dataset, self.name = dataset, type(dataset).__name__
         self.folder = os.path.join(cache_folder(),
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
         self.check = functools.partial(_check_stop, stop, stopped)
         self.writable = True
-        self.notes: list[str] = []
-        self._noted: set[str] = set()
+        self.notes, self._noted = [], set()  # said (a list), and their keys
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
     def usage(self) -> int:

@@ -10,6 +10,7 @@ distributions as the PIL path, not the same pixels (it rounds to 8 bits after ev
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -45,17 +46,15 @@ def _kornia():
     except ImportError:
         raise ImportError(f"augmenting on the device needs kornia: {INSTALL}") from None
     for module, functions in KORNIA_NEEDS.items():
-        try:
+        found = None
+        with contextlib.suppress(ImportError):
             found = importlib.import_module(f"kornia.{module}")
-        except ImportError:
-            found = None
         missing = [f for f in functions if not hasattr(found, f)]
         if missing:
-            version = getattr(kornia, "__version__", "of unknown version")
-            where = getattr(kornia, "__file__", None) or "?"
             raise KorniaLacks(
                 f"augmenting on the device needs kornia.{module}.{missing[0]}, which the kornia "
-                f"this Python imports ({version}, {where}) lacks: {INSTALL}")
+                f"this Python imports ({getattr(kornia, '__version__', 'of unknown version')}, "
+                f"{getattr(kornia, '__file__', None) or '?'}) lacks: {INSTALL}")
     return kornia
 
 
@@ -63,9 +62,9 @@ def require_kornia() -> None:
     """ValueError (a train job's bad input) naming the fix when :func:`_kornia` fails."""
     try:
         _kornia()
-    except ImportError as err:
-        if isinstance(err, KorniaLacks):
-            raise ValueError(f"--augment_on device: {err}; or use --augment_on loader") from None
+    except KorniaLacks as err:
+        raise ValueError(f"--augment_on device: {err}; or use --augment_on loader") from None
+    except ImportError:
         raise ValueError(f"--augment_on device needs kornia, which this Python cannot import: "
                          f"{INSTALL}; or use --augment_on loader") from None
 

