@@ -17,6 +17,7 @@ import json
 import math
 import multiprocessing
 import os
+import pathlib
 import re
 import signal
 import socket
@@ -119,8 +120,7 @@ class PixelTransform:
     """A transform split into ``ops`` (PIL operations, :data:`PIXEL_OPS`) and ``finisher``."""
 
     def __init__(self, ops, finisher):
-        self.ops = list(ops)
-        self.finisher = finisher
+        self.ops, self.finisher = list(ops), finisher
         self.deterministic = all(type(op).__name__ in DETERMINISTIC_OPS for op in self.ops)
         self.key = _digest([repr(op) for op in self.ops], finisher.key)[:16]
 
@@ -195,9 +195,7 @@ class DecodedImages:
     width), mapped when first read."""
 
     def __init__(self, path: str, index):
-        self.path = path
-        self.index = index
-        self._data = None
+        self.path, self.index, self._data = path, index, None
 
     def __getstate__(self):
         return {"path": self.path, "index": self.index, "_data": None}
@@ -228,9 +226,7 @@ class PixelEntry:
     """uint8 pixels ``[items, 3, H, W]`` in a mapped ``.npy`` and ``ok`` (per item; None: all)."""
 
     def __init__(self, path: str, ok=None):
-        self.path = path
-        self.ok = ok
-        self._data = None
+        self.path, self.ok, self._data = path, ok, None
 
     def __getstate__(self):
         return {"path": self.path, "ok": self.ok, "_data": None}
@@ -327,8 +323,7 @@ def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
 def _damage(sum_path: str, paths: list[str]) -> str | None:
     """None when an entry's files hold what was built (same stamp, else SHA-256), else why not."""
     try:
-        with open(sum_path, "rb") as handle:
-            files = json.loads(handle.read())["files"]
+        files = json.loads(pathlib.Path(sum_path).read_bytes())["files"]
         recorded = [(list(files[os.path.basename(p)]["stamp"]),
                      str(files[os.path.basename(p)]["sha256"])) for p in paths]
     except FileNotFoundError:
@@ -542,10 +537,9 @@ class Builders:
             finally:
                 _BUILD_ENVS.clear()
             return out
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.cores, multiprocessing.get_context("fork"),
-                                            initializer=_start_builder,
-                                            initargs=(self.envs, os.getpid()))
+        self.pool = self.pool or ProcessPoolExecutor(
+            self.cores, multiprocessing.get_context("fork"), initializer=_start_builder,
+            initargs=(self.envs, os.getpid()))
         self.check()
         try:
             for result in self.pool.map(function, tasks):
@@ -807,12 +801,10 @@ class DatasetCache:
 
     def note_no_room(self, what: str, size: int) -> None:
         """Say that ``what`` (``size`` bytes) is not cached, and how to cache it."""
-        used = self.usage()
-        if used + size > self.budget:
-            need = max(1, -(-(used + size) // 2**30))
+        if (used := self.usage()) + size > self.budget:
             self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the "
-                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}={need}",
-                       key=what)
+                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}="
+                       f"{max(1, -(-(used + size) // 2**30))}", key=what)
             return
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
                    f"{gb(_free_bytes(self.folder))} free, and the cache leaves some free for the "
@@ -864,8 +856,7 @@ class DatasetCache:
             array = write(tmp)
             digest = _file_digest(tmp)
             os.replace(tmp, data)
-            buffer = io.BytesIO()
-            np.save(buffer, array)
+            np.save(buffer := io.BytesIO(), array)
             _save_bytes(side, buffer.getvalue())
             _seal(sum_path, [data, side], {data: digest})
         except BaseException:

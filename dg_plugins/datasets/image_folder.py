@@ -331,7 +331,8 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             env_dataset.dataset_name, env_dataset.environment = type(self).__name__, label
             env_dataset.data_dir = getattr(self, "data_dir", root)
             self.datasets.append(env_dataset)
-        self.input_shape, self.num_classes = (3, self.image_size, self.image_size), len(self.classes)
+        self.input_shape = (3, self.image_size, self.image_size)
+        self.num_classes = len(self.classes)
 
     def augment_on_device(self, split) -> None:
         """``--augment_on device``: the augmented environments' training transform runs as
@@ -521,7 +522,8 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                                     "does not exist")
         labels = list(env_folders := visible_subfolders(dataset_dir))
     else:
-        raise ValueError(f"{name}: give environments, env_folders or data_dir to discover them from")
+        raise ValueError(f"{name}: give environments, env_folders or data_dir to discover them "
+                         "from")
     if not labels:
         raise ValueError(f"{name}: no environments")
     dataset_class = type(name, (ImageFolderBenchmark,), dict(
