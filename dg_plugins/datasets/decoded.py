@@ -271,30 +271,26 @@ def _disk_room(folder: str) -> int:
     return _free_bytes(folder) - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
 
 
-def _allocate(path: str, size: int) -> None:
-    """Give ``path`` ``size`` bytes on the disk at once (a full disk fails before any work)."""
-    size = max(size, 1)
-    with open(path, "r+b") as handle:
-        try:
-            os.posix_fallocate(handle.fileno(), 0, size)
-        except (AttributeError, OSError) as err:  # not on macOS, nor on some file systems
-            if getattr(err, "errno", errno.ENOSYS) not in (errno.EINVAL, errno.EOPNOTSUPP,
-                                                           errno.ENOSYS):
-                raise
-            if os.fstat(handle.fileno()).st_size < size:
-                handle.truncate(size)
-
-
 def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
-    """A new allocated file, a uint8 ``.npy`` of ``shape`` or flat; returns where data starts."""
+    """A new file, a uint8 ``.npy`` of ``shape`` or flat, given its bytes on the disk at once (a
+    full disk fails before any work); returns where data starts."""
     header = io.BytesIO()
     if shape is not None:
         np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
                                                       "shape": tuple(int(v) for v in shape)})
         size = _prod(shape)
+    total = max(len(header.getvalue()) + size, 1)
     with open(path, "wb") as handle:
         handle.write(header.getvalue())
-    _allocate(path, len(header.getvalue()) + size)
+        handle.flush()
+        try:
+            os.posix_fallocate(handle.fileno(), 0, total)
+        except (AttributeError, OSError) as err:  # not on macOS, nor on some file systems
+            if getattr(err, "errno", errno.ENOSYS) not in (errno.EINVAL, errno.EOPNOTSUPP,
+                                                           errno.ENOSYS):
+                raise
+            if os.fstat(handle.fileno()).st_size < total:
+                handle.truncate(total)
     return len(header.getvalue())
 
 
@@ -451,11 +447,9 @@ def _folder_lock(folder: str, check=lambda doing: None):
 
 def _check_stop(stop, stopped, doing: str) -> None:
     """Raise ``stopped(signum, message)`` once ``stop`` (a job's StopRequest) caught a signal."""
-    signum = getattr(stop, "signum", None)
-    if signum is None or stopped is None:
-        return
-    raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
-                          "rerun the same command to run the job")
+    if (signum := getattr(stop, "signum", None)) is not None and stopped is not None:
+        raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
+                              "rerun the same command to run the job")
 
 
 def fingerprint(env) -> tuple[str, int]:
@@ -487,8 +481,10 @@ _BUILD_ENVS: list = []
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` ends: a parent-death signal, else a watching thread."""
+def _start_builder(envs, parent: int) -> None:
+    """A build process: dies with its job (a parent-death signal, else a watching thread), closes
+    its copies of the build lock, leaves stop signals to the job, runs one torch thread (a fork
+    after an OpenMP region hangs)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -502,12 +498,6 @@ def _die_with(parent: int) -> None:
         threading.Thread(target=watch, daemon=True).start()
     if os.getppid() != parent:  # it died before the signal was asked for
         os._exit(1)
-
-
-def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job, closes its copies of the build lock, leaves stop signals
-    to the job, runs one torch thread (a fork after an OpenMP region hangs)."""
-    _die_with(parent)
     for fd in list(_LOCK_FDS):
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -137,17 +137,6 @@ def load_image_folder(folder: str):
     return np.stack(images), np.asarray(labels)
 
 
-def expected_layout(domain: str, data_dir: str) -> str:
-    root = os.path.join(data_dir, FOLDER_NAME)
-    lines = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
-             f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
-             f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
-    if domain == "mnist":
-        lines.insert(2, f"  or the MNIST IDX training files in "
-                        f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
-    return "\n".join(lines)
-
-
 def find_domain(domain: str, data_dir: str):
     """A loader ``() -> (images, labels)`` of the domain's files in the first layout found (a
     ``.npz``, the released files, digit folders), else None."""
@@ -178,14 +167,18 @@ def find_domain(domain: str, data_dir: str):
 def missing_domain_message(domain: str, data_dir: str) -> str:
     from dg_plugins.download.sources import download_command
 
-    command = download_command("Digits", data_dir)
+    root, command = os.path.join(data_dir, FOLDER_NAME), download_command("Digits", data_dir)
+    layouts = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
+               f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
+               f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
+    if domain == "mnist":
+        layouts.insert(2, f"  or the MNIST IDX training files in "
+                          f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
     how = (f"On a machine with internet, `{command}` downloads it; or put one of these in place"
            if command else "The downloader (python -m dg_plugins.scripts.download) does not "
            "provide Digits: get the domain's files from their publishers and put one of these in "
            "place")
-    message = (f"Digits domain {domain!r} not found under "
-               f"{os.path.join(data_dir, FOLDER_NAME)}. {how}:\n"
-               f"{expected_layout(domain, data_dir)}")
+    message = f"Digits domain {domain!r} not found under {root}. {how}:\n" + "\n".join(layouts)
     if domain == "mnist":
         message += (f"\n(MNIST's IDX files: on a machine with internet, "
                     f"`{download_command('MNIST', data_dir)}` writes them to "
@@ -239,5 +232,4 @@ class Digits(MultipleDomainDataset):
         if not root:
             raise _no_data_dir()
         self.datasets = [TensorDataset(*load_domain(domain, root)) for domain in self.ENVIRONMENTS]
-        self.input_shape = self.INPUT_SHAPE
-        self.num_classes = 10
+        self.input_shape, self.num_classes = self.INPUT_SHAPE, 10

@@ -230,12 +230,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     def pixels(self, index: int):
         """``(uint8 [3, H, W] pixels, label)`` of item ``index`` after its transform's pixel part
         (from the cache when it holds them); only with a :meth:`finisher`."""
-        transform = self.pixel_transform(self.transform_of(index))
-        store = self.pixel_store
-        if transform.deterministic and store is not None:
-            entry = store.plain_entry(transform)
-            if entry is not None and entry.covers(index):
-                return torch.from_numpy(entry.read(index)), self.samples[index][1]
+        transform, store = self.pixel_transform(self.transform_of(index)), self.pixel_store
+        entry = store.plain_entry(transform) if transform.deterministic and store else None
+        if entry is not None and entry.covers(index):
+            return torch.from_numpy(entry.read(index)), self.samples[index][1]
         return transform.pixels(self.image(index)), self.samples[index][1]
 
     def evaluation_pixel_transforms(self) -> list:
@@ -341,44 +339,39 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise ValueError(f"--augment_on device: {type(self).__name__} is not augmented "
                              "(data_augmentation is false), so there is nothing to run on the "
                              "device; use --augment_on loader")
-        pixels = split(self.augment_transform)
+        device_split = (self.augment_transform, split(self.augment_transform))
         for i in self.augmented_envs:
-            self.datasets[i].device_split = (self.augment_transform, pixels)
+            self.datasets[i].device_split = device_split
 
     @classmethod
     def expected_layout(cls) -> str:
         folder = os.path.join("<data_dir>", cls.FOLDER_NAME) if cls.FOLDER_NAME else "<data_dir>"
         pattern = os.path.join(folder, "<domain>", "<class>", "<image>.jpg")
-        text = (f"{cls.__name__} expects the layout {pattern}"
-                " (one folder per domain, one subfolder per class")
-        if cls.ENV_FOLDERS:
-            text += f"; domain folders: {', '.join(cls.ENV_FOLDERS)}"
-        return text + ")."
+        known = f"; domain folders: {', '.join(cls.ENV_FOLDERS)}" if cls.ENV_FOLDERS else ""
+        return (f"{cls.__name__} expects the layout {pattern} (one folder per domain, one "
+                f"subfolder per class{known}).")
 
     def _find_environment_folders(self, root) -> list[str]:
+        name, layout = type(self).__name__, self.expected_layout()
         if root is None:
-            raise FileNotFoundError(
-                f"no data directory given (pass --data_dir). {self.expected_layout()}")
+            raise FileNotFoundError(f"no data directory given (pass --data_dir). {layout}")
         if not os.path.isdir(root):
             data_dir = getattr(self, "data_dir", None)
-            inside = data_dir and self.FOLDER_NAME and layouts.inside_dataset_folder(
-                type(self).__name__, data_dir, self.FOLDER_NAME)
-            if inside:
+            if inside := data_dir and self.FOLDER_NAME and layouts.inside_dataset_folder(
+                    name, data_dir, self.FOLDER_NAME):
                 raise FileNotFoundError(inside)
             from dg_plugins.download.sources import download_command
 
-            command = download_command(type(self).__name__, data_dir)
+            command = download_command(name, data_dir)
             fetch = f" To download it: {command}" if command else ""
-            raise FileNotFoundError(
-                f"dataset folder {root} does not exist. {self.expected_layout()}{fetch}")
-        folders = visible_subfolders(root)
-        if not folders:
-            raise FileNotFoundError(f"no domain folders in {root}. {self.expected_layout()}")
+            raise FileNotFoundError(f"dataset folder {root} does not exist. {layout}{fetch}")
+        if not (folders := visible_subfolders(root)):
+            raise FileNotFoundError(f"no domain folders in {root}. {layout}")
         if self.ENVIRONMENTS is not None and len(folders) != len(self.ENVIRONMENTS):
             raise ValueError(
-                f"{root} has {len(folders)} domain folders ({', '.join(folders)}) but "
-                f"{type(self).__name__} has {len(self.ENVIRONMENTS)} environments "
-                f"({', '.join(self.ENVIRONMENTS)}); remove stray folders. {self.expected_layout()}")
+                f"{root} has {len(folders)} domain folders ({', '.join(folders)}) but {name} has "
+                f"{len(self.ENVIRONMENTS)} environments ({', '.join(self.ENVIRONMENTS)}); remove "
+                f"stray folders. {layout}")
         if self.ENV_FOLDERS and folders != sorted(self.ENV_FOLDERS):
             warnings.warn(f"{root}: domain folders {folders} differ from the standard "
                           f"{list(self.ENV_FOLDERS)}; using them in sorted order as environments "

@@ -23,8 +23,7 @@ from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
     """Paths of the four MNIST files; FileNotFoundError says where to put them."""
-    found = locate_mnist_files(root)
-    if found is not None:
+    if (found := locate_mnist_files(root)) is not None:
         return found
     from dg_plugins.download.sources import download_command
 
