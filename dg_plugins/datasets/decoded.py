@@ -396,8 +396,7 @@ def _folder_lock(folder: str, check=lambda doing: None):
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    path = os.path.join(folder, LOCK_NAME)
-    host = socket.gethostname()
+    path, host = os.path.join(folder, LOCK_NAME), socket.gethostname()
     waiting = f"waiting for another job's build of {folder}"
     said, stale = False, None
     while True:
@@ -577,37 +576,20 @@ def _write_at(fd: int, array, offset: int) -> None:
 
 
 def _decode_into(task):
-    """Decode ``[(item, offset, height, width)]`` into ``path``; returns the items left out."""
-    position, path, items = task
-    env, missing = _BUILD_ENVS[position], []
-    with open(path, "r+b") as handle:
-        for item, offset, height, width in items:
-            try:  # load() raises every decoding error as an UnreadableImageError, an OSError
-                array = np.asarray(env.load(env.samples[item][0]))
-            except OSError:
-                array = None
-            if array is None or array.shape != (height, width, 3):
-                missing.append(item)
-            else:
-                _write_at(handle.fileno(), array, offset)
-    return missing
-
-
-def _pixels_into(task):
-    """Write ``items``' pixels after ``transform`` into the ``.npy`` ``path``; returns them."""
-    position, path, start, shape, transform, items = task
+    """Write ``[(item, offset, shape)]``'s pixels at their offsets of ``path``: the decoded file
+    (``transform`` None), else the item's image after ``transform``; returns the items written."""
+    position, path, transform, items = task
     env, done = _BUILD_ENVS[position], []
     with open(path, "r+b") as handle:
-        for item in items:
-            try:  # an unreadable image (an UnreadableImageError) is left out
-                image = env.image(item)
+        for item, offset, shape in items:
+            try:  # an unreadable image (an UnreadableImageError, an OSError) is left out
+                image = env.load(env.samples[item][0]) if transform is None else env.image(item)
             except OSError:
                 continue
-            pixels = transform.pixels(image)
-            if tuple(pixels.shape) != tuple(shape):
-                continue
-            _write_at(handle.fileno(), pixels.numpy(), start + item * _prod(shape))
-            done.append(item)
+            array = np.asarray(image) if transform is None else transform.pixels(image).numpy()
+            if array.shape == tuple(shape):
+                _write_at(handle.fileno(), array, offset)
+                done.append(item)
     return done
 
 
@@ -863,13 +845,13 @@ class DatasetCache:
         for item, height, width in sizes:
             if height and width:
                 index[item] = (offset, height, width)
-                todo.append((item, offset, height, width))
+                todo.append((item, offset, (height, width, 3)))
                 offset += height * width * 3
 
         def write(tmp):
             _new_file(tmp, None, offset)
-            for item in builders.chunks(_decode_into, store.env, todo, tmp):
-                index[item, 0] = -1
+            written = set(builders.chunks(_decode_into, store.env, todo, tmp, None))
+            index[[item for item, _, _ in todo if item not in written], 0] = -1
             return index
 
         self._build(store, "decoded", write)
@@ -882,7 +864,8 @@ class DatasetCache:
         def write(tmp):
             start = _new_file(tmp, (n, *shape))
             ok = np.zeros(n, dtype=bool)
-            ok[builders.chunks(_pixels_into, store.env, list(range(n)), tmp, start, shape,
+            ok[builders.chunks(_decode_into, store.env, [(item, start + item * _prod(shape), shape)
+                                                         for item in range(n)], tmp,
                                transform)] = True
             return ok
 

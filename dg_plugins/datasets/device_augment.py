@@ -49,8 +49,7 @@ def _kornia():
         found = None
         with contextlib.suppress(ImportError):
             found = importlib.import_module(f"kornia.{module}")
-        missing = [f for f in functions if not hasattr(found, f)]
-        if missing:
+        if missing := [f for f in functions if not hasattr(found, f)]:
             raise KorniaLacks(
                 f"augmenting on the device needs kornia.{module}.{missing[0]}, which the kornia "
                 f"this Python imports ({getattr(kornia, '__version__', 'of unknown version')}, "
