@@ -624,11 +624,10 @@ class EnvCache:
         data, side, sum_path = self.paths(kind)
         if not any(os.path.exists(p) for p in (data, side, sum_path)):
             return None
-        problem = _damage(sum_path, [data, side])
-        if problem is not None:
-            self.owner.discard([data, side], sum_path, problem)
-            return None
-        return data, np.load(side)
+        if (problem := _damage(sum_path, [data, side])) is None:
+            return data, np.load(side)
+        self.owner.discard([data, side], sum_path, problem)
+        return None
 
     def open_decoded(self) -> bool:
         if self.decoded is None:
