@@ -923,12 +923,8 @@ class DatasetCache:
             store.env.attach_cache(store)
         decoded = sum(s.decoded is not None for s in stores)
         plain = sum(bool(s.plain) for s in stores)
-        if built:
-            state = f"built ({' and '.join(built)})"
-        elif decoded or plain:
-            state = "reused"
-        else:
-            state = "not used (images are decoded from their files as before)"
+        state = (f"built ({' and '.join(built)})" if built else "reused" if decoded or plain
+                 else "not used (images are decoded from their files as before)")
         notes = "".join(f"; {note}" for note in self.notes)
         return (f"Decoded-image cache: {state} for {self.name} ({decoded} of {len(stores)} "
                 f"domains decoded, evaluation pixels of {plain}){notes}: {gb(self.usage())} on "

@@ -107,11 +107,10 @@ def cache_digest(seed: int, sizes: dict) -> str:
     """Digest of everything the arrays depend on (versions, seed, sizes, source code, files)."""
     from PIL import Image, features
 
-    h = hashlib.sha256()
-    setting = {"version": GENERATOR_VERSION, "seed": seed, "sizes": sizes,
-               "environments": ENVIRONMENTS, "pillow": Image.__version__,
-               "freetype": features.version("freetype2")}
-    h.update(json.dumps(setting, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps({"version": GENERATOR_VERSION, "seed": seed, "sizes": sizes,
+                                   "environments": ENVIRONMENTS, "pillow": Image.__version__,
+                                   "freetype": features.version("freetype2")},
+                                  sort_keys=True).encode())
     from dg_plugins.datasets import digits
 
     # the generators' own code (this module and Digits' resize) and the source material

@@ -99,8 +99,7 @@ def to_rgb(image):
     (PIL's conversion clips them: a 16-bit image would decode almost white)."""
     from PIL import Image
 
-    maximum = high_bit_depth_max(image)
-    if maximum is None:
+    if (maximum := high_bit_depth_max(image)) is None:
         return image.convert("RGB")
     values = np.asarray(image, dtype=np.float64)
     grey = np.clip(np.round(values * (255.0 / maximum)), 0, 255).astype(np.uint8)
@@ -112,8 +111,7 @@ def load_rgb_image(path: str):
     ``ImageFile.LOAD_TRUNCATED_IMAGES = True``."""
     from PIL import Image, ImageFile
 
-    saved = ImageFile.LOAD_TRUNCATED_IMAGES
-    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    saved, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
     try:
         with Image.open(path) as image:
             return to_rgb(image)
