@@ -1,12 +1,8 @@
-"""Opt-in training augmentation on the job's device: a torchvision training transform
-(:func:`dg_plugins.datasets.image_folder.training_transform`) split in two. Loader workers run its
-geometric steps on the PIL image (torchvision's own) and return uint8 ``[3, H, W]``
-(:func:`loader_cpu_ms` measures the saving); the device runs the rest on the collated batch
-(:class:`DeviceAugment`: flip, colour jitter, grayscale, scaling, Normalize, by kornia's
-torchvision-compatible ``kornia.enhance``). Parameters come from a ``torch.Generator`` seeded by
-the batch's seed, so a batch's output is a function of (pixels, seed) on any device. Same
-distributions as the PIL path, not the same pixels (it rounds to 8 bits after every step).
-"""
+"""Opt-in training augmentation on the job's device: a training transform split in two, its
+geometric steps run by loader workers on the PIL image (uint8 ``[3, H, W]`` out), the rest
+(:class:`DeviceAugment`: flip, colour jitter, grayscale, scaling, Normalize, by ``kornia.enhance``)
+on the batch with parameters drawn from the batch's seed alone. Same distributions as the PIL
+path, not the same pixels (it rounds to 8 bits after every step)."""
 
 from __future__ import annotations
 

@@ -168,9 +168,9 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         self.dataset_name = self.environment = self.data_dir = None
         #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
         self.decoded = self.pixel_store = None
-        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on``).
-        self.device_split = None
-        self._split_transforms: dict = {}
+        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on``),
+        #: and the splits of transforms already split (by id)
+        self.device_split, self._split_transforms = None, {}
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -304,10 +304,9 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
                 f"{AUGMENTATION_HPARAM} {self.augmentation!r} asks for an augmentation but "
                 "data_augmentation is false (no environment would be augmented): drop one of "
                 "the two hparams")
-        self.root = root
-        self.environment_folders = self._find_environment_folders(root)
-        class_folders = {env: self._find_class_folders(env) for env in self.environment_folders}
-        self.classes = sorted(set().union(*class_folders.values()))
+        self.root, self.environment_folders = root, self._find_environment_folders(root)
+        self.classes = sorted(set().union(*(self._find_class_folders(env)
+                                            for env in self.environment_folders)))
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
         self.plain_transform = plain_transform(self.image_size)
         self.augment_transform = (training_transform(self.augmentation, self.image_size)
