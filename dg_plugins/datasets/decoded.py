@@ -375,18 +375,6 @@ def _inode(path: str) -> int | None:
         return None
 
 
-def _take_over(folder: str, path: str, inode: int) -> bool:
-    """Remove the lock ``path`` if still the file ``inode`` (under a lock of its own)."""
-    import fcntl
-
-    with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        if _inode(path) != inode:
-            return False
-        os.remove(path)
-        return True
-
-
 @contextlib.contextmanager
 def _folder_lock(folder: str, check=lambda doing: None):
     """An ``flock`` on ``folder/.build.lock`` holding ``pid host``; held by another job, waits
@@ -415,11 +403,14 @@ def _folder_lock(folder: str, check=lambda doing: None):
             os.close(fd)
             continue
         gone = holder is not None and holder[1] == host and not _pid_alive(holder[0])
-        if gone and stale == (holder, inode):
-            if _take_over(folder, path, inode):
-                print(f"Decoded-image cache: the job that was building {folder} (pid "
-                      f"{holder[0]}) is gone but processes it started hold its lock; taking "
-                      "the build over", flush=True)
+        if gone and stale == (holder, inode):  # the lock removed if still that file, under its own
+            with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                if _inode(path) == inode:
+                    os.remove(path)
+                    print(f"Decoded-image cache: the job that was building {folder} (pid "
+                          f"{holder[0]}) is gone but processes it started hold its lock; taking "
+                          "the build over", flush=True)
             stale = None
             continue
         stale = (holder, inode) if gone else None

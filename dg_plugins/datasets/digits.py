@@ -96,8 +96,7 @@ def load_label_list(list_file: str, image_folder: str):
     images, labels = [], []
     with open(list_file) as handle:
         for line in handle:
-            parts = line.split()
-            if not parts:
+            if not (parts := line.split()):
                 continue
             if len(parts) != 2:
                 raise ValueError(f"{list_file}: expected '<file> <digit>' lines, got {line!r}")
