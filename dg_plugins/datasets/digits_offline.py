@@ -129,10 +129,9 @@ def load_photos() -> list[np.ndarray]:
     for path in photo_paths():
         with Image.open(path) as image:
             image = image.convert("RGB")
-            for scale in (1.0, 0.7, 0.45):
-                size = (round(image.width * scale), round(image.height * scale))
-                out.append(np.asarray(image.resize(size, Image.BILINEAR) if scale != 1.0
-                                      else image))
+            out += [np.asarray(image.resize((round(image.width * scale),
+                                             round(image.height * scale)), Image.BILINEAR)
+                               if scale != 1.0 else image) for scale in (1.0, 0.7, 0.45)]
     return out
 
 
