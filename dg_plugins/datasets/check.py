@@ -131,8 +131,7 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
 
 def layout_lines(dataset) -> list[str]:
     """The layout check_data found: the folder, each domain's counts, then images per class."""
-    counts = Counter()
-    lines = []
+    counts, lines = Counter(), []
     for folder, env in zip(dataset.environment_folders, dataset.datasets):
         per_class = Counter(label for _, label in env.samples)
         counts.update(per_class)
@@ -160,9 +159,9 @@ def check_files(paths: Sequence[str], workers: int,
         if workers > 1 and len(paths) >= MIN_FILES_FOR_POOL:
             from concurrent.futures import ProcessPoolExecutor
 
-            chunksize = max(1, min(64, len(paths) // (workers * 8)))
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
-            results = pool.map(image_error, paths, chunksize=chunksize)
+            results = pool.map(image_error, paths,
+                               chunksize=max(1, min(64, len(paths) // (workers * 8))))
         for path, error in zip(paths, results):
             if bar is not None:
                 bar.update()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import io
 import json
 import math
 import multiprocessing
 import os
+import pathlib
 import re
 import signal
 import socket
@@ -73,10 +75,9 @@ def budget_bytes() -> int:
     text = os.environ.get(BUDGET_ENV, "").strip()
     if not text:
         return int(DEFAULT_BUDGET_GB * 2**30)
-    try:
+    value = -1.0
+    with contextlib.suppress(ValueError):
         value = float(text)
-    except ValueError:
-        value = -1.0
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"${BUDGET_ENV}={text!r} is not a size in GB: set it to a finite number "
                          f">= 0 (e.g. {BUDGET_ENV}=50; 0 caches nothing) or unset it for "
@@ -119,8 +120,7 @@ class PixelTransform:
     """A transform split into ``ops`` (PIL operations, :data:`PIXEL_OPS`) and ``finisher``."""
 
     def __init__(self, ops, finisher):
-        self.ops = list(ops)
-        self.finisher = finisher
+        self.ops, self.finisher = list(ops), finisher
         self.deterministic = all(type(op).__name__ in DETERMINISTIC_OPS for op in self.ops)
         self.key = _digest([repr(op) for op in self.ops], finisher.key)[:16]
 
@@ -195,9 +195,7 @@ class DecodedImages:
     width), mapped when first read."""
 
     def __init__(self, path: str, index):
-        self.path = path
-        self.index = index
-        self._data = None
+        self.path, self.index, self._data = path, index, None
 
     def __getstate__(self):
         return {"path": self.path, "index": self.index, "_data": None}
@@ -228,9 +226,7 @@ class PixelEntry:
     """uint8 pixels ``[items, 3, H, W]`` in a mapped ``.npy`` and ``ok`` (per item; None: all)."""
 
     def __init__(self, path: str, ok=None):
-        self.path = path
-        self.ok = ok
-        self._data = None
+        self.path, self.ok, self._data = path, ok, None
 
     def __getstate__(self):
         return {"path": self.path, "ok": self.ok, "_data": None}
@@ -275,32 +271,26 @@ def _disk_room(folder: str) -> int:
     return _free_bytes(folder) - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
 
 
-def _allocate(path: str, size: int) -> None:
-    """Give ``path`` ``size`` bytes on the disk at once (a full disk fails before any work)."""
-    size = max(size, 1)
-    with open(path, "r+b") as handle:
-        fallocate = getattr(os, "posix_fallocate", None)
-        if fallocate is not None:
-            try:
-                fallocate(handle.fileno(), 0, size)
-                return
-            except OSError as err:
-                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-        if os.fstat(handle.fileno()).st_size < size:
-            handle.truncate(size)
-
-
 def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
-    """A new allocated file, a uint8 ``.npy`` of ``shape`` or flat; returns where data starts."""
+    """A new file, a uint8 ``.npy`` of ``shape`` or flat, given its bytes on the disk at once (a
+    full disk fails before any work); returns where data starts."""
     header = io.BytesIO()
     if shape is not None:
         np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
                                                       "shape": tuple(int(v) for v in shape)})
         size = _prod(shape)
+    total = max(len(header.getvalue()) + size, 1)
     with open(path, "wb") as handle:
         handle.write(header.getvalue())
-    _allocate(path, len(header.getvalue()) + size)
+        handle.flush()
+        try:
+            os.posix_fallocate(handle.fileno(), 0, total)
+        except (AttributeError, OSError) as err:  # not on macOS, nor on some file systems
+            if getattr(err, "errno", errno.ENOSYS) not in (errno.EINVAL, errno.EOPNOTSUPP,
+                                                           errno.ENOSYS):
+                raise
+            if os.fstat(handle.fileno()).st_size < total:
+                handle.truncate(total)
     return len(header.getvalue())
 
 
@@ -329,8 +319,7 @@ def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
 def _damage(sum_path: str, paths: list[str]) -> str | None:
     """None when an entry's files hold what was built (same stamp, else SHA-256), else why not."""
     try:
-        with open(sum_path, "rb") as handle:
-            files = json.loads(handle.read())["files"]
+        files = json.loads(pathlib.Path(sum_path).read_bytes())["files"]
         recorded = [(list(files[os.path.basename(p)]["stamp"]),
                      str(files[os.path.basename(p)]["sha256"])) for p in paths]
     except FileNotFoundError:
@@ -386,32 +375,16 @@ def _inode(path: str) -> int | None:
         return None
 
 
-def _take_over(folder: str, path: str, inode: int) -> bool:
-    """Remove the lock ``path`` if still the file ``inode`` (under a lock of its own)."""
-    import fcntl
-
-    guard = os.open(os.path.join(folder, TAKEOVER_NAME), os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        if _inode(path) != inode:
-            return False
-        os.remove(path)
-        return True
-    finally:
-        os.close(guard)
-
-
 @contextlib.contextmanager
-def _folder_lock(folder: str, stop=None, stopped=None):
+def _folder_lock(folder: str, check=lambda doing: None):
     """An ``flock`` on ``folder/.build.lock`` holding ``pid host``; held by another job, waits
-    (:func:`_check_stop` between looks); one whose holder is gone (seen twice) is taken over."""
+    (``check(doing)`` between looks); one whose holder is gone (seen twice) is taken over."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    path = os.path.join(folder, LOCK_NAME)
-    host = socket.gethostname()
+    path, host = os.path.join(folder, LOCK_NAME), socket.gethostname()
     waiting = f"waiting for another job's build of {folder}"
     said, stale = False, None
     while True:
@@ -430,11 +403,14 @@ def _folder_lock(folder: str, stop=None, stopped=None):
             os.close(fd)
             continue
         gone = holder is not None and holder[1] == host and not _pid_alive(holder[0])
-        if gone and stale == (holder, inode):
-            if _take_over(folder, path, inode):
-                print(f"Decoded-image cache: the job that was building {folder} (pid "
-                      f"{holder[0]}) is gone but processes it started hold its lock; taking "
-                      "the build over", flush=True)
+        if gone and stale == (holder, inode):  # the lock removed if still that file, under its own
+            with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                if _inode(path) == inode:
+                    os.remove(path)
+                    print(f"Decoded-image cache: the job that was building {folder} (pid "
+                          f"{holder[0]}) is gone but processes it started hold its lock; taking "
+                          "the build over", flush=True)
             stale = None
             continue
         stale = (holder, inode) if gone else None
@@ -443,9 +419,9 @@ def _folder_lock(folder: str, stop=None, stopped=None):
             print(f"Decoded-image cache: another job{who} is building {folder}; waiting for it",
                   flush=True)
             said = True
-        _check_stop(stop, stopped, waiting)
+        check(waiting)
         time.sleep(LOCK_POLL_S)
-        _check_stop(stop, stopped, waiting)
+        check(waiting)
     with contextlib.suppress(OSError):  # a full disk: the lock holds, without its holder's pid
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {host}\n".encode(), 0)
@@ -461,11 +437,9 @@ def _folder_lock(folder: str, stop=None, stopped=None):
 
 def _check_stop(stop, stopped, doing: str) -> None:
     """Raise ``stopped(signum, message)`` once ``stop`` (a job's StopRequest) caught a signal."""
-    signum = getattr(stop, "signum", None)
-    if signum is None or stopped is None:
-        return
-    raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
-                          "rerun the same command to run the job")
+    if (signum := getattr(stop, "signum", None)) is not None and stopped is not None:
+        raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
+                              "rerun the same command to run the job")
 
 
 def fingerprint(env) -> tuple[str, int]:
@@ -497,8 +471,10 @@ _BUILD_ENVS: list = []
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` ends: a parent-death signal, else a watching thread."""
+def _start_builder(envs, parent: int) -> None:
+    """A build process: dies with its job (a parent-death signal, else a watching thread), closes
+    its copies of the build lock, leaves stop signals to the job, runs one torch thread (a fork
+    after an OpenMP region hangs)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -512,12 +488,6 @@ def _die_with(parent: int) -> None:
         threading.Thread(target=watch, daemon=True).start()
     if os.getppid() != parent:  # it died before the signal was asked for
         os._exit(1)
-
-
-def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job, closes its copies of the build lock, leaves stop signals
-    to the job, runs one torch thread (a fork after an OpenMP region hangs)."""
-    _die_with(parent)
     for fd in list(_LOCK_FDS):
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -547,10 +517,9 @@ class Builders:
             finally:
                 _BUILD_ENVS.clear()
             return out
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.cores, multiprocessing.get_context("fork"),
-                                            initializer=_start_builder,
-                                            initargs=(self.envs, os.getpid()))
+        self.pool = self.pool or ProcessPoolExecutor(
+            self.cores, multiprocessing.get_context("fork"), initializer=_start_builder,
+            initargs=(self.envs, os.getpid()))
         self.check()
         try:
             for result in self.pool.map(function, tasks):
@@ -598,40 +567,20 @@ def _write_at(fd: int, array, offset: int) -> None:
 
 
 def _decode_into(task):
-    """Decode ``[(item, offset, height, width)]`` into ``path``; returns the items left out."""
-    position, path, items = task
-    env = _BUILD_ENVS[position]
-    missing = []
+    """Write ``[(item, offset, shape)]``'s pixels at their offsets of ``path``: the decoded file
+    (``transform`` None), else the item's image after ``transform``; returns the items written."""
+    position, path, transform, items = task
+    env, done = _BUILD_ENVS[position], []
     with open(path, "r+b") as handle:
-        for item, offset, height, width in items:
-            try:  # load() raises every decoding error as an UnreadableImageError, an OSError
-                array = np.asarray(env.load(env.samples[item][0]))
-            except OSError:
-                missing.append(item)
-                continue
-            if array.shape != (height, width, 3):
-                missing.append(item)
-                continue
-            _write_at(handle.fileno(), array, offset)
-    return missing
-
-
-def _pixels_into(task):
-    """Write ``items``' pixels after ``transform`` into the ``.npy`` ``path``; returns them."""
-    position, path, start, shape, transform, items = task
-    env = _BUILD_ENVS[position]
-    done = []
-    with open(path, "r+b") as handle:
-        for item in items:
-            try:  # an unreadable image (an UnreadableImageError) is left out
-                image = env.image(item)
+        for item, offset, shape in items:
+            try:  # an unreadable image (an UnreadableImageError, an OSError) is left out
+                image = env.load(env.samples[item][0]) if transform is None else env.image(item)
             except OSError:
                 continue
-            pixels = transform.pixels(image)
-            if tuple(pixels.shape) != tuple(shape):
-                continue
-            _write_at(handle.fileno(), pixels.numpy(), start + item * _prod(shape))
-            done.append(item)
+            array = np.asarray(image) if transform is None else transform.pixels(image).numpy()
+            if array.shape == tuple(shape):
+                _write_at(handle.fileno(), array, offset)
+                done.append(item)
     return done
 
 
@@ -641,8 +590,7 @@ class EnvCache:
     and its splits' evaluation pixels, each read only when intact (:func:`_damage`)."""
 
     def __init__(self, owner: "DatasetCache", env):
-        self.owner = owner
-        self.env = env
+        self.owner, self.env = owner, env
         self.stem = _safe(os.path.basename(os.path.normpath(env.root)))
         self.digest, self.file_bytes = fingerprint(env)
         self.prefix = os.path.join(owner.folder, f"{self.stem}.{self.digest}")
@@ -667,11 +615,10 @@ class EnvCache:
         data, side, sum_path = self.paths(kind)
         if not any(os.path.exists(p) for p in (data, side, sum_path)):
             return None
-        problem = _damage(sum_path, [data, side])
-        if problem is not None:
-            self.owner.discard([data, side], sum_path, problem)
-            return None
-        return data, np.load(side)
+        if (problem := _damage(sum_path, [data, side])) is None:
+            return data, np.load(side)
+        self.owner.discard([data, side], sum_path, problem)
+        return None
 
     def open_decoded(self) -> bool:
         if self.decoded is None:
@@ -702,21 +649,18 @@ class EnvCache:
     def eval_entry(self, key: str) -> PixelEntry | None:
         """The split's intact evaluation pixels, else None; one without its ``.sum`` yet is left
         alone (another job may be writing it)."""
-        path = self.eval_path(key)
-        sum_path = path + ".sum"
-        if not os.path.exists(path) or not os.path.exists(sum_path):
+        sum_path = (path := self.eval_path(key)) + ".sum"
+        if not (os.path.exists(path) and os.path.exists(sum_path)):
             return None
-        problem = _damage(sum_path, [path])
-        if problem is None:
+        if (problem := _damage(sum_path, [path])) is None:
             return PixelEntry(path)
         if self.owner is not None:
             self.owner.discard([path], sum_path, problem)
         return None
 
     def eval_writer(self, key: str, n: int) -> "EvalWriter | None":
-        if self.owner is None or not self.owner.writable:
-            return None
-        return EvalWriter(self, key, n)
+        writable = self.owner is not None and self.owner.writable
+        return EvalWriter(self, key, n) if writable else None
 
 
 class EvalWriter:
@@ -724,14 +668,11 @@ class EvalWriter:
     with their ``.sum`` (:meth:`commit`); anything unexpected drops the file."""
 
     def __init__(self, store: EnvCache, key: str, n: int):
-        self.store, self.n = store, n
-        self.path = store.eval_path(key)
+        self.store, self.n, self.path = store, n, store.eval_path(key)
         self.tmp = f"{self.path}.tmp.{os.getpid()}"
-        self.handle = None  # the file, at the end of what was written
-        self.shape = None  # of an item
-        self.digest = None  # the file's SHA-256 so far (header, then the batches in order)
-        self.filled = 0
-        self.failed = False
+        # the file at the end of what was written, an item's shape, the file's SHA-256 so far
+        self.handle = self.shape = self.digest = None
+        self.filled, self.failed = 0, False
 
     def add(self, start: int, pixels) -> None:
         if self.failed:
@@ -787,15 +728,13 @@ class DatasetCache:
 
     def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
-        self.dataset = dataset
-        self.name = type(dataset).__name__
+        self.dataset, self.name = dataset, type(dataset).__name__
         self.folder = os.path.join(cache_folder(),
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
-        self.stop, self.stopped = stop, stopped
+        self.check = functools.partial(_check_stop, stop, stopped)
         self.writable = True
-        self.notes: list[str] = []
-        self._noted: set[str] = set()
+        self.notes, self._noted = [], set()  # said (a list), and their keys
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
     def usage(self) -> int:
@@ -824,12 +763,10 @@ class DatasetCache:
 
     def note_no_room(self, what: str, size: int) -> None:
         """Say that ``what`` (``size`` bytes) is not cached, and how to cache it."""
-        used = self.usage()
-        if used + size > self.budget:
-            need = max(1, -(-(used + size) // 2**30))
+        if (used := self.usage()) + size > self.budget:
             self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the "
-                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}={need}",
-                       key=what)
+                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}="
+                       f"{max(1, -(-(used + size) // 2**30))}", key=what)
             return
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
                    f"{gb(_free_bytes(self.folder))} free, and the cache leaves some free for the "
@@ -857,9 +794,6 @@ class DatasetCache:
             return
         self._note(f"damaged: {problem}; removed, to be built again", sys.stderr)
 
-    def check_stop(self, doing: str) -> None:
-        _check_stop(self.stop, self.stopped, doing)
-
     def _clean(self, stores: list[EnvCache]) -> None:
         """Remove files of older versions of these images, and temporary files of gone processes."""
         current = {store.stem: store.digest for store in stores}
@@ -884,8 +818,7 @@ class DatasetCache:
             array = write(tmp)
             digest = _file_digest(tmp)
             os.replace(tmp, data)
-            buffer = io.BytesIO()
-            np.save(buffer, array)
+            np.save(buffer := io.BytesIO(), array)
             _save_bytes(side, buffer.getvalue())
             _seal(sum_path, [data, side], {data: digest})
         except BaseException:
@@ -902,13 +835,13 @@ class DatasetCache:
         for item, height, width in sizes:
             if height and width:
                 index[item] = (offset, height, width)
-                todo.append((item, offset, height, width))
+                todo.append((item, offset, (height, width, 3)))
                 offset += height * width * 3
 
         def write(tmp):
             _new_file(tmp, None, offset)
-            for item in builders.chunks(_decode_into, store.env, todo, tmp):
-                index[item, 0] = -1
+            written = set(builders.chunks(_decode_into, store.env, todo, tmp, None))
+            index[[item for item, _, _ in todo if item not in written], 0] = -1
             return index
 
         self._build(store, "decoded", write)
@@ -921,7 +854,8 @@ class DatasetCache:
         def write(tmp):
             start = _new_file(tmp, (n, *shape))
             ok = np.zeros(n, dtype=bool)
-            ok[builders.chunks(_pixels_into, store.env, list(range(n)), tmp, start, shape,
+            ok[builders.chunks(_decode_into, store.env, [(item, start + item * _prod(shape), shape)
+                                                         for item in range(n)], tmp,
                                transform)] = True
             return ok
 
@@ -935,11 +869,11 @@ class DatasetCache:
         built, stores = {}, []
         building = (f"building the decoded-image cache in {self.folder} (its unfinished files "
                     "removed)")
-        builders = Builders(self.dataset.datasets, cores, check=lambda: self.check_stop(building))
+        builders = Builders(self.dataset.datasets, cores, check=lambda: self.check(building))
         try:
-            self.check_stop(f"preparing the decoded-image cache in {self.folder}")
+            self.check(f"preparing the decoded-image cache in {self.folder}")
             os.makedirs(self.folder, exist_ok=True)
-            with _folder_lock(self.folder, self.stop, self.stopped):
+            with _folder_lock(self.folder, self.check):
                 stores = [EnvCache(self, env) for env in self.dataset.datasets]
                 self._clean(stores)
                 # (store, transform, shape) of deterministic evaluation transforms
@@ -971,7 +905,7 @@ class DatasetCache:
                 elif missing_plain:
                     self.note_no_room("the evaluation pixels", plain_size)
         except OSError as err:
-            self.check_stop(building)  # a build process ended by the stop signal (Slurm)
+            self.check(building)  # a build process ended by the stop signal (Slurm)
             self.note_error(err)
         finally:
             builders.close()
@@ -980,12 +914,8 @@ class DatasetCache:
             store.env.attach_cache(store)
         decoded = sum(s.decoded is not None for s in stores)
         plain = sum(bool(s.plain) for s in stores)
-        if built:
-            state = f"built ({' and '.join(built)})"
-        elif decoded or plain:
-            state = "reused"
-        else:
-            state = "not used (images are decoded from their files as before)"
+        state = (f"built ({' and '.join(built)})" if built else "reused" if decoded or plain
+                 else "not used (images are decoded from their files as before)")
         notes = "".join(f"; {note}" for note in self.notes)
         return (f"Decoded-image cache: {state} for {self.name} ({decoded} of {len(stores)} "
                 f"domains decoded, evaluation pixels of {plain}){notes}: {gb(self.usage())} on "

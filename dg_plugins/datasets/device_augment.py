@@ -1,15 +1,12 @@
-"""Opt-in training augmentation on the job's device: a torchvision training transform
-(:func:`dg_plugins.datasets.image_folder.training_transform`) split in two. Loader workers run its
-geometric steps on the PIL image (torchvision's own) and return uint8 ``[3, H, W]``
-(:func:`loader_cpu_ms` measures the saving); the device runs the rest on the collated batch
-(:class:`DeviceAugment`: flip, colour jitter, grayscale, scaling, Normalize, by kornia's
-torchvision-compatible ``kornia.enhance``). Parameters come from a ``torch.Generator`` seeded by
-the batch's seed, so a batch's output is a function of (pixels, seed) on any device. Same
-distributions as the PIL path, not the same pixels (it rounds to 8 bits after every step).
-"""
+"""Opt-in training augmentation on the job's device: a training transform split in two, its
+geometric steps run by loader workers on the PIL image (uint8 ``[3, H, W]`` out), the rest
+(:class:`DeviceAugment`: flip, colour jitter, grayscale, scaling, Normalize, by ``kornia.enhance``)
+on the batch with parameters drawn from the batch's seed alone. Same distributions as the PIL
+path, not the same pixels (it rounds to 8 bits after every step)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -45,17 +42,14 @@ def _kornia():
     except ImportError:
         raise ImportError(f"augmenting on the device needs kornia: {INSTALL}") from None
     for module, functions in KORNIA_NEEDS.items():
-        try:
+        found = None
+        with contextlib.suppress(ImportError):
             found = importlib.import_module(f"kornia.{module}")
-        except ImportError:
-            found = None
-        missing = [f for f in functions if not hasattr(found, f)]
-        if missing:
-            version = getattr(kornia, "__version__", "of unknown version")
-            where = getattr(kornia, "__file__", None) or "?"
+        if missing := [f for f in functions if not hasattr(found, f)]:
             raise KorniaLacks(
                 f"augmenting on the device needs kornia.{module}.{missing[0]}, which the kornia "
-                f"this Python imports ({version}, {where}) lacks: {INSTALL}")
+                f"this Python imports ({getattr(kornia, '__version__', 'of unknown version')}, "
+                f"{getattr(kornia, '__file__', None) or '?'}) lacks: {INSTALL}")
     return kornia
 
 
@@ -63,9 +57,9 @@ def require_kornia() -> None:
     """ValueError (a train job's bad input) naming the fix when :func:`_kornia` fails."""
     try:
         _kornia()
-    except ImportError as err:
-        if isinstance(err, KorniaLacks):
-            raise ValueError(f"--augment_on device: {err}; or use --augment_on loader") from None
+    except KorniaLacks as err:
+        raise ValueError(f"--augment_on device: {err}; or use --augment_on loader") from None
+    except ImportError:
         raise ValueError(f"--augment_on device needs kornia, which this Python cannot import: "
                          f"{INSTALL}; or use --augment_on loader") from None
 

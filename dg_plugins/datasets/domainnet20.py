@@ -23,8 +23,7 @@ class DomainNet20(DomainNet):
         index = {name: i for i, name in enumerate(CLASSES)}
         for folder, env in zip(self.environment_folders, self.datasets):
             present = set(self._find_class_folders(folder))
-            missing = [c for c in CLASSES if c not in present]
-            if missing:
+            if missing := [c for c in CLASSES if c not in present]:
                 raise FileNotFoundError(
                     f"DomainNet-20 class folder(s) {missing} missing in "
                     f"{os.path.join(self.root, folder)}. {self.expected_layout()}")

@@ -1,12 +1,9 @@
 """Image-folder datasets (``domainbed/datasets.py``): VLCS, PACS, OfficeHome, TerraIncognita,
-DomainNet, the generic ``ImageFolder``, and :func:`make_image_folder_dataset` for any tree
-``<dataset folder>/<domain>/<class>/<image>``, with DomainBed's environment and sample order.
-Deliberate differences: hidden folders and files are ignored; class indices come from the union
-of class folders over all domains; bad layouts and undecodable images
-(:class:`UnreadableImageError`) raise naming the fix; high-bit-depth images are scaled to 8 bits
-(:func:`to_rgb`); the hparams ``augmentation`` and PACS's ``data_split``. Images load lazily
-(from :mod:`dg_plugins.datasets.decoded` when attached); torchvision and PIL on first use.
-"""
+DomainNet, the generic ``ImageFolder`` and :func:`make_image_folder_dataset` for any tree
+``<dataset folder>/<domain>/<class>/<image>``, in DomainBed's order. Ours besides: hidden files
+ignored, classes the union over domains, errors naming the fix, high-bit-depth images scaled
+(:func:`to_rgb`), the hparams ``augmentation`` and ``data_split``; images decoded lazily (from
+:mod:`dg_plugins.datasets.decoded` when attached)."""
 
 from __future__ import annotations
 
@@ -32,8 +29,6 @@ from dg_plugins.registry import DATASETS
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = catalog.IMAGE_SIZE
-
-
 #: The dataset hparam choosing the training transform (values: :data:`AUGMENTATIONS`).
 AUGMENTATION_HPARAM = "augmentation"
 AUGMENTATIONS = catalog.AUGMENTATIONS
@@ -92,13 +87,10 @@ def high_bit_depth_max(image) -> float | None:
     if image.mode != "I":
         return None
     tags = getattr(image, "tag_v2", None)
-    if image.format == "TIFF" and tags is not None and 258 in tags:
-        bits = tags[258]
-        bits = int(bits[0] if isinstance(bits, tuple) else bits)
-        sample_format = tags.get(339, 1)
-        signed = (sample_format[0] if isinstance(sample_format, tuple) else sample_format) == 2
-        if 1 <= bits <= 32:
-            return float(2 ** (bits - 1) - 1 if signed else 2 ** bits - 1)
+    if image.format == "TIFF" and tags is not None and 258 in tags:  # bits, sample format
+        bits, kind = (v[0] if isinstance(v, tuple) else v for v in (tags[258], tags.get(339, 1)))
+        if 1 <= int(bits) <= 32:
+            return float(2 ** (int(bits) - 1) - 1 if kind == 2 else 2 ** int(bits) - 1)
     return float(2 ** 31 - 1)
 
 
@@ -107,8 +99,7 @@ def to_rgb(image):
     (PIL's conversion clips them: a 16-bit image would decode almost white)."""
     from PIL import Image
 
-    maximum = high_bit_depth_max(image)
-    if maximum is None:
+    if (maximum := high_bit_depth_max(image)) is None:
         return image.convert("RGB")
     values = np.asarray(image, dtype=np.float64)
     grey = np.clip(np.round(values * (255.0 / maximum)), 0, 255).astype(np.uint8)
@@ -120,8 +111,7 @@ def load_rgb_image(path: str):
     ``ImageFile.LOAD_TRUNCATED_IMAGES = True``."""
     from PIL import Image, ImageFile
 
-    saved = ImageFile.LOAD_TRUNCATED_IMAGES
-    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    saved, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
     try:
         with Image.open(path) as image:
             return to_rgb(image)
@@ -138,11 +128,6 @@ def image_error(path: str) -> str | None:
     except Exception as err:  # noqa: BLE001  (PIL raises OSError, SyntaxError, ValueError, ...)
         return f"{type(err).__name__}: {err}"
     return None
-
-
-def check_data_command(dataset: str, data_dir: str | None) -> str:
-    command = f"python -m dg_plugins.scripts.check_data --dataset {shlex.quote(dataset)}"
-    return command + (f" --data_dir {shlex.quote(data_dir)}" if data_dir is not None else "")
 
 
 class UnreadableImageError(OSError, ValueError):
@@ -173,43 +158,34 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     torchvision's ImageFolder's, ``classes`` the dataset's."""
 
     def __init__(self, root: str, classes: list[str], transform=None):
-        self.root = root
-        self.classes = classes
+        self.root, self.classes, self.transform = root, classes, transform
         self.class_to_idx = {name: index for index, name in enumerate(classes)}
-        self.transform = transform
         #: Items decoded with ``eval_transform`` (e.g. an official split's validation items).
-        self.eval_indices: frozenset[int] = frozenset()
-        self.eval_transform = None
+        self.eval_indices, self.eval_transform = frozenset(), None
         self.samples = layouts.image_samples(root, classes)
         self.targets = [label for _, label in self.samples]
         #: For error messages: the dataset's name, this environment's label, the data_dir.
         self.dataset_name = self.environment = self.data_dir = None
         #: The decoded-image cache (:mod:`dg_plugins.datasets.decoded`), when a job attached it.
         self.decoded = self.pixel_store = None
-        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on``).
-        self.device_split = None
-        self._split_transforms: dict = {}
+        #: ``(transform, its split)`` of the transform augmented on the device (``--augment_on``),
+        #: and the splits of transforms already split (by id)
+        self.device_split, self._split_transforms = None, {}
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int):
-        image = self.image(index)
-        transform = self.transform_of(index)
-        if transform is not None:
-            image = transform(image)
-        return image, self.samples[index][1]
+        image, transform = self.image(index), self.transform_of(index)
+        return image if transform is None else transform(image), self.samples[index][1]
 
     def transform_of(self, index: int):
         return self.eval_transform if index in self.eval_indices else self.transform
 
     def image(self, index: int):
         """Item ``index``'s RGB PIL image: from the decoded-image cache, else its file."""
-        if self.decoded is not None:
-            image = self.decoded.image(index)
-            if image is not None:
-                return image
-        return self.load(self.samples[index][0])
+        image = None if self.decoded is None else self.decoded.image(index)
+        return self.load(self.samples[index][0]) if image is None else image
 
     def pixel_transform(self, transform):
         """``transform`` as a memoized :class:`~dg_plugins.datasets.decoded.PixelTransform`, or
@@ -252,12 +228,10 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
     def pixels(self, index: int):
         """``(uint8 [3, H, W] pixels, label)`` of item ``index`` after its transform's pixel part
         (from the cache when it holds them); only with a :meth:`finisher`."""
-        transform = self.pixel_transform(self.transform_of(index))
-        store = self.pixel_store
-        if transform.deterministic and store is not None:
-            entry = store.plain_entry(transform)
-            if entry is not None and entry.covers(index):
-                return torch.from_numpy(entry.read(index)), self.samples[index][1]
+        transform, store = self.pixel_transform(self.transform_of(index)), self.pixel_store
+        entry = store.plain_entry(transform) if transform.deterministic and store else None
+        if entry is not None and entry.covers(index):
+            return torch.from_numpy(entry.read(index)), self.samples[index][1]
         return transform.pixels(self.image(index)), self.samples[index][1]
 
     def evaluation_pixel_transforms(self) -> list:
@@ -272,8 +246,7 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         return out
 
     def attach_cache(self, store) -> None:
-        self.pixel_store = store
-        self.decoded = store.decoded
+        self.pixel_store, self.decoded = store, store.decoded
 
     def load(self, path: str):
         """The RGB PIL image of ``path``; :class:`UnreadableImageError` when PIL cannot decode."""
@@ -292,15 +265,16 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
         where = [f"dataset {self.dataset_name}"] * bool(self.dataset_name) + [f"environment {env}"]
         fix = "Remove or replace this file"
         if self.dataset_name:
-            fix += (f"; to list every unreadable image of the dataset before a run, use "
-                    f"{check_data_command(self.dataset_name, self.data_dir)}")
+            fix += ("; to list every unreadable image of the dataset before a run, use python -m "
+                    f"dg_plugins.scripts.check_data --dataset {shlex.quote(self.dataset_name)}"
+                    + (f" --data_dir {shlex.quote(self.data_dir)}" if self.data_dir is not None
+                       else ""))
         return (f"cannot decode image file {path} ({', '.join(where)}): "
                 f"{type(err).__name__}: {err}. {fix}.")
 
     def with_transform(self, transform) -> "ImageFolderEnvironment":
         view = copy.copy(self)
-        view.transform = transform
-        view.eval_indices, view.eval_transform = frozenset(), None
+        view.transform, view.eval_indices, view.eval_transform = transform, frozenset(), None
         return view
 
     def relative_paths(self) -> list[str]:
@@ -330,10 +304,9 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
                 f"{AUGMENTATION_HPARAM} {self.augmentation!r} asks for an augmentation but "
                 "data_augmentation is false (no environment would be augmented): drop one of "
                 "the two hparams")
-        self.root = root
-        self.environment_folders = self._find_environment_folders(root)
-        class_folders = {env: self._find_class_folders(env) for env in self.environment_folders}
-        self.classes = sorted(set().union(*class_folders.values()))
+        self.root, self.environment_folders = root, self._find_environment_folders(root)
+        self.classes = sorted(set().union(*(self._find_class_folders(env)
+                                            for env in self.environment_folders)))
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
         self.plain_transform = plain_transform(self.image_size)
         self.augment_transform = (training_transform(self.augmentation, self.image_size)
@@ -344,13 +317,12 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             self.ENVIRONMENTS = list(self.environment_folders)
         self.datasets = []
         for i, (label, env) in enumerate(zip(self.ENVIRONMENTS, self.environment_folders)):
-            env_dataset = ImageFolderEnvironment(os.path.join(root, env), self.classes)
+            env_dataset = ImageFolderEnvironment(os.path.join(root, env), self.classes, (
+                self.augment_transform if i in self.augmented_envs else self.plain_transform))
             if not env_dataset.samples:
                 raise FileNotFoundError(
                     f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in the class folders "
                     f"of {os.path.join(root, env)}. {self.expected_layout()}")
-            augmented = i in self.augmented_envs
-            env_dataset.transform = self.augment_transform if augmented else self.plain_transform
             env_dataset.dataset_name, env_dataset.environment = type(self).__name__, label
             env_dataset.data_dir = getattr(self, "data_dir", root)
             self.datasets.append(env_dataset)
@@ -364,44 +336,39 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
             raise ValueError(f"--augment_on device: {type(self).__name__} is not augmented "
                              "(data_augmentation is false), so there is nothing to run on the "
                              "device; use --augment_on loader")
-        pixels = split(self.augment_transform)
+        device_split = (self.augment_transform, split(self.augment_transform))
         for i in self.augmented_envs:
-            self.datasets[i].device_split = (self.augment_transform, pixels)
+            self.datasets[i].device_split = device_split
 
     @classmethod
     def expected_layout(cls) -> str:
         folder = os.path.join("<data_dir>", cls.FOLDER_NAME) if cls.FOLDER_NAME else "<data_dir>"
         pattern = os.path.join(folder, "<domain>", "<class>", "<image>.jpg")
-        text = (f"{cls.__name__} expects the layout {pattern}"
-                " (one folder per domain, one subfolder per class")
-        if cls.ENV_FOLDERS:
-            text += f"; domain folders: {', '.join(cls.ENV_FOLDERS)}"
-        return text + ")."
+        known = f"; domain folders: {', '.join(cls.ENV_FOLDERS)}" if cls.ENV_FOLDERS else ""
+        return (f"{cls.__name__} expects the layout {pattern} (one folder per domain, one "
+                f"subfolder per class{known}).")
 
     def _find_environment_folders(self, root) -> list[str]:
+        name, layout = type(self).__name__, self.expected_layout()
         if root is None:
-            raise FileNotFoundError(
-                f"no data directory given (pass --data_dir). {self.expected_layout()}")
+            raise FileNotFoundError(f"no data directory given (pass --data_dir). {layout}")
         if not os.path.isdir(root):
             data_dir = getattr(self, "data_dir", None)
-            inside = data_dir and self.FOLDER_NAME and layouts.inside_dataset_folder(
-                type(self).__name__, data_dir, self.FOLDER_NAME)
-            if inside:
+            if inside := data_dir and self.FOLDER_NAME and layouts.inside_dataset_folder(
+                    name, data_dir, self.FOLDER_NAME):
                 raise FileNotFoundError(inside)
             from dg_plugins.download.sources import download_command
 
-            command = download_command(type(self).__name__, data_dir)
+            command = download_command(name, data_dir)
             fetch = f" To download it: {command}" if command else ""
-            raise FileNotFoundError(
-                f"dataset folder {root} does not exist. {self.expected_layout()}{fetch}")
-        folders = visible_subfolders(root)
-        if not folders:
-            raise FileNotFoundError(f"no domain folders in {root}. {self.expected_layout()}")
+            raise FileNotFoundError(f"dataset folder {root} does not exist. {layout}{fetch}")
+        if not (folders := visible_subfolders(root)):
+            raise FileNotFoundError(f"no domain folders in {root}. {layout}")
         if self.ENVIRONMENTS is not None and len(folders) != len(self.ENVIRONMENTS):
             raise ValueError(
-                f"{root} has {len(folders)} domain folders ({', '.join(folders)}) but "
-                f"{type(self).__name__} has {len(self.ENVIRONMENTS)} environments "
-                f"({', '.join(self.ENVIRONMENTS)}); remove stray folders. {self.expected_layout()}")
+                f"{root} has {len(folders)} domain folders ({', '.join(folders)}) but {name} has "
+                f"{len(self.ENVIRONMENTS)} environments ({', '.join(self.ENVIRONMENTS)}); remove "
+                f"stray folders. {layout}")
         if self.ENV_FOLDERS and folders != sorted(self.ENV_FOLDERS):
             warnings.warn(f"{root}: domain folders {folders} differ from the standard "
                           f"{list(self.ENV_FOLDERS)}; using them in sorted order as environments "
@@ -409,11 +376,10 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
         return folders
 
     def _find_class_folders(self, env: str) -> list[str]:
-        path = os.path.join(self.root, env)
-        classes = visible_subfolders(path)
+        classes = visible_subfolders(path := os.path.join(self.root, env))
         if not classes:
-            raise FileNotFoundError(
-                f"no class folders in domain folder {path}. {self.expected_layout()}")
+            raise FileNotFoundError(f"no class folders in domain folder {path}. "
+                                    f"{self.expected_layout()}")
         return classes
 
 
@@ -423,17 +389,20 @@ class ImageFolderBenchmark(MultipleEnvironmentImageFolder):
 
     def __init__(self, root, test_envs, hparams):
         self.data_dir = root  # the --data_dir of train and check_data
-        if root is not None and self.FOLDER_NAME:
-            root = os.path.join(root, self.FOLDER_NAME)
-        augment = bool((hparams or {}).get("data_augmentation", False))
-        super().__init__(root, test_envs, augment, hparams)
+        super().__init__(os.path.join(root, self.FOLDER_NAME) if root is not None
+                         and self.FOLDER_NAME else root, test_envs,
+                         bool((hparams or {}).get("data_augmentation", False)), hparams)
+
+
+def _release(name: str) -> tuple:
+    """``FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS`` of one of DomainBed's image-folder datasets."""
+    return (catalog.IMAGE_FOLDER_DATASETS[name], list(catalog.DOMAINBED_DATASETS[name]),
+            layouts.DOMAIN_FOLDERS[name])
 
 
 @register_dataset()
 class VLCS(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["VLCS"]
-    ENVIRONMENTS = ["C", "L", "S", "V"]
-    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["VLCS"]
+    FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("VLCS")
 
 
 #: The dataset hparam choosing PACS's in/out split (values: :data:`DATA_SPLITS`).
@@ -443,19 +412,13 @@ DATA_SPLITS = catalog.DATA_SPLITS
 
 @register_dataset()
 class PACS(ImageFolderBenchmark):
-    """PACS. The dataset hparam ``data_split`` chooses each environment's in/out split:
-    "domainbed" (default), train's random holdout; or "official", PACS's lists (Li et al., ICCV
-    2017) as the DMG release uses them (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214):
-    a source's in = ``<domain>_train_kfold.txt``, a target's in = ``<domain>_test_kfold.txt``
-    (the whole domain), out = ``<domain>_crossval_kfold.txt`` for both (so a target's out is in
-    its in). The lists lie beside the domain folders (:data:`PACS_SPLITS_URL`), one
-    ``<domain>/<class>/<file> <label>`` per line, matched by :func:`layouts.match_split_list`
-    (else :class:`OfficialSplitError`). Validation items of augmented environments keep the
-    plain transform, as the release evaluates them."""
+    """PACS; the hparam ``data_split``: "domainbed" (train's random holdout) or "official", the
+    lists of Li et al. (ICCV 2017) beside the domain folders (:data:`PACS_SPLITS_URL`) as the DMG
+    release uses them (prithv1/DMG@6b162b4 ``train_model.py`` lines 179-214): in = a source's
+    ``<domain>_train_kfold.txt``, a target's ``_test_kfold.txt`` (all of it), out =
+    ``_crossval_kfold.txt``; validation items of augmented environments stay unaugmented."""
 
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["PACS"]
-    ENVIRONMENTS = ["A", "C", "P", "S"]
-    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["PACS"]
+    FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("PACS")
 
     def __init__(self, root, test_envs, hparams):
         super().__init__(root, test_envs, hparams)
@@ -465,7 +428,19 @@ class PACS(ImageFolderBenchmark):
                              f"{', '.join(DATA_SPLITS)}")
         self.official_splits: dict[int, tuple[list[int], list[int]]] = {}
         if self.data_split == "official":
-            self._check_split_lists()
+            missing = [path for index in range(len(self.datasets))
+                       for path in self.split_lists(index) if not os.path.isfile(path)]
+            if missing:
+                from dg_plugins.download.sources import download_command
+
+                raise OfficialSplitError(
+                    f"data_split 'official' needs PACS's official split lists; missing: "
+                    f"{', '.join(missing)}. Put the twelve files <domain>_train_kfold.txt, "
+                    f"<domain>_crossval_kfold.txt and <domain>_test_kfold.txt (domains "
+                    f"{', '.join(self.environment_folders)}) in {self.root}: "
+                    f"{download_command('PACS_splits', self.data_dir)} downloads them (from the "
+                    f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL}); or "
+                    "use the default data_split 'domainbed'")
             for index, env in enumerate(self.datasets):
                 folder = self.environment_folders[index]
                 self.official_splits[index] = in_, out = tuple(
@@ -477,10 +452,9 @@ class PACS(ImageFolderBenchmark):
 
     def predefined_split(self, env_index: int):
         """``(in indices, out indices)`` from the official lists, else None (a random split)."""
-        if self.data_split != "official":
-            return None
-        in_, out = self.official_splits[env_index]
-        return list(in_), list(out)
+        if self.data_split == "official":
+            return tuple(map(list, self.official_splits[env_index]))
+        return None
 
     def split_lists(self, env_index: int) -> tuple[str, str]:
         """The (in, out) list files of an environment: test (train for a source) and crossval."""
@@ -489,41 +463,20 @@ class PACS(ImageFolderBenchmark):
         return tuple(os.path.join(self.root, layouts.pacs_split_file(folder, k))
                      for k in (kind, "crossval"))
 
-    def _check_split_lists(self) -> None:
-        from dg_plugins.download.sources import download_command
-
-        missing = [path for index in range(len(self.datasets)) for path in self.split_lists(index)
-                   if not os.path.isfile(path)]
-        if missing:
-            raise OfficialSplitError(
-                f"data_split 'official' needs PACS's official split lists; missing: "
-                f"{', '.join(missing)}. Put the twelve files <domain>_train_kfold.txt, "
-                f"<domain>_crossval_kfold.txt and <domain>_test_kfold.txt (domains "
-                f"{', '.join(self.environment_folders)}) in {self.root}: "
-                f"{download_command('PACS_splits', self.data_dir)} downloads them (from the "
-                f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL}); or use "
-                "the default data_split 'domainbed'")
-
 
 @register_dataset()
 class OfficeHome(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["OfficeHome"]
-    ENVIRONMENTS = ["A", "C", "P", "R"]
-    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["OfficeHome"]
+    FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("OfficeHome")
 
 
 @register_dataset()
 class TerraIncognita(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["TerraIncognita"]
-    ENVIRONMENTS = ["L100", "L38", "L43", "L46"]
-    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["TerraIncognita"]
+    FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("TerraIncognita")
 
 
 @register_dataset()
 class DomainNet(ImageFolderBenchmark):
-    FOLDER_NAME = catalog.IMAGE_FOLDER_DATASETS["DomainNet"]
-    ENVIRONMENTS = ["clip", "info", "paint", "quick", "real", "sketch"]
-    ENV_FOLDERS = layouts.DOMAIN_FOLDERS["DomainNet"]
+    FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("DomainNet")
     CHECKPOINT_FREQ = 1000
 
 
@@ -555,13 +508,12 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
     elif data_dir is not None:
         dataset_dir = os.path.join(data_dir, folder_name) if folder_name else data_dir
         if not os.path.isdir(dataset_dir):
-            raise FileNotFoundError(
-                f"cannot discover the environments of {name}: {dataset_dir} does not exist")
-        env_folders = visible_subfolders(dataset_dir)
-        labels = list(env_folders)
+            raise FileNotFoundError(f"cannot discover the environments of {name}: {dataset_dir} "
+                                    "does not exist")
+        labels = list(env_folders := visible_subfolders(dataset_dir))
     else:
-        raise ValueError(
-            f"{name}: give environments, env_folders or data_dir to discover them from")
+        raise ValueError(f"{name}: give environments, env_folders or data_dir to discover them "
+                         "from")
     if not labels:
         raise ValueError(f"{name}: no environments")
     dataset_class = type(name, (ImageFolderBenchmark,), dict(

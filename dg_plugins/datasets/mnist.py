@@ -23,8 +23,7 @@ from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
     """Paths of the four MNIST files; FileNotFoundError says where to put them."""
-    found = locate_mnist_files(root)
-    if found is not None:
+    if (found := locate_mnist_files(root)) is not None:
         return found
     from dg_plugins.download.sources import download_command
 
@@ -44,13 +43,12 @@ def load_mnist(root: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     paths = find_mnist_files(root)
     images, labels = [], []
     for split in ("train", "test"):
-        split_images = read_idx(paths[f"{split}_images"])
-        split_labels = read_idx(paths[f"{split}_labels"])
-        if split_images.ndim != 3 or len(split_images) != len(split_labels):
-            raise ValueError(f"MNIST {split} files disagree: images {split_images.shape}, labels "
-                             f"{split_labels.shape} ({paths[f'{split}_images']})")
-        images.append(torch.from_numpy(split_images.astype(np.uint8)))
-        labels.append(torch.from_numpy(split_labels.astype(np.int64)))
+        x, y = (read_idx(paths[f"{split}_{kind}"]) for kind in ("images", "labels"))
+        if x.ndim != 3 or len(x) != len(y):
+            raise ValueError(f"MNIST {split} files disagree: images {x.shape}, labels {y.shape} "
+                             f"({paths[f'{split}_images']})")
+        images.append(torch.from_numpy(x.astype(np.uint8)))
+        labels.append(torch.from_numpy(y.astype(np.int64)))
     return torch.cat(images), torch.cat(labels)
 
 
@@ -83,16 +81,18 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
     NUM_CLASSES: int
     #: One construction parameter per environment, in ENVIRONMENTS order.
     ENVIRONMENT_PARAMS: tuple = ()
+    #: The digits' shuffle: the global torch RNG (None, as DomainBed), else this numpy seed.
+    SHUFFLE_SEED: int | None = None
 
     def __init__(self, root, test_envs=(), hparams=None):
         images, labels = self.load_digits(root)
-        order = self.shuffle_order(len(images))
+        order = (torch.randperm(len(images)) if self.SHUFFLE_SEED is None else torch.from_numpy(
+            np.random.RandomState(self.SHUFFLE_SEED).permutation(len(images))))
         images, labels = images[order], labels[order]
         n_envs = len(self.ENVIRONMENT_PARAMS)
         self.datasets = [self.make_environment(images[i::n_envs], labels[i::n_envs], param)
                          for i, param in enumerate(self.ENVIRONMENT_PARAMS)]
-        self.input_shape = tuple(self.INPUT_SHAPE)
-        self.num_classes = self.NUM_CLASSES
+        self.input_shape, self.num_classes = tuple(self.INPUT_SHAPE), self.NUM_CLASSES
 
     @classmethod
     def check_data_dir(cls, data_dir: str | None) -> None:
@@ -102,9 +102,6 @@ class MultipleEnvironmentMNIST(MultipleDomainDataset):
 
     def load_digits(self, root) -> tuple[torch.Tensor, torch.Tensor]:
         return load_mnist(root)
-
-    def shuffle_order(self, n: int) -> torch.Tensor:
-        return torch.randperm(n)
 
     def make_environment(self, images, labels, param) -> TensorDataset:
         raise NotImplementedError
@@ -166,8 +163,8 @@ def mnist_5k_path() -> str:
 @functools.lru_cache(maxsize=1)
 def _read_mnist_5k(path: str) -> tuple[np.ndarray, np.ndarray]:
     with gzip.open(path, "rb") as handle:
-        text = handle.read().decode("ascii").replace("\n", ",")
-    values = np.fromstring(text, dtype=np.int64, sep=",")
+        values = np.fromstring(handle.read().decode("ascii").replace("\n", ","), dtype=np.int64,
+                               sep=",")
     if values.size != MNIST_5K_ROWS * 785:
         raise ValueError(f"{path}: expected {MNIST_5K_ROWS} rows of 785 values, got {values.size} "
                          "values")
@@ -199,6 +196,3 @@ class RotatedMNIST5k(RotatedMNIST):
 
     def load_digits(self, root):
         return load_mnist_5k()
-
-    def shuffle_order(self, n):
-        return torch.from_numpy(np.random.RandomState(self.SHUFFLE_SEED).permutation(n))
