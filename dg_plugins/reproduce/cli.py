@@ -23,7 +23,7 @@ from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, 
 from dg_plugins.sweep import actions, checks, estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
-from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
+from dg_plugins.sweep.costs import EVAL_SPLITS, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:

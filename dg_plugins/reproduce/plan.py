@@ -13,7 +13,7 @@ from dg_plugins.job import flags as job_flags
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.job.sizes import in_split_size
-from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
+from dg_plugins.sweep.costs import UsageError, dataset_sizes, official_list_sizes
 from dg_plugins.sweep.jobs import test_env_lists
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train

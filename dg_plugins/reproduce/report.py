@@ -13,11 +13,10 @@ from dg_plugins.reproduce.costs import CallCost, call_cost
 from dg_plugins.reproduce.plan import Plan, plan_setting
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.sweep import jobs as sweep_lib
-from dg_plugins.sweep.costs import (FORWARDS_DEFINITION, evaluation_share, forwards_text,
-                                    sum_forwards)
-from dg_plugins.sweep.gpu_hours import (gpu_hours_definition, gpu_hours_text, gpu_line,
-                                        missing_lines, sum_gpu)
-from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
+from dg_plugins.sweep.costs import (EVAL_SPLITS, FORWARDS_DEFINITION, UsageError,
+                                    evaluation_share, forwards_text, gpu_hours_definition,
+                                    gpu_hours_text, gpu_line, missing_lines, sum_forwards,
+                                    sum_gpu)
 from dg_plugins.sweep.plan import split_calls
 
 

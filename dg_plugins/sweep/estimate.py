@@ -17,28 +17,24 @@ from typing import Callable, Sequence
 
 from dg_plugins.sweep.jobs import SweepJob
 
-CHILD_MODULE = "dg_plugins.sweep.estimate_child"
+#: The child process: ``python -m CHILD_MODULE`` (:func:`dg_plugins.sweep.costs.main`).
+CHILD_MODULE = "dg_plugins.sweep.costs"
 #: The whole estimate's limit in seconds (the timed steps: a third of it); 0 leaves it out.
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
 REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
-
-
-def timeout_s() -> float:
-    """The estimate's time limit (:data:`TIMEOUT_ENV`, else the default)."""
-    try:
-        return max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
 
 
 def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
                    out: Callable[[str], None] | None = None) -> bool:
     """Print the cost lines of ``jobs`` as the child writes them (False: it failed or timed out)."""
     out = out or (lambda line: print(line, flush=True))
-    limit = timeout_s()
+    try:
+        limit = max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+    except ValueError:
+        limit = DEFAULT_TIMEOUT_S
     if not jobs or not limit:
         return True
-    data = json.dumps({  # the child's input (dg_plugins.sweep.estimate_child.main)
+    data = json.dumps({  # the child's input (costs.main)
         "jobs": [{"train_args": job.train_args, "command_args": job.command_args}
                  for job in jobs],
         "budget_s": limit / 3, "remote": REMOTE_LAUNCHERS.get(launcher or "")}).encode()
