@@ -223,7 +223,6 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                     given: SubmititOptions) -> list:
     """The commands as ``TrainTask`` array tasks, each job folder recording its Slurm id."""
     from dg_plugins.sweep import slurm
-    from dg_plugins.sweep.slurm_task import TrainTask
 
     options, notes = slurm.check_request(options, given)
     for note in notes:
@@ -232,7 +231,7 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
     size = max(1, options.jobs_per_task or 1)
     # Slurm signals up to a minute early (its periodic check): what is left is at least this
     grace = options.signal_delay_s - min(30.0, options.signal_delay_s / 4)
-    tasks = [TrainTask([parse_command(c)[0] for c in commands[i:i + size]], os.getcwd(), grace)
+    tasks = [slurm.TrainTask([parse_command(c)[0] for c in commands[i:i + size]], os.getcwd(), grace)
              for i in range(0, len(commands), size)]
     try:
         with executor.batch():
