@@ -20,7 +20,8 @@ from dg_plugins.reproduce.plan import Plan, check_extra, parse_test_env_sets, pl
 from dg_plugins.reproduce.costs import plan_costs
 from dg_plugins.reproduce.prerequisites import prerequisites, report_prerequisites
 from dg_plugins.reproduce.report import dry_run, dry_run_sweeps, list_settings, module_line
-from dg_plugins.sweep import actions, checks, estimate
+from dg_plugins.sweep import actions, checks
+from dg_plugins.sweep import costs as estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
 from dg_plugins.sweep.costs import EVAL_SPLITS, UsageError

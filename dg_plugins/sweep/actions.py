@@ -273,40 +273,22 @@ def never_started(job: SweepJob) -> bool:
                    for name in (OUT_FILE, ERR_FILE, RESULTS_FILE, CHECKPOINT_FILE))
 
 
-def last_error_line(folder: str) -> str | None:
-    """The last of a job's err.txt lines that say what went wrong."""
-    lines = [line.strip() for line in read_lines(os.path.join(folder, ERR_FILE))]
-    return (error_excerpt(lines, len(lines)) or [None])[-1]
-
-
 def state_line(job: SweepJob) -> str:
     """What a job is doing, for ``status``."""
-    if job.state == DONE:
-        what = "done"
-    elif job.state == RUNNING:
-        what = f"running (pid {job.holder})"
-    elif job.state == IN_SLURM:
-        what = job.slurm.describe()
-    elif job.state == QUEUED:
-        what = f"queued by a live {job.launcher.describe()}"
-    elif job.state == INCOMPLETE:
+    what = {DONE: "done", NOT_LAUNCHED: "not launched", RUNNING: f"running (pid {job.holder})",
+            IN_SLURM: job.slurm and job.slurm.describe(),
+            QUEUED: job.launcher and f"queued by a live {job.launcher.describe()}"}.get(job.state)
+    if job.state == INCOMPLETE:
         ended = f" ({job.slurm.describe()})" if job.slurm is not None else ""
-        error = last_error_line(job.output_dir)
+        lines = [line.strip() for line in read_lines(os.path.join(job.output_dir, ERR_FILE))]
+        error = (error_excerpt(lines, len(lines)) or [None])[-1]  # the last that says what failed
         if never_started(job):
             what = f"never started{ended}"
         elif error and not error.startswith("stopped:"):
             what = f"failed{ended}: {error}"
         else:
             what = f"interrupted{ended}: continue with launch --resume"
-    else:
-        what = "not launched"
     return f"{what}: {job.describe()}"
-
-
-def status(jobs: Sequence[SweepJob]) -> int:
-    """Print each job's :func:`state_line` and the counts."""
-    print(*map(state_line, jobs), summary_line(jobs), sep="\n")
-    return 0
 
 
 def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
@@ -341,8 +323,9 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
     """The flow after enumeration: print, select, check, confirm, act; the exit status."""
-    if action == "status":
-        return status(jobs)
+    if action == "status":  # each job's state_line and the counts
+        print(*map(state_line, jobs), summary_line(jobs), sep="\n")
+        return 0
     if action == "cancel":
         return cancel(jobs, skip_confirmation, input_fn, dry_run)
     print(*jobs, summary_line(jobs), sep="\n")

@@ -2,9 +2,10 @@
 (counted on disk, built in, or recorded in paper_settings) and per split of a job, training steps
 (UDG pretraining shared), image forwards and GPU-hours estimated from the measured times
 (:mod:`dg_plugins.reference.gpu_times`), for the sweep's prompt and reproduce's dry runs
-(docs/reproduce.md). ``python -m dg_plugins.sweep.costs`` is the child process of the sweep's
-estimate (:mod:`dg_plugins.sweep.estimate`): jobs as JSON on stdin; prints their costs, GPU time,
-and time on this machine from steps timed here."""
+(docs/reproduce.md). A launch prints them before ``Are you sure? (y/n)`` and in a dry run
+(:func:`print_estimate`), counted in a child process (``python -m dg_plugins.sweep.costs``: the sweep
+stays torch-free; it also times steps here) with a time limit; an estimate that fails or runs out of
+time says so and stops nothing."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins import hparams as hp_lib
@@ -28,7 +34,7 @@ from dg_plugins.job.sizes import in_split_size, records_after
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import ALGORITHMS, DATASETS
-from dg_plugins.sweep.jobs import num_environments
+from dg_plugins.sweep.jobs import SweepJob, num_environments
 from dg_plugins.sweep.progress import format_duration
 
 class UsageError(ValueError):
@@ -492,6 +498,60 @@ def sum_forwards(items: list[Forwards]) -> tuple[int | None, dict]:
     return train, evaluation
 
 
+#: The child process: ``python -m CHILD_MODULE`` (:func:`main`; never imported by the package).
+CHILD_MODULE = "dg_plugins.sweep.costs"
+#: The whole estimate's limit in seconds (the timed steps: a third of it); 0 leaves it out.
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
+REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
+
+
+def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
+                   out: Callable[[str], None] | None = None) -> bool:
+    """Print the cost lines of ``jobs`` as the child writes them (False: it failed or timed out)."""
+    out = out or (lambda line: print(line, flush=True))
+    try:
+        limit = max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+    except ValueError:
+        limit = DEFAULT_TIMEOUT_S
+    if not jobs or not limit:
+        return True
+    data = json.dumps({  # the child's input (main)
+        "jobs": [{"train_args": job.train_args, "command_args": job.command_args}
+                 for job in jobs],
+        "budget_s": limit / 3, "remote": REMOTE_LAUNCHERS.get(launcher or "")}).encode()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, env=dict(os.environ))
+        deadline = time.monotonic() + limit
+        timer = threading.Timer(limit, proc.kill)  # the time limit ends the lines below
+        timer.start()
+        finished = False
+        try:
+            with contextlib.suppress(OSError):  # the child died at once: its error is read below
+                proc.stdin.write(data)
+                proc.stdin.close()
+            for raw in proc.stdout:
+                out(raw.decode(errors="replace").rstrip("\n"))
+            finished = proc.wait() != -signal.SIGKILL or time.monotonic() < deadline
+        finally:
+            timer.cancel()
+            if not finished:
+                proc.kill()
+            proc.wait()
+        if not finished:
+            out(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had not "
+                "printed by then is left out)")
+            return False
+        if proc.returncode:
+            err.seek(0)
+            tail = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()
+                    if ln.strip()]
+            out(f"(the cost estimate failed, exit status {proc.returncode}: "
+                f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)")
+            return False
+    return True
+
+
 #: A step of the job's own batch is timed only when it takes at most this long (else 2 images per
 #: domain, scaled per image); jobs shorter than this many steps per configuration are not timed.
 TARGET_STEP_S, SHORT_STEPS_PER_CONFIG = 1.5, 50
@@ -724,8 +784,7 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
 
 
 def main() -> int:
-    """The estimate's child: read the request (:func:`dg_plugins.sweep.estimate.print_estimate`) on
-    stdin, print the lines."""
+    """The estimate's child: read the request (:func:`print_estimate`) on stdin, print the lines."""
     request = json.load(sys.stdin)
     sys.stdout = sys.stderr  # whatever the imports print stays off the protocol
     from dg_plugins import plugins

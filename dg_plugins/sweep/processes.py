@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from multiprocessing import forkserver
 from typing import Sequence
 
 from dg_plugins.job.flags import TRAIN_MODULE, parse_command
@@ -97,21 +99,6 @@ def forkable_train_args(command: str) -> list[str] | None:
     return words[3:] if words[:3] == [sys.executable, "-m", TRAIN_MODULE] else None
 
 
-def _release_fork_server() -> None:
-    """In a forked job: close its copy of the fork server's "alive" pipe."""
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    server._forkserver_alive_fd = None
-    if hasattr(server, "_forkserver_address"):
-        server._forkserver_address = None
-
-
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
                     ignored: tuple[int, ...], launcher_pid: int | None = None,
                     log: str | None = None) -> None:
@@ -135,10 +122,14 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
     # A forkserver child inherits the fork server's start method ("forkserver"); a fresh
     # interpreter has the platform's default. Without this reset, the job's own children (loader
     # workers) would be started by the launcher's fork server, not by the job.
-    import multiprocessing
-
     multiprocessing.set_start_method(None, force=True)
-    _release_fork_server()
+    server = getattr(forkserver, "_forkserver", None)  # its copy of the server's "alive" pipe
+    if (fd := getattr(server, "_forkserver_alive_fd", None)) is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+        if hasattr(server, "_forkserver_address"):
+            server._forkserver_address = None
     die_with_parent()
     if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
@@ -171,8 +162,6 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
                env: dict | None = None) -> ForkedJob:
     """Start ``python -m dg_plugins.scripts.train ARGS`` from the fork server, with ``env``."""
     global _fork_context
-    import multiprocessing
-
     if _fork_context is None:
         _fork_context = multiprocessing.get_context("forkserver")
         _fork_context.set_forkserver_preload(list(PRELOAD))
@@ -246,16 +235,12 @@ class ErrorLogs:
 
     def __init__(self, commands: Sequence[str]):
         self.folders = [command_output_dir(c) for c in commands]
-        self.offsets = [self._size(folder) for folder in self.folders]
+        self.offsets = [0] * len(self.folders)
+        for i, path in enumerate(map(self.path, range(len(self.folders)))):
+            with contextlib.suppress(OSError, TypeError):
+                self.offsets[i] = os.path.getsize(path)
         #: index -> a job's captured output (for a job that failed before it took its folder)
         self.captured: dict[int, list[str]] = {}
-
-    @staticmethod
-    def _size(folder: str | None) -> int:
-        try:
-            return os.path.getsize(os.path.join(folder, ERR_FILE)) if folder else 0
-        except OSError:
-            return 0
 
     def path(self, index: int) -> str | None:
         folder = self.folders[index]
@@ -269,9 +254,7 @@ class ErrorLogs:
 def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]:
     """The lines that say what went wrong: train's ``error:``/``stopped:`` lines, else the end."""
     marked = [line for line in lines if line.startswith(("error:", "stopped:"))]
-    if marked:
-        return marked[:n]
-    return list(lines[-n:])
+    return marked[:n] if marked else list(lines[-n:])
 
 
 def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
