@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence, Union
 from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
-from dg_plugins.sweep import claims, slurm
+from dg_plugins.sweep import claims, submitit
 from dg_plugins.sweep.claims import sweep_dir_of
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
@@ -66,7 +66,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             if not err.remote:
                 unlaunch(order, err.not_started)
             raise
-        except slurm.SlurmError as err:  # refused at submission: no job was submitted
+        except submitit.SlurmError as err:  # refused at submission: no job was submitted
             unlaunch(order, commands)
             raise LaunchRefused([str(err)]) from None
     print(f"Launched {len(order)} jobs!")
@@ -306,8 +306,8 @@ def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
     if not skip_confirmation and (code := refused_confirmation(input_fn)) is not None:
         return code
     try:
-        slurm.cancel(ids)
-    except slurm.SlurmError as err:
+        submitit.cancel(ids)
+    except submitit.SlurmError as err:
         print(f"error: scancel failed: {err}", file=sys.stderr)
         return 1
     print(f"Cancelled {len(ids)} Slurm job(s); their jobs stop at a checkpoint (Incomplete: "

@@ -3,9 +3,9 @@
 (UDG pretraining shared), image forwards and GPU-hours estimated from the measured times
 (:mod:`dg_plugins.reference.gpu_times`), for the sweep's prompt and reproduce's dry runs
 (docs/reproduce.md). A launch prints them before ``Are you sure? (y/n)`` and in a dry run
-(:func:`print_estimate`), counted in a child process (``python -m dg_plugins.sweep.costs``: the sweep
-stays torch-free; it also times steps here) with a time limit; an estimate that fails or runs out of
-time says so and stops nothing."""
+(:func:`print_estimate`), counted in a child process (``python -m dg_plugins.sweep.costs``: the
+sweep stays torch-free; it also times steps here) with a time limit; an estimate that fails or runs
+out of time says so and stops nothing."""
 
 from __future__ import annotations
 
@@ -699,7 +699,8 @@ def print_costs(jobs: list):
     """Print the costs of ``jobs``: (cost, evaluation forwards, the GPU time covers all)."""
     cost = jobs_cost([job["train_args"] for job in jobs])
     values = [job.get("command_args", {}).get("eval_splits")  # its command's, else train's
-              or job["train_args"].get("eval_splits") or job_selection.DEFAULT_EVAL_SPLITS for job in jobs]
+              or job["train_args"].get("eval_splits") or job_selection.DEFAULT_EVAL_SPLITS
+              for job in jobs]
     line = f"Cost of the {len(jobs)} jobs: {sum(cost.steps):,} training steps"
     if cost.pretrain_steps:
         line += f" + {sum(cost.pretrain_steps.values()):,} pretraining steps"

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Sequence
 
 from dg_plugins import catalog
 from dg_plugins.seeds import seed_hash
-from dg_plugins.sweep import claims, slurm
+from dg_plugins.sweep import claims, submitit
 from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names, train_command
 from dg_plugins.job.folder import is_done, lock_holder
 
@@ -152,7 +152,7 @@ class SweepJob:
         self.command_str = train_command({**self.train_args, **self.command_args}, module,
                                          python)
         #: The Slurm job recorded in the folder, as Slurm last reported it (None: none).
-        self.slurm: slurm.SlurmState | None = None
+        self.slurm: submitit.SlurmState | None = None
         self.state = self.refresh_state(held)
 
     def refresh_state(self, held: dict | None = None) -> str:
@@ -206,20 +206,20 @@ def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
     recorded = {}
     for job in jobs:
         if job.state not in (DONE, NOT_LAUNCHED):
-            record = slurm.recorded_job(job.output_dir)
+            record = submitit.recorded_job(job.output_dir)
             if record is not None:
                 recorded[id(job)] = record["job_id"]
     if not recorded:
         return
     try:
-        states = slurm.job_states(recorded.values())
-    except slurm.SlurmError as err:
-        states = {i: slurm.SlurmState(i, "UNKNOWN", f"Slurm did not answer: {err}", held=True)
+        states = submitit.job_states(recorded.values())
+    except submitit.SlurmError as err:
+        states = {i: submitit.SlurmState(i, "UNKNOWN", f"Slurm did not answer: {err}", held=True)
                   for i in recorded.values()}
     for job in jobs:
         job_id = recorded.get(id(job))
         if job_id is not None:  # an id squeue and sacct no longer know has ended
-            job.slurm = states.get(job_id, slurm.SlurmState(job_id, "ENDED"))
+            job.slurm = states.get(job_id, submitit.SlurmState(job_id, "ENDED"))
             job.refresh_state(held)
 
 
