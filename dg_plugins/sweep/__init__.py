@@ -2,8 +2,8 @@
 its own. Torch-free. How it works: docs/sweep.md."""
 
 from dg_plugins.sweep.cli import build_parser, main  # the flags, their checks, the flow
-from dg_plugins.sweep.jobs import SweepJob, make_args_list, make_jobs  # enumeration, identity
-from dg_plugins.sweep.claims import LauncherClaim, sweep_lock  # folders a live launcher queued
+from dg_plugins.sweep.jobs import (LauncherClaim, SweepJob,  # enumeration, identity, folders
+                                   make_args_list, make_jobs, sweep_lock)  # a launcher queued
 from dg_plugins.sweep.checks import launch_problems  # what every job would meet, found once
 from dg_plugins.sweep.actions import run_action  # select, confirm, launch or delete
 from dg_plugins.sweep.launchers import (MemoryCheck, cores_per_job,  # DomainBed's launchers,

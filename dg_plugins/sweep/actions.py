@@ -14,12 +14,12 @@ from typing import Callable, Mapping, Sequence, Union
 from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
-from dg_plugins.sweep import claims, submitit
-from dg_plugins.sweep.claims import sweep_dir_of
+from dg_plugins.sweep import submitit
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
-                                   SweepJob, launcher_note, python_executable, running_note,
-                                   select_jobs, slurm_note, summary_line)
+                                   LauncherClaim, SweepJob, held_folders, launcher_note,
+                                   python_executable, read_claims, running_note, select_jobs,
+                                   slurm_note, summary_line, sweep_dir_of, sweep_lock)
 from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
                                         error_excerpt, read_lines)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
@@ -44,7 +44,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     with contextlib.ExitStack() as stack:
         kept, others = [], []
         for sweep_dir, group in _by_sweep(order).items():
-            claim = stack.enter_context(claims.LauncherClaim(
+            claim = stack.enter_context(LauncherClaim(
                 sweep_dir, sweep_command(command_for(command_line, sweep_dir), "launch")))
             mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
                                       lambda job: job.state in wanted, _create_folder)
@@ -105,9 +105,8 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     for sweep_dir, group in _by_sweep(jobs).items():
         if not os.path.isdir(sweep_dir):
             continue
-        with claims.sweep_lock(sweep_dir, exclusive=True):
-            held = claims.held_folders(claims.read_claims(sweep_dir, remove_stale=True),
-                                       sweep_dir)
+        with sweep_lock(sweep_dir, exclusive=True):
+            held = held_folders(read_claims(sweep_dir, remove_stale=True), sweep_dir)
             for job in group:
                 state = job.refresh_state(held)
                 why = {RUNNING: lambda: f"still running (pid {job.holder})",

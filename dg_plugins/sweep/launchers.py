@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from dg_plugins.job.folder import RESULTS_FILE
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.runtime import CORES_ENV, job_cores
-from dg_plugins.sweep.claims import sweep_dir_of
+from dg_plugins.sweep.jobs import sweep_dir_of
 from dg_plugins.sweep.progress import JobOutputs
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                         report_exit_codes, report_interrupted)

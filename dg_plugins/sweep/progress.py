@@ -15,7 +15,7 @@ from dg_plugins.files import atomic_write_bytes
 from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import OUT_FILE, is_done
 from dg_plugins.job.records import last_record
-from dg_plugins.sweep import claims
+from dg_plugins.sweep import jobs
 from dg_plugins.sweep.processes import ErrorLogs, error_excerpt, read_lines
 
 #: Names the progress file of a run of several sweeps (:mod:`dg_plugins.sweep.plan`).
@@ -246,7 +246,7 @@ class JobOutputs:
                 line = line.split("; ")[0]
             what = "interrupted" if interrupted else "failed"
             self.write(f"{self._prefix(index)} {what} (exit code {code}) {took}: {line}")
-        claims.job_ended(self.logs.folders[index])  # other launches now see it as it is
+        jobs.job_ended(self.logs.folders[index])  # other launches now see it as it is
         self._remove(index)
         if code is not None and not interrupted:
             self.progress.ended(self.logs.folders[index], seconds, code == 0)

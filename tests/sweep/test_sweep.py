@@ -520,7 +520,7 @@ def test_a_queue_of_sweeps_names_each_sweep_folders_own_command(tmp_path, capsys
     left gets its own delete_incomplete (or launch --resume) line, never "<your flags>"."""
     import signal
 
-    from dg_plugins.sweep import claims
+    from dg_plugins.sweep import jobs as claims
     from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 
     argvs, queue = {}, []
