@@ -37,6 +37,7 @@ from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.sweep.jobs import SweepJob, num_environments
 from dg_plugins.sweep.progress import format_duration
 
+
 class UsageError(ValueError):
     """Bad input: printed as one line, exit status 2."""
 
@@ -184,6 +185,7 @@ def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
                                                   udg="label_fraction" in a)
             for value in EVAL_SPLITS}
 
+
 def gpu_hours_definition() -> str:
     """How the GPU-hours are estimated, with the device and date of the measurements."""
     t = gpu_times.load()
@@ -318,9 +320,19 @@ def missing_lines(gpu: GpuTime) -> list[str]:
              for name, (tag, why) in sorted(gpu.missing.items())]
             + [f"  GPU-hours note: {note}" for note in sorted(gpu.notes)])
 
+
 def _default_steps(dataset: str) -> int:
     register_datasets()
     return int(DATASETS.get(dataset).N_STEPS)
+
+
+def _udg_batch(a: dict, hparams: dict) -> int:
+    """A UDG fine-tuning step's images per source domain (its own batch after a pretraining)."""
+    if not ALGORITHMS.get(a["algorithm"]).supports_pretraining():
+        return hparams["batch_size"]
+    from dg_plugins.algorithms.udg_finetune import finetune_settings  # imports torch
+
+    return finetune_settings(float(a["label_fraction"]), hparams)[2]
 
 
 def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
@@ -330,7 +342,6 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     steps = a.get("steps")
     if "label_fraction" not in a:
         return (steps or _default_steps(dataset)), None, 0
-    from dg_plugins.algorithms.udg_finetune import finetune_settings  # imports torch
     from dg_plugins.train import udg as udg_jobs
 
     hp = hp_lib.job_hparams(a["algorithm"], dataset, a["hparams_seed"], a["trial_seed"],
@@ -346,8 +357,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
         origins.add(sizes.source)
         labelled = [udg_jobs.labelled_count(in_split_size(sizes.counts[e], holdout), fraction)
                     for e in sources]
-        batch = finetune_settings(fraction, hp)[2] if pretrains else hp["batch_size"]
-        steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, batch)
+        steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, _udg_batch(a, hp))
     steps = steps or _default_steps(dataset)
     if not pretrains:
         return steps, None, 0
@@ -427,12 +437,7 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
     """The images the ``steps`` training steps of the job of train args ``a`` train on."""
     n_sources = n_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
     if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
-        from dg_plugins.algorithms.udg_finetune import finetune_settings  # imports torch
-
-        batch = (finetune_settings(float(a["label_fraction"]), hparams)[2]
-                 if ALGORITHMS.get(a["algorithm"]).supports_pretraining()
-                 else hparams["batch_size"])
-        return batch * n_sources * steps
+        return _udg_batch(a, hparams) * n_sources * steps
     batch = hparams["batch_size"]
     if hparams.get("batch_sampling", "per_domain") == "pooled":
         # one pass over the pooled source in-splits per epoch, its last batch partial

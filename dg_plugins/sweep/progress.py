@@ -103,22 +103,16 @@ class Progress:
     def _remaining(self) -> list[str]:
         return [f for f in self.planned if not is_done(f) and f not in self.measured]
 
-    def _rate(self) -> tuple[float, str] | None:
-        """(seconds per unit of work, the unit) from the jobs that succeeded in this run."""
-        ok = [(f, s) for f, (s, good) in self.measured.items() if good]
-        if not ok:
-            return None
-        steps = [self.planned.get(f) for f, _ in ok]
-        if all(self.planned.values()) and all(steps):
-            return sum(s for _, s in ok) / sum(steps), "step"
-        return sum(s for _, s in ok) / len(ok), "job"
-
     def line(self) -> str | None:
         """``3/15 jobs done, about 1 min 40 s left (...)``, or None before anything measured."""
-        rate = self._rate()
-        if rate is None:
+        ok = [(f, s) for f, (s, good) in self.measured.items() if good]  # succeeded in this run
+        if not ok:
             return None
-        n_ok = sum(good for _, good in self.measured.values())
+        steps = [self.planned.get(f) for f, _ in ok]  # seconds per step, else per job
+        rate = ((sum(s for _, s in ok) / sum(steps), "step")
+                if all(self.planned.values()) and all(steps) else
+                (sum(s for _, s in ok) / len(ok), "job"))
+        n_ok = len(ok)
         done = sum(is_done(f) for f in self.planned)
         remaining = self._remaining()
         what = f"{self.name}: " if self.name else ""
