@@ -422,24 +422,15 @@ class SweepJob:
 
 def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TRAIN_MODULE,
               python: str | None = None, command_args: dict | None = None) -> list[SweepJob]:
-    """One :class:`SweepJob` per train-args dict (``command_args``: in every command, unhashed)."""
+    """One :class:`SweepJob` per train-args dict (``command_args``: in every command, unhashed);
+    Slurm is asked once about those whose folder records a Slurm job (no answer: In Slurm)."""
     held = held_in(sweep_output_dir)
     jobs = [SweepJob(args, sweep_output_dir, module, python, command_args, held)
             for args in args_list]
-    ask_slurm(jobs, held)
-    return jobs
-
-
-def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
-    """Ask Slurm once about the jobs whose folder records a Slurm job (no answer: In Slurm)."""
-    recorded = {}
-    for job in jobs:
-        if job.state not in (DONE, NOT_LAUNCHED):
-            record = submitit.recorded_job(job.output_dir)
-            if record is not None:
-                recorded[id(job)] = record["job_id"]
+    recorded = {id(job): record["job_id"] for job in jobs if job.state not in (DONE, NOT_LAUNCHED)
+                and (record := submitit.recorded_job(job.output_dir)) is not None}
     if not recorded:
-        return
+        return jobs
     try:
         states = submitit.job_states(recorded.values())
     except submitit.SlurmError as err:
@@ -450,6 +441,7 @@ def ask_slurm(jobs: Sequence[SweepJob], held: dict | None = None) -> None:
         if job_id is not None:  # an id squeue and sacct no longer know has ended
             job.slurm = states.get(job_id, submitit.SlurmState(job_id, "ENDED"))
             job.refresh_state(held)
+    return jobs
 
 
 def summary_line(jobs: Sequence[SweepJob]) -> str:

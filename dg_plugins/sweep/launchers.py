@@ -155,21 +155,19 @@ def dummy_launcher(commands: list[str]) -> None:
         print(f"Dummy launcher: {command}")
 
 
-def run_sequentially(commands: Sequence[str], progress: bool | None = None,
-                     grace_period_s: float | None = None,
-                     logs: ErrorLogs | None = None) -> list[int]:
+def run_sequentially(commands: Sequence[str], grace_period_s: float | None,
+                     logs: ErrorLogs) -> list[int]:
     """Run each command, one after another; return the exit codes."""
     codes: list[int] = []
     with contextlib.ExitStack() as stack:
         bar = write = None
-        if sys.stderr.isatty() if progress is None else progress:
+        if sys.stderr.isatty():
             from tqdm import tqdm
 
             bar = stack.enter_context(tqdm(total=len(commands), desc="jobs", unit="job",
                                            file=sys.stderr))
             write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
-        outputs = JobOutputs("local", commands, logs or ErrorLogs(commands),
-                             **({"write": write} if write else {}))
+        outputs = JobOutputs("local", commands, logs, **({"write": write} if write else {}))
         jobs = stack.enter_context(JobProcesses(grace_period_s))
         stack.enter_context(outputs)
         for i, command in enumerate(commands):
@@ -198,8 +196,8 @@ def _run_and_report(name: str, commands: Sequence[str], run: Callable) -> None:
 
 def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
     """Run the commands serially on this machine."""
-    _run_and_report("local", commands, lambda logs: run_sequentially(
-        commands, grace_period_s=grace_period_s, logs=logs))
+    _run_and_report("local", commands, functools.partial(run_sequentially, commands,
+                                                         grace_period_s))
 
 
 #: Why the multi_gpu launcher cannot run here, and the fix.

@@ -75,8 +75,9 @@ def parse_json_object(text: str) -> dict:
     return value
 
 
-def options_from_env(environ=None) -> SubmititOptions:
-    """The fields set through ``DG_SLURM_*`` variables, parsed by the field's type."""
+def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
+    """What was set, highest first: ``overrides``, the ``DG_SLURM_*`` variables (parsed by the
+    field's type); the rest None."""
     environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
@@ -87,7 +88,7 @@ def options_from_env(environ=None) -> SubmititOptions:
                 values[f.name] = parsers.get(f.type.split(" ")[0], str)(environ[var])
             except ValueError as err:
                 raise ValueError(f"bad value for ${var}: {err}") from None
-    return SubmititOptions(**values)
+    return _over(SubmititOptions(**values), overrides)
 
 
 def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> SubmititOptions:
@@ -97,11 +98,6 @@ def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> Submitit
             f.name: getattr(layer, f.name) for f in dataclasses.fields(SubmititOptions)
             if layer is not None and getattr(layer, f.name) is not None})
     return options
-
-
-def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
-    """What was set, highest first: ``overrides``, the environment (the rest None)."""
-    return _over(SubmititOptions(), options_from_env(environ), overrides)
 
 
 def resolve_submitit_options(commands: Sequence[str] = (),
