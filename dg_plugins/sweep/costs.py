@@ -692,14 +692,6 @@ def time_config(config: Config, deadline: float) -> None:
     config.timed_images = b * config.num_domains
 
 
-def device_label(device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, cuda"
-    return f"{device.type}, no GPU visible" if not torch.cuda.is_available() else device.type
-
-
 def print_costs(jobs: list):
     """Print the costs of ``jobs``: (cost, evaluation forwards, the GPU time covers all)."""
     cost = jobs_cost([job["train_args"] for job in jobs])
@@ -734,6 +726,8 @@ def print_costs(jobs: list):
 
 def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: float) -> str:
     """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated."""
+    import torch
+
     from dg_plugins.runtime import pick_device
     from dg_plugins.train.progress import format_duration as exact_duration
 
@@ -744,7 +738,9 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
     if not configs:
         return "Time on this machine: not estimated (UDG jobs are not timed here)"
     devices = {pick_device(c.device) for c in configs}
-    where = ", ".join(sorted(device_label(d) for d in devices))
+    where = ", ".join(sorted(f"{torch.cuda.get_device_name(d)}, cuda" if d.type == "cuda" else
+                             d.type if torch.cuda.is_available() else f"{d.type}, no GPU visible"
+                             for d in devices))
     steps = sum(cost.steps)
     if all(d.type == "cuda" for d in devices) and measured:
         return (f"Time on this machine ({where}): not timed here; the GPU estimate above applies,"
