@@ -17,9 +17,9 @@ from dg_plugins.signals import signal_name
 from dg_plugins.sweep import submitit
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
-                                   LauncherClaim, SweepJob, held_folders, launcher_note,
-                                   python_executable, read_claims, running_note, select_jobs,
-                                   slurm_note, summary_line, sweep_dir_of, sweep_lock)
+                                   LauncherClaim, SweepJob, held_folders, left_alone_notes,
+                                   python_executable, read_claims, select_jobs, summary_line,
+                                   sweep_dir_of, sweep_lock)
 from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
                                         error_excerpt, read_lines)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
@@ -335,7 +335,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         n_resumed = sum(job.state == INCOMPLETE for job in selected)
         print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
     notes = incomplete_note(jobs, command_line) if launching and not resume else []
-    notes += [*running_note(jobs, action), *launcher_note(jobs, action), *slurm_note(jobs, action)]
+    notes += left_alone_notes(jobs, action)
     for line in notes + (done_eval_splits_note(jobs) if launching else []):
         print(line)
     if dry_run:

@@ -473,29 +473,27 @@ def launcher_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
     return lines
 
 
-def running_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming the Running jobs, left alone by ``action``."""
+def left_alone_notes(jobs: Sequence[SweepJob], action: str) -> list[str]:
+    """Lines naming the Running jobs, those another launcher queued (:func:`launcher_note`) and
+    those Slurm holds (and how to cancel them), each left alone by ``action``."""
     running = [job for job in jobs if job.state == RUNNING]
-    if not running:
-        return []
-    what = "not relaunched and not waited for" if action == "launch" else "not deleted"
-    return [f"Note: {len(running)} job(s) are still running (a live process holds their "
-            f"folder's lock): left alone, {what}:",
-            *(f"  running (pid {job.holder}): {job.describe()}" for job in running),
-            "  Once they have ended, relaunch with --resume to continue any that did not finish."]
-
-
-def slurm_note(jobs: Sequence[SweepJob], action: str) -> list[str]:
-    """Lines naming the jobs Slurm holds, left alone by ``action``, and how to cancel them."""
     held = [job for job in jobs if job.state == IN_SLURM]
-    if not held:
-        return []
-    what = "not submitted again" if action == "launch" else "not deleted"
-    return [f"Note: {len(held)} job(s) are held by Slurm (queued, running or requeued): {what}:",
-            *(f"  {job.slurm.describe()}: {job.describe()}" for job in held),
-            "  Slurm runs them (and requeues them after preemption or a time limit); to stop "
-            "them, run this command with the action 'cancel' (or scancel "
-            + " ".join(sorted({job.slurm.job_id.split('_')[0] for job in held})) + ")."]
+    launching = action == "launch"
+    what = "not relaunched and not waited for" if launching else "not deleted"
+    lines = [f"Note: {len(running)} job(s) are still running (a live process holds their "
+             f"folder's lock): left alone, {what}:",
+             *(f"  running (pid {job.holder}): {job.describe()}" for job in running),
+             "  Once they have ended, relaunch with --resume to continue any that did not "
+             "finish."] if running else []
+    lines += launcher_note(jobs, action)
+    return lines + ([
+        f"Note: {len(held)} job(s) are held by Slurm (queued, running or requeued): "
+        f"{'not submitted again' if launching else 'not deleted'}:",
+        *(f"  {job.slurm.describe()}: {job.describe()}" for job in held),
+        "  Slurm runs them (and requeues them after preemption or a time limit); to stop "
+        "them, run this command with the action 'cancel' (or scancel "
+        + " ".join(sorted({job.slurm.job_id.split('_')[0] for job in held})) + ")."]
+        if held else [])
 
 
 #: The states each action applies to (never a Running, Queued or In Slurm job).
