@@ -93,7 +93,7 @@ class SignalCatcher:
         self._previous = {}
 
 
-#: Set in a job's environment by its Slurm task (:mod:`dg_plugins.sweep.slurm_task`).
+#: Set in a job's environment by its Slurm task (:mod:`dg_plugins.sweep.submitit`).
 SLURM_TASK_ENV = "DG_SLURM_TASK"
 
 

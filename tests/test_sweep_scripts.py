@@ -832,7 +832,8 @@ def test_reproduce_hands_the_settings_jobs_to_one_launcher_call(tmp_path, data, 
 
     from dg_plugins import reproduce
     from dg_plugins.registry import LAUNCHERS
-    from dg_plugins.sweep import actions, claims
+    from dg_plugins.sweep import actions
+    from dg_plugins.sweep import jobs as claims
     from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 
     calls = []

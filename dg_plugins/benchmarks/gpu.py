@@ -211,7 +211,7 @@ def recommendations(args, device, algorithms, loader, settings) -> list[str]:
     if device.type == "cuda" and algorithms:
         total = torch.cuda.get_device_properties(device).total_memory / 2 ** 30
         peak = max(row["peak_bytes"] for row in algorithms) / 2 ** 30
-        from dg_plugins.sweep.packing import ALLOCATOR_SLACK, CONTEXT_GB
+        from dg_plugins.sweep.launchers import ALLOCATOR_SLACK, CONTEXT_GB
 
         fit = int(total // (peak * ALLOCATOR_SLACK + CONTEXT_GB))
         lines.append(f"- Jobs per GPU: by memory, {fit} of the largest measured step "

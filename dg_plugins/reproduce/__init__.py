@@ -10,7 +10,7 @@ from dg_plugins.reproduce.plan import (OWNED_SWEEP_FLAGS, Plan, SweepCall,  # se
                                        check_extra, parse_test_env_sets, plan_setting)
 from dg_plugins.sweep.cli import sweep_jobs  # a call's jobs, enumerated as sweep does
 # the counting rules reproduce shares with the sweep's prompt (dg_plugins.sweep)
-from dg_plugins.sweep.image_counts import (EVAL_SPLITS, Sizes, UsageError,  # image counts, splits
-                                           dataset_sizes, split_sizes)
+from dg_plugins.sweep.costs import (EVAL_SPLITS, Sizes, UsageError,  # image counts, splits
+                                    dataset_sizes, split_sizes)
 from dg_plugins.sweep.costs import FORWARDS_DEFINITION, Forwards, job_forwards, job_steps  # steps
-from dg_plugins.sweep.gpu_hours import GpuTime, job_gpu_time  # the GPU-hours estimate
+from dg_plugins.sweep.costs import GpuTime, job_gpu_time  # the GPU-hours estimate

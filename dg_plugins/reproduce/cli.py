@@ -21,14 +21,14 @@ from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.reproduce.plan import (CallCost, Plan, call_cost, check_extra, parse_test_env_sets,
                                        plan_setting, prerequisites, report_prerequisites)
-from dg_plugins.sweep import actions, checks, estimate
+from dg_plugins.sweep import actions, checks
+from dg_plugins.sweep import costs as estimate
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
-from dg_plugins.sweep.costs import (FORWARDS_DEFINITION, evaluation_share, forwards_text,
-                                    sum_forwards)
-from dg_plugins.sweep.gpu_hours import (gpu_hours_definition, gpu_hours_text, gpu_line,
-                                        missing_lines, sum_gpu)
-from dg_plugins.sweep.image_counts import EVAL_SPLITS, UsageError
+from dg_plugins.sweep.costs import (EVAL_SPLITS, FORWARDS_DEFINITION, UsageError,
+                                    evaluation_share, forwards_text, gpu_hours_definition,
+                                    gpu_hours_text, gpu_line, missing_lines, sum_forwards,
+                                    sum_gpu)
 from dg_plugins.sweep.plan import split_calls
 
 

@@ -23,7 +23,7 @@ from dg_plugins.sweep import checks
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
 from dg_plugins.sweep.costs import JobsCost, jobs_cost
-from dg_plugins.sweep.image_counts import UsageError, dataset_sizes, official_list_sizes
+from dg_plugins.sweep.costs import UsageError, dataset_sizes, official_list_sizes
 
 #: Sweep flags a setting's table owns (a changed value would run another protocol): the train
 #: flags the job contract marks so (:data:`dg_plugins.job.flags.FLAGS`), and the sweep's own

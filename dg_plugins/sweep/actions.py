@@ -14,12 +14,12 @@ from typing import Callable, Mapping, Sequence, Union
 from dg_plugins import runtime
 from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
-from dg_plugins.sweep import claims, slurm
-from dg_plugins.sweep.claims import sweep_dir_of
+from dg_plugins.sweep import submitit
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
-                                   SweepJob, launcher_note, python_executable, running_note,
-                                   select_jobs, slurm_note, summary_line)
+                                   LauncherClaim, SweepJob, held_folders, left_alone_notes,
+                                   python_executable, read_claims, select_jobs, summary_line,
+                                   sweep_dir_of, sweep_lock)
 from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
                                         error_excerpt, read_lines)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
@@ -44,7 +44,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     with contextlib.ExitStack() as stack:
         kept, others = [], []
         for sweep_dir, group in _by_sweep(order).items():
-            claim = stack.enter_context(claims.LauncherClaim(
+            claim = stack.enter_context(LauncherClaim(
                 sweep_dir, sweep_command(command_for(command_line, sweep_dir), "launch")))
             mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
                                       lambda job: job.state in wanted, _create_folder)
@@ -66,7 +66,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             if not err.remote:
                 unlaunch(order, err.not_started)
             raise
-        except slurm.SlurmError as err:  # refused at submission: no job was submitted
+        except submitit.SlurmError as err:  # refused at submission: no job was submitted
             unlaunch(order, commands)
             raise LaunchRefused([str(err)]) from None
     print(f"Launched {len(order)} jobs!")
@@ -105,9 +105,8 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     for sweep_dir, group in _by_sweep(jobs).items():
         if not os.path.isdir(sweep_dir):
             continue
-        with claims.sweep_lock(sweep_dir, exclusive=True):
-            held = claims.held_folders(claims.read_claims(sweep_dir, remove_stale=True),
-                                       sweep_dir)
+        with sweep_lock(sweep_dir, exclusive=True):
+            held = held_folders(read_claims(sweep_dir, remove_stale=True), sweep_dir)
             for job in group:
                 state = job.refresh_state(held)
                 why = {RUNNING: lambda: f"still running (pid {job.holder})",
@@ -273,40 +272,22 @@ def never_started(job: SweepJob) -> bool:
                    for name in (OUT_FILE, ERR_FILE, RESULTS_FILE, CHECKPOINT_FILE))
 
 
-def last_error_line(folder: str) -> str | None:
-    """The last of a job's err.txt lines that say what went wrong."""
-    lines = [line.strip() for line in read_lines(os.path.join(folder, ERR_FILE))]
-    return (error_excerpt(lines, len(lines)) or [None])[-1]
-
-
 def state_line(job: SweepJob) -> str:
     """What a job is doing, for ``status``."""
-    if job.state == DONE:
-        what = "done"
-    elif job.state == RUNNING:
-        what = f"running (pid {job.holder})"
-    elif job.state == IN_SLURM:
-        what = job.slurm.describe()
-    elif job.state == QUEUED:
-        what = f"queued by a live {job.launcher.describe()}"
-    elif job.state == INCOMPLETE:
+    what = {DONE: "done", NOT_LAUNCHED: "not launched", RUNNING: f"running (pid {job.holder})",
+            IN_SLURM: job.slurm and job.slurm.describe(),
+            QUEUED: job.launcher and f"queued by a live {job.launcher.describe()}"}.get(job.state)
+    if job.state == INCOMPLETE:
         ended = f" ({job.slurm.describe()})" if job.slurm is not None else ""
-        error = last_error_line(job.output_dir)
+        lines = [line.strip() for line in read_lines(os.path.join(job.output_dir, ERR_FILE))]
+        error = (error_excerpt(lines, len(lines)) or [None])[-1]  # the last that says what failed
         if never_started(job):
             what = f"never started{ended}"
         elif error and not error.startswith("stopped:"):
             what = f"failed{ended}: {error}"
         else:
             what = f"interrupted{ended}: continue with launch --resume"
-    else:
-        what = "not launched"
     return f"{what}: {job.describe()}"
-
-
-def status(jobs: Sequence[SweepJob]) -> int:
-    """Print each job's :func:`state_line` and the counts."""
-    print(*map(state_line, jobs), summary_line(jobs), sep="\n")
-    return 0
 
 
 def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
@@ -324,8 +305,8 @@ def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
     if not skip_confirmation and (code := refused_confirmation(input_fn)) is not None:
         return code
     try:
-        slurm.cancel(ids)
-    except slurm.SlurmError as err:
+        submitit.cancel(ids)
+    except submitit.SlurmError as err:
         print(f"error: scancel failed: {err}", file=sys.stderr)
         return 1
     print(f"Cancelled {len(ids)} Slurm job(s); their jobs stop at a checkpoint (Incomplete: "
@@ -341,8 +322,9 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
     """The flow after enumeration: print, select, check, confirm, act; the exit status."""
-    if action == "status":
-        return status(jobs)
+    if action == "status":  # each job's state_line and the counts
+        print(*map(state_line, jobs), summary_line(jobs), sep="\n")
+        return 0
     if action == "cancel":
         return cancel(jobs, skip_confirmation, input_fn, dry_run)
     print(*jobs, summary_line(jobs), sep="\n")
@@ -353,7 +335,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         n_resumed = sum(job.state == INCOMPLETE for job in selected)
         print(f"({n_resumed} of them are Incomplete and will run with --resume.)")
     notes = incomplete_note(jobs, command_line) if launching and not resume else []
-    notes += [*running_note(jobs, action), *launcher_note(jobs, action), *slurm_note(jobs, action)]
+    notes += left_alone_notes(jobs, action)
     for line in notes + (done_eval_splits_note(jobs) if launching else []):
         print(line)
     if dry_run:

@@ -11,7 +11,7 @@ from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError
 from dg_plugins.sweep.jobs import DONE, INCOMPLETE
 from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS, EVERY, NEVER, ROWS, names
-from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
+from dg_plugins.job.folder import CHECKPOINT_FILE
 from dg_plugins.job.records import last_record
 from dg_plugins.layouts import inside_dataset_folder
 
@@ -181,7 +181,7 @@ def weight_problems(jobs: Sequence) -> list[str]:
     from dg_plugins.registry import ALGORITHMS, DATASETS
 
     plugins.load()
-    problems, seen = [], {}
+    problems, seen = [], set()
     for job in candidates:
         a = job.train_args
         try:
@@ -203,12 +203,10 @@ def weight_problems(jobs: Sequence) -> list[str]:
                 error = probe_weights(lambda: cls(shape, n_classes, n_domains, hp))
         except Exception:  # noqa: BLE001  (not a weights question: the jobs will say)
             error = None
-        seen[key] = error
+        seen.add(key)
         if error is not None:
-            line = f"{a['algorithm']} on {a['dataset']}: {error}"
-            if line not in problems:
-                problems.append(line)
-    return problems
+            problems.append(f"{a['algorithm']} on {a['dataset']}: {error}")
+    return list(dict.fromkeys(problems))
 
 
 def alignment_problems(jobs: Sequence) -> list[str]:
@@ -222,19 +220,13 @@ def alignment_problems(jobs: Sequence) -> list[str]:
     from dg_plugins.alignment import provenance
 
     problems, tables = [], {}
-
-    def report(err: Exception) -> None:
-        line = " ".join(str(err).split())
-        if line not in problems:
-            problems.append(line)
-
     for scores, threshold, preset, model, pretrained in configs:
         if scores not in tables:
             try:
                 tables[scores] = alignment.read_scores(scores)
             except (ValueError, FileNotFoundError) as err:
                 tables[scores] = None  # unreadable: reported once
-                report(err)
+                problems.append(" ".join(str(err).split()))
         if tables[scores] is None:
             continue
         try:
@@ -242,8 +234,8 @@ def alignment_problems(jobs: Sequence) -> list[str]:
             if not tables[scores].fixed_subsets:
                 alignment.resolve_rule(threshold, preset)
         except ValueError as err:
-            report(err)
-    return problems
+            problems.append(" ".join(str(err).split()))
+    return list(dict.fromkeys(problems))
 
 
 def resume_problems(jobs: Sequence) -> list[str]:
@@ -277,17 +269,6 @@ def resume_problems(jobs: Sequence) -> list[str]:
     return problems
 
 
-def _first_record_args(folder: str) -> dict | None:
-    """The ``args`` of a job's first record (every record of a job holds the same), reading one
-    line only."""
-    try:
-        with open(os.path.join(folder, RESULTS_FILE), "rb") as f:
-            args = json.loads(f.readline()).get("args")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return args if isinstance(args, dict) else None
-
-
 def done_eval_splits_note(jobs: Sequence) -> list[str]:
     """For ``--eval_splits all``: which Done jobs evaluated only the selection splits."""
     default = EVAL_DEFAULTS["eval_splits"]
@@ -295,8 +276,9 @@ def done_eval_splits_note(jobs: Sequence) -> list[str]:
     for job in jobs:
         if job.state != DONE or job.command_args.get("eval_splits", default) != "all":
             continue
-        args = _first_record_args(job.output_dir)
-        if args is not None and args.get("eval_splits", default) != "all":
+        record = last_record(job.output_dir)  # every record of a job holds the same args
+        args = record.get("args") if isinstance(record, dict) else None
+        if isinstance(args, dict) and args.get("eval_splits", default) != "all":
             partial.append(job)
     if not partial:
         return []

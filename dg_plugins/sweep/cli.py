@@ -14,7 +14,7 @@ from dg_plugins.hparams import HparamError, parse_overrides
 from dg_plugins.plugins import PluginImportError
 from dg_plugins.registry import LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
-from dg_plugins.sweep import actions, checks, estimate, jobs
+from dg_plugins.sweep import actions, checks, jobs
 from dg_plugins.sweep.submitit import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_DELAY_S,
                                        SUBMITIT_CLUSTERS, SUBMITIT_ENV_VARS, SubmititOptions,
                                        parse_json_object)
@@ -152,36 +152,33 @@ def _launcher_names(name: str | None = None) -> list[str]:
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Reject bad combinations with a message naming the value and the fix (``parser.error``)."""
-    if args.n_hparams <= args.n_hparams_from:
-        parser.error(f"--n_hparams ({args.n_hparams}) must be greater than --n_hparams_from "
-                     f"({args.n_hparams_from}): hparams seeds run over "
-                     "range(n_hparams_from, n_hparams)")
-    if args.n_hparams_from < 0:
-        parser.error(f"--n_hparams_from must be >= 0, got {args.n_hparams_from}")
-    if args.n_trials < 1:
-        parser.error(f"--n_trials must be >= 1, got {args.n_trials}")
-    if args.task == "domain_adaptation" and not args.uda_holdout_fraction:
-        parser.error("--task domain_adaptation needs --uda_holdout_fraction > 0 (train has no "
-                     "unlabeled target data otherwise)")
-    if args.single_source and args.single_test_envs:
-        parser.error("--single_source and --single_test_envs are mutually exclusive")
-    if args.stop_grace_period is not None and not args.stop_grace_period >= 0:
-        parser.error(f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}")
-    if args.n_workers is not None and args.n_workers < 0:
-        parser.error(f"--n_workers must be >= 0, got {args.n_workers} (0: load in each job's "
-                     "process; leave it out for one worker per core)")
-    if args.jobs_per_gpu is not None:
-        if args.jobs_per_gpu < 1:
-            parser.error(f"--jobs_per_gpu must be >= 1, got {args.jobs_per_gpu}")
-        if args.command_launcher not in ("multi_gpu", "submitit"):
-            parser.error(f"--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher or "
-                         f"in the Slurm tasks of the submitit launcher; add --command_launcher "
-                         f"multi_gpu or submitit (got {args.command_launcher or 'no launcher'})")
-    if args.label_fractions is not None:
-        bad = [f for f in args.label_fractions if not 0 < f <= 1]
-        if bad or len(set(args.label_fractions)) != len(args.label_fractions):
-            parser.error(f"--label_fractions must be distinct values in (0, 1], got "
-                         f"{args.label_fractions}")
+    fractions, per_gpu = args.label_fractions, args.jobs_per_gpu
+    for bad, message in (  # the first that applies is the error
+        (args.n_hparams <= args.n_hparams_from, f"--n_hparams ({args.n_hparams}) must be greater "
+         f"than --n_hparams_from ({args.n_hparams_from}): hparams seeds run over "
+         "range(n_hparams_from, n_hparams)"),
+        (args.n_hparams_from < 0, f"--n_hparams_from must be >= 0, got {args.n_hparams_from}"),
+        (args.n_trials < 1, f"--n_trials must be >= 1, got {args.n_trials}"),
+        (args.task == "domain_adaptation" and not args.uda_holdout_fraction, "--task "
+         "domain_adaptation needs --uda_holdout_fraction > 0 (train has no unlabeled target "
+         "data otherwise)"),
+        (args.single_source and args.single_test_envs,
+         "--single_source and --single_test_envs are mutually exclusive"),
+        (args.stop_grace_period is not None and not args.stop_grace_period >= 0,
+         f"--stop_grace_period must be >= 0 seconds, got {args.stop_grace_period}"),
+        (args.n_workers is not None and args.n_workers < 0, f"--n_workers must be >= 0, got "
+         f"{args.n_workers} (0: load in each job's process; leave it out for one worker per "
+         "core)"),
+        (per_gpu is not None and per_gpu < 1, f"--jobs_per_gpu must be >= 1, got {per_gpu}"),
+        (per_gpu is not None and args.command_launcher not in ("multi_gpu", "submitit"),
+         "--jobs_per_gpu packs jobs on the GPUs of the multi_gpu launcher or in the Slurm tasks "
+         "of the submitit launcher; add --command_launcher multi_gpu or submitit (got "
+         f"{args.command_launcher or 'no launcher'})"),
+        (fractions is not None and (any(not 0 < f <= 1 for f in fractions)
+                                    or len(set(fractions)) != len(fractions)),
+         f"--label_fractions must be distinct values in (0, 1], got {fractions}")):
+        if bad:
+            parser.error(message)
     try:  # the train flags' ranges, as train checks them
         job_flags.check_ranges(args, args.label_fractions, "--label_fractions")
     except ValueError as err:
@@ -308,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
+    from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
+
     return actions.run_action(
         args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
         resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
         command_line=argv, check=checks.launch_problems,
-        estimate=lambda selected: estimate.print_estimate(selected, args.command_launcher))
+        estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))

@@ -1,8 +1,13 @@
-"""The ``submitit`` launcher: the commands as the tasks of a Slurm job array (each a ``TrainTask``
-of one or ``--jobs_per_gpu`` jobs) or of submitit's local/debug executor (docs/sweep.md)."""
+"""The ``submitit`` launcher: the commands as the tasks of a Slurm job array (each a
+:class:`TrainTask` of one or ``--jobs_per_gpu`` jobs) or of submitit's local/debug executor; what
+the sweep asks a Slurm cluster through its clients (the request checked before any job folder is
+made, the Slurm job that holds each job folder, cancelling); and what one array task runs: its
+train jobs with ``--resume``, Slurm's signals passed on, and a requeue at each time limit
+(submitit's checkpoint protocol) (docs/sweep.md, "Slurm")."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -10,15 +15,22 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
 
+from dg_plugins.files import atomic_write_text
+from dg_plugins.job.flags import parse_command
+from dg_plugins.job.folder import CHECKPOINT_FILE, DONE_FILE, is_done
+from dg_plugins.runtime import CORES_ENV, job_cores
+from dg_plugins.signals import SLURM_TASK_ENV as TASK_ENV
 from dg_plugins.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
                                 signal_name, stop_grace_period)
-from dg_plugins.job.flags import parse_command
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
-                                        command_output_dir, report_exit_codes,
-                                        report_interrupted)
+                                        _load_libc, command_output_dir, die_with_parent,
+                                        report_exit_codes, report_interrupted)
 
 SUBMITIT_CLUSTERS = ("slurm", "local", "debug")
 
@@ -63,8 +75,9 @@ def parse_json_object(text: str) -> dict:
     return value
 
 
-def options_from_env(environ=None) -> SubmititOptions:
-    """The fields set through ``DG_SLURM_*`` variables, parsed by the field's type."""
+def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
+    """What was set, highest first: ``overrides``, the ``DG_SLURM_*`` variables (parsed by the
+    field's type); the rest None."""
     environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
@@ -75,7 +88,7 @@ def options_from_env(environ=None) -> SubmititOptions:
                 values[f.name] = parsers.get(f.type.split(" ")[0], str)(environ[var])
             except ValueError as err:
                 raise ValueError(f"bad value for ${var}: {err}") from None
-    return SubmititOptions(**values)
+    return _over(SubmititOptions(**values), overrides)
 
 
 def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> SubmititOptions:
@@ -85,11 +98,6 @@ def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> Submitit
             f.name: getattr(layer, f.name) for f in dataclasses.fields(SubmititOptions)
             if layer is not None and getattr(layer, f.name) is not None})
     return options
-
-
-def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
-    """What was set, highest first: ``overrides``, the environment (the rest None)."""
-    return _over(SubmititOptions(), options_from_env(environ), overrides)
 
 
 def resolve_submitit_options(commands: Sequence[str] = (),
@@ -147,8 +155,6 @@ def launch_problem(options: SubmititOptions | None = None) -> str | None:
     if shutil.which("srun") is None:
         return ("no Slurm on this machine (srun is not on PATH); run the jobs here through "
                 "submitit with --slurm_cluster local, or use --command_launcher local")
-    from dg_plugins.sweep.slurm import SlurmError, check_request
-
     try:
         check_request(resolved, given_options(options))
     except SlurmError as err:
@@ -222,10 +228,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
 def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                     given: SubmititOptions) -> list:
     """The commands as ``TrainTask`` array tasks, each job folder recording its Slurm id."""
-    from dg_plugins.sweep import slurm
-    from dg_plugins.sweep.slurm_task import TrainTask
-
-    options, notes = slurm.check_request(options, given)
+    options, notes = check_request(options, given)
     for note in notes:
         print(note, flush=True)
     executor = make_executor(options)
@@ -239,11 +242,11 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
             jobs = [executor.submit(task) for task in tasks]
     except Exception as err:  # noqa: BLE001  (sbatch's refusal, in submitit's words)
         lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
-        raise slurm.SlurmError(f"Slurm refused the submission: "
+        raise SlurmError(f"Slurm refused the submission: "
                                f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
         for folder in filter(None, map(command_output_dir, task.argvs)):
-            slurm.record_job(folder, job.job_id, options.log_dir)
+            record_job(folder, job.job_id, options.log_dir)
     array_id = str(jobs[0].job_id).split("_")[0]
     per = f", {size} jobs per task" if size > 1 else ""
     print(f"submitit launcher: submitted {len(commands)} jobs to slurm as array {array_id} "
@@ -351,3 +354,326 @@ def submitit_launcher(commands: list[str], submitit: SubmititOptions | None = No
 def make_submitit_launcher(**options) -> Callable[[list], None]:
     """A launcher ``fn(commands)`` with its own submitit options (over the environment)."""
     return functools.partial(submitit_launcher, submitit=SubmititOptions(**options))
+
+
+#: A job folder's record of the Slurm job (array task) that holds it.
+SLURM_JOB_FILE = "slurm_job.json"
+#: squeue states in which Slurm still holds a job: it will run, runs, or is being requeued.
+HELD_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
+                         "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STAGE_OUT",
+                         "SIGNALING", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+CLIENT_TIMEOUT_S = 30
+
+
+class SlurmError(RuntimeError):
+    """A Slurm client failed or Slurm refused the request: one line naming it and the fix."""
+
+
+def run_client(argv: Sequence[str], timeout: float = CLIENT_TIMEOUT_S) -> str:
+    """The stdout of a Slurm client command; raises :class:`SlurmError` with its error line."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not on PATH (no Slurm clients on this machine)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv)} did not answer within {timeout:g} s") from None
+    if done.returncode != 0:
+        text = (done.stderr or done.stdout).strip().splitlines()
+        raise SlurmError(text[-1] if text else f"{argv[0]} exited with {done.returncode}")
+    return done.stdout
+
+
+def minutes(text: str) -> float | None:
+    """Minutes of a Slurm time (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``; None: unlimited)."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days, _, text = text.rpartition("-")
+    parts = [int(p) for p in text.split(":")]
+    hours, mins, secs = {1: [0, *parts, 0], 2: [0, *parts]}.get(len(parts), parts)
+    return int(days or 0) * 1440 + hours * 60 + mins + secs / 60
+
+
+def gpus_in(gres: str) -> int:
+    """GPUs in a node's GRES (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``; a list adds up)."""
+    total = 0
+    for entry in gres.split(","):
+        entry = entry.split("(")[0].strip()
+        if entry.startswith("gpu"):
+            count = entry.split(":")[-1]
+            total += int(count) if count.isdigit() else 1
+    return total
+
+
+@dataclass
+class Partition:
+    name: str
+    default: bool
+    max_minutes: float | None
+    nodes: list[dict] = field(default_factory=list)  # name, cpus, mem_gb, gpus
+
+    def most(self, key: str) -> float:
+        return max((node[key] for node in self.nodes), default=0)
+
+
+def partitions() -> dict[str, Partition]:
+    """Every partition, with its MaxTime and its nodes' CPUs, memory and GPUs."""
+    found: dict[str, Partition] = {}
+    for line in run_client(["scontrol", "show", "partition", "-o"]).splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" in fields:
+            name = fields["PartitionName"]
+            found[name] = Partition(name, fields.get("Default") == "YES",
+                                    minutes(fields.get("MaxTime", "UNLIMITED")))
+    for line in run_client(["sinfo", "-h", "-N", "-o", "%R|%N|%c|%m|%G"]).splitlines():
+        part, node, cpus, mem_mb, gres = (line.split("|") + [""] * 5)[:5]
+        if part in found:
+            found[part].nodes.append({"name": node, "cpus": int(cpus or 0),
+                                      "mem_gb": int(mem_mb or 0) / 1024,
+                                      "gpus": gpus_in(gres)})
+    return found
+
+
+def check_request(options, given) -> tuple[object, list[str]]:
+    """The options fitted to the partition and the lines saying so (or :class:`SlurmError`)."""
+    try:
+        answer = run_client(["scontrol", "ping"])
+    except SlurmError as err:
+        raise SlurmError(f"Slurm's controller does not answer ({err}); check that slurmctld "
+                         "runs and that SLURM_CONF names this cluster's slurm.conf") from None
+    if "UP" not in answer:
+        raise SlurmError(f"Slurm's controller is down ({answer.strip()}); ask the cluster's "
+                         "admins, or retry when it is up")
+    found = partitions()
+    notes = []
+    partition = (next((p for p in found.values() if p.default), None)
+                 if options.partition is None else found.get(options.partition))
+    if partition is None:
+        raise SlurmError(("this cluster has no default partition; pass --slurm_partition"
+                          if options.partition is None else f"--slurm_partition "
+                          f"{options.partition}: no such partition")
+                         + f" (partitions: {', '.join(found) or 'none'})")
+    where = f"partition {partition.name}"
+    limit = partition.max_minutes
+    time_min = options.time_min
+    if limit is not None and time_min > limit:
+        if given.time_min is not None:
+            raise SlurmError(f"--slurm_time {time_min} is over {where}'s MaxTime "
+                             f"({limit:g} min); pass --slurm_time {int(limit)} or less (a "
+                             "job longer than its allocation is requeued from its checkpoint)")
+        notes.append(f"submitit launcher: the default time limit ({time_min} min) is over "
+                     f"{where}'s MaxTime; each job asks for {int(limit)} min "
+                     "(--slurm_time sets it)")
+        time_min = int(limit)
+    gpus = options.gpus_per_node
+    most_gpus = int(partition.most("gpus"))
+    if gpus is None:
+        gpus = 1 if most_gpus else 0
+        if not most_gpus:
+            notes.append(f"submitit launcher: {where} has no GPUs; the jobs run on CPU "
+                         "(--slurm_gpus_per_node sets the GPUs per job)")
+    elif gpus > most_gpus:
+        have = f"at most {most_gpus} GPU(s) per node" if most_gpus else "no GPUs"
+        raise SlurmError(f"--slurm_gpus_per_node {gpus}: {where}'s nodes have {have}; pass "
+                         f"--slurm_gpus_per_node {most_gpus} or choose a GPU partition with "
+                         "--slurm_partition")
+    if options.cpus_per_task is not None and options.cpus_per_task > partition.most("cpus"):
+        raise SlurmError(f"--slurm_cpus_per_task {options.cpus_per_task}: {where}'s nodes have "
+                         f"at most {int(partition.most('cpus'))} CPUs; pass a smaller value")
+    if options.mem_gb is not None and options.mem_gb > partition.most("mem_gb"):
+        raise SlurmError(f"--slurm_mem_gb {options.mem_gb:g}: {where}'s nodes have at most "
+                         f"{partition.most('mem_gb'):.1f} GB; pass a smaller value")
+    delay = options.signal_delay_s
+    if delay * 2 > time_min * 60:
+        if given.signal_delay_s is not None:
+            raise SlurmError(f"--slurm_signal_delay {delay:g} s leaves too little of a "
+                             f"{time_min}-minute allocation (at most half of it); pass a "
+                             "smaller --slurm_signal_delay or a longer --slurm_time")
+        delay = max(5.0, time_min * 60 / 4)
+        notes.append(f"submitit launcher: the signal before the time limit comes {delay:g} s "
+                     f"before it in a {time_min}-minute allocation (--slurm_signal_delay sets "
+                     "it)")
+    return dataclasses.replace(options, partition=partition.name, time_min=time_min,
+                               gpus_per_node=gpus, signal_delay_s=delay), notes
+
+
+def record_job(folder: str, job_id: str, log_dir: str) -> None:
+    """Write ``folder``'s :data:`SLURM_JOB_FILE` (atomically)."""
+    atomic_write_text(os.path.join(folder, SLURM_JOB_FILE), json.dumps({
+        "job_id": str(job_id), "log_dir": os.path.abspath(log_dir),
+        "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}))
+
+
+def recorded_job(folder: str) -> dict | None:
+    """``folder``'s Slurm job record, or None."""
+    try:
+        with open(os.path.join(folder, SLURM_JOB_FILE)) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("job_id") else None
+
+
+@dataclass
+class SlurmState:
+    """A Slurm job's state as Slurm reports it (``held``: Slurm will still run it)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    held: bool = False
+
+    def describe(self) -> str:
+        reason = f", {self.reason}" if self.reason and self.reason != "None" else ""
+        return f"Slurm job {self.job_id}: {self.state.lower()}{reason}"
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
+    """Each id's state from ``squeue``, else ``sacct`` (:class:`SlurmError`: no answer)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    arrays = sorted({i.split("_")[0] for i in ids})
+    try:
+        out = run_client(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(arrays)])
+    except SlurmError as err:
+        if "Invalid job id" not in str(err):
+            raise
+        out = ""  # none of them is known to the controller any more
+    states = {}
+    for line in out.splitlines():
+        job_id, state, reason = (line.strip().split("|") + ["", ""])[:3]
+        if job_id in ids:
+            states[job_id] = SlurmState(job_id, state, reason, state in HELD_STATES)
+    ended = [i for i in ids if i not in states]
+    if ended:
+        try:
+            out = run_client(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j",
+                              ",".join(ended)])
+        except SlurmError:  # no accounting on this cluster
+            out = ""
+        for line in out.splitlines():
+            job_id, state = (line.strip().split("|") + [""])[:2]
+            if job_id in ended:
+                states[job_id] = SlurmState(job_id, state.split()[0] if state else "ENDED")
+    return states
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """``scancel`` the ids (array tasks ``123_4``)."""
+    ids = sorted(set(job_ids))
+    if ids:
+        run_client(["scancel", *ids])
+
+
+#: Allocations in a row that may end at a time limit before any job wrote a checkpoint.
+MAX_STALLS = 2
+#: Signals the task catches and passes on to its jobs as SIGTERM (USR2 is submitit's).
+PASSED_ON = (signal.SIGTERM, signal.SIGINT)
+
+
+def _child_setup() -> None:  # in the job's process, between fork and exec
+    die_with_parent(signal.SIGKILL)  # never outlive the task (it waits for its jobs)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the time-limit signal is the task's
+
+
+class TrainTask:
+    """One array task: ``argvs`` (train commands, ``--resume`` added) run at once in ``cwd``."""
+
+    def __init__(self, argvs: Sequence[Sequence[str]], cwd: str, grace_s: float,
+                 stalls: int = 0):
+        self.argvs = [list(a) + ([] if "--resume" in a else ["--resume"]) for a in argvs]
+        self.cwd = cwd
+        self.grace_s = grace_s
+        self.stalls = stalls  # allocations in a row that ended before a new checkpoint
+        self._procs: list[subprocess.Popen] = []
+        self._signum: int | None = None
+        self._started = 0.0
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _procs=[], _signum=None, _started=0.0)
+
+    @property
+    def folders(self) -> list[str]:
+        return [command_output_dir(a) or "" for a in self.argvs]
+
+    def __call__(self) -> str:
+        self._started = time.time()
+        for signum in PASSED_ON:
+            signal.signal(signum, self._on_stop_signal)
+        todo = [a for a in self.argvs if not is_done(command_output_dir(a) or "")]
+        cores, _ = job_cores()
+        env = dict(os.environ, **{TASK_ENV: "1",
+                                  CORES_ENV: str(max(1, cores // max(1, len(todo))))})
+        _load_libc()
+        for argv in todo:
+            if self._signum is not None:
+                break
+            print(f"dg_plugins task: starting {' '.join(argv)}", flush=True)
+            self._procs.append(subprocess.Popen(argv, cwd=self.cwd, env=env,
+                                                preexec_fn=_child_setup))
+        codes = self._wait()
+        if self._signum is not None:  # preempted or cancelled: the jobs stopped at a checkpoint
+            print(f"dg_plugins task: stopped by {signal.Signals(self._signum).name}; the jobs "
+                  "wrote their checkpoints (a requeued task resumes them)", flush=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + self._signum)  # no result: Slurm requeues or ends the job itself
+        failed = [(f, c) for f, c in zip([command_output_dir(a) for a in todo], codes) if c != 0]
+        if failed:
+            raise RuntimeError("; ".join(f"train exited with code {c}: {f} (see its err.txt)"
+                                         for f, c in failed))
+        return f"{len(todo)} job(s) done"
+
+    def _on_stop_signal(self, signum: int, frame=None) -> None:
+        if self._signum is None:
+            self._signum = signum
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def _wait(self, deadline: float | None = None) -> list[int]:
+        """Wait for the jobs (until ``deadline``, then SIGKILL); their exit codes."""
+        while any(p.poll() is None for p in self._procs):
+            if deadline is not None and time.monotonic() >= deadline:
+                for proc in self._procs:
+                    if proc.poll() is None:
+                        print(f"dg_plugins task: {command_output_dir(proc.args)} did not stop "
+                              f"within {self.grace_s:g} s; killed", flush=True)
+                        proc.kill()
+                deadline = None
+            time.sleep(0.2)
+        return [p.returncode for p in self._procs]
+
+    def progressed(self) -> bool:
+        """Whether a job wrote a checkpoint or finished during this allocation."""
+        for folder in self.folders:
+            for name in (CHECKPOINT_FILE, DONE_FILE):
+                with contextlib.suppress(OSError):
+                    if os.path.getmtime(os.path.join(folder, name)) >= self._started:
+                        return True
+        return False
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's time-limit hook: stop the jobs at a checkpoint; the task to requeue."""
+        self._signum = self._signum or signal.SIGUSR2
+        self._pass_on()
+        self._wait(time.monotonic() + self.grace_s)
+        stalls = 0 if self.progressed() else self.stalls + 1
+        if stalls >= MAX_STALLS:
+            print(f"dg_plugins task: {stalls} allocations in a row reached their time limit "
+                  "before any job wrote a checkpoint: the allocation is too short for a job's "
+                  "start-up and first step. Not requeued: raise --slurm_time (or lower "
+                  "--slurm_signal_delay), then relaunch with --resume.", flush=True)
+            return None
+        from submitit.helpers import DelayedSubmission
+
+        print("dg_plugins task: time limit: the jobs stopped at a checkpoint; requeued",
+              flush=True)
+        return DelayedSubmission(TrainTask(self.argvs, self.cwd, self.grace_s, stalls))

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 
-from dg_plugins.sweep.fork import _load_libc, die_with_parent
+from dg_plugins.sweep.processes import _load_libc, die_with_parent
 
 _load_libc()  # before any fork
 

@@ -16,7 +16,8 @@ import pytest
 
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.sweep import cli as sweep_cli
-from dg_plugins.sweep import fork, jobs, launchers, processes, submitit
+from dg_plugins.sweep import jobs, launchers, processes, submitit
+from dg_plugins.sweep import processes as fork
 from support.processes import as_from_a_terminal
 
 PY = shlex.quote(sys.executable)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dg_plugins.runtime import CORES_ENV
-from dg_plugins.sweep import packing
+from dg_plugins.sweep import launchers as packing
 from support.helpers import VOLATILE_KEYS, read_records
 from support.processes import command_env, run
 
@@ -164,7 +164,7 @@ def test_a_packed_job_is_forked_with_its_gpu_and_cores(tmp_path):
     import sys
 
     from dg_plugins.job.flags import TRAIN_MODULE
-    from dg_plugins.sweep.fork import ForkedJob
+    from dg_plugins.sweep.processes import ForkedJob
     from dg_plugins.sweep.processes import JobProcesses
     from support.image_tree import make_pacs_tree
 

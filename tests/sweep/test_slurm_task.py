@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from dg_plugins.sweep import slurm
-from dg_plugins.sweep.slurm_task import MAX_STALLS, TrainTask
+from dg_plugins.sweep import submitit as slurm
+from dg_plugins.sweep.submitit import MAX_STALLS, TrainTask
 
 SLEEPER = "import time; time.sleep(120)"
 

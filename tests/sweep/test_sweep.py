@@ -291,7 +291,7 @@ def test_cli_dry_run_creates_nothing(tmp_path, capsys):
 def no_estimate(monkeypatch):
     """The prompt without the cost estimate above it (its child process times training steps;
     tests/sweep/test_sweep_costs.py checks it, and test_cli_subprocess_prompt_no_torch runs it)."""
-    from dg_plugins.sweep import estimate
+    from dg_plugins.sweep import costs as estimate
 
     monkeypatch.setenv(estimate.TIMEOUT_ENV, "0")
 
@@ -520,7 +520,7 @@ def test_a_queue_of_sweeps_names_each_sweep_folders_own_command(tmp_path, capsys
     left gets its own delete_incomplete (or launch --resume) line, never "<your flags>"."""
     import signal
 
-    from dg_plugins.sweep import claims
+    from dg_plugins.sweep import jobs as claims
     from dg_plugins.sweep.processes import JobsFailed, LaunchInterrupted, command_output_dir
 
     argvs, queue = {}, []

@@ -13,7 +13,8 @@ import sys
 import textwrap
 import time
 
-from dg_plugins.sweep import actions, claims
+from dg_plugins.sweep import actions
+from dg_plugins.sweep import jobs as claims
 from dg_plugins.sweep import jobs as sweep_jobs
 from support.job_gate import gate_env, released
 from support.processes import command_env, finish, start, survivors
@@ -101,7 +102,8 @@ def test_a_claim_makes_its_folders_queued_until_released(tmp_path, capsys):
 
 HOLD_CLAIM = textwrap.dedent("""
     import os, sys, time
-    from dg_plugins.sweep import claims, jobs
+    from dg_plugins.sweep import jobs
+    from dg_plugins.sweep import jobs as claims
     out = sys.argv[1]
     args = jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 3, "builtin",
                                "domain_generalization", 0.2, False, None,

@@ -1,6 +1,6 @@
 """What a launch costs, stated before ``Are you sure? (y/n)`` and in ``--dry_run``: training
 steps, image forwards, the GPU time from the step times measured on an H200, and the time on this
-machine from a few steps timed in a child process (:mod:`dg_plugins.sweep.estimate`). The lines'
+machine from a few steps timed in a child process (:mod:`dg_plugins.sweep.costs`). The lines'
 form is checked, never the speed of the machine."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from support.image_tree import draw_image
 from support.processes import command_env
 
 from dg_plugins.sweep import cli as sweep_cli
-from dg_plugins.sweep import estimate
+from dg_plugins.sweep import costs as estimate
 
 #: The README's image-folder sweep ("Your own image folder"), as a user copies it.
 README_SWEEP = """python -m dg_plugins.scripts.sweep launch --datasets ImageFolder --data_dir TREE \\

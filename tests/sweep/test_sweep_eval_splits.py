@@ -148,7 +148,7 @@ def test_the_launchers_done_line_reads_a_selection_record():
     """A job's done line (the launcher's) gives the test environments' in-split accuracy and the
     sources' out-split accuracy from a record of either --eval_splits value: a selection record
     has no training-environment in-split, and its source validation is still printed."""
-    from dg_plugins.sweep.job_reports import accuracy_summary
+    from dg_plugins.sweep.progress import accuracy_summary
     from dg_plugins.job.selection import evaluated_splits
 
     accuracy = {"env0_in": 0.9, "env0_out": 0.8, "env1_in": 0.7, "env1_out": 0.6,

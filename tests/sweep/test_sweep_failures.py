@@ -539,7 +539,7 @@ def test_a_script_without_a_main_guard_can_drive_the_local_launcher(image_folder
 
 
 def test_only_dg_plugins_or_fileless_mains_are_forked(monkeypatch):
-    from dg_plugins.sweep import fork
+    from dg_plugins.sweep import processes as fork
 
     main = sys.modules["__main__"]
     for spec_name, file, safe in [("dg_plugins.scripts.sweep", "/x/sweep.py", True),

@@ -9,7 +9,7 @@ import pytest
 
 from dg_plugins.sweep import jobs as sweep_jobs
 from dg_plugins.sweep import plan, progress
-from dg_plugins.sweep.job_reports import JobOutputs
+from dg_plugins.sweep.progress import JobOutputs
 from dg_plugins.sweep.processes import ErrorLogs
 
 
