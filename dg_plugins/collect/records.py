@@ -304,8 +304,8 @@ def _job_folders(input_dir: str) -> list[str]:
 def job_progress(input_dir: str) -> JobProgress:
     """Count the job folders of ``input_dir`` and those done."""
     folders = _job_folders(input_dir)
-    not_done = [entry for entry in folders if not is_done(os.path.join(input_dir, entry))]
-    return JobProgress(len(folders), not_done)
+    return JobProgress(len(folders), [entry for entry in folders
+                                      if not is_done(os.path.join(input_dir, entry))])
 
 
 #: Why a job folder has no record in the tables (:func:`left_out_notes`), and what to do.
@@ -364,15 +364,11 @@ def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
 
 def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
     """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
-    if "nonfinite" not in records or records["nonfinite"].isna().all():
-        return {}
-    rows = np.flatnonzero(records["nonfinite"].map(lambda v: isinstance(v, tuple)).to_numpy())
     per_job: dict[str, dict[str, list]] = {}
-    for row in rows:
-        job = records["job"].iat[row]
-        if jobs is not None and job not in jobs:
+    for row, (job, found) in enumerate(zip(records["job"], records.get("nonfinite", ()))):
+        if not isinstance(found, tuple) or (jobs is not None and job not in jobs):
             continue
-        for key, value in records["nonfinite"].iat[row]:
+        for key, value in found:
             count = key.removesuffix("_acc") + "_count"
             if value == "NaN" and count in records and records[count].iat[row] == 0:
                 continue  # an empty subset
@@ -407,7 +403,6 @@ def _steps(steps: list) -> str:
     if len(steps) <= 3:
         return f"steps {', '.join(map(str, steps))}"
     return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
-
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dg_plugins.job.flags import ALIGNMENT_ARGS, COMPUTE_DEFAULTS, ROWS
 from dg_plugins.reference.papers import AVG, PaperEntry, PaperValue
 
 
-def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
                  hparams_table: bool = False, single_source: str = "auto",
                  ipoop: str = "both", papers: list[PaperEntry] = (),
                  all_columns: bool = True) -> Report:
@@ -31,17 +31,11 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:
         raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
-    methods = list(dict.fromkeys(methods))
-    frame = records.records if isinstance(records, GroupedRecords) else records
-    udg = is_udg(frame)
-    report = Report(len(frame), methods)
+    methods, udg = list(dict.fromkeys(methods)), is_udg(records)
+    report = Report(len(records), methods)
     if not udg.all():  # UDG records get their own tables only
-        standard = frame[~udg].reset_index(drop=True) if udg.any() else records
-        if ipoop != "in":
-            base = standard.records if isinstance(standard, GroupedRecords) else standard
-            pooled = add_pooled_subsets(base)
-            standard = standard if pooled is base else pooled
-        grouped = group_records(standard)
+        standard = records[~udg].reset_index(drop=True) if udg.any() else records
+        grouped = group_records(standard if ipoop == "in" else add_pooled_subsets(standard))
         runs = single_source_runs(grouped)
         report.sections += standard_sections(grouped, methods, ipoop)
         report.sections += single_source_sections(grouped, methods, single_source, runs)
@@ -50,11 +44,11 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         report.notes += missing_cell_notes(grouped, report.sections, all_columns, runs)
         report.notes += averages_notes(report.sections, all_columns)
     if udg.any():
-        report.sections += udg_sections(frame[udg].reset_index(drop=True), methods)
-    report.notes[:0] = [*mixed_settings_notes(frame, lambda d: environment_labels(frame, d)),
-                        *nonfinite_notes(frame)]
+        report.sections += udg_sections(records[udg].reset_index(drop=True), methods)
+    report.notes[:0] = [*mixed_settings_notes(records, lambda d: environment_labels(records, d)),
+                        *nonfinite_notes(records)]
     report.notes += add_paper_comparisons(report, list(papers))
-    report.notes += compute_notes(frame)
+    report.notes += compute_notes(records)
     return report
 
 
@@ -79,6 +73,15 @@ def _envs(labels: list[str], indexes) -> str:
     """``test environment A`` / ``test environments A, C``."""
     plural = "s" if len(indexes) > 1 else ""
     return f"test environment{plural} {_names(labels, indexes)}"
+
+
+def _rows_by(found: dict, rows: int, every: str, each: str, name=str) -> str:
+    """``found`` (key -> algorithms) as ``every`` (one key, for every one of ``rows`` rows) or
+    ``<algorithms> <each>`` per key, ``name`` spelling the key."""
+    if len(found) == 1 and len(next(iter(found.values()))) == rows:
+        return every.format(name(next(iter(found))))
+    return "; ".join(f"{_listing(algorithms)} {each.format(name(key))}"
+                     for key, algorithms in found.items())
 
 
 def _section_name(section: Section) -> tuple[str, str]:
@@ -112,9 +115,9 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
     single-source runs (:func:`single_source_runs`)."""
     scored = [s for s in sections if s.test_key not in (SINGLE_SOURCE_KEY, UDG_KEY)]
     ran: dict[tuple, set] = {}  # (dataset, algorithm) -> its single test environments
-    for info in [s.selection.scored for s in scored][:1]:
-        for dataset, algorithm, env in zip(info["dataset"], info["algorithm"], info["test_env"]):
-            ran.setdefault((dataset, algorithm), set()).add(int(env))
+    for dataset, algorithm, env in scored[0].selection.scored[
+            ["dataset", "algorithm", "test_env"]].itertuples(index=False) if scored else ():
+        ran.setdefault((dataset, algorithm), set()).add(int(env))
     present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
     runs = single_source_runs(grouped) if runs is None else runs
     single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
@@ -139,11 +142,8 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
                 if missing & have:
                     cells_of.setdefault(frozenset(missing & have), []).append(algorithm)
             if cells_of:
-                if len(cells_of) == 1 and len(next(iter(cells_of.values()))) == len(table.rows):
-                    cells = f"every algorithm at {_names(labels, next(iter(cells_of)))}"
-                else:
-                    cells = "; ".join(f"{_listing(algorithms)} at {_names(labels, envs)}"
-                                      for envs, algorithms in cells_of.items())
+                cells = _rows_by(cells_of, len(table.rows), "every algorithm at {}", "at {}",
+                                 lambda envs: _names(labels, envs))
                 reason, detail = _unscored_reason(grouped, section, table.dataset)
                 unscored.setdefault((table.dataset, reason, cells), []).append(
                     (_section_name(section), detail))
@@ -204,7 +204,7 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
     """Averages cells over other test environments than their dataset's columns or another
     row's, one note per dataset and pattern."""
     bodies: dict[str, list[str]] = {}
-    every = []
+    every = []  # the sections with an Averages table
     for section in sections:
         labels_of = {t.dataset: t.keys[:-1] for t in section.tables if t.dataset is not None}
         for table in section.tables:
@@ -220,28 +220,20 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                     if not trials:
                         continue
                     sets = sorted(set(trials.values()))
-                    if len(sets) == 1:
-                        described[algorithm] = _names(labels, sets[0])
-                        continue
-                    parts = []
-                    for envs in sets:
-                        seeds = sorted(t for t, e in trials.items() if e == envs)
-                        parts.append((seeds, f"{_names(labels, envs)} (trial "
-                                             f"{', '.join(map(str, seeds))})"))
-                    described[algorithm] = " and ".join(text for _, text in sorted(parts))
+                    seeds = [sorted(t for t, e in trials.items() if e == envs) for envs in sets]
+                    described[algorithm] = _names(labels, sets[0]) if len(sets) == 1 else (
+                        " and ".join(text for _, text in sorted(
+                            (trial, f"{_names(labels, envs)} (trial {', '.join(map(str, trial))})")
+                            for envs, trial in zip(sets, seeds))))
                 whole = _names(labels, full)
                 if all(text == whole for text in described.values()):
                     continue
                 groups: dict[str, list[str]] = {}
                 for algorithm, text in described.items():
                     groups.setdefault(text, []).append(algorithm)
-                if len(groups) == 1 and len(described) == len(table.rows):
-                    here = f"{next(iter(groups))} for every row"
-                else:
-                    here = "; ".join(f"{_listing(algorithms)} over {text}"
-                                     for text, algorithms in groups.items())
                 body = (f"Averages table, {dataset} column: each trial is averaged over the test "
-                        f"environments it has (DomainBed's rule), here {here}")
+                        f"environments it has (DomainBed's rule), here "
+                        f"{_rows_by(groups, len(table.rows), '{} for every row', 'over {}')}")
                 if len(groups) > 1:
                     body += ": these rows average different domains"
                 elif described and all_columns:
@@ -319,8 +311,7 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     notes = []
     for (dataset, algorithm), found in units.items():
         values = [dict(settings) for _, _, settings in found]
-        names = [name for name in SETTING_ARGS if any(name in settings for settings in values)]
-        varying = [name for name in names if len({v.get(name) for v in values}) > 1]
+        varying = [name for name in SETTING_ARGS if len({v.get(name) for v in values}) > 1]
         if not varying:
             continue
         cells: dict[tuple, dict[tuple, set]] = {}  # test_envs -> varying values -> jobs
@@ -418,13 +409,11 @@ def add_paper_comparisons(report: Report, entries: list[PaperEntry]) -> list[str
     each entry that matches none, saying which tables it needs."""
     notes = []
     for entry in entries:
-        matched = False
-        for section in report.sections:
-            for table in section.tables:
-                if paper_matches(entry, section, table):
-                    table.comparisons.append(paper_comparison(entry, table))
-                    matched = True
-        if not matched:
+        matches = [table for section in report.sections for table in section.tables
+                   if paper_matches(entry, section, table)]
+        for table in matches:
+            table.comparisons.append(paper_comparison(entry, table))
+        if not matches:
             where = {"multi_source": "multi-source", "single_source": "single-source",
                      "udg": "UDG", "ipoop": "IP/OOP"}[entry.setting]
             needs = [f"{where} tables of {', '.join(entry.datasets)}"]
