@@ -267,12 +267,11 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
             "Reduced precision and non-deterministic kernels change accuracies by rounding."]
 
 
-def _setting(name: str, value) -> str:
-    """A setting as train's flag spells it; ``no --steps`` for a default of None."""
-    if value is None:
-        default = ROWS[name].default
-        return f"no --{name}" if default is None else _flag(name, default)
-    return _flag(name, f"'{value}'" if name == "hparams" else value)
+def _settings_text(names, values) -> str:
+    """Settings as train's flags spell them; ``no --steps`` for a default of None."""
+    return " ".join(_flag(name, f"'{value}'" if name == "hparams" else value)
+                    if value is not None else f"no --{name}" if ROWS[name].default is None
+                    else _flag(name, ROWS[name].default) for name, value in zip(names, values))
 
 
 def _order(values: tuple) -> tuple:
@@ -315,21 +314,16 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
         if not varying:
             continue
         cells: dict[tuple, dict[tuple, set]] = {}  # test_envs -> varying values -> jobs
-        for job, envs, settings in found:
-            settings = dict(settings)
+        for (job, envs, _), settings in zip(found, values):
             combo = tuple(settings.get(name) for name in varying)
             cells.setdefault(envs, {}).setdefault(combo, set()).add(job)
-
-        def text(combo: tuple) -> str:
-            return " ".join(_setting(name, value) for name, value in zip(varying, combo))
-
         labels = labels_of(dataset)
         mixed = {envs: combos for envs, combos in cells.items() if len(combos) > 1}
         if mixed:
             parts = []
             for envs in sorted(mixed, key=lambda e: (len(e), e)):
                 counts = ", ".join(
-                    f"{text(combo)} ({len(jobs)} job{'s' * (len(jobs) != 1)})"
+                    f"{_settings_text(varying, combo)} ({len(jobs)} job{'s' * (len(jobs) != 1)})"
                     for combo, jobs in sorted(mixed[envs].items(), key=lambda c: _order(c[0])))
                 parts.append(f"{_envs(labels, envs)}: {counts}")
             cell = "a cell mixes" if len(mixed) == 1 else f"{len(mixed)} cells mix"
@@ -346,8 +340,8 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
             where.setdefault(tuple(next(iter(combos))[i] for i in kept), []).append(envs)
         if len(where) < 2:
             continue
-        parts = [" ".join(_setting(varying[i], value) for i, value in zip(kept, combo))
-                 + f" at {_runs(labels, where[combo])}" for combo in sorted(where, key=_order)]
+        parts = [f"{_settings_text([varying[i] for i in kept], combo)} at "
+                 f"{_runs(labels, where[combo])}" for combo in sorted(where, key=_order)]
         notes.append(f"{dataset}, {algorithm}: its test environments ran with different "
                      "settings, which the tables combine (the Avg column, the Averages table, "
                      f"leave-one-domain-out's runs on pairs): {'; '.join(parts)}.")
