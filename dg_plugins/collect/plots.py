@@ -75,8 +75,7 @@ def figure_name(section: Section, table: Table) -> str:
     else:
         where = _safe(table.dataset)
     key = section.test_key  # env{t}_in_ip_acc -> _in_ip
-    suffix = "" if key in KINDS else "_" + _safe(
-        key.replace("env{t}_", "").removesuffix("_acc"))
+    suffix = "" if key in KINDS else "_" + _safe(key.replace("env{t}_", "").removesuffix("_acc"))
     return f"{where}_accuracy_{_safe(section.method.key)}{suffix}.png"
 
 
@@ -139,13 +138,9 @@ def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
         return {}
     column = averages.keys.index(table.dataset)
     every = tuple(range(len(table.keys) - 1))
-    found = {}
-    for algorithm, cells in averages.rows.items():
-        trials = averages.coverage.get((algorithm, table.dataset), {})
-        if (algorithm in table.rows and trials and all(e == every for e in trials.values())
-                and cells[column].err is not None):
-            found[algorithm] = cells[column]
-    return found
+    return {algorithm: cells[column] for algorithm, cells in averages.rows.items()
+            if algorithm in table.rows and cells[column].err is not None
+            and set(averages.coverage.get((algorithm, table.dataset), {}).values()) == {every}}
 
 
 def accuracy_figure(section: Section, table: Table, chance: float | dict | None = None,
@@ -507,7 +502,6 @@ def write_figures(records: pd.DataFrame, report: Report, out_dir: str) -> list[s
             n += 1
             name = f"{stem}-{n}{ext}"
         taken.add(name)
-        path = os.path.join(out_dir, name)
-        save_png(figure, path)
-        paths.append(path)
+        paths.append(os.path.join(out_dir, name))
+        save_png(figure, paths[-1])
     return paths

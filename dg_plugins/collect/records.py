@@ -163,15 +163,10 @@ def _settings(args: dict) -> tuple:
                 value = json.loads(value)
             except ValueError:
                 pass
-        if name == "hparams" and isinstance(value, dict):
-            value = json.dumps(value, sort_keys=True) if value else None
-        if value is None or value == ROWS[name].default:
+        if value is None or value == ROWS[name].default or (name == "hparams" and value == {}):
             continue
-        if isinstance(value, list):
-            value = tuple(value)
-        elif isinstance(value, dict):
-            value = json.dumps(value, sort_keys=True)
-        found.append((name, value))
+        found.append((name, tuple(value) if isinstance(value, list) else
+                      json.dumps(value, sort_keys=True) if isinstance(value, dict) else value))
     return tuple(found)
 
 

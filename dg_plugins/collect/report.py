@@ -11,8 +11,8 @@ import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets
 from dg_plugins.collect.records import SETTING_ARGS, nonfinite_notes
-from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
-                                         select)
+from dg_plugins.collect.selection import (LOO, TEST_KEY, GroupedRecords, SelectionMethod,
+                                          group_records, select)
 from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, single_source_runs,
                                               single_source_sections)
 from dg_plugins.collect.tables import (PaperComparison, Report, Section, Table,
@@ -54,8 +54,6 @@ def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
 
 # --------------------------------------------------------------------------------------------------
 # Notes on the tables
-
-LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 
 
 def _names(labels: list[str], indexes) -> str:
@@ -168,7 +166,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
     every = [_section_name(s) for s in scored]
     for (dataset, reason, cells), found in unscored.items():
         names = [name for name, _ in found]
-        if reason == LOO_KEY:
+        if reason == LOO.key:  # leave-one-domain-out's X cells get their own note
             why = ("leave-one-domain-out scores test environment t with the runs tested on "
                    "[t, j], for every other environment j, at the same hparams and steps, and the "
                    "sweep has none (sweep launches them unless --single_test_envs or "
@@ -184,8 +182,8 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
 def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tuple[str, str]:
     """Why ``section`` cannot score runs that exist on ``dataset``: leave-one-domain-out's pair
     runs missing, or no test key, or NaN as test key in the records it chose."""
-    if section.method.key == LOO_KEY:
-        return LOO_KEY, ""
+    if section.method.key == LOO.key:
+        return LOO.key, ""
     key, records, nan = section.test_key.format(t="<t>"), grouped.records, []
     if "nonfinite" in records and not records["nonfinite"].isna().all():
         chosen = select(grouped, section.method, section.test_key)
