@@ -69,8 +69,7 @@ def _listing(items: list[str], limit: int = 8) -> str:
 
 def _envs(labels: list[str], indexes) -> str:
     """``test environment A`` / ``test environments A, C``."""
-    plural = "s" if len(indexes) > 1 else ""
-    return f"test environment{plural} {_names(labels, indexes)}"
+    return f"test environment{'s' * (len(indexes) > 1)} {_names(labels, indexes)}"
 
 
 def _rows_by(found: dict, rows: int, every: str, each: str, name=str) -> str:
