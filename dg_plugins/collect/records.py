@@ -379,12 +379,10 @@ def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
     notes = []
     for job, found in list(per_job.items())[:limit]:
         parts = [f"{what} at {steps}" for what, steps in found.items()]
-        meaning = []
-        if any(ACC_KEY.search(what) for what in found):
-            meaning.append("a NaN accuracy counts as missing in the tables and figures")
-        if not all(ACC_KEY.search(what) for what in found):
-            meaning.append("a non-finite loss means the run diverged; its accuracies still "
-                           "count, as in DomainBed")
+        accs = [bool(ACC_KEY.search(what)) for what in found]
+        meaning = ["a NaN accuracy counts as missing in the tables and figures"] * any(accs) + [
+            "a non-finite loss means the run diverged; its accuracies still count, as in "
+            "DomainBed"] * (not all(accs))
         notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
     if len(per_job) > limit:
         notes.append(f"{len(per_job) - limit} more jobs have NaN or infinite values.")

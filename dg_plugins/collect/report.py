@@ -252,15 +252,13 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
     counts = Counter([s if isinstance(s, tuple) else () for s in runs.values()])  # NaN: defaults
     if set(counts) == {()}:
         return []
-    total, parts = len(runs), []
-    for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        if settings:
-            flags = " ".join(_flag(name, value) for name, value in settings)
-            parts.append(f"{count} used {flags}")
+    parts = [f"{count} used {' '.join(_flag(name, value) for name, value in settings)}"
+             for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+             if settings]
     if () in counts:
         defaults = ", ".join(_flag(name, value) for name, value in COMPUTE_DEFAULTS.items())
         parts.append(f"{counts[()]} the defaults ({defaults})")
-    return [f"Compute settings: of the {total} runs (job folders) read, {'; '.join(parts)}. "
+    return [f"Compute settings: of the {len(runs)} runs (job folders) read, {'; '.join(parts)}. "
             "Reduced precision and non-deterministic kernels change accuracies by rounding."]
 
 

@@ -228,14 +228,13 @@ def leave_out_unrun(report: Report) -> Report:
 def _without_unrun(table: Table) -> Table:
     if not table.not_run:
         return table
-    keys = table.keys
-    keep = [i for i, key in enumerate(keys) if key not in table.not_run and key != "Avg"]
+    keep = [i for i, key in enumerate(table.keys) if key not in table.not_run and key != "Avg"]
     what = "test environment" if table.dataset is not None else "dataset"
-    plural = "s" if len(table.not_run) > 1 else ""
-    avg = " and Avg (it needs every one)" if "Avg" in keys and keep else ""
+    avg = " and Avg (it needs every one)" if "Avg" in table.keys and keep else ""
     if keep:
         why = "not run" if table.dataset is not None else "no single-test-environment run"
-        line = f"left out: {what}{plural} {_names(table.not_run)} ({why}){avg}"
+        line = (f"left out: {what}{'s' * (len(table.not_run) > 1)} {_names(table.not_run)} "
+                f"({why}){avg}")
     elif table.dataset is not None:
         line = f"no column: no run of {table.dataset} has a single test environment"
     else:
