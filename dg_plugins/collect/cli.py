@@ -101,14 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     known = reference.keys()
     for key in [key for key in args.paper if key not in known]:
         parser.error(f"--paper: {reference.unknown_key_message(key, known)}")
-    if args.paper and args.learning_check:
-        parser.error("--paper compares the result tables, which --learning_check does not print; "
-                     "drop one of them")
+    for flag, given, does in (("--paper", args.paper, "compares"),
+                              ("--plot", args.plot is not None, "draws")):
+        if given and args.learning_check:
+            parser.error(f"{flag} {does} the result tables, which --learning_check does not "
+                         "print; drop one of them")
     args.paper = list(dict.fromkeys(args.paper))
     if args.plot is not None:
-        if args.learning_check:
-            parser.error("--plot draws the result tables, which --learning_check does not "
-                         "print; drop one of them")
         if os.path.exists(args.plot) and not os.path.isdir(args.plot):
             parser.error(f"--plot {args.plot!r} is a file; give a folder for the figures")
         try:
@@ -133,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     records = load_records(args.input_dir)
     progress, left_out = folder_notes(args.input_dir, set(records["job"]))
     if not len(records):
-        for note in left_out:
-            print(f"note: {note}", file=sys.stderr)
+        sys.stderr.write("".join(f"note: {note}\n" for note in left_out))
         print(f"error: no records in {args.input_dir!r}: expected "
               f"{os.path.join(args.input_dir, '<job>', 'results.jsonl')} files (one folder level)",
               file=sys.stderr)
@@ -142,31 +140,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.learning_check:
         running = {job for job in set(records["job"])
                    if not is_done(os.path.join(args.input_dir, job))}
-        sys.stdout.write(learning.render(learning.learning_rows(
-            records, catalog.DATASET_CLASSES, running=running)))
-        for note in [*left_out, *nonfinite_notes(records)]:
-            print(f"note: {note}", file=sys.stderr)
+        sys.stdout.write(learning.render(learning.learning_rows(records, catalog.DATASET_CLASSES,
+                                                                running=running)))
+        left_out += nonfinite_notes(records)
+        sys.stderr.write("".join(f"note: {note}\n" for note in left_out))
         return 0
     every_column = args.all_columns or args.format == "csv"
     report = build_report(records, [METHODS[key] for key in args.selection],
-                          hparams_table=args.hparams_table,
-                          single_source=args.single_source, ipoop=args.ipoop,
-                          papers=[reference.get(key) for key in args.paper],
+                          hparams_table=args.hparams_table, single_source=args.single_source,
+                          ipoop=args.ipoop, papers=[reference.get(key) for key in args.paper],
                           all_columns=every_column)
     shown = report if args.all_columns else leave_out_unrun(report)
     text = table_formats.render(report if every_column else shown, args.format)
     sys.stdout.write(text)
     sys.stdout.flush()
-    for note in [*progress, *left_out, *report.notes]:
-        print(f"note: {note}", file=sys.stderr)
+    sys.stderr.write("".join(f"note: {note}\n" for note in [*progress, *left_out, *report.notes]))
     if not args.no_save:
         _write(os.path.join(args.input_dir, table_formats.RESULTS_FILES[args.format]), text)
         if report.hparams is not None:
             _write(os.path.join(args.input_dir, table_formats.HPARAMS_FILE),
                    table_formats.hparams_csv(report))
-    if args.plot is not None:
-        return _plot(records, shown, args)
-    return 0
+    return 0 if args.plot is None else _plot(records, shown, args)
 
 
 def _plot(records, report: Report, args: argparse.Namespace) -> int:
@@ -178,8 +172,7 @@ def _plot(records, report: Report, args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"error: could not write the figures into {args.plot!r}: {error}", file=sys.stderr)
         return 1
-    for path in paths:
-        print(f"figure: {path}", file=sys.stderr)
+    sys.stderr.write("".join(f"figure: {path}\n" for path in paths))
     if not args.paper:
         matching = matching_keys(report, reference.load().values())
         if matching:

@@ -179,12 +179,9 @@ def _render_markdown(report: Report) -> str:
 
 def _render_csv(report: Report) -> str:
     """:func:`tidy_cells` as CSV, then the selected hparams as a second CSV after an empty line."""
-    cells = tidy_cells(report)
-    cells["n"] = cells["n"].astype("Int64")
-    text = cells.to_csv(index=False, lineterminator="\n", float_format="%.10g")
-    if report.hparams is not None:
-        text += "\n" + hparams_csv(report)
-    return text
+    text = tidy_cells(report).astype({"n": "Int64"}).to_csv(index=False, lineterminator="\n",
+                                                             float_format="%.10g")
+    return text + ("" if report.hparams is None else "\n" + hparams_csv(report))
 
 
 _RENDERERS = {"text": _render_text, "latex": _render_latex, "markdown": _render_markdown,
@@ -195,11 +192,10 @@ def tidy_cells(report: Report) -> pd.DataFrame:
     """Every cell of every table (and of the paper comparisons), one tidy row each."""
     rows = []
     compared = any(table.comparisons for section in report.sections for table in section.tables)
+    extra = ("measured", "") if compared else ()
     for section in report.sections:
-        method = section.method
-        head = (method.key, method.name, section.test_key)
+        head = (section.method.key, section.method.name, section.test_key)
         for table in section.tables:
-            extra = ("measured", "") if compared else ()
             for (algorithm, cells), texts in zip(table.rows.items(), table.text_rows()):
                 for column, cell, text in zip(table.col_labels, cells, texts[1:]):
                     rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,

@@ -15,24 +15,20 @@ def learning_rows(records: pd.DataFrame, num_classes: dict[str, int],
                   margin: float = MARGIN, running: set[str] | frozenset = frozenset()
                   ) -> pd.DataFrame:
     """One row per job: steps, accuracies, chance, ``learns``, ``running``; ``attrs['margin']``."""
-    source = acc_matrix(records, "env{t}_out_acc")
-    target = acc_matrix(records, "env{t}_in_acc")
-    recorded = (records["num_classes"].to_numpy(dtype=float) if "num_classes" in records.columns
-                else np.full(len(records), np.nan))
+    source, target = (acc_matrix(records, f"env{{t}}_{split}_acc") for split in ("out", "in"))
+    recorded = records.get("num_classes", pd.Series(np.nan, records.index)).to_numpy(dtype=float)
     rows = []
     for job, index in records.groupby("job", sort=True).indices.items():
         steps = records["step"].to_numpy()[index]
         first, last = index[np.argmin(steps)], index[np.argmax(steps)]
         tests = [int(t) for t in records["args.test_envs"].iloc[first]]
-        envs = np.arange(source.shape[1])
-        train_envs = [i for i in envs if i not in tests and not np.isnan(source[first, i])]
+        train_envs = [i for i in range(source.shape[1])
+                      if i not in tests and not np.isnan(source[first, i])]
         dataset = records["args.dataset"].iloc[first]
         own = recorded[index][~np.isnan(recorded[index])]
-        if len(own) and own[-1] > 0:  # the job's latest record that says
-            classes, chance_from = float(own[-1]), "record"
-        else:
-            classes = num_classes.get(dataset)
-            chance_from = "catalogue" if classes else ""
+        recorded_here = bool(len(own) and own[-1] > 0)  # the job's latest record that says
+        classes = float(own[-1]) if recorded_here else num_classes.get(dataset)
+        chance_from = "record" if recorded_here else "catalogue" if classes else ""
         chance = 1.0 / classes if classes else np.nan
         fraction = records["args.label_fraction"].iloc[first]
 

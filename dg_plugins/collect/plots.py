@@ -31,7 +31,12 @@ POINT_COLUMNS = ["method", "dataset", "algorithm", "panel", "order", "trial_seed
                  "signal", "target", "job"]
 SELECTED_COLUMNS = ["method", "dataset", "algorithm", "panel", "trial_seed", "step", "score",
                     "target"]
-CURVE_KINDS = {TEST_KEY: "", SINGLE_SOURCE_KEY: "_single_source", UDG_KEY: "_udg"}
+#: Per kind of run: the curves' file name suffix, what their title adds, the bars' x label.
+KINDS = {TEST_KEY: ("", "", "test domain"),
+         SINGLE_SOURCE_KEY: ("_single_source", ", single-source runs (target: mean over the "
+                             "targets)", "target domain (the source's bar: its validation "
+                             "accuracy)"),
+         UDG_KEY: ("_udg", ", UDG runs (target: mean over the targets)", "target domain")}
 #: What each method selects with, per kind of run (the curve drawn beside the target's).
 SIGNALS = {
     (TEST_KEY, "iid"): "source validation (mean out-split of the training domains)",
@@ -70,8 +75,7 @@ def figure_name(section: Section, table: Table) -> str:
     else:
         where = _safe(table.dataset)
     key = section.test_key  # env{t}_in_ip_acc -> _in_ip
-    suffix = "" if key in CURVE_KINDS else "_" + _safe(
-        key.replace("env{t}_", "").removesuffix("_acc"))
+    suffix = "" if key in KINDS else "_" + _safe(key.replace("env{t}_", "").removesuffix("_acc"))
     return f"{where}_accuracy_{_safe(section.method.key)}{suffix}.png"
 
 
@@ -85,16 +89,13 @@ def _new_figure(width: float, height: float):
     return figure
 
 
-def _wrap(text: str, width: float, fontsize: float = SMALL) -> str:
-    """``text`` broken into lines that fit ``width`` inches at ``fontsize``."""
+def _wrap(text: str, width: float, fontsize: float = SMALL) -> tuple[str, int]:
+    """``text`` broken into lines that fit ``width`` inches at ``fontsize``, and their count."""
     characters = width * 72 / (0.52 * fontsize)
-    return "\n".join(textwrap.fill(part, max(20, int(characters * 0.92)),
+    text = "\n".join(textwrap.fill(part, max(20, int(characters * 0.92)),
                                    break_on_hyphens=False, break_long_words=False)
                      for part in text.split("\n"))
-
-
-def _lines(text: str) -> int:
-    return text.count("\n") + 1 if text else 0
+    return text, text.count("\n") + 1 if text else 0
 
 
 def cell_label(cell: Cell) -> str:
@@ -112,13 +113,10 @@ def chance_levels(records: pd.DataFrame) -> dict:
     """dataset -> 1 / classes (the records' ``num_classes``, else the catalogue's), where known."""
     chance = {}
     for dataset in dict.fromkeys(records["args.dataset"]):
-        classes = None
-        if "num_classes" in records:
-            own = records.loc[records["args.dataset"] == dataset, "num_classes"].dropna()
-            own = own[own > 0]
-            if len(own):
-                classes = float(own.mode().iloc[0])
-        classes = classes or catalog.DATASET_CLASSES.get(dataset)
+        own = records.loc[records["args.dataset"] == dataset].get("num_classes", pd.Series())
+        own = own[own > 0]  # NaN: not recorded
+        classes = (float(own.mode().iloc[0]) if len(own) else None
+                   ) or catalog.DATASET_CLASSES.get(dataset)
         if classes:
             chance[dataset] = 1.0 / classes
     return chance
@@ -140,13 +138,9 @@ def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
         return {}
     column = averages.keys.index(table.dataset)
     every = tuple(range(len(table.keys) - 1))
-    found = {}
-    for algorithm, cells in averages.rows.items():
-        trials = averages.coverage.get((algorithm, table.dataset), {})
-        if (algorithm in table.rows and trials and all(e == every for e in trials.values())
-                and cells[column].err is not None):
-            found[algorithm] = cells[column]
-    return found
+    return {algorithm: cells[column] for algorithm, cells in averages.rows.items()
+            if algorithm in table.rows and cells[column].err is not None
+            and set(averages.coverage.get((algorithm, table.dataset), {}).values()) == {every}}
 
 
 def accuracy_figure(section: Section, table: Table, chance: float | dict | None = None,
@@ -174,9 +168,9 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
     notes += list(left_out)
     if chance:
         notes.append("Dashed: chance (1 / classes).")
-    caption = _wrap(" ".join(notes), figure_width - 0.2)
-    title = _wrap(table.header, figure_width - 0.4, NORMAL + 1)
-    height = 3.6 + 0.17 * (_lines(caption) + _lines(title))
+    caption, caption_lines = _wrap(" ".join(notes), figure_width - 0.2)
+    title, title_lines = _wrap(table.header, figure_width - 0.4, NORMAL + 1)
+    height = 3.6 + 0.17 * (caption_lines + title_lines)
     figure = _new_figure(figure_width, height)
     ax = figure.subplots()
     positions = {}
@@ -208,8 +202,7 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
             y = low - 1.0 if inside else cells[i].mean + error_of.get(i, 0.0) + 1.0
             top = max(top, y + 9)
             ax.text(xs[i], y, f"n={cell.n}", ha="center", va="top" if inside else "bottom",
-                    rotation=90,
-                    fontsize=SMALL, color="white" if inside else "black",
+                    rotation=90, fontsize=SMALL, color="white" if inside else "black",
                     fontweight="bold" if inside else "normal", gid=f"{row}|{keys[i]}|n")
         for i, cell in enumerate(cells):
             if cell.mean is None:
@@ -237,9 +230,8 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
                    label=_chance_label(chance), gid="chance")
     ax.set_xticks(centers, table.col_labels, fontsize=NORMAL)
     ax.tick_params(axis="y", labelsize=NORMAL)
-    ax.set_xlabel("dataset" if table.dataset is None else {
-        SINGLE_SOURCE_KEY: "target domain (the source's bar: its validation accuracy)",
-        UDG_KEY: "target domain"}.get(section.test_key, "test domain"), fontsize=NORMAL + 1)
+    ax.set_xlabel("dataset" if table.dataset is None else
+                  KINDS.get(section.test_key, KINDS[TEST_KEY])[2], fontsize=NORMAL + 1)
     ax.set_ylabel("accuracy (%)", fontsize=NORMAL + 1)
     ax.set_ylim(0, top)
     ax.set_yticks(range(0, 101, 20))
@@ -248,7 +240,7 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
     ax.set_title(title, fontsize=NORMAL + 1)
     ax.legend(fontsize=NORMAL, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.text(0.01, 0.01, caption, fontsize=SMALL, color="0.2", va="bottom")
-    figure.tight_layout(rect=(0, (0.1 + 0.16 * _lines(caption)) / height, 1, 1))
+    figure.tight_layout(rect=(0, (0.1 + 0.16 * caption_lines) / height, 1, 1))
     return figure
 
 
@@ -355,11 +347,10 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
         notes.append("Not shown: " + ", ".join(m.key for m in missing)
                      + " (selected no run; see collect_results' notes).")
     notes += list(left_out)
-    caption = _wrap(" ".join(notes), width - 0.2)
-    heading = _wrap(title, width - 0.3, NORMAL + 1)
-    legend_rows = 3
-    bottom = 0.15 + 0.17 * _lines(caption) + 0.22 * legend_rows + 0.2
-    top = 0.12 + 0.17 * _lines(heading)
+    caption, caption_lines = _wrap(" ".join(notes), width - 0.2)
+    heading, heading_lines = _wrap(title, width - 0.3, NORMAL + 1)
+    bottom = 0.15 + 0.17 * caption_lines + 0.22 * 3 + 0.2  # 3 legend rows
+    top = 0.12 + 0.17 * heading_lines
     height = top + 0.35 + 2.3 * len(panels) + bottom
     figure = _new_figure(width, height)
     axes = figure.subplots(len(panels), len(shown), squeeze=False, sharex=True, sharey=True)
@@ -378,12 +369,11 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
             if c == 0:
                 ax.set_ylabel(f"{panel}\naccuracy (%)", fontsize=NORMAL)
             cell = (cell_texts or {}).get((method.key, dataset, algorithm, panel))
-            head = f"{method.name}\n" if r == 0 else ""
+            ax.set_title(("" if r else f"{method.name}\n") + (
+                f"{panel}: no run selected" if mine.empty else
+                f"{method.key} table: {cell}" if cell else panel), fontsize=NORMAL)
             if mine.empty:
-                ax.set_title(f"{head}{panel}: no run selected", fontsize=NORMAL)
                 continue
-            ax.set_title(f"{head}{method.key} table: {cell}" if cell else f"{head}{panel}",
-                         fontsize=NORMAL)
             summary = curve_summary(mine)
             steps = summary["step"].to_numpy(dtype=float)
             for key, line_color, style, label in (
@@ -417,7 +407,7 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
             len(_LEGEND_ORDER)))
         figure.legend([handles[label] for label in order], order, loc="lower center", ncol=2,
                       fontsize=SMALL, frameon=False,
-                      bbox_to_anchor=(0.5, (0.1 + 0.17 * _lines(caption)) / height))
+                      bbox_to_anchor=(0.5, (0.1 + 0.17 * caption_lines) / height))
     figure.suptitle(heading, fontsize=NORMAL + 1, y=1 - 0.08 / height, va="top")
     figure.text(0.01, 0.1 / height, caption, fontsize=SMALL, color="0.2", va="bottom")
     figure.tight_layout(rect=(0, bottom / height, 1, 1))  # it makes room for the suptitle
@@ -465,8 +455,6 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
             points.loc[points["dataset"] == dataset, ["signal", "target"]].to_numpy(float).ravel()
             for points, _ in kinds.values()])
         ylims[dataset] = _shared_ylim(values, chance.get(dataset))
-    what = {TEST_KEY: "", SINGLE_SOURCE_KEY: ", single-source runs (target: mean over the targets)",
-            UDG_KEY: ", UDG runs (target: mean over the targets)"}
     for kind, (points, selected) in kinds.items():
         methods = list(dict.fromkeys(s.method for s in report.sections if s.test_key == kind))
         texts = _cell_texts(report, kind)
@@ -483,10 +471,10 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
                 picks = selected[(selected["dataset"] == dataset)
                                  & (selected["algorithm"] == algorithm)]
                 trials = mine["trial_seed"].nunique()
-                title = (f"{dataset}, {algorithm}{what[kind]}: the runs each selection method "
+                title = (f"{dataset}, {algorithm}{KINDS[kind][1]}: the runs each selection method "
                          f"chose, against the training step ({trials} trial"
                          f"{'s' if trials != 1 else ''})")
-                yield (f"{_safe(dataset)}_{_safe(algorithm)}{CURVE_KINDS[kind]}_curves.png",
+                yield (f"{_safe(dataset)}_{_safe(algorithm)}{KINDS[kind][0]}_curves.png",
                        curves_figure(mine, picks, title, methods, texts, kind,
                                      chance.get(dataset), ylims[dataset],
                                      nan_lines(nonfinite, mine["job"])))
@@ -514,7 +502,6 @@ def write_figures(records: pd.DataFrame, report: Report, out_dir: str) -> list[s
             n += 1
             name = f"{stem}-{n}{ext}"
         taken.add(name)
-        path = os.path.join(out_dir, name)
-        save_png(figure, path)
-        paths.append(path)
+        paths.append(os.path.join(out_dir, name))
+        save_png(figure, paths[-1])
     return paths

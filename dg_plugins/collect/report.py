@@ -11,8 +11,8 @@ import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets
 from dg_plugins.collect.records import SETTING_ARGS, nonfinite_notes
-from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, SelectionMethod, group_records,
-                                         select)
+from dg_plugins.collect.selection import (LOO, TEST_KEY, GroupedRecords, SelectionMethod,
+                                          group_records, select)
 from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, single_source_runs,
                                               single_source_sections)
 from dg_plugins.collect.tables import (PaperComparison, Report, Section, Table,
@@ -22,7 +22,7 @@ from dg_plugins.job.flags import ALIGNMENT_ARGS, COMPUTE_DEFAULTS, ROWS
 from dg_plugins.reference.papers import AVG, PaperEntry, PaperValue
 
 
-def build_report(records: pd.DataFrame | GroupedRecords, methods: list[SelectionMethod],
+def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
                  hparams_table: bool = False, single_source: str = "auto",
                  ipoop: str = "both", papers: list[PaperEntry] = (),
                  all_columns: bool = True) -> Report:
@@ -31,17 +31,11 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         raise ValueError(f"single_source must be auto, on or off, not {single_source!r}")
     if ipoop not in IPOOP_CHOICES:
         raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
-    methods = list(dict.fromkeys(methods))
-    frame = records.records if isinstance(records, GroupedRecords) else records
-    udg = is_udg(frame)
-    report = Report(len(frame), methods)
+    methods, udg = list(dict.fromkeys(methods)), is_udg(records)
+    report = Report(len(records), methods)
     if not udg.all():  # UDG records get their own tables only
-        standard = frame[~udg].reset_index(drop=True) if udg.any() else records
-        if ipoop != "in":
-            base = standard.records if isinstance(standard, GroupedRecords) else standard
-            pooled = add_pooled_subsets(base)
-            standard = standard if pooled is base else pooled
-        grouped = group_records(standard)
+        standard = records[~udg].reset_index(drop=True) if udg.any() else records
+        grouped = group_records(standard if ipoop == "in" else add_pooled_subsets(standard))
         runs = single_source_runs(grouped)
         report.sections += standard_sections(grouped, methods, ipoop)
         report.sections += single_source_sections(grouped, methods, single_source, runs)
@@ -50,18 +44,16 @@ def build_report(records: pd.DataFrame | GroupedRecords, methods: list[Selection
         report.notes += missing_cell_notes(grouped, report.sections, all_columns, runs)
         report.notes += averages_notes(report.sections, all_columns)
     if udg.any():
-        report.sections += udg_sections(frame[udg].reset_index(drop=True), methods)
-    report.notes[:0] = [*mixed_settings_notes(frame, lambda d: environment_labels(frame, d)),
-                        *nonfinite_notes(frame)]
+        report.sections += udg_sections(records[udg].reset_index(drop=True), methods)
+    report.notes[:0] = [*mixed_settings_notes(records, lambda d: environment_labels(records, d)),
+                        *nonfinite_notes(records)]
     report.notes += add_paper_comparisons(report, list(papers))
-    report.notes += compute_notes(frame)
+    report.notes += compute_notes(records)
     return report
 
 
 # --------------------------------------------------------------------------------------------------
 # Notes on the tables
-
-LOO_KEY = "loo"  # the --selection key of leave-one-domain-out (its X cells get their own note)
 
 
 def _names(labels: list[str], indexes) -> str:
@@ -77,8 +69,16 @@ def _listing(items: list[str], limit: int = 8) -> str:
 
 def _envs(labels: list[str], indexes) -> str:
     """``test environment A`` / ``test environments A, C``."""
-    plural = "s" if len(indexes) > 1 else ""
-    return f"test environment{plural} {_names(labels, indexes)}"
+    return f"test environment{'s' * (len(indexes) > 1)} {_names(labels, indexes)}"
+
+
+def _rows_by(found: dict, rows: int, every: str, each: str, name=str) -> str:
+    """``found`` (key -> algorithms) as ``every`` (one key, for every one of ``rows`` rows) or
+    ``<algorithms> <each>`` per key, ``name`` spelling the key."""
+    if len(found) == 1 and len(next(iter(found.values()))) == rows:
+        return every.format(name(next(iter(found))))
+    return "; ".join(f"{_listing(algorithms)} {each.format(name(key))}"
+                     for key, algorithms in found.items())
 
 
 def _section_name(section: Section) -> tuple[str, str]:
@@ -112,9 +112,9 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
     single-source runs (:func:`single_source_runs`)."""
     scored = [s for s in sections if s.test_key not in (SINGLE_SOURCE_KEY, UDG_KEY)]
     ran: dict[tuple, set] = {}  # (dataset, algorithm) -> its single test environments
-    for info in [s.selection.scored for s in scored][:1]:
-        for dataset, algorithm, env in zip(info["dataset"], info["algorithm"], info["test_env"]):
-            ran.setdefault((dataset, algorithm), set()).add(int(env))
+    for dataset, algorithm, env in scored[0].selection.scored[
+            ["dataset", "algorithm", "test_env"]].itertuples(index=False) if scored else ():
+        ran.setdefault((dataset, algorithm), set()).add(int(env))
     present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
     runs = single_source_runs(grouped) if runs is None else runs
     single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
@@ -139,11 +139,8 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
                 if missing & have:
                     cells_of.setdefault(frozenset(missing & have), []).append(algorithm)
             if cells_of:
-                if len(cells_of) == 1 and len(next(iter(cells_of.values()))) == len(table.rows):
-                    cells = f"every algorithm at {_names(labels, next(iter(cells_of)))}"
-                else:
-                    cells = "; ".join(f"{_listing(algorithms)} at {_names(labels, envs)}"
-                                      for envs, algorithms in cells_of.items())
+                cells = _rows_by(cells_of, len(table.rows), "every algorithm at {}", "at {}",
+                                 lambda envs: _names(labels, envs))
                 reason, detail = _unscored_reason(grouped, section, table.dataset)
                 unscored.setdefault((table.dataset, reason, cells), []).append(
                     (_section_name(section), detail))
@@ -168,7 +165,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
     every = [_section_name(s) for s in scored]
     for (dataset, reason, cells), found in unscored.items():
         names = [name for name, _ in found]
-        if reason == LOO_KEY:
+        if reason == LOO.key:  # leave-one-domain-out's X cells get their own note
             why = ("leave-one-domain-out scores test environment t with the runs tested on "
                    "[t, j], for every other environment j, at the same hparams and steps, and the "
                    "sweep has none (sweep launches them unless --single_test_envs or "
@@ -184,8 +181,8 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
 def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tuple[str, str]:
     """Why ``section`` cannot score runs that exist on ``dataset``: leave-one-domain-out's pair
     runs missing, or no test key, or NaN as test key in the records it chose."""
-    if section.method.key == LOO_KEY:
-        return LOO_KEY, ""
+    if section.method.key == LOO.key:
+        return LOO.key, ""
     key, records, nan = section.test_key.format(t="<t>"), grouped.records, []
     if "nonfinite" in records and not records["nonfinite"].isna().all():
         chosen = select(grouped, section.method, section.test_key)
@@ -204,7 +201,7 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
     """Averages cells over other test environments than their dataset's columns or another
     row's, one note per dataset and pattern."""
     bodies: dict[str, list[str]] = {}
-    every = []
+    every = []  # the sections with an Averages table
     for section in sections:
         labels_of = {t.dataset: t.keys[:-1] for t in section.tables if t.dataset is not None}
         for table in section.tables:
@@ -220,28 +217,20 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                     if not trials:
                         continue
                     sets = sorted(set(trials.values()))
-                    if len(sets) == 1:
-                        described[algorithm] = _names(labels, sets[0])
-                        continue
-                    parts = []
-                    for envs in sets:
-                        seeds = sorted(t for t, e in trials.items() if e == envs)
-                        parts.append((seeds, f"{_names(labels, envs)} (trial "
-                                             f"{', '.join(map(str, seeds))})"))
-                    described[algorithm] = " and ".join(text for _, text in sorted(parts))
+                    seeds = [sorted(t for t, e in trials.items() if e == envs) for envs in sets]
+                    described[algorithm] = _names(labels, sets[0]) if len(sets) == 1 else (
+                        " and ".join(text for _, text in sorted(
+                            (trial, f"{_names(labels, envs)} (trial {', '.join(map(str, trial))})")
+                            for envs, trial in zip(sets, seeds))))
                 whole = _names(labels, full)
                 if all(text == whole for text in described.values()):
                     continue
                 groups: dict[str, list[str]] = {}
                 for algorithm, text in described.items():
                     groups.setdefault(text, []).append(algorithm)
-                if len(groups) == 1 and len(described) == len(table.rows):
-                    here = f"{next(iter(groups))} for every row"
-                else:
-                    here = "; ".join(f"{_listing(algorithms)} over {text}"
-                                     for text, algorithms in groups.items())
                 body = (f"Averages table, {dataset} column: each trial is averaged over the test "
-                        f"environments it has (DomainBed's rule), here {here}")
+                        f"environments it has (DomainBed's rule), here "
+                        f"{_rows_by(groups, len(table.rows), '{} for every row', 'over {}')}")
                 if len(groups) > 1:
                     body += ": these rows average different domains"
                 elif described and all_columns:
@@ -263,24 +252,21 @@ def compute_notes(records: pd.DataFrame) -> list[str]:
     counts = Counter([s if isinstance(s, tuple) else () for s in runs.values()])  # NaN: defaults
     if set(counts) == {()}:
         return []
-    total, parts = len(runs), []
-    for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        if settings:
-            flags = " ".join(_flag(name, value) for name, value in settings)
-            parts.append(f"{count} used {flags}")
+    parts = [f"{count} used {' '.join(_flag(name, value) for name, value in settings)}"
+             for settings, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+             if settings]
     if () in counts:
         defaults = ", ".join(_flag(name, value) for name, value in COMPUTE_DEFAULTS.items())
         parts.append(f"{counts[()]} the defaults ({defaults})")
-    return [f"Compute settings: of the {total} runs (job folders) read, {'; '.join(parts)}. "
+    return [f"Compute settings: of the {len(runs)} runs (job folders) read, {'; '.join(parts)}. "
             "Reduced precision and non-deterministic kernels change accuracies by rounding."]
 
 
-def _setting(name: str, value) -> str:
-    """A setting as train's flag spells it; ``no --steps`` for a default of None."""
-    if value is None:
-        default = ROWS[name].default
-        return f"no --{name}" if default is None else _flag(name, default)
-    return _flag(name, f"'{value}'" if name == "hparams" else value)
+def _settings_text(names, values) -> str:
+    """Settings as train's flags spell them; ``no --steps`` for a default of None."""
+    return " ".join(_flag(name, f"'{value}'" if name == "hparams" else value)
+                    if value is not None else f"no --{name}" if ROWS[name].default is None
+                    else _flag(name, ROWS[name].default) for name, value in zip(names, values))
 
 
 def _order(values: tuple) -> tuple:
@@ -319,26 +305,20 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     notes = []
     for (dataset, algorithm), found in units.items():
         values = [dict(settings) for _, _, settings in found]
-        names = [name for name in SETTING_ARGS if any(name in settings for settings in values)]
-        varying = [name for name in names if len({v.get(name) for v in values}) > 1]
+        varying = [name for name in SETTING_ARGS if len({v.get(name) for v in values}) > 1]
         if not varying:
             continue
         cells: dict[tuple, dict[tuple, set]] = {}  # test_envs -> varying values -> jobs
-        for job, envs, settings in found:
-            settings = dict(settings)
+        for (job, envs, _), settings in zip(found, values):
             combo = tuple(settings.get(name) for name in varying)
             cells.setdefault(envs, {}).setdefault(combo, set()).add(job)
-
-        def text(combo: tuple) -> str:
-            return " ".join(_setting(name, value) for name, value in zip(varying, combo))
-
         labels = labels_of(dataset)
         mixed = {envs: combos for envs, combos in cells.items() if len(combos) > 1}
         if mixed:
             parts = []
             for envs in sorted(mixed, key=lambda e: (len(e), e)):
                 counts = ", ".join(
-                    f"{text(combo)} ({len(jobs)} job{'s' * (len(jobs) != 1)})"
+                    f"{_settings_text(varying, combo)} ({len(jobs)} job{'s' * (len(jobs) != 1)})"
                     for combo, jobs in sorted(mixed[envs].items(), key=lambda c: _order(c[0])))
                 parts.append(f"{_envs(labels, envs)}: {counts}")
             cell = "a cell mixes" if len(mixed) == 1 else f"{len(mixed)} cells mix"
@@ -355,8 +335,8 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
             where.setdefault(tuple(next(iter(combos))[i] for i in kept), []).append(envs)
         if len(where) < 2:
             continue
-        parts = [" ".join(_setting(varying[i], value) for i, value in zip(kept, combo))
-                 + f" at {_runs(labels, where[combo])}" for combo in sorted(where, key=_order)]
+        parts = [f"{_settings_text([varying[i] for i in kept], combo)} at "
+                 f"{_runs(labels, where[combo])}" for combo in sorted(where, key=_order)]
         notes.append(f"{dataset}, {algorithm}: its test environments ran with different "
                      "settings, which the tables combine (the Avg column, the Averages table, "
                      f"leave-one-domain-out's runs on pairs): {'; '.join(parts)}.")
@@ -418,13 +398,11 @@ def add_paper_comparisons(report: Report, entries: list[PaperEntry]) -> list[str
     each entry that matches none, saying which tables it needs."""
     notes = []
     for entry in entries:
-        matched = False
-        for section in report.sections:
-            for table in section.tables:
-                if paper_matches(entry, section, table):
-                    table.comparisons.append(paper_comparison(entry, table))
-                    matched = True
-        if not matched:
+        matches = [table for section in report.sections for table in section.tables
+                   if paper_matches(entry, section, table)]
+        for table in matches:
+            table.comparisons.append(paper_comparison(entry, table))
+        if not matches:
             where = {"multi_source": "multi-source", "single_source": "single-source",
                      "udg": "UDG", "ipoop": "IP/OOP"}[entry.setting]
             needs = [f"{where} tables of {', '.join(entry.datasets)}"]

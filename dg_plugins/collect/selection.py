@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from typing import Callable, Mapping
 
 import numpy as np
@@ -29,11 +30,11 @@ class GroupedRecords:
 
     def __init__(self, records: pd.DataFrame) -> None:
         self.records = records.reset_index(drop=True)
-        codes, self.distinct_test_envs = pd.factorize(self.records["args.test_envs"].to_numpy(),
-                                                      use_na_sentinel=False)
-        self.test_envs_code = codes  # per record: the index of its test_envs in distinct_...
-        record, test_env, counts = _expand_test_envs(codes, self.distinct_test_envs)
-        self.n_test_envs = counts
+        # per record: the index of its test_envs in distinct_test_envs
+        self.test_envs_code, self.distinct_test_envs = pd.factorize(
+            self.records["args.test_envs"].to_numpy(), use_na_sentinel=False)
+        record, test_env, self.n_test_envs = _expand_test_envs(self.test_envs_code,
+                                                               self.distinct_test_envs)
         key_values = {name: self.records[f"args.{name}"].to_numpy()
                       for name in ("trial_seed", "dataset", "algorithm")}
         self.algorithms, self.datasets = (  # by first appearance
@@ -45,7 +46,7 @@ class GroupedRecords:
             **{name: values[record[firsts]] for name, values in key_values.items()},
             "test_env": test_env[firsts]}).rename_axis("group")
         self.members = pd.DataFrame({  # a row per (record, test_env)
-            "test_env": test_env, "record": record, "n_test_envs": counts[record],
+            "test_env": test_env, "record": record, "n_test_envs": self.n_test_envs[record],
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
         self._matrices: dict[str, np.ndarray] = {}
@@ -97,14 +98,10 @@ def group_ids(*keys: np.ndarray) -> np.ndarray:
 
 def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(record, test_env, n_test_envs)`` per entry of each record's ``test_envs``."""
-    lengths = np.array([len(envs) for envs in distinct], dtype=np.int64)
-    table = np.zeros((len(distinct), int(lengths.max(initial=0))), dtype=np.int64)
-    for row, envs in enumerate(distinct):
-        table[row, :len(envs)] = envs
-    counts = lengths[codes]
-    record = np.repeat(np.arange(len(codes)), counts)
-    position = np.arange(len(record)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return record, table[codes[record], position], counts
+    counts = np.array([len(envs) for envs in distinct], dtype=np.int64)[codes]
+    test_env = np.fromiter(chain.from_iterable(map(distinct.__getitem__, codes)), dtype=np.int64,
+                           count=int(counts.sum()))
+    return np.repeat(np.arange(len(codes)), counts), test_env, counts
 
 
 def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:

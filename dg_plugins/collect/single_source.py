@@ -33,16 +33,9 @@ def single_source_runs(grouped: GroupedRecords) -> pd.DataFrame:
     sources = np.array([single_source_of(grouped.distinct_test_envs[pair // width], pair % width)
                         for pair in pairs.tolist()], dtype=np.int64)[pair_of_record.ravel()]
     keep = np.flatnonzero(sources >= 0)
-    return pd.DataFrame({
-        "record": keep,
-        "trial_seed": records["args.trial_seed"].to_numpy()[keep],
-        "dataset": records["args.dataset"].to_numpy()[keep],
-        "algorithm": records["args.algorithm"].to_numpy()[keep],
-        "source": sources[keep],
-        "hparams_seed": records["args.hparams_seed"].to_numpy()[keep],
-        "step": records["step"].to_numpy()[keep],
-        "n_envs": n_envs[keep],
-    })
+    return pd.DataFrame({"record": keep, **{  # RUN's columns
+        name: (sources if name == "source" else records[f"args.{name}"].to_numpy())[keep]
+        for name in RUN}, "step": records["step"].to_numpy()[keep], "n_envs": n_envs[keep]})
 
 
 def single_source_datasets(records: pd.DataFrame | GroupedRecords,

@@ -29,12 +29,10 @@ class Cell:
     def of(cls, accuracies) -> Cell:
         """DomainBed's ``format_mean`` of accuracies in [0, 1]: the mean in percent and, as error,
         the population std of ``accuracies / sqrt(n)``; no values, no mean."""
-        accuracies = list(accuracies)
-        if not accuracies:
+        values = np.asarray(list(accuracies))
+        if not len(values):
             return cls(n=0)
-        mean = 100 * np.mean(accuracies)
-        err = 100 * np.std(np.asarray(accuracies) / np.sqrt(len(accuracies)))
-        return cls(mean, err, len(accuracies))
+        return cls(100 * np.mean(values), 100 * np.std(values / np.sqrt(len(values))), len(values))
 
     @classmethod
     def average(cls, cells: list[Cell]) -> Cell:
@@ -48,9 +46,7 @@ class Cell:
         """``"20.0 +/- 4.7"`` (``sign`` between), ``"78.3"`` without error, ``"X"`` absent."""
         if self.mean is None:
             return "X"
-        if self.err is None:
-            return f"{self.mean:.1f}"
-        return f"{self.mean:.1f} {sign} {self.err:.1f}"
+        return f"{self.mean:.1f}" + ("" if self.err is None else f" {sign} {self.err:.1f}")
 
 
 @dataclass
@@ -149,12 +145,8 @@ def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:
 
 
 def _header(prefix: str, method: SelectionMethod, test_key: str, note: str | None) -> str:
-    header = f"{prefix}, model selection method: {method.name}"
-    if test_key != TEST_KEY:
-        header += f", test accuracy: {test_key}"
-        if note:
-            header += f" ({note})"
-    return header
+    return f"{prefix}, model selection method: {method.name}" + ("" if test_key == TEST_KEY else (
+        f", test accuracy: {test_key}" + (f" ({note})" if note else "")))
 
 
 def standard_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
@@ -236,14 +228,13 @@ def leave_out_unrun(report: Report) -> Report:
 def _without_unrun(table: Table) -> Table:
     if not table.not_run:
         return table
-    keys = table.keys
-    keep = [i for i, key in enumerate(keys) if key not in table.not_run and key != "Avg"]
+    keep = [i for i, key in enumerate(table.keys) if key not in table.not_run and key != "Avg"]
     what = "test environment" if table.dataset is not None else "dataset"
-    plural = "s" if len(table.not_run) > 1 else ""
-    avg = " and Avg (it needs every one)" if "Avg" in keys and keep else ""
+    avg = " and Avg (it needs every one)" if "Avg" in table.keys and keep else ""
     if keep:
         why = "not run" if table.dataset is not None else "no single-test-environment run"
-        line = f"left out: {what}{plural} {_names(table.not_run)} ({why}){avg}"
+        line = (f"left out: {what}{'s' * (len(table.not_run) > 1)} {_names(table.not_run)} "
+                f"({why}){avg}")
     elif table.dataset is not None:
         line = f"no column: no run of {table.dataset} has a single test environment"
     else:
@@ -256,8 +247,7 @@ def _without_unrun(table: Table) -> Table:
     comparisons = [replace(c, rows={name: pick(v) for name, v in c.rows.items()},
                            differences={name: pick(v) for name, v in c.differences.items()})
                    for c in table.comparisons]
-    return replace(table, col_labels=pick(table.col_labels),
-                   keys=pick(table.keys),
+    return replace(table, col_labels=pick(table.col_labels), keys=pick(table.keys),
                    rows={row: pick(cells) for row, cells in table.rows.items()},
                    comparisons=comparisons, left_out=line)
 
@@ -277,18 +267,15 @@ def selected_hparams(records: pd.DataFrame | GroupedRecords,
         return pd.DataFrame()
     table = pd.concat([select(grouped, method).assign(selection=method.key)
                        for method in methods], ignore_index=True)
-    rec = frame.iloc[table["record"].to_numpy()]
-    table["job"] = rec["job"].to_numpy()
-    table["output_dir"] = rec["args.output_dir"].to_numpy()
-    table["hparams"] = [json.dumps(h, sort_keys=True) for h in rec["hparams"]]
-    table["test_env_label"] = [
-        labels[d][t] if t < len(labels[d]) else str(t)
-        for d, t in zip(table["dataset"], table["test_env"])]
-    method_rank = {m.key: i for i, m in enumerate(methods)}
+    rec, rank = frame.iloc[table["record"].to_numpy()], {m.key: i for i, m in enumerate(methods)}
     table = table.assign(
-        _m=table["selection"].map(method_rank), _d=table["dataset"].map(datasets.index),
-        _a=table["algorithm"].map(algorithms.index))
-    table = table.sort_values(["_m", "_d", "_a", "test_env", "trial_seed"], kind="stable")
+        job=rec["job"].to_numpy(), output_dir=rec["args.output_dir"].to_numpy(),
+        hparams=[json.dumps(h, sort_keys=True) for h in rec["hparams"]],
+        test_env_label=[labels[d][t] if t < len(labels[d]) else str(t)
+                        for d, t in zip(table["dataset"], table["test_env"])],
+        _m=table["selection"].map(rank), _d=table["dataset"].map(datasets.index),
+        _a=table["algorithm"].map(algorithms.index),
+    ).sort_values(["_m", "_d", "_a", "test_env", "trial_seed"], kind="stable")
     return table[["selection", "dataset", "algorithm", "test_env", "test_env_label", "trial_seed",
                   "hparams_seed", "step", "val_acc", "test_acc", "job", "output_dir",
                   "hparams"]].reset_index(drop=True)
