@@ -1,5 +1,5 @@
 """A sweep's records as a pandas DataFrame, read as DomainBed's ``reporting.load_records``
-reads them, fast and without torch (orjson, the numbers by pandas), and its job folders' counts
+reads them, fast and without torch (orjson, column by column), and its job folders' counts
 (docs/collect.md)."""
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ import math
 import os
 import re
 import sys
+from array import array
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -24,20 +28,29 @@ try:  # a dependency, but parsing falls back to json without it
 except ImportError:
     _orjson = None
 
-#: The ``args`` of a record that become columns (``args.<name>``): those DomainBed's
-#: collect_results reads (required), then optional ones: ``output_dir`` (the hparams table),
-#: ``label_fraction`` (UDG jobs, dg_plugins.train.udg; NaN otherwise), ``compute`` and
-#: ``settings`` (``((name, value), ...)`` of train's compute settings and of the
-#: :data:`SETTING_ARGS` not at their defaults; NaN when none).
-ARG_NAMES = ("trial_seed", "dataset", "algorithm", "test_envs", "hparams_seed", "output_dir",
-             "label_fraction", "compute", "settings")
-REQUIRED_ARGS = ARG_NAMES[:5]
+
+class _ArgValues(NamedTuple):
+    """The ``args`` of a record that become columns (``args.<name>``)."""
+
+    trial_seed: object
+    dataset: object
+    algorithm: object
+    test_envs: tuple
+    hparams_seed: object
+    output_dir: object  # optional: only the hparams table shows it
+    label_fraction: float  # optional: UDG jobs (dg_plugins.train.udg); NaN otherwise
+    compute: object  # ((name, value), ...): train's compute settings not at their defaults; NaN
+    settings: object  # ((name, value), ...): the SETTING_ARGS not at their defaults; NaN
+
+
+#: The ``args`` a record must carry (those DomainBed's collect_results reads).
+REQUIRED_ARGS = _ArgValues._fields[:5]
 #: train's hashed flags that DomainBed's grouping ignores but that change what a job computes:
 #: jobs of one cell that differ in one are noted (notes.mixed_settings_notes). Left out: the data
 #: folder, the seed (derived from the grouping keys), the label fraction (a UDG table key).
 SETTING_ARGS = tuple(name for name in flag_names(hashed=True)
                      if name not in (*REQUIRED_ARGS, "data_dir", "seed", "label_fraction"))
-ARG_COLUMNS = tuple(f"args.{name}" for name in ARG_NAMES)
+ARG_COLUMNS = tuple(f"args.{name}" for name in _ArgValues._fields)
 #: Record keys kept as float columns: accuracies, subset sizes (IP/OOP records, for pooling by
 #: count) and other numbers.
 ACC_KEY = re.compile(r"env(\d+)_(\w+)_acc")
@@ -134,8 +147,8 @@ def parse_line(line: str):
     return json.loads(line)
 
 
-def _arg_values(args) -> tuple | str:
-    """The :data:`ARG_NAMES` column values of an ``args`` dict, or why it is unusable."""
+def _arg_values(args) -> _ArgValues | str:
+    """The column values of an ``args`` dict, or why it is unusable."""
     if type(args) is not dict:
         return "no 'args' object"
     missing = [name for name in REQUIRED_ARGS if name not in args]
@@ -144,12 +157,11 @@ def _arg_values(args) -> tuple | str:
     envs = args["test_envs"]
     if not isinstance(envs, list) or not all(type(e) is int for e in envs):
         return "args.test_envs is not a list of int"
-    fraction = args.get("label_fraction")  # a float; NaN when absent (non-UDG) or not a number
-    fraction = (float(fraction) if isinstance(fraction, (int, float))
-                and not isinstance(fraction, bool) else math.nan)
-    return (*(args[name] for name in REQUIRED_ARGS[:3]), tuple(envs), args["hparams_seed"],
-            args.get("output_dir"), fraction,
-            tuple(compute_settings(args).items()) or math.nan, _settings(args) or math.nan)
+    return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
+                      args["hparams_seed"], args.get("output_dir"),
+                      _fraction(args.get("label_fraction")),
+                      tuple(compute_settings(args).items()) or math.nan,
+                      _settings(args) or math.nan)
 
 
 def _settings(args: dict) -> tuple:
@@ -170,29 +182,85 @@ def _settings(args: dict) -> tuple:
     return tuple(found)
 
 
+def _environments(value) -> tuple | None:
+    """A record's ``environments`` labels as a tuple; None unless a list of strings."""
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
+
+
+def _fraction(value) -> float:
+    """``args.label_fraction`` as a float; NaN when absent (non-UDG) or not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return math.nan
+
+
 # --------------------------------------------------------------------------------------------------
 # The column store
+
+
+@dataclass(slots=True)
+class _Segment:
+    """``size`` consecutive rows of one job with the same ``args``, stored once."""
+
+    job: str
+    args: _ArgValues
+    size: int
+    environments: tuple | None = None
+
+
+@dataclass(slots=True)
+class _AccBlock:
+    """The numbers of all records with one key set: keys, rows, values row-major."""
+
+    keys: list[str]
+    rows: array = field(default_factory=lambda: array("q"))
+    values: array = field(default_factory=lambda: array("d"))
+    get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
+
+    def __post_init__(self) -> None:
+        self.get = _getter(self.keys)
+
+    def matrix(self) -> np.ndarray:
+        return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
+
+
+def _getter(keys: list[str]) -> Callable[[dict], tuple]:
+    if len(keys) > 1:  # record -> (record[k] for k in keys)
+        return itemgetter(*keys)
+    if keys:
+        return lambda record, key=keys[0]: (record[key],)
+    return lambda record: ()
+
+
+_get_step = itemgetter("step")
 
 
 class _Columns:
     """Records collected column by column, made into a DataFrame by :meth:`frame`."""
 
     def __init__(self) -> None:
-        self.records: list[dict] = []  # the usable records; then their job, args values, ...
-        self.jobs, self.args, self.environments, self.lines = [], [], [], []
-        self.keys: dict[str, None] = {}  # every key of a usable record
+        self.segments: list[_Segment] = []
+        self.lines: list[int] = []
+        self.steps: list = []
+        self.hparams: list = []
+        self.blocks: dict[tuple, _AccBlock] = {}
         self.problems: list[str] = []
         self.nonfinite: dict[int, tuple] = {}  # row -> its keys with a NaN/infinite value
+        self._nonfinite_lines: dict[int, tuple] = {}  # the same by line, for the file being read
 
     def add_file(self, job: str, path: str, text: str) -> None:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
-        numbers, records, nonfinite = [], [], {}  # nonfinite: line number -> non-finite keys
+        numbers, records = [], []
+        self._nonfinite_lines = {}
+        fast = _orjson.loads if _orjson is not None else None
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
                 continue
-            if _orjson is not None:
+            if fast is not None:
                 try:  # orjson rejects NaN and Infinity: a line it reads has none
-                    records.append(_orjson.loads(line))
+                    records.append(fast(line))
                     numbers.append(number)
                     continue
                 except ValueError:
@@ -203,59 +271,111 @@ class _Columns:
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
                 continue
-            if _orjson is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
-                nonfinite[number] = nonfinite_keys(records[-1])
-        first = records[0] if records else None
-        # The usual case in one go: records with the same keys and ``args``; else line by line.
-        uniform = type(first) is dict and "step" in first and "args" in first and all(
-            type(record) is dict and record.keys() == first.keys()
-            and record["args"] == first["args"] for record in records)
-        for lines, group in ([(numbers, records)] if uniform else
-                             [([number], [record]) for number, record in zip(numbers, records)]):
-            args = _arg_values(group[0].get("args")) if type(group[0]) is dict else None
-            if args is None or type(args) is str or "step" not in group[0]:
-                reason = ("not a JSON object" if args is None
-                          else args if type(args) is str else "missing step")
-                self.problems += [f"skipping line {number} of {path}: {reason}" for number in lines]
+            if fast is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
+                keys = nonfinite_keys(records[-1])
+                if keys:
+                    self._nonfinite_lines[number] = keys
+        if records and self._add_uniform(job, numbers, records):
+            return
+        for number, record in zip(numbers, records):  # line by line
+            if type(record) is not dict:
+                self.problems.append(f"skipping line {number} of {path}: not a JSON object")
                 continue
-            for row, number in enumerate(lines, len(self.records)) if nonfinite else ():
-                if nonfinite.get(number):
-                    self.nonfinite[row] = nonfinite[number]
-            self.lines += lines
-            self.records += group
-            self.keys.update(dict.fromkeys(group[0]))
-            self.jobs += [job] * len(group)
-            self.args += [args] * len(group)
-            labels = group[0].get("environments")  # a tuple of strings, else None
-            self.environments += [tuple(labels) if isinstance(labels, list) and labels and all(
-                isinstance(v, str) for v in labels) else None] * len(group)
+            args = _arg_values(record.get("args"))
+            if type(args) is str or "step" not in record:
+                reason = args if type(args) is str else "missing step"
+                self.problems.append(f"skipping line {number} of {path}: {reason}")
+                continue
+            self._append(job, [number], [record], args)
+
+    def _add_uniform(self, job: str, numbers: list[int], records: list) -> bool:
+        """The usual case in one go: valid records with the same keys and ``args``."""
+        first = records[0]
+        if type(first) is not dict or "step" not in first or "args" not in first:
+            return False
+        args, keys = first["args"], first.keys()
+        for record in records:
+            if type(record) is not dict or record.keys() != keys or record["args"] != args:
+                return False
+        values = _arg_values(args)
+        if type(values) is str:
+            return False
+        self._append(job, numbers, records, values)
+        return True
+
+    def _append(self, job: str, numbers: list[int], records: list, args: _ArgValues) -> None:
+        """Append valid records that share ``args`` and keys."""
+        keys = tuple(records[0])
+        block = self.blocks.get(keys)
+        if block is None:
+            block = self.blocks[keys] = _AccBlock([k for k in keys if ACC_KEY.fullmatch(k)
+                                                     or COUNT_KEY.fullmatch(k)
+                                                     or k in NUMBER_KEYS])
+        start = len(self.steps)
+        if self._nonfinite_lines:
+            for row, number in enumerate(numbers, start):
+                if number in self._nonfinite_lines:
+                    self.nonfinite[row] = self._nonfinite_lines[number]
+        block.rows.extend(range(start, start + len(records)))
+        size = len(block.values)
+        try:
+            block.values.extend(chain.from_iterable(map(block.get, records)))
+        except (TypeError, OverflowError):  # a non-numeric accuracy: keep what is numeric
+            del block.values[size:]
+            block.values.extend(map(_number, chain.from_iterable(map(block.get, records))))
+        self.steps.extend(map(_get_step, records))
+        self.hparams.extend(record.get("hparams") for record in records)
+        self.lines.extend(numbers)
+        environments = _environments(records[0].get("environments"))
+        last = self.segments[-1] if self.segments else None
+        if (last is not None and last.job == job and last.args is args
+                and last.environments == environments):
+            last.size += len(records)
+        else:
+            self.segments.append(_Segment(job, args, len(records), environments))
 
     def frame(self) -> pd.DataFrame:
-        args = list(zip(*self.args)) or [()] * len(ARG_COLUMNS)
-        # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
-        columns = {name: pd.Series(list(values)).to_numpy() if name.endswith("_seed")
-                   else _object_series(values) for name, values in zip(ARG_COLUMNS, args)}
-        columns["step"] = [record["step"] for record in self.records]
-        columns["hparams"] = _object_series([record.get("hparams") for record in self.records])
-        columns["job"] = _object_series(self.jobs)
-        columns["environments"] = _object_series(self.environments)
+        columns: dict[str, object] = {}
+        sizes = np.array([segment.size for segment in self.segments], dtype=np.int64)
+        args = list(zip(*(segment.args for segment in self.segments))) or [()] * len(ARG_COLUMNS)
+        for name, values in zip(ARG_COLUMNS, args):
+            # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
+            if name.endswith("_seed"):
+                columns[name] = pd.Series(list(values)).to_numpy().repeat(sizes)
+            else:
+                columns[name] = _object_series(values, sizes)
+        columns["step"] = self.steps
+        columns["hparams"] = _object_series(self.hparams)
+        columns["job"] = _object_series([segment.job for segment in self.segments], sizes)
+        columns["environments"] = _object_series(
+            [segment.environments for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
-        nonfinite = np.full(len(self.records), math.nan, dtype=object)
+        nonfinite = np.full(len(self.steps), math.nan, dtype=object)
         for row, keys in self.nonfinite.items():
             nonfinite[row] = keys
         columns["nonfinite"] = pd.Series(nonfinite, dtype=object, copy=False)
-        numbers = sorted((key for key in self.keys if ACC_KEY.fullmatch(key)
-                          or COUNT_KEY.fullmatch(key) or key in NUMBER_KEYS), key=_acc_sort_key)
-        for key, values in pd.DataFrame.from_records(self.records, columns=numbers).items():
-            # a non-numeric value (text, a bool column, a huge int) as a float or NaN
-            columns[key] = (values if values.dtype == float else values.map(_number)
-                            ).to_numpy(dtype=float)
+        acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
+                          key=_acc_sort_key)
+        position = {key: i for i, key in enumerate(acc_keys)}
+        accs = np.full((len(self.steps), len(acc_keys)), np.nan)
+        for block in self.blocks.values():
+            if block.keys:
+                where = [position[key] for key in block.keys]
+                if len(block.rows) == len(accs):  # every record has these keys
+                    accs[:, where] = block.matrix()
+                else:
+                    rows = np.frombuffer(block.rows, dtype=np.int64)
+                    accs[np.ix_(rows, where)] = block.matrix()
+        for i, key in enumerate(acc_keys):
+            columns[key] = accs[:, i]
         return pd.DataFrame(columns)
 
 
-def _object_series(values) -> pd.Series:
-    """A Series of Python objects (not pandas' strings)."""
+def _object_series(values, repeats: np.ndarray | None = None) -> pd.Series:
+    """A Series of Python objects, each repeated ``repeats[i]`` times (not pandas' strings)."""
     values = np.fromiter(values, dtype=object, count=len(values))
+    if repeats is not None:
+        values = values.repeat(repeats)
     return pd.Series(values, dtype=object, copy=False)
 
 
