@@ -60,32 +60,16 @@ def _int_pow2(low: float, high: float) -> RandomFn:
     return lambda r: int(2 ** r.uniform(low, high))
 
 
-# Value checks for the optional third element of a space entry
-
-def positive(value) -> str | None:
-    return None if value > 0 else "must be > 0"
-
-
-def non_negative(value) -> str | None:
-    return None if value >= 0 else "must be >= 0"
+def _check(ok: Callable[[Any], bool], problem: str) -> Check:
+    """A value check (the optional third element of a space entry): None, or ``problem``."""
+    return lambda value: None if ok(value) else problem
 
 
-def probability(value) -> str | None:
-    return None if 0 <= value < 1 else "must be in [0, 1)"
-
-
-def unit_interval(value) -> str | None:
-    return None if 0 <= value <= 1 else "must be in [0, 1]"
-
-
-def decay_rate(value) -> str | None:
-    return None if 0 < value <= 1 else "must be in (0, 1]"
-
-
-def multiple_of(n: int) -> Check:
-    def check(value) -> str | None:
-        return None if value > 0 and value % n == 0 else f"must be a positive multiple of {n}"
-    return check
+positive = _check(lambda v: v > 0, "must be > 0")
+non_negative = _check(lambda v: v >= 0, "must be >= 0")
+probability = _check(lambda v: 0 <= v < 1, "must be in [0, 1)")
+unit_interval = _check(lambda v: 0 <= v <= 1, "must be in [0, 1]")
+decay_rate = _check(lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 
 def base_space(dataset: str) -> Space:
@@ -120,7 +104,8 @@ def base_space(dataset: str) -> Space:
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
     space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))
     cnn_width = 32 if dataset in COMPACT_CNN_DATASETS else 128
-    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), multiple_of(16))
+    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), _check(
+        lambda v: v > 0 and v % 16 == 0, "must be a positive multiple of 16"))
     if small:
         space["lr"] = (1e-3, _log_uniform(-4.5, -2.5), positive)
         space["weight_decay"] = (0.0, _constant(0.0), non_negative)
@@ -136,14 +121,13 @@ def base_space(dataset: str) -> Space:
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
     """Attach ``space_fn(dataset)`` (overriding the base) to ``algorithm``, once."""
     current = _ALGORITHM_SPACES.get(algorithm)
-    if current is not None and current is not space_fn and _origin(current) != _origin(space_fn):
+
+    def origin(fn) -> tuple:  # where fn was defined (the same after a module reload)
+        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+
+    if current is not None and current is not space_fn and origin(current) != origin(space_fn):
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
     _ALGORITHM_SPACES[algorithm] = space_fn
-
-
-def _origin(fn) -> tuple:
-    """Where a function was defined (the same after a module reload)."""
-    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
 
 
 def algorithm_hparams(algorithm: str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import types
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -219,14 +220,9 @@ def float32(device_type: str):
     return torch.autocast(device_type=device_type, enabled=False)
 
 
-@contextlib.contextmanager
 def gradient_scaling(scaler):
     """Within the block :func:`optimizer_step` scales and steps through ``scaler`` (None: none)."""
-    previous, _SCALING.scaler = _SCALING.scaler, scaler
-    try:
-        yield
-    finally:
-        _SCALING.scaler = previous
+    return mock.patch.object(_SCALING, "scaler", scaler)
 
 
 def guard_scaled_steps(algorithm: nn.Module, fix: str = "") -> None:

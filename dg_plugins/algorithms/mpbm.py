@@ -77,17 +77,14 @@ class MixupAttentionGenerator(nn.Module):
         scores = (self.query(q).unsqueeze(1) * self.key(values)) @ corr / math.sqrt(self.dim)
         return scores.softmax(dim=1)
 
-    def project(self, values: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        """``values`` or ``values W_V^T`` (``detach``: no gradient into ``W_V``)."""
-        if self.value is None:
-            return values
-        weight = self.value.weight.detach() if detach else self.value.weight
-        return F.linear(values, weight)
-
     def mix(self, weights: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
             detach_value: bool = False):
-        """``(z, ytilde)``: ``z_j = sum_i A_ij project(V)_ij``, ``ytilde = sum_i abar_i y_i``."""
-        z = (weights * self.project(values, detach_value)).sum(dim=1)
+        """``(z, ytilde)``: ``z_j = sum_i A_ij V'_ij`` (``V' = V W_V^T`` with ``W_V``; no gradient
+        into it with ``detach_value``), ``ytilde = sum_i abar_i y_i``."""
+        if self.value is not None:
+            weight = self.value.weight
+            values = F.linear(values, weight.detach() if detach_value else weight)
+        z = (weights * values).sum(dim=1)
         label_weights = weights.mean(dim=2)
         return z, (label_weights.unsqueeze(-1) * labels).sum(dim=1)
 
@@ -266,22 +263,19 @@ class MPBM(FeatureClassifier):
     @torch.no_grad()
     def accumulate_features(self, features: torch.Tensor) -> None:
         """Merge a batch into (count, mean, co-moment) in float32 (Chan et al.'s Welford)."""
-        with float32(features.device.type):
-            self._accumulate(features.detach().to(self.feat_mean.dtype))
-
-    def _accumulate(self, features: torch.Tensor) -> None:
         n_b = features.shape[0]
         if n_b == 0:
             return
-        mean_b = features.mean(dim=0)
-        centred = features - mean_b
-        m2_b = centred.T @ centred
-        n = self.feat_count
-        total = n + n_b
-        delta = mean_b - self.feat_mean
-        self.feat_m2.add_(m2_b + torch.outer(delta, delta) * (n * n_b / total))
-        self.feat_mean.add_(delta * (n_b / total))
-        self.feat_count.copy_(total)
+        with float32(features.device.type):
+            features = features.detach().to(self.feat_mean.dtype)
+            mean_b = features.mean(dim=0)
+            centred = features - mean_b
+            n = self.feat_count
+            total = n + n_b
+            delta = mean_b - self.feat_mean
+            self.feat_m2.add_(centred.T @ centred + torch.outer(delta, delta) * (n * n_b / total))
+            self.feat_mean.add_(delta * (n_b / total))
+            self.feat_count.copy_(total)
 
     @torch.no_grad()
     def reset_feature_statistics(self) -> None:
@@ -305,17 +299,6 @@ class MPBM(FeatureClassifier):
             return
         self.corr.copy_(self.correlation_estimate())
         self.corr_refreshed_at.copy_(self.step)
-
-    @torch.no_grad()
-    def maybe_refresh_correlation(self) -> None:
-        """Online: refresh ``corr`` every ``mpbm_corr_every`` steps ("round": restart the stats)."""
-        last = int(self.corr_refreshed_at)
-        if last >= 0 and int(self.step) - last < self.hparams["mpbm_corr_every"] or \
-                self.feat_count < 2:
-            return
-        self.refresh_correlation()
-        if self.hparams["mpbm_corr_window"] == "round":
-            self.reset_feature_statistics()
 
     def input_range(self, x: torch.Tensor):
         mode = self.hparams["mpbm_clamp"]
@@ -446,7 +429,13 @@ class MPBM(FeatureClassifier):
         self.synth_count += n
 
     def online_step(self, x, y, out) -> None:
-        self.maybe_refresh_correlation()
+        # refresh C every mpbm_corr_every steps ("round": restart the statistics)
+        last = int(self.corr_refreshed_at)
+        if (last < 0 or int(self.step) - last >= self.hparams["mpbm_corr_every"]) and \
+                self.feat_count >= 2:
+            self.refresh_correlation()
+            if self.hparams["mpbm_corr_window"] == "round":
+                self.reset_feature_statistics()
         q = self.query_features(self.sgld_queries(x, y))
         features = self.featurizer(x)
         self.accumulate_features(features)
@@ -473,18 +462,6 @@ class MPBM(FeatureClassifier):
                 "diag_source_clamped": clamped_share(x, bounds),
                 "diag_query_acc": accuracy}
 
-    @torch.no_grad()
-    def mix_diagnostics(self, q, features, y, generator=None) -> dict:
-        groups = self.draw_groups(len(features), features.device, count=len(q),
-                                  generator=generator)
-        values = features[groups]
-        z, _, weights = self.generator(q, values, self.corr, self.one_hot(y)[groups])
-        disc_acc = discriminator_accuracy(self.discriminator(features), self.discriminator(z))
-        return {"diag_attn_top_share": top_instance_share(weights).mean().item(),
-                "diag_synth_cos": nearest_cosine(z, features).mean().item(),
-                "diag_synth_outside_hull": outside_hull_share(z, values),
-                "diag_disc_acc": disc_acc}
-
     def probe(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """Every diagnostic on the batch, with a random generator of its own; kept in ``diag``."""
         generator = torch.Generator(device=x.device)
@@ -493,7 +470,17 @@ class MPBM(FeatureClassifier):
             x_query = self.sgld_queries(x, y, generator=generator)
             q = self.query_features(x_query)
             values = self.query_diagnostics(x, x_query, y, q)
-            values.update(self.mix_diagnostics(q, self.frozen_features(x), y, generator))
+            with torch.no_grad():
+                features = self.frozen_features(x)
+                groups = self.draw_groups(len(x), x.device, count=len(q), generator=generator)
+                z, _, weights = self.generator(q, features[groups], self.corr,
+                                               self.one_hot(y)[groups])
+                values.update(
+                    diag_attn_top_share=top_instance_share(weights).mean().item(),
+                    diag_synth_cos=nearest_cosine(z, features).mean().item(),
+                    diag_synth_outside_hull=outside_hull_share(z, features[groups]),
+                    diag_disc_acc=discriminator_accuracy(self.discriminator(features),
+                                                         self.discriminator(z)))
         self.diag.copy_(torch.tensor([values[k] for k in DIAG_KEYS]))
         self.diag_step.copy_(self.step)
         return values

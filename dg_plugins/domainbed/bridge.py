@@ -78,13 +78,6 @@ class DomainBedImportError(ImportError):
     """DomainBed cannot be imported; the message says how to fix it."""
 
 
-def _export_to_children(root: str) -> None:
-    """Put ``root`` on PYTHONPATH so that child processes import the same DomainBed."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
-
-
 def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[list[str], dict]:
     """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from ``root``,
     nothing installed (for comparisons)."""
@@ -128,7 +121,11 @@ def locate_domainbed() -> ModuleType:
             f"'domainbed' resolves to {domainbed.__file__}, not DomainBed's package. Run the entry "
             "as `python -m dg_plugins.scripts.domainbed`, not as a file path."
         )
-    _export_to_children(os.path.dirname(os.path.dirname(os.path.abspath(domainbed.__file__))))
+    # on PYTHONPATH, so that child processes import the same DomainBed
+    root = os.path.dirname(os.path.dirname(os.path.abspath(domainbed.__file__)))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
     return domainbed
 
 
@@ -211,16 +208,6 @@ def register_algorithms(algorithms_module: ModuleType,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
-def loads_in_process(dataset) -> bool:
-    """Whether a built dataset holds its data in memory (``IN_MEMORY`` or TensorDatasets)."""
-    if getattr(dataset, "IN_MEMORY", False):
-        return True
-    from torch.utils.data import TensorDataset
-
-    environments = list(getattr(dataset, "datasets", None) or ())
-    return bool(environments) and all(isinstance(env, TensorDataset) for env in environments)
-
-
 def domainbed_view(cls: type) -> type:
     """The class DomainBed gets for our dataset ``cls``: the same, with ``N_WORKERS`` 0 when its
     data is in memory."""
@@ -233,8 +220,12 @@ def domainbed_view(cls: type) -> type:
             what = "in-memory, so loaded without worker processes (N_WORKERS = 0)"
         else:
             def __init__(self, *args, **kwargs):
+                from torch.utils.data import TensorDataset
+
                 cls.__init__(self, *args, **kwargs)
-                if loads_in_process(self):
+                environments = list(getattr(self, "datasets", None) or ())
+                if getattr(self, "IN_MEMORY", False) or environments and all(
+                        isinstance(e, TensorDataset) for e in environments):
                     self.N_WORKERS = 0
 
             attributes["__init__"] = __init__
@@ -292,13 +283,6 @@ def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[s
 HOST_ONLY_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")
 
 
-def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
-    """The :data:`HOST_ONLY_HPARAMS` that ``overrides`` sets off their defaults."""
-    space = dg_hparams.base_space(dataset)
-    return [name for name in HOST_ONLY_HPARAMS
-            if name in overrides and overrides[name] != space[name][0]]
-
-
 def check_script_args(script: str, argv: list[str],
                       datasets_module: ModuleType | None = None) -> None:
     """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for what
@@ -321,7 +305,9 @@ def check_script_args(script: str, argv: list[str],
         return  # DomainBed's script reports it
     if not isinstance(overrides, dict):
         return
-    host_only = host_only_overrides(overrides, known.dataset)
+    space = dg_hparams.base_space(known.dataset)
+    host_only = [name for name in HOST_ONLY_HPARAMS  # set off their defaults
+                 if name in overrides and overrides[name] != space[name][0]]
     if host_only:
         names = ", ".join(f"{n}={overrides[n]!r}" for n in host_only)
         raise ValueError(
