@@ -87,11 +87,10 @@ def trainable(algorithm):
 
 def read_records(folder, drop=()) -> list[dict]:
     """A job folder's records, without the keys in ``drop``."""
-    path = os.path.join(folder, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in handle]
+    from dg_plugins.job.records import read_record_lines
+
+    return [{k: v for k, v in json.loads(line).items() if k not in drop}
+            for line in read_record_lines(os.path.join(folder, "results.jsonl"))]
 
 
 def test_tiny_test_hparams_are_declared_hparams(name):

@@ -303,14 +303,9 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
                 "An algorithm's own hparams are declared in its hparam_space.)"))
     checked = {}
     for name, value in overrides.items():
-        entry = entries[name]
         check_finite(name, value)
-        value = _coerce(name, value, entry[0], any_number=algorithm in _REGISTRIES)
-        check = entry[2] if len(entry) > 2 else None
-        problem = check(value) if check is not None and value is not None else None
-        if problem:
-            raise HparamError(f"hparam {name!r} {problem}, got {value!r}")
-        checked[name] = value
+        checked[name] = _coerce(name, value, entries[name][0], any_number=algorithm in _REGISTRIES)
+        check_values({name: entries[name]}, checked)
     return checked
 
 

@@ -169,10 +169,8 @@ def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
 
 def positive_or_null(message: str):
     """An hparam check for a number > 0 (null is never checked), else ``message``."""
-    def check(value) -> str | None:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
-        return None if ok else message
-    return check
+    return hparams_lib._check(lambda v: not isinstance(v, bool) and isinstance(v, (int, float))
+                              and v > 0, message)
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

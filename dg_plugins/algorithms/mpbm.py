@@ -394,63 +394,11 @@ class MPBM(FeatureClassifier):
         optimizer_step(self.optimizer, loss)
         out["loss"], out["sup"] = loss.item(), sup.item()
 
-    @torch.no_grad()
-    def query_step(self, x, y, offset: int) -> None:
-        if offset == 0:
-            self.bank_count.zero_()
-        q = self.query_features(self.sgld_queries(x, y))
-        start = int(self.bank_count)
-        n = min(len(q), self.query_bank.shape[0] - start)
-        self.query_bank[start:start + n] = q[:n]
-        self.query_labels[start:start + n] = y[:n]
-        self.bank_count += n
-
     def bank_draw(self, count: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         if int(self.bank_count) == 0:
             raise RuntimeError("MPBM's query bank is empty (the query phase got no batch rows)")
         index = torch.randint(0, int(self.bank_count), (count,), device=device)
         return self.query_bank[index], self.query_labels[index]
-
-    @torch.no_grad()
-    def synth_step(self, x, y, offset: int, round_index: int) -> None:
-        if offset == 0:
-            self.synth_count.zero_()
-            self.synth_round.fill_(round_index)
-        start = int(self.synth_count)
-        n = min(self.rows, self.synth_z.shape[0] - start)
-        if n <= 0 or len(x) == 0:
-            return
-        features = self.frozen_features(x)
-        q, _ = self.bank_draw(n, x.device)
-        groups = self.draw_groups(len(x), x.device, count=n)
-        z, y_mix, _ = self.generator(q, features[groups], self.corr, self.one_hot(y)[groups])
-        self.synth_z[start:start + n] = z
-        self.synth_y[start:start + n] = y_mix
-        self.synth_count += n
-
-    def online_step(self, x, y, out) -> None:
-        # refresh C every mpbm_corr_every steps ("round": restart the statistics)
-        last = int(self.corr_refreshed_at)
-        if (last < 0 or int(self.step) - last >= self.hparams["mpbm_corr_every"]) and \
-                self.feat_count >= 2:
-            self.refresh_correlation()
-            if self.hparams["mpbm_corr_window"] == "round":
-                self.reset_feature_statistics()
-        q = self.query_features(self.sgld_queries(x, y))
-        features = self.featurizer(x)
-        self.accumulate_features(features)
-        y_onehot = self.one_hot(y)
-        groups = self.draw_groups(len(x), x.device)
-        z, gen_stats = self.generator_step(q, features, y_onehot, y, groups)
-        out.update(gen_stats)
-        if self.hparams["mpbm_lambda_adv"] > 0:
-            out.update(self.discriminator_step(features, z))
-
-        sup, mix = F.cross_entropy(self.classifier(features), y), None
-        if self.hparams["mpbm_lambda_mix"] > 0:
-            z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
-            mix = soft_cross_entropy(self.classifier(z_train), y_mix)
-        self.model_step(sup, mix, out)
 
     def query_diagnostics(self, x: torch.Tensor, x_query: torch.Tensor, y: torch.Tensor,
                           q: torch.Tensor) -> dict:
@@ -500,8 +448,16 @@ class MPBM(FeatureClassifier):
             self.accumulate_features(self.frozen_features(x))
             if offset == self.hparams["mpbm_corr_steps"] - 1:
                 self.refresh_correlation()
-        elif phase == "query":
-            self.query_step(x, y, offset)
+        elif phase == "query":  # the round's bank of SGLD query features
+            with torch.no_grad():
+                if offset == 0:
+                    self.bank_count.zero_()
+                q = self.query_features(self.sgld_queries(x, y))
+                start = int(self.bank_count)
+                n = min(len(q), self.query_bank.shape[0] - start)
+                self.query_bank[start:start + n] = q[:n]
+                self.query_labels[start:start + n] = y[:n]
+                self.bank_count += n
         elif phase == "gen":
             features = self.frozen_features(x)
             q, y_q = self.bank_draw(len(x), x.device)
@@ -510,16 +466,49 @@ class MPBM(FeatureClassifier):
             out.update(stats)
             if self.hparams["mpbm_lambda_adv"] > 0:
                 out.update(self.discriminator_step(features, z))
-        elif phase == "synth":
-            self.synth_step(x, y, offset, round_index)
+        elif phase == "synth":  # the round's synthetic set, mixed for the bank's queries
+            with torch.no_grad():
+                if offset == 0:
+                    self.synth_count.zero_()
+                    self.synth_round.fill_(round_index)
+                start = int(self.synth_count)
+                n = min(self.rows, self.synth_z.shape[0] - start)
+                if n > 0 and len(x) > 0:
+                    features = self.frozen_features(x)
+                    q, _ = self.bank_draw(n, x.device)
+                    groups = self.draw_groups(len(x), x.device, count=n)
+                    z, y_mix, _ = self.generator(q, features[groups], self.corr,
+                                                 self.one_hot(y)[groups])
+                    self.synth_z[start:start + n] = z
+                    self.synth_y[start:start + n] = y_mix
+                    self.synth_count += n
         elif phase == "finetune":
             sup, mix = F.cross_entropy(self.predict(x), y), None
             if self.hparams["mpbm_lambda_mix"] > 0 and int(self.synth_count) > 0:
                 index = torch.randint(0, int(self.synth_count), (len(x),), device=x.device)
                 mix = soft_cross_entropy(self.classifier(self.synth_z[index]), self.synth_y[index])
             self.model_step(sup, mix, out)
-        else:
-            self.online_step(x, y, out)
+        else:  # online: refresh C every mpbm_corr_every steps ("round": restart the statistics)
+            last = int(self.corr_refreshed_at)
+            if (last < 0 or int(self.step) - last >= self.hparams["mpbm_corr_every"]) and \
+                    self.feat_count >= 2:
+                self.refresh_correlation()
+                if self.hparams["mpbm_corr_window"] == "round":
+                    self.reset_feature_statistics()
+            q = self.query_features(self.sgld_queries(x, y))
+            features = self.featurizer(x)
+            self.accumulate_features(features)
+            y_onehot = self.one_hot(y)
+            groups = self.draw_groups(len(x), x.device)
+            z, gen_stats = self.generator_step(q, features, y_onehot, y, groups)
+            out.update(gen_stats)
+            if self.hparams["mpbm_lambda_adv"] > 0:
+                out.update(self.discriminator_step(features, z))
+            sup, mix = F.cross_entropy(self.classifier(features), y), None
+            if self.hparams["mpbm_lambda_mix"] > 0:
+                z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
+                mix = soft_cross_entropy(self.classifier(z_train), y_mix)
+            self.model_step(sup, mix, out)
         every = self.hparams["mpbm_diag_every"]
         if every > 0 and int(self.step) % every == 0 and len(x) > 0:
             self.probe(x, y)

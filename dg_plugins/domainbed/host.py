@@ -157,12 +157,10 @@ def _restore(current, saved, device):
 
 class DomainBedHost:
     """Mixed into a DomainBed algorithm class: our job loop's optimizers, schedulers, lr factor,
-    checks and resume state."""
+    checks and resume state. :func:`host_class` sets ``DOMAINBED_NAME``, ``NAME``,
+    ``CUDA_ONLY``, and ``NETWORKS`` and ``DOMAINBED_FEATURIZER``: DomainBed's ``networks`` module
+    and its own ``Featurizer`` (None: the checkout has none)."""
 
-    #: Set by :func:`host_class`.
-    DOMAINBED_NAME = ""
-    NAME = ""
-    CUDA_ONLY = False
     TINY_TEST_HPARAMS: dict = {}
     GRADIENT_EXEMPT: dict = {}
     epoch_steps = None
@@ -174,18 +172,9 @@ class DomainBedHost:
     set_lr_factor = Algorithm.set_lr_factor
     pretrain_update = Algorithm.pretrain_update
     pretrained_state = Algorithm.pretrained_state
-
-    @classmethod
-    def supports_pretraining(cls) -> bool:
-        return False
-
-    @staticmethod
-    def hparam_space(dataset: str) -> dict:
-        return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
-
-    #: DomainBed's ``networks`` module and its own ``Featurizer`` (None: the checkout has none).
-    NETWORKS = None
-    DOMAINBED_FEATURIZER = None
+    supports_pretraining = classmethod(lambda cls: False)
+    #: none: DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
+    hparam_space = staticmethod(lambda dataset: {})
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         """DomainBed's ``__init__`` on our featurizer; a class whose code then fails is built again,

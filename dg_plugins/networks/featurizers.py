@@ -140,7 +140,7 @@ class ResNet(StagedFeaturizer):
                              for name in self.stage_names}
         self.freeze_bn = hparams["freeze_bn"]
         self.dropout = nn.Dropout(hparams["resnet_dropout"])
-        self._freeze_bn_stats()
+        self.train()  # BatchNorm statistics frozen with freeze_bn
 
     def stem(self, x):
         net = self.network
@@ -157,14 +157,11 @@ class ResNet(StagedFeaturizer):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._freeze_bn_stats()
-        return self
-
-    def _freeze_bn_stats(self):
         if self.freeze_bn:
             for m in self.network.modules():
                 if isinstance(m, nn.BatchNorm2d):
                     m.eval()
+        return self
 
 
 def resnet_arch(hparams) -> str:
