@@ -166,10 +166,6 @@ def import_plugins(modules: Iterable[str] = ()) -> list[str]:
 # --- Registration into (DomainBed-like) modules ---
 
 
-def _record(module: ModuleType) -> dict:
-    return _INSTALLED.setdefault(module, {})
-
-
 def is_installed(module: ModuleType, name: str) -> bool:
     """Whether ``module.<name>`` is an object this bridge installed (not DomainBed's own)."""
     installed = _INSTALLED.get(module, {})
@@ -181,7 +177,7 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
     """``module.<name> = obj`` and ``name`` appended to ``module.<list_name>`` for each entry the
     module does not define itself; (installed, skipped) names."""
     names_list = getattr(module, list_name)
-    record = _record(module)
+    record = _INSTALLED.setdefault(module, {})
     installed, skipped = [], []
     for name, obj in entries.items():
         if name in vars(module) and not is_installed(module, name):
@@ -250,10 +246,9 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
                   datasets_module: ModuleType) -> Callable:
     """Wrap ``hparams_module._hparams`` once: ours for installed algorithms, DomainBed's
     registry (small-image datasets as :data:`SMALL_IMAGE_PROXY`) for its own."""
-    current = hparams_module._hparams
-    if getattr(current, "dg_plugins_original", None) is not None:
-        return current
-    original = current
+    original = hparams_module._hparams
+    if getattr(original, "dg_plugins_original", None) is not None:
+        return original
 
     @functools.wraps(original)
     def _hparams(algorithm, dataset, random_seed):
@@ -362,7 +357,7 @@ def register_launchers(launchers_module: ModuleType,
     lacks, as rewriting launchers."""
     entries = dict(LAUNCHERS.items()) if entries is None else entries
     registry = launchers_module.REGISTRY
-    record = _record(launchers_module).setdefault("REGISTRY", {})
+    record = _INSTALLED.setdefault(launchers_module, {}).setdefault("REGISTRY", {})
     installed, skipped = [], []
     for name, launcher in entries.items():
         ours = name in record and registry.get(name) is record[name]

@@ -73,18 +73,16 @@ def backpack_problem() -> str | None:
 
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
                       random_seed: int, network_hparams: bool = False) -> dict:
-    """DomainBed's ``_hparams`` (our small-image datasets asked as
-    :data:`dg_plugins.domainbed.bridge.SMALL_IMAGE_PROXY`), plus :data:`NETWORK_HPARAMS` (defaults) with
-    ``network_hparams`` (the class runs on our featurizer)."""
-    asked = dataset
-    if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
-        asked = bridge.SMALL_IMAGE_PROXY
-    hparams = hparams_registry._hparams(name, asked, random_seed)
+    """DomainBed's ``_hparams`` (our small-image datasets asked as ``bridge.SMALL_IMAGE_PROXY``),
+    plus :data:`NETWORK_HPARAMS`' defaults with ``network_hparams`` (on our featurizer)."""
+    small = (dataset in hparams_lib.SMALL_IMAGE_DATASETS
+             and dataset not in catalog.DOMAINBED_DATASETS)
+    hparams = hparams_registry._hparams(name, bridge.SMALL_IMAGE_PROXY if small else dataset,
+                                        random_seed)
     if network_hparams:
         ours = hparams_lib.base_space(dataset)
-        for key in NETWORK_HPARAMS:
-            if key not in hparams:
-                hparams[key] = (ours[key][0], ours[key][0])
+        hparams.update({key: (ours[key][0], ours[key][0]) for key in NETWORK_HPARAMS
+                        if key not in hparams})
     return hparams
 
 

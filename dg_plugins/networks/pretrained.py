@@ -127,12 +127,9 @@ def require_cached_or_reachable(what: str, cached: str, url: str,
                  f"{what} downloaded from {url} into {cached}")
 
 
-def check_url_available(url: str, what: str, cached: str | None = None,
-                        unavailable=_unavailable) -> None:
-    if cached is None:
-        cached = os.path.join(torch.hub.get_dir(), "checkpoints",
-                              os.path.basename(urlparse(url).path))
-    require_cached_or_reachable(what, cached, url, unavailable)
+def check_url_available(url: str, what: str) -> None:
+    name = os.path.basename(urlparse(url).path)  # in torch hub's checkpoint cache
+    require_cached_or_reachable(what, os.path.join(torch.hub.get_dir(), "checkpoints", name), url)
 
 
 def hub_cache_folder(repo_id: str) -> str:

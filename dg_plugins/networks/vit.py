@@ -208,11 +208,7 @@ def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def prepend_prefix_tokens(vit: nn.Module, patches: torch.Tensor) -> torch.Tensor:
     """``[B, K, D]`` -> ``[B, P + K, D]``: prefix tokens in front, ``pos_drop``, ``norm_pre``."""
-    prefix = []
-    if vit.cls_token is not None:
-        prefix.append(vit.cls_token)
-    if getattr(vit, "reg_token", None) is not None:
-        prefix.append(vit.reg_token)
+    prefix = [t for t in (vit.cls_token, getattr(vit, "reg_token", None)) if t is not None]
     if prefix:
         prefix = torch.cat(prefix, dim=1)
         if vit.pos_embed is not None and not vit.no_embed_class:
