@@ -233,7 +233,14 @@ class _MaskedAutoencoder(Algorithm):
     build_finetune_encoder = staticmethod(build_encoder)
 
     def _update(self, x, y, domain) -> dict:
-        raise NotImplementedError
+        """MAE's step: ``rec + lambda2 * CE`` (DisMAE's adds its terms)."""
+        tokens = vitlib.embed_patches(self.encoder, x)
+        latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
+        rec = self.rec_loss(self.decoder(latent, ids_restore, None), self.target(x), mask)
+        loss, out = self.add_ce(rec, latent, y)
+        optimizer_step(self.optimizer, loss)
+        self.step += 1
+        return {"loss": loss.item(), "rec": rec.item(), **out}
 
     def update(self, minibatches, unlabeled=None) -> dict:
         x, y, domain = split_minibatches(minibatches)
@@ -251,15 +258,6 @@ class MAE(_MaskedAutoencoder):
     """Masked autoencoder (He et al., CVPR 2022): ``rec + lambda2 * CE`` (UDG pretraining: rec)."""
 
     hparam_space = staticmethod(_shared_space)
-
-    def _update(self, x, y, domain) -> dict:
-        tokens = vitlib.embed_patches(self.encoder, x)
-        latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
-        rec = self.rec_loss(self.decoder(latent, ids_restore, None), self.target(x), mask)
-        loss, out = self.add_ce(rec, latent, y)
-        optimizer_step(self.optimizer, loss)
-        self.step += 1
-        return {"loss": loss.item(), "rec": rec.item(), **out}
 
 
 #: The domain classifier's epoch when neither the hparam nor the job gives one.

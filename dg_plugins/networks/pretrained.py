@@ -154,15 +154,12 @@ def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailabl
         _decided(what, None)
         note_weights(f"{what} from the Hugging Face cache: {', '.join(files)}")
         return True
-    error = None
     if offline_requested():
-        error = unavailable(what, hub_cache_folder(repo_id), OFFLINE_SET)
+        reason = OFFLINE_SET
     else:
         reason = probe_url(hf_hub_url(repo_id, groups[-1][-1], revision=revision))
-        if reason is not None:
-            error = unavailable(what, hub_cache_folder(repo_id),
-                                f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}")
-    _decided(what, error)
+        reason = reason and f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}"
+    _decided(what, reason and unavailable(what, hub_cache_folder(repo_id), reason))
     note_weights(f"{what} downloaded from the hub ({constants.ENDPOINT}, {repo_id}) into "
                  f"{hub_cache_folder(repo_id)}")
     return False
