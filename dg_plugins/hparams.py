@@ -176,10 +176,8 @@ def _python(value: Any) -> Any:
 
 def draw(algorithm: str, dataset: str, random_seed: int) -> dict[str, tuple[Any, Any]]:
     """DomainBed's ``_hparams``: ``{name: (default, random draw)}``; every draw is evaluated."""
-    out = {}
-    if algorithm in _REGISTRIES:
-        out = {name: (_python(default), _python(value))
-               for name, (default, value) in _REGISTRIES[algorithm](dataset, random_seed).items()}
+    drawn = _REGISTRIES[algorithm](dataset, random_seed) if algorithm in _REGISTRIES else {}
+    out = {name: (_python(default), _python(value)) for name, (default, value) in drawn.items()}
     for name, entry in space(algorithm, dataset).items():
         if name in out:
             continue
@@ -312,9 +310,7 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
 def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int,
                 overrides: str | None = None) -> dict[str, Any]:
     """A train job's hparams as DomainBed's train.py computes them, then the overrides."""
-    if hparams_seed == 0:
-        hp = default_hparams(algorithm, dataset)
-    else:
-        hp = random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
+    hp = default_hparams(algorithm, dataset) if hparams_seed == 0 else \
+        random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
     hp.update(validate(algorithm, dataset, parse_overrides(overrides)))
     return hp

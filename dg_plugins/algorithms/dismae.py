@@ -193,8 +193,7 @@ class _MaskedAutoencoder(Algorithm):
             masked = vitlib.random_masking(tokens, mask_ratio)
             kept, mask, ids_restore = masked.tokens, masked.mask, masked.ids_restore
         else:
-            kept = tokens
-            mask = tokens.new_zeros(tokens.shape[:2])
+            kept, mask = tokens, tokens.new_zeros(tokens.shape[:2])
             ids_restore = torch.arange(tokens.shape[1], device=tokens.device).expand(
                 tokens.shape[0], -1)
         h = vitlib.prepend_prefix_tokens(self.encoder, kept)

@@ -216,8 +216,7 @@ class MPBM(FeatureClassifier):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        clamp = hparams["mpbm_clamp"]
-        if clamp == "imagenet" and self.input_shape[0] != 3:
+        if hparams["mpbm_clamp"] == "imagenet" and self.input_shape[0] != 3:
             raise ValueError(f"mpbm_clamp 'imagenet' needs 3-channel inputs, got input shape "
                              f"{self.input_shape}; use 'batch' or 'unit'")
         if num_domains > 1:

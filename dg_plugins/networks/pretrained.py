@@ -64,8 +64,7 @@ class WeightsRequested(BaseException):
 
     def __init__(self, what: str, error: BaseException | None):
         super().__init__(what)
-        self.what = what
-        self.error = error
+        self.what, self.error = what, error
 
 
 _probing = False
