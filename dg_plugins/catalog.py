@@ -88,17 +88,9 @@ def _registered(package: str, modules: list[str], kind: str) -> list[str]:
     return found
 
 
-def builtin_algorithms() -> list[str]:
-    return _registered(ALGORITHMS_PACKAGE, algorithm_modules(), "algorithm")
-
-
-def builtin_datasets() -> list[str]:
-    return _registered(DATASETS_PACKAGE, _modules(DATASETS_PACKAGE), "dataset")
-
-
 #: dg_plugins' built-in algorithms and datasets (read from their sources).
-BUILTIN_ALGORITHMS = builtin_algorithms()
-BUILTIN_DATASETS = builtin_datasets()
+BUILTIN_ALGORITHMS = _registered(ALGORITHMS_PACKAGE, algorithm_modules(), "algorithm")
+BUILTIN_DATASETS = _registered(DATASETS_PACKAGE, _modules(DATASETS_PACKAGE), "dataset")
 
 #: Every algorithm name in table order: DomainBed's, then dg_plugins' own, then those declared.
 ALGORITHM_ORDER: list[str] = list(dict.fromkeys(DOMAINBED_ALGORITHMS + BUILTIN_ALGORITHMS))
@@ -147,10 +139,6 @@ def dataset_hparam_space(name: str) -> dict[str, tuple]:
     return dict(DATASET_HPARAMS.get(name, {}))
 
 
-def _probability(value) -> str | None:
-    return None if 0 <= value <= 1 else "must be a probability in [0, 1]"
-
-
 def one_of(*choices):
     """An hparam check accepting only ``choices`` (:mod:`dg_plugins.hparams` imports it)."""
     def check(value) -> str | None:
@@ -187,21 +175,18 @@ def _image_size(value) -> str | None:
         else f"must be a multiple of 16 from 32 to {MAX_IMAGE_SIZE} (DomainBed's: 224)"
 
 
-def image_folder_hparam_space() -> dict[str, tuple]:
-    """The hparams every image-folder dataset reads, not drawn: ``augmentation`` and
-    ``image_size`` (the side of the transforms' square images)."""
-    return {"augmentation": ("domainbed", lambda r: "domainbed", one_of(*AUGMENTATIONS)),
-            IMAGE_SIZE_HPARAM: (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)}
-
-
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
-    """Record ``name`` as read from ``<data_dir>/<folder_name>`` and declare its hparams."""
+    """Record ``name`` as read from ``<data_dir>/<folder_name>`` and declare the hparams every
+    image-folder dataset reads, not drawn: ``augmentation`` and ``image_size`` (the side of the
+    transforms' square images)."""
     known = IMAGE_FOLDER_DATASETS.get(name, folder_name)
     if known != folder_name:
         raise ValueError(f"image-folder dataset {name!r} is declared with folder {known!r}, "
                          f"not {folder_name!r}")
     IMAGE_FOLDER_DATASETS[name] = folder_name
-    declare_dataset_hparams(name, image_folder_hparam_space())
+    declare_dataset_hparams(name, {
+        "augmentation": ("domainbed", lambda r: "domainbed", one_of(*AUGMENTATIONS)),
+        IMAGE_SIZE_HPARAM: (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)})
 
 
 # --- Dataset names and the environments found on disk (sweep checks its --datasets) ---
@@ -319,7 +304,8 @@ declare_dataset("DomainNet20", ["clip", "info", "paint", "quick", "real", "sketc
 declare_dataset("Digits", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
 declare_dataset("DigitsOffline", ["mnist", "svhn", "mnist_m", "syn", "usps"], "lenet")
 declare_dataset_hparams("DigitsOffline",
-                        {"digits_color_jitter": (0.0, lambda r: 0.0, _probability)})
+                        {"digits_color_jitter": (0.0, lambda r: 0.0, lambda v: None if 0 <= v <= 1
+                                                 else "must be a probability in [0, 1]")})
 for _name, _folder in list(IMAGE_FOLDER_DATASETS.items()):
     declare_image_folder_dataset(_name, _folder)
 declare_dataset_hparams("PACS", {"data_split": ("domainbed", lambda r: "domainbed",

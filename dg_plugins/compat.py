@@ -18,17 +18,6 @@ _library = None  # keeps the schema definitions alive for the life of the proces
 extension_loaded: bool | None = None  # None until ensure_torchvision() ran
 
 
-def _torchvision_extension_path() -> str | None:
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = list(spec.submodule_search_locations)[0]
-    for name in os.listdir(folder):
-        if name.startswith("_C.") and (name.endswith(".so") or name.endswith(".pyd")):
-            return os.path.join(folder, name)
-    return None
-
-
 def ensure_torchvision() -> bool:
     """Prepare torch so that torchvision imports; whether torchvision's own extension loads."""
     global _library, extension_loaded
@@ -39,7 +28,11 @@ def ensure_torchvision() -> bool:
     if "torchvision" in sys.modules or hasattr(torch.ops.torchvision, "nms"):
         extension_loaded = True  # already imported fine, or the schemas exist
         return True
-    path = _torchvision_extension_path()
+    spec = importlib.util.find_spec("torchvision")
+    folder = list(spec.submodule_search_locations)[0] if spec is not None and \
+        spec.submodule_search_locations else None
+    path = next((os.path.join(folder, name) for name in (os.listdir(folder) if folder else ())
+                 if name.startswith("_C.") and name.endswith((".so", ".pyd"))), None)
     if path is None:  # torchvision not installed: nothing to prepare
         extension_loaded = False
         return False

@@ -9,6 +9,7 @@ own; a test module importing these tests may set ``CONTRACT_ALGORITHMS`` instead
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import math
@@ -86,11 +87,10 @@ def trainable(algorithm):
 
 def read_records(folder, drop=()) -> list[dict]:
     """A job folder's records, without the keys in ``drop``."""
-    path = os.path.join(folder, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in handle]
+    from dg_plugins.job.records import read_record_lines
+
+    return [{k: v for k, v in json.loads(line).items() if k not in drop}
+            for line in read_record_lines(os.path.join(folder, "results.jsonl"))]
 
 
 def test_tiny_test_hparams_are_declared_hparams(name):
@@ -104,16 +104,12 @@ def test_every_trainable_parameter_is_in_exactly_one_optimizer(name):
     algorithm, _, _ = build(name, "Debug28")
     optimizers = algorithm.optimizers()
     assert optimizers, f"{name} exposes no optimizer to resume checkpoints"
-    owners = {}
+    owners = collections.defaultdict(list)
     for opt_name, opt in optimizers.items():
-        for group in opt.param_groups:
-            for p in group["params"]:
-                owners.setdefault(id(p), []).append(opt_name)
-    problems = []
-    for pname, p in trainable(algorithm).items():
-        found = owners.get(id(p), [])
-        if len(found) != 1:
-            problems.append(f"{pname}: in {found or 'no optimizer'}")
+        for p in (p for group in opt.param_groups for p in group["params"]):
+            owners[id(p)].append(opt_name)
+    problems = [f"{pname}: in {owners[id(p)] or 'no optimizer'}"
+                for pname, p in trainable(algorithm).items() if len(owners[id(p)]) != 1]
     assert not problems, f"{name}: " + "; ".join(problems)
 
 

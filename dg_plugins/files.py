@@ -11,24 +11,22 @@ import secrets
 DISK_FULL_ERRNOS = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-def _create_temp_file(folder: str, suffix: str) -> tuple[int, str]:
-    """A new uniquely named file in ``folder`` with ``open()``'s mode (not mkstemp's 0600)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        path = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{suffix}")
-        try:
-            return os.open(path, flags, 0o666), path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a temporary file in {folder}")
-
-
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, readable as a plain ``open()``'s file would be."""
     folder = os.path.dirname(os.path.abspath(path))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = _create_temp_file(folder, os.path.basename(path)[-100:])
+        for _ in range(100):  # a new uniquely named file with open()'s mode, not mkstemp's 0600
+            name = f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)[-100:]}"
+            tmp = os.path.join(folder, name)
+            try:
+                fd = os.open(tmp, flags, 0o666)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"could not create a temporary file in {folder}")
     except OSError as err:
         _name(err, path)
         raise

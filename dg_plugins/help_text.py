@@ -47,33 +47,23 @@ def short_usage(parser: argparse.ArgumentParser) -> str:
     return f"{' '.join(formatter.format_help().split())} {EVERY_FLAG}"
 
 
-def close_flag(word: str, flags: list[str]) -> str | None:
-    """The flag of ``flags`` closest to the mistyped ``word``, if any is close."""
-    names = {flag.lstrip("-"): flag for flag in flags}
-    close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(names), n=1,
-                                      cutoff=0.75)
-    return names[close[0]] if close else None
-
-
-def unknown_flags(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
-    """The words that look like flags ``parser`` does not have (nor abbreviates)."""
-    flags = [option for action in parser._actions for option in action.option_strings]
-    return [word for word in words if word.startswith("--") and len(word) > 2
-            and not any(flag.startswith(word.split("=", 1)[0]) for flag in flags)]
-
-
 def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] = ()) -> str:
     """``"; did you mean ...?"`` for argparse's ``message`` about an unknown flag, a missing
     required flag mistyped in ``argv``, or an invalid choice; "" when nothing is close."""
-    flags = [option for action in parser._actions for option in action.option_strings
-             if option.startswith("--")]
+    options = [option for action in parser._actions for option in action.option_strings]
+    flags = [option for option in options if option.startswith("--")]
     unknown = re.match(r"unrecognized arguments: (.*)", message)
     required = re.match(r"the following arguments are required: (.*)", message)
     if unknown or required:
-        words = unknown.group(1).split() if unknown else unknown_flags(parser, list(argv))
-        among = flags if unknown else [w for w in required.group(1).split(", ") if w in flags]
-        hints = [(word, flag) for word in words if word.startswith("-")
-                 and (flag := close_flag(word, among)) is not None]
+        # required: the words of argv that look like flags parser lacks (nor abbreviates)
+        words = unknown.group(1).split() if unknown else [
+            word for word in argv if word.startswith("--") and len(word) > 2
+            and not any(flag.startswith(word.split("=", 1)[0]) for flag in options)]
+        among = {flag.lstrip("-"): flag for flag in (flags if unknown else [
+            w for w in required.group(1).split(", ") if w in flags])}
+        hints = [(word, among[close[0]]) for word in words if word.startswith("-") and (
+            close := difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(among),
+                                               n=1, cutoff=0.75))]
         if len([w for w in words if w.startswith("-")]) == 1 and hints:
             return f"; did you mean {hints[0][1]}?"
         return ("; did you mean " + ", ".join(f"{flag} (for {word})" for word, flag in hints)

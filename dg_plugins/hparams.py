@@ -60,32 +60,16 @@ def _int_pow2(low: float, high: float) -> RandomFn:
     return lambda r: int(2 ** r.uniform(low, high))
 
 
-# Value checks for the optional third element of a space entry
-
-def positive(value) -> str | None:
-    return None if value > 0 else "must be > 0"
-
-
-def non_negative(value) -> str | None:
-    return None if value >= 0 else "must be >= 0"
+def _check(ok: Callable[[Any], bool], problem: str) -> Check:
+    """A value check (the optional third element of a space entry): None, or ``problem``."""
+    return lambda value: None if ok(value) else problem
 
 
-def probability(value) -> str | None:
-    return None if 0 <= value < 1 else "must be in [0, 1)"
-
-
-def unit_interval(value) -> str | None:
-    return None if 0 <= value <= 1 else "must be in [0, 1]"
-
-
-def decay_rate(value) -> str | None:
-    return None if 0 < value <= 1 else "must be in (0, 1]"
-
-
-def multiple_of(n: int) -> Check:
-    def check(value) -> str | None:
-        return None if value > 0 and value % n == 0 else f"must be a positive multiple of {n}"
-    return check
+positive = _check(lambda v: v > 0, "must be > 0")
+non_negative = _check(lambda v: v >= 0, "must be >= 0")
+probability = _check(lambda v: 0 <= v < 1, "must be in [0, 1)")
+unit_interval = _check(lambda v: 0 <= v <= 1, "must be in [0, 1]")
+decay_rate = _check(lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 
 def base_space(dataset: str) -> Space:
@@ -120,7 +104,8 @@ def base_space(dataset: str) -> Space:
     backbone = catalog.DATASET_BACKBONES.get(dataset, "auto")
     space["backbone"] = (backbone, _constant(backbone), one_of(*BACKBONES))
     cnn_width = 32 if dataset in COMPACT_CNN_DATASETS else 128
-    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), multiple_of(16))
+    space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), _check(
+        lambda v: v > 0 and v % 16 == 0, "must be a positive multiple of 16"))
     if small:
         space["lr"] = (1e-3, _log_uniform(-4.5, -2.5), positive)
         space["weight_decay"] = (0.0, _constant(0.0), non_negative)
@@ -136,14 +121,13 @@ def base_space(dataset: str) -> Space:
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
     """Attach ``space_fn(dataset)`` (overriding the base) to ``algorithm``, once."""
     current = _ALGORITHM_SPACES.get(algorithm)
-    if current is not None and current is not space_fn and _origin(current) != _origin(space_fn):
+
+    def origin(fn) -> tuple:  # where fn was defined (the same after a module reload)
+        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+
+    if current is not None and current is not space_fn and origin(current) != origin(space_fn):
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
     _ALGORITHM_SPACES[algorithm] = space_fn
-
-
-def _origin(fn) -> tuple:
-    """Where a function was defined (the same after a module reload)."""
-    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
 
 
 def algorithm_hparams(algorithm: str):
@@ -192,10 +176,8 @@ def _python(value: Any) -> Any:
 
 def draw(algorithm: str, dataset: str, random_seed: int) -> dict[str, tuple[Any, Any]]:
     """DomainBed's ``_hparams``: ``{name: (default, random draw)}``; every draw is evaluated."""
-    out = {}
-    if algorithm in _REGISTRIES:
-        out = {name: (_python(default), _python(value))
-               for name, (default, value) in _REGISTRIES[algorithm](dataset, random_seed).items()}
+    drawn = _REGISTRIES[algorithm](dataset, random_seed) if algorithm in _REGISTRIES else {}
+    out = {name: (_python(default), _python(value)) for name, (default, value) in drawn.items()}
     for name, entry in space(algorithm, dataset).items():
         if name in out:
             continue
@@ -319,23 +301,16 @@ def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[st
                 "An algorithm's own hparams are declared in its hparam_space.)"))
     checked = {}
     for name, value in overrides.items():
-        entry = entries[name]
         check_finite(name, value)
-        value = _coerce(name, value, entry[0], any_number=algorithm in _REGISTRIES)
-        check = entry[2] if len(entry) > 2 else None
-        problem = check(value) if check is not None and value is not None else None
-        if problem:
-            raise HparamError(f"hparam {name!r} {problem}, got {value!r}")
-        checked[name] = value
+        checked[name] = _coerce(name, value, entries[name][0], any_number=algorithm in _REGISTRIES)
+        check_values({name: entries[name]}, checked)
     return checked
 
 
 def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int,
                 overrides: str | None = None) -> dict[str, Any]:
     """A train job's hparams as DomainBed's train.py computes them, then the overrides."""
-    if hparams_seed == 0:
-        hp = default_hparams(algorithm, dataset)
-    else:
-        hp = random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
+    hp = default_hparams(algorithm, dataset) if hparams_seed == 0 else \
+        random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
     hp.update(validate(algorithm, dataset, parse_overrides(overrides)))
     return hp

@@ -64,9 +64,9 @@ def has_image(folder: str) -> bool:
     return False
 
 
-def domain_folder_given(root: str, folders: list[str]) -> str | None:
-    """The folder above ``root`` when ``root`` is one domain's folder of an image tree, else
-    None."""
+def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | None:
+    """The message for a ``--data_dir`` one level below an image tree (``root`` is one domain's
+    folder), naming the folder above; else None."""
     paths = [os.path.join(root, name) for name in folders]
     if not paths or any(visible_subfolders(path) for path in paths):
         return None
@@ -79,15 +79,9 @@ def domain_folder_given(root: str, folders: list[str]) -> str | None:
     if not any(set(visible_subfolders(sibling)) & set(folders) for sibling in siblings):
         return None  # e.g. a tree without class folders: not one level off
     if os.path.isabs(root):
-        return os.path.dirname(os.path.normpath(root))
-    return os.path.relpath(os.path.join(root, os.pardir))
-
-
-def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | None:
-    """The message for a ``--data_dir`` one level below an image tree, or None."""
-    tree = domain_folder_given(root, folders)
-    if tree is None:
-        return None
+        tree = os.path.dirname(os.path.normpath(root))
+    else:
+        tree = os.path.relpath(os.path.join(root, os.pardir))
     shown = ", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "")
     return (f"{dataset}: the folders of {root} ({shown}) hold images, not class folders: {root} "
             f"is one domain's folder and the image tree is one level up; did you mean "
@@ -200,13 +194,10 @@ def locate_mnist_files(root: str | None) -> dict[str, str] | None:
     """The four MNIST files by role, from the first searched folder holding all (plain before
     ``.gz``); None when none does."""
     for folder in mnist_search_folders(root):
-        found = {}
-        for role, name in MNIST_FILES.items():
-            for candidate in (name, name + ".gz"):
-                if os.path.isfile(os.path.join(folder, candidate)):
-                    found[role] = os.path.join(folder, candidate)
-                    break
-        if len(found) == len(MNIST_FILES):
+        found = {role: next((path for path in (os.path.join(folder, name + suffix)
+                                               for suffix in ("", ".gz")) if os.path.isfile(path)),
+                            None) for role, name in MNIST_FILES.items()}
+        if all(found.values()):
             return found
     return None
 

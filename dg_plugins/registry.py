@@ -100,11 +100,8 @@ class Registry:
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
-    def _canonical(self, source: Source, name: str) -> str:
-        return f"{source.prefix}:{name}" if name in self._entries else name
-
     def _load(self, source: Source, name: str) -> str:
-        canonical = self._canonical(source, name)
+        canonical = f"{source.prefix}:{name}" if name in self._entries else name
         if canonical not in self._loaded:
             self._loaded[canonical] = (source, source.load(name, canonical))
         return canonical

@@ -56,17 +56,15 @@ def seeded_rng(seed: int):
     import numpy as np
     import torch
 
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    torch_state = torch.get_rng_state()
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}  # no CUDA state: it is not seeded here
     try:
         random.seed(seed)
         np.random.seed(seed)
         torch.default_generator.manual_seed(seed)
         yield
     finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
-        torch.set_rng_state(torch_state)
+        set_rng_state(state)
 
 
 @contextlib.contextmanager

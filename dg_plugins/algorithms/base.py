@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import types
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -168,10 +169,8 @@ def lr_factor(hparams: dict, step: int, epoch_steps: float | None) -> float:
 
 def positive_or_null(message: str):
     """An hparam check for a number > 0 (null is never checked), else ``message``."""
-    def check(value) -> str | None:
-        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
-        return None if ok else message
-    return check
+    return hparams_lib._check(lambda v: not isinstance(v, bool) and isinstance(v, (int, float))
+                              and v > 0, message)
 
 
 def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,14 +218,9 @@ def float32(device_type: str):
     return torch.autocast(device_type=device_type, enabled=False)
 
 
-@contextlib.contextmanager
 def gradient_scaling(scaler):
     """Within the block :func:`optimizer_step` scales and steps through ``scaler`` (None: none)."""
-    previous, _SCALING.scaler = _SCALING.scaler, scaler
-    try:
-        yield
-    finally:
-        _SCALING.scaler = previous
+    return mock.patch.object(_SCALING, "scaler", scaler)
 
 
 def guard_scaled_steps(algorithm: nn.Module, fix: str = "") -> None:

@@ -152,6 +152,9 @@ class _MaskedAutoencoder(Algorithm):
         mae_init_(self)
         if hparams["dismae_init"] != "random":
             self.load_mae_checkpoint(hparams["dismae_init"])
+        self.optimizer = torch.optim.AdamW(  # not DisMAE's domain classifier, added after
+            decay_groups(self.named_parameters(), hparams["weight_decay"]), lr=hparams["lr"],
+            betas=(0.9, 0.95))
 
     def load_mae_checkpoint(self, path: str) -> None:
         """Encoder (and the decoder keys whose shapes match) from a local MAE checkpoint."""
@@ -190,8 +193,7 @@ class _MaskedAutoencoder(Algorithm):
             masked = vitlib.random_masking(tokens, mask_ratio)
             kept, mask, ids_restore = masked.tokens, masked.mask, masked.ids_restore
         else:
-            kept = tokens
-            mask = tokens.new_zeros(tokens.shape[:2])
+            kept, mask = tokens, tokens.new_zeros(tokens.shape[:2])
             ids_restore = torch.arange(tokens.shape[1], device=tokens.device).expand(
                 tokens.shape[0], -1)
         h = vitlib.prepend_prefix_tokens(self.encoder, kept)
@@ -230,7 +232,14 @@ class _MaskedAutoencoder(Algorithm):
     build_finetune_encoder = staticmethod(build_encoder)
 
     def _update(self, x, y, domain) -> dict:
-        raise NotImplementedError
+        """MAE's step: ``rec + lambda2 * CE`` (DisMAE's adds its terms)."""
+        tokens = vitlib.embed_patches(self.encoder, x)
+        latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
+        rec = self.rec_loss(self.decoder(latent, ids_restore, None), self.target(x), mask)
+        loss, out = self.add_ce(rec, latent, y)
+        optimizer_step(self.optimizer, loss)
+        self.step += 1
+        return {"loss": loss.item(), "rec": rec.item(), **out}
 
     def update(self, minibatches, unlabeled=None) -> dict:
         x, y, domain = split_minibatches(minibatches)
@@ -247,33 +256,11 @@ class _MaskedAutoencoder(Algorithm):
 class MAE(_MaskedAutoencoder):
     """Masked autoencoder (He et al., CVPR 2022): ``rec + lambda2 * CE`` (UDG pretraining: rec)."""
 
-    @staticmethod
-    def hparam_space(dataset: str) -> dict:
-        return _shared_space(dataset)
-
-    def __init__(self, input_shape, num_classes, num_domains, hparams):
-        super().__init__(input_shape, num_classes, num_domains, hparams)
-        self.optimizer = torch.optim.AdamW(
-            decay_groups(self.named_parameters(), hparams["weight_decay"]), lr=hparams["lr"],
-            betas=(0.9, 0.95))
-
-    def _update(self, x, y, domain) -> dict:
-        tokens = vitlib.embed_patches(self.encoder, x)
-        latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
-        rec = self.rec_loss(self.decoder(latent, ids_restore, None), self.target(x), mask)
-        loss, out = self.add_ce(rec, latent, y)
-        optimizer_step(self.optimizer, loss)
-        self.step += 1
-        return {"loss": loss.item(), "rec": rec.item(), **out}
+    hparam_space = staticmethod(_shared_space)
 
 
 #: The domain classifier's epoch when neither the hparam nor the job gives one.
 FALLBACK_EPOCH_STEPS = 100
-
-
-def _epoch_steps_check(value):
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return None if ok else "must be null (the run's epoch) or a non-negative integer"
 
 
 def dcls_epoch_steps(hparams, run_epoch_steps: float | None) -> int:
@@ -316,7 +303,9 @@ class DisMAE(_MaskedAutoencoder):
             "dismae_dcls_lr": (5e-4, lambda r: 5e-4, hp_lib.positive),
             "dismae_dcls_momentum": (0.99, lambda r: 0.99, hp_lib.unit_interval),
             # None: the run's epoch (Algorithm.epoch_steps); 0: a classifier step every update
-            "dismae_dcls_epoch_steps": (None, lambda r: None, _epoch_steps_check),
+            "dismae_dcls_epoch_steps": (None, lambda r: None, lambda v: None if isinstance(
+                v, int) and not isinstance(v, bool) and v >= 0 else
+                "must be null (the run's epoch) or a non-negative integer"),
         }
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
@@ -331,10 +320,6 @@ class DisMAE(_MaskedAutoencoder):
         self.domain_classifier = nn.Sequential(nn.Linear(width, 3 * width), nn.ReLU(),
                                                nn.Linear(3 * width, max(1, num_domains)))
         mae_init_(self.domain_classifier)
-        params = [(n, p) for n, p in self.named_parameters()
-                  if not n.startswith("domain_classifier.")]
-        self.optimizer = torch.optim.AdamW(decay_groups(params, hparams["weight_decay"]),
-                                           lr=hparams["lr"], betas=(0.9, 0.95))
         self.dcls_optimizer = torch.optim.SGD(self.domain_classifier.parameters(),
                                               lr=hparams["dismae_dcls_lr"],
                                               momentum=hparams["dismae_dcls_momentum"],

@@ -57,27 +57,6 @@ def pairwise_mean(fn, probs: torch.Tensor) -> torch.Tensor:
     return fn(probs[i], probs[j]).mean()
 
 
-def resolve_mask_layers(featurizer: nn.Module, spec: str) -> tuple[str, ...]:
-    """``dmg_mask_layers`` -> the masked layers in network order (``fc`` last)."""
-    staged = (isinstance(featurizer, StagedFeaturizer) and bool(featurizer.stage_names)
-              and not getattr(featurizer, "dinov2", False))
-    stages = tuple(featurizer.stage_names) if staged else ()
-    if spec.strip() == "auto":
-        return ("layer3", "layer4", FC) if isinstance(featurizer, ResNet) else stages[-1:] + (FC,)
-    problem = _layer_list(spec)
-    if problem:
-        raise ValueError(f"hparam 'dmg_mask_layers' {problem}, got {spec!r}")
-    valid = stages + (FC,)
-    names = [n.strip() for n in spec.split(",")]
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(
-            f"hparam 'dmg_mask_layers' names {', '.join(map(repr, unknown))}, which "
-            f"{type(featurizer).__name__} does not have; valid names: {', '.join(valid)} "
-            "(a stage name masks that stage's input; 'fc' masks the pooled feature), or 'auto'")
-    return tuple(sorted(names, key=valid.index))
-
-
 @register_algorithm("DMG")
 class DMG(FeatureClassifier):
     """DMG: ERM's network with a learnable Bernoulli channel mask per source domain and layer."""
@@ -103,7 +82,23 @@ class DMG(FeatureClassifier):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        self.mask_layers = resolve_mask_layers(self.featurizer, hparams["dmg_mask_layers"])
+        # dmg_mask_layers -> the masked layers in network order (fc last)
+        featurizer, spec = self.featurizer, hparams["dmg_mask_layers"]
+        staged = (isinstance(featurizer, StagedFeaturizer) and bool(featurizer.stage_names)
+                  and not getattr(featurizer, "dinov2", False))
+        valid = (tuple(featurizer.stage_names) if staged else ()) + (FC,)
+        names = [n.strip() for n in spec.split(",")]
+        unknown = [n for n in names if n not in valid]
+        if spec.strip() == "auto":
+            names = ["layer3", "layer4", FC] if isinstance(featurizer, ResNet) else valid[-2:]
+        elif _layer_list(spec):
+            raise ValueError(f"hparam 'dmg_mask_layers' {_layer_list(spec)}, got {spec!r}")
+        elif unknown:
+            raise ValueError(
+                f"hparam 'dmg_mask_layers' names {', '.join(map(repr, unknown))}, which "
+                f"{type(featurizer).__name__} does not have; valid names: {', '.join(valid)} (a "
+                "stage name masks that stage's input; 'fc' masks the pooled feature), or 'auto'")
+        self.mask_layers = tuple(sorted(names, key=valid.index))
         self.mask_stages = tuple(n for n in self.mask_layers if n != FC)
         self.mask_fc = FC in self.mask_layers
         widths = [self.featurizer.n_outputs if name == FC else self.featurizer.stage_widths[name]

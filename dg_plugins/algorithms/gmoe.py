@@ -43,25 +43,6 @@ def backbone_space(dataset: str) -> dict:
     return space
 
 
-def moe_space(dataset: str) -> dict:
-    """GMoE's own hparams: the official defaults, but a 64-wide router on 28x28 datasets."""
-    router_dim = 64 if dataset in H.SMALL_IMAGE_DATASETS else 256
-    return {
-        **backbone_space(dataset),
-        "gmoe_num_experts": (6, H._constant(6), H.positive),
-        "gmoe_top_k": (1, H._constant(1), H.positive),
-        "gmoe_moe_layers": ("auto", H._constant("auto"), _moe_layers_check),
-        "gmoe_aux_weight": (0.01, H._constant(0.01), H.non_negative),
-        "gmoe_capacity_factor": (1.5, H._constant(1.5), H.positive),
-        "gmoe_eval_capacity": (None, H._constant(None), positive_or_null(
-            "must be null (no token dropping at evaluation) or a capacity factor > 0 "
-            "(1.5: the official code's evaluation)")),
-        "gmoe_gate_noise": (1.0, H._constant(1.0), H.positive),
-        "gmoe_router_dim": (router_dim, H._constant(router_dim), H.positive),
-        "gmoe_expert_dropout": (0.1, H._constant(0.1), H.probability),
-    }
-
-
 def auto_moe_layers(depth: int) -> list[int]:
     """The last two even-indexed blocks of a ViT of ``depth`` blocks ({8, 10} at 12)."""
     return list(range(0, depth, 2))[-2:]
@@ -74,9 +55,7 @@ class ERM_ViT(Algorithm):
     #: the 2-block width-64 presets
     TINY_TEST_HPARAMS: dict = {"vit_arch": "tiny"}
 
-    @staticmethod
-    def hparam_space(dataset: str) -> dict:
-        return backbone_space(dataset)
+    hparam_space = staticmethod(backbone_space)
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
@@ -114,7 +93,22 @@ class GMoE(ERM_ViT):
 
     @staticmethod
     def hparam_space(dataset: str) -> dict:
-        return moe_space(dataset)
+        """GMoE's own hparams: the official defaults, but a 64-wide router on 28x28 datasets."""
+        router_dim = 64 if dataset in H.SMALL_IMAGE_DATASETS else 256
+        return {
+            **backbone_space(dataset),
+            "gmoe_num_experts": (6, H._constant(6), H.positive),
+            "gmoe_top_k": (1, H._constant(1), H.positive),
+            "gmoe_moe_layers": ("auto", H._constant("auto"), _moe_layers_check),
+            "gmoe_aux_weight": (0.01, H._constant(0.01), H.non_negative),
+            "gmoe_capacity_factor": (1.5, H._constant(1.5), H.positive),
+            "gmoe_eval_capacity": (None, H._constant(None), positive_or_null(
+                "must be null (no token dropping at evaluation) or a capacity factor > 0 "
+                "(1.5: the official code's evaluation)")),
+            "gmoe_gate_noise": (1.0, H._constant(1.0), H.positive),
+            "gmoe_router_dim": (router_dim, H._constant(router_dim), H.positive),
+            "gmoe_expert_dropout": (0.1, H._constant(0.1), H.probability),
+        }
 
     def adapt_network(self) -> None:
         from dg_plugins.networks.moe import MoEFFN

@@ -77,17 +77,14 @@ class MixupAttentionGenerator(nn.Module):
         scores = (self.query(q).unsqueeze(1) * self.key(values)) @ corr / math.sqrt(self.dim)
         return scores.softmax(dim=1)
 
-    def project(self, values: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        """``values`` or ``values W_V^T`` (``detach``: no gradient into ``W_V``)."""
-        if self.value is None:
-            return values
-        weight = self.value.weight.detach() if detach else self.value.weight
-        return F.linear(values, weight)
-
     def mix(self, weights: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
             detach_value: bool = False):
-        """``(z, ytilde)``: ``z_j = sum_i A_ij project(V)_ij``, ``ytilde = sum_i abar_i y_i``."""
-        z = (weights * self.project(values, detach_value)).sum(dim=1)
+        """``(z, ytilde)``: ``z_j = sum_i A_ij V'_ij`` (``V' = V W_V^T`` with ``W_V``; no gradient
+        into it with ``detach_value``), ``ytilde = sum_i abar_i y_i``."""
+        if self.value is not None:
+            weight = self.value.weight
+            values = F.linear(values, weight.detach() if detach_value else weight)
+        z = (weights * values).sum(dim=1)
         label_weights = weights.mean(dim=2)
         return z, (label_weights.unsqueeze(-1) * labels).sum(dim=1)
 
@@ -219,8 +216,7 @@ class MPBM(FeatureClassifier):
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         super().__init__(input_shape, num_classes, num_domains, hparams)
-        clamp = hparams["mpbm_clamp"]
-        if clamp == "imagenet" and self.input_shape[0] != 3:
+        if hparams["mpbm_clamp"] == "imagenet" and self.input_shape[0] != 3:
             raise ValueError(f"mpbm_clamp 'imagenet' needs 3-channel inputs, got input shape "
                              f"{self.input_shape}; use 'batch' or 'unit'")
         if num_domains > 1:
@@ -266,22 +262,19 @@ class MPBM(FeatureClassifier):
     @torch.no_grad()
     def accumulate_features(self, features: torch.Tensor) -> None:
         """Merge a batch into (count, mean, co-moment) in float32 (Chan et al.'s Welford)."""
-        with float32(features.device.type):
-            self._accumulate(features.detach().to(self.feat_mean.dtype))
-
-    def _accumulate(self, features: torch.Tensor) -> None:
         n_b = features.shape[0]
         if n_b == 0:
             return
-        mean_b = features.mean(dim=0)
-        centred = features - mean_b
-        m2_b = centred.T @ centred
-        n = self.feat_count
-        total = n + n_b
-        delta = mean_b - self.feat_mean
-        self.feat_m2.add_(m2_b + torch.outer(delta, delta) * (n * n_b / total))
-        self.feat_mean.add_(delta * (n_b / total))
-        self.feat_count.copy_(total)
+        with float32(features.device.type):
+            features = features.detach().to(self.feat_mean.dtype)
+            mean_b = features.mean(dim=0)
+            centred = features - mean_b
+            n = self.feat_count
+            total = n + n_b
+            delta = mean_b - self.feat_mean
+            self.feat_m2.add_(centred.T @ centred + torch.outer(delta, delta) * (n * n_b / total))
+            self.feat_mean.add_(delta * (n_b / total))
+            self.feat_count.copy_(total)
 
     @torch.no_grad()
     def reset_feature_statistics(self) -> None:
@@ -305,17 +298,6 @@ class MPBM(FeatureClassifier):
             return
         self.corr.copy_(self.correlation_estimate())
         self.corr_refreshed_at.copy_(self.step)
-
-    @torch.no_grad()
-    def maybe_refresh_correlation(self) -> None:
-        """Online: refresh ``corr`` every ``mpbm_corr_every`` steps ("round": restart the stats)."""
-        last = int(self.corr_refreshed_at)
-        if last >= 0 and int(self.step) - last < self.hparams["mpbm_corr_every"] or \
-                self.feat_count < 2:
-            return
-        self.refresh_correlation()
-        if self.hparams["mpbm_corr_window"] == "round":
-            self.reset_feature_statistics()
 
     def input_range(self, x: torch.Tensor):
         mode = self.hparams["mpbm_clamp"]
@@ -411,57 +393,11 @@ class MPBM(FeatureClassifier):
         optimizer_step(self.optimizer, loss)
         out["loss"], out["sup"] = loss.item(), sup.item()
 
-    @torch.no_grad()
-    def query_step(self, x, y, offset: int) -> None:
-        if offset == 0:
-            self.bank_count.zero_()
-        q = self.query_features(self.sgld_queries(x, y))
-        start = int(self.bank_count)
-        n = min(len(q), self.query_bank.shape[0] - start)
-        self.query_bank[start:start + n] = q[:n]
-        self.query_labels[start:start + n] = y[:n]
-        self.bank_count += n
-
     def bank_draw(self, count: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         if int(self.bank_count) == 0:
             raise RuntimeError("MPBM's query bank is empty (the query phase got no batch rows)")
         index = torch.randint(0, int(self.bank_count), (count,), device=device)
         return self.query_bank[index], self.query_labels[index]
-
-    @torch.no_grad()
-    def synth_step(self, x, y, offset: int, round_index: int) -> None:
-        if offset == 0:
-            self.synth_count.zero_()
-            self.synth_round.fill_(round_index)
-        start = int(self.synth_count)
-        n = min(self.rows, self.synth_z.shape[0] - start)
-        if n <= 0 or len(x) == 0:
-            return
-        features = self.frozen_features(x)
-        q, _ = self.bank_draw(n, x.device)
-        groups = self.draw_groups(len(x), x.device, count=n)
-        z, y_mix, _ = self.generator(q, features[groups], self.corr, self.one_hot(y)[groups])
-        self.synth_z[start:start + n] = z
-        self.synth_y[start:start + n] = y_mix
-        self.synth_count += n
-
-    def online_step(self, x, y, out) -> None:
-        self.maybe_refresh_correlation()
-        q = self.query_features(self.sgld_queries(x, y))
-        features = self.featurizer(x)
-        self.accumulate_features(features)
-        y_onehot = self.one_hot(y)
-        groups = self.draw_groups(len(x), x.device)
-        z, gen_stats = self.generator_step(q, features, y_onehot, y, groups)
-        out.update(gen_stats)
-        if self.hparams["mpbm_lambda_adv"] > 0:
-            out.update(self.discriminator_step(features, z))
-
-        sup, mix = F.cross_entropy(self.classifier(features), y), None
-        if self.hparams["mpbm_lambda_mix"] > 0:
-            z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
-            mix = soft_cross_entropy(self.classifier(z_train), y_mix)
-        self.model_step(sup, mix, out)
 
     def query_diagnostics(self, x: torch.Tensor, x_query: torch.Tensor, y: torch.Tensor,
                           q: torch.Tensor) -> dict:
@@ -473,18 +409,6 @@ class MPBM(FeatureClassifier):
                 "diag_source_clamped": clamped_share(x, bounds),
                 "diag_query_acc": accuracy}
 
-    @torch.no_grad()
-    def mix_diagnostics(self, q, features, y, generator=None) -> dict:
-        groups = self.draw_groups(len(features), features.device, count=len(q),
-                                  generator=generator)
-        values = features[groups]
-        z, _, weights = self.generator(q, values, self.corr, self.one_hot(y)[groups])
-        disc_acc = discriminator_accuracy(self.discriminator(features), self.discriminator(z))
-        return {"diag_attn_top_share": top_instance_share(weights).mean().item(),
-                "diag_synth_cos": nearest_cosine(z, features).mean().item(),
-                "diag_synth_outside_hull": outside_hull_share(z, values),
-                "diag_disc_acc": disc_acc}
-
     def probe(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """Every diagnostic on the batch, with a random generator of its own; kept in ``diag``."""
         generator = torch.Generator(device=x.device)
@@ -493,7 +417,17 @@ class MPBM(FeatureClassifier):
             x_query = self.sgld_queries(x, y, generator=generator)
             q = self.query_features(x_query)
             values = self.query_diagnostics(x, x_query, y, q)
-            values.update(self.mix_diagnostics(q, self.frozen_features(x), y, generator))
+            with torch.no_grad():
+                features = self.frozen_features(x)
+                groups = self.draw_groups(len(x), x.device, count=len(q), generator=generator)
+                z, _, weights = self.generator(q, features[groups], self.corr,
+                                               self.one_hot(y)[groups])
+                values.update(
+                    diag_attn_top_share=top_instance_share(weights).mean().item(),
+                    diag_synth_cos=nearest_cosine(z, features).mean().item(),
+                    diag_synth_outside_hull=outside_hull_share(z, features[groups]),
+                    diag_disc_acc=discriminator_accuracy(self.discriminator(features),
+                                                         self.discriminator(z)))
         self.diag.copy_(torch.tensor([values[k] for k in DIAG_KEYS]))
         self.diag_step.copy_(self.step)
         return values
@@ -513,8 +447,16 @@ class MPBM(FeatureClassifier):
             self.accumulate_features(self.frozen_features(x))
             if offset == self.hparams["mpbm_corr_steps"] - 1:
                 self.refresh_correlation()
-        elif phase == "query":
-            self.query_step(x, y, offset)
+        elif phase == "query":  # the round's bank of SGLD query features
+            with torch.no_grad():
+                if offset == 0:
+                    self.bank_count.zero_()
+                q = self.query_features(self.sgld_queries(x, y))
+                start = int(self.bank_count)
+                n = min(len(q), self.query_bank.shape[0] - start)
+                self.query_bank[start:start + n] = q[:n]
+                self.query_labels[start:start + n] = y[:n]
+                self.bank_count += n
         elif phase == "gen":
             features = self.frozen_features(x)
             q, y_q = self.bank_draw(len(x), x.device)
@@ -523,16 +465,49 @@ class MPBM(FeatureClassifier):
             out.update(stats)
             if self.hparams["mpbm_lambda_adv"] > 0:
                 out.update(self.discriminator_step(features, z))
-        elif phase == "synth":
-            self.synth_step(x, y, offset, round_index)
+        elif phase == "synth":  # the round's synthetic set, mixed for the bank's queries
+            with torch.no_grad():
+                if offset == 0:
+                    self.synth_count.zero_()
+                    self.synth_round.fill_(round_index)
+                start = int(self.synth_count)
+                n = min(self.rows, self.synth_z.shape[0] - start)
+                if n > 0 and len(x) > 0:
+                    features = self.frozen_features(x)
+                    q, _ = self.bank_draw(n, x.device)
+                    groups = self.draw_groups(len(x), x.device, count=n)
+                    z, y_mix, _ = self.generator(q, features[groups], self.corr,
+                                                 self.one_hot(y)[groups])
+                    self.synth_z[start:start + n] = z
+                    self.synth_y[start:start + n] = y_mix
+                    self.synth_count += n
         elif phase == "finetune":
             sup, mix = F.cross_entropy(self.predict(x), y), None
             if self.hparams["mpbm_lambda_mix"] > 0 and int(self.synth_count) > 0:
                 index = torch.randint(0, int(self.synth_count), (len(x),), device=x.device)
                 mix = soft_cross_entropy(self.classifier(self.synth_z[index]), self.synth_y[index])
             self.model_step(sup, mix, out)
-        else:
-            self.online_step(x, y, out)
+        else:  # online: refresh C every mpbm_corr_every steps ("round": restart the statistics)
+            last = int(self.corr_refreshed_at)
+            if (last < 0 or int(self.step) - last >= self.hparams["mpbm_corr_every"]) and \
+                    self.feat_count >= 2:
+                self.refresh_correlation()
+                if self.hparams["mpbm_corr_window"] == "round":
+                    self.reset_feature_statistics()
+            q = self.query_features(self.sgld_queries(x, y))
+            features = self.featurizer(x)
+            self.accumulate_features(features)
+            y_onehot = self.one_hot(y)
+            groups = self.draw_groups(len(x), x.device)
+            z, gen_stats = self.generator_step(q, features, y_onehot, y, groups)
+            out.update(gen_stats)
+            if self.hparams["mpbm_lambda_adv"] > 0:
+                out.update(self.discriminator_step(features, z))
+            sup, mix = F.cross_entropy(self.classifier(features), y), None
+            if self.hparams["mpbm_lambda_mix"] > 0:
+                z_train, y_mix = self.synthetic_features(q, features, y_onehot, groups)
+                mix = soft_cross_entropy(self.classifier(z_train), y_mix)
+            self.model_step(sup, mix, out)
         every = self.hparams["mpbm_diag_every"]
         if every > 0 and int(self.step) % every == 0 and len(x) > 0:
             self.probe(x, y)

@@ -8,9 +8,9 @@ import contextlib
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from dg_plugins.algorithms.base import Algorithm, decay_groups, optimizer_step, split_minibatches
+from dg_plugins.algorithms.base import Algorithm, decay_groups
+from dg_plugins.algorithms.erm import ERM
 
 #: label fraction -> (mode, lr, batch size per domain), from the release's fine-tuning scripts.
 FINETUNE_TABLE = {0.01: ("linear", 0.025, 32), 0.05: ("linear", 0.05, 64),
@@ -68,8 +68,4 @@ class FineTuner(Algorithm):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
-    def update(self, minibatches, unlabeled=None) -> dict:
-        x, y, _ = split_minibatches(minibatches)
-        loss = F.cross_entropy(self.predict(x), y)
-        optimizer_step(self.optimizer, loss)
-        return {"loss": loss.item()}
+    update = ERM.update  # reads only predict and optimizer

@@ -78,13 +78,6 @@ class DomainBedImportError(ImportError):
     """DomainBed cannot be imported; the message says how to fix it."""
 
 
-def _export_to_children(root: str) -> None:
-    """Put ``root`` on PYTHONPATH so that child processes import the same DomainBed."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
-
-
 def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[list[str], dict]:
     """``(command, env)`` running DomainBed's own ``domainbed.scripts.<script>`` from ``root``,
     nothing installed (for comparisons)."""
@@ -128,7 +121,11 @@ def locate_domainbed() -> ModuleType:
             f"'domainbed' resolves to {domainbed.__file__}, not DomainBed's package. Run the entry "
             "as `python -m dg_plugins.scripts.domainbed`, not as a file path."
         )
-    _export_to_children(os.path.dirname(os.path.dirname(os.path.abspath(domainbed.__file__))))
+    # on PYTHONPATH, so that child processes import the same DomainBed
+    root = os.path.dirname(os.path.dirname(os.path.abspath(domainbed.__file__)))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
     return domainbed
 
 
@@ -169,10 +166,6 @@ def import_plugins(modules: Iterable[str] = ()) -> list[str]:
 # --- Registration into (DomainBed-like) modules ---
 
 
-def _record(module: ModuleType) -> dict:
-    return _INSTALLED.setdefault(module, {})
-
-
 def is_installed(module: ModuleType, name: str) -> bool:
     """Whether ``module.<name>`` is an object this bridge installed (not DomainBed's own)."""
     installed = _INSTALLED.get(module, {})
@@ -184,7 +177,7 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
     """``module.<name> = obj`` and ``name`` appended to ``module.<list_name>`` for each entry the
     module does not define itself; (installed, skipped) names."""
     names_list = getattr(module, list_name)
-    record = _record(module)
+    record = _INSTALLED.setdefault(module, {})
     installed, skipped = [], []
     for name, obj in entries.items():
         if name in vars(module) and not is_installed(module, name):
@@ -211,16 +204,6 @@ def register_algorithms(algorithms_module: ModuleType,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
-def loads_in_process(dataset) -> bool:
-    """Whether a built dataset holds its data in memory (``IN_MEMORY`` or TensorDatasets)."""
-    if getattr(dataset, "IN_MEMORY", False):
-        return True
-    from torch.utils.data import TensorDataset
-
-    environments = list(getattr(dataset, "datasets", None) or ())
-    return bool(environments) and all(isinstance(env, TensorDataset) for env in environments)
-
-
 def domainbed_view(cls: type) -> type:
     """The class DomainBed gets for our dataset ``cls``: the same, with ``N_WORKERS`` 0 when its
     data is in memory."""
@@ -233,8 +216,12 @@ def domainbed_view(cls: type) -> type:
             what = "in-memory, so loaded without worker processes (N_WORKERS = 0)"
         else:
             def __init__(self, *args, **kwargs):
+                from torch.utils.data import TensorDataset
+
                 cls.__init__(self, *args, **kwargs)
-                if loads_in_process(self):
+                environments = list(getattr(self, "datasets", None) or ())
+                if getattr(self, "IN_MEMORY", False) or environments and all(
+                        isinstance(e, TensorDataset) for e in environments):
                     self.N_WORKERS = 0
 
             attributes["__init__"] = __init__
@@ -259,10 +246,9 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
                   datasets_module: ModuleType) -> Callable:
     """Wrap ``hparams_module._hparams`` once: ours for installed algorithms, DomainBed's
     registry (small-image datasets as :data:`SMALL_IMAGE_PROXY`) for its own."""
-    current = hparams_module._hparams
-    if getattr(current, "dg_plugins_original", None) is not None:
-        return current
-    original = current
+    original = hparams_module._hparams
+    if getattr(original, "dg_plugins_original", None) is not None:
+        return original
 
     @functools.wraps(original)
     def _hparams(algorithm, dataset, random_seed):
@@ -292,13 +278,6 @@ def ignored_dataset_hparams(dataset: str, datasets_module: ModuleType) -> list[s
 HOST_ONLY_HPARAMS = ("batch_sampling", "lr_schedule", "lr_decay", "lr_inv_gamma", "lr_inv_power")
 
 
-def host_only_overrides(overrides: dict, dataset: str) -> list[str]:
-    """The :data:`HOST_ONLY_HPARAMS` that ``overrides`` sets off their defaults."""
-    space = dg_hparams.base_space(dataset)
-    return [name for name in HOST_ONLY_HPARAMS
-            if name in overrides and overrides[name] != space[name][0]]
-
-
 def check_script_args(script: str, argv: list[str],
                       datasets_module: ModuleType | None = None) -> None:
     """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for what
@@ -321,7 +300,9 @@ def check_script_args(script: str, argv: list[str],
         return  # DomainBed's script reports it
     if not isinstance(overrides, dict):
         return
-    host_only = host_only_overrides(overrides, known.dataset)
+    space = dg_hparams.base_space(known.dataset)
+    host_only = [name for name in HOST_ONLY_HPARAMS  # set off their defaults
+                 if name in overrides and overrides[name] != space[name][0]]
     if host_only:
         names = ", ".join(f"{n}={overrides[n]!r}" for n in host_only)
         raise ValueError(
@@ -376,7 +357,7 @@ def register_launchers(launchers_module: ModuleType,
     lacks, as rewriting launchers."""
     entries = dict(LAUNCHERS.items()) if entries is None else entries
     registry = launchers_module.REGISTRY
-    record = _record(launchers_module).setdefault("REGISTRY", {})
+    record = _INSTALLED.setdefault(launchers_module, {}).setdefault("REGISTRY", {})
     installed, skipped = [], []
     for name, launcher in entries.items():
         ours = name in record and registry.get(name) is record[name]

@@ -9,11 +9,15 @@ import functools
 import inspect
 import os
 import re
+import sys
+import traceback
 import warnings
 from types import ModuleType
+from unittest import mock
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dg_plugins import catalog
 from dg_plugins.domainbed import bridge
@@ -45,14 +49,6 @@ def class_source(cls: type) -> str:
     return "\n".join(parts)
 
 
-def missing_packages(cls: type, module: ModuleType) -> list[str]:
-    """The :data:`OPTIONAL_PACKAGES` that ``cls``'s code uses and DomainBed failed to import."""
-    source = class_source(cls)
-    return [name for name in OPTIONAL_PACKAGES
-            if name in vars(module) and vars(module)[name] is None
-            and re.search(rf"\b{name}\b", source)]
-
-
 def backpack_problem() -> str | None:
     """Why backpack gives no per-sample gradients as DomainBed's Fishr asks for them (tried on
     two tiny layers); None when it does."""
@@ -75,49 +71,26 @@ def backpack_problem() -> str | None:
             "pins backpack-for-pytorch==1.3.0, which needs torch < 2)")
 
 
-def calls_cuda(cls: type) -> bool:
-    """Whether ``cls``'s code calls ``.cuda(`` (it then runs only on a CUDA device)."""
-    return re.search(r"\.cuda\(", class_source(cls)) is not None
-
-
 def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
                       random_seed: int, network_hparams: bool = False) -> dict:
-    """DomainBed's ``_hparams`` (our small-image datasets asked as
-    :data:`dg_plugins.domainbed.bridge.SMALL_IMAGE_PROXY`), plus :data:`NETWORK_HPARAMS` (defaults) with
-    ``network_hparams`` (the class runs on our featurizer)."""
-    asked = dataset
-    if dataset in hparams_lib.SMALL_IMAGE_DATASETS and dataset not in catalog.DOMAINBED_DATASETS:
-        asked = bridge.SMALL_IMAGE_PROXY
-    hparams = hparams_registry._hparams(name, asked, random_seed)
+    """DomainBed's ``_hparams`` (our small-image datasets asked as ``bridge.SMALL_IMAGE_PROXY``),
+    plus :data:`NETWORK_HPARAMS`' defaults with ``network_hparams`` (on our featurizer)."""
+    small = (dataset in hparams_lib.SMALL_IMAGE_DATASETS
+             and dataset not in catalog.DOMAINBED_DATASETS)
+    hparams = hparams_registry._hparams(name, bridge.SMALL_IMAGE_PROXY if small else dataset,
+                                        random_seed)
     if network_hparams:
         ours = hparams_lib.base_space(dataset)
-        for key in NETWORK_HPARAMS:
-            if key not in hparams:
-                hparams[key] = (ours[key][0], ours[key][0])
+        hparams.update({key: (ours[key][0], ours[key][0]) for key in NETWORK_HPARAMS
+                        if key not in hparams})
     return hparams
 
 
 # --- The featurizer ---
 
 
-def featurizer_module(algorithms: ModuleType) -> ModuleType | None:
-    """The ``networks`` module whose ``Featurizer`` DomainBed's ``algorithms`` calls, or None."""
-    networks = vars(algorithms).get("networks")
-    return networks if callable(getattr(networks, "Featurizer", None)) else None
-
-
 def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-def _refusal(err: Exception) -> str:
-    """``err`` in one line with the file, line and code that raised it."""
-    import traceback
-
-    frame = traceback.extract_tb(err.__traceback__)[-1]
-    where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
-    message = " ".join(str(err).split()) or (frame.line or "").strip()
-    return f"{type(err).__name__} at {where}: {message}"[:300]
 
 
 class FeaturizerSwap:
@@ -146,38 +119,11 @@ class FeaturizerSwap:
             self.built.append(featurizer)
         return featurizer
 
-    @contextlib.contextmanager
     def active(self):
-        previous = self.networks.Featurizer
-        self.networks.Featurizer = self
-        try:
-            yield
-        finally:
-            self.networks.Featurizer = previous
+        return mock.patch.object(self.networks, "Featurizer", self)
 
 
 # --- What the host asks of an algorithm ---
-
-
-def _holds(value, kinds) -> bool:
-    """Whether ``value`` is, or a list / tuple / dict holds, an instance of ``kinds``."""
-    if isinstance(value, (list, tuple)):
-        return any(_holds(v, kinds) for v in value)
-    if isinstance(value, dict):
-        return any(_holds(v, kinds) for v in value.values())
-    return isinstance(value, kinds)
-
-
-def _on_device(value, device):
-    if isinstance(value, (torch.Tensor, nn.Module)):
-        return value.to(device)
-    if isinstance(value, list):
-        return [_on_device(v, device) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_on_device(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _on_device(v, device) for k, v in value.items()}
-    return value
 
 
 def _restore(current, saved, device):
@@ -203,17 +149,16 @@ def _restore(current, saved, device):
         for name, value in vars(saved).items():
             setattr(current, name, _restore(getattr(current, name, None), value, device))
         return current
-    return _on_device(saved, device)
+    return tree_map(lambda v: v.to(device) if isinstance(v, (torch.Tensor, nn.Module)) else v,
+                    saved)
 
 
 class DomainBedHost:
     """Mixed into a DomainBed algorithm class: our job loop's optimizers, schedulers, lr factor,
-    checks and resume state."""
+    checks and resume state. :func:`host_class` sets ``DOMAINBED_NAME``, ``NAME``,
+    ``CUDA_ONLY``, and ``NETWORKS`` and ``DOMAINBED_FEATURIZER``: DomainBed's ``networks`` module
+    and its own ``Featurizer`` (None: the checkout has none)."""
 
-    #: Set by :func:`host_class`.
-    DOMAINBED_NAME = ""
-    NAME = ""
-    CUDA_ONLY = False
     TINY_TEST_HPARAMS: dict = {}
     GRADIENT_EXEMPT: dict = {}
     epoch_steps = None
@@ -225,18 +170,9 @@ class DomainBedHost:
     set_lr_factor = Algorithm.set_lr_factor
     pretrain_update = Algorithm.pretrain_update
     pretrained_state = Algorithm.pretrained_state
-
-    @classmethod
-    def supports_pretraining(cls) -> bool:
-        return False
-
-    @staticmethod
-    def hparam_space(dataset: str) -> dict:
-        return {}  # DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
-
-    #: DomainBed's ``networks`` module and its own ``Featurizer`` (None: the checkout has none).
-    NETWORKS = None
-    DOMAINBED_FEATURIZER = None
+    supports_pretraining = classmethod(lambda cls: False)
+    #: none: DomainBed's registry draws them (dg_plugins.hparams.declare_registry)
+    hparam_space = staticmethod(lambda dataset: {})
 
     def __init__(self, input_shape, num_classes, num_domains, hparams):
         """DomainBed's ``__init__`` on our featurizer; a class whose code then fails is built again,
@@ -254,7 +190,11 @@ class DomainBedHost:
             except Exception as err:  # noqa: BLE001  (DomainBed's code refused our featurizer)
                 if swap.failed or not swap.built:
                     raise
-                ours, refused = swap.built[0], _refusal(err)
+                # err in one line with the file, line and code that raised it
+                frame = traceback.extract_tb(err.__traceback__)[-1]
+                where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+                message = " ".join(str(err).split()) or (frame.line or "").strip()
+                ours, refused = swap.built[0], f"{type(err).__name__} at {where}: {message}"[:300]
                 set_rng_state(state)
                 vars(self).clear()
                 swap = FeaturizerSwap(self.NETWORKS, self.DOMAINBED_FEATURIZER, ours=False)
@@ -265,12 +205,9 @@ class DomainBedHost:
         self._on_ours = swap is not None and refused is None
         self._network = self._describe_network(swap.built if swap else [], ours, refused,
                                                input_shape, hparams)
-        if refused:  # a difference: a note on stderr (which a job's out.txt also gets)
-            import sys
-
-            print(f"note: {self._network['line']}", file=sys.stderr)
-        else:
-            print(self._network["line"])
+        # a refusal is a difference: a note on stderr (which a job's out.txt also gets)
+        print(f"note: {self._network['line']}" if refused else self._network["line"],
+              file=sys.stderr if refused else sys.stdout)
 
     def _describe_network(self, built: list, ours, refused: str | None, input_shape,
                           hparams) -> dict:
@@ -338,7 +275,7 @@ class DomainBedHost:
         kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
         attributes = {name: value for name, value in vars(self).items()
                       if not name.startswith("_") and name not in ("training", "hparams")
-                      and not _holds(value, kinds)}
+                      and not any(isinstance(v, kinds) for v in tree_leaves(value))}
         modules = {name: module for name, module in self._modules.items()
                    if name not in self._host_modules}
         return {"attributes": attributes, "modules": modules}
@@ -374,7 +311,7 @@ def host_class(cls: type, name: str, networks: ModuleType | None = None) -> type
                    + (cls.__doc__ or ""),
         "DOMAINBED_NAME": cls.__name__,
         "NAME": name,
-        "CUDA_ONLY": calls_cuda(cls),
+        "CUDA_ONLY": re.search(r"\.cuda\(", class_source(cls)) is not None,
     })
 
 
@@ -406,18 +343,21 @@ class DomainBedAlgorithms(Source):
                                    f"from a DomainBed checkout: {self._error}")
         algorithms = bridge.domainbed_module("algorithms")
         cls = algorithms.get_algorithm_class(name)
-        missing = missing_packages(cls, algorithms)
+        source = class_source(cls)
+        missing = [package for package in OPTIONAL_PACKAGES  # used, and DomainBed's import failed
+                   if package in vars(algorithms) and vars(algorithms)[package] is None
+                   and re.search(rf"\b{package}\b", source)]
         if missing:
             raise UnavailableError(
                 f"{canonical} (DomainBed's) needs the package {missing[0]!r}, which DomainBed "
                 f"could not import: {OPTIONAL_PACKAGES[missing[0]]}")
-        if vars(algorithms).get("backpack") is not None and re.search(r"\bbackpack\(",
-                                                                      class_source(cls)):
+        if vars(algorithms).get("backpack") is not None and re.search(r"\bbackpack\(", source):
             problem = backpack_problem()
             if problem:
                 raise UnavailableError(f"{canonical} (DomainBed's) cannot run here: {problem}")
         registry = bridge.domainbed_module("hparams_registry")
-        networks = featurizer_module(algorithms)
+        networks = vars(algorithms).get("networks")  # whose Featurizer its algorithms call
+        networks = networks if callable(getattr(networks, "Featurizer", None)) else None
         hparams_lib.declare_registry(canonical, functools.partial(
             domainbed_hparams, registry, name, network_hparams=networks is not None))
         catalog.declare_algorithm(canonical)

@@ -97,15 +97,6 @@ _TORCHVISION_RESNETS = {
 TIMM_AUGMIX_RESNET = "resnet50.ram_in1k"
 
 
-def _adapt_input_channels(conv: nn.Conv2d, channels: int) -> nn.Conv2d:
-    """A bias-free 7x7/2 conv; input channel i copies the pretrained filter of channel ``i % 3``."""
-    new = nn.Conv2d(channels, conv.out_channels, kernel_size=7, stride=2, padding=3, bias=False)
-    with torch.no_grad():
-        for i in range(channels):
-            new.weight[:, i] = conv.weight[:, i % 3]
-    return new
-
-
 class ResNet(StagedFeaturizer):
     """ResNet-18/50 featurizer (DomainBed's ``ResNet``); unlike DomainBed, ``resnet18`` true
     always builds a ResNet-18 (``docs/networks.md``)."""
@@ -122,18 +113,34 @@ class ResNet(StagedFeaturizer):
             self.network = weights.timm_model(TIMM_AUGMIX_RESNET, download)
             self.n_outputs = 2048
         else:
-            self.network, self.n_outputs = _torchvision_resnet(self.arch, download)
+            name, weights_enum, self.n_outputs, url = _TORCHVISION_RESNETS[self.arch]
+            if download:
+                weights.check_url_available(url, f"torchvision {name}")
+            from dg_plugins import compat  # noqa: F401  (before torchvision)
+            import torchvision
+
+            chosen = None
+            if download:
+                chosen = getattr(torchvision.models, weights_enum).IMAGENET1K_V1  # DomainBed's
+                if chosen.url != url:  # another torchvision's file
+                    weights.check_url_available(chosen.url, f"torchvision {name}")
+            self.network = getattr(torchvision.models, name)(weights=chosen)
         if use_pretrained and local_path:
             weights.load_local_weights(self.network, local_path)
-        if input_shape[0] != 3:
-            self.network.conv1 = _adapt_input_channels(self.network.conv1, input_shape[0])
+        if input_shape[0] != 3:  # input channel i copies the RGB filter of channel i % 3
+            conv = self.network.conv1
+            self.network.conv1 = nn.Conv2d(input_shape[0], conv.out_channels, kernel_size=7,
+                                           stride=2, padding=3, bias=False)
+            with torch.no_grad():
+                for i in range(input_shape[0]):
+                    self.network.conv1.weight[:, i] = conv.weight[:, i % 3]
         self.network.fc = nn.Identity()
         self.stage_widths = {name: next(m for m in getattr(self.network, name).modules()
                                         if isinstance(m, nn.Conv2d)).in_channels
                              for name in self.stage_names}
         self.freeze_bn = hparams["freeze_bn"]
         self.dropout = nn.Dropout(hparams["resnet_dropout"])
-        self._freeze_bn_stats()
+        self.train()  # BatchNorm statistics frozen with freeze_bn
 
     def stem(self, x):
         net = self.network
@@ -150,14 +157,11 @@ class ResNet(StagedFeaturizer):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._freeze_bn_stats()
-        return self
-
-    def _freeze_bn_stats(self):
         if self.freeze_bn:
             for m in self.network.modules():
                 if isinstance(m, nn.BatchNorm2d):
                     m.eval()
+        return self
 
 
 def resnet_arch(hparams) -> str:
@@ -165,21 +169,6 @@ def resnet_arch(hparams) -> str:
     if hparams["resnet18"]:
         return "resnet18"
     return TIMM_AUGMIX_RESNET if hparams["resnet50_augmix"] else "resnet50"
-
-
-def _torchvision_resnet(arch: str, download: bool):
-    name, weights_enum, n_outputs, url = _TORCHVISION_RESNETS[arch]
-    if download:
-        weights.check_url_available(url, f"torchvision {name}")
-    from dg_plugins import compat  # noqa: F401  (before torchvision)
-    import torchvision
-
-    chosen = None
-    if download:
-        chosen = getattr(torchvision.models, weights_enum).IMAGENET1K_V1  # DomainBed's weights
-        if chosen.url != url:  # another torchvision's file
-            weights.check_url_available(chosen.url, f"torchvision {name}")
-    return getattr(torchvision.models, name)(weights=chosen), n_outputs
 
 
 #: What ``backbone: "auto"`` builds, by input size (DomainBed's rule plus LeNet for 32x32).
@@ -211,14 +200,11 @@ def Featurizer(input_shape, hparams) -> nn.Module:
     if len(input_shape) != 3:
         raise ValueError(f"featurizers take (channels, height, width) inputs, got {input_shape}")
     choice = backbone_for(input_shape, hparams)
-    if choice == "mnist_cnn":
-        return MNIST_CNN(input_shape, hparams.get("mnist_cnn_width", 128))
-    if choice == "lenet":
-        return LeNet(input_shape)
-    if choice == "resnet":
-        return ResNet(input_shape, hparams)
-    if choice == "vit":
-        return ViTFeaturizer(input_shape, hparams)
+    builders = {"mnist_cnn": lambda: MNIST_CNN(input_shape, hparams.get("mnist_cnn_width", 128)),
+                "lenet": lambda: LeNet(input_shape), "resnet": lambda: ResNet(input_shape, hparams),
+                "vit": lambda: ViTFeaturizer(input_shape, hparams)}
+    if choice in builders:
+        return builders[choice]()
     from dg_plugins.hparams import BACKBONES
 
     raise ValueError(f"unknown backbone {choice!r}; choices: {', '.join(BACKBONES)}")

@@ -156,15 +156,12 @@ def _slots_and_counts(experts: torch.Tensor, order: torch.Tensor | None,
     top_k = experts.shape[1]
     slots = torch.empty_like(experts)
     offset = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
+    order = slice(None) if order is None else order
     for j in range(top_k):  # k is 1 or 2: a loop over choices, never over tokens
-        column = experts[:, j] if order is None else experts[order, j]
+        column = experts[order, j]
         onehot = F.one_hot(column, num_experts)  # [T, E], tokens in order
         before = torch.cumsum(onehot, dim=0) + (offset - 1)  # same-expert assignments up to t
-        slot = before.gather(1, column.unsqueeze(1)).squeeze(1)
-        if order is None:
-            slots[:, j] = slot
-        else:
-            slots[order, j] = slot
+        slots[order, j] = before.gather(1, column.unsqueeze(1)).squeeze(1)
         offset = offset + onehot.sum(dim=0)
     return slots, offset
 
@@ -296,7 +293,8 @@ class MoEFFN(nn.Module):
         self.expert_dropout = float(expert_dropout)
         #: keep each token's first-choice expert in :attr:`last_routing` (plots)
         self.record_experts = False
-        self._last_routing: RoutingStats | None = None
+        #: the last forward's routing (None after :meth:`pop_routing`)
+        self.last_routing: RoutingStats | None = None
 
     @classmethod
     def from_dense(cls, mlp: nn.Module, **kwargs) -> "MoEFFN":
@@ -309,13 +307,11 @@ class MoEFFN(nn.Module):
                             "(fc1, GELU, dropout, fc2) cannot copy it")
         layer = cls(fc1.in_features, fc1.out_features, **kwargs)
         layer.to(device=fc1.weight.device, dtype=fc1.weight.dtype)
-        with torch.no_grad():
-            layer.w1.copy_(fc1.weight.unsqueeze(0).expand_as(layer.w1))
-            layer.w2.copy_(fc2.weight.unsqueeze(0).expand_as(layer.w2))
-            layer.b1.copy_(fc1.bias.unsqueeze(0).expand_as(layer.b1) if fc1.bias is not None
-                           else torch.zeros_like(layer.b1))
-            layer.b2.copy_(fc2.bias.unsqueeze(0).expand_as(layer.b2) if fc2.bias is not None
-                           else torch.zeros_like(layer.b2))
+        with torch.no_grad():  # the biases start at 0
+            for own, dense in ((layer.w1, fc1.weight), (layer.w2, fc2.weight),
+                               (layer.b1, fc1.bias), (layer.b2, fc2.bias)):
+                if dense is not None:
+                    own.copy_(dense.unsqueeze(0).expand_as(own))
         return layer
 
     def extra_repr(self) -> str:
@@ -323,13 +319,9 @@ class MoEFFN(nn.Module):
                 f"top_k={self.top_k}, capacity_factor={self.capacity_factor}, "
                 f"eval_capacity_factor={self.eval_capacity_factor}, gate_noise={self.gate_noise}")
 
-    @property
-    def last_routing(self) -> RoutingStats | None:
-        return self._last_routing
-
     def pop_routing(self) -> RoutingStats | None:
         """Return :attr:`last_routing` and forget it (no tensor outlives the step)."""
-        stats, self._last_routing = self._last_routing, None
+        stats, self.last_routing = self.last_routing, None
         return stats
 
     def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -374,5 +366,5 @@ class MoEFFN(nn.Module):
             entropy = -(load * torch.log(load.clamp(min=1e-12))).sum()
             drop = 1.0 - kept_counts.sum().float() / r.experts.numel()
         top1 = r.experts[:, 0].reshape(shape[:-1]).detach() if self.record_experts else None
-        self._last_routing = RoutingStats(r.aux_loss, drop, entropy, top1)
+        self.last_routing = RoutingStats(r.aux_loss, drop, entropy, top1)
         return y.reshape(shape)

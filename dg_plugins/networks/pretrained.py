@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from unittest import mock
 from urllib.parse import urlparse
 
 import torch
@@ -63,22 +64,15 @@ class WeightsRequested(BaseException):
 
     def __init__(self, what: str, error: BaseException | None):
         super().__init__(what)
-        self.what = what
-        self.error = error
+        self.what, self.error = what, error
 
 
 _probing = False
 
 
-@contextlib.contextmanager
 def probing():
     """While active, a request for pretrained weights raises :class:`WeightsRequested`."""
-    global _probing
-    previous, _probing = _probing, True
-    try:
-        yield
-    finally:
-        _probing = previous
+    return mock.patch(f"{__name__}._probing", True)
 
 
 def probe_weights(build) -> BaseException | None:
@@ -101,15 +95,9 @@ def probe_weights(build) -> BaseException | None:
 _loaded: list[str] | None = None
 
 
-@contextlib.contextmanager
 def recording_weights():
     """Within the block, the yielded list describes each set of weights a model takes."""
-    global _loaded
-    previous, _loaded = _loaded, []
-    try:
-        yield _loaded
-    finally:
-        _loaded = previous
+    return mock.patch(f"{__name__}._loaded", [])
 
 
 def note_weights(description: str) -> None:
@@ -138,23 +126,9 @@ def require_cached_or_reachable(what: str, cached: str, url: str,
                  f"{what} downloaded from {url} into {cached}")
 
 
-def check_url_available(url: str, what: str, cached: str | None = None,
-                        unavailable=_unavailable) -> None:
-    if cached is None:
-        cached = os.path.join(torch.hub.get_dir(), "checkpoints",
-                              os.path.basename(urlparse(url).path))
-    require_cached_or_reachable(what, cached, url, unavailable)
-
-
-def cached_hub_file(repo_id: str, names, revision: str | None = None) -> str | None:
-    """The cached path of the first of ``names`` in the hub cache of ``repo_id``, else None."""
-    from huggingface_hub import try_to_load_from_cache
-
-    for name in names:
-        path = try_to_load_from_cache(repo_id, name, revision=revision)
-        if isinstance(path, str) and os.path.isfile(path):
-            return path
-    return None
+def check_url_available(url: str, what: str) -> None:
+    name = os.path.basename(urlparse(url).path)  # in torch hub's checkpoint cache
+    require_cached_or_reachable(what, os.path.join(torch.hub.get_dir(), "checkpoints", name), url)
 
 
 def hub_cache_folder(repo_id: str) -> str:
@@ -168,51 +142,40 @@ def check_hub_available(repo_id: str, what: str, groups, unavailable=_unavailabl
                         revision: str | None = None) -> bool:
     """True when every group of hub files has one cached (load under :func:`hub_offline`), False
     when not but the endpoint answers; else raise ``unavailable``."""
-    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
 
     groups = [list(names) for names in groups]
-    files = [cached_hub_file(repo_id, names, revision) for names in groups]
+    # per group, the cached path of its first file in the hub cache, else None
+    files = [next((path for path in (try_to_load_from_cache(repo_id, name, revision=revision)
+                                     for name in names)
+                   if isinstance(path, str) and os.path.isfile(path)), None) for names in groups]
     if all(files):
         _decided(what, None)
         note_weights(f"{what} from the Hugging Face cache: {', '.join(files)}")
         return True
-    error = None
     if offline_requested():
-        error = unavailable(what, hub_cache_folder(repo_id), OFFLINE_SET)
+        reason = OFFLINE_SET
     else:
         reason = probe_url(hf_hub_url(repo_id, groups[-1][-1], revision=revision))
-        if reason is not None:
-            error = unavailable(what, hub_cache_folder(repo_id),
-                                f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}")
-    _decided(what, error)
+        reason = reason and f"the hub endpoint {constants.ENDPOINT} is unreachable: {reason}"
+    _decided(what, reason and unavailable(what, hub_cache_folder(repo_id), reason))
     note_weights(f"{what} downloaded from the hub ({constants.ENDPOINT}, {repo_id}) into "
                  f"{hub_cache_folder(repo_id)}")
     return False
 
 
-@contextlib.contextmanager
 def hub_offline():
     """Within the block, the Hugging Face client makes no request (``HF_HUB_OFFLINE=1``)."""
     from huggingface_hub import constants
 
-    before = constants.HF_HUB_OFFLINE
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
+    return mock.patch.object(constants, "HF_HUB_OFFLINE", True)
 
 
 def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:
     """Load a local checkpoint into ``model``; keys other than the head must match."""
-    if not os.path.isfile(path):
-        error = FileNotFoundError(f"pretrained_path {path!r} does not exist (expected a .pth/.pt "
-                                  "file holding the backbone's state_dict)")
-        if _probing:
-            raise WeightsRequested(path, error)
-        raise error
-    if _probing:
-        raise WeightsRequested(path, None)
+    _decided(path, None if os.path.isfile(path) else FileNotFoundError(
+        f"pretrained_path {path!r} does not exist (expected a .pth/.pt file holding the "
+        "backbone's state_dict)"))
     note_weights(f"the local file {path} (pretrained_path)")
     state = torch.load(path, map_location="cpu", weights_only=True)
     for key in ("state_dict", "model"):

@@ -102,8 +102,7 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
                          f"{sorted(VIT_PRESETS)} or a timm model name (timm.list_models('vit_*'))")
     local_path = pretrained_path if pretrained else None
     download = bool(pretrained) and not local_path and not is_preset
-    loads_weights = download or bool(local_path)
-    build_channels = 3 if loads_weights else channels
+    build_channels = 3 if download or local_path else channels
     kwargs = dict(img_size=(height, width) if height != width else height,
                   in_chans=build_channels, num_classes=num_classes,
                   drop_path_rate=drop_path_rate)
@@ -119,46 +118,32 @@ def create_vit(arch: str, input_shape: Sequence[int], *, pretrained: bool,
     if not isinstance(model, _timm().models.vision_transformer.VisionTransformer):
         raise ValueError(f"{name!r} builds a timm {type(model).__name__}, not a timm "
                          f"VisionTransformer; {_CHOOSE_A_VIT}")
-    _check_patch_grid(model, name, (height, width))
+    patch = tuple(model.patch_embed.patch_size)
+    if not getattr(model.patch_embed, "dynamic_img_pad", False) and (height % patch[0]
+                                                                     or width % patch[1]):
+        raise ValueError(f"input size {(height, width)} is not a multiple of {name!r}'s patch "
+                         f"size {patch}; use vit_arch 'auto' or a preset {sorted(VIT_PRESETS)}, "
+                         "or override patch_size")
     if local_path:
         weights.load_local_weights(model, local_path)
-    if build_channels != channels:
-        adapt_patch_embed_channels(model, channels)
+    if build_channels != channels:  # RGB filters adapted by timm's adapt_input_conv
+        from timm.models import adapt_input_conv
+
+        proj = model.patch_embed.proj
+        new = nn.Conv2d(channels, proj.out_channels, kernel_size=proj.kernel_size,
+                        stride=proj.stride, padding=proj.padding, bias=proj.bias is not None)
+        new.to(device=proj.weight.device, dtype=proj.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(adapt_input_conv(channels, proj.weight))
+            if proj.bias is not None:
+                new.bias.copy_(proj.bias)
+        model.patch_embed.proj = new
+        model.in_chans = channels
     return model
 
 
 _CHOOSE_A_VIT = ("choose a ViT architecture (timm.list_models('vit_*'), 'deit_*', ...), a preset "
                  f"{sorted(VIT_PRESETS)}, 'auto' or 'tiny'")
-
-
-def _check_patch_grid(vit: nn.Module, name: str, size: tuple[int, int]) -> None:
-    patch = tuple(vit.patch_embed.patch_size)
-    if getattr(vit.patch_embed, "dynamic_img_pad", False):
-        return
-    if size[0] % patch[0] or size[1] % patch[1]:
-        raise ValueError(f"input size {size} is not a multiple of {name!r}'s patch size {patch}; "
-                         f"use vit_arch 'auto' or a preset {sorted(VIT_PRESETS)}, or override "
-                         "patch_size")
-
-
-def adapt_patch_embed_channels(vit: nn.Module, channels: int) -> None:
-    """Replace the patch projection by one for ``channels`` inputs (timm's ``adapt_input_conv``)."""
-    from dg_plugins import compat  # noqa: F401  (before timm)
-    from timm.models import adapt_input_conv
-
-    proj = vit.patch_embed.proj
-    if proj.in_channels != 3:
-        raise ValueError(f"the patch projection takes {proj.in_channels} channels; only RGB (3) "
-                         "filters are adapted to other channel counts")
-    new = nn.Conv2d(channels, proj.out_channels, kernel_size=proj.kernel_size,
-                    stride=proj.stride, padding=proj.padding, bias=proj.bias is not None)
-    new.to(device=proj.weight.device, dtype=proj.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(adapt_input_conv(channels, proj.weight))
-        if proj.bias is not None:
-            new.bias.copy_(proj.bias)
-    vit.patch_embed.proj = new
-    vit.in_chans = channels
 
 
 class ViTDims(NamedTuple):
@@ -202,40 +187,28 @@ def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return vit.norm_pre(x)
 
 
-def _patch_pos_embed(vit: nn.Module, grid: tuple[int, int]) -> torch.Tensor | None:
-    """Patch position embeddings ``[1, N, D]``, resampled for a dynamic-size ViT."""
+def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Images -> position-embedded patch tokens ``[B, N, D]`` (MAE order, no prefix tokens);
+    the position embedding resampled for a dynamic-size ViT."""
+    x = vit.patch_embed(x)
+    grid = tuple(vit.patch_embed.grid_size)
+    if x.ndim == 4:  # dynamic_img_size: NHWC, flattened after the position embedding
+        grid, x = (x.shape[1], x.shape[2]), x.flatten(1, 2)
     pos = vit.pos_embed
     if pos is None:
-        return None
+        return x
     prefix = 0 if vit.no_embed_class else vit.num_prefix_tokens
-    if tuple(grid) != tuple(vit.patch_embed.grid_size):
-        from dg_plugins import compat  # noqa: F401  (before timm)
+    if grid != tuple(vit.patch_embed.grid_size):
         from timm.layers import resample_abs_pos_embed
 
         pos = resample_abs_pos_embed(pos, new_size=grid, old_size=vit.patch_embed.grid_size,
                                      num_prefix_tokens=prefix)
-    return pos[:, prefix:]
-
-
-def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Images -> position-embedded patch tokens ``[B, N, D]`` (MAE order, no prefix tokens)."""
-    x = vit.patch_embed(x)
-    if x.ndim == 4:  # dynamic_img_size: NHWC, flattened after the position embedding
-        grid = (x.shape[1], x.shape[2])
-        x = x.flatten(1, 2)
-    else:
-        grid = tuple(vit.patch_embed.grid_size)
-    pos = _patch_pos_embed(vit, grid)
-    return x if pos is None else x + pos
+    return x + pos[:, prefix:]
 
 
 def prepend_prefix_tokens(vit: nn.Module, patches: torch.Tensor) -> torch.Tensor:
     """``[B, K, D]`` -> ``[B, P + K, D]``: prefix tokens in front, ``pos_drop``, ``norm_pre``."""
-    prefix = []
-    if vit.cls_token is not None:
-        prefix.append(vit.cls_token)
-    if getattr(vit, "reg_token", None) is not None:
-        prefix.append(vit.reg_token)
+    prefix = [t for t in (vit.cls_token, getattr(vit, "reg_token", None)) if t is not None]
     if prefix:
         prefix = torch.cat(prefix, dim=1)
         if vit.pos_embed is not None and not vit.no_embed_class:
@@ -361,18 +334,20 @@ def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
 
 # --- FFN replacement ---
 
-def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) -> list[int]:
-    """Block indices from ints or ``"8,10"`` (negative from the end); raises on bad ones."""
+def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
+                factory: Callable[[int, nn.Module], nn.Module]) -> list[nn.Module]:
+    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` for the block indices, ints or
+    ``"8,10"`` (negative from the end), all checked first."""
+    blocks = _blocks(vit)
+    depth = len(blocks)
     if isinstance(block_indices, str):
         try:
             raw = [int(part) for part in block_indices.split(",") if part.strip()]
         except ValueError:
             raise ValueError(f"block indices {block_indices!r} must be comma-separated integers "
                              "such as '8,10'") from None
-    elif isinstance(block_indices, int):
-        raw = [block_indices]
     else:
-        raw = list(block_indices)
+        raw = [block_indices] if isinstance(block_indices, int) else list(block_indices)
     if not raw:
         raise ValueError("no block index given")
     resolved = []
@@ -387,19 +362,11 @@ def parse_block_indices(block_indices: str | int | Iterable[int], depth: int) ->
     if duplicates:
         raise ValueError(f"block indices {raw} name block(s) {duplicates} more than once "
                          f"(depth {depth})")
-    return resolved
-
-
-def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
-                factory: Callable[[int, nn.Module], nn.Module]) -> list[nn.Module]:
-    """Replace ``vit.blocks[i].mlp`` by ``factory(i, old_mlp)`` (indices checked first)."""
-    blocks = _blocks(vit)
-    indices = parse_block_indices(block_indices, len(blocks))
-    for i in indices:
+    for i in resolved:
         if not isinstance(getattr(blocks[i], "mlp", None), nn.Module):
             raise TypeError(f"block {i} ({type(blocks[i]).__name__}) has no 'mlp' module")
     new_modules = []
-    for i in indices:
+    for i in resolved:
         new = factory(i, blocks[i].mlp)
         if not isinstance(new, nn.Module):
             raise TypeError(f"the FFN factory returned {type(new).__name__} for block {i}; it "
