@@ -3,6 +3,7 @@ collector paused, one line for an interpreter without the requirements). Torch-f
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shlex
@@ -84,3 +85,14 @@ def missing_requirement(err: ModuleNotFoundError) -> int:
         raise err
     print(f"error: {requirement_line(name, err)}", file=sys.stderr)
     return 2
+
+
+@contextlib.contextmanager
+def swapped(owner, name: str, value):
+    """``owner.name`` (a module's global too) set to ``value`` inside the block, then restored."""
+    previous = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield value
+    finally:
+        setattr(owner, name, previous)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 import types
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -15,6 +14,7 @@ import torch.nn as nn
 from dg_plugins import catalog
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.registry import ALGORITHMS
+from dg_plugins.runtime import swapped
 
 
 def register_algorithm(name: str | None = None):
@@ -220,7 +220,7 @@ def float32(device_type: str):
 
 def gradient_scaling(scaler):
     """Within the block :func:`optimizer_step` scales and steps through ``scaler`` (None: none)."""
-    return mock.patch.object(_SCALING, "scaler", scaler)
+    return swapped(_SCALING, "scaler", scaler)
 
 
 def guard_scaled_steps(algorithm: nn.Module, fix: str = "") -> None:

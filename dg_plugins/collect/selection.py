@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain
 from typing import Callable, Mapping
 
 import numpy as np
@@ -98,10 +97,14 @@ def group_ids(*keys: np.ndarray) -> np.ndarray:
 
 def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(record, test_env, n_test_envs)`` per entry of each record's ``test_envs``."""
-    counts = np.array([len(envs) for envs in distinct], dtype=np.int64)[codes]
-    test_env = np.fromiter(chain.from_iterable(map(distinct.__getitem__, codes)), dtype=np.int64,
-                           count=int(counts.sum()))
-    return np.repeat(np.arange(len(codes)), counts), test_env, counts
+    lengths = np.array([len(envs) for envs in distinct], dtype=np.int64)
+    table = np.zeros((len(distinct), int(lengths.max(initial=0))), dtype=np.int64)
+    for row, envs in enumerate(distinct):
+        table[row, :len(envs)] = envs
+    counts = lengths[codes]
+    record = np.repeat(np.arange(len(codes)), counts)
+    position = np.arange(len(record)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return record, table[codes[record], position], counts
 
 
 def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:

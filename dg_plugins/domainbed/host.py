@@ -13,7 +13,6 @@ import sys
 import traceback
 import warnings
 from types import ModuleType
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -24,6 +23,7 @@ from dg_plugins.domainbed import bridge
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import Algorithm
 from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
+from dg_plugins.runtime import swapped
 from dg_plugins.seeds import rng_state, set_rng_state
 
 PREFIX = "DomainBed"
@@ -120,7 +120,7 @@ class FeaturizerSwap:
         return featurizer
 
     def active(self):
-        return mock.patch.object(self.networks, "Featurizer", self)
+        return swapped(self.networks, "Featurizer", self)
 
 
 # --- What the host asks of an algorithm ---

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from unittest import mock
+import sys
 from urllib.parse import urlparse
 
 import torch
+
+from dg_plugins.runtime import swapped
 
 #: Seconds a download server gets to answer the one request (no retry) that tells whether
 #: weights can be downloaded now.
@@ -72,7 +74,7 @@ _probing = False
 
 def probing():
     """While active, a request for pretrained weights raises :class:`WeightsRequested`."""
-    return mock.patch(f"{__name__}._probing", True)
+    return swapped(sys.modules[__name__], "_probing", True)
 
 
 def probe_weights(build) -> BaseException | None:
@@ -97,7 +99,7 @@ _loaded: list[str] | None = None
 
 def recording_weights():
     """Within the block, the yielded list describes each set of weights a model takes."""
-    return mock.patch(f"{__name__}._loaded", [])
+    return swapped(sys.modules[__name__], "_loaded", [])
 
 
 def note_weights(description: str) -> None:
@@ -168,7 +170,7 @@ def hub_offline():
     """Within the block, the Hugging Face client makes no request (``HF_HUB_OFFLINE=1``)."""
     from huggingface_hub import constants
 
-    return mock.patch.object(constants, "HF_HUB_OFFLINE", True)
+    return swapped(constants, "HF_HUB_OFFLINE", True)
 
 
 def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc.", "head.")) -> None:

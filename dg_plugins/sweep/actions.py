@@ -274,10 +274,15 @@ def never_started(job: SweepJob) -> bool:
 
 def state_line(job: SweepJob) -> str:
     """What a job is doing, for ``status``."""
-    what = {DONE: "done", NOT_LAUNCHED: "not launched", RUNNING: f"running (pid {job.holder})",
-            IN_SLURM: job.slurm and job.slurm.describe(),
-            QUEUED: job.launcher and f"queued by a live {job.launcher.describe()}"}.get(job.state)
-    if job.state == INCOMPLETE:
+    if job.state == DONE:
+        what = "done"
+    elif job.state == RUNNING:
+        what = f"running (pid {job.holder})"
+    elif job.state == IN_SLURM:
+        what = job.slurm.describe()
+    elif job.state == QUEUED:
+        what = f"queued by a live {job.launcher.describe()}"
+    elif job.state == INCOMPLETE:
         ended = f" ({job.slurm.describe()})" if job.slurm is not None else ""
         lines = [line.strip() for line in read_lines(os.path.join(job.output_dir, ERR_FILE))]
         error = (error_excerpt(lines, len(lines)) or [None])[-1]  # the last that says what failed
@@ -287,6 +292,8 @@ def state_line(job: SweepJob) -> str:
             what = f"failed{ended}: {error}"
         else:
             what = f"interrupted{ended}: continue with launch --resume"
+    else:
+        what = "not launched"
     return f"{what}: {job.describe()}"
 
 

@@ -11,7 +11,7 @@ from dg_plugins import catalog
 from dg_plugins.registry import UnknownNameError
 from dg_plugins.sweep.jobs import DONE, INCOMPLETE
 from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS, EVERY, NEVER, ROWS, names
-from dg_plugins.job.folder import CHECKPOINT_FILE
+from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
 from dg_plugins.job.records import last_record
 from dg_plugins.layouts import inside_dataset_folder
 
@@ -269,6 +269,17 @@ def resume_problems(jobs: Sequence) -> list[str]:
     return problems
 
 
+def _first_record_args(folder: str) -> dict | None:
+    """The ``args`` of a job's first record (every record of a job holds the same), reading one
+    line only."""
+    try:
+        with open(os.path.join(folder, RESULTS_FILE), "rb") as f:
+            args = json.loads(f.readline()).get("args")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return args if isinstance(args, dict) else None
+
+
 def done_eval_splits_note(jobs: Sequence) -> list[str]:
     """For ``--eval_splits all``: which Done jobs evaluated only the selection splits."""
     default = EVAL_DEFAULTS["eval_splits"]
@@ -276,9 +287,8 @@ def done_eval_splits_note(jobs: Sequence) -> list[str]:
     for job in jobs:
         if job.state != DONE or job.command_args.get("eval_splits", default) != "all":
             continue
-        record = last_record(job.output_dir)  # every record of a job holds the same args
-        args = record.get("args") if isinstance(record, dict) else None
-        if isinstance(args, dict) and args.get("eval_splits", default) != "all":
+        args = _first_record_args(job.output_dir)
+        if args is not None and args.get("eval_splits", default) != "all":
             partial.append(job)
     if not partial:
         return []
