@@ -96,3 +96,14 @@ def swapped(owner, name: str, value):
         yield value
     finally:
         setattr(owner, name, previous)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

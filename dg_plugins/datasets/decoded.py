@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dg_plugins.files import DISK_FULL_ERRNOS
+from dg_plugins.runtime import pid_alive
 from dg_plugins.signals import signal_name
 
 #: Environment variables: the cache folder's base, the switch, the budget.
@@ -249,16 +250,6 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 # Disk space, and what a finished entry holds
 def _free_bytes(folder: str) -> int:
     stat = os.statvfs(folder)
@@ -402,7 +393,7 @@ def _folder_lock(folder: str, check=lambda doing: None):
                 break
             os.close(fd)
             continue
-        gone = holder is not None and holder[1] == host and not _pid_alive(holder[0])
+        gone = holder is not None and holder[1] == host and not pid_alive(holder[0])
         if gone and stale == (holder, inode):  # the lock removed if still that file, under its own
             with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
                 fcntl.flock(guard, fcntl.LOCK_EX)
@@ -804,7 +795,7 @@ class DatasetCache:
             stale = parts[0] in current and parts[1] != current[parts[0]]
             if parts[-2] == "tmp":
                 with contextlib.suppress(ValueError):
-                    stale = stale or not _pid_alive(int(parts[-1]))
+                    stale = stale or not pid_alive(int(parts[-1]))
             if stale:
                 _remove(entry.path)
 

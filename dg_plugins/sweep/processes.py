@@ -20,6 +20,7 @@ from typing import Sequence
 
 from dg_plugins.job.flags import TRAIN_MODULE, parse_command
 from dg_plugins.job.folder import ERR_FILE, is_done, lock_holder
+from dg_plugins.runtime import pid_alive
 from dg_plugins.signals import STOP_SIGNALS, SignalCatcher, signal_name, stop_grace_period
 from dg_plugins.train import cli as train_cli
 
@@ -68,16 +69,6 @@ def _exit_if_orphaned(parent_pid: int) -> None:
     """Before ``exec``: end at once (143, as SIGTERM) when the launcher has already died."""
     if os.getppid() != parent_pid:
         os._exit(128 + signal.SIGTERM)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def main_module_is_reimport_safe() -> bool:
@@ -131,7 +122,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
         if hasattr(server, "_forkserver_address"):
             server._forkserver_address = None
     die_with_parent()
-    if os.getppid() != server_pid or (launcher_pid is not None and not _pid_alive(launcher_pid)):
+    if os.getppid() != server_pid or (launcher_pid is not None and not pid_alive(launcher_pid)):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
     sys.argv = [TRAIN_MODULE, *args]
     sys.exit(train_cli.main(args))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import dg_plugins.compat  # noqa: F401
+from dg_plugins import runtime
 from dg_plugins.datasets import decoded
 from dg_plugins.datasets.image_folder import PACS, load_rgb_image
 from dg_plugins.train import evaluate
@@ -82,7 +83,7 @@ def test_a_lock_held_by_the_processes_of_a_job_that_is_gone_is_taken_over(tmp_pa
     try:
         with within(60):
             line = decoded.prepare(dataset)
-        assert decoded._pid_alive(orphan)  # it still holds the old lock file
+        assert runtime.pid_alive(orphan)  # it still holds the old lock file
     finally:
         os.kill(orphan, signal.SIGKILL)
     assert line.startswith("Decoded-image cache: built"), line
