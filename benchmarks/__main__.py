@@ -7,8 +7,8 @@ KIND (default ``algorithms``):
 * ``collect``: collect_results against DomainBed's on a generated sweep;
 * ``alignment``: throughput of the CLIP alignment scorer;
 * ``dismae``: DisMAE's and MAE's UDG pretraining step against ERM;
-* ``gpu``: the package's ``python -m dg_plugins.scripts.benchmark gpu`` (the step, memory and
-  images/s of the paper algorithms at 224x224, and the settings it recommends);
+* ``gpu``: the step, memory and images/s of the paper algorithms at 224x224, and the settings
+  it recommends (users run it on their GPU);
 * ``image_job``: one image job, dg_plugins' train (``--eval_splits all`` and ``selection``)
   against DomainBed's ``train.py``;
 * ``data_path``: images/s of training batches and full evaluations with the model left out,
@@ -30,7 +30,7 @@ from dg_plugins.help_text import plain_text
 #: Each kind and the module whose ``main(argv)`` runs it.
 MODULES = {"algorithms": "benchmarks.algorithms", "collect": "benchmarks.collect",
            "alignment": "benchmarks.alignment", "dismae": "benchmarks.dismae",
-           "gpu": "dg_plugins.benchmarks.gpu", "image_job": "benchmarks.image_job",
+           "gpu": "benchmarks.gpu", "image_job": "benchmarks.image_job",
            "data_path": "benchmarks.data_path", "sweep_gpu": "benchmarks.sweep_gpu"}
 KINDS = tuple(MODULES)
 

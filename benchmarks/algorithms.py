@@ -81,8 +81,8 @@ def measure_algorithms(algorithms: dict, batches, steps: int, warmup: int, devic
     under it (rows ``"<name>:<precision>"``, the same instance: :func:`reduced_step`)."""
     import torch
 
-    from dg_plugins.benchmarks.memory import persistent_bytes, step_peak_bytes
-    from dg_plugins.benchmarks.timing import alternating_medians, alternating_times
+    from benchmarks.memory import persistent_bytes, step_peak_bytes
+    from benchmarks.timing import alternating_medians, alternating_times
     from dg_plugins.train.compute import Compute
 
     compute = Compute(precision)
@@ -175,7 +175,7 @@ def benchmark_algorithms(args) -> list[dict]:
     from dg_plugins import hparams as hparams_lib
     from dg_plugins import plugins
     from dg_plugins.registry import ALGORITHMS, DATASETS
-    from dg_plugins.benchmarks.timing import paired_ratio
+    from benchmarks.timing import paired_ratio
     from dg_plugins.runtime import pick_device
 
     import torch

@@ -54,7 +54,7 @@ def build_parser():
 
 
 def _timed(fn, device):
-    from dg_plugins.benchmarks.timing import synchronize
+    from benchmarks.timing import synchronize
 
     synchronize(device)
     start = time.perf_counter()

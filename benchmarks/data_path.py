@@ -17,7 +17,7 @@ measured in one run and printed as ratios.
   training environment and a ``FastDataLoader`` per evaluated split, each with its
   ``N_WORKERS`` (8) workers.
 
-The tree: :func:`dg_plugins.benchmarks.data.make_pacs_tree` (JPEGs at PACS's 227x227). Each
+The tree: :func:`benchmarks.data.make_pacs_tree` (JPEGs at PACS's 227x227). Each
 configuration's loaders are started, warmed up (``--warmup`` rounds, one untimed evaluation: the
 cache's augmented evaluation pixels are made then, once per sweep), timed, and ended before the
 next starts. A timing runs from loaders whose prefetch is full to loaders whose prefetch is full
@@ -272,7 +272,7 @@ def configurations(args, data_dir: str, out: str) -> dict:
 
 def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
     """Print the medians and the ratios to DomainBed; returns the median ratios by name."""
-    from dg_plugins.benchmarks.timing import paired_ratio
+    from benchmarks.timing import paired_ratio
 
     keys = ("training", "evaluation", "training_cpu", "evaluation_cpu")
     print(f"\n{'median of the repeats':<40} {'images/s':>21} {'images per CPU second':>23}")
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
     import torch
 
     from dg_plugins import plugins
-    from dg_plugins.benchmarks.data import make_pacs_tree
+    from benchmarks.data import make_pacs_tree
     from dg_plugins.runtime import job_cores
     from dg_plugins.job.selection import evaluated_splits
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from dg_plugins.algorithms.dismae import dcls_epoch_steps, parameter_counts
     from dg_plugins.plugins import load
     from dg_plugins.registry import ALGORITHMS
-    from dg_plugins.benchmarks.timing import alternating_medians
+    from benchmarks.timing import alternating_medians
     from dg_plugins.runtime import pick_device
 
     load()

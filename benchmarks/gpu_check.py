@@ -100,10 +100,11 @@ def run_suite(args, tests: Path, env: dict, work: Path) -> tuple[list[dict], str
 
 def run_benchmark(args, env: dict, work: Path) -> str:
     out = work / "gpu.md"
-    command = [sys.executable, "-m", "dg_plugins.scripts.benchmark", "gpu", "--out", str(out),
+    command = [sys.executable, "-m", "benchmarks", "gpu", "--out", str(out),
                *shlex.split(args.benchmark_args)]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
+    try:  # from the checkout's root, where ``benchmarks`` imports
+        done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env,
+                              capture_output=True, text=True,
                               timeout=args.benchmark_timeout)
     except subprocess.TimeoutExpired:
         return f"`benchmark gpu` stopped after {args.benchmark_timeout} s (--benchmark_timeout)"

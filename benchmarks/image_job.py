@@ -6,7 +6,7 @@ repeat (the order rotating), measured in one run.
 
 The job: ERM with a ResNet-18 (``--model resnet50``: torchvision's ResNet-50) on a PACS-shaped
 tree of 560 JPEGs at 227x227 (``--per_class 357``: 9,996, PACS's size;
-:func:`dg_plugins.benchmarks.data.make_pacs_tree`), test environment 0, 21 steps, a record every
+:func:`benchmarks.data.make_pacs_tree`), test environment 0, 21 steps, a record every
 5 steps, batch 8 per domain, each host's default loader workers. DomainBed always loads
 torchvision's ImageNet weights (``domainbed/networks.py``: ``resnet18(pretrained=True)``), so both
 hosts run with ``TORCH_HOME`` pointing at a temporary folder that holds random weights under that
@@ -132,7 +132,7 @@ def run_job(command: list[str], env: dict, output_dir: str, cwd: str) -> dict:
 
 
 def _ratio_text(times: list[float], base: list[float]) -> str:
-    from dg_plugins.benchmarks.timing import paired_ratio
+    from benchmarks.timing import paired_ratio
 
     low, mid, high = paired_ratio(times, base)
     return f"{mid:.2f} ({low:.2f}-{high:.2f})"
@@ -152,7 +152,7 @@ def report(measured: dict[str, list[dict]], args) -> dict[str, float]:
 
     def ratio(name: str, label: str, base: str, key: str, goal: str = "") -> None:
         if label in measured and base in measured:
-            from dg_plugins.benchmarks.timing import paired_ratio
+            from benchmarks.timing import paired_ratio
 
             times = [r[key] for r in measured[label]]
             base_times = [r[key] for r in measured[base]]
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
               "DomainBed checkout", file=sys.stderr)
         return 2
     from benchmarks.support import random_torchvision_weights
-    from dg_plugins.benchmarks.data import make_pacs_tree
+    from benchmarks.data import make_pacs_tree
 
     # absolute: the jobs run in it (a relative --work_dir would be taken from there again)
     with tempfile.TemporaryDirectory(dir=args.work_dir and os.path.abspath(args.work_dir)) as tmp:

@@ -1,6 +1,5 @@
-"""What the checkout's benchmarks share beyond what ships with ``benchmark gpu``
-(:mod:`dg_plugins.benchmarks.timing`, :mod:`~dg_plugins.benchmarks.memory`,
-:mod:`~dg_plugins.benchmarks.data`): the wall and CPU time of a child process, and random weights
+"""What the benchmarks share besides :mod:`benchmarks.timing`, :mod:`~benchmarks.memory` and
+:mod:`~benchmarks.data`: the wall and CPU time of a child process, and random weights
 under the file name of torchvision's ImageNet weights. No torch import at module import."""
 
 from __future__ import annotations

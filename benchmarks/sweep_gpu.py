@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from benchmarks.support import random_torchvision_weights
-    from dg_plugins.benchmarks.data import make_pacs_tree
+    from benchmarks.data import make_pacs_tree
     from dg_plugins.sweep.launchers import visible_gpus
 
     if args.domainbed and args.test_envs:

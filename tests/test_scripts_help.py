@@ -1,7 +1,7 @@
 """Every command's ``--help`` works (``python -m dg_plugins.scripts.X --help``: exit 0, a usage
 line or the command's own text, without reStructuredText markup), so that the thin entry points
-in ``dg_plugins/scripts`` all reach their parsers; and each benchmark kind's (only ``gpu`` ships:
-the developer benchmarks are the source checkout's ``python -m benchmarks``).
+in ``dg_plugins/scripts`` all reach their parsers; no benchmark ships (they are the source
+checkout's ``python -m benchmarks``, whose tests check their helps).
 
 The commands' runs that these tests read (helps, usage errors) are made in one Python process
 (:func:`ran`): each command module run as ``python -m`` runs it (``runpy``, as ``__main__``, with
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from dg_plugins.scripts import benchmark
 
 SCRIPTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "dg_plugins" / "scripts")
                  .glob("*.py") if p.stem != "__init__")
@@ -63,13 +62,10 @@ def script_module(script: str) -> str:
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
-    """Every run the tests below read, by ``(script, *argv)``: each command's ``--help``, each
-    benchmark kind's, the developer benchmarks' refusals and the mistyped flags (from an empty
-    folder)."""
+    """Every run the tests below read, by ``(script, *argv)``: each command's ``--help`` and the
+    mistyped flags (from an empty folder)."""
     cwd = str(tmp_path_factory.mktemp("scripts_cwd"))
     runs = [(script, ["--help"]) for script in SCRIPTS]
-    runs += [("benchmark", [kind, "--help"]) for kind in benchmark.KINDS]
-    runs += [("benchmark", argv) for argv, _, _ in DEVELOPER_BENCHMARKS]
     runs += [(script, argv) for script, argv, _ in MISTYPED]
     results = run_in_one_process([(script_module(s), argv, cwd) for s, argv in runs])
     return {(s, *argv): result for (s, argv), result in zip(runs, results)}
@@ -99,41 +95,11 @@ def test_help_as_its_own_process():
     assert done.stdout.startswith("usage:") and "--dataset" in done.stdout
 
 
-@pytest.mark.parametrize("kind", benchmark.KINDS)
-def test_help_of_every_benchmark_kind(ran, kind):
-    status, stdout, stderr = ran["benchmark", kind, "--help"]
-    assert status == 0 and stdout.startswith("usage:"), stderr[-2000:]
-    assert not re.search(r":[a-z]+:`|``", stdout), stdout
-
-
-DEVELOPER_BENCHMARKS = [
-    (["data_path", "--per_class", "1"], "data_path", "data_path --per_class 1"),
-    (["--dataset", "Debug224", "--hparams", '{"a": 1}'], "algorithms",
-     """algorithms --dataset Debug224 --hparams '{"a": 1}'""")]
-
-
-@pytest.mark.parametrize("argv, kind, checkout", DEVELOPER_BENCHMARKS)
-def test_benchmark_names_the_checkout_command_of_a_developer_benchmark(ran, argv, kind,
-                                                                       checkout):
-    """Only ``benchmark gpu`` ships; a developer benchmark (flags first: the former default,
-    algorithms) is one line naming its command in the source checkout."""
-    status, stdout, stderr = ran[("benchmark", *argv)]
-    assert status == 2 and not stdout
-    assert stderr == (f"error: benchmark {kind} is a developer benchmark of the source "
-                      f"checkout: from its root, python -m benchmarks {checkout}; this "
-                      "command runs gpu\n")
-
-
-def test_only_benchmark_gpu_and_what_it_needs_ship():
-    """The developer benchmarks and gpu_check live in the source checkout's ``benchmarks/``."""
-    import pkgutil
-
+def test_no_benchmark_ships():
+    """Every benchmark, ``gpu`` included, is the source checkout's ``python -m benchmarks``."""
     package = Path(__file__).resolve().parents[1] / "dg_plugins"
-    shipped = {f"{folder}.{m.name}" for folder in ("benchmarks", "scripts")
-               for m in pkgutil.iter_modules([str(package / folder)])}
-    assert {m for m in shipped if "benchmark" in m or "gpu_check" in m} == {
-        "benchmarks.gpu", "benchmarks.timing", "benchmarks.memory", "benchmarks.data",
-        "scripts.benchmark"}
+    shipped = [str(p.relative_to(package)) for p in package.rglob("*.py")]
+    assert not [m for m in shipped if "benchmark" in m or "gpu_check" in m], shipped
 
 
 # issue 58: a usage error is a short usage line and the error, with "did you mean" -------------

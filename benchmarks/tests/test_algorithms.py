@@ -32,7 +32,7 @@ def test_alternating_medians_times_the_calls_in_turn():
     rounds untimed, medians in seconds."""
     import time
 
-    from dg_plugins.benchmarks.timing import alternating_medians
+    from benchmarks.timing import alternating_medians
 
     order = []
     calls = {"fast": lambda: order.append("fast"),
@@ -44,7 +44,7 @@ def test_alternating_medians_times_the_calls_in_turn():
 
 
 def test_paired_ratio_is_the_median_of_per_round_ratios_with_quartiles():
-    from dg_plugins.benchmarks.timing import paired_ratio
+    from benchmarks.timing import paired_ratio
 
     base = [1.0, 2.0, 1.0, 4.0, 1.0]  # the machine slows down in rounds 2 and 4
     times = [1.1, 2.2, 1.1, 4.4, 1.3]

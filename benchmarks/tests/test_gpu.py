@@ -1,4 +1,4 @@
-"""``benchmark gpu`` (the package's ``python -m dg_plugins.scripts.benchmark gpu``) and
+"""``python -m benchmarks gpu`` and
 ``python -m benchmarks.gpu_check``, small: the GPU table's reduced CPU version (which must say
 that it is reduced) inside gpu_check's report. No timing is asserted: the numbers are the
 scripts' output, the tests check that they are measured and reported."""
@@ -35,7 +35,7 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     tables, which on a CPU are its reduced run and say so (``--benchmark_args`` passed on: one
     image per domain; bf16 where the CPU has bfloat16 instructions, else a line saying it is left
     out). Exit 1: a test failed."""
-    from dg_plugins.benchmarks.gpu import cpu_precisions
+    from benchmarks.gpu import cpu_precisions
 
     precisions = cpu_precisions()  # this machine's CPU, as the command's own default
     tests = tmp_path / "checkout" / "tests"
@@ -92,7 +92,6 @@ def test_gpu_check_names_missing_packages_and_runs_nothing(tmp_path, monkeypatch
 
 
 def test_gpu_benchmark_refuses_an_unknown_row(tmp_path):
-    proc = run("gpu", "--algorithms", "ERM ResNet-99", cwd=tmp_path,
-               module="dg_plugins.scripts.benchmark")
+    proc = run("gpu", "--algorithms", "ERM ResNet-99", cwd=tmp_path)
     assert proc.returncode == 2
     assert "--algorithms ERM ResNet-99: not among ERM ResNet-18" in proc.stderr

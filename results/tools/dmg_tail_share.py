@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     import dg_plugins.datasets  # noqa: F401
     from dg_plugins import hparams as hparams_lib
     from dg_plugins.registry import ALGORITHMS, DATASETS
-    from dg_plugins.benchmarks.timing import alternating_medians
+    from benchmarks.timing import alternating_medians
     from dg_plugins.runtime import pick_device
 
     device = pick_device(args.device)

@@ -18,7 +18,7 @@ from support.devices import needs_cuda
 from support.helpers import VOLATILE_KEYS, read_records
 from support.image_tree import make_pacs_tree
 from support.job_gate import gate_env, released, wait_at_gate
-from support.processes import command_env, finish, run, start, survivors
+from support.processes import REPO, command_env, finish, python_path, run, start, survivors
 
 pytestmark = needs_cuda
 
@@ -149,10 +149,11 @@ def test_multi_gpu_launcher_runs_a_job_on_each_visible_gpu(tmp_path):
 
 def test_gpu_benchmark_runs_its_gpu_version_and_names_the_device(tmp_path):
     report = tmp_path / "gpu.md"
-    code, output = run("dg_plugins.scripts.benchmark", "gpu", "--algorithms", "ERM ResNet-18",
+    code, output = run("benchmarks", "gpu", "--algorithms", "ERM ResNet-18",
                        "GMoE-S/16", "--batch_size", "4", "--steps", "1", "--warmup", "1",
                        "--workers", "2", "--loader_rounds", "2", "--per_class", "1",
-                       "--eval_repeats", "1", "--out", report, env=command_env(),
+                       "--eval_repeats", "1", "--out", report,
+                       env=command_env(PYTHONPATH=python_path(REPO, REPO / "tests")),
                        timeout=TIMEOUT)
     assert code == 0, output
     text = report.read_text()

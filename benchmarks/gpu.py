@@ -1,11 +1,11 @@
-"""``python -m dg_plugins.scripts.benchmark gpu [--out results/gpu_benchmarks.md]``: what a GPU
+"""``python -m benchmarks gpu [--out results/gpu_benchmarks.md]``: what a GPU
 does with the paper algorithms, in one command of a few minutes, as a markdown table.
 
 Per algorithm at 224x224 (random init, nothing downloaded), in fp32 and bf16 taking turns step by
 step: the median time of the train job's own training step (:meth:`dg_plugins.train.loop.Job.
-train_step` on Debug224), its peak memory (:mod:`~dg_plugins.benchmarks.memory`) and images per
+train_step` on Debug224), its peak memory (:mod:`~benchmarks.memory`) and images per
 second; the training loader's and the evaluation's images per second on a PACS-shaped JPEG tree
-(:mod:`~dg_plugins.benchmarks.data`); the step under train's compute settings
+(:mod:`~benchmarks.data`); the step under train's compute settings
 (``--deterministic``, ``--channels_last``); and the settings it recommends for this machine
 (:func:`recommendations`). Without CUDA it runs a reduced version that says so in its title (and
 leaves out bf16 where torch emulates it)."""
@@ -120,8 +120,8 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
     """The algorithm table's rows (module docstring)."""
     import torch
 
-    from dg_plugins.benchmarks.memory import persistent_bytes, step_peak_bytes
-    from dg_plugins.benchmarks.timing import alternating_times
+    from benchmarks.memory import persistent_bytes, step_peak_bytes
+    from benchmarks.timing import alternating_times
 
     rows = []
     for label, algorithm, hparams in ALGORITHM_ROWS:
@@ -149,7 +149,7 @@ def measure_algorithms(args, device, out: str) -> list[dict]:
 def measure_determinism(args, device, out: str) -> list[dict]:
     """The compute-settings table's rows: each row's fp32 step under each of :data:`SETTINGS` that
     applies (channels_last to convolutional networks), the jobs taking turns."""
-    from dg_plugins.benchmarks.timing import alternating_times, paired_ratio
+    from benchmarks.timing import alternating_times, paired_ratio
 
     def step(job):
         steps = _counted(job.train_step)
@@ -224,7 +224,7 @@ def recommendations(args, device, algorithms, loader, settings) -> list[str]:
 def measure_loader(args, data_dir: str, out: str) -> list[dict]:
     """The training loader's images per second for each ``--workers`` count, after enough rounds
     for the workers to fill their prefetch."""
-    from dg_plugins.benchmarks.timing import alternating_times
+    from benchmarks.timing import alternating_times
 
     rows = []
     for workers in args.workers:
@@ -246,7 +246,7 @@ def measure_loader(args, data_dir: str, out: str) -> list[dict]:
 def measure_evaluation(args, device, data_dir: str, out: str) -> list[dict]:
     """Images per second of one record of ERM ResNet-18 on the tree (every split, the job's worker
     pool, evaluation batch and precision), per precision."""
-    from dg_plugins.benchmarks.timing import alternating_times
+    from benchmarks.timing import alternating_times
 
     def record(job):
         def run(step):
@@ -297,7 +297,7 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
              f"Device: {device_name(device)}; torch {torch.__version__}; "
              f"{datetime.date.today().isoformat()}; {os.cpu_count()} CPU cores, load average "
              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
-             f"Command: `python -m dg_plugins.scripts.benchmark gpu "
+             f"Command: `python -m benchmarks gpu "
              f"{shlex.join(args.argv)}`".rstrip() + f" ({seconds:.0f} s).",
              "Compute flags: " + (" ".join(compute_flags(args))
                                   or "train's defaults (deterministic, no channels_last)") + ".",
@@ -347,7 +347,7 @@ def markdown(args, device, algorithms, loader, evaluation, determinism, n_images
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.benchmark gpu",
+    p = argparse.ArgumentParser(prog="python -m benchmarks gpu",
                                 description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     Compute(deterministic=args.deterministic == "true").prepare_process()
 
     from dg_plugins import plugins
-    from dg_plugins.benchmarks.data import make_pacs_tree
+    from benchmarks.data import make_pacs_tree
     from dg_plugins.runtime import pick_device
 
     plugins.load()
