@@ -220,11 +220,9 @@ def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str
     cls = ALGORITHMS.get(algorithm)
     arch = hparams.get("vit_arch", "auto")
     try:
-        if isinstance(cls, type) and issubclass(cls, ERM_ViT):
-            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape, arch_224=DEIT_S))
-        if isinstance(cls, type) and issubclass(cls, (DisMAE, MAE)):
-            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape,
-                                                             arch_224=ENCODER_ARCH_224))
+        if isinstance(cls, type) and issubclass(cls, (ERM_ViT, DisMAE, MAE)):  # their own ViTs
+            arch_224 = DEIT_S if issubclass(cls, ERM_ViT) else ENCODER_ARCH_224
+            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape, arch_224=arch_224))
         backbone = featurizers.backbone_for(shape, hparams)
         if backbone == "resnet":
             return algorithm, ("ResNet-18" if featurizers.resnet_arch(hparams) == "resnet18"
@@ -516,20 +514,18 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
         deadline = time.monotonic() + limit
         timer = threading.Timer(limit, proc.kill)  # the time limit ends the lines below
         timer.start()
-        finished = False
         try:
             with contextlib.suppress(OSError):  # the child died at once: its error is read below
                 proc.stdin.write(data)
                 proc.stdin.close()
             for raw in proc.stdout:
                 out(raw.decode(errors="replace").rstrip("\n"))
-            finished = proc.wait() != -signal.SIGKILL or time.monotonic() < deadline
+            proc.wait()
         finally:
             timer.cancel()
-            if not finished:
-                proc.kill()
+            proc.kill()  # a no-op once it has exited (an error above: it is stopped)
             proc.wait()
-        if not finished:
+        if proc.returncode == -signal.SIGKILL and time.monotonic() >= deadline:
             out(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had not "
                 "printed by then is left out)")
             return False
