@@ -31,6 +31,8 @@ from dg_plugins.job import selection as job_selection
 from dg_plugins.job import sizes as job_sizes
 from dg_plugins.job.flags import compute_settings
 from dg_plugins.job.sizes import in_split_size, records_after
+from dg_plugins.layouts import (DOMAINNET20_CLASSES, PACS_SPLIT_KINDS, list_images,
+                                pacs_split_file, visible_subfolders)
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import ALGORITHMS, DATASETS
@@ -40,12 +42,6 @@ from dg_plugins.sweep.progress import format_duration
 
 class UsageError(ValueError):
     """Bad input: printed as one line, exit status 2."""
-
-
-def n_environments(dataset: str, data_dir: str | None) -> int:
-    """How many environments a job of ``dataset`` has: declared, or found under ``data_dir``."""
-    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
-    return len(envs) if envs else num_environments(dataset, data_dir)
 
 
 @dataclass(frozen=True)
@@ -112,36 +108,26 @@ def _count_on_disk(dataset: str, data_dir: str | None) -> Sizes | None:
     root = _dataset_folder(dataset, data_dir)
     if root is None or not os.path.isdir(root):
         return None
-    from dg_plugins.datasets.image_folder import list_images, visible_subfolders  # imports torch
-
     envs = visible_subfolders(root)
     expected = catalog.DATASET_ENVIRONMENTS.get(dataset)
     if expected is not None and len(envs) != len(expected):
         raise UsageError(f"{root} holds {len(envs)} domain folders ({', '.join(envs)}), {dataset} "
                          f"has {len(expected)}: fix the folder or pass another --data_dir")
-    classes = None
-    if dataset == "DomainNet20":
-        from dg_plugins.datasets.domainnet20 import CLASSES as classes  # imports torch
+    classes = DOMAINNET20_CLASSES if dataset == "DomainNet20" else None
     counts = [sum(len(list_images(os.path.join(root, env, c)))
                   for c in visible_subfolders(os.path.join(root, env))
                   if classes is None or c in classes) for env in envs]
     return Sizes(tuple(counts), f"counted on disk in {root}")
 
 
-#: The official split lists a dataset with ``data_split: "official"`` reads, by kind.
-OFFICIAL_LIST_KINDS = ("train", "crossval", "test")
-
-
 def official_list_sizes(dataset: str, data_dir: str | None) -> tuple[dict, str]:
     """``({kind: images per environment}, origin)`` of the official ``*_kfold.txt`` lists."""
     root = _dataset_folder(dataset, data_dir)
     if root is not None and os.path.isdir(root):
-        from dg_plugins.datasets.image_folder import visible_subfolders  # imports torch
-
-        counts: dict[str, list[int]] = {kind: [] for kind in OFFICIAL_LIST_KINDS}
+        counts: dict[str, list[int]] = {kind: [] for kind in PACS_SPLIT_KINDS}
         envs = visible_subfolders(root)
-        paths = [(kind, os.path.join(root, f"{env}_{kind}_kfold.txt")) for env in envs
-                 for kind in OFFICIAL_LIST_KINDS]
+        paths = [(kind, os.path.join(root, pacs_split_file(env, kind))) for env in envs
+                 for kind in PACS_SPLIT_KINDS]
         if envs and all(os.path.isfile(path) for _, path in paths):
             for kind, path in paths:
                 with open(path, encoding="utf-8", errors="replace") as handle:
@@ -164,7 +150,7 @@ def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
     """Every split of the job of train args ``a`` with its size (``origins``: where from)."""
     dataset, test_envs = a["dataset"], set(a["test_envs"])
     data_dir = a.get("data_dir")
-    n_envs = n_environments(dataset, data_dir)
+    n_envs = num_environments(dataset, data_dir)
     if hparams.get("data_split") == "official":
         lists, origin = official_list_sizes(dataset, data_dir)
         pairs = [(lists["test" if e in test_envs else "train"][e], lists["crossval"][e])
@@ -179,7 +165,7 @@ def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
 
 def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
     """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``."""
-    n_envs = n_environments(a["dataset"], a.get("data_dir"))
+    n_envs = num_environments(a["dataset"], a.get("data_dir"))
     uda = sum(name.endswith("_uda") for name in names)
     return {value: job_selection.evaluated_splits(value, a["test_envs"], n_envs, uda,
                                                   udg="label_fraction" in a)
@@ -234,11 +220,9 @@ def network_label(algorithm: str, dataset: str, hparams: dict) -> tuple[str, str
     cls = ALGORITHMS.get(algorithm)
     arch = hparams.get("vit_arch", "auto")
     try:
-        if isinstance(cls, type) and issubclass(cls, ERM_ViT):
-            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape, arch_224=DEIT_S))
-        if isinstance(cls, type) and issubclass(cls, (DisMAE, MAE)):
-            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape,
-                                                             arch_224=ENCODER_ARCH_224))
+        if isinstance(cls, type) and issubclass(cls, (ERM_ViT, DisMAE, MAE)):  # their own ViTs
+            arch_224 = DEIT_S if issubclass(cls, ERM_ViT) else ENCODER_ARCH_224
+            return algorithm, _vit_name(vit.resolve_vit_arch(arch, shape, arch_224=arch_224))
         backbone = featurizers.backbone_for(shape, hparams)
         if backbone == "resnet":
             return algorithm, ("ResNet-18" if featurizers.resnet_arch(hparams) == "resnet18"
@@ -348,7 +332,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
                             a.get("hparams"))
     fraction = float(a["label_fraction"])
     pretrains = ALGORITHMS.get(a["algorithm"]).supports_pretraining()
-    n_envs = n_environments(dataset, a.get("data_dir"))
+    n_envs = num_environments(dataset, a.get("data_dir"))
     sources = [e for e in range(n_envs) if e not in a["test_envs"]]
     holdout = a["holdout_fraction"]
     data_dir = a.get("data_dir")
@@ -435,7 +419,7 @@ class Forwards:
 
 def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> int | None:
     """The images the ``steps`` training steps of the job of train args ``a`` train on."""
-    n_sources = n_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
+    n_sources = num_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
     if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
         return _udg_batch(a, hparams) * n_sources * steps
     batch = hparams["batch_size"]
@@ -443,7 +427,7 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
         # one pass over the pooled source in-splits per epoch, its last batch partial
         if sizes is None:
             return None
-        sources = [e for e in range(n_environments(a["dataset"], a.get("data_dir")))
+        sources = [e for e in range(num_environments(a["dataset"], a.get("data_dir")))
                    if e not in a["test_envs"]]
         pooled = sum(sizes[f"env{e}_in"] for e in sources)
         full, rest = divmod(steps, math.ceil(pooled / batch))
@@ -459,7 +443,7 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
     register_datasets()
     hp = hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"], a["trial_seed"],
                             a.get("hparams"))
-    n_sources = n_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
+    n_sources = num_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
     try:
         sizes, unknown = split_sizes(a, hp, set()), ""
     except UsageError as err:
@@ -530,20 +514,18 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
         deadline = time.monotonic() + limit
         timer = threading.Timer(limit, proc.kill)  # the time limit ends the lines below
         timer.start()
-        finished = False
         try:
             with contextlib.suppress(OSError):  # the child died at once: its error is read below
                 proc.stdin.write(data)
                 proc.stdin.close()
             for raw in proc.stdout:
                 out(raw.decode(errors="replace").rstrip("\n"))
-            finished = proc.wait() != -signal.SIGKILL or time.monotonic() < deadline
+            proc.wait()
         finally:
             timer.cancel()
-            if not finished:
-                proc.kill()
+            proc.kill()  # a no-op once it has exited (an error above: it is stopped)
             proc.wait()
-        if not finished:
+        if proc.returncode == -signal.SIGKILL and time.monotonic() >= deadline:
             out(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had not "
                 "printed by then is left out)")
             return False
@@ -591,8 +573,6 @@ class Config:
 
 def num_classes(dataset: str, data_dir: str | None) -> int:
     """The dataset's classes: declared, or its image tree's class folders (else 10)."""
-    from dg_plugins.layouts import visible_subfolders
-
     if dataset in catalog.DATASET_CLASSES:
         return catalog.DATASET_CLASSES[dataset]
     folder = catalog.IMAGE_FOLDER_DATASETS.get(dataset, "")
@@ -618,7 +598,7 @@ def configs_of(jobs: list, hparams: list) -> tuple[list[Config], list[int]]:
         shape = ((3, *(hp.get(catalog.IMAGE_SIZE_HPARAM, catalog.IMAGE_SIZE),) * 2)
                  if dataset in catalog.IMAGE_FOLDER_DATASETS
                  else tuple(DATASETS.get(dataset).INPUT_SHAPE))
-        domains = n_environments(dataset, a.get("data_dir")) - len(set(a["test_envs"]))
+        domains = num_environments(dataset, a.get("data_dir")) - len(set(a["test_envs"]))
         compute = compute_settings(a)
         device = a.get("device")
         key = (algorithm, network, shape, domains, json.dumps(compute, sort_keys=True), device)

@@ -274,10 +274,10 @@ def check_dataset_name(dataset: str) -> None:
 
 def num_environments(dataset: str, data_dir: str | None = None) -> int:
     """Environment count of a dataset: declared, or found in ``data_dir`` for an image folder."""
-    check_dataset_name(dataset)
     envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
     if envs:
         return len(envs)
+    check_dataset_name(dataset)
     if dataset in catalog.IMAGE_FOLDER_DATASETS:
         return len(catalog.environments_of(dataset, data_dir))
     from dg_plugins.datasets import num_environments as registered_environments

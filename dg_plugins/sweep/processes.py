@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Sequence
 
@@ -167,34 +168,33 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
     return ForkedJob(process)
 
 
+@dataclass(eq=False)
 class LaunchInterrupted(SystemExit):
     """A launcher stopped by a stop signal: a ``SystemExit`` of 128 + signal."""
+    signum: int
+    interrupted: Sequence[str]
+    not_started: Sequence[str]
+    exit_codes: Sequence[int | None] = ()
+    remote: bool = False
+    notes: Sequence[str] = ()
 
-    def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
-                 exit_codes: Sequence[int | None] = (), remote: bool = False,
-                 notes: Sequence[str] = ()):
-        super().__init__(128 + signum)
-        self.signum = signum
-        self.interrupted = list(interrupted)
-        self.not_started = list(not_started)
-        self.exit_codes = list(exit_codes)
-        self.remote = remote
-        self.notes = list(notes)
+    def __post_init__(self) -> None:
+        super().__init__(128 + self.signum)
 
     def __str__(self) -> str:
         return (f"stopped by {signal_name(self.signum)}: {len(self.interrupted)} job(s) "
                 f"interrupted, {len(self.not_started)} not started")
 
 
+@dataclass(eq=False)
 class JobsFailed(SystemExit):
     """Some jobs of a launcher that waited for them failed: a ``SystemExit`` of 1."""
+    failed: Sequence[str]
+    n_commands: int
+    exit_codes: Sequence[int]
 
-    def __init__(self, failed: Sequence[str], n_commands: int,
-                 exit_codes: Sequence[int | None] | None = None):
+    def __post_init__(self) -> None:
         super().__init__(1)
-        self.failed = list(failed)
-        self.n_commands = n_commands
-        self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
 
     def __str__(self) -> str:
         return f"{len(self.failed)} of {self.n_commands} jobs failed"
@@ -359,14 +359,13 @@ class JobProcesses:
         for pid in list(self.running):
             _signal_group(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    def announce(self, out=None) -> None:
+    def announce(self) -> None:
         """Print, once, what a stop signal does (from the main loop: no print interrupted)."""
         if self.stopping and not self._announced:
             self._announced = True
             print(f"\nReceived {signal_name(self.signum)}: forwarded to {len(self.running)} "
                   f"running job(s); no further job starts; waiting up to "
-                  f"{self.grace_period_s:g} s for them to stop at a checkpoint.",
-                  file=out or sys.stdout, flush=True)
+                  f"{self.grace_period_s:g} s for them to stop at a checkpoint.", flush=True)
 
     def start(self, index: int, command: str, env=None, cwd=None,
               log: str | None = None) -> subprocess.Popen | None:
