@@ -543,14 +543,15 @@ def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
     raise WrongContent(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
 
 
-def verify_file(source: Source, path: str, expected: "Expected", report: Reporter) -> None:
-    """Check size and checksums; a mismatch moves the file to ``<path>.corrupt`` and raises."""
+def verify_file(source: Source, path: str, from_option: bool, report: Reporter) -> None:
+    """Check ``source``'s size and checksums (``from_option``: those of ``--sha256``); a mismatch
+    moves the file to ``<path>.corrupt`` and raises."""
     problems = []
     size = os.path.getsize(path)
-    if expected.size is not None and size != expected.size:
-        problems.append(f"{size} bytes, expected {expected.size}")
+    if source.size is not None and size != source.size:
+        problems.append(f"{size} bytes, expected {source.size}")
     else:
-        wanted = {kind: getattr(expected, kind) for kind in ("sha256", "md5")}
+        wanted = {kind: getattr(source, kind) for kind in ("sha256", "md5")}
         digests = {kind: hashlib.new(kind) for kind, want in wanted.items() if want is not None}
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(CHUNK), b""):
@@ -560,7 +561,7 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
                      for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
     if problems:
         os.replace(path, path + ".corrupt")
-        if expected.from_option:
+        if from_option:
             raise DownloadError(
                 f"{source.name} does not match --sha256 {source.name}=... "
                 f"({'; '.join(problems)}). It was moved to {path}.corrupt. If that file is the "
@@ -570,41 +571,42 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
             f"{source.name} does not match the table ({'; '.join(problems)}): a corrupted or "
             f"changed file. It was moved to {path}.corrupt; rerun to download it again (a "
             f"mirror's own copy: pass --sha256 {source.name}=HEX).")
-    if expected.sha256 or expected.md5:
-        kinds = " and ".join(k for k, v in (("size", expected.size), ("sha256", expected.sha256),
-                                            ("md5", expected.md5)) if v)
+    if source.sha256 or source.md5:
+        kinds = " and ".join(k for k, v in (("size", source.size), ("sha256", source.sha256),
+                                            ("md5", source.md5)) if v)
         report(f"  {source.name}: {kinds} verified")
     else:
-        why = "as above" if expected.why in report.said else expected.why
-        report.said.add(expected.why)
+        why = "as above" if source.note in report.said else source.note
+        report.said.add(source.note)
         report(f"  {source.name}: no checksum known ({why}); "
                f"{DATASET_SPECS[source.dataset].unverified_check}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    size: int | None
-    sha256: str | None
-    md5: str | None
-    why: str = ""
-    #: True when the values come from ``--sha256`` (not from the table).
-    from_option: bool = False
+@dataclasses.dataclass
+class Options:
+    """What the command line asks beside the datasets (``--url``, ``--sha256``, ...)."""
+
+    urls: dict[str, str] = dataclasses.field(default_factory=dict)
+    sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    keep_archives: bool = False
+    retries: int = 3
 
 
-def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Expected:
-    """The table's size and checksums, or those of ``--sha256 NAME=HEX|none``."""
-    if source.name in sha256_overrides:
-        value = sha256_overrides[source.name]
-        return Expected(None, value, None,
-                        "--sha256 none" if value is None else "given with --sha256", True)
-    why = source.note if source.sha256 is None and source.md5 is None else ""
-    return Expected(source.size, source.sha256, source.md5, why)
+def to_check(source: Source, options: Options) -> Source:
+    """``source`` with the size and checksums to check: the table's, or (no size) those of
+    ``--sha256 NAME=HEX|none``."""
+    if source.name not in options.sha256:
+        return source
+    value = options.sha256[source.name]
+    return dataclasses.replace(source, size=None, sha256=value, md5=None,
+                               note="--sha256 none" if value is None else "given with --sha256")
 
 
-def obtain(source: Source, downloads: str, url: str, expected: Expected, retries: int,
-           report: Reporter) -> str:
-    """``<downloads>/<name>``, fetched when not there, then checked (kind, size, checksums)."""
+def obtain(source: Source, downloads: str, options: Options, report: Reporter) -> str:
+    """``<downloads>/<name>``, fetched when not there, then checked (kind, size, checksums);
+    ``source`` as :func:`to_check` gives it."""
     path = os.path.join(downloads, source.name)
+    url = options.urls.get(source.name, source.url)
     fetched = not os.path.isfile(path)
     if not fetched:
         report(f"  {source.name}: found in {downloads}")
@@ -619,7 +621,7 @@ def obtain(source: Source, downloads: str, url: str, expected: Expected, retries
         elif is_google_drive(url):
             fetch_google_drive(source, url, path, report)
         else:
-            fetch_http(source, url, path, expected.size, retries, report)
+            fetch_http(source, url, path, source.size, options.retries, report)
     check_content(source, path, url, fetched)
-    verify_file(source, path, expected, report)
+    verify_file(source, path, source.name in options.sha256, report)
     return path
