@@ -146,50 +146,19 @@ _HTML = re.compile(rb"^\s*(<!doctype\s+html|<html|<head|<body|<!--|<\?xml[^>]*>\
                    re.IGNORECASE)
 
 
-def html_title(head: bytes) -> str | None:
+def html_page(url: str, head: bytes, path: str, name: str) -> tuple[str, str]:
+    """What an HTML page that came instead of file ``name`` (to go at ``path``) is ("an HTML page
+    ('its title'), not a zip"), and what to do."""
     match = re.search(rb"<title[^>]*>(.*?)</title>", head, re.IGNORECASE | re.DOTALL)
     title = match and " ".join(match.group(1).decode("utf-8", "replace").split())[:80]
-    return title or None
-
-
-def html_page(head: bytes, name: str) -> str:
-    """"an HTML page ('its title'), not a zip" (the kind ``name`` says)."""
-    title = html_title(head)
-    return f"an HTML page{f' ({title!r})' if title else ''}, not {file_kind(name)}"
-
-
-def html_fix(url: str, head: bytes, path: str, name: str) -> str:
-    """What to do when an HTML page came instead of file ``name`` (to go at ``path``)."""
-    title = html_title(head) or ""
-    if is_google_drive(url) or "google" in title.lower():
+    if is_google_drive(url) or "google" in (title or "").lower():
         guess = ("Google Drive's quota or virus-scan page? Google Drive limits the downloads of "
                  "a file per day: try again in a day, or open the URL in a browser")
     else:
         guess = "a login, error or mirror page? Open the URL in a browser to see it"
-    return (f"{guess}, download the file there and put it at {path}; or pass --url "
+    return (f"an HTML page{f' ({title!r})' if title else ''}, not {file_kind(name)}",
+            f"{guess}, download the file there and put it at {path}; or pass --url "
             f"{name}=URL of a mirror")
-
-
-def what_arrived(path: str, name: str) -> str | None:
-    """None when the file looks like the kind its ``name`` says, else what it is instead."""
-    kind = file_kind(name)
-    with open(path, "rb") as handle:
-        head = handle.read(65536)
-    if not head:
-        return "an empty file"
-    if _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
-        return html_page(head, name)
-    if kind == "a zip":
-        if head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
-            what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
-            return f"not a zip ({what})"
-        if not zipfile.is_zipfile(path):
-            return (f"a truncated zip ({os.path.getsize(path)} bytes: its end, the table of its "
-                    "members, is missing)")
-    elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
-        what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
-        return f"not a gzip file ({what})"
-    return None
 
 
 def manual_fix(source: Source, url: str, path: str) -> str:
@@ -338,9 +307,8 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         status = response.status
         content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
         if content_type.lower() == "text/html":  # none of the files is a web page
-            head = response.read(65536)
-            raise WrongContent(f"{url} answered with {html_page(head, name)}: "
-                               f"{html_fix(url, head, part[:-len('.part')], name)}.")
+            page, fix = html_page(url, response.read(65536), part[:-len(".part")], name)
+            raise WrongContent(f"{url} answered with {page}: {fix}.")
         if have and status == 206:
             parsed = _content_range(response.headers.get("Content-Range"))
             total = parsed[1] if parsed else None
@@ -525,21 +493,31 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
 
 
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
-    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind."""
-    what = what_arrived(path, source.name)
-    if what is None:
+    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind
+    (an HTML page, a truncated zip, ...)."""
+    name, kind = source.name, file_kind(source.name)
+    with open(path, "rb") as handle:
+        head = handle.read(65536)
+    fix = f"pass --url {name}=URL of a mirror that serves the file, or put it at {path}"
+    if not head:
+        what = "an empty file"
+    elif _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
+        what, fix = html_page(url, head, path, name)
+    elif kind == "a zip" and head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
+        what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
+        what = f"not a zip ({what})"
+    elif kind == "a zip" and not zipfile.is_zipfile(path):
+        what = (f"a truncated zip ({os.path.getsize(path)} bytes: its end, the table of its "
+                "members, is missing)")
+        if fetched:
+            fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
+                   f"--url {name}=URL of another mirror, or put the whole file at {path}")
+    elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
+        what = f"not a gzip file ({'a zip' if head[:2] == b'PK' else f'starts with {head[:8]!r}'})"
+    else:
         return
     os.replace(path, path + ".corrupt")
     where = f"{url} sent" if fetched else f"{path} (found there) is"
-    if what.startswith("an HTML page"):
-        with open(path + ".corrupt", "rb") as handle:
-            fix = html_fix(url, handle.read(65536), path, source.name)
-    elif what.startswith("a truncated") and fetched:
-        fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
-               f"--url {source.name}=URL of another mirror, or put the whole file at {path}")
-    else:
-        fix = (f"pass --url {source.name}=URL of a mirror that serves the file, or put it at "
-               f"{path}")
     raise WrongContent(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
 
 
