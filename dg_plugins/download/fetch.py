@@ -24,7 +24,7 @@ from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 from dg_plugins.download.sources import CHUNK, DATASET_SPECS, DownloadError, Source, human_size
-from dg_plugins.files import DISK_FULL_ERRNOS
+from dg_plugins.files import DISK_FULL_ERRNOS, atomic_write_text
 
 #: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
 RETRY_DELAY = 2.0
@@ -78,23 +78,21 @@ class Reporter:
                       unit_divisor=1024, desc=name, file=sys.stderr, leave=False) as bar:
                 yield bar.update
             return
-        step = max(total // 10, 1) if total else None
-        state = {"done": initial, "line_time": self.clock(), "line_done": initial,
-                 "next": (initial // step + 1) * step if step else math.inf}
+        step = max(total // 10, 1) if total else math.inf
+        state = {"done": initial, "line_time": self.clock(), "line_done": initial}
 
         def update(n: int) -> None:
             state["done"] += n
-            now = self.clock()
-            if state["done"] < state["next"] and now - state["line_time"] < PROGRESS_INTERVAL:
-                return
+            done, now = state["done"], self.clock()
             elapsed = now - state["line_time"]
-            rate = (state["done"] - state["line_done"]) / elapsed if elapsed > 0 else None
-            share = f"{100 * state['done'] / total:.0f}% " if total else ""
-            of = f" of {human_size(total)}" if total else ""
-            self(f"  {name}: {share}{human_size(state['done'])}{of}"
-                 + (f", {human_size(int(rate))}/s" if rate is not None else ""))
-            state.update(line_time=now, line_done=state["done"],
-                         next=(state["done"] // step + 1) * step if step else math.inf)
+            if done // step == state["line_done"] // step and elapsed < PROGRESS_INTERVAL:
+                return  # neither a new tenth nor PROGRESS_INTERVAL since the last line
+            shown = (f"{100 * done / total:.0f}% {human_size(done)} of {human_size(total)}"
+                     if total else human_size(done))
+            rate = (f", {human_size(int((done - state['line_done']) / elapsed))}/s"
+                    if elapsed > 0 else "")
+            self(f"  {name}: {shown}{rate}")
+            state.update(line_time=now, line_done=done)
 
         yield update
 
@@ -102,8 +100,6 @@ class Reporter:
 def mount_point(path: str) -> str:
     """The mount point of the file system holding ``path``."""
     path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
     while not os.path.ismount(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path
@@ -199,8 +195,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
 
 def remove_part(part: str, validators_only: bool = False) -> None:
     """Remove ``part``'s validators and, unless ``validators_only``, ``part`` (what exists)."""
-    for path in (part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp",
-                 *(() if validators_only else (part,))):
+    for path in (part + VALIDATORS_SUFFIX, *(() if validators_only else (part,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
 
@@ -220,12 +215,9 @@ def _store_validators(part: str, headers) -> None:
     """Store the validators of the response about to fill ``part``, atomically."""
     values = {key: value for key, field in VALIDATORS.items()
               if (value := (headers.get(field) or "").strip())}
-    path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
         return remove_part(part, validators_only=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(values, handle)
-    os.replace(path + ".tmp", path)
+    atomic_write_text(part + VALIDATORS_SUFFIX, json.dumps(values))
 
 
 def _http_date(value: str | None):
