@@ -241,9 +241,10 @@ def if_range_value(held: dict[str, str]) -> str | None:
     return None
 
 
-def _version_change(held: dict[str, str], headers) -> tuple[str | None, bool]:
-    """Compare the validator both have (ETag, weakly, else Last-Modified): ("ETag X, the bytes
-    held came with Y" when the versions differ, else None; whether they are the same)."""
+def _version_change(held: dict[str, str], headers, have: int, status: int,
+                    if_range: str | None) -> str | None:
+    """Why the answer is another version than the ``have`` bytes held (the validator both have,
+    ETag weakly else Last-Modified, differs; or a 200 to If-Range without one), else None."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
         new = (headers.get(field) or "").strip()
         if held.get(key) and new:
@@ -253,11 +254,15 @@ def _version_change(held: dict[str, str], headers) -> tuple[str | None, bool]:
             else:
                 old_date, new_date = _http_date(old), _http_date(new)
                 same = old_date == new_date if old_date and new_date else old == new
-            return (None if same else f"{field} {new}, the bytes held came with {old}"), same
-    return None, False
-
-
-def _changed(have: int, detail: str) -> str:
+            if same:
+                return None
+            detail = (f"the server's {status} answer carries {field} {new}, the bytes held "
+                      f"came with {old}")
+            break
+    else:
+        if status != 200 or not if_range:
+            return None
+        detail = f"answered 200, not 206, to If-Range: {if_range}"
     return f"the remote file changed since the {have} bytes held were fetched ({detail})"
 
 
@@ -272,9 +277,10 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
     headers = {"User-Agent": "dg_plugins-download"}
     held = read_validators(part) if have else {}
+    if_range = if_range_value(held)
     if have:
         headers["Range"] = f"bytes={have}-"
-        if if_range := if_range_value(held):
+        if if_range:
             headers["If-Range"] = if_range
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -309,24 +315,16 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                 raise _Restart(f"the server answered the Range request for {name} with "
                                f"Content-Range {response.headers.get('Content-Range')!r}, not "
                                f"bytes {have}-.../{expected or '*'}")
-            changed = _version_change(held, response.headers)[0]
-            if changed:  # a server that ignored If-Range (or got none) sent another version
-                raise _Restart(_changed(have, f"the server's 206 answer carries {changed}"),
-                               "downloading it again from the start")
+            # a server that ignored If-Range (or got none) may send another version
+            if changed := _version_change(held, response.headers, have, status, if_range):
+                raise _Restart(changed, "downloading it again from the start")
             mode = "ab"
         elif status == 200:
             if have:
-                changed, same = _version_change(held, response.headers)
-                if changed:
-                    changed = f"the server's 200 answer carries {changed}"
-                elif "If-Range" in headers and not same:
-                    changed = f"answered 200, not 206, to If-Range: {headers['If-Range']}"
-                if changed:
-                    report(f"  {name}: {_changed(have, changed)}; downloading it again from the "
-                           "start")
-                else:
-                    report(f"  {name}: the server does not resume (answered 200 to a Range "
-                           f"request): fetching it again from byte 0")
+                changed = _version_change(held, response.headers, have, status, if_range)
+                report(f"  {name}: {changed}; downloading it again from the start" if changed
+                       else f"  {name}: the server does not resume (answered 200 to a Range "
+                       "request): fetching it again from byte 0")
                 have = 0
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
