@@ -45,14 +45,16 @@ class DownloadFailed(DownloadError):
 
 def _flock(path: str, operation: int, opener: Callable[[], int]) -> int | None:
     """``opener()``'s descriptor of ``path`` locked with ``operation``, retried until the file
-    locked is the one at ``path`` (not one removed meanwhile); None when held elsewhere."""
+    locked is the one at ``path`` (not one removed meanwhile); None when ``LOCK_NB`` fails."""
     while True:
         fd = opener()
         try:
             fcntl.flock(fd, operation)
-        except BlockingIOError:
+        except OSError:
             os.close(fd)
-            return None
+            if operation & fcntl.LOCK_NB:
+                return None
+            raise
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(fd), os.stat(path)):
                 return fd
