@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import gzip
 import json
 import os
@@ -197,21 +196,6 @@ def extraction_size(path: str, block: int = 4096) -> int:
     return files + block * len(folders)
 
 
-def _members(path: str):
-    """``(name, kind, open)`` of each member of the zip or tar archive at ``path``."""
-    with open(path, "rb") as handle:
-        is_zip = handle.read(2) == b"PK"
-    if is_zip:
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                yield info.filename, _member_kind(info), functools.partial(archive.open, info)
-    else:
-        with tarfile.open(path, "r:*") as archive:
-            for member in archive:
-                yield (member.name, _member_kind(member),
-                       functools.partial(archive.extractfile, member))
-
-
 def extract(path: str, dest: str, report: Reporter) -> None:
     """Extract a zip or tar archive's regular files and folders into ``dest`` (the rest dropped
     and named); :class:`CorruptArchive` when it does not."""
@@ -220,22 +204,37 @@ def extract(path: str, dest: str, report: Reporter) -> None:
     report(f"  extracting {name} into {dest}")
     count = 0
     dropped: list[str] = []
+
+    def write(member_name: str, kind: str, open_member) -> None:
+        nonlocal count
+        parts = _member_parts(member_name)
+        if parts is None or kind not in ("file", "dir"):
+            why = _DROPPED.get(kind, "a path outside the archive's folder")
+            dropped.append(f"{member_name!r} ({why})")
+            return
+        target = os.path.join(dest, *parts)
+        if kind == "dir":
+            os.makedirs(target, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open_member() as source, open(target, "wb") as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        count += 1
+        _test_delay()
+
     try:
-        for member_name, kind, open_member in _members(path):
-            parts = _member_parts(member_name)
-            if parts is None or kind not in ("file", "dir"):
-                why = _DROPPED.get(kind, "a path outside the archive's folder")
-                dropped.append(f"{member_name!r} ({why})")
-                continue
-            target = os.path.join(dest, *parts)
-            if kind == "dir":
-                os.makedirs(target, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open_member() as source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out, CHUNK)
-            count += 1
-            _test_delay()
+        with open(path, "rb") as handle:
+            is_zip = handle.read(2) == b"PK"
+        if is_zip:
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    write(info.filename, _member_kind(info),
+                          lambda info=info: archive.open(info))
+        else:
+            with tarfile.open(path, "r:*") as archive:
+                for member in archive:
+                    write(member.name, _member_kind(member),
+                          lambda member=member: archive.extractfile(member))
     except EOFError as err:
         raise CorruptArchive(f"{name} ends early (a truncated file: {err})") from None
     except (zipfile.BadZipFile, tarfile.TarError, zlib.error, gzip.BadGzipFile,
