@@ -266,10 +266,9 @@ def _version_change(held: dict[str, str], headers, have: int, status: int,
     return f"the remote file changed since the {have} bytes held were fetched ({detail})"
 
 
-def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
-                  source: Source) -> None:
+def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None:
     """One request continuing ``part`` (Range, If-Range) or from the start; returns complete."""
-    name = source.name
+    name, expected = source.name, source.size
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if expected is not None and have == expected:
         return  # complete: a run stopped between the last byte and the rename
@@ -369,8 +368,7 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
             raise _Cut(f"the connection closed after {done} of {total} bytes")
 
 
-def fetch_http(source: Source, url: str, path: str, expected: int | None, retries: int,
-               report: Reporter) -> None:
+def fetch_http(source: Source, url: str, path: str, retries: int, report: Reporter) -> None:
     """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut (``retries``
     more attempts; the part stays for a rerun)."""
     part = path + ".part"
@@ -378,7 +376,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
     attempt = restarts = 0
     while True:
         try:
-            _http_attempt(url, part, expected, report, source)
+            _http_attempt(url, part, report, source)
             break
         except _Restart as why:
             restarts += 1
@@ -589,7 +587,7 @@ def obtain(source: Source, downloads: str, options: Options, report: Reporter) -
         elif is_google_drive(url):
             fetch_google_drive(source, url, path, report)
         else:
-            fetch_http(source, url, path, source.size, options.retries, report)
+            fetch_http(source, url, path, options.retries, report)
     check_content(source, path, url, fetched)
     verify_file(source, path, source.name in options.sha256, report)
     return path
