@@ -24,7 +24,7 @@ from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 from dg_plugins.download.sources import CHUNK, DATASET_SPECS, DownloadError, Source, human_size
-from dg_plugins.files import DISK_FULL_ERRNOS
+from dg_plugins.files import DISK_FULL_ERRNOS, atomic_write_text
 
 #: Seconds before the n-th retry of a cut transfer: RETRY_DELAY * 2**(n-1), at most 60.
 RETRY_DELAY = 2.0
@@ -78,23 +78,21 @@ class Reporter:
                       unit_divisor=1024, desc=name, file=sys.stderr, leave=False) as bar:
                 yield bar.update
             return
-        step = max(total // 10, 1) if total else None
-        state = {"done": initial, "line_time": self.clock(), "line_done": initial,
-                 "next": (initial // step + 1) * step if step else math.inf}
+        step = max(total // 10, 1) if total else math.inf
+        state = {"done": initial, "line_time": self.clock(), "line_done": initial}
 
         def update(n: int) -> None:
             state["done"] += n
-            now = self.clock()
-            if state["done"] < state["next"] and now - state["line_time"] < PROGRESS_INTERVAL:
-                return
+            done, now = state["done"], self.clock()
             elapsed = now - state["line_time"]
-            rate = (state["done"] - state["line_done"]) / elapsed if elapsed > 0 else None
-            share = f"{100 * state['done'] / total:.0f}% " if total else ""
-            of = f" of {human_size(total)}" if total else ""
-            self(f"  {name}: {share}{human_size(state['done'])}{of}"
-                 + (f", {human_size(int(rate))}/s" if rate is not None else ""))
-            state.update(line_time=now, line_done=state["done"],
-                         next=(state["done"] // step + 1) * step if step else math.inf)
+            if done // step == state["line_done"] // step and elapsed < PROGRESS_INTERVAL:
+                return  # neither a new tenth nor PROGRESS_INTERVAL since the last line
+            shown = (f"{100 * done / total:.0f}% {human_size(done)} of {human_size(total)}"
+                     if total else human_size(done))
+            rate = (f", {human_size(int((done - state['line_done']) / elapsed))}/s"
+                    if elapsed > 0 else "")
+            self(f"  {name}: {shown}{rate}")
+            state.update(line_time=now, line_done=done)
 
         yield update
 
@@ -102,8 +100,6 @@ class Reporter:
 def mount_point(path: str) -> str:
     """The mount point of the file system holding ``path``."""
     path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
     while not os.path.ismount(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path
@@ -146,50 +142,19 @@ _HTML = re.compile(rb"^\s*(<!doctype\s+html|<html|<head|<body|<!--|<\?xml[^>]*>\
                    re.IGNORECASE)
 
 
-def html_title(head: bytes) -> str | None:
+def html_page(url: str, head: bytes, path: str, name: str) -> tuple[str, str]:
+    """What an HTML page that came instead of file ``name`` (to go at ``path``) is ("an HTML page
+    ('its title'), not a zip"), and what to do."""
     match = re.search(rb"<title[^>]*>(.*?)</title>", head, re.IGNORECASE | re.DOTALL)
     title = match and " ".join(match.group(1).decode("utf-8", "replace").split())[:80]
-    return title or None
-
-
-def html_page(head: bytes, name: str) -> str:
-    """"an HTML page ('its title'), not a zip" (the kind ``name`` says)."""
-    title = html_title(head)
-    return f"an HTML page{f' ({title!r})' if title else ''}, not {file_kind(name)}"
-
-
-def html_fix(url: str, head: bytes, path: str, name: str) -> str:
-    """What to do when an HTML page came instead of file ``name`` (to go at ``path``)."""
-    title = html_title(head) or ""
-    if is_google_drive(url) or "google" in title.lower():
+    if is_google_drive(url) or "google" in (title or "").lower():
         guess = ("Google Drive's quota or virus-scan page? Google Drive limits the downloads of "
                  "a file per day: try again in a day, or open the URL in a browser")
     else:
         guess = "a login, error or mirror page? Open the URL in a browser to see it"
-    return (f"{guess}, download the file there and put it at {path}; or pass --url "
+    return (f"an HTML page{f' ({title!r})' if title else ''}, not {file_kind(name)}",
+            f"{guess}, download the file there and put it at {path}; or pass --url "
             f"{name}=URL of a mirror")
-
-
-def what_arrived(path: str, name: str) -> str | None:
-    """None when the file looks like the kind its ``name`` says, else what it is instead."""
-    kind = file_kind(name)
-    with open(path, "rb") as handle:
-        head = handle.read(65536)
-    if not head:
-        return "an empty file"
-    if _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
-        return html_page(head, name)
-    if kind == "a zip":
-        if head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
-            what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
-            return f"not a zip ({what})"
-        if not zipfile.is_zipfile(path):
-            return (f"a truncated zip ({os.path.getsize(path)} bytes: its end, the table of its "
-                    "members, is missing)")
-    elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
-        what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
-        return f"not a gzip file ({what})"
-    return None
 
 
 def manual_fix(source: Source, url: str, path: str) -> str:
@@ -230,8 +195,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
 
 def remove_part(part: str, validators_only: bool = False) -> None:
     """Remove ``part``'s validators and, unless ``validators_only``, ``part`` (what exists)."""
-    for path in (part + VALIDATORS_SUFFIX, part + VALIDATORS_SUFFIX + ".tmp",
-                 *(() if validators_only else (part,))):
+    for path in (part + VALIDATORS_SUFFIX, *(() if validators_only else (part,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
 
@@ -251,12 +215,9 @@ def _store_validators(part: str, headers) -> None:
     """Store the validators of the response about to fill ``part``, atomically."""
     values = {key: value for key, field in VALIDATORS.items()
               if (value := (headers.get(field) or "").strip())}
-    path = part + VALIDATORS_SUFFIX
     if "etag" not in values and "last_modified" not in values:
         return remove_part(part, validators_only=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(values, handle)
-    os.replace(path + ".tmp", path)
+    atomic_write_text(part + VALIDATORS_SUFFIX, json.dumps(values))
 
 
 def _http_date(value: str | None):
@@ -280,9 +241,10 @@ def if_range_value(held: dict[str, str]) -> str | None:
     return None
 
 
-def _version_change(held: dict[str, str], headers) -> tuple[str | None, bool]:
-    """Compare the validator both have (ETag, weakly, else Last-Modified): ("ETag X, the bytes
-    held came with Y" when the versions differ, else None; whether they are the same)."""
+def _version_change(held: dict[str, str], headers, have: int, status: int,
+                    if_range: str | None) -> str | None:
+    """Why the answer is another version than the ``have`` bytes held (the validator both have,
+    ETag weakly else Last-Modified, differs; or a 200 to If-Range without one), else None."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
         new = (headers.get(field) or "").strip()
         if held.get(key) and new:
@@ -292,18 +254,21 @@ def _version_change(held: dict[str, str], headers) -> tuple[str | None, bool]:
             else:
                 old_date, new_date = _http_date(old), _http_date(new)
                 same = old_date == new_date if old_date and new_date else old == new
-            return (None if same else f"{field} {new}, the bytes held came with {old}"), same
-    return None, False
-
-
-def _changed(have: int, detail: str) -> str:
+            if same:
+                return None
+            detail = (f"the server's {status} answer carries {field} {new}, the bytes held "
+                      f"came with {old}")
+            break
+    else:
+        if status != 200 or not if_range:
+            return None
+        detail = f"answered 200, not 206, to If-Range: {if_range}"
     return f"the remote file changed since the {have} bytes held were fetched ({detail})"
 
 
-def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
-                  source: Source) -> None:
+def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None:
     """One request continuing ``part`` (Range, If-Range) or from the start; returns complete."""
-    name = source.name
+    name, expected = source.name, source.size
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if expected is not None and have == expected:
         return  # complete: a run stopped between the last byte and the rename
@@ -311,9 +276,10 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
     headers = {"User-Agent": "dg_plugins-download"}
     held = read_validators(part) if have else {}
+    if_range = if_range_value(held)
     if have:
         headers["Range"] = f"bytes={have}-"
-        if if_range := if_range_value(held):
+        if if_range:
             headers["If-Range"] = if_range
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -338,9 +304,8 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
         status = response.status
         content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
         if content_type.lower() == "text/html":  # none of the files is a web page
-            head = response.read(65536)
-            raise WrongContent(f"{url} answered with {html_page(head, name)}: "
-                               f"{html_fix(url, head, part[:-len('.part')], name)}.")
+            page, fix = html_page(url, response.read(65536), part[:-len(".part")], name)
+            raise WrongContent(f"{url} answered with {page}: {fix}.")
         if have and status == 206:
             parsed = _content_range(response.headers.get("Content-Range"))
             total = parsed[1] if parsed else None
@@ -349,24 +314,16 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
                 raise _Restart(f"the server answered the Range request for {name} with "
                                f"Content-Range {response.headers.get('Content-Range')!r}, not "
                                f"bytes {have}-.../{expected or '*'}")
-            changed = _version_change(held, response.headers)[0]
-            if changed:  # a server that ignored If-Range (or got none) sent another version
-                raise _Restart(_changed(have, f"the server's 206 answer carries {changed}"),
-                               "downloading it again from the start")
+            # a server that ignored If-Range (or got none) may send another version
+            if changed := _version_change(held, response.headers, have, status, if_range):
+                raise _Restart(changed, "downloading it again from the start")
             mode = "ab"
         elif status == 200:
             if have:
-                changed, same = _version_change(held, response.headers)
-                if changed:
-                    changed = f"the server's 200 answer carries {changed}"
-                elif "If-Range" in headers and not same:
-                    changed = f"answered 200, not 206, to If-Range: {headers['If-Range']}"
-                if changed:
-                    report(f"  {name}: {_changed(have, changed)}; downloading it again from the "
-                           "start")
-                else:
-                    report(f"  {name}: the server does not resume (answered 200 to a Range "
-                           f"request): fetching it again from byte 0")
+                changed = _version_change(held, response.headers, have, status, if_range)
+                report(f"  {name}: {changed}; downloading it again from the start" if changed
+                       else f"  {name}: the server does not resume (answered 200 to a Range "
+                       "request): fetching it again from byte 0")
                 have = 0
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
@@ -411,8 +368,7 @@ def _http_attempt(url: str, part: str, expected: int | None, report: Reporter,
             raise _Cut(f"the connection closed after {done} of {total} bytes")
 
 
-def fetch_http(source: Source, url: str, path: str, expected: int | None, retries: int,
-               report: Reporter) -> None:
+def fetch_http(source: Source, url: str, path: str, retries: int, report: Reporter) -> None:
     """Fetch ``url`` to ``path`` through ``path + '.part'``, resuming after a cut (``retries``
     more attempts; the part stays for a rerun)."""
     part = path + ".part"
@@ -420,7 +376,7 @@ def fetch_http(source: Source, url: str, path: str, expected: int | None, retrie
     attempt = restarts = 0
     while True:
         try:
-            _http_attempt(url, part, expected, report, source)
+            _http_attempt(url, part, report, source)
             break
         except _Restart as why:
             restarts += 1
@@ -525,32 +481,43 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
 
 
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
-    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind."""
-    what = what_arrived(path, source.name)
-    if what is None:
+    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind
+    (an HTML page, a truncated zip, ...)."""
+    name, kind = source.name, file_kind(source.name)
+    with open(path, "rb") as handle:
+        head = handle.read(65536)
+    fix = f"pass --url {name}=URL of a mirror that serves the file, or put it at {path}"
+    if not head:
+        what = "an empty file"
+    elif _HTML.match(head.lstrip(b"\xef\xbb\xbf")):
+        what, fix = html_page(url, head, path, name)
+    elif kind == "a zip" and head[:4] not in (b"PK\x03\x04", b"PK\x05\x06"):
+        what = "a gzip file" if head[:2] == b"\x1f\x8b" else f"starts with {head[:8]!r}"
+        what = f"not a zip ({what})"
+    elif kind == "a zip" and not zipfile.is_zipfile(path):
+        what = (f"a truncated zip ({os.path.getsize(path)} bytes: its end, the table of its "
+                "members, is missing)")
+        if fetched:
+            fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
+                   f"--url {name}=URL of another mirror, or put the whole file at {path}")
+    elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
+        what = f"not a gzip file ({'a zip' if head[:2] == b'PK' else f'starts with {head[:8]!r}'})"
+    else:
         return
     os.replace(path, path + ".corrupt")
     where = f"{url} sent" if fetched else f"{path} (found there) is"
-    if what.startswith("an HTML page"):
-        with open(path + ".corrupt", "rb") as handle:
-            fix = html_fix(url, handle.read(65536), path, source.name)
-    elif what.startswith("a truncated") and fetched:
-        fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
-               f"--url {source.name}=URL of another mirror, or put the whole file at {path}")
-    else:
-        fix = (f"pass --url {source.name}=URL of a mirror that serves the file, or put it at "
-               f"{path}")
     raise WrongContent(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
 
 
-def verify_file(source: Source, path: str, expected: "Expected", report: Reporter) -> None:
-    """Check size and checksums; a mismatch moves the file to ``<path>.corrupt`` and raises."""
+def verify_file(source: Source, path: str, from_option: bool, report: Reporter) -> None:
+    """Check ``source``'s size and checksums (``from_option``: those of ``--sha256``); a mismatch
+    moves the file to ``<path>.corrupt`` and raises."""
     problems = []
     size = os.path.getsize(path)
-    if expected.size is not None and size != expected.size:
-        problems.append(f"{size} bytes, expected {expected.size}")
+    if source.size is not None and size != source.size:
+        problems.append(f"{size} bytes, expected {source.size}")
     else:
-        wanted = {kind: getattr(expected, kind) for kind in ("sha256", "md5")}
+        wanted = {kind: getattr(source, kind) for kind in ("sha256", "md5")}
         digests = {kind: hashlib.new(kind) for kind, want in wanted.items() if want is not None}
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(CHUNK), b""):
@@ -560,7 +527,7 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
                      for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
     if problems:
         os.replace(path, path + ".corrupt")
-        if expected.from_option:
+        if from_option:
             raise DownloadError(
                 f"{source.name} does not match --sha256 {source.name}=... "
                 f"({'; '.join(problems)}). It was moved to {path}.corrupt. If that file is the "
@@ -570,41 +537,42 @@ def verify_file(source: Source, path: str, expected: "Expected", report: Reporte
             f"{source.name} does not match the table ({'; '.join(problems)}): a corrupted or "
             f"changed file. It was moved to {path}.corrupt; rerun to download it again (a "
             f"mirror's own copy: pass --sha256 {source.name}=HEX).")
-    if expected.sha256 or expected.md5:
-        kinds = " and ".join(k for k, v in (("size", expected.size), ("sha256", expected.sha256),
-                                            ("md5", expected.md5)) if v)
+    if source.sha256 or source.md5:
+        kinds = " and ".join(k for k, v in (("size", source.size), ("sha256", source.sha256),
+                                            ("md5", source.md5)) if v)
         report(f"  {source.name}: {kinds} verified")
     else:
-        why = "as above" if expected.why in report.said else expected.why
-        report.said.add(expected.why)
+        why = "as above" if source.note in report.said else source.note
+        report.said.add(source.note)
         report(f"  {source.name}: no checksum known ({why}); "
                f"{DATASET_SPECS[source.dataset].unverified_check}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    size: int | None
-    sha256: str | None
-    md5: str | None
-    why: str = ""
-    #: True when the values come from ``--sha256`` (not from the table).
-    from_option: bool = False
+@dataclasses.dataclass
+class Options:
+    """What the command line asks beside the datasets (``--url``, ``--sha256``, ...)."""
+
+    urls: dict[str, str] = dataclasses.field(default_factory=dict)
+    sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    keep_archives: bool = False
+    retries: int = 3
 
 
-def expected_for(source: Source, sha256_overrides: dict[str, str | None]) -> Expected:
-    """The table's size and checksums, or those of ``--sha256 NAME=HEX|none``."""
-    if source.name in sha256_overrides:
-        value = sha256_overrides[source.name]
-        return Expected(None, value, None,
-                        "--sha256 none" if value is None else "given with --sha256", True)
-    why = source.note if source.sha256 is None and source.md5 is None else ""
-    return Expected(source.size, source.sha256, source.md5, why)
+def to_check(source: Source, options: Options) -> Source:
+    """``source`` with the size and checksums to check: the table's, or (no size) those of
+    ``--sha256 NAME=HEX|none``."""
+    if source.name not in options.sha256:
+        return source
+    value = options.sha256[source.name]
+    return dataclasses.replace(source, size=None, sha256=value, md5=None,
+                               note="--sha256 none" if value is None else "given with --sha256")
 
 
-def obtain(source: Source, downloads: str, url: str, expected: Expected, retries: int,
-           report: Reporter) -> str:
-    """``<downloads>/<name>``, fetched when not there, then checked (kind, size, checksums)."""
+def obtain(source: Source, downloads: str, options: Options, report: Reporter) -> str:
+    """``<downloads>/<name>``, fetched when not there, then checked (kind, size, checksums);
+    ``source`` as :func:`to_check` gives it."""
     path = os.path.join(downloads, source.name)
+    url = options.urls.get(source.name, source.url)
     fetched = not os.path.isfile(path)
     if not fetched:
         report(f"  {source.name}: found in {downloads}")
@@ -619,7 +587,7 @@ def obtain(source: Source, downloads: str, url: str, expected: Expected, retries
         elif is_google_drive(url):
             fetch_google_drive(source, url, path, report)
         else:
-            fetch_http(source, url, path, expected.size, retries, report)
+            fetch_http(source, url, path, options.retries, report)
     check_content(source, path, url, fetched)
-    verify_file(source, path, expected, report)
+    verify_file(source, path, source.name in options.sha256, report)
     return path

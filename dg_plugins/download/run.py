@@ -5,24 +5,23 @@ into a staging folder renamed into place; all datasets asked, one failure not st
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import os
 import shutil
-from typing import Iterable
+from typing import Callable, Iterable
 
 from dg_plugins.download import fetch
 from dg_plugins.download.fetch import (
-    URL_SCHEMES, Expected, Reporter, check_free_space, disk_full_message, expected_for, human_size,
-    is_disk_full, obtain, url_scheme,
+    URL_SCHEMES, Options, Reporter, check_free_space, disk_full_message, human_size, is_disk_full,
+    obtain, to_check, url_scheme,
 )
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, image_layout_problem, split_lists_problems,
 )
 from dg_plugins.download.sources import (
     ALIASES, BUILT_IN, DATASET_SPECS, DOWNLOADS_FOLDER, EXTRACT_FACTOR, SOURCES_BY_NAME,
-    CorruptArchive, DownloadError, UnknownDataset, UsageError, download_command, resolve_names,
-    sources_of,
+    CorruptArchive, DownloadError, Source, UnknownDataset, UsageError, download_command,
+    resolve_names, sources_of,
 )
 from dg_plugins.layouts import DOMAIN_FOLDERS, visible_subfolders
 
@@ -44,6 +43,24 @@ class DownloadFailed(DownloadError):
         self.results = results
 
 
+def _flock(path: str, operation: int, opener: Callable[[], int]) -> int | None:
+    """``opener()``'s descriptor of ``path`` locked with ``operation``, retried until the file
+    locked is the one at ``path`` (not one removed meanwhile); None when ``LOCK_NB`` fails."""
+    while True:
+        fd = opener()
+        try:
+            fcntl.flock(fd, operation)
+        except OSError:
+            os.close(fd)
+            if operation & fcntl.LOCK_NB:
+                return None
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def _lock(path: str, what: str, busy_ok: bool = False):
     """An exclusive lock on the file ``path``, removed on exit; yields True, or False when held
@@ -51,30 +68,18 @@ def _lock(path: str, what: str, busy_ok: bool = False):
     if fcntl is None:
         yield True
         return
-    while True:
-        handle = open(path, "a")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            if busy_ok:
-                yield False
-                return
-            raise DownloadError(f"another download of {what} into the same folder is running "
-                                f"(it holds {path}); wait for it to finish") from None
-        try:  # the file locked must still be the one at path (not one removed meanwhile)
-            if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
-                break
-        except FileNotFoundError:
-            pass
-        handle.close()
+    fd = _flock(path, fcntl.LOCK_EX | fcntl.LOCK_NB,
+                lambda: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666))
+    if fd is None and not busy_ok:
+        raise DownloadError(f"another download of {what} into the same folder is running "
+                            f"(it holds {path}); wait for it to finish")
     try:
-        yield True
+        yield fd is not None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        if fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            os.close(fd)  # closing releases the lock
 
 
 @contextlib.contextmanager
@@ -89,19 +94,14 @@ def _downloads_folder(data_dir: str, create: bool = True):
         os.makedirs(downloads, exist_ok=True)
         yield downloads
         return
-    while True:
-        os.makedirs(downloads, exist_ok=True)
-        try:
-            fd = os.open(downloads, os.O_RDONLY)
-        except FileNotFoundError:  # removed by the last one out just now
-            continue
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        try:  # not a folder removed while this run waited for the lock
-            if os.path.samestat(os.fstat(fd), os.stat(downloads)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+
+    def open_folder() -> int:
+        while True:
+            os.makedirs(downloads, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # removed by the last one out just now
+                return os.open(downloads, os.O_RDONLY)
+
+    fd = _flock(downloads, fcntl.LOCK_SH, open_folder)
     try:
         yield downloads
     finally:
@@ -111,18 +111,9 @@ def _downloads_folder(data_dir: str, create: bool = True):
         os.close(fd)
 
 
-@dataclasses.dataclass
-class Options:
-    urls: dict[str, str] = dataclasses.field(default_factory=dict)
-    sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
-    keep_archives: bool = False
-    retries: int = 3
-
-
-def _set_aside_unverified(paths: dict[str, str], expected: dict[str, Expected]) -> str:
-    """Move the files no checksum vouched for to ``.corrupt``; the note saying so."""
-    moved = [path for name, path in paths.items()
-             if not expected[name].sha256 and not expected[name].md5]
+def _set_aside_unverified(paths: dict[str, str], sources: list[Source]) -> str:
+    """Move the files (of ``paths``) no checksum vouched for to ``.corrupt``; the note saying so."""
+    moved = [paths[s.name] for s in sources if s.name in paths and not s.sha256 and not s.md5]
     for path in moved:
         os.replace(path, path + ".corrupt")
     return (f" {', '.join(os.path.basename(p) for p in moved)} moved to "
@@ -134,13 +125,6 @@ def _paths(dataset: str, data_dir: str) -> tuple[str, str]:
     spec = DATASET_SPECS[dataset]
     return (os.path.join(data_dir, f".{spec.folder}.download-lock"),
             os.path.join(data_dir, f".{dataset if spec.adds_to else spec.folder}.download-tmp"))
-
-
-def _obtain_all(sources, downloads: str, expected: dict[str, Expected], options: Options,
-                report: Reporter) -> dict[str, str]:
-    return {source.name: obtain(source, downloads, options.urls.get(source.name, source.url),
-                                expected[source.name], options.retries, report)
-            for source in sources}
 
 
 def _remove_stale_staging(dataset: str, staging: str, downloads: str | None,
@@ -243,10 +227,9 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
     """Fetch and check the dataset's files, extract them in ``staging``, rename into place."""
     spec = DATASET_SPECS[dataset]
     target = os.path.join(data_dir, spec.folder)
-    sources = sources_of(dataset)
-    expected = {s.name: expected_for(s, options.sha256) for s in sources}
+    sources = [to_check(s, options) for s in sources_of(dataset)]
     missing = [s for s in sources if not os.path.isfile(os.path.join(downloads, s.name))]
-    known = [expected[s.name].size for s in missing]
+    known = [s.size for s in missing]
     report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ("
            + (f"{human_size(sum(known))} still to fetch" if None not in known
               else "size unknown") + ")")
@@ -255,10 +238,10 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
                     for s in missing
                     if os.path.exists(os.path.join(downloads, s.name + ".part")))
         extracted = spec.extracted_size if spec.extracted_size is not None else int(
-            sum(e.size or 0 for e in expected.values()) * EXTRACT_FACTOR)
+            sum(s.size or 0 for s in sources) * EXTRACT_FACTOR)
         check_free_space(data_dir, sum(known) - parts + extracted,
                          f"{dataset} (its archives and their extracted files)")
-    archives = _obtain_all(sources, downloads, expected, options, report)
+    archives = {s.name: obtain(s, downloads, options, report) for s in sources}
     os.makedirs(staging)
     try:
         PREPARE[dataset](spec, archives, staging, report)
@@ -268,7 +251,7 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
     except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(err, CorruptArchive):
-            where = _set_aside_unverified(archives, expected)  # not to be reused
+            where = _set_aside_unverified(archives, sources)  # not to be reused
             raise DownloadError(f"{dataset}: {err}: a corrupted, incomplete or wrong archive. "
                                 f"Nothing was put in {target};{where} rerun to download it "
                                 "again.") from None
@@ -295,16 +278,16 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
     domain folders (``docs/download.md``)."""
     base = DATASET_SPECS[dataset].adds_to
     target = os.path.join(data_dir, DATASET_SPECS[dataset].folder)
-    missing = [s for s in sources_of(dataset) if not os.path.isfile(os.path.join(target, s.name))]
-    expected = {s.name: expected_for(s, options.sha256) for s in missing}
+    missing = [to_check(s, options) for s in sources_of(dataset)
+               if not os.path.isfile(os.path.join(target, s.name))]
     report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
-    lists = _obtain_all(missing, downloads, expected, options, report)
+    lists = {s.name: obtain(s, downloads, options, report) for s in missing}
     problems = split_lists_problems(data_dir, lists)
     if problems:
         first = next(iter(problems.values()))
         more = (f" (and {len(problems) - 1} other list(s): "
                 f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
-        where = _set_aside_unverified({n: lists[n] for n in problems}, expected)
+        where = _set_aside_unverified({n: lists[n] for n in problems}, missing)
         raise DownloadError(
             f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
             f"download {'them' if len(problems) > 1 else 'it'} again.")

@@ -6,6 +6,7 @@ present; 1 a download, check or extraction failed (one message per dataset); 2 b
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 
@@ -68,14 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--data_dir is required")
     if args.retries < 0:
         parser.error(f"--retries must be >= 0, got {args.retries}")
-    sha256 = {}
-    for name, value in parse_pairs(parser, args.sha256, "--sha256").items():
-        if value.lower() == "none":
-            sha256[name] = None
-        elif len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value):
-            sha256[name] = value.lower()
-        else:
+    sha256 = parse_pairs(parser, args.sha256, "--sha256")
+    for name, value in sha256.items():
+        if not re.fullmatch(r"none|[0-9a-f]{64}", value, re.IGNORECASE):
             parser.error(f"--sha256 {name}=...: expected 64 hex digits or 'none', got {value!r}")
+        sha256[name] = None if value.lower() == "none" else value.lower()
     options = lib.Options(urls=parse_pairs(parser, args.url, "--url"), sha256=sha256,
                           keep_archives=args.keep_archives, retries=args.retries)
     report = lib.Reporter(progress=sys.stderr.isatty())
