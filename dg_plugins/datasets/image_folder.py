@@ -25,6 +25,7 @@ from dg_plugins.layouts import (  # noqa: F401  (the folder rules, shared with t
     visible_subfolders,
 )
 from dg_plugins.registry import DATASETS
+from dg_plugins.runtime import swapped
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -111,12 +112,8 @@ def load_rgb_image(path: str):
     ``ImageFile.LOAD_TRUNCATED_IMAGES = True``."""
     from PIL import Image, ImageFile
 
-    saved, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
-    try:
-        with Image.open(path) as image:
-            return to_rgb(image)
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = saved
+    with swapped(ImageFile, "LOAD_TRUNCATED_IMAGES", False), Image.open(path) as image:
+        return to_rgb(image)
 
 
 def image_error(path: str) -> str | None:
