@@ -488,19 +488,14 @@ DATASETS.register("ImageFolder", ImageFolder)
 
 
 def make_image_folder_dataset(name: str, folder_name: str | None = None, environments=None, *,
-                              data_dir: str | None = None, env_folders=None,
-                              checkpoint_freq: int = 300, n_steps: int = 5001,
-                              register: bool = True) -> type:
+                              data_dir: str | None = None, checkpoint_freq: int = 300,
+                              n_steps: int = 5001, register: bool = True) -> type:
     """Create (and register under ``name``) a dataset class for a tree
     ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir), labels
-    from ``environments``, ``env_folders`` or ``data_dir``; call it at a plugin module's import."""
-    if env_folders is not None:
-        env_folders = list(env_folders)
-        labels = list(environments) if environments is not None else list(env_folders)
-        if len(labels) != len(env_folders):
-            raise ValueError(f"{len(labels)} environment labels for {len(env_folders)} env_folders")
-        env_folders, labels = map(list, zip(*sorted(zip(env_folders, labels))))
-    elif environments is not None:
+    from ``environments`` or the domain folders of ``data_dir``; call it at a plugin module's
+    import."""
+    env_folders = None
+    if environments is not None:
         labels = list(environments)
     elif data_dir is not None:
         dataset_dir = os.path.join(data_dir, folder_name) if folder_name else data_dir
@@ -509,8 +504,7 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                                     "does not exist")
         labels = list(env_folders := visible_subfolders(dataset_dir))
     else:
-        raise ValueError(f"{name}: give environments, env_folders or data_dir to discover them "
-                         "from")
+        raise ValueError(f"{name}: give environments or data_dir to discover them from")
     if not labels:
         raise ValueError(f"{name}: no environments")
     dataset_class = type(name, (ImageFolderBenchmark,), dict(
