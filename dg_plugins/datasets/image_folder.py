@@ -71,14 +71,6 @@ def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
     return _compose(*steps[augmentation]())
 
 
-def augment_transform(size: int = IMAGE_SIZE):
-    return training_transform("domainbed", size)
-
-
-def dmg_pacs_transform(size: int = IMAGE_SIZE):
-    return training_transform("dmg_pacs", size)
-
-
 def high_bit_depth_max(image) -> float | None:
     """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes)."""
     if image.mode == "F":

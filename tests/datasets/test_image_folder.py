@@ -442,12 +442,12 @@ def test_augmentation_hparam_picks_the_training_environments_transform():
     dataset = PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg_pacs"})
     assert dataset.augmentation == "dmg_pacs" and dataset.augmented_envs == [1, 2, 3]
     assert transform_steps(dataset.augment_transform) == transform_steps(
-        image_folder.dmg_pacs_transform())
+        image_folder.training_transform("dmg_pacs"))
     assert all(dataset.datasets[i].transform is dataset.augment_transform for i in (1, 2, 3))
     assert dataset.datasets[0].transform is dataset.plain_transform
     default = PACS(str(PACS_MINI), [0], {"data_augmentation": True})
     assert transform_steps(default.augment_transform) == transform_steps(
-        image_folder.augment_transform())
+        image_folder.training_transform("domainbed"))
     with pytest.raises(ValueError, match="unknown augmentation 'dmg'; choices"):
         PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg"})
     with pytest.raises(ValueError, match="'dmg_pacs' asks for an augmentation but "
