@@ -751,8 +751,8 @@ class DatasetCache:
                        f"{max(1, -(-(used + size) // 2**30))}", key=what)
             return
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
-                   f"{gb(shutil.disk_usage(self.folder).free)} free, and the cache leaves some free for the "
-                   f"jobs' files; {_ROOM_FIX}", key=what)
+                   f"{gb(shutil.disk_usage(self.folder).free)} free, and the cache leaves some "
+                   f"free for the jobs' files; {_ROOM_FIX}", key=what)
 
     def note_error(self, err: OSError) -> None:
         """Say that a write failed; nothing is written after it."""
@@ -833,8 +833,8 @@ class DatasetCache:
     def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
                      builders: Builders) -> None:
         n = len(store.env.samples)
-        self._build(store, f"plain-{transform.key}", builders,
-                    [(item, item * _prod(shape), shape) for item in range(n)], transform, (n, *shape))
+        todo = [(item, item * _prod(shape), shape) for item in range(n)]
+        self._build(store, f"plain-{transform.key}", builders, todo, transform, (n, *shape))
         store.open_plain(transform.key)
 
     def prepare(self, cores: int = 1) -> str:
