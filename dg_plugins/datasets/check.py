@@ -149,12 +149,6 @@ def check_files(paths: Sequence[str], workers: int,
     from dg_plugins.datasets.image_folder import image_error
 
     with contextlib.ExitStack() as stack:
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = stack.enter_context(tqdm(total=len(paths), desc="checking images", unit="img",
-                                           file=sys.stderr))
         results = map(image_error, paths)
         if workers > 1 and len(paths) >= MIN_FILES_FOR_POOL:
             from concurrent.futures import ProcessPoolExecutor
@@ -162,10 +156,12 @@ def check_files(paths: Sequence[str], workers: int,
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers))
             results = pool.map(image_error, paths,
                                chunksize=max(1, min(64, len(paths) // (workers * 8))))
-        for path, error in zip(paths, results):
-            if bar is not None:
-                bar.update()
-            yield path, error
+        if progress:
+            from tqdm import tqdm
+
+            results = stack.enter_context(tqdm(results, total=len(paths), desc="checking images",
+                                               unit="img", file=sys.stderr))
+        yield from zip(paths, results)
 
 
 def run_check(dataset, workers: int, progress: bool,

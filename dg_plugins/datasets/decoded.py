@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -141,8 +142,6 @@ class PixelTransform:
         """``(3, H, W)`` of every output of a deterministic transform (checked on two sizes)."""
         from PIL import Image
 
-        if not self.deterministic:
-            return None
         shapes = {tuple(self.pixels(Image.new("RGB", size)).shape) for size in ((301, 203),
                                                                                (97, 355))}
         return shapes.pop() if len(shapes) == 1 else None
@@ -251,15 +250,10 @@ def _remove(path: str) -> None:
 
 
 # Disk space, and what a finished entry holds
-def _free_bytes(folder: str) -> int:
-    stat = os.statvfs(folder)
-    return stat.f_bavail * stat.f_frsize
-
-
 def _disk_room(folder: str) -> int:
     """The free space on the disk of ``folder`` less :data:`DISK_RESERVE`."""
     stat = os.statvfs(folder)
-    return _free_bytes(folder) - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
+    return stat.f_bavail * stat.f_frsize - min(DISK_RESERVE, stat.f_blocks * stat.f_frsize // 20)
 
 
 def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
@@ -286,11 +280,8 @@ def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
 
 
 def _file_digest(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**23), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _stamp(path: str) -> list[int]:
@@ -760,8 +751,8 @@ class DatasetCache:
                        f"{max(1, -(-(used + size) // 2**30))}", key=what)
             return
         self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
-                   f"{gb(_free_bytes(self.folder))} free, and the cache leaves some free for the "
-                   f"jobs' files; {_ROOM_FIX}", key=what)
+                   f"{gb(shutil.disk_usage(self.folder).free)} free, and the cache leaves some "
+                   f"free for the jobs' files; {_ROOM_FIX}", key=what)
 
     def note_error(self, err: OSError) -> None:
         """Say that a write failed; nothing is written after it."""
@@ -800,16 +791,24 @@ class DatasetCache:
                 _remove(entry.path)
 
     @staticmethod
-    def _build(store: EnvCache, kind: str, write) -> None:
-        """Write an entry via ``write(tmp)`` (returns the side array), then its side array and
+    def _build(store: EnvCache, kind: str, builders: Builders, todo: list, transform=None,
+               shape: tuple | None = None, size: int = 0, index=None) -> None:
+        """Write entry ``kind``: ``todo``'s pixels (``[(item, offset past the header, shape)]``),
+        its side array (``index``, its left-out items marked, else which items were written) and
         ``.sum``; on any failure none of its files is left."""
         data, side, sum_path = store.paths(kind)
         tmp = f"{data}.tmp.{os.getpid()}"
         try:
-            array = write(tmp)
+            start = _new_file(tmp, shape, size)
+            ok = np.zeros(len(store.env.samples), dtype=bool)
+            ok[builders.chunks(_decode_into, store.env, [(item, start + offset, item_shape)
+                                                         for item, offset, item_shape in todo],
+                               tmp, transform)] = True
+            if index is not None:
+                index[~ok, 0] = -1
             digest = _file_digest(tmp)
             os.replace(tmp, data)
-            np.save(buffer := io.BytesIO(), array)
+            np.save(buffer := io.BytesIO(), ok if index is None else index)
             _save_bytes(side, buffer.getvalue())
             _seal(sum_path, [data, side], {data: digest})
         except BaseException:
@@ -828,29 +827,14 @@ class DatasetCache:
                 index[item] = (offset, height, width)
                 todo.append((item, offset, (height, width, 3)))
                 offset += height * width * 3
-
-        def write(tmp):
-            _new_file(tmp, None, offset)
-            written = set(builders.chunks(_decode_into, store.env, todo, tmp, None))
-            index[[item for item, _, _ in todo if item not in written], 0] = -1
-            return index
-
-        self._build(store, "decoded", write)
+        self._build(store, "decoded", builders, todo, size=offset, index=index)
         store.open_decoded()
 
     def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
                      builders: Builders) -> None:
         n = len(store.env.samples)
-
-        def write(tmp):
-            start = _new_file(tmp, (n, *shape))
-            ok = np.zeros(n, dtype=bool)
-            ok[builders.chunks(_decode_into, store.env, [(item, start + item * _prod(shape), shape)
-                                                         for item in range(n)], tmp,
-                               transform)] = True
-            return ok
-
-        self._build(store, f"plain-{transform.key}", write)
+        todo = [(item, item * _prod(shape), shape) for item in range(n)]
+        self._build(store, f"plain-{transform.key}", builders, todo, transform, (n, *shape))
         store.open_plain(transform.key)
 
     def prepare(self, cores: int = 1) -> str:

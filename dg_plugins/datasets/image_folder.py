@@ -25,6 +25,7 @@ from dg_plugins.layouts import (  # noqa: F401  (the folder rules, shared with t
     visible_subfolders,
 )
 from dg_plugins.registry import DATASETS
+from dg_plugins.runtime import swapped
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -70,14 +71,6 @@ def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
     return _compose(*steps[augmentation]())
 
 
-def augment_transform(size: int = IMAGE_SIZE):
-    return training_transform("domainbed", size)
-
-
-def dmg_pacs_transform(size: int = IMAGE_SIZE):
-    return training_transform("dmg_pacs", size)
-
-
 def high_bit_depth_max(image) -> float | None:
     """The value that maps to white for a high-bit-depth PIL image (None for 8-bit modes)."""
     if image.mode == "F":
@@ -111,12 +104,8 @@ def load_rgb_image(path: str):
     ``ImageFile.LOAD_TRUNCATED_IMAGES = True``."""
     from PIL import Image, ImageFile
 
-    saved, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
-    try:
-        with Image.open(path) as image:
-            return to_rgb(image)
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = saved
+    with swapped(ImageFile, "LOAD_TRUNCATED_IMAGES", False), Image.open(path) as image:
+        return to_rgb(image)
 
 
 def image_error(path: str) -> str | None:
@@ -491,19 +480,14 @@ DATASETS.register("ImageFolder", ImageFolder)
 
 
 def make_image_folder_dataset(name: str, folder_name: str | None = None, environments=None, *,
-                              data_dir: str | None = None, env_folders=None,
-                              checkpoint_freq: int = 300, n_steps: int = 5001,
-                              register: bool = True) -> type:
+                              data_dir: str | None = None, checkpoint_freq: int = 300,
+                              n_steps: int = 5001, register: bool = True) -> type:
     """Create (and register under ``name``) a dataset class for a tree
     ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir), labels
-    from ``environments``, ``env_folders`` or ``data_dir``; call it at a plugin module's import."""
-    if env_folders is not None:
-        env_folders = list(env_folders)
-        labels = list(environments) if environments is not None else list(env_folders)
-        if len(labels) != len(env_folders):
-            raise ValueError(f"{len(labels)} environment labels for {len(env_folders)} env_folders")
-        env_folders, labels = map(list, zip(*sorted(zip(env_folders, labels))))
-    elif environments is not None:
+    from ``environments`` or the domain folders of ``data_dir``; call it at a plugin module's
+    import."""
+    env_folders = None
+    if environments is not None:
         labels = list(environments)
     elif data_dir is not None:
         dataset_dir = os.path.join(data_dir, folder_name) if folder_name else data_dir
@@ -512,8 +496,7 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                                     "does not exist")
         labels = list(env_folders := visible_subfolders(dataset_dir))
     else:
-        raise ValueError(f"{name}: give environments, env_folders or data_dir to discover them "
-                         "from")
+        raise ValueError(f"{name}: give environments or data_dir to discover them from")
     if not labels:
         raise ValueError(f"{name}: no environments")
     dataset_class = type(name, (ImageFolderBenchmark,), dict(

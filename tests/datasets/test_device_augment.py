@@ -232,7 +232,7 @@ SMALL = 12
 
 def small_domainbed():
     """DomainBed's training transform, its crop resized to SMALL x SMALL."""
-    steps = list(image_folder.augment_transform().transforms)
+    steps = list(image_folder.training_transform("domainbed").transforms)
     crop = steps[0]
     steps[0] = T.RandomResizedCrop(SMALL, scale=crop.scale, ratio=crop.ratio,
                                    interpolation=crop.interpolation, antialias=crop.antialias)

@@ -152,11 +152,9 @@ def test_make_image_folder_dataset(tmp_path):
     built = discovered(str(tmp_path), [1], {"data_augmentation": True})
     assert built.classes == ["j", "k"] and built.augmented_envs == [0]
     assert [len(env) for env in built.datasets] == [2, 1]
-    # labels paired with folder names are put in sorted-folder order
-    labelled = make_image_folder_dataset("MyTreeLabels", "my_data", ["B", "A"],
-                                         env_folders=["b_dom", "a_dom"], checkpoint_freq=7,
+    labelled = make_image_folder_dataset("MyTreeLabels", "my_data", ["A", "B"], checkpoint_freq=7,
                                          register=False)
-    assert labelled.ENVIRONMENTS == ["A", "B"] and labelled.ENV_FOLDERS == ("a_dom", "b_dom")
+    assert labelled.ENVIRONMENTS == ["A", "B"] and labelled.ENV_FOLDERS is None
     assert labelled.CHECKPOINT_FREQ == 7
     registered = make_image_folder_dataset("DgTestRegisteredTree", "my_data", ["A", "B"])
     try:
@@ -444,12 +442,12 @@ def test_augmentation_hparam_picks_the_training_environments_transform():
     dataset = PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg_pacs"})
     assert dataset.augmentation == "dmg_pacs" and dataset.augmented_envs == [1, 2, 3]
     assert transform_steps(dataset.augment_transform) == transform_steps(
-        image_folder.dmg_pacs_transform())
+        image_folder.training_transform("dmg_pacs"))
     assert all(dataset.datasets[i].transform is dataset.augment_transform for i in (1, 2, 3))
     assert dataset.datasets[0].transform is dataset.plain_transform
     default = PACS(str(PACS_MINI), [0], {"data_augmentation": True})
     assert transform_steps(default.augment_transform) == transform_steps(
-        image_folder.augment_transform())
+        image_folder.training_transform("domainbed"))
     with pytest.raises(ValueError, match="unknown augmentation 'dmg'; choices"):
         PACS(str(PACS_MINI), [0], {"data_augmentation": True, "augmentation": "dmg"})
     with pytest.raises(ValueError, match="'dmg_pacs' asks for an augmentation but "
