@@ -47,3 +47,36 @@ def paired_ratio(times: list[float], base: list[float]) -> tuple[float, float, f
         return ratios[0], ratios[0], ratios[0]
     low, median, high = statistics.quantiles(ratios, n=4)  # the middle cut is the median
     return low, median, high
+
+
+def loader_cpu_ms(image_path: str, augmentation: str = "domainbed", repeats: int = 200) -> dict:
+    """CPU milliseconds per image (one thread, interleaved) of a loader worker's cases: decode,
+    PIL transform, loader part, loader part on decoded pixels."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from dg_plugins.datasets.device_augment import split_transform
+    from dg_plugins.datasets.image_folder import load_rgb_image, training_transform
+
+    pil = training_transform(augmentation)
+    loader, _ = split_transform(pil)
+    pixels = np.asarray(load_rgb_image(image_path)).copy()
+    cases = {
+        "decode": lambda: load_rgb_image(image_path),
+        "pil": lambda: pil(load_rgb_image(image_path)),
+        "split": lambda: loader(load_rgb_image(image_path)),
+        "split_cached": lambda: loader(Image.fromarray(pixels)),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = dict.fromkeys(cases, 0.0)
+        for _ in range(repeats):
+            for name, case in cases.items():
+                start = time.thread_time()
+                case()
+                seconds[name] += time.thread_time() - start
+    finally:
+        torch.set_num_threads(threads)
+    return {name: 1000 * s / repeats for name, s in seconds.items()}

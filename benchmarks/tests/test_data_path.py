@@ -66,3 +66,15 @@ def test_against_domainbeds_loaders_prints_the_ratios(tmp_path):
 def test_bad_arguments_are_refused(tmp_path):
     proc = run_benchmark("--domainbed", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2 and "no domainbed/__init__.py there" in proc.stderr
+
+
+def test_loader_cpu_ms_measures_each_case(tmp_path):
+    from PIL import Image
+
+    from benchmarks.timing import loader_cpu_ms
+
+    path = tmp_path / "x.jpg"
+    Image.new("RGB", (227, 227), (200, 30, 90)).save(path)
+    ms = loader_cpu_ms(str(path), repeats=2)
+    assert set(ms) == {"decode", "pil", "split", "split_cached"}
+    assert all(v >= 0 for v in ms.values())

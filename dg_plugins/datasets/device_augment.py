@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 
 import torch
 
@@ -253,35 +252,4 @@ def device_augmentation(augmentation: str = "domainbed"):
     loader, device = split_transform(training_transform(augmentation))
     _kornia()  # a missing kornia is named before any worker starts
     return loader, device
-
-
-def loader_cpu_ms(image_path: str, augmentation: str = "domainbed", repeats: int = 200) -> dict:
-    """CPU milliseconds per image (one thread, interleaved) of a loader worker's cases: decode,
-    PIL transform, loader part, loader part on decoded pixels."""
-    import numpy as np
-    from PIL import Image
-
-    from dg_plugins.datasets.image_folder import load_rgb_image, training_transform
-
-    pil = training_transform(augmentation)
-    loader, _ = split_transform(pil)
-    pixels = np.asarray(load_rgb_image(image_path)).copy()
-    cases = {
-        "decode": lambda: load_rgb_image(image_path),
-        "pil": lambda: pil(load_rgb_image(image_path)),
-        "split": lambda: loader(load_rgb_image(image_path)),
-        "split_cached": lambda: loader(Image.fromarray(pixels)),
-    }
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        seconds = dict.fromkeys(cases, 0.0)
-        for _ in range(repeats):
-            for name, case in cases.items():
-                start = time.thread_time()
-                case()
-                seconds[name] += time.thread_time() - start
-    finally:
-        torch.set_num_threads(threads)
-    return {name: 1000 * s / repeats for name, s in seconds.items()}
 

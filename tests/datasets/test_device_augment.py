@@ -18,7 +18,7 @@ import dg_plugins.compat  # noqa: F401  (before torchvision)
 from torchvision import transforms as T
 from torchvision.transforms import functional as F
 
-from dg_plugins.datasets import device_augment, image_folder
+from dg_plugins.datasets import image_folder
 from dg_plugins.datasets.device_augment import (
     Flip, Grayscale, Jitter, Normalize, device_augmentation, split_transform,
 )
@@ -328,14 +328,6 @@ def test_an_image_folder_batch_through_both_parts():
         x = torch.stack([env[i][0] for i in range(3)])
     assert x.dtype == torch.uint8 and x.shape == (3, 3, 224, 224)
     assert device(x, 5).shape == (3, 3, 224, 224)
-
-
-def test_loader_cpu_ms_measures_each_case(tmp_path):
-    path = tmp_path / "x.jpg"
-    colour_image(227).save(path)
-    ms = device_augment.loader_cpu_ms(str(path), repeats=2)
-    assert set(ms) == {"decode", "pil", "split", "split_cached"}
-    assert all(v >= 0 for v in ms.values())
 
 
 @needs_cuda
