@@ -398,14 +398,12 @@ def _acc_sort_key(key: str):
 
 
 class JobProgress(NamedTuple):
-    """A sweep's job folders: their count, and those without ``done`` (running or failed)."""
+    """A sweep's job folders: their count, how many are done, those without ``done`` (running or
+    failed)."""
 
     total: int
+    done: int
     not_done: list[str]
-
-    @property
-    def done(self) -> int:
-        return self.total - len(self.not_done)
 
 
 def _job_folders(input_dir: str) -> list[str]:
@@ -419,8 +417,8 @@ def _job_folders(input_dir: str) -> list[str]:
 def job_progress(input_dir: str) -> JobProgress:
     """Count the job folders of ``input_dir`` and those done."""
     folders = _job_folders(input_dir)
-    return JobProgress(len(folders), [entry for entry in folders
-                                      if not is_done(os.path.join(input_dir, entry))])
+    not_done = [entry for entry in folders if not is_done(os.path.join(input_dir, entry))]
+    return JobProgress(len(folders), len(folders) - len(not_done), not_done)
 
 
 #: Why a job folder has no record in the tables (:func:`left_out_notes`), and what to do.

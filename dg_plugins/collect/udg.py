@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
-                                          SelectionMethod, group_ids, group_records, masked_mean,
+                                          SelectionMethod, group_records, masked_mean,
                                           select_by_masks)
 from dg_plugins.job.selection import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
@@ -39,22 +39,14 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     runs = pd.DataFrame({"record": rows, **{
         name: records[f"args.{name}"].to_numpy() for name in run},
         "step": records["step"].to_numpy(), "job": records["job"].to_numpy()})
-    if runs.empty:
-        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
     runs["label_fraction"] = runs["label_fraction"].astype(float)
-    runs["group"] = group_ids(*(runs[c].to_numpy() for c in run[:5]))
     reads = SELECTION_READS["udg"][method.key]
     out, inn = grouped.read("env{t}_out_acc", reads), grouped.read("env{t}_in_acc", reads)
     targets = grouped.is_test(out.shape[1])
     inside = np.arange(out.shape[1])[None, :] < grouped.env_counts(reads)[:, None]
-    runs = runs.assign(target=masked_mean(inn, targets))
-    scored, chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
-    rows = chosen["record"].to_numpy()
-    accs = np.where(targets[rows], inn[rows], np.nan)
-    for t in range(out.shape[1]):
-        chosen[f"acc{t}"] = accs[:, t]
-    chosen["target"] = masked_mean(accs, np.ones_like(accs, dtype=bool))
-    return Selection(scored, chosen, run)
+    return select_by_masks(runs.assign(target=masked_mean(inn, targets)), run, method, out,
+                           inside & ~targets, inside & targets, np.where(targets, inn, np.nan),
+                           targets)
 
 
 def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
