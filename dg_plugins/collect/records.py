@@ -17,16 +17,12 @@ from operator import itemgetter
 from typing import Callable, NamedTuple
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from dg_plugins.job.flags import ROWS, compute_settings
 from dg_plugins.job.flags import names as flag_names
 from dg_plugins.job.folder import JOB_FILES, RESULTS_FILE, is_done
-
-try:  # a dependency, but parsing falls back to json without it
-    import orjson as _orjson
-except ImportError:
-    _orjson = None
 
 
 class _ArgValues(NamedTuple):
@@ -138,13 +134,11 @@ def nonfinite_keys(record) -> tuple:
 
 
 def parse_line(line: str):
-    """The JSON value of ``line`` (orjson when importable); ``ValueError`` if not JSON."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(line)
-        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
-            pass
-    return json.loads(line)
+    """The JSON value of ``line`` (orjson's, else json's); ``ValueError`` if not JSON."""
+    try:
+        return orjson.loads(line)
+    except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
+        return json.loads(line)
 
 
 def _arg_values(args) -> _ArgValues | str:
@@ -254,27 +248,25 @@ class _Columns:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
         numbers, records = [], []
         self._nonfinite_lines = {}
-        fast = _orjson.loads if _orjson is not None else None
+        fast = orjson.loads
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
                 continue
-            if fast is not None:
-                try:  # orjson rejects NaN and Infinity: a line it reads has none
-                    records.append(fast(line))
-                    numbers.append(number)
-                    continue
-                except ValueError:
-                    pass
+            try:  # orjson rejects NaN and Infinity: a line it reads has none
+                records.append(fast(line))
+                numbers.append(number)
+                continue
+            except ValueError:
+                pass
             try:
                 records.append(json.loads(line))
                 numbers.append(number)
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
                 continue
-            if fast is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
-                keys = nonfinite_keys(records[-1])
-                if keys:
-                    self._nonfinite_lines[number] = keys
+            keys = nonfinite_keys(records[-1])
+            if keys:
+                self._nonfinite_lines[number] = keys
         if records and self._add_uniform(job, numbers, records):
             return
         for number, record in zip(numbers, records):  # line by line
