@@ -186,20 +186,19 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
             patch.set_gid(f"{row}|{keys[i]}")
         shown = {i: averages[row] if keys[i] == "Avg" and cells[i].n is None and row in averages
                  else cells[i] for i in present}
-        errors = [(i, cell.err) for i, cell in shown.items()
-                  if cell.err is not None and cell.n is not None and cell.n > 1]
+        errors = {i: cell.err for i, cell in shown.items()
+                  if cell.err is not None and cell.n is not None and cell.n > 1}
         if errors:
-            bars_err = ax.errorbar(xs[[i for i, _ in errors]], [cells[i].mean for i, _ in errors],
-                                   yerr=[err for _, err in errors], fmt="none", ecolor="black",
+            bars_err = ax.errorbar(xs[list(errors)], [cells[i].mean for i in errors],
+                                   yerr=list(errors.values()), fmt="none", ecolor="black",
                                    elinewidth=1, capsize=2)
             bars_err.lines[2][0].set_gid(f"{row}|err")
-        error_of = dict(errors)
         for i, cell in shown.items():
             if cell.n is None:
                 continue
-            low = cells[i].mean - error_of.get(i, 0.0)
+            low = cells[i].mean - errors.get(i, 0.0)
             inside = low >= 14  # room under the error bar
-            y = low - 1.0 if inside else cells[i].mean + error_of.get(i, 0.0) + 1.0
+            y = low - 1.0 if inside else cells[i].mean + errors.get(i, 0.0) + 1.0
             top = max(top, y + 9)
             ax.text(xs[i], y, f"n={cell.n}", ha="center", va="top" if inside else "bottom",
                     rotation=90, fontsize=SMALL, color="white" if inside else "black",

@@ -413,7 +413,7 @@ def job_progress(input_dir: str) -> JobProgress:
     return JobProgress(len(folders), len(folders) - len(not_done), not_done)
 
 
-#: Why a job folder has no record in the tables (:func:`left_out_notes`), and what to do.
+#: Why a job folder has no record in the tables (:func:`folder_notes`), and what to do.
 DONE_EMPTY = f"done, but its {RESULTS_FILE} is empty (the job wrote no record)"
 DONE_ABSENT = f"done, but it has no {RESULTS_FILE}"
 UNREADABLE = f"its {RESULTS_FILE} cannot be read"
@@ -424,10 +424,16 @@ _LEFT_OUT_FIX = {DONE_EMPTY: _RELAUNCH, DONE_ABSENT: _RELAUNCH,
                  UNUSABLE: "the warnings above name the bad lines"}
 
 
-def left_out_notes(input_dir: str, jobs) -> list[str]:
-    """One note per reason naming the job folders not in ``jobs`` (those with records) that have
+def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
+    """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
+    ``done``; and one per reason naming the folders not in ``jobs`` (those with records) that have
     none: the results file cannot be read, holds no usable line, or is empty or absent although
-    the job is done. A folder not done with no record yet is :func:`job_progress`'s."""
+    the job is done (a folder not done with no record yet is only counted)."""
+    progress = job_progress(input_dir)
+    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
+    counted = [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running "
+               f"or incomplete: {shown}); the tables use the records written so far"
+               ] if progress.not_done else []
     found: dict[str, list[tuple[str, str]]] = {}  # reason -> (job, detail)
     for entry in _job_folders(input_dir):
         if entry in jobs:
@@ -454,17 +460,7 @@ def left_out_notes(input_dir: str, jobs) -> list[str]:
         names = ", ".join(f"{job} ({detail})" if detail else job for job, detail in folders)
         notes.append(f"{len(folders)} job folders are left out of the tables, each {reason}: "
                      f"{names}; {fix.replace('the folder', 'each folder')}.")
-    return notes
-
-
-def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
-    """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
-    ``done``, and :func:`left_out_notes`."""
-    progress = job_progress(input_dir)
-    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
-    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
-            f"incomplete: {shown}); the tables use the records written so far"
-            ] if progress.not_done else [], left_out_notes(input_dir, jobs)
+    return counted, notes
 
 
 def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:

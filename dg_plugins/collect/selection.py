@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -48,15 +48,10 @@ class GroupedRecords:
             "test_env": test_env, "record": record, "n_test_envs": self.n_test_envs[record],
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
-        self._matrices: dict[str, np.ndarray] = {}
+        #: :func:`acc_matrix` of the records for a key template, computed once per template
+        self.accs = cache(partial(acc_matrix, self.records))
         self._env_counts: dict = {}
         self.selections: dict = {}  # method -> its standard_selection, made once
-
-    def accs(self, key: str) -> np.ndarray:
-        """:func:`acc_matrix` of the records for the template ``key``, computed once."""
-        if key not in self._matrices:
-            self._matrices[key] = acc_matrix(self.records, key)
-        return self._matrices[key]
 
     def read(self, key: str, reads: Mapping[str, str]) -> np.ndarray:
         """:meth:`accs` as a method declared to read ``reads`` sees it: NaN outside the

@@ -178,8 +178,11 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
     per_cell = {key: list(values) for key, values in
                 chosen.groupby(["dataset", "algorithm", "test_env"], sort=False)["test_acc"]}
     # Averages: per trial (sorted), the mean over the test environments that trial has.
-    per_trial = {key: float(np.mean(list(values))) for key, values in
-                 chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
+    per_trial: dict = {}  # (algorithm, dataset) -> [mean of each trial]
+    coverage: dict = {}  # (algorithm, dataset) -> {trial: its test environments}
+    for (*cell, trial), runs in chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True):
+        per_trial.setdefault(tuple(cell), []).append(float(np.mean(list(runs["test_acc"]))))
+        coverage.setdefault(tuple(cell), {})[trial] = tuple(sorted(runs["test_env"].tolist()))
 
     tables = []
     for dataset in datasets:
@@ -195,13 +198,8 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
                             [*labels, "Avg"], rows, 20, dataset=dataset, not_run=not_run))
     rows = {}
     for algorithm in algorithms:
-        cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
-                 for ds in datasets]
+        cells = [Cell.of(per_trial.get((algorithm, dataset), [])) for dataset in datasets]
         rows[algorithm] = cells + [Cell.average(cells)]
-    coverage: dict = {}
-    for (algorithm, dataset, trial), envs in chosen.groupby(
-            ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
-        coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
     tables.append(Table("Averages", _header("Averages", method, test_key, header_note),
                         [*datasets, "Avg"], rows, 25, coverage=coverage,
                         not_run=tuple(d for d in datasets if d not in ran)))
@@ -218,8 +216,6 @@ def _names(keys) -> str:
 
 def leave_out_unrun(report: Report) -> Report:
     """``report`` without the columns no run has (and their Avg), each such table saying so."""
-    if not any(t.not_run for s in report.sections for t in s.tables):
-        return report
     sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])
                 for section in report.sections]
     return replace(report, sections=sections)
