@@ -273,26 +273,18 @@ def curve_points(frame: pd.DataFrame, report: Report, kind: str = TEST_KEY
             {table.dataset for table in section.tables})]
         if chosen.empty:
             continue
-        points = selection.scored.merge(chosen[selection.run], on=selection.run)
-        order = (points["test_env"] if kind == TEST_KEY else points["source"]
+        order = (chosen["test_env"] if kind == TEST_KEY else chosen["source"]
                  if kind == SINGLE_SOURCE_KEY else pd.factorize(pd.Series(list(zip(
-                     points["label_fraction"], points["test_envs"]))), sort=True)[0])
-        parts.append(points.assign(method=section.method.key, signal=points["val_acc"],
-                                   order=order, panel=_panels(kind, points, labels_of)
-                                   )[POINT_COLUMNS])
-        picks.append(chosen.assign(method=section.method.key, score=chosen["val_acc"],
-                                   panel=_panels(kind, chosen, labels_of))[SELECTED_COLUMNS])
+                     chosen["label_fraction"], chosen["test_envs"]))), sort=True)[0])
+        chosen = chosen.assign(method=section.method.key, score=chosen["val_acc"], order=order,
+                               panel=_panels(kind, chosen, labels_of))  # one per run
+        points = selection.scored.merge(chosen[[*selection.run, "method", "order", "panel"]],
+                                        on=selection.run)
+        parts.append(points.assign(signal=points["val_acc"])[POINT_COLUMNS])
+        picks.append(chosen[SELECTED_COLUMNS])
     if not parts:
         return pd.DataFrame(columns=POINT_COLUMNS), pd.DataFrame(columns=SELECTED_COLUMNS)
     return pd.concat(parts, ignore_index=True), pd.concat(picks, ignore_index=True)
-
-
-def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per step: mean, lowest and highest over trials of ``signal`` and ``target``."""
-    per_trial = points.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
-    summary = per_trial.groupby("step").agg(["mean", "min", "max"])
-    summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
-    return summary.reset_index()
 
 
 def _cell_texts(report: Report, kind: str) -> dict:
@@ -373,8 +365,10 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                 f"{method.key} table: {cell}" if cell else panel), fontsize=NORMAL)
             if mine.empty:
                 continue
-            summary = curve_summary(mine)
-            steps = summary["step"].to_numpy(dtype=float)
+            per_trial = mine.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
+            summary = per_trial.groupby("step").agg(["mean", "min", "max"])  # over trials
+            summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
+            steps = summary.index.to_numpy(dtype=float)
             for key, line_color, style, label in (
                     ("signal", color, "--", signal_label),
                     ("target", "C1", "-", "target in-split: the tables' test accuracy")):

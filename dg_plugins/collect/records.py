@@ -151,9 +151,11 @@ def _arg_values(args) -> _ArgValues | str:
     envs = args["test_envs"]
     if not isinstance(envs, list) or not all(type(e) is int for e in envs):
         return "args.test_envs is not a list of int"
+    fraction = args.get("label_fraction")  # UDG jobs' (a number); NaN otherwise
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+        fraction = math.nan
     return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
-                      args["hparams_seed"], args.get("output_dir"),
-                      _fraction(args.get("label_fraction")),
+                      args["hparams_seed"], args.get("output_dir"), float(fraction),
                       tuple(compute_settings(args).items()) or math.nan,
                       _settings(args) or math.nan)
 
@@ -174,20 +176,6 @@ def _settings(args: dict) -> tuple:
         found.append((name, tuple(value) if isinstance(value, list) else
                       json.dumps(value, sort_keys=True) if isinstance(value, dict) else value))
     return tuple(found)
-
-
-def _environments(value) -> tuple | None:
-    """A record's ``environments`` labels as a tuple; None unless a list of strings."""
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    return None
-
-
-def _fraction(value) -> float:
-    """``args.label_fraction`` as a float; NaN when absent (non-UDG) or not a number."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return math.nan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,19 +201,12 @@ class _AccBlock:
     values: array = field(default_factory=lambda: array("d"))
     get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
 
-    def __post_init__(self) -> None:
-        self.get = _getter(self.keys)
+    def __post_init__(self) -> None:  # itemgetter gives a tuple for two keys or more
+        self.get = itemgetter(*self.keys) if len(self.keys) > 1 else (
+            lambda record: tuple(record[key] for key in self.keys))
 
     def matrix(self) -> np.ndarray:
         return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
-
-
-def _getter(keys: list[str]) -> Callable[[dict], tuple]:
-    if len(keys) > 1:  # record -> (record[k] for k in keys)
-        return itemgetter(*keys)
-    if keys:
-        return lambda record, key=keys[0]: (record[key],)
-    return lambda record: ()
 
 
 _get_step = itemgetter("step")
@@ -318,7 +299,9 @@ class _Columns:
         self.steps.extend(map(_get_step, records))
         self.hparams.extend(record.get("hparams") for record in records)
         self.lines.extend(numbers)
-        environments = _environments(records[0].get("environments"))
+        labels = records[0].get("environments")  # kept when a list of strings
+        environments = (tuple(labels) if isinstance(labels, list) and labels
+                        and all(isinstance(v, str) for v in labels) else None)
         last = self.segments[-1] if self.segments else None
         if (last is not None and last.job == job and last.args is args
                 and last.environments == environments):

@@ -87,9 +87,7 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
     algorithms, tables = algorithm_order(grouped), []
     for dataset in [d for d in dataset_order(grouped) if datasets is None or d in datasets]:
         labels = environment_labels(grouped.records, dataset)
-        of_dataset = chosen[chosen["dataset"] == dataset]
-        for source in sorted(set(of_dataset["source"].tolist())):
-            at_source = of_dataset[of_dataset["source"] == source]
+        for source, at_source in chosen[chosen["dataset"] == dataset].groupby("source"):
             rows = {}
             for algorithm in algorithms:
                 mine = at_source[at_source["algorithm"] == algorithm]

@@ -65,16 +65,12 @@ def _udg_tables(grouped: GroupedRecords, method: SelectionMethod, chosen: pd.Dat
     algorithms, tables = algorithm_order(grouped), []
     for dataset in dataset_order(grouped):
         labels = environment_labels(grouped.records, dataset)
-        of_dataset = chosen[chosen["dataset"] == dataset]
-        for envs in sorted(set(of_dataset["test_envs"].tolist())):
-            mine = of_dataset[of_dataset["test_envs"] == envs]
+        for envs, mine in chosen[chosen["dataset"] == dataset].groupby("test_envs"):
             names = [labels[t] if t < len(labels) else str(t) for t in envs]
             rows = {}
             for algorithm in algorithms:
-                for fraction in sorted(set(mine.loc[mine["algorithm"] == algorithm,
-                                                    "label_fraction"].tolist())):
-                    runs = mine[(mine["algorithm"] == algorithm)
-                                & (mine["label_fraction"] == fraction)]
+                of_algorithm = mine[mine["algorithm"] == algorithm]
+                for fraction, runs in of_algorithm.groupby("label_fraction"):
                     accs = runs[[f"acc{t}" for t in envs]].to_numpy(dtype=float)
                     cells = [Cell.of(v for v in accs[:, i] if not np.isnan(v))
                              for i in range(len(envs))]
