@@ -454,8 +454,7 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
         row_order = list(dict.fromkeys(
             row.rsplit(" ", 1)[0] if kind == UDG_KEY else row
             for s in report.sections if s.test_key == kind for t in s.tables for row in t.rows))
-        for dataset in dict.fromkeys(points["dataset"]):
-            of_dataset = points[points["dataset"] == dataset]
+        for dataset, of_dataset in points.groupby("dataset", sort=False):
             algorithms = sorted(set(of_dataset["algorithm"]),
                                 key=lambda a: (row_order.index(a) if a in row_order
                                                else len(row_order), str(a)))
