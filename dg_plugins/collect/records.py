@@ -446,11 +446,11 @@ def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
     return counted, notes
 
 
-def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
+def nonfinite_by_job(records: pd.DataFrame) -> dict[str, dict[str, str]]:
     """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
     per_job: dict[str, dict[str, list]] = {}
     for row, (job, found) in enumerate(zip(records["job"], records.get("nonfinite", ()))):
-        if not isinstance(found, tuple) or (jobs is not None and job not in jobs):
+        if not isinstance(found, tuple):
             continue
         for key, value in found:
             count = key.removesuffix("_acc") + "_count"
