@@ -178,11 +178,8 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
     per_cell = {key: list(values) for key, values in
                 chosen.groupby(["dataset", "algorithm", "test_env"], sort=False)["test_acc"]}
     # Averages: per trial (sorted), the mean over the test environments that trial has.
-    per_trial: dict = {}  # (algorithm, dataset) -> [mean of each trial]
-    coverage: dict = {}  # (algorithm, dataset) -> {trial: its test environments}
-    for (*cell, trial), runs in chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True):
-        per_trial.setdefault(tuple(cell), []).append(float(np.mean(list(runs["test_acc"]))))
-        coverage.setdefault(tuple(cell), {})[trial] = tuple(sorted(runs["test_env"].tolist()))
+    per_trial = {key: float(np.mean(list(values))) for key, values in
+                 chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
 
     tables = []
     for dataset in datasets:
@@ -198,8 +195,13 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
                             [*labels, "Avg"], rows, 20, dataset=dataset, not_run=not_run))
     rows = {}
     for algorithm in algorithms:
-        cells = [Cell.of(per_trial.get((algorithm, dataset), [])) for dataset in datasets]
+        cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
+                 for ds in datasets]
         rows[algorithm] = cells + [Cell.average(cells)]
+    coverage: dict = {}
+    for (algorithm, dataset, trial), envs in chosen.groupby(
+            ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
+        coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
     tables.append(Table("Averages", _header("Averages", method, test_key, header_note),
                         [*datasets, "Avg"], rows, 25, coverage=coverage,
                         not_run=tuple(d for d in datasets if d not in ran)))
