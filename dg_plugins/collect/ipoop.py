@@ -69,8 +69,6 @@ def add_pooled_subsets(records: pd.DataFrame) -> pd.DataFrame:
 
 def subset_keys(records: pd.DataFrame, ipoop: str = "both") -> list[SubsetKey]:
     """The IP/OOP keys (in split, pooled, or both, by ``ipoop``) some environment has."""
-    if ipoop not in IPOOP_CHOICES:
-        raise ValueError(f"ipoop must be one of {IPOOP_CHOICES}, not {ipoop!r}")
     keys = SUBSET_KEYS * (ipoop != "pooled") + POOLED_SUBSET_KEYS * (ipoop != "in")
     patterns = [re.compile(re.escape(k.template).replace(re.escape("{t}"), r"\d+")) for k in keys]
     return [key for key, pattern in zip(keys, patterns)

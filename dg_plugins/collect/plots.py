@@ -186,20 +186,19 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
             patch.set_gid(f"{row}|{keys[i]}")
         shown = {i: averages[row] if keys[i] == "Avg" and cells[i].n is None and row in averages
                  else cells[i] for i in present}
-        errors = [(i, cell.err) for i, cell in shown.items()
-                  if cell.err is not None and cell.n is not None and cell.n > 1]
+        errors = {i: cell.err for i, cell in shown.items()
+                  if cell.err is not None and cell.n is not None and cell.n > 1}
         if errors:
-            bars_err = ax.errorbar(xs[[i for i, _ in errors]], [cells[i].mean for i, _ in errors],
-                                   yerr=[err for _, err in errors], fmt="none", ecolor="black",
+            bars_err = ax.errorbar(xs[list(errors)], [cells[i].mean for i in errors],
+                                   yerr=list(errors.values()), fmt="none", ecolor="black",
                                    elinewidth=1, capsize=2)
             bars_err.lines[2][0].set_gid(f"{row}|err")
-        error_of = dict(errors)
         for i, cell in shown.items():
             if cell.n is None:
                 continue
-            low = cells[i].mean - error_of.get(i, 0.0)
+            low = cells[i].mean - errors.get(i, 0.0)
             inside = low >= 14  # room under the error bar
-            y = low - 1.0 if inside else cells[i].mean + error_of.get(i, 0.0) + 1.0
+            y = low - 1.0 if inside else cells[i].mean + errors.get(i, 0.0) + 1.0
             top = max(top, y + 9)
             ax.text(xs[i], y, f"n={cell.n}", ha="center", va="top" if inside else "bottom",
                     rotation=90, fontsize=SMALL, color="white" if inside else "black",
@@ -274,26 +273,18 @@ def curve_points(frame: pd.DataFrame, report: Report, kind: str = TEST_KEY
             {table.dataset for table in section.tables})]
         if chosen.empty:
             continue
-        points = selection.scored.merge(chosen[selection.run], on=selection.run)
-        order = (points["test_env"] if kind == TEST_KEY else points["source"]
+        order = (chosen["test_env"] if kind == TEST_KEY else chosen["source"]
                  if kind == SINGLE_SOURCE_KEY else pd.factorize(pd.Series(list(zip(
-                     points["label_fraction"], points["test_envs"]))), sort=True)[0])
-        parts.append(points.assign(method=section.method.key, signal=points["val_acc"],
-                                   order=order, panel=_panels(kind, points, labels_of)
-                                   )[POINT_COLUMNS])
-        picks.append(chosen.assign(method=section.method.key, score=chosen["val_acc"],
-                                   panel=_panels(kind, chosen, labels_of))[SELECTED_COLUMNS])
+                     chosen["label_fraction"], chosen["test_envs"]))), sort=True)[0])
+        chosen = chosen.assign(method=section.method.key, score=chosen["val_acc"], order=order,
+                               panel=_panels(kind, chosen, labels_of))  # one per run
+        points = selection.scored.merge(chosen[[*selection.run, "method", "order", "panel"]],
+                                        on=selection.run)
+        parts.append(points.assign(signal=points["val_acc"])[POINT_COLUMNS])
+        picks.append(chosen[SELECTED_COLUMNS])
     if not parts:
         return pd.DataFrame(columns=POINT_COLUMNS), pd.DataFrame(columns=SELECTED_COLUMNS)
     return pd.concat(parts, ignore_index=True), pd.concat(picks, ignore_index=True)
-
-
-def curve_summary(points: pd.DataFrame) -> pd.DataFrame:
-    """Per step: mean, lowest and highest over trials of ``signal`` and ``target``."""
-    per_trial = points.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
-    summary = per_trial.groupby("step").agg(["mean", "min", "max"])
-    summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
-    return summary.reset_index()
 
 
 def _cell_texts(report: Report, kind: str) -> dict:
@@ -374,8 +365,10 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                 f"{method.key} table: {cell}" if cell else panel), fontsize=NORMAL)
             if mine.empty:
                 continue
-            summary = curve_summary(mine)
-            steps = summary["step"].to_numpy(dtype=float)
+            per_trial = mine.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
+            summary = per_trial.groupby("step").agg(["mean", "min", "max"])  # over trials
+            summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
+            steps = summary.index.to_numpy(dtype=float)
             for key, line_color, style, label in (
                     ("signal", color, "--", signal_label),
                     ("target", "C1", "-", "target in-split: the tables' test accuracy")):
@@ -461,8 +454,7 @@ def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object
         row_order = list(dict.fromkeys(
             row.rsplit(" ", 1)[0] if kind == UDG_KEY else row
             for s in report.sections if s.test_key == kind for t in s.tables for row in t.rows))
-        for dataset in dict.fromkeys(points["dataset"]):
-            of_dataset = points[points["dataset"] == dataset]
+        for dataset, of_dataset in points.groupby("dataset", sort=False):
             algorithms = sorted(set(of_dataset["algorithm"]),
                                 key=lambda a: (row_order.index(a) if a in row_order
                                                else len(row_order), str(a)))

@@ -17,16 +17,12 @@ from operator import itemgetter
 from typing import Callable, NamedTuple
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from dg_plugins.job.flags import ROWS, compute_settings
 from dg_plugins.job.flags import names as flag_names
 from dg_plugins.job.folder import JOB_FILES, RESULTS_FILE, is_done
-
-try:  # a dependency, but parsing falls back to json without it
-    import orjson as _orjson
-except ImportError:
-    _orjson = None
 
 
 class _ArgValues(NamedTuple):
@@ -138,13 +134,11 @@ def nonfinite_keys(record) -> tuple:
 
 
 def parse_line(line: str):
-    """The JSON value of ``line`` (orjson when importable); ``ValueError`` if not JSON."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(line)
-        except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
-            pass
-    return json.loads(line)
+    """The JSON value of ``line`` (orjson's, else json's); ``ValueError`` if not JSON."""
+    try:
+        return orjson.loads(line)
+    except ValueError:  # NaN, Infinity, a lone surrogate, or invalid: json decides
+        return json.loads(line)
 
 
 def _arg_values(args) -> _ArgValues | str:
@@ -157,9 +151,11 @@ def _arg_values(args) -> _ArgValues | str:
     envs = args["test_envs"]
     if not isinstance(envs, list) or not all(type(e) is int for e in envs):
         return "args.test_envs is not a list of int"
+    fraction = args.get("label_fraction")  # UDG jobs' (a number); NaN otherwise
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+        fraction = math.nan
     return _ArgValues(args["trial_seed"], args["dataset"], args["algorithm"], tuple(envs),
-                      args["hparams_seed"], args.get("output_dir"),
-                      _fraction(args.get("label_fraction")),
+                      args["hparams_seed"], args.get("output_dir"), float(fraction),
                       tuple(compute_settings(args).items()) or math.nan,
                       _settings(args) or math.nan)
 
@@ -180,20 +176,6 @@ def _settings(args: dict) -> tuple:
         found.append((name, tuple(value) if isinstance(value, list) else
                       json.dumps(value, sort_keys=True) if isinstance(value, dict) else value))
     return tuple(found)
-
-
-def _environments(value) -> tuple | None:
-    """A record's ``environments`` labels as a tuple; None unless a list of strings."""
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    return None
-
-
-def _fraction(value) -> float:
-    """``args.label_fraction`` as a float; NaN when absent (non-UDG) or not a number."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return math.nan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,19 +201,12 @@ class _AccBlock:
     values: array = field(default_factory=lambda: array("d"))
     get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
 
-    def __post_init__(self) -> None:
-        self.get = _getter(self.keys)
+    def __post_init__(self) -> None:  # itemgetter gives a tuple for two keys or more
+        self.get = itemgetter(*self.keys) if len(self.keys) > 1 else (
+            lambda record: tuple(record[key] for key in self.keys))
 
     def matrix(self) -> np.ndarray:
         return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
-
-
-def _getter(keys: list[str]) -> Callable[[dict], tuple]:
-    if len(keys) > 1:  # record -> (record[k] for k in keys)
-        return itemgetter(*keys)
-    if keys:
-        return lambda record, key=keys[0]: (record[key],)
-    return lambda record: ()
 
 
 _get_step = itemgetter("step")
@@ -254,27 +229,25 @@ class _Columns:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
         numbers, records = [], []
         self._nonfinite_lines = {}
-        fast = _orjson.loads if _orjson is not None else None
+        fast = orjson.loads
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
                 continue
-            if fast is not None:
-                try:  # orjson rejects NaN and Infinity: a line it reads has none
-                    records.append(fast(line))
-                    numbers.append(number)
-                    continue
-                except ValueError:
-                    pass
+            try:  # orjson rejects NaN and Infinity: a line it reads has none
+                records.append(fast(line))
+                numbers.append(number)
+                continue
+            except ValueError:
+                pass
             try:
                 records.append(json.loads(line))
                 numbers.append(number)
             except ValueError as error:
                 self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
                 continue
-            if fast is not None or "NaN" in line or "Infinity" in line:  # json.dumps' spelling
-                keys = nonfinite_keys(records[-1])
-                if keys:
-                    self._nonfinite_lines[number] = keys
+            keys = nonfinite_keys(records[-1])
+            if keys:
+                self._nonfinite_lines[number] = keys
         if records and self._add_uniform(job, numbers, records):
             return
         for number, record in zip(numbers, records):  # line by line
@@ -326,7 +299,9 @@ class _Columns:
         self.steps.extend(map(_get_step, records))
         self.hparams.extend(record.get("hparams") for record in records)
         self.lines.extend(numbers)
-        environments = _environments(records[0].get("environments"))
+        labels = records[0].get("environments")  # kept when a list of strings
+        environments = (tuple(labels) if isinstance(labels, list) and labels
+                        and all(isinstance(v, str) for v in labels) else None)
         last = self.segments[-1] if self.segments else None
         if (last is not None and last.job == job and last.args is args
                 and last.environments == environments):
@@ -398,14 +373,12 @@ def _acc_sort_key(key: str):
 
 
 class JobProgress(NamedTuple):
-    """A sweep's job folders: their count, and those without ``done`` (running or failed)."""
+    """A sweep's job folders: their count, how many are done, those without ``done`` (running or
+    failed)."""
 
     total: int
+    done: int
     not_done: list[str]
-
-    @property
-    def done(self) -> int:
-        return self.total - len(self.not_done)
 
 
 def _job_folders(input_dir: str) -> list[str]:
@@ -419,11 +392,11 @@ def _job_folders(input_dir: str) -> list[str]:
 def job_progress(input_dir: str) -> JobProgress:
     """Count the job folders of ``input_dir`` and those done."""
     folders = _job_folders(input_dir)
-    return JobProgress(len(folders), [entry for entry in folders
-                                      if not is_done(os.path.join(input_dir, entry))])
+    not_done = [entry for entry in folders if not is_done(os.path.join(input_dir, entry))]
+    return JobProgress(len(folders), len(folders) - len(not_done), not_done)
 
 
-#: Why a job folder has no record in the tables (:func:`left_out_notes`), and what to do.
+#: Why a job folder has no record in the tables (:func:`folder_notes`), and what to do.
 DONE_EMPTY = f"done, but its {RESULTS_FILE} is empty (the job wrote no record)"
 DONE_ABSENT = f"done, but it has no {RESULTS_FILE}"
 UNREADABLE = f"its {RESULTS_FILE} cannot be read"
@@ -434,10 +407,16 @@ _LEFT_OUT_FIX = {DONE_EMPTY: _RELAUNCH, DONE_ABSENT: _RELAUNCH,
                  UNUSABLE: "the warnings above name the bad lines"}
 
 
-def left_out_notes(input_dir: str, jobs) -> list[str]:
-    """One note per reason naming the job folders not in ``jobs`` (those with records) that have
+def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
+    """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
+    ``done``; and one per reason naming the folders not in ``jobs`` (those with records) that have
     none: the results file cannot be read, holds no usable line, or is empty or absent although
-    the job is done. A folder not done with no record yet is :func:`job_progress`'s."""
+    the job is done (a folder not done with no record yet is only counted)."""
+    progress = job_progress(input_dir)
+    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
+    counted = [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running "
+               f"or incomplete: {shown}); the tables use the records written so far"
+               ] if progress.not_done else []
     found: dict[str, list[tuple[str, str]]] = {}  # reason -> (job, detail)
     for entry in _job_folders(input_dir):
         if entry in jobs:
@@ -464,24 +443,14 @@ def left_out_notes(input_dir: str, jobs) -> list[str]:
         names = ", ".join(f"{job} ({detail})" if detail else job for job, detail in folders)
         notes.append(f"{len(folders)} job folders are left out of the tables, each {reason}: "
                      f"{names}; {fix.replace('the folder', 'each folder')}.")
-    return notes
+    return counted, notes
 
 
-def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
-    """The notes on ``input_dir``'s job folders: ``k of n jobs done (...)`` when some lacks
-    ``done``, and :func:`left_out_notes`."""
-    progress = job_progress(input_dir)
-    shown = ", ".join(progress.not_done[:5]) + (", ..." if len(progress.not_done) > 5 else "")
-    return [f"{progress.done} of {progress.total} jobs done ({len(progress.not_done)} running or "
-            f"incomplete: {shown}); the tables use the records written so far"
-            ] if progress.not_done else [], left_out_notes(input_dir, jobs)
-
-
-def nonfinite_by_job(records: pd.DataFrame, jobs=None) -> dict[str, dict[str, str]]:
+def nonfinite_by_job(records: pd.DataFrame) -> dict[str, dict[str, str]]:
     """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
     per_job: dict[str, dict[str, list]] = {}
     for row, (job, found) in enumerate(zip(records["job"], records.get("nonfinite", ()))):
-        if not isinstance(found, tuple) or (jobs is not None and job not in jobs):
+        if not isinstance(found, tuple):
             continue
         for key, value in found:
             count = key.removesuffix("_acc") + "_count"

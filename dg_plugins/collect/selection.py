@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -48,15 +48,10 @@ class GroupedRecords:
             "test_env": test_env, "record": record, "n_test_envs": self.n_test_envs[record],
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
-        self._matrices: dict[str, np.ndarray] = {}
+        #: :func:`acc_matrix` of the records for a key template, computed once per template
+        self.accs = cache(partial(acc_matrix, self.records))
         self._env_counts: dict = {}
         self.selections: dict = {}  # method -> its standard_selection, made once
-
-    def accs(self, key: str) -> np.ndarray:
-        """:func:`acc_matrix` of the records for the template ``key``, computed once."""
-        if key not in self._matrices:
-            self._matrices[key] = acc_matrix(self.records, key)
-        return self._matrices[key]
 
     def read(self, key: str, reads: Mapping[str, str]) -> np.ndarray:
         """:meth:`accs` as a method declared to read ``reads`` sees it: NaN outside the
@@ -321,14 +316,25 @@ class Selection:
     run: list[str]
 
 
-def select_by_masks(runs: pd.DataFrame, out_acc: np.ndarray, sources: np.ndarray,
-                    targets: np.ndarray, method: SelectionMethod) -> tuple:
+def select_by_masks(runs: pd.DataFrame, run: list[str], method: SelectionMethod,
+                    out_acc: np.ndarray, sources: np.ndarray, targets: np.ndarray,
+                    accs: np.ndarray, averaged: np.ndarray) -> Selection:
     """DomainBed's iid and oracle for runs with several sources or targets (single-source, UDG):
-    the runs scored by the mean out-split of ``sources`` (iid) or ``targets`` (oracle), and the
-    best run per group."""
-    mask = sources if method is IID else targets
-    scored = runs.assign(val_acc=masked_mean(out_acc[runs["record"].to_numpy()], mask))
-    return scored, best_run(method.checkpoint(scored))
+    ``runs`` (a row per record, ``record`` ascending) grouped by their ``run`` columns but
+    hparams_seed, scored by the mean ``out_acc`` of ``sources`` (iid) or ``targets`` (oracle); the
+    best run per group, with ``acc{i}`` from ``accs`` and ``target``, their mean over ``averaged``.
+    Masks and ``accs`` have a row per run, ``out_acc`` per record."""
+    if runs.empty:
+        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
+    rows = runs["record"].to_numpy()
+    scored = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in run[:-1])),
+                         val_acc=masked_mean(out_acc[rows], sources if method is IID else targets))
+    chosen = best_run(method.checkpoint(scored))
+    at = np.searchsorted(rows, chosen["record"].to_numpy())
+    for i in range(accs.shape[1]):
+        chosen[f"acc{i}"] = accs[at, i]
+    chosen["target"] = masked_mean(accs[at], averaged[at])
+    return Selection(scored, chosen, run)
 
 
 def standard_selection(records: pd.DataFrame | GroupedRecords,

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
-                                          SelectionMethod, group_ids, group_records, masked_mean,
+                                          SelectionMethod, group_records, masked_mean,
                                           select_by_masks)
 from dg_plugins.job.selection import SELECTION_READS, single_source_of
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
@@ -46,8 +46,6 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords,
 
 
 def _default_datasets(grouped: GroupedRecords, runs: pd.DataFrame) -> list[str]:
-    if runs.empty:
-        return []
     singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
     return [dataset for dataset, rows in runs.groupby("dataset", sort=False)
             if rows["n_envs"].max() >= 4 or dataset not in singles]
@@ -62,25 +60,15 @@ def single_source_selection(records: pd.DataFrame | GroupedRecords, method: Sele
                          f"not {method.key!r}")
     grouped = group_records(records)
     runs = single_source_runs(grouped) if runs is None else runs
-    if runs.empty:
-        return Selection(runs, runs.assign(val_acc=[], group=[]), RUN)
-    runs = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in RUN[:4])))
     reads = READS[method.key]
     in_acc, out_acc = grouped.read("env{t}_in_acc", reads), grouped.read("env{t}_out_acc", reads)
-    rows, source, width = runs["record"].to_numpy(), runs["source"].to_numpy(), in_acc.shape[1]
-    columns = np.arange(width)[None, :]
-    sources = columns == source[:, None]
+    rows, columns = runs["record"].to_numpy(), np.arange(in_acc.shape[1])[None, :]
+    sources = columns == runs["source"].to_numpy()[:, None]
     targets = ~sources & (columns < runs["n_envs"].to_numpy()[:, None])
     runs = runs.assign(target=masked_mean(in_acc[rows], targets),
                        job=grouped.records["job"].to_numpy()[rows])
-    scored, chosen = select_by_masks(runs, out_acc, sources, targets, method)
-    chosen_rows, chosen_source = chosen["record"].to_numpy(), chosen["source"].to_numpy()
-    accs = in_acc[chosen_rows].copy()
-    accs[np.arange(len(chosen)), chosen_source] = out_acc[chosen_rows, chosen_source]
-    for i in range(width):
-        chosen[f"acc{i}"] = accs[:, i]
-    chosen["target"] = masked_mean(accs, columns != chosen_source[:, None])
-    return Selection(scored, chosen, RUN)
+    return select_by_masks(runs, RUN, method, out_acc, sources, targets,
+                           np.where(sources, out_acc[rows], in_acc[rows]), ~sources)
 
 
 def select_single_source(records: pd.DataFrame | GroupedRecords,
@@ -96,15 +84,10 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
     the method's, made here if not given)."""
     grouped = group_records(records)
     chosen = (selection or single_source_selection(grouped, method)).chosen
-    if datasets is None:
-        datasets = sorted(set(chosen["dataset"]), key=str)
-    algorithms = algorithm_order(grouped)
-    tables = []
-    for dataset in [d for d in dataset_order(grouped) if d in datasets]:
+    algorithms, tables = algorithm_order(grouped), []
+    for dataset in [d for d in dataset_order(grouped) if datasets is None or d in datasets]:
         labels = environment_labels(grouped.records, dataset)
-        of_dataset = chosen[chosen["dataset"] == dataset]
-        for source in sorted(set(of_dataset["source"].tolist())):
-            at_source = of_dataset[of_dataset["source"] == source]
+        for source, at_source in chosen[chosen["dataset"] == dataset].groupby("source"):
             rows = {}
             for algorithm in algorithms:
                 mine = at_source[at_source["algorithm"] == algorithm]

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins.collect.selection import (IID, ORACLE, GroupedRecords, Selection,
-                                          SelectionMethod, group_ids, group_records, masked_mean,
+                                          SelectionMethod, group_records, masked_mean,
                                           select_by_masks)
 from dg_plugins.job.selection import SELECTION_READS
 from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, dataset_order,
@@ -39,22 +39,14 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     runs = pd.DataFrame({"record": rows, **{
         name: records[f"args.{name}"].to_numpy() for name in run},
         "step": records["step"].to_numpy(), "job": records["job"].to_numpy()})
-    if runs.empty:
-        return Selection(runs, runs.assign(val_acc=[], group=[]), run)
     runs["label_fraction"] = runs["label_fraction"].astype(float)
-    runs["group"] = group_ids(*(runs[c].to_numpy() for c in run[:5]))
     reads = SELECTION_READS["udg"][method.key]
     out, inn = grouped.read("env{t}_out_acc", reads), grouped.read("env{t}_in_acc", reads)
     targets = grouped.is_test(out.shape[1])
     inside = np.arange(out.shape[1])[None, :] < grouped.env_counts(reads)[:, None]
-    runs = runs.assign(target=masked_mean(inn, targets))
-    scored, chosen = select_by_masks(runs, out, inside & ~targets, inside & targets, method)
-    rows = chosen["record"].to_numpy()
-    accs = np.where(targets[rows], inn[rows], np.nan)
-    for t in range(out.shape[1]):
-        chosen[f"acc{t}"] = accs[:, t]
-    chosen["target"] = masked_mean(accs, np.ones_like(accs, dtype=bool))
-    return Selection(scored, chosen, run)
+    return select_by_masks(runs.assign(target=masked_mean(inn, targets)), run, method, out,
+                           inside & ~targets, inside & targets, np.where(targets, inn, np.nan),
+                           targets)
 
 
 def select_udg(records: pd.DataFrame, method: SelectionMethod) -> pd.DataFrame:
@@ -73,16 +65,12 @@ def _udg_tables(grouped: GroupedRecords, method: SelectionMethod, chosen: pd.Dat
     algorithms, tables = algorithm_order(grouped), []
     for dataset in dataset_order(grouped):
         labels = environment_labels(grouped.records, dataset)
-        of_dataset = chosen[chosen["dataset"] == dataset]
-        for envs in sorted(set(of_dataset["test_envs"].tolist())):
-            mine = of_dataset[of_dataset["test_envs"] == envs]
+        for envs, mine in chosen[chosen["dataset"] == dataset].groupby("test_envs"):
             names = [labels[t] if t < len(labels) else str(t) for t in envs]
             rows = {}
             for algorithm in algorithms:
-                for fraction in sorted(set(mine.loc[mine["algorithm"] == algorithm,
-                                                    "label_fraction"].tolist())):
-                    runs = mine[(mine["algorithm"] == algorithm)
-                                & (mine["label_fraction"] == fraction)]
+                of_algorithm = mine[mine["algorithm"] == algorithm]
+                for fraction, runs in of_algorithm.groupby("label_fraction"):
                     accs = runs[[f"acc{t}" for t in envs]].to_numpy(dtype=float)
                     cells = [Cell.of(v for v in accs[:, i] if not np.isnan(v))
                              for i in range(len(envs))]

@@ -45,12 +45,7 @@ def test_fixture_columns_and_values(sweep):
     assert row["env2_out_acc"] == record["env2_out_acc"]
 
 
-@pytest.mark.parametrize("use_orjson", [True, False], ids=["orjson", "json"])
-def test_parse_line_matches_json_loads(use_orjson, monkeypatch):
-    if not use_orjson:
-        monkeypatch.setattr(R, "_orjson", None)
-    elif R._orjson is None:
-        pytest.skip("orjson is not importable")
+def test_parse_line_matches_json_loads():
     args = {"algorithm": "ERM", "hparams": '{"lr": 1}', "test_envs": [0], "trial_seed": 0}
     base = json.dumps({"args": args, "env0_in_acc": 0.5, "step": 1}, sort_keys=True)
     lines = [
@@ -264,17 +259,3 @@ def test_no_torch_at_import():
     code = ("import sys, dg_plugins.collect.records; "
             "assert not {'torch', 'torchvision'} & set(sys.modules), sys.modules.keys()")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_orjson_and_json_give_the_same_frame(sweep, monkeypatch):
-    """Lines go through orjson; lines it rejects (NaN) fall back to json; without orjson, json
-    reads everything: the frames are equal."""
-    if R._orjson is None:
-        pytest.skip("orjson is not importable")
-    path = job_dirs(sweep)[0] / "results.jsonl"
-    lines = path.read_text().splitlines()
-    path.write_text("\n".join(lines[:-1] + [lines[-1].replace('"loss": ', '"loss": NaN, "x": ')])
-                    + "\n")
-    with_orjson = R.load_records(str(sweep))
-    monkeypatch.setattr(R, "_orjson", None)
-    assert R.load_records(str(sweep)).equals(with_orjson)
