@@ -93,9 +93,15 @@ def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
     raise damaged(path, " ".join(str(damage).split())[:800], fix)
 
 
-def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
-                     fix: str = RESTART_FIX, scaler=None) -> None:
-    """Restore what :func:`save_checkpoint` saved; a misfit raises :class:`DamagedCheckpoint`."""
+def restore_checkpoint(job) -> dict:
+    """Load ``job``'s checkpoint into its model, streams, RNGs and scaler and return it; another
+    configuration raises JobStateError, a misfit :class:`DamagedCheckpoint` (nothing changed)."""
+    path, fix, algorithm = job.checkpoint_path, job.checkpoint_fix, job.algorithm
+    state = read_checkpoint(path, fix)
+    if diffs := checkpoint_differences(state, job.record_args, job.hparams):
+        raise JobStateError("--resume with other arguments than the interrupted run would mix "
+                            "two configurations in one results file:\n  " + "\n  ".join(diffs)
+                            + "\nRerun with the original arguments, or start over with --force.")
     try:
         if hasattr(algorithm, "load_resume_state"):  # before the state_dict: buffers' shapes
             algorithm.load_resume_state(state["algorithm_state"], state["model"])
@@ -104,16 +110,17 @@ def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoin
             opt.load_state_dict(state["optimizers"][name])
         for name, scheduler in algorithm.schedulers().items():
             scheduler.load_state_dict(state["schedulers"][name])
-        for stream, s in zip(streams, state["streams"]):
+        for stream, s in zip(job.streams, state["streams"]):
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
-        if scaler is not None:
-            scaler.load_state_dict(state["grad_scaler"])
+        if job.scaler is not None:
+            job.scaler.load_state_dict(state["grad_scaler"])
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
         reason = " ".join(str(err).split())
         raise DamagedCheckpoint(f"{path} does not fit this job's model and cannot be resumed "
                                 f"from (written by an incompatible version?): {type(err).__name__}"
                                 f": {reason[:500]}. Nothing was changed on disk. {fix}.") from None
+    return state
 
 
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:

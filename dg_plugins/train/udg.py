@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
-from dg_plugins.networks.pretrained import note_weights, recording_weights
+from dg_plugins.networks.pretrained import note_weights
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.job.flags import compute_settings, flag
 from dg_plugins.seeds import seed_everything, seed_hash
@@ -139,34 +139,36 @@ class PretrainJob(job_lib.Job):
         self.checkpoint_fix = redo_pretraining(folder)
         self.resuming = True
 
-    def build(self) -> None:
-        p = self.parent
+    def build_data(self) -> None:
         remove_temporary_files(self.folder)
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
-        seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
-        self.dataset, self.train_envs, self.hparams = p.dataset, p.train_envs, p.hparams
-        with recording_weights() as loaded:
-            self.algorithm = self.make_algorithm()
-        job_lib.print_weights(loaded)
-        self.algorithm.to(self.device)
+        seed_everything(seed_hash(self.args.seed, "udg_pretrain"))
         # The checkpoint is checked against the identity's hparams: jobs that share this
         # pretraining may differ in their fine-tuning hparams.
+        self.dataset, self.train_envs = self.parent.dataset, self.parent.train_envs
         self.hparams = self.identity["hparams"]
-        batch = p.hparams["batch_size"]
+
+    def make_algorithm(self):
+        return job_lib.Job.make_algorithm(self.parent)  # the job's algorithm, its hparams
+
+    def make_streams(self, batch_size: int) -> list:
+        p = self.parent
         sets = [pretraining_set(p, i) for i in p.train_envs]
-        # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
-        self.algorithm.epoch_steps = sum(map(len, sets)) / (batch * len(sets))
+        # the release's epoch: one pass over the pooled sets at `batch_size` per domain
+        self.epoch = sum(map(len, sets)) / (batch_size * len(sets))
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
-              f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
-        self.streams = [batches.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
-                                            num_workers=p.workers)
-                        for s, i in zip(sets, p.train_envs)]
-        self.n_train_streams = len(self.streams)
-        self.n_steps = self.identity["pretrain_steps"]
-        self.checkpoint_freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
-        self.prepare_compute()
+              f"an epoch is {self.epoch:.1f} steps")
+        self.n_train_streams = len(sets)
+        return [batches.BatchStream(s, batch_size, seed_hash(p.args.seed, "udg_pretrain", i),
+                                    num_workers=p.workers) for s, i in zip(sets, p.train_envs)]
+
+    def length(self) -> int:
+        return self.identity["pretrain_steps"]
+
+    def epoch_length(self) -> float:
+        return self.epoch
 
     def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
