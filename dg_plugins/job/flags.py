@@ -100,6 +100,7 @@ GROUPS = {
 }
 
 _DB = {"records": ALWAYS, "hashed": True, "sweep": ENUMERATED}  # DomainBed's flags
+_OPTIONAL = {"records": ALWAYS, "hashed": True, "sweep": OPTIONAL}  # DomainBed's, passed if given
 _GIVEN = {"records": GIVEN, "hashed": True, "sweep": EVERY}  # in the records when given
 _COMPUTE = {"setting": True, "group": "compute", "records": NOT_DEFAULT, "hashed": True,
             "sweep": EVERY}
@@ -111,21 +112,20 @@ FLAGS = (
     Flag("algorithm", "ERM", str, **_DB),
     Flag("task", "domain_generalization", str, choices=("domain_generalization",
                                                         "domain_adaptation"), **_DB, paper=True),
-    Flag("hparams", type=str, help="JSON-serialized hparams dict", records=ALWAYS, hashed=True,
-         sweep=OPTIONAL),
+    Flag("hparams", type=str, help="JSON-serialized hparams dict", **_OPTIONAL),
     Flag("hparams_seed", 0, int, "Seed for random hparams (0 means 'default hparams')", **_DB),
     Flag("trial_seed", 0, int, "Trial number (used for seeding split_dataset and random_hparams).",
          **_DB),
     Flag("seed", 0, int, "Seed for everything else", **_DB),
-    Flag("steps", None, int, "Number of steps. Default is dataset-dependent.", records=ALWAYS,
-         hashed=True, sweep=OPTIONAL, paper=True),
+    Flag("steps", None, int, "Number of steps. Default is dataset-dependent.", **_OPTIONAL,
+         paper=True),
     Flag("checkpoint_freq", None, int, "Checkpoint every N steps. Default is dataset-dependent.",
-         records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+         **_OPTIONAL, paper=True),
     Flag("test_envs", [0], int, nargs="+", **_DB),
     Flag("output_dir", "train_output", str, records=ALWAYS, sweep=ENUMERATED, resumable=True),
     Flag("holdout_fraction", 0.2, float, **_DB, paper=True),
     Flag("uda_holdout_fraction", 0, float, "For domain adaptation, %% of test to use unlabeled "
-         "for training.", records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+         "for training.", **_OPTIONAL, paper=True),
     Flag("skip_model_save", False, store_true=True, records=ALWAYS),
     Flag("save_model_every_checkpoint", False, store_true=True, records=ALWAYS),
     # dg_plugins additions

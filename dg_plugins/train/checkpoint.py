@@ -106,10 +106,9 @@ def restore_checkpoint(job) -> dict:
         if hasattr(algorithm, "load_resume_state"):  # before the state_dict: buffers' shapes
             algorithm.load_resume_state(state["algorithm_state"], state["model"])
         algorithm.load_state_dict(state["model"])
-        for name, opt in algorithm.optimizers().items():
-            opt.load_state_dict(state["optimizers"][name])
-        for name, scheduler in algorithm.schedulers().items():
-            scheduler.load_state_dict(state["schedulers"][name])
+        for key in ("optimizers", "schedulers"):
+            for name, part in getattr(algorithm, key)().items():
+                part.load_state_dict(state[key][name])
         for stream, s in zip(job.streams, state["streams"]):
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
