@@ -122,6 +122,15 @@ def restore_checkpoint(job) -> dict:
     return state
 
 
+def _shown(args: dict, key: str) -> tuple[str, str]:
+    """``(value, note)`` of flag ``key`` in ``args`` as a difference names it."""
+    if args.get(key) is not None:
+        return repr(args[key]), ""
+    if key in ROWS and ROWS[key].records == NOT_DEFAULT:
+        return repr(ROWS[key].default), " (the default)"
+    return "not given", ""
+
+
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
     """What differs between the checkpoint's run and this command (but resumable flags). An
     hparam the checkpoint lacks (added since) is unchanged when it is now at its default."""
@@ -131,22 +140,15 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
     diffs = []
     for key in sorted(set(old_args) | set(record_args)):
         if not (key in ROWS and ROWS[key].resumable) and old_args.get(key) != record_args.get(key):
-            (old, old_note), (new, new_note) = (
-                (repr(args[key]), "") if args.get(key) is not None else
-                (repr(ROWS[key].default), " (the default)")
-                if key in ROWS and ROWS[key].records == NOT_DEFAULT else ("not given", "")
-                for args in (old_args, record_args))
+            (old, old_note), (new, new_note) = _shown(old_args, key), _shown(record_args, key)
             diffs.append(f"--{key}: {old} in the checkpoint{old_note}, {new} now{new_note}")
-    defaults = None
+    added = set(hparams) - set(old_hparams)
+    defaults = hparams_lib.default_hparams(record_args.get("algorithm"),
+                                           record_args.get("dataset")) if added else {}
     for key in sorted(set(old_hparams) | set(hparams)):
-        if key not in old_hparams and key in hparams:
-            if defaults is None:
-                defaults = hparams_lib.default_hparams(record_args.get("algorithm"),
-                                                       record_args.get("dataset"))
-            if key in defaults and hparams[key] == defaults[key]:
-                continue  # added after that checkpoint was written, left at its default
+        if key in added and key in defaults and hparams[key] == defaults[key]:
+            continue  # added after that checkpoint was written, left at its default
         if old_hparams.get(key) != hparams.get(key):
             diffs.append(f"hparam {key}: {old_hparams.get(key)!r} in the checkpoint, "
                          f"{hparams.get(key)!r} now")
     return diffs
-

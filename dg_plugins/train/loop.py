@@ -385,12 +385,11 @@ class Job:
             self.start_workers()
             self.restore()
             interval = flag(self.args, "progress_every")
-            progress = Progress(
-                self.n_steps, self.start_step,
-                lambda step: sizes.records_after(step, self.n_steps, self.checkpoint_freq),
-                f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
-                DEFAULT_INTERVAL_S if interval is None else interval)
-            try:
+            with contextlib.closing(Progress(
+                    self.n_steps, self.start_step,
+                    lambda step: sizes.records_after(step, self.n_steps, self.checkpoint_freq),
+                    f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
+                    DEFAULT_INTERVAL_S if interval is None else interval)) as progress:
                 for step in range(self.start_step, self.n_steps):
                     seconds = self.train_step(step)
                     for hook in STEP_HOOKS:
@@ -412,8 +411,6 @@ class Job:
                                           "the same command with --resume to continue")
                     if recorded and stop_after_step is not None and step >= stop_after_step:
                         return "stopped"
-            finally:
-                progress.close()
             self.finish()
             return "done"
 
