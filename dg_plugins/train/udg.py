@@ -46,10 +46,10 @@ def labelled_count(n: int, fraction: float) -> int:
     return max(1, min(n, int(round(fraction * n))))
 
 
-def labelled_subset(split, fraction: float, trial_seed: int, env: int):
+def labelled_subset(split, fraction: float, trial_seed: int, env: int, tag: str = "udg_labels"):
     """The first ``max(1, round(F * n))`` items of a permutation drawn from ``seed_hash(trial_seed,
-    env, "udg_labels")``: fixed by the trial and nested across fractions."""
-    order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
+    env, tag)``: fixed by the trial and nested across fractions (also the release's 99% share)."""
+    order = np.random.RandomState(seed_hash(trial_seed, env, tag)).permutation(len(split))
     return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
 
 
@@ -75,11 +75,8 @@ def pretraining_set(job, env: int):
     of the environment, drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")``."""
     if job.udg_split != "release":
         return job.splits.in_splits[env][0]
-    whole = job.dataset[env]
-    order = np.random.RandomState(seed_hash(job.args.trial_seed, env, "udg_pretrain_split")) \
-        .permutation(len(whole))
-    keep = max(1, int(round(RELEASE_PRETRAIN_SHARE * len(whole))))
-    return SplitDataset(whole, order[:keep].tolist())
+    return labelled_subset(job.dataset[env], RELEASE_PRETRAIN_SHARE, job.args.trial_seed, env,
+                           "udg_pretrain_split")
 
 
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
