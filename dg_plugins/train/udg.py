@@ -27,7 +27,7 @@ from dg_plugins.train.checkpoint import check_checkpoint_file
 from dg_plugins.job.folder import (FolderBusy, FolderLock, JobStateError, is_done,
                                    remove_temporary_files)
 from dg_plugins.job.records import append_record, keep_counted_records
-from dg_plugins.train.splits import SplitDataset, class_balanced_weights
+from dg_plugins.train.splits import class_balanced_weights, split_dataset
 
 PRETRAIN_DIRNAME = "udg_pretrain"
 PRETRAINED_FILE = "pretrained.pt"
@@ -49,8 +49,8 @@ def labelled_count(n: int, fraction: float) -> int:
 def labelled_subset(split, fraction: float, trial_seed: int, env: int, tag: str = "udg_labels"):
     """The first ``max(1, round(F * n))`` items of a permutation drawn from ``seed_hash(trial_seed,
     env, tag)``: fixed by the trial and nested across fractions (also the release's 99% share)."""
-    order = np.random.RandomState(seed_hash(trial_seed, env, tag)).permutation(len(split))
-    return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
+    return split_dataset(split, labelled_count(len(split), fraction),
+                         seed_hash(trial_seed, env, tag))[0]
 
 
 #: Share of each source environment ``--udg_split release`` pretrains on (the release's).
