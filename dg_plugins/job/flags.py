@@ -100,6 +100,7 @@ GROUPS = {
 }
 
 _DB = {"records": ALWAYS, "hashed": True, "sweep": ENUMERATED}  # DomainBed's flags
+_OPTIONAL = {"records": ALWAYS, "hashed": True, "sweep": OPTIONAL}  # DomainBed's, passed if given
 _GIVEN = {"records": GIVEN, "hashed": True, "sweep": EVERY}  # in the records when given
 _COMPUTE = {"setting": True, "group": "compute", "records": NOT_DEFAULT, "hashed": True,
             "sweep": EVERY}
@@ -111,21 +112,20 @@ FLAGS = (
     Flag("algorithm", "ERM", str, **_DB),
     Flag("task", "domain_generalization", str, choices=("domain_generalization",
                                                         "domain_adaptation"), **_DB, paper=True),
-    Flag("hparams", type=str, help="JSON-serialized hparams dict", records=ALWAYS, hashed=True,
-         sweep=OPTIONAL),
+    Flag("hparams", type=str, help="JSON-serialized hparams dict", **_OPTIONAL),
     Flag("hparams_seed", 0, int, "Seed for random hparams (0 means 'default hparams')", **_DB),
     Flag("trial_seed", 0, int, "Trial number (used for seeding split_dataset and random_hparams).",
          **_DB),
     Flag("seed", 0, int, "Seed for everything else", **_DB),
-    Flag("steps", None, int, "Number of steps. Default is dataset-dependent.", records=ALWAYS,
-         hashed=True, sweep=OPTIONAL, paper=True),
+    Flag("steps", None, int, "Number of steps. Default is dataset-dependent.", **_OPTIONAL,
+         paper=True),
     Flag("checkpoint_freq", None, int, "Checkpoint every N steps. Default is dataset-dependent.",
-         records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+         **_OPTIONAL, paper=True),
     Flag("test_envs", [0], int, nargs="+", **_DB),
     Flag("output_dir", "train_output", str, records=ALWAYS, sweep=ENUMERATED, resumable=True),
     Flag("holdout_fraction", 0.2, float, **_DB, paper=True),
     Flag("uda_holdout_fraction", 0, float, "For domain adaptation, %% of test to use unlabeled "
-         "for training.", records=ALWAYS, hashed=True, sweep=OPTIONAL, paper=True),
+         "for training.", **_OPTIONAL, paper=True),
     Flag("skip_model_save", False, store_true=True, records=ALWAYS),
     Flag("save_model_every_checkpoint", False, store_true=True, records=ALWAYS),
     # dg_plugins additions
@@ -358,6 +358,26 @@ def sweep_job_args(args, hashed: bool) -> dict:
 # Range checks (train before it writes anything, sweep before it enumerates)
 
 
+def _positive(fix: str) -> tuple:
+    return (lambda v: v >= 1, "must be a positive integer, got {} (leave it out for " + fix + ")")
+
+
+_FRACTION = (lambda v: 0 <= v < 1, "must be in [0, 1), got {}")
+#: Per flag, in the order checked: (whether a given value is valid, the error after ``--name``).
+RANGES = {
+    "eval_batch_size": _positive("DomainBed's 64"),
+    "steps": _positive("the dataset's default"),
+    "checkpoint_freq": _positive("the dataset's default"),
+    "n_workers": (lambda v: v >= 0, "must be >= 0, got {} (0: load in the job's process; leave "
+                  "it out for one worker per core)"),
+    "data_dir": (lambda v: not os.path.isfile(v), "{} is a file, not a folder; pass the folder "
+                 "that holds the dataset (e.g. the one holding PACS/)"),
+    "progress_every": (lambda v: v >= 0, "must be >= 0 seconds, got {}"),
+    "holdout_fraction": _FRACTION,
+    "uda_holdout_fraction": _FRACTION,
+}
+
+
 def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
     """Raise ValueError naming the flag and the fix for a flag of ``args`` (those it has) out of
     range or a combination that cannot run; ``fractions``: the label fractions (named
@@ -367,18 +387,7 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
     if duplicates:
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
-    fraction = (lambda v: 0 <= v < 1, "must be in [0, 1), got {}")
-    for name, (ok, rule) in {
-            **{name: (lambda v: v >= 1, "must be a positive integer, got {} (leave it out for "
-                      f"{fix})") for name, fix in (("eval_batch_size", "DomainBed's 64"),
-                                                   ("steps", "the dataset's default"),
-                                                   ("checkpoint_freq", "the dataset's default"))},
-            "n_workers": (lambda v: v >= 0, "must be >= 0, got {} (0: load in the job's process; "
-                          "leave it out for one worker per core)"),
-            "data_dir": (lambda v: not os.path.isfile(v), "{} is a file, not a folder; pass the "
-                         "folder that holds the dataset (e.g. the one holding PACS/)"),
-            "progress_every": (lambda v: v >= 0, "must be >= 0 seconds, got {}"),
-            "holdout_fraction": fraction, "uda_holdout_fraction": fraction}.items():
+    for name, (ok, rule) in RANGES.items():
         if (given := _get(args, name)) is not None and not ok(given):
             raise ValueError(f"--{name} " + rule.format(given))
     given = [name for name in UDG_PROTOCOL_ARGS if _get(args, name) is not None]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from pathlib import Path
 
 from dg_plugins.files import atomic_write_bytes
 from dg_plugins.job.folder import RESULTS_FILE, JobStateError
@@ -23,10 +24,7 @@ def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
 
 def read_record_lines(path: str) -> list[bytes]:
     """The lines of ``results.jsonl``, each with its newline (a torn last line without)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, "rb") as f:
-        return f.read().splitlines(keepends=True)
+    return Path(path).read_bytes().splitlines(keepends=True) if os.path.exists(path) else []
 
 
 def last_record(folder: str | None) -> dict | None:

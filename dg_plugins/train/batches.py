@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, default_collate
 
 from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
@@ -324,19 +324,13 @@ class BatchStream(Stream):
         return tensors[0][picked], tensors[1][picked]
 
 
-class _Union(Dataset):
+class _Union(ConcatDataset):
     """The items of several splits one after the other, each as ``(x, y, split number)``."""
 
-    def __init__(self, splits):
-        self.splits = list(splits)
-        self.offsets = np.cumsum([0] + [len(s) for s in self.splits]).tolist()
-
-    def __len__(self) -> int:
-        return self.offsets[-1]
-
     def _item(self, index, read):
-        part = bisect.bisect_right(self.offsets, index) - 1
-        x, y = read(self.splits[part], index - self.offsets[part])[:2]
+        part = bisect.bisect_right(self.cumulative_sizes, index)
+        start = self.cumulative_sizes[part - 1] if part else 0
+        x, y = read(self.datasets[part], index - start)[:2]
         return x, y, part
 
     def __getitem__(self, index):
@@ -348,7 +342,7 @@ class _Union(Dataset):
     def finisher(self):
         """The splits' shared finisher (None when one has none or they differ; a device
         augmentation beside another finisher raises: a pooled batch is finished at once)."""
-        finishers = [finisher_of(split) for split in self.splits]
+        finishers = [finisher_of(split) for split in self.datasets]
         if any(f is None for f in finishers):
             return None
         if any(f.key != finishers[0].key for f in finishers[1:]):

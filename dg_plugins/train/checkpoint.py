@@ -93,27 +93,42 @@ def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
     raise damaged(path, " ".join(str(damage).split())[:800], fix)
 
 
-def apply_checkpoint(state: dict, algorithm, streams, path: str = "the checkpoint",
-                     fix: str = RESTART_FIX, scaler=None) -> None:
-    """Restore what :func:`save_checkpoint` saved; a misfit raises :class:`DamagedCheckpoint`."""
+def restore_checkpoint(job) -> dict:
+    """Load ``job``'s checkpoint into its model, streams, RNGs and scaler and return it; another
+    configuration raises JobStateError, a misfit :class:`DamagedCheckpoint` (nothing changed)."""
+    path, fix, algorithm = job.checkpoint_path, job.checkpoint_fix, job.algorithm
+    state = read_checkpoint(path, fix)
+    if diffs := checkpoint_differences(state, job.record_args, job.hparams):
+        raise JobStateError("--resume with other arguments than the interrupted run would mix "
+                            "two configurations in one results file:\n  " + "\n  ".join(diffs)
+                            + "\nRerun with the original arguments, or start over with --force.")
     try:
         if hasattr(algorithm, "load_resume_state"):  # before the state_dict: buffers' shapes
             algorithm.load_resume_state(state["algorithm_state"], state["model"])
         algorithm.load_state_dict(state["model"])
-        for name, opt in algorithm.optimizers().items():
-            opt.load_state_dict(state["optimizers"][name])
-        for name, scheduler in algorithm.schedulers().items():
-            scheduler.load_state_dict(state["schedulers"][name])
-        for stream, s in zip(streams, state["streams"]):
+        for key in ("optimizers", "schedulers"):
+            for name, part in getattr(algorithm, key)().items():
+                part.load_state_dict(state[key][name])
+        for stream, s in zip(job.streams, state["streams"]):
             stream.load_state_dict(s)
         set_rng_state(state["rng"])
-        if scaler is not None:
-            scaler.load_state_dict(state["grad_scaler"])
+        if job.scaler is not None:
+            job.scaler.load_state_dict(state["grad_scaler"])
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as err:
         reason = " ".join(str(err).split())
         raise DamagedCheckpoint(f"{path} does not fit this job's model and cannot be resumed "
                                 f"from (written by an incompatible version?): {type(err).__name__}"
                                 f": {reason[:500]}. Nothing was changed on disk. {fix}.") from None
+    return state
+
+
+def _shown(args: dict, key: str) -> tuple[str, str]:
+    """``(value, note)`` of flag ``key`` in ``args`` as a difference names it."""
+    if args.get(key) is not None:
+        return repr(args[key]), ""
+    if key in ROWS and ROWS[key].records == NOT_DEFAULT:
+        return repr(ROWS[key].default), " (the default)"
+    return "not given", ""
 
 
 def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> list[str]:
@@ -125,22 +140,15 @@ def checkpoint_differences(state: dict, record_args: dict, hparams: dict) -> lis
     diffs = []
     for key in sorted(set(old_args) | set(record_args)):
         if not (key in ROWS and ROWS[key].resumable) and old_args.get(key) != record_args.get(key):
-            (old, old_note), (new, new_note) = (
-                (repr(args[key]), "") if args.get(key) is not None else
-                (repr(ROWS[key].default), " (the default)")
-                if key in ROWS and ROWS[key].records == NOT_DEFAULT else ("not given", "")
-                for args in (old_args, record_args))
+            (old, old_note), (new, new_note) = _shown(old_args, key), _shown(record_args, key)
             diffs.append(f"--{key}: {old} in the checkpoint{old_note}, {new} now{new_note}")
-    defaults = None
+    added = set(hparams) - set(old_hparams)
+    defaults = hparams_lib.default_hparams(record_args.get("algorithm"),
+                                           record_args.get("dataset")) if added else {}
     for key in sorted(set(old_hparams) | set(hparams)):
-        if key not in old_hparams and key in hparams:
-            if defaults is None:
-                defaults = hparams_lib.default_hparams(record_args.get("algorithm"),
-                                                       record_args.get("dataset"))
-            if key in defaults and hparams[key] == defaults[key]:
-                continue  # added after that checkpoint was written, left at its default
+        if key in added and key in defaults and hparams[key] == defaults[key]:
+            continue  # added after that checkpoint was written, left at its default
         if old_hparams.get(key) != hparams.get(key):
             diffs.append(f"hparam {key}: {old_hparams.get(key)!r} in the checkpoint, "
                          f"{hparams.get(key)!r} now")
     return diffs
-

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dg_plugins.job.flags import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS, flag
+from dg_plugins.job.flags import COMPUTE_DEFAULTS, flag
 from dg_plugins.seeds import deterministic_algorithms
 
 #: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
@@ -43,18 +44,16 @@ def native_cpu_bf16() -> bool | None:
     return None if features is None else bool(features & set(BF16_CPU_FEATURES))
 
 
+@dataclass(eq=False)
 class Compute:
-    """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`)."""
+    """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`; their values checked
+    by train's parser, :data:`dg_plugins.job.flags.FLAGS`)."""
 
-    def __init__(self, precision: str = "fp32", channels_last: bool = False,
-                 deterministic: bool = True, augment_on: str = "loader"):
-        for name, value, choices in (("precision", precision, PRECISIONS),
-                                     ("augment_on", augment_on, AUGMENT_ON)):
-            if value not in choices:
-                raise ValueError(f"--{name} {value!r} is not one of {', '.join(choices)}")
-        self.precision, self.augment_on = precision, augment_on
-        self.channels_last, self.deterministic = bool(channels_last), bool(deterministic)
-        self.inputs_channels_last = False
+    precision: str = "fp32"  # fp32, bf16 or fp16 (flags.PRECISIONS)
+    channels_last: bool = False
+    deterministic: bool = True
+    augment_on: str = "loader"  # loader or device (flags.AUGMENT_ON)
+    inputs_channels_last: bool = field(default=False, init=False)  # set by prepare_model
 
     @classmethod
     def of(cls, args) -> "Compute":

@@ -25,7 +25,7 @@ from dg_plugins.files import atomic_torch_save, atomic_write_bytes
 from dg_plugins.job import sizes
 from dg_plugins.job.flags import flag, record_args
 from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, MODEL_FILE, RESULTS_FILE,
-                                   STEP_MODEL_FILE, JobStateError)
+                                   STEP_MODEL_FILE)
 from dg_plugins.job.records import append_record, format_row, keep_counted_records
 from dg_plugins.job.selection import DEFAULT_EVAL_SPLITS, EVALUATED_KEY, evaluated_splits
 from dg_plugins.networks.pretrained import recording_weights
@@ -33,8 +33,7 @@ from dg_plugins.registry import ALGORITHMS, DATASETS
 from dg_plugins.runtime import pick_device
 from dg_plugins.seeds import seed_everything, seed_hash
 from dg_plugins.train import batches
-from dg_plugins.train.checkpoint import (RESTART_FIX, apply_checkpoint, checkpoint_differences,
-                                         read_checkpoint, save_checkpoint)
+from dg_plugins.train.checkpoint import RESTART_FIX, restore_checkpoint, save_checkpoint
 from dg_plugins.train.compute import FP16_FIX, Compute
 from dg_plugins.train.evaluate import evaluate
 from dg_plugins.train.progress import DEFAULT_INTERVAL_S, Progress
@@ -120,8 +119,8 @@ def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str]
 
 
 def print_weights(loaded: list[str]) -> None:
-    print(*[f"Weights: {line}" for line in loaded] or
-          ["Weights: random initialisation (no pretrained weights loaded)"], sep="\n")
+    for line in loaded or ["random initialisation (no pretrained weights loaded)"]:
+        print(f"Weights: {line}")
 
 
 #: A job's dataset, splits and loader workers (``source``: why that many).
@@ -174,15 +173,24 @@ class Job:
         self.eval_names: list[str] = []
 
     def build(self) -> None:
+        """The job's data (:meth:`build_data`), then its algorithm, streams and lengths."""
+        self.build_data()
+        with recording_weights() as loaded:
+            self.algorithm = self.make_algorithm()
+        print_weights(loaded)
+        self.algorithm.to(self.device)
+        self.streams = self.make_streams(self.batch_size())
+        self.n_steps = self.length()
+        self.checkpoint_freq = self.args.checkpoint_freq or self.dataset.CHECKPOINT_FREQ
+        self.algorithm.epoch_steps = self.steps_per_epoch = self.epoch_length()
+        self.prepare_compute()
+
+    def build_data(self) -> None:
         args, device = self.args, self.device
-        try:
-            torchvision_version = version("torchvision")
-        except Exception:  # pragma: no cover - torchvision absent
-            torchvision_version = "n/a"
         gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
         print("Environment:", *[f"\t{name}: {value}" for name, value in (
             ("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
-            ("Torchvision", torchvision_version), ("CUDA", torch.version.cuda),
+            ("Torchvision", version("torchvision")), ("CUDA", torch.version.cuda),
             ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
             ("PIL", PIL.__version__), ("Device", f"{device}{gpu}"))], sep="\n")
         print("Args:", *[f"\t{k}: {v}" for k, v in sorted(self.record_args.items())], sep="\n")
@@ -220,15 +228,6 @@ class Job:
             print(f"Evaluation: --eval_splits {flag(args, 'eval_splits')}: {len(self.eval_names)} "
                   f"of {len(named)} splits at every record ({', '.join(skipped)} skipped: no "
                   "model selection reads them)")
-        with recording_weights() as loaded:
-            self.algorithm = self.make_algorithm()
-        print_weights(loaded)
-        self.algorithm.to(self.device)
-        self.streams = self.make_streams(self.batch_size())
-        self.n_steps = self.length()
-        self.checkpoint_freq = args.checkpoint_freq or self.dataset.CHECKPOINT_FREQ
-        self.algorithm.epoch_steps = self.steps_per_epoch = self.epoch_length()
-        self.prepare_compute()
 
     def prepare_compute(self) -> None:
         """Apply the compute settings to the built algorithm (after the last seeding)."""
@@ -293,15 +292,7 @@ class Job:
             keep_counted_records(self.results_path, 0)
             print("No checkpoint to resume from; starting from step 0")
             return
-        state = read_checkpoint(self.checkpoint_path, self.checkpoint_fix)
-        diffs = checkpoint_differences(state, self.record_args, self.hparams)
-        if diffs:
-            raise JobStateError("--resume with other arguments than the interrupted run would mix "
-                                "two configurations in one results file:\n  " + "\n  ".join(diffs)
-                                + "\nRerun with the original arguments, or start over with "
-                                "--force.")
-        apply_checkpoint(state, self.algorithm, self.streams, self.checkpoint_path,
-                         self.checkpoint_fix, self.scaler)
+        state = restore_checkpoint(self)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
         self.last_keys = state["last_keys"]
@@ -394,12 +385,11 @@ class Job:
             self.start_workers()
             self.restore()
             interval = flag(self.args, "progress_every")
-            progress = Progress(
-                self.n_steps, self.start_step,
-                lambda step: sizes.records_after(step, self.n_steps, self.checkpoint_freq),
-                f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
-                DEFAULT_INTERVAL_S if interval is None else interval)
-            try:
+            with contextlib.closing(Progress(
+                    self.n_steps, self.start_step,
+                    lambda step: sizes.records_after(step, self.n_steps, self.checkpoint_freq),
+                    f"{self.args.algorithm} on {self.args.dataset}", self.progress_stream,
+                    DEFAULT_INTERVAL_S if interval is None else interval)) as progress:
                 for step in range(self.start_step, self.n_steps):
                     seconds = self.train_step(step)
                     for hook in STEP_HOOKS:
@@ -421,8 +411,6 @@ class Job:
                                           "the same command with --resume to continue")
                     if recorded and stop_after_step is not None and step >= stop_after_step:
                         return "stopped"
-            finally:
-                progress.close()
             self.finish()
             return "done"
 

@@ -81,25 +81,21 @@ def class_balanced_weights(dataset: Dataset) -> torch.Tensor:
 
 
 class Splits:
-    """Every environment's in/out(/uda) split and the ``subsets`` (default: the IP/OOP split of
-    ``--alignment_scores``, ``{test env: {subset name: [item indices]}}``); a dataset's
+    """Every environment's in/out(/uda) split and the ``subsets`` of ``--alignment_scores``'s
+    IP/OOP split (``{test env: {subset name: [item indices]}}``); a dataset's
     ``predefined_split(env) -> (in, out) | None`` replaces the random holdout (a test environment's
     may overlap)."""
 
-    def __init__(self, dataset, args, hparams, subsets=None):
+    def __init__(self, dataset, args, hparams):
         self.in_splits, self.out_splits, self.uda_splits = [], [], []
-        if subsets is None and flag(args, "alignment_scores") is not None:
+        self.subsets = {}
+        if flag(args, "alignment_scores") is not None:
             from dg_plugins import alignment
 
-            subsets = alignment.env_subsets(
+            self.subsets = alignment.env_subsets(
                 dataset, args.test_envs, args.alignment_scores, threshold=args.alignment_threshold,
                 data_dir=args.data_dir, preset=args.alignment_preset,
                 model=flag(args, "alignment_model"), pretrained=flag(args, "alignment_pretrained"))
-        self.subsets = subsets or {}
-        bad = [i for i in self.subsets if i not in args.test_envs]
-        if bad:
-            raise ValueError(f"evaluation subsets are defined for environments {bad}, which are "
-                             f"not test environments ({args.test_envs})")
 
         def weights(split):
             return class_balanced_weights(split) if hparams["class_balanced"] else None

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dg_plugins.files import atomic_torch_save, atomic_write_bytes
-from dg_plugins.networks.pretrained import note_weights, recording_weights
+from dg_plugins.networks.pretrained import note_weights
 from dg_plugins.registry import ALGORITHMS
 from dg_plugins.job.flags import compute_settings, flag
 from dg_plugins.seeds import seed_everything, seed_hash
@@ -27,7 +27,7 @@ from dg_plugins.train.checkpoint import check_checkpoint_file
 from dg_plugins.job.folder import (FolderBusy, FolderLock, JobStateError, is_done,
                                    remove_temporary_files)
 from dg_plugins.job.records import append_record, keep_counted_records
-from dg_plugins.train.splits import SplitDataset, class_balanced_weights
+from dg_plugins.train.splits import class_balanced_weights, split_dataset
 
 PRETRAIN_DIRNAME = "udg_pretrain"
 PRETRAINED_FILE = "pretrained.pt"
@@ -46,11 +46,11 @@ def labelled_count(n: int, fraction: float) -> int:
     return max(1, min(n, int(round(fraction * n))))
 
 
-def labelled_subset(split, fraction: float, trial_seed: int, env: int):
+def labelled_subset(split, fraction: float, trial_seed: int, env: int, tag: str = "udg_labels"):
     """The first ``max(1, round(F * n))`` items of a permutation drawn from ``seed_hash(trial_seed,
-    env, "udg_labels")``: fixed by the trial and nested across fractions."""
-    order = np.random.RandomState(seed_hash(trial_seed, env, "udg_labels")).permutation(len(split))
-    return SplitDataset(split, order[:labelled_count(len(split), fraction)].tolist())
+    env, tag)``: fixed by the trial and nested across fractions (also the release's 99% share)."""
+    return split_dataset(split, labelled_count(len(split), fraction),
+                         seed_hash(trial_seed, env, tag))[0]
 
 
 #: Share of each source environment ``--udg_split release`` pretrains on (the release's).
@@ -75,11 +75,8 @@ def pretraining_set(job, env: int):
     of the environment, drawn from ``seed_hash(trial_seed, env, "udg_pretrain_split")``."""
     if job.udg_split != "release":
         return job.splits.in_splits[env][0]
-    whole = job.dataset[env]
-    order = np.random.RandomState(seed_hash(job.args.trial_seed, env, "udg_pretrain_split")) \
-        .permutation(len(whole))
-    keep = max(1, int(round(RELEASE_PRETRAIN_SHARE * len(whole))))
-    return SplitDataset(whole, order[:keep].tolist())
+    return labelled_subset(job.dataset[env], RELEASE_PRETRAIN_SHARE, job.args.trial_seed, env,
+                           "udg_pretrain_split")
 
 
 def pretrain_identity(args, hparams: dict, pretrain_steps: int) -> dict:
@@ -139,34 +136,36 @@ class PretrainJob(job_lib.Job):
         self.checkpoint_fix = redo_pretraining(folder)
         self.resuming = True
 
-    def build(self) -> None:
-        p = self.parent
+    def build_data(self) -> None:
         remove_temporary_files(self.folder)
         atomic_write_bytes(os.path.join(self.folder, IDENTITY_FILE),
                            json.dumps(self.identity, sort_keys=True, indent=1).encode())
-        seed_everything(seed_hash(p.args.seed, "udg_pretrain"))
-        self.dataset, self.train_envs, self.hparams = p.dataset, p.train_envs, p.hparams
-        with recording_weights() as loaded:
-            self.algorithm = self.make_algorithm()
-        job_lib.print_weights(loaded)
-        self.algorithm.to(self.device)
+        seed_everything(seed_hash(self.args.seed, "udg_pretrain"))
         # The checkpoint is checked against the identity's hparams: jobs that share this
         # pretraining may differ in their fine-tuning hparams.
+        self.dataset, self.train_envs = self.parent.dataset, self.parent.train_envs
         self.hparams = self.identity["hparams"]
-        batch = p.hparams["batch_size"]
+
+    def make_algorithm(self):
+        return job_lib.Job.make_algorithm(self.parent)  # the job's algorithm, its hparams
+
+    def make_streams(self, batch_size: int) -> list:
+        p = self.parent
         sets = [pretraining_set(p, i) for i in p.train_envs]
-        # the release's epoch: one pass over the pooled sets at a batch of `batch` per domain
-        self.algorithm.epoch_steps = sum(map(len, sets)) / (batch * len(sets))
+        # the release's epoch: one pass over the pooled sets at `batch_size` per domain
+        self.epoch = sum(map(len, sets)) / (batch_size * len(sets))
         print(f"UDG pretraining data ({p.udg_split} split): "
               f"{', '.join(str(len(s)) for s in sets)} unlabelled images per source environment; "
-              f"an epoch is {self.algorithm.epoch_steps:.1f} steps")
-        self.streams = [batches.BatchStream(s, batch, seed_hash(p.args.seed, "udg_pretrain", i),
-                                            num_workers=p.workers)
-                        for s, i in zip(sets, p.train_envs)]
-        self.n_train_streams = len(self.streams)
-        self.n_steps = self.identity["pretrain_steps"]
-        self.checkpoint_freq = p.args.checkpoint_freq or p.dataset.CHECKPOINT_FREQ
-        self.prepare_compute()
+              f"an epoch is {self.epoch:.1f} steps")
+        self.n_train_streams = len(sets)
+        return [batches.BatchStream(s, batch_size, seed_hash(p.args.seed, "udg_pretrain", i),
+                                    num_workers=p.workers) for s, i in zip(sets, p.train_envs)]
+
+    def length(self) -> int:
+        return self.identity["pretrain_steps"]
+
+    def epoch_length(self) -> float:
+        return self.epoch
 
     def restore(self) -> None:
         if os.path.exists(self.checkpoint_path):
