@@ -21,6 +21,17 @@ import sys
 from dg_plugins.help_text import plain_text
 
 
+def parameter_counts(model) -> dict[str, int]:
+    """Trainable parameters per top-level submodule, and their total."""
+    import collections
+
+    counts = collections.Counter()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            counts[name.split(".")[0]] += p.numel()
+    return {**counts, "total": sum(counts.values())}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks dismae",
@@ -43,7 +54,7 @@ def main(argv=None) -> int:
     import torch
 
     from dg_plugins import hparams as hparams_lib
-    from dg_plugins.algorithms.dismae import dcls_epoch_steps, parameter_counts
+    from dg_plugins.algorithms.dismae import dcls_epoch_steps
     from dg_plugins.plugins import load
     from dg_plugins.registry import ALGORITHMS
     from benchmarks.timing import alternating_medians

@@ -5,7 +5,6 @@ classifier on its own schedule (``docs/methods/dismae.md``)."""
 
 from __future__ import annotations
 
-import collections
 import os
 from functools import partial
 
@@ -396,11 +395,3 @@ class DisMAE(_MaskedAutoencoder):
         loss = F.cross_entropy(self.domain_classifier(cls), domain)
         optimizer_step(self.dcls_optimizer, loss)
         return loss.item()
-
-
-def parameter_counts(model: nn.Module) -> dict[str, int]:
-    counts = collections.Counter()
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            counts[name.split(".")[0]] += p.numel()
-    return {**counts, "total": sum(counts.values())}
