@@ -202,8 +202,12 @@ class _AccBlock:
     get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
 
     def __post_init__(self) -> None:  # itemgetter gives a tuple for two keys or more
-        self.get = itemgetter(*self.keys) if len(self.keys) > 1 else (
-            lambda record: tuple(record[key] for key in self.keys))
+        if len(self.keys) > 1:
+            self.get = itemgetter(*self.keys)
+        elif self.keys:
+            self.get = lambda record, key=self.keys[0]: (record[key],)
+        else:
+            self.get = lambda record: ()
 
     def matrix(self) -> np.ndarray:
         return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
@@ -373,12 +377,14 @@ def _acc_sort_key(key: str):
 
 
 class JobProgress(NamedTuple):
-    """A sweep's job folders: their count, how many are done, those without ``done`` (running or
-    failed)."""
+    """A sweep's job folders: their count, and those without ``done`` (running or failed)."""
 
     total: int
-    done: int
     not_done: list[str]
+
+    @property
+    def done(self) -> int:
+        return self.total - len(self.not_done)
 
 
 def _job_folders(input_dir: str) -> list[str]:
@@ -393,7 +399,7 @@ def job_progress(input_dir: str) -> JobProgress:
     """Count the job folders of ``input_dir`` and those done."""
     folders = _job_folders(input_dir)
     not_done = [entry for entry in folders if not is_done(os.path.join(input_dir, entry))]
-    return JobProgress(len(folders), len(folders) - len(not_done), not_done)
+    return JobProgress(len(folders), not_done)
 
 
 #: Why a job folder has no record in the tables (:func:`folder_notes`), and what to do.

@@ -320,7 +320,7 @@ def select_by_masks(runs: pd.DataFrame, run: list[str], method: SelectionMethod,
                     out_acc: np.ndarray, sources: np.ndarray, targets: np.ndarray,
                     accs: np.ndarray, averaged: np.ndarray) -> Selection:
     """DomainBed's iid and oracle for runs with several sources or targets (single-source, UDG):
-    ``runs`` (a row per record, ``record`` ascending) grouped by their ``run`` columns but
+    ``runs`` (a row per record) grouped by their ``run`` columns but
     hparams_seed, scored by the mean ``out_acc`` of ``sources`` (iid) or ``targets`` (oracle); the
     best run per group, with ``acc{i}`` from ``accs`` and ``target``, their mean over ``averaged``.
     Masks and ``accs`` have a row per run, ``out_acc`` per record."""
@@ -330,7 +330,7 @@ def select_by_masks(runs: pd.DataFrame, run: list[str], method: SelectionMethod,
     scored = runs.assign(group=group_ids(*(runs[key].to_numpy() for key in run[:-1])),
                          val_acc=masked_mean(out_acc[rows], sources if method is IID else targets))
     chosen = best_run(method.checkpoint(scored))
-    at = np.searchsorted(rows, chosen["record"].to_numpy())
+    at = pd.Index(rows).get_indexer(chosen["record"].to_numpy())  # each chosen run's row
     for i in range(accs.shape[1]):
         chosen[f"acc{i}"] = accs[at, i]
     chosen["target"] = masked_mean(accs[at], averaged[at])

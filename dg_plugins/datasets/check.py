@@ -161,7 +161,8 @@ def check_files(paths: Sequence[str], workers: int,
 
             results = stack.enter_context(tqdm(results, total=len(paths), desc="checking images",
                                                unit="img", file=sys.stderr))
-        yield from zip(paths, results)
+        for error, path in zip(results, paths):  # results first: the bar sees their end
+            yield path, error
 
 
 def run_check(dataset, workers: int, progress: bool,

@@ -280,8 +280,11 @@ def _new_file(path: str, shape: tuple | None, size: int = 0) -> int:
 
 
 def _file_digest(path: str) -> str:
+    digest = hashlib.sha256()  # (hashlib.file_digest needs Python 3.11; we support 3.10)
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for block in iter(lambda: handle.read(2**23), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _stamp(path: str) -> list[int]:

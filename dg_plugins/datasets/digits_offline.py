@@ -211,8 +211,8 @@ def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     32x32."""
     from PIL import Image
 
-    table = np.loadtxt(path := package_file(*UCI_DIGITS), delimiter=",", dtype=np.float32,
-                       ndmin=2)
+    path = package_file(*UCI_DIGITS)
+    table = np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
     if table.shape[1] != 65:  # the UCI digits load_digits reads: 8x8 pixels + label
         raise ValueError(f"{path}: expected 65 columns (8x8 pixels + label), got "
                          f"{table.shape[1]}")

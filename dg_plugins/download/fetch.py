@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import glob
 import hashlib
 import http.client
 import json
@@ -194,8 +195,11 @@ def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
 
 
 def remove_part(part: str, validators_only: bool = False) -> None:
-    """Remove ``part``'s validators and, unless ``validators_only``, ``part`` (what exists)."""
-    for path in (part + VALIDATORS_SUFFIX, *(() if validators_only else (part,))):
+    """Remove ``part``'s validators (and a killed write's temporary file of them, named by
+    :func:`dg_plugins.files.atomic_write_bytes`) and, unless ``validators_only``, ``part``."""
+    folder, name = os.path.split(part + VALIDATORS_SUFFIX)
+    leftovers = glob.glob(os.path.join(glob.escape(folder), f".tmp-*-{glob.escape(name)}"))
+    for path in (part + VALIDATORS_SUFFIX, *leftovers, *(() if validators_only else (part,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
 
@@ -501,7 +505,8 @@ def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
             fix = (f"the server's answer ended there (a rerun would fetch the same bytes): pass "
                    f"--url {name}=URL of another mirror, or put the whole file at {path}")
     elif kind == "a gzip file" and head[:2] != b"\x1f\x8b":
-        what = f"not a gzip file ({'a zip' if head[:2] == b'PK' else f'starts with {head[:8]!r}'})"
+        what = "a zip" if head[:2] == b"PK" else f"starts with {head[:8]!r}"
+        what = f"not a gzip file ({what})"
     else:
         return
     os.replace(path, path + ".corrupt")

@@ -24,7 +24,9 @@ def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
 
 def read_record_lines(path: str) -> list[bytes]:
     """The lines of ``results.jsonl``, each with its newline (a torn last line without)."""
-    return Path(path).read_bytes().splitlines(keepends=True) if os.path.exists(path) else []
+    if not os.path.exists(path):
+        return []
+    return Path(path).read_bytes().splitlines(keepends=True)
 
 
 def last_record(folder: str | None) -> dict | None:

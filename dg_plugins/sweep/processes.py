@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Sequence
 
@@ -168,33 +167,34 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
     return ForkedJob(process)
 
 
-@dataclass(eq=False)
 class LaunchInterrupted(SystemExit):
     """A launcher stopped by a stop signal: a ``SystemExit`` of 128 + signal."""
-    signum: int
-    interrupted: Sequence[str]
-    not_started: Sequence[str]
-    exit_codes: Sequence[int | None] = ()
-    remote: bool = False
-    notes: Sequence[str] = ()
 
-    def __post_init__(self) -> None:
-        super().__init__(128 + self.signum)
+    def __init__(self, signum: int, interrupted: Sequence[str], not_started: Sequence[str],
+                 exit_codes: Sequence[int | None] = (), remote: bool = False,
+                 notes: Sequence[str] = ()):
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.interrupted = list(interrupted)
+        self.not_started = list(not_started)
+        self.exit_codes = list(exit_codes)
+        self.remote = remote
+        self.notes = list(notes)
 
     def __str__(self) -> str:
         return (f"stopped by {signal_name(self.signum)}: {len(self.interrupted)} job(s) "
                 f"interrupted, {len(self.not_started)} not started")
 
 
-@dataclass(eq=False)
 class JobsFailed(SystemExit):
     """Some jobs of a launcher that waited for them failed: a ``SystemExit`` of 1."""
-    failed: Sequence[str]
-    n_commands: int
-    exit_codes: Sequence[int]
 
-    def __post_init__(self) -> None:
+    def __init__(self, failed: Sequence[str], n_commands: int,
+                 exit_codes: Sequence[int | None] | None = None):
         super().__init__(1)
+        self.failed = list(failed)
+        self.n_commands = n_commands
+        self.exit_codes = list(exit_codes) if exit_codes is not None else [None] * len(failed)
 
     def __str__(self) -> str:
         return f"{len(self.failed)} of {self.n_commands} jobs failed"

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dg_plugins.job.flags import COMPUTE_DEFAULTS, flag
+from dg_plugins.job.flags import AUGMENT_ON, COMPUTE_DEFAULTS, PRECISIONS, flag
 from dg_plugins.seeds import deterministic_algorithms
 
 #: cuBLAS's workspace setting for deterministic results (CUDA's reproducibility notes).
@@ -46,14 +46,21 @@ def native_cpu_bf16() -> bool | None:
 
 @dataclass(eq=False)
 class Compute:
-    """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`; their values checked
-    by train's parser, :data:`dg_plugins.job.flags.FLAGS`)."""
+    """One job's compute settings (their defaults: :data:`COMPUTE_DEFAULTS`), checked here too:
+    alignment_eval and the sweep's estimate build one from recorded args, not train's parser."""
 
-    precision: str = "fp32"  # fp32, bf16 or fp16 (flags.PRECISIONS)
+    precision: str = "fp32"
     channels_last: bool = False
     deterministic: bool = True
-    augment_on: str = "loader"  # loader or device (flags.AUGMENT_ON)
+    augment_on: str = "loader"
     inputs_channels_last: bool = field(default=False, init=False)  # set by prepare_model
+
+    def __post_init__(self) -> None:
+        for name, choices in (("precision", PRECISIONS), ("augment_on", AUGMENT_ON)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"--{name} {getattr(self, name)!r} is not one of "
+                                 f"{', '.join(choices)}")
+        self.channels_last, self.deterministic = bool(self.channels_last), bool(self.deterministic)
 
     @classmethod
     def of(cls, args) -> "Compute":

@@ -184,7 +184,12 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None
              batch_size: int = EVAL_BATCH_SIZE, pool=None, compute: Compute = DEFAULT_COMPUTE):
     """A record's accuracy keys: ``env{i}_{in,out,uda}_acc`` of the splits ``names`` (None: all),
     and ``env{i}_{in,out}_{subset}_acc`` / ``_count`` of each test environment's subsets."""
-    named = [entry for entry in splits.eval_named() if names is None or entry[0] in names]
+    named = splits.eval_named()
+    if names is not None:
+        unknown = sorted(set(names) - {name for name, _, _ in named})
+        if unknown:
+            raise ValueError(f"no split named {', '.join(unknown)} in this job")
+        named = [entry for entry in named if entry[0] in set(names)]
     masks = [splits.subset_masks(split, env) for _, split, env in named]
     results = accuracies(algorithm, [(split, eval_seed(name), subsets) for (name, split, _),
                                      subsets in zip(named, masks)], device, batch_size,

@@ -49,8 +49,8 @@ def labelled_count(n: int, fraction: float) -> int:
 def labelled_subset(split, fraction: float, trial_seed: int, env: int, tag: str = "udg_labels"):
     """The first ``max(1, round(F * n))`` items of a permutation drawn from ``seed_hash(trial_seed,
     env, tag)``: fixed by the trial and nested across fractions (also the release's 99% share)."""
-    return split_dataset(split, labelled_count(len(split), fraction),
-                         seed_hash(trial_seed, env, tag))[0]
+    n = min(len(split), labelled_count(len(split), fraction))  # an empty split stays empty
+    return split_dataset(split, n, seed_hash(trial_seed, env, tag))[0]
 
 
 #: Share of each source environment ``--udg_split release`` pretrains on (the release's).

@@ -17,7 +17,10 @@ the share, the target and the measured ratio. Example (the benchmark of results/
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # benchmarks/
 
 
 def main(argv=None) -> int:
@@ -37,8 +40,8 @@ def main(argv=None) -> int:
     import dg_plugins.algorithms  # noqa: F401  (registers)
     import dg_plugins.datasets  # noqa: F401
     from dg_plugins import hparams as hparams_lib
-    from dg_plugins.registry import ALGORITHMS, DATASETS
     from benchmarks.timing import alternating_medians
+    from dg_plugins.registry import ALGORITHMS, DATASETS
     from dg_plugins.runtime import pick_device
 
     device = pick_device(args.device)
