@@ -83,7 +83,7 @@ def read_junit(path: Path) -> list[dict]:
 
 
 def run_suite(args, tests: Path, env: dict, work: Path) -> tuple[list[dict], str, float]:
-    junit = work / "junit.xml"
+    junit = args.junitxml or work / "junit.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "-p",
                "no:cacheprovider", f"--junitxml={junit}", str(tests)]
     start = time.monotonic()
@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the report (default ./gpu_check.md)")
     p.add_argument("-n", "--workers", type=int, default=min(16, os.cpu_count() or 1),
                    help="pytest-xdist processes (default: the cores, at most 16)")
+    p.add_argument("--junitxml", type=Path, default=None,
+                   help="keep pytest's JUnit XML there (every failure's whole text; default: "
+                        "a temporary file)")
     p.add_argument("--suite_timeout", type=float, default=None, help="seconds (default none)")
     p.add_argument("--benchmark_args", default="",
                    help="extra arguments of benchmark gpu (e.g. \"--steps 5\")")

@@ -34,7 +34,7 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     counts, failure and skip reasons and its CUDA cases in one report, with ``benchmark gpu``'s
     tables, which on a CPU are its reduced run and say so (``--benchmark_args`` passed on: one
     image per domain; bf16 where the CPU has bfloat16 instructions, else a line saying it is left
-    out). Exit 1: a test failed."""
+    out; ``--junitxml`` keeps pytest's XML). Exit 1: a test failed."""
     from benchmarks.gpu import cpu_precisions
 
     precisions = cpu_precisions()  # this machine's CPU, as the command's own default
@@ -43,9 +43,12 @@ def test_gpu_check_on_a_cpu_reports_the_suite_and_the_reduced_gpu_benchmark(tmp_
     (tests / "conftest.py").write_text("")
     (tests / "test_tiny.py").write_text(TINY_SUITE)
     report = tmp_path / "report.md"
+    junit = tmp_path / "junit.xml"
     proc = run("--allow_cpu", "--tests", str(tests), "-n", "0", "--out", str(report),
-               "--benchmark_args", "--batch_size 1", cwd=tmp_path, module="benchmarks.gpu_check")
+               "--junitxml", str(junit), "--benchmark_args", "--batch_size 1", cwd=tmp_path,
+               module="benchmarks.gpu_check")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "one is not two" in junit.read_text()  # kept: each failure's whole text
     text = report.read_text()
     assert proc.stdout.startswith(text)
     assert text.startswith("# GPU check\n\nDevice: no CUDA device (a CPU run")

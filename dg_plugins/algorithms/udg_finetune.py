@@ -44,8 +44,10 @@ class FineTuner(Algorithm):
         self.mode, self.lr, self.batch_size = finetune_settings(label_fraction, hparams)
         self.backbone = backbone
         width = backbone.num_features
+        from timm.layers import trunc_normal_  # the official MAE's (torch 2.13's draws others)
+
         linear = nn.Linear(width, num_classes)
-        nn.init.trunc_normal_(linear.weight, std=0.01)
+        trunc_normal_(linear.weight, std=0.01)
         nn.init.zeros_(linear.bias)
         if self.mode == "linear":
             self.backbone.requires_grad_(False)

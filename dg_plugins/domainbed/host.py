@@ -127,7 +127,9 @@ class FeaturizerSwap:
 
 
 def _restore(current, saved, device):
-    """``saved`` put back into ``current`` in place where shapes match, else moved to ``device``."""
+    """``saved`` put back into ``current`` in place where shapes match, else as loaded (tensors
+    where they were saved from: :func:`~dg_plugins.train.checkpoint.read_checkpoint`), modules
+    moved to ``device``."""
     if isinstance(current, nn.Module) and type(saved) is type(current):
         current.load_state_dict(saved.state_dict())
         return current
@@ -149,8 +151,7 @@ def _restore(current, saved, device):
         for name, value in vars(saved).items():
             setattr(current, name, _restore(getattr(current, name, None), value, device))
         return current
-    return tree_map(lambda v: v.to(device) if isinstance(v, (torch.Tensor, nn.Module)) else v,
-                    saved)
+    return tree_map(lambda v: v.to(device) if isinstance(v, nn.Module) else v, saved)
 
 
 class DomainBedHost:

@@ -25,8 +25,10 @@ class CosineRouter(nn.Module):
         if init_temperature <= 0:
             raise ValueError(f"init_temperature must be > 0, got {init_temperature}")
         self.num_experts = num_experts
+        from timm.layers import trunc_normal_  # the official code's (torch 2.13's draws others)
+
         self.proj = nn.Linear(dim, proj_dim)
-        nn.init.trunc_normal_(self.proj.weight, std=0.02)
+        trunc_normal_(self.proj.weight, std=0.02)
         nn.init.zeros_(self.proj.bias)
         self.codebook = nn.Parameter(torch.empty(proj_dim, num_experts).normal_(0.0, 0.01))
         self.temperature = nn.Parameter(torch.tensor([math.log(1.0 / init_temperature)]))
@@ -286,8 +288,10 @@ class MoEFFN(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(num_experts, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
         self.b2 = nn.Parameter(torch.zeros(num_experts, dim))
+        from timm.layers import trunc_normal_  # as CosineRouter's
+
         for w in (self.w1, self.w2):
-            nn.init.trunc_normal_(w, std=0.02)
+            trunc_normal_(w, std=0.02)
         if not 0.0 <= expert_dropout < 1.0:
             raise ValueError(f"expert_dropout must be in [0, 1), got {expert_dropout}")
         self.expert_dropout = float(expert_dropout)

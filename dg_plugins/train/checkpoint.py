@@ -73,11 +73,14 @@ def check_checkpoint_file(path: str, fix: str) -> None:
         raise damaged(path, damage, fix)
 
 
-def read_checkpoint(path: str, fix: str = RESTART_FIX) -> dict:
-    """The checkpoint ``path``, loaded once on the CPU (RNG states stay CPU ByteTensors); one that
+def read_checkpoint(path: str, fix: str = RESTART_FIX, device=None) -> dict:
+    """The checkpoint ``path``, loaded once: what was saved from the CPU stays there (RNG states,
+    a class's CPU tensors), what was on a GPU comes to ``device`` (default: the CPU); one that
     cannot be loaded raises :class:`DamagedCheckpoint`, OSErrors propagate."""
+    placement = "cpu" if device is None or device.type == "cpu" else (
+        lambda storage, saved_on: storage if saved_on == "cpu" else storage.to(device=device))
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location=placement, weights_only=False)
     except OSError:
         raise
     except Exception as err:  # noqa: BLE001  (unpickling may raise anything a constructor does)
@@ -97,7 +100,7 @@ def restore_checkpoint(job) -> dict:
     """Load ``job``'s checkpoint into its model, streams, RNGs and scaler and return it; another
     configuration raises JobStateError, a misfit :class:`DamagedCheckpoint` (nothing changed)."""
     path, fix, algorithm = job.checkpoint_path, job.checkpoint_fix, job.algorithm
-    state = read_checkpoint(path, fix)
+    state = read_checkpoint(path, fix, job.device)
     if diffs := checkpoint_differences(state, job.record_args, job.hparams):
         raise JobStateError("--resume with other arguments than the interrupted run would mix "
                             "two configurations in one results file:\n  " + "\n  ".join(diffs)

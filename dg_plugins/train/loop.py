@@ -187,12 +187,16 @@ class Job:
 
     def build_data(self) -> None:
         args, device = self.args, self.device
-        gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+        shown, gpu = device, ""
+        if device.type == "cuda":  # which GPU: cuda:0 is a multi_gpu job's one
+            shown = torch.device("cuda", torch.cuda.current_device() if device.index is None
+                                 else device.index)
+            gpu = f" ({torch.cuda.get_device_name(shown)})"
         print("Environment:", *[f"\t{name}: {value}" for name, value in (
             ("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
             ("Torchvision", version("torchvision")), ("CUDA", torch.version.cuda),
             ("CUDNN", torch.backends.cudnn.version()), ("NumPy", np.__version__),
-            ("PIL", PIL.__version__), ("Device", f"{device}{gpu}"))], sep="\n")
+            ("PIL", PIL.__version__), ("Device", f"{shown}{gpu}"))], sep="\n")
         print("Args:", *[f"\t{k}: {v}" for k, v in sorted(self.record_args.items())], sep="\n")
         self.hparams = hparams_lib.job_hparams(args.algorithm, args.dataset, args.hparams_seed,
                                                args.trial_seed, args.hparams)

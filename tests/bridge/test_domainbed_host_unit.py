@@ -214,6 +214,7 @@ NETWORKED_ALGORITHMS_PY = '''
         def update(self, minibatches, unlabeled=None):
             clone = nn.Sequential(networks.Featurizer(self.input_shape, self.hparams),
                                   nn.Linear(self.featurizer.n_outputs, self.num_classes))
+            clone.to(minibatches[0][0].device)  # as Fish puts its clone on the batch's device
             clone.load_state_dict(self.network.state_dict())
             optimizer, self.optimizer = self.optimizer, torch.optim.SGD(clone.parameters(), 0.1)
             values = self.step(clone, minibatches)

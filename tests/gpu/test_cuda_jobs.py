@@ -91,8 +91,8 @@ def test_two_runs_and_an_interrupted_resumed_run_write_identical_records(tree, t
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_runs_training_and_evaluation_under_cuda_autocast(
         tmp_path, monkeypatch, precision):
-    from dg_plugins import train
     from dg_plugins.registry import ALGORITHMS
+    from dg_plugins.train import run as train
     from dg_plugins.train.cli import build_parser
     from dg_plugins.train.compute import Compute
 

@@ -154,6 +154,13 @@ def test_router_init_codebook_normal_001_and_projection_trunc_normal_002():
     assert abs(router.proj.weight.std().item() - 0.02) < 0.002
     assert torch.all(router.proj.bias == 0)
     assert math.isclose(router.temperature.item(), math.log(2.0), rel_tol=1e-6)
+    # timm's own draws, as in the official code (torch 2.13's trunc_normal_ draws other values)
+    from timm.layers import trunc_normal_
+
+    torch.manual_seed(0)
+    torch.testing.assert_close(router.proj.weight,
+                               trunc_normal_(nn.Linear(384, 256).weight.detach(), std=0.02),
+                               rtol=0, atol=0)
 
 
 def test_gate_noise_is_added_only_in_training_with_std_gate_noise_over_e():
