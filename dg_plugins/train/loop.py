@@ -187,11 +187,9 @@ class Job:
 
     def build_data(self) -> None:
         args, device = self.args, self.device
-        shown, gpu = device, ""
-        if device.type == "cuda":  # which GPU: cuda:0 is a multi_gpu job's one
-            shown = torch.device("cuda", torch.cuda.current_device() if device.index is None
-                                 else device.index)
-            gpu = f" ({torch.cuda.get_device_name(shown)})"
+        shown = (torch.device("cuda", torch.cuda.current_device())  # which GPU (multi_gpu: 0)
+                 if device.type == "cuda" and device.index is None else device)
+        gpu = f" ({torch.cuda.get_device_name(shown)})" if shown.type == "cuda" else ""
         print("Environment:", *[f"\t{name}: {value}" for name, value in (
             ("Python", sys.version.split(" ")[0]), ("PyTorch", torch.__version__),
             ("Torchvision", version("torchvision")), ("CUDA", torch.version.cuda),
