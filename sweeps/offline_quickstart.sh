@@ -35,9 +35,9 @@
 # ALGORITHMS (part 1's algorithms; default every registered one), STEPS (part 1's steps, 101);
 # EVAL_SPLITS=all evaluates every split at every record (default selection: only the splits the
 # tables and the learning check read, sweeps/_common.sh).
-# The command that continues this run after an interruption, which every sweep below suggests
-# instead of its own `sweep launch --resume` line (that would run one part only): the README's
-# command 1 when this run is it, else this script with the knobs and flags it was given.
+# The command that continues this run after an interruption, which the queue suggests instead
+# of a `sweep launch --resume` line (that would run one part only): the README's command 1 when
+# this run is it, else this script with the knobs and flags it was given.
 README_COMMAND_1="python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && \
 PYTHON=.venv/bin/python bash sweeps/offline_quickstart.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
@@ -48,15 +48,15 @@ fi
 export DG_SWEEP_RERUN_COMMAND=$rerun
 read -r -a PART_LIST <<< "${PARTS:-1 2 3}"
 has_part() { [[ " ${PART_LIST[*]} " == *" $1 "* ]]; }
-PLANNING=0
-PLAN=()
-sweep() {  # one sweep launch; while PLANNING=1, recorded for the time estimate instead
+QUEUE=()
+sweep() {  # one sweep call, queued: the parts' jobs run as one queue, with one time estimate
     local flags=(--datasets RotatedMNIST5k --data_dir builtin --output_dir "$OUTPUT_DIR"
                  --n_hparams 1 --n_trials 1 --checkpoint_freq 100 "$@")
-    if [[ "$PLANNING" == 1 ]]; then
-        PLAN+=(:: launch "${flags[@]}" --eval_splits "$EVAL_SPLITS" "${SWEEP_FLAGS[@]}")
-    else
+    if [[ "$DRY_RUN" == 1 ]]; then
         sweep_launch "${flags[@]}"
+    else
+        QUEUE+=(:: launch "${flags[@]}" --resume --skip_confirmation --eval_splits "$EVAL_SPLITS"
+                --command_launcher "$LAUNCHER" "${SWEEP_FLAGS[@]}")
     fi
 }
 run_parts() {
@@ -84,21 +84,14 @@ run_parts() {
         sweep --algorithms ERM "${UDG[@]}" --hparams '{"batch_size": 16}'
     fi
 }
-# The time estimate: every job of the parts planned first (dg_plugins.sweep.plan), printed
-# before the first job and updated by the launcher as jobs finish, from their measured times.
-# Before anything is measured it is rough: the whole quick start (15 jobs, 1,715 training steps)
-# took 87 s on 2 idle CPU cores (results/benchmarks.md), about 0.05 s per step.
-if [[ "$DRY_RUN" != 1 ]]; then
-    PLANNING=1 run_parts
-    DG_SWEEP_PROGRESS=$(mktemp "${TMPDIR:-/tmp}/dg_quickstart_progress.XXXXXX")
-    export DG_SWEEP_PROGRESS
-    trap 'rm -f "$DG_SWEEP_PROGRESS"' EXIT
-    "$PYTHON" -m dg_plugins.sweep.plan "$DG_SWEEP_PROGRESS" --name "quick start" \
-        --reference_rate 0.05 --reference_note "the whole quick start (15 jobs, 1,715 training \
-steps) took 87 s on 2 idle CPU cores, results/benchmarks.md" "${PLAN[@]}" 2>/dev/null \
-        || unset DG_SWEEP_PROGRESS  # no estimate then (the sweep says what is wrong)
-fi
 run_parts
 finish_dry_run
+# Every job of the parts as one queue (dg_plugins.sweep.plan): one launcher, one time estimate,
+# printed before the first job and updated as jobs finish from their measured times. Before
+# anything is measured it is rough: the whole quick start (15 jobs, 1,715 training steps) took
+# 87 s on 2 idle CPU cores (results/benchmarks.md), about 0.05 s per step.
+"$PYTHON" -m dg_plugins.sweep.plan --name "quick start" --reference_rate 0.05 \
+    --reference_note "the whole quick start (15 jobs, 1,715 training steps) took 87 s on 2 idle \
+CPU cores, results/benchmarks.md" "${QUEUE[@]}"
 "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR"
 "$PYTHON" -m dg_plugins.scripts.collect_results --input_dir "$OUTPUT_DIR" --learning_check

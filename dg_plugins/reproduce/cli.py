@@ -21,15 +21,12 @@ from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.reproduce.plan import (CallCost, Plan, call_cost, check_extra, parse_test_env_sets,
                                        plan_setting, prerequisites, report_prerequisites)
-from dg_plugins.sweep import actions, checks
-from dg_plugins.sweep import costs as estimate
-from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep import jobs as sweep_lib
 from dg_plugins.sweep.costs import (EVAL_SPLITS, FORWARDS_DEFINITION, UsageError,
                                     evaluation_share, forwards_text, gpu_hours_definition,
                                     gpu_hours_text, gpu_line, missing_lines, sum_forwards,
                                     sum_gpu)
-from dg_plugins.sweep.plan import split_calls
+from dg_plugins.sweep import plan as sweep_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,39 +204,21 @@ def run(plan: Plan, data_dir: str) -> int:
 
 def launch_queue(plan: Plan) -> int:
     """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each in
-    the folder, with the hash and command, its ``sweep launch`` call gives it; checks, claims,
-    ``--resume`` and reports as in one ``sweep launch``. Returns its exit status."""
-    queue, seen, launch_args, command_lines = [], set(), None, {}
-    for i, call in enumerate(plan.calls, 1):
-        print(f"-- sweep {i}/{len(plan.calls)}: {call.label}", flush=True)
-        print(f"$ {module_line('sweep', call.argv)}", flush=True)
-        args, jobs = sweep_cli.sweep_jobs(call.argv)
-        launch_args = launch_args or args  # the calls share their launch flags (plan's tail)
-        print(sweep_lib.summary_line(jobs), flush=True)
-        for job in jobs:
-            if job.output_dir not in seen:
-                seen.add(job.output_dir)
-                queue.append(job)
-                command_lines.setdefault(actions.sweep_dir_of(job.output_dir), call.argv)
+    the folder, with the hash and command, its ``sweep launch`` call gives it
+    (:func:`dg_plugins.sweep.plan.launch_queue`). Returns its exit status."""
+    def announce(i: int, argv) -> None:
+        print(f"-- sweep {i}/{len(plan.calls)}: {plan.calls[i - 1].label}", flush=True)
+        print(f"$ {module_line('sweep', argv)}", flush=True)
+
+    launch_args, queue, command_lines = sweep_plan.queue_calls(
+        [call.argv for call in plan.calls], announce)
     print(f"-- one queue: the {len(queue)} jobs of the {len(plan.calls)} sweep(s) above, handed "
           f"to the {launch_args.command_launcher} launcher at once", flush=True)
     # The continue lines name the command that continues every sweep (the paper script's, or
     # this reproduce command), not one sweep's `sweep launch --resume`; the other lines (claims,
-    # delete_incomplete after failures) each sweep folder's own command.
-    saved = os.environ.get(actions.RERUN_ENV)
-    os.environ[actions.RERUN_ENV] = saved or module_line("reproduce", plan.argv)
-    try:
-        code = actions.run_action(
-            "launch", queue, launcher_fn=sweep_cli.make_launcher(launch_args),
-            seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
-            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
-            estimate=lambda selected: estimate.print_estimate(selected,
-                                                              launch_args.command_launcher))
-    finally:
-        if saved is None:
-            del os.environ[actions.RERUN_ENV]
-        else:
-            os.environ[actions.RERUN_ENV] = saved
+    # delete_incomplete after failures) each job's own sweep command.
+    code = sweep_plan.launch_queue(launch_args, queue, command_lines,
+                                   module_line("reproduce", plan.argv))
     if code >= 128:  # stopped by a signal
         print("Stopped; rerun the same command to continue (finished jobs are skipped, "
               "interrupted ones resume).", flush=True)
@@ -426,7 +405,7 @@ def list_forwards(data_dir: str | None) -> int:
 
 def dry_run_sweeps(tokens: list[str]) -> int:
     """List the jobs, count and total steps of plain sweep calls (``::``-separated)."""
-    calls = split_calls(tokens)
+    calls = sweep_plan.split_calls(tokens)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
 

@@ -29,7 +29,7 @@ from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, OUT_FILE, RESULTS_F
 SWEEP_MODULE = "dg_plugins.scripts.sweep"
 ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
 #: What suggested command lines are made from: one ``sweep`` argv, or for a queue of sweeps each
-#: sweep folder's argv by its absolute path; None: a template with ``<your flags>``.
+#: job's (and sweep folder's) argv by its absolute path; None: a template with ``<your flags>``.
 CommandLines = Union[Sequence[str], Mapping[str, Sequence[str]], None]
 
 
@@ -153,20 +153,21 @@ def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
     return f"{head} {shlex.join(words + (['--resume'] if resume else []))}"
 
 
-def command_for(command_line: CommandLines, sweep_dir: str) -> Sequence[str] | None:
-    """The argv of the sweep whose folder is ``sweep_dir`` (None: not known)."""
+def command_for(command_line: CommandLines, folder: str) -> Sequence[str] | None:
+    """The argv of the sweep call of the job (or sweep) folder ``folder`` (None: not known)."""
     if isinstance(command_line, Mapping):
-        return command_line.get(os.path.abspath(sweep_dir))
+        return command_line.get(os.path.abspath(folder)) or command_line.get(
+            os.path.abspath(sweep_dir_of(folder)))
     return command_line
 
 
 def sweep_commands(command_line: CommandLines, output_dirs: Sequence[str],
                    action: str = "launch", resume: bool = False,
                    drop: Sequence[str] = ()) -> list[str]:
-    """:func:`sweep_command` for each sweep folder of ``output_dirs`` (once each, in order)."""
+    """:func:`sweep_command` for the sweep call of each of ``output_dirs`` (once each line)."""
     if not isinstance(command_line, Mapping):
         return [sweep_command(command_line, action, resume, drop)]
-    lines = [sweep_command(command_for(command_line, sweep_dir_of(d)), action, resume, drop)
+    lines = [sweep_command(command_for(command_line, d), action, resume, drop)
              for d in output_dirs]
     return list(dict.fromkeys(lines)) or [sweep_command(None, action, resume, drop)]
 

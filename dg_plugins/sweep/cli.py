@@ -4,6 +4,7 @@ checks, and :func:`main`: enumerate the jobs, build the launcher, act."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Sequence
@@ -295,16 +296,23 @@ def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = 
                                 command_args=command_args(args))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The sweep's exit status (docs/sweep.md)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+@contextlib.contextmanager
+def usage_errors(parser: argparse.ArgumentParser):
+    """Bad sweep input (a flag's value, a plugin, a file) as ``parser.error``: exit status 2."""
     try:
-        args, enumerated = sweep_jobs(argv, parser=parser)
+        yield
     except PluginImportError as err:
         parser.error(str(err))
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The sweep's exit status (docs/sweep.md)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    with usage_errors(parser):
+        args, enumerated = sweep_jobs(argv, parser=parser)
     from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
 
     return actions.run_action(

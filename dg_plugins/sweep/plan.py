@@ -1,16 +1,25 @@
-"""The plan of a run of several sweeps, for its time estimate: ``python -m dg_plugins.sweep.plan
-FILE ... :: launch FLAGS [:: launch FLAGS ...]`` writes their jobs' folders and steps to FILE
-(docs/sweep.md). Used by ``sweeps/offline_quickstart.sh``."""
+"""Several sweep calls as one queue: their jobs enumerated as sweep does, then handed to the
+launcher at once, so one launcher (and one fork server) runs them all. ``python -m
+dg_plugins.sweep.plan [--name N] ... :: launch FLAGS [:: launch FLAGS ...]`` (the quick start,
+``sweeps/offline_quickstart.sh``) also plans the run's time estimate over every job
+(docs/sweep.md); ``reproduce`` queues a setting's calls the same way."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import os
+import shlex
 import sys
+import tempfile
+from typing import Callable, Sequence
+from unittest import mock
 
+from dg_plugins import runtime
+from dg_plugins.sweep import actions, checks
 from dg_plugins.sweep import cli as sweep_cli
-from dg_plugins.sweep.progress import Progress
+from dg_plugins.sweep.jobs import summary_line
+from dg_plugins.sweep.progress import PROGRESS_ENV, Progress
 
 #: Separates the sweep calls.
 CALL_SEPARATOR = "::"
@@ -22,14 +31,54 @@ def split_calls(tokens) -> list[list[str]]:
         tokens, lambda token: token == CALL_SEPARATOR) if not separator]
 
 
+def queue_calls(calls: Sequence[Sequence[str]],
+                announce: Callable[[int, Sequence[str]], None] | None = None):
+    """``(launch_args, jobs, command_lines)`` of ``calls`` (sweep argvs that share their launch
+    flags): each job once, with the hash and folder its call gives it, and the call's argv for the
+    lines that name a sweep's command. ``announce(i, argv)`` before each call (then its jobs'
+    counts)."""
+    launch_args, queue, command_lines = None, {}, {}
+    for i, call in enumerate(calls, 1):
+        if announce is not None:
+            announce(i, call)
+        args, jobs = sweep_cli.sweep_jobs(call)
+        if args.command != "launch" or args.dry_run:
+            raise ValueError(f"{shlex.join(call)}: a queue launches its calls, each `launch "
+                             "FLAGS` without --dry_run (to list the jobs: DRY_RUN=1 for the "
+                             "scripts in sweeps/, or sweep launch --dry_run)")
+        launch_args = launch_args or args
+        if announce is not None:
+            print(summary_line(jobs), flush=True)
+        for job in jobs:
+            queue.setdefault(job.output_dir, job)
+            for folder in (job.output_dir, actions.sweep_dir_of(job.output_dir)):
+                command_lines.setdefault(os.path.abspath(folder), list(call))
+    return launch_args, list(queue.values()), command_lines
+
+
+def launch_queue(launch_args, jobs, command_lines, rerun: str) -> int:
+    """Launch ``jobs`` (:func:`queue_calls`) with one launcher call: checks, claims, ``--resume``
+    and reports as one ``sweep launch``; the lines that say how to continue name ``rerun`` (or
+    ``$DG_SWEEP_RERUN_COMMAND``, when set). Returns the exit status."""
+    from dg_plugins.sweep import costs  # the estimate's child runs it as __main__
+
+    rerun = os.environ.get(actions.RERUN_ENV) or rerun
+    with mock.patch.dict(os.environ, {actions.RERUN_ENV: rerun}):  # as it was after
+        return actions.run_action(
+            "launch", jobs, launcher_fn=sweep_cli.make_launcher(launch_args),
+            seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
+            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
+            estimate=lambda selected: costs.print_estimate(selected,
+                                                           launch_args.command_launcher))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write the plan of the sweep calls to FILE (every job's folder and steps) and print the
-    first estimate."""
+    """Launch every job of the sweep calls as one queue, with a time estimate over all of them
+    (printed before the first job, updated as jobs finish)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index(CALL_SEPARATOR) if CALL_SEPARATOR in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m dg_plugins.sweep.plan",
                                      description=main.__doc__)
-    parser.add_argument("file")
     parser.add_argument("--name", default="")
     parser.add_argument("--reference_rate", type=float, default=None, metavar="SECONDS",
                         help="seconds per training step measured elsewhere (a fresh start's "
@@ -37,19 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference_note", default="measured elsewhere",
                         help="how the reference rate was measured")
     args = parser.parse_args(argv[:cut])
-    planned: dict[str, int | None] = {}
     calls = split_calls(argv[cut:])
-    for call in calls:
-        for job in sweep_cli.sweep_jobs(call, dry_run=True)[1]:
-            planned[job.output_dir] = job.train_args.get("steps")
+    if not calls:
+        parser.error("give the sweep calls after '::': launch FLAGS [:: launch FLAGS ...]")
+    with sweep_cli.usage_errors(sweep_cli.build_parser()):
+        launch_args, jobs, command_lines = queue_calls(calls)
     reference = ([args.reference_rate, args.reference_note]
                  if args.reference_rate is not None else None)
-    progress = Progress(planned, {}, reference, name=args.name, path=args.file)
-    os.makedirs(os.path.dirname(os.path.abspath(args.file)), exist_ok=True)
-    progress.save()
-    print(progress.first_line(), flush=True)
-    return 0
+    with tempfile.TemporaryDirectory(prefix="dg_sweep_plan_") as tmp:
+        progress = Progress({job.output_dir: job.train_args.get("steps") for job in jobs}, {},
+                            reference, name=args.name, path=os.path.join(tmp, "progress.json"))
+        progress.save()
+        print(progress.first_line(), flush=True)
+        with mock.patch.dict(os.environ, {PROGRESS_ENV: progress.path}):
+            return launch_queue(launch_args, jobs, command_lines, rerun=shlex.join(
+                [sys.executable, "-m", "dg_plugins.sweep.plan", *argv]))
 
 
 if __name__ == "__main__":
+    runtime.pause_collector()  # until the launch (runtime.resume_collector), as sweep's
     sys.exit(main())

@@ -7,10 +7,11 @@ import os
 
 import pytest
 
+from dg_plugins.registry import LAUNCHERS
 from dg_plugins.sweep import jobs as sweep_jobs
 from dg_plugins.sweep import plan, progress
 from dg_plugins.sweep.progress import JobOutputs
-from dg_plugins.sweep.processes import ErrorLogs
+from dg_plugins.sweep.processes import ErrorLogs, command_output_dir
 
 
 @pytest.mark.parametrize("seconds, text", [
@@ -99,34 +100,53 @@ def debug_launch(out, *test_envs):
             "--test_env_sets", *test_envs]
 
 
-def test_a_run_of_several_sweeps_is_estimated_as_a_whole(tmp_path, monkeypatch, capsys):
-    """The quick start's way: its sweeps are planned first (3 jobs in two sweep calls, one of them
-    done already). Nothing is measured yet: a rough estimate from the reference rate, saying how
-    it was made. Then the second sweep's launcher counts the whole run's jobs."""
+def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, monkeypatch, capsys):
+    """The quick start's way (``python -m dg_plugins.sweep.plan``): two sweep calls, 3 jobs, one
+    done already, handed to one launcher call with the 2 left. Nothing is measured yet: a rough
+    estimate from the reference rate, saying how it was made; then the launcher counts the whole
+    run's jobs. A call that is not a launch is refused before anything starts."""
     out = tmp_path / "out"
-    file = tmp_path / "progress.json"
     first = sweep_jobs.make_jobs(
         sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
                                   "domain_generalization", 0.2, False, None,
                                   test_env_sets=[[0]], n_envs=lambda d: 3), str(out))
     os.makedirs(first[0].output_dir)
     open(os.path.join(first[0].output_dir, "done"), "w").close()
-    assert plan.main([str(file), "--name", "quick start", "--reference_rate", "0.05",
+    launched = []
+
+    def stand_in(commands):  # what the launcher is handed, and the plan it finds
+        launched.append((list(commands), progress.Progress.for_commands(
+            commands, [command_output_dir(c) for c in commands])))
+
+    LAUNCHERS.register("queue_stand_in", stand_in)
+    flags = ["--command_launcher", "queue_stand_in", "--skip_confirmation"]
+    try:
+        assert plan.main(["--name", "quick start", "--reference_rate", "0.05",
                           "--reference_note", "measured on machine X", "::",
-                          *debug_launch(out, "0"), "::", *debug_launch(out, "1", "2")]) == 0
-    assert capsys.readouterr().out == (
+                          *debug_launch(out, "0"), *flags, "::",
+                          *debug_launch(out, "1", "2"), *flags]) == 0
+        with pytest.raises(SystemExit):
+            plan.main(["::", *debug_launch(out, "0"), "--dry_run"])
+    finally:
+        LAUNCHERS.unregister("queue_stand_in")
+    text = capsys.readouterr()
+    assert text.out.startswith(
         "quick start: 3 jobs, 1 done; rough estimate: about 10 s for the 2 left (200 training "
         "steps at 0.05 s per step: measured on machine X; nothing is measured on this machine "
         "yet). Updated as jobs finish.\n")
-
-    second = sweep_jobs.make_jobs(
+    assert "a queue launches its calls, each `launch FLAGS` without --dry_run" in text.err
+    (commands, planned), = launched
+    folders = [command_output_dir(c) for c in commands]
+    assert sorted(folders) == sorted(job.output_dir for job in sweep_jobs.make_jobs(
         sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
                                   "domain_generalization", 0.2, False, None,
-                                  test_env_sets=[[1], [2]], n_envs=lambda d: 3), str(out))
-    commands = [job.command() for job in second]
-    folders = [job.output_dir for job in second]
-    for folder in folders:
-        os.makedirs(folder)
+                                  test_env_sets=[[1], [2]], n_envs=lambda d: 3), str(out)))
+    assert len(planned.planned) == 3 and planned.name == "quick start"
+    assert progress.PROGRESS_ENV not in os.environ  # the plan's file went with the run
+
+    file = tmp_path / "progress.json"
+    planned.path = str(file)
+    planned.save()
     monkeypatch.setenv(progress.PROGRESS_ENV, str(file))
     clock = Clock()
     outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
@@ -138,3 +158,20 @@ def test_a_run_of_several_sweeps_is_estimated_as_a_whole(tmp_path, monkeypatch, 
     # a launcher whose jobs the file does not plan estimates its own
     commands, others = make_commands(tmp_path, [100])
     assert progress.Progress.for_commands(commands, others).planned == {others[0]: 100}
+
+
+def test_a_queue_names_each_jobs_own_call_in_one_sweep_folder(tmp_path):
+    """The quick start's calls share one sweep folder: after a failure, each job's
+    ``delete_incomplete`` line is its own call's, so it deletes that job (one call's line would
+    not enumerate the other call's jobs)."""
+    from dg_plugins.sweep import actions
+
+    out = tmp_path / "out"
+    calls = [[*debug_launch(out, *envs), "--command_launcher", "dummy"]
+             for envs in (["0"], ["1", "2"])]
+    _, jobs, command_lines = plan.queue_calls(calls)
+    by_env = {tuple(job.train_args["test_envs"]): job.output_dir for job in jobs}
+    lines = actions.sweep_commands(command_lines, [by_env[(0,)], by_env[(2,)], by_env[(1,)]],
+                                   "delete_incomplete")
+    assert len(lines) == 2 and lines[0].endswith("--test_env_sets 0 --command_launcher dummy")
+    assert lines[1].endswith("--test_env_sets 1 2 --command_launcher dummy") and " delete_incomplete " in lines[1]
