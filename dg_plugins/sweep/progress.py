@@ -133,6 +133,8 @@ class Progress:
         what = f"{self.name}: " if self.name else ""
         remaining = self._remaining()
         done = len(self.planned) - len(remaining)
+        if not remaining:  # a rerun of a finished run
+            return f"{what}{done}/{len(self.planned)} jobs done."
         steps = [self.planned[f] for f in remaining]
         head = f"{what}{len(self.planned)} jobs, {done} done"
         if self.reference and all(steps):

@@ -155,6 +155,9 @@ def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, monkeypa
         "the 1 job(s) finished in this run; start-up and evaluation included)",
         "  quick start: 3/3 jobs done.",
     ]
+    # a rerun of the finished run says so, with no estimate
+    assert progress.Progress(planned.planned, {}, [0.05, "x"], name="quick start") \
+        .first_line() == "quick start: 3/3 jobs done."
     # a launcher whose jobs the file does not plan estimates its own
     commands, others = make_commands(tmp_path, [100])
     assert progress.Progress.for_commands(commands, others).planned == {others[0]: 100}
