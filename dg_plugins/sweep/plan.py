@@ -2,7 +2,8 @@
 launcher at once, so one launcher (and one fork server) runs them all. ``python -m
 dg_plugins.sweep.plan [--name N] ... :: launch FLAGS [:: launch FLAGS ...]`` (the quick start,
 ``sweeps/offline_quickstart.sh``) also plans the run's time estimate over every job
-(docs/sweep.md); ``reproduce`` queues a setting's calls the same way."""
+(:data:`dg_plugins.sweep.progress.RUN`; docs/sweep.md); ``reproduce`` queues a setting's calls
+the same way."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import itertools
 import os
 import shlex
 import sys
-import tempfile
 from typing import Callable, Sequence
 from unittest import mock
 
@@ -19,7 +19,7 @@ from dg_plugins import runtime
 from dg_plugins.sweep import actions, checks
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep.jobs import summary_line
-from dg_plugins.sweep.progress import PROGRESS_ENV, Progress
+from dg_plugins.sweep import progress
 
 #: Separates the sweep calls.
 CALL_SEPARATOR = "::"
@@ -93,14 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         launch_args, jobs, command_lines = queue_calls(calls)
     reference = ([args.reference_rate, args.reference_note]
                  if args.reference_rate is not None else None)
-    with tempfile.TemporaryDirectory(prefix="dg_sweep_plan_") as tmp:
-        progress = Progress({job.output_dir: job.train_args.get("steps") for job in jobs}, {},
-                            reference, name=args.name, path=os.path.join(tmp, "progress.json"))
-        progress.save()
-        print(progress.first_line(), flush=True)
-        with mock.patch.dict(os.environ, {PROGRESS_ENV: progress.path}):
-            return launch_queue(launch_args, jobs, command_lines, rerun=shlex.join(
-                [sys.executable, "-m", "dg_plugins.sweep.plan", *argv]))
+    run = progress.Progress({job.output_dir: job.train_args.get("steps") for job in jobs},
+                            reference, name=args.name)
+    print(run.first_line(), flush=True)
+    with runtime.swapped(progress, "RUN", run):
+        return launch_queue(launch_args, jobs, command_lines, rerun=shlex.join(
+            [sys.executable, "-m", "dg_plugins.sweep.plan", *argv]))
 
 
 if __name__ == "__main__":

@@ -5,21 +5,20 @@ that finished, over a whole planned run (:mod:`dg_plugins.sweep.plan`)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import time
 from typing import Callable, Sequence
 
-from dg_plugins.files import atomic_write_bytes
 from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import OUT_FILE, is_done
 from dg_plugins.job.records import last_record
 from dg_plugins.sweep import jobs
 from dg_plugins.sweep.processes import ErrorLogs, error_excerpt, read_lines
 
-#: Names the progress file of a run of several sweeps (:mod:`dg_plugins.sweep.plan`).
-PROGRESS_ENV = "DG_SWEEP_PROGRESS"
+#: The plan of the run under way, while one queue runs several sweeps' jobs
+#: (:mod:`dg_plugins.sweep.plan`): its launcher estimates over every job of the run.
+RUN: "Progress | None" = None
 
 
 def format_duration(seconds: float) -> str:
@@ -50,55 +49,28 @@ def command_steps(command: str) -> int | None:
 class Progress:
     """The jobs of a run (``planned``), those that ended (``measured``), a reference rate."""
 
-    def __init__(self, planned: dict[str, int | None], measured: dict | None = None,
-                 reference: Sequence | None = None, parallel: int = 1, name: str = "",
-                 path: str | None = None):
+    def __init__(self, planned: dict[str, int | None], reference: Sequence | None = None,
+                 parallel: int = 1, name: str = ""):
         self.planned = {os.path.abspath(k): v for k, v in planned.items()}
-        self.measured = {os.path.abspath(k): list(v) for k, v in (measured or {}).items()}
+        self.measured: dict[str, list] = {}  # folder: [seconds, succeeded], in this run
         self.reference = list(reference) if reference else None
         self.parallel = max(1, parallel)
         self.name = name
-        self.path = path
-
-    @classmethod
-    def load(cls, path: str, parallel: int = 1) -> "Progress | None":
-        try:
-            with open(path) as f:
-                data = json.load(f)
-            return cls(data["planned"], data.get("measured"), data.get("reference"), parallel,
-                       data.get("name", ""), path)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-
-    def save(self) -> None:
-        data = {"name": self.name, "planned": self.planned, "measured": self.measured,
-                "reference": self.reference}
-        if self.path is not None:
-            with contextlib.suppress(OSError):  # an estimate is never worth failing a sweep for
-                atomic_write_bytes(self.path, json.dumps(data, indent=1).encode())
 
     @classmethod
     def for_commands(cls, commands: Sequence[str], folders: Sequence[str | None],
                      parallel: int = 1) -> "Progress":
-        """The run's plan from ``$DG_SWEEP_PROGRESS`` when it holds these jobs, else theirs."""
-        path = os.environ.get(PROGRESS_ENV)
-        if path:
-            loaded = cls.load(path, parallel)
-            if loaded is not None and all(
-                    os.path.abspath(f) in loaded.planned for f in folders if f):
-                return loaded
+        """The run's plan (:data:`RUN`) when it holds these jobs, else theirs."""
+        if RUN is not None and all(os.path.abspath(f) in RUN.planned for f in folders if f):
+            RUN.parallel = max(1, parallel)
+            return RUN
         return cls({f: command_steps(c) for c, f in zip(commands, folders) if f},
                    parallel=parallel)
 
     def ended(self, folder: str | None, seconds: float, succeeded: bool) -> None:
-        """A job of the run ended after ``seconds`` (the file re-read: a run's sweeps add up)."""
-        if folder is None:
-            return
-        fresh = Progress.load(self.path, self.parallel) if self.path is not None else None
-        if fresh is not None:
-            self.measured = fresh.measured
-        self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
-        self.save()
+        """A job of the run ended after ``seconds``."""
+        if folder is not None:
+            self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
 
     def _remaining(self) -> list[str]:
         return [f for f in self.planned if not is_done(f) and f not in self.measured]

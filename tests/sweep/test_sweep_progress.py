@@ -59,7 +59,6 @@ def test_the_time_left_follows_the_measured_jobs(tmp_path, monkeypatch):
     """Three jobs of 100, 100 and 200 steps: after the first (10 s) the rate is 0.1 s per step,
     so 300 steps are left: 30 s; the second takes 30 s: 40 s over 200 steps, 0.2 s per step, 200
     steps left: 40 s; after the last, all done."""
-    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     commands, folders = make_commands(tmp_path, [100, 100, 200])
     clock = Clock()
     outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
@@ -74,7 +73,6 @@ def test_the_time_left_follows_the_measured_jobs(tmp_path, monkeypatch):
 
 def test_without_steps_the_estimate_is_per_job_and_a_failed_job_is_not_a_measure(
         tmp_path, monkeypatch):
-    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     commands, folders = make_commands(tmp_path, [1, 1, 1])
     commands = [c.replace(" --steps 1", "") for c in commands]
     clock = Clock()
@@ -100,11 +98,12 @@ def debug_launch(out, *test_envs):
             "--test_env_sets", *test_envs]
 
 
-def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, monkeypatch, capsys):
+def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, capsys):
     """The quick start's way (``python -m dg_plugins.sweep.plan``): two sweep calls, 3 jobs, one
     done already, handed to one launcher call with the 2 left. Nothing is measured yet: a rough
     estimate from the reference rate, saying how it was made; then the launcher counts the whole
-    run's jobs. A call that is not a launch is refused before anything starts."""
+    run's jobs (their durations injected). A call that is not a launch is refused before anything
+    starts."""
     out = tmp_path / "out"
     first = sweep_jobs.make_jobs(
         sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
@@ -114,9 +113,11 @@ def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, monkeypa
     open(os.path.join(first[0].output_dir, "done"), "w").close()
     launched = []
 
-    def stand_in(commands):  # what the launcher is handed, and the plan it finds
-        launched.append((list(commands), progress.Progress.for_commands(
-            commands, [command_output_dir(c) for c in commands])))
+    def stand_in(commands):  # the local launcher's lines, with jobs of 20 s each
+        clock = Clock()
+        outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
+        launched.append((list(commands), run_jobs(outputs, clock, [20, 20], [
+            command_output_dir(c) for c in commands])))
 
     LAUNCHERS.register("queue_stand_in", stand_in)
     flags = ["--command_launcher", "queue_stand_in", "--skip_confirmation"]
@@ -135,30 +136,22 @@ def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, monkeypa
         "steps at 0.05 s per step: measured on machine X; nothing is measured on this machine "
         "yet). Updated as jobs finish.\n")
     assert "a queue launches its calls, each `launch FLAGS` without --dry_run" in text.err
-    (commands, planned), = launched
-    folders = [command_output_dir(c) for c in commands]
-    assert sorted(folders) == sorted(job.output_dir for job in sweep_jobs.make_jobs(
-        sweep_jobs.make_args_list(1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin",
-                                  "domain_generalization", 0.2, False, None,
-                                  test_env_sets=[[1], [2]], n_envs=lambda d: 3), str(out)))
-    assert len(planned.planned) == 3 and planned.name == "quick start"
-    assert progress.PROGRESS_ENV not in os.environ  # the plan's file went with the run
-
-    file = tmp_path / "progress.json"
-    planned.path = str(file)
-    planned.save()
-    monkeypatch.setenv(progress.PROGRESS_ENV, str(file))
-    clock = Clock()
-    outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
-    assert run_jobs(outputs, clock, [20, 20], folders) == [
+    (commands, lines), = launched
+    assert sorted(map(command_output_dir, commands)) == sorted(
+        job.output_dir for job in sweep_jobs.make_jobs(sweep_jobs.make_args_list(
+            1, ["Debug28"], ["ERM"], 0, 1, 100, "builtin", "domain_generalization", 0.2, False,
+            None, test_env_sets=[[1], [2]], n_envs=lambda d: 3), str(out)))
+    assert lines == [
         "  quick start: 2/3 jobs done, about 20 s left (0.2 s per training step, measured over "
         "the 1 job(s) finished in this run; start-up and evaluation included)",
         "  quick start: 3/3 jobs done.",
     ]
+    assert progress.RUN is None  # the plan went with the run
     # a rerun of the finished run says so, with no estimate
-    assert progress.Progress(planned.planned, {}, [0.05, "x"], name="quick start") \
-        .first_line() == "quick start: 3/3 jobs done."
-    # a launcher whose jobs the file does not plan estimates its own
+    assert progress.Progress({c: 100 for c in [first[0].output_dir, *map(
+        command_output_dir, commands)]}, [0.05, "x"], name="quick start").first_line() == \
+        "quick start: 3/3 jobs done."
+    # a launcher whose jobs the run's plan does not hold estimates its own
     commands, others = make_commands(tmp_path, [100])
     assert progress.Progress.for_commands(commands, others).planned == {others[0]: 100}
 
@@ -177,4 +170,5 @@ def test_a_queue_names_each_jobs_own_call_in_one_sweep_folder(tmp_path):
     lines = actions.sweep_commands(command_lines, [by_env[(0,)], by_env[(2,)], by_env[(1,)]],
                                    "delete_incomplete")
     assert len(lines) == 2 and lines[0].endswith("--test_env_sets 0 --command_launcher dummy")
-    assert lines[1].endswith("--test_env_sets 1 2 --command_launcher dummy") and " delete_incomplete " in lines[1]
+    assert lines[1].endswith("--test_env_sets 1 2 --command_launcher dummy")
+    assert all(" delete_incomplete " in line for line in lines)
