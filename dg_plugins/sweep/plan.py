@@ -43,8 +43,8 @@ def queue_calls(calls: Sequence[Sequence[str]],
             announce(i, call)
         args, jobs = sweep_cli.sweep_jobs(call)
         if args.command != "launch" or args.dry_run:
-            raise ValueError(f"{shlex.join(call)}: a queue launches its calls, each `launch "
-                             "FLAGS` without --dry_run (to list the jobs: DRY_RUN=1 for the "
+            raise ValueError(f"{'--dry_run' if args.dry_run else args.command}: a queue only "
+                             "launches its sweep calls (to list their jobs: DRY_RUN=1 for the "
                              "scripts in sweeps/, or sweep launch --dry_run)")
         launch_args = launch_args or args
         if announce is not None:

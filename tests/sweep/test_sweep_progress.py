@@ -135,7 +135,8 @@ def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, capsys):
         "quick start: 3 jobs, 1 done; rough estimate: about 10 s for the 2 left (200 training "
         "steps at 0.05 s per step: measured on machine X; nothing is measured on this machine "
         "yet). Updated as jobs finish.\n")
-    assert "a queue launches its calls, each `launch FLAGS` without --dry_run" in text.err
+    assert "error: --dry_run: a queue only launches its sweep calls (to list their jobs: " \
+        "DRY_RUN=1" in text.err
     (commands, lines), = launched
     assert sorted(map(command_output_dir, commands)) == sorted(
         job.output_dir for job in sweep_jobs.make_jobs(sweep_jobs.make_args_list(
