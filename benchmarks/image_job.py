@@ -12,7 +12,8 @@ torchvision's ImageNet weights (``domainbed/networks.py``: ``resnet18(pretrained
 hosts run with ``TORCH_HOME`` pointing at a temporary folder that holds random weights under that
 file's name (:func:`benchmarks.support.random_torchvision_weights`): nothing is downloaded
 and both start from the same weights. ``resnet50_augmix`` is false for both (DomainBed's default
-true would replace the network by timm's ResNet-50).
+true would replace the network by timm's ResNet-50). DomainBed trains at 224x224 only; a smaller
+``--train_size`` runs ours alone, as a quick check (the benchmark's tests).
 
 Given train's precision flag with ``fp32 bf16``, it adds our jobs under the opt-in bf16 autocast
 (its numbers differ from fp32's, so it is a speed-up a user chooses, not the same job).
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 
+from dg_plugins.catalog import IMAGE_SIZE, IMAGE_SIZE_HPARAM
 from dg_plugins.help_text import plain_text
 from dg_plugins.job import borrow, option, train_argv
 from dg_plugins.job.selection import EVAL_SPLITS
@@ -55,8 +57,13 @@ def job_arguments(args, data_dir: str, output_dir: str) -> list[str]:
     """Train arguments both hosts accept (DomainBed's train CLI)."""
     return train_argv(data_dir=data_dir, dataset="PACS", algorithm="ERM", test_envs=[0],
                       steps=args.steps, checkpoint_freq=args.checkpoint_freq,
-                      hparams={**HPARAMS[args.model], "batch_size": args.batch_size},
-                      output_dir=output_dir)
+                      hparams={**HPARAMS[args.model], "batch_size": args.batch_size,
+                               **sized(args.train_size)}, output_dir=output_dir)
+
+
+def sized(train_size: int) -> dict:
+    """The jobs' ``image_size`` hparam: none at DomainBed's fixed 224 (its jobs' own arguments)."""
+    return {} if train_size == IMAGE_SIZE else {IMAGE_SIZE_HPARAM: train_size}
 
 
 def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[str], dict]]:
@@ -199,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per_class", type=int, default=20,
                    help="JPEGs per class and domain (4 domains x 7 classes; 20: 560 images; "
                    "357: 9,996, PACS's size)")
-    p.add_argument("--image_size", type=int, default=227)
+    p.add_argument("--image_size", type=int, default=227, help="the JPEGs' size")
+    p.add_argument("--train_size", type=int, default=IMAGE_SIZE,
+                   help=f"the size the jobs train and evaluate at (default {IMAGE_SIZE}, "
+                   "DomainBed's only size; another runs ours alone, as a quick check)")
     p.add_argument("--work_dir", default=None,
                    help="where the tree and the jobs go (default: a temporary folder, removed)")
     return p
@@ -216,6 +226,10 @@ def main(argv=None) -> int:
         print(f"error: --domainbed {args.domainbed}: no domainbed/scripts/train.py there; give a "
               "DomainBed checkout", file=sys.stderr)
         return 2
+    if args.domainbed and args.train_size != IMAGE_SIZE:
+        print(f"error: --train_size {args.train_size}: DomainBed trains at {IMAGE_SIZE} only; "
+              "leave it out, or run without --domainbed", file=sys.stderr)
+        return 2
     from benchmarks.support import random_torchvision_weights
     from benchmarks.data import make_pacs_tree
 
@@ -229,7 +243,9 @@ def main(argv=None) -> int:
                "HF_HUB_OFFLINE": "1", "DG_PLUGINS_OFFLINE": "1"}
         model = {"resnet18": "ResNet-18", "resnet50": "ResNet-50"}[args.model]
         print(f"Image job: ERM, {model} (random weights from {env['TORCH_HOME']}), PACS-shaped "
-              f"tree of {n_images} JPEGs at {args.image_size}x{args.image_size}, test env 0, "
+              f"tree of {n_images} JPEGs at {args.image_size}x{args.image_size}"
+              f"{'' if args.train_size == IMAGE_SIZE else f' trained at {args.train_size}'}"
+              ", test env 0, "
               f"{args.steps} steps, a record every {args.checkpoint_freq}, batch "
               f"{args.batch_size} per domain, default loader workers; {os.cpu_count()} CPUs, "
               f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start; "

@@ -15,7 +15,8 @@ The sweep: ERM with torchvision's ResNet-50 (random weights under ``TORCH_HOME``
 (``--per_class 357``: 9,996 JPEGs, PACS's size), ``--steps`` steps. Our sweeps run with
 ``--eval_splits selection`` (the same tables for less evaluation). On a machine without a GPU
 the launcher's GPU names (``--gpus``) are only names and every job runs on the CPU: a check of
-the command, not a GPU's numbers, and the title says so.
+the command, not a GPU's numbers, and the title says so. ``--train_size`` (ours only) trains at
+another size than DomainBed's 224x224, as a quick check.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.image_job import sized
+from dg_plugins.catalog import IMAGE_SIZE
 from dg_plugins.help_text import plain_text
 from dg_plugins.job import train_argv
 
@@ -46,7 +49,8 @@ def sweep_args(args, data_dir: str, out: str) -> list[str]:
     return ["launch", "--datasets", "PACS", "--algorithms", "ERM", "--data_dir", data_dir,
             "--output_dir", out, "--n_hparams", "1", "--n_trials", str(args.n_trials), *envs,
             "--steps", str(args.steps), "--hparams",
-            json.dumps({**HPARAMS[args.model], "batch_size": args.batch_size}),
+            json.dumps({**HPARAMS[args.model], "batch_size": args.batch_size,
+                        **sized(args.train_size)}),
             "--command_launcher", "multi_gpu", "--skip_confirmation"]
 
 
@@ -115,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=32, help="per domain (DomainBed's 32)")
     p.add_argument("--per_class", type=int, default=357,
                    help="JPEGs per class and domain (357: 9,996, PACS's size)")
-    p.add_argument("--image_size", type=int, default=227)
+    p.add_argument("--image_size", type=int, default=227, help="the JPEGs' size")
+    p.add_argument("--train_size", type=int, default=IMAGE_SIZE,
+                   help=f"ours only: the size the jobs train at (default {IMAGE_SIZE}, "
+                   "DomainBed's only size)")
     p.add_argument("--jobs_per_gpu", type=int, default=4)
     p.add_argument("--opt_in", default=OPT_IN, help=f"the fastest run's flags (default {OPT_IN})")
     p.add_argument("--timeout", type=float, default=None, help="seconds per sweep")
@@ -128,9 +135,10 @@ def main(argv=None) -> int:
     from benchmarks.data import make_pacs_tree
     from dg_plugins.sweep.launchers import visible_gpus
 
-    if args.domainbed and args.test_envs:
-        print("error: --test_envs: DomainBed's sweep runs every test environment; leave it out, "
-              "or run without --domainbed", file=sys.stderr)
+    if args.domainbed and (args.test_envs or args.train_size != IMAGE_SIZE):
+        print("error: --test_envs and --train_size: DomainBed's sweep runs every test "
+              f"environment at {IMAGE_SIZE}; leave them out, or run without --domainbed",
+              file=sys.stderr)
         return 2
     gpus = args.gpus.split(",") if args.gpus else visible_gpus()
     if not gpus:

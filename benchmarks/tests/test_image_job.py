@@ -44,16 +44,17 @@ def test_image_job_benchmark_against_domainbed_prints_times_and_ratios(tmp_path)
 def test_image_job_benchmark_with_bf16_runs_and_without_domainbed(tmp_path, monkeypatch):
     """Without a DomainBed checkout only ours run; ``--precision fp32 bf16`` adds the bf16 job
     and its ratio to the fp32 job. ``--work_dir`` as typed, relative to the working directory.
-    The jobs are as short as the timing allows (2 steps, 2 records): bf16 is emulated, slow, on
-    a CPU without bfloat16 instructions."""
+    The jobs are as short as the timing allows (2 steps, 2 records, ``--train_size 32``): bf16 is
+    emulated, slow, on a CPU without bfloat16 instructions."""
     monkeypatch.delenv("DOMAINBED_ROOT", raising=False)
     (tmp_path / "work").mkdir()
     proc = run_benchmark("image_job", "--eval_splits", "selection", "--precision", "fp32",
                          "bf16", "--repeats", "1", "--per_class", "1", "--image_size", "32",
-                         "--steps", "2", "--checkpoint_freq", "1", "--batch_size", "1",
-                         "--work_dir", "work", cwd=tmp_path)
+                         "--train_size", "32", "--steps", "2", "--checkpoint_freq", "1",
+                         "--batch_size", "1", "--work_dir", "work", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
+    assert "tree of 28 JPEGs at 32x32 trained at 32, test env 0" in out
     for label in ("dg_plugins (selection)", "dg_plugins (selection, bf16)"):
         assert re.search(rf"repeat 1 {re.escape(label)} +wall +[\d.]+ s \(startup and end "
                          r"-?[\d.]+, training [\d.]+, evaluation -?[\d.]+\), step [\d.]+ s, ",
