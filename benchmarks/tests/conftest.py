@@ -17,7 +17,7 @@ _SPEC.loader.exec_module(_SUITE)
 globals().update({name: value for name, value in vars(_SUITE).items()
                   if not name.startswith("_")})
 
-#: The slowest modules first (seconds of one worker on a 2-core AMD EPYC: 42, 33, 24), so that
+#: The slowest modules first (seconds of one worker on a 2-core AMD EPYC: 42, 34, 18), so that
 #: the two xdist workers finish together (the suite's own order, kept for modules not named).
 SLOWEST_FIRST = ("test_sweep_gpu.py", "test_gpu.py", "test_image_job.py")
 
