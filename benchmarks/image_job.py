@@ -66,6 +66,23 @@ def sized(train_size: int) -> dict:
     return {} if train_size == IMAGE_SIZE else {IMAGE_SIZE_HPARAM: train_size}
 
 
+def train_size_error(args) -> str | None:
+    """Why the jobs cannot train at ``--train_size`` (None: they can)."""
+    if args.train_size == IMAGE_SIZE:
+        return None
+    if args.domainbed:
+        return (f"--train_size {args.train_size}: DomainBed trains at {IMAGE_SIZE} only; leave "
+                "it out, or run without --domainbed")
+    import dg_plugins.datasets  # noqa: F401  (declares PACS's hparams)
+    from dg_plugins.hparams import validate
+
+    try:
+        validate("ERM", "PACS", sized(args.train_size))
+    except ValueError as err:
+        return f"--train_size {args.train_size}: {err}"
+    return None
+
+
 def commands(args, data_dir: str, out: str, env: dict) -> dict[str, tuple[list[str], dict]]:
     """``{label: (command, env)}``: ours per ``--eval_splits`` value, then DomainBed's (unbuffered
     stdout, ``-u``, so that every record's line arrives when it is printed)."""
@@ -226,9 +243,8 @@ def main(argv=None) -> int:
         print(f"error: --domainbed {args.domainbed}: no domainbed/scripts/train.py there; give a "
               "DomainBed checkout", file=sys.stderr)
         return 2
-    if args.domainbed and args.train_size != IMAGE_SIZE:
-        print(f"error: --train_size {args.train_size}: DomainBed trains at {IMAGE_SIZE} only; "
-              "leave it out, or run without --domainbed", file=sys.stderr)
+    if train_size_error(args):
+        print(f"error: {train_size_error(args)}", file=sys.stderr)
         return 2
     from benchmarks.support import random_torchvision_weights
     from benchmarks.data import make_pacs_tree

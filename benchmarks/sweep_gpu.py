@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.image_job import sized
+from benchmarks.image_job import sized, train_size_error
 from dg_plugins.catalog import IMAGE_SIZE
 from dg_plugins.help_text import plain_text
 from dg_plugins.job import train_argv
@@ -135,10 +135,12 @@ def main(argv=None) -> int:
     from benchmarks.data import make_pacs_tree
     from dg_plugins.sweep.launchers import visible_gpus
 
-    if args.domainbed and (args.test_envs or args.train_size != IMAGE_SIZE):
-        print("error: --test_envs and --train_size: DomainBed's sweep runs every test "
-              f"environment at {IMAGE_SIZE}; leave them out, or run without --domainbed",
-              file=sys.stderr)
+    if args.domainbed and args.test_envs:
+        print("error: --test_envs: DomainBed's sweep runs every test environment; leave it out, "
+              "or run without --domainbed", file=sys.stderr)
+        return 2
+    if train_size_error(args):
+        print(f"error: {train_size_error(args)}", file=sys.stderr)
         return 2
     gpus = args.gpus.split(",") if args.gpus else visible_gpus()
     if not gpus:

@@ -76,3 +76,20 @@ def test_its_flags_are_borrowed_from_train():
     assert args.precision == ["fp32", "bf16"]
     assert args.eval_splits == list(ROWS["eval_splits"].choices)  # both, the benchmark's default
     assert option("eval_splits") == "--eval_splits"
+
+
+@pytest.mark.parametrize("module", ["image_job", "sweep_gpu"])
+def test_a_train_size_the_jobs_cannot_run_is_refused(module, tmp_path, capsys):
+    """``--train_size`` beside DomainBed (which trains at 224 only) or outside the image_size
+    hparam's range: one line and exit status 2."""
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{module}").main
+    gpus = ["--gpus", "0"] if module == "sweep_gpu" else []
+    (tmp_path / "domainbed" / "scripts").mkdir(parents=True)
+    (tmp_path / "domainbed" / "scripts" / "train.py").write_text("")  # a checkout's shape
+    assert main([*gpus, "--domainbed", str(tmp_path), "--train_size", "32"]) == 2
+    assert "--train_size 32: DomainBed trains at 224 only" in capsys.readouterr().err
+    assert main([*gpus, "--train_size", "40"]) == 2
+    assert "--train_size 40: hparam 'image_size' must be a multiple of 16" in (
+        capsys.readouterr().err)
