@@ -243,8 +243,9 @@ def main(argv=None) -> int:
         print(f"error: --domainbed {args.domainbed}: no domainbed/scripts/train.py there; give a "
               "DomainBed checkout", file=sys.stderr)
         return 2
-    if train_size_error(args):
-        print(f"error: {train_size_error(args)}", file=sys.stderr)
+    problem = train_size_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from benchmarks.support import random_torchvision_weights
     from benchmarks.data import make_pacs_tree

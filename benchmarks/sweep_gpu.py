@@ -139,8 +139,9 @@ def main(argv=None) -> int:
         print("error: --test_envs: DomainBed's sweep runs every test environment; leave it out, "
               "or run without --domainbed", file=sys.stderr)
         return 2
-    if train_size_error(args):
-        print(f"error: {train_size_error(args)}", file=sys.stderr)
+    problem = train_size_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     gpus = args.gpus.split(",") if args.gpus else visible_gpus()
     if not gpus:
