@@ -129,19 +129,6 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
             f"and {root} one level above an image tree; {fix}")
 
 
-def layout_lines(dataset) -> list[str]:
-    """The layout check_data found: the folder, each domain's counts, then images per class."""
-    counts, lines = Counter(), []
-    for folder, env in zip(dataset.environment_folders, dataset.datasets):
-        per_class = Counter(label for _, label in env.samples)
-        counts.update(per_class)
-        lines.append(f"  domain {folder}: {len(per_class)} classes, {len(env.samples)} images")
-    classes = [f"{cls} {counts[index]}" for index, cls in enumerate(dataset.classes)]
-    head = (f"Layout: {os.path.join(dataset.root, '<domain>', '<class>', '<image>')} with "
-            f"{len(dataset.environment_folders)} domains and {len(dataset.classes)} classes:")
-    return [head, *lines, f"  images per class: {_shown(classes, 12)}"]
-
-
 def check_files(paths: Sequence[str], workers: int,
                 progress: bool = False) -> Iterable[tuple[str, str | None]]:
     """Yield ``(path, error or None)`` for every path, in order, decoding with ``workers``
@@ -167,13 +154,21 @@ def check_files(paths: Sequence[str], workers: int,
 
 def run_check(dataset, workers: int, progress: bool,
               out: Callable[[str], None] = print) -> int:
-    """Check every image of ``dataset``, naming each unreadable one, then a summary per
-    environment; returns their count."""
+    """Say the layout found (the folder, each domain's counts, images per class), check every
+    image of ``dataset``, naming each unreadable one, then a summary per environment; returns
+    their count."""
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]
-    for line in layout_lines(dataset):
-        out(line)
+    out(f"Layout: {os.path.join(dataset.root, '<domain>', '<class>', '<image>')} with "
+        f"{len(dataset.environment_folders)} domains and {len(dataset.classes)} classes:")
+    counts = Counter()
+    for folder, env in zip(dataset.environment_folders, dataset.datasets):
+        per_class = Counter(label for _, label in env.samples)
+        counts.update(per_class)
+        out(f"  domain {folder}: {len(per_class)} classes, {len(env.samples)} images")
+    classes = [f"{cls} {counts[index]}" for index, cls in enumerate(dataset.classes)]
+    out(f"  images per class: {_shown(classes, 12)}")
     out(f"Checking {len(files)} images of {name} in {dataset.root} "
         f"({len(dataset.datasets)} environments, {max(workers, 1)} process(es))...")
     report = out

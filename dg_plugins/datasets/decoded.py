@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import hashlib
 import io
 import json
@@ -293,9 +292,8 @@ def _stamp(path: str) -> list[int]:
     return [stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
-def _seal(sum_path: str, paths: list[str], digests: dict | None = None) -> None:
+def _seal(sum_path: str, paths: list[str], digests: dict) -> None:
     """Write an entry's ``.sum``: each file's :func:`_stamp` and SHA-256 (else read)."""
-    digests = digests or {}
     files = {os.path.basename(p): {"stamp": _stamp(p),
                                    "sha256": digests.get(p) or _file_digest(p)} for p in paths}
     _save_bytes(sum_path, json.dumps({"format": FORMAT_VERSION, "files": files}).encode())
@@ -420,13 +418,6 @@ def _folder_lock(folder: str, check=lambda doing: None):
         os.close(fd)  # releases the lock
 
 
-def _check_stop(stop, stopped, doing: str) -> None:
-    """Raise ``stopped(signum, message)`` once ``stop`` (a job's StopRequest) caught a signal."""
-    if (signum := getattr(stop, "signum", None)) is not None and stopped is not None:
-        raise stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before training: "
-                              "rerun the same command to run the job")
-
-
 def fingerprint(env) -> tuple[str, int]:
     """``(digest, bytes)`` of an environment's items (paths, labels, stats) and what decoding
     depends on besides them (PIL and its codecs, numpy, this format)."""
@@ -543,14 +534,6 @@ def _header_sizes(task):
     return out
 
 
-def _write_at(fd: int, array, offset: int) -> None:
-    """Write ``array`` at ``offset`` of ``fd`` (a full disk: an OSError, through a map a SIGBUS)."""
-    view = memoryview(np.ascontiguousarray(array)).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
 def _decode_into(task):
     """Write ``[(item, offset, shape)]``'s pixels at their offsets of ``path``: the decoded file
     (``transform`` None), else the item's image after ``transform``; returns the items written."""
@@ -564,7 +547,11 @@ def _decode_into(task):
                 continue
             array = np.asarray(image) if transform is None else transform.pixels(image).numpy()
             if array.shape == tuple(shape):
-                _write_at(handle.fileno(), array, offset)
+                # written, not mapped: a full disk raises an OSError (through a map, a SIGBUS)
+                view = memoryview(np.ascontiguousarray(array)).cast("B")
+                while view:
+                    written = os.pwrite(handle.fileno(), view, offset)
+                    view, offset = view[written:], offset + written
                 done.append(item)
     return done
 
@@ -717,10 +704,16 @@ class DatasetCache:
         self.folder = os.path.join(cache_folder(),
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
-        self.check = functools.partial(_check_stop, stop, stopped)
+        self.stop, self.stopped = stop, stopped
         self.writable = True
         self.notes, self._noted = [], set()  # said (a list), and their keys
         self.quiet = False  # notes are kept for the prepare line instead of printed
+
+    def check(self, doing: str) -> None:
+        """Raise ``stopped(signum, message)`` once ``stop`` (the job's StopRequest) has a signal."""
+        if (signum := getattr(self.stop, "signum", None)) is not None and self.stopped is not None:
+            raise self.stopped(signum, f"stopped by {signal_name(signum)} while {doing}, before "
+                                       "training: rerun the same command to run the job")
 
     def usage(self) -> int:
         total = 0
@@ -833,13 +826,6 @@ class DatasetCache:
         self._build(store, "decoded", builders, todo, size=offset, index=index)
         store.open_decoded()
 
-    def _build_plain(self, store: EnvCache, transform: PixelTransform, shape: tuple,
-                     builders: Builders) -> None:
-        n = len(store.env.samples)
-        todo = [(item, item * _prod(shape), shape) for item in range(n)]
-        self._build(store, f"plain-{transform.key}", builders, todo, transform, (n, *shape))
-        store.open_plain(transform.key)
-
     def prepare(self, cores: int = 1) -> str:
         """Build what is missing and fits, attach every file, and return the line train prints; a
         failed write is said in the line, a stop signal raises ``stopped``."""
@@ -878,7 +864,11 @@ class DatasetCache:
                                       decoded_size)
                 if missing_plain and plain_size <= self.room():
                     for store, transform, shape in missing_plain:
-                        self._build_plain(store, transform, shape, builders)
+                        n = len(store.env.samples)
+                        self._build(store, f"plain-{transform.key}", builders,
+                                    [(item, item * _prod(shape), shape) for item in range(n)],
+                                    transform, (n, *shape))
+                        store.open_plain(transform.key)
                         built["evaluation pixels"] = True
                 elif missing_plain:
                     self.note_no_room("the evaluation pixels", plain_size)

@@ -55,15 +55,6 @@ def to_rgb32(images: np.ndarray) -> torch.Tensor:
     return x.clamp(0.0, 1.0).contiguous()
 
 
-def _labels(y) -> torch.Tensor:
-    labels = torch.as_tensor(np.asarray(y).reshape(-1).astype(np.int64))
-    labels = torch.where(labels == 10, torch.zeros_like(labels), labels)  # SVHN: 10 is digit 0
-    if len(labels) and (labels.min() < 0 or labels.max() > 9):
-        raise ValueError(f"digit labels must be 0-9 (10 is read as 0), got range "
-                         f"{int(labels.min())}..{int(labels.max())}")
-    return labels
-
-
 def load_npz(path: str):
     with np.load(path) as data:
         if "x" not in data or "y" not in data:
@@ -200,7 +191,12 @@ def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]
         x, y = x[:MNIST_SOURCE_COUNT], y[:MNIST_SOURCE_COUNT]
     if len(x) != len(y):
         raise ValueError(f"Digits domain {domain!r}: {len(x)} images but {len(y)} labels")
-    return to_rgb32(x), _labels(y)
+    x, labels = to_rgb32(x), torch.as_tensor(np.asarray(y).reshape(-1).astype(np.int64))
+    labels = torch.where(labels == 10, torch.zeros_like(labels), labels)  # SVHN: 10 is digit 0
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(f"digit labels must be 0-9 (10 is read as 0), got range "
+                         f"{int(labels.min())}..{int(labels.max())}")
+    return x, labels
 
 
 @register_dataset()

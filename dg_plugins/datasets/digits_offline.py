@@ -134,11 +134,6 @@ def domain_rng(seed: int, domain: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(domain.encode())])
 
 
-def balanced_labels(n: int, rng: np.random.Generator) -> np.ndarray:
-    """n labels, every class n // 10 or n // 10 + 1 times, in random order."""
-    return rng.permutation(np.arange(n) % 10)
-
-
 def per_class(n: int, c: int) -> int:
     """How many of ``n`` class-balanced items are of class ``c``."""
     return n // 10 + (1 if c < n % 10 else 0)
@@ -325,7 +320,7 @@ def make_syn(n: int, rng, fonts) -> tuple[np.ndarray, np.ndarray]:
     from PIL import Image, ImageFilter
 
     canvas = 2 * SIZE
-    labels = balanced_labels(n, rng)
+    labels = rng.permutation(np.arange(n) % 10)  # every class n // 10 or n // 10 + 1 times
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
         mask, ink, back, _ = _render_number(
@@ -352,7 +347,7 @@ def make_svhn(n: int, rng, fonts, photos) -> tuple[np.ndarray, np.ndarray]:
 
     canvas = 2 * SIZE
     corners = np.array([[0, 0], [canvas, 0], [canvas, canvas], [0, canvas]], dtype=np.float64)
-    labels = balanced_labels(n, rng)
+    labels = rng.permutation(np.arange(n) % 10)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
         mask, ink, paint, centre = _render_number(
