@@ -33,8 +33,7 @@ class BadInput(Exception):
 
 
 def load_dataset(name: str, data_dir: str):
-    """Build the dataset as train would (no augmentation); :class:`BadInput` for a bad name or
-    folder."""
+    """The dataset built as train builds it (no augmentation); :class:`BadInput` if it cannot."""
     from dg_plugins.datasets.image_folder import MultipleEnvironmentImageFolder
 
     def image_folders(cls) -> bool:
@@ -131,8 +130,7 @@ def one_level_off(name: str, root: str, domains: Sequence[str], data_dir_is_root
 
 def check_files(paths: Sequence[str], workers: int,
                 progress: bool = False) -> Iterable[tuple[str, str | None]]:
-    """Yield ``(path, error or None)`` for every path, in order, decoding with ``workers``
-    processes (or in this process)."""
+    """``(path, error or None)`` per path, in order, decoded by ``workers`` processes (or here)."""
     from dg_plugins.datasets.image_folder import image_error
 
     with contextlib.ExitStack() as stack:

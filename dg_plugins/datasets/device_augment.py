@@ -89,8 +89,7 @@ class Jitter:
                             for r in (brightness, contrast, saturation, hue))
 
     def draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(order [n, 4], factors [n, 4])``: each row's operations in order and their factors
-        (NaN: off)."""
+        """``(order, factors)``, ``[n, 4]`` each: per row, the operations' order and factors."""
         order = torch.rand(n, 4, generator=generator).argsort(dim=1)
         factors = torch.full((n, 4), math.nan)
         uniform = torch.rand(n, 4, generator=generator)
@@ -211,8 +210,7 @@ def split_transform(transform):
 
 
 class DeviceFinisher:
-    """A :class:`DeviceAugment` as a :class:`~dg_plugins.datasets.decoded.PixelTransform`'s
-    finisher."""
+    """A :class:`DeviceAugment` as a :class:`~dg_plugins.datasets.decoded.PixelTransform` part."""
 
     seeded = True
 

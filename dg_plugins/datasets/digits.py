@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
-from dg_plugins.datasets.mnist import MNIST_SEARCH_FOLDERS, read_idx
+from dg_plugins.layouts import MNIST_SEARCH_FOLDERS, read_idx
 
 FOLDER_NAME = "digits"
 SIZE = 32
@@ -201,8 +201,7 @@ def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]
 
 @register_dataset()
 class Digits(MultipleDomainDataset):
-    """MNIST (first 10k training digits) -> SVHN, MNIST-M, SYN, USPS at 32x32 RGB in [0, 1]
-    (docs/datasets.md)."""
+    """MNIST (its first 10k training digits) -> SVHN, MNIST-M, SYN, USPS (docs/datasets.md)."""
 
     ENVIRONMENTS = ["mnist", "svhn", "mnist_m", "syn", "usps"]
     INPUT_SHAPE = (3, SIZE, SIZE)

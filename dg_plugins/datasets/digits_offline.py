@@ -202,8 +202,7 @@ USPS_LEVELS = (0.15, 0.55)
 
 
 def make_usps(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """USPS-like: UCI digits fitted to a 16x16 frame as USPS's normalisation does, smoothed, at
-    32x32."""
+    """USPS-like: UCI digits fitted to a 16x16 frame (as USPS's normalisation does), smoothed."""
     from PIL import Image
 
     path = package_file(*UCI_DIGITS)

@@ -20,10 +20,8 @@ import torch.utils.data
 import dg_plugins.compat  # noqa: F401  (must precede any torchvision import)
 from dg_plugins import catalog, layouts
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
-from dg_plugins.layouts import (  # noqa: F401  (the folder rules, shared with the downloader)
-    IMAGE_EXTENSIONS, PACS_SPLITS_URL, OfficialSplitError, is_image_file, list_images,
-    visible_subfolders,
-)
+from dg_plugins.layouts import (IMAGE_EXTENSIONS, PACS_SPLITS_URL, OfficialSplitError,
+                                visible_subfolders)
 from dg_plugins.registry import DATASETS
 from dg_plugins.runtime import swapped
 

@@ -16,9 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from dg_plugins.datasets.base import MultipleDomainDataset, register_dataset
-from dg_plugins.layouts import (  # noqa: F401  (the IDX files, shared with the downloader)
-    MNIST_FILES, MNIST_SEARCH_FOLDERS, locate_mnist_files, mnist_search_folders, read_idx,
-)
+from dg_plugins.layouts import MNIST_FILES, locate_mnist_files, mnist_search_folders, read_idx
 
 
 def find_mnist_files(root: str | None) -> dict[str, str]:
@@ -113,8 +111,7 @@ def _coin_flips(probability: float, n: int) -> torch.Tensor:
 
 @register_dataset()
 class ColoredMNIST(MultipleEnvironmentMNIST):
-    """Spec 5.4 (DomainBed's draws, in its order): a 2-channel image coloured by the noisy
-    label."""
+    """Spec 5.4 (DomainBed's draws, in its order): 2 channels coloured by the noisy label."""
 
     ENVIRONMENTS = ["+90%", "+80%", "-90%"]
     ENVIRONMENT_PARAMS = (0.1, 0.2, 0.9)
