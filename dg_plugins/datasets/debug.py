@@ -15,13 +15,10 @@ class _Debug(MultipleDomainDataset):
     SAMPLES_PER_ENV = 16
 
     def __init__(self, root=None, test_envs=(), hparams=None):
-        self.input_shape = tuple(self.INPUT_SHAPE)
-        self.num_classes = 2
-        self.datasets = [
-            TensorDataset(torch.randn(self.SAMPLES_PER_ENV, *self.INPUT_SHAPE),
-                          torch.randint(0, self.num_classes, (self.SAMPLES_PER_ENV,)))
-            for _ in self.ENVIRONMENTS
-        ]
+        self.input_shape, self.num_classes = tuple(self.INPUT_SHAPE), 2
+        self.datasets = [TensorDataset(torch.randn(self.SAMPLES_PER_ENV, *self.INPUT_SHAPE),
+                                       torch.randint(0, 2, (self.SAMPLES_PER_ENV,)))
+                         for _ in self.ENVIRONMENTS]
 
 
 @register_dataset()
