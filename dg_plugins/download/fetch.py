@@ -359,12 +359,11 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
                     done += len(block)
                     update(len(block))
                     now = time.monotonic()
-                    if now - window_start >= RATE_WINDOW:
-                        rate = (done - window_done) / (now - window_start)
+                    if (elapsed := now - window_start) >= RATE_WINDOW:
+                        rate = (done - window_done) / elapsed
                         if rate < MIN_RATE:
-                            raise _Cut(f"{human_size(int(rate))}/s over the last "
-                                       f"{now - window_start:.3g} s, below the minimum "
-                                       f"{human_size(MIN_RATE)}/s")
+                            raise _Cut(f"{human_size(int(rate))}/s over the last {elapsed:.3g} s, "
+                                       f"below the minimum {human_size(MIN_RATE)}/s")
                         window_start, window_done = now, done
         except OSError as err:  # opening or writing the .part
             raise DownloadError(_write_failed_message(source, part, err, done, expected)) from None
@@ -463,9 +462,8 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
     except ImportError:
         raise DownloadError(
             f"{source.name} comes from Google Drive ({url}), which needs the optional package "
-            "gdown: pip install 'dg_plugins[download]'. Or pass --url "
-            f"{source.name}=URL of a plain HTTP(S) mirror, or put the file at {path} by hand "
-            "and rerun.") from None
+            f"gdown: pip install 'dg_plugins[download]'. Or pass --url {source.name}=URL of a "
+            f"plain HTTP(S) mirror, or put the file at {path} by hand and rerun.") from None
     report(f"  {source.name}: fetching from Google Drive with gdown")
     try:
         result = gdown.download(url, output=path, quiet=not report.progress, resume=True)
@@ -534,10 +532,9 @@ def verify_file(source: Source, path: str, from_option: bool, report: Reporter) 
         os.replace(path, path + ".corrupt")
         if from_option:
             raise DownloadError(
-                f"{source.name} does not match --sha256 {source.name}=... "
-                f"({'; '.join(problems)}). It was moved to {path}.corrupt. If that file is the "
-                f"right one, its sha256 is the one to pass; else pass --url {source.name}=URL "
-                "of a good copy.")
+                f"{source.name} does not match --sha256 {source.name}=... ({'; '.join(problems)}). "
+                f"It was moved to {path}.corrupt. If that file is the right one, its sha256 is the "
+                f"one to pass; else pass --url {source.name}=URL of a good copy.")
         raise DownloadError(
             f"{source.name} does not match the table ({'; '.join(problems)}): a corrupted or "
             f"changed file. It was moved to {path}.corrupt; rerun to download it again (a "

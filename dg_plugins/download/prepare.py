@@ -204,37 +204,27 @@ def extract(path: str, dest: str, report: Reporter) -> None:
     report(f"  extracting {name} into {dest}")
     count = 0
     dropped: list[str] = []
-
-    def write(member_name: str, kind: str, open_member) -> None:
-        nonlocal count
-        parts = _member_parts(member_name)
-        if parts is None or kind not in ("file", "dir"):
-            why = _DROPPED.get(kind, "a path outside the archive's folder")
-            dropped.append(f"{member_name!r} ({why})")
-            return
-        target = os.path.join(dest, *parts)
-        if kind == "dir":
-            os.makedirs(target, exist_ok=True)
-            return
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open_member() as source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, CHUNK)
-        count += 1
-        _test_delay()
-
     try:
         with open(path, "rb") as handle:
             is_zip = handle.read(2) == b"PK"
-        if is_zip:
-            with zipfile.ZipFile(path) as archive:
-                for info in archive.infolist():
-                    write(info.filename, _member_kind(info),
-                          lambda info=info: archive.open(info))
-        else:
-            with tarfile.open(path, "r:*") as archive:
-                for member in archive:
-                    write(member.name, _member_kind(member),
-                          lambda member=member: archive.extractfile(member))
+        with zipfile.ZipFile(path) if is_zip else tarfile.open(path, "r:*") as archive:
+            for member in archive.infolist() if is_zip else archive:
+                member_name = member.filename if is_zip else member.name
+                kind, parts = _member_kind(member), _member_parts(member_name)
+                if parts is None or kind not in ("file", "dir"):
+                    why = _DROPPED.get(kind, "a path outside the archive's folder")
+                    dropped.append(f"{member_name!r} ({why})")
+                    continue
+                target = os.path.join(dest, *parts)
+                if kind == "dir":
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                opened = archive.open(member) if is_zip else archive.extractfile(member)
+                with opened as source, open(target, "wb") as out:
+                    shutil.copyfileobj(source, out, CHUNK)
+                count += 1
+                _test_delay()
     except EOFError as err:
         raise CorruptArchive(f"{name} ends early (a truncated file: {err})") from None
     except (zipfile.BadZipFile, tarfile.TarError, zlib.error, gzip.BadGzipFile,
@@ -336,10 +326,8 @@ def terra_targets(path: str) -> dict[str, set[tuple[str, str]]]:
     for annotation in annotations.get("annotations", []):
         entry = images.get(annotation["image_id"])
         category = categories.get(annotation["category_id"])
-        if entry is None or category not in TERRA_CATEGORIES:
-            continue
-        file_name, location = entry
-        targets.setdefault(file_name.replace("\\", "/"), set()).add((location, category))
+        if entry is not None and category in TERRA_CATEGORIES:
+            targets.setdefault(entry[0].replace("\\", "/"), set()).add((entry[1], category))
     return targets
 
 
@@ -361,10 +349,8 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
     try:
         with tarfile.open(images_path, "r:*") as archive:
             for member in archive:
-                if not member.isfile():
-                    continue
                 relative = member.name.replace("\\", "/").split("/", 1)[-1]
-                if relative not in targets or relative in written:
+                if not member.isfile() or relative not in targets or relative in written:
                     continue
                 for k, (location, category) in enumerate(sorted(targets[relative])):
                     folder = os.path.join(target, location, category)

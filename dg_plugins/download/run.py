@@ -10,10 +10,9 @@ import os
 import shutil
 from typing import Callable, Iterable
 
-from dg_plugins.download import fetch
 from dg_plugins.download.fetch import (
     URL_SCHEMES, Options, Reporter, check_free_space, disk_full_message, human_size, is_disk_full,
-    obtain, to_check, url_scheme,
+    obtain, remove_part, to_check, url_scheme,
 )
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, image_layout_problem, split_lists_problems,
@@ -167,15 +166,14 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
             for source in sources_of(dataset):
                 path = os.path.join(downloads, source.name)
                 if os.path.isfile(path + ".part"):
-                    fetch.remove_part(path + ".part")  # with its validators
+                    remove_part(path + ".part")  # with its validators
                     report(f"{dataset}: removed {path}.part, left by an interrupted run")
                 if os.path.isfile(path):
                     kept.append(path)
             if kept and not options.keep_archives:
                 size = human_size(sum(os.path.getsize(p) for p in kept))
                 report(f"{dataset}: {', '.join(kept)} ({size}) not needed any more (the dataset "
-                       "checks out without them): left as they are; delete them to free the "
-                       "space")
+                       "checks out without them): left as they are; delete them to free the space")
 
 
 def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
@@ -234,9 +232,8 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
            + (f"{human_size(sum(known))} still to fetch" if None not in known
               else "size unknown") + ")")
     if None not in known:
-        parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
-                    for s in missing
-                    if os.path.exists(os.path.join(downloads, s.name + ".part")))
+        part_paths = (os.path.join(downloads, s.name + ".part") for s in missing)
+        parts = sum(os.path.getsize(p) for p in part_paths if os.path.exists(p))
         extracted = spec.extracted_size if spec.extracted_size is not None else int(
             sum(s.size or 0 for s in sources) * EXTRACT_FACTOR)
         check_free_space(data_dir, sum(known) - parts + extracted,
@@ -337,10 +334,9 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
             raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
                                  + ", ".join(SOURCES_BY_NAME))
     for name, url in options.urls.items():
-        if url_scheme(url) not in URL_SCHEMES:
-            raise UsageError(f"--url {name}={url}: unsupported URL scheme "
-                             f"{url_scheme(url) or '(none)'!r}; give an http://, https:// or "
-                             f"file:///path/to/{name} URL")
+        if (scheme := url_scheme(url)) not in URL_SCHEMES:
+            raise UsageError(f"--url {name}={url}: unsupported URL scheme {scheme or '(none)'!r}; "
+                             f"give an http://, https:// or file:///path/to/{name} URL")
     for name, _ in resolved:
         check_not_inside(name, data_dir)
     os.makedirs(data_dir, exist_ok=True)
