@@ -250,9 +250,8 @@ def _version_change(held: dict[str, str], headers, have: int, status: int,
     """Why the answer is another version than the ``have`` bytes held (the validator both have,
     ETag weakly else Last-Modified, differs; or a 200 to If-Range without one), else None."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
-        new = (headers.get(field) or "").strip()
-        if held.get(key) and new:
-            old = held[key]
+        old, new = held.get(key), (headers.get(field) or "").strip()
+        if old and new:
             if field == "ETag":
                 same = old.removeprefix("W/") == new.removeprefix("W/")
             else:

@@ -120,13 +120,11 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
     present = {n: os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))}
     if not present:
         return "absent", f"none of the {len(names)} lists is in {folder}"
-    problems = split_lists_problems(data_dir, present)
-    if problems:
-        name, problem = next(iter(problems.items()))
+    if problems := split_lists_problems(data_dir, present):
+        problem = next(iter(problems.values()))
         more = f" (and {len(problems) - 1} other list(s))" if len(problems) > 1 else ""
         return "broken", f"{problem}{more}"
-    missing = [n for n in names if n not in present]
-    if missing:
+    if missing := [n for n in names if n not in present]:
         return "partial", (f"{len(missing)} of the {len(names)} lists missing in {folder}: "
                            f"{', '.join(missing)}")
     return "ok", f"the {len(names)} lists in {folder} name its images"
@@ -137,15 +135,13 @@ def domainnet20_problem(data_dir: str) -> str | None:
     root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
     for env in visible_subfolders(root):
         present = set(visible_subfolders(os.path.join(root, env)))
-        missing = [c for c in layouts.DOMAINNET20_CLASSES if c not in present]
-        if missing:
+        if missing := [c for c in layouts.DOMAINNET20_CLASSES if c not in present]:
             return f"DomainNet-20 class folder(s) {missing} missing in {os.path.join(root, env)}"
     return None
 
 
 def _test_delay() -> None:
-    delay = os.environ.get(TEST_DELAY_ENV)
-    if delay:
+    if delay := os.environ.get(TEST_DELAY_ENV):
         time.sleep(float(delay))
 
 
@@ -315,8 +311,7 @@ def terra_targets(path: str) -> dict[str, set[tuple[str, str]]]:
     except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as err:
         raise CorruptArchive(f"{os.path.basename(path)} does not extract: "
                              f"{type(err).__name__}: {err}") from None
-    missing = sorted(set(TERRA_ANNOTATION_FILES) - found)
-    if missing:
+    if missing := sorted(set(TERRA_ANNOTATION_FILES) - found):
         raise CorruptArchive(f"{os.path.basename(path)} lacks {', '.join(missing)}")
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
     images = {image["id"]: (image["file_name"], f"location_{image['location']}")
@@ -371,8 +366,7 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
     except (tarfile.TarError, EOFError, zlib.error) as err:
         raise CorruptArchive(f"{os.path.basename(images_path)} does not extract: "
                              f"{type(err).__name__}: {err}") from None
-    missing = sorted(set(targets) - written)
-    if missing:
+    if missing := sorted(set(targets) - written):
         raise CorruptArchive(
             f"{len(missing)} annotated images are missing from "
             f"{os.path.basename(images_path)} (e.g. {missing[0]})")

@@ -242,8 +242,7 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
     os.makedirs(staging)
     try:
         PREPARE[dataset](spec, archives, staging, report)
-        problem = image_layout_problem(dataset, staging)
-        if problem:
+        if problem := image_layout_problem(dataset, staging):
             raise CorruptArchive(f"the extracted files do not check out: {problem}")
     except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
         shutil.rmtree(staging, ignore_errors=True)
@@ -279,8 +278,7 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
                if not os.path.isfile(os.path.join(target, s.name))]
     report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
     lists = {s.name: obtain(s, downloads, options, report) for s in missing}
-    problems = split_lists_problems(data_dir, lists)
-    if problems:
+    if problems := split_lists_problems(data_dir, lists):
         first = next(iter(problems.values()))
         more = (f" (and {len(problems) - 1} other list(s): "
                 f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
@@ -355,15 +353,13 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
         try:
             results.append((name, download_dataset(name, data_dir, options, report)))
             if ALIASES["DomainNet20"][1] in notes:
-                problem = domainnet20_problem(data_dir)
-                if problem:
+                if problem := domainnet20_problem(data_dir):
                     raise DownloadError(f"DomainNet20: {problem}")
                 report(f"DomainNet20: its 20 classes are in "
                        f"{os.path.join(data_dir, DATASET_SPECS['DomainNet'].folder)}")
         except DownloadError as err:
             failures[name] = str(err)
-            rest = [n for n, _ in resolved[index + 1:] if n not in BUILT_IN]
-            if rest:
+            if rest := [n for n, _ in resolved[index + 1:] if n not in BUILT_IN]:
                 report(f"{name}: failed (the reason is given at the end); going on with "
                        f"{', '.join(rest)}")
     if failures:
