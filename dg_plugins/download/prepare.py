@@ -121,9 +121,8 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
     if not present:
         return "absent", f"none of the {len(names)} lists is in {folder}"
     if problems := split_lists_problems(data_dir, present):
-        problem = next(iter(problems.values()))
-        more = f" (and {len(problems) - 1} other list(s))" if len(problems) > 1 else ""
-        return "broken", f"{problem}{more}"
+        first, *others = problems.values()
+        return "broken", first + (f" (and {len(others)} other list(s))" if others else "")
     if missing := [n for n in names if n not in present]:
         return "partial", (f"{len(missing)} of the {len(names)} lists missing in {folder}: "
                            f"{', '.join(missing)}")

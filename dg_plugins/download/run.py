@@ -162,14 +162,12 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
             if downloads is None:
                 return
             _remove_corrupt(dataset, downloads, report)
-            kept = []
-            for source in sources_of(dataset):
-                path = os.path.join(downloads, source.name)
+            paths = [os.path.join(downloads, source.name) for source in sources_of(dataset)]
+            for path in paths:
                 if os.path.isfile(path + ".part"):
                     remove_part(path + ".part")  # with its validators
                     report(f"{dataset}: removed {path}.part, left by an interrupted run")
-                if os.path.isfile(path):
-                    kept.append(path)
+            kept = [path for path in paths if os.path.isfile(path)]
             if kept and not options.keep_archives:
                 size = human_size(sum(os.path.getsize(p) for p in kept))
                 report(f"{dataset}: {', '.join(kept)} ({size}) not needed any more (the dataset "
@@ -279,13 +277,12 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
     report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
     lists = {s.name: obtain(s, downloads, options, report) for s in missing}
     if problems := split_lists_problems(data_dir, lists):
-        first = next(iter(problems.values()))
-        more = (f" (and {len(problems) - 1} other list(s): "
-                f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
+        first, *others = problems
+        more = f" (and {len(others)} other list(s): {', '.join(others)})" if others else ""
         where = _set_aside_unverified({n: lists[n] for n in problems}, missing)
         raise DownloadError(
-            f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
-            f"download {'them' if len(problems) > 1 else 'it'} again.")
+            f"{dataset}: {problems[first]}{more}. Nothing was put in {target};{where} rerun to "
+            f"download {'them' if others else 'it'} again.")
     os.makedirs(staging)
     for name, path in lists.items():
         shutil.copyfile(path, os.path.join(staging, name))
@@ -304,8 +301,7 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
 
 def check_not_inside(dataset: str, data_dir: str) -> None:
     """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder."""
-    spec = DATASET_SPECS.get(dataset)
-    domains = DOMAIN_FOLDERS.get(dataset)
+    spec, domains = DATASET_SPECS.get(dataset), DOMAIN_FOLDERS.get(dataset)
     if spec is None or not domains or not os.path.isdir(data_dir) \
             or os.path.isdir(os.path.join(data_dir, spec.folder)):
         return
