@@ -514,10 +514,8 @@ def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
 def verify_file(source: Source, path: str, from_option: bool, report: Reporter) -> None:
     """Check ``source``'s size and checksums (``from_option``: those of ``--sha256``); a mismatch
     moves the file to ``<path>.corrupt`` and raises."""
-    problems = []
-    size = os.path.getsize(path)
-    if source.size is not None and size != source.size:
-        problems.append(f"{size} bytes, expected {source.size}")
+    if source.size is not None and (size := os.path.getsize(path)) != source.size:
+        problems = [f"{size} bytes, expected {source.size}"]
     else:
         wanted = {kind: getattr(source, kind) for kind in ("sha256", "md5")}
         digests = {kind: hashlib.new(kind) for kind, want in wanted.items() if want is not None}
@@ -525,8 +523,8 @@ def verify_file(source: Source, path: str, from_option: bool, report: Reporter) 
             for block in iter(lambda: handle.read(CHUNK), b""):
                 for digest in digests.values():
                     digest.update(block)
-        problems += [f"{kind} {digest.hexdigest()}, expected {wanted[kind]}"
-                     for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
+        problems = [f"{kind} {digest.hexdigest()}, expected {wanted[kind]}"
+                    for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
     if problems:
         os.replace(path, path + ".corrupt")
         if from_option:
