@@ -236,8 +236,7 @@ def _http_date(value: str | None):
 def if_range_value(held: dict[str, str]) -> str | None:
     """The If-Range value for the bytes held: their strong ETag, else a strong Last-Modified (RFC
     9110 section 8.8.2.2), else None."""
-    etag = held.get("etag")
-    if etag and not etag.startswith("W/"):
+    if (etag := held.get("etag")) and not etag.startswith("W/"):
         return etag
     modified, date = _http_date(held.get("last_modified")), _http_date(held.get("date"))
     if modified is not None and date is not None and (date - modified).total_seconds() >= 1:
@@ -577,8 +576,7 @@ def obtain(source: Source, downloads: str, options: Options, report: Reporter) -
         report(f"  {source.name}: found in {downloads}")
     else:
         part = path + ".part"
-        have = os.path.getsize(part) if os.path.exists(part) else 0
-        if have:
+        if have := (os.path.getsize(part) if os.path.exists(part) else 0):
             report(f"  {source.name}: continuing the partial download ({have} bytes in {part})")
         report(f"  {source.name}: downloading {url}")
         if url_scheme(url) == "file":
