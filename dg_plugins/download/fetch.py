@@ -304,8 +304,7 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         raise
     with response:
         status = response.status
-        content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
-        if content_type.lower() == "text/html":  # none of the files is a web page
+        if response.headers.get_content_type() == "text/html":  # none of the files is a web page
             page, fix = html_page(url, response.read(65536), part[:-len(".part")], name)
             raise WrongContent(f"{url} answered with {page}: {fix}.")
         if have and status == 206:
