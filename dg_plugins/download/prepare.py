@@ -227,10 +227,9 @@ def extract(path: str, dest: str, report: Reporter) -> None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise CorruptArchive(f"{name} does not extract: {type(err).__name__}: {first}") from None
     if dropped:
-        shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5
-                                          else "")
+        more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
         report(f"  {name}: dropped {len(dropped)} unsafe member(s) (links, devices and paths "
-               f"outside the archive are never extracted): {shown}")
+               f"outside the archive are never extracted): {', '.join(dropped[:5])}{more}")
     if count == 0:
         raise CorruptArchive(f"{name} holds no files")
     report(f"  extracted {count} files of {name}")
