@@ -383,8 +383,7 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
     range or a combination that cannot run; ``fractions``: the label fractions (named
     ``fraction_flag``), None without the UDG protocol."""
     envs = _get(args, "test_envs")
-    duplicates = sorted({t for t in envs if envs.count(t) > 1}) if envs else []
-    if duplicates:
+    if duplicates := sorted({t for t in envs or () if envs.count(t) > 1}):
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
     for name, (ok, rule) in RANGES.items():
