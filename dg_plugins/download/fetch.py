@@ -236,8 +236,7 @@ def _http_date(value: str | None):
 def if_range_value(held: dict[str, str]) -> str | None:
     """The If-Range value for the bytes held: their strong ETag, else a strong Last-Modified (RFC
     9110 section 8.8.2.2), else None."""
-    etag = held.get("etag")
-    if etag and not etag.startswith("W/"):
+    if (etag := held.get("etag")) and not etag.startswith("W/"):
         return etag
     modified, date = _http_date(held.get("last_modified")), _http_date(held.get("date"))
     if modified is not None and date is not None and (date - modified).total_seconds() >= 1:
@@ -250,9 +249,8 @@ def _version_change(held: dict[str, str], headers, have: int, status: int,
     """Why the answer is another version than the ``have`` bytes held (the validator both have,
     ETag weakly else Last-Modified, differs; or a 200 to If-Range without one), else None."""
     for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
-        new = (headers.get(field) or "").strip()
-        if held.get(key) and new:
-            old = held[key]
+        old, new = held.get(key), (headers.get(field) or "").strip()
+        if old and new:
             if field == "ETag":
                 same = old.removeprefix("W/") == new.removeprefix("W/")
             else:
@@ -306,8 +304,7 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         raise
     with response:
         status = response.status
-        content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip()
-        if content_type.lower() == "text/html":  # none of the files is a web page
+        if response.headers.get_content_type() == "text/html":  # none of the files is a web page
             page, fix = html_page(url, response.read(65536), part[:-len(".part")], name)
             raise WrongContent(f"{url} answered with {page}: {fix}.")
         if have and status == 206:
@@ -359,12 +356,11 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
                     done += len(block)
                     update(len(block))
                     now = time.monotonic()
-                    if now - window_start >= RATE_WINDOW:
-                        rate = (done - window_done) / (now - window_start)
+                    if (elapsed := now - window_start) >= RATE_WINDOW:
+                        rate = (done - window_done) / elapsed
                         if rate < MIN_RATE:
-                            raise _Cut(f"{human_size(int(rate))}/s over the last "
-                                       f"{now - window_start:.3g} s, below the minimum "
-                                       f"{human_size(MIN_RATE)}/s")
+                            raise _Cut(f"{human_size(int(rate))}/s over the last {elapsed:.3g} s, "
+                                       f"below the minimum {human_size(MIN_RATE)}/s")
                         window_start, window_done = now, done
         except OSError as err:  # opening or writing the .part
             raise DownloadError(_write_failed_message(source, part, err, done, expected)) from None
@@ -463,9 +459,8 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
     except ImportError:
         raise DownloadError(
             f"{source.name} comes from Google Drive ({url}), which needs the optional package "
-            "gdown: pip install 'dg_plugins[download]'. Or pass --url "
-            f"{source.name}=URL of a plain HTTP(S) mirror, or put the file at {path} by hand "
-            "and rerun.") from None
+            f"gdown: pip install 'dg_plugins[download]'. Or pass --url {source.name}=URL of a "
+            f"plain HTTP(S) mirror, or put the file at {path} by hand and rerun.") from None
     report(f"  {source.name}: fetching from Google Drive with gdown")
     try:
         result = gdown.download(url, output=path, quiet=not report.progress, resume=True)
@@ -517,10 +512,8 @@ def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
 def verify_file(source: Source, path: str, from_option: bool, report: Reporter) -> None:
     """Check ``source``'s size and checksums (``from_option``: those of ``--sha256``); a mismatch
     moves the file to ``<path>.corrupt`` and raises."""
-    problems = []
-    size = os.path.getsize(path)
-    if source.size is not None and size != source.size:
-        problems.append(f"{size} bytes, expected {source.size}")
+    if source.size is not None and (size := os.path.getsize(path)) != source.size:
+        problems = [f"{size} bytes, expected {source.size}"]
     else:
         wanted = {kind: getattr(source, kind) for kind in ("sha256", "md5")}
         digests = {kind: hashlib.new(kind) for kind, want in wanted.items() if want is not None}
@@ -528,16 +521,15 @@ def verify_file(source: Source, path: str, from_option: bool, report: Reporter) 
             for block in iter(lambda: handle.read(CHUNK), b""):
                 for digest in digests.values():
                     digest.update(block)
-        problems += [f"{kind} {digest.hexdigest()}, expected {wanted[kind]}"
-                     for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
+        problems = [f"{kind} {digest.hexdigest()}, expected {wanted[kind]}"
+                    for kind, digest in digests.items() if digest.hexdigest() != wanted[kind]]
     if problems:
         os.replace(path, path + ".corrupt")
         if from_option:
             raise DownloadError(
-                f"{source.name} does not match --sha256 {source.name}=... "
-                f"({'; '.join(problems)}). It was moved to {path}.corrupt. If that file is the "
-                f"right one, its sha256 is the one to pass; else pass --url {source.name}=URL "
-                "of a good copy.")
+                f"{source.name} does not match --sha256 {source.name}=... ({'; '.join(problems)}). "
+                f"It was moved to {path}.corrupt. If that file is the right one, its sha256 is the "
+                f"one to pass; else pass --url {source.name}=URL of a good copy.")
         raise DownloadError(
             f"{source.name} does not match the table ({'; '.join(problems)}): a corrupted or "
             f"changed file. It was moved to {path}.corrupt; rerun to download it again (a "
@@ -583,8 +575,7 @@ def obtain(source: Source, downloads: str, options: Options, report: Reporter) -
         report(f"  {source.name}: found in {downloads}")
     else:
         part = path + ".part"
-        have = os.path.getsize(part) if os.path.exists(part) else 0
-        if have:
+        if have := (os.path.getsize(part) if os.path.exists(part) else 0):
             report(f"  {source.name}: continuing the partial download ({have} bytes in {part})")
         report(f"  {source.name}: downloading {url}")
         if url_scheme(url) == "file":

@@ -120,13 +120,10 @@ def split_lists_status(dataset: str, data_dir: str) -> tuple[str, str]:
     present = {n: os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))}
     if not present:
         return "absent", f"none of the {len(names)} lists is in {folder}"
-    problems = split_lists_problems(data_dir, present)
-    if problems:
-        name, problem = next(iter(problems.items()))
-        more = f" (and {len(problems) - 1} other list(s))" if len(problems) > 1 else ""
-        return "broken", f"{problem}{more}"
-    missing = [n for n in names if n not in present]
-    if missing:
+    if problems := split_lists_problems(data_dir, present):
+        first, *others = problems.values()
+        return "broken", first + (f" (and {len(others)} other list(s))" if others else "")
+    if missing := [n for n in names if n not in present]:
         return "partial", (f"{len(missing)} of the {len(names)} lists missing in {folder}: "
                            f"{', '.join(missing)}")
     return "ok", f"the {len(names)} lists in {folder} name its images"
@@ -137,15 +134,13 @@ def domainnet20_problem(data_dir: str) -> str | None:
     root = os.path.join(data_dir, DATASET_SPECS["DomainNet"].folder)
     for env in visible_subfolders(root):
         present = set(visible_subfolders(os.path.join(root, env)))
-        missing = [c for c in layouts.DOMAINNET20_CLASSES if c not in present]
-        if missing:
+        if missing := [c for c in layouts.DOMAINNET20_CLASSES if c not in present]:
             return f"DomainNet-20 class folder(s) {missing} missing in {os.path.join(root, env)}"
     return None
 
 
 def _test_delay() -> None:
-    delay = os.environ.get(TEST_DELAY_ENV)
-    if delay:
+    if delay := os.environ.get(TEST_DELAY_ENV):
         time.sleep(float(delay))
 
 
@@ -204,37 +199,27 @@ def extract(path: str, dest: str, report: Reporter) -> None:
     report(f"  extracting {name} into {dest}")
     count = 0
     dropped: list[str] = []
-
-    def write(member_name: str, kind: str, open_member) -> None:
-        nonlocal count
-        parts = _member_parts(member_name)
-        if parts is None or kind not in ("file", "dir"):
-            why = _DROPPED.get(kind, "a path outside the archive's folder")
-            dropped.append(f"{member_name!r} ({why})")
-            return
-        target = os.path.join(dest, *parts)
-        if kind == "dir":
-            os.makedirs(target, exist_ok=True)
-            return
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open_member() as source, open(target, "wb") as out:
-            shutil.copyfileobj(source, out, CHUNK)
-        count += 1
-        _test_delay()
-
     try:
         with open(path, "rb") as handle:
             is_zip = handle.read(2) == b"PK"
-        if is_zip:
-            with zipfile.ZipFile(path) as archive:
-                for info in archive.infolist():
-                    write(info.filename, _member_kind(info),
-                          lambda info=info: archive.open(info))
-        else:
-            with tarfile.open(path, "r:*") as archive:
-                for member in archive:
-                    write(member.name, _member_kind(member),
-                          lambda member=member: archive.extractfile(member))
+        with zipfile.ZipFile(path) if is_zip else tarfile.open(path, "r:*") as archive:
+            for member in archive.infolist() if is_zip else archive:
+                member_name = member.filename if is_zip else member.name
+                kind, parts = _member_kind(member), _member_parts(member_name)
+                if parts is None or kind not in ("file", "dir"):
+                    why = _DROPPED.get(kind, "a path outside the archive's folder")
+                    dropped.append(f"{member_name!r} ({why})")
+                    continue
+                target = os.path.join(dest, *parts)
+                if kind == "dir":
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                opened = archive.open(member) if is_zip else archive.extractfile(member)
+                with opened as source, open(target, "wb") as out:
+                    shutil.copyfileobj(source, out, CHUNK)
+                count += 1
+                _test_delay()
     except EOFError as err:
         raise CorruptArchive(f"{name} ends early (a truncated file: {err})") from None
     except (zipfile.BadZipFile, tarfile.TarError, zlib.error, gzip.BadGzipFile,
@@ -242,10 +227,9 @@ def extract(path: str, dest: str, report: Reporter) -> None:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise CorruptArchive(f"{name} does not extract: {type(err).__name__}: {first}") from None
     if dropped:
-        shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5
-                                          else "")
+        more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
         report(f"  {name}: dropped {len(dropped)} unsafe member(s) (links, devices and paths "
-               f"outside the archive are never extracted): {shown}")
+               f"outside the archive are never extracted): {', '.join(dropped[:5])}{more}")
     if count == 0:
         raise CorruptArchive(f"{name} holds no files")
     report(f"  extracted {count} files of {name}")
@@ -325,8 +309,7 @@ def terra_targets(path: str) -> dict[str, set[tuple[str, str]]]:
     except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as err:
         raise CorruptArchive(f"{os.path.basename(path)} does not extract: "
                              f"{type(err).__name__}: {err}") from None
-    missing = sorted(set(TERRA_ANNOTATION_FILES) - found)
-    if missing:
+    if missing := sorted(set(TERRA_ANNOTATION_FILES) - found):
         raise CorruptArchive(f"{os.path.basename(path)} lacks {', '.join(missing)}")
     categories = {item["id"]: item["name"] for item in annotations.get("categories", [])}
     images = {image["id"]: (image["file_name"], f"location_{image['location']}")
@@ -336,10 +319,8 @@ def terra_targets(path: str) -> dict[str, set[tuple[str, str]]]:
     for annotation in annotations.get("annotations", []):
         entry = images.get(annotation["image_id"])
         category = categories.get(annotation["category_id"])
-        if entry is None or category not in TERRA_CATEGORIES:
-            continue
-        file_name, location = entry
-        targets.setdefault(file_name.replace("\\", "/"), set()).add((location, category))
+        if entry is not None and category in TERRA_CATEGORIES:
+            targets.setdefault(entry[0].replace("\\", "/"), set()).add((entry[1], category))
     return targets
 
 
@@ -361,10 +342,8 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
     try:
         with tarfile.open(images_path, "r:*") as archive:
             for member in archive:
-                if not member.isfile():
-                    continue
                 relative = member.name.replace("\\", "/").split("/", 1)[-1]
-                if relative not in targets or relative in written:
+                if not member.isfile() or relative not in targets or relative in written:
                     continue
                 for k, (location, category) in enumerate(sorted(targets[relative])):
                     folder = os.path.join(target, location, category)
@@ -385,8 +364,7 @@ def prepare_terra_incognita(spec: DatasetSpec, archives: dict[str, str], staging
     except (tarfile.TarError, EOFError, zlib.error) as err:
         raise CorruptArchive(f"{os.path.basename(images_path)} does not extract: "
                              f"{type(err).__name__}: {err}") from None
-    missing = sorted(set(targets) - written)
-    if missing:
+    if missing := sorted(set(targets) - written):
         raise CorruptArchive(
             f"{len(missing)} annotated images are missing from "
             f"{os.path.basename(images_path)} (e.g. {missing[0]})")

@@ -10,10 +10,9 @@ import os
 import shutil
 from typing import Callable, Iterable
 
-from dg_plugins.download import fetch
 from dg_plugins.download.fetch import (
     URL_SCHEMES, Options, Reporter, check_free_space, disk_full_message, human_size, is_disk_full,
-    obtain, to_check, url_scheme,
+    obtain, remove_part, to_check, url_scheme,
 )
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, image_layout_problem, split_lists_problems,
@@ -163,19 +162,16 @@ def tidy_present(dataset: str, data_dir: str, options: Options, report: Reporter
             if downloads is None:
                 return
             _remove_corrupt(dataset, downloads, report)
-            kept = []
-            for source in sources_of(dataset):
-                path = os.path.join(downloads, source.name)
+            paths = [os.path.join(downloads, source.name) for source in sources_of(dataset)]
+            for path in paths:
                 if os.path.isfile(path + ".part"):
-                    fetch.remove_part(path + ".part")  # with its validators
+                    remove_part(path + ".part")  # with its validators
                     report(f"{dataset}: removed {path}.part, left by an interrupted run")
-                if os.path.isfile(path):
-                    kept.append(path)
+            kept = [path for path in paths if os.path.isfile(path)]
             if kept and not options.keep_archives:
                 size = human_size(sum(os.path.getsize(p) for p in kept))
                 report(f"{dataset}: {', '.join(kept)} ({size}) not needed any more (the dataset "
-                       "checks out without them): left as they are; delete them to free the "
-                       "space")
+                       "checks out without them): left as they are; delete them to free the space")
 
 
 def download_dataset(dataset: str, data_dir: str, options: Options, report: Reporter) -> str:
@@ -234,9 +230,8 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
            + (f"{human_size(sum(known))} still to fetch" if None not in known
               else "size unknown") + ")")
     if None not in known:
-        parts = sum(os.path.getsize(os.path.join(downloads, s.name + ".part"))
-                    for s in missing
-                    if os.path.exists(os.path.join(downloads, s.name + ".part")))
+        part_paths = (os.path.join(downloads, s.name + ".part") for s in missing)
+        parts = sum(os.path.getsize(p) for p in part_paths if os.path.exists(p))
         extracted = spec.extracted_size if spec.extracted_size is not None else int(
             sum(s.size or 0 for s in sources) * EXTRACT_FACTOR)
         check_free_space(data_dir, sum(known) - parts + extracted,
@@ -245,8 +240,7 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
     os.makedirs(staging)
     try:
         PREPARE[dataset](spec, archives, staging, report)
-        problem = image_layout_problem(dataset, staging)
-        if problem:
+        if problem := image_layout_problem(dataset, staging):
             raise CorruptArchive(f"the extracted files do not check out: {problem}")
     except BaseException as err:  # Ctrl-C too: give the space back (a kill: a rerun does)
         shutil.rmtree(staging, ignore_errors=True)
@@ -282,15 +276,13 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
                if not os.path.isfile(os.path.join(target, s.name))]
     report(f"{dataset}: downloading {len(missing)} list(s) into {downloads}")
     lists = {s.name: obtain(s, downloads, options, report) for s in missing}
-    problems = split_lists_problems(data_dir, lists)
-    if problems:
-        first = next(iter(problems.values()))
-        more = (f" (and {len(problems) - 1} other list(s): "
-                f"{', '.join(list(problems)[1:])})" if len(problems) > 1 else "")
+    if problems := split_lists_problems(data_dir, lists):
+        first, *others = problems
+        more = f" (and {len(others)} other list(s): {', '.join(others)})" if others else ""
         where = _set_aside_unverified({n: lists[n] for n in problems}, missing)
         raise DownloadError(
-            f"{dataset}: {first}{more}. Nothing was put in {target};{where} rerun to "
-            f"download {'them' if len(problems) > 1 else 'it'} again.")
+            f"{dataset}: {problems[first]}{more}. Nothing was put in {target};{where} rerun to "
+            f"download {'them' if others else 'it'} again.")
     os.makedirs(staging)
     for name, path in lists.items():
         shutil.copyfile(path, os.path.join(staging, name))
@@ -309,8 +301,7 @@ def download_split_lists(dataset: str, data_dir: str, downloads: str, staging: s
 
 def check_not_inside(dataset: str, data_dir: str) -> None:
     """Raise :class:`UsageError` when ``data_dir`` already is ``dataset``'s own folder."""
-    spec = DATASET_SPECS.get(dataset)
-    domains = DOMAIN_FOLDERS.get(dataset)
+    spec, domains = DATASET_SPECS.get(dataset), DOMAIN_FOLDERS.get(dataset)
     if spec is None or not domains or not os.path.isdir(data_dir) \
             or os.path.isdir(os.path.join(data_dir, spec.folder)):
         return
@@ -337,10 +328,9 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
             raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
                                  + ", ".join(SOURCES_BY_NAME))
     for name, url in options.urls.items():
-        if url_scheme(url) not in URL_SCHEMES:
-            raise UsageError(f"--url {name}={url}: unsupported URL scheme "
-                             f"{url_scheme(url) or '(none)'!r}; give an http://, https:// or "
-                             f"file:///path/to/{name} URL")
+        if (scheme := url_scheme(url)) not in URL_SCHEMES:
+            raise UsageError(f"--url {name}={url}: unsupported URL scheme {scheme or '(none)'!r}; "
+                             f"give an http://, https:// or file:///path/to/{name} URL")
     for name, _ in resolved:
         check_not_inside(name, data_dir)
     os.makedirs(data_dir, exist_ok=True)
@@ -359,15 +349,13 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
         try:
             results.append((name, download_dataset(name, data_dir, options, report)))
             if ALIASES["DomainNet20"][1] in notes:
-                problem = domainnet20_problem(data_dir)
-                if problem:
+                if problem := domainnet20_problem(data_dir):
                     raise DownloadError(f"DomainNet20: {problem}")
                 report(f"DomainNet20: its 20 classes are in "
                        f"{os.path.join(data_dir, DATASET_SPECS['DomainNet'].folder)}")
         except DownloadError as err:
             failures[name] = str(err)
-            rest = [n for n, _ in resolved[index + 1:] if n not in BUILT_IN]
-            if rest:
+            if rest := [n for n, _ in resolved[index + 1:] if n not in BUILT_IN]:
                 report(f"{name}: failed (the reason is given at the end); going on with "
                        f"{', '.join(rest)}")
     if failures:

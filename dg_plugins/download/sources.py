@@ -212,8 +212,7 @@ def resolve_names(names: Iterable[str]) -> list[tuple[str, list[str]]]:
                   for name, why in BUILT_IN.items()}}
     resolved: dict[str, list[str]] = {}
     for raw in names:
-        expanded = meaning.get(raw.lower())
-        if expanded is None:
+        if (expanded := meaning.get(raw.lower())) is None:
             close = difflib.get_close_matches(raw.lower(), list(known), n=3, cutoff=0.5)
             hint = f" (did you mean {', '.join(known[c] for c in close)}?)" if close else ""
             raise UnknownDataset(

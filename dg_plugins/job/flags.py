@@ -383,8 +383,7 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
     range or a combination that cannot run; ``fractions``: the label fractions (named
     ``fraction_flag``), None without the UDG protocol."""
     envs = _get(args, "test_envs")
-    duplicates = sorted({t for t in envs if envs.count(t) > 1}) if envs else []
-    if duplicates:
+    if duplicates := sorted({t for t in envs or () if envs.count(t) > 1}):
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "
                          f"{duplicates} more than once; give each test environment once")
     for name, (ok, rule) in RANGES.items():
@@ -398,9 +397,8 @@ def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") 
         for fraction in fractions:
             if not 0 < fraction <= 1:
                 raise ValueError(f"{fraction_flag} must be in (0, 1], got {fraction}")
-        if args.pretrain_steps is not None and args.pretrain_steps < 1:
-            raise ValueError(f"--pretrain_steps must be a positive integer, got "
-                             f"{args.pretrain_steps}")
+        if (pretrain := args.pretrain_steps) is not None and pretrain < 1:
+            raise ValueError(f"--pretrain_steps must be a positive integer, got {pretrain}")
         for name, steps_flag, phase in (("udg_pretrain_epochs", "pretrain_steps", "pretraining"),
                                         ("udg_ft_epochs", "steps", "fine-tuning")):
             epochs, steps = _get(args, name), _get(args, steps_flag)

@@ -87,8 +87,7 @@ def writing(folder: str):
     try:
         yield
     except OSError as err:
-        if isinstance(err, (DiskFullError, OutputFolderError)) or (
-                translated := folder_error(folder, err)) is None:
+        if isinstance(err, DiskFullError) or (translated := folder_error(folder, err)) is None:
             raise
         raise translated from err
 
@@ -160,16 +159,14 @@ def lock_holder(folder: str) -> str | None:
     except OSError:  # no lock file: nobody ever held it, or its holder ended cleanly
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        except OSError:
-            return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken: nobody holds it
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        pass
     finally:
-        os.close(fd)
+        os.close(fd)  # also drops the shared lock
+    return None
 
 
 def remove_temporary_files(folder: str) -> list[str]:

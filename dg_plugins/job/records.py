@@ -24,9 +24,7 @@ def format_row(cells, colwidth: int = 10, latex: bool = False) -> str:
 
 def read_record_lines(path: str) -> list[bytes]:
     """The lines of ``results.jsonl``, each with its newline (a torn last line without)."""
-    if not os.path.exists(path):
-        return []
-    return Path(path).read_bytes().splitlines(keepends=True)
+    return Path(path).read_bytes().splitlines(keepends=True) if os.path.exists(path) else []
 
 
 def last_record(folder: str | None) -> dict | None:
