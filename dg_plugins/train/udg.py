@@ -211,8 +211,7 @@ class UDGJob(job_lib.Job):
 
     def length(self) -> int:
         """``--steps``, or ``--udg_ft_epochs`` of the release's (``train_finetune.py``)."""
-        epochs = flag(self.args, "udg_ft_epochs")
-        if epochs is None:
+        if (epochs := flag(self.args, "udg_ft_epochs")) is None:
             return super().length()
         return epochs_length("fine-tuning", "labelled", epochs, self.labelled_sizes(),
                              self.batch_size())
@@ -257,8 +256,7 @@ class UDGJob(job_lib.Job):
     def pretrained_weights(self) -> dict:
         args = self.args
         steps = flag(args, "pretrain_steps") or self.dataset.N_STEPS
-        epochs = flag(args, "udg_pretrain_epochs")
-        if epochs is not None:
+        if (epochs := flag(args, "udg_pretrain_epochs")) is not None:
             steps = epochs_length("pretraining", "unlabelled", epochs,
                                   [len(pretraining_set(self, i)) for i in self.train_envs],
                                   self.hparams["batch_size"])
