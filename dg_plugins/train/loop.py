@@ -291,8 +291,7 @@ class Job:
         state = restore_checkpoint(self)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
-        self.last_keys = state["last_keys"]
-        self.accumulated = state.get("accumulated", {})
+        self.last_keys, self.accumulated = state["last_keys"], state.get("accumulated", {})
         print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
 
     def model_input(self, x):

@@ -112,10 +112,9 @@ def redo_pretraining(folder: str) -> str:
 def load_pretrained(folder: str, identity: dict) -> dict:
     """The pretrained weights of a finished pretraining folder, after checking its identity."""
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
-        stored = json.load(f)
-    if stored != json.loads(json.dumps(identity)):
-        raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
-                            "differs); move it away or pass another --udg_pretrain_dir")
+        if json.load(f) != json.loads(json.dumps(identity)):
+            raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
+                                "differs); move it away or pass another --udg_pretrain_dir")
     path = os.path.join(folder, PRETRAINED_FILE)
     check_checkpoint_file(path, redo_pretraining(folder))
     state = torch.load(path, map_location="cpu", weights_only=False)
