@@ -152,8 +152,7 @@ def predefined_splits(env, pair, env_index: int, test_env: bool = False):
     if bad := [i for i in in_idx + out_idx if not 0 <= i < len(env)]:
         raise ValueError(f"predefined_split({env_index}) names items {bad[:5]} outside the "
                          f"environment's {len(env)} items")
-    shared = set(in_idx) & set(out_idx)
-    if shared and not test_env:
+    if not test_env and (shared := set(in_idx) & set(out_idx)):
         raise ValueError(f"predefined_split({env_index}) puts items {sorted(shared)[:5]} in both "
                          f"the in- and the out-split of training environment {env_index}: its "
                          "validation items would be trained on; make the two lists disjoint")
