@@ -18,8 +18,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, default_collate
 
 from dg_plugins.runtime import job_cores
 from dg_plugins.seeds import seed_hash, seeded_rng
-from dg_plugins.train.splits import finisher as finisher_of
-from dg_plugins.train.splits import tensor_view
+from dg_plugins.train.splits import finisher as finisher_of, tensor_view
 
 
 def cuda_transfers(device) -> bool:
@@ -52,10 +51,8 @@ def shutdown_workers(iterator, timeout: float = 5.0) -> None:
     """End a DataLoader iterator's workers; SIGKILL for those still alive (they ignore SIGTERM)."""
     _OPEN_WORKER_ITERATORS.discard(iterator)
     workers = list(getattr(iterator, "_workers", None) or [])
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        with contextlib.suppress(Exception):
-            shutdown()
+    with contextlib.suppress(Exception):
+        iterator._shutdown_workers()
     for worker in workers:
         if worker.is_alive():
             worker.kill()
@@ -68,18 +65,13 @@ def _shutdown_open_workers() -> None:
         shutdown_workers(iterator)
 
 
-def collate(items) -> tuple:
-    """``[(x, y[, more]), ...]`` -> ``(x, y[, ...])``; x stacked by ``default_collate`` (in a
-    worker straight into shared memory)."""
-    columns = list(zip(*items))
-    return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
-
-
 def fetch(dataset: Dataset, indices, seed: int, pixels: bool = False) -> tuple:
-    """The collated batch of ``indices``, its random draws under ``seeded_rng(seed)``; ``pixels``:
-    the uint8 ``dataset.pixels(i)`` that :func:`as_model_input` finishes."""
+    """The batch ``(x, y[, ...])`` of ``indices``, its random draws under ``seeded_rng(seed)``, x
+    by ``default_collate`` (in a worker: into shared memory); ``pixels``: the uint8
+    ``dataset.pixels(i)`` that :func:`as_model_input` finishes."""
     with seeded_rng(seed):
-        return collate([dataset.pixels(i) if pixels else dataset[i] for i in indices])
+        columns = list(zip(*[dataset.pixels(i) if pixels else dataset[i] for i in indices]))
+        return (default_collate(list(columns[0])),) + tuple(torch.as_tensor(c) for c in columns[1:])
 
 
 def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> tuple:

@@ -41,8 +41,7 @@ class _Plan:
     def _find_cached(self, seed: int, batch_size: int) -> None:
         """Find the split's pixels in the cache (else a writer to keep them)."""
         env = unwrap(self.dataset)[0]
-        store = getattr(env, "pixel_store", None)
-        if store is None:
+        if (store := getattr(env, "pixel_store", None)) is None:
             return
         positions = env_indices(self.dataset)
         transforms = [env.pixel_transform(t) for t in env.item_transforms()]
@@ -186,8 +185,7 @@ def evaluate(algorithm, splits: Splits, device, num_workers: int = 0, names=None
     and ``env{i}_{in,out}_{subset}_acc`` / ``_count`` of each test environment's subsets."""
     named = splits.eval_named()
     if names is not None:
-        unknown = sorted(set(names) - {name for name, _, _ in named})
-        if unknown:
+        if unknown := sorted(set(names) - {name for name, _, _ in named}):
             raise ValueError(f"no split named {', '.join(unknown)} in this job")
         named = [entry for entry in named if entry[0] in set(names)]
     masks = [splits.subset_masks(split, env) for _, split, env in named]

@@ -63,8 +63,7 @@ class Interrupted(Exception):
 
 def check_test_envs(args, environments) -> None:
     n_envs = len(environments)
-    bad = [t for t in args.test_envs if not 0 <= t < n_envs]
-    if bad:
+    if bad := [t for t in args.test_envs if not 0 <= t < n_envs]:
         raise ValueError(f"--test_envs {bad} out of range: {args.dataset} has {n_envs} "
                          f"environments {list(environments)} (valid indices 0..{n_envs - 1})")
     if len(set(args.test_envs)) >= n_envs:
@@ -83,8 +82,7 @@ UNREAD_HPARAMS = frozenset({"lars", "linear_steps"})
 
 def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str], list[str]]:
     """``(listed, left out)`` names of ``hparams`` in train's "HParams:" printout, sorted: all but
-    :data:`UNREAD_HPARAMS` and the network's hparams the job's network does not read (all listed
-    for an unknown network). The records keep every hparam."""
+    :data:`UNREAD_HPARAMS` and the network hparams its network does not read (records keep all)."""
     from dg_plugins.algorithms.base import FeatureClassifier
     from dg_plugins.algorithms.dismae import MAE, DisMAE
     from dg_plugins.algorithms.gmoe import ERM_ViT
@@ -116,11 +114,6 @@ def shown_hparams(algorithm: str, input_shape, hparams: dict) -> tuple[list[str]
     left_out = {name for name in hparams
                 if name in UNREAD_HPARAMS or name in MODEL_HPARAMS and name not in used}
     return sorted(set(hparams) - left_out), sorted(left_out)
-
-
-def print_weights(loaded: list[str]) -> None:
-    for line in loaded or ["random initialisation (no pretrained weights loaded)"]:
-        print(f"Weights: {line}")
 
 
 #: A job's dataset, splits and loader workers (``source``: why that many).
@@ -177,7 +170,8 @@ class Job:
         self.build_data()
         with recording_weights() as loaded:
             self.algorithm = self.make_algorithm()
-        print_weights(loaded)
+        for line in loaded or ["random initialisation (no pretrained weights loaded)"]:
+            print(f"Weights: {line}")
         self.algorithm.to(self.device)
         self.streams = self.make_streams(self.batch_size())
         self.n_steps = self.length()
@@ -297,8 +291,7 @@ class Job:
         state = restore_checkpoint(self)
         keep_counted_records(self.results_path, state["n_records"])
         self.start_step, self.n_records = state["next_step"], state["n_records"]
-        self.last_keys = state["last_keys"]
-        self.accumulated = state.get("accumulated", {})
+        self.last_keys, self.accumulated = state["last_keys"], state.get("accumulated", {})
         print(f"Resuming from step {self.start_step} ({self.n_records} records kept)")
 
     def model_input(self, x):

@@ -39,11 +39,8 @@ class Progress:
 
     def __init__(self, total: int, start: int, records_left, desc: str, stream=None,
                  interval: float = DEFAULT_INTERVAL_S, out=None, clock=time.monotonic):
-        self.total, self.start = total, start
-        self.records_left = records_left
-        self.out = out or sys.stdout
-        self.interval = interval
-        self.clock = clock
+        self.total, self.start, self.records_left = total, start, records_left
+        self.out, self.interval, self.clock = out or sys.stdout, interval, clock
         self.began = self.last_line = clock()
         self.step_times: list[float] = []
         self.eval_time: float | None = None
@@ -95,8 +92,7 @@ class Progress:
 
     def line(self, step: int, now: float) -> str:
         """``progress: step 120/5001 (2.4%), 0.41 steps/s, about 3 h 18 min left``."""
-        done = step + 1 - self.start
-        rate = done / max(now - self.began, 1e-9)
+        rate = (step + 1 - self.start) / max(now - self.began, 1e-9)
         left = (self.total - step - 1) / rate
         return (f"progress: step {step + 1}/{self.total} ({100 * (step + 1) / self.total:.1f}%), "
                 f"{rate:.3g} steps/s, about {format_duration(left)} left")

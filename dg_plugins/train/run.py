@@ -124,13 +124,9 @@ class Tee:
 def teed(folder: str, mode: str):
     """stdout and stderr also into ``folder``'s out.txt and err.txt; yields the real stderr."""
     real_stderr = sys.stderr
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(contextlib.closing(Tee(os.path.join(folder, OUT_FILE),
-                                                         sys.stdout, mode)))
-        err = stack.enter_context(contextlib.closing(Tee(os.path.join(folder, ERR_FILE), out,
-                                                         mode)))
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
+    with (contextlib.closing(Tee(os.path.join(folder, OUT_FILE), sys.stdout, mode)) as out,
+          contextlib.closing(Tee(os.path.join(folder, ERR_FILE), out, mode)) as err,
+          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
         yield real_stderr
 
 

@@ -87,8 +87,7 @@ class Splits:
     may overlap)."""
 
     def __init__(self, dataset, args, hparams):
-        self.in_splits, self.out_splits, self.uda_splits = [], [], []
-        self.subsets = {}
+        self.in_splits, self.out_splits, self.uda_splits, self.subsets = [], [], [], {}
         if flag(args, "alignment_scores") is not None:
             from dg_plugins import alignment
 
@@ -150,12 +149,10 @@ def predefined_splits(env, pair, env_index: int, test_env: bool = False):
         raise ValueError(f"predefined_split({env_index}) must return (in_indices, out_indices) or "
                          f"None, got {type(pair).__name__}")
     in_idx, out_idx = (np.asarray(p, dtype=np.int64).reshape(-1).tolist() for p in pair)
-    bad = [i for i in in_idx + out_idx if not 0 <= i < len(env)]
-    if bad:
+    if bad := [i for i in in_idx + out_idx if not 0 <= i < len(env)]:
         raise ValueError(f"predefined_split({env_index}) names items {bad[:5]} outside the "
                          f"environment's {len(env)} items")
-    shared = set(in_idx) & set(out_idx)
-    if shared and not test_env:
+    if not test_env and (shared := set(in_idx) & set(out_idx)):
         raise ValueError(f"predefined_split({env_index}) puts items {sorted(shared)[:5]} in both "
                          f"the in- and the out-split of training environment {env_index}: its "
                          "validation items would be trained on; make the two lists disjoint")

@@ -112,10 +112,9 @@ def redo_pretraining(folder: str) -> str:
 def load_pretrained(folder: str, identity: dict) -> dict:
     """The pretrained weights of a finished pretraining folder, after checking its identity."""
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
-        stored = json.load(f)
-    if stored != json.loads(json.dumps(identity)):
-        raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
-                            "differs); move it away or pass another --udg_pretrain_dir")
+        if json.load(f) != json.loads(json.dumps(identity)):
+            raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
+                                "differs); move it away or pass another --udg_pretrain_dir")
     path = os.path.join(folder, PRETRAINED_FILE)
     check_checkpoint_file(path, redo_pretraining(folder))
     state = torch.load(path, map_location="cpu", weights_only=False)
@@ -211,8 +210,7 @@ class UDGJob(job_lib.Job):
 
     def length(self) -> int:
         """``--steps``, or ``--udg_ft_epochs`` of the release's (``train_finetune.py``)."""
-        epochs = flag(self.args, "udg_ft_epochs")
-        if epochs is None:
+        if (epochs := flag(self.args, "udg_ft_epochs")) is None:
             return super().length()
         return epochs_length("fine-tuning", "labelled", epochs, self.labelled_sizes(),
                              self.batch_size())
@@ -257,8 +255,7 @@ class UDGJob(job_lib.Job):
     def pretrained_weights(self) -> dict:
         args = self.args
         steps = flag(args, "pretrain_steps") or self.dataset.N_STEPS
-        epochs = flag(args, "udg_pretrain_epochs")
-        if epochs is not None:
+        if (epochs := flag(args, "udg_pretrain_epochs")) is not None:
             steps = epochs_length("pretraining", "unlabelled", epochs,
                                   [len(pretraining_set(self, i)) for i in self.train_envs],
                                   self.hparams["batch_size"])
