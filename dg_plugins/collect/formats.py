@@ -105,13 +105,12 @@ def _render_latex(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"}
-_LATEX_SPECIAL.update({"~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
-                       "\\": "\\textbackslash{}"})
+_LATEX_SPECIAL = str.maketrans({**{c: "\\" + c for c in "&%$#_{}"}, "~": "\\textasciitilde{}",
+                                 "^": "\\textasciicircum{}", "\\": "\\textbackslash{}"})
 
 
 def _latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
+    return str(text).translate(_LATEX_SPECIAL)
 
 
 def _latex_spanning(table: Table, text: str) -> str:

@@ -126,10 +126,6 @@ def _chance_label(chance: float) -> str:
     return f"chance (1/{round(1 / chance)})"
 
 
-# --------------------------------------------------------------------------------------------------
-# Accuracy bars
-
-
 def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
     """Per row, the Averages cell of ``table``'s dataset where it covers every environment."""
     averages = next((t for t in section.tables if t.dataset is None), None)
@@ -241,10 +237,6 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
     figure.text(0.01, 0.01, caption, fontsize=SMALL, color="0.2", va="bottom")
     figure.tight_layout(rect=(0, (0.1 + 0.16 * caption_lines) / height, 1, 1))
     return figure
-
-
-# --------------------------------------------------------------------------------------------------
-# Training curves of the selected runs
 
 
 def _panels(kind: str, frame: pd.DataFrame, labels_of) -> list[str]:
@@ -414,14 +406,9 @@ _LEGEND_ORDER = ["target in-split", "iid", "loo", "oracle", "selected checkpoint
 
 def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float]:
     """A y range in percent over ``values`` (in [0, 1]) and chance, on multiples of 5."""
-    values = 100 * values[~np.isnan(values)]
-    low = min([*values, 100 * chance] if chance else values, default=0.0)
-    high = max([*values, 100 * chance] if chance else values, default=100.0)
+    values = [*100 * values[~np.isnan(values)], *([100 * chance] if chance else [])]
+    low, high = min(values, default=0.0), max(values, default=100.0)
     return max(0.0, 5 * math.floor((low - 2) / 5)), min(100.0, 5 * math.ceil((high + 2) / 5))
-
-
-# --------------------------------------------------------------------------------------------------
-# All figures of a report
 
 
 def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object]]:

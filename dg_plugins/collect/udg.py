@@ -35,8 +35,7 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     grouped = group_records(records)
     records, run = grouped.records, ["trial_seed", "dataset", "algorithm", "label_fraction",
                                      "test_envs", "hparams_seed"]
-    rows = np.arange(len(records))
-    runs = pd.DataFrame({"record": rows, **{
+    runs = pd.DataFrame({"record": np.arange(len(records)), **{
         name: records[f"args.{name}"].to_numpy() for name in run},
         "step": records["step"].to_numpy(), "job": records["job"].to_numpy()})
     runs["label_fraction"] = runs["label_fraction"].astype(float)
