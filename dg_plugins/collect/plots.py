@@ -319,8 +319,7 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
     gids ``<method>|<panel>|<what>``."""
     shown = [m for m in methods if (points["method"] == m.key).any()]
     panels = list(dict.fromkeys(points.sort_values("order", kind="stable")["panel"]))
-    dataset = points["dataset"].iloc[0]
-    algorithm = points["algorithm"].iloc[0]
+    dataset, algorithm = points["dataset"].iloc[0], points["algorithm"].iloc[0]
     width = min(MAX_WIDTH, 1.4 + 3.5 * len(shown))
     notes = ["Lines: mean over trials; bands: lowest to highest trial. Each method's signal "
              "is what it selects with: " + "; ".join(RULES[m.key] for m in shown
@@ -359,15 +358,14 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                 continue
             per_trial = mine.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
             summary = per_trial.groupby("step").agg(["mean", "min", "max"])  # over trials
-            summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
             steps = summary.index.to_numpy(dtype=float)
             for key, line_color, style, label in (
                     ("signal", color, "--", signal_label),
                     ("target", "C1", "-", "target in-split: the tables' test accuracy")):
-                ax.fill_between(steps, 100 * summary[f"{key}_min"], 100 * summary[f"{key}_max"],
+                ax.fill_between(steps, 100 * summary[key, "min"], 100 * summary[key, "max"],
                                 color=line_color, alpha=0.2, linewidth=0,
                                 gid=f"{method.key}|{panel}|{key}_band")
-                ax.plot(steps, 100 * summary[f"{key}_mean"], style, color=line_color,
+                ax.plot(steps, 100 * summary[key, "mean"], style, color=line_color,
                         linewidth=1.3, marker="o", markersize=2.5, label=label,
                         gid=f"{method.key}|{panel}|{key}")
             picked = selected[(selected["method"] == method.key) & (selected["panel"] == panel)]

@@ -482,8 +482,6 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 
 def environment_count(records: pd.DataFrame) -> int:
     """The largest count of leading environments with an in or out accuracy."""
-    if not len(records):
-        return 0
     present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))
                | ~np.isnan(acc_matrix(records, "env{t}_out_acc")))
-    return int(leading_count(present).max())
+    return int(leading_count(present).max(initial=0))

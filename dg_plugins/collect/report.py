@@ -279,10 +279,8 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     """Per dataset and algorithm whose jobs differ in a setting DomainBed's grouping ignores
     (``args.settings``): the cells that mix settings, with values and job counts; or, where each
     cell is uniform, which cells have which values (the tables combine them)."""
-    if "args.settings" not in records or records.empty:
-        return []
-    column = records["args.settings"].to_numpy()
-    if len(set(column)) < 2:  # one setting for every job: nothing is mixed
+    column = records["args.settings"].to_numpy() if "args.settings" in records else ()
+    if len(set(column)) < 2:  # one setting for every job (or no job): nothing is mixed
         return []
     units: dict[tuple, dict] = {}  # (dataset, algorithm) -> {(job, test_envs, settings)}
     for job, dataset, algorithm, envs, settings in dict.fromkeys(zip(  # in record order
@@ -360,7 +358,8 @@ def paper_comparison(entry: PaperEntry, table: Table) -> PaperComparison:
     rows = {row: _paper_values(entry, table, row) for row in entry.rows}
     mapping = {algorithm: row for algorithm in table.rows
                if (row := entry.paper_row(algorithm)) is not None}
-    differences = {algorithm: [None if cell.mean is None or paper is None else cell.mean - paper.mean
+    differences = {algorithm: [None if cell.mean is None or paper is None
+                               else cell.mean - paper.mean
                                for cell, paper in zip(table.rows[algorithm], rows[row])]
                    for algorithm, row in mapping.items()}
     selection = entry.selection_note if entry.selection is None else (
