@@ -64,8 +64,7 @@ class GroupedRecords:
         ``env1_out_acc``, ... until one is missing), seen through ``reads``; computed once."""
         role = reads.get("out")  # all that reading the out split depends on
         if role not in self._env_counts:
-            out = self.read("env{t}_out_acc", reads)
-            self._env_counts[role] = leading_count(~np.isnan(out))
+            self._env_counts[role] = leading_count(~np.isnan(self.read("env{t}_out_acc", reads)))
         return self._env_counts[role]
 
     def is_test(self, width: int) -> np.ndarray:
@@ -328,8 +327,8 @@ def standard_selection(records: pd.DataFrame | GroupedRecords,
     grouped = group_records(records)
     if method not in grouped.selections:
         scores = method.scores(grouped, method.reads)
-        chosen = best_run(method.checkpoint(scores)[["group", "hparams_seed", "record", "step",
-                                                                 "val_acc"]])
+        chosen = best_run(method.checkpoint(scores)[
+            ["group", "hparams_seed", "record", "step", "val_acc"]])
         groups = chosen["group"].to_numpy()
         test = _at(grouped.read(TEST_KEY, method.reads), chosen["record"].to_numpy(),
                    grouped.groups["test_env"].to_numpy()[groups])

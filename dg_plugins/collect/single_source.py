@@ -17,8 +17,6 @@ METHODS = (IID, ORACLE)  # LOO needs several sources
 READS = SELECTION_READS["single_source"]
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
-
-
 RUN = ["trial_seed", "dataset", "algorithm", "source", "hparams_seed"]
 
 
