@@ -210,8 +210,6 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
 
 def leave_out_unrun(report: Report) -> Report:
     """``report`` without the columns no run has (and their Avg), each such table saying so."""
-    if not any(t.not_run for s in report.sections for t in s.tables):
-        return report
     sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])
                 for section in report.sections]
     return replace(report, sections=sections)
