@@ -105,13 +105,12 @@ def _render_latex(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"}
-_LATEX_SPECIAL.update({"~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
-                       "\\": "\\textbackslash{}"})
+_LATEX_SPECIAL = str.maketrans({**{c: "\\" + c for c in "&%$#_{}"}, "~": "\\textasciitilde{}",
+                                 "^": "\\textasciicircum{}", "\\": "\\textbackslash{}"})
 
 
 def _latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(c, c) for c in str(text))
+    return str(text).translate(_LATEX_SPECIAL)
 
 
 def _latex_spanning(table: Table, text: str) -> str:
@@ -196,25 +195,23 @@ def tidy_cells(report: Report) -> pd.DataFrame:
     for section in report.sections:
         head = (section.method.key, section.method.name, section.test_key)
         for table in section.tables:
-            for (algorithm, cells), texts in zip(table.rows.items(), table.text_rows()):
-                for column, cell, text in zip(table.col_labels, cells, texts[1:]):
-                    rows.append((*head, table.title, algorithm, column, cell.mean, cell.err,
-                                 cell.n, text, *extra))
+            rows += [(*head, table.title, algorithm, column, cell.mean, cell.err, cell.n, text,
+                      *extra)
+                     for (algorithm, cells), texts in zip(table.rows.items(), table.text_rows())
+                     for column, cell, text in zip(table.col_labels, cells, texts[1:])]
             for comparison in table.comparisons:
                 if comparison.claim is not None:
                     rows.append((*head, table.title, "", "", None, None, None,
                                  f"{NOT_AVAILABLE}; the source says: {comparison.claim}",
                                  "paper", comparison.key))
-                for name, values in comparison.rows.items():
-                    for column, value in zip(table.col_labels, values):
-                        if value is not None:
-                            rows.append((*head, table.title, name, column, value.mean,
-                                         value.pm, None, value.text(), "paper", comparison.key))
-                for ours, values in comparison.differences.items():
-                    for column, value in zip(table.col_labels, values):
-                        if value is not None:
-                            rows.append((*head, table.title, ours, column, value, None, None,
-                                         f"{value:+.1f}", "difference", comparison.key))
+                rows += [(*head, table.title, name, column, value.mean, value.pm, None,
+                          value.text(), "paper", comparison.key)
+                         for name, values in comparison.rows.items()
+                         for column, value in zip(table.col_labels, values) if value is not None]
+                rows += [(*head, table.title, ours, column, value, None, None, f"{value:+.1f}",
+                          "difference", comparison.key)
+                         for ours, values in comparison.differences.items()
+                         for column, value in zip(table.col_labels, values) if value is not None]
     columns = ["selection", "selection_name", "test_key", "table", "algorithm", "column", "mean",
                "err", "n", "text"] + (["kind", "paper"] if compared else [])
     return pd.DataFrame(rows, columns=columns)

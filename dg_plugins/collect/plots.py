@@ -126,10 +126,6 @@ def _chance_label(chance: float) -> str:
     return f"chance (1/{round(1 / chance)})"
 
 
-# --------------------------------------------------------------------------------------------------
-# Accuracy bars
-
-
 def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
     """Per row, the Averages cell of ``table``'s dataset where it covers every environment."""
     averages = next((t for t in section.tables if t.dataset is None), None)
@@ -243,10 +239,6 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
     return figure
 
 
-# --------------------------------------------------------------------------------------------------
-# Training curves of the selected runs
-
-
 def _panels(kind: str, frame: pd.DataFrame, labels_of) -> list[str]:
     """Each row's panel: ``target <env>``, ``source <env>``, ``<fraction> labels, targets ..``."""
     def label(dataset, env):
@@ -327,8 +319,7 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
     gids ``<method>|<panel>|<what>``."""
     shown = [m for m in methods if (points["method"] == m.key).any()]
     panels = list(dict.fromkeys(points.sort_values("order", kind="stable")["panel"]))
-    dataset = points["dataset"].iloc[0]
-    algorithm = points["algorithm"].iloc[0]
+    dataset, algorithm = points["dataset"].iloc[0], points["algorithm"].iloc[0]
     width = min(MAX_WIDTH, 1.4 + 3.5 * len(shown))
     notes = ["Lines: mean over trials; bands: lowest to highest trial. Each method's signal "
              "is what it selects with: " + "; ".join(RULES[m.key] for m in shown
@@ -367,15 +358,14 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                 continue
             per_trial = mine.groupby(["trial_seed", "step"])[["signal", "target"]].mean()
             summary = per_trial.groupby("step").agg(["mean", "min", "max"])  # over trials
-            summary.columns = [f"{key}_{stat}" for key, stat in summary.columns]
             steps = summary.index.to_numpy(dtype=float)
             for key, line_color, style, label in (
                     ("signal", color, "--", signal_label),
                     ("target", "C1", "-", "target in-split: the tables' test accuracy")):
-                ax.fill_between(steps, 100 * summary[f"{key}_min"], 100 * summary[f"{key}_max"],
+                ax.fill_between(steps, 100 * summary[key, "min"], 100 * summary[key, "max"],
                                 color=line_color, alpha=0.2, linewidth=0,
                                 gid=f"{method.key}|{panel}|{key}_band")
-                ax.plot(steps, 100 * summary[f"{key}_mean"], style, color=line_color,
+                ax.plot(steps, 100 * summary[key, "mean"], style, color=line_color,
                         linewidth=1.3, marker="o", markersize=2.5, label=label,
                         gid=f"{method.key}|{panel}|{key}")
             picked = selected[(selected["method"] == method.key) & (selected["panel"] == panel)]
@@ -414,14 +404,9 @@ _LEGEND_ORDER = ["target in-split", "iid", "loo", "oracle", "selected checkpoint
 
 def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float]:
     """A y range in percent over ``values`` (in [0, 1]) and chance, on multiples of 5."""
-    values = 100 * values[~np.isnan(values)]
-    low = min([*values, 100 * chance] if chance else values, default=0.0)
-    high = max([*values, 100 * chance] if chance else values, default=100.0)
+    values = [*100 * values[~np.isnan(values)], *([100 * chance] if chance else [])]
+    low, high = min(values, default=0.0), max(values, default=100.0)
     return max(0.0, 5 * math.floor((low - 2) / 5)), min(100.0, 5 * math.ceil((high + 2) / 5))
-
-
-# --------------------------------------------------------------------------------------------------
-# All figures of a report
 
 
 def figures(records: pd.DataFrame, report: Report) -> Iterator[tuple[str, object]]:

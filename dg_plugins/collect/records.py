@@ -60,18 +60,12 @@ MAX_WARNINGS = 20  # further problems are only counted, then summarised in one l
 _READ_SIZE = 1 << 16
 _JSON_SPACE = " \t\r\n"
 
-Warn = Callable[[str], None]
-
 
 def _print_warning(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-# --------------------------------------------------------------------------------------------------
-# Loading
-
-
-def load_records(input_dir: str, warn: Warn = _print_warning,
+def load_records(input_dir: str, warn: Callable[[str], None] = _print_warning,
                  progress: bool | None = None) -> pd.DataFrame:
     """Every usable record of ``input_dir/<job>/results.jsonl``, a row each (columns:
     docs/collect.md); unusable lines and files go to ``warn`` (at most :data:`MAX_WARNINGS`)."""
@@ -108,29 +102,18 @@ def _read_text(path: str, problems: list[str]) -> str | None:
     """The file's text, or None when it is absent (not a job folder, or no record yet)."""
     try:
         fd = os.open(path, os.O_RDONLY)  # plain os calls: twice as fast as open() on 10k files
+        try:
+            chunks = [os.read(fd, _READ_SIZE)]
+            while len(chunks[-1]) == _READ_SIZE:  # a short read means the end of a regular file
+                chunks.append(os.read(fd, _READ_SIZE))
+        finally:
+            os.close(fd)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
         problems.append(f"cannot read {path}: {error}")
         return None
-    try:
-        chunks = [os.read(fd, _READ_SIZE)]
-        while len(chunks[-1]) == _READ_SIZE:  # a short read means the end of a regular file
-            chunks.append(os.read(fd, _READ_SIZE))
-    except OSError as error:
-        problems.append(f"cannot read {path}: {error}")
-        return None
-    finally:
-        os.close(fd)
     return b"".join(chunks).decode("utf-8", "surrogateescape")
-
-
-def nonfinite_keys(record) -> tuple:
-    """``((key, "NaN" | "inf" | "-inf"), ...)`` for the record's non-finite top-level values."""
-    if type(record) is not dict:
-        return ()
-    return tuple((key, "NaN" if value != value else str(value)) for key, value in record.items()
-                 if type(value) is float and not math.isfinite(value))
 
 
 def parse_line(line: str):
@@ -178,10 +161,6 @@ def _settings(args: dict) -> tuple:
     return tuple(found)
 
 
-# --------------------------------------------------------------------------------------------------
-# The column store
-
-
 @dataclass(slots=True)
 class _Segment:
     """``size`` consecutive rows of one job with the same ``args``, stored once."""
@@ -202,18 +181,11 @@ class _AccBlock:
     get: Callable[[dict], tuple] = field(init=False)  # record -> its values of ``keys``
 
     def __post_init__(self) -> None:  # itemgetter gives a tuple for two keys or more
-        if len(self.keys) > 1:
-            self.get = itemgetter(*self.keys)
-        elif self.keys:
-            self.get = lambda record, key=self.keys[0]: (record[key],)
-        else:
-            self.get = lambda record: ()
+        self.get = (itemgetter(*self.keys) if len(self.keys) > 1 else
+                    lambda record, keys=tuple(self.keys): tuple(record[k] for k in keys))
 
     def matrix(self) -> np.ndarray:
         return np.frombuffer(self.values, dtype=float).reshape(len(self.rows), len(self.keys))
-
-
-_get_step = itemgetter("step")
 
 
 class _Columns:
@@ -239,31 +211,30 @@ class _Columns:
                 continue
             try:  # orjson rejects NaN and Infinity: a line it reads has none
                 records.append(fast(line))
-                numbers.append(number)
-                continue
             except ValueError:
-                pass
-            try:
-                records.append(json.loads(line))
-                numbers.append(number)
-            except ValueError as error:
-                self.problems.append(f"skipping line {number} of {path}: not valid JSON ({error})")
-                continue
-            keys = nonfinite_keys(records[-1])
-            if keys:
-                self._nonfinite_lines[number] = keys
+                try:
+                    records.append(json.loads(line))
+                except ValueError as error:
+                    self.problems.append(f"skipping line {number} of {path}: not valid JSON "
+                                         f"({error})")
+                    continue
+                if type(records[-1]) is dict:  # its non-finite top-level values
+                    keys = tuple((key, "NaN" if value != value else str(value))
+                                 for key, value in records[-1].items()
+                                 if type(value) is float and not math.isfinite(value))
+                    if keys:
+                        self._nonfinite_lines[number] = keys
+            numbers.append(number)
         if records and self._add_uniform(job, numbers, records):
             return
         for number, record in zip(numbers, records):  # line by line
-            if type(record) is not dict:
-                self.problems.append(f"skipping line {number} of {path}: not a JSON object")
-                continue
-            args = _arg_values(record.get("args"))
-            if type(args) is str or "step" not in record:
-                reason = args if type(args) is str else "missing step"
-                self.problems.append(f"skipping line {number} of {path}: {reason}")
-                continue
-            self._append(job, [number], [record], args)
+            args = _arg_values(record.get("args")) if type(record) is dict else "not a JSON object"
+            if type(args) is not str and "step" not in record:
+                args = "missing step"
+            if type(args) is str:
+                self.problems.append(f"skipping line {number} of {path}: {args}")
+            else:
+                self._append(job, [number], [record], args)
 
     def _add_uniform(self, job: str, numbers: list[int], records: list) -> bool:
         """The usual case in one go: valid records with the same keys and ``args``."""
@@ -300,7 +271,7 @@ class _Columns:
         except (TypeError, OverflowError):  # a non-numeric accuracy: keep what is numeric
             del block.values[size:]
             block.values.extend(map(_number, chain.from_iterable(map(block.get, records))))
-        self.steps.extend(map(_get_step, records))
+        self.steps.extend(map(itemgetter("step"), records))
         self.hparams.extend(record.get("hparams") for record in records)
         self.lines.extend(numbers)
         labels = records[0].get("environments")  # kept when a list of strings
@@ -319,10 +290,8 @@ class _Columns:
         args = list(zip(*(segment.args for segment in self.segments))) or [()] * len(ARG_COLUMNS)
         for name, values in zip(ARG_COLUMNS, args):
             # Seeds: let pandas infer (int64 normally); the rest stays Python objects.
-            if name.endswith("_seed"):
-                columns[name] = pd.Series(list(values)).to_numpy().repeat(sizes)
-            else:
-                columns[name] = _object_series(values, sizes)
+            columns[name] = (pd.Series(list(values)).to_numpy().repeat(sizes)
+                             if name.endswith("_seed") else _object_series(values, sizes))
         columns["step"] = self.steps
         columns["hparams"] = _object_series(self.hparams)
         columns["job"] = _object_series([segment.job for segment in self.segments], sizes)
@@ -345,8 +314,7 @@ class _Columns:
                 else:
                     rows = np.frombuffer(block.rows, dtype=np.int64)
                     accs[np.ix_(rows, where)] = block.matrix()
-        for i, key in enumerate(acc_keys):
-            columns[key] = accs[:, i]
+        columns.update(zip(acc_keys, accs.T))
         return pd.DataFrame(columns)
 
 
@@ -367,13 +335,11 @@ def _number(value) -> float:
 
 
 def _acc_sort_key(key: str):
-    match = ACC_KEY.fullmatch(key)
-    if match is not None:
-        return int(match.group(1)), match.group(2)
-    match = COUNT_KEY.fullmatch(key)
-    if match is not None:  # a count column: after the accuracies
-        return 1 << 30, int(match.group(1)), match.group(2)
-    return 1 << 31, NUMBER_KEYS.index(key), ""  # the other numbers last
+    for rank, pattern in enumerate((ACC_KEY, COUNT_KEY)):  # accuracies, then counts
+        match = pattern.fullmatch(key)
+        if match is not None:
+            return rank, int(match.group(1)), match.group(2)
+    return 2, NUMBER_KEYS.index(key), ""  # the other numbers last
 
 
 class JobProgress(NamedTuple):
@@ -445,10 +411,10 @@ def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
             job, detail = folders[0]
             notes.append(f"job folder {job} is left out of the tables: {reason}"
                          f"{f' ({detail})' if detail else ''}; {fix}.")
-            continue
-        names = ", ".join(f"{job} ({detail})" if detail else job for job, detail in folders)
-        notes.append(f"{len(folders)} job folders are left out of the tables, each {reason}: "
-                     f"{names}; {fix.replace('the folder', 'each folder')}.")
+        else:
+            names = ", ".join(f"{job} ({detail})" if detail else job for job, detail in folders)
+            notes.append(f"{len(folders)} job folders are left out of the tables, each {reason}: "
+                         f"{names}; {fix.replace('the folder', 'each folder')}.")
     return counted, notes
 
 
@@ -493,10 +459,6 @@ def _steps(steps: list) -> str:
     return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
 
 
-# --------------------------------------------------------------------------------------------------
-# Queries used by selection and tables
-
-
 def acc_width(records: pd.DataFrame) -> int:
     """One more than the largest environment index of any accuracy column (0 if none)."""
     matches = (ACC_KEY.fullmatch(column) for column in records.columns)
@@ -520,8 +482,6 @@ def leading_count(present: np.ndarray) -> np.ndarray:
 
 def environment_count(records: pd.DataFrame) -> int:
     """The largest count of leading environments with an in or out accuracy."""
-    if not len(records):
-        return 0
     present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))
                | ~np.isnan(acc_matrix(records, "env{t}_out_acc")))
-    return int(leading_count(present).max())
+    return int(leading_count(present).max(initial=0))

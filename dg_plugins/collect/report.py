@@ -52,10 +52,6 @@ def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
     return report
 
 
-# --------------------------------------------------------------------------------------------------
-# Notes on the tables
-
-
 def _names(labels: list[str], indexes) -> str:
     return ", ".join(labels[i] if i < len(labels) else str(i) for i in sorted(indexes))
 
@@ -83,8 +79,7 @@ def _rows_by(found: dict, rows: int, every: str, each: str, name=str) -> str:
 
 def _section_name(section: Section) -> tuple[str, str]:
     """``("iid", "")``, ``("oracle", "IP")``: a section's method key and subset label."""
-    label = section.subtitle.split(":")[0].replace(", ", " ") if section.subtitle else ""
-    return section.method.key, label
+    return section.method.key, section.subtitle.split(":")[0].replace(", ", " ")
 
 
 def _where(names: list[tuple], every: list[tuple]) -> str:
@@ -125,9 +120,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
             if table.dataset is None:
                 continue
             labels = table.keys[:-1]
-            full = set(range(len(labels))) - (set() if all_columns else
-                                              {i for i, k in enumerate(labels)
-                                               if k in table.not_run})
+            full = {i for i, k in enumerate(labels) if all_columns or k not in table.not_run}
             not_run: dict[tuple, list[str]] = {}  # (envs with records, missing) -> algorithms
             cells_of: dict[frozenset, list[str]] = {}  # environments -> algorithms
             for algorithm, cells in table.rows.items():
@@ -191,10 +184,7 @@ def _unscored_reason(grouped: GroupedRecords, section: Section, dataset) -> tupl
             bad = records["nonfinite"].iat[row]
             if isinstance(bad, tuple) and section.test_key.format(t=env) in dict(bad):
                 nan.append(f"job {records['job'].iat[row]} at step {records['step'].iat[row]}")
-    if not nan:
-        return "no", key
-    more = f" and {len(nan) - 3} more" if len(nan) > 3 else ""
-    return "NaN as", f"{key} ({', '.join(nan[:3])}{more})"
+    return ("NaN as", f"{key} ({_listing(nan, 3)})") if nan else ("no", key)
 
 
 def averages_notes(sections: list[Section], all_columns: bool = True) -> list[str]:
@@ -209,9 +199,7 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                 continue
             every.append(_section_name(section))
             for dataset in table.keys[:-1]:
-                labels = labels_of[dataset]
-                full = tuple(range(len(labels)))
-                described = {}
+                labels, described = labels_of[dataset], {}
                 for algorithm in table.rows:
                     trials = table.coverage.get((algorithm, dataset))
                     if not trials:
@@ -222,7 +210,7 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                         " and ".join(text for _, text in sorted(
                             (trial, f"{_names(labels, envs)} (trial {', '.join(map(str, trial))})")
                             for envs, trial in zip(sets, seeds))))
-                whole = _names(labels, full)
+                whole = _names(labels, range(len(labels)))
                 if all(text == whole for text in described.values()):
                     continue
                 groups: dict[str, list[str]] = {}
@@ -291,10 +279,8 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     """Per dataset and algorithm whose jobs differ in a setting DomainBed's grouping ignores
     (``args.settings``): the cells that mix settings, with values and job counts; or, where each
     cell is uniform, which cells have which values (the tables combine them)."""
-    if "args.settings" not in records or records.empty:
-        return []
-    column = records["args.settings"].to_numpy()
-    if len(set(column)) < 2:  # one setting for every job: nothing is mixed
+    column = records["args.settings"].to_numpy() if "args.settings" in records else ()
+    if len(set(column)) < 2:  # one setting for every job (or no job): nothing is mixed
         return []
     units: dict[tuple, dict] = {}  # (dataset, algorithm) -> {(job, test_envs, settings)}
     for job, dataset, algorithm, envs, settings in dict.fromkeys(zip(  # in record order
@@ -343,11 +329,8 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
     return notes
 
 
-# --------------------------------------------------------------------------------------------------
 # Published numbers beside the tables (``--paper KEY``): each entry of dg_plugins.reference under
 # every table it matches, with ours minus the paper's
-
-
 def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue | None]:
     """The row's values under the table's columns."""
     cells = entry.rows[row]
@@ -361,30 +344,24 @@ def _paper_values(entry: PaperEntry, table: Table, row: str) -> list[PaperValue 
 def paper_matches(entry: PaperEntry, section: Section, table: Table) -> bool:
     """Whether ``entry`` belongs under ``table`` (setting, selection, dataset, source)."""
     setting = {TEST_KEY: "multi_source", SINGLE_SOURCE_KEY: "single_source", UDG_KEY: "udg"}
-    if setting.get(section.test_key, "ipoop") != entry.setting:
-        return False
-    if entry.selection is not None and entry.selection != section.method.key:
+    if (setting.get(section.test_key, "ipoop") != entry.setting
+            or entry.selection not in (None, section.method.key)):
         return False
     if table.dataset is None:
         return (table.coverage is not None and not entry.per_dataset and entry.available
                 and any(key in entry.columns for key in table.keys))
-    if table.dataset not in entry.datasets:
-        return False
-    return entry.source is None or entry.source == table.source
+    return table.dataset in entry.datasets and entry.source in (None, table.source)
 
 
 def paper_comparison(entry: PaperEntry, table: Table) -> PaperComparison:
     """The entry's rows under ``table``, with ours minus the paper's where a row corresponds."""
     rows = {row: _paper_values(entry, table, row) for row in entry.rows}
-    mapping, differences = {}, {}
-    for algorithm, cells in table.rows.items():
-        row = entry.paper_row(algorithm)
-        if row is None:
-            continue
-        mapping[algorithm] = row
-        differences[algorithm] = [
-            None if cell.mean is None or paper is None else cell.mean - paper.mean
-            for cell, paper in zip(cells, rows[row])]
+    mapping = {algorithm: row for algorithm in table.rows
+               if (row := entry.paper_row(algorithm)) is not None}
+    differences = {algorithm: [None if cell.mean is None or paper is None
+                               else cell.mean - paper.mean
+                               for cell, paper in zip(table.rows[algorithm], rows[row])]
+                   for algorithm, row in mapping.items()}
     selection = entry.selection_note if entry.selection is None else (
         f"{entry.selection} ({entry.selection_note})")
     return PaperComparison(entry.key, f"paper [{entry.key}]: {entry.citation()}",

@@ -19,7 +19,6 @@ from dg_plugins.job.selection import ALL, SELECTION_READS, TEST, TRAIN
 
 #: Default test key template: the in split of the test environment (``model_selection.py``).
 TEST_KEY = "env{t}_in_acc"
-RUN_COLUMNS = ["group", "hparams_seed", "record", "step", "val_acc"]
 SELECTED_COLUMNS = ["trial_seed", "dataset", "algorithm", "test_env", "hparams_seed", "step",
                     "val_acc", "test_acc", "record", "group"]
 
@@ -65,8 +64,7 @@ class GroupedRecords:
         ``env1_out_acc``, ... until one is missing), seen through ``reads``; computed once."""
         role = reads.get("out")  # all that reading the out split depends on
         if role not in self._env_counts:
-            out = self.read("env{t}_out_acc", reads)
-            self._env_counts[role] = leading_count(~np.isnan(out))
+            self._env_counts[role] = leading_count(~np.isnan(self.read("env{t}_out_acc", reads)))
         return self._env_counts[role]
 
     def is_test(self, width: int) -> np.ndarray:
@@ -123,10 +121,6 @@ def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.nda
 def group_records(records: pd.DataFrame | GroupedRecords) -> GroupedRecords:
     """Group records per (trial_seed, dataset, algorithm, test_env) (``get_grouped_records``)."""
     return records if isinstance(records, GroupedRecords) else GroupedRecords(records)
-
-
-# --------------------------------------------------------------------------------------------------
-# Picking rows
 
 
 def _at(matrix: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -198,10 +192,7 @@ def masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return np.where(valid, values, 0.0).sum(axis=1) / valid.sum(axis=1)
 
 
-# --------------------------------------------------------------------------------------------------
 # The three methods: each scores every record it can, then keeps a checkpoint per run
-
-
 def _iid_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Training-domain validation (``IIDAccuracySelectionMethod``; also the DMG release's
     best-epoch rule): the mean out-split accuracy of the training environments."""
@@ -227,11 +218,11 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
     # DomainBed reads the environment count from the first record of the step (members are in
     # record order, so a step's first member has its smallest record) ...
     first = members["record"].to_numpy()[np.unique(step_id, return_index=True)[1]][step_id]
-    n_envs_of_record = grouped.env_counts(reads)
     # ... and needs exactly one single-test-env record at the step.
-    is_single = members["n_test_envs"].to_numpy() == 1
-    singles = np.bincount(step_id, weights=is_single, minlength=1)[step_id]
-    members = members.assign(_step=step_id, _n_envs=n_envs_of_record[first], _singles=singles)
+    singles = np.bincount(step_id, weights=members["n_test_envs"].to_numpy() == 1,
+                          minlength=1)[step_id]
+    members = members.assign(_step=step_id, _n_envs=grouped.env_counts(reads)[first],
+                             _singles=singles)
     single = members[(members["n_test_envs"] == 1) & (members["_singles"] == 1)]
 
     # Validation accuracies: the pair run [t, j] gives env{j}_in_acc (the last such record wins);
@@ -253,10 +244,8 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
     val_accs[pairs["_step"].to_numpy()[pair_order][inside], other[pair_order][inside]] = \
         value[pair_order][inside]
 
-    step_rows = single["_step"].to_numpy()
-    n_envs = single["_n_envs"].to_numpy()
-    test_env = single["test_env"].to_numpy()
-    per_step = val_accs[step_rows]
+    n_envs, test_env = single["_n_envs"].to_numpy(), single["test_env"].to_numpy()
+    per_step = val_accs[single["_step"].to_numpy()]
     missing = _reduce_rows(per_step == -1.0, n_envs, test_env, lambda block: block.any(axis=1))
     sums = _reduce_rows(per_step, n_envs, test_env, lambda block: np.sum(block, axis=1))
     with np.errstate(all="ignore"):
@@ -300,10 +289,6 @@ def get_method(key: str) -> SelectionMethod:
     raise ValueError(f"unknown selection method {key!r}; choose from {', '.join(METHODS)}")
 
 
-# --------------------------------------------------------------------------------------------------
-# What every kind of table gives its tables and figures
-
-
 @dataclass
 class Selection:
     """One method's selection on one kind of runs: ``scored``, every record of those runs with
@@ -320,10 +305,10 @@ def select_by_masks(runs: pd.DataFrame, run: list[str], method: SelectionMethod,
                     out_acc: np.ndarray, sources: np.ndarray, targets: np.ndarray,
                     accs: np.ndarray, averaged: np.ndarray) -> Selection:
     """DomainBed's iid and oracle for runs with several sources or targets (single-source, UDG):
-    ``runs`` (a row per record) grouped by their ``run`` columns but
-    hparams_seed, scored by the mean ``out_acc`` of ``sources`` (iid) or ``targets`` (oracle); the
-    best run per group, with ``acc{i}`` from ``accs`` and ``target``, their mean over ``averaged``.
-    Masks and ``accs`` have a row per run, ``out_acc`` per record."""
+    ``runs`` (a row per record) grouped by their ``run`` columns but hparams_seed, scored by the
+    mean ``out_acc`` of ``sources`` (iid) or ``targets`` (oracle); the best run per group, with
+    ``acc{i}`` from ``accs`` and ``target``, their mean over ``averaged``. Masks and ``accs`` have
+    a row per run, ``out_acc`` per record."""
     if runs.empty:
         return Selection(runs, runs.assign(val_acc=[], group=[]), run)
     rows = runs["record"].to_numpy()
@@ -331,10 +316,8 @@ def select_by_masks(runs: pd.DataFrame, run: list[str], method: SelectionMethod,
                          val_acc=masked_mean(out_acc[rows], sources if method is IID else targets))
     chosen = best_run(method.checkpoint(scored))
     at = pd.Index(rows).get_indexer(chosen["record"].to_numpy())  # each chosen run's row
-    for i in range(accs.shape[1]):
-        chosen[f"acc{i}"] = accs[at, i]
-    chosen["target"] = masked_mean(accs[at], averaged[at])
-    return Selection(scored, chosen, run)
+    return Selection(scored, chosen.assign(**{f"acc{i}": accs[at, i] for i in range(accs.shape[1])},
+                                           target=masked_mean(accs[at], averaged[at])), run)
 
 
 def standard_selection(records: pd.DataFrame | GroupedRecords,
@@ -344,7 +327,8 @@ def standard_selection(records: pd.DataFrame | GroupedRecords,
     grouped = group_records(records)
     if method not in grouped.selections:
         scores = method.scores(grouped, method.reads)
-        chosen = best_run(method.checkpoint(scores)[RUN_COLUMNS])
+        chosen = best_run(method.checkpoint(scores)[
+            ["group", "hparams_seed", "record", "step", "val_acc"]])
         groups = chosen["group"].to_numpy()
         test = _at(grouped.read(TEST_KEY, method.reads), chosen["record"].to_numpy(),
                    grouped.groups["test_env"].to_numpy()[groups])

@@ -17,8 +17,6 @@ METHODS = (IID, ORACLE)  # LOO needs several sources
 READS = SELECTION_READS["single_source"]
 SINGLE_SOURCE_KEY = "single_source"
 SINGLE_SOURCE_DESCRIPTION = "single source: trained on one environment, tested on the others"
-
-
 RUN = ["trial_seed", "dataset", "algorithm", "source", "hparams_seed"]
 
 
@@ -42,10 +40,7 @@ def single_source_datasets(records: pd.DataFrame | GroupedRecords,
                            runs: pd.DataFrame | None = None) -> list[str]:
     """Datasets whose single-source records are reported by default (docs/collect.md)."""
     grouped = group_records(records)
-    return _default_datasets(grouped, single_source_runs(grouped) if runs is None else runs)
-
-
-def _default_datasets(grouped: GroupedRecords, runs: pd.DataFrame) -> list[str]:
+    runs = single_source_runs(grouped) if runs is None else runs
     singles = set(grouped.records["args.dataset"].to_numpy()[grouped.n_test_envs == 1])
     return [dataset for dataset, rows in runs.groupby("dataset", sort=False)
             if rows["n_envs"].max() >= 4 or dataset not in singles]
@@ -113,7 +108,7 @@ def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMetho
     if mode == "off":
         return []
     runs = single_source_runs(grouped) if runs is None else runs
-    datasets = _default_datasets(grouped, runs) if mode == "auto" else None
+    datasets = single_source_datasets(grouped, runs) if mode == "auto" else None
     sections = []
     for method in [m for m in methods if m in METHODS] if datasets != [] else []:
         selection = single_source_selection(grouped, method, runs)

@@ -208,18 +208,8 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
     return tables
 
 
-# --------------------------------------------------------------------------------------------------
-# The default layout: columns no run has are left out
-
-
-def _names(keys) -> str:
-    return ", ".join(str(key) for key in keys)
-
-
 def leave_out_unrun(report: Report) -> Report:
     """``report`` without the columns no run has (and their Avg), each such table saying so."""
-    if not any(t.not_run for s in report.sections for t in s.tables):
-        return report
     sections = [replace(section, tables=[_without_unrun(t) for t in section.tables])
                 for section in report.sections]
     return replace(report, sections=sections)
@@ -230,15 +220,14 @@ def _without_unrun(table: Table) -> Table:
         return table
     keep = [i for i, key in enumerate(table.keys) if key not in table.not_run and key != "Avg"]
     what = "test environment" if table.dataset is not None else "dataset"
+    names = ", ".join(map(str, table.not_run))
     avg = " and Avg (it needs every one)" if "Avg" in table.keys and keep else ""
     if keep:
         why = "not run" if table.dataset is not None else "no single-test-environment run"
-        line = (f"left out: {what}{'s' * (len(table.not_run) > 1)} {_names(table.not_run)} "
-                f"({why}){avg}")
-    elif table.dataset is not None:
-        line = f"no column: no run of {table.dataset} has a single test environment"
+        line = f"left out: {what}{'s' * (len(table.not_run) > 1)} {names} ({why}){avg}"
     else:
-        line = f"no column: no run of {_names(table.not_run)} has a single test environment"
+        line = (f"no column: no run of {names if table.dataset is None else table.dataset} has a "
+                "single test environment")
     line += "; --all_columns shows them as X"
 
     def pick(values):
@@ -250,10 +239,6 @@ def _without_unrun(table: Table) -> Table:
     return replace(table, col_labels=pick(table.col_labels), keys=pick(table.keys),
                    rows={row: pick(cells) for row, cells in table.rows.items()},
                    comparisons=comparisons, left_out=line)
-
-
-# --------------------------------------------------------------------------------------------------
-# Selected hparams (which run each method picked)
 
 
 def selected_hparams(records: pd.DataFrame | GroupedRecords,

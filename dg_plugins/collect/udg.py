@@ -22,9 +22,7 @@ UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine
 
 def is_udg(records: pd.DataFrame) -> np.ndarray:
     """Boolean mask of UDG records (``args.label_fraction`` set)."""
-    if FRACTION_COLUMN not in records.columns:
-        return np.zeros(len(records), dtype=bool)
-    return np.array([v is not None and v == v for v in records[FRACTION_COLUMN]], dtype=bool)
+    return records.get(FRACTION_COLUMN, pd.Series(np.nan, records.index)).notna().to_numpy()
 
 
 def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> Selection:
@@ -35,8 +33,7 @@ def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMetho
     grouped = group_records(records)
     records, run = grouped.records, ["trial_seed", "dataset", "algorithm", "label_fraction",
                                      "test_envs", "hparams_seed"]
-    rows = np.arange(len(records))
-    runs = pd.DataFrame({"record": rows, **{
+    runs = pd.DataFrame({"record": np.arange(len(records)), **{
         name: records[f"args.{name}"].to_numpy() for name in run},
         "step": records["step"].to_numpy(), "job": records["job"].to_numpy()})
     runs["label_fraction"] = runs["label_fraction"].astype(float)
