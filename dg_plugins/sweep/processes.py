@@ -337,13 +337,12 @@ class JobProcesses:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self.running:  # leaving on an error with jobs still running: stop them
-                if self.signum is None:
-                    self._on_signal(signal.SIGTERM)
-                while self.running:
-                    for _, proc in list(self.running.values()):
-                        self.poll(proc)
-                    time.sleep(self.poll_interval)
+            if self.running and self.signum is None:  # leaving on an error: stop the jobs
+                self._on_signal(signal.SIGTERM)
+            while self.running:
+                for _, proc in list(self.running.values()):
+                    self.poll(proc)
+                time.sleep(self.poll_interval)
         finally:
             self._catcher.__exit__(exc_type, exc, tb)
 
