@@ -747,8 +747,7 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
                      f"step of {images_per_step} images{timed}")
     if not counted:
         return f"Time on this machine ({where}): not estimated ({'; '.join(parts)})"
-    n = len(jobs)
-    jobs_text = f"{counted} jobs" if counted == n else f"{counted} of the {n} jobs"
+    jobs_text = f"{counted} jobs" if counted == len(jobs) else f"{counted} of the {len(jobs)} jobs"
     left = f"; left out: {len(udg)} UDG jobs" if udg else ""
     return (f"Estimated on this machine ({where}): {format_duration(total)} for {jobs_text}, one "
             f"at a time ({'; '.join(parts)}; timed here on random images and scaled per image, "

@@ -70,6 +70,14 @@ def sweep_dir_of(output_dir: str) -> str:
     return os.path.dirname(os.path.abspath(output_dir))
 
 
+def by_sweep(items: Iterable, folder: Callable = lambda item: item) -> dict[str, list]:
+    """``items`` (job folders, or jobs with ``folder(item)``) grouped by sweep folder, in order."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(sweep_dir_of(folder(item)), []).append(item)
+    return groups
+
+
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
     """Hold the sweep-wide lock (exclusive to change claims); False when there is none to share."""
@@ -133,13 +141,11 @@ def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
     live = []
     for name in names:
         path = os.path.join(folder, name)
-        held = _lock_is_held(path)
-        if held is None:
-            continue
-        if not held:  # its launcher has died: the kernel dropped its lock
-            if remove_stale:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+        held = _lock_is_held(path)  # None: the file is gone
+        if held is False and remove_stale:  # its launcher has died: the kernel dropped its lock
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if not held:
             continue
         try:
             with open(path) as f:
@@ -391,8 +397,7 @@ class SweepJob:
             self.state = DONE
         elif os.path.exists(self.output_dir):
             self.holder = lock_holder(self.output_dir)
-            if held is None:
-                held = held_in(sweep_dir_of(self.output_dir))
+            held = held_in(sweep_dir_of(self.output_dir)) if held is None else held
             self.launcher = held.get(os.path.abspath(self.output_dir))
             in_slurm = self.slurm is not None and self.slurm.held
             self.state = (IN_SLURM if in_slurm else RUNNING if self.holder is not None else

@@ -136,10 +136,8 @@ def _import_submitit():
     try:
         import submitit
     except ImportError as err:
-        raise ImportError(
-            "the submitit launcher needs the submitit package: pip install 'dg_plugins[slurm]' "
-            "(or pip install submitit)"
-        ) from err
+        raise ImportError("the submitit launcher needs the submitit package: pip install "
+                          "'dg_plugins[slurm]' (or pip install submitit)") from err
     return submitit
 
 
@@ -196,7 +194,6 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
         return submit_to_slurm(commands, options, given_options(given))
     executor = make_executor(options)
     logs = ErrorLogs(commands)
-    cwd = os.getcwd()
     grace = stop_grace_period(grace_period_s)
     forget_stop_signal()
     jobs: list = []
@@ -208,7 +205,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
                 process.send_signal(signal.SIGTERM)
 
     with SignalCatcher(pass_on) as catcher:
-        jobs = executor.map_array(run_shell_command, commands, [cwd] * len(commands),
+        jobs = executor.map_array(run_shell_command, commands, [os.getcwd()] * len(commands),
                                   [grace] * len(commands))
         ids = [job.job_id for job in jobs]
         print(f"submitit launcher: submitted {len(jobs)} jobs to {options.cluster} "
@@ -217,10 +214,8 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
             pass_on(catcher.signum)
         if not options.wait:
             return jobs
-        if options.cluster == "local":
-            codes = _wait_local(commands, jobs, catcher, grace)
-        else:
-            codes = _wait_debug(commands, jobs)
+        codes = (_wait_local(commands, jobs, catcher, grace) if options.cluster == "local"
+                 else _wait_debug(commands, jobs))
     report_exit_codes("submitit", commands, codes, logs)  # raises JobsFailed if a job failed
     return jobs
 
@@ -242,8 +237,8 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
             jobs = [executor.submit(task) for task in tasks]
     except Exception as err:  # noqa: BLE001  (sbatch's refusal, in submitit's words)
         lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
-        raise SlurmError(f"Slurm refused the submission: "
-                               f"{lines[-1] if lines else str(err).strip()[:300]}") from None
+        raise SlurmError("Slurm refused the submission: "
+                         f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
         for folder in filter(None, map(command_output_dir, task.argvs)):
             record_job(folder, job.job_id, options.log_dir)
@@ -596,10 +591,6 @@ class TrainTask:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _procs=[], _signum=None, _started=0.0)
 
-    @property
-    def folders(self) -> list[str]:
-        return [command_output_dir(a) or "" for a in self.argvs]
-
     def __call__(self) -> str:
         self._started = time.time()
         for signum in PASSED_ON:
@@ -653,7 +644,7 @@ class TrainTask:
 
     def progressed(self) -> bool:
         """Whether a job wrote a checkpoint or finished during this allocation."""
-        for folder in self.folders:
+        for folder in (command_output_dir(a) or "" for a in self.argvs):
             for name in (CHECKPOINT_FILE, DONE_FILE):
                 with contextlib.suppress(OSError):
                     if os.path.getmtime(os.path.join(folder, name)) >= self._started:
