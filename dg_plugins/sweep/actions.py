@@ -192,8 +192,7 @@ RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
 def continue_lines(command_line: CommandLines, what: str,
                    output_dirs: Sequence[str] = ()) -> list[str]:
     """How to continue the jobs of ``output_dirs``: ``launch --resume`` lines, or the rerun one."""
-    rerun = os.environ.get(RERUN_ENV)
-    if rerun:
+    if rerun := os.environ.get(RERUN_ENV):
         return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
                 f"  {rerun}"]
     return [f"To continue them ({what}):",

@@ -112,8 +112,7 @@ def check_data(dataset: str, data_dir: str) -> None:
                 raise
             from dg_plugins.download.sources import download_command
 
-            command = download_command(dataset, data_dir or None)
-            if command is None:
+            if (command := download_command(dataset, data_dir or None)) is None:
                 raise
             raise FileNotFoundError(f"{err} On a machine with internet, `{command}` downloads "
                                     "it.") from None
@@ -122,8 +121,7 @@ def check_data(dataset: str, data_dir: str) -> None:
     from dg_plugins.registry import DATASETS
 
     plugins.load()
-    hook = getattr(DATASETS.get(dataset), "check_data_dir", None)
-    if hook is not None:
+    if (hook := getattr(DATASETS.get(dataset), "check_data_dir", None)) is not None:
         hook(data_dir)
 
 

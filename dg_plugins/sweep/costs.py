@@ -201,8 +201,7 @@ class GpuTime:
 
 def _vit_name(arch: str) -> str:
     """``deit_small_patch16_224`` -> ``DeiT-S/16``; other names as they are."""
-    match = re.match(r"(vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", arch)
-    if not match:
+    if not (match := re.match(r"(vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", arch)):
         return arch
     family, size, patch = match.groups()
     return f"{'DeiT' if family == 'deit' else 'ViT'}-{size[0].upper()}/{patch}"
@@ -243,8 +242,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
         parts = [(f"{algorithm} {network}", pretrained),
                  (f"UDG fine-tuning {network}", trained)]
     gpu = GpuTime({v: 0.0 for v in EVAL_SPLITS})
-    changed = compute_settings(a)
-    if changed:
+    if changed := compute_settings(a):
         gpu.notes.add("estimated with train's default compute settings; jobs here run with "
                       + ", ".join(f"--{k} {v}" for k, v in changed.items()))
     size = hparams.get(catalog.IMAGE_SIZE_HPARAM, times.input_size)

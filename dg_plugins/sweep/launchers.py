@@ -53,7 +53,6 @@ def cores_per_job(n_gpus: int, jobs_per_gpu: int) -> tuple[int, str]:
 
 
 def job_env(gpu: str, cores: int) -> dict:
-    """The environment of a job on ``gpu`` with ``cores`` cores."""
     return dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, **{CORES_ENV: str(cores)})
 
 
@@ -204,8 +203,7 @@ NO_GPU = ("no GPU visible (CUDA_VISIBLE_DEVICES is empty or torch.cuda.device_co
 
 def visible_gpus() -> list[str]:
     """GPU ids from ``CUDA_VISIBLE_DEVICES`` when set, else from torch's device count."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
+    if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return [gpu.strip() for gpu in env.split(",") if gpu.strip()]
     import torch
 

@@ -21,7 +21,6 @@ from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep.jobs import summary_line
 from dg_plugins.sweep import progress
 
-#: Separates the sweep calls.
 CALL_SEPARATOR = "::"
 
 

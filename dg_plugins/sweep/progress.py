@@ -68,7 +68,6 @@ class Progress:
                    parallel=parallel)
 
     def ended(self, folder: str | None, seconds: float, succeeded: bool) -> None:
-        """A job of the run ended after ``seconds``."""
         if folder is not None:
             self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
 
@@ -177,7 +176,6 @@ class JobOutputs:
         return f"[{index + 1}/{len(self.commands)}]"
 
     def log(self, index: int) -> str:
-        """A new temporary file for job ``index``'s output."""
         fd, path = tempfile.mkstemp(prefix="dg_plugins_job_", suffix=".log")
         os.close(fd)
         self.paths[index] = path
@@ -219,7 +217,6 @@ class JobOutputs:
                 self.write(f"  {line}")
 
     def _remove(self, index: int) -> None:
-        path = self.paths.pop(index, None)
-        if path is not None:
+        if (path := self.paths.pop(index, None)) is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)

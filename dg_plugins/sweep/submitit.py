@@ -540,8 +540,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
         job_id, state, reason = (line.strip().split("|") + ["", ""])[:3]
         if job_id in ids:
             states[job_id] = SlurmState(job_id, state, reason, state in HELD_STATES)
-    ended = [i for i in ids if i not in states]
-    if ended:
+    if ended := [i for i in ids if i not in states]:
         try:
             out = run_client(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j",
                               ",".join(ended)])
@@ -556,8 +555,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
 
 def cancel(job_ids: Iterable[str]) -> None:
     """``scancel`` the ids (array tasks ``123_4``)."""
-    ids = sorted(set(job_ids))
-    if ids:
+    if ids := sorted(set(job_ids)):
         run_client(["scancel", *ids])
 
 
