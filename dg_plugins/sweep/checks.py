@@ -222,9 +222,8 @@ def alignment_problems(jobs: Sequence) -> list[str]:
 
 
 def resume_problems(jobs: Sequence) -> list[str]:
-    """One line per value of a flag the sweep passes unhashed to every job that Incomplete jobs
-    started with and this launch would change, where train refuses such a resume (its row: in
-    the records, not resumable; ``--eval_splits``)."""
+    """One line per value of an unhashed flag (in the records, not resumable: ``--eval_splits``)
+    that Incomplete jobs started with and this launch would change: train refuses the resume."""
     rows = [ROWS[name] for name in names(sweep=EVERY, hashed=False)
             if ROWS[name].records != NEVER and not ROWS[name].resumable]
     mismatched: dict[tuple, list[str]] = {}

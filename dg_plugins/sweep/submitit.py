@@ -76,8 +76,7 @@ def parse_json_object(text: str) -> dict:
 
 
 def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
-    """What was set, highest first: ``overrides``, the ``DG_SLURM_*`` variables (parsed by the
-    field's type); the rest None."""
+    """What was set: ``overrides`` over the ``DG_SLURM_*`` variables (by field type); else None."""
     environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
