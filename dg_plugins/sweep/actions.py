@@ -17,9 +17,9 @@ from dg_plugins.signals import signal_name
 from dg_plugins.sweep import submitit
 from dg_plugins.sweep.checks import done_eval_splits_note
 from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
-                                   LauncherClaim, SweepJob, held_folders, left_alone_notes,
-                                   python_executable, read_claims, select_jobs, summary_line,
-                                   sweep_dir_of, sweep_lock)
+                                   LauncherClaim, SweepJob, by_sweep, held_folders,
+                                   left_alone_notes, python_executable, read_claims, select_jobs,
+                                   summary_line, sweep_dir_of, sweep_lock)
 from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_output_dir,
                                         error_excerpt, read_lines)
 from dg_plugins.job.flags import EXIT_BAD_INPUT
@@ -42,21 +42,20 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
     random.Random(seed).shuffle(order)
     wanted = {NOT_LAUNCHED, INCOMPLETE} if resume_incomplete else {NOT_LAUNCHED}
     with contextlib.ExitStack() as stack:
-        kept, others = [], []
-        for sweep_dir, group in _by_sweep(order).items():
+        kept, others = set(), []  # the ids of the jobs this launch claimed
+        for sweep_dir, group in by_sweep(order, lambda job: job.output_dir).items():
             claim = stack.enter_context(LauncherClaim(
                 sweep_dir, sweep_command(command_for(command_line, sweep_dir), "launch")))
             mine, theirs = claim.take(group, lambda job, held: job.refresh_state(held),
                                       lambda job: job.state in wanted, _create_folder)
-            kept += mine
+            kept.update(map(id, mine))
             others += theirs
-        kept_ids = {id(job) for job in kept}
         if len(kept) < len(order):
             print(f"{len(order) - len(kept)} of these jobs were taken meanwhile by another "
                   "launcher or finished; this launch leaves them alone:")
             for claim in others:
                 print(f"  {claim.describe()} holds {len(claim.jobs)} jobs")
-        order = [job for job in order if id(job) in kept_ids]
+        order = [job for job in order if id(job) in kept]
         commands = [job.command(resume=resume_incomplete and job.state == INCOMPLETE)
                     for job in order]
         try:
@@ -71,13 +70,6 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             raise LaunchRefused([str(err)]) from None
     print(f"Launched {len(order)} jobs!")
     return commands
-
-
-def _by_sweep(jobs: Sequence[SweepJob]) -> dict[str, list[SweepJob]]:
-    by_sweep: dict[str, list[SweepJob]] = {}
-    for job in jobs:
-        by_sweep.setdefault(sweep_dir_of(job.output_dir), []).append(job)
-    return by_sweep
 
 
 def _create_folder(job: SweepJob) -> None:
@@ -102,7 +94,7 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     """Remove each job's folder under the sweep lock, leaving Running and Queued jobs alone."""
     print("Deleting...")
     deleted = 0
-    for sweep_dir, group in _by_sweep(jobs).items():
+    for sweep_dir, group in by_sweep(jobs, lambda job: job.output_dir).items():
         if not os.path.isdir(sweep_dir):
             continue
         with sweep_lock(sweep_dir, exclusive=True):
@@ -200,8 +192,7 @@ RERUN_ENV = "DG_SWEEP_RERUN_COMMAND"
 def continue_lines(command_line: CommandLines, what: str,
                    output_dirs: Sequence[str] = ()) -> list[str]:
     """How to continue the jobs of ``output_dirs``: ``launch --resume`` lines, or the rerun one."""
-    rerun = os.environ.get(RERUN_ENV)
-    if rerun:
+    if rerun := os.environ.get(RERUN_ENV):
         return [f"To continue, run the whole command again (finished jobs are skipped; {what}):",
                 f"  {rerun}"]
     return [f"To continue them ({what}):",
@@ -223,9 +214,8 @@ def report_interruption(err: LaunchInterrupted, selected: Sequence[SweepJob],
     """Print which jobs a stop signal interrupted and the command that continues them."""
     by_command = {job.command(resume=r): job for job in selected for r in (False, True)}
     name = signal_name(err.signum)
-    folders = [job.output_dir for job in selected]
     left = [by_command[c].output_dir for c in [*err.interrupted, *err.not_started]
-            if c in by_command] or folders
+            if c in by_command] or [job.output_dir for job in selected]
     if err.remote:
         print(f"Sweep stopped waiting ({name}): {len(err.interrupted)} job(s) are still running "
               "on the cluster (see above to cancel them).")

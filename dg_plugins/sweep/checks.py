@@ -3,6 +3,7 @@ once, naming the fix (docs/sweep.md). Torch-free unless a check needs the regist
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Iterable, Sequence
@@ -14,10 +15,6 @@ from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS, EVERY, NEVER, RO
 from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
 from dg_plugins.job.records import last_record
 from dg_plugins.layouts import inside_dataset_folder
-
-
-# --------------------------------------------------------------------------------------------
-# Names
 
 
 def check_algorithms(names: Iterable[str]) -> list[str]:
@@ -46,11 +43,9 @@ def check_algorithms(names: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(canonical))
 
 
-
 def check_hparams(hparams: str | None, algorithms: Iterable[str],
                   datasets: Iterable[str]) -> None:
-    """Validate ``--hparams`` against every (algorithm, dataset) pair, as train does for one job;
-    raises :class:`~dg_plugins.hparams.HparamError`."""
+    """Validate ``--hparams`` for every (algorithm, dataset) pair as train does (HparamError)."""
     from dg_plugins import hparams as hparams_lib
 
     overrides = hparams_lib.parse_overrides(hparams)
@@ -59,18 +54,13 @@ def check_hparams(hparams: str | None, algorithms: Iterable[str],
     from dg_plugins import plugins
 
     plugins.load()
-    for algorithm in dict.fromkeys(algorithms):
-        for dataset in dict.fromkeys(datasets):
-            try:
-                hparams_lib.validate(algorithm, dataset, overrides)
-            except hparams_lib.HparamError as err:
-                raise hparams_lib.HparamError(
-                    f"--hparams for {algorithm} on {dataset}: {err}") from None
-
-
-
-# --------------------------------------------------------------------------------------------
-# Checks before launching: what every job would otherwise find on its own
+    for algorithm, dataset in itertools.product(dict.fromkeys(algorithms),
+                                                dict.fromkeys(datasets)):
+        try:
+            hparams_lib.validate(algorithm, dataset, overrides)
+        except hparams_lib.HparamError as err:
+            raise hparams_lib.HparamError(
+                f"--hparams for {algorithm} on {dataset}: {err}") from None
 
 
 #: Datasets that read no files under ``--data_dir``: generated (Debug), or shipped with the
@@ -87,8 +77,7 @@ BACKBONE_HPARAMS = ("backbone", "vit", "vit_arch", "pretrained", "pretrained_pat
 
 
 def output_problems(jobs: Sequence) -> list[str]:
-    """The job folders (or, for those not created yet, their nearest existing parent folder) this
-    process may not write, one line each with the fix."""
+    """The job folders (or their nearest existing parent) this process may not write, with fixes."""
     problems, seen = [], set()
     for job in jobs:
         folder = os.path.abspath(job.output_dir)  # a relative path's dirname ends in ""
@@ -108,8 +97,7 @@ def output_problems(jobs: Sequence) -> list[str]:
 
 
 def check_data(dataset: str, data_dir: str) -> None:
-    """Raise (the dataset's own message) when ``dataset``'s files are not where its jobs will
-    look, without reading them."""
+    """Raise (the dataset's own message) when its files are not where its jobs will look."""
     if dataset in NO_FILE_DATASETS:
         return
     if dataset in catalog.IMAGE_FOLDER_DATASETS:
@@ -124,8 +112,7 @@ def check_data(dataset: str, data_dir: str) -> None:
                 raise
             from dg_plugins.download.sources import download_command
 
-            command = download_command(dataset, data_dir or None)
-            if command is None:
+            if (command := download_command(dataset, data_dir or None)) is None:
                 raise
             raise FileNotFoundError(f"{err} On a machine with internet, `{command}` downloads "
                                     "it.") from None
@@ -134,8 +121,7 @@ def check_data(dataset: str, data_dir: str) -> None:
     from dg_plugins.registry import DATASETS
 
     plugins.load()
-    hook = getattr(DATASETS.get(dataset), "check_data_dir", None)
-    if hook is not None:
+    if (hook := getattr(DATASETS.get(dataset), "check_data_dir", None)) is not None:
         hook(data_dir)
 
 
@@ -152,9 +138,8 @@ def data_problems(jobs: Sequence) -> list[str]:
 
 
 def _may_load_weights(job) -> bool:
-    """False where the job's model loads no pretrained weights: one of our algorithms with
-    ``"pretrained": false`` (our networks load weights only under it), or a small-image dataset
-    with no :data:`BACKBONE_HPARAMS` set; such jobs are not probed (no model is built)."""
+    """False where the job's model loads no pretrained weights (not probed: no model is built):
+    ours with ``"pretrained": false``, or a small-image dataset with no :data:`BACKBONE_HPARAMS`."""
     args = job.train_args
     try:
         overrides = json.loads(args.get("hparams") or "{}")
@@ -168,8 +153,7 @@ def _may_load_weights(job) -> bool:
 
 
 def weight_problems(jobs: Sequence) -> list[str]:
-    """One line per configuration whose model would lack its pretrained weights in every job
-    (probed on the meta device)."""
+    """One line per configuration whose model would lack its pretrained weights (meta device)."""
     candidates = [job for job in jobs if _may_load_weights(job)]
     if not candidates:
         return []
@@ -210,8 +194,7 @@ def weight_problems(jobs: Sequence) -> list[str]:
 
 
 def alignment_problems(jobs: Sequence) -> list[str]:
-    """One line per IP/OOP configuration (score file, rule, model) every one of its jobs would
-    refuse. Torch-free."""
+    """One line per IP/OOP configuration (score file, rule, model) its jobs would refuse."""
     configs = dict.fromkeys(tuple(job.train_args.get(k) for k in ALIGNMENT_ARGS) for job in jobs
                             if job.train_args.get("alignment_scores") is not None)
     if not configs:
@@ -239,9 +222,8 @@ def alignment_problems(jobs: Sequence) -> list[str]:
 
 
 def resume_problems(jobs: Sequence) -> list[str]:
-    """One line per value of a flag the sweep passes unhashed to every job that Incomplete jobs
-    started with and this launch would change, where train refuses such a resume (its row: in
-    the records, not resumable; ``--eval_splits``)."""
+    """One line per value of an unhashed flag (in the records, not resumable: ``--eval_splits``)
+    that Incomplete jobs started with and this launch would change: train refuses the resume."""
     rows = [ROWS[name] for name in names(sweep=EVERY, hashed=False)
             if ROWS[name].records != NEVER and not ROWS[name].resumable]
     mismatched: dict[tuple, list[str]] = {}
@@ -270,8 +252,7 @@ def resume_problems(jobs: Sequence) -> list[str]:
 
 
 def _first_record_args(folder: str) -> dict | None:
-    """The ``args`` of a job's first record (every record of a job holds the same), reading one
-    line only."""
+    """The ``args`` of a job's first record (as every record's), reading one line only."""
     try:
         with open(os.path.join(folder, RESULTS_FILE), "rb") as f:
             args = json.loads(f.readline()).get("args")
@@ -306,8 +287,7 @@ def done_eval_splits_note(jobs: Sequence) -> list[str]:
 
 
 def launch_problems(jobs: Sequence) -> list[str]:
-    """Everything that would make every one of ``jobs`` fail, one line each naming the fix; []
-    when none."""
+    """Everything that would make every one of ``jobs`` fail, one line each naming the fix."""
     return (output_problems(jobs) + resume_problems(jobs) + data_problems(jobs)
             + alignment_problems(jobs) + weight_problems(jobs))
 

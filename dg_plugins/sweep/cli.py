@@ -229,8 +229,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.command == "launch" and args.command_launcher is not None and not args.dry_run:
         from dg_plugins.sweep.launchers import launch_problem
 
-        problem = launch_problem(args.command_launcher, slurm_options(args))
-        if problem:  # before any job folder is made
+        if problem := launch_problem(args.command_launcher, slurm_options(args)):  # no folder yet
             parser.error(f"--command_launcher {args.command_launcher}: {problem}")
 
 

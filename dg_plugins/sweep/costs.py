@@ -1,11 +1,9 @@
-"""What a sweep's jobs cost, counted without running them: images per environment of a dataset
-(counted on disk, built in, or recorded in paper_settings) and per split of a job, training steps
-(UDG pretraining shared), image forwards and GPU-hours estimated from the measured times
-(:mod:`dg_plugins.reference.gpu_times`), for the sweep's prompt and reproduce's dry runs
-(docs/reproduce.md). A launch prints them before ``Are you sure? (y/n)`` and in a dry run
-(:func:`print_estimate`), counted in a child process (``python -m dg_plugins.sweep.costs``: the
-sweep stays torch-free; it also times steps here) with a time limit; an estimate that fails or runs
-out of time says so and stops nothing."""
+"""What a sweep's jobs cost, counted without running them: images per environment (on disk, built
+in, or recorded in paper_settings) and per split, training steps (a UDG pretraining shared), image
+forwards and GPU-hours from the measured times (:mod:`dg_plugins.reference.gpu_times`), for the
+sweep's prompt (:func:`print_estimate`, before ``Are you sure? (y/n)`` and in a dry run) and
+reproduce's dry runs (docs/reproduce.md). The prompt's are counted in a child process (``python -m
+dg_plugins.sweep.costs``: the sweep stays torch-free; it also times steps) with a time limit."""
 
 from __future__ import annotations
 
@@ -203,8 +201,7 @@ class GpuTime:
 
 def _vit_name(arch: str) -> str:
     """``deit_small_patch16_224`` -> ``DeiT-S/16``; other names as they are."""
-    match = re.match(r"(vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", arch)
-    if not match:
+    if not (match := re.match(r"(vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", arch)):
         return arch
     family, size, patch = match.groups()
     return f"{'DeiT' if family == 'deit' else 'ViT'}-{size[0].upper()}/{patch}"
@@ -245,8 +242,7 @@ def job_gpu_time(a: dict, hparams: dict, trained: int | None, pretrained: int,
         parts = [(f"{algorithm} {network}", pretrained),
                  (f"UDG fine-tuning {network}", trained)]
     gpu = GpuTime({v: 0.0 for v in EVAL_SPLITS})
-    changed = compute_settings(a)
-    if changed:
+    if changed := compute_settings(a):
         gpu.notes.add("estimated with train's default compute settings; jobs here run with "
                       + ", ".join(f"--{k} {v}" for k, v in changed.items()))
     size = hparams.get(catalog.IMAGE_SIZE_HPARAM, times.input_size)
@@ -330,20 +326,16 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
 
     hp = hp_lib.job_hparams(a["algorithm"], dataset, a["hparams_seed"], a["trial_seed"],
                             a.get("hparams"))
-    fraction = float(a["label_fraction"])
-    pretrains = ALGORITHMS.get(a["algorithm"]).supports_pretraining()
-    n_envs = num_environments(dataset, a.get("data_dir"))
-    sources = [e for e in range(n_envs) if e not in a["test_envs"]]
-    holdout = a["holdout_fraction"]
-    data_dir = a.get("data_dir")
+    data_dir, holdout = a.get("data_dir"), a["holdout_fraction"]
+    sources = [e for e in range(num_environments(dataset, data_dir)) if e not in a["test_envs"]]
     if steps is None and a.get("udg_ft_epochs") is not None:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
-        labelled = [udg_jobs.labelled_count(in_split_size(sizes.counts[e], holdout), fraction)
-                    for e in sources]
+        labelled = [udg_jobs.labelled_count(in_split_size(sizes.counts[e], holdout),
+                                            float(a["label_fraction"])) for e in sources]
         steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, _udg_batch(a, hp))
     steps = steps or _default_steps(dataset)
-    if not pretrains:
+    if not ALGORITHMS.get(a["algorithm"]).supports_pretraining():
         return steps, None, 0
     pretrain = a.get("pretrain_steps")
     split = a.get("udg_split") or "domainbed"
@@ -419,7 +411,8 @@ class Forwards:
 
 def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> int | None:
     """The images the ``steps`` training steps of the job of train args ``a`` train on."""
-    n_sources = num_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
+    n_envs = num_environments(a["dataset"], a.get("data_dir"))
+    n_sources = n_envs - len(set(a["test_envs"]))
     if "label_fraction" in a:  # UDG fine-tuning: its own batch per source domain
         return _udg_batch(a, hparams) * n_sources * steps
     batch = hparams["batch_size"]
@@ -427,9 +420,7 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
         # one pass over the pooled source in-splits per epoch, its last batch partial
         if sizes is None:
             return None
-        sources = [e for e in range(num_environments(a["dataset"], a.get("data_dir")))
-                   if e not in a["test_envs"]]
-        pooled = sum(sizes[f"env{e}_in"] for e in sources)
+        pooled = sum(sizes[f"env{e}_in"] for e in range(n_envs) if e not in a["test_envs"])
         full, rest = divmod(steps, math.ceil(pooled / batch))
         return full * pooled + rest * batch
     streams = n_sources
@@ -638,27 +629,24 @@ def time_config(config: Config, deadline: float) -> None:
                  torch.randint(config.num_classes, (b,), device=device))
                 for _ in range(config.num_domains)]
 
-    def step(b: int) -> float:
+    def step(b: int) -> float:  # seconds per image
         minibatches = batches(b)
         sync()
         start = time.perf_counter()
         with compute.active(device), compute.autocast(device), gradient_scaling(scaler):
             algorithm.update(minibatches, None)
         sync()
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / (b * config.num_domains)
 
-    small = min(2, config.batch)
+    small, full = min(2, config.batch), config.batch
     with contextlib.redirect_stdout(sys.stderr):
         step(small)  # warm-up: allocations, kernels chosen
-        b, seconds = small, step(small)
+        b, per_image = small, step(small)
         if time.monotonic() < deadline:
-            seconds = min(seconds, step(small))  # the faster of two: less of the machine's noise
-        per_image = seconds / (small * config.num_domains)
-        full = config.batch
+            per_image = min(per_image, step(small))  # the faster of two: less noise
         if (full > small and per_image * full * config.num_domains <= TARGET_STEP_S
                 and time.monotonic() < deadline):  # the job's own batch, when it is cheap
-            seconds = min(step(full), step(full))
-            b, per_image = full, seconds / (full * config.num_domains)
+            b, per_image = full, min(step(full), step(full))
         algorithm.eval()
         x = batches(b)[0][0]
         with torch.no_grad(), compute.active(device), compute.autocast(device):
@@ -757,8 +745,7 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
                      f"step of {images_per_step} images{timed}")
     if not counted:
         return f"Time on this machine ({where}): not estimated ({'; '.join(parts)})"
-    n = len(jobs)
-    jobs_text = f"{counted} jobs" if counted == n else f"{counted} of the {n} jobs"
+    jobs_text = f"{counted} jobs" if counted == len(jobs) else f"{counted} of the {len(jobs)} jobs"
     left = f"; left out: {len(udg)} UDG jobs" if udg else ""
     return (f"Estimated on this machine ({where}): {format_duration(total)} for {jobs_text}, one "
             f"at a time ({'; '.join(parts)}; timed here on random images and scaled per image, "

@@ -66,8 +66,15 @@ def claims_dir(sweep_dir: str) -> str:
 
 
 def sweep_dir_of(output_dir: str) -> str:
-    """The sweep folder of a job folder (absolute)."""
     return os.path.dirname(os.path.abspath(output_dir))
+
+
+def by_sweep(items: Iterable, folder: Callable = lambda item: item) -> dict[str, list]:
+    """``items`` (job folders, or jobs with ``folder(item)``) grouped by sweep folder, in order."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(sweep_dir_of(folder(item)), []).append(item)
+    return groups
 
 
 @contextlib.contextmanager
@@ -82,9 +89,7 @@ def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
         try:
             if exclusive:
                 os.makedirs(folder, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            else:
-                fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY, 0o666)
         except FileNotFoundError:
             if exclusive:  # its folder was removed between the two calls: again
                 continue
@@ -133,13 +138,11 @@ def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
     live = []
     for name in names:
         path = os.path.join(folder, name)
-        held = _lock_is_held(path)
-        if held is None:
-            continue
-        if not held:  # its launcher has died: the kernel dropped its lock
-            if remove_stale:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+        held = _lock_is_held(path)  # None: the file is gone
+        if held is False and remove_stale:  # its launcher has died: the kernel dropped its lock
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if not held:
             continue
         try:
             with open(path) as f:
@@ -167,7 +170,6 @@ def held_folders(claims: Sequence[Claim], sweep_dir: str) -> dict[str, Claim]:
 
 
 def held_in(sweep_dir: str) -> dict[str, Claim]:
-    """:func:`held_folders` of the live claims in ``sweep_dir``."""
     return held_folders(live_claims(sweep_dir), sweep_dir)
 
 
@@ -274,8 +276,7 @@ def check_dataset_name(dataset: str) -> None:
 
 def num_environments(dataset: str, data_dir: str | None = None) -> int:
     """Environment count of a dataset: declared, or found in ``data_dir`` for an image folder."""
-    envs = catalog.DATASET_ENVIRONMENTS.get(dataset)
-    if envs:
+    if envs := catalog.DATASET_ENVIRONMENTS.get(dataset):
         return len(envs)
     check_dataset_name(dataset)
     if dataset in catalog.IMAGE_FOLDER_DATASETS:
@@ -335,8 +336,7 @@ def make_args_list(n_trials: int, dataset_names: Sequence[str], algorithms: Sequ
     """One train-args dict per job in DomainBed's loop order, optional args only when given."""
     optional = {"steps": steps, "hparams": hparams, "checkpoint_freq": checkpoint_freq,
                 "uda_holdout_fraction": uda_holdout_fraction, **(extra_args or {})}
-    unknown = set(optional) - set(OPTIONAL_TRAIN_ARGS)
-    if unknown:
+    if unknown := set(optional) - set(OPTIONAL_TRAIN_ARGS):
         raise ValueError(f"not pass-through train args: {sorted(unknown)}; known: "
                          f"{', '.join(OPTIONAL_TRAIN_ARGS)}")
     optional = {k: v for k, v in optional.items() if v is not None}
@@ -374,8 +374,7 @@ class SweepJob:
         self.output_dir = os.path.join(sweep_output_dir, job_folder_name(train_args))
         self.train_args = {**copy.deepcopy(train_args), "output_dir": self.output_dir}
         self.command_args = dict(command_args or {})
-        unknown = set(self.command_args) - set(UNHASHED_TRAIN_ARGS)
-        if unknown:
+        if unknown := set(self.command_args) - set(UNHASHED_TRAIN_ARGS):
             raise ValueError(f"not unhashed train args: {sorted(unknown)}; known: "
                              f"{', '.join(UNHASHED_TRAIN_ARGS)}")
         self.command_str = train_command({**self.train_args, **self.command_args}, module,
@@ -391,8 +390,7 @@ class SweepJob:
             self.state = DONE
         elif os.path.exists(self.output_dir):
             self.holder = lock_holder(self.output_dir)
-            if held is None:
-                held = held_in(sweep_dir_of(self.output_dir))
+            held = held_in(sweep_dir_of(self.output_dir)) if held is None else held
             self.launcher = held.get(os.path.abspath(self.output_dir))
             in_slurm = self.slurm is not None and self.slurm.held
             self.state = (IN_SLURM if in_slurm else RUNNING if self.holder is not None else
@@ -402,7 +400,6 @@ class SweepJob:
         return self.state
 
     def command(self, resume: bool = False) -> str:
-        """The command string, with ``--resume`` appended when ``resume``."""
         return self.command_str + (" --resume" if resume else "")
 
     def describe(self) -> str:
@@ -437,8 +434,7 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
         states = {i: submitit.SlurmState(i, "UNKNOWN", f"Slurm did not answer: {err}", held=True)
                   for i in recorded.values()}
     for job in jobs:
-        job_id = recorded.get(id(job))
-        if job_id is not None:  # an id squeue and sacct no longer know has ended
+        if (job_id := recorded.get(id(job))) is not None:  # an id Slurm no longer knows: ended
             job.slurm = states.get(job_id, submitit.SlurmState(job_id, "ENDED"))
             job.refresh_state(held)
     return jobs

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from dg_plugins.job.folder import RESULTS_FILE
 from dg_plugins.registry import LAUNCHERS
 from dg_plugins.runtime import CORES_ENV, job_cores
-from dg_plugins.sweep.jobs import sweep_dir_of
+from dg_plugins.sweep.jobs import by_sweep, sweep_dir_of
 from dg_plugins.sweep.progress import JobOutputs
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                         report_exit_codes, report_interrupted)
@@ -53,7 +53,6 @@ def cores_per_job(n_gpus: int, jobs_per_gpu: int) -> tuple[int, str]:
 
 
 def job_env(gpu: str, cores: int) -> dict:
-    """The environment of a job on ``gpu`` with ``cores`` cores."""
     return dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, **{CORES_ENV: str(cores)})
 
 
@@ -107,12 +106,9 @@ class MemoryCheck:
 
     def update(self, job_folders: Sequence[str | None]) -> str | None:
         """Check the sweeps of ``job_folders`` whose peak is known now (the largest decides)."""
-        by_sweep: dict[str, list[str]] = {}
-        for folder in job_folders:
-            if folder:
-                by_sweep.setdefault(sweep_dir_of(folder), []).append(folder)
+        groups = by_sweep(filter(None, job_folders))
         notes = []
-        for sweep, folders in by_sweep.items():
+        for sweep, folders in groups.items():
             if sweep in self.peaks or (peak := peak_gb(folders)) is None:
                 continue
             largest = max(self.peaks.values(), default=None)
@@ -120,7 +116,7 @@ class MemoryCheck:
             if largest is None or peak[0] > largest[0]:
                 self.decided = False
                 notes.append(self.decide(peak))
-        self.decided = bool(self.peaks) and all(sweep in self.peaks for sweep in by_sweep)
+        self.decided = bool(self.peaks) and all(sweep in self.peaks for sweep in groups)
         return "\n".join(note for note in notes if note) or None
 
     def decide(self, peak: tuple[float, str] | None) -> str | None:
@@ -207,8 +203,7 @@ NO_GPU = ("no GPU visible (CUDA_VISIBLE_DEVICES is empty or torch.cuda.device_co
 
 def visible_gpus() -> list[str]:
     """GPU ids from ``CUDA_VISIBLE_DEVICES`` when set, else from torch's device count."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
+    if (env := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return [gpu.strip() for gpu in env.split(",") if gpu.strip()]
     import torch
 
@@ -248,8 +243,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     with JobProcesses(grace_period_s) as jobs, outputs:
         while (pending and not jobs.stopping and refused is None) or running:
             for slot, (index, proc) in list(running.items()):
-                code = jobs.poll(proc)
-                if code is not None:
+                if (code := jobs.poll(proc)) is not None:
                     codes[index] = code
                     del running[slot]
                     outputs.ended(index, code, interrupted=jobs.stopping)
@@ -298,9 +292,7 @@ def launch_problem(name: str, submitit=None) -> str | None:
     """Why the built-in launcher ``name`` cannot launch from here, with the fix (None: it can)."""
     if name == "multi_gpu":
         return None if visible_gpus() else NO_GPU
-    if name == "submitit":
-        return submitit_problem(submitit)
-    return None
+    return submitit_problem(submitit) if name == "submitit" else None
 
 
 def with_options(launcher: Callable, **options) -> Callable[[list], None]:

@@ -21,7 +21,6 @@ from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep.jobs import summary_line
 from dg_plugins.sweep import progress
 
-#: Separates the sweep calls.
 CALL_SEPARATOR = "::"
 
 
@@ -33,10 +32,9 @@ def split_calls(tokens) -> list[list[str]]:
 
 def queue_calls(calls: Sequence[Sequence[str]],
                 announce: Callable[[int, Sequence[str]], None] | None = None):
-    """``(launch_args, jobs, command_lines)`` of ``calls`` (sweep argvs that share their launch
-    flags): each job once, with the hash and folder its call gives it, and the call's argv for the
-    lines that name a sweep's command. ``announce(i, argv)`` before each call (then its jobs'
-    counts)."""
+    """``(launch_args, jobs, command_lines)`` of ``calls`` (sweep argvs sharing their launch flags):
+    each job once, hashed as its call hashes it, and each call's argv for the command lines shown.
+    ``announce(i, argv)`` before each call (then its jobs' counts)."""
     launch_args, queue, command_lines = None, {}, {}
     for i, call in enumerate(calls, 1):
         if announce is not None:
@@ -57,9 +55,8 @@ def queue_calls(calls: Sequence[Sequence[str]],
 
 
 def launch_queue(launch_args, jobs, command_lines, rerun: str) -> int:
-    """Launch ``jobs`` (:func:`queue_calls`) with one launcher call: checks, claims, ``--resume``
-    and reports as one ``sweep launch``; the lines that say how to continue name ``rerun`` (or
-    ``$DG_SWEEP_RERUN_COMMAND``, when set). Returns the exit status."""
+    """Launch ``jobs`` (:func:`queue_calls`) as one ``sweep launch`` (one launcher call); its lines
+    on how to continue name ``rerun`` (or ``$DG_SWEEP_RERUN_COMMAND``). The exit status."""
     from dg_plugins.sweep import costs  # the estimate's child runs it as __main__
 
     rerun = os.environ.get(actions.RERUN_ENV) or rerun

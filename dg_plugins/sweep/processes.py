@@ -74,8 +74,7 @@ def _exit_if_orphaned(parent_pid: int) -> None:
 def main_module_is_reimport_safe() -> bool:
     """Whether a forked job may start from this ``__main__`` (not an unguarded script)."""
     main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name is not None:
+    if (name := getattr(getattr(main, "__spec__", None), "name", None)) is not None:
         return (name == "__main__" or name.endswith(".__main__")
                 or name.split(".")[0] == "dg_plugins")
     return getattr(main, "__file__", None) is None
@@ -276,8 +275,7 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
             break
         excerpt = [f"      {line}" for line in error_excerpt(logs.new_lines(i))]
         print("\n".join([f"  exit code {exit_codes[i]}: {commands[i]}", *excerpt]), flush=True)
-        path = logs.path(i)
-        if path is not None:
+        if (path := logs.path(i)) is not None:
             print(f"      log: {path}" if os.path.isfile(path) else
                   f"      log: no {ERR_FILE} in {logs.folders[i]} (the job failed before it took "
                   "its folder: " + ("the lines above are from its output)"
@@ -337,13 +335,12 @@ class JobProcesses:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self.running:  # leaving on an error with jobs still running: stop them
-                if self.signum is None:
-                    self._on_signal(signal.SIGTERM)
-                while self.running:
-                    for _, proc in list(self.running.values()):
-                        self.poll(proc)
-                    time.sleep(self.poll_interval)
+            if self.running and self.signum is None:  # leaving on an error: stop the jobs
+                self._on_signal(signal.SIGTERM)
+            while self.running:
+                for _, proc in list(self.running.values()):
+                    self.poll(proc)
+                time.sleep(self.poll_interval)
         finally:
             self._catcher.__exit__(exc_type, exc, tb)
 
@@ -408,10 +405,8 @@ class JobProcesses:
         return None
 
     def wait(self, proc: subprocess.Popen) -> int:
-        """Block until :meth:`poll` gives the job's exit status."""
         while True:
-            code = self.poll(proc)
-            if code is not None:
+            if (code := self.poll(proc)) is not None:
                 return code
             self.announce()
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -68,7 +68,6 @@ class Progress:
                    parallel=parallel)
 
     def ended(self, folder: str | None, seconds: float, succeeded: bool) -> None:
-        """A job of the run ended after ``seconds``."""
         if folder is not None:
             self.measured[os.path.abspath(folder)] = [float(seconds), bool(succeeded)]
 
@@ -77,26 +76,25 @@ class Progress:
 
     def line(self) -> str | None:
         """``3/15 jobs done, about 1 min 40 s left (...)``, or None before anything measured."""
-        ok = [(f, s) for f, (s, good) in self.measured.items() if good]  # succeeded in this run
+        ok = {f: s for f, (s, good) in self.measured.items() if good}  # succeeded in this run
         if not ok:
             return None
-        steps = [self.planned.get(f) for f, _ in ok]  # seconds per step, else per job
-        rate = ((sum(s for _, s in ok) / sum(steps), "step")
-                if all(self.planned.values()) and all(steps) else
-                (sum(s for _, s in ok) / len(ok), "job"))
-        n_ok = len(ok)
         done = sum(is_done(f) for f in self.planned)
         remaining = self._remaining()
         what = f"{self.name}: " if self.name else ""
         if not remaining:
             return f"{what}{done}/{len(self.planned)} jobs done."
-        per = (f"{rate[0]:.2g} s per training step" if rate[1] == "step"
-               else f"{rate[0]:.0f} s per job")
-        work = sum(self.planned[f] for f in remaining) if rate[1] == "step" else len(remaining)
+        if all(self.planned.values()) and all(self.planned.get(f) for f in ok):  # per step
+            rate = sum(ok.values()) / sum(self.planned[f] for f in ok)
+            per, work = f"{rate:.2g} s per training step", sum(self.planned[f] for f in remaining)
+        else:  # per job
+            rate = sum(ok.values()) / len(ok)
+            per, work = f"{rate:.0f} s per job", len(remaining)
         at_once = f", {self.parallel} at a time" if self.parallel > 1 else ""
-        return (f"{what}{done}/{len(self.planned)} jobs done, "
-                f"{format_duration(rate[0] * work / self.parallel)} left ({per}{at_once}, measured "
-                f"over the {n_ok} job(s) finished in this run; start-up and evaluation included)")
+        left = format_duration(rate * work / self.parallel)
+        return (f"{what}{done}/{len(self.planned)} jobs done, {left} left ({per}{at_once}, "
+                f"measured over the {len(ok)} job(s) finished in this run; start-up and "
+                "evaluation included)")
 
     def first_line(self) -> str:
         """The estimate before the first job: measured, else rough from the reference rate."""
@@ -178,7 +176,6 @@ class JobOutputs:
         return f"[{index + 1}/{len(self.commands)}]"
 
     def log(self, index: int) -> str:
-        """A new temporary file for job ``index``'s output."""
         fd, path = tempfile.mkstemp(prefix="dg_plugins_job_", suffix=".log")
         os.close(fd)
         self.paths[index] = path
@@ -190,8 +187,7 @@ class JobOutputs:
         folder = self.logs.folders[index]
         log = f" (log: {os.path.join(folder, OUT_FILE)})" if folder else ""
         where = f" on {where}" if where else ""
-        self.write(f"{self._prefix(index)} started{where}: "
-                   f"{describe(self.commands[index])}{log}")
+        self.write(f"{self._prefix(index)} started{where}: {describe(self.commands[index])}{log}")
 
     def ended(self, index: int, code: int | None, interrupted: bool = False) -> None:
         """The line of a job that ended: done with its accuracy, or failed with its error line."""
@@ -202,8 +198,7 @@ class JobOutputs:
             test_envs = [int(t) for t in parse_command(self.commands[index])[1].get("test_envs", [])
                          if t.lstrip("-").isdigit()]
             record = last_record(self.logs.folders[index])
-            self.write(f"{self._prefix(index)} done {took}: "
-                       f"{accuracy_summary(record, test_envs)}")
+            self.write(f"{self._prefix(index)} done {took}: {accuracy_summary(record, test_envs)}")
         elif code is not None:
             path = self.paths.get(index)  # the job's output, for when it wrote no err.txt
             if path is not None and os.path.exists(path):
@@ -218,12 +213,10 @@ class JobOutputs:
         self._remove(index)
         if code is not None and not interrupted:
             self.progress.ended(self.logs.folders[index], seconds, code == 0)
-            line = self.progress.line()
-            if line is not None:
+            if (line := self.progress.line()) is not None:
                 self.write(f"  {line}")
 
     def _remove(self, index: int) -> None:
-        path = self.paths.pop(index, None)
-        if path is not None:
+        if (path := self.paths.pop(index, None)) is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)

@@ -76,8 +76,7 @@ def parse_json_object(text: str) -> dict:
 
 
 def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
-    """What was set, highest first: ``overrides``, the ``DG_SLURM_*`` variables (parsed by the
-    field's type); the rest None."""
+    """What was set: ``overrides`` over the ``DG_SLURM_*`` variables (by field type); else None."""
     environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
@@ -136,10 +135,8 @@ def _import_submitit():
     try:
         import submitit
     except ImportError as err:
-        raise ImportError(
-            "the submitit launcher needs the submitit package: pip install 'dg_plugins[slurm]' "
-            "(or pip install submitit)"
-        ) from err
+        raise ImportError("the submitit launcher needs the submitit package: pip install "
+                          "'dg_plugins[slurm]' (or pip install submitit)") from err
     return submitit
 
 
@@ -196,7 +193,6 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
         return submit_to_slurm(commands, options, given_options(given))
     executor = make_executor(options)
     logs = ErrorLogs(commands)
-    cwd = os.getcwd()
     grace = stop_grace_period(grace_period_s)
     forget_stop_signal()
     jobs: list = []
@@ -208,7 +204,7 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
                 process.send_signal(signal.SIGTERM)
 
     with SignalCatcher(pass_on) as catcher:
-        jobs = executor.map_array(run_shell_command, commands, [cwd] * len(commands),
+        jobs = executor.map_array(run_shell_command, commands, [os.getcwd()] * len(commands),
                                   [grace] * len(commands))
         ids = [job.job_id for job in jobs]
         print(f"submitit launcher: submitted {len(jobs)} jobs to {options.cluster} "
@@ -217,10 +213,8 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
             pass_on(catcher.signum)
         if not options.wait:
             return jobs
-        if options.cluster == "local":
-            codes = _wait_local(commands, jobs, catcher, grace)
-        else:
-            codes = _wait_debug(commands, jobs)
+        codes = (_wait_local(commands, jobs, catcher, grace) if options.cluster == "local"
+                 else _wait_debug(commands, jobs))
     report_exit_codes("submitit", commands, codes, logs)  # raises JobsFailed if a job failed
     return jobs
 
@@ -242,8 +236,8 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
             jobs = [executor.submit(task) for task in tasks]
     except Exception as err:  # noqa: BLE001  (sbatch's refusal, in submitit's words)
         lines = [line.strip() for line in str(err).splitlines() if "error" in line.lower()]
-        raise SlurmError(f"Slurm refused the submission: "
-                               f"{lines[-1] if lines else str(err).strip()[:300]}") from None
+        raise SlurmError("Slurm refused the submission: "
+                         f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
         for folder in filter(None, map(command_output_dir, task.argvs)):
             record_job(folder, job.job_id, options.log_dir)
@@ -545,8 +539,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
         job_id, state, reason = (line.strip().split("|") + ["", ""])[:3]
         if job_id in ids:
             states[job_id] = SlurmState(job_id, state, reason, state in HELD_STATES)
-    ended = [i for i in ids if i not in states]
-    if ended:
+    if ended := [i for i in ids if i not in states]:
         try:
             out = run_client(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j",
                               ",".join(ended)])
@@ -561,8 +554,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
 
 def cancel(job_ids: Iterable[str]) -> None:
     """``scancel`` the ids (array tasks ``123_4``)."""
-    ids = sorted(set(job_ids))
-    if ids:
+    if ids := sorted(set(job_ids)):
         run_client(["scancel", *ids])
 
 
@@ -595,10 +587,6 @@ class TrainTask:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _procs=[], _signum=None, _started=0.0)
-
-    @property
-    def folders(self) -> list[str]:
-        return [command_output_dir(a) or "" for a in self.argvs]
 
     def __call__(self) -> str:
         self._started = time.time()
@@ -653,7 +641,7 @@ class TrainTask:
 
     def progressed(self) -> bool:
         """Whether a job wrote a checkpoint or finished during this allocation."""
-        for folder in self.folders:
+        for folder in (command_output_dir(a) or "" for a in self.argvs):
             for name in (CHECKPOINT_FILE, DONE_FILE):
                 with contextlib.suppress(OSError):
                     if os.path.getmtime(os.path.join(folder, name)) >= self._started:
