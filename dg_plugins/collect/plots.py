@@ -285,11 +285,15 @@ def _cell_texts(report: Report, kind: str) -> dict:
     for section in [s for s in report.sections if s.test_key == kind]:
         for table in [t for t in section.tables if t.dataset is not None]:
             for row, cells in table.rows.items():
-                head, avg = (section.method.key, table.dataset), f"Avg {cell_label(cells[-1])}"
+                head, of_key = (section.method.key, table.dataset), dict(zip(table.keys, cells))
                 if kind == TEST_KEY:
                     texts.update({(*head, row, f"target {key}"): cell_label(cell)
-                                  for key, cell in zip(table.keys, cells) if key != "Avg"})
-                elif kind == SINGLE_SOURCE_KEY:
+                                  for key, cell in of_key.items() if key != "Avg"})
+                    continue
+                if "Avg" not in of_key:  # left out with the columns no run has: a plain title
+                    continue
+                avg = f"Avg {cell_label(of_key['Avg'])}"
+                if kind == SINGLE_SOURCE_KEY:
                     texts[(*head, row, f"source {table.source}")] = avg
                 else:
                     algorithm, fraction = row.rsplit(" ", 1)

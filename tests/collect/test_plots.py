@@ -485,3 +485,25 @@ def cell_text(root, algorithm) -> str:
                (root / algorithm / "results.jsonl").read_text().splitlines()]
     best = max(records, key=lambda r: np.mean([r[f"env{i}_out_acc"] for i in range(5)]))
     return f"{100 * best['env5_in_acc']:.1f} (n=1)"
+
+
+def test_a_dataset_without_a_column_to_show_still_gets_its_curves(tmp_path, capsys,
+                                                                  monkeypatch):
+    """VLCS has only single-source runs, so its multi-source tables show no column and no Avg:
+    collect_results --plot drew every figure's titles from those empty rows and raised IndexError
+    (as on the before/after fixture, where Debug28 is such a dataset). Now PACS's panel carries
+    its table cell and VLCS's single-source curves their own table's Avg."""
+    root = tmp_path / "sweep"
+    for trial in range(2):
+        write_job(root, f"MPBM_{trial}", "VLCS", "MPBM", [1, 2, 3], 4, trial, 0)
+        write_job(root, f"ERM_{trial}", "PACS", "ERM", [3], 4, trial, 0)
+    kept = {}
+    monkeypatch.setattr(plots, "save_png",
+                        lambda figure, path: kept.setdefault(path.rsplit("/", 1)[1], figure))
+    assert collect_results.main(["--input_dir", str(root), "--no_save",
+                                 "--plot", str(tmp_path / "figures")]) == 0
+    assert "left out: dataset VLCS (no single-test-environment run)" in capsys.readouterr().out
+    titles = {name: [ax.get_title() for ax in figure.axes] for name, figure in kept.items()}
+    assert any("iid table: " in title for title in titles["PACS_ERM_curves.png"])
+    assert any("iid table: Avg " in title
+               for title in titles["VLCS_MPBM_single_source_curves.png"])
