@@ -192,7 +192,6 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
     from dg_plugins.files import atomic_write_bytes
 
     job, results = job_dir, os.path.join(job_dir, files.results)
-    messages = []
     if not os.path.exists(os.path.join(job, files.done)):
         return [f"{job}: not done (no '{files.done}' file; it may still be running): records "
                 "left untouched"]
@@ -224,6 +223,7 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
                     if key in saved["args"] and args.get(key) != saved["args"].get(key)),
                    None if record.get("hparams") == saved["model_hparams"]
                    else "its hparams differ from the model's")
+        new, old = subset_keys(keys), subset_keys(record)
         if why is None:
             base = {k: v for k, v in keys.items() if BASE_KEY.match(k)}
             differ = [k for k, v in base.items()
@@ -231,15 +231,12 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
             if differ:
                 why = (f"re-evaluating {name} gives other accuracies than the record "
                        f"({differ[0]}: {record.get(differ[0])} vs {base[differ[0]]})")
+            elif old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
+                why = "already has these keys"
+            elif old and not overwrite:
+                why = "has other IP/OOP keys (use --overwrite to replace)"
         if why is not None:
             skipped.append(f"step {step}: {why}")
-            continue
-        new, old = subset_keys(keys), subset_keys(record)
-        if old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
-            skipped.append(f"step {step}: already has these keys")
-            continue
-        if old and not overwrite:
-            skipped.append(f"step {step}: has other IP/OOP keys (use --overwrite to replace)")
             continue
         for k in old:
             record.pop(k)
@@ -256,13 +253,9 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
                     f"{sorted({n for _, n in updated})}; scores {rule.get('alignment_scores')}, "
                     f"threshold {rule.get('alignment_threshold')}, preset "
                     f"{rule.get('alignment_preset')})\n")
-        messages.append(f"{job}: updated the records of steps {[s for s, _ in updated]} in "
-                        f"{results}")
-    else:
-        messages.append(f"{job}: no record updated")
-    for reason in skipped:
-        messages.append(f"  left untouched: {reason}")
-    return messages
+    done = (f"{job}: updated the records of steps {[s for s, _ in updated]} in {results}"
+            if updated else f"{job}: no record updated")
+    return [done, *(f"  left untouched: {reason}" for reason in skipped)]
 
 
 def predictions(job: RebuiltJob, algorithm, model_name: str):

@@ -97,12 +97,12 @@ def read_scores(path: str) -> ScoreTable:
                          f"{WHAT_IT_IS}") from None
     meta, header_lines = {}, len(header)
     for line in header:  # "# key: JSON value" (the magic line has no colon)
-        key, sep, raw = line[1:].strip().partition(":")
+        key, sep, raw = (part.strip() for part in line[1:].partition(":"))
         if sep:
             try:
-                meta[key.strip()] = json.loads(raw.strip())
+                meta[key] = json.loads(raw)
             except json.JSONDecodeError:
-                meta[key.strip()] = raw.strip()
+                meta[key] = raw
     try:
         frame = pd.read_csv(path, skiprows=header_lines, keep_default_na=False,
                             dtype={"path": str, "env_name": str, "class": str, "subset": str})
@@ -216,12 +216,10 @@ class ScoreCache:
 
     def lookup(self, keys: list[str]) -> np.ndarray:
         """Scores of ``keys`` (NaN where not cached)."""
-        get = self.entries.get
-        return np.asarray([get(k, np.nan) for k in keys], dtype=np.float64)
+        return np.asarray([self.entries.get(k, np.nan) for k in keys], dtype=np.float64)
 
     def update(self, keys, scores) -> None:
-        for key, score in zip(keys, np.asarray(scores, dtype=np.float32).tolist()):
-            self.entries[key] = score
+        self.entries.update(zip(keys, np.asarray(scores, dtype=np.float32).tolist()))
         self.dirty = True
 
     def save(self) -> None:

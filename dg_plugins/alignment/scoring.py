@@ -39,8 +39,7 @@ def is_random_init(pretrained) -> bool:
 
 
 def add_model_config(path: str) -> str:
-    """Register an open_clip model config (a JSON file with ``embed_dim``, ``vision_cfg``,
-    ``text_cfg``) under its file name stem; returns that model name."""
+    """Register an open_clip model config file under its file name stem; returns that name."""
     import open_clip
 
     if not os.path.isfile(path):
@@ -97,17 +96,14 @@ def clip_url_cache() -> str:
 
 
 def check_weights_available(model_name: str, pretrained) -> bool:
-    """Fail fast, with the fixes, when the weights are neither local, cached nor downloadable
-    now; True when read from the hub cache."""
+    """Fail fast, with the fixes, on weights not local, cached or downloadable; True: hub cache."""
     import open_clip
 
-    if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
-        return False
     if model_name.startswith("hf-hub:"):
         return check_hub_available(model_name[len("hf-hub:"):], model_name,
                                    [[HF_CONFIG_NAME], hub_weight_files(HF_WEIGHTS_NAME)],
                                    _unavailable)
-    if os.path.isfile(str(pretrained)):
+    if is_random_init(pretrained) or os.path.isfile(str(pretrained)):
         return False
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if not cfg:
@@ -224,8 +220,7 @@ class AlignmentScorer:
         size = getattr(getattr(model, "visual", None), "image_size", None)
         self.image_size = (size, size) if isinstance(size, int) else size and tuple(size)
         with torch.inference_mode():
-            tokens = tokenizer(self.prompts).to(self.device)
-            text = model.encode_text(tokens)
+            text = model.encode_text(tokenizer(self.prompts).to(self.device))
             self.text_features = torch.nn.functional.normalize(text.float(), dim=-1)
 
     def score_batch(self, images, class_index):
@@ -237,11 +232,10 @@ class AlignmentScorer:
                     f"the model expects {self.image_size[0]}x{self.image_size[1]} images but the "
                     f"transform gives {images.shape[-2]}x{images.shape[-1]}; use the model's own "
                     "preprocessing (--transform clip) or a model made for this size")
-            images = images.to(self.device, non_blocking=True)
-            class_index = class_index.to(self.device, non_blocking=True)
-            features = torch.nn.functional.normalize(self.model.encode_image(images).float(),
-                                                     dim=-1)
-            return (features * self.text_features[class_index]).sum(dim=-1)
+            features = self.model.encode_image(images.to(self.device, non_blocking=True))
+            features = torch.nn.functional.normalize(features.float(), dim=-1)
+            text = self.text_features[class_index.to(self.device, non_blocking=True)]
+            return (features * text).sum(dim=-1)
 
 
 class _ImageFiles:
@@ -386,8 +380,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         score_start = time.perf_counter()
         try:
             for images, position in loader:
-                labels = class_index[todo_t[position]]
-                results.append(scorer.score_batch(images, labels))
+                results.append(scorer.score_batch(images, class_index[todo_t[position]]))
                 progress.update(len(position))
         finally:
             progress.close()

@@ -164,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(plan: Plan, data_dir: str) -> int:
     """Run ``plan``: check its prerequisites (none missing, or nothing starts), record the
-    command, score the images (IP/OOP), launch every sweep call's jobs as one queue
-    (:func:`launch_queue`), print the tables."""
+    command, score the images (IP/OOP), launch the jobs as one queue, print the tables."""
     from dg_plugins.collect import cli as collect_cli  # imports pandas
 
     setting, protocol = plan.setting, plan.protocol
@@ -203,9 +202,8 @@ def run(plan: Plan, data_dir: str) -> int:
 
 
 def launch_queue(plan: Plan) -> int:
-    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each in
-    the folder, with the hash and command, its ``sweep launch`` call gives it
-    (:func:`dg_plugins.sweep.plan.launch_queue`). Returns its exit status."""
+    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each as
+    its ``sweep launch`` call would (:func:`dg_plugins.sweep.plan.launch_queue`): the status."""
     def announce(i: int, argv) -> None:
         print(f"-- sweep {i}/{len(plan.calls)}: {plan.calls[i - 1].label}", flush=True)
         print(f"$ {module_line('sweep', argv)}", flush=True)
@@ -234,8 +232,8 @@ def module_line(module: str, argv: list[str]) -> str:
 
 
 def dry_run(plan: Plan, data_dir: str) -> int:
-    """Print what running ``plan`` would do and cost, then its missing prerequisites as
-    warnings; launch and write nothing."""
+    """Print what running ``plan`` would do and cost, then its missing prerequisites; launch
+    and write nothing."""
     setting, protocol = plan.setting, plan.protocol
     print(f"== {setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}")
     print(f"   paper: {setting.paper}, {setting.table}")
@@ -256,8 +254,7 @@ def dry_run(plan: Plan, data_dir: str) -> int:
 
 
 def list_calls(calls: list[tuple[list[str], str]], check=None) -> list[CallCost]:
-    """Print each sweep call (argv, label) with its jobs and cost (after ``check(i, argv)``),
-    then the totals."""
+    """Print each sweep call (argv, label) with its jobs and cost, then the totals."""
     costs, pretrainings = [], set()
     for i, (argv, label) in enumerate(calls, 1):
         if check is not None:
@@ -320,8 +317,8 @@ def totals(costs: list[CallCost]) -> tuple[int, int, dict]:
 
 
 def settings_costs(data_dir: str | None, forwards: bool):
-    """``(setting, protocol, costs of its calls)`` of every setting and protocol, planned with
-    placeholder folders (image counts under ``data_dir`` when given)."""
+    """``(setting, protocol, costs of its calls)`` of every setting and protocol (placeholder
+    folders; image counts under ``data_dir`` when given)."""
     for setting in ps.SETTINGS.values():
         for protocol in setting.protocols.values():
             plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
@@ -362,9 +359,8 @@ def _millions(n: int | None) -> str:
 
 
 def list_forwards(data_dir: str | None) -> int:
-    """One row per setting and protocol: jobs, image forwards of training and of evaluation
-    (``--eval_splits`` selection and all, their shares, totals), GPU-hours; image counts under
-    ``data_dir`` when given, else the recorded ones (unknown ones named under the table)."""
+    """One row per setting and protocol: jobs, image forwards of training and evaluation (both
+    ``--eval_splits``), GPU-hours; image counts under ``data_dir``, else the recorded ones."""
     device = gpu_times.load().device
     print(FORWARDS_DEFINITION)
     print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "

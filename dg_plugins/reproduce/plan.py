@@ -84,8 +84,7 @@ def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
 
 def _pick(flag: str, wanted, available: list, among: str, text=" ".join, listing=", ".join,
           key=str) -> list:
-    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by
-    ``key``; :class:`UsageError` naming the others."""
+    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by ``key``."""
     if wanted is None:
         return available
     unknown = [w for w in wanted if key(w) not in map(key, available)]
@@ -110,7 +109,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
     ``count_dir``: where image counts are looked for (default ``data_dir``); ``eval_splits``:
     every job's ``--eval_splits``."""
     count_dir = data_dir if count_dir is None else count_dir
-    plan = Plan(setting, protocol)
+    plan = Plan(setting, protocol, root=output_dir)
     all_datasets = list(protocol.datasets.value)
     use_datasets = _pick("datasets", datasets, all_datasets, f"in {setting.name}'s datasets")
     all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
@@ -153,7 +152,6 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                              "evaluation)")
         plan.notes.append(f"CLIP weights for scoring read from {clip_checkpoint}, declared as "
                           f"the table's {protocol.alignment['pretrained'].value}")
-    plan.root = output_dir
     too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
     tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits),
@@ -197,9 +195,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                     values = value if isinstance(value, (list, tuple)) else [value]
                     argv += [f"--{flag}", *map(str, values)]
                 if protocol.alignment:
-                    argv += ["--alignment_scores",
-                             os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
-                             "--alignment_preset", str(protocol.alignment["preset"].value)]
+                    argv += ["--alignment_scores", os.path.join(scores_dir, f"{dataset}.csv"),
+                             "--alignment_preset", str(preset)]
                 name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
                                                            group.title else "")
                 test_sets = _pick("test_envs", test_envs, _test_env_sets(protocol, dataset),
@@ -274,10 +271,8 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]
     defaults = vars(parser.parse_args(base))
     given = vars(parser.parse_args(base + list(extra)))
-    pinned = set(protocol.sweep_flags) if protocol is not None else set()
-    owned = [name for name in defaults
-             if name in OWNED_SWEEP_FLAGS or name in pinned]
-    changed = [name for name in owned if given[name] != defaults[name]]
+    owned = set(OWNED_SWEEP_FLAGS) | set(protocol.sweep_flags if protocol is not None else ())
+    changed = [name for name in defaults if name in owned and given[name] != defaults[name]]
     if changed:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
                          "(reproduce SETTING --describe shows it); to run other values, run "
