@@ -36,8 +36,7 @@ def table_fingerprints(envs, paths, sizes) -> dict[str, str]:
 
 
 def items_fingerprints(items) -> dict[str, str]:
-    """Fingerprints of :func:`~dg_plugins.alignment.wrapper.image_items` rows (``env``, ``path``,
-    ``abs_path``): what the scorer and the importers write in the header."""
+    """Fingerprints of :func:`~dg_plugins.alignment.wrapper.image_items` rows, for the header."""
     return table_fingerprints(items["env"].to_numpy(), items["path"].to_numpy(),
                               file_sizes(items["abs_path"].tolist()))
 

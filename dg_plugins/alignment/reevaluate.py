@@ -61,8 +61,7 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
                     predictions_file: str | None = None, update: bool = False,
                     overwrite: bool = False, tolerance: float = 0.0) -> None:
     """Score each job's final model (or ``model``), print its keys, append them to ``out``, write
-    predictions to ``predictions_file``, with ``update`` complete the records; ``rule``: the split
-    flags (``rebuild(job_dir, saved) -> RebuiltJob``)."""
+    predictions, with ``update`` complete the records; ``rule``: the split flags."""
     if rule.get("alignment_model") is not None or rule.get("alignment_pretrained") is not None:
         provenance.check_model(read_scores(rule["alignment_scores"]), None,
                                rule.get("alignment_model"), rule.get("alignment_pretrained"))

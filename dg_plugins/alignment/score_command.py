@@ -69,8 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_preset_flag(group) -> None:
-    """``--alignment_preset`` (the name train and alignment_eval use), and ``--preset``, its
-    hidden deprecated alias (:func:`resolve_preset_flag` warns about it)."""
+    """``--alignment_preset`` (as in train and alignment_eval), and its hidden deprecated alias."""
     group.add_argument("--alignment_preset", default=None,
                        help="named rule, e.g. teterwak2025 (as in train and alignment_eval)")
     group.add_argument("--preset", dest="deprecated_preset", default=None,
@@ -78,8 +77,7 @@ def add_preset_flag(group) -> None:
 
 
 def resolve_preset_flag(args, parser: argparse.ArgumentParser) -> str | None:
-    """The preset given, by ``--alignment_preset`` or the deprecated ``--preset`` (which warns on
-    stderr); both with different values is a usage error (exit 2)."""
+    """The preset of ``--alignment_preset`` or the deprecated ``--preset`` (which warns)."""
     old = args.deprecated_preset
     if old is None:
         return args.alignment_preset
@@ -128,14 +126,13 @@ def check_flags(args):
             model = registered
     if args.import_score_arrays and args.import_split_dirs:
         raise ValueError("give --import_score_arrays or --import_split_dirs, not both")
-    imported = bool(args.import_score_arrays or args.import_split_dirs)
     rule = None if args.import_split_dirs else resolve_rule(
         args.threshold, args.preset, args.drop_below, args.drop_above)
     if args.import_split_dirs and any(v is not None for v in (
             args.threshold, args.preset, args.drop_below, args.drop_above)):
         raise ValueError("imported split folders carry fixed subsets; leave out --threshold, "
                          "--alignment_preset, --drop_below and --drop_above")
-    if args.pretrained_tag is not None and imported:
+    if args.pretrained_tag is not None and (args.import_score_arrays or args.import_split_dirs):
         raise ValueError("--pretrained_tag declares the weights of a checkpoint file to "
                          "score with; imported splits are not scored here: leave it out")
     return model, rule

@@ -160,8 +160,7 @@ def default_cache_dir() -> str:
 
 
 def image_key(path: str, class_name: str, st: os.stat_result | None = None) -> str:
-    """The cache key of one image: absolute path (``path`` must be absolute), size, mtime (ns)
-    and the prompt's class (``st``: the file's ``os.stat``, when already made)."""
+    """The cache key of one image: absolute path, size, mtime (ns) and the prompt's class."""
     st = st if st is not None else os.stat(path)
     return f"{path}\t{st.st_size}\t{st.st_mtime_ns}\t{class_name}"
 

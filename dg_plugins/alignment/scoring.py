@@ -31,9 +31,6 @@ HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
 HF_CONFIG_NAME = "open_clip_config.json"
 
 
-# Model and weights
-
-
 def is_random_init(pretrained) -> bool:
     return pretrained is None or str(pretrained).lower() in RANDOM_INIT
 
@@ -200,9 +197,6 @@ def check_prompt(prompt: str) -> None:
     if prompt.count("{}") != 1:
         raise ValueError(f"--prompt {prompt!r} must contain exactly one '{{}}' (the class name "
                          "goes there), e.g. 'A photo of {}.'")
-
-
-# The scorer
 
 
 class AlignmentScorer:

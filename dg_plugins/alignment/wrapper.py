@@ -195,14 +195,11 @@ def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
     counts. Raises ValueError for a file that does not fit the dataset, the rule or the model."""
     table = read_scores(scores_file)
     provenance.check_model(table, preset, model, pretrained)
-    if table.fixed_subsets:
-        if threshold is not None or preset is not None:
-            raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "
-                             f"({table.meta.get('source', 'imported')}); --alignment_threshold / "
-                             "--alignment_preset do not apply to it: leave them out")
-        rule = None
-    else:
-        rule = resolve_rule(threshold, preset)
+    if table.fixed_subsets and (threshold is not None or preset is not None):
+        raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "
+                         f"({table.meta.get('source', 'imported')}); --alignment_threshold / "
+                         "--alignment_preset do not apply to it: leave them out")
+    rule = None if table.fixed_subsets else resolve_rule(threshold, preset)
     split = AlignmentSplit(dataset, table, test_envs, rule, data_dir=data_dir)
     print(split.report())
     for warning in split.warnings():
@@ -304,14 +301,13 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
     for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         name = env_folder_name(dataset[env_index]) or str(env_index)
         paths = {s: os.path.join(folder, f"{name}_{s}.npy") for s in ("in", "out")}
-        present = {s: os.path.exists(p) for s, p in paths.items()}
-        if not any(present.values()):
+        lacking = [p for p in paths.values() if not os.path.exists(p)]
+        if len(lacking) == len(paths):
             if envs is not None:
                 raise FileNotFoundError(f"no score arrays for environment {env_index}: expected "
                                         f"{paths['in']} and {paths['out']}")
             continue
-        if not all(present.values()):
-            lacking = [p for s, p in paths.items() if not present[s]]
+        if lacking:
             raise FileNotFoundError(f"environment {env_index} ({name}): {lacking[0]} is missing "
                                     "(both the in and the out array are needed to cover the "
                                     "domain)")
@@ -373,16 +369,14 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
                              f"folder, e.g. {sorted(both)[:3]}")
         items = image_items(dataset, [env_index], data_dir)
         within = [relative_path(p, env_root) for p in items["abs_path"]]
-        known = set(within)
-        extra = (files["ip"] | files["oop"]) - known
+        extra = (files["ip"] | files["oop"]) - set(within)
         if extra:
             raise ValueError(f"{len(extra)} images of the split folders for {name} are not in "
                              f"this dataset, e.g. {sorted(extra)[:3]}; the split was made for "
                              "another copy of the data (or the class folders differ)")
-        subset = np.where([w in files["ip"] for w in within], "ip",
-                          np.where([w in files["oop"] for w in within], "oop", "drop"))
         items["score"] = np.nan
-        items["subset"] = subset
+        items["subset"] = np.where([w in files["ip"] for w in within], "ip",
+                                   np.where([w in files["oop"] for w in within], "oop", "drop"))
         frames.append(items)
     if not frames:
         raise FileNotFoundError(f"no domain folders of this dataset under {ip_dir} or {oop_dir}")

@@ -105,9 +105,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                  clip_checkpoint: str | None = None, hparams: dict | None = None,
                  extra: list[str] = (), count_dir: str | None = None,
                  eval_splits: str = "selection") -> Plan:
-    """The sweep calls, scoring commands and tables of one protocol (docs/reproduce.md).
-    ``count_dir``: where image counts are looked for (default ``data_dir``); ``eval_splits``:
-    every job's ``--eval_splits``."""
+    """The sweep calls, scoring commands and tables of one protocol (docs/reproduce.md);
+    ``count_dir``: where image counts are looked for (default ``data_dir``)."""
     count_dir = data_dir if count_dir is None else count_dir
     plan = Plan(setting, protocol, root=output_dir)
     all_datasets = list(protocol.datasets.value)
@@ -117,11 +116,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                            f"in {setting.name}'s algorithms")
     sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
     n_epochs = protocol.epochs.value if protocol.epochs is not None else None
-    for flag, knob, value in (("epochs", "EPOCHS", epochs),
-                              ("pretrain_epochs", "PRETRAIN_EPOCHS", pretrain_epochs)):
+    for flag, value in (("epochs", epochs), ("pretrain_epochs", pretrain_epochs)):
         if value is not None and not (value > 0 and math.isfinite(value)):
-            raise UsageError(f"--{flag} ({knob}) must be a positive number of epochs, got "
-                             f"{value:g}")
+            raise UsageError(f"--{flag} ({flag.upper()}) must be a positive number of epochs, "
+                             f"got {value:g}")
     if epochs is not None:
         if n_epochs is not None:
             n_epochs = epochs
@@ -264,9 +262,8 @@ def smallest_epochs(per_epoch: int) -> float:
 
 
 def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
-    """Refuse pass-through sweep flags that the setting's table owns (:data:`OWNED_SWEEP_FLAGS`;
-    ``protocol``'s ``sweep_flags`` too, e.g. GMoE's release pins ``--eval_batch_size``);
-    unknown flags fail as sweep would fail on them."""
+    """Refuse pass-through sweep flags the table owns (:data:`OWNED_SWEEP_FLAGS`, ``protocol``'s
+    ``sweep_flags``, e.g. GMoE release's ``--eval_batch_size``); unknown ones fail as in sweep."""
     parser = sweep_cli.build_parser()
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]
     defaults = vars(parser.parse_args(base))
@@ -303,9 +300,8 @@ OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
 
 
 def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
-    """What the jobs of every sweep call of the setting need before the first one starts (module
-    docstring; :func:`dg_plugins.sweep.checks.data_problems`, ``weight_problems``), one line each
-    naming the fix; [] when nothing is missing."""
+    """What the jobs of every sweep call need before the first one starts (module docstring), one
+    line each naming the fix; [] when nothing is missing."""
     jobs = [job for cost in costs for job in cost.selected]
     if not jobs and not plan.prepare:
         return []

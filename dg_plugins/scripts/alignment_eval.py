@@ -83,10 +83,10 @@ def main(argv=None) -> int:
     try:
         plugins_lib.load(options.plugins)
         reevaluate.reevaluate_jobs(
-            options.jobs, lambda job, saved: rebuild(job, saved, options, rule), reevaluate.JobFiles(), rule,
-            model=options.model, out=options.out, predictions_file=options.predictions,
-            update=options.update_records, overwrite=options.overwrite,
-            tolerance=options.acc_tolerance)
+            options.jobs, lambda job, saved: rebuild(job, saved, options, rule),
+            reevaluate.JobFiles(), rule, model=options.model, out=options.out,
+            predictions_file=options.predictions, update=options.update_records,
+            overwrite=options.overwrite, tolerance=options.acc_tolerance)
     except user_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -7,9 +7,8 @@ import the authors' released splits. Format, rules and flags: docs/methods/align
 
 import sys
 
-from dg_plugins.alignment.score_command import (  # noqa: F401  (the command's surface)
-    UNAUGMENTED, add_preset_flag, build_parser, check_flags, resolve_envs, resolve_preset_flag,
-    score_and_write)
+from dg_plugins.alignment.score_command import (UNAUGMENTED, build_parser, check_flags,
+                                                 resolve_preset_flag, score_and_write)
 from dg_plugins.help_text import short_usage_errors
 
 

@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.check_data --dataset NAME --data_dir DIR``: find unreadable images.
+"""``python -m dg_plugins.scripts.check_data --dataset NAME --data_dir DIR``: unreadable images.
 
 Decodes every image of an image-folder dataset as training does, in parallel, and prints each
 unreadable file, then one line per environment (:mod:`dg_plugins.datasets.check`). Exit status:

@@ -1,8 +1,8 @@
 """``python -m dg_plugins.scripts.domainbed [--import MODULES] SCRIPT [ARGS ...]``: run one of
 DomainBed's own scripts (``train``, ``sweep``, ``collect_results``, ...) unchanged, with
-dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.domainbed.bridge`); ``info`` prints what is
-installed. A sweep's jobs run through this entry; ``--import`` modules reach them through
-``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
+dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.domainbed.bridge`); ``info``
+prints what is installed. A sweep's jobs run through this entry; ``--import`` modules reach them
+through ``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
 
 from __future__ import annotations
 

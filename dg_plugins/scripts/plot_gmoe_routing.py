@@ -49,8 +49,6 @@ def load_model(args):
     if not args.dataset:
         raise ValueError("give --model PATH/model.pkl, or --dataset (and --data_dir) to build a "
                          "fresh GMoE")
-    import dg_plugins.datasets  # noqa: F401
-
     hp = H.default_hparams("GMoE", args.dataset)
     hp["pretrained"] = bool(args.pretrained)
     hp.update(H.validate("GMoE", args.dataset, H.parse_overrides(args.hparams)))
@@ -77,14 +75,11 @@ def routing_maps(algorithm, images):
     try:
         with torch.no_grad():
             vit(images)
-        maps = {}
-        for block, layer in zip(algorithm.moe_blocks, layers):
-            top1 = layer.pop_routing().top1
-            maps[block] = top1[:, prefix:].reshape(len(images), *grid).cpu()
+        return {block: layer.pop_routing().top1[:, prefix:].reshape(len(images), *grid).cpu()
+                for block, layer in zip(algorithm.moe_blocks, layers)}
     finally:
         for layer in layers:
             layer.record_experts = False
-    return maps
 
 
 def sample_images(dataset, envs, per_env, seed):
