@@ -13,9 +13,13 @@ import re
 import time
 from typing import Any, Callable
 
+import numpy as np
+import pandas as pd
+
 from dg_plugins.alignment import provenance
 from dg_plugins.alignment.scores_file import read_scores
 from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
+from dg_plugins.files import atomic_write_bytes
 from dg_plugins.job.folder import DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE, STEP_MODEL_FILE
 
 #: Record args that must agree between a record and the model that is to score it.
@@ -90,8 +94,6 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
                                           tolerance):
                 print(message)
     if predictions_file and frames:
-        import pandas as pd
-
         pd.concat(frames, ignore_index=True).to_csv(predictions_file, index=False)
         print(f"wrote per-image predictions to {predictions_file}")
 
@@ -188,8 +190,6 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
     """Add the subset keys to the records a saved model can score (``load``: :class:`SavedModels`):
     job done, a model of the record's step, same args and hparams, its own base accuracies within
     ``tolerance``, no differing IP/OOP keys unless ``overwrite``; other lines stay byte for byte."""
-    from dg_plugins.files import atomic_write_bytes
-
     job, results = job_dir, os.path.join(job_dir, files.results)
     if not os.path.exists(os.path.join(job, files.done)):
         return [f"{job}: not done (no '{files.done}' file; it may still be running): records "
@@ -260,8 +260,6 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
 def predictions(job: RebuiltJob, algorithm, model_name: str):
     """Per-image predictions on the test environments' splits: ``job, model, env, env_name, path``
     (as in score files, else the position), ``split, label, prediction, correct``."""
-    import numpy as np
-    import pandas as pd
     import torch
 
     rows = []

@@ -1,8 +1,6 @@
-"""The logic of ``python -m dg_plugins.scripts.alignment_scores`` (the command's usage is its
-docstring): its flags, the checks of the flag combination, scoring or importing the dataset's
-AlignmentScores (:mod:`dg_plugins.alignment.scoring`, :mod:`dg_plugins.alignment.wrapper`),
-writing the score file and the printed summary. Building the dataset (with plugins) and the error
-exit stay in the script."""
+"""The logic of ``python -m dg_plugins.scripts.alignment_scores``: its flags and their checks,
+scoring or importing the dataset's AlignmentScores, writing the score file and the summary.
+Building the dataset (with plugins) and the error exit stay in the script."""
 
 from __future__ import annotations
 
@@ -139,8 +137,7 @@ def check_flags(args):
 
 
 def score_and_write(args, dataset, model, rule) -> None:
-    """Score (or import) the ``--envs`` of the built ``dataset``, write the file, print the
-    summary and warn where train would reject the file under ``--alignment_preset``."""
+    """Score (or import) the ``--envs`` of ``dataset``, write the file, print the summary."""
     import numpy as np
 
     from dg_plugins.alignment import provenance, scoring, wrapper

@@ -155,8 +155,7 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
             h.update(block)
     digest = h.hexdigest()
     if memo_path:
-        with contextlib.suppress(OSError):
-            os.makedirs(memo_dir, exist_ok=True)
+        with contextlib.suppress(OSError):  # atomic_write_text makes the folder
             prefix = path + "\t"  # older entries of this path are stale: drop them
             memo = {k: v for k, v in memo.items() if not k.startswith(prefix)}
             memo[memo_key] = digest

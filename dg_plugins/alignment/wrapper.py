@@ -50,8 +50,7 @@ def no_paths_error(dataset, env_index: int) -> ValueError:
 
 
 def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None) -> np.ndarray:
-    """Row positions (into ``table.frame``) of the items of environment ``env_index``, in item
-    order. Raises ValueError when the file and the environment disagree."""
+    """Row positions (into ``table.frame``) of environment ``env_index``'s items, in item order."""
     frame, where = table.frame, provenance.where(table)
     if not 0 <= env_index < len(dataset):
         raise ValueError(f"environment {env_index} is out of range: the dataset has "
@@ -191,8 +190,7 @@ class AlignmentSplit:
 
 def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
                 data_dir=None, model=None, pretrained=None) -> dict[int, dict[str, list[int]]]:
-    """For each test environment, ``{"ip": [...], "oop": [...]}`` item indices; prints the
-    counts. Raises ValueError for a file that does not fit the dataset, the rule or the model."""
+    """Per test environment, ``{"ip": [...], "oop": [...]}`` item indices; prints the counts."""
     table = read_scores(scores_file)
     provenance.check_model(table, preset, model, pretrained)
     if table.fixed_subsets and (threshold is not None or preset is not None):
@@ -222,15 +220,14 @@ class _PathMapper:
             self.rel_prefix = self.prefix_abs[len(root):].replace(os.sep, "/")
 
     def __call__(self, path: str) -> tuple[str, str]:
-        p = self.prefix
-        tail = path[len(p):] if p and path.startswith(p) else None
+        tail = path[len(self.prefix):] if self.prefix and path.startswith(self.prefix) else None
         parts = tail.split(os.sep) if tail else ()
-        if parts and "" not in parts and "." not in parts and ".." not in parts:
+        if parts and not {"", ".", ".."} & set(parts):
             absolute = self.prefix_abs + tail
             if self.rel_prefix is not None:
                 return absolute, self.rel_prefix + tail.replace(os.sep, "/")
-            return absolute, relative_path(absolute, self.data_dir)
-        absolute = os.path.normpath(os.path.abspath(path))
+        else:
+            absolute = os.path.normpath(os.path.abspath(path))
         return absolute, relative_path(absolute, self.data_dir)
 
 
@@ -347,9 +344,8 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
     frames = []
     for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         env = dataset[env_index]
-        name = env_folder_name(env)
-        env_root = getattr(env, "root", None)
-        if name is None or env_root is None:
+        name = env_folder_name(env)  # None for an env without a root folder
+        if name is None:
             raise ValueError(f"environment {env_index} has no folder (root); split folders can "
                              "only be matched to image-folder datasets")
         found = {}  # the environment's folder in the IP and in the OOP copy, if any
@@ -368,7 +364,7 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
             raise ValueError(f"{len(both)} images of {name} are in both the IP and the OOP "
                              f"folder, e.g. {sorted(both)[:3]}")
         items = image_items(dataset, [env_index], data_dir)
-        within = [relative_path(p, env_root) for p in items["abs_path"]]
+        within = [relative_path(p, env.root) for p in items["abs_path"]]
         extra = (files["ip"] | files["oop"]) - set(within)
         if extra:
             raise ValueError(f"{len(extra)} images of the split folders for {name} are not in "

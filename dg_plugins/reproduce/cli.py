@@ -1,8 +1,7 @@
 """``python -m dg_plugins.scripts.reproduce``: the flags, and the flow from a setting to its run
-(scores, sweeps, tables), or what it prints without launching: a setting's dry run (calls, jobs,
-commands, steps, forwards, GPU-hours, tables), the ``--list`` and ``--list --forwards`` tables and
-``--dry_run_sweeps`` (the ``DRY_RUN=1`` listing of the offline scripts in sweeps/).
-What it does: docs/reproduce.md."""
+(scores, sweeps, tables), or what it prints without launching: a setting's dry run, the ``--list``
+and ``--list --forwards`` tables and ``--dry_run_sweeps`` (the ``DRY_RUN=1`` listing of the
+offline scripts in sweeps/). What it does: docs/reproduce.md."""
 
 from __future__ import annotations
 

@@ -286,9 +286,8 @@ class CallCost(JobsCost):
 
 def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
               forwards: bool = True) -> CallCost:
-    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
-    (:func:`dg_plugins.sweep.costs.jobs_cost`); a UDG pretraining counts once per listing, with the
-    first job that needs it (``pretrainings``: the identities counted)."""
+    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards; a UDG
+    pretraining counts once per listing (``pretrainings``: the identities counted)."""
     args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
     counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
@@ -361,8 +360,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
 
 
 def report_prerequisites(plan: Plan, problems: list[str], dry: bool) -> None:
-    """Print the missing prerequisites: as errors before a real run that launches nothing, as
-    warnings after a dry run's listing."""
+    """Print the missing prerequisites: errors before a real run, warnings after a dry run."""
     what = f"{len(problems)} prerequisite(s) of {plan.setting.name} ({plan.protocol.name})"
     for problem in problems:
         print(f"{'warning' if dry else 'error'}: {problem}", file=sys.stderr)

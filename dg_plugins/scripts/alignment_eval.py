@@ -1,7 +1,6 @@
 """``python -m dg_plugins.scripts.alignment_eval --alignment_scores F JOB_DIR ...``: IP/OOP
-accuracy of trained models without retraining: each job's model rebuilt and evaluated as train
-does, the keys train writes with ``--alignment_scores`` printed or added to its records. The
-logic is :mod:`dg_plugins.alignment.reevaluate`. Models are read with
+accuracy of trained models without retraining (:mod:`dg_plugins.alignment.reevaluate`), the keys
+train writes printed or added to the job's records. Models are read with
 ``torch.load(weights_only=False)``: only run it on your own files."""
 
 from __future__ import annotations
