@@ -252,12 +252,13 @@ def dry_run(plan: Plan, data_dir: str) -> int:
     return 0
 
 
-def list_calls(calls: list[tuple[list[str], str]], check=None) -> list[CallCost]:
+def list_calls(calls: list[tuple[list[str], str]], launch_only: bool = False) -> list[CallCost]:
     """Print each sweep call (argv, label) with its jobs and cost, then the totals."""
     costs, pretrainings = [], set()
     for i, (argv, label) in enumerate(calls, 1):
-        if check is not None:
-            check(i, argv)
+        if launch_only and argv[0] != "launch":  # --dry_run_sweeps lists launches only
+            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
+                             f"{argv[0]!r}")
         print(f"-- sweep {i}/{len(calls)}{label}")
         print(f"$ {module_line('sweep', argv)}")
         costs.append(call_cost(argv, pretrainings))
@@ -403,12 +404,6 @@ def dry_run_sweeps(tokens: list[str]) -> int:
     calls = sweep_plan.split_calls(tokens)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
-
-    def check(i: int, argv: list[str]) -> None:
-        if argv[0] != "launch":
-            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
-                             f"{argv[0]!r}")
-
-    list_calls([(argv, "") for argv in calls], check)
+    list_calls([(argv, "") for argv in calls], launch_only=True)
     print("Dry run: nothing launched or written.")
     return 0
