@@ -187,9 +187,7 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
             raise PretrainedWeightsUnavailable(
                 f"open_clip could not load {model_name} with pretrained={pretrained!r}: {err}"
             ) from err
-    tokenizer = open_clip.get_tokenizer(model_name)
-    model.eval().to(device)
-    return model, preprocess, tokenizer
+    return model.eval().to(device), preprocess, open_clip.get_tokenizer(model_name)
 
 
 def check_prompt(prompt: str) -> None:

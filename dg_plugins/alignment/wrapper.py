@@ -64,9 +64,8 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     if len(positions) == 0:
         have = sorted(set(frame["env"].tolist()))
         raise ValueError(f"{where} has no scores for environment {env_index} ({name}); it scores "
-                         f"environments {have}. Score it: python -m "
-                         "dg_plugins.scripts.alignment_scores ... --envs "
-                         f"{env_index}")
+                         f"environments {have}. Score it: python -m dg_plugins.scripts."
+                         f"alignment_scores ... --envs {env_index}")
     if "env_name" in frame.columns and name is not None:
         names = set(frame["env_name"].to_numpy()[positions].tolist())
         if names != {name}:
@@ -166,8 +165,7 @@ class AlignmentSplit:
         source = self.table.meta.get("source", "the file's subset column")
         rule = f"fixed subsets from {source}" if self.rule is None else self.rule.describe()
         lines = [f"IP/OOP split ({rule}):",
-                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} "
-                 f"{'dropped':>15}"]
+                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} {'dropped':>15}"]
         for env in self.envs:
             counts = self.counts(env)
             total = sum(counts.values())

@@ -214,8 +214,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                         label = (f"{name}, test envs {test_set}: {sum(sizes)} training images "
                                  f"({'+'.join(map(str, sizes))}; {origin}) / batch "
                                  f"{run_hp['batch_size']} = {per_epoch} steps per epoch x "
-                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every "
-                                 "epoch")
+                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every epoch")
                         plan.calls.append(SweepCall(
                             argv + ["--test_env_sets", ",".join(map(str, test_set)),
                                     "--steps", str(steps), "--checkpoint_freq", str(per_epoch)]

@@ -158,9 +158,8 @@ def main(argv=None) -> int:
                      or catalog.DATASET_ENVIRONMENTS.get(dataset_name)
                      or [str(i) for i in range(len(dataset))])
         images, owners = sample_images(dataset, envs, args.images, args.seed)
-        maps = routing_maps(algorithm, images)
-        plot_routing(images, owners, names, maps, algorithm.moe_layers[0].num_experts, args.out,
-                     args.title)
+        plot_routing(images, owners, names, routing_maps(algorithm, images),
+                     algorithm.moe_layers[0].num_experts, args.out, args.title)
     except (ValueError, KeyError, FileNotFoundError) as err:
         print(f"plot_gmoe_routing: error: {err}", file=sys.stderr)
         return 2
