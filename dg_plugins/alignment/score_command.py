@@ -8,10 +8,15 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
+from dg_plugins.alignment import provenance, wrapper
+from dg_plugins.alignment.provenance import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
+from dg_plugins.alignment.rule import resolve_rule
+from dg_plugins.alignment.scores_file import write_scores
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from dg_plugins.alignment.provenance import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
-
     p = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.alignment_scores",
         description="CLIP AlignmentScore (raw image-text cosine for the true class) of every "
@@ -92,12 +97,10 @@ UNAUGMENTED = {"data_augmentation": False}
 
 
 def resolve_envs(dataset, envs) -> list[int]:
-    from dg_plugins.alignment.wrapper import env_folder_name
-
     if envs is None:
         return list(range(len(dataset)))
     labels = list(getattr(dataset, "ENVIRONMENTS", None) or [])
-    folders = [env_folder_name(dataset[i]) for i in range(len(dataset))]
+    folders = [wrapper.env_folder_name(dataset[i]) for i in range(len(dataset))]
     out = []
     for env in envs:
         if env.lstrip("-").isdigit() and 0 <= int(env) < len(dataset):
@@ -115,7 +118,6 @@ def resolve_envs(dataset, envs) -> list[int]:
 def check_flags(args):
     """``(model, rule)`` from the flags, or ValueError for a bad combination."""
     from dg_plugins.alignment import scoring
-    from dg_plugins.alignment.rule import resolve_rule
 
     model = args.model
     if args.model_config:
@@ -138,10 +140,7 @@ def check_flags(args):
 
 def score_and_write(args, dataset, model, rule) -> None:
     """Score (or import) the ``--envs`` of ``dataset``, write the file, print the summary."""
-    import numpy as np
-
-    from dg_plugins.alignment import provenance, scoring, wrapper
-    from dg_plugins.alignment.scores_file import write_scores
+    from dg_plugins.alignment import scoring
 
     imported = bool(args.import_score_arrays or args.import_split_dirs)
     envs = resolve_envs(dataset, args.envs)

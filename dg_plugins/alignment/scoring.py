@@ -353,12 +353,11 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         class_of = {name: k for k, name in enumerate(class_names)}
         scorer = AlignmentScorer(clip_model, tokenizer, class_names, prompt, device)
         class_index = torch.as_tensor([class_of[c] for c in items["class"]], dtype=torch.long)
-        files = _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform)
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
-        num_workers = max(0, min(num_workers, -(-len(todo) // batch_size)))
         loader = torch.utils.data.DataLoader(
-            files, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-            pin_memory=device.type == "cuda")
+            _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform),
+            batch_size=batch_size, shuffle=False, pin_memory=device.type == "cuda",
+            num_workers=max(0, min(num_workers, -(-len(todo) // batch_size))))
         todo_t = torch.as_tensor(todo, dtype=torch.long)
         desc = f"scoring {len(todo)} images"
         if sys.stderr.isatty():
