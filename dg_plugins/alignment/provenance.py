@@ -82,8 +82,6 @@ def check_model(table: ScoreTable, preset: str | None = None, model: str | None 
     if model is not None or pretrained is not None:
         wanted.append(("the expected model (--alignment_model / --alignment_pretrained)",
                        model, pretrained))
-    if not wanted:
-        return
     meta = table.meta
     have_model, have_pretrained = meta.get("model"), meta.get("pretrained")
     tags = {str(t).lower() for t in (have_pretrained, meta.get("pretrained_tag")) if t}

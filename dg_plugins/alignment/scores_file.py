@@ -63,9 +63,8 @@ def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> No
         if "\n" in key or ":" in key:
             raise ValueError(f"header key {key!r} may not contain ':' or a newline")
         lines.append(f"# {key}: {json.dumps(value)}")
-    body = io.StringIO()
-    frame[ordered].to_csv(body, index=False, float_format="%.9g", lineterminator="\n")
-    atomic_write_text(path, "\n".join(lines) + "\n" + body.getvalue())
+    body = frame[ordered].to_csv(index=False, float_format="%.9g", lineterminator="\n")
+    atomic_write_text(path, "\n".join(lines) + "\n" + body)
 
 
 def read_scores(path: str) -> ScoreTable:
@@ -75,15 +74,12 @@ def read_scores(path: str) -> ScoreTable:
                                 "python -m dg_plugins.scripts.alignment_scores")
     with open(path, "rb") as f:  # UTF-8 text, not a binary file?
         head = f.read(1 << 16)
-    problem = None
-    if b"\0" in head:
-        problem = "it holds binary data (NUL bytes)"
-    else:
-        try:
-            head.decode("utf-8")
-        except UnicodeDecodeError as err:
-            if err.start < len(head) - 4:  # not just a character cut at the block's end
-                problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
+    problem = "it holds binary data (NUL bytes)" if b"\0" in head else None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if problem is None and err.start < len(head) - 4:  # not just a cut at the block's end
+            problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
     if problem is not None:
         hint = next((text for magic, text in _KNOWN_BINARIES.items() if head.startswith(magic)),
                     "")
