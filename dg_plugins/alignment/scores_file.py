@@ -53,8 +53,7 @@ class ScoreTable:
 
 def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> None:
     """Write ``frame`` (:data:`COLUMNS`, then any other) with ``meta`` as header, atomically."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in frame.columns]:
         raise ValueError(f"score table lacks columns {missing}")
     ordered = [c for c in COLUMNS if c in frame.columns]
     ordered += [c for c in frame.columns if c not in ordered]
@@ -105,8 +104,7 @@ def read_scores(path: str) -> ScoreTable:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise ValueError(f"alignment score file {path!r} is not a readable CSV ({err}); "
                          f"{WHAT_IT_IS}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in frame.columns]:
         raise ValueError(f"alignment score file {path!r} lacks the columns {missing} (has "
                          f"{list(frame.columns)}); it must be written by "
                          "dg_plugins.scripts.alignment_scores")
@@ -119,8 +117,7 @@ def read_scores(path: str) -> ScoreTable:
         raise ValueError(f"alignment score file {path!r}: bad env/label/score value ({err})"
                          ) from None
     if "subset" in frame.columns:
-        bad = sorted(set(frame["subset"]) - set(SUBSET_VALUES))
-        if bad:
+        if bad := sorted(set(frame["subset"]) - set(SUBSET_VALUES)):
             raise ValueError(f"alignment score file {path!r}: subset values {bad} are not among "
                              f"{list(SUBSET_VALUES)}")
     elif frame["score"].isna().any():

@@ -43,8 +43,7 @@ def add_model_config(path: str) -> str:
         raise FileNotFoundError(f"model config {path!r} does not exist")
     with open(path) as f:
         cfg = json.load(f)
-    missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in cfg]
-    if missing:
+    if missing := [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in cfg]:
         raise ValueError(f"model config {path!r} lacks {missing} (an open_clip model config has "
                          "embed_dim, vision_cfg and text_cfg)")
     open_clip.add_model_config(path)

@@ -357,14 +357,12 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
             continue
         files = {s: {relative_path(p, f) for p in list_images(f)} if f else set()
                  for s, f in found.items()}
-        both = files["ip"] & files["oop"]
-        if both:
+        if both := files["ip"] & files["oop"]:
             raise ValueError(f"{len(both)} images of {name} are in both the IP and the OOP "
                              f"folder, e.g. {sorted(both)[:3]}")
         items = image_items(dataset, [env_index], data_dir)
         within = [relative_path(p, env.root) for p in items["abs_path"]]
-        extra = (files["ip"] | files["oop"]) - set(within)
-        if extra:
+        if extra := (files["ip"] | files["oop"]) - set(within):
             raise ValueError(f"{len(extra)} images of the split folders for {name} are not in "
                              f"this dataset, e.g. {sorted(extra)[:3]}; the split was made for "
                              "another copy of the data (or the class folders differ)")

@@ -171,9 +171,8 @@ def run(plan: Plan, data_dir: str) -> int:
     print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
-    problems = prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
-                                              for call in plan.calls])
-    if problems:
+    if problems := prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
+                                                 for call in plan.calls]):
         report_prerequisites(plan, problems, dry=False)
         return 2
     if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
@@ -246,8 +245,7 @@ def dry_run(plan: Plan, data_dir: str) -> int:
     for argv in plan.collects:
         print(f"-- tables: {module_line('collect_results', argv)}")
     print("Dry run: nothing launched or written.", flush=True)
-    problems = prerequisites(plan, data_dir, costs)
-    if problems:
+    if problems := prerequisites(plan, data_dir, costs):
         report_prerequisites(plan, problems, dry=True)
     return 0
 

@@ -87,8 +87,7 @@ def _pick(flag: str, wanted, available: list, among: str, text=" ".join, listing
     """The ``available`` items (in order) that ``wanted`` names (None: all), compared by ``key``."""
     if wanted is None:
         return available
-    unknown = [w for w in wanted if key(w) not in map(key, available)]
-    if unknown:
+    if unknown := [w for w in wanted if key(w) not in map(key, available)]:
         raise UsageError(f"--{flag} {text(unknown)}: not {among} ({listing(available)}); give a "
                          "subset of them")
     return [a for a in available if key(a) in map(key, wanted)]
@@ -268,8 +267,7 @@ def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
     defaults = vars(parser.parse_args(base))
     given = vars(parser.parse_args(base + list(extra)))
     owned = set(OWNED_SWEEP_FLAGS) | set(protocol.sweep_flags if protocol is not None else ())
-    changed = [name for name in defaults if name in owned and given[name] != defaults[name]]
-    if changed:
+    if changed := [name for name in defaults if name in owned and given[name] != defaults[name]]:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
                          "(reproduce SETTING --describe shows it); to run other values, run "
                          "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
@@ -314,8 +312,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
     else:
         problems += data
         if "DomainNet20" in datasets and os.path.isdir(os.path.join(data_dir, "domain_net")):
-            missing = domainnet20_problem(data_dir)
-            if missing:
+            if missing := domainnet20_problem(data_dir):
                 problems.append(f"DomainNet20: {missing}; DomainNet20 reads the 20 classes of "
                                 f"DomainNet's folders: {download_command('DomainNet', data_dir)}")
     for dataset, lists in OFFICIAL_SPLIT_LISTS.items():

@@ -43,8 +43,7 @@ def main(argv=None) -> int:
         if args.predictions:
             predictions = pd.read_csv(args.predictions, keep_default_na=False,
                                       dtype={"path": str, "env_name": str})
-            missing = {"env", "path", "correct"} - set(predictions.columns)
-            if missing:
+            if missing := {"env", "path", "correct"} - set(predictions.columns):
                 raise ValueError(f"{args.predictions} lacks the columns {sorted(missing)}; write "
                                  "it with alignment_eval --predictions")
             if args.split != "all":

@@ -150,8 +150,7 @@ def main(argv=None) -> int:
         dataset = DATASETS.get(dataset_name)(data_dir, [],
                                              dict(algorithm.hparams, data_augmentation=False))
         envs = args.envs if args.envs is not None else list(range(len(dataset)))
-        bad = [e for e in envs if not 0 <= e < len(dataset)]
-        if bad:
+        if bad := [e for e in envs if not 0 <= e < len(dataset)]:
             raise ValueError(f"--envs {bad} out of range: {dataset_name} has {len(dataset)} "
                              "environments")
         names = list(getattr(dataset, "ENVIRONMENTS", None)
