@@ -225,9 +225,8 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
         new, old = subset_keys(keys), subset_keys(record)
         if why is None:
             base = {k: v for k, v in keys.items() if BASE_KEY.match(k)}
-            differ = [k for k, v in base.items()
-                      if k not in record or not same(float(record[k]), float(v), tolerance)]
-            if differ:
+            if differ := [k for k, v in base.items()
+                          if k not in record or not same(float(record[k]), float(v), tolerance)]:
                 why = (f"re-evaluating {name} gives other accuracies than the record "
                        f"({differ[0]}: {record.get(differ[0])} vs {base[differ[0]]})")
             elif old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):

@@ -88,9 +88,8 @@ def resolve_rule(threshold: float | None = None, preset: str | None = None,
         raise ValueError(f"unknown alignment preset {preset!r}; choose from "
                          f"{', '.join(sorted(PRESETS))}, or write one inline as "
                          "'threshold=T,drop_below=L,drop_above=H'")
-    given = [name for name, value in (("threshold", threshold), ("drop_below", drop_below),
-                                      ("drop_above", drop_above)) if value is not None]
-    if given:
+    if given := [name for name, value in (("threshold", threshold), ("drop_below", drop_below),
+                                          ("drop_above", drop_above)) if value is not None]:
         raise ValueError(f"alignment preset {preset!r} sets its own threshold and cleaning cuts "
                          f"({rule.describe()}); do not also give {', '.join(given)} (use the "
                          "preset alone, or the threshold and cuts alone)")
