@@ -36,8 +36,7 @@ def table_fingerprints(envs, paths, sizes) -> dict[str, str]:
 
 
 def items_fingerprints(items) -> dict[str, str]:
-    """Fingerprints of :func:`~dg_plugins.alignment.wrapper.image_items` rows (``env``, ``path``,
-    ``abs_path``): what the scorer and the importers write in the header."""
+    """Fingerprints of :func:`~dg_plugins.alignment.wrapper.image_items` rows, for the header."""
     return table_fingerprints(items["env"].to_numpy(), items["path"].to_numpy(),
                               file_sizes(items["abs_path"].tolist()))
 
@@ -83,8 +82,6 @@ def check_model(table: ScoreTable, preset: str | None = None, model: str | None 
     if model is not None or pretrained is not None:
         wanted.append(("the expected model (--alignment_model / --alignment_pretrained)",
                        model, pretrained))
-    if not wanted:
-        return
     meta = table.meta
     have_model, have_pretrained = meta.get("model"), meta.get("pretrained")
     tags = {str(t).lower() for t in (have_pretrained, meta.get("pretrained_tag")) if t}

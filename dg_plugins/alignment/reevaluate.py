@@ -13,9 +13,13 @@ import re
 import time
 from typing import Any, Callable
 
+import numpy as np
+import pandas as pd
+
 from dg_plugins.alignment import provenance
 from dg_plugins.alignment.scores_file import read_scores
 from dg_plugins.alignment.wrapper import env_folder_name, env_samples, relative_path
+from dg_plugins.files import atomic_write_bytes
 from dg_plugins.job.folder import DONE_FILE, MODEL_FILE, OUT_FILE, RESULTS_FILE, STEP_MODEL_FILE
 
 #: Record args that must agree between a record and the model that is to score it.
@@ -61,8 +65,7 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
                     predictions_file: str | None = None, update: bool = False,
                     overwrite: bool = False, tolerance: float = 0.0) -> None:
     """Score each job's final model (or ``model``), print its keys, append them to ``out``, write
-    predictions to ``predictions_file``, with ``update`` complete the records; ``rule``: the split
-    flags (``rebuild(job_dir, saved) -> RebuiltJob``)."""
+    predictions, with ``update`` complete the records; ``rule``: the split flags."""
     if rule.get("alignment_model") is not None or rule.get("alignment_pretrained") is not None:
         provenance.check_model(read_scores(rule["alignment_scores"]), None,
                                rule.get("alignment_model"), rule.get("alignment_pretrained"))
@@ -91,8 +94,6 @@ def reevaluate_jobs(jobs: list[str], rebuild, files: JobFiles, rule: dict, *,
                                           tolerance):
                 print(message)
     if predictions_file and frames:
-        import pandas as pd
-
         pd.concat(frames, ignore_index=True).to_csv(predictions_file, index=False)
         print(f"wrote per-image predictions to {predictions_file}")
 
@@ -189,10 +190,7 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
     """Add the subset keys to the records a saved model can score (``load``: :class:`SavedModels`):
     job done, a model of the record's step, same args and hparams, its own base accuracies within
     ``tolerance``, no differing IP/OOP keys unless ``overwrite``; other lines stay byte for byte."""
-    from dg_plugins.files import atomic_write_bytes
-
     job, results = job_dir, os.path.join(job_dir, files.results)
-    messages = []
     if not os.path.exists(os.path.join(job, files.done)):
         return [f"{job}: not done (no '{files.done}' file; it may still be running): records "
                 "left untouched"]
@@ -224,22 +222,19 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
                     if key in saved["args"] and args.get(key) != saved["args"].get(key)),
                    None if record.get("hparams") == saved["model_hparams"]
                    else "its hparams differ from the model's")
+        new, old = subset_keys(keys), subset_keys(record)
         if why is None:
             base = {k: v for k, v in keys.items() if BASE_KEY.match(k)}
-            differ = [k for k, v in base.items()
-                      if k not in record or not same(float(record[k]), float(v), tolerance)]
-            if differ:
+            if differ := [k for k, v in base.items()
+                          if k not in record or not same(float(record[k]), float(v), tolerance)]:
                 why = (f"re-evaluating {name} gives other accuracies than the record "
                        f"({differ[0]}: {record.get(differ[0])} vs {base[differ[0]]})")
+            elif old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
+                why = "already has these keys"
+            elif old and not overwrite:
+                why = "has other IP/OOP keys (use --overwrite to replace)"
         if why is not None:
             skipped.append(f"step {step}: {why}")
-            continue
-        new, old = subset_keys(keys), subset_keys(record)
-        if old and old.keys() == new.keys() and all(same(old[k], new[k], 0) for k in new):
-            skipped.append(f"step {step}: already has these keys")
-            continue
-        if old and not overwrite:
-            skipped.append(f"step {step}: has other IP/OOP keys (use --overwrite to replace)")
             continue
         for k in old:
             record.pop(k)
@@ -256,20 +251,14 @@ def update_records(job_dir: str, final_step: int, load, files: JobFiles, rule: d
                     f"{sorted({n for _, n in updated})}; scores {rule.get('alignment_scores')}, "
                     f"threshold {rule.get('alignment_threshold')}, preset "
                     f"{rule.get('alignment_preset')})\n")
-        messages.append(f"{job}: updated the records of steps {[s for s, _ in updated]} in "
-                        f"{results}")
-    else:
-        messages.append(f"{job}: no record updated")
-    for reason in skipped:
-        messages.append(f"  left untouched: {reason}")
-    return messages
+    done = (f"{job}: updated the records of steps {[s for s, _ in updated]} in {results}"
+            if updated else f"{job}: no record updated")
+    return [done, *(f"  left untouched: {reason}" for reason in skipped)]
 
 
 def predictions(job: RebuiltJob, algorithm, model_name: str):
     """Per-image predictions on the test environments' splits: ``job, model, env, env_name, path``
     (as in score files, else the position), ``split, label, prediction, correct``."""
-    import numpy as np
-    import pandas as pd
     import torch
 
     rows = []

@@ -88,9 +88,8 @@ def resolve_rule(threshold: float | None = None, preset: str | None = None,
         raise ValueError(f"unknown alignment preset {preset!r}; choose from "
                          f"{', '.join(sorted(PRESETS))}, or write one inline as "
                          "'threshold=T,drop_below=L,drop_above=H'")
-    given = [name for name, value in (("threshold", threshold), ("drop_below", drop_below),
-                                      ("drop_above", drop_above)) if value is not None]
-    if given:
+    if given := [name for name, value in (("threshold", threshold), ("drop_below", drop_below),
+                                          ("drop_above", drop_above)) if value is not None]:
         raise ValueError(f"alignment preset {preset!r} sets its own threshold and cleaning cuts "
                          f"({rule.describe()}); do not also give {', '.join(given)} (use the "
                          "preset alone, or the threshold and cuts alone)")
@@ -109,12 +108,11 @@ def lopsided_warnings(label: str, counts: dict[str, int], rule: SplitRule) -> li
         total = sum(counts.values())
         return [f"{label}: all {total} images are dropped by the cleaning cuts ({rule.describe()})"]
     for name, other in (("oop", "IP"), ("ip", "OOP")):
-        if counts[name] / kept >= 1 - LOPSIDED_FRACTION and kept >= 1:
-            hint = ""
-            if name == "oop" and rule.threshold >= 0.3:
-                hint = (" Typical OpenCLIP ViT-B/16 cosines lie around 0.15-0.35, so a threshold "
-                        f"of {rule.threshold:g} puts almost everything in OOP; the paper's split "
-                        "is --alignment_preset teterwak2025 (IP at 0.21, drop < 0.15 and > 0.40).")
+        if counts[name] / kept >= 1 - LOPSIDED_FRACTION:
+            hint = (" Typical OpenCLIP ViT-B/16 cosines lie around 0.15-0.35, so a threshold "
+                    f"of {rule.threshold:g} puts almost everything in OOP; the paper's split "
+                    "is --alignment_preset teterwak2025 (IP at 0.21, drop < 0.15 and > 0.40)."
+                    if name == "oop" and rule.threshold >= 0.3 else "")
             return [f"{label}: {100 * counts[name] / kept:.1f}% of the {kept} kept images are "
                     f"{name.upper()} ({counts['ip'] if name == 'oop' else counts['oop']} {other}) "
                     f"under the rule {rule.describe()}.{hint}"]

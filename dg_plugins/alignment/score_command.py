@@ -1,8 +1,6 @@
-"""The logic of ``python -m dg_plugins.scripts.alignment_scores`` (the command's usage is its
-docstring): its flags, the checks of the flag combination, scoring or importing the dataset's
-AlignmentScores (:mod:`dg_plugins.alignment.scoring`, :mod:`dg_plugins.alignment.wrapper`),
-writing the score file and the printed summary. Building the dataset (with plugins) and the error
-exit stay in the script."""
+"""The logic of ``python -m dg_plugins.scripts.alignment_scores``: its flags and their checks,
+scoring or importing the dataset's AlignmentScores, writing the score file and the summary.
+Building the dataset (with plugins) and the error exit stay in the script."""
 
 from __future__ import annotations
 
@@ -10,10 +8,15 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
+from dg_plugins.alignment import provenance, wrapper
+from dg_plugins.alignment.provenance import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
+from dg_plugins.alignment.rule import resolve_rule
+from dg_plugins.alignment.scores_file import write_scores
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from dg_plugins.alignment.provenance import DEFAULT_MODEL, DEFAULT_PRETRAINED, DEFAULT_PROMPT
-
     p = argparse.ArgumentParser(
         prog="python -m dg_plugins.scripts.alignment_scores",
         description="CLIP AlignmentScore (raw image-text cosine for the true class) of every "
@@ -69,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_preset_flag(group) -> None:
-    """``--alignment_preset`` (the name train and alignment_eval use), and ``--preset``, its
-    hidden deprecated alias (:func:`resolve_preset_flag` warns about it)."""
+    """``--alignment_preset`` (as in train and alignment_eval), and its hidden deprecated alias."""
     group.add_argument("--alignment_preset", default=None,
                        help="named rule, e.g. teterwak2025 (as in train and alignment_eval)")
     group.add_argument("--preset", dest="deprecated_preset", default=None,
@@ -78,8 +80,7 @@ def add_preset_flag(group) -> None:
 
 
 def resolve_preset_flag(args, parser: argparse.ArgumentParser) -> str | None:
-    """The preset given, by ``--alignment_preset`` or the deprecated ``--preset`` (which warns on
-    stderr); both with different values is a usage error (exit 2)."""
+    """The preset of ``--alignment_preset`` or the deprecated ``--preset`` (which warns)."""
     old = args.deprecated_preset
     if old is None:
         return args.alignment_preset
@@ -96,12 +97,10 @@ UNAUGMENTED = {"data_augmentation": False}
 
 
 def resolve_envs(dataset, envs) -> list[int]:
-    from dg_plugins.alignment.wrapper import env_folder_name
-
     if envs is None:
         return list(range(len(dataset)))
     labels = list(getattr(dataset, "ENVIRONMENTS", None) or [])
-    folders = [env_folder_name(dataset[i]) for i in range(len(dataset))]
+    folders = [wrapper.env_folder_name(dataset[i]) for i in range(len(dataset))]
     out = []
     for env in envs:
         if env.lstrip("-").isdigit() and 0 <= int(env) < len(dataset):
@@ -119,7 +118,6 @@ def resolve_envs(dataset, envs) -> list[int]:
 def check_flags(args):
     """``(model, rule)`` from the flags, or ValueError for a bad combination."""
     from dg_plugins.alignment import scoring
-    from dg_plugins.alignment.rule import resolve_rule
 
     model = args.model
     if args.model_config:
@@ -128,26 +126,21 @@ def check_flags(args):
             model = registered
     if args.import_score_arrays and args.import_split_dirs:
         raise ValueError("give --import_score_arrays or --import_split_dirs, not both")
-    imported = bool(args.import_score_arrays or args.import_split_dirs)
     rule = None if args.import_split_dirs else resolve_rule(
         args.threshold, args.preset, args.drop_below, args.drop_above)
     if args.import_split_dirs and any(v is not None for v in (
             args.threshold, args.preset, args.drop_below, args.drop_above)):
         raise ValueError("imported split folders carry fixed subsets; leave out --threshold, "
                          "--alignment_preset, --drop_below and --drop_above")
-    if args.pretrained_tag is not None and imported:
+    if args.pretrained_tag is not None and (args.import_score_arrays or args.import_split_dirs):
         raise ValueError("--pretrained_tag declares the weights of a checkpoint file to "
                          "score with; imported splits are not scored here: leave it out")
     return model, rule
 
 
 def score_and_write(args, dataset, model, rule) -> None:
-    """Score (or import) the ``--envs`` of the built ``dataset``, write the file, print the
-    summary and warn where train would reject the file under ``--alignment_preset``."""
-    import numpy as np
-
-    from dg_plugins.alignment import provenance, scoring, wrapper
-    from dg_plugins.alignment.scores_file import write_scores
+    """Score (or import) the ``--envs`` of ``dataset``, write the file, print the summary."""
+    from dg_plugins.alignment import scoring
 
     imported = bool(args.import_score_arrays or args.import_split_dirs)
     envs = resolve_envs(dataset, args.envs)

@@ -53,8 +53,7 @@ class ScoreTable:
 
 def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> None:
     """Write ``frame`` (:data:`COLUMNS`, then any other) with ``meta`` as header, atomically."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in frame.columns]:
         raise ValueError(f"score table lacks columns {missing}")
     ordered = [c for c in COLUMNS if c in frame.columns]
     ordered += [c for c in frame.columns if c not in ordered]
@@ -63,9 +62,8 @@ def write_scores(path: str, frame: pd.DataFrame, meta: dict | None = None) -> No
         if "\n" in key or ":" in key:
             raise ValueError(f"header key {key!r} may not contain ':' or a newline")
         lines.append(f"# {key}: {json.dumps(value)}")
-    body = io.StringIO()
-    frame[ordered].to_csv(body, index=False, float_format="%.9g", lineterminator="\n")
-    atomic_write_text(path, "\n".join(lines) + "\n" + body.getvalue())
+    body = frame[ordered].to_csv(index=False, float_format="%.9g", lineterminator="\n")
+    atomic_write_text(path, "\n".join(lines) + "\n" + body)
 
 
 def read_scores(path: str) -> ScoreTable:
@@ -75,15 +73,12 @@ def read_scores(path: str) -> ScoreTable:
                                 "python -m dg_plugins.scripts.alignment_scores")
     with open(path, "rb") as f:  # UTF-8 text, not a binary file?
         head = f.read(1 << 16)
-    problem = None
-    if b"\0" in head:
-        problem = "it holds binary data (NUL bytes)"
-    else:
-        try:
-            head.decode("utf-8")
-        except UnicodeDecodeError as err:
-            if err.start < len(head) - 4:  # not just a character cut at the block's end
-                problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
+    problem = "it holds binary data (NUL bytes)" if b"\0" in head else None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if problem is None and err.start < len(head) - 4:  # not just a cut at the block's end
+            problem = f"it is not UTF-8 text (byte {err.start} cannot be decoded)"
     if problem is not None:
         hint = next((text for magic, text in _KNOWN_BINARIES.items() if head.startswith(magic)),
                     "")
@@ -97,20 +92,19 @@ def read_scores(path: str) -> ScoreTable:
                          f"{WHAT_IT_IS}") from None
     meta, header_lines = {}, len(header)
     for line in header:  # "# key: JSON value" (the magic line has no colon)
-        key, sep, raw = line[1:].strip().partition(":")
+        key, sep, raw = (part.strip() for part in line[1:].partition(":"))
         if sep:
             try:
-                meta[key.strip()] = json.loads(raw.strip())
+                meta[key] = json.loads(raw)
             except json.JSONDecodeError:
-                meta[key.strip()] = raw.strip()
+                meta[key] = raw
     try:
         frame = pd.read_csv(path, skiprows=header_lines, keep_default_na=False,
                             dtype={"path": str, "env_name": str, "class": str, "subset": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise ValueError(f"alignment score file {path!r} is not a readable CSV ({err}); "
                          f"{WHAT_IT_IS}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED_COLUMNS if c not in frame.columns]:
         raise ValueError(f"alignment score file {path!r} lacks the columns {missing} (has "
                          f"{list(frame.columns)}); it must be written by "
                          "dg_plugins.scripts.alignment_scores")
@@ -123,8 +117,7 @@ def read_scores(path: str) -> ScoreTable:
         raise ValueError(f"alignment score file {path!r}: bad env/label/score value ({err})"
                          ) from None
     if "subset" in frame.columns:
-        bad = sorted(set(frame["subset"]) - set(SUBSET_VALUES))
-        if bad:
+        if bad := sorted(set(frame["subset"]) - set(SUBSET_VALUES)):
             raise ValueError(f"alignment score file {path!r}: subset values {bad} are not among "
                              f"{list(SUBSET_VALUES)}")
     elif frame["score"].isna().any():
@@ -160,8 +153,7 @@ def default_cache_dir() -> str:
 
 
 def image_key(path: str, class_name: str, st: os.stat_result | None = None) -> str:
-    """The cache key of one image: absolute path (``path`` must be absolute), size, mtime (ns)
-    and the prompt's class (``st``: the file's ``os.stat``, when already made)."""
+    """The cache key of one image: absolute path, size, mtime (ns) and the prompt's class."""
     st = st if st is not None else os.stat(path)
     return f"{path}\t{st.st_size}\t{st.st_mtime_ns}\t{class_name}"
 
@@ -216,12 +208,10 @@ class ScoreCache:
 
     def lookup(self, keys: list[str]) -> np.ndarray:
         """Scores of ``keys`` (NaN where not cached)."""
-        get = self.entries.get
-        return np.asarray([get(k, np.nan) for k in keys], dtype=np.float64)
+        return np.asarray([self.entries.get(k, np.nan) for k in keys], dtype=np.float64)
 
     def update(self, keys, scores) -> None:
-        for key, score in zip(keys, np.asarray(scores, dtype=np.float32).tolist()):
-            self.entries[key] = score
+        self.entries.update(zip(keys, np.asarray(scores, dtype=np.float32).tolist()))
         self.dirty = True
 
     def save(self) -> None:

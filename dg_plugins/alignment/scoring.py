@@ -31,24 +31,19 @@ HF_SAFE_WEIGHTS_NAME = "open_clip_model.safetensors"
 HF_CONFIG_NAME = "open_clip_config.json"
 
 
-# Model and weights
-
-
 def is_random_init(pretrained) -> bool:
     return pretrained is None or str(pretrained).lower() in RANDOM_INIT
 
 
 def add_model_config(path: str) -> str:
-    """Register an open_clip model config (a JSON file with ``embed_dim``, ``vision_cfg``,
-    ``text_cfg``) under its file name stem; returns that model name."""
+    """Register an open_clip model config file under its file name stem; returns that name."""
     import open_clip
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model config {path!r} does not exist")
     with open(path) as f:
         cfg = json.load(f)
-    missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in cfg]
-    if missing:
+    if missing := [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in cfg]:
         raise ValueError(f"model config {path!r} lacks {missing} (an open_clip model config has "
                          "embed_dim, vision_cfg and text_cfg)")
     open_clip.add_model_config(path)
@@ -97,17 +92,14 @@ def clip_url_cache() -> str:
 
 
 def check_weights_available(model_name: str, pretrained) -> bool:
-    """Fail fast, with the fixes, when the weights are neither local, cached nor downloadable
-    now; True when read from the hub cache."""
+    """Fail fast, with the fixes, on weights not local, cached or downloadable; True: hub cache."""
     import open_clip
 
-    if is_random_init(pretrained) and not model_name.startswith("hf-hub:"):
-        return False
     if model_name.startswith("hf-hub:"):
         return check_hub_available(model_name[len("hf-hub:"):], model_name,
                                    [[HF_CONFIG_NAME], hub_weight_files(HF_WEIGHTS_NAME)],
                                    _unavailable)
-    if os.path.isfile(str(pretrained)):
+    if is_random_init(pretrained) or os.path.isfile(str(pretrained)):
         return False
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if not cfg:
@@ -162,8 +154,7 @@ def file_sha256(path: str, memo_dir: str | None = None) -> str:
             h.update(block)
     digest = h.hexdigest()
     if memo_path:
-        with contextlib.suppress(OSError):
-            os.makedirs(memo_dir, exist_ok=True)
+        with contextlib.suppress(OSError):  # atomic_write_text makes the folder
             prefix = path + "\t"  # older entries of this path are stale: drop them
             memo = {k: v for k, v in memo.items() if not k.startswith(prefix)}
             memo[memo_key] = digest
@@ -195,18 +186,13 @@ def load_clip(model_name: str = DEFAULT_MODEL, pretrained=DEFAULT_PRETRAINED, de
             raise PretrainedWeightsUnavailable(
                 f"open_clip could not load {model_name} with pretrained={pretrained!r}: {err}"
             ) from err
-    tokenizer = open_clip.get_tokenizer(model_name)
-    model.eval().to(device)
-    return model, preprocess, tokenizer
+    return model.eval().to(device), preprocess, open_clip.get_tokenizer(model_name)
 
 
 def check_prompt(prompt: str) -> None:
     if prompt.count("{}") != 1:
         raise ValueError(f"--prompt {prompt!r} must contain exactly one '{{}}' (the class name "
                          "goes there), e.g. 'A photo of {}.'")
-
-
-# The scorer
 
 
 class AlignmentScorer:
@@ -224,8 +210,7 @@ class AlignmentScorer:
         size = getattr(getattr(model, "visual", None), "image_size", None)
         self.image_size = (size, size) if isinstance(size, int) else size and tuple(size)
         with torch.inference_mode():
-            tokens = tokenizer(self.prompts).to(self.device)
-            text = model.encode_text(tokens)
+            text = model.encode_text(tokenizer(self.prompts).to(self.device))
             self.text_features = torch.nn.functional.normalize(text.float(), dim=-1)
 
     def score_batch(self, images, class_index):
@@ -237,11 +222,10 @@ class AlignmentScorer:
                     f"the model expects {self.image_size[0]}x{self.image_size[1]} images but the "
                     f"transform gives {images.shape[-2]}x{images.shape[-1]}; use the model's own "
                     "preprocessing (--transform clip) or a model made for this size")
-            images = images.to(self.device, non_blocking=True)
-            class_index = class_index.to(self.device, non_blocking=True)
-            features = torch.nn.functional.normalize(self.model.encode_image(images).float(),
-                                                     dim=-1)
-            return (features * self.text_features[class_index]).sum(dim=-1)
+            features = self.model.encode_image(images.to(self.device, non_blocking=True))
+            features = torch.nn.functional.normalize(features.float(), dim=-1)
+            text = self.text_features[class_index.to(self.device, non_blocking=True)]
+            return (features * text).sum(dim=-1)
 
 
 class _ImageFiles:
@@ -368,12 +352,11 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         class_of = {name: k for k, name in enumerate(class_names)}
         scorer = AlignmentScorer(clip_model, tokenizer, class_names, prompt, device)
         class_index = torch.as_tensor([class_of[c] for c in items["class"]], dtype=torch.long)
-        files = _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform)
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
-        num_workers = max(0, min(num_workers, -(-len(todo) // batch_size)))
         loader = torch.utils.data.DataLoader(
-            files, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-            pin_memory=device.type == "cuda")
+            _ImageFiles(items["abs_path"].to_numpy()[todo], image_transform),
+            batch_size=batch_size, shuffle=False, pin_memory=device.type == "cuda",
+            num_workers=max(0, min(num_workers, -(-len(todo) // batch_size))))
         todo_t = torch.as_tensor(todo, dtype=torch.long)
         desc = f"scoring {len(todo)} images"
         if sys.stderr.isatty():
@@ -386,8 +369,7 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
         score_start = time.perf_counter()
         try:
             for images, position in loader:
-                labels = class_index[todo_t[position]]
-                results.append(scorer.score_batch(images, labels))
+                results.append(scorer.score_batch(images, class_index[todo_t[position]]))
                 progress.update(len(position))
         finally:
             progress.close()

@@ -50,8 +50,7 @@ def no_paths_error(dataset, env_index: int) -> ValueError:
 
 
 def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None) -> np.ndarray:
-    """Row positions (into ``table.frame``) of the items of environment ``env_index``, in item
-    order. Raises ValueError when the file and the environment disagree."""
+    """Row positions (into ``table.frame``) of environment ``env_index``'s items, in item order."""
     frame, where = table.frame, provenance.where(table)
     if not 0 <= env_index < len(dataset):
         raise ValueError(f"environment {env_index} is out of range: the dataset has "
@@ -65,9 +64,8 @@ def match_rows(table: ScoreTable, dataset, env_index: int, data_dir: str | None)
     if len(positions) == 0:
         have = sorted(set(frame["env"].tolist()))
         raise ValueError(f"{where} has no scores for environment {env_index} ({name}); it scores "
-                         f"environments {have}. Score it: python -m "
-                         "dg_plugins.scripts.alignment_scores ... --envs "
-                         f"{env_index}")
+                         f"environments {have}. Score it: python -m dg_plugins.scripts."
+                         f"alignment_scores ... --envs {env_index}")
     if "env_name" in frame.columns and name is not None:
         names = set(frame["env_name"].to_numpy()[positions].tolist())
         if names != {name}:
@@ -167,8 +165,7 @@ class AlignmentSplit:
         source = self.table.meta.get("source", "the file's subset column")
         rule = f"fixed subsets from {source}" if self.rule is None else self.rule.describe()
         lines = [f"IP/OOP split ({rule}):",
-                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} "
-                 f"{'dropped':>15}"]
+                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} {'dropped':>15}"]
         for env in self.envs:
             counts = self.counts(env)
             total = sum(counts.values())
@@ -191,18 +188,14 @@ class AlignmentSplit:
 
 def env_subsets(dataset, test_envs, scores_file, threshold=None, preset=None,
                 data_dir=None, model=None, pretrained=None) -> dict[int, dict[str, list[int]]]:
-    """For each test environment, ``{"ip": [...], "oop": [...]}`` item indices; prints the
-    counts. Raises ValueError for a file that does not fit the dataset, the rule or the model."""
+    """Per test environment, ``{"ip": [...], "oop": [...]}`` item indices; prints the counts."""
     table = read_scores(scores_file)
     provenance.check_model(table, preset, model, pretrained)
-    if table.fixed_subsets:
-        if threshold is not None or preset is not None:
-            raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "
-                             f"({table.meta.get('source', 'imported')}); --alignment_threshold / "
-                             "--alignment_preset do not apply to it: leave them out")
-        rule = None
-    else:
-        rule = resolve_rule(threshold, preset)
+    if table.fixed_subsets and (threshold is not None or preset is not None):
+        raise ValueError(f"alignment score file {scores_file!r} carries fixed IP/OOP subsets "
+                         f"({table.meta.get('source', 'imported')}); --alignment_threshold / "
+                         "--alignment_preset do not apply to it: leave them out")
+    rule = None if table.fixed_subsets else resolve_rule(threshold, preset)
     split = AlignmentSplit(dataset, table, test_envs, rule, data_dir=data_dir)
     print(split.report())
     for warning in split.warnings():
@@ -225,15 +218,14 @@ class _PathMapper:
             self.rel_prefix = self.prefix_abs[len(root):].replace(os.sep, "/")
 
     def __call__(self, path: str) -> tuple[str, str]:
-        p = self.prefix
-        tail = path[len(p):] if p and path.startswith(p) else None
+        tail = path[len(self.prefix):] if self.prefix and path.startswith(self.prefix) else None
         parts = tail.split(os.sep) if tail else ()
-        if parts and "" not in parts and "." not in parts and ".." not in parts:
+        if parts and not {"", ".", ".."} & set(parts):
             absolute = self.prefix_abs + tail
             if self.rel_prefix is not None:
                 return absolute, self.rel_prefix + tail.replace(os.sep, "/")
-            return absolute, relative_path(absolute, self.data_dir)
-        absolute = os.path.normpath(os.path.abspath(path))
+        else:
+            absolute = os.path.normpath(os.path.abspath(path))
         return absolute, relative_path(absolute, self.data_dir)
 
 
@@ -304,14 +296,13 @@ def import_score_arrays(dataset, folder: str, data_dir: str | None, envs=None,
     for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         name = env_folder_name(dataset[env_index]) or str(env_index)
         paths = {s: os.path.join(folder, f"{name}_{s}.npy") for s in ("in", "out")}
-        present = {s: os.path.exists(p) for s, p in paths.items()}
-        if not any(present.values()):
+        lacking = [p for p in paths.values() if not os.path.exists(p)]
+        if len(lacking) == len(paths):
             if envs is not None:
                 raise FileNotFoundError(f"no score arrays for environment {env_index}: expected "
                                         f"{paths['in']} and {paths['out']}")
             continue
-        if not all(present.values()):
-            lacking = [p for s, p in paths.items() if not present[s]]
+        if lacking:
             raise FileNotFoundError(f"environment {env_index} ({name}): {lacking[0]} is missing "
                                     "(both the in and the out array are needed to cover the "
                                     "domain)")
@@ -351,9 +342,8 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
     frames = []
     for env_index in range(len(dataset)) if envs is None else [int(e) for e in envs]:
         env = dataset[env_index]
-        name = env_folder_name(env)
-        env_root = getattr(env, "root", None)
-        if name is None or env_root is None:
+        name = env_folder_name(env)  # None for an env without a root folder
+        if name is None:
             raise ValueError(f"environment {env_index} has no folder (root); split folders can "
                              "only be matched to image-folder datasets")
         found = {}  # the environment's folder in the IP and in the OOP copy, if any
@@ -367,22 +357,18 @@ def import_split_dirs(dataset, ip_dir: str, oop_dir: str, data_dir: str | None, 
             continue
         files = {s: {relative_path(p, f) for p in list_images(f)} if f else set()
                  for s, f in found.items()}
-        both = files["ip"] & files["oop"]
-        if both:
+        if both := files["ip"] & files["oop"]:
             raise ValueError(f"{len(both)} images of {name} are in both the IP and the OOP "
                              f"folder, e.g. {sorted(both)[:3]}")
         items = image_items(dataset, [env_index], data_dir)
-        within = [relative_path(p, env_root) for p in items["abs_path"]]
-        known = set(within)
-        extra = (files["ip"] | files["oop"]) - known
-        if extra:
+        within = [relative_path(p, env.root) for p in items["abs_path"]]
+        if extra := (files["ip"] | files["oop"]) - set(within):
             raise ValueError(f"{len(extra)} images of the split folders for {name} are not in "
                              f"this dataset, e.g. {sorted(extra)[:3]}; the split was made for "
                              "another copy of the data (or the class folders differ)")
-        subset = np.where([w in files["ip"] for w in within], "ip",
-                          np.where([w in files["oop"] for w in within], "oop", "drop"))
         items["score"] = np.nan
-        items["subset"] = subset
+        items["subset"] = np.where([w in files["ip"] for w in within], "ip",
+                                   np.where([w in files["oop"] for w in within], "oop", "drop"))
         frames.append(items)
     if not frames:
         raise FileNotFoundError(f"no domain folders of this dataset under {ip_dir} or {oop_dir}")

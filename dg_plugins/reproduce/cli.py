@@ -1,8 +1,7 @@
 """``python -m dg_plugins.scripts.reproduce``: the flags, and the flow from a setting to its run
-(scores, sweeps, tables), or what it prints without launching: a setting's dry run (calls, jobs,
-commands, steps, forwards, GPU-hours, tables), the ``--list`` and ``--list --forwards`` tables and
-``--dry_run_sweeps`` (the ``DRY_RUN=1`` listing of the offline scripts in sweeps/).
-What it does: docs/reproduce.md."""
+(scores, sweeps, tables), or what it prints without launching: a setting's dry run, the ``--list``
+and ``--list --forwards`` tables and ``--dry_run_sweeps`` (the ``DRY_RUN=1`` listing of the
+offline scripts in sweeps/). What it does: docs/reproduce.md."""
 
 from __future__ import annotations
 
@@ -164,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(plan: Plan, data_dir: str) -> int:
     """Run ``plan``: check its prerequisites (none missing, or nothing starts), record the
-    command, score the images (IP/OOP), launch every sweep call's jobs as one queue
-    (:func:`launch_queue`), print the tables."""
+    command, score the images (IP/OOP), launch the jobs as one queue, print the tables."""
     from dg_plugins.collect import cli as collect_cli  # imports pandas
 
     setting, protocol = plan.setting, plan.protocol
@@ -173,9 +171,8 @@ def run(plan: Plan, data_dir: str) -> int:
     print(f"== {header}", flush=True)
     for note in plan.notes:
         print(f"   note: {note}")
-    problems = prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
-                                              for call in plan.calls])
-    if problems:
+    if problems := prerequisites(plan, data_dir, [call_cost(call.argv, forwards=False)
+                                                 for call in plan.calls]):
         report_prerequisites(plan, problems, dry=False)
         return 2
     if plan.root:  # what ran, beside the sweep folders (collect_results reads only job folders)
@@ -203,9 +200,8 @@ def run(plan: Plan, data_dir: str) -> int:
 
 
 def launch_queue(plan: Plan) -> int:
-    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each in
-    the folder, with the hash and command, its ``sweep launch`` call gives it
-    (:func:`dg_plugins.sweep.plan.launch_queue`). Returns its exit status."""
+    """Launch every job of every sweep call of ``plan`` as one queue (one launcher call), each as
+    its ``sweep launch`` call would (:func:`dg_plugins.sweep.plan.launch_queue`): the status."""
     def announce(i: int, argv) -> None:
         print(f"-- sweep {i}/{len(plan.calls)}: {plan.calls[i - 1].label}", flush=True)
         print(f"$ {module_line('sweep', argv)}", flush=True)
@@ -234,8 +230,8 @@ def module_line(module: str, argv: list[str]) -> str:
 
 
 def dry_run(plan: Plan, data_dir: str) -> int:
-    """Print what running ``plan`` would do and cost, then its missing prerequisites as
-    warnings; launch and write nothing."""
+    """Print what running ``plan`` would do and cost, then its missing prerequisites; launch
+    and write nothing."""
     setting, protocol = plan.setting, plan.protocol
     print(f"== {setting.name} ({setting.script}), protocol {protocol.name}: {protocol.summary}")
     print(f"   paper: {setting.paper}, {setting.table}")
@@ -249,19 +245,18 @@ def dry_run(plan: Plan, data_dir: str) -> int:
     for argv in plan.collects:
         print(f"-- tables: {module_line('collect_results', argv)}")
     print("Dry run: nothing launched or written.", flush=True)
-    problems = prerequisites(plan, data_dir, costs)
-    if problems:
+    if problems := prerequisites(plan, data_dir, costs):
         report_prerequisites(plan, problems, dry=True)
     return 0
 
 
-def list_calls(calls: list[tuple[list[str], str]], check=None) -> list[CallCost]:
-    """Print each sweep call (argv, label) with its jobs and cost (after ``check(i, argv)``),
-    then the totals."""
+def list_calls(calls: list[tuple[list[str], str]], launch_only: bool = False) -> list[CallCost]:
+    """Print each sweep call (argv, label) with its jobs and cost, then the totals."""
     costs, pretrainings = [], set()
     for i, (argv, label) in enumerate(calls, 1):
-        if check is not None:
-            check(i, argv)
+        if launch_only and argv[0] != "launch":  # --dry_run_sweeps lists launches only
+            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
+                             f"{argv[0]!r}")
         print(f"-- sweep {i}/{len(calls)}{label}")
         print(f"$ {module_line('sweep', argv)}")
         costs.append(call_cost(argv, pretrainings))
@@ -320,8 +315,8 @@ def totals(costs: list[CallCost]) -> tuple[int, int, dict]:
 
 
 def settings_costs(data_dir: str | None, forwards: bool):
-    """``(setting, protocol, costs of its calls)`` of every setting and protocol, planned with
-    placeholder folders (image counts under ``data_dir`` when given)."""
+    """``(setting, protocol, costs of its calls)`` of every setting and protocol (placeholder
+    folders; image counts under ``data_dir`` when given)."""
     for setting in ps.SETTINGS.values():
         for protocol in setting.protocols.values():
             plan = plan_setting(setting, protocol, data_dir=data_dir or "DATA_DIR",
@@ -362,9 +357,8 @@ def _millions(n: int | None) -> str:
 
 
 def list_forwards(data_dir: str | None) -> int:
-    """One row per setting and protocol: jobs, image forwards of training and of evaluation
-    (``--eval_splits`` selection and all, their shares, totals), GPU-hours; image counts under
-    ``data_dir`` when given, else the recorded ones (unknown ones named under the table)."""
+    """One row per setting and protocol: jobs, image forwards of training and evaluation (both
+    ``--eval_splits``), GPU-hours; image counts under ``data_dir``, else the recorded ones."""
     device = gpu_times.load().device
     print(FORWARDS_DEFINITION)
     print("| setting | script | protocol | jobs | train | evaluation, selection | evaluation, "
@@ -408,12 +402,6 @@ def dry_run_sweeps(tokens: list[str]) -> int:
     calls = sweep_plan.split_calls(tokens)
     if not calls:
         raise UsageError("--dry_run_sweeps needs sweep calls: launch FLAGS [:: launch FLAGS ...]")
-
-    def check(i: int, argv: list[str]) -> None:
-        if argv[0] != "launch":
-            raise UsageError(f"--dry_run_sweeps: call {i} must start with 'launch', got "
-                             f"{argv[0]!r}")
-
-    list_calls([(argv, "") for argv in calls], check)
+    list_calls([(argv, "") for argv in calls], launch_only=True)
     print("Dry run: nothing launched or written.")
     return 0

@@ -84,12 +84,10 @@ def parse_test_env_sets(texts: list[str]) -> list[list[int]]:
 
 def _pick(flag: str, wanted, available: list, among: str, text=" ".join, listing=", ".join,
           key=str) -> list:
-    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by
-    ``key``; :class:`UsageError` naming the others."""
+    """The ``available`` items (in order) that ``wanted`` names (None: all), compared by ``key``."""
     if wanted is None:
         return available
-    unknown = [w for w in wanted if key(w) not in map(key, available)]
-    if unknown:
+    if unknown := [w for w in wanted if key(w) not in map(key, available)]:
         raise UsageError(f"--{flag} {text(unknown)}: not {among} ({listing(available)}); give a "
                          "subset of them")
     return [a for a in available if key(a) in map(key, wanted)]
@@ -106,11 +104,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                  clip_checkpoint: str | None = None, hparams: dict | None = None,
                  extra: list[str] = (), count_dir: str | None = None,
                  eval_splits: str = "selection") -> Plan:
-    """The sweep calls, scoring commands and tables of one protocol (docs/reproduce.md).
-    ``count_dir``: where image counts are looked for (default ``data_dir``); ``eval_splits``:
-    every job's ``--eval_splits``."""
+    """The sweep calls, scoring commands and tables of one protocol (docs/reproduce.md);
+    ``count_dir``: where image counts are looked for (default ``data_dir``)."""
     count_dir = data_dir if count_dir is None else count_dir
-    plan = Plan(setting, protocol)
+    plan = Plan(setting, protocol, root=output_dir)
     all_datasets = list(protocol.datasets.value)
     use_datasets = _pick("datasets", datasets, all_datasets, f"in {setting.name}'s datasets")
     all_algorithms = list(dict.fromkeys(a for run in protocol.runs for a in run.algorithms))
@@ -118,11 +115,10 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                            f"in {setting.name}'s algorithms")
     sweep_flags = {k: v.value for k, v in protocol.sweep_flags.items()}
     n_epochs = protocol.epochs.value if protocol.epochs is not None else None
-    for flag, knob, value in (("epochs", "EPOCHS", epochs),
-                              ("pretrain_epochs", "PRETRAIN_EPOCHS", pretrain_epochs)):
+    for flag, value in (("epochs", epochs), ("pretrain_epochs", pretrain_epochs)):
         if value is not None and not (value > 0 and math.isfinite(value)):
-            raise UsageError(f"--{flag} ({knob}) must be a positive number of epochs, got "
-                             f"{value:g}")
+            raise UsageError(f"--{flag} ({flag.upper()}) must be a positive number of epochs, "
+                             f"got {value:g}")
     if epochs is not None:
         if n_epochs is not None:
             n_epochs = epochs
@@ -153,7 +149,6 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                              "evaluation)")
         plan.notes.append(f"CLIP weights for scoring read from {clip_checkpoint}, declared as "
                           f"the table's {protocol.alignment['pretrained'].value}")
-    plan.root = output_dir
     too_short = []  # (steps per epoch, call) of the calls whose --epochs round to 0 steps
     holdout = protocol.holdout_fraction.value if protocol.holdout_fraction is not None else 0.2
     tail = ["--resume", "--skip_confirmation", *job_flags.train_argv(eval_splits=eval_splits),
@@ -197,9 +192,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                     values = value if isinstance(value, (list, tuple)) else [value]
                     argv += [f"--{flag}", *map(str, values)]
                 if protocol.alignment:
-                    argv += ["--alignment_scores",
-                             os.path.join(output_dir, "alignment_scores", f"{dataset}.csv"),
-                             "--alignment_preset", str(protocol.alignment["preset"].value)]
+                    argv += ["--alignment_scores", os.path.join(scores_dir, f"{dataset}.csv"),
+                             "--alignment_preset", str(preset)]
                 name = f"{'/'.join(algs)} on {dataset}" + (f" ({group.title})" if
                                                            group.title else "")
                 test_sets = _pick("test_envs", test_envs, _test_env_sets(protocol, dataset),
@@ -219,8 +213,7 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                         label = (f"{name}, test envs {test_set}: {sum(sizes)} training images "
                                  f"({'+'.join(map(str, sizes))}; {origin}) / batch "
                                  f"{run_hp['batch_size']} = {per_epoch} steps per epoch x "
-                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every "
-                                 "epoch")
+                                 f"{n_epochs:g} epochs = {steps} steps, a checkpoint every epoch")
                         plan.calls.append(SweepCall(
                             argv + ["--test_env_sets", ",".join(map(str, test_set)),
                                     "--steps", str(steps), "--checkpoint_freq", str(per_epoch)]
@@ -267,18 +260,14 @@ def smallest_epochs(per_epoch: int) -> float:
 
 
 def check_extra(extra: list[str], protocol: ps.Protocol | None = None) -> None:
-    """Refuse pass-through sweep flags that the setting's table owns (:data:`OWNED_SWEEP_FLAGS`;
-    ``protocol``'s ``sweep_flags`` too, e.g. GMoE's release pins ``--eval_batch_size``);
-    unknown flags fail as sweep would fail on them."""
+    """Refuse pass-through sweep flags the table owns (:data:`OWNED_SWEEP_FLAGS`, ``protocol``'s
+    ``sweep_flags``, e.g. GMoE release's ``--eval_batch_size``); unknown ones fail as in sweep."""
     parser = sweep_cli.build_parser()
     base = ["launch", "--output_dir", "-", "--data_dir", "-"]
     defaults = vars(parser.parse_args(base))
     given = vars(parser.parse_args(base + list(extra)))
-    pinned = set(protocol.sweep_flags) if protocol is not None else set()
-    owned = [name for name in defaults
-             if name in OWNED_SWEEP_FLAGS or name in pinned]
-    changed = [name for name in owned if given[name] != defaults[name]]
-    if changed:
+    owned = set(OWNED_SWEEP_FLAGS) | set(protocol.sweep_flags if protocol is not None else ())
+    if changed := [name for name in defaults if name in owned and given[name] != defaults[name]]:
         raise UsageError(f"{', '.join('--' + n for n in changed)}: set by the setting's table "
                          "(reproduce SETTING --describe shows it); to run other values, run "
                          "python -m dg_plugins.scripts.sweep with the flags --dry_run prints")
@@ -294,9 +283,8 @@ class CallCost(JobsCost):
 
 def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
               forwards: bool = True) -> CallCost:
-    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards
-    (:func:`dg_plugins.sweep.costs.jobs_cost`); a UDG pretraining counts once per listing, with the
-    first job that needs it (``pretrainings``: the identities counted)."""
+    """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards; a UDG
+    pretraining counts once per listing (``pretrainings``: the identities counted)."""
     args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
     counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
@@ -308,9 +296,8 @@ OFFICIAL_SPLIT_LISTS = {"PACS": "PACS_splits"}
 
 
 def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]:
-    """What the jobs of every sweep call of the setting need before the first one starts (module
-    docstring; :func:`dg_plugins.sweep.checks.data_problems`, ``weight_problems``), one line each
-    naming the fix; [] when nothing is missing."""
+    """What the jobs of every sweep call need before the first one starts (module docstring), one
+    line each naming the fix; [] when nothing is missing."""
     jobs = [job for cost in costs for job in cost.selected]
     if not jobs and not plan.prepare:
         return []
@@ -325,8 +312,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
     else:
         problems += data
         if "DomainNet20" in datasets and os.path.isdir(os.path.join(data_dir, "domain_net")):
-            missing = domainnet20_problem(data_dir)
-            if missing:
+            if missing := domainnet20_problem(data_dir):
                 problems.append(f"DomainNet20: {missing}; DomainNet20 reads the 20 classes of "
                                 f"DomainNet's folders: {download_command('DomainNet', data_dir)}")
     for dataset, lists in OFFICIAL_SPLIT_LISTS.items():
@@ -370,8 +356,7 @@ def prerequisites(plan: Plan, data_dir: str, costs: list[CallCost]) -> list[str]
 
 
 def report_prerequisites(plan: Plan, problems: list[str], dry: bool) -> None:
-    """Print the missing prerequisites: as errors before a real run that launches nothing, as
-    warnings after a dry run's listing."""
+    """Print the missing prerequisites: errors before a real run, warnings after a dry run."""
     what = f"{len(problems)} prerequisite(s) of {plan.setting.name} ({plan.protocol.name})"
     for problem in problems:
         print(f"{'warning' if dry else 'error'}: {problem}", file=sys.stderr)

@@ -1,7 +1,6 @@
 """``python -m dg_plugins.scripts.alignment_eval --alignment_scores F JOB_DIR ...``: IP/OOP
-accuracy of trained models without retraining: each job's model rebuilt and evaluated as train
-does, the keys train writes with ``--alignment_scores`` printed or added to its records. The
-logic is :mod:`dg_plugins.alignment.reevaluate`. Models are read with
+accuracy of trained models without retraining (:mod:`dg_plugins.alignment.reevaluate`), the keys
+train writes printed or added to the job's records. Models are read with
 ``torch.load(weights_only=False)``: only run it on your own files."""
 
 from __future__ import annotations
@@ -83,10 +82,10 @@ def main(argv=None) -> int:
     try:
         plugins_lib.load(options.plugins)
         reevaluate.reevaluate_jobs(
-            options.jobs, lambda job, saved: rebuild(job, saved, options, rule), reevaluate.JobFiles(), rule,
-            model=options.model, out=options.out, predictions_file=options.predictions,
-            update=options.update_records, overwrite=options.overwrite,
-            tolerance=options.acc_tolerance)
+            options.jobs, lambda job, saved: rebuild(job, saved, options, rule),
+            reevaluate.JobFiles(), rule, model=options.model, out=options.out,
+            predictions_file=options.predictions, update=options.update_records,
+            overwrite=options.overwrite, tolerance=options.acc_tolerance)
     except user_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,15 +1,12 @@
 """``python -m dg_plugins.scripts.alignment_scores --dataset D --data_dir DIR``: the CLIP
-AlignmentScore of every image of a dataset, written as a score file for ``train
---alignment_scores`` and ``alignment_eval`` (defaults: the authors' OpenCLIP ViT-B-16
-laion400m_e32 and prompt). Scores are cached; the header records the data copy and the model
-(:mod:`dg_plugins.alignment.provenance`); ``--import_score_arrays`` / ``--import_split_dirs``
-import the authors' released splits. Format, rules and flags: docs/methods/alignment.md."""
+AlignmentScore of every image of a dataset, as a score file for ``train --alignment_scores`` and
+``alignment_eval`` (cached; the header records the data copy and the model), or the authors'
+released splits imported. Format, rules, flags and defaults: docs/methods/alignment.md."""
 
 import sys
 
-from dg_plugins.alignment.score_command import (  # noqa: F401  (the command's surface)
-    UNAUGMENTED, add_preset_flag, build_parser, check_flags, resolve_envs, resolve_preset_flag,
-    score_and_write)
+from dg_plugins.alignment.score_command import (UNAUGMENTED, build_parser, check_flags,
+                                                 resolve_preset_flag, score_and_write)
 from dg_plugins.help_text import short_usage_errors
 
 

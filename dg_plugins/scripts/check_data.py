@@ -1,4 +1,4 @@
-"""``python -m dg_plugins.scripts.check_data --dataset NAME --data_dir DIR``: find unreadable images.
+"""``python -m dg_plugins.scripts.check_data --dataset NAME --data_dir DIR``: unreadable images.
 
 Decodes every image of an image-folder dataset as training does, in parallel, and prints each
 unreadable file, then one line per environment (:mod:`dg_plugins.datasets.check`). Exit status:
@@ -33,15 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     from dg_plugins import plugins  # the datasets package (torch) only past the flags
     from dg_plugins.datasets.check import BadInput, available_cpus, load_dataset, run_check
 
-    workers = available_cpus() if args.workers is None else args.workers
-
     try:
         plugins.load()  # a plugin's image-folder dataset is known
         dataset = load_dataset(args.dataset, args.data_dir)
     except (BadInput, plugins.PluginImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    n_bad = run_check(dataset, workers, progress=sys.stderr.isatty())
+    n_bad = run_check(dataset, available_cpus() if args.workers is None else args.workers,
+                      progress=sys.stderr.isatty())
     return 1 if n_bad else 0
 
 

@@ -1,8 +1,8 @@
 """``python -m dg_plugins.scripts.domainbed [--import MODULES] SCRIPT [ARGS ...]``: run one of
 DomainBed's own scripts (``train``, ``sweep``, ``collect_results``, ...) unchanged, with
-dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.domainbed.bridge`); ``info`` prints what is
-installed. A sweep's jobs run through this entry; ``--import`` modules reach them through
-``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
+dg_plugins installed into ``domainbed`` first (:mod:`dg_plugins.domainbed.bridge`); ``info``
+prints what is installed. A sweep's jobs run through this entry; ``--import`` modules reach them
+through ``$DG_PLUGINS_IMPORT``. DomainBed is found on the Python path or at ``$DOMAINBED_ROOT``."""
 
 from __future__ import annotations
 
@@ -30,12 +30,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def domainbed_scripts() -> list[str]:
-    import domainbed.scripts
-
-    return sorted(m.name for m in pkgutil.iter_modules(domainbed.scripts.__path__))
-
-
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from dg_plugins.domainbed import bridge
@@ -49,7 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.script == "info":
         print(report.summary())
         return
-    scripts = domainbed_scripts()
+    import domainbed.scripts
+
+    scripts = sorted(m.name for m in pkgutil.iter_modules(domainbed.scripts.__path__))
     if args.script not in scripts:
         sys.exit(f"error: unknown DomainBed script {args.script!r}; choose one of: "
                  f"{', '.join(scripts)}, or info")

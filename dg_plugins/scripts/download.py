@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: partial downloads are kept; rerun the same command to continue",
               file=sys.stderr)
         return 130
-    done = [name for name, state in results if state != "built in"]
-    if done:
+    if done := [name for name, state in results if state != "built in"]:
         print(f"Ready under {args.data_dir}: {', '.join(done)}. To decode every image before a "
               "long run: python -m dg_plugins.scripts.check_data --dataset NAME --data_dir "
               f"{args.data_dir}")

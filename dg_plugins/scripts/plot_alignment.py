@@ -7,6 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import pandas as pd
+
+from dg_plugins.alignment import read_scores, resolve_rule
+from dg_plugins.alignment.plots import plot_alignment
+from dg_plugins.alignment.score_command import add_preset_flag, resolve_preset_flag
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dg_plugins.scripts.plot_alignment",
@@ -19,8 +25,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None)
     p.add_argument("--drop_below", type=float, default=None)
     p.add_argument("--drop_above", type=float, default=None)
-    from dg_plugins.alignment.score_command import add_preset_flag
-
     add_preset_flag(p)
     p.add_argument("--split", choices=("all", "in", "out"), default="all")
     p.add_argument("--title", default=None)
@@ -29,16 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from dg_plugins.alignment.score_command import resolve_preset_flag
-
     parser = build_parser()
     args = parser.parse_args(argv)
     preset = resolve_preset_flag(args, parser)
-    import pandas as pd
-
-    from dg_plugins.alignment import read_scores, resolve_rule
-    from dg_plugins.alignment.plots import plot_alignment
-
     try:
         table = read_scores(args.scores)
         rule = resolve_rule(args.threshold, preset, args.drop_below, args.drop_above)
@@ -46,8 +43,7 @@ def main(argv=None) -> int:
         if args.predictions:
             predictions = pd.read_csv(args.predictions, keep_default_na=False,
                                       dtype={"path": str, "env_name": str})
-            missing = {"env", "path", "correct"} - set(predictions.columns)
-            if missing:
+            if missing := {"env", "path", "correct"} - set(predictions.columns):
                 raise ValueError(f"{args.predictions} lacks the columns {sorted(missing)}; write "
                                  "it with alignment_eval --predictions")
             if args.split != "all":

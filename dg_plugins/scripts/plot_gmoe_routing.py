@@ -49,8 +49,6 @@ def load_model(args):
     if not args.dataset:
         raise ValueError("give --model PATH/model.pkl, or --dataset (and --data_dir) to build a "
                          "fresh GMoE")
-    import dg_plugins.datasets  # noqa: F401
-
     hp = H.default_hparams("GMoE", args.dataset)
     hp["pretrained"] = bool(args.pretrained)
     hp.update(H.validate("GMoE", args.dataset, H.parse_overrides(args.hparams)))
@@ -77,14 +75,11 @@ def routing_maps(algorithm, images):
     try:
         with torch.no_grad():
             vit(images)
-        maps = {}
-        for block, layer in zip(algorithm.moe_blocks, layers):
-            top1 = layer.pop_routing().top1
-            maps[block] = top1[:, prefix:].reshape(len(images), *grid).cpu()
+        return {block: layer.pop_routing().top1[:, prefix:].reshape(len(images), *grid).cpu()
+                for block, layer in zip(algorithm.moe_blocks, layers)}
     finally:
         for layer in layers:
             layer.record_experts = False
-    return maps
 
 
 def sample_images(dataset, envs, per_env, seed):
@@ -155,17 +150,15 @@ def main(argv=None) -> int:
         dataset = DATASETS.get(dataset_name)(data_dir, [],
                                              dict(algorithm.hparams, data_augmentation=False))
         envs = args.envs if args.envs is not None else list(range(len(dataset)))
-        bad = [e for e in envs if not 0 <= e < len(dataset)]
-        if bad:
+        if bad := [e for e in envs if not 0 <= e < len(dataset)]:
             raise ValueError(f"--envs {bad} out of range: {dataset_name} has {len(dataset)} "
                              "environments")
         names = list(getattr(dataset, "ENVIRONMENTS", None)
                      or catalog.DATASET_ENVIRONMENTS.get(dataset_name)
                      or [str(i) for i in range(len(dataset))])
         images, owners = sample_images(dataset, envs, args.images, args.seed)
-        maps = routing_maps(algorithm, images)
-        plot_routing(images, owners, names, maps, algorithm.moe_layers[0].num_experts, args.out,
-                     args.title)
+        plot_routing(images, owners, names, routing_maps(algorithm, images),
+                     algorithm.moe_layers[0].num_experts, args.out, args.title)
     except (ValueError, KeyError, FileNotFoundError) as err:
         print(f"plot_gmoe_routing: error: {err}", file=sys.stderr)
         return 2
