@@ -22,8 +22,7 @@ def register_algorithm(name: str | None = None):
 
     def add(cls):
         key = name or cls.__name__
-        space_fn = getattr(cls, "hparam_space", None)
-        if space_fn is not None:
+        if (space_fn := getattr(cls, "hparam_space", None)) is not None:
             hparams_lib.declare_space(key, space_fn)
         catalog.declare_algorithm(key)
         ALGORITHMS.register(key, cls)
@@ -115,8 +114,7 @@ class Algorithm(nn.Module):
         exempt = self.lr_schedule_exempt()
         optimizers = {name: opt for name, opt in self.optimizers().items() if name not in exempt}
         driven = {id(s.optimizer): name for name, s in self.schedulers().items()}
-        clash = [name for name, opt in optimizers.items() if id(opt) in driven]
-        if clash:
+        if clash := [name for name, opt in optimizers.items() if id(opt) in driven]:
             raise ValueError(
                 f"{type(self).__name__} schedules the lr of {', '.join(clash)} itself (torch LR "
                 f"scheduler {', '.join(driven[id(optimizers[n])] for n in clash)}); the hparam "

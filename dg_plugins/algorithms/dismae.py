@@ -38,12 +38,12 @@ def mae_init_(module: nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, nn.Linear):
             nn.init.xavier_uniform_(m.weight)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
             nn.init.ones_(m.weight)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
+        else:
+            continue
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
     for m in module.modules():
         patch = getattr(getattr(m, "patch_embed", None), "proj", None)
         if isinstance(patch, nn.Conv2d):
@@ -241,8 +241,7 @@ class _MaskedAutoencoder(Algorithm):
         return {"loss": loss.item(), "rec": rec.item(), **out}
 
     def update(self, minibatches, unlabeled=None) -> dict:
-        x, y, domain = split_minibatches(minibatches)
-        return self._update(x, y, domain)
+        return self._update(*split_minibatches(minibatches))
 
     def pretrain_update(self, images) -> dict:
         """One self-supervised step (``lambda2 = 0``) on one image batch per source environment."""
@@ -358,8 +357,7 @@ class DisMAE(_MaskedAutoencoder):
         latent, mask, ids_restore = self.semantic(tokens, self.mask_ratio)
         v = self.variation(tokens, self.var_mask_ratio)
         target = self.target(x)
-        pred = self.decoder(latent, ids_restore, v)
-        rec = self.rec_loss(pred, target, mask)
+        rec = self.rec_loss(self.decoder(latent, ids_restore, v), target, mask)
 
         # adaptive contrastive loss: each domain's anchor decoded with every same-domain v_j.
         # index_select, not latent[anchor_of]: its backward adds repeated rows in a fixed order

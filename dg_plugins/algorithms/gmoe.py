@@ -115,9 +115,8 @@ class GMoE(ERM_ViT):
         from dg_plugins.networks.vit import replace_ffn
 
         hparams = self.hparams
-        depth = len(self.network.blocks)
         spec = hparams["gmoe_moe_layers"]
-        indices = auto_moe_layers(depth) if spec == "auto" else spec
+        indices = auto_moe_layers(len(self.network.blocks)) if spec == "auto" else spec
         num_experts, top_k = hparams["gmoe_num_experts"], hparams["gmoe_top_k"]
         if top_k > num_experts:
             raise ValueError(f"gmoe_top_k={top_k} exceeds gmoe_num_experts={num_experts}; "

@@ -85,13 +85,11 @@ class MixupAttentionGenerator(nn.Module):
             weight = self.value.weight
             values = F.linear(values, weight.detach() if detach_value else weight)
         z = (weights * values).sum(dim=1)
-        label_weights = weights.mean(dim=2)
-        return z, (label_weights.unsqueeze(-1) * labels).sum(dim=1)
+        return z, (weights.mean(dim=2).unsqueeze(-1) * labels).sum(dim=1)
 
     def forward(self, q, values, corr, labels):
         weights = self.attention(q, values, corr)
-        z, y_mix = self.mix(weights, values, labels)
-        return z, y_mix, weights
+        return (*self.mix(weights, values, labels), weights)
 
 
 class FeatureDiscriminator(nn.Module):
@@ -411,8 +409,7 @@ class MPBM(FeatureClassifier):
 
     def probe(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """Every diagnostic on the batch, with a random generator of its own; kept in ``diag``."""
-        generator = torch.Generator(device=x.device)
-        generator.manual_seed(PROBE_SEED + int(self.step))
+        generator = torch.Generator(device=x.device).manual_seed(PROBE_SEED + int(self.step))
         with frozen_eval(self):
             x_query = self.sgld_queries(x, y, generator=generator)
             q = self.query_features(x_query)

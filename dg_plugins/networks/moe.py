@@ -64,12 +64,7 @@ def dropout_keep_mask(shape: tuple, p: float, device, dtype: torch.dtype = torch
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast runs matmuls in on ``device_type``, or None when it is off there."""
-    try:
-        enabled = torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
-        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    enabled = torch.is_autocast_enabled(device_type)
     return torch.get_autocast_dtype(device_type) if enabled else None
 
 
@@ -342,7 +337,6 @@ class MoEFFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        num_tokens = tokens.shape[0]
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         r = route(self.router(tokens), self.top_k, factor, gate_noise=self.gate_noise,
                   training=self.training, aux=self.training)
@@ -363,7 +357,7 @@ class MoEFFN(nn.Module):
         out = self.experts(tokens.index_select(0, ids), kept_counts.tolist())
         out = out * gates.to(out.dtype).unsqueeze(1)
         # out's dtype: under autocast the experts' matmuls may run in half precision
-        y = out.new_zeros(num_tokens, shape[-1]).index_add_(0, ids, out)
+        y = out.new_zeros(tokens.shape[0], shape[-1]).index_add_(0, ids, out)
 
         with torch.no_grad():
             load = r.counts.float() / r.counts.sum()

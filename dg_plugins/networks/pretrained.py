@@ -91,7 +91,6 @@ def probe_weights(build) -> BaseException | None:
                 raise
             continue
         return None
-    return None
 
 
 _loaded: list[str] | None = None

@@ -181,10 +181,7 @@ def _blocks(vit: nn.Module) -> nn.Sequential:
 
 def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Images -> tokens ``[B, P + N, D]``: timm's ``forward_features`` before the blocks."""
-    x = vit.patch_embed(x)
-    x = vit._pos_embed(x)
-    x = vit.patch_drop(x)
-    return vit.norm_pre(x)
+    return vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(x))))
 
 
 def embed_patches(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -358,8 +355,7 @@ def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
             raise ValueError(f"block index {index} is out of range for a ViT of depth {depth} "
                              f"(valid: 0..{depth - 1}, or -{depth}..-1 from the end)")
         resolved.append(index % depth)
-    duplicates = sorted({i for i in resolved if resolved.count(i) > 1})
-    if duplicates:
+    if duplicates := sorted({i for i in resolved if resolved.count(i) > 1}):
         raise ValueError(f"block indices {raw} name block(s) {duplicates} more than once "
                          f"(depth {depth})")
     for i in resolved:
@@ -385,10 +381,9 @@ class ViTFeaturizer(StagedFeaturizer):
 
     def __init__(self, input_shape: Sequence[int], hparams: Mapping):
         super().__init__()
-        use_pretrained = hparams.get("pretrained", True)
         self.dinov2 = bool(hparams["dinov2"])
         arch = DINOV2_ARCH if self.dinov2 else hparams.get("vit_arch", "auto")
-        self.network = create_vit(arch, input_shape, pretrained=use_pretrained,
+        self.network = create_vit(arch, input_shape, pretrained=hparams.get("pretrained", True),
                                   pretrained_path=hparams.get("pretrained_path"), num_classes=0)
         width = self.network.num_features
         self.n_outputs = 5 * width if self.dinov2 else width
@@ -416,6 +411,5 @@ class ViTFeaturizer(StagedFeaturizer):
             return self.dropout(self.network(x))
         blocks = self.network.get_intermediate_layers(x, n=4, return_prefix_tokens=True, norm=True)
         class_tokens = [prefix[:, 0] for _, prefix in blocks]
-        mean_patch = blocks[-1][0].mean(dim=1)
-        return self.dropout(torch.cat(class_tokens + [mean_patch], dim=-1))
+        return self.dropout(torch.cat(class_tokens + [blocks[-1][0].mean(dim=1)], dim=-1))
 
