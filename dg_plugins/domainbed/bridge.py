@@ -71,9 +71,6 @@ class InstallReport:
         ])
 
 
-# --- Locating DomainBed ---
-
-
 class DomainBedImportError(ImportError):
     """DomainBed cannot be imported; the message says how to fix it."""
 
@@ -89,8 +86,7 @@ def unpatched_script_command(script: str, args: list[str], root: str) -> tuple[l
 
 
 def locate_domainbed() -> ModuleType:
-    """The ``domainbed`` package, from ``sys.path`` or ``$DOMAINBED_ROOT``; else
-    :class:`DomainBedImportError` naming the fix."""
+    """``domainbed`` (``sys.path``, else ``$DOMAINBED_ROOT``) or :class:`DomainBedImportError`."""
     import dg_plugins.compat  # noqa: F401  (torchvision must import beside the CPU torch first)
 
     try:
@@ -153,17 +149,11 @@ def domainbed_modules() -> dict[str, ModuleType]:
             for name in ("algorithms", "datasets", "hparams_registry", "command_launchers")}
 
 
-# --- Plugin modules ---
-
-
 def import_plugins(modules: Iterable[str] = ()) -> list[str]:
     """Import dg_plugins' algorithms, datasets and launchers, then the plugin modules (returned)."""
     import dg_plugins.sweep.launchers  # noqa: F401  (registers the launchers)
 
     return plugins_lib.load(modules)
-
-
-# --- Registration into (DomainBed-like) modules ---
 
 
 def is_installed(module: ModuleType, name: str) -> bool:
@@ -174,8 +164,7 @@ def is_installed(module: ModuleType, name: str) -> bool:
 
 def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Iterable[str],
                  kind: str) -> tuple[list[str], list[str]]:
-    """``module.<name> = obj`` and ``name`` appended to ``module.<list_name>`` for each entry the
-    module does not define itself; (installed, skipped) names."""
+    """Set and list in ``module.<list_name>`` each entry the module lacks; (installed, skipped)."""
     names_list = getattr(module, list_name)
     record = _INSTALLED.setdefault(module, {})
     installed, skipped = [], []
@@ -199,14 +188,13 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
 def register_algorithms(algorithms_module: ModuleType,
                         entries: dict | None = None) -> tuple[list[str], list[str]]:
     """Install algorithm classes (default: the registry's)."""
-    entries = dict(ALGORITHMS.items()) if entries is None else entries
-    return _add_entries(algorithms_module, "ALGORITHMS", entries,
+    return _add_entries(algorithms_module, "ALGORITHMS",
+                        dict(ALGORITHMS.items()) if entries is None else entries,
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
 def domainbed_view(cls: type) -> type:
-    """The class DomainBed gets for our dataset ``cls``: the same, with ``N_WORKERS`` 0 when its
-    data is in memory."""
+    """``cls`` as DomainBed gets it: ``N_WORKERS`` 0 when its data is in memory."""
     if getattr(cls, "N_WORKERS", 0) == 0:
         return cls
     if cls not in _DATASET_VIEWS:
@@ -244,8 +232,8 @@ def register_datasets(datasets_module: ModuleType,
 
 def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
                   datasets_module: ModuleType) -> Callable:
-    """Wrap ``hparams_module._hparams`` once: ours for installed algorithms, DomainBed's
-    registry (small-image datasets as :data:`SMALL_IMAGE_PROXY`) for its own."""
+    """Wrap ``hparams_module._hparams`` once: ours for installed algorithms, else DomainBed's
+    (small-image datasets as :data:`SMALL_IMAGE_PROXY`)."""
     original = hparams_module._hparams
     if getattr(original, "dg_plugins_original", None) is not None:
         return original
@@ -301,24 +289,20 @@ def check_script_args(script: str, argv: list[str],
     if not isinstance(overrides, dict):
         return
     space = dg_hparams.base_space(known.dataset)
-    host_only = [name for name in HOST_ONLY_HPARAMS  # set off their defaults
-                 if name in overrides and overrides[name] != space[name][0]]
-    if host_only:
+    if host_only := [name for name in HOST_ONLY_HPARAMS  # set off their defaults
+                     if name in overrides and overrides[name] != space[name][0]]:
         names = ", ".join(f"{n}={overrides[n]!r}" for n in host_only)
         raise ValueError(
             f"--hparams sets {names}, which DomainBed's own train loop ignores (only dg_plugins' "
             f"train applies {', '.join(HOST_ONLY_HPARAMS)}): run it with dg_plugins' own "
             f"{script}, python -m dg_plugins.scripts.{script}, or leave "
             f"{'it' if len(host_only) == 1 else 'them'} at the default")
-    if datasets_module is None:
-        datasets_module = domainbed_modules()["datasets"]
-    if script == "train":
-        datasets = [known.dataset]
-    else:
-        datasets = known.datasets or list(getattr(datasets_module, "DATASETS", []))
+    datasets_module = datasets_module or domainbed_modules()["datasets"]
+    datasets = ([known.dataset] if script == "train"
+                else known.datasets or list(getattr(datasets_module, "DATASETS", [])))
     for dataset in datasets:
-        ignored = [n for n in ignored_dataset_hparams(dataset, datasets_module) if n in overrides]
-        if ignored:
+        if ignored := [n for n in ignored_dataset_hparams(dataset, datasets_module)
+                       if n in overrides]:
             it = "it" if len(ignored) == 1 else "them"
             raise ValueError(
                 f"--hparams sets {', '.join(map(repr, ignored))}, which DomainBed's own "
@@ -353,13 +337,11 @@ def rewriting_launcher(launcher: Callable) -> Callable:
 
 def register_launchers(launchers_module: ModuleType,
                        entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Add our launchers (default: the registry's) to ``launchers_module.REGISTRY`` under names it
-    lacks, as rewriting launchers."""
-    entries = dict(LAUNCHERS.items()) if entries is None else entries
+    """Add our launchers (default: the registry's), rewriting, under names ``REGISTRY`` lacks."""
     registry = launchers_module.REGISTRY
     record = _INSTALLED.setdefault(launchers_module, {}).setdefault("REGISTRY", {})
     installed, skipped = [], []
-    for name, launcher in entries.items():
+    for name, launcher in (dict(LAUNCHERS.items()) if entries is None else entries).items():
         ours = name in record and registry.get(name) is record[name]
         if name in registry and not ours:
             skipped.append(name)
@@ -371,11 +353,8 @@ def register_launchers(launchers_module: ModuleType,
 
 
 def route_launchers_through_entry(launchers_module: ModuleType | None = None) -> list[str]:
-    """Wrap every launcher of DomainBed's ``REGISTRY`` (its own too) with
-    :func:`rewriting_launcher`, for the sweep entry; the names."""
-    if launchers_module is None:
-        launchers_module = domainbed_modules()["command_launchers"]
-    registry = launchers_module.REGISTRY
+    """Wrap every launcher of DomainBed's ``REGISTRY`` (its own too) for the sweep entry; names."""
+    registry = (launchers_module or domainbed_modules()["command_launchers"]).REGISTRY
     for name, launcher in list(registry.items()):
         registry[name] = rewriting_launcher(launcher)
     return list(registry)
@@ -385,7 +364,7 @@ def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
                  hparams_module: ModuleType, launchers_module: ModuleType,
                  report: InstallReport | None = None) -> InstallReport:
     """Register our algorithms, datasets and launchers into DomainBed-like modules (idempotent)."""
-    report = InstallReport() if report is None else report
+    report = report or InstallReport()
     report.algorithms, report.skipped_algorithms = register_algorithms(algorithms_module)
     report.datasets, report.skipped_datasets = register_datasets(datasets_module)
     patch_hparams(hparams_module, algorithms_module, datasets_module)

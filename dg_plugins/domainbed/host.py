@@ -23,7 +23,7 @@ from dg_plugins.domainbed import bridge
 from dg_plugins import hparams as hparams_lib
 from dg_plugins.algorithms.base import Algorithm
 from dg_plugins.registry import ALGORITHMS, Source, UnavailableError
-from dg_plugins.runtime import swapped
+from dg_plugins.runtime import pick_device, swapped
 from dg_plugins.seeds import rng_state, set_rng_state
 
 PREFIX = "DomainBed"
@@ -40,12 +40,9 @@ def class_source(cls: type) -> str:
     """The source of ``cls`` and of its bases in the same module, or ""."""
     parts = []
     for klass in cls.__mro__:
-        if klass.__module__ != cls.__module__:
-            continue
-        try:
-            parts.append(inspect.getsource(klass))
-        except (OSError, TypeError):
-            pass
+        if klass.__module__ == cls.__module__:
+            with contextlib.suppress(OSError, TypeError):
+                parts.append(inspect.getsource(klass))
     return "\n".join(parts)
 
 
@@ -86,9 +83,6 @@ def domainbed_hparams(hparams_registry: ModuleType, name: str, dataset: str,
     return hparams
 
 
-# --- The featurizer ---
-
-
 def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -121,9 +115,6 @@ class FeaturizerSwap:
 
     def active(self):
         return swapped(self.networks, "Featurizer", self)
-
-
-# --- What the host asks of an algorithm ---
 
 
 def _restore(current, saved, device):
@@ -261,15 +252,11 @@ class DomainBedHost:
     @classmethod
     def check_args(cls, args) -> None:
         """Refuse a CUDA-only class off CUDA, with the fix."""
-        if cls.CUDA_ONLY:
-            from dg_plugins.runtime import pick_device
-
-            device = pick_device(getattr(args, "device", None))
-            if device.type != "cuda":
-                raise UnavailableError(
-                    f"{cls.NAME} runs only on a CUDA device: DomainBed's code for it calls "
-                    f".cuda(); this job's device is {device}. Run it on a GPU machine "
-                    "(--device cuda)")
+        if cls.CUDA_ONLY and (device := pick_device(getattr(args, "device", None))).type != "cuda":
+            raise UnavailableError(
+                f"{cls.NAME} runs only on a CUDA device: DomainBed's code for it calls "
+                f".cuda(); this job's device is {device}. Run it on a GPU machine "
+                "(--device cuda)")
 
     def resume_state(self) -> dict:
         """What the resume file keeps beside ``state_dict()`` and the optimizers."""
@@ -316,9 +303,6 @@ def host_class(cls: type, name: str, networks: ModuleType | None = None) -> type
     })
 
 
-# --- The source of names ---
-
-
 class DomainBedAlgorithms(Source):
     """DomainBed's algorithms as a source of the registry: names from the checkout (without one,
     DomainBed b93c22a's, which then say how to get it)."""
@@ -353,8 +337,7 @@ class DomainBedAlgorithms(Source):
                 f"{canonical} (DomainBed's) needs the package {missing[0]!r}, which DomainBed "
                 f"could not import: {OPTIONAL_PACKAGES[missing[0]]}")
         if vars(algorithms).get("backpack") is not None and re.search(r"\bbackpack\(", source):
-            problem = backpack_problem()
-            if problem:
+            if problem := backpack_problem():
                 raise UnavailableError(f"{canonical} (DomainBed's) cannot run here: {problem}")
         registry = bridge.domainbed_module("hparams_registry")
         networks = vars(algorithms).get("networks")  # whose Featurizer its algorithms call

@@ -1,6 +1,6 @@
 """pytest plugin: ``python -m pytest -p dg_plugins.domainbed.pytest_plugin ...`` runs
-:func:`dg_plugins.domainbed.bridge.install` before collection, so that DomainBed's own test modules include
-dg_plugins' algorithms and datasets (and ``$DG_PLUGINS_IMPORT``'s)."""
+:func:`dg_plugins.domainbed.bridge.install` before collection, so that DomainBed's own test
+modules include dg_plugins' algorithms and datasets (and ``$DG_PLUGINS_IMPORT``'s)."""
 
 from __future__ import annotations
 

@@ -156,11 +156,9 @@ def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
     """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader
     over the union, ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``).
     """
-    if batch_sampling == "pooled":
-        return max(1, math.ceil(sum(in_sizes) / batch_size))
-    if batch_sampling == "per_domain":
-        return max(1, math.ceil(min(in_sizes) / batch_size))
-    raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
+    if (reduce := {"pooled": sum, "per_domain": min}.get(batch_sampling)) is None:
+        raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
+    return max(1, math.ceil(reduce(in_sizes) / batch_size))
 
 def _lengths(where: str, rows: dict, note: str = "") -> dict[str, dict[str, Value]]:
     """``steps`` and ``checkpoint_freq`` per dataset as ``where`` (a datasets.py) sets them:
@@ -212,14 +210,14 @@ _DMG_MASKS = _v(
 
 #: Why the release protocols select with DomainBed's training-domain validation.
 _DMG_BEST_EPOCH = Value(("iid",), f"{_DMG_TRAINER}:412, 489-498 (best_so_far.pth: the epoch "
-                        "whose mean source "
-                        "validation accuracy first beats every earlier one); DomainBed's training-"
-                        "domain validation already keeps each run's best checkpoint by mean source "
-                        f"validation accuracy, the earliest on ties ({DOMAINBED} "
-                        "domainbed/model_selection.py:75-100, IIDAccuracySelectionMethod.run_acc's "
-                        "argmax), which is the release's best-epoch rule")
-_DMG_RELEASE_TRIALS = Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149 (the release: one "
-                            "seed)")
+                        "whose mean source validation accuracy first beats every earlier one); "
+                        "DomainBed's training-domain validation already keeps each run's best "
+                        "checkpoint by mean source validation accuracy, the earliest on ties "
+                        f"({DOMAINBED} domainbed/model_selection.py:75-100, "
+                        "IIDAccuracySelectionMethod.run_acc's argmax), which is the release's "
+                        "best-epoch rule")
+_DMG_RELEASE_TRIALS = Value(3, f"{DOMAINBED} domainbed/scripts/sweep.py:149 (the release: "
+                            "one seed)")
 
 _DMG_COMMON_DIFFERENCES = _diffs(
     ("Best epoch: the rule is the release's (the best mean source validation accuracy, selection "
@@ -270,18 +268,17 @@ _DMG_PACS_RELEASE = Protocol(
     epochs=Value(150, f"{_DMG_PACS_CFG}:50 (MAX_EPOCHS; the paper's appendix: best of 50 "
                  "epochs; --epochs 50 runs that)"),
     differences=_diffs(
-        ("Length: 150 epochs as the release's config; the paper's appendix says the "
-         "best checkpoint of 50 epochs.", "the release is what ran; --epochs 50 gives "
-         "the paper's budget"),
-        ("Mask lr: constant as in the release (the epoch step of the mask optimizer's "
-         f"scheduler is commented out, {_DMG_TRAINER}:540-545); the paper says both "
-         "the network's and the masks' lr decay.", "follows the release"),
-        ("Oracle column: under data_split official the target's out-split is its "
-         "crossval list, a subset of its test list (*_test_kfold.txt holds every image "
-         "of the domain), so test-domain (oracle) selection selects on test images; "
-         "the release selects on source validation only.",
-         "the target accuracy itself is the release's: env{t}_in_acc is the whole "
-         "test list; read the training-domain validation table"),
+        ("Length: 150 epochs as the release's config; the paper's appendix says the best "
+         "checkpoint of 50 epochs.",
+         "the release is what ran; --epochs 50 gives the paper's budget"),
+        ("Mask lr: constant as in the release (the epoch step of the mask optimizer's scheduler "
+         f"is commented out, {_DMG_TRAINER}:540-545); the paper says both the network's and the "
+         "masks' lr decay.", "follows the release"),
+        ("Oracle column: under data_split official the target's out-split is its crossval list, "
+         "a subset of its test list (*_test_kfold.txt holds every image of the domain), so "
+         "test-domain (oracle) selection selects on test images; the release selects on source "
+         "validation only.", "the target accuracy itself is the release's: env{t}_in_acc is the "
+         "whole test list; read the training-domain validation table"),
     ) + _DMG_COMMON_DIFFERENCES,
 )
 

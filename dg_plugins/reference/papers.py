@@ -135,13 +135,11 @@ def _entry(key: str, raw: dict) -> PaperEntry:
     for row, cells in rows.items():
         if not isinstance(cells, dict) or not cells:
             raise _fail(key, f"row {row!r} must map columns to values")
-        unknown = sorted(set(cells) - set(columns))
-        if unknown:
+        if unknown := sorted(set(cells) - set(columns)):
             raise _fail(key, f"row {row!r} has columns {unknown} missing from 'columns'")
         values[row] = {column: _value(key, row, column, cells[column])
                        for column in columns if column in cells}
-    unknown = sorted(set(ours) - set(rows))
-    if unknown:
+    if unknown := sorted(set(ours) - set(rows)):
         raise _fail(key, f"'ours' names rows {unknown} that 'rows' lacks")
     claim = raw.get("claim")
     if not rows and not isinstance(claim, str):
@@ -188,10 +186,8 @@ def keys() -> list[str]:
 def unknown_key_message(key: str, known: list[str] | None = None) -> str:
     """``unknown paper key 'x'; did you mean 'y'? known keys: ...``."""
     known = keys() if known is None else known
-    close = [k for k in known if k.startswith(key) or key.startswith(k)]
-    close += [k for k in difflib.get_close_matches(key, known, n=3, cutoff=0.5)
-              if k not in close]
-    close = close[:3]
+    close = list(dict.fromkeys([k for k in known if k.startswith(key) or key.startswith(k)]
+                               + difflib.get_close_matches(key, known, n=3, cutoff=0.5)))[:3]
     hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
     return f"unknown paper key {key!r}{hint}; known keys: {', '.join(known)}"
 
