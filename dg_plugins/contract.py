@@ -3,7 +3,6 @@ own algorithms (``python -m dg_plugins.scripts.check_algorithm MODULE``, or
 ``DG_PLUGINS_IMPORT=MODULE python -m pytest --pyargs dg_plugins.contract``): on Debug28 and
 Debug224 with ``TINY_TEST_HPARAMS``, on CPU and CUDA, what methods get wrong (optimizers,
 gradients, update keys and floats, predict's logits, 1 and 3 domains, the lr schedule, resume).
-
 Algorithms: ``$DG_PLUGINS_CONTRACT_ALGORITHMS``, else ``$DG_PLUGINS_IMPORT``'s, else dg_plugins'
 own; a test module importing these tests may set ``CONTRACT_ALGORITHMS`` instead."""
 
@@ -18,7 +17,8 @@ import os
 import pytest
 import torch
 
-from dg_plugins import plugins
+from dg_plugins import hparams, plugins
+from dg_plugins.job.records import read_record_lines
 from dg_plugins.registry import ALGORITHMS, DATASETS
 
 #: The datasets every algorithm is built on (in-memory, no files).
@@ -53,8 +53,6 @@ def pytest_generate_tests(metafunc) -> None:
 def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
     """Default hparams made CPU-sized (random init, ResNet-18, batch 8, the algorithm's
     ``TINY_TEST_HPARAMS``), then ``overrides``, all validated."""
-    from dg_plugins import hparams
-
     changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
     changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
     changes.update(overrides)
@@ -87,15 +85,11 @@ def trainable(algorithm):
 
 def read_records(folder, drop=()) -> list[dict]:
     """A job folder's records, without the keys in ``drop``."""
-    from dg_plugins.job.records import read_record_lines
-
     return [{k: v for k, v in json.loads(line).items() if k not in drop}
             for line in read_record_lines(os.path.join(folder, "results.jsonl"))]
 
 
 def test_tiny_test_hparams_are_declared_hparams(name):
-    from dg_plugins import hparams
-
     for dataset in CONTRACT_DATASETS:
         hparams.validate(name, dataset, dict(ALGORITHMS.get(name).TINY_TEST_HPARAMS))
 

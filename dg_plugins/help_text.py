@@ -4,10 +4,11 @@ Torch- and pandas-free."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import re
 import sys
+
+from dg_plugins.runtime import swapped
 
 #: What a short usage line ends with.
 EVERY_FLAG = "[FLAGS] (every flag: --help)"
@@ -38,8 +39,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def short_usage(parser: argparse.ArgumentParser) -> str:
     """``parser.short_usage``, else the command with its positional arguments and required flags."""
-    given = getattr(parser, "short_usage", None)
-    if given:
+    if given := getattr(parser, "short_usage", None):
         return given
     kept = [action for action in parser._actions if not action.option_strings or action.required]
     formatter = parser._get_formatter()
@@ -84,12 +84,6 @@ def report_usage_error(parser: argparse.ArgumentParser, message: str):
                    f"{did_you_mean(parser, message, argv)}\n")
 
 
-@contextlib.contextmanager
 def short_usage_errors():
     """Within the block every argparse parser reports usage errors as :class:`CommandParser`."""
-    saved = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = report_usage_error
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = saved
+    return swapped(argparse.ArgumentParser, "error", report_usage_error)

@@ -32,9 +32,6 @@ DOMAINNET20_CLASSES = sorted([
 ])
 
 
-# --- Image folders ---
-
-
 def visible_subfolders(folder: str) -> list[str]:
     """Sorted subdirectory names of ``folder``, hidden ones excluded."""
     with os.scandir(folder) as entries:
@@ -46,8 +43,7 @@ def is_image_file(name: str) -> bool:
 
 
 def list_images(folder: str) -> list[str]:
-    """Image files under ``folder`` (recursive, following links, hidden skipped), in
-    torchvision ImageFolder's order."""
+    """``folder``'s image files (recursive, links followed, no hidden), in ImageFolder's order."""
     found = []
     for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=True)):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -78,10 +74,8 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
                 if os.path.join(parent, name) != here]
     if not any(set(visible_subfolders(sibling)) & set(folders) for sibling in siblings):
         return None  # e.g. a tree without class folders: not one level off
-    if os.path.isabs(root):
-        tree = os.path.dirname(os.path.normpath(root))
-    else:
-        tree = os.path.relpath(os.path.join(root, os.pardir))
+    tree = os.path.dirname(os.path.normpath(root)) if os.path.isabs(root) else \
+        os.path.relpath(os.path.join(root, os.pardir))
     shown = ", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "")
     return (f"{dataset}: the folders of {root} ({shown}) hold images, not class folders: {root} "
             f"is one domain's folder and the image tree is one level up; did you mean "
@@ -115,8 +109,6 @@ def relative_paths(env_root: str, paths) -> list[str]:
     parent = os.path.dirname(os.path.normpath(env_root))
     return [os.path.relpath(path, parent).replace(os.sep, "/") for path in paths]
 
-
-# --- PACS's official split lists ---
 
 #: PACS's official split lists: the PACS authors' Google Drive folder, subfolder ``pacs_label``.
 PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
@@ -155,8 +147,7 @@ def match_split_list(list_path: str, domain: str, env_root: str,
                 wrong_class.append(f"line {number}: {fields[0]} has label {fields[1]}, its "
                                    f"class folder {classes[expected - 1]!r} is {expected}")
         indices.append(index)
-    if unmatched or wrong_class:
-        problems = unmatched or wrong_class
+    if problems := unmatched or wrong_class:
         what = "name no image of" if unmatched else "disagree with the class folders of"
         raise OfficialSplitError(
             f"{len(problems)} of the {len(lines)} lines of {list_path} {what} {env_root} (e.g. "
@@ -167,8 +158,6 @@ def match_split_list(list_path: str, domain: str, env_root: str,
         raise OfficialSplitError(f"{list_path} lists no image")
     return indices
 
-
-# --- MNIST's IDX files ---
 
 #: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
 MNIST_FILES = {
@@ -191,8 +180,7 @@ def mnist_search_folders(root: str | None) -> list[str]:
 
 
 def locate_mnist_files(root: str | None) -> dict[str, str] | None:
-    """The four MNIST files by role, from the first searched folder holding all (plain before
-    ``.gz``); None when none does."""
+    """The four MNIST files by role, from the first folder with all (plain before .gz), or None."""
     for folder in mnist_search_folders(root):
         found = {role: next((path for path in (os.path.join(folder, name + suffix)
                                                for suffix in ("", ".gz")) if os.path.isfile(path)),

@@ -13,8 +13,7 @@ from typing import Any
 def close_names(name: str, choices) -> list[str]:
     """``choices`` close to ``name``: the one equal up to case, else difflib's, without case."""
     choices = list(choices)
-    same = [c for c in choices if c.lower() == name.lower()]
-    if same:
+    if same := [c for c in choices if c.lower() == name.lower()]:
         return same
     folded = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(name.lower(), list(folded), n=3, cutoff=0.6)
@@ -69,10 +68,9 @@ class Registry:
         def add(target: Any) -> Any:
             key = name or target.__name__
             if key in self._entries and self._entries[key] is not target:
-                raise ValueError(
-                    f"{self.kind} name {key!r} is already registered to "
-                    f"{self._entries[key]!r}; choose another name or unregister it first"
-                )
+                raise ValueError(f"{self.kind} name {key!r} is already registered to "
+                                 f"{self._entries[key]!r}; choose another name or unregister it "
+                                 "first")
             self._entries[key] = target
             self._loaded.pop(key, None)  # a source's object of that name is now PREFIX:key
             return target
@@ -90,8 +88,7 @@ class Registry:
         self._sources[source.prefix] = source
 
     def remove_source(self, prefix: str) -> None:
-        old = self._sources.pop(prefix, None)
-        if old is not None:
+        if (old := self._sources.pop(prefix, None)) is not None:
             self._loaded = {n: (s, o) for n, (s, o) in self._loaded.items() if s is not old}
 
     def source(self, prefix: str) -> Source | None:
@@ -135,8 +132,9 @@ class Registry:
             if len(match) == 1:
                 return self._load(source, match[0])
             raise UnknownNameError(
-                f"{self.kind} name {name!r} matches {', '.join(f'{source.prefix}:{n}' for n in match)} up "
-                "to case; give the exact name" if match else
+                f"{self.kind} name {name!r} matches "
+                f"{', '.join(f'{source.prefix}:{n}' for n in match)} up to case; give the exact "
+                "name" if match else
                 f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
                 f"{did_you_mean(rest, names)}")
         offered = self._offered()
