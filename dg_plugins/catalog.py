@@ -79,7 +79,6 @@ def _registered(package: str, modules: list[str], kind: str) -> list[str]:
     return found
 
 
-#: dg_plugins' built-in algorithms and datasets (read from their sources).
 BUILTIN_ALGORITHMS = _registered(ALGORITHMS_PACKAGE, algorithm_modules(), "algorithm")
 BUILTIN_DATASETS = _registered(DATASETS_PACKAGE, _modules(DATASETS_PACKAGE), "dataset")
 
@@ -130,9 +129,8 @@ def dataset_hparam_space(name: str) -> dict[str, tuple]:
 
 def one_of(*choices):
     """An hparam check accepting only ``choices`` (:mod:`dg_plugins.hparams` imports it)."""
-    def check(value) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
-    return check
+    return lambda value: (None if value in choices
+                          else f"must be one of {', '.join(map(repr, choices))}")
 
 
 #: Values of the image-folder hparam ``augmentation`` (the training transform: DomainBed's or
@@ -165,8 +163,7 @@ def _image_size(value) -> str | None:
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
     """Record ``name`` as read from ``<data_dir>/<folder_name>``; declare its hparams, not drawn:
     ``augmentation`` and ``image_size`` (the side of the transforms' square images)."""
-    known = IMAGE_FOLDER_DATASETS.get(name, folder_name)
-    if known != folder_name:
+    if (known := IMAGE_FOLDER_DATASETS.get(name, folder_name)) != folder_name:
         raise ValueError(f"image-folder dataset {name!r} is declared with folder {known!r}, "
                          f"not {folder_name!r}")
     IMAGE_FOLDER_DATASETS[name] = folder_name
@@ -222,8 +219,7 @@ def image_folder_layout(dataset: str) -> str:
 
 
 def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
-    """The error for a ``--data_dir`` one level above an image tree (its only domain folder is a
-    tree itself), naming the folder meant; None otherwise."""
+    """The error for a ``--data_dir`` one level above an image tree, naming the tree; else None."""
     if len(domains) != 1:
         return None
     tree = os.path.join(root, domains[0])
@@ -253,8 +249,7 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     if not os.path.isdir(root):
         raise FileNotFoundError((folder and inside_dataset_folder(dataset, data_dir, folder))
                                 or f"{dataset}: dataset folder {root} does not exist. {layout}.")
-    domains = visible_subfolders(root)
-    if not domains:
+    if not (domains := visible_subfolders(root)):
         raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")
     fixed = DATASET_ENVIRONMENTS.get(dataset) if dataset != GENERIC_IMAGE_FOLDER else None
     if fixed is None:
@@ -263,10 +258,9 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
         if (shallow := domain_folder_error(dataset, root, domains)) is not None:
             raise FileNotFoundError(shallow)
     elif len(domains) != len(fixed):
-        raise ValueError(
-            f"{dataset}: {root} has {len(domains)} domain folders ({', '.join(domains)}) but "
-            f"{dataset} has {len(fixed)} environments ({', '.join(fixed)}); remove stray folders. "
-            f"{layout}.")
+        raise ValueError(f"{dataset}: {root} has {len(domains)} domain folders "
+                         f"({', '.join(domains)}) but {dataset} has {len(fixed)} environments "
+                         f"({', '.join(fixed)}); remove stray folders. {layout}.")
     for domain in domains:
         path = os.path.join(root, domain)
         if not visible_subfolders(path):

@@ -53,22 +53,17 @@ def pytest_generate_tests(metafunc) -> None:
 def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
     """Default hparams made CPU-sized (random init, ResNet-18, batch 8, the algorithm's
     ``TINY_TEST_HPARAMS``), then ``overrides``, all validated."""
-    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
-    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
-    changes.update(overrides)
+    changes = {"pretrained": False, "resnet18": True, "resnet50_augmix": False, "batch_size": 8,
+               **getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}), **overrides}
     hp = hparams.default_hparams(algorithm, dataset)
-    hp.update(hparams.validate(algorithm, dataset, changes))
-    return hp
+    return hp | hparams.validate(algorithm, dataset, changes)
 
 
 def minibatches(dataset, batch_size, envs, device="cpu"):
     """``batch_size`` items (cycling) of each environment in ``envs`` as ``(x, y)``."""
-    out = []
-    for i in envs:
-        items = [dataset[i][j % len(dataset[i])] for j in range(batch_size)]
-        out.append((torch.stack([x for x, _ in items]).to(device),
-                    torch.as_tensor([y for _, y in items]).to(device)))
-    return out
+    items = [[dataset[i][j % len(dataset[i])] for j in range(batch_size)] for i in envs]
+    return [(torch.stack([x for x, _ in env]).to(device),
+             torch.as_tensor([y for _, y in env]).to(device)) for env in items]
 
 
 def build(name, dataset_name, num_domains=2, device="cpu", **overrides):
@@ -127,15 +122,13 @@ def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
 
 
 def test_updates_predict_and_state(case):
-    """Updates give float outputs with fixed keys, gradients reach every parameter (or it is
-    exempt), predict's logits have the right shape and are deterministic, a state_dict round trip
-    reproduces them."""
+    """Updates give floats with fixed keys, gradients reach every parameter (or it is exempt),
+    predict's logits have the right shape, are deterministic and survive a state_dict round trip."""
     name, dataset_name, device = case
     # 224x224 images: 2 per environment are enough for every check here, 4x cheaper than 8
     algorithm, dataset, hp = build(name, dataset_name, device=device,
                                    **({"batch_size": 2} if dataset_name == "Debug224" else {}))
-    envs = [0, 1]
-    batches = minibatches(dataset, hp["batch_size"], envs, device)
+    batches = minibatches(dataset, hp["batch_size"], [0, 1], device)
     got_grad = set()
     handles = [p.register_post_accumulate_grad_hook(
         lambda p, n=n: got_grad.add(n) if p.grad is not None and p.grad.abs().sum() > 0 else None)
@@ -170,7 +163,7 @@ def test_updates_predict_and_state(case):
             f"{list(logits.shape)}"
         assert torch.isfinite(logits).all()
         assert torch.equal(logits, algorithm.predict(x)), "eval predictions are not deterministic"
-    clone = type(algorithm)(dataset.input_shape, dataset.num_classes, len(envs), hp).to(device)
+    clone = type(algorithm)(dataset.input_shape, dataset.num_classes, len(batches), hp).to(device)
     clone.load_state_dict(algorithm.state_dict())
     clone.eval()
     with torch.no_grad():

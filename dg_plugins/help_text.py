@@ -10,7 +10,6 @@ import sys
 
 from dg_plugins.runtime import swapped
 
-#: What a short usage line ends with.
 EVERY_FLAG = "[FLAGS] (every flag: --help)"
 
 
@@ -68,8 +67,7 @@ def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] 
             return f"; did you mean {hints[0][1]}?"
         return ("; did you mean " + ", ".join(f"{flag} (for {word})" for word, flag in hints)
                 + "?") if hints else ""
-    choice = re.search(r"invalid choice: (.*?) \(choose from (.*)\)$", message)
-    if choice:
+    if choice := re.search(r"invalid choice: (.*?) \(choose from (.*)\)$", message):
         choices = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
         close = difflib.get_close_matches(choice.group(1).strip("'\""), choices, n=1)
         return f"; did you mean {close[0]!r}?" if close else ""

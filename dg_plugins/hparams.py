@@ -22,16 +22,12 @@ Space = dict[str, tuple]
 
 #: Datasets that get DomainBed's small-image lr/batch/weight-decay rules (28x28 inputs).
 SMALL_IMAGE_DATASETS = {"Debug28", "RotatedMNIST", "ColoredMNIST", "RotatedMNIST5k"}
-
 #: Datasets whose 28x28 CNN is narrowed for CPUs (``mnist_cnn_width`` 32 instead of 128).
 COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
-
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
-
 #: Values of the ``batch_sampling`` hparam (see ``dg_plugins.train.batches``).
 BATCH_SAMPLINGS = ("per_domain", "pooled")
-
 #: Values of the ``lr_schedule`` hparam (see ``dg_plugins.algorithms.base.lr_factor``).
 LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
 
@@ -120,11 +116,10 @@ def base_space(dataset: str) -> Space:
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
     """Attach ``space_fn(dataset)`` (overriding the base) to ``algorithm``, once."""
     current = _ALGORITHM_SPACES.get(algorithm)
-
-    def origin(fn) -> tuple:  # where fn was defined (the same after a module reload)
-        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
-
-    if current is not None and origin(current) != origin(space_fn):
+    # where each was defined (the same after a module reload)
+    origins = {(getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+               for fn in (current, space_fn)}
+    if current is not None and len(origins) > 1:
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
     _ALGORITHM_SPACES[algorithm] = space_fn
 
@@ -198,14 +193,12 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(
-            f"--hparams is not valid JSON ({err.msg} at character {err.pos}): {text!r}. "
-            "Expected an object such as '{\"batch_size\": 8, \"lr\": 0.001}' (double quotes)."
-        ) from None
+            f"--hparams is not valid JSON ({err.msg} at character {err.pos}): {text!r}. Expected "
+            "an object such as '{\"batch_size\": 8, \"lr\": 0.001}' (double quotes).") from None
     if not isinstance(value, dict):
         raise ValueError(
             f"--hparams must be a JSON object mapping names to values, got {type(value).__name__}: "
-            f"{text!r}. Example: '{{\"batch_size\": 8}}'."
-        )
+            f"{text!r}. Example: '{{\"batch_size\": 8}}'.")
     return value
 
 
@@ -251,14 +244,13 @@ def check_finite(name: str, value: Any) -> None:
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     """Each entry's check on ``hparams``' value (not through :func:`validate`); HparamError."""
     for name, entry in entries.items():
-        check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
         if name in hparams:
             check_finite(name, value)
-        if check is None or value is None:
+        if len(entry) < 3 or entry[2] is None or value is None:
             continue
         try:
-            problem = check(value)
+            problem = entry[2](value)
         except (TypeError, AttributeError, ValueError):
             problem = f"has the wrong type (its default is {entry[0]!r})"
         if problem:
@@ -304,5 +296,4 @@ def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int
     """A train job's hparams as DomainBed's train.py computes them, then the overrides."""
     hp = default_hparams(algorithm, dataset) if hparams_seed == 0 else \
         random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
-    hp.update(validate(algorithm, dataset, parse_overrides(overrides)))
-    return hp
+    return hp | validate(algorithm, dataset, parse_overrides(overrides))

@@ -64,9 +64,8 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
     """The message for a ``--data_dir`` one level below an image tree (``root`` is one domain's
     folder), naming the folder above; else None."""
     paths = [os.path.join(root, name) for name in folders]
-    if not paths or any(visible_subfolders(path) for path in paths):
-        return None
-    if not any(is_image_file(name) for path in paths for name in os.listdir(path)):
+    if not paths or any(visible_subfolders(path) for path in paths) or not any(
+            is_image_file(name) for path in paths for name in os.listdir(path)):
         return None
     here = os.path.abspath(root)
     parent = os.path.dirname(here)
@@ -112,7 +111,6 @@ def relative_paths(env_root: str, paths) -> list[str]:
 
 #: PACS's official split lists: the PACS authors' Google Drive folder, subfolder ``pacs_label``.
 PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
-#: The three lists of each PACS domain.
 PACS_SPLIT_KINDS = ("train", "crossval", "test")
 
 
@@ -137,8 +135,7 @@ def match_split_list(list_path: str, domain: str, env_root: str,
         parts = [p for p in fields[0].replace("\\", "/").split("/") if p not in ("", ".")]
         if domain in parts:
             parts = parts[parts.index(domain):]
-        index = index_of.get("/".join(parts))
-        if index is None:
+        if (index := index_of.get("/".join(parts))) is None:
             unmatched.append(f"line {number}: {fields[0]}")
             continue
         if len(fields) > 1:
@@ -206,10 +203,9 @@ def read_idx(path: str):
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     count = math.prod(shape)
     if len(data) != header_size + count * dtype.itemsize:
-        raise ValueError(
-            f"{path}: the header declares shape {shape} ({count * dtype.itemsize} data bytes) "
-            f"but the file holds {len(data) - header_size} data bytes (truncated download?)"
-        )
+        raise ValueError(f"{path}: the header declares shape {shape} ({count * dtype.itemsize} "
+                         f"data bytes) but the file holds {len(data) - header_size} data bytes "
+                         "(truncated download?)")
     values = np.frombuffer(data, dtype=dtype, count=count, offset=header_size)
     return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 

@@ -37,8 +37,7 @@ class PluginImportError(ImportError, ValueError):
 
 def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
     """Import our algorithms and datasets (with ``builtins``), then ``modules`` and
-    ``$DG_PLUGINS_IMPORT``'s, which are returned; one missing raises :class:`PluginImportError` with
-    the fix (other errors of a plugin's code are raised as they are)."""
+    ``$DG_PLUGINS_IMPORT``'s (returned); one missing raises :class:`PluginImportError`."""
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401

@@ -80,8 +80,6 @@ class Registry:
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
 
-    # sources -----------------------------------------------------------------------------------
-
     def add_source(self, source: Source) -> None:
         """Consult ``source`` for unregistered names (replacing one of its prefix)."""
         self.remove_source(source.prefix)
@@ -102,8 +100,6 @@ class Registry:
         if canonical not in self._loaded:
             self._loaded[canonical] = (source, source.load(name, canonical))
         return canonical
-
-    # lookups ------------------------------------------------------------------------------------
 
     def resolve(self, name: str, say: str | None = None) -> str:
         """The canonical name of a user's ``name`` (up to case; ``PREFIX:NAME`` for a shadowed
@@ -138,11 +134,9 @@ class Registry:
                 f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
                 f"{did_you_mean(rest, names)}")
         offered = self._offered()
-        for source, names in offered.items():
-            if name in names:
-                return self._load(source, name)
         matches = [(None, n) for n in self._entries if same(n, name)]
         matches += [(s, n) for s, names in offered.items() for n in names if same(n, name)]
+        matches = [m for m in matches if m[1] == name][:1] or matches  # a source's exact name
         if len(matches) == 1:
             source, match = matches[0]
             return match if source is None else self._load(source, match)
@@ -154,8 +148,7 @@ class Registry:
 
     def unknown_message(self, names: list[str]) -> str:
         """``unknown KIND 'X' (did you mean ...); registered KINDs: ...`` plus the sources'."""
-        offered = self._offered()
-        choices = list(self._entries) + [n for names_ in offered.values() for n in names_]
+        choices = list(self._entries) + [n for names in self._offered().values() for n in names]
         named = ", ".join(f"{n!r}{did_you_mean(n, choices)}" for n in names)
         listed = ", ".join(self._entries) or "(none registered)"
         kind = self.kind if len(names) == 1 else f"{self.kind}(s)"
@@ -166,8 +159,7 @@ class Registry:
 
     def get(self, name: str) -> Any:
         """The object of ``name``, exactly (no case folding; :meth:`resolve` for users' names)."""
-        canonical = self._resolve(str(name), fold_case=False)
-        if canonical in self._entries:
+        if (canonical := self._resolve(str(name), fold_case=False)) in self._entries:
             return self._entries[canonical]
         return self._loaded[canonical][1]
 

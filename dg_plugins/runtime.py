@@ -19,14 +19,11 @@ def job_cores() -> tuple[int, str]:
     for name, source in ((CORES_ENV, f"${CORES_ENV}"),
                          ("SLURM_CPUS_PER_TASK", "Slurm's cpus-per-task")):
         if text := os.environ.get(name, "").strip():
-            try:
-                cores = int(text)
-            except ValueError:
-                cores = 0
-            if cores < 1:
-                raise ValueError(f"${name}={text!r} is not a positive number of CPU cores; set "
-                                 f"it to one (e.g. {name}=4) or unset it")
-            return cores, source
+            with contextlib.suppress(ValueError):
+                if (cores := int(text)) >= 1:
+                    return cores, source
+            raise ValueError(f"${name}={text!r} is not a positive number of CPU cores; set it to "
+                             f"one (e.g. {name}=4) or unset it")
     try:
         return len(os.sched_getaffinity(0)), "the cores this process may run on"
     except (AttributeError, OSError):

@@ -4,6 +4,7 @@ jobs (:mod:`dg_plugins.sweep.processes`). Torch-free."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -25,13 +26,10 @@ def stop_grace_period(override: float | None = None) -> float:
         return float(override)
     if (text := os.environ.get(STOP_GRACE_PERIOD_ENV)) is None:
         return DEFAULT_STOP_GRACE_PERIOD_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"bad value for ${STOP_GRACE_PERIOD_ENV}: {text!r} (seconds, >= 0)")
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := float(text)) >= 0:
+            return value
+    raise ValueError(f"bad value for ${STOP_GRACE_PERIOD_ENV}: {text!r} (seconds, >= 0)")
 
 
 def signal_name(signum: int) -> str:
