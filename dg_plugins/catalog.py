@@ -35,12 +35,8 @@ DOMAINBED_DATASETS: dict[str, list[str]] = {
     "SVIRO": ["aclass", "escape", "hilux", "i3", "lexus", "tesla", "tiguan", "tucson", "x5", "zoe"],
     "WILDSCamelyon": ["hospital_0", "hospital_1", "hospital_2", "hospital_3", "hospital_4"],
     "WILDSFMoW": ["region_0", "region_1", "region_2", "region_3", "region_4", "region_5"],
-    "SpawriousO2O_easy": _SPAWRIOUS_ENVS,
-    "SpawriousO2O_medium": _SPAWRIOUS_ENVS,
-    "SpawriousO2O_hard": _SPAWRIOUS_ENVS,
-    "SpawriousM2M_easy": _SPAWRIOUS_ENVS,
-    "SpawriousM2M_medium": _SPAWRIOUS_ENVS,
-    "SpawriousM2M_hard": _SPAWRIOUS_ENVS,
+    **{f"Spawrious{kind}_{level}": _SPAWRIOUS_ENVS
+       for kind in ("O2O", "M2M") for level in ("easy", "medium", "hard")},
 }
 
 #: Number of classes of each dataset (the ``num_classes`` DomainBed's classes set on loading).
@@ -65,16 +61,11 @@ def _modules(package: str) -> list[str]:
 
 def algorithm_modules() -> list[str]:
     """The algorithm modules in import order: ``erm`` first, then by name."""
-    names = _modules(ALGORITHMS_PACKAGE)
-    if FIRST_ALGORITHM_MODULE in names:
-        names.remove(FIRST_ALGORITHM_MODULE)
-        names.insert(0, FIRST_ALGORITHM_MODULE)
-    return names
+    return sorted(_modules(ALGORITHMS_PACKAGE), key=lambda name: name != FIRST_ALGORITHM_MODULE)
 
 
 def _registered(package: str, modules: list[str], kind: str) -> list[str]:
-    """Names that ``@register_KIND`` (or ``DATASETS.register("X", ...)``) registers in
-    ``modules``, read from their source (no import, no torch)."""
+    """Names ``@register_KIND`` (or ``DATASETS.register("X", ...)``) registers in ``modules``."""
     decorated = re.compile(
         rf"^@register_{kind}\(\s*(?:(?:name\s*=\s*)?[\"']([^\"']+)[\"'])?[^)]*\)\s*\n"
         r"(?:@.*\n)*class\s+(\w+)", re.MULTILINE)
@@ -88,7 +79,6 @@ def _registered(package: str, modules: list[str], kind: str) -> list[str]:
     return found
 
 
-#: dg_plugins' built-in algorithms and datasets (read from their sources).
 BUILTIN_ALGORITHMS = _registered(ALGORITHMS_PACKAGE, algorithm_modules(), "algorithm")
 BUILTIN_DATASETS = _registered(DATASETS_PACKAGE, _modules(DATASETS_PACKAGE), "dataset")
 
@@ -113,9 +103,8 @@ def declare_algorithm(name: str) -> None:
 def declare_dataset(name: str, environments: list[str], backbone: str | None = None) -> None:
     known = DATASET_ENVIRONMENTS.get(name)
     if known is not None and list(known) != list(environments):
-        raise ValueError(
-            f"dataset {name!r} is declared with environments {known}, not {list(environments)}"
-        )
+        raise ValueError(f"dataset {name!r} is declared with environments {known}, "
+                         f"not {list(environments)}")
     DATASET_ENVIRONMENTS[name] = list(environments)
     if name not in DECLARED_DATASETS:
         DECLARED_DATASETS.append(name)
@@ -124,8 +113,7 @@ def declare_dataset(name: str, environments: list[str], backbone: str | None = N
 
 
 def declare_dataset_hparams(name: str, space: dict[str, tuple]) -> None:
-    """Declare hparams read by dataset ``name`` (``{hparam: (default, random_fn[, check])}``, the
-    form of ``dg_plugins.hparams`` spaces); a name declared again with another default raises."""
+    """Add hparams read by dataset ``name`` (a space's entries); another default raises."""
     known = DATASET_HPARAMS.setdefault(name, {})
     for hparam, entry in space.items():
         if hparam in known and known[hparam][0] != entry[0]:
@@ -141,12 +129,9 @@ def dataset_hparam_space(name: str) -> dict[str, tuple]:
 
 def one_of(*choices):
     """An hparam check accepting only ``choices`` (:mod:`dg_plugins.hparams` imports it)."""
-    def check(value) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}"
-    return check
+    return lambda value: (None if value in choices
+                          else f"must be one of {', '.join(map(repr, choices))}")
 
-
-# --- Image-folder datasets: their folders and the dataset hparams they read ---
 
 #: Values of the image-folder hparam ``augmentation`` (the training transform: DomainBed's or
 #: the DMG release's, ``dg_plugins.datasets.image_folder.training_transform``).
@@ -176,11 +161,9 @@ def _image_size(value) -> str | None:
 
 
 def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
-    """Record ``name`` as read from ``<data_dir>/<folder_name>`` and declare the hparams every
-    image-folder dataset reads, not drawn: ``augmentation`` and ``image_size`` (the side of the
-    transforms' square images)."""
-    known = IMAGE_FOLDER_DATASETS.get(name, folder_name)
-    if known != folder_name:
+    """Record ``name`` as read from ``<data_dir>/<folder_name>``; declare its hparams, not drawn:
+    ``augmentation`` and ``image_size`` (the side of the transforms' square images)."""
+    if (known := IMAGE_FOLDER_DATASETS.get(name, folder_name)) != folder_name:
         raise ValueError(f"image-folder dataset {name!r} is declared with folder {known!r}, "
                          f"not {folder_name!r}")
     IMAGE_FOLDER_DATASETS[name] = folder_name
@@ -188,8 +171,6 @@ def declare_image_folder_dataset(name: str, folder_name: str | None) -> None:
         "augmentation": ("domainbed", lambda r: "domainbed", one_of(*AUGMENTATIONS)),
         IMAGE_SIZE_HPARAM: (IMAGE_SIZE, lambda r: IMAGE_SIZE, _image_size)})
 
-
-# --- Dataset names and the environments found on disk (sweep checks its --datasets) ---
 
 #: The command that runs DomainBed's own datasets (and algorithms) with dg_plugins installed.
 BRIDGE_SWEEP_COMMAND = "python -m dg_plugins.scripts.domainbed sweep ..."
@@ -238,15 +219,13 @@ def image_folder_layout(dataset: str) -> str:
 
 
 def nested_tree_error(dataset: str, root: str, domains: list[str]) -> ValueError | None:
-    """The error for a ``--data_dir`` one level above an image tree (its only domain folder is a
-    tree itself), naming the folder meant; None otherwise."""
+    """The error for a ``--data_dir`` one level above an image tree, naming the tree; else None."""
     if len(domains) != 1:
         return None
     tree = os.path.join(root, domains[0])
     inner = visible_subfolders(tree)
-    if len(inner) < 2 or not all(visible_subfolders(os.path.join(tree, d)) for d in inner):
-        return None
-    if not all(has_image(os.path.join(tree, d)) for d in inner):
+    folders = [os.path.join(tree, d) for d in inner]
+    if len(inner) < 2 or not all(visible_subfolders(f) and has_image(f) for f in folders):
         return None
     return ValueError(
         f"{dataset}: {root} holds one domain folder, {domains[0]}, whose class folders "
@@ -270,21 +249,18 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     if not os.path.isdir(root):
         raise FileNotFoundError((folder and inside_dataset_folder(dataset, data_dir, folder))
                                 or f"{dataset}: dataset folder {root} does not exist. {layout}.")
-    domains = visible_subfolders(root)
-    if not domains:
+    if not (domains := visible_subfolders(root)):
         raise FileNotFoundError(f"{dataset}: no domain folders in {root}. {layout}.")
     fixed = DATASET_ENVIRONMENTS.get(dataset) if dataset != GENERIC_IMAGE_FOLDER else None
-    nested = nested_tree_error(dataset, root, domains) if fixed is None else None
-    if nested is not None:
-        raise nested
-    shallow = domain_folder_error(dataset, root, domains) if fixed is None else None
-    if shallow is not None:
-        raise FileNotFoundError(shallow)
-    if fixed is not None and len(domains) != len(fixed):
-        raise ValueError(
-            f"{dataset}: {root} has {len(domains)} domain folders ({', '.join(domains)}) but "
-            f"{dataset} has {len(fixed)} environments ({', '.join(fixed)}); remove stray folders. "
-            f"{layout}.")
+    if fixed is None:
+        if (nested := nested_tree_error(dataset, root, domains)) is not None:
+            raise nested
+        if (shallow := domain_folder_error(dataset, root, domains)) is not None:
+            raise FileNotFoundError(shallow)
+    elif len(domains) != len(fixed):
+        raise ValueError(f"{dataset}: {root} has {len(domains)} domain folders "
+                         f"({', '.join(domains)}) but {dataset} has {len(fixed)} environments "
+                         f"({', '.join(fixed)}); remove stray folders. {layout}.")
     for domain in domains:
         path = os.path.join(root, domain)
         if not visible_subfolders(path):

@@ -10,10 +10,8 @@ import importlib.util
 import os
 import sys
 
-_SCHEMAS = {
-    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-}
+_SCHEMAS = [f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+            for op in ("nms", "qnms")]
 _library = None  # keeps the schema definitions alive for the life of the process
 extension_loaded: bool | None = None  # None until ensure_torchvision() ran
 
@@ -41,7 +39,7 @@ def ensure_torchvision() -> bool:
         extension_loaded = True
     except (OSError, RuntimeError):
         _library = torch.library.Library("torchvision", "DEF")
-        for schema in _SCHEMAS.values():
+        for schema in _SCHEMAS:
             _library.define(schema)
         extension_loaded = False
     return extension_loaded

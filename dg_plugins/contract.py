@@ -3,7 +3,6 @@ own algorithms (``python -m dg_plugins.scripts.check_algorithm MODULE``, or
 ``DG_PLUGINS_IMPORT=MODULE python -m pytest --pyargs dg_plugins.contract``): on Debug28 and
 Debug224 with ``TINY_TEST_HPARAMS``, on CPU and CUDA, what methods get wrong (optimizers,
 gradients, update keys and floats, predict's logits, 1 and 3 domains, the lr schedule, resume).
-
 Algorithms: ``$DG_PLUGINS_CONTRACT_ALGORITHMS``, else ``$DG_PLUGINS_IMPORT``'s, else dg_plugins'
 own; a test module importing these tests may set ``CONTRACT_ALGORITHMS`` instead."""
 
@@ -18,7 +17,8 @@ import os
 import pytest
 import torch
 
-from dg_plugins import plugins
+from dg_plugins import hparams, plugins
+from dg_plugins.job.records import read_record_lines
 from dg_plugins.registry import ALGORITHMS, DATASETS
 
 #: The datasets every algorithm is built on (in-memory, no files).
@@ -53,24 +53,17 @@ def pytest_generate_tests(metafunc) -> None:
 def tiny_hparams(algorithm: str, dataset: str, **overrides) -> dict:
     """Default hparams made CPU-sized (random init, ResNet-18, batch 8, the algorithm's
     ``TINY_TEST_HPARAMS``), then ``overrides``, all validated."""
-    from dg_plugins import hparams
-
-    changes = dict(pretrained=False, resnet18=True, resnet50_augmix=False, batch_size=8)
-    changes.update(getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}))
-    changes.update(overrides)
+    changes = {"pretrained": False, "resnet18": True, "resnet50_augmix": False, "batch_size": 8,
+               **getattr(ALGORITHMS.get(algorithm), "TINY_TEST_HPARAMS", {}), **overrides}
     hp = hparams.default_hparams(algorithm, dataset)
-    hp.update(hparams.validate(algorithm, dataset, changes))
-    return hp
+    return hp | hparams.validate(algorithm, dataset, changes)
 
 
 def minibatches(dataset, batch_size, envs, device="cpu"):
     """``batch_size`` items (cycling) of each environment in ``envs`` as ``(x, y)``."""
-    out = []
-    for i in envs:
-        items = [dataset[i][j % len(dataset[i])] for j in range(batch_size)]
-        out.append((torch.stack([x for x, _ in items]).to(device),
-                    torch.as_tensor([y for _, y in items]).to(device)))
-    return out
+    items = [[dataset[i][j % len(dataset[i])] for j in range(batch_size)] for i in envs]
+    return [(torch.stack([x for x, _ in env]).to(device),
+             torch.as_tensor([y for _, y in env]).to(device)) for env in items]
 
 
 def build(name, dataset_name, num_domains=2, device="cpu", **overrides):
@@ -87,15 +80,11 @@ def trainable(algorithm):
 
 def read_records(folder, drop=()) -> list[dict]:
     """A job folder's records, without the keys in ``drop``."""
-    from dg_plugins.job.records import read_record_lines
-
     return [{k: v for k, v in json.loads(line).items() if k not in drop}
             for line in read_record_lines(os.path.join(folder, "results.jsonl"))]
 
 
 def test_tiny_test_hparams_are_declared_hparams(name):
-    from dg_plugins import hparams
-
     for dataset in CONTRACT_DATASETS:
         hparams.validate(name, dataset, dict(ALGORITHMS.get(name).TINY_TEST_HPARAMS))
 
@@ -133,15 +122,13 @@ def test_a_job_lr_schedule_scales_every_optimizer_but_the_exempt_ones(name):
 
 
 def test_updates_predict_and_state(case):
-    """Updates give float outputs with fixed keys, gradients reach every parameter (or it is
-    exempt), predict's logits have the right shape and are deterministic, a state_dict round trip
-    reproduces them."""
+    """Updates give floats with fixed keys, gradients reach every parameter (or it is exempt),
+    predict's logits have the right shape, are deterministic and survive a state_dict round trip."""
     name, dataset_name, device = case
     # 224x224 images: 2 per environment are enough for every check here, 4x cheaper than 8
     algorithm, dataset, hp = build(name, dataset_name, device=device,
                                    **({"batch_size": 2} if dataset_name == "Debug224" else {}))
-    envs = [0, 1]
-    batches = minibatches(dataset, hp["batch_size"], envs, device)
+    batches = minibatches(dataset, hp["batch_size"], [0, 1], device)
     got_grad = set()
     handles = [p.register_post_accumulate_grad_hook(
         lambda p, n=n: got_grad.add(n) if p.grad is not None and p.grad.abs().sum() > 0 else None)
@@ -176,7 +163,7 @@ def test_updates_predict_and_state(case):
             f"{list(logits.shape)}"
         assert torch.isfinite(logits).all()
         assert torch.equal(logits, algorithm.predict(x)), "eval predictions are not deterministic"
-    clone = type(algorithm)(dataset.input_shape, dataset.num_classes, len(envs), hp).to(device)
+    clone = type(algorithm)(dataset.input_shape, dataset.num_classes, len(batches), hp).to(device)
     clone.load_state_dict(algorithm.state_dict())
     clone.eval()
     with torch.no_grad():

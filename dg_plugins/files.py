@@ -3,7 +3,9 @@ fsync, rename; a failed write leaves the old content and raises the OSError nami
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import secrets
 
@@ -20,11 +22,9 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         for _ in range(100):  # a new uniquely named file with open()'s mode, not mkstemp's 0600
             name = f".tmp-{secrets.token_hex(6)}-{os.path.basename(path)[-100:]}"
             tmp = os.path.join(folder, name)
-            try:
+            with contextlib.suppress(FileExistsError):
                 fd = os.open(tmp, flags, 0o666)
                 break
-            except FileExistsError:
-                continue
         else:
             raise FileExistsError(f"could not create a temporary file in {folder}")
     except OSError as err:
@@ -52,8 +52,6 @@ def _name(err: OSError, path: str) -> None:
 
 def atomic_torch_save(obj, path: str) -> None:
     """``torch.save`` through :func:`atomic_write_bytes`."""
-    import io
-
     import torch
 
     buffer = io.BytesIO()

@@ -4,12 +4,12 @@ Torch- and pandas-free."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import re
 import sys
 
-#: What a short usage line ends with.
+from dg_plugins.runtime import swapped
+
 EVERY_FLAG = "[FLAGS] (every flag: --help)"
 
 
@@ -38,8 +38,7 @@ class CommandParser(argparse.ArgumentParser):
 
 def short_usage(parser: argparse.ArgumentParser) -> str:
     """``parser.short_usage``, else the command with its positional arguments and required flags."""
-    given = getattr(parser, "short_usage", None)
-    if given:
+    if given := getattr(parser, "short_usage", None):
         return given
     kept = [action for action in parser._actions if not action.option_strings or action.required]
     formatter = parser._get_formatter()
@@ -68,8 +67,7 @@ def did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] 
             return f"; did you mean {hints[0][1]}?"
         return ("; did you mean " + ", ".join(f"{flag} (for {word})" for word, flag in hints)
                 + "?") if hints else ""
-    choice = re.search(r"invalid choice: (.*?) \(choose from (.*)\)$", message)
-    if choice:
+    if choice := re.search(r"invalid choice: (.*?) \(choose from (.*)\)$", message):
         choices = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
         close = difflib.get_close_matches(choice.group(1).strip("'\""), choices, n=1)
         return f"; did you mean {close[0]!r}?" if close else ""
@@ -84,12 +82,6 @@ def report_usage_error(parser: argparse.ArgumentParser, message: str):
                    f"{did_you_mean(parser, message, argv)}\n")
 
 
-@contextlib.contextmanager
 def short_usage_errors():
     """Within the block every argparse parser reports usage errors as :class:`CommandParser`."""
-    saved = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = report_usage_error
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = saved
+    return swapped(argparse.ArgumentParser, "error", report_usage_error)

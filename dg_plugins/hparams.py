@@ -22,16 +22,12 @@ Space = dict[str, tuple]
 
 #: Datasets that get DomainBed's small-image lr/batch/weight-decay rules (28x28 inputs).
 SMALL_IMAGE_DATASETS = {"Debug28", "RotatedMNIST", "ColoredMNIST", "RotatedMNIST5k"}
-
 #: Datasets whose 28x28 CNN is narrowed for CPUs (``mnist_cnn_width`` 32 instead of 128).
 COMPACT_CNN_DATASETS = {"RotatedMNIST5k"}
-
 #: Values of the ``backbone`` hparam (see ``dg_plugins.networks.Featurizer``).
 BACKBONES = ("auto", "mnist_cnn", "lenet", "resnet", "vit")
-
 #: Values of the ``batch_sampling`` hparam (see ``dg_plugins.train.batches``).
 BATCH_SAMPLINGS = ("per_domain", "pooled")
-
 #: Values of the ``lr_schedule`` hparam (see ``dg_plugins.algorithms.base.lr_factor``).
 LR_SCHEDULES = ("constant", "exp_epoch", "inv_epoch", "inv_step")
 
@@ -74,7 +70,6 @@ decay_rate = _check(lambda v: 0 < v <= 1, "must be in (0, 1]")
 
 def base_space(dataset: str) -> Space:
     """DomainBed's base hparams plus our backbone options and the hparams the dataset reads."""
-    small = dataset in SMALL_IMAGE_DATASETS
     space: Space = {
         "data_augmentation": (True, _constant(True)),
         # resnet18 wins over resnet50_augmix (DomainBed builds a ResNet-50 unless both false)
@@ -106,7 +101,7 @@ def base_space(dataset: str) -> Space:
     cnn_width = 32 if dataset in COMPACT_CNN_DATASETS else 128
     space["mnist_cnn_width"] = (cnn_width, _constant(cnn_width), _check(
         lambda v: v > 0 and v % 16 == 0, "must be a positive multiple of 16"))
-    if small:
+    if dataset in SMALL_IMAGE_DATASETS:
         space["lr"] = (1e-3, _log_uniform(-4.5, -2.5), positive)
         space["weight_decay"] = (0.0, _constant(0.0), non_negative)
         space["batch_size"] = (64, _int_pow2(3, 9), positive)
@@ -121,18 +116,16 @@ def base_space(dataset: str) -> Space:
 def declare_space(algorithm: str, space_fn: Callable[[str], Space]) -> None:
     """Attach ``space_fn(dataset)`` (overriding the base) to ``algorithm``, once."""
     current = _ALGORITHM_SPACES.get(algorithm)
-
-    def origin(fn) -> tuple:  # where fn was defined (the same after a module reload)
-        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
-
-    if current is not None and current is not space_fn and origin(current) != origin(space_fn):
+    # where each was defined (the same after a module reload)
+    origins = {(getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+               for fn in (current, space_fn)}
+    if current is not None and len(origins) > 1:
         raise ValueError(f"hparam space for algorithm {algorithm!r} is already declared")
     _ALGORITHM_SPACES[algorithm] = space_fn
 
 
 def algorithm_hparams(algorithm: str):
-    """Decorator form of :func:`declare_space` (for classes not registered with
-    ``register_algorithm``, which declare ``hparam_space``)."""
+    """Decorator form of :func:`declare_space` (``register_algorithm``'s use ``hparam_space``)."""
 
     def register(fn: Callable[[str], Space]) -> Callable[[str], Space]:
         declare_space(algorithm, fn)
@@ -161,9 +154,8 @@ def space(algorithm: str, dataset: str) -> Space:
     if algorithm in _REGISTRIES:
         merged: Space = {name: (_python(default), _constant(_python(default)))
                          for name, (default, _) in _REGISTRIES[algorithm](dataset, 0).items()}
-        for name, entry in catalog.dataset_hparam_space(dataset).items():
-            merged.setdefault(name, entry)
-        return merged
+        extra = catalog.dataset_hparam_space(dataset)
+        return merged | {name: entry for name, entry in extra.items() if name not in merged}
     merged = base_space(dataset)
     if algorithm in _ALGORITHM_SPACES:
         merged.update(_ALGORITHM_SPACES[algorithm](dataset))
@@ -178,12 +170,10 @@ def draw(algorithm: str, dataset: str, random_seed: int) -> dict[str, tuple[Any,
     """DomainBed's ``_hparams``: ``{name: (default, random draw)}``; every draw is evaluated."""
     drawn = _REGISTRIES[algorithm](dataset, random_seed) if algorithm in _REGISTRIES else {}
     out = {name: (_python(default), _python(value)) for name, (default, value) in drawn.items()}
-    for name, entry in space(algorithm, dataset).items():
-        if name in out:
-            continue
-        default, random_fn = entry[0], entry[1]
-        rng = np.random.RandomState(seed_hash(random_seed, name))
-        out[name] = (default, _python(random_fn(rng)))
+    for name, (default, random_fn, *_) in space(algorithm, dataset).items():
+        if name not in out:
+            rng = np.random.RandomState(seed_hash(random_seed, name))
+            out[name] = (default, _python(random_fn(rng)))
     return out
 
 
@@ -197,20 +187,18 @@ def random_hparams(algorithm: str, dataset: str, seed: int) -> dict[str, Any]:
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
     """Parse ``--hparams`` JSON; a clear error names the problem and shows the expected form."""
-    if text is None or text == "":
+    if not text:
         return {}
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(
-            f"--hparams is not valid JSON ({err.msg} at character {err.pos}): {text!r}. "
-            "Expected an object such as '{\"batch_size\": 8, \"lr\": 0.001}' (double quotes)."
-        ) from None
+            f"--hparams is not valid JSON ({err.msg} at character {err.pos}): {text!r}. Expected "
+            "an object such as '{\"batch_size\": 8, \"lr\": 0.001}' (double quotes).") from None
     if not isinstance(value, dict):
         raise ValueError(
             f"--hparams must be a JSON object mapping names to values, got {type(value).__name__}: "
-            f"{text!r}. Example: '{{\"batch_size\": 8}}'."
-        )
+            f"{text!r}. Example: '{{\"batch_size\": 8}}'.")
     return value
 
 
@@ -228,17 +216,15 @@ def _coerce(name: str, value: Any, default: Any, any_number: bool = False) -> An
     if default is None:  # optional settings (e.g. a path): any JSON scalar, or null
         if value is not None and not isinstance(value, (str, int, float, bool)):
             raise wrong("null or a single value")
-        return value
-    if isinstance(default, (bool, str)):
+    elif isinstance(default, (bool, str)):
         if not isinstance(value, type(default)):
             raise wrong(_TYPE_NAMES[type(default)])
-        return value
-    if isinstance(default, (int, float)):
+    elif isinstance(default, (int, float)):
         kind = int if isinstance(default, int) and not any_number else float
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
             raise wrong(_TYPE_NAMES[kind])
         return float(value) if isinstance(default, float) and not any_number else value
-    if isinstance(default, (list, tuple)):
+    elif isinstance(default, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(default):
             raise wrong(f"a list of {len(default)} values")
         return [_coerce(f"{name}[{i}]", v, d) for i, (v, d) in enumerate(zip(value, default))]
@@ -258,14 +244,13 @@ def check_finite(name: str, value: Any) -> None:
 def check_values(entries: Space, hparams: dict[str, Any]) -> None:
     """Each entry's check on ``hparams``' value (not through :func:`validate`); HparamError."""
     for name, entry in entries.items():
-        check = entry[2] if len(entry) > 2 else None
         value = hparams.get(name)
         if name in hparams:
             check_finite(name, value)
-        if check is None or value is None:
+        if len(entry) < 3 or entry[2] is None or value is None:
             continue
         try:
-            problem = check(value)
+            problem = entry[2](value)
         except (TypeError, AttributeError, ValueError):
             problem = f"has the wrong type (its default is {entry[0]!r})"
         if problem:
@@ -280,22 +265,21 @@ RENAMED = {
 
 
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` checked against ``algorithm``'s space on ``dataset`` (names, types, checks),
-    ints made floats where due."""
+    """``overrides`` checked against ``algorithm``'s space on ``dataset``, ints made floats where
+    due."""
     entries = space(algorithm, dataset)
-    unknown = [name for name in overrides if name not in entries]
-    if unknown:
-        hints = []
-        for name in unknown:
-            if name in RENAMED:
-                hints.append(f"{name!r} (renamed: use {RENAMED[name]})")
-                continue
-            close = difflib.get_close_matches(name, list(entries), n=3, cutoff=0.6)
-            hints.append(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
-                                        if close else ""))
+
+    def hint(name: str) -> str:
+        if name in RENAMED:
+            return f"{name!r} (renamed: use {RENAMED[name]})"
+        close = difflib.get_close_matches(name, list(entries), n=3, cutoff=0.6)
+        return f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
+                              if close else "")
+
+    if unknown := [name for name in overrides if name not in entries]:
         raise HparamError(
-            f"unknown hparam(s) {', '.join(hints)} for {algorithm} on {dataset}. Valid names: "
-            f"{', '.join(sorted(entries))}. (" + (
+            f"unknown hparam(s) {', '.join(map(hint, unknown))} for {algorithm} on {dataset}. "
+            f"Valid names: {', '.join(sorted(entries))}. (" + (
                 "Its hparams are its registry's: DomainBed's hparams_registry.py for DomainBed's "
                 "algorithms.)" if algorithm in _REGISTRIES else
                 "An algorithm's own hparams are declared in its hparam_space.)"))
@@ -312,5 +296,4 @@ def job_hparams(algorithm: str, dataset: str, hparams_seed: int, trial_seed: int
     """A train job's hparams as DomainBed's train.py computes them, then the overrides."""
     hp = default_hparams(algorithm, dataset) if hparams_seed == 0 else \
         random_hparams(algorithm, dataset, seed_hash(hparams_seed, trial_seed))
-    hp.update(validate(algorithm, dataset, parse_overrides(overrides)))
-    return hp
+    return hp | validate(algorithm, dataset, parse_overrides(overrides))

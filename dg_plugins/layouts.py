@@ -32,9 +32,6 @@ DOMAINNET20_CLASSES = sorted([
 ])
 
 
-# --- Image folders ---
-
-
 def visible_subfolders(folder: str) -> list[str]:
     """Sorted subdirectory names of ``folder``, hidden ones excluded."""
     with os.scandir(folder) as entries:
@@ -46,8 +43,7 @@ def is_image_file(name: str) -> bool:
 
 
 def list_images(folder: str) -> list[str]:
-    """Image files under ``folder`` (recursive, following links, hidden skipped), in
-    torchvision ImageFolder's order."""
+    """``folder``'s image files (recursive, links followed, no hidden), in ImageFolder's order."""
     found = []
     for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=True)):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -68,9 +64,8 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
     """The message for a ``--data_dir`` one level below an image tree (``root`` is one domain's
     folder), naming the folder above; else None."""
     paths = [os.path.join(root, name) for name in folders]
-    if not paths or any(visible_subfolders(path) for path in paths):
-        return None
-    if not any(is_image_file(name) for path in paths for name in os.listdir(path)):
+    if not paths or any(visible_subfolders(path) for path in paths) or not any(
+            is_image_file(name) for path in paths for name in os.listdir(path)):
         return None
     here = os.path.abspath(root)
     parent = os.path.dirname(here)
@@ -78,10 +73,8 @@ def domain_folder_error(dataset: str, root: str, folders: list[str]) -> str | No
                 if os.path.join(parent, name) != here]
     if not any(set(visible_subfolders(sibling)) & set(folders) for sibling in siblings):
         return None  # e.g. a tree without class folders: not one level off
-    if os.path.isabs(root):
-        tree = os.path.dirname(os.path.normpath(root))
-    else:
-        tree = os.path.relpath(os.path.join(root, os.pardir))
+    tree = os.path.dirname(os.path.normpath(root)) if os.path.isabs(root) else \
+        os.path.relpath(os.path.join(root, os.pardir))
     shown = ", ".join(folders[:8]) + (", ..." if len(folders) > 8 else "")
     return (f"{dataset}: the folders of {root} ({shown}) hold images, not class folders: {root} "
             f"is one domain's folder and the image tree is one level up; did you mean "
@@ -116,11 +109,8 @@ def relative_paths(env_root: str, paths) -> list[str]:
     return [os.path.relpath(path, parent).replace(os.sep, "/") for path in paths]
 
 
-# --- PACS's official split lists ---
-
 #: PACS's official split lists: the PACS authors' Google Drive folder, subfolder ``pacs_label``.
 PACS_SPLITS_URL = "https://drive.google.com/drive/folders/0B6x7gtvErXgfUU1WcGY5SzdwZVk"
-#: The three lists of each PACS domain.
 PACS_SPLIT_KINDS = ("train", "crossval", "test")
 
 
@@ -145,8 +135,7 @@ def match_split_list(list_path: str, domain: str, env_root: str,
         parts = [p for p in fields[0].replace("\\", "/").split("/") if p not in ("", ".")]
         if domain in parts:
             parts = parts[parts.index(domain):]
-        index = index_of.get("/".join(parts))
-        if index is None:
+        if (index := index_of.get("/".join(parts))) is None:
             unmatched.append(f"line {number}: {fields[0]}")
             continue
         if len(fields) > 1:
@@ -155,8 +144,7 @@ def match_split_list(list_path: str, domain: str, env_root: str,
                 wrong_class.append(f"line {number}: {fields[0]} has label {fields[1]}, its "
                                    f"class folder {classes[expected - 1]!r} is {expected}")
         indices.append(index)
-    if unmatched or wrong_class:
-        problems = unmatched or wrong_class
+    if problems := unmatched or wrong_class:
         what = "name no image of" if unmatched else "disagree with the class folders of"
         raise OfficialSplitError(
             f"{len(problems)} of the {len(lines)} lines of {list_path} {what} {env_root} (e.g. "
@@ -167,8 +155,6 @@ def match_split_list(list_path: str, domain: str, env_root: str,
         raise OfficialSplitError(f"{list_path} lists no image")
     return indices
 
-
-# --- MNIST's IDX files ---
 
 #: The four MNIST IDX files, by role (each may also be gzipped, with a ``.gz`` suffix).
 MNIST_FILES = {
@@ -191,8 +177,7 @@ def mnist_search_folders(root: str | None) -> list[str]:
 
 
 def locate_mnist_files(root: str | None) -> dict[str, str] | None:
-    """The four MNIST files by role, from the first searched folder holding all (plain before
-    ``.gz``); None when none does."""
+    """The four MNIST files by role, from the first folder with all (plain before .gz), or None."""
     for folder in mnist_search_folders(root):
         found = {role: next((path for path in (os.path.join(folder, name + suffix)
                                                for suffix in ("", ".gz")) if os.path.isfile(path)),
@@ -218,10 +203,9 @@ def read_idx(path: str):
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     count = math.prod(shape)
     if len(data) != header_size + count * dtype.itemsize:
-        raise ValueError(
-            f"{path}: the header declares shape {shape} ({count * dtype.itemsize} data bytes) "
-            f"but the file holds {len(data) - header_size} data bytes (truncated download?)"
-        )
+        raise ValueError(f"{path}: the header declares shape {shape} ({count * dtype.itemsize} "
+                         f"data bytes) but the file holds {len(data) - header_size} data bytes "
+                         "(truncated download?)")
     values = np.frombuffer(data, dtype=dtype, count=count, offset=header_size)
     return values.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 

@@ -7,6 +7,8 @@ import importlib
 import os
 from typing import Iterable
 
+from dg_plugins.registry import ALGORITHMS, DATASETS
+
 PLUGINS_ENV = "DG_PLUGINS_IMPORT"
 #: The algorithms the contract tests (:mod:`dg_plugins.contract`) run on, comma-separated (set by
 #: ``python -m dg_plugins.scripts.check_algorithm``).
@@ -35,8 +37,7 @@ class PluginImportError(ImportError, ValueError):
 
 def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
     """Import our algorithms and datasets (with ``builtins``), then ``modules`` and
-    ``$DG_PLUGINS_IMPORT``'s, which are returned; one missing raises :class:`PluginImportError` with
-    the fix (other errors of a plugin's code are raised as they are)."""
+    ``$DG_PLUGINS_IMPORT``'s (returned); one missing raises :class:`PluginImportError`."""
     if builtins:
         import dg_plugins.algorithms  # noqa: F401  (each import registers)
         import dg_plugins.datasets  # noqa: F401
@@ -65,8 +66,6 @@ def load(modules: Iterable[str] = (), builtins: bool = True) -> list[str]:
 
 def algorithms_of(modules: Iterable[str]) -> list[str]:
     """The registered algorithms whose classes ``modules`` (or modules in them) define."""
-    from dg_plugins.registry import ALGORITHMS
-
     modules = list(modules)
     return [name for name, cls in ALGORITHMS.items()
             if any(cls.__module__ == m or cls.__module__.startswith(f"{m}.") for m in modules)]
@@ -74,7 +73,5 @@ def algorithms_of(modules: Iterable[str]) -> list[str]:
 
 def build_dataset(name: str, data_dir: str, hparams: dict, modules: Iterable[str] = ()):
     """Dataset ``name`` built on ``data_dir`` with ``hparams``, after :func:`load`."""
-    from dg_plugins.registry import DATASETS
-
     load(modules)
     return DATASETS.get(name)(data_dir, [], hparams)

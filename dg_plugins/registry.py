@@ -13,8 +13,7 @@ from typing import Any
 def close_names(name: str, choices) -> list[str]:
     """``choices`` close to ``name``: the one equal up to case, else difflib's, without case."""
     choices = list(choices)
-    same = [c for c in choices if c.lower() == name.lower()]
-    if same:
+    if same := [c for c in choices if c.lower() == name.lower()]:
         return same
     folded = {c.lower(): c for c in choices}
     close = difflib.get_close_matches(name.lower(), list(folded), n=3, cutoff=0.6)
@@ -69,10 +68,9 @@ class Registry:
         def add(target: Any) -> Any:
             key = name or target.__name__
             if key in self._entries and self._entries[key] is not target:
-                raise ValueError(
-                    f"{self.kind} name {key!r} is already registered to "
-                    f"{self._entries[key]!r}; choose another name or unregister it first"
-                )
+                raise ValueError(f"{self.kind} name {key!r} is already registered to "
+                                 f"{self._entries[key]!r}; choose another name or unregister it "
+                                 "first")
             self._entries[key] = target
             self._loaded.pop(key, None)  # a source's object of that name is now PREFIX:key
             return target
@@ -82,16 +80,13 @@ class Registry:
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
 
-    # sources -----------------------------------------------------------------------------------
-
     def add_source(self, source: Source) -> None:
         """Consult ``source`` for unregistered names (replacing one of its prefix)."""
         self.remove_source(source.prefix)
         self._sources[source.prefix] = source
 
     def remove_source(self, prefix: str) -> None:
-        old = self._sources.pop(prefix, None)
-        if old is not None:
+        if (old := self._sources.pop(prefix, None)) is not None:
             self._loaded = {n: (s, o) for n, (s, o) in self._loaded.items() if s is not old}
 
     def source(self, prefix: str) -> Source | None:
@@ -105,8 +100,6 @@ class Registry:
         if canonical not in self._loaded:
             self._loaded[canonical] = (source, source.load(name, canonical))
         return canonical
-
-    # lookups ------------------------------------------------------------------------------------
 
     def resolve(self, name: str, say: str | None = None) -> str:
         """The canonical name of a user's ``name`` (up to case; ``PREFIX:NAME`` for a shadowed
@@ -135,16 +128,15 @@ class Registry:
             if len(match) == 1:
                 return self._load(source, match[0])
             raise UnknownNameError(
-                f"{self.kind} name {name!r} matches {', '.join(f'{source.prefix}:{n}' for n in match)} up "
-                "to case; give the exact name" if match else
+                f"{self.kind} name {name!r} matches "
+                f"{', '.join(f'{source.prefix}:{n}' for n in match)} up to case; give the exact "
+                "name" if match else
                 f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
                 f"{did_you_mean(rest, names)}")
         offered = self._offered()
-        for source, names in offered.items():
-            if name in names:
-                return self._load(source, name)
         matches = [(None, n) for n in self._entries if same(n, name)]
         matches += [(s, n) for s, names in offered.items() for n in names if same(n, name)]
+        matches = [m for m in matches if m[1] == name][:1] or matches  # a source's exact name
         if len(matches) == 1:
             source, match = matches[0]
             return match if source is None else self._load(source, match)
@@ -156,8 +148,7 @@ class Registry:
 
     def unknown_message(self, names: list[str]) -> str:
         """``unknown KIND 'X' (did you mean ...); registered KINDs: ...`` plus the sources'."""
-        offered = self._offered()
-        choices = list(self._entries) + [n for names_ in offered.values() for n in names_]
+        choices = list(self._entries) + [n for names in self._offered().values() for n in names]
         named = ", ".join(f"{n!r}{did_you_mean(n, choices)}" for n in names)
         listed = ", ".join(self._entries) or "(none registered)"
         kind = self.kind if len(names) == 1 else f"{self.kind}(s)"
@@ -168,8 +159,7 @@ class Registry:
 
     def get(self, name: str) -> Any:
         """The object of ``name``, exactly (no case folding; :meth:`resolve` for users' names)."""
-        canonical = self._resolve(str(name), fold_case=False)
-        if canonical in self._entries:
+        if (canonical := self._resolve(str(name), fold_case=False)) in self._entries:
             return self._entries[canonical]
         return self._loaded[canonical][1]
 

@@ -18,16 +18,12 @@ def job_cores() -> tuple[int, str]:
     launcher's share), Slurm's ``SLURM_CPUS_PER_TASK``, else the process's CPU affinity."""
     for name, source in ((CORES_ENV, f"${CORES_ENV}"),
                          ("SLURM_CPUS_PER_TASK", "Slurm's cpus-per-task")):
-        text = os.environ.get(name, "").strip()
-        if text:
-            try:
-                cores = int(text)
-            except ValueError:
-                cores = 0
-            if cores < 1:
-                raise ValueError(f"${name}={text!r} is not a positive number of CPU cores; set "
-                                 f"it to one (e.g. {name}=4) or unset it")
-            return cores, source
+        if text := os.environ.get(name, "").strip():
+            with contextlib.suppress(ValueError):
+                if (cores := int(text)) >= 1:
+                    return cores, source
+            raise ValueError(f"${name}={text!r} is not a positive number of CPU cores; set it to "
+                             f"one (e.g. {name}=4) or unset it")
     try:
         return len(os.sched_getaffinity(0)), "the cores this process may run on"
     except (AttributeError, OSError):
@@ -35,8 +31,7 @@ def job_cores() -> tuple[int, str]:
 
 
 def pick_device(name: str | None = None):
-    """``torch.device(name)``, or cuda when available, else cpu; a cuda asked for without one
-    raises with the fix."""
+    """``torch.device(name)``, or cuda when available, else cpu; a missing cuda raises the fix."""
     import torch
 
     if not name:
@@ -67,8 +62,7 @@ def resume_collector() -> None:
 
 
 def requirement_line(name: str, err: BaseException) -> str:
-    """The error for an interpreter that cannot import ``name``: it names the interpreter and the
-    command that installs dg_plugins into it."""
+    """The error for an interpreter without ``name``: the command installing dg_plugins into it."""
     exe = shlex.quote(sys.executable)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     package = shlex.quote(root) if os.path.isfile(os.path.join(root, "setup.cfg")) else \
@@ -102,8 +96,6 @@ def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this machine (one of another user's counts)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    except OSError as err:  # PermissionError: it exists
+        return not isinstance(err, ProcessLookupError)
     return True

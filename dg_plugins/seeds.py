@@ -8,6 +8,8 @@ import contextlib
 import hashlib
 import random
 
+import numpy as np
+
 
 def seed_hash(*args) -> int:
     """An int in [0, 2**31) from the md5 of the arguments' repr, as DomainBed's ``seed_hash``."""
@@ -16,7 +18,6 @@ def seed_hash(*args) -> int:
 
 def seed_everything(seed: int) -> None:
     """Seed ``random``, numpy and torch, and make cuDNN deterministic (DomainBed's train.py)."""
-    import numpy as np
     import torch
 
     random.seed(seed)
@@ -28,7 +29,6 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict:
     """The states of ``random``, numpy, torch's CPU generator and every CUDA generator."""
-    import numpy as np
     import torch
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
@@ -40,7 +40,6 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore the states :func:`rng_state` returned."""
-    import numpy as np
     import torch
 
     random.setstate(state["python"])
@@ -53,7 +52,6 @@ def set_rng_state(state: dict) -> None:
 @contextlib.contextmanager
 def seeded_rng(seed: int):
     """Run the block with torch's CPU, ``random`` and numpy RNGs seeded, then restore them."""
-    import numpy as np
     import torch
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(),

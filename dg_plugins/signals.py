@@ -4,6 +4,7 @@ jobs (:mod:`dg_plugins.sweep.processes`). Torch-free."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -14,27 +15,21 @@ from typing import Callable
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DEFAULT_STOP_GRACE_PERIOD_S = 60.0
 STOP_GRACE_PERIOD_ENV = "DG_STOP_GRACE_PERIOD"
-#: The last stop signal a :class:`SignalCatcher` caught in this process (None: none yet).
 _last_stop_signal: int | None = None
 
 
 def stop_grace_period(override: float | None = None) -> float:
-    """Seconds jobs get to stop before SIGKILL: ``override`` (``--stop_grace_period``), else
-    ``$DG_STOP_GRACE_PERIOD``, else 60."""
+    """Seconds jobs get to stop before SIGKILL: ``override``, ``$DG_STOP_GRACE_PERIOD`` or 60."""
     if override is not None:
         if override < 0:
             raise ValueError(f"the stop grace period must be >= 0 seconds, got {override}")
         return float(override)
-    text = os.environ.get(STOP_GRACE_PERIOD_ENV)
-    if text is None:
+    if (text := os.environ.get(STOP_GRACE_PERIOD_ENV)) is None:
         return DEFAULT_STOP_GRACE_PERIOD_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"bad value for ${STOP_GRACE_PERIOD_ENV}: {text!r} (seconds, >= 0)")
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := float(text)) >= 0:
+            return value
+    raise ValueError(f"bad value for ${STOP_GRACE_PERIOD_ENV}: {text!r} (seconds, >= 0)")
 
 
 def signal_name(signum: int) -> str:
@@ -72,9 +67,8 @@ class SignalCatcher:
     def __enter__(self) -> "SignalCatcher":
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
-                if self.keep_ignored and signal.getsignal(signum) == signal.SIG_IGN:
-                    continue
-                self._previous[signum] = signal.signal(signum, self._handle)
+                if not (self.keep_ignored and signal.getsignal(signum) == signal.SIG_IGN):
+                    self._previous[signum] = signal.signal(signum, self._handle)
             self.active = True
         return self
 
