@@ -16,7 +16,7 @@ from dg_plugins.files import DISK_FULL_ERRNOS
 from dg_plugins.signals import signal_name
 from dg_plugins.sweep import submitit
 from dg_plugins.sweep.checks import done_eval_splits_note
-from dg_plugins.sweep.jobs import (DONE, IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
+from dg_plugins.sweep.jobs import (IN_SLURM, INCOMPLETE, NOT_LAUNCHED, QUEUED, RUNNING,
                                    LauncherClaim, SweepJob, by_sweep, held_folders,
                                    left_alone_notes, python_executable, read_claims, select_jobs,
                                    summary_line, sweep_dir_of, sweep_lock)
@@ -114,10 +114,10 @@ def delete(jobs: Sequence[SweepJob]) -> None:
     print(f"Deleted {deleted} jobs!")
 
 
-def refused_confirmation(input_fn: Callable[[str], str] | None = None) -> int | None:
+def refused_confirmation() -> int | None:
     """Ask ``Are you sure? (y/n)``: None on yes, else the exit status (0 on no; 2: no input)."""
     try:
-        answer = (input_fn or input)("Are you sure? (y/n) ")
+        answer = input("Are you sure? (y/n) ")
     except EOFError:
         print()
         print("error: no answer to the confirmation prompt (stdin reached end of input); pass "
@@ -265,9 +265,7 @@ def never_started(job: SweepJob) -> bool:
 
 def state_line(job: SweepJob) -> str:
     """What a job is doing, for ``status``."""
-    if job.state == DONE:
-        what = "done"
-    elif job.state == RUNNING:
+    if job.state == RUNNING:
         what = f"running (pid {job.holder})"
     elif job.state == IN_SLURM:
         what = job.slurm.describe()
@@ -283,13 +281,12 @@ def state_line(job: SweepJob) -> str:
             what = f"failed{ended}: {error}"
         else:
             what = f"interrupted{ended}: continue with launch --resume"
-    else:
-        what = "not launched"
+    else:  # Done, Not launched
+        what = job.state.lower()
     return f"{what}: {job.describe()}"
 
 
-def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
-           input_fn: Callable[[str], str] | None = None, dry_run: bool = False) -> int:
+def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool, dry_run: bool = False) -> int:
     """``scancel`` the Slurm jobs that hold this sweep's jobs."""
     held = [job for job in jobs if job.state == IN_SLURM]
     ids = sorted({job.slurm.job_id for job in held})
@@ -300,7 +297,7 @@ def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
         if dry_run:
             print("Dry run: nothing is cancelled.")
         return 0
-    if not skip_confirmation and (code := refused_confirmation(input_fn)) is not None:
+    if not skip_confirmation and (code := refused_confirmation()) is not None:
         return code
     try:
         submitit.cancel(ids)
@@ -315,7 +312,6 @@ def cancel(jobs: Sequence[SweepJob], skip_confirmation: bool,
 def run_action(action: str, jobs: Sequence[SweepJob], *,
                launcher_fn: Callable[[list], None] | None = None, seed: int = 0,
                resume: bool = False, dry_run: bool = False, skip_confirmation: bool = False,
-               input_fn: Callable[[str], str] | None = None,
                command_line: CommandLines = None,
                check: Callable[[Sequence[SweepJob]], list[str]] | None = None,
                estimate: Callable[[Sequence[SweepJob]], object] | None = None) -> int:
@@ -324,7 +320,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         print(*map(state_line, jobs), summary_line(jobs), sep="\n")
         return 0
     if action == "cancel":
-        return cancel(jobs, skip_confirmation, input_fn, dry_run)
+        return cancel(jobs, skip_confirmation, dry_run)
     print(*jobs, summary_line(jobs), sep="\n")
     selected = select_jobs(jobs, action, resume)
     launching = action == "launch"
@@ -353,7 +349,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
     if not skip_confirmation:
         if launching and estimate is not None:
             estimate(selected)
-        if (code := refused_confirmation(input_fn)) is not None:
+        if (code := refused_confirmation()) is not None:
             return code
     if not launching:
         delete(selected)

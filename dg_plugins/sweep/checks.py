@@ -3,6 +3,7 @@ once, naming the fix (docs/sweep.md). Torch-free unless a check needs the regist
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -181,12 +182,10 @@ def weight_problems(jobs: Sequence) -> list[str]:
         n_envs = len(getattr(dataset_cls, "ENVIRONMENTS", None) or []) or len(a["test_envs"]) + 1
         n_domains = max(1, n_envs - len(a["test_envs"]))
         n_classes = catalog.DATASET_CLASSES.get(a["dataset"], 2)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                error = probe_weights(lambda: cls(shape, n_classes, n_domains, hp))
-        except Exception:  # noqa: BLE001  (not a weights question: the jobs will say)
-            error = None
+        error = None  # an exception is not a weights question: the jobs will say
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            error = probe_weights(lambda: cls(shape, n_classes, n_domains, hp))
         seen.add(key)
         if error is not None:
             problems.append(f"{a['algorithm']} on {a['dataset']}: {error}")
@@ -251,26 +250,21 @@ def resume_problems(jobs: Sequence) -> list[str]:
     return problems
 
 
-def _first_record_args(folder: str) -> dict | None:
-    """The ``args`` of a job's first record (as every record's), reading one line only."""
-    try:
-        with open(os.path.join(folder, RESULTS_FILE), "rb") as f:
-            args = json.loads(f.readline()).get("args")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return args if isinstance(args, dict) else None
+def _recorded_selection_only(folder: str, default: str) -> bool:
+    """Whether a job's records (the first's ``args``: one line read) say selection splits only."""
+    args = None
+    path = os.path.join(folder, RESULTS_FILE)
+    with contextlib.suppress(OSError, ValueError, AttributeError), open(path, "rb") as f:
+        args = json.loads(f.readline()).get("args")
+    return isinstance(args, dict) and args.get("eval_splits", default) != "all"
 
 
 def done_eval_splits_note(jobs: Sequence) -> list[str]:
     """For ``--eval_splits all``: which Done jobs evaluated only the selection splits."""
     default = EVAL_DEFAULTS["eval_splits"]
-    partial = []
-    for job in jobs:
-        if job.state != DONE or job.command_args.get("eval_splits", default) != "all":
-            continue
-        args = _first_record_args(job.output_dir)
-        if args is not None and args.get("eval_splits", default) != "all":
-            partial.append(job)
+    partial = [job for job in jobs if job.state == DONE
+               and job.command_args.get("eval_splits", default) == "all"
+               and _recorded_selection_only(job.output_dir, default)]
     if not partial:
         return []
     shown = partial[:5]

@@ -180,21 +180,18 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
          f"--label_fractions must be distinct values in (0, 1], got {fractions}")):
         if bad:
             parser.error(message)
-    try:  # the train flags' ranges, as train checks them
+    try:  # the train flags' ranges and --hparams, with train's checks and messages
         job_flags.check_ranges(args, args.label_fractions, "--label_fractions")
-    except ValueError as err:
-        parser.error(str(err))
-    if args.test_env_sets is not None:
-        try:
-            args.test_env_sets = [[int(e) for e in text.split(",") if e.strip()]
-                                  for text in args.test_env_sets]
-        except ValueError:
-            parser.error(f"--test_env_sets takes comma-separated indices such as 0,1,2; got "
-                         f"{args.test_env_sets}")
-        if args.single_source or args.single_test_envs:
-            parser.error("--test_env_sets replaces --single_source/--single_test_envs")
-    try:
-        parse_overrides(args.hparams)  # the same check and message as train's
+        if args.test_env_sets is not None:
+            try:
+                args.test_env_sets = [[int(e) for e in text.split(",") if e.strip()]
+                                      for text in args.test_env_sets]
+            except ValueError:
+                parser.error(f"--test_env_sets takes comma-separated indices such as 0,1,2; "
+                             f"got {args.test_env_sets}")
+            if args.single_source or args.single_test_envs:
+                parser.error("--test_env_sets replaces --single_source/--single_test_envs")
+        parse_overrides(args.hparams)
     except ValueError as err:
         parser.error(str(err))
     if args.slurm_signal_delay is not None and not args.slurm_signal_delay > 0:

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from dg_plugins import catalog
 from dg_plugins import hparams as hp_lib
@@ -342,11 +342,9 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     if pretrain is None and a.get("udg_pretrain_epochs") is not None:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
-        if split == "release":
-            unlabelled = [max(1, int(round(udg_jobs.RELEASE_PRETRAIN_SHARE * sizes.counts[e])))
-                          for e in sources]
-        else:
-            unlabelled = [in_split_size(sizes.counts[e], holdout) for e in sources]
+        unlabelled = [max(1, int(round(udg_jobs.RELEASE_PRETRAIN_SHARE * sizes.counts[e])))
+                      if split == "release" else in_split_size(sizes.counts[e], holdout)
+                      for e in sources]
         pretrain = udg_jobs.steps_for_epochs(a["udg_pretrain_epochs"], unlabelled,
                                              hp["batch_size"])
     pretrain = pretrain or _default_steps(dataset)
@@ -485,14 +483,11 @@ TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "DG_SWEEP_ESTIMATE_TIMEOUT", 180.0
 REMOTE_LAUNCHERS = {"submitit": "the submitit launcher runs the jobs on the cluster's nodes"}
 
 
-def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
-                   out: Callable[[str], None] | None = None) -> bool:
+def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None) -> bool:
     """Print the cost lines of ``jobs`` as the child writes them (False: it failed or timed out)."""
-    out = out or (lambda line: print(line, flush=True))
-    try:
+    limit = DEFAULT_TIMEOUT_S
+    with contextlib.suppress(ValueError):
         limit = max(0.0, float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
-    except ValueError:
-        limit = DEFAULT_TIMEOUT_S
     if not jobs or not limit:
         return True
     data = json.dumps({  # the child's input (main)
@@ -510,22 +505,23 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None,
                 proc.stdin.write(data)
                 proc.stdin.close()
             for raw in proc.stdout:
-                out(raw.decode(errors="replace").rstrip("\n"))
+                print(raw.decode(errors="replace").rstrip("\n"), flush=True)
             proc.wait()
         finally:
             timer.cancel()
             proc.kill()  # a no-op once it has exited (an error above: it is stopped)
             proc.wait()
         if proc.returncode == -signal.SIGKILL and time.monotonic() >= deadline:
-            out(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had not "
-                "printed by then is left out)")
+            print(f"(the cost estimate stopped after {limit:g} s, ${TIMEOUT_ENV}: what it had "
+                  "not printed by then is left out)", flush=True)
             return False
         if proc.returncode:
             err.seek(0)
             tail = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()
                     if ln.strip()]
-            out(f"(the cost estimate failed, exit status {proc.returncode}: "
-                f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)")
+            print(f"(the cost estimate failed, exit status {proc.returncode}: "
+                  f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)",
+                  flush=True)
             return False
     return True
 
@@ -682,12 +678,10 @@ def print_costs(jobs: list):
     seconds = sum(f.gpu.seconds[v] for f, v in zip(cost.forwards, values))
     left_out = ("; left out: " + ", ".join(f"{name} ({tag}: {why})" for name, (tag, why)
                                            in sorted(gpu.missing.items())) if gpu.missing else "")
-    if seconds:
-        write(f"GPU time (estimate, from the step times measured on an {device}, one job at a "
-              f"time): {format_duration(seconds)}{left_out}")
-    else:
-        write(f"GPU time: not estimated (no step time measured on an {device} for these "
-              f"jobs{left_out})")
+    write(f"GPU time (estimate, from the step times measured on an {device}, one job at a "
+          f"time): {format_duration(seconds)}{left_out}" if seconds else
+          f"GPU time: not estimated (no step time measured on an {device} for these "
+          f"jobs{left_out})")
     write(*(f"  GPU time note: {note}" for note in sorted(gpu.notes)))
     return cost, evaluated, not gpu.missing
 

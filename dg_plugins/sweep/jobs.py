@@ -97,10 +97,9 @@ def sweep_lock(sweep_dir: str, exclusive: bool) -> Iterator[bool]:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            try:
+            current = None
+            with contextlib.suppress(FileNotFoundError):
                 current = os.stat(path).st_ino
-            except FileNotFoundError:
-                current = None
             if current != os.fstat(fd).st_ino:  # removed meanwhile by its holder
                 continue
             yield True
@@ -144,14 +143,11 @@ def read_claims(sweep_dir: str, remove_stale: bool) -> list[Claim]:
                 os.unlink(path)
         if not held:
             continue
-        try:
-            with open(path) as f:
-                data = json.load(f)
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError), open(path) as f:
+            data = json.load(f)
             live.append(Claim(int(data["pid"]), str(data["host"]), str(data["started"]),
                               str(data.get("command", "")),
                               [str(j) for j in data.get("jobs", [])], path))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
     return live
 
 
@@ -426,8 +422,6 @@ def make_jobs(args_list: Iterable[dict], sweep_output_dir: str, module: str = TR
             for args in args_list]
     recorded = {id(job): record["job_id"] for job in jobs if job.state not in (DONE, NOT_LAUNCHED)
                 and (record := submitit.recorded_job(job.output_dir)) is not None}
-    if not recorded:
-        return jobs
     try:
         states = submitit.job_states(recorded.values())
     except submitit.SlurmError as err:

@@ -58,17 +58,15 @@ def job_env(gpu: str, cores: int) -> dict:
 
 def peak_gb(folders: Sequence[str | None]) -> tuple[float, str] | None:
     """The largest ``mem_gb`` in the records of the job ``folders``, and its folder (or None)."""
-    best = None
+    peaks = []
     for folder in filter(None, folders):
         try:
             with open(os.path.join(folder, RESULTS_FILE)) as handle:
                 values = [json.loads(line).get("mem_gb") for line in handle if line.strip()]
         except (OSError, ValueError):
             continue
-        for value in values:
-            if isinstance(value, (int, float)) and (best is None or value > best[0]):
-                best = (float(value), folder)
-    return best
+        peaks += [(float(value), folder) for value in values if isinstance(value, (int, float))]
+    return max(peaks, key=lambda peak: peak[0], default=None)
 
 
 def free_gb(gpu: str) -> float | None:
@@ -82,10 +80,9 @@ def free_gb(gpu: str) -> float | None:
             "if torch.cuda.is_available() else '')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
-    try:
+    with contextlib.suppress(ValueError):
         return float(done.stdout.strip())
-    except ValueError:
-        return None
+    return None
 
 
 @dataclass

@@ -52,10 +52,9 @@ def _load_libc():
     """libc, loaded before any fork (a child must not load libraries between fork and exec)."""
     global _libc
     if _libc is None and sys.platform.startswith("linux"):
-        try:
+        _libc = False
+        with contextlib.suppress(OSError):
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        except OSError:
-            _libc = False
     return _libc or None
 
 
@@ -211,12 +210,10 @@ def command_output_dir(command: str) -> str | None:
 
 def read_lines(path: str | None, offset: int = 0) -> list[str]:
     """The non-blank lines of ``path`` from byte ``offset`` (or its start), right-stripped."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset if offset <= os.fstat(f.fileno()).st_size else 0)
-            text = f.read().decode(errors="replace")
-    except (OSError, TypeError):
-        return []
+    text = ""
+    with contextlib.suppress(OSError, TypeError), open(path, "rb") as f:
+        f.seek(offset if offset <= os.fstat(f.fileno()).st_size else 0)
+        text = f.read().decode(errors="replace")
     return [line.rstrip() for line in text.splitlines() if line.strip()]
 
 
@@ -248,9 +245,8 @@ def error_excerpt(lines: Sequence[str], n: int = ERROR_LINES_SHOWN) -> list[str]
 
 
 def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[int],
-                      logs: ErrorLogs | None = None) -> list[int]:
+                      logs: ErrorLogs) -> list[int]:
     """Print the summary and each failed job's error lines; :class:`JobsFailed` when one failed."""
-    logs = logs or ErrorLogs(commands)
     failed, running = [], []
     for i, code in enumerate(exit_codes):
         if code == 0 or is_done(logs.folders[i]):
@@ -267,12 +263,7 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
               "holds them).", flush=True)
         return []
     print(f"{name} launcher: {len(failed)} of {len(commands)} commands failed:", flush=True)
-    for shown, (i, _) in enumerate(failed):
-        if shown == FAILED_JOBS_SHOWN:
-            print(f"  ... and {len(failed) - shown} more (exit codes "
-                  f"{sorted(set(exit_codes[j] for j, _ in failed[shown:]))}; see each job's "
-                  "err.txt)", flush=True)
-            break
+    for i, _ in failed[:FAILED_JOBS_SHOWN]:
         excerpt = [f"      {line}" for line in error_excerpt(logs.new_lines(i))]
         print("\n".join([f"  exit code {exit_codes[i]}: {commands[i]}", *excerpt]), flush=True)
         if (path := logs.path(i)) is not None:
@@ -281,6 +272,10 @@ def report_exit_codes(name: str, commands: Sequence[str], exit_codes: Sequence[i
                   "its folder: " + ("the lines above are from its output)"
                                     if i in logs.captured else "see its output above)"),
                   flush=True)
+    if len(failed) > FAILED_JOBS_SHOWN:
+        print(f"  ... and {len(failed) - FAILED_JOBS_SHOWN} more (exit codes "
+              f"{sorted(set(exit_codes[j] for j, _ in failed[FAILED_JOBS_SHOWN:]))}; see each "
+              "job's err.txt)", flush=True)
     raise JobsFailed([commands[i] for i, _ in failed], len(commands),
                      [exit_codes[i] for i, _ in failed])
 
@@ -298,19 +293,17 @@ def _group_alive(pgid: int) -> bool:
     for entry in os.listdir("/proc"):  # Linux: skip zombies nobody reaped (e.g. under a
         if not entry.isdigit():        # container's PID 1 that does not reap)
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
+        fields = []
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/{entry}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
 
 
 def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # SIGHUP passed as SIGTERM
+        os.killpg(pgid, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
 
 class JobProcesses:
@@ -354,7 +347,7 @@ class JobProcesses:
             self.deadline = time.monotonic() + self.grace_period_s
             self.interrupted = {index for index, _ in self.running.values()}
         for pid in list(self.running):
-            _signal_group(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
+            _signal_group(pid, signum)
 
     def announce(self) -> None:
         """Print, once, what a stop signal does (from the main loop: no print interrupted)."""
@@ -385,8 +378,7 @@ class JobProcesses:
         self.running[proc.pid] = (index, proc)
         if self.stopping:  # the signal came while it was starting
             self.interrupted.add(index)
-            _signal_group(proc.pid, signal.SIGTERM if self.signum == signal.SIGHUP
-                          else self.signum)
+            _signal_group(proc.pid, self.signum)
         return proc
 
     def poll(self, proc: subprocess.Popen) -> int | None:
@@ -405,12 +397,11 @@ class JobProcesses:
         return None
 
     def wait(self, proc: subprocess.Popen) -> int:
-        while True:
-            if (code := self.poll(proc)) is not None:
-                return code
+        while (code := self.poll(proc)) is None:
             self.announce()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=self.poll_interval)
+        return code
 
     def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
                      remote: bool = False) -> LaunchInterrupted:

@@ -40,10 +40,9 @@ def format_duration(seconds: float) -> str:
 
 def command_steps(command: str) -> int | None:
     """A job command's ``--steps`` (None without it)."""
-    try:
+    with contextlib.suppress(KeyError, IndexError, ValueError):
         return int(parse_command(command)[1]["steps"][0])
-    except (KeyError, IndexError, ValueError):
-        return None
+    return None
 
 
 class Progress:
@@ -150,7 +149,7 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
     return f"test-env accuracy {target}, source validation {source} (step {record.get('step')})"
 
 
-class JobOutputs:
+class JobOutputs(contextlib.AbstractContextManager):
     """Per-job lines of a launcher, then the time left; the jobs' output goes to temporary files."""
 
     def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
@@ -164,9 +163,6 @@ class JobOutputs:
         self.paths: dict[int, str] = {}
         self.started_at: dict[int, float] = {}
         self.progress = Progress.for_commands(self.commands, logs.folders, parallel)
-
-    def __enter__(self) -> "JobOutputs":
-        return self
 
     def __exit__(self, *exc) -> None:
         for index in list(self.paths):

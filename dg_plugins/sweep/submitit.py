@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from dg_plugins.files import atomic_write_text
@@ -75,35 +74,31 @@ def parse_json_object(text: str) -> dict:
     return value
 
 
-def given_options(overrides: SubmititOptions | None = None, environ=None) -> SubmititOptions:
+def given_options(overrides: SubmititOptions | None = None) -> SubmititOptions:
     """What was set: ``overrides`` over the ``DG_SLURM_*`` variables (by field type); else None."""
-    environ = os.environ if environ is None else environ
     parsers = {"int": int, "float": float, "bool": _parse_bool, "dict": parse_json_object}
     values = {}
     for f in dataclasses.fields(SubmititOptions):
         var = SUBMITIT_ENV_VARS[f.name]
-        if var in environ:
+        if var in os.environ:
             try:
-                values[f.name] = parsers.get(f.type.split(" ")[0], str)(environ[var])
+                values[f.name] = parsers.get(f.type.split(" ")[0], str)(os.environ[var])
             except ValueError as err:
                 raise ValueError(f"bad value for ${var}: {err}") from None
     return _over(SubmititOptions(**values), overrides)
 
 
-def _over(options: SubmititOptions, *layers: SubmititOptions | None) -> SubmititOptions:
-    """``options`` with the fields each layer sets (not None), the last layer highest."""
-    for layer in layers:
-        options = dataclasses.replace(options, **{
-            f.name: getattr(layer, f.name) for f in dataclasses.fields(SubmititOptions)
-            if layer is not None and getattr(layer, f.name) is not None})
-    return options
+def _over(options: SubmititOptions, layer: SubmititOptions | None) -> SubmititOptions:
+    """``options`` with the fields ``layer`` sets (not None)."""
+    return dataclasses.replace(options, **{
+        f.name: getattr(layer, f.name) for f in dataclasses.fields(SubmititOptions)
+        if layer is not None and getattr(layer, f.name) is not None})
 
 
 def resolve_submitit_options(commands: Sequence[str] = (),
-                             overrides: SubmititOptions | None = None,
-                             environ=None) -> SubmititOptions:
+                             overrides: SubmititOptions | None = None) -> SubmititOptions:
     """Merge, highest first: ``overrides``, the environment, the defaults."""
-    merged = given_options(overrides, environ)
+    merged = given_options(overrides)
     cluster = merged.cluster or "slurm"
     if cluster not in SUBMITIT_CLUSTERS:
         raise ValueError(f"unknown submitit cluster {cluster!r}; choices: "
@@ -390,21 +385,17 @@ def minutes(text: str) -> float | None:
 
 def gpus_in(gres: str) -> int:
     """GPUs in a node's GRES (``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``; a list adds up)."""
-    total = 0
-    for entry in gres.split(","):
-        entry = entry.split("(")[0].strip()
-        if entry.startswith("gpu"):
-            count = entry.split(":")[-1]
-            total += int(count) if count.isdigit() else 1
-    return total
+    entries = [entry.split("(")[0].strip() for entry in gres.split(",")]
+    counts = [entry.split(":")[-1] for entry in entries if entry.startswith("gpu")]
+    return sum(int(count) if count.isdigit() else 1 for count in counts)
 
 
-@dataclass
+@dataclasses.dataclass
 class Partition:
     name: str
     default: bool
     max_minutes: float | None
-    nodes: list[dict] = field(default_factory=list)  # name, cpus, mem_gb, gpus
+    nodes: list[dict] = dataclasses.field(default_factory=list)  # name, cpus, mem_gb, gpus
 
     def most(self, key: str) -> float:
         return max((node[key] for node in self.nodes), default=0)
@@ -500,15 +491,13 @@ def record_job(folder: str, job_id: str, log_dir: str) -> None:
 
 def recorded_job(folder: str) -> dict | None:
     """``folder``'s Slurm job record, or None."""
-    try:
-        with open(os.path.join(folder, SLURM_JOB_FILE)) as handle:
-            record = json.load(handle)
-    except (OSError, ValueError):
-        return None
+    record = None
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(folder, SLURM_JOB_FILE)) as f:
+        record = json.load(f)
     return record if isinstance(record, dict) and record.get("job_id") else None
 
 
-@dataclass
+@dataclasses.dataclass
 class SlurmState:
     """A Slurm job's state as Slurm reports it (``held``: Slurm will still run it)."""
 
@@ -540,11 +529,10 @@ def job_states(job_ids: Iterable[str]) -> dict[str, SlurmState]:
         if job_id in ids:
             states[job_id] = SlurmState(job_id, state, reason, state in HELD_STATES)
     if ended := [i for i in ids if i not in states]:
-        try:
+        out = ""
+        with contextlib.suppress(SlurmError):  # no accounting on this cluster
             out = run_client(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j",
                               ",".join(ended)])
-        except SlurmError:  # no accounting on this cluster
-            out = ""
         for line in out.splitlines():
             job_id, state = (line.strip().split("|") + [""])[:2]
             if job_id in ended:
@@ -578,15 +566,13 @@ class TrainTask:
         self.cwd = cwd
         self.grace_s = grace_s
         self.stalls = stalls  # allocations in a row that ended before a new checkpoint
-        self._procs: list[subprocess.Popen] = []
-        self._signum: int | None = None
-        self._started = 0.0
+        self.__setstate__({})  # the run's own fields, as a requeued task starts them
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _procs=[], _signum=None, _started=0.0)
+        self.__dict__.update(state, _procs=[], _signum=None, _started=0.0)  # Popens, signal, start
 
     def __call__(self) -> str:
         self._started = time.time()
@@ -607,7 +593,6 @@ class TrainTask:
         if self._signum is not None:  # preempted or cancelled: the jobs stopped at a checkpoint
             print(f"dg_plugins task: stopped by {signal.Signals(self._signum).name}; the jobs "
                   "wrote their checkpoints (a requeued task resumes them)", flush=True)
-            sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + self._signum)  # no result: Slurm requeues or ends the job itself
         failed = [(f, c) for f, c in zip([command_output_dir(a) for a in todo], codes) if c != 0]
