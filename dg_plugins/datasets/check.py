@@ -152,9 +152,8 @@ def check_files(paths: Sequence[str], workers: int,
 
 def run_check(dataset, workers: int, progress: bool,
               out: Callable[[str], None] = print) -> int:
-    """Say the layout found (the folder, each domain's counts, images per class), check every
-    image of ``dataset``, naming each unreadable one, then a summary per environment; returns
-    their count."""
+    """Say the layout found, check every image of ``dataset`` (naming each unreadable one), then
+    sum up per environment; returns the number unreadable."""
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]

@@ -98,7 +98,6 @@ def _prod(shape) -> int:
     return math.prod(int(v) for v in shape)
 
 
-# A transform's pixel part and tensor part
 class TableFinisher:
     """ToTensor + Normalize as ``table`` (float32 ``[3, 256]``): uint8 pixels ``[N, 3, H, W]`` to
     the transform's output bit for bit. Only a ``seeded`` finisher reads the batch's ``seed``."""
@@ -188,7 +187,6 @@ def to_model_input(pixels, table, device):
     return out
 
 
-# The files
 class DecodedImages:
     """A flat uint8 file and ``index`` (int64 ``[items, 3]``: offset (-1: left out), height,
     width), mapped when first read."""
@@ -198,9 +196,6 @@ class DecodedImages:
 
     def __getstate__(self):
         return {"path": self.path, "index": self.index, "_data": None}
-
-    def __len__(self) -> int:
-        return len(self.index)
 
     def has(self, item: int) -> bool:
         return bool(self.index[item, 0] >= 0)
@@ -244,11 +239,9 @@ class PixelEntry:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    pathlib.Path(path).unlink(missing_ok=True)
 
 
-# Disk space, and what a finished entry holds
 def _disk_room(folder: str) -> int:
     """The free space on the disk of ``folder`` less :data:`DISK_RESERVE`."""
     stat = os.statvfs(folder)
@@ -331,14 +324,12 @@ def _damage(sum_path: str, paths: list[str]) -> str | None:
 def _save_bytes(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
+        pathlib.Path(tmp).write_bytes(data)
         os.replace(tmp, path)
     finally:
         _remove(tmp)
 
 
-# The build lock
 #: File descriptors of the build locks this process holds (a build process closes them).
 _LOCK_FDS: set = set()
 
@@ -440,7 +431,6 @@ def fingerprint(env) -> tuple[str, int]:
     return digest.hexdigest()[:20], total
 
 
-# Building (in a pool of the job's cores)
 #: The dataset's environments while a cache is built (a builder inherits them when forked).
 _BUILD_ENVS: list = []
 #: prctl's option that sends a signal to the calling process when its parent dies (Linux).
@@ -448,9 +438,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job (a parent-death signal, else a watching thread), closes
-    its copies of the build lock, leaves stop signals to the job, runs one torch thread (a fork
-    after an OpenMP region hangs)."""
+    """A build process: dies with its job, closes its copies of the build lock, leaves stop
+    signals to the job, runs one torch thread (a fork after an OpenMP region hangs)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -556,7 +545,6 @@ def _decode_into(task):
     return done
 
 
-# One dataset folder
 class EnvCache:
     """One environment's files (``env.pixel_store``): ``decoded``, ``plain`` (by transform key)
     and its splits' evaluation pixels, each read only when intact (:func:`_damage`)."""
@@ -600,8 +588,7 @@ class EnvCache:
 
     def open_plain(self, key: str) -> PixelEntry | None:
         if key not in self.plain:
-            found = self._open(f"plain-{key}")
-            if found:
+            if found := self._open(f"plain-{key}"):
                 self.plain[key] = PixelEntry(*found)
         return self.plain.get(key)
 
