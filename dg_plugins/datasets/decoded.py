@@ -581,15 +581,13 @@ class EnvCache:
         return None
 
     def open_decoded(self) -> bool:
-        if self.decoded is None:
-            found = self._open("decoded")
-            self.decoded = found and DecodedImages(*found)
+        if self.decoded is None and (found := self._open("decoded")):
+            self.decoded = DecodedImages(*found)
         return self.decoded is not None
 
     def open_plain(self, key: str) -> PixelEntry | None:
-        if key not in self.plain:
-            if found := self._open(f"plain-{key}"):
-                self.plain[key] = PixelEntry(*found)
+        if key not in self.plain and (found := self._open(f"plain-{key}")):
+            self.plain[key] = PixelEntry(*found)
         return self.plain.get(key)
 
     def plain_entry(self, transform: PixelTransform) -> PixelEntry | None:
