@@ -73,9 +73,7 @@ def enabled() -> bool:
 
 def budget_bytes() -> int:
     """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; ValueError for a bad value."""
-    text = os.environ.get(BUDGET_ENV, "").strip()
-    if not text:
-        return int(DEFAULT_BUDGET_GB * 2**30)
+    text = os.environ.get(BUDGET_ENV, "").strip() or str(DEFAULT_BUDGET_GB)
     value = -1.0
     with contextlib.suppress(ValueError):
         value = float(text)
