@@ -186,10 +186,9 @@ def run_check(dataset, workers: int, progress: bool,
     n_bad = sum(bad.values())
     out(f"{n_bad} of {len(files)} images unreadable:" if n_bad
         else f"All {len(files)} images of {name} are readable:")
-    for env_index, folder in enumerate(dataset.environment_folders):
-        label = dataset.ENVIRONMENTS[env_index]
+    for i, (label, folder) in enumerate(zip(dataset.ENVIRONMENTS, dataset.environment_folders)):
         where = label if label == folder else f"{label} ({folder})"
-        out(f"  environment {where}: {bad[env_index]} unreadable of {totals[env_index]}")
+        out(f"  environment {where}: {bad[i]} unreadable of {totals[i]}")
     if n_bad:
         out(f"Remove or replace the {n_bad} unreadable file(s) listed above (e.g. restore them "
             f"from the original archive), then run this check again.")
