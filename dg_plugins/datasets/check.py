@@ -152,9 +152,8 @@ def check_files(paths: Sequence[str], workers: int,
 
 def run_check(dataset, workers: int, progress: bool,
               out: Callable[[str], None] = print) -> int:
-    """Say the layout found (the folder, each domain's counts, images per class), check every
-    image of ``dataset``, naming each unreadable one, then a summary per environment; returns
-    their count."""
+    """Say the layout found, check every image of ``dataset`` (naming each unreadable one), then
+    sum up per environment; returns the number unreadable."""
     name = type(dataset).__name__
     files = [(env_index, path) for env_index, env in enumerate(dataset.datasets)
              for path, _ in env.samples]
@@ -187,10 +186,9 @@ def run_check(dataset, workers: int, progress: bool,
     n_bad = sum(bad.values())
     out(f"{n_bad} of {len(files)} images unreadable:" if n_bad
         else f"All {len(files)} images of {name} are readable:")
-    for env_index, folder in enumerate(dataset.environment_folders):
-        label = dataset.ENVIRONMENTS[env_index]
+    for i, (label, folder) in enumerate(zip(dataset.ENVIRONMENTS, dataset.environment_folders)):
         where = label if label == folder else f"{label} ({folder})"
-        out(f"  environment {where}: {bad[env_index]} unreadable of {totals[env_index]}")
+        out(f"  environment {where}: {bad[i]} unreadable of {totals[i]}")
     if n_bad:
         out(f"Remove or replace the {n_bad} unreadable file(s) listed above (e.g. restore them "
             f"from the original archive), then run this check again.")

@@ -73,9 +73,7 @@ def enabled() -> bool:
 
 def budget_bytes() -> int:
     """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; ValueError for a bad value."""
-    text = os.environ.get(BUDGET_ENV, "").strip()
-    if not text:
-        return int(DEFAULT_BUDGET_GB * 2**30)
+    text = os.environ.get(BUDGET_ENV, "").strip() or str(DEFAULT_BUDGET_GB)
     value = -1.0
     with contextlib.suppress(ValueError):
         value = float(text)
@@ -98,7 +96,6 @@ def _prod(shape) -> int:
     return math.prod(int(v) for v in shape)
 
 
-# A transform's pixel part and tensor part
 class TableFinisher:
     """ToTensor + Normalize as ``table`` (float32 ``[3, 256]``): uint8 pixels ``[N, 3, H, W]`` to
     the transform's output bit for bit. Only a ``seeded`` finisher reads the batch's ``seed``."""
@@ -188,7 +185,6 @@ def to_model_input(pixels, table, device):
     return out
 
 
-# The files
 class DecodedImages:
     """A flat uint8 file and ``index`` (int64 ``[items, 3]``: offset (-1: left out), height,
     width), mapped when first read."""
@@ -198,9 +194,6 @@ class DecodedImages:
 
     def __getstate__(self):
         return {"path": self.path, "index": self.index, "_data": None}
-
-    def __len__(self) -> int:
-        return len(self.index)
 
     def has(self, item: int) -> bool:
         return bool(self.index[item, 0] >= 0)
@@ -244,11 +237,9 @@ class PixelEntry:
 
 
 def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    pathlib.Path(path).unlink(missing_ok=True)
 
 
-# Disk space, and what a finished entry holds
 def _disk_room(folder: str) -> int:
     """The free space on the disk of ``folder`` less :data:`DISK_RESERVE`."""
     stat = os.statvfs(folder)
@@ -331,14 +322,12 @@ def _damage(sum_path: str, paths: list[str]) -> str | None:
 def _save_bytes(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
+        pathlib.Path(tmp).write_bytes(data)
         os.replace(tmp, path)
     finally:
         _remove(tmp)
 
 
-# The build lock
 #: File descriptors of the build locks this process holds (a build process closes them).
 _LOCK_FDS: set = set()
 
@@ -440,7 +429,6 @@ def fingerprint(env) -> tuple[str, int]:
     return digest.hexdigest()[:20], total
 
 
-# Building (in a pool of the job's cores)
 #: The dataset's environments while a cache is built (a builder inherits them when forked).
 _BUILD_ENVS: list = []
 #: prctl's option that sends a signal to the calling process when its parent dies (Linux).
@@ -448,9 +436,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def _start_builder(envs, parent: int) -> None:
-    """A build process: dies with its job (a parent-death signal, else a watching thread), closes
-    its copies of the build lock, leaves stop signals to the job, runs one torch thread (a fork
-    after an OpenMP region hangs)."""
+    """A build process: dies with its job, closes its copies of the build lock, leaves stop
+    signals to the job, runs one torch thread (a fork after an OpenMP region hangs)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -556,7 +543,6 @@ def _decode_into(task):
     return done
 
 
-# One dataset folder
 class EnvCache:
     """One environment's files (``env.pixel_store``): ``decoded``, ``plain`` (by transform key)
     and its splits' evaluation pixels, each read only when intact (:func:`_damage`)."""
@@ -593,16 +579,13 @@ class EnvCache:
         return None
 
     def open_decoded(self) -> bool:
-        if self.decoded is None:
-            found = self._open("decoded")
-            self.decoded = found and DecodedImages(*found)
+        if self.decoded is None and (found := self._open("decoded")):
+            self.decoded = DecodedImages(*found)
         return self.decoded is not None
 
     def open_plain(self, key: str) -> PixelEntry | None:
-        if key not in self.plain:
-            found = self._open(f"plain-{key}")
-            if found:
-                self.plain[key] = PixelEntry(*found)
+        if key not in self.plain and (found := self._open(f"plain-{key}")):
+            self.plain[key] = PixelEntry(*found)
         return self.plain.get(key)
 
     def plain_entry(self, transform: PixelTransform) -> PixelEntry | None:

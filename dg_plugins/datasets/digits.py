@@ -158,22 +158,19 @@ def missing_domain_message(domain: str, data_dir: str) -> str:
     from dg_plugins.download.sources import download_command
 
     root, command = os.path.join(data_dir, FOLDER_NAME), download_command("Digits", data_dir)
-    layouts = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
-               f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
-               f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
+    lines = [f"  {os.path.join(root, domain + '.npz')} (arrays x, y)",
+             f"  {os.path.join(root, domain)}/{LAYOUT[domain]}",
+             f"  {os.path.join(root, domain)}/<digit 0-9>/<image files>"]
     if domain == "mnist":
-        layouts.insert(2, f"  or the MNIST IDX training files in "
-                          f"{os.path.join(data_dir, 'MNIST', 'raw')}/")
+        raw = os.path.join(data_dir, "MNIST", "raw")
+        lines.insert(2, f"  or the MNIST IDX training files in {raw}/")
+        lines.append("(MNIST's IDX files: on a machine with internet, "
+                     f"`{download_command('MNIST', data_dir)}` writes them to {raw}/)")
     how = (f"On a machine with internet, `{command}` downloads it; or put one of these in place"
            if command else "The downloader (python -m dg_plugins.scripts.download) does not "
            "provide Digits: get the domain's files from their publishers and put one of these in "
            "place")
-    message = f"Digits domain {domain!r} not found under {root}. {how}:\n" + "\n".join(layouts)
-    if domain == "mnist":
-        message += (f"\n(MNIST's IDX files: on a machine with internet, "
-                    f"`{download_command('MNIST', data_dir)}` writes them to "
-                    f"{os.path.join(data_dir, 'MNIST', 'raw')}/)")
-    return message
+    return f"Digits domain {domain!r} not found under {root}. {how}:\n" + "\n".join(lines)
 
 
 def _no_data_dir() -> FileNotFoundError:

@@ -260,11 +260,14 @@ def _colour_pair(rng, saturation_shape, min_gap: float = 70.0):
             return ink, back
 
 
-#: Saturation distributions: SYN's flat backgrounds and strokes take any colour but lean to
-#: muted ones (Ganin & Lempitsky chose SYN's variations "to simulate SVHN"); SVHN's paint and
-#: digits are mostly greys, whites, blacks and dull tints.
-SYN_SATURATION = (1.2, 2.0)
-SVHN_SATURATION = (1.0, 3.0)
+#: How SYN and SVHN draw their numbers (:func:`_render_number`'s keywords). Saturations: SYN's flat
+#: backgrounds and strokes take any colour but lean to muted ones (Ganin & Lempitsky chose SYN's
+#: variations "to simulate SVHN"); SVHN's paint and digits are mostly greys, whites, blacks and
+#: dull tints.
+SYN_NUMBERS = dict(digits=([1, 2, 3], [0.3, 0.4, 0.3]), height=(0.45, 0.8), strokes=[0, 0, 1, 2],
+                   shift=0.06, warp=(15.0, 0.25, (0.75, 1.2)), saturation=(1.2, 2.0))
+SVHN_NUMBERS = dict(digits=([2, 3, 4], [0.4, 0.4, 0.2]), height=(0.55, 0.85), strokes=[0, 1, 2, 3],
+                    shift=0.04, warp=(6.0, 0.15, (0.8, 1.3)), saturation=(1.0, 3.0))
 
 
 def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -289,8 +292,7 @@ def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strok
     box = _font(path, 100).getbbox(str(label))
     font = _font(path, int(np.clip(round(100.0 * size / max(1, box[3] - box[1])), 6, 400)))
     stroke = int(rng.choice(strokes))
-    centre = (canvas / 2 + rng.uniform(-shift, shift) * canvas,
-              canvas / 2 + rng.uniform(-shift, shift) * canvas)
+    centre = tuple(canvas / 2 + rng.uniform(-shift, shift) * canvas for _ in range(2))
     max_angle, max_shear, width_range = warp
     angle = np.deg2rad(rng.uniform(-max_angle, max_angle))
     rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
@@ -322,10 +324,7 @@ def make_syn(n: int, rng, fonts) -> tuple[np.ndarray, np.ndarray]:
     labels = rng.permutation(np.arange(n) % 10)  # every class n // 10 or n // 10 + 1 times
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        mask, ink, back, _ = _render_number(
-            int(label), rng, fonts, canvas, digits=([1, 2, 3], [0.3, 0.4, 0.3]),
-            height=(0.45, 0.8), strokes=[0, 0, 1, 2], shift=0.06, warp=(15.0, 0.25, (0.75, 1.2)),
-            saturation=SYN_SATURATION)
+        mask, ink, back, _ = _render_number(int(label), rng, fonts, canvas, **SYN_NUMBERS)
         if rng.random() < 0.5:
             background = np.broadcast_to(back, (canvas, canvas, 3))
         else:
@@ -349,10 +348,7 @@ def make_svhn(n: int, rng, fonts, photos) -> tuple[np.ndarray, np.ndarray]:
     labels = rng.permutation(np.arange(n) % 10)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        mask, ink, paint, centre = _render_number(
-            int(label), rng, fonts, canvas, digits=([2, 3, 4], [0.4, 0.4, 0.2]),
-            height=(0.55, 0.85), strokes=[0, 1, 2, 3], shift=0.04, warp=(6.0, 0.15, (0.8, 1.3)),
-            saturation=SVHN_SATURATION)
+        mask, ink, paint, centre = _render_number(int(label), rng, fonts, canvas, **SVHN_NUMBERS)
         kind = rng.random()
         photo = random_patch(photos, canvas, rng).astype(np.float32)
         if kind < 0.35:  # painted wall or plate filling the crop, with some texture

@@ -428,8 +428,7 @@ class PACS(ImageFolderBenchmark):
                     f"{download_command('PACS_splits', self.data_dir)} downloads them (from the "
                     f"'pacs_label' folder of the PACS authors' release: {PACS_SPLITS_URL}); or "
                     "use the default data_split 'domainbed'")
-            for index, env in enumerate(self.datasets):
-                folder = self.environment_folders[index]
+            for index, (folder, env) in enumerate(zip(self.environment_folders, self.datasets)):
                 self.official_splits[index] = in_, out = tuple(
                     layouts.match_split_list(path, folder, env.root, env.samples, self.classes)
                     for path in self.split_lists(index))
@@ -482,8 +481,7 @@ def make_image_folder_dataset(name: str, folder_name: str | None = None, environ
                               n_steps: int = 5001, register: bool = True) -> type:
     """Create (and register under ``name``) a dataset class for a tree
     ``<data_dir>/<folder_name>/<domain>/<class>/<image>`` (``folder_name=None``: data_dir), labels
-    from ``environments`` or the domain folders of ``data_dir``; call it at a plugin module's
-    import."""
+    from ``environments`` or ``data_dir``'s domain folders; call it when a plugin module imports."""
     env_folders = None
     if environments is not None:
         labels = list(environments)
