@@ -79,14 +79,13 @@ def _render_latex(report: Report) -> str:
     for section in report.sections:
         lines += ["", f"\\subsection{{{section.title}}}"]
         for table in section.tables:
+            lines += ["", f"\\subsubsection{{{table.title}}}", ""]
             if not table.col_labels:
-                lines += ["", f"\\subsubsection{{{table.title}}}", "",
-                          _latex_escape(table.left_out or "").replace("--", "-{}-")]
+                lines.append(_latex_escape(table.left_out or "").replace("--", "-{}-"))
                 continue
             labels = ["\\textbf{" + str(label).replace("%", "\\%") + "}"
                       for label in ["Algorithm", *table.col_labels]]
-            lines += ["", f"\\subsubsection{{{table.title}}}", "", "\\begin{center}",
-                      "\\adjustbox{max width=\\textwidth}{%",
+            lines += ["\\begin{center}", "\\adjustbox{max width=\\textwidth}{%",
                       "\\begin{tabular}{l" + "c" * len(table.col_labels) + "}", "\\toprule",
                       format_row(labels, table.colwidth, latex=True), "\\midrule"]
             lines += [format_row(row, table.colwidth, latex=True)

@@ -88,10 +88,9 @@ def render(rows: pd.DataFrame) -> str:
                    f"source-validation accuracy less than {points} points above its "
                    "first checkpoint or chance)")
     else:
-        plural = "s" if len(judged) != 1 else ""
-        summary = (f"{len(judged)} finished job{plural}{note}; every one learns (last "
-                   f"source-validation accuracy at least {points} points above its first "
-                   "checkpoint and above chance)")
+        summary = (f"{len(judged)} finished job{'s' * (len(judged) != 1)}{note}; every one "
+                   f"learns (last source-validation accuracy at least {points} points above "
+                   "its first checkpoint and above chance)")
     fallback = int((rows["chance_from"] == "catalogue").sum())
     if fallback:
         summary += (f"\nchance of {fallback} job{'s' if fallback != 1 else ''} (marked *) is from "

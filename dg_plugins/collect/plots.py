@@ -316,9 +316,8 @@ def nan_lines(nonfinite: dict, jobs) -> list[str]:
 
 
 def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, methods: list,
-                  cell_texts: dict | None = None, kind: str = TEST_KEY,
-                  chance: float | None = None, ylim: tuple | None = None,
-                  left_out: list[str] = ()):
+                  cell_texts: dict, kind: str, chance: float | None, ylim: tuple,
+                  left_out: list[str]):
     """One dataset and algorithm's curves: a column per method, a row per panel. Artists carry
     gids ``<method>|<panel>|<what>``."""
     shown = [m for m in methods if (points["method"] == m.key).any()]
@@ -354,7 +353,7 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                 ax.set_xlabel("step", fontsize=NORMAL)
             if c == 0:
                 ax.set_ylabel(f"{panel}\naccuracy (%)", fontsize=NORMAL)
-            cell = (cell_texts or {}).get((method.key, dataset, algorithm, panel))
+            cell = cell_texts.get((method.key, dataset, algorithm, panel))
             ax.set_title(("" if r else f"{method.name}\n") + (
                 f"{panel}: no run selected" if mine.empty else
                 f"{method.key} table: {cell}" if cell else panel), fontsize=NORMAL)
@@ -386,8 +385,7 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
                            label=_chance_label(chance), gid=f"{method.key}|{panel}|chance")
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, handle)
-    if ylim is not None:
-        axes[0][0].set_ylim(*ylim)
+    axes[0][0].set_ylim(*ylim)
     if handles:
         order = sorted(handles, key=lambda label: next(
             (i for i, prefix in enumerate(_LEGEND_ORDER) if label.startswith(prefix)),

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from array import array
+from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -150,10 +151,8 @@ def _settings(args: dict) -> tuple:
     for name in SETTING_ARGS:
         value = args.get(name)
         if name == "hparams" and isinstance(value, str):
-            try:
+            with suppress(ValueError):
                 value = json.loads(value)
-            except ValueError:
-                pass
         if value is None or value == ROWS[name].default or (name == "hparams" and value == {}):
             continue
         found.append((name, tuple(value) if isinstance(value, list) else
@@ -242,11 +241,9 @@ class _Columns:
         if type(first) is not dict or "step" not in first or "args" not in first:
             return False
         args, keys = first["args"], first.keys()
-        for record in records:
-            if type(record) is not dict or record.keys() != keys or record["args"] != args:
-                return False
         values = _arg_values(args)
-        if type(values) is str:
+        if type(values) is str or not all(type(record) is dict and record.keys() == keys
+                                          and record["args"] == args for record in records):
             return False
         self._append(job, numbers, records, values)
         return True
@@ -336,8 +333,7 @@ def _number(value) -> float:
 
 def _acc_sort_key(key: str):
     for rank, pattern in enumerate((ACC_KEY, COUNT_KEY)):  # accuracies, then counts
-        match = pattern.fullmatch(key)
-        if match is not None:
+        if (match := pattern.fullmatch(key)) is not None:
             return rank, int(match.group(1)), match.group(2)
     return 2, NUMBER_KEYS.index(key), ""  # the other numbers last
 

@@ -103,8 +103,7 @@ def _expand_test_envs(codes: np.ndarray, distinct) -> tuple[np.ndarray, np.ndarr
 def read_mask(key: str, reads: Mapping[str, str], is_test: np.ndarray) -> np.ndarray | None:
     """Where a method declared to read ``reads`` may read ``key`` (a template whose split is in,
     out, or both for ``pooled``): a boolean matrix like ``is_test``, or None for everywhere."""
-    match = ACC_KEY.fullmatch(key.format(t=0))
-    if match is None:
+    if (match := ACC_KEY.fullmatch(key.format(t=0))) is None:
         raise ValueError(f"{key!r} is not an accuracy key template (env{{t}}_<split>_acc)")
     split = match.group(2).split("_")[0]
     mask = None

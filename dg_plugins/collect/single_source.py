@@ -102,12 +102,11 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
     return tables
 
 
-def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
-                           mode: str = "auto", runs: pd.DataFrame | None = None) -> list[Section]:
+def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod], mode: str,
+                           runs: pd.DataFrame) -> list[Section]:
     """Per method that applies, a section of single-source tables (``mode``: auto, on, off)."""
     if mode == "off":
         return []
-    runs = single_source_runs(grouped) if runs is None else runs
     datasets = single_source_datasets(grouped, runs) if mode == "auto" else None
     sections = []
     for method in [m for m in methods if m in METHODS] if datasets != [] else []:
