@@ -222,11 +222,10 @@ def _store_validators(part: str, headers) -> None:
 
 def _http_date(value: str | None):
     """An HTTP date as an aware datetime, or None."""
-    try:
+    with contextlib.suppress(TypeError, ValueError, IndexError):
         parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return parsed and (parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc))
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+    return None
 
 
 def if_range_value(held: dict[str, str]) -> str | None:

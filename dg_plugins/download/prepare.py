@@ -173,10 +173,9 @@ def _member_kind(member) -> str:
 
 
 def block_size(folder: str) -> int:
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # no statvfs on Windows
         return os.statvfs(folder).f_frsize or 4096
-    except (AttributeError, OSError):
-        return 4096
+    return 4096
 
 
 def extraction_size(path: str, block: int = 4096) -> int:
