@@ -184,10 +184,6 @@ class _Cut(Exception):
     """The transfer stopped early (retry with a Range request)."""
 
 
-class WrongContent(DownloadError):
-    """The server answered with something else than the file (an HTML page, ...)."""
-
-
 def _content_range(value: str | None) -> tuple[int | None, int | None] | None:
     """(first byte, total) of a Content-Range value, None for a ``*``."""
     match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
@@ -226,11 +222,10 @@ def _store_validators(part: str, headers) -> None:
 
 def _http_date(value: str | None):
     """An HTTP date as an aware datetime, or None."""
-    try:
+    with contextlib.suppress(TypeError, ValueError, IndexError):
         parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return parsed and (parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc))
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+    return None
 
 
 def if_range_value(held: dict[str, str]) -> str | None:
@@ -248,15 +243,12 @@ def _version_change(held: dict[str, str], headers, have: int, status: int,
                     if_range: str | None) -> str | None:
     """Why the answer is another version than the ``have`` bytes held (the validator both have,
     ETag weakly else Last-Modified, differs; or a 200 to If-Range without one), else None."""
-    for key, field in (("etag", "ETag"), ("last_modified", "Last-Modified")):
+    for key, field, compared in (("etag", "ETag", lambda tag: tag.removeprefix("W/")),
+                                 ("last_modified", "Last-Modified",
+                                  lambda date: _http_date(date) or date)):
         old, new = held.get(key), (headers.get(field) or "").strip()
         if old and new:
-            if field == "ETag":
-                same = old.removeprefix("W/") == new.removeprefix("W/")
-            else:
-                old_date, new_date = _http_date(old), _http_date(new)
-                same = old_date == new_date if old_date and new_date else old == new
-            if same:
+            if compared(old) == compared(new):
                 return None
             detail = (f"the server's {status} answer carries {field} {new}, the bytes held "
                       f"came with {old}")
@@ -306,7 +298,7 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         status = response.status
         if response.headers.get_content_type() == "text/html":  # none of the files is a web page
             page, fix = html_page(url, response.read(65536), part[:-len(".part")], name)
-            raise WrongContent(f"{url} answered with {page}: {fix}.")
+            raise DownloadError(f"{url} answered with {page}: {fix}.")
         if have and status == 206:
             parsed = _content_range(response.headers.get("Content-Range"))
             total = parsed[1] if parsed else None
@@ -480,7 +472,7 @@ def fetch_google_drive(source: Source, url: str, path: str, report: Reporter) ->
 
 
 def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
-    """Move ``path`` to ``.corrupt`` and raise :class:`WrongContent` when not of its name's kind
+    """Move ``path`` to ``.corrupt`` and raise :class:`DownloadError` when not of its name's kind
     (an HTML page, a truncated zip, ...)."""
     name, kind = source.name, file_kind(source.name)
     with open(path, "rb") as handle:
@@ -506,7 +498,7 @@ def check_content(source: Source, path: str, url: str, fetched: bool) -> None:
         return
     os.replace(path, path + ".corrupt")
     where = f"{url} sent" if fetched else f"{path} (found there) is"
-    raise WrongContent(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
+    raise DownloadError(f"{where} {what}: {fix}. (What arrived was moved to {path}.corrupt.)")
 
 
 def verify_file(source: Source, path: str, from_option: bool, report: Reporter) -> None:

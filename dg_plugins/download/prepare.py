@@ -30,19 +30,18 @@ from dg_plugins.layouts import mnist_files_problem, visible_subfolders
 def dataset_status(dataset: str, data_dir: str) -> tuple[str, str]:
     """``("ok" | "absent" | "broken", detail)`` of ``dataset`` under ``data_dir``."""
     spec = DATASET_SPECS[dataset]
+    if spec.adds_to:
+        return split_lists_status(dataset, data_dir)
+    folder = os.path.join(data_dir, spec.folder)
     if dataset == "MNIST":
         paths = layouts.locate_mnist_files(data_dir)
         if paths is None:
-            folder = os.path.join(data_dir, "MNIST")
             if os.path.exists(folder):
                 return "broken", f"{folder} exists but does not hold the four MNIST files"
             return "absent", f"no MNIST files under {data_dir}"
         problem = mnist_files_problem(paths)
         where = os.path.dirname(paths["train_images"])
         return ("broken", problem) if problem else ("ok", f"{where} holds the four MNIST files")
-    if spec.adds_to:
-        return split_lists_status(dataset, data_dir)
-    folder = os.path.join(data_dir, spec.folder)
     if not os.path.exists(folder):
         return "absent", f"{folder} does not exist"
     problem = image_layout_problem(dataset, data_dir)
@@ -174,10 +173,9 @@ def _member_kind(member) -> str:
 
 
 def block_size(folder: str) -> int:
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # no statvfs on Windows
         return os.statvfs(folder).f_frsize or 4096
-    except (AttributeError, OSError):
-        return 4096
+    return 4096
 
 
 def extraction_size(path: str, block: int = 4096) -> int:

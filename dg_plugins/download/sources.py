@@ -16,9 +16,8 @@ from dg_plugins.layouts import PACS_SPLIT_KINDS, PACS_SPLITS_URL, pacs_split_fil
 #: duplicate files (the file is the same at b93c22a and at 8ff97a7, where it was last changed).
 DOMAINBED_COMMIT = "b93c22a1cfc3b2428398272c1a116c8de1f4139e"
 
-_NO_INTERNET = "not known here: no published value found, and no internet here to compute it"
 _GDRIVE_NOTE = ("DomainBed's Google Drive copy (domainbed/scripts/download.py); size and sha256 "
-                + _NO_INTERNET)
+                "not known here: no published value found, and no internet here to compute it")
 _TFDS_DOMAINNET = ("size and sha256 from tensorflow/datasets "
                    "tensorflow_datasets/image_classification/domainnet/checksums.tsv (90b6623)")
 _MNIST_NOTE = ("size as on the MNIST page; md5 as in torchvision's datasets/mnist.py; sha256 as "
@@ -277,6 +276,4 @@ def table_lines() -> list[str]:
             if source.md5:
                 lines.append(f"    md5 {source.md5}")
         lines.append(f"    ({f'the {len(group)} files above: ' if len(group) > 1 else ''}{note})")
-    for alias, (_, why) in ALIASES.items():
-        lines.append(f"  {alias}: {why}.")
-    return lines
+    return lines + [f"  {alias}: {why}." for alias, (_, why) in ALIASES.items()]

@@ -222,10 +222,8 @@ def plan_setting(setting: ps.Setting, protocol: ps.Protocol, *, data_dir: str,
                     spec = protocol.test_envs.value
                     if test_envs is not None or not isinstance(spec, str):
                         argv += ["--test_env_sets", *(",".join(map(str, s)) for s in test_sets)]
-                    elif spec == "single_test_envs":
-                        argv.append("--single_test_envs")
-                    else:
-                        argv.append("--single_source")
+                    else:  # "single_test_envs" or "single_source": the sweep flag of that name
+                        argv.append(f"--{spec}")
                     if steps is not None:
                         argv += ["--steps", str(steps)]
                     elif dataset in protocol.steps:
@@ -281,13 +279,12 @@ class CallCost(JobsCost):
     resume: bool = False
 
 
-def call_cost(argv: list[str], pretrainings: set | None = None, evaluated=None,
-              forwards: bool = True) -> CallCost:
+def call_cost(argv: list[str], pretrainings: set | None = None, forwards: bool = True) -> CallCost:
     """The jobs of a ``sweep launch`` argv, their steps and (``forwards``) image forwards; a UDG
     pretraining counts once per listing (``pretrainings``: the identities counted)."""
     args, jobs = sweep_cli.sweep_jobs(argv, dry_run=True, defer_scores=True)
     selected = sweep_lib.select_jobs(jobs, "launch", resume=args.resume)
-    counted = jobs_cost([job.train_args for job in jobs], pretrainings, evaluated, forwards)
+    counted = jobs_cost([job.train_args for job in jobs], pretrainings, forwards=forwards)
     return CallCost(**vars(counted), jobs=jobs, selected=selected, resume=args.resume)
 
 

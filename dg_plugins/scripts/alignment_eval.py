@@ -71,15 +71,12 @@ def main(argv=None) -> int:
     from dg_plugins.alignment import reevaluate
     from dg_plugins.train.run import user_errors
 
-    if options.model and len(options.jobs) != 1:
-        print("error: --model names one model file: give one job folder", file=sys.stderr)
-        return 2
-    if options.model and options.update_records:
-        print("error: --update_records uses the job's own model files; leave out --model",
-              file=sys.stderr)
-        return 2
     rule = {flag: getattr(options, flag) for flag in job_flags.ALIGNMENT_ARGS}
     try:
+        if options.model and len(options.jobs) != 1:
+            raise ValueError("--model names one model file: give one job folder")
+        if options.model and options.update_records:
+            raise ValueError("--update_records uses the job's own model files; leave out --model")
         plugins_lib.load(options.plugins)
         reevaluate.reevaluate_jobs(
             options.jobs, lambda job, saved: rebuild(job, saved, options, rule),

@@ -33,10 +33,8 @@ def build_parser() -> CommandParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    pytest_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, pytest_args = argv[:cut], argv[cut + 1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, pytest_args = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
     try:
         import pytest

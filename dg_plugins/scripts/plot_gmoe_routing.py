@@ -112,21 +112,18 @@ def plot_routing(images, owners, env_names, maps, num_experts, out, title=None):
     for r, (img, env) in enumerate(zip(images, owners)):
         pic = img.float()
         pic = (pic - pic.min()) / (pic.max() - pic.min() + 1e-8)
-        pic = pic[0] if pic.shape[0] == 1 else pic[:3].permute(1, 2, 0)
-        gray = pic.ndim == 2
+        pic = (pic[0] if pic.shape[0] == 1 else pic[:3].permute(1, 2, 0)).numpy()
         height, width = pic.shape[:2]
-        axes[r][0].imshow(pic.numpy(), cmap="gray" if gray else None)
+        for ax in axes[r]:
+            ax.imshow(pic, cmap="gray" if pic.ndim == 2 else None)
+            ax.set(xticks=[], yticks=[])
         axes[r][0].set_ylabel(f"domain {env_names[env]}", fontsize=8)
-        for c, block in enumerate(blocks, start=1):
-            ax = axes[r][c]
-            ax.imshow(pic.numpy(), cmap="gray" if gray else None)
+        for block, ax in zip(blocks, axes[r][1:]):
             ax.imshow(maps[block][r].numpy(), cmap=cmap, vmin=-0.5, vmax=num_experts - 0.5,
                       alpha=0.55, interpolation="nearest",
                       extent=(-0.5, width - 0.5, height - 0.5, -0.5))
             if r == 0:
                 ax.set_title(f"block {block}", fontsize=9)
-        for ax in axes[r]:
-            ax.set(xticks=[], yticks=[])
     axes[0][0].set_title("image", fontsize=9)
     fig.legend(handles=[Patch(color=colors[e], label=f"expert {e}") for e in range(num_experts)],
                loc="lower center", ncol=min(num_experts, 6), fontsize=8, frameon=False)
