@@ -367,12 +367,10 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
             progress = _PlainProgress(len(todo), desc)
         results = []
         score_start = time.perf_counter()
-        try:
+        with contextlib.closing(progress):
             for images, position in loader:
                 results.append(scorer.score_batch(images, class_index[todo_t[position]]))
                 progress.update(len(position))
-        finally:
-            progress.close()
         computed = torch.cat(results).cpu().numpy().astype(np.float64)
         run.scoring_seconds = time.perf_counter() - score_start
         scores[todo] = computed
