@@ -78,10 +78,9 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
 def hub_weight_files(filename: str) -> list[str]:
     """The files open_clip tries, in order, for a hub weight file (``download_pretrained_from_hf``
     in ``open_clip/pretrained.py``: the safetensors alternative first)."""
-    if filename == HF_WEIGHTS_NAME:
-        return [HF_SAFE_WEIGHTS_NAME, filename]
-    if filename.endswith((".bin", ".pth")):
-        return [filename[:-4] + ".safetensors", filename]
+    if filename.endswith((".bin", ".pth")):  # HF_WEIGHTS_NAME among them
+        safe = filename[:-4] + ".safetensors"
+        return [HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else safe, filename]
     return [filename]
 
 

@@ -192,10 +192,8 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
 def timm_hub_files(filename: str | None) -> list[str]:
     """The files timm tries, in order, for a hub weight file (safetensors first)."""
     filename = filename or "pytorch_model.bin"
-    if filename in TIMM_SAFE_ALTERNATIVES:
-        return [TIMM_SAFE_ALTERNATIVES[filename], filename]
-    if filename.endswith(".bin"):
-        return [filename[:-4] + ".safetensors", filename]
+    if filename.endswith(".bin"):  # TIMM_SAFE_ALTERNATIVES' keys among them
+        return [TIMM_SAFE_ALTERNATIVES.get(filename, filename[:-4] + ".safetensors"), filename]
     return [filename]
 
 
