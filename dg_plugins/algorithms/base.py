@@ -175,9 +175,8 @@ def split_minibatches(minibatches) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """``[(x_0, y_0), ...]`` -> concatenated ``(x, y, domain)`` (a row's source environment)."""
     if not minibatches:
         raise ValueError("update() got no minibatches (one (x, y) pair per source environment)")
-    x = torch.cat([xi for xi, _ in minibatches])
-    y = torch.cat([yi for _, yi in minibatches])
-    return x, y, domain_labels([yi for _, yi in minibatches])
+    xs, ys = zip(*minibatches)
+    return torch.cat(xs), torch.cat(ys), domain_labels(ys)
 
 
 def domain_labels(batches) -> torch.Tensor:
@@ -251,12 +250,9 @@ def optimizer_step(optimizer, loss: torch.Tensor, inputs=None) -> None:
                 opt.step()
             return
         scaler.scale(loss).backward(inputs=inputs)
-        _SCALING.stepping = True
-        try:
+        with swapped(_SCALING, "stepping", True):
             for opt in optimizers:  # one without gradients would fail the scaler's checks
                 if any(p.grad is not None for group in opt.param_groups
                        for p in group["params"]):
                     scaler.step(opt)
-        finally:
-            _SCALING.stepping = False
         scaler.update()

@@ -67,8 +67,7 @@ class MaskedDecoder(nn.Module):
     """MAE's decoder on ``[CLS, N patch slots, extra]`` (extra: DisMAE's variation code) -> the
     N patch predictions through a sigmoid."""
 
-    def __init__(self, embed_dim: int, width: int, depth: int, num_patches: int, grid,
-                 patch_pixels: int):
+    def __init__(self, embed_dim: int, width: int, depth: int, grid, patch_pixels: int):
         super().__init__()
         from dg_plugins import compat  # noqa: F401  (before timm)
         from timm.models.vision_transformer import Block
@@ -97,15 +96,14 @@ class MaskedDecoder(nn.Module):
 
 
 def _shared_space(dataset: str) -> dict:
-    small = dataset in hp_lib.SMALL_IMAGE_DATASETS
+    width = 64 if dataset in hp_lib.SMALL_IMAGE_DATASETS else 512
     return {
         "lr": (1e-4, hp_lib._log_uniform(-4.5, -3.5), hp_lib.positive),
         "weight_decay": (0.05, hp_lib._choice([0.0, 0.05]), hp_lib.non_negative),
         "batch_size": (32, hp_lib._int_pow2(3, 5.5), hp_lib.positive),
         "dismae_mask_ratio": (0.8, lambda r: r.choice([0.7, 0.75, 0.8]), hp_lib.probability),
         "dismae_decoder_depth": (1, lambda r: 1, hp_lib.positive),
-        "dismae_decoder_width": (64 if small else 512, lambda r: 64 if small else 512,
-                                 hp_lib.positive),
+        "dismae_decoder_width": (width, lambda r: width, hp_lib.positive),
         "dismae_lambda2": (1.0, lambda r: 1.0, hp_lib.non_negative),
         "dismae_unnorm_target": (False, lambda r: False),
         "dismae_init": ("random", lambda r: "random", lambda v: None if v.strip() else
@@ -136,8 +134,7 @@ class _MaskedAutoencoder(Algorithm):
                 hparams.get("vit_arch", "auto"), self.input_shape, pretrained=False, num_classes=0,
                 arch_224=ENCODER_ARCH_224, depth=int(hparams["dismae_var_depth"])).blocks
         self.decoder = MaskedDecoder(width, int(hparams["dismae_decoder_width"]),
-                                     int(hparams["dismae_decoder_depth"]), dims.num_patches,
-                                     dims.grid_size,
+                                     int(hparams["dismae_decoder_depth"]), dims.grid_size,
                                      self.patch * self.patch * self.input_shape[0])
         self.classifier = nn.Linear(width, num_classes)
         self.register_buffer("step", torch.zeros((), dtype=torch.long))

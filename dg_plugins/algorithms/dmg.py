@@ -5,8 +5,6 @@ logits under every domain's soft mask. Details: ``docs/methods/dmg.md``."""
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -50,11 +48,10 @@ def hard_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def pairwise_mean(fn, probs: torch.Tensor) -> torch.Tensor:
     """Mean of ``fn(probs[i], probs[j])`` over row pairs ``i < j`` (0 with fewer than 2 rows)."""
-    pairs = list(itertools.combinations(range(probs.shape[0]), 2))
-    if not pairs:
+    pairs = torch.combinations(torch.arange(probs.shape[0], device=probs.device), 2)
+    if not len(pairs):
         return probs.new_zeros(())
-    i, j = (torch.tensor(idx, device=probs.device) for idx in zip(*pairs))
-    return fn(probs[i], probs[j]).mean()
+    return fn(probs[pairs[:, 0]], probs[pairs[:, 1]]).mean()
 
 
 @register_algorithm("DMG")
@@ -111,12 +108,11 @@ class DMG(FeatureClassifier):
         self.test_ensemble = hparams["dmg_test_ensemble"]
         fc_std = hparams.get("dmg_fc_init_std")
         if fc_std is not None:  # the DomainNet release's init: N(0, std) weights, zero bias
-            with torch.no_grad():
-                for module in self.classifier.modules():
-                    if isinstance(module, nn.Linear):
-                        module.weight.normal_(0.0, float(fc_std))
-                        if module.bias is not None:
-                            module.bias.zero_()
+            for module in self.classifier.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, 0.0, float(fc_std))
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
         mask_lr = hparams["dmg_mask_lr"]
         self.optimizer = adam(self.network.parameters(), hparams)
         self.mask_optimizer = adam(self.mask_logits.parameters(), hparams,
@@ -140,8 +136,11 @@ class DMG(FeatureClassifier):
         return h * mask
 
     def _run(self, x: torch.Tensor, masks: list[torch.Tensor], start: str | None = None):
-        """Logits with ``masks`` applied; ``x``: the image, or the input of stage ``start``."""
-        if self.mask_stages:
+        """Logits with ``masks`` applied; ``x``: the image, or the input of stage ``start``
+        (``"fc"``: the pooled feature)."""
+        if start == FC:
+            features = x
+        elif self.mask_stages:
             hooks = {name: (lambda h, m=mask: self._scale(h, m))
                      for name, mask in zip(self.mask_stages, masks)}
             features = self.featurizer.forward_stages(x, start=start, hooks=hooks)
@@ -157,11 +156,6 @@ class DMG(FeatureClassifier):
             first = self.mask_stages[0]
             return self.featurizer.forward_stages(x, stop=first), first
         return self.featurizer(x), FC
-
-    def _tail(self, h: torch.Tensor, start: str, masks: list[torch.Tensor]) -> torch.Tensor:
-        if start == FC:
-            return self.classifier(self._scale(h, masks[-1]))
-        return self._run(h, masks, start=start)
 
     def overlap(self, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
         probs = self.mask_probs() if probs is None else probs
@@ -199,8 +193,8 @@ class DMG(FeatureClassifier):
         probs = self.mask_probs()
         h, start = self._trunk(x)
         if self.test_ensemble == "masks":
-            return self._tail(h, start, [p.mean(0, keepdim=True) for p in probs])
-        logits = [self._tail(h, start, [p[d:d + 1] for p in probs])
+            return self._run(h, [p.mean(0, keepdim=True) for p in probs], start)
+        logits = [self._run(h, [p[d:d + 1] for p in probs], start)
                   for d in range(self.num_domains)]
         return torch.stack(logits).mean(0)
 
@@ -212,4 +206,4 @@ class DMG(FeatureClassifier):
                              f"domain index in [0, {self.num_domains})")
         index = domain.reshape(1) if domain.dim() == 0 else domain
         h, start = self._trunk(x)
-        return self._tail(h, start, [p[index] for p in self.mask_probs()])
+        return self._run(h, [p[index] for p in self.mask_probs()], start)

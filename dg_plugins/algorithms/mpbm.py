@@ -69,8 +69,7 @@ class MixupAttentionGenerator(nn.Module):
         self.value = None
         if value_projection:
             self.value = nn.Linear(dim, dim, bias=False)
-            with torch.no_grad():
-                self.value.weight.copy_(torch.eye(dim))
+            nn.init.eye_(self.value.weight)
 
     def attention(self, q: torch.Tensor, values: torch.Tensor, corr: torch.Tensor) -> torch.Tensor:
         """Weights ``A [B, N_b, d]`` (each ``A[b, :, j]`` sums to 1)."""
@@ -188,10 +187,8 @@ class MPBM(FeatureClassifier):
             "mpbm_sgld_noise": fixed(1.0),
             "mpbm_sgld_init": fixed("data", hp_lib.one_of("data", "noise")),
             "mpbm_clamp": fixed("batch", hp_lib.one_of(*CLAMP_MODES)),
-            "mpbm_lambda_adv": (0.5, lambda r: float(r.choice([0.2, 0.5, 0.8])),
-                                hp_lib.non_negative),
-            "mpbm_lambda_mix": (0.5, lambda r: float(r.choice([0.25, 0.5, 1.0])),
-                                hp_lib.non_negative),
+            "mpbm_lambda_adv": (0.5, hp_lib._choice([0.2, 0.5, 0.8]), hp_lib.non_negative),
+            "mpbm_lambda_mix": (0.5, hp_lib._choice([0.25, 0.5, 1.0]), hp_lib.non_negative),
             "mpbm_value_proj": fixed(False, None),
             "mpbm_lr_g": (1e-4, lambda r: 10 ** r.uniform(-4.5, -3.5), hp_lib.positive),
             "mpbm_lr_d": (1e-4, lambda r: 10 ** r.uniform(-4.5, -3.5), hp_lib.positive),

@@ -68,12 +68,10 @@ def resolve_rule(threshold: float | None = None, preset: str | None = None,
     if "=" in preset:  # inline: threshold=T,drop_below=L,drop_above=H
         values: dict[str, float | None] = {}
         for part in preset.split(","):
-            name, sep, raw = part.partition("=")
-            name = name.strip()
+            name, sep, raw = (text.strip() for text in part.partition("="))
             if not sep or name not in ("threshold", "drop_below", "drop_above"):
                 raise ValueError(f"inline split rule {preset!r}: expected comma-separated "
                                  "threshold=T, drop_below=L, drop_above=H")
-            raw = raw.strip()
             try:
                 values[name] = None if raw.lower() in ("", "none") else float(raw)
             except ValueError:

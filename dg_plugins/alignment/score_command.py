@@ -126,12 +126,11 @@ def check_flags(args):
             model = registered
     if args.import_score_arrays and args.import_split_dirs:
         raise ValueError("give --import_score_arrays or --import_split_dirs, not both")
-    rule = None if args.import_split_dirs else resolve_rule(
-        args.threshold, args.preset, args.drop_below, args.drop_above)
-    if args.import_split_dirs and any(v is not None for v in (
-            args.threshold, args.preset, args.drop_below, args.drop_above)):
+    rule_flags = (args.threshold, args.preset, args.drop_below, args.drop_above)
+    if args.import_split_dirs and any(v is not None for v in rule_flags):
         raise ValueError("imported split folders carry fixed subsets; leave out --threshold, "
                          "--alignment_preset, --drop_below and --drop_above")
+    rule = None if args.import_split_dirs else resolve_rule(*rule_flags)
     if args.pretrained_tag is not None and (args.import_score_arrays or args.import_split_dirs):
         raise ValueError("--pretrained_tag declares the weights of a checkpoint file to "
                          "score with; imported splits are not scored here: leave it out")

@@ -78,10 +78,9 @@ def _unavailable(what: str, where: str, reason: str) -> PretrainedWeightsUnavail
 def hub_weight_files(filename: str) -> list[str]:
     """The files open_clip tries, in order, for a hub weight file (``download_pretrained_from_hf``
     in ``open_clip/pretrained.py``: the safetensors alternative first)."""
-    if filename == HF_WEIGHTS_NAME:
-        return [HF_SAFE_WEIGHTS_NAME, filename]
-    if filename.endswith((".bin", ".pth")):
-        return [filename[:-4] + ".safetensors", filename]
+    if filename.endswith((".bin", ".pth")):  # HF_WEIGHTS_NAME among them
+        safe = filename[:-4] + ".safetensors"
+        return [HF_SAFE_WEIGHTS_NAME if filename == HF_WEIGHTS_NAME else safe, filename]
     return [filename]
 
 
@@ -367,12 +366,10 @@ def score_dataset(dataset, envs=None, data_dir: str | None = None, *,
             progress = _PlainProgress(len(todo), desc)
         results = []
         score_start = time.perf_counter()
-        try:
+        with contextlib.closing(progress):
             for images, position in loader:
                 results.append(scorer.score_batch(images, class_index[todo_t[position]]))
                 progress.update(len(position))
-        finally:
-            progress.close()
         computed = torch.cat(results).cpu().numpy().astype(np.float64)
         run.scoring_seconds = time.perf_counter() - score_start
         scores[todo] = computed

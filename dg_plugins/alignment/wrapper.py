@@ -164,16 +164,14 @@ class AlignmentSplit:
         """A table of count and fraction of IP / OOP / dropped images per environment."""
         source = self.table.meta.get("source", "the file's subset column")
         rule = f"fixed subsets from {source}" if self.rule is None else self.rule.describe()
-        lines = [f"IP/OOP split ({rule}):",
-                 f"  {'env':<4} {'name':<20} {'images':>7} {'IP':>15} {'OOP':>15} {'dropped':>15}"]
+        row = "  {:<4} {:<20} {:>7} {:>15} {:>15} {:>15}".format  # one row of the table
+        lines = [f"IP/OOP split ({rule}):", row("env", "name", "images", "IP", "OOP", "dropped")]
         for env in self.envs:
             counts = self.counts(env)
             total = sum(counts.values())
             cells = [f"{counts[n]} ({100 * counts[n] / total if total else 0:.1f}%)"
                      for n in SUBSETS]
-            name = env_folder_name(self.dataset[env]) or "-"
-            lines.append(f"  {env:<4} {name:<20} {total:>7} {cells[0]:>15} {cells[1]:>15} "
-                         f"{cells[2]:>15}")
+            lines.append(row(env, env_folder_name(self.dataset[env]) or "-", total, *cells))
         return "\n".join(lines)
 
     def warnings(self) -> list[str]:
@@ -209,10 +207,9 @@ class _PathMapper:
     def __init__(self, env, data_dir: str | None):
         prefix = str(env.root) if getattr(env, "root", None) else None
         self.prefix = os.path.join(prefix, "") if prefix else None
-        self.prefix_abs = os.path.join(os.path.normpath(os.path.abspath(prefix)), "") \
-            if prefix else None
+        self.prefix_abs = os.path.join(os.path.abspath(prefix), "") if prefix else None
         self.data_dir = data_dir
-        root = os.path.join(os.path.normpath(os.path.abspath(data_dir)), "") if data_dir else None
+        root = os.path.join(os.path.abspath(data_dir), "") if data_dir else None
         self.rel_prefix = None
         if root and self.prefix_abs and self.prefix_abs.startswith(root):
             self.rel_prefix = self.prefix_abs[len(root):].replace(os.sep, "/")

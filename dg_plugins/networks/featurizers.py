@@ -119,11 +119,9 @@ class ResNet(StagedFeaturizer):
             from dg_plugins import compat  # noqa: F401  (before torchvision)
             import torchvision
 
-            chosen = None
-            if download:
-                chosen = getattr(torchvision.models, weights_enum).IMAGENET1K_V1  # DomainBed's
-                if chosen.url != url:  # another torchvision's file
-                    weights.check_url_available(chosen.url, f"torchvision {name}")
+            chosen = getattr(torchvision.models, weights_enum).IMAGENET1K_V1 if download else None
+            if download and chosen.url != url:  # another torchvision's file than DomainBed's
+                weights.check_url_available(chosen.url, f"torchvision {name}")
             self.network = getattr(torchvision.models, name)(weights=chosen)
         if use_pretrained and local_path:
             weights.load_local_weights(self.network, local_path)
@@ -132,8 +130,7 @@ class ResNet(StagedFeaturizer):
             self.network.conv1 = nn.Conv2d(input_shape[0], conv.out_channels, kernel_size=7,
                                            stride=2, padding=3, bias=False)
             with torch.no_grad():
-                for i in range(input_shape[0]):
-                    self.network.conv1.weight[:, i] = conv.weight[:, i % 3]
+                self.network.conv1.weight.copy_(conv.weight[:, torch.arange(input_shape[0]) % 3])
         self.network.fc = nn.Identity()
         self.stage_widths = {name: next(m for m in getattr(self.network, name).modules()
                                         if isinstance(m, nn.Conv2d)).in_channels

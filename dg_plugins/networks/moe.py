@@ -24,7 +24,6 @@ class CosineRouter(nn.Module):
         super().__init__()
         if init_temperature <= 0:
             raise ValueError(f"init_temperature must be > 0, got {init_temperature}")
-        self.num_experts = num_experts
         from timm.layers import trunc_normal_  # the official code's (torch 2.13's draws others)
 
         self.proj = nn.Linear(dim, proj_dim)

@@ -117,12 +117,10 @@ def _decided(what: str, error: BaseException | None) -> None:
 def require_cached_or_reachable(what: str, cached: str, url: str,
                                 unavailable=_unavailable) -> None:
     """Return when ``cached`` exists or ``url``'s server answers now; else raise ``unavailable``."""
-    error = None
+    reason = None
     if not os.path.isfile(cached):
         reason = OFFLINE_SET if offline_requested() else probe_url(url)
-        if reason is not None:
-            error = unavailable(what, cached, reason)
-    _decided(what, error)
+    _decided(what, reason and unavailable(what, cached, reason))
     note_weights(f"{what} from the cache: {cached}" if os.path.isfile(cached) else
                  f"{what} downloaded from {url} into {cached}")
 
@@ -194,10 +192,8 @@ def load_local_weights(model: torch.nn.Module, path: str, ignore_prefixes=("fc."
 def timm_hub_files(filename: str | None) -> list[str]:
     """The files timm tries, in order, for a hub weight file (safetensors first)."""
     filename = filename or "pytorch_model.bin"
-    if filename in TIMM_SAFE_ALTERNATIVES:
-        return [TIMM_SAFE_ALTERNATIVES[filename], filename]
-    if filename.endswith(".bin"):
-        return [filename[:-4] + ".safetensors", filename]
+    if filename.endswith(".bin"):  # TIMM_SAFE_ALTERNATIVES' keys among them
+        return [TIMM_SAFE_ALTERNATIVES.get(filename, filename[:-4] + ".safetensors"), filename]
     return [filename]
 
 
@@ -220,10 +216,8 @@ def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
     from dg_plugins import compat  # noqa: F401  (before timm)
     import timm
 
-    if not download:
-        return timm.create_model(name, pretrained=False, **kwargs)
-    cfg = timm.models.get_pretrained_cfg(name)
-    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    cfg = timm.models.get_pretrained_cfg(name) if download else None
+    hub_id = getattr(cfg, "hf_hub_id", None)
     if hub_id:
         repo_id, _, revision = hub_id.partition("@")
         if hub_id != known or cfg.hf_hub_filename:  # not the files checked above
@@ -233,4 +227,4 @@ def timm_model(name: str, download: bool, **kwargs) -> torch.nn.Module:
             return timm.create_model(name, pretrained=True, **kwargs)
     if cfg is not None and cfg.url and not cfg.file:
         check_url_available(cfg.url, what)
-    return timm.create_model(name, pretrained=True, **kwargs)
+    return timm.create_model(name, pretrained=bool(download), **kwargs)

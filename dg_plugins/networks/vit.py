@@ -17,8 +17,6 @@ import torch.utils.checkpoint
 from dg_plugins.networks import pretrained as weights
 from dg_plugins.networks.staged import StagedFeaturizer
 
-# --- Presets and architecture choice ---
-
 #: ViT for 28x28 inputs: 4x4 patches (49 tokens plus CLS), width 64, 6 blocks, 4 heads (0.30M).
 VIT_28 = "dg_vit_patch4_28"
 #: Tiny 224x224 ViT for CPU tests: 32x32 patches, width 64, 4 blocks, 2 heads (0.35M).
@@ -74,8 +72,6 @@ def resolve_vit_arch(arch: str, input_shape: Sequence[int], *,
         f"architecture instead: a preset {sorted(VIT_PRESETS)} or a timm ViT "
         "(timm.list_models('vit_*')), which is built at the input's size")
 
-
-# --- Building ---
 
 def _timm():
     from dg_plugins import compat  # noqa: F401  (before timm)
@@ -177,8 +173,6 @@ def _blocks(vit: nn.Module) -> nn.Sequential:
     return blocks
 
 
-# --- Tokens ---
-
 def embed_tokens(vit: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Images -> tokens ``[B, P + N, D]``: timm's ``forward_features`` before the blocks."""
     return vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(x))))
@@ -245,9 +239,7 @@ def random_masking(tokens: torch.Tensor, mask_ratio: float, *,
     ids_restore = torch.argsort(ids_shuffle, dim=1)
     ids_keep = ids_shuffle[:, :kept]
     kept_tokens = torch.gather(tokens, 1, ids_keep.unsqueeze(-1).expand(-1, -1, dim))
-    mask = torch.ones(batch, num, device=tokens.device, dtype=tokens.dtype)
-    mask[:, :kept] = 0
-    mask = torch.gather(mask, 1, ids_restore)
+    mask = (ids_restore >= kept).to(tokens.dtype)  # removed: shuffled to a place past ``kept``
     return MaskedTokens(kept_tokens, mask, ids_restore, ids_keep)
 
 
@@ -288,8 +280,6 @@ def pool_tokens(vit: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return vit.forward_head(tokens, pre_logits=True)
 
 
-# --- Fixed 2-D sine-cosine position embeddings ---
-
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
                         num_prefix_tokens: int = 0) -> torch.Tensor:
     """MAE's fixed 2-D sine-cosine position embedding ``[1, P + H * W, D]``, prefix rows 0."""
@@ -301,12 +291,8 @@ def sincos_pos_embed_2d(embed_dim: int, grid_size: int | Sequence[int],
     omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
     r, c = torch.meshgrid(torch.arange(rows, dtype=torch.float64),
                           torch.arange(cols, dtype=torch.float64), indexing="ij")
-
-    def encode(pos: torch.Tensor) -> torch.Tensor:
-        angles = pos.reshape(-1, 1) * omega
-        return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-    grid = torch.cat([encode(c), encode(r)], dim=1)
+    angles = [pos.reshape(-1, 1) * omega for pos in (c, r)]  # MAE's order: column, then row
+    grid = torch.cat([t for a in angles for t in (a.sin(), a.cos())], dim=1)
     prefix = torch.zeros(num_prefix_tokens, embed_dim, dtype=torch.float64)
     return torch.cat([prefix, grid], dim=0).unsqueeze(0).float()
 
@@ -323,13 +309,10 @@ def install_sincos_pos_embed(vit: nn.Module) -> torch.Tensor:
         raise ValueError(f"sin-cos table {tuple(table.shape)} does not match pos_embed "
                          f"{tuple(old.shape)}")
     table = table.to(device=old.device, dtype=old.dtype)
-    if "pos_embed" in vit._parameters:
-        del vit._parameters["pos_embed"]
+    vit._parameters.pop("pos_embed", None)
     vit.register_buffer("pos_embed", table)
     return vit.pos_embed
 
-
-# --- FFN replacement ---
 
 def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
                 factory: Callable[[int, nn.Module], nn.Module]) -> list[nn.Module]:
@@ -371,8 +354,6 @@ def replace_ffn(vit: nn.Module, block_indices: str | int | Iterable[int],
         new_modules.append(new)
     return new_modules
 
-
-# --- ERM's ViT featurizer ---
 
 class ViTFeaturizer(StagedFeaturizer):
     """ERM's timm ViT featurizer, or DomainBed's DINOv2 recipe with ``dinov2``."""
