@@ -148,8 +148,8 @@ OFFICIAL_VAL_SIZES: dict[str, Value] = _v(PACS=(
 
 
 def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
-    """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader
-    over the union: ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``)"""
+    """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader over
+    the union, ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``)."""
     if (reduce := {"pooled": sum, "per_domain": min}.get(batch_sampling)) is None:
         raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
     return max(1, math.ceil(reduce(in_sizes) / batch_size))
