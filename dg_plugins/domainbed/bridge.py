@@ -183,11 +183,9 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
     return installed, skipped
 
 
-def register_algorithms(algorithms_module: ModuleType,
-                        entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install algorithm classes (default: the registry's)."""
-    return _add_entries(algorithms_module, "ALGORITHMS",
-                        dict(ALGORITHMS.items()) if entries is None else entries,
+def register_algorithms(algorithms_module: ModuleType) -> tuple[list[str], list[str]]:
+    """Install the registry's algorithm classes."""
+    return _add_entries(algorithms_module, "ALGORITHMS", dict(ALGORITHMS.items()),
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
@@ -330,13 +328,12 @@ def rewriting_launcher(launcher: Callable) -> Callable:
     return launch
 
 
-def register_launchers(launchers_module: ModuleType,
-                       entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Add our launchers (default: the registry's), rewriting, under names ``REGISTRY`` lacks."""
+def register_launchers(launchers_module: ModuleType) -> tuple[list[str], list[str]]:
+    """Add the registry's launchers, rewriting, under names ``REGISTRY`` lacks."""
     registry = launchers_module.REGISTRY
     record = _INSTALLED.setdefault(launchers_module, {}).setdefault("REGISTRY", {})
     installed, skipped = [], []
-    for name, launcher in (dict(LAUNCHERS.items()) if entries is None else entries).items():
+    for name, launcher in LAUNCHERS.items():
         ours = name in record and registry.get(name) is record[name]
         if name in registry and not ours:
             skipped.append(name)
