@@ -237,8 +237,7 @@ def environments_of(dataset: str, data_dir: str | None) -> list[str]:
     """``dataset``'s environment labels as train will see them: image folders found on disk
     (layout checked, errors naming the fix), others as declared. Torch-free."""
     if dataset not in IMAGE_FOLDER_DATASETS:
-        if dataset not in DATASET_ENVIRONMENTS or dataset in domainbed_only_datasets():
-            check_dataset_name(dataset)
+        check_dataset_name(dataset)
         return list(DATASET_ENVIRONMENTS[dataset])
     layout = image_folder_layout(dataset)
     if not data_dir:

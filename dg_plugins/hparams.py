@@ -265,8 +265,7 @@ RENAMED = {
 
 
 def validate(algorithm: str, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` checked against ``algorithm``'s space on ``dataset``, ints made floats where
-    due."""
+    """``overrides`` checked by ``algorithm``'s space on ``dataset``, ints made floats where due."""
     entries = space(algorithm, dataset)
 
     def hint(name: str) -> str:

@@ -133,9 +133,8 @@ class Registry:
                 "name" if match else
                 f"unknown {self.kind} {name!r}: {source.prefix} defines no {rest!r}"
                 f"{did_you_mean(rest, names)}")
-        offered = self._offered()
         matches = [(None, n) for n in self._entries if same(n, name)]
-        matches += [(s, n) for s, names in offered.items() for n in names if same(n, name)]
+        matches += [(s, n) for s, names in self._offered().items() for n in names if same(n, name)]
         matches = [m for m in matches if m[1] == name][:1] or matches  # a source's exact name
         if len(matches) == 1:
             source, match = matches[0]

@@ -27,13 +27,13 @@ def seed_everything(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def rng_state() -> dict:
-    """The states of ``random``, numpy, torch's CPU generator and every CUDA generator."""
+def rng_state(cuda: bool = True) -> dict:
+    """The states of ``random``, numpy, torch's CPU generator and (``cuda``) every CUDA one."""
     import torch
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -54,8 +54,7 @@ def seeded_rng(seed: int):
     """Run the block with torch's CPU, ``random`` and numpy RNGs seeded, then restore them."""
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}  # no CUDA state: it is not seeded here
+    state = rng_state(cuda=False)  # no CUDA state: it is not seeded here
     try:
         random.seed(seed)
         np.random.seed(seed)

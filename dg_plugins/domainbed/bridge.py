@@ -39,8 +39,6 @@ _TRAIN_COMMAND = re.compile(r"(?<![\w./-])python3?\s+-m\s+domainbed\.scripts\.tr
 
 # Per target module: the objects we installed there, by name (decides "ours" vs DomainBed's).
 _INSTALLED: "weakref.WeakKeyDictionary[ModuleType, dict]" = weakref.WeakKeyDictionary()
-# Our dataset class -> the class installed into DomainBed for it (cached for idempotency).
-_DATASET_VIEWS: dict[type, type] = {}
 
 
 @dataclasses.dataclass
@@ -185,40 +183,39 @@ def _add_entries(module: ModuleType, list_name: str, entries: dict, known: Itera
     return installed, skipped
 
 
-def register_algorithms(algorithms_module: ModuleType,
-                        entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Install algorithm classes (default: the registry's)."""
-    return _add_entries(algorithms_module, "ALGORITHMS",
-                        dict(ALGORITHMS.items()) if entries is None else entries,
+def register_algorithms(algorithms_module: ModuleType) -> tuple[list[str], list[str]]:
+    """Install the registry's algorithm classes."""
+    return _add_entries(algorithms_module, "ALGORITHMS", dict(ALGORITHMS.items()),
                         catalog.DOMAINBED_ALGORITHMS, "algorithm")
 
 
 def domainbed_view(cls: type) -> type:
     """``cls`` as DomainBed gets it: ``N_WORKERS`` 0 when its data is in memory."""
-    if getattr(cls, "N_WORKERS", 0) == 0:
-        return cls
-    if cls not in _DATASET_VIEWS:
-        attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-        if getattr(cls, "IN_MEMORY", False):
-            attributes["N_WORKERS"] = 0
-            what = "in-memory, so loaded without worker processes (N_WORKERS = 0)"
-        else:
-            def __init__(self, *args, **kwargs):
-                from torch.utils.data import TensorDataset
+    return cls if getattr(cls, "N_WORKERS", 0) == 0 else _view(cls)
 
-                cls.__init__(self, *args, **kwargs)
-                environments = list(getattr(self, "datasets", None) or ())
-                if getattr(self, "IN_MEMORY", False) or environments and all(
-                        isinstance(e, TensorDataset) for e in environments):
-                    self.N_WORKERS = 0
 
-            attributes["__init__"] = __init__
-            what = ("N_WORKERS = 0 on an instance whose environments are in-memory tensors "
-                    f"(else the class's {cls.N_WORKERS})")
-        attributes["__doc__"] = (f"{cls.__name__} for DomainBed's train loop: {what}.\n\n"
-                                 + (cls.__doc__ or ""))
-        _DATASET_VIEWS[cls] = type(cls.__name__, (cls,), attributes)
-    return _DATASET_VIEWS[cls]
+@functools.cache  # one view per class, for idempotency
+def _view(cls: type) -> type:
+    attributes = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    if getattr(cls, "IN_MEMORY", False):
+        attributes["N_WORKERS"] = 0
+        what = "in-memory, so loaded without worker processes (N_WORKERS = 0)"
+    else:
+        def __init__(self, *args, **kwargs):
+            from torch.utils.data import TensorDataset
+
+            cls.__init__(self, *args, **kwargs)
+            environments = list(getattr(self, "datasets", None) or ())
+            if getattr(self, "IN_MEMORY", False) or environments and all(
+                    isinstance(e, TensorDataset) for e in environments):
+                self.N_WORKERS = 0
+
+        attributes["__init__"] = __init__
+        what = ("N_WORKERS = 0 on an instance whose environments are in-memory tensors "
+                f"(else the class's {cls.N_WORKERS})")
+    attributes["__doc__"] = (f"{cls.__name__} for DomainBed's train loop: {what}.\n\n"
+                             + (cls.__doc__ or ""))
+    return type(cls.__name__, (cls,), attributes)
 
 
 def register_datasets(datasets_module: ModuleType,
@@ -242,9 +239,8 @@ def patch_hparams(hparams_module: ModuleType, algorithms_module: ModuleType,
     def _hparams(algorithm, dataset, random_seed):
         if is_installed(algorithms_module, algorithm):
             drawn = dg_hparams.draw(algorithm, dataset, random_seed)
-            for name in ignored_dataset_hparams(dataset, datasets_module):
-                drawn.pop(name, None)
-            return drawn
+            ignored = ignored_dataset_hparams(dataset, datasets_module)
+            return {name: pair for name, pair in drawn.items() if name not in ignored}
         if (dataset in dg_hparams.SMALL_IMAGE_DATASETS
                 and is_installed(datasets_module, dataset)):
             dataset = SMALL_IMAGE_PROXY
@@ -271,7 +267,6 @@ def check_script_args(script: str, argv: list[str],
     """Refuse a DomainBed ``train`` or ``sweep`` command line whose ``--hparams`` asks for what
     DomainBed would silently not do (docs/bridge.md); ValueError with the fix."""
     import argparse
-    import json
 
     if script not in ("train", "sweep"):
         return
@@ -283,10 +278,8 @@ def check_script_args(script: str, argv: list[str],
     if not known.hparams:
         return
     try:
-        overrides = json.loads(known.hparams)
-    except json.JSONDecodeError:
-        return  # DomainBed's script reports it
-    if not isinstance(overrides, dict):
+        overrides = dg_hparams.parse_overrides(known.hparams)
+    except ValueError:  # not JSON, or not an object: DomainBed's script reports it
         return
     space = dg_hparams.base_space(known.dataset)
     if host_only := [name for name in HOST_ONLY_HPARAMS  # set off their defaults
@@ -335,13 +328,12 @@ def rewriting_launcher(launcher: Callable) -> Callable:
     return launch
 
 
-def register_launchers(launchers_module: ModuleType,
-                       entries: dict | None = None) -> tuple[list[str], list[str]]:
-    """Add our launchers (default: the registry's), rewriting, under names ``REGISTRY`` lacks."""
+def register_launchers(launchers_module: ModuleType) -> tuple[list[str], list[str]]:
+    """Add the registry's launchers, rewriting, under names ``REGISTRY`` lacks."""
     registry = launchers_module.REGISTRY
     record = _INSTALLED.setdefault(launchers_module, {}).setdefault("REGISTRY", {})
     installed, skipped = [], []
-    for name, launcher in (dict(LAUNCHERS.items()) if entries is None else entries).items():
+    for name, launcher in LAUNCHERS.items():
         ours = name in record and registry.get(name) is record[name]
         if name in registry and not ours:
             skipped.append(name)
@@ -355,8 +347,7 @@ def register_launchers(launchers_module: ModuleType,
 def route_launchers_through_entry(launchers_module: ModuleType | None = None) -> list[str]:
     """Wrap every launcher of DomainBed's ``REGISTRY`` (its own too) for the sweep entry; names."""
     registry = (launchers_module or domainbed_modules()["command_launchers"]).REGISTRY
-    for name, launcher in list(registry.items()):
-        registry[name] = rewriting_launcher(launcher)
+    registry.update({name: rewriting_launcher(launcher) for name, launcher in registry.items()})
     return list(registry)
 
 
@@ -374,10 +365,7 @@ def install_into(algorithms_module: ModuleType, datasets_module: ModuleType,
 
 def install(plugins: Iterable[str] = ()) -> InstallReport:
     """Import dg_plugins and the plugins, locate DomainBed, register what it lacks (idempotent)."""
-    modules = domainbed_modules()
-    report = InstallReport(
+    modules = domainbed_modules()  # in install_into's order
+    return install_into(*modules.values(), InstallReport(
         domainbed_path=os.path.dirname(os.path.abspath(modules["algorithms"].__file__)),
-        plugins=import_plugins(plugins),
-    )
-    return install_into(modules["algorithms"], modules["datasets"], modules["hparams_registry"],
-                        modules["command_launchers"], report)
+        plugins=import_plugins(plugins)))

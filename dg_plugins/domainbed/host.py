@@ -308,10 +308,8 @@ class DomainBedAlgorithms(Source):
     DomainBed b93c22a's, which then say how to get it)."""
 
     prefix = PREFIX
-
-    def __init__(self):
-        self._names: list[str] | None = None
-        self._error: Exception | None = None
+    _names: list[str] | None = None  # from the checkout, once found
+    _error: Exception | None = None  # why the checkout's names could not be read
 
     def names(self) -> list[str]:
         if self._names is None and self._error is None:

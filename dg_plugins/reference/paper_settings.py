@@ -102,11 +102,6 @@ class Setting(NamedTuple):
     table: str
     protocols: Mapping[str, Protocol]
 
-    @property
-    def default_protocol(self) -> str:
-        """``release`` where the paper has a release, else its only protocol."""
-        return "release" if "release" in self.protocols else next(iter(self.protocols))
-
 
 # --- Image counts ---
 
@@ -153,9 +148,8 @@ OFFICIAL_VAL_SIZES: dict[str, Value] = _v(PACS=(
 
 
 def steps_per_epoch(in_sizes, batch_size: int, batch_sampling: str) -> int:
-    """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader
-    over the union, ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``).
-    """
+    """Steps of one epoch over the sources' in-splits: ``pooled`` (the DMG release's one loader over
+    the union, ``ceil(sum / batch)``) or ``per_domain`` (DomainBed's: ``ceil(min / batch)``)."""
     if (reduce := {"pooled": sum, "per_domain": min}.get(batch_sampling)) is None:
         raise ValueError(f"unknown batch_sampling {batch_sampling!r}; choices: pooled, per_domain")
     return max(1, math.ceil(reduce(in_sizes) / batch_size))
@@ -367,10 +361,9 @@ _DMG_DN_DOMAINBED = _dmg_domainbed(
 
 _GMOE_DATASETS = ("PACS", "VLCS", "OfficeHome", "TerraIncognita", "DomainNet")
 #: The release's lengths (its domainbed/datasets.py, N_STEPS at line 50).
-_GMOE_LENGTHS = {"PACS": (5001, "50 (N_STEPS)", 300, 245), "VLCS": (5001, "50 (N_STEPS)", 300, 236),
-                 "OfficeHome": (5001, "50 (N_STEPS)", 300, 264),
-                 "TerraIncognita": (5001, "50 (N_STEPS)", 300, 274),
-                 "DomainNet": (15001, 255, 500, 254)}
+_GMOE_LENGTHS = {d: (5001, "50 (N_STEPS)", 300, at) for d, at in (
+    ("PACS", 245), ("VLCS", 236), ("OfficeHome", 264), ("TerraIncognita", 274))}
+_GMOE_LENGTHS["DomainNet"] = (15001, 255, 500, 254)
 _GMOE_HPARAMS_SOURCE = (f"{GMOE} domainbed/hparams_registry.py:171-195 (per-dataset lr / weight "
                         "decay: GMoE's and ERM_ViT's defaults in dg_plugins/algorithms/gmoe.py), "
                         ":154 (batch 32 per domain)")
@@ -638,7 +631,8 @@ def get_setting(name: str) -> Setting:
 
 def get_protocol(setting: Setting, name: str | None) -> Protocol:
     """``setting``'s protocol ``name`` (None: its default); ``KeyError`` saying why otherwise."""
-    name = name or setting.default_protocol
+    if not name:  # release where the paper has a release, else its only protocol
+        name = "release" if "release" in setting.protocols else next(iter(setting.protocols))
     if name not in PROTOCOLS:
         raise KeyError(f"unknown protocol {name!r}; choices: {', '.join(PROTOCOLS)}")
     if name not in setting.protocols:
