@@ -28,11 +28,9 @@ ALWAYS, GIVEN, NOT_DEFAULT, NEVER = "always", "given", "not default", "never"
 #: name when given; passes it to every job (hashed or not: ``Flag.hashed``); does not pass it.
 ENUMERATED, OPTIONAL, EVERY, NOT_PASSED = "enumerated", "optional", "every job", "no"
 
-#: ``--precision``'s values: float32; autocast to bfloat16; autocast to float16 with a gradient
-#: scaler (CUDA only).
+#: ``--precision``'s values: float32, or autocast to bfloat16, or to float16 with a scaler.
 PRECISIONS = ("fp32", "bf16", "fp16")
-#: ``--augment_on``'s values: the loader workers' PIL transforms; or their crop in the workers and
-#: the rest on the job's device (:mod:`dg_plugins.datasets.device_augment`).
+#: ``--augment_on``'s values: where images are augmented (see its row's help).
 AUGMENT_ON = ("loader", "device")
 
 
@@ -215,7 +213,6 @@ FLAGS = (
          "when missing (or wait for the job doing it); require: fail with a message if the "
          "pretraining is not done"),
 )
-#: The rows by flag name.
 ROWS = {flag.name: flag for flag in FLAGS}
 
 
@@ -225,9 +222,7 @@ def names(**criteria) -> tuple[str, ...]:
                  if all(v is None or getattr(f, k) == v for k, v in criteria.items()))
 
 
-#: The compute settings (applied by :mod:`dg_plugins.train.compute`) and their defaults,
-#: DomainBed's computation: float32, the default memory format, deterministic algorithms,
-#: augmentation in the loader workers.
+#: The compute settings (applied by :mod:`dg_plugins.train.compute`) and their defaults.
 COMPUTE_DEFAULTS = {name: ROWS[name].default for name in names(group="compute")}
 #: The evaluation flags and their defaults (DomainBed's: every split, batches of 64).
 EVAL_DEFAULTS = {name: ROWS[name].default for name in names(group="evaluation")}
@@ -264,9 +259,8 @@ def option(name: str) -> str:
 
 
 def borrow(parser, name: str, **options) -> None:
-    """Add train's flag ``name`` to another command's parser (a benchmark that hands its values to
-    train jobs): spelling, type, choices, default and help from the row, ``options`` where that
-    command takes it otherwise (several values, fewer choices, its own help; None: none)."""
+    """Add train's flag ``name`` to another command's parser (one that hands its values to train
+    jobs): type, choices, default and help from the row but those in ``options`` (None: none)."""
     spelled, row = option(name), ROWS[name]
     given = {"type": row.type, "choices": row.choices, "default": row.default, "help": row.help,
              **options}
@@ -274,9 +268,8 @@ def borrow(parser, name: str, **options) -> None:
 
 
 def train_argv(**values) -> list[str]:
-    """train's command-line words for ``values`` (row name: value), in the order given: a list
-    gives its items, a dict its JSON, a bool ``True``/``False`` (a switch: itself or nothing),
-    None nothing. A name that is not a row is refused (:func:`option`)."""
+    """train's command-line words for ``values`` (row name: value), in the order given; a name
+    that is not a row is refused (:func:`option`)."""
     words = []
     for name, given in values.items():
         spelled = option(name)
@@ -379,9 +372,8 @@ RANGES = {
 
 
 def check_ranges(args, fractions=None, fraction_flag: str = "--label_fraction") -> None:
-    """Raise ValueError naming the flag and the fix for a flag of ``args`` (those it has) out of
-    range or a combination that cannot run; ``fractions``: the label fractions (named
-    ``fraction_flag``), None without the UDG protocol."""
+    """Raise ValueError naming the flag and the fix for a flag of ``args`` out of range or flags
+    that cannot run together; ``fractions``: the label fractions, None without the UDG protocol."""
     envs = _get(args, "test_envs")
     if duplicates := sorted({t for t in envs or () if envs.count(t) > 1}):
         raise ValueError(f"--test_envs {' '.join(map(str, envs))} names environment(s) "

@@ -62,14 +62,10 @@ def evaluated_splits(eval_splits: str, test_envs, n_envs: int, uda: int = 0,
     if eval_splits not in EVAL_SPLITS:
         raise ValueError(f"--eval_splits must be one of {', '.join(EVAL_SPLITS)}, got "
                          f"{eval_splits!r}")
-    wanted: dict[str, set[int]] = {"in": set(), "out": set()}
-    if eval_splits == "all":
-        wanted = {split: set(range(n_envs)) for split in wanted}
-    else:
-        for kind in record_kinds(test_envs, n_envs, udg):
-            for reads in SELECTION_READS[kind].values():
-                for split, role in reads.items():
-                    wanted[split].update(read_environments(role, test_envs, n_envs))
-    names = [f"env{i}_{split}" for split in ("in", "out") for i in range(n_envs)
-             if i in wanted[split]]
-    return names + [f"env{k}_uda" for k in range(uda)]
+    reads = [{"in": ALL, "out": ALL}] if eval_splits == "all" else [
+        read for kind in record_kinds(test_envs, n_envs, udg)
+        for read in SELECTION_READS[kind].values()]
+    wanted = {(split, i) for read in reads for split, role in read.items()
+              for i in read_environments(role, test_envs, n_envs)}
+    return [f"env{i}_{split}" for split in ("in", "out") for i in range(n_envs)
+            if (split, i) in wanted] + [f"env{k}_uda" for k in range(uda)]

@@ -17,12 +17,10 @@ def split_sizes(pairs, test_envs, uda_holdout_fraction: float = 0.0) -> dict[str
     """Every split's size by DomainBed's name and order, from each environment's (in, out)."""
     ins, outs, udas = {}, {}, []
     for e, (in_, out) in enumerate(pairs):
-        if e in set(test_envs):
-            uda = holdout_size(in_, uda_holdout_fraction or 0.0)
-            in_ -= uda
-            if uda:
-                udas.append(uda)
-        ins[f"env{e}_in"], outs[f"env{e}_out"] = in_, out
+        uda = holdout_size(in_, uda_holdout_fraction or 0.0) if e in set(test_envs) else 0
+        ins[f"env{e}_in"], outs[f"env{e}_out"] = in_ - uda, out
+        udas.append(uda)
+    udas = [uda for uda in udas if uda]  # an empty uda split is left out, as train does
     return {**ins, **outs, **{f"env{k}_uda": uda for k, uda in enumerate(udas)}}
 
 
@@ -39,5 +37,4 @@ def records_after(step: int, n_steps: int, checkpoint_freq: int) -> int:
     last = n_steps - 1
     if step >= last:
         return 0
-    count = last // checkpoint_freq - step // checkpoint_freq
-    return count + (last % checkpoint_freq != 0)
+    return last // checkpoint_freq - step // checkpoint_freq + (last % checkpoint_freq != 0)

@@ -221,8 +221,7 @@ def share_workers(streams, num_workers: int, datasets=(), pin_memory: bool = Fal
     streams = list(streams)
     for stream in streams:
         stream.device = stream.device if device is None else device
-        if stream.pool is not None:
-            stream.pool.close()
+        stream.close()
     fetching = [s for s in streams if s.view is None]
     pool = (WorkerPool(fetching, num_workers, datasets, pin_memory)
             if fetching and num_workers > 0 else None)
@@ -379,11 +378,9 @@ class PooledBatches(Stream):
 
     def gather(self, indices):
         part = torch.searchsorted(self.offsets, indices, right=True) - 1
-        out = []
-        for i, (tensors, index) in enumerate(self.view):
-            picked = index[indices[part == i] - self.offsets[i]]
-            out.append((tensors[0][picked], tensors[1][picked]))
-        return out
+        picked = [index[indices[part == i] - self.offsets[i]]
+                  for i, (_, index) in enumerate(self.view)]
+        return [(tensors[0][p], tensors[1][p]) for (tensors, _), p in zip(self.view, picked)]
 
     def finish(self, batch):
         x, y, part = batch

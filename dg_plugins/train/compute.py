@@ -19,7 +19,6 @@ from dg_plugins.seeds import deterministic_algorithms
 DETERMINISTIC_CUBLAS = ":4096:8"
 #: The settings that run what fp16's gradient scaler cannot cover.
 FP16_FIX = "use --precision bf16 (no scaler needed) or fp32"
-#: The autocast dtype of each reduced precision.
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: ``/proc/cpuinfo``'s names of bfloat16 instructions: x86's AVX512-BF16 and AMX-BF16, Arm's BF16.
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16", "bf16")

@@ -45,9 +45,8 @@ class _Plan:
             return
         positions = env_indices(self.dataset)
         transforms = [env.pixel_transform(t) for t in env.item_transforms()]
-        choice = np.zeros(len(positions), dtype=np.uint8)
-        if env.eval_indices:
-            choice[np.isin(positions, np.fromiter(env.eval_indices, dtype=np.int64))] = 1
+        evaluated = np.fromiter(env.eval_indices or (), dtype=np.int64)
+        choice = np.isin(positions, evaluated).astype(np.uint8)  # 1: an evaluation item
         used = set(choice.tolist())
         if len(used) == 1 and transforms[used.pop()].deterministic:
             entry = store.plain_entry(transforms[int(choice[0])])
@@ -72,14 +71,17 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
     fetched = [(plan.j, seed, list(range(start, stop)), plan.finisher is not None)
                for plan in plans if plan.view is None and plan.entry is None
                for seed, start, stop in plan.batches]
-    iterator, stop = None, None
+    stop = contextlib.ExitStack()  # ends the workers
     if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, *_ in fetched):
         iterator = pool.serve([[(datasets[j][0], *rest)] for j, *rest in fetched])
-        stop = iterator.close
+        stop.callback(iterator.close)
     elif fetched and num_workers > 0:
         iterator = worker_loader([dataset for dataset, _ in datasets],
                                  [[request] for request in fetched], num_workers, pin_memory)
-        stop = lambda: shutdown_workers(iterator)  # noqa: E731
+        stop.callback(shutdown_workers, iterator)
+    else:  # fetched in this process, each batch when the loop asks for it
+        iterator = ([fetch(datasets[j][0], indices, seed, pixels)]
+                    for j, seed, indices, pixels in fetched)
     try:
         for plan in plans:
             if plan.view is not None:
@@ -91,11 +93,7 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                 yield from _cached_batches(plan, batch_size, device, pin_memory)
             else:
                 for seed, start, end in plan.batches:
-                    if iterator is not None:
-                        batch, = next(iterator)
-                    else:
-                        batch = fetch(plan.dataset, list(range(start, end)), seed,
-                                      plan.finisher is not None)
+                    batch, = next(iterator)
                     if plan.writer is not None:
                         plan.writer.add(start, batch[0])
                     x, y = as_model_input(batch, plan.finisher, device, seed)[:2]
@@ -106,8 +104,7 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
         for plan in plans:
             if plan.writer is not None:
                 plan.writer.abort()  # a no-op once committed
-        if stop is not None:
-            stop()
+        stop.close()
 
 
 def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):

@@ -93,9 +93,8 @@ class Progress:
     def line(self, step: int, now: float) -> str:
         """``progress: step 120/5001 (2.4%), 0.41 steps/s, about 3 h 18 min left``."""
         rate = (step + 1 - self.start) / max(now - self.began, 1e-9)
-        left = (self.total - step - 1) / rate
         return (f"progress: step {step + 1}/{self.total} ({100 * (step + 1) / self.total:.1f}%), "
-                f"{rate:.3g} steps/s, about {format_duration(left)} left")
+                f"{rate:.3g} steps/s, about {format_duration((self.total - step - 1) / rate)} left")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -131,8 +131,7 @@ def teed(folder: str, mode: str):
 
 
 def report(err: BaseException) -> int | None:
-    """Print a failure reported as one line and return its exit status (None: a failure shown by
-    its traceback, nothing printed)."""
+    """Print a one-line failure and return its exit status; else None (its traceback shows it)."""
     if isinstance(err, Interrupted):
         status = 128 + err.signum
     elif isinstance(err, (DiskFullError, *user_errors())):
@@ -166,10 +165,9 @@ def execute(args, stop_after_step: int | None = None
                 for path in removed:
                     print(f"removed a leftover temporary file of an interrupted write: {path}",
                           file=sys.stderr)
+                kind = Job if flags.flag(args, "label_fraction") is None else udg.UDGJob
                 try:
                     with StopRequest() as stop:
-                        kind = udg.UDGJob if flags.flag(args, "label_fraction") is not None \
-                            else Job
                         return (kind(args, stop, real_stderr, compute).run(stop_after_step),
                                 flags.EXIT_DONE, None)
                 except BaseException as err:  # reported here, in out.txt and err.txt

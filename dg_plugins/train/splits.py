@@ -122,10 +122,9 @@ class Splits:
 
     def eval_named(self):
         """``(name, split, env index)``: all in, all out, then uda (env index None)."""
-        named = [(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
-        named += [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
-        named += [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)]
-        return named
+        return ([(f"env{i}_in", s, i) for i, (s, _) in enumerate(self.in_splits)]
+                + [(f"env{i}_out", s, i) for i, (s, _) in enumerate(self.out_splits)]
+                + [(f"env{i}_uda", s, None) for i, (s, _) in enumerate(self.uda_splits)])
 
     def subset_masks(self, split, env: int | None) -> dict[str, np.ndarray]:
         """A boolean mask over ``split`` per subset of ``env``; an out split sharing items with

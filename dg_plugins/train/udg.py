@@ -195,10 +195,9 @@ class UDGJob(job_lib.Job):
     """A UDG job: the shared pretraining, then fine-tuning on the labelled fraction."""
 
     def build(self) -> None:
-        args = self.args
-        self.fraction = float(args.label_fraction)
-        self.udg_split = flag(args, "udg_split") or "domainbed"
-        self.pretraining = ALGORITHMS.get(args.algorithm).supports_pretraining()
+        self.fraction = float(self.args.label_fraction)
+        self.udg_split = flag(self.args, "udg_split") or "domainbed"
+        self.pretraining = ALGORITHMS.get(self.args.algorithm).supports_pretraining()
         self.labelled = {}
         super().build()
 
