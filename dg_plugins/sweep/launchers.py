@@ -37,11 +37,8 @@ class PackingRefused(SystemExit):
     """N jobs per GPU do not fit: a ``SystemExit`` with status 2 and the line that says so."""
 
     def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+        super().__init__(message)
+        self.code = 2
 
 
 def cores_per_job(n_gpus: int, jobs_per_gpu: int) -> tuple[int, str]:
@@ -176,11 +173,11 @@ def run_sequentially(commands: Sequence[str], grace_period_s: float | None,
     return codes
 
 
-def _run_and_report(name: str, commands: Sequence[str], run: Callable) -> None:
-    """Report ``run(logs)``'s exit codes (``JobsFailed`` when a job failed), or its stop."""
+def _run_and_report(name: str, commands: Sequence[str], run: Callable, **options) -> None:
+    """Report ``run(commands, logs=..., **options)``'s exit codes (``JobsFailed``), or its stop."""
     logs = ErrorLogs(commands)
     try:
-        codes = run(logs)
+        codes = run(commands, logs=logs, **options)
     except LaunchInterrupted as err:
         report_interrupted(name, commands, err)
         raise
@@ -189,8 +186,7 @@ def _run_and_report(name: str, commands: Sequence[str], run: Callable) -> None:
 
 def local_launcher(commands: list[str], grace_period_s: float | None = None) -> None:
     """Run the commands serially on this machine."""
-    _run_and_report("local", commands, functools.partial(run_sequentially, commands,
-                                                         grace_period_s))
+    _run_and_report("local", commands, run_sequentially, grace_period_s=grace_period_s)
 
 
 #: Why the multi_gpu launcher cannot run here, and the fix.
@@ -277,9 +273,8 @@ def multi_gpu_launcher(commands: list[str], gpus: Sequence[str] | None = None,
     """``jobs_per_gpu`` jobs (default 1) at a time on each visible GPU (or ``gpus``)."""
     gpus = visible_gpus() if gpus is None else gpus
     try:
-        _run_and_report("multi_gpu", commands, lambda logs: run_on_gpus(
-            commands, gpus, poll_interval, grace_period_s, logs=logs,
-            jobs_per_gpu=jobs_per_gpu or 1))
+        _run_and_report("multi_gpu", commands, run_on_gpus, gpus=gpus, poll_interval=poll_interval,
+                        grace_period_s=grace_period_s, jobs_per_gpu=jobs_per_gpu or 1)
     except PackingRefused as err:
         print(f"error: {err}", file=sys.stderr)
         raise

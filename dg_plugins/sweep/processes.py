@@ -290,10 +290,8 @@ def _group_alive(pgid: int) -> bool:
         return True
     if not os.path.isdir("/proc/self"):
         return True
-    for entry in os.listdir("/proc"):  # Linux: skip zombies nobody reaped (e.g. under a
-        if not entry.isdigit():        # container's PID 1 that does not reap)
-            continue
-        fields = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):  # Linux: skip zombies nobody reaped
+        fields = []                                         # (e.g. under a container's PID 1)
         with contextlib.suppress(OSError, IndexError), open(f"/proc/{entry}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
@@ -406,14 +404,12 @@ class JobProcesses:
     def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
                      remote: bool = False) -> LaunchInterrupted:
         """The :class:`LaunchInterrupted` describing this stop."""
-        interrupted = [commands[i] for i in sorted(self.interrupted)
-                       if i < len(exit_codes) and exit_codes[i] != 0]
+        codes = list(exit_codes) + [None] * (len(commands) - len(exit_codes))
+        interrupted = [commands[i] for i in sorted(self.interrupted) if codes[i] != 0]
         not_started = [c for i, c in enumerate(commands)
-                       if (i >= len(exit_codes) or exit_codes[i] is None)
-                       and i not in self.interrupted]
+                       if codes[i] is None and i not in self.interrupted]
         notes = [f"still running after the {self.grace_period_s:g} s grace period: killed "
                  f"(SIGKILL): {commands[i]}" for i in self.killed]
-        codes = list(exit_codes) + [None] * (len(commands) - len(exit_codes))
         return LaunchInterrupted(self.signum, interrupted, not_started, codes, remote, notes)
 
 

@@ -24,9 +24,8 @@ from dg_plugins.files import atomic_write_text
 from dg_plugins.job.flags import parse_command
 from dg_plugins.job.folder import CHECKPOINT_FILE, DONE_FILE, is_done
 from dg_plugins.runtime import CORES_ENV, job_cores
-from dg_plugins.signals import SLURM_TASK_ENV as TASK_ENV
-from dg_plugins.signals import (SignalCatcher, forget_stop_signal, last_stop_signal,
-                                signal_name, stop_grace_period)
+from dg_plugins.signals import (SLURM_TASK_ENV, SignalCatcher, forget_stop_signal,
+                                last_stop_signal, signal_name, stop_grace_period)
 from dg_plugins.sweep.processes import (ErrorLogs, JobProcesses, LaunchInterrupted,
                                         _load_libc, command_output_dir, die_with_parent,
                                         report_exit_codes, report_interrupted)
@@ -179,14 +178,13 @@ def make_executor(options: SubmititOptions):
 def submit_commands(commands: Sequence[str], options: SubmititOptions | None = None,
                     grace_period_s: float | None = None) -> list:
     """Submit the commands as the tasks of a job array (and wait, with ``options.wait``)."""
-    given = options
-    options = resolve_submitit_options(commands, overrides=options)
+    resolved = resolve_submitit_options(commands, overrides=options)
     commands = list(commands)
     if not commands:
         return []
-    if options.cluster == "slurm":
-        return submit_to_slurm(commands, options, given_options(given))
-    executor = make_executor(options)
+    if resolved.cluster == "slurm":
+        return submit_to_slurm(commands, resolved, given_options(options))
+    executor = make_executor(resolved)
     logs = ErrorLogs(commands)
     grace = stop_grace_period(grace_period_s)
     forget_stop_signal()
@@ -202,13 +200,13 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
         jobs = executor.map_array(run_shell_command, commands, [os.getcwd()] * len(commands),
                                   [grace] * len(commands))
         ids = [job.job_id for job in jobs]
-        print(f"submitit launcher: submitted {len(jobs)} jobs to {options.cluster} "
-              f"(ids {ids[0]}..{ids[-1]}); logs in {options.log_dir}", flush=True)
+        print(f"submitit launcher: submitted {len(jobs)} jobs to {resolved.cluster} "
+              f"(ids {ids[0]}..{ids[-1]}); logs in {resolved.log_dir}", flush=True)
         if catcher.signum is not None:  # a signal came during the submission
             pass_on(catcher.signum)
-        if not options.wait:
+        if not resolved.wait:
             return jobs
-        codes = (_wait_local(commands, jobs, catcher, grace) if options.cluster == "local"
+        codes = (_wait_local(commands, jobs, catcher, grace) if resolved.cluster == "local"
                  else _wait_debug(commands, jobs))
     report_exit_codes("submitit", commands, codes, logs)  # raises JobsFailed if a job failed
     return jobs
@@ -235,7 +233,9 @@ def submit_to_slurm(commands: Sequence[str], options: SubmititOptions,
                          f"{lines[-1] if lines else str(err).strip()[:300]}") from None
     for task, job in zip(tasks, jobs):
         for folder in filter(None, map(command_output_dir, task.argvs)):
-            record_job(folder, job.job_id, options.log_dir)
+            atomic_write_text(os.path.join(folder, SLURM_JOB_FILE), json.dumps({
+                "job_id": str(job.job_id), "log_dir": os.path.abspath(options.log_dir),
+                "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}))
     array_id = str(jobs[0].job_id).split("_")[0]
     per = f", {size} jobs per task" if size > 1 else ""
     print(f"submitit launcher: submitted {len(commands)} jobs to slurm as array {array_id} "
@@ -482,13 +482,6 @@ def check_request(options, given) -> tuple[object, list[str]]:
                                gpus_per_node=gpus, signal_delay_s=delay), notes
 
 
-def record_job(folder: str, job_id: str, log_dir: str) -> None:
-    """Write ``folder``'s :data:`SLURM_JOB_FILE` (atomically)."""
-    atomic_write_text(os.path.join(folder, SLURM_JOB_FILE), json.dumps({
-        "job_id": str(job_id), "log_dir": os.path.abspath(log_dir),
-        "submitted": time.strftime("%Y-%m-%d %H:%M:%S")}))
-
-
 def recorded_job(folder: str) -> dict | None:
     """``folder``'s Slurm job record, or None."""
     record = None
@@ -580,7 +573,7 @@ class TrainTask:
             signal.signal(signum, self._on_stop_signal)
         todo = [a for a in self.argvs if not is_done(command_output_dir(a) or "")]
         cores, _ = job_cores()
-        env = dict(os.environ, **{TASK_ENV: "1",
+        env = dict(os.environ, **{SLURM_TASK_ENV: "1",
                                   CORES_ENV: str(max(1, cores // max(1, len(todo))))})
         _load_libc()
         for argv in todo:
