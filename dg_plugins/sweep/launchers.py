@@ -217,17 +217,11 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     refused = None
 
     def decide(folders) -> None:  # each sweep's peak (a queue of several sweeps)
-        nonlocal refused
-        try:
-            note = check.update(folders) if check is not None and refused is None else None
-        except PackingRefused as err:
-            refused, note = err, None
+        note = check.update(folders) if check is not None and refused is None else None
         if note:
             print(note, flush=True)
 
-    decide(logs.folders)  # records of a resumed sweep
-    if refused is not None:
-        raise refused
+    decide(logs.folders)  # records of a resumed sweep (PackingRefused: before any job starts)
     slots = [(gpu, k) for k in range(jobs_per_gpu) for gpu in gpus]
     codes: list[int | None] = [None] * len(commands)
     running: dict[tuple, tuple[int, subprocess.Popen]] = {}
@@ -240,8 +234,11 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                     codes[index] = code
                     del running[slot]
                     outputs.ended(index, code, interrupted=jobs.stopping)
-            decide([logs.folders[i] for i, _ in running.values()]
-                   + [logs.folders[i] for i, code in enumerate(codes) if code is not None])
+            try:  # refused: no further job starts, raised once the running jobs ended
+                decide([logs.folders[i] for i, _ in running.values()]
+                       + [logs.folders[i] for i, code in enumerate(codes) if code is not None])
+            except PackingRefused as err:
+                refused = err
             packed = check is None or check.decided
             for slot in slots:
                 if not pending or jobs.stopping or refused is not None:
