@@ -89,8 +89,7 @@ def forkable_train_args(command: str) -> list[str] | None:
 
 
 def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
-                    ignored: tuple[int, ...], launcher_pid: int | None = None,
-                    log: str | None = None) -> None:
+                    ignored: tuple[int, ...], launcher_pid: int, log: str | None) -> None:
     """A forked job: the launcher's environment, a fresh interpreter's signals, train's main."""
     server_pid = os.getppid()
     if log is not None:  # stdout and stderr (file descriptors 1 and 2) to the file
@@ -120,7 +119,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
         if hasattr(server, "_forkserver_address"):
             server._forkserver_address = None
     die_with_parent()
-    if os.getppid() != server_pid or (launcher_pid is not None and not pid_alive(launcher_pid)):
+    if os.getppid() != server_pid or not pid_alive(launcher_pid):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
     sys.argv = [TRAIN_MODULE, *args]
     sys.exit(train_cli.main(args))
