@@ -337,20 +337,18 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         for job in selected:
             print(job.command(resume=resume and job.state == INCOMPLETE) if launching
                   else f"would delete {job.output_dir}")
-        if launching and selected and estimate is not None and not skip_confirmation:
-            estimate(selected)
-        return 0
     if not selected:
         return 0
-    problems = check(selected) if launching and check is not None else []
+    problems = check(selected) if launching and check is not None and not dry_run else []
     if problems:
         refuse(problems)
         return 2
-    if not skip_confirmation:
-        if launching and estimate is not None:
-            estimate(selected)
-        if (code := refused_confirmation()) is not None:
-            return code
+    if launching and estimate is not None and not skip_confirmation:
+        estimate(selected)  # before the prompt (a dry run: at its end)
+    if dry_run:
+        return 0
+    if not skip_confirmation and (code := refused_confirmation()) is not None:
+        return code
     if not launching:
         delete(selected)
         return 0

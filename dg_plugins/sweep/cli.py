@@ -303,16 +303,21 @@ def usage_errors(parser: argparse.ArgumentParser):
         parser.error(" ".join(str(err).split()))
 
 
+def run_jobs(args: argparse.Namespace, enumerated: Sequence, command_line) -> int:
+    """:func:`actions.run_action` on ``enumerated`` as the flags ``args`` say (the exit status)."""
+    from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
+
+    return actions.run_action(
+        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
+        resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
+        command_line=command_line, check=checks.launch_problems,
+        estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The sweep's exit status (docs/sweep.md)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     with usage_errors(parser):
         args, enumerated = sweep_jobs(argv, parser=parser)
-    from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
-
-    return actions.run_action(
-        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
-        resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
-        command_line=argv, check=checks.launch_problems,
-        estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))
+    return run_jobs(args, enumerated, argv)

@@ -28,7 +28,6 @@ from dg_plugins import hparams as hp_lib
 from dg_plugins.job import selection as job_selection
 from dg_plugins.job import sizes as job_sizes
 from dg_plugins.job.flags import compute_settings
-from dg_plugins.job.sizes import in_split_size, records_after
 from dg_plugins.layouts import (DOMAINNET20_CLASSES, PACS_SPLIT_KINDS, list_images,
                                 pacs_split_file, visible_subfolders)
 from dg_plugins.reference import gpu_times
@@ -331,7 +330,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     if steps is None and a.get("udg_ft_epochs") is not None:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
-        labelled = [udg_jobs.labelled_count(in_split_size(sizes.counts[e], holdout),
+        labelled = [udg_jobs.labelled_count(job_sizes.in_split_size(sizes.counts[e], holdout),
                                             float(a["label_fraction"])) for e in sources]
         steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, _udg_batch(a, hp))
     steps = steps or _default_steps(dataset)
@@ -343,7 +342,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
         unlabelled = [max(1, int(round(udg_jobs.RELEASE_PRETRAIN_SHARE * sizes.counts[e])))
-                      if split == "release" else in_split_size(sizes.counts[e], holdout)
+                      if split == "release" else job_sizes.in_split_size(sizes.counts[e], holdout)
                       for e in sources]
         pretrain = udg_jobs.steps_for_epochs(a["udg_pretrain_epochs"], unlabelled,
                                              hp["batch_size"])
@@ -362,8 +361,7 @@ class JobsCost:
     forwards: list = field(default_factory=list)
 
 
-def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
-              forwards: bool = True) -> JobsCost:
+def jobs_cost(train_args: list, pretrainings: set | None = None, forwards: bool = True) -> JobsCost:
     """The steps and image forwards of the jobs of ``train_args`` (a pretraining counted once)."""
     cost = JobsCost()
     pretrainings = set() if pretrainings is None else pretrainings
@@ -376,8 +374,7 @@ def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
             pretrainings.add(identity)
         if not forwards:
             continue
-        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0,
-                               evaluated or evaluated_by_value)
+        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0, evaluated_by_value)
         if runs_pretraining:
             counted.note = f"with the UDG pretraining it shares ({pretrain} steps)"
         elif identity is not None:
@@ -444,7 +441,7 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
         evaluation = {v: None for v in EVAL_SPLITS}
     else:
         freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
-        records = records_after(-1, steps, freq)  # every record of the job
+        records = job_sizes.records_after(-1, steps, freq)  # every record of the job
         names = evaluated(a, list(sizes))
         evaluation = {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS}
     return Forwards(images, evaluation, unknown,
@@ -517,11 +514,9 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None) -> boo
             return False
         if proc.returncode:
             err.seek(0)
-            tail = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()
-                    if ln.strip()]
+            lines = err.read().decode(errors="replace").strip().splitlines() or ["no message"]
             print(f"(the cost estimate failed, exit status {proc.returncode}: "
-                  f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)",
-                  flush=True)
+                  f"{lines[-1].strip()}; the launch does not depend on it)", flush=True)
             return False
     return True
 

@@ -494,7 +494,6 @@ ACTION_STATES = {"launch": {NOT_LAUNCHED}, "delete_incomplete": {INCOMPLETE},
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
     """The jobs an action applies to (with ``resume``, launch takes Incomplete ones too)."""
     if action not in ACTION_STATES:
-        raise ValueError(f"unknown sweep action {action!r}; choices: launch, delete_incomplete, "
-                         "delete_all")
+        raise ValueError(f"unknown sweep action {action!r}; choices: {', '.join(ACTION_STATES)}")
     wanted = ACTION_STATES[action] | ({INCOMPLETE} if resume and action == "launch" else set())
     return [job for job in jobs if job.state in wanted]
