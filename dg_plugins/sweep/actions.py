@@ -67,7 +67,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             raise
         except submitit.SlurmError as err:  # refused at submission: no job was submitted
             unlaunch(order, commands)
-            raise LaunchRefused([str(err)]) from None
+            raise LaunchRefused(str(err)) from None
     print(f"Launched {len(order)} jobs!")
     return commands
 
@@ -78,16 +78,12 @@ def _create_folder(job: SweepJob) -> None:
     except OSError as err:
         fix = ("free space, then relaunch" if err.errno in DISK_FULL_ERRNOS else "choose a "
                "writable --output_dir or give yourself write permission on it")
-        raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
-                             f"({err.strerror}); {fix}"]) from None
+        raise LaunchRefused(f"cannot create the job folder {job.output_dir} ({err.strerror}); "
+                            f"{fix}") from None
 
 
 class LaunchRefused(ValueError):
-    """Problems found before launching (each a line naming the problem and its fix)."""
-
-    def __init__(self, problems: Sequence[str]):
-        super().__init__("; ".join(problems))
-        self.problems = list(problems)
+    """A problem found before launching (a line naming the problem and its fix)."""
 
 
 def delete(jobs: Sequence[SweepJob]) -> None:
@@ -364,7 +360,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         report_failures(err, command_line)
         return int(err.code)
     except LaunchRefused as err:
-        refuse(err.problems)
+        refuse([str(err)])
         return 2
     return 0
 

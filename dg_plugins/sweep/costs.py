@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dg_plugins import catalog
+from dg_plugins import catalog, plugins
 from dg_plugins import hparams as hp_lib
 from dg_plugins.job import selection as job_selection
 from dg_plugins.job import sizes as job_sizes
@@ -33,6 +33,7 @@ from dg_plugins.layouts import (DOMAINNET20_CLASSES, PACS_SPLIT_KINDS, list_imag
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.runtime import pick_device
 from dg_plugins.sweep.jobs import SweepJob, num_environments
 from dg_plugins.sweep.progress import format_duration
 
@@ -597,7 +598,6 @@ def time_config(config: Config, deadline: float) -> None:
     import torch
 
     from dg_plugins.algorithms.base import gradient_scaling
-    from dg_plugins.runtime import pick_device
     from dg_plugins.train.compute import Compute
 
     device = pick_device(config.device)
@@ -685,7 +685,6 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
     """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated."""
     import torch
 
-    from dg_plugins.runtime import pick_device
     from dg_plugins.train.progress import format_duration as exact_duration
 
     hparams = [hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"],
@@ -745,8 +744,6 @@ def main() -> int:
     """The estimate's child: read the request (:func:`print_estimate`) on stdin, print the lines."""
     request = json.load(sys.stdin)
     sys.stdout = sys.stderr  # whatever the imports print stays off the protocol
-    from dg_plugins import plugins
-
     plugins.load()
     cost, evaluated, measured = print_costs(request["jobs"])
     write(f"Time on this machine: not estimated ({request['remote']})" if request.get("remote")
