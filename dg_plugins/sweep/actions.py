@@ -67,7 +67,7 @@ def launch(jobs: Sequence[SweepJob], launcher_fn: Callable[[list], None], seed: 
             raise
         except submitit.SlurmError as err:  # refused at submission: no job was submitted
             unlaunch(order, commands)
-            raise LaunchRefused([str(err)]) from None
+            raise LaunchRefused(str(err)) from None
     print(f"Launched {len(order)} jobs!")
     return commands
 
@@ -78,16 +78,12 @@ def _create_folder(job: SweepJob) -> None:
     except OSError as err:
         fix = ("free space, then relaunch" if err.errno in DISK_FULL_ERRNOS else "choose a "
                "writable --output_dir or give yourself write permission on it")
-        raise LaunchRefused([f"cannot create the job folder {job.output_dir} "
-                             f"({err.strerror}); {fix}"]) from None
+        raise LaunchRefused(f"cannot create the job folder {job.output_dir} ({err.strerror}); "
+                            f"{fix}") from None
 
 
 class LaunchRefused(ValueError):
-    """Problems found before launching (each a line naming the problem and its fix)."""
-
-    def __init__(self, problems: Sequence[str]):
-        super().__init__("; ".join(problems))
-        self.problems = list(problems)
+    """A problem found before launching (a line naming the problem and its fix)."""
 
 
 def delete(jobs: Sequence[SweepJob]) -> None:
@@ -337,20 +333,18 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         for job in selected:
             print(job.command(resume=resume and job.state == INCOMPLETE) if launching
                   else f"would delete {job.output_dir}")
-        if launching and selected and estimate is not None and not skip_confirmation:
-            estimate(selected)
-        return 0
     if not selected:
         return 0
-    problems = check(selected) if launching and check is not None else []
+    problems = check(selected) if launching and check is not None and not dry_run else []
     if problems:
         refuse(problems)
         return 2
-    if not skip_confirmation:
-        if launching and estimate is not None:
-            estimate(selected)
-        if (code := refused_confirmation()) is not None:
-            return code
+    if launching and estimate is not None and not skip_confirmation:
+        estimate(selected)  # before the prompt (a dry run: at its end)
+    if dry_run:
+        return 0
+    if not skip_confirmation and (code := refused_confirmation()) is not None:
+        return code
     if not launching:
         delete(selected)
         return 0
@@ -366,7 +360,7 @@ def run_action(action: str, jobs: Sequence[SweepJob], *,
         report_failures(err, command_line)
         return int(err.code)
     except LaunchRefused as err:
-        refuse(err.problems)
+        refuse([str(err)])
         return 2
     return 0
 

@@ -7,10 +7,12 @@ import contextlib
 import itertools
 import json
 import os
+import warnings
 from typing import Iterable, Sequence
 
-from dg_plugins import catalog
-from dg_plugins.registry import UnknownNameError
+from dg_plugins import catalog, plugins
+from dg_plugins import hparams as hparams_lib
+from dg_plugins.registry import ALGORITHMS, DATASETS, UnavailableError, UnknownNameError
 from dg_plugins.sweep.jobs import DONE, INCOMPLETE
 from dg_plugins.job.flags import ALIGNMENT_ARGS, EVAL_DEFAULTS, EVERY, NEVER, ROWS, names
 from dg_plugins.job.folder import CHECKPOINT_FILE, RESULTS_FILE
@@ -20,13 +22,10 @@ from dg_plugins.layouts import inside_dataset_folder
 
 def check_algorithms(names: Iterable[str]) -> list[str]:
     """The canonical names of ``names``, each once; raises for names train cannot run (with
-    "did you mean" or the fix). Imports the registry only for names not built in."""
+    "did you mean" or the fix). Loads the plugins only for names not built in."""
     names = list(dict.fromkeys(names))
     if all(n in catalog.BUILTIN_ALGORITHMS for n in names):
         return names
-    from dg_plugins import plugins
-    from dg_plugins.registry import ALGORITHMS, UnavailableError
-
     plugins.load()  # dg_plugins' own modules and those in $DG_PLUGINS_IMPORT register
     canonical, unknown, unavailable = [], [], []
     for name in names:
@@ -47,13 +46,9 @@ def check_algorithms(names: Iterable[str]) -> list[str]:
 def check_hparams(hparams: str | None, algorithms: Iterable[str],
                   datasets: Iterable[str]) -> None:
     """Validate ``--hparams`` for every (algorithm, dataset) pair as train does (HparamError)."""
-    from dg_plugins import hparams as hparams_lib
-
     overrides = hparams_lib.parse_overrides(hparams)
     if not overrides:
         return
-    from dg_plugins import plugins
-
     plugins.load()
     for algorithm, dataset in itertools.product(dict.fromkeys(algorithms),
                                                 dict.fromkeys(datasets)):
@@ -118,9 +113,6 @@ def check_data(dataset: str, data_dir: str) -> None:
             raise FileNotFoundError(f"{err} On a machine with internet, `{command}` downloads "
                                     "it.") from None
         return
-    from dg_plugins import plugins
-    from dg_plugins.registry import DATASETS
-
     plugins.load()
     if (hook := getattr(DATASETS.get(dataset), "check_data_dir", None)) is not None:
         hook(data_dir)
@@ -158,12 +150,7 @@ def weight_problems(jobs: Sequence) -> list[str]:
     candidates = [job for job in jobs if _may_load_weights(job)]
     if not candidates:
         return []
-    import warnings
-
-    from dg_plugins import hparams as hparams_lib
-    from dg_plugins import plugins
     from dg_plugins.networks.pretrained import probe_weights
-    from dg_plugins.registry import ALGORITHMS, DATASETS
 
     plugins.load()
     problems, seen = [], set()

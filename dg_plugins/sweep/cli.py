@@ -12,10 +12,11 @@ from typing import Sequence
 from dg_plugins.catalog import DATASET_ENVIRONMENTS
 from dg_plugins.help_text import CommandParser
 from dg_plugins.hparams import HparamError, parse_overrides
-from dg_plugins.plugins import PluginImportError
-from dg_plugins.registry import LAUNCHERS, UnknownNameError
+from dg_plugins import plugins
+from dg_plugins.registry import ALGORITHMS, LAUNCHERS, UnknownNameError
 from dg_plugins.signals import DEFAULT_STOP_GRACE_PERIOD_S, STOP_GRACE_PERIOD_ENV
 from dg_plugins.sweep import actions, checks, jobs
+from dg_plugins.sweep.launchers import launch_problem, with_options  # registers ours
 from dg_plugins.sweep.submitit import (DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL_DELAY_S,
                                        SUBMITIT_CLUSTERS, SUBMITIT_ENV_VARS, SubmititOptions,
                                        parse_json_object)
@@ -142,11 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _launcher_names(name: str | None = None) -> list[str]:
     """The registered launchers (those of the plugin modules too when ``name`` is none of ours)."""
-    import dg_plugins.sweep.launchers  # noqa: F401  (registers the built-in launchers)
-
     if name is not None and name not in LAUNCHERS:
-        from dg_plugins import plugins
-
         plugins.load(builtins=False)
     return LAUNCHERS.list()
 
@@ -224,8 +221,6 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"unknown --command_launcher {args.command_launcher!r}; choices: "
                      + ", ".join(_launcher_names()))
     if args.command == "launch" and args.command_launcher is not None and not args.dry_run:
-        from dg_plugins.sweep.launchers import launch_problem
-
         if problem := launch_problem(args.command_launcher, slurm_options(args)):  # no folder yet
             parser.error(f"--command_launcher {args.command_launcher}: {problem}")
 
@@ -243,8 +238,6 @@ def make_launcher(args: argparse.Namespace):
     """The ``--command_launcher`` with the options it takes from the flags (None without one)."""
     if args.command_launcher is None:
         return None
-    from dg_plugins.sweep.launchers import with_options
-
     return with_options(LAUNCHERS.get(args.command_launcher),
                         grace_period_s=args.stop_grace_period, submitit=slurm_options(args),
                         jobs_per_gpu=args.jobs_per_gpu)
@@ -275,9 +268,6 @@ def sweep_jobs(argv: Sequence[str], dry_run: bool = False, defer_scores: bool = 
     if args.datasets is None:  # DomainBed's: every catalog dataset whose name lacks "Debug"
         args.datasets = [name for name in DATASET_ENVIRONMENTS if "Debug" not in name]
     if args.algorithms is None:  # every one registered, plugins included (imports torch)
-        from dg_plugins import plugins
-        from dg_plugins.registry import ALGORITHMS
-
         plugins.load()
         args.algorithms = ALGORITHMS.list()
     scores = args.alignment_scores
@@ -297,10 +287,21 @@ def usage_errors(parser: argparse.ArgumentParser):
     """Bad sweep input (a flag's value, a plugin, a file) as ``parser.error``: exit status 2."""
     try:
         yield
-    except PluginImportError as err:
+    except plugins.PluginImportError as err:
         parser.error(str(err))
     except (ValueError, FileNotFoundError) as err:
         parser.error(" ".join(str(err).split()))
+
+
+def run_jobs(args: argparse.Namespace, enumerated: Sequence, command_line) -> int:
+    """:func:`actions.run_action` on ``enumerated`` as the flags ``args`` say (the exit status)."""
+    from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
+
+    return actions.run_action(
+        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
+        resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
+        command_line=command_line, check=checks.launch_problems,
+        estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,10 +310,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     with usage_errors(parser):
         args, enumerated = sweep_jobs(argv, parser=parser)
-    from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
-
-    return actions.run_action(
-        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
-        resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
-        command_line=argv, check=checks.launch_problems,
-        estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))
+    return run_jobs(args, enumerated, argv)

@@ -23,17 +23,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dg_plugins import catalog
+from dg_plugins import catalog, plugins
 from dg_plugins import hparams as hp_lib
 from dg_plugins.job import selection as job_selection
 from dg_plugins.job import sizes as job_sizes
 from dg_plugins.job.flags import compute_settings
-from dg_plugins.job.sizes import in_split_size, records_after
 from dg_plugins.layouts import (DOMAINNET20_CLASSES, PACS_SPLIT_KINDS, list_images,
                                 pacs_split_file, visible_subfolders)
 from dg_plugins.reference import gpu_times
 from dg_plugins.reference import paper_settings as ps
 from dg_plugins.registry import ALGORITHMS, DATASETS
+from dg_plugins.runtime import pick_device
 from dg_plugins.sweep.jobs import SweepJob, num_environments
 from dg_plugins.sweep.progress import format_duration
 
@@ -331,7 +331,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
     if steps is None and a.get("udg_ft_epochs") is not None:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
-        labelled = [udg_jobs.labelled_count(in_split_size(sizes.counts[e], holdout),
+        labelled = [udg_jobs.labelled_count(job_sizes.in_split_size(sizes.counts[e], holdout),
                                             float(a["label_fraction"])) for e in sources]
         steps = udg_jobs.steps_for_epochs(a["udg_ft_epochs"], labelled, _udg_batch(a, hp))
     steps = steps or _default_steps(dataset)
@@ -343,7 +343,7 @@ def job_steps(train_args: dict, origins: set) -> tuple[int, tuple | None, int]:
         sizes = dataset_sizes(dataset, data_dir)
         origins.add(sizes.source)
         unlabelled = [max(1, int(round(udg_jobs.RELEASE_PRETRAIN_SHARE * sizes.counts[e])))
-                      if split == "release" else in_split_size(sizes.counts[e], holdout)
+                      if split == "release" else job_sizes.in_split_size(sizes.counts[e], holdout)
                       for e in sources]
         pretrain = udg_jobs.steps_for_epochs(a["udg_pretrain_epochs"], unlabelled,
                                              hp["batch_size"])
@@ -444,7 +444,7 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
         evaluation = {v: None for v in EVAL_SPLITS}
     else:
         freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
-        records = records_after(-1, steps, freq)  # every record of the job
+        records = job_sizes.records_after(-1, steps, freq)  # every record of the job
         names = evaluated(a, list(sizes))
         evaluation = {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS}
     return Forwards(images, evaluation, unknown,
@@ -517,11 +517,9 @@ def print_estimate(jobs: Sequence[SweepJob], launcher: str | None = None) -> boo
             return False
         if proc.returncode:
             err.seek(0)
-            tail = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()
-                    if ln.strip()]
+            lines = err.read().decode(errors="replace").strip().splitlines() or ["no message"]
             print(f"(the cost estimate failed, exit status {proc.returncode}: "
-                  f"{tail[-1] if tail else 'no message'}; the launch does not depend on it)",
-                  flush=True)
+                  f"{lines[-1].strip()}; the launch does not depend on it)", flush=True)
             return False
     return True
 
@@ -602,7 +600,6 @@ def time_config(config: Config, deadline: float) -> None:
     import torch
 
     from dg_plugins.algorithms.base import gradient_scaling
-    from dg_plugins.runtime import pick_device
     from dg_plugins.train.compute import Compute
 
     device = pick_device(config.device)
@@ -690,7 +687,6 @@ def machine_time(jobs: list, cost, evaluated: list, measured: bool, budget: floa
     """The time of ``jobs`` on this machine from steps timed here, or why it is not estimated."""
     import torch
 
-    from dg_plugins.runtime import pick_device
     from dg_plugins.train.progress import format_duration as exact_duration
 
     hparams = [hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"],
@@ -750,8 +746,6 @@ def main() -> int:
     """The estimate's child: read the request (:func:`print_estimate`) on stdin, print the lines."""
     request = json.load(sys.stdin)
     sys.stdout = sys.stderr  # whatever the imports print stays off the protocol
-    from dg_plugins import plugins
-
     plugins.load()
     cost, evaluated, measured = print_costs(request["jobs"])
     write(f"Time on this machine: not estimated ({request['remote']})" if request.get("remote")

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
-from dg_plugins import catalog
+from dg_plugins import catalog, plugins
+from dg_plugins.registry import DATASETS
 from dg_plugins.seeds import seed_hash
 from dg_plugins.sweep import submitit
 from dg_plugins.job.flags import EVERY, OPTIONAL, TRAIN_MODULE, names, train_command
@@ -260,13 +261,9 @@ def check_dataset_name(dataset: str) -> None:
     try:
         catalog.check_dataset_name(dataset)
     except ValueError:
-        from dg_plugins import plugins
-
         if not plugins.modules_from_env():
             raise
         plugins.load()
-        from dg_plugins.registry import DATASETS
-
         catalog.check_dataset_name(dataset, extra=DATASETS.list())
 
 
@@ -494,7 +491,6 @@ ACTION_STATES = {"launch": {NOT_LAUNCHED}, "delete_incomplete": {INCOMPLETE},
 def select_jobs(jobs: Sequence[SweepJob], action: str, resume: bool = False) -> list[SweepJob]:
     """The jobs an action applies to (with ``resume``, launch takes Incomplete ones too)."""
     if action not in ACTION_STATES:
-        raise ValueError(f"unknown sweep action {action!r}; choices: launch, delete_incomplete, "
-                         "delete_all")
+        raise ValueError(f"unknown sweep action {action!r}; choices: {', '.join(ACTION_STATES)}")
     wanted = ACTION_STATES[action] | ({INCOMPLETE} if resume and action == "launch" else set())
     return [job for job in jobs if job.state in wanted]

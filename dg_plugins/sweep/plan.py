@@ -16,10 +16,9 @@ from typing import Callable, Sequence
 from unittest import mock
 
 from dg_plugins import runtime
-from dg_plugins.sweep import actions, checks
+from dg_plugins.sweep import actions, progress
 from dg_plugins.sweep import cli as sweep_cli
 from dg_plugins.sweep.jobs import summary_line
-from dg_plugins.sweep import progress
 
 CALL_SEPARATOR = "::"
 
@@ -57,16 +56,9 @@ def queue_calls(calls: Sequence[Sequence[str]],
 def launch_queue(launch_args, jobs, command_lines, rerun: str) -> int:
     """Launch ``jobs`` (:func:`queue_calls`) as one ``sweep launch`` (one launcher call); its lines
     on how to continue name ``rerun`` (or ``$DG_SWEEP_RERUN_COMMAND``). The exit status."""
-    from dg_plugins.sweep import costs  # the estimate's child runs it as __main__
-
     rerun = os.environ.get(actions.RERUN_ENV) or rerun
     with mock.patch.dict(os.environ, {actions.RERUN_ENV: rerun}):  # as it was after
-        return actions.run_action(
-            "launch", jobs, launcher_fn=sweep_cli.make_launcher(launch_args),
-            seed=launch_args.seed, resume=launch_args.resume, command_line=command_lines,
-            skip_confirmation=launch_args.skip_confirmation, check=checks.launch_problems,
-            estimate=lambda selected: costs.print_estimate(selected,
-                                                           launch_args.command_launcher))
+        return sweep_cli.run_jobs(launch_args, jobs, command_lines)
 
 
 def main(argv: list[str] | None = None) -> int:

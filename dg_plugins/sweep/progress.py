@@ -124,12 +124,10 @@ def describe(command: str) -> str:
     flags = parse_command(command)[1]
     if not {"algorithm", "dataset"} <= set(flags):
         return command
-    text = f"{' '.join(flags['algorithm'])} on {' '.join(flags['dataset'])}"
-    for flag, name in (("test_envs", "test envs"), ("label_fraction", "label fraction"),
-                       ("hparams_seed", "hparams"), ("trial_seed", "trial")):
-        if flags.get(flag):
-            text += f", {name} {' '.join(flags[flag])}"
-    return text
+    details = "".join(f", {name} {' '.join(flags[flag])}" for flag, name in (
+        ("test_envs", "test envs"), ("label_fraction", "label fraction"),
+        ("hparams_seed", "hparams"), ("trial_seed", "trial")) if flags.get(flag))
+    return f"{' '.join(flags['algorithm'])} on {' '.join(flags['dataset'])}{details}"
 
 
 def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
