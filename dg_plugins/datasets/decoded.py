@@ -2,8 +2,7 @@
 memory-mapped uint8 files its jobs share (``decoded``), with the pixels evaluation reads (``plain``,
 ``eval``), named by a fingerprint of the images and decoders, checked by a ``.sum`` per entry, and
 built by one job under an ``flock`` (docs/datasets.md). :class:`PixelTransform` splits a transform
-into PIL operations and a finisher run on the job's device.
-"""
+into PIL operations and a finisher run on the job's device."""
 
 from __future__ import annotations
 
@@ -64,11 +63,6 @@ def cache_base() -> str:
 
 def cache_folder() -> str:
     return os.path.join(cache_base(), "decoded")
-
-
-def enabled() -> bool:
-    """False when ``$DG_PLUGINS_DECODED_CACHE`` is off (0, off, false, no)."""
-    return os.environ.get(SWITCH_ENV, "").strip().lower() not in _OFF
 
 
 def budget_bytes() -> int:
@@ -198,20 +192,17 @@ class DecodedImages:
     def has(self, item: int) -> bool:
         return bool(self.index[item, 0] >= 0)
 
-    def array(self, item: int):
-        """The item's ``[H, W, 3]`` uint8 pixels (a view of the file), or None when left out."""
+    def image(self, item: int):
+        """The item's RGB image (of a view of the file), or None when left out."""
+        from PIL import Image
+
         offset, height, width = (int(v) for v in self.index[item])
         if offset < 0:
             return None
         if self._data is None:
             self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        return self._data[offset:offset + height * width * 3].reshape(height, width, 3)
-
-    def image(self, item: int):
-        from PIL import Image
-
-        array = self.array(item)
-        return None if array is None else Image.fromarray(array, "RGB")
+        return Image.fromarray(
+            self._data[offset:offset + height * width * 3].reshape(height, width, 3), "RGB")
 
 
 class PixelEntry:
@@ -223,17 +214,13 @@ class PixelEntry:
     def __getstate__(self):
         return {"path": self.path, "ok": self.ok, "_data": None}
 
-    @property
-    def data(self):
-        if self._data is None:
-            self._data = np.load(self.path, mmap_mode="r")
-        return self._data
-
     def covers(self, rows) -> bool:
         return self.ok is None or bool(self.ok[rows].all())
 
     def read(self, rows):
-        return np.array(self.data[rows])
+        if self._data is None:
+            self._data = np.load(self.path, mmap_mode="r")
+        return np.array(self._data[rows])
 
 
 def _remove(path: str) -> None:
@@ -887,7 +874,7 @@ def prepare(dataset, cores: int = 1, stop=None, stopped=None) -> str | None:
     if not hasattr(dataset, "datasets") or not all(
             hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
         return None
-    if not enabled():
+    if os.environ.get(SWITCH_ENV, "").strip().lower() in _OFF:
         return (f"Decoded-image cache: off ({SWITCH_ENV}="
                 f"{os.environ.get(SWITCH_ENV)}); images are decoded from their files")
     return DatasetCache(dataset, stop, stopped).prepare(cores)
