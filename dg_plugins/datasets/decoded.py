@@ -348,19 +348,17 @@ def _folder_lock(folder: str, check=lambda doing: None):
     said, stale = False, None
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder, inode = _holder(fd), os.fstat(fd).st_ino
-            os.close(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        else:
-            if os.fstat(fd).st_ino == _inode(path):  # not replaced by a take-over since opened
-                break
-            os.close(fd)
-            continue
+        with contextlib.ExitStack() as opened:  # fd closed unless it holds the lock
+            opened.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder, inode = _holder(fd), os.fstat(fd).st_ino
+            else:
+                if os.fstat(fd).st_ino == _inode(path):  # not replaced by a take-over since opened
+                    opened.pop_all()
+                    break
+                continue
         gone = holder is not None and holder[1] == host and not pid_alive(holder[0])
         if gone and stale == (holder, inode):  # the lock removed if still that file, under its own
             with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
