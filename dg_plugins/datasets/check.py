@@ -182,13 +182,12 @@ def run_check(dataset, workers: int, progress: bool,
             report(f"unreadable: {path}: {error}")
         if not progress and count % step == 0 and count < len(files):
             out(f"  checked {count} of {len(files)}")
-    totals = Counter(env_index for env_index, _ in files)
     n_bad = sum(bad.values())
     out(f"{n_bad} of {len(files)} images unreadable:" if n_bad
         else f"All {len(files)} images of {name} are readable:")
     for i, (label, folder) in enumerate(zip(dataset.ENVIRONMENTS, dataset.environment_folders)):
         where = label if label == folder else f"{label} ({folder})"
-        out(f"  environment {where}: {bad[i]} unreadable of {totals[i]}")
+        out(f"  environment {where}: {bad[i]} unreadable of {len(dataset.datasets[i].samples)}")
     if n_bad:
         out(f"Remove or replace the {n_bad} unreadable file(s) listed above (e.g. restore them "
             f"from the original archive), then run this check again.")

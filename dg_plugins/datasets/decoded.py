@@ -2,8 +2,7 @@
 memory-mapped uint8 files its jobs share (``decoded``), with the pixels evaluation reads (``plain``,
 ``eval``), named by a fingerprint of the images and decoders, checked by a ``.sum`` per entry, and
 built by one job under an ``flock`` (docs/datasets.md). :class:`PixelTransform` splits a transform
-into PIL operations and a finisher run on the job's device.
-"""
+into PIL operations and a finisher run on the job's device."""
 
 from __future__ import annotations
 
@@ -64,11 +63,6 @@ def cache_base() -> str:
 
 def cache_folder() -> str:
     return os.path.join(cache_base(), "decoded")
-
-
-def enabled() -> bool:
-    """False when ``$DG_PLUGINS_DECODED_CACHE`` is off (0, off, false, no)."""
-    return os.environ.get(SWITCH_ENV, "").strip().lower() not in _OFF
 
 
 def budget_bytes() -> int:
@@ -198,20 +192,17 @@ class DecodedImages:
     def has(self, item: int) -> bool:
         return bool(self.index[item, 0] >= 0)
 
-    def array(self, item: int):
-        """The item's ``[H, W, 3]`` uint8 pixels (a view of the file), or None when left out."""
+    def image(self, item: int):
+        """The item's RGB image (of a view of the file), or None when left out."""
+        from PIL import Image
+
         offset, height, width = (int(v) for v in self.index[item])
         if offset < 0:
             return None
         if self._data is None:
             self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        return self._data[offset:offset + height * width * 3].reshape(height, width, 3)
-
-    def image(self, item: int):
-        from PIL import Image
-
-        array = self.array(item)
-        return None if array is None else Image.fromarray(array, "RGB")
+        return Image.fromarray(
+            self._data[offset:offset + height * width * 3].reshape(height, width, 3), "RGB")
 
 
 class PixelEntry:
@@ -223,17 +214,13 @@ class PixelEntry:
     def __getstate__(self):
         return {"path": self.path, "ok": self.ok, "_data": None}
 
-    @property
-    def data(self):
-        if self._data is None:
-            self._data = np.load(self.path, mmap_mode="r")
-        return self._data
-
     def covers(self, rows) -> bool:
         return self.ok is None or bool(self.ok[rows].all())
 
     def read(self, rows):
-        return np.array(self.data[rows])
+        if self._data is None:
+            self._data = np.load(self.path, mmap_mode="r")
+        return np.array(self._data[rows])
 
 
 def _remove(path: str) -> None:
@@ -361,19 +348,17 @@ def _folder_lock(folder: str, check=lambda doing: None):
     said, stale = False, None
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder, inode = _holder(fd), os.fstat(fd).st_ino
-            os.close(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        else:
-            if os.fstat(fd).st_ino == _inode(path):  # not replaced by a take-over since opened
-                break
-            os.close(fd)
-            continue
+        with contextlib.ExitStack() as opened:  # fd closed unless it holds the lock
+            opened.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder, inode = _holder(fd), os.fstat(fd).st_ino
+            else:
+                if os.fstat(fd).st_ino == _inode(path):  # not replaced by a take-over since opened
+                    opened.pop_all()
+                    break
+                continue
         gone = holder is not None and holder[1] == host and not pid_alive(holder[0])
         if gone and stale == (holder, inode):  # the lock removed if still that file, under its own
             with open(os.path.join(folder, TAKEOVER_NAME), "a") as guard:
@@ -887,7 +872,7 @@ def prepare(dataset, cores: int = 1, stop=None, stopped=None) -> str | None:
     if not hasattr(dataset, "datasets") or not all(
             hasattr(env, "attach_cache") for env in dataset.datasets) or not dataset.datasets:
         return None
-    if not enabled():
+    if os.environ.get(SWITCH_ENV, "").strip().lower() in _OFF:
         return (f"Decoded-image cache: off ({SWITCH_ENV}="
                 f"{os.environ.get(SWITCH_ENV)}); images are decoded from their files")
     return DatasetCache(dataset, stop, stopped).prepare(cores)

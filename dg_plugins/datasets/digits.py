@@ -80,21 +80,15 @@ def load_mat(path: str):
     return np.transpose(data["X"], (3, 0, 1, 2)), data["y"]
 
 
-def load_label_list(list_file: str, image_folder: str):
+def _listed_files(list_file: str, image_folder: str):
     """MNIST-M release: ``list_file`` lines ``<name>.png <digit>``, images in ``image_folder``."""
-    from PIL import Image
-
-    images, labels = [], []
     with open(list_file) as handle:
         for line in handle:
             if not (parts := line.split()):
                 continue
             if len(parts) != 2:
                 raise ValueError(f"{list_file}: expected '<file> <digit>' lines, got {line!r}")
-            with Image.open(os.path.join(image_folder, parts[0])) as image:
-                images.append(np.asarray(image.convert("RGB")))
-            labels.append(int(parts[1]))
-    return np.stack(images), np.asarray(labels)
+            yield os.path.join(image_folder, parts[0]), parts[1]
 
 
 def load_usps_zip(path: str):
@@ -116,14 +110,16 @@ def _digit_files(folder: str) -> list[tuple[str, int]]:
             for name in sorted(os.listdir(sub)) if not name.startswith(".")]
 
 
-def load_image_folder(folder: str):
+def load_images(files, size: int | None = None):
+    """The RGB images (``size`` x ``size`` if given) and digits of ``(path, digit)`` files."""
     from PIL import Image
 
     images, labels = [], []
-    for path, digit in _digit_files(folder):
+    for path, digit in files:
         with Image.open(path) as image:
-            images.append(np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)))
-        labels.append(digit)
+            rgb = image.convert("RGB")
+            images.append(np.asarray(rgb.resize((size, size), Image.BILINEAR) if size else rgb))
+        labels.append(int(digit))
     return np.stack(images), np.asarray(labels)
 
 
@@ -144,13 +140,13 @@ def find_domain(domain: str, data_dir: str):
     else:
         names, load = {
             "svhn": (["test_32x32.mat"], load_mat), "syn": (["synth_test_32x32.mat"], load_mat),
-            "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_label_list(
-                path, os.path.join(folder, "mnist_m_test"))),
+            "mnist_m": (["mnist_m_test_labels.txt"], lambda path: load_images(_listed_files(
+                path, os.path.join(folder, "mnist_m_test")))),
         }.get(domain, (["zip.test", "zip.test.gz"], load_usps_zip))
         if path := _first_existing(*(os.path.join(folder, name) for name in names)):
             return lambda: load(path)
     if os.path.isdir(folder) and _digit_files(folder):
-        return lambda: load_image_folder(folder)
+        return lambda: load_images(_digit_files(folder), SIZE)
     return None
 
 

@@ -82,8 +82,7 @@ def photo_paths() -> list[str]:
 def font_paths() -> list[str]:
     folder = os.path.join(package_folder(FONT_FOLDER[0], "the SYN and SVHN digits (fonts)"),
                           *FONT_FOLDER[1].split("/"))
-    found = [os.path.join(folder, name) for name in FONTS
-             if os.path.isfile(os.path.join(folder, name))]
+    found = [p for p in (os.path.join(folder, name) for name in FONTS) if os.path.isfile(p)]
     if len(found) < 8:
         raise FileNotFoundError(
             f"DigitsOffline renders SYN/SVHN digits with matplotlib's fonts but found only "
@@ -280,7 +279,7 @@ def _gradient(canvas: int, rng, start: np.ndarray, end: np.ndarray) -> np.ndarra
 def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strokes,
                    shift: float, warp, saturation):
     """The number SYN and SVHN draw (random digits holding ``label``, in a random font, size,
-    stroke, place and warp): ``(text mask, ink colour, background colour, centre)``."""
+    stroke, place and warp): ``(text alpha, ink colour, background colour, centre)``."""
     from PIL import Image, ImageDraw
 
     n_digits = int(rng.choice(digits[0], p=digits[1]))
@@ -313,7 +312,7 @@ def _render_number(label: int, rng, fonts, canvas: int, *, digits, height, strok
                                                     inverse[1, 0], inverse[1, 1], offset[1]),
                           resample=Image.BILINEAR)
     ink, back = _colour_pair(rng, saturation)
-    return mask, ink, back, centre
+    return np.asarray(mask, dtype=np.float32)[..., None] / 255.0, ink, back, centre
 
 
 def make_syn(n: int, rng, fonts) -> tuple[np.ndarray, np.ndarray]:
@@ -324,12 +323,11 @@ def make_syn(n: int, rng, fonts) -> tuple[np.ndarray, np.ndarray]:
     labels = rng.permutation(np.arange(n) % 10)  # every class n // 10 or n // 10 + 1 times
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        mask, ink, back, _ = _render_number(int(label), rng, fonts, canvas, **SYN_NUMBERS)
+        alpha, ink, back, _ = _render_number(int(label), rng, fonts, canvas, **SYN_NUMBERS)
         if rng.random() < 0.5:
             background = np.broadcast_to(back, (canvas, canvas, 3))
         else:
             background = _gradient(canvas, rng, back, np.clip(back + rng.normal(0, 40, 3), 0, 255))
-        alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255.0
         image = Image.fromarray(to_uint8(background * (1 - alpha) + ink * alpha)).resize(
             (SIZE, SIZE), Image.BOX)
         if (blur := rng.uniform(0.0, 1.0)) > 0.2:
@@ -348,7 +346,7 @@ def make_svhn(n: int, rng, fonts, photos) -> tuple[np.ndarray, np.ndarray]:
     labels = rng.permutation(np.arange(n) % 10)
     out = np.empty((n, SIZE, SIZE, 3), dtype=np.uint8)
     for i, label in enumerate(labels):
-        mask, ink, paint, centre = _render_number(int(label), rng, fonts, canvas, **SVHN_NUMBERS)
+        alpha, ink, paint, centre = _render_number(int(label), rng, fonts, canvas, **SVHN_NUMBERS)
         kind = rng.random()
         photo = random_patch(photos, canvas, rng).astype(np.float32)
         if kind < 0.35:  # painted wall or plate filling the crop, with some texture
@@ -362,7 +360,6 @@ def make_svhn(n: int, rng, fonts, photos) -> tuple[np.ndarray, np.ndarray]:
             half_h = rng.uniform(0.3, 0.6) * canvas
             top, bottom = int(max(0, centre[1] - half_h)), int(min(canvas, centre[1] + half_h))
             background[top:bottom] = paint + 0.2 * (photo[top:bottom] - photo.mean())
-        alpha = np.asarray(mask, dtype=np.float32)[..., None] / 255.0
         image = background * (1 - alpha) + ink * alpha
         shade = _gradient(canvas, rng, np.full(3, rng.uniform(0.45, 1.0)),
                           np.full(3, rng.uniform(0.8, 1.2)))

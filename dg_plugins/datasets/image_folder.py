@@ -28,9 +28,8 @@ from dg_plugins.runtime import swapped
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = catalog.IMAGE_SIZE
-#: The dataset hparam choosing the training transform (values: :data:`AUGMENTATIONS`).
+#: The dataset hparam choosing the training transform (values: catalog.AUGMENTATIONS).
 AUGMENTATION_HPARAM = "augmentation"
-AUGMENTATIONS = catalog.AUGMENTATIONS
 
 
 def _compose(*steps):
@@ -65,7 +64,7 @@ def training_transform(augmentation: str = "domainbed", size: int = IMAGE_SIZE):
     }
     if not isinstance(augmentation, str) or augmentation not in steps:
         raise ValueError(f"unknown {AUGMENTATION_HPARAM} {augmentation!r}; choices: "
-                         f"{', '.join(AUGMENTATIONS)}")
+                         f"{', '.join(catalog.AUGMENTATIONS)}")
     return _compose(*steps[augmentation]())
 
 
@@ -223,14 +222,11 @@ class ImageFolderEnvironment(torch.utils.data.Dataset):
 
     def evaluation_pixel_transforms(self) -> list:
         """The deterministic splits of :meth:`item_transforms` (the cache keeps their pixels)."""
-        out = []
-        for transform in self.item_transforms():
-            split = self.pixel_transform(transform)
-            if split is None:
-                return []
-            if split.deterministic and all(split.key != t.key for t in out):
-                out.append(split)
-        return out
+        splits = [self.pixel_transform(t) for t in self.item_transforms()]
+        if any(s is None for s in splits):
+            return []
+        return [s for k, s in enumerate(splits)
+                if s.deterministic and all(s.key != t.key for t in splits[:k])]
 
     def attach_cache(self, store) -> None:
         self.pixel_store, self.decoded = store, store.decoded
@@ -284,7 +280,7 @@ class MultipleEnvironmentImageFolder(MultipleDomainDataset):
         self.test_envs = test_envs = list(test_envs or ())
         self.augmentation = (hparams or {}).get(AUGMENTATION_HPARAM, "domainbed")
         self.image_size = (hparams or {}).get(catalog.IMAGE_SIZE_HPARAM, IMAGE_SIZE)
-        if self.augmentation not in AUGMENTATIONS:
+        if self.augmentation not in catalog.AUGMENTATIONS:
             training_transform(self.augmentation)  # raises, naming the choices
         if not augment and self.augmentation != "domainbed":
             raise ValueError(
@@ -392,9 +388,8 @@ class VLCS(ImageFolderBenchmark):
     FOLDER_NAME, ENVIRONMENTS, ENV_FOLDERS = _release("VLCS")
 
 
-#: The dataset hparam choosing PACS's in/out split (values: :data:`DATA_SPLITS`).
+#: The dataset hparam choosing PACS's in/out split (values: catalog.DATA_SPLITS).
 DATA_SPLIT_HPARAM = "data_split"
-DATA_SPLITS = catalog.DATA_SPLITS
 
 
 @register_dataset()
@@ -410,9 +405,9 @@ class PACS(ImageFolderBenchmark):
     def __init__(self, root, test_envs, hparams):
         super().__init__(root, test_envs, hparams)
         self.data_split = (hparams or {}).get(DATA_SPLIT_HPARAM, "domainbed")
-        if self.data_split not in DATA_SPLITS:
+        if self.data_split not in catalog.DATA_SPLITS:
             raise ValueError(f"unknown {DATA_SPLIT_HPARAM} {self.data_split!r}; choices: "
-                             f"{', '.join(DATA_SPLITS)}")
+                             f"{', '.join(catalog.DATA_SPLITS)}")
         self.official_splits: dict[int, tuple[list[int], list[int]]] = {}
         if self.data_split == "official":
             missing = [path for index in range(len(self.datasets))
