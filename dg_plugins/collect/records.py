@@ -295,10 +295,8 @@ class _Columns:
         columns["environments"] = _object_series(
             [segment.environments for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
-        nonfinite = np.full(len(self.steps), math.nan, dtype=object)
-        for row, keys in self.nonfinite.items():
-            nonfinite[row] = keys
-        columns["nonfinite"] = pd.Series(nonfinite, dtype=object, copy=False)
+        columns["nonfinite"] = _object_series([self.nonfinite.get(row, math.nan)
+                                               for row in range(len(self.steps))])
         acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
                           key=_acc_sort_key)
         position = {key: i for i, key in enumerate(acc_keys)}
