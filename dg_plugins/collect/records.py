@@ -43,7 +43,7 @@ class _ArgValues(NamedTuple):
 #: The ``args`` a record must carry (those DomainBed's collect_results reads).
 REQUIRED_ARGS = _ArgValues._fields[:5]
 #: train's hashed flags that DomainBed's grouping ignores but that change what a job computes:
-#: jobs of one cell that differ in one are noted (notes.mixed_settings_notes). Left out: the data
+#: jobs of one cell that differ in one are noted (report.mixed_settings_notes). Left out: the data
 #: folder, the seed (derived from the grouping keys), the label fraction (a UDG table key).
 SETTING_ARGS = tuple(name for name in flag_names(hashed=True)
                      if name not in (*REQUIRED_ARGS, "data_dir", "seed", "label_fraction"))
