@@ -152,16 +152,15 @@ def _render_markdown(report: Report) -> str:
             if not table.col_labels:
                 lines.append(table.left_out or "")
                 continue
-            lines += [row(["Algorithm", *table.col_labels]),
-                      "|:--" + "|--:" * len(table.col_labels) + "|"]
+            rule = "|:--" + "|--:" * len(table.col_labels) + "|"
+            lines += [row(["Algorithm", *table.col_labels]), rule]
             lines += [row(texts) for texts in table.text_rows("±")]
             for comparison in table.comparisons:
                 lines += ["", f"*{comparison.heading}*  ", f"*{comparison.details.strip()}*", ""]
                 if comparison.claim is not None:
                     lines.append(f"Paper: {NOT_AVAILABLE}; the source says: {comparison.claim}")
                     continue
-                lines += [row(["Paper row / ours − paper", *table.col_labels]),
-                          "|:--" + "|--:" * len(table.col_labels) + "|"]
+                lines += [row(["Paper row / ours − paper", *table.col_labels]), rule]
                 lines += [row([name, *_paper_texts(values, "±")])
                           for name, values in comparison.rows.items()]
                 lines += [row([f"{ours} − {comparison.mapping[ours]}",

@@ -129,8 +129,7 @@ def _chance_label(chance: float) -> str:
 def _averages_cells(section: Section, table: Table) -> dict[str, Cell]:
     """Per row, the Averages cell of ``table``'s dataset where it covers every environment."""
     averages = next((t for t in section.tables if t.dataset is None), None)
-    if (averages is None or table.dataset not in averages.keys or averages.coverage is None
-            or table.not_run):
+    if averages is None or table.dataset not in averages.keys or table.not_run:
         return {}
     column = averages.keys.index(table.dataset)
     every = tuple(range(len(table.keys) - 1))
@@ -169,12 +168,10 @@ def accuracy_figure(section: Section, table: Table, chance: float | dict | None 
     height = 3.6 + 0.17 * (caption_lines + title_lines)
     figure = _new_figure(figure_width, height)
     ax = figure.subplots()
-    positions = {}
+    positions = {row: centers - 0.4 + width * (k + 0.5) for k, row in enumerate(rows)}
     top = 100.0
-    for k, row in enumerate(rows):
+    for k, (row, xs) in enumerate(positions.items()):
         cells = table.rows[row]
-        xs = centers - 0.4 + width * (k + 0.5)
-        positions[row] = xs
         present = [i for i, cell in enumerate(cells) if cell.mean is not None]
         bars = ax.bar(xs[present], [cells[i].mean for i in present], width * 0.92,
                       color=f"C{k % 10}", label=row if present else None)
@@ -386,13 +383,12 @@ def curves_figure(points: pd.DataFrame, selected: pd.DataFrame, title: str, meth
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, handle)
     axes[0][0].set_ylim(*ylim)
-    if handles:
-        order = sorted(handles, key=lambda label: next(
-            (i for i, prefix in enumerate(_LEGEND_ORDER) if label.startswith(prefix)),
-            len(_LEGEND_ORDER)))
-        figure.legend([handles[label] for label in order], order, loc="lower center", ncol=2,
-                      fontsize=SMALL, frameon=False,
-                      bbox_to_anchor=(0.5, (0.1 + 0.17 * caption_lines) / height))
+    order = sorted(handles, key=lambda label: next(
+        (i for i, prefix in enumerate(_LEGEND_ORDER) if label.startswith(prefix)),
+        len(_LEGEND_ORDER)))
+    figure.legend([handles[label] for label in order], order, loc="lower center", ncol=2,
+                  fontsize=SMALL, frameon=False,
+                  bbox_to_anchor=(0.5, (0.1 + 0.17 * caption_lines) / height))
     figure.suptitle(heading, fontsize=NORMAL + 1, y=1 - 0.08 / height, va="top")
     figure.text(0.01, 0.1 / height, caption, fontsize=SMALL, color="0.2", va="bottom")
     figure.tight_layout(rect=(0, bottom / height, 1, 1))  # it makes room for the suptitle

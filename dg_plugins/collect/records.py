@@ -43,7 +43,7 @@ class _ArgValues(NamedTuple):
 #: The ``args`` a record must carry (those DomainBed's collect_results reads).
 REQUIRED_ARGS = _ArgValues._fields[:5]
 #: train's hashed flags that DomainBed's grouping ignores but that change what a job computes:
-#: jobs of one cell that differ in one are noted (notes.mixed_settings_notes). Left out: the data
+#: jobs of one cell that differ in one are noted (report.mixed_settings_notes). Left out: the data
 #: folder, the seed (derived from the grouping keys), the label fraction (a UDG table key).
 SETTING_ARGS = tuple(name for name in flag_names(hashed=True)
                      if name not in (*REQUIRED_ARGS, "data_dir", "seed", "label_fraction"))
@@ -295,10 +295,8 @@ class _Columns:
         columns["environments"] = _object_series(
             [segment.environments for segment in self.segments], sizes)
         columns["line"] = np.array(self.lines, dtype=np.int64)
-        nonfinite = np.full(len(self.steps), math.nan, dtype=object)
-        for row, keys in self.nonfinite.items():
-            nonfinite[row] = keys
-        columns["nonfinite"] = pd.Series(nonfinite, dtype=object, copy=False)
+        columns["nonfinite"] = _object_series([self.nonfinite.get(row, math.nan)
+                                               for row in range(len(self.steps))])
         acc_keys = sorted({key for block in self.blocks.values() for key in block.keys},
                           key=_acc_sort_key)
         position = {key: i for i, key in enumerate(acc_keys)}

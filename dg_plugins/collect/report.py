@@ -45,8 +45,7 @@ def build_report(records: pd.DataFrame, methods: list[SelectionMethod],
         report.notes += averages_notes(report.sections, all_columns)
     if udg.any():
         report.sections += udg_sections(records[udg].reset_index(drop=True), methods)
-    report.notes[:0] = [*mixed_settings_notes(records, lambda d: environment_labels(records, d)),
-                        *nonfinite_notes(records)]
+    report.notes[:0] = [*mixed_settings_notes(records), *nonfinite_notes(records)]
     report.notes += add_paper_comparisons(report, list(papers))
     report.notes += compute_notes(records)
     return report
@@ -275,7 +274,7 @@ def _runs(labels: list[str], sets) -> str:
     return " and ".join(parts)
 
 
-def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
+def mixed_settings_notes(records: pd.DataFrame) -> list[str]:
     """Per dataset and algorithm whose jobs differ in a setting DomainBed's grouping ignores
     (``args.settings``): the cells that mix settings, with values and job counts; or, where each
     cell is uniform, which cells have which values (the tables combine them)."""
@@ -298,7 +297,7 @@ def mixed_settings_notes(records: pd.DataFrame, labels_of) -> list[str]:
         for (job, envs, _), settings in zip(found, values):
             combo = tuple(settings.get(name) for name in varying)
             cells.setdefault(envs, {}).setdefault(combo, set()).add(job)
-        labels = labels_of(dataset)
+        labels = environment_labels(records, dataset)
         mixed = {envs: combos for envs, combos in cells.items() if len(combos) > 1}
         if mixed:
             parts = []

@@ -239,9 +239,7 @@ def loo_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFram
     width = max(int(members["_n_envs"].to_numpy().max(initial=0)), int(other.max(initial=-1)) + 1)
     val_accs = np.full((int(members["_step"].to_numpy().max(initial=-1)) + 1, width), -1.0)
     pair_order = np.argsort(pairs["record"].to_numpy(), kind="stable")  # later records overwrite
-    inside = other[pair_order] < width
-    val_accs[pairs["_step"].to_numpy()[pair_order][inside], other[pair_order][inside]] = \
-        value[pair_order][inside]
+    val_accs[pairs["_step"].to_numpy()[pair_order], other[pair_order]] = value[pair_order]
 
     n_envs, test_env = single["_n_envs"].to_numpy(), single["test_env"].to_numpy()
     per_step = val_accs[single["_step"].to_numpy()]

@@ -105,14 +105,11 @@ def single_source_tables(records: pd.DataFrame | GroupedRecords, method: Selecti
 def single_source_sections(grouped: GroupedRecords, methods: list[SelectionMethod], mode: str,
                            runs: pd.DataFrame) -> list[Section]:
     """Per method that applies, a section of single-source tables (``mode``: auto, on, off)."""
-    if mode == "off":
-        return []
     datasets = single_source_datasets(grouped, runs) if mode == "auto" else None
-    sections = []
-    for method in [m for m in methods if m in METHODS] if datasets != [] else []:
-        selection = single_source_selection(grouped, method, runs)
-        tables = single_source_tables(grouped, method, datasets, selection)
-        if tables:
-            sections.append(Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION, tables,
-                                    selection))
-    return sections
+    if mode == "off" or datasets == []:
+        return []
+    selections = {m: single_source_selection(grouped, m, runs) for m in methods if m in METHODS}
+    sections = [Section(method, SINGLE_SOURCE_KEY, SINGLE_SOURCE_DESCRIPTION,
+                        single_source_tables(grouped, method, datasets, selection), selection)
+                for method, selection in selections.items()]
+    return [section for section in sections if section.tables]

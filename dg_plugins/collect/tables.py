@@ -178,8 +178,13 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
     per_cell = {key: list(values) for key, values in
                 chosen.groupby(["dataset", "algorithm", "test_env"], sort=False)["test_acc"]}
     # Averages: per trial (sorted), the mean over the test environments that trial has.
-    per_trial = {key: float(np.mean(list(values))) for key, values in
-                 chosen.groupby(["algorithm", "dataset", "trial_seed"], sort=True)["test_acc"]}
+    per_trial: dict = {}  # (algorithm, dataset) -> the trials' means
+    coverage: dict = {}  # (algorithm, dataset) -> {trial: its test environments}
+    for (algorithm, dataset, trial), of_trial in chosen.groupby(
+            ["algorithm", "dataset", "trial_seed"], sort=True):
+        cell = (algorithm, dataset)
+        per_trial.setdefault(cell, []).append(float(np.mean(list(of_trial["test_acc"]))))
+        coverage.setdefault(cell, {})[trial] = tuple(sorted(of_trial["test_env"].tolist()))
 
     tables = []
     for dataset in datasets:
@@ -195,13 +200,8 @@ def _results_tables(grouped: GroupedRecords, method: SelectionMethod, selection:
                             [*labels, "Avg"], rows, 20, dataset=dataset, not_run=not_run))
     rows = {}
     for algorithm in algorithms:
-        cells = [Cell.of([v for (a, d, _), v in per_trial.items() if (a, d) == (algorithm, ds)])
-                 for ds in datasets]
+        cells = [Cell.of(per_trial.get((algorithm, ds), [])) for ds in datasets]
         rows[algorithm] = cells + [Cell.average(cells)]
-    coverage: dict = {}
-    for (algorithm, dataset, trial), envs in chosen.groupby(
-            ["algorithm", "dataset", "trial_seed"], sort=True)["test_env"]:
-        coverage.setdefault((algorithm, dataset), {})[trial] = tuple(sorted(envs.tolist()))
     tables.append(Table("Averages", _header("Averages", method, test_key, header_note),
                         [*datasets, "Avg"], rows, 25, coverage=coverage,
                         not_run=tuple(d for d in datasets if d not in ran)))

@@ -83,10 +83,9 @@ def _udg_tables(grouped: GroupedRecords, method: SelectionMethod, chosen: pd.Dat
 
 def udg_sections(records: pd.DataFrame, methods: list[SelectionMethod]) -> list[Section]:
     """Per method that applies, the section of UDG tables (``records``: UDG records only)."""
-    grouped, sections = group_records(records), []
-    for method in [m for m in methods if m in METHODS]:
-        selection = udg_selection(grouped, method)
-        tables = _udg_tables(grouped, method, selection.chosen)
-        if tables:
-            sections.append(Section(method, UDG_KEY, UDG_DESCRIPTION, tables, selection))
-    return sections
+    grouped = group_records(records)
+    selections = {m: udg_selection(grouped, m) for m in methods if m in METHODS}
+    sections = [Section(method, UDG_KEY, UDG_DESCRIPTION,
+                        _udg_tables(grouped, method, selection.chosen), selection)
+                for method, selection in selections.items()]
+    return [section for section in sections if section.tables]
