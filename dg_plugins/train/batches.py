@@ -79,10 +79,6 @@ def as_model_input(batch: tuple, finisher, device, seed: int | None = None) -> t
     return batch if finisher is None else (finisher(batch[0], device, seed),) + tuple(batch[1:])
 
 
-def _as_is(batch):
-    return batch
-
-
 class _Fetcher(Dataset):
     """What a worker runs: a request ``[(dataset number, seed, indices, pixels), ...]`` -> the
     batches, each made by :func:`fetch` (the loader passes the batch sampler's requests)."""
@@ -102,7 +98,7 @@ def worker_loader(datasets, requests, num_workers: int, pin_memory: bool = False
     """A started worker iterator serving ``requests``; its own ``generator`` keeps it from drawing
     from the main torch RNG (a run's randomness would depend on when loaders start)."""
     iterator = iter(DataLoader(_Fetcher(datasets), batch_sampler=requests, num_workers=num_workers,
-                               collate_fn=_as_is, prefetch_factor=2, pin_memory=pin_memory,
+                               collate_fn=list, prefetch_factor=2, pin_memory=pin_memory,
                                worker_init_fn=_ignore_stop_signals, generator=torch.Generator()))
     if getattr(iterator, "_workers", None):
         _OPEN_WORKER_ITERATORS.add(iterator)
@@ -118,15 +114,14 @@ def _requests(pool: "WorkerPool"):
     next round while under the limit, else an empty request (the workers stay, idle)."""
     while True:
         if pool.pending:
-            pool.issued.append(_SERVED)
-            yield pool.pending.popleft()
+            kind, request = _SERVED, pool.pending.popleft()
         elif pool.limit is None or min(s.drawn for s in pool.streams) < pool.limit:
-            pool.issued.append(_ROUND)
-            yield [(j, *stream.draw(), stream.finisher is not None)
-                   for j, stream in enumerate(pool.streams)]
+            kind, request = _ROUND, [(j, *stream.draw(), stream.finisher is not None)
+                                     for j, stream in enumerate(pool.streams)]
         else:
-            pool.issued.append(_IDLE)
-            yield []
+            kind, request = _IDLE, []
+        pool.issued.append(kind)
+        yield request
 
 
 class WorkerPool:
@@ -142,8 +137,7 @@ class WorkerPool:
         #: Batches each stream hands out in all (a job's steps): no round is fetched beyond.
         self.limit: int | None = None
         self.iterator = None  # the started worker loader
-        self.buffers = {id(s): collections.deque() for s in self.streams}
-        self.taken = {id(s): 0 for s in self.streams}
+        self.buffers = {s: collections.deque() for s in self.streams}  # received, not taken
         self.pending: collections.deque = collections.deque()  # serve() requests not yet sent
         self.issued: collections.deque = collections.deque()  # kinds of the requests in flight
 
@@ -158,15 +152,14 @@ class WorkerPool:
         kind = self.issued.popleft()
         if kind == _ROUND:
             for s, batch in zip(self.streams, result):
-                self.buffers[id(s)].append(batch)
+                self.buffers[s].append(batch)
         return kind, result
 
     def take(self, stream) -> tuple:
-        key = id(stream)
-        if self.taken[key] > min(self.taken.values()):
+        buffer = self.buffers[stream]
+        if len(buffer) < max(map(len, self.buffers.values())):  # it took more than another
             raise RuntimeError("streams that share loader workers must each be drawn once "
                                "per step (one batch of every stream per round)")
-        buffer = self.buffers[key]
         while not buffer:
             kind, _ = self._receive()
             if kind == _SERVED:
@@ -174,7 +167,6 @@ class WorkerPool:
             if kind == _IDLE:
                 raise RuntimeError(f"the streams were drawn past their {self.limit} batches "
                                    "(the worker pool's limit)")
-        self.taken[key] += 1
         return buffer.popleft()
 
     def holds(self, dataset) -> bool:
@@ -210,8 +202,7 @@ class WorkerPool:
         self.pending.clear()
         self.issued.clear()
         for stream in self.streams:
-            self.buffers[id(stream)].clear()
-            self.taken[id(stream)] = 0
+            self.buffers[stream].clear()
             stream.rewind(stream.consumed)
 
 

@@ -71,7 +71,7 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
     fetched = [(plan.j, seed, list(range(start, stop)), plan.finisher is not None)
                for plan in plans if plan.view is None and plan.entry is None
                for seed, start, stop in plan.batches]
-    stop = contextlib.ExitStack()  # ends the workers
+    stop = contextlib.ExitStack()  # ends the workers and the cache writers
     if fetched and pool is not None and all(pool.holds(datasets[j][0]) for j, *_ in fetched):
         iterator = pool.serve([[(datasets[j][0], *rest)] for j, *rest in fetched])
         stop.callback(iterator.close)
@@ -82,7 +82,10 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
     else:  # fetched in this process, each batch when the loop asks for it
         iterator = ([fetch(datasets[j][0], indices, seed, pixels)]
                     for j, seed, indices, pixels in fetched)
-    try:
+    for plan in plans:
+        if plan.writer is not None:
+            stop.callback(plan.writer.abort)  # a no-op once committed
+    with stop:
         for plan in plans:
             if plan.view is not None:
                 tensors, index = plan.view
@@ -100,11 +103,6 @@ def eval_batches_of(datasets, batch_size: int, num_workers: int, pool=None,
                     yield plan.j, x, y
                 if plan.writer is not None:
                     plan.writer.commit()
-    finally:
-        for plan in plans:
-            if plan.writer is not None:
-                plan.writer.abort()  # a no-op once committed
-        stop.close()
 
 
 def _cached_batches(plan: _Plan, batch_size: int, device, pin_memory: bool):

@@ -131,12 +131,10 @@ def build_job_data(args, hparams: dict, n_workers: int | None = None,
     check_test_envs(args, getattr(dataset, "ENVIRONMENTS", None) or range(len(dataset)))
     splits = Splits(dataset, args, hparams)
     if getattr(dataset, "IN_MEMORY", False):
-        workers, source = 0, "in-memory dataset, loaded in-process"
-    elif n_workers is None and dataset.N_WORKERS == 0:
-        workers, source = 0, f"{args.dataset}'s N_WORKERS is 0"
-    else:
-        workers, source = batches.worker_budget(n_workers)
-    return JobData(dataset, splits, workers, source)
+        return JobData(dataset, splits, 0, "in-memory dataset, loaded in-process")
+    if n_workers is None and dataset.N_WORKERS == 0:
+        return JobData(dataset, splits, 0, f"{args.dataset}'s N_WORKERS is 0")
+    return JobData(dataset, splits, *batches.worker_budget(n_workers))
 
 
 class Job:
@@ -333,7 +331,6 @@ class Job:
         results["mem_gb"] = (torch.cuda.max_memory_allocated() / 2**30
                              if self.device.type == "cuda" else 0.0)
         results["num_classes"] = int(self.dataset.num_classes)
-        environments = getattr(self.dataset, "ENVIRONMENTS", None)
         keys = sorted(results.keys())
         if keys != self.last_keys:
             print(format_row(keys, colwidth=12))
@@ -342,8 +339,8 @@ class Job:
         results.update(hparams=self.hparams, args=self.record_args)
         if flag(self.args, "eval_splits") != DEFAULT_EVAL_SPLITS:
             results[EVALUATED_KEY] = list(self.eval_names)
-        if environments:  # the tables' column labels where the catalog has none (ImageFolder)
-            results["environments"] = [str(label) for label in environments]
+        if getattr(self.dataset, "ENVIRONMENTS", None):  # labels the catalog lacks (ImageFolder)
+            results["environments"] = [str(label) for label in self.dataset.ENVIRONMENTS]
         append_record(self.results_path, results)
         self.n_records += 1
         self.accumulated = {}

@@ -133,13 +133,12 @@ def teed(folder: str, mode: str):
 def report(err: BaseException) -> int | None:
     """Print a one-line failure and return its exit status; else None (its traceback shows it)."""
     if isinstance(err, Interrupted):
-        status = 128 + err.signum
-    elif isinstance(err, (DiskFullError, *user_errors())):
-        status = flags.EXIT_BAD_INPUT if isinstance(err, user_errors()) else flags.EXIT_FAILED
-    else:
+        print(f"stopped: {err}", file=sys.stderr)
+        return 128 + err.signum
+    if not isinstance(err, (DiskFullError, *user_errors())):
         return None
-    print(f"{'stopped' if isinstance(err, Interrupted) else 'error'}: {err}", file=sys.stderr)
-    return status
+    print(f"error: {err}", file=sys.stderr)
+    return flags.EXIT_BAD_INPUT if isinstance(err, user_errors()) else flags.EXIT_FAILED
 
 
 def execute(args, stop_after_step: int | None = None

@@ -32,6 +32,9 @@ from dg_plugins.train.splits import class_balanced_weights, split_dataset
 PRETRAIN_DIRNAME = "udg_pretrain"
 PRETRAINED_FILE = "pretrained.pt"
 IDENTITY_FILE = "identity.json"
+#: What to do about a damaged pretraining checkpoint or ``pretrained.pt`` in ``{folder}``.
+REDO_PRETRAINING = ("Remove the pretraining folder (rm -r {folder}) and rerun: the next job that "
+                    "needs it pretrains again (no other folder is touched)")
 #: Seconds between two looks at a pretraining folder another job holds.
 POLL_SECONDS = 5.0
 #: hparams that only affect fine-tuning (not part of the pretraining's identity).
@@ -104,11 +107,6 @@ def _done(folder: str) -> bool:
     return is_done(folder) and os.path.exists(os.path.join(folder, PRETRAINED_FILE))
 
 
-def redo_pretraining(folder: str) -> str:
-    return (f"Remove the pretraining folder (rm -r {folder}) and rerun: the next job that needs "
-            "it pretrains again (no other folder is touched)")
-
-
 def load_pretrained(folder: str, identity: dict) -> dict:
     """The pretrained weights of a finished pretraining folder, after checking its identity."""
     with open(os.path.join(folder, IDENTITY_FILE)) as f:
@@ -116,7 +114,7 @@ def load_pretrained(folder: str, identity: dict) -> dict:
             raise JobStateError(f"{folder} holds another pretraining than this job's (identity "
                                 "differs); move it away or pass another --udg_pretrain_dir")
     path = os.path.join(folder, PRETRAINED_FILE)
-    check_checkpoint_file(path, redo_pretraining(folder))
+    check_checkpoint_file(path, REDO_PRETRAINING.format(folder=folder))
     state = torch.load(path, map_location="cpu", weights_only=False)
     note_weights(f"the UDG pretraining {path}")
     return state["state"]
@@ -132,7 +130,7 @@ class PretrainJob(job_lib.Job):
     def __init__(self, parent: "UDGJob", folder: str, identity: dict):
         super().__init__(parent.args, parent.stop, compute=parent.compute, folder=folder)
         self.parent, self.identity, self.record_args = parent, identity, identity
-        self.checkpoint_fix = redo_pretraining(folder)
+        self.checkpoint_fix = REDO_PRETRAINING.format(folder=folder)
         self.resuming = True
 
     def build_data(self) -> None:
