@@ -152,8 +152,7 @@ def _member_parts(name: str) -> list[str] | None:
 
 
 def _member_kind(member) -> str:
-    """"file", "dir", or what else a tar member or a zip entry (by its Unix mode) is, as the
-    message naming the dropped members says it ("a symbolic link", ...)."""
+    """"file", "dir", or what else a tar member or a zip entry (by its Unix mode) is, in words."""
     if isinstance(member, tarfile.TarInfo):
         kinds = (("dir", member.isdir()), ("file", member.isfile()),
                  ("a symbolic link", member.issym()), ("a hard link", member.islnk()),
