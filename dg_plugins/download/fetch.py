@@ -263,14 +263,13 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         return  # complete: a run stopped between the last byte and the rename
     if expected is not None and have > expected:
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
-    headers = {"User-Agent": "dg_plugins-download"}
+    request = urllib.request.Request(url, headers={"User-Agent": "dg_plugins-download"})
     held = read_validators(part) if have else {}
-    if_range = if_range_value(held)
+    if_range = if_range_value(held)  # None when nothing is held
     if have:
-        headers["Range"] = f"bytes={have}-"
-        if if_range:
-            headers["If-Range"] = if_range
-    request = urllib.request.Request(url, headers=headers)
+        request.add_header("Range", f"bytes={have}-")
+    if if_range:
+        request.add_header("If-Range", if_range)
     try:
         response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
     except urllib.error.HTTPError as err:
