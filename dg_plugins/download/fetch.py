@@ -168,10 +168,6 @@ def is_google_drive(url: str) -> bool:
     return (urlsplit(url).hostname or "") in {"drive.google.com", "docs.google.com"}
 
 
-def url_scheme(url: str) -> str:
-    return urlsplit(url).scheme.lower()
-
-
 class _Restart(Exception):
     """A Range answer that cannot be appended: start over (``then``: what the line says next)."""
 
@@ -202,13 +198,12 @@ def remove_part(part: str, validators_only: bool = False) -> None:
 
 def read_validators(part: str) -> dict[str, str]:
     """The validators (``etag``, ``last_modified``, ``date``) stored for the bytes in ``part``."""
-    try:
-        with open(part + VALIDATORS_SUFFIX, encoding="utf-8") as handle:
-            stored = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return {key: value for key, value in stored.items() if key in VALIDATORS
-            and isinstance(value, str) and value} if isinstance(stored, dict) else {}
+    with contextlib.suppress(OSError, ValueError), \
+            open(part + VALIDATORS_SUFFIX, encoding="utf-8") as handle:
+        stored = json.load(handle)
+        return {key: value for key, value in stored.items() if key in VALIDATORS
+                and isinstance(value, str) and value} if isinstance(stored, dict) else {}
+    return {}
 
 
 def _store_validators(part: str, headers) -> None:
@@ -268,14 +263,13 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         return  # complete: a run stopped between the last byte and the rename
     if expected is not None and have > expected:
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
-    headers = {"User-Agent": "dg_plugins-download"}
+    request = urllib.request.Request(url, headers={"User-Agent": "dg_plugins-download"})
     held = read_validators(part) if have else {}
-    if_range = if_range_value(held)
+    if_range = if_range_value(held)  # None when nothing is held
     if have:
-        headers["Range"] = f"bytes={have}-"
-        if if_range:
-            headers["If-Range"] = if_range
-    request = urllib.request.Request(url, headers=headers)
+        request.add_header("Range", f"bytes={have}-")
+    if if_range:
+        request.add_header("If-Range", if_range)
     try:
         response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
     except urllib.error.HTTPError as err:
@@ -570,7 +564,7 @@ def obtain(source: Source, downloads: str, options: Options, report: Reporter) -
         if have := (os.path.getsize(part) if os.path.exists(part) else 0):
             report(f"  {source.name}: continuing the partial download ({have} bytes in {part})")
         report(f"  {source.name}: downloading {url}")
-        if url_scheme(url) == "file":
+        if urlsplit(url).scheme == "file":  # urlsplit lowercases the scheme
             fetch_file_url(source, url, path, report)
         elif is_google_drive(url):
             fetch_google_drive(source, url, path, report)

@@ -151,25 +151,21 @@ def _member_parts(name: str) -> list[str] | None:
     return None if ".." in parts else parts
 
 
-#: What an archive member is, by kind, for the message naming what was dropped.
-_DROPPED = {"symlink": "a symbolic link", "hardlink": "a hard link", "device": "a device file",
-            "fifo": "a named pipe", "special": "a special file"}
-
-
 def _member_kind(member) -> str:
-    """"file", "dir", or the special kind of a tar member or a zip entry (by its Unix mode)."""
+    """"file", "dir", or what else a tar member or a zip entry (by its Unix mode) is, in words."""
     if isinstance(member, tarfile.TarInfo):
-        kinds = (("dir", member.isdir()), ("file", member.isfile()), ("symlink", member.issym()),
-                 ("hardlink", member.islnk()), ("device", member.ischr() or member.isblk()),
-                 ("fifo", member.isfifo()))
+        kinds = (("dir", member.isdir()), ("file", member.isfile()),
+                 ("a symbolic link", member.issym()), ("a hard link", member.islnk()),
+                 ("a device file", member.ischr() or member.isblk()),
+                 ("a named pipe", member.isfifo()))
     else:
         mode = member.external_attr >> 16
         kinds = (("dir", member.is_dir()),
                  ("file", member.create_system != 3 or stat.S_IFMT(mode) in (0, stat.S_IFREG)),
-                 ("dir", stat.S_ISDIR(mode)), ("symlink", stat.S_ISLNK(mode)),
-                 ("device", stat.S_ISCHR(mode) or stat.S_ISBLK(mode)),
-                 ("fifo", stat.S_ISFIFO(mode)))
-    return next((kind for kind, true in kinds if true), "special")
+                 ("dir", stat.S_ISDIR(mode)), ("a symbolic link", stat.S_ISLNK(mode)),
+                 ("a device file", stat.S_ISCHR(mode) or stat.S_ISBLK(mode)),
+                 ("a named pipe", stat.S_ISFIFO(mode)))
+    return next((kind for kind, true in kinds if true), "a special file")
 
 
 def block_size(folder: str) -> int:
@@ -205,7 +201,7 @@ def extract(path: str, dest: str, report: Reporter) -> None:
                 member_name = member.filename if is_zip else member.name
                 kind, parts = _member_kind(member), _member_parts(member_name)
                 if parts is None or kind not in ("file", "dir"):
-                    why = _DROPPED.get(kind, "a path outside the archive's folder")
+                    why = "a path outside the archive's folder" if kind in ("file", "dir") else kind
                     dropped.append(f"{member_name!r} ({why})")
                     continue
                 target = os.path.join(dest, *parts)

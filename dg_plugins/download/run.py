@@ -9,10 +9,11 @@ import difflib
 import os
 import shutil
 from typing import Callable, Iterable
+from urllib.parse import urlsplit
 
 from dg_plugins.download.fetch import (
     URL_SCHEMES, Options, Reporter, check_free_space, disk_full_message, human_size, is_disk_full,
-    obtain, remove_part, to_check, url_scheme,
+    obtain, remove_part, to_check,
 )
 from dg_plugins.download.prepare import (
     PREPARE, dataset_status, domainnet20_problem, image_layout_problem, split_lists_problems,
@@ -226,9 +227,8 @@ def _download_archives(dataset: str, data_dir: str, downloads: str, staging: str
     sources = [to_check(s, options) for s in sources_of(dataset)]
     missing = [s for s in sources if not os.path.isfile(os.path.join(downloads, s.name))]
     known = [s.size for s in missing]
-    report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ("
-           + (f"{human_size(sum(known))} still to fetch" if None not in known
-              else "size unknown") + ")")
+    still = f"{human_size(sum(known))} still to fetch" if None not in known else "size unknown"
+    report(f"{dataset}: downloading {len(sources)} file(s) into {downloads} ({still})")
     if None not in known:
         part_paths = (os.path.join(downloads, s.name + ".part") for s in missing)
         parts = sum(os.path.getsize(p) for p in part_paths if os.path.exists(p))
@@ -328,7 +328,7 @@ def download(names: Iterable[str], data_dir: str, options: Options | None = None
             raise UnknownDataset(f"unknown file {name!r}{hint}; the files (see --list): "
                                  + ", ".join(SOURCES_BY_NAME))
     for name, url in options.urls.items():
-        if (scheme := url_scheme(url)) not in URL_SCHEMES:
+        if (scheme := urlsplit(url).scheme) not in URL_SCHEMES:
             raise UsageError(f"--url {name}={url}: unsupported URL scheme {scheme or '(none)'!r}; "
                              f"give an http://, https:// or file:///path/to/{name} URL")
     for name, _ in resolved:

@@ -71,16 +71,15 @@ SOURCES: tuple[Source, ...] = (
     Source("OfficeHome", "office_home.zip",
            "https://drive.google.com/uc?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC",
            None, None, note=_GDRIVE_NOTE),
-    Source("TerraIncognita", "eccv_18_all_images_sm.tar.gz",
-           "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps/"
-           "eccv_18_all_images_sm.tar.gz", 6492615601,
+    *(Source("TerraIncognita", name, "https://storage.googleapis.com/public-datasets-lila/"
+             f"caltechcameratraps/{name}", size, sha256, md5, note=_CCT_NOTE)
+      for name, size, sha256, md5 in (
+          ("eccv_18_all_images_sm.tar.gz", 6492615601,
            "50d0e46d4f42c4891d99a13cda80b6c062d3586d79296edc9d1406a5e7cc4b20",
-           "8143c17aa2a12872b66f284ff211531f", note=_CCT_NOTE),
-    Source("TerraIncognita", "eccv_18_annotations.tar.gz",
-           "https://storage.googleapis.com/public-datasets-lila/caltechcameratraps/"
-           "eccv_18_annotations.tar.gz", 2997071,
+           "8143c17aa2a12872b66f284ff211531f"),
+          ("eccv_18_annotations.tar.gz", 2997071,
            "e31d0162d411fb031ba4741758a54fa15cc7257df6f344581f5fda612b2cc974",
-           "66a1f481b44aa1edadf75c9cfbd27aba", note=_CCT_NOTE),
+           "66a1f481b44aa1edadf75c9cfbd27aba"))),
     *(Source("DomainNet", f"{domain}.zip", f"http://csr.bu.edu/ftp/visda/2019/multi-source/"
              f"{folder}{domain}.zip", size, sha256, note=_TFDS_DOMAINNET)
       for domain, folder, size, sha256 in (
