@@ -401,8 +401,9 @@ _LEGEND_ORDER = ["target in-split", "iid", "loo", "oracle", "selected checkpoint
 
 
 def _shared_ylim(values: np.ndarray, chance: float | None) -> tuple[float, float]:
-    """A y range in percent over ``values`` (in [0, 1]) and chance, on multiples of 5."""
-    values = [*100 * values[~np.isnan(values)], *([100 * chance] if chance else [])]
+    """A y range in percent over the finite ``values`` (in [0, 1]) and chance, on multiples of 5
+    (leave-one-out's score is infinite where a step's first record counts one environment)."""
+    values = [*100 * values[np.isfinite(values)], *([100 * chance] if chance else [])]
     low, high = min(values, default=0.0), max(values, default=100.0)
     return max(0.0, 5 * math.floor((low - 2) / 5)), min(100.0, 5 * math.ceil((high + 2) / 5))
 

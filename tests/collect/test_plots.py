@@ -507,3 +507,30 @@ def test_a_dataset_without_a_column_to_show_still_gets_its_curves(tmp_path, caps
     assert any("iid table: " in title for title in titles["PACS_ERM_curves.png"])
     assert any("iid table: Avg " in title
                for title in titles["VLCS_MPBM_single_source_curves.png"])
+
+
+def test_an_infinite_leave_one_out_signal_leaves_the_y_range_finite(tmp_path, capsys):
+    """A step whose first record has a NaN ``env1_out_acc`` counts one environment, and
+    leave-one-out divides by that count minus one (DomainBed's rule): target 1's signal at step 0
+    is infinite. The figures are still drawn, on a range of the finite values."""
+    root = tmp_path / "sweep"
+    for name, envs in (("single", [1]), ("pair0", [1, 0]), ("pair2", [1, 2]), ("pair3", [1, 3])):
+        write_job(root, name, "PACS", "ERM", envs, 4, 0, 0)
+        path = root / name / "results.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        records[0]["env1_out_acc"] = float("nan")
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    kept = {}
+    save = plots.save_png
+    plots.save_png = lambda figure, path: kept.setdefault(path.rsplit("/", 1)[1], figure)
+    try:
+        assert collect_results.main(["--input_dir", str(root), "--no_save", "--selection", "loo",
+                                     "--plot", str(tmp_path / "f")]) == 0
+    finally:
+        plots.save_png = save
+    capsys.readouterr()
+    curves = kept["PACS_ERM_curves.png"]
+    signal = gids(curves)["loo|target C|signal"].get_data()[1]
+    assert np.isinf(signal[0]) and np.isfinite(signal[1:]).all()
+    low, high = curves.axes[0].get_ylim()
+    assert 0 <= low < signal[1:].min() and signal[1:].max() < high <= 100  # in percent
