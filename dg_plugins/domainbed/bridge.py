@@ -222,7 +222,8 @@ def register_datasets(datasets_module: ModuleType,
                       entries: dict | None = None) -> tuple[list[str], list[str]]:
     """Install dataset classes (default: the registry's with fixed ``ENVIRONMENTS``)."""
     if entries is None:
-        entries = {name: cls for name, cls in DATASETS.items() if getattr(cls, "ENVIRONMENTS", None)}
+        entries = {name: cls for name, cls in DATASETS.items()
+                   if getattr(cls, "ENVIRONMENTS", None)}
     entries = {name: domainbed_view(cls) for name, cls in entries.items()}
     return _add_entries(datasets_module, "DATASETS", entries, catalog.DOMAINBED_DATASETS, "dataset")
 

@@ -1,5 +1,6 @@
-"""Download DomainBed's datasets into DomainBed's layout (``python -m dg_plugins.scripts.download``),
-without torch. Read sources, fetch, prepare, run; what a download does: ``docs/download.md``."""
+"""Download DomainBed's datasets into DomainBed's layout (``python -m
+dg_plugins.scripts.download``), without torch. Read sources, fetch, prepare, run; what a download
+does: ``docs/download.md``."""
 
 from dg_plugins.download.sources import (ALIASES, BUILT_IN, DATASET_SPECS,  # the table of files
                                          SOURCES, TEST_DELAY_ENV, CorruptArchive, DownloadError,

@@ -156,7 +156,8 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
 #: Names accepted on the command line for a dataset that another one provides, with the reason.
 ALIASES: dict[str, tuple[str, str]] = {
     "DomainNet20": ("DomainNet", "DomainNet20 reads DomainNet's folder domain_net/ (20 of its "
-                                 "classes), so downloading DomainNet20 means downloading DomainNet"),
+                                 "classes), so downloading DomainNet20 means downloading "
+                                 "DomainNet"),
     "ColoredMNIST": ("MNIST", "ColoredMNIST is built from MNIST's files in MNIST/raw/"),
     "RotatedMNIST": ("MNIST", "RotatedMNIST is built from MNIST's files in MNIST/raw/"),
 }
