@@ -362,8 +362,7 @@ class JobsCost:
     forwards: list = field(default_factory=list)
 
 
-def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
-              forwards: bool = True) -> JobsCost:
+def jobs_cost(train_args: list, pretrainings: set | None = None, forwards: bool = True) -> JobsCost:
     """The steps and image forwards of the jobs of ``train_args`` (a pretraining counted once)."""
     cost = JobsCost()
     pretrainings = set() if pretrainings is None else pretrainings
@@ -376,8 +375,7 @@ def jobs_cost(train_args: list, pretrainings: set | None = None, evaluated=None,
             pretrainings.add(identity)
         if not forwards:
             continue
-        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0,
-                               evaluated or evaluated_by_value)
+        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0, evaluated_by_value)
         if runs_pretraining:
             counted.note = f"with the UDG pretraining it shares ({pretrain} steps)"
         elif identity is not None:
