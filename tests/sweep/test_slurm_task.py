@@ -22,7 +22,7 @@ def started_task(folder, stalls=0) -> TrainTask:
     """A task whose one job (a sleeping process that dies on SIGTERM) is running."""
     task = TrainTask([[sys.executable, "-c", SLEEPER, "--output_dir", str(folder)]],
                      str(folder), grace_s=10, stalls=stalls)
-    task._started = time.time()
+    task._started = time.time() - 1.0  # a file's time may lag time.time() by a clock tick
     task._procs.append(subprocess.Popen(task.argvs[0]))
     return task
 
