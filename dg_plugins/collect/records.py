@@ -160,14 +160,13 @@ def _settings(args: dict) -> tuple:
     return tuple(found)
 
 
-@dataclass(slots=True)
-class _Segment:
+class _Segment(NamedTuple):
     """``size`` consecutive rows of one job with the same ``args``, stored once."""
 
     job: str
     args: _ArgValues
     size: int
-    environments: tuple | None = None
+    environments: tuple | None
 
 
 @dataclass(slots=True)
@@ -198,12 +197,10 @@ class _Columns:
         self.blocks: dict[tuple, _AccBlock] = {}
         self.problems: list[str] = []
         self.nonfinite: dict[int, tuple] = {}  # row -> its keys with a NaN/infinite value
-        self._nonfinite_lines: dict[int, tuple] = {}  # the same by line, for the file being read
 
     def add_file(self, job: str, path: str, text: str) -> None:
         """Add the records of one ``results.jsonl``; unusable lines become problems."""
-        numbers, records = [], []
-        self._nonfinite_lines = {}
+        numbers, records, nonfinite = [], [], {}  # nonfinite: as self.nonfinite, by line
         fast = orjson.loads
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip(_JSON_SPACE):
@@ -222,10 +219,16 @@ class _Columns:
                                  for key, value in records[-1].items()
                                  if type(value) is float and not math.isfinite(value))
                     if keys:
-                        self._nonfinite_lines[number] = keys
+                        nonfinite[number] = keys
             numbers.append(number)
-        if records and self._add_uniform(job, numbers, records):
-            return
+        first = records[0] if records else None  # the usual case: valid, same keys and args
+        if type(first) is dict and "step" in first and "args" in first:
+            args, keys = first["args"], first.keys()
+            values = _arg_values(args)
+            if type(values) is not str and all(type(record) is dict and record.keys() == keys
+                                               and record["args"] == args for record in records):
+                self._append(job, numbers, records, values, nonfinite)
+                return
         for number, record in zip(numbers, records):  # line by line
             args = _arg_values(record.get("args")) if type(record) is dict else "not a JSON object"
             if type(args) is not str and "step" not in record:
@@ -233,23 +236,11 @@ class _Columns:
             if type(args) is str:
                 self.problems.append(f"skipping line {number} of {path}: {args}")
             else:
-                self._append(job, [number], [record], args)
+                self._append(job, [number], [record], args, nonfinite)
 
-    def _add_uniform(self, job: str, numbers: list[int], records: list) -> bool:
-        """The usual case in one go: valid records with the same keys and ``args``."""
-        first = records[0]
-        if type(first) is not dict or "step" not in first or "args" not in first:
-            return False
-        args, keys = first["args"], first.keys()
-        values = _arg_values(args)
-        if type(values) is str or not all(type(record) is dict and record.keys() == keys
-                                          and record["args"] == args for record in records):
-            return False
-        self._append(job, numbers, records, values)
-        return True
-
-    def _append(self, job: str, numbers: list[int], records: list, args: _ArgValues) -> None:
-        """Append valid records that share ``args`` and keys."""
+    def _append(self, job: str, numbers: list[int], records: list, args: _ArgValues,
+                nonfinite: dict[int, tuple]) -> None:
+        """Append valid records that share ``args`` and keys (``nonfinite``: by line number)."""
         keys = tuple(records[0])
         block = self.blocks.get(keys)
         if block is None:
@@ -257,10 +248,10 @@ class _Columns:
                                                      or COUNT_KEY.fullmatch(k)
                                                      or k in NUMBER_KEYS])
         start = len(self.steps)
-        if self._nonfinite_lines:
+        if nonfinite:
             for row, number in enumerate(numbers, start):
-                if number in self._nonfinite_lines:
-                    self.nonfinite[row] = self._nonfinite_lines[number]
+                if number in nonfinite:
+                    self.nonfinite[row] = nonfinite[number]
         block.rows.extend(range(start, start + len(records)))
         size = len(block.values)
         try:
@@ -274,12 +265,7 @@ class _Columns:
         labels = records[0].get("environments")  # kept when a list of strings
         environments = (tuple(labels) if isinstance(labels, list) and labels
                         and all(isinstance(v, str) for v in labels) else None)
-        last = self.segments[-1] if self.segments else None
-        if (last is not None and last.job == job and last.args is args
-                and last.environments == environments):
-            last.size += len(records)
-        else:
-            self.segments.append(_Segment(job, args, len(records), environments))
+        self.segments.append(_Segment(job, args, len(records), environments))
 
     def frame(self) -> pd.DataFrame:
         columns: dict[str, object] = {}

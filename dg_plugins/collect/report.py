@@ -99,8 +99,8 @@ def _where(names: list[tuple], every: list[tuple]) -> str:
     return f" [{'; '.join(f'{m} {label}'.strip() for m, label in names)}]"
 
 
-def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
-                       all_columns: bool = True, runs: pd.DataFrame | None = None) -> list[str]:
+def missing_cell_notes(grouped: GroupedRecords, sections: list[Section], all_columns: bool,
+                       runs: pd.DataFrame) -> list[str]:
     """Why cells of the standard and IP/OOP dataset tables print ``X``: runs missing, or runs a
     method cannot score; ``all_columns``: the tables show the columns no run has; ``runs``: the
     single-source runs (:func:`single_source_runs`)."""
@@ -110,8 +110,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section],
             ["dataset", "algorithm", "test_env"]].itertuples(index=False) if scored else ():
         ran.setdefault((dataset, algorithm), set()).add(int(env))
     present = set(zip(grouped.records["args.dataset"], grouped.records["args.algorithm"]))
-    runs = single_source_runs(grouped) if runs is None else runs
-    single_source = set(zip(runs["dataset"], runs["algorithm"])) if not runs.empty else set()
+    single_source = set(zip(runs["dataset"], runs["algorithm"]))
     notes, explained = [], set()
     unscored: dict[tuple, list] = {}  # (dataset, reason, cells) -> [(section name, detail)]
     for section in scored:
@@ -198,29 +197,27 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                 continue
             every.append(_section_name(section))
             for dataset in table.keys[:-1]:
-                labels, described = labels_of[dataset], {}
+                labels, groups = labels_of[dataset], {}  # text -> the rows it describes
                 for algorithm in table.rows:
                     trials = table.coverage.get((algorithm, dataset))
                     if not trials:
                         continue
                     sets = sorted(set(trials.values()))
                     seeds = [sorted(t for t, e in trials.items() if e == envs) for envs in sets]
-                    described[algorithm] = _names(labels, sets[0]) if len(sets) == 1 else (
-                        " and ".join(text for _, text in sorted(
+                    text = _names(labels, sets[0]) if len(sets) == 1 else (
+                        " and ".join(part for _, part in sorted(
                             (trial, f"{_names(labels, envs)} (trial {', '.join(map(str, trial))})")
                             for envs, trial in zip(sets, seeds))))
-                whole = _names(labels, range(len(labels)))
-                if all(text == whole for text in described.values()):
-                    continue
-                groups: dict[str, list[str]] = {}
-                for algorithm, text in described.items():
                     groups.setdefault(text, []).append(algorithm)
+                whole = _names(labels, range(len(labels)))
+                if all(text == whole for text in groups):
+                    continue
                 body = (f"Averages table, {dataset} column: each trial is averaged over the test "
                         f"environments it has (DomainBed's rule), here "
                         f"{_rows_by(groups, len(table.rows), '{} for every row', 'over {}')}")
                 if len(groups) > 1:
                     body += ": these rows average different domains"
-                elif described and all_columns:
+                elif groups and all_columns:
                     body += ", so it can show a number where the dataset's table prints X"
                 body += f"; {dataset} has {whole}"
                 bodies.setdefault(body, []).append(_section_name(section))

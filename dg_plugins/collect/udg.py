@@ -14,7 +14,6 @@ from dg_plugins.collect.tables import (Cell, Section, Table, algorithm_order, da
                                        environment_labels)
 
 METHODS = (IID, ORACLE)
-FRACTION_COLUMN = "args.label_fraction"
 UDG_KEY = "udg"
 UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine-tuning on a "
                    "labelled fraction")
@@ -22,7 +21,7 @@ UDG_DESCRIPTION = ("UDG: self-supervised pretraining on the source domains, fine
 
 def is_udg(records: pd.DataFrame) -> np.ndarray:
     """Boolean mask of UDG records (``args.label_fraction`` set)."""
-    return records.get(FRACTION_COLUMN, pd.Series(np.nan, records.index)).notna().to_numpy()
+    return records.get("args.label_fraction", pd.Series(np.nan, records.index)).notna().to_numpy()
 
 
 def udg_selection(records: pd.DataFrame | GroupedRecords, method: SelectionMethod) -> Selection:
