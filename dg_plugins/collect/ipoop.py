@@ -15,12 +15,11 @@ from dg_plugins.job.selection import OUTSIDE_IN_SUBSET
 
 
 class SubsetKey(NamedTuple):
-    """An extra test key: its template (in ``t``), a short label, a description, and what its
-    tables' headers say after it."""
+    """An extra test key: its template (in ``t``), its sections' subtitle (``<short label>:
+    <description>``), and what its tables' headers say after it."""
 
     template: str
-    label: str
-    description: str
+    subtitle: str
     note: str
 
 
@@ -30,13 +29,13 @@ _SUBSETS = (("ip", "in-pretraining"), ("oop", "out-of-pretraining"))
 #: weighted by the subset's size there (``env{i}_{in,out}_{ip,oop}_count``), as the IP/OOP
 #: authors report each subset over the whole target domain.
 SUBSET_KEYS = tuple(SubsetKey(
-    f"env{{t}}_in_{key}_acc", key.upper(), f"{what} subset of the test environment",
+    f"env{{t}}_in_{key}_acc", f"{key.upper()}: {what} subset of the test environment",
     f"{key.upper()} subset of the test environment's in split") for key, what in _SUBSETS)
 POOLED_SUBSET_KEYS = tuple(SubsetKey(
-    f"env{{t}}_pooled_{key}_acc", f"{key.upper()}, whole domain",
-    f"{what} subset of the whole test environment (in and out splits pooled, weighted by their "
-    "subset sizes)", f"{key.upper()} subset of the whole test environment, in and out splits "
-    "pooled") for key, what in _SUBSETS)
+    f"env{{t}}_pooled_{key}_acc", f"{key.upper()}, whole domain: {what} subset of the whole test "
+    "environment (in and out splits pooled, weighted by their subset sizes)",
+    f"{key.upper()} subset of the whole test environment, in and out splits pooled")
+    for key, what in _SUBSETS)
 #: Which IP/OOP figures collect_results shows (``--ipoop``): the in split's, the pooled, or both.
 IPOOP_CHOICES = ("in", "pooled", "both")
 

@@ -370,9 +370,7 @@ def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
                f"or incomplete: {shown}); the tables use the records written so far"
                ] if progress.not_done else []
     found: dict[str, list[tuple[str, str]]] = {}  # reason -> (job, detail)
-    for entry in _job_folders(input_dir):
-        if entry in jobs:
-            continue
+    for entry in [entry for entry in _job_folders(input_dir) if entry not in jobs]:
         folder = os.path.join(input_dir, entry)
         problems: list[str] = []
         text = _read_text(os.path.join(folder, RESULTS_FILE), problems)

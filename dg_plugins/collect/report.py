@@ -114,9 +114,7 @@ def missing_cell_notes(grouped: GroupedRecords, sections: list[Section], all_col
     notes, explained = [], set()
     unscored: dict[tuple, list] = {}  # (dataset, reason, cells) -> [(section name, detail)]
     for section in scored:
-        for table in section.tables:
-            if table.dataset is None:
-                continue
+        for table in [t for t in section.tables if t.dataset is not None]:
             labels = table.keys[:-1]
             full = {i for i, k in enumerate(labels) if all_columns or k not in table.not_run}
             not_run: dict[tuple, list[str]] = {}  # (envs with records, missing) -> algorithms
@@ -192,9 +190,7 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
     every = []  # the sections with an Averages table
     for section in sections:
         labels_of = {t.dataset: t.keys[:-1] for t in section.tables if t.dataset is not None}
-        for table in section.tables:
-            if table.coverage is None:
-                continue
+        for table in [t for t in section.tables if t.coverage is not None]:
             every.append(_section_name(section))
             for dataset in table.keys[:-1]:
                 labels, groups = labels_of[dataset], {}  # text -> the rows it describes

@@ -47,6 +47,8 @@ class GroupedRecords:
             "test_env": test_env, "record": record, "n_test_envs": self.n_test_envs[record],
             "hparams_seed": self.records["args.hparams_seed"].to_numpy()[record],
             "step": self.records["step"].to_numpy()[record], "group": group})
+        #: the memberships of single-test-env records (the only ones IID and oracle look at)
+        self.single = self.members[self.members["n_test_envs"] == 1]
         #: :func:`acc_matrix` of the records for a key template, computed once per template
         self.accs = cache(partial(acc_matrix, self.records))
         self._env_counts: dict = {}
@@ -73,10 +75,6 @@ class GroupedRecords:
         for row, envs in enumerate(self.distinct_test_envs):
             table[row, [e for e in envs if 0 <= e < width]] = True
         return table[self.test_envs_code]
-
-    def single(self) -> pd.DataFrame:
-        """Memberships of single-test-env records (the only ones IID and oracle look at)."""
-        return self.members[self.members["n_test_envs"] == 1]
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:
@@ -195,7 +193,7 @@ def masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def _iid_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Training-domain validation (``IIDAccuracySelectionMethod``; also the DMG release's
     best-epoch rule): the mean out-split accuracy of the training environments."""
-    single = grouped.single()
+    single = grouped.single
     rows = single["record"].to_numpy()
     out = grouped.read("env{t}_out_acc", reads)[rows]
     return single.assign(val_acc=_reduce_rows(out, grouped.env_counts(reads)[rows],
@@ -205,7 +203,7 @@ def _iid_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFra
 
 def _oracle_scores(grouped: GroupedRecords, reads: Mapping[str, str]) -> pd.DataFrame:
     """Test-domain validation (oracle): the test environment's ``env{t}_out_acc``."""
-    single = grouped.single()
+    single = grouped.single
     return single.assign(val_acc=_at(grouped.read("env{t}_out_acc", reads),
                                      single["record"].to_numpy(), single["test_env"].to_numpy()))
 
@@ -331,7 +329,7 @@ def standard_selection(records: pd.DataFrame | GroupedRecords,
                    grouped.groups["test_env"].to_numpy()[groups])
         info = grouped.groups.iloc[groups].reset_index(drop=True)
         chosen = pd.concat([info, chosen.assign(test_acc=test)], axis=1)[SELECTED_COLUMNS]
-        single = grouped.single()
+        single = grouped.single
         rows, env = single["record"].to_numpy(), single["test_env"].to_numpy()
         info = grouped.groups.iloc[single["group"].to_numpy()]
         scored = single.assign(

@@ -159,9 +159,7 @@ def standard_sections(grouped: GroupedRecords, methods: list[SelectionMethod],
         scored = next(iter(selections.values())).scored
         for dataset, env in zip(scored["dataset"], scored["test_env"]):
             ran.setdefault(dataset, set()).add(int(env))
-    subsets = subset_keys(grouped.records, ipoop)
-    keys = [(TEST_KEY, "", None), *((subset.template, f"{subset.label}: {subset.description}",
-                                     subset.note) for subset in subsets)]
+    keys = [(TEST_KEY, "", None), *subset_keys(grouped.records, ipoop)]
     return [Section(method, key, subtitle,
                     _results_tables(grouped, method, selection, key, ran, note), selection)
             for key, subtitle, note in keys for method, selection in selections.items()]
