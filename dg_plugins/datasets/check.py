@@ -22,10 +22,9 @@ PLAIN_PROGRESS_MIN = 1000
 
 def available_cpus() -> int:
     """CPUs this process may run on (e.g. a Slurm allocation)."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1
 
 
 class BadInput(Exception):

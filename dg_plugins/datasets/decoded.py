@@ -61,10 +61,6 @@ def cache_base() -> str:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dg_plugins")
 
 
-def cache_folder() -> str:
-    return os.path.join(cache_base(), "decoded")
-
-
 def budget_bytes() -> int:
     """``$DG_PLUGINS_DECODED_BUDGET_GB`` (default 20) in bytes; ValueError for a bad value."""
     text = os.environ.get(BUDGET_ENV, "").strip() or str(DEFAULT_BUDGET_GB)
@@ -320,18 +316,16 @@ _LOCK_FDS: set = set()
 
 
 def _holder(fd: int) -> tuple[int, str] | None:
-    try:
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
         pid, host = os.pread(fd, 512, 0).decode().split()
         return int(pid), host
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
+    return None
 
 
 def _inode(path: str) -> int | None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
+    return None
 
 
 @contextlib.contextmanager
@@ -669,12 +663,12 @@ class DatasetCache:
     def __init__(self, dataset, stop=None, stopped=None):
         root = os.path.realpath(dataset.root)
         self.dataset, self.name = dataset, type(dataset).__name__
-        self.folder = os.path.join(cache_folder(),
+        self.folder = os.path.join(cache_base(), "decoded",
                                    f"{_safe(os.path.basename(root))}-{_digest(root)[:12]}")
         self.budget = budget_bytes()
         self.stop, self.stopped = stop, stopped
         self.writable = True
-        self.notes, self._noted = [], set()  # said (a list), and their keys
+        self.notes = {}  # what was said, by key
         self.quiet = False  # notes are kept for the prepare line instead of printed
 
     def check(self, doing: str) -> None:
@@ -701,22 +695,20 @@ class DatasetCache:
 
     def _note(self, note: str, stream=None, key: str | None = None) -> None:
         key = key or note
-        if key not in self._noted:
-            self._noted.add(key)
-            self.notes.append(note)
+        if key not in self.notes:
+            self.notes[key] = note
             if not self.quiet:
                 print(f"Decoded-image cache: {note}", file=stream or sys.stdout, flush=True)
 
     def note_no_room(self, what: str, size: int) -> None:
         """Say that ``what`` (``size`` bytes) is not cached, and how to cache it."""
         if (used := self.usage()) + size > self.budget:
-            self._note(f"{what} of {self.name} ({gb(size)}) not cached: over the "
-                       f"{gb(self.budget)} budget; to cache them set {BUDGET_ENV}="
-                       f"{max(1, -(-(used + size) // 2**30))}", key=what)
-            return
-        self._note(f"{what} of {self.name} ({gb(size)}) not cached: the disk of {self.folder} has "
-                   f"{gb(shutil.disk_usage(self.folder).free)} free, and the cache leaves some "
-                   f"free for the jobs' files; {_ROOM_FIX}", key=what)
+            why = (f"over the {gb(self.budget)} budget; to cache them set {BUDGET_ENV}="
+                   f"{max(1, -(-(used + size) // 2**30))}")
+        else:
+            why = (f"the disk of {self.folder} has {gb(shutil.disk_usage(self.folder).free)} free, "
+                   f"and the cache leaves some free for the jobs' files; {_ROOM_FIX}")
+        self._note(f"{what} of {self.name} ({gb(size)}) not cached: {why}", key=what)
 
     def note_error(self, err: OSError) -> None:
         """Say that a write failed; nothing is written after it."""
@@ -852,12 +844,12 @@ class DatasetCache:
         plain = sum(bool(s.plain) for s in stores)
         state = (f"built ({' and '.join(built)})" if built else "reused" if decoded or plain
                  else "not used (images are decoded from their files as before)")
-        notes = "".join(f"; {note}" for note in self.notes)
+        notes = "".join(f"; {note}" for note in self.notes.values())
         return (f"Decoded-image cache: {state} for {self.name} ({decoded} of {len(stores)} "
                 f"domains decoded, evaluation pixels of {plain}){notes}: {gb(self.usage())} on "
                 f"disk in {self.folder}, read through the page cache (shared by this machine's "
                 f"jobs); budget {gb(self.budget)} per dataset (${BUDGET_ENV}); off: "
-                f"{SWITCH_ENV}=off; clear: rm -r {cache_folder()}")
+                f"{SWITCH_ENV}=off; clear: rm -r {os.path.dirname(self.folder)}")
 
 
 def _safe(name: str) -> str:

@@ -19,6 +19,8 @@ FOLDER_NAME = "digits"
 SIZE = 32
 #: Source images taken from MNIST's training set (the benchmark's "first 10k").
 MNIST_SOURCE_COUNT = 10_000
+NO_DATA_DIR = ("Digits needs --data_dir: the folder holding digits/ (see "
+               "dg_plugins.datasets.digits for the layout)")
 
 #: Released-format files per domain, relative to ``<data_dir>/digits/<domain>/`` (for messages).
 LAYOUT = {
@@ -169,11 +171,6 @@ def missing_domain_message(domain: str, data_dir: str) -> str:
     return f"Digits domain {domain!r} not found under {root}. {how}:\n" + "\n".join(lines)
 
 
-def _no_data_dir() -> FileNotFoundError:
-    return FileNotFoundError("Digits needs --data_dir: the folder holding digits/ (see "
-                             "dg_plugins.datasets.digits for the layout)")
-
-
 def load_domain(domain: str, data_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Images ``[N, 3, 32, 32]`` and labels ``[N]`` of one domain (MNIST: its first 10,000)."""
     load = find_domain(domain, data_dir)
@@ -208,7 +205,7 @@ class Digits(MultipleDomainDataset):
     def check_data_dir(cls, data_dir: str | None) -> None:
         """Raise FileNotFoundError (the files expected, how to get them) unless all are there."""
         if not data_dir:
-            raise _no_data_dir()
+            raise FileNotFoundError(NO_DATA_DIR)
         missing = [d for d in cls.ENVIRONMENTS if find_domain(d, data_dir) is None]
         if missing:
             also = (f"\nAlso missing: {', '.join(map(repr, missing[1:]))} (each in one of the "
@@ -217,6 +214,6 @@ class Digits(MultipleDomainDataset):
 
     def __init__(self, root, test_envs=(), hparams=None):
         if not root:
-            raise _no_data_dir()
+            raise FileNotFoundError(NO_DATA_DIR)
         self.datasets = [TensorDataset(*load_domain(domain, root)) for domain in self.ENVIRONMENTS]
         self.input_shape, self.num_classes = self.INPUT_SHAPE, 10

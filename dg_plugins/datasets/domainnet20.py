@@ -8,10 +8,7 @@ import os
 
 from dg_plugins.datasets.base import register_dataset
 from dg_plugins.datasets.image_folder import DomainNet
-from dg_plugins.layouts import DOMAINNET20_CLASSES
-
-#: DomainNet-20's classes (DomainNet folder names), sorted (from :mod:`dg_plugins.layouts`).
-CLASSES = DOMAINNET20_CLASSES
+from dg_plugins.layouts import DOMAINNET20_CLASSES as CLASSES  # folder names, sorted
 
 
 @register_dataset()
