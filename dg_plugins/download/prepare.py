@@ -382,9 +382,7 @@ def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
     report(f"  wrote the four MNIST files (gzipped and decompressed) to {raw}")
 
 
-PREPARE = {
-    "PACS": prepare_single_archive, "VLCS": prepare_single_archive,
-    "OfficeHome": prepare_single_archive, "DomainNet": prepare_domain_net,
-    "TerraIncognita": prepare_terra_incognita, "MNIST": prepare_mnist,
-}
+PREPARE = {**dict.fromkeys(("PACS", "VLCS", "OfficeHome"), prepare_single_archive),
+           "DomainNet": prepare_domain_net, "TerraIncognita": prepare_terra_incognita,
+           "MNIST": prepare_mnist}
 
