@@ -263,13 +263,11 @@ def _http_attempt(url: str, part: str, report: Reporter, source: Source) -> None
         return  # complete: a run stopped between the last byte and the rename
     if expected is not None and have > expected:
         raise _Restart(f"{part} is longer than {name} ({have} > {expected} bytes)")
-    request = urllib.request.Request(url, headers={"User-Agent": "dg_plugins-download"})
     held = read_validators(part) if have else {}
     if_range = if_range_value(held)  # None when nothing is held
-    if have:
-        request.add_header("Range", f"bytes={have}-")
-    if if_range:
-        request.add_header("If-Range", if_range)
+    headers = {"User-Agent": "dg_plugins-download", "Range": f"bytes={have}-" if have else None,
+               "If-Range": if_range}
+    request = urllib.request.Request(url, headers={k: v for k, v in headers.items() if v})
     try:
         response = urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
     except urllib.error.HTTPError as err:
@@ -394,13 +392,12 @@ def fetch_http(source: Source, url: str, path: str, retries: int, report: Report
                 f"could not download {source.name} from {url}: HTTP {err.code} {err.reason}. "
                 + manual_fix(source, url, path)) from None
         except (urllib.error.URLError, OSError, ValueError) as err:
-            reason = getattr(err, "reason", err)
             if not os.path.isdir(folder):
                 raise DownloadError(f"could not write {part}: its folder {folder} is gone "
                                     "(removed while the download ran?); rerun") from None
             raise DownloadError(
-                f"could not download {source.name} from {url}: {reason} (offline, or a dead "
-                f"link?). " + manual_fix(source, url, path)) from None
+                f"could not download {source.name} from {url}: {getattr(err, 'reason', err)} "
+                "(offline, or a dead link?). " + manual_fix(source, url, path)) from None
     remove_part(part, validators_only=True)  # first: a .part left without them is complete
     os.replace(part, path)
 

@@ -239,11 +239,10 @@ def find_root(extracted: str, expected_name: str | None, env_folders: Iterable[s
             return candidate
     found = []
     for folder, dirnames, _ in os.walk(extracted):
-        depth = os.path.relpath(folder, extracted).count(os.sep)
         dirnames[:] = [d for d in dirnames if not d.startswith((".", "__MACOSX"))]
         if wanted <= set(dirnames):
             found.append(folder)
-        if depth >= 2:
+        if os.path.relpath(folder, extracted).count(os.sep) >= 2:
             dirnames[:] = []
     if len(found) != 1:
         raise CorruptArchive(
@@ -383,9 +382,7 @@ def prepare_mnist(spec: DatasetSpec, archives: dict[str, str], staging: str,
     report(f"  wrote the four MNIST files (gzipped and decompressed) to {raw}")
 
 
-PREPARE = {
-    "PACS": prepare_single_archive, "VLCS": prepare_single_archive,
-    "OfficeHome": prepare_single_archive, "DomainNet": prepare_domain_net,
-    "TerraIncognita": prepare_terra_incognita, "MNIST": prepare_mnist,
-}
+PREPARE = {**dict.fromkeys(("PACS", "VLCS", "OfficeHome"), prepare_single_archive),
+           "DomainNet": prepare_domain_net, "TerraIncognita": prepare_terra_incognita,
+           "MNIST": prepare_mnist}
 

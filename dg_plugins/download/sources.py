@@ -65,12 +65,11 @@ SOURCES: tuple[Source, ...] = (
     *(Source("PACS_splits", pacs_split_file(domain, kind),
              f"https://drive.google.com/uc?id={file_id}", None, None, note=_PACS_SPLITS_NOTE)
       for (domain, kind), file_id in PACS_SPLIT_IDS.items()),
-    Source("VLCS", "VLCS.tar.gz",
-           "https://drive.google.com/uc?id=1skwblH1_okBwxWxmRsp9_qi15hyPpxg8",
-           None, None, note=_GDRIVE_NOTE),
-    Source("OfficeHome", "office_home.zip",
-           "https://drive.google.com/uc?id=1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC",
-           None, None, note=_GDRIVE_NOTE),
+    *(Source(dataset, name, f"https://drive.google.com/uc?id={file_id}", None, None,
+             note=_GDRIVE_NOTE)
+      for dataset, name, file_id in (
+          ("VLCS", "VLCS.tar.gz", "1skwblH1_okBwxWxmRsp9_qi15hyPpxg8"),
+          ("OfficeHome", "office_home.zip", "1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"))),
     *(Source("TerraIncognita", name, "https://storage.googleapis.com/public-datasets-lila/"
              f"caltechcameratraps/{name}", size, sha256, md5, note=_CCT_NOTE)
       for name, size, sha256, md5 in (
@@ -271,9 +270,7 @@ def table_lines() -> list[str]:
         group = list(group)
         for source in group:
             lines.append(f"  {source.name}: {source.url}")
-            if source.sha256:
-                lines.append(f"    sha256 {source.sha256}")
-            if source.md5:
-                lines.append(f"    md5 {source.md5}")
+            lines += [f"    {kind} {value}" for kind, value in (("sha256", source.sha256),
+                                                                ("md5", source.md5)) if value]
         lines.append(f"    ({f'the {len(group)} files above: ' if len(group) > 1 else ''}{note})")
     return lines + [f"  {alias}: {why}." for alias, (_, why) in ALIASES.items()]
