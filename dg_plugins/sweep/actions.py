@@ -25,8 +25,6 @@ from dg_plugins.sweep.processes import (JobsFailed, LaunchInterrupted, command_o
 from dg_plugins.job.flags import EXIT_BAD_INPUT
 from dg_plugins.job.folder import CHECKPOINT_FILE, ERR_FILE, OUT_FILE, RESULTS_FILE
 
-#: The sweep's own command-line module (for the command lines the sweep suggests).
-SWEEP_MODULE = "dg_plugins.scripts.sweep"
 ACTIONS = ("launch", "delete_incomplete", "delete_all", "status", "cancel")
 #: What suggested command lines are made from: one ``sweep`` argv, or for a queue of sweeps each
 #: job's (and sweep folder's) argv by its absolute path; None: a template with ``<your flags>``.
@@ -128,7 +126,7 @@ def refused_confirmation() -> int | None:
 def sweep_command(command_line: Sequence[str] | None, action: str = "launch",
                   resume: bool = False, drop: Sequence[str] = ()) -> str:
     """``command_line`` with its action replaced (and ``--resume``); a template without it."""
-    head = f"{python_executable()} -m {SWEEP_MODULE}"
+    head = f"{python_executable()} -m dg_plugins.scripts.sweep"
     if command_line is None:
         return f"{head} {action} <your flags>" + (" --resume" if resume else "")
     removed = ("--resume", "--dry_run", *drop)  # each also as argparse abbreviates it (--res)

@@ -234,15 +234,6 @@ def slurm_options(args: argparse.Namespace) -> SubmititOptions:
         "jobs_per_task": args.jobs_per_gpu if args.command_launcher == "submitit" else None})
 
 
-def make_launcher(args: argparse.Namespace):
-    """The ``--command_launcher`` with the options it takes from the flags (None without one)."""
-    if args.command_launcher is None:
-        return None
-    return with_options(LAUNCHERS.get(args.command_launcher),
-                        grace_period_s=args.stop_grace_period, submitit=slurm_options(args),
-                        jobs_per_gpu=args.jobs_per_gpu)
-
-
 def make_args_list(args: argparse.Namespace) -> list[dict]:
     """The train args of every job of a parsed, validated sweep command line."""
     return jobs.make_args_list(
@@ -297,8 +288,11 @@ def run_jobs(args: argparse.Namespace, enumerated: Sequence, command_line) -> in
     """:func:`actions.run_action` on ``enumerated`` as the flags ``args`` say (the exit status)."""
     from dg_plugins.sweep import costs  # not at import: the estimate's child runs it as __main__
 
+    launcher_fn = None if args.command_launcher is None else with_options(  # with its flags
+        LAUNCHERS.get(args.command_launcher), grace_period_s=args.stop_grace_period,
+        submitit=slurm_options(args), jobs_per_gpu=args.jobs_per_gpu)
     return actions.run_action(
-        args.command, enumerated, launcher_fn=make_launcher(args), seed=args.seed,
+        args.command, enumerated, launcher_fn=launcher_fn, seed=args.seed,
         resume=args.resume, dry_run=args.dry_run, skip_confirmation=args.skip_confirmation,
         command_line=command_line, check=checks.launch_problems,
         estimate=lambda selected: costs.print_estimate(selected, args.command_launcher))

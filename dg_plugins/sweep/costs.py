@@ -161,15 +161,6 @@ def split_sizes(a: dict, hparams: dict, origins: set) -> dict[str, int]:
     return job_sizes.split_sizes(pairs, test_envs, a.get("uda_holdout_fraction") or 0.0)
 
 
-def evaluated_by_value(a: dict, names: list[str]) -> dict[str, list[str]]:
-    """``{--eval_splits value: the splits a record evaluates}`` for the job of train args ``a``."""
-    n_envs = num_environments(a["dataset"], a.get("data_dir"))
-    uda = sum(name.endswith("_uda") for name in names)
-    return {value: job_selection.evaluated_splits(value, a["test_envs"], n_envs, uda,
-                                                  udg="label_fraction" in a)
-            for value in EVAL_SPLITS}
-
-
 def gpu_hours_definition() -> str:
     """How the GPU-hours are estimated, with the device and date of the measurements."""
     t = gpu_times.load()
@@ -375,7 +366,7 @@ def jobs_cost(train_args: list, pretrainings: set | None = None, forwards: bool 
             pretrainings.add(identity)
         if not forwards:
             continue
-        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0, evaluated_by_value)
+        counted = job_forwards(a, steps, pretrain if runs_pretraining else 0)
         if runs_pretraining:
             counted.note = f"with the UDG pretraining it shares ({pretrain} steps)"
         elif identity is not None:
@@ -425,12 +416,13 @@ def training_images(a: dict, hparams: dict, sizes: dict | None, steps: int) -> i
     return batch * streams * steps
 
 
-def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forwards:
+def job_forwards(a: dict, steps: int, pretrain_steps: int) -> Forwards:
     """The image forwards of the job of train args ``a`` (:data:`FORWARDS_DEFINITION`)."""
     register_datasets()
     hp = hp_lib.job_hparams(a["algorithm"], a["dataset"], a["hparams_seed"], a["trial_seed"],
                             a.get("hparams"))
-    n_sources = num_environments(a["dataset"], a.get("data_dir")) - len(set(a["test_envs"]))
+    n_envs = num_environments(a["dataset"], a.get("data_dir"))
+    n_sources = n_envs - len(set(a["test_envs"]))
     try:
         sizes, unknown = split_sizes(a, hp, set()), ""
     except UsageError as err:
@@ -443,8 +435,9 @@ def job_forwards(a: dict, steps: int, pretrain_steps: int, evaluated) -> Forward
     else:
         freq = a.get("checkpoint_freq") or DATASETS.get(a["dataset"]).CHECKPOINT_FREQ
         records = job_sizes.records_after(-1, steps, freq)  # every record of the job
-        names = evaluated(a, list(sizes))
-        evaluation = {v: records * sum(sizes[n] for n in names[v]) for v in EVAL_SPLITS}
+        uda = sum(name.endswith("_uda") for name in sizes)
+        evaluation = {v: records * sum(sizes[n] for n in job_selection.evaluated_splits(
+            v, a["test_envs"], n_envs, uda, udg="label_fraction" in a)) for v in EVAL_SPLITS}
     return Forwards(images, evaluation, unknown,
                     gpu=job_gpu_time(a, hp, trained, pretrained, evaluation))
 

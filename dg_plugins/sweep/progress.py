@@ -153,7 +153,6 @@ class JobOutputs(contextlib.AbstractContextManager):
     def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
                  write: Callable[[str], None] = lambda line: print(line, flush=True),
                  parallel: int = 1, clock: Callable[[], float] = time.monotonic):
-        self.name = name
         self.commands = list(commands)
         self.logs = logs
         self.write = write
