@@ -140,7 +140,6 @@ class MemoryCheck:
 
 
 def dummy_launcher(commands: list[str]) -> None:
-    """Print ``Dummy launcher: <cmd>`` for each command; run nothing."""
     for command in commands:
         print(f"Dummy launcher: {command}")
 
@@ -248,8 +247,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
                 index, command = pending.pop(0)
                 proc = jobs.start(index, command, env=job_env(slot[0], cores),
                                   log=outputs.log(index))
-                if proc is None:
-                    pending.insert(0, (index, command))
+                if proc is None:  # stopping: interruption() counts it as not started
                     break
                 outputs.started(index, f"GPU {slot[0]}")
                 running[slot] = (index, proc)

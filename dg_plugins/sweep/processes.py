@@ -116,8 +116,7 @@ def _train_in_child(args: list[str], environ: dict, cwd: str, new_session: bool,
         with contextlib.suppress(OSError):
             os.close(fd)
         server._forkserver_alive_fd = None
-        if hasattr(server, "_forkserver_address"):
-            server._forkserver_address = None
+        server._forkserver_address = None
     die_with_parent()
     if os.getppid() != server_pid or not pid_alive(launcher_pid):
         sys.exit(128 + signal.SIGTERM)  # the launcher died while this job was being forked
@@ -156,10 +155,9 @@ def fork_train(args: Sequence[str], new_session: bool, log: str | None = None,
     ignored = tuple(int(s) for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
-    environ = dict(os.environ if env is None else env)
     process = _fork_context.Process(target=_train_in_child, name="train",
-                                    args=(list(args), environ, os.getcwd(), new_session, ignored,
-                                          os.getpid(), log))
+                                    args=(list(args), dict(os.environ if env is None else env),
+                                          os.getcwd(), new_session, ignored, os.getpid(), log))
     process.start()
     return ForkedJob(process)
 
@@ -402,7 +400,6 @@ class JobProcesses:
 
     def interruption(self, commands: Sequence[str], exit_codes: Sequence[int | None],
                      remote: bool = False) -> LaunchInterrupted:
-        """The :class:`LaunchInterrupted` describing this stop."""
         codes = list(exit_codes) + [None] * (len(commands) - len(exit_codes))
         interrupted = [commands[i] for i in sorted(self.interrupted) if codes[i] != 0]
         not_started = [c for i, c in enumerate(commands)

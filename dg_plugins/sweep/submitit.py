@@ -125,6 +125,13 @@ def run_shell_command(command: str, cwd: str | None = None,
     return code
 
 
+def _terminate(processes: Iterable) -> None:
+    """SIGTERM each of the ``processes`` (``Popen``s; None skipped) that still runs."""
+    for process in processes:
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+
 def _import_submitit():
     try:
         import submitit
@@ -156,9 +163,8 @@ def launch_problem(options: SubmititOptions | None = None) -> str | None:
 def make_executor(options: SubmititOptions):
     """A ``submitit.AutoExecutor`` configured from fully resolved ``options``."""
     submitit = _import_submitit()
-    requeues = ({"slurm_max_num_timeout": options.max_requeues} if options.cluster == "slurm"
-                else {})
-    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster, **requeues)
+    executor = submitit.AutoExecutor(folder=options.log_dir, cluster=options.cluster,
+                                     slurm_max_num_timeout=options.max_requeues)
     params = {"name": "dg_sweep", "timeout_min": options.time_min,
               "gpus_per_node": options.gpus_per_node, "cpus_per_task": options.cpus_per_task,
               "mem_gb": options.mem_gb, "slurm_partition": options.partition,
@@ -191,17 +197,13 @@ def submit_commands(commands: Sequence[str], options: SubmititOptions | None = N
     jobs: list = []
 
     def pass_on(signum: int) -> None:  # local executor: via each job's controller process,
-        for job in jobs:               # which forwards SIGTERM to its task
-            process = getattr(job, "_process", None)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+        _terminate(getattr(job, "_process", None) for job in jobs)  # which forwards it to its task
 
     with SignalCatcher(pass_on) as catcher:
         jobs = executor.map_array(run_shell_command, commands, [os.getcwd()] * len(commands),
                                   [grace] * len(commands))
-        ids = [job.job_id for job in jobs]
         print(f"submitit launcher: submitted {len(jobs)} jobs to {resolved.cluster} "
-              f"(ids {ids[0]}..{ids[-1]}); logs in {resolved.log_dir}", flush=True)
+              f"(ids {jobs[0].job_id}..{jobs[-1].job_id}); logs in {resolved.log_dir}", flush=True)
         if catcher.signum is not None:  # a signal came during the submission
             pass_on(catcher.signum)
         if not resolved.wait:
@@ -299,11 +301,10 @@ def _wait_local(commands: Sequence[str], jobs: Sequence, catcher: SignalCatcher,
             print(f"\nReceived {signal_name(catcher.signum)}: passed to {len(pending)} running "
                   f"job(s); waiting up to {grace:g} s for them to stop at a checkpoint.",
                   flush=True)
-        if deadline is not None and pending and time.monotonic() >= deadline:
+        if deadline is not None and pending and not cancelled and time.monotonic() >= deadline:
             cancelled = sorted(pending)
             for i in cancelled:
                 jobs[i].cancel()
-            deadline = float("inf")
         if pending:
             time.sleep(0.1)
     if catcher.signum is None:
@@ -572,9 +573,8 @@ class TrainTask:
         for signum in PASSED_ON:
             signal.signal(signum, self._on_stop_signal)
         todo = [a for a in self.argvs if not is_done(command_output_dir(a) or "")]
-        cores, _ = job_cores()
         env = dict(os.environ, **{SLURM_TASK_ENV: "1",
-                                  CORES_ENV: str(max(1, cores // max(1, len(todo))))})
+                                  CORES_ENV: str(max(1, job_cores()[0] // max(1, len(todo))))})
         _load_libc()
         for argv in todo:
             if self._signum is not None:
@@ -597,12 +597,7 @@ class TrainTask:
     def _on_stop_signal(self, signum: int, frame=None) -> None:
         if self._signum is None:
             self._signum = signum
-            self._pass_on()
-
-    def _pass_on(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+            _terminate(self._procs)
 
     def _wait(self, deadline: float | None = None) -> list[int]:
         """Wait for the jobs (until ``deadline``, then SIGKILL); their exit codes."""
@@ -629,7 +624,7 @@ class TrainTask:
     def checkpoint(self, *args, **kwargs):
         """submitit's time-limit hook: stop the jobs at a checkpoint; the task to requeue."""
         self._signum = self._signum or signal.SIGUSR2
-        self._pass_on()
+        _terminate(self._procs)
         self._wait(time.monotonic() + self.grace_s)
         stalls = 0 if self.progressed() else self.stalls + 1
         if stalls >= MAX_STALLS:
