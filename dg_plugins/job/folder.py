@@ -82,12 +82,13 @@ def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception 
 
 
 @contextlib.contextmanager
-def writing(folder: str):
+def writing(folder: str, anywhere: bool = True):
     """Turn the OSErrors of writes into ``folder`` into :func:`folder_error`'s errors."""
     try:
         yield
     except OSError as err:
-        if isinstance(err, DiskFullError) or (translated := folder_error(folder, err)) is None:
+        if (isinstance(err, DiskFullError)
+                or (translated := folder_error(folder, err, anywhere)) is None):
             raise
         raise translated from err
 
