@@ -61,11 +61,6 @@ class DiskFullError(OSError):
 def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception | None:
     """The one-line error for an OSError writing ``folder`` (a full disk, no permission), or None.
     Without ``anywhere``, a permission error counts only for a file in ``folder``."""
-    root = os.path.abspath(folder)
-    inside = err.filename is not None and os.path.commonpath(
-        [os.path.abspath(str(err.filename)), root]) == root
-    if not anywhere and not inside and err.errno not in DISK_FULL_ERRNOS:
-        return None
     if err.errno in DISK_FULL_ERRNOS:
         target = err.filename or folder
         return DiskFullError(err.errno, f"no space left on the device of {folder} while writing "
@@ -73,6 +68,10 @@ def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception 
                              "before is intact (its last checkpoint, the records that checkpoint "
                              "counts, its model). Free space (or quota), then rerun the same "
                              "command with --resume to continue from the last checkpoint")
+    root = os.path.abspath(folder)
+    if not anywhere and (err.filename is None or os.path.commonpath(
+            [os.path.abspath(str(err.filename)), root]) != root):
+        return None
     if err.errno in UNWRITABLE_ERRNOS:
         return unwritable_folder_error(folder, err)
     if isinstance(err, (FileExistsError, NotADirectoryError)):
@@ -82,12 +81,13 @@ def folder_error(folder: str, err: OSError, anywhere: bool = True) -> Exception 
 
 
 @contextlib.contextmanager
-def writing(folder: str):
+def writing(folder: str, anywhere: bool = True):
     """Turn the OSErrors of writes into ``folder`` into :func:`folder_error`'s errors."""
     try:
         yield
     except OSError as err:
-        if isinstance(err, DiskFullError) or (translated := folder_error(folder, err)) is None:
+        if (isinstance(err, DiskFullError)
+                or (translated := folder_error(folder, err, anywhere)) is None):
             raise
         raise translated from err
 

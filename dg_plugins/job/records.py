@@ -28,14 +28,12 @@ def read_record_lines(path: str) -> list[bytes]:
 
 
 def last_record(folder: str | None) -> dict | None:
-    if folder is None:
-        return None
-    try:
-        lines = [line for line in read_record_lines(os.path.join(folder, RESULTS_FILE))
-                 if line.strip()]
-        return json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
+    if folder is not None:
+        with contextlib.suppress(OSError, ValueError):
+            lines = [line for line in read_record_lines(os.path.join(folder, RESULTS_FILE))
+                     if line.strip()]
+            return json.loads(lines[-1]) if lines else None
+    return None
 
 
 def append_record(path: str, record: dict) -> None:

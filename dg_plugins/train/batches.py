@@ -86,9 +86,6 @@ class _Fetcher(Dataset):
     def __init__(self, datasets):
         self.datasets = list(datasets)
 
-    def __len__(self) -> int:
-        return sum(len(d) for d in self.datasets)
-
     def __getitems__(self, request):
         return [fetch(self.datasets[j], indices, seed, *pixels)
                 for j, seed, indices, *pixels in request]
@@ -175,8 +172,6 @@ class WorkerPool:
     def serve(self, requests):
         """The results of ``requests``, in order; closed early, it closes the pool."""
         requests = [[(self._number[id(d)], *rest) for d, *rest in request] for request in requests]
-        if not requests:
-            return
         self._start()
         self.pending.extend(requests)
         served = 0

@@ -5,6 +5,7 @@ schedulers, streams, RNG states, fp16's scaler, and the args and hparams that wr
 from __future__ import annotations
 
 import os
+import zipfile
 
 import torch
 
@@ -41,8 +42,6 @@ def save_checkpoint(job, next_step: int) -> None:
 def checkpoint_damage(path: str) -> str | None:
     """Why ``path`` cannot be read back (not a complete ``torch.save`` zip whose members match
     their CRCs), or None; reads it once without unpickling."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()

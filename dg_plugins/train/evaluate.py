@@ -35,15 +35,12 @@ class _Plan:
         self.view = tensor_view(dataset)
         self.finisher = None if self.view is not None else finisher(dataset)
         self.entry = self.rows = self.labels = self.writer = None
-        if self.finisher is not None and n:
-            self._find_cached(seed, batch_size)
-
-    def _find_cached(self, seed: int, batch_size: int) -> None:
-        """Find the split's pixels in the cache (else a writer to keep them)."""
-        env = unwrap(self.dataset)[0]
+        if self.finisher is None or not n:
+            return
+        env = unwrap(dataset)[0]  # the split's pixels in its cache, else a writer to keep them
         if (store := getattr(env, "pixel_store", None)) is None:
             return
-        positions = env_indices(self.dataset)
+        positions = env_indices(dataset)
         transforms = [env.pixel_transform(t) for t in env.item_transforms()]
         evaluated = np.fromiter(env.eval_indices or (), dtype=np.int64)
         choice = np.isin(positions, evaluated).astype(np.uint8)  # 1: an evaluation item
@@ -57,7 +54,7 @@ class _Plan:
             key = store.eval_key(positions, transforms, choice, batch_size, seed)
             self.entry = store.eval_entry(key)
             if self.entry is None:
-                self.writer = store.eval_writer(key, len(self.dataset))
+                self.writer = store.eval_writer(key, n)
                 return
         self.labels = np.asarray(env.targets, dtype=np.int64)[positions]
 

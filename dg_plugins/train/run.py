@@ -21,8 +21,7 @@ from dg_plugins.train.checkpoint import RESTART_FIX, check_checkpoint_file
 from dg_plugins.train.compute import Compute
 from dg_plugins.job.folder import (CHECKPOINT_FILE, DONE_FILE, ERR_FILE, MODEL_FILE, OUT_FILE,
                                    RESULTS_FILE, STEP_MODEL_FILE, DiskFullError, FolderLock,
-                                   JobStateError, folder_error, is_done, remove_temporary_files,
-                                   writing)
+                                   JobStateError, is_done, remove_temporary_files, writing)
 from dg_plugins.job.records import read_record_lines
 from dg_plugins.train.loop import Interrupted, Job, check_test_envs
 
@@ -166,21 +165,16 @@ def execute(args, stop_after_step: int | None = None
                           file=sys.stderr)
                 kind = Job if flags.flag(args, "label_fraction") is None else udg.UDGJob
                 try:
-                    with StopRequest() as stop:
+                    with writing(folder, anywhere=False), StopRequest() as stop:
                         return (kind(args, stop, real_stderr, compute).run(stop_after_step),
                                 flags.EXIT_DONE, None)
                 except BaseException as err:  # reported here, in out.txt and err.txt
-                    failure = folder_error(folder, err, anywhere=False) if isinstance(
-                        err, OSError) else None
-                    if failure is not None:
-                        failure.__cause__ = err
-                    failure = failure or err
-                    if (status := report(failure)) is not None:
-                        return None, status, failure
+                    if (status := report(err)) is not None:
+                        return None, status, err
                     traceback.print_exc()
                     if not isinstance(err, Exception):
                         raise
-                    return None, flags.EXIT_FAILED, failure
+                    return None, flags.EXIT_FAILED, err
     except Exception as err:  # before the job took its folder: reported on stderr
         if (status := report(err)) is None:
             raise
