@@ -156,7 +156,7 @@ def run_sequentially(commands: Sequence[str], grace_period_s: float | None,
             bar = stack.enter_context(tqdm(total=len(commands), desc="jobs", unit="job",
                                            file=sys.stderr))
             write = lambda line: bar.write(line, file=sys.stdout)  # noqa: E731  (above the bar)
-        outputs = JobOutputs("local", commands, logs, **({"write": write} if write else {}))
+        outputs = JobOutputs(commands, logs, **({"write": write} if write else {}))
         jobs = stack.enter_context(JobProcesses(grace_period_s))
         stack.enter_context(outputs)
         for i, command in enumerate(commands):
@@ -225,7 +225,7 @@ def run_on_gpus(commands: Sequence[str], gpus: Sequence[str],
     codes: list[int | None] = [None] * len(commands)
     running: dict[tuple, tuple[int, subprocess.Popen]] = {}
     pending = list(enumerate(commands))
-    outputs = JobOutputs("multi_gpu", commands, logs, parallel=len(slots))
+    outputs = JobOutputs(commands, logs, parallel=len(slots))
     with JobProcesses(grace_period_s) as jobs, outputs:
         while (pending and not jobs.stopping and refused is None) or running:
             for slot, (index, proc) in list(running.items()):

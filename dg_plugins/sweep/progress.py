@@ -150,7 +150,7 @@ def accuracy_summary(record: dict | None, test_envs: Sequence[int]) -> str:
 class JobOutputs(contextlib.AbstractContextManager):
     """Per-job lines of a launcher, then the time left; the jobs' output goes to temporary files."""
 
-    def __init__(self, name: str, commands: Sequence[str], logs: ErrorLogs,
+    def __init__(self, commands: Sequence[str], logs: ErrorLogs,
                  write: Callable[[str], None] = lambda line: print(line, flush=True),
                  parallel: int = 1, clock: Callable[[], float] = time.monotonic):
         self.commands = list(commands)

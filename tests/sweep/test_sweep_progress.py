@@ -61,7 +61,7 @@ def test_the_time_left_follows_the_measured_jobs(tmp_path, monkeypatch):
     steps left: 40 s; after the last, all done."""
     commands, folders = make_commands(tmp_path, [100, 100, 200])
     clock = Clock()
-    outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
+    outputs = JobOutputs(commands, ErrorLogs(commands), clock=clock)
     assert run_jobs(outputs, clock, [10, 30, 50], folders) == [
         "  1/3 jobs done, about 30 s left (0.1 s per training step, measured over the 1 job(s) "
         "finished in this run; start-up and evaluation included)",
@@ -77,7 +77,7 @@ def test_without_steps_the_estimate_is_per_job_and_a_failed_job_is_not_a_measure
     commands = [c.replace(" --steps 1", "") for c in commands]
     clock = Clock()
     lines = []
-    outputs = JobOutputs("multi_gpu", commands, ErrorLogs(commands), write=lines.append,
+    outputs = JobOutputs(commands, ErrorLogs(commands), write=lines.append,
                          parallel=2, clock=clock)
     outputs.started(0)
     clock.now += 2
@@ -115,7 +115,7 @@ def test_several_sweeps_run_as_one_queue_estimated_as_a_whole(tmp_path, capsys):
 
     def stand_in(commands):  # the local launcher's lines, with jobs of 20 s each
         clock = Clock()
-        outputs = JobOutputs("local", commands, ErrorLogs(commands), clock=clock)
+        outputs = JobOutputs(commands, ErrorLogs(commands), clock=clock)
         launched.append((list(commands), run_jobs(outputs, clock, [20, 20], [
             command_output_dir(c) for c in commands])))
 
