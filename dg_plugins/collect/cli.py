@@ -29,8 +29,8 @@ import sys
 from dg_plugins import catalog, reference
 from dg_plugins.collect import formats as table_formats
 from dg_plugins.collect import ipoop, learning
-from dg_plugins.collect.records import folder_notes, load_records, nonfinite_notes
-from dg_plugins.collect.report import build_report, matching_keys
+from dg_plugins.collect.records import folder_notes, load_records
+from dg_plugins.collect.report import build_report, matching_keys, nonfinite_notes
 from dg_plugins.collect.selection import METHODS
 from dg_plugins.collect.tables import Report, leave_out_unrun
 from dg_plugins.help_text import plain_text

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
-from dg_plugins.collect.records import nonfinite_by_job
+from dg_plugins.collect.report import nonfinite_by_job
 from dg_plugins.collect.selection import TEST_KEY
 from dg_plugins.collect.single_source import SINGLE_SOURCE_KEY
 from dg_plugins.collect.tables import Cell, Report, Section, Table, environment_labels

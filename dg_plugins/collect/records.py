@@ -396,47 +396,6 @@ def folder_notes(input_dir: str, jobs) -> tuple[list[str], list[str]]:
     return counted, notes
 
 
-def nonfinite_by_job(records: pd.DataFrame) -> dict[str, dict[str, str]]:
-    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
-    per_job: dict[str, dict[str, list]] = {}
-    for row, (job, found) in enumerate(zip(records["job"], records.get("nonfinite", ()))):
-        if not isinstance(found, tuple):
-            continue
-        for key, value in found:
-            count = key.removesuffix("_acc") + "_count"
-            if value == "NaN" and count in records and records[count].iat[row] == 0:
-                continue  # an empty subset
-            what = f"{value} {key}" if value == "NaN" else f"{key}={value}"
-            per_job.setdefault(job, {}).setdefault(what, []).append(records["step"].iat[row])
-    return {job: {what: _steps(steps) for what, steps in found.items()}
-            for job, found in per_job.items()}
-
-
-def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
-    """Per job with NaN or infinite values (at most ``limit``): which keys at which steps."""
-    per_job = nonfinite_by_job(records)
-    notes = []
-    for job, found in list(per_job.items())[:limit]:
-        parts = [f"{what} at {steps}" for what, steps in found.items()]
-        accs = [bool(ACC_KEY.search(what)) for what in found]
-        meaning = ["a NaN accuracy counts as missing in the tables and figures"] * any(accs) + [
-            "a non-finite loss means the run diverged; its accuracies still count, as in "
-            "DomainBed"] * (not all(accs))
-        notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
-    if len(per_job) > limit:
-        notes.append(f"{len(per_job) - limit} more jobs have NaN or infinite values.")
-    return notes
-
-
-def _steps(steps: list) -> str:
-    steps = sorted(set(steps))
-    if len(steps) == 1:
-        return f"step {steps[0]}"
-    if len(steps) <= 3:
-        return f"steps {', '.join(map(str, steps))}"
-    return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
-
-
 def acc_width(records: pd.DataFrame) -> int:
     """One more than the largest environment index of any accuracy column (0 if none)."""
     matches = (ACC_KEY.fullmatch(column) for column in records.columns)
@@ -448,18 +407,3 @@ def acc_matrix(records: pd.DataFrame, key: str) -> np.ndarray:
     array, NaN where absent; ``key`` is a template such as ``env{t}_out_acc``."""
     columns = [key.format(t=i) for i in range(acc_width(records))]
     return records.reindex(columns=columns).to_numpy(dtype=float, na_value=np.nan)
-
-
-def leading_count(present: np.ndarray) -> np.ndarray:
-    """Per row, how many consecutive True values start it (DomainBed counts environments by
-    probing ``env0_..``, ``env1_..`` until a key is missing)."""
-    if present.shape[1] == 0:
-        return np.zeros(len(present), dtype=int)
-    return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))
-
-
-def environment_count(records: pd.DataFrame) -> int:
-    """The largest count of leading environments with an in or out accuracy."""
-    present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))
-               | ~np.isnan(acc_matrix(records, "env{t}_out_acc")))
-    return int(leading_count(present).max(initial=0))

@@ -10,7 +10,7 @@ from collections import Counter
 import pandas as pd
 
 from dg_plugins.collect.ipoop import IPOOP_CHOICES, add_pooled_subsets
-from dg_plugins.collect.records import SETTING_ARGS, nonfinite_notes
+from dg_plugins.collect.records import ACC_KEY, SETTING_ARGS
 from dg_plugins.collect.selection import (LOO, TEST_KEY, GroupedRecords, SelectionMethod,
                                           group_records, select)
 from dg_plugins.collect.single_source import (SINGLE_SOURCE_KEY, single_source_runs,
@@ -218,6 +218,47 @@ def averages_notes(sections: list[Section], all_columns: bool = True) -> list[st
                 body += f"; {dataset} has {whole}"
                 bodies.setdefault(body, []).append(_section_name(section))
     return [f"{body}{_where(names, every)}." for body, names in bodies.items()]
+
+
+def nonfinite_by_job(records: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """job -> {``"NaN loss"``: ``"steps 300, 400"``, ...}, an empty subset's NaN left out."""
+    per_job: dict[str, dict[str, list]] = {}
+    for row, (job, found) in enumerate(zip(records["job"], records.get("nonfinite", ()))):
+        if not isinstance(found, tuple):
+            continue
+        for key, value in found:
+            count = key.removesuffix("_acc") + "_count"
+            if value == "NaN" and count in records and records[count].iat[row] == 0:
+                continue  # an empty subset
+            what = f"{value} {key}" if value == "NaN" else f"{key}={value}"
+            per_job.setdefault(job, {}).setdefault(what, []).append(records["step"].iat[row])
+    return {job: {what: _steps(steps) for what, steps in found.items()}
+            for job, found in per_job.items()}
+
+
+def nonfinite_notes(records: pd.DataFrame, limit: int = 10) -> list[str]:
+    """Per job with NaN or infinite values (at most ``limit``): which keys at which steps."""
+    per_job = nonfinite_by_job(records)
+    notes = []
+    for job, found in list(per_job.items())[:limit]:
+        parts = [f"{what} at {steps}" for what, steps in found.items()]
+        accs = [bool(ACC_KEY.search(what)) for what in found]
+        meaning = ["a NaN accuracy counts as missing in the tables and figures"] * any(accs) + [
+            "a non-finite loss means the run diverged; its accuracies still count, as in "
+            "DomainBed"] * (not all(accs))
+        notes.append(f"job {job} has {'; '.join(parts)} ({'; '.join(meaning)}).")
+    if len(per_job) > limit:
+        notes.append(f"{len(per_job) - limit} more jobs have NaN or infinite values.")
+    return notes
+
+
+def _steps(steps: list) -> str:
+    steps = sorted(set(steps))
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 3:
+        return f"steps {', '.join(map(str, steps))}"
+    return f"steps {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
 
 
 def _flag(name: str, value) -> str:

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from dg_plugins.collect.records import ACC_KEY, acc_matrix, leading_count
+from dg_plugins.collect.records import ACC_KEY, acc_matrix
 from dg_plugins.job.selection import ALL, SELECTION_READS, TEST, TRAIN
 
 #: Default test key template: the in split of the test environment (``model_selection.py``).
@@ -75,6 +75,14 @@ class GroupedRecords:
         for row, envs in enumerate(self.distinct_test_envs):
             table[row, [e for e in envs if 0 <= e < width]] = True
         return table[self.test_envs_code]
+
+
+def leading_count(present: np.ndarray) -> np.ndarray:
+    """Per row, how many consecutive True values start it (DomainBed counts environments by
+    probing ``env0_..``, ``env1_..`` until a key is missing)."""
+    if present.shape[1] == 0:
+        return np.zeros(len(present), dtype=int)
+    return np.where(present.all(axis=1), present.shape[1], (~present).argmax(axis=1))
 
 
 def group_ids(*keys: np.ndarray) -> np.ndarray:

@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 
 from dg_plugins import catalog
-from dg_plugins.collect.records import environment_count
+from dg_plugins.collect.records import acc_matrix
 from dg_plugins.collect.ipoop import subset_keys
 from dg_plugins.collect.selection import (TEST_KEY, GroupedRecords, Selection, SelectionMethod,
-                                          group_records, select, standard_selection)
+                                          group_records, leading_count, select,
+                                          standard_selection)
 from dg_plugins.reference.papers import PaperValue
 
 
@@ -128,6 +129,13 @@ def dataset_order(grouped: GroupedRecords) -> list[str]:
     present = set(grouped.datasets)
     known = [d for d in catalog.DATASET_ENVIRONMENTS if d in present]
     return known + sorted(present - set(known), key=str)
+
+
+def environment_count(records: pd.DataFrame) -> int:
+    """The largest count of leading environments with an in or out accuracy."""
+    present = (~np.isnan(acc_matrix(records, "env{t}_in_acc"))
+               | ~np.isnan(acc_matrix(records, "env{t}_out_acc")))
+    return int(leading_count(present).max(initial=0))
 
 
 def environment_labels(records: pd.DataFrame, dataset: str) -> list[str]:

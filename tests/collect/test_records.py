@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from dg_plugins.collect import records as R
+from dg_plugins.collect.tables import environment_count
 
 FIXTURE = "domainbed_sweep_data"
 
@@ -158,7 +159,7 @@ def test_extra_accuracy_keys_become_columns(tmp_path):
     assert [c for c in frame.columns if c.endswith("_acc")] == [
         "env0_in_acc", "env0_out_acc", "env1_in_ip_acc"]  # environment, then split order
     assert "loss" not in frame.columns
-    assert R.environment_count(frame) == 1
+    assert environment_count(frame) == 1
 
 
 def test_num_classes_is_kept_per_record(tmp_path):

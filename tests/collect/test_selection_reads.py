@@ -9,7 +9,7 @@ import random
 import pandas as pd
 import pytest
 
-from dg_plugins.collect.records import environment_count
+from dg_plugins.collect.tables import environment_count
 from dg_plugins.collect.selection import IID, LOO, ORACLE, select
 from dg_plugins.collect.single_source import select_single_source
 from dg_plugins.collect.udg import is_udg, select_udg
